@@ -1,0 +1,237 @@
+//! The IR: a checked holoware as a flat state machine, the form that codegen and the runtime's
+//! interpreter consume.
+//!
+//! A [`Program`] is a list of [`Op`]s executed from index 0 with a program counter. Every op but the two
+//! holotype ops moves to the next one. Holotype ops decide control flow at run time:
+//!
+//! - [`OpKind::Holotype`] calls the instance's hook; when the instance has a body (`body_end` is set) the
+//!   hook chooses to run it (continue at the next op) or skip it (continue after the `EndBody` at
+//!   `body_end`), or to stop the rollout.
+//! - [`OpKind::EndBody`] asks the instance whether to repeat the body (jump to `body_start`) or to go on.
+//!
+//! Message semantics: [`OpKind::Context`] starts a new context (a separate conversation) whose role is
+//! system until the first [`OpKind::Role`]; `Role` starts a new message of that role; text, inserts and
+//! holotype output append to the current message; [`OpKind::Sample`] appends the model's completion to
+//! the current message when it is an assistant message, and otherwise first starts an assistant message.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::ast::Role;
+use crate::span::Span;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Program {
+    /// Variables that no sampler binds: the data each rollout needs, in order of first use.
+    pub inputs: Vec<Input>,
+    /// Variables bound by samplers, in order of first binding.
+    pub bindings: Vec<Binding>,
+    /// One entry per holotype tag in the file; ops refer to them by index.
+    pub holotypes: Vec<HolotypeInstance>,
+    pub ops: Vec<Op>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Input {
+    pub name: String,
+    /// False when every use offers an alternative (`<|name|other|>` or `<|name|"default"|>`).
+    pub required: bool,
+    pub uses: Vec<Span>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    pub name: String,
+    /// Indices of the `Sample` ops that bind it.
+    pub samplers: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HolotypeInstance {
+    pub name: String,
+    pub args: Vec<HolotypeArg>,
+    pub span: Span,
+    /// Index of the `Holotype` op that enters this instance.
+    pub op: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HolotypeArg {
+    /// `None` for a positional argument.
+    pub name: Option<String>,
+    pub value: ArgValue,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "lowercase")]
+pub enum ArgValue {
+    /// An unquoted word.
+    Word(String),
+    Int(i64),
+    Float(f64),
+    /// A quoted string.
+    Str(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    pub kind: OpKind,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum OpKind {
+    /// Start a new context; trained contexts contribute their sampled tokens to the loss.
+    Context { trained: bool },
+    /// Start a new message of `role`.
+    Role { role: Role },
+    /// Append literal text to the current message.
+    Text { text: String },
+    /// Append the first present alternative. Every alternative but a literal may be absent.
+    Insert { alternatives: Vec<Source> },
+    /// Ask the model to continue the current assistant message (starting one if the current message has
+    /// another role).
+    Sample(Sample),
+    /// Enter holotype `instance`; `body_end` is the index of its `EndBody` op when it has a body.
+    Holotype {
+        instance: usize,
+        body_end: Option<usize>,
+    },
+    /// End of the body of `instance`, whose first op is at `body_start`.
+    EndBody { instance: usize, body_start: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "lowercase")]
+pub enum Source {
+    Variable(String),
+    Literal(String),
+}
+
+/// A sample request: generation arguments left `None` take the sampler's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// The variable that receives the sampled text (inside the fence, when there is one).
+    pub binding: Option<String>,
+    /// `think` for `<>think`: the runtime writes `<think>`, the model generates until `</think>`.
+    pub fence: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    pub stop: Vec<String>,
+}
+
+impl fmt::Display for Program {
+    /// A readable listing: inputs, bindings, then one line per op.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for input in &self.inputs {
+            let need = if input.required {
+                "required"
+            } else {
+                "optional"
+            };
+            writeln!(
+                f,
+                "input {} ({need}, {} uses)",
+                input.name,
+                input.uses.len()
+            )?;
+        }
+        for binding in &self.bindings {
+            let ops: Vec<String> = binding.samplers.iter().map(|op| format!("#{op}")).collect();
+            writeln!(f, "binding {} (by {})", binding.name, ops.join(", "))?;
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            let at = format!("{}:{}", op.span.start.line, op.span.start.col);
+            write!(f, "{index:>4} {at:>7}  ")?;
+            match &op.kind {
+                OpKind::Context { trained } => writeln!(
+                    f,
+                    "context {}",
+                    if *trained { "trained" } else { "untrained" }
+                )?,
+                OpKind::Role { role } => writeln!(f, "role {}", role.name())?,
+                OpKind::Text { text } => writeln!(f, "text {text:?}")?,
+                OpKind::Insert { alternatives } => {
+                    let shown: Vec<String> = alternatives
+                        .iter()
+                        .map(|source| match source {
+                            Source::Variable(name) => name.clone(),
+                            Source::Literal(text) => format!("{text:?}"),
+                        })
+                        .collect();
+                    writeln!(f, "insert {}", shown.join(" | "))?
+                }
+                OpKind::Sample(sample) => writeln!(f, "sample{}", SampleArgs(sample))?,
+                OpKind::Holotype { instance, body_end } => {
+                    let holotype = &self.holotypes[*instance];
+                    write!(f, "holotype {} #{instance}", holotype.name)?;
+                    for arg in &holotype.args {
+                        match &arg.name {
+                            Some(name) => write!(f, " {name}={}", arg.value)?,
+                            None => write!(f, " {}", arg.value)?,
+                        }
+                    }
+                    match body_end {
+                        Some(end) => writeln!(f, " body..#{end}")?,
+                        None => writeln!(f)?,
+                    }
+                }
+                OpKind::EndBody {
+                    instance,
+                    body_start,
+                } => writeln!(
+                    f,
+                    "end {} #{instance} repeat->#{body_start}",
+                    self.holotypes[*instance].name
+                )?,
+            }
+        }
+        Ok(())
+    }
+}
+
+struct SampleArgs<'a>(&'a Sample);
+
+impl fmt::Display for SampleArgs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sample = self.0;
+        if let Some(binding) = &sample.binding {
+            write!(f, " -> {binding}")?;
+        }
+        if let Some(fence) = &sample.fence {
+            write!(f, " <>{fence}")?;
+        }
+        if let Some(max_tokens) = sample.max_tokens {
+            write!(f, " max_tokens={max_tokens}")?;
+        }
+        if let Some(temperature) = sample.temperature {
+            write!(f, " temperature={temperature}")?;
+        }
+        if let Some(top_p) = sample.top_p {
+            write!(f, " top_p={top_p}")?;
+        }
+        if let Some(top_k) = sample.top_k {
+            write!(f, " top_k={top_k}")?;
+        }
+        for stop in &sample.stop {
+            write!(f, " stop={stop:?}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ArgValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgValue::Word(word) => f.write_str(word),
+            ArgValue::Int(int) => write!(f, "{int}"),
+            ArgValue::Float(float) => write!(f, "{float:?}"),
+            ArgValue::Str(text) => write!(f, "{text:?}"),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The Holoware compiler front end.
+//!
+//! `.hol` bytes → [`lexer`] → [`parser`] → [`ast`] → [`sema`] → [`ir`]. [`compile`] runs the whole front end;
+//! `holoc check`, `holoc ir` and the `include_holoware!` macro all call it, so they accept and reject
+//! exactly the same files.
+
+pub mod ast;
+pub mod diagnostics;
+pub mod ir;
+pub mod lexer;
+pub mod parser;
+pub mod report;
+pub mod sema;
+pub mod span;
+
+use diagnostics::{Code, Diagnostic};
+pub use sema::Options;
+use span::LineIndex;
+
+/// The result of compiling one file.
+#[derive(Debug)]
+pub struct Output {
+    /// The source as text (invalid UTF-8 replaced), for rendering diagnostics.
+    pub source: String,
+    /// The syntax tree, when the file lexed and parsed.
+    pub document: Option<ast::Document>,
+    /// The checked program, when there were no errors.
+    pub program: Option<ir::Program>,
+    /// Errors and warnings, in source order within each stage.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Output {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Runs the front end on the bytes of one `.hol` file. Never panics; every problem is a diagnostic.
+///
+/// Stages stop at the first one that reports errors, so a mistake yields its own diagnostic and not a
+/// cascade: all lexical errors (one per line), else the first syntax error, else every semantic error.
+pub fn compile(bytes: &[u8], options: &Options) -> Output {
+    let source = match std::str::from_utf8(bytes) {
+        Ok(source) => source.to_string(),
+        Err(error) => {
+            let source = String::from_utf8_lossy(bytes).into_owned();
+            let index = LineIndex::new(&source);
+            let at = error.valid_up_to();
+            let bad = error.error_len().unwrap_or(bytes.len() - at);
+            let shown: Vec<String> = bytes[at..at + bad]
+                .iter()
+                .map(|b| format!("0x{b:02x}"))
+                .collect();
+            let diagnostic = Diagnostic::new(
+                Code::InvalidUtf8,
+                format!("invalid UTF-8 at byte {at}"),
+                index.span(at, at + '\u{fffd}'.len_utf8()),
+                format!("byte {} is not valid UTF-8 here", shown.join(" ")),
+            )
+            .with_help("save the file as UTF-8");
+            return Output {
+                source,
+                document: None,
+                program: None,
+                diagnostics: vec![diagnostic],
+            };
+        }
+    };
+    let index = LineIndex::new(&source);
+    let lexed = lexer::lex(&source, &index);
+    if !lexed.diagnostics.is_empty() {
+        return Output {
+            diagnostics: lexed.diagnostics,
+            document: None,
+            program: None,
+            source,
+        };
+    }
+    let document = match parser::parse(lexed.tokens, &index) {
+        Ok(document) => document,
+        Err(diagnostics) => {
+            return Output {
+                diagnostics,
+                document: None,
+                program: None,
+                source,
+            }
+        }
+    };
+    let (program, diagnostics) = sema::analyze(&document, options);
+    Output {
+        source,
+        document: Some(document),
+        program,
+        diagnostics,
+    }
+}

@@ -1,0 +1,302 @@
+//! `holoc`: check `.hol` files, and print their syntax tree or IR.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use codespan_reporting::term::termcolor::{ColorChoice, StandardStream};
+use holoc::diagnostics::Code;
+use holoc::{report, Options, Output};
+
+#[derive(Parser)]
+#[command(name = "holoc", version, about = "The Holoware compiler")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check .hol files (or folders, searched recursively for *.hol) and report diagnostics.
+    Check {
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Fail (exit 1) when there are warnings.
+        #[arg(long)]
+        deny_warnings: bool,
+        /// Also list each file's inputs: the variables that no sampler binds.
+        #[arg(long)]
+        inputs: bool,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Print the syntax tree of a .hol file.
+    Ast { file: PathBuf },
+    /// Print the IR state machine of a .hol file.
+    Ir {
+        file: PathBuf,
+        /// Print the IR as JSON instead of a listing.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Explain an error code, such as H0005.
+    Explain { code: String },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// Rich text on stderr, as rustc prints.
+    Human,
+    /// One JSON array of diagnostics on stdout.
+    Json,
+    /// GitHub Actions annotations on stdout.
+    Github,
+}
+
+const EXIT_ERRORS: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check {
+            format,
+            deny_warnings,
+            inputs,
+            paths,
+        } => check(format, deny_warnings, inputs, &paths),
+        Command::Ast { file } => show(&file, |output| {
+            output
+                .document
+                .as_ref()
+                .map(|document| format!("{document:#?}"))
+        }),
+        Command::Ir { file, json } => show(&file, |output| {
+            output.program.as_ref().map(|program| {
+                if json {
+                    serde_json::to_string_pretty(program).expect("the IR serializes")
+                } else {
+                    program.to_string()
+                }
+            })
+        }),
+        Command::Explain { code } => match Code::from_id(&code) {
+            Some(code) => {
+                println!(
+                    "{} ({}): {}\n\n{}",
+                    code.id(),
+                    severity_name(code),
+                    code.title(),
+                    code.explanation()
+                );
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("error: no diagnostic has the code `{code}`");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
+    }
+}
+
+fn severity_name(code: Code) -> &'static str {
+    match code.severity() {
+        holoc::diagnostics::Severity::Error => "error",
+        holoc::diagnostics::Severity::Warning => "warning",
+    }
+}
+
+/// Compiles one file and prints `render`'s view of it, or its diagnostics when there is nothing to show.
+fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
+    let bytes = match std::fs::read(file) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            eprintln!("error: cannot read `{}`: {error}", file.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let output = holoc::compile(&bytes, &Options::default());
+    let name = file.display().to_string();
+    let mut stderr = StandardStream::stderr(stderr_colors());
+    for diagnostic in &output.diagnostics {
+        let _ = report::emit(&mut stderr, &name, &output.source, diagnostic);
+    }
+    match render(&output) {
+        Some(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        None => ExitCode::from(EXIT_ERRORS),
+    }
+}
+
+fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBuf]) -> ExitCode {
+    let mut io_failed = false;
+    let mut files = Vec::new();
+    for path in paths {
+        if let Err(message) = collect_hol_files(path, &mut files) {
+            eprintln!("error: {message}");
+            io_failed = true;
+        }
+    }
+
+    let options = Options::default();
+    let mut stderr = StandardStream::stderr(stderr_colors());
+    let (mut errors, mut warnings) = (0usize, 0usize);
+    let mut json_diagnostics = Vec::new();
+    let mut json_inputs = serde_json::Map::new();
+    for file in &files {
+        let name = file.display().to_string();
+        let bytes = match std::fs::read(file) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                eprintln!("error: cannot read `{name}`: {error}");
+                io_failed = true;
+                continue;
+            }
+        };
+        let output = holoc::compile(&bytes, &options);
+        for diagnostic in &output.diagnostics {
+            if diagnostic.is_error() {
+                errors += 1;
+            } else {
+                warnings += 1;
+            }
+            match format {
+                Format::Human => {
+                    let _ = report::emit(&mut stderr, &name, &output.source, diagnostic);
+                }
+                Format::Json => json_diagnostics.push(
+                    serde_json::to_value(report::json(&name, diagnostic))
+                        .expect("diagnostics serialize"),
+                ),
+                Format::Github => println!("{}", report::github(&name, diagnostic)),
+            }
+        }
+        if show_inputs {
+            if let Some(program) = &output.program {
+                if format == Format::Json {
+                    json_inputs.insert(name.clone(), inputs_json(program));
+                } else {
+                    print_inputs(&name, program);
+                }
+            }
+        }
+    }
+
+    if format == Format::Json {
+        let value = if show_inputs {
+            serde_json::json!({ "diagnostics": json_diagnostics, "inputs": json_inputs })
+        } else {
+            serde_json::Value::Array(json_diagnostics)
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("JSON serializes")
+        );
+    } else if format == Format::Human {
+        let _ = writeln!(
+            stderr,
+            "checked {} file{}: {} error{}, {} warning{}",
+            files.len(),
+            plural(files.len()),
+            errors,
+            plural(errors),
+            warnings,
+            plural(warnings)
+        );
+    }
+
+    if io_failed {
+        ExitCode::from(EXIT_USAGE)
+    } else if errors > 0 || (deny_warnings && warnings > 0) {
+        ExitCode::from(EXIT_ERRORS)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Colour only on a terminal; termcolor's `Auto` also honours NO_COLOR and TERM=dumb.
+fn stderr_colors() -> ColorChoice {
+    if std::io::stderr().is_terminal() {
+        ColorChoice::Auto
+    } else {
+        ColorChoice::Never
+    }
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn print_inputs(name: &str, program: &holoc::ir::Program) {
+    println!("{name}:");
+    if program.inputs.is_empty() {
+        println!("  (no inputs)");
+    }
+    for input in &program.inputs {
+        let need = if input.required {
+            "required"
+        } else {
+            "optional"
+        };
+        let lines: Vec<String> = input
+            .uses
+            .iter()
+            .map(|span| span.start.line.to_string())
+            .collect();
+        println!("  {:<24} {need:<8}  line {}", input.name, lines.join(", "));
+    }
+}
+
+fn inputs_json(program: &holoc::ir::Program) -> serde_json::Value {
+    program
+        .inputs
+        .iter()
+        .map(|input| {
+            let uses: Vec<_> = input
+                .uses
+                .iter()
+                .map(
+                    |span| serde_json::json!({ "line": span.start.line, "column": span.start.col }),
+                )
+                .collect();
+            serde_json::json!({ "name": input.name, "required": input.required, "uses": uses })
+        })
+        .collect()
+}
+
+/// Adds `path` if it is a file, or every `*.hol` under it (sorted) if it is a folder.
+fn collect_hol_files(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
+    let metadata = std::fs::metadata(path)
+        .map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
+    if metadata.is_file() {
+        files.push(path.to_path_buf());
+        return Ok(());
+    }
+    let before = files.len();
+    walk(path, files).map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
+    if files.len() == before {
+        return Err(format!("no .hol files under `{}`", path.display()));
+    }
+    Ok(())
+}
+
+fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|entry| entry.file_name());
+    for entry in entries {
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            walk(&path, files)?;
+        } else if path.extension().is_some_and(|extension| extension == "hol") {
+            files.push(path);
+        }
+    }
+    Ok(())
+}

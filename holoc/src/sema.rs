@@ -1,0 +1,782 @@
+//! Semantic checks and lowering: [`ast::Document`] → [`ir::Program`].
+//!
+//! Checks sampler and tag arguments, variables bound before use in execution order (bodies may run zero
+//! or many times), holotype names against the known set; lowers to the flat IR, inserting the implicit
+//! first context and trimming layout newlines at message boundaries (docs/holoware.md, "Whitespace").
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, Value};
+use crate::diagnostics::{Code, Diagnostic};
+use crate::ir::{
+    ArgValue, Binding, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
+};
+use crate::span::{Span, Spanned};
+
+/// The generation arguments a sampler accepts.
+pub const SAMPLER_ARGUMENTS: [&str; 5] = ["max_tokens", "temperature", "top_p", "top_k", "stop"];
+
+/// What the checker knows beyond the file itself.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Holotype names that resolve; any other holotype is reported as unresolved (a warning).
+    pub known_holotypes: BTreeSet<String>,
+}
+
+/// Checks a parsed document and lowers it to IR. The program is `None` when there are errors.
+pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<Diagnostic>) {
+    let mut bound_anywhere = HashMap::new();
+    collect_bindings(&document.nodes, &mut |name, span| {
+        bound_anywhere.entry(name.to_string()).or_insert(span);
+    });
+    let mut lowering = Lowering {
+        options,
+        bound_anywhere,
+        ops: Vec::new(),
+        diagnostics: Vec::new(),
+        definitely: HashSet::new(),
+        possibly: HashSet::new(),
+        role: None,
+        in_context: false,
+        inputs: Vec::new(),
+        bindings: Vec::new(),
+        holotypes: Vec::new(),
+        unresolved: HashSet::new(),
+    };
+    lowering.nodes(&document.nodes);
+    lowering.trim_message_end();
+    let Lowering {
+        ops,
+        mut diagnostics,
+        inputs,
+        bindings,
+        holotypes,
+        ..
+    } = lowering;
+    diagnostics.sort_by_key(|diagnostic| diagnostic.span().start);
+    if diagnostics.iter().any(Diagnostic::is_error) {
+        return (None, diagnostics);
+    }
+    let program = Program {
+        inputs,
+        bindings,
+        holotypes,
+        ops,
+    };
+    (Some(program), diagnostics)
+}
+
+/// Calls `found` for every well-formed sampler binding, bodies included.
+fn collect_bindings(nodes: &[Node], found: &mut impl FnMut(&str, Span)) {
+    for node in nodes {
+        let Node::Tag(tag) = node else { continue };
+        if let Head::Role {
+            role,
+            binding: Some(binding),
+        } = &tag.node.head
+        {
+            if role.node == Role::Assistant && ast::is_variable_name(&binding.node) {
+                found(&binding.node, binding.span);
+            }
+        }
+        if let Some(body) = &tag.node.body {
+            collect_bindings(&body.nodes, found);
+        }
+    }
+}
+
+/// Whether executing `nodes` can change the current role.
+fn changes_role(nodes: &[Node]) -> bool {
+    nodes.iter().any(|node| match node {
+        Node::Text(_) => false,
+        Node::Tag(tag) => {
+            matches!(tag.node.head, Head::Role { .. } | Head::Context(_))
+                || tag
+                    .node
+                    .body
+                    .as_ref()
+                    .is_some_and(|body| changes_role(&body.nodes))
+        }
+    })
+}
+
+struct Lowering<'a> {
+    options: &'a Options,
+    /// Every variable some sampler binds, with its first binding.
+    bound_anywhere: HashMap<String, Span>,
+    ops: Vec<Op>,
+    diagnostics: Vec<Diagnostic>,
+    /// Variables bound on every path to the current point.
+    definitely: HashSet<String>,
+    /// Variables bound on some path to the current point (later iterations of enclosing bodies too).
+    possibly: HashSet<String>,
+    /// The role of the current message when it is known statically.
+    role: Option<Role>,
+    in_context: bool,
+    inputs: Vec<Input>,
+    bindings: Vec<Binding>,
+    holotypes: Vec<HolotypeInstance>,
+    unresolved: HashSet<String>,
+}
+
+impl Lowering<'_> {
+    fn nodes(&mut self, nodes: &[Node]) {
+        for node in nodes {
+            match node {
+                Node::Text(text) => self.text(text),
+                Node::Tag(tag) => self.tag(&tag.node, tag.span),
+            }
+        }
+    }
+
+    fn error(&mut self, diagnostic: Diagnostic) {
+        self.diagnostics.push(diagnostic);
+    }
+
+    fn push(&mut self, kind: OpKind, span: Span) -> usize {
+        self.ops.push(Op { kind, span });
+        self.ops.len() - 1
+    }
+
+    /// Content outside any context opens the implicit first context, which is trained.
+    fn ensure_context(&mut self, span: Span) {
+        if !self.in_context {
+            self.in_context = true;
+            self.role = Some(Role::System);
+            let at = Span {
+                start: span.start,
+                end: span.start,
+            };
+            self.push(OpKind::Context { trained: true }, at);
+        }
+    }
+
+    /// Starts a message: the newlines that end the previous one are layout, not content.
+    fn boundary(&mut self, kind: OpKind, span: Span) {
+        self.trim_message_end();
+        self.push(kind, span);
+    }
+
+    fn trim_message_end(&mut self) {
+        if let Some(Op {
+            kind: OpKind::Text { text },
+            ..
+        }) = self.ops.last_mut()
+        {
+            text.truncate(text.trim_end_matches('\n').len());
+            if text.is_empty() {
+                self.ops.pop();
+            }
+        }
+    }
+
+    fn text(&mut self, text: &Spanned<String>) {
+        let at_message_start = match self.ops.last() {
+            None => true,
+            Some(op) => matches!(op.kind, OpKind::Context { .. } | OpKind::Role { .. }),
+        };
+        let content = if at_message_start {
+            text.node.trim_start_matches('\n')
+        } else {
+            text.node.as_str()
+        };
+        if content.is_empty() {
+            return;
+        }
+        self.ensure_context(text.span);
+        self.push(
+            OpKind::Text {
+                text: content.to_string(),
+            },
+            text.span,
+        );
+    }
+
+    fn tag(&mut self, tag: &Tag, span: Span) {
+        match &tag.head {
+            Head::Context(marker) => {
+                self.no_arguments(
+                    tag,
+                    "a context marker",
+                    &format!("<|{}|>", marker.node.marker),
+                );
+                self.in_context = true;
+                self.role = Some(Role::System);
+                self.boundary(
+                    OpKind::Context {
+                        trained: marker.node.trained(),
+                    },
+                    span,
+                );
+            }
+            Head::Role { role, binding } => self.role_tag(tag, role, binding.as_ref(), span),
+            Head::Holotype(name) => self.holotype(tag, name, span),
+            Head::Value(alternatives) => self.insert(tag, alternatives, span),
+            Head::Close(_) => unreachable!("the parser attaches closing tags to bodies"),
+        }
+    }
+
+    fn no_arguments(&mut self, tag: &Tag, what: &str, written: &str) {
+        if let Some(first) = tag.args.first() {
+            let span = first.span.to(tag.args.last().expect("non-empty").span);
+            self.error(
+                Diagnostic::new(
+                    Code::UnexpectedArguments,
+                    format!("{what} takes no arguments"),
+                    span,
+                    "unexpected arguments",
+                )
+                .with_help(format!("write `{written}`")),
+            );
+        }
+    }
+
+    fn role_tag(
+        &mut self,
+        tag: &Tag,
+        role: &Spanned<Role>,
+        binding: Option<&Spanned<String>>,
+        span: Span,
+    ) {
+        let is_sampler = binding.is_some() || !tag.args.is_empty();
+        if !is_sampler {
+            self.ensure_context(span);
+            self.role = Some(role.node);
+            self.boundary(OpKind::Role { role: role.node }, span);
+            return;
+        }
+        if role.node != Role::Assistant {
+            let what = match (
+                binding,
+                tag.args
+                    .iter()
+                    .find(|arg| matches!(arg.node, Arg::Fence(_))),
+            ) {
+                (Some(binding), _) => (binding.span, "a binding"),
+                (None, Some(fence)) => (fence.span, "a fence"),
+                (None, None) => (tag.args[0].span, "arguments"),
+            };
+            self.error(
+                Diagnostic::new(
+                    Code::SamplerRole,
+                    format!("the {} role cannot be sampled", role.node.name()),
+                    what.0,
+                    format!("{} makes this tag a sampler", what.1),
+                )
+                .with_secondary(role.span, format!("`{}` is the {} role", role.node.glyph(), role.node.name()))
+                .with_help(format!(
+                    "only the assistant samples: write `<|@_@...|>`, or `<|{}|>` to switch to the {} role",
+                    role.node.glyph(),
+                    role.node.name()
+                )),
+            );
+            return;
+        }
+        let sample = self.sample_arguments(tag, binding);
+        self.ensure_context(span);
+        if self.role.is_some_and(|role| role != Role::Assistant) {
+            // The sample starts an assistant message, so the previous message ends here.
+            self.trim_message_end();
+        }
+        self.role = Some(Role::Assistant);
+        let index = self.push(OpKind::Sample(sample.clone()), span);
+        if let Some(name) = &sample.binding {
+            self.definitely.insert(name.clone());
+            self.possibly.insert(name.clone());
+            match self
+                .bindings
+                .iter_mut()
+                .find(|binding| &binding.name == name)
+            {
+                Some(binding) => binding.samplers.push(index),
+                None => self.bindings.push(Binding {
+                    name: name.clone(),
+                    samplers: vec![index],
+                }),
+            }
+        }
+    }
+
+    fn sample_arguments(&mut self, tag: &Tag, binding: Option<&Spanned<String>>) -> Sample {
+        let mut sample = Sample::default();
+        if let Some(binding) = binding {
+            if ast::is_variable_name(&binding.node) {
+                sample.binding = Some(binding.node.clone());
+            } else {
+                let reason = if ast::is_identifier(&binding.node) {
+                    "starts with an uppercase letter, which names a holotype"
+                } else {
+                    "is not an identifier"
+                };
+                self.error(
+                    Diagnostic::new(
+                        Code::InvalidBinding,
+                        format!("binding name `{}` {reason}", binding.node),
+                        binding.span,
+                        "not a variable name",
+                    )
+                    .with_help(format!(
+                        "name the variable with lowercase letters, digits and `_`, such as `{}`",
+                        suggest_identifier(&binding.node)
+                    )),
+                );
+            }
+        }
+        let mut fence_span: Option<Span> = None;
+        let mut seen: HashMap<&str, Span> = HashMap::new();
+        for arg in &tag.args {
+            match &arg.node {
+                Arg::Fence(name) => {
+                    if let Some(first) = fence_span {
+                        self.error(
+                            Diagnostic::new(
+                                Code::MultipleFences,
+                                "a sampler takes one fence",
+                                arg.span,
+                                "second fence",
+                            )
+                            .with_secondary(first, "first fence")
+                            .with_help("remove one of the fences"),
+                        );
+                        continue;
+                    }
+                    fence_span = Some(arg.span);
+                    if ast::is_identifier(&name.node) {
+                        sample.fence = Some(name.node.clone());
+                    } else {
+                        self.error(
+                            Diagnostic::new(
+                                Code::InvalidFence,
+                                format!("fence name `{}` is not an identifier", name.node),
+                                name.span,
+                                "not an identifier",
+                            )
+                            .with_help(format!(
+                                "fence names use letters, digits and `_`, such as `<>{}`",
+                                suggest_identifier(&name.node)
+                            )),
+                        );
+                    }
+                }
+                Arg::Positional(value) => {
+                    let word = value.text();
+                    let help = if SAMPLER_ARGUMENTS.contains(&word) {
+                        format!("give it a value: `{word}=...`")
+                    } else {
+                        format!(
+                            "sampler arguments are written key=value ({}); a fence is written `<>name`",
+                            SAMPLER_ARGUMENTS.join(", ")
+                        )
+                    };
+                    self.error(
+                        Diagnostic::new(
+                            Code::PositionalSamplerArgument,
+                            format!("unexpected positional argument `{word}` on a sampler"),
+                            arg.span,
+                            "samplers take no positional arguments",
+                        )
+                        .with_help(help),
+                    );
+                }
+                Arg::Keyword { name, value } => {
+                    let Some(known) = SAMPLER_ARGUMENTS.iter().find(|known| **known == name.node)
+                    else {
+                        let mut diagnostic = Diagnostic::new(
+                            Code::UnknownSamplerArgument,
+                            format!("unknown sampler argument `{}`", name.node),
+                            name.span,
+                            "unknown argument",
+                        );
+                        diagnostic = match did_you_mean(&name.node, &SAMPLER_ARGUMENTS) {
+                            Some(suggestion) => {
+                                diagnostic.with_help(format!("did you mean `{suggestion}`?"))
+                            }
+                            None => diagnostic.with_help(format!(
+                                "samplers accept {}",
+                                SAMPLER_ARGUMENTS.join(", ")
+                            )),
+                        };
+                        self.error(diagnostic);
+                        continue;
+                    };
+                    if *known != "stop" {
+                        if let Some(first) = seen.insert(known, name.span) {
+                            self.error(
+                                Diagnostic::new(
+                                    Code::DuplicateArgument,
+                                    format!("`{known}` is given twice"),
+                                    name.span,
+                                    "given again here",
+                                )
+                                .with_secondary(first, "first given here")
+                                .with_help("keep one of them"),
+                            );
+                            continue;
+                        }
+                    }
+                    self.sampler_value(&mut sample, known, value);
+                }
+            }
+        }
+        sample
+    }
+
+    fn sampler_value(&mut self, sample: &mut Sample, name: &str, value: &Spanned<Value>) {
+        let number = match &value.node {
+            Value::Number(number) => Some(number.as_str()),
+            _ => None,
+        };
+        let invalid = |expected: &str| {
+            let found = match &value.node {
+                Value::Number(number) => format!("`{number}`"),
+                Value::Word(word) => format!("the word `{word}`"),
+                Value::Str(text) => format!("the string {text:?}"),
+            };
+            Diagnostic::new(
+                Code::InvalidSamplerArgument,
+                format!("`{name}` must be {expected}"),
+                value.span,
+                format!("found {found}"),
+            )
+        };
+        match name {
+            "max_tokens" => match number
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| *n >= 1)
+            {
+                Some(n) => sample.max_tokens = Some(n),
+                None => {
+                    self.error(invalid("an integer >= 1").with_help("for example max_tokens=256"))
+                }
+            },
+            "top_k" => match number.and_then(|n| n.parse::<u32>().ok()) {
+                Some(n) => sample.top_k = Some(n),
+                None => self.error(
+                    invalid("an integer >= 0")
+                        .with_help("for example top_k=50; top_k=0 disables top-k"),
+                ),
+            },
+            "temperature" => match parse_float(number).filter(|t| *t >= 0.0) {
+                Some(t) => sample.temperature = Some(t),
+                None => self.error(
+                    invalid("a number >= 0")
+                        .with_help("for example temperature=0.7; 0 samples greedily"),
+                ),
+            },
+            "top_p" => match parse_float(number).filter(|p| *p > 0.0 && *p <= 1.0) {
+                Some(p) => sample.top_p = Some(p),
+                None => self.error(
+                    invalid("a number greater than 0 and at most 1")
+                        .with_help("for example top_p=0.95"),
+                ),
+            },
+            "stop" => match &value.node {
+                Value::Str(text) | Value::Word(text) if !text.is_empty() => {
+                    sample.stop.push(text.clone())
+                }
+                _ => self.error(
+                    invalid("a non-empty string")
+                        .with_help("quote the stop string: stop=\"</answer>\""),
+                ),
+            },
+            _ => unreachable!("only known sampler arguments reach here"),
+        }
+    }
+
+    fn holotype(&mut self, tag: &Tag, name: &Spanned<String>, span: Span) {
+        if !self.options.known_holotypes.contains(&name.node)
+            && self.unresolved.insert(name.node.clone())
+        {
+            let mut diagnostic = Diagnostic::new(
+                Code::UnresolvedHolotype,
+                format!("holotype `{}` is not known to the checker", name.node),
+                name.span,
+                "not a built-in holotype",
+            );
+            if let Some(suggestion) = did_you_mean(
+                &name.node,
+                &self
+                    .options
+                    .known_holotypes
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            ) {
+                diagnostic = diagnostic.with_note(format!("did you mean `{suggestion}`?"));
+            }
+            self.error(diagnostic.with_help(
+                "holotypes from your crate are resolved when it builds with include_holoware!; \
+                 this check cannot see them",
+            ));
+        }
+        let mut args = Vec::new();
+        let mut seen: HashMap<&str, Span> = HashMap::new();
+        for arg in &tag.args {
+            match &arg.node {
+                Arg::Fence(fence) => self.error(
+                    Diagnostic::new(
+                        Code::MisplacedFence,
+                        format!("holotype `{}` takes no fence", name.node),
+                        arg.span,
+                        "a fence belongs to a sampler",
+                    )
+                    .with_help(format!(
+                        "to sample into a fence, write `<|@_@ <>{}|>`",
+                        fence.node
+                    )),
+                ),
+                Arg::Positional(value) => args.push(HolotypeArg {
+                    name: None,
+                    value: arg_value(value),
+                    span: arg.span,
+                }),
+                Arg::Keyword { name: key, value } => {
+                    if !ast::is_identifier(&key.node) {
+                        self.error(
+                            Diagnostic::new(
+                                Code::InvalidArgumentName,
+                                format!("argument name `{}` is not an identifier", key.node),
+                                key.span,
+                                "not an identifier",
+                            )
+                            .with_help(format!("write `{}=...`", suggest_identifier(&key.node))),
+                        );
+                        continue;
+                    }
+                    if let Some(first) = seen.insert(&key.node, key.span) {
+                        self.error(
+                            Diagnostic::new(
+                                Code::DuplicateArgument,
+                                format!("`{}` is given twice", key.node),
+                                key.span,
+                                "given again here",
+                            )
+                            .with_secondary(first, "first given here")
+                            .with_help("keep one of them"),
+                        );
+                        continue;
+                    }
+                    args.push(HolotypeArg {
+                        name: Some(key.node.clone()),
+                        value: arg_value(&value.node),
+                        span: arg.span,
+                    });
+                }
+            }
+        }
+        self.ensure_context(span);
+        let instance = self.holotypes.len();
+        let op = self.push(
+            OpKind::Holotype {
+                instance,
+                body_end: None,
+            },
+            span,
+        );
+        self.holotypes.push(HolotypeInstance {
+            name: name.node.clone(),
+            args,
+            span,
+            op,
+        });
+        if let Some(body) = &tag.body {
+            self.body(instance, op, body, span);
+        }
+    }
+
+    fn body(&mut self, instance: usize, op: usize, body: &Body, span: Span) {
+        let definitely_before = self.definitely.clone();
+        let role_before = self.role;
+        // Later passes through the body see what earlier passes bound.
+        collect_bindings(&body.nodes, &mut |name, _| {
+            self.possibly.insert(name.to_string());
+        });
+        if changes_role(&body.nodes) {
+            self.role = None;
+        }
+        self.nodes(&body.nodes);
+        let end_span = body.close.unwrap_or(Span {
+            start: span.end,
+            end: span.end,
+        });
+        let end = self.push(
+            OpKind::EndBody {
+                instance,
+                body_start: op + 1,
+            },
+            end_span,
+        );
+        if let OpKind::Holotype { body_end, .. } = &mut self.ops[op].kind {
+            *body_end = Some(end);
+        }
+        // The body may run zero times.
+        self.definitely = definitely_before;
+        if self.role != role_before {
+            self.role = None;
+        }
+    }
+
+    fn insert(&mut self, tag: &Tag, alternatives: &[Spanned<Alternative>], span: Span) {
+        let written: Vec<String> = alternatives
+            .iter()
+            .map(|alternative| match &alternative.node {
+                Alternative::Variable(name) => name.clone(),
+                Alternative::Literal(text) => format!("{text:?}"),
+            })
+            .collect();
+        self.no_arguments(tag, "a variable", &format!("<|{}|>", written.join("|")));
+        let mut sources = Vec::new();
+        let mut literal_at: Option<Span> = None;
+        for alternative in alternatives {
+            if let Some(literal) = literal_at {
+                self.error(
+                    Diagnostic::new(
+                        Code::UnreachableAlternative,
+                        "this alternative is never used",
+                        alternative.span,
+                        "unreachable",
+                    )
+                    .with_secondary(literal, "this default is always present")
+                    .with_help("put the quoted default last"),
+                );
+            }
+            match &alternative.node {
+                Alternative::Literal(text) => {
+                    literal_at.get_or_insert(alternative.span);
+                    sources.push(Source::Literal(text.clone()));
+                }
+                Alternative::Variable(name) => {
+                    if self.variable(name, alternative.span, alternatives.len() == 1) {
+                        sources.push(Source::Variable(name.clone()));
+                    }
+                }
+            }
+        }
+        self.ensure_context(span);
+        self.push(
+            OpKind::Insert {
+                alternatives: sources,
+            },
+            span,
+        );
+    }
+
+    /// Checks one variable use; returns whether it is well-formed.
+    fn variable(&mut self, name: &str, span: Span, sole: bool) -> bool {
+        if name.starts_with(|c: char| c.is_ascii_uppercase()) && ast::is_identifier(name) {
+            self.error(
+                Diagnostic::new(
+                    Code::HolotypeAlternative,
+                    format!("holotype `{name}` cannot be an alternative"),
+                    span,
+                    "capitalised names are holotypes",
+                )
+                .with_help(format!(
+                    "give it its own tag, `<|{name}|>`, or use a lowercase variable name"
+                )),
+            );
+            return false;
+        }
+        if !ast::is_variable_name(name) {
+            self.error(
+                Diagnostic::new(
+                    Code::InvalidVariable,
+                    format!("`{name}` is not a valid variable name"),
+                    span,
+                    "not an identifier",
+                )
+                .with_help(format!(
+                    "variable names use lowercase letters, digits and `_`, such as `{}`",
+                    suggest_identifier(name)
+                )),
+            );
+            return false;
+        }
+        let Some(&bound_at) = self.bound_anywhere.get(name) else {
+            match self.inputs.iter_mut().find(|input| input.name == name) {
+                Some(input) => {
+                    input.required |= sole;
+                    input.uses.push(span);
+                }
+                None => self.inputs.push(Input {
+                    name: name.to_string(),
+                    required: sole,
+                    uses: vec![span],
+                }),
+            }
+            return true;
+        };
+        let available = if sole {
+            self.definitely.contains(name)
+        } else {
+            self.possibly.contains(name)
+        };
+        if !available {
+            let maybe = self.possibly.contains(name);
+            let message = if maybe {
+                format!("`{name}` may not be bound yet when this runs")
+            } else {
+                format!("`{name}` is used before the sampler that binds it")
+            };
+            let mut diagnostic = Diagnostic::new(Code::UseBeforeBind, message, span, "used here")
+                .with_secondary(bound_at, "bound here");
+            if maybe {
+                diagnostic = diagnostic.with_note(
+                    "a body may run zero times, and on the first pass through a body the samplers later in it \
+                     have not run",
+                );
+            }
+            self.error(diagnostic.with_help(format!(
+                "move the use after the sampler, or give a default: `<|{name}|\"\"|>`"
+            )));
+        }
+        true
+    }
+}
+
+fn arg_value(value: &Value) -> ArgValue {
+    match value {
+        Value::Word(word) => ArgValue::Word(word.clone()),
+        Value::Str(text) => ArgValue::Str(text.clone()),
+        Value::Number(number) => match number.parse::<i64>() {
+            Ok(int) => ArgValue::Int(int),
+            Err(_) => parse_float(Some(number))
+                .map_or_else(|| ArgValue::Word(number.clone()), ArgValue::Float),
+        },
+    }
+}
+
+fn parse_float(number: Option<&str>) -> Option<f64> {
+    number?
+        .parse::<f64>()
+        .ok()
+        .filter(|value| value.is_finite())
+}
+
+/// The closest of `candidates` to `name`, if any is close enough to be a likely misspelling.
+pub fn did_you_mean<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
+    candidates
+        .iter()
+        .map(|candidate| (strsim::jaro_winkler(name, candidate), *candidate))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+/// `name` turned into a lowercase identifier, for help messages.
+fn suggest_identifier(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.insert(0, '_');
+    }
+    out
+}
