@@ -246,15 +246,19 @@ impl Lowering<'_> {
             return;
         }
         if role.node != Role::Assistant {
-            let what = match (
-                binding,
-                tag.args
-                    .iter()
-                    .find(|arg| matches!(arg.node, Arg::Fence(_))),
-            ) {
-                (Some(binding), _) => (binding.span, "a binding"),
-                (None, Some(fence)) => (fence.span, "a fence"),
-                (None, None) => (tag.args[0].span, "arguments"),
+            let fence = tag.args.iter().find(|arg| matches!(arg.node, Arg::Fence(_)));
+            let generation = tag.args.iter().find(|arg| {
+                matches!(&arg.node, Arg::Keyword { name, .. } if SAMPLER_ARGUMENTS.contains(&name.node.as_str()))
+            });
+            let what = match (binding, fence, generation) {
+                (Some(binding), _, _) => (binding.span, "a binding"),
+                (None, Some(fence), _) => (fence.span, "a fence"),
+                (None, None, Some(argument)) => (argument.span, "a generation argument"),
+                (None, None, None) => {
+                    let glyph = role.node.glyph();
+                    self.no_arguments(tag, "a role switch", &format!("<|{glyph}|>"));
+                    return;
+                }
             };
             self.error(
                 Diagnostic::new(
@@ -726,9 +730,12 @@ impl Lowering<'_> {
                      have not run",
                 );
             }
-            self.error(diagnostic.with_help(format!(
-                "move the use after the sampler, or give a default: `<|{name}|\"\"|>`"
-            )));
+            let help = if sole {
+                format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
+            } else {
+                format!("move the sampler that binds `{name}` before this use")
+            };
+            self.error(diagnostic.with_help(help));
         }
         true
     }
