@@ -177,8 +177,9 @@ codes! {
         "Each argument may be given once per tag, except a sampler's `stop`, which may be repeated to give \
          several stop strings.";
     UnexpectedArguments = "H0018", Error, "this tag takes no arguments",
-        "Context markers (`+++`, `===` and its aliases), role switches (`o_o`, `x_x`, `@_@`), closing tags \
-         and variables take no arguments.";
+        "Context markers (`+++`, `===` and its aliases), role switches (`o_o`, `x_x` and a bare `@_@`), \
+         closing tags and variables take no arguments. Arguments on `@_@` make it a sampler; a binding, a \
+         fence or generation arguments on `o_o` or `x_x` are H0010.";
     InvalidVariable = "H0019", Error, "invalid variable name",
         "A variable name is an identifier that starts with a lowercase letter or `_`. Names that start with \
          an uppercase letter are holotypes.";
@@ -190,12 +191,15 @@ codes! {
          execution order. A body may run zero times, so a variable bound only inside a body is not bound \
          after it; and on the first pass through a body, variables bound later in the body are not bound \
          yet. Use an alternative with a default, `<|name|\"\"|>`, where absence is expected.";
-    MisplacedFence = "H0022", Error, "fence on a tag that is not a sampler",
-        "A fence `<>name` belongs to a sampler (`<|@_@ <>name|>`); holotypes and variables take no fence.";
+    MisplacedFence = "H0022", Error, "fence on a holotype",
+        "A fence `<>name` belongs to a sampler (`<|@_@ <>name|>`); holotypes take no fence. (On a variable, \
+         a context marker or a closing tag, any argument is H0018.)";
     InvalidArgumentName = "H0023", Error, "argument name is not an identifier",
         "Keyword arguments are written `name=value` where name is an identifier.";
     NestingTooDeep = "H0024", Error, "bodies nested too deeply",
         "Bodies may be nested at most 64 levels deep.";
+    InvalidHolotypeName = "H0025", Error, "holotype name is not an identifier",
+        "A capitalised head names a holotype, which is a Rust type: letters, digits and `_` only.";
     UnresolvedHolotype = "H0100", Warning, "unresolved holotype",
         "The holotype is not one of the runtime's built-ins. Holotypes defined in your crate are resolved when \
          the crate is built with include_holoware!; `holoc check` cannot see them. Pass --deny-warnings to \

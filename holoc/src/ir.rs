@@ -90,7 +90,10 @@ pub enum OpKind {
     Role { role: Role },
     /// Append literal text to the current message.
     Text { text: String },
-    /// Append the first present alternative. Every alternative but a literal may be absent.
+    /// Append the first present alternative. A variable is absent when the data row lacks it (inputs)
+    /// or no sampler has bound it yet; a literal is always present. When every alternative is absent
+    /// the rollout cannot be rendered: the runtime rejects the data row, naming the row and the
+    /// variables, before it starts.
     Insert { alternatives: Vec<Source> },
     /// Ask the model to continue the current assistant message (starting one if the current message has
     /// another role).
@@ -104,8 +107,9 @@ pub enum OpKind {
     EndBody { instance: usize, body_start: usize },
 }
 
+/// One alternative of an insert; serialized as `{"variable": "name"}` or `{"literal": "text"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "name", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum Source {
     Variable(String),
     Literal(String),

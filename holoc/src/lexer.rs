@@ -175,7 +175,7 @@ fn split_lines(source: &str) -> Vec<Line> {
         }
         let has_newline = raw.ends_with('\n');
         let mut end = offset - usize::from(has_newline);
-        if has_newline && source[start..end].ends_with('\r') {
+        if source[start..end].ends_with('\r') {
             end -= 1;
         }
         let text = &source[start..end];
@@ -247,10 +247,11 @@ impl<'s> Layout<'s> {
             }
         }
         let end = self.source.len();
-        self.flush_blank_lines(end);
+        // Blank lines at the end of the file follow the bodies still open, as they do everywhere else.
         for _ in 0..self.levels.len() {
             self.tokens.push((end, Token::Dedent, end));
         }
+        self.flush_blank_lines(end);
         Lexed {
             tokens: self.tokens,
             diagnostics: self.diagnostics,
@@ -262,8 +263,8 @@ impl<'s> Layout<'s> {
         let (start, content, end, has_newline) =
             (line.start, line.content, line.end, line.has_newline);
         let width = line.width();
-        if !self.levels.is_empty() {
-            self.check_tabs(start, content);
+        if !self.levels.is_empty() && self.has_tab(start, content) {
+            return;
         }
 
         if let Some(ended) = self.close_levels(width, start) {
@@ -355,7 +356,7 @@ impl<'s> Layout<'s> {
                 }
                 return;
             }
-            self.check_tabs(body_start, body_content);
+            self.has_tab(body_start, body_content);
             self.tokens.push((end, Token::Indent, end));
             self.levels.push(Level {
                 indent: body_indent,
@@ -374,11 +375,12 @@ impl<'s> Layout<'s> {
         ended
     }
 
-    fn check_tabs(&mut self, start: usize, content: usize) {
-        if self.reported_tab {
-            return;
-        }
-        if let Some(tab) = self.source[start..content].find('\t') {
+    /// Whether the indentation `start..content` of a body line holds a tab; reports the first one.
+    fn has_tab(&mut self, start: usize, content: usize) -> bool {
+        let Some(tab) = self.source[start..content].find('\t') else {
+            return false;
+        };
+        if !self.reported_tab {
             self.reported_tab = true;
             let at = start + tab;
             self.diagnostics.push(
@@ -391,6 +393,7 @@ impl<'s> Layout<'s> {
                 .with_help("indent bodies with spaces only"),
             );
         }
+        true
     }
 
     fn flush_blank_lines(&mut self, at: usize) {

@@ -70,12 +70,12 @@ fn main() -> ExitCode {
             output
                 .document
                 .as_ref()
-                .map(|document| format!("{document:#?}"))
+                .map(|document| format!("{document:#?}\n"))
         }),
         Command::Ir { file, json } => show(&file, |output| {
             output.program.as_ref().map(|program| {
                 if json {
-                    serde_json::to_string_pretty(program).expect("the IR serializes")
+                    serde_json::to_string_pretty(program).expect("the IR serializes") + "\n"
                 } else {
                     program.to_string()
                 }
@@ -83,13 +83,13 @@ fn main() -> ExitCode {
         }),
         Command::Explain { code } => match Code::from_id(&code) {
             Some(code) => {
-                println!(
-                    "{} ({}): {}\n\n{}",
+                print_out(&format!(
+                    "{} ({}): {}\n\n{}\n",
                     code.id(),
                     severity_name(code),
                     code.title(),
                     code.explanation()
-                );
+                ));
                 ExitCode::SUCCESS
             }
             None => {
@@ -119,15 +119,18 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
     let output = holoc::compile(&bytes, &Options::default());
     let name = file.display().to_string();
     let mut stderr = StandardStream::stderr(stderr_colors());
+    let source = report::SourceFile::new(&name, &output.source);
     for diagnostic in &output.diagnostics {
-        let _ = report::emit(&mut stderr, &name, &output.source, diagnostic);
+        let _ = source.emit(&mut stderr, diagnostic);
     }
-    match render(&output) {
-        Some(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
-        None => ExitCode::from(EXIT_ERRORS),
+    let Some(text) = render(&output) else {
+        return ExitCode::from(EXIT_ERRORS);
+    };
+    print_out(&text);
+    if output.has_errors() {
+        ExitCode::from(EXIT_ERRORS)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -157,6 +160,7 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
             }
         };
         let output = holoc::compile(&bytes, &options);
+        let source = report::SourceFile::new(&name, &output.source);
         for diagnostic in &output.diagnostics {
             if diagnostic.is_error() {
                 errors += 1;
@@ -165,13 +169,13 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
             }
             match format {
                 Format::Human => {
-                    let _ = report::emit(&mut stderr, &name, &output.source, diagnostic);
+                    let _ = source.emit(&mut stderr, diagnostic);
                 }
                 Format::Json => json_diagnostics.push(
                     serde_json::to_value(report::json(&name, diagnostic))
                         .expect("diagnostics serialize"),
                 ),
-                Format::Github => println!("{}", report::github(&name, diagnostic)),
+                Format::Github => print_out(&format!("{}\n", report::github(&name, diagnostic))),
             }
         }
         if show_inputs {
@@ -191,10 +195,8 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
         } else {
             serde_json::Value::Array(json_diagnostics)
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).expect("JSON serializes")
-        );
+        let json = serde_json::to_string_pretty(&value).expect("JSON serializes");
+        print_out(&format!("{json}\n"));
     } else if format == Format::Human {
         let _ = writeln!(
             stderr,
@@ -235,9 +237,9 @@ fn plural(count: usize) -> &'static str {
 }
 
 fn print_inputs(name: &str, program: &holoc::ir::Program) {
-    println!("{name}:");
+    let mut text = format!("{name}:\n");
     if program.inputs.is_empty() {
-        println!("  (no inputs)");
+        text.push_str("  (no inputs)\n");
     }
     for input in &program.inputs {
         let need = if input.required {
@@ -250,8 +252,21 @@ fn print_inputs(name: &str, program: &holoc::ir::Program) {
             .iter()
             .map(|span| span.start.line.to_string())
             .collect();
-        println!("  {:<24} {need:<8}  line {}", input.name, lines.join(", "));
+        text.push_str(&format!(
+            "  {:<24} {need:<8}  line {}\n",
+            input.name,
+            lines.join(", ")
+        ));
     }
+    print_out(&text);
+}
+
+/// Writes to stdout; a closed pipe (`holoc ... | head`) is not worth a panic.
+fn print_out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 fn inputs_json(program: &holoc::ir::Program) -> serde_json::Value {

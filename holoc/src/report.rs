@@ -8,6 +8,45 @@ use serde::Serialize;
 
 use crate::diagnostics::{Diagnostic, Severity};
 
+/// A source file prepared for rendering its diagnostics as rich text. Build it once per file: it indexes
+/// the file's lines.
+pub struct SourceFile<'a> {
+    file: SimpleFile<&'a str, &'a str>,
+}
+
+impl<'a> SourceFile<'a> {
+    pub fn new(name: &'a str, source: &'a str) -> Self {
+        SourceFile {
+            file: SimpleFile::new(name, source),
+        }
+    }
+
+    /// Plain text, as rustc prints it without colour: header, `--> file:line:col`, excerpt, help.
+    pub fn plain(&self, diagnostic: &Diagnostic) -> String {
+        term::emit_into_string(
+            &term::Config::default(),
+            &self.file,
+            &to_codespan(diagnostic),
+        )
+        .unwrap_or_else(|error| format!("{}: {}: {error}", diagnostic.code, diagnostic.message))
+    }
+
+    /// Rich text to a terminal writer (coloured when the writer supports it).
+    pub fn emit(
+        &self,
+        writer: &mut dyn WriteColor,
+        diagnostic: &Diagnostic,
+    ) -> std::io::Result<()> {
+        term::emit_to_write_style(
+            writer,
+            &term::Config::default(),
+            &self.file,
+            &to_codespan(diagnostic),
+        )
+        .map_err(std::io::Error::other)
+    }
+}
+
 fn to_codespan(diagnostic: &Diagnostic) -> cs::Diagnostic<()> {
     let severity = match diagnostic.severity {
         Severity::Error => cs::Severity::Error,
@@ -38,30 +77,6 @@ fn to_codespan(diagnostic: &Diagnostic) -> cs::Diagnostic<()> {
         .with_message(&diagnostic.message)
         .with_labels(labels)
         .with_notes(notes)
-}
-
-/// Plain text, as rustc prints it without colour: header, `--> file:line:col`, excerpt, help.
-pub fn plain(file_name: &str, source: &str, diagnostic: &Diagnostic) -> String {
-    let file = SimpleFile::new(file_name, source);
-    term::emit_into_string(&term::Config::default(), &file, &to_codespan(diagnostic))
-        .unwrap_or_else(|error| format!("{}: {}: {error}", diagnostic.code, diagnostic.message))
-}
-
-/// Rich text to a terminal writer (coloured when the writer supports it).
-pub fn emit(
-    writer: &mut dyn WriteColor,
-    file_name: &str,
-    source: &str,
-    diagnostic: &Diagnostic,
-) -> std::io::Result<()> {
-    let file = SimpleFile::new(file_name, source);
-    term::emit_to_write_style(
-        writer,
-        &term::Config::default(),
-        &file,
-        &to_codespan(diagnostic),
-    )
-    .map_err(std::io::Error::other)
 }
 
 /// One diagnostic as `holoc check --format json` prints it. Lines and columns are 1-based; columns count

@@ -35,11 +35,14 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         ops: Vec::new(),
         diagnostics: Vec::new(),
         definitely: HashSet::new(),
+        definitely_log: Vec::new(),
         possibly: HashSet::new(),
         role: None,
         in_context: false,
         inputs: Vec::new(),
+        input_index: HashMap::new(),
         bindings: Vec::new(),
+        binding_index: HashMap::new(),
         holotypes: Vec::new(),
         unresolved: HashSet::new(),
     };
@@ -108,13 +111,17 @@ struct Lowering<'a> {
     diagnostics: Vec<Diagnostic>,
     /// Variables bound on every path to the current point.
     definitely: HashSet<String>,
+    /// Names in the order they entered `definitely`, so leaving a body can undo what it added.
+    definitely_log: Vec<String>,
     /// Variables bound on some path to the current point (later iterations of enclosing bodies too).
     possibly: HashSet<String>,
     /// The role of the current message when it is known statically.
     role: Option<Role>,
     in_context: bool,
     inputs: Vec<Input>,
+    input_index: HashMap<String, usize>,
     bindings: Vec<Binding>,
+    binding_index: HashMap<String, usize>,
     holotypes: Vec<HolotypeInstance>,
     unresolved: HashSet<String>,
 }
@@ -171,6 +178,15 @@ impl Lowering<'_> {
     }
 
     fn text(&mut self, text: &Spanned<String>) {
+        if let Some(Op {
+            kind: OpKind::Text { text: previous },
+            span,
+        }) = self.ops.last_mut()
+        {
+            previous.push_str(&text.node);
+            *span = span.to(text.span);
+            return;
+        }
         let at_message_start = match self.ops.last() {
             None => true,
             Some(op) => matches!(op.kind, OpKind::Context { .. } | OpKind::Role { .. }),
@@ -246,7 +262,10 @@ impl Lowering<'_> {
             return;
         }
         if role.node != Role::Assistant {
-            let fence = tag.args.iter().find(|arg| matches!(arg.node, Arg::Fence(_)));
+            let fence = tag
+                .args
+                .iter()
+                .find(|arg| matches!(arg.node, Arg::Fence(_)));
             let generation = tag.args.iter().find(|arg| {
                 matches!(&arg.node, Arg::Keyword { name, .. } if SAMPLER_ARGUMENTS.contains(&name.node.as_str()))
             });
@@ -285,18 +304,19 @@ impl Lowering<'_> {
         self.role = Some(Role::Assistant);
         let index = self.push(OpKind::Sample(sample.clone()), span);
         if let Some(name) = &sample.binding {
-            self.definitely.insert(name.clone());
+            if self.definitely.insert(name.clone()) {
+                self.definitely_log.push(name.clone());
+            }
             self.possibly.insert(name.clone());
-            match self
-                .bindings
-                .iter_mut()
-                .find(|binding| &binding.name == name)
-            {
-                Some(binding) => binding.samplers.push(index),
-                None => self.bindings.push(Binding {
-                    name: name.clone(),
-                    samplers: vec![index],
-                }),
+            match self.binding_index.get(name) {
+                Some(&at) => self.bindings[at].samplers.push(index),
+                None => {
+                    self.binding_index.insert(name.clone(), self.bindings.len());
+                    self.bindings.push(Binding {
+                        name: name.clone(),
+                        samplers: vec![index],
+                    });
+                }
             }
         }
     }
@@ -461,7 +481,8 @@ impl Lowering<'_> {
                 ),
             },
             "temperature" => match parse_float(number).filter(|t| *t >= 0.0) {
-                Some(t) => sample.temperature = Some(t),
+                // `+ 0.0` turns -0 into 0.
+                Some(t) => sample.temperature = Some(t + 0.0),
                 None => self.error(
                     invalid("a number >= 0")
                         .with_help("for example temperature=0.7; 0 samples greedily"),
@@ -488,6 +509,21 @@ impl Lowering<'_> {
     }
 
     fn holotype(&mut self, tag: &Tag, name: &Spanned<String>, span: Span) {
+        if !ast::is_identifier(&name.node) {
+            self.error(
+                Diagnostic::new(
+                    Code::InvalidHolotypeName,
+                    format!("holotype name `{}` is not an identifier", name.node),
+                    name.span,
+                    "not an identifier",
+                )
+                .with_help(format!(
+                    "holotype names are Rust type names: letters, digits and `_`, such as `{}`",
+                    suggest_type_name(&name.node)
+                )),
+            );
+            return;
+        }
         if !self.options.known_holotypes.contains(&name.node)
             && self.unresolved.insert(name.node.clone())
         {
@@ -589,7 +625,7 @@ impl Lowering<'_> {
     }
 
     fn body(&mut self, instance: usize, op: usize, body: &Body, span: Span) {
-        let definitely_before = self.definitely.clone();
+        let definitely_before = self.definitely_log.len();
         let role_before = self.role;
         // Later passes through the body see what earlier passes bound.
         collect_bindings(&body.nodes, &mut |name, _| {
@@ -614,7 +650,9 @@ impl Lowering<'_> {
             *body_end = Some(end);
         }
         // The body may run zero times.
-        self.definitely = definitely_before;
+        for name in self.definitely_log.drain(definitely_before..) {
+            self.definitely.remove(&name);
+        }
         if self.role != role_before {
             self.role = None;
         }
@@ -697,16 +735,19 @@ impl Lowering<'_> {
             return false;
         }
         let Some(&bound_at) = self.bound_anywhere.get(name) else {
-            match self.inputs.iter_mut().find(|input| input.name == name) {
-                Some(input) => {
-                    input.required |= sole;
-                    input.uses.push(span);
+            match self.input_index.get(name) {
+                Some(&at) => {
+                    self.inputs[at].required |= sole;
+                    self.inputs[at].uses.push(span);
                 }
-                None => self.inputs.push(Input {
-                    name: name.to_string(),
-                    required: sole,
-                    uses: vec![span],
-                }),
+                None => {
+                    self.input_index.insert(name.to_string(), self.inputs.len());
+                    self.inputs.push(Input {
+                        name: name.to_string(),
+                        required: sole,
+                        uses: vec![span],
+                    });
+                }
             }
             return true;
         };
@@ -768,6 +809,18 @@ pub fn did_you_mean<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
         .filter(|(score, _)| *score >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, candidate)| candidate)
+}
+
+/// `name` turned into a CamelCase identifier, for help messages.
+fn suggest_type_name(name: &str) -> String {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            let first = chars.next().expect("non-empty").to_ascii_uppercase();
+            std::iter::once(first).chain(chars).collect::<String>()
+        })
+        .collect()
 }
 
 /// `name` turned into a lowercase identifier, for help messages.

@@ -14,10 +14,11 @@ fn compile_file(path: &Path) -> (String, Output) {
 }
 
 fn rendered_diagnostics(name: &str, output: &Output) -> String {
+    let source = report::SourceFile::new(name, &output.source);
     output
         .diagnostics
         .iter()
-        .map(|diagnostic| report::plain(name, &output.source, diagnostic))
+        .map(|diagnostic| source.plain(diagnostic))
         .collect::<Vec<_>>()
         .join("")
 }
@@ -35,7 +36,11 @@ fn errors(output: &Output) -> Vec<String> {
 fn ok_inputs() {
     insta::glob!("inputs/ok/*.hol", |path| {
         let (name, output) = compile_file(path);
-        assert_eq!(errors(&output), Vec::<String>::new(), "{name} must check without errors");
+        assert_eq!(
+            errors(&output),
+            Vec::<String>::new(),
+            "{name} must check without errors"
+        );
         insta::assert_debug_snapshot!("ast", output.document.as_ref().unwrap());
         insta::assert_snapshot!("ir", output.program.as_ref().unwrap().to_string());
     });
@@ -45,7 +50,11 @@ fn ok_inputs() {
 fn corpus() {
     insta::glob!("../../tests/corpus/errloom", "**/*.hol", |path| {
         let (name, output) = compile_file(path);
-        assert_eq!(errors(&output), Vec::<String>::new(), "{name} must check without errors");
+        assert_eq!(
+            errors(&output),
+            Vec::<String>::new(),
+            "{name} must check without errors"
+        );
         insta::assert_snapshot!("corpus_ir", output.program.as_ref().unwrap().to_string());
     });
 }
@@ -54,7 +63,11 @@ fn corpus() {
 fn standard_library() {
     insta::glob!("../../hol", "*.hol", |path| {
         let (name, output) = compile_file(path);
-        assert_eq!(errors(&output), Vec::<String>::new(), "{name} must check without errors");
+        assert_eq!(
+            errors(&output),
+            Vec::<String>::new(),
+            "{name} must check without errors"
+        );
         insta::assert_snapshot!("hol_ir", output.program.as_ref().unwrap().to_string());
     });
 }
@@ -78,14 +91,22 @@ fn every_code_has_an_err_input() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/err");
     for entry in std::fs::read_dir(dir).unwrap() {
         let (_, output) = compile_file(&entry.unwrap().path());
-        seen.extend(output.diagnostics.iter().map(|diagnostic| diagnostic.code.id()));
+        seen.extend(
+            output
+                .diagnostics
+                .iter()
+                .map(|diagnostic| diagnostic.code.id()),
+        );
     }
     let missing: Vec<&str> = Code::ALL
         .iter()
         .map(|code| code.id())
         .filter(|id| !seen.contains(id))
         .collect();
-    assert!(missing.is_empty(), "codes without an err input: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "codes without an err input: {missing:?}"
+    );
 }
 
 /// An error input reports each mistake once: no diagnostic repeats another's code and span.

@@ -1,0 +1,291 @@
+//! End-to-end tests of the `holoc` binary: exit codes and the three output formats.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn holoc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_holoc"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("holoc runs")
+}
+
+fn input(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn corpus() -> String {
+    repo_root()
+        .join("tests/corpus/errloom")
+        .display()
+        .to_string()
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+#[test]
+fn corpus_checks_clean() {
+    let output = holoc(&["check", &corpus()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("checked 9 files: 0 errors"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn standard_library_checks_clean() {
+    let output = holoc(&["check", &repo_root().join("hol").display().to_string()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn warnings_fail_only_when_denied() {
+    let file = input("err/unresolved_holotype.hol");
+    assert_eq!(holoc(&["check", &file]).status.code(), Some(0));
+    let denied = holoc(&["check", "--deny-warnings", &file]);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(
+        stderr(&denied).contains("warning[H0100]"),
+        "{}",
+        stderr(&denied)
+    );
+}
+
+#[test]
+fn errors_exit_one_with_rustc_style_output() {
+    let file = input("err/use_before_bind.hol");
+    let output = holoc(&["check", &file]);
+    assert_eq!(output.status.code(), Some(1));
+    let text = stderr(&output);
+    assert!(
+        text.contains("error[H0021]: `answer` is used before the sampler that binds it"),
+        "{text}"
+    );
+    assert!(text.contains("use_before_bind.hol:2:3"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no colour when not on a terminal: {text}"
+    );
+}
+
+#[test]
+fn missing_file_exits_two() {
+    let output = holoc(&["check", "does/not/exist.hol"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("does/not/exist.hol"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn missing_file_exits_two_even_beside_a_failing_file() {
+    let output = holoc(&["check", &input("err/use_before_bind.hol"), "missing.hol"]);
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn folder_without_hol_files_exits_two() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let output = holoc(&["check", &dir.display().to_string()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("no .hol files"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn usage_error_exits_two() {
+    assert_eq!(holoc(&["check"]).status.code(), Some(2));
+    assert_eq!(
+        holoc(&["check", "--format", "xml", "x.hol"]).status.code(),
+        Some(2)
+    );
+    assert_eq!(holoc(&["frobnicate"]).status.code(), Some(2));
+}
+
+#[test]
+fn json_format() {
+    let output = holoc(&[
+        "check",
+        "--format",
+        "json",
+        &input("err/semantic_errors_together.hol"),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let value: serde_json::Value = serde_json::from_str(&stdout(&output)).expect("stdout is JSON");
+    let diagnostics = value.as_array().expect("one JSON array");
+    assert_eq!(diagnostics.len(), 3);
+    let first = &diagnostics[0];
+    assert!(first["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("semantic_errors_together.hol"));
+    assert_eq!(first["line"], 1);
+    assert_eq!(first["column"], 14);
+    assert_eq!(first["end_line"], 1);
+    assert_eq!(first["end_column"], 24);
+    assert_eq!(first["severity"], "error");
+    assert_eq!(first["code"], "H0014");
+    assert_eq!(first["message"], "unknown sampler argument `temprature`");
+    assert_eq!(first["help"], "did you mean `temperature`?");
+    let codes: Vec<&str> = diagnostics
+        .iter()
+        .map(|d| d["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["H0014", "H0010", "H0018"]);
+}
+
+#[test]
+fn json_format_clean_file_is_an_empty_array() {
+    let output = holoc(&["check", "--format", "json", &input("ok/roles.hol")]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&stdout(&output)).unwrap(),
+        serde_json::json!([])
+    );
+}
+
+#[test]
+fn github_format() {
+    let output = holoc(&["check", "--format", "github", &input("err/tab_in_body.hol")]);
+    assert_eq!(output.status.code(), Some(1));
+    let text = stdout(&output);
+    let line = text.lines().next().unwrap();
+    assert!(line.starts_with("::error file="), "{line}");
+    assert!(
+        line.contains("tab_in_body.hol,line=2,col=1,endLine=2,endColumn=2,title=H0008::"),
+        "{line}"
+    );
+    assert!(
+        line.contains("H0008: tab in body indentation%0Ahelp: indent bodies with spaces only"),
+        "{line}"
+    );
+}
+
+#[test]
+fn github_format_warnings() {
+    let output = holoc(&[
+        "check",
+        "--format",
+        "github",
+        &input("err/unreachable_alternative.hol"),
+    ]);
+    assert!(
+        stdout(&output).starts_with("::warning file="),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
+fn inputs_listing() {
+    let file = repo_root()
+        .join("tests/corpus/errloom/compressor.hol")
+        .display()
+        .to_string();
+    let output = holoc(&["check", "--inputs", &file]);
+    assert_eq!(output.status.code(), Some(0));
+    let text = stdout(&output);
+    assert!(text.contains("original"), "{text}");
+    let original = text
+        .lines()
+        .find(|line| line.trim_start().starts_with("original"))
+        .unwrap();
+    assert!(original.contains("required"), "{original}");
+    let data = text
+        .lines()
+        .find(|line| line.trim_start().starts_with("data"))
+        .unwrap();
+    assert!(data.contains("optional"), "{data}");
+    assert!(
+        !text.contains("compressed "),
+        "sampler-bound variables are not inputs: {text}"
+    );
+}
+
+#[test]
+fn inputs_json() {
+    let file = repo_root().join("hol/qa.hol").display().to_string();
+    let output = holoc(&["check", "--format", "json", "--inputs", &file]);
+    let value: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let inputs = value["inputs"][&file].as_array().unwrap();
+    let names: Vec<(&str, bool)> = inputs
+        .iter()
+        .map(|input| {
+            (
+                input["name"].as_str().unwrap(),
+                input["required"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("system_prompt", false),
+            ("few_shot", false),
+            ("question", true)
+        ]
+    );
+    assert!(value["diagnostics"].is_array());
+}
+
+#[test]
+fn ast_and_ir_commands() {
+    let file = input("ok/bodies.hol");
+    let ast = holoc(&["ast", &file]);
+    assert_eq!(ast.status.code(), Some(0));
+    assert!(stdout(&ast).contains("Holotype(\n"), "{}", stdout(&ast));
+    assert!(stdout(&ast).contains("@ 2:3-2:8"), "{}", stdout(&ast));
+
+    let ir = holoc(&["ir", &file]);
+    assert_eq!(ir.status.code(), Some(0));
+    assert!(stdout(&ir).contains("holotype Loop #1"), "{}", stdout(&ir));
+
+    let json = holoc(&["ir", "--json", &file]);
+    let program: holoc::ir::Program =
+        serde_json::from_str(&stdout(&json)).expect("IR JSON deserializes");
+    assert_eq!(program.holotypes.len(), 3);
+}
+
+#[test]
+fn ir_of_a_broken_file_reports_and_fails() {
+    let output = holoc(&["ir", &input("err/two_fences.hol")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("error[H0011]"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn explain() {
+    let output = holoc(&["explain", "H0021"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(stdout(&output).contains("variable used before it is bound"));
+    assert_eq!(holoc(&["explain", "H9999"]).status.code(), Some(2));
+}
