@@ -1,1 +1,30 @@
+//! The runtime that compiled holowares link against.
+//!
+//! - [`Holotype`]: the trait user types implement to inject text, run tools, loop over bodies and give
+//!   rewards; the `.hol` file refers to them by name.
+//! - [`Machine`]: the sans-IO state machine that `include_holoware!` generates for a `.hol` file. It
+//!   returns sample requests and never calls a model itself.
+//! - [`Recorder`]: where a machine writes what happens (contexts, messages, text, completions, rewards);
+//!   [`Transcript`] is the readable one used by tests and dry runs.
 
+pub mod holotype;
+pub mod machine;
+pub mod scripted;
+pub mod text;
+pub mod transcript;
+
+pub use holoc::ir::{ArgValue, Role};
+pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
+pub use machine::{Completion, Finish, Machine, Recorder, RolloutError, SampleRequest, Step};
+pub use scripted::Scripted;
+pub use text::Text;
+pub use transcript::Transcript;
+
+/// Re-exported for generated code, so user crates need no direct serde dependency.
+pub use serde;
+
+/// Items generated code refers to; not part of the stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::holotype::has_param;
+}

@@ -10,6 +10,7 @@ pub mod ir;
 pub mod lexer;
 pub mod parser;
 pub mod report;
+pub mod scan;
 pub mod sema;
 pub mod span;
 

@@ -1,5 +1,6 @@
 //! `holoc`: check `.hol` files, and print their syntax tree or IR.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use codespan_reporting::term::termcolor::{ColorChoice, StandardStream};
 use holoc::diagnostics::Code;
-use holoc::{report, Options, Output};
+use holoc::{report, scan, Options, Output};
 
 #[derive(Parser)]
 #[command(name = "holoc", version, about = "The Holoware compiler")]
@@ -116,7 +117,7 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let output = holoc::compile(&bytes, &Options::default());
+    let output = holoc::compile(&bytes, Crates::default().options(file));
     let name = file.display().to_string();
     let mut stderr = StandardStream::stderr(stderr_colors());
     let source = report::SourceFile::new(&name, &output.source);
@@ -134,6 +135,25 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
     }
 }
 
+/// Checker options per crate: each crate that holds checked files is scanned once for its holotypes.
+#[derive(Default)]
+struct Crates {
+    scanned: BTreeMap<PathBuf, Options>,
+    outside: Options,
+}
+
+impl Crates {
+    fn options(&mut self, file: &Path) -> &Options {
+        match scan::crate_root(file) {
+            Some(root) => self.scanned.entry(root.clone()).or_insert_with(|| Options {
+                scan: Some(scan::scan_crate(&root)),
+                ..Options::default()
+            }),
+            None => &self.outside,
+        }
+    }
+}
+
 fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBuf]) -> ExitCode {
     let mut io_failed = false;
     let mut files = Vec::new();
@@ -144,7 +164,7 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
         }
     }
 
-    let options = Options::default();
+    let mut crates = Crates::default();
     let mut stderr = StandardStream::stderr(stderr_colors());
     let (mut errors, mut warnings) = (0usize, 0usize);
     let mut json_diagnostics = Vec::new();
@@ -159,7 +179,7 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
                 continue;
             }
         };
-        let output = holoc::compile(&bytes, &options);
+        let output = holoc::compile(&bytes, crates.options(file));
         let source = report::SourceFile::new(&name, &output.source);
         for diagnostic in &output.diagnostics {
             if diagnostic.is_error() {

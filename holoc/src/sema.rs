@@ -4,13 +4,14 @@
 //! or many times), holotype names against the known set; lowers to the flat IR, inserting the implicit
 //! first context and trimming layout newlines at message boundaries (docs/holoware.md, "Whitespace").
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, Value};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
     ArgValue, Binding, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
 };
+use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
 
 /// The generation arguments a sampler accepts.
@@ -19,8 +20,11 @@ pub const SAMPLER_ARGUMENTS: [&str; 5] = ["max_tokens", "temperature", "top_p", 
 /// What the checker knows beyond the file itself.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Holotype names that resolve; any other holotype is reported as unresolved (a warning).
-    pub known_holotypes: BTreeSet<String>,
+    /// Holotypes that always resolve (the runtime's built-ins), with their keyword parameters when known.
+    pub builtin_holotypes: BTreeMap<String, Option<Vec<String>>>,
+    /// The scan of the crate the file belongs to. Without one, holotypes that are not built-ins are only
+    /// warned about (H0100); with one, an unknown holotype or argument is an error.
+    pub scan: Option<CrateScan>,
 }
 
 /// Checks a parsed document and lowers it to IR. The program is `None` when there are errors.
@@ -524,31 +528,7 @@ impl Lowering<'_> {
             );
             return;
         }
-        if !self.options.known_holotypes.contains(&name.node)
-            && self.unresolved.insert(name.node.clone())
-        {
-            let mut diagnostic = Diagnostic::new(
-                Code::UnresolvedHolotype,
-                format!("holotype `{}` is not known to the checker", name.node),
-                name.span,
-                "not a built-in holotype",
-            );
-            if let Some(suggestion) = did_you_mean(
-                &name.node,
-                &self
-                    .options
-                    .known_holotypes
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-            ) {
-                diagnostic = diagnostic.with_note(format!("did you mean `{suggestion}`?"));
-            }
-            self.error(diagnostic.with_help(
-                "holotypes from your crate are resolved when it builds with include_holoware!; \
-                 this check cannot see them",
-            ));
-        }
+        let params = self.resolve_holotype(name);
         let mut args = Vec::new();
         let mut seen: HashMap<&str, Span> = HashMap::new();
         for arg in &tag.args {
@@ -582,6 +562,12 @@ impl Lowering<'_> {
                             .with_help(format!("write `{}=...`", suggest_identifier(&key.node))),
                         );
                         continue;
+                    }
+                    if let Some(params) = &params {
+                        if !params.iter().any(|param| *param == key.node) {
+                            self.unknown_holotype_argument(name, key, params);
+                            continue;
+                        }
                     }
                     if let Some(first) = seen.insert(&key.node, key.span) {
                         self.error(
@@ -622,6 +608,99 @@ impl Lowering<'_> {
         if let Some(body) = &tag.body {
             self.body(instance, op, body, span);
         }
+    }
+
+    /// Reports a holotype the checker cannot resolve; returns its parameters when they are known.
+    fn resolve_holotype(&mut self, name: &Spanned<String>) -> Option<Vec<String>> {
+        if let Some(params) = self.options.builtin_holotypes.get(&name.node) {
+            return params.clone();
+        }
+        let options = self.options;
+        let Some(scan) = &options.scan else {
+            if self.unresolved.insert(name.node.clone()) {
+                self.error(
+                    Diagnostic::new(
+                        Code::UnresolvedHolotype,
+                        format!("holotype `{}` is not known to the checker", name.node),
+                        name.span,
+                        "not a built-in holotype",
+                    )
+                    .with_help(
+                        "run the check inside your crate (a folder with Cargo.toml) so that its holotypes \
+                         can be found",
+                    ),
+                );
+            }
+            return None;
+        };
+        match scan.resolve(&name.node) {
+            Resolution::Holotype(decl) => decl.params.clone(),
+            Resolution::Undecided => None,
+            Resolution::NotAHolotype => {
+                self.error(
+                    Diagnostic::new(
+                        Code::NotAHolotype,
+                        format!("`{}` does not implement `Holotype`", name.node),
+                        name.span,
+                        "used as a holotype here",
+                    )
+                    .with_help(format!(
+                        "implement `holo_runtime::Holotype` for `{}` in the crate at {}",
+                        name.node,
+                        scan.root.display()
+                    )),
+                );
+                None
+            }
+            Resolution::Unknown => {
+                let candidates: Vec<&str> = scan
+                    .holotypes
+                    .keys()
+                    .chain(options.builtin_holotypes.keys())
+                    .map(String::as_str)
+                    .collect();
+                let mut diagnostic = Diagnostic::new(
+                    Code::UnknownHolotype,
+                    format!("unknown holotype `{}`", name.node),
+                    name.span,
+                    "no type of this name implements `Holotype`",
+                );
+                diagnostic = match did_you_mean(&name.node, &candidates) {
+                    Some(suggestion) => diagnostic.with_help(format!("did you mean `{suggestion}`?")),
+                    None if candidates.is_empty() => diagnostic.with_help(format!(
+                        "define it: `struct {0};` and `impl holo_runtime::Holotype for {0}`",
+                        name.node
+                    )),
+                    None => diagnostic.with_help(format!("known holotypes: {}", candidates.join(", "))),
+                };
+                self.error(diagnostic);
+                None
+            }
+        }
+    }
+
+    fn unknown_holotype_argument(
+        &mut self,
+        holotype: &Spanned<String>,
+        key: &Spanned<String>,
+        params: &[String],
+    ) {
+        let candidates: Vec<&str> = params.iter().map(String::as_str).collect();
+        let help = match did_you_mean(&key.node, &candidates) {
+            Some(suggestion) => format!("did you mean `{suggestion}`?"),
+            None if params.is_empty() => format!("`{}` takes no keyword arguments", holotype.node),
+            None => format!("`{}` takes {}", holotype.node, params.join(", ")),
+        };
+        self.error(
+            Diagnostic::new(
+                Code::UnknownHolotypeArgument,
+                format!("holotype `{}` has no parameter `{}`", holotype.node, key.node),
+                key.span,
+                "unknown argument",
+            )
+            .with_secondary(holotype.span, "its `PARAMS` do not list this name")
+            .with_help(help),
+        );
     }
 
     fn body(&mut self, instance: usize, op: usize, body: &Body, span: Span) {

@@ -1,0 +1,143 @@
+//! The state machine interface that generated code implements, and the [`Recorder`] it writes to.
+//!
+//! A driver (a test, `holo dry`, the Loom) loops: [`Machine::step`] runs the holoware until it needs the
+//! model ([`Step::Sample`]) or ends ([`Step::Done`]); the driver has the request completed by a sampler
+//! and hands the result back with [`Machine::resume`]. The machine never calls a model itself.
+
+use std::fmt;
+
+use crate::holotype::HolotypeError;
+use crate::Role;
+
+/// A holoware compiled to a state machine, one instance per rollout.
+pub trait Machine: Sized {
+    /// The data row: one field per input variable.
+    type Input;
+
+    /// Builds the machine for one rollout, constructing every holotype instance.
+    fn new(input: Self::Input) -> Result<Self, RolloutError>;
+
+    /// Runs until the next sample request or the end.
+    fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError>;
+
+    /// Hands back the completion of the request the last `step` returned.
+    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Complete the current assistant message, then call [`Machine::resume`].
+    Sample(SampleRequest),
+    /// The rollout ended; every holotype's `end` hook has run.
+    Done,
+}
+
+/// What to sample. Generation arguments left `None` take the sampler's defaults.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleRequest {
+    /// The variable that receives the text, if any.
+    pub binding: Option<&'static str>,
+    /// For `<>think`: `think`. The machine has already written `<think>`; `</think>` is the first stop
+    /// string.
+    pub fence: Option<&'static str>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    /// Stop strings: the fence's closing tag first, then the tag's `stop=` arguments.
+    pub stop: Vec<String>,
+    /// `file.hol:line:col` of the sampler tag.
+    pub location: &'static str,
+}
+
+/// A sampler's answer to a [`SampleRequest`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// The generated text, including the stop string that ended it, if one did.
+    pub text: String,
+    /// The sampled token ids, when the sampler works in token space.
+    pub tokens: Vec<u32>,
+    /// Log-probability of each sampled token, when the sampler reports them.
+    pub logprobs: Vec<f32>,
+    pub finish: Finish,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its turn.
+    #[default]
+    EndOfTurn,
+    /// A stop string matched; it ends `text`.
+    Stop(String),
+    /// `max_tokens` was reached.
+    Length,
+}
+
+/// Receives what a rollout produces, in order. The runtime's holophore implements it in token space;
+/// [`crate::Transcript`] keeps it as text.
+pub trait Recorder {
+    /// A new context starts; `trained` contexts contribute their sampled tokens to the loss.
+    fn begin_context(&mut self, trained: bool);
+    /// A new message of `role` starts in the current context.
+    fn begin_message(&mut self, role: Role);
+    /// Text of the prompt (from the `.hol` file, the data, or a holotype) appended to the current message.
+    fn text(&mut self, text: &str);
+    /// The model's completion appended to the current (assistant) message.
+    fn completion(&mut self, completion: &Completion);
+    /// A named reward component of the rollout.
+    fn reward(&mut self, name: &str, value: f64);
+}
+
+/// Why a rollout could not go on. Carries the `.hol` location where it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutError {
+    /// A holotype hook or constructor failed.
+    Holotype {
+        location: &'static str,
+        error: HolotypeError,
+    },
+    /// None of the alternatives of `<|a|b|>` was present.
+    MissingVariable {
+        location: &'static str,
+        alternatives: &'static [&'static str],
+    },
+    /// `step` was called while a completion was awaited, or `resume` without a pending request.
+    Protocol(&'static str),
+}
+
+impl fmt::Display for RolloutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RolloutError::Holotype { location, error } => write!(f, "{location}: {error}"),
+            RolloutError::MissingVariable {
+                location,
+                alternatives,
+            } => write!(
+                f,
+                "{location}: no value for `{}`: the data row lacks it and no sampler bound it",
+                alternatives.join("|")
+            ),
+            RolloutError::Protocol(message) => write!(f, "machine protocol: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for RolloutError {}
+
+impl Completion {
+    /// The text a binding receives: the completion without the fence's closing tag.
+    pub fn bound_text(&self, fence: Option<&str>) -> &str {
+        match fence {
+            Some(fence) => {
+                let close = format!("</{fence}>");
+                self.text.strip_suffix(close.as_str()).unwrap_or(&self.text)
+            }
+            None => &self.text,
+        }
+    }
+
+    /// Whether the completion closed the fence itself.
+    pub fn closes_fence(&self, fence: &str) -> bool {
+        self.text.ends_with(&format!("</{fence}>"))
+    }
+}

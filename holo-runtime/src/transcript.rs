@@ -1,0 +1,112 @@
+//! [`Transcript`]: a [`Recorder`] that keeps a rollout as readable text.
+
+use std::fmt;
+
+use crate::machine::{Completion, Recorder};
+use crate::Role;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    /// The message's text with each sampled part marked.
+    pub parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Prompt(String),
+    Sampled(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Context {
+    pub trained: bool,
+    pub messages: Vec<Message>,
+}
+
+/// Everything one rollout produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Transcript {
+    pub contexts: Vec<Context>,
+    pub rewards: Vec<(String, f64)>,
+}
+
+impl Transcript {
+    fn message(&mut self) -> &mut Message {
+        if self.contexts.is_empty() {
+            self.begin_context(true);
+        }
+        let context = self.contexts.last_mut().expect("a context exists");
+        if context.messages.is_empty() {
+            context.messages.push(Message {
+                role: Role::System,
+                parts: Vec::new(),
+            });
+        }
+        context.messages.last_mut().expect("a message exists")
+    }
+}
+
+impl Recorder for Transcript {
+    fn begin_context(&mut self, trained: bool) {
+        self.contexts.push(Context {
+            trained,
+            messages: Vec::new(),
+        });
+    }
+
+    fn begin_message(&mut self, role: Role) {
+        if self.contexts.is_empty() {
+            self.begin_context(true);
+        }
+        let context = self.contexts.last_mut().expect("a context exists");
+        context.messages.push(Message {
+            role,
+            parts: Vec::new(),
+        });
+    }
+
+    fn text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let message = self.message();
+        match message.parts.last_mut() {
+            Some(Part::Prompt(previous)) => previous.push_str(text),
+            _ => message.parts.push(Part::Prompt(text.to_string())),
+        }
+    }
+
+    fn completion(&mut self, completion: &Completion) {
+        let message = self.message();
+        message.parts.push(Part::Sampled(completion.text.clone()));
+    }
+
+    fn reward(&mut self, name: &str, value: f64) {
+        self.rewards.push((name.to_string(), value));
+    }
+}
+
+/// Plain text: one block per message, sampled text between `⟦` and `⟧`.
+impl fmt::Display for Transcript {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, context) in self.contexts.iter().enumerate() {
+            let kind = if context.trained { "trained" } else { "untrained" };
+            writeln!(f, "=== context {index} ({kind})")?;
+            for message in &context.messages {
+                writeln!(f, "--- {}", message.role.name())?;
+                for part in &message.parts {
+                    match part {
+                        Part::Prompt(text) => f.write_str(text)?,
+                        Part::Sampled(text) => write!(f, "⟦{text}⟧")?,
+                    }
+                }
+                writeln!(f)?;
+            }
+        }
+        for (name, value) in &self.rewards {
+            writeln!(f, "reward {name} = {value}")?;
+        }
+        Ok(())
+    }
+}
