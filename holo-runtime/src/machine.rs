@@ -78,7 +78,9 @@ pub enum Finish {
 pub trait Recorder {
     /// A new context starts; `trained` contexts contribute their sampled tokens to the loss.
     fn begin_context(&mut self, trained: bool);
-    /// A new message of `role` starts in the current context.
+    /// Content from now on goes to a new message of `role`. A message that receives no content before
+    /// the next `begin_message` or `begin_context` is not part of the rollout (for example the user turn
+    /// a tool loop opens after the model has answered), so a recorder creates it on its first content.
     fn begin_message(&mut self, role: Role);
     /// Text of the prompt (from the `.hol` file, the data, or a holotype) appended to the current message.
     fn text(&mut self, text: &str);

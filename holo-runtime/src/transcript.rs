@@ -29,17 +29,29 @@ pub struct Context {
 pub struct Transcript {
     pub contexts: Vec<Context>,
     pub rewards: Vec<(String, f64)>,
+    /// The role of the message that starts with the next content.
+    pending: Option<Role>,
 }
 
 impl Transcript {
+    /// The message content goes to: the pending one (created now), the current one, or an implicit
+    /// system message at the start of a context.
     fn message(&mut self) -> &mut Message {
         if self.contexts.is_empty() {
-            self.begin_context(true);
+            self.contexts.push(Context {
+                trained: true,
+                messages: Vec::new(),
+            });
         }
         let context = self.contexts.last_mut().expect("a context exists");
-        if context.messages.is_empty() {
+        let role = match self.pending.take() {
+            Some(role) => Some(role),
+            None if context.messages.is_empty() => Some(Role::System),
+            None => None,
+        };
+        if let Some(role) = role {
             context.messages.push(Message {
-                role: Role::System,
+                role,
                 parts: Vec::new(),
             });
         }
@@ -49,6 +61,7 @@ impl Transcript {
 
 impl Recorder for Transcript {
     fn begin_context(&mut self, trained: bool) {
+        self.pending = None;
         self.contexts.push(Context {
             trained,
             messages: Vec::new(),
@@ -56,14 +69,7 @@ impl Recorder for Transcript {
     }
 
     fn begin_message(&mut self, role: Role) {
-        if self.contexts.is_empty() {
-            self.begin_context(true);
-        }
-        let context = self.contexts.last_mut().expect("a context exists");
-        context.messages.push(Message {
-            role,
-            parts: Vec::new(),
-        });
+        self.pending = Some(role);
     }
 
     fn text(&mut self, text: &str) {

@@ -41,6 +41,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the Rust module that include_holoware! generates for a .hol file.
+    Expand { file: PathBuf },
     /// Explain an error code, such as H0005.
     Explain { code: String },
 }
@@ -82,6 +84,17 @@ fn main() -> ExitCode {
                 }
             })
         }),
+        Command::Expand { file } => {
+            let settings = holoc::codegen::Settings::new(
+                holoc::codegen::module_name(&file.file_stem().unwrap_or_default().to_string_lossy()),
+                file.file_name().unwrap_or_default().to_string_lossy(),
+            );
+            show(&file, |output| {
+                output.program.as_ref().map(|program| {
+                    holoc::codegen::pretty(holoc::codegen::module(program, &settings))
+                })
+            })
+        }
         Command::Explain { code } => match Code::from_id(&code) {
             Some(code) => {
                 print_out(&format!(

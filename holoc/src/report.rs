@@ -14,6 +14,14 @@ pub struct SourceFile<'a> {
     file: SimpleFile<&'a str, &'a str>,
 }
 
+/// rustc's look: `-->`, `|` and `^` in plain ASCII.
+fn config() -> term::Config {
+    term::Config {
+        chars: term::Chars::ascii(),
+        ..term::Config::default()
+    }
+}
+
 impl<'a> SourceFile<'a> {
     pub fn new(name: &'a str, source: &'a str) -> Self {
         SourceFile {
@@ -24,7 +32,7 @@ impl<'a> SourceFile<'a> {
     /// Plain text, as rustc prints it without colour: header, `--> file:line:col`, excerpt, help.
     pub fn plain(&self, diagnostic: &Diagnostic) -> String {
         term::emit_into_string(
-            &term::Config::default(),
+            &config(),
             &self.file,
             &to_codespan(diagnostic),
         )
@@ -39,7 +47,7 @@ impl<'a> SourceFile<'a> {
     ) -> std::io::Result<()> {
         term::emit_to_write_style(
             writer,
-            &term::Config::default(),
+            &config(),
             &self.file,
             &to_codespan(diagnostic),
         )
