@@ -51,7 +51,9 @@ impl Parse for MacroInput {
             if key != "holotypes" {
                 return Err(syn::Error::new(
                     key.span(),
-                    format!("unknown option `{key}`; the only option is `holotypes = path::to::module`"),
+                    format!(
+                        "unknown option `{key}`; the only option is `holotypes = path::to::module`"
+                    ),
                 ));
             }
             input.parse::<Token![=]>()?;
@@ -100,7 +102,12 @@ fn manifest_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-fn settings(input: &MacroInput, module: Ident, display_name: String, track: Option<String>) -> Settings {
+fn settings(
+    input: &MacroInput,
+    module: Ident,
+    display_name: String,
+    track: Option<String>,
+) -> Settings {
     let mut settings = Settings::new(module, display_name);
     settings.track_path = track;
     settings.holotypes = input.holotypes.as_ref().map(|path| quote!(#path));
@@ -168,12 +175,19 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
             .iter()
             .filter(|diagnostic| diagnostic.is_error())
             .map(|diagnostic| {
-                let message = source.plain(diagnostic);
+                // compile_error! prints `error: ` itself: `error[H0021]: ...` becomes `error: H0021: ...`.
+                let rendered = source.plain(diagnostic);
+                let message = rendered
+                    .strip_prefix("error[")
+                    .and_then(|rest| rest.split_once("]: "))
+                    .map_or(rendered.clone(), |(code, rest)| format!("{code}: {rest}"));
                 quote_spanned!(settings.span=> ::core::compile_error!(#message);)
             });
         let skeleton = codegen::skeleton(settings);
         let track = settings.track_path.as_ref().map(|path| {
-            quote!(const _: &[u8] = ::core::include_bytes!(#path);)
+            quote!(
+                const _: &[u8] = ::core::include_bytes!(#path);
+            )
         });
         return quote! {
             #(#errors)*

@@ -238,3 +238,17 @@ const fn str_eq(a: &str, b: &str) -> bool {
     }
     true
 }
+
+/// `T` used as a holotype at `LINE`:`COL` of a `.hol` file. Generated code asserts it for every holotype
+/// tag, so that rustc's error for a type that is not a holotype names the tag's line and column.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is used as a holotype at line {LINE}, column {COL} of the .hol file, but does not implement `Holotype`",
+    label = "the .hol file named by this literal uses it as a holotype",
+    note = "implement `holo_runtime::Holotype` for `{Self}`, or fix the name in the .hol file"
+)]
+pub trait HolotypeAt<const LINE: u32, const COL: u32> {}
+
+impl<T: Holotype, const LINE: u32, const COL: u32> HolotypeAt<LINE, COL> for T {}
+
+/// Compiles only when `T` is a holotype; see [`HolotypeAt`].
+pub const fn assert_holotype<T: HolotypeAt<LINE, COL>, const LINE: u32, const COL: u32>() {}

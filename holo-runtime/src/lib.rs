@@ -26,5 +26,5 @@ pub use serde;
 /// Items generated code refers to; not part of the stable API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::holotype::has_param;
+    pub use crate::holotype::{assert_holotype, has_param};
 }

@@ -21,7 +21,11 @@ pub trait Machine: Sized {
     fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError>;
 
     /// Hands back the completion of the request the last `step` returned.
-    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError>;
+    fn resume(
+        &mut self,
+        completion: Completion,
+        recorder: &mut dyn Recorder,
+    ) -> Result<(), RolloutError>;
 }
 
 #[derive(Debug, Clone, PartialEq)]

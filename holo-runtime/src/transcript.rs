@@ -97,7 +97,11 @@ impl Recorder for Transcript {
 impl fmt::Display for Transcript {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (index, context) in self.contexts.iter().enumerate() {
-            let kind = if context.trained { "trained" } else { "untrained" };
+            let kind = if context.trained {
+                "trained"
+            } else {
+                "untrained"
+            };
             writeln!(f, "=== context {index} ({kind})")?;
             for message in &context.messages {
                 writeln!(f, "--- {}", message.role.name())?;

@@ -50,7 +50,13 @@ impl Settings {
 pub fn module_name(file_stem: &str) -> Ident {
     let mut name: String = file_stem
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     if !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
         name.insert(0, '_');
@@ -179,6 +185,13 @@ impl Generator<'_> {
             }
         });
 
+        let input_names = program.inputs.iter().map(|input| &input.name);
+        let required_names = program
+            .inputs
+            .iter()
+            .filter(|input| input.required)
+            .map(|input| &input.name);
+        let binding_names = program.bindings.iter().map(|binding| &binding.name);
         let input_fields = program.inputs.iter().map(|input| {
             let field = ident(&input.name);
             let name = &input.name;
@@ -205,7 +218,11 @@ impl Generator<'_> {
                 .iter()
                 .map(|op| self.location(program.ops[*op].span))
                 .collect();
-            let doc = format!("`{}`, bound by the sampler at {}.", binding.name, at.join(", "));
+            let doc = format!(
+                "`{}`, bound by the sampler at {}.",
+                binding.name,
+                at.join(", ")
+            );
             quote! {
                 #[doc = #doc]
                 pub #field: ::core::option::Option<::std::string::String>,
@@ -231,21 +248,33 @@ impl Generator<'_> {
 
         let states = program.ops.iter().enumerate().map(|(index, op)| {
             let state = Self::state(index);
-            let doc = format!("{}: {}", self.location(op.span), describe(&op.kind, program));
+            let doc = format!(
+                "{}: {}",
+                self.location(op.span),
+                describe(&op.kind, program)
+            );
             quote! {
                 #[doc = #doc]
                 #state,
             }
         });
-        let holotype_fields = program.holotypes.iter().enumerate().map(|(index, holotype)| {
-            let field = format_ident!("h{}", index);
-            let path = self.holotype_path(&holotype.name);
-            let doc = format!("`<|{}|>` at {}.", holotype.name, self.location(holotype.span));
-            quote! {
-                #[doc = #doc]
-                #field: #path,
-            }
-        });
+        let holotype_fields = program
+            .holotypes
+            .iter()
+            .enumerate()
+            .map(|(index, holotype)| {
+                let field = format_ident!("h{}", index);
+                let path = self.holotype_path(&holotype.name);
+                let doc = format!(
+                    "`<|{}|>` at {}.",
+                    holotype.name,
+                    self.location(holotype.span)
+                );
+                quote! {
+                    #[doc = #doc]
+                    #field: #path,
+                }
+            });
         let holotype_inits = program.holotypes.iter().enumerate().map(|(index, holotype)| {
             let field = format_ident!("h{}", index);
             let path = self.holotype_path(&holotype.name);
@@ -267,6 +296,14 @@ impl Generator<'_> {
                     keywords: ::std::vec![#(#keywords),*],
                 })
                 .map_err(|error| ::holo_runtime::RolloutError::Holotype { location: #location, error })?,
+            }
+        });
+        let holotype_assertions = program.holotypes.iter().map(|holotype| {
+            let path = self.holotype_path(&holotype.name);
+            let (line, col) = (holotype.span.start.line, holotype.span.start.col);
+            let span = self.settings.span;
+            quote_spanned! {span=>
+                const _: () = ::holo_runtime::__private::assert_holotype::<#path, #line, #col>();
             }
         });
         let assertions = program.holotypes.iter().flat_map(|holotype| {
@@ -347,6 +384,12 @@ impl Generator<'_> {
             pub mod #module {
                 /// The `.hol` file this module was compiled from.
                 pub const SOURCE: &str = #display_name;
+                /// The input variables, as they are named in data rows.
+                pub const INPUTS: &[&str] = &[#(#input_names),*];
+                /// The input variables that every data row must have.
+                pub const REQUIRED_INPUTS: &[&str] = &[#(#required_names),*];
+                /// The variables that samplers bind.
+                pub const BINDINGS: &[&str] = &[#(#binding_names),*];
                 #track
 
                 /// One data row: the variables that no sampler binds.
@@ -383,6 +426,7 @@ impl Generator<'_> {
                     #(#holotype_fields)*
                 }
 
+                #(#holotype_assertions)*
                 #(#assertions)*
 
                 struct View<'a> {
@@ -621,8 +665,12 @@ fn role_tokens(role: Role) -> TokenStream {
 
 fn arg_value(value: &ArgValue) -> TokenStream {
     match value {
-        ArgValue::Word(word) => quote!(::holo_runtime::ArgValue::Word(::std::string::String::from(#word))),
-        ArgValue::Str(text) => quote!(::holo_runtime::ArgValue::Str(::std::string::String::from(#text))),
+        ArgValue::Word(word) => {
+            quote!(::holo_runtime::ArgValue::Word(::std::string::String::from(#word)))
+        }
+        ArgValue::Str(text) => {
+            quote!(::holo_runtime::ArgValue::Str(::std::string::String::from(#text)))
+        }
         ArgValue::Int(int) => quote!(::holo_runtime::ArgValue::Int(#int)),
         ArgValue::Float(float) => quote!(::holo_runtime::ArgValue::Float(#float)),
     }
@@ -657,7 +705,10 @@ fn describe(op: &OpKind, program: &Program) -> String {
             format!("enter holotype `{}`", program.holotypes[*instance].name)
         }
         OpKind::EndBody { instance, .. } => {
-            format!("end of a pass through the body of `{}`", program.holotypes[*instance].name)
+            format!(
+                "end of a pass through the body of `{}`",
+                program.holotypes[*instance].name
+            )
         }
     }
 }

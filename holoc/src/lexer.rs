@@ -2,8 +2,8 @@
 //! into `Indent`/`Dedent` tokens and applies the whitespace rules of docs/holoware.md.
 //!
 //! Lexing is line-oriented: a whole-line `#` comment disappears with its newline, a tag never spans lines,
-//! and a line that holds only structural tags (roles, context markers, samplers, closing tags, a holotype
-//! that opens a body) consumes its own indentation and newline. Each line is lexed by two logos lexers:
+//! and a line that holds only structural tags (roles, context markers, samplers, closing tags and
+//! holotypes) consumes its own indentation and newline; a line with a variable or text keeps them. Each line is lexed by two logos lexers:
 //! [`TextLex`] for text and [`TagLex`] between `<|` and `|>`.
 
 use logos::Logos;
@@ -97,7 +97,8 @@ enum TagLex {
 enum TagClass {
     /// Roles, context markers, samplers and closing tags: render no text of their own.
     Structural,
-    /// A capitalised head: a holotype, which opens a body when the next line is indented.
+    /// A capitalised head: a holotype, which opens a body when the next line is indented, and is
+    /// structural for the newline rule.
     Holotype,
     /// Variables and anything malformed: renders text in place.
     Value,
@@ -295,11 +296,13 @@ impl<'s> Layout<'s> {
         };
         let base = self.levels.last().map_or(0, |level| level.indent);
         let significant: Vec<&Item> = items.iter().filter(|item| !item.is_blank_text()).collect();
+        // Holotypes write their own text, trailing newline included if they want one, so a line of
+        // holotype tags consumes its newline like a line of roles or samplers.
         let structural = significant.iter().all(|item| {
             matches!(
                 item,
                 Item::Tag {
-                    class: TagClass::Structural,
+                    class: TagClass::Structural | TagClass::Holotype,
                     ..
                 }
             )

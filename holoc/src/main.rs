@@ -86,7 +86,9 @@ fn main() -> ExitCode {
         }),
         Command::Expand { file } => {
             let settings = holoc::codegen::Settings::new(
-                holoc::codegen::module_name(&file.file_stem().unwrap_or_default().to_string_lossy()),
+                holoc::codegen::module_name(
+                    &file.file_stem().unwrap_or_default().to_string_lossy(),
+                ),
                 file.file_name().unwrap_or_default().to_string_lossy(),
             );
             show(&file, |output| {

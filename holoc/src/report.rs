@@ -31,12 +31,8 @@ impl<'a> SourceFile<'a> {
 
     /// Plain text, as rustc prints it without colour: header, `--> file:line:col`, excerpt, help.
     pub fn plain(&self, diagnostic: &Diagnostic) -> String {
-        term::emit_into_string(
-            &config(),
-            &self.file,
-            &to_codespan(diagnostic),
-        )
-        .unwrap_or_else(|error| format!("{}: {}: {error}", diagnostic.code, diagnostic.message))
+        term::emit_into_string(&config(), &self.file, &to_codespan(diagnostic))
+            .unwrap_or_else(|error| format!("{}: {}: {error}", diagnostic.code, diagnostic.message))
     }
 
     /// Rich text to a terminal writer (coloured when the writer supports it).
@@ -45,13 +41,8 @@ impl<'a> SourceFile<'a> {
         writer: &mut dyn WriteColor,
         diagnostic: &Diagnostic,
     ) -> std::io::Result<()> {
-        term::emit_to_write_style(
-            writer,
-            &config(),
-            &self.file,
-            &to_codespan(diagnostic),
-        )
-        .map_err(std::io::Error::other)
+        term::emit_to_write_style(writer, &config(), &self.file, &to_codespan(diagnostic))
+            .map_err(std::io::Error::other)
     }
 }
 

@@ -65,7 +65,9 @@ impl CrateScan {
 pub fn crate_root(path: &Path) -> Option<PathBuf> {
     let start = if path.is_dir() { path } else { path.parent()? };
     let start = start.canonicalize().ok()?;
-    let root = start.ancestors().find(|dir| dir.join("Cargo.toml").is_file())?;
+    let root = start
+        .ancestors()
+        .find(|dir| dir.join("Cargo.toml").is_file())?;
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).ok()?;
     manifest
         .lines()

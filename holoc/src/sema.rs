@@ -107,6 +107,34 @@ fn changes_role(nodes: &[Node]) -> bool {
     })
 }
 
+/// Whether running `nodes` with the current message of role `role` starts a new message before any
+/// content: a role tag, a context marker, or a sampler after a message that is not the assistant's.
+fn starts_message(nodes: &[Node], role: Option<Role>) -> bool {
+    let first = nodes.iter().find(|node| match node {
+        Node::Text(text) => !text.node.trim().is_empty(),
+        Node::Tag(_) => true,
+    });
+    let Some(Node::Tag(tag)) = first else {
+        return false;
+    };
+    match &tag.node.head {
+        Head::Context(_) => true,
+        Head::Role {
+            role: tag_role,
+            binding,
+        } => {
+            let sampler = binding.is_some() || !tag.node.args.is_empty();
+            !sampler || (tag_role.node == Role::Assistant && role != Some(Role::Assistant))
+        }
+        Head::Holotype(_) => tag
+            .node
+            .body
+            .as_ref()
+            .is_some_and(|body| starts_message(&body.nodes, role)),
+        Head::Value(_) | Head::Close(_) => false,
+    }
+}
+
 struct Lowering<'a> {
     options: &'a Options,
     /// Every variable some sampler binds, with its first binding.
@@ -564,7 +592,7 @@ impl Lowering<'_> {
                         continue;
                     }
                     if let Some(params) = &params {
-                        if !params.iter().any(|param| *param == key.node) {
+                        if !params.contains(&key.node) {
                             self.unknown_holotype_argument(name, key, params);
                             continue;
                         }
@@ -591,6 +619,14 @@ impl Lowering<'_> {
             }
         }
         self.ensure_context(span);
+        if tag
+            .body
+            .as_ref()
+            .is_some_and(|body| starts_message(&body.nodes, self.role))
+        {
+            // The body's first pass opens a message, so the newlines before the tag end the current one.
+            self.trim_message_end();
+        }
         let instance = self.holotypes.len();
         let op = self.push(
             OpKind::Holotype {
@@ -645,9 +681,8 @@ impl Lowering<'_> {
                         "used as a holotype here",
                     )
                     .with_help(format!(
-                        "implement `holo_runtime::Holotype` for `{}` in the crate at {}",
-                        name.node,
-                        scan.root.display()
+                        "implement `holo_runtime::Holotype` for `{}`, or fix the name",
+                        name.node
                     )),
                 );
                 None
@@ -666,12 +701,16 @@ impl Lowering<'_> {
                     "no type of this name implements `Holotype`",
                 );
                 diagnostic = match did_you_mean(&name.node, &candidates) {
-                    Some(suggestion) => diagnostic.with_help(format!("did you mean `{suggestion}`?")),
+                    Some(suggestion) => {
+                        diagnostic.with_help(format!("did you mean `{suggestion}`?"))
+                    }
                     None if candidates.is_empty() => diagnostic.with_help(format!(
                         "define it: `struct {0};` and `impl holo_runtime::Holotype for {0}`",
                         name.node
                     )),
-                    None => diagnostic.with_help(format!("known holotypes: {}", candidates.join(", "))),
+                    None => {
+                        diagnostic.with_help(format!("known holotypes: {}", candidates.join(", ")))
+                    }
                 };
                 self.error(diagnostic);
                 None
@@ -694,7 +733,10 @@ impl Lowering<'_> {
         self.error(
             Diagnostic::new(
                 Code::UnknownHolotypeArgument,
-                format!("holotype `{}` has no parameter `{}`", holotype.node, key.node),
+                format!(
+                    "holotype `{}` has no parameter `{}`",
+                    holotype.node, key.node
+                ),
                 key.span,
                 "unknown argument",
             )

@@ -58,9 +58,20 @@ fn standard_library_checks_clean() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }
 
+/// A fresh folder under the system temp dir, outside any crate.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("holoc-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn warnings_fail_only_when_denied() {
-    let file = input("err/unresolved_holotype.hol");
+    let dir = scratch("warnings");
+    let file = dir.join("schema.hol");
+    std::fs::write(&file, "<|o_o|>\n<|ToolSchema|>\n").unwrap();
+    let file = file.display().to_string();
     assert_eq!(holoc(&["check", &file]).status.code(), Some(0));
     let denied = holoc(&["check", "--deny-warnings", &file]);
     assert_eq!(denied.status.code(), Some(1));
@@ -68,6 +79,85 @@ fn warnings_fail_only_when_denied() {
         stderr(&denied).contains("warning[H0100]"),
         "{}",
         stderr(&denied)
+    );
+}
+
+/// A crate whose sources define holotypes: `holoc check` scans it and resolves names and arguments.
+fn crate_with_holotypes(name: &str, hol: &str) -> (PathBuf, String) {
+    let dir = scratch(name);
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        "[package]\nname = \"agent\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("src/tools")).unwrap();
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        "mod tools;\npub struct Plain;\nholo_macros::include_holoware!(\"hol/env.hol\");\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("src/tools/mod.rs"),
+        "use holo_runtime::{Args, Holotype, HolotypeError};\n\
+         pub struct ToolRunner;\n\
+         impl Holotype for ToolRunner {\n\
+             const PARAMS: &'static [&'static str] = &[\"max_turns\", \"stop_on\"];\n\
+             fn new(_: &Args) -> Result<Self, HolotypeError> { Ok(ToolRunner) }\n\
+         }\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("hol")).unwrap();
+    let file = dir.join("hol/env.hol");
+    std::fs::write(&file, hol).unwrap();
+    (dir, file.display().to_string())
+}
+
+#[test]
+fn scanned_crate_resolves_holotypes() {
+    let (_, file) =
+        crate_with_holotypes("resolves", "<|ToolRunner max_turns=3|>\n    <|@_@:turn|>\n");
+    let output = holoc(&["check", "--deny-warnings", &file]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn scanned_crate_reports_unknown_holotype_with_suggestion() {
+    let (_, file) = crate_with_holotypes("unknown", "<|o_o|>\n<|ToolRunnr|>\n");
+    let output = holoc(&["check", &file]);
+    assert_eq!(output.status.code(), Some(1));
+    let text = stderr(&output);
+    assert!(
+        text.contains("error[H0026]: unknown holotype `ToolRunnr`"),
+        "{text}"
+    );
+    assert!(text.contains("env.hol:2:3"), "{text}");
+    assert!(text.contains("did you mean `ToolRunner`?"), "{text}");
+}
+
+#[test]
+fn scanned_crate_reports_unknown_argument_with_suggestion() {
+    let (_, file) =
+        crate_with_holotypes("argument", "<|ToolRunner max_turn=3|>\n    <|@_@:turn|>\n");
+    let output = holoc(&["check", &file]);
+    assert_eq!(output.status.code(), Some(1));
+    let text = stderr(&output);
+    assert!(
+        text.contains("error[H0028]: holotype `ToolRunner` has no parameter `max_turn`"),
+        "{text}"
+    );
+    assert!(text.contains("env.hol:1:14"), "{text}");
+    assert!(text.contains("did you mean `max_turns`?"), "{text}");
+}
+
+#[test]
+fn scanned_crate_reports_a_type_that_is_not_a_holotype() {
+    let (_, file) = crate_with_holotypes("plain", "<|o_o|>\n<|Plain|>\n");
+    let output = holoc(&["check", &file]);
+    assert_eq!(output.status.code(), Some(1));
+    let text = stderr(&output);
+    assert!(
+        text.contains("error[H0027]: `Plain` does not implement `Holotype`"),
+        "{text}"
     );
 }
 

@@ -5,12 +5,28 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use holoc::diagnostics::{Code, Severity};
+use holoc::scan::{CrateScan, HolotypeDecl};
 use holoc::{compile, report, Options, Output};
 
+/// Inputs named `scan_*` are checked as if their crate defined `ToolRunner` (parameters `max_turns` and
+/// `stop_on`) and a plain struct `Plain`; the others as files outside any crate.
 fn compile_file(path: &Path) -> (String, Output) {
     let bytes = std::fs::read(path).expect("test input is readable");
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    (name, compile(&bytes, &Options::default()))
+    let mut options = Options::default();
+    if name.starts_with("scan_") {
+        let mut scan = CrateScan::default();
+        scan.holotypes.insert(
+            "ToolRunner".to_string(),
+            HolotypeDecl {
+                params: Some(vec!["max_turns".to_string(), "stop_on".to_string()]),
+                file: "src/tools.rs".into(),
+            },
+        );
+        scan.types.insert("Plain".to_string());
+        options.scan = Some(scan);
+    }
+    (name, compile(&bytes, &options))
 }
 
 fn rendered_diagnostics(name: &str, output: &Output) -> String {

@@ -15,7 +15,8 @@
 //! ```
 
 use holo_runtime::{
-    Args, Cx, Enter, Holotype, HolotypeError, Machine, Pass, RolloutError, Scripted, Step, Transcript,
+    Args, Cx, Enter, Holotype, HolotypeError, Machine, Pass, RolloutError, Scripted, Step,
+    Transcript,
 };
 
 holo_macros::include_holoware!("../../hol/tool.hol");
@@ -31,9 +32,11 @@ impl Holotype for ToolSchema {
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        cx.inject(
-            r#"{"name": "calculator", "description": "Evaluates + - * / on integers.", "args": {"expression": "string"}}"#,
-        );
+        cx.inject(concat!(
+            r#"{"name": "calculator", "description": "Evaluates + - * / on integers.", "#,
+            r#""args": {"expression": "string"}}"#,
+            "\n",
+        ));
         Ok(Enter::Run)
     }
 }
@@ -48,8 +51,9 @@ impl Holotype for ToolRunner {
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let max_turns = args.int("max_turns")?.unwrap_or(4);
-        let max_turns = u32::try_from(max_turns)
-            .map_err(|_| HolotypeError::new(format!("{}: max_turns must be >= 0", args.location)))?;
+        let max_turns = u32::try_from(max_turns).map_err(|_| {
+            HolotypeError::new(format!("{}: max_turns must be >= 0", args.location))
+        })?;
         Ok(ToolRunner { max_turns })
     }
 
@@ -79,7 +83,10 @@ impl Holotype for ToolExecutor {
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let variable = args.words().next().ok_or_else(|| {
-            HolotypeError::new(format!("{}: name the variable to read, as in <|ToolExecutor turn|>", args.location))
+            HolotypeError::new(format!(
+                "{}: name the variable to read, as in <|ToolExecutor turn|>",
+                args.location
+            ))
         })?;
         Ok(ToolExecutor {
             variable: variable.to_string(),
@@ -103,9 +110,11 @@ impl Holotype for ToolExecutor {
 /// Parses `<tool>{"name": ..., "args": {"expression": ...}}</tool>` and evaluates the expression.
 fn call(turn: &str) -> Result<String, String> {
     let start = turn.find("<tool>").ok_or("no <tool> call in the turn")? + "<tool>".len();
-    let end = turn[start..].find("</tool>").map_or(turn.len(), |end| start + end);
-    let call: serde_json::Value =
-        serde_json::from_str(&turn[start..end]).map_err(|error| format!("the tool call is not JSON: {error}"))?;
+    let end = turn[start..]
+        .find("</tool>")
+        .map_or(turn.len(), |end| start + end);
+    let call: serde_json::Value = serde_json::from_str(&turn[start..end])
+        .map_err(|error| format!("the tool call is not JSON: {error}"))?;
     if call["name"] != "calculator" {
         return Err(format!("unknown tool {}", call["name"]));
     }
@@ -130,7 +139,9 @@ fn evaluate(expression: &str) -> Result<i64, String> {
             }
             "*" | "/" => pending_op = token.chars().next().unwrap_or('*'),
             number => {
-                let value: i64 = number.parse().map_err(|_| format!("not an integer: {number}"))?;
+                let value: i64 = number
+                    .parse()
+                    .map_err(|_| format!("not an integer: {number}"))?;
                 product = Some(match (product, pending_op) {
                     (None, _) => value,
                     (Some(left), '*') => left * value,

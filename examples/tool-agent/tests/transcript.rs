@@ -45,10 +45,14 @@ fn max_turns_ends_the_loop_without_an_answer() {
 
 #[test]
 fn input_deserializes_from_a_data_row() {
-    let row: tool::Input = serde_json::from_str(r#"{"query": "2+2?", "few_shot": "Q: 1+1? A: 2"}"#).unwrap();
+    let row: tool::Input =
+        serde_json::from_str(r#"{"query": "2+2?", "few_shot": "Q: 1+1? A: 2"}"#).unwrap();
     assert_eq!(row.query.as_str(), "2+2?");
     let missing = serde_json::from_str::<tool::Input>(r#"{"few_shot": ""}"#).unwrap_err();
-    assert!(missing.to_string().contains("missing field `query`"), "{missing}");
+    assert!(
+        missing.to_string().contains("missing field `query`"),
+        "{missing}"
+    );
     let numeric: tool::Input = serde_json::from_str(r#"{"query": 42}"#).unwrap();
     assert_eq!(numeric.query.as_str(), "42");
 }
@@ -60,6 +64,8 @@ fn protocol_misuse_is_an_error() {
     assert!(matches!(machine.step(&mut transcript), Ok(Step::Sample(_))));
     assert_eq!(
         machine.step(&mut transcript),
-        Err(RolloutError::Protocol("step called while a completion is awaited"))
+        Err(RolloutError::Protocol(
+            "step called while a completion is awaited"
+        ))
     );
 }

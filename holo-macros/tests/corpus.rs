@@ -1,0 +1,165 @@
+//! Every corpus file, standard holoware and `ok` input compiles through `include_holoware!` into a machine
+//! that runs to the end under a scripted sampler; the transcripts are snapshots.
+//!
+//! The holotypes are stand-ins: each writes `[Name]` when reached and runs its body once.
+
+use holo_runtime::{Args, Cx, Enter, Holotype, HolotypeError, Machine, Scripted, Step, Transcript};
+
+macro_rules! stand_in_holotypes {
+    ($($name:ident),* $(,)?) => {$(
+        pub struct $name;
+
+        impl Holotype for $name {
+            const PARAMS: &'static [&'static str] = &["max_turns", "max", "mode", "label", "timeout"];
+
+            fn new(_: &Args) -> Result<Self, HolotypeError> {
+                Ok($name)
+            }
+
+            fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+                cx.inject(concat!("[", stringify!($name), "]"));
+                Ok(Enter::Run)
+            }
+
+            fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+                cx.reward(stringify!($name), 1.0);
+                Ok(())
+            }
+        }
+    )*};
+}
+
+stand_in_holotypes!(
+    Attractor,
+    BingoAttractor,
+    CodeExecutor,
+    CorrectAnswerRule,
+    FidelityAttractor,
+    FidelityCritique,
+    Inner,
+    Judge,
+    Loop,
+    L,
+    Middle,
+    Outer,
+    Rubric,
+    Shout,
+    SmolaToolAttractor,
+    Tool,
+    ToolExecutor,
+    ToolPrompt,
+    ToolRule,
+    ToolRunner,
+    ToolSchema,
+    ToolTurns,
+);
+
+/// Runs a machine whose data row gives every input the value `<name>`.
+fn run<M: Machine<Input = I>, I: serde::de::DeserializeOwned>(inputs: &[&str]) -> String {
+    let row: serde_json::Map<String, serde_json::Value> = inputs
+        .iter()
+        .map(|name| {
+            (
+                name.to_string(),
+                serde_json::Value::String(format!("<{name}>")),
+            )
+        })
+        .collect();
+    let input: I =
+        serde_json::from_value(serde_json::Value::Object(row)).expect("the row deserializes");
+    let mut machine = M::new(input).expect("the machine builds");
+    let mut transcript = Transcript::default();
+    let mut sampler = Scripted::new((1..=20).map(|i| format!("reply {i}")));
+    while let Step::Sample(request) = machine.step(&mut transcript).expect("step") {
+        let completion = sampler.complete(&request).expect("enough replies");
+        machine.resume(completion, &mut transcript).expect("resume");
+    }
+    transcript.to_string()
+}
+
+macro_rules! holowares {
+    ($($module:ident => $path:literal,)*) => {
+        mod compiled {
+            $(holo_macros::include_holoware!($module, $path, holotypes = crate);)*
+        }
+
+        $(
+            #[test]
+            fn $module() {
+                let transcript = run::<compiled::$module::Machine, _>(compiled::$module::INPUTS);
+                insta::assert_snapshot!(stringify!($module), transcript);
+            }
+        )*
+    };
+}
+
+holowares! {
+    corpus_codemath => "../tests/corpus/errloom/codemath.hol",
+    corpus_compressor => "../tests/corpus/errloom/compressor.hol",
+    corpus_doublecheck => "../tests/corpus/errloom/doublecheck.hol",
+    corpus_qa => "../tests/corpus/errloom/qa.hol",
+    corpus_smola => "../tests/corpus/errloom/smola.hol",
+    corpus_tool => "../tests/corpus/errloom/tool.hol",
+    corpus_compressor_001a04a => "../tests/corpus/errloom/history/compressor-001a04a.hol",
+    corpus_compressor_f96f225 => "../tests/corpus/errloom/history/compressor-f96f225.hol",
+    corpus_smola_00a96ab => "../tests/corpus/errloom/history/smola-00a96ab.hol",
+    hol_codemath => "../hol/codemath.hol",
+    hol_doublecheck => "../hol/doublecheck.hol",
+    hol_qa => "../hol/qa.hol",
+    hol_tool => "../hol/tool.hol",
+    ok_alternatives => "../holoc/tests/inputs/ok/alternatives.hol",
+    ok_blank_lines_around_closing_tag => "../holoc/tests/inputs/ok/blank_lines_around_closing_tag.hol",
+    ok_blank_lines_at_end_of_body => "../holoc/tests/inputs/ok/blank_lines_at_end_of_body.hol",
+    ok_bodies => "../holoc/tests/inputs/ok/bodies.hol",
+    ok_body_starts_with_anything => "../holoc/tests/inputs/ok/body_starts_with_anything.hol",
+    ok_byte_order_mark => "../holoc/tests/inputs/ok/byte_order_mark.hol",
+    ok_carriage_return_at_eof => "../holoc/tests/inputs/ok/carriage_return_at_eof.hol",
+    ok_contexts => "../holoc/tests/inputs/ok/contexts.hol",
+    ok_crlf => "../holoc/tests/inputs/ok/crlf.hol",
+    ok_empty => "../holoc/tests/inputs/ok/empty.hol",
+    ok_escapes => "../holoc/tests/inputs/ok/escapes.hol",
+    ok_holotype_without_body => "../holoc/tests/inputs/ok/holotype_without_body.hol",
+    ok_implicit_context => "../holoc/tests/inputs/ok/implicit_context.hol",
+    ok_inline_tags => "../holoc/tests/inputs/ok/inline_tags.hol",
+    ok_loop_bindings => "../holoc/tests/inputs/ok/loop_bindings.hol",
+    ok_negative_zero_temperature => "../holoc/tests/inputs/ok/negative_zero_temperature.hol",
+    ok_nested_bodies => "../holoc/tests/inputs/ok/nested_bodies.hol",
+    ok_no_trailing_newline => "../holoc/tests/inputs/ok/no_trailing_newline.hol",
+    ok_only_comments => "../holoc/tests/inputs/ok/only_comments.hol",
+    ok_only_text => "../holoc/tests/inputs/ok/only_text.hol",
+    ok_roles => "../holoc/tests/inputs/ok/roles.hol",
+    ok_sampler_arguments => "../holoc/tests/inputs/ok/sampler_arguments.hol",
+    ok_unicode => "../holoc/tests/inputs/ok/unicode.hol",
+    ok_whitespace => "../holoc/tests/inputs/ok/whitespace.hol",
+}
+
+/// A test per file above: a new `ok` input or corpus file must be added to the list.
+#[test]
+fn every_holoware_is_listed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let listed = include_str!("corpus.rs");
+    let mut missing = Vec::new();
+    for dir in [
+        "tests/corpus/errloom",
+        "tests/corpus/errloom/history",
+        "hol",
+        "holoc/tests/inputs/ok",
+    ] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|extension| extension == "hol") {
+                let relative = format!(
+                    "\"../{dir}/{}\"",
+                    path.file_name().unwrap().to_string_lossy()
+                );
+                if !listed.contains(&relative) {
+                    missing.push(relative);
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "add to the holowares! list: {missing:?}"
+    );
+}

@@ -1,0 +1,3 @@
+holo_macros::include_holoware!("/etc/tool.hol");
+
+fn main() {}
