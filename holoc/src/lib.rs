@@ -5,6 +5,7 @@
 //! exactly the same files.
 
 pub mod ast;
+pub mod build;
 pub mod codegen;
 pub mod diagnostics;
 pub mod ir;

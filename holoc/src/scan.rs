@@ -26,8 +26,9 @@ pub struct CrateScan {
     pub types: BTreeSet<String>,
     /// Names brought into scope by `use` (the alias when renamed).
     pub imports: BTreeSet<String>,
-    /// Whether names may come from where the scan cannot see: a glob import from another crate, or an
-    /// item macro.
+    /// Identifiers passed to item macros other than ours, which may expand to holotype impls.
+    pub macro_idents: BTreeSet<String>,
+    /// Whether names may come from where the scan cannot see: a glob import from another crate.
     pub opaque: bool,
 }
 
@@ -50,7 +51,7 @@ impl CrateScan {
     pub fn resolve(&self, name: &str) -> Resolution<'_> {
         if let Some(decl) = self.holotypes.get(name) {
             Resolution::Holotype(decl)
-        } else if self.imports.contains(name) || self.opaque {
+        } else if self.imports.contains(name) || self.macro_idents.contains(name) || self.opaque {
             Resolution::Undecided
         } else if self.types.contains(name) {
             Resolution::NotAHolotype
@@ -184,7 +185,7 @@ impl<'ast> Visit<'ast> for Visitor<'_> {
             segment.ident == "holoware" || segment.ident == "include_holoware"
         });
         if item.ident.is_none() && !ours {
-            self.scan.opaque = true;
+            collect_idents(item.mac.tokens.clone(), &mut self.scan.macro_idents);
         }
         syn::visit::visit_item_macro(self, item);
     }
@@ -237,5 +238,17 @@ fn string_literals(expr: &syn::Expr) -> Option<Vec<String>> {
             })
             .collect(),
         _ => None,
+    }
+}
+
+fn collect_idents(tokens: proc_macro2::TokenStream, idents: &mut BTreeSet<String>) {
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Ident(ident) => {
+                idents.insert(ident.to_string());
+            }
+            proc_macro2::TokenTree::Group(group) => collect_idents(group.stream(), idents),
+            _ => {}
+        }
     }
 }

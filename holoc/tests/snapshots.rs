@@ -6,7 +6,7 @@ use std::path::Path;
 
 use holoc::diagnostics::{Code, Severity};
 use holoc::scan::{CrateScan, HolotypeDecl};
-use holoc::{compile, report, Options, Output};
+use holoc::{codegen, compile, report, Options, Output};
 
 /// Inputs named `scan_*` are checked as if their crate defined `ToolRunner` (parameters `max_turns` and
 /// `stop_on`) and a plain struct `Plain`; the others as files outside any crate.
@@ -27,6 +27,13 @@ fn compile_file(path: &Path) -> (String, Output) {
         options.scan = Some(scan);
     }
     (name, compile(&bytes, &options))
+}
+
+fn expanded(path: &Path, output: &Output) -> String {
+    let stem = path.file_stem().unwrap().to_string_lossy();
+    let name = path.file_name().unwrap().to_string_lossy();
+    let settings = codegen::Settings::new(codegen::module_name(&stem), name);
+    codegen::pretty(codegen::module(output.program.as_ref().unwrap(), &settings))
 }
 
 fn rendered_diagnostics(name: &str, output: &Output) -> String {
@@ -59,6 +66,7 @@ fn ok_inputs() {
         );
         insta::assert_debug_snapshot!("ast", output.document.as_ref().unwrap());
         insta::assert_snapshot!("ir", output.program.as_ref().unwrap().to_string());
+        insta::assert_snapshot!("expand", expanded(path, &output));
     });
 }
 
@@ -72,6 +80,7 @@ fn corpus() {
             "{name} must check without errors"
         );
         insta::assert_snapshot!("corpus_ir", output.program.as_ref().unwrap().to_string());
+        insta::assert_snapshot!("corpus_expand", expanded(path, &output));
     });
 }
 

@@ -21,6 +21,29 @@ use holo_runtime::{
 
 holo_macros::include_holoware!("../../hol/tool.hol");
 
+// hol/grade.hol, compiled by build.rs.
+include!(concat!(env!("OUT_DIR"), "/holoware/grade.rs"));
+
+/// Rewards an answer equal to the data row's `expected` column.
+pub struct ExactAnswer;
+
+impl Holotype for ExactAnswer {
+    const PARAMS: &'static [&'static str] = &[];
+
+    fn new(_: &Args) -> Result<Self, HolotypeError> {
+        Ok(ExactAnswer)
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        let answer = cx.var("answer").unwrap_or_default().trim().to_string();
+        let correct = cx
+            .var("query")
+            .is_some_and(|query| query.ends_with(&format!("= {answer}?")));
+        cx.reward("exact", if correct { 1.0 } else { 0.0 });
+        Ok(())
+    }
+}
+
 /// Writes the JSON schema of the one tool, a calculator.
 pub struct ToolSchema;
 

@@ -69,3 +69,23 @@ fn protocol_misuse_is_an_error() {
         ))
     );
 }
+
+#[test]
+fn build_script_module_runs() {
+    use holo_runtime::Transcript;
+    let input = tool_agent::grade::Input {
+        query: "Is 2 + 2 = 4?".into(),
+    };
+    let mut machine = tool_agent::grade::Machine::new(input).unwrap();
+    let mut transcript = Transcript::default();
+    let Step::Sample(request) = machine.step(&mut transcript).unwrap() else {
+        panic!("grade.hol samples first");
+    };
+    assert_eq!(request.stop, ["</answer>"]);
+    assert_eq!(request.max_tokens, Some(64));
+    let completion = Scripted::new(["4</answer>"]).complete(&request).unwrap();
+    machine.resume(completion, &mut transcript).unwrap();
+    assert_eq!(machine.step(&mut transcript).unwrap(), Step::Done);
+    assert_eq!(machine.vars.answer.as_deref(), Some("4"));
+    assert_eq!(transcript.rewards, vec![("exact".to_string(), 1.0)]);
+}

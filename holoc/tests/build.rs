@@ -1,0 +1,65 @@
+//! `holoc::build::compile_dir`, the build-script step.
+
+use std::path::PathBuf;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("holoc-build-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("hol/nested")).unwrap();
+    dir
+}
+
+#[test]
+fn writes_one_module_per_file() {
+    let root = scratch("ok");
+    std::fs::write(
+        root.join("hol/qa.hol"),
+        "<|o_o|>\n<|question|>\n<|@_@:answer|>\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("hol/nested/my-env.hol"),
+        "<|o_o|>\nHi\n<|@_@:reply|>\n",
+    )
+    .unwrap();
+    let out = root.join("out");
+    let generated = holoc::build::compile_dir(&root, "hol".as_ref(), &out).unwrap();
+    let modules: Vec<&str> = generated.iter().map(|file| file.module.as_str()).collect();
+    assert_eq!(modules, ["my_env", "qa"]);
+    let code = std::fs::read_to_string(out.join("qa.rs")).unwrap();
+    assert!(code.contains("pub mod qa {"), "{code}");
+    assert!(
+        code.contains("pub question: ::holo_runtime::Text"),
+        "{code}"
+    );
+    syn::parse_file(&code).expect("the generated file is valid Rust");
+}
+
+#[test]
+fn reports_every_failing_file() {
+    let root = scratch("err");
+    std::fs::write(
+        root.join("hol/a.hol"),
+        "<|o_o|>\n<|answer|>\n<|@_@:answer|>\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("hol/b.hol"), "<|@_@ temprature=1|>\n").unwrap();
+    let error = holoc::build::compile_dir(&root, "hol".as_ref(), &root.join("out")).unwrap_err();
+    assert!(
+        error.message.contains("--> hol/a.hol:2:3"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("--> hol/b.hol:1:7"),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
+fn missing_folder_is_an_error() {
+    let root = scratch("missing");
+    let error = holoc::build::compile_dir(&root, "nope".as_ref(), &root.join("out")).unwrap_err();
+    assert!(error.message.contains("cannot read"), "{}", error.message);
+}
