@@ -2,10 +2,8 @@
 //! that prefer a build script to `include_holoware!`.
 //!
 //! ```no_run
-//! // build.rs
-//! fn main() {
-//!     holoc::build::compile("hol").unwrap();
-//! }
+//! // in build.rs's main:
+//! holoc::build::compile("hol").unwrap();
 //! ```
 //!
 //! ```ignore
