@@ -176,7 +176,7 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
             .filter(|diagnostic| diagnostic.is_error())
             .map(|diagnostic| {
                 // compile_error! prints `error: ` itself: `error[H0021]: ...` becomes `error: H0021: ...`.
-                let rendered = source.plain(diagnostic);
+                let rendered = source.plain(diagnostic).trim_end().to_string();
                 let message = rendered
                     .strip_prefix("error[")
                     .and_then(|rest| rest.split_once("]: "))
