@@ -177,3 +177,22 @@ impl Head {
         }
     }
 }
+
+/// `name` with every character that cannot appear in an identifier replaced by `_`, lowercased, and
+/// prefixed with `_` when it would start with a digit: `my-env` → `my_env`, `1st` → `_1st`.
+pub fn to_snake_identifier(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.insert(0, '_');
+    }
+    out
+}

@@ -73,8 +73,7 @@ pub fn compile_dir(
     let io = |what: &str, path: &Path, error: std::io::Error| BuildError {
         message: format!("cannot {what} `{}`: {error}", path.display()),
     };
-    let mut sources = Vec::new();
-    collect(&crate_root.join(dir), &mut sources)
+    let sources = crate::hol_files(&crate_root.join(dir))
         .map_err(|error| io("read", &crate_root.join(dir), error))?;
     std::fs::create_dir_all(out_dir).map_err(|error| io("create", out_dir, error))?;
     let options = Options {
@@ -119,18 +118,4 @@ pub fn compile_dir(
     } else {
         Err(BuildError { message: failures })
     }
-}
-
-fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|entry| entry.file_name());
-    for entry in entries {
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            collect(&path, files)?;
-        } else if path.extension().is_some_and(|extension| extension == "hol") {
-            files.push(path);
-        }
-    }
-    Ok(())
 }

@@ -48,20 +48,7 @@ impl Settings {
 
 /// A module name from a file name: `tool.hol` → `tool`, `my-env.hol` → `my_env`.
 pub fn module_name(file_stem: &str) -> Ident {
-    let mut name: String = file_stem
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-        name.insert(0, '_');
-    }
-    ident(&name)
+    ident(&crate::ast::to_snake_identifier(file_stem))
 }
 
 /// An identifier for a variable or module name, made raw (`r#type`) or suffixed (`self_`) when it is a

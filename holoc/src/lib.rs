@@ -16,6 +16,8 @@ pub mod scan;
 pub mod sema;
 pub mod span;
 
+use std::path::{Path, PathBuf};
+
 use diagnostics::{Code, Diagnostic};
 pub use sema::Options;
 use span::LineIndex;
@@ -98,4 +100,24 @@ pub fn compile(bytes: &[u8], options: &Options) -> Output {
         program,
         diagnostics,
     }
+}
+
+/// Every `*.hol` file under `dir`, recursively, in name order.
+pub fn hol_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|entry| entry.file_name());
+        for entry in entries {
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                walk(&path, files)?;
+            } else if path.extension().is_some_and(|extension| extension == "hol") {
+                files.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    Ok(files)
 }

@@ -329,24 +329,11 @@ fn collect_hol_files(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String
         files.push(path.to_path_buf());
         return Ok(());
     }
-    let before = files.len();
-    walk(path, files).map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
-    if files.len() == before {
+    let found = holoc::hol_files(path)
+        .map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
+    if found.is_empty() {
         return Err(format!("no .hol files under `{}`", path.display()));
     }
-    Ok(())
-}
-
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|entry| entry.file_name());
-    for entry in entries {
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            walk(&path, files)?;
-        } else if path.extension().is_some_and(|extension| extension == "hol") {
-            files.push(path);
-        }
-    }
+    files.extend(found);
     Ok(())
 }

@@ -373,7 +373,7 @@ impl Lowering<'_> {
                     )
                     .with_help(format!(
                         "name the variable with lowercase letters, digits and `_`, such as `{}`",
-                        suggest_identifier(&binding.node)
+                        ast::to_snake_identifier(&binding.node)
                     )),
                 );
             }
@@ -409,7 +409,7 @@ impl Lowering<'_> {
                             )
                             .with_help(format!(
                                 "fence names use letters, digits and `_`, such as `<>{}`",
-                                suggest_identifier(&name.node)
+                                ast::to_snake_identifier(&name.node)
                             )),
                         );
                     }
@@ -587,7 +587,10 @@ impl Lowering<'_> {
                                 key.span,
                                 "not an identifier",
                             )
-                            .with_help(format!("write `{}=...`", suggest_identifier(&key.node))),
+                            .with_help(format!(
+                                "write `{}=...`",
+                                ast::to_snake_identifier(&key.node)
+                            )),
                         );
                         continue;
                     }
@@ -850,7 +853,7 @@ impl Lowering<'_> {
                 )
                 .with_help(format!(
                     "variable names use lowercase letters, digits and `_`, such as `{}`",
-                    suggest_identifier(name)
+                    ast::to_snake_identifier(name)
                 )),
             );
             return false;
@@ -942,22 +945,4 @@ fn suggest_type_name(name: &str) -> String {
             std::iter::once(first).chain(chars).collect::<String>()
         })
         .collect()
-}
-
-/// `name` turned into a lowercase identifier, for help messages.
-fn suggest_identifier(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-        out.insert(0, '_');
-    }
-    out
 }
