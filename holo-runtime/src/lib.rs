@@ -9,6 +9,7 @@
 
 pub mod holotype;
 pub mod machine;
+pub mod sampler;
 pub mod scripted;
 pub mod text;
 pub mod transcript;
@@ -16,6 +17,7 @@ pub mod transcript;
 pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 pub use machine::{Completion, Finish, Machine, Recorder, RolloutError, SampleRequest, Step};
+pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;

@@ -1,0 +1,81 @@
+//! The sampler interface: one batched call completes many prompts.
+//!
+//! Implementations: [`crate::Scripted`] (tests, dry runs), `openai` (any OpenAI-compatible server), and
+//! the local candle model. The Loom gathers the pending requests of every machine into one batch.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::machine::Completion;
+use crate::Role;
+
+/// What to complete.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Token ids, rendered with the model's chat template by the holophore (exact, no re-tokenization).
+    Tokens(Vec<u32>),
+    /// Raw text, for servers that only take text.
+    Text(String),
+    /// Chat messages, for chat-completion endpoints; the last message is the assistant message to
+    /// continue when it is one.
+    Chat(Vec<ChatMessage>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+/// Generation parameters. `None` leaves the sampler's default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleParams {
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    pub stop: Vec<String>,
+    /// Per-request seed, for reproducible sampling.
+    pub seed: Option<u64>,
+}
+
+/// One prompt of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub params: SampleParams,
+}
+
+/// Why a batch (or one of its requests) could not be completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SamplerError {
+    /// The request is wrong and retrying cannot help (an HTTP 4xx, an unsupported prompt kind).
+    Rejected(String),
+    /// The sampler could not answer after its retries (timeouts, 5xx, dropped connections).
+    Unavailable(String),
+    /// The sampler answered something that is not a valid completion.
+    Malformed(String),
+}
+
+impl fmt::Display for SamplerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SamplerError::Rejected(message) => write!(f, "request rejected: {message}"),
+            SamplerError::Unavailable(message) => write!(f, "sampler unavailable: {message}"),
+            SamplerError::Malformed(message) => write!(f, "malformed response: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for SamplerError {}
+
+/// A future returned by a sampler.
+pub type SampleFuture<'a> =
+    Pin<Box<dyn Future<Output = Vec<Result<Completion, SamplerError>>> + Send + 'a>>;
+
+/// Completes batches of requests. The result has one entry per request, in order, so that one failed
+/// request loses nothing of the others.
+pub trait Sampler: Send + Sync {
+    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a>;
+}
