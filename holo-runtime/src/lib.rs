@@ -16,7 +16,7 @@ pub mod transcript;
 
 pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
-pub use machine::{Completion, Finish, Machine, Recorder, RolloutError, SampleRequest, Step};
+pub use machine::{Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step};
 pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 pub use scripted::Scripted;
 pub use text::Text;

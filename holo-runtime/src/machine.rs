@@ -1,36 +1,36 @@
 //! The state machine interface that generated code implements, and the [`Recorder`] it writes to.
 //!
-//! A driver (a test, `holo dry`, the Loom) loops: [`Machine::step`] runs the holoware until it needs the
+//! A driver (a test, `holo dry`, the Loom) loops: [`Rollout::step`] runs the holoware until it needs the
 //! model ([`Step::Sample`]) or ends ([`Step::Done`]); the driver has the request completed by a sampler
-//! and hands the result back with [`Machine::resume`]. The machine never calls a model itself.
+//! and hands the result back with [`Rollout::resume`]. A rollout never calls a model itself.
 
 use std::fmt;
 
 use crate::holotype::HolotypeError;
 use crate::Role;
 
-/// A holoware compiled to a state machine, one instance per rollout.
-pub trait Machine: Sized {
+/// One rollout in progress: the interface a driver steps, whether the holoware was compiled to Rust
+/// ([`Machine`]) or is interpreted at run time ([`crate::interpreter::Interpreter`]).
+pub trait Rollout {
+    /// Runs until the next sample request or the end.
+    fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError>;
+
+    /// Hands back the completion of the request the last `step` returned.
+    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError>;
+}
+
+/// A holoware compiled to a typed state machine by `include_holoware!`, one instance per rollout.
+pub trait Machine: Rollout + Sized {
     /// The data row: one field per input variable.
     type Input;
 
     /// Builds the machine for one rollout, constructing every holotype instance.
     fn new(input: Self::Input) -> Result<Self, RolloutError>;
-
-    /// Runs until the next sample request or the end.
-    fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError>;
-
-    /// Hands back the completion of the request the last `step` returned.
-    fn resume(
-        &mut self,
-        completion: Completion,
-        recorder: &mut dyn Recorder,
-    ) -> Result<(), RolloutError>;
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// Complete the current assistant message, then call [`Machine::resume`].
+    /// Complete the current assistant message, then call [`Rollout::resume`].
     Sample(SampleRequest),
     /// The rollout ended; every holotype's `end` hook has run.
     Done,

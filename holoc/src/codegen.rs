@@ -89,6 +89,8 @@ pub fn skeleton(settings: &Settings) -> TokenStream {
                 fn new(input: Input) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
                     ::core::result::Result::Ok(Machine { input, vars: Vars {} })
                 }
+            }
+            impl ::holo_runtime::Rollout for Machine {
                 fn step(
                     &mut self,
                     _: &mut dyn ::holo_runtime::Recorder,
@@ -463,6 +465,9 @@ impl Generator<'_> {
                             #(#holotype_inits)*
                         })
                     }
+                }
+
+                impl ::holo_runtime::Rollout for Machine {
 
                     fn step(
                         &mut self,

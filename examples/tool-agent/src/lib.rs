@@ -2,7 +2,7 @@
 //! calculator tool schema, a turn loop and a tool executor.
 //!
 //! ```
-//! use holo_runtime::{Machine, Scripted, Step, Transcript};
+//! use holo_runtime::{Machine, Rollout, Scripted, Step, Transcript};
 //! use tool_agent::{run, tool};
 //!
 //! let input = tool::Input { query: "What is 6 * 7?".into(), few_shot: None };
@@ -15,7 +15,7 @@
 //! ```
 
 use holo_runtime::{
-    Args, Cx, Enter, Holotype, HolotypeError, Machine, Pass, RolloutError, Scripted, Step,
+    Args, Cx, Enter, Holotype, HolotypeError, Machine, Pass, Rollout, RolloutError, Scripted, Step,
     Transcript,
 };
 

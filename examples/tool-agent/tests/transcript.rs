@@ -1,6 +1,6 @@
 //! Drives the machine compiled from hol/tool.hol to the end with a scripted sampler.
 
-use holo_runtime::{Machine, RolloutError, Scripted, Step, Transcript};
+use holo_runtime::{Machine, Rollout, RolloutError, Scripted, Step, Transcript};
 use tool_agent::{run, tool};
 
 fn input(query: &str) -> tool::Input {
