@@ -46,7 +46,6 @@ Options: --repeat N (default 5), --min-time SECONDS per batch (default 0.2), --c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -299,8 +298,9 @@ def load_errloom_parser(parser_path: Path, holoware_path: Optional[Path]) -> tup
     )
     if holoware_path is None and (parser_path.parent / "holoware.py").is_file():
         holoware_path = parser_path.parent / "holoware.py"
-    notes["span classes"] = "stand-ins defined in this script (errloom/holoware.py not next to the parser)"
-    if holoware_path is not None:
+    if holoware_path is None:
+        notes["span classes"] = "stand-ins defined in this script (no holoware.py next to the parser)"
+    else:
         try:
             _import_file("errloom.holoware", holoware_path)
             notes["span classes"] = str(holoware_path)
@@ -308,7 +308,7 @@ def load_errloom_parser(parser_path: Path, holoware_path: Optional[Path]) -> tup
             notes["span classes"] = f"stand-ins defined in this script ({holoware_path} failed to import: {error})"
             holoware_path = None
     if holoware_path is None:
-        errloom.holoware = _module("errloom.holoware", **builtin)
+        _module("errloom.holoware", **builtin)
 
     try:
         parser_module = _import_file("errloom.holoware_parse", parser_path)
@@ -451,42 +451,55 @@ holoc = {{ path = {holoc}, default-features = false }}
 """
 
 
-def run_rust(cargo: str, work_dir: Path, files: list[Path], repeat: int, min_time: float, offline: bool) -> dict:
-    cargo_path = shutil.which(cargo)
-    if cargo_path is None:
-        raise BenchError(
-            f"cargo not found (looked for {cargo!r} on PATH). Install Rust from https://rustup.rs or pass "
-            f"--cargo /path/to/cargo."
-        )
-    holoc_dir = REPO / "holoc"
-    if not (holoc_dir / "Cargo.toml").is_file():
-        raise BenchError(f"{holoc_dir}/Cargo.toml not found; run this script from the holoware repository")
-    (work_dir / "src").mkdir(parents=True, exist_ok=True)
-    _write_if_changed(work_dir / "Cargo.toml", RUST_MANIFEST.format(holoc=json.dumps(str(holoc_dir))))
-    _write_if_changed(work_dir / "src" / "main.rs", RUST_MAIN.lstrip())
-    if (REPO / "Cargo.lock").is_file() and not (work_dir / "Cargo.lock").is_file():
-        # Same dependency versions as the repository's own build, and no registry look-up.
-        shutil.copyfile(REPO / "Cargo.lock", work_dir / "Cargo.lock")
-    command = [cargo_path, "run", "--release", "--quiet", "--manifest-path", str(work_dir / "Cargo.toml")]
-    if offline:
-        command.append("--offline")
-    command += ["--", repr(min_time), str(repeat), *map(str, files)]
-    print(f"building and running the holoc side in {work_dir} (the first build takes a minute or two) ...",
-          file=sys.stderr, flush=True)
-    result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        raise BenchError(f"the Rust side failed (exit {result.returncode}): {' '.join(command[:6])} ...")
-    per_file, pass_seconds = {}, None
-    for line in result.stdout.splitlines():
-        parts = line.split("\t")
-        if parts[0] == "file":
-            per_file[parts[1]] = {"bytes": int(parts[2]), "errors": parts[3] == "true", "seconds": float(parts[4])}
-        elif parts[0] == "pass":
-            pass_seconds = float(parts[1])
-    if pass_seconds is None or len(per_file) != len(files):
-        raise BenchError(f"unexpected output from the Rust side:\n{result.stdout}")
-    rustc = subprocess.run([cargo_path, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()
-    return {"per_file": per_file, "pass_seconds": pass_seconds, "cargo": rustc}
+class RustSide:
+    """The throwaway program in `work_dir`: written and built by `build()`, timed by `run()`."""
+
+    def __init__(self, cargo: str, work_dir: Path, offline: bool):
+        cargo_path = shutil.which(cargo)
+        if cargo_path is None:
+            raise BenchError(
+                f"cargo not found (looked for {cargo!r} on PATH). Install Rust from https://rustup.rs or pass "
+                f"--cargo /path/to/cargo."
+            )
+        self.holoc_dir = REPO / "holoc"
+        if not (self.holoc_dir / "Cargo.toml").is_file():
+            raise BenchError(f"{self.holoc_dir}/Cargo.toml not found; run this script from the holoware repository")
+        self.work_dir = work_dir
+        self.cargo = [cargo_path]
+        self.flags = ["--release", "--quiet", "--manifest-path", str(work_dir / "Cargo.toml")]
+        if offline:
+            self.flags.append("--offline")
+        self.version = subprocess.run([cargo_path, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()
+
+    def build(self) -> None:
+        (self.work_dir / "src").mkdir(parents=True, exist_ok=True)
+        _write_if_changed(self.work_dir / "Cargo.toml", RUST_MANIFEST.format(holoc=json.dumps(str(self.holoc_dir))))
+        _write_if_changed(self.work_dir / "src" / "main.rs", RUST_MAIN.lstrip())
+        if (REPO / "Cargo.lock").is_file() and not (self.work_dir / "Cargo.lock").is_file():
+            # The same dependency versions as the repository's own build, and no registry look-up.
+            shutil.copyfile(REPO / "Cargo.lock", self.work_dir / "Cargo.lock")
+        print(f"building the holoc side in {self.work_dir} (the first build takes a minute or two) ...",
+              file=sys.stderr, flush=True)
+        command = [*self.cargo, "build", *self.flags]
+        if subprocess.run(command).returncode != 0:
+            raise BenchError(f"building the Rust side failed: {' '.join(command)}")
+
+    def run(self, files: list[Path], repeat: int, min_time: float) -> dict:
+        print("timing the holoc (Rust) side ...", file=sys.stderr, flush=True)
+        command = [*self.cargo, "run", *self.flags, "--", repr(min_time), str(repeat), *map(str, files)]
+        result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            raise BenchError(f"the Rust side failed (exit {result.returncode}): {' '.join(command[:7])} ...")
+        per_file, pass_seconds = {}, None
+        for line in result.stdout.splitlines():
+            parts = line.split("\t")
+            if parts[0] == "file":
+                per_file[parts[1]] = {"bytes": int(parts[2]), "errors": parts[3] == "true", "seconds": float(parts[4])}
+            elif parts[0] == "pass":
+                pass_seconds = float(parts[1])
+        if pass_seconds is None or len(per_file) != len(files):
+            raise BenchError(f"unexpected output from the Rust side:\n{result.stdout}")
+        return {"per_file": per_file, "pass_seconds": pass_seconds, "cargo": self.version}
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -549,6 +562,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         work_dir = args.work_dir.resolve()
         if work_dir == REPO or REPO in work_dir.parents:
             raise BenchError(f"--work-dir {work_dir} is inside the repository; pick a folder outside it")
+        rust_side = RustSide(args.cargo, work_dir, args.offline)
         errloom_parser, notes = load_errloom_parser(args.errloom_parser.resolve(), args.errloom_holoware)
         files = corpus_files(args.corpus or DEFAULT_CORPUS)
 
@@ -562,6 +576,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 rejected[path] = f"{type(error).__name__}: {error}"
         if not texts:
             raise BenchError("the errloom parser rejected every file; nothing to compare")
+        rust_side.build()
         accepted = list(texts)
         sizes = {path: path.stat().st_size for path in accepted}
         total = sum(sizes.values())
@@ -578,7 +593,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 errloom_parser(text).parse()
 
         py_pass = best_seconds(python_pass, args.repeat, args.min_time)
-        rust = run_rust(args.cargo, work_dir, accepted, args.repeat, args.min_time, args.offline)
+        rust = rust_side.run(accepted, args.repeat, args.min_time)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

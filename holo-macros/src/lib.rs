@@ -163,8 +163,14 @@ fn expand_file(input: MacroInput) -> TokenStream {
 
 /// Runs the compiler and emits the module, or the errors beside a skeleton.
 fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream {
+    // Holotypes under a path outside this crate (`holotypes = other_crate`) are beyond the scan: rustc
+    // resolves them.
+    let local = settings.holotypes.as_ref().is_none_or(|path| {
+        let first = path.clone().into_iter().next().map(|token| token.to_string());
+        matches!(first.as_deref(), Some("crate" | "self" | "super"))
+    });
     let options = Options {
-        scan: root.map(cached_scan),
+        scan: root.filter(|_| local).map(cached_scan),
         ..Options::default()
     };
     let output = holoc::compile(bytes, &options);

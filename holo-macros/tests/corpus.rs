@@ -1,12 +1,24 @@
 //! Every corpus file, standard holoware and `ok` input compiles through `include_holoware!` into a machine
-//! that runs to the end under a scripted sampler; the transcripts are snapshots.
+//! that runs to the end under a scripted sampler; the transcripts are snapshots. The same file run by the
+//! runtime's IR interpreter must give the identical transcript (a differential test of codegen against
+//! the interpreter).
 //!
 //! The holotypes are stand-ins: each writes `[Name]` when reached and runs its body once.
 
-use holo_runtime::{Args, Cx, Enter, Holotype, HolotypeError, Machine, Scripted, Step, Transcript};
+use std::sync::Arc;
+
+use holo_runtime::interpreter::{Holoware, Registry, Row};
+
+use holo_runtime::{Args, Cx, Enter, Holotype, HolotypeError, Machine, Rollout, Scripted, Step, Transcript};
 
 macro_rules! stand_in_holotypes {
-    ($($name:ident),* $(,)?) => {$(
+    ($($name:ident),* $(,)?) => {
+        fn registry() -> Registry {
+            let mut registry = Registry::default();
+            $(registry.register::<$name>(stringify!($name));)*
+            registry
+        }
+        $(
         pub struct $name;
 
         impl Holotype for $name {
@@ -54,25 +66,38 @@ stand_in_holotypes!(
     ToolTurns,
 );
 
+/// A data row that gives every input the value `<name>`.
+fn row(inputs: &[&str]) -> Row {
+    inputs
+        .iter()
+        .map(|name| (name.to_string(), serde_json::Value::String(format!("<{name}>"))))
+        .collect()
+}
+
 /// Runs a machine whose data row gives every input the value `<name>`.
 fn run<M: Machine<Input = I>, I: serde::de::DeserializeOwned>(inputs: &[&str]) -> String {
-    let row: serde_json::Map<String, serde_json::Value> = inputs
-        .iter()
-        .map(|name| {
-            (
-                name.to_string(),
-                serde_json::Value::String(format!("<{name}>")),
-            )
-        })
-        .collect();
-    let input: I =
-        serde_json::from_value(serde_json::Value::Object(row)).expect("the row deserializes");
+    let row = serde_json::Value::Object(row(inputs));
+    let input: I = serde_json::from_value(row).expect("the row deserializes");
     let mut machine = M::new(input).expect("the machine builds");
+    drive(&mut machine)
+}
+
+/// Runs the file through the IR interpreter instead.
+fn interpret(path: &str, inputs: &[&str]) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let holoware = Arc::new(Holoware::open(&path, Arc::new(registry())).expect("the file loads"));
+    let row = row(inputs);
+    holoware.check_row(&row).expect("the row has every input");
+    let mut rollout = holoware.start(&row).expect("the rollout starts");
+    drive(&mut rollout)
+}
+
+fn drive(rollout: &mut dyn Rollout) -> String {
     let mut transcript = Transcript::default();
     let mut sampler = Scripted::new((1..=20).map(|i| format!("reply {i}")));
-    while let Step::Sample(request) = machine.step(&mut transcript).expect("step") {
+    while let Step::Sample(request) = rollout.step(&mut transcript).expect("step") {
         let completion = sampler.complete(&request).expect("enough replies");
-        machine.resume(completion, &mut transcript).expect("resume");
+        rollout.resume(completion, &mut transcript).expect("resume");
     }
     transcript.to_string()
 }
@@ -87,6 +112,8 @@ macro_rules! holowares {
             #[test]
             fn $module() {
                 let transcript = run::<compiled::$module::Machine, _>(compiled::$module::INPUTS);
+                let interpreted = interpret($path, compiled::$module::INPUTS);
+                assert_eq!(transcript, interpreted, "the interpreter differs from the compiled machine");
                 insta::assert_snapshot!(stringify!($module), transcript);
             }
         )*
@@ -127,10 +154,31 @@ holowares! {
     ok_no_trailing_newline => "../holoc/tests/inputs/ok/no_trailing_newline.hol",
     ok_only_comments => "../holoc/tests/inputs/ok/only_comments.hol",
     ok_only_text => "../holoc/tests/inputs/ok/only_text.hol",
+    ok_optional_chain => "../holoc/tests/inputs/ok/optional_chain.hol",
     ok_roles => "../holoc/tests/inputs/ok/roles.hol",
     ok_sampler_arguments => "../holoc/tests/inputs/ok/sampler_arguments.hol",
     ok_unicode => "../holoc/tests/inputs/ok/unicode.hol",
     ok_whitespace => "../holoc/tests/inputs/ok/whitespace.hol",
+}
+
+/// A row with none of `<|question|prompt|>` is rejected before the rollout starts, by both.
+#[test]
+fn row_without_any_alternative_is_rejected_up_front() {
+    let empty = serde_json::Value::Object(Row::new());
+    let input: compiled::ok_optional_chain::Input = serde_json::from_value(empty).unwrap();
+    let error = compiled::ok_optional_chain::Machine::new(input).err().expect("rejected");
+    assert_eq!(
+        error,
+        holo_runtime::RolloutError::MissingVariable {
+            location: "../holoc/tests/inputs/ok/optional_chain.hol:2:1",
+            alternatives: &["question", "prompt"],
+        }
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../holoc/tests/inputs/ok/optional_chain.hol");
+    let holoware = Holoware::open(&path, Arc::new(registry())).unwrap();
+    let missing = holoware.check_row(&Row::new()).unwrap_err();
+    assert_eq!(missing.columns, ["question", "prompt"]);
+    assert!(missing.to_string().contains("optional_chain.hol:2:1"), "{missing}");
 }
 
 /// A test per file above: a new `ok` input or corpus file must be added to the list.

@@ -8,6 +8,7 @@
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 
 pub mod holotype;
+pub mod interpreter;
 pub mod machine;
 pub mod sampler;
 pub mod scripted;

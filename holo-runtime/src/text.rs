@@ -66,7 +66,8 @@ impl<'de> Deserialize<'de> for Text {
             }
 
             fn visit_f64<E: de::Error>(self, value: f64) -> Result<Text, E> {
-                Ok(Text(value.to_string()))
+                // As JSON writes it (`1.0`, `1e21`), like the interpreter's rows.
+                Ok(Text(serde_json::Value::from(value).to_string()))
             }
         }
 

@@ -103,7 +103,16 @@ pub fn compile_dir(
         };
         let stem = source.file_stem().unwrap_or_default().to_string_lossy();
         let module = codegen::module_name(&stem);
-        let path = out_dir.join(format!("{module}.rs"));
+        let file_name = module.to_string().trim_start_matches("r#").to_string();
+        if let Some(other) = generated.iter().find(|file: &&Generated| file.module == module.to_string()) {
+            failures.push_str(&format!(
+                "error: `{}` and `{}` both compile to module `{module}`; rename one of them\n",
+                other.source.display(),
+                source.display()
+            ));
+            continue;
+        }
+        let path = out_dir.join(format!("{file_name}.rs"));
         let settings = Settings::new(module.clone(), display_name);
         let code = codegen::pretty(codegen::module(program, &settings));
         std::fs::write(&path, code).map_err(|error| io("write", &path, error))?;

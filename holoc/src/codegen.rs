@@ -366,6 +366,7 @@ impl Generator<'_> {
             })
         });
         let first_state = self.state_at(0);
+        let row_checks = self.row_checks();
 
         quote! {
             #[doc = #module_doc]
@@ -455,6 +456,7 @@ impl Generator<'_> {
                     type Input = Input;
 
                     fn new(input: Input) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
+                        #(#row_checks)*
                         ::core::result::Result::Ok(Machine {
                             input,
                             vars: Vars::default(),
@@ -511,6 +513,43 @@ impl Generator<'_> {
                 }
             }
         }
+    }
+
+    /// Checks, before the rollout starts, that the row has one of each group of alternatives made only of
+    /// optional inputs (a required input is in every row that deserializes).
+    fn row_checks(&self) -> Vec<TokenStream> {
+        let optional_input = |name: &str| {
+            self.program
+                .inputs
+                .iter()
+                .any(|input| input.name == name && !input.required)
+        };
+        self.program
+            .ops
+            .iter()
+            .filter_map(|op| {
+                let OpKind::Insert { alternatives } = &op.kind else {
+                    return None;
+                };
+                let names: Vec<&str> = alternatives
+                    .iter()
+                    .map(|source| match source {
+                        Source::Variable(name) if optional_input(name) => Some(name.as_str()),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?;
+                let fields = names.iter().map(|name| ident(name));
+                let location = self.location(op.span);
+                Some(quote! {
+                    if #(input.#fields.is_none())&&* {
+                        return ::core::result::Result::Err(::holo_runtime::RolloutError::MissingVariable {
+                            location: #location,
+                            alternatives: &[#(#names),*],
+                        });
+                    }
+                })
+            })
+            .collect()
     }
 
     fn step_arm(&self, index: usize, op: &OpKind, at: span::Span) -> TokenStream {

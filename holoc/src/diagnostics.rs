@@ -201,15 +201,15 @@ codes! {
     InvalidHolotypeName = "H0025", Error, "holotype name is not an identifier",
         "A capitalised head names a holotype, which is a Rust type: letters, digits and `_` only.";
     UnknownHolotype = "H0026", Error, "unknown holotype",
-        "No type of this name implements `Holotype` in the crate that holds the .hol file (its src/, examples/, \
-         tests/ and benches/ were scanned), and it is not a built-in. Check the spelling, or define it.";
+        "No type of this name implements `Holotype` in the crate that holds the .hol file (its build.rs, src/, \
+         examples/, tests/ and benches/ were scanned), and it is not a built-in. Check the spelling, or define it.";
     NotAHolotype = "H0027", Error, "type does not implement Holotype",
         "The crate declares a type of this name, but no `impl Holotype for` it was found.";
     UnknownHolotypeArgument = "H0028", Error, "unknown holotype argument",
         "Keyword arguments of a holotype tag must be among the names its `Holotype::PARAMS` declares.";
     UnresolvedHolotype = "H0100", Warning, "unresolved holotype",
         "The holotype is not one of the runtime's built-ins, and the file is not inside a crate (no Cargo.toml \
-         above it), so the holotypes of a crate could not be scanned. The crate build (include_holoware!) \
+         with a [package] above it; a virtual workspace root does not count), so no crate could be scanned. The crate build (include_holoware!) \
          checks it. Pass --deny-warnings to make this fail the check.";
     UnreachableAlternative = "H0101", Warning, "unreachable alternative",
         "A quoted default is always present, so alternatives after it in `<|a|\"default\"|b|>` are never used.";

@@ -124,7 +124,9 @@ fn starts_message(nodes: &[Node], role: Option<Role>) -> bool {
             binding,
         } => {
             let sampler = binding.is_some() || !tag.node.args.is_empty();
-            !sampler || (tag_role.node == Role::Assistant && role != Some(Role::Assistant))
+            // As for a sampler outside a body: only a role known to differ makes a boundary.
+            !sampler
+                || (tag_role.node == Role::Assistant && role.is_some_and(|role| role != Role::Assistant))
         }
         Head::Holotype(_) => tag
             .node

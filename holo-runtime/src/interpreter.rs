@@ -1,0 +1,496 @@
+//! The IR interpreter: runs any `.hol` file given at run time, with holotypes from a [`Registry`].
+//!
+//! It executes the same [`holoc::ir::Program`] that codegen compiles, with the same semantics op for
+//! op, so a holoware behaves identically whether it is compiled with `include_holoware!` or loaded by
+//! `holo` from a path (the differential tests in `holo-macros/tests/differential.rs` hold them to it).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use holoc::ir::{OpKind, Program, Source};
+use holoc::report::SourceFile;
+use holoc::Options;
+
+use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
+use crate::machine::{Completion, Recorder, Rollout, RolloutError, SampleRequest, Step};
+use crate::Role;
+
+/// The object-safe part of [`Holotype`], for holotypes chosen at run time.
+pub trait DynHolotype: Send {
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError>;
+    fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError>;
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError>;
+}
+
+impl<T: Holotype + Send> DynHolotype for T {
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        Holotype::enter(self, cx)
+    }
+
+    fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError> {
+        Holotype::end_pass(self, cx)
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        Holotype::end(self, cx)
+    }
+}
+
+type Constructor = Box<dyn Fn(&Args) -> Result<Box<dyn DynHolotype>, HolotypeError> + Send + Sync>;
+
+struct Entry {
+    params: &'static [&'static str],
+    construct: Constructor,
+}
+
+/// The holotypes an interpreted holoware may name.
+#[derive(Default)]
+pub struct Registry {
+    entries: HashMap<String, Entry>,
+}
+
+impl Registry {
+    /// Makes `T` available under `name`.
+    pub fn register<T: Holotype + Send + 'static>(&mut self, name: &str) -> &mut Self {
+        self.entries.insert(
+            name.to_string(),
+            Entry {
+                params: T::PARAMS,
+                construct: Box::new(|args| Ok(Box::new(T::new(args)?) as Box<dyn DynHolotype>)),
+            },
+        );
+        self
+    }
+
+    /// The checker's view: every registered name with its parameters.
+    fn options(&self) -> Options {
+        Options {
+            builtin_holotypes: self
+                .entries
+                .iter()
+                .map(|(name, entry)| {
+                    let params = entry.params.iter().map(|param| param.to_string()).collect();
+                    (name.clone(), Some(params))
+                })
+                .collect(),
+            // Outside a crate scan, a holotype the registry lacks is only a warning from the checker;
+            // `Holoware::load` turns it into an error, since nothing could provide it at run time.
+            scan: Some(holoc::scan::CrateScan::default()),
+        }
+    }
+}
+
+/// Why a holoware could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The diagnostics, rendered as `holoc check` renders them.
+    pub message: String,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// A checked holoware, ready to start rollouts.
+pub struct Holoware {
+    name: String,
+    program: Program,
+    registry: Arc<Registry>,
+    /// `file.hol:line:col` of each op.
+    locations: Vec<&'static str>,
+    /// The arguments of each holotype tag.
+    args: Vec<Args>,
+    /// The variable names of each insert op (empty for other ops), for errors.
+    alternatives: Vec<&'static [&'static str]>,
+    /// The binding and fence of each sample op.
+    samples: Vec<(Option<&'static str>, Option<&'static str>)>,
+}
+
+/// A data row: column name → value. Strings are taken verbatim; numbers and booleans as JSON writes them;
+/// `null` counts as absent.
+pub type Row = serde_json::Map<String, serde_json::Value>;
+
+/// A data row that lacks what the holoware needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingInput {
+    /// The columns of which one is needed (one name for a required input).
+    pub columns: Vec<String>,
+    /// Where the holoware uses them.
+    pub location: String,
+}
+
+impl fmt::Display for MissingInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.columns.as_slice() {
+            [one] => write!(f, "missing column `{one}` (used at {})", self.location),
+            many => write!(
+                f,
+                "missing all of the columns {} (one is needed at {})",
+                many.iter().map(|column| format!("`{column}`")).collect::<Vec<_>>().join(", "),
+                self.location
+            ),
+        }
+    }
+}
+
+impl Holoware {
+    /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load.
+    pub fn load(name: &str, bytes: &[u8], registry: Arc<Registry>) -> Result<Self, LoadError> {
+        let output = holoc::compile(bytes, &registry.options());
+        let file = SourceFile::new(name, &output.source);
+        let fatal: Vec<String> = output
+            .diagnostics
+            .iter()
+            .filter(|diagnostic| diagnostic.is_error())
+            .map(|diagnostic| file.plain(diagnostic))
+            .collect();
+        let Some(program) = output.program.filter(|_| fatal.is_empty()) else {
+            return Err(LoadError {
+                message: fatal.concat(),
+            });
+        };
+        let location = |span: holoc::span::Span| leak(format!("{name}:{}:{}", span.start.line, span.start.col));
+        let locations = program.ops.iter().map(|op| location(op.span)).collect();
+        let args = program
+            .holotypes
+            .iter()
+            .map(|holotype| Args {
+                location: location(holotype.span),
+                positional: holotype
+                    .args
+                    .iter()
+                    .filter(|arg| arg.name.is_none())
+                    .map(|arg| arg.value.clone())
+                    .collect(),
+                keywords: holotype
+                    .args
+                    .iter()
+                    .filter_map(|arg| Some((leak(arg.name.clone()?), arg.value.clone())))
+                    .collect(),
+            })
+            .collect();
+        let alternatives = program
+            .ops
+            .iter()
+            .map(|op| match &op.kind {
+                OpKind::Insert { alternatives } => {
+                    let names: Vec<&'static str> = alternatives
+                        .iter()
+                        .filter_map(|source| match source {
+                            Source::Variable(name) => Some(leak(name.clone())),
+                            Source::Literal(_) => None,
+                        })
+                        .collect();
+                    &*Box::leak(names.into_boxed_slice())
+                }
+                _ => &[],
+            })
+            .collect();
+        let samples = program
+            .ops
+            .iter()
+            .map(|op| match &op.kind {
+                OpKind::Sample(sample) => (
+                    sample.binding.clone().map(leak),
+                    sample.fence.clone().map(leak),
+                ),
+                _ => (None, None),
+            })
+            .collect();
+        Ok(Holoware {
+            name: name.to_string(),
+            program,
+            registry,
+            locations,
+            args,
+            alternatives,
+            samples,
+        })
+    }
+
+    /// Reads and checks a `.hol` file.
+    pub fn open(path: &Path, registry: Arc<Registry>) -> Result<Self, LoadError> {
+        let bytes = std::fs::read(path).map_err(|error| LoadError {
+            message: format!("cannot read `{}`: {error}", path.display()),
+        })?;
+        Self::load(&path.display().to_string(), &bytes, registry)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Checks that `row` has every input the holoware needs: each required input, and one of every
+    /// group of alternatives that only inputs can satisfy.
+    pub fn check_row(&self, row: &Row) -> Result<(), MissingInput> {
+        let present = |name: &str| row.get(name).is_some_and(|value| !value.is_null());
+        for input in self.program.inputs.iter().filter(|input| input.required) {
+            if !present(&input.name) {
+                let at = input.uses[0];
+                return Err(MissingInput {
+                    columns: vec![input.name.clone()],
+                    location: format!("{}:{}:{}", self.name, at.start.line, at.start.col),
+                });
+            }
+        }
+        let is_input = |name: &str| self.program.inputs.iter().any(|input| input.name == name);
+        for (index, op) in self.program.ops.iter().enumerate() {
+            let OpKind::Insert { alternatives } = &op.kind else {
+                continue;
+            };
+            let only_inputs = alternatives.iter().all(|source| match source {
+                Source::Variable(name) => is_input(name),
+                Source::Literal(_) => false,
+            });
+            let satisfied = alternatives.iter().any(|source| match source {
+                Source::Variable(name) => present(name),
+                Source::Literal(_) => true,
+            });
+            if only_inputs && !satisfied {
+                return Err(MissingInput {
+                    columns: alternatives
+                        .iter()
+                        .filter_map(|source| match source {
+                            Source::Variable(name) => Some(name.clone()),
+                            Source::Literal(_) => None,
+                        })
+                        .collect(),
+                    location: self.locations[index].to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts one rollout on a data row.
+    pub fn start(self: &Arc<Self>, row: &Row) -> Result<Interpreter, RolloutError> {
+        let mut instances = Vec::with_capacity(self.program.holotypes.len());
+        for (holotype, args) in self.program.holotypes.iter().zip(&self.args) {
+            let location = args.location;
+            let entry = self.registry.entries.get(&holotype.name).ok_or_else(|| RolloutError::Holotype {
+                location,
+                error: HolotypeError::new(format!("holotype `{}` is not registered", holotype.name)),
+            })?;
+            let instance = (entry.construct)(args).map_err(|error| RolloutError::Holotype { location, error })?;
+            instances.push(instance);
+        }
+        let inputs = row
+            .iter()
+            .filter_map(|(name, value)| {
+                let text = match value {
+                    serde_json::Value::Null => return None,
+                    serde_json::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                Some((name.clone(), text))
+            })
+            .collect();
+        Ok(Interpreter {
+            holoware: Arc::clone(self),
+            variables: Vars {
+                inputs,
+                bound: HashMap::new(),
+            },
+            pc: 0,
+            awaiting: false,
+            finished: false,
+            role: None,
+            passes: vec![0; self.program.holotypes.len()],
+            instances,
+        })
+    }
+}
+
+/// Locations and names in [`Args`] and [`SampleRequest`] are `&'static str` so that generated code can use
+/// literals; the interpreter makes them once per loaded holoware.
+fn leak(text: String) -> &'static str {
+    Box::leak(text.into_boxed_str())
+}
+
+struct Vars {
+    inputs: HashMap<String, String>,
+    bound: HashMap<String, String>,
+}
+
+impl Variables for Vars {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.bound
+            .get(name)
+            .or_else(|| self.inputs.get(name))
+            .map(String::as_str)
+    }
+}
+
+/// One interpreted rollout.
+pub struct Interpreter {
+    holoware: Arc<Holoware>,
+    variables: Vars,
+    pc: usize,
+    awaiting: bool,
+    finished: bool,
+    role: Option<Role>,
+    passes: Vec<u32>,
+    instances: Vec<Box<dyn DynHolotype>>,
+}
+
+impl Interpreter {
+    /// The text each sampler has bound so far.
+    pub fn bindings(&self) -> &HashMap<String, String> {
+        &self.variables.bound
+    }
+
+    fn holotype_error(&self, instance: usize, error: HolotypeError) -> RolloutError {
+        RolloutError::Holotype {
+            location: self.holoware.args[instance].location,
+            error,
+        }
+    }
+
+    fn finish(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError> {
+        self.finished = true;
+        for instance in 0..self.instances.len() {
+            let mut cx = Cx::new(recorder, &self.variables, self.passes[instance]);
+            self.instances[instance]
+                .end(&mut cx)
+                .map_err(|error| self.holotype_error(instance, error))?;
+        }
+        Ok(Step::Done)
+    }
+}
+
+impl Rollout for Interpreter {
+    fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError> {
+        if self.awaiting {
+            return Err(RolloutError::Protocol("step called while a completion is awaited"));
+        }
+        if self.finished {
+            return Ok(Step::Done);
+        }
+        let holoware = Arc::clone(&self.holoware);
+        let ops = &holoware.program.ops;
+        while let Some(op) = ops.get(self.pc) {
+            let next = self.pc + 1;
+            match &op.kind {
+                OpKind::Context { trained } => {
+                    recorder.begin_context(*trained);
+                    self.role = None;
+                    self.pc = next;
+                }
+                OpKind::Role { role } => {
+                    recorder.begin_message(*role);
+                    self.role = Some(*role);
+                    self.pc = next;
+                }
+                OpKind::Text { text } => {
+                    recorder.text(text);
+                    self.pc = next;
+                }
+                OpKind::Insert { alternatives } => {
+                    let value = alternatives.iter().find_map(|source| match source {
+                        Source::Literal(text) => Some(text.as_str()),
+                        Source::Variable(name) => self.variables.get(name),
+                    });
+                    let Some(value) = value else {
+                        return Err(RolloutError::MissingVariable {
+                            location: holoware.locations[self.pc],
+                            alternatives: holoware.alternatives[self.pc],
+                        });
+                    };
+                    recorder.text(value);
+                    self.pc = next;
+                }
+                OpKind::Sample(sample) => {
+                    if self.role != Some(Role::Assistant) {
+                        recorder.begin_message(Role::Assistant);
+                        self.role = Some(Role::Assistant);
+                    }
+                    if let Some(fence) = &sample.fence {
+                        recorder.text(&format!("<{fence}>"));
+                    }
+                    self.awaiting = true;
+                    let stop = sample
+                        .fence
+                        .iter()
+                        .map(|fence| format!("</{fence}>"))
+                        .chain(sample.stop.iter().cloned())
+                        .collect();
+                    let (binding, fence) = holoware.samples[self.pc];
+                    return Ok(Step::Sample(SampleRequest {
+                        binding,
+                        fence,
+                        max_tokens: sample.max_tokens,
+                        temperature: sample.temperature,
+                        top_p: sample.top_p,
+                        top_k: sample.top_k,
+                        stop,
+                        location: holoware.locations[self.pc],
+                    }));
+                }
+                OpKind::Holotype { instance, body_end } => {
+                    let instance = *instance;
+                    if body_end.is_some() {
+                        self.passes[instance] = 0;
+                    }
+                    let mut cx = Cx::new(recorder, &self.variables, self.passes[instance]);
+                    let enter = self.instances[instance]
+                        .enter(&mut cx)
+                        .map_err(|error| self.holotype_error(instance, error))?;
+                    self.pc = match (enter, body_end) {
+                        (Enter::Stop, _) => return self.finish(recorder),
+                        (Enter::Skip, Some(end)) => end + 1,
+                        _ => next,
+                    };
+                }
+                OpKind::EndBody {
+                    instance,
+                    body_start,
+                } => {
+                    let instance = *instance;
+                    self.passes[instance] += 1;
+                    let mut cx = Cx::new(recorder, &self.variables, self.passes[instance]);
+                    let pass = self.instances[instance]
+                        .end_pass(&mut cx)
+                        .map_err(|error| self.holotype_error(instance, error))?;
+                    self.pc = match pass {
+                        Pass::Repeat => *body_start,
+                        Pass::Done => next,
+                        Pass::Stop => return self.finish(recorder),
+                    };
+                }
+            }
+        }
+        self.finish(recorder)
+    }
+
+    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError> {
+        if !self.awaiting {
+            return Err(RolloutError::Protocol("resume called without a pending sample request"));
+        }
+        let Some(OpKind::Sample(sample)) = self.holoware.program.ops.get(self.pc).map(|op| &op.kind) else {
+            return Err(RolloutError::Protocol("resume called in a state that does not sample"));
+        };
+        self.awaiting = false;
+        recorder.completion(&completion);
+        if let Some(fence) = &sample.fence {
+            if !completion.closes_fence(fence) {
+                recorder.text(&format!("</{fence}>"));
+            }
+        }
+        if let Some(binding) = &sample.binding {
+            let text = completion.bound_text(sample.fence.as_deref()).to_string();
+            self.variables.bound.insert(binding.clone(), text);
+        }
+        self.pc += 1;
+        Ok(())
+    }
+}
