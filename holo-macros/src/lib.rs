@@ -166,7 +166,11 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
     // Holotypes under a path outside this crate (`holotypes = other_crate`) are beyond the scan: rustc
     // resolves them.
     let local = settings.holotypes.as_ref().is_none_or(|path| {
-        let first = path.clone().into_iter().next().map(|token| token.to_string());
+        let first = path
+            .clone()
+            .into_iter()
+            .next()
+            .map(|token| token.to_string());
         matches!(first.as_deref(), Some("crate" | "self" | "super"))
     });
     let options = Options {

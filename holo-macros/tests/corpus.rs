@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use holo_runtime::interpreter::{Holoware, Registry, Row};
 
-use holo_runtime::{Args, Cx, Enter, Holotype, HolotypeError, Machine, Rollout, Scripted, Step, Transcript};
+use holo_runtime::{
+    Args, Cx, Enter, Holotype, HolotypeError, Machine, Rollout, Scripted, Step, Transcript,
+};
 
 macro_rules! stand_in_holotypes {
     ($($name:ident),* $(,)?) => {
@@ -70,7 +72,12 @@ stand_in_holotypes!(
 fn row(inputs: &[&str]) -> Row {
     inputs
         .iter()
-        .map(|name| (name.to_string(), serde_json::Value::String(format!("<{name}>"))))
+        .map(|name| {
+            (
+                name.to_string(),
+                serde_json::Value::String(format!("<{name}>")),
+            )
+        })
         .collect()
 }
 
@@ -166,7 +173,9 @@ holowares! {
 fn row_without_any_alternative_is_rejected_up_front() {
     let empty = serde_json::Value::Object(Row::new());
     let input: compiled::ok_optional_chain::Input = serde_json::from_value(empty).unwrap();
-    let error = compiled::ok_optional_chain::Machine::new(input).err().expect("rejected");
+    let error = compiled::ok_optional_chain::Machine::new(input)
+        .err()
+        .expect("rejected");
     assert_eq!(
         error,
         holo_runtime::RolloutError::MissingVariable {
@@ -174,11 +183,15 @@ fn row_without_any_alternative_is_rejected_up_front() {
             alternatives: &["question", "prompt"],
         }
     );
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../holoc/tests/inputs/ok/optional_chain.hol");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../holoc/tests/inputs/ok/optional_chain.hol");
     let holoware = Holoware::open(&path, Arc::new(registry())).unwrap();
     let missing = holoware.check_row(&Row::new()).unwrap_err();
     assert_eq!(missing.columns, ["question", "prompt"]);
-    assert!(missing.to_string().contains("optional_chain.hol:2:1"), "{missing}");
+    assert!(
+        missing.to_string().contains("optional_chain.hol:2:1"),
+        "{missing}"
+    );
 }
 
 /// A test per file above: a new `ok` input or corpus file must be added to the list.

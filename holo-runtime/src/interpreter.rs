@@ -132,7 +132,10 @@ impl fmt::Display for MissingInput {
             many => write!(
                 f,
                 "missing all of the columns {} (one is needed at {})",
-                many.iter().map(|column| format!("`{column}`")).collect::<Vec<_>>().join(", "),
+                many.iter()
+                    .map(|column| format!("`{column}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 self.location
             ),
         }
@@ -155,7 +158,9 @@ impl Holoware {
                 message: fatal.concat(),
             });
         };
-        let location = |span: holoc::span::Span| leak(format!("{name}:{}:{}", span.start.line, span.start.col));
+        let location = |span: holoc::span::Span| {
+            leak(format!("{name}:{}:{}", span.start.line, span.start.col))
+        };
         let locations = program.ops.iter().map(|op| location(op.span)).collect();
         let args = program
             .holotypes
@@ -277,11 +282,17 @@ impl Holoware {
         let mut instances = Vec::with_capacity(self.program.holotypes.len());
         for (holotype, args) in self.program.holotypes.iter().zip(&self.args) {
             let location = args.location;
-            let entry = self.registry.entries.get(&holotype.name).ok_or_else(|| RolloutError::Holotype {
-                location,
-                error: HolotypeError::new(format!("holotype `{}` is not registered", holotype.name)),
+            let entry = self.registry.entries.get(&holotype.name).ok_or_else(|| {
+                RolloutError::Holotype {
+                    location,
+                    error: HolotypeError::new(format!(
+                        "holotype `{}` is not registered",
+                        holotype.name
+                    )),
+                }
             })?;
-            let instance = (entry.construct)(args).map_err(|error| RolloutError::Holotype { location, error })?;
+            let instance = (entry.construct)(args)
+                .map_err(|error| RolloutError::Holotype { location, error })?;
             instances.push(instance);
         }
         let inputs = row
@@ -371,7 +382,9 @@ impl Interpreter {
 impl Rollout for Interpreter {
     fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError> {
         if self.awaiting {
-            return Err(RolloutError::Protocol("step called while a completion is awaited"));
+            return Err(RolloutError::Protocol(
+                "step called while a completion is awaited",
+            ));
         }
         if self.finished {
             return Ok(Step::Done);
@@ -472,12 +485,22 @@ impl Rollout for Interpreter {
         self.finish(recorder)
     }
 
-    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError> {
+    fn resume(
+        &mut self,
+        completion: Completion,
+        recorder: &mut dyn Recorder,
+    ) -> Result<(), RolloutError> {
         if !self.awaiting {
-            return Err(RolloutError::Protocol("resume called without a pending sample request"));
+            return Err(RolloutError::Protocol(
+                "resume called without a pending sample request",
+            ));
         }
-        let Some(OpKind::Sample(sample)) = self.holoware.program.ops.get(self.pc).map(|op| &op.kind) else {
-            return Err(RolloutError::Protocol("resume called in a state that does not sample"));
+        let Some(OpKind::Sample(sample)) =
+            self.holoware.program.ops.get(self.pc).map(|op| &op.kind)
+        else {
+            return Err(RolloutError::Protocol(
+                "resume called in a state that does not sample",
+            ));
         };
         self.awaiting = false;
         recorder.completion(&completion);

@@ -104,7 +104,10 @@ pub fn compile_dir(
         let stem = source.file_stem().unwrap_or_default().to_string_lossy();
         let module = codegen::module_name(&stem);
         let file_name = module.to_string().trim_start_matches("r#").to_string();
-        if let Some(other) = generated.iter().find(|file: &&Generated| file.module == module.to_string()) {
+        if let Some(other) = generated
+            .iter()
+            .find(|file: &&Generated| file.module == module.to_string())
+        {
             failures.push_str(&format!(
                 "error: `{}` and `{}` both compile to module `{module}`; rename one of them\n",
                 other.source.display(),

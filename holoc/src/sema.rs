@@ -126,7 +126,8 @@ fn starts_message(nodes: &[Node], role: Option<Role>) -> bool {
             let sampler = binding.is_some() || !tag.node.args.is_empty();
             // As for a sampler outside a body: only a role known to differ makes a boundary.
             !sampler
-                || (tag_role.node == Role::Assistant && role.is_some_and(|role| role != Role::Assistant))
+                || (tag_role.node == Role::Assistant
+                    && role.is_some_and(|role| role != Role::Assistant))
         }
         Head::Holotype(_) => tag
             .node
