@@ -10,6 +10,7 @@ use std::fmt;
 pub use holoc::ir::ArgValue;
 
 use crate::machine::Recorder;
+use crate::resources::Resources;
 
 /// A type usable as a holotype in `.hol` files.
 ///
@@ -115,9 +116,14 @@ impl<'a> Cx<'a> {
         self.recorder.text(text);
     }
 
-    /// Records the reward component `name` of this rollout.
+    /// Records the reward component `name` of this rollout, with weight 1.
     pub fn reward(&mut self, name: &str, value: f64) {
-        self.recorder.reward(name, value);
+        self.recorder.reward(name, value, 1.0);
+    }
+
+    /// Records the reward component `name` with a weight: the rollout's reward is the weighted sum.
+    pub fn weighted_reward(&mut self, name: &str, value: f64, weight: f64) {
+        self.recorder.reward(name, value, weight);
     }
 
     /// Passes through the body completed so far, counting the one that just ended (in `end_pass`).
@@ -126,13 +132,15 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// The arguments of a holotype tag: positional values in order, and keyword values by name.
+/// The arguments of a holotype tag: positional values in order, and keyword values by name, with the
+/// resources the driver provides.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Args {
     /// Where the tag is, as `file.hol:line:col`, for error messages.
     pub location: &'static str,
     pub positional: Vec<ArgValue>,
     pub keywords: Vec<(&'static str, ArgValue)>,
+    pub resources: Resources,
 }
 
 impl Args {
@@ -159,6 +167,20 @@ impl Args {
             Some(ArgValue::Int(value)) => Ok(Some(*value as f64)),
             Some(ArgValue::Float(value)) => Ok(Some(*value)),
             Some(other) => Err(self.type_error(name, "a number", other)),
+        }
+    }
+
+    /// A keyword argument as a non-negative integer.
+    pub fn count(&self, name: &str) -> Result<Option<u32>, HolotypeError> {
+        match self.int(name)? {
+            None => Ok(None),
+            Some(value) => u32::try_from(value).map(Some).map_err(|_| {
+                HolotypeError::new(format!(
+                    "{}: argument `{name}` must be between 0 and {}, found {value}",
+                    self.location,
+                    u32::MAX
+                ))
+            }),
         }
     }
 

@@ -15,6 +15,7 @@ use holoc::Options;
 
 use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 use crate::machine::{Completion, Recorder, Rollout, RolloutError, SampleRequest, Step};
+use crate::resources::Resources;
 use crate::Role;
 
 /// The object-safe part of [`Holotype`], for holotypes chosen at run time.
@@ -178,6 +179,7 @@ impl Holoware {
                     .iter()
                     .filter_map(|arg| Some((leak(arg.name.clone()?), arg.value.clone())))
                     .collect(),
+                resources: Resources::default(),
             })
             .collect();
         let alternatives = program
@@ -279,8 +281,21 @@ impl Holoware {
 
     /// Starts one rollout on a data row.
     pub fn start(self: &Arc<Self>, row: &Row) -> Result<Interpreter, RolloutError> {
+        self.start_with(row, &Resources::default())
+    }
+
+    /// Starts one rollout on a data row, with resources for its holotypes.
+    pub fn start_with(
+        self: &Arc<Self>,
+        row: &Row,
+        resources: &Resources,
+    ) -> Result<Interpreter, RolloutError> {
         let mut instances = Vec::with_capacity(self.program.holotypes.len());
         for (holotype, args) in self.program.holotypes.iter().zip(&self.args) {
+            let args = &Args {
+                resources: resources.clone(),
+                ..args.clone()
+            };
             let location = args.location;
             let entry = self.registry.entries.get(&holotype.name).ok_or_else(|| {
                 RolloutError::Holotype {

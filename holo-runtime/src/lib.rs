@@ -7,9 +7,12 @@
 //! - [`Recorder`]: where a machine writes what happens (contexts, messages, text, completions, rewards);
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 
+pub mod chat;
 pub mod holotype;
+pub mod holotypes;
 pub mod interpreter;
 pub mod machine;
+pub mod resources;
 pub mod sampler;
 pub mod scripted;
 pub mod text;
@@ -19,6 +22,7 @@ pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 pub use machine::{Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step};
 pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
+pub use resources::Resources;
 pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use crate::holotype::HolotypeError;
+use crate::resources::Resources;
 use crate::Role;
 
 /// One rollout in progress: the interface a driver steps, whether the holoware was compiled to Rust
@@ -16,7 +17,11 @@ pub trait Rollout {
     fn step(&mut self, recorder: &mut dyn Recorder) -> Result<Step, RolloutError>;
 
     /// Hands back the completion of the request the last `step` returned.
-    fn resume(&mut self, completion: Completion, recorder: &mut dyn Recorder) -> Result<(), RolloutError>;
+    fn resume(
+        &mut self,
+        completion: Completion,
+        recorder: &mut dyn Recorder,
+    ) -> Result<(), RolloutError>;
 }
 
 /// A holoware compiled to a typed state machine by `include_holoware!`, one instance per rollout.
@@ -24,8 +29,13 @@ pub trait Machine: Rollout + Sized {
     /// The data row: one field per input variable.
     type Input;
 
-    /// Builds the machine for one rollout, constructing every holotype instance.
-    fn new(input: Self::Input) -> Result<Self, RolloutError>;
+    /// Builds the machine for one rollout, constructing every holotype instance with `resources`.
+    fn with_resources(input: Self::Input, resources: &Resources) -> Result<Self, RolloutError>;
+
+    /// Builds the machine for one rollout without resources.
+    fn new(input: Self::Input) -> Result<Self, RolloutError> {
+        Self::with_resources(input, &Resources::default())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,8 +100,8 @@ pub trait Recorder {
     fn text(&mut self, text: &str);
     /// The model's completion appended to the current (assistant) message.
     fn completion(&mut self, completion: &Completion);
-    /// A named reward component of the rollout.
-    fn reward(&mut self, name: &str, value: f64);
+    /// A named reward component of the rollout and its weight in the rollout's reward.
+    fn reward(&mut self, name: &str, value: f64, weight: f64);
 }
 
 /// Why a rollout could not go on. Carries the `.hol` location where it happened.

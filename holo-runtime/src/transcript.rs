@@ -28,7 +28,8 @@ pub struct Context {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Transcript {
     pub contexts: Vec<Context>,
-    pub rewards: Vec<(String, f64)>,
+    /// Reward components in the order they were recorded: name, value, weight.
+    pub rewards: Vec<(String, f64, f64)>,
     /// The role of the message that starts with the next content.
     pending: Option<Role>,
 }
@@ -88,8 +89,8 @@ impl Recorder for Transcript {
         message.parts.push(Part::Sampled(completion.text.clone()));
     }
 
-    fn reward(&mut self, name: &str, value: f64) {
-        self.rewards.push((name.to_string(), value));
+    fn reward(&mut self, name: &str, value: f64, weight: f64) {
+        self.rewards.push((name.to_string(), value, weight));
     }
 }
 
@@ -114,8 +115,12 @@ impl fmt::Display for Transcript {
                 writeln!(f)?;
             }
         }
-        for (name, value) in &self.rewards {
-            writeln!(f, "reward {name} = {value}")?;
+        for (name, value, weight) in &self.rewards {
+            if *weight == 1.0 {
+                writeln!(f, "reward {name} = {value}")?;
+            } else {
+                writeln!(f, "reward {name} = {value} (weight {weight})")?;
+            }
         }
         Ok(())
     }

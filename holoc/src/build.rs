@@ -76,10 +76,7 @@ pub fn compile_dir(
     let sources = crate::hol_files(&crate_root.join(dir))
         .map_err(|error| io("read", &crate_root.join(dir), error))?;
     std::fs::create_dir_all(out_dir).map_err(|error| io("create", out_dir, error))?;
-    let options = Options {
-        scan: Some(scan::scan_crate(crate_root)),
-        ..Options::default()
-    };
+    let options = Options::with_builtins(Some(scan::scan_crate(crate_root)));
     let mut generated = Vec::new();
     let mut failures = String::new();
     for source in sources {
@@ -106,7 +103,7 @@ pub fn compile_dir(
         let file_name = module.to_string().trim_start_matches("r#").to_string();
         if let Some(other) = generated
             .iter()
-            .find(|file: &&Generated| file.module == module.to_string())
+            .find(|file: &&Generated| module == file.module)
         {
             failures.push_str(&format!(
                 "error: `{}` and `{}` both compile to module `{module}`; rename one of them\n",

@@ -86,7 +86,10 @@ pub fn skeleton(settings: &Settings) -> TokenStream {
             }
             impl ::holo_runtime::Machine for Machine {
                 type Input = Input;
-                fn new(input: Input) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
+                fn with_resources(
+                    input: Input,
+                    _: &::holo_runtime::Resources,
+                ) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
                     ::core::result::Result::Ok(Machine { input, vars: Vars {} })
                 }
             }
@@ -283,6 +286,7 @@ impl Generator<'_> {
                     location: #location,
                     positional: ::std::vec![#(#positional),*],
                     keywords: ::std::vec![#(#keywords),*],
+                    resources: resources.clone(),
                 })
                 .map_err(|error| ::holo_runtime::RolloutError::Holotype { location: #location, error })?,
             }
@@ -455,7 +459,10 @@ impl Generator<'_> {
                 impl ::holo_runtime::Machine for Machine {
                     type Input = Input;
 
-                    fn new(input: Input) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
+                    fn with_resources(
+                        input: Input,
+                        resources: &::holo_runtime::Resources,
+                    ) -> ::core::result::Result<Self, ::holo_runtime::RolloutError> {
                         #(#row_checks)*
                         ::core::result::Result::Ok(Machine {
                             input,

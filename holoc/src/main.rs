@@ -151,19 +151,27 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
 }
 
 /// Checker options per crate: each crate that holds checked files is scanned once for its holotypes.
-#[derive(Default)]
 struct Crates {
     scanned: BTreeMap<PathBuf, Options>,
     outside: Options,
 }
 
+impl Default for Crates {
+    fn default() -> Self {
+        Crates {
+            scanned: BTreeMap::new(),
+            outside: Options::with_builtins(None),
+        }
+    }
+}
+
 impl Crates {
     fn options(&mut self, file: &Path) -> &Options {
         match scan::crate_root(file) {
-            Some(root) => self.scanned.entry(root.clone()).or_insert_with(|| Options {
-                scan: Some(scan::scan_crate(&root)),
-                ..Options::default()
-            }),
+            Some(root) => self
+                .scanned
+                .entry(root.clone())
+                .or_insert_with(|| Options::with_builtins(Some(scan::scan_crate(&root)))),
             None => &self.outside,
         }
     }

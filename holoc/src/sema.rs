@@ -17,6 +17,29 @@ use crate::span::{Span, Spanned};
 /// The generation arguments a sampler accepts.
 pub const SAMPLER_ARGUMENTS: [&str; 5] = ["max_tokens", "temperature", "top_p", "top_k", "stop"];
 
+/// The runtime's built-in holotypes (`holo_runtime::holotypes`) and their keyword parameters; a test in
+/// holo-runtime keeps this table equal to the types.
+pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
+    ("ToolRunner", &["max_turns", "var", "answer"]),
+    ("ToolSchema", &[]),
+    ("ToolExecutor", &["answer"]),
+    ("ExactAnswer", &["var", "target", "tag", "weight", "name"]),
+    ("MathAnswer", &["var", "target", "tag", "weight", "name"]),
+    ("FormatReward", &["var", "tags", "weight", "name"]),
+    ("LengthPenalty", &["var", "max", "weight", "name"]),
+];
+
+/// [`BUILTIN_HOLOTYPES`] in the form [`Options::builtin_holotypes`] takes.
+pub fn builtin_holotypes() -> BTreeMap<String, Option<Vec<String>>> {
+    BUILTIN_HOLOTYPES
+        .iter()
+        .map(|(name, params)| {
+            let params = params.iter().map(|param| param.to_string()).collect();
+            (name.to_string(), Some(params))
+        })
+        .collect()
+}
+
 /// What the checker knows beyond the file itself.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -25,6 +48,16 @@ pub struct Options {
     /// The scan of the crate the file belongs to. Without one, holotypes that are not built-ins are only
     /// warned about (H0100); with one, an unknown holotype or argument is an error.
     pub scan: Option<CrateScan>,
+}
+
+impl Options {
+    /// The runtime's built-in holotypes, and the scan of a crate when there is one.
+    pub fn with_builtins(scan: Option<CrateScan>) -> Self {
+        Options {
+            builtin_holotypes: builtin_holotypes(),
+            scan,
+        }
+    }
 }
 
 /// Checks a parsed document and lowers it to IR. The program is `None` when there are errors.
@@ -654,10 +687,16 @@ impl Lowering<'_> {
 
     /// Reports a holotype the checker cannot resolve; returns its parameters when they are known.
     fn resolve_holotype(&mut self, name: &Spanned<String>) -> Option<Vec<String>> {
-        if let Some(params) = self.options.builtin_holotypes.get(&name.node) {
+        let options = self.options;
+        // The crate's own type of a built-in's name shadows the built-in.
+        if let Some(Resolution::Holotype(decl)) =
+            options.scan.as_ref().map(|scan| scan.resolve(&name.node))
+        {
+            return decl.params.clone();
+        }
+        if let Some(params) = options.builtin_holotypes.get(&name.node) {
             return params.clone();
         }
-        let options = self.options;
         let Some(scan) = &options.scan else {
             if self.unresolved.insert(name.node.clone()) {
                 self.error(

@@ -11,7 +11,7 @@
 //!     "The product is <answer>42</answer>",
 //! ]);
 //! let transcript = run(input, &mut sampler).unwrap();
-//! assert_eq!(transcript.rewards, vec![("answered".to_string(), 1.0)]);
+//! assert_eq!(transcript.rewards, vec![("answered".to_string(), 1.0, 1.0)]);
 //! ```
 
 use holo_runtime::{

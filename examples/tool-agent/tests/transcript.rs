@@ -40,7 +40,7 @@ fn max_turns_ends_the_loop_without_an_answer() {
         .filter(|message| message.role == holo_runtime::Role::Assistant)
         .count();
     assert_eq!(turns, 8, "hol/tool.hol sets max_turns=8");
-    assert_eq!(transcript.rewards, vec![("answered".to_string(), 0.0)]);
+    assert_eq!(transcript.rewards, vec![("answered".to_string(), 0.0, 1.0)]);
 }
 
 #[test]
@@ -87,5 +87,5 @@ fn build_script_module_runs() {
     machine.resume(completion, &mut transcript).unwrap();
     assert_eq!(machine.step(&mut transcript).unwrap(), Step::Done);
     assert_eq!(machine.vars.answer.as_deref(), Some("4"));
-    assert_eq!(transcript.rewards, vec![("exact".to_string(), 1.0)]);
+    assert_eq!(transcript.rewards, vec![("exact".to_string(), 1.0, 1.0)]);
 }

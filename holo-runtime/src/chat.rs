@@ -1,0 +1,1433 @@
+//! Chat rendering: a model's own `chat_template`, rendered the way Hugging Face transformers'
+//! `tokenizer.apply_chat_template(messages, tokenize=False, ...)` renders it.
+//!
+//! [`ChatTemplate::from_dir`] loads the template of a model folder:
+//!
+//! - `chat_template.jinja` (and `additional_chat_templates/*.jinja`, named after their file) when present: like
+//!   transformers, these files take priority over the template inside `tokenizer_config.json`;
+//! - otherwise `chat_template` from `tokenizer_config.json`, either a string or the list-of-named-templates form
+//!   `[{"name": "default", "template": "..."}, {"name": "tool_use", ...}]`. With several templates, rendering
+//!   picks `tool_use` when tools are given and the model has one, else `default` (transformers' rule), unless
+//!   [`RenderOptions::template`] names one;
+//! - the special tokens of `tokenizer_config.json`: every top-level key ending in `_token` whose value is a
+//!   string or an `AddedToken` object (`{"content": "<s>", ...}`), and the named tokens of an
+//!   `extra_special_tokens` object — exactly the names transformers v5 passes to the template. A token that is
+//!   `null` or absent is undefined in the template (it prints as nothing).
+//!
+//! The template sees what transformers gives it: `messages` (maps with `role` and `content`),
+//! `add_generation_prompt`, the special tokens, `tools` and `documents` (`none` unless given),
+//! `raise_exception(message)` (fails the render with that message), `strftime_now(format)` (local time, or
+//! [`RenderOptions::now`]), `namespace`, `dict`, and any [`RenderOptions::variables`] (they override special
+//! tokens, as transformers' keyword arguments do).
+//!
+//! The minijinja environment is configured like transformers' Jinja environment: `trim_blocks`,
+//! `lstrip_blocks`, no trailing newline kept, loop controls (`{% break %}`, `{% continue %}`), no auto-escaping,
+//! transformers' `tojson` (`json.dumps` with `ensure_ascii=False`, `indent`, `separators`, `sort_keys`), the
+//! Python string, list and dict methods of `minijinja_contrib::pycompat`, values printed as Python prints them
+//! (`True`, `None`, `['a', 1]`, `2.0`), whitespace as Python's `str.strip()`/`str.split()` see it, and
+//! `{% generation %}` blocks (transformers' assistant-mask extension) rendered as their content.
+//!
+//! `continue_final_message` follows transformers: the final message's content gets a marker appended, the
+//! conversation is rendered, and the output is cut where the marker starts (and right-stripped when the template
+//! trimmed the message), so the output ends right after the final message's content.
+//!
+//! Fallbacks for models without a template: [`ChatTemplate::chatml`] and [`ChatTemplate::plain`].
+//!
+//! ```
+//! use holo_runtime::chat::{ChatTemplate, RenderOptions};
+//! use holo_runtime::{ChatMessage, Role};
+//!
+//! // A model folder: ChatTemplate::from_dir("models/Qwen2.5-0.5B-Instruct")?
+//! let template = ChatTemplate::chatml();
+//! let messages = [ChatMessage { role: Role::User, content: "Hi".into() }];
+//! let prompt = template.render(&messages, &RenderOptions::generation())?;
+//! assert_eq!(prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+//! # Ok::<(), holo_runtime::chat::ChatTemplateError>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::NaiveDateTime;
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State, UndefinedBehavior};
+
+use crate::sampler::ChatMessage;
+
+pub use minijinja::Value;
+
+/// The file transformers reads the model's template from, when present.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+/// The folder of additional named templates (`NAME.jinja`).
+pub const CHAT_TEMPLATE_DIR: &str = "additional_chat_templates";
+/// The tokenizer configuration file.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// What transformers appends to the final message for `continue_final_message`.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// The ChatML template ([`ChatTemplate::chatml`]).
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// The plain-text template ([`ChatTemplate::plain`]).
+pub const PLAIN_TEMPLATE: &str = "{% for message in messages %}\
+{{ message['role'] | capitalize + ': ' + message['content'] + '\\n\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+
+/// Why a template could not be loaded or rendered. Every variant names the file the template came from
+/// (`tokenizer_config.json`, `chat_template.jinja`, or `<chatml>`/`<plain>` for the built-in ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatTemplateError {
+    /// A file could not be read.
+    Io { file: PathBuf, message: String },
+    /// `tokenizer_config.json` is not valid JSON or has a field of the wrong shape.
+    Config { file: PathBuf, message: String },
+    /// The model folder has no chat template (neither `chat_template.jinja` nor `chat_template` in
+    /// `tokenizer_config.json`); fall back to [`ChatTemplate::chatml`] or [`ChatTemplate::plain`].
+    Missing { file: PathBuf },
+    /// The template does not parse.
+    Syntax {
+        file: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// The template called `raise_exception(message)`.
+    Raised { file: String, message: String },
+    /// Rendering failed (an undefined attribute, a type error, ...).
+    Render {
+        file: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// The request cannot be rendered: an empty conversation, `continue_final_message` with
+    /// `add_generation_prompt`, a final message the template does not reproduce, an unknown template name.
+    Invalid { file: String, message: String },
+}
+
+impl ChatTemplateError {
+    /// The file the template came from.
+    pub fn file(&self) -> String {
+        match self {
+            ChatTemplateError::Io { file, .. }
+            | ChatTemplateError::Config { file, .. }
+            | ChatTemplateError::Missing { file } => file.display().to_string(),
+            ChatTemplateError::Syntax { file, .. }
+            | ChatTemplateError::Raised { file, .. }
+            | ChatTemplateError::Render { file, .. }
+            | ChatTemplateError::Invalid { file, .. } => file.clone(),
+        }
+    }
+}
+
+fn at_line(line: &Option<usize>) -> String {
+    line.map(|line| format!(" (line {line})"))
+        .unwrap_or_default()
+}
+
+impl fmt::Display for ChatTemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChatTemplateError::Io { file, message } => {
+                write!(f, "{}: cannot read: {message}", file.display())
+            }
+            ChatTemplateError::Config { file, message } => {
+                write!(f, "{}: {message}", file.display())
+            }
+            ChatTemplateError::Missing { file } => write!(
+                f,
+                "{}: no chat template (no `chat_template` and no {CHAT_TEMPLATE_FILE} beside it)",
+                file.display()
+            ),
+            ChatTemplateError::Syntax {
+                file,
+                line,
+                message,
+            } => {
+                write!(
+                    f,
+                    "{file}{}: chat template syntax error: {message}",
+                    at_line(line)
+                )
+            }
+            ChatTemplateError::Raised { file, message } => {
+                write!(
+                    f,
+                    "{file}: the chat template raised an exception: {message}"
+                )
+            }
+            ChatTemplateError::Render {
+                file,
+                line,
+                message,
+            } => {
+                write!(
+                    f,
+                    "{file}{}: cannot render the chat template: {message}",
+                    at_line(line)
+                )
+            }
+            ChatTemplateError::Invalid { file, message } => write!(f, "{file}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ChatTemplateError {}
+
+/// How to render a conversation.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions {
+    /// End with the header that starts an assistant turn.
+    pub add_generation_prompt: bool,
+    /// End right after the final message's content, so that the model continues it (incompatible with
+    /// `add_generation_prompt`).
+    pub continue_final_message: bool,
+    /// Tool schemas (`tools` in the template); `none` when not given. Build them with [`json_value`] to keep
+    /// the key order of the JSON text, as Python dicts do.
+    pub tools: Option<Vec<Value>>,
+    /// Documents for retrieval-augmented templates (`documents`); `none` when not given.
+    pub documents: Option<Vec<Value>>,
+    /// Extra template variables (transformers' keyword arguments, e.g. `enable_thinking`); they override
+    /// special tokens of the same name.
+    pub variables: BTreeMap<String, Value>,
+    /// The local time `strftime_now` formats; the current local time when `None`.
+    pub now: Option<NaiveDateTime>,
+    /// Which named template to use (for models with several); transformers' choice when `None`.
+    pub template: Option<String>,
+}
+
+impl RenderOptions {
+    /// Options for a prompt the model answers: `add_generation_prompt = true`.
+    pub fn generation() -> Self {
+        RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        }
+    }
+
+    /// Options for a prompt whose final (assistant) message the model continues.
+    pub fn continuation() -> Self {
+        RenderOptions {
+            continue_final_message: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Parses JSON text into a template value, keeping the key order of objects (as Python's `json.loads` does).
+pub fn json_value(text: &str) -> Result<Value, serde_json::Error> {
+    serde_json::from_str(text)
+}
+
+struct Named {
+    name: String,
+    /// The template's key in the environment, also what errors name.
+    file: String,
+    source: String,
+}
+
+/// A chat template ready to render conversations. Cheap to clone.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    env: Environment<'static>,
+    templates: Vec<Named>,
+    special_tokens: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("templates", &self.template_names())
+            .field("file", &self.inner.templates.first().map(|t| &t.file))
+            .field("special_tokens", &self.inner.special_tokens)
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Loads the chat template and special tokens of a model folder (see the module documentation).
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, ChatTemplateError> {
+        let dir = dir.as_ref();
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config: Option<serde_json::Value> = if config_path.is_file() {
+            let text = read(&config_path)?;
+            Some(
+                serde_json::from_str(&text).map_err(|error| ChatTemplateError::Config {
+                    file: config_path.clone(),
+                    message: format!("invalid JSON: {error}"),
+                })?,
+            )
+        } else {
+            None
+        };
+
+        // Template files take priority over the config's template, as in transformers.
+        let mut templates = Vec::new();
+        let default_file = dir.join(CHAT_TEMPLATE_FILE);
+        if default_file.is_file() {
+            templates.push((
+                "default".to_string(),
+                default_file.display().to_string(),
+                read(&default_file)?,
+            ));
+        }
+        let extra_dir = dir.join(CHAT_TEMPLATE_DIR);
+        if extra_dir.is_dir() {
+            let entries = std::fs::read_dir(&extra_dir).map_err(|error| ChatTemplateError::Io {
+                file: extra_dir.clone(),
+                message: error.to_string(),
+            })?;
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|path| path.extension().is_some_and(|ext| ext == "jinja") && path.is_file())
+                .collect();
+            files.sort();
+            for path in files {
+                let name = path
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                templates.push((name, path.display().to_string(), read(&path)?));
+            }
+        }
+        if templates.is_empty() {
+            match config
+                .as_ref()
+                .and_then(|config| config.get("chat_template"))
+            {
+                None | Some(serde_json::Value::Null) => {}
+                Some(serde_json::Value::String(source)) => templates.push((
+                    "default".into(),
+                    config_path.display().to_string(),
+                    source.clone(),
+                )),
+                Some(serde_json::Value::Array(list)) => {
+                    for (index, entry) in list.iter().enumerate() {
+                        let name = entry.get("name").and_then(|v| v.as_str());
+                        let source = entry.get("template").and_then(|v| v.as_str());
+                        let (Some(name), Some(source)) = (name, source) else {
+                            return Err(ChatTemplateError::Config {
+                                file: config_path,
+                                message: format!(
+                                    "`chat_template[{index}]` must be an object with string `name` and `template`"
+                                ),
+                            });
+                        };
+                        let file = format!("{} (template \"{name}\")", config_path.display());
+                        templates.push((name.to_string(), file, source.to_string()));
+                    }
+                }
+                Some(_) => {
+                    return Err(ChatTemplateError::Config {
+                        file: config_path,
+                        message:
+                            "`chat_template` must be a string or a list of {\"name\", \"template\"}"
+                                .into(),
+                    })
+                }
+            }
+        }
+        if templates.is_empty() {
+            return Err(ChatTemplateError::Missing { file: config_path });
+        }
+        let special_tokens = match &config {
+            Some(config) => special_tokens(config, &config_path)?,
+            None => BTreeMap::new(),
+        };
+        Self::build(templates, special_tokens)
+    }
+
+    /// Loads a model folder's template, or uses `fallback` (keeping the folder's special tokens) when the
+    /// folder has none. Other errors (unreadable files, syntax errors) are still errors.
+    pub fn from_dir_or(
+        dir: impl AsRef<Path>,
+        fallback: ChatTemplate,
+    ) -> Result<Self, ChatTemplateError> {
+        match Self::from_dir(dir.as_ref()) {
+            Err(ChatTemplateError::Missing { file }) => {
+                let mut tokens = fallback.inner.special_tokens.clone();
+                if file.is_file() {
+                    let config = serde_json::from_str(&read(&file)?).map_err(|error| {
+                        ChatTemplateError::Config {
+                            file: file.clone(),
+                            message: format!("invalid JSON: {error}"),
+                        }
+                    })?;
+                    tokens.extend(special_tokens(&config, &file)?);
+                }
+                fallback.with_special_tokens(tokens)
+            }
+            other => other,
+        }
+    }
+
+    /// A template from its source. `file` is what errors name.
+    pub fn from_source(
+        source: impl Into<String>,
+        file: impl Into<String>,
+        special_tokens: BTreeMap<String, String>,
+    ) -> Result<Self, ChatTemplateError> {
+        Self::build(
+            vec![("default".into(), file.into(), source.into())],
+            special_tokens,
+        )
+    }
+
+    /// The ChatML fallback: each message is `<|im_start|>{role}\n{content}<|im_end|>\n`; the generation prompt
+    /// is `<|im_start|>assistant\n`. Its `eos_token` is `<|im_end|>`.
+    pub fn chatml() -> Self {
+        let tokens = BTreeMap::from([("eos_token".to_string(), "<|im_end|>".to_string())]);
+        Self::builtin(CHATML_TEMPLATE, "<chatml>", tokens)
+    }
+
+    /// The plain-text fallback, for base models: each message is `{Role}: {content}` followed by a blank line
+    /// (`"System: ...\n\n"`, `"User: ...\n\n"`, `"Assistant: ...\n\n"`); the generation prompt is `Assistant:`
+    /// (no space: the model's first token carries it). No special tokens.
+    pub fn plain() -> Self {
+        Self::builtin(PLAIN_TEMPLATE, "<plain>", BTreeMap::new())
+    }
+
+    fn builtin(source: &str, file: &str, tokens: BTreeMap<String, String>) -> Self {
+        match Self::from_source(source, file, tokens) {
+            Ok(template) => template,
+            // The built-in templates are constants covered by tests.
+            Err(error) => unreachable!("built-in template {file}: {error}"),
+        }
+    }
+
+    /// The same templates with other special tokens.
+    pub fn with_special_tokens(
+        &self,
+        special_tokens: BTreeMap<String, String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let templates = self
+            .inner
+            .templates
+            .iter()
+            .map(|t| (t.name.clone(), t.file.clone(), t.source.clone()))
+            .collect();
+        Self::build(templates, special_tokens)
+    }
+
+    fn build(
+        templates: Vec<(String, String, String)>,
+        special_tokens: BTreeMap<String, String>,
+    ) -> Result<Self, ChatTemplateError> {
+        let mut env = environment();
+        let mut named = Vec::with_capacity(templates.len());
+        for (name, file, source) in templates {
+            let prepared = rewrite_generation_tags(&source);
+            env.add_template_owned(file.clone(), prepared)
+                .map_err(|error| ChatTemplateError::Syntax {
+                    file: file.clone(),
+                    line: error.line(),
+                    message: error
+                        .detail()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| error.to_string()),
+                })?;
+            named.push(Named { name, file, source });
+        }
+        Ok(ChatTemplate {
+            inner: Arc::new(Inner {
+                env,
+                templates: named,
+                special_tokens,
+            }),
+        })
+    }
+
+    /// The names of the templates (`default`, `tool_use`, ...).
+    pub fn template_names(&self) -> Vec<&str> {
+        self.inner
+            .templates
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
+    /// The source of a named template.
+    pub fn source(&self, name: &str) -> Option<&str> {
+        self.inner
+            .templates
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.source.as_str())
+    }
+
+    /// The special tokens passed to the template (`bos_token`, `eos_token`, ...).
+    pub fn special_tokens(&self) -> &BTreeMap<String, String> {
+        &self.inner.special_tokens
+    }
+
+    /// A special token by name (`"eos_token"`).
+    pub fn special_token(&self, name: &str) -> Option<&str> {
+        self.inner.special_tokens.get(name).map(String::as_str)
+    }
+
+    fn select(&self, options: &RenderOptions) -> Result<&Named, ChatTemplateError> {
+        let templates = &self.inner.templates;
+        let invalid = |message: String| ChatTemplateError::Invalid {
+            file: templates
+                .first()
+                .map(|t| t.file.clone())
+                .unwrap_or_default(),
+            message,
+        };
+        let by_name = |name: &str| templates.iter().find(|t| t.name == name);
+        if let Some(name) = &options.template {
+            return by_name(name).ok_or_else(|| {
+                invalid(format!(
+                    "no chat template named {name:?} (has {:?})",
+                    self.template_names()
+                ))
+            });
+        }
+        if templates.len() == 1 {
+            return Ok(&templates[0]);
+        }
+        if options.tools.is_some() {
+            if let Some(template) = by_name("tool_use") {
+                return Ok(template);
+            }
+        }
+        by_name("default").ok_or_else(|| {
+            invalid(format!(
+                "several chat templates and none named \"default\"; choose one of {:?}",
+                self.template_names()
+            ))
+        })
+    }
+
+    /// Renders a conversation.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+    ) -> Result<String, ChatTemplateError> {
+        let messages = messages
+            .iter()
+            .map(|message| {
+                Value::from_pairs([
+                    ("role", Value::from(message.role.name())),
+                    ("content", Value::from(message.content.as_str())),
+                ])
+            })
+            .collect();
+        self.render_values(messages, options)
+    }
+
+    /// Renders messages given as template values (maps with `role`, `content` and any other field a template
+    /// reads, such as `tool_calls`), for roles and shapes [`ChatMessage`] does not have.
+    pub fn render_values(
+        &self,
+        mut messages: Vec<Value>,
+        options: &RenderOptions,
+    ) -> Result<String, ChatTemplateError> {
+        let template = self.select(options)?;
+        let invalid = |message: &str| ChatTemplateError::Invalid {
+            file: template.file.clone(),
+            message: message.into(),
+        };
+        if messages.is_empty() {
+            return Err(invalid(
+                "cannot apply a chat template to an empty conversation",
+            ));
+        }
+        let mut final_content = None;
+        if options.continue_final_message {
+            if options.add_generation_prompt {
+                return Err(invalid(
+                    "continue_final_message and add_generation_prompt are not compatible: the first continues \
+                     the final message, the second starts a new assistant message",
+                ));
+            }
+            if !template.source.contains("content") {
+                return Err(invalid(
+                    "continue_final_message is set but the chat template never reads `content`",
+                ));
+            }
+            let Some(last) = messages.last_mut() else {
+                return Err(invalid(
+                    "cannot apply a chat template to an empty conversation",
+                ));
+            };
+            let content = last
+                .get_attr("content")
+                .ok()
+                .and_then(|c| c.as_str().map(str::to_string));
+            let Some(content) = content else {
+                return Err(invalid(
+                    "continue_final_message is set but the final message has no string content",
+                ));
+            };
+            *last = with_field(
+                last,
+                "content",
+                Value::from(format!("{content}{CONTINUE_TAG}")),
+            )
+            .map_err(|message| invalid(&message))?;
+            final_content = Some(content);
+        }
+
+        let rendered = self.render_raw(template, messages, options)?;
+
+        let Some(final_content) = final_content else {
+            return Ok(rendered);
+        };
+        let tag = CONTINUE_TAG.trim_end();
+        if !rendered.contains(py_strip(&final_content)) {
+            return Err(invalid(
+                "continue_final_message is set but the final message does not appear in the rendered chat: \
+                 the chat template removes part of it",
+            ));
+        }
+        let Some(at) = rendered.rfind(tag) else {
+            return Err(invalid(
+                "continue_final_message: the rendered chat lost the final message's marker",
+            ));
+        };
+        Ok(if rendered[at..].starts_with(CONTINUE_TAG) {
+            rendered[..at].to_string()
+        } else {
+            // The template trimmed the message's trailing whitespace (and the tag's).
+            py_rstrip(&rendered[..at]).to_string()
+        })
+    }
+
+    fn render_raw(
+        &self,
+        template: &Named,
+        messages: Vec<Value>,
+        options: &RenderOptions,
+    ) -> Result<String, ChatTemplateError> {
+        let mut context: BTreeMap<String, Value> = self
+            .inner
+            .special_tokens
+            .iter()
+            .map(|(name, token)| (name.clone(), Value::from(token.as_str())))
+            .collect();
+        for (name, value) in &options.variables {
+            context.insert(name.clone(), value.clone());
+        }
+        context.insert("messages".into(), Value::from(messages));
+        context.insert(
+            "add_generation_prompt".into(),
+            Value::from(options.add_generation_prompt),
+        );
+        context.insert(
+            "tools".into(),
+            options
+                .tools
+                .clone()
+                .map(Value::from)
+                .unwrap_or(Value::from(())),
+        );
+        context.insert(
+            "documents".into(),
+            options
+                .documents
+                .clone()
+                .map(Value::from)
+                .unwrap_or(Value::from(())),
+        );
+        let now = options.now;
+        context.insert(
+            "strftime_now".into(),
+            Value::from_function(move |format: &str| -> Result<String, Error> {
+                let now = now.unwrap_or_else(|| chrono::Local::now().naive_local());
+                let mut out = String::new();
+                write!(out, "{}", now.format(format)).map_err(|_| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("strftime_now: invalid format {format:?}"),
+                    )
+                })?;
+                Ok(out)
+            }),
+        );
+
+        let compiled = self
+            .inner
+            .env
+            .get_template(&template.file)
+            .map_err(|error| ChatTemplateError::Render {
+                file: template.file.clone(),
+                line: None,
+                message: error.to_string(),
+            })?;
+        compiled
+            .render(Value::from(context))
+            .map_err(|error| match raised_message(&error) {
+                Some(message) => ChatTemplateError::Raised {
+                    file: template.file.clone(),
+                    message,
+                },
+                None => ChatTemplateError::Render {
+                    file: template.file.clone(),
+                    line: error.line(),
+                    message: render_error_message(&error),
+                },
+            })
+    }
+}
+
+fn render_error_message(error: &Error) -> String {
+    let mut message = match error.detail() {
+        Some(detail) => format!("{}: {detail}", error.kind()),
+        None => error.kind().to_string(),
+    };
+    let mut source = std::error::Error::source(error);
+    while let Some(inner) = source {
+        write!(message, ": {inner}").ok();
+        source = inner.source();
+    }
+    message
+}
+
+fn read(path: &Path) -> Result<String, ChatTemplateError> {
+    std::fs::read_to_string(path).map_err(|error| ChatTemplateError::Io {
+        file: path.to_path_buf(),
+        message: error.to_string(),
+    })
+}
+
+/// The special tokens transformers v5 passes to a chat template: the top-level `*_token` keys whose value is a
+/// string or an AddedToken object, and the named tokens of an `extra_special_tokens` object.
+fn special_tokens(
+    config: &serde_json::Value,
+    file: &Path,
+) -> Result<BTreeMap<String, String>, ChatTemplateError> {
+    let Some(config) = config.as_object() else {
+        return Err(ChatTemplateError::Config {
+            file: file.to_path_buf(),
+            message: "the tokenizer configuration must be a JSON object".into(),
+        });
+    };
+    fn token(value: &serde_json::Value) -> Option<&str> {
+        match value {
+            serde_json::Value::String(token) => Some(token),
+            serde_json::Value::Object(added) => {
+                added.get("content").and_then(|content| content.as_str())
+            }
+            _ => None,
+        }
+    }
+    let mut tokens = BTreeMap::new();
+    for (key, value) in config {
+        if key.ends_with("_token") {
+            if let Some(content) = token(value) {
+                tokens.insert(key.clone(), content.to_string());
+            } else if value.is_object() {
+                return Err(ChatTemplateError::Config {
+                    file: file.to_path_buf(),
+                    message: format!("`{key}` is an object without a string `content`"),
+                });
+            }
+        }
+    }
+    if let Some(serde_json::Value::Object(extra)) = config.get("extra_special_tokens") {
+        for (key, value) in extra {
+            if let Some(content) = token(value) {
+                tokens.insert(key.clone(), content.to_string());
+            }
+        }
+    }
+    Ok(tokens)
+}
+
+/// A copy of a map value with one field replaced, keeping the key order.
+fn with_field(map: &Value, field: &str, value: Value) -> Result<Value, String> {
+    if map.kind() != ValueKind::Map {
+        return Err("continue_final_message is set but the final message is not a map".into());
+    }
+    let keys = map.try_iter().map_err(|error| error.to_string())?;
+    let mut value = Some(value);
+    let mut pairs = Vec::new();
+    for key in keys {
+        if key.as_str() == Some(field) {
+            pairs.push((key, value.take().unwrap_or_default()));
+        } else {
+            let item = map.get_item(&key).map_err(|error| error.to_string())?;
+            pairs.push((key, item));
+        }
+    }
+    if let Some(value) = value {
+        pairs.push((Value::from(field), value));
+    }
+    Ok(Value::from_pairs(pairs))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The environment: transformers' Jinja environment, in minijinja.
+
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .keep_trailing_newline(false)
+        .build();
+    match syntax {
+        Ok(syntax) => env.set_syntax(syntax),
+        // Only custom delimiters can fail to build.
+        Err(error) => unreachable!("default delimiters: {error}"),
+    }
+    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_formatter(|out, _state, value| {
+        out.write_str(&py_str(value))
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "cannot write"))
+    });
+    env.set_unknown_method_callback(py_methods);
+    env.add_filter("tojson", tojson);
+    env.add_filter("trim", |value: &Value, chars: Option<&str>| -> String {
+        let text = py_str(value);
+        match chars {
+            Some(chars) => text.trim_matches(|c| chars.contains(c)).to_string(),
+            None => py_strip(&text).to_string(),
+        }
+    });
+    env.add_filter("string", |value: &Value| py_str(value));
+    // Jinja's tests, which ask Python: `none is iterable` is false, a string is a sequence.
+    env.add_test("iterable", |value: &Value| match value.kind() {
+        ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Invalid => false,
+        ValueKind::Plain => value.try_iter().is_ok(),
+        _ => true,
+    });
+    env.add_test("sequence", |value: &Value| {
+        matches!(
+            value.kind(),
+            ValueKind::Undefined
+                | ValueKind::String
+                | ValueKind::Bytes
+                | ValueKind::Seq
+                | ValueKind::Map
+        )
+    });
+    env.add_function(
+        "raise_exception",
+        |message: Option<&Value>| -> Result<Value, Error> {
+            let message = message.map(py_str).unwrap_or_default();
+            Err(Error::new(ErrorKind::InvalidOperation, message.clone())
+                .with_source(Raised(message)))
+        },
+    );
+    env
+}
+
+/// The error `raise_exception` fails a render with.
+#[derive(Debug)]
+struct Raised(String);
+
+impl fmt::Display for Raised {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+fn raised_message(error: &Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(raised) = current.downcast_ref::<Raised>() {
+            return Some(raised.0.clone());
+        }
+        source = current.source();
+    }
+    None
+}
+
+/// Rewrites `{% generation %}` / `{% endgeneration %}` (transformers' assistant-mask extension, unknown to
+/// minijinja) into `{% if true %}` / `{% endif %}`: block tags with the same whitespace handling.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(body) => (&inner[..1], body),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(stripped) => (stripped, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(keyword) => write!(out, "{{%{open} {keyword} {close}%}}").unwrap_or(()),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Python semantics.
+
+/// Python's `str.isspace()` for one character: Rust's whitespace plus the four ASCII separators
+/// U+001C..U+001F, which Python also strips and splits on.
+fn py_is_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()` without arguments.
+fn py_strip(s: &str) -> &str {
+    s.trim_matches(py_is_space)
+}
+
+/// Python's `str.rstrip()` without arguments.
+fn py_rstrip(s: &str) -> &str {
+    s.trim_end_matches(py_is_space)
+}
+
+/// Python's `str.split()` without a separator: runs of whitespace separate, no empty strings.
+fn py_split_whitespace(s: &str, maxsplit: Option<i64>) -> Vec<Value> {
+    let mut parts = Vec::new();
+    let mut rest = s.trim_start_matches(py_is_space);
+    let mut splits = 0;
+    while !rest.is_empty() {
+        if maxsplit.is_some_and(|max| max >= 0 && splits >= max) {
+            parts.push(Value::from(rest));
+            break;
+        }
+        match rest.find(py_is_space) {
+            Some(end) => {
+                parts.push(Value::from(&rest[..end]));
+                rest = rest[end..].trim_start_matches(py_is_space);
+                splits += 1;
+            }
+            None => {
+                parts.push(Value::from(rest));
+                break;
+            }
+        }
+    }
+    parts
+}
+
+/// Python's `str.splitlines(keepends)`.
+fn py_splitlines(s: &str, keepends: bool) -> Vec<Value> {
+    let is_break = |c: char| {
+        matches!(
+            c,
+            '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}'
+                ..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+        )
+    };
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut chars = s.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        if is_break(c) {
+            let mut end = at + c.len_utf8();
+            if c == '\r' {
+                if let Some((_, '\n')) = chars.peek() {
+                    chars.next();
+                    end += 1;
+                }
+            }
+            lines.push(Value::from(if keepends {
+                &s[start..end]
+            } else {
+                &s[start..at]
+            }));
+            start = end;
+        }
+    }
+    if start < s.len() {
+        lines.push(Value::from(&s[start..]));
+    }
+    lines
+}
+
+/// Python methods on values: `minijinja_contrib::pycompat`, with Python's notion of whitespace for the
+/// argument-less `strip`/`lstrip`/`rstrip`/`split` and for `splitlines`.
+fn py_methods(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        let no_chars = match args {
+            [] => true,
+            [arg] => arg.is_none(),
+            _ => false,
+        };
+        match method {
+            "strip" if no_chars => return Ok(Value::from(py_strip(s))),
+            "lstrip" if no_chars => return Ok(Value::from(s.trim_start_matches(py_is_space))),
+            "rstrip" if no_chars => return Ok(Value::from(py_rstrip(s))),
+            "split" if args.is_empty() || args[0].is_none() => {
+                let maxsplit = match args.get(1) {
+                    Some(max) => Some(max.as_i64().ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::InvalidOperation,
+                            "split: maxsplit must be an integer",
+                        )
+                    })?),
+                    None => None,
+                };
+                return Ok(Value::from(py_split_whitespace(s, maxsplit)));
+            }
+            "splitlines" => {
+                let keepends = args.first().is_some_and(Value::is_true);
+                return Ok(Value::from(py_splitlines(s, keepends)));
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// `str(value)` in Python, which is what Jinja prints: `True`, `None`, `2.0`, `['a', 1]`; undefined prints as
+/// nothing.
+fn py_str(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::Undefined => String::new(),
+        ValueKind::String => value.as_str().unwrap_or_default().to_string(),
+        _ => py_repr(value),
+    }
+}
+
+/// `repr(value)` in Python.
+fn py_repr(value: &Value) -> String {
+    match value.kind() {
+        ValueKind::Undefined => "Undefined".into(),
+        ValueKind::None => "None".into(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.into(),
+        ValueKind::Number => match f64_of(value) {
+            Some(float) => py_float_repr(float),
+            None => value.to_string(),
+        },
+        ValueKind::String => py_repr_str(value.as_str().unwrap_or_default()),
+        ValueKind::Seq => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|it| it.map(|v| py_repr(&v)).collect())
+                .unwrap_or_default();
+            if value.is_tuple() {
+                if items.len() == 1 {
+                    format!("({},)", items[0])
+                } else {
+                    format!("({})", items.join(", "))
+                }
+            } else {
+                format!("[{}]", items.join(", "))
+            }
+        }
+        ValueKind::Map => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|keys| {
+                    keys.map(|key| {
+                        let item = value.get_item(&key).unwrap_or_default();
+                        format!("{}: {}", py_repr(&key), py_repr(&item))
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
+            format!("{{{}}}", items.join(", "))
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// The float inside a number value, `None` for integers.
+fn f64_of(value: &Value) -> Option<f64> {
+    if value.is_integer() {
+        None
+    } else {
+        f64::try_from(value.clone()).ok()
+    }
+}
+
+/// `repr(float)` in Python: the shortest digits that round-trip, positional for exponents in -4..16, else
+/// scientific with a signed two-digit exponent (`1e+16`, `1.5e-07`).
+fn py_float_repr(float: f64) -> String {
+    if float.is_nan() {
+        return "nan".into();
+    }
+    if float.is_infinite() {
+        return if float > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sci = format!("{float:e}");
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exponent) {
+        if exponent >= 0 {
+            let point = exponent as usize + 1;
+            if digits.len() <= point {
+                format!("{sign}{digits}{}.0", "0".repeat(point - digits.len()))
+            } else {
+                format!("{sign}{}.{}", &digits[..point], &digits[point..])
+            }
+        } else {
+            format!("{sign}0.{}{digits}", "0".repeat((-exponent - 1) as usize))
+        }
+    } else {
+        let tail = if digits.len() > 1 {
+            format!(".{}", &digits[1..])
+        } else {
+            String::new()
+        };
+        let exp_sign = if exponent < 0 { '-' } else { '+' };
+        format!(
+            "{sign}{}{tail}e{exp_sign}{:02}",
+            &digits[..1],
+            exponent.abs()
+        )
+    }
+}
+
+/// Whether Python's `str.isprintable()` holds for a character (an approximation without Unicode tables:
+/// control, format, separator other than space, and private-use characters are not printable).
+fn py_printable(c: char) -> bool {
+    let code = c as u32;
+    !(c.is_control()
+        || matches!(code, 0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e | 0x200b..=0x200f
+            | 0x202a..=0x202e | 0x2060..=0x2064 | 0x2066..=0x206f | 0xfeff | 0xfff9..=0xfffb
+            | 0xe0001 | 0xe0020..=0xe007f)
+        || (c.is_whitespace() && c != ' ')
+        || matches!(code, 0xe000..=0xf8ff | 0xf0000..=0x10ffff))
+}
+
+/// `repr(str)` in Python.
+fn py_repr_str(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !py_printable(c) => {
+                let code = c as u32;
+                if code < 0x100 {
+                    write!(out, "\\x{code:02x}").ok();
+                } else if code < 0x10000 {
+                    write!(out, "\\u{code:04x}").ok();
+                } else {
+                    write!(out, "\\U{code:08x}").ok();
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// tojson: transformers' filter, `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False)`.
+
+struct JsonStyle {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_separator: String,
+    key_separator: String,
+    sort_keys: bool,
+}
+
+fn tojson(
+    value: &Value,
+    ensure_ascii: Option<Value>,
+    indent: Option<Value>,
+    separators: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let pick = |positional: Option<Value>, name: &str| -> Result<Option<Value>, Error> {
+        let keyword: Option<Value> = kwargs.get(name)?;
+        Ok(keyword.or(positional))
+    };
+    let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
+    let indent = match pick(indent, "indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match (v.as_str(), v.as_i64()) {
+            (Some(text), _) => Some(text.to_string()),
+            (None, Some(width)) => Some(" ".repeat(width.max(0) as usize)),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an int or a string",
+                ))
+            }
+        },
+    };
+    let (item_separator, key_separator) = match pick(separators, "separators")? {
+        Some(pair) if !pair.is_none() => {
+            let parts: Vec<String> = pair
+                .try_iter()?
+                .map(|part| part.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be strings",
+                    )
+                })?;
+            match <[String; 2]>::try_from(parts) {
+                Ok([item, key]) => (item, key),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be a pair",
+                    ))
+                }
+            }
+        }
+        _ if indent.is_some() => (",".to_string(), ": ".to_string()),
+        _ => (", ".to_string(), ": ".to_string()),
+    };
+    let sort_keys = kwargs
+        .get::<Option<Value>>("sort_keys")?
+        .is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let style = JsonStyle {
+        ensure_ascii,
+        indent,
+        item_separator,
+        key_separator,
+        sort_keys,
+    };
+    let mut out = String::new();
+    write_json(&mut out, value, &style, 0)?;
+    Ok(out)
+}
+
+fn not_serializable(value: &Value) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "tojson: object of type {} is not JSON serializable",
+            value.kind()
+        ),
+    )
+}
+
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    style: &JsonStyle,
+    level: usize,
+) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match f64_of(value) {
+            Some(float) if float.is_nan() => out.push_str("NaN"),
+            Some(float) if float.is_infinite() => {
+                out.push_str(if float > 0.0 { "Infinity" } else { "-Infinity" })
+            }
+            Some(float) => out.push_str(&py_float_repr(float)),
+            None => out.push_str(&value.to_string()),
+        },
+        ValueKind::String => {
+            write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
+        }
+        ValueKind::Seq => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            write_container(out, style, level, ('[', ']'), items.len(), |out, index| {
+                write_json(out, &items[index], style, level + 1)
+            })?;
+        }
+        ValueKind::Map => {
+            let mut items: Vec<(Value, Value)> = Vec::new();
+            for key in value.try_iter()? {
+                let item = value.get_item(&key)?;
+                items.push((key, item));
+            }
+            if style.sort_keys {
+                items.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            write_container(out, style, level, ('{', '}'), items.len(), |out, index| {
+                let (key, item) = &items[index];
+                let key = match key.kind() {
+                    ValueKind::String => key.as_str().unwrap_or_default().to_string(),
+                    ValueKind::None => "null".into(),
+                    ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
+                    ValueKind::Number => py_str(key),
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!(
+                                "tojson: keys must be str, int, float, bool or None, not {}",
+                                key.kind()
+                            ),
+                        ))
+                    }
+                };
+                write_json_str(out, &key, style.ensure_ascii);
+                out.push_str(&style.key_separator);
+                write_json(out, item, style, level + 1)
+            })?;
+        }
+        _ => return Err(not_serializable(value)),
+    }
+    Ok(())
+}
+
+fn write_container(
+    out: &mut String,
+    style: &JsonStyle,
+    level: usize,
+    (open, close): (char, char),
+    len: usize,
+    mut item: impl FnMut(&mut String, usize) -> Result<(), Error>,
+) -> Result<(), Error> {
+    out.push(open);
+    if len == 0 {
+        out.push(close);
+        return Ok(());
+    }
+    let newline = |level: usize| {
+        style
+            .indent
+            .as_ref()
+            .map(|indent| format!("\n{}", indent.repeat(level)))
+    };
+    let inner = newline(level + 1);
+    if let Some(inner) = &inner {
+        out.push_str(inner);
+    }
+    for index in 0..len {
+        if index > 0 {
+            out.push_str(&style.item_separator);
+            if let Some(inner) = &inner {
+                out.push_str(inner);
+            }
+        }
+        item(out, index)?;
+    }
+    if let Some(outer) = newline(level) {
+        out.push_str(&outer);
+    }
+    out.push(close);
+    Ok(())
+}
+
+/// A JSON string the way Python's `json` module writes it.
+fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                write!(out, "\\u{:04x}", c as u32).ok();
+            }
+            c if ensure_ascii && !(' '..='~').contains(&c) => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(out, "\\u{unit:04x}").ok();
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_repr_matches_python() {
+        for (float, expected) in [
+            (1.0, "1.0"),
+            (2.5, "2.5"),
+            (0.1, "0.1"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (1.5e-7, "1.5e-07"),
+            (0.0001, "0.0001"),
+            (1e-5, "1e-05"),
+            (-0.0, "-0.0"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (-3.25, "-3.25"),
+        ] {
+            assert_eq!(py_float_repr(float), expected, "{float}");
+        }
+    }
+
+    #[test]
+    fn python_whitespace() {
+        assert_eq!(py_strip("\u{1f} a \u{3000}"), "a");
+        let split: Vec<String> = py_split_whitespace("  a b\u{1c}c  ", None)
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(split, ["a", "b", "c"]);
+        let split: Vec<String> = py_split_whitespace("a b  c ", Some(1))
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(split, ["a", "b  c "]);
+        let lines: Vec<String> = py_splitlines("a\r\nb\u{2028}c\n", false)
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(lines, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn repr_of_strings() {
+        assert_eq!(py_repr_str("it's"), "\"it's\"");
+        assert_eq!(py_repr_str("a'\"b\n"), "'a\\'\"b\\n'");
+        assert_eq!(py_repr_str("é\u{200d}"), "'é\\u200d'");
+    }
+
+    #[test]
+    fn generation_tags_become_blocks() {
+        assert_eq!(
+            rewrite_generation_tags("{%- generation -%}x{% endgeneration %}{% if a %}{% endif %}"),
+            "{%- if true -%}x{% endif %}{% if a %}{% endif %}"
+        );
+    }
+}

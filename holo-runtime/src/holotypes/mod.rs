@@ -1,0 +1,28 @@
+//! The built-in holotypes: a tool loop with a registry of Rust tools, and reward holotypes (attractors).
+//!
+//! `.hol` files name them like any holotype; [`registry`] makes them available to the interpreter, and
+//! `use holo_runtime::holotypes::*;` brings them into scope for `include_holoware!`.
+
+mod rewards;
+mod tools;
+
+pub use rewards::{
+    answer_text, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
+};
+pub use tools::{Tool, ToolExecutor, ToolRunner, ToolSchema, Tools};
+
+use crate::interpreter::Registry;
+
+/// A registry with every built-in holotype under its own name.
+pub fn registry() -> Registry {
+    let mut registry = Registry::default();
+    registry
+        .register::<ToolRunner>("ToolRunner")
+        .register::<ToolSchema>("ToolSchema")
+        .register::<ToolExecutor>("ToolExecutor")
+        .register::<ExactAnswer>("ExactAnswer")
+        .register::<MathAnswer>("MathAnswer")
+        .register::<FormatReward>("FormatReward")
+        .register::<LengthPenalty>("LengthPenalty");
+    registry
+}

@@ -1,0 +1,320 @@
+//! Reward holotypes (attractors). Each records one named reward component when the rollout ends, with
+//! the weight given by `weight=` (default 1). `name=` renames the component.
+//!
+//! The compared text comes from the variable `var=` (default `answer`): the content of its last
+//! `<answer>...</answer>` when it has one (`tag=` picks another tag), else the whole text.
+
+use crate::holotype::{Args, Cx, Holotype, HolotypeError};
+use crate::holotypes::tools::last_tag;
+
+/// The settings every reward holotype shares.
+struct Component {
+    name: String,
+    weight: f64,
+    variable: String,
+    tag: String,
+}
+
+impl Component {
+    fn new(args: &Args, default_name: &str) -> Result<Self, HolotypeError> {
+        Ok(Component {
+            name: args.text("name")?.unwrap_or(default_name).to_string(),
+            weight: args.float("weight")?.unwrap_or(1.0),
+            variable: args.text("var")?.unwrap_or("answer").to_string(),
+            tag: args.text("tag")?.unwrap_or("answer").to_string(),
+        })
+    }
+
+    fn answer<'c>(&self, cx: &'c Cx<'_>) -> Option<&'c str> {
+        cx.var(&self.variable)
+            .map(|text| answer_text(text, &self.tag))
+    }
+
+    fn record(&self, cx: &mut Cx<'_>, value: f64) {
+        cx.weighted_reward(&self.name, value, self.weight);
+    }
+}
+
+/// The content of the last `<tag>...</tag>` of `text`, or the whole text, trimmed.
+pub fn answer_text<'t>(text: &'t str, tag: &str) -> &'t str {
+    last_tag(text, tag).unwrap_or(text).trim()
+}
+
+fn expected<'c>(cx: &'c Cx<'_>, column: &str, location: &str) -> Result<&'c str, HolotypeError> {
+    cx.var(column).ok_or_else(|| {
+        HolotypeError::new(format!(
+            "{location}: the data row has no `{column}` column to compare with"
+        ))
+    })
+}
+
+/// 1 when the answer equals the data row's `target=` column (default `expected`), ignoring surrounding
+/// whitespace and runs of spaces; else 0.
+pub struct ExactAnswer {
+    component: Component,
+    target: String,
+    location: &'static str,
+}
+
+impl Holotype for ExactAnswer {
+    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        Ok(ExactAnswer {
+            component: Component::new(args, "exact_answer")?,
+            target: args.text("target")?.unwrap_or("expected").to_string(),
+            location: args.location,
+        })
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        let normalize = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let expected = normalize(expected(cx, &self.target, self.location)?);
+        let correct = self
+            .component
+            .answer(cx)
+            .is_some_and(|answer| normalize(answer) == expected);
+        self.component.record(cx, if correct { 1.0 } else { 0.0 });
+        Ok(())
+    }
+}
+
+/// 1 when the answer and the `target=` column are the same number: integers, decimals, fractions
+/// (`3/4`, `\frac{3}{4}`), `\boxed{...}`, `$`, thousands separators (`1,234`) and a trailing `%` are
+/// understood, and `0.75`, `3/4` and `\boxed{\frac{3}{4}}` are equal. Text that is not a number is
+/// compared as [`ExactAnswer`] compares it.
+pub struct MathAnswer {
+    component: Component,
+    target: String,
+    location: &'static str,
+}
+
+impl Holotype for MathAnswer {
+    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        Ok(MathAnswer {
+            component: Component::new(args, "math_answer")?,
+            target: args.text("target")?.unwrap_or("expected").to_string(),
+            location: args.location,
+        })
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        let expected = expected(cx, &self.target, self.location)?.to_string();
+        let correct = self
+            .component
+            .answer(cx)
+            .is_some_and(|answer| numbers_equal(answer, &expected));
+        self.component.record(cx, if correct { 1.0 } else { 0.0 });
+        Ok(())
+    }
+}
+
+/// Whether two answers are the same number (see [`MathAnswer`]), or the same text when either is not a
+/// number.
+pub fn numbers_equal(a: &str, b: &str) -> bool {
+    match (Rational::parse(a), Rational::parse(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => {
+            let normalize = |text: &str| {
+                strip_math(text)
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            normalize(a) == normalize(b)
+        }
+    }
+}
+
+/// An exact rational number, in lowest terms with a positive denominator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rational {
+    numerator: i128,
+    denominator: i128,
+}
+
+impl Rational {
+    fn new(numerator: i128, denominator: i128) -> Option<Self> {
+        if denominator == 0 {
+            return None;
+        }
+        let divisor = gcd(numerator.unsigned_abs(), denominator.unsigned_abs()).max(1) as i128;
+        let sign = if denominator < 0 { -1 } else { 1 };
+        Some(Rational {
+            numerator: sign * numerator / divisor,
+            denominator: sign * denominator / divisor,
+        })
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let text = strip_math(text);
+        let text = text.trim();
+        if let Some(percent) = text.strip_suffix('%') {
+            let value = Self::parse(percent)?;
+            return Self::new(value.numerator, value.denominator.checked_mul(100)?);
+        }
+        if let Some(inner) = text
+            .strip_prefix("\\frac{")
+            .or_else(|| text.strip_prefix("\\dfrac{"))
+        {
+            let (numerator, rest) = inner.split_once("}{")?;
+            let denominator = rest.strip_suffix('}')?;
+            return Self::divide(Self::parse(numerator)?, Self::parse(denominator)?);
+        }
+        if let Some((numerator, denominator)) = text.split_once('/') {
+            return Self::divide(Self::parse(numerator)?, Self::parse(denominator)?);
+        }
+        Self::decimal(text)
+    }
+
+    fn divide(a: Rational, b: Rational) -> Option<Self> {
+        Self::new(
+            a.numerator.checked_mul(b.denominator)?,
+            a.denominator.checked_mul(b.numerator)?,
+        )
+    }
+
+    /// `-1,234.50` → -123450/100, with thousands separators only between groups of three digits.
+    fn decimal(text: &str) -> Option<Self> {
+        let (negative, digits) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text.strip_prefix('+').unwrap_or(text)),
+        };
+        let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+        let whole = if whole.contains(',') {
+            let groups: Vec<&str> = whole.split(',').collect();
+            let well_formed = !groups[0].is_empty()
+                && groups[0].len() <= 3
+                && groups[1..].iter().all(|group| group.len() == 3);
+            if !well_formed {
+                return None;
+            }
+            groups.concat()
+        } else {
+            whole.to_string()
+        };
+        if whole.is_empty() && fraction.is_empty() {
+            return None;
+        }
+        let all_digits = |part: &str| part.chars().all(|c| c.is_ascii_digit());
+        if !all_digits(&whole) || !all_digits(fraction) || fraction.len() > 30 {
+            return None;
+        }
+        let digits = format!("{whole}{fraction}");
+        let numerator: i128 = digits.parse().ok()?;
+        let denominator = 10i128.checked_pow(fraction.len() as u32)?;
+        Self::new(if negative { -numerator } else { numerator }, denominator)
+    }
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Removes `\boxed{...}`, `$` signs, a final full stop and surrounding whitespace.
+fn strip_math(text: &str) -> String {
+    let clean = |text: &str| {
+        text.trim()
+            .trim_end_matches('.')
+            .trim()
+            .trim_matches('$')
+            .trim()
+            .to_string()
+    };
+    let mut text = clean(text);
+    while let Some(inner) = text
+        .strip_prefix("\\boxed{")
+        .and_then(|rest| rest.strip_suffix('}'))
+    {
+        text = clean(inner);
+    }
+    text
+}
+
+/// The fraction of the XML tags in `tags=` (space-separated, default `answer`) that the variable `var=`
+/// holds as `<tag>...</tag>`.
+pub struct FormatReward {
+    component: Component,
+    tags: Vec<String>,
+}
+
+impl Holotype for FormatReward {
+    const PARAMS: &'static [&'static str] = &["var", "tags", "weight", "name"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        let tags: Vec<String> = args
+            .text("tags")?
+            .unwrap_or("answer")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        if tags.is_empty() {
+            return Err(HolotypeError::new(format!(
+                "{}: tags= names no tag",
+                args.location
+            )));
+        }
+        Ok(FormatReward {
+            component: Component::new(args, "format")?,
+            tags,
+        })
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        let text = cx.var(&self.component.variable).unwrap_or_default();
+        let present = self
+            .tags
+            .iter()
+            .filter(|tag| {
+                let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+                text.find(&open)
+                    .is_some_and(|start| text[start + open.len()..].contains(&close))
+            })
+            .count();
+        let value = present as f64 / self.tags.len() as f64;
+        self.component.record(cx, value);
+        Ok(())
+    }
+}
+
+/// A penalty for text in `var=` longer than `max=` characters (default 1000): 0 up to the limit, then
+/// minus the excess as a fraction of the limit, down to -1.
+pub struct LengthPenalty {
+    component: Component,
+    max: u32,
+}
+
+impl Holotype for LengthPenalty {
+    const PARAMS: &'static [&'static str] = &["var", "max", "weight", "name"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        let max = args.count("max")?.unwrap_or(1000);
+        if max == 0 {
+            return Err(HolotypeError::new(format!(
+                "{}: max must be at least 1",
+                args.location
+            )));
+        }
+        Ok(LengthPenalty {
+            component: Component::new(args, "length_penalty")?,
+            max,
+        })
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        let length = cx
+            .var(&self.component.variable)
+            .unwrap_or_default()
+            .chars()
+            .count() as f64;
+        let max = f64::from(self.max);
+        let value = -((length - max).max(0.0) / max).min(1.0);
+        self.component.record(cx, value);
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! Tool use: [`Tools`] (a registry of Rust functions with JSON schemas, provided as a resource),
+//! [`ToolSchema`] (writes the schemas), [`ToolExecutor`] (runs the call in a turn) and [`ToolRunner`]
+//! (repeats its body until the model answers).
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass};
+
+type Handler = Arc<dyn Fn(&Value) -> Result<String, String> + Send + Sync>;
+
+/// One tool: a name, a description and a JSON schema of its arguments, shown to the model, and the
+/// function that runs it.
+#[derive(Clone)]
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    handler: Handler,
+}
+
+/// The tools of an environment. Give them to rollouts as a resource:
+/// `resources.insert(Tools::new().register(...))`.
+#[derive(Clone)]
+pub struct Tools {
+    tools: Vec<Tool>,
+    timeout: Duration,
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools {
+            tools: Vec::new(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Tools {
+    pub fn new() -> Self {
+        Tools::default()
+    }
+
+    /// How long a call may run before the model is told it timed out (default 10 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Adds a tool. `handler` gets the call's `args` and returns the result text, or an error message
+    /// for the model.
+    pub fn register(
+        mut self,
+        name: &str,
+        description: &str,
+        parameters: Value,
+        handler: impl Fn(&Value) -> Result<String, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.tools.retain(|tool| tool.name != name);
+        self.tools.push(Tool {
+            name: name.to_string(),
+            description: description.to_string(),
+            parameters,
+            handler: Arc::new(handler),
+        });
+        self
+    }
+
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    /// The tools as the model sees them: one JSON object per line.
+    pub fn schema(&self) -> String {
+        self.tools
+            .iter()
+            .map(|tool| {
+                serde_json::json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                })
+                .to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Runs the call written in `turn` (`<tool>{"name": ..., "args": {...}}</tool>`, the last one if
+    /// there are several). Every failure is a message for the model: no call, malformed JSON, an unknown
+    /// tool, the tool's own error, a timeout, a panic.
+    pub fn call(&self, turn: &str) -> Result<String, String> {
+        let json = last_tag(turn, "tool").ok_or(
+            "no <tool> call found; write one as <tool>{\"name\": ..., \"args\": {...}}</tool>",
+        )?;
+        let call: Value = serde_json::from_str(json.trim())
+            .map_err(|error| format!("the tool call is not valid JSON: {error}"))?;
+        let name = call["name"]
+            .as_str()
+            .ok_or("the tool call needs a \"name\" string")?;
+        let tool = self
+            .tools
+            .iter()
+            .find(|tool| tool.name == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.tools.iter().map(|tool| tool.name.as_str()).collect();
+                format!("unknown tool `{name}`; the tools are: {}", known.join(", "))
+            })?;
+        let args = call
+            .get("args")
+            .cloned()
+            .unwrap_or(Value::Object(Default::default()));
+        let handler = Arc::clone(&tool.handler);
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&args)));
+            let _ = sender.send(outcome);
+        });
+        match receiver.recv_timeout(self.timeout) {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(format!("tool `{name}` crashed")),
+            Err(_) => Err(format!("tool `{name}` timed out after {:?}", self.timeout)),
+        }
+    }
+}
+
+/// The content of the last `<tag>...</tag>` in `text`; an unclosed last tag runs to the end.
+pub(crate) fn last_tag<'t>(text: &'t str, tag: &str) -> Option<&'t str> {
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    let start = text.rfind(&open)? + open.len();
+    let end = text[start..]
+        .find(&close)
+        .map_or(text.len(), |end| start + end);
+    Some(&text[start..end])
+}
+
+fn tools_resource(args: &Args, holotype: &str) -> Result<Arc<Tools>, HolotypeError> {
+    args.resources.get::<Tools>().ok_or_else(|| {
+        HolotypeError::new(format!(
+            "{}: {holotype} needs the environment's tools: give the rollout a `holo_runtime::holotypes::Tools` resource",
+            args.location
+        ))
+    })
+}
+
+/// Writes the schemas of the registered tools, one JSON object per line.
+pub struct ToolSchema {
+    tools: Arc<Tools>,
+}
+
+impl Holotype for ToolSchema {
+    const PARAMS: &'static [&'static str] = &[];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        Ok(ToolSchema {
+            tools: tools_resource(args, "ToolSchema")?,
+        })
+    }
+
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        cx.inject(&self.tools.schema());
+        Ok(Enter::Run)
+    }
+}
+
+/// `<|ToolExecutor turn|>`: runs the tool call in the variable `turn` and writes `<result>...</result>`
+/// (an error message inside it when the call fails). When the turn holds an answer (`answer=` tag,
+/// default `answer`) there is nothing to run: its body, if any, is skipped.
+pub struct ToolExecutor {
+    tools: Arc<Tools>,
+    variable: String,
+    answer: String,
+}
+
+impl Holotype for ToolExecutor {
+    const PARAMS: &'static [&'static str] = &["answer"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        Ok(ToolExecutor {
+            tools: tools_resource(args, "ToolExecutor")?,
+            variable: args.words().next().unwrap_or("turn").to_string(),
+            answer: args.text("answer")?.unwrap_or("answer").to_string(),
+        })
+    }
+
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        let turn = cx.var(&self.variable).unwrap_or_default();
+        if turn.contains(&format!("<{}>", self.answer)) {
+            return Ok(Enter::Skip);
+        }
+        let result = match self.tools.call(turn) {
+            Ok(result) => result,
+            Err(message) => format!("error: {message}"),
+        };
+        cx.inject(&format!("<result>{result}</result>"));
+        Ok(Enter::Run)
+    }
+}
+
+/// Repeats its body until the variable `var` (default `turn`) holds an answer (`<answer>`, or the tag
+/// `answer=` names) or `max_turns` passes (default 8) have run.
+pub struct ToolRunner {
+    max_turns: u32,
+    variable: String,
+    answer: String,
+}
+
+impl Holotype for ToolRunner {
+    const PARAMS: &'static [&'static str] = &["max_turns", "var", "answer"];
+
+    fn new(args: &Args) -> Result<Self, HolotypeError> {
+        let max_turns = args.count("max_turns")?.unwrap_or(8);
+        if max_turns == 0 {
+            return Err(HolotypeError::new(format!(
+                "{}: max_turns must be at least 1",
+                args.location
+            )));
+        }
+        Ok(ToolRunner {
+            max_turns,
+            variable: args.text("var")?.unwrap_or("turn").to_string(),
+            answer: args.text("answer")?.unwrap_or("answer").to_string(),
+        })
+    }
+
+    fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError> {
+        let answered = cx
+            .var(&self.variable)
+            .is_some_and(|turn| turn.contains(&format!("<{}>", self.answer)));
+        Ok(if answered || cx.pass() >= self.max_turns {
+            Pass::Done
+        } else {
+            Pass::Repeat
+        })
+    }
+}

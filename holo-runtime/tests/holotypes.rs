@@ -1,0 +1,272 @@
+//! The built-in holotypes, run through the interpreter on small holowares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use holo_runtime::holotypes::{self, numbers_equal, Tools};
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::{Resources, Rollout, RolloutError, Scripted, Step, Transcript};
+use serde_json::json;
+
+fn run(
+    source: &str,
+    row: serde_json::Value,
+    replies: &[&str],
+    resources: &Resources,
+) -> Result<Transcript, RolloutError> {
+    let holoware = Arc::new(
+        Holoware::load(
+            "test.hol",
+            source.as_bytes(),
+            Arc::new(holotypes::registry()),
+        )
+        .unwrap(),
+    );
+    let row: Row = row.as_object().unwrap().clone();
+    let mut rollout = holoware.start_with(&row, resources)?;
+    let mut transcript = Transcript::default();
+    let mut sampler = Scripted::new(replies.iter().copied());
+    while let Step::Sample(request) = rollout.step(&mut transcript)? {
+        rollout.resume(
+            sampler.complete(&request).expect("enough replies"),
+            &mut transcript,
+        )?;
+    }
+    Ok(transcript)
+}
+
+fn rewards(transcript: &Transcript) -> Vec<(&str, f64, f64)> {
+    transcript
+        .rewards
+        .iter()
+        .map(|(name, value, weight)| (name.as_str(), *value, *weight))
+        .collect()
+}
+
+fn calculator() -> Resources {
+    tools_with_timeout(Duration::from_secs(10))
+}
+
+/// The calculator tools; a panicking tool's backtrace can take long to print, so only the timeout test
+/// uses a short timeout.
+fn tools_with_timeout(timeout: Duration) -> Resources {
+    let tools = Tools::new()
+        .with_timeout(timeout)
+        .register(
+            "add",
+            "Adds a and b.",
+            json!({"a": "number", "b": "number"}),
+            |args| {
+                let a = args["a"].as_f64().ok_or("a must be a number")?;
+                let b = args["b"].as_f64().ok_or("b must be a number")?;
+                Ok((a + b).to_string())
+            },
+        )
+        .register("sleep", "Sleeps.", json!({}), |_| {
+            std::thread::sleep(Duration::from_secs(5));
+            Ok("woke".to_string())
+        })
+        .register("boom", "Panics.", json!({}), |_| panic!("boom"));
+    let mut resources = Resources::default();
+    resources.insert(tools);
+    resources
+}
+
+const TOOL_LOOP: &str = "<|x_x|>\nTools:\n<|ToolSchema|>\n<|o_o|>\n<|query|>\n<|ToolRunner max_turns=4|>\n    <|@_@:turn stop=\"</tool>\"|>\n    <|o_o|>\n    <|ToolExecutor turn|>\n<|MathAnswer var=turn|>\n";
+
+#[test]
+fn tool_loop_runs_tools_until_the_answer() {
+    let transcript = run(
+        TOOL_LOOP,
+        json!({"query": "1.5 + 2?", "expected": "3.5"}),
+        &[
+            "<tool>{\"name\": \"add\", \"args\": {\"a\": 1.5, \"b\": 2}}</tool>",
+            "<answer>3.5</answer>",
+        ],
+        &calculator(),
+    )
+    .unwrap();
+    let text = transcript.to_string();
+    assert!(
+        text.contains("{\"description\":\"Adds a and b.\",\"name\":\"add\""),
+        "{text}"
+    );
+    assert!(text.contains("<result>3.5</result>"), "{text}");
+    assert_eq!(rewards(&transcript), [("math_answer", 1.0, 1.0)]);
+}
+
+#[test]
+fn tool_failures_become_messages_to_the_model() {
+    let replies = [
+        "no call at all",
+        "<tool>{\"name\": \"add\", \"args\": {\"a\": 1}</tool>",
+        "<tool>{\"name\": \"mul\"}</tool>",
+        "<tool>{\"name\": \"add\", \"args\": {\"a\": \"x\", \"b\": 1}}</tool>",
+    ];
+    let transcript = run(
+        TOOL_LOOP,
+        json!({"query": "q", "expected": "1"}),
+        &replies,
+        &calculator(),
+    )
+    .unwrap();
+    let text = transcript.to_string();
+    assert!(
+        text.contains("<result>error: no <tool> call found"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<result>error: the tool call is not valid JSON"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "<result>error: unknown tool `mul`; the tools are: add, sleep, boom</result>"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("<result>error: a must be a number</result>"),
+        "{text}"
+    );
+    assert_eq!(rewards(&transcript), [("math_answer", 0.0, 1.0)]);
+}
+
+#[test]
+fn tool_timeouts_become_messages() {
+    let replies = ["<tool>{\"name\": \"sleep\"}</tool>", "<answer>1</answer>"];
+    let resources = tools_with_timeout(Duration::from_millis(200));
+    let transcript = run(
+        TOOL_LOOP,
+        json!({"query": "q", "expected": "1"}),
+        &replies,
+        &resources,
+    )
+    .unwrap();
+    let text = transcript.to_string();
+    assert!(
+        text.contains("<result>error: tool `sleep` timed out after 200ms</result>"),
+        "{text}"
+    );
+}
+
+#[test]
+fn tool_panics_become_messages() {
+    let replies = ["<tool>{\"name\": \"boom\"}</tool>", "<answer>1</answer>"];
+    let transcript = run(
+        TOOL_LOOP,
+        json!({"query": "q", "expected": "1"}),
+        &replies,
+        &calculator(),
+    )
+    .unwrap();
+    let text = transcript.to_string();
+    assert!(
+        text.contains("<result>error: tool `boom` crashed</result>"),
+        "{text}"
+    );
+}
+
+#[test]
+fn tool_holotypes_without_tools_fail_clearly() {
+    let error = run(
+        TOOL_LOOP,
+        json!({"query": "q", "expected": "1"}),
+        &[],
+        &Resources::default(),
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("test.hol:3:1: ToolSchema needs the environment's tools"),
+        "{error}"
+    );
+}
+
+#[test]
+fn reward_components_are_named_and_weighted() {
+    let source = "<|o_o|>\n<|question|>\n<|@_@:answer|>\n<|ExactAnswer|>\n<|FormatReward tags=\"reasoning answer\" weight=0.5|>\n<|LengthPenalty max=10 name=brevity|>\n";
+    let transcript = run(
+        source,
+        json!({"question": "Capital of France?", "expected": "Paris"}),
+        &["<reasoning>It is Paris, of course.</reasoning> <answer> Paris </answer>"],
+        &Resources::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        rewards(&transcript),
+        [
+            ("exact_answer", 1.0, 1.0),
+            ("format", 1.0, 0.5),
+            ("brevity", -1.0, 1.0)
+        ]
+    );
+}
+
+#[test]
+fn missing_target_column_is_an_error_naming_it() {
+    let source = "<|o_o|>\nQ\n<|@_@:answer|>\n<|ExactAnswer target=gold|>\n";
+    let error = run(source, json!({}), &["x"], &Resources::default()).unwrap_err();
+    assert!(error.to_string().contains("no `gold` column"), "{error}");
+}
+
+#[test]
+fn numeric_equivalence() {
+    for (a, b) in [
+        ("42", "42.0"),
+        ("0.75", "3/4"),
+        ("\\boxed{\\frac{3}{4}}", "0.75"),
+        ("$1,234,567$", "1234567"),
+        ("-2.50", "-5/2"),
+        ("50%", "1/2"),
+        ("\\boxed{12}.", "12"),
+        ("007", "7"),
+        ("x + 1", "x  +  1"),
+    ] {
+        assert!(numbers_equal(a, b), "{a} == {b}");
+    }
+    for (a, b) in [
+        ("1,23", "123"),
+        ("0.75", "0.7"),
+        ("1/0", "1"),
+        ("12", "-12"),
+        ("x", "y"),
+    ] {
+        assert!(!numbers_equal(a, b), "{a} != {b}");
+    }
+}
+
+#[test]
+fn builtins_match_the_checker_table() {
+    let table = holoc::sema::builtin_holotypes();
+    let registry_names = [
+        "ToolRunner",
+        "ToolSchema",
+        "ToolExecutor",
+        "ExactAnswer",
+        "MathAnswer",
+        "FormatReward",
+        "LengthPenalty",
+    ];
+    assert_eq!(table.len(), registry_names.len());
+    for name in registry_names {
+        assert!(
+            table.contains_key(name),
+            "{name} missing from holoc's table"
+        );
+    }
+    let check = |name: &str, params: &[&str]| {
+        let expected: Vec<String> = params.iter().map(|param| param.to_string()).collect();
+        assert_eq!(table[name].as_ref().unwrap(), &expected, "{name}");
+    };
+    use holo_runtime::holotypes::*;
+    use holo_runtime::Holotype;
+    check("ToolRunner", ToolRunner::PARAMS);
+    check("ToolSchema", ToolSchema::PARAMS);
+    check("ToolExecutor", ToolExecutor::PARAMS);
+    check("ExactAnswer", ExactAnswer::PARAMS);
+    check("MathAnswer", MathAnswer::PARAMS);
+    check("FormatReward", FormatReward::PARAMS);
+    check("LengthPenalty", LengthPenalty::PARAMS);
+}
