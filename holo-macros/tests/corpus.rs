@@ -24,7 +24,8 @@ macro_rules! stand_in_holotypes {
         pub struct $name;
 
         impl Holotype for $name {
-            const PARAMS: &'static [&'static str] = &["max_turns", "max", "mode", "label", "timeout"];
+            const PARAMS: &'static [&'static str] =
+                &["max_turns", "max", "mode", "label", "timeout", "var", "name", "weight"];
 
             fn new(_: &Args) -> Result<Self, HolotypeError> {
                 Ok($name)
@@ -45,6 +46,8 @@ macro_rules! stand_in_holotypes {
 
 stand_in_holotypes!(
     Attractor,
+    ExactAnswer,
+    MathAnswer,
     BingoAttractor,
     CodeExecutor,
     CorrectAnswerRule,

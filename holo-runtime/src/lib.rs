@@ -12,6 +12,7 @@ pub mod holotype;
 pub mod holotypes;
 pub mod interpreter;
 pub mod machine;
+pub mod openai;
 pub mod resources;
 pub mod sampler;
 pub mod scripted;
@@ -20,9 +21,12 @@ pub mod transcript;
 
 pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
-pub use machine::{Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step};
-pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
+pub use machine::{
+    Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step,
+};
+pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
+pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;

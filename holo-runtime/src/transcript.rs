@@ -94,6 +94,56 @@ impl Recorder for Transcript {
     }
 }
 
+impl Transcript {
+    /// The rollout's reward: the weighted sum of its components.
+    pub fn reward(&self) -> f64 {
+        // `+ 0.0`: the empty sum of floats is -0.
+        self.rewards
+            .iter()
+            .map(|(_, value, weight)| value * weight)
+            .sum::<f64>()
+            + 0.0
+    }
+
+    /// The transcript for a terminal: sampled text in trained contexts in bold green (what training
+    /// learns from), in untrained contexts in yellow; with `color` false, as [`fmt::Display`] writes it.
+    pub fn render(&self, color: bool) -> String {
+        if !color {
+            return self.to_string();
+        }
+        let mut out = String::new();
+        for (index, context) in self.contexts.iter().enumerate() {
+            let kind = if context.trained {
+                "trained"
+            } else {
+                "untrained"
+            };
+            out.push_str(&format!("\x1b[2m=== context {index} ({kind})\x1b[0m\n"));
+            let highlight = if context.trained {
+                "\x1b[1;32m"
+            } else {
+                "\x1b[33m"
+            };
+            for message in &context.messages {
+                out.push_str(&format!("\x1b[36m--- {}\x1b[0m\n", message.role.name()));
+                for part in &message.parts {
+                    match part {
+                        Part::Prompt(text) => out.push_str(text),
+                        Part::Sampled(text) => out.push_str(&format!("{highlight}{text}\x1b[0m")),
+                    }
+                }
+                out.push('\n');
+            }
+        }
+        for (name, value, weight) in &self.rewards {
+            out.push_str(&format!(
+                "\x1b[35mreward {name} = {value} (weight {weight})\x1b[0m\n"
+            ));
+        }
+        out
+    }
+}
+
 /// Plain text: one block per message, sampled text between `⟦` and `⟧`.
 impl fmt::Display for Transcript {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -16,7 +16,7 @@
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
-use crate::ir::{ArgValue, OpKind, Program, Role, Source};
+use crate::ir::{ArgValue, HolotypeInstance, OpKind, Program, Role, Source};
 use crate::span;
 
 /// How to emit one holoware.
@@ -151,10 +151,13 @@ impl Generator<'_> {
         }
     }
 
-    fn holotype_path(&self, name: &str) -> TokenStream {
-        let name = format_ident!("{}", name, span = self.settings.span);
+    fn holotype_path(&self, holotype: &HolotypeInstance) -> TokenStream {
+        let name = format_ident!("{}", holotype.name, span = self.settings.span);
         match &self.settings.holotypes {
             Some(path) => quote_spanned!(self.settings.span=> #path::#name),
+            None if holotype.builtin => {
+                quote_spanned!(self.settings.span=> ::holo_runtime::holotypes::#name)
+            }
             None => quote_spanned!(self.settings.span=> super::#name),
         }
     }
@@ -256,7 +259,7 @@ impl Generator<'_> {
             .enumerate()
             .map(|(index, holotype)| {
                 let field = format_ident!("h{}", index);
-                let path = self.holotype_path(&holotype.name);
+                let path = self.holotype_path(holotype);
                 let doc = format!(
                     "`<|{}|>` at {}.",
                     holotype.name,
@@ -269,7 +272,7 @@ impl Generator<'_> {
             });
         let holotype_inits = program.holotypes.iter().enumerate().map(|(index, holotype)| {
             let field = format_ident!("h{}", index);
-            let path = self.holotype_path(&holotype.name);
+            let path = self.holotype_path(holotype);
             let location = self.location(holotype.span);
             let positional = holotype
                 .args
@@ -292,7 +295,7 @@ impl Generator<'_> {
             }
         });
         let holotype_assertions = program.holotypes.iter().map(|holotype| {
-            let path = self.holotype_path(&holotype.name);
+            let path = self.holotype_path(holotype);
             let (line, col) = (holotype.span.start.line, holotype.span.start.col);
             let span = self.settings.span;
             quote_spanned! {span=>
@@ -300,7 +303,7 @@ impl Generator<'_> {
             }
         });
         let assertions = program.holotypes.iter().flat_map(|holotype| {
-            let path = self.holotype_path(&holotype.name);
+            let path = self.holotype_path(holotype);
             holotype.args.iter().filter_map(move |arg| {
                 let name = arg.name.as_ref()?;
                 let message = format!(
@@ -386,11 +389,14 @@ impl Generator<'_> {
                 pub const BINDINGS: &[&str] = &[#(#binding_names),*];
                 #track
 
-                /// One data row: the variables that no sampler binds.
+                /// One data row: the variables that no sampler binds, and the row's other columns.
                 #[derive(Debug, Clone, ::holo_runtime::serde::Deserialize)]
                 #[serde(crate = "::holo_runtime::serde")]
                 pub struct Input {
                     #(#input_fields)*
+                    /// The row's other columns, which holotypes can read (a reward's expected answer).
+                    #[serde(flatten)]
+                    pub extra: ::std::collections::BTreeMap<::std::string::String, ::holo_runtime::Text>,
                 }
 
                 /// The variables bound by samplers so far.
@@ -432,7 +438,7 @@ impl Generator<'_> {
                     fn get(&self, name: &str) -> ::core::option::Option<&str> {
                         match name {
                             #(#variable_arms)*
-                            _ => ::core::option::Option::None,
+                            _ => self.input.extra.get(name).map(::holo_runtime::Text::as_str),
                         }
                     }
                 }

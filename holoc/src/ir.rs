@@ -54,6 +54,10 @@ pub struct HolotypeInstance {
     pub span: Span,
     /// Index of the `Holotype` op that enters this instance.
     pub op: usize,
+    /// Whether the name is the runtime's built-in (`holo_runtime::holotypes`), because nothing of the
+    /// crate's shadows it.
+    #[serde(default)]
+    pub builtin: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -171,6 +171,22 @@ fn starts_message(nodes: &[Node], role: Option<Role>) -> bool {
     }
 }
 
+/// How a holotype name resolved: its keyword parameters when known, and whether it is the runtime's
+/// built-in.
+struct Resolved {
+    params: Option<Vec<String>>,
+    builtin: bool,
+}
+
+impl Resolved {
+    fn local(params: Option<Vec<String>>) -> Self {
+        Resolved {
+            params,
+            builtin: false,
+        }
+    }
+}
+
 struct Lowering<'a> {
     options: &'a Options,
     /// Every variable some sampler binds, with its first binding.
@@ -592,7 +608,7 @@ impl Lowering<'_> {
             );
             return;
         }
-        let params = self.resolve_holotype(name);
+        let Resolved { params, builtin } = self.resolve_holotype(name);
         let mut args = Vec::new();
         let mut seen: HashMap<&str, Span> = HashMap::new();
         for arg in &tag.args {
@@ -679,6 +695,7 @@ impl Lowering<'_> {
             args,
             span,
             op,
+            builtin,
         });
         if let Some(body) = &tag.body {
             self.body(instance, op, body, span);
@@ -686,16 +703,22 @@ impl Lowering<'_> {
     }
 
     /// Reports a holotype the checker cannot resolve; returns its parameters when they are known.
-    fn resolve_holotype(&mut self, name: &Spanned<String>) -> Option<Vec<String>> {
+    ///
+    /// A built-in is used when the crate has nothing of that name: a type, an import or a macro
+    /// argument of the crate shadows it.
+    fn resolve_holotype(&mut self, name: &Spanned<String>) -> Resolved {
         let options = self.options;
-        // The crate's own type of a built-in's name shadows the built-in.
-        if let Some(Resolution::Holotype(decl)) =
-            options.scan.as_ref().map(|scan| scan.resolve(&name.node))
-        {
-            return decl.params.clone();
+        let in_crate = options.scan.as_ref().map(|scan| scan.resolve(&name.node));
+        if let Some(Resolution::Holotype(decl)) = &in_crate {
+            return Resolved::local(decl.params.clone());
         }
         if let Some(params) = options.builtin_holotypes.get(&name.node) {
-            return params.clone();
+            if matches!(in_crate, None | Some(Resolution::Unknown)) {
+                return Resolved {
+                    params: params.clone(),
+                    builtin: true,
+                };
+            }
         }
         let Some(scan) = &options.scan else {
             if self.unresolved.insert(name.node.clone()) {
@@ -712,11 +735,11 @@ impl Lowering<'_> {
                     ),
                 );
             }
-            return None;
+            return Resolved::local(None);
         };
         match scan.resolve(&name.node) {
-            Resolution::Holotype(decl) => decl.params.clone(),
-            Resolution::Undecided => None,
+            Resolution::Holotype(decl) => Resolved::local(decl.params.clone()),
+            Resolution::Undecided => Resolved::local(None),
             Resolution::NotAHolotype => {
                 self.error(
                     Diagnostic::new(
@@ -730,7 +753,7 @@ impl Lowering<'_> {
                         name.node
                     )),
                 );
-                None
+                Resolved::local(None)
             }
             Resolution::Unknown => {
                 let candidates: Vec<&str> = scan
@@ -758,7 +781,7 @@ impl Lowering<'_> {
                     }
                 };
                 self.error(diagnostic);
-                None
+                Resolved::local(None)
             }
         }
     }

@@ -70,7 +70,7 @@ fn scratch(name: &str) -> PathBuf {
 fn warnings_fail_only_when_denied() {
     let dir = scratch("warnings");
     let file = dir.join("schema.hol");
-    std::fs::write(&file, "<|o_o|>\n<|ToolSchema|>\n").unwrap();
+    std::fs::write(&file, "<|o_o|>\n<|Planner|>\n").unwrap();
     let file = file.display().to_string();
     assert_eq!(holoc(&["check", &file]).status.code(), Some(0));
     let denied = holoc(&["check", "--deny-warnings", &file]);

@@ -1,17 +1,22 @@
-//! `hol/tool.hol` as a typed state machine, with the three holotypes it names implemented here: a
-//! calculator tool schema, a turn loop and a tool executor.
+//! `hol/tool.hol` as a typed state machine, with three of the holotypes it names implemented here (a
+//! calculator tool schema, a turn loop and a tool executor, which shadow the runtime's built-ins of the
+//! same names) and the fourth, `MathAnswer`, the runtime's built-in.
 //!
 //! ```
 //! use holo_runtime::{Machine, Rollout, Scripted, Step, Transcript};
 //! use tool_agent::{run, tool};
 //!
-//! let input = tool::Input { query: "What is 6 * 7?".into(), few_shot: None };
+//! let row = serde_json::json!({"query": "What is 6 * 7?", "expected": "42"});
+//! let input: tool::Input = serde_json::from_value(row).unwrap();
 //! let mut sampler = Scripted::new([
 //!     r#"<tool>{"name": "calculator", "args": {"expression": "6 * 7"}}</tool>"#,
 //!     "The product is <answer>42</answer>",
 //! ]);
 //! let transcript = run(input, &mut sampler).unwrap();
-//! assert_eq!(transcript.rewards, vec![("answered".to_string(), 1.0, 1.0)]);
+//! assert_eq!(
+//!     transcript.rewards,
+//!     vec![("answered".to_string(), 1.0, 1.0), ("math_answer".to_string(), 1.0, 1.0)]
+//! );
 //! ```
 
 use holo_runtime::{

@@ -4,10 +4,7 @@ use holo_runtime::{Machine, Rollout, RolloutError, Scripted, Step, Transcript};
 use tool_agent::{run, tool};
 
 fn input(query: &str) -> tool::Input {
-    tool::Input {
-        query: query.into(),
-        few_shot: None,
-    }
+    serde_json::from_value(serde_json::json!({"query": query, "expected": "43"})).unwrap()
 }
 
 #[test]
@@ -40,14 +37,26 @@ fn max_turns_ends_the_loop_without_an_answer() {
         .filter(|message| message.role == holo_runtime::Role::Assistant)
         .count();
     assert_eq!(turns, 8, "hol/tool.hol sets max_turns=8");
-    assert_eq!(transcript.rewards, vec![("answered".to_string(), 0.0, 1.0)]);
+    assert_eq!(
+        transcript.rewards,
+        vec![
+            ("answered".to_string(), 0.0, 1.0),
+            ("math_answer".to_string(), 0.0, 1.0)
+        ]
+    );
 }
 
 #[test]
 fn input_deserializes_from_a_data_row() {
     let row: tool::Input =
-        serde_json::from_str(r#"{"query": "2+2?", "few_shot": "Q: 1+1? A: 2"}"#).unwrap();
+        serde_json::from_str(r#"{"query": "2+2?", "few_shot": "Q: 1+1? A: 2", "expected": 4}"#)
+            .unwrap();
     assert_eq!(row.query.as_str(), "2+2?");
+    assert_eq!(
+        row.extra["expected"].as_str(),
+        "4",
+        "other columns stay visible to holotypes"
+    );
     let missing = serde_json::from_str::<tool::Input>(r#"{"few_shot": ""}"#).unwrap_err();
     assert!(
         missing.to_string().contains("missing field `query`"),
@@ -75,6 +84,7 @@ fn build_script_module_runs() {
     use holo_runtime::Transcript;
     let input = tool_agent::grade::Input {
         query: "Is 2 + 2 = 4?".into(),
+        extra: Default::default(),
     };
     let mut machine = tool_agent::grade::Machine::new(input).unwrap();
     let mut transcript = Transcript::default();

@@ -69,6 +69,28 @@ impl Tools {
         self
     }
 
+    /// Adds `calculator`, which evaluates arithmetic (`+ - * /`, parentheses, decimals): the tool the
+    /// standard `hol/tool.hol` is demonstrated with.
+    pub fn with_calculator(self) -> Self {
+        self.register(
+            "calculator",
+            "Evaluates an arithmetic expression with + - * / and parentheses.",
+            serde_json::json!({"expression": "string"}),
+            |args| {
+                let expression = args["expression"]
+                    .as_str()
+                    .ok_or("calculator needs args.expression, a string")?;
+                let value = Arithmetic::new(expression).evaluate()?;
+                // Whole numbers without `.0`, as a person writes them.
+                Ok(if value.fract() == 0.0 && value.abs() < 1e15 {
+                    format!("{}", value as i64)
+                } else {
+                    value.to_string()
+                })
+            },
+        )
+    }
+
     pub fn tools(&self) -> &[Tool] {
         &self.tools
     }
@@ -147,7 +169,7 @@ fn tools_resource(args: &Args, holotype: &str) -> Result<Arc<Tools>, HolotypeErr
     })
 }
 
-/// Writes the schemas of the registered tools, one JSON object per line.
+/// Writes the schemas of the registered tools, one JSON object per line, each ending with a newline.
 pub struct ToolSchema {
     tools: Arc<Tools>,
 }
@@ -162,7 +184,7 @@ impl Holotype for ToolSchema {
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        cx.inject(&self.tools.schema());
+        cx.inject(&format!("{}\n", self.tools.schema()));
         Ok(Enter::Run)
     }
 }
@@ -236,5 +258,113 @@ impl Holotype for ToolRunner {
         } else {
             Pass::Repeat
         })
+    }
+}
+
+/// A recursive-descent evaluator for `+ - * /`, unary minus, parentheses and decimal numbers.
+struct Arithmetic<'e> {
+    text: &'e [u8],
+    at: usize,
+}
+
+impl<'e> Arithmetic<'e> {
+    fn new(expression: &'e str) -> Self {
+        Arithmetic {
+            text: expression.as_bytes(),
+            at: 0,
+        }
+    }
+
+    fn evaluate(mut self) -> Result<f64, String> {
+        let value = self.sum()?;
+        self.skip_spaces();
+        if self.at < self.text.len() {
+            return Err(format!(
+                "unexpected `{}` at position {}",
+                self.text[self.at] as char,
+                self.at + 1
+            ));
+        }
+        if !value.is_finite() {
+            return Err("the result is not a finite number (division by zero?)".to_string());
+        }
+        Ok(value)
+    }
+
+    fn skip_spaces(&mut self) {
+        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_spaces();
+        self.text.get(self.at).copied()
+    }
+
+    fn sum(&mut self) -> Result<f64, String> {
+        let mut value = self.product()?;
+        while let Some(op @ (b'+' | b'-')) = self.peek() {
+            self.at += 1;
+            let right = self.product()?;
+            value = if op == b'+' {
+                value + right
+            } else {
+                value - right
+            };
+        }
+        Ok(value)
+    }
+
+    fn product(&mut self) -> Result<f64, String> {
+        let mut value = self.factor()?;
+        while let Some(op @ (b'*' | b'/')) = self.peek() {
+            self.at += 1;
+            let right = self.factor()?;
+            value = if op == b'*' {
+                value * right
+            } else {
+                value / right
+            };
+        }
+        Ok(value)
+    }
+
+    fn factor(&mut self) -> Result<f64, String> {
+        match self.peek() {
+            Some(b'-') => {
+                self.at += 1;
+                Ok(-self.factor()?)
+            }
+            Some(b'(') => {
+                self.at += 1;
+                let value = self.sum()?;
+                if self.peek() != Some(b')') {
+                    return Err("missing `)`".to_string());
+                }
+                self.at += 1;
+                Ok(value)
+            }
+            Some(c) if c.is_ascii_digit() || c == b'.' => {
+                let start = self.at;
+                while self
+                    .text
+                    .get(self.at)
+                    .is_some_and(|c| c.is_ascii_digit() || *c == b'.')
+                {
+                    self.at += 1;
+                }
+                let number = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
+                number
+                    .parse()
+                    .map_err(|_| format!("`{number}` is not a number"))
+            }
+            Some(c) => Err(format!(
+                "unexpected `{}` at position {}",
+                c as char,
+                self.at + 1
+            )),
+            None => Err("the expression ends too early".to_string()),
+        }
     }
 }
