@@ -11,6 +11,7 @@ pub mod chat;
 pub mod holotype;
 pub mod holotypes;
 pub mod interpreter;
+pub mod loom;
 pub mod machine;
 pub mod openai;
 pub mod resources;

@@ -1073,8 +1073,9 @@ async fn one_failed_request_loses_nothing_of_the_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrency_is_bounded_across_the_batch() {
+    // Long enough that requests overlap even on a loaded machine.
     let server =
-        Server::start(|seen, _| Reply::After(Duration::from_millis(40), Box::new(vllm(seen))))
+        Server::start(|seen, _| Reply::After(Duration::from_millis(250), Box::new(vllm(seen))))
             .await;
     let sampler = OpenAi::new(OpenAiConfig {
         max_concurrency: 3,

@@ -1,0 +1,933 @@
+//! The [`Loom`]: runs rollouts at scale. It drives `B` data rows × `G` rollouts each against one
+//! [`Sampler`], batching every pending sample request of a tick into one call, and writes each rollout
+//! as a line of JSONL the moment it finishes.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use holo_runtime::holotypes::{self, Tools};
+//! use holo_runtime::interpreter::{Holoware, Row};
+//! use holo_runtime::loom::{Loom, LoomConfig};
+//! use holo_runtime::{Resources, Scripted};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let holoware = Arc::new(Holoware::open("hol/tool.hol".as_ref(), Arc::new(holotypes::registry()))?);
+//! let mut resources = Resources::default();
+//! resources.insert(Tools::new().with_calculator());
+//! let loom = Loom::interpreted(holoware, resources, LoomConfig { rollouts_per_row: 8, ..LoomConfig::default() });
+//! let row: Row = serde_json::from_str(r#"{"query": "What is 17 * 23?", "expected": "391"}"#)?;
+//! let sampler = Scripted::new(["<answer>391</answer>"]);
+//! let mut out = std::fs::File::create("rollouts.jsonl")?;
+//! let summary = loom.run(&[(0, row)], &sampler, &mut out).await?;
+//! println!("mean reward {:?}, pass@1 {:?}", summary.mean_reward, summary.pass_at_k);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Rollouts
+//!
+//! The Loom drives anything that implements [`Rollout`], boxed as `Box<dyn Rollout + Send>`: a
+//! [`RolloutSource`] starts one per (row, rollout). [`Interpreted`] starts interpreted holowares
+//! ([`Holoware`] + [`Resources`]); a closure `Fn(&Row) -> Result<Box<dyn Rollout + Send>, String>` starts
+//! anything else, such as a machine compiled with `include_holoware!`:
+//!
+//! ```ignore
+//! let source = move |row: &Row| -> Result<Box<dyn Rollout + Send>, String> {
+//!     let input = serde_json::from_value(serde_json::Value::Object(row.clone())).map_err(|e| e.to_string())?;
+//!     Ok(Box::new(tool::Machine::with_resources(input, &resources).map_err(|e| e.to_string())?))
+//! };
+//! let loom = Loom::new(source, LoomConfig::default());
+//! ```
+//!
+//! Before a row's first rollout starts, [`RolloutSource::check`] checks it ([`Holoware::check_row`] for
+//! interpreted holowares): a row that lacks an input runs no rollout and is reported in
+//! [`Summary::row_failures`]; every other row still runs.
+//!
+//! # Ticks and batching
+//!
+//! Rollouts are started in order (row by row, `G` rollouts of a row one after the other) and at most
+//! [`LoomConfig::concurrency`] are in flight at once. Each tick:
+//! 1. every rollout resumed with its completion, and every newly started one, is stepped until it needs a
+//!    sample ([`Step::Sample`]) or ends; new rollouts are started while fewer than `concurrency` wait;
+//! 2. every pending request goes to the sampler in **one** [`Sampler::sample`] call, in the order the
+//!    rollouts were started;
+//! 3. each rollout gets its own result back. A failed request ([`SamplerError`]), a
+//!    [`RolloutError`](crate::RolloutError), a panic in a holotype, or a rollout that cannot start fails
+//!    that rollout only: it is written with its `error` and what it recorded up to then, and the others
+//!    go on.
+//!
+//! Ticks are lock-step: a batch is done when its slowest request is. Stepping (holotypes and tools) runs on
+//! the calling task between batches, when no request is in flight.
+//!
+//! # Prompts (interim, text level)
+//!
+//! Until the token-level holophore exists, each rollout records into its own [`Transcript`] and a request's
+//! prompt is [`Prompt::Chat`] built from it: the messages of the context being sampled (the last context
+//! begun), each message's parts joined as text, sampled parts included verbatim. When the assistant
+//! message in progress already has content (a prefill, a fence's `<think>`, an earlier sample of the same
+//! message) it is the last message, to be continued; when the sample starts a fresh assistant message, the
+//! chat ends with the message before it and the server's generation prompt opens the assistant turn. This
+//! path re-tokenizes on the server, so what the model saw is only as exact as the server's chat template;
+//! token prompts ([`Prompt::Tokens`]) replace it with the holophore. One case the text view cannot say: a
+//! fresh assistant message that follows a finished assistant message directly (no message between) is
+//! sent as a continuation of the finished one.
+//!
+//! # Parameters and seeds
+//!
+//! Each request's [`SampleParams`] come from its [`SampleRequest`] (`max_tokens`, `temperature`, `top_p`,
+//! `top_k`, `stop`) plus a seed. A rollout's seed is derived from [`LoomConfig::seed`], the row index and
+//! the rollout index (splitmix64 mixing, 63 bits so that it fits a signed 64-bit integer on every server);
+//! the `k`-th request of the rollout (0-based) is sent with `mix(rollout seed, k)`, so each turn draws
+//! fresh noise and a rerun with the same seed sends the same seeds. The rollout seed is written in the
+//! JSONL.
+//!
+//! # JSONL
+//!
+//! One [`RolloutRecord`] per line, written and flushed as each rollout finishes (a crash loses nothing
+//! done), in finishing order:
+//!
+//! ```json
+//! {"dataset": "rows.jsonl", "row_index": 0, "rollout_index": 1, "seed": 8214...,
+//!  "row": {"query": "What is 17 * 23?", "expected": "391"},
+//!  "contexts": [{"trained": true, "messages": [
+//!     {"role": "system", "parts": [{"text": "You have access ...", "sampled": false}]},
+//!     {"role": "assistant", "parts": [{"text": "<answer>391</answer>", "sampled": true}]}]}],
+//!  "rewards": {"math_answer": 1.0}, "weights": {"math_answer": 1.0}, "reward": 1.0,
+//!  "samples": 2, "error": null,
+//!  "timing": {"start_ms": 0.4, "wall_ms": 1.9, "sample_ms": 1.2}}
+//! ```
+//!
+//! `dataset` is there when [`LoomConfig::dataset`] is set. `rewards` holds each component's value (the
+//! sum, when a component is recorded more than once), `weights` its weight, `reward` the weighted total of
+//! every recorded component. `error` is `null` or `{"stage": "start" | "rollout" | "sampler", "message":
+//! ...}`. `timing` (left out when [`LoomConfig::timing`] is off, for byte-identical reruns): when the
+//! rollout started after the run began, its wall time, and the part of it spent waiting for batches.
+//!
+//! # Summary and pass@k
+//!
+//! [`Summary`] has the mean of each reward component and of the total over the rollouts that completed
+//! (a failed rollout is counted in [`Summary::failed`], not in the means), and pass@k for k = 1 and, when
+//! `G > 1`, k = `G`. A rollout **passes** when it completed and its total reward is > 0; pass@k is the
+//! unbiased estimator `1 - C(n-c, k) / C(n, k)` per row (`n` rollouts, `c` passing), averaged over the
+//! rows that ran.
+//!
+//! # Progress
+//!
+//! With [`LoomConfig::progress`], an indicatif bar on stderr shows rollouts done, rollouts/s and the mean
+//! reward; it is drawn only when stderr is a terminal.
+
+use std::collections::BTreeMap;
+use std::io::{self, IsTerminal, Write};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::interpreter::{Holoware, Row};
+use crate::machine::{Completion, Recorder, Rollout, SampleRequest, Step};
+use crate::resources::Resources;
+use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
+use crate::transcript::{Part, Transcript};
+use crate::Role;
+
+/// Starts the rollouts the Loom drives.
+pub trait RolloutSource: Sync {
+    /// Checks a row before its first rollout; an `Err` (a message naming what is missing) skips the row.
+    fn check(&self, row: &Row) -> Result<(), String> {
+        let _ = row;
+        Ok(())
+    }
+
+    /// Starts one rollout on a row.
+    fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String>;
+}
+
+/// Any `Fn(&Row) -> Result<Box<dyn Rollout + Send>, String>`: rows are not checked beforehand.
+impl<F> RolloutSource for F
+where
+    F: Fn(&Row) -> Result<Box<dyn Rollout + Send>, String> + Sync,
+{
+    fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
+        self(row)
+    }
+}
+
+/// Interpreted rollouts of a holoware, each with the same resources.
+pub struct Interpreted {
+    pub holoware: Arc<Holoware>,
+    pub resources: Resources,
+}
+
+impl RolloutSource for Interpreted {
+    fn check(&self, row: &Row) -> Result<(), String> {
+        self.holoware
+            .check_row(row)
+            .map_err(|missing| missing.to_string())
+    }
+
+    fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
+        match self.holoware.start_with(row, &self.resources) {
+            Ok(rollout) => Ok(Box::new(rollout)),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+}
+
+/// How a [`Loom`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoomConfig {
+    /// `G`: rollouts per data row (at least 1).
+    pub rollouts_per_row: usize,
+    /// The run seed every rollout's seed is derived from.
+    pub seed: u64,
+    /// Rollouts in flight at once, so the most requests in one batch (at least 1; default 128).
+    pub concurrency: usize,
+    /// Draw a progress bar on stderr when it is a terminal (default off).
+    pub progress: bool,
+    /// Write each rollout's `timing` (default on; off makes reruns byte-identical).
+    pub timing: bool,
+    /// Written as `dataset` in every record when set.
+    pub dataset: Option<String>,
+}
+
+impl Default for LoomConfig {
+    fn default() -> Self {
+        LoomConfig {
+            rollouts_per_row: 1,
+            seed: 0,
+            concurrency: 128,
+            progress: false,
+            timing: true,
+            dataset: None,
+        }
+    }
+}
+
+/// One finished rollout: a line of the JSONL; see the [module documentation](self).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    pub row_index: usize,
+    pub rollout_index: usize,
+    pub seed: u64,
+    pub row: Row,
+    pub contexts: Vec<ContextRecord>,
+    pub rewards: BTreeMap<String, f64>,
+    pub weights: BTreeMap<String, f64>,
+    pub reward: f64,
+    /// Sample requests the rollout made.
+    pub samples: u32,
+    pub error: Option<Failure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    pub trained: bool,
+    pub messages: Vec<MessageRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageRecord {
+    pub role: Role,
+    pub parts: Vec<PartRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartRecord {
+    pub text: String,
+    /// Written by the model (what training learns from in a trained context).
+    pub sampled: bool,
+}
+
+/// Why a rollout failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub stage: Stage,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The rollout could not be built (a holotype's constructor failed).
+    Start,
+    /// The rollout failed while stepping: a [`RolloutError`](crate::RolloutError) or a panic.
+    Rollout,
+    /// The sampler could not complete one of its requests.
+    Sampler,
+}
+
+/// Milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// When the rollout started, from the start of the run.
+    pub start_ms: f64,
+    /// From its start to its end.
+    pub wall_ms: f64,
+    /// The part of `wall_ms` spent waiting for sampler batches.
+    pub sample_ms: f64,
+}
+
+/// A row that ran no rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowFailure {
+    pub row_index: usize,
+    pub message: String,
+}
+
+/// A rollout that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutFailure {
+    pub row_index: usize,
+    pub rollout_index: usize,
+    pub failure: Failure,
+}
+
+/// The mean of one reward component.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComponentMean {
+    pub name: String,
+    pub mean: f64,
+    /// The completed rollouts that recorded it.
+    pub count: usize,
+}
+
+/// What a run did; see the [module documentation](self) for the definitions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Rows that ran their rollouts.
+    pub rows: usize,
+    /// Rollouts written, failed ones included.
+    pub rollouts: usize,
+    /// Rollouts that failed.
+    pub failed: usize,
+    pub row_failures: Vec<RowFailure>,
+    pub failures: Vec<RolloutFailure>,
+    /// Each component's mean over the completed rollouts that recorded it, by name.
+    pub components: Vec<ComponentMean>,
+    /// The mean total reward of the completed rollouts; `None` when none completed.
+    pub mean_reward: Option<f64>,
+    /// `(k, pass@k)` for k = 1 and k = G (when G > 1); empty when no row ran.
+    pub pass_at_k: Vec<(usize, f64)>,
+    /// Sampler calls (ticks).
+    pub batches: usize,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// Rollouts written per second of the run.
+    pub fn rollouts_per_second(&self) -> f64 {
+        self.rollouts as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Drives rollouts from a [`RolloutSource`]; see the [module documentation](self).
+pub struct Loom<S> {
+    source: S,
+    config: LoomConfig,
+}
+
+impl Loom<Interpreted> {
+    /// A Loom over interpreted rollouts of `holoware`.
+    pub fn interpreted(holoware: Arc<Holoware>, resources: Resources, config: LoomConfig) -> Self {
+        Loom::new(
+            Interpreted {
+                holoware,
+                resources,
+            },
+            config,
+        )
+    }
+}
+
+impl<S: RolloutSource> Loom<S> {
+    pub fn new(source: S, config: LoomConfig) -> Self {
+        Loom { source, config }
+    }
+
+    pub fn config(&self) -> &LoomConfig {
+        &self.config
+    }
+
+    /// Runs `G` rollouts of every row (`(row index, row)`; the index is written in the records and seeds
+    /// the rollouts) through `sampler`, writing each finished rollout to `out` as a JSONL line. Fails only
+    /// when writing fails; everything done before is already written.
+    pub async fn run<W, P>(
+        &self,
+        rows: &[(usize, Row)],
+        sampler: &P,
+        out: &mut W,
+    ) -> io::Result<Summary>
+    where
+        W: Write + Send,
+        P: Sampler + ?Sized,
+    {
+        let per_row = self.config.rollouts_per_row.max(1);
+        let concurrency = self.config.concurrency.max(1);
+        let progress = if self.config.progress && io::stderr().is_terminal() {
+            progress_bar((rows.len() * per_row) as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        let mut run = Run {
+            config: &self.config,
+            out,
+            started: Instant::now(),
+            stats: Stats::new(rows.len()),
+            progress,
+        };
+        let mut jobs = Jobs {
+            rows,
+            per_row,
+            position: 0,
+            next_rollout: 0,
+        };
+
+        let mut waiting: Vec<Active<'_>> = Vec::new();
+        let mut results: Vec<Result<Completion, SamplerError>> = Vec::new();
+        let mut batch_time = Duration::ZERO;
+        loop {
+            let mut next = Vec::with_capacity(waiting.len());
+            let mut requests = Vec::with_capacity(waiting.len());
+            for (mut active, result) in waiting.drain(..).zip(results.drain(..)) {
+                active.sample_time += batch_time;
+                let failure = match result {
+                    Ok(completion) => match guard(|| {
+                        let rollout = active.rollout.as_mut().expect("a started rollout");
+                        rollout.resume(completion, &mut active.recorder)
+                    }) {
+                        Ok(()) => None,
+                        Err(message) => Some(Failure {
+                            stage: Stage::Rollout,
+                            message,
+                        }),
+                    },
+                    Err(error) => Some(Failure {
+                        stage: Stage::Sampler,
+                        message: error.to_string(),
+                    }),
+                };
+                match failure {
+                    None => run.advance(active, &mut next, &mut requests)?,
+                    Some(failure) => run.finish(active, Some(failure))?,
+                }
+            }
+            while next.len() < concurrency {
+                let Some((position, rollout_index)) = jobs.next(&self.source, &mut run.stats)
+                else {
+                    break;
+                };
+                let (row_index, row) = &rows[position];
+                let mut active = Active {
+                    position,
+                    row_index: *row_index,
+                    rollout_index,
+                    row,
+                    seed: rollout_seed(self.config.seed, *row_index, rollout_index),
+                    rollout: None,
+                    recorder: Prompted::default(),
+                    samples: 0,
+                    started: Instant::now(),
+                    sample_time: Duration::ZERO,
+                };
+                match guard(|| self.source.start(row)) {
+                    Ok(rollout) => {
+                        active.rollout = Some(rollout);
+                        run.advance(active, &mut next, &mut requests)?;
+                    }
+                    Err(message) => run.finish(
+                        active,
+                        Some(Failure {
+                            stage: Stage::Start,
+                            message,
+                        }),
+                    )?,
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            waiting = next;
+            let sent = Instant::now();
+            results = sampler.sample(&requests).await;
+            batch_time = sent.elapsed();
+            run.stats.batches += 1;
+            if results.len() != requests.len() {
+                let message = format!(
+                    "the sampler returned {} results for a batch of {}",
+                    results.len(),
+                    requests.len()
+                );
+                results.resize_with(requests.len(), || {
+                    Err(SamplerError::Malformed(message.clone()))
+                });
+            }
+        }
+        run.progress.finish_and_clear();
+        Ok(run.stats.summary(per_row, run.started.elapsed()))
+    }
+}
+
+/// Starts the rows' rollouts in order, checking each row before its first.
+struct Jobs<'r> {
+    rows: &'r [(usize, Row)],
+    per_row: usize,
+    position: usize,
+    next_rollout: usize,
+}
+
+impl Jobs<'_> {
+    fn next(&mut self, source: &impl RolloutSource, stats: &mut Stats) -> Option<(usize, usize)> {
+        loop {
+            let (row_index, row) = self.rows.get(self.position)?;
+            if self.next_rollout == 0 {
+                if let Err(message) = guard(|| source.check(row)) {
+                    stats.row_failures.push(RowFailure {
+                        row_index: *row_index,
+                        message,
+                    });
+                    self.position += 1;
+                    continue;
+                }
+                stats.rows_ran += 1;
+            }
+            let job = (self.position, self.next_rollout);
+            self.next_rollout += 1;
+            if self.next_rollout == self.per_row {
+                self.next_rollout = 0;
+                self.position += 1;
+            }
+            return Some(job);
+        }
+    }
+}
+
+/// A rollout in flight.
+struct Active<'r> {
+    /// Position of its row in the rows given to `run`.
+    position: usize,
+    row_index: usize,
+    rollout_index: usize,
+    row: &'r Row,
+    seed: u64,
+    /// `None` only when the rollout could not start.
+    rollout: Option<Box<dyn Rollout + Send>>,
+    recorder: Prompted,
+    samples: u32,
+    started: Instant,
+    sample_time: Duration,
+}
+
+impl Active<'_> {
+    /// The request for the rollout's next sample.
+    fn request(&self, sample: SampleRequest) -> Request {
+        Request {
+            prompt: Prompt::Chat(self.recorder.chat()),
+            params: SampleParams {
+                max_tokens: sample.max_tokens,
+                temperature: sample.temperature,
+                top_p: sample.top_p,
+                top_k: sample.top_k,
+                stop: sample.stop,
+                seed: Some(request_seed(self.seed, self.samples)),
+            },
+        }
+    }
+}
+
+struct Run<'a, W> {
+    config: &'a LoomConfig,
+    out: &'a mut W,
+    started: Instant,
+    stats: Stats,
+    progress: ProgressBar,
+}
+
+impl<W: Write> Run<'_, W> {
+    /// Steps the rollout until it needs a sample (queued with its request) or ends (written).
+    fn advance<'r>(
+        &mut self,
+        mut active: Active<'r>,
+        waiting: &mut Vec<Active<'r>>,
+        requests: &mut Vec<Request>,
+    ) -> io::Result<()> {
+        let rollout = active.rollout.as_mut().expect("a started rollout");
+        match guard(|| rollout.step(&mut active.recorder)) {
+            Ok(Step::Sample(sample)) => {
+                requests.push(active.request(sample));
+                active.samples += 1;
+                waiting.push(active);
+                Ok(())
+            }
+            Ok(Step::Done) => self.finish(active, None),
+            Err(message) => self.finish(
+                active,
+                Some(Failure {
+                    stage: Stage::Rollout,
+                    message,
+                }),
+            ),
+        }
+    }
+
+    /// Writes the finished rollout and counts it.
+    fn finish(&mut self, active: Active<'_>, error: Option<Failure>) -> io::Result<()> {
+        let now = Instant::now();
+        let transcript = &active.recorder.transcript;
+        let mut rewards = BTreeMap::new();
+        let mut weights = BTreeMap::new();
+        for (name, value, weight) in &transcript.rewards {
+            *rewards.entry(name.clone()).or_insert(0.0) += value;
+            weights.entry(name.clone()).or_insert(*weight);
+        }
+        let reward = transcript.reward();
+        let record = RolloutRecord {
+            dataset: self.config.dataset.clone(),
+            row_index: active.row_index,
+            rollout_index: active.rollout_index,
+            seed: active.seed,
+            row: active.row.clone(),
+            contexts: transcript
+                .contexts
+                .iter()
+                .map(|context| ContextRecord {
+                    trained: context.trained,
+                    messages: context
+                        .messages
+                        .iter()
+                        .map(|message| MessageRecord {
+                            role: message.role,
+                            parts: message
+                                .parts
+                                .iter()
+                                .map(|part| match part {
+                                    Part::Prompt(text) => PartRecord {
+                                        text: text.clone(),
+                                        sampled: false,
+                                    },
+                                    Part::Sampled(text) => PartRecord {
+                                        text: text.clone(),
+                                        sampled: true,
+                                    },
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            rewards,
+            weights,
+            reward,
+            samples: active.samples,
+            error,
+            timing: self.config.timing.then(|| Timing {
+                start_ms: millis(active.started.duration_since(self.started)),
+                wall_ms: millis(now.duration_since(active.started)),
+                sample_ms: millis(active.sample_time),
+            }),
+        };
+        let mut line = serde_json::to_vec(&record).map_err(io::Error::other)?;
+        line.push(b'\n');
+        self.out.write_all(&line)?;
+        self.out.flush()?;
+        self.stats.add(active.position, &record);
+        self.progress.inc(1);
+        if let Some(mean) = self.stats.mean_reward() {
+            self.progress.set_message(format!("mean reward {mean:.3}"));
+        }
+        Ok(())
+    }
+}
+
+/// Running totals for the [`Summary`].
+struct Stats {
+    rows_ran: usize,
+    rollouts: usize,
+    failures: Vec<RolloutFailure>,
+    row_failures: Vec<RowFailure>,
+    /// name → (sum, count) over completed rollouts.
+    components: BTreeMap<String, (f64, usize)>,
+    reward_sum: f64,
+    completed: usize,
+    /// Per row position: (rollouts, passing).
+    passes: Vec<(usize, usize)>,
+    batches: usize,
+}
+
+impl Stats {
+    fn new(rows: usize) -> Self {
+        Stats {
+            rows_ran: 0,
+            rollouts: 0,
+            failures: Vec::new(),
+            row_failures: Vec::new(),
+            components: BTreeMap::new(),
+            reward_sum: 0.0,
+            completed: 0,
+            passes: vec![(0, 0); rows],
+            batches: 0,
+        }
+    }
+
+    fn add(&mut self, position: usize, record: &RolloutRecord) {
+        self.rollouts += 1;
+        let pass = &mut self.passes[position];
+        pass.0 += 1;
+        if let Some(failure) = &record.error {
+            self.failures.push(RolloutFailure {
+                row_index: record.row_index,
+                rollout_index: record.rollout_index,
+                failure: failure.clone(),
+            });
+            return;
+        }
+        self.completed += 1;
+        self.reward_sum += record.reward;
+        if record.reward > 0.0 {
+            pass.1 += 1;
+        }
+        for (name, value) in &record.rewards {
+            let entry = self.components.entry(name.clone()).or_insert((0.0, 0));
+            entry.0 += value;
+            entry.1 += 1;
+        }
+    }
+
+    fn mean_reward(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.reward_sum / self.completed as f64)
+    }
+
+    fn summary(self, per_row: usize, elapsed: Duration) -> Summary {
+        let ran: Vec<(usize, usize)> = self.passes.iter().copied().filter(|p| p.0 > 0).collect();
+        let mut ks = vec![1];
+        if per_row > 1 {
+            ks.push(per_row);
+        }
+        let pass_at_k = if ran.is_empty() {
+            Vec::new()
+        } else {
+            ks.into_iter()
+                .map(|k| {
+                    let total: f64 = ran.iter().map(|&(n, c)| pass_at_k(n, c, k)).sum();
+                    (k, total / ran.len() as f64)
+                })
+                .collect()
+        };
+        Summary {
+            rows: self.rows_ran,
+            rollouts: self.rollouts,
+            failed: self.failures.len(),
+            mean_reward: self.mean_reward(),
+            row_failures: self.row_failures,
+            failures: self.failures,
+            components: self
+                .components
+                .into_iter()
+                .map(|(name, (sum, count))| ComponentMean {
+                    name,
+                    mean: sum / count as f64,
+                    count,
+                })
+                .collect(),
+            pass_at_k,
+            batches: self.batches,
+            elapsed,
+        }
+    }
+}
+
+/// The unbiased pass@k estimator for `n` samples of which `c` pass: `1 - C(n-c, k) / C(n, k)`, computed
+/// as a product to stay exact for large `n`. With fewer than `k` samples, whether any passed.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if c == 0 {
+        return 0.0;
+    }
+    if n < k || n - c < k {
+        return 1.0;
+    }
+    let mut fail = 1.0;
+    for i in (n - c + 1)..=n {
+        fail *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - fail
+}
+
+/// A [`Recorder`] that keeps a [`Transcript`] and knows whether an assistant message was begun but has
+/// no content yet (the transcript creates a message on its first content).
+#[derive(Default)]
+struct Prompted {
+    transcript: Transcript,
+    pending: Option<Role>,
+}
+
+impl Prompted {
+    /// The chat to sample from; see "Prompts" in the [module documentation](self).
+    fn chat(&self) -> Vec<ChatMessage> {
+        let Some(context) = self.transcript.contexts.last() else {
+            return Vec::new();
+        };
+        context
+            .messages
+            .iter()
+            .map(|message| ChatMessage {
+                role: message.role,
+                content: message
+                    .parts
+                    .iter()
+                    .map(|part| match part {
+                        Part::Prompt(text) | Part::Sampled(text) => text.as_str(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+impl Recorder for Prompted {
+    fn begin_context(&mut self, trained: bool) {
+        self.pending = None;
+        self.transcript.begin_context(trained);
+    }
+
+    fn begin_message(&mut self, role: Role) {
+        self.pending = Some(role);
+        self.transcript.begin_message(role);
+    }
+
+    fn text(&mut self, text: &str) {
+        if !text.is_empty() {
+            self.pending = None;
+        }
+        self.transcript.text(text);
+    }
+
+    fn completion(&mut self, completion: &Completion) {
+        self.pending = None;
+        self.transcript.completion(completion);
+    }
+
+    fn reward(&mut self, name: &str, value: f64, weight: f64) {
+        Recorder::reward(&mut self.transcript, name, value, weight);
+    }
+}
+
+/// Runs `f`, turning a panic into an error message.
+fn guard<T, E: ToString>(f: impl FnOnce() -> Result<T, E>) -> Result<T, String> {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.map_err(|error| error.to_string()),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|text| text.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_string());
+            Err(format!("panicked: {message}"))
+        }
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {pos}/{len} rollouts, {rate} rollouts/s, {msg}",
+    ) {
+        bar.set_style(
+            style
+                .with_key(
+                    "rate",
+                    |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                        let _ = write!(out, "{:.0}", state.per_sec());
+                    },
+                )
+                .progress_chars("=> "),
+        );
+    }
+    bar
+}
+
+/// The splitmix64 finalizer.
+fn mix(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const SEED_MASK: u64 = i64::MAX as u64;
+
+/// The seed of rollout `rollout_index` of row `row_index` in a run seeded with `seed` (63 bits).
+pub fn rollout_seed(seed: u64, row_index: usize, rollout_index: usize) -> u64 {
+    mix(mix(mix(seed) ^ row_index as u64) ^ rollout_index as u64) & SEED_MASK
+}
+
+/// The seed sent with the `k`-th request (0-based) of a rollout seeded with `rollout_seed` (63 bits).
+pub fn request_seed(rollout_seed: u64, k: u32) -> u64 {
+    mix(rollout_seed ^ mix(u64::from(k))) & SEED_MASK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_at_k_estimator() {
+        assert_eq!(pass_at_k(4, 0, 1), 0.0);
+        assert_eq!(pass_at_k(4, 4, 1), 1.0);
+        assert!((pass_at_k(4, 1, 1) - 0.25).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 1, 4), 1.0);
+        // 1 - C(3,2)/C(5,2) = 1 - 3/10
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        assert_eq!(pass_at_k(1, 1, 4), 1.0);
+    }
+
+    #[test]
+    fn seeds_are_distinct_and_fit_i64() {
+        let mut seen = std::collections::HashSet::new();
+        for row in 0..50 {
+            for rollout in 0..8 {
+                let seed = rollout_seed(7, row, rollout);
+                assert!(seed <= i64::MAX as u64);
+                assert!(seen.insert(seed));
+                assert!(seen.insert(request_seed(seed, 1)));
+            }
+        }
+        assert_eq!(rollout_seed(7, 3, 2), rollout_seed(7, 3, 2));
+        assert_ne!(rollout_seed(7, 3, 2), rollout_seed(8, 3, 2));
+        assert_ne!(rollout_seed(7, 2, 3), rollout_seed(7, 3, 2));
+    }
+
+    #[test]
+    fn the_chat_ends_with_the_assistant_message_only_when_it_has_content() {
+        let mut recorder = Prompted::default();
+        recorder.begin_context(true);
+        recorder.begin_message(Role::User);
+        recorder.text("hi");
+        recorder.begin_message(Role::Assistant);
+        let chat = recorder.chat();
+        assert_eq!(chat.len(), 1);
+        assert_eq!(chat[0].role, Role::User);
+        recorder.text("<think>");
+        let chat = recorder.chat();
+        assert_eq!(chat.len(), 2);
+        assert_eq!(chat[1].role, Role::Assistant);
+        assert_eq!(chat[1].content, "<think>");
+        recorder.completion(&Completion {
+            text: "hmm</think>".into(),
+            ..Completion::default()
+        });
+        recorder.text(" so");
+        assert_eq!(recorder.chat()[1].content, "<think>hmm</think> so");
+        // A new context starts a new chat.
+        recorder.begin_context(false);
+        recorder.begin_message(Role::Assistant);
+        assert!(recorder.chat().is_empty());
+    }
+}
