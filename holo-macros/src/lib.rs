@@ -173,7 +173,12 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
             .map(|token| token.to_string());
         matches!(first.as_deref(), Some("crate" | "self" | "super"))
     });
-    let options = Options::with_builtins(root.filter(|_| local).map(cached_scan));
+    let options = if local {
+        Options::with_builtins(root.map(cached_scan))
+    } else {
+        // The path decides every holotype name, built-in names included.
+        Options::default()
+    };
     let output = holoc::compile(bytes, &options);
     let Some(program) = output.program.as_ref() else {
         let source = holoc::report::SourceFile::new(&settings.display_name, &output.source);

@@ -197,6 +197,36 @@ fn row_without_any_alternative_is_rejected_up_front() {
     );
 }
 
+holo_macros::holoware!(
+    shadowing,
+    r#"<|o_o|>
+Go.
+<|Loop|>
+    <|o_o|>
+    Previous: <|turn|"none"|>
+    <|@_@:turn|>
+"#,
+    holotypes = crate
+);
+
+/// A row column named like a binding never stands in for it, compiled or interpreted; other columns
+/// (even arrays and nulls) do not stop the row.
+#[test]
+fn row_columns_never_shadow_bindings() {
+    let row = serde_json::json!({"turn": "FROM-ROW", "tags": ["a", 1], "note": null});
+    let input: shadowing::Input = serde_json::from_value(row.clone()).unwrap();
+    assert_eq!(input.extra["tags"].as_ref().unwrap().as_str(), r#"["a",1]"#);
+    let compiled = drive(&mut shadowing::Machine::new(input).unwrap());
+    assert!(compiled.contains("Previous: none"), "{compiled}");
+
+    let source =
+        "<|o_o|>\nGo.\n<|Loop|>\n    <|o_o|>\n    Previous: <|turn|\"none\"|>\n    <|@_@:turn|>\n";
+    let holoware =
+        Arc::new(Holoware::load("shadowing.hol", source.as_bytes(), Arc::new(registry())).unwrap());
+    let interpreted = drive(&mut holoware.start(row.as_object().unwrap()).unwrap());
+    assert_eq!(compiled, interpreted);
+}
+
 /// A test per file above: a new `ok` input or corpus file must be added to the list.
 #[test]
 fn every_holoware_is_listed() {

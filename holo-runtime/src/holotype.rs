@@ -176,8 +176,7 @@ impl Args {
             None => Ok(None),
             Some(value) => u32::try_from(value).map(Some).map_err(|_| {
                 HolotypeError::new(format!(
-                    "{}: argument `{name}` must be between 0 and {}, found {value}",
-                    self.location,
+                    "argument `{name}` must be between 0 and {}, found {value}",
                     u32::MAX
                 ))
             }),
@@ -204,8 +203,7 @@ impl Args {
 
     fn type_error(&self, name: &str, expected: &str, found: &ArgValue) -> HolotypeError {
         HolotypeError::new(format!(
-            "{}: argument `{name}` must be {expected}, found `{found}`",
-            self.location
+            "argument `{name}` must be {expected}, found `{found}`"
         ))
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! It executes the same [`holoc::ir::Program`] that codegen compiles, with the same semantics op for
 //! op, so a holoware behaves identically whether it is compiled with `include_holoware!` or loaded by
-//! `holo` from a path (the differential tests in `holo-macros/tests/differential.rs` hold them to it).
+//! `holo` from a path (the differential test in `holo-macros/tests/corpus.rs` holds them to it).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -111,6 +111,7 @@ pub struct Holoware {
     alternatives: Vec<&'static [&'static str]>,
     /// The binding and fence of each sample op.
     samples: Vec<(Option<&'static str>, Option<&'static str>)>,
+    binding_names: Arc<[String]>,
 }
 
 /// A data row: column name → value. Strings are taken verbatim; numbers and booleans as JSON writes them;
@@ -142,6 +143,8 @@ impl fmt::Display for MissingInput {
         }
     }
 }
+
+impl std::error::Error for MissingInput {}
 
 impl Holoware {
     /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load.
@@ -210,7 +213,13 @@ impl Holoware {
                 _ => (None, None),
             })
             .collect();
+        let binding_names = program
+            .bindings
+            .iter()
+            .map(|binding| binding.name.clone())
+            .collect();
         Ok(Holoware {
+            binding_names,
             name: name.to_string(),
             program,
             registry,
@@ -326,6 +335,7 @@ impl Holoware {
             variables: Vars {
                 inputs,
                 bound: HashMap::new(),
+                bindings: Arc::clone(&self.binding_names),
             },
             pc: 0,
             awaiting: false,
@@ -346,14 +356,16 @@ fn leak(text: String) -> &'static str {
 struct Vars {
     inputs: HashMap<String, String>,
     bound: HashMap<String, String>,
+    /// Every variable a sampler binds: never read from the row, as in generated code.
+    bindings: Arc<[String]>,
 }
 
 impl Variables for Vars {
     fn get(&self, name: &str) -> Option<&str> {
-        self.bound
-            .get(name)
-            .or_else(|| self.inputs.get(name))
-            .map(String::as_str)
+        if self.bindings.iter().any(|binding| binding == name) {
+            return self.bound.get(name).map(String::as_str);
+        }
+        self.inputs.get(name).map(String::as_str)
     }
 }
 

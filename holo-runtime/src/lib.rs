@@ -8,6 +8,7 @@
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 
 pub mod chat;
+pub mod holophore;
 pub mod holotype;
 pub mod holotypes;
 pub mod interpreter;

@@ -5,8 +5,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-/// A value from a data row, as text. Strings are taken verbatim; numbers and booleans are written as
-/// JSON writes them (`3`, `2.5`, `true`), so a numeric column can be inserted without conversion.
+/// A value from a data row, as text. Strings are taken verbatim; numbers, booleans, arrays and objects
+/// are written as JSON writes them (`3`, `2.5`, `true`, `[1,2]`), so any column can be inserted without
+/// conversion. (`null` is an absent value: use `Option<Text>`.)
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Text(pub String);
 
@@ -38,11 +39,11 @@ impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct TextVisitor;
 
-        impl Visitor<'_> for TextVisitor {
+        impl<'de> Visitor<'de> for TextVisitor {
             type Value = Text;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, a number or a boolean")
+                f.write_str("a string, a number, a boolean, an array or an object")
             }
 
             fn visit_str<E: de::Error>(self, value: &str) -> Result<Text, E> {
@@ -62,6 +63,18 @@ impl<'de> Deserialize<'de> for Text {
             }
 
             fn visit_u64<E: de::Error>(self, value: u64) -> Result<Text, E> {
+                Ok(Text(value.to_string()))
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Text, A::Error> {
+                let value =
+                    serde_json::Value::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(Text(value.to_string()))
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Text, A::Error> {
+                let value =
+                    serde_json::Value::deserialize(de::value::MapAccessDeserializer::new(map))?;
                 Ok(Text(value.to_string()))
             }
 

@@ -71,6 +71,7 @@ fn without_data_inputs_are_placeholders() {
         "--reply",
         "<answer>x</answer>",
     ]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     assert!(stdout.contains("<question>"), "{stdout}");
     assert!(stdout.contains("# row 1, rollout 2"), "{stdout}");

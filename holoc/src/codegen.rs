@@ -396,7 +396,10 @@ impl Generator<'_> {
                     #(#input_fields)*
                     /// The row's other columns, which holotypes can read (a reward's expected answer).
                     #[serde(flatten)]
-                    pub extra: ::std::collections::BTreeMap<::std::string::String, ::holo_runtime::Text>,
+                    pub extra: ::std::collections::BTreeMap<
+                        ::std::string::String,
+                        ::core::option::Option<::holo_runtime::Text>,
+                    >,
                 }
 
                 /// The variables bound by samplers so far.
@@ -438,7 +441,7 @@ impl Generator<'_> {
                     fn get(&self, name: &str) -> ::core::option::Option<&str> {
                         match name {
                             #(#variable_arms)*
-                            _ => self.input.extra.get(name).map(::holo_runtime::Text::as_str),
+                            _ => self.input.extra.get(name)?.as_ref().map(::holo_runtime::Text::as_str),
                         }
                     }
                 }

@@ -79,9 +79,8 @@ impl Holotype for ToolRunner {
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let max_turns = args.int("max_turns")?.unwrap_or(4);
-        let max_turns = u32::try_from(max_turns).map_err(|_| {
-            HolotypeError::new(format!("{}: max_turns must be >= 0", args.location))
-        })?;
+        let max_turns =
+            u32::try_from(max_turns).map_err(|_| HolotypeError::new("max_turns must be >= 0"))?;
         Ok(ToolRunner { max_turns })
     }
 
@@ -111,10 +110,7 @@ impl Holotype for ToolExecutor {
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let variable = args.words().next().ok_or_else(|| {
-            HolotypeError::new(format!(
-                "{}: name the variable to read, as in <|ToolExecutor turn|>",
-                args.location
-            ))
+            HolotypeError::new("name the variable to read, as in <|ToolExecutor turn|>")
         })?;
         Ok(ToolExecutor {
             variable: variable.to_string(),

@@ -53,7 +53,7 @@ fn input_deserializes_from_a_data_row() {
             .unwrap();
     assert_eq!(row.query.as_str(), "2+2?");
     assert_eq!(
-        row.extra["expected"].as_str(),
+        row.extra["expected"].as_ref().unwrap().as_str(),
         "4",
         "other columns stay visible to holotypes"
     );

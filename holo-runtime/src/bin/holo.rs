@@ -208,12 +208,9 @@ fn dry(
     sampler: Option<&dyn Sampler>,
     color: bool,
 ) -> ExitCode {
-    let holoware = match Holoware::open(file, Arc::new(holotypes::registry())) {
-        Ok(holoware) => Arc::new(holoware),
-        Err(error) => {
-            eprint!("{error}");
-            return ExitCode::from(EXIT_FAILURES);
-        }
+    let holoware = match load(file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
     };
     let rows = match data {
         Some(path) => match read_rows(path) {
@@ -393,12 +390,9 @@ fn eval(
     config: LoomConfig,
     out: &Path,
 ) -> ExitCode {
-    let holoware = match Holoware::open(file, Arc::new(holotypes::registry())) {
-        Ok(holoware) => Arc::new(holoware),
-        Err(error) => {
-            eprint!("{error}");
-            return ExitCode::from(EXIT_FAILURES);
-        }
+    let holoware = match load(file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
     };
     let mut datasets_rows = Vec::with_capacity(datasets.len());
     for path in datasets {
@@ -531,16 +525,50 @@ fn run<'r>(
 }
 
 /// Every input as `<name>`: enough to see the shape of a holoware without data.
+/// Reads and checks a `.hol` file: an unreadable file is a usage error (2), diagnostics a failure (1).
+fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
+    let bytes = std::fs::read(file).map_err(|error| {
+        eprintln!("error: cannot read `{}`: {error}", file.display());
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    let name = file.display().to_string();
+    match Holoware::load(&name, &bytes, Arc::new(holotypes::registry())) {
+        Ok(holoware) => Ok(Arc::new(holoware)),
+        Err(error) => {
+            eprint!("{error}");
+            Err(ExitCode::from(EXIT_FAILURES))
+        }
+    }
+}
+
+/// Every input as `<name>`, and every column a built-in reward compares with (`target=`, by default
+/// `expected`) as `<column>`: enough to see the shape of a holoware without data.
 fn placeholder_row(holoware: &Holoware) -> Row {
-    holoware
-        .program()
+    let program = holoware.program();
+    let targets = program
+        .holotypes
+        .iter()
+        .filter(|holotype| {
+            holotype.builtin && matches!(holotype.name.as_str(), "ExactAnswer" | "MathAnswer")
+        })
+        .map(|holotype| {
+            holotype
+                .args
+                .iter()
+                .find(|arg| arg.name.as_deref() == Some("target"))
+                .map_or_else(
+                    || "expected".to_string(),
+                    |arg| arg.value.to_string().trim_matches('"').to_string(),
+                )
+        });
+    program
         .inputs
         .iter()
-        .map(|input| {
-            (
-                input.name.clone(),
-                serde_json::Value::String(format!("<{}>", input.name)),
-            )
+        .map(|input| input.name.clone())
+        .chain(targets)
+        .map(|name| {
+            let value = serde_json::Value::String(format!("<{name}>"));
+            (name, value)
         })
         .collect()
 }
@@ -560,7 +588,19 @@ fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
             let row = match serde_json::from_str::<serde_json::Value>(line) {
                 Ok(serde_json::Value::Object(row)) => Ok(row),
                 Ok(_) => Err("a row must be a JSON object".to_string()),
-                Err(error) => Err(format!("column {}: invalid JSON: {error}", error.column())),
+                Err(error) => {
+                    // serde_json's message ends with ` at line 1 column N`; the line is the file's.
+                    let message = error.to_string();
+                    let message = message
+                        .split(" at line ")
+                        .next()
+                        .unwrap_or(&message)
+                        .to_string();
+                    Err(format!(
+                        "column {}: invalid JSON: {message}",
+                        error.column()
+                    ))
+                }
             };
             (index + 1, row)
         })

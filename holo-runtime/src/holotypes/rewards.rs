@@ -40,10 +40,10 @@ pub fn answer_text<'t>(text: &'t str, tag: &str) -> &'t str {
     last_tag(text, tag).unwrap_or(text).trim()
 }
 
-fn expected<'c>(cx: &'c Cx<'_>, column: &str, location: &str) -> Result<&'c str, HolotypeError> {
+fn expected<'c>(cx: &'c Cx<'_>, column: &str) -> Result<&'c str, HolotypeError> {
     cx.var(column).ok_or_else(|| {
         HolotypeError::new(format!(
-            "{location}: the data row has no `{column}` column to compare with"
+            "the data row has no `{column}` column to compare with"
         ))
     })
 }
@@ -53,7 +53,6 @@ fn expected<'c>(cx: &'c Cx<'_>, column: &str, location: &str) -> Result<&'c str,
 pub struct ExactAnswer {
     component: Component,
     target: String,
-    location: &'static str,
 }
 
 impl Holotype for ExactAnswer {
@@ -63,13 +62,12 @@ impl Holotype for ExactAnswer {
         Ok(ExactAnswer {
             component: Component::new(args, "exact_answer")?,
             target: args.text("target")?.unwrap_or("expected").to_string(),
-            location: args.location,
         })
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
         let normalize = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
-        let expected = normalize(expected(cx, &self.target, self.location)?);
+        let expected = normalize(expected(cx, &self.target)?);
         let correct = self
             .component
             .answer(cx)
@@ -86,7 +84,6 @@ impl Holotype for ExactAnswer {
 pub struct MathAnswer {
     component: Component,
     target: String,
-    location: &'static str,
 }
 
 impl Holotype for MathAnswer {
@@ -96,12 +93,11 @@ impl Holotype for MathAnswer {
         Ok(MathAnswer {
             component: Component::new(args, "math_answer")?,
             target: args.text("target")?.unwrap_or("expected").to_string(),
-            location: args.location,
         })
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
-        let expected = expected(cx, &self.target, self.location)?.to_string();
+        let expected = expected(cx, &self.target)?.to_string();
         let correct = self
             .component
             .answer(cx)
@@ -254,10 +250,7 @@ impl Holotype for FormatReward {
             .map(str::to_string)
             .collect();
         if tags.is_empty() {
-            return Err(HolotypeError::new(format!(
-                "{}: tags= names no tag",
-                args.location
-            )));
+            return Err(HolotypeError::new("tags= names no tag"));
         }
         Ok(FormatReward {
             component: Component::new(args, "format")?,
@@ -295,10 +288,7 @@ impl Holotype for LengthPenalty {
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let max = args.count("max")?.unwrap_or(1000);
         if max == 0 {
-            return Err(HolotypeError::new(format!(
-                "{}: max must be at least 1",
-                args.location
-            )));
+            return Err(HolotypeError::new("max must be at least 1"));
         }
         Ok(LengthPenalty {
             component: Component::new(args, "length_penalty")?,

@@ -162,10 +162,7 @@ pub(crate) fn last_tag<'t>(text: &'t str, tag: &str) -> Option<&'t str> {
 
 fn tools_resource(args: &Args, holotype: &str) -> Result<Arc<Tools>, HolotypeError> {
     args.resources.get::<Tools>().ok_or_else(|| {
-        HolotypeError::new(format!(
-            "{}: {holotype} needs the environment's tools: give the rollout a `holo_runtime::holotypes::Tools` resource",
-            args.location
-        ))
+        HolotypeError::new(format!("{holotype} needs the environment's tools: give the rollout a `holo_runtime::holotypes::Tools` resource"))
     })
 }
 
@@ -237,10 +234,7 @@ impl Holotype for ToolRunner {
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         let max_turns = args.count("max_turns")?.unwrap_or(8);
         if max_turns == 0 {
-            return Err(HolotypeError::new(format!(
-                "{}: max_turns must be at least 1",
-                args.location
-            )));
+            return Err(HolotypeError::new("max_turns must be at least 1"));
         }
         Ok(ToolRunner {
             max_turns,

@@ -1,0 +1,738 @@
+//! The [`Holophore`]: a [`Recorder`] that builds each context of a rollout in token space, exactly as the
+//! model sees it and as training consumes it.
+//!
+//! A context is a sequence of [`Fragment`]s, each `(role, token ids, trainable, logprobs)`:
+//!
+//! - **frames** ([`FragmentKind::Frame`]): the text the chat template puts around message contents (role
+//!   headers, footers, BOS, a default system prompt, the generation prompt), tokenized once when the
+//!   Holophore is built; never trainable;
+//! - **prompt text** ([`FragmentKind::Prompt`]): what [`Recorder::text`] appends. Text is buffered and
+//!   tokenized once, lazily: when the message closes, when a completion follows it in the same message, or
+//!   when [`Holophore::prompt_ids`] hands the context to a sampler (so what the sampler saw is what is
+//!   recorded). Never trainable;
+//! - **sampled tokens** ([`FragmentKind::Sampled`]): a completion's [`Completion::tokens`], appended verbatim
+//!   with its logprobs; trainable when the context is trained. A completion without tokens (a text-only
+//!   sampler) is tokenized from its text ([`FragmentKind::Retokenized`]): trainable, but flagged, and without
+//!   logprobs unless the sampler gave exactly one per re-tokenized token.
+//!
+//! # Frames
+//!
+//! [`Holophore::new`] derives the frames by rendering probe conversations whose contents are unique markers
+//! through the [`ChatTemplate`], and cutting the output at the markers:
+//!
+//! - `opening[r]`: the text before the content of a conversation that starts with role `r` — BOS, a default
+//!   system prompt the template adds when the first message is not a system message, and `r`'s header;
+//! - `gap[a][b]`: the text between a message of role `a` and the next message of role `b` (`a`'s footer and
+//!   `b`'s header, tokenized as one string, as the template renders them);
+//! - `closing[r]`: the text after the last message when it has role `r` (its footer);
+//! - `generation[a]`: the text after the last message (role `a`) with `add_generation_prompt`: `a`'s footer
+//!   and the generation prompt; `opening[assistant]` when a context starts with the model's turn.
+//!
+//! Every frame is checked with three-message probes over all role orders: the Holophore supports templates
+//! whose frames depend only on the roles of a message and of its neighbour: ChatML, Qwen2.5-style default
+//! system prompts, a BOS token at the start (the parity fixtures cover these three); Llama-3-style headers
+//! have the same shape. It refuses, with
+//! [`HolophoreError`], templates whose frames depend on the position of a message (beyond being first), on the
+//! number of messages, or on content, templates that raise on some role order (strict user/assistant
+//! alternation, as Mistral's do), and templates whose generation prompt differs from the header of an
+//! assistant turn inside the conversation (Qwen3's thinking templates, which drop history reasoning). Templates
+//! that transform contents (`| trim`) render the markers unchanged, so such transformations are not applied:
+//! contents are recorded as given.
+//!
+//! Parity with `apply_chat_template(messages, tokenize=True)` holds when tokenizing the rendered string in
+//! pieces (frames, contents) gives the same ids as tokenizing it whole — true whenever the frames are cut at
+//! special tokens or at pre-tokenizer boundaries, as for ChatML and Llama-3 with ordinary contents. A content
+//! that starts or ends with whitespace that a frame's whitespace would merge with is the usual exception;
+//! then the Holophore's ids are still what the sampler saw, which is what training needs.
+//!
+//! # End of turn
+//!
+//! When a sampler's tokens end with the special tokens a frame starts with (a completion ending in
+//! `<|im_end|>`, the model's end of turn), the frame that follows does not repeat them: they stay in the
+//! sampled fragment, trainable, so the model learns to end its turn. Only special tokens (added tokens marked
+//! special) are merged this way.
+//!
+//! # Exports
+//!
+//! Per [`Context`]: [`Context::ids`], [`Context::loss_mask`] (1 exactly on sampled tokens of trained
+//! contexts), [`Context::logprobs`] (aligned to the ids, 0 where not sampled), [`Context::messages`] (the
+//! messages view); per rollout [`Holophore::rewards`] and [`Holophore::reward`]; for the next sample request,
+//! [`Holophore::prompt_ids`]. Contexts are closed (their final footer appended) by the next
+//! [`Recorder::begin_context`] and by [`Holophore::finish`].
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
+use crate::machine::{Completion, Recorder};
+use crate::sampler::ChatMessage;
+use crate::Role;
+
+const ROLES: [Role; 3] = [Role::System, Role::User, Role::Assistant];
+
+fn index(role: Role) -> usize {
+    match role {
+        Role::System => 0,
+        Role::User => 1,
+        Role::Assistant => 2,
+    }
+}
+
+/// Why a Holophore could not be built for a chat template.
+#[derive(Debug)]
+pub enum HolophoreError {
+    /// A probe conversation failed to render (the template raised, e.g. on a role order it refuses).
+    Render {
+        probe: String,
+        error: ChatTemplateError,
+    },
+    /// The template's frames are not a function of the roles alone.
+    Unsupported(String),
+    /// The tokenizer failed on a frame.
+    Tokenizer(String),
+}
+
+impl fmt::Display for HolophoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HolophoreError::Render { probe, error } => {
+                write!(f, "chat template probe {probe} failed: {error}")
+            }
+            HolophoreError::Unsupported(message) => {
+                write!(f, "chat template not supported by the holophore: {message}")
+            }
+            HolophoreError::Tokenizer(message) => write!(f, "tokenizer: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for HolophoreError {}
+
+/// What a fragment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FragmentKind {
+    /// Chat-template text around contents.
+    Frame,
+    /// Prompt text ([`Recorder::text`]).
+    Prompt,
+    /// A completion's tokens, verbatim.
+    Sampled,
+    /// A completion given as text only, tokenized by the Holophore.
+    Retokenized,
+}
+
+/// A run of tokens of one kind in one message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fragment {
+    pub role: Role,
+    pub kind: FragmentKind,
+    pub ids: Vec<u32>,
+    /// Whether the loss covers these tokens: sampled tokens of a trained context.
+    pub trainable: bool,
+    /// The sampler's log-probability of each token, for sampled fragments that have them.
+    pub logprobs: Option<Vec<f32>>,
+}
+
+/// A message of the messages view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+}
+
+/// One context: what one sequence of sample requests saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Context {
+    pub trained: bool,
+    pub fragments: Vec<Fragment>,
+    messages: Vec<Message>,
+    /// Prompt text not yet tokenized (of the last message).
+    pending_text: String,
+    /// Whether the final footer has been appended.
+    closed: bool,
+}
+
+impl Context {
+    fn new(trained: bool) -> Self {
+        Context {
+            trained,
+            fragments: Vec::new(),
+            messages: Vec::new(),
+            pending_text: String::new(),
+            closed: false,
+        }
+    }
+
+    /// The token ids of the context.
+    pub fn ids(&self) -> Vec<u32> {
+        self.fragments
+            .iter()
+            .flat_map(|f| f.ids.iter().copied())
+            .collect()
+    }
+
+    /// 1 on each trainable (sampled, trained-context) token, 0 elsewhere; aligned with [`Context::ids`].
+    pub fn loss_mask(&self) -> Vec<u8> {
+        self.fragments
+            .iter()
+            .flat_map(|f| std::iter::repeat_n(u8::from(f.trainable), f.ids.len()))
+            .collect()
+    }
+
+    /// The sampler's logprob of each sampled token, 0 elsewhere (and where the sampler gave none).
+    pub fn logprobs(&self) -> Vec<f32> {
+        let mut out = Vec::new();
+        for fragment in &self.fragments {
+            match &fragment.logprobs {
+                Some(logprobs) => out.extend_from_slice(logprobs),
+                None => out.extend(std::iter::repeat_n(0.0, fragment.ids.len())),
+            }
+        }
+        out
+    }
+
+    /// The sampled token ids in order (both [`FragmentKind::Sampled`] and [`FragmentKind::Retokenized`]).
+    pub fn sampled_ids(&self) -> Vec<u32> {
+        self.fragments
+            .iter()
+            .filter(|f| matches!(f.kind, FragmentKind::Sampled | FragmentKind::Retokenized))
+            .flat_map(|f| f.ids.iter().copied())
+            .collect()
+    }
+
+    /// The messages view: role and text content of each message, in order.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The messages view as sampler chat messages.
+    pub fn chat_messages(&self) -> Vec<ChatMessage> {
+        self.messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role,
+                content: m.content.clone(),
+            })
+            .collect()
+    }
+
+    /// Whether some completion of this context was re-tokenized from text.
+    pub fn retokenized(&self) -> bool {
+        self.fragments
+            .iter()
+            .any(|f| f.kind == FragmentKind::Retokenized)
+    }
+
+    /// Whether the context's final footer has been appended.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// The frames of a chat template, tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frames {
+    pub opening: [Vec<u32>; 3],
+    pub gap: [[Vec<u32>; 3]; 3],
+    pub closing: [Vec<u32>; 3],
+    pub generation: [Vec<u32>; 3],
+}
+
+/// Records a rollout in token space; see the module documentation.
+pub struct Holophore {
+    tokenizer: Arc<Tokenizer>,
+    frames: Arc<Frames>,
+    special: Arc<HashSet<u32>>,
+    contexts: Vec<Context>,
+    /// The role of the message that starts with the next content.
+    pending: Option<Role>,
+    rewards: Vec<(String, f64, f64)>,
+    errors: Vec<String>,
+}
+
+impl fmt::Debug for Holophore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Holophore")
+            .field("contexts", &self.contexts)
+            .field("pending", &self.pending)
+            .field("rewards", &self.rewards)
+            .field("errors", &self.errors)
+            .finish_non_exhaustive()
+    }
+}
+
+fn marker(i: usize) -> String {
+    format!("HOLOPHOREMARKER{i}X")
+}
+
+struct Probe {
+    /// Text before the first content, between consecutive contents, and after the last one.
+    pieces: Vec<String>,
+}
+
+fn probe(
+    template: &ChatTemplate,
+    roles: &[Role],
+    generation: bool,
+) -> Result<Probe, HolophoreError> {
+    let messages: Vec<ChatMessage> = roles
+        .iter()
+        .enumerate()
+        .map(|(i, &role)| ChatMessage {
+            role,
+            content: marker(i),
+        })
+        .collect();
+    let name = format!(
+        "[{}]{}",
+        roles
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if generation {
+            " + generation prompt"
+        } else {
+            ""
+        }
+    );
+    let options = if generation {
+        RenderOptions::generation()
+    } else {
+        RenderOptions::default()
+    };
+    let text = template
+        .render(&messages, &options)
+        .map_err(|error| HolophoreError::Render {
+            probe: name.clone(),
+            error,
+        })?;
+    let mut pieces = Vec::new();
+    let mut rest = text.as_str();
+    for i in 0..roles.len() {
+        let m = marker(i);
+        let Some(at) = rest.find(&m) else {
+            return Err(HolophoreError::Unsupported(format!(
+                "probe {name}: the content of message {i} is not rendered verbatim"
+            )));
+        };
+        pieces.push(rest[..at].to_string());
+        rest = &rest[at + m.len()..];
+        if rest.contains(&m) {
+            return Err(HolophoreError::Unsupported(format!(
+                "probe {name}: the content of message {i} is rendered twice"
+            )));
+        }
+    }
+    pieces.push(rest.to_string());
+    Ok(Probe { pieces })
+}
+
+fn same(what: &str, expected: &str, got: &str) -> Result<(), HolophoreError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(HolophoreError::Unsupported(format!(
+            "{what}: {got:?} where {expected:?} was derived"
+        )))
+    }
+}
+
+/// The frame texts of a chat template (before tokenization).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameTexts {
+    pub opening: [String; 3],
+    pub gap: [[String; 3]; 3],
+    pub closing: [String; 3],
+    pub generation: [String; 3],
+}
+
+impl FrameTexts {
+    /// Derives and checks the frames of `template`; see the module documentation.
+    pub fn derive(template: &ChatTemplate) -> Result<Self, HolophoreError> {
+        let mut opening: [String; 3] = Default::default();
+        let mut closing: [String; 3] = Default::default();
+        let mut generation: [String; 3] = Default::default();
+        let mut gap: [[String; 3]; 3] = Default::default();
+        for a in ROLES {
+            let p = probe(template, &[a], false)?;
+            opening[index(a)] = p.pieces[0].clone();
+            closing[index(a)] = p.pieces[1].clone();
+            let g = probe(template, &[a], true)?;
+            same(
+                &format!("opening of [{}] with generation prompt", a.name()),
+                &opening[index(a)],
+                &g.pieces[0],
+            )?;
+            generation[index(a)] = g.pieces[1].clone();
+        }
+        for a in ROLES {
+            for b in ROLES {
+                let p = probe(template, &[a, b], false)?;
+                let what = format!("[{}, {}]", a.name(), b.name());
+                same(
+                    &format!("opening of {what}"),
+                    &opening[index(a)],
+                    &p.pieces[0],
+                )?;
+                same(
+                    &format!("closing of {what}"),
+                    &closing[index(b)],
+                    &p.pieces[2],
+                )?;
+                gap[index(a)][index(b)] = p.pieces[1].clone();
+            }
+        }
+        for a in ROLES {
+            same(
+                &format!(
+                    "generation prompt after {} (vs. an assistant turn after it)",
+                    a.name()
+                ),
+                &gap[index(a)][index(Role::Assistant)],
+                &generation[index(a)],
+            )?;
+            for b in ROLES {
+                for c in ROLES {
+                    let p = probe(template, &[a, b, c], false)?;
+                    let what = format!("[{}, {}, {}]", a.name(), b.name(), c.name());
+                    same(
+                        &format!("opening of {what}"),
+                        &opening[index(a)],
+                        &p.pieces[0],
+                    )?;
+                    same(
+                        &format!("first gap of {what}"),
+                        &gap[index(a)][index(b)],
+                        &p.pieces[1],
+                    )?;
+                    same(
+                        &format!("second gap of {what}"),
+                        &gap[index(b)][index(c)],
+                        &p.pieces[2],
+                    )?;
+                    same(
+                        &format!("closing of {what}"),
+                        &closing[index(c)],
+                        &p.pieces[3],
+                    )?;
+                }
+            }
+        }
+        Ok(FrameTexts {
+            opening,
+            gap,
+            closing,
+            generation,
+        })
+    }
+}
+
+fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, HolophoreError> {
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    tokenizer
+        .encode(text, false)
+        .map(|encoding| encoding.get_ids().to_vec())
+        .map_err(|error| HolophoreError::Tokenizer(error.to_string()))
+}
+
+impl Holophore {
+    /// A Holophore for a model's tokenizer and chat template: derives and tokenizes the frames once.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        template: Arc<ChatTemplate>,
+    ) -> Result<Self, HolophoreError> {
+        let texts = FrameTexts::derive(&template)?;
+        let enc = |text: &String| encode(&tokenizer, text);
+        let map3 = |texts: &[String; 3]| -> Result<[Vec<u32>; 3], HolophoreError> {
+            Ok([enc(&texts[0])?, enc(&texts[1])?, enc(&texts[2])?])
+        };
+        let frames = Frames {
+            opening: map3(&texts.opening)?,
+            gap: [
+                map3(&texts.gap[0])?,
+                map3(&texts.gap[1])?,
+                map3(&texts.gap[2])?,
+            ],
+            closing: map3(&texts.closing)?,
+            generation: map3(&texts.generation)?,
+        };
+        let special = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Ok(Holophore {
+            tokenizer,
+            frames: Arc::new(frames),
+            special: Arc::new(special),
+            contexts: Vec::new(),
+            pending: None,
+            rewards: Vec::new(),
+            errors: Vec::new(),
+        })
+    }
+
+    /// A fresh Holophore for another rollout, sharing the tokenizer and the frames.
+    pub fn fork(&self) -> Self {
+        Holophore {
+            tokenizer: Arc::clone(&self.tokenizer),
+            frames: Arc::clone(&self.frames),
+            special: Arc::clone(&self.special),
+            contexts: Vec::new(),
+            pending: None,
+            rewards: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// The tokenized frames.
+    pub fn frames(&self) -> &Frames {
+        &self.frames
+    }
+
+    /// The contexts so far; the last one stays open (without its final footer) until [`Holophore::finish`].
+    pub fn contexts(&self) -> &[Context] {
+        &self.contexts
+    }
+
+    /// Reward components in the order they were recorded: name, value, weight.
+    pub fn rewards(&self) -> &[(String, f64, f64)] {
+        &self.rewards
+    }
+
+    /// The rollout's reward: the weighted sum of its components.
+    pub fn reward(&self) -> f64 {
+        self.rewards.iter().map(|(_, v, w)| v * w).sum::<f64>() + 0.0
+    }
+
+    /// Closes the last context (tokenizes pending text, appends the final footer) and returns the contexts.
+    pub fn finish(&mut self) -> &[Context] {
+        self.close_context();
+        &self.contexts
+    }
+
+    /// The token prompt of the next sample request: the current context so far and, when a new assistant
+    /// message starts (a message was begun and has no content yet, or the current message is not the
+    /// assistant's), the generation prompt; the next completion then goes to that new assistant message. When the current message is an assistant message with
+    /// content (a prefill such as `<think>`), the model continues it. Pending prompt text is tokenized now,
+    /// once, so that the recorded context is what the sampler sees.
+    pub fn prompt_ids(&mut self) -> Vec<u32> {
+        self.flush_text();
+        let frames = Arc::clone(&self.frames);
+        let current = self
+            .contexts
+            .last()
+            .filter(|c| !c.closed)
+            .and_then(|c| c.messages.last().map(|m| m.role));
+        let continues = self.pending.is_none() && current == Some(Role::Assistant);
+        let mut ids = match self.contexts.last() {
+            Some(context) if !context.closed => context.ids(),
+            _ => Vec::new(),
+        };
+        if continues {
+            return ids;
+        }
+        let frame = match current {
+            Some(previous) => &frames.generation[index(previous)],
+            None => &frames.opening[index(Role::Assistant)],
+        };
+        let skip = self.overlap(frame);
+        ids.extend_from_slice(&frame[skip..]);
+        ids
+    }
+
+    /// How many leading tokens of `frame` the last sampled fragment of the current context already ends
+    /// with (special tokens only).
+    fn overlap(&self, frame: &[u32]) -> usize {
+        let Some(context) = self.contexts.last() else {
+            return 0;
+        };
+        let Some(last) = context.fragments.last() else {
+            return 0;
+        };
+        if !matches!(last.kind, FragmentKind::Sampled | FragmentKind::Retokenized) {
+            return 0;
+        }
+        let max = frame.len().min(last.ids.len());
+        (1..=max)
+            .rev()
+            .find(|&k| {
+                last.ids.ends_with(&frame[..k])
+                    && frame[..k].iter().all(|id| self.special.contains(id))
+            })
+            .unwrap_or(0)
+    }
+
+    /// Tokenizes `text`. The tokenizer's models fail only on characters they cannot encode (no byte
+    /// fallback, no unknown token); then nothing is recorded for the text and the error is kept in
+    /// [`Holophore::errors`] rather than panicking in a rollout.
+    fn tokenize(&mut self, text: &str) -> Vec<u32> {
+        match encode(&self.tokenizer, text) {
+            Ok(ids) => ids,
+            Err(error) => {
+                self.errors.push(format!("{error} (text {text:?})"));
+                Vec::new()
+            }
+        }
+    }
+
+    /// Tokenizer failures met while recording; empty when every token is exact.
+    pub fn errors(&self) -> &[String] {
+        &self.errors
+    }
+
+    /// Tokenizes the buffered prompt text of the current context's last message.
+    fn flush_text(&mut self) {
+        let Some(context) = self.contexts.last_mut() else {
+            return;
+        };
+        if context.pending_text.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut context.pending_text);
+        let ids = self.tokenize(&text);
+        let context = self.contexts.last_mut().expect("a context exists");
+        let role = context.messages.last().map_or(Role::System, |m| m.role);
+        context.fragments.push(Fragment {
+            role,
+            kind: FragmentKind::Prompt,
+            ids,
+            trainable: false,
+            logprobs: None,
+        });
+    }
+
+    fn push_frame(&mut self, role: Role, frame: &[u32]) {
+        let skip = self.overlap(frame);
+        let ids = frame[skip..].to_vec();
+        if ids.is_empty() {
+            return;
+        }
+        let context = self.contexts.last_mut().expect("a context exists");
+        context.fragments.push(Fragment {
+            role,
+            kind: FragmentKind::Frame,
+            ids,
+            trainable: false,
+            logprobs: None,
+        });
+    }
+
+    /// Appends the final footer of the last context, if it is open.
+    fn close_context(&mut self) {
+        self.flush_text();
+        let Some(context) = self.contexts.last() else {
+            return;
+        };
+        if context.closed {
+            return;
+        }
+        if let Some(last) = context.messages.last().map(|m| m.role) {
+            let frames = Arc::clone(&self.frames);
+            self.push_frame(last, &frames.closing[index(last)]);
+        }
+        self.contexts.last_mut().expect("a context exists").closed = true;
+    }
+
+    /// The message content goes to: the pending one (opened now, with its frame), the current one, or an
+    /// implicit system message at the start of a context (as [`crate::Transcript`] does).
+    fn open_for_content(&mut self) -> Role {
+        if self.contexts.last().is_none_or(|c| c.closed) {
+            self.contexts.push(Context::new(true));
+        }
+        let context = self.contexts.last().expect("a context exists");
+        let current = context.messages.last().map(|m| m.role);
+        let role = match (self.pending.take(), current) {
+            (Some(role), _) => role,
+            (None, None) => Role::System,
+            (None, Some(role)) => return role,
+        };
+        self.flush_text();
+        let frames = Arc::clone(&self.frames);
+        let frame = match current {
+            Some(previous) => &frames.gap[index(previous)][index(role)],
+            None => &frames.opening[index(role)],
+        };
+        self.push_frame(role, frame);
+        self.contexts
+            .last_mut()
+            .expect("a context exists")
+            .messages
+            .push(Message {
+                role,
+                content: String::new(),
+            });
+        role
+    }
+}
+
+impl Recorder for Holophore {
+    fn begin_context(&mut self, trained: bool) {
+        self.close_context();
+        self.pending = None;
+        self.contexts.push(Context::new(trained));
+    }
+
+    fn begin_message(&mut self, role: Role) {
+        self.pending = Some(role);
+    }
+
+    fn text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        self.open_for_content();
+        let context = self.contexts.last_mut().expect("a context exists");
+        context.pending_text.push_str(text);
+        if let Some(message) = context.messages.last_mut() {
+            message.content.push_str(text);
+        }
+    }
+
+    fn completion(&mut self, completion: &Completion) {
+        // A completion always belongs to an assistant message: the pending one, the current one, or a new
+        // one (as `prompt_ids` announced to the sampler).
+        let current = self
+            .contexts
+            .last()
+            .filter(|c| !c.closed)
+            .and_then(|c| c.messages.last().map(|m| m.role));
+        if self.pending.is_some() || current != Some(Role::Assistant) {
+            self.pending = Some(Role::Assistant);
+        }
+        let role = self.open_for_content();
+        self.flush_text();
+        let (kind, ids) = if completion.tokens.is_empty() && !completion.text.is_empty() {
+            (FragmentKind::Retokenized, self.tokenize(&completion.text))
+        } else {
+            (FragmentKind::Sampled, completion.tokens.clone())
+        };
+        let logprobs = (!completion.logprobs.is_empty() && completion.logprobs.len() == ids.len())
+            .then(|| completion.logprobs.clone());
+        let context = self.contexts.last_mut().expect("a context exists");
+        if let Some(message) = context.messages.last_mut() {
+            message.content.push_str(&completion.text);
+        }
+        if ids.is_empty() {
+            return;
+        }
+        context.fragments.push(Fragment {
+            role,
+            kind,
+            ids,
+            trainable: context.trained,
+            logprobs,
+        });
+    }
+
+    fn reward(&mut self, name: &str, value: f64, weight: f64) {
+        self.rewards.push((name.to_string(), value, weight));
+    }
+}
