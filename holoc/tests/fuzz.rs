@@ -144,10 +144,8 @@ proptest! {
     }
 }
 
-/// Bodies nested far beyond the limit: one diagnostic, no stack overflow.
-#[test]
-fn deeply_nested_bodies() {
-    let depth = 1500;
+/// `depth` holotype tags, each opening a body one column deeper, around a sampler.
+fn nested_bodies(depth: usize) -> String {
     let mut source = String::new();
     for level in 0..depth {
         source.push_str(&" ".repeat(level));
@@ -155,6 +153,14 @@ fn deeply_nested_bodies() {
     }
     source.push_str(&" ".repeat(depth));
     source.push_str("<|@_@:deep|>\n");
+    source
+}
+
+/// Bodies nested far beyond the limit: one diagnostic, no stack overflow.
+#[test]
+fn deeply_nested_bodies() {
+    let depth = 1500;
+    let source = nested_bodies(depth);
     let output = check_invariants(source.as_bytes());
     let codes: Vec<&str> = output.diagnostics.iter().map(|d| d.code.id()).collect();
     assert_eq!(codes, ["H0024"]);
@@ -164,13 +170,7 @@ fn deeply_nested_bodies() {
 #[test]
 fn nesting_at_the_limit() {
     let depth = holoc::lexer::MAX_NESTING;
-    let mut source = String::new();
-    for level in 0..depth {
-        source.push_str(&" ".repeat(level));
-        source.push_str("<|Level|>\n");
-    }
-    source.push_str(&" ".repeat(depth));
-    source.push_str("<|@_@:deep|>\n");
+    let source = nested_bodies(depth);
     let output = check_invariants(source.as_bytes());
     assert!(!output.has_errors(), "{:?}", output.diagnostics);
     let program = output.program.unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
@@ -35,20 +35,10 @@ enum Command {
         /// Rollouts per row.
         #[arg(short = 'n', long, default_value_t = 1)]
         rollouts: usize,
-        /// A scripted reply; repeat to give several, used in turn (and again from the start).
-        #[arg(long = "reply")]
-        replies: Vec<String>,
         #[arg(long, value_enum, default_value_t = Color::Auto)]
         color: Color,
-        /// `openai` samples from a server through the Loom (as `holo eval` does) instead of --reply.
-        #[arg(long, value_enum, default_value_t = SamplerKind::Scripted)]
-        sampler: SamplerKind,
-        /// The OpenAI-compatible server; the API key is read from OPENAI_API_KEY.
-        #[arg(long, required_if_eq("sampler", "openai"))]
-        base_url: Option<String>,
-        /// The model the server serves.
-        #[arg(long, required_if_eq("sampler", "openai"))]
-        model: Option<String>,
+        #[command(flatten)]
+        sampler: SamplerArgs,
     },
     /// Run a dataset through the Loom: G rollouts per row, every pending request of a tick sampled in
     /// one batch. Writes each rollout as a JSONL line as it finishes, then prints the mean of each reward
@@ -62,19 +52,8 @@ enum Command {
         /// Rollouts per row (G).
         #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         rollouts: u32,
-        #[arg(long, value_enum, default_value_t = SamplerKind::Scripted)]
-        sampler: SamplerKind,
-        /// The OpenAI-compatible server (`http://host:port`, with or without `/v1`); the API key is read
-        /// from OPENAI_API_KEY.
-        #[arg(long, required_if_eq("sampler", "openai"))]
-        base_url: Option<String>,
-        /// The model the server serves.
-        #[arg(long, required_if_eq("sampler", "openai"))]
-        model: Option<String>,
-        /// A scripted reply; repeat to give several. A rollout's k-th sample gets the k-th reply (the
-        /// list repeats).
-        #[arg(long = "reply")]
-        replies: Vec<String>,
+        #[command(flatten)]
+        sampler: SamplerArgs,
         /// Where the rollouts are written, one JSON object per line.
         #[arg(long, default_value = "rollouts.jsonl")]
         out: PathBuf,
@@ -86,6 +65,51 @@ enum Command {
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: u32,
     },
+}
+
+/// Where completions come from, shared by `dry` and `eval`.
+#[derive(Args)]
+struct SamplerArgs {
+    /// `openai` samples from a server through the Loom instead of the scripted --reply texts.
+    #[arg(long, value_enum, default_value_t = SamplerKind::Scripted)]
+    sampler: SamplerKind,
+    /// The OpenAI-compatible server (`http://host:port`, with or without `/v1`); the API key is read
+    /// from OPENAI_API_KEY.
+    #[arg(long, required_if_eq("sampler", "openai"))]
+    base_url: Option<String>,
+    /// The model the server serves.
+    #[arg(long, required_if_eq("sampler", "openai"))]
+    model: Option<String>,
+    /// A scripted reply; repeat to give several, used in turn (the list repeats).
+    #[arg(long = "reply")]
+    replies: Vec<String>,
+}
+
+impl SamplerArgs {
+    /// The `openai` sampler with at most `concurrency` requests in flight, or `None` for the scripted
+    /// replies.
+    fn server(&self, concurrency: usize) -> Result<Option<OpenAi>, ExitCode> {
+        match self.sampler {
+            SamplerKind::Scripted => Ok(None),
+            SamplerKind::Openai if !self.replies.is_empty() => {
+                eprintln!("error: --reply is for the scripted sampler");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+            SamplerKind::Openai => {
+                let config = OpenAiConfig {
+                    max_concurrency: concurrency,
+                    ..OpenAiConfig::new(
+                        self.base_url.clone().unwrap_or_default(),
+                        self.model.clone().unwrap_or_default(),
+                    )
+                };
+                OpenAi::new(config).map(Some).map_err(|error| {
+                    eprintln!("error: {error}");
+                    ExitCode::from(EXIT_USAGE)
+                })
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,22 +133,12 @@ fn main() -> ExitCode {
             file,
             data,
             rollouts,
-            replies,
             color,
-            sampler,
-            base_url,
-            model,
+            sampler: sampler_args,
         } => {
-            let sampler = match sampler {
-                SamplerKind::Scripted => None,
-                SamplerKind::Openai if !replies.is_empty() => {
-                    eprintln!("error: --reply is for the scripted sampler");
-                    return ExitCode::from(EXIT_USAGE);
-                }
-                SamplerKind::Openai => match openai(base_url, model, 128) {
-                    Ok(sampler) => Some(sampler),
-                    Err(code) => return code,
-                },
+            let sampler = match sampler_args.server(128) {
+                Ok(sampler) => sampler,
+                Err(code) => return code,
             };
             let color = match color {
                 Color::Always => true,
@@ -137,7 +151,7 @@ fn main() -> ExitCode {
                 &file,
                 data.as_deref(),
                 rollouts,
-                &replies,
+                &sampler_args.replies,
                 sampler.as_ref().map(|sampler| sampler as &dyn Sampler),
                 color,
             )
@@ -146,28 +160,18 @@ fn main() -> ExitCode {
             file,
             data,
             rollouts,
-            sampler,
-            base_url,
-            model,
-            replies,
+            sampler: sampler_args,
             out,
             seed,
             concurrency,
         } => {
-            let sampler: Box<dyn Sampler> = match sampler {
-                SamplerKind::Scripted => Box::new(Scripted::new(if replies.is_empty() {
-                    vec!["<answer>42</answer>".to_string()]
-                } else {
-                    replies
-                })),
-                SamplerKind::Openai if !replies.is_empty() => {
-                    eprintln!("error: --reply is for the scripted sampler");
-                    return ExitCode::from(EXIT_USAGE);
+            let sampler: Box<dyn Sampler> = match sampler_args.server(concurrency as usize) {
+                Ok(Some(server)) => Box::new(server),
+                Ok(None) if sampler_args.replies.is_empty() => {
+                    Box::new(Scripted::new(["<answer>42</answer>"]))
                 }
-                SamplerKind::Openai => match openai(base_url, model, concurrency as usize) {
-                    Ok(sampler) => Box::new(sampler),
-                    Err(code) => return code,
-                },
+                Ok(None) => Box::new(Scripted::new(sampler_args.replies)),
+                Err(code) => return code,
             };
             let config = LoomConfig {
                 rollouts_per_row: rollouts as usize,
@@ -183,22 +187,6 @@ fn main() -> ExitCode {
 
 const EXIT_FAILURES: u8 = 1;
 const EXIT_USAGE: u8 = 2;
-
-/// The `openai` sampler, with at most `concurrency` requests in flight.
-fn openai(
-    base_url: Option<String>,
-    model: Option<String>,
-    concurrency: usize,
-) -> Result<OpenAi, ExitCode> {
-    let config = OpenAiConfig {
-        max_concurrency: concurrency,
-        ..OpenAiConfig::new(base_url.unwrap_or_default(), model.unwrap_or_default())
-    };
-    OpenAi::new(config).map_err(|error| {
-        eprintln!("error: {error}");
-        ExitCode::from(EXIT_USAGE)
-    })
-}
 
 fn dry(
     file: &Path,

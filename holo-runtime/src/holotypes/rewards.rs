@@ -40,40 +40,58 @@ pub fn answer_text<'t>(text: &'t str, tag: &str) -> &'t str {
     last_tag(text, tag).unwrap_or(text).trim()
 }
 
-fn expected<'c>(cx: &'c Cx<'_>, column: &str) -> Result<&'c str, HolotypeError> {
-    cx.var(column).ok_or_else(|| {
-        HolotypeError::new(format!(
-            "the data row has no `{column}` column to compare with"
-        ))
-    })
+/// A reward that compares the answer with a column of the data row (`target=`, default `expected`).
+struct Comparison {
+    component: Component,
+    target: String,
+}
+
+impl Comparison {
+    fn new(args: &Args, default_name: &str) -> Result<Self, HolotypeError> {
+        Ok(Comparison {
+            component: Component::new(args, default_name)?,
+            target: args.text("target")?.unwrap_or("expected").to_string(),
+        })
+    }
+
+    /// Records 1 when `equal(answer, expected)`, else 0.
+    fn record(&self, cx: &mut Cx<'_>, equal: fn(&str, &str) -> bool) -> Result<(), HolotypeError> {
+        let expected = cx
+            .var(&self.target)
+            .ok_or_else(|| {
+                HolotypeError::new(format!(
+                    "the data row has no `{}` column to compare with",
+                    self.target
+                ))
+            })?
+            .to_string();
+        let correct = self
+            .component
+            .answer(cx)
+            .is_some_and(|answer| equal(answer, &expected));
+        self.component.record(cx, if correct { 1.0 } else { 0.0 });
+        Ok(())
+    }
+}
+
+/// Whether two texts are equal once surrounding whitespace and runs of spaces are ignored.
+fn texts_equal(a: &str, b: &str) -> bool {
+    a.split_whitespace().eq(b.split_whitespace())
 }
 
 /// 1 when the answer equals the data row's `target=` column (default `expected`), ignoring surrounding
 /// whitespace and runs of spaces; else 0.
-pub struct ExactAnswer {
-    component: Component,
-    target: String,
-}
+pub struct ExactAnswer(Comparison);
 
 impl Holotype for ExactAnswer {
     const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        Ok(ExactAnswer {
-            component: Component::new(args, "exact_answer")?,
-            target: args.text("target")?.unwrap_or("expected").to_string(),
-        })
+        Comparison::new(args, "exact_answer").map(ExactAnswer)
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
-        let normalize = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
-        let expected = normalize(expected(cx, &self.target)?);
-        let correct = self
-            .component
-            .answer(cx)
-            .is_some_and(|answer| normalize(answer) == expected);
-        self.component.record(cx, if correct { 1.0 } else { 0.0 });
-        Ok(())
+        self.0.record(cx, texts_equal)
     }
 }
 
@@ -81,29 +99,17 @@ impl Holotype for ExactAnswer {
 /// (`3/4`, `\frac{3}{4}`), `\boxed{...}`, `$`, thousands separators (`1,234`) and a trailing `%` are
 /// understood, and `0.75`, `3/4` and `\boxed{\frac{3}{4}}` are equal. Text that is not a number is
 /// compared as [`ExactAnswer`] compares it.
-pub struct MathAnswer {
-    component: Component,
-    target: String,
-}
+pub struct MathAnswer(Comparison);
 
 impl Holotype for MathAnswer {
     const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        Ok(MathAnswer {
-            component: Component::new(args, "math_answer")?,
-            target: args.text("target")?.unwrap_or("expected").to_string(),
-        })
+        Comparison::new(args, "math_answer").map(MathAnswer)
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
-        let expected = expected(cx, &self.target)?.to_string();
-        let correct = self
-            .component
-            .answer(cx)
-            .is_some_and(|answer| numbers_equal(answer, &expected));
-        self.component.record(cx, if correct { 1.0 } else { 0.0 });
-        Ok(())
+        self.0.record(cx, numbers_equal)
     }
 }
 
@@ -112,15 +118,7 @@ impl Holotype for MathAnswer {
 pub fn numbers_equal(a: &str, b: &str) -> bool {
     match (Rational::parse(a), Rational::parse(b)) {
         (Some(a), Some(b)) => a == b,
-        _ => {
-            let normalize = |text: &str| {
-                strip_math(text)
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            normalize(a) == normalize(b)
-        }
+        _ => texts_equal(&strip_math(a), &strip_math(b)),
     }
 }
 
