@@ -86,8 +86,12 @@ impl Server {
                         };
                         seen.lock().unwrap().push(request.clone());
                         let reply = handler(&request, n);
-                        respond(&mut stream, reply).await;
-                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        // Leave the count before the reply is written: once the client has the reply
+                        // it may start its next request, which must not see this one still counted.
+                        respond(&mut stream, reply, || {
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await;
                     });
                 }
             })
@@ -152,15 +156,24 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
     })
 }
 
-async fn respond(stream: &mut TcpStream, reply: Reply) {
+async fn respond(stream: &mut TcpStream, reply: Reply, before_writing: impl FnOnce()) {
     let mut reply = reply;
+    let mut before_writing = Some(before_writing);
+    let mut finish = || {
+        if let Some(before_writing) = before_writing.take() {
+            before_writing();
+        }
+    };
     loop {
         match reply {
             Reply::After(delay, next) => {
                 tokio::time::sleep(delay).await;
                 reply = *next;
             }
-            Reply::Drop => return,
+            Reply::Drop => {
+                finish();
+                return;
+            }
             Reply::Json(status, body) => {
                 reply = Reply::Raw(status, Vec::new(), body.to_string());
             }
@@ -174,6 +187,7 @@ async fn respond(stream: &mut TcpStream, reply: Reply) {
                 }
                 out.push_str("\r\n");
                 out.push_str(&body);
+                finish();
                 let _ = stream.write_all(out.as_bytes()).await;
                 let _ = stream.shutdown().await;
                 return;
