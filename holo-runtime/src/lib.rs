@@ -12,6 +12,8 @@ pub mod holophore;
 pub mod holotype;
 pub mod holotypes;
 pub mod interpreter;
+#[cfg(feature = "local")]
+pub mod local;
 pub mod loom;
 pub mod machine;
 pub mod openai;

@@ -1,0 +1,122 @@
+//! Batched sampling throughput of a local model folder, for `benches/sample_compare.py`.
+//!
+//!     cargo run --release -p holo-runtime --example sample_bench -- MODEL_DIR \
+//!         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--seed 0]
+//!
+//! Random prompt ids (seeded), temperature 1, no top-k/top-p, no end-of-turn: every row samples exactly
+//! `--new` tokens, as transformers' `generate(min_new_tokens=new)` does on the Python side. Prints one
+//! JSON object: the run times, new tokens per second (median and best) and the prefill time.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use holo_runtime::local::{checkpoint, Ops};
+use rand::{Rng, SeedableRng};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut dir = None;
+    let (mut batch, mut prompt_len, mut new, mut repeats, mut seed) =
+        (8usize, 16usize, 32usize, 3usize, 0u64);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> usize {
+            match args.next().and_then(|v| v.parse().ok()) {
+                Some(v) => v,
+                None => {
+                    eprintln!("error: {name} needs a number");
+                    std::process::exit(2);
+                }
+            }
+        };
+        match arg.as_str() {
+            "--batch" => batch = value("--batch"),
+            "--prompt-len" => prompt_len = value("--prompt-len"),
+            "--new" => new = value("--new"),
+            "--repeats" => repeats = value("--repeats").max(1),
+            "--seed" => seed = value("--seed") as u64,
+            _ if dir.is_none() && !arg.starts_with('-') => dir = Some(PathBuf::from(arg)),
+            _ => {
+                eprintln!("error: unexpected argument {arg:?}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N]");
+        return ExitCode::from(2);
+    };
+    let loaded = checkpoint::load_model(&dir, DType::F32, &Device::Cpu)
+        .and_then(|model| Ok((model, checkpoint::load_tokenizer(&dir)?)));
+    let (model, tokenizer) = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let vocab = model.config.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..prompt_len)
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    let stopping = Stopping {
+        eos: &[],
+        tokenizer: &tokenizer,
+    };
+    let run = |round: usize| -> f64 {
+        let params: Vec<GenerationParams> = (0..batch)
+            .map(|row| GenerationParams {
+                max_tokens: new,
+                temperature: 1.0,
+                seed: seed + (round * batch + row) as u64,
+                ..Default::default()
+            })
+            .collect();
+        let start = Instant::now();
+        let out = generate(&model, &stopping, &prompts, &params).expect("generation");
+        let elapsed = start.elapsed().as_secs_f64();
+        assert!(out.iter().all(|g| g.tokens.len() == new));
+        elapsed
+    };
+    run(0); // warm-up
+    let mut times: Vec<f64> = (1..=repeats).map(run).collect();
+    let prefill = {
+        let ids = Tensor::new(prompts.concat(), &Device::Cpu)
+            .and_then(|t| t.reshape((batch, prompt_len)))
+            .expect("prompt tensor");
+        let mask = Tensor::ones((batch, prompt_len), DType::U8, &Device::Cpu).expect("mask");
+        let start = Instant::now();
+        let hidden = model
+            .forward_hidden(&ids, 0, &mask, None, Ops::Fast)
+            .expect("prefill");
+        model
+            .logits(&hidden.narrow(1, prompt_len - 1, 1).expect("last"))
+            .expect("logits");
+        start.elapsed().as_secs_f64()
+    };
+    let measured = times.clone();
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let tokens = (batch * new) as f64;
+    println!(
+        "{}",
+        serde_json::json!({
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "new_tokens": new,
+            "times_s": measured,
+            "median_s": median,
+            "new_tokens_per_s": tokens / median,
+            "best_new_tokens_per_s": tokens / times[0],
+            "prefill_s": prefill,
+        })
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,243 @@
+//! Reading a Hugging Face model folder: `config.json`, `model.safetensors` or a sharded
+//! `model.safetensors.index.json`, `tokenizer.json`, `tokenizer_config.json` (chat template) and
+//! `generation_config.json` (end-of-turn tokens).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use super::config::{ConfigError, ModelConfig};
+use super::model::Model;
+use crate::chat::{ChatTemplate, ChatTemplateError};
+
+/// Why a model folder could not be loaded; every variant names the file.
+#[derive(Debug)]
+pub enum LoadError {
+    NotAFolder(PathBuf),
+    Config(ConfigError),
+    /// No weights in a format this runtime reads.
+    NoWeights {
+        dir: PathBuf,
+        found: Vec<String>,
+    },
+    Weights {
+        file: PathBuf,
+        message: String,
+    },
+    Tokenizer {
+        file: PathBuf,
+        message: String,
+    },
+    Template(ChatTemplateError),
+    GenerationConfig {
+        file: PathBuf,
+        message: String,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::NotAFolder(dir) => write!(f, "{}: not a model folder", dir.display()),
+            LoadError::Config(error) => write!(f, "{error}"),
+            LoadError::NoWeights { dir, found } => {
+                write!(
+                    f,
+                    "{}: no model.safetensors or model.safetensors.index.json",
+                    dir.display()
+                )?;
+                if !found.is_empty() {
+                    write!(f, " (found: {}", found.join(", "))?;
+                    if found.iter().any(|name| name.ends_with(".bin")) {
+                        write!(f, "; PyTorch .bin checkpoints are not read: convert them with `save_pretrained(..., safe_serialization=True)`")?;
+                    }
+                    write!(f, ")")?;
+                }
+                Ok(())
+            }
+            LoadError::Weights { file, message } => write!(f, "{}: {message}", file.display()),
+            LoadError::Tokenizer { file, message } => write!(f, "{}: {message}", file.display()),
+            LoadError::Template(error) => write!(f, "{error}"),
+            LoadError::GenerationConfig { file, message } => {
+                write!(f, "{}: {message}", file.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// The safetensors files of a folder, in shard order.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let invalid = |message: String| LoadError::Weights {
+            file: index.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&index)
+            .map_err(|error| invalid(format!("cannot read: {error}")))?;
+        let json: Value = serde_json::from_str(&text).map_err(|error| {
+            invalid(format!(
+                "invalid JSON at line {} column {}: {error}",
+                error.line(),
+                error.column()
+            ))
+        })?;
+        let map = json
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid("no `weight_map` object".into()))?;
+        let mut files = BTreeSet::new();
+        for (tensor, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| invalid(format!("`weight_map.{tensor}` is not a file name")))?;
+            if file.contains('/') || file.contains('\\') || file == ".." {
+                return Err(invalid(format!(
+                    "`weight_map.{tensor}` names {file:?}, outside the folder"
+                )));
+            }
+            files.insert(file.to_string());
+        }
+        return files
+            .into_iter()
+            .map(|file| {
+                let path = dir.join(&file);
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(invalid(format!("shard {file} is missing")))
+                }
+            })
+            .collect();
+    }
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    Err(LoadError::NoWeights {
+        dir: dir.to_path_buf(),
+        found,
+    })
+}
+
+/// Loads the model's weights in `dtype` (converted from whatever the files hold).
+pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, LoadError> {
+    if !dir.is_dir() {
+        return Err(LoadError::NotAFolder(dir.to_path_buf()));
+    }
+    let config = ModelConfig::from_file(&dir.join("config.json")).map_err(LoadError::Config)?;
+    let files = weight_files(dir)?;
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for file in &files {
+        let loaded =
+            candle_core::safetensors::load(file, device).map_err(|error| LoadError::Weights {
+                file: file.clone(),
+                message: format!("cannot read safetensors: {error}"),
+            })?;
+        tensors.extend(loaded);
+    }
+    let vb = VarBuilder::from_tensors(tensors, dtype, device);
+    let first = files[0].clone();
+    Model::load(vb, &config).map_err(|error| LoadError::Weights {
+        file: if files.len() == 1 {
+            first
+        } else {
+            dir.join("model.safetensors.index.json")
+        },
+        // candle names the tensor: "cannot find tensor model.norm.weight", "shape mismatch for …".
+        message: format!(
+            "{} checkpoint does not fit its config.json: {error}",
+            config.arch
+        ),
+    })
+}
+
+pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer, LoadError> {
+    let file = dir.join("tokenizer.json");
+    if !file.is_file() {
+        return Err(LoadError::Tokenizer {
+            file,
+            message: "missing (a fast tokenizer file is required)".into(),
+        });
+    }
+    Tokenizer::from_file(&file).map_err(|error| LoadError::Tokenizer {
+        file,
+        message: error.to_string(),
+    })
+}
+
+/// The model's chat template; ChatML when the folder has none.
+pub fn load_template(dir: &Path) -> Result<ChatTemplate, LoadError> {
+    ChatTemplate::from_dir_or(dir, ChatTemplate::chatml()).map_err(LoadError::Template)
+}
+
+/// Token ids that end a turn: `generation_config.json`'s `eos_token_id` (one or a list), else
+/// `config.json`'s, else the tokenizer's `eos_token` from `tokenizer_config.json`.
+pub fn end_of_turn_ids(
+    dir: &Path,
+    config: &ModelConfig,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, LoadError> {
+    let file = dir.join("generation_config.json");
+    let mut ids = Vec::new();
+    if file.is_file() {
+        let invalid = |message: String| LoadError::GenerationConfig {
+            file: file.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&file)
+            .map_err(|error| invalid(format!("cannot read: {error}")))?;
+        let json: Value = serde_json::from_str(&text).map_err(|error| {
+            invalid(format!(
+                "invalid JSON at line {} column {}: {error}",
+                error.line(),
+                error.column()
+            ))
+        })?;
+        match json.get("eos_token_id") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(values)) => {
+                for value in values {
+                    ids.push(value.as_u64().ok_or_else(|| {
+                        invalid(format!("`eos_token_id` holds {value}, not a token id"))
+                    })? as u32);
+                }
+            }
+            Some(value) => ids.push(
+                value
+                    .as_u64()
+                    .ok_or_else(|| invalid(format!("`eos_token_id` is {value}, not a token id")))?
+                    as u32,
+            ),
+        }
+    }
+    if ids.is_empty() {
+        ids = config.eos_token_ids.clone();
+    }
+    if let Some(id) = template
+        .special_token("eos_token")
+        .and_then(|token| tokenizer.token_to_id(token))
+    {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}

@@ -1,0 +1,396 @@
+//! Batched sampling with a KV cache: many prompts of different lengths at once, each row with its own
+//! sampling parameters, seed, stop strings and length, and for every sampled token its log-probability
+//! under the policy (temperature 1) and under the distribution it was drawn from.
+//!
+//! Prompts are left-padded into one prefill; each later step feeds one token per unfinished row. Rows that
+//! finish are dropped from the batch (and from the cache), so the remaining rows run at their own size.
+
+use candle_core::{DType, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokenizers::Tokenizer;
+
+use super::model::{KvCache, Model, Ops, Result};
+use crate::machine::Finish;
+
+/// How one row is sampled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationParams {
+    pub max_tokens: usize,
+    /// 0 samples greedily.
+    pub temperature: f64,
+    /// Nucleus sampling: the smallest set of most likely tokens whose probability reaches `top_p`; 1 keeps
+    /// all.
+    pub top_p: f64,
+    /// Only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Sampling ends after the first of these appears in the decoded text, which keeps it.
+    pub stop: Vec<String>,
+    pub seed: u64,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        GenerationParams {
+            max_tokens: 16,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            seed: 0,
+        }
+    }
+}
+
+/// What one row produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Sampled token ids, the end-of-turn token included when one ended the row.
+    pub tokens: Vec<u32>,
+    /// `log p(token)` under the policy at temperature 1, one per token.
+    pub logprobs: Vec<f32>,
+    /// `log q(token)` under the distribution the token was drawn from (temperature, top-k, top-p
+    /// applied); 0 for greedy choices.
+    pub sampling_logprobs: Vec<f32>,
+    /// The decoded tokens without special tokens, ending with the stop string when one matched.
+    pub text: String,
+    pub finish: Finish,
+}
+
+/// Token ids that end a row, and the tokenizer that decodes rows for stop strings.
+pub struct Stopping<'a> {
+    pub eos: &'a [u32],
+    pub tokenizer: &'a Tokenizer,
+}
+
+struct Row {
+    index: usize,
+    params: GenerationParams,
+    rng: ChaCha8Rng,
+    key_mask: Vec<u8>,
+    generation: Generation,
+    /// Decoded text length already searched for stop strings.
+    searched: usize,
+    done: bool,
+}
+
+/// Samples a continuation of every prompt. Prompts must be non-empty.
+pub fn generate(
+    model: &Model,
+    stopping: &Stopping,
+    prompts: &[Vec<u32>],
+    params: &[GenerationParams],
+) -> Result<Vec<Generation>> {
+    assert_eq!(prompts.len(), params.len(), "one parameter set per prompt");
+    if prompts.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        candle_core::bail!("prompt {i} is empty");
+    }
+    let device = model.device();
+    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let pad = stopping.eos.first().copied().unwrap_or(0);
+    let mut ids = Vec::with_capacity(prompts.len() * width);
+    let mut rows = Vec::with_capacity(prompts.len());
+    for (index, (prompt, params)) in prompts.iter().zip(params).enumerate() {
+        let padding = width - prompt.len();
+        ids.extend(std::iter::repeat_n(pad, padding));
+        ids.extend_from_slice(prompt);
+        let mut key_mask = vec![0u8; padding];
+        key_mask.resize(width, 1);
+        rows.push(Row {
+            index,
+            params: params.clone(),
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            key_mask,
+            generation: Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                sampling_logprobs: Vec::new(),
+                text: String::new(),
+                finish: Finish::Length,
+            },
+            searched: 0,
+            done: params.max_tokens == 0,
+        });
+    }
+    let mut finished: Vec<Option<Generation>> = vec![None; rows.len()];
+    let mut cache = KvCache::new(&model.config);
+    let mut input = Tensor::from_vec(ids, (rows.len(), width), device)?;
+    let mut start = 0;
+    let mut width = width;
+    loop {
+        let mask = rows
+            .iter()
+            .flat_map(|row| row.key_mask.iter().copied())
+            .collect::<Vec<_>>();
+        let total = start + width;
+        let key_mask = Tensor::from_vec(mask, (rows.len(), total), device)?;
+        if rows.iter().any(|row| !row.done) {
+            let hidden =
+                model.forward_hidden(&input, start, &key_mask, Some(&mut cache), Ops::Fast)?;
+            let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
+            let logits = model
+                .logits(&last)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?;
+            for (row, logits) in rows.iter_mut().zip(logits) {
+                if !row.done {
+                    step(row, &logits, stopping)?;
+                }
+            }
+        }
+        let keep: Vec<u32> = (0..rows.len() as u32)
+            .filter(|&i| !rows[i as usize].done)
+            .collect();
+        if keep.len() < rows.len() {
+            let mut kept = Vec::with_capacity(keep.len());
+            for mut row in rows.drain(..) {
+                if row.done {
+                    finish_text(&mut row, stopping)?;
+                    finished[row.index] = Some(row.generation);
+                } else {
+                    kept.push(row);
+                }
+            }
+            rows = kept;
+            if rows.is_empty() {
+                break;
+            }
+            cache.select_rows(&Tensor::new(keep.as_slice(), device)?)?;
+        }
+        let next: Vec<u32> = rows
+            .iter()
+            .map(|row| {
+                *row.generation
+                    .tokens
+                    .last()
+                    .expect("a live row has sampled")
+            })
+            .collect();
+        for row in &mut rows {
+            row.key_mask.push(1);
+        }
+        start = total;
+        width = 1;
+        input = Tensor::from_vec(next, (rows.len(), 1), device)?;
+    }
+    Ok(finished
+        .into_iter()
+        .map(|generation| generation.expect("every row finishes"))
+        .collect())
+}
+
+/// Samples one token for `row` from its last-position logits and decides whether the row is done.
+fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
+    let policy = log_softmax(logits);
+    let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
+    let generation = &mut row.generation;
+    generation.tokens.push(token);
+    generation.logprobs.push(policy[token as usize]);
+    generation.sampling_logprobs.push(sampling_logprob);
+    if stopping.eos.contains(&token) {
+        generation.finish = Finish::EndOfTurn;
+        row.done = true;
+        return Ok(());
+    }
+    if !row.params.stop.is_empty() {
+        let text = decode(stopping.tokenizer, &generation.tokens)?;
+        let longest = row.params.stop.iter().map(String::len).max().unwrap_or(0);
+        // A stop string can end in the newly decoded text but start before it.
+        let mut from = row.searched.saturating_sub(longest);
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let earliest = row
+            .params
+            .stop
+            .iter()
+            .filter(|stop| !stop.is_empty())
+            .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
+            .min_by_key(|(at, stop)| (*at + stop.len(), *at));
+        if let Some((at, stop)) = earliest {
+            generation.text = text[..at + stop.len()].to_string();
+            generation.finish = Finish::Stop(stop.clone());
+            row.done = true;
+            return Ok(());
+        }
+        row.searched = text.len();
+    }
+    if generation.tokens.len() >= row.params.max_tokens {
+        generation.finish = Finish::Length;
+        row.done = true;
+    }
+    Ok(())
+}
+
+fn finish_text(row: &mut Row, stopping: &Stopping) -> Result<()> {
+    if !matches!(row.generation.finish, Finish::Stop(_)) {
+        row.generation.text = decode(stopping.tokenizer, &row.generation.tokens)?;
+    }
+    Ok(())
+}
+
+fn decode(tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
+    tokenizer
+        .decode(tokens, true)
+        .map_err(|error| candle_core::Error::Msg(format!("cannot decode sampled tokens: {error}")))
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let log_sum = sum.ln() as f32 + max;
+    logits.iter().map(|&x| x - log_sum).collect()
+}
+
+/// Picks a token: greedy at temperature 0, otherwise temperature, then top-k, then top-p (vLLM's
+/// order), drawn with the row's RNG. Returns the token and its log-probability under that distribution.
+fn choose(logits: &[f32], params: &GenerationParams, rng: &mut ChaCha8Rng) -> (u32, f32) {
+    if params.temperature <= 0.0 {
+        let (token, _) = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                if x > best.1 {
+                    (i, x)
+                } else {
+                    best
+                }
+            });
+        return (token as u32, 0.0);
+    }
+    let temperature = params.temperature as f32;
+    let scaled: Vec<f32> = logits.iter().map(|&x| x / temperature).collect();
+    let mut candidates: Vec<u32> = (0..scaled.len() as u32).collect();
+    let restricted = (params.top_k > 0 && params.top_k < scaled.len()) || params.top_p < 1.0;
+    if restricted {
+        let by_logit = |a: &u32, b: &u32| scaled[*b as usize].total_cmp(&scaled[*a as usize]);
+        if params.top_k > 0 && params.top_k < candidates.len() {
+            candidates.select_nth_unstable_by(params.top_k - 1, by_logit);
+            candidates.truncate(params.top_k);
+        }
+        candidates.sort_unstable_by(by_logit);
+    }
+    let max = candidates
+        .iter()
+        .map(|&i| scaled[i as usize])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f64> = candidates
+        .iter()
+        .map(|&i| ((scaled[i as usize] - max) as f64).exp())
+        .collect();
+    let mut total: f64 = weights.iter().sum();
+    let mut kept = candidates.len();
+    if params.top_p < 1.0 {
+        let mut cumulative = 0.0;
+        for (i, weight) in weights.iter().enumerate() {
+            cumulative += weight / total;
+            if cumulative >= params.top_p {
+                kept = i + 1;
+                break;
+            }
+        }
+        total = weights[..kept].iter().sum();
+    }
+    let mut threshold = rng.random::<f64>() * total;
+    let mut chosen = kept - 1;
+    for (i, weight) in weights[..kept].iter().enumerate() {
+        if threshold < *weight {
+            chosen = i;
+            break;
+        }
+        threshold -= weight;
+    }
+    let logprob = (weights[chosen] / total).ln() as f32;
+    (candidates[chosen], logprob)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f64, top_k: usize, top_p: f64) -> GenerationParams {
+        GenerationParams {
+            temperature,
+            top_k,
+            top_p,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_largest_logit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        assert_eq!(
+            choose(&[0.1, 3.0, -1.0, 2.9], &params(0.0, 0, 1.0), &mut rng),
+            (1, 0.0)
+        );
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_with_probability_one() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..20 {
+            let (token, logprob) = choose(&[0.1, 3.0, -1.0, 2.9], &params(1.0, 1, 1.0), &mut rng);
+            assert_eq!(token, 1);
+            assert!(logprob.abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus_and_renormalises() {
+        // probabilities 0.5, 0.3, 0.2 (as logits of their logs): top_p 0.7 keeps the first two.
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut seen = [0usize; 3];
+        for _ in 0..2000 {
+            let (token, logprob) = choose(&logits, &params(1.0, 0, 0.7), &mut rng);
+            seen[token as usize] += 1;
+            let expected = if token == 0 { 0.5 / 0.8 } else { 0.3 / 0.8 };
+            assert!(
+                (logprob - (expected as f32).ln()).abs() < 1e-5,
+                "{token} {logprob}"
+            );
+        }
+        assert_eq!(seen[2], 0);
+        assert!((1100..1400).contains(&seen[0]), "{seen:?}");
+    }
+
+    #[test]
+    fn sampling_follows_the_tempered_distribution() {
+        let logits = [0.0f32, 1.0, 2.0];
+        let temperature = 2.0;
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut seen = [0usize; 3];
+        let draws = 6000;
+        for _ in 0..draws {
+            let (token, logprob) = choose(&logits, &params(temperature, 0, 1.0), &mut rng);
+            seen[token as usize] += 1;
+            let tempered: Vec<f32> = logits.iter().map(|x| x / temperature as f32).collect();
+            assert!((logprob - log_softmax(&tempered)[token as usize]).abs() < 1e-5);
+        }
+        let tempered: Vec<f32> = logits.iter().map(|x| x / temperature as f32).collect();
+        for (token, count) in seen.iter().enumerate() {
+            let expected = log_softmax(&tempered)[token].exp() * draws as f32;
+            assert!(
+                (*count as f32 - expected).abs() < 0.08 * draws as f32,
+                "{seen:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_tokens() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let draw = |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            (0..30)
+                .map(|_| choose(&logits, &params(1.0, 0, 1.0), &mut rng).0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(5), draw(5));
+        assert_ne!(draw(5), draw(6));
+    }
+}

@@ -1,0 +1,617 @@
+//! `holo init-model`: a random-initialised model folder in Hugging Face format, built offline.
+//!
+//! The folder holds what `transformers.AutoModelForCausalLM.from_pretrained` and
+//! `AutoTokenizer.from_pretrained` read, and what this runtime loads:
+//!
+//! - `config.json` ([`ModelConfig::to_json`]);
+//! - `model.safetensors`: every weight under its Hugging Face name, f32; matrices and embeddings drawn
+//!   from normal(0, 0.02) (transformers' `initializer_range`), biases zero, RMSNorm weights one; the
+//!   draws come from ChaCha8 seeded with `--seed`, so a seed always gives the same bytes;
+//! - `tokenizer.json`: a Qwen2-style byte-level BPE tokenizer (Qwen2's pre-tokenizer regex, NFC, 509
+//!   learned tokens over the 256 byte symbols, then `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as
+//!   ids 509, 510, 511), trained with the `tokenizers` crate on a fixed synthetic corpus (arithmetic
+//!   questions and answers, ChatML-like role lines, word salad). It mirrors
+//!   `../shared/peers/build_tiny_qwen2.py`; the corpus is generated here, so the learned merges differ
+//!   from the Python one's. The tokenizer does not depend on `--seed`: every folder shares one
+//!   vocabulary;
+//! - `tokenizer_config.json` in the form of Qwen2.5's (a ChatML `chat_template` inline, `eos_token`
+//!   `<|im_end|>`, `pad_token` `<|endoftext|>`, no BOS) and `generation_config.json` (EOS ids of
+//!   `<|im_end|>` and `<|endoftext|>`).
+//!
+//! Presets (the vocabulary is always the offline tokenizer's, 512 ids, whatever the preset):
+//!
+//! | preset | arch  | hidden | intermediate | layers | heads / kv heads | tied | rope θ |
+//! |--------|-------|--------|--------------|--------|------------------|------|--------|
+//! | tiny   | qwen2 | 64     | 128          | 2      | 4 / 2            | yes  | 1e6    |
+//! | tiny   | llama | 64     | 128          | 2      | 4 / 2            | no   | 5e5    |
+//! | small  | qwen2 | 896    | 4864         | 24     | 14 / 2           | yes  | 1e6    |
+//! | small  | llama | 576    | 1536         | 30     | 9 / 3            | yes  | 1e5    |
+//!
+//! `small` has the shapes of Qwen2.5-0.5B (qwen2) and SmolLM2-135M (llama) except the vocabulary: theirs
+//! are 151,936 and 49,152 ids, ours 512, so the embedding and the LM head are far smaller than the real
+//! models' (about 136M and 28M parameters fewer); the decoder layers, which dominate the cost per token,
+//! are the same.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use super::config::{Arch, ModelConfig, RopeScaling};
+
+/// The special tokens, in Qwen2.5's order; they take the last three ids.
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// Ids of the whole vocabulary, special tokens included.
+pub const VOCAB_SIZE: usize = 512;
+/// Qwen2's pre-tokenizer regex (transformers' `tokenization_qwen2.py`).
+pub const PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// ChatML without a default system prompt (Qwen2.5's, less tools), as in `build_tiny_qwen2.py`.
+pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+/// transformers' `initializer_range`.
+pub const INIT_STD: f64 = 0.02;
+/// The seed of the tokenizer's training corpus (independent of the weights' seed).
+const CORPUS_SEED: u64 = 0;
+/// Files written, in the order they are written.
+pub const FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+];
+
+/// The size of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A few hundred thousand parameters, for tests.
+    Tiny,
+    /// The decoder shapes of Qwen2.5-0.5B (qwen2) or SmolLM2-135M (llama), for benchmarks.
+    Small,
+}
+
+impl FromStr for Preset {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "tiny" => Ok(Preset::Tiny),
+            "small" => Ok(Preset::Small),
+            other => Err(format!("unknown preset {other:?}; expected tiny or small")),
+        }
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Preset::Tiny => "tiny",
+            Preset::Small => "small",
+        })
+    }
+}
+
+/// `qwen2` or `llama`, for command-line parsers.
+pub fn parse_arch(name: &str) -> Result<Arch, String> {
+    match name {
+        "qwen2" => Ok(Arch::Qwen2),
+        "llama" => Ok(Arch::Llama),
+        other => Err(format!(
+            "unknown architecture {other:?}; expected qwen2 or llama"
+        )),
+    }
+}
+
+/// What to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitOptions {
+    pub arch: Arch,
+    pub preset: Preset,
+    /// Seeds the weights (not the tokenizer).
+    pub seed: u64,
+    /// Write into a folder that is not empty, replacing the files this writes (others are left).
+    pub force: bool,
+}
+
+/// Why no model folder was written.
+#[derive(Debug)]
+pub enum InitError {
+    /// The command was used wrongly (the folder is not empty, or is a file).
+    Usage(String),
+    /// Reading or writing a file failed.
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Building the tokenizer failed.
+    Tokenizer(String),
+}
+
+impl InitError {
+    /// The process exit status: 2 for a usage error, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            InitError::Usage(_) => 2,
+            InitError::Io { .. } | InitError::Tokenizer(_) => 1,
+        }
+    }
+
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InitError + '_ {
+        move |error| InitError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+impl fmt::Display for InitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InitError::Usage(message) => f.write_str(message),
+            InitError::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            InitError::Tokenizer(message) => write!(f, "building the tokenizer: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for InitError {}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct InitSummary {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub preset: Preset,
+    pub seed: u64,
+    pub parameters: usize,
+}
+
+impl fmt::Display for InitSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        write!(
+            f,
+            "wrote a random {} {} model to {} (seed {}): {} parameters, vocab {}, hidden {}, {} layers, \
+             {} heads / {} kv heads, {} embeddings; files: {}",
+            c.arch,
+            self.preset,
+            self.dir.display(),
+            self.seed,
+            self.parameters,
+            c.vocab_size,
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            if c.tie_word_embeddings { "tied" } else { "untied" },
+            FILES.join(", "),
+        )
+    }
+}
+
+/// How a weight starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    /// normal(0, [`INIT_STD`]).
+    Normal,
+    Zeros,
+    Ones,
+}
+
+/// One weight of the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub init: Init,
+}
+
+impl ParamSpec {
+    fn new(name: String, shape: Vec<usize>, init: Init) -> Self {
+        ParamSpec { name, shape, init }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// The configuration of a preset. `bos`/`eos` are token ids of the tokenizer.
+pub fn preset_config(
+    arch: Arch,
+    preset: Preset,
+    vocab_size: usize,
+    bos: u32,
+    eos: u32,
+) -> ModelConfig {
+    // (hidden, intermediate, layers, heads, kv heads, max positions, rope theta, rms eps, tied)
+    let (hidden, intermediate, layers, heads, kv_heads, max_positions, theta, eps, tied) =
+        match (arch, preset) {
+            (Arch::Qwen2, Preset::Tiny) => (64, 128, 2, 4, 2, 2048, 1e6, 1e-6, true),
+            (Arch::Llama, Preset::Tiny) => (64, 128, 2, 4, 2, 2048, 5e5, 1e-5, false),
+            // Qwen2.5-0.5B.
+            (Arch::Qwen2, Preset::Small) => (896, 4864, 24, 14, 2, 32768, 1e6, 1e-6, true),
+            // SmolLM2-135M.
+            (Arch::Llama, Preset::Small) => (576, 1536, 30, 9, 3, 8192, 1e5, 1e-5, true),
+        };
+    ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim: hidden / heads,
+        max_position_embeddings: max_positions,
+        rms_norm_eps: eps,
+        rope_theta: theta,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: tied,
+        qkv_bias: arch == Arch::Qwen2,
+        o_bias: false,
+        mlp_bias: false,
+        bos_token_id: Some(bos),
+        eos_token_ids: vec![eos],
+    }
+}
+
+/// Every weight of a checkpoint of `config`, under its Hugging Face name, in module order.
+pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
+    let hidden = config.hidden_size;
+    let q_out = config.num_attention_heads * config.head_dim;
+    let kv_out = config.num_key_value_heads * config.head_dim;
+    let intermediate = config.intermediate_size;
+    let mut specs = vec![ParamSpec::new(
+        "model.embed_tokens.weight".into(),
+        vec![config.vocab_size, hidden],
+        Init::Normal,
+    )];
+    for layer in 0..config.num_hidden_layers {
+        let prefix = format!("model.layers.{layer}");
+        let mut linear = |name: &str, out: usize, input: usize, bias: bool| {
+            specs.push(ParamSpec::new(
+                format!("{prefix}.{name}.weight"),
+                vec![out, input],
+                Init::Normal,
+            ));
+            if bias {
+                specs.push(ParamSpec::new(
+                    format!("{prefix}.{name}.bias"),
+                    vec![out],
+                    Init::Zeros,
+                ));
+            }
+        };
+        linear("self_attn.q_proj", q_out, hidden, config.qkv_bias);
+        linear("self_attn.k_proj", kv_out, hidden, config.qkv_bias);
+        linear("self_attn.v_proj", kv_out, hidden, config.qkv_bias);
+        linear("self_attn.o_proj", hidden, q_out, config.o_bias);
+        linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
+        linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
+        linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        for norm in ["input_layernorm", "post_attention_layernorm"] {
+            specs.push(ParamSpec::new(
+                format!("{prefix}.{norm}.weight"),
+                vec![hidden],
+                Init::Ones,
+            ));
+        }
+    }
+    specs.push(ParamSpec::new(
+        "model.norm.weight".into(),
+        vec![hidden],
+        Init::Ones,
+    ));
+    if !config.tie_word_embeddings {
+        specs.push(ParamSpec::new(
+            "lm_head.weight".into(),
+            vec![config.vocab_size, hidden],
+            Init::Normal,
+        ));
+    }
+    specs
+}
+
+/// Writes a random-initialised model folder into `dir` (created if needed).
+pub fn init_model(dir: &Path, options: &InitOptions) -> Result<InitSummary, InitError> {
+    prepare_dir(dir, options.force)?;
+
+    let tokenizer = build_tokenizer()?;
+    let id = |token: &str| {
+        tokenizer
+            .token_to_id(token)
+            .ok_or_else(|| InitError::Tokenizer(format!("{token} is not in the vocabulary")))
+    };
+    let (endoftext, im_end) = (id("<|endoftext|>")?, id("<|im_end|>")?);
+    let vocab_size = tokenizer.get_vocab_size(true);
+    let config = preset_config(options.arch, options.preset, vocab_size, endoftext, im_end);
+
+    let tokenizer_json = tokenizer
+        .to_string(true)
+        .map_err(|error| InitError::Tokenizer(error.to_string()))?;
+    write_atomic(&dir.join("tokenizer.json"), |file| {
+        file.write_all(tokenizer_json.as_bytes())?;
+        file.write_all(b"\n")
+    })?;
+    write_json(
+        &dir.join("tokenizer_config.json"),
+        &tokenizer_config(&tokenizer, &config),
+    )?;
+    write_json(&dir.join("config.json"), &config.to_json())?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({
+            "bos_token_id": endoftext,
+            "eos_token_id": [im_end, endoftext],
+            "pad_token_id": endoftext,
+        }),
+    )?;
+    let specs = parameter_specs(&config);
+    write_atomic(&dir.join("model.safetensors"), |file| {
+        write_safetensors(file, &specs, options.seed)
+    })?;
+    Ok(InitSummary {
+        dir: dir.to_path_buf(),
+        parameters: specs.iter().map(ParamSpec::numel).sum(),
+        config,
+        preset: options.preset,
+        seed: options.seed,
+    })
+}
+
+fn prepare_dir(dir: &Path, force: bool) -> Result<(), InitError> {
+    match std::fs::metadata(dir) {
+        Ok(metadata) if !metadata.is_dir() => Err(InitError::Usage(format!(
+            "{} exists and is not a directory",
+            dir.display()
+        ))),
+        Ok(_) => {
+            let mut entries = std::fs::read_dir(dir).map_err(InitError::io(dir))?;
+            if !force && entries.next().is_some() {
+                Err(InitError::Usage(format!(
+                    "{} exists and is not empty; pass --force to write the model files into it \
+                     (replacing {})",
+                    dir.display(),
+                    FILES.join(", ")
+                )))
+            } else {
+                Ok(())
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(InitError::io(dir))
+        }
+        Err(error) => Err(InitError::Io {
+            path: dir.to_path_buf(),
+            error,
+        }),
+    }
+}
+
+/// Writes `path` through a temporary file beside it, renamed into place once complete.
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+) -> Result<(), InitError> {
+    let name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("file");
+    let temporary = path.with_file_name(format!(".{name}.tmp"));
+    let result = (|| {
+        let mut file = BufWriter::with_capacity(1 << 20, File::create(&temporary)?);
+        write(&mut file)?;
+        file.into_inner()
+            .map_err(|error| error.into_error())?
+            .sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    result.map_err(|error| {
+        let _ = std::fs::remove_file(&temporary);
+        InitError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    })
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<(), InitError> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    write_atomic(path, |file| file.write_all(text.as_bytes()))
+}
+
+/// `tokenizer_config.json` as Qwen2.5's (which transformers 4 and 5 both read).
+fn tokenizer_config(tokenizer: &Tokenizer, config: &ModelConfig) -> Value {
+    let added: serde_json::Map<String, Value> = SPECIAL_TOKENS
+        .iter()
+        .map(|token| {
+            let id = tokenizer
+                .token_to_id(token)
+                .expect("special tokens are in the vocabulary");
+            (
+                id.to_string(),
+                json!({
+                    "content": token,
+                    "lstrip": false,
+                    "normalized": false,
+                    "rstrip": false,
+                    "single_word": false,
+                    "special": true,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "add_prefix_space": false,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": SPECIAL_TOKENS,
+        "bos_token": null,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": false,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": config.max_position_embeddings,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": false,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": null,
+    })
+}
+
+/// The offline Qwen2-style byte-level BPE tokenizer (see the module documentation).
+pub fn build_tokenizer() -> Result<Tokenizer, InitError> {
+    let error = |error: tokenizers::Error| InitError::Tokenizer(error.to_string());
+    let split = Split::new(
+        SplitPattern::Regex(PRETOKENIZE_REGEX.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(error)?;
+    let mut tokenizer = Tokenizer::new(BPE::default());
+    tokenizer.with_normalizer(Some(NFC)).map_err(error)?;
+    tokenizer
+        .with_pre_tokenizer(Some(Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, true, false).into(),
+        ])))
+        .with_post_processor(Some(ByteLevel::new(false, false, false)))
+        .with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
+    let learned = VOCAB_SIZE - SPECIAL_TOKENS.len();
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(learned)
+        .min_frequency(2)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect::<HashSet<char>>())
+        .build()
+        .into();
+    tokenizer
+        .train(
+            &mut trainer,
+            synthetic_corpus(CORPUS_SEED, 4000).into_iter(),
+        )
+        .map_err(error)?;
+    if tokenizer.get_vocab_size(true) != learned {
+        return Err(InitError::Tokenizer(format!(
+            "the corpus gave {} tokens, {learned} wanted",
+            tokenizer.get_vocab_size(true)
+        )));
+    }
+    tokenizer
+        .add_special_tokens(SPECIAL_TOKENS.map(|token| AddedToken::from(token, true)))
+        .map_err(error)?;
+    Ok(tokenizer)
+}
+
+/// The tokenizer's training text: `n` rounds of an arithmetic fact, a question with its answer, a
+/// ChatML-like exchange without the special tokens, and a line of word salad.
+fn synthetic_corpus(seed: u64, n: usize) -> Vec<String> {
+    const WORDS: &str = "what is the answer sum of plus minus times equals please compute result think \
+        step by so we get first then add subtract number digits you are a helpful assistant user system \
+        reason reasoning final correct wrong check verify multiply divide product difference total carry \
+        borrow tens ones hundred thousand zero one two three four five six seven eight nine ten eleven \
+        twelve twenty thirty forty fifty sixty seventy eighty ninety question problem solve solution \
+        because therefore let us start with and the next value equal greater less than math arithmetic \
+        integer positive negative even odd count boxed format output only write";
+    let words: Vec<&str> = WORDS.split_whitespace().collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut lines = Vec::with_capacity(4 * n);
+    for _ in 0..n {
+        let a: i64 = rng.random_range(0..=99);
+        let b: i64 = rng.random_range(0..=99);
+        let (op, result) = match rng.random_range(0..3) {
+            0 => ('+', a + b),
+            1 => ('-', a - b),
+            _ => ('*', a * b),
+        };
+        lines.push(format!("{a}{op}{b}={result}"));
+        lines.push(format!("What is {a}{op}{b}? The answer is {result}."));
+        lines.push(format!(
+            "system\nYou are a helpful assistant.\nuser\nWhat is {a}{op}{b}?\nassistant\n{result}"
+        ));
+        let count = rng.random_range(3..=12);
+        let salad: Vec<&str> = (0..count)
+            .map(|_| words[rng.random_range(0..words.len())])
+            .collect();
+        lines.push(salad.join(" "));
+    }
+    lines
+}
+
+/// Streams a safetensors file (header, then each tensor's f32 little-endian bytes in `specs` order), so
+/// that even the `small` preset never holds more than one tensor in memory.
+fn write_safetensors(out: &mut impl Write, specs: &[ParamSpec], seed: u64) -> std::io::Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0usize;
+    for spec in specs {
+        let end = offset + 4 * spec.numel();
+        header.insert(
+            spec.name.clone(),
+            json!({"dtype": "F32", "shape": spec.shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut header = serde_json::to_string(&Value::Object(header)).expect("JSON values serialize");
+    // The data starts 8-aligned, as the safetensors crate writes it.
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    out.write_all(&(header.len() as u64).to_le_bytes())?;
+    out.write_all(header.as_bytes())?;
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut buffer = Vec::with_capacity(4 * 16384);
+    for spec in specs {
+        let mut remaining = spec.numel();
+        let mut normal = Normal::default();
+        while remaining > 0 {
+            let chunk = remaining.min(16384);
+            buffer.clear();
+            for _ in 0..chunk {
+                let value = match spec.init {
+                    Init::Normal => (normal.sample(&mut rng) * INIT_STD) as f32,
+                    Init::Zeros => 0.0,
+                    Init::Ones => 1.0,
+                };
+                buffer.extend_from_slice(&value.to_le_bytes());
+            }
+            out.write_all(&buffer)?;
+            remaining -= chunk;
+        }
+    }
+    Ok(())
+}
+
+/// Standard normal draws by the Box–Muller transform (both values of each pair are used).
+#[derive(Default)]
+struct Normal {
+    spare: Option<f64>,
+}
+
+impl Normal {
+    fn sample(&mut self, rng: &mut impl Rng) -> f64 {
+        if let Some(value) = self.spare.take() {
+            return value;
+        }
+        // 1 - [0, 1) is in (0, 1], so the logarithm is finite.
+        let radius = (-2.0 * (1.0 - rng.random::<f64>()).ln()).sqrt();
+        let angle = std::f64::consts::TAU * rng.random::<f64>();
+        self.spare = Some(radius * angle.sin());
+        radius * angle.cos()
+    }
+}

@@ -1,0 +1,281 @@
+//! Hugging Face Qwen2 and Llama checkpoints in process, on candle.
+//!
+//! [`LocalModel::load`] reads a model folder (see [`checkpoint`]); the model implements
+//! [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other sampler, batched.
+//! [`model::Model`] is the network itself, with a differentiable forward for training.
+
+pub mod checkpoint;
+pub mod config;
+pub mod generate;
+pub mod init;
+pub mod model;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use tokenizers::Tokenizer;
+
+pub use checkpoint::LoadError;
+pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
+pub use generate::{Generation, GenerationParams};
+pub use model::{Model, Ops};
+
+use crate::chat::{ChatTemplate, RenderOptions};
+use crate::machine::Completion;
+use crate::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
+
+/// How a local model samples when a request leaves something unset.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub device: Device,
+    pub dtype: DType,
+    /// `max_tokens` for requests that give none.
+    pub default_max_tokens: usize,
+    /// Requests sampled together in one forward batch; larger calls are split.
+    pub max_batch: usize,
+    /// Seeds requests without one: request `n` of this model gets `seed + n`.
+    pub seed: u64,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            default_max_tokens: 256,
+            max_batch: 64,
+            seed: 0,
+        }
+    }
+}
+
+struct Inner {
+    model: Model,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    end_of_turn: Vec<u32>,
+    options: LocalOptions,
+    unseeded: AtomicU64,
+}
+
+/// A model folder loaded for sampling. Cheap to clone; clones share the weights.
+#[derive(Clone)]
+pub struct LocalModel {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LocalModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalModel")
+            .field("config", &self.inner.model.config)
+            .field("end_of_turn", &self.inner.end_of_turn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalModel {
+    pub fn load(dir: impl AsRef<Path>, options: LocalOptions) -> Result<Self, LoadError> {
+        let dir = dir.as_ref();
+        let model = checkpoint::load_model(dir, options.dtype, &options.device)?;
+        let tokenizer = checkpoint::load_tokenizer(dir)?;
+        let template = checkpoint::load_template(dir)?;
+        let end_of_turn = checkpoint::end_of_turn_ids(dir, &model.config, &tokenizer, &template)?;
+        Ok(Self::new(model, tokenizer, template, end_of_turn, options))
+    }
+
+    /// A sampler over an already built model (for instance the detached policy of a trainer).
+    pub fn new(
+        model: Model,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        end_of_turn: Vec<u32>,
+        options: LocalOptions,
+    ) -> Self {
+        LocalModel {
+            inner: Arc::new(Inner {
+                model,
+                tokenizer,
+                template,
+                end_of_turn,
+                options,
+                unseeded: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.inner.model
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.inner.model.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.inner.template
+    }
+
+    /// Token ids that end the model's turn.
+    pub fn end_of_turn(&self) -> &[u32] {
+        &self.inner.end_of_turn
+    }
+
+    /// The token ids a prompt stands for: text is tokenized as a completion prompt (special tokens the
+    /// tokenizer adds, such as BOS, included), a chat is rendered with the model's template and its
+    /// generation prompt.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, SamplerError> {
+        let encode = |text: &str, special: bool| {
+            self.inner
+                .tokenizer
+                .encode(text, special)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|error| {
+                    SamplerError::Rejected(format!("cannot tokenize the prompt: {error}"))
+                })
+        };
+        let ids = match prompt {
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Text(text) => encode(text, true)?,
+            Prompt::Chat(messages) => {
+                let text = self
+                    .inner
+                    .template
+                    .render(messages, &RenderOptions::generation())
+                    .map_err(|error| SamplerError::Rejected(error.to_string()))?;
+                encode(&text, false)?
+            }
+        };
+        let vocab = self.config().vocab_size as u32;
+        if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(SamplerError::Rejected(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if ids.is_empty() {
+            return match self.config().bos_token_id {
+                Some(bos) => Ok(vec![bos]),
+                None => Err(SamplerError::Rejected(
+                    "empty prompt, and the model has no BOS token to start from".into(),
+                )),
+            };
+        }
+        Ok(ids)
+    }
+
+    fn params(
+        &self,
+        request: &Request,
+        prompt_len: usize,
+    ) -> Result<GenerationParams, SamplerError> {
+        let params = &request.params;
+        let context = self.config().max_position_embeddings;
+        if prompt_len >= context {
+            return Err(SamplerError::Rejected(format!(
+                "the prompt has {prompt_len} tokens; the model's context is {context}"
+            )));
+        }
+        let requested = params
+            .max_tokens
+            .map_or(self.inner.options.default_max_tokens, |n| n as usize);
+        let temperature = params.temperature.unwrap_or(1.0);
+        if !(temperature >= 0.0 && temperature.is_finite()) {
+            return Err(SamplerError::Rejected(format!(
+                "temperature must be finite and at least 0, got {temperature}"
+            )));
+        }
+        let top_p = params.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(SamplerError::Rejected(format!(
+                "top_p must be in (0, 1], got {top_p}"
+            )));
+        }
+        let seed = params.seed.unwrap_or_else(|| {
+            self.inner
+                .options
+                .seed
+                .wrapping_add(self.inner.unseeded.fetch_add(1, Ordering::Relaxed))
+        });
+        Ok(GenerationParams {
+            max_tokens: requested.min(context - prompt_len),
+            temperature,
+            top_p,
+            top_k: params.top_k.unwrap_or(0) as usize,
+            stop: params.stop.clone(),
+            seed,
+        })
+    }
+
+    /// Samples every request, batched; results in request order.
+    pub fn sample_blocking(&self, batch: &[Request]) -> Vec<Result<Completion, SamplerError>> {
+        let mut results: Vec<Option<Result<Completion, SamplerError>>> = vec![None; batch.len()];
+        let mut accepted = Vec::new();
+        for (i, request) in batch.iter().enumerate() {
+            let prepared = self
+                .prompt_ids(&request.prompt)
+                .and_then(|ids| Ok((self.params(request, ids.len())?, ids)));
+            match prepared {
+                Ok((params, ids)) => accepted.push((i, ids, params)),
+                Err(error) => results[i] = Some(Err(error)),
+            }
+        }
+        let stopping = generate::Stopping {
+            eos: &self.inner.end_of_turn,
+            tokenizer: &self.inner.tokenizer,
+        };
+        for chunk in accepted.chunks(self.inner.options.max_batch.max(1)) {
+            let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, ids, _)| ids.clone()).collect();
+            let params: Vec<GenerationParams> =
+                chunk.iter().map(|(_, _, params)| params.clone()).collect();
+            match generate::generate(&self.inner.model, &stopping, &prompts, &params) {
+                Ok(generations) => {
+                    for ((i, _, _), generation) in chunk.iter().zip(generations) {
+                        results[*i] = Some(Ok(Completion {
+                            text: generation.text,
+                            tokens: generation.tokens,
+                            logprobs: generation.logprobs,
+                            finish: generation.finish,
+                        }));
+                    }
+                }
+                Err(error) => {
+                    for (i, _, _) in chunk {
+                        results[*i] = Some(Err(SamplerError::Unavailable(format!(
+                            "local model failed: {error}"
+                        ))));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| result.expect("every request has a result"))
+            .collect()
+    }
+}
+
+impl Sampler for LocalModel {
+    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
+        let model = self.clone();
+        let batch = batch.to_vec();
+        Box::pin(async move {
+            let count = batch.len();
+            // The forward pass is CPU-bound: keep it off the async workers.
+            match tokio::task::spawn_blocking(move || model.sample_blocking(&batch)).await {
+                Ok(results) => results,
+                Err(error) => (0..count)
+                    .map(|_| {
+                        Err(SamplerError::Unavailable(format!(
+                            "local model panicked: {error}"
+                        )))
+                    })
+                    .collect(),
+            }
+        })
+    }
+}

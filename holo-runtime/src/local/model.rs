@@ -1,0 +1,632 @@
+//! The decoder shared by Qwen2 and Llama: plain structs per layer, weights named as in Hugging Face
+//! checkpoints.
+//!
+//! One set of weights serves two paths. Sampling ([`Ops::Fast`]) uses candle's fused kernels for RMSNorm,
+//! RoPE and softmax, which have no backward. Training ([`Ops::Differentiable`]) builds the same functions
+//! from basic tensor ops, so every weight receives its gradient; [`Model::trainable`] moves the weights
+//! into [`Var`]s for an optimizer.
+//!
+//! Positions are the columns of the batch: a row left-padded by `p` tokens starts at position `p` instead
+//! of 0. Rotary embeddings only depend on the distance between a query and a key, so attention over a
+//! row's real tokens is the same as with per-row positions, and all rows of a step share one RoPE table.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::VarBuilder;
+
+use super::config::{ModelConfig, RopeScaling};
+
+pub type Result<T> = candle_core::Result<T>;
+
+/// Which implementation of RMSNorm, RoPE and softmax a forward pass uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ops {
+    /// Fused kernels without backward: sampling.
+    Fast,
+    /// Basic tensor ops with backward: training.
+    Differentiable,
+}
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(vb: VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        let weight = vb.get((out_dim, in_dim), "weight")?;
+        let bias = if bias {
+            Some(vb.get(out_dim, "bias")?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product.
+    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let dims = xs.dims().to_vec();
+        let (leading, in_dim) = dims.split_at(dims.len() - 1);
+        let rows: usize = leading.iter().product();
+        let ys = xs.reshape((rows, in_dim[0]))?.matmul(&self.weight.t()?)?;
+        let ys = match &self.bias {
+            Some(bias) => ys.broadcast_add(bias)?,
+            None => ys,
+        };
+        let mut out_dims = leading.to_vec();
+        out_dims.push(self.weight.dim(0)?);
+        ys.reshape(out_dims)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.get(size, "weight")?,
+            eps,
+        })
+    }
+
+    fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        match ops {
+            Ops::Fast => candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32),
+            Ops::Differentiable => {
+                let dtype = xs.dtype();
+                let xs = match dtype {
+                    DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
+                    _ => xs.clone(),
+                };
+                let variance = xs.sqr()?.mean_keepdim(D::Minus1)?;
+                let normed = xs.broadcast_div(&(variance + self.eps)?.sqrt()?)?;
+                normed.to_dtype(dtype)?.broadcast_mul(&self.weight)
+            }
+        }
+    }
+}
+
+/// Inverse rotary frequencies, rescaled as the config says (transformers' `ROPE_INIT_FUNCTIONS`).
+fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
+    let dim = config.head_dim;
+    let base: Vec<f32> = (0..dim)
+        .step_by(2)
+        .map(|i| 1.0 / (config.rope_theta as f32).powf(i as f32 / dim as f32))
+        .collect();
+    match config.rope_scaling {
+        RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old_context = original_max_position_embeddings as f64;
+            let low_freq_wavelen = old_context / low_freq_factor;
+            let high_freq_wavelen = old_context / high_freq_factor;
+            base.iter()
+                .map(|&freq| {
+                    let freq = freq as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / freq;
+                    let scaled = if wavelen > low_freq_wavelen {
+                        freq / factor
+                    } else {
+                        freq
+                    };
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+                    if medium {
+                        let smooth = (old_context / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
+                    } else {
+                        scaled as f32
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Rope {
+    inverse_frequencies: Tensor,
+}
+
+impl Rope {
+    /// `cos` and `sin` of shape `[len, head_dim / 2]` for positions `start..start + len`.
+    fn tables(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let device = self.inverse_frequencies.device();
+        let positions: Vec<f32> = (start..start + len).map(|p| p as f32).collect();
+        let positions = Tensor::from_vec(positions, (len, 1), device)?;
+        let angles = positions.broadcast_mul(&self.inverse_frequencies.unsqueeze(0)?)?;
+        Ok((angles.cos()?, angles.sin()?))
+    }
+}
+
+fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    match ops {
+        Ops::Fast => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
+        Ops::Differentiable => candle_nn::rotary_emb::rope_slow(xs, cos, sin),
+    }
+}
+
+fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
+    match ops {
+        Ops::Fast => candle_nn::ops::softmax_last_dim(xs),
+        Ops::Differentiable => candle_nn::ops::softmax(xs, D::Minus1),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let (hidden, head_dim) = (config.hidden_size, config.head_dim);
+        let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
+        Ok(Attention {
+            q_proj: Linear::load(vb.pp("q_proj"), hidden, heads * head_dim, config.qkv_bias)?,
+            k_proj: Linear::load(
+                vb.pp("k_proj"),
+                hidden,
+                kv_heads * head_dim,
+                config.qkv_bias,
+            )?,
+            v_proj: Linear::load(
+                vb.pp("v_proj"),
+                hidden,
+                kv_heads * head_dim,
+                config.qkv_bias,
+            )?,
+            o_proj: Linear::load(vb.pp("o_proj"), heads * head_dim, hidden, config.o_bias)?,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    /// `xs` `[B, T, hidden]`; `mask` `[B, 1, T, S]` additive (0 or -inf) over the `S` keys, cached keys
+    /// first.
+    fn forward(
+        &self,
+        xs: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: Option<&mut LayerCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let (batch, len, _) = xs.dims3()?;
+        let shape = |heads: usize| (batch, len, heads, self.head_dim);
+        let q = self
+            .q_proj
+            .forward(xs)?
+            .reshape(shape(self.heads))?
+            .transpose(1, 2)?;
+        let k = self
+            .k_proj
+            .forward(xs)?
+            .reshape(shape(self.kv_heads))?
+            .transpose(1, 2)?;
+        let v = self
+            .v_proj
+            .forward(xs)?
+            .reshape(shape(self.kv_heads))?
+            .transpose(1, 2)?;
+        let q = apply_rope(&q, rope.0, rope.1, ops)?;
+        let k = apply_rope(&k, rope.0, rope.1, ops)?;
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v.contiguous()?)?,
+            None => (k, v.contiguous()?),
+        };
+        let keys = k.dim(2)?;
+        // Query head h reads key head h / group: grouping the query heads of one key head along the
+        // sequence axis makes one matrix product per key head, without copying keys.
+        let group = self.heads / self.kv_heads;
+        let q = q
+            .contiguous()?
+            .reshape((batch, self.kv_heads, group * len, self.head_dim))?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?
+            .reshape((batch, self.heads, len, keys))?
+            .broadcast_add(mask)?;
+        let weights = softmax(&scores, ops)?.reshape((batch, self.kv_heads, group * len, keys))?;
+        let out = weights
+            .matmul(&v)?
+            .reshape((batch, self.heads, len, self.head_dim))?
+            .transpose(1, 2)?
+            .reshape((batch, len, self.heads * self.head_dim))?;
+        self.o_proj.forward(&out)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let (hidden, inner, bias) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.mlp_bias,
+        );
+        Ok(Mlp {
+            gate_proj: Linear::load(vb.pp("gate_proj"), hidden, inner, bias)?,
+            up_proj: Linear::load(vb.pp("up_proj"), hidden, inner, bias)?,
+            down_proj: Linear::load(vb.pp("down_proj"), inner, hidden, bias)?,
+        })
+    }
+
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(xs)?.silu()?;
+        self.down_proj.forward(&(gate * self.up_proj.forward(xs)?)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
+        Ok(DecoderLayer {
+            self_attn: Attention::load(vb.pp("self_attn"), config)?,
+            mlp: Mlp::load(vb.pp("mlp"), config)?,
+            input_layernorm: RmsNorm::load(vb.pp("input_layernorm"), hidden, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                vb.pp("post_attention_layernorm"),
+                hidden,
+                eps,
+            )?,
+        })
+    }
+
+    fn forward(
+        &self,
+        xs: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: Option<&mut LayerCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let attended = self.self_attn.forward(
+            &self.input_layernorm.forward(xs, ops)?,
+            rope,
+            mask,
+            cache,
+            ops,
+        )?;
+        let xs = (xs + attended)?;
+        let mlp = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&xs, ops)?)?;
+        xs + mlp
+    }
+}
+
+/// Keys and values of one layer, `[B, kv_heads, S, head_dim]`.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    keys_values: Option<(Tensor, Tensor)>,
+}
+
+impl LayerCache {
+    fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let (k, v) = match self.keys_values.take() {
+            None => (k.contiguous()?, v),
+            Some((old_k, old_v)) => (
+                Tensor::cat(&[&old_k, &k], 2)?,
+                Tensor::cat(&[&old_v, &v], 2)?,
+            ),
+        };
+        self.keys_values = Some((k.clone(), v.clone()));
+        Ok((k, v))
+    }
+}
+
+/// The key/value cache of a batch, one entry per layer.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    pub fn new(config: &ModelConfig) -> Self {
+        KvCache {
+            layers: vec![LayerCache::default(); config.num_hidden_layers],
+        }
+    }
+
+    /// Cached positions (columns).
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|layer| layer.keys_values.as_ref())
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps only the given rows of the batch, in that order.
+    pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.keys_values.take() {
+                layer.keys_values = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Qwen2 or Llama causal language model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `None` when the output projection is tied to `embed_tokens`.
+    pub lm_head: Option<Tensor>,
+    rope: Rope,
+}
+
+impl Model {
+    /// Builds the model from Hugging Face tensor names under `vb` (`model.*`, `lm_head.weight`).
+    pub fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let inner = vb.pp("model");
+        let embed_tokens = inner.get(
+            (config.vocab_size, config.hidden_size),
+            "embed_tokens.weight",
+        )?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::load(inner.pp(format!("layers.{i}")), config))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config.rms_norm_eps)?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(vb.get((config.vocab_size, config.hidden_size), "lm_head.weight")?)
+        };
+        let inverse_frequencies = Tensor::new(inverse_frequencies(config), vb.device())?;
+        Ok(Model {
+            config: config.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope: Rope {
+                inverse_frequencies,
+            },
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    fn logits_dtype(&self) -> DType {
+        match self.dtype() {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        }
+    }
+
+    /// Every weight with its Hugging Face name.
+    pub fn named_weights(&self) -> Vec<(String, &Tensor)> {
+        let mut named = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
+        for (i, layer) in self.layers.iter().enumerate() {
+            let linears = [
+                ("self_attn.q_proj", &layer.self_attn.q_proj),
+                ("self_attn.k_proj", &layer.self_attn.k_proj),
+                ("self_attn.v_proj", &layer.self_attn.v_proj),
+                ("self_attn.o_proj", &layer.self_attn.o_proj),
+                ("mlp.gate_proj", &layer.mlp.gate_proj),
+                ("mlp.up_proj", &layer.mlp.up_proj),
+                ("mlp.down_proj", &layer.mlp.down_proj),
+            ];
+            for (name, linear) in linears {
+                named.push((format!("model.layers.{i}.{name}.weight"), &linear.weight));
+                if let Some(bias) = &linear.bias {
+                    named.push((format!("model.layers.{i}.{name}.bias"), bias));
+                }
+            }
+            named.push((
+                format!("model.layers.{i}.input_layernorm.weight"),
+                &layer.input_layernorm.weight,
+            ));
+            named.push((
+                format!("model.layers.{i}.post_attention_layernorm.weight"),
+                &layer.post_attention_layernorm.weight,
+            ));
+        }
+        named.push(("model.norm.weight".to_string(), &self.norm.weight));
+        if let Some(lm_head) = &self.lm_head {
+            named.push(("lm_head.weight".to_string(), lm_head));
+        }
+        named
+    }
+
+    fn map_weights(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Model> {
+        let mut model = self.clone();
+        let mut linear = |linear: &mut Linear| -> Result<()> {
+            linear.weight = f(&linear.weight)?;
+            if let Some(bias) = &mut linear.bias {
+                *bias = f(bias)?;
+            }
+            Ok(())
+        };
+        for layer in &mut model.layers {
+            linear(&mut layer.self_attn.q_proj)?;
+            linear(&mut layer.self_attn.k_proj)?;
+            linear(&mut layer.self_attn.v_proj)?;
+            linear(&mut layer.self_attn.o_proj)?;
+            linear(&mut layer.mlp.gate_proj)?;
+            linear(&mut layer.mlp.up_proj)?;
+            linear(&mut layer.mlp.down_proj)?;
+        }
+        for layer in &mut model.layers {
+            layer.input_layernorm.weight = f(&layer.input_layernorm.weight)?;
+            layer.post_attention_layernorm.weight = f(&layer.post_attention_layernorm.weight)?;
+        }
+        model.embed_tokens = f(&model.embed_tokens)?;
+        model.norm.weight = f(&model.norm.weight)?;
+        if let Some(lm_head) = &model.lm_head {
+            model.lm_head = Some(f(lm_head)?);
+        }
+        Ok(model)
+    }
+
+    /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
+    pub fn trainable(&self) -> Result<(Model, Vec<(String, Var)>)> {
+        let mut vars = Vec::new();
+        let model = self.map_weights(|tensor| {
+            let var = Var::from_tensor(tensor)?;
+            let tensor = var.as_tensor().clone();
+            vars.push(var);
+            Ok(tensor)
+        })?;
+        // `map_weights` visits in its own order; pair each Var with its name by identity.
+        let named = model.named_weights();
+        let vars = named
+            .into_iter()
+            .map(|(name, tensor)| {
+                let var = vars
+                    .iter()
+                    .find(|var| var.as_tensor().id() == tensor.id())
+                    .expect("every weight was made a Var")
+                    .clone();
+                (name, var)
+            })
+            .collect();
+        Ok((model, vars))
+    }
+
+    /// A copy sharing the weights' storage but not tracked by autograd: what sampling runs on, so the
+    /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
+    pub fn detached(&self) -> Model {
+        self.map_weights(|tensor| Ok(tensor.detach()))
+            .expect("detaching cannot fail")
+    }
+
+    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32), the first column at position
+    /// `start`. `key_mask` `[B, S]` (u8, 1 for real tokens) covers the cached columns followed by the
+    /// `T` new ones.
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        start: usize,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let (batch, len) = input_ids.dims2()?;
+        let cached = cache.as_ref().map_or(0, |cache| cache.len());
+        let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
+        let (cos, sin) = self.rope.tables(start, len)?;
+        let (cos, sin) = (cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?);
+        let mut xs = self
+            .embed_tokens
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape((batch, len, self.config.hidden_size))?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
+            xs = layer.forward(&xs, (&cos, &sin), &mask, layer_cache, ops)?;
+        }
+        self.norm.forward(&xs, ops)
+    }
+
+    /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        let linear = Linear {
+            weight: head.clone(),
+            bias: None,
+        };
+        let logits = linear.forward(hidden)?;
+        match logits.dtype() {
+            DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
+            _ => Ok(logits),
+        }
+    }
+
+    /// Log-probability of each next token, `[B, T - 1]` (f32, or f64 for an f64 model): entry `t` is `log p(ids[t + 1] | ids[..=t])`,
+    /// differentiable with [`Ops::Differentiable`]. `key_mask` `[B, T]` marks real tokens (left or right
+    /// padding); entries whose target is padding are 0.
+    pub fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let (batch, len) = input_ids.dims2()?;
+        if len < 2 {
+            return Tensor::zeros((batch, 0), self.logits_dtype(), self.device());
+        }
+        let hidden = self.forward_hidden(input_ids, 0, key_mask, None, ops)?;
+        let logits = self.logits(&hidden.narrow(1, 0, len - 1)?)?;
+        let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let targets = input_ids.narrow(1, 1, len - 1)?.contiguous()?;
+        let picked = logprobs.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
+        let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
+        picked * real
+    }
+}
+
+/// Additive mask `[B, 1, T, S]`: query `t` (column `cached + t`) sees real keys up to its own column,
+/// and always itself, so padding rows stay finite.
+fn attention_mask(
+    key_mask: &Tensor,
+    batch: usize,
+    cached: usize,
+    len: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    let keys = cached + len;
+    let (mask_batch, mask_keys) = key_mask.dims2()?;
+    if mask_batch != batch || mask_keys != keys {
+        candle_core::bail!(
+            "key mask is [{mask_batch}, {mask_keys}], expected [{batch}, {keys}] ({cached} cached + {len} new)"
+        );
+    }
+    let real = key_mask.to_dtype(DType::U8)?.to_vec2::<u8>()?;
+    let mut values = vec![0f32; batch * len * keys];
+    for (row, real) in real.iter().enumerate() {
+        for t in 0..len {
+            let column = cached + t;
+            let offset = (row * len + t) * keys;
+            for (s, &is_real) in real.iter().enumerate() {
+                if s != column && (s > column || is_real == 0) {
+                    values[offset + s] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(values, (batch, 1, len, keys), key_mask.device())?.to_dtype(dtype)
+}

@@ -1,0 +1,439 @@
+//! Parity with Hugging Face transformers: the fixture folders under `tests/fixtures/models/` were saved by
+//! `save_pretrained` and their logits, greedy continuations and log-probabilities computed by transformers
+//! (`scripts/model_fixtures.py`). Also: loading errors name the file and the tensor.
+#![cfg(feature = "local")]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
+use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
+use serde_json::Value;
+
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn expected(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(value: &Value) -> Vec<f32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn load(name: &str) -> LocalModel {
+    LocalModel::load(fixture(name), LocalOptions::default())
+        .unwrap_or_else(|error| panic!("{name}: {error}"))
+}
+
+/// Logits `[T, vocab]` of one unpadded sequence.
+fn logits(model: &LocalModel, sequence: &[u32]) -> Vec<Vec<f32>> {
+    let model = model.model();
+    let input = Tensor::new(sequence, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
+    let hidden = model
+        .forward_hidden(&input, 0, &mask, None, Ops::Fast)
+        .unwrap();
+    model
+        .logits(&hidden)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
+#[test]
+fn logits_match_transformers() {
+    for name in ["qwen2", "llama"] {
+        let model = load(name);
+        let expected = expected(name);
+        for prompt in expected["prompts"].as_array().unwrap() {
+            let sequence = ids(&prompt["ids"]);
+            let ours = logits(&model, &sequence);
+            for (position, theirs) in prompt["positions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(prompt["logits"].as_array().unwrap())
+            {
+                let position = position.as_u64().unwrap() as usize;
+                let diff = max_diff(&ours[position], &floats(theirs));
+                assert!(
+                    diff <= TOLERANCE,
+                    "{name} {}: position {position}: max |Δlogit| = {diff}",
+                    prompt["name"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers() {
+    for name in ["qwen2", "llama"] {
+        let model = load(name);
+        let expected = expected(name);
+        let stopping = Stopping {
+            eos: &[],
+            tokenizer: model.tokenizer(),
+        };
+        let greedy = GenerationParams {
+            max_tokens: 12,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let prompts: Vec<Vec<u32>> = expected["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|prompt| ids(&prompt["ids"]))
+            .collect();
+        for (prompt, fixture) in prompts.iter().zip(expected["prompts"].as_array().unwrap()) {
+            let out = generate(
+                model.model(),
+                &stopping,
+                std::slice::from_ref(prompt),
+                std::slice::from_ref(&greedy),
+            )
+            .unwrap();
+            assert_eq!(
+                out[0].tokens,
+                ids(&fixture["greedy"]),
+                "{name} {}",
+                fixture["name"]
+            );
+        }
+        // All three at once, left-padded, as transformers' batched generate.
+        let params = vec![greedy.clone(); prompts.len()];
+        let batched = generate(model.model(), &stopping, &prompts, &params).unwrap();
+        for (i, theirs) in expected["batch"]["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(batched[i].tokens, ids(theirs), "{name} batched row {i}");
+        }
+    }
+}
+
+#[test]
+fn left_padded_batch_logits_match_transformers() {
+    for name in ["qwen2", "llama"] {
+        let model = load(name);
+        let batch = &expected(name)["batch"];
+        let rows: Vec<Vec<u32>> = batch["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(ids)
+            .collect();
+        let masks: Vec<Vec<u32>> = batch["attention_mask"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(ids)
+            .collect();
+        let (count, width) = (rows.len(), rows[0].len());
+        let input = Tensor::new(rows.concat(), &Device::Cpu)
+            .unwrap()
+            .reshape((count, width))
+            .unwrap();
+        let mask: Vec<u8> = masks.concat().iter().map(|&m| m as u8).collect();
+        let mask = Tensor::new(mask, &Device::Cpu)
+            .unwrap()
+            .reshape((count, width))
+            .unwrap();
+        let inner = model.model();
+        let hidden = inner
+            .forward_hidden(&input, 0, &mask, None, Ops::Fast)
+            .unwrap();
+        let last: Vec<Vec<f32>> = inner
+            .logits(&hidden.narrow(1, width - 1, 1).unwrap().squeeze(1).unwrap())
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (i, theirs) in batch["last_logits"].as_array().unwrap().iter().enumerate() {
+            let diff = max_diff(&last[i], &floats(theirs));
+            assert!(diff <= TOLERANCE, "{name} row {i}: max |Δlogit| = {diff}");
+        }
+    }
+}
+
+#[test]
+fn completion_logprobs_match_transformers() {
+    for name in ["qwen2", "llama"] {
+        let model = load(name);
+        let fixture = &expected(name)["logprobs"];
+        let (prompt, completion) = (ids(&fixture["prompt"]), ids(&fixture["completion"]));
+        let sequence = [prompt.clone(), completion.clone()].concat();
+        let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
+        for ops in [Ops::Fast, Ops::Differentiable] {
+            let all: Vec<f32> = model
+                .model()
+                .token_logprobs(&input, &mask, ops)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let ours = &all[prompt.len() - 1..];
+            let diff = max_diff(ours, &floats(&fixture["logprobs"]));
+            assert!(diff <= TOLERANCE, "{name} {ops:?}: max |Δlogprob| = {diff}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_sampler_trait_gives_the_same_greedy_tokens() {
+    for name in ["qwen2", "llama"] {
+        let model = load(name);
+        let expected = expected(name);
+        let requests: Vec<Request> = expected["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|prompt| Request {
+                prompt: Prompt::Tokens(ids(&prompt["ids"])),
+                params: SampleParams {
+                    max_tokens: Some(12),
+                    temperature: Some(0.0),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        let results = model.sample(&requests).await;
+        for (result, fixture) in results.iter().zip(expected["prompts"].as_array().unwrap()) {
+            let completion = result.as_ref().unwrap();
+            let greedy = ids(&fixture["greedy"]);
+            // The fixture ran with EOS disabled; the sampler stops at the model's end of turn.
+            match completion.finish {
+                Finish::EndOfTurn => {
+                    let end = completion.tokens.len();
+                    assert_eq!(completion.tokens, greedy[..end], "{name}");
+                    assert!(model.end_of_turn().contains(&greedy[end - 1]));
+                }
+                Finish::Length => assert_eq!(completion.tokens, greedy, "{name}"),
+                ref other => panic!("{name}: unexpected finish {other:?}"),
+            }
+            assert_eq!(completion.logprobs.len(), completion.tokens.len());
+            assert_eq!(
+                completion.text,
+                model.tokenizer().decode(&completion.tokens, true).unwrap()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Loading errors
+
+fn copy_fixture(name: &str) -> tempdir::Dir {
+    let dir = tempdir::Dir::new(name);
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    dir
+}
+
+mod tempdir {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new(label: &str) -> Self {
+            static COUNT: AtomicUsize = AtomicUsize::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "holo-local-{label}-{}-{}",
+                std::process::id(),
+                COUNT.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            Dir(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn tensors(dir: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn load_error(dir: &Path) -> String {
+    LocalModel::load(dir, LocalOptions::default())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let dir = copy_fixture("qwen2");
+    let mut weights = tensors(dir.path());
+    weights.remove("model.layers.1.mlp.up_proj.weight");
+    candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+    let error = load_error(dir.path());
+    assert!(error.contains("model.safetensors"), "{error}");
+    assert!(
+        error.contains("model.layers.1.mlp.up_proj.weight"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_shape_mismatch_names_the_tensor_and_both_shapes() {
+    let dir = copy_fixture("llama");
+    let mut weights = tensors(dir.path());
+    let narrow = weights["model.layers.0.self_attn.k_proj.weight"]
+        .narrow(0, 0, 8)
+        .unwrap();
+    weights.insert("model.layers.0.self_attn.k_proj.weight".into(), narrow);
+    candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+    let error = load_error(dir.path());
+    assert!(
+        error.contains("model.layers.0.self_attn.k_proj.weight"),
+        "{error}"
+    );
+    assert!(
+        error.contains("[32, 64]") && error.contains("[8, 64]"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_unsupported_architecture_is_refused_by_name() {
+    let dir = copy_fixture("qwen2");
+    let path = dir.path().join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["model_type"] = "gpt2".into();
+    config["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
+    std::fs::write(&path, config.to_string()).unwrap();
+    let error = load_error(dir.path());
+    assert!(error.contains("config.json"), "{error}");
+    assert!(
+        error.contains("unsupported architecture") && error.contains("GPT2LMHeadModel"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_folder_without_safetensors_says_what_it_found() {
+    let dir = copy_fixture("qwen2");
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("pytorch_model.bin"), b"").unwrap();
+    let error = load_error(dir.path());
+    assert!(error.contains("no model.safetensors"), "{error}");
+    assert!(
+        error.contains("pytorch_model.bin") && error.contains("safe_serialization"),
+        "{error}"
+    );
+}
+
+#[test]
+fn sharded_checkpoints_load_like_single_files() {
+    let dir = copy_fixture("llama");
+    let weights = tensors(dir.path());
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    let (first, second) = names.split_at(names.len() / 2);
+    let mut weight_map = serde_json::Map::new();
+    for (shard, names) in [
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", second),
+    ] {
+        let part: HashMap<String, Tensor> = names
+            .iter()
+            .map(|&name| (name.clone(), weights[name].clone()))
+            .collect();
+        candle_core::safetensors::save(&part, dir.path().join(shard)).unwrap();
+        for name in names {
+            weight_map.insert((*name).clone(), shard.into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let sharded = LocalModel::load(dir.path(), LocalOptions::default()).unwrap();
+    let single = load("llama");
+    let sequence = [3u32, 17, 99, 250];
+    let (a, b) = (logits(&sharded, &sequence), logits(&single, &sequence));
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!(a, b);
+    }
+
+    // A shard the index names but the folder lacks.
+    std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let error = load_error(dir.path());
+    assert!(
+        error.contains("model.safetensors.index.json") && error.contains("model-00002-of-00002"),
+        "{error}"
+    );
+}
+
+#[test]
+fn fixture_configs_parse_with_transformers_5_keys() {
+    let llama = checkpoint::load_model(&fixture("llama"), DType::F32, &Device::Cpu).unwrap();
+    assert!(matches!(
+        llama.config.rope_scaling,
+        holo_runtime::local::RopeScaling::Llama3 { factor, .. } if factor == 8.0
+    ));
+    assert!(!llama.config.tie_word_embeddings && llama.lm_head.is_some());
+    let qwen = checkpoint::load_model(&fixture("qwen2"), DType::F32, &Device::Cpu).unwrap();
+    assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
+    assert_eq!(qwen.config.rope_theta, 1e6);
+}

@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Parity fixtures for the local candle models (holo-runtime/src/local/), computed by Hugging Face transformers.
+
+Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
+
+    ~/.cache/holo-peers/venv/bin/python scripts/model_fixtures.py
+
+then run the Rust parity tests. The script writes two tiny random models with `save_pretrained` (safetensors,
+f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
+
+- `qwen2/`: Qwen2ForCausalLM, hidden 64, 2 layers, intermediate 128, 4 heads / 2 kv heads (GQA), q/k/v biases,
+  tied embeddings, rope_theta 1e6;
+- `llama/`: LlamaForCausalLM, the same sizes, untied embeddings, attention_bias false, rope_theta 5e5 with
+  `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
+  original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
+  smoothed and divided, so the scaling really changes the model);
+
+each with the 512-token byte-level BPE tokenizer of `../shared/peers/build_tiny_qwen2.py` (replicated here, same
+corpus and seed, so `tokenizer.json` is identical to the peers' tiny-qwen2 one) and an `expected.json`.
+
+Weights: transformers' initialisation (normal(0, 0.02), zero biases, unit norms) from a seed (the first from SEED
+whose greedy runs have no near-tie, see below; recorded in expected.json), then perturbed
+so that the outputs are far from uniform and every weight matters: each linear weight rescaled to std
+1/sqrt(fan_in) (unit-scale activations, attention that is not uniform), embeddings (and the untied LM head) to
+std 0.1, the layers' RMSNorm weights uniform in [0.5, 1.5], the final norm's in [1.5, 4.5] (logits with a standard
+deviation of about 2.5), biases normal(0, 0.1). (Larger tied embeddings make the tied model repeat its input
+token forever, a weak test of the KV cache.) The forward runs in f32 with
+`attn_implementation="eager"`.
+
+`expected.json` (all token ids are ints; logits and log-probs are f32 values written with the fewest digits that
+round-trip in f32):
+
+    versions            python, torch, transformers, tokenizers, safetensors
+    model               folder name, class, parameter count, seed, perturbation description
+    prompts[i]          {name, ids, text (decoded), positions: [p...], logits: [[vocab] per position in
+                         `positions`], greedy: 12 ids from generate(do_sample=False, max_new_tokens=12) with EOS
+                         disabled, greedy_margin: the smallest top-1 minus top-2 logit over the 12 steps}
+                        lengths 1, 5 and 11; `positions` is every position for the 1- and 5-token prompts, the last
+                        two for the 11-token one
+    batch               the three prompts left-padded together with pad id 509: input_ids, attention_mask,
+                        position_ids (attention_mask.cumsum(-1) - 1, 1 where padded, as generate computes them),
+                        last_logits [3, vocab] (the logits at the last column), greedy [3][12] from a batched
+                        generate (same settings)
+    logprobs            {prompt, completion, logprobs}: log_softmax of the logits of prompt+completion at each
+                        completion position, gathered at the completion token (what a trainer's forward computes)
+
+The script reloads each folder with `from_pretrained` and computes everything from the reloaded model, checks that
+the batched last-position logits match the unbatched ones (so left padding with per-row positions is exact up to
+float noise), and fails when a greedy step has a top-1/top-2 margin under 1e-3 (a near-tie would make greedy
+parity flaky), in which case it moves on to the next seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata as md
+import json
+import math
+import platform
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "holo-runtime" / "tests" / "fixtures" / "models"
+
+SEED = 0
+NEW_TOKENS = 12
+MIN_GREEDY_MARGIN = 1e-3
+
+# ---- tokenizer: as ../shared/peers/build_tiny_qwen2.py ---------------------------------------------------------
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TARGET_VOCAB = 512
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def synthetic_corpus(seed: int, n: int = 4000) -> list[str]:
+    rng = random.Random(seed)
+    words = (
+        "what is the answer sum of plus minus times equals please compute result think step by "
+        "so we get first then add subtract number digits you are a helpful assistant user system "
+        "reason reasoning final correct wrong check verify multiply divide product difference total "
+        "carry borrow tens ones hundred thousand zero one two three four five six seven eight nine ten "
+        "eleven twelve twenty thirty forty fifty sixty seventy eighty ninety question problem solve "
+        "solution because therefore let us start with and the next value equal greater less than "
+        "math arithmetic integer positive negative even odd count boxed format output only write"
+    ).split()
+    lines = []
+    for _ in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        op = rng.choice(["+", "-", "*"])
+        r = a + b if op == "+" else a - b if op == "-" else a * b
+        lines.append(f"{a}{op}{b}={r}")
+        lines.append(f"What is {a}{op}{b}? The answer is {r}.")
+        lines.append("system\nYou are a helpful assistant.\nuser\nWhat is " f"{a}{op}{b}?\nassistant\n{r}")
+        lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))))
+    return lines
+
+
+def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                        byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = BpeTrainer(
+        vocab_size=TARGET_VOCAB - len(SPECIALS),
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    assert tok.get_vocab_size() == TARGET_VOCAB - len(SPECIALS), tok.get_vocab_size()
+    tok.add_special_tokens(SPECIALS)  # ids 509, 510, 511
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    hf.add_special_tokens({"additional_special_tokens": SPECIALS})
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+# ---- models ------------------------------------------------------------------------------------------------------
+COMMON = dict(
+    vocab_size=TARGET_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    hidden_act="silu",
+    initializer_range=0.02,
+    attention_dropout=0.0,
+    bos_token_id=509,
+    eos_token_id=511,
+)
+
+
+def qwen2_model() -> torch.nn.Module:
+    config = Qwen2Config(
+        **COMMON,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def llama_model() -> torch.nn.Module:
+    config = LlamaConfig(
+        **COMMON,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500_000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
+    return LlamaForCausalLM(config)
+
+
+MODELS = {"qwen2": qwen2_model, "llama": llama_model}
+
+PERTURBATION = (
+    "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "
+    "layer RMSNorm weights uniform [0.5, 1.5], final norm weights uniform [1.5, 4.5], biases normal(0, 0.1)"
+)
+
+
+@torch.no_grad()
+def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
+    for name, param in model.named_parameters():
+        if name == "model.norm.weight":
+            param.copy_(torch.rand(param.shape, generator=generator) * 3.0 + 1.5)
+        elif name.endswith("norm.weight"):
+            param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+        elif name.endswith(".bias"):
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        elif "embed_tokens" in name or name.startswith("lm_head"):
+            param.mul_(0.1 / 0.02)
+        elif param.dim() == 2:
+            param.mul_(1.0 / (0.02 * math.sqrt(param.shape[1])))
+        else:
+            raise AssertionError(f"unexpected parameter {name}")
+
+
+# ---- expected values ---------------------------------------------------------------------------------------------
+def f32(values) -> list:
+    """Nested lists of the f32 values, each written with the fewest digits that round-trip in f32."""
+    array = np.asarray(values, dtype=np.float32)
+    if array.ndim == 0:
+        return float(np.format_float_positional(array, unique=True, trim="-"))
+    return [f32(row) for row in array]
+
+
+class NearTie(Exception):
+    """A greedy step whose two best logits are closer than MIN_GREEDY_MARGIN."""
+
+
+def greedy_config(pad: int) -> GenerationConfig:
+    return GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=pad,
+                            bos_token_id=None, num_beams=1, output_scores=True, return_dict_in_generate=True)
+
+
+def min_margin(scores) -> float:
+    margins = []
+    for step in scores:  # [batch, vocab] per generated token
+        top = torch.topk(step.float(), 2, dim=-1).values
+        margins.append((top[:, 0] - top[:, 1]).min().item())
+    return min(margins)
+
+
+@torch.no_grad()
+def expected(model, tok) -> dict:
+    pad = tok.pad_token_id
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is 3*4?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    prompts = [
+        ("one_token", tok.encode("<|im_start|>", add_special_tokens=False)),
+        ("five_tokens", tok.encode("What is 12+7? The", add_special_tokens=False)[:5]),
+        ("eleven_tokens", tok.encode(chat, add_special_tokens=False)[:11]),
+    ]
+    for name, ids in prompts:
+        assert len(ids) == {"one_token": 1, "five_tokens": 5, "eleven_tokens": 11}[name], (name, ids)
+
+    out = {"prompts": []}
+    single_last = []
+    for name, ids in prompts:
+        input_ids = torch.tensor([ids])
+        logits = model(input_ids).logits[0]
+        single_last.append(logits[-1])
+        positions = list(range(len(ids))) if len(ids) <= 5 else [len(ids) - 2, len(ids) - 1]
+        gen = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=greedy_config(pad))
+        greedy = gen.sequences[0, len(ids):].tolist()
+        assert len(greedy) == NEW_TOKENS, greedy
+        margin = min_margin(gen.scores)
+        if margin < MIN_GREEDY_MARGIN:
+            raise NearTie(f"{name}: greedy near-tie (margin {margin})")
+        out["prompts"].append({
+            "name": name,
+            "ids": ids,
+            "text": tok.decode(ids),
+            "positions": positions,
+            "logits": f32(logits[positions]),
+            "greedy": greedy,
+            "greedy_margin": f32(margin),
+        })
+
+    # Left-padded batch, positions counted from each row's first real token (as generate does).
+    width = max(len(ids) for _, ids in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in prompts])
+    position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    last = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, -1]
+    drift = (last - torch.stack(single_last)).abs().max().item()
+    assert drift < 1e-4, f"batched logits differ from unbatched ones by {drift}"
+    gen = model.generate(input_ids, attention_mask=attention_mask, generation_config=greedy_config(pad))
+    batch_greedy = gen.sequences[:, width:].tolist()
+    assert batch_greedy == [p["greedy"] for p in out["prompts"]], (batch_greedy, out["prompts"])
+    out["batch"] = {
+        "input_ids": input_ids.tolist(),
+        "attention_mask": attention_mask.tolist(),
+        "position_ids": position_ids.tolist(),
+        "last_logits": f32(last),
+        "greedy": batch_greedy,
+        "greedy_margin": f32(min_margin(gen.scores)),
+        "max_abs_diff_to_unbatched": f32(drift),
+    }
+
+    # Log-probabilities of a given completion.
+    prompt = prompts[1][1]
+    completion = tok.encode(" answer is 19.<|im_end|>", add_special_tokens=False)
+    ids = torch.tensor([prompt + completion])
+    logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    gathered = logprobs[positions, torch.tensor(completion)]
+    out["logprobs"] = {"prompt": prompt, "completion": completion, "logprobs": f32(gathered)}
+    return out
+
+
+def versions() -> dict:
+    return {
+        "python": platform.python_version(),
+        **{name: md.version(name) for name in ("torch", "transformers", "tokenizers", "safetensors")},
+    }
+
+
+def write_model(name: str, out: Path, tok: PreTrainedTokenizerFast) -> dict:
+    """Saves the model of the first seed from SEED on whose greedy runs have no near-tie."""
+    for seed in range(SEED, SEED + 20):
+        try:
+            return write_seed(name, out, tok, seed)
+        except NearTie as tie:
+            print(f"{name}: seed {seed}: {tie}; trying the next seed", file=sys.stderr)
+    raise SystemExit(f"{name}: no seed without a greedy near-tie")
+
+
+def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = MODELS[name]().to(torch.float32).eval()
+    perturb(model, torch.Generator().manual_seed(seed + 1))
+    model.generation_config = GenerationConfig(bos_token_id=509, eos_token_id=[511, 509], pad_token_id=509)
+    folder = out / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder, save_jinja_files=False)  # chat_template stays in tokenizer_config.json
+
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    rtok = AutoTokenizer.from_pretrained(folder)
+    state, original = reloaded.state_dict(), model.state_dict()
+    assert all(torch.equal(state[key], original[key]) for key in original), "reloaded weights differ"
+    data = {
+        "versions": versions(),
+        "model": {
+            "folder": name,
+            "class": type(reloaded).__name__,
+            "parameters": sum(p.numel() for p in reloaded.parameters()),
+            "seed": seed,
+            "perturbation": PERTURBATION,
+            "attn_implementation": "eager",
+            "dtype": "float32",
+        },
+        **expected(reloaded, rtok),
+    }
+    with open(folder / "expected.json", "w") as f:
+        json.dump(data, f, separators=(",", ":"))
+        f.write("\n")
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(SEED)
+    for name in MODELS:
+        data = write_model(name, args.out, tok)
+        folder = args.out / name
+        sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+        print(f"{name}: {data['model']['class']}, {data['model']['parameters']} parameters, "
+              f"greedy margins {[p['greedy_margin'] for p in data['prompts']]}, "
+              f"batch drift {data['batch']['max_abs_diff_to_unbatched']}, files {sizes}")
+        for p in sorted(folder.iterdir()):
+            print(f"  {hashlib.sha256(p.read_bytes()).hexdigest()}  {name}/{p.name}")
+    print("versions:", versions(), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
