@@ -345,3 +345,74 @@ fn greedy_logprobs_are_the_policy_and_sampling_logprobs_are_zero() {
         assert!((a - b).abs() < 1e-4, "{tail:?} vs {:?}", out.logprobs);
     }
 }
+
+#[test]
+fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
+    use holo_runtime::local::model::LoraConfig;
+
+    let config = config(Arch::Qwen2);
+    let base = random_model(&config, 7, DType::F32);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec(),
+        seed: 1,
+    };
+    let (adapted, vars) = base.with_lora(&lora).unwrap();
+    assert_eq!(vars.len(), 2 * 3 * config.num_hidden_layers);
+    assert!(vars[0]
+        .0
+        .starts_with("base_model.model.model.layers.0.self_attn.q_proj.lora_A"));
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    let before = base.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+    let after = adapted.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+    assert_eq!(
+        max_abs_diff(&before, &after),
+        0.0,
+        "B = 0: the adapted model is the base model"
+    );
+
+    // B = 0 makes A's gradient zero (as in PEFT); move B first so both get one.
+    for (name, var) in &vars {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
+    let loss = adapted
+        .token_logprobs(&input, &mask, Ops::Differentiable)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, var) in &vars {
+        let grad = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let norm = grad
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(norm > 0.0 && norm.is_finite(), "{name}: {norm}");
+    }
+    for (name, weight) in adapted.named_weights() {
+        assert!(grads.get(weight).is_none(), "frozen {name} got a gradient");
+    }
+    // The sampling path sees the adapters too.
+    let moved = adapted
+        .detached()
+        .token_logprobs(&input, &mask, Ops::Fast)
+        .unwrap();
+    assert!(max_abs_diff(&before, &moved) > 1e-4);
+
+    let unknown = LoraConfig {
+        targets: vec!["qkv".into()],
+        ..LoraConfig::default()
+    };
+    let error = base.with_lora(&unknown).unwrap_err().to_string();
+    assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
+}

@@ -30,7 +30,51 @@ pub enum Ops {
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    /// A low-rank update added to the output, trained while `weight` stays frozen.
+    pub lora: Option<Lora>,
 }
+
+/// LoRA (Hu et al., 2021) as PEFT implements it: `y += scale · x Aᵀ Bᵀ`, `A` `[rank, in]`, `B`
+/// `[out, rank]`, `scale = alpha / rank`; `B` starts at zero so the adapted model starts as the base one.
+#[derive(Debug, Clone)]
+pub struct Lora {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+/// Which projections get adapters, and their size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Projection names: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`.
+    pub targets: Vec<String>,
+    pub seed: u64,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            alpha: 16.0,
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .map(String::from)
+                .to_vec(),
+            seed: 0,
+        }
+    }
+}
+
+const PROJECTIONS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
 
 impl Linear {
     fn load(vb: VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
@@ -40,7 +84,11 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            lora: None,
+        })
     }
 
     /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product.
@@ -51,6 +99,13 @@ impl Linear {
         let ys = xs.reshape((rows, in_dim[0]))?.matmul(&self.weight.t()?)?;
         let ys = match &self.bias {
             Some(bias) => ys.broadcast_add(bias)?,
+            None => ys,
+        };
+        let ys = match &self.lora {
+            Some(lora) => {
+                let low = xs.reshape((rows, in_dim[0]))?.matmul(&lora.a.t()?)?;
+                (ys + (low.matmul(&lora.b.t()?)? * lora.scale)?)?
+            }
             None => ys,
         };
         let mut out_dims = leading.to_vec();
@@ -438,20 +493,36 @@ impl Model {
         }
     }
 
-    /// Every weight with its Hugging Face name.
+    /// The projections of layer `i` under their module names (`self_attn.q_proj`, …).
+    fn linears(layer: &DecoderLayer) -> [(&'static str, &Linear); 7] {
+        [
+            ("self_attn.q_proj", &layer.self_attn.q_proj),
+            ("self_attn.k_proj", &layer.self_attn.k_proj),
+            ("self_attn.v_proj", &layer.self_attn.v_proj),
+            ("self_attn.o_proj", &layer.self_attn.o_proj),
+            ("mlp.gate_proj", &layer.mlp.gate_proj),
+            ("mlp.up_proj", &layer.mlp.up_proj),
+            ("mlp.down_proj", &layer.mlp.down_proj),
+        ]
+    }
+
+    fn linears_mut(layer: &mut DecoderLayer) -> [(&'static str, &mut Linear); 7] {
+        [
+            ("self_attn.q_proj", &mut layer.self_attn.q_proj),
+            ("self_attn.k_proj", &mut layer.self_attn.k_proj),
+            ("self_attn.v_proj", &mut layer.self_attn.v_proj),
+            ("self_attn.o_proj", &mut layer.self_attn.o_proj),
+            ("mlp.gate_proj", &mut layer.mlp.gate_proj),
+            ("mlp.up_proj", &mut layer.mlp.up_proj),
+            ("mlp.down_proj", &mut layer.mlp.down_proj),
+        ]
+    }
+
+    /// Every base weight with its Hugging Face name (LoRA adapters are in [`Model::named_adapters`]).
     pub fn named_weights(&self) -> Vec<(String, &Tensor)> {
         let mut named = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
         for (i, layer) in self.layers.iter().enumerate() {
-            let linears = [
-                ("self_attn.q_proj", &layer.self_attn.q_proj),
-                ("self_attn.k_proj", &layer.self_attn.k_proj),
-                ("self_attn.v_proj", &layer.self_attn.v_proj),
-                ("self_attn.o_proj", &layer.self_attn.o_proj),
-                ("mlp.gate_proj", &layer.mlp.gate_proj),
-                ("mlp.up_proj", &layer.mlp.up_proj),
-                ("mlp.down_proj", &layer.mlp.down_proj),
-            ];
-            for (name, linear) in linears {
+            for (name, linear) in Self::linears(layer) {
                 named.push((format!("model.layers.{i}.{name}.weight"), &linear.weight));
                 if let Some(bias) = &linear.bias {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
@@ -473,25 +544,31 @@ impl Model {
         named
     }
 
+    /// LoRA tensors under PEFT's names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`).
+    pub fn named_adapters(&self) -> Vec<(String, &Tensor)> {
+        let mut named = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, linear) in Self::linears(layer) {
+                if let Some(lora) = &linear.lora {
+                    let prefix = format!("base_model.model.model.layers.{i}.{name}");
+                    named.push((format!("{prefix}.lora_A.weight"), &lora.a));
+                    named.push((format!("{prefix}.lora_B.weight"), &lora.b));
+                }
+            }
+        }
+        named
+    }
+
+    /// Applies `f` to every base weight (not to adapters).
     fn map_weights(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Model> {
         let mut model = self.clone();
-        let mut linear = |linear: &mut Linear| -> Result<()> {
-            linear.weight = f(&linear.weight)?;
-            if let Some(bias) = &mut linear.bias {
-                *bias = f(bias)?;
+        for layer in &mut model.layers {
+            for (_, linear) in Self::linears_mut(layer) {
+                linear.weight = f(&linear.weight)?;
+                if let Some(bias) = &mut linear.bias {
+                    *bias = f(bias)?;
+                }
             }
-            Ok(())
-        };
-        for layer in &mut model.layers {
-            linear(&mut layer.self_attn.q_proj)?;
-            linear(&mut layer.self_attn.k_proj)?;
-            linear(&mut layer.self_attn.v_proj)?;
-            linear(&mut layer.self_attn.o_proj)?;
-            linear(&mut layer.mlp.gate_proj)?;
-            linear(&mut layer.mlp.up_proj)?;
-            linear(&mut layer.mlp.down_proj)?;
-        }
-        for layer in &mut model.layers {
             layer.input_layernorm.weight = f(&layer.input_layernorm.weight)?;
             layer.post_attention_layernorm.weight = f(&layer.post_attention_layernorm.weight)?;
         }
@@ -501,6 +578,57 @@ impl Model {
             model.lm_head = Some(f(lm_head)?);
         }
         Ok(model)
+    }
+
+    /// A copy with LoRA adapters on the target projections of every layer and its base weights frozen
+    /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
+    /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero.
+    pub fn with_lora(&self, config: &LoraConfig) -> Result<(Model, Vec<(String, Var)>)> {
+        use rand::{Rng, SeedableRng};
+
+        if config.rank == 0 {
+            candle_core::bail!("LoRA rank must be at least 1");
+        }
+        if let Some(unknown) = config
+            .targets
+            .iter()
+            .find(|target| !PROJECTIONS.contains(&target.as_str()))
+        {
+            candle_core::bail!(
+                "unknown LoRA target {unknown:?}; the projections are {}",
+                PROJECTIONS.join(", ")
+            );
+        }
+        let mut model = self.detached();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
+        let (dtype, device) = (self.dtype(), self.device().clone());
+        let mut vars = Vec::new();
+        for (i, layer) in model.layers.iter_mut().enumerate() {
+            for (name, linear) in Self::linears_mut(layer) {
+                let short = name.rsplit('.').next().unwrap_or(name);
+                if !config.targets.iter().any(|target| target == short) {
+                    continue;
+                }
+                let (out_dim, in_dim) = linear.weight.dims2()?;
+                let bound = 1.0 / (in_dim as f64).sqrt();
+                let a: Vec<f32> = (0..config.rank * in_dim)
+                    .map(|_| rng.random_range(-bound..bound) as f32)
+                    .collect();
+                let a = Var::from_tensor(
+                    &Tensor::from_vec(a, (config.rank, in_dim), &device)?.to_dtype(dtype)?,
+                )?;
+                let b = Var::zeros((out_dim, config.rank), dtype, &device)?;
+                let prefix = format!("base_model.model.model.layers.{i}.{name}");
+                linear.lora = Some(Lora {
+                    a: a.as_tensor().clone(),
+                    b: b.as_tensor().clone(),
+                    scale: config.alpha / config.rank as f64,
+                });
+                vars.push((format!("{prefix}.lora_A.weight"), a));
+                vars.push((format!("{prefix}.lora_B.weight"), b));
+            }
+        }
+        Ok((model, vars))
     }
 
     /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
@@ -531,8 +659,18 @@ impl Model {
     /// A copy sharing the weights' storage but not tracked by autograd: what sampling runs on, so the
     /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
     pub fn detached(&self) -> Model {
-        self.map_weights(|tensor| Ok(tensor.detach()))
-            .expect("detaching cannot fail")
+        let mut model = self
+            .map_weights(|tensor| Ok(tensor.detach()))
+            .expect("detaching cannot fail");
+        for layer in &mut model.layers {
+            for (_, linear) in Self::linears_mut(layer) {
+                if let Some(lora) = &mut linear.lora {
+                    lora.a = lora.a.detach();
+                    lora.b = lora.b.detach();
+                }
+            }
+        }
+        model
     }
 
     /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32), the first column at position
@@ -568,6 +706,7 @@ impl Model {
         let linear = Linear {
             weight: head.clone(),
             bias: None,
+            lora: None,
         };
         let logits = linear.forward(hidden)?;
         match logits.dtype() {
