@@ -437,3 +437,19 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
     assert_eq!(qwen.config.rope_theta, 1e6);
 }
+
+#[test]
+fn a_truncated_safetensors_file_is_an_error_not_a_panic() {
+    let dir = copy_fixture("qwen2");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let error = load_error(dir.path());
+    assert!(
+        error.contains("model.safetensors") && error.contains("outside the file"),
+        "{error}"
+    );
+    std::fs::write(&path, b"garbage").unwrap();
+    let error = load_error(dir.path());
+    assert!(error.contains("not a safetensors file"), "{error}");
+}

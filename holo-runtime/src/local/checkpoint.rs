@@ -136,6 +136,80 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     })
 }
 
+/// Reads every tensor of a safetensors file into `tensors`, converted to `dtype`, one tensor at a time:
+/// the peak memory is the model plus one tensor, not the model plus a mapping of the whole file.
+fn read_safetensors(
+    file: &Path,
+    dtype: DType,
+    device: &Device,
+    tensors: &mut HashMap<String, Tensor>,
+) -> Result<(), String> {
+    use candle_core::safetensors::Load;
+    use std::io::{Read, Seek, SeekFrom};
+
+    #[derive(serde::Deserialize)]
+    struct Info {
+        dtype: safetensors::Dtype,
+        shape: Vec<usize>,
+        data_offsets: (u64, u64),
+    }
+
+    let mut reader = std::fs::File::open(file).map_err(|error| format!("cannot open: {error}"))?;
+    let length = reader
+        .metadata()
+        .map_err(|error| format!("cannot read: {error}"))?
+        .len();
+    let mut header_len = [0u8; 8];
+    reader
+        .read_exact(&mut header_len)
+        .map_err(|_| "not a safetensors file: shorter than its header".to_string())?;
+    let header_len = u64::from_le_bytes(header_len);
+    if header_len > 100 << 20 || 8 + header_len > length {
+        return Err(format!(
+            "not a safetensors file: header length {header_len} in a file of {length} bytes"
+        ));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    reader
+        .read_exact(&mut header)
+        .map_err(|error| format!("cannot read the header: {error}"))?;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&header)
+        .map_err(|error| format!("invalid safetensors header: {error}"))?;
+    let data_start = 8 + header_len;
+    let mut infos = Vec::new();
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let info: Info = serde_json::from_value(info)
+            .map_err(|error| format!("invalid header entry for {name}: {error}"))?;
+        let (start, end) = info.data_offsets;
+        if start > end || data_start + end > length {
+            return Err(format!(
+                "tensor {name}: data {start}..{end} lies outside the file ({length} bytes)"
+            ));
+        }
+        infos.push((name, info));
+    }
+    infos.sort_by_key(|(_, info)| info.data_offsets.0);
+    let mut buffer = Vec::new();
+    for (name, info) in infos {
+        let (start, end) = info.data_offsets;
+        buffer.resize((end - start) as usize, 0);
+        reader
+            .seek(SeekFrom::Start(data_start + start))
+            .and_then(|_| reader.read_exact(&mut buffer))
+            .map_err(|error| format!("cannot read tensor {name}: {error}"))?;
+        let tensor = safetensors::tensor::TensorView::new(info.dtype, info.shape, &buffer)
+            .map_err(|error| format!("tensor {name}: {error}"))?
+            .load(device)
+            .and_then(|tensor| tensor.to_dtype(dtype))
+            .map_err(|error| format!("tensor {name}: {error}"))?;
+        tensors.insert(name, tensor);
+    }
+    Ok(())
+}
+
 /// Loads the model's weights in `dtype` (converted from whatever the files hold).
 pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, LoadError> {
     if !dir.is_dir() {
@@ -145,12 +219,12 @@ pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, Lo
     let files = weight_files(dir)?;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for file in &files {
-        let loaded =
-            candle_core::safetensors::load(file, device).map_err(|error| LoadError::Weights {
+        read_safetensors(file, dtype, device, &mut tensors).map_err(|message| {
+            LoadError::Weights {
                 file: file.clone(),
-                message: format!("cannot read safetensors: {error}"),
-            })?;
-        tensors.extend(loaded);
+                message,
+            }
+        })?;
     }
     let vb = VarBuilder::from_tensors(tensors, dtype, device);
     let first = files[0].clone();
