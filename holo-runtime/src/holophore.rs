@@ -59,6 +59,10 @@
 //! messages view); per rollout [`Holophore::rewards`] and [`Holophore::reward`]; for the next sample request,
 //! [`Holophore::prompt_ids`]. Contexts are closed (their final footer appended) by the next
 //! [`Recorder::begin_context`] and by [`Holophore::finish`].
+//!
+//! [`Holophore::render`] (and [`render_contexts`] for exported ids and masks, such as the Loom's JSONL)
+//! shows a rollout as the model saw it, token by token, with the loss mask highlighted: `holo dry --model`.
+//! [`Holophore::from_dir`] builds a Holophore from a model folder (`tokenizer.json` and the chat template).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -93,6 +97,8 @@ pub enum HolophoreError {
     Unsupported(String),
     /// The tokenizer failed on a frame.
     Tokenizer(String),
+    /// A model folder's tokenizer or chat template could not be loaded ([`Holophore::from_dir`]).
+    Model(String),
 }
 
 impl fmt::Display for HolophoreError {
@@ -105,6 +111,7 @@ impl fmt::Display for HolophoreError {
                 write!(f, "chat template not supported by the holophore: {message}")
             }
             HolophoreError::Tokenizer(message) => write!(f, "tokenizer: {message}"),
+            HolophoreError::Model(message) => f.write_str(message),
         }
     }
 }
@@ -239,6 +246,29 @@ pub struct Frames {
     pub gap: [[Vec<u32>; 3]; 3],
     pub closing: [Vec<u32>; 3],
     pub generation: [Vec<u32>; 3],
+}
+
+impl Frames {
+    /// The tokens every assistant message starts with, wherever it is in a context: the longest common
+    /// suffix of the frames that open one (`generation[*]`, `opening[assistant]`), e.g.
+    /// `<|im_start|>assistant\n` for ChatML. Counting it in a token prompt counts the assistant turns
+    /// ([`crate::Scripted`] does). Empty when the template marks no assistant header.
+    pub fn assistant_header(&self) -> Vec<u32> {
+        let frames = [
+            &self.generation[0],
+            &self.generation[1],
+            &self.generation[2],
+            &self.opening[index(Role::Assistant)],
+        ];
+        let shortest = frames.iter().map(|f| f.len()).min().unwrap_or(0);
+        let common = (0..shortest)
+            .take_while(|&k| {
+                let id = frames[0][frames[0].len() - 1 - k];
+                frames.iter().all(|f| f[f.len() - 1 - k] == id)
+            })
+            .count();
+        frames[0][frames[0].len() - common..].to_vec()
+    }
 }
 
 /// Records a rollout in token space; see the module documentation.
@@ -477,6 +507,25 @@ impl Holophore {
             rewards: Vec::new(),
             errors: Vec::new(),
         })
+    }
+
+    /// A Holophore for a model folder: its `tokenizer.json`, and its chat template and special tokens
+    /// ([`ChatTemplate::from_dir`]: `chat_template.jinja` or `tokenizer_config.json`).
+    pub fn from_dir(dir: impl AsRef<std::path::Path>) -> Result<Self, HolophoreError> {
+        let dir = dir.as_ref();
+        let file = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&file).map_err(|error| {
+            HolophoreError::Model(format!("cannot load `{}`: {error}", file.display()))
+        })?;
+        let template = ChatTemplate::from_dir(dir).map_err(|error| {
+            HolophoreError::Model(format!("cannot load the chat template: {error}"))
+        })?;
+        Holophore::new(Arc::new(tokenizer), Arc::new(template))
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
     }
 
     /// A fresh Holophore for another rollout, sharing the tokenizer and the frames.
@@ -734,5 +783,159 @@ impl Recorder for Holophore {
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {
         self.rewards.push((name.to_string(), value, weight));
+    }
+}
+
+/// The text of each token of `ids`, decoded incrementally (special tokens included), so that the texts
+/// joined are the decoded sequence. A token that ends inside a multi-byte character (or that a decoder
+/// cleans up with its neighbour) gets an empty text, and the next token carries the characters.
+pub fn token_texts(tokenizer: &Tokenizer, ids: &[u32]) -> Vec<String> {
+    let decode = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
+    let mut texts = vec![String::new(); ids.len()];
+    // `ids[prefix..read]` is decoded already; it is decoded again as context for the next tokens.
+    let (mut prefix, mut read) = (0, 0);
+    for i in 0..ids.len() {
+        let before = decode(&ids[prefix..read]);
+        let now = decode(&ids[prefix..=i]);
+        let complete = !now.ends_with('\u{fffd}') || i + 1 == ids.len();
+        if complete && now.len() >= before.len() && now.starts_with(&before) {
+            texts[i] = now[before.len()..].to_string();
+            prefix = read;
+            read = i + 1;
+        } else if i + 1 == ids.len() {
+            texts[i] = decode(&ids[read..]);
+        }
+    }
+    texts
+}
+
+/// A context's tokens as text, showing what would be trained token by token: with `color`, each token of
+/// the loss mask on a green background (alternating two shades, so token boundaries show) and special
+/// tokens dimmed; without, every run of trained tokens between `⟦` and `⟧`. `mask` is aligned with `ids`
+/// (missing entries count as 0).
+pub fn render_tokens(tokenizer: &Tokenizer, ids: &[u32], mask: &[u8], color: bool) -> String {
+    let texts = token_texts(tokenizer, ids);
+    let trained = |i: usize| mask.get(i).is_some_and(|&m| m != 0);
+    let mut out = String::new();
+    if !color {
+        let mut open = false;
+        for (i, text) in texts.iter().enumerate() {
+            if text.is_empty() {
+                continue;
+            }
+            if trained(i) != open {
+                out.push(if open { '⟧' } else { '⟦' });
+                open = !open;
+            }
+            out.push_str(text);
+        }
+        if open {
+            out.push('⟧');
+        }
+        return out;
+    }
+    let special: HashSet<u32> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, token)| token.special)
+        .map(|(id, _)| id)
+        .collect();
+    let mut shade = false;
+    for (i, text) in texts.iter().enumerate() {
+        if text.is_empty() {
+            continue;
+        }
+        if trained(i) {
+            let style = if shade { "1;30;102" } else { "1;30;42" };
+            shade = !shade;
+            out.push_str(&format!("\x1b[{style}m{text}\x1b[0m"));
+        } else if special.contains(&ids[i]) {
+            out.push_str(&format!("\x1b[2m{text}\x1b[0m"));
+        } else {
+            out.push_str(text);
+        }
+    }
+    out
+}
+
+/// One context of a rollout, rendered by [`render_contexts`].
+#[derive(Debug, Clone, Copy)]
+pub struct TokenView<'a> {
+    pub trained: bool,
+    pub ids: &'a [u32],
+    pub loss_mask: &'a [u8],
+}
+
+/// A rollout as token-level text: per context a header `=== context I (trained|untrained): N tokens, M
+/// trained` and its [`render_tokens`] text, then one line per reward component (`reward NAME = VALUE`,
+/// with `(weight W)` when W is not 1), as [`crate::Transcript`] prints them.
+pub fn render_contexts(
+    tokenizer: &Tokenizer,
+    contexts: &[TokenView<'_>],
+    rewards: &[(String, f64, f64)],
+    color: bool,
+) -> String {
+    let mut out = String::new();
+    for (index, context) in contexts.iter().enumerate() {
+        let kind = if context.trained {
+            "trained"
+        } else {
+            "untrained"
+        };
+        let trained = context.loss_mask.iter().filter(|&&m| m != 0).count();
+        let header = format!(
+            "=== context {index} ({kind}): {} tokens, {trained} trained",
+            context.ids.len()
+        );
+        if color {
+            out.push_str(&format!("\x1b[2m{header}\x1b[0m\n"));
+        } else {
+            out.push_str(&header);
+            out.push('\n');
+        }
+        out.push_str(&render_tokens(
+            tokenizer,
+            context.ids,
+            context.loss_mask,
+            color,
+        ));
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    for (name, value, weight) in rewards {
+        let line = if *weight == 1.0 {
+            format!("reward {name} = {value}")
+        } else {
+            format!("reward {name} = {value} (weight {weight})")
+        };
+        if color {
+            out.push_str(&format!("\x1b[35m{line}\x1b[0m\n"));
+        } else {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+impl Holophore {
+    /// The rollout as token-level text ([`render_contexts`]); call [`Holophore::finish`] first to include
+    /// the last context's final footer.
+    pub fn render(&self, color: bool) -> String {
+        let views: Vec<(bool, Vec<u32>, Vec<u8>)> = self
+            .contexts
+            .iter()
+            .map(|context| (context.trained, context.ids(), context.loss_mask()))
+            .collect();
+        let views: Vec<TokenView<'_>> = views
+            .iter()
+            .map(|(trained, ids, mask)| TokenView {
+                trained: *trained,
+                ids,
+                loss_mask: mask,
+            })
+            .collect();
+        render_contexts(&self.tokenizer, &views, &self.rewards, color)
     }
 }

@@ -65,6 +65,17 @@ impl Registry {
         self
     }
 
+    /// Every registered name with its keyword parameters, sorted by name.
+    pub fn holotypes(&self) -> Vec<(&str, &'static [&'static str])> {
+        let mut holotypes: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(name, entry)| (name.as_str(), entry.params))
+            .collect();
+        holotypes.sort_unstable_by_key(|(name, _)| *name);
+        holotypes
+    }
+
     /// The checker's view: every registered name with its parameters.
     fn options(&self) -> Options {
         Options {

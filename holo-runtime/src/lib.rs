@@ -20,6 +20,8 @@ pub mod openai;
 pub mod resources;
 pub mod sampler;
 pub mod scripted;
+#[cfg(feature = "local")]
+pub mod serve;
 pub mod text;
 pub mod transcript;
 

@@ -58,18 +58,25 @@
 //! Ticks are lock-step: a batch is done when its slowest request is. Stepping (holotypes and tools) runs on
 //! the calling task between batches, when no request is in flight.
 //!
-//! # Prompts (interim, text level)
+//! # Prompts
 //!
-//! Until the token-level holophore exists, each rollout records into its own [`Transcript`] and a request's
+//! **In token space**, with [`Loom::with_holophore`]: each rollout records into a fork of the
+//! [`Holophore`] (the model's tokenizer and chat template) besides its [`Transcript`], and a request's
+//! prompt is [`Prompt::Tokens`]: [`Holophore::prompt_ids`], the ids of the context being sampled with the
+//! chat template's frames, injected text tokenized once, and earlier completions' tokens appended verbatim
+//! (never re-tokenized), followed by the generation prompt when the sample starts a fresh assistant
+//! message. What the model saw is exactly what the record's `tokens` hold. A sampler that answers with
+//! text only (no [`Completion::tokens`]) has its text tokenized by the holophore, flagged `retokenized`.
+//!
+//! **As chat text**, without a holophore: each rollout records into its own [`Transcript`] and a request's
 //! prompt is [`Prompt::Chat`] built from it: the messages of the context being sampled (the last context
 //! begun), each message's parts joined as text, sampled parts included verbatim. When the assistant
 //! message in progress already has content (a prefill, a fence's `<think>`, an earlier sample of the same
 //! message) it is the last message, to be continued; when the sample starts a fresh assistant message, the
 //! chat ends with the message before it and the server's generation prompt opens the assistant turn. This
-//! path re-tokenizes on the server, so what the model saw is only as exact as the server's chat template;
-//! token prompts ([`Prompt::Tokens`]) replace it with the holophore. One case the text view cannot say: a
-//! fresh assistant message that follows a finished assistant message directly (no message between) is
-//! sent as a continuation of the finished one.
+//! path re-tokenizes on the server, so what the model saw is only as exact as the server's chat template.
+//! One case the text view cannot say: a fresh assistant message that follows a finished assistant message
+//! directly (no message between) is sent as a continuation of the finished one.
 //!
 //! # Parameters and seeds
 //!
@@ -95,6 +102,13 @@
 //!  "samples": 2, "error": null,
 //!  "timing": {"start_ms": 0.4, "wall_ms": 1.9, "sample_ms": 1.2}}
 //! ```
+//!
+//! With a holophore, each context also has `"tokens": {"ids": [...], "loss_mask": [...], "logprobs":
+//! [...]}` ([`TokensRecord`]; `"retokenized": true` added when some completion came as text only): the
+//! context's token ids with the chat template's frames, 1 in the mask exactly on the sampled tokens of a
+//! trained context (all 0 in an untrained one), and the sampler's logprob of each sampled token (0
+//! elsewhere). The ids end with the template's footer of the last message. A rollout whose text the
+//! tokenizer could not encode fails with stage `rollout`, since its tokens are incomplete.
 //!
 //! `dataset` is there when [`LoomConfig::dataset`] is set. `rewards` holds each component's value (the
 //! sum, when a component is recorded more than once), `weights` its weight, `reward` the weighted total of
@@ -124,6 +138,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use crate::holophore::Holophore;
 use crate::interpreter::{Holoware, Row};
 use crate::machine::{Completion, Recorder, Rollout, SampleRequest, Step};
 use crate::resources::Resources;
@@ -228,6 +243,25 @@ pub struct RolloutRecord {
 pub struct ContextRecord {
     pub trained: bool,
     pub messages: Vec<MessageRecord>,
+    /// The context in token space, when the Loom records with a [`Holophore`]
+    /// ([`Loom::with_holophore`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokensRecord>,
+}
+
+/// A context as training consumes it: [`crate::holophore::Context::ids`], `loss_mask` and `logprobs`,
+/// aligned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokensRecord {
+    pub ids: Vec<u32>,
+    /// 1 exactly on the sampled tokens of a trained context.
+    pub loss_mask: Vec<u8>,
+    /// The sampler's logprob of each sampled token; 0 elsewhere and where the sampler gave none.
+    pub logprobs: Vec<f32>,
+    /// Some completion came as text only and was tokenized by the holophore, so its ids may differ
+    /// from what the model sampled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retokenized: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -329,6 +363,7 @@ impl Summary {
 pub struct Loom<S> {
     source: S,
     config: LoomConfig,
+    holophore: Option<Holophore>,
 }
 
 impl Loom<Interpreted> {
@@ -346,7 +381,18 @@ impl Loom<Interpreted> {
 
 impl<S: RolloutSource> Loom<S> {
     pub fn new(source: S, config: LoomConfig) -> Self {
-        Loom { source, config }
+        Loom {
+            source,
+            config,
+            holophore: None,
+        }
+    }
+
+    /// Records every rollout in token space with a fork of `holophore` (a model's tokenizer and chat
+    /// template) and sends [`Prompt::Tokens`]; see "Prompts" in the [module documentation](self).
+    pub fn with_holophore(mut self, holophore: Holophore) -> Self {
+        self.holophore = Some(holophore);
+        self
     }
 
     pub fn config(&self) -> &LoomConfig {
@@ -429,7 +475,10 @@ impl<S: RolloutSource> Loom<S> {
                     row,
                     seed: rollout_seed(self.config.seed, *row_index, rollout_index),
                     rollout: None,
-                    recorder: Prompted::default(),
+                    recorder: Prompted {
+                        holophore: self.holophore.as_ref().map(Holophore::fork),
+                        ..Prompted::default()
+                    },
                     samples: 0,
                     started: Instant::now(),
                     sample_time: Duration::ZERO,
@@ -524,9 +573,9 @@ struct Active<'r> {
 
 impl Active<'_> {
     /// The request for the rollout's next sample.
-    fn request(&self, sample: SampleRequest) -> Request {
+    fn request(&mut self, sample: SampleRequest) -> Request {
         Request {
-            prompt: Prompt::Chat(self.recorder.chat()),
+            prompt: self.recorder.prompt(),
             params: SampleParams {
                 max_tokens: sample.max_tokens,
                 temperature: sample.temperature,
@@ -575,8 +624,20 @@ impl<W: Write> Run<'_, W> {
     }
 
     /// Writes the finished rollout and counts it.
-    fn finish(&mut self, active: Active<'_>, error: Option<Failure>) -> io::Result<()> {
+    fn finish(&mut self, mut active: Active<'_>, mut error: Option<Failure>) -> io::Result<()> {
         let now = Instant::now();
+        let tokens = active.recorder.tokens();
+        if let Some(holophore) = &active.recorder.holophore {
+            if error.is_none() && !holophore.errors().is_empty() {
+                error = Some(Failure {
+                    stage: Stage::Rollout,
+                    message: format!(
+                        "the tokenizer failed, so the tokens are incomplete: {}",
+                        holophore.errors().join("; ")
+                    ),
+                });
+            }
+        }
         let transcript = &active.recorder.transcript;
         let mut rewards = BTreeMap::new();
         let mut weights = BTreeMap::new();
@@ -594,8 +655,10 @@ impl<W: Write> Run<'_, W> {
             contexts: transcript
                 .contexts
                 .iter()
-                .map(|context| ContextRecord {
+                .zip(tokens.into_iter().map(Some).chain(std::iter::repeat(None)))
+                .map(|(context, tokens)| ContextRecord {
                     trained: context.trained,
+                    tokens,
                     messages: context
                         .messages
                         .iter()
@@ -756,15 +819,42 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
     1.0 - fail
 }
 
-/// A [`Recorder`] that keeps a [`Transcript`] and knows whether an assistant message was begun but has
-/// no content yet (the transcript creates a message on its first content).
+/// A [`Recorder`] that keeps a [`Transcript`] (and a [`Holophore`] when the Loom has one) and knows
+/// whether an assistant message was begun but has no content yet (the transcript creates a message on
+/// its first content).
 #[derive(Default)]
 struct Prompted {
     transcript: Transcript,
     pending: Option<Role>,
+    holophore: Option<Holophore>,
 }
 
 impl Prompted {
+    /// The prompt of the next sample: the holophore's token prompt, else the chat.
+    fn prompt(&mut self) -> Prompt {
+        match &mut self.holophore {
+            Some(holophore) => Prompt::Tokens(holophore.prompt_ids()),
+            None => Prompt::Chat(self.chat()),
+        }
+    }
+
+    /// Closes the holophore's contexts and exports them (empty without a holophore).
+    fn tokens(&mut self) -> Vec<TokensRecord> {
+        let Some(holophore) = &mut self.holophore else {
+            return Vec::new();
+        };
+        holophore
+            .finish()
+            .iter()
+            .map(|context| TokensRecord {
+                ids: context.ids(),
+                loss_mask: context.loss_mask(),
+                logprobs: context.logprobs(),
+                retokenized: context.retokenized(),
+            })
+            .collect()
+    }
+
     /// The chat to sample from; see "Prompts" in the [module documentation](self).
     fn chat(&self) -> Vec<ChatMessage> {
         let Some(context) = self.transcript.contexts.last() else {
@@ -791,11 +881,17 @@ impl Recorder for Prompted {
     fn begin_context(&mut self, trained: bool) {
         self.pending = None;
         self.transcript.begin_context(trained);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.begin_context(trained);
+        }
     }
 
     fn begin_message(&mut self, role: Role) {
         self.pending = Some(role);
         self.transcript.begin_message(role);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.begin_message(role);
+        }
     }
 
     fn text(&mut self, text: &str) {
@@ -803,15 +899,24 @@ impl Recorder for Prompted {
             self.pending = None;
         }
         self.transcript.text(text);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.text(text);
+        }
     }
 
     fn completion(&mut self, completion: &Completion) {
         self.pending = None;
         self.transcript.completion(completion);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.completion(completion);
+        }
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {
         Recorder::reward(&mut self.transcript, name, value, weight);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.reward(name, value, weight);
+        }
     }
 }
 

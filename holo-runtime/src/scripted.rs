@@ -8,22 +8,51 @@
 //!   progress gets reply `k`, so every rollout of a batch gets the script from its start, whatever else is in
 //!   the batch and in whatever order (reproducible by construction). The script repeats from its start
 //!   when a conversation outlasts it (two samples within one assistant message are the same turn and get
-//!   the same reply). A text or token prompt carries no turns: those take the replies in
-//!   order from a cursor shared by every batch, also repeating. An empty script fails every request with
-//!   [`SamplerError::Rejected`].
+//!   the same reply). A [`Prompt::Tokens`] prompt counts its turns the same way when the sampler is
+//!   [`Scripted::tokenized`]: by the assistant headers of the chat template in the ids (the header of the
+//!   message in progress not counted). A text prompt, or a token prompt of a sampler that is not
+//!   tokenized, carries no turns: those take the replies in order from a cursor shared by every batch,
+//!   also repeating. An empty script fails every request with [`SamplerError::Rejected`].
+//!
+//! A [`Scripted::tokenized`] sampler also answers in token space, as a model would: each completion
+//! carries the ids of its text (tokenized once, with the model's tokenizer) and a logprob of 0 for each
+//! (the script is certain). It does not append an end-of-turn token.
 
+use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
+use tokenizers::Tokenizer;
+
+use crate::holophore::Holophore;
 use crate::machine::{Completion, Finish, SampleRequest};
 use crate::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
 use crate::Role;
 
 /// Completes requests with scripted replies, in order. A reply is cut at the first stop string it
 /// contains (which it keeps, as a model's output would) and otherwise ends the turn.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Scripted {
     replies: Vec<String>,
     next: AtomicUsize,
+    tokens: Option<TokenSpace>,
+}
+
+/// What a [`Scripted::tokenized`] sampler needs: the tokenizer and the assistant header.
+#[derive(Clone)]
+struct TokenSpace {
+    tokenizer: Arc<Tokenizer>,
+    header: Vec<u32>,
+}
+
+impl fmt::Debug for Scripted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scripted")
+            .field("replies", &self.replies)
+            .field("next", &self.next)
+            .field("tokenized", &self.tokens.is_some())
+            .finish()
+    }
 }
 
 impl Clone for Scripted {
@@ -31,6 +60,7 @@ impl Clone for Scripted {
         Scripted {
             replies: self.replies.clone(),
             next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+            tokens: self.tokens.clone(),
         }
     }
 }
@@ -40,7 +70,34 @@ impl Scripted {
         Scripted {
             replies: replies.into_iter().map(Into::into).collect(),
             next: AtomicUsize::new(0),
+            tokens: None,
         }
+    }
+
+    /// The same script answering in token space with the tokenizer of `holophore`, and counting the
+    /// turns of token prompts by its chat template's assistant header; see the
+    /// [module documentation](self).
+    pub fn tokenized(mut self, holophore: &Holophore) -> Self {
+        self.tokens = Some(TokenSpace {
+            tokenizer: Arc::clone(holophore.tokenizer()),
+            header: holophore.frames().assistant_header(),
+        });
+        self
+    }
+
+    /// `completion` with the ids of its text and zero logprobs, when tokenized.
+    fn in_token_space(&self, mut completion: Completion) -> Result<Completion, SamplerError> {
+        if let Some(space) = &self.tokens {
+            let ids = space
+                .tokenizer
+                .encode(completion.text.as_str(), false)
+                .map_err(|error| SamplerError::Rejected(format!("tokenizer: {error}")))?
+                .get_ids()
+                .to_vec();
+            completion.logprobs = vec![0.0; ids.len()];
+            completion.tokens = ids;
+        }
+        Ok(completion)
     }
 
     /// The replies, in order.
@@ -53,7 +110,12 @@ impl Scripted {
         let next = self.next.get_mut();
         let reply = self.replies.get(*next)?;
         *next += 1;
-        Some(cut(reply, &request.stop))
+        // A tokenizer that cannot encode the reply leaves it in text (the holophore re-tokenizes it).
+        let completion = cut(reply, &request.stop);
+        Some(
+            self.in_token_space(completion.clone())
+                .unwrap_or(completion),
+        )
     }
 
     /// The reply a [`Sampler`] request gets; see the [module documentation](self).
@@ -73,9 +135,15 @@ impl Scripted {
                     .filter(|message| message.role == Role::Assistant)
                     .count()
             }
-            Prompt::Text(_) | Prompt::Tokens(_) => self.next.fetch_add(1, Ordering::Relaxed),
+            Prompt::Tokens(ids) => match &self.tokens {
+                Some(space) if !space.header.is_empty() => {
+                    count(ids, &space.header).saturating_sub(1)
+                }
+                _ => self.next.fetch_add(1, Ordering::Relaxed),
+            },
+            Prompt::Text(_) => self.next.fetch_add(1, Ordering::Relaxed),
         };
-        Ok(cut(
+        self.in_token_space(cut(
             &self.replies[turn % self.replies.len()],
             &request.params.stop,
         ))
@@ -90,6 +158,21 @@ impl Sampler for Scripted {
             .collect();
         Box::pin(std::future::ready(results))
     }
+}
+
+/// How many times `needle` (not empty) occurs in `ids`, without overlaps.
+fn count(ids: &[u32], needle: &[u32]) -> usize {
+    let mut found = 0;
+    let mut at = 0;
+    while at + needle.len() <= ids.len() {
+        if ids[at..].starts_with(needle) {
+            found += 1;
+            at += needle.len();
+        } else {
+            at += 1;
+        }
+    }
+    found
 }
 
 /// `reply` cut after the first stop string it contains.

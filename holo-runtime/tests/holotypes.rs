@@ -244,12 +244,28 @@ fn builtins_match_the_checker_table() {
         "ToolRunner",
         "ToolSchema",
         "ToolExecutor",
+        "CodeExecutor",
         "ExactAnswer",
         "MathAnswer",
         "FormatReward",
         "LengthPenalty",
     ];
     assert_eq!(table.len(), registry_names.len());
+    // The interpreter's registry holds exactly the checker's table.
+    let registry = holotypes::registry();
+    let registered: Vec<(String, Vec<String>)> = registry
+        .holotypes()
+        .into_iter()
+        .map(|(name, params)| {
+            let params = params.iter().map(|param| param.to_string()).collect();
+            (name.to_string(), params)
+        })
+        .collect();
+    let tabled: Vec<(String, Vec<String>)> = table
+        .iter()
+        .map(|(name, params)| (name.clone(), params.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(registered, tabled);
     for name in registry_names {
         assert!(
             table.contains_key(name),
@@ -265,6 +281,7 @@ fn builtins_match_the_checker_table() {
     check("ToolRunner", ToolRunner::PARAMS);
     check("ToolSchema", ToolSchema::PARAMS);
     check("ToolExecutor", ToolExecutor::PARAMS);
+    check("CodeExecutor", CodeExecutor::PARAMS);
     check("ExactAnswer", ExactAnswer::PARAMS);
     check("MathAnswer", MathAnswer::PARAMS);
     check("FormatReward", FormatReward::PARAMS);

@@ -23,6 +23,10 @@ pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
     ("ToolRunner", &["max_turns", "var", "answer"]),
     ("ToolSchema", &[]),
     ("ToolExecutor", &["answer"]),
+    (
+        "CodeExecutor",
+        &["timeout", "python", "max_output", "answer"],
+    ),
     ("ExactAnswer", &["var", "target", "tag", "weight", "name"]),
     ("MathAnswer", &["var", "target", "tag", "weight", "name"]),
     ("FormatReward", &["var", "tags", "weight", "name"]),

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
@@ -65,6 +66,50 @@ enum Command {
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: u32,
     },
+    /// Write a random-initialised model folder in Hugging Face format (config.json,
+    /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) with a
+    /// Qwen-style byte-level BPE tokenizer built offline; transformers loads it unchanged.
+    #[cfg(feature = "local")]
+    InitModel {
+        /// qwen2 (tied embeddings, q/k/v biases) or llama.
+        #[arg(long, default_value = "qwen2", value_parser = holo_runtime::local::init::parse_arch)]
+        arch: holo_runtime::local::Arch,
+        /// tiny (tests) or small (Qwen2.5-0.5B / SmolLM2-135M shapes with a 512-token vocabulary).
+        #[arg(long, default_value = "tiny")]
+        preset: holo_runtime::local::init::Preset,
+        /// Seeds the weights; the same seed writes the same bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write into a folder that is not empty, replacing the model files in it.
+        #[arg(long)]
+        force: bool,
+        /// The folder to write (created when missing).
+        out_dir: PathBuf,
+    },
+    /// Serve a local model folder (Qwen2 / Llama, Hugging Face format) over an OpenAI-compatible HTTP
+    /// API: GET /v1/models, POST /v1/completions and /v1/chat/completions (logprobs, n, stop,
+    /// max_tokens, temperature, top_p, top_k, seed). Concurrent requests are sampled together in one
+    /// batch. Runs until interrupted.
+    #[cfg(feature = "local")]
+    Serve {
+        /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
+        /// tokenizer_config.json (chat template), generation_config.json.
+        model_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port (printed on stderr).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// The most samples in one batch (a request with `n` > 1 counts `n`).
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+        max_batch: u32,
+        /// How long a batch waits for more requests after its first one arrives, in milliseconds.
+        #[arg(long, default_value_t = 5)]
+        batch_wait_ms: u64,
+        /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
+        #[arg(long)]
+        served_model_name: Option<String>,
+    },
 }
 
 /// Where completions come from, shared by `dry` and `eval`.
@@ -77,7 +122,11 @@ struct SamplerArgs {
     /// from OPENAI_API_KEY.
     #[arg(long, required_if_eq("sampler", "openai"))]
     base_url: Option<String>,
-    /// The model the server serves.
+    /// The model. With `openai`, the name the server serves. A local model folder (`tokenizer.json`
+    /// and a chat template in `chat_template.jinja` or `tokenizer_config.json`) also records every
+    /// rollout token by token with its tokenizer and template: prompts are sent as token ids, and
+    /// `dry` prints the tokens, each trained one highlighted. With the scripted sampler it must be such
+    /// a folder.
     #[arg(long, required_if_eq("sampler", "openai"))]
     model: Option<String>,
     /// A scripted reply; repeat to give several, used in turn (the list repeats).
@@ -86,6 +135,21 @@ struct SamplerArgs {
 }
 
 impl SamplerArgs {
+    /// The holophore of `--model` when it is a model folder (always, for the scripted sampler).
+    fn holophore(&self) -> Result<Option<Holophore>, ExitCode> {
+        let Some(model) = &self.model else {
+            return Ok(None);
+        };
+        let dir = Path::new(model);
+        if self.sampler == SamplerKind::Openai && !dir.join("tokenizer.json").is_file() {
+            return Ok(None);
+        }
+        Holophore::from_dir(dir).map(Some).map_err(|error| {
+            eprintln!("error: --model `{model}`: {error}");
+            ExitCode::from(EXIT_USAGE)
+        })
+    }
+
     /// The `openai` sampler with at most `concurrency` requests in flight, or `None` for the scripted
     /// replies.
     fn server(&self, concurrency: usize) -> Result<Option<OpenAi>, ExitCode> {
@@ -140,6 +204,10 @@ fn main() -> ExitCode {
                 Ok(sampler) => sampler,
                 Err(code) => return code,
             };
+            let holophore = match sampler_args.holophore() {
+                Ok(holophore) => holophore,
+                Err(code) => return code,
+            };
             let color = match color {
                 Color::Always => true,
                 Color::Never => false,
@@ -153,6 +221,7 @@ fn main() -> ExitCode {
                 rollouts,
                 &sampler_args.replies,
                 sampler.as_ref().map(|sampler| sampler as &dyn Sampler),
+                holophore.as_ref(),
                 color,
             )
         }
@@ -165,12 +234,20 @@ fn main() -> ExitCode {
             seed,
             concurrency,
         } => {
+            let holophore = match sampler_args.holophore() {
+                Ok(holophore) => holophore,
+                Err(code) => return code,
+            };
+            let scripted = |script: Scripted| match &holophore {
+                Some(holophore) => script.tokenized(holophore),
+                None => script,
+            };
             let sampler: Box<dyn Sampler> = match sampler_args.server(concurrency as usize) {
                 Ok(Some(server)) => Box::new(server),
                 Ok(None) if sampler_args.replies.is_empty() => {
-                    Box::new(Scripted::new(["<answer>42</answer>"]))
+                    Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
                 }
-                Ok(None) => Box::new(Scripted::new(sampler_args.replies)),
+                Ok(None) => Box::new(scripted(Scripted::new(sampler_args.replies))),
                 Err(code) => return code,
             };
             let config = LoomConfig {
@@ -180,8 +257,53 @@ fn main() -> ExitCode {
                 progress: true,
                 ..LoomConfig::default()
             };
-            eval(&file, &data, &*sampler, config, &out)
+            eval(&file, &data, &*sampler, holophore.as_ref(), config, &out)
         }
+        #[cfg(feature = "local")]
+        Command::InitModel {
+            arch,
+            preset,
+            seed,
+            force,
+            out_dir,
+        } => {
+            use holo_runtime::local::init;
+            let options = init::InitOptions {
+                arch,
+                preset,
+                seed,
+                force,
+            };
+            match init::init_model(&out_dir, &options) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    ExitCode::from(error.exit_code())
+                }
+            }
+        }
+        #[cfg(feature = "local")]
+        Command::Serve {
+            model_dir,
+            host,
+            port,
+            max_batch,
+            batch_wait_ms,
+            served_model_name,
+        } => serve(
+            &model_dir,
+            &host,
+            port,
+            holo_runtime::serve::ServeConfig {
+                max_batch: max_batch as usize,
+                batch_wait: std::time::Duration::from_millis(batch_wait_ms),
+                ..Default::default()
+            },
+            served_model_name,
+        ),
     }
 }
 
@@ -194,6 +316,7 @@ fn dry(
     rollouts: usize,
     replies: &[String],
     sampler: Option<&dyn Sampler>,
+    holophore: Option<&Holophore>,
     color: bool,
 ) -> ExitCode {
     let holoware = match load(file) {
@@ -244,19 +367,23 @@ fn dry(
             continue;
         }
         for rollout in 1..=rollouts {
-            let mut transcript = Transcript::default();
-            let outcome = run(
-                &holoware,
-                &row,
-                &resources,
-                replies.iter().cycle(),
-                &mut transcript,
-            );
-            let header = format!(
-                "# row {line}, rollout {rollout}, reward {}\n",
-                transcript.reward()
-            );
-            let _ = writeln!(stdout, "{header}{}", transcript.render(color));
+            let mut script = Scripted::new(replies.iter().cycle().take(1000).cloned());
+            let (outcome, reward, rendered) = match holophore {
+                Some(holophore) => {
+                    script = script.tokenized(holophore);
+                    let mut tokens = holophore.fork();
+                    let outcome = run(&holoware, &row, &resources, script, &mut tokens);
+                    tokens.finish();
+                    (outcome, tokens.reward(), tokens.render(color))
+                }
+                None => {
+                    let mut transcript = Transcript::default();
+                    let outcome = run(&holoware, &row, &resources, script, &mut transcript);
+                    (outcome, transcript.reward(), transcript.render(color))
+                }
+            };
+            let header = format!("# row {line}, rollout {rollout}, reward {reward}\n");
+            let _ = writeln!(stdout, "{header}{rendered}");
             if let Err(error) = outcome {
                 eprintln!("error: {data_name}:{line}: rollout {rollout}: {error}");
                 failures += 1;
@@ -270,6 +397,7 @@ fn dry(
             &sampled_rows,
             rollouts,
             sampler,
+            holophore,
             color,
             &data_name,
             &mut stdout,
@@ -294,12 +422,13 @@ fn dry_loom(
     rows: &[(usize, Row)],
     rollouts: usize,
     sampler: &dyn Sampler,
+    holophore: Option<&Holophore>,
     color: bool,
     data_name: &str,
     stdout: &mut impl Write,
 ) -> Result<usize, ExitCode> {
     let runtime = runtime()?;
-    let loom = Loom::interpreted(
+    let mut loom = Loom::interpreted(
         Arc::clone(holoware),
         resources.clone(),
         LoomConfig {
@@ -309,6 +438,9 @@ fn dry_loom(
             ..LoomConfig::default()
         },
     );
+    if let Some(holophore) = holophore {
+        loom = loom.with_holophore(holophore.fork());
+    }
     let mut jsonl = Vec::new();
     if let Err(error) = runtime.block_on(loom.run(rows, sampler, &mut jsonl)) {
         eprintln!("error: {error}");
@@ -344,11 +476,28 @@ fn dry_loom(
             Recorder::reward(&mut transcript, name, *value, weight);
         }
         let (line, rollout) = (record.row_index, record.rollout_index + 1);
+        let rendered = match holophore {
+            Some(holophore) => {
+                let views: Vec<TokenView<'_>> = record
+                    .contexts
+                    .iter()
+                    .filter_map(|context| {
+                        let tokens = context.tokens.as_ref()?;
+                        Some(TokenView {
+                            trained: context.trained,
+                            ids: &tokens.ids,
+                            loss_mask: &tokens.loss_mask,
+                        })
+                    })
+                    .collect();
+                render_contexts(holophore.tokenizer(), &views, &transcript.rewards, color)
+            }
+            None => transcript.render(color),
+        };
         let _ = writeln!(
             stdout,
-            "# row {line}, rollout {rollout}, reward {}\n{}",
+            "# row {line}, rollout {rollout}, reward {}\n{rendered}",
             record.reward,
-            transcript.render(color)
         );
         if let Some(error) = &record.error {
             eprintln!(
@@ -375,6 +524,7 @@ fn eval(
     file: &Path,
     datasets: &[PathBuf],
     sampler: &dyn Sampler,
+    holophore: Option<&Holophore>,
     config: LoomConfig,
     out: &Path,
 ) -> ExitCode {
@@ -426,7 +576,7 @@ fn eval(
                 }
             }
         }
-        let loom = Loom::interpreted(
+        let mut loom = Loom::interpreted(
             Arc::clone(&holoware),
             resources.clone(),
             LoomConfig {
@@ -434,6 +584,9 @@ fn eval(
                 ..config.clone()
             },
         );
+        if let Some(holophore) = holophore {
+            loom = loom.with_holophore(holophore.fork());
+        }
         let summary = match runtime.block_on(loom.run(&good, sampler, &mut writer)) {
             Ok(summary) => summary,
             Err(error) => {
@@ -494,20 +647,19 @@ fn report(data_name: &str, per_row: usize, summary: &Summary) -> String {
     text
 }
 
-fn run<'r>(
+fn run(
     holoware: &Arc<Holoware>,
     row: &Row,
     resources: &Resources,
-    replies: impl Iterator<Item = &'r String>,
-    transcript: &mut Transcript,
+    mut sampler: Scripted,
+    recorder: &mut dyn Recorder,
 ) -> Result<(), RolloutError> {
     let mut rollout = holoware.start_with(row, resources)?;
-    let mut sampler = Scripted::new(replies.take(1000).cloned());
-    while let Step::Sample(request) = rollout.step(transcript)? {
+    while let Step::Sample(request) = rollout.step(recorder)? {
         let completion = sampler
             .complete(&request)
             .ok_or(RolloutError::Protocol("the scripted replies ran out"))?;
-        rollout.resume(completion, transcript)?;
+        rollout.resume(completion, recorder)?;
     }
     Ok(())
 }
@@ -593,4 +745,55 @@ fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
             (index + 1, row)
         })
         .collect())
+}
+
+/// `holo serve`: loads the model folder and serves it until the process is interrupted.
+#[cfg(feature = "local")]
+fn serve(
+    model_dir: &Path,
+    host: &str,
+    port: u16,
+    config: holo_runtime::serve::ServeConfig,
+    served_model_name: Option<String>,
+) -> ExitCode {
+    use holo_runtime::local::{LocalModel, LocalOptions};
+    use holo_runtime::serve::{ServedModel, Server};
+
+    let options = LocalOptions {
+        max_batch: config.max_batch,
+        ..LocalOptions::default()
+    };
+    let model = match LocalModel::load(model_dir, options) {
+        Ok(model) => model,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
+    let served = ServedModel::local(id.clone(), model);
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        let server = match Server::bind((host, port), served, config).await {
+            Ok(server) => server,
+            Err(error) => {
+                eprintln!("error: cannot listen on {host}:{port}: {error}");
+                return ExitCode::from(EXIT_FAILURES);
+            }
+        };
+        eprintln!(
+            "serving `{id}` on http://{} (OpenAI API under /v1); Ctrl-C stops",
+            server.local_addr()
+        );
+        match server.run().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::from(EXIT_FAILURES)
+            }
+        }
+    })
 }

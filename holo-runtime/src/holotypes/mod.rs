@@ -1,11 +1,16 @@
-//! The built-in holotypes: a tool loop with a registry of Rust tools, and reward holotypes (attractors).
+//! The built-in holotypes: a tool loop with a registry of Rust tools, Python code execution as a tool,
+//! and reward holotypes (attractors).
 //!
 //! `.hol` files name them like any holotype; [`registry`] makes them available to the interpreter, and
 //! `use holo_runtime::holotypes::*;` brings them into scope for `include_holoware!`.
 
+mod code;
 mod rewards;
 mod tools;
 
+pub use code::{
+    code_block, network_isolation, run_python, CodeExecutor, Execution, Outcome, PythonConfig,
+};
 pub use rewards::{
     answer_text, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
 };
@@ -20,6 +25,7 @@ pub fn registry() -> Registry {
         .register::<ToolRunner>("ToolRunner")
         .register::<ToolSchema>("ToolSchema")
         .register::<ToolExecutor>("ToolExecutor")
+        .register::<CodeExecutor>("CodeExecutor")
         .register::<ExactAnswer>("ExactAnswer")
         .register::<MathAnswer>("MathAnswer")
         .register::<FormatReward>("FormatReward")
