@@ -115,7 +115,8 @@ enum Command {
 /// Where completions come from, shared by `dry` and `eval`.
 #[derive(Args)]
 struct SamplerArgs {
-    /// `openai` samples from a server through the Loom instead of the scripted --reply texts.
+    /// `openai` samples from a server, `local` from a model folder run in process, instead of the
+    /// scripted --reply texts.
     #[arg(long, value_enum, default_value_t = SamplerKind::Scripted)]
     sampler: SamplerKind,
     /// The OpenAI-compatible server (`http://host:port`, with or without `/v1`); the API key is read
@@ -125,9 +126,9 @@ struct SamplerArgs {
     /// The model. With `openai`, the name the server serves. A local model folder (`tokenizer.json`
     /// and a chat template in `chat_template.jinja` or `tokenizer_config.json`) also records every
     /// rollout token by token with its tokenizer and template: prompts are sent as token ids, and
-    /// `dry` prints the tokens, each trained one highlighted. With the scripted sampler it must be such
-    /// a folder.
-    #[arg(long, required_if_eq("sampler", "openai"))]
+    /// `dry` prints the tokens, each trained one highlighted. With the scripted and the local
+    /// sampler it must be such a folder (for `local`, a whole model folder).
+    #[arg(long, required_if_eq_any([("sampler", "openai"), ("sampler", "local")]))]
     model: Option<String>,
     /// A scripted reply; repeat to give several, used in turn (the list repeats).
     #[arg(long = "reply")]
@@ -150,15 +151,15 @@ impl SamplerArgs {
         })
     }
 
-    /// The `openai` sampler with at most `concurrency` requests in flight, or `None` for the scripted
-    /// replies.
-    fn server(&self, concurrency: usize) -> Result<Option<OpenAi>, ExitCode> {
+    /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with
+    /// batches of at most `concurrency`), or `None` for the scripted replies.
+    fn sampler(&self, concurrency: usize) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
+        if self.sampler != SamplerKind::Scripted && !self.replies.is_empty() {
+            eprintln!("error: --reply is for the scripted sampler");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
         match self.sampler {
             SamplerKind::Scripted => Ok(None),
-            SamplerKind::Openai if !self.replies.is_empty() => {
-                eprintln!("error: --reply is for the scripted sampler");
-                Err(ExitCode::from(EXIT_USAGE))
-            }
             SamplerKind::Openai => {
                 let config = OpenAiConfig {
                     max_concurrency: concurrency,
@@ -167,10 +168,34 @@ impl SamplerArgs {
                         self.model.clone().unwrap_or_default(),
                     )
                 };
-                OpenAi::new(config).map(Some).map_err(|error| {
-                    eprintln!("error: {error}");
-                    ExitCode::from(EXIT_USAGE)
-                })
+                match OpenAi::new(config) {
+                    Ok(server) => Ok(Some(Box::new(server))),
+                    Err(error) => {
+                        eprintln!("error: {error}");
+                        Err(ExitCode::from(EXIT_USAGE))
+                    }
+                }
+            }
+            #[cfg(feature = "local")]
+            SamplerKind::Local => {
+                use holo_runtime::local::{LocalModel, LocalOptions};
+                let dir = self.model.clone().unwrap_or_default();
+                let options = LocalOptions {
+                    max_batch: concurrency,
+                    ..LocalOptions::default()
+                };
+                match LocalModel::load(&dir, options) {
+                    Ok(model) => Ok(Some(Box::new(model))),
+                    Err(error) => {
+                        eprintln!("error: --model `{dir}`: {error}");
+                        Err(ExitCode::from(EXIT_USAGE))
+                    }
+                }
+            }
+            #[cfg(not(feature = "local"))]
+            SamplerKind::Local => {
+                eprintln!("error: this holo was built without the `local` feature");
+                Err(ExitCode::from(EXIT_USAGE))
             }
         }
     }
@@ -182,6 +207,8 @@ enum SamplerKind {
     Scripted,
     /// An OpenAI-compatible server (--base-url, --model).
     Openai,
+    /// A Hugging Face Qwen2 / Llama folder (--model DIR) run in process on the CPU.
+    Local,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -200,7 +227,7 @@ fn main() -> ExitCode {
             color,
             sampler: sampler_args,
         } => {
-            let sampler = match sampler_args.server(128) {
+            let sampler = match sampler_args.sampler(128) {
                 Ok(sampler) => sampler,
                 Err(code) => return code,
             };
@@ -220,7 +247,7 @@ fn main() -> ExitCode {
                 data.as_deref(),
                 rollouts,
                 &sampler_args.replies,
-                sampler.as_ref().map(|sampler| sampler as &dyn Sampler),
+                sampler.as_deref(),
                 holophore.as_ref(),
                 color,
             )
@@ -242,8 +269,8 @@ fn main() -> ExitCode {
                 Some(holophore) => script.tokenized(holophore),
                 None => script,
             };
-            let sampler: Box<dyn Sampler> = match sampler_args.server(concurrency as usize) {
-                Ok(Some(server)) => Box::new(server),
+            let sampler: Box<dyn Sampler> = match sampler_args.sampler(concurrency as usize) {
+                Ok(Some(sampler)) => sampler,
                 Ok(None) if sampler_args.replies.is_empty() => {
                     Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
                 }

@@ -1,0 +1,171 @@
+//! `holo eval` / `holo dry` with `--sampler local`: a model folder sampled in process.
+#![cfg(feature = "local")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const MODEL: &str = "holo-runtime/tests/fixtures/models/qwen2";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn holo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_holo"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("holo runs")
+}
+
+fn scratch(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("holo-local-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name).display().to_string()
+}
+
+fn eval(out: &str, seed: &str) -> Output {
+    holo(&[
+        "eval",
+        "hol/qa.hol",
+        "--data",
+        "examples/data/capitals.jsonl",
+        "-n",
+        "2",
+        "--seed",
+        seed,
+        "--sampler",
+        "local",
+        "--model",
+        MODEL,
+        "--out",
+        out,
+    ])
+}
+
+fn records(path: &str) -> Vec<Value> {
+    let lines: Vec<String> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let mut records: Vec<Value> = lines
+        .iter()
+        .map(|line| {
+            let mut record: Value = serde_json::from_str(line).unwrap();
+            // Wall-clock times differ between runs; nothing else may.
+            record.as_object_mut().unwrap().remove("timing");
+            record
+        })
+        .collect();
+    records.sort_by_key(|record| {
+        (
+            record["row_index"].as_u64(),
+            record["rollout_index"].as_u64(),
+        )
+    });
+    records
+}
+
+#[test]
+fn eval_samples_a_local_model_token_by_token_reproducibly() {
+    let (first, second, other) = (scratch("a.jsonl"), scratch("b.jsonl"), scratch("c.jsonl"));
+    let output = eval(&first, "7");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = std::fs::read_to_string(repo().join("examples/data/capitals.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count();
+    let written = records(&first);
+    assert_eq!(written.len(), rows * 2);
+    for record in &written {
+        let context = &record["contexts"][0];
+        let tokens = &context["tokens"];
+        let mask = tokens["loss_mask"].as_array().unwrap();
+        let logprobs = tokens["logprobs"].as_array().unwrap();
+        assert_eq!(mask.len(), tokens["ids"].as_array().unwrap().len());
+        let trained: Vec<f64> = mask
+            .iter()
+            .zip(logprobs)
+            .filter(|(m, _)| m.as_u64() == Some(1))
+            .map(|(_, l)| l.as_f64().unwrap())
+            .collect();
+        assert!(!trained.is_empty(), "the model's tokens are trained");
+        assert!(
+            trained.iter().all(|&l| l <= 0.0) && trained.iter().any(|&l| l < 0.0),
+            "sampled tokens carry the policy's log-probabilities: {trained:?}"
+        );
+    }
+
+    assert_eq!(eval(&second, "7").status.code(), Some(0));
+    assert!(
+        written == records(&second),
+        "the same seed samples the same rollouts"
+    );
+    assert_eq!(eval(&other, "8").status.code(), Some(0));
+    assert!(
+        written != records(&other),
+        "another seed samples other rollouts"
+    );
+}
+
+#[test]
+fn dry_runs_a_local_model() {
+    let output = holo(&[
+        "dry",
+        "hol/qa.hol",
+        "--data",
+        "examples/data/capitals.jsonl",
+        "--sampler",
+        "local",
+        "--model",
+        MODEL,
+        "--color",
+        "never",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("=== context 0 (trained)") && stdout.contains('⟦'),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn local_sampler_usage_errors() {
+    let missing = holo(&["dry", "hol/qa.hol", "--sampler", "local"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("--model"));
+
+    let not_a_model = holo(&["dry", "hol/qa.hol", "--sampler", "local", "--model", "hol"]);
+    assert_eq!(not_a_model.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&not_a_model.stderr);
+    assert!(
+        stderr.contains("--model `hol`") && stderr.contains("config.json"),
+        "{stderr}"
+    );
+
+    let replies = holo(&[
+        "dry",
+        "hol/qa.hol",
+        "--sampler",
+        "local",
+        "--model",
+        MODEL,
+        "--reply",
+        "Paris",
+    ]);
+    assert_eq!(replies.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&replies.stderr).contains("--reply is for the scripted sampler")
+    );
+}
