@@ -8,7 +8,7 @@ Both sides load the same Hugging Face folder, sample the same batch of random pr
 temperature 1 with no top-k/top-p, and generate exactly --new tokens per row (transformers:
 `min_new_tokens = max_new_tokens`; holo: no end-of-turn token). Each side runs in its own process, one after
 the other, with a warm-up run before --repeats timed runs; the script prints the median new tokens per
-second of each, the ratio, and each process's peak resident memory (`wait4`'s ru_maxrss).
+second of each, the ratio, and each process's peak resident memory (GNU time's maximum RSS).
 
 Models (built once under --work-dir, default ~/.cache/holo-peers/bench-models):
 - tiny:    `holo init-model --arch qwen2 --preset tiny` (107k parameters, vocab 512);
@@ -17,7 +17,8 @@ Models (built once under --work-dir, default ~/.cache/holo-peers/bench-models):
            initialisation, saved with save_pretrained (about 2 GB of f32); our offline tokenizer is copied
            in (the prompts are ids, so it only decodes).
 
-Needs the Python peers' venv (bash ../shared/peers/setup.sh) and cargo; builds the Rust side with
+Needs the Python peers' venv (bash ../shared/peers/setup.sh), GNU time (/usr/bin/time, Debian package `time`)
+and cargo; builds the Rust side with
 `cargo build --release -p holo-runtime --example sample_bench --bin holo`. On 2 cores, timings collapse when
 anything else runs: run it on an idle machine.
 """
@@ -64,17 +65,18 @@ PYTHON_SIDE = textwrap.dedent(
 
 
 def run_measured(command, env=None):
-    """Runs a command, returns (stdout, peak RSS in MiB)."""
-    with tempfile.TemporaryFile() as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        stderr = process.stderr.read().decode(errors="replace")
-        process.stderr.close()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            sys.exit(f"{' '.join(command)} failed ({code}):\n{stderr}")
-        out.seek(0)
-        return out.read().decode(), usage.ru_maxrss / 1024
+    """Runs a command, returns (stdout, peak RSS in MiB).
+
+    The peak is measured by GNU time around the command: `wait4`'s ru_maxrss would include this script's own
+    peak (Linux keeps the high-water mark across fork and exec), which building the 0.5B folder inflates.
+    """
+    with tempfile.NamedTemporaryFile(mode="r") as peak:
+        completed = subprocess.run(
+            ["/usr/bin/time", "-f", "%M", "-o", peak.name, *command], capture_output=True, env=env
+        )
+        if completed.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stderr.decode(errors='replace')}")
+        return completed.stdout.decode(), int(peak.read().split()[-1]) / 1024
 
 
 def build_rust():

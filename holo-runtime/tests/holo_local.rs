@@ -169,3 +169,83 @@ fn local_sampler_usage_errors() {
         String::from_utf8_lossy(&replies.stderr).contains("--reply is for the scripted sampler")
     );
 }
+
+/// Kills the server when the test ends, passing or not.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn eval_through_holo_serve_sends_token_prompts_and_records_tokens() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    let mut server = Server(
+        Command::new(env!("CARGO_BIN_EXE_holo"))
+            .args(["serve", MODEL, "--port", "0"])
+            .current_dir(repo())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("holo serve starts"),
+    );
+    let stderr = server.0.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let base = loop {
+        let line = lines
+            .next()
+            .expect("holo serve says where it listens")
+            .unwrap();
+        if let Some(at) = line.find("http://") {
+            break line[at..].split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // The served model's name is its folder, which also has a tokenizer: the Loom works in token space
+    // and sends `/v1/completions` requests with token-id prompts.
+    let out = scratch("served.jsonl");
+    let output = holo(&[
+        "eval",
+        "hol/qa.hol",
+        "--data",
+        "examples/data/capitals.jsonl",
+        "-n",
+        "2",
+        "--sampler",
+        "openai",
+        "--base-url",
+        &base,
+        "--model",
+        MODEL,
+        "--out",
+        &out,
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written = records(&out);
+    assert_eq!(written.len(), 4);
+    for record in &written {
+        let tokens = &record["contexts"][0]["tokens"];
+        assert!(
+            tokens["retokenized"].as_bool() != Some(true),
+            "token ids came back exactly"
+        );
+        let trained: Vec<f64> = tokens["loss_mask"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(tokens["logprobs"].as_array().unwrap())
+            .filter(|(m, _)| m.as_u64() == Some(1))
+            .map(|(_, l)| l.as_f64().unwrap())
+            .collect();
+        assert!(!trained.is_empty() && trained.iter().any(|&l| l < 0.0));
+    }
+}
