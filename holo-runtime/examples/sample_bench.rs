@@ -1,7 +1,7 @@
 //! Batched sampling throughput of a local model folder, for `benches/sample_compare.py`.
 //!
 //!     cargo run --release -p holo-runtime --example sample_bench -- MODEL_DIR \
-//!         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--seed 0]
+//!         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--seed 0] [--dtype f32|f16|bf16]
 //!
 //! Random prompt ids (seeded), temperature 1, no top-k/top-p, no end-of-turn: every row samples exactly
 //! `--new` tokens, as transformers' `generate(min_new_tokens=new)` does on the Python side. Prints one
@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut dir = None;
+    let mut dtype = DType::F32;
     let (mut batch, mut prompt_len, mut new, mut repeats, mut seed) =
         (8usize, 16usize, 32usize, 3usize, 0u64);
     while let Some(arg) = args.next() {
@@ -37,6 +38,17 @@ fn main() -> ExitCode {
             "--new" => new = value("--new"),
             "--repeats" => repeats = value("--repeats").max(1),
             "--seed" => seed = value("--seed") as u64,
+            "--dtype" => {
+                dtype = match args.next().as_deref() {
+                    Some("f32") => DType::F32,
+                    Some("f16") => DType::F16,
+                    Some("bf16") => DType::BF16,
+                    other => {
+                        eprintln!("error: --dtype takes f32, f16 or bf16, not {other:?}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             _ if dir.is_none() && !arg.starts_with('-') => dir = Some(PathBuf::from(arg)),
             _ => {
                 eprintln!("error: unexpected argument {arg:?}");
@@ -48,7 +60,7 @@ fn main() -> ExitCode {
         eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N]");
         return ExitCode::from(2);
     };
-    let loaded = checkpoint::load_model(&dir, DType::F32, &Device::Cpu)
+    let loaded = checkpoint::load_model(&dir, dtype, &Device::Cpu)
         .and_then(|model| Ok((model, checkpoint::load_tokenizer(&dir)?)));
     let (model, tokenizer) = match loaded {
         Ok(loaded) => loaded,
