@@ -412,10 +412,61 @@ impl<S: RolloutSource> Loom<S> {
         W: Write + Send,
         P: Sampler + ?Sized,
     {
+        self.resume(rows, &[], sampler, out).await
+    }
+
+    /// [`Loom::run`] after an interrupted run: `done` are the completed records of these rows read back
+    /// from its JSONL. Their rollouts are not run again (nor written again) but count in the summary;
+    /// every other rollout runs with the seed it would have had. Records of rows not in `rows`, records
+    /// made with another run seed, and failed records are refused (`InvalidInput`): a failed rollout is
+    /// run again by leaving its record out.
+    pub async fn resume<W, P>(
+        &self,
+        rows: &[(usize, Row)],
+        done: &[RolloutRecord],
+        sampler: &P,
+        out: &mut W,
+    ) -> io::Result<Summary>
+    where
+        W: Write + Send,
+        P: Sampler + ?Sized,
+    {
         let per_row = self.config.rollouts_per_row.max(1);
+        let positions: BTreeMap<usize, usize> = rows
+            .iter()
+            .enumerate()
+            .map(|(position, (row_index, _))| (*row_index, position))
+            .collect();
+        let mut stats = Stats::new(rows.len());
+        let mut skip = std::collections::BTreeSet::new();
+        for record in done {
+            let (row_index, rollout_index) = (record.row_index, record.rollout_index);
+            let invalid = |why: String| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("record of row {row_index}, rollout {rollout_index}: {why}"),
+                )
+            };
+            let Some(&position) = positions.get(&row_index) else {
+                return Err(invalid("the data has no such row".into()));
+            };
+            if rollout_index >= per_row {
+                return Err(invalid(format!("this run makes {per_row} rollouts per row")));
+            }
+            if record.seed != rollout_seed(self.config.seed, row_index, rollout_index) {
+                return Err(invalid("it was made with another run seed".into()));
+            }
+            if record.error.is_some() {
+                return Err(invalid("it failed; leave it out to run it again".into()));
+            }
+            if !skip.insert((row_index, rollout_index)) {
+                return Err(invalid("it appears twice".into()));
+            }
+            stats.add(position, record);
+        }
         let concurrency = self.config.concurrency.max(1);
         let progress = if self.config.progress && io::stderr().is_terminal() {
-            progress_bar((rows.len() * per_row) as u64)
+            progress_bar((rows.len() * per_row - done.len()) as u64)
         } else {
             ProgressBar::hidden()
         };
@@ -423,7 +474,7 @@ impl<S: RolloutSource> Loom<S> {
             config: &self.config,
             out,
             started: Instant::now(),
-            stats: Stats::new(rows.len()),
+            stats,
             progress,
         };
         let mut jobs = Jobs {
@@ -431,6 +482,7 @@ impl<S: RolloutSource> Loom<S> {
             per_row,
             position: 0,
             next_rollout: 0,
+            skip,
         };
 
         let mut waiting: Vec<Active<'_>> = Vec::new();
@@ -527,6 +579,8 @@ struct Jobs<'r> {
     per_row: usize,
     position: usize,
     next_rollout: usize,
+    /// `(row index, rollout index)` already done in an earlier run.
+    skip: std::collections::BTreeSet<(usize, usize)>,
 }
 
 impl Jobs<'_> {
@@ -549,6 +603,9 @@ impl Jobs<'_> {
             if self.next_rollout == self.per_row {
                 self.next_rollout = 0;
                 self.position += 1;
+            }
+            if self.skip.contains(&(*row_index, job.1)) {
+                continue;
             }
             return Some(job);
         }

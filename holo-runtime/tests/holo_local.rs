@@ -249,3 +249,92 @@ fn eval_through_holo_serve_sends_token_prompts_and_records_tokens() {
         assert!(!trained.is_empty() && trained.iter().any(|&l| l < 0.0));
     }
 }
+
+fn eval_with(out: &str, seed: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "eval",
+        "hol/qa.hol",
+        "--data",
+        "examples/data/capitals.jsonl",
+        "-n",
+        "3",
+        "--seed",
+        seed,
+        "--sampler",
+        "local",
+        "--model",
+        MODEL,
+        "--out",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    holo(&args)
+}
+
+/// Takes the log-probabilities out of the records, all in one list.
+fn logprobs(records: &mut [Value]) -> Vec<f64> {
+    let mut all = Vec::new();
+    for record in records {
+        for context in record["contexts"].as_array_mut().unwrap() {
+            let taken = context["tokens"]["logprobs"].take();
+            all.extend(
+                taken
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| l.as_f64().unwrap()),
+            );
+        }
+    }
+    all
+}
+
+#[test]
+fn an_interrupted_eval_resumes_where_it_stopped() {
+    let (full, cut) = (scratch("full.jsonl"), scratch("cut.jsonl"));
+    assert_eq!(eval_with(&full, "3", &[]).status.code(), Some(0));
+    let text = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6);
+    // Two rollouts done, one that failed (a sampler error), and a line cut short by the interruption.
+    let mut failed: Value = serde_json::from_str(lines[1]).unwrap();
+    failed["error"] = serde_json::json!({"stage": "sampler", "message": "injected timeout"});
+    let interrupted = format!(
+        "{}\n{}\n{}\n{}",
+        lines[0],
+        failed,
+        lines[2],
+        &lines[3][..lines[3].len() / 2]
+    );
+    std::fs::write(&cut, interrupted).unwrap();
+
+    let output = eval_with(&cut, "3", &["--resume"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("ignoring an unfinished last line"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("2 rollouts done, 1 failed ones to run again"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("6 rollouts, 0 failed"), "{stdout}");
+    // Other batches (4 rollouts instead of 6) change the log-probabilities by float noise only.
+    let (mut resumed, mut uninterrupted) = (records(&cut), records(&full));
+    let (a, b) = (logprobs(&mut resumed), logprobs(&mut uninterrupted));
+    assert!(
+        resumed == uninterrupted,
+        "the resumed run wrote what the uninterrupted one did"
+    );
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-4));
+
+    // Another seed would mix two runs: refused, and the file is left as it was.
+    let before = std::fs::read_to_string(&cut).unwrap();
+    let output = eval_with(&cut, "4", &["--resume"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("another run seed"));
+    assert_eq!(std::fs::read_to_string(&cut).unwrap(), before);
+}

@@ -768,3 +768,66 @@ fn scripted_as_a_sampler_answers_by_turn() {
     let results = block_on(empty.sample(&[text("a")]));
     assert!(matches!(results[0], Err(SamplerError::Rejected(_))));
 }
+
+#[test]
+fn resume_runs_only_what_was_not_done_and_summarizes_everything() {
+    let config = LoomConfig {
+        rollouts_per_row: 2,
+        seed: 11,
+        timing: false,
+        concurrency: 8,
+        ..LoomConfig::default()
+    };
+    let rows = arithmetic();
+    let full_out = Shared::default();
+    let full = run(&loom(config.clone()), &rows, &script(), &full_out);
+    let all = records(&full_out.bytes());
+
+    // Half of them done before the interruption.
+    let done: Vec<RolloutRecord> = all.iter().step_by(2).cloned().collect();
+    let out = Shared::default();
+    let sampler = Counting::new(script(), &out);
+    let resumed =
+        block_on(loom(config.clone()).resume(&rows, &done, &sampler, &mut out.clone())).unwrap();
+    let written = records(&out.bytes());
+    assert_eq!(
+        written.len(),
+        all.len() - done.len(),
+        "done rollouts are not run again"
+    );
+    let mut together: Vec<RolloutRecord> = done.iter().chain(&written).cloned().collect();
+    let mut expected = all.clone();
+    let key = |r: &RolloutRecord| (r.row_index, r.rollout_index);
+    together.sort_by_key(key);
+    expected.sort_by_key(key);
+    assert_eq!(
+        together, expected,
+        "the others run with the seeds they would have had"
+    );
+    assert_eq!(resumed.rollouts, full.rollouts);
+    assert_eq!(resumed.mean_reward, full.mean_reward);
+    assert_eq!(resumed.pass_at_k, full.pass_at_k);
+
+    // Records the run would not have made are refused before anything runs.
+    let refused = |records: Vec<RolloutRecord>| {
+        let out = Shared::default();
+        let error =
+            block_on(loom(config.clone()).resume(&rows, &records, &script(), &mut out.clone()))
+                .unwrap_err();
+        assert_eq!(out.bytes(), b"");
+        error.to_string()
+    };
+    let mut other_seed = all[0].clone();
+    other_seed.seed ^= 1;
+    assert!(refused(vec![other_seed]).contains("another run seed"));
+    let mut failed = all[0].clone();
+    failed.error = Some(holo_runtime::loom::Failure {
+        stage: Stage::Sampler,
+        message: "timeout".into(),
+    });
+    assert!(refused(vec![failed]).contains("it failed"));
+    assert!(refused(vec![all[0].clone(), all[0].clone()]).contains("twice"));
+    let mut no_row = all[0].clone();
+    no_row.row_index = 99;
+    assert!(refused(vec![no_row]).contains("no such row"));
+}

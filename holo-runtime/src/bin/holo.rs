@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
+use holo_runtime::loom::{rollout_seed, Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{
     Completion, OpenAi, OpenAiConfig, Recorder, Resources, Rollout, RolloutError, Sampler,
     Scripted, Step, Transcript,
@@ -65,6 +65,11 @@ enum Command {
         /// once.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: u32,
+        /// Continue an interrupted run: keep the completed rollouts already in --out, run the others
+        /// (failed ones again) with the seeds they would have had, and summarize them all. Needs the same
+        /// .hol file, data, -n and --seed as the run it continues.
+        #[arg(long)]
+        resume: bool,
     },
     /// Write a random-initialised model folder in Hugging Face format (config.json,
     /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) with a
@@ -260,6 +265,7 @@ fn main() -> ExitCode {
             out,
             seed,
             concurrency,
+            resume,
         } => {
             let holophore = match sampler_args.holophore() {
                 Ok(holophore) => holophore,
@@ -284,7 +290,15 @@ fn main() -> ExitCode {
                 progress: true,
                 ..LoomConfig::default()
             };
-            eval(&file, &data, &*sampler, holophore.as_ref(), config, &out)
+            eval(
+                &file,
+                &data,
+                &*sampler,
+                holophore.as_ref(),
+                config,
+                &out,
+                resume,
+            )
         }
         #[cfg(feature = "local")]
         Command::InitModel {
@@ -554,6 +568,7 @@ fn eval(
     holophore: Option<&Holophore>,
     config: LoomConfig,
     out: &Path,
+    resume: bool,
 ) -> ExitCode {
     let holoware = match load(file) {
         Ok(holoware) => holoware,
@@ -569,10 +584,25 @@ fn eval(
             }
         }
     }
-    let mut writer = match std::fs::File::create(out) {
+    let previous = if resume && out.exists() {
+        match previous_records(out, &datasets_rows) {
+            Ok(previous) => previous,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    if let Err(message) = check_previous(&previous, &datasets_rows, &config) {
+        eprintln!("error: --resume: {}: {message}", out.display());
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let mut writer = match start_output(out, &previous) {
         Ok(file) => std::io::BufWriter::new(file),
         Err(error) => {
-            eprintln!("error: cannot create `{}`: {error}", out.display());
+            eprintln!("error: cannot write `{}`: {error}", out.display());
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -614,8 +644,17 @@ fn eval(
         if let Some(holophore) = holophore {
             loom = loom.with_holophore(holophore.fork());
         }
-        let summary = match runtime.block_on(loom.run(&good, sampler, &mut writer)) {
+        let done: Vec<RolloutRecord> = previous
+            .iter()
+            .filter(|record| record.dataset.as_deref() == Some(data_name.as_str()))
+            .cloned()
+            .collect();
+        let summary = match runtime.block_on(loom.resume(&good, &done, sampler, &mut writer)) {
             Ok(summary) => summary,
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidInput => {
+                eprintln!("error: --resume: {}: {error}", out.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
             Err(error) => {
                 eprintln!("error: cannot write `{}`: {error}", out.display());
                 return ExitCode::from(EXIT_USAGE);
@@ -646,6 +685,117 @@ fn eval(
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The completed records of an interrupted run's JSONL (failed ones are left out, to run again). A last
+/// line cut short by the interruption is ignored; any other unreadable line, or a record of a dataset this
+/// run does not read, is an error, so that nothing written is lost.
+fn previous_records(
+    out: &Path,
+    datasets: &[(String, Vec<NumberedRow>)],
+) -> Result<Vec<RolloutRecord>, String> {
+    let text = std::fs::read_to_string(out)
+        .map_err(|error| format!("cannot read `{}`: {error}", out.display()))?;
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut records = Vec::new();
+    let mut failed = 0;
+    for (number, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: RolloutRecord = match serde_json::from_str(line) {
+            Ok(record) => record,
+            Err(_) if number + 1 == lines.len() && !line.ends_with('\n') => {
+                eprintln!(
+                    "warning: {}:{}: ignoring an unfinished last line (the interrupted write)",
+                    out.display(),
+                    number + 1
+                );
+                continue;
+            }
+            Err(error) => {
+                return Err(format!(
+                    "{}:{}:{}: not a rollout record: {error}",
+                    out.display(),
+                    number + 1,
+                    error.column()
+                ))
+            }
+        };
+        let known = datasets
+            .iter()
+            .any(|(name, _)| record.dataset.as_deref() == Some(name.as_str()));
+        if !known {
+            return Err(format!(
+                "{}:{}: a record of dataset {:?}, which this run does not read (give the same --data)",
+                out.display(),
+                number + 1,
+                record.dataset.as_deref().unwrap_or("?")
+            ));
+        }
+        if record.error.is_some() {
+            failed += 1;
+        } else {
+            records.push(record);
+        }
+    }
+    eprintln!(
+        "resuming {}: {} rollouts done, {failed} failed ones to run again",
+        out.display(),
+        records.len()
+    );
+    Ok(records)
+}
+
+/// Refuses, before anything is rewritten, records that this run would not have made: another seed,
+/// rollout count or data.
+fn check_previous(
+    previous: &[RolloutRecord],
+    datasets: &[(String, Vec<NumberedRow>)],
+    config: &LoomConfig,
+) -> Result<(), String> {
+    for record in previous {
+        let (row, rollout) = (record.row_index, record.rollout_index);
+        let rows = datasets
+            .iter()
+            .find(|(name, _)| record.dataset.as_deref() == Some(name.as_str()))
+            .map_or(0, |(_, rows)| rows.len());
+        let why = if row >= rows {
+            "the data has no such row"
+        } else if rollout >= config.rollouts_per_row {
+            "this run makes fewer rollouts per row (-n)"
+        } else if record.seed != rollout_seed(config.seed, row, rollout) {
+            "it was made with another run seed (--seed)"
+        } else {
+            continue;
+        };
+        return Err(format!("record of row {row}, rollout {rollout}: {why}"));
+    }
+    Ok(())
+}
+
+/// Opens the output for appending after writing `previous` into it; the old file is replaced only once
+/// the new one is complete (written beside it, then renamed), so an interruption loses nothing.
+fn start_output(out: &Path, previous: &[RolloutRecord]) -> std::io::Result<std::fs::File> {
+    if previous.is_empty() {
+        return std::fs::File::create(out);
+    }
+    let mut staging = out.as_os_str().to_owned();
+    staging.push(".resume");
+    let staging = PathBuf::from(staging);
+    {
+        let mut writer = std::io::BufWriter::new(std::fs::File::create(&staging)?);
+        for record in previous {
+            serde_json::to_writer(&mut writer, record)?;
+            writer.write_all(b"\n")?;
+        }
+        writer
+            .into_inner()
+            .map_err(|error| error.into_error())?
+            .sync_all()?;
+    }
+    std::fs::rename(&staging, out)?;
+    std::fs::OpenOptions::new().append(true).open(out)
 }
 
 /// The summary of one dataset, one fact a line.
