@@ -451,7 +451,9 @@ impl<S: RolloutSource> Loom<S> {
                 return Err(invalid("the data has no such row".into()));
             };
             if rollout_index >= per_row {
-                return Err(invalid(format!("this run makes {per_row} rollouts per row")));
+                return Err(invalid(format!(
+                    "this run makes {per_row} rollouts per row"
+                )));
             }
             if record.seed != rollout_seed(self.config.seed, row_index, rollout_index) {
                 return Err(invalid("it was made with another run seed".into()));
