@@ -453,3 +453,115 @@ fn a_truncated_safetensors_file_is_an_error_not_a_panic() {
     let error = load_error(dir.path());
     assert!(error.contains("not a safetensors file"), "{error}");
 }
+
+/// A few AdamW steps on the differentiable forward teach the fixture model a sequence; the sampling path
+/// (detached weights sharing the Vars' storage) sees the update without reloading anything.
+#[test]
+fn training_through_the_differentiable_forward_changes_what_is_sampled() {
+    use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+
+    for lora in [false, true] {
+        let local = load("qwen2");
+        let (model, vars) = if lora {
+            local
+                .model()
+                .with_lora(&holo_runtime::local::model::LoraConfig {
+                    rank: 8,
+                    alpha: 16.0,
+                    targets: [
+                        "q_proj",
+                        "k_proj",
+                        "v_proj",
+                        "o_proj",
+                        "gate_proj",
+                        "up_proj",
+                        "down_proj",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                    seed: 0,
+                })
+                .unwrap()
+        } else {
+            local.model().trainable().unwrap()
+        };
+        let sampler = model.detached();
+        let prompt = [3u32, 17, 99];
+        let target = [250u32, 7, 42, 88, 120];
+        let sequence: Vec<u32> = prompt.iter().chain(&target).copied().collect();
+        let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
+        let nll = |model: &holo_runtime::local::Model| {
+            model
+                .token_logprobs(&input, &mask, Ops::Differentiable)
+                .unwrap()
+                .narrow(1, prompt.len() - 1, target.len())
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .neg()
+                .unwrap()
+        };
+        let greedy = |model: &holo_runtime::local::Model| {
+            let stopping = Stopping {
+                eos: &[],
+                tokenizer: local.tokenizer(),
+            };
+            let params = GenerationParams {
+                max_tokens: target.len(),
+                temperature: 0.0,
+                ..Default::default()
+            };
+            generate(model, &stopping, &[prompt.to_vec()], &[params])
+                .unwrap()
+                .remove(0)
+                .tokens
+        };
+        assert_ne!(
+            greedy(&sampler),
+            target,
+            "the fixture does not know the target yet"
+        );
+        let before = nll(&model).to_scalar::<f32>().unwrap();
+        let params = ParamsAdamW {
+            lr: if lora { 5e-2 } else { 1e-2 },
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        let mut optimizer =
+            AdamW::new(vars.iter().map(|(_, var)| var.clone()).collect(), params).unwrap();
+        // LoRA moves fewer weights: it needs more steps.
+        for _ in 0..if lora { 80 } else { 30 } {
+            optimizer.backward_step(&nll(&model)).unwrap();
+        }
+        let after = nll(&model).to_scalar::<f32>().unwrap();
+        assert!(after < 0.1 * before, "lora={lora}: NLL {before} → {after}");
+        // The sampling copy computes what the trained model computes.
+        let trained = model
+            .token_logprobs(&input, &mask, Ops::Differentiable)
+            .unwrap();
+        let sampled = sampler.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+        let diff = (trained - sampled)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            diff < 1e-4,
+            "lora={lora}: the sampler lags the trained weights by {diff}"
+        );
+        if !lora {
+            assert_eq!(
+                greedy(&sampler),
+                target,
+                "the sampler now continues with the target"
+            );
+        }
+    }
+}
