@@ -184,11 +184,12 @@ pub fn generate(
 
 /// Samples one token for `row` from its last-position logits and decides whether the row is done.
 fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
-    let policy = log_softmax(logits);
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
     let generation = &mut row.generation;
     generation.tokens.push(token);
-    generation.logprobs.push(policy[token as usize]);
+    generation
+        .logprobs
+        .push(logits[token as usize] - log_sum_exp(logits));
     generation.sampling_logprobs.push(sampling_logprob);
     if stopping.eos.contains(&token) {
         generation.finish = Finish::EndOfTurn;
@@ -238,11 +239,11 @@ fn decode(tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
         .map_err(|error| candle_core::Error::Msg(format!("cannot decode sampled tokens: {error}")))
 }
 
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
+/// `log Σ exp(x)`, the normaliser of the policy's log-probabilities at temperature 1.
+fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
-    let log_sum = sum.ln() as f32 + max;
-    logits.iter().map(|&x| x - log_sum).collect()
+    sum.ln() as f32 + max
 }
 
 /// Picks a token: greedy at temperature 0, otherwise temperature, then top-k, then top-p (vLLM's
@@ -310,6 +311,11 @@ fn choose(logits: &[f32], params: &GenerationParams, rng: &mut ChaCha8Rng) -> (u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn log_softmax(logits: &[f32]) -> Vec<f32> {
+        let log_sum = log_sum_exp(logits);
+        logits.iter().map(|&x| x - log_sum).collect()
+    }
 
     fn params(temperature: f64, top_k: usize, top_p: f64) -> GenerationParams {
         GenerationParams {
