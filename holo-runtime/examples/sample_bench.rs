@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use holo_runtime::local::model::positions_from_mask;
 use holo_runtime::local::{checkpoint, Ops};
 use rand::{Rng, SeedableRng};
 
@@ -92,7 +93,7 @@ fn main() -> ExitCode {
             })
             .collect();
         let start = Instant::now();
-        let out = generate(&model, &stopping, &prompts, &params).expect("generation");
+        let out = generate(&model, &stopping, &prompts, &params, None).expect("generation");
         let elapsed = start.elapsed().as_secs_f64();
         assert!(out.iter().all(|g| g.tokens.len() == new));
         elapsed
@@ -106,7 +107,13 @@ fn main() -> ExitCode {
         let mask = Tensor::ones((batch, prompt_len), DType::U8, &Device::Cpu).expect("mask");
         let start = Instant::now();
         let hidden = model
-            .forward_hidden(&ids, 0, &mask, None, Ops::Fast)
+            .forward_hidden(
+                &ids,
+                &positions_from_mask(&mask).expect("positions"),
+                &mask,
+                None,
+                Ops::Fast,
+            )
             .expect("prefill");
         model
             .logits(&hidden.narrow(1, prompt_len - 1, 1).expect("last"))

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::init::{parameter_specs, Init};
-use holo_runtime::local::model::KvCache;
+use holo_runtime::local::model::{positions_from_mask, KvCache};
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -216,7 +216,13 @@ fn the_kv_cache_and_left_padding_change_nothing() {
         let full = model
             .logits(
                 &model
-                    .forward_hidden(&full_input, 0, &full_mask, None, Ops::Fast)
+                    .forward_hidden(
+                        &full_input,
+                        &positions_from_mask(&full_mask).unwrap(),
+                        &full_mask,
+                        None,
+                        Ops::Fast,
+                    )
                     .unwrap(),
             )
             .unwrap();
@@ -237,7 +243,13 @@ fn the_kv_cache_and_left_padding_change_nothing() {
             .unsqueeze(0)
             .unwrap();
         let hidden = model
-            .forward_hidden(&prefill, 0, &mask, Some(&mut cache), Ops::Fast)
+            .forward_hidden(
+                &prefill,
+                &positions_from_mask(&mask).unwrap(),
+                &mask,
+                Some(&mut cache),
+                Ops::Fast,
+            )
             .unwrap();
         let prefix = model.logits(&hidden.narrow(1, pad, 5).unwrap()).unwrap();
         assert!(
@@ -246,14 +258,14 @@ fn the_kv_cache_and_left_padding_change_nothing() {
         );
         for (offset, &token) in sequence[5..].iter().enumerate() {
             key_mask.push(1);
-            let column = pad + 5 + offset;
+            let position = Tensor::new(&[[(5 + offset) as u32]], &Device::Cpu).unwrap();
             let input = Tensor::new(&[[token]], &Device::Cpu).unwrap();
             let mask = Tensor::new(key_mask.as_slice(), &Device::Cpu)
                 .unwrap()
                 .unsqueeze(0)
                 .unwrap();
             let hidden = model
-                .forward_hidden(&input, column, &mask, Some(&mut cache), Ops::Fast)
+                .forward_hidden(&input, &position, &mask, Some(&mut cache), Ops::Fast)
                 .unwrap();
             let logits = model.logits(&hidden).unwrap();
             let expected = full.narrow(1, 5 + offset, 1).unwrap();
@@ -290,13 +302,14 @@ fn batched_generation_equals_one_row_at_a_time() {
                 ..Default::default()
             })
             .collect();
-        let batched = generate(&model, &stopping, &prompts, &params).unwrap();
+        let batched = generate(&model, &stopping, &prompts, &params, None).unwrap();
         for (i, prompt) in prompts.iter().enumerate() {
             let alone = generate(
                 &model,
                 &stopping,
                 std::slice::from_ref(prompt),
                 std::slice::from_ref(&params[i]),
+                None,
             )
             .unwrap();
             assert_eq!(alone[0].tokens, batched[i].tokens, "{arch} row {i}");
@@ -322,9 +335,15 @@ fn greedy_logprobs_are_the_policy_and_sampling_logprobs_are_zero() {
         max_tokens: 6,
         ..Default::default()
     };
-    let out = generate(&model, &stopping, std::slice::from_ref(&prompt), &[params])
-        .unwrap()
-        .remove(0);
+    let out = generate(
+        &model,
+        &stopping,
+        std::slice::from_ref(&prompt),
+        &[params],
+        None,
+    )
+    .unwrap()
+    .remove(0);
     assert_eq!(out.tokens.len(), 6);
     assert!(out.sampling_logprobs.iter().all(|&l| l == 0.0));
     // Recompute with the differentiable forward over prompt + completion.

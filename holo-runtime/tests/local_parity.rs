@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use holo_runtime::local::model::positions_from_mask;
 use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
 use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
@@ -65,7 +66,13 @@ fn logits(model: &LocalModel, sequence: &[u32]) -> Vec<Vec<f32>> {
         .unwrap();
     let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
     let hidden = model
-        .forward_hidden(&input, 0, &mask, None, Ops::Fast)
+        .forward_hidden(
+            &input,
+            &positions_from_mask(&mask).unwrap(),
+            &mask,
+            None,
+            Ops::Fast,
+        )
         .unwrap();
     model
         .logits(&hidden)
@@ -128,6 +135,7 @@ fn greedy_continuations_match_transformers() {
                 &stopping,
                 std::slice::from_ref(prompt),
                 std::slice::from_ref(&greedy),
+                None,
             )
             .unwrap();
             assert_eq!(
@@ -139,7 +147,7 @@ fn greedy_continuations_match_transformers() {
         }
         // All three at once, left-padded, as transformers' batched generate.
         let params = vec![greedy.clone(); prompts.len()];
-        let batched = generate(model.model(), &stopping, &prompts, &params).unwrap();
+        let batched = generate(model.model(), &stopping, &prompts, &params, None).unwrap();
         for (i, theirs) in expected["batch"]["greedy"]
             .as_array()
             .unwrap()
@@ -180,7 +188,13 @@ fn left_padded_batch_logits_match_transformers() {
             .unwrap();
         let inner = model.model();
         let hidden = inner
-            .forward_hidden(&input, 0, &mask, None, Ops::Fast)
+            .forward_hidden(
+                &input,
+                &positions_from_mask(&mask).unwrap(),
+                &mask,
+                None,
+                Ops::Fast,
+            )
             .unwrap();
         let last: Vec<Vec<f32>> = inner
             .logits(&hidden.narrow(1, width - 1, 1).unwrap().squeeze(1).unwrap())
@@ -515,7 +529,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                 temperature: 0.0,
                 ..Default::default()
             };
-            generate(model, &stopping, &[prompt.to_vec()], &[params])
+            generate(model, &stopping, &[prompt.to_vec()], &[params], None)
                 .unwrap()
                 .remove(0)
                 .tokens
@@ -564,4 +578,77 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
             );
         }
     }
+}
+
+/// The next turn of a conversation (earlier prompt + completion + new tokens) reuses the cached keys and
+/// values and samples what a model without the cache samples, alone or batched with other prompts.
+#[tokio::test]
+async fn the_prefix_cache_changes_nothing_but_the_work() {
+    let cached = LocalModel::load(fixture("qwen2"), LocalOptions::default()).unwrap();
+    let plain = LocalModel::load(
+        fixture("qwen2"),
+        LocalOptions {
+            prefix_cache_tokens: 0,
+            ..LocalOptions::default()
+        },
+    )
+    .unwrap();
+    // Turn 1 of two conversations, with different prompt lengths.
+    let first = vec![
+        request_seeded(vec![3, 17, 99, 250, 7], 1),
+        request_seeded(vec![5, 6, 7, 8, 9, 10, 11, 12, 13], 2),
+    ];
+    let turn1 = cached.sample(&first).await;
+    assert!(cached.prefix_cache().tokens() > 0);
+    // Turn 2: each conversation continues with its completion and new tokens; a third prompt is new.
+    let mut second = Vec::new();
+    for (request, completion) in first.iter().zip(&turn1) {
+        let Prompt::Tokens(prompt) = &request.prompt else {
+            unreachable!()
+        };
+        let mut next = prompt.clone();
+        next.extend(&completion.as_ref().unwrap().tokens);
+        next.extend([42, 43, 44]);
+        second.push(request_seeded(next, 3));
+    }
+    second.push(request_seeded(vec![100, 101], 4));
+    fn request_seeded(prompt: Vec<u32>, seed: u64) -> Request {
+        Request {
+            prompt: Prompt::Tokens(prompt),
+            params: SampleParams {
+                max_tokens: Some(8),
+                temperature: Some(1.0),
+                seed: Some(seed),
+                ..Default::default()
+            },
+        }
+    }
+    let before = cached.prefix_cache().reused_tokens();
+    let with_cache = cached.sample(&second).await;
+    let reused = cached.prefix_cache().reused_tokens() - before;
+    assert!(
+        reused >= 5 + 9,
+        "the earlier turns were reused ({reused} tokens)"
+    );
+    let without = plain.sample(&second).await;
+    assert_eq!(plain.prefix_cache().reused_tokens(), 0);
+    for (a, b) in with_cache.iter().zip(&without) {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!(a.tokens, b.tokens);
+        assert!(max_diff(&a.logprobs, &b.logprobs) < TOLERANCE);
+    }
+
+    // The cache keeps to its capacity.
+    let small = LocalModel::load(
+        fixture("qwen2"),
+        LocalOptions {
+            prefix_cache_tokens: 20,
+            ..LocalOptions::default()
+        },
+    )
+    .unwrap();
+    small.sample(&second).await;
+    assert!(small.prefix_cache().tokens() <= 20);
+    small.prefix_cache().clear();
+    assert_eq!(small.prefix_cache().tokens(), 0);
 }

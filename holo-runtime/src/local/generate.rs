@@ -5,12 +5,16 @@
 //! Prompts are left-padded into one prefill; each later step feeds one token per unfinished row. Rows that
 //! finish are dropped from the batch (and from the cache), so the remaining rows run at their own size.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
-use super::model::{KvCache, Model, Ops, Result};
+use super::model::{KvCache, Model, Ops, Result, SequenceCache};
 use crate::machine::Finish;
 
 /// How one row is sampled.
@@ -67,6 +71,8 @@ struct Row {
     index: usize,
     params: GenerationParams,
     rng: ChaCha8Rng,
+    /// The tokens run through the model so far (prompt, then sampled tokens once fed).
+    fed: Vec<u32>,
     key_mask: Vec<u8>,
     generation: Generation,
     /// Decoded text length already searched for stop strings.
@@ -74,12 +80,114 @@ struct Row {
     done: bool,
 }
 
-/// Samples a continuation of every prompt. Prompts must be non-empty.
+/// Keys and values of sequences the model has already run, reused when a later prompt extends one: the
+/// next turn of a multi-turn rollout (its earlier prompt and completion, then new text) only runs its new
+/// tokens. Least recently used sequences are dropped beyond `capacity` tokens. The cached values belong
+/// to the weights that made them: [`PrefixCache::clear`] after changing the weights.
+pub struct PrefixCache {
+    capacity: usize,
+    entries: Mutex<VecDeque<CachedSequence>>,
+    reused: AtomicUsize,
+}
+
+struct CachedSequence {
+    tokens: Vec<u32>,
+    layers: SequenceCache,
+}
+
+impl PrefixCache {
+    /// A cache of at most `capacity` tokens over all sequences (0 keeps nothing).
+    pub fn new(capacity: usize) -> Self {
+        PrefixCache {
+            capacity,
+            entries: Mutex::new(VecDeque::new()),
+            reused: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Tokens held, over all sequences.
+    pub fn tokens(&self) -> usize {
+        self.lock().iter().map(|entry| entry.tokens.len()).sum()
+    }
+
+    /// Prompt tokens that did not run again because the cache held them, since the cache was made.
+    pub fn reused_tokens(&self) -> usize {
+        self.reused.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<CachedSequence>> {
+        // A panic elsewhere while holding the lock leaves whole entries: still consistent.
+        self.entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The longest cached run of tokens that starts `prompt`, leaving at least its last token to run (its
+    /// logits pick the first sampled token): the length and each layer's keys and values.
+    fn lookup(&self, prompt: &[u32]) -> Result<Option<(usize, SequenceCache)>> {
+        let mut entries = self.lock();
+        let best = entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let common = entry
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (i, common.min(prompt.len().saturating_sub(1)))
+            })
+            .max_by_key(|&(_, length)| length);
+        let Some((i, length)) = best.filter(|&(_, length)| length > 0) else {
+            return Ok(None);
+        };
+        let entry = entries.remove(i).expect("an index from the scan");
+        let layers = entry
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.narrow(2, 0, length)?, v.narrow(2, 0, length)?)))
+            .collect::<Result<Vec<_>>>()?;
+        entries.push_front(entry);
+        self.reused.fetch_add(length, Ordering::Relaxed);
+        Ok(Some((length, layers)))
+    }
+
+    fn insert(&self, tokens: Vec<u32>, layers: SequenceCache) {
+        if tokens.is_empty() || tokens.len() > self.capacity {
+            return;
+        }
+        let mut entries = self.lock();
+        // A sequence that another one extends is redundant.
+        entries.retain(|entry| !tokens.starts_with(&entry.tokens));
+        if entries
+            .iter()
+            .any(|entry| entry.tokens.starts_with(&tokens))
+        {
+            return;
+        }
+        entries.push_front(CachedSequence { tokens, layers });
+        let mut held: usize = entries.iter().map(|entry| entry.tokens.len()).sum();
+        while held > self.capacity {
+            let dropped = entries.pop_back().expect("held > 0");
+            held -= dropped.tokens.len();
+        }
+    }
+}
+
+/// Samples a continuation of every prompt. Prompts must be non-empty. With a `prefix` cache, prompts
+/// that extend a sequence run before only run their new tokens, and every finished row's sequence is
+/// kept for the next turn.
 pub fn generate(
     model: &Model,
     stopping: &Stopping,
     prompts: &[Vec<u32>],
     params: &[GenerationParams],
+    prefix: Option<&PrefixCache>,
 ) -> Result<Vec<Generation>> {
     assert_eq!(prompts.len(), params.len(), "one parameter set per prompt");
     if prompts.is_empty() {
@@ -89,20 +197,50 @@ pub fn generate(
         candle_core::bail!("prompt {i} is empty");
     }
     let device = model.device();
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut reused = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        reused.push(match prefix {
+            Some(prefix) => prefix.lookup(prompt)?,
+            None => None,
+        });
+    }
+    let cached_width = reused
+        .iter()
+        .map(|reused| reused.as_ref().map_or(0, |(length, _)| *length))
+        .max()
+        .unwrap_or(0);
+    let lengths: Vec<usize> = reused
+        .iter()
+        .map(|reused| reused.as_ref().map_or(0, |(length, _)| *length))
+        .collect();
+    let width = prompts
+        .iter()
+        .zip(&lengths)
+        .map(|(prompt, length)| prompt.len() - length)
+        .max()
+        .unwrap_or(0);
     let pad = stopping.eos.first().copied().unwrap_or(0);
     let mut ids = Vec::with_capacity(prompts.len() * width);
+    let mut positions = Vec::with_capacity(prompts.len() * width);
     let mut rows = Vec::with_capacity(prompts.len());
     for (index, (prompt, params)) in prompts.iter().zip(params).enumerate() {
-        let padding = width - prompt.len();
+        // [padding | cached tokens | padding | new tokens]: each part right-aligned.
+        let length = lengths[index];
+        let new = &prompt[length..];
+        let padding = width - new.len();
         ids.extend(std::iter::repeat_n(pad, padding));
-        ids.extend_from_slice(prompt);
-        let mut key_mask = vec![0u8; padding];
-        key_mask.resize(width, 1);
+        ids.extend_from_slice(new);
+        positions.extend(std::iter::repeat_n(0u32, padding));
+        positions.extend((length..prompt.len()).map(|p| p as u32));
+        let mut key_mask = vec![0u8; cached_width - length];
+        key_mask.resize(cached_width, 1);
+        key_mask.resize(cached_width + padding, 0);
+        key_mask.resize(cached_width + width, 1);
         rows.push(Row {
             index,
             params: params.clone(),
             rng: ChaCha8Rng::seed_from_u64(params.seed),
+            fed: prompt.clone(),
             key_mask,
             generation: Generation {
                 tokens: Vec::new(),
@@ -115,21 +253,26 @@ pub fn generate(
             done: params.max_tokens == 0,
         });
     }
-    let mut finished: Vec<Option<Generation>> = vec![None; rows.len()];
     let mut cache = KvCache::new(&model.config);
+    if cached_width > 0 {
+        cache.prefill(&reused, cached_width, model)?;
+    }
+    let mut finished: Vec<Option<Generation>> = vec![None; rows.len()];
     let mut input = Tensor::from_vec(ids, (rows.len(), width), device)?;
-    let mut start = 0;
+    let mut positions = Tensor::from_vec(positions, (rows.len(), width), device)?;
     let mut width = width;
+    let mut ran = false;
     loop {
         let mask = rows
             .iter()
             .flat_map(|row| row.key_mask.iter().copied())
             .collect::<Vec<_>>();
-        let total = start + width;
+        let total = rows[0].key_mask.len();
         let key_mask = Tensor::from_vec(mask, (rows.len(), total), device)?;
         if rows.iter().any(|row| !row.done) {
             let hidden =
-                model.forward_hidden(&input, start, &key_mask, Some(&mut cache), Ops::Fast)?;
+                model.forward_hidden(&input, &positions, &key_mask, Some(&mut cache), Ops::Fast)?;
+            ran = true;
             let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
             let logits = model
                 .logits(&last)?
@@ -146,8 +289,12 @@ pub fn generate(
             .collect();
         if keep.len() < rows.len() {
             let mut kept = Vec::with_capacity(keep.len());
-            for mut row in rows.drain(..) {
+            for (i, mut row) in rows.drain(..).enumerate() {
                 if row.done {
+                    if let (Some(prefix), true) = (prefix, ran) {
+                        let layers = cache.row(i, &row.key_mask)?;
+                        prefix.insert(std::mem::take(&mut row.fed), layers);
+                    }
                     finish_text(&mut row, stopping)?;
                     finished[row.index] = Some(row.generation);
                 } else {
@@ -160,21 +307,22 @@ pub fn generate(
             }
             cache.select_rows(&Tensor::new(keep.as_slice(), device)?)?;
         }
-        let next: Vec<u32> = rows
-            .iter()
-            .map(|row| {
-                *row.generation
-                    .tokens
-                    .last()
-                    .expect("a live row has sampled")
-            })
-            .collect();
+        let mut next = Vec::with_capacity(rows.len());
+        let mut next_positions = Vec::with_capacity(rows.len());
         for row in &mut rows {
+            let token = *row
+                .generation
+                .tokens
+                .last()
+                .expect("a live row has sampled");
+            next_positions.push(row.fed.len() as u32);
+            row.fed.push(token);
             row.key_mask.push(1);
+            next.push(token);
         }
-        start = total;
         width = 1;
         input = Tensor::from_vec(next, (rows.len(), 1), device)?;
+        positions = Tensor::from_vec(next_positions, (rows.len(), 1), device)?;
     }
     Ok(finished
         .into_iter()

@@ -6,9 +6,8 @@
 //! from basic tensor ops, so every weight receives its gradient; [`Model::trainable`] moves the weights
 //! into [`Var`]s for an optimizer.
 //!
-//! Positions are the columns of the batch: a row left-padded by `p` tokens starts at position `p` instead
-//! of 0. Rotary embeddings only depend on the distance between a query and a key, so attention over a
-//! row's real tokens is the same as with per-row positions, and all rows of a step share one RoPE table.
+//! Every row has its own positions (its real tokens counted from 0), so rows padded differently, or
+//! resuming from caches of different lengths, rotate exactly as they would alone.
 
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
@@ -193,21 +192,50 @@ struct Rope {
 }
 
 impl Rope {
-    /// `cos` and `sin` of shape `[len, head_dim / 2]` for positions `start..start + len`.
-    fn tables(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        let device = self.inverse_frequencies.device();
-        let positions: Vec<f32> = (start..start + len).map(|p| p as f32).collect();
-        let positions = Tensor::from_vec(positions, (len, 1), device)?;
-        let angles = positions.broadcast_mul(&self.inverse_frequencies.unsqueeze(0)?)?;
+    /// `cos` and `sin` of shape `[B, T, head_dim / 2]` for `positions` `[B, T]` (u32).
+    fn tables(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let angles = positions
+            .to_dtype(DType::F32)?
+            .unsqueeze(2)?
+            .broadcast_mul(&self.inverse_frequencies.reshape((1, 1, ()))?)?;
         Ok((angles.cos()?, angles.sin()?))
     }
 }
 
+/// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, head_dim / 2]` (rotate-half layout).
 fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
     match ops {
         Ops::Fast => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
-        Ops::Differentiable => candle_nn::rotary_emb::rope_slow(xs, cos, sin),
+        Ops::Differentiable => {
+            let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+            let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
+            let half = xs.dim(D::Minus1)? / 2;
+            let rotated = Tensor::cat(
+                &[
+                    &xs.narrow(D::Minus1, half, half)?.neg()?,
+                    &xs.narrow(D::Minus1, 0, half)?,
+                ],
+                D::Minus1,
+            )?;
+            xs.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+        }
     }
+}
+
+/// Positions `[B, T]` (u32) counting each row's real tokens from 0 (`key_mask` `[B, T]`, 1 for real
+/// tokens, left or right padding), as transformers derives them from the attention mask; 0 on padding.
+pub fn positions_from_mask(key_mask: &Tensor) -> Result<Tensor> {
+    let rows = key_mask.to_dtype(DType::U8)?.to_vec2::<u8>()?;
+    let (batch, len) = (rows.len(), rows.first().map_or(0, Vec::len));
+    let mut positions = Vec::with_capacity(batch * len);
+    for row in rows {
+        let mut next = 0u32;
+        for real in row {
+            positions.push(if real == 0 { 0 } else { next });
+            next += u32::from(real != 0);
+        }
+    }
+    Tensor::from_vec(positions, (batch, len), key_mask.device())
 }
 
 fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
@@ -400,6 +428,9 @@ impl LayerCache {
     }
 }
 
+/// Keys and values of one sequence, per layer `[1, kv_heads, n, head_dim]`.
+pub type SequenceCache = Vec<(Tensor, Tensor)>;
+
 /// The key/value cache of a batch, one entry per layer.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -423,6 +454,59 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Starts the cache from earlier sequences: row `b` gets `reused[b]`'s keys and values (each layer
+    /// `[1, kv_heads, n, head_dim]`), right-aligned in `width` columns (zeros before, masked by the caller),
+    /// or only zeros.
+    pub fn prefill(
+        &mut self,
+        reused: &[Option<(usize, SequenceCache)>],
+        width: usize,
+        model: &Model,
+    ) -> Result<()> {
+        let config = &model.config;
+        let shape = |n: usize| (1, config.num_key_value_heads, n, config.head_dim);
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let mut keys = Vec::with_capacity(reused.len());
+            let mut values = Vec::with_capacity(reused.len());
+            for row in reused {
+                let (length, k, v) = match row {
+                    Some((length, layers)) => (*length, Some(&layers[l].0), Some(&layers[l].1)),
+                    None => (0, None, None),
+                };
+                let zeros = Tensor::zeros(shape(width - length), model.dtype(), model.device())?;
+                let aligned = |part: Option<&Tensor>| match part {
+                    Some(part) if length < width => Tensor::cat(&[&zeros, part], 2),
+                    Some(part) => Ok(part.clone()),
+                    None => Ok(zeros.clone()),
+                };
+                keys.push(aligned(k)?);
+                values.push(aligned(v)?);
+            }
+            layer.keys_values = Some((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?));
+        }
+        Ok(())
+    }
+
+    /// Row `row`'s keys and values at the columns its `key_mask` marks real, per layer
+    /// `[1, kv_heads, n, head_dim]`.
+    pub fn row(&self, row: usize, key_mask: &[u8]) -> Result<SequenceCache> {
+        let columns: Vec<u32> = (0..key_mask.len() as u32)
+            .filter(|&column| key_mask[column as usize] != 0)
+            .collect();
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let Some((k, v)) = &layer.keys_values else {
+                candle_core::bail!("the cache holds nothing yet");
+            };
+            let columns = Tensor::new(columns.as_slice(), k.device())?;
+            let pick = |t: &Tensor| -> Result<Tensor> {
+                t.narrow(0, row, 1)?.index_select(&columns, 2)?.contiguous()
+            };
+            layers.push((pick(k)?, pick(v)?));
+        }
+        Ok(layers)
     }
 
     /// Keeps only the given rows of the batch, in that order.
@@ -673,13 +757,13 @@ impl Model {
         model
     }
 
-    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32), the first column at position
-    /// `start`. `key_mask` `[B, S]` (u8, 1 for real tokens) covers the cached columns followed by the
-    /// `T` new ones.
+    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) at `positions` `[B, T]` (u32, each
+    /// token's position in its row's sequence). `key_mask` `[B, S]` (u8, 1 for real tokens) covers the
+    /// cached columns followed by the `T` new ones; a query sees the real keys up to its own column.
     pub fn forward_hidden(
         &self,
         input_ids: &Tensor,
-        start: usize,
+        positions: &Tensor,
         key_mask: &Tensor,
         mut cache: Option<&mut KvCache>,
         ops: Ops,
@@ -687,7 +771,7 @@ impl Model {
         let (batch, len) = input_ids.dims2()?;
         let cached = cache.as_ref().map_or(0, |cache| cache.len());
         let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
-        let (cos, sin) = self.rope.tables(start, len)?;
+        let (cos, sin) = self.rope.tables(positions)?;
         let (cos, sin) = (cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?);
         let mut xs = self
             .embed_tokens
@@ -728,7 +812,8 @@ impl Model {
         if len < 2 {
             return Tensor::zeros((batch, 0), self.logits_dtype(), self.device());
         }
-        let hidden = self.forward_hidden(input_ids, 0, key_mask, None, ops)?;
+        let positions = positions_from_mask(key_mask)?;
+        let hidden = self.forward_hidden(input_ids, &positions, key_mask, None, ops)?;
         let logits = self.logits(&hidden.narrow(1, 0, len - 1)?)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let targets = input_ids.narrow(1, 1, len - 1)?.contiguous()?;
