@@ -338,3 +338,49 @@ fn an_interrupted_eval_resumes_where_it_stopped() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("another run seed"));
     assert_eq!(std::fs::read_to_string(&cut).unwrap(), before);
 }
+
+#[test]
+fn devices_and_precisions_are_checked_before_loading() {
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["dry", "hol/qa.hol", "--sampler", "local", "--model", MODEL];
+        args.extend_from_slice(extra);
+        let output = holo(&args);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    assert!(refused(&["--dtype", "bf16"]).contains("bf16 needs a GPU"));
+    assert!(refused(&["--dtype", "f8"]).contains("unknown dtype \"f8\""));
+    assert!(refused(&["--device", "tpu"]).contains("unknown device \"tpu\""));
+    assert!(refused(&["--device", "cuda:x"]).contains("not a device number"));
+    let serve = Command::new(env!("CARGO_BIN_EXE_holo"))
+        .args(["serve", MODEL, "--port", "0", "--dtype", "bf16"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&serve.stderr).contains("bf16 needs a GPU"));
+}
+
+#[test]
+fn f16_weights_run_on_the_cpu() {
+    let output = holo(&[
+        "dry",
+        "hol/qa.hol",
+        "--data",
+        "examples/data/capitals.jsonl",
+        "--sampler",
+        "local",
+        "--model",
+        MODEL,
+        "--dtype",
+        "f16",
+        "--color",
+        "never",
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

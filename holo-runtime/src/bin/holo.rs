@@ -114,7 +114,42 @@ enum Command {
         /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
         #[arg(long)]
         served_model_name: Option<String>,
+        #[command(flatten)]
+        local: LocalArgs,
     },
+}
+
+/// Where a local model runs.
+#[derive(Args)]
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
+struct LocalArgs {
+    /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Weight precision: f32, f16 or bf16 (bf16 needs a GPU).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+}
+
+#[cfg(feature = "local")]
+impl LocalArgs {
+    fn options(&self, max_batch: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
+        use holo_runtime::local::{parse_device, parse_dtype, LocalOptions};
+        let parsed = parse_device(&self.device)
+            .and_then(|device| Ok((parse_dtype(&self.dtype, &device)?, device)));
+        match parsed {
+            Ok((dtype, device)) => Ok(LocalOptions {
+                device,
+                dtype,
+                max_batch,
+                ..LocalOptions::default()
+            }),
+            Err(message) => {
+                eprintln!("error: {message}");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+        }
+    }
 }
 
 /// Where completions come from, shared by `dry` and `eval`.
@@ -138,6 +173,9 @@ struct SamplerArgs {
     /// A scripted reply; repeat to give several, used in turn (the list repeats).
     #[arg(long = "reply")]
     replies: Vec<String>,
+    /// With `--sampler local`.
+    #[command(flatten)]
+    local: LocalArgs,
 }
 
 impl SamplerArgs {
@@ -183,12 +221,9 @@ impl SamplerArgs {
             }
             #[cfg(feature = "local")]
             SamplerKind::Local => {
-                use holo_runtime::local::{LocalModel, LocalOptions};
+                use holo_runtime::local::LocalModel;
                 let dir = self.model.clone().unwrap_or_default();
-                let options = LocalOptions {
-                    max_batch: concurrency,
-                    ..LocalOptions::default()
-                };
+                let options = self.local.options(concurrency)?;
                 match LocalModel::load(&dir, options) {
                     Ok(model) => Ok(Some(Box::new(model))),
                     Err(error) => {
@@ -334,6 +369,7 @@ fn main() -> ExitCode {
             max_batch,
             batch_wait_ms,
             served_model_name,
+            local,
         } => serve(
             &model_dir,
             &host,
@@ -344,6 +380,7 @@ fn main() -> ExitCode {
                 ..Default::default()
             },
             served_model_name,
+            &local,
         ),
     }
 }
@@ -932,13 +969,14 @@ fn serve(
     port: u16,
     config: holo_runtime::serve::ServeConfig,
     served_model_name: Option<String>,
+    local: &LocalArgs,
 ) -> ExitCode {
-    use holo_runtime::local::{LocalModel, LocalOptions};
+    use holo_runtime::local::LocalModel;
     use holo_runtime::serve::{ServedModel, Server};
 
-    let options = LocalOptions {
-        max_batch: config.max_batch,
-        ..LocalOptions::default()
+    let options = match local.options(config.max_batch) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let model = match LocalModel::load(model_dir, options) {
         Ok(model) => model,

@@ -56,6 +56,45 @@ impl Default for LocalOptions {
     }
 }
 
+/// A device named as the CLI takes it: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`. CUDA and Metal need
+/// the `cuda` / `metal` feature; without it candle says so.
+pub fn parse_device(name: &str) -> Result<Device, String> {
+    let (kind, ordinal) = match name.split_once(':') {
+        Some((kind, ordinal)) => (
+            kind,
+            ordinal
+                .parse::<usize>()
+                .map_err(|_| format!("device {name:?}: {ordinal:?} is not a device number"))?,
+        ),
+        None => (name, 0),
+    };
+    let device = match kind {
+        "cpu" if ordinal == 0 => Ok(Device::Cpu),
+        "cuda" => Device::new_cuda(ordinal),
+        "metal" => Device::new_metal(ordinal),
+        _ => {
+            return Err(format!(
+                "unknown device {name:?}: cpu, cuda, cuda:N, metal or metal:N"
+            ))
+        }
+    };
+    device.map_err(|error| format!("device {name:?}: {error}"))
+}
+
+/// A weight precision named as the CLI takes it: `f32`, `f16`, `bf16`. The CPU has no bf16 matrix
+/// product in candle, so `bf16` is refused there; `f16` works on the CPU but is slower than `f32`.
+pub fn parse_dtype(name: &str, device: &Device) -> Result<DType, String> {
+    match name {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" if device.is_cpu() => Err(
+            "bf16 needs a GPU (candle's CPU matrix product has no bf16); use f32 on the CPU".into(),
+        ),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(format!("unknown dtype {name:?}: f32, f16 or bf16")),
+    }
+}
+
 struct Inner {
     model: Model,
     tokenizer: Tokenizer,
