@@ -206,6 +206,22 @@ pub struct LoomConfig {
     pub dataset: Option<String>,
 }
 
+impl LoomConfig {
+    /// Why `record`, read back from an earlier run, is not one this run would make (another rollout
+    /// count or run seed), or `None`.
+    pub fn foreign(&self, record: &RolloutRecord) -> Option<String> {
+        let (row, rollout) = (record.row_index, record.rollout_index);
+        let per_row = self.rollouts_per_row.max(1);
+        if rollout >= per_row {
+            Some(format!("this run makes {per_row} rollouts per row"))
+        } else if record.seed != rollout_seed(self.seed, row, rollout) {
+            Some("it was made with another run seed".into())
+        } else {
+            None
+        }
+    }
+}
+
 impl Default for LoomConfig {
     fn default() -> Self {
         LoomConfig {
@@ -450,13 +466,8 @@ impl<S: RolloutSource> Loom<S> {
             let Some(&position) = positions.get(&row_index) else {
                 return Err(invalid("the data has no such row".into()));
             };
-            if rollout_index >= per_row {
-                return Err(invalid(format!(
-                    "this run makes {per_row} rollouts per row"
-                )));
-            }
-            if record.seed != rollout_seed(self.config.seed, row_index, rollout_index) {
-                return Err(invalid("it was made with another run seed".into()));
+            if let Some(why) = self.config.foreign(record) {
+                return Err(invalid(why));
             }
             if record.error.is_some() {
                 return Err(invalid("it failed; leave it out to run it again".into()));

@@ -1,16 +1,12 @@
 //! End-to-end tests of `holo dry`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+use common::holo_command;
 
 fn holo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_holo"))
-        .args(args)
-        .current_dir(repo())
+    holo_command(args)
         .env("NO_COLOR", "1")
         .output()
         .expect("holo runs")
@@ -314,20 +310,15 @@ fn eval_openai_needs_a_server_and_a_model() {
 // 500 on the very first request, or rejects (400) every request about a power.
 
 mod fake_openai {
-    use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     use serde_json::{json, Value};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     use tokio::net::{TcpListener, TcpStream};
 
-    #[derive(Debug, Clone)]
-    pub struct Seen {
-        pub path: String,
-        pub headers: HashMap<String, String>,
-        pub body: Value,
-    }
+    use crate::common::http::read_request;
+    pub use crate::common::http::Seen;
 
     #[derive(Clone, Copy, PartialEq, Eq)]
     pub enum Fault {
@@ -431,45 +422,6 @@ mod fake_openai {
         })
     }
 
-    async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
-        let mut buffer = Vec::new();
-        let mut chunk = [0u8; 4096];
-        let head_end = loop {
-            if let Some(at) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
-                break at + 4;
-            }
-            let read = stream.read(&mut chunk).await.ok()?;
-            if read == 0 {
-                return None;
-            }
-            buffer.extend_from_slice(&chunk[..read]);
-        };
-        let head = String::from_utf8(buffer[..head_end].to_vec()).ok()?;
-        let mut lines = head.split("\r\n");
-        let path = lines.next()?.split(' ').nth(1)?.to_string();
-        let headers: HashMap<String, String> = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
-            .collect();
-        let length: usize = headers
-            .get("content-length")
-            .map_or(Some(0), |l| l.parse().ok())?;
-        while buffer.len() < head_end + length {
-            let read = stream.read(&mut chunk).await.ok()?;
-            if read == 0 {
-                return None;
-            }
-            buffer.extend_from_slice(&chunk[..read]);
-        }
-        let body =
-            serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
-        Some(Seen {
-            path,
-            headers,
-            body,
-        })
-    }
-
     async fn respond(stream: &mut TcpStream, status: u16, body: &str) {
         let out = format!(
             "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -501,9 +453,8 @@ async fn holo_openai(server: &fake_openai::Server, command: &str, extra: &[&str]
     .map(|arg| arg.to_string())
     .collect();
     tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_holo"))
-            .args(&args)
-            .current_dir(repo())
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        holo_command(&args)
             .env("NO_COLOR", "1")
             .env("OPENAI_API_KEY", "sk-test-key")
             .env_remove("HTTP_PROXY")

@@ -1,21 +1,18 @@
 //! `holo dry --model DIR` (token-level transcripts from a model folder's tokenizer and chat template),
 //! `holo eval --model DIR` (token records in the JSONL), and `hol/codemath.hol` end to end.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
+
+mod common;
+use common::holo_command;
 
 const TOOL_CALL: &str = r#"<tool>{"name": "calculator", "args": {"expression": "17 * 23"}}</tool>"#;
 const ANSWER: &str = "<answer>391</answer>";
 const MODEL: &str = "holo-runtime/tests/fixtures/holophore";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn holo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_holo"))
-        .args(args)
-        .current_dir(repo())
+    holo_command(args)
         .env_remove("NO_COLOR")
         .output()
         .expect("holo runs")

@@ -1,23 +1,17 @@
 //! `holo eval` / `holo dry` with `--sampler local`: a model folder sampled in process.
 #![cfg(feature = "local")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
+mod common;
+use common::{holo_command, repo};
+
 const MODEL: &str = "holo-runtime/tests/fixtures/models/qwen2";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn holo(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_holo"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("holo runs")
+    holo_command(args).output().expect("holo runs")
 }
 
 fn scratch(name: &str) -> String {
@@ -186,9 +180,7 @@ fn eval_through_holo_serve_sends_token_prompts_and_records_tokens() {
     use std::process::Stdio;
 
     let mut server = Server(
-        Command::new(env!("CARGO_BIN_EXE_holo"))
-            .args(["serve", MODEL, "--port", "0"])
-            .current_dir(repo())
+        holo_command(&["serve", MODEL, "--port", "0"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -352,9 +344,7 @@ fn devices_and_precisions_are_checked_before_loading() {
     assert!(refused(&["--dtype", "f8"]).contains("unknown dtype \"f8\""));
     assert!(refused(&["--device", "tpu"]).contains("unknown device \"tpu\""));
     assert!(refused(&["--device", "cuda:x"]).contains("not a device number"));
-    let serve = Command::new(env!("CARGO_BIN_EXE_holo"))
-        .args(["serve", MODEL, "--port", "0", "--dtype", "bf16"])
-        .current_dir(repo())
+    let serve = holo_command(&["serve", MODEL, "--port", "0", "--dtype", "bf16"])
         .output()
         .unwrap();
     assert_eq!(serve.status.code(), Some(2));

@@ -105,6 +105,30 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
 }
 
+/// Every Var got a finite, non-zero gradient.
+fn assert_every_var_has_a_gradient(
+    vars: &[(String, candle_core::Var)],
+    grads: &candle_core::backprop::GradStore,
+    label: &str,
+) {
+    for (name, var) in vars {
+        let grad = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{label}: no gradient for {name}"));
+        let norm = grad
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            norm.is_finite() && norm > 0.0,
+            "{label}: {name} gradient norm {norm}"
+        );
+    }
+}
+
 #[test]
 fn every_weight_receives_a_gradient() {
     for arch in [Arch::Qwen2, Arch::Llama] {
@@ -121,22 +145,7 @@ fn every_weight_receives_a_gradient() {
             parameter_specs(&config).len(),
             "{arch}: one Var per weight"
         );
-        for (name, var) in &vars {
-            let grad = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{arch}: no gradient for {name}"));
-            let norm = grad
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            assert!(
-                norm.is_finite() && norm > 0.0,
-                "{arch}: {name} gradient norm {norm}"
-            );
-        }
+        assert_every_var_has_a_gradient(&vars, &grads, &arch.to_string());
     }
 }
 
@@ -405,21 +414,9 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
         .sum_all()
         .unwrap();
     let grads = loss.backward().unwrap();
-    for (name, var) in &vars {
-        let grad = grads
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("no gradient for {name}"));
-        let norm = grad
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(norm > 0.0 && norm.is_finite(), "{name}: {norm}");
-    }
+    assert_every_var_has_a_gradient(&vars, &grads, "lora");
     for (name, weight) in adapted.named_weights() {
-        assert!(grads.get(weight).is_none(), "frozen {name} got a gradient");
+        assert!(grads.get(&weight).is_none(), "frozen {name} got a gradient");
     }
     // The sampling path sees the adapters too.
     let moved = adapted

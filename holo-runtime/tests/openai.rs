@@ -12,20 +12,14 @@ use holo_runtime::{
     ChatMessage, Completion, Finish, Prompt, Request, Role, SampleParams, Sampler, SamplerError,
 };
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
+use common::http::{read_request, Seen};
 
 // ---------------------------------------------------------------------------------------------------
 // A small HTTP/1.1 server: one request per connection, answered by a handler.
-
-/// A request as the server received it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    headers: HashMap<String, String>,
-    body: Value,
-}
 
 enum Reply {
     Json(u16, Value),
@@ -111,49 +105,6 @@ impl Server {
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
-}
-
-async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(at) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
-            break at + 4;
-        }
-        let read = stream.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    };
-    let head = String::from_utf8(buffer[..head_end].to_vec()).ok()?;
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next()?.split(' ');
-    let (method, path) = (
-        request_line.next()?.to_string(),
-        request_line.next()?.to_string(),
-    );
-    let headers: HashMap<String, String> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
-        .collect();
-    let length: usize = headers
-        .get("content-length")
-        .map_or(Some(0), |l| l.parse().ok())?;
-    while buffer.len() < head_end + length {
-        let read = stream.read(&mut chunk).await.ok()?;
-        if read == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-    let body = serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
-    Some(Seen {
-        method,
-        path,
-        headers,
-        body,
-    })
 }
 
 async fn respond(stream: &mut TcpStream, reply: Reply, before_writing: impl FnOnce()) {

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{rollout_seed, Loom, LoomConfig, RolloutRecord, Summary};
+use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{
     Completion, OpenAi, OpenAiConfig, Recorder, Resources, Rollout, RolloutError, Sampler,
     Scripted, Step, Transcript,
@@ -785,7 +785,7 @@ fn previous_records(
 }
 
 /// Refuses, before anything is rewritten, records that this run would not have made: another seed,
-/// rollout count or data.
+/// rollout count or data (the Loom checks the same again when it resumes).
 fn check_previous(
     previous: &[RolloutRecord],
     datasets: &[(String, Vec<NumberedRow>)],
@@ -798,15 +798,13 @@ fn check_previous(
             .find(|(name, _)| record.dataset.as_deref() == Some(name.as_str()))
             .map_or(0, |(_, rows)| rows.len());
         let why = if row >= rows {
-            "the data has no such row"
-        } else if rollout >= config.rollouts_per_row {
-            "this run makes fewer rollouts per row (-n)"
-        } else if record.seed != rollout_seed(config.seed, row, rollout) {
-            "it was made with another run seed (--seed)"
+            Some("the data has no such row".to_string())
         } else {
-            continue;
+            config.foreign(record)
         };
-        return Err(format!("record of row {row}, rollout {rollout}: {why}"));
+        if let Some(why) = why {
+            return Err(format!("record of row {row}, rollout {rollout}: {why}"));
+        }
     }
     Ok(())
 }

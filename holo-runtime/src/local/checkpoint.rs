@@ -11,7 +11,7 @@ use candle_nn::VarBuilder;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use super::config::{ConfigError, ModelConfig};
+use super::config::{eos_token_ids, read_json, ConfigError, ModelConfig};
 use super::model::Model;
 use crate::chat::{ChatTemplate, ChatTemplateError};
 
@@ -84,15 +84,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
             file: index.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&index)
-            .map_err(|error| invalid(format!("cannot read: {error}")))?;
-        let json: Value = serde_json::from_str(&text).map_err(|error| {
-            invalid(format!(
-                "invalid JSON at line {} column {}: {error}",
-                error.line(),
-                error.column()
-            ))
-        })?;
+        let json = read_json(&index).map_err(invalid)?;
         let map = json
             .get("weight_map")
             .and_then(Value::as_object)
@@ -272,35 +264,12 @@ pub fn end_of_turn_ids(
     let file = dir.join("generation_config.json");
     let mut ids = Vec::new();
     if file.is_file() {
-        let invalid = |message: String| LoadError::GenerationConfig {
-            file: file.clone(),
-            message,
-        };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|error| invalid(format!("cannot read: {error}")))?;
-        let json: Value = serde_json::from_str(&text).map_err(|error| {
-            invalid(format!(
-                "invalid JSON at line {} column {}: {error}",
-                error.line(),
-                error.column()
-            ))
-        })?;
-        match json.get("eos_token_id") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(values)) => {
-                for value in values {
-                    ids.push(value.as_u64().ok_or_else(|| {
-                        invalid(format!("`eos_token_id` holds {value}, not a token id"))
-                    })? as u32);
-                }
-            }
-            Some(value) => ids.push(
-                value
-                    .as_u64()
-                    .ok_or_else(|| invalid(format!("`eos_token_id` is {value}, not a token id")))?
-                    as u32,
-            ),
-        }
+        ids = read_json(&file)
+            .and_then(|json| eos_token_ids(&json))
+            .map_err(|message| LoadError::GenerationConfig {
+                file: file.clone(),
+                message,
+            })?;
     }
     if ids.is_empty() {
         ids = config.eos_token_ids.clone();

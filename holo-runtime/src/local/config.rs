@@ -95,17 +95,9 @@ impl std::error::Error for ConfigError {}
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| ConfigError(format!("cannot read {}: {error}", path.display())))?;
-        let json: Value = serde_json::from_str(&text).map_err(|error| {
-            ConfigError(format!(
-                "{}:{}:{}: invalid JSON: {error}",
-                path.display(),
-                error.line(),
-                error.column()
-            ))
-        })?;
-        Self::from_json(&json)
+        read_json(path)
+            .map_err(ConfigError)
+            .and_then(|json| Self::from_json(&json))
             .map_err(|ConfigError(message)| ConfigError(format!("{}: {message}", path.display())))
     }
 
@@ -227,17 +219,7 @@ impl ModelConfig {
             Some(scaling) => rope_scaling(scaling, json)?,
         };
 
-        let eos_token_ids = match json.get("eos_token_id") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(ids)) => ids
-                .iter()
-                .map(|id| id.as_u64().map(|id| id as u32))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| ConfigError("`eos_token_id` must hold token ids".into()))?,
-            Some(id) => vec![id.as_u64().ok_or_else(|| {
-                ConfigError(format!("`eos_token_id` must be a token id, found {id}"))
-            })? as u32],
-        };
+        let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
             Arch::Llama => {
@@ -335,6 +317,33 @@ impl ModelConfig {
             }
         }
         json
+    }
+}
+
+/// A JSON file of a model folder; the error says why, at which line and column, without the path.
+pub(crate) fn read_json(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|error| format!("cannot read: {error}"))?;
+    serde_json::from_str(&text).map_err(|error| {
+        format!(
+            "invalid JSON at line {} column {}: {error}",
+            error.line(),
+            error.column()
+        )
+    })
+}
+
+/// `eos_token_id` of `config.json` or `generation_config.json`: absent, one id, or a list of ids.
+pub(crate) fn eos_token_ids(json: &Value) -> Result<Vec<u32>, String> {
+    let id = |value: &Value| {
+        value
+            .as_u64()
+            .and_then(|id| u32::try_from(id).ok())
+            .ok_or_else(|| format!("`eos_token_id` must hold token ids, found {value}"))
+    };
+    match json.get("eos_token_id") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(ids)) => ids.iter().map(id).collect(),
+        Some(value) => Ok(vec![id(value)?]),
     }
 }
 

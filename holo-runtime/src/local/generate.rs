@@ -204,15 +204,11 @@ pub fn generate(
             None => None,
         });
     }
-    let cached_width = reused
-        .iter()
-        .map(|reused| reused.as_ref().map_or(0, |(length, _)| *length))
-        .max()
-        .unwrap_or(0);
     let lengths: Vec<usize> = reused
         .iter()
         .map(|reused| reused.as_ref().map_or(0, |(length, _)| *length))
         .collect();
+    let cached_width = lengths.iter().copied().max().unwrap_or(0);
     let width = prompts
         .iter()
         .zip(&lengths)

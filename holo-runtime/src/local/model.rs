@@ -590,42 +590,67 @@ impl Model {
         ]
     }
 
-    fn linears_mut(layer: &mut DecoderLayer) -> [(&'static str, &mut Linear); 7] {
+    fn linears_mut<'a>(
+        attention: &'a mut Attention,
+        mlp: &'a mut Mlp,
+    ) -> [(&'static str, &'a mut Linear); 7] {
         [
-            ("self_attn.q_proj", &mut layer.self_attn.q_proj),
-            ("self_attn.k_proj", &mut layer.self_attn.k_proj),
-            ("self_attn.v_proj", &mut layer.self_attn.v_proj),
-            ("self_attn.o_proj", &mut layer.self_attn.o_proj),
-            ("mlp.gate_proj", &mut layer.mlp.gate_proj),
-            ("mlp.up_proj", &mut layer.mlp.up_proj),
-            ("mlp.down_proj", &mut layer.mlp.down_proj),
+            ("self_attn.q_proj", &mut attention.q_proj),
+            ("self_attn.k_proj", &mut attention.k_proj),
+            ("self_attn.v_proj", &mut attention.v_proj),
+            ("self_attn.o_proj", &mut attention.o_proj),
+            ("mlp.gate_proj", &mut mlp.gate_proj),
+            ("mlp.up_proj", &mut mlp.up_proj),
+            ("mlp.down_proj", &mut mlp.down_proj),
         ]
     }
 
-    /// Every base weight with its Hugging Face name (LoRA adapters are in [`Model::named_adapters`]).
-    pub fn named_weights(&self) -> Vec<(String, &Tensor)> {
-        let mut named = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
-        for (i, layer) in self.layers.iter().enumerate() {
-            for (name, linear) in Self::linears(layer) {
-                named.push((format!("model.layers.{i}.{name}.weight"), &linear.weight));
-                if let Some(bias) = &linear.bias {
+    /// Every base weight with its Hugging Face name, in checkpoint order: the one list of the weights.
+    fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut named = vec![(
+            "model.embed_tokens.weight".to_string(),
+            &mut self.embed_tokens,
+        )];
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let DecoderLayer {
+                self_attn,
+                mlp,
+                input_layernorm,
+                post_attention_layernorm,
+            } = layer;
+            for (name, linear) in Self::linears_mut(self_attn, mlp) {
+                named.push((
+                    format!("model.layers.{i}.{name}.weight"),
+                    &mut linear.weight,
+                ));
+                if let Some(bias) = &mut linear.bias {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
                 }
             }
             named.push((
                 format!("model.layers.{i}.input_layernorm.weight"),
-                &layer.input_layernorm.weight,
+                &mut input_layernorm.weight,
             ));
             named.push((
                 format!("model.layers.{i}.post_attention_layernorm.weight"),
-                &layer.post_attention_layernorm.weight,
+                &mut post_attention_layernorm.weight,
             ));
         }
-        named.push(("model.norm.weight".to_string(), &self.norm.weight));
-        if let Some(lm_head) = &self.lm_head {
+        named.push(("model.norm.weight".to_string(), &mut self.norm.weight));
+        if let Some(lm_head) = &mut self.lm_head {
             named.push(("lm_head.weight".to_string(), lm_head));
         }
         named
+    }
+
+    /// Every base weight with its Hugging Face name (LoRA adapters are in [`Model::named_adapters`]).
+    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        let mut model = self.clone();
+        let named = model.weights_mut();
+        named
+            .into_iter()
+            .map(|(name, tensor)| (name, tensor.clone()))
+            .collect()
     }
 
     /// LoRA tensors under PEFT's names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`).
@@ -643,23 +668,11 @@ impl Model {
         named
     }
 
-    /// Applies `f` to every base weight (not to adapters).
-    fn map_weights(&self, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Model> {
+    /// A copy with `f(name, weight)` in place of every base weight (adapters stay).
+    fn map_weights(&self, mut f: impl FnMut(&str, &Tensor) -> Result<Tensor>) -> Result<Model> {
         let mut model = self.clone();
-        for layer in &mut model.layers {
-            for (_, linear) in Self::linears_mut(layer) {
-                linear.weight = f(&linear.weight)?;
-                if let Some(bias) = &mut linear.bias {
-                    *bias = f(bias)?;
-                }
-            }
-            layer.input_layernorm.weight = f(&layer.input_layernorm.weight)?;
-            layer.post_attention_layernorm.weight = f(&layer.post_attention_layernorm.weight)?;
-        }
-        model.embed_tokens = f(&model.embed_tokens)?;
-        model.norm.weight = f(&model.norm.weight)?;
-        if let Some(lm_head) = &model.lm_head {
-            model.lm_head = Some(f(lm_head)?);
+        for (name, weight) in model.weights_mut() {
+            *weight = f(&name, weight)?;
         }
         Ok(model)
     }
@@ -688,7 +701,7 @@ impl Model {
         let (dtype, device) = (self.dtype(), self.device().clone());
         let mut vars = Vec::new();
         for (i, layer) in model.layers.iter_mut().enumerate() {
-            for (name, linear) in Self::linears_mut(layer) {
+            for (name, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
                 let short = name.rsplit('.').next().unwrap_or(name);
                 if !config.targets.iter().any(|target| target == short) {
                     continue;
@@ -718,25 +731,12 @@ impl Model {
     /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
     pub fn trainable(&self) -> Result<(Model, Vec<(String, Var)>)> {
         let mut vars = Vec::new();
-        let model = self.map_weights(|tensor| {
+        let model = self.map_weights(|name, tensor| {
             let var = Var::from_tensor(tensor)?;
             let tensor = var.as_tensor().clone();
-            vars.push(var);
+            vars.push((name.to_string(), var));
             Ok(tensor)
         })?;
-        // `map_weights` visits in its own order; pair each Var with its name by identity.
-        let named = model.named_weights();
-        let vars = named
-            .into_iter()
-            .map(|(name, tensor)| {
-                let var = vars
-                    .iter()
-                    .find(|var| var.as_tensor().id() == tensor.id())
-                    .expect("every weight was made a Var")
-                    .clone();
-                (name, var)
-            })
-            .collect();
         Ok((model, vars))
     }
 
@@ -744,10 +744,10 @@ impl Model {
     /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
     pub fn detached(&self) -> Model {
         let mut model = self
-            .map_weights(|tensor| Ok(tensor.detach()))
+            .map_weights(|_, tensor| Ok(tensor.detach()))
             .expect("detaching cannot fail");
         for layer in &mut model.layers {
-            for (_, linear) in Self::linears_mut(layer) {
+            for (_, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
                 if let Some(lora) = &mut linear.lora {
                     lora.a = lora.a.detach();
                     lora.b = lora.b.detach();
