@@ -2,13 +2,15 @@
 """Batched sampling throughput and peak memory: holo-runtime's candle model against transformers `generate`.
 
     ~/.cache/holo-peers/venv/bin/python benches/sample_compare.py [--which tiny|qwen05b|both]
-        [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--threads 2]
+        [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--threads 2] [--dtype f32|bf16]
 
 Both sides load the same Hugging Face folder, sample the same batch of random prompt ids (seeded) at
 temperature 1 with no top-k/top-p, and generate exactly --new tokens per row (transformers:
 `min_new_tokens = max_new_tokens`; holo: no end-of-turn token). Each side runs in its own process, one after
 the other, with a warm-up run before --repeats timed runs; the script prints the median new tokens per
-second of each, the ratio, and each process's peak resident memory (GNU time's maximum RSS).
+second of each, the ratio, and each process's peak resident memory (GNU time's maximum RSS). `--dtype bf16`
+loads the weights in bf16 on both sides: transformers computes in bf16 (torch's CPU kernels), holo keeps
+the matrices in bf16 and computes in f32.
 
 Models (built once under --work-dir, default ~/.cache/holo-peers/bench-models):
 - tiny:    `holo init-model --arch qwen2 --preset tiny` (107k parameters, vocab 512);
@@ -38,10 +40,11 @@ PYTHON_SIDE = textwrap.dedent(
     import json, statistics, sys, time
     import torch
     from transformers import AutoModelForCausalLM, set_seed
-    folder, batch, prompt_len, new, repeats, threads, seed = sys.argv[1:8]
+    folder, batch, prompt_len, new, repeats, threads, seed, dtype = sys.argv[1:9]
     batch, prompt_len, new, repeats, threads, seed = map(int, (batch, prompt_len, new, repeats, threads, seed))
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator)
     attention = torch.ones_like(ids)
@@ -122,23 +125,23 @@ def compare(name, folder, bench, args):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     theirs_out, theirs_rss = run_measured(
-        [sys.executable, "-c", PYTHON_SIDE, folder, *shape, str(args.threads), str(args.seed)], env
+        [sys.executable, "-c", PYTHON_SIDE, folder, *shape, str(args.threads), str(args.seed), args.dtype], env
     )
     ours_out, ours_rss = run_measured(
         [bench, folder, "--batch", shape[0], "--prompt-len", shape[1], "--new", shape[2], "--repeats", shape[3],
-         "--seed", str(args.seed)],
+         "--seed", str(args.seed), "--dtype", args.dtype],
         dict(env, RAYON_NUM_THREADS=str(args.threads)),
     )
     theirs, ours = json.loads(theirs_out), json.loads(ours_out)
     ratio = ours["new_tokens_per_s"] / theirs["new_tokens_per_s"]
     print(f"{name}: batch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens per row, "
-          f"{args.threads} threads")
+          f"{args.threads} threads, {args.dtype} weights")
     print(f"  transformers generate: {theirs['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
           f"peak RSS {theirs_rss:7.0f} MiB")
     print(f"  holo-runtime (candle): {ours['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
           f"peak RSS {ours_rss:7.0f} MiB")
     print(f"  holo / transformers:   {ratio:.2f}x tokens/s, {ours_rss / theirs_rss:.2f}x peak memory")
-    return {"model": name, "transformers": dict(theirs, peak_rss_mib=theirs_rss),
+    return {"model": name, "dtype": args.dtype, "transformers": dict(theirs, peak_rss_mib=theirs_rss),
             "holo": dict(ours, peak_rss_mib=ours_rss), "ratio": ratio}
 
 
@@ -151,6 +154,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                        help="weight precision on both sides (holo bf16: bf16 matrices, f32 arithmetic)")
     parser.add_argument("--work-dir", default=os.path.expanduser("~/.cache/holo-peers/bench-models"))
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

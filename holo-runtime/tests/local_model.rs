@@ -432,3 +432,142 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     let error = base.with_lora(&unknown).unwrap_err().to_string();
     assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
 }
+
+#[test]
+fn recomputed_gradients_equal_the_whole_graph_backward() {
+    use holo_runtime::local::model::LoraConfig;
+
+    // A loss that weighs every position differently, some negatively, as advantages do.
+    let weighted = |logprobs: &Tensor| {
+        let (rows, columns) = logprobs.dims2()?;
+        let weights: Vec<f64> = (0..rows * columns)
+            .map(|i| (i as f64 * 0.7).sin())
+            .collect();
+        let weights = Tensor::from_vec(weights, (rows, columns), &Device::Cpu)?;
+        (logprobs * weights)?.sum_all()
+    };
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    for arch in [Arch::Qwen2, Arch::Llama] {
+        let base = random_model(&config(arch), 11, DType::F64);
+        let lora = LoraConfig {
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+                .map(String::from)
+                .to_vec(),
+            ..LoraConfig::default()
+        };
+        let (adapted, adapters) = base.with_lora(&lora).unwrap();
+        for (name, var) in &adapters {
+            if name.contains("lora_B") {
+                let shape = var.as_tensor().shape().clone();
+                var.set(&Tensor::randn(0f64, 0.1, shape, &Device::Cpu).unwrap())
+                    .unwrap();
+            }
+        }
+        for (label, (model, vars)) in [
+            ("full", base.trainable().unwrap()),
+            ("lora", (adapted, adapters)),
+        ] {
+            let whole_loss = weighted(
+                &model
+                    .token_logprobs(&input, &mask, Ops::Differentiable)
+                    .unwrap(),
+            )
+            .unwrap();
+            let whole = whole_loss.backward().unwrap();
+            let (loss, recomputed) = model
+                .backward_recomputed(&input, &mask, weighted)
+                .unwrap();
+            let (a, b) = (
+                whole_loss.to_scalar::<f64>().unwrap(),
+                loss.to_scalar::<f64>().unwrap(),
+            );
+            assert!((a - b).abs() < 1e-12, "{arch} {label}: loss {a} vs {b}");
+            for (name, var) in &vars {
+                let expected = whole.get(var.as_tensor()).unwrap();
+                let got = recomputed
+                    .get(var.as_tensor())
+                    .unwrap_or_else(|| panic!("{arch} {label}: no gradient for {name}"));
+                let scale = expected.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+                assert!(scale > 0.0, "{arch} {label}: {name} has a zero gradient");
+                let diff = max_abs_diff(expected, got);
+                assert!(
+                    diff <= 1e-10 * scale.max(1.0),
+                    "{arch} {label}: {name} differs by {diff} (scale {scale})"
+                );
+            }
+            assert_eq!(
+                recomputed.get_ids().count(),
+                vars.len(),
+                "{arch} {label}: gradients only for the Vars"
+            );
+        }
+    }
+    let model = random_model(&config(Arch::Qwen2), 11, DType::F64);
+    let (one, one_mask) = ids(&[&[1]]);
+    let error = model
+        .backward_recomputed(&one, &one_mask, weighted)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no next token"), "{error}");
+}
+
+#[test]
+fn bf16_weights_compute_in_f32_on_the_cpu() {
+    let tokenizer = tokenizer();
+    let stopping = Stopping {
+        eos: &[2],
+        tokenizer: &tokenizer,
+    };
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    for arch in [Arch::Qwen2, Arch::Llama] {
+        let config = config(arch);
+        let model = random_model(&config, 5, DType::BF16);
+        assert_eq!(model.dtype(), DType::F32, "{arch}: f32 arithmetic");
+        assert_eq!(model.embed_tokens.dtype(), DType::BF16);
+        assert_eq!(model.layers[0].mlp.up_proj.weight.dtype(), DType::BF16);
+        assert_eq!(model.norm.weight.dtype(), DType::F32);
+
+        // The same rounded weights held in f32 are the exact reference.
+        let rounded: HashMap<String, Tensor> = model
+            .named_weights()
+            .into_iter()
+            .map(|(name, tensor)| (name, tensor.to_dtype(DType::F32).unwrap()))
+            .collect();
+        let reference = Model::load(
+            VarBuilder::from_tensors(rounded, DType::F32, &Device::Cpu),
+            &config,
+        )
+        .unwrap();
+        for ops in [Ops::Fast, Ops::Differentiable] {
+            let got = model.token_logprobs(&input, &mask, ops).unwrap();
+            let expected = reference.token_logprobs(&input, &mask, ops).unwrap();
+            let diff = max_abs_diff(&got, &expected);
+            assert!(diff < 1e-4, "{arch} {ops:?}: {diff}");
+        }
+
+        let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 14, 3, 30, 8], vec![1, 7]];
+        let params = vec![
+            GenerationParams {
+                temperature: 0.0,
+                max_tokens: 8,
+                ..Default::default()
+            };
+            2
+        ];
+        let got = generate(&model, &stopping, &prompts, &params, None).unwrap();
+        let expected = generate(&reference, &stopping, &prompts, &params, None).unwrap();
+        for (got, expected) in got.iter().zip(&expected) {
+            assert_eq!(got.tokens, expected.tokens, "{arch}: greedy tokens");
+        }
+
+        for error in [
+            model.trainable().map(|_| ()).unwrap_err(),
+            model
+                .with_lora(&Default::default())
+                .map(|_| ())
+                .unwrap_err(),
+        ] {
+            assert!(error.to_string().contains("load it in f32 to train"), "{error}");
+        }
+    }
+}

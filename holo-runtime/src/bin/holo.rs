@@ -126,7 +126,8 @@ struct LocalArgs {
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Weight precision: f32, f16 or bf16 (bf16 needs a GPU).
+    /// Weight precision: f32, f16 or bf16 (on the CPU: bf16 matrices with f32 arithmetic, sampling
+    /// only).
     #[arg(long, default_value = "f32")]
     dtype: String,
 }
@@ -136,7 +137,7 @@ impl LocalArgs {
     fn options(&self, max_batch: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
         use holo_runtime::local::{parse_device, parse_dtype, LocalOptions};
         let parsed = parse_device(&self.device)
-            .and_then(|device| Ok((parse_dtype(&self.dtype, &device)?, device)));
+            .and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
         match parsed {
             Ok((dtype, device)) => Ok(LocalOptions {
                 device,

@@ -95,7 +95,12 @@ impl Linear {
         let dims = xs.dims().to_vec();
         let (leading, in_dim) = dims.split_at(dims.len() - 1);
         let rows: usize = leading.iter().product();
-        let ys = xs.reshape((rows, in_dim[0]))?.matmul(&self.weight.t()?)?;
+        let flat = xs.reshape((rows, in_dim[0]))?;
+        let ys = if self.weight.dtype() == DType::BF16 && xs.dtype() == DType::F32 {
+            super::bf16::matmul(&flat, &self.weight)?
+        } else {
+            flat.matmul(&self.weight.t()?)?
+        };
         let ys = match &self.bias {
             Some(bias) => ys.broadcast_add(bias)?,
             None => ys,
@@ -127,7 +132,7 @@ impl RmsNorm {
         })
     }
 
-    fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+    pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
         match ops {
             Ops::Fast => candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32),
             Ops::Differentiable => {
@@ -385,18 +390,17 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(
+    pub(super) fn forward(
         &self,
         xs: &Tensor,
-        rope: (&Tensor, &Tensor),
-        mask: &Tensor,
+        frame: &Frame,
         cache: Option<&mut LayerCache>,
         ops: Ops,
     ) -> Result<Tensor> {
         let attended = self.self_attn.forward(
             &self.input_layernorm.forward(xs, ops)?,
-            rope,
-            mask,
+            (&frame.cos, &frame.sin),
+            &frame.mask,
             cache,
             ops,
         )?;
@@ -550,7 +554,7 @@ impl Model {
             Some(vb.get((config.vocab_size, config.hidden_size), "lm_head.weight")?)
         };
         let inverse_frequencies = Tensor::new(inverse_frequencies(config), vb.device())?;
-        Ok(Model {
+        let model = Model {
             config: config.clone(),
             embed_tokens,
             layers,
@@ -559,15 +563,36 @@ impl Model {
             rope: Rope {
                 inverse_frequencies,
             },
-        })
+        };
+        if model.embed_tokens.dtype() == DType::BF16 && model.device().is_cpu() {
+            // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) in f32.
+            return model.map_weights(|_, tensor| match tensor.rank() {
+                1 => tensor.to_dtype(DType::F32),
+                _ => Ok(tensor.clone()),
+            });
+        }
+        Ok(model)
     }
 
     pub fn device(&self) -> &Device {
         self.embed_tokens.device()
     }
 
+    /// The precision of the arithmetic: the weights' own, except for bf16 weights on the CPU, which
+    /// run in f32.
     pub fn dtype(&self) -> DType {
-        self.embed_tokens.dtype()
+        self.norm.weight.dtype()
+    }
+
+    /// bf16 matrices with f32 arithmetic: a sampling precision, with no backward through the matrix
+    /// products.
+    fn sampling_only(&self) -> Result<()> {
+        if self.embed_tokens.dtype() != self.dtype() {
+            candle_core::bail!(
+                "this model holds bf16 weights for f32 arithmetic on the CPU, which only samples; load it in f32 to train"
+            );
+        }
+        Ok(())
     }
 
     fn logits_dtype(&self) -> DType {
@@ -696,6 +721,7 @@ impl Model {
                 PROJECTIONS.join(", ")
             );
         }
+        self.sampling_only()?;
         let mut model = self.detached();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
         let (dtype, device) = (self.dtype(), self.device().clone());
@@ -730,6 +756,7 @@ impl Model {
 
     /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
     pub fn trainable(&self) -> Result<(Model, Vec<(String, Var)>)> {
+        self.sampling_only()?;
         let mut vars = Vec::new();
         let model = self.map_weights(|name, tensor| {
             let var = Var::from_tensor(tensor)?;
@@ -768,20 +795,35 @@ impl Model {
         mut cache: Option<&mut KvCache>,
         ops: Ops,
     ) -> Result<Tensor> {
-        let (batch, len) = input_ids.dims2()?;
         let cached = cache.as_ref().map_or(0, |cache| cache.len());
-        let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
-        let (cos, sin) = self.rope.tables(positions)?;
-        let (cos, sin) = (cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?);
-        let mut xs = self
-            .embed_tokens
-            .index_select(&input_ids.flatten_all()?, 0)?
-            .reshape((batch, len, self.config.hidden_size))?;
+        let frame = self.frame(positions, key_mask, cached)?;
+        let mut xs = self.embed(input_ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
-            xs = layer.forward(&xs, (&cos, &sin), &mask, layer_cache, ops)?;
+            xs = layer.forward(&xs, &frame, layer_cache, ops)?;
         }
         self.norm.forward(&xs, ops)
+    }
+
+    /// The embeddings `[B, T, hidden]` of `input_ids` `[B, T]`.
+    pub(super) fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
+        let (batch, len) = input_ids.dims2()?;
+        self.embed_tokens
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape((batch, len, self.config.hidden_size))?
+            .to_dtype(self.dtype())
+    }
+
+    /// What every layer of one forward pass shares: the attention mask and the rotary tables.
+    pub(super) fn frame(&self, positions: &Tensor, key_mask: &Tensor, cached: usize) -> Result<Frame> {
+        let (batch, len) = positions.dims2()?;
+        let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
+        let (cos, sin) = self.rope.tables(positions)?;
+        Ok(Frame {
+            mask,
+            cos: cos.to_dtype(self.dtype())?,
+            sin: sin.to_dtype(self.dtype())?,
+        })
     }
 
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64.
@@ -814,6 +856,17 @@ impl Model {
         }
         let positions = positions_from_mask(key_mask)?;
         let hidden = self.forward_hidden(input_ids, &positions, key_mask, None, ops)?;
+        self.next_token_logprobs(&hidden, input_ids, key_mask)
+    }
+
+    /// [`Model::token_logprobs`] from the final hidden states `[B, T, hidden]` (after the last norm).
+    pub(super) fn next_token_logprobs(
+        &self,
+        hidden: &Tensor,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+    ) -> Result<Tensor> {
+        let len = input_ids.dim(1)?;
         let logits = self.logits(&hidden.narrow(1, 0, len - 1)?)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let targets = input_ids.narrow(1, 1, len - 1)?.contiguous()?;
@@ -821,6 +874,14 @@ impl Model {
         let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
         picked * real
     }
+}
+
+/// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]` and the rotary tables
+/// `[B, T, head_dim / 2]`.
+pub(super) struct Frame {
+    mask: Tensor,
+    cos: Tensor,
+    sin: Tensor,
 }
 
 /// Additive mask `[B, 1, T, S]`: query `t` (column `cached + t`) sees real keys up to its own column,

@@ -1,0 +1,108 @@
+//! Activation recomputation ("gradient checkpointing"): gradients of a loss over
+//! [`Model::token_logprobs`] that keep one layer's activations alive at a time instead of all of them.
+//!
+//! candle has no hook to drop and recompute activations inside one graph, so the backward pass is
+//! split by layer. A forward pass without a graph keeps only each layer's input. The head (final norm,
+//! output projection, log-softmax, the loss) then runs with its graph from the last layer's output, and
+//! its backward gives the head's gradients and the gradient at that output. Going down, each layer runs
+//! again from its kept input, with its graph, and the backward of `sum(output · upstream gradient)`
+//! gives the layer's weight gradients and the gradient at its input. Peak memory is the kept inputs
+//! (`layers × B × T × hidden`) plus one layer's graph, at the cost of a second forward pass.
+//!
+//! The gradients are those of the whole-graph backward, summed in a different order: they agree to
+//! rounding.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, Var};
+
+use super::model::{positions_from_mask, Model, Ops, Result};
+
+impl Model {
+    /// `loss(token_logprobs)` and its gradients with respect to this model's [`Var`]s (from
+    /// [`Model::trainable`] or [`Model::with_lora`]), keyed as `loss.backward()` would key them, so an
+    /// optimizer steps on them unchanged. `loss` receives [`Model::token_logprobs`] of `input_ids` under
+    /// `key_mask` (differentiable ops) and returns a scalar.
+    pub fn backward_recomputed(
+        &self,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+        loss: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<(Tensor, GradStore)> {
+        let len = input_ids.dim(1)?;
+        if len < 2 {
+            candle_core::bail!("a sequence of {len} token(s) has no next token to score");
+        }
+        let positions = positions_from_mask(key_mask)?;
+        let frame = self.frame(&positions, key_mask, 0)?;
+
+        // No Var in this pass: nothing is kept but what is pushed here.
+        let constant = self.detached();
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut xs = constant.embed(input_ids)?;
+        for layer in &constant.layers {
+            let output = layer.forward(&xs, &frame, None, Ops::Differentiable)?;
+            inputs.push(xs);
+            xs = output;
+        }
+
+        let top = Var::from_tensor(&xs)?;
+        let hidden = self.norm.forward(top.as_tensor(), Ops::Differentiable)?;
+        let logprobs = self.next_token_logprobs(&hidden, input_ids, key_mask)?;
+        let value = loss(&logprobs)?;
+        let variables = self.variables();
+        let mut grads = GradStore::default();
+        let head = value.backward()?;
+        gather(&mut grads, &head, &variables)?;
+        let mut upstream = gradient_at(&head, &top)?;
+        drop(head);
+
+        for (layer, input) in self.layers.iter().zip(inputs).rev() {
+            let input = Var::from_tensor(&input)?;
+            let output = layer.forward(input.as_tensor(), &frame, None, Ops::Differentiable)?;
+            let segment = (output * &upstream)?.sum_all()?.backward()?;
+            gather(&mut grads, &segment, &variables)?;
+            upstream = gradient_at(&segment, &input)?;
+        }
+
+        let embedded = self.embed(input_ids)?;
+        if embedded.track_op() {
+            let segment = (embedded * &upstream)?.sum_all()?.backward()?;
+            gather(&mut grads, &segment, &variables)?;
+        }
+        Ok((value.detach(), grads))
+    }
+
+    /// The weights and adapters that are [`Var`]s.
+    fn variables(&self) -> Vec<Tensor> {
+        let adapters = self.named_adapters().into_iter().map(|(_, t)| t.clone());
+        self.named_weights()
+            .into_iter()
+            .map(|(_, t)| t)
+            .chain(adapters)
+            .filter(Tensor::is_variable)
+            .collect()
+    }
+}
+
+/// Adds `segment`'s gradients of `variables` to `grads`. A backward pass also leaves gradients for the
+/// constants it met (masks, rotary tables), which are not kept.
+fn gather(grads: &mut GradStore, segment: &GradStore, variables: &[Tensor]) -> Result<()> {
+    for variable in variables {
+        if let Some(grad) = segment.get(variable) {
+            let sum = match grads.remove(variable) {
+                Some(earlier) => (earlier + grad)?,
+                None => grad.clone(),
+            };
+            grads.insert(variable, sum);
+        }
+    }
+    Ok(())
+}
+
+/// The gradient at `var` (zeros when the loss does not depend on it).
+fn gradient_at(grads: &GradStore, var: &Var) -> Result<Tensor> {
+    match grads.get(var.as_tensor()) {
+        Some(grad) => Ok(grad.clone()),
+        None => var.as_tensor().zeros_like(),
+    }
+}
