@@ -354,24 +354,24 @@ fn devices_and_precisions_are_checked_before_loading() {
 fn f16_and_bf16_weights_run_on_the_cpu() {
     for dtype in ["f16", "bf16"] {
         let output = holo(&[
-        "dry",
-        "hol/qa.hol",
-        "--data",
-        "examples/data/capitals.jsonl",
-        "--sampler",
-        "local",
-        "--model",
-        MODEL,
-        "--dtype",
-        dtype,
-        "--color",
-        "never",
-    ]);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{dtype}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+            "dry",
+            "hol/qa.hol",
+            "--data",
+            "examples/data/capitals.jsonl",
+            "--sampler",
+            "local",
+            "--model",
+            MODEL,
+            "--dtype",
+            dtype,
+            "--color",
+            "never",
+        ]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{dtype}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 }

@@ -450,9 +450,17 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
     for arch in [Arch::Qwen2, Arch::Llama] {
         let base = random_model(&config(arch), 11, DType::F64);
         let lora = LoraConfig {
-            targets: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-                .map(String::from)
-                .to_vec(),
+            targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
             ..LoraConfig::default()
         };
         let (adapted, adapters) = base.with_lora(&lora).unwrap();
@@ -474,9 +482,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
             )
             .unwrap();
             let whole = whole_loss.backward().unwrap();
-            let (loss, recomputed) = model
-                .backward_recomputed(&input, &mask, weighted)
-                .unwrap();
+            let (loss, recomputed) = model.backward_recomputed(&input, &mask, weighted).unwrap();
             let (a, b) = (
                 whole_loss.to_scalar::<f64>().unwrap(),
                 loss.to_scalar::<f64>().unwrap(),
@@ -487,7 +493,13 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
                 let got = recomputed
                     .get(var.as_tensor())
                     .unwrap_or_else(|| panic!("{arch} {label}: no gradient for {name}"));
-                let scale = expected.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+                let scale = expected
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
                 assert!(scale > 0.0, "{arch} {label}: {name} has a zero gradient");
                 let diff = max_abs_diff(expected, got);
                 assert!(
@@ -567,7 +579,10 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
                 .map(|_| ())
                 .unwrap_err(),
         ] {
-            assert!(error.to_string().contains("load it in f32 to train"), "{error}");
+            assert!(
+                error.to_string().contains("load it in f32 to train"),
+                "{error}"
+            );
         }
     }
 }

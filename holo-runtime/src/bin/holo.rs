@@ -136,8 +136,8 @@ struct LocalArgs {
 impl LocalArgs {
     fn options(&self, max_batch: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
         use holo_runtime::local::{parse_device, parse_dtype, LocalOptions};
-        let parsed = parse_device(&self.device)
-            .and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
+        let parsed =
+            parse_device(&self.device).and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
         match parsed {
             Ok((dtype, device)) => Ok(LocalOptions {
                 device,

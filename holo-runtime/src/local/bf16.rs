@@ -7,10 +7,12 @@
 //! half of an f32, so widening it is a shift; products and sums are f32, which keeps activations as
 //! exact as they are in the f32 model (only the weights are rounded).
 //!
-//! The kernel tiles `x` by 4 rows and `w` by 4 rows: 16 running sums of 16 lanes over `K`, written so
-//! that the compiler vectorizes them, in three builds picked at run time (AVX-512, AVX2 with FMA, and
-//! plain). The 4 weight rows of a tile stay in the L1 cache while every 4-row block of `x` passes over
-//! them; threads share the weight rows out.
+//! The kernel tiles `x` by 4 rows (2 with AVX2) and `w` by 4 rows, keeping the tile's running sums in
+//! vector registers over `K`; AVX-512 or AVX2 is picked at run time, with a plain loop elsewhere. The 4
+//! weight rows of a tile stay in the L1 cache while every block of `x` passes over them; threads share
+//! the weight rows out.
+
+use std::ops::Range;
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 use half::bf16;
@@ -49,7 +51,9 @@ impl CustomOp2 for Bf16WeightMatmul {
         let (m, k) = x_layout.shape().dims2()?;
         let (n, w_k) = w_layout.shape().dims2()?;
         if k != w_k {
-            candle_core::bail!("bf16 weight product: x is [{m}, {k}] but the weight is [{n}, {w_k}]");
+            candle_core::bail!(
+                "bf16 weight product: x is [{m}, {k}] but the weight is [{n}, {w_k}]"
+            );
         }
         let (CpuStorage::F32(x), CpuStorage::BF16(w)) = (x, w) else {
             candle_core::bail!("bf16 weight product needs f32 activations and bf16 weights");
@@ -65,9 +69,6 @@ impl CustomOp2 for Bf16WeightMatmul {
     }
 }
 
-const LANES: usize = 16;
-/// Rows of `x` and of `w` in one tile.
-const TILE: usize = 4;
 /// Output columns (weight rows) one task computes.
 const COLUMNS_PER_TASK: usize = 64;
 
@@ -78,166 +79,239 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+/// The kernels, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Avx512,
+    Avx2,
+    Plain,
+}
+
+impl Kernel {
+    fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            Kernel::Plain => true,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    fn best() -> Kernel {
+        [Kernel::Avx512, Kernel::Avx2, Kernel::Plain]
+            .into_iter()
+            .find(|kernel| kernel.available())
+            .unwrap_or(Kernel::Plain)
+    }
+}
+
 fn product(x: &[f32], w: &[bf16], m: usize, n: usize, k: usize, out: &mut [f32]) {
-    // bf16 is a transparent u16 wrapper; the bits are what the kernel widens.
-    let w: &[u16] = bytemuck_u16(w);
-    let out_ptr = Out(out.as_mut_ptr());
+    product_with(Kernel::best(), x, w, m, n, k, out)
+}
+
+fn product_with(
+    kernel: Kernel,
+    x: &[f32],
+    w: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    assert!(kernel.available(), "{kernel:?} does not run on this CPU");
+    assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
+    // SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`; its bits are what the kernels widen.
+    let w = unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u16>(), w.len()) };
+    let out = Out(out.as_mut_ptr());
     let tasks = n.div_ceil(COLUMNS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|task| {
         let columns = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
-        let out = out_ptr;
-        // SAFETY: `columns` are this task's alone and lie inside `out` ([m, n]).
-        unsafe { columns_dispatch(x, w, m, n, k, columns, out) }
+        // SAFETY: the lengths are checked above, `columns` are this task's alone, and the kernel is
+        // available.
+        unsafe { columns_with(kernel, x, w, m, n, k, columns, out) }
     });
 }
 
-fn bytemuck_u16(w: &[bf16]) -> &[u16] {
-    // SAFETY: `half::bf16` is `#[repr(transparent)]` over `u16`.
-    unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u16>(), w.len()) }
-}
-
 /// # Safety
-/// `columns` must be within `0..n` and written by no one else while this runs.
-unsafe fn columns_dispatch(
+/// `x` is `[m, k]`, `w` `[n, k]`, `out` points to `[m, n]`; `columns` lie within `0..n` and are written
+/// by no one else while this runs; `kernel` is available.
+#[allow(clippy::too_many_arguments)]
+unsafe fn columns_with(
+    kernel: Kernel,
     x: &[f32],
     w: &[u16],
     m: usize,
     n: usize,
     k: usize,
-    columns: std::ops::Range<usize>,
+    columns: Range<usize>,
     out: Out,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return columns_avx512(x, w, m, n, k, columns, out);
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return columns_avx2(x, w, m, n, k, columns, out);
-        }
-    }
-    columns_generic::<false>(x, w, m, n, k, columns, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-unsafe fn columns_avx512(
-    x: &[f32],
-    w: &[u16],
-    m: usize,
-    n: usize,
-    k: usize,
-    columns: std::ops::Range<usize>,
-    out: Out,
-) {
-    columns_generic::<true>(x, w, m, n, k, columns, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn columns_avx2(
-    x: &[f32],
-    w: &[u16],
-    m: usize,
-    n: usize,
-    k: usize,
-    columns: std::ops::Range<usize>,
-    out: Out,
-) {
-    columns_generic::<true>(x, w, m, n, k, columns, out)
-}
-
-/// Output columns `columns` of every row. `FMA` fuses multiply and add (only where the CPU has it:
-/// elsewhere `mul_add` is a slow library call).
-#[inline(always)]
-unsafe fn columns_generic<const FMA: bool>(
-    x: &[f32],
-    w: &[u16],
-    m: usize,
-    n: usize,
-    k: usize,
-    columns: std::ops::Range<usize>,
-    out: Out,
-) {
-    let mut column = columns.start;
-    while column < columns.end {
-        let width = (columns.end - column).min(TILE);
-        let mut row = 0;
-        while row < m {
-            let height = (m - row).min(TILE);
-            match (height, width) {
-                (4, 4) => tile::<FMA, 4, 4>(x, w, n, k, row, column, out),
-                (h, 4) => {
-                    for r in row..row + h {
-                        tile::<FMA, 1, 4>(x, w, n, k, r, column, out);
-                    }
-                }
-                (h, c) => {
-                    for r in row..row + h {
-                        for col in column..column + c {
-                            tile::<FMA, 1, 1>(x, w, n, k, r, col, out);
-                        }
-                    }
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => x86::columns_avx512(x, w, m, n, k, columns, out),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => x86::columns_avx2(x, w, m, n, k, columns, out),
+        _ => {
+            for column in columns {
+                let w_row = &w[column * k..(column + 1) * k];
+                for row in 0..m {
+                    let x_row = &x[row * k..(row + 1) * k];
+                    let total = x_row
+                        .iter()
+                        .zip(w_row)
+                        .map(|(&x, &w)| x * widen(w))
+                        .sum::<f32>();
+                    *out.0.add(row * n + column) = total;
                 }
             }
-            row += height;
         }
-        column += width;
     }
 }
 
-#[inline(always)]
 fn widen(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-#[inline(always)]
-fn multiply_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
+/// The kernels with AVX-512 (16 lanes, tiles of 4 × 4) and AVX2 (8 lanes, tiles of 2 × 4: 16 vector
+/// registers). Each tile keeps its `R × C` running sums in registers over `K`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // index loops over constant-size tiles unroll into registers
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
 
-/// Rows `row..row + R` of `x` against weight rows `column..column + C`: `R × C` outputs.
-#[inline(always)]
-unsafe fn tile<const FMA: bool, const R: usize, const C: usize>(
-    x: &[f32],
-    w: &[u16],
-    n: usize,
-    k: usize,
-    row: usize,
-    column: usize,
-    out: Out,
-) {
-    let x_rows: [&[f32]; R] = std::array::from_fn(|i| &x[(row + i) * k..(row + i + 1) * k]);
-    let w_rows: [&[u16]; C] = std::array::from_fn(|j| &w[(column + j) * k..(column + j + 1) * k]);
-    let mut sums = [[[0f32; LANES]; C]; R];
-    let main = k - k % LANES;
-    let mut at = 0;
-    while at < main {
-        let widened: [[f32; LANES]; C] =
-            std::array::from_fn(|j| std::array::from_fn(|l| widen(w_rows[j][at + l])));
-        for i in 0..R {
-            let xs = &x_rows[i][at..at + LANES];
-            for j in 0..C {
-                for l in 0..LANES {
-                    sums[i][j][l] = multiply_add::<FMA>(xs[l], widened[j][l], sums[i][j][l]);
+    use super::{widen, Out};
+
+    /// Tiles of `ROWS` rows of `x` by 4 weight rows over `columns`, then the leftover rows and columns.
+    macro_rules! columns {
+        ($name:ident, $features:literal, $tile:ident, $rows:literal) => {
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(
+                x: &[f32],
+                w: &[u16],
+                m: usize,
+                n: usize,
+                k: usize,
+                columns: Range<usize>,
+                out: Out,
+            ) {
+                let mut column = columns.start;
+                while column + 4 <= columns.end {
+                    let mut row = 0;
+                    while row + $rows <= m {
+                        $tile::<$rows, 4>(x, w, n, k, row, column, out);
+                        row += $rows;
+                    }
+                    while row < m {
+                        $tile::<1, 4>(x, w, n, k, row, column, out);
+                        row += 1;
+                    }
+                    column += 4;
+                }
+                for column in column..columns.end {
+                    for row in 0..m {
+                        $tile::<1, 1>(x, w, n, k, row, column, out);
+                    }
                 }
             }
-        }
-        at += LANES;
+        };
     }
-    for i in 0..R {
-        for j in 0..C {
-            let mut total = sums[i][j].iter().sum::<f32>();
-            for at in main..k {
-                total = multiply_add::<FMA>(x_rows[i][at], widen(w_rows[j][at]), total);
+
+    columns!(columns_avx512, "avx512f,fma", tile_avx512, 4);
+    columns!(columns_avx2, "avx2,fma", tile_avx2, 2);
+
+    /// Rows `row..row + R` of `x` against weight rows `column..column + C`.
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline]
+    unsafe fn tile_avx512<const R: usize, const C: usize>(
+        x: &[f32],
+        w: &[u16],
+        n: usize,
+        k: usize,
+        row: usize,
+        column: usize,
+        out: Out,
+    ) {
+        let (x_rows, w_rows) = (x.as_ptr().add(row * k), w.as_ptr().add(column * k));
+        let mut sums = [[_mm512_setzero_ps(); C]; R];
+        let mut widened = [_mm512_setzero_ps(); C];
+        let main = k - k % 16;
+        let mut at = 0;
+        while at < main {
+            for j in 0..C {
+                let bits = _mm256_loadu_si256(w_rows.add(j * k + at).cast());
+                widened[j] =
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)));
             }
-            // SAFETY: the caller owns column `column + j` of every row.
-            *out.0.add((row + i) * n + column + j) = total;
+            for i in 0..R {
+                let xs = _mm512_loadu_ps(x_rows.add(i * k + at));
+                for j in 0..C {
+                    sums[i][j] = _mm512_fmadd_ps(xs, widened[j], sums[i][j]);
+                }
+            }
+            at += 16;
+        }
+        for i in 0..R {
+            for j in 0..C {
+                let mut total = _mm512_reduce_add_ps(sums[i][j]);
+                for at in main..k {
+                    total =
+                        (*x_rows.add(i * k + at)).mul_add(widen(*w_rows.add(j * k + at)), total);
+                }
+                *out.0.add((row + i) * n + column + j) = total;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile_avx2<const R: usize, const C: usize>(
+        x: &[f32],
+        w: &[u16],
+        n: usize,
+        k: usize,
+        row: usize,
+        column: usize,
+        out: Out,
+    ) {
+        let (x_rows, w_rows) = (x.as_ptr().add(row * k), w.as_ptr().add(column * k));
+        let mut sums = [[_mm256_setzero_ps(); C]; R];
+        let mut widened = [_mm256_setzero_ps(); C];
+        let main = k - k % 8;
+        let mut at = 0;
+        while at < main {
+            for j in 0..C {
+                let bits = _mm_loadu_si128(w_rows.add(j * k + at).cast());
+                widened[j] =
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)));
+            }
+            for i in 0..R {
+                let xs = _mm256_loadu_ps(x_rows.add(i * k + at));
+                for j in 0..C {
+                    sums[i][j] = _mm256_fmadd_ps(xs, widened[j], sums[i][j]);
+                }
+            }
+            at += 8;
+        }
+        for i in 0..R {
+            for j in 0..C {
+                let halves = _mm_add_ps(
+                    _mm256_castps256_ps128(sums[i][j]),
+                    _mm256_extractf128_ps::<1>(sums[i][j]),
+                );
+                let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+                let mut total = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps::<1>(pairs, pairs)));
+                for at in main..k {
+                    total =
+                        (*x_rows.add(i * k + at)).mul_add(widen(*w_rows.add(j * k + at)), total);
+                }
+                *out.0.add((row + i) * n + column + j) = total;
+            }
         }
     }
 }
@@ -252,7 +326,14 @@ mod tests {
     #[test]
     fn equals_the_f32_product_of_the_rounded_weights() {
         let device = Device::Cpu;
-        for (m, n, k) in [(1, 1, 1), (3, 5, 7), (4, 4, 16), (8, 130, 40), (9, 67, 33), (2, 300, 896)] {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (3, 5, 7),
+            (4, 4, 16),
+            (8, 130, 40),
+            (9, 67, 33),
+            (2, 300, 896),
+        ] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &device).unwrap();
             let weight = Tensor::randn(0f32, 0.5, (n, k), &device)
                 .unwrap()
@@ -263,16 +344,29 @@ mod tests {
                 .unwrap();
             let got = matmul(&x, &weight).unwrap();
             assert_eq!(got.dims(), &[m, n]);
-            let diff = (got - &expected)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            let scale = expected.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(diff <= 1e-5 * scale.max(1.0), "[{m}, {k}] x [{n}, {k}]: {diff}");
+            let expected = expected.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let scale = expected.iter().fold(1f32, |max, v| max.max(v.abs()));
+            let close = |got: &[f32], label: &str| {
+                for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale,
+                        "{label} [{m}, {k}] x [{n}, {k}] at {i}: {a} vs {b}"
+                    );
+                }
+            };
+            close(
+                &got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                "matmul",
+            );
+            let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let ws = weight.flatten_all().unwrap().to_vec1::<bf16>().unwrap();
+            for kernel in [Kernel::Avx512, Kernel::Avx2, Kernel::Plain] {
+                if kernel.available() {
+                    let mut out = vec![f32::NAN; m * n];
+                    product_with(kernel, &xs, &ws, m, n, k, &mut out);
+                    close(&out, &format!("{kernel:?}"));
+                }
+            }
         }
     }
 
@@ -284,6 +378,9 @@ mod tests {
         assert!(matmul(&x, &f32_weight).is_err());
         let wrong_k = Tensor::zeros((4, 5), DType::BF16, &device).unwrap();
         let error = matmul(&x, &wrong_k).unwrap_err().to_string();
-        assert!(error.contains("[2, 3]") && error.contains("[4, 5]"), "{error}");
+        assert!(
+            error.contains("[2, 3]") && error.contains("[4, 5]"),
+            "{error}"
+        );
     }
 }

@@ -32,6 +32,7 @@ use crate::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
     pub device: Device,
+    /// Weight precision; `BF16` on the CPU keeps the matrices in bf16 and computes in f32.
     pub dtype: DType,
     /// `max_tokens` for requests that give none.
     pub default_max_tokens: usize,

@@ -815,7 +815,12 @@ impl Model {
     }
 
     /// What every layer of one forward pass shares: the attention mask and the rotary tables.
-    pub(super) fn frame(&self, positions: &Tensor, key_mask: &Tensor, cached: usize) -> Result<Frame> {
+    pub(super) fn frame(
+        &self,
+        positions: &Tensor,
+        key_mask: &Tensor,
+        cached: usize,
+    ) -> Result<Frame> {
         let (batch, len) = positions.dims2()?;
         let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
         let (cos, sin) = self.rope.tables(positions)?;
