@@ -568,7 +568,7 @@ fn write_safetensors(out: &mut impl Write, specs: &[ParamSpec], seed: u64) -> st
     }
     let mut header = serde_json::to_string(&Value::Object(header)).expect("JSON values serialize");
     // The data starts 8-aligned, as the safetensors crate writes it.
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(' ');
     }
     out.write_all(&(header.len() as u64).to_le_bytes())?;
