@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use holo_runtime::local::model::LoraConfig;
+use holo_runtime::local::model::{LoraConfig, PROJECTIONS};
 use holo_runtime::local::{checkpoint, Model, Ops};
 use rand::{Rng, SeedableRng};
 
@@ -88,17 +88,7 @@ fn main() -> ExitCode {
         Some(rank) => base.with_lora(&LoraConfig {
             rank,
             alpha: 2.0 * rank as f64,
-            targets: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            targets: PROJECTIONS.map(String::from).to_vec(),
             seed: settings.seed,
         }),
         None => base.trainable(),

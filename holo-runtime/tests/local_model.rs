@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::init::{parameter_specs, Init};
-use holo_runtime::local::model::{positions_from_mask, KvCache};
+use holo_runtime::local::model::{positions_from_mask, KvCache, PROJECTIONS};
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -450,17 +450,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
     for arch in [Arch::Qwen2, Arch::Llama] {
         let base = random_model(&config(arch), 11, DType::F64);
         let lora = LoraConfig {
-            targets: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            targets: PROJECTIONS.map(String::from).to_vec(),
             ..LoraConfig::default()
         };
         let (adapted, adapters) = base.with_lora(&lora).unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
-use holo_runtime::local::model::positions_from_mask;
+use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
 use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
 use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
@@ -482,17 +482,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                 .with_lora(&holo_runtime::local::model::LoraConfig {
                     rank: 8,
                     alpha: 16.0,
-                    targets: [
-                        "q_proj",
-                        "k_proj",
-                        "v_proj",
-                        "o_proj",
-                        "gate_proj",
-                        "up_proj",
-                        "down_proj",
-                    ]
-                    .map(String::from)
-                    .to_vec(),
+                    targets: PROJECTIONS.map(String::from).to_vec(),
                     seed: 0,
                 })
                 .unwrap()

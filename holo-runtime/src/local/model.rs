@@ -65,7 +65,8 @@ impl Default for LoraConfig {
     }
 }
 
-const PROJECTIONS: [&str; 7] = [
+/// Every projection a LoRA adapter can target, in layer order.
+pub const PROJECTIONS: [&str; 7] = [
     "q_proj",
     "k_proj",
     "v_proj",
