@@ -3,10 +3,13 @@
 //! (`scripts/model_fixtures.py`). Also: loading errors name the file and the tensor.
 #![cfg(feature = "local")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use common::json::{floats, ids, max_diff};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
 use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
@@ -24,32 +27,6 @@ fn fixture(name: &str) -> PathBuf {
 fn expected(name: &str) -> Value {
     let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn load(name: &str) -> LocalModel {

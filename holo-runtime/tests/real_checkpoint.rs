@@ -10,10 +10,13 @@
 //!     cargo test -p holo-runtime --test real_checkpoint -- --nocapture
 #![cfg(feature = "local")]
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use common::json::{floats, ids, max_diff};
+use holo_runtime::local::generate::{generate, Generation, GenerationParams, Stopping};
 use holo_runtime::local::model::positions_from_mask;
 use holo_runtime::local::{Arch, LocalModel, LocalOptions, Ops};
 use holo_runtime::{ChatMessage, Prompt, Role};
@@ -59,32 +62,6 @@ fn load(dir: &PathBuf, dtype: DType) -> LocalModel {
         ..LocalOptions::default()
     };
     LocalModel::load(dir, options).unwrap_or_else(|error| panic!("{}: {error}", dir.display()))
-}
-
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn messages(value: &Value) -> Vec<ChatMessage> {
@@ -143,6 +120,24 @@ fn greedy(max_tokens: usize) -> GenerationParams {
         temperature: 0.0,
         ..Default::default()
     }
+}
+
+/// `max_tokens` greedy tokens after `sequence`, ending early at a token of `eos`.
+fn greedy_run(model: &LocalModel, eos: &[u32], sequence: &[u32], max_tokens: usize) -> Generation {
+    let stopping = Stopping {
+        eos,
+        tokenizer: model.tokenizer(),
+    };
+    let prompt = [sequence.to_vec()];
+    generate(
+        model.model(),
+        &stopping,
+        &prompt,
+        &[greedy(max_tokens)],
+        None,
+    )
+    .unwrap()
+    .remove(0)
 }
 
 #[test]
@@ -256,19 +251,7 @@ fn f32_logits_greedy_tokens_and_logprobs_match_transformers() {
         // As served: stops after the end-of-turn token, like transformers' generate with the model's
         // generation config; then 16 tokens with no stop.
         for (key, eos) in [("greedy", model.end_of_turn()), ("greedy_16", &[][..])] {
-            let stopping = Stopping {
-                eos,
-                tokenizer: model.tokenizer(),
-            };
-            let out = generate(
-                model.model(),
-                &stopping,
-                std::slice::from_ref(&sequence),
-                &[greedy(new_tokens)],
-                None,
-            )
-            .unwrap();
-            let generation = &out[0];
+            let generation = &greedy_run(&model, eos, &sequence, new_tokens);
             assert_eq!(
                 generation.tokens,
                 ids(&prompt[key]),
@@ -332,10 +315,6 @@ fn bf16_weights_match_transformers_with_the_same_rounding_and_stay_close_to_f32(
     };
     let model = load(&dir, DType::BF16);
     let new_tokens = reference["new_tokens"].as_u64().unwrap() as usize;
-    let stopping = Stopping {
-        eos: &[],
-        tokenizer: model.tokenizer(),
-    };
     let (mut worst_same, mut worst_f32, mut worst_rounding) = (0.0f32, 0.0f32, 0.0f32);
     let (mut agreeing, mut total) = (0, 0);
     for prompt in prompts(&reference) {
@@ -355,15 +334,8 @@ fn bf16_weights_match_transformers_with_the_same_rounding_and_stay_close_to_f32(
         worst_f32 = worst_f32.max(to_f32);
         worst_rounding = worst_rounding.max(rounding);
 
-        let out = generate(
-            model.model(),
-            &stopping,
-            std::slice::from_ref(&sequence),
-            &[greedy(new_tokens)],
-            None,
-        )
-        .unwrap();
-        let tokens = &out[0].tokens;
+        let generation = greedy_run(&model, &[], &sequence, new_tokens);
+        let tokens = &generation.tokens;
         let f32_tokens = ids(&prompt["greedy_16"]);
         let same_prefix = tokens
             .iter()
@@ -373,7 +345,7 @@ fn bf16_weights_match_transformers_with_the_same_rounding_and_stay_close_to_f32(
         agreeing += same_prefix;
         total += f32_tokens.len();
         let logprob_diff = max_diff(
-            &out[0].logprobs,
+            &generation.logprobs,
             &floats(&prompt["bf16_greedy_16_logprobs"]),
         );
         eprintln!(
@@ -382,7 +354,7 @@ fn bf16_weights_match_transformers_with_the_same_rounding_and_stay_close_to_f32(
              first {same_prefix} of {} tokens; max |Δlogprob| to the bf16-rounded reference {logprob_diff:.3e}; \
              {:?}",
             f32_tokens.len(),
-            out[0].text,
+            generation.text,
         );
         assert!(
             same <= F32_LOGIT_TOLERANCE,

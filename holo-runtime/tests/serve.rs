@@ -4,10 +4,13 @@
 //! client when the peers' venv has it.
 #![cfg(feature = "local")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::json::{floats, ids};
 use holo_runtime::chat::{ChatTemplate, RenderOptions};
 use holo_runtime::openai::{OpenAi, OpenAiConfig};
 use holo_runtime::sampler::SampleFuture;
@@ -245,24 +248,6 @@ fn check_error_shape(answer: &Value) -> Value {
 
 fn encode(text: &str) -> Vec<u32> {
     tokenizer().encode(text, true).unwrap().get_ids().to_vec()
-}
-
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
 }
 
 fn prompt_ids(request: &Request) -> Vec<u32> {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod json;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
