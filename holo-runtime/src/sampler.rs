@@ -6,6 +6,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::machine::Completion;
 use crate::Role;
@@ -78,4 +79,34 @@ pub type SampleFuture<'a> =
 /// request loses nothing of the others.
 pub trait Sampler: Send + Sync {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a>;
+
+    /// [`Sampler::sample`], telling `sink` each token as it is sampled, before the batch completes (for
+    /// streaming). The completions remain the whole answer: the tokens reported for a request are a prefix
+    /// of its completion's tokens (all of them, or fewer), in order. When the sink says a request is no
+    /// longer wanted, the sampler may end it early.
+    ///
+    /// The default reports nothing: every token arrives with the completions.
+    fn sample_streaming<'a>(
+        &'a self,
+        batch: &'a [Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> SampleFuture<'a> {
+        drop(sink);
+        self.sample(batch)
+    }
+}
+
+/// Receives the tokens of a batch as a sampler samples them; see [`Sampler::sample_streaming`]. Called on
+/// the sampler's thread, so it must not block.
+pub trait TokenSink: Send + Sync {
+    /// Request `index` of the batch sampled `token` with log-probability `logprob` (as the completion
+    /// reports it). Returns whether the request still wants tokens: `false` when whoever asked for it has
+    /// gone, and the sampler may stop it.
+    fn token(&self, index: usize, token: u32, logprob: f32) -> bool;
+}
+
+impl<F: Fn(usize, u32, f32) -> bool + Send + Sync> TokenSink for F {
+    fn token(&self, index: usize, token: u32, logprob: f32) -> bool {
+        self(index, token, logprob)
+    }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,8 +18,9 @@ use holo_runtime::sampler::SampleFuture;
 use holo_runtime::serve::{ServeConfig, ServedModel, Server, ServerHandle};
 use holo_runtime::{
     ChatMessage, Completion, Finish, Prompt, Request, Role, SampleParams, Sampler, SamplerError,
+    TokenSink,
 };
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokenizers::Tokenizer;
 
 const MODEL: &str = "test-model";
@@ -50,10 +52,17 @@ fn echo_window(prompt: &[u32]) -> &[u32] {
 /// the first stop string the decoded text contains (finish `Stop`, the text ending with it). Logprobs are
 /// exact binary fractions that depend on the position and the seed. Prompts whose text contains
 /// `UNAVAILABLE`, `MALFORMED` or `PANIC` fail that way. Records every batch.
+///
+/// A streaming echo reports each token to the sink as it goes (sleeping `token_delay` after each), ends a
+/// request the sink no longer wants (counting it in `cancelled`), and decodes without special tokens, as
+/// the local model does.
 struct Echo {
     tokenizer: Tokenizer,
     batches: Mutex<Vec<Vec<Request>>>,
     delay: Duration,
+    streams: bool,
+    token_delay: Duration,
+    cancelled: AtomicUsize,
 }
 
 impl Echo {
@@ -62,14 +71,29 @@ impl Echo {
             tokenizer: tokenizer(),
             batches: Mutex::new(Vec::new()),
             delay,
+            streams: false,
+            token_delay: Duration::ZERO,
+            cancelled: AtomicUsize::new(0),
+        }
+    }
+
+    fn streaming(token_delay: Duration) -> Self {
+        Echo {
+            streams: true,
+            token_delay,
+            ..Echo::new(Duration::ZERO)
         }
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        self.tokenizer.decode(ids, false).unwrap()
+        self.tokenizer.decode(ids, self.streams).unwrap()
     }
 
-    fn answer(&self, request: &Request) -> Result<Completion, SamplerError> {
+    fn answer(
+        &self,
+        request: &Request,
+        sink: Option<(&dyn TokenSink, usize)>,
+    ) -> Result<Completion, SamplerError> {
         let Prompt::Tokens(ids) = &request.prompt else {
             return Err(SamplerError::Rejected("token prompts only".into()));
         };
@@ -84,9 +108,11 @@ impl Echo {
             panic!("the test sampler panics on purpose");
         }
         let params = &request.params;
+        let seed = params.seed.unwrap_or(0);
         let window = echo_window(ids);
         let max = params.max_tokens.map_or(usize::MAX, |max| max as usize);
         let mut tokens = Vec::new();
+        let mut logprobs = Vec::new();
         let mut text = String::new();
         let mut finish = Finish::EndOfTurn;
         for &id in window {
@@ -94,7 +120,9 @@ impl Echo {
                 finish = Finish::Length;
                 break;
             }
+            let logprob = -0.25 * (tokens.len() as f32 + 1.0) - 0.0625 * (seed % 4) as f32;
             tokens.push(id);
+            logprobs.push(logprob);
             text = self.decode(&tokens);
             let first_stop = params
                 .stop
@@ -104,13 +132,19 @@ impl Echo {
             if let Some((at, stop)) = first_stop {
                 text.truncate(at + stop.len());
                 finish = Finish::Stop(stop.clone());
+            }
+            if let Some((sink, index)) = sink {
+                if !sink.token(index, id, logprob) {
+                    self.cancelled.fetch_add(1, Ordering::SeqCst);
+                    finish = Finish::Length;
+                    break;
+                }
+                std::thread::sleep(self.token_delay);
+            }
+            if matches!(finish, Finish::Stop(_)) {
                 break;
             }
         }
-        let seed = params.seed.unwrap_or(0);
-        let logprobs = (0..tokens.len())
-            .map(|i| -0.25 * (i as f32 + 1.0) - 0.0625 * (seed % 4) as f32)
-            .collect();
         Ok(Completion {
             text,
             tokens,
@@ -139,7 +173,28 @@ impl Sampler for Echo {
             if !self.delay.is_zero() {
                 tokio::time::sleep(self.delay).await;
             }
-            batch.iter().map(|request| self.answer(request)).collect()
+            batch
+                .iter()
+                .map(|request| self.answer(request, None))
+                .collect()
+        })
+    }
+
+    fn sample_streaming<'a>(
+        &'a self,
+        batch: &'a [Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> SampleFuture<'a> {
+        if !self.streams {
+            return self.sample(batch);
+        }
+        Box::pin(async move {
+            self.batches.lock().unwrap().push(batch.to_vec());
+            batch
+                .iter()
+                .enumerate()
+                .map(|(index, request)| self.answer(request, Some((&*sink, index))))
+                .collect()
         })
     }
 }
@@ -155,7 +210,11 @@ struct Fixture {
 }
 
 async fn start_with(config: ServeConfig, max_model_len: Option<u32>, delay: Duration) -> Fixture {
-    let echo = Arc::new(Echo::new(delay));
+    start_echo(Echo::new(delay), config, max_model_len).await
+}
+
+async fn start_echo(echo: Echo, config: ServeConfig, max_model_len: Option<u32>) -> Fixture {
+    let echo = Arc::new(echo);
     let mut model = ServedModel::new(MODEL, echo.clone(), tokenizer(), template());
     model.max_model_len = max_model_len;
     let server = Server::bind("127.0.0.1:0", model, config).await.unwrap();
@@ -835,9 +894,15 @@ async fn request_errors() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "x", "stream": true}),
-            "stream",
-            "streaming is not supported",
+            json!({"prompt": "x", "stream_options": {"include_usage": true}}),
+            "stream_options",
+            "only allowed when `stream` is true",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}}),
+            "stream_options",
+            "must be a boolean",
         ),
         (
             "/v1/completions",
@@ -964,9 +1029,9 @@ async fn request_errors() {
         ),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}),
-            "stream",
-            "streaming is not supported",
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "stream_options": []}),
+            "stream_options",
+            "must be an object",
         ),
         (
             "/v1/chat/completions",
@@ -1180,10 +1245,13 @@ async fn openai_sampler_round_trips_tokens_and_logprobs() {
     for ((request, result), prompt) in batch.iter().zip(results).zip(token_prompts) {
         let got = result.unwrap_or_else(|error| panic!("{request:?}: {error}"));
         let expected = echo
-            .answer(&Request {
-                prompt: Prompt::Tokens(prompt),
-                params: request.params.clone(),
-            })
+            .answer(
+                &Request {
+                    prompt: Prompt::Tokens(prompt),
+                    params: request.params.clone(),
+                },
+                None,
+            )
             .unwrap();
         assert_eq!(got, expected, "{request:?}");
         assert!(!got.tokens.is_empty() && got.logprobs.len() == got.tokens.len());
@@ -1192,7 +1260,7 @@ async fn openai_sampler_round_trips_tokens_and_logprobs() {
         .echo
         .requests()
         .iter()
-        .map(|request| echo.answer(request).unwrap().finish)
+        .map(|request| echo.answer(request, None).unwrap().finish)
         .collect();
     assert!(finishes.contains(&Finish::EndOfTurn));
     assert!(finishes.contains(&Finish::Length));
@@ -1320,6 +1388,353 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------------
+// (e) Streaming: the chunks of a streamed answer join into the whole answer to the same request
+
+/// Every `data:` payload of a server-sent event stream before its `[DONE]`, as JSON.
+fn sse_payloads(body: &str) -> Vec<Value> {
+    let mut payloads = Vec::new();
+    let mut done = false;
+    for event in body.split("\n\n").filter(|event| !event.trim().is_empty()) {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|data| data.strip_prefix(' ').unwrap_or(data))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        assert!(!done, "an event after [DONE]: {body}");
+        let data = data.join("\n");
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        payloads
+            .push(serde_json::from_str(&data).unwrap_or_else(|error| panic!("{error}: {data:?}")));
+    }
+    assert!(done, "the stream has no [DONE]: {body}");
+    payloads
+}
+
+impl Fixture {
+    /// A streamed request: its status and its payloads.
+    async fn stream(&self, path: &str, body: Value) -> (u16, Vec<Value>) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let text = response.text().await.unwrap();
+        if status != 200 {
+            return (status, vec![serde_json::from_str(&text).unwrap()]);
+        }
+        assert_eq!(content_type, "text/event-stream", "{text}");
+        (status, sse_payloads(&text))
+    }
+}
+
+/// Concatenates a choice's chunks into the choice of a whole answer (completions or chat): text or
+/// content, logprobs, token ids; the finish and stop reasons of its one finishing chunk, its last.
+fn join_choice(chunks: &[Value], index: usize, chat: bool) -> Value {
+    let mine: Vec<&Value> = chunks
+        .iter()
+        .flat_map(|chunk| chunk["choices"].as_array().unwrap())
+        .filter(|choice| choice["index"] == index)
+        .collect();
+    assert!(!mine.is_empty(), "no chunk for choice {index}");
+    let finishing: Vec<usize> = (0..mine.len())
+        .filter(|&i| !mine[i]["finish_reason"].is_null())
+        .collect();
+    assert_eq!(finishing, [mine.len() - 1], "{mine:#?}");
+    let last = mine[mine.len() - 1];
+    let mut text = String::new();
+    let mut logprobs: Option<Map<String, Value>> = None;
+    let mut token_ids: Option<Vec<Value>> = None;
+    for choice in &mine {
+        let piece = if chat {
+            &choice["delta"]["content"]
+        } else {
+            &choice["text"]
+        };
+        text.push_str(piece.as_str().unwrap_or(""));
+        if let Value::Object(block) = &choice["logprobs"] {
+            let joined = logprobs.get_or_insert_with(Map::new);
+            for (key, value) in block {
+                match value {
+                    Value::Array(items) => joined
+                        .entry(key.clone())
+                        .or_insert_with(|| json!([]))
+                        .as_array_mut()
+                        .unwrap()
+                        .extend(items.iter().cloned()),
+                    other => {
+                        joined.insert(key.clone(), other.clone());
+                    }
+                }
+            }
+        }
+        if let Some(ids) = choice["token_ids"].as_array() {
+            token_ids
+                .get_or_insert_with(Vec::new)
+                .extend(ids.iter().cloned());
+        }
+    }
+    let mut joined = if chat {
+        assert_eq!(mine[0]["delta"]["role"], "assistant", "{mine:#?}");
+        json!({"index": index, "message": {"role": "assistant", "content": text}})
+    } else {
+        json!({"index": index, "text": text})
+    };
+    joined["logprobs"] = logprobs.map_or(Value::Null, Value::Object);
+    joined["finish_reason"] = last["finish_reason"].clone();
+    joined["stop_reason"] = last["stop_reason"].clone();
+    if let Some(ids) = token_ids {
+        joined["token_ids"] = Value::Array(ids);
+    }
+    if let Some(prompt) = mine[0].get("prompt_token_ids") {
+        joined["prompt_token_ids"] = prompt.clone();
+    }
+    joined
+}
+
+/// Streams `body` and asks it whole, and checks that the chunks join into the whole answer. Returns the
+/// payloads.
+async fn streams_like_whole(f: &Fixture, path: &str, mut body: Value) -> Vec<Value> {
+    let chat = path.ends_with("chat/completions");
+    // Unseeded samples get fresh seeds, which the test sampler's logprobs show.
+    if body.get("seed").is_none() {
+        body["seed"] = json!(11);
+    }
+    let whole = f.ok(path, body.clone()).await;
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, payloads) = f.stream(path, streamed).await;
+    assert_eq!(status, 200, "{payloads:#?}");
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    for payload in &payloads {
+        assert_eq!(payload["object"], object, "{payload}");
+        assert_eq!(payload["id"], payloads[0]["id"], "{payload}");
+        assert_eq!(payload["model"], MODEL);
+        assert!(payload.get("error").is_none(), "{payload}");
+    }
+    let prefix = if chat { "chatcmpl-" } else { "cmpl-" };
+    assert!(payloads[0]["id"].as_str().unwrap().starts_with(prefix));
+    for (index, choice) in whole["choices"].as_array().unwrap().iter().enumerate() {
+        let joined = join_choice(&payloads, index, chat);
+        assert_eq!(
+            &joined, choice,
+            "{body}: choice {index}, streamed {payloads:#?}"
+        );
+    }
+    if chat && body["return_token_ids"] == true {
+        assert_eq!(payloads[0]["prompt_token_ids"], whole["prompt_token_ids"]);
+    }
+    payloads
+}
+
+const STREAMED_COMPLETIONS: &[&str] = &[
+    r#"{"prompt": "Hello world, héllo wörld 日本語", "max_tokens": 40, "logprobs": 1, "seed": 3}"#,
+    r#"{"prompt": "Hello world, héllo wörld 日本語", "max_tokens": 40, "stop": [" wö", "zz"], "logprobs": 0}"#,
+    r#"{"prompt": "Hello world, héllo wörld 日本語", "max_tokens": 40, "stop": "llo w", "include_stop_str_in_output": true}"#,
+    r#"{"prompt": "Hello world, héllo wörld 日本語", "max_tokens": 40, "stop": ["日本"]}"#,
+    r#"{"prompt": ["abc def", "ghi jkl"], "n": 2, "max_tokens": 3, "seed": 5, "logprobs": 2, "return_token_ids": true}"#,
+    r#"{"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 2, "stop": ["zz"], "return_tokens_as_token_ids": true, "logprobs": 1}"#,
+];
+
+const STREAMED_CHATS: &[&str] = &[
+    r#"{"messages": [{"role": "user", "content": "Héllo 日本"}], "max_tokens": 12, "logprobs": true, "seed": 2}"#,
+    r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}], "stop": ["brief"], "n": 3, "return_token_ids": true}"#,
+    r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1}"#,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_answers_join_into_the_whole_answers() {
+    // A sampler that reports nothing early (every token comes with the completion), and one that reports
+    // each token as it samples it.
+    for echo in [
+        Echo::new(Duration::ZERO),
+        Echo::streaming(Duration::from_millis(3)),
+    ] {
+        let streams = echo.streams;
+        let f = start_echo(echo, ServeConfig::default(), None).await;
+        for body in STREAMED_COMPLETIONS {
+            let body: Value = serde_json::from_str(body).unwrap();
+            let payloads = streams_like_whole(&f, "/v1/completions", body.clone()).await;
+            if streams && body["max_tokens"] == 40 {
+                assert!(payloads.len() > 3, "{body}: {payloads:#?}");
+            }
+        }
+        for body in STREAMED_CHATS {
+            let body: Value = serde_json::from_str(body).unwrap();
+            streams_like_whole(&f, "/v1/chat/completions", body).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_usage() {
+    let f = start_echo(
+        Echo::streaming(Duration::ZERO),
+        ServeConfig::default(),
+        None,
+    )
+    .await;
+    let body = json!({"prompt": ["Hello world", "abc"], "n": 2, "max_tokens": 5, "seed": 1});
+    let whole = f.ok("/v1/completions", body.clone()).await;
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, payloads) = f.stream("/v1/completions", streamed.clone()).await;
+    assert!(payloads
+        .iter()
+        .all(|payload| payload.get("usage").is_none()));
+
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (_, payloads) = f.stream("/v1/completions", streamed.clone()).await;
+    let (last, chunks) = payloads.split_last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], whole["usage"]);
+    assert!(chunks.iter().all(|chunk| chunk["usage"].is_null()));
+
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let (_, payloads) = f.stream("/v1/completions", streamed).await;
+    let (last, chunks) = payloads.split_last().unwrap();
+    assert_eq!(last["usage"], whole["usage"]);
+    for chunk in chunks {
+        let choice = &chunk["choices"][0];
+        let prompt = if choice["index"].as_u64().unwrap() < 2 {
+            "Hello world"
+        } else {
+            "abc"
+        };
+        assert_eq!(
+            chunk["usage"]["prompt_tokens"],
+            encode(prompt).len(),
+            "{chunk}"
+        );
+        let sofar = chunk["usage"]["completion_tokens"].as_u64().unwrap();
+        assert!((1..=5).contains(&sofar), "{chunk}");
+    }
+
+    let chat = json!({
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let (_, payloads) = f.stream("/v1/chat/completions", chat.clone()).await;
+    let mut whole_chat = chat.clone();
+    whole_chat["stream"] = json!(false);
+    whole_chat.as_object_mut().unwrap().remove("stream_options");
+    let whole = f.ok("/v1/chat/completions", whole_chat).await;
+    assert_eq!(payloads.last().unwrap()["usage"], whole["usage"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_errors() {
+    let f = start_echo(
+        Echo::streaming(Duration::ZERO),
+        ServeConfig::default(),
+        None,
+    )
+    .await;
+    // Whatever is wrong with the request is a plain error response, before any event.
+    let (status, payloads) = f
+        .stream("/v1/completions", json!({"prompt": "", "stream": true}))
+        .await;
+    assert_eq!(status, 400);
+    check_error_shape(&payloads[0]);
+    // A sampler failure after the stream has started is its last event.
+    for (prompt, code) in [
+        ("UNAVAILABLE", "sampler_unavailable"),
+        ("MALFORMED", "sampler_error"),
+        ("PANIC", "sampler_error"),
+    ] {
+        let (status, payloads) = f
+            .stream("/v1/completions", json!({"prompt": prompt, "stream": true}))
+            .await;
+        assert_eq!(status, 200);
+        let error = check_error_shape(payloads.last().unwrap());
+        assert_eq!(error["code"], code, "{payloads:#?}");
+    }
+    // The server goes on.
+    streams_like_whole(
+        &f,
+        "/v1/completions",
+        json!({"prompt": "fine", "max_tokens": 3}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_stops_its_sample() {
+    let f = start_echo(
+        Echo::streaming(Duration::from_millis(40)),
+        ServeConfig::default(),
+        None,
+    )
+    .await;
+    let prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen";
+    assert!(encode(prompt).len() >= 20);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 30, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 30, "stream": true}),
+        ),
+        // Not streamed: the client gives up waiting.
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 30}),
+        ),
+    ] {
+        let before = f.echo.cancelled.load(Ordering::SeqCst);
+        let request = f
+            .client
+            .post(format!("{}{path}", f.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send();
+        if body["stream"] == true {
+            // Two events, so that the sampler has begun (a chat answer's first is the role's).
+            let mut response = request.await.unwrap();
+            assert_eq!(response.status(), 200);
+            let mut read = String::new();
+            while read.matches("data:").count() < 2 {
+                let chunk = response.chunk().await.unwrap().expect("more events");
+                read.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            drop(response);
+        } else {
+            assert!(tokio::time::timeout(Duration::from_millis(200), request)
+                .await
+                .is_err());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while f.echo.cancelled.load(Ordering::SeqCst) == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{path} {body}: the sampler was never told"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
 // (d) The official openai Python client
 
 const PYTHON_CLIENT: &str = r#"
@@ -1341,6 +1756,23 @@ chat = client.chat.completions.create(
     logprobs=True, top_logprobs=2, max_tokens=4, seed=1, temperature=0.5,
 )
 out["chat"] = chat.model_dump()
+stream = client.completions.create(
+    model=sys.argv[2], prompt="Hello world", max_tokens=20, logprobs=1, n=2, seed=7, stream=True
+)
+out["completion_stream"] = [chunk.model_dump() for chunk in stream]
+stream = client.chat.completions.create(
+    model=sys.argv[2],
+    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    logprobs=True, top_logprobs=2, max_tokens=4, seed=1, temperature=0.5,
+    stream=True, stream_options={"include_usage": True},
+)
+out["chat_stream"] = [chunk.model_dump() for chunk in stream]
+try:
+    for _ in client.completions.create(model=sys.argv[2], prompt="UNAVAILABLE", stream=True):
+        pass
+    out["stream_error"] = None
+except openai.APIError as error:
+    out["stream_error"] = {"message": error.message}
 try:
     client.completions.create(model=sys.argv[2], prompt="x", echo=True)
     out["echo_error"] = None
@@ -1482,6 +1914,40 @@ async fn official_python_client() {
         assert!(entry["bytes"].is_array());
     }
     assert_eq!(chat["usage"]["prompt_tokens"], rendered.len());
+
+    // The streamed answers join into the whole ones (the client's objects carry every field it knows, null
+    // where absent).
+    let chunks = out["completion_stream"].as_array().unwrap();
+    for (index, choice) in choices.iter().enumerate() {
+        let joined = join_choice(chunks, index, false);
+        assert_eq!(joined["text"], choice["text"]);
+        assert_eq!(joined["finish_reason"], choice["finish_reason"]);
+        for key in ["tokens", "token_logprobs", "text_offset"] {
+            assert_eq!(joined["logprobs"][key], choice["logprobs"][key], "{key}");
+        }
+    }
+    let chunks = out["chat_stream"].as_array().unwrap();
+    let (usage, chunks) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(
+        usage["usage"]["prompt_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        usage["usage"]["completion_tokens"],
+        chat["usage"]["completion_tokens"]
+    );
+    let joined = join_choice(chunks, 0, true);
+    assert_eq!(joined["message"]["content"], choice["message"]["content"]);
+    assert_eq!(joined["finish_reason"], choice["finish_reason"]);
+    assert_eq!(joined["logprobs"]["content"], choice["logprobs"]["content"]);
+    assert!(
+        out["stream_error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("unavailable")),
+        "{}",
+        out["stream_error"]
+    );
 
     assert_eq!(out["echo_error"]["status"], 400);
     assert_eq!(out["echo_error"]["body"]["param"], "echo");
@@ -1628,6 +2094,80 @@ async fn holo_serve_cli_serves_a_local_model() {
         for (a, b) in served.logprobs.iter().zip(&direct.logprobs) {
             assert!((a - b).abs() <= 1e-5, "{served:?} vs {direct:?}");
         }
+    }
+
+    // Streamed: the local model reports each token as it samples it, and the chunks join into the whole
+    // answer to the same request.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 3, 4], "max_tokens": 24, "seed": 4, "logprobs": 1, "stop": ["e"]}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 24,
+                   "seed": 4, "logprobs": true, "n": 2}),
+        ),
+    ] {
+        let url = format!("{base}{path}");
+        let whole: Value = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .map(|text| serde_json::from_str(&text).unwrap())
+            .unwrap();
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let text = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(streamed.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let payloads = sse_payloads(&text);
+        let chat = path.ends_with("chat/completions");
+        for (index, choice) in whole["choices"].as_array().unwrap().iter().enumerate() {
+            let joined = join_choice(&payloads, index, chat);
+            assert_eq!(joined["finish_reason"], choice["finish_reason"], "{text}");
+            let key = if chat { "message" } else { "text" };
+            assert_eq!(joined[key], choice[key], "{text}");
+            let lp = |value: &Value| -> Vec<f32> {
+                let entries = if chat {
+                    value["logprobs"]["content"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|entry| entry["logprob"].clone())
+                        .collect::<Vec<_>>()
+                } else {
+                    value["logprobs"]["token_logprobs"]
+                        .as_array()
+                        .unwrap()
+                        .clone()
+                };
+                entries
+                    .iter()
+                    .map(|lp| lp.as_f64().unwrap() as f32)
+                    .collect()
+            };
+            let (a, b) = (lp(&joined), lp(choice));
+            assert_eq!(a.len(), b.len(), "{text}");
+            assert!(
+                a.iter().zip(&b).all(|(a, b)| (a - b).abs() <= 1e-5),
+                "{a:?} vs {b:?}"
+            );
+        }
+        assert!(payloads.len() > 3, "{text}");
     }
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);

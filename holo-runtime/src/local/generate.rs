@@ -189,6 +189,22 @@ pub fn generate(
     params: &[GenerationParams],
     prefix: Option<&PrefixCache>,
 ) -> Result<Vec<Generation>> {
+    generate_streaming(model, stopping, prompts, params, prefix, &mut |_, _, _| {
+        true
+    })
+}
+
+/// [`generate`], calling `on_token(row, token, logprob)` after each step for every token sampled, in
+/// order (`logprob` under the policy at temperature 1). A row for which it returns `false` ends there, as
+/// if its `max_tokens` were reached.
+pub fn generate_streaming(
+    model: &Model,
+    stopping: &Stopping,
+    prompts: &[Vec<u32>],
+    params: &[GenerationParams],
+    prefix: Option<&PrefixCache>,
+    on_token: &mut dyn FnMut(usize, u32, f32) -> bool,
+) -> Result<Vec<Generation>> {
     assert_eq!(prompts.len(), params.len(), "one parameter set per prompt");
     if prompts.is_empty() {
         return Ok(Vec::new());
@@ -277,6 +293,15 @@ pub fn generate(
             for (row, logits) in rows.iter_mut().zip(logits) {
                 if !row.done {
                     step(row, &logits, stopping)?;
+                    let generation = &row.generation;
+                    let (Some(&token), Some(&logprob)) =
+                        (generation.tokens.last(), generation.logprobs.last())
+                    else {
+                        unreachable!("a step samples a token");
+                    };
+                    if !on_token(row.index, token, logprob) {
+                        row.done = true;
+                    }
                 }
             }
         }

@@ -26,7 +26,7 @@ pub use model::{Model, Ops};
 
 use crate::chat::{ChatTemplate, RenderOptions};
 use crate::machine::Completion;
-use crate::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
+use crate::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError, TokenSink};
 
 /// How a local model samples when a request leaves something unset.
 #[derive(Debug, Clone)]
@@ -266,6 +266,16 @@ impl LocalModel {
 
     /// Samples every request, batched; results in request order.
     pub fn sample_blocking(&self, batch: &[Request]) -> Vec<Result<Completion, SamplerError>> {
+        self.sample_blocking_streaming(batch, &|_, _, _| true)
+    }
+
+    /// [`LocalModel::sample_blocking`], telling `on_token(request, token, logprob)` each token as it is
+    /// sampled; a request for which it returns `false` ends there (see [`Sampler::sample_streaming`]).
+    pub fn sample_blocking_streaming(
+        &self,
+        batch: &[Request],
+        on_token: &(dyn Fn(usize, u32, f32) -> bool + Sync),
+    ) -> Vec<Result<Completion, SamplerError>> {
         let mut results: Vec<Option<Result<Completion, SamplerError>>> = vec![None; batch.len()];
         let mut accepted = Vec::new();
         for (i, request) in batch.iter().enumerate() {
@@ -286,7 +296,16 @@ impl LocalModel {
             let params: Vec<GenerationParams> =
                 chunk.iter().map(|(_, _, params)| params.clone()).collect();
             let prefix = Some(&self.inner.prefix);
-            match generate::generate(&self.inner.model, &stopping, &prompts, &params, prefix) {
+            let mut on_row_token =
+                |row: usize, token: u32, logprob: f32| on_token(chunk[row].0, token, logprob);
+            match generate::generate_streaming(
+                &self.inner.model,
+                &stopping,
+                &prompts,
+                &params,
+                prefix,
+                &mut on_row_token,
+            ) {
                 Ok(generations) => {
                     for ((i, _, _), generation) in chunk.iter().zip(generations) {
                         results[*i] = Some(Ok(Completion {
@@ -315,12 +334,26 @@ impl LocalModel {
 
 impl Sampler for LocalModel {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
+        self.sample_streaming(batch, Arc::new(|_: usize, _: u32, _: f32| true))
+    }
+
+    fn sample_streaming<'a>(
+        &'a self,
+        batch: &'a [Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> SampleFuture<'a> {
         let model = self.clone();
         let batch = batch.to_vec();
         Box::pin(async move {
             let count = batch.len();
+            let on_token =
+                move |index: usize, token: u32, logprob: f32| sink.token(index, token, logprob);
             // The forward pass is CPU-bound: keep it off the async workers.
-            match tokio::task::spawn_blocking(move || model.sample_blocking(&batch)).await {
+            match tokio::task::spawn_blocking(move || {
+                model.sample_blocking_streaming(&batch, &on_token)
+            })
+            .await
+            {
                 Ok(results) => results,
                 Err(error) => (0..count)
                     .map(|_| {

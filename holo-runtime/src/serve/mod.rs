@@ -64,7 +64,8 @@
 //! - `add_special_tokens` (vLLM): whether tokenizing the prompt adds the tokenizer's special tokens (its
 //!   post-processor's BOS/EOS). Default `true` for completions, `false` for chat (the template writes them),
 //!   as in vLLM.
-//! - `stream: true` is a 400 "streaming is not supported".
+//! - `stream`: `true` streams the answer (see *Streaming*); `stream_options` (only with `stream`):
+//!   `include_usage`, and vLLM's `continuous_usage_stats`.
 //!
 //! `POST /v1/completions`:
 //! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
@@ -102,24 +103,52 @@
 //! log-probabilities for it. A log-probability of `-inf` is written as `-9999.0` (vLLM's convention; JSON
 //! has no infinity).
 //!
+//! ## Streaming
+//!
+//! With `"stream": true` the answer is a `text/event-stream` of `data: {chunk}` events ending with
+//! `data: [DONE]`, as OpenAI's and vLLM's are. Every chunk carries the answer's `id`, `object`
+//! (`text_completion`, or `chat.completion.chunk`), `created`, `model` and one choice:
+//! - completions: `{"index", "text", "logprobs", "finish_reason", "stop_reason"}`, `text` and `logprobs`
+//!   holding what is new since the choice's last chunk (`text_offset` counts from the start of the
+//!   choice's text);
+//! - chat: first `{"index", "delta": {"role": "assistant", "content": ""}}` for every choice, then
+//!   `{"index", "delta": {"content"}, "logprobs": {"content": [...]}, "finish_reason", "stop_reason"}`.
+//!
+//! A choice's last chunk has its `finish_reason` (`null` before). With `return_token_ids`, each chunk has
+//! the choice's new `token_ids`; the prompt's ids come with a choice's first chunk (completions) or the
+//! answer's first chunk (chat). With `stream_options.include_usage` every chunk has `"usage": null` and a
+//! last chunk with no choices has the request's usage; with `continuous_usage_stats` as well, each chunk's
+//! `usage` is its choice's so far. Joined, a choice's chunks are the choice of the same request not
+//! streamed (the test suite checks this).
+//!
+//! Tokens stream as the sampler samples them when it reports them
+//! ([`Sampler::sample_streaming`]: the local model does), otherwise all at once when the choice is done.
+//! Text is decoded incrementally: a token that holds part of a character waits for the rest, and with
+//! stop strings the last (longest stop − 1) bytes wait until no stop string can start there, so a stop
+//! string never shows. An error once the stream has started (the sampler failed) is a last
+//! `data: {"error": {...}}` event before `[DONE]`; anything wrong with the request is an ordinary error
+//! response. A client that disconnects tells the sampler, which stops sampling for it (the local model
+//! drops the row at its next step).
+//!
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
 //! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
 //! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
 //! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `response_format` (`{"type": "text"}`),
-//! `stream_options`, `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
+//! `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
 //! `structured_outputs`, `logits_processors`, `prompt_embeds` (anything but `null`).
 //!
 //! # Batching
 //!
 //! Each sample (a prompt × `n`) is one job on a channel. A batcher task takes the first job, then everything
 //! queued behind it, waiting up to [`ServeConfig::batch_wait`] after the first arrival for more, and at most
-//! [`ServeConfig::max_batch`] jobs; it calls [`Sampler::sample`] once with them (on a blocking thread, so a
-//! sampler that computes inside `poll` does not stall the HTTP side), and sends each result back to its
-//! request. Batches run one after the other: requests that arrive while one runs form the next. Jobs whose
-//! client has gone away are dropped before sampling. A panicking sampler fails that batch with a 500 and
-//! the server goes on.
+//! [`ServeConfig::max_batch`] jobs; it calls [`Sampler::sample_streaming`] once with them (on a blocking
+//! thread, so a sampler that computes inside `poll` does not stall the HTTP side), passes the tokens it
+//! reports to streamed requests, and sends each result back to its request. Batches run one after the
+//! other: requests that arrive while one runs form the next. Jobs whose client has gone away are dropped
+//! before sampling, and the sampler hears of those that go while it samples. A panicking sampler fails
+//! that batch with a 500 and the server goes on.
 //!
 //! # Errors
 //!
@@ -128,7 +157,7 @@
 //! | case | status | `type` | `code` |
 //! |---|---|---|---|
 //! | body not JSON (the message has serde's line and column), not an object, a field of the wrong type or range (`param` names it) | 400 | `invalid_request_error` | `invalid_json`, `invalid_value`, `missing_field` |
-//! | a refused field, `stream: true`, `echo: true` | 400 | `invalid_request_error` | `unsupported_parameter` |
+//! | a refused field, `echo: true` | 400 | `invalid_request_error` | `unsupported_parameter` |
 //! | the prompt does not fit `max_model_len` | 400 | `invalid_request_error` | `context_length_exceeded` |
 //! | the chat template fails | 400 | `invalid_request_error` | `chat_template_error` |
 //! | unknown `model` | 404 | `invalid_request_error` | `model_not_found` |
@@ -166,7 +195,9 @@ use tokio::task::JoinHandle;
 
 use crate::chat::{ChatTemplate, RenderOptions};
 use crate::machine::{Completion, Finish};
-use crate::sampler::{Prompt, Request, SampleParams, Sampler, SamplerError};
+use crate::sampler::{Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+
+mod stream;
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
 /// template that turn requests into token prompts and sampled tokens into logprob entries.
@@ -453,9 +484,59 @@ impl Drop for ServerHandle {
 // ---------------------------------------------------------------------------------------------------
 // Batching
 
+/// One sample (a prompt × `n`) on its way to the sampler.
 struct Job {
     request: Request,
-    reply: oneshot::Sender<Result<Completion, SamplerError>>,
+    outlet: Outlet,
+}
+
+/// Where a job's events go: the channel of the request it belongs to.
+#[derive(Clone)]
+struct Outlet {
+    /// The job's choice index in its request.
+    choice: usize,
+    events: mpsc::UnboundedSender<Event>,
+    /// Whether the request wants tokens as they are sampled.
+    stream: bool,
+}
+
+/// What a request hears of its jobs: tokens as they are sampled (streamed requests only), then each job's
+/// result.
+enum Event {
+    Token {
+        choice: usize,
+        token: u32,
+        logprob: f32,
+    },
+    Done {
+        choice: usize,
+        result: Result<Completion, SamplerError>,
+    },
+}
+
+/// The batch's outlets as the sampler's [`TokenSink`]: a request whose client has gone (its receiver
+/// dropped) wants no more tokens.
+struct Outlets(Vec<Outlet>);
+
+impl TokenSink for Outlets {
+    fn token(&self, index: usize, token: u32, logprob: f32) -> bool {
+        let Some(outlet) = self.0.get(index) else {
+            return false;
+        };
+        if outlet.stream {
+            let choice = outlet.choice;
+            outlet
+                .events
+                .send(Event::Token {
+                    choice,
+                    token,
+                    logprob,
+                })
+                .is_ok()
+        } else {
+            !outlet.events.is_closed()
+        }
+    }
 }
 
 async fn batcher(
@@ -479,19 +560,20 @@ async fn batcher(
                 }
             }
         }
-        batch.retain(|job| !job.reply.is_closed());
+        batch.retain(|job| !job.outlet.events.is_closed());
         if batch.is_empty() {
             continue;
         }
-        let (requests, replies): (Vec<Request>, Vec<_>) = batch
+        let (requests, outlets): (Vec<Request>, Vec<Outlet>) = batch
             .into_iter()
-            .map(|job| (job.request, job.reply))
+            .map(|job| (job.request, job.outlet))
             .unzip();
         let count = requests.len();
         let sampler = Arc::clone(&sampler);
+        let sink: Arc<dyn TokenSink> = Arc::new(Outlets(outlets.clone()));
         let runtime = tokio::runtime::Handle::current();
         let outcome = tokio::task::spawn_blocking(move || {
-            runtime.block_on(async move { sampler.sample(&requests).await })
+            runtime.block_on(async move { sampler.sample_streaming(&requests, sink).await })
         })
         .await;
         let mut results = match outcome {
@@ -506,13 +588,16 @@ async fn batcher(
             }
         };
         let returned = results.len();
-        for reply in replies {
+        for outlet in outlets {
             let result = results.next().unwrap_or_else(|| {
                 Err(SamplerError::Malformed(format!(
                     "the sampler returned {returned} results for a batch of {count}"
                 )))
             });
-            let _ = reply.send(result);
+            let _ = outlet.events.send(Event::Done {
+                choice: outlet.choice,
+                result,
+            });
         }
     }
 }
@@ -603,31 +688,55 @@ impl AppState {
             })
     }
 
-    /// Sends every request to the batcher at once, then waits for all of them.
-    async fn generate(&self, requests: Vec<Request>) -> Result<Vec<Completion>, ApiError> {
-        let mut receivers = Vec::with_capacity(requests.len());
-        for request in requests {
-            let (reply, receiver) = oneshot::channel();
-            self.jobs.send(Job { request, reply }).map_err(|_| {
+    /// Sends every request to the batcher at once; request `i` is choice `i` of the events.
+    fn submit(
+        &self,
+        requests: Vec<Request>,
+        stream: bool,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        for (choice, request) in requests.into_iter().enumerate() {
+            let outlet = Outlet {
+                choice,
+                events: events.clone(),
+                stream,
+            };
+            self.jobs.send(Job { request, outlet }).map_err(|_| {
                 ApiError::from_sampler(SamplerError::Unavailable(
                     "the server is shutting down".into(),
                 ))
             })?;
-            receivers.push(receiver);
         }
-        let mut completions = Vec::with_capacity(receivers.len());
-        for receiver in receivers {
-            match receiver.await {
-                Ok(Ok(completion)) => completions.push(completion),
-                Ok(Err(error)) => return Err(ApiError::from_sampler(error)),
-                Err(_) => {
-                    return Err(ApiError::from_sampler(SamplerError::Unavailable(
-                        "the batcher stopped before answering".into(),
-                    )))
+        Ok(receiver)
+    }
+
+    /// Sends every request to the batcher at once, then waits for all of them.
+    async fn generate(&self, requests: Vec<Request>) -> Result<Vec<Completion>, ApiError> {
+        let count = requests.len();
+        let mut events = self.submit(requests, false)?;
+        let mut results: Vec<Option<Result<Completion, SamplerError>>> =
+            (0..count).map(|_| None).collect();
+        let mut missing = count;
+        while missing > 0 {
+            match events.recv().await {
+                Some(Event::Done { choice, result }) => {
+                    if results[choice].replace(result).is_none() {
+                        missing -= 1;
+                    }
                 }
+                Some(Event::Token { .. }) => {}
+                None => break,
             }
         }
-        Ok(completions)
+        results
+            .into_iter()
+            .map(|result| match result {
+                Some(result) => result.map_err(ApiError::from_sampler),
+                None => Err(ApiError::from_sampler(SamplerError::Unavailable(
+                    "the batcher stopped before answering".into(),
+                ))),
+            })
+            .collect()
     }
 
     /// The prompt length and the `max_tokens` to sample with, checked against `max_model_len`.
@@ -729,20 +838,18 @@ async fn completions(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match complete(&state, body).await {
-        Ok(answer) => Json(answer).into_response(),
-        Err(error) => error.into_response(),
-    }
+    complete(&state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match chat(&state, body).await {
-        Ok(answer) => Json(answer).into_response(),
-        Err(error) => error.into_response(),
-    }
+    chat(&state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -810,17 +917,23 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
+impl ApiError {
+    /// `{"error": {"message", "type", "param", "code"}}`, the body of an error response or chunk.
+    fn body(&self) -> Value {
+        json!({
             "error": {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
                 "code": self.code,
             }
-        });
-        (self.status, Json(body)).into_response()
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
     }
 }
 
@@ -944,6 +1057,8 @@ impl Fields<'_> {
 
 /// What both endpoints share.
 struct Common {
+    /// `Some` when the answer is streamed.
+    stream: Option<StreamOptions>,
     n: u32,
     seed: Option<u64>,
     params: SampleParams,
@@ -954,13 +1069,7 @@ struct Common {
 }
 
 fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
-    if fields.bool("stream", false)? {
-        return Err(ApiError::invalid(
-            "stream",
-            "streaming is not supported: set `stream` to false (or leave it out)",
-        )
-        .code("unsupported_parameter"));
-    }
+    let stream = stream_options(fields)?;
     refuse_unsupported(fields)?;
     let n = fields.integer("n", 1, 128)?.unwrap_or(1) as u32;
     if let Some(best_of) = fields.get("best_of") {
@@ -1057,6 +1166,7 @@ fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
         },
     };
     Ok(Common {
+        stream,
         n,
         seed,
         params: SampleParams {
@@ -1072,6 +1182,54 @@ fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
         return_token_ids: fields.bool("return_token_ids", false)?,
         add_special_tokens: fields.bool("add_special_tokens", !chat)?,
     })
+}
+
+/// `stream_options` of a streamed request.
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamOptions {
+    /// A last chunk with the usage of the whole request (and `"usage": null` in the others).
+    include_usage: bool,
+    /// (vLLM) Every chunk carries the usage of its choice so far.
+    continuous_usage_stats: bool,
+}
+
+/// `stream` and `stream_options`: `Some` when the answer is streamed.
+fn stream_options(fields: &Fields) -> Result<Option<StreamOptions>, ApiError> {
+    let stream = fields.bool("stream", false)?;
+    let options = match fields.get("stream_options") {
+        None => return Ok(stream.then(StreamOptions::default)),
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` is only allowed when `stream` is true",
+            ))
+        }
+        Some(Value::Object(options)) => options,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!(
+                    "`stream_options` must be an object, got {}",
+                    describe(other)
+                ),
+            ))
+        }
+    };
+    let flag = |key: &str| match options.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(flag)) => Ok(*flag),
+        Some(other) => Err(ApiError::invalid(
+            "stream_options",
+            format!(
+                "`stream_options.{key}` must be a boolean, got {}",
+                describe(other)
+            ),
+        )),
+    };
+    Ok(Some(StreamOptions {
+        include_usage: flag("include_usage")?,
+        continuous_usage_stats: flag("continuous_usage_stats")?,
+    }))
 }
 
 /// Fields the server cannot honour, refused unless neutral.
@@ -1090,9 +1248,10 @@ fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
             "stop_token_ids" | "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" => value.as_str() == Some("none"),
             "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
-            "stream_options" | "prompt_logprobs" | "guided_json" | "guided_regex"
-            | "guided_choice" | "guided_grammar" | "structured_outputs" | "logits_processors"
-            | "prompt_embeds" => false,
+            "prompt_logprobs" | "guided_json" | "guided_regex" | "guided_choice"
+            | "guided_grammar" | "structured_outputs" | "logits_processors" | "prompt_embeds" => {
+                false
+            }
             _ => true,
         };
         if !neutral {
@@ -1118,9 +1277,9 @@ fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
 // /v1/completions
 
 async fn complete(
-    state: &AppState,
+    state: &Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Value, ApiError> {
+) -> Result<Response, ApiError> {
     let map = parse_object(&body_bytes(body)?)?;
     let fields = Fields(&map);
     state.check_model(&fields)?;
@@ -1167,6 +1326,20 @@ async fn complete(
             });
         }
     }
+    if let Some(options) = common.stream {
+        let events = state.submit(requests, true)?;
+        let endpoint = stream::Endpoint::Completions {
+            logprobs: logprobs.is_some(),
+        };
+        return Ok(stream::respond(
+            Arc::clone(state),
+            endpoint,
+            common,
+            options,
+            prompts,
+            events,
+        ));
+    }
     let completions = state.generate(requests).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
@@ -1191,7 +1364,7 @@ async fn complete(
         choices.push(choice);
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    Ok(json!({
+    Ok(Json(json!({
         "id": state.response_id("cmpl"),
         "object": "text_completion",
         "created": unix_time(),
@@ -1199,6 +1372,7 @@ async fn complete(
         "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }))
+    .into_response())
 }
 
 /// The most samples (prompts × `n`) one completions request may ask for.
@@ -1292,7 +1466,10 @@ struct TemplateInputs {
     chat_template_kwargs: Option<minijinja::Value>,
 }
 
-async fn chat(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+async fn chat(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let raw = body_bytes(body)?;
     let map = parse_object(&raw)?;
     let fields = Fields(&map);
@@ -1455,6 +1632,18 @@ async fn chat(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<V
             },
         })
         .collect();
+    if let Some(options) = common.stream {
+        let events = state.submit(requests, true)?;
+        let endpoint = stream::Endpoint::Chat { logprobs };
+        return Ok(stream::respond(
+            Arc::clone(state),
+            endpoint,
+            common,
+            options,
+            vec![prompt_ids],
+            events,
+        ));
+    }
     let completions = state.generate(requests).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
@@ -1484,7 +1673,7 @@ async fn chat(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<V
     if common.return_token_ids {
         answer["prompt_token_ids"] = json!(prompt_ids);
     }
-    Ok(answer)
+    Ok(Json(answer).into_response())
 }
 
 /// A message's content as the template sees it: a string, `none`, or text parts joined with newlines.
@@ -1600,65 +1789,74 @@ impl<'a> Choice<'a> {
         !self.completion.tokens.is_empty() && !self.completion.logprobs.is_empty()
     }
 
-    fn token_name(&self, state: &AppState, common: &Common, id: u32) -> String {
-        if common.token_ids_as_tokens {
-            format!("token_id:{id}")
-        } else {
-            String::from_utf8_lossy(&state.vocab.bytes(id)).into_owned()
-        }
-    }
-
     fn completion_logprobs(&self, state: &AppState, common: &Common) -> Value {
         if !self.has_logprobs() {
             return Value::Null;
         }
-        let pieces: Vec<Vec<u8>> = self
-            .completion
-            .tokens
-            .iter()
-            .map(|&id| state.vocab.bytes(id))
-            .collect();
-        let text_offset = text_offsets(&pieces);
-        let tokens: Vec<String> = self
-            .completion
-            .tokens
-            .iter()
-            .map(|&id| self.token_name(state, common, id))
-            .collect();
-        let token_logprobs: Vec<Value> = self
-            .completion
-            .logprobs
-            .iter()
-            .map(|&lp| logprob(lp))
-            .collect();
-        json!({
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "text_offset": text_offset,
-            "top_logprobs": null,
-        })
+        let completion = self.completion;
+        completion_logprobs(state, common, &completion.tokens, &completion.logprobs, 0)
     }
 
     fn chat_logprobs(&self, state: &AppState, common: &Common) -> Value {
         if !self.has_logprobs() {
             return Value::Null;
         }
-        let content: Vec<Value> = self
-            .completion
-            .tokens
-            .iter()
-            .zip(&self.completion.logprobs)
-            .map(|(&id, &lp)| {
-                json!({
-                    "token": self.token_name(state, common, id),
-                    "logprob": logprob(lp),
-                    "bytes": state.vocab.bytes(id),
-                    "top_logprobs": [],
-                })
-            })
-            .collect();
-        json!({ "content": content })
+        chat_logprobs(
+            state,
+            common,
+            &self.completion.tokens,
+            &self.completion.logprobs,
+        )
     }
+}
+
+fn token_name(state: &AppState, common: &Common, id: u32) -> String {
+    if common.token_ids_as_tokens {
+        format!("token_id:{id}")
+    } else {
+        String::from_utf8_lossy(&state.vocab.bytes(id)).into_owned()
+    }
+}
+
+/// A completions `logprobs` block for the tokens `tokens[from..]` of a choice whose tokens so far are
+/// `tokens` (`logprobs` are theirs); `text_offset` counts from the start of the choice's text.
+fn completion_logprobs(
+    state: &AppState,
+    common: &Common,
+    tokens: &[u32],
+    logprobs: &[f32],
+    from: usize,
+) -> Value {
+    let pieces: Vec<Vec<u8>> = tokens.iter().map(|&id| state.vocab.bytes(id)).collect();
+    let text_offset = &text_offsets(&pieces)[from..];
+    let names: Vec<String> = tokens[from..]
+        .iter()
+        .map(|&id| token_name(state, common, id))
+        .collect();
+    let token_logprobs: Vec<Value> = logprobs[from..].iter().map(|&lp| logprob(lp)).collect();
+    json!({
+        "tokens": names,
+        "token_logprobs": token_logprobs,
+        "text_offset": text_offset,
+        "top_logprobs": null,
+    })
+}
+
+/// A chat `logprobs` block for `tokens` (`logprobs` are theirs).
+fn chat_logprobs(state: &AppState, common: &Common, tokens: &[u32], logprobs: &[f32]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .zip(logprobs)
+        .map(|(&id, &lp)| {
+            json!({
+                "token": token_name(state, common, id),
+                "logprob": logprob(lp),
+                "bytes": state.vocab.bytes(id),
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content })
 }
 
 /// A log-probability as JSON: `-inf` (and NaN) as vLLM's `-9999.0`.
