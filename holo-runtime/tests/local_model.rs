@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
+use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
 use holo_runtime::local::init::{parameter_specs, Init};
 use holo_runtime::local::model::{positions_from_mask, KvCache, PROJECTIONS};
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
@@ -328,6 +328,53 @@ fn batched_generation_equals_one_row_at_a_time() {
             assert!(batched[i].tokens.len() <= params[i].max_tokens);
         }
     }
+}
+
+#[test]
+fn streamed_tokens_are_the_generation_and_a_refused_row_ends() {
+    let tokenizer = tokenizer();
+    let model = random_model(&config(Arch::Qwen2), 5, DType::F32);
+    let stopping = Stopping {
+        eos: &[2],
+        tokenizer: &tokenizer,
+    };
+    let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 14], vec![1, 7], vec![4, 4, 4]];
+    let params: Vec<GenerationParams> = (0..3)
+        .map(|i| GenerationParams {
+            temperature: 1.0,
+            max_tokens: 10,
+            seed: i + 7,
+            ..Default::default()
+        })
+        .collect();
+    let whole = generate(&model, &stopping, &prompts, &params, None).unwrap();
+    // Row 1 is refused after its third token; the others run as before.
+    let mut heard: Vec<Vec<(u32, f32)>> = vec![Vec::new(); 3];
+    let streamed = generate_streaming(
+        &model,
+        &stopping,
+        &prompts,
+        &params,
+        None,
+        &mut |row, token, logprob| {
+            heard[row].push((token, logprob));
+            !(row == 1 && heard[row].len() == 3)
+        },
+    )
+    .unwrap();
+    for row in 0..3 {
+        let tokens: Vec<u32> = heard[row].iter().map(|&(token, _)| token).collect();
+        let logprobs: Vec<f32> = heard[row].iter().map(|&(_, logprob)| logprob).collect();
+        assert_eq!(tokens, streamed[row].tokens, "row {row}");
+        assert_eq!(logprobs, streamed[row].logprobs, "row {row}");
+        if row == 1 {
+            assert_eq!(tokens, whole[row].tokens[..3], "row {row}");
+            assert_eq!(streamed[row].finish, holo_runtime::Finish::Length);
+        } else {
+            assert_eq!(tokens, whole[row].tokens, "row {row}");
+        }
+    }
+    assert!(whole[1].tokens.len() > 3, "the refusal must cut the row");
 }
 
 #[test]
