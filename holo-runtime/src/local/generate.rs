@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
 use super::model::{KvCache, Model, Ops, Result, SequenceCache};
@@ -77,6 +78,8 @@ struct Row {
     generation: Generation,
     /// Decoded text length already searched for stop strings.
     searched: usize,
+    /// Sampled tokens already given to the caller's `on_token`.
+    reported: usize,
     done: bool,
 }
 
@@ -262,6 +265,7 @@ pub fn generate_streaming(
                 finish: Finish::Length,
             },
             searched: 0,
+            reported: 0,
             done: params.max_tokens == 0,
         });
     }
@@ -290,14 +294,20 @@ pub fn generate_streaming(
                 .logits(&last)?
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>()?;
-            for (row, logits) in rows.iter_mut().zip(logits) {
-                if !row.done {
-                    step(row, &logits, stopping)?;
-                    let generation = &row.generation;
+            // Rows sample independently (each with its own generator): over 150k-token vocabularies
+            // this is a good part of a decoding step.
+            rows.par_iter_mut()
+                .zip(logits.par_iter())
+                .filter(|(row, _)| !row.done)
+                .try_for_each(|(row, logits)| step(row, logits, stopping))?;
+            for row in &mut rows {
+                let generation = &row.generation;
+                if generation.tokens.len() > row.reported {
+                    row.reported = generation.tokens.len();
                     let (Some(&token), Some(&logprob)) =
                         (generation.tokens.last(), generation.logprobs.last())
                     else {
-                        unreachable!("a step samples a token");
+                        unreachable!("a step samples one token");
                     };
                     if !on_token(row.index, token, logprob) {
                         row.done = true;
@@ -354,11 +364,15 @@ pub fn generate_streaming(
 /// Samples one token for `row` from its last-position logits and decides whether the row is done.
 fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
+    // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
+    let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
+        sampling_logprob
+    } else {
+        logits[token as usize] - log_sum_exp(logits)
+    };
     let generation = &mut row.generation;
     generation.tokens.push(token);
-    generation
-        .logprobs
-        .push(logits[token as usize] - log_sum_exp(logits));
+    generation.logprobs.push(logprob);
     generation.sampling_logprobs.push(sampling_logprob);
     if stopping.eos.contains(&token) {
         generation.finish = Finish::EndOfTurn;
@@ -432,10 +446,12 @@ fn choose(logits: &[f32], params: &GenerationParams, rng: &mut ChaCha8Rng) -> (u
         return (token as u32, 0.0);
     }
     let temperature = params.temperature as f32;
+    if !restricted(params, logits.len()) {
+        return draw_unrestricted(logits, temperature, rng);
+    }
     let scaled: Vec<f32> = logits.iter().map(|&x| x / temperature).collect();
     let mut candidates: Vec<u32> = (0..scaled.len() as u32).collect();
-    let restricted = (params.top_k > 0 && params.top_k < scaled.len()) || params.top_p < 1.0;
-    if restricted {
+    {
         let by_logit = |a: &u32, b: &u32| scaled[*b as usize].total_cmp(&scaled[*a as usize]);
         if params.top_k > 0 && params.top_k < candidates.len() {
             candidates.select_nth_unstable_by(params.top_k - 1, by_logit);
@@ -475,6 +491,34 @@ fn choose(logits: &[f32], params: &GenerationParams, rng: &mut ChaCha8Rng) -> (u
     }
     let logprob = (weights[chosen] / total).ln() as f32;
     (candidates[chosen], logprob)
+}
+
+/// Whether top-k or top-p leave out part of a vocabulary of `size` tokens.
+fn restricted(params: &GenerationParams, size: usize) -> bool {
+    (params.top_k > 0 && params.top_k < size) || params.top_p < 1.0
+}
+
+/// [`choose`] over the whole vocabulary, without materialising the distribution: the same draws, in
+/// one pass for the normaliser and part of a second for the token.
+fn draw_unrestricted(logits: &[f32], temperature: f32, rng: &mut ChaCha8Rng) -> (u32, f32) {
+    let max = logits
+        .iter()
+        .map(|&x| x / temperature)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let weight = |x: f32| ((x / temperature - max) as f64).exp();
+    let total: f64 = logits.iter().map(|&x| weight(x)).sum();
+    let mut threshold = rng.random::<f64>() * total;
+    let mut chosen = logits.len() - 1;
+    for (i, &x) in logits.iter().enumerate() {
+        let weight = weight(x);
+        if threshold < weight {
+            chosen = i;
+            break;
+        }
+        threshold -= weight;
+    }
+    let logprob = (weight(logits[chosen]) / total).ln() as f32;
+    (chosen as u32, logprob)
 }
 
 #[cfg(test)]
