@@ -116,7 +116,10 @@ fn main() -> ExitCode {
             )
             .expect("prefill");
         model
-            .logits(&hidden.narrow(1, prompt_len - 1, 1).expect("last"))
+            .logits(
+                &hidden.narrow(1, prompt_len - 1, 1).expect("last"),
+                Ops::Fast,
+            )
             .expect("logits");
         start.elapsed().as_secs_f64()
     };

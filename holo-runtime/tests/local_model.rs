@@ -233,6 +233,7 @@ fn the_kv_cache_and_left_padding_change_nothing() {
                         Ops::Fast,
                     )
                     .unwrap(),
+                Ops::Fast,
             )
             .unwrap();
 
@@ -260,7 +261,9 @@ fn the_kv_cache_and_left_padding_change_nothing() {
                 Ops::Fast,
             )
             .unwrap();
-        let prefix = model.logits(&hidden.narrow(1, pad, 5).unwrap()).unwrap();
+        let prefix = model
+            .logits(&hidden.narrow(1, pad, 5).unwrap(), Ops::Fast)
+            .unwrap();
         assert!(
             max_abs_diff(&prefix, &full.narrow(1, 0, 5).unwrap()) < 1e-5,
             "{arch} prefill"
@@ -276,7 +279,7 @@ fn the_kv_cache_and_left_padding_change_nothing() {
             let hidden = model
                 .forward_hidden(&input, &position, &mask, Some(&mut cache), Ops::Fast)
                 .unwrap();
-            let logits = model.logits(&hidden).unwrap();
+            let logits = model.logits(&hidden, Ops::Fast).unwrap();
             let expected = full.narrow(1, 5 + offset, 1).unwrap();
             assert!(
                 max_abs_diff(&logits, &expected) < 1e-5,

@@ -52,7 +52,7 @@ fn logits(model: &LocalModel, sequence: &[u32]) -> Vec<Vec<f32>> {
         )
         .unwrap();
     model
-        .logits(&hidden)
+        .logits(&hidden, Ops::Fast)
         .unwrap()
         .squeeze(0)
         .unwrap()
@@ -174,7 +174,10 @@ fn left_padded_batch_logits_match_transformers() {
             )
             .unwrap();
         let last: Vec<Vec<f32>> = inner
-            .logits(&hidden.narrow(1, width - 1, 1).unwrap().squeeze(1).unwrap())
+            .logits(
+                &hidden.narrow(1, width - 1, 1).unwrap().squeeze(1).unwrap(),
+                Ops::Fast,
+            )
             .unwrap()
             .to_vec2()
             .unwrap();

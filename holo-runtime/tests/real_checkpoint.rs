@@ -102,7 +102,7 @@ fn last_logits(model: &LocalModel, sequence: &[u32]) -> Vec<f32> {
         .unwrap();
     let last = hidden.narrow(1, sequence.len() - 1, 1).unwrap();
     model
-        .logits(&last)
+        .logits(&last, Ops::Fast)
         .unwrap()
         .flatten_all()
         .unwrap()

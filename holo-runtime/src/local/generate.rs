@@ -291,7 +291,7 @@ pub fn generate_streaming(
             ran = true;
             let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
             let logits = model
-                .logits(&last)?
+                .logits(&last, Ops::Fast)?
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>()?;
             // Rows sample independently (each with its own generator): over 150k-token vocabularies

@@ -4,13 +4,13 @@
 //! [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other sampler, batched.
 //! [`model::Model`] is the network itself, with a differentiable forward for training.
 
-mod bf16;
 pub mod checkpoint;
 pub mod config;
 pub mod generate;
 pub mod init;
 pub mod model;
 mod recompute;
+mod skinny;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -91,14 +91,20 @@ impl Linear {
         })
     }
 
-    /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product.
-    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+    /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product. With
+    /// [`Ops::Fast`], a few rows (decoding) go through our own kernels where they are faster.
+    pub fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
         let dims = xs.dims().to_vec();
         let (leading, in_dim) = dims.split_at(dims.len() - 1);
         let rows: usize = leading.iter().product();
         let flat = xs.reshape((rows, in_dim[0]))?;
-        let ys = if self.weight.dtype() == DType::BF16 && xs.dtype() == DType::F32 {
-            super::bf16::matmul(&flat, &self.weight)?
+        let skinny = match ops {
+            Ops::Fast => super::skinny::suits(&flat, &self.weight),
+            // bf16 weights with f32 activations are the CPU's sampling-only models.
+            Ops::Differentiable => self.weight.dtype() == DType::BF16 && xs.dtype() == DType::F32,
+        };
+        let ys = if skinny {
+            super::skinny::matmul(&flat, &self.weight)?
         } else {
             flat.matmul(&self.weight.t()?)?
         };
@@ -301,17 +307,17 @@ impl Attention {
         let shape = |heads: usize| (batch, len, heads, self.head_dim);
         let q = self
             .q_proj
-            .forward(xs)?
+            .forward(xs, ops)?
             .reshape(shape(self.heads))?
             .transpose(1, 2)?;
         let k = self
             .k_proj
-            .forward(xs)?
+            .forward(xs, ops)?
             .reshape(shape(self.kv_heads))?
             .transpose(1, 2)?;
         let v = self
             .v_proj
-            .forward(xs)?
+            .forward(xs, ops)?
             .reshape(shape(self.kv_heads))?
             .transpose(1, 2)?;
         let q = apply_rope(&q, rope.0, rope.1, ops)?;
@@ -337,7 +343,7 @@ impl Attention {
             .reshape((batch, self.heads, len, self.head_dim))?
             .transpose(1, 2)?
             .reshape((batch, len, self.heads * self.head_dim))?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward(&out, ops)
     }
 }
 
@@ -362,9 +368,10 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(xs)?.silu()?;
-        self.down_proj.forward(&(gate * self.up_proj.forward(xs)?)?)
+    fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(xs, ops)?.silu()?;
+        self.down_proj
+            .forward(&(gate * self.up_proj.forward(xs, ops)?)?, ops)
     }
 }
 
@@ -408,7 +415,7 @@ impl DecoderLayer {
         let xs = (xs + attended)?;
         let mlp = self
             .mlp
-            .forward(&self.post_attention_layernorm.forward(&xs, ops)?)?;
+            .forward(&self.post_attention_layernorm.forward(&xs, ops)?, ops)?;
         xs + mlp
     }
 }
@@ -832,15 +839,16 @@ impl Model {
         })
     }
 
-    /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64.
-    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+    /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
+    /// [`Ops::Differentiable`]).
+    pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let linear = Linear {
             weight: head.clone(),
             bias: None,
             lora: None,
         };
-        let logits = linear.forward(hidden)?;
+        let logits = linear.forward(hidden, ops)?;
         match logits.dtype() {
             DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
             _ => Ok(logits),
@@ -873,7 +881,7 @@ impl Model {
         key_mask: &Tensor,
     ) -> Result<Tensor> {
         let len = input_ids.dim(1)?;
-        let logits = self.logits(&hidden.narrow(1, 0, len - 1)?)?;
+        let logits = self.logits(&hidden.narrow(1, 0, len - 1)?, Ops::Differentiable)?;
         let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let targets = input_ids.narrow(1, 1, len - 1)?.contiguous()?;
         let picked = logprobs.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
