@@ -182,6 +182,9 @@ impl PrefixCache {
     }
 }
 
+/// The smallest vocabulary whose rows are sampled in parallel.
+const PARALLEL_VOCAB: usize = 16_384;
+
 /// Samples a continuation of every prompt. Prompts must be non-empty. With a `prefix` cache, prompts
 /// that extend a sequence run before only run their new tokens, and every finished row's sequence is
 /// kept for the next turn.
@@ -295,11 +298,18 @@ pub fn generate_streaming(
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>()?;
             // Rows sample independently (each with its own generator): over 150k-token vocabularies
-            // this is a good part of a decoding step.
-            rows.par_iter_mut()
-                .zip(logits.par_iter())
-                .filter(|(row, _)| !row.done)
-                .try_for_each(|(row, logits)| step(row, logits, stopping))?;
+            // this is a good part of a decoding step, worth sharing out.
+            let step_row = |(row, logits): (&mut Row, &Vec<f32>)| match row.done {
+                true => Ok(()),
+                false => step(row, logits, stopping),
+            };
+            if model.config.vocab_size >= PARALLEL_VOCAB {
+                rows.par_iter_mut()
+                    .zip(logits.par_iter())
+                    .try_for_each(step_row)?;
+            } else {
+                rows.iter_mut().zip(logits.iter()).try_for_each(step_row)?;
+            }
             for row in &mut rows {
                 let generation = &row.generation;
                 if generation.tokens.len() > row.reported {

@@ -28,6 +28,12 @@ use super::model::Result;
 /// wins (prefill).
 const MAX_F32_ROWS: usize = 16;
 
+/// The fewest f32 weights worth these kernels: candle is as fast on small matrices, and faster on tiny ones.
+const MIN_F32_WEIGHTS: usize = 1 << 18;
+
+/// Below this many weights a product runs on the calling thread: splitting it costs more than it saves.
+const MIN_PARALLEL_WEIGHTS: usize = 1 << 16;
+
 /// Whether [`matmul`] should compute `x · weightᵀ` (`x` `[M, K]`) for the sampling path: bf16 weights
 /// with f32 activations on the CPU always (nothing else computes them), f32 weights for a few rows when
 /// the CPU has AVX2.
@@ -38,7 +44,9 @@ pub fn suits(x: &Tensor, weight: &Tensor) -> bool {
     match weight.dtype() {
         DType::BF16 => true,
         DType::F32 => {
-            Kernel::Avx2.available() && x.dims().first().is_some_and(|&m| m <= MAX_F32_ROWS)
+            Kernel::Avx2.available()
+                && x.dims().first().is_some_and(|&m| m <= MAX_F32_ROWS)
+                && weight.elem_count() >= MIN_F32_WEIGHTS
         }
         _ => false,
     }
@@ -186,13 +194,18 @@ fn product_with(
     );
     assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
     let out = Out(out.as_mut_ptr());
-    let tasks = n.div_ceil(COLUMNS_PER_TASK);
-    (0..tasks).into_par_iter().for_each(|task| {
+    let task = |task: usize| {
         let columns = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
         // SAFETY: the lengths are checked above, `columns` are this task's alone, and the kernel is
         // available (and made for these weights).
         unsafe { columns_with(kernel, w, x, m, n, k, columns, out) }
-    });
+    };
+    let tasks = n.div_ceil(COLUMNS_PER_TASK);
+    if n * k < MIN_PARALLEL_WEIGHTS {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
 }
 
 /// # Safety
