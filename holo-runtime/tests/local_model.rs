@@ -333,6 +333,40 @@ fn batched_generation_equals_one_row_at_a_time() {
     }
 }
 
+/// With matrices large enough for the sampling path's own kernels (`local/skinny.rs`: f32 weights from
+/// 2¹⁸ elements, at most 16 rows), the fast forward gives the differentiable one's logits.
+#[test]
+fn decoding_through_the_skinny_kernels_equals_the_differentiable_forward() {
+    let config = ModelConfig {
+        vocab_size: 1024,
+        hidden_size: 512,
+        intermediate_size: 1024,
+        num_attention_heads: 8,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        ..config(Arch::Qwen2)
+    };
+    let model = random_model(&config, 3, DType::F32);
+    let (input, mask) = ids(&[&[1, 5, 9, 14], &[3, 3, 7], &[8, 1, 1, 4]]);
+    let positions = positions_from_mask(&mask).unwrap();
+    let logits = |ops: Ops| {
+        let hidden = model
+            .forward_hidden(&input, &positions, &mask, None, ops)
+            .unwrap();
+        model.logits(&hidden, ops).unwrap()
+    };
+    let (fast, exact) = (logits(Ops::Fast), logits(Ops::Differentiable));
+    let scale = exact
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap() as f64;
+    let diff = max_abs_diff(&fast, &exact);
+    assert!(diff <= 1e-5 * scale, "{diff} (logits up to {scale})");
+}
+
 #[test]
 fn streamed_tokens_are_the_generation_and_a_refused_row_ends() {
     let tokenizer = tokenizer();
