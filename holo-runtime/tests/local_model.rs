@@ -367,6 +367,66 @@ fn decoding_through_the_skinny_kernels_equals_the_differentiable_forward() {
     assert!(diff <= 1e-5 * scale, "{diff} (logits up to {scale})");
 }
 
+/// A stop string ends the row at the token that completes it, and the text ends with it: for stop
+/// strings cut from an unstopped sample (across token boundaries, several bytes long), the stopped
+/// sample with the same seed is the unstopped one cut there.
+#[test]
+fn stop_strings_cut_the_sample_where_they_first_end() {
+    let tokenizer = tokenizer();
+    let model = random_model(&config(Arch::Llama), 9, DType::F32);
+    let stopping = Stopping {
+        eos: &[],
+        tokenizer: &tokenizer,
+    };
+    let prompt = vec![vec![1u32, 5, 9]];
+    let params = |stop: Vec<String>| GenerationParams {
+        temperature: 1.0,
+        max_tokens: 40,
+        seed: 21,
+        stop,
+        ..Default::default()
+    };
+    let free = generate(&model, &stopping, &prompt, &[params(Vec::new())], None)
+        .unwrap()
+        .remove(0);
+    let text = &free.text;
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    assert!(chars.len() > 12, "{text:?}");
+    let mut tried = 0;
+    for (start, len) in [(3, 2), (chars.len() / 2, 3), (chars.len() - 4, 4), (1, 1)] {
+        let from = chars[start].0;
+        let to = chars.get(start + len).map_or(text.len(), |&(at, _)| at);
+        let stop = text[from..to].to_string();
+        let first_end = text.find(&stop).unwrap() + stop.len();
+        let stopped = generate(
+            &model,
+            &stopping,
+            &prompt,
+            &[params(vec![stop.clone(), "\u{1}never".into()])],
+            None,
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(
+            stopped.finish,
+            holo_runtime::Finish::Stop(stop.clone()),
+            "{stop:?}"
+        );
+        assert_eq!(stopped.text, text[..first_end], "{stop:?}");
+        assert_eq!(
+            stopped.tokens,
+            free.tokens[..stopped.tokens.len()],
+            "{stop:?}"
+        );
+        let before = tokenizer
+            .decode(&stopped.tokens[..stopped.tokens.len() - 1], true)
+            .unwrap();
+        assert!(!before.contains(&stop), "{stop:?} ended a token late");
+        tried += 1;
+    }
+    assert_eq!(tried, 4);
+}
+
 #[test]
 fn streamed_tokens_are_the_generation_and_a_refused_row_ends() {
     let tokenizer = tokenizer();

@@ -76,8 +76,8 @@ struct Row {
     fed: Vec<u32>,
     key_mask: Vec<u8>,
     generation: Generation,
-    /// Decoded text length already searched for stop strings.
-    searched: usize,
+    /// The row's text, decoded a token at a time, for stop strings.
+    stops: StopSearch,
     /// Sampled tokens already given to the caller's `on_token`.
     reported: usize,
     done: bool,
@@ -267,7 +267,7 @@ pub fn generate_streaming(
                 text: String::new(),
                 finish: Finish::Length,
             },
-            searched: 0,
+            stops: StopSearch::default(),
             reported: 0,
             done: params.max_tokens == 0,
         });
@@ -389,20 +389,15 @@ fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
         row.done = true;
         return Ok(());
     }
-    if !row.params.stop.is_empty() {
+    if !row.params.stop.is_empty() && row.stops.may_stop(token, &row.params.stop, stopping) {
+        // The stop is cut where the whole completion's decoding has it, as the text is reported.
         let text = decode(stopping.tokenizer, &generation.tokens)?;
-        let longest = row.params.stop.iter().map(String::len).max().unwrap_or(0);
-        // A stop string can end in the newly decoded text but start before it.
-        let mut from = row.searched.saturating_sub(longest);
-        while !text.is_char_boundary(from) {
-            from -= 1;
-        }
         let earliest = row
             .params
             .stop
             .iter()
             .filter(|stop| !stop.is_empty())
-            .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
+            .filter_map(|stop| text.find(stop.as_str()).map(|at| (at, stop)))
             .min_by_key(|(at, stop)| (*at + stop.len(), *at));
         if let Some((at, stop)) = earliest {
             generation.text = text[..at + stop.len()].to_string();
@@ -410,13 +405,62 @@ fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
             row.done = true;
             return Ok(());
         }
-        row.searched = text.len();
     }
     if generation.tokens.len() >= row.params.max_tokens {
         generation.finish = Finish::Length;
         row.done = true;
     }
     Ok(())
+}
+
+/// A row's text decoded a token at a time (tokenizers' stream decoder), so that looking for stop strings
+/// costs the new text at each step instead of decoding the whole completion again.
+#[derive(Default)]
+struct StopSearch {
+    window: Vec<u32>,
+    prefix: String,
+    prefix_index: usize,
+    text: String,
+    /// Bytes of `text` already searched.
+    searched: usize,
+    /// The stream decoder could not go on: every step decodes the whole completion.
+    whole: bool,
+}
+
+impl StopSearch {
+    /// Adds `token`; whether a stop string may now end the text (then the caller checks the whole
+    /// decoding).
+    fn may_stop(&mut self, token: u32, stops: &[String], stopping: &Stopping) -> bool {
+        if self.whole {
+            return true;
+        }
+        let piece = tokenizers::tokenizer::step_decode_stream(
+            stopping.tokenizer,
+            vec![token],
+            true,
+            &mut self.window,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        );
+        match piece {
+            Ok(Some(piece)) => self.text.push_str(&piece),
+            Ok(None) => return false,
+            Err(_) => {
+                self.whole = true;
+                return true;
+            }
+        }
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        // A stop string can end in the new text but start before it.
+        let mut from = self.searched.saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        self.searched = self.text.len();
+        stops
+            .iter()
+            .any(|stop| !stop.is_empty() && self.text[from..].contains(stop.as_str()))
+    }
 }
 
 fn finish_text(row: &mut Row, stopping: &Stopping) -> Result<()> {
