@@ -413,15 +413,48 @@ fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
     Ok(())
 }
 
-/// A row's text decoded a token at a time (tokenizers' stream decoder), so that looking for stop strings
-/// costs the new text at each step instead of decoding the whole completion again.
-#[derive(Default)]
-struct StopSearch {
+/// Text decoded one token at a time, as [`Tokenizer::decode`] (special tokens skipped) decodes the whole
+/// sequence: tokenizers' stream decoder, which holds back a token that ends inside a character.
+#[derive(Debug, Default)]
+pub(crate) struct StreamedText {
     window: Vec<u32>,
     prefix: String,
     prefix_index: usize,
     text: String,
-    /// Bytes of `text` already searched.
+}
+
+impl StreamedText {
+    /// Adds `token`; the text it completes, if any. An error means the decoder cannot go on (a tokenizer
+    /// whose decoding of a sequence does not extend that of its prefix).
+    pub(crate) fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<Option<&str>> {
+        let piece = tokenizers::tokenizer::step_decode_stream(
+            tokenizer,
+            vec![token],
+            true,
+            &mut self.window,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(|error| {
+            candle_core::Error::Msg(format!("cannot decode token {token}: {error}"))
+        })?;
+        Ok(piece.map(|piece| {
+            self.text.push_str(&piece);
+            &self.text[self.text.len() - piece.len()..]
+        }))
+    }
+
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// A row's text decoded a token at a time, so that looking for stop strings costs the new text at each
+/// step instead of decoding the whole completion again.
+#[derive(Default)]
+struct StopSearch {
+    decoded: StreamedText,
+    /// Bytes of the text already searched.
     searched: usize,
     /// The stream decoder could not go on: every step decodes the whole completion.
     whole: bool,
@@ -434,32 +467,25 @@ impl StopSearch {
         if self.whole {
             return true;
         }
-        let piece = tokenizers::tokenizer::step_decode_stream(
-            stopping.tokenizer,
-            vec![token],
-            true,
-            &mut self.window,
-            &mut self.prefix,
-            &mut self.prefix_index,
-        );
-        match piece {
-            Ok(Some(piece)) => self.text.push_str(&piece),
+        match self.decoded.push(stopping.tokenizer, token) {
+            Ok(Some(_)) => {}
             Ok(None) => return false,
             Err(_) => {
                 self.whole = true;
                 return true;
             }
         }
+        let text = self.decoded.text();
         let longest = stops.iter().map(String::len).max().unwrap_or(0);
         // A stop string can end in the new text but start before it.
         let mut from = self.searched.saturating_sub(longest);
-        while !self.text.is_char_boundary(from) {
+        while !text.is_char_boundary(from) {
             from -= 1;
         }
-        self.searched = self.text.len();
+        self.searched = text.len();
         stops
             .iter()
-            .any(|stop| !stop.is_empty() && self.text[from..].contains(stop.as_str()))
+            .any(|stop| !stop.is_empty() && text[from..].contains(stop.as_str()))
     }
 }
 

@@ -20,6 +20,7 @@ use super::{
     chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
     Event, StreamOptions,
 };
+use crate::local::generate::StreamedText;
 use crate::machine::Completion;
 use crate::sampler::SamplerError;
 
@@ -91,10 +92,7 @@ struct ChoiceStream {
     /// Every token reported so far (the completion's, once it has arrived), and their logprobs.
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
-    /// The stream decoder's state (`tokenizers::tokenizer::step_decode_stream`).
-    window: Vec<u32>,
-    prefix: String,
-    prefix_index: usize,
+    decoded: StreamedText,
     /// The text decoded so far (the completion's, once it has arrived).
     text: String,
     /// Bytes of `text` searched for stop strings.
@@ -334,16 +332,8 @@ impl ChoiceStream {
         if self.held || self.finish.is_some() {
             return;
         }
-        let piece = tokenizers::tokenizer::step_decode_stream(
-            &state.tokenizer,
-            vec![token],
-            true,
-            &mut self.window,
-            &mut self.prefix,
-            &mut self.prefix_index,
-        );
-        match piece {
-            Ok(Some(piece)) => self.text.push_str(&piece),
+        match self.decoded.push(&state.tokenizer, token) {
+            Ok(Some(piece)) => self.text.push_str(piece),
             Ok(None) => return,
             // The completion's text will say what the decoder could not.
             Err(_) => {
