@@ -447,6 +447,15 @@ impl ChatTemplate {
         })
     }
 
+    /// Whether this is one of the built-in templates ([`ChatTemplate::chatml`], [`ChatTemplate::plain`]),
+    /// for example the fallback of [`ChatTemplate::from_dir_or`] for a folder without a template.
+    pub fn is_builtin(&self) -> bool {
+        self.inner
+            .templates
+            .first()
+            .is_some_and(|template| matches!(template.file.as_str(), "<chatml>" | "<plain>"))
+    }
+
     /// The names of the templates (`default`, `tool_use`, ...).
     pub fn template_names(&self) -> Vec<&str> {
         self.inner

@@ -620,3 +620,17 @@ fn templates_are_shared_across_threads() {
         );
     }
 }
+
+#[test]
+fn builtin_templates_say_so() {
+    assert!(ChatTemplate::chatml().is_builtin());
+    assert!(ChatTemplate::plain().is_builtin());
+    let gemma = ChatTemplate::from_dir(fixtures().join("models/gemma3")).unwrap();
+    assert!(!gemma.is_builtin());
+    let source = ChatTemplate::chatml()
+        .source("default")
+        .unwrap()
+        .to_string();
+    let copied = ChatTemplate::from_source(source, "mine.jinja", BTreeMap::new()).unwrap();
+    assert!(!copied.is_builtin());
+}

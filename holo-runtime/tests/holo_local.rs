@@ -375,3 +375,56 @@ fn f16_and_bf16_weights_run_on_the_cpu() {
         );
     }
 }
+
+/// The first lines `holo serve MODEL` writes to stderr, up to the one that says where it listens.
+fn serve_banner(model: &str) -> String {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    let mut server = Server(
+        holo_command(&["serve", model, "--port", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("holo serve starts"),
+    );
+    let stderr = server.0.stderr.take().unwrap();
+    let mut banner = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("http://") {
+            return banner;
+        }
+    }
+    panic!("holo serve ended without saying where it listens:\n{banner}");
+}
+
+#[test]
+fn serving_a_folder_without_a_chat_template_says_so() {
+    let note = "has no chat template";
+    let with = serve_banner(MODEL);
+    assert!(!with.contains(note), "{with}");
+
+    let copy = scratch("no-template");
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(repo().join(MODEL)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(
+            &path,
+            std::path::Path::new(&copy).join(path.file_name().unwrap()),
+        )
+        .unwrap();
+    }
+    let config_file = std::path::Path::new(&copy).join("tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_file, config.to_string()).unwrap();
+    let without = serve_banner(&copy);
+    assert!(
+        without.contains(note) && without.contains("ChatML"),
+        "{without}"
+    );
+}

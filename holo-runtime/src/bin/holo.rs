@@ -961,6 +961,19 @@ fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
 }
 
 /// `holo serve`: loads the model folder and serves it until the process is interrupted.
+/// A folder without a chat template is served with ChatML for chat requests: say so, since a model
+/// trained on another format would then see prompts it was not trained on.
+#[cfg(feature = "local")]
+fn note_builtin_template(dir: &Path, model: &holo_runtime::local::LocalModel) {
+    if model.template().is_builtin() {
+        eprintln!(
+            "note: {} has no chat template (no `chat_template` in tokenizer_config.json, no \
+             chat_template.jinja): chat requests are rendered with ChatML",
+            dir.display()
+        );
+    }
+}
+
 #[cfg(feature = "local")]
 fn serve(
     model_dir: &Path,
@@ -984,6 +997,7 @@ fn serve(
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    note_builtin_template(model_dir, &model);
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
     let served = ServedModel::local(id.clone(), model);
     let runtime = match runtime() {
