@@ -285,7 +285,12 @@ def load_errloom_parser(parser_path: Path, holoware_path: Optional[Path]) -> tup
         import rich.panel  # noqa: F401
         import rich.text  # noqa: F401
 
-        notes["rich"] = f"installed ({getattr(rich, '__version__', '?')})"
+        try:
+            from importlib.metadata import version
+
+            notes["rich"] = f"installed ({version('rich')})"
+        except Exception:  # rich without package metadata (vendored): its version is unknown
+            notes["rich"] = "installed"
     except ImportError:
         _module("rich", package=True)
         _module("rich.panel", Panel=_RichStandIn)
