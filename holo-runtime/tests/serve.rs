@@ -1677,6 +1677,44 @@ async fn streamed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_and_whole_requests_share_a_batch() {
+    let f = start_echo(
+        Echo::streaming(Duration::from_millis(1)),
+        ServeConfig {
+            batch_wait: Duration::from_millis(300),
+            ..ServeConfig::default()
+        },
+        None,
+    )
+    .await;
+    let body = |i: usize| {
+        json!({"prompt": format!("request number {i} é"), "seed": i, "max_tokens": 12, "logprobs": 1,
+               "n": 1 + i % 2})
+    };
+    let streamed = (0..4).map(|i| {
+        let mut request = body(i);
+        request["stream"] = json!(true);
+        f.stream("/v1/completions", request)
+    });
+    let whole = (0..4).map(|i| f.post("/v1/completions", body(i)));
+    let (streamed, whole) = tokio::join!(futures_join_all(streamed), futures_join_all(whole));
+    let sizes: Vec<usize> = f.echo.batches().iter().map(Vec::len).collect();
+    assert!(
+        sizes.iter().any(|&size| size > 2),
+        "streamed and whole requests were sampled apart: {sizes:?}"
+    );
+    for (i, ((status, payloads), (whole_status, answer))) in streamed.iter().zip(&whole).enumerate()
+    {
+        assert_eq!((*status, *whole_status), (200, 200));
+        let choices = answer["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 1 + i % 2);
+        for (index, choice) in choices.iter().enumerate() {
+            assert_eq!(&join_choice(payloads, index, false), choice, "request {i}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_stops_its_sample() {
     let f = start_echo(
         Echo::streaming(Duration::from_millis(40)),
