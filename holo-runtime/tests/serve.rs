@@ -1573,7 +1573,8 @@ async fn streamed_answers_join_into_the_whole_answers() {
             let body: Value = serde_json::from_str(body).unwrap();
             let payloads = streams_like_whole(&f, "/v1/completions", body.clone()).await;
             if streams && body["max_tokens"] == 40 {
-                assert!(payloads.len() > 3, "{body}: {payloads:#?}");
+                // Tokens arrived before the completion (events that arrive together share a chunk).
+                assert!(payloads.len() > 1, "{body}: {payloads:#?}");
             }
         }
         for body in STREAMED_CHATS {
@@ -2205,7 +2206,9 @@ async fn holo_serve_cli_serves_a_local_model() {
                 "{a:?} vs {b:?}"
             );
         }
-        assert!(payloads.len() > 3, "{text}");
+        // Tokens arrived before the completions, after chat's role chunks (one per choice).
+        let roles = if chat { 2 } else { 0 };
+        assert!(payloads.len() > roles + 1, "{text}");
     }
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);
