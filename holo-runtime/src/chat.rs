@@ -60,6 +60,10 @@ pub use minijinja::Value;
 
 /// The file transformers reads the model's template from, when present.
 pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// What errors name the built-in templates' source by.
+const CHATML_FILE: &str = "<chatml>";
+const PLAIN_FILE: &str = "<plain>";
 /// The folder of additional named templates (`NAME.jinja`).
 pub const CHAT_TEMPLATE_DIR: &str = "additional_chat_templates";
 /// The tokenizer configuration file.
@@ -387,14 +391,14 @@ impl ChatTemplate {
     /// is `<|im_start|>assistant\n`. Its `eos_token` is `<|im_end|>`.
     pub fn chatml() -> Self {
         let tokens = BTreeMap::from([("eos_token".to_string(), "<|im_end|>".to_string())]);
-        Self::builtin(CHATML_TEMPLATE, "<chatml>", tokens)
+        Self::builtin(CHATML_TEMPLATE, CHATML_FILE, tokens)
     }
 
     /// The plain-text fallback, for base models: each message is `{Role}: {content}` followed by a blank line
     /// (`"System: ...\n\n"`, `"User: ...\n\n"`, `"Assistant: ...\n\n"`); the generation prompt is `Assistant:`
     /// (no space: the model's first token carries it). No special tokens.
     pub fn plain() -> Self {
-        Self::builtin(PLAIN_TEMPLATE, "<plain>", BTreeMap::new())
+        Self::builtin(PLAIN_TEMPLATE, PLAIN_FILE, BTreeMap::new())
     }
 
     fn builtin(source: &str, file: &str, tokens: BTreeMap<String, String>) -> Self {
@@ -453,7 +457,7 @@ impl ChatTemplate {
         self.inner
             .templates
             .first()
-            .is_some_and(|template| matches!(template.file.as_str(), "<chatml>" | "<plain>"))
+            .is_some_and(|template| [CHATML_FILE, PLAIN_FILE].contains(&template.file.as_str()))
     }
 
     /// The names of the templates (`default`, `tool_use`, ...).

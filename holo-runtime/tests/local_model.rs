@@ -392,7 +392,6 @@ fn stop_strings_cut_the_sample_where_they_first_end() {
     let text = &free.text;
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     assert!(chars.len() > 12, "{text:?}");
-    let mut tried = 0;
     for (start, len) in [(3, 2), (chars.len() / 2, 3), (chars.len() - 4, 4), (1, 1)] {
         let from = chars[start].0;
         let to = chars.get(start + len).map_or(text.len(), |&(at, _)| at);
@@ -422,9 +421,7 @@ fn stop_strings_cut_the_sample_where_they_first_end() {
             .decode(&stopped.tokens[..stopped.tokens.len() - 1], true)
             .unwrap();
         assert!(!before.contains(&stop), "{stop:?} ended a token late");
-        tried += 1;
     }
-    assert_eq!(tried, 4);
 }
 
 #[test]

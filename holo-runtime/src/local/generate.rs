@@ -78,8 +78,6 @@ struct Row {
     generation: Generation,
     /// The row's text, decoded a token at a time, for stop strings.
     stops: StopSearch,
-    /// Sampled tokens already given to the caller's `on_token`.
-    reported: usize,
     done: bool,
 }
 
@@ -268,7 +266,6 @@ pub fn generate_streaming(
                 finish: Finish::Length,
             },
             stops: StopSearch::default(),
-            reported: 0,
             done: params.max_tokens == 0,
         });
     }
@@ -300,25 +297,22 @@ pub fn generate_streaming(
             // Rows sample independently (each with its own generator): over 150k-token vocabularies
             // this is a good part of a decoding step, worth sharing out.
             let step_row = |(row, logits): (&mut Row, &Vec<f32>)| match row.done {
-                true => Ok(()),
-                false => step(row, logits, stopping),
+                true => Ok(None),
+                false => step(row, logits, stopping).map(Some),
             };
-            if model.config.vocab_size >= PARALLEL_VOCAB {
+            let sampled: Vec<Option<(u32, f32)>> = if model.config.vocab_size >= PARALLEL_VOCAB {
                 rows.par_iter_mut()
                     .zip(logits.par_iter())
-                    .try_for_each(step_row)?;
+                    .map(step_row)
+                    .collect::<Result<_>>()?
             } else {
-                rows.iter_mut().zip(logits.iter()).try_for_each(step_row)?;
-            }
-            for row in &mut rows {
-                let generation = &row.generation;
-                if generation.tokens.len() > row.reported {
-                    row.reported = generation.tokens.len();
-                    let (Some(&token), Some(&logprob)) =
-                        (generation.tokens.last(), generation.logprobs.last())
-                    else {
-                        unreachable!("a step samples one token");
-                    };
+                rows.iter_mut()
+                    .zip(logits.iter())
+                    .map(step_row)
+                    .collect::<Result<_>>()?
+            };
+            for (row, sampled) in rows.iter_mut().zip(sampled) {
+                if let Some((token, logprob)) = sampled {
                     if !on_token(row.index, token, logprob) {
                         row.done = true;
                     }
@@ -371,8 +365,9 @@ pub fn generate_streaming(
         .collect())
 }
 
-/// Samples one token for `row` from its last-position logits and decides whether the row is done.
-fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
+/// Samples one token for `row` from its last-position logits and decides whether the row is done;
+/// returns the token and its logprob under the policy.
+fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
     // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
     let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
@@ -387,30 +382,44 @@ fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<()> {
     if stopping.eos.contains(&token) {
         generation.finish = Finish::EndOfTurn;
         row.done = true;
-        return Ok(());
-    }
-    if !row.params.stop.is_empty() && row.stops.may_stop(token, &row.params.stop, stopping) {
+    } else if !row.params.stop.is_empty() && row.stops.may_stop(token, &row.params.stop, stopping) {
         // The stop is cut where the whole completion's decoding has it, as the text is reported.
         let text = decode(stopping.tokenizer, &generation.tokens)?;
-        let earliest = row
-            .params
-            .stop
-            .iter()
-            .filter(|stop| !stop.is_empty())
-            .filter_map(|stop| text.find(stop.as_str()).map(|at| (at, stop)))
-            .min_by_key(|(at, stop)| (*at + stop.len(), *at));
-        if let Some((at, stop)) = earliest {
+        if let Some((at, stop)) = first_stop(&text, 0, &row.params.stop) {
             generation.text = text[..at + stop.len()].to_string();
             generation.finish = Finish::Stop(stop.clone());
             row.done = true;
-            return Ok(());
         }
     }
-    if generation.tokens.len() >= row.params.max_tokens {
+    if !row.done && generation.tokens.len() >= row.params.max_tokens {
         generation.finish = Finish::Length;
         row.done = true;
     }
-    Ok(())
+    Ok((token, logprob))
+}
+
+/// The stop string that ends first in `text[from..]` (the earliest start among those ending together),
+/// and where it starts; `from` moves back to a character boundary. Empty stop strings never match.
+pub(crate) fn first_stop<'s>(
+    text: &str,
+    from: usize,
+    stops: &'s [String],
+) -> Option<(usize, &'s String)> {
+    let from = floor_char_boundary(text, from);
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
+        .min_by_key(|(at, stop)| (*at + stop.len(), *at))
+}
+
+/// The largest character boundary of `text` at or before `index` (at most its length).
+pub(crate) fn floor_char_boundary(text: &str, index: usize) -> usize {
+    let mut index = index.min(text.len());
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
 }
 
 /// Text decoded one token at a time, as [`Tokenizer::decode`] (special tokens skipped) decodes the whole
@@ -478,14 +487,9 @@ impl StopSearch {
         let text = self.decoded.text();
         let longest = stops.iter().map(String::len).max().unwrap_or(0);
         // A stop string can end in the new text but start before it.
-        let mut from = self.searched.saturating_sub(longest);
-        while !text.is_char_boundary(from) {
-            from -= 1;
-        }
+        let from = self.searched.saturating_sub(longest);
         self.searched = text.len();
-        stops
-            .iter()
-            .any(|stop| !stop.is_empty() && text[from..].contains(stop.as_str()))
+        first_stop(text, from, stops).is_some()
     }
 }
 
@@ -531,14 +535,12 @@ fn choose(logits: &[f32], params: &GenerationParams, rng: &mut ChaCha8Rng) -> (u
     }
     let scaled: Vec<f32> = logits.iter().map(|&x| x / temperature).collect();
     let mut candidates: Vec<u32> = (0..scaled.len() as u32).collect();
-    {
-        let by_logit = |a: &u32, b: &u32| scaled[*b as usize].total_cmp(&scaled[*a as usize]);
-        if params.top_k > 0 && params.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(params.top_k - 1, by_logit);
-            candidates.truncate(params.top_k);
-        }
-        candidates.sort_unstable_by(by_logit);
+    let by_logit = |a: &u32, b: &u32| scaled[*b as usize].total_cmp(&scaled[*a as usize]);
+    if params.top_k > 0 && params.top_k < candidates.len() {
+        candidates.select_nth_unstable_by(params.top_k - 1, by_logit);
+        candidates.truncate(params.top_k);
     }
+    candidates.sort_unstable_by(by_logit);
     let max = candidates
         .iter()
         .map(|&i| scaled[i as usize])

@@ -266,15 +266,15 @@ impl LocalModel {
 
     /// Samples every request, batched; results in request order.
     pub fn sample_blocking(&self, batch: &[Request]) -> Vec<Result<Completion, SamplerError>> {
-        self.sample_blocking_streaming(batch, &|_, _, _| true)
+        self.sample_blocking_streaming(batch, &|_: usize, _: u32, _: f32| true)
     }
 
-    /// [`LocalModel::sample_blocking`], telling `on_token(request, token, logprob)` each token as it is
-    /// sampled; a request for which it returns `false` ends there (see [`Sampler::sample_streaming`]).
+    /// [`LocalModel::sample_blocking`], telling `sink` each token as it is sampled; a request the sink no
+    /// longer wants ends there (see [`Sampler::sample_streaming`]).
     pub fn sample_blocking_streaming(
         &self,
         batch: &[Request],
-        on_token: &(dyn Fn(usize, u32, f32) -> bool + Sync),
+        sink: &dyn TokenSink,
     ) -> Vec<Result<Completion, SamplerError>> {
         let mut results: Vec<Option<Result<Completion, SamplerError>>> = vec![None; batch.len()];
         let mut accepted = Vec::new();
@@ -297,7 +297,7 @@ impl LocalModel {
                 chunk.iter().map(|(_, _, params)| params.clone()).collect();
             let prefix = Some(&self.inner.prefix);
             let mut on_row_token =
-                |row: usize, token: u32, logprob: f32| on_token(chunk[row].0, token, logprob);
+                |row: usize, token: u32, logprob: f32| sink.token(chunk[row].0, token, logprob);
             match generate::generate_streaming(
                 &self.inner.model,
                 &stopping,
@@ -346,11 +346,9 @@ impl Sampler for LocalModel {
         let batch = batch.to_vec();
         Box::pin(async move {
             let count = batch.len();
-            let on_token =
-                move |index: usize, token: u32, logprob: f32| sink.token(index, token, logprob);
             // The forward pass is CPU-bound: keep it off the async workers.
             match tokio::task::spawn_blocking(move || {
-                model.sample_blocking_streaming(&batch, &on_token)
+                model.sample_blocking_streaming(&batch, &*sink)
             })
             .await
             {

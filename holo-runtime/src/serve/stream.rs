@@ -20,7 +20,7 @@ use super::{
     chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
     Event, StreamOptions,
 };
-use crate::local::generate::StreamedText;
+use crate::local::generate::{first_stop, floor_char_boundary, StreamedText};
 use crate::machine::Completion;
 use crate::sampler::SamplerError;
 
@@ -92,9 +92,10 @@ struct ChoiceStream {
     /// Every token reported so far (the completion's, once it has arrived), and their logprobs.
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    /// The text decoded so far.
     decoded: StreamedText,
-    /// The text decoded so far (the completion's, once it has arrived).
-    text: String,
+    /// The completion's text, once it has arrived.
+    completed: Option<String>,
     /// Bytes of `text` searched for stop strings.
     searched: usize,
     /// Bytes of `text` that may be sent.
@@ -217,7 +218,7 @@ impl Streamer {
     fn chunk(&mut self, index: usize) -> Option<Value> {
         let common = &self.common;
         let choice = &self.choices[index];
-        let text = &choice.text[choice.sent_text..choice.releasable.max(choice.sent_text)];
+        let text = &choice.text()[choice.sent_text..choice.releasable.max(choice.sent_text)];
         let tokens = choice.sent_tokens..choice.tokens.len();
         let wants_logprobs = match self.endpoint {
             Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
@@ -326,6 +327,13 @@ impl Streamer {
 }
 
 impl ChoiceStream {
+    /// The text so far: decoded, then the completion's once it has arrived.
+    fn text(&self) -> &str {
+        self.completed
+            .as_deref()
+            .unwrap_or_else(|| self.decoded.text())
+    }
+
     fn push(&mut self, state: &AppState, common: &Common, token: u32, logprob: f32) {
         self.tokens.push(token);
         self.logprobs.push(logprob);
@@ -333,7 +341,7 @@ impl ChoiceStream {
             return;
         }
         match self.decoded.push(&state.tokenizer, token) {
-            Ok(Some(piece)) => self.text.push_str(piece),
+            Ok(Some(_)) => {}
             Ok(None) => return,
             // The completion's text will say what the decoder could not.
             Err(_) => {
@@ -348,17 +356,13 @@ impl ChoiceStream {
     /// first wins).
     fn release(&mut self, common: &Common) {
         let stops = &common.params.stop;
+        let text = self.decoded.text();
         let Some(longest) = stops.iter().map(String::len).max() else {
-            self.releasable = self.text.len();
+            self.releasable = text.len();
             return;
         };
-        let text = &self.text;
-        let from = floor_char_boundary(text, self.searched.saturating_sub(longest));
-        let earliest = stops
-            .iter()
-            .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
-            .min_by_key(|(at, stop)| (*at + stop.len(), *at));
-        let releasable = match earliest {
+        let from = self.searched.saturating_sub(longest);
+        let releasable = match first_stop(text, from, stops) {
             Some((at, stop)) => {
                 self.held = true;
                 if common.include_stop {
@@ -393,25 +397,17 @@ impl ChoiceStream {
             self.tokens = completion.tokens.clone();
             self.logprobs = completion.logprobs.clone();
         }
-        let sent = &self.text[..self.sent_text];
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.
-        if choice.text.starts_with(sent) {
+        if choice.text.starts_with(&self.text()[..self.sent_text]) {
             self.releasable = choice.text.len();
-            self.text = choice.text;
+            self.completed = Some(choice.text);
         } else {
             self.releasable = self.sent_text;
         }
         self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
         Ok(())
     }
-}
-
-fn floor_char_boundary(text: &str, mut index: usize) -> usize {
-    while !text.is_char_boundary(index) {
-        index -= 1;
-    }
-    index
 }
 
 fn data(chunk: &Value) -> Sse {
