@@ -1,0 +1,320 @@
+//! `holo eval`: a dataset through the Loom, the rollouts written as JSONL and summarized; `--resume`
+//! continues an interrupted run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use holo_runtime::holophore::Holophore;
+use holo_runtime::holotypes::Tools;
+use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
+use holo_runtime::{Resources, Sampler, Scripted};
+
+use crate::{load, read_rows, runtime, NumberedRow, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
+
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    file: PathBuf,
+    data: Vec<PathBuf>,
+    rollouts: u32,
+    sampler_args: SamplerArgs,
+    out: PathBuf,
+    seed: u64,
+    concurrency: u32,
+    resume: bool,
+) -> ExitCode {
+    let holophore = match sampler_args.holophore() {
+        Ok(holophore) => holophore,
+        Err(code) => return code,
+    };
+    let scripted = |script: Scripted| match &holophore {
+        Some(holophore) => script.tokenized(holophore),
+        None => script,
+    };
+    let sampler: Box<dyn Sampler> = match sampler_args.sampler(concurrency as usize) {
+        Ok(Some(sampler)) => sampler,
+        Ok(None) if sampler_args.replies.is_empty() => {
+            Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
+        }
+        Ok(None) => Box::new(scripted(Scripted::new(sampler_args.replies))),
+        Err(code) => return code,
+    };
+    let config = LoomConfig {
+        rollouts_per_row: rollouts as usize,
+        seed,
+        concurrency: concurrency as usize,
+        progress: true,
+        ..LoomConfig::default()
+    };
+    eval(
+        &file,
+        &data,
+        &*sampler,
+        holophore.as_ref(),
+        config,
+        &out,
+        resume,
+    )
+}
+
+fn eval(
+    file: &Path,
+    datasets: &[PathBuf],
+    sampler: &dyn Sampler,
+    holophore: Option<&Holophore>,
+    config: LoomConfig,
+    out: &Path,
+    resume: bool,
+) -> ExitCode {
+    let holoware = match load(file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
+    };
+    let mut datasets_rows = Vec::with_capacity(datasets.len());
+    for path in datasets {
+        match read_rows(path) {
+            Ok(rows) => datasets_rows.push((path.display().to_string(), rows)),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
+    let previous = if resume && out.exists() {
+        match previous_records(out, &datasets_rows) {
+            Ok(previous) => previous,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    if let Err(message) = check_previous(&previous, &datasets_rows, &config) {
+        eprintln!("error: --resume: {}: {message}", out.display());
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let mut writer = match start_output(out, &previous) {
+        Ok(file) => std::io::BufWriter::new(file),
+        Err(error) => {
+            eprintln!("error: cannot write `{}`: {error}", out.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let mut resources = Resources::default();
+    resources.insert(Tools::new().with_calculator());
+
+    let mut failures = 0;
+    let mut stdout = std::io::stdout().lock();
+    for (data_name, rows) in datasets_rows {
+        // Row index: the row's position among the file's non-blank lines (0-based), as in the JSONL.
+        let lines: Vec<usize> = rows.iter().map(|(line, _)| *line).collect();
+        let mut good = Vec::with_capacity(rows.len());
+        for (index, (line, row)) in rows.into_iter().enumerate() {
+            match row.and_then(|row| {
+                holoware
+                    .check_row(&row)
+                    .map(|()| row)
+                    .map_err(|missing| missing.to_string())
+            }) {
+                Ok(row) => good.push((index, row)),
+                Err(message) => {
+                    eprintln!("error: {data_name}:{line}: {message}");
+                    failures += 1;
+                }
+            }
+        }
+        let mut loom = Loom::interpreted(
+            Arc::clone(&holoware),
+            resources.clone(),
+            LoomConfig {
+                dataset: Some(data_name.clone()),
+                ..config.clone()
+            },
+        );
+        if let Some(holophore) = holophore {
+            loom = loom.with_holophore(holophore.fork());
+        }
+        let done: Vec<RolloutRecord> = previous
+            .iter()
+            .filter(|record| record.dataset.as_deref() == Some(data_name.as_str()))
+            .cloned()
+            .collect();
+        let summary = match runtime.block_on(loom.resume(&good, &done, sampler, &mut writer)) {
+            Ok(summary) => summary,
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidInput => {
+                eprintln!("error: --resume: {}: {error}", out.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+            Err(error) => {
+                eprintln!("error: cannot write `{}`: {error}", out.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        for failure in &summary.row_failures {
+            eprintln!(
+                "error: {data_name}:{}: {}",
+                lines[failure.row_index], failure.message
+            );
+        }
+        for failure in &summary.failures {
+            eprintln!(
+                "error: {data_name}:{}: rollout {}: {}",
+                lines[failure.row_index], failure.rollout_index, failure.failure.message
+            );
+        }
+        failures += summary.row_failures.len() + summary.failed;
+        let _ = write!(
+            stdout,
+            "{}",
+            report(&data_name, config.rollouts_per_row, &summary)
+        );
+    }
+    let _ = writeln!(stdout, "rollouts written to {}", out.display());
+    if failures > 0 {
+        ExitCode::from(EXIT_FAILURES)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The completed records of an interrupted run's JSONL (failed ones are left out, to run again). A last
+/// line cut short by the interruption is ignored; any other unreadable line, or a record of a dataset this
+/// run does not read, is an error, so that nothing written is lost.
+fn previous_records(
+    out: &Path,
+    datasets: &[(String, Vec<NumberedRow>)],
+) -> Result<Vec<RolloutRecord>, String> {
+    let text = std::fs::read_to_string(out)
+        .map_err(|error| format!("cannot read `{}`: {error}", out.display()))?;
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut records = Vec::new();
+    let mut failed = 0;
+    for (number, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: RolloutRecord = match serde_json::from_str(line) {
+            Ok(record) => record,
+            Err(_) if number + 1 == lines.len() && !line.ends_with('\n') => {
+                eprintln!(
+                    "warning: {}:{}: ignoring an unfinished last line (the interrupted write)",
+                    out.display(),
+                    number + 1
+                );
+                continue;
+            }
+            Err(error) => {
+                return Err(format!(
+                    "{}:{}:{}: not a rollout record: {error}",
+                    out.display(),
+                    number + 1,
+                    error.column()
+                ))
+            }
+        };
+        let known = datasets
+            .iter()
+            .any(|(name, _)| record.dataset.as_deref() == Some(name.as_str()));
+        if !known {
+            return Err(format!(
+                "{}:{}: a record of dataset {:?}, which this run does not read (give the same --data)",
+                out.display(),
+                number + 1,
+                record.dataset.as_deref().unwrap_or("?")
+            ));
+        }
+        if record.error.is_some() {
+            failed += 1;
+        } else {
+            records.push(record);
+        }
+    }
+    eprintln!(
+        "resuming {}: {} rollouts done, {failed} failed ones to run again",
+        out.display(),
+        records.len()
+    );
+    Ok(records)
+}
+
+/// Refuses, before anything is rewritten, records that this run would not have made: another seed,
+/// rollout count or data (the Loom checks the same again when it resumes).
+fn check_previous(
+    previous: &[RolloutRecord],
+    datasets: &[(String, Vec<NumberedRow>)],
+    config: &LoomConfig,
+) -> Result<(), String> {
+    for record in previous {
+        let (row, rollout) = (record.row_index, record.rollout_index);
+        let rows = datasets
+            .iter()
+            .find(|(name, _)| record.dataset.as_deref() == Some(name.as_str()))
+            .map_or(0, |(_, rows)| rows.len());
+        let why = if row >= rows {
+            Some("the data has no such row".to_string())
+        } else {
+            config.foreign(record)
+        };
+        if let Some(why) = why {
+            return Err(format!("record of row {row}, rollout {rollout}: {why}"));
+        }
+    }
+    Ok(())
+}
+
+/// Opens the output for appending after writing `previous` into it; the old file is replaced only once
+/// the new one is complete (written beside it, then renamed), so an interruption loses nothing.
+fn start_output(out: &Path, previous: &[RolloutRecord]) -> std::io::Result<std::fs::File> {
+    if previous.is_empty() {
+        return std::fs::File::create(out);
+    }
+    let mut staging = out.as_os_str().to_owned();
+    staging.push(".resume");
+    let staging = PathBuf::from(staging);
+    {
+        let mut writer = std::io::BufWriter::new(std::fs::File::create(&staging)?);
+        for record in previous {
+            serde_json::to_writer(&mut writer, record)?;
+            writer.write_all(b"\n")?;
+        }
+        writer
+            .into_inner()
+            .map_err(|error| error.into_error())?
+            .sync_all()?;
+    }
+    std::fs::rename(&staging, out)?;
+    std::fs::OpenOptions::new().append(true).open(out)
+}
+
+/// The summary of one dataset, one fact a line.
+fn report(data_name: &str, per_row: usize, summary: &Summary) -> String {
+    let mut text = format!(
+        "== {data_name}: {} rows x {per_row} rollouts: {} rollouts, {} failed, {} batches, {:.1} rollouts/s\n",
+        summary.rows,
+        summary.rollouts,
+        summary.failed,
+        summary.batches,
+        summary.rollouts_per_second()
+    );
+    for component in &summary.components {
+        text.push_str(&format!(
+            "reward {} = {:.4} (mean of {})\n",
+            component.name, component.mean, component.count
+        ));
+    }
+    match summary.mean_reward {
+        Some(mean) => text.push_str(&format!("mean reward = {mean:.4}\n")),
+        None => text.push_str("mean reward = n/a (no rollout completed)\n"),
+    }
+    for (k, value) in &summary.pass_at_k {
+        text.push_str(&format!("pass@{k} = {value:.4}\n"));
+    }
+    text
+}

@@ -1,0 +1,383 @@
+//! `holo`: run holowares. `holo dry FILE.hol` runs rollouts with a scripted sampler and prints what
+//! would be trained; `holo eval FILE.hol --data rows.jsonl` runs a dataset through the Loom, writes the
+//! rollouts as JSONL and prints the mean rewards and pass@k.
+
+mod dry;
+mod eval;
+#[cfg(feature = "local")]
+mod init_model;
+#[cfg(feature = "local")]
+mod serve;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use holo_runtime::holophore::Holophore;
+use holo_runtime::holotypes;
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::{OpenAi, OpenAiConfig, Sampler};
+
+#[derive(Parser)]
+#[command(name = "holo", version, about = "Run Holoware environments")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run rollouts of a .hol file with scripted replies (or a model) and print each transcript,
+    /// sampled text highlighted (what training would learn from).
+    Dry {
+        file: PathBuf,
+        /// Data rows, one JSON object per line. Without it, one row gives each input the value `<name>`.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Rollouts per row.
+        #[arg(short = 'n', long, default_value_t = 1)]
+        rollouts: usize,
+        #[arg(long, value_enum, default_value_t = Color::Auto)]
+        color: Color,
+        #[command(flatten)]
+        sampler: SamplerArgs,
+    },
+    /// Run a dataset through the Loom: G rollouts per row, every pending request of a tick sampled in
+    /// one batch. Writes each rollout as a JSONL line as it finishes, then prints the mean of each reward
+    /// component, the mean total reward and pass@k (k = 1 and G; a rollout passes when it completed with
+    /// a total reward > 0). Exit status 1 when a row or a rollout failed.
+    Eval {
+        file: PathBuf,
+        /// Data rows, one JSON object per line; repeat for several datasets (each summarized apart).
+        #[arg(long, required = true)]
+        data: Vec<PathBuf>,
+        /// Rollouts per row (G).
+        #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        rollouts: u32,
+        #[command(flatten)]
+        sampler: SamplerArgs,
+        /// Where the rollouts are written, one JSON object per line.
+        #[arg(long, default_value = "rollouts.jsonl")]
+        out: PathBuf,
+        /// The run seed; every rollout's sampling seed is derived from it, the row and the rollout.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Rollouts in flight at once: the largest batch, and the most requests sent to a server at
+        /// once.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+        concurrency: u32,
+        /// Continue an interrupted run: keep the completed rollouts already in --out, run the others
+        /// (failed ones again) with the seeds they would have had, and summarize them all. Needs the same
+        /// .hol file, data, -n and --seed as the run it continues.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Write a random-initialised model folder in Hugging Face format (config.json,
+    /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) with a
+    /// Qwen-style byte-level BPE tokenizer built offline; transformers loads it unchanged.
+    #[cfg(feature = "local")]
+    InitModel {
+        /// qwen2 (tied embeddings, q/k/v biases) or llama.
+        #[arg(long, default_value = "qwen2", value_parser = holo_runtime::local::init::parse_arch)]
+        arch: holo_runtime::local::Arch,
+        /// tiny (tests) or small (Qwen2.5-0.5B / SmolLM2-135M shapes with a 512-token vocabulary).
+        #[arg(long, default_value = "tiny")]
+        preset: holo_runtime::local::init::Preset,
+        /// Seeds the weights; the same seed writes the same bytes.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write into a folder that is not empty, replacing the model files in it.
+        #[arg(long)]
+        force: bool,
+        /// The folder to write (created when missing).
+        out_dir: PathBuf,
+    },
+    /// Serve a local model folder (Qwen2 / Llama, Hugging Face format) over an OpenAI-compatible HTTP
+    /// API: GET /v1/models, POST /v1/completions and /v1/chat/completions (logprobs, n, stop,
+    /// max_tokens, temperature, top_p, top_k, seed). Concurrent requests are sampled together in one
+    /// batch. Runs until interrupted.
+    #[cfg(feature = "local")]
+    Serve {
+        /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
+        /// tokenizer_config.json (chat template), generation_config.json.
+        model_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port (printed on stderr).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// The most samples in one batch (a request with `n` > 1 counts `n`).
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+        max_batch: u32,
+        /// How long a batch waits for more requests after its first one arrives, in milliseconds.
+        #[arg(long, default_value_t = 5)]
+        batch_wait_ms: u64,
+        /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        #[command(flatten)]
+        local: LocalArgs,
+    },
+}
+
+/// Where a local model runs.
+#[derive(Args)]
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
+struct LocalArgs {
+    /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Weight precision: f32, f16 or bf16 (on the CPU: bf16 matrices with f32 arithmetic, sampling
+    /// only).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+}
+
+#[cfg(feature = "local")]
+impl LocalArgs {
+    fn options(&self, max_batch: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
+        use holo_runtime::local::{parse_device, parse_dtype, LocalOptions};
+        let parsed =
+            parse_device(&self.device).and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
+        match parsed {
+            Ok((dtype, device)) => Ok(LocalOptions {
+                device,
+                dtype,
+                max_batch,
+                ..LocalOptions::default()
+            }),
+            Err(message) => {
+                eprintln!("error: {message}");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+        }
+    }
+}
+
+/// Where completions come from, shared by `dry` and `eval`.
+#[derive(Args)]
+struct SamplerArgs {
+    /// `openai` samples from a server, `local` from a model folder run in process, instead of the
+    /// scripted --reply texts.
+    #[arg(long, value_enum, default_value_t = SamplerKind::Scripted)]
+    sampler: SamplerKind,
+    /// The OpenAI-compatible server (`http://host:port`, with or without `/v1`); the API key is read
+    /// from OPENAI_API_KEY.
+    #[arg(long, required_if_eq("sampler", "openai"))]
+    base_url: Option<String>,
+    /// The model. With `openai`, the name the server serves. A local model folder (`tokenizer.json`
+    /// and a chat template in `chat_template.jinja` or `tokenizer_config.json`) also records every
+    /// rollout token by token with its tokenizer and template: prompts are sent as token ids, and
+    /// `dry` prints the tokens, each trained one highlighted. With the scripted and the local
+    /// sampler it must be such a folder (for `local`, a whole model folder).
+    #[arg(long, required_if_eq_any([("sampler", "openai"), ("sampler", "local")]))]
+    model: Option<String>,
+    /// A scripted reply; repeat to give several, used in turn (the list repeats).
+    #[arg(long = "reply")]
+    replies: Vec<String>,
+    /// With `--sampler local`.
+    #[command(flatten)]
+    local: LocalArgs,
+}
+
+impl SamplerArgs {
+    /// The holophore of `--model` when it is a model folder (always, for the scripted sampler).
+    fn holophore(&self) -> Result<Option<Holophore>, ExitCode> {
+        let Some(model) = &self.model else {
+            return Ok(None);
+        };
+        let dir = Path::new(model);
+        if self.sampler == SamplerKind::Openai && !dir.join("tokenizer.json").is_file() {
+            return Ok(None);
+        }
+        Holophore::from_dir(dir).map(Some).map_err(|error| {
+            eprintln!("error: --model `{model}`: {error}");
+            ExitCode::from(EXIT_USAGE)
+        })
+    }
+
+    /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with
+    /// batches of at most `concurrency`), or `None` for the scripted replies.
+    fn sampler(&self, concurrency: usize) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
+        if self.sampler != SamplerKind::Scripted && !self.replies.is_empty() {
+            eprintln!("error: --reply is for the scripted sampler");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+        match self.sampler {
+            SamplerKind::Scripted => Ok(None),
+            SamplerKind::Openai => {
+                let config = OpenAiConfig {
+                    max_concurrency: concurrency,
+                    ..OpenAiConfig::new(
+                        self.base_url.clone().unwrap_or_default(),
+                        self.model.clone().unwrap_or_default(),
+                    )
+                };
+                match OpenAi::new(config) {
+                    Ok(server) => Ok(Some(Box::new(server))),
+                    Err(error) => {
+                        eprintln!("error: {error}");
+                        Err(ExitCode::from(EXIT_USAGE))
+                    }
+                }
+            }
+            #[cfg(feature = "local")]
+            SamplerKind::Local => {
+                use holo_runtime::local::LocalModel;
+                let dir = self.model.clone().unwrap_or_default();
+                let options = self.local.options(concurrency)?;
+                match LocalModel::load(&dir, options) {
+                    Ok(model) => Ok(Some(Box::new(model))),
+                    Err(error) => {
+                        eprintln!("error: --model `{dir}`: {error}");
+                        Err(ExitCode::from(EXIT_USAGE))
+                    }
+                }
+            }
+            #[cfg(not(feature = "local"))]
+            SamplerKind::Local => {
+                eprintln!("error: this holo was built without the `local` feature");
+                Err(ExitCode::from(EXIT_USAGE))
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SamplerKind {
+    /// Scripted replies (--reply): reproducible, no model.
+    Scripted,
+    /// An OpenAI-compatible server (--base-url, --model).
+    Openai,
+    /// A Hugging Face Qwen2 / Llama folder (--model DIR) run in process on the CPU.
+    Local,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Dry {
+            file,
+            data,
+            rollouts,
+            color,
+            sampler: sampler_args,
+        } => dry::run(file, data, rollouts, color, sampler_args),
+        Command::Eval {
+            file,
+            data,
+            rollouts,
+            sampler: sampler_args,
+            out,
+            seed,
+            concurrency,
+            resume,
+        } => eval::run(
+            file,
+            data,
+            rollouts,
+            sampler_args,
+            out,
+            seed,
+            concurrency,
+            resume,
+        ),
+        #[cfg(feature = "local")]
+        Command::InitModel {
+            arch,
+            preset,
+            seed,
+            force,
+            out_dir,
+        } => init_model::run(arch, preset, seed, force, out_dir),
+        #[cfg(feature = "local")]
+        Command::Serve {
+            model_dir,
+            host,
+            port,
+            max_batch,
+            batch_wait_ms,
+            served_model_name,
+            local,
+        } => serve::run(
+            model_dir,
+            host,
+            port,
+            max_batch,
+            batch_wait_ms,
+            served_model_name,
+            local,
+        ),
+    }
+}
+
+const EXIT_FAILURES: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("error: cannot start the async runtime: {error}");
+            ExitCode::from(EXIT_USAGE)
+        })
+}
+
+/// Every input as `<name>`: enough to see the shape of a holoware without data.
+/// Reads and checks a `.hol` file: an unreadable file is a usage error (2), diagnostics a failure (1).
+fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
+    let bytes = std::fs::read(file).map_err(|error| {
+        eprintln!("error: cannot read `{}`: {error}", file.display());
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    let name = file.display().to_string();
+    match Holoware::load(&name, &bytes, Arc::new(holotypes::registry())) {
+        Ok(holoware) => Ok(Arc::new(holoware)),
+        Err(error) => {
+            eprint!("{error}");
+            Err(ExitCode::from(EXIT_FAILURES))
+        }
+    }
+}
+
+/// The rows of a JSONL file, each with its line number; a line that is not a JSON object is an error
+/// for that row only. Blank lines are skipped.
+type NumberedRow = (usize, Result<Row, String>);
+
+fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            let row = match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::Object(row)) => Ok(row),
+                Ok(_) => Err("a row must be a JSON object".to_string()),
+                Err(error) => {
+                    // serde_json's message ends with ` at line 1 column N`; the line is the file's.
+                    let message = error.to_string();
+                    let message = message
+                        .split(" at line ")
+                        .next()
+                        .unwrap_or(&message)
+                        .to_string();
+                    Err(format!(
+                        "column {}: invalid JSON: {message}",
+                        error.column()
+                    ))
+                }
+            };
+            (index + 1, row)
+        })
+        .collect())
+}
