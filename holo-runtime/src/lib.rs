@@ -23,6 +23,8 @@ pub mod scripted;
 #[cfg(feature = "local")]
 pub mod serve;
 pub mod text;
+#[cfg(feature = "local")]
+pub mod train;
 pub mod transcript;
 
 pub use holoc::ir::{ArgValue, Role};

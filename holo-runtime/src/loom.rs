@@ -116,6 +116,13 @@
 //! ...}`. `timing` (left out when [`LoomConfig::timing`] is off, for byte-identical reruns): when the
 //! rollout started after the run began, its wall time, and the part of it spent waiting for batches.
 //!
+//! # Truncation
+//!
+//! A rollout is `truncated` when one of its samples ended for length ([`Finish::Length`]). It goes on as
+//! the holoware says (its reward holotypes still run). A completion with no token and no text that
+//! ended for length means the prompt already fills the model's context: the rollout ends there, written
+//! as truncated (not failed) with what it recorded.
+//!
 //! # Summary and pass@k
 //!
 //! [`Summary`] has the mean of each reward component and of the total over the rollouts that completed
@@ -140,7 +147,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::holophore::Holophore;
 use crate::interpreter::{Holoware, Row};
-use crate::machine::{Completion, Recorder, Rollout, SampleRequest, Step};
+use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step};
 use crate::resources::Resources;
 use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 use crate::transcript::{Part, Transcript};
@@ -250,6 +257,13 @@ pub struct RolloutRecord {
     pub reward: f64,
     /// Sample requests the rollout made.
     pub samples: u32,
+    /// A sample ran out of tokens (`max_tokens`, or the model's context); see "Truncation" in the
+    /// [module documentation](self).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// The training step whose batch the rollout belongs to (written by the trainer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
     pub error: Option<Failure>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
@@ -507,7 +521,13 @@ impl<S: RolloutSource> Loom<S> {
             for (mut active, result) in waiting.drain(..).zip(results.drain(..)) {
                 active.sample_time += batch_time;
                 let failure = match result {
+                    Ok(completion) if context_full(&completion) => {
+                        active.truncated = true;
+                        run.finish(active, None)?;
+                        continue;
+                    }
                     Ok(completion) => match guard(|| {
+                        active.truncated |= completion.finish == Finish::Length;
                         let rollout = active.rollout.as_mut().expect("a started rollout");
                         rollout.resume(completion, &mut active.recorder)
                     }) {
@@ -545,6 +565,7 @@ impl<S: RolloutSource> Loom<S> {
                         ..Prompted::default()
                     },
                     samples: 0,
+                    truncated: false,
                     started: Instant::now(),
                     sample_time: Duration::ZERO,
                 };
@@ -584,6 +605,14 @@ impl<S: RolloutSource> Loom<S> {
         run.progress.finish_and_clear();
         Ok(run.stats.summary(per_row, run.started.elapsed()))
     }
+}
+
+/// A completion that ended for length without a token: the prompt already fills the model's context, so
+/// the rollout cannot go on.
+fn context_full(completion: &Completion) -> bool {
+    completion.finish == Finish::Length
+        && completion.tokens.is_empty()
+        && completion.text.is_empty()
 }
 
 /// Starts the rows' rollouts in order, checking each row before its first.
@@ -637,6 +666,7 @@ struct Active<'r> {
     rollout: Option<Box<dyn Rollout + Send>>,
     recorder: Prompted,
     samples: u32,
+    truncated: bool,
     started: Instant,
     sample_time: Duration,
 }
@@ -756,6 +786,8 @@ impl<W: Write> Run<'_, W> {
             weights,
             reward,
             samples: active.samples,
+            truncated: active.truncated,
+            step: None,
             error,
             timing: self.config.timing.then(|| Timing {
                 start_ms: millis(active.started.duration_since(self.started)),

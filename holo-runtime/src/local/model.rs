@@ -610,8 +610,8 @@ impl Model {
         }
     }
 
-    /// The projections of layer `i` under their module names (`self_attn.q_proj`, …).
-    fn linears(layer: &DecoderLayer) -> [(&'static str, &Linear); 7] {
+    /// The projections of a layer under their module names (`self_attn.q_proj`, …).
+    pub fn linears(layer: &DecoderLayer) -> [(&'static str, &Linear); 7] {
         [
             ("self_attn.q_proj", &layer.self_attn.q_proj),
             ("self_attn.k_proj", &layer.self_attn.k_proj),

@@ -28,6 +28,20 @@ impl Model {
         key_mask: &Tensor,
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
+        self.backward_recomputed_from_hidden(input_ids, key_mask, |hidden| {
+            loss(&self.next_token_logprobs(hidden, input_ids, key_mask)?)
+        })
+    }
+
+    /// [`Model::backward_recomputed`] for a loss of the final hidden states `[B, T, hidden]` (after the
+    /// last norm), for heads other than every position's log-probability (the trainer scores only the
+    /// trained positions, at its sampling temperature).
+    pub fn backward_recomputed_from_hidden(
+        &self,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+        loss: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<(Tensor, GradStore)> {
         let len = input_ids.dim(1)?;
         if len < 2 {
             candle_core::bail!("a sequence of {len} token(s) has no next token to score");
@@ -47,8 +61,7 @@ impl Model {
 
         let top = Var::from_tensor(&xs)?;
         let hidden = self.norm.forward(top.as_tensor(), Ops::Differentiable)?;
-        let logprobs = self.next_token_logprobs(&hidden, input_ids, key_mask)?;
-        let value = loss(&logprobs)?;
+        let value = loss(&hidden)?;
         let variables = self.variables();
         let mut grads = GradStore::default();
         let head = value.backward()?;

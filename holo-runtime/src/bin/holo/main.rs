@@ -5,9 +5,15 @@
 mod dry;
 mod eval;
 #[cfg(feature = "local")]
+mod export;
+#[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
+mod plot;
+#[cfg(feature = "local")]
 mod serve;
+#[cfg(feature = "local")]
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -118,6 +124,31 @@ enum Command {
         served_model_name: Option<String>,
         #[command(flatten)]
         local: LocalArgs,
+    },
+    /// Train a local model with GRPO on a .hol environment (TRL's GRPOTrainer semantics and option
+    /// names). Writes metrics.jsonl, TensorBoard events, the rollouts, checkpoints and PNG plots into
+    /// --out; `--resume` continues a run from its newest checkpoint.
+    #[cfg(feature = "local")]
+    #[command(after_long_help = train::options_help())]
+    Train(train::TrainArgs),
+    /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
+    /// layout under `adapter/`).
+    #[cfg(feature = "local")]
+    Export {
+        /// The run folder.
+        run_dir: PathBuf,
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The checkpoint's step (default: the newest).
+        #[arg(long)]
+        step: Option<u64>,
+    },
+    /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
+    #[cfg(feature = "local")]
+    Plot {
+        /// The run folder.
+        run_dir: PathBuf,
     },
 }
 
@@ -262,7 +293,17 @@ enum Color {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    #[cfg(feature = "local")]
+    let (args, train_options) = match train::split_options(std::env::args().collect()) {
+        Ok(split) => split,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    #[cfg(not(feature = "local"))]
+    let args: Vec<String> = std::env::args().collect();
+    match Cli::parse_from(args).command {
         Command::Dry {
             file,
             data,
@@ -315,6 +356,12 @@ fn main() -> ExitCode {
             served_model_name,
             local,
         ),
+        #[cfg(feature = "local")]
+        Command::Train(args) => train::run(args, train_options),
+        #[cfg(feature = "local")]
+        Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
+        #[cfg(feature = "local")]
+        Command::Plot { run_dir } => plot::run(run_dir),
     }
 }
 

@@ -1,0 +1,21 @@
+//! `holo plot`: PNG curves of a run's metrics.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::EXIT_USAGE;
+
+pub fn run(run_dir: PathBuf) -> ExitCode {
+    match holo_runtime::train::plot::plot_run(&run_dir) {
+        Ok(plots) => {
+            for plot in plots {
+                println!("{}", plot.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}

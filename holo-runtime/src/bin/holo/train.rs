@@ -1,0 +1,279 @@
+//! `holo train`: GRPO on a `.hol` environment with a local model; options are TRL's `GRPOConfig` names,
+//! from `--config train.toml` and from `--<name-in-kebab-case> VALUE` flags.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::CommandFactory;
+use holo_runtime::holotypes::Tools;
+use holo_runtime::interpreter::Row;
+use holo_runtime::loom::Interpreted;
+use holo_runtime::train::{plot, ConfigBuilder, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::Resources;
+
+use super::{load, read_rows, Cli, EXIT_FAILURES, EXIT_USAGE};
+
+/// `holo train`'s own arguments (the options are split off before clap sees them).
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The environment.
+    pub file: PathBuf,
+    /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
+    /// and a chat template).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Training rows, one JSON object per line.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Held-out rows for evaluation every `eval_steps`.
+    #[arg(long)]
+    pub eval_data: Option<PathBuf>,
+    /// The run folder: metrics.jsonl, TensorBoard events, rollouts, checkpoints, plots.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A TOML file of options (TRL's GRPOConfig names; see `holo train --help`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Continue the run in --out from its newest checkpoint (same .hol file, data and options).
+    #[arg(long)]
+    pub resume: bool,
+    /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// The help text after `holo train`'s arguments: every option with its default.
+pub fn options_help() -> String {
+    let defaults = holo_runtime::train::GrpoConfig::default().to_toml();
+    let mut text = String::from(
+        "Options (TRL's GRPOConfig names, as --kebab-case flags or keys of --config; \
+         `--recompute` is `--gradient-checkpointing true`):\n",
+    );
+    for key in ConfigBuilder::keys() {
+        let default = defaults
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{key} = ")))
+            .unwrap_or("unset");
+        text.push_str(&format!("  --{:<40} {default}\n", key.replace('_', "-")));
+    }
+    text
+}
+
+/// Configuration flags and their values, in order.
+pub type Options = Vec<(String, String)>;
+
+/// Splits `holo train`'s configuration flags (`--num-generations 4`, `--beta=0.04`, a bare boolean
+/// `--use-peft`) from the arguments clap parses. A flag that is neither is an error naming it, with the
+/// nearest option.
+pub fn split_options(args: Vec<String>) -> Result<(Vec<String>, Options), String> {
+    if args.get(1).map(String::as_str) != Some("train") {
+        return Ok((args, Vec::new()));
+    }
+    let command = Cli::command();
+    let train = command
+        .find_subcommand("train")
+        .expect("the train subcommand");
+    let own: Vec<String> = train
+        .get_arguments()
+        .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
+        .chain(["--help".to_string(), "-h".to_string()])
+        .collect();
+    let mut kept = Vec::with_capacity(args.len());
+    let mut options = Vec::new();
+    let mut rest = args.into_iter().peekable();
+    while let Some(arg) = rest.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_string(), Some(value.to_string()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let name = if flag == "--recompute" {
+            "--gradient-checkpointing".to_string()
+        } else {
+            flag.clone()
+        };
+        if !name.starts_with("--") || own.contains(&flag) {
+            kept.push(arg);
+            continue;
+        }
+        if !ConfigBuilder::is_key(&name) {
+            let key = name.trim_start_matches('-').replace('-', "_");
+            let known = ConfigBuilder::keys();
+            let hint = known
+                .iter()
+                .min_by_key(|candidate| strsim::levenshtein(&key, candidate))
+                .filter(|candidate| strsim::levenshtein(&key, candidate) <= 3)
+                .map_or(String::new(), |close| {
+                    format!(" (did you mean --{}?)", close.replace('_', "-"))
+                });
+            return Err(format!(
+                "unknown option {flag}{hint}; `holo train --help` lists them"
+            ));
+        }
+        let value = match inline {
+            Some(value) => value,
+            None => match rest.peek() {
+                Some(next) if !next.starts_with("--") => rest.next().expect("peeked"),
+                // A bare flag switches a boolean option on.
+                _ => "true".to_string(),
+            },
+        };
+        options.push((name, value));
+    }
+    Ok((kept, options))
+}
+
+pub fn run(args: TrainArgs, options: Options) -> ExitCode {
+    let mut builder = ConfigBuilder::default();
+    if let Some(path) = &args.config {
+        builder = match builder.file(path) {
+            Ok(builder) => builder,
+            Err(error) => return usage(error),
+        };
+    }
+    for (flag, value) in &options {
+        builder = builder.set(flag, value);
+    }
+    let config = match builder.build() {
+        Ok(config) => config,
+        Err(error) => return usage(error),
+    };
+    let holoware = match load(&args.file) {
+        Ok(holoware) => holoware,
+        Err(code) => return code,
+    };
+    let rows = match checked_rows(&args.data, &holoware) {
+        Ok(rows) => rows,
+        Err(code) => return code,
+    };
+    let eval_rows = match &args.eval_data {
+        Some(path) => match checked_rows(path, &holoware) {
+            Ok(rows) => rows,
+            Err(code) => return code,
+        },
+        None => Vec::new(),
+    };
+    let device = match holo_runtime::local::parse_device(&args.device) {
+        Ok(device) => device,
+        Err(message) => return usage(message),
+    };
+    let policy = match Policy::load(&args.model, &device) {
+        Ok(policy) => policy,
+        Err(error) => return usage(error),
+    };
+    let mut resources = Resources::default();
+    resources.insert(Tools::new().with_calculator());
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources,
+    };
+    let options = RunOptions {
+        out: args.out.clone(),
+        resume: args.resume,
+        progress: true,
+    };
+    let mut trainer = match Trainer::new(source, policy, config, options) {
+        Ok(trainer) => trainer,
+        Err(error) => return usage(error),
+    };
+    let total = trainer.total_steps(rows.len());
+    eprintln!(
+        "training {} on {} rows ({} held out) for {total} steps into {}",
+        args.file.display(),
+        rows.len(),
+        eval_rows.len(),
+        args.out.display()
+    );
+    let summary = match trainer.train(&rows, &eval_rows) {
+        Ok(summary) => summary,
+        Err(TrainError::Input(message)) => return usage(message),
+        Err(error) => {
+            eprintln!("error: {error}");
+            eprintln!(
+                "note: checkpoints written so far are in {}; `--resume` continues from the newest",
+                args.out.display()
+            );
+            return ExitCode::from(EXIT_FAILURES);
+        }
+    };
+    println!("{}", report(&summary));
+    match plot::plot_run(&summary.run_dir) {
+        Ok(plots) => println!(
+            "metrics, TensorBoard events, rollouts, checkpoints and {} plots are in {}",
+            plots.len(),
+            summary.run_dir.display()
+        ),
+        Err(message) => eprintln!("warning: no plots: {message}"),
+    }
+    ExitCode::SUCCESS
+}
+
+/// The rows of `path`, each checked against the holoware; every bad row is reported before failing.
+fn checked_rows(
+    path: &std::path::Path,
+    holoware: &holo_runtime::interpreter::Holoware,
+) -> Result<Vec<(usize, Row)>, ExitCode> {
+    let numbered = read_rows(path).map_err(usage)?;
+    let mut rows = Vec::with_capacity(numbered.len());
+    let mut bad = 0;
+    for (index, (line, row)) in numbered.into_iter().enumerate() {
+        match row.and_then(|row| {
+            holoware
+                .check_row(&row)
+                .map(|()| row)
+                .map_err(|missing| missing.to_string())
+        }) {
+            Ok(row) => rows.push((index, row)),
+            Err(message) => {
+                eprintln!("error: {}:{line}: {message}", path.display());
+                bad += 1;
+            }
+        }
+    }
+    if bad > 0 {
+        return Err(ExitCode::from(EXIT_USAGE));
+    }
+    if rows.is_empty() {
+        eprintln!("error: `{}` has no rows", path.display());
+        return Err(ExitCode::from(EXIT_USAGE));
+    }
+    Ok(rows)
+}
+
+fn usage(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// The run in a few lines: the last step's main metrics and each evaluation.
+fn report(summary: &holo_runtime::train::TrainSummary) -> String {
+    let value = |metrics: &std::collections::BTreeMap<String, f64>, key: &str| {
+        metrics
+            .get(key)
+            .map_or("-".to_string(), |value| format!("{value:.4}"))
+    };
+    let mut text = format!(
+        "== {} steps: reward {}, kl {}, entropy {}\n",
+        summary.steps,
+        value(&summary.last, "reward"),
+        value(&summary.last, "kl"),
+        value(&summary.last, "entropy"),
+    );
+    if !summary.evaluations.is_empty() {
+        text.push_str("step  eval/reward  eval/pass@1  eval/pass@G\n");
+        for (step, metrics) in &summary.evaluations {
+            let pass_g = metrics
+                .iter()
+                .find(|(key, _)| key.starts_with("eval/pass@") && key.as_str() != "eval/pass@1")
+                .map_or("-".to_string(), |(_, value)| format!("{value:.4}"));
+            text.push_str(&format!(
+                "{step:>4}  {:>11}  {:>11}  {pass_g:>11}\n",
+                value(metrics, "eval/reward"),
+                value(metrics, "eval/pass@1"),
+            ));
+        }
+    }
+    text
+}

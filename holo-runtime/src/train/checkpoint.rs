@@ -1,0 +1,279 @@
+//! Checkpoints: everything a run needs to go on exactly where it stopped.
+//!
+//! `RUN_DIR/checkpoint-N/` (after `N` optimizer steps) holds:
+//! - `model.safetensors` (full fine-tuning: every trained weight under its Hugging Face name), or
+//!   `adapter_model.safetensors` + `adapter_config.json` (LoRA, PEFT's layout);
+//! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`);
+//! - `trainer_state.json`: the step, the generations drawn (the data position and every seed derive from
+//!   it), the tokens seen, and the generation batch still being trained on when `num_iterations` or
+//!   `steps_per_generation` spread one generation over several steps;
+//! - `config.toml`: the run's options, which a resumed run must repeat.
+//!
+//! A checkpoint is written into a temporary folder beside its final name, each file synced, and renamed
+//! into place: a run killed at any moment leaves either the whole checkpoint or none (a leftover temporary
+//! folder is removed by the next save or resume). Only the newest `save_total_limit` are kept.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use candle_core::{Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use super::batch::Completion;
+use super::config::GrpoConfig;
+
+/// What `trainer_state.json` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps done.
+    pub global_step: u64,
+    /// Micro-batches done.
+    pub micro_step: u64,
+    /// Generation batches drawn.
+    pub generations: u64,
+    /// Rows taken from the data stream (epoch after epoch, each a permutation of the rows).
+    pub data_position: u64,
+    /// Prompt and completion tokens trained on so far (TRL's `num_input_tokens_seen`).
+    pub num_input_tokens_seen: u64,
+    /// The generation batch in use, when the next micro-batch still comes from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<Buffer>,
+}
+
+/// A generation batch, shuffled and ready to be split into micro-batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub completions: Vec<Completion>,
+    /// The trained tokens of the whole generation batch (for `dapo`-like normalization).
+    pub num_items_in_batch: f64,
+    /// The step whose generation this is.
+    pub step: u64,
+}
+
+/// Where a run's files are.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    pub path: PathBuf,
+}
+
+impl RunDir {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        RunDir { path: path.into() }
+    }
+
+    pub fn checkpoint(&self, step: u64) -> PathBuf {
+        self.path.join(format!("checkpoint-{step}"))
+    }
+
+    /// The complete checkpoints, oldest first, with their steps.
+    pub fn checkpoints(&self) -> io::Result<Vec<(u64, PathBuf)>> {
+        let mut found = Vec::new();
+        let entries = match fs::read_dir(&self.path) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(found),
+            Err(error) => return Err(error),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(step) = name
+                .to_str()
+                .and_then(|name| name.strip_prefix("checkpoint-"))
+                .and_then(|step| step.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if entry.path().join("trainer_state.json").is_file() {
+                found.push((step, entry.path()));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Removes temporary folders a killed save left.
+    pub fn remove_partial(&self) -> io::Result<()> {
+        let Ok(entries) = fs::read_dir(&self.path) else {
+            return Ok(());
+        };
+        for entry in entries {
+            let entry = entry?;
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.starts_with(".checkpoint-") && name.ends_with(".tmp"))
+            {
+                fs::remove_dir_all(entry.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The trained weights of a checkpoint.
+pub enum Weights<'a> {
+    /// Every trained weight by Hugging Face name.
+    Full(&'a [(String, Var)]),
+    /// LoRA adapters under PEFT's names, and the `adapter_config.json` to write beside them.
+    Adapters {
+        vars: &'a [(String, Var)],
+        adapter_config: serde_json::Value,
+    },
+}
+
+fn other(error: impl std::fmt::Display) -> io::Error {
+    io::Error::other(error.to_string())
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file = fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+fn save_tensors(path: &Path, tensors: Vec<(String, Tensor)>) -> io::Result<()> {
+    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+    candle_core::safetensors::save(&map, path).map_err(other)?;
+    fs::File::open(path)?.sync_all()
+}
+
+/// Writes `checkpoint-<state.global_step>` atomically, then removes the oldest beyond `keep`.
+pub fn save(
+    run: &RunDir,
+    weights: &Weights<'_>,
+    optimizer: Vec<(String, Tensor)>,
+    state: &TrainerState,
+    config: &GrpoConfig,
+    keep: Option<usize>,
+) -> io::Result<PathBuf> {
+    run.remove_partial()?;
+    let step = state.global_step;
+    let staging = run
+        .path
+        .join(format!(".checkpoint-{step}-{}.tmp", std::process::id()));
+    fs::create_dir_all(&staging)?;
+    match weights {
+        Weights::Full(vars) => save_tensors(
+            &staging.join("model.safetensors"),
+            vars.iter()
+                .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+                .collect(),
+        )?,
+        Weights::Adapters {
+            vars,
+            adapter_config,
+        } => {
+            save_tensors(
+                &staging.join("adapter_model.safetensors"),
+                vars.iter()
+                    .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+                    .collect(),
+            )?;
+            let text = serde_json::to_string_pretty(adapter_config).map_err(other)?;
+            write_synced(&staging.join("adapter_config.json"), text.as_bytes())?;
+        }
+    }
+    save_tensors(&staging.join("optimizer.safetensors"), optimizer)?;
+    write_synced(&staging.join("config.toml"), config.to_toml().as_bytes())?;
+    let state_text = serde_json::to_string(state).map_err(other)?;
+    write_synced(&staging.join("trainer_state.json"), state_text.as_bytes())?;
+    let target = run.checkpoint(step);
+    if target.exists() {
+        fs::remove_dir_all(&target)?;
+    }
+    fs::rename(&staging, &target)?;
+    fs::File::open(&run.path)?.sync_all()?;
+    if let Some(keep) = keep {
+        let all = run.checkpoints()?;
+        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
+            fs::remove_dir_all(old)?;
+        }
+    }
+    Ok(target)
+}
+
+/// A checkpoint read back.
+pub struct Loaded {
+    pub state: TrainerState,
+    pub config: GrpoConfig,
+    /// The trained tensors by name (weights or adapters).
+    pub weights: HashMap<String, Tensor>,
+    pub optimizer: HashMap<String, Tensor>,
+}
+
+/// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
+pub fn load(dir: &Path) -> Result<Loaded, String> {
+    let name = dir.display();
+    let read = |file: &str| {
+        fs::read_to_string(dir.join(file)).map_err(|error| format!("{name}/{file}: {error}"))
+    };
+    let state: TrainerState = serde_json::from_str(&read("trainer_state.json")?)
+        .map_err(|error| format!("{name}/trainer_state.json: {error}"))?;
+    let config: GrpoConfig = toml::from_str(&read("config.toml")?)
+        .map_err(|error| format!("{name}/config.toml: {}", error.message()))?;
+    let tensors = |file: &str| {
+        candle_core::safetensors::load(dir.join(file), &candle_core::Device::Cpu)
+            .map_err(|error| format!("{name}/{file}: {error}"))
+    };
+    let weights = if dir.join("adapter_model.safetensors").is_file() {
+        tensors("adapter_model.safetensors")?
+    } else {
+        tensors("model.safetensors")?
+    };
+    let optimizer = tensors("optimizer.safetensors")?;
+    Ok(Loaded {
+        state,
+        config,
+        weights,
+        optimizer,
+    })
+}
+
+/// Sets every var from `tensors` by name; each must be there, with the var's shape.
+pub fn restore(vars: &[(String, Var)], tensors: &HashMap<String, Tensor>) -> Result<(), String> {
+    for (name, var) in vars {
+        let tensor = tensors
+            .get(name)
+            .ok_or_else(|| format!("the checkpoint has no tensor {name}"))?;
+        if tensor.dims() != var.dims() {
+            return Err(format!(
+                "{name} has shape {:?} in the checkpoint, {:?} in the model",
+                tensor.dims(),
+                var.dims()
+            ));
+        }
+        let tensor = tensor
+            .to_device(var.device())
+            .and_then(|t| t.to_dtype(var.dtype()))
+            .map_err(|error| error.to_string())?;
+        var.set(&tensor).map_err(|error| error.to_string())?;
+    }
+    Ok(())
+}
+
+/// PEFT's `adapter_config.json` for adapters of `config` on the model at `base`.
+pub fn adapter_config(config: &GrpoConfig, base: &str) -> serde_json::Value {
+    serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": config.lora_r,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "target_modules": config.lora_targets(),
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "use_rslora": false,
+        "use_dora": false,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": null
+    })
+}

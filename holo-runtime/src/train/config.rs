@@ -1,0 +1,811 @@
+//! The trainer's configuration: TRL's `GRPOConfig` option names, defaults and meanings, plus LoRA's
+//! options under TRL's `ModelConfig` names.
+//!
+//! A configuration comes from a TOML file (keys are the option names) and from command-line overrides
+//! (`--num-generations 4`: the same names in kebab case), the overrides winning. Every key is checked
+//! before any work starts: an unknown key is named with the closest known one, a bad value with the values
+//! the key allows, and the place it came from (the file's line, or the flag).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Each completion's mean token loss, averaged over completions.
+    Grpo,
+    /// Token losses summed over the micro-batch, divided by its trained tokens.
+    Bnpo,
+    /// Token losses summed, divided by completions × `max_completion_length` (Dr. GRPO).
+    DrGrpo,
+    /// Token losses summed, divided by the trained tokens of the whole generation batch (DAPO; TRL's
+    /// default).
+    Dapo,
+    /// Clipped importance-sampling weights times the log-probability (CISPO, MiniMax-M1).
+    Cispo,
+    /// A soft, sigmoid-gated trust region instead of hard clipping (SAPO).
+    Sapo,
+    /// Sequence sums of token losses, averaged over completions (LUSPO).
+    Luspo,
+    /// Gamma-weighted sequence importance sampling (VESPO).
+    Vespo,
+}
+
+/// Where importance ratios are taken (TRL's `importance_sampling_level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingLevel {
+    /// One ratio per token.
+    Token,
+    /// One ratio per completion: the exponential of its mean token log-ratio (GSPO).
+    Sequence,
+}
+
+/// How rewards are scaled into advantages (TRL's `scale_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewards {
+    /// Divide by the standard deviation of the completion's group.
+    Group,
+    /// Divide by the standard deviation of the whole batch.
+    Batch,
+    /// Only subtract the group mean.
+    None,
+}
+
+/// How several reward components become one advantage (TRL's `multi_objective_aggregation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiObjectiveAggregation {
+    /// Weighted sum of the components, then normalized.
+    SumThenNormalize,
+    /// Each component normalized within its group, then the weighted sum normalized over the batch.
+    NormalizeThenSum,
+}
+
+/// How a sampler whose log-probabilities differ from the trainer's is corrected (TRL's
+/// `vllm_importance_sampling_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingMode {
+    /// Per-token ratios clamped to `[clip_min, clip_max]`.
+    TokenTruncate,
+    /// Per-token ratios outside `[clip_min, clip_max]` set to 0.
+    TokenMask,
+    /// One ratio per completion (product over its tokens), clamped.
+    SequenceTruncate,
+    /// One ratio per completion, set to 0 outside the bounds.
+    SequenceMask,
+}
+
+impl ImportanceSamplingMode {
+    pub fn is_sequence(self) -> bool {
+        matches!(self, Self::SequenceMask | Self::SequenceTruncate)
+    }
+
+    pub fn truncates(self) -> bool {
+        matches!(self, Self::TokenTruncate | Self::SequenceTruncate)
+    }
+}
+
+/// The learning-rate schedule (transformers' `lr_scheduler_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedulerType {
+    /// Linear warm-up, then linear decay to 0 at the last step.
+    Linear,
+    /// Linear warm-up, then a half cosine down to 0 at the last step.
+    Cosine,
+    /// The learning rate throughout (no warm-up).
+    Constant,
+    /// Linear warm-up, then constant.
+    ConstantWithWarmup,
+}
+
+/// Every option of a training run; see the [module documentation](self). Field names are TRL's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoConfig {
+    // --- Length of the run, logging, checkpoints ---
+    /// Optimizer steps; -1 runs `num_train_epochs` over the data instead.
+    pub max_steps: i64,
+    /// Passes over the data when `max_steps` is -1.
+    pub num_train_epochs: f64,
+    pub seed: u64,
+    /// Seeds the data order; `seed` when unset.
+    pub data_seed: Option<u64>,
+    /// Shuffle the rows each epoch.
+    pub shuffle_dataset: bool,
+    /// Save a checkpoint every this many steps (and at the end).
+    pub save_steps: u64,
+    /// Keep only the newest this many checkpoints.
+    pub save_total_limit: Option<usize>,
+    /// Evaluate on the held-out rows every this many steps (and at the end); none without it.
+    pub eval_steps: Option<u64>,
+    /// Evaluate before the first step too.
+    pub eval_on_start: bool,
+    /// Print completions of each step (with `num_completions_to_print` of them) and keep them in the run.
+    pub log_completions: bool,
+    pub num_completions_to_print: Option<usize>,
+
+    // --- Batches ---
+    /// Completions per micro-batch (one forward and backward pass).
+    pub per_device_train_batch_size: usize,
+    /// Micro-batches whose gradients are summed into one optimizer step.
+    pub gradient_accumulation_steps: usize,
+    /// Micro-batches one generation is split into; `gradient_accumulation_steps` when unset.
+    pub steps_per_generation: Option<usize>,
+    /// Completions generated at once (`per_device_train_batch_size × steps_per_generation` when unset).
+    pub generation_batch_size: Option<usize>,
+    /// Rollouts per prompt (G).
+    pub num_generations: usize,
+    /// Rollouts per held-out prompt; `num_generations` when unset.
+    pub num_generations_eval: Option<usize>,
+    /// Optimizer passes over each generation batch (μ); above 1, ratios are taken against the
+    /// log-probabilities of the weights that sampled.
+    pub num_iterations: usize,
+    /// The most tokens of one sample (caps each sampler tag's `max_tokens`).
+    pub max_completion_length: usize,
+    /// Activation recomputation: one layer's activations alive at a time in the backward pass.
+    pub gradient_checkpointing: bool,
+
+    // --- Sampling ---
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0 disables top-k.
+    pub top_k: u32,
+
+    // --- The loss ---
+    pub loss_type: LossType,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub scale_rewards: ScaleRewards,
+    pub multi_objective_aggregation: MultiObjectiveAggregation,
+    /// Weight of each reward component by name; a component not named keeps the weight the holoware
+    /// gave it.
+    pub reward_weights: Option<BTreeMap<String, f64>>,
+    /// KL coefficient (k3 estimator, against a frozen copy of the starting weights).
+    pub beta: f64,
+    /// Lower clipping bound: ratios below `1 - epsilon` are clipped.
+    pub epsilon: f64,
+    /// Upper clipping bound (`epsilon` when unset); for `cispo`, the cap on the ratio itself.
+    pub epsilon_high: Option<f64>,
+    /// Two-sided clipping: ratios above `delta` are capped in the unclipped term too.
+    pub delta: Option<f64>,
+    /// Give completions that ran out of tokens no loss.
+    pub mask_truncated_completions: bool,
+    /// Entropy bonus: the loss minus this times the mean entropy of the trained tokens.
+    pub entropy_coef: f64,
+    /// Train only the tokens whose entropy is in this top fraction of the batch (1 trains all).
+    pub top_entropy_quantile: f64,
+    pub sapo_temperature_neg: f64,
+    pub sapo_temperature_pos: f64,
+    pub vespo_k_pos: f64,
+    pub vespo_lambda_pos: f64,
+    pub vespo_k_neg: f64,
+    pub vespo_lambda_neg: f64,
+    /// Drop completions with a negative advantage whose mean KL to the sampler exceeds this (off-policy
+    /// sequence masking).
+    pub off_policy_mask_threshold: Option<f64>,
+    /// Multiply the KL term by the importance ratio.
+    pub use_bias_correction_kl: bool,
+    /// Correct for a sampler whose log-probabilities differ from the trainer's (a server, bf16 sampling).
+    /// The trainer's own f32 model needs none and gets none.
+    pub vllm_importance_sampling_correction: bool,
+    pub vllm_importance_sampling_mode: ImportanceSamplingMode,
+    pub vllm_importance_sampling_clip_max: Option<f64>,
+    pub vllm_importance_sampling_clip_min: Option<f64>,
+
+    // --- Optimizer (AdamW) ---
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    /// Clip the gradients' global L2 norm to this; 0 disables.
+    pub max_grad_norm: f64,
+    pub lr_scheduler_type: LrSchedulerType,
+    /// Warm-up as a fraction of the steps (used when `warmup_steps` is 0).
+    pub warmup_ratio: f64,
+    pub warmup_steps: u64,
+
+    // --- LoRA (TRL's ModelConfig names) ---
+    /// Train LoRA adapters instead of every weight.
+    pub use_peft: bool,
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    pub lora_dropout: f64,
+    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
+    /// unset.
+    pub lora_target_modules: Option<Vec<String>>,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            max_steps: -1,
+            num_train_epochs: 3.0,
+            seed: 42,
+            data_seed: None,
+            shuffle_dataset: true,
+            save_steps: 500,
+            save_total_limit: None,
+            eval_steps: None,
+            eval_on_start: false,
+            log_completions: false,
+            num_completions_to_print: None,
+            per_device_train_batch_size: 8,
+            gradient_accumulation_steps: 1,
+            steps_per_generation: None,
+            generation_batch_size: None,
+            num_generations: 8,
+            num_generations_eval: None,
+            num_iterations: 1,
+            max_completion_length: 512,
+            gradient_checkpointing: true,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            loss_type: LossType::Dapo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            scale_rewards: ScaleRewards::Group,
+            multi_objective_aggregation: MultiObjectiveAggregation::SumThenNormalize,
+            reward_weights: None,
+            beta: 0.0,
+            epsilon: 0.2,
+            epsilon_high: None,
+            delta: None,
+            mask_truncated_completions: false,
+            entropy_coef: 0.0,
+            top_entropy_quantile: 1.0,
+            sapo_temperature_neg: 1.05,
+            sapo_temperature_pos: 1.0,
+            vespo_k_pos: 2.0,
+            vespo_lambda_pos: 3.0,
+            vespo_k_neg: 3.0,
+            vespo_lambda_neg: 2.0,
+            off_policy_mask_threshold: None,
+            use_bias_correction_kl: true,
+            vllm_importance_sampling_correction: true,
+            vllm_importance_sampling_mode: ImportanceSamplingMode::SequenceMask,
+            vllm_importance_sampling_clip_max: Some(3.0),
+            vllm_importance_sampling_clip_min: None,
+            learning_rate: 1e-6,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: LrSchedulerType::Linear,
+            warmup_ratio: 0.0,
+            warmup_steps: 0,
+            use_peft: false,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.05,
+            lora_target_modules: None,
+        }
+    }
+}
+
+/// Keys that may change when a run resumes: they do not change what is computed.
+const RESUMABLE_KEYS: [&str; 4] = [
+    "save_steps",
+    "save_total_limit",
+    "log_completions",
+    "num_completions_to_print",
+];
+
+/// A bad configuration: what is wrong and where it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key, when one is to blame.
+    pub key: Option<String>,
+    /// `train.toml:3` or `--loss-type`, when known.
+    pub origin: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.origin, &self.key) {
+            (Some(origin), Some(key)) => write!(f, "{origin}: `{key}`: {}", self.message),
+            (Some(origin), None) => write!(f, "{origin}: {}", self.message),
+            (None, Some(key)) => write!(f, "`{key}`: {}", self.message),
+            (None, None) => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn error(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: Some(key.to_string()),
+        origin: None,
+        message: message.into(),
+    }
+}
+
+/// Where a key's value was written: a file's line or a command-line flag.
+#[derive(Debug, Clone)]
+enum Origin {
+    File { path: String, line: usize },
+    Flag(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, line } => write!(f, "{path}:{line}"),
+            Origin::Flag(flag) => f.write_str(flag),
+        }
+    }
+}
+
+/// Builds a [`GrpoConfig`] from a TOML file and `--key value` overrides.
+#[derive(Debug, Default)]
+pub struct ConfigBuilder {
+    table: toml::Table,
+    origins: BTreeMap<String, Origin>,
+}
+
+impl ConfigBuilder {
+    /// Every option's name, in the order of [`GrpoConfig`].
+    pub fn keys() -> Vec<String> {
+        match toml::Table::try_from(GrpoConfig::default()) {
+            Ok(table) => table.keys().cloned().collect(),
+            Err(_) => Vec::new(),
+        }
+        .into_iter()
+        .chain(Self::unset_keys().iter().map(|key| key.to_string()))
+        .collect()
+    }
+
+    /// Keys whose default is unset (TOML has no null, so they are absent from a serialized default).
+    fn unset_keys() -> &'static [&'static str] {
+        &[
+            "data_seed",
+            "save_total_limit",
+            "eval_steps",
+            "num_completions_to_print",
+            "steps_per_generation",
+            "generation_batch_size",
+            "num_generations_eval",
+            "reward_weights",
+            "epsilon_high",
+            "delta",
+            "off_policy_mask_threshold",
+            "vllm_importance_sampling_clip_min",
+            "lora_target_modules",
+        ]
+    }
+
+    /// Reads a TOML file of options.
+    pub fn file(mut self, path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|io| ConfigError {
+            key: None,
+            origin: Some(name.clone()),
+            message: format!("cannot read the configuration: {io}"),
+        })?;
+        let document: toml::Table = text.parse().map_err(|parse: toml::de::Error| {
+            let line = parse
+                .span()
+                .map_or(0, |span| text[..span.start].lines().count().max(1));
+            ConfigError {
+                key: None,
+                origin: Some(format!("{name}:{line}")),
+                message: format!("not valid TOML: {}", parse.message()),
+            }
+        })?;
+        for (key, value) in document {
+            let line = find_key_line(&text, &key).unwrap_or(0);
+            self.origins.insert(
+                key.clone(),
+                Origin::File {
+                    path: name.clone(),
+                    line,
+                },
+            );
+            self.table.insert(key, value);
+        }
+        Ok(self)
+    }
+
+    /// Sets `key` (snake or kebab case) from a command-line value: a TOML value (`4`, `1e-5`, `true`,
+    /// `["q_proj", "v_proj"]`), or else the text as a string (`--loss-type grpo`).
+    pub fn set(mut self, flag: &str, value: &str) -> Self {
+        let key = flag.trim_start_matches('-').replace('-', "_");
+        let parsed = format!("value = {value}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut table| table.remove("value"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        self.origins.insert(
+            key.clone(),
+            Origin::Flag(format!("--{}", key.replace('_', "-"))),
+        );
+        self.table.insert(key, parsed);
+        self
+    }
+
+    /// Whether `flag` (`--num-generations` or `num_generations`) names an option.
+    pub fn is_key(flag: &str) -> bool {
+        let key = flag.trim_start_matches('-').replace('-', "_");
+        Self::keys().contains(&key)
+    }
+
+    /// The configuration, every key checked (see [`GrpoConfig::validate`]).
+    pub fn build(self) -> Result<GrpoConfig, ConfigError> {
+        let known = Self::keys();
+        for key in self.table.keys() {
+            if !known.contains(key) {
+                let mut error = error(key, "unknown option");
+                if let Some(close) = closest(key, &known) {
+                    error
+                        .message
+                        .push_str(&format!(" (did you mean `{close}`?)"));
+                }
+                error.origin = self.origins.get(key).map(ToString::to_string);
+                return Err(error);
+            }
+        }
+        // Each key alone first, so that a bad value is blamed on its own key.
+        for (key, value) in &self.table {
+            let mut single = toml::Table::new();
+            single.insert(key.clone(), value.clone());
+            if let Err(problem) = GrpoConfig::deserialize(single) {
+                let mut error = error(key, describe(&problem, key));
+                error.origin = self.origins.get(key).map(ToString::to_string);
+                return Err(error);
+            }
+        }
+        let config =
+            GrpoConfig::deserialize(self.table.clone()).map_err(|problem| ConfigError {
+                key: None,
+                origin: None,
+                message: problem.message().to_string(),
+            })?;
+        config.validate().map_err(|mut error| {
+            if let Some(key) = &error.key {
+                error.origin = self.origins.get(key).map(ToString::to_string);
+            }
+            error
+        })?;
+        Ok(config)
+    }
+}
+
+/// A value error in TRL's words: what the key allows.
+fn describe(problem: &toml::de::Error, key: &str) -> String {
+    let message = problem.message().trim().to_string();
+    let allowed = allowed_values(key);
+    match allowed {
+        Some(values) if message.contains("unknown variant") => {
+            let given = message.split('`').nth(1).map_or(String::new(), |value| {
+                format!("{value:?} is not one of them; ")
+            });
+            format!("{given}allowed values: {}", values.join(", "))
+        }
+        _ => message,
+    }
+}
+
+/// The values an enumerated option allows.
+pub fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
+    Some(match key {
+        "loss_type" => &[
+            "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
+        ],
+        "importance_sampling_level" => &["token", "sequence"],
+        "scale_rewards" => &["group", "batch", "none"],
+        "multi_objective_aggregation" => &["sum_then_normalize", "normalize_then_sum"],
+        "vllm_importance_sampling_mode" => &[
+            "token_truncate",
+            "token_mask",
+            "sequence_truncate",
+            "sequence_mask",
+        ],
+        "lr_scheduler_type" => &["linear", "cosine", "constant", "constant_with_warmup"],
+        _ => return None,
+    })
+}
+
+/// The 1-based line of `key = ...` in a TOML text.
+fn find_key_line(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|index| index + 1)
+}
+
+/// The known key nearest to `key`, when it is near enough to be a typo.
+fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|candidate| (strsim::levenshtein(key, candidate), candidate))
+        .filter(|(distance, candidate)| *distance <= 3.max(candidate.len() / 4))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate.as_str())
+}
+
+impl GrpoConfig {
+    /// Completions generated at once.
+    pub fn generation_batch_size(&self) -> usize {
+        self.generation_batch_size
+            .unwrap_or(self.per_device_train_batch_size * self.steps_per_generation())
+    }
+
+    /// Micro-batches one generation is split into.
+    pub fn steps_per_generation(&self) -> usize {
+        match (self.steps_per_generation, self.generation_batch_size) {
+            (Some(steps), _) => steps,
+            (None, Some(size)) => size / self.per_device_train_batch_size.max(1),
+            (None, None) => self.gradient_accumulation_steps,
+        }
+    }
+
+    /// Prompts (data rows) per generation.
+    pub fn prompts_per_generation(&self) -> usize {
+        self.generation_batch_size() / self.num_generations.max(1)
+    }
+
+    pub fn epsilon_high(&self) -> f64 {
+        self.epsilon_high.unwrap_or(self.epsilon)
+    }
+
+    pub fn num_generations_eval(&self) -> usize {
+        self.num_generations_eval.unwrap_or(self.num_generations)
+    }
+
+    /// The data seed.
+    pub fn data_seed(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
+    }
+
+    /// LoRA's target projections.
+    pub fn lora_targets(&self) -> Vec<String> {
+        self.lora_target_modules
+            .clone()
+            .unwrap_or_else(|| vec!["q_proj".into(), "v_proj".into()])
+    }
+
+    /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |key: &str, value: usize| {
+            if value == 0 {
+                Err(error(key, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        positive(
+            "per_device_train_batch_size",
+            self.per_device_train_batch_size,
+        )?;
+        positive(
+            "gradient_accumulation_steps",
+            self.gradient_accumulation_steps,
+        )?;
+        positive("num_iterations", self.num_iterations)?;
+        positive("max_completion_length", self.max_completion_length)?;
+        positive("lora_r", self.lora_r)?;
+        if let Some(steps) = self.steps_per_generation {
+            positive("steps_per_generation", steps)?;
+        }
+        if self.steps_per_generation.is_some() && self.generation_batch_size.is_some() {
+            return Err(error(
+                "generation_batch_size",
+                "`generation_batch_size` and `steps_per_generation` cannot both be set",
+            ));
+        }
+        if let Some(size) = self.generation_batch_size {
+            if size == 0 || !size.is_multiple_of(self.per_device_train_batch_size) {
+                return Err(error(
+                    "generation_batch_size",
+                    format!(
+                        "must be a positive multiple of per_device_train_batch_size ({})",
+                        self.per_device_train_batch_size
+                    ),
+                ));
+            }
+        }
+        if self.num_generations < 2 {
+            return Err(error(
+                "num_generations",
+                format!(
+                    "GRPO needs at least 2 generations per prompt to compute advantages, got {}",
+                    self.num_generations
+                ),
+            ));
+        }
+        if !self
+            .generation_batch_size()
+            .is_multiple_of(self.num_generations)
+        {
+            return Err(error(
+                "num_generations",
+                format!(
+                    "the generation batch ({} completions = per_device_train_batch_size × steps_per_generation) must be divisible by num_generations ({})",
+                    self.generation_batch_size(),
+                    self.num_generations
+                ),
+            ));
+        }
+        if self.num_generations_eval == Some(0) {
+            return Err(error("num_generations_eval", "must be at least 1"));
+        }
+        if self.max_steps == 0 || self.max_steps < -1 {
+            return Err(error(
+                "max_steps",
+                "must be at least 1, or -1 to run num_train_epochs",
+            ));
+        }
+        if self.max_steps == -1
+            && !(self.num_train_epochs > 0.0 && self.num_train_epochs.is_finite())
+        {
+            return Err(error("num_train_epochs", "must be a positive number"));
+        }
+        if self.save_steps == 0 {
+            return Err(error("save_steps", "must be at least 1"));
+        }
+        if self.save_total_limit == Some(0) {
+            return Err(error("save_total_limit", "must be at least 1"));
+        }
+        if self.eval_steps == Some(0) {
+            return Err(error("eval_steps", "must be at least 1"));
+        }
+        let finite = |key: &str, value: f64| {
+            if value.is_finite() {
+                Ok(())
+            } else {
+                Err(error(key, "must be a finite number"))
+            }
+        };
+        for (key, value) in [
+            ("beta", self.beta),
+            ("entropy_coef", self.entropy_coef),
+            ("learning_rate", self.learning_rate),
+            ("weight_decay", self.weight_decay),
+            ("max_grad_norm", self.max_grad_norm),
+            ("sapo_temperature_neg", self.sapo_temperature_neg),
+            ("sapo_temperature_pos", self.sapo_temperature_pos),
+            ("vespo_k_pos", self.vespo_k_pos),
+            ("vespo_lambda_pos", self.vespo_lambda_pos),
+            ("vespo_k_neg", self.vespo_k_neg),
+            ("vespo_lambda_neg", self.vespo_lambda_neg),
+            ("lora_alpha", self.lora_alpha),
+        ] {
+            finite(key, value)?;
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            return Err(error(
+                "temperature",
+                "must be above 0 (training needs the log-probabilities of a sampling distribution)",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(error("top_p", "must be in (0, 1]"));
+        }
+        if self.beta < 0.0 {
+            return Err(error("beta", "must be at least 0"));
+        }
+        if !(self.epsilon >= 0.0 && self.epsilon.is_finite()) {
+            return Err(error("epsilon", "must be a finite number at least 0"));
+        }
+        if let Some(high) = self.epsilon_high {
+            if !(high >= 0.0 && high.is_finite()) {
+                return Err(error("epsilon_high", "must be a finite number at least 0"));
+            }
+        }
+        if let Some(delta) = self.delta {
+            if !(delta > 1.0 && delta.is_finite()) {
+                return Err(error("delta", "must be above 1 (it caps the ratio)"));
+            }
+        }
+        if !(self.top_entropy_quantile > 0.0 && self.top_entropy_quantile <= 1.0) {
+            return Err(error("top_entropy_quantile", "must be in (0, 1]"));
+        }
+        if let Some(weights) = &self.reward_weights {
+            if let Some((name, _)) = weights.iter().find(|(_, weight)| !weight.is_finite()) {
+                return Err(error(
+                    "reward_weights",
+                    format!("the weight of {name:?} is not finite"),
+                ));
+            }
+        }
+        if let (Some(low), Some(high)) = (
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        ) {
+            if low >= high {
+                return Err(error(
+                    "vllm_importance_sampling_clip_min",
+                    format!("must be below vllm_importance_sampling_clip_max ({high})"),
+                ));
+            }
+        }
+        if self.vllm_importance_sampling_correction
+            && self.vllm_importance_sampling_mode.truncates()
+            && self.vllm_importance_sampling_clip_min.is_none()
+            && self.vllm_importance_sampling_clip_max.is_none()
+        {
+            return Err(error(
+                "vllm_importance_sampling_mode",
+                "the truncate modes need vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max",
+            ));
+        }
+        if self.learning_rate.is_nan() || self.learning_rate < 0.0 {
+            return Err(error("learning_rate", "must be at least 0"));
+        }
+        if !(self.adam_beta1 >= 0.0 && self.adam_beta1 < 1.0) {
+            return Err(error("adam_beta1", "must be in [0, 1)"));
+        }
+        if !(self.adam_beta2 >= 0.0 && self.adam_beta2 < 1.0) {
+            return Err(error("adam_beta2", "must be in [0, 1)"));
+        }
+        if !(self.adam_epsilon > 0.0 && self.adam_epsilon.is_finite()) {
+            return Err(error("adam_epsilon", "must be above 0"));
+        }
+        if self.max_grad_norm < 0.0 {
+            return Err(error(
+                "max_grad_norm",
+                "must be at least 0 (0 disables clipping)",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.warmup_ratio) {
+            return Err(error("warmup_ratio", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&self.lora_dropout) {
+            return Err(error("lora_dropout", "must be in [0, 1)"));
+        }
+        if let Some(targets) = &self.lora_target_modules {
+            let projections = crate::local::model::PROJECTIONS;
+            if targets.is_empty() {
+                return Err(error("lora_target_modules", "names no projection"));
+            }
+            if let Some(unknown) = targets
+                .iter()
+                .find(|target| !projections.contains(&target.as_str()))
+            {
+                return Err(error(
+                    "lora_target_modules",
+                    format!(
+                        "{unknown:?} is not a projection; allowed values: {}",
+                        projections.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first option that differs from `saved` (a checkpoint's) and would change what the run computes:
+    /// `(key, saved value, this value)`.
+    pub fn differs_from(&self, saved: &GrpoConfig) -> Option<(String, String, String)> {
+        let ours = toml::Table::try_from(self).ok()?;
+        let theirs = toml::Table::try_from(saved).ok()?;
+        let keys: std::collections::BTreeSet<String> =
+            ours.keys().chain(theirs.keys()).cloned().collect();
+        let show =
+            |value: Option<&toml::Value>| value.map_or("unset".to_string(), ToString::to_string);
+        let differing = keys
+            .into_iter()
+            .filter(|key| !RESUMABLE_KEYS.contains(&key.as_str()))
+            .find(|key| ours.get(key) != theirs.get(key))?;
+        let (saved, now) = (show(theirs.get(&differing)), show(ours.get(&differing)));
+        Some((differing, saved, now))
+    }
+
+    /// The configuration as a TOML document (what a run folder and its checkpoints keep).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+}

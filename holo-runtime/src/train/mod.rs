@@ -1,0 +1,45 @@
+//! GRPO training with TRL's semantics: `holo train`, and [`Trainer`] for machines compiled in Rust.
+//!
+//! One optimizer step, as TRL's `GRPOTrainer` takes it:
+//! 1. **Generation** (every `steps_per_generation × num_iterations` micro-batches): the next
+//!    `generation_batch_size / num_generations` distinct rows of the data (a fresh permutation each
+//!    epoch) each get `num_generations` rollouts through the [`Loom`](crate::loom::Loom), recorded token by
+//!    token by the Holophore and sampled by the trained model itself, at the run's `temperature`, `top_p`
+//!    and `top_k`, each sample capped at `max_completion_length` tokens. A sample that runs out of tokens
+//!    makes its rollout *truncated* (never failed). Every rollout is appended to `RUN_DIR/rollouts.jsonl`
+//!    with its `step`.
+//! 2. **Advantages** ([`advantages`]): each reward component (a holotype's reward, `NaN` where a rollout
+//!    has none; a failed rollout has none at all), weighted by `reward_weights` or the holoware's weights,
+//!    normalized within each row's group.
+//! 3. **Log-probabilities**: of the weights that sampled (when `num_iterations` > 1 or steps and
+//!    generations are misaligned), and of the frozen reference (when `beta` > 0).
+//! 4. **Micro-batches** of `per_device_train_batch_size` rollouts from the shuffled generation batch: a
+//!    forward pass over each trained context ([`score`]: only the positions that predict a trained token
+//!    reach the output projection), the loss of `loss_type` ([`loss`]), and its backward pass (one layer
+//!    at a time under `gradient_checkpointing`). A rollout's advantage applies to every token it sampled in
+//!    a trained context, over all its turns.
+//! 5. **The update** ([`optim`]): gradients summed over `gradient_accumulation_steps` micro-batches,
+//!    clipped to `max_grad_norm`, one AdamW step at the scheduled learning rate. The sampler shares the
+//!    weights, so the next generation samples from the new policy.
+//! 6. **Evaluation** every `eval_steps` on held-out rows (`eval/reward`, `eval/pass@1`, `eval/pass@G`),
+//!    one line of metrics per step ([`metrics`]: `metrics.jsonl` and TensorBoard events), and a
+//!    checkpoint every `save_steps` ([`checkpoint`]) from which `--resume` continues exactly.
+//!
+//! Every random choice (data order, sampling seeds, shuffles, LoRA's initialization) is a function of
+//! `seed` and the step, so a resumed run repeats the uninterrupted one.
+
+pub mod advantages;
+pub mod batch;
+pub mod checkpoint;
+pub mod config;
+pub mod export;
+pub mod loss;
+pub mod metrics;
+pub mod optim;
+pub mod plot;
+mod sampling;
+pub mod score;
+mod trainer;
+
+pub use config::{ConfigBuilder, ConfigError, GrpoConfig};
+pub use trainer::{importance_sampling, Policy, RunOptions, TrainError, TrainSummary, Trainer};

@@ -1,0 +1,164 @@
+//! The policy's log-probabilities of the trained tokens, and their distributions' entropies.
+//!
+//! Sequences are right-padded into one batch; the final hidden states of the positions that predict a
+//! trained token are gathered (`[N, hidden]`) and only those go through the output projection, divided by
+//! the sampling temperature as TRL's fused head does: the logits of prompts and tool output are never
+//! built.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, D};
+
+use super::batch::{Completion, Sequence};
+use crate::local::model::positions_from_mask;
+use crate::local::{Model, Ops};
+
+pub type Result<T> = candle_core::Result<T>;
+
+/// Sequences padded into one batch, and where their trained tokens are.
+pub struct Packed {
+    /// `[S, T]` (u32).
+    pub ids: Tensor,
+    /// `[S, T]` (u8): 1 on real tokens.
+    pub mask: Tensor,
+    /// `[N]` (u32): the flat position (`s · T + t − 1`) of the hidden state predicting each trained token.
+    pub rows: Tensor,
+    /// `[N]` (u32): the trained tokens.
+    pub targets: Tensor,
+    pub tokens: usize,
+}
+
+/// Packs `sequences` (in order; their trained tokens in order) for one forward pass.
+pub fn pack(sequences: &[&Sequence], device: &Device) -> Result<Packed> {
+    let width = sequences
+        .iter()
+        .map(|s| s.ids.len())
+        .max()
+        .unwrap_or(0)
+        .max(2);
+    let rows_count = sequences.len();
+    let mut ids = vec![0u32; rows_count * width];
+    let mut mask = vec![0u8; rows_count * width];
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for (s, sequence) in sequences.iter().enumerate() {
+        ids[s * width..s * width + sequence.ids.len()].copy_from_slice(&sequence.ids);
+        mask[s * width..s * width + sequence.ids.len()].fill(1);
+        for &position in &sequence.trained {
+            rows.push((s * width + position - 1) as u32);
+            targets.push(sequence.ids[position]);
+        }
+    }
+    let tokens = rows.len();
+    Ok(Packed {
+        ids: Tensor::from_vec(ids, (rows_count, width), device)?,
+        mask: Tensor::from_vec(mask, (rows_count, width), device)?,
+        rows: Tensor::from_vec(rows, tokens, device)?,
+        targets: Tensor::from_vec(targets, tokens, device)?,
+        tokens,
+    })
+}
+
+/// The sequences of `completions`, in order.
+pub fn sequences(completions: &[Completion]) -> Vec<&Sequence> {
+    completions.iter().flat_map(|c| &c.sequences).collect()
+}
+
+/// Log-probabilities `[N]` (differentiable) and entropies `[N]` (differentiable only when
+/// `entropy_gradient`, for an entropy bonus) of the trained tokens, from the final hidden states
+/// `[S, T, hidden]`.
+pub fn head(
+    model: &Model,
+    hidden: &Tensor,
+    packed: &Packed,
+    temperature: f64,
+    entropy_gradient: bool,
+) -> Result<(Tensor, Tensor)> {
+    let (batch, len, size) = hidden.dims3()?;
+    let picked = hidden
+        .reshape((batch * len, size))?
+        .index_select(&packed.rows, 0)?;
+    let logits = model.logits(&picked, Ops::Differentiable)?;
+    let logits = if temperature == 1.0 {
+        logits
+    } else {
+        (logits / temperature)?
+    };
+    let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+    let chosen = logprobs
+        .gather(&packed.targets.unsqueeze(1)?, 1)?
+        .squeeze(1)?;
+    let source = if entropy_gradient {
+        logprobs
+    } else {
+        logprobs.detach()
+    };
+    let entropies = (source.exp()? * &source)?.sum(D::Minus1)?.neg()?;
+    Ok((chosen, entropies))
+}
+
+/// Log-probabilities (without gradient) of the trained tokens of `completions` under `model`, one vector
+/// per completion; sequences go through the model `batch` at a time. The arithmetic is the training
+/// forward's, so that ratios against these start at exactly 1.
+pub fn logprobs(
+    model: &Model,
+    completions: &[Completion],
+    temperature: f64,
+    batch: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let model = model.detached();
+    let model = &model;
+    let sequences = sequences(completions);
+    let mut flat = Vec::with_capacity(completions.iter().map(Completion::len).sum());
+    for chunk in sequences.chunks(batch.max(1)) {
+        let packed = pack(chunk, model.device())?;
+        if packed.tokens == 0 {
+            continue;
+        }
+        let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
+        let (chosen, _) = head(model, &hidden, &packed, temperature, false)?;
+        flat.extend(chosen.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+    }
+    let mut per_completion = Vec::with_capacity(completions.len());
+    let mut offset = 0;
+    for completion in completions {
+        per_completion.push(flat[offset..offset + completion.len()].to_vec());
+        offset += completion.len();
+    }
+    Ok(per_completion)
+}
+
+fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
+    let positions = positions_from_mask(&packed.mask)?;
+    model.forward_hidden(&packed.ids, &positions, &packed.mask, None, ops)
+}
+
+/// The gradients of `loss(logprobs, entropies)` over `completions`' trained tokens (see [`head`]), with
+/// the whole graph kept or (`recompute`) one layer's at a time; returns the loss's value and the
+/// gradients.
+pub fn backward(
+    model: &Model,
+    completions: &[Completion],
+    temperature: f64,
+    recompute: bool,
+    entropy_gradient: bool,
+    loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<(Tensor, GradStore)> {
+    let packed = pack(&sequences(completions), model.device())?;
+    if packed.tokens == 0 {
+        // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
+        let zero = Tensor::zeros((), model.dtype(), model.device())?;
+        return Ok((zero, GradStore::default()));
+    }
+    if recompute {
+        model.backward_recomputed_from_hidden(&packed.ids, &packed.mask, |hidden| {
+            let (chosen, entropies) = head(model, hidden, &packed, temperature, entropy_gradient)?;
+            loss(&chosen, &entropies)
+        })
+    } else {
+        let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
+        let (chosen, entropies) = head(model, &hidden, &packed, temperature, entropy_gradient)?;
+        let value = loss(&chosen, &entropies)?;
+        let grads = value.backward()?;
+        Ok((value.detach(), grads))
+    }
+}

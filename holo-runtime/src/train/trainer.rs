@@ -1,0 +1,954 @@
+//! The training loop: generation batches through the Loom, advantages, micro-batches, optimizer steps,
+//! evaluation, checkpoints and metrics. See the [module documentation](super) for the order of events.
+
+use std::collections::BTreeMap;
+use std::io::{self, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use tokenizers::Tokenizer;
+
+use super::advantages::{self, nanmean};
+use super::batch::{self, Completion};
+use super::checkpoint::{self, Buffer, RunDir, TrainerState, Weights};
+use super::config::GrpoConfig;
+use super::export::RunInfo;
+use super::loss;
+use super::metrics::MetricsLog;
+use super::optim::{self, AdamW};
+use super::sampling::Training;
+use super::score;
+use crate::chat::ChatTemplate;
+use crate::holophore::Holophore;
+use crate::interpreter::Row;
+use crate::local::model::LoraConfig;
+use crate::local::{checkpoint as model_files, LocalModel, LocalOptions, Model};
+use crate::loom::{Loom, LoomConfig, RolloutRecord, RolloutSource, Summary};
+use crate::machine::Rollout;
+use crate::sampler::Sampler;
+
+/// Why training stopped or could not start.
+#[derive(Debug)]
+pub enum TrainError {
+    /// The configuration, the data or the run folder is wrong; nothing was done.
+    Input(String),
+    /// Writing the run's files failed.
+    Io(io::Error),
+    /// The model failed.
+    Model(candle_core::Error),
+}
+
+impl std::fmt::Display for TrainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrainError::Input(message) => f.write_str(message),
+            TrainError::Io(error) => write!(f, "cannot write the run: {error}"),
+            TrainError::Model(error) => write!(f, "the model failed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for TrainError {}
+
+impl From<io::Error> for TrainError {
+    fn from(error: io::Error) -> Self {
+        TrainError::Io(error)
+    }
+}
+
+impl From<candle_core::Error> for TrainError {
+    fn from(error: candle_core::Error) -> Self {
+        TrainError::Model(error)
+    }
+}
+
+/// A model folder loaded for training: weights in f32, tokenizer, chat template.
+pub struct Policy {
+    pub dir: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub end_of_turn: Vec<u32>,
+}
+
+impl Policy {
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, TrainError> {
+        let fail = |error: model_files::LoadError| {
+            TrainError::Input(format!("--model `{}`: {error}", dir.display()))
+        };
+        let model = model_files::load_model(dir, candle_core::DType::F32, device).map_err(fail)?;
+        let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
+        let template = model_files::load_template(dir).map_err(fail)?;
+        let end_of_turn = model_files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)
+            .map_err(fail)?;
+        Ok(Policy {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+            end_of_turn,
+        })
+    }
+}
+
+/// Where a run writes and how it reports.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The run folder.
+    pub out: PathBuf,
+    /// Continue the run in `out` from its newest checkpoint.
+    pub resume: bool,
+    /// A progress bar on stderr (drawn only on a terminal).
+    pub progress: bool,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps: u64,
+    /// The metrics of the last step.
+    pub last: BTreeMap<String, f64>,
+    /// Each evaluation's metrics by step.
+    pub evaluations: Vec<(u64, BTreeMap<String, f64>)>,
+    pub run_dir: PathBuf,
+}
+
+/// Borrows a rollout source for one Loom.
+struct Borrowed<'a, S>(&'a S);
+
+impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
+    fn check(&self, row: &Row) -> Result<(), String> {
+        self.0.check(row)
+    }
+
+    fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
+        self.0.start(row)
+    }
+}
+
+/// The splitmix64 finalizer, for seeds derived from the run seed.
+fn mix(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Seed salts, so that data order, sampling, shuffling and evaluation draw independent streams.
+const DATA: u64 = 1;
+const SAMPLING: u64 = 2;
+const SHUFFLE: u64 = 3;
+const EVAL: u64 = 4;
+
+/// GRPO training of a local model on rollouts from a [`RolloutSource`]; see the [module
+/// documentation](super).
+pub struct Trainer<S> {
+    source: S,
+    config: GrpoConfig,
+    model: Model,
+    vars: Vec<(String, Var)>,
+    reference: Option<Model>,
+    sampler: LocalModel,
+    holophore: Holophore,
+    optimizer: AdamW,
+    adapter_config: Option<serde_json::Value>,
+    /// The base model folder, written in the run for `holo export`.
+    model_dir: PathBuf,
+    run: RunDir,
+    options: RunOptions,
+}
+
+impl<S: RolloutSource> Trainer<S> {
+    /// Prepares the weights to train (every weight, or LoRA adapters), the reference model when `beta`
+    /// > 0, and the in-process sampler sharing the trained weights.
+    pub fn new(
+        source: S,
+        policy: Policy,
+        config: GrpoConfig,
+        options: RunOptions,
+    ) -> Result<Self, TrainError> {
+        config
+            .validate()
+            .map_err(|error| TrainError::Input(error.to_string()))?;
+        let base = policy.model;
+        let (model, vars, adapter_config) = if config.use_peft {
+            let lora = LoraConfig {
+                rank: config.lora_r,
+                alpha: config.lora_alpha,
+                targets: config.lora_targets(),
+                seed: config.seed,
+            };
+            let (model, vars) = base.with_lora(&lora)?;
+            let adapter = checkpoint::adapter_config(&config, &policy.dir.display().to_string());
+            (model, vars, Some(adapter))
+        } else {
+            let (model, vars) = base.trainable()?;
+            (model, vars, None)
+        };
+        // The frozen starting point: the base weights (LoRA trains beside them, so they are shared).
+        let reference = (config.beta != 0.0).then(|| base.detached());
+        drop(base);
+        let holophore = Holophore::new(
+            std::sync::Arc::new(policy.tokenizer.clone()),
+            std::sync::Arc::new(policy.template.clone()),
+        )
+        .map_err(|error| {
+            TrainError::Input(format!("--model `{}`: {error}", policy.dir.display()))
+        })?;
+        let sampler = LocalModel::new(
+            model.detached(),
+            policy.tokenizer,
+            policy.template,
+            policy.end_of_turn,
+            LocalOptions {
+                device: model.device().clone(),
+                max_batch: config.generation_batch_size().max(1),
+                default_max_tokens: config.max_completion_length,
+                seed: config.seed,
+                ..LocalOptions::default()
+            },
+        );
+        let optimizer = AdamW::new(vars.clone(), &config);
+        let model_dir = std::fs::canonicalize(&policy.dir).unwrap_or(policy.dir);
+        Ok(Trainer {
+            source,
+            config,
+            model,
+            vars,
+            reference,
+            sampler,
+            holophore,
+            optimizer,
+            adapter_config,
+            model_dir,
+            run: RunDir::new(options.out.clone()),
+            options,
+        })
+    }
+
+    pub fn config(&self) -> &GrpoConfig {
+        &self.config
+    }
+
+    /// The model being trained (its weights are [`Var`]s).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The trained weights or adapters, by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// The optimizer steps of a run over `rows` rows.
+    pub fn total_steps(&self, rows: usize) -> u64 {
+        let config = &self.config;
+        if config.max_steps > 0 {
+            return config.max_steps as u64;
+        }
+        let prompts = config.prompts_per_generation().max(1);
+        let generations = (config.num_train_epochs * rows as f64 / prompts as f64).ceil() as u64;
+        let micro =
+            generations * config.steps_per_generation() as u64 * config.num_iterations as u64;
+        micro
+            .div_ceil(config.gradient_accumulation_steps as u64)
+            .max(1)
+    }
+
+    /// Trains on `rows` (`(index, row)`: the index names the row in the records), evaluating on
+    /// `eval_rows` every `eval_steps`. Blocks until the last step.
+    pub fn train(
+        &mut self,
+        rows: &[(usize, Row)],
+        eval_rows: &[(usize, Row)],
+    ) -> Result<TrainSummary, TrainError> {
+        let config = self.config.clone();
+        let prompts = config.prompts_per_generation();
+        if rows.len() < prompts {
+            return Err(TrainError::Input(format!(
+                "the data has {} rows; one generation batch needs {prompts} distinct prompts (generation_batch_size / num_generations)",
+                rows.len()
+            )));
+        }
+        for (rows, what) in [(rows, "training"), (eval_rows, "evaluation")] {
+            for (index, row) in rows {
+                self.source.check(row).map_err(|message| {
+                    TrainError::Input(format!("{what} row {}: {message}", index + 1))
+                })?;
+            }
+        }
+        let total = self.total_steps(rows.len());
+        let (mut state, mut metrics_log) = self.open_run()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+
+        let progress = if self.options.progress && io::stderr().is_terminal() {
+            progress_bar(total)
+        } else {
+            ProgressBar::hidden()
+        };
+        progress.set_position(state.global_step);
+        let mut summary = TrainSummary {
+            steps: state.global_step,
+            last: BTreeMap::new(),
+            evaluations: Vec::new(),
+            run_dir: self.run.path.clone(),
+        };
+        if config.eval_on_start && state.global_step == 0 && !eval_rows.is_empty() {
+            let metrics = self.evaluate(&runtime, eval_rows, 0)?;
+            metrics_log.log(0, &metrics)?;
+            summary.evaluations.push((0, metrics));
+        }
+        let generate_every = (config.steps_per_generation() * config.num_iterations) as u64;
+        let accumulation = config.gradient_accumulation_steps as u64;
+        while state.global_step < total {
+            let started = Instant::now();
+            let step = state.global_step + 1;
+            let mut window = Window::default();
+            let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+            for _ in 0..accumulation {
+                if state.micro_step % generate_every == 0 || state.buffer.is_none() {
+                    let (buffer, generated) = self.generate(&runtime, rows, &mut state, step)?;
+                    window.extend(generated);
+                    state.buffer = Some(buffer);
+                }
+                let buffer = state.buffer.as_ref().expect("generated above");
+                let size = config.per_device_train_batch_size;
+                let slot = (state.micro_step % config.steps_per_generation() as u64) as usize;
+                let end = ((slot + 1) * size).min(buffer.completions.len());
+                let micro = &buffer.completions[(slot * size).min(end)..end];
+                let (value, micro_grads, metrics) =
+                    self.micro_step(micro, buffer.num_items_in_batch)?;
+                window.loss += value;
+                window.extend(metrics);
+                for ((_, var), slot) in self.vars.iter().zip(grads.iter_mut()) {
+                    if let Some(grad) = micro_grads.get(var.as_tensor()) {
+                        *slot = Some(match slot.take() {
+                            Some(sum) => (sum + grad)?,
+                            None => grad.clone(),
+                        });
+                    }
+                }
+                state.micro_step += 1;
+                if state.micro_step % generate_every == 0 {
+                    state.buffer = None;
+                }
+            }
+            let grad_norm = optim::clip_grad_norm(&mut grads, config.max_grad_norm)?;
+            let learning_rate = optim::learning_rate(&config, state.global_step, total);
+            self.optimizer.step(&grads, learning_rate)?;
+            // The sampler shares the weights; its cached prefixes belong to the old ones.
+            self.sampler.prefix_cache().clear();
+            state.global_step = step;
+
+            let mut metrics = window.means();
+            metrics.insert("loss".into(), window.loss);
+            metrics.insert("grad_norm".into(), grad_norm);
+            metrics.insert("learning_rate".into(), learning_rate);
+            metrics.insert("num_tokens".into(), state.num_input_tokens_seen as f64);
+            metrics.insert(
+                "epoch".into(),
+                state.data_position as f64 / rows.len() as f64,
+            );
+            metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
+            let last_step = step == total;
+            if let Some(every) = config.eval_steps {
+                if (step % every == 0 || last_step) && !eval_rows.is_empty() {
+                    let evaluation = self.evaluate(&runtime, eval_rows, step)?;
+                    metrics.extend(evaluation.clone());
+                    summary.evaluations.push((step, evaluation));
+                }
+            }
+            metrics_log.log(step, &metrics)?;
+            progress.set_message(format!(
+                "reward {:.3}{}",
+                metrics.get("reward").copied().unwrap_or(f64::NAN),
+                metrics
+                    .get("kl")
+                    .map_or(String::new(), |kl| format!(", kl {kl:.4}")),
+            ));
+            progress.set_position(step);
+            if step % config.save_steps == 0 || last_step {
+                let saved = self.save(&state)?;
+                if self.options.progress {
+                    progress.suspend(|| eprintln!("saved {}", saved.display()));
+                }
+            }
+            summary.steps = step;
+            summary.last = metrics;
+        }
+        progress.finish_and_clear();
+        Ok(summary)
+    }
+
+    /// Opens the run folder: a new run (refusing a folder that holds one), or the newest checkpoint of
+    /// the run in it, with the same configuration.
+    fn open_run(&mut self) -> Result<(TrainerState, MetricsLog), TrainError> {
+        let dir = self.run.path.clone();
+        std::fs::create_dir_all(&dir)?;
+        self.run.remove_partial()?;
+        let checkpoints = self.run.checkpoints()?;
+        if !self.options.resume {
+            if !checkpoints.is_empty() || dir.join("metrics.jsonl").exists() {
+                return Err(TrainError::Input(format!(
+                    "`{}` already holds a run: pass --resume to continue it, or choose another --out",
+                    dir.display()
+                )));
+            }
+            std::fs::write(dir.join("config.toml"), self.config.to_toml())?;
+            RunInfo {
+                model: self.model_dir.clone(),
+            }
+            .write(&dir)?;
+            std::fs::File::create(dir.join("rollouts.jsonl"))?;
+            std::fs::File::create(dir.join("eval_rollouts.jsonl"))?;
+            let state = TrainerState {
+                global_step: 0,
+                micro_step: 0,
+                generations: 0,
+                data_position: 0,
+                num_input_tokens_seen: 0,
+                buffer: None,
+            };
+            return Ok((state, MetricsLog::create(&dir)?));
+        }
+        let Some((_, newest)) = checkpoints.last() else {
+            return Err(TrainError::Input(format!(
+                "--resume: `{}` has no checkpoint to resume from",
+                dir.display()
+            )));
+        };
+        let loaded = checkpoint::load(newest).map_err(TrainError::Input)?;
+        if let Some((key, saved, now)) = self.config.differs_from(&loaded.config) {
+            return Err(TrainError::Input(format!(
+                "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
+                dir.display()
+            )));
+        }
+        checkpoint::restore(&self.vars, &loaded.weights).map_err(TrainError::Input)?;
+        self.optimizer
+            .load_state(loaded.state.global_step, &loaded.optimizer)?;
+        let step = loaded.state.global_step;
+        for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+            keep_records_until(&dir.join(file), step)?;
+        }
+        Ok((loaded.state, MetricsLog::resume(&dir, step)?))
+    }
+
+    fn save(&self, state: &TrainerState) -> Result<PathBuf, TrainError> {
+        let weights = match &self.adapter_config {
+            Some(adapter_config) => Weights::Adapters {
+                vars: &self.vars,
+                adapter_config: adapter_config.clone(),
+            },
+            None => Weights::Full(&self.vars),
+        };
+        Ok(checkpoint::save(
+            &self.run,
+            &weights,
+            self.optimizer.state(),
+            state,
+            &self.config,
+            self.config.save_total_limit,
+        )?)
+    }
+
+    /// The next `prompts_per_generation` distinct rows of the data stream (each epoch a fresh
+    /// permutation), advancing `state.data_position`.
+    fn next_rows<'r>(
+        &self,
+        rows: &'r [(usize, Row)],
+        state: &mut TrainerState,
+    ) -> Vec<&'r (usize, Row)> {
+        let wanted = self.config.prompts_per_generation();
+        let mut picked: Vec<&(usize, Row)> = Vec::with_capacity(wanted);
+        let mut epoch_order: Option<(u64, Vec<usize>)> = None;
+        while picked.len() < wanted {
+            let epoch = state.data_position / rows.len() as u64;
+            let offset = (state.data_position % rows.len() as u64) as usize;
+            if epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
+                let mut order: Vec<usize> = (0..rows.len()).collect();
+                if self.config.shuffle_dataset {
+                    let seed = mix(mix(self.config.data_seed() ^ DATA) ^ epoch);
+                    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+                }
+                epoch_order = Some((epoch, order));
+            }
+            let order = &epoch_order.as_ref().expect("set above").1;
+            let candidate = &rows[order[offset]];
+            state.data_position += 1;
+            // Across an epoch boundary a row may come again; a group of its own twice would be the same
+            // rollouts twice.
+            if !picked.iter().any(|row| row.0 == candidate.0) {
+                picked.push(candidate);
+            }
+        }
+        picked
+    }
+
+    /// One generation batch: rollouts, rewards, advantages, and the log-probabilities the loss needs,
+    /// shuffled. Returns it with the metrics TRL logs at generation.
+    fn generate(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        rows: &[(usize, Row)],
+        state: &mut TrainerState,
+        step: u64,
+    ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
+        let config = self.config.clone();
+        let group = config.num_generations;
+        let picked: Vec<(usize, Row)> = self.next_rows(rows, state).into_iter().cloned().collect();
+        let generation = state.generations;
+        state.generations += 1;
+        let seed = mix(mix(config.seed ^ SAMPLING) ^ generation);
+        let (records, _) = self.rollouts(runtime, &picked, group, seed, step, "rollouts.jsonl")?;
+
+        let rewards = batch::rewards(&records, config.reward_weights.as_ref());
+        let scored = advantages::advantages(
+            &rewards,
+            group,
+            config.scale_rewards,
+            config.multi_objective_aggregation,
+        );
+        let mut metrics = scored.metrics;
+        let mut completions: Vec<Completion> = records
+            .iter()
+            .zip(&scored.advantages)
+            .map(|(record, &advantage)| {
+                let masked = record.error.is_some()
+                    || (record.truncated && config.mask_truncated_completions);
+                Completion {
+                    sequences: batch::sequences(record),
+                    advantage: advantage as f32,
+                    mask: if masked { 0.0 } else { 1.0 },
+                    truncated: record.truncated,
+                    old_logprobs: None,
+                    ref_logprobs: None,
+                    is_ratio: None,
+                }
+            })
+            .collect();
+        completion_metrics(&records, &completions, &mut metrics);
+        state.num_input_tokens_seen += completions
+            .iter()
+            .flat_map(|c| &c.sequences)
+            .map(|s| s.ids.len() as u64)
+            .sum::<u64>();
+        let num_items_in_batch: f64 = completions
+            .iter()
+            .map(|c| c.mask as f64 * c.len() as f64)
+            .sum();
+
+        let batch_size = config.per_device_train_batch_size;
+        let generate_every = config.steps_per_generation() * config.num_iterations;
+        let correction = self.sampler_correction();
+        if !config
+            .gradient_accumulation_steps
+            .is_multiple_of(generate_every)
+            || correction
+        {
+            let old = score::logprobs(&self.model, &completions, config.temperature, batch_size)?;
+            for (completion, old) in completions.iter_mut().zip(old) {
+                completion.old_logprobs = Some(old);
+            }
+        }
+        if correction {
+            importance_sampling(&config, &mut completions, &mut metrics);
+        }
+        if let Some(reference) = &self.reference {
+            let logprobs =
+                score::logprobs(reference, &completions, config.temperature, batch_size)?;
+            for (completion, logprobs) in completions.iter_mut().zip(logprobs) {
+                completion.ref_logprobs = Some(logprobs);
+            }
+        }
+        let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
+        completions.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shuffle));
+        if config.log_completions {
+            print_completions(
+                &records,
+                &scored.advantages,
+                config.num_completions_to_print,
+                step,
+            );
+        }
+        Ok((
+            Buffer {
+                completions,
+                num_items_in_batch,
+                step,
+            },
+            metrics,
+        ))
+    }
+
+    /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The in-process
+    /// sampler is the trained f32 model itself: like TRL without vLLM, it needs none.
+    fn sampler_correction(&self) -> bool {
+        false
+    }
+
+    /// Runs `G` rollouts of each row through the Loom with the training sampler, appends them (with
+    /// `step`) to `file` in the run folder, and returns them grouped: row by row, rollouts in order.
+    fn rollouts(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        rows: &[(usize, Row)],
+        group: usize,
+        seed: u64,
+        step: u64,
+        file: &str,
+    ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
+        let loom = Loom::new(
+            Borrowed(&self.source),
+            LoomConfig {
+                rollouts_per_row: group,
+                seed,
+                concurrency: (rows.len() * group).max(1),
+                progress: false,
+                timing: false,
+                dataset: None,
+            },
+        )
+        .with_holophore(self.holophore.fork());
+        let sampler = Training::new(
+            &self.sampler as &dyn Sampler,
+            &self.config,
+            Some(self.model.config.max_position_embeddings),
+        );
+        let mut jsonl = Vec::new();
+        let summary = runtime.block_on(loom.run(rows, &sampler, &mut jsonl))?;
+        let mut records: Vec<RolloutRecord> = jsonl
+            .split(|&byte| byte == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(serde_json::from_slice)
+            .collect::<Result<_, _>>()
+            .map_err(io::Error::other)?;
+        let position: BTreeMap<usize, usize> = rows
+            .iter()
+            .enumerate()
+            .map(|(position, (index, _))| (*index, position))
+            .collect();
+        records.sort_by_key(|record| (position[&record.row_index], record.rollout_index));
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.run.path.join(file))?;
+        let mut lines = Vec::new();
+        for record in &mut records {
+            record.step = Some(step);
+            serde_json::to_writer(&mut lines, record).map_err(io::Error::other)?;
+            lines.push(b'\n');
+        }
+        out.write_all(&lines)?;
+        out.flush()?;
+        Ok((records, summary))
+    }
+
+    /// Loss and gradients of one micro-batch.
+    fn micro_step(
+        &self,
+        completions: &[Completion],
+        num_items_in_batch: f64,
+    ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
+        let inputs = loss::Inputs {
+            completions,
+            num_items_in_batch,
+            sampler_correction: self.sampler_correction(),
+        };
+        let mut metrics = BTreeMap::new();
+        let (value, grads) = score::backward(
+            &self.model,
+            completions,
+            self.config.temperature,
+            self.config.gradient_checkpointing,
+            self.config.entropy_coef != 0.0,
+            |logprobs, entropies| {
+                let computed = loss::compute(&self.config, &inputs, logprobs, entropies)?;
+                metrics = computed.metrics;
+                Ok(computed.loss)
+            },
+        )?;
+        let value = value
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        Ok((value, grads, metrics))
+    }
+
+    /// Rollouts of the held-out rows with the current weights (the same seed at every evaluation, so
+    /// that only the weights change): `eval/reward`, `eval/pass@1`, `eval/pass@G`, each component's mean.
+    fn evaluate(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        rows: &[(usize, Row)],
+        step: u64,
+    ) -> Result<BTreeMap<String, f64>, TrainError> {
+        let group = self.config.num_generations_eval();
+        let seed = mix(self.config.seed ^ EVAL);
+        let (records, summary) =
+            self.rollouts(runtime, rows, group, seed, step, "eval_rollouts.jsonl")?;
+        let mut metrics = BTreeMap::new();
+        metrics.insert(
+            "eval/reward".to_string(),
+            summary.mean_reward.unwrap_or(f64::NAN),
+        );
+        for (k, value) in &summary.pass_at_k {
+            metrics.insert(format!("eval/pass@{k}"), *value);
+        }
+        for component in &summary.components {
+            metrics.insert(
+                format!("eval/rewards/{}/mean", component.name),
+                component.mean,
+            );
+        }
+        let lengths: Vec<f64> = records
+            .iter()
+            .map(|record| {
+                batch::sequences(record)
+                    .iter()
+                    .map(|s| s.trained.len() as f64)
+                    .sum()
+            })
+            .collect();
+        metrics.insert(
+            "eval/completions/mean_length".into(),
+            nanmean(lengths.iter().copied()),
+        );
+        metrics.insert("eval/failed".into(), summary.failed as f64);
+        Ok(metrics)
+    }
+}
+
+/// Metric values gathered over one optimizer step's micro-batches and generations, averaged as TRL
+/// averages its metric lists at logging.
+#[derive(Default)]
+struct Window {
+    values: BTreeMap<String, Vec<f64>>,
+    loss: f64,
+}
+
+impl Window {
+    fn extend(&mut self, metrics: BTreeMap<String, f64>) {
+        for (name, value) in metrics {
+            self.values.entry(name).or_default().push(value);
+        }
+    }
+
+    fn means(&self) -> BTreeMap<String, f64> {
+        self.values
+            .iter()
+            .map(|(name, values)| (name.clone(), nanmean(values.iter().copied())))
+            .collect()
+    }
+}
+
+/// TRL's completion metrics: lengths (trained tokens per rollout), the truncated fraction, the lengths
+/// of the rollouts that ended on their own.
+fn completion_metrics(
+    records: &[RolloutRecord],
+    completions: &[Completion],
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let lengths: Vec<f64> = completions.iter().map(|c| c.len() as f64).collect();
+    let stats = |values: &[f64]| {
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (nanmean(values.iter().copied()), min, max)
+    };
+    let (mean, min, max) = stats(&lengths);
+    metrics.insert("completions/mean_length".into(), mean);
+    metrics.insert("completions/min_length".into(), min);
+    metrics.insert("completions/max_length".into(), max);
+    let truncated = completions.iter().filter(|c| c.truncated).count();
+    metrics.insert(
+        "completions/clipped_ratio".into(),
+        truncated as f64 / completions.len().max(1) as f64,
+    );
+    let mut terminated: Vec<f64> = completions
+        .iter()
+        .zip(&lengths)
+        .filter(|(c, _)| !c.truncated)
+        .map(|(_, &length)| length)
+        .collect();
+    if terminated.is_empty() {
+        terminated.push(0.0);
+    }
+    let (mean, min, max) = stats(&terminated);
+    metrics.insert("completions/mean_terminated_length".into(), mean);
+    metrics.insert("completions/min_terminated_length".into(), min);
+    metrics.insert("completions/max_terminated_length".into(), max);
+    let failed = records.iter().filter(|r| r.error.is_some()).count();
+    metrics.insert(
+        "rollouts/failed_ratio".into(),
+        failed as f64 / records.len().max(1) as f64,
+    );
+}
+
+/// TRL's importance-sampling correction for a sampler whose log-probabilities differ from the
+/// trainer's: `exp(old − sampling)` per token (or summed per completion), clamped or masked to
+/// `[clip_min, clip_max]`; and the `sampling/*` metrics.
+pub fn importance_sampling(
+    config: &GrpoConfig,
+    completions: &mut [Completion],
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let mode = config.vllm_importance_sampling_mode;
+    let (low, high) = (
+        config.vllm_importance_sampling_clip_min,
+        config.vllm_importance_sampling_clip_max,
+    );
+    let mut differences = Vec::new();
+    let mut ratios = Vec::new();
+    for completion in completions.iter_mut() {
+        let sampling = completion.sampling_logprobs();
+        let old = completion.old_logprobs.clone().unwrap_or_default();
+        // In f32, as TRL computes it.
+        let diffs: Vec<f32> = old
+            .iter()
+            .zip(&sampling)
+            .map(|(&old, &sampled)| {
+                let diff = (old - sampled) * completion.mask;
+                if diff.is_nan() {
+                    0.0
+                } else {
+                    diff
+                }
+            })
+            .collect();
+        if completion.mask != 0.0 {
+            differences.extend(
+                old.iter()
+                    .zip(&sampling)
+                    .map(|(&old, &sampled)| (old - sampled).abs() as f64)
+                    .filter(|difference| !difference.is_nan()),
+            );
+        }
+        let raw: Vec<f64> = if mode.is_sequence() {
+            vec![diffs.iter().sum::<f32>().exp() as f64]
+        } else {
+            diffs.iter().map(|diff| diff.exp() as f64).collect()
+        };
+        let corrected: Vec<f32> = raw
+            .iter()
+            .map(|&ratio| {
+                let value = if mode.truncates() {
+                    let ratio = low.map_or(ratio, |low| ratio.max(low));
+                    high.map_or(ratio, |high| ratio.min(high))
+                } else if low.is_some_and(|low| ratio < low)
+                    || high.is_some_and(|high| ratio > high)
+                {
+                    0.0
+                } else {
+                    ratio
+                };
+                value as f32
+            })
+            .collect();
+        if mode.is_sequence() || completion.mask != 0.0 {
+            ratios.extend(corrected.iter().map(|&r| r as f64));
+        }
+        completion.is_ratio = Some(corrected);
+    }
+    let fold = |values: &[f64], f: fn(f64, f64) -> f64, empty: f64| {
+        values.iter().copied().reduce(f).unwrap_or(empty)
+    };
+    metrics.insert(
+        "sampling/sampling_logp_difference/mean".into(),
+        if differences.is_empty() {
+            0.0
+        } else {
+            nanmean(differences.iter().copied())
+        },
+    );
+    metrics.insert(
+        "sampling/sampling_logp_difference/max".into(),
+        fold(&differences, f64::max, 0.0),
+    );
+    metrics.insert(
+        "sampling/importance_sampling_ratio/min".into(),
+        fold(&ratios, f64::min, 0.0),
+    );
+    metrics.insert(
+        "sampling/importance_sampling_ratio/mean".into(),
+        if ratios.is_empty() {
+            0.0
+        } else {
+            nanmean(ratios.iter().copied())
+        },
+    );
+    metrics.insert(
+        "sampling/importance_sampling_ratio/max".into(),
+        fold(&ratios, f64::max, 0.0),
+    );
+}
+
+/// Drops the records of steps after `step` from a rollouts file (a resumed run writes them again).
+fn keep_records_until(path: &Path, step: u64) -> io::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let mut kept = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        if !line.ends_with('\n') {
+            break;
+        }
+        let record_step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|value| value.get("step").and_then(serde_json::Value::as_u64));
+        if record_step.is_some_and(|record_step| record_step <= step) {
+            kept.push_str(line);
+        }
+    }
+    let staging = path.with_extension("jsonl.resume");
+    std::fs::write(&staging, kept)?;
+    std::fs::rename(staging, path)
+}
+
+/// Prints a generation's completions (`limit` of them, all without one) with their rewards and
+/// advantages, as TRL's `log_completions` does.
+fn print_completions(
+    records: &[RolloutRecord],
+    advantages: &[f64],
+    limit: Option<usize>,
+    step: u64,
+) {
+    let mut err = io::stderr().lock();
+    let _ = writeln!(err, "── completions of step {step} ──");
+    for (record, advantage) in records
+        .iter()
+        .zip(advantages)
+        .take(limit.unwrap_or(usize::MAX))
+    {
+        let sampled: Vec<&str> = record
+            .contexts
+            .iter()
+            .flat_map(|context| &context.messages)
+            .flat_map(|message| &message.parts)
+            .filter(|part| part.sampled)
+            .map(|part| part.text.as_str())
+            .collect();
+        let _ = writeln!(
+            err,
+            "row {} #{}: reward {:.3}, advantage {advantage:+.3}: {:?}",
+            record.row_index,
+            record.rollout_index,
+            record.reward,
+            sampled.join(" ⏎ ")
+        );
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] step {pos}/{len}, ETA {eta}, {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

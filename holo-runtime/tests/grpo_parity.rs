@@ -1,0 +1,384 @@
+//! The GRPO trainer's formulas against TRL's own `GRPOTrainer`: advantages and reward metrics, the
+//! importance-sampling correction, the policy's log-probabilities and entropies, every loss type's loss
+//! and logged metrics, and the gradients of several weights, on the committed tiny Qwen2 model.
+//! Fixtures: `tests/fixtures/grpo/` (made by `scripts/grpo_fixtures.py`; its README says how each number
+//! was computed).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use holo_runtime::local::checkpoint::load_model;
+use holo_runtime::train::advantages::{advantages, Rewards};
+use holo_runtime::train::batch::{Completion, Sequence};
+use holo_runtime::train::config::{
+    ImportanceSamplingLevel, ImportanceSamplingMode, LossType, MultiObjectiveAggregation,
+    ScaleRewards,
+};
+use holo_runtime::train::{importance_sampling, loss, score, GrpoConfig};
+use serde_json::Value;
+
+fn fixtures() -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/cases.json");
+    serde_json::from_str(&std::fs::read_to_string(root).expect("cases.json")).expect("JSON")
+}
+
+fn floats(value: &Value) -> Vec<f64> {
+    value
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|v| v.as_f64().unwrap_or(f64::NAN))
+        .collect()
+}
+
+fn f32s(value: &Value) -> Vec<f32> {
+    floats(value).into_iter().map(|v| v as f32).collect()
+}
+
+fn enumerated<T: serde::de::DeserializeOwned>(value: &Value) -> T {
+    serde_json::from_value(value.clone()).expect("a known value")
+}
+
+/// The case's options under our names (TRL's).
+fn config(case: &Value) -> GrpoConfig {
+    let c = &case["config"];
+    let number = |key: &str| c[key].as_f64();
+    let count = |key: &str| c[key].as_u64().expect(key) as usize;
+    GrpoConfig {
+        loss_type: enumerated::<LossType>(&c["loss_type"]),
+        importance_sampling_level: enumerated::<ImportanceSamplingLevel>(
+            &c["importance_sampling_level"],
+        ),
+        scale_rewards: enumerated::<ScaleRewards>(&c["scale_rewards"]),
+        multi_objective_aggregation: enumerated::<MultiObjectiveAggregation>(
+            &c["multi_objective_aggregation"],
+        ),
+        num_generations: count("num_generations"),
+        max_completion_length: count("max_completion_length"),
+        per_device_train_batch_size: count("per_device_train_batch_size"),
+        gradient_accumulation_steps: count("gradient_accumulation_steps"),
+        steps_per_generation: Some(count("steps_per_generation")),
+        num_iterations: count("num_iterations"),
+        temperature: number("temperature").unwrap(),
+        beta: number("beta").unwrap(),
+        use_bias_correction_kl: c["use_bias_correction_kl"].as_bool().unwrap(),
+        epsilon: number("epsilon").unwrap(),
+        epsilon_high: number("epsilon_high"),
+        delta: number("delta"),
+        sapo_temperature_pos: number("sapo_temperature_pos").unwrap(),
+        sapo_temperature_neg: number("sapo_temperature_neg").unwrap(),
+        vespo_k_pos: number("vespo_k_pos").unwrap(),
+        vespo_lambda_pos: number("vespo_lambda_pos").unwrap(),
+        vespo_k_neg: number("vespo_k_neg").unwrap(),
+        vespo_lambda_neg: number("vespo_lambda_neg").unwrap(),
+        mask_truncated_completions: c["mask_truncated_completions"].as_bool().unwrap(),
+        top_entropy_quantile: number("top_entropy_quantile").unwrap(),
+        off_policy_mask_threshold: number("off_policy_mask_threshold"),
+        entropy_coef: number("entropy_coef").unwrap(),
+        vllm_importance_sampling_correction: c["vllm_importance_sampling_correction"]
+            .as_bool()
+            .unwrap(),
+        vllm_importance_sampling_mode: enumerated::<ImportanceSamplingMode>(
+            &c["vllm_importance_sampling_mode"],
+        ),
+        vllm_importance_sampling_clip_min: number("vllm_importance_sampling_clip_min"),
+        vllm_importance_sampling_clip_max: number("vllm_importance_sampling_clip_max"),
+        ..GrpoConfig::default()
+    }
+}
+
+/// `|ours − theirs| ≤ tolerance · max(|theirs|, floor)`, with a message naming what differs.
+fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
+    let bound = tolerance * theirs.abs().max(floor);
+    let both_nan = ours.is_nan() && theirs.is_nan();
+    assert!(
+        both_nan || (ours - theirs).abs() <= bound,
+        "{what}: ours {ours}, TRL {theirs} (|Δ| {:e} > {bound:e})",
+        (ours - theirs).abs()
+    );
+}
+
+#[test]
+fn advantages_and_reward_metrics_match_trl() {
+    let fixtures = fixtures();
+    for case in fixtures["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let config = config(case);
+        let rewards = Rewards {
+            names: case["reward_func_names"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect(),
+            weights: floats(&case["reward_weights"]),
+            values: case["rewards_per_func"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(floats)
+                .collect(),
+        };
+        let scored = advantages(
+            &rewards,
+            config.num_generations,
+            config.scale_rewards,
+            config.multi_objective_aggregation,
+        );
+        for (i, completion) in case["completions"].as_array().unwrap().iter().enumerate() {
+            close(
+                &format!("{name}: advantage {i}"),
+                scored.advantages[i],
+                completion["advantage"].as_f64().unwrap(),
+                1e-5,
+                1e-2,
+            );
+        }
+        let logged = case["generation_metrics"].as_object().unwrap();
+        for (key, ours) in &scored.metrics {
+            let theirs = logged
+                .get(key)
+                .unwrap_or_else(|| panic!("{name}: TRL logs no {key}"))
+                .as_f64()
+                .unwrap_or(f64::NAN);
+            close(&format!("{name}: {key}"), *ours, theirs, 1e-5, 1e-3);
+        }
+    }
+}
+
+/// The case's completions as the trainer prepares them (TRL's advantages, old/ref/sampling log-probs).
+fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
+    let use_vllm = case["config"]["use_vllm"].as_bool().unwrap();
+    let mut completions: Vec<Completion> = case["completions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let prompt: Vec<u32> = floats(&c["prompt_ids"]).iter().map(|&v| v as u32).collect();
+            let completion: Vec<u32> = floats(&c["completion_ids"])
+                .iter()
+                .map(|&v| v as u32)
+                .collect();
+            let mut ids = prompt.clone();
+            ids.extend(&completion);
+            let sampling = if use_vllm {
+                f32s(&c["sampling_logps"])
+            } else {
+                vec![f32::NAN; completion.len()]
+            };
+            let masked = floats(&c["completion_mask"]).iter().all(|&m| m == 0.0);
+            Completion {
+                sequences: vec![Sequence {
+                    ids,
+                    trained: (prompt.len()..prompt.len() + completion.len()).collect(),
+                    sampling_logprobs: sampling,
+                }],
+                advantage: c["advantage"].as_f64().unwrap() as f32,
+                mask: if masked { 0.0 } else { 1.0 },
+                truncated: c["truncated"].as_bool().unwrap(),
+                old_logprobs: Some(f32s(&c["old_logps"])),
+                ref_logprobs: (config.beta != 0.0).then(|| f32s(&c["ref_logps"])),
+                is_ratio: None,
+            }
+        })
+        .collect();
+    if use_vllm {
+        let mut metrics = BTreeMap::new();
+        importance_sampling(config, &mut completions, &mut metrics);
+        let logged = case["generation_metrics"].as_object().unwrap();
+        for (key, ours) in &metrics {
+            let theirs = logged[key].as_f64().unwrap();
+            close(
+                &format!("{}: {key}", case["name"]),
+                *ours,
+                theirs,
+                1e-5,
+                1e-3,
+            );
+        }
+        for (i, (ours, c)) in completions
+            .iter()
+            .zip(case["completions"].as_array().unwrap())
+            .enumerate()
+        {
+            let theirs = match &c["importance_sampling_ratio"] {
+                Value::Array(_) => floats(&c["importance_sampling_ratio"]),
+                value => vec![value.as_f64().unwrap()],
+            };
+            let ours = ours.is_ratio.as_ref().unwrap();
+            assert_eq!(ours.len(), theirs.len(), "{}: ratio count", case["name"]);
+            for (o, t) in ours.iter().zip(&theirs) {
+                close(
+                    &format!("{}: IS ratio of completion {i}", case["name"]),
+                    *o as f64,
+                    *t,
+                    1e-5,
+                    1e-3,
+                );
+            }
+        }
+    }
+    completions
+}
+
+#[test]
+fn losses_metrics_and_gradients_match_trl() {
+    let fixtures = fixtures();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
+    let base = load_model(&root, DType::F32, &Device::Cpu).expect("fixture model");
+    let gradient_params: Vec<String> = fixtures["gradient_params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    let mut checked = 0;
+    for case in fixtures["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let config = config(case);
+        let (model, vars) = base.trainable().unwrap();
+        let all = completions(case, &config);
+        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+        for micro in case["micro_batches"].as_array().unwrap() {
+            let indices: Vec<usize> = floats(&micro["completions"])
+                .iter()
+                .map(|&i| i as usize)
+                .collect();
+            let chosen: Vec<Completion> = indices.iter().map(|&i| all[i].clone()).collect();
+            let inputs = loss::Inputs {
+                completions: &chosen,
+                num_items_in_batch: case["num_items_in_batch"].as_f64().unwrap(),
+                sampler_correction: case["config"]["use_vllm"].as_bool().unwrap(),
+            };
+            let mut metrics = BTreeMap::new();
+            let mut scored = None;
+            for recompute in [false, true] {
+                let (value, store) = score::backward(
+                    &model,
+                    &chosen,
+                    config.temperature,
+                    recompute,
+                    config.entropy_coef != 0.0,
+                    |logprobs, entropies| {
+                        scored = Some((logprobs.to_vec1::<f32>()?, entropies.to_vec1::<f32>()?));
+                        let computed = loss::compute(&config, &inputs, logprobs, entropies)?;
+                        metrics = computed.metrics;
+                        Ok(computed.loss)
+                    },
+                )
+                .unwrap();
+                close(
+                    &format!("{name}: loss (recompute {recompute})"),
+                    value.to_scalar::<f32>().unwrap() as f64,
+                    micro["loss"].as_f64().unwrap(),
+                    // Losses are sums of terms of order 1 and more (ratio × advantage, × log-probability for
+                    // cispo and vespo) that mostly cancel; the f32 forward already differs from torch's by
+                    // ~1e-6 relative per log-probability, which VESPO's gamma weights (exponentials of
+                    // summed log-ratios) magnify to ~8e-6. Every other loss type agrees within 2e-6.
+                    if config.loss_type == LossType::Vespo {
+                        1e-5
+                    } else {
+                        2e-6
+                    },
+                    1.0,
+                );
+                if recompute {
+                    continue;
+                }
+                for (param, var) in &vars {
+                    if let Some(grad) = store.get(var.as_tensor()) {
+                        let sum = match grads.remove(param) {
+                            Some(sum) => (sum + grad).unwrap(),
+                            None => grad.clone(),
+                        };
+                        grads.insert(param.clone(), sum);
+                    }
+                }
+            }
+            // The forward: TRL's log-probabilities and entropies of every trained token.
+            let (logprobs, entropies) = scored.unwrap();
+            let mut offset = 0;
+            for &i in &indices {
+                let c = &case["completions"][i];
+                if all[i].mask == 0.0 {
+                    offset += all[i].len();
+                    continue;
+                }
+                for (t, (lp, ent)) in floats(&c["logps"])
+                    .iter()
+                    .zip(floats(&c["entropies"]))
+                    .enumerate()
+                {
+                    close(
+                        &format!("{name}: logprob {i}/{t}"),
+                        logprobs[offset + t] as f64,
+                        *lp,
+                        1e-5,
+                        1.0,
+                    );
+                    close(
+                        &format!("{name}: entropy {i}/{t}"),
+                        entropies[offset + t] as f64,
+                        ent,
+                        1e-5,
+                        1.0,
+                    );
+                }
+                offset += all[i].len();
+            }
+            for (key, theirs) in micro["metrics"].as_object().unwrap() {
+                let ours = metrics
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{name}: we log no {key}"));
+                close(
+                    &format!("{name}: {key}"),
+                    *ours,
+                    theirs.as_f64().unwrap_or(f64::NAN),
+                    1e-5,
+                    1e-3,
+                );
+            }
+        }
+        for param in &gradient_params {
+            let expected = &case["gradients"][param];
+            let grad = grads
+                .get(param)
+                .unwrap_or_else(|| panic!("{name}: no gradient for {param}"))
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
+            let theirs_norm = expected["l2_norm"].as_f64().unwrap();
+            close(
+                &format!("{name}: ‖∇{param}‖"),
+                norm,
+                theirs_norm,
+                1e-5,
+                1e-6,
+            );
+            let sum: f64 = grad.iter().map(|g| *g as f64).sum();
+            close(
+                &format!("{name}: Σ∇{param}"),
+                sum,
+                expected["sum"].as_f64().unwrap(),
+                1e-5,
+                theirs_norm,
+            );
+            for (j, (ours, theirs)) in grad.iter().zip(floats(&expected["head"])).enumerate() {
+                // Each entry relative to the gradient's norm: a small entry of a large gradient carries
+                // only the rounding of the large terms summed into it.
+                close(
+                    &format!("{name}: ∇{param}[{j}]"),
+                    *ours as f64,
+                    theirs,
+                    1e-5,
+                    theirs_norm,
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
+}

@@ -1,0 +1,259 @@
+//! `holo train` end to end on the committed tiny Qwen2: a run killed with SIGKILL and resumed writes the
+//! same metrics and rollouts as an uninterrupted one; bad options fail before any work, naming the key.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
+use common::{holo_command, repo};
+
+/// A fresh folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("holo-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `holo train` on the test environment with the options every test here shares.
+fn train_args(out: &Path, steps: u32) -> Vec<String> {
+    let fixtures = repo().join("holo-runtime/tests/fixtures");
+    [
+        "train",
+        fixtures.join("train/short.hol").to_str().unwrap(),
+        "--model",
+        fixtures.join("models/qwen2").to_str().unwrap(),
+        "--data",
+        fixtures.join("train/rows.jsonl").to_str().unwrap(),
+        "--eval-data",
+        fixtures.join("train/rows.jsonl").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--max-steps",
+        &steps.to_string(),
+        "--num-generations",
+        "4",
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "2",
+        "--num-iterations",
+        "2",
+        "--max-completion-length",
+        "12",
+        "--learning-rate",
+        "0.003",
+        "--beta",
+        "0.04",
+        "--save-steps",
+        "1",
+        "--save-total-limit",
+        "2",
+        "--eval-steps",
+        "3",
+        "--seed",
+        "7",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn run(args: &[String]) -> Output {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    holo_command(&args).output().unwrap()
+}
+
+/// metrics.jsonl without the wall-clock `step_time`.
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+            value.as_object_mut().unwrap().remove("step_time");
+            value
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
+    let dir = scratch("kill");
+    let steps = 24;
+    let whole = dir.join("whole");
+    let output = run(&train_args(&whole, steps));
+    assert!(output.status.success(), "{output:?}");
+
+    let killed = dir.join("killed");
+    let args = train_args(&killed, steps);
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = holo_command(&args_ref)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it as soon as it reports its second checkpoint: mid-step, maybe mid-save.
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut saves = 0;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if line.starts_with("saved ") {
+            saves += 1;
+            if saves == 2 {
+                child.kill().unwrap();
+                break;
+            }
+        }
+    }
+    child.wait().unwrap();
+    assert_eq!(saves, 2, "the run ended before its second checkpoint");
+    let done = metrics(&killed).len();
+    assert!(
+        done < steps as usize,
+        "the run finished ({done} steps) before it was killed"
+    );
+
+    let mut resumed = train_args(&killed, steps);
+    resumed.push("--resume".into());
+    let output = run(&resumed);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(metrics(&killed), metrics(&whole));
+    for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+        assert!(
+            std::fs::read(killed.join(file)).unwrap() == std::fs::read(whole.join(file)).unwrap(),
+            "{file} differs"
+        );
+    }
+    // save_total_limit: the two newest checkpoints only.
+    let mut checkpoints: Vec<String> = std::fs::read_dir(&killed)
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.contains("checkpoint"))
+        .collect();
+    checkpoints.sort();
+    assert_eq!(checkpoints, ["checkpoint-23", "checkpoint-24"]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_run_learns_what_its_reward_asks() {
+    // The reward prefers replies of at most 24 characters; the tiny random model's replies are mostly
+    // longer, and GRPO brings the mean reward up to the maximum, 0.
+    let dir = scratch("learn");
+    let out = dir.join("run");
+    let mut args = train_args(&out, 30);
+    args.extend(
+        [
+            "--num-generations",
+            "8",
+            "--per-device-train-batch-size",
+            "16",
+            "--gradient-accumulation-steps",
+            "1",
+            "--num-iterations",
+            "1",
+            "--learning-rate",
+            "0.01",
+            "--seed",
+            "3",
+        ]
+        .map(String::from),
+    );
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    let metrics = metrics(&out);
+    let rewards: Vec<f64> = metrics
+        .iter()
+        .filter_map(|m| m.get("reward").and_then(serde_json::Value::as_f64))
+        .collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[rewards.len() - 5..]));
+    assert!(
+        last > first + 0.03,
+        "mean reward of the first 5 steps {first}, of the last 5 {last}: {rewards:?}"
+    );
+    for key in [
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "kl",
+        "entropy",
+        "clip_ratio/region_mean",
+        "completions/mean_length",
+        "num_tokens",
+        "eval/reward",
+    ] {
+        assert!(
+            metrics.iter().any(|m| m.get(key).is_some()),
+            "no {key} in metrics.jsonl"
+        );
+    }
+    assert!(out.join("plots/overview.png").is_file());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn stderr_of(args: &[String]) -> (i32, String) {
+    let output = run(args);
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_options_fail_before_any_work_naming_the_key() {
+    let dir = scratch("bad");
+    let out = dir.join("run");
+    let mut args = train_args(&out, 2);
+    args.extend(["--num-generation".into(), "4".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--num-generation") && stderr.contains("did you mean --num-generations"),
+        "{stderr}"
+    );
+
+    let mut args = train_args(&out, 2);
+    args.extend(["--loss-type".into(), "ppo".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--loss-type")
+            && stderr.contains("loss_type")
+            && stderr.contains("grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"),
+        "{stderr}"
+    );
+
+    let mut args = train_args(&out, 2);
+    args.extend(["--num-generations".into(), "3".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("num_generations"), "{stderr}");
+
+    let toml = dir.join("train.toml");
+    std::fs::write(&toml, "beta = 0.1\nweight_decay = \"fast\"\n").unwrap();
+    let mut args = train_args(&out, 2);
+    args.extend(["--config".into(), toml.to_str().unwrap().into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("train.toml:2") && stderr.contains("weight_decay"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+
+    // A finished run is refused as a new run, and resumed only with its own options.
+    assert!(run(&train_args(&out, 2)).status.success());
+    let (code, stderr) = stderr_of(&train_args(&out, 2));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--resume"), "{stderr}");
+    let mut args = train_args(&out, 2);
+    args.extend(["--beta".into(), "0.5".into(), "--resume".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("`beta`"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
