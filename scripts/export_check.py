@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Checks that folders written by `holo export` load in Hugging Face transformers and PEFT and give our logits.
+
+    ~/.cache/holo-peers/venv/bin/python scripts/export_check.py DIR BASE LOGITS.json [DIR BASE LOGITS.json ...]
+
+(offline; `holo-runtime/tests/train_export.rs` runs it on fresh runs of `holo train`). Each triple is one export:
+
+- `DIR`: the folder `holo export RUN --out DIR` wrote (`config.json`, `model.safetensors`, the base's tokenizer
+  files and, for a LoRA run, `adapter/` in PEFT's layout);
+- `BASE`: the base model folder the run trained;
+- `LOGITS.json`: `{"sequences": [[id, ...], ...], "logits": [[[f32 x vocab] x len] x sequences]}`, the logits
+  our model gives at every position of each sequence.
+
+For each export it loads, in f32 with eager attention,
+
+- (a) `AutoModelForCausalLM.from_pretrained(DIR)`, failing on any missing, unexpected or mismatched weight;
+- (b) when `DIR/adapter/` exists, `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE),
+  DIR/adapter)`, failing unless every tensor of `adapter_model.safetensors` was loaded into the adapter of the
+  same name (and no adapted projection lacks its tensors); then PEFT's own `merge_and_unload()` is compared
+  with `DIR/model.safetensors` weight by weight;
+
+runs each sequence alone (no padding) and compares the logits with ours. It also loads `DIR`'s tokenizer with
+`AutoTokenizer` and checks that it encodes a sample as `BASE`'s does.
+
+Prints one JSON line per export (`ok`, the largest absolute logit differences `merged_max_abs_diff` and
+`peft_max_abs_diff`, `peft_merge_weight_max_abs_diff`, and `errors`). Exit status: 0 when every export
+matches, 1 when one does not, 2 on bad arguments, 3 when torch, transformers, peft or safetensors cannot be
+imported (a caller may treat that as a skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EXIT_MISMATCH = 1
+EXIT_USAGE = 2
+EXIT_MISSING_PACKAGES = 3
+
+SAMPLE_TEXT = "What is 3+4? <answer>7</answer>"
+
+
+def load_causal_lm(path: str):
+    from transformers import AutoModelForCausalLM
+    import torch
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        output_loading_info=True,
+    )
+    model.eval()
+    problems = {key: sorted(map(str, value)) for key, value in info.items() if value}
+    return model, problems
+
+
+def max_logit_diff(model, sequences, expected) -> float:
+    import torch
+
+    worst = 0.0
+    with torch.no_grad():
+        for ids, ours in zip(sequences, expected):
+            logits = model(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0]
+            ours = torch.tensor(ours, dtype=torch.float32)
+            if ours.shape != logits.shape:
+                raise ValueError(f"our logits are {list(ours.shape)}, theirs {list(logits.shape)}")
+            worst = max(worst, (logits.float() - ours).abs().max().item())
+    return worst
+
+
+def adapter_loaded(peft_model, adapter_file: str) -> list[str]:
+    """Why the adapters in `peft_model` are not exactly the tensors of `adapter_file` (empty when they are)."""
+    from safetensors.torch import load_file
+
+    saved = load_file(adapter_file)
+    state = peft_model.state_dict()
+    # PEFT names the adapter `default` in its modules, not in the file.
+    loaded = {
+        key.replace(".default.weight", ".weight"): value
+        for key, value in state.items()
+        if ".lora_A.default." in key or ".lora_B.default." in key
+    }
+    errors = []
+    for key in sorted(set(saved) - set(loaded)):
+        errors.append(f"the adapter file has {key}, which PEFT's model has no place for")
+    for key in sorted(set(loaded) - set(saved)):
+        errors.append(f"PEFT adapted {key}, which the adapter file lacks")
+    for key in sorted(set(saved) & set(loaded)):
+        if not (saved[key].shape == loaded[key].shape and bool((saved[key] == loaded[key]).all())):
+            errors.append(f"{key} differs from the file after loading")
+    if not saved:
+        errors.append("the adapter file has no tensors")
+    return errors
+
+
+def check(export_dir: str, base_dir: str, logits_file: str, tolerance: float) -> dict:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    with open(logits_file) as file:
+        ours = json.load(file)
+    sequences, expected = ours["sequences"], ours["logits"]
+    if len(sequences) != len(expected) or not sequences:
+        raise ValueError(f"{logits_file}: {len(sequences)} sequences but {len(expected)} logits")
+    adapter_dir = os.path.join(export_dir, "adapter")
+    lora = os.path.isdir(adapter_dir)
+    result = {
+        "export": export_dir,
+        "lora": lora,
+        "sequences": len(sequences),
+        "tokens": sum(len(ids) for ids in sequences),
+    }
+    errors = []
+
+    merged, problems = load_causal_lm(export_dir)
+    if problems:
+        errors.append(f"loading {export_dir}: {problems}")
+    result["class"] = type(merged).__name__
+    result["merged_max_abs_diff"] = max_logit_diff(merged, sequences, expected)
+    if not result["merged_max_abs_diff"] <= tolerance:
+        errors.append(f"the exported model's logits differ from ours by {result['merged_max_abs_diff']:.3g}")
+
+    theirs = AutoTokenizer.from_pretrained(export_dir)(SAMPLE_TEXT)["input_ids"]
+    base_ids = AutoTokenizer.from_pretrained(base_dir)(SAMPLE_TEXT)["input_ids"]
+    if theirs != base_ids:
+        errors.append(f"the exported tokenizer encodes {SAMPLE_TEXT!r} as {theirs}, the base's as {base_ids}")
+
+    if lora:
+        from peft import PeftModel
+
+        base, problems = load_causal_lm(base_dir)
+        if problems:
+            errors.append(f"loading {base_dir}: {problems}")
+        peft_model = PeftModel.from_pretrained(base, adapter_dir)
+        peft_model.eval()
+        config = peft_model.peft_config["default"]
+        result["lora_r"] = config.r
+        result["lora_alpha"] = config.lora_alpha
+        result["target_modules"] = sorted(config.target_modules)
+        adapter_file = os.path.join(adapter_dir, "adapter_model.safetensors")
+        errors.extend(adapter_loaded(peft_model, adapter_file))
+        result["adapter_tensors"] = len(load_file(adapter_file))
+        result["peft_max_abs_diff"] = max_logit_diff(peft_model, sequences, expected)
+        if not result["peft_max_abs_diff"] <= tolerance:
+            errors.append(f"PEFT's logits differ from ours by {result['peft_max_abs_diff']:.3g}")
+
+        peft_merged = peft_model.merge_and_unload().state_dict()
+        exported = load_file(os.path.join(export_dir, "model.safetensors"))
+        worst = 0.0
+        for name, tensor in exported.items():
+            if name not in peft_merged:
+                errors.append(f"PEFT's merged model has no {name}")
+                continue
+            worst = max(worst, (peft_merged[name].float() - tensor.float()).abs().max().item())
+        result["peft_merge_weight_max_abs_diff"] = worst
+        if not worst <= tolerance:
+            errors.append(f"PEFT's merge_and_unload differs from model.safetensors by {worst:.3g}")
+
+    result["ok"] = not errors
+    result["errors"] = errors
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("triples", nargs="+", metavar="DIR BASE LOGITS", help="export folder, base folder, our logits")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest absolute difference allowed")
+    args = parser.parse_args()
+    if len(args.triples) % 3:
+        parser.print_usage(sys.stderr)
+        print("error: give DIR BASE LOGITS.json triples", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        import peft  # noqa: F401
+        import safetensors  # noqa: F401
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as error:
+        print(f"export_check: {error}", file=sys.stderr)
+        return EXIT_MISSING_PACKAGES
+    torch.manual_seed(0)
+
+    status = 0
+    for i in range(0, len(args.triples), 3):
+        export_dir, base_dir, logits_file = args.triples[i : i + 3]
+        try:
+            result = check(export_dir, base_dir, logits_file, args.tolerance)
+        except Exception as error:  # a folder that does not load is a failed check, reported like the others
+            result = {"export": export_dir, "ok": False, "errors": [f"{type(error).__name__}: {error}"]}
+        print(json.dumps(result), flush=True)
+        if not result["ok"]:
+            status = EXIT_MISMATCH
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
