@@ -133,9 +133,16 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     file.sync_all()
 }
 
-fn save_tensors(path: &Path, tensors: Vec<(String, Tensor)>) -> io::Result<()> {
+/// Writes `tensors` as a safetensors file, synced, readable by others (safetensors writes through a
+/// private temporary file, which would leave the file readable by its owner only).
+pub fn save_tensors(path: &Path, tensors: Vec<(String, Tensor)>) -> io::Result<()> {
     let map: HashMap<String, Tensor> = tensors.into_iter().collect();
     candle_core::safetensors::save(&map, path).map_err(other)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
+    }
     fs::File::open(path)?.sync_all()
 }
 

@@ -94,6 +94,12 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
         for file in ["adapter_model.safetensors", "adapter_config.json"] {
             fs::copy(dir.join(file), adapter_dir.join(file))
                 .map_err(|error| format!("copying {file}: {error}"))?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(adapter_dir.join(file), fs::Permissions::from_mode(0o644))
+                    .map_err(|error| format!("{file}: {error}"))?;
+            }
         }
         let merged = merged(&base, config, &loaded.weights).map_err(|error| error.to_string())?;
         (merged, Some(adapter_dir))
@@ -109,8 +115,11 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
         }
         (weights, None)
     };
-    candle_core::safetensors::save(&weights, out.join("model.safetensors"))
-        .map_err(|error| format!("writing model.safetensors: {error}"))?;
+    checkpoint::save_tensors(
+        &out.join("model.safetensors"),
+        weights.into_iter().collect(),
+    )
+    .map_err(|error| format!("writing model.safetensors: {error}"))?;
     Ok(Exported {
         step,
         model_dir: out.to_path_buf(),

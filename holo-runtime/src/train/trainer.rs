@@ -153,6 +153,8 @@ pub struct Trainer<S> {
     vars: Vec<(String, Var)>,
     reference: Option<Model>,
     sampler: LocalModel,
+    /// A sampler of the caller's instead of `sampler`, and its model's context when known.
+    external: Option<(Box<dyn Sampler>, Option<usize>)>,
     holophore: Holophore,
     optimizer: AdamW,
     adapter_config: Option<serde_json::Value>,
@@ -175,6 +177,7 @@ impl<S: RolloutSource> Trainer<S> {
             .validate()
             .map_err(|error| TrainError::Input(error.to_string()))?;
         let base = policy.model;
+        let model_dir = std::fs::canonicalize(&policy.dir).unwrap_or_else(|_| policy.dir.clone());
         let (model, vars, adapter_config) = if config.use_peft {
             let lora = LoraConfig {
                 rank: config.lora_r,
@@ -183,7 +186,7 @@ impl<S: RolloutSource> Trainer<S> {
                 seed: config.seed,
             };
             let (model, vars) = base.with_lora(&lora)?;
-            let adapter = checkpoint::adapter_config(&config, &policy.dir.display().to_string());
+            let adapter = checkpoint::adapter_config(&config, &model_dir.display().to_string());
             (model, vars, Some(adapter))
         } else {
             let (model, vars) = base.trainable()?;
@@ -213,7 +216,6 @@ impl<S: RolloutSource> Trainer<S> {
             },
         );
         let optimizer = AdamW::new(vars.clone(), &config);
-        let model_dir = std::fs::canonicalize(&policy.dir).unwrap_or(policy.dir);
         Ok(Trainer {
             source,
             config,
@@ -221,6 +223,7 @@ impl<S: RolloutSource> Trainer<S> {
             vars,
             reference,
             sampler,
+            external: None,
             holophore,
             optimizer,
             adapter_config,
@@ -228,6 +231,16 @@ impl<S: RolloutSource> Trainer<S> {
             run: RunDir::new(options.out.clone()),
             options,
         })
+    }
+
+    /// Samples rollouts with `sampler` (an OpenAI-compatible server, a bf16 copy) instead of the trained
+    /// model in process. Its weights are its own: keep them in step with the trained ones (export and
+    /// reload), or the rollouts drift off-policy. Its log-probabilities (at the run's temperature) are
+    /// corrected for as TRL corrects vLLM's (`vllm_importance_sampling_correction` and its mode and
+    /// bounds); `context` is its model's context length, when known.
+    pub fn with_sampler(mut self, sampler: Box<dyn Sampler>, context: Option<usize>) -> Self {
+        self.external = Some((sampler, context));
+        self
     }
 
     pub fn config(&self) -> &GrpoConfig {
@@ -267,6 +280,14 @@ impl<S: RolloutSource> Trainer<S> {
         eval_rows: &[(usize, Row)],
     ) -> Result<TrainSummary, TrainError> {
         let config = self.config.clone();
+        if self.sampler_correction()
+            && config.loss_type == super::config::LossType::Vespo
+            && config.vllm_importance_sampling_mode.is_sequence()
+        {
+            return Err(TrainError::Input(
+                "`vllm_importance_sampling_mode`: VESPO weighs sequences itself and takes only token_truncate or token_mask".into(),
+            ));
+        }
         let prompts = config.prompts_per_generation();
         if rows.len() < prompts {
             return Err(TrainError::Input(format!(
@@ -590,7 +611,7 @@ impl<S: RolloutSource> Trainer<S> {
     /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The in-process
     /// sampler is the trained f32 model itself: like TRL without vLLM, it needs none.
     fn sampler_correction(&self) -> bool {
-        false
+        self.external.is_some() && self.config.vllm_importance_sampling_correction
     }
 
     /// Runs `G` rollouts of each row through the Loom with the training sampler, appends them (with
@@ -616,11 +637,14 @@ impl<S: RolloutSource> Trainer<S> {
             },
         )
         .with_holophore(self.holophore.fork());
-        let sampler = Training::new(
-            &self.sampler as &dyn Sampler,
-            &self.config,
-            Some(self.model.config.max_position_embeddings),
-        );
+        let sampler = match &self.external {
+            Some((sampler, context)) => Training::new(sampler.as_ref(), &self.config, *context),
+            None => Training::new(
+                &self.sampler as &dyn Sampler,
+                &self.config,
+                Some(self.model.config.max_position_embeddings),
+            ),
+        };
         let mut jsonl = Vec::new();
         let summary = runtime.block_on(loom.run(rows, &sampler, &mut jsonl))?;
         let mut records: Vec<RolloutRecord> = jsonl
