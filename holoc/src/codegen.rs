@@ -1,4 +1,4 @@
-//! Code generation: [`ir::Program`] → a Rust module (`proc_macro2::TokenStream`) holding a typed, sans-IO
+//! Code generation: [`crate::ir::Program`] → a Rust module (`proc_macro2::TokenStream`) holding a typed, sans-IO
 //! state machine that implements `holo_runtime::Machine`.
 //!
 //! For a file `tool.hol` the module contains:

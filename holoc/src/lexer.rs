@@ -4,7 +4,7 @@
 //! Lexing is line-oriented: a whole-line `#` comment disappears with its newline, a tag never spans lines,
 //! and a line that holds only structural tags (roles, context markers, samplers, closing tags and
 //! holotypes) consumes its own indentation and newline; a line with a variable or text keeps them. Each line is lexed by two logos lexers:
-//! [`TextLex`] for text and [`TagLex`] between `<|` and `|>`.
+//! `TextLex` for text and `TagLex` between `<|` and `|>`.
 
 use logos::Logos;
 

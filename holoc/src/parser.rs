@@ -1,4 +1,4 @@
-//! The parser: lexer tokens → [`ast::Document`], through the lalrpop grammar in `grammar.lalrpop`, then
+//! The parser: lexer tokens → [`crate::ast::Document`], through the lalrpop grammar in `grammar.lalrpop`, then
 //! the pass that attaches explicit closing tags `<|/Name|>` to the bodies they end.
 
 use lalrpop_util::{lalrpop_mod, ParseError};

@@ -1,4 +1,4 @@
-//! Semantic checks and lowering: [`ast::Document`] → [`ir::Program`].
+//! Semantic checks and lowering: [`crate::ast::Document`] → [`crate::ir::Program`].
 //!
 //! Checks sampler and tag arguments, variables bound before use in execution order (bodies may run zero
 //! or many times), holotype names against the known set; lowers to the flat IR, inserting the implicit
