@@ -15,8 +15,8 @@ use holo_runtime::loom::{
 };
 use holo_runtime::sampler::SampleFuture;
 use holo_runtime::{
-    Completion, Prompt, Recorder, Request, Resources, Role, Rollout, RolloutError, SampleRequest,
-    Sampler, SamplerError, Scripted, Step,
+    Completion, Finish, Prompt, Recorder, Request, Resources, Role, Rollout, RolloutError,
+    SampleRequest, Sampler, SamplerError, Scripted, Step,
 };
 
 const TOOL_CALL: &str = r#"<tool>{"name": "calculator", "args": {"expression": "17 * 23"}}</tool>"#;
@@ -421,6 +421,54 @@ fn a_short_answer_from_the_sampler_fails_the_unanswered_rollouts() {
             "{failure:?}"
         );
     }
+}
+
+/// Answers every request for length: the first turn of each rollout with text, later turns empty (a
+/// prompt that already fills the model's context).
+struct OutOfTokens;
+
+impl Sampler for OutOfTokens {
+    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
+        Box::pin(async move {
+            batch
+                .iter()
+                .map(|request| {
+                    let first_turn = chat(request).len() <= 2;
+                    Ok(Completion {
+                        text: if first_turn {
+                            "<tool>".into()
+                        } else {
+                            String::new()
+                        },
+                        finish: Finish::Length,
+                        ..Completion::default()
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+#[test]
+fn rollouts_out_of_tokens_end_truncated_not_failed() {
+    let out = Shared::default();
+    let summary = run(
+        &loom(LoomConfig::default()),
+        &arithmetic(),
+        &OutOfTokens,
+        &out,
+    );
+    assert_eq!(summary.failed, 0);
+    let records = records(&out.bytes());
+    assert_eq!(records.len(), 3);
+    for record in &records {
+        assert!(record.truncated, "{record:?}");
+        assert!(record.error.is_none());
+        // The empty answer to the second request ended the rollout: two samples, no third.
+        assert_eq!(record.samples, 2);
+    }
+    let line = String::from_utf8(out.bytes()).unwrap();
+    assert!(line.contains("\"truncated\":true"));
 }
 
 #[test]
