@@ -90,6 +90,7 @@ fn main() -> ExitCode {
             alpha: 2.0 * rank as f64,
             targets: PROJECTIONS.map(String::from).to_vec(),
             seed: settings.seed,
+            dropout: 0.0,
         }),
         None => base.trainable(),
     }

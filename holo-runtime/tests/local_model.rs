@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
 use holo_runtime::local::init::{parameter_specs, Init};
-use holo_runtime::local::model::{positions_from_mask, KvCache, PROJECTIONS};
+use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, PROJECTIONS};
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -526,6 +526,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
         alpha: 8.0,
         targets: ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec(),
         seed: 1,
+        dropout: 0.0,
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     assert_eq!(vars.len(), 2 * 3 * config.num_hidden_layers);
@@ -602,9 +603,21 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
                     .unwrap();
             }
         }
+        // With dropout, both passes of each layer must drop the same inputs.
+        let (dropped, dropped_adapters) = base
+            .with_lora(&LoraConfig {
+                dropout: 0.3,
+                ..lora.clone()
+            })
+            .unwrap();
+        for ((_, var), (_, trained)) in dropped_adapters.iter().zip(&adapters) {
+            var.set(trained.as_tensor()).unwrap();
+        }
+        dropped.set_dropout_seed(42);
         for (label, (model, vars)) in [
             ("full", base.trainable().unwrap()),
             ("lora", (adapted, adapters)),
+            ("lora dropout", (dropped, dropped_adapters)),
         ] {
             let whole_loss = weighted(
                 &model
@@ -652,6 +665,57 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("no next token"), "{error}");
+}
+
+#[test]
+fn lora_dropout_drops_inputs_of_training_passes_only_and_repeats_by_seed() {
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    let base = random_model(&config(Arch::Qwen2), 3, DType::F32);
+    let config = |dropout| LoraConfig {
+        targets: PROJECTIONS.map(String::from).to_vec(),
+        dropout,
+        ..LoraConfig::default()
+    };
+    let (plain, plain_vars) = base.with_lora(&config(0.0)).unwrap();
+    let (dropped, dropped_vars) = base.with_lora(&config(0.5)).unwrap();
+    for ((_, plain), (_, dropped)) in plain_vars.iter().zip(&dropped_vars) {
+        let shape = plain.as_tensor().shape().clone();
+        let value = Tensor::randn(0f32, 0.5, shape, &Device::Cpu).unwrap();
+        plain.set(&value).unwrap();
+        dropped.set(&value).unwrap();
+    }
+    let logprobs = |model: &Model, ops| {
+        model
+            .token_logprobs(&input, &mask, ops)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    let reference = logprobs(&plain, Ops::Differentiable);
+    // Seed 0 (the default): no dropout.
+    assert_eq!(logprobs(&dropped, Ops::Differentiable), reference);
+    dropped.set_dropout_seed(7);
+    let first = logprobs(&dropped, Ops::Differentiable);
+    assert_ne!(first, reference);
+    assert_eq!(
+        logprobs(&dropped, Ops::Differentiable),
+        first,
+        "same seed, same masks"
+    );
+    // Sampling never drops, and detached copies share the seed.
+    let fast = logprobs(&dropped, Ops::Fast);
+    let plain_fast = logprobs(&plain, Ops::Fast);
+    assert!(fast
+        .iter()
+        .zip(&plain_fast)
+        .all(|(a, b)| (a - b).abs() < 1e-4));
+    assert_eq!(logprobs(&dropped.detached(), Ops::Differentiable), first);
+    dropped.set_dropout_seed(8);
+    assert_ne!(logprobs(&dropped, Ops::Differentiable), first);
+    let error = base.with_lora(&config(1.0)).unwrap_err().to_string();
+    assert!(error.contains("dropout"), "{error}");
 }
 
 #[test]

@@ -464,6 +464,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                     alpha: 16.0,
                     targets: PROJECTIONS.map(String::from).to_vec(),
                     seed: 0,
+                    dropout: 0.0,
                 })
                 .unwrap()
         } else {

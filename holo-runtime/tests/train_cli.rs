@@ -79,16 +79,21 @@ fn metrics(run: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
-    let dir = scratch("kill");
-    let steps = 24;
+/// Trains `steps` steps uninterrupted, then again killed with SIGKILL right after its second checkpoint
+/// and resumed: the two runs must write the same metrics and rollouts.
+fn killed_and_resumed(name: &str, steps: u32, extra: &[&str]) {
+    let dir = scratch(name);
+    let args_for = |out: &Path| {
+        let mut args = train_args(out, steps);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
     let whole = dir.join("whole");
-    let output = run(&train_args(&whole, steps));
+    let output = run(&args_for(&whole));
     assert!(output.status.success(), "{output:?}");
 
     let killed = dir.join("killed");
-    let args = train_args(&killed, steps);
+    let args = args_for(&killed);
     let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut child = holo_command(&args_ref)
         .stderr(Stdio::piped())
@@ -116,7 +121,7 @@ fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
         "the run finished ({done} steps) before it was killed"
     );
 
-    let mut resumed = train_args(&killed, steps);
+    let mut resumed = args_for(&killed);
     resumed.push("--resume".into());
     let output = run(&resumed);
     assert!(output.status.success(), "{output:?}");
@@ -134,8 +139,38 @@ fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
         .filter(|name| name.contains("checkpoint"))
         .collect();
     checkpoints.sort();
-    assert_eq!(checkpoints, ["checkpoint-23", "checkpoint-24"]);
+    assert_eq!(
+        checkpoints,
+        [
+            format!("checkpoint-{}", steps - 1),
+            format!("checkpoint-{steps}")
+        ]
+    );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
+    killed_and_resumed("kill", 24, &[]);
+}
+
+#[test]
+fn a_lora_run_with_dropout_resumes_to_the_same_metrics() {
+    killed_and_resumed(
+        "kill-lora",
+        16,
+        &[
+            "--use-peft",
+            "--lora-r",
+            "4",
+            "--lora-dropout",
+            "0.1",
+            "--lora-target-modules",
+            r#"["q_proj", "v_proj", "down_proj"]"#,
+            "--learning-rate",
+            "0.03",
+        ],
+    );
 }
 
 #[test]

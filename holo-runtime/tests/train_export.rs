@@ -216,6 +216,7 @@ fn trained(base: &Model, checkpoint: &Path, lora: bool) -> Model {
             alpha: LORA_ALPHA,
             targets: LORA_TARGETS.map(String::from).to_vec(),
             seed: SEED,
+            dropout: 0.0,
         };
         let (model, vars) = base.with_lora(&config).unwrap();
         (model, vars, "adapter_model.safetensors")

@@ -33,13 +33,57 @@ pub struct Linear {
     pub lora: Option<Lora>,
 }
 
-/// LoRA (Hu et al., 2021) as PEFT implements it: `y += scale · x Aᵀ Bᵀ`, `A` `[rank, in]`, `B`
-/// `[out, rank]`, `scale = alpha / rank`; `B` starts at zero so the adapted model starts as the base one.
+/// LoRA (Hu et al., 2021) as PEFT implements it: `y += scale · dropout(x) Aᵀ Bᵀ`, `A` `[rank, in]`,
+/// `B` `[out, rank]`, `scale = alpha / rank`; `B` starts at zero so the adapted model starts as the base
+/// one.
 #[derive(Debug, Clone)]
 pub struct Lora {
     pub a: Tensor,
     pub b: Tensor,
     pub scale: f64,
+    /// Dropout on the adapter's input, active only in differentiable passes while its seed is set.
+    pub dropout: Option<Dropout>,
+}
+
+/// LoRA dropout (PEFT's `lora_dropout`): each differentiable forward pass draws its mask from the
+/// model's current dropout seed and the adapter's own number, so that a pass run twice with the same seed
+/// (activation recomputation) drops the same inputs, and a run repeated from a checkpoint draws the same
+/// masks.
+#[derive(Debug, Clone)]
+pub struct Dropout {
+    pub p: f64,
+    /// This adapter's number in the model.
+    id: u64,
+    /// Shared by every adapter of a model; 0 turns dropout off.
+    seed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Dropout {
+    /// `xs` `[rows, in]` with each entry kept with probability `1 - p` and scaled by `1 / (1 - p)`, or
+    /// `xs` itself when the seed is 0.
+    fn apply(&self, xs: &Tensor) -> Result<Tensor> {
+        use rand::{Rng, SeedableRng};
+
+        let seed = self.seed.load(std::sync::atomic::Ordering::Relaxed);
+        if seed == 0 || self.p == 0.0 {
+            return Ok(xs.clone());
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.id,
+        );
+        let keep = 1.0 / (1.0 - self.p);
+        let mask: Vec<f32> = (0..xs.elem_count())
+            .map(|_| {
+                if rng.random::<f64>() < self.p {
+                    0.0
+                } else {
+                    keep as f32
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, xs.shape(), xs.device())?.to_dtype(xs.dtype())?;
+        xs * mask
+    }
 }
 
 /// Which projections get adapters, and their size.
@@ -50,6 +94,8 @@ pub struct LoraConfig {
     /// Projection names: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`.
     pub targets: Vec<String>,
     pub seed: u64,
+    /// Dropout on the adapters' input in training passes (see [`Dropout`]); 0 for none.
+    pub dropout: f64,
 }
 
 impl Default for LoraConfig {
@@ -61,6 +107,7 @@ impl Default for LoraConfig {
                 .map(String::from)
                 .to_vec(),
             seed: 0,
+            dropout: 0.0,
         }
     }
 }
@@ -114,7 +161,12 @@ impl Linear {
         };
         let ys = match &self.lora {
             Some(lora) => {
-                let low = xs.reshape((rows, in_dim[0]))?.matmul(&lora.a.t()?)?;
+                let flat = xs.reshape((rows, in_dim[0]))?;
+                let flat = match (&lora.dropout, ops) {
+                    (Some(dropout), Ops::Differentiable) => dropout.apply(&flat)?,
+                    _ => flat,
+                };
+                let low = flat.matmul(&lora.a.t()?)?;
                 (ys + (low.matmul(&lora.b.t()?)? * lora.scale)?)?
             }
             None => ys,
@@ -719,6 +771,9 @@ impl Model {
         if config.rank == 0 {
             candle_core::bail!("LoRA rank must be at least 1");
         }
+        if !(0.0..1.0).contains(&config.dropout) {
+            candle_core::bail!("LoRA dropout must be in [0, 1), got {}", config.dropout);
+        }
         if let Some(unknown) = config
             .targets
             .iter()
@@ -734,6 +789,7 @@ impl Model {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
         let (dtype, device) = (self.dtype(), self.device().clone());
         let mut vars = Vec::new();
+        let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (name, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
                 let short = name.rsplit('.').next().unwrap_or(name);
@@ -754,12 +810,32 @@ impl Model {
                     a: a.as_tensor().clone(),
                     b: b.as_tensor().clone(),
                     scale: config.alpha / config.rank as f64,
+                    dropout: (config.dropout > 0.0).then(|| Dropout {
+                        p: config.dropout,
+                        id: vars.len() as u64,
+                        seed: std::sync::Arc::clone(&seed),
+                    }),
                 });
                 vars.push((format!("{prefix}.lora_A.weight"), a));
                 vars.push((format!("{prefix}.lora_B.weight"), b));
             }
         }
         Ok((model, vars))
+    }
+
+    /// Seeds the LoRA dropout masks of the differentiable passes that follow (0 turns dropout off); see
+    /// [`Dropout`]. Copies of the model ([`Model::detached`]) share the seed.
+    pub fn set_dropout_seed(&self, seed: u64) {
+        let dropout = self.layers.iter().find_map(|layer| {
+            Self::linears(layer)
+                .into_iter()
+                .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
+        });
+        if let Some(dropout) = dropout {
+            dropout
+                .seed
+                .store(seed, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.

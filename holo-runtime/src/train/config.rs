@@ -217,7 +217,7 @@ pub struct GrpoConfig {
     pub use_peft: bool,
     pub lora_r: usize,
     pub lora_alpha: f64,
-    /// Dropout on the adapters' input; only 0 for now (TRL's `ModelConfig` default is 0.05).
+    /// Dropout on the adapters' input in the training passes.
     pub lora_dropout: f64,
     /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
     /// unset.
@@ -286,7 +286,7 @@ impl Default for GrpoConfig {
             use_peft: false,
             lora_r: 16,
             lora_alpha: 32.0,
-            lora_dropout: 0.0,
+            lora_dropout: 0.05,
             lora_target_modules: None,
         }
     }
@@ -764,11 +764,8 @@ impl GrpoConfig {
         if !(0.0..1.0).contains(&self.warmup_ratio) {
             return Err(error("warmup_ratio", "must be in [0, 1)"));
         }
-        if self.lora_dropout != 0.0 {
-            return Err(error(
-                "lora_dropout",
-                "the adapters have no dropout yet: only 0 is supported",
-            ));
+        if !(0.0..1.0).contains(&self.lora_dropout) {
+            return Err(error("lora_dropout", "must be in [0, 1)"));
         }
         if let Some(targets) = &self.lora_target_modules {
             let projections = crate::local::model::PROJECTIONS;

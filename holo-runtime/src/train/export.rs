@@ -138,6 +138,7 @@ fn merged(
         alpha: config.lora_alpha,
         targets: config.lora_targets(),
         seed: config.seed,
+        dropout: 0.0,
     };
     let (adapted, vars) = base.with_lora(&lora)?;
     checkpoint::restore(&vars, adapters).map_err(candle_core::Error::msg)?;

@@ -143,6 +143,7 @@ const DATA: u64 = 1;
 const SAMPLING: u64 = 2;
 const SHUFFLE: u64 = 3;
 const EVAL: u64 = 4;
+const DROPOUT: u64 = 5;
 
 /// GRPO training of a local model on rollouts from a [`RolloutSource`]; see the [module
 /// documentation](super).
@@ -184,6 +185,7 @@ impl<S: RolloutSource> Trainer<S> {
                 alpha: config.lora_alpha,
                 targets: config.lora_targets(),
                 seed: config.seed,
+                dropout: config.lora_dropout,
             };
             let (model, vars) = base.with_lora(&lora)?;
             let adapter = checkpoint::adapter_config(&config, &model_dir.display().to_string());
@@ -343,6 +345,9 @@ impl<S: RolloutSource> Trainer<S> {
                 let slot = (state.micro_step % config.steps_per_generation() as u64) as usize;
                 let end = ((slot + 1) * size).min(buffer.completions.len());
                 let micro = &buffer.completions[(slot * size).min(end)..end];
+                // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
+                self.model
+                    .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
                 let (value, micro_grads, metrics) =
                     self.micro_step(micro, buffer.num_items_in_batch)?;
                 window.loss += value;
@@ -568,6 +573,8 @@ impl<S: RolloutSource> Trainer<S> {
         let batch_size = config.per_device_train_batch_size;
         let generate_every = config.steps_per_generation() * config.num_iterations;
         let correction = self.sampler_correction();
+        // Log-probabilities of the policy as it sampled: without dropout.
+        self.model.set_dropout_seed(0);
         if !config
             .gradient_accumulation_steps
             .is_multiple_of(generate_every)
