@@ -1,6 +1,6 @@
 //! Reading a Hugging Face model folder: `config.json`, `model.safetensors` or a sharded
 //! `model.safetensors.index.json`, `tokenizer.json`, `tokenizer_config.json` (chat template) and
-//! `generation_config.json` (end-of-turn tokens).
+//! `generation_config.json` (end-of-turn tokens); or a GGUF file, which holds all of these (see [`gguf`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -12,10 +12,11 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::config::{eos_token_ids, read_json, ConfigError, ModelConfig};
+use super::gguf;
 use super::model::Model;
 use crate::chat::{ChatTemplate, ChatTemplateError};
 
-/// Why a model folder could not be loaded; every variant names the file.
+/// Why a model folder or GGUF file could not be loaded; every variant names the file.
 #[derive(Debug)]
 pub enum LoadError {
     NotAFolder(PathBuf),
@@ -202,8 +203,12 @@ fn read_safetensors(
     Ok(())
 }
 
-/// Loads the model's weights in `dtype` (converted from whatever the files hold).
+/// Loads the model's weights in `dtype` (converted from whatever the files hold) from a model folder or
+/// a `.gguf` file.
 pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, LoadError> {
+    if gguf::is_gguf(dir) {
+        return gguf::load_model(dir, dtype, device);
+    }
     if !dir.is_dir() {
         return Err(LoadError::NotAFolder(dir.to_path_buf()));
     }
@@ -234,7 +239,11 @@ pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, Lo
     })
 }
 
+/// The folder's `tokenizer.json`, or the tokenizer of a `.gguf` file's metadata.
 pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer, LoadError> {
+    if gguf::is_gguf(dir) {
+        return gguf::load_tokenizer(dir);
+    }
     let file = dir.join("tokenizer.json");
     if !file.is_file() {
         return Err(LoadError::Tokenizer {
@@ -248,13 +257,17 @@ pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer, LoadError> {
     })
 }
 
-/// The model's chat template; ChatML when the folder has none.
+/// The model's chat template; ChatML when the folder (or `.gguf` file) has none.
 pub fn load_template(dir: &Path) -> Result<ChatTemplate, LoadError> {
+    if gguf::is_gguf(dir) {
+        return gguf::load_template(dir);
+    }
     ChatTemplate::from_dir_or(dir, ChatTemplate::chatml()).map_err(LoadError::Template)
 }
 
 /// Token ids that end a turn: `generation_config.json`'s `eos_token_id` (one or a list), else
-/// `config.json`'s, else the tokenizer's `eos_token` from `tokenizer_config.json`.
+/// `config.json`'s, else the tokenizer's `eos_token` from `tokenizer_config.json`. For a `.gguf` file:
+/// `tokenizer.ggml.eos_token_id` (and `eot_token_id`, `eom_token_id`), and the template's `eos_token`.
 pub fn end_of_turn_ids(
     dir: &Path,
     config: &ModelConfig,

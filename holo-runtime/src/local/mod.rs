@@ -1,12 +1,14 @@
 //! Hugging Face Qwen2 and Llama checkpoints in process, on candle.
 //!
-//! [`LocalModel::load`] reads a model folder (see [`checkpoint`]); the model implements
-//! [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other sampler, batched.
+//! [`LocalModel::load`] reads a model folder (see [`checkpoint`]) or a GGUF file (see [`gguf`]); the
+//! model implements [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other
+//! sampler, batched.
 //! [`model::Model`] is the network itself, with a differentiable forward for training.
 
 pub mod checkpoint;
 pub mod config;
 pub mod generate;
+pub mod gguf;
 pub mod init;
 pub mod model;
 mod recompute;

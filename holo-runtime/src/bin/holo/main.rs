@@ -106,7 +106,8 @@ enum Command {
     #[cfg(feature = "local")]
     Serve {
         /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
-        /// tokenizer_config.json (chat template), generation_config.json.
+        /// tokenizer_config.json (chat template), generation_config.json; or a Qwen2 / Llama `.gguf`
+        /// file (tokenizer and chat template from its metadata).
         model_dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
@@ -201,7 +202,7 @@ struct SamplerArgs {
     /// and a chat template in `chat_template.jinja` or `tokenizer_config.json`) also records every
     /// rollout token by token with its tokenizer and template: prompts are sent as token ids, and
     /// `dry` prints the tokens, each trained one highlighted. With the scripted and the local
-    /// sampler it must be such a folder (for `local`, a whole model folder).
+    /// sampler it must be such a folder (for `local`, a whole model folder), or a `.gguf` file.
     #[arg(long, required_if_eq_any([("sampler", "openai"), ("sampler", "local")]))]
     model: Option<String>,
     /// A scripted reply; repeat to give several, used in turn (the list repeats).
@@ -219,6 +220,23 @@ impl SamplerArgs {
             return Ok(None);
         };
         let dir = Path::new(model);
+        #[cfg(feature = "local")]
+        if holo_runtime::local::gguf::is_gguf(dir) {
+            use holo_runtime::local::checkpoint::{load_template, load_tokenizer};
+            use std::sync::Arc;
+            return load_tokenizer(dir)
+                .and_then(|tokenizer| Ok((tokenizer, load_template(dir)?)))
+                .map_err(|error| error.to_string())
+                .and_then(|(tokenizer, template)| {
+                    Holophore::new(Arc::new(tokenizer), Arc::new(template))
+                        .map_err(|error| error.to_string())
+                })
+                .map(Some)
+                .map_err(|error| {
+                    eprintln!("error: --model `{model}`: {error}");
+                    ExitCode::from(EXIT_USAGE)
+                });
+        }
         if self.sampler == SamplerKind::Openai && !dir.join("tokenizer.json").is_file() {
             return Ok(None);
         }

@@ -20,7 +20,7 @@ pub struct TrainArgs {
     /// The environment.
     pub file: PathBuf,
     /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
-    /// and a chat template).
+    /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32).
     #[arg(long)]
     pub model: PathBuf,
     /// Training rows, one JSON object per line.
