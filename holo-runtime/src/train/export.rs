@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::checkpoint::{self, RunDir};
 use crate::local::model::LoraConfig;
-use crate::local::{checkpoint as model_files, Model};
+use crate::local::{checkpoint as model_files, gguf, Model};
 
 /// The run's facts that outlive the process: where its base model is.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -79,11 +79,15 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
     let base = model_files::load_model(&info.model, DType::F32, &Device::Cpu)
         .map_err(|error| format!("the base model `{}`: {error}", info.model.display()))?;
     fs::create_dir_all(out).map_err(|error| format!("`{}`: {error}", out.display()))?;
-    for file in COPIED {
-        let source = info.model.join(file);
-        if source.is_file() {
-            fs::copy(&source, out.join(file))
-                .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
+    if gguf::is_gguf(&info.model) {
+        write_model_files(&info.model, &base, out)?;
+    } else {
+        for file in COPIED {
+            let source = info.model.join(file);
+            if source.is_file() {
+                fs::copy(&source, out.join(file))
+                    .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
+            }
         }
     }
     let config = &loaded.config;
@@ -125,6 +129,38 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
         model_dir: out.to_path_buf(),
         adapter_dir,
     })
+}
+
+/// A GGUF base has no files to copy: its config, tokenizer and chat template are written from what the
+/// file holds, as a Hugging Face folder has them.
+fn write_model_files(gguf_file: &Path, base: &Model, out: &Path) -> Result<(), String> {
+    let fail = |what: &str, error: &dyn std::fmt::Display| format!("writing {what}: {error}");
+    let config = serde_json::to_string_pretty(&base.config.to_json())
+        .map_err(|error| fail("config.json", &error))?;
+    fs::write(out.join("config.json"), config).map_err(|error| fail("config.json", &error))?;
+    let tokenizer = model_files::load_tokenizer(gguf_file).map_err(|error| error.to_string())?;
+    tokenizer
+        .save(out.join("tokenizer.json"), false)
+        .map_err(|error| fail("tokenizer.json", &error))?;
+    let template = model_files::load_template(gguf_file).map_err(|error| error.to_string())?;
+    let mut tokenizer_config = serde_json::json!({"tokenizer_class": "PreTrainedTokenizerFast"});
+    for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        if let Some(token) = template.special_token(name) {
+            tokenizer_config[name] = token.into();
+        }
+    }
+    fs::write(
+        out.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&tokenizer_config).unwrap_or_default(),
+    )
+    .map_err(|error| fail("tokenizer_config.json", &error))?;
+    if !template.is_builtin() {
+        if let Some(source) = template.source("default") {
+            fs::write(out.join("chat_template.jinja"), source)
+                .map_err(|error| fail("chat_template.jinja", &error))?;
+        }
+    }
+    Ok(())
 }
 
 /// The base weights with the checkpoint's adapters merged into their projections.
