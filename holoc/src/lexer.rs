@@ -122,27 +122,49 @@ impl Item {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum LineKind {
+/// What a line of the source is, before its content is lexed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineKind {
+    /// Nothing but spaces and tabs.
     Blank,
+    /// A whole-line `#` comment.
     Comment,
     Content,
 }
 
-struct Line {
+/// One line of the source as the layout pass read it: the view that tools rewriting the source (the
+/// formatter) need to keep its meaning. The layout fields (`depth` to `tokens`) are set for content lines
+/// only.
+#[derive(Debug, Clone)]
+pub struct Line {
     /// Offset of the first byte of the line (after a byte-order mark on the first line).
-    start: usize,
+    pub start: usize,
     /// Offset of the first character after the indentation.
-    content: usize,
+    pub content: usize,
     /// Offset of the line end, excluding `\r\n` / `\n`.
-    end: usize,
-    has_newline: bool,
-    kind: LineKind,
+    pub end: usize,
+    pub has_newline: bool,
+    pub kind: LineKind,
+    /// How many bodies enclose the line, after those that it ends.
+    pub depth: usize,
+    /// The indentation of the innermost enclosing body's lines (0 at top level): a text line's
+    /// indentation beyond it is text.
+    pub base: usize,
+    /// Whether the line is a text line (text or a value tag: its indentation and newline are text), as
+    /// opposed to a line of only structural and holotype tags.
+    pub text: bool,
+    /// Whether the line holds exactly one holotype tag and nothing else: such a line opens a body when the
+    /// next content line is indented more.
+    pub lone_holotype: bool,
+    /// The indentation of the body's lines, when the line opens a body.
+    pub body_indent: Option<usize>,
+    /// The tokens of the line's tags (and text), as a range of [`Lexed::tokens`].
+    pub tokens: std::ops::Range<usize>,
 }
 
 impl Line {
     /// Indentation width in columns; a tab counts as one column (tabs in body indentation are errors).
-    fn width(&self) -> usize {
+    pub fn width(&self) -> usize {
         self.content - self.start
     }
 }
@@ -157,6 +179,8 @@ struct Level {
 pub struct Lexed {
     pub tokens: Vec<SpannedToken>,
     pub diagnostics: Vec<Diagnostic>,
+    /// Every line of the source, in order.
+    pub lines: Vec<Line>,
 }
 
 /// Lexes a whole source file. Lexical errors are collected, one per offending line; a line with an
@@ -195,6 +219,12 @@ fn split_lines(source: &str) -> Vec<Line> {
             end,
             has_newline,
             kind,
+            depth: 0,
+            base: 0,
+            text: false,
+            lone_holotype: false,
+            body_indent: None,
+            tokens: 0..0,
         });
     }
     lines
@@ -256,6 +286,7 @@ impl<'s> Layout<'s> {
         Lexed {
             tokens: self.tokens,
             diagnostics: self.diagnostics,
+            lines: self.lines,
         }
     }
 
@@ -307,14 +338,16 @@ impl<'s> Layout<'s> {
                 }
             )
         });
-        let opens_body = matches!(
+        let lone_holotype = matches!(
             significant.as_slice(),
             [Item::Tag {
                 class: TagClass::Holotype,
                 ..
             }]
-        ) && next.is_some_and(|j| self.lines[j].width() > width);
+        );
+        let opens_body = lone_holotype && next.is_some_and(|j| self.lines[j].width() > width);
 
+        let first_token = self.tokens.len();
         if structural || opens_body {
             for item in items {
                 if let Item::Tag { tokens, .. } = item {
@@ -339,6 +372,12 @@ impl<'s> Layout<'s> {
                 self.push_text(end, end, "\n".to_string());
             }
         }
+        let line = &mut self.lines[i];
+        line.depth = self.levels.len();
+        line.base = base;
+        line.text = !(structural || opens_body);
+        line.lone_holotype = lone_holotype;
+        line.tokens = first_token..self.tokens.len();
 
         if opens_body {
             let next = &self.lines[next.expect("opens_body implies a next line")];
@@ -360,6 +399,7 @@ impl<'s> Layout<'s> {
                 return;
             }
             self.has_tab(body_start, body_content);
+            self.lines[i].body_indent = Some(body_indent);
             self.tokens.push((end, Token::Indent, end));
             self.levels.push(Level {
                 indent: body_indent,

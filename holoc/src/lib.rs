@@ -2,12 +2,13 @@
 //!
 //! `.hol` bytes → [`lexer`] → [`parser`] → [`ast`] → [`sema`] → [`ir`]. [`compile`] runs the whole front end;
 //! `holoc check`, `holoc ir` and the `include_holoware!` macro all call it, so they accept and reject
-//! exactly the same files.
+//! exactly the same files. [`fmt`] rewrites a file in its canonical layout (`holoc fmt`).
 
 pub mod ast;
 pub mod build;
 pub mod codegen;
 pub mod diagnostics;
+pub mod fmt;
 pub mod ir;
 pub mod lexer;
 pub mod parser;
@@ -46,29 +47,14 @@ impl Output {
 /// Stages stop at the first one that reports errors, so a mistake yields its own diagnostic and not a
 /// cascade: all lexical errors (one per line), else the first syntax error, else every semantic error.
 pub fn compile(bytes: &[u8], options: &Options) -> Output {
-    let source = match std::str::from_utf8(bytes) {
+    let source = match decode(bytes) {
         Ok(source) => source.to_string(),
-        Err(error) => {
-            let source = String::from_utf8_lossy(bytes).into_owned();
-            let index = LineIndex::new(&source);
-            let at = error.valid_up_to();
-            let bad = error.error_len().unwrap_or(bytes.len() - at);
-            let shown: Vec<String> = bytes[at..at + bad]
-                .iter()
-                .map(|b| format!("0x{b:02x}"))
-                .collect();
-            let diagnostic = Diagnostic::new(
-                Code::InvalidUtf8,
-                format!("invalid UTF-8 at byte {at}"),
-                index.span(at, at + '\u{fffd}'.len_utf8()),
-                format!("byte {} is not valid UTF-8 here", shown.join(" ")),
-            )
-            .with_help("save the file as UTF-8");
+        Err(invalid) => {
             return Output {
-                source,
+                source: invalid.lossy,
                 document: None,
                 program: None,
-                diagnostics: vec![diagnostic],
+                diagnostics: vec![invalid.diagnostic],
             };
         }
     };
@@ -100,6 +86,35 @@ pub fn compile(bytes: &[u8], options: &Options) -> Output {
         program,
         diagnostics,
     }
+}
+
+/// A file that is not UTF-8: its H0001 diagnostic, and its text with invalid bytes replaced, to render it.
+#[derive(Debug)]
+pub struct InvalidUtf8 {
+    pub lossy: String,
+    pub diagnostic: Diagnostic,
+}
+
+/// The bytes of a `.hol` file as text, or H0001 at the first byte that is not UTF-8.
+pub fn decode(bytes: &[u8]) -> Result<&str, Box<InvalidUtf8>> {
+    std::str::from_utf8(bytes).map_err(|error| {
+        let lossy = String::from_utf8_lossy(bytes).into_owned();
+        let index = LineIndex::new(&lossy);
+        let at = error.valid_up_to();
+        let bad = error.error_len().unwrap_or(bytes.len() - at);
+        let shown: Vec<String> = bytes[at..at + bad]
+            .iter()
+            .map(|b| format!("0x{b:02x}"))
+            .collect();
+        let diagnostic = Diagnostic::new(
+            Code::InvalidUtf8,
+            format!("invalid UTF-8 at byte {at}"),
+            index.span(at, at + '\u{fffd}'.len_utf8()),
+            format!("byte {} is not valid UTF-8 here", shown.join(" ")),
+        )
+        .with_help("save the file as UTF-8");
+        Box::new(InvalidUtf8 { lossy, diagnostic })
+    })
 }
 
 /// Every `*.hol` file under `dir`, recursively, in name order.

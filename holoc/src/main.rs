@@ -1,4 +1,4 @@
-//! `holoc`: check `.hol` files, and print their syntax tree or IR.
+//! `holoc`: check and format `.hol` files, and print their syntax tree or IR.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -45,6 +45,17 @@ enum Command {
     Expand { file: PathBuf },
     /// Explain an error code, such as H0005.
     Explain { code: String },
+    /// Rewrite .hol files (or folders, searched recursively for *.hol) in the canonical layout.
+    Fmt {
+        /// Change no file: list the files that would change, and exit 1 if there are any.
+        #[arg(long)]
+        check: bool,
+        /// Format the text read from stdin and write it to stdout.
+        #[arg(long, conflicts_with = "paths")]
+        stdin: bool,
+        /// Files and folders; the current folder when none is given.
+        paths: Vec<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -97,6 +108,19 @@ fn main() -> ExitCode {
                 })
             })
         }
+        Command::Fmt {
+            check,
+            stdin,
+            paths,
+        } => {
+            if stdin {
+                format_stdin(check)
+            } else if paths.is_empty() {
+                format_paths(check, &[PathBuf::from(".")])
+            } else {
+                format_paths(check, &paths)
+            }
+        }
         Command::Explain { code } => match Code::from_id(&code) {
             Some(code) => {
                 print_out(&format!(
@@ -147,6 +171,154 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
         ExitCode::from(EXIT_ERRORS)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// What formatting one file's text came to.
+enum Formatted {
+    Unchanged,
+    Changed(String),
+    /// Not formatted: the reasons were printed on stderr.
+    Failed,
+}
+
+/// Formats the contents of the file `name`; prints on stderr why it cannot be formatted.
+fn format_text(name: &str, bytes: &[u8]) -> Formatted {
+    let text = match holoc::decode(bytes) {
+        Ok(text) => text,
+        Err(invalid) => {
+            let source = report::SourceFile::new(name, &invalid.lossy);
+            let _ = source.emit(
+                &mut StandardStream::stderr(stderr_colors()),
+                &invalid.diagnostic,
+            );
+            return Formatted::Failed;
+        }
+    };
+    match holoc::fmt::format(text) {
+        Ok(formatted) if formatted == text => Formatted::Unchanged,
+        Ok(formatted) => Formatted::Changed(formatted),
+        Err(holoc::fmt::Error::Invalid(diagnostics)) => {
+            let source = report::SourceFile::new(name, text);
+            let mut stderr = StandardStream::stderr(stderr_colors());
+            for diagnostic in &diagnostics {
+                let _ = source.emit(&mut stderr, diagnostic);
+            }
+            eprintln!("error: `{name}` was not formatted: it has errors");
+            Formatted::Failed
+        }
+        Err(error) => {
+            eprintln!("error: {name}:{error}");
+            Formatted::Failed
+        }
+    }
+}
+
+/// `holoc fmt --stdin`: the formatted text on stdout, or the text unchanged when it cannot be formatted
+/// (so that an editor piping a buffer through the command never loses it).
+fn format_stdin(check: bool) -> ExitCode {
+    let mut bytes = Vec::new();
+    if let Err(error) = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes) {
+        eprintln!("error: cannot read stdin: {error}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    match format_text("<stdin>", &bytes) {
+        Formatted::Unchanged => {
+            if !check {
+                let _ = std::io::stdout().lock().write_all(&bytes);
+            }
+            ExitCode::SUCCESS
+        }
+        Formatted::Changed(formatted) => {
+            if check {
+                print_out("would reformat <stdin>\n");
+                ExitCode::from(EXIT_ERRORS)
+            } else {
+                print_out(&formatted);
+                ExitCode::SUCCESS
+            }
+        }
+        Formatted::Failed => {
+            if !check {
+                let _ = std::io::stdout().lock().write_all(&bytes);
+            }
+            ExitCode::from(EXIT_ERRORS)
+        }
+    }
+}
+
+/// `holoc fmt PATHS`: rewrites each file that is not in the canonical layout, or with `check` names it on
+/// stdout with its first changed line. Files with errors are left as they are, their diagnostics on stderr.
+fn format_paths(check: bool, paths: &[PathBuf]) -> ExitCode {
+    let mut io_failed = false;
+    let mut files = Vec::new();
+    for path in paths {
+        if let Err(message) = collect_hol_files(path, &mut files) {
+            eprintln!("error: {message}");
+            io_failed = true;
+        }
+    }
+    let (mut changed, mut failed) = (0usize, 0usize);
+    for file in &files {
+        let name = file.display().to_string();
+        let bytes = match std::fs::read(file) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                eprintln!("error: cannot read `{name}`: {error}");
+                io_failed = true;
+                continue;
+            }
+        };
+        match format_text(&name, &bytes) {
+            Formatted::Unchanged => {}
+            Formatted::Failed => failed += 1,
+            Formatted::Changed(formatted) => {
+                changed += 1;
+                if check {
+                    let line = first_changed_line(&String::from_utf8_lossy(&bytes), &formatted);
+                    print_out(&format!("would reformat {name} (from line {line})\n"));
+                } else if let Err(error) = std::fs::write(file, &formatted) {
+                    eprintln!("error: cannot write `{name}`: {error}");
+                    io_failed = true;
+                }
+            }
+        }
+    }
+    let verb = if check {
+        "would reformat"
+    } else {
+        "reformatted"
+    };
+    eprintln!(
+        "{verb} {changed} of {} file{}{}",
+        files.len(),
+        plural(files.len()),
+        if failed > 0 {
+            format!("; {failed} not formatted because of errors")
+        } else {
+            String::new()
+        }
+    );
+    if io_failed {
+        ExitCode::from(EXIT_USAGE)
+    } else if failed > 0 || (check && changed > 0) {
+        ExitCode::from(EXIT_ERRORS)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The 1-based number of the first line where `before` and `after` differ.
+fn first_changed_line(before: &str, after: &str) -> usize {
+    let mut before_lines = before.split('\n');
+    let mut after_lines = after.split('\n');
+    let mut line = 1;
+    loop {
+        match (before_lines.next(), after_lines.next()) {
+            (None, None) => return line,
+            (a, b) if a != b => return line,
+            _ => line += 1,
+        }
     }
 }
 

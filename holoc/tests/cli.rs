@@ -389,3 +389,162 @@ fn explain() {
     assert!(stdout(&output).contains("variable used before it is bound"));
     assert_eq!(holoc(&["explain", "H9999"]).status.code(), Some(2));
 }
+
+/// Copies `files` (name, contents) into a fresh scratch folder.
+fn scratch_with(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = scratch(name);
+    for (file, contents) in files {
+        std::fs::write(dir.join(file), contents).unwrap();
+    }
+    dir
+}
+
+const UNFORMATTED: &str = "<| o_o |>\n<|query|>\n<|Loop|>\n  <|@_@ : turn|>\n";
+const FORMATTED: &str = "<|o_o|>\n<|query|>\n<|Loop|>\n    <|@_@:turn|>\n";
+
+#[test]
+fn fmt_check_names_each_file_that_would_change() {
+    let dir = scratch_with(
+        "fmt-check",
+        &[
+            ("a.hol", UNFORMATTED),
+            ("b.hol", FORMATTED),
+            ("c.hol", "<|o_o|>\nHello\n<|@_@:x   max_tokens = 3|>\n"),
+        ],
+    );
+    let output = holoc(&["fmt", "--check", &dir.display().to_string()]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let a = dir.join("a.hol").display().to_string();
+    let c = dir.join("c.hol").display().to_string();
+    assert_eq!(
+        stdout(&output),
+        format!("would reformat {a} (from line 1)\nwould reformat {c} (from line 3)\n")
+    );
+    assert!(
+        stderr(&output).contains("would reformat 2 of 3 files"),
+        "{}",
+        stderr(&output)
+    );
+    // --check changes nothing.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.hol")).unwrap(),
+        UNFORMATTED
+    );
+
+    let clean = holoc(&["fmt", "--check", &dir.join("b.hol").display().to_string()]);
+    assert_eq!(clean.status.code(), Some(0), "{}", stderr(&clean));
+    assert_eq!(stdout(&clean), "");
+}
+
+#[test]
+fn fmt_rewrites_files_in_place() {
+    let dir = scratch_with("fmt-write", &[("a.hol", UNFORMATTED), ("b.hol", FORMATTED)]);
+    let output = holoc(&["fmt", &dir.display().to_string()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("reformatted 1 of 2 files"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.hol")).unwrap(),
+        FORMATTED
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.hol")).unwrap(),
+        FORMATTED
+    );
+    let again = holoc(&["fmt", "--check", &dir.display().to_string()]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+}
+
+#[test]
+fn fmt_leaves_a_file_that_does_not_parse_with_its_diagnostic() {
+    let broken = "<| o_o |>\n<|@_@:answer <>|>\n";
+    let dir = scratch_with(
+        "fmt-broken",
+        &[("broken.hol", broken), ("a.hol", UNFORMATTED)],
+    );
+    let output = holoc(&["fmt", &dir.display().to_string()]);
+    assert_eq!(output.status.code(), Some(1));
+    let err = stderr(&output);
+    let name = dir.join("broken.hol").display().to_string();
+    assert!(
+        err.contains("error[H0005]: unexpected `|>` in a tag"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("--> {name}:2:16")), "{err}");
+    assert!(
+        err.contains(&format!("error: `{name}` was not formatted: it has errors")),
+        "{err}"
+    );
+    assert!(
+        err.contains("reformatted 1 of 2 files; 1 not formatted because of errors"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("broken.hol")).unwrap(),
+        broken
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.hol")).unwrap(),
+        FORMATTED
+    );
+}
+
+fn holoc_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holoc"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("holoc runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn fmt_stdin() {
+    let output = holoc_stdin(&["fmt", "--stdin"], UNFORMATTED);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), FORMATTED);
+
+    let check = holoc_stdin(&["fmt", "--stdin", "--check"], UNFORMATTED);
+    assert_eq!(check.status.code(), Some(1));
+    assert_eq!(stdout(&check), "would reformat <stdin>\n");
+
+    // A buffer that cannot be formatted comes back unchanged, so an editor filter never loses it.
+    let broken = "<|o_o|>\n<|unclosed\n";
+    let output = holoc_stdin(&["fmt", "--stdin"], broken);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(stdout(&output), broken);
+    assert!(
+        stderr(&output).contains("--> <stdin>:2:1"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn fmt_standard_library_is_formatted() {
+    let output = holoc(&[
+        "fmt",
+        "--check",
+        &repo_root().join("hol").display().to_string(),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+}

@@ -1,5 +1,8 @@
 //! Property tests: the whole front end never panics or overflows its stack, whatever the input, and
-//! every diagnostic points inside the file.
+//! every diagnostic points inside the file; the formatter is idempotent and keeps the meaning of every
+//! file it formats.
+
+mod support;
 
 use std::path::Path;
 
@@ -81,6 +84,55 @@ fn holoware_like() -> impl Strategy<Value = String> {
     prop::collection::vec(pieces, 0..80).prop_map(|pieces| pieces.concat())
 }
 
+/// Files made of whole lines that mostly lex and parse, with the layout the formatter rewrites: bodies at
+/// odd indentations, tags with odd spacing, comments, blank lines with spaces, text with extra indentation,
+/// CRLF line ends and a last line with or without a newline.
+fn holoware_lines() -> impl Strategy<Value = String> {
+    let content = prop::sample::select(vec![
+        "<|o_o|>",
+        "<| x_x |>",
+        "<|@_@|>",
+        "<|+++|>",
+        "<| === |>",
+        "<|@_@:turn|>",
+        "<| @_@ : answer  <>answer max_tokens = 8|>",
+        "<|Loop max_turns=2|>",
+        "<|Tool  turn|>",
+        "<|Outer|>",
+        "<| Step |>",
+        "<|/Loop|>",
+        "<|query|>",
+        "<| few_shot | \"none\" |>",
+        "<|turn|\"\"|>",
+        "text",
+        "text  with  <| query |>  inside  ",
+        "<|o_o|>   <|@_@:turn|>",
+        "# comment  ",
+        "\\# escaped",
+        "",
+        "   ",
+    ]);
+    let line = (0usize..10, content).prop_map(|(indent, content)| {
+        if content.trim().is_empty() {
+            content.to_string()
+        } else {
+            format!("{}{content}", " ".repeat(indent))
+        }
+    });
+    (
+        prop::collection::vec(line, 0..24),
+        prop::sample::select(vec!["\n", "\r\n"]),
+        any::<bool>(),
+    )
+        .prop_map(|(lines, newline, final_newline)| {
+            let mut text = lines.join(newline);
+            if final_newline {
+                text.push_str(newline);
+            }
+            text
+        })
+}
+
 #[derive(Debug, Clone)]
 enum Mutation {
     Insert(usize, u8),
@@ -141,6 +193,25 @@ proptest! {
         let files = corpus_files();
         let bytes = apply(files[file % files.len()].clone(), &mutations);
         check_invariants(&bytes);
+    }
+
+    #[test]
+    fn format_holoware_like_text(text in holoware_like()) {
+        support::format_checked(&text);
+    }
+
+    #[test]
+    fn format_holoware_lines(text in holoware_lines()) {
+        support::format_checked(&text);
+    }
+
+    #[test]
+    fn format_mutated_corpus(file in 0usize..9, mutations in prop::collection::vec(mutation(), 1..8)) {
+        let files = corpus_files();
+        let bytes = apply(files[file % files.len()].clone(), &mutations);
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            support::format_checked(text);
+        }
     }
 }
 
