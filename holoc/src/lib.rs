@@ -2,7 +2,8 @@
 //!
 //! `.hol` bytes → [`lexer`] → [`parser`] → [`ast`] → [`sema`] → [`ir`]. [`compile`] runs the whole front end;
 //! `holoc check`, `holoc ir` and the `include_holoware!` macro all call it, so they accept and reject
-//! exactly the same files. [`fmt`] rewrites a file in its canonical layout (`holoc fmt`).
+//! exactly the same files. [`fmt`] rewrites a file in its canonical layout (`holoc fmt`), and `lsp` (feature
+//! `lsp`, on with `cli`) serves both to editors (`holoc lsp`).
 
 pub mod ast;
 pub mod build;
@@ -11,6 +12,8 @@ pub mod diagnostics;
 pub mod fmt;
 pub mod ir;
 pub mod lexer;
+#[cfg(feature = "lsp")]
+pub mod lsp;
 pub mod parser;
 pub mod report;
 pub mod scan;

@@ -45,6 +45,8 @@ enum Command {
     Expand { file: PathBuf },
     /// Explain an error code, such as H0005.
     Explain { code: String },
+    /// Serve the language server protocol on stdin and stdout, for editors.
+    Lsp,
     /// Rewrite .hol files (or folders, searched recursively for *.hol) in the canonical layout.
     Fmt {
         /// Change no file: list the files that would change, and exit 1 if there are any.
@@ -121,6 +123,13 @@ fn main() -> ExitCode {
                 format_paths(check, &paths)
             }
         }
+        Command::Lsp => match holoc::lsp::run_stdio() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: holoc lsp: {error}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
         Command::Explain { code } => match Code::from_id(&code) {
             Some(code) => {
                 print_out(&format!(
