@@ -24,7 +24,7 @@ use std::io::{self, BufRead, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use lsp_server::{ErrorCode, Message, Notification, Request, Response};
+use lsp_server::{ErrorCode, Message, Notification, Request, RequestId, Response};
 use lsp_types as lsp;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -78,6 +78,27 @@ pub fn run_stdio() -> io::Result<()> {
     Server::default().serve(&mut stdin.lock(), &mut stdout.lock())
 }
 
+/// A message to the client. Results are serialised straight to JSON text: building a `serde_json::Value`
+/// first costs more than the answer itself for a large document (an outline of thousands of symbols).
+enum Outgoing {
+    Message(Message),
+    Result { id: RequestId, json: String },
+}
+
+impl Outgoing {
+    fn write(self, output: &mut impl Write) -> io::Result<()> {
+        match self {
+            Outgoing::Message(message) => message.write(output),
+            Outgoing::Result { id, json } => {
+                let id = serde_json::to_string(&id).expect("ids serialize");
+                let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{json}}}"#);
+                write!(output, "Content-Length: {}\r\n\r\n{body}", body.len())?;
+                output.flush()
+            }
+        }
+    }
+}
+
 /// What the server should do after a message.
 enum Flow {
     Continue,
@@ -109,21 +130,24 @@ impl Server {
         }
     }
 
-    fn handle(&mut self, message: Message, replies: &mut Vec<Message>) -> Flow {
+    fn handle(&mut self, message: Message, replies: &mut Vec<Outgoing>) -> Flow {
         match message {
             Message::Request(request) => {
                 let id = request.id.clone();
-                let response = match catch_unwind(AssertUnwindSafe(|| {
-                    self.request(request, replies)
-                })) {
-                    Ok(response) => response,
-                    Err(_) => Response::new_err(
-                        id,
-                        ErrorCode::InternalError as i32,
-                        "holoc lsp failed on this request (a bug; please report it)".to_string(),
-                    ),
-                };
-                replies.push(Message::Response(response));
+                let result = catch_unwind(AssertUnwindSafe(|| self.request(request, replies)))
+                    .unwrap_or_else(|_| {
+                        Err((
+                            ErrorCode::InternalError as i32,
+                            "holoc lsp failed on this request (a bug; please report it)"
+                                .to_string(),
+                        ))
+                    });
+                replies.push(match result {
+                    Ok(json) => Outgoing::Result { id, json },
+                    Err((code, message)) => {
+                        Outgoing::Message(Message::Response(Response::new_err(id, code, message)))
+                    }
+                });
                 Flow::Continue
             }
             Message::Notification(notification) if notification.method == "exit" => Flow::Exit,
@@ -137,20 +161,24 @@ impl Server {
         }
     }
 
-    fn request(&mut self, request: Request, replies: &mut Vec<Message>) -> Response {
-        let Request { id, method, params } = request;
+    /// Answers a request with its result as JSON text, or an error code and message.
+    fn request(
+        &mut self,
+        request: Request,
+        replies: &mut Vec<Outgoing>,
+    ) -> Result<String, (i32, String)> {
+        let Request { method, params, .. } = request;
         if self.shutdown {
-            return Response::new_err(
-                id,
+            return Err((
                 ErrorCode::InvalidRequest as i32,
                 "the server is shutting down".to_string(),
-            );
+            ));
         }
-        let result = match method.as_str() {
-            "initialize" => Ok(initialize_result()),
+        match method.as_str() {
+            "initialize" => Ok(initialize_result().to_string()),
             "shutdown" => {
                 self.shutdown = true;
-                Ok(Value::Null)
+                Ok("null".to_string())
             }
             "textDocument/hover" => self.answer(params, |server, params: lsp::HoverParams| {
                 let at = &params.text_document_position_params;
@@ -189,45 +217,40 @@ impl Server {
                 })
             }
             "textDocument/formatting" => {
-                let params = match parse::<lsp::DocumentFormattingParams>(params) {
-                    Ok(params) => params,
-                    Err(error) => return Response::new_err(id, error.0, error.1),
-                };
-                match self.document(&params.text_document.uri) {
-                    None => Ok(Value::Null),
+                let params = parse::<lsp::DocumentFormattingParams>(params)?;
+                let edits = match self.document(&params.text_document.uri) {
+                    None => None,
                     Some(document) => match format_edits(document) {
-                        Ok(edits) => Ok(serde_json::to_value(edits).expect("edits serialize")),
+                        Ok(edits) => Some(edits),
                         Err(message) => {
-                            replies.push(show_message(lsp::MessageType::WARNING, &message));
-                            Ok(Value::Null)
+                            replies.push(Outgoing::Message(show_message(
+                                lsp::MessageType::WARNING,
+                                &message,
+                            )));
+                            None
                         }
                     },
-                }
+                };
+                Ok(serde_json::to_string(&edits).expect("edits serialize"))
             }
             _ => Err((
                 ErrorCode::MethodNotFound as i32,
                 format!("holoc lsp does not handle `{method}`"),
             )),
-        };
-        match result {
-            Ok(value) => Response::new_ok(id, value),
-            Err((code, message)) => Response::new_err(id, code, message),
         }
     }
 
-    /// Parses a request's parameters and answers with `handle`'s result (`null` for `None`).
+    /// Parses a request's parameters and answers with `handle`'s result as JSON (`null` for `None`).
     fn answer<P: DeserializeOwned, R: serde::Serialize>(
         &mut self,
         params: Value,
         handle: impl FnOnce(&mut Self, P) -> Option<R>,
-    ) -> Result<Value, (i32, String)> {
+    ) -> Result<String, (i32, String)> {
         let params = parse::<P>(params)?;
-        Ok(handle(self, params)
-            .map(|result| serde_json::to_value(result).expect("results serialize"))
-            .unwrap_or(Value::Null))
+        Ok(serde_json::to_string(&handle(self, params)).expect("results serialize"))
     }
 
-    fn notification(&mut self, notification: Notification, replies: &mut Vec<Message>) {
+    fn notification(&mut self, notification: Notification, replies: &mut Vec<Outgoing>) {
         match notification.method.as_str() {
             "textDocument/didOpen" => {
                 let Ok(params) = parse::<lsp::DidOpenTextDocumentParams>(notification.params)
@@ -235,7 +258,11 @@ impl Server {
                     return;
                 };
                 let document = params.text_document;
-                replies.push(self.update(document.uri, document.text, true));
+                replies.push(Outgoing::Message(self.update(
+                    document.uri,
+                    document.text,
+                    true,
+                )));
             }
             "textDocument/didChange" => {
                 let Ok(params) = parse::<lsp::DidChangeTextDocumentParams>(notification.params)
@@ -244,7 +271,11 @@ impl Server {
                 };
                 // Full synchronisation: the last change holds the whole text.
                 if let Some(change) = params.content_changes.into_iter().last() {
-                    replies.push(self.update(params.text_document.uri, change.text, false));
+                    replies.push(Outgoing::Message(self.update(
+                        params.text_document.uri,
+                        change.text,
+                        false,
+                    )));
                 }
             }
             "textDocument/didSave" => {
@@ -255,7 +286,7 @@ impl Server {
                 // The crate's Rust code may have changed too: scan it again.
                 let uri = params.text_document.uri;
                 if let Some(text) = self.documents.get(uri.as_str()).map(|d| d.text.clone()) {
-                    replies.push(self.update(uri, text, true));
+                    replies.push(Outgoing::Message(self.update(uri, text, true)));
                 }
             }
             "textDocument/didClose" => {
@@ -264,7 +295,10 @@ impl Server {
                     return;
                 };
                 self.documents.remove(params.text_document.uri.as_str());
-                replies.push(diagnostics::publish(&params.text_document.uri, Vec::new()));
+                replies.push(Outgoing::Message(diagnostics::publish(
+                    &params.text_document.uri,
+                    Vec::new(),
+                )));
             }
             _ => {}
         }
