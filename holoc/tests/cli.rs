@@ -534,6 +534,38 @@ fn fmt_stdin() {
 }
 
 #[test]
+fn fmt_without_paths_formats_the_current_folder() {
+    let dir = scratch_with("fmt-cwd", &[("a.hol", UNFORMATTED)]);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/b.hol"), UNFORMATTED).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_holoc"))
+        .args(["fmt", "--check"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stdout(&output),
+        "would reformat ./a.hol (from line 1)\nwould reformat ./sub/b.hol (from line 1)\n"
+    );
+}
+
+#[test]
+fn fmt_reports_a_file_that_is_not_utf8() {
+    let dir = scratch("fmt-utf8");
+    let file = dir.join("latin1.hol");
+    std::fs::write(&file, b"<|o_o|>\ncaf\xe9\n").unwrap();
+    let output = holoc(&["fmt", &file.display().to_string()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("error[H0001]: invalid UTF-8 at byte 11"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"<|o_o|>\ncaf\xe9\n");
+}
+
+#[test]
 fn fmt_standard_library_is_formatted() {
     let output = holoc(&[
         "fmt",

@@ -402,6 +402,19 @@ fn crate_holotypes_link_to_rust() {
     let completion = client.at("textDocument/completion", &uri, 2, 13);
     let labels = labels(&completion);
     assert_eq!(labels, ["precision"]);
+
+    // Saving the file scans the crate again: a parameter added to the Rust code is then known.
+    let lib_rs = std::fs::read_to_string(dir.join("src/lib.rs")).unwrap();
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        lib_rs.replace("&[\"precision\"]", "&[\"precision\", \"precison\"]"),
+    )
+    .unwrap();
+    client.notify(
+        "textDocument/didSave",
+        json!({ "textDocument": { "uri": uri } }),
+    );
+    assert_eq!(client.diagnostics(&uri), Vec::<Value>::new());
     client.shutdown();
 }
 
