@@ -8,6 +8,8 @@
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 
 pub mod chat;
+#[cfg(feature = "local")]
+pub mod demo;
 pub mod holophore;
 pub mod holotype;
 pub mod holotypes;

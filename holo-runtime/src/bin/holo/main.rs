@@ -2,6 +2,8 @@
 //! would be trained; `holo eval FILE.hol --data rows.jsonl` runs a dataset through the Loom, writes the
 //! rollouts as JSONL and prints the mean rewards and pass@k.
 
+#[cfg(feature = "local")]
+mod demo;
 mod dry;
 mod eval;
 #[cfg(feature = "local")]
@@ -132,6 +134,12 @@ enum Command {
     #[cfg(feature = "local")]
     #[command(after_long_help = train::options_help())]
     Train(train::TrainArgs),
+    /// A model that visibly learns, offline, on a CPU: a random model warmed up by imitating a sloppy
+    /// teacher of additions (it forgets half the carries), then trained with GRPO on hol/arithmetic.hol,
+    /// evaluated on held-out problems; prints a table of held-out accuracy and writes metrics,
+    /// TensorBoard events and plots.
+    #[cfg(feature = "local")]
+    Demo(demo::DemoArgs),
     /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
     /// layout under `adapter/`).
     #[cfg(feature = "local")]
@@ -376,6 +384,8 @@ fn main() -> ExitCode {
         ),
         #[cfg(feature = "local")]
         Command::Train(args) => train::run(args, train_options),
+        #[cfg(feature = "local")]
+        Command::Demo(args) => demo::run(args),
         #[cfg(feature = "local")]
         Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
         #[cfg(feature = "local")]

@@ -1,0 +1,274 @@
+//! The supervised warm-up: a few steps of minus the mean log-probability of right replies, on token
+//! sequences built exactly as the environment's rollouts record them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{Tensor, Var};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::holophore::Holophore;
+use crate::interpreter::{Holoware, Row};
+use crate::local::Model;
+use crate::machine::{Completion, Finish, Rollout, Step};
+use crate::train::batch::{Completion as Trained, Sequence};
+use crate::train::optim::{self, AdamW};
+use crate::train::score;
+use crate::train::GrpoConfig;
+use crate::Resources;
+
+/// A reply recorded as the trainer records a rollout, with the rewards the environment gave it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub sequence: Sequence,
+    /// Each reward component's value, by name.
+    pub rewards: BTreeMap<String, f64>,
+}
+
+/// A rollout of `holoware` on `row` in which the model replies `reply` and ends its turn with
+/// `end_of_turn`, recorded by a fork of `holophore`: the prompt ids are the ones a sampler is given,
+/// and the trained positions are the reply's tokens and the end of turn. Fails unless the rollout asks
+/// for exactly one sample in one trained context and its rewards are computed without errors.
+pub fn sequence(
+    holoware: &Arc<Holoware>,
+    holophore: &Holophore,
+    row: &Row,
+    reply: &str,
+    end_of_turn: u32,
+) -> Result<Recorded, String> {
+    let mut recorder = holophore.fork();
+    let mut rollout = holoware
+        .start_with(row, &Resources::default())
+        .map_err(|error| error.to_string())?;
+    let request = match rollout.step(&mut recorder).map_err(|e| e.to_string())? {
+        Step::Sample(request) => request,
+        Step::Done => return Err(format!("`{}` asks the model nothing", holoware.name())),
+    };
+    // What a sampler would be given; recorded as the sampler sees it.
+    recorder.prompt_ids();
+    let mut tokens = holophore
+        .tokenizer()
+        .encode(reply, false)
+        .map_err(|error| format!("tokenizer: {error}"))?
+        .get_ids()
+        .to_vec();
+    tokens.push(end_of_turn);
+    let completion = Completion {
+        text: reply.to_string(),
+        logprobs: vec![0.0; tokens.len()],
+        tokens,
+        finish: Finish::EndOfTurn,
+    };
+    rollout
+        .resume(completion, &mut recorder)
+        .map_err(|error| error.to_string())?;
+    if let Step::Sample(again) = rollout.step(&mut recorder).map_err(|e| e.to_string())? {
+        return Err(format!(
+            "`{}` asks the model twice ({} and {}); the warm-up writes one reply",
+            holoware.name(),
+            request.location,
+            again.location
+        ));
+    }
+    if !recorder.errors().is_empty() {
+        return Err(format!(
+            "the reply {reply:?} fails in `{}`: {:?}",
+            holoware.name(),
+            recorder.errors()
+        ));
+    }
+    let rewards = recorder
+        .rewards()
+        .iter()
+        .map(|(name, value, _)| (name.clone(), *value))
+        .collect();
+    let contexts = recorder.finish();
+    let trained: Vec<&crate::holophore::Context> = contexts
+        .iter()
+        .filter(|context| context.loss_mask().contains(&1))
+        .collect();
+    let [context] = trained.as_slice() else {
+        return Err(format!(
+            "`{}` trains {} contexts; the warm-up writes one",
+            holoware.name(),
+            trained.len()
+        ));
+    };
+    let ids = context.ids();
+    let trained: Vec<usize> = context
+        .loss_mask()
+        .iter()
+        .enumerate()
+        .filter(|&(position, &mask)| mask != 0 && position > 0)
+        .map(|(position, _)| position)
+        .collect();
+    Ok(Recorded {
+        sequence: Sequence {
+            sampling_logprobs: vec![f32::NAN; trained.len()],
+            ids,
+            trained,
+        },
+        rewards,
+    })
+}
+
+/// How long and how fast the warm-up trains.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budget {
+    pub steps: u64,
+    /// Sequences per step.
+    pub batch_size: usize,
+    pub learning_rate: f64,
+}
+
+/// `budget.steps` AdamW steps (the learning rate decaying linearly to 0, gradients clipped to
+/// `config.max_grad_norm`) of minus the mean log-probability of the trained tokens of the sequences
+/// `batch` draws for each step from the generator seeded by `seed`. `on_step` sees each step's loss.
+/// Returns the mean loss of the last tenth of the steps.
+pub fn train(
+    model: &Model,
+    vars: &[(String, Var)],
+    config: &GrpoConfig,
+    budget: &Budget,
+    seed: u64,
+    mut batch: impl FnMut(&mut ChaCha8Rng) -> Result<Vec<Sequence>, String>,
+    mut on_step: impl FnMut(u64, f64),
+) -> Result<f64, String> {
+    let fail = |error: candle_core::Error| format!("the warm-up failed: {error}");
+    let mut optimizer = AdamW::new(vars.to_vec(), config);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut recent = Vec::new();
+    for step in 0..budget.steps {
+        let completions: Vec<Trained> = batch(&mut rng)?
+            .into_iter()
+            .map(|sequence| Trained {
+                sequences: vec![sequence],
+                advantage: 0.0,
+                mask: 1.0,
+                truncated: false,
+                old_logprobs: None,
+                ref_logprobs: None,
+                is_ratio: None,
+            })
+            .collect();
+        if completions.is_empty() {
+            return Err("the warm-up has nothing to train on".into());
+        }
+        let (loss, store) =
+            score::backward(model, &completions, 1.0, false, false, |logprobs, _| {
+                logprobs.mean_all()?.neg()
+            })
+            .map_err(fail)?;
+        let mut grads: Vec<Option<Tensor>> = vars
+            .iter()
+            .map(|(_, var)| store.get(var.as_tensor()).cloned())
+            .collect();
+        optim::clip_grad_norm(&mut grads, config.max_grad_norm).map_err(fail)?;
+        let rate = budget.learning_rate * (1.0 - step as f64 / budget.steps as f64);
+        optimizer.step(&grads, rate).map_err(fail)?;
+        let loss = loss
+            .to_dtype(candle_core::DType::F64)
+            .and_then(|loss| loss.to_scalar::<f64>())
+            .map_err(fail)?;
+        on_step(step + 1, loss);
+        if step >= budget.steps - budget.steps.div_ceil(10) {
+            recent.push(loss);
+        }
+    }
+    Ok(recent.iter().sum::<f64>() / recent.len().max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatTemplate;
+    use crate::demo::data::Problem;
+    use crate::holotypes;
+    use crate::local::init::build_tokenizer;
+    use crate::loom::{Loom, LoomConfig, RolloutRecord};
+    use crate::train::batch;
+    use crate::Scripted;
+
+    #[test]
+    fn a_warm_up_sequence_is_the_rollout_the_trainer_records_for_the_right_reply() {
+        let tokenizer = build_tokenizer().unwrap();
+        let end_of_turn = tokenizer.token_to_id("<|im_end|>").unwrap();
+        let holophore =
+            Holophore::new(Arc::new(tokenizer), Arc::new(ChatTemplate::chatml())).unwrap();
+        let holoware = Arc::new(
+            Holoware::load(
+                super::super::HOLOWARE_NAME,
+                super::super::HOLOWARE.as_bytes(),
+                Arc::new(holotypes::registry()),
+            )
+            .unwrap(),
+        );
+        let problem = Problem { a: 47, b: 8 };
+        let warm = sequence(
+            &holoware,
+            &holophore,
+            &problem.row(),
+            &problem.reply(),
+            end_of_turn,
+        )
+        .unwrap();
+        let (warm, rewards) = (warm.sequence, warm.rewards);
+
+        // The trainer's path: the Loom records the rollout in token space, a sampler answers the
+        // prompt ids it is given with the reply's tokens and the end of turn.
+        let reply = format!("{}<|im_end|>", problem.reply());
+        let sampler = Scripted::new([reply]).tokenized(&holophore);
+        let loom = Loom::interpreted(
+            Arc::clone(&holoware),
+            Resources::default(),
+            LoomConfig {
+                timing: false,
+                ..LoomConfig::default()
+            },
+        )
+        .with_holophore(holophore.fork());
+        let mut out = Vec::new();
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(loom.run(&[(0, problem.row())], &sampler, &mut out))
+            .unwrap();
+        let record: RolloutRecord = serde_json::from_slice(out.trim_ascii_end()).unwrap();
+        assert_eq!(record.rewards["math_answer"], 1.0);
+        assert_eq!(record.rewards, rewards);
+        let recorded = batch::sequences(&record);
+        assert_eq!(recorded.len(), 1);
+        assert_eq!(recorded[0].ids, warm.ids);
+        assert_eq!(recorded[0].trained, warm.trained);
+        let trained: Vec<u32> = warm.trained.iter().map(|&p| warm.ids[p]).collect();
+        assert_eq!(
+            trained.last(),
+            Some(&end_of_turn),
+            "the end of turn is trained"
+        );
+    }
+
+    #[test]
+    fn a_wrong_reply_is_recorded_with_the_rewards_it_earns() {
+        let tokenizer = build_tokenizer().unwrap();
+        let holophore =
+            Holophore::new(Arc::new(tokenizer), Arc::new(ChatTemplate::chatml())).unwrap();
+        let holoware = Arc::new(
+            Holoware::load(
+                "x.hol",
+                super::super::HOLOWARE.as_bytes(),
+                Arc::new(holotypes::registry()),
+            )
+            .unwrap(),
+        );
+        let row = Problem { a: 47, b: 8 }.row();
+        let earned = |reply: &str| {
+            let recorded = sequence(&holoware, &holophore, &row, reply, 511).unwrap();
+            (recorded.rewards["math_answer"], recorded.rewards["format"])
+        };
+        assert_eq!(earned("<answer>55</answer>"), (1.0, 1.0));
+        assert_eq!(earned("<answer>45</answer>"), (0.0, 1.0));
+        assert_eq!(earned("54"), (0.0, 0.0));
+    }
+}
