@@ -47,6 +47,7 @@ macro_rules! stand_in_holotypes {
 stand_in_holotypes!(
     Attractor,
     ExactAnswer,
+    FormatReward,
     MathAnswer,
     BingoAttractor,
     CodeExecutor,
@@ -140,6 +141,7 @@ holowares! {
     corpus_compressor_001a04a => "../tests/corpus/errloom/history/compressor-001a04a.hol",
     corpus_compressor_f96f225 => "../tests/corpus/errloom/history/compressor-f96f225.hol",
     corpus_smola_00a96ab => "../tests/corpus/errloom/history/smola-00a96ab.hol",
+    hol_arithmetic => "../hol/arithmetic.hol",
     hol_codemath => "../hol/codemath.hol",
     hol_doublecheck => "../hol/doublecheck.hol",
     hol_qa => "../hol/qa.hol",
