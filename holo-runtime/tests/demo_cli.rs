@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::holo_command;
+use common::{holo_command, run_metrics as metrics};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("holo-demo-{name}-{}", std::process::id()));
@@ -28,19 +28,6 @@ fn demo(out: &Path, seed: &str) -> String {
     .unwrap();
     assert!(output.status.success(), "{output:?}");
     String::from_utf8(output.stdout).unwrap()
-}
-
-/// metrics.jsonl without the wall-clock `step_time`.
-fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
-            value.as_object_mut().unwrap().remove("step_time");
-            value
-        })
-        .collect()
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
-use common::{holo_command, repo};
+use common::{holo_command, repo, run_metrics as metrics};
 
 /// A fresh folder for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -64,19 +64,6 @@ fn train_args(out: &Path, steps: u32) -> Vec<String> {
 fn run(args: &[String]) -> Output {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     holo_command(&args).output().unwrap()
-}
-
-/// metrics.jsonl without the wall-clock `step_time`.
-fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
-            value.as_object_mut().unwrap().remove("step_time");
-            value
-        })
-        .collect()
 }
 
 /// Trains `steps` steps uninterrupted, then again killed with SIGKILL right after its second checkpoint

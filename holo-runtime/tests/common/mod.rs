@@ -18,3 +18,17 @@ pub fn holo_command(args: &[&str]) -> Command {
     command.args(args).current_dir(repo());
     command
 }
+
+/// A run folder's metrics.jsonl without the wall-clock `step_time`: what two runs of the same seed
+/// must agree on.
+pub fn run_metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+            value.as_object_mut().unwrap().remove("step_time");
+            value
+        })
+        .collect()
+}
