@@ -260,44 +260,13 @@ async fn the_sampler_trait_gives_the_same_greedy_tokens() {
 // ---------------------------------------------------------------------------------------------------
 // Loading errors
 
-fn copy_fixture(name: &str) -> tempdir::Dir {
-    let dir = tempdir::Dir::new(name);
+fn copy_fixture(name: &str) -> common::tempdir::Dir {
+    let dir = common::tempdir::Dir::new(name);
     for entry in std::fs::read_dir(fixture(name)).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
     }
     dir
-}
-
-mod tempdir {
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(label: &str) -> Self {
-            static COUNT: AtomicUsize = AtomicUsize::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "holo-local-{label}-{}-{}",
-                std::process::id(),
-                COUNT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Dir(path)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 fn tensors(dir: &Path) -> HashMap<String, Tensor> {

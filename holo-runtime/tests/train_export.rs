@@ -32,32 +32,6 @@ const LORA_TARGETS: [&str; 3] = ["q_proj", "v_proj", "down_proj"];
 /// The trainer's default seed (it only draws the adapters' initial `A`, which the checkpoint replaces).
 const SEED: u64 = 42;
 
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(label: &str) -> Self {
-            let path = std::env::temp_dir()
-                .join(format!("holo-train-export-{label}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Dir(path)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
@@ -466,7 +440,7 @@ fn python_check(cases: &[Case]) {
 
 #[test]
 fn exports_load_with_the_trained_weights_and_logits() {
-    let work = tempdir::Dir::new("runs");
+    let work = common::tempdir::Dir::new("runs");
     let data = work.path().join("rows.jsonl");
     let rows: String = (1..=16)
         .map(|i| {

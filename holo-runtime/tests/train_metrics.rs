@@ -8,39 +8,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+
 use holo_runtime::train::metrics::{read_metrics, MetricsLog};
 use holo_runtime::train::plot::plot_run;
-
-mod tempdir {
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(label: &str) -> Self {
-            static COUNT: AtomicUsize = AtomicUsize::new(0);
-            let path = std::env::temp_dir().join(format!(
-                "holo-metrics-{label}-{}-{}",
-                std::process::id(),
-                COUNT.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Dir(path)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 fn metrics(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -65,7 +36,7 @@ fn event_files(run_dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn jsonl_round_trips() {
-    let dir = tempdir::Dir::new("round-trip");
+    let dir = common::tempdir::Dir::new("round-trip");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     let rows = [
         (0, metrics(&[("eval/reward", 0.25), ("eval/pass@1", 0.0)])),
@@ -114,7 +85,7 @@ fn jsonl_round_trips() {
 
 #[test]
 fn read_errors_name_the_line_and_column() {
-    let dir = tempdir::Dir::new("read-errors");
+    let dir = common::tempdir::Dir::new("read-errors");
     let path = dir.path().join("metrics.jsonl");
     let cases = [
         (
@@ -156,7 +127,7 @@ fn read_errors_name_the_line_and_column() {
 
 #[test]
 fn resume_drops_later_steps_and_a_cut_short_line() {
-    let dir = tempdir::Dir::new("resume");
+    let dir = common::tempdir::Dir::new("resume");
     let path = dir.path().join("metrics.jsonl");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     for step in 0..=5 {
@@ -191,7 +162,7 @@ fn resume_drops_later_steps_and_a_cut_short_line() {
     assert!(error.to_string().contains("metrics.jsonl:2:"), "{error}");
 
     // A run folder without metrics resumes with none.
-    let fresh = tempdir::Dir::new("resume-fresh");
+    let fresh = common::tempdir::Dir::new("resume-fresh");
     MetricsLog::resume(fresh.path(), 7).unwrap();
     assert!(steps(&fresh.path().join("metrics.jsonl")).is_empty());
 }
@@ -286,7 +257,7 @@ fn event_files_are_framed_tfrecords_of_events() {
     // The CRC-32C check value, so `masked` above is itself right.
     assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
 
-    let dir = tempdir::Dir::new("events");
+    let dir = common::tempdir::Dir::new("events");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     for step in 1..=3 {
         let row = metrics(&[("loss", step as f64 / 2.0), ("eval/pass@1", 0.75)]);
@@ -353,7 +324,7 @@ fn event_files_are_framed_tfrecords_of_events() {
     assert_eq!(decode(&records[1])[1], (2, Field::Varint(0)));
 
     // A resume in a folder without event files has nothing to restart.
-    let fresh = tempdir::Dir::new("events-fresh");
+    let fresh = common::tempdir::Dir::new("events-fresh");
     let log = MetricsLog::resume(fresh.path(), 4).unwrap();
     assert_eq!(read_records(log.events_path()).len(), 1);
 }
@@ -447,7 +418,7 @@ const VERSION: &str = "file_version:brain.Event:2";
 
 #[test]
 fn tensorboard_reads_the_events_and_purges_steps_after_a_resume() {
-    let dir = tempdir::Dir::new("tensorboard");
+    let dir = common::tempdir::Dir::new("tensorboard");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     for step in 1..=5 {
         let mut row = metrics(&[("reward", step as f64 + 0.5)]);
@@ -489,7 +460,7 @@ fn tensorboard_reads_the_events_and_purges_steps_after_a_resume() {
 
 #[test]
 fn tensorboard_shows_only_the_new_run_of_a_reused_folder() {
-    let dir = tempdir::Dir::new("tensorboard-new-run");
+    let dir = common::tempdir::Dir::new("tensorboard-new-run");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     for step in 1..=3 {
         log.log(step, &metrics(&[("reward", 0.5), ("old", 1.0)]))
@@ -533,7 +504,7 @@ fn png_size(path: &Path) -> (u32, u32) {
 
 #[test]
 fn plot_run_writes_a_png_per_metric_and_an_overview() {
-    let dir = tempdir::Dir::new("plot");
+    let dir = common::tempdir::Dir::new("plot");
     let mut log = MetricsLog::create(dir.path()).unwrap();
     for step in 0..=40u64 {
         let t = step as f64;
@@ -586,7 +557,7 @@ fn plot_run_writes_a_png_per_metric_and_an_overview() {
 
 #[test]
 fn plot_run_errors_name_the_file_and_the_problem() {
-    let dir = tempdir::Dir::new("plot-errors");
+    let dir = common::tempdir::Dir::new("plot-errors");
     let path = dir.path().join("metrics.jsonl");
     let error = plot_run(dir.path()).unwrap_err();
     assert!(

@@ -70,6 +70,16 @@ fn is_zero(std: f64) -> bool {
     std.abs() <= 1e-8
 }
 
+/// `torch.nansum(values * weights)`: missing components count for nothing.
+fn weighted_nansum(values: &[f64], weights: &[f64]) -> f64 {
+    values
+        .iter()
+        .zip(weights)
+        .filter(|(value, _)| !value.is_nan())
+        .map(|(value, weight)| value * weight)
+        .sum()
+}
+
 /// The weighted sum of each row (`nansum`), `NaN` for rows with every component missing.
 pub fn weighted_totals(rewards: &Rewards) -> Vec<f64> {
     rewards
@@ -79,11 +89,7 @@ pub fn weighted_totals(rewards: &Rewards) -> Vec<f64> {
             if row.iter().all(|value| value.is_nan()) {
                 return f64::NAN;
             }
-            row.iter()
-                .zip(&rewards.weights)
-                .filter(|(value, _)| !value.is_nan())
-                .map(|(value, weight)| value * weight)
-                .sum()
+            weighted_nansum(row, &rewards.weights)
         })
         .collect()
 }
@@ -153,11 +159,7 @@ pub fn advantages(
                     if raw.iter().all(|value| value.is_nan()) {
                         return f64::NAN;
                     }
-                    row.iter()
-                        .zip(&rewards.weights)
-                        .filter(|(value, _)| !value.is_nan())
-                        .map(|(value, weight)| value * weight)
-                        .sum()
+                    weighted_nansum(row, &rewards.weights)
                 })
                 .collect();
             let std = if count > 1 { nanstd(&summed) } else { 0.0 };

@@ -176,22 +176,8 @@ fn update_tensors(
 /// it (`x * mul + add` for a constant), so the result is the same to the bit, signed zeros included.
 fn update_host(var: &Var, grad: &Tensor, m: &Tensor, v: &Tensor, c: &Constants) -> Result<()> {
     let grad = grad.contiguous()?;
-    m.inplace_op2(
-        &grad,
-        &MomentUpdate {
-            keep: c.beta1 as f32,
-            take: (1.0 - c.beta1) as f32,
-            square: false,
-        },
-    )?;
-    v.inplace_op2(
-        &grad,
-        &MomentUpdate {
-            keep: c.beta2 as f32,
-            take: (1.0 - c.beta2) as f32,
-            square: true,
-        },
-    )?;
+    m.inplace_op2(&grad, &MomentUpdate::decaying(c.beta1, false))?;
+    v.inplace_op2(&grad, &MomentUpdate::decaying(c.beta2, true))?;
     var.as_tensor().inplace_op3(
         m,
         v,
@@ -229,6 +215,17 @@ struct MomentUpdate {
     keep: f32,
     take: f32,
     square: bool,
+}
+
+impl MomentUpdate {
+    /// The moment of decay `beta`, of the gradient or (`square`) of its square.
+    fn decaying(beta: f64, square: bool) -> Self {
+        MomentUpdate {
+            keep: beta as f32,
+            take: (1.0 - beta) as f32,
+            square,
+        }
+    }
 }
 
 impl InplaceOp2 for MomentUpdate {

@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod json;
+pub mod tempdir;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
