@@ -146,6 +146,7 @@ holowares! {
     hol_doublecheck => "../hol/doublecheck.hol",
     hol_qa => "../hol/qa.hol",
     hol_tool => "../hol/tool.hol",
+    hol_wordproblems => "../hol/wordproblems.hol",
     ok_alternatives => "../holoc/tests/inputs/ok/alternatives.hol",
     ok_blank_lines_around_closing_tag => "../holoc/tests/inputs/ok/blank_lines_around_closing_tag.hol",
     ok_blank_lines_at_end_of_body => "../holoc/tests/inputs/ok/blank_lines_at_end_of_body.hol",

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use holo_runtime::holotypes::{self, numbers_equal, Tools};
+use holo_runtime::holotypes::{self, last_number, numbers_equal, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::{Resources, Rollout, RolloutError, Scripted, Step, Transcript};
 use serde_json::json;
@@ -235,6 +235,55 @@ fn numeric_equivalence() {
     ] {
         assert!(!numbers_equal(a, b), "{a} != {b}");
     }
+}
+
+#[test]
+fn the_last_number_of_a_text() {
+    for (text, number) in [
+        ("9 x 6 = 54 shells.", Some("54")),
+        ("So 54 shells is the answer.", Some("54")),
+        ("2+3=5", Some("5")),
+        ("The total is (1,024)!", Some("1,024")),
+        ("**3/4** of it", Some("3/4")),
+        ("It costs $12.50.", Some("$12.50")),
+        ("#### 18\nThe answer is", Some("18")),
+        ("so \\boxed{18}.", Some("\\boxed{18}")),
+        ("no number here", None),
+        ("", None),
+    ] {
+        assert_eq!(last_number(text), number, "{text:?}");
+    }
+}
+
+#[test]
+fn math_answer_reads_the_last_number_of_an_untagged_reply_when_asked() {
+    let row = json!({"question": "6 times 9?", "expected": "54"});
+    let score = |holotype: &str, reply: &str| {
+        let source = format!("<|o_o|>\n<|question|>\n<|@_@:reply|>\n{holotype}\n");
+        rewards(&run(&source, row.clone(), &[reply], &Resources::default()).unwrap())[0].1
+    };
+    let lenient = "<|MathAnswer var=reply untagged=last_number|>";
+    assert_eq!(score(lenient, "9 x 6 = 54 shells."), 1.0);
+    assert_eq!(score(lenient, "54 is wrong, it is 45."), 0.0);
+    // A tag still wins over the numbers around it.
+    assert_eq!(score(lenient, "9 x 6 = 54, so <answer>45</answer>"), 0.0);
+    assert_eq!(score(lenient, "I think 45. <answer>54</answer> 7"), 1.0);
+    assert_eq!(score(lenient, "no idea"), 0.0);
+    // By default the whole untagged reply is compared.
+    assert_eq!(score("<|MathAnswer var=reply|>", "9 x 6 = 54 shells."), 0.0);
+    assert_eq!(
+        score("<|MathAnswer var=reply untagged=whole|>", " 54. "),
+        1.0
+    );
+
+    let source = "<|o_o|>\nQ\n<|@_@:reply|>\n<|MathAnswer var=reply untagged=first|>\n";
+    let error = run(source, row, &["54"], &Resources::default()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("argument `untagged` must be `whole` or `last_number`, found `first`"),
+        "{error}"
+    );
 }
 
 #[test]

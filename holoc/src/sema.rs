@@ -28,7 +28,10 @@ pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
         &["timeout", "python", "max_output", "answer"],
     ),
     ("ExactAnswer", &["var", "target", "tag", "weight", "name"]),
-    ("MathAnswer", &["var", "target", "tag", "weight", "name"]),
+    (
+        "MathAnswer",
+        &["var", "target", "tag", "untagged", "weight", "name"],
+    ),
     ("FormatReward", &["var", "tags", "weight", "name"]),
     ("LengthPenalty", &["var", "max", "weight", "name"]),
 ];

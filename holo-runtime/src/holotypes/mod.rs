@@ -12,7 +12,7 @@ pub use code::{
     code_block, network_isolation, run_python, CodeExecutor, Execution, Outcome, PythonConfig,
 };
 pub use rewards::{
-    answer_text, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
+    answer_text, last_number, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
 };
 pub use tools::{Tool, ToolExecutor, ToolRunner, ToolSchema, Tools};
 

@@ -25,11 +25,6 @@ impl Component {
         })
     }
 
-    fn answer<'c>(&self, cx: &'c Cx<'_>) -> Option<&'c str> {
-        cx.var(&self.variable)
-            .map(|text| answer_text(text, &self.tag))
-    }
-
     fn record(&self, cx: &mut Cx<'_>, value: f64) {
         cx.weighted_reward(&self.name, value, self.weight);
     }
@@ -40,10 +35,20 @@ pub fn answer_text<'t>(text: &'t str, tag: &str) -> &'t str {
     last_tag(text, tag).unwrap_or(text).trim()
 }
 
+/// What a comparison reads from a text without the answer tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Untagged {
+    /// The whole text.
+    Whole,
+    /// The last number in the text ([`last_number`]).
+    LastNumber,
+}
+
 /// A reward that compares the answer with a column of the data row (`target=`, default `expected`).
 struct Comparison {
     component: Component,
     target: String,
+    untagged: Untagged,
 }
 
 impl Comparison {
@@ -51,7 +56,20 @@ impl Comparison {
         Ok(Comparison {
             component: Component::new(args, default_name)?,
             target: args.text("target")?.unwrap_or("expected").to_string(),
+            untagged: Untagged::Whole,
         })
+    }
+
+    /// The answer in the variable: its last tag's content, or what `untagged` says of a text without one.
+    fn answer<'c>(&self, cx: &'c Cx<'_>) -> Option<&'c str> {
+        let text = cx.var(&self.component.variable)?;
+        match self.untagged {
+            Untagged::Whole => Some(answer_text(text, &self.component.tag)),
+            Untagged::LastNumber => match last_tag(text, &self.component.tag) {
+                Some(tagged) => Some(tagged.trim()),
+                None => last_number(text),
+            },
+        }
     }
 
     /// Records 1 when `equal(answer, expected)`, else 0.
@@ -66,7 +84,6 @@ impl Comparison {
             })?
             .to_string();
         let correct = self
-            .component
             .answer(cx)
             .is_some_and(|answer| equal(answer, &expected));
         self.component.record(cx, if correct { 1.0 } else { 0.0 });
@@ -99,13 +116,27 @@ impl Holotype for ExactAnswer {
 /// (`3/4`, `\frac{3}{4}`), `\boxed{...}`, `$`, thousands separators (`1,234`) and a trailing `%` are
 /// understood, and `0.75`, `3/4` and `\boxed{\frac{3}{4}}` are equal. Text that is not a number is
 /// compared as [`ExactAnswer`] compares it.
+///
+/// `untagged=last_number` compares the last number of a reply that has no answer tag (as lm-eval's
+/// "flexible extract" reads GSM8K answers), instead of the whole reply (`untagged=whole`, the default):
+/// a small model that writes `9 x 6 = 54 shells.` is then rewarded for the number before it learns the tags.
 pub struct MathAnswer(Comparison);
 
 impl Holotype for MathAnswer {
-    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
+    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "untagged", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        Comparison::new(args, "math_answer").map(MathAnswer)
+        let mut comparison = Comparison::new(args, "math_answer")?;
+        comparison.untagged = match args.text("untagged")? {
+            None | Some("whole") => Untagged::Whole,
+            Some("last_number") => Untagged::LastNumber,
+            Some(other) => {
+                return Err(HolotypeError::new(format!(
+                    "argument `untagged` must be `whole` or `last_number`, found `{other}`"
+                )))
+            }
+        };
+        Ok(MathAnswer(comparison))
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
@@ -120,6 +151,24 @@ pub fn numbers_equal(a: &str, b: &str) -> bool {
         (Some(a), Some(b)) => a == b,
         _ => texts_equal(&strip_math(a), &strip_math(b)),
     }
+}
+
+/// The last number of `text` that [`MathAnswer`] understands, read word by word from the end: words are
+/// split at whitespace and `=`, and lose trailing `,;:!?.` then, unless that makes a number already (as in
+/// `\boxed{18}`), surrounding brackets, quotes and `*`: `9 x 6 = 54 shells.` gives `54`, `(1,024)!` gives
+/// `1,024` and `**3/4**` gives `3/4`.
+pub fn last_number(text: &str) -> Option<&str> {
+    text.rsplit(|c: char| c.is_whitespace() || c == '=')
+        .find_map(|word| {
+            // `\boxed{18}.` keeps its braces; `(18)` and `**18**` lose theirs.
+            let sentence = word.trim_end_matches(|c: char| ",;:!?.".contains(c));
+            let bare = sentence
+                .trim_start_matches(|c: char| "([{\"'*`".contains(c))
+                .trim_end_matches(|c: char| ")]}\"'*`,;:!?.".contains(c));
+            [sentence, bare]
+                .into_iter()
+                .find(|candidate| Rational::parse(candidate).is_some())
+        })
 }
 
 /// An exact rational number, in lowest terms with a positive denominator.
