@@ -279,3 +279,51 @@ fn bad_options_fail_before_any_work_naming_the_key() {
     assert!(stderr.contains("`beta`"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_word_problem_example_runs_as_the_readme_gives_it() {
+    // The README's SmolLM2 example, with the committed tiny model in place of the GGUF file (which a test
+    // cannot download) and a budget of two short steps: the environment, its data and the example's
+    // options must stay valid together.
+    let dir = scratch("wordproblems");
+    let out = dir.join("run");
+    let args: Vec<String> = [
+        "train",
+        "hol/wordproblems.hol",
+        "--model",
+        "holo-runtime/tests/fixtures/models/qwen2",
+        "--data",
+        "examples/data/wordproblems/train.jsonl",
+        "--eval-data",
+        "examples/data/wordproblems/test.jsonl",
+        "--config",
+        "examples/wordproblems/train.toml",
+        "--out",
+        out.to_str().unwrap(),
+        "--max-steps",
+        "2",
+        "--per-device-train-batch-size",
+        "16",
+        "--max-completion-length",
+        "8",
+        "--eval-on-start",
+        "false",
+    ]
+    .map(String::from)
+    .to_vec();
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    let metrics = metrics(&out);
+    assert_eq!(metrics.len(), 2, "{metrics:?}");
+    for key in ["rewards/math_answer/mean", "rewards/format/mean"] {
+        assert!(
+            metrics.iter().all(|m| m.get(key).is_some()),
+            "no {key} in {metrics:?}"
+        );
+    }
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    for line in ["use_peft = true", "lora_r = 16", "temperature = 0.7"] {
+        assert!(config.contains(line), "{line} not in {config}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
