@@ -22,10 +22,10 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use common::json::{floats, ids, max_diff};
+use common::logits::sequence_logits;
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::checkpoint::{self, load_model};
-use holo_runtime::local::model::positions_from_mask;
-use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, Ops, RopeScaling};
+use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
 use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value as Json;
@@ -40,29 +40,6 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("holo-gguf-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The logits `[T, vocab]` of one unpadded sequence.
-fn logits(model: &Model, sequence: &[u32]) -> Vec<Vec<f32>> {
-    let device = model.device();
-    let input = Tensor::new(sequence, device).unwrap().unsqueeze(0).unwrap();
-    let mask = Tensor::ones((1, sequence.len()), DType::U8, device).unwrap();
-    let hidden = model
-        .forward_hidden(
-            &input,
-            &positions_from_mask(&mask).unwrap(),
-            &mask,
-            None,
-            Ops::Fast,
-        )
-        .unwrap();
-    model
-        .logits(&hidden.squeeze(0).unwrap(), Ops::Fast)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_vec2()
-        .unwrap()
 }
 
 fn max_logit_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -296,7 +273,7 @@ fn compare_models(folder: &Model, file: &Model) -> f32 {
     let sequences: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[509, 100, 200, 300, 7, 8, 9, 10], &[42]];
     sequences
         .iter()
-        .map(|ids| max_logit_diff(&logits(folder, ids), &logits(file, ids)))
+        .map(|ids| max_logit_diff(&sequence_logits(folder, ids), &sequence_logits(file, ids)))
         .fold(0.0, f32::max)
 }
 
@@ -388,7 +365,7 @@ fn a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices() {
 
     let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
     let diff = compare_models(&folder_model, &gguf_model);
-    let scale = logits(&folder_model, &[509, 100, 200, 300, 7, 8, 9, 10])
+    let scale = sequence_logits(&folder_model, &[509, 100, 200, 300, 7, 8, 9, 10])
         .iter()
         .flatten()
         .fold(0.0f32, |max, x| max.max(x.abs()));
@@ -613,7 +590,7 @@ fn smollm2_gguf_matches_transformers() {
         let prompt_ids = ids(&prompt["ids"]);
         let expected_greedy = ids(&prompt["greedy"]);
         let sequence: Vec<u32> = prompt_ids.iter().chain(&expected_greedy).copied().collect();
-        let all = logits(model.model(), &sequence);
+        let all = sequence_logits(model.model(), &sequence);
         let last = &all[prompt_ids.len() - 1];
         let diff = max_diff(last, &floats(&prompt["last_logits"]));
         eprintln!("{name}: max |Δlogit| {diff:e}");

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use common::json::{floats, ids, max_diff};
+use common::logits::sequence_logits;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
 use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
@@ -34,32 +35,6 @@ fn load(name: &str) -> LocalModel {
         .unwrap_or_else(|error| panic!("{name}: {error}"))
 }
 
-/// Logits `[T, vocab]` of one unpadded sequence.
-fn logits(model: &LocalModel, sequence: &[u32]) -> Vec<Vec<f32>> {
-    let model = model.model();
-    let input = Tensor::new(sequence, &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
-    let hidden = model
-        .forward_hidden(
-            &input,
-            &positions_from_mask(&mask).unwrap(),
-            &mask,
-            None,
-            Ops::Fast,
-        )
-        .unwrap();
-    model
-        .logits(&hidden, Ops::Fast)
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec2()
-        .unwrap()
-}
-
 #[test]
 fn logits_match_transformers() {
     for name in ["qwen2", "llama"] {
@@ -67,7 +42,7 @@ fn logits_match_transformers() {
         let expected = expected(name);
         for prompt in expected["prompts"].as_array().unwrap() {
             let sequence = ids(&prompt["ids"]);
-            let ours = logits(&model, &sequence);
+            let ours = sequence_logits(model.model(), &sequence);
             for (position, theirs) in prompt["positions"]
                 .as_array()
                 .unwrap()
@@ -374,7 +349,10 @@ fn sharded_checkpoints_load_like_single_files() {
     let sharded = LocalModel::load(dir.path(), LocalOptions::default()).unwrap();
     let single = load("llama");
     let sequence = [3u32, 17, 99, 250];
-    let (a, b) = (logits(&sharded, &sequence), logits(&single, &sequence));
+    let (a, b) = (
+        sequence_logits(sharded.model(), &sequence),
+        sequence_logits(single.model(), &sequence),
+    );
     for (a, b) in a.iter().zip(&b) {
         assert_eq!(a, b);
     }

@@ -14,11 +14,11 @@ mod common;
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::DType;
 use common::json::{floats, ids, max_diff};
+use common::logits::sequence_logits;
 use holo_runtime::local::generate::{generate, Generation, GenerationParams, Stopping};
-use holo_runtime::local::model::positions_from_mask;
-use holo_runtime::local::{Arch, LocalModel, LocalOptions, Ops};
+use holo_runtime::local::{Arch, LocalModel, LocalOptions};
 use holo_runtime::{ChatMessage, Prompt, Role};
 use serde_json::Value;
 
@@ -87,31 +87,7 @@ fn prompts(reference: &Value) -> &Vec<Value> {
 
 /// The logits at the last position of one unpadded sequence.
 fn last_logits(model: &LocalModel, sequence: &[u32]) -> Vec<f32> {
-    let model = model.model();
-    let device = model.device();
-    let input = Tensor::new(sequence, device).unwrap().unsqueeze(0).unwrap();
-    let mask = Tensor::ones((1, sequence.len()), DType::U8, device).unwrap();
-    let hidden = model
-        .forward_hidden(
-            &input,
-            &positions_from_mask(&mask).unwrap(),
-            &mask,
-            None,
-            Ops::Fast,
-        )
-        .unwrap();
-    let last = hidden.narrow(1, sequence.len() - 1, 1).unwrap();
-    model
-        .logits(&last, Ops::Fast)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    sequence_logits(model.model(), sequence).pop().unwrap()
 }
 
 fn greedy(max_tokens: usize) -> GenerationParams {

@@ -3,6 +3,8 @@
 
 pub mod http;
 pub mod json;
+#[cfg(feature = "local")]
+pub mod logits;
 pub mod tempdir;
 
 use std::path::{Path, PathBuf};
