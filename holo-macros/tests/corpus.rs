@@ -25,7 +25,7 @@ macro_rules! stand_in_holotypes {
 
         impl Holotype for $name {
             const PARAMS: &'static [&'static str] =
-                &["max_turns", "max", "mode", "label", "timeout", "var", "name", "weight"];
+                &["max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged"];
 
             fn new(_: &Args) -> Result<Self, HolotypeError> {
                 Ok($name)
