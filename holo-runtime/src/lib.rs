@@ -21,6 +21,7 @@ pub mod machine;
 pub mod openai;
 pub mod resources;
 pub mod sampler;
+pub mod sandbox;
 pub mod scripted;
 #[cfg(feature = "local")]
 pub mod serve;
