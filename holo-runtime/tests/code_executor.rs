@@ -1,19 +1,26 @@
 //! `CodeExecutor` and `run_python` against the real `python3` of the machine: output, exceptions,
-//! timeouts that kill the whole process group, temporary-directory isolation, no network (when
-//! `unshare -rn` works here), output caps, and `hol/codemath.hol` end to end.
+//! timeouts, a fresh work folder per run, no network, output caps, and `hol/codemath.hol` end to end;
+//! and the unsandboxed path (`run_python_unsandboxed`: temporary directories, process-group kills).
+//! What the sandbox stops is in `tests/sandbox.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use holo_runtime::holotypes::{self, network_isolation, run_python, Outcome, PythonConfig};
+use holo_runtime::holotypes::{
+    self, network_isolation, run_python, run_python_unsandboxed, Outcome, PythonConfig,
+};
+use holo_runtime::sandbox::{self, Limits};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::{Resources, Rollout, Scripted, Step, Transcript};
 use serde_json::json;
 
 fn config(timeout_secs: f64) -> PythonConfig {
     PythonConfig {
-        timeout: Duration::from_secs_f64(timeout_secs),
+        limits: Limits {
+            timeout: Duration::from_secs_f64(timeout_secs),
+            ..Limits::default()
+        },
         ..PythonConfig::default()
     }
 }
@@ -132,8 +139,8 @@ fn an_infinite_loop_is_killed_at_the_timeout() {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn the_timeout_kills_what_the_code_started() {
-    let execution = run_python(
+fn the_unsandboxed_timeout_kills_what_the_code_started() {
+    let execution = run_python_unsandboxed(
         "import subprocess\np = subprocess.Popen(['sleep', '60'])\nprint(p.pid, flush=True)\nwhile True:\n    pass\n",
         &config(1.5),
     );
@@ -152,7 +159,23 @@ fn the_timeout_kills_what_the_code_started() {
 }
 
 #[test]
-fn each_run_has_its_own_temporary_directory() {
+fn each_run_has_its_own_work_folder() {
+    if let Err(reason) = sandbox::available() {
+        eprintln!("SKIPPED each_run_has_its_own_work_folder: no sandbox here ({reason})");
+        return;
+    }
+    let first = python(
+        "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(os.environ['HOME'] == os.getcwd())\nprint(sorted(os.listdir('.')))",
+    );
+    assert!(first.sandboxed, "{first:?}");
+    assert_eq!(first.output, "/tmp\nTrue\n['scratch.txt']\n", "{first:?}");
+    let second = python("import os\nprint(os.listdir('.'))");
+    assert_eq!(second.output, "[]\n", "the file of the first run persisted");
+}
+
+#[test]
+fn each_unsandboxed_run_has_its_own_temporary_directory() {
+    let python = |code: &str| run_python_unsandboxed(code, &config(20.0));
     let first = python(
         "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(os.environ['HOME'] == os.getcwd())\nprint(sorted(os.listdir('.')))",
     );
@@ -174,9 +197,10 @@ fn each_run_has_its_own_temporary_directory() {
 }
 
 #[test]
-fn a_read_only_tree_is_still_removed() {
-    let execution = python(
+fn an_unsandboxed_read_only_tree_is_still_removed() {
+    let execution = run_python_unsandboxed(
         "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0o500)\nos.chmod('a', 0o500)\nprint(os.getcwd())",
+        &config(20.0),
     );
     let dir = PathBuf::from(execution.output.trim());
     assert!(dir.is_absolute(), "{execution:?}");

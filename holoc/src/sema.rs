@@ -25,7 +25,18 @@ pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
     ("ToolExecutor", &["answer"]),
     (
         "CodeExecutor",
-        &["timeout", "python", "max_output", "answer"],
+        &[
+            "timeout",
+            "python",
+            "max_output",
+            "answer",
+            "memory",
+            "processes",
+            "cpu_seconds",
+            "file_size",
+            "open_files",
+            "work_size",
+        ],
     ),
     ("ExactAnswer", &["var", "target", "tag", "weight", "name"]),
     (

@@ -1,37 +1,95 @@
-//! Code execution as a tool: [`CodeExecutor`] runs the Python code of the model's turn in a subprocess
-//! ([`run_python`]) and writes what it printed inside `<output>` tags.
+//! Code execution as a tool: [`CodeExecutor`] runs the Python code of the model's turn in the
+//! [sandbox](crate::sandbox) ([`run_python`]) and writes what it printed inside `<output>` tags.
 //!
 //! How code runs is described on [`CodeExecutor`].
 
-use std::io::{self, Read, Write};
+use std::collections::HashMap;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use holoc::ir::Program;
+
 use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError};
+use crate::holotypes::stats::ToolStats;
 use crate::holotypes::tools::last_tag;
+use crate::resources::Resources;
+use crate::sandbox::{self, seconds, Capture, Limits};
+#[cfg(target_os = "linux")]
+use crate::sandbox::{Job, Sandbox, Status};
 
 /// How [`run_python`] runs code.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PythonConfig {
     /// The interpreter: a name looked up in `PATH`, or a path (default `python3`).
     pub python: String,
-    /// Wall-clock limit (default 5 s).
-    pub timeout: Duration,
     /// Bytes of output kept, stdout and stderr together (default 4096).
     pub max_output: usize,
+    /// The sandbox's limits, the wall-clock timeout among them (default 5 s).
+    pub limits: Limits,
+    /// Run the code without the sandbox where this machine cannot sandbox (default: refuse).
+    pub allow_unsandboxed: bool,
 }
 
 impl Default for PythonConfig {
     fn default() -> Self {
         PythonConfig {
             python: "python3".to_string(),
-            timeout: Duration::from_secs(5),
             max_output: 4096,
+            limits: Limits::default(),
+            allow_unsandboxed: false,
         }
     }
+}
+
+/// How the driver (`holo`, a trainer) wants model-written code run: the sandbox's limits, and whether
+/// code may run unsandboxed where the machine cannot sandbox. Put it in the [`Resources`] of the
+/// rollouts; a `CodeExecutor` tag's own arguments override these limits. Without it, the defaults:
+/// [`Limits::default`], and refuse to run unsandboxed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CodeSandbox {
+    pub limits: Limits,
+    pub allow_unsandboxed: bool,
+}
+
+impl CodeSandbox {
+    /// `Ok` when code can run here: in the sandbox, or unsandboxed because that was allowed. The error
+    /// says what the machine lacks and names the opt-out.
+    pub fn check(&self) -> Result<(), String> {
+        match sandbox::available() {
+            Ok(()) => Ok(()),
+            Err(_) if self.allow_unsandboxed => Ok(()),
+            Err(reason) => Err(refusal(reason)),
+        }
+    }
+}
+
+/// The error for code that is not run because the machine cannot sandbox it.
+fn refusal(reason: &str) -> String {
+    format!(
+        "CodeExecutor runs model-written code only in a sandbox, and this machine cannot sandbox: \
+         {reason}. To run the code without one (it can then read, change and delete whatever this \
+         user can, kill this process and reach the network), pass --allow-unsandboxed-code \
+         (library: `CodeSandbox {{ allow_unsandboxed: true, .. }}` in the Resources)"
+    )
+}
+
+/// Checks, before a run starts, that the code of `program`'s `CodeExecutor` tags (the built-in) can
+/// run with the [`CodeSandbox`] of `resources` (the default without one); `Ok` when it has none.
+pub fn check_code_sandbox(program: &Program, resources: &Resources) -> Result<(), String> {
+    if !program
+        .holotypes
+        .iter()
+        .any(|holotype| holotype.builtin && holotype.name == "CodeExecutor")
+    {
+        return Ok(());
+    }
+    resources
+        .get::<CodeSandbox>()
+        .map_or_else(|| CodeSandbox::default().check(), |policy| policy.check())
 }
 
 /// How a run ended.
@@ -57,8 +115,10 @@ pub struct Execution {
     /// Bytes the code wrote to stderr (kept or not).
     pub stderr_bytes: usize,
     pub outcome: Outcome,
-    /// Whether the code ran without network access (under `unshare -rn`).
+    /// Whether the code ran without network access (in the sandbox, or under `unshare -rn`).
     pub network_isolated: bool,
+    /// Whether the code ran in the [sandbox](crate::sandbox).
+    pub sandboxed: bool,
 }
 
 impl Execution {
@@ -83,9 +143,10 @@ impl Execution {
                 note(format!("error: the code exited with status {code}"))
             }
             Outcome::Exited(_) => {}
-            Outcome::Signal(signal) => {
-                note(format!("error: the code was killed by signal {signal}"))
-            }
+            Outcome::Signal(signal) => note(format!(
+                "error: the code was killed by signal {signal}{}",
+                signal_meaning(*signal)
+            )),
             Outcome::TimedOut => note(format!(
                 "error: the code timed out after {} and was stopped",
                 seconds(timeout)
@@ -99,12 +160,23 @@ impl Execution {
     }
 }
 
-fn seconds(duration: Duration) -> String {
-    let secs = duration.as_secs_f64();
-    if secs.fract() == 0.0 {
-        format!("{secs:.0} s")
-    } else {
-        format!("{secs} s")
+/// Why a sandboxed program usually gets `signal`, for the model's message.
+fn signal_meaning(signal: i32) -> &'static str {
+    #[cfg(unix)]
+    {
+        match signal {
+            libc::SIGKILL => " (SIGKILL)",
+            libc::SIGXCPU => " (SIGXCPU: it used up its CPU time)",
+            libc::SIGXFSZ => " (SIGXFSZ: it wrote a file past the size limit)",
+            libc::SIGSEGV => " (SIGSEGV)",
+            libc::SIGSYS => " (SIGSYS: a forbidden system call)",
+            _ => "",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = signal;
+        ""
     }
 }
 
@@ -112,45 +184,69 @@ fn seconds(duration: Duration) -> String {
 /// `turn` (an unclosed last block runs to the end of the turn; a Markdown fence inside the block is
 /// removed) and writes `<output>...</output>`. When the turn holds an answer (`answer=` tag, default
 /// `answer`) nothing runs and its body, if any, is skipped. Parameters: `timeout` (seconds, default 5),
-/// `python` (the interpreter, default `python3`), `max_output` (bytes, default 4096). Everything that goes
-/// wrong (no code, an exception, a timeout, no interpreter) is written to the model inside `<output>`.
+/// `python` (the interpreter, default `python3`), `max_output` (bytes, default 4096), and the
+/// sandbox's limits: `memory` (MiB of address space per process, default 1024), `processes` (16),
+/// `cpu_seconds` (10), `file_size` (MiB, 16), `open_files` (256), `work_size` (MiB, 64). Defaults
+/// come from the [`CodeSandbox`] resource when the driver gives one (`[sandbox]` of a training
+/// configuration); the tag's arguments override it. Everything that goes wrong (no code, an
+/// exception, a timeout, a limit, no interpreter) is written to the model inside `<output>`.
 ///
 /// # How code runs
 ///
-/// Each run ([`run_python`]) gets:
-/// - a fresh temporary directory, its working directory and `HOME`, removed afterwards (files the code
-///   writes do not persist from one run to the next);
-/// - an empty environment except `PATH`, `HOME` and `TMPDIR` (both the temporary directory), and the
-///   interpreter in isolated mode, `python3 -I -X utf8 -` (no user site-packages, no `PYTHON*`
-///   variables, the code read from stdin);
-/// - a wall-clock timeout: the subprocess runs in its own process group, and the whole group (anything
-///   the code started too) is killed with `SIGKILL` when the time is up, and again after a normal exit to
-///   clean up leftover children;
-/// - a cap on the output kept (stdout, then stderr), the rest counted and reported as truncated;
-/// - no network, **best effort**: on Linux the interpreter runs under `unshare -rn` (a new user and
-///   network namespace, which has only a loopback interface that is down) when that works on the machine,
-///   checked once per process with `unshare -rn true`. Where it does not (no `unshare`, user namespaces
-///   disabled, another OS), the code runs **with the host's network**, and a warning is printed on stderr
-///   once; [`network_isolation`] tells which. This is not a security sandbox: the code runs as the
-///   current user and can read what that user can read.
+/// In the [sandbox](crate::sandbox) ([`run_python`]): a new user, PID, mount, network, IPC and UTS
+/// namespace; an unprivileged uid without capabilities; a read-only view of the system folders and of
+/// the interpreter's prefix, nothing else of the host; a writable work folder `/tmp` (its working
+/// directory, `HOME` and `TMPDIR`) capped in size and gone after the run; resource limits and a
+/// seccomp filter; every process it started killed when it ends. The interpreter runs as
+/// `python3 -I -X utf8 -` (isolated mode, the code read from stdin) with only `PATH`, `HOME`,
+/// `TMPDIR` and `LANG` set.
+///
+/// Where the machine cannot sandbox (not Linux, user namespaces disabled), the holotype refuses to
+/// be built, naming what is missing, unless the driver allows unsandboxed code
+/// (`--allow-unsandboxed-code`, [`CodeSandbox::allow_unsandboxed`]). Unsandboxed code runs as before
+/// the sandbox existed: a temporary folder, a process group killed at the timeout, no network under
+/// `unshare -rn` where that works, and otherwise the current user's rights.
+///
+/// With a [`ToolStats`] resource, every run is counted there (calls, failures, timeouts).
 pub struct CodeExecutor {
     variable: String,
     answer: String,
     config: PythonConfig,
+    stats: Option<Arc<ToolStats>>,
 }
 
 impl Holotype for CodeExecutor {
-    const PARAMS: &'static [&'static str] = &["timeout", "python", "max_output", "answer"];
+    const PARAMS: &'static [&'static str] = &[
+        "timeout",
+        "python",
+        "max_output",
+        "answer",
+        "memory",
+        "processes",
+        "cpu_seconds",
+        "file_size",
+        "open_files",
+        "work_size",
+    ];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        let mut config = PythonConfig::default();
+        let policy = args
+            .resources
+            .get::<CodeSandbox>()
+            .map(|policy| (*policy).clone())
+            .unwrap_or_default();
+        let mut config = PythonConfig {
+            limits: policy.limits.clone(),
+            allow_unsandboxed: policy.allow_unsandboxed,
+            ..PythonConfig::default()
+        };
         if let Some(timeout) = args.float("timeout")? {
             if !(timeout > 0.0 && timeout <= 86_400.0) {
                 return Err(HolotypeError::new(format!(
                     "timeout must be a number of seconds above 0 (at most 86400), found {timeout}"
                 )));
             }
-            config.timeout = Duration::from_secs_f64(timeout);
+            config.limits.timeout = Duration::from_secs_f64(timeout);
         }
         if let Some(python) = args.text("python")? {
             if python.is_empty() {
@@ -164,10 +260,32 @@ impl Holotype for CodeExecutor {
             }
             config.max_output = max_output as usize;
         }
+        const MIB: u64 = 1 << 20;
+        let limits = &mut config.limits;
+        for (name, field, unit) in [
+            ("memory", &mut limits.memory, MIB),
+            ("processes", &mut limits.processes, 1),
+            ("cpu_seconds", &mut limits.cpu_seconds, 1),
+            ("file_size", &mut limits.file_size, MIB),
+            ("open_files", &mut limits.open_files, 1),
+            ("work_size", &mut limits.work_size, MIB),
+        ] {
+            if let Some(value) = args.count(name)? {
+                *field = u64::from(value) * unit;
+            }
+        }
+        limits.validate().map_err(HolotypeError::new)?;
+        CodeSandbox {
+            limits: config.limits.clone(),
+            allow_unsandboxed: config.allow_unsandboxed,
+        }
+        .check()
+        .map_err(HolotypeError::new)?;
         Ok(CodeExecutor {
             variable: args.words().next().unwrap_or("turn").to_string(),
             answer: args.text("answer")?.unwrap_or("answer").to_string(),
             config,
+            stats: args.resources.get::<ToolStats>(),
         })
     }
 
@@ -177,7 +295,16 @@ impl Holotype for CodeExecutor {
             return Ok(Enter::Skip);
         }
         let output = match code_block(turn) {
-            Some(code) => run_python(&code, &self.config).message(self.config.timeout),
+            Some(code) => {
+                let execution = run_python(&code, &self.config);
+                if let Some(stats) = &self.stats {
+                    stats.record(
+                        execution.outcome == Outcome::Exited(0),
+                        execution.outcome == Outcome::TimedOut,
+                    );
+                }
+                execution.message(self.config.limits.timeout)
+            }
             None => {
                 "error: no <code> block found; write Python inside <code>...</code>".to_string()
             }
@@ -205,13 +332,14 @@ pub fn code_block(turn: &str) -> Option<String> {
     (!code.trim().is_empty()).then(|| code.to_string())
 }
 
-/// Whether code runs without network access here (`unshare -rn` works); checked once per process.
+/// Whether code runs without network access here: in the sandbox, or (unsandboxed) under
+/// `unshare -rn`; checked once per process.
 pub fn network_isolation() -> bool {
-    unshare().is_some()
+    sandbox::available().is_ok() || unshare().is_some()
 }
 
 /// The `unshare` program when `unshare -rn true` succeeds here; checked once per process, with a
-/// warning on stderr when it does not.
+/// warning on stderr when it does not (only unsandboxed runs, which were explicitly allowed, use it).
 fn unshare() -> Option<&'static Path> {
     static UNSHARE: OnceLock<Option<PathBuf>> = OnceLock::new();
     UNSHARE
@@ -230,7 +358,7 @@ fn unshare() -> Option<&'static Path> {
             if unshare.is_none() {
                 eprintln!(
                     "warning: CodeExecutor cannot isolate the network here (`unshare -rn` does not \
-                     work); model code runs with the host's network"
+                     work); unsandboxed model code runs with the host's network"
                 );
             }
             unshare
@@ -238,16 +366,170 @@ fn unshare() -> Option<&'static Path> {
         .as_deref()
 }
 
-/// Runs `code` with the interpreter of `config` as [`CodeExecutor`] describes. Never
-/// panics: everything that goes wrong is in the [`Execution`].
-pub fn run_python(code: &str, config: &PythonConfig) -> Execution {
-    let failed = |message: String| Execution {
+fn failed(message: String) -> Execution {
+    Execution {
         output: String::new(),
         truncated: 0,
         stderr_bytes: 0,
         outcome: Outcome::Failed(message),
         network_isolated: false,
+        sandboxed: false,
+    }
+}
+
+/// Runs `code` with the interpreter of `config` as [`CodeExecutor`] describes: in the sandbox; or,
+/// where this machine cannot sandbox, unsandboxed if `config.allow_unsandboxed`, and not at all
+/// otherwise. Never panics: everything that goes wrong is in the [`Execution`].
+pub fn run_python(code: &str, config: &PythonConfig) -> Execution {
+    match sandbox::available() {
+        Ok(()) => run_sandboxed(code, config),
+        Err(_) if config.allow_unsandboxed => run_python_unsandboxed(code, config),
+        Err(reason) => failed(refusal(reason)),
+    }
+}
+
+/// An interpreter as the sandbox needs it: the real executable (not a launcher such as a pyenv shim,
+/// which lives in the user's home) and the folders of its installation, to expose read-only.
+#[derive(Debug, Clone)]
+struct Interpreter {
+    executable: PathBuf,
+    prefixes: Vec<PathBuf>,
+}
+
+/// Asks `python` (the configured interpreter, run as the current user with this trusted one-liner)
+/// where it lives; once per interpreter and process.
+fn interpreter(python: &str) -> Result<Interpreter, String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Result<Interpreter, String>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(known) = cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(python)
+    {
+        return known.clone();
+    }
+    let found = locate(python);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(python.to_string(), found.clone());
+    found
+}
+
+fn locate(python: &str) -> Result<Interpreter, String> {
+    let Some(path) = resolve(python) else {
+        return Err(format!("cannot run Python: `{python}` was not found"));
     };
+    const WHERE: &str = "import json, os, sys; print(json.dumps([os.path.realpath(sys.executable), \
+                         sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))";
+    let output = Command::new(&path)
+        .args(["-I", "-c", WHERE])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|error| format!("cannot run Python (`{}`): {error}", path.display()))?;
+    let paths: Vec<PathBuf> = std::str::from_utf8(&output.stdout)
+        .ok()
+        .and_then(|text| serde_json::from_str(text.trim()).ok())
+        .filter(|paths: &Vec<PathBuf>| output.status.success() && !paths.is_empty())
+        .ok_or_else(|| {
+            format!(
+                "`{}` did not say where its installation is ({}): {}",
+                path.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+        })?;
+    let executable = paths[0].clone();
+    let mut prefixes: Vec<PathBuf> = paths[1..]
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(executable.parent())
+        .filter(|prefix| prefix.is_dir())
+        .map(Path::to_path_buf)
+        .collect();
+    prefixes.sort();
+    prefixes.dedup();
+    Ok(Interpreter {
+        executable,
+        prefixes,
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn run_sandboxed(code: &str, config: &PythonConfig) -> Execution {
+    let interpreter = match interpreter(&config.python) {
+        Ok(interpreter) => interpreter,
+        Err(message) => return failed(message),
+    };
+    let mut sandbox = Sandbox::new(config.limits.clone());
+    for prefix in &interpreter.prefixes {
+        sandbox = sandbox.expose(prefix);
+    }
+    let bin = interpreter
+        .executable
+        .parent()
+        .map_or(String::new(), |dir| format!("{}:", dir.display()));
+    let job = Job::new(&interpreter.executable)
+        .args(["-I", "-X", "utf8", "-"])
+        .env("PATH", format!("{bin}/usr/local/bin:/usr/bin:/bin"))
+        .env("HOME", sandbox::view::WORKDIR)
+        .env("TMPDIR", sandbox::view::WORKDIR)
+        .env("LANG", "C.UTF-8")
+        .stdin(code)
+        .max_output(config.max_output);
+    let run = match sandbox.run(&job) {
+        Ok(run) => run,
+        Err(error) => return failed(error.to_string()),
+    };
+    let outcome = match run.status {
+        Status::Exited(code) => Outcome::Exited(code),
+        Status::Signal(signal) => Outcome::Signal(signal),
+        Status::TimedOut => Outcome::TimedOut,
+    };
+    let (output, truncated) = combine(
+        run.stdout,
+        run.stdout_dropped,
+        &run.stderr,
+        run.stderr_dropped,
+        config.max_output,
+    );
+    Execution {
+        output,
+        truncated,
+        stderr_bytes: run.stderr.len() + run.stderr_dropped,
+        outcome,
+        network_isolated: true,
+        sandboxed: true,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn run_sandboxed(_code: &str, _config: &PythonConfig) -> Execution {
+    failed(refusal("the sandbox uses Linux namespaces"))
+}
+
+/// Stdout then stderr, at most `max_output` bytes, as text; and the bytes dropped.
+fn combine(
+    mut bytes: Vec<u8>,
+    out_dropped: usize,
+    err: &[u8],
+    err_dropped: usize,
+    max_output: usize,
+) -> (String, usize) {
+    let room = max_output.saturating_sub(bytes.len());
+    let kept = err.len().min(room);
+    bytes.extend_from_slice(&err[..kept]);
+    let truncated = out_dropped + err_dropped + (err.len() - kept);
+    let (output, cut) = utf8_prefix(&bytes);
+    (output, truncated + cut)
+}
+
+/// Runs `code` without the sandbox, as [`run_python`] does where the machine cannot sandbox and that was
+/// allowed: a fresh temporary folder (removed afterwards), an empty environment, a process group killed
+/// at the timeout and after the exit, no network under `unshare -rn` where that works. The code runs as
+/// the current user, with its rights: only for trusted code. `config.limits` other than the timeout
+/// are not enforced.
+pub fn run_python_unsandboxed(code: &str, config: &PythonConfig) -> Execution {
     let Some(python) = resolve(&config.python) else {
         return failed(format!(
             "cannot run Python: `{}` was not found",
@@ -310,7 +592,7 @@ pub fn run_python(code: &str, config: &PythonConfig) -> Execution {
     std::thread::spawn(move || {
         let _ = sender.send(child.wait());
     });
-    let status = receiver.recv_timeout(config.timeout).ok();
+    let status = receiver.recv_timeout(config.limits.timeout).ok();
     // Kill the whole group: after a timeout, and after an exit to end children the code left behind
     // (which would otherwise hold the output pipes open).
     kill_group(pid);
@@ -322,21 +604,20 @@ pub fn run_python(code: &str, config: &PythonConfig) -> Execution {
         Some(Ok(status)) => exit_outcome(status),
         Some(Err(error)) => Outcome::Failed(format!("waiting for Python failed: {error}")),
     };
-    let (out, out_dropped) = stdout.finish();
-    let (err, err_dropped) = stderr.finish();
-    let mut bytes = out;
-    let room = config.max_output.saturating_sub(bytes.len());
-    let kept = err.len().min(room);
-    bytes.extend_from_slice(&err[..kept]);
-    let truncated = out_dropped + err_dropped + (err.len() - kept);
-    let (output, cut) = utf8_prefix(&bytes);
+    // A process that escaped the group kill (it started a new session) could hold a stream open:
+    // then what was read so far is taken.
+    let (out, out_dropped) = stdout.finish(Duration::from_millis(500));
+    let (err, err_dropped) = stderr.finish(Duration::from_millis(500));
+    let stderr_bytes = err.len() + err_dropped;
+    let (output, truncated) = combine(out, out_dropped, &err, err_dropped, config.max_output);
     drop(dir);
     Execution {
         output,
-        truncated: truncated + cut,
-        stderr_bytes: err.len() + err_dropped,
+        truncated,
+        stderr_bytes,
         outcome,
         network_isolated: unshare.is_some(),
+        sandboxed: false,
     }
 }
 
@@ -412,48 +693,6 @@ fn is_executable(path: &Path) -> bool {
     #[cfg(not(unix))]
     {
         metadata.is_file()
-    }
-}
-
-/// One output stream, read on its own thread: the first `limit` bytes kept, the rest counted.
-struct Capture {
-    state: Arc<Mutex<(Vec<u8>, usize)>>,
-    done: mpsc::Receiver<()>,
-}
-
-impl Capture {
-    fn start(stream: Option<impl Read + Send + 'static>, limit: usize) -> Self {
-        let state = Arc::new(Mutex::new((Vec::new(), 0)));
-        let (sender, done) = mpsc::channel();
-        let shared = Arc::clone(&state);
-        std::thread::spawn(move || {
-            if let Some(mut stream) = stream {
-                let mut buffer = [0u8; 8192];
-                loop {
-                    match stream.read(&mut buffer) {
-                        Ok(0) => break,
-                        Ok(n) => {
-                            let mut state = shared.lock().unwrap_or_else(|e| e.into_inner());
-                            let room = limit.saturating_sub(state.0.len()).min(n);
-                            state.0.extend_from_slice(&buffer[..room]);
-                            state.1 += n - room;
-                        }
-                        Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => break,
-                    }
-                }
-            }
-            let _ = sender.send(());
-        });
-        Capture { state, done }
-    }
-
-    /// What was read. Waits a little for the stream to end: a process that escaped the group kill (it
-    /// started a new session) could hold it open, and then what was read so far is taken.
-    fn finish(self) -> (Vec<u8>, usize) {
-        let _ = self.done.recv_timeout(Duration::from_millis(500));
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (std::mem::take(&mut state.0), state.1)
     }
 }
 
@@ -560,6 +799,7 @@ mod tests {
             stderr_bytes: 0,
             outcome,
             network_isolated: true,
+            sandboxed: true,
         };
         let timeout = Duration::from_secs(3);
         assert_eq!(

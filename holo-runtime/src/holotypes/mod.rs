@@ -6,11 +6,14 @@
 
 mod code;
 mod rewards;
+mod stats;
 mod tools;
 
 pub use code::{
-    code_block, network_isolation, run_python, CodeExecutor, Execution, Outcome, PythonConfig,
+    check_code_sandbox, code_block, network_isolation, run_python, CodeExecutor, CodeSandbox,
+    Execution, Outcome, PythonConfig, run_python_unsandboxed,
 };
+pub use stats::{ToolCounts, ToolStats};
 pub use rewards::{
     answer_text, last_number, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
 };

@@ -345,12 +345,14 @@ fn run_step(step: &Step) -> c_int {
                 libc::MS_NOSUID | libc::MS_NODEV,
                 options.as_ptr().cast::<c_void>(),
             ),
+            // hidepid=2: a process sees only the processes it could trace, so the code never sees
+            // init, whose memory (command line, environment) is the caller's.
             Step::Proc(target) => libc::mount(
                 c"proc".as_ptr(),
                 target.as_ptr(),
                 c"proc".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
+                c"hidepid=2".as_ptr().cast::<c_void>(),
             ),
             Step::Write {
                 path,
@@ -414,17 +416,38 @@ pub(super) unsafe fn init(plan: &Plan) -> ! {
         libc::_exit(125);
     }
 
+    // Open what will be bound while still the caller's user: the sandbox's user may not be allowed to
+    // reach it (an interpreter under /root when the caller is root).
+    for (index, step) in plan.steps.iter().enumerate() {
+        if let Step::Bind { host, fd, .. } = step {
+            let opened = libc::open(host.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            if opened < 0 {
+                fail(fds, Stage::Step, index, errno());
+            }
+            check(
+                libc::dup3(opened, *fd, libc::O_CLOEXEC),
+                fds,
+                Stage::Step,
+                index,
+            );
+            libc::close(opened);
+        }
+    }
+
     // Become the sandbox's unprivileged user while keeping the namespace's capabilities, so that files
     // init creates belong to a mapped user.
+    // System calls, not the C library's wrappers: in a process the library believes multi-threaded,
+    // those signal every other thread to change its ids too and wait for them, and the clone has
+    // none of those threads.
     check(
-        libc::setresgid(plan.gid, plan.gid, plan.gid),
+        libc::syscall(libc::SYS_setresgid, plan.gid, plan.gid, plan.gid) as c_int,
         fds,
         Stage::Identity,
         0,
     );
     if plan.drop_groups {
         check(
-            libc::setgroups(0, std::ptr::null()),
+            libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) as c_int,
             fds,
             Stage::Identity,
             1,
@@ -437,7 +460,7 @@ pub(super) unsafe fn init(plan: &Plan) -> ! {
         2,
     );
     check(
-        libc::setresuid(plan.uid, plan.uid, plan.uid),
+        libc::syscall(libc::SYS_setresuid, plan.uid, plan.uid, plan.uid) as c_int,
         fds,
         Stage::Identity,
         3,
@@ -456,21 +479,6 @@ pub(super) unsafe fn init(plan: &Plan) -> ! {
         Stage::Private,
         0,
     );
-    for (index, step) in plan.steps.iter().enumerate() {
-        if let Step::Bind { host, fd, .. } = step {
-            let opened = libc::open(host.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
-            if opened < 0 {
-                fail(fds, Stage::Step, index, errno());
-            }
-            check(
-                libc::dup3(opened, *fd, libc::O_CLOEXEC),
-                fds,
-                Stage::Step,
-                index,
-            );
-            libc::close(opened);
-        }
-    }
     for (index, step) in plan.steps.iter().enumerate() {
         check(run_step(step), fds, Stage::Step, index);
     }

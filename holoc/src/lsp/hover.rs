@@ -29,10 +29,12 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
     ),
     (
         "CodeExecutor",
-        "Runs the code of the last `<code>` block of the turn in a fresh temporary folder, with a timeout \
-         and no network, and writes what it printed inside `<output>` tags.",
-        "`timeout` (5), `python` (`python3`), `max_output` (4096), `answer` (`answer`); one positional \
-         word, the variable of the turn (`turn`)",
+        "Runs the code of the last `<code>` block of the turn in a sandbox (own namespaces, an \
+         unprivileged user, a read-only view of the system, no network, resource limits, a timeout) and \
+         writes what it printed inside `<output>` tags.",
+        "`timeout` (5), `python` (`python3`), `max_output` (4096), `answer` (`answer`), `memory` (MiB, \
+         1024), `processes` (16), `cpu_seconds` (10), `file_size` (MiB, 16), `open_files` (256), \
+         `work_size` (MiB, 64); one positional word, the variable of the turn (`turn`)",
     ),
     (
         "ExactAnswer",
