@@ -146,6 +146,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::holophore::Holophore;
+use crate::holotypes::ToolStats;
 use crate::interpreter::{Holoware, Row};
 use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step};
 use crate::resources::Resources;
@@ -163,6 +164,11 @@ pub trait RolloutSource: Sync {
 
     /// Starts one rollout on a row.
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String>;
+
+    /// The counters of tool runs the rollouts share, when there are any (a trainer logs them).
+    fn tool_stats(&self) -> Option<Arc<ToolStats>> {
+        None
+    }
 }
 
 /// Any `Fn(&Row) -> Result<Box<dyn Rollout + Send>, String>`: rows are not checked beforehand.
@@ -186,6 +192,10 @@ impl RolloutSource for Interpreted {
         self.holoware
             .check_row(row)
             .map_err(|missing| missing.to_string())
+    }
+
+    fn tool_stats(&self) -> Option<Arc<ToolStats>> {
+        self.resources.get::<ToolStats>()
     }
 
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {

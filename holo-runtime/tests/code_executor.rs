@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use holo_runtime::holotypes::{
     self, network_isolation, run_python, run_python_unsandboxed, Outcome, PythonConfig,
 };
-use holo_runtime::sandbox::{self, Limits};
 use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::sandbox::{self, Limits};
 use holo_runtime::{Resources, Rollout, Scripted, Step, Transcript};
 use serde_json::json;
 

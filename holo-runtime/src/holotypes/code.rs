@@ -401,11 +401,7 @@ struct Interpreter {
 fn interpreter(python: &str) -> Result<Interpreter, String> {
     static CACHE: OnceLock<Mutex<HashMap<String, Result<Interpreter, String>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some(known) = cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(python)
-    {
+    if let Some(known) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(python) {
         return known.clone();
     }
     let found = locate(python);
@@ -420,7 +416,8 @@ fn locate(python: &str) -> Result<Interpreter, String> {
     let Some(path) = resolve(python) else {
         return Err(format!("cannot run Python: `{python}` was not found"));
     };
-    const WHERE: &str = "import json, os, sys; print(json.dumps([os.path.realpath(sys.executable), \
+    const WHERE: &str =
+        "import json, os, sys; print(json.dumps([os.path.realpath(sys.executable), \
                          sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))";
     let output = Command::new(&path)
         .args(["-I", "-c", WHERE])

@@ -10,13 +10,13 @@ mod stats;
 mod tools;
 
 pub use code::{
-    check_code_sandbox, code_block, network_isolation, run_python, CodeExecutor, CodeSandbox,
-    Execution, Outcome, PythonConfig, run_python_unsandboxed,
+    check_code_sandbox, code_block, network_isolation, run_python, run_python_unsandboxed,
+    CodeExecutor, CodeSandbox, Execution, Outcome, PythonConfig,
 };
-pub use stats::{ToolCounts, ToolStats};
 pub use rewards::{
     answer_text, last_number, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
 };
+pub use stats::{ToolCounts, ToolStats};
 pub use tools::{Tool, ToolExecutor, ToolRunner, ToolSchema, Tools};
 
 use crate::interpreter::Registry;

@@ -222,6 +222,70 @@ pub struct GrpoConfig {
     /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
     /// unset.
     pub lora_target_modules: Option<Vec<String>>,
+
+    // --- Model-written code ---
+    /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
+    pub sandbox: SandboxConfig,
+}
+
+/// The `[sandbox]` table of a training configuration: the limits of the [sandbox](crate::sandbox)
+/// that `CodeExecutor` runs the model's code in. A `CodeExecutor` tag's own arguments (`timeout=10`)
+/// override them for that tag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// Wall-clock seconds per run.
+    pub timeout: f64,
+    /// CPU seconds per process.
+    pub cpu_seconds: u64,
+    /// MiB of address space per process.
+    pub memory_mb: u64,
+    /// Processes and threads at once.
+    pub processes: u64,
+    /// MiB: the largest file a process may write.
+    pub file_size_mb: u64,
+    /// Open files per process.
+    pub open_files: u64,
+    /// MiB of the writable work folder.
+    pub work_size_mb: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        let limits = crate::sandbox::Limits::default();
+        SandboxConfig {
+            timeout: limits.timeout.as_secs_f64(),
+            cpu_seconds: limits.cpu_seconds,
+            memory_mb: limits.memory >> 20,
+            processes: limits.processes,
+            file_size_mb: limits.file_size >> 20,
+            open_files: limits.open_files,
+            work_size_mb: limits.work_size >> 20,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The limits, checked.
+    pub fn limits(&self) -> Result<crate::sandbox::Limits, String> {
+        if !(self.timeout > 0.0 && self.timeout <= 86_400.0) {
+            return Err(format!(
+                "sandbox limit `timeout` must be a number of seconds above 0 (at most 86400), found {}",
+                self.timeout
+            ));
+        }
+        let limits = crate::sandbox::Limits {
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+            cpu_seconds: self.cpu_seconds,
+            memory: self.memory_mb.saturating_mul(1 << 20),
+            processes: self.processes,
+            file_size: self.file_size_mb.saturating_mul(1 << 20),
+            open_files: self.open_files,
+            work_size: self.work_size_mb.saturating_mul(1 << 20),
+        };
+        limits.validate()?;
+        Ok(limits)
+    }
 }
 
 impl Default for GrpoConfig {
@@ -288,6 +352,7 @@ impl Default for GrpoConfig {
             lora_alpha: 32.0,
             lora_dropout: 0.05,
             lora_target_modules: None,
+            sandbox: SandboxConfig::default(),
         }
     }
 }
@@ -580,6 +645,9 @@ impl GrpoConfig {
 
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.sandbox
+            .limits()
+            .map_err(|message| error("sandbox", message))?;
         let positive = |key: &str, value: usize| {
             if value == 0 {
                 Err(error(key, "must be at least 1"))

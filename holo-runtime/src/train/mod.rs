@@ -41,5 +41,5 @@ mod sampling;
 pub mod score;
 mod trainer;
 
-pub use config::{ConfigBuilder, ConfigError, GrpoConfig};
+pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig};
 pub use trainer::{importance_sampling, Policy, RunOptions, TrainError, TrainSummary, Trainer};

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
@@ -24,6 +25,7 @@ use super::sampling::Training;
 use super::score;
 use crate::chat::ChatTemplate;
 use crate::holophore::Holophore;
+use crate::holotypes::ToolStats;
 use crate::interpreter::Row;
 use crate::local::model::LoraConfig;
 use crate::local::{checkpoint as model_files, LocalModel, LocalOptions, Model};
@@ -127,6 +129,10 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
 
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
         self.0.start(row)
+    }
+
+    fn tool_stats(&self) -> Option<Arc<ToolStats>> {
+        self.0.tool_stats()
     }
 }
 
@@ -532,7 +538,13 @@ impl<S: RolloutSource> Trainer<S> {
         let generation = state.generations;
         state.generations += 1;
         let seed = mix(mix(config.seed ^ SAMPLING) ^ generation);
+        let tools_before = self.source.tool_stats().map(|stats| stats.counts());
         let (records, _) = self.rollouts(runtime, &picked, group, seed, step, "rollouts.jsonl")?;
+        let tools = self
+            .source
+            .tool_stats()
+            .zip(tools_before)
+            .map(|(stats, before)| stats.counts() - before);
 
         let rewards = batch::rewards(&records, config.reward_weights.as_ref());
         let scored = advantages::advantages(
@@ -560,6 +572,13 @@ impl<S: RolloutSource> Trainer<S> {
             })
             .collect();
         completion_metrics(&records, &completions, &mut metrics);
+        if let Some(tools) = tools {
+            // Counts over the generation: code runs, those that failed (an exception, a limit, a
+            // timeout, code that could not run), and those stopped at the timeout.
+            metrics.insert("tools/calls".into(), tools.calls as f64);
+            metrics.insert("tools/failed".into(), tools.failed as f64);
+            metrics.insert("tools/timed_out".into(), tools.timed_out as f64);
+        }
         state.num_input_tokens_seen += completions
             .iter()
             .flat_map(|c| &c.sequences)

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
+use holo_runtime::holotypes::CodeSandbox;
 use holo_runtime::holotypes::Tools;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
@@ -35,6 +36,10 @@ pub fn run(
         Color::Never => false,
         Color::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
+    let code = CodeSandbox {
+        allow_unsandboxed: sampler_args.allow_unsandboxed_code,
+        ..CodeSandbox::default()
+    };
     dry(
         &file,
         data.as_deref(),
@@ -43,6 +48,7 @@ pub fn run(
         sampler.as_deref(),
         holophore.as_ref(),
         color,
+        code,
     )
 }
 
@@ -54,6 +60,7 @@ fn dry(
     sampler: Option<&dyn Sampler>,
     holophore: Option<&Holophore>,
     color: bool,
+    code: CodeSandbox,
 ) -> ExitCode {
     let holoware = match load(file) {
         Ok(holoware) => holoware,
@@ -75,6 +82,9 @@ fn dry(
     );
     let mut resources = Resources::default();
     resources.insert(Tools::new().with_calculator());
+    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
+        return code;
+    }
     let replies: Vec<String> = if replies.is_empty() {
         vec!["<answer>42</answer>".to_string()]
     } else {

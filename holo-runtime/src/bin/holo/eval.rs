@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use holo_runtime::holophore::Holophore;
+use holo_runtime::holotypes::CodeSandbox;
 use holo_runtime::holotypes::Tools;
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{Resources, Sampler, Scripted};
@@ -24,6 +25,10 @@ pub fn run(
     concurrency: u32,
     resume: bool,
 ) -> ExitCode {
+    let code = CodeSandbox {
+        allow_unsandboxed: sampler_args.allow_unsandboxed_code,
+        ..CodeSandbox::default()
+    };
     let holophore = match sampler_args.holophore() {
         Ok(holophore) => holophore,
         Err(code) => return code,
@@ -55,6 +60,7 @@ pub fn run(
         config,
         &out,
         resume,
+        code,
     )
 }
 
@@ -66,6 +72,7 @@ fn eval(
     config: LoomConfig,
     out: &Path,
     resume: bool,
+    code: CodeSandbox,
 ) -> ExitCode {
     let holoware = match load(file) {
         Ok(holoware) => holoware,
@@ -109,6 +116,9 @@ fn eval(
     };
     let mut resources = Resources::default();
     resources.insert(Tools::new().with_calculator());
+    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
+        return code;
+    }
 
     let mut failures = 0;
     let mut stdout = std::io::stdout().lock();

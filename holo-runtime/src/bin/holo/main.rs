@@ -219,6 +219,11 @@ struct SamplerArgs {
     /// With `--sampler local`.
     #[command(flatten)]
     local: LocalArgs,
+    /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it
+    /// (not Linux, user namespaces disabled). Without it such a run is refused before it starts.
+    /// Unsandboxed code can read, change and delete what this user can.
+    #[arg(long)]
+    allow_unsandboxed_code: bool,
 }
 
 impl SamplerArgs {
@@ -395,6 +400,20 @@ fn main() -> ExitCode {
 
 const EXIT_FAILURES: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+
+/// Gives the rollouts the code sandbox's policy, and checks before anything runs that the holoware's
+/// code can run here: by default, refuses where the machine cannot sandbox it.
+fn code_sandbox(
+    holoware: &Holoware,
+    resources: &mut holo_runtime::Resources,
+    policy: holotypes::CodeSandbox,
+) -> Result<(), ExitCode> {
+    resources.insert(policy);
+    holotypes::check_code_sandbox(holoware.program(), resources).map_err(|message| {
+        eprintln!("error: {message}");
+        ExitCode::from(EXIT_USAGE)
+    })
+}
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_current_thread()

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::CommandFactory;
-use holo_runtime::holotypes::Tools;
+use holo_runtime::holotypes::{CodeSandbox, ToolStats, Tools};
 use holo_runtime::interpreter::Row;
 use holo_runtime::loom::Interpreted;
 use holo_runtime::train::{plot, ConfigBuilder, Policy, RunOptions, TrainError, Trainer};
@@ -41,6 +41,11 @@ pub struct TrainArgs {
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it
+    /// (not Linux, user namespaces disabled). Without it such a run is refused before it starts.
+    /// Unsandboxed code can read, change and delete what this user can, the run included.
+    #[arg(long)]
+    pub allow_unsandboxed_code: bool,
 }
 
 /// The help text after `holo train`'s arguments: every option with its default.
@@ -165,6 +170,21 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     };
     let mut resources = Resources::default();
     resources.insert(Tools::new().with_calculator());
+    resources.insert(ToolStats::default());
+    let limits = match config.sandbox.limits() {
+        Ok(limits) => limits,
+        Err(message) => return usage(message),
+    };
+    if let Err(code) = crate::code_sandbox(
+        &holoware,
+        &mut resources,
+        CodeSandbox {
+            limits,
+            allow_unsandboxed: args.allow_unsandboxed_code,
+        },
+    ) {
+        return code;
+    }
     let source = Interpreted {
         holoware: Arc::clone(&holoware),
         resources,
