@@ -82,7 +82,7 @@ pub(super) struct Plan {
     pub argv: Vec<*const c_char>,
     pub envp: Vec<*const c_char>,
     pub workdir: CString,
-    pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlim_t)>,
+    pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     pub filter: Vec<sock_filter>,
     pub fds: Fds,
     /// Stop right before `execve` (exit status 0): checks that every step works here.
@@ -563,17 +563,8 @@ unsafe fn run_worker(plan: &Plan) -> ! {
         check(libc::dup2(fd, target), fds, Stage::Stdio, index);
     }
     close_others(&[0, 1, 2, fds.error]);
-    for (index, (resource, value)) in plan.rlimits.iter().enumerate() {
-        let limit = libc::rlimit {
-            rlim_cur: *value,
-            rlim_max: *value,
-        };
-        check(
-            libc::setrlimit(*resource, &limit),
-            fds,
-            Stage::Rlimit,
-            index,
-        );
+    for (index, (resource, limit)) in plan.rlimits.iter().enumerate() {
+        check(libc::setrlimit(*resource, limit), fds, Stage::Rlimit, index);
     }
     check(drop_capabilities(), fds, Stage::Capabilities, 0);
     check(

@@ -68,18 +68,29 @@ impl Limits {
 
     /// The resource limits to set, as `(resource, value)` pairs for `setrlimit`.
     #[cfg(target_os = "linux")]
-    pub(super) fn rlimits(&self) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> {
+    pub(super) fn rlimits(&self) -> Vec<(libc::__rlimit_resource_t, libc::rlimit)> {
+        let both = |value: u64| libc::rlimit {
+            rlim_cur: value as libc::rlim_t,
+            rlim_max: value as libc::rlim_t,
+        };
         vec![
-            (libc::RLIMIT_CPU, self.cpu_seconds as libc::rlim_t),
-            (libc::RLIMIT_AS, self.memory as libc::rlim_t),
-            (libc::RLIMIT_NPROC, self.processes as libc::rlim_t),
-            (libc::RLIMIT_FSIZE, self.file_size as libc::rlim_t),
-            (libc::RLIMIT_NOFILE, self.open_files as libc::rlim_t),
+            // SIGXCPU at the soft limit (the program learns why it ends), SIGKILL a second later.
+            (
+                libc::RLIMIT_CPU,
+                libc::rlimit {
+                    rlim_cur: self.cpu_seconds as libc::rlim_t,
+                    rlim_max: self.cpu_seconds.saturating_add(1) as libc::rlim_t,
+                },
+            ),
+            (libc::RLIMIT_AS, both(self.memory)),
+            (libc::RLIMIT_NPROC, both(self.processes)),
+            (libc::RLIMIT_FSIZE, both(self.file_size)),
+            (libc::RLIMIT_NOFILE, both(self.open_files)),
             // No core files: a crash would otherwise write the process's memory into the work folder.
-            (libc::RLIMIT_CORE, 0),
+            (libc::RLIMIT_CORE, both(0)),
             // Locked memory and message queues are not for sandboxed code.
-            (libc::RLIMIT_MEMLOCK, 0),
-            (libc::RLIMIT_MSGQUEUE, 0),
+            (libc::RLIMIT_MEMLOCK, both(0)),
+            (libc::RLIMIT_MSGQUEUE, both(0)),
         ]
     }
 }
