@@ -35,7 +35,10 @@ fn a_run_full_of_hostile_programs_completes() {
         &config,
     );
     assert_eq!(probe.outcome, Outcome::Exited(0), "{probe:?}");
-    assert_eq!(probe.output, "2 1 1000 ['2'] 8 256\n", "isolation not proven: {probe:?}");
+    assert_eq!(
+        probe.output, "2 1 1000 ['2'] 8 256\n",
+        "isolation not proven: {probe:?}"
+    );
 
     let run = common::tempdir::Dir::new("hostile-train");
     let out = run.path().join("run");
@@ -98,12 +101,19 @@ fn a_run_full_of_hostile_programs_completes() {
     let metrics = run_metrics(&out);
     assert_eq!(metrics.len(), 3, "{metrics:?}");
     for step in 1..=3 {
-        assert!(out.join(format!("checkpoint-{step}")).is_dir(), "checkpoint-{step} lost");
+        assert!(
+            out.join(format!("checkpoint-{step}")).is_dir(),
+            "checkpoint-{step} lost"
+        );
     }
     let total = |key: &str| -> f64 {
         metrics
             .iter()
-            .map(|m| m.get(key).and_then(serde_json::Value::as_f64).unwrap_or(0.0))
+            .map(|m| {
+                m.get(key)
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap_or(0.0)
+            })
             .sum()
     };
     // 3 steps x 8 rollouts, each running its row's program once.
@@ -118,5 +128,8 @@ fn a_run_full_of_hostile_programs_completes() {
                 .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&marker))
         })
         .collect();
-    assert!(leftovers.is_empty(), "daemons outlived the run: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "daemons outlived the run: {leftovers:?}"
+    );
 }
