@@ -361,9 +361,8 @@ for folder in {folders:?}:
         .replace(&format!("create {tmp} DONE"), "")
         .replace(&format!("link {tmp} DONE"), "");
     assert!(!outside.contains("DONE"), "{output}");
-    assert_eq!(
+    assert!(
         output.matches("FileNotFoundError").count() >= 10,
-        true,
         "{output}"
     );
     assert_eq!(std::fs::read_to_string(&checkpoint).unwrap(), "weights");

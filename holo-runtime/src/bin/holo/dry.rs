@@ -52,6 +52,8 @@ pub fn run(
     )
 }
 
+// The command's options, one argument each, as `run` has them.
+#[allow(clippy::too_many_arguments)]
 fn dry(
     file: &Path,
     data: Option<&Path>,

@@ -64,6 +64,8 @@ pub fn run(
     )
 }
 
+// The command's options, one argument each, as `run` has them.
+#[allow(clippy::too_many_arguments)]
 fn eval(
     file: &Path,
     datasets: &[PathBuf],
