@@ -8,6 +8,7 @@ mod dry;
 mod eval;
 #[cfg(feature = "local")]
 mod export;
+mod export_data;
 #[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
@@ -153,6 +154,13 @@ enum Command {
         #[arg(long)]
         step: Option<u64>,
     },
+    /// Turn rollouts (`holo eval`, `holo train`) into a dataset for TRL's trainers: `sft`
+    /// conversations of the good rollouts (rejection sampling), or `dpo` preference pairs from the
+    /// rollouts of one row. Failed rollouts are never exported; a rollout with several trained
+    /// contexts gives one sft example per trained context, and no dpo pair. Prints on stderr how many
+    /// rollouts (and pairs) each filter dropped; a line that is not a rollout record is named and
+    /// skipped. Exit status 1 when no example is left, 2 for a usage error or an unreadable PATH.
+    ExportData(export_data::ExportDataArgs),
     /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
     #[cfg(feature = "local")]
     Plot {
@@ -395,6 +403,7 @@ fn main() -> ExitCode {
         Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
         #[cfg(feature = "local")]
         Command::Plot { run_dir } => plot::run(run_dir),
+        Command::ExportData(args) => export_data::run(args),
     }
 }
 
