@@ -30,8 +30,8 @@ pub struct ExportDataArgs {
     /// The JSONL file to write, one example per line.
     #[arg(long)]
     pub out: PathBuf,
-    /// sft: keep the rollouts whose total reward is at least this.
-    #[arg(long)]
+    /// sft: keep the rollouts whose total reward is at least this (may be negative).
+    #[arg(long, allow_negative_numbers = true)]
     pub min_reward: Option<f64>,
     /// sft: keep at most this many rollouts of each row's group (one data row at one training step),
     /// highest reward first, ties by rollout index.
@@ -44,9 +44,10 @@ pub struct ExportDataArgs {
     /// dpo: the least reward margin between chosen and rejected (default: any margin above 0).
     #[arg(long)]
     pub min_margin: Option<f64>,
-    /// dpo: the most pairs drawn from one row's group, largest margin (best against worst) first.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub pairs_per_row: u64,
+    /// dpo: the most pairs drawn from one row's group, largest margin (best against worst) first
+    /// [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pairs_per_row: Option<u64>,
     /// Add the recorded token ids and loss masks (needs rollouts recorded with a model folder). sft:
     /// `input_ids` and `assistant_masks` (1 on the sampled tokens); TRL's SFTTrainer then trains on
     /// these ids as they are. dpo: `prompt_ids`, `chosen_ids`, `rejected_ids` (the names of TRL's
@@ -96,8 +97,7 @@ fn check_options(args: &ExportDataArgs) -> Result<(), String> {
     ];
     let dpo_only = [
         ("--min-margin", args.min_margin.is_some()),
-        // clap cannot tell a default from a value given, so compare with the default.
-        ("--pairs-per-row", args.pairs_per_row != 1),
+        ("--pairs-per-row", args.pairs_per_row.is_some()),
     ];
     let (others, format) = match args.format {
         Format::Sft => (&dpo_only[..], "sft"),
@@ -126,7 +126,7 @@ fn export(args: ExportDataArgs, rollouts: Vec<Rollout>, source: &str) -> Result<
         Format::Dpo => {
             let options = DpoOptions {
                 min_margin: args.min_margin,
-                pairs_per_row: args.pairs_per_row as usize,
+                pairs_per_row: args.pairs_per_row.unwrap_or(1) as usize,
                 tokens: args.tokens,
             };
             let (examples, report) = dpo::export(rollouts, &options)?;
