@@ -99,7 +99,12 @@ fn tool_rollouts() -> &'static Path {
 
 /// `holo export-data` of `path` into `out` with `args`; the written lines when it succeeded.
 fn export(path: &Path, out: &Path, args: &[&str]) -> (Output, Vec<Value>) {
-    let mut all = vec!["export-data", path.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    let mut all = vec![
+        "export-data",
+        path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
     all.extend_from_slice(args);
     let output = holo(&all);
     let lines = if output.status.success() {
@@ -142,28 +147,45 @@ fn sft_keeps_the_top_k_of_each_group_above_min_reward() {
     let mut expected: std::collections::BTreeMap<(u64, u64), usize> = Default::default();
     for record in &rollouts {
         if record["reward"].as_f64().unwrap() >= min_reward {
-            let key = (record["step"].as_u64().unwrap(), record["row_index"].as_u64().unwrap());
+            let key = (
+                record["step"].as_u64().unwrap(),
+                record["row_index"].as_u64().unwrap(),
+            );
             let kept = expected.entry(key).or_default();
             *kept = (*kept + 1).min(2);
         }
     }
     let want: usize = expected.values().sum();
-    assert!(want > 0 && want < rollouts.len(), "the run's rewards do not exercise the filters");
+    assert!(
+        want > 0 && want < rollouts.len(),
+        "the run's rewards do not exercise the filters"
+    );
 
     let out = scratch("sft").join("sft.jsonl");
-    let (output, lines) = export(run, &out, &["--format", "sft", "--min-reward", "-0.2", "--top-k", "2"]);
+    let (output, lines) = export(
+        run,
+        &out,
+        &["--format", "sft", "--min-reward", "-0.2", "--top-k", "2"],
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(lines.len(), want);
     for line in &lines {
         assert_eq!(roles(&line["messages"]), ["user", "assistant"], "{line}");
-        assert_eq!(line.as_object().unwrap().len(), 1, "only `messages`: {line}");
+        assert_eq!(
+            line.as_object().unwrap().len(),
+            1,
+            "only `messages`: {line}"
+        );
     }
     let report = stderr(&output);
     assert!(
         report.contains(&format!("{} rollouts: 0 failed", rollouts.len())),
         "{report}"
     );
-    assert!(report.contains(&format!("wrote {want} examples")), "{report}");
+    assert!(
+        report.contains(&format!("wrote {want} examples")),
+        "{report}"
+    );
 }
 
 #[test]
@@ -172,29 +194,57 @@ fn sft_of_multi_turn_tool_rollouts_keeps_every_turn_and_the_tokens() {
     let (output, lines) = export(
         tool_rollouts(),
         &out,
-        &["--format", "sft", "--min-reward", "1", "--prompt-completion", "--tokens"],
+        &[
+            "--format",
+            "sft",
+            "--min-reward",
+            "1",
+            "--prompt-completion",
+            "--tokens",
+        ],
     );
     assert!(output.status.success(), "{}", stderr(&output));
     // The first row's two rollouts answered right; the second row's did not.
     assert_eq!(lines.len(), 2, "{}", stderr(&output));
     let line = &lines[0];
     assert_eq!(roles(&line["prompt"]), ["system", "user"]);
-    assert_eq!(roles(&line["completion"]), ["assistant", "user", "assistant"]);
-    assert!(line["completion"][1]["content"].as_str().unwrap().contains("391"));
+    assert_eq!(
+        roles(&line["completion"]),
+        ["assistant", "user", "assistant"]
+    );
+    assert!(line["completion"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("391"));
     let ids = line["input_ids"].as_array().unwrap();
     let mask = line["assistant_masks"].as_array().unwrap();
     assert_eq!(ids.len(), mask.len());
     // Two sampled turns: two runs of 1s in the mask, the tool's result between them is 0s.
-    let bits: String = mask.iter().map(|b| if b == 1 { '1' } else { '0' }).collect();
-    assert_eq!(bits.split('0').filter(|run| !run.is_empty()).count(), 2, "{bits}");
-    assert!(stderr(&output).contains("2 below --min-reward"), "{}", stderr(&output));
+    let bits: String = mask
+        .iter()
+        .map(|b| if b == 1 { '1' } else { '0' })
+        .collect();
+    assert_eq!(
+        bits.split('0').filter(|run| !run.is_empty()).count(),
+        2,
+        "{bits}"
+    );
+    assert!(
+        stderr(&output).contains("2 below --min-reward"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
 fn dpo_pairs_better_and_worse_replies_to_the_same_prompt() {
     let run = train_run();
     let out = scratch("dpo").join("dpo.jsonl");
-    let (output, lines) = export(run, &out, &["--format", "dpo", "--pairs-per-row", "2", "--tokens"]);
+    let (output, lines) = export(
+        run,
+        &out,
+        &["--format", "dpo", "--pairs-per-row", "2", "--tokens"],
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(!lines.is_empty());
     let rollouts = records(&run.join("rollouts.jsonl"));
@@ -209,15 +259,31 @@ fn dpo_pairs_better_and_worse_replies_to_the_same_prompt() {
     };
     for line in &lines {
         assert_eq!(roles(&line["prompt"]), ["user"]);
-        let best_chosen = reward_of(&line["chosen"]).into_iter().fold(f64::MIN, f64::max);
-        let worst_rejected = reward_of(&line["rejected"]).into_iter().fold(f64::MAX, f64::min);
+        let best_chosen = reward_of(&line["chosen"])
+            .into_iter()
+            .fold(f64::MIN, f64::max);
+        let worst_rejected = reward_of(&line["rejected"])
+            .into_iter()
+            .fold(f64::MAX, f64::min);
         assert!(best_chosen > worst_rejected, "{line}");
-        for column in ["prompt_ids", "chosen_ids", "rejected_ids", "chosen_loss_mask"] {
+        for column in [
+            "prompt_ids",
+            "chosen_ids",
+            "rejected_ids",
+            "chosen_loss_mask",
+        ] {
             assert!(line[column].is_array(), "{column} missing: {line}");
         }
-        assert_eq!(line["chosen_ids"].as_array().unwrap().len(), line["chosen_loss_mask"].as_array().unwrap().len());
+        assert_eq!(
+            line["chosen_ids"].as_array().unwrap().len(),
+            line["chosen_loss_mask"].as_array().unwrap().len()
+        );
     }
-    assert!(stderr(&output).contains(&format!("; {} pairs", lines.len())), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!("; {} pairs", lines.len())),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
@@ -231,8 +297,14 @@ fn bad_lines_are_named_and_skipped() {
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(lines.len(), count);
     let report = stderr(&output);
-    assert!(report.contains(&format!("line {}, column 15", count + 1)), "{report}");
-    assert!(report.contains(&format!("line {}, column", count + 2)), "{report}");
+    assert!(
+        report.contains(&format!("line {}, column 15", count + 1)),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("line {}, column", count + 2)),
+        "{report}"
+    );
     assert!(report.contains("2 lines skipped"), "{report}");
 }
 
@@ -242,11 +314,23 @@ fn a_missing_file_an_empty_result_and_a_foreign_option_are_clear_errors() {
     let out = dir.join("out.jsonl");
     let (output, _) = export(&dir.join("absent.jsonl"), &out, &["--format", "sft"]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(stderr(&output).contains("absent.jsonl"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("absent.jsonl"),
+        "{}",
+        stderr(&output)
+    );
 
-    let (output, _) = export(train_run(), &out, &["--format", "sft", "--min-reward", "1000"]);
+    let (output, _) = export(
+        train_run(),
+        &out,
+        &["--format", "sft", "--min-reward", "1000"],
+    );
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("no example left"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("no example left"),
+        "{}",
+        stderr(&output)
+    );
     assert!(!out.exists(), "an empty result writes no file");
 
     let (output, _) = export(train_run(), &out, &["--format", "dpo", "--top-k", "1"]);
@@ -284,14 +368,30 @@ fn trl_trains_a_step_on_the_exported_files() {
     let dir = scratch("trl");
     let files = [
         ("sft", "sft.jsonl", vec!["--format", "sft", "--top-k", "2"]),
-        ("sft", "sft_tokens.jsonl", vec!["--format", "sft", "--top-k", "2", "--tokens"]),
+        (
+            "sft",
+            "sft_tokens.jsonl",
+            vec!["--format", "sft", "--top-k", "2", "--tokens"],
+        ),
         ("dpo", "dpo.jsonl", vec!["--format", "dpo"]),
-        ("dpo", "dpo_tokens.jsonl", vec!["--format", "dpo", "--tokens"]),
+        (
+            "dpo",
+            "dpo_tokens.jsonl",
+            vec!["--format", "dpo", "--tokens"],
+        ),
     ];
     let mut script_args = vec![
-        repo().join("scripts/trl_loads_export.py").to_str().unwrap().to_string(),
+        repo()
+            .join("scripts/trl_loads_export.py")
+            .to_str()
+            .unwrap()
+            .to_string(),
         "--model".to_string(),
-        fixtures().join("models/qwen2").to_str().unwrap().to_string(),
+        fixtures()
+            .join("models/qwen2")
+            .to_str()
+            .unwrap()
+            .to_string(),
     ];
     for (trainer, name, args) in &files {
         let out = dir.join(name);
@@ -312,10 +412,17 @@ fn trl_trains_a_step_on_the_exported_files() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     if output.status.code() == Some(3) {
-        eprintln!("SKIPPED trl_trains_a_step_on_the_exported_files: the peer venv lacks TRL: {}", stderr(&output));
+        eprintln!(
+            "SKIPPED trl_trains_a_step_on_the_exported_files: the peer venv lacks TRL: {}",
+            stderr(&output)
+        );
         return;
     }
-    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{}", stderr(&output));
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        stderr(&output)
+    );
     // The trainers also print their logs on stdout; the script's results are the lines naming a file.
     let results: Vec<Value> = stdout
         .lines()

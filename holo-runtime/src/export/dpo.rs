@@ -302,7 +302,11 @@ mod tests {
         let mut odd = record(0, 1, 0.0, "bad");
         odd.contexts[0].messages[0].parts[0].text = "another question".into();
         let (examples, report) = export(
-            rollouts(vec![record(0, 0, 1.0, "good"), odd, record(0, 2, 0.5, "ok")]),
+            rollouts(vec![
+                record(0, 0, 1.0, "good"),
+                odd,
+                record(0, 2, 0.5, "ok"),
+            ]),
             &options(),
         )
         .unwrap();

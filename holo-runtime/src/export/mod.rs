@@ -172,7 +172,11 @@ pub fn conversation(context: &ContextRecord) -> Option<Conversation> {
         .iter()
         .map(|message| Message {
             role: message.role,
-            content: message.parts.iter().map(|part| part.text.as_str()).collect(),
+            content: message
+                .parts
+                .iter()
+                .map(|part| part.text.as_str())
+                .collect(),
         })
         .collect();
     let tokens = context.tokens.as_ref().map(|tokens| Tokens {
@@ -275,7 +279,10 @@ pub(crate) mod tests {
             messages: vec![
                 message(Role::System, &[("Use tools.", false)]),
                 message(Role::User, &[("17*23?", false)]),
-                message(Role::Assistant, &[("<tool>", false), ("17*23</tool>", true)]),
+                message(
+                    Role::Assistant,
+                    &[("<tool>", false), ("17*23</tool>", true)],
+                ),
                 message(Role::User, &[("<result>391</result>", false)]),
                 message(Role::Assistant, &[("<answer>391</answer>", true)]),
             ],
@@ -319,14 +326,15 @@ pub(crate) mod tests {
         let good = serde_json::to_string(&record(3, 1, 0.5, "7")).unwrap();
         let text = format!("{good}\n\nnot json\n{{\"row_index\": 1}}\n{good}\n");
         let (rollouts, bad) = parse_rollouts(&text);
-        assert_eq!(
-            rollouts.iter().map(|r| r.line).collect::<Vec<_>>(),
-            [1, 5]
-        );
+        assert_eq!(rollouts.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 5]);
         assert_eq!(bad.iter().map(|b| b.line).collect::<Vec<_>>(), [3, 4]);
-        assert_eq!(bad[0].column, 1);
+        assert_eq!(bad[0].column, 2, "serde reads `n` as the start of `null`");
         assert!(bad[1].message.contains("missing field"), "{}", bad[1]);
-        assert!(bad[1].to_string().starts_with("line 4, column "), "{}", bad[1]);
+        assert!(
+            bad[1].to_string().starts_with("line 4, column "),
+            "{}",
+            bad[1]
+        );
     }
 
     #[test]

@@ -120,9 +120,7 @@ pub fn example(
     rollout: &Rollout,
 ) -> Result<SftExample, String> {
     let tokens = if options.tokens {
-        let tokens = conversation
-            .tokens
-            .ok_or_else(|| missing_tokens(rollout))?;
+        let tokens = conversation.tokens.ok_or_else(|| missing_tokens(rollout))?;
         Some(SftTokens {
             input_ids: tokens.ids,
             assistant_masks: tokens.loss_mask,
@@ -156,7 +154,8 @@ mod tests {
 
     #[test]
     fn messages_shape_is_trls_conversational_format() {
-        let (examples, report) = export(rollouts(vec![record(0, 0, 1.0, "42")]), &options()).unwrap();
+        let (examples, report) =
+            export(rollouts(vec![record(0, 0, 1.0, "42")]), &options()).unwrap();
         assert_eq!(report.examples, 1);
         assert_eq!(
             serde_json::to_value(&examples[0]).unwrap(),
