@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod config;
+mod frozen;
 pub mod generate;
 pub mod gguf;
 pub mod init;

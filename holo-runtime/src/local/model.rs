@@ -152,6 +152,8 @@ impl Linear {
         };
         let ys = if skinny {
             super::skinny::matmul(&flat, &self.weight)?
+        } else if ops == Ops::Differentiable && super::frozen::suits(&flat, &self.weight) {
+            super::frozen::matmul(&flat, &self.weight)?
         } else {
             flat.matmul(&self.weight.t()?)?
         };
