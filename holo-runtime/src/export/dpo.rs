@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::filter::{completed, groups};
-use super::{conversations, missing_tokens, Conversation, Message, Rollout};
+use super::{conversations, missing_tokens, ChatMessage, Conversation, Rollout};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DpoOptions {
@@ -22,9 +22,9 @@ pub struct DpoOptions {
 /// One line of the DPO file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DpoExample {
-    pub prompt: Vec<Message>,
-    pub chosen: Vec<Message>,
-    pub rejected: Vec<Message>,
+    pub prompt: Vec<ChatMessage>,
+    pub chosen: Vec<ChatMessage>,
+    pub rejected: Vec<ChatMessage>,
     #[serde(flatten)]
     pub tokens: Option<DpoTokens>,
 }
@@ -120,9 +120,12 @@ pub fn export(
             }
         }
         let pairs = pairs_at_margin(&candidates, min_margin);
-        report.no_pair_with_margin += (0..candidates.len())
-            .filter(|&index| !pairs.iter().any(|&(a, b)| a == index || b == index))
-            .count();
+        let mut paired = vec![false; candidates.len()];
+        for &(a, b) in &pairs {
+            paired[a] = true;
+            paired[b] = true;
+        }
+        report.no_pair_with_margin += paired.iter().filter(|&&paired| !paired).count();
         let mut written = 0;
         for (chosen, rejected) in pairs {
             let (chosen, rejected) = (&candidates[chosen], &candidates[rejected]);

@@ -18,25 +18,21 @@ pub fn group_key(rollout: &Rollout) -> GroupKey {
 /// Splits off the failed rollouts (`error` set): what they recorded stops where they failed, so they are
 /// never exported. Returns the completed ones and how many failed.
 pub fn completed(rollouts: Vec<Rollout>) -> (Vec<Rollout>, usize) {
-    let total = rollouts.len();
-    let kept: Vec<Rollout> = rollouts
-        .into_iter()
-        .filter(|rollout| rollout.record.error.is_none())
-        .collect();
-    let failed = total - kept.len();
-    (kept, failed)
+    keep(rollouts, |rollout| rollout.record.error.is_none())
 }
 
 /// Keeps the rollouts whose total reward is at least `min_reward` (a NaN reward never is). Returns them and
 /// how many were dropped.
 pub fn at_least(rollouts: Vec<Rollout>, min_reward: f64) -> (Vec<Rollout>, usize) {
+    keep(rollouts, |rollout| rollout.record.reward >= min_reward)
+}
+
+/// The rollouts `wanted` keeps, and how many it dropped.
+fn keep(mut rollouts: Vec<Rollout>, wanted: impl FnMut(&Rollout) -> bool) -> (Vec<Rollout>, usize) {
     let total = rollouts.len();
-    let kept: Vec<Rollout> = rollouts
-        .into_iter()
-        .filter(|rollout| rollout.record.reward >= min_reward)
-        .collect();
-    let dropped = total - kept.len();
-    (kept, dropped)
+    rollouts.retain(wanted);
+    let dropped = total - rollouts.len();
+    (rollouts, dropped)
 }
 
 /// Best first: higher total reward, then the lower rollout index (so the order is the same on every

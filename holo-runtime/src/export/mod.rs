@@ -21,10 +21,8 @@ pub mod sft;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::loom::{ContextRecord, RolloutRecord};
-use crate::Role;
+use crate::sampler::ChatMessage;
 
 /// A rollout record and the 1-based line of the file it was read from (for messages).
 #[derive(Debug, Clone, PartialEq)]
@@ -108,18 +106,11 @@ pub fn parse_rollouts(text: &str) -> (Vec<Rollout>, Vec<BadLine>) {
     (rollouts, bad_lines)
 }
 
-/// A chat message as TRL's conversational datasets write it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Message {
-    pub role: Role,
-    pub content: String,
-}
-
 /// A context split at its first sampled message (see the [module documentation](self)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conversation {
-    pub prompt: Vec<Message>,
-    pub completion: Vec<Message>,
+    pub prompt: Vec<ChatMessage>,
+    pub completion: Vec<ChatMessage>,
     /// The context's token ids and loss mask, when it was recorded with a tokenizer.
     pub tokens: Option<Tokens>,
 }
@@ -167,18 +158,7 @@ pub fn conversation(context: &ContextRecord) -> Option<Conversation> {
         .messages
         .iter()
         .position(|message| message.parts.iter().any(|part| part.sampled))?;
-    let messages: Vec<Message> = context
-        .messages
-        .iter()
-        .map(|message| Message {
-            role: message.role,
-            content: message
-                .parts
-                .iter()
-                .map(|part| part.text.as_str())
-                .collect(),
-        })
-        .collect();
+    let messages: Vec<ChatMessage> = context.messages.iter().map(ChatMessage::from).collect();
     let tokens = context.tokens.as_ref().map(|tokens| Tokens {
         ids: tokens.ids.clone(),
         loss_mask: tokens.loss_mask.clone(),
@@ -210,6 +190,7 @@ pub(crate) fn missing_tokens(rollout: &Rollout) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::loom::{Failure, MessageRecord, PartRecord, Stage, TokensRecord};
+    use crate::Role;
 
     /// A message of plain (`sampled` false) and sampled parts.
     pub fn message(role: Role, parts: &[(&str, bool)]) -> MessageRecord {
@@ -294,7 +275,7 @@ pub(crate) mod tests {
             }),
         };
         let split = conversation(&context).unwrap();
-        let roles = |messages: &[Message]| messages.iter().map(|m| m.role).collect::<Vec<_>>();
+        let roles = |messages: &[ChatMessage]| messages.iter().map(|m| m.role).collect::<Vec<_>>();
         assert_eq!(roles(&split.prompt), [Role::System, Role::User]);
         assert_eq!(
             roles(&split.completion),

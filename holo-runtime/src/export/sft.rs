@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::filter::{at_least, completed, groups, top_k};
-use super::{conversations, missing_tokens, Conversation, Message, Rollout};
+use super::{conversations, missing_tokens, ChatMessage, Conversation, Rollout};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SftOptions {
@@ -26,13 +26,13 @@ pub struct SftOptions {
 #[serde(untagged)]
 pub enum SftExample {
     Messages {
-        messages: Vec<Message>,
+        messages: Vec<ChatMessage>,
         #[serde(flatten)]
         tokens: Option<SftTokens>,
     },
     PromptCompletion {
-        prompt: Vec<Message>,
-        completion: Vec<Message>,
+        prompt: Vec<ChatMessage>,
+        completion: Vec<ChatMessage>,
         #[serde(flatten)]
         tokens: Option<SftTokens>,
     },

@@ -17,7 +17,7 @@ use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError};
 use crate::holotypes::stats::ToolStats;
 use crate::holotypes::tools::last_tag;
 use crate::resources::Resources;
-use crate::sandbox::{self, seconds, Capture, Limits};
+use crate::sandbox::{self, Capture, Limits};
 #[cfg(target_os = "linux")]
 use crate::sandbox::{Job, Sandbox, Status};
 
@@ -87,9 +87,17 @@ pub fn check_code_sandbox(program: &Program, resources: &Resources) -> Result<()
     {
         return Ok(());
     }
-    resources
-        .get::<CodeSandbox>()
-        .map_or_else(|| CodeSandbox::default().check(), |policy| policy.check())
+    resources.get::<CodeSandbox>().unwrap_or_default().check()
+}
+
+/// The seconds of `duration` for messages: `5 s`, `1.5 s`.
+fn seconds(duration: Duration) -> String {
+    let secs = duration.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{secs} s")
+    }
 }
 
 /// How a run ended.
@@ -275,12 +283,7 @@ impl Holotype for CodeExecutor {
             }
         }
         limits.validate().map_err(HolotypeError::new)?;
-        CodeSandbox {
-            limits: config.limits.clone(),
-            allow_unsandboxed: config.allow_unsandboxed,
-        }
-        .check()
-        .map_err(HolotypeError::new)?;
+        policy.check().map_err(HolotypeError::new)?;
         Ok(CodeExecutor {
             variable: args.words().next().unwrap_or("turn").to_string(),
             answer: args.text("answer")?.unwrap_or("answer").to_string(),

@@ -15,10 +15,8 @@ use super::model::Result;
 /// Whether [`matmul`] applies: a weight that is not a variable, on the CPU (the op has no GPU kernel of
 /// its own; there the plain product runs).
 pub fn suits(x: &Tensor, weight: &Tensor) -> bool {
-    !weight.is_variable()
-        && !weight.track_op()
-        && x.device().is_cpu()
-        && x.dtype() == weight.dtype()
+    // A variable, and any tensor computed from one, tracks its op.
+    !weight.track_op() && x.device().is_cpu() && x.dtype() == weight.dtype()
 }
 
 /// `x` `[M, K]` times `weight` `[N, K]` transposed: `[M, N]`; `x` receives its gradient, `weight` none.
@@ -41,11 +39,7 @@ impl CustomOp2 for FrozenMatmul {
         w: &CpuStorage,
         w_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = x_layout.shape().dims2()?;
-        let (n, w_k) = w_layout.shape().dims2()?;
-        if k != w_k {
-            candle_core::bail!("frozen product: x is [{m}, {k}] but the weight is [{n}, {w_k}]");
-        }
+        let (m, n, k) = super::skinny::product_dims("frozen", x_layout, w_layout)?;
         let product = x.matmul(w, (1, m, n, k), x_layout, &w_layout.transpose(0, 1)?)?;
         Ok((product, Shape::from((m, n))))
     }

@@ -80,11 +80,7 @@ impl CustomOp2 for SkinnyMatmul {
         w: &CpuStorage,
         w_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = x_layout.shape().dims2()?;
-        let (n, w_k) = w_layout.shape().dims2()?;
-        if k != w_k {
-            candle_core::bail!("skinny product: x is [{m}, {k}] but the weight is [{n}, {w_k}]");
-        }
+        let (m, n, k) = product_dims("skinny", x_layout, w_layout)?;
         let (Some((x_start, x_end)), Some((w_start, w_end))) =
             (x_layout.contiguous_offsets(), w_layout.contiguous_offsets())
         else {
@@ -109,6 +105,21 @@ impl CustomOp2 for SkinnyMatmul {
         }
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
+}
+
+/// `(M, N, K)` of `x` `[M, K]` times `w` `[N, K]` transposed, or an error naming the `product` whose
+/// operands do not fit.
+pub(super) fn product_dims(
+    product: &str,
+    x_layout: &Layout,
+    w_layout: &Layout,
+) -> Result<(usize, usize, usize)> {
+    let (m, k) = x_layout.shape().dims2()?;
+    let (n, w_k) = w_layout.shape().dims2()?;
+    if k != w_k {
+        candle_core::bail!("{product} product: x is [{m}, {k}] but the weight is [{n}, {w_k}]");
+    }
+    Ok((m, n, k))
 }
 
 /// Output columns (weight rows) one task computes.

@@ -53,7 +53,6 @@ pub(crate) use output::Capture;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 /// The uid and gid of the program inside the sandbox.
 pub const SANDBOX_UID: u32 = 1000;
@@ -236,16 +235,6 @@ fn probe() -> Result<(), String> {
     ))
 }
 
-/// The seconds of `duration` for messages: `5 s`, `1.5 s`.
-pub fn seconds(duration: Duration) -> String {
-    let secs = duration.as_secs_f64();
-    if secs.fract() == 0.0 {
-        format!("{secs:.0} s")
-    } else {
-        format!("{secs} s")
-    }
-}
-
 #[cfg(not(target_os = "linux"))]
 mod imp {
     use super::*;
@@ -335,6 +324,8 @@ mod imp {
             Some(Stage::Private) => "making the mounts private".into(),
             Some(Stage::Step) => match plan.steps.get(index) {
                 Some(Step::Bind { target, .. }) => format!("binding {target:?}"),
+                // Not `{step:?}`: that would print every byte of the file.
+                Some(Step::Write { path, .. }) => format!("writing {path:?}"),
                 Some(step) => format!("{step:?}"),
                 None => format!("step {index}"),
             },

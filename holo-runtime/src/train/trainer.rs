@@ -538,11 +538,10 @@ impl<S: RolloutSource> Trainer<S> {
         let generation = state.generations;
         state.generations += 1;
         let seed = mix(mix(config.seed ^ SAMPLING) ^ generation);
-        let tools_before = self.source.tool_stats().map(|stats| stats.counts());
+        let stats = self.source.tool_stats();
+        let tools_before = stats.as_ref().map(|stats| stats.counts());
         let (records, _) = self.rollouts(runtime, &picked, group, seed, step, "rollouts.jsonl")?;
-        let tools = self
-            .source
-            .tool_stats()
+        let tools = stats
             .zip(tools_before)
             .map(|(stats, before)| stats.counts() - before);
 

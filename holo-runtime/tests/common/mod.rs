@@ -22,6 +22,14 @@ pub fn holo_command(args: &[&str]) -> Command {
     command
 }
 
+/// The peer venv's Python (`../shared/peers/setup.sh` makes it), where the checks against the Python
+/// references run; `None` on a machine without it.
+pub fn peer_python() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
+    python.is_file().then_some(python)
+}
+
 /// A run folder's metrics.jsonl without the wall-clock `step_time`: what two runs of the same seed
 /// must agree on.
 pub fn run_metrics(run: &Path) -> Vec<serde_json::Value> {

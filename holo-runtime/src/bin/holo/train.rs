@@ -171,10 +171,10 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     let mut resources = Resources::default();
     resources.insert(Tools::new().with_calculator());
     resources.insert(ToolStats::default());
-    let limits = match config.sandbox.limits() {
-        Ok(limits) => limits,
-        Err(message) => return usage(message),
-    };
+    let limits = config
+        .sandbox
+        .limits()
+        .expect("ConfigBuilder::build checked the [sandbox] table");
     if let Err(code) = crate::code_sandbox(
         &holoware,
         &mut resources,
