@@ -3,6 +3,8 @@
 //! and the unsandboxed path (`run_python_unsandboxed`: temporary directories, process-group kills).
 //! What the sandbox stops is in `tests/sandbox.rs`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use holo_runtime::holotypes::{
 };
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::sandbox::{self, Limits};
-use holo_runtime::{Resources, Rollout, Scripted, Step, Transcript};
+use holo_runtime::{Resources, Transcript};
 use serde_json::json;
 
 fn config(timeout_secs: f64) -> PythonConfig {
@@ -31,30 +33,8 @@ fn python(code: &str) -> holo_runtime::holotypes::Execution {
 
 /// Runs `source` with the built-ins and scripted replies; the transcript.
 fn run(source: &str, replies: &[&str]) -> Transcript {
-    let holoware = Arc::new(
-        Holoware::load(
-            "test.hol",
-            source.as_bytes(),
-            Arc::new(holotypes::registry()),
-        )
-        .unwrap(),
-    );
-    let row: Row = json!({"query": "What is 17 * 23?", "expected": "391"})
-        .as_object()
-        .unwrap()
-        .clone();
-    let mut rollout = holoware.start_with(&row, &Resources::default()).unwrap();
-    let mut transcript = Transcript::default();
-    let mut sampler = Scripted::new(replies.iter().copied());
-    while let Step::Sample(request) = rollout.step(&mut transcript).unwrap() {
-        rollout
-            .resume(
-                sampler.complete(&request).expect("enough replies"),
-                &mut transcript,
-            )
-            .unwrap();
-    }
-    transcript
+    let row = json!({"query": "What is 17 * 23?", "expected": "391"});
+    common::rollout::run(source, row, replies, &Resources::default()).unwrap()
 }
 
 const LOOP: &str = "<|o_o|>\n<|query|>\n<|ToolRunner max_turns=3|>\n    <|@_@:turn stop=\"</code>\"|>\n    <|o_o|>\n    <|CodeExecutor turn timeout=20|>\n<|MathAnswer var=turn|>\n";

@@ -1,39 +1,14 @@
 //! The built-in holotypes, run through the interpreter on small holowares.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use holo_runtime::holotypes::{self, last_number, numbers_equal, Tools};
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::{Resources, Rollout, RolloutError, Scripted, Step, Transcript};
+use holo_runtime::{Resources, Transcript};
 use serde_json::json;
 
-fn run(
-    source: &str,
-    row: serde_json::Value,
-    replies: &[&str],
-    resources: &Resources,
-) -> Result<Transcript, RolloutError> {
-    let holoware = Arc::new(
-        Holoware::load(
-            "test.hol",
-            source.as_bytes(),
-            Arc::new(holotypes::registry()),
-        )
-        .unwrap(),
-    );
-    let row: Row = row.as_object().unwrap().clone();
-    let mut rollout = holoware.start_with(&row, resources)?;
-    let mut transcript = Transcript::default();
-    let mut sampler = Scripted::new(replies.iter().copied());
-    while let Step::Sample(request) = rollout.step(&mut transcript)? {
-        rollout.resume(
-            sampler.complete(&request).expect("enough replies"),
-            &mut transcript,
-        )?;
-    }
-    Ok(transcript)
-}
+use common::rollout::run;
 
 fn rewards(transcript: &Transcript) -> Vec<(&str, f64, f64)> {
     transcript

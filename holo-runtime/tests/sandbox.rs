@@ -17,11 +17,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 
-use holo_runtime::holotypes;
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::{Resources, Rollout, Scripted, Step, Transcript};
+use holo_runtime::Resources;
+use serde_json::json;
 
 /// Whether the sandbox works here; otherwise says the case is skipped.
 fn sandbox_or_skip(case: &str) -> bool {
@@ -49,28 +47,14 @@ fn attack(code: &str, tag_args: &str) -> String {
     let source = format!(
         "<|o_o|>\nGo.\n<|ToolRunner max_turns=3|>\n    <|@_@:turn stop=\"</code>\"|>\n    <|o_o|>\n    <|CodeExecutor turn {tag_args}|>\n"
     );
-    let holoware = Arc::new(
-        Holoware::load(
-            "attack.hol",
-            source.as_bytes(),
-            Arc::new(holotypes::registry()),
-        )
-        .unwrap(),
-    );
-    let mut rollout = holoware
-        .start_with(&Row::new(), &Resources::default())
-        .unwrap();
-    let mut transcript = Transcript::default();
+    let hostile = format!("<code>\n{code}\n</code>");
     let replies = [
-        format!("<code>\n{code}\n</code>"),
-        "<code>\nprint('next')\n</code>".to_string(),
-        "<answer>done</answer>".to_string(),
+        hostile.as_str(),
+        "<code>\nprint('next')\n</code>",
+        "<answer>done</answer>",
     ];
-    let mut sampler = Scripted::new(replies.iter().map(String::as_str));
-    while let Step::Sample(request) = rollout.step(&mut transcript).unwrap() {
-        let completion = sampler.complete(&request).expect("enough replies");
-        rollout.resume(completion, &mut transcript).unwrap();
-    }
+    let transcript =
+        common::rollout::run(&source, json!({}), &replies, &Resources::default()).unwrap();
     let outputs = outputs(&transcript.to_string());
     assert_eq!(outputs.len(), 2, "{transcript}");
     assert_eq!(

@@ -5,6 +5,7 @@ pub mod http;
 pub mod json;
 #[cfg(feature = "local")]
 pub mod logits;
+pub mod rollout;
 pub mod tempdir;
 
 use std::path::{Path, PathBuf};
