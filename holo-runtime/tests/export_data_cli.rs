@@ -337,6 +337,18 @@ fn a_missing_file_an_empty_result_and_a_foreign_option_are_clear_errors() {
         "{}",
         stderr(&output)
     );
+
+    // A margin that can pair nothing is a usage error, found before the file is read.
+    for margin in ["0", "-1"] {
+        let (output, _) = export(
+            Path::new("absent.jsonl"),
+            &out,
+            &["--format", "dpo", "--min-margin", margin],
+        );
+        assert_eq!(output.status.code(), Some(2), "--min-margin {margin}");
+        let report = stderr(&output);
+        assert!(report.contains("--min-margin must be above 0"), "{report}");
+    }
 }
 
 #[test]

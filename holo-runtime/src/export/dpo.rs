@@ -82,6 +82,16 @@ struct Candidate {
     conversation: Conversation,
 }
 
+/// A `--min-margin` that can pair anything: above 0 (a pair needs a better reply), not NaN.
+pub fn check_min_margin(min_margin: Option<f64>) -> Result<(), String> {
+    match min_margin {
+        Some(margin) if margin.is_nan() || margin <= 0.0 => Err(format!(
+            "--min-margin must be above 0 (a pair needs a better reply), got {margin}"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The DPO pairs of `rollouts` (as read, in file order), group by group. Within a group the pairs at the
 /// margin go largest margin first (best against worst), ties in rollout order; a pair whose prompts differ
 /// is skipped, and at most `pairs_per_row` are written. An error for a margin that is not above 0, and when
@@ -90,14 +100,8 @@ pub fn export(
     rollouts: Vec<Rollout>,
     options: &DpoOptions,
 ) -> Result<(Vec<DpoExample>, DpoReport), String> {
-    let min_margin = match options.min_margin {
-        Some(margin) if margin.is_nan() || margin <= 0.0 => {
-            return Err(format!(
-                "--min-margin must be above 0 (a pair needs a better reply), got {margin}"
-            ))
-        }
-        margin => margin,
-    };
+    check_min_margin(options.min_margin)?;
+    let min_margin = options.min_margin;
     let mut report = DpoReport {
         rollouts: rollouts.len(),
         ..DpoReport::default()

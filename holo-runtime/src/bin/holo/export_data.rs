@@ -42,7 +42,7 @@ pub struct ExportDataArgs {
     #[arg(long)]
     pub prompt_completion: bool,
     /// dpo: the least reward margin between chosen and rejected (default: any margin above 0).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub min_margin: Option<f64>,
     /// dpo: the most pairs drawn from one row's group, largest margin (best against worst) first
     /// [default: 1].
@@ -103,10 +103,10 @@ fn check_options(args: &ExportDataArgs) -> Result<(), String> {
         Format::Sft => (&dpo_only[..], "sft"),
         Format::Dpo => (&sft_only[..], "dpo"),
     };
-    match others.iter().find(|(_, given)| *given) {
-        Some((option, _)) => Err(format!("{option} does not apply to --format {format}")),
-        None => Ok(()),
+    if let Some((option, _)) = others.iter().find(|(_, given)| *given) {
+        return Err(format!("{option} does not apply to --format {format}"));
     }
+    dpo::check_min_margin(args.min_margin)
 }
 
 /// Builds the examples, reports on stderr what each filter dropped, then writes them to `--out`.
