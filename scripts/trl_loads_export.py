@@ -82,6 +82,9 @@ def check_sft(path: str, model_dir: str) -> dict:
         )
         prepared = trainer.train_dataset
         if "input_ids" in raw.column_names:
+            # TRL drops rows it cannot train on; then the zip below would compare the wrong rows.
+            if len(prepared) != len(raw):
+                errors.append(f"TRL kept {len(prepared)} of {len(raw)} examples")
             for index, (written, seen) in enumerate(zip(raw, prepared)):
                 if seen["input_ids"] != written["input_ids"]:
                     errors.append(f"example {index}: TRL changed input_ids")
