@@ -1,6 +1,6 @@
 //! The [`Loom`]: runs rollouts at scale. It drives `B` data rows × `G` rollouts each against one
-//! [`Sampler`], batching every pending sample request of a tick into one call, and writes each rollout
-//! as a line of JSONL the moment it finishes.
+//! [`Sampler`], sending each rollout's next request the moment it is ready, and writes each rollout as a
+//! line of JSONL the moment it finishes.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -42,21 +42,21 @@
 //! interpreted holowares): a row that lacks an input runs no rollout and is reported in
 //! [`Summary::row_failures`]; every other row still runs.
 //!
-//! # Ticks and batching
+//! # Scheduling
 //!
 //! Rollouts are started in order (row by row, `G` rollouts of a row one after the other) and at most
-//! [`LoomConfig::concurrency`] are in flight at once. Each tick:
-//! 1. every rollout resumed with its completion, and every newly started one, is stepped until it needs a
-//!    sample ([`Step::Sample`]) or ends; new rollouts are started while fewer than `concurrency` wait;
-//! 2. every pending request goes to the sampler in **one** [`Sampler::sample`] call, in the order the
-//!    rollouts were started;
-//! 3. each rollout gets its own result back. A failed request ([`SamplerError`]), a
-//!    [`RolloutError`](crate::RolloutError), a panic in a holotype, or a rollout that cannot start fails
-//!    that rollout only: it is written with its `error` and what it recorded up to then, and the others
-//!    go on.
+//! [`LoomConfig::concurrency`] are in flight at once. A rollout is stepped until it needs a sample
+//! ([`Step::Sample`]) or ends; its request goes to the sampler at once, as its own [`Sampler::sample`]
+//! call, and when the completion comes back the rollout is resumed and stepped again, whatever the other
+//! rollouts are doing. There are no ticks: a rollout with short turns does not wait for the longest
+//! sample of the others. The sampler decides how to batch: the local model schedules every call in one
+//! continuously batched engine ([`crate::local::schedule`]), an OpenAI-compatible server receives
+//! concurrent requests. When a rollout ends, the next one starts.
 //!
-//! Ticks are lock-step: a batch is done when its slowest request is. Stepping (holotypes and tools) runs on
-//! the calling task between batches, when no request is in flight.
+//! A failed request ([`SamplerError`]), a [`RolloutError`](crate::RolloutError), a panic in a holotype,
+//! or a rollout that cannot start fails that rollout only: it is written with its `error` and what it
+//! recorded up to then, and the others go on. Stepping (holotypes and tools) runs on the calling task,
+//! while the other rollouts' requests are in flight.
 //!
 //! # Prompts
 //!
@@ -113,8 +113,8 @@
 //! `dataset` is there when [`LoomConfig::dataset`] is set. `rewards` holds each component's value (the
 //! sum, when a component is recorded more than once), `weights` its weight, `reward` the weighted total of
 //! every recorded component. `error` is `null` or `{"stage": "start" | "rollout" | "sampler", "message":
-//! ...}`. `timing` (left out when [`LoomConfig::timing`] is off, for byte-identical reruns): when the
-//! rollout started after the run began, its wall time, and the part of it spent waiting for batches.
+//! ...}`. `timing` (left out when [`LoomConfig::timing`] is off, for identical records in reruns; lines come in finishing order, which depends on the sampler's timing): when the
+//! rollout started after the run began, its wall time, and the part of it spent waiting for its samples.
 //!
 //! # Truncation
 //!
@@ -142,6 +142,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -213,11 +214,11 @@ pub struct LoomConfig {
     pub rollouts_per_row: usize,
     /// The run seed every rollout's seed is derived from.
     pub seed: u64,
-    /// Rollouts in flight at once, so the most requests in one batch (at least 1; default 128).
+    /// Rollouts in flight at once, so the most requests in flight (at least 1; default 128).
     pub concurrency: usize,
     /// Draw a progress bar on stderr when it is a terminal (default off).
     pub progress: bool,
-    /// Write each rollout's `timing` (default on; off makes reruns byte-identical).
+    /// Write each rollout's `timing` (default on; off makes reruns write identical records).
     pub timing: bool,
     /// Written as `dataset` in every record when set.
     pub dataset: Option<String>,
@@ -356,7 +357,7 @@ pub struct Timing {
     pub start_ms: f64,
     /// From its start to its end.
     pub wall_ms: f64,
-    /// The part of `wall_ms` spent waiting for sampler batches.
+    /// The part of `wall_ms` spent waiting for its samples.
     pub sample_ms: f64,
 }
 
@@ -401,8 +402,8 @@ pub struct Summary {
     pub mean_reward: Option<f64>,
     /// `(k, pass@k)` for k = 1 and k = G (when G > 1); empty when no row ran.
     pub pass_at_k: Vec<(usize, f64)>,
-    /// Sampler calls (ticks).
-    pub batches: usize,
+    /// Sampler calls: one per sample request.
+    pub sampler_calls: usize,
     pub elapsed: Duration,
 }
 
@@ -536,42 +537,22 @@ impl<S: RolloutSource> Loom<S> {
             skip,
         };
 
-        let mut waiting: Vec<Active<'_>> = Vec::new();
-        let mut results: Vec<Result<Completion, SamplerError>> = Vec::new();
-        let mut batch_time = Duration::ZERO;
+        // Each request is its own sampler call, so that a rollout goes on the moment its sample is
+        // back, whatever the others are doing: the local model batches the calls continuously.
+        let sample = |active, request: Request| async move {
+            let sent = Instant::now();
+            let mut results = sampler.sample(std::slice::from_ref(&request)).await;
+            let result = match results.len() {
+                1 => results.pop().expect("one result"),
+                n => Err(SamplerError::Malformed(format!(
+                    "the sampler returned {n} results for one request"
+                ))),
+            };
+            (active, result, sent.elapsed())
+        };
+        let mut in_flight = FuturesUnordered::new();
         loop {
-            let mut next = Vec::with_capacity(waiting.len());
-            let mut requests = Vec::with_capacity(waiting.len());
-            for (mut active, result) in waiting.drain(..).zip(results.drain(..)) {
-                active.sample_time += batch_time;
-                let failure = match result {
-                    Ok(completion) if context_full(&completion) => {
-                        active.truncated = true;
-                        run.finish(active, None)?;
-                        continue;
-                    }
-                    Ok(completion) => match guard(|| {
-                        active.truncated |= completion.finish == Finish::Length;
-                        let rollout = active.rollout.as_mut().expect("a started rollout");
-                        rollout.resume(completion, &mut active.recorder)
-                    }) {
-                        Ok(()) => None,
-                        Err(message) => Some(Failure {
-                            stage: Stage::Rollout,
-                            message,
-                        }),
-                    },
-                    Err(error) => Some(Failure {
-                        stage: Stage::Sampler,
-                        message: error.to_string(),
-                    }),
-                };
-                match failure {
-                    None => run.advance(active, &mut next, &mut requests)?,
-                    Some(failure) => run.finish(active, Some(failure))?,
-                }
-            }
-            while next.len() < concurrency {
+            while in_flight.len() < concurrency {
                 let Some((position, rollout_index)) = jobs.next(&self.source, &mut run.stats)
                 else {
                     break;
@@ -596,7 +577,9 @@ impl<S: RolloutSource> Loom<S> {
                 match guard(|| self.source.start(row)) {
                     Ok(rollout) => {
                         active.rollout = Some(rollout);
-                        run.advance(active, &mut next, &mut requests)?;
+                        if let Some((active, request)) = run.advance(active)? {
+                            in_flight.push(sample(active, request));
+                        }
                     }
                     Err(message) => run.finish(
                         active,
@@ -607,23 +590,40 @@ impl<S: RolloutSource> Loom<S> {
                     )?,
                 }
             }
-            if next.is_empty() {
+            let Some((mut active, result, waited)) = in_flight.next().await else {
                 break;
-            }
-            waiting = next;
-            let sent = Instant::now();
-            results = sampler.sample(&requests).await;
-            batch_time = sent.elapsed();
-            run.stats.batches += 1;
-            if results.len() != requests.len() {
-                let message = format!(
-                    "the sampler returned {} results for a batch of {}",
-                    results.len(),
-                    requests.len()
-                );
-                results.resize_with(requests.len(), || {
-                    Err(SamplerError::Malformed(message.clone()))
-                });
+            };
+            run.stats.sampler_calls += 1;
+            active.sample_time += waited;
+            let failure = match result {
+                Ok(completion) if context_full(&completion) => {
+                    active.truncated = true;
+                    run.finish(active, None)?;
+                    continue;
+                }
+                Ok(completion) => match guard(|| {
+                    active.truncated |= completion.finish == Finish::Length;
+                    let rollout = active.rollout.as_mut().expect("a started rollout");
+                    rollout.resume(completion, &mut active.recorder)
+                }) {
+                    Ok(()) => None,
+                    Err(message) => Some(Failure {
+                        stage: Stage::Rollout,
+                        message,
+                    }),
+                },
+                Err(error) => Some(Failure {
+                    stage: Stage::Sampler,
+                    message: error.to_string(),
+                }),
+            };
+            match failure {
+                None => {
+                    if let Some((active, request)) = run.advance(active)? {
+                        in_flight.push(sample(active, request));
+                    }
+                }
+                Some(failure) => run.finish(active, Some(failure))?,
             }
         }
         run.progress.finish_and_clear();
@@ -721,29 +721,25 @@ struct Run<'a, W> {
 }
 
 impl<W: Write> Run<'_, W> {
-    /// Steps the rollout until it needs a sample (queued with its request) or ends (written).
-    fn advance<'r>(
-        &mut self,
-        mut active: Active<'r>,
-        waiting: &mut Vec<Active<'r>>,
-        requests: &mut Vec<Request>,
-    ) -> io::Result<()> {
+    /// Steps the rollout until it needs a sample (returned with its request) or ends (written).
+    fn advance<'r>(&mut self, mut active: Active<'r>) -> io::Result<Option<(Active<'r>, Request)>> {
         let rollout = active.rollout.as_mut().expect("a started rollout");
         match guard(|| rollout.step(&mut active.recorder)) {
             Ok(Step::Sample(sample)) => {
-                requests.push(active.request(sample));
+                let request = active.request(sample);
                 active.samples += 1;
-                waiting.push(active);
-                Ok(())
+                Ok(Some((active, request)))
             }
-            Ok(Step::Done) => self.finish(active, None),
-            Err(message) => self.finish(
-                active,
-                Some(Failure {
-                    stage: Stage::Rollout,
-                    message,
-                }),
-            ),
+            Ok(Step::Done) => self.finish(active, None).map(|()| None),
+            Err(message) => self
+                .finish(
+                    active,
+                    Some(Failure {
+                        stage: Stage::Rollout,
+                        message,
+                    }),
+                )
+                .map(|()| None),
         }
     }
 
@@ -844,7 +840,7 @@ struct Stats {
     completed: usize,
     /// Per row position: (rollouts, passing).
     passes: Vec<(usize, usize)>,
-    batches: usize,
+    sampler_calls: usize,
 }
 
 impl Stats {
@@ -858,7 +854,7 @@ impl Stats {
             reward_sum: 0.0,
             completed: 0,
             passes: vec![(0, 0); rows],
-            batches: 0,
+            sampler_calls: 0,
         }
     }
 
@@ -923,7 +919,7 @@ impl Stats {
                 })
                 .collect(),
             pass_at_k,
-            batches: self.batches,
+            sampler_calls: self.sampler_calls,
             elapsed,
         }
     }

@@ -391,7 +391,9 @@ impl Inner {
                     SamplerError::Malformed(message) => {
                         SamplerError::Malformed(gave_up(&url, &message, attempts))
                     }
-                    SamplerError::Unavailable(message) | SamplerError::Rejected(message) => {
+                    SamplerError::Unavailable(message)
+                    | SamplerError::Rejected(message)
+                    | SamplerError::Overloaded(message) => {
                         SamplerError::Unavailable(gave_up(&url, &message, attempts))
                     }
                 });

@@ -57,6 +57,8 @@ pub enum SamplerError {
     Unavailable(String),
     /// The sampler answered something that is not a valid completion.
     Malformed(String),
+    /// The sampler's queue is full: the same request may succeed later (an HTTP 429).
+    Overloaded(String),
 }
 
 impl fmt::Display for SamplerError {
@@ -65,6 +67,7 @@ impl fmt::Display for SamplerError {
             SamplerError::Rejected(message) => write!(f, "request rejected: {message}"),
             SamplerError::Unavailable(message) => write!(f, "sampler unavailable: {message}"),
             SamplerError::Malformed(message) => write!(f, "malformed response: {message}"),
+            SamplerError::Overloaded(message) => write!(f, "sampler overloaded: {message}"),
         }
     }
 }
@@ -103,6 +106,13 @@ pub trait TokenSink: Send + Sync {
     /// reports it). Returns whether the request still wants tokens: `false` when whoever asked for it has
     /// gone, and the sampler may stop it.
     fn token(&self, index: usize, token: u32, logprob: f32) -> bool;
+
+    /// Whether request `index` is still wanted before it has sampled anything: a sampler may skip those
+    /// that are not.
+    fn wanted(&self, index: usize) -> bool {
+        let _ = index;
+        true
+    }
 }
 
 impl<F: Fn(usize, u32, f32) -> bool + Send + Sync> TokenSink for F {

@@ -168,7 +168,7 @@ fn chat(request: &Request) -> &[holo_runtime::ChatMessage] {
 }
 
 #[test]
-fn one_batch_per_tick_with_every_pending_request() {
+fn each_request_is_its_own_sampler_call_as_soon_as_it_is_ready() {
     let out = Shared::default();
     let sampler = Counting::new(script(), &out);
     let loom = loom(LoomConfig {
@@ -178,16 +178,17 @@ fn one_batch_per_tick_with_every_pending_request() {
     });
     let summary = run(&loom, &arithmetic(), &sampler, &out);
 
-    // 3 rows × 4 rollouts: every rollout calls the tool, then answers: two ticks of 12.
-    assert_eq!(sampler.sizes(), [12, 12]);
-    assert_eq!(summary.batches, 2);
+    // 3 rows × 4 rollouts: every rollout calls the tool, then answers: 24 calls of one request. This
+    // sampler answers at once: the 12 first requests go out in start order, then the second ones.
+    assert_eq!(sampler.sizes(), [1; 24]);
+    assert_eq!(summary.sampler_calls, 24);
     assert_eq!(summary.rollouts, 12);
     assert_eq!(summary.failed, 0);
     assert_eq!(summary.rows, 3);
 
     let calls = sampler.calls();
-    // Tick 1: system + user; the fresh assistant message is opened by the server.
-    for request in &calls[0].requests {
+    // First requests: system + user; the fresh assistant message is opened by the server.
+    for request in calls[..12].iter().flat_map(|call| &call.requests) {
         let messages = chat(request);
         assert_eq!(
             messages.iter().map(|m| m.role).collect::<Vec<_>>(),
@@ -197,11 +198,11 @@ fn one_batch_per_tick_with_every_pending_request() {
     }
     assert_eq!(chat(&calls[0].requests[0])[1].content, "What is 17 * 23?");
     assert_eq!(
-        chat(&calls[0].requests[4])[1].content,
+        chat(&calls[4].requests[0])[1].content,
         "What is (1.5 + 2.5) / 4?"
     );
-    // Tick 2: the sampled tool call is in the prompt, then the tool's result.
-    let second = chat(&calls[1].requests[0]);
+    // Second requests: the sampled tool call is in the prompt, then the tool's result.
+    let second = chat(&calls[12].requests[0]);
     assert_eq!(second.len(), 4);
     assert_eq!(second[2].role, Role::Assistant);
     assert_eq!(second[2].content, TOOL_CALL);
@@ -245,7 +246,7 @@ fn one_batch_per_tick_with_every_pending_request() {
 }
 
 #[test]
-fn concurrency_bounds_batches_and_lines_are_written_as_rollouts_finish() {
+fn concurrency_bounds_rollouts_in_flight_and_lines_are_written_as_rollouts_finish() {
     let out = Shared::default();
     let sampler = Counting::new(script(), &out);
     let loom = loom(LoomConfig {
@@ -254,12 +255,22 @@ fn concurrency_bounds_batches_and_lines_are_written_as_rollouts_finish() {
         ..LoomConfig::default()
     });
     let summary = run(&loom, &arithmetic(), &sampler, &out);
-    // 12 rollouts, 5 at a time, two samples each.
-    assert_eq!(sampler.sizes(), [5, 5, 5, 5, 2, 2]);
-    assert_eq!(summary.batches, 6);
-    // The first five rollouts are on disk before the batch that starts the next five is sent.
-    let written: Vec<usize> = sampler.calls().iter().map(|c| c.lines_written).collect();
-    assert_eq!(written, [0, 0, 5, 5, 10, 10]);
+    // 12 rollouts, two samples each.
+    assert_eq!(summary.sampler_calls, 24);
+    // A rollout's first request (system + user) marks its start: at every call, at most five rollouts
+    // have started and not been written, and five do at some point.
+    let mut started = 0;
+    let mut most = 0;
+    for call in sampler.calls() {
+        assert_eq!(call.requests.len(), 1);
+        if chat(&call.requests[0]).len() == 2 {
+            started += 1;
+        }
+        let in_flight = started - call.lines_written;
+        assert!(in_flight <= 5, "{in_flight} rollouts in flight");
+        most = most.max(in_flight);
+    }
+    assert_eq!((started, most), (12, 5));
     let records = records(&out.bytes());
     assert_eq!(records.len(), 12);
     // Written in finishing order: row by row, rollout by rollout here.
@@ -404,20 +415,16 @@ fn a_short_answer_from_the_sampler_fails_the_unanswered_rollouts() {
         &Short(script()),
         &out,
     );
-    // Tick 1: 3 requests, 2 answers; tick 2: 2 requests, 1 answer.
+    // Each rollout's first request gets no answer.
     assert_eq!(summary.rollouts, 3);
-    assert_eq!(summary.failed, 2);
+    assert_eq!(summary.failed, 3);
     for failure in &summary.failures {
         assert_eq!(failure.failure.stage, Stage::Sampler);
         assert!(
             failure
                 .failure
                 .message
-                .contains("returned 2 results for a batch of 3")
-                || failure
-                    .failure
-                    .message
-                    .contains("returned 1 results for a batch of 2"),
+                .contains("returned 0 results for one request"),
             "{failure:?}"
         );
     }
@@ -732,10 +739,10 @@ fn throughput_10k_rollouts_of_tool_hol() {
         }
         let by_hand = by_hand.elapsed();
         println!(
-            "{name}: Loom {:.0} rollouts/s ({:.3} s, {} batches, {:.1} MB JSONL); by hand {:.0} rollouts/s; Loom overhead {:.1} us/rollout",
+            "{name}: Loom {:.0} rollouts/s ({:.3} s, {} sampler calls, {:.1} MB JSONL); by hand {:.0} rollouts/s; Loom overhead {:.1} us/rollout",
             10_000.0 / elapsed.as_secs_f64(),
             elapsed.as_secs_f64(),
-            summary.batches,
+            summary.sampler_calls,
             bytes as f64 / 1e6,
             10_000.0 / by_hand.as_secs_f64(),
             (elapsed.as_secs_f64() - by_hand.as_secs_f64()) * 1e6 / 10_000.0

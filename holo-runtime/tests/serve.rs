@@ -51,7 +51,7 @@ fn echo_window(prompt: &[u32]) -> &[u32] {
 /// Answers each token prompt with its last (up to) [`WINDOW`] tokens, cut by `max_tokens` (finish `Length`) or by
 /// the first stop string the decoded text contains (finish `Stop`, the text ending with it). Logprobs are
 /// exact binary fractions that depend on the position and the seed. Prompts whose text contains
-/// `UNAVAILABLE`, `MALFORMED` or `PANIC` fail that way. Records every batch.
+/// `UNAVAILABLE`, `OVERLOADED`, `MALFORMED` or `PANIC` fail that way. Records every batch.
 ///
 /// A streaming echo reports each token to the sink as it goes (sleeping `token_delay` after each), ends a
 /// request the sink no longer wants (counting it in `cancelled`), and decodes without special tokens, as
@@ -63,6 +63,8 @@ struct Echo {
     streams: bool,
     token_delay: Duration,
     cancelled: AtomicUsize,
+    /// Notified by a test when a prompt containing `HOLD` may be answered.
+    released: tokio::sync::Notify,
 }
 
 impl Echo {
@@ -74,6 +76,7 @@ impl Echo {
             streams: false,
             token_delay: Duration::ZERO,
             cancelled: AtomicUsize::new(0),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -100,6 +103,9 @@ impl Echo {
         let prompt = self.decode(ids);
         if prompt.contains("UNAVAILABLE") {
             return Err(SamplerError::Unavailable("the test says so".into()));
+        }
+        if prompt.contains("OVERLOADED") {
+            return Err(SamplerError::Overloaded("the test says so".into()));
         }
         if prompt.contains("MALFORMED") {
             return Err(SamplerError::Malformed("the test says so".into()));
@@ -153,6 +159,11 @@ impl Echo {
         })
     }
 
+    /// Whether the request's prompt says HOLD.
+    fn holds(&self, request: &Request) -> bool {
+        matches!(&request.prompt, Prompt::Tokens(ids) if self.decode(ids).contains("HOLD"))
+    }
+
     fn batches(&self) -> Vec<Vec<Request>> {
         self.batches.lock().unwrap().clone()
     }
@@ -170,6 +181,11 @@ impl Sampler for Echo {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
         Box::pin(async move {
             self.batches.lock().unwrap().push(batch.to_vec());
+            if batch.iter().any(|request| self.holds(request)) {
+                tokio::time::timeout(Duration::from_secs(60), self.released.notified())
+                    .await
+                    .expect("the HOLD request was released");
+            }
             if !self.delay.is_zero() {
                 tokio::time::sleep(self.delay).await;
             }
@@ -230,15 +246,7 @@ async fn start_echo(echo: Echo, config: ServeConfig, max_model_len: Option<u32>)
 }
 
 async fn start() -> Fixture {
-    start_with(
-        ServeConfig {
-            batch_wait: Duration::from_millis(1),
-            ..ServeConfig::default()
-        },
-        None,
-        Duration::ZERO,
-    )
-    .await
+    start_with(ServeConfig::default(), None, Duration::ZERO).await
 }
 
 impl Fixture {
@@ -1103,6 +1111,20 @@ async fn sampler_errors_map_to_statuses() {
         .fails("/v1/completions", json!({"prompt": "MALFORMED"}), 500)
         .await;
     assert_eq!(error["code"], "sampler_error");
+    // A full queue: 429, and when to come back.
+    let response = f
+        .client
+        .post(format!("{}/v1/completions", f.base))
+        .header("content-type", "application/json")
+        .body(json!({"prompt": "OVERLOADED"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    let error = check_error_shape(&body);
+    assert_eq!(error["code"], "server_overloaded");
     let error = f
         .fails(
             "/v1/chat/completions",
@@ -1156,7 +1178,6 @@ async fn body_limit() {
     let f = start_with(
         ServeConfig {
             max_body_bytes: 1000,
-            ..ServeConfig::default()
         },
         None,
         Duration::ZERO,
@@ -1300,64 +1321,58 @@ async fn openai_sampler_round_trips_tokens_and_logprobs() {
 // (c) Batching
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_are_batched() {
-    let f = start_with(
-        ServeConfig {
-            max_batch: 64,
-            batch_wait: Duration::from_millis(300),
-            ..ServeConfig::default()
-        },
-        None,
-        Duration::ZERO,
-    )
-    .await;
-    let requests = (0..8).map(|i| {
-        f.post(
-            "/v1/completions",
-            json!({"prompt": format!("request {i}"), "seed": i}),
-        )
-    });
-    let answers = futures_join_all(requests).await;
-    for (i, (status, answer)) in answers.iter().enumerate() {
-        assert_eq!(*status, 200);
-        // Each request gets its own answer back.
-        assert_eq!(answer["choices"][0]["text"], format!("request {i}"));
-    }
-    let sizes: Vec<usize> = f.echo.batches().iter().map(Vec::len).collect();
-    assert_eq!(sizes.iter().sum::<usize>(), 8);
-    assert!(
-        sizes.iter().any(|&size| size > 1),
-        "8 concurrent requests with a 300 ms batch wait were sampled one by one: {sizes:?}"
-    );
+async fn a_request_in_flight_does_not_hold_up_another() {
+    let f = start().await;
+    // The HOLD request's sampler call waits until the RELEASE request has been answered: sampled one
+    // after the other, the two would wait for each other (and the bounded wait fails the test).
+    let held = f.post("/v1/completions", json!({"prompt": "HOLD me", "seed": 1}));
+    let release = async {
+        let answer = f
+            .post(
+                "/v1/completions",
+                json!({"prompt": "RELEASE it", "seed": 2}),
+            )
+            .await;
+        f.echo.released.notify_one();
+        answer
+    };
+    let ((held_status, held), (status, released)) = tokio::join!(held, release);
+    assert_eq!((held_status, status), (200, 200), "{held} {released}");
+    assert_eq!(held["choices"][0]["text"], "HOLD me");
+    assert_eq!(released["choices"][0]["text"], "RELEASE it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batches_respect_max_batch() {
-    let f = start_with(
-        ServeConfig {
-            max_batch: 3,
-            batch_wait: Duration::from_millis(100),
-            ..ServeConfig::default()
-        },
-        None,
-        Duration::from_millis(20),
-    )
-    .await;
-    // n = 5 in one request is split over batches of at most 3; concurrent requests fill batches too.
+async fn each_request_is_one_sampler_call_with_its_n_samples() {
+    let f = start().await;
     let requests = (0..4).map(|i| {
         f.post(
             "/v1/completions",
-            json!({"prompt": format!("request {i}"), "n": 5, "seed": 1}),
+            json!({"prompt": format!("request {i}"), "n": 1 + i, "seed": 1}),
         )
     });
-    for (status, answer) in futures_join_all(requests).await {
+    for (i, (status, answer)) in futures_join_all(requests).await.into_iter().enumerate() {
         assert_eq!(status, 200);
-        assert_eq!(answer["choices"].as_array().unwrap().len(), 5);
+        assert_eq!(answer["choices"].as_array().unwrap().len(), 1 + i);
     }
-    let sizes: Vec<usize> = f.echo.batches().iter().map(Vec::len).collect();
-    assert_eq!(sizes.iter().sum::<usize>(), 20);
-    assert!(sizes.iter().all(|&size| size <= 3), "{sizes:?}");
-    assert!(sizes.contains(&3), "{sizes:?}");
+    let mut calls: Vec<(String, usize)> = f
+        .echo
+        .batches()
+        .iter()
+        .map(|batch| {
+            let Prompt::Tokens(ids) = &batch[0].prompt else {
+                panic!("token prompts")
+            };
+            let text = tokenizer().decode(ids, false).unwrap();
+            assert!(batch
+                .iter()
+                .all(|request| request.prompt == batch[0].prompt));
+            (text, batch.len())
+        })
+        .collect();
+    calls.sort();
+    let expected: Vec<(String, usize)> = (0..4).map(|i| (format!("request {i}"), 1 + i)).collect();
+    assert_eq!(calls, expected);
 }
 
 /// Polls the futures concurrently (tokio has no join_all without the futures crate).
@@ -1678,13 +1693,10 @@ async fn streamed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streamed_and_whole_requests_share_a_batch() {
+async fn streamed_and_whole_requests_run_side_by_side() {
     let f = start_echo(
         Echo::streaming(Duration::from_millis(1)),
-        ServeConfig {
-            batch_wait: Duration::from_millis(300),
-            ..ServeConfig::default()
-        },
+        ServeConfig::default(),
         None,
     )
     .await;
@@ -1699,11 +1711,6 @@ async fn streamed_and_whole_requests_share_a_batch() {
     });
     let whole = (0..4).map(|i| f.post("/v1/completions", body(i)));
     let (streamed, whole) = tokio::join!(futures_join_all(streamed), futures_join_all(whole));
-    let sizes: Vec<usize> = f.echo.batches().iter().map(Vec::len).collect();
-    assert!(
-        sizes.iter().any(|&size| size > 2),
-        "streamed and whole requests were sampled apart: {sizes:?}"
-    );
     for (i, ((status, payloads), (whole_status, answer))) in streamed.iter().zip(&whole).enumerate()
     {
         assert_eq!((*status, *whole_status), (200, 200));
@@ -2053,7 +2060,7 @@ async fn holo_serve_cli_serves_a_local_model() {
                 "--served-model-name",
                 "tiny",
             ])
-            .args(["--max-batch", "4", "--batch-wait-ms", "20"])
+            .args(["--max-num-seqs", "4", "--max-num-batched-tokens", "64"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -2,20 +2,19 @@
 //! sampling parameters, seed, stop strings and length, and for every sampled token its log-probability
 //! under the policy (temperature 1) and under the distribution it was drawn from.
 //!
-//! Prompts are left-padded into one prefill; each later step feeds one token per unfinished row. Rows that
-//! finish are dropped from the batch (and from the cache), so the remaining rows run at their own size.
+//! How rows are batched (prefill, joining and leaving the batch) is the [scheduler](super::schedule)'s
+//! business; this module samples a row's next token from its logits and decides when it ends.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
-use super::model::{KvCache, Model, Ops, Result, SequenceCache};
+use super::model::{Model, Result, SequenceCache};
+use super::schedule::{Engine, Limits, Listener};
 use crate::machine::Finish;
 
 /// How one row is sampled.
@@ -63,22 +62,56 @@ pub struct Generation {
 }
 
 /// Token ids that end a row, and the tokenizer that decodes rows for stop strings.
+#[derive(Clone, Copy)]
 pub struct Stopping<'a> {
     pub eos: &'a [u32],
     pub tokenizer: &'a Tokenizer,
 }
 
-struct Row {
-    index: usize,
-    params: GenerationParams,
+/// A sequence being sampled.
+pub(super) struct Row {
+    /// Its place in the submission it belongs to.
+    pub(super) index: usize,
+    pub(super) params: GenerationParams,
     rng: ChaCha8Rng,
     /// The tokens run through the model so far (prompt, then sampled tokens once fed).
-    fed: Vec<u32>,
-    key_mask: Vec<u8>,
-    generation: Generation,
+    pub(super) fed: Vec<u32>,
+    /// Which columns of the batch's cache (then of the tokens being fed) are this row's.
+    pub(super) key_mask: Vec<u8>,
+    pub(super) generation: Generation,
     /// The row's text, decoded a token at a time, for stop strings.
     stops: StopSearch,
-    done: bool,
+    pub(super) done: bool,
+}
+
+impl Row {
+    pub(super) fn new(index: usize, prompt: Vec<u32>, params: GenerationParams) -> Row {
+        Row {
+            index,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            done: params.max_tokens == 0,
+            params,
+            fed: prompt,
+            key_mask: Vec::new(),
+            generation: Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                sampling_logprobs: Vec::new(),
+                text: String::new(),
+                finish: Finish::Length,
+            },
+            stops: StopSearch::default(),
+        }
+    }
+
+    /// The sampled token the model has not run yet.
+    pub(super) fn unfed(&self) -> u32 {
+        *self
+            .generation
+            .tokens
+            .last()
+            .expect("a live row has sampled")
+    }
 }
 
 /// Keys and values of sequences the model has already run, reused when a later prompt extends one: the
@@ -129,7 +162,7 @@ impl PrefixCache {
 
     /// The longest cached run of tokens that starts `prompt`, leaving at least its last token to run (its
     /// logits pick the first sampled token): the length and each layer's keys and values.
-    fn lookup(&self, prompt: &[u32]) -> Result<Option<(usize, SequenceCache)>> {
+    pub(super) fn lookup(&self, prompt: &[u32]) -> Result<Option<(usize, SequenceCache)>> {
         let mut entries = self.lock();
         let best = entries
             .iter()
@@ -158,7 +191,7 @@ impl PrefixCache {
         Ok(Some((length, layers)))
     }
 
-    fn insert(&self, tokens: Vec<u32>, layers: SequenceCache) {
+    pub(super) fn insert(&self, tokens: Vec<u32>, layers: SequenceCache) {
         if tokens.is_empty() || tokens.len() > self.capacity {
             return;
         }
@@ -180,9 +213,6 @@ impl PrefixCache {
     }
 }
 
-/// The smallest vocabulary whose rows are sampled in parallel.
-const PARALLEL_VOCAB: usize = 16_384;
-
 /// Samples a continuation of every prompt. Prompts must be non-empty. With a `prefix` cache, prompts
 /// that extend a sequence run before only run their new tokens, and every finished row's sequence is
 /// kept for the next turn.
@@ -200,7 +230,8 @@ pub fn generate(
 
 /// [`generate`], calling `on_token(row, token, logprob)` after each step for every token sampled, in
 /// order (`logprob` under the policy at temperature 1). A row for which it returns `false` ends there, as
-/// if its `max_tokens` were reached.
+/// if its `max_tokens` were reached. The rows run as one submission of the [scheduler](super::schedule)
+/// with no limits: every prompt is prefilled at once, then all decode together.
 pub fn generate_streaming(
     model: &Model,
     stopping: &Stopping,
@@ -216,158 +247,44 @@ pub fn generate_streaming(
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         candle_core::bail!("prompt {i} is empty");
     }
-    let device = model.device();
-    let mut reused = Vec::with_capacity(prompts.len());
-    for prompt in prompts {
-        reused.push(match prefix {
-            Some(prefix) => prefix.lookup(prompt)?,
-            None => None,
-        });
-    }
-    let lengths: Vec<usize> = reused
+    let limits = Limits {
+        max_num_seqs: prompts.len(),
+        max_num_batched_tokens: usize::MAX,
+        kv_budget_bytes: usize::MAX,
+    };
+    let mut engine = Engine::new(model, *stopping, prefix, limits);
+    let sequences = prompts
         .iter()
-        .map(|reused| reused.as_ref().map_or(0, |(length, _)| *length))
+        .cloned()
+        .zip(params.iter().cloned())
         .collect();
-    let cached_width = lengths.iter().copied().max().unwrap_or(0);
-    let width = prompts
-        .iter()
-        .zip(&lengths)
-        .map(|(prompt, length)| prompt.len() - length)
-        .max()
-        .unwrap_or(0);
-    let pad = stopping.eos.first().copied().unwrap_or(0);
-    let mut ids = Vec::with_capacity(prompts.len() * width);
-    let mut positions = Vec::with_capacity(prompts.len() * width);
-    let mut rows = Vec::with_capacity(prompts.len());
-    for (index, (prompt, params)) in prompts.iter().zip(params).enumerate() {
-        // [padding | cached tokens | padding | new tokens]: each part right-aligned.
-        let length = lengths[index];
-        let new = &prompt[length..];
-        let padding = width - new.len();
-        ids.extend(std::iter::repeat_n(pad, padding));
-        ids.extend_from_slice(new);
-        positions.extend(std::iter::repeat_n(0u32, padding));
-        positions.extend((length..prompt.len()).map(|p| p as u32));
-        let mut key_mask = vec![0u8; cached_width - length];
-        key_mask.resize(cached_width, 1);
-        key_mask.resize(cached_width + padding, 0);
-        key_mask.resize(cached_width + width, 1);
-        rows.push(Row {
-            index,
-            params: params.clone(),
-            rng: ChaCha8Rng::seed_from_u64(params.seed),
-            fed: prompt.clone(),
-            key_mask,
-            generation: Generation {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                sampling_logprobs: Vec::new(),
-                text: String::new(),
-                finish: Finish::Length,
-            },
-            stops: StopSearch::default(),
-            done: params.max_tokens == 0,
-        });
-    }
-    let mut cache = KvCache::new(&model.config);
-    if cached_width > 0 {
-        cache.prefill(&reused, cached_width, model)?;
-    }
-    let mut finished: Vec<Option<Generation>> = vec![None; rows.len()];
-    let mut input = Tensor::from_vec(ids, (rows.len(), width), device)?;
-    let mut positions = Tensor::from_vec(positions, (rows.len(), width), device)?;
-    let mut width = width;
-    let mut ran = false;
+    engine.submit(sequences, Box::new(Callback(on_token)));
     loop {
-        let mask = rows
-            .iter()
-            .flat_map(|row| row.key_mask.iter().copied())
-            .collect::<Vec<_>>();
-        let total = rows[0].key_mask.len();
-        let key_mask = Tensor::from_vec(mask, (rows.len(), total), device)?;
-        if rows.iter().any(|row| !row.done) {
-            let hidden =
-                model.forward_hidden(&input, &positions, &key_mask, Some(&mut cache), Ops::Fast)?;
-            ran = true;
-            let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
-            let logits = model
-                .logits(&last, Ops::Fast)?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>()?;
-            // Rows sample independently (each with its own generator): over 150k-token vocabularies
-            // this is a good part of a decoding step, worth sharing out.
-            let step_row = |(row, logits): (&mut Row, &Vec<f32>)| match row.done {
-                true => Ok(None),
-                false => step(row, logits, stopping).map(Some),
-            };
-            let sampled: Vec<Option<(u32, f32)>> = if model.config.vocab_size >= PARALLEL_VOCAB {
-                rows.par_iter_mut()
-                    .zip(logits.par_iter())
-                    .map(step_row)
-                    .collect::<Result<_>>()?
-            } else {
-                rows.iter_mut()
-                    .zip(logits.iter())
-                    .map(step_row)
-                    .collect::<Result<_>>()?
-            };
-            for (row, sampled) in rows.iter_mut().zip(sampled) {
-                if let Some((token, logprob)) = sampled {
-                    if !on_token(row.index, token, logprob) {
-                        row.done = true;
-                    }
-                }
-            }
+        if let Some((_, results)) = engine.step().pop() {
+            return results
+                .into_iter()
+                .map(|result| result.map_err(candle_core::Error::Msg))
+                .collect();
         }
-        let keep: Vec<u32> = (0..rows.len() as u32)
-            .filter(|&i| !rows[i as usize].done)
-            .collect();
-        if keep.len() < rows.len() {
-            let mut kept = Vec::with_capacity(keep.len());
-            for (i, mut row) in rows.drain(..).enumerate() {
-                if row.done {
-                    if let (Some(prefix), true) = (prefix, ran) {
-                        let layers = cache.row(i, &row.key_mask)?;
-                        prefix.insert(std::mem::take(&mut row.fed), layers);
-                    }
-                    finish_text(&mut row, stopping)?;
-                    finished[row.index] = Some(row.generation);
-                } else {
-                    kept.push(row);
-                }
-            }
-            rows = kept;
-            if rows.is_empty() {
-                break;
-            }
-            cache.select_rows(&Tensor::new(keep.as_slice(), device)?)?;
-        }
-        let mut next = Vec::with_capacity(rows.len());
-        let mut next_positions = Vec::with_capacity(rows.len());
-        for row in &mut rows {
-            let token = *row
-                .generation
-                .tokens
-                .last()
-                .expect("a live row has sampled");
-            next_positions.push(row.fed.len() as u32);
-            row.fed.push(token);
-            row.key_mask.push(1);
-            next.push(token);
-        }
-        width = 1;
-        input = Tensor::from_vec(next, (rows.len(), 1), device)?;
-        positions = Tensor::from_vec(next_positions, (rows.len(), 1), device)?;
     }
-    Ok(finished
-        .into_iter()
-        .map(|generation| generation.expect("every row finishes"))
-        .collect())
+}
+
+/// A callback as the scheduler's listener.
+struct Callback<'f>(&'f mut dyn FnMut(usize, u32, f32) -> bool);
+
+impl Listener for Callback<'_> {
+    fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool {
+        (self.0)(index, token, logprob)
+    }
+
+    fn wanted(&self, _index: usize) -> bool {
+        true
+    }
 }
 
 /// Samples one token for `row` from its last-position logits and decides whether the row is done;
 /// returns the token and its logprob under the policy.
-fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
+pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
     // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
     let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
@@ -493,7 +410,7 @@ impl StopSearch {
     }
 }
 
-fn finish_text(row: &mut Row, stopping: &Stopping) -> Result<()> {
+pub(super) fn finish_text(row: &mut Row, stopping: &Stopping) -> Result<()> {
     if !matches!(row.generation.finish, Finish::Stop(_)) {
         row.generation.text = decode(stopping.tokenizer, &row.generation.tokens)?;
     }

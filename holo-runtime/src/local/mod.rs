@@ -13,11 +13,12 @@ pub mod gguf;
 pub mod init;
 pub mod model;
 mod recompute;
+pub mod schedule;
 mod skinny;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
@@ -26,6 +27,7 @@ pub use checkpoint::LoadError;
 pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
 pub use generate::{Generation, GenerationParams, PrefixCache};
 pub use model::{Model, Ops};
+pub use schedule::{Limits, SchedulerStats};
 
 use crate::chat::{ChatTemplate, RenderOptions};
 use crate::machine::Completion;
@@ -39,8 +41,12 @@ pub struct LocalOptions {
     pub dtype: DType,
     /// `max_tokens` for requests that give none.
     pub default_max_tokens: usize,
-    /// Requests sampled together in one forward batch; larger calls are split.
-    pub max_batch: usize,
+    /// How many sequences decode together, how many tokens a prefill step runs, and the cache budget
+    /// for admitting more (see [`schedule`]).
+    pub limits: Limits,
+    /// Sequences queued (not admitted yet) beyond which a new call is refused with
+    /// [`SamplerError::Overloaded`] (one is always queued when nothing waits).
+    pub max_waiting: usize,
     /// Seeds requests without one: request `n` of this model gets `seed + n`.
     pub seed: u64,
     /// Tokens of earlier sequences kept so that a prompt extending one (the next turn of a multi-turn
@@ -55,7 +61,8 @@ impl Default for LocalOptions {
             device: Device::Cpu,
             dtype: DType::F32,
             default_max_tokens: 256,
-            max_batch: 64,
+            limits: Limits::default(),
+            max_waiting: 65_536,
             seed: 0,
             prefix_cache_tokens: 16_384,
         }
@@ -99,14 +106,21 @@ pub fn parse_dtype(name: &str) -> Result<DType, String> {
     }
 }
 
-struct Inner {
+/// What the scheduler's thread shares with the model's handles.
+struct Core {
     model: Model,
     tokenizer: Tokenizer,
-    template: ChatTemplate,
     end_of_turn: Vec<u32>,
+    prefix: PrefixCache,
+}
+
+struct Inner {
+    core: Arc<Core>,
+    template: ChatTemplate,
     options: LocalOptions,
     unseeded: AtomicU64,
-    prefix: PrefixCache,
+    /// Started by the first sample.
+    scheduler: OnceLock<schedule::Scheduler>,
 }
 
 /// A model folder loaded for sampling. Cheap to clone; clones share the weights.
@@ -118,8 +132,8 @@ pub struct LocalModel {
 impl std::fmt::Debug for LocalModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalModel")
-            .field("config", &self.inner.model.config)
-            .field("end_of_turn", &self.inner.end_of_turn)
+            .field("config", &self.inner.core.model.config)
+            .field("end_of_turn", &self.inner.core.end_of_turn)
             .finish_non_exhaustive()
     }
 }
@@ -144,27 +158,30 @@ impl LocalModel {
     ) -> Self {
         LocalModel {
             inner: Arc::new(Inner {
-                model,
-                tokenizer,
+                core: Arc::new(Core {
+                    model,
+                    tokenizer,
+                    end_of_turn,
+                    prefix: PrefixCache::new(options.prefix_cache_tokens),
+                }),
                 template,
-                end_of_turn,
-                prefix: PrefixCache::new(options.prefix_cache_tokens),
                 options,
                 unseeded: AtomicU64::new(0),
+                scheduler: OnceLock::new(),
             }),
         }
     }
 
     pub fn model(&self) -> &Model {
-        &self.inner.model
+        &self.inner.core.model
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.inner.model.config
+        &self.inner.core.model.config
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.inner.tokenizer
+        &self.inner.core.tokenizer
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -174,12 +191,12 @@ impl LocalModel {
     /// Earlier sequences kept for prompts that extend them (see [`LocalOptions::prefix_cache_tokens`]);
     /// clear it after changing the weights.
     pub fn prefix_cache(&self) -> &PrefixCache {
-        &self.inner.prefix
+        &self.inner.core.prefix
     }
 
     /// Token ids that end the model's turn.
     pub fn end_of_turn(&self) -> &[u32] {
-        &self.inner.end_of_turn
+        &self.inner.core.end_of_turn
     }
 
     /// The token ids a prompt stands for: text is tokenized as a completion prompt (special tokens the
@@ -188,6 +205,7 @@ impl LocalModel {
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, SamplerError> {
         let encode = |text: &str, special: bool| {
             self.inner
+                .core
                 .tokenizer
                 .encode(text, special)
                 .map(|encoding| encoding.get_ids().to_vec())
@@ -267,72 +285,122 @@ impl LocalModel {
         })
     }
 
-    /// Samples every request, batched; results in request order.
+    /// What the scheduler is doing (queue, batch, cache); zeros before the first sample.
+    pub fn scheduler_stats(&self) -> Arc<SchedulerStats> {
+        Arc::clone(self.scheduler().stats())
+    }
+
+    fn scheduler(&self) -> &schedule::Scheduler {
+        self.inner.scheduler.get_or_init(|| {
+            schedule::Scheduler::start(
+                Arc::clone(&self.inner.core),
+                self.inner.options.limits,
+                self.inner.options.max_waiting,
+            )
+        })
+    }
+
+    /// Samples every request, batched with whatever else this model samples; results in request order.
     pub fn sample_blocking(&self, batch: &[Request]) -> Vec<Result<Completion, SamplerError>> {
-        self.sample_blocking_streaming(batch, &|_: usize, _: u32, _: f32| true)
+        self.sample_blocking_streaming(batch, Arc::new(|_: usize, _: u32, _: f32| true))
     }
 
     /// [`LocalModel::sample_blocking`], telling `sink` each token as it is sampled; a request the sink no
-    /// longer wants ends there (see [`Sampler::sample_streaming`]).
+    /// longer wants ends there (see [`Sampler::sample_streaming`]). Not from inside an async runtime.
     pub fn sample_blocking_streaming(
         &self,
         batch: &[Request],
-        sink: &dyn TokenSink,
+        sink: Arc<dyn TokenSink>,
     ) -> Vec<Result<Completion, SamplerError>> {
+        let (results, queued) = self.submit(batch, sink);
+        let generations = queued.map(|(indices, receiver)| (indices, receiver.blocking_recv()));
+        collect(results, generations)
+    }
+
+    /// Prepares the requests and queues those that can run; the others' errors are in the results.
+    #[allow(clippy::type_complexity)]
+    fn submit(
+        &self,
+        batch: &[Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> (
+        Vec<Option<Result<Completion, SamplerError>>>,
+        Option<(
+            Vec<usize>,
+            tokio::sync::oneshot::Receiver<schedule::Results>,
+        )>,
+    ) {
         let mut results: Vec<Option<Result<Completion, SamplerError>>> = vec![None; batch.len()];
-        let mut accepted = Vec::new();
+        let mut indices = Vec::new();
+        let mut sequences = Vec::new();
         for (i, request) in batch.iter().enumerate() {
             let prepared = self
                 .prompt_ids(&request.prompt)
                 .and_then(|ids| Ok((self.params(request, ids.len())?, ids)));
             match prepared {
-                Ok((params, ids)) => accepted.push((i, ids, params)),
+                Ok((params, ids)) => {
+                    indices.push(i);
+                    sequences.push((ids, params));
+                }
                 Err(error) => results[i] = Some(Err(error)),
             }
         }
-        let stopping = generate::Stopping {
-            eos: &self.inner.end_of_turn,
-            tokenizer: &self.inner.tokenizer,
-        };
-        for chunk in accepted.chunks(self.inner.options.max_batch.max(1)) {
-            let prompts: Vec<Vec<u32>> = chunk.iter().map(|(_, ids, _)| ids.clone()).collect();
-            let params: Vec<GenerationParams> =
-                chunk.iter().map(|(_, _, params)| params.clone()).collect();
-            let prefix = Some(&self.inner.prefix);
-            let mut on_row_token =
-                |row: usize, token: u32, logprob: f32| sink.token(chunk[row].0, token, logprob);
-            match generate::generate_streaming(
-                &self.inner.model,
-                &stopping,
-                &prompts,
-                &params,
-                prefix,
-                &mut on_row_token,
-            ) {
-                Ok(generations) => {
-                    for ((i, _, _), generation) in chunk.iter().zip(generations) {
-                        results[*i] = Some(Ok(Completion {
+        if sequences.is_empty() {
+            return (results, None);
+        }
+        match self.scheduler().submit(sequences, indices.clone(), sink) {
+            Ok(receiver) => (results, Some((indices, receiver))),
+            Err(overloaded) => {
+                for i in indices {
+                    results[i] = Some(Err(SamplerError::Overloaded(format!(
+                        "{} sequences are waiting (at most {})",
+                        overloaded.waiting, overloaded.max_waiting
+                    ))));
+                }
+                (results, None)
+            }
+        }
+    }
+}
+
+/// The results of [`LocalModel::submit`] with the scheduler's answer for the queued requests.
+fn collect(
+    mut results: Vec<Option<Result<Completion, SamplerError>>>,
+    generations: Option<(
+        Vec<usize>,
+        Result<schedule::Results, tokio::sync::oneshot::error::RecvError>,
+    )>,
+) -> Vec<Result<Completion, SamplerError>> {
+    if let Some((indices, generations)) = generations {
+        match generations {
+            Ok(generations) => {
+                for (i, generation) in indices.into_iter().zip(generations) {
+                    results[i] = Some(match generation {
+                        Ok(generation) => Ok(Completion {
                             text: generation.text,
                             tokens: generation.tokens,
                             logprobs: generation.logprobs,
                             finish: generation.finish,
-                        }));
-                    }
-                }
-                Err(error) => {
-                    for (i, _, _) in chunk {
-                        results[*i] = Some(Err(SamplerError::Unavailable(format!(
+                        }),
+                        Err(error) => Err(SamplerError::Unavailable(format!(
                             "local model failed: {error}"
-                        ))));
-                    }
+                        ))),
+                    });
+                }
+            }
+            Err(_) => {
+                for i in indices {
+                    results[i] = Some(Err(SamplerError::Unavailable(
+                        "the local model's scheduler stopped".into(),
+                    )));
                 }
             }
         }
-        results
-            .into_iter()
-            .map(|result| result.expect("every request has a result"))
-            .collect()
     }
+    results
+        .into_iter()
+        .map(|result| result.expect("every request has a result"))
+        .collect()
 }
 
 impl Sampler for LocalModel {
@@ -345,25 +413,13 @@ impl Sampler for LocalModel {
         batch: &'a [Request],
         sink: Arc<dyn TokenSink>,
     ) -> SampleFuture<'a> {
-        let model = self.clone();
-        let batch = batch.to_vec();
+        let (results, queued) = self.submit(batch, sink);
         Box::pin(async move {
-            let count = batch.len();
-            // The forward pass is CPU-bound: keep it off the async workers.
-            match tokio::task::spawn_blocking(move || {
-                model.sample_blocking_streaming(&batch, &*sink)
-            })
-            .await
-            {
-                Ok(results) => results,
-                Err(error) => (0..count)
-                    .map(|_| {
-                        Err(SamplerError::Unavailable(format!(
-                            "local model panicked: {error}"
-                        )))
-                    })
-                    .collect(),
-            }
+            let generations = match queued {
+                Some((indices, receiver)) => Some((indices, receiver.await)),
+                None => None,
+            };
+            collect(results, generations)
         })
     }
 }

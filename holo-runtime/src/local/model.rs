@@ -575,6 +575,59 @@ impl KvCache {
         Ok(layers)
     }
 
+    /// Adds `other`'s rows after this cache's, right-aligned: the narrower of the two gets zero columns in
+    /// front (which the callers' key masks must mark as padding).
+    pub fn append_rows(&mut self, other: KvCache) -> Result<()> {
+        let (width, other_width) = (self.len(), other.len());
+        for (layer, other) in self.layers.iter_mut().zip(other.layers) {
+            let joined = match (layer.keys_values.take(), other.keys_values) {
+                (None, theirs) => theirs,
+                (ours, None) => ours,
+                (Some((k, v)), Some((other_k, other_v))) => {
+                    let front = |t: Tensor, n: usize| -> Result<Tensor> {
+                        if n == 0 {
+                            return Ok(t);
+                        }
+                        let (b, heads, _, dim) = t.dims4()?;
+                        let zeros = Tensor::zeros((b, heads, n, dim), t.dtype(), t.device())?;
+                        Tensor::cat(&[&zeros, &t], 2)
+                    };
+                    let pad = other_width.saturating_sub(width);
+                    let other_pad = width.saturating_sub(other_width);
+                    Some((
+                        Tensor::cat(&[front(k, pad)?, front(other_k, other_pad)?], 0)?,
+                        Tensor::cat(&[front(v, pad)?, front(other_v, other_pad)?], 0)?,
+                    ))
+                }
+            };
+            layer.keys_values = joined;
+        }
+        Ok(())
+    }
+
+    /// Drops the first `columns` columns of every row (padding that no row needs any more).
+    pub fn drop_front(&mut self, columns: usize) -> Result<()> {
+        if columns == 0 {
+            return Ok(());
+        }
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.keys_values.take() {
+                let kept = k.dim(2)? - columns;
+                layer.keys_values =
+                    Some((k.narrow(2, columns, kept)?, v.narrow(2, columns, kept)?));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|layer| layer.keys_values.as_ref())
+            .map_or(0, |(k, _)| k.dim(0).unwrap_or(0))
+    }
+
     /// Keeps only the given rows of the batch, in that order.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
         for layer in &mut self.layers {

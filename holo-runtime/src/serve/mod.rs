@@ -139,16 +139,18 @@
 //! `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
 //! `structured_outputs`, `logits_processors`, `prompt_embeds` (anything but `null`).
 //!
-//! # Batching
+//! # Sampling
 //!
-//! Each sample (a prompt × `n`) is one job on a channel. A batcher task takes the first job, then everything
-//! queued behind it, waiting up to [`ServeConfig::batch_wait`] after the first arrival for more, and at most
-//! [`ServeConfig::max_batch`] jobs; it calls [`Sampler::sample_streaming`] once with them (on a blocking
-//! thread, so a sampler that computes inside `poll` does not stall the HTTP side), passes the tokens it
-//! reports to streamed requests, and sends each result back to its request. Batches run one after the
-//! other: requests that arrive while one runs form the next. Jobs whose client has gone away are dropped
-//! before sampling, and the sampler hears of those that go while it samples. A panicking sampler fails
-//! that batch with a 500 and the server goes on.
+//! Each request's samples (a prompt × `n`) go to the sampler in one [`Sampler::sample_streaming`] call, on a
+//! blocking thread (so a sampler that computes inside `poll` does not stall the HTTP side), as soon as the
+//! request is parsed: calls of different requests run at once, and the sampler decides how to batch them.
+//! The local model schedules every sequence of every call in one continuously batched engine
+//! ([`crate::local::schedule`]): a request joins the running batch at the next decoding step, whatever
+//! else runs. The server passes the tokens the sampler reports to streamed requests and sends each result
+//! back. A request whose client has gone is not sampled, and the sampler hears of one that goes while it
+//! samples ([`TokenSink::wanted`], [`TokenSink::token`]). A panicking sampler fails that request with a
+//! 500 and the server goes on. A sampler whose queue is full ([`SamplerError::Overloaded`]) answers 429
+//! with `Retry-After`.
 //!
 //! # Errors
 //!
@@ -166,6 +168,7 @@
 //! | [`SamplerError::Rejected`] | 400 | `invalid_request_error` | `sampler_rejected` |
 //! | [`SamplerError::Unavailable`], or the server shutting down | 503 | `server_error` | `sampler_unavailable` |
 //! | [`SamplerError::Malformed`], a sampler panic, a result missing | 500 | `server_error` | `sampler_error` |
+//! | [`SamplerError::Overloaded`] (with `Retry-After: 1`) | 429 | `invalid_request_error` | `server_overloaded` |
 //!
 //! When several samples of one request fail, the first failure (in choice order) is reported.
 
@@ -177,7 +180,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -306,13 +309,9 @@ impl ServedModel {
     }
 }
 
-/// How the server batches and what it accepts.
+/// What the server accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeConfig {
-    /// The most samples in one [`Sampler::sample`] call (default 64; at least 1).
-    pub max_batch: usize,
-    /// How long the batcher waits, after the first sample of a batch arrives, for more (default 5 ms).
-    pub batch_wait: Duration,
     /// The largest request body (default 64 MiB).
     pub max_body_bytes: usize,
 }
@@ -320,8 +319,6 @@ pub struct ServeConfig {
 impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
-            max_batch: 64,
-            batch_wait: Duration::from_millis(5),
             max_body_bytes: 64 << 20,
         }
     }
@@ -387,10 +384,7 @@ impl Server {
             state,
             jobs,
             sampler,
-            config: ServeConfig {
-                max_batch: config.max_batch.max(1),
-                ..config
-            },
+            config,
         })
     }
 
@@ -418,13 +412,14 @@ impl Server {
             config,
             ..
         } = self;
-        let batcher = tokio::spawn(batcher(jobs, sampler, config.max_batch, config.batch_wait));
+        let dispatcher = tokio::spawn(dispatch(jobs, sampler));
         let app = router(state, config.max_body_bytes);
         let result = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await;
-        // The router (and with it every job sender) is gone: the batcher finishes its batch and ends.
-        let _ = batcher.await;
+        // The router (and with it every job sender) is gone: the dispatcher waits for the samples in
+        // flight and ends.
+        let _ = dispatcher.await;
         result
     }
 
@@ -482,26 +477,24 @@ impl Drop for ServerHandle {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Batching
+// Sampling
 
-/// One sample (a prompt × `n`) on its way to the sampler.
+/// One request's samples on their way to the sampler: sample `i` is choice `i`.
 struct Job {
-    request: Request,
+    requests: Vec<Request>,
     outlet: Outlet,
 }
 
-/// Where a job's events go: the channel of the request it belongs to.
+/// Where a request's events go.
 #[derive(Clone)]
 struct Outlet {
-    /// The job's choice index in its request.
-    choice: usize,
     events: mpsc::UnboundedSender<Event>,
     /// Whether the request wants tokens as they are sampled.
     stream: bool,
 }
 
-/// What a request hears of its jobs: tokens as they are sampled (streamed requests only), then each job's
-/// result.
+/// What a request hears of its samples: tokens as they are sampled (streamed requests only), then each
+/// sample's result.
 enum Event {
     Token {
         choice: usize,
@@ -514,19 +507,12 @@ enum Event {
     },
 }
 
-/// The batch's outlets as the sampler's [`TokenSink`]: a request whose client has gone (its receiver
+/// A request's outlet as the sampler's [`TokenSink`]: a request whose client has gone (its receiver
 /// dropped) wants no more tokens.
-struct Outlets(Vec<Outlet>);
-
-impl TokenSink for Outlets {
-    fn token(&self, index: usize, token: u32, logprob: f32) -> bool {
-        let Some(outlet) = self.0.get(index) else {
-            return false;
-        };
-        if outlet.stream {
-            let choice = outlet.choice;
-            outlet
-                .events
+impl TokenSink for Outlet {
+    fn token(&self, choice: usize, token: u32, logprob: f32) -> bool {
+        if self.stream {
+            self.events
                 .send(Event::Token {
                     choice,
                     token,
@@ -534,71 +520,63 @@ impl TokenSink for Outlets {
                 })
                 .is_ok()
         } else {
-            !outlet.events.is_closed()
+            !self.events.is_closed()
         }
+    }
+
+    fn wanted(&self, _choice: usize) -> bool {
+        !self.events.is_closed()
     }
 }
 
-async fn batcher(
-    mut jobs: mpsc::UnboundedReceiver<Job>,
-    sampler: Arc<dyn Sampler>,
-    max_batch: usize,
-    wait: Duration,
-) {
-    while let Some(first) = jobs.recv().await {
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + wait;
-        while batch.len() < max_batch {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match tokio::time::timeout_at(deadline, jobs.recv()).await {
-                        Ok(Some(job)) => batch.push(job),
-                        Ok(None) | Err(_) => break,
-                    }
+/// Starts a sampler call for every job as it arrives; ends when the job senders are gone and every call
+/// has answered.
+async fn dispatch(mut jobs: mpsc::UnboundedReceiver<Job>, sampler: Arc<dyn Sampler>) {
+    let mut calls = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) if job.outlet.events.is_closed() => {}
+                Some(job) => {
+                    calls.spawn(sample(job, Arc::clone(&sampler)));
                 }
-            }
+                None => break,
+            },
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
         }
-        batch.retain(|job| !job.outlet.events.is_closed());
-        if batch.is_empty() {
-            continue;
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// One job's sampler call; every choice hears of its result.
+async fn sample(job: Job, sampler: Arc<dyn Sampler>) {
+    let Job { requests, outlet } = job;
+    let count = requests.len();
+    let sink: Arc<dyn TokenSink> = Arc::new(outlet.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let outcome = tokio::task::spawn_blocking(move || {
+        runtime.block_on(async move { sampler.sample_streaming(&requests, sink).await })
+    })
+    .await;
+    let mut results = match outcome {
+        Ok(results) => results.into_iter(),
+        Err(error) => {
+            let message = if error.is_panic() {
+                "the sampler panicked".to_string()
+            } else {
+                format!("the sampler task failed: {error}")
+            };
+            vec![Err(SamplerError::Malformed(message)); count].into_iter()
         }
-        let (requests, outlets): (Vec<Request>, Vec<Outlet>) = batch
-            .into_iter()
-            .map(|job| (job.request, job.outlet))
-            .unzip();
-        let count = requests.len();
-        let sampler = Arc::clone(&sampler);
-        let sink: Arc<dyn TokenSink> = Arc::new(Outlets(outlets.clone()));
-        let runtime = tokio::runtime::Handle::current();
-        let outcome = tokio::task::spawn_blocking(move || {
-            runtime.block_on(async move { sampler.sample_streaming(&requests, sink).await })
-        })
-        .await;
-        let mut results = match outcome {
-            Ok(results) => results.into_iter(),
-            Err(error) => {
-                let message = if error.is_panic() {
-                    "the sampler panicked".to_string()
-                } else {
-                    format!("the sampler task failed: {error}")
-                };
-                vec![Err(SamplerError::Malformed(message)); count].into_iter()
-            }
-        };
-        let returned = results.len();
-        for outlet in outlets {
-            let result = results.next().unwrap_or_else(|| {
-                Err(SamplerError::Malformed(format!(
-                    "the sampler returned {returned} results for a batch of {count}"
-                )))
-            });
-            let _ = outlet.events.send(Event::Done {
-                choice: outlet.choice,
-                result,
-            });
-        }
+    };
+    let returned = results.len();
+    for choice in 0..count {
+        let result = results.next().unwrap_or_else(|| {
+            Err(SamplerError::Malformed(format!(
+                "the sampler returned {returned} results for a request of {count}"
+            )))
+        });
+        let _ = outlet.events.send(Event::Done { choice, result });
     }
 }
 
@@ -688,29 +666,23 @@ impl AppState {
             })
     }
 
-    /// Sends every request to the batcher at once; request `i` is choice `i` of the events.
+    /// Sends the request's samples to the sampler; sample `i` is choice `i` of the events.
     fn submit(
         &self,
         requests: Vec<Request>,
         stream: bool,
     ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
         let (events, receiver) = mpsc::unbounded_channel();
-        for (choice, request) in requests.into_iter().enumerate() {
-            let outlet = Outlet {
-                choice,
-                events: events.clone(),
-                stream,
-            };
-            self.jobs.send(Job { request, outlet }).map_err(|_| {
-                ApiError::from_sampler(SamplerError::Unavailable(
-                    "the server is shutting down".into(),
-                ))
-            })?;
-        }
+        let outlet = Outlet { events, stream };
+        self.jobs.send(Job { requests, outlet }).map_err(|_| {
+            ApiError::from_sampler(SamplerError::Unavailable(
+                "the server is shutting down".into(),
+            ))
+        })?;
         Ok(receiver)
     }
 
-    /// Sends every request to the batcher at once, then waits for all of them.
+    /// Sends the request's samples to the sampler, then waits for all of them.
     async fn generate(&self, requests: Vec<Request>) -> Result<Vec<Completion>, ApiError> {
         let count = requests.len();
         let mut events = self.submit(requests, false)?;
@@ -733,7 +705,7 @@ impl AppState {
             .map(|result| match result {
                 Some(result) => result.map_err(ApiError::from_sampler),
                 None => Err(ApiError::from_sampler(SamplerError::Unavailable(
-                    "the batcher stopped before answering".into(),
+                    "the sampler stopped before answering".into(),
                 ))),
             })
             .collect()
@@ -913,6 +885,11 @@ impl ApiError {
                 format!("the sampler failed: {message}"),
             )
             .code("sampler_error"),
+            SamplerError::Overloaded(message) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("the server is busy, retry later: {message}"),
+            )
+            .code("server_overloaded"),
         }
     }
 }
@@ -933,7 +910,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // A full queue drains in about a second at the speeds this server runs at.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 

@@ -28,7 +28,7 @@ use crate::holophore::Holophore;
 use crate::holotypes::ToolStats;
 use crate::interpreter::Row;
 use crate::local::model::LoraConfig;
-use crate::local::{checkpoint as model_files, LocalModel, LocalOptions, Model};
+use crate::local::{checkpoint as model_files, Limits, LocalModel, LocalOptions, Model};
 use crate::loom::{Loom, LoomConfig, RolloutRecord, RolloutSource, Summary};
 use crate::machine::Rollout;
 use crate::sampler::Sampler;
@@ -217,7 +217,10 @@ impl<S: RolloutSource> Trainer<S> {
             policy.end_of_turn,
             LocalOptions {
                 device: model.device().clone(),
-                max_batch: config.generation_batch_size().max(1),
+                limits: Limits {
+                    max_num_seqs: config.generation_batch_size().max(1),
+                    ..Limits::default()
+                },
                 default_max_tokens: config.max_completion_length,
                 seed: config.seed,
                 ..LocalOptions::default()

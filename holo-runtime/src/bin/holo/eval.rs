@@ -308,11 +308,11 @@ fn start_output(out: &Path, previous: &[RolloutRecord]) -> std::io::Result<std::
 /// The summary of one dataset, one fact a line.
 fn report(data_name: &str, per_row: usize, summary: &Summary) -> String {
     let mut text = format!(
-        "== {data_name}: {} rows x {per_row} rollouts: {} rollouts, {} failed, {} batches, {:.1} rollouts/s\n",
+        "== {data_name}: {} rows x {per_row} rollouts: {} rollouts, {} failed, {} sampler calls, {:.1} rollouts/s\n",
         summary.rows,
         summary.rollouts,
         summary.failed,
-        summary.batches,
+        summary.sampler_calls,
         summary.rollouts_per_second()
     );
     for component in &summary.components {

@@ -117,12 +117,8 @@ enum Command {
         /// 0 picks a free port (printed on stderr).
         #[arg(long, default_value_t = 8000)]
         port: u16,
-        /// The most samples in one batch (a request with `n` > 1 counts `n`).
-        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-        max_batch: u32,
-        /// How long a batch waits for more requests after its first one arrives, in milliseconds.
-        #[arg(long, default_value_t = 5)]
-        batch_wait_ms: u64,
+        #[command(flatten)]
+        scheduler: serve::SchedulerArgs,
         /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
         #[arg(long)]
         served_model_name: Option<String>,
@@ -184,15 +180,19 @@ struct LocalArgs {
 
 #[cfg(feature = "local")]
 impl LocalArgs {
-    fn options(&self, max_batch: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
-        use holo_runtime::local::{parse_device, parse_dtype, LocalOptions};
+    /// The options for sampling at most `max_num_seqs` sequences at once.
+    fn options(&self, max_num_seqs: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
+        use holo_runtime::local::{parse_device, parse_dtype, Limits, LocalOptions};
         let parsed =
             parse_device(&self.device).and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
         match parsed {
             Ok((dtype, device)) => Ok(LocalOptions {
                 device,
                 dtype,
-                max_batch,
+                limits: Limits {
+                    max_num_seqs,
+                    ..Limits::default()
+                },
                 ..LocalOptions::default()
             }),
             Err(message) => {
@@ -382,19 +382,10 @@ fn main() -> ExitCode {
             model_dir,
             host,
             port,
-            max_batch,
-            batch_wait_ms,
+            scheduler,
             served_model_name,
             local,
-        } => serve::run(
-            model_dir,
-            host,
-            port,
-            max_batch,
-            batch_wait_ms,
-            served_model_name,
-            local,
-        ),
+        } => serve::run(model_dir, host, port, scheduler, served_model_name, local),
         #[cfg(feature = "local")]
         Command::Train(args) => train::run(args, train_options),
         #[cfg(feature = "local")]

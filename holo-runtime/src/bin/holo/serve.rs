@@ -5,12 +5,30 @@ use std::process::ExitCode;
 
 use crate::{runtime, LocalArgs, EXIT_FAILURES, EXIT_USAGE};
 
+/// How the local model schedules the sequences of every request (vLLM's flag names).
+#[derive(clap::Args, Debug)]
+pub struct SchedulerArgs {
+    /// Sequences decoded together at most (a request with `n` > 1 counts `n`).
+    #[arg(long, alias = "max-batch", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_num_seqs: u32,
+    /// Prompt tokens prefilled per step at most; longer prompts are prefilled in chunks between
+    /// decoding steps.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    max_num_batched_tokens: u32,
+    /// Keys and values of the running batch, in MiB, beyond which no more sequences are admitted
+    /// (default: no limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    kv_budget_mib: Option<u64>,
+    /// Sequences waiting for a place beyond which new requests get 429 with `Retry-After`.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_waiting: u32,
+}
+
 pub fn run(
     model_dir: PathBuf,
     host: String,
     port: u16,
-    max_batch: u32,
-    batch_wait_ms: u64,
+    scheduler: SchedulerArgs,
     served_model_name: Option<String>,
     local: LocalArgs,
 ) -> ExitCode {
@@ -18,11 +36,7 @@ pub fn run(
         &model_dir,
         &host,
         port,
-        holo_runtime::serve::ServeConfig {
-            max_batch: max_batch as usize,
-            batch_wait: std::time::Duration::from_millis(batch_wait_ms),
-            ..Default::default()
-        },
+        &scheduler,
         served_model_name,
         &local,
     )
@@ -45,17 +59,23 @@ fn serve(
     model_dir: &Path,
     host: &str,
     port: u16,
-    config: holo_runtime::serve::ServeConfig,
+    scheduler: &SchedulerArgs,
     served_model_name: Option<String>,
     local: &LocalArgs,
 ) -> ExitCode {
     use holo_runtime::local::LocalModel;
-    use holo_runtime::serve::{ServedModel, Server};
+    use holo_runtime::serve::{ServeConfig, ServedModel, Server};
 
-    let options = match local.options(config.max_batch) {
+    let mut options = match local.options(scheduler.max_num_seqs as usize) {
         Ok(options) => options,
         Err(code) => return code,
     };
+    options.limits.max_num_batched_tokens = scheduler.max_num_batched_tokens as usize;
+    options.limits.kv_budget_bytes = scheduler
+        .kv_budget_mib
+        .map_or(usize::MAX, |mib| (mib as usize).saturating_mul(1 << 20));
+    options.max_waiting = scheduler.max_waiting as usize;
+    let config = ServeConfig::default();
     let model = match LocalModel::load(model_dir, options) {
         Ok(model) => model,
         Err(error) => {
