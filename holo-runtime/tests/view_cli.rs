@@ -146,6 +146,11 @@ fn a_run_folder_becomes_one_page_with_its_rollouts_metrics_and_token_texts() {
     let question = first["row"]["question"].as_str().unwrap();
     assert!(joined.contains(question), "{joined:?} lacks {question:?}");
     assert!(data["ids_only"].is_null());
+    assert_eq!(
+        first["seed_text"],
+        first["seed"].to_string(),
+        "the seed, exact in JavaScript"
+    );
     // Self-contained: nothing to fetch.
     for remote in ["<script src", "<link", "http://", "https://"] {
         assert!(!page.contains(remote), "the page refers to `{remote}`");
@@ -432,6 +437,10 @@ fn chromium_renders_the_page_lists_highlights_and_filters() {
     let trained = attribute_values(&dom, "tok trained", "data-k");
     assert_eq!(trained.len(), trained_tokens(record));
     assert!(dom.contains("class=\"item selected\""));
+    assert!(
+        dom.contains(&format!("seed {}", record["seed"])),
+        "the seed, exactly"
+    );
 
     // The search and the reward sort: the completed rollouts of one eval question, best first.
     let question = rollouts.last().unwrap()["row"]["question"]

@@ -48,6 +48,8 @@ struct PageRollout<'a> {
     line: usize,
     #[serde(flatten)]
     record: &'a RolloutRecord,
+    /// The seed in decimal: a u64 is past the integers a JavaScript number holds exactly.
+    seed_text: String,
     /// Per context, its tokens' texts as indices into `pieces` (`null` for a context without tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     texts: Option<Vec<Option<Vec<u32>>>>,
@@ -101,6 +103,7 @@ pub fn render(source: &Source, tokens: &Tokens<'_>) -> String {
                 file,
                 line: rollout.line,
                 record: &rollout.record,
+                seed_text: rollout.record.seed.to_string(),
                 texts,
             });
         }

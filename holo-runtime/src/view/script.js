@@ -167,7 +167,7 @@ function renderDetail() {
   const showTokens = state.show !== 'messages';
   let html = `<h2>row ${r.row_index} · rollout ${r.rollout_index}${stepOf(r) === '' ? '' : ' · step ' + r.step} `
     + `<span class="badge ${st}">${st}</span></h2>`
-    + `<p class="sub">${esc(D.files[r.file])}, line ${r.line} · reward ${num(r.reward)} · ${r.samples} sample${r.samples === 1 ? '' : 's'} · seed ${r.seed}`
+    + `<p class="sub">${esc(D.files[r.file])}, line ${r.line} · reward ${num(r.reward)} · ${r.samples} sample${r.samples === 1 ? '' : 's'} · seed ${r.seed_text}`
     + (r.timing ? ` · ${num(r.timing.wall_ms / 1000, 2)} s (sampling ${num(r.timing.sample_ms / 1000, 2)} s)` : '')
     + (r.dataset ? ` · dataset ${esc(r.dataset)}` : '') + '</p>'
     + '<div class="actions">'
