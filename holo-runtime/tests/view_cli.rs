@@ -169,6 +169,33 @@ fn without_a_tokenizer_tokens_are_ids_and_the_page_says_why() {
 }
 
 #[test]
+fn a_run_folder_decodes_tokens_with_the_model_its_run_json_names() {
+    let dir = Dir::new("view-run-json");
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    for file in ["rollouts.jsonl", "metrics.jsonl"] {
+        std::fs::copy(run_fixture().join(file), run.join(file)).unwrap();
+    }
+    let run_json = |model: &Path| {
+        let info = serde_json::json!({ "model": model.canonicalize().unwrap_or(model.into()) });
+        std::fs::write(run.join("run.json"), info.to_string()).unwrap();
+    };
+    run_json(&model());
+    let out = dir.path().join("page.html");
+    let data = view(&run, &out, &[]);
+    assert!(data["pieces"].is_array(), "{}", data["ids_only"]);
+    run_json(&dir.path().join("gone"));
+    let output = holo(&["view", s(&run), "--out", s(&out)]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("tokens are shown as ids"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(embedded(&std::fs::read_to_string(&out).unwrap())["pieces"].is_null());
+}
+
+#[test]
 fn the_default_output_is_path_dot_html() {
     let dir = Dir::new("view-default");
     let file = dir.path().join("rollouts.jsonl");
@@ -469,6 +496,31 @@ fn chromium_renders_the_page_lists_highlights_and_filters() {
         "{rewards:?}"
     );
 
+    // The selected rollout's group side by side: the rollouts of its file's row at its step.
+    let dom = dump(
+        &chromium,
+        dir.path(),
+        &page,
+        &format!("sel={selected}&group=1"),
+    );
+    let group = records(&run_fixture().join("rollouts.jsonl"))
+        .iter()
+        .filter(|other| {
+            other["row_index"] == record["row_index"] && other["step"] == record["step"]
+        })
+        .count();
+    assert!(group > 1);
+    assert_eq!(dom.matches("<div class=\"member").count(), group);
+
+    // The completions of one training step.
+    let dom = dump(&chromium, dir.path(), &page, "tab=steps&at=2");
+    let at_step_2 = records(&run_fixture().join("rollouts.jsonl"))
+        .iter()
+        .filter(|record| record["step"] == 2)
+        .count();
+    assert!(at_step_2 > 0);
+    assert_eq!(dom.matches("<tr data-i=").count(), at_step_2);
+
     // A run folder's metric curves, one chart per numeric metric.
     let dom = dump(&chromium, dir.path(), &page, "tab=metrics");
     let charts = attribute_values(&dom, "chart", "data-metric");
@@ -476,6 +528,27 @@ fn chromium_renders_the_page_lists_highlights_and_filters() {
     assert!(
         charts.iter().any(|name| name == "eval/reward"),
         "{charts:?}"
+    );
+
+    // A line that is not a record: counted on the page, not a blank page.
+    let mixed = dir.path().join("mixed.jsonl");
+    let good = std::fs::read_to_string(run_fixture().join("rollouts.jsonl")).unwrap();
+    std::fs::write(&mixed, format!("{good}{{\"truncated\": true\n")).unwrap();
+    let mixed_page = dir.path().join("mixed.html");
+    view(&mixed, &mixed_page, &[]);
+    let dom = dump(&chromium, dir.path(), &mixed_page, "");
+    assert!(
+        dom.contains("1 line skipped (not records)"),
+        "no count of skipped lines"
+    );
+    assert!(
+        dom.contains("Tokens are shown as ids"),
+        "no word on the missing tokenizer"
+    );
+    let ids = attribute_values(&dom, "item", "data-i");
+    assert_eq!(
+        ids.len(),
+        records(&run_fixture().join("rollouts.jsonl")).len()
     );
 
     // The screenshot, for a person to look at: the failed rollout's tokens.
