@@ -90,9 +90,10 @@ fn warn_skipped(source: &Source) {
 
 /// The tokenizer of the model a run folder names, when it can be loaded here.
 fn run_tokenizer(source: &Source) -> Option<Tokenizer> {
-    let model = source
-        .is_run_folder()
-        .then(|| view::run_model(&source.path))??;
+    if !source.is_run_folder() {
+        return None;
+    }
+    let model = view::run_model(&source.path)?;
     view::tokenizer(&model)
         .map_err(|message| eprintln!("warning: {message}; tokens are shown as ids"))
         .ok()
@@ -100,14 +101,10 @@ fn run_tokenizer(source: &Source) -> Option<Tokenizer> {
 
 /// `PATH.html` beside PATH (for a folder, beside the folder).
 fn default_out(path: &Path) -> PathBuf {
-    let absolute;
+    // `.` and `..` have no name of their own: the page is named after the folder they are.
     let path = match path.file_name() {
-        Some(_) => path,
-        None => {
-            // `.` or `..`: name the file after the folder itself.
-            absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-            &absolute
-        }
+        Some(_) => path.to_path_buf(),
+        None => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
     };
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".html");
