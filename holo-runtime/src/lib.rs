@@ -30,6 +30,7 @@ pub mod text;
 #[cfg(feature = "local")]
 pub mod train;
 pub mod transcript;
+pub mod view;
 
 pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};

@@ -17,6 +17,7 @@ mod plot;
 mod serve;
 #[cfg(feature = "local")]
 mod train;
+mod view;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -157,6 +158,13 @@ enum Command {
     /// rollouts (and pairs) each filter dropped; a line that is not a rollout record is named and
     /// skipped. Exit status 1 when no example is left, 2 for a usage error or an unreadable PATH.
     ExportData(export_data::ExportDataArgs),
+    /// Write rollouts (`holo eval`, `holo train`; or a run folder) as one self-contained HTML page to
+    /// read in a browser, or serve it (--serve): the rollouts filtered by row, step, reward, status and
+    /// text, each one's contexts token by token with the trained tokens marked, its rewards and inputs,
+    /// its group side by side; a run folder's metric curves and completions per step. A line that is not
+    /// a record is named and skipped. Exit status 2 when PATH has no rollout to show, 1 when a file
+    /// cannot be read or written.
+    View(view::ViewArgs),
     /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
     #[cfg(feature = "local")]
     Plot {
@@ -395,6 +403,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "local")]
         Command::Plot { run_dir } => plot::run(run_dir),
         Command::ExportData(args) => export_data::run(args),
+        Command::View(args) => view::run(args),
     }
 }
 
