@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
 use holo_runtime::local::init::{parameter_specs, Init};
-use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, PROJECTIONS};
+use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -286,6 +286,77 @@ fn the_kv_cache_and_left_padding_change_nothing() {
                 "{arch} step {offset}"
             );
         }
+    }
+}
+
+#[test]
+fn batches_sharing_a_pass_get_what_they_get_alone() {
+    for arch in [Arch::Qwen2, Arch::Llama] {
+        let model = random_model(&config(arch), 6, DType::F32);
+        let (first, first_mask) = ids(&[&[3, 8, 1, 9], &[4, 4, 2]]);
+        let (second, second_mask) = ids(&[&[7, 5, 6, 2, 9, 1, 3]]);
+        // Each batch alone, with a cache.
+        let alone = |input: &Tensor, mask: &Tensor| {
+            let mut cache = KvCache::new(&model.config);
+            let positions = positions_from_mask(mask).unwrap();
+            let hidden = model
+                .forward_hidden(input, &positions, mask, Some(&mut cache), Ops::Fast)
+                .unwrap();
+            (hidden, cache)
+        };
+        let (first_alone, first_cache_alone) = alone(&first, &first_mask);
+        let (second_alone, _) = alone(&second, &second_mask);
+        // Both in one pass, twice: from empty caches, then one more token each on the caches filled.
+        let mut first_cache = KvCache::new(&model.config);
+        let mut second_cache = KvCache::new(&model.config);
+        let mut segments = [
+            Segment {
+                input_ids: first.clone(),
+                positions: positions_from_mask(&first_mask).unwrap(),
+                key_mask: first_mask.clone(),
+                cache: &mut first_cache,
+            },
+            Segment {
+                input_ids: second.clone(),
+                positions: positions_from_mask(&second_mask).unwrap(),
+                key_mask: second_mask.clone(),
+                cache: &mut second_cache,
+            },
+        ];
+        let together = model.forward_segments(&mut segments).unwrap();
+        assert!(max_abs_diff(&together[0], &first_alone) < 1e-5, "{arch}");
+        assert!(max_abs_diff(&together[1], &second_alone) < 1e-5, "{arch}");
+        assert_eq!(first_cache.len(), first_cache_alone.len());
+        // The caches the shared pass filled serve the next step as the lone pass's do.
+        let next = Tensor::new(&[[11u32], [12]], &Device::Cpu).unwrap();
+        let next_positions = Tensor::new(&[[4u32], [3]], &Device::Cpu).unwrap();
+        let next_mask = Tensor::cat(
+            &[
+                &first_mask,
+                &Tensor::ones((2, 1), DType::U8, &Device::Cpu).unwrap(),
+            ],
+            1,
+        )
+        .unwrap();
+        let mut lone_cache = first_cache_alone;
+        let expected = model
+            .forward_hidden(
+                &next,
+                &next_positions,
+                &next_mask,
+                Some(&mut lone_cache),
+                Ops::Fast,
+            )
+            .unwrap();
+        let got = model
+            .forward_segments(&mut [Segment {
+                input_ids: next,
+                positions: next_positions,
+                key_mask: next_mask,
+                cache: &mut first_cache,
+            }])
+            .unwrap();
+        assert!(max_abs_diff(&got[0], &expected) < 1e-5, "{arch} next step");
     }
 }
 

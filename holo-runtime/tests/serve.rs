@@ -1151,6 +1151,24 @@ async fn context_length() {
         .as_str()
         .unwrap()
         .contains("maximum context length is 40"));
+    // 8 MB cannot be spelled in 40 tokens of this vocabulary: refused by its length, before the
+    // tokenizer spends time and memory on it, in the completion prompt as in a chat message.
+    let huge = "x".repeat(8 << 20);
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": huge})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": huge}]}),
+        ),
+    ] {
+        let error = f.fails(path, body, 400).await;
+        assert_eq!(error["code"], "context_length_exceeded");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("more than any 40 tokens can spell"),
+            "{message}"
+        );
+    }
     let error = f
         .fails(
             "/v1/completions",

@@ -317,15 +317,18 @@ pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result
 
 /// The stop string that ends first in `text[from..]` (the earliest start among those ending together),
 /// and where it starts; `from` moves back to a character boundary. Empty stop strings never match.
+/// A stop string longer than the text searched is skipped before any work: preparing a search costs
+/// its length, which a client may make megabytes.
 pub(crate) fn first_stop<'s>(
     text: &str,
     from: usize,
     stops: &'s [String],
 ) -> Option<(usize, &'s String)> {
     let from = floor_char_boundary(text, from);
+    let searched = text.len() - from;
     stops
         .iter()
-        .filter(|stop| !stop.is_empty())
+        .filter(|stop| !stop.is_empty() && stop.len() <= searched)
         .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
         .min_by_key(|(at, stop)| (*at + stop.len(), *at))
 }

@@ -358,24 +358,35 @@ impl Attention {
         ops: Ops,
     ) -> Result<Tensor> {
         let (batch, len, _) = xs.dims3()?;
-        let shape = |heads: usize| (batch, len, heads, self.head_dim);
-        let q = self
-            .q_proj
-            .forward(xs, ops)?
-            .reshape(shape(self.heads))?
-            .transpose(1, 2)?;
-        let k = self
-            .k_proj
-            .forward(xs, ops)?
-            .reshape(shape(self.kv_heads))?
-            .transpose(1, 2)?;
-        let v = self
-            .v_proj
-            .forward(xs, ops)?
-            .reshape(shape(self.kv_heads))?
-            .transpose(1, 2)?;
-        let q = apply_rope(&q, rope.0, rope.1, ops)?;
-        let k = apply_rope(&k, rope.0, rope.1, ops)?;
+        let heads = |projection: &Linear, heads: usize| -> Result<Tensor> {
+            projection
+                .forward(xs, ops)?
+                .reshape((batch, len, heads, self.head_dim))?
+                .transpose(1, 2)
+        };
+        let q = heads(&self.q_proj, self.heads)?;
+        let k = heads(&self.k_proj, self.kv_heads)?;
+        let v = heads(&self.v_proj, self.kv_heads)?;
+        let out = self.attend(&q, &k, &v, rope, mask, cache, ops)?;
+        self.o_proj.forward(&out, ops)
+    }
+
+    /// The attention of queries `q` `[B, heads, T, head_dim]` over the cached keys and values and `k`,
+    /// `v` `[B, kv_heads, T, head_dim]` (before rotary), `[B, T, heads * head_dim]` before `o_proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: Option<&mut LayerCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let (batch, _, len, _) = q.dims4()?;
+        let q = apply_rope(q, rope.0, rope.1, ops)?;
+        let k = apply_rope(k, rope.0, rope.1, ops)?;
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v.contiguous()?)?,
             None => (k, v.contiguous()?),
@@ -392,12 +403,11 @@ impl Attention {
             .reshape((batch, self.heads, len, keys))?
             .broadcast_add(mask)?;
         let weights = softmax(&scores, ops)?.reshape((batch, self.kv_heads, group * len, keys))?;
-        let out = weights
+        weights
             .matmul(&v)?
             .reshape((batch, self.heads, len, self.head_dim))?
             .transpose(1, 2)?
-            .reshape((batch, len, self.heads * self.head_dim))?;
-        self.o_proj.forward(&out, ops)
+            .reshape((batch, len, self.heads * self.head_dim))
     }
 }
 
@@ -496,6 +506,15 @@ impl LayerCache {
 
 /// Keys and values of one sequence, per layer `[1, kv_heads, n, head_dim]`.
 pub type SequenceCache = Vec<(Tensor, Tensor)>;
+
+/// One batch of [`Model::forward_segments`]: token ids and positions `[B, T]`, the key mask over its
+/// cached columns and the `T` new ones, and its cache.
+pub struct Segment<'c> {
+    pub input_ids: Tensor,
+    pub positions: Tensor,
+    pub key_mask: Tensor,
+    pub cache: &'c mut KvCache,
+}
 
 /// The key/value cache of a batch, one entry per layer.
 #[derive(Debug, Clone)]
@@ -942,6 +961,73 @@ impl Model {
             xs = layer.forward(&xs, &frame, layer_cache, ops)?;
         }
         self.norm.forward(&xs, ops)
+    }
+
+    /// Several batches in one sampling pass ([`Ops::Fast`]): the position-wise parts (projections, MLP,
+    /// norms) run on all their tokens at once, reading each weight once, and attention runs per batch
+    /// with its own positions, key mask and cache (see [`Model::forward_hidden`]). A scheduler's decoding
+    /// rows and a prompt being prefilled share a pass this way. Returns each batch's final hidden
+    /// states `[B, T, hidden]`.
+    pub fn forward_segments(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Tensor>> {
+        let ops = Ops::Fast;
+        let mut frames = Vec::with_capacity(segments.len());
+        let mut shapes = Vec::with_capacity(segments.len());
+        let mut embedded = Vec::with_capacity(segments.len());
+        for segment in segments.iter() {
+            let (batch, len) = segment.input_ids.dims2()?;
+            frames.push(self.frame(&segment.positions, &segment.key_mask, segment.cache.len())?);
+            embedded.push(
+                self.embed(&segment.input_ids)?
+                    .reshape((batch * len, self.config.hidden_size))?,
+            );
+            shapes.push((batch, len));
+        }
+        let mut xs = Tensor::cat(&embedded, 0)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let attention = &layer.self_attn;
+            let normed = layer.input_layernorm.forward(&xs, ops)?;
+            let q = attention.q_proj.forward(&normed, ops)?;
+            let k = attention.k_proj.forward(&normed, ops)?;
+            let v = attention.v_proj.forward(&normed, ops)?;
+            let mut outputs = Vec::with_capacity(segments.len());
+            let mut offset = 0;
+            for ((segment, frame), &(batch, len)) in segments.iter_mut().zip(&frames).zip(&shapes) {
+                let rows = batch * len;
+                let heads = |x: &Tensor, heads: usize| -> Result<Tensor> {
+                    x.narrow(0, offset, rows)?
+                        .reshape((batch, len, heads, attention.head_dim))?
+                        .transpose(1, 2)
+                };
+                let out = attention.attend(
+                    &heads(&q, attention.heads)?,
+                    &heads(&k, attention.kv_heads)?,
+                    &heads(&v, attention.kv_heads)?,
+                    (&frame.cos, &frame.sin),
+                    &frame.mask,
+                    Some(&mut segment.cache.layers[i]),
+                    ops,
+                )?;
+                outputs.push(out.reshape((rows, attention.heads * attention.head_dim))?);
+                offset += rows;
+            }
+            let attended = attention.o_proj.forward(&Tensor::cat(&outputs, 0)?, ops)?;
+            let xs_attended = (xs + attended)?;
+            let mlp = layer.mlp.forward(
+                &layer.post_attention_layernorm.forward(&xs_attended, ops)?,
+                ops,
+            )?;
+            xs = (xs_attended + mlp)?;
+        }
+        let xs = self.norm.forward(&xs, ops)?;
+        let mut offset = 0;
+        shapes
+            .iter()
+            .map(|&(batch, len)| {
+                let part = xs.narrow(0, offset, batch * len)?;
+                offset += batch * len;
+                part.reshape((batch, len, self.config.hidden_size))
+            })
+            .collect()
     }
 
     /// The embeddings `[B, T, hidden]` of `input_ids` `[B, T]`.

@@ -40,7 +40,7 @@ use tokio::sync::oneshot;
 use super::generate::{
     finish_text, step, Generation, GenerationParams, PrefixCache, Row, Stopping,
 };
-use super::model::{KvCache, Model, Ops, Result, SequenceCache};
+use super::model::{KvCache, Model, Ops, Result, Segment, SequenceCache};
 use super::Core;
 use crate::sampler::TokenSink;
 
@@ -239,18 +239,17 @@ impl<'a> Engine<'a> {
         if self.prefill.is_none() {
             self.admit();
         }
-        if self.prefill.is_some() {
-            if let Err(error) = self.advance_prefill() {
-                let failed = self.prefill.take().expect("a prefill ran").live;
-                self.fail(failed, &error);
-            }
-        }
-        if !self.running.is_empty() {
-            if let Err(error) = self.decode() {
-                let failed = std::mem::take(&mut self.running);
-                self.cache = KvCache::new(&self.model.config);
-                self.fail(failed, &error);
-            }
+        if let Err(error) = self.forward_step() {
+            // The pass failed: every sequence in it fails.
+            let mut failed = std::mem::take(&mut self.running);
+            failed.extend(
+                self.prefill
+                    .take()
+                    .map(|prefill| prefill.live)
+                    .unwrap_or_default(),
+            );
+            self.cache = KvCache::new(&self.model.config);
+            self.fail(failed, &error);
         }
         let ended: Vec<u64> = self
             .groups
@@ -519,64 +518,56 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// Runs the prefill's next chunk; after its last, its sequences sample and join the batch.
-    fn advance_prefill(&mut self) -> Result<()> {
-        let device = self.model.device().clone();
-        let prefill = self.prefill.as_mut().expect("a prefill in progress");
-        let slots = prefill.masks.len();
-        let chunk = (self.limits.max_num_batched_tokens / slots).max(1);
-        let columns = chunk.min(prefill.width - prefill.done);
-        let (start, width) = (prefill.done, prefill.width);
-        let take = |values: &[u32]| -> Vec<u32> {
-            values
-                .chunks(width)
-                .flat_map(|slot| slot[start..start + columns].iter().copied())
-                .collect()
+    /// One forward pass for the running rows' next tokens and the prefill's next chunk together (their
+    /// projections and MLPs read the weights once), then sampling: decoding rows go on or leave, and
+    /// after a prefill's last chunk its sequences sample their first token and join the batch.
+    fn forward_step(&mut self) -> Result<()> {
+        let model = self.model;
+        let decoding = match self.running.is_empty() {
+            true => None,
+            false => Some(self.decode_inputs()?),
         };
-        let input = Tensor::from_vec(take(&prefill.ids), (slots, columns), &device)?;
-        let positions = Tensor::from_vec(take(&prefill.positions), (slots, columns), &device)?;
-        let seen = prefill.cached_width + start + columns;
-        let mask: Vec<u8> = prefill
-            .masks
-            .iter()
-            .flat_map(|mask| mask[..seen].iter().copied())
-            .collect();
-        let key_mask = Tensor::from_vec(mask, (slots, seen), &device)?;
-        let hidden = self.model.forward_hidden(
-            &input,
-            &positions,
-            &key_mask,
-            Some(&mut prefill.cache),
-            Ops::Fast,
-        )?;
-        prefill.done += columns;
-        if prefill.done < prefill.width {
+        let chunk = match &self.prefill {
+            Some(prefill) => Some(self.chunk_inputs(prefill)?),
+            None => None,
+        };
+        let mut segments = Vec::with_capacity(2);
+        if let Some((input_ids, positions, key_mask)) = &decoding {
+            segments.push(Segment {
+                input_ids: input_ids.clone(),
+                positions: positions.clone(),
+                key_mask: key_mask.clone(),
+                cache: &mut self.cache,
+            });
+        }
+        if let (Some(prefill), Some((input_ids, positions, key_mask, _))) =
+            (self.prefill.as_mut(), &chunk)
+        {
+            segments.push(Segment {
+                input_ids: input_ids.clone(),
+                positions: positions.clone(),
+                key_mask: key_mask.clone(),
+                cache: &mut prefill.cache,
+            });
+        }
+        if segments.is_empty() {
             return Ok(());
         }
-        let Prefill {
-            mut live,
-            slots,
-            masks,
-            mut cache,
-            ..
-        } = self.prefill.take().expect("checked");
-        let logits = self.last_logits(&hidden, columns)?;
-        if slots.iter().enumerate().any(|(i, &slot)| i != slot) {
-            let rows: Vec<u32> = slots.iter().map(|&slot| slot as u32).collect();
-            cache.select_rows(&Tensor::new(rows.as_slice(), &device)?)?;
+        let mut hidden = model.forward_segments(&mut segments)?.into_iter();
+        if decoding.is_some() {
+            let hidden = hidden.next().expect("one output per segment");
+            self.finish_decode(&hidden)?;
         }
-        for (live, &slot) in live.iter_mut().zip(&slots) {
-            live.row.key_mask = masks[slot].clone();
+        if let Some((.., columns)) = chunk {
+            let hidden = hidden.next().expect("one output per segment");
+            self.finish_chunk(&hidden, columns)?;
         }
-        self.sample(&mut live, &slots, &logits)?;
-        let kept = self.retire(live, &mut cache)?;
-        self.join(kept, cache);
         Ok(())
     }
 
-    /// Feeds every running sequence its last sampled token and samples the next.
-    fn decode(&mut self) -> Result<()> {
-        let device = self.model.device().clone();
+    /// Feeds every running row its last sampled token: the inputs `[rows, 1]`, positions and key mask.
+    fn decode_inputs(&mut self) -> Result<(Tensor, Tensor, Tensor)> {
+        let device = self.model.device();
         let rows = self.running.len();
         let mut next = Vec::with_capacity(rows);
         let mut positions = Vec::with_capacity(rows);
@@ -593,27 +584,81 @@ impl<'a> Engine<'a> {
             .iter()
             .flat_map(|live| live.row.key_mask.iter().copied())
             .collect();
-        let input = Tensor::from_vec(next, (rows, 1), &device)?;
-        let positions = Tensor::from_vec(positions, (rows, 1), &device)?;
-        let key_mask = Tensor::from_vec(mask, (rows, columns), &device)?;
-        let hidden = self.model.forward_hidden(
-            &input,
-            &positions,
-            &key_mask,
-            Some(&mut self.cache),
-            Ops::Fast,
-        )?;
-        let logits = self.last_logits(&hidden, 1)?;
+        Ok((
+            Tensor::from_vec(next, (rows, 1), device)?,
+            Tensor::from_vec(positions, (rows, 1), device)?,
+            Tensor::from_vec(mask, (rows, columns), device)?,
+        ))
+    }
+
+    /// The prefill's next chunk: inputs `[slots, columns]`, positions, key mask, and `columns`.
+    fn chunk_inputs(&self, prefill: &Prefill) -> Result<(Tensor, Tensor, Tensor, usize)> {
+        let device = self.model.device();
+        let slots = prefill.masks.len();
+        let chunk = (self.limits.max_num_batched_tokens / slots).max(1);
+        let columns = chunk.min(prefill.width - prefill.done);
+        let (start, width) = (prefill.done, prefill.width);
+        let take = |values: &[u32]| -> Vec<u32> {
+            values
+                .chunks(width)
+                .flat_map(|slot| slot[start..start + columns].iter().copied())
+                .collect()
+        };
+        let seen = prefill.cached_width + start + columns;
+        let mask: Vec<u8> = prefill
+            .masks
+            .iter()
+            .flat_map(|mask| mask[..seen].iter().copied())
+            .collect();
+        Ok((
+            Tensor::from_vec(take(&prefill.ids), (slots, columns), device)?,
+            Tensor::from_vec(take(&prefill.positions), (slots, columns), device)?,
+            Tensor::from_vec(mask, (slots, seen), device)?,
+            columns,
+        ))
+    }
+
+    /// Samples the running rows' next tokens from their hidden states `[rows, 1, hidden]`.
+    fn finish_decode(&mut self, hidden: &Tensor) -> Result<()> {
+        let logits = self.last_logits(hidden, 1)?;
         let mut running = std::mem::take(&mut self.running);
-        let identity: Vec<usize> = (0..rows).collect();
+        let identity: Vec<usize> = (0..running.len()).collect();
         self.sample(&mut running, &identity, &logits)?;
         let mut cache = std::mem::replace(&mut self.cache, KvCache::new(&self.model.config));
         self.running = self.retire(running, &mut cache)?;
-        self.cache = cache;
-        if self.running.is_empty() {
-            self.cache = KvCache::new(&self.model.config);
+        if !self.running.is_empty() {
+            self.cache = cache;
         }
         self.drop_shared_padding();
+        Ok(())
+    }
+
+    /// Counts the chunk the prefill ran; after its last, its sequences sample from the hidden states
+    /// `[slots, columns, hidden]` and join the batch.
+    fn finish_chunk(&mut self, hidden: &Tensor, columns: usize) -> Result<()> {
+        let prefill = self.prefill.as_mut().expect("a prefill ran");
+        prefill.done += columns;
+        if prefill.done < prefill.width {
+            return Ok(());
+        }
+        let Prefill {
+            mut live,
+            slots,
+            masks,
+            mut cache,
+            ..
+        } = self.prefill.take().expect("checked");
+        let logits = self.last_logits(hidden, columns)?;
+        if slots.iter().enumerate().any(|(i, &slot)| i != slot) {
+            let rows: Vec<u32> = slots.iter().map(|&slot| slot as u32).collect();
+            cache.select_rows(&Tensor::new(rows.as_slice(), self.model.device())?)?;
+        }
+        for (live, &slot) in live.iter_mut().zip(&slots) {
+            live.row.key_mask = masks[slot].clone();
+        }
+        self.sample(&mut live, &slots, &logits)?;
+        let kept = self.retire(live, &mut cache)?;
+        self.join(kept, cache);
         Ok(())
     }
 

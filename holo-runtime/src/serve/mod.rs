@@ -366,8 +366,20 @@ impl Server {
             .with_truncation(None)
             .map_err(|error| io::Error::other(format!("tokenizer: {error}")))?;
         let (sender, jobs) = mpsc::unbounded_channel();
+        let vocab = Vocab::new(&tokenizer);
         let state = Arc::new(AppState {
-            vocab: Vocab::new(&tokenizer),
+            max_prompt_bytes: max_model_len.map(|len| {
+                let longest = (0..vocab.size)
+                    .map(|id| vocab.bytes(id).len())
+                    .max()
+                    .unwrap_or(1);
+                // A token stands for at most `longest` bytes of normalised text, and normalisation
+                // (NFKC and the like) shrinks text by at most 4 bytes to 1.
+                (len as usize)
+                    .saturating_mul(longest.max(1))
+                    .saturating_mul(4)
+            }),
+            vocab,
             id,
             tokenizer,
             template,
@@ -589,6 +601,8 @@ struct AppState {
     template: ChatTemplate,
     max_model_len: Option<u32>,
     vocab: Vocab,
+    /// Texts longer than this many bytes cannot fit `max_model_len` (see [`AppState::tokenize`]).
+    max_prompt_bytes: Option<usize>,
     created: u64,
     jobs: mpsc::UnboundedSender<Job>,
     /// splitmix64 state for the seeds of unseeded samples.
@@ -652,12 +666,27 @@ impl AppState {
         }
     }
 
+    /// The ids of `text`; a text too long to fit the context in any tokenization is refused before
+    /// tokenizing (which costs time and memory in proportion to its length).
     fn tokenize(
         &self,
         text: &str,
         add_special_tokens: bool,
         param: &str,
     ) -> Result<Vec<u32>, ApiError> {
+        if let (Some(limit), Some(len)) = (self.max_prompt_bytes, self.max_model_len) {
+            if text.len() > limit {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "This model's maximum context length is {len} tokens. However, `{param}` has {} \
+                         bytes, more than any {len} tokens can spell ({limit} bytes). Please reduce it.",
+                        text.len()
+                    ),
+                )
+                .code("context_length_exceeded"));
+            }
+        }
         self.tokenizer
             .encode(text, add_special_tokens)
             .map(|encoding| encoding.get_ids().to_vec())

@@ -275,8 +275,8 @@ impl SamplerArgs {
         })
     }
 
-    /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with
-    /// batches of at most `concurrency`), or `None` for the scripted replies.
+    /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with at
+    /// most `concurrency` sequences decoding together), or `None` for the scripted replies.
     fn sampler(&self, concurrency: usize) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
         if self.sampler != SamplerKind::Scripted && !self.replies.is_empty() {
             eprintln!("error: --reply is for the scripted sampler");

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::{runtime, LocalArgs, EXIT_FAILURES, EXIT_USAGE};
+use crate::{LocalArgs, EXIT_FAILURES, EXIT_USAGE};
 
 /// How the local model schedules the sequences of every request (vLLM's flag names).
 #[derive(clap::Args, Debug)]
@@ -86,9 +86,18 @@ fn serve(
     note_builtin_template(model_dir, &model);
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
     let served = ServedModel::local(id.clone(), model);
-    let runtime = match runtime() {
+    // Several workers: a request that parses or tokenizes a large body holds one, not the server.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
-        Err(code) => return code,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_FAILURES);
+        }
     };
     runtime.block_on(async {
         let server = match Server::bind((host, port), served, config).await {
