@@ -240,7 +240,7 @@ impl<'a> Engine<'a> {
             self.admit();
         }
         if let Err(error) = self.forward_step() {
-            // The pass failed: every sequence in it fails.
+            // The pass failed: every sequence in it fails, those it had in hand too.
             let mut failed = std::mem::take(&mut self.running);
             failed.extend(
                 self.prefill
@@ -250,6 +250,7 @@ impl<'a> Engine<'a> {
             );
             self.cache = KvCache::new(&self.model.config);
             self.fail(failed, &error);
+            self.fail_lost(&error);
         }
         let ended: Vec<u64> = self
             .groups
@@ -782,10 +783,35 @@ impl<'a> Engine<'a> {
             .map(|live| live.row.key_mask.iter().take_while(|&&m| m == 0).count())
             .min()
             .unwrap_or(0);
-        if shared > 0 && self.cache.drop_front(shared).is_ok() {
+        if shared > 0 {
+            self.cache.drop_front(shared);
             for live in &mut self.running {
                 live.row.key_mask.drain(..shared);
             }
+        }
+    }
+
+    /// Fails the admitted sequences that are no longer in the batch (an error left them nowhere).
+    fn fail_lost(&mut self, error: &candle_core::Error) {
+        for group in self.groups.values_mut() {
+            if group.admitted == 0 {
+                continue;
+            }
+            let waiting: HashSet<usize> = group
+                .waiting
+                .iter()
+                .map(|waiting| match waiting {
+                    Waiting::New { index, .. } => *index,
+                    Waiting::Paused { row, .. } => row.index,
+                })
+                .collect();
+            for (index, result) in group.results.iter_mut().enumerate() {
+                if result.is_none() && !waiting.contains(&index) {
+                    *result = Some(Err(error.to_string()));
+                    group.unfinished -= 1;
+                }
+            }
+            group.admitted = 0;
         }
     }
 
