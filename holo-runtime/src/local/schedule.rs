@@ -380,14 +380,7 @@ impl<'a> Engine<'a> {
                     params,
                 } => {
                     if params.max_tokens == 0 || !group.listener.wanted(*index) {
-                        let Some(Waiting::New {
-                            index,
-                            prompt,
-                            params,
-                        }) = group.waiting.pop_front()
-                        else {
-                            unreachable!("the front was new")
-                        };
+                        let (index, prompt, params) = pop_new(&mut group.waiting);
                         let row = Row::new(index, prompt, params);
                         group.results[index] = Some(Ok(row.generation));
                         group.unfinished -= 1;
@@ -408,14 +401,7 @@ impl<'a> Engine<'a> {
                     {
                         break;
                     }
-                    let Some(Waiting::New {
-                        index,
-                        prompt,
-                        params,
-                    }) = group.waiting.pop_front()
-                    else {
-                        unreachable!("the front was new")
-                    };
+                    let (index, prompt, params) = pop_new(&mut group.waiting);
                     group.admitted += 1;
                     distinct.insert(fingerprint(&prompt));
                     width = new_width;
@@ -825,6 +811,18 @@ impl<'a> Engine<'a> {
             group.unfinished -= 1;
             group.results[live.row.index] = Some(Err(error.to_string()));
         }
+    }
+}
+
+/// Takes the new sequence at the front of a submission's queue.
+fn pop_new(waiting: &mut VecDeque<Waiting>) -> (usize, Vec<u32>, GenerationParams) {
+    match waiting.pop_front() {
+        Some(Waiting::New {
+            index,
+            prompt,
+            params,
+        }) => (index, prompt, params),
+        _ => unreachable!("the front was a new sequence"),
     }
 }
 
