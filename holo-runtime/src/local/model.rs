@@ -484,60 +484,23 @@ impl DecoderLayer {
     }
 }
 
-/// Keys and values of one layer, `[B, kv_heads, S, head_dim]`: the columns `start..end` of buffers with
-/// room for more, so that a decoding step writes its column in place instead of copying the whole cache
-/// (which made the cost of a step grow with the length of the context). Not `Clone`: two caches sharing
-/// buffers would write over each other.
-#[derive(Debug, Default)]
+/// Keys and values of one layer, `[B, kv_heads, S, head_dim]`.
+#[derive(Debug, Clone, Default)]
 pub struct LayerCache {
-    buffers: Option<(Tensor, Tensor)>,
-    start: usize,
-    end: usize,
+    keys_values: Option<(Tensor, Tensor)>,
 }
 
 impl LayerCache {
-    /// The cached keys and values (views of the buffers).
-    fn live(&self) -> Option<(Tensor, Tensor)> {
-        let (k, v) = self.buffers.as_ref()?;
-        let columns = self.end - self.start;
-        let view = |t: &Tensor| t.narrow(2, self.start, columns);
-        Some((view(k).ok()?, view(v).ok()?))
-    }
-
-    /// Replaces the cache with `k` and `v` (copied into fresh buffers when they are views).
-    fn store(&mut self, k: Tensor, v: Tensor) -> Result<()> {
-        self.end = k.dim(2)?;
-        self.start = 0;
-        self.buffers = Some((k.contiguous()?, v.contiguous()?));
-        Ok(())
-    }
-
     fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-        let Some((keys, _)) = &self.buffers else {
-            self.store(k, v)?;
-            return Ok(self.live().expect("stored"));
+        let (k, v) = match self.keys_values.take() {
+            None => (k.contiguous()?, v),
+            Some((old_k, old_v)) => (
+                Tensor::cat(&[&old_k, &k], 2)?,
+                Tensor::cat(&[&old_v, &v], 2)?,
+            ),
         };
-        let new = k.dim(2)?;
-        if self.end + new > keys.dim(2)? {
-            // Room for as many columns again: each column is copied O(1) times on average.
-            let (live_k, live_v) = self.live().expect("buffers");
-            let columns = self.end - self.start;
-            let capacity = (columns + new).max(16) * 2;
-            let grown = |t: &Tensor| -> Result<Tensor> {
-                let (batch, heads, _, dim) = t.dims4()?;
-                let buffer = Tensor::zeros((batch, heads, capacity, dim), t.dtype(), t.device())?;
-                buffer.slice_set(&t.contiguous()?, 2, 0)?;
-                Ok(buffer)
-            };
-            self.buffers = Some((grown(&live_k)?, grown(&live_v)?));
-            self.start = 0;
-            self.end = columns;
-        }
-        let (keys, values) = self.buffers.as_ref().expect("buffers");
-        keys.slice_set(&k.contiguous()?, 2, self.end)?;
-        values.slice_set(&v.contiguous()?, 2, self.end)?;
-        self.end += new;
-        Ok(self.live().expect("buffers"))
+        self.keys_values = Some((k.clone(), v.clone()));
+        Ok((k, v))
     }
 }
 
@@ -554,7 +517,7 @@ pub struct Segment<'c> {
 }
 
 /// The key/value cache of a batch, one entry per layer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
 }
@@ -562,9 +525,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(config: &ModelConfig) -> Self {
         KvCache {
-            layers: (0..config.num_hidden_layers)
-                .map(|_| LayerCache::default())
-                .collect(),
+            layers: vec![LayerCache::default(); config.num_hidden_layers],
         }
     }
 
@@ -572,7 +533,8 @@ impl KvCache {
     pub fn len(&self) -> usize {
         self.layers
             .first()
-            .map_or(0, |layer| layer.end - layer.start)
+            .and_then(|layer| layer.keys_values.as_ref())
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -607,7 +569,7 @@ impl KvCache {
                 keys.push(aligned(k)?);
                 values.push(aligned(v)?);
             }
-            layer.store(Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?)?;
+            layer.keys_values = Some((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?));
         }
         Ok(())
     }
@@ -615,19 +577,17 @@ impl KvCache {
     /// Row `row`'s keys and values at the columns its `key_mask` marks real, per layer
     /// `[1, kv_heads, n, head_dim]`.
     pub fn row(&self, row: usize, key_mask: &[u8]) -> Result<SequenceCache> {
+        let columns: Vec<u32> = (0..key_mask.len() as u32)
+            .filter(|&column| key_mask[column as usize] != 0)
+            .collect();
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let Some((k, v)) = &layer.buffers else {
+            let Some((k, v)) = &layer.keys_values else {
                 candle_core::bail!("the cache holds nothing yet");
             };
-            // Columns of the buffers: the live ones start at `layer.start`.
-            let columns: Vec<u32> = (0..key_mask.len())
-                .filter(|&column| key_mask[column] != 0)
-                .map(|column| (layer.start + column) as u32)
-                .collect();
             let columns = Tensor::new(columns.as_slice(), k.device())?;
             let pick = |t: &Tensor| -> Result<Tensor> {
-                t.narrow(0, row, 1)?.contiguous()?.index_select(&columns, 2)
+                t.narrow(0, row, 1)?.index_select(&columns, 2)?.contiguous()
             };
             layers.push((pick(k)?, pick(v)?));
         }
@@ -639,7 +599,7 @@ impl KvCache {
     pub fn append_rows(&mut self, other: KvCache) -> Result<()> {
         let (width, other_width) = (self.len(), other.len());
         for (layer, other) in self.layers.iter_mut().zip(other.layers) {
-            let joined = match (layer.live(), other.live()) {
+            let joined = match (layer.keys_values.take(), other.keys_values) {
                 (None, theirs) => theirs,
                 (ours, None) => ours,
                 (Some((k, v)), Some((other_k, other_v))) => {
@@ -659,36 +619,39 @@ impl KvCache {
                     ))
                 }
             };
-            match joined {
-                Some((k, v)) => layer.store(k, v)?,
-                None => *layer = LayerCache::default(),
-            }
+            layer.keys_values = joined;
         }
         Ok(())
     }
 
-    /// Drops the first `columns` columns of every row (padding that no row needs any more), without
-    /// copying.
-    pub fn drop_front(&mut self, columns: usize) {
-        for layer in &mut self.layers {
-            layer.start = (layer.start + columns).min(layer.end);
+    /// Drops the first `columns` columns of every row (padding that no row needs any more).
+    pub fn drop_front(&mut self, columns: usize) -> Result<()> {
+        if columns == 0 {
+            return Ok(());
         }
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.keys_values.take() {
+                let kept = k.dim(2)? - columns;
+                layer.keys_values =
+                    Some((k.narrow(2, columns, kept)?, v.narrow(2, columns, kept)?));
+            }
+        }
+        Ok(())
     }
 
     /// Rows held.
     pub fn rows(&self) -> usize {
         self.layers
             .first()
-            .and_then(|layer| layer.buffers.as_ref())
+            .and_then(|layer| layer.keys_values.as_ref())
             .map_or(0, |(k, _)| k.dim(0).unwrap_or(0))
     }
 
     /// Keeps only the given rows of the batch, in that order.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
         for layer in &mut self.layers {
-            // The buffers are contiguous (views are not, for `index_select`); their room stays.
-            if let Some((k, v)) = layer.buffers.take() {
-                layer.buffers = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+            if let Some((k, v)) = layer.keys_values.take() {
+                layer.keys_values = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
             }
         }
         Ok(())

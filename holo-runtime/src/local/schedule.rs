@@ -769,8 +769,7 @@ impl<'a> Engine<'a> {
             .map(|live| live.row.key_mask.iter().take_while(|&&m| m == 0).count())
             .min()
             .unwrap_or(0);
-        if shared > 0 {
-            self.cache.drop_front(shared);
+        if shared > 0 && self.cache.drop_front(shared).is_ok() {
             for live in &mut self.running {
                 live.row.key_mask.drain(..shared);
             }
