@@ -1,0 +1,272 @@
+//! `POST /v1/chat/completions`.
+
+use super::*;
+
+/// The parts of a chat body that go to the template as they are, keys in their order.
+#[derive(Deserialize)]
+pub(super) struct TemplateInputs {
+    #[serde(default)]
+    pub(super) messages: Option<Vec<minijinja::Value>>,
+    #[serde(default)]
+    pub(super) chat_template_kwargs: Option<minijinja::Value>,
+}
+
+pub(super) async fn chat(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let raw = body_bytes(body)?;
+    let map = parse_object(&raw)?;
+    let fields = Fields(&map);
+    state.check_model(&fields)?;
+    let common = common(&fields, true)?;
+    let logprobs = fields.bool("logprobs", false)?;
+    let top_logprobs = fields.integer("top_logprobs", 0, 20)?;
+    if top_logprobs.is_some() && !logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs` set to true",
+        ));
+    }
+    let add_generation_prompt = fields.bool("add_generation_prompt", true)?;
+    let continue_final_message = fields.bool("continue_final_message", false)?;
+    if add_generation_prompt && continue_final_message {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "`continue_final_message` continues the final message and `add_generation_prompt` starts a new \
+             one: set `add_generation_prompt` to false to continue",
+        ));
+    }
+    let messages = match fields.get("messages") {
+        None => {
+            return Err(
+                ApiError::invalid("messages", "`messages` is required").code("missing_field")
+            )
+        }
+        Some(Value::Array(messages)) if messages.is_empty() => {
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ))
+        }
+        Some(Value::Array(messages)) => messages,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "`messages` must be a list of messages, got {}",
+                    describe(other)
+                ),
+            ))
+        }
+    };
+    let mut contents = Vec::with_capacity(messages.len());
+    for (index, message) in messages.iter().enumerate() {
+        let Value::Object(message) = message else {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "`messages[{index}]` must be an object, got {}",
+                    describe(message)
+                ),
+            ));
+        };
+        match message.get("role") {
+            Some(Value::String(_)) => {}
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!(
+                        "`messages[{index}].role` must be a string, got {}",
+                        describe(other)
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("`messages[{index}].role` is required"),
+                ))
+            }
+        }
+        contents.push(content(message.get("content"), index)?);
+    }
+    if let Some(kwargs) = fields.get("chat_template_kwargs") {
+        if !kwargs.is_object() {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!(
+                    "`chat_template_kwargs` must be an object, got {}",
+                    describe(kwargs)
+                ),
+            ));
+        }
+    }
+    // The same JSON again, as template values that keep the keys' order.
+    let inputs: TemplateInputs = serde_json::from_slice(&raw).map_err(|error| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not valid JSON: {error}"),
+        )
+        .code("invalid_json")
+    })?;
+    let values = inputs.messages.unwrap_or_default();
+    let mut rendered_messages = Vec::with_capacity(values.len());
+    for (value, content) in values.iter().zip(contents) {
+        let keys: Vec<minijinja::Value> =
+            value.try_iter().map(Iterator::collect).unwrap_or_default();
+        let pairs: Vec<(minijinja::Value, minijinja::Value)> = keys
+            .into_iter()
+            .map(|key| {
+                let item = if key.as_str() == Some("content") {
+                    content.clone()
+                } else {
+                    value.get_item(&key).unwrap_or_default()
+                };
+                (key, item)
+            })
+            .collect();
+        rendered_messages.push(minijinja::Value::from_pairs(pairs));
+    }
+    let mut variables = BTreeMap::new();
+    if let Some(kwargs) = inputs.chat_template_kwargs {
+        if let Ok(keys) = kwargs.try_iter() {
+            for key in keys {
+                if let Some(name) = key.as_str() {
+                    variables.insert(name.to_string(), kwargs.get_item(&key).unwrap_or_default());
+                }
+            }
+        }
+    }
+    let options = RenderOptions {
+        add_generation_prompt,
+        continue_final_message,
+        variables,
+        ..RenderOptions::default()
+    };
+    let text = state
+        .template
+        .render_values(rendered_messages, &options)
+        .map_err(|error| {
+            ApiError::invalid(
+                "messages",
+                format!("cannot apply the chat template: {error}"),
+            )
+            .code("chat_template_error")
+        })?;
+    let prompt_ids = state.tokenize(&text, common.add_special_tokens, "messages")?;
+    if prompt_ids.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "the rendered conversation is empty (no tokens)",
+        ));
+    }
+    let max_tokens = state.budget(
+        prompt_ids.len(),
+        common.params.max_tokens,
+        None,
+        "max_tokens",
+    )?;
+    let requests = (0..common.n)
+        .map(|j| Request {
+            prompt: Prompt::Tokens(prompt_ids.clone()),
+            params: SampleParams {
+                max_tokens,
+                seed: Some(state.sample_seed(common.seed, j)),
+                ..common.params.clone()
+            },
+        })
+        .collect();
+    if let Some(options) = common.stream {
+        let events = state.submit(requests, true)?;
+        let endpoint = stream::Endpoint::Chat { logprobs };
+        return Ok(stream::respond(
+            Arc::clone(state),
+            endpoint,
+            common,
+            options,
+            vec![prompt_ids],
+            events,
+        ));
+    }
+    let completions = state.generate(requests).await?;
+    let mut choices = Vec::with_capacity(completions.len());
+    let mut completion_tokens = 0;
+    for (index, completion) in completions.iter().enumerate() {
+        let out = Choice::new(state, completion, &common)?;
+        completion_tokens += out.token_count;
+        let mut choice = json!({
+            "index": index,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": if logprobs { out.chat_logprobs(state, &common) } else { Value::Null },
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        });
+        if common.return_token_ids {
+            choice["token_ids"] = json!(completion.tokens);
+        }
+        choices.push(choice);
+    }
+    let mut answer = json!({
+        "id": state.response_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": unix_time(),
+        "model": state.id,
+        "choices": choices,
+        "usage": usage(prompt_ids.len(), completion_tokens),
+    });
+    if common.return_token_ids {
+        answer["prompt_token_ids"] = json!(prompt_ids);
+    }
+    Ok(Json(answer).into_response())
+}
+
+/// A message's content as the template sees it: a string, `none`, or text parts joined with newlines.
+pub(super) fn content(content: Option<&Value>, index: usize) -> Result<minijinja::Value, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(minijinja::Value::from(())),
+        Some(Value::String(text)) => Ok(minijinja::Value::from(text.as_str())),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (part_index, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text")) {
+                    (Some("text"), Some(Value::String(text))) => texts.push(text.as_str()),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!("`messages[{index}].content[{part_index}].text` must be a string"),
+                        ))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!(
+                                "`messages[{index}].content[{part_index}]`: only text parts are supported, \
+                                 got type `{other}`"
+                            ),
+                        )
+                        .code("unsupported_parameter"))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!(
+                                "`messages[{index}].content[{part_index}]` must be an object with `type` \
+                                 \"text\" and a `text`"
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(minijinja::Value::from(texts.join("\n")))
+        }
+        Some(other) => Err(ApiError::invalid(
+            "messages",
+            format!(
+                "`messages[{index}].content` must be a string, null or a list of text parts, got {}",
+                describe(other)
+            ),
+        )),
+    }
+}

@@ -1,0 +1,291 @@
+//! Answer choices and their logprobs: token names, text offsets, the bytes of each token.
+
+use super::*;
+
+/// A completion as an OpenAI choice.
+pub(super) struct Choice<'a> {
+    pub(super) completion: &'a Completion,
+    pub(super) text: String,
+    pub(super) finish_reason: &'static str,
+    pub(super) stop_reason: Value,
+    pub(super) token_count: usize,
+}
+
+impl<'a> Choice<'a> {
+    pub(super) fn new(
+        state: &AppState,
+        completion: &'a Completion,
+        common: &Common,
+    ) -> Result<Self, ApiError> {
+        if !completion.tokens.is_empty()
+            && !completion.logprobs.is_empty()
+            && completion.tokens.len() != completion.logprobs.len()
+        {
+            return Err(ApiError::from_sampler(SamplerError::Malformed(format!(
+                "{} token ids but {} logprobs",
+                completion.tokens.len(),
+                completion.logprobs.len()
+            ))));
+        }
+        let mut text = completion.text.clone();
+        let (finish_reason, stop_reason) = match &completion.finish {
+            Finish::Length => ("length", Value::Null),
+            Finish::EndOfTurn => ("stop", Value::Null),
+            Finish::Stop(stop) if stop.is_empty() => ("stop", Value::Null),
+            Finish::Stop(stop) => {
+                if !common.include_stop && text.ends_with(stop.as_str()) {
+                    text.truncate(text.len() - stop.len());
+                }
+                ("stop", Value::String(stop.clone()))
+            }
+        };
+        let token_count = if completion.tokens.is_empty() {
+            state
+                .tokenizer
+                .encode(completion.text.as_str(), false)
+                .map(|encoding| encoding.len())
+                .unwrap_or(0)
+        } else {
+            completion.tokens.len()
+        };
+        Ok(Choice {
+            completion,
+            text,
+            finish_reason,
+            stop_reason,
+            token_count,
+        })
+    }
+
+    /// Whether the sampler reported what a logprobs block needs.
+    pub(super) fn has_logprobs(&self) -> bool {
+        !self.completion.tokens.is_empty() && !self.completion.logprobs.is_empty()
+    }
+
+    pub(super) fn completion_logprobs(&self, state: &AppState, common: &Common) -> Value {
+        if !self.has_logprobs() {
+            return Value::Null;
+        }
+        let completion = self.completion;
+        completion_logprobs(state, common, &completion.tokens, &completion.logprobs, 0)
+    }
+
+    pub(super) fn chat_logprobs(&self, state: &AppState, common: &Common) -> Value {
+        if !self.has_logprobs() {
+            return Value::Null;
+        }
+        chat_logprobs(
+            state,
+            common,
+            &self.completion.tokens,
+            &self.completion.logprobs,
+        )
+    }
+}
+
+pub(super) fn token_name(state: &AppState, common: &Common, id: u32) -> String {
+    if common.token_ids_as_tokens {
+        format!("token_id:{id}")
+    } else {
+        String::from_utf8_lossy(&state.vocab.bytes(id)).into_owned()
+    }
+}
+
+/// A completions `logprobs` block for the tokens `tokens[from..]` of a choice whose tokens so far are
+/// `tokens` (`logprobs` are theirs); `text_offset` counts from the start of the choice's text.
+pub(super) fn completion_logprobs(
+    state: &AppState,
+    common: &Common,
+    tokens: &[u32],
+    logprobs: &[f32],
+    from: usize,
+) -> Value {
+    let pieces: Vec<Vec<u8>> = tokens.iter().map(|&id| state.vocab.bytes(id)).collect();
+    let text_offset = &text_offsets(&pieces)[from..];
+    let names: Vec<String> = tokens[from..]
+        .iter()
+        .map(|&id| token_name(state, common, id))
+        .collect();
+    let token_logprobs: Vec<Value> = logprobs[from..].iter().map(|&lp| logprob(lp)).collect();
+    json!({
+        "tokens": names,
+        "token_logprobs": token_logprobs,
+        "text_offset": text_offset,
+        "top_logprobs": null,
+    })
+}
+
+/// A chat `logprobs` block for `tokens` (`logprobs` are theirs).
+pub(super) fn chat_logprobs(
+    state: &AppState,
+    common: &Common,
+    tokens: &[u32],
+    logprobs: &[f32],
+) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .zip(logprobs)
+        .map(|(&id, &lp)| {
+            json!({
+                "token": token_name(state, common, id),
+                "logprob": logprob(lp),
+                "bytes": state.vocab.bytes(id),
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// A log-probability as JSON: `-inf` (and NaN) as vLLM's `-9999.0`.
+pub(super) fn logprob(value: f32) -> Value {
+    if value.is_finite() {
+        json!(f64::from(value))
+    } else {
+        json!(-9999.0)
+    }
+}
+
+/// Where each piece starts in the lossy UTF-8 decoding of all pieces together, in characters (code
+/// points): the index of the character that holds the piece's first byte. A piece that starts inside a
+/// character another piece began starts where that character does; a piece with no bytes starts where the
+/// next one would.
+pub(super) fn text_offsets(pieces: &[Vec<u8>]) -> Vec<usize> {
+    let all: Vec<u8> = pieces.concat();
+    // The character index of every byte, as `String::from_utf8_lossy` decodes them (one U+FFFD for each
+    // invalid run), and the character count at the end.
+    let mut char_of_byte = Vec::with_capacity(all.len() + 1);
+    let mut index = 0;
+    for chunk in all.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            char_of_byte.extend(std::iter::repeat_n(index, c.len_utf8()));
+            index += 1;
+        }
+        if !chunk.invalid().is_empty() {
+            char_of_byte.extend(std::iter::repeat_n(index, chunk.invalid().len()));
+            index += 1;
+        }
+    }
+    char_of_byte.push(index);
+    let mut start = 0;
+    pieces
+        .iter()
+        .map(|piece| {
+            let offset = char_of_byte[start];
+            start += piece.len();
+            offset
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Token bytes
+
+/// How a vocabulary entry spells its bytes.
+pub(super) enum Spelling {
+    /// GPT-2 byte-level BPE: every byte is one printable character.
+    ByteLevel(HashMap<char, u8>),
+    /// SentencePiece: `▁` is a space, `<0xNN>` a raw byte.
+    Metaspace,
+    /// Anything else: the decoder's output for the token alone.
+    Decoder,
+}
+
+pub(super) struct Vocab {
+    pub(super) tokenizer: Tokenizer,
+    pub(super) spelling: Spelling,
+    /// Added tokens (`<|im_end|>`, ...) are stored as their text.
+    pub(super) added: HashMap<u32, String>,
+    /// Ids below this are in the vocabulary.
+    pub(super) size: u32,
+}
+
+impl Vocab {
+    pub(super) fn new(tokenizer: &Tokenizer) -> Self {
+        let decoder = tokenizer
+            .get_decoder()
+            .and_then(|decoder| serde_json::to_string(decoder).ok())
+            .unwrap_or_default();
+        let spelling = if decoder.contains("\"ByteLevel\"") {
+            Spelling::ByteLevel(byte_level_alphabet())
+        } else if decoder.contains("ByteFallback")
+            || decoder.contains("Metaspace")
+            || decoder.contains('\u{2581}')
+        {
+            Spelling::Metaspace
+        } else {
+            Spelling::Decoder
+        };
+        let added: HashMap<u32, String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, token)| (id, token.content))
+            .collect();
+        let largest = added
+            .keys()
+            .copied()
+            .max()
+            .map_or(0, |id| id.saturating_add(1));
+        let size = (tokenizer.get_vocab_size(true) as u32).max(largest);
+        Vocab {
+            tokenizer: tokenizer.clone(),
+            spelling,
+            added,
+            size,
+        }
+    }
+
+    pub(super) fn bytes(&self, id: u32) -> Vec<u8> {
+        if let Some(content) = self.added.get(&id) {
+            return content.as_bytes().to_vec();
+        }
+        let Some(token) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
+        match &self.spelling {
+            Spelling::ByteLevel(alphabet) => {
+                let mut bytes = Vec::with_capacity(token.len());
+                for c in token.chars() {
+                    match alphabet.get(&c) {
+                        Some(&byte) => bytes.push(byte),
+                        None => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                    }
+                }
+                bytes
+            }
+            Spelling::Metaspace => {
+                let hex = token
+                    .strip_prefix("<0x")
+                    .and_then(|rest| rest.strip_suffix('>'))
+                    .filter(|hex| hex.len() == 2)
+                    .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+                match hex {
+                    Some(byte) => vec![byte],
+                    None => token.replace('\u{2581}', " ").into_bytes(),
+                }
+            }
+            Spelling::Decoder => self
+                .tokenizer
+                .decode(&[id], false)
+                .map(String::into_bytes)
+                .unwrap_or_else(|_| token.into_bytes()),
+        }
+    }
+}
+
+/// GPT-2's `bytes_to_unicode`, inverted: the character that stands for each byte.
+pub(super) fn byte_level_alphabet() -> HashMap<char, u8> {
+    let mut alphabet = HashMap::with_capacity(256);
+    let mut shifted = 0u32;
+    for byte in 0..=255u8 {
+        let printable = matches!(byte, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let c = if printable {
+            char::from(byte)
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap_or(char::REPLACEMENT_CHARACTER)
+        };
+        alphabet.insert(c, byte);
+    }
+    alphabet
+}

@@ -1,0 +1,104 @@
+//! Each request's samples as one sampler call: the jobs, their events, the dispatcher.
+
+use super::*;
+
+/// One request's samples on their way to the sampler: sample `i` is choice `i`.
+pub(super) struct Job {
+    pub(super) requests: Vec<Request>,
+    pub(super) outlet: Outlet,
+}
+
+/// Where a request's events go.
+#[derive(Clone)]
+pub(super) struct Outlet {
+    pub(super) events: mpsc::UnboundedSender<Event>,
+    /// Whether the request wants tokens as they are sampled.
+    pub(super) stream: bool,
+}
+
+/// What a request hears of its samples: tokens as they are sampled (streamed requests only), then each
+/// sample's result.
+pub(super) enum Event {
+    Token {
+        choice: usize,
+        token: u32,
+        logprob: f32,
+    },
+    Done {
+        choice: usize,
+        result: Result<Completion, SamplerError>,
+    },
+}
+
+/// A request's outlet as the sampler's [`TokenSink`]: a request whose client has gone (its receiver
+/// dropped) wants no more tokens.
+impl TokenSink for Outlet {
+    fn token(&self, choice: usize, token: u32, logprob: f32) -> bool {
+        if self.stream {
+            self.events
+                .send(Event::Token {
+                    choice,
+                    token,
+                    logprob,
+                })
+                .is_ok()
+        } else {
+            !self.events.is_closed()
+        }
+    }
+
+    fn wanted(&self, _choice: usize) -> bool {
+        !self.events.is_closed()
+    }
+}
+
+/// Starts a sampler call for every job as it arrives; ends when the job senders are gone and every call
+/// has answered.
+pub(super) async fn dispatch(mut jobs: mpsc::UnboundedReceiver<Job>, sampler: Arc<dyn Sampler>) {
+    let mut calls = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) if job.outlet.events.is_closed() => {}
+                Some(job) => {
+                    calls.spawn(sample(job, Arc::clone(&sampler)));
+                }
+                None => break,
+            },
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+        }
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// One job's sampler call; every choice hears of its result.
+pub(super) async fn sample(job: Job, sampler: Arc<dyn Sampler>) {
+    let Job { requests, outlet } = job;
+    let count = requests.len();
+    let sink: Arc<dyn TokenSink> = Arc::new(outlet.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let outcome = tokio::task::spawn_blocking(move || {
+        runtime.block_on(async move { sampler.sample_streaming(&requests, sink).await })
+    })
+    .await;
+    let mut results = match outcome {
+        Ok(results) => results.into_iter(),
+        Err(error) => {
+            let message = if error.is_panic() {
+                "the sampler panicked".to_string()
+            } else {
+                format!("the sampler task failed: {error}")
+            };
+            vec![Err(SamplerError::Malformed(message)); count].into_iter()
+        }
+    };
+    let returned = results.len();
+    for choice in 0..count {
+        let result = results.next().unwrap_or_else(|| {
+            Err(SamplerError::Malformed(format!(
+                "the sampler returned {returned} results for a request of {count}"
+            )))
+        });
+        let _ = outlet.events.send(Event::Done { choice, result });
+    }
+}

@@ -1,0 +1,221 @@
+//! The official `openai` Python client, when the peers' venv has it.
+
+use super::*;
+
+const PYTHON_CLIENT: &str = r#"
+import json, sys
+import openai
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+out = {}
+models = client.models.list()
+out["models"] = [m.id for m in models.data]
+c = client.completions.create(model=sys.argv[2], prompt="Hello world", max_tokens=20, logprobs=1, n=2, seed=7)
+out["completion"] = c.model_dump()
+c = client.completions.create(model=sys.argv[2], prompt=[[1, 2, 3], [4, 5]], max_tokens=2, stop=["zz"])
+out["token_prompts"] = c.model_dump()
+chat = client.chat.completions.create(
+    model=sys.argv[2],
+    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    logprobs=True, top_logprobs=2, max_tokens=4, seed=1, temperature=0.5,
+)
+out["chat"] = chat.model_dump()
+stream = client.completions.create(
+    model=sys.argv[2], prompt="Hello world", max_tokens=20, logprobs=1, n=2, seed=7, stream=True
+)
+out["completion_stream"] = [chunk.model_dump() for chunk in stream]
+stream = client.chat.completions.create(
+    model=sys.argv[2],
+    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    logprobs=True, top_logprobs=2, max_tokens=4, seed=1, temperature=0.5,
+    stream=True, stream_options={"include_usage": True},
+)
+out["chat_stream"] = [chunk.model_dump() for chunk in stream]
+try:
+    for _ in client.completions.create(model=sys.argv[2], prompt="UNAVAILABLE", stream=True):
+        pass
+    out["stream_error"] = None
+except openai.APIError as error:
+    out["stream_error"] = {"message": error.message}
+try:
+    client.completions.create(model=sys.argv[2], prompt="x", echo=True)
+    out["echo_error"] = None
+except openai.BadRequestError as error:
+    out["echo_error"] = {"status": error.status_code, "body": error.body}
+try:
+    client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    out["model_error"] = None
+except openai.NotFoundError as error:
+    out["model_error"] = {"status": error.status_code, "body": error.body}
+print(json.dumps(out))
+"#;
+
+/// Says why a test did nothing, on the real stderr (libtest captures `eprintln!` of passing tests).
+fn skipped(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {message}");
+}
+
+fn peers_python() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
+    python.is_file().then_some(python)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_python_client() {
+    let Some(python) = peers_python() else {
+        skipped(
+            "official_python_client: no $HOME/.cache/holo-peers/venv/bin/python \
+             (run ../shared/peers/setup.sh to install the openai package)",
+        );
+        return;
+    };
+    let has_openai = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false);
+    if !has_openai {
+        skipped(&format!(
+            "official_python_client: {} cannot import openai",
+            python.display()
+        ));
+        return;
+    }
+    let f = start().await;
+    let base = f.base.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args(["-c", PYTHON_CLIENT, &base, MODEL])
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost")
+            .env_remove("OPENAI_BASE_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python client failed:\n{stderr}"
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "{error}: {}\n{stderr}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    });
+
+    assert_eq!(out["models"], json!([MODEL]));
+
+    let completion = &out["completion"];
+    let prompt = encode("Hello world");
+    assert_eq!(completion["object"], "text_completion");
+    let choices = completion["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    for (index, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], index);
+        assert_eq!(choice["text"], "Hello world");
+        assert_eq!(choice["finish_reason"], "stop");
+        let seed = if index == 0 {
+            7
+        } else {
+            f.echo.requests()[1].params.seed.unwrap()
+        };
+        let expected: Vec<f32> = (0..prompt.len())
+            .map(|i| -0.25 * (i as f32 + 1.0) - 0.0625 * (seed % 4) as f32)
+            .collect();
+        assert_eq!(floats(&choice["logprobs"]["token_logprobs"]), expected);
+        assert_eq!(
+            choice["logprobs"]["tokens"].as_array().unwrap().len(),
+            prompt.len()
+        );
+        assert_eq!(choice["logprobs"]["text_offset"][0], 0);
+    }
+    assert_eq!(completion["usage"]["prompt_tokens"], prompt.len());
+
+    let token_prompts = &out["token_prompts"]["choices"];
+    assert_eq!(
+        token_prompts[0]["text"],
+        tokenizer().decode(&[1, 2], false).unwrap()
+    );
+    assert_eq!(token_prompts[0]["finish_reason"], "length");
+    assert_eq!(
+        token_prompts[1]["text"],
+        tokenizer().decode(&[4, 5], false).unwrap()
+    );
+    assert_eq!(token_prompts[1]["finish_reason"], "stop");
+
+    let chat = &out["chat"];
+    let rendered = rendered_chat(
+        &[
+            ChatMessage {
+                role: Role::System,
+                content: "Be brief.".into(),
+            },
+            user("Hi"),
+        ],
+        &RenderOptions::generation(),
+    );
+    let window = &echo_window(&rendered)[..4];
+    let choice = &chat["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(
+        choice["message"]["content"],
+        tokenizer().decode(window, false).unwrap()
+    );
+    assert_eq!(choice["finish_reason"], "length");
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 4);
+    for (i, entry) in content.iter().enumerate() {
+        assert_eq!(
+            entry["logprob"].as_f64().unwrap() as f32,
+            -0.25 * (i as f32 + 1.0) - 0.0625
+        );
+        assert_eq!(entry["top_logprobs"], json!([]));
+        assert!(entry["bytes"].is_array());
+    }
+    assert_eq!(chat["usage"]["prompt_tokens"], rendered.len());
+
+    // The streamed answers join into the whole ones (the client's objects carry every field it knows, null
+    // where absent).
+    let chunks = out["completion_stream"].as_array().unwrap();
+    for (index, choice) in choices.iter().enumerate() {
+        let joined = join_choice(chunks, index, false);
+        assert_eq!(joined["text"], choice["text"]);
+        assert_eq!(joined["finish_reason"], choice["finish_reason"]);
+        for key in ["tokens", "token_logprobs", "text_offset"] {
+            assert_eq!(joined["logprobs"][key], choice["logprobs"][key], "{key}");
+        }
+    }
+    let chunks = out["chat_stream"].as_array().unwrap();
+    let (usage, chunks) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(
+        usage["usage"]["prompt_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        usage["usage"]["completion_tokens"],
+        chat["usage"]["completion_tokens"]
+    );
+    let joined = join_choice(chunks, 0, true);
+    assert_eq!(joined["message"]["content"], choice["message"]["content"]);
+    assert_eq!(joined["finish_reason"], choice["finish_reason"]);
+    assert_eq!(joined["logprobs"]["content"], choice["logprobs"]["content"]);
+    assert!(
+        out["stream_error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("unavailable")),
+        "{}",
+        out["stream_error"]
+    );
+
+    assert_eq!(out["echo_error"]["status"], 400);
+    assert_eq!(out["echo_error"]["body"]["param"], "echo");
+    assert_eq!(out["model_error"]["status"], 404);
+    assert_eq!(out["model_error"]["body"]["code"], "model_not_found");
+}
