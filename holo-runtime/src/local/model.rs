@@ -639,14 +639,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// Rows held.
-    pub fn rows(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|layer| layer.keys_values.as_ref())
-            .map_or(0, |(k, _)| k.dim(0).unwrap_or(0))
-    }
-
     /// Keeps only the given rows of the batch, in that order.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
         for layer in &mut self.layers {

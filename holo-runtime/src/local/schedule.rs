@@ -100,6 +100,14 @@ struct Group<'a> {
     unfinished: usize,
 }
 
+impl Group<'_> {
+    /// Sequence `index` has its result.
+    fn end(&mut self, index: usize, result: std::result::Result<Generation, String>) {
+        self.results[index] = Some(result);
+        self.unfinished -= 1;
+    }
+}
+
 /// A row of the batch and the submission it belongs to.
 struct Live {
     group: u64,
@@ -381,9 +389,7 @@ impl<'a> Engine<'a> {
                 } => {
                     if params.max_tokens == 0 || !group.listener.wanted(*index) {
                         let (index, prompt, params) = pop_new(&mut group.waiting);
-                        let row = Row::new(index, prompt, params);
-                        group.results[index] = Some(Ok(row.generation));
-                        group.unfinished -= 1;
+                        group.end(index, Ok(Row::new(index, prompt, params).generation));
                         continue;
                     }
                     let new_width = width.max(prompt.len());
@@ -712,13 +718,7 @@ impl<'a> Engine<'a> {
                 prefix.insert(std::mem::take(&mut live.row.fed), layers);
             }
             finish_text(&mut live.row, &self.stopping)?;
-            let group = self
-                .groups
-                .get_mut(&live.group)
-                .expect("a live row's group");
-            group.admitted -= 1;
-            group.unfinished -= 1;
-            group.results[live.row.index] = Some(Ok(live.row.generation));
+            self.end(live, Ok(()));
         }
         if !kept.is_empty() {
             cache.select_rows(&Tensor::new(keep.as_slice(), self.model.device())?)?;
@@ -802,14 +802,18 @@ impl<'a> Engine<'a> {
 
     fn fail(&mut self, live: Vec<Live>, error: &candle_core::Error) {
         for live in live {
-            let group = self
-                .groups
-                .get_mut(&live.group)
-                .expect("a live row's group");
-            group.admitted -= 1;
-            group.unfinished -= 1;
-            group.results[live.row.index] = Some(Err(error.to_string()));
+            self.end(live, Err(error.to_string()));
         }
+    }
+
+    /// An admitted row has ended: its generation, or why it failed, goes to its submission.
+    fn end(&mut self, live: Live, outcome: std::result::Result<(), String>) {
+        let group = self
+            .groups
+            .get_mut(&live.group)
+            .expect("a live row's group");
+        group.admitted -= 1;
+        group.end(live.row.index, outcome.map(|()| live.row.generation));
     }
 }
 
