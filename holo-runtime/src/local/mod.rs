@@ -62,7 +62,7 @@ impl Default for LocalOptions {
             dtype: DType::F32,
             default_max_tokens: 256,
             limits: Limits::default(),
-            max_waiting: 65_536,
+            max_waiting: 4096,
             seed: 0,
             prefix_cache_tokens: 16_384,
         }
