@@ -71,7 +71,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
-use crate::machine::{Completion, Recorder};
+use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
 use crate::sampler::ChatMessage;
 use crate::Role;
 
@@ -280,6 +280,7 @@ pub struct Holophore {
     /// The role of the message that starts with the next content.
     pending: Option<Role>,
     rewards: Vec<(String, f64, f64)>,
+    feedback: Vec<(String, String)>,
     errors: Vec<String>,
 }
 
@@ -289,6 +290,7 @@ impl fmt::Debug for Holophore {
             .field("contexts", &self.contexts)
             .field("pending", &self.pending)
             .field("rewards", &self.rewards)
+            .field("feedback", &self.feedback)
             .field("errors", &self.errors)
             .finish_non_exhaustive()
     }
@@ -505,6 +507,7 @@ impl Holophore {
             contexts: Vec::new(),
             pending: None,
             rewards: Vec::new(),
+            feedback: Vec::new(),
             errors: Vec::new(),
         })
     }
@@ -537,6 +540,7 @@ impl Holophore {
             contexts: Vec::new(),
             pending: None,
             rewards: Vec::new(),
+            feedback: Vec::new(),
             errors: Vec::new(),
         }
     }
@@ -551,9 +555,14 @@ impl Holophore {
         &self.contexts
     }
 
-    /// Reward components in the order they were recorded: name, value, weight.
+    /// Reward components in the order they were first recorded: name, value, weight.
     pub fn rewards(&self) -> &[(String, f64, f64)] {
         &self.rewards
+    }
+
+    /// Feedback on reward components in the order it was first recorded: name, text.
+    pub fn feedback(&self) -> &[(String, String)] {
+        &self.feedback
     }
 
     /// The rollout's reward: the weighted sum of its components.
@@ -782,7 +791,19 @@ impl Recorder for Holophore {
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {
-        self.rewards.push((name.to_string(), value, weight));
+        set_reward(&mut self.rewards, name, value, weight);
+    }
+
+    fn feedback(&mut self, name: &str, text: &str) {
+        set_feedback(&mut self.feedback, name, text);
+    }
+
+    fn recorded_reward(&self, name: &str) -> Option<f64> {
+        reward_of(&self.rewards, name)
+    }
+
+    fn recorded_feedback(&self, name: &str) -> Option<&str> {
+        feedback_of(&self.feedback, name)
     }
 }
 
@@ -868,11 +889,13 @@ pub struct TokenView<'a> {
 
 /// A rollout as token-level text: per context a header `=== context I (trained|untrained): N tokens, M
 /// trained` and its [`render_tokens`] text, then one line per reward component (`reward NAME = VALUE`,
-/// with `(weight W)` when W is not 1), as [`crate::Transcript`] prints them.
+/// with `(weight W)` when W is not 1) and per feedback (`feedback NAME: TEXT`), as [`crate::Transcript`]
+/// prints them.
 pub fn render_contexts(
     tokenizer: &Tokenizer,
     contexts: &[TokenView<'_>],
     rewards: &[(String, f64, f64)],
+    feedback: &[(String, String)],
     color: bool,
 ) -> String {
     let mut out = String::new();
@@ -916,6 +939,15 @@ pub fn render_contexts(
             out.push('\n');
         }
     }
+    for (name, text) in feedback {
+        let line = format!("feedback {name}: {text}");
+        if color {
+            out.push_str(&format!("\x1b[35m{line}\x1b[0m\n"));
+        } else {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -936,6 +968,12 @@ impl Holophore {
                 loss_mask: mask,
             })
             .collect();
-        render_contexts(&self.tokenizer, &views, &self.rewards, color)
+        render_contexts(
+            &self.tokenizer,
+            &views,
+            &self.rewards,
+            &self.feedback,
+            color,
+        )
     }
 }

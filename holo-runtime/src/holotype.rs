@@ -126,6 +126,22 @@ impl<'a> Cx<'a> {
         self.recorder.reward(name, value, weight);
     }
 
+    /// Records why reward component `name` got its value, in words a model can read: `<|Feedback name|>`
+    /// writes it into a later prompt (ERL's reflection), and the rollout's record keeps it.
+    pub fn feedback(&mut self, name: &str, text: &str) {
+        self.recorder.feedback(name, text);
+    }
+
+    /// The value recorded so far for reward component `name` (by a reward holotype reached earlier).
+    pub fn recorded_reward(&self, name: &str) -> Option<f64> {
+        self.recorder.recorded_reward(name)
+    }
+
+    /// The feedback recorded so far for reward component `name`.
+    pub fn recorded_feedback(&self, name: &str) -> Option<&str> {
+        self.recorder.recorded_feedback(name)
+    }
+
     /// Passes through the body completed so far, counting the one that just ended (in `end_pass`).
     pub fn pass(&self) -> u32 {
         self.pass

@@ -147,7 +147,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::holophore::Holophore;
-use crate::holotypes::ToolStats;
+use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::{Holoware, Row};
 use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step};
 use crate::resources::Resources;
@@ -168,6 +168,12 @@ pub trait RolloutSource: Sync {
 
     /// The counters of tool runs the rollouts share, when there are any (a trainer logs them).
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
+        None
+    }
+
+    /// ERL's reflection memory the rollouts share, when they have one: a trainer sizes it, commits what
+    /// each generation remembered, and keeps it in its checkpoints.
+    fn reflection_memory(&self) -> Option<Arc<ReflectionMemory>> {
         None
     }
 }
@@ -197,6 +203,10 @@ impl RolloutSource for Interpreted {
 
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
         self.resources.get::<ToolStats>()
+    }
+
+    fn reflection_memory(&self) -> Option<Arc<ReflectionMemory>> {
+        self.resources.get::<ReflectionMemory>()
     }
 
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
@@ -265,6 +275,9 @@ pub struct RolloutRecord {
     pub contexts: Vec<ContextRecord>,
     pub rewards: BTreeMap<String, f64>,
     pub weights: BTreeMap<String, f64>,
+    /// Why reward components got their values, where the holotypes said (`Recorder::feedback`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feedback: BTreeMap<String, String>,
     pub reward: f64,
     /// Sample requests the rollout made.
     pub samples: u32,
@@ -762,9 +775,10 @@ impl<W: Write> Run<'_, W> {
         let mut rewards = BTreeMap::new();
         let mut weights = BTreeMap::new();
         for (name, value, weight) in &transcript.rewards {
-            *rewards.entry(name.clone()).or_insert(0.0) += value;
-            weights.entry(name.clone()).or_insert(*weight);
+            rewards.insert(name.clone(), *value);
+            weights.insert(name.clone(), *weight);
         }
+        let feedback = transcript.feedback.iter().cloned().collect();
         let reward = transcript.reward();
         let record = RolloutRecord {
             dataset: self.config.dataset.clone(),
@@ -804,6 +818,7 @@ impl<W: Write> Run<'_, W> {
                 .collect(),
             rewards,
             weights,
+            feedback,
             reward,
             samples: active.samples,
             truncated: active.truncated,
@@ -1039,6 +1054,21 @@ impl Recorder for Prompted {
         if let Some(holophore) = &mut self.holophore {
             holophore.reward(name, value, weight);
         }
+    }
+
+    fn feedback(&mut self, name: &str, text: &str) {
+        Recorder::feedback(&mut self.transcript, name, text);
+        if let Some(holophore) = &mut self.holophore {
+            Recorder::feedback(holophore, name, text);
+        }
+    }
+
+    fn recorded_reward(&self, name: &str) -> Option<f64> {
+        self.transcript.recorded_reward(name)
+    }
+
+    fn recorded_feedback(&self, name: &str) -> Option<&str> {
+        self.transcript.recorded_feedback(name)
     }
 }
 

@@ -100,8 +100,55 @@ pub trait Recorder {
     fn text(&mut self, text: &str);
     /// The model's completion appended to the current (assistant) message.
     fn completion(&mut self, completion: &Completion);
-    /// A named reward component of the rollout and its weight in the rollout's reward.
+    /// A named reward component of the rollout and its weight in the rollout's reward. Recording a
+    /// component again replaces its value and weight.
     fn reward(&mut self, name: &str, value: f64, weight: f64);
+    /// Why reward component `name` got its value, in words a model can read (`<|Feedback name|>` writes
+    /// it into a later prompt). Recording it again replaces it.
+    fn feedback(&mut self, name: &str, text: &str);
+    /// The value recorded so far for reward component `name`.
+    fn recorded_reward(&self, name: &str) -> Option<f64>;
+    /// The feedback recorded so far for reward component `name`.
+    fn recorded_feedback(&self, name: &str) -> Option<&str>;
+}
+
+/// Records reward component `name` in `rewards` (name, value, weight), replacing an earlier value of it:
+/// the [`Recorder::reward`] of the runtime's recorders.
+pub(crate) fn set_reward(
+    rewards: &mut Vec<(String, f64, f64)>,
+    name: &str,
+    value: f64,
+    weight: f64,
+) {
+    match rewards.iter_mut().find(|(known, _, _)| known == name) {
+        Some(entry) => *entry = (name.to_string(), value, weight),
+        None => rewards.push((name.to_string(), value, weight)),
+    }
+}
+
+/// Records the feedback on reward component `name`, replacing an earlier one: the
+/// [`Recorder::feedback`] of the runtime's recorders.
+pub(crate) fn set_feedback(feedback: &mut Vec<(String, String)>, name: &str, text: &str) {
+    match feedback.iter_mut().find(|(known, _)| known == name) {
+        Some(entry) => entry.1 = text.to_string(),
+        None => feedback.push((name.to_string(), text.to_string())),
+    }
+}
+
+/// The value of reward component `name` in `rewards`.
+pub(crate) fn reward_of(rewards: &[(String, f64, f64)], name: &str) -> Option<f64> {
+    rewards
+        .iter()
+        .find(|(known, _, _)| known == name)
+        .map(|(_, value, _)| *value)
+}
+
+/// The feedback on reward component `name` in `feedback`.
+pub(crate) fn feedback_of<'f>(feedback: &'f [(String, String)], name: &str) -> Option<&'f str> {
+    feedback
+        .iter()
+        .find(|(known, _)| known == name)
+        .map(|(_, text)| text.as_str())
 }
 
 /// Why a rollout could not go on. Carries the `.hol` location where it happened.

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::machine::{Completion, Recorder};
+use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
 use crate::Role;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,8 +28,10 @@ pub struct Context {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Transcript {
     pub contexts: Vec<Context>,
-    /// Reward components in the order they were recorded: name, value, weight.
+    /// Reward components in the order they were first recorded: name, value, weight.
     pub rewards: Vec<(String, f64, f64)>,
+    /// Feedback on reward components, in the order it was first recorded: name, text.
+    pub feedback: Vec<(String, String)>,
     /// The role of the message that starts with the next content.
     pending: Option<Role>,
 }
@@ -90,7 +92,19 @@ impl Recorder for Transcript {
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {
-        self.rewards.push((name.to_string(), value, weight));
+        set_reward(&mut self.rewards, name, value, weight);
+    }
+
+    fn feedback(&mut self, name: &str, text: &str) {
+        set_feedback(&mut self.feedback, name, text);
+    }
+
+    fn recorded_reward(&self, name: &str) -> Option<f64> {
+        reward_of(&self.rewards, name)
+    }
+
+    fn recorded_feedback(&self, name: &str) -> Option<&str> {
+        feedback_of(&self.feedback, name)
     }
 }
 
@@ -140,6 +154,9 @@ impl Transcript {
                 "\x1b[35mreward {name} = {value} (weight {weight})\x1b[0m\n"
             ));
         }
+        for (name, text) in &self.feedback {
+            out.push_str(&format!("\x1b[35mfeedback {name}: {text}\x1b[0m\n"));
+        }
         out
     }
 }
@@ -171,6 +188,9 @@ impl fmt::Display for Transcript {
             } else {
                 writeln!(f, "reward {name} = {value} (weight {weight})")?;
             }
+        }
+        for (name, text) in &self.feedback {
+            writeln!(f, "feedback {name}: {text}")?;
         }
         Ok(())
     }

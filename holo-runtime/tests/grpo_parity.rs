@@ -180,6 +180,7 @@ fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
                 old_logprobs: Some(f32s(&c["old_logps"])),
                 ref_logprobs: (config.beta != 0.0).then(|| f32s(&c["ref_logps"])),
                 is_ratio: None,
+                second_loss: false,
             }
         })
         .collect();

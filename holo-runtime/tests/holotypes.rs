@@ -273,6 +273,11 @@ fn builtins_match_the_checker_table() {
         "MathAnswer",
         "FormatReward",
         "LengthPenalty",
+        "Retry",
+        "Feedback",
+        "Score",
+        "Memory",
+        "Remember",
     ];
     assert_eq!(table.len(), registry_names.len());
     // The interpreter's registry holds exactly the checker's table.
@@ -310,4 +315,9 @@ fn builtins_match_the_checker_table() {
     check("MathAnswer", MathAnswer::PARAMS);
     check("FormatReward", FormatReward::PARAMS);
     check("LengthPenalty", LengthPenalty::PARAMS);
+    check("Retry", Retry::PARAMS);
+    check("Feedback", Feedback::PARAMS);
+    check("Score", Score::PARAMS);
+    check("Memory", Memory::PARAMS);
+    check("Remember", Remember::PARAMS);
 }

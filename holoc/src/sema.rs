@@ -45,6 +45,11 @@ pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
     ),
     ("FormatReward", &["var", "tags", "weight", "name"]),
     ("LengthPenalty", &["var", "max", "weight", "name"]),
+    ("Retry", &["score", "threshold"]),
+    ("Feedback", &["score"]),
+    ("Score", &["score"]),
+    ("Memory", &["top_k", "empty"]),
+    ("Remember", &["score", "threshold"]),
 ];
 
 /// [`BUILTIN_HOLOTYPES`] in the form [`Options::builtin_holotypes`] takes.

@@ -150,6 +150,7 @@ pub fn train(
                 old_logprobs: None,
                 ref_logprobs: None,
                 is_ratio: None,
+                second_loss: false,
             })
             .collect();
         if completions.is_empty() {

@@ -224,6 +224,7 @@ pub(crate) mod tests {
             }],
             rewards: Default::default(),
             weights: Default::default(),
+            feedback: Default::default(),
             reward,
             samples: 1,
             truncated: false,

@@ -1,10 +1,11 @@
 //! The built-in holotypes: a tool loop with a registry of Rust tools, Python code execution as a tool,
-//! and reward holotypes (attractors).
+//! reward holotypes (attractors), and Experiential RL's reflection and retry ([`erl`]).
 //!
 //! `.hol` files name them like any holotype; [`registry`] makes them available to the interpreter, and
 //! `use holo_runtime::holotypes::*;` brings them into scope for `include_holoware!`.
 
 mod code;
+pub mod erl;
 mod rewards;
 mod stats;
 mod tools;
@@ -13,6 +14,7 @@ pub use code::{
     check_code_sandbox, code_block, network_isolation, run_python, run_python_unsandboxed,
     CodeExecutor, CodeSandbox, Execution, Outcome, PythonConfig,
 };
+pub use erl::{Feedback, Memory, Reflection, ReflectionMemory, Remember, Retry, Score};
 pub use rewards::{
     answer_text, last_number, numbers_equal, ExactAnswer, FormatReward, LengthPenalty, MathAnswer,
 };
@@ -32,6 +34,11 @@ pub fn registry() -> Registry {
         .register::<ExactAnswer>("ExactAnswer")
         .register::<MathAnswer>("MathAnswer")
         .register::<FormatReward>("FormatReward")
-        .register::<LengthPenalty>("LengthPenalty");
+        .register::<LengthPenalty>("LengthPenalty")
+        .register::<Retry>("Retry")
+        .register::<Feedback>("Feedback")
+        .register::<Score>("Score")
+        .register::<Memory>("Memory")
+        .register::<Remember>("Remember");
     registry
 }

@@ -1,10 +1,14 @@
-//! Reward holotypes (attractors). Each records one named reward component when the rollout ends, with
-//! the weight given by `weight=` (default 1). `name=` renames the component.
+//! Reward holotypes (attractors). Each records one named reward component, with the weight given by
+//! `weight=` (default 1), and a sentence of feedback saying why it has that value; `name=` renames the
+//! component. A reward is scored when execution reaches the tag, so that later tags can read it (the
+//! gate and the feedback of a retry: [`Retry`](super::Retry), [`Feedback`](super::Feedback)), and again
+//! when the rollout ends: the value at the end counts, and a rollout that stopped before the tag (a
+//! truncated sample) is scored too.
 //!
 //! The compared text comes from the variable `var=` (default `answer`): the content of its last
 //! `<answer>...</answer>` when it has one (`tag=` picks another tag), else the whole text.
 
-use crate::holotype::{Args, Cx, Holotype, HolotypeError};
+use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError};
 use crate::holotypes::tools::last_tag;
 
 /// The settings every reward holotype shares.
@@ -13,6 +17,8 @@ struct Component {
     weight: f64,
     variable: String,
     tag: String,
+    /// Execution reached the tag.
+    reached: bool,
 }
 
 impl Component {
@@ -22,11 +28,29 @@ impl Component {
             weight: args.float("weight")?.unwrap_or(1.0),
             variable: args.text("var")?.unwrap_or("answer").to_string(),
             tag: args.text("tag")?.unwrap_or("answer").to_string(),
+            reached: false,
         })
     }
 
-    fn record(&self, cx: &mut Cx<'_>, value: f64) {
+    /// Whether to score when the rollout ends: a tag never reached whose variable was never bound (the
+    /// turn it scores did not happen, as a retry its gate skipped) records nothing, so the component is
+    /// missing rather than 0.
+    fn scores_at_end(&self, cx: &Cx<'_>) -> bool {
+        self.reached || cx.var(&self.variable).is_some()
+    }
+
+    fn record(&self, cx: &mut Cx<'_>, value: f64, feedback: &str) {
         cx.weighted_reward(&self.name, value, self.weight);
+        cx.feedback(&self.name, feedback);
+    }
+}
+
+/// `text` cut to at most 80 characters, for feedback that quotes the model.
+fn quoted(text: &str) -> String {
+    const LIMIT: usize = 80;
+    match text.char_indices().nth(LIMIT) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 
@@ -72,7 +96,8 @@ impl Comparison {
         }
     }
 
-    /// Records 1 when `equal(answer, expected)`, else 0.
+    /// Records 1 when `equal(answer, expected)`, else 0, with feedback that names the answer (never the
+    /// expected one).
     fn record(&self, cx: &mut Cx<'_>, equal: fn(&str, &str) -> bool) -> Result<(), HolotypeError> {
         let expected = cx
             .var(&self.target)
@@ -83,10 +108,18 @@ impl Comparison {
                 ))
             })?
             .to_string();
-        let correct = self
-            .answer(cx)
-            .is_some_and(|answer| equal(answer, &expected));
-        self.component.record(cx, if correct { 1.0 } else { 0.0 });
+        let answer = self.answer(cx).filter(|answer| !answer.is_empty());
+        let correct = answer.is_some_and(|answer| equal(answer, &expected));
+        let feedback = match answer {
+            None => format!(
+                "There is no answer: give it inside <{tag}>...</{tag}> tags.",
+                tag = self.component.tag
+            ),
+            Some(answer) if correct => format!("The answer {} is correct.", quoted(answer)),
+            Some(answer) => format!("The answer {} is incorrect.", quoted(answer)),
+        };
+        self.component
+            .record(cx, if correct { 1.0 } else { 0.0 }, &feedback);
         Ok(())
     }
 }
@@ -107,7 +140,16 @@ impl Holotype for ExactAnswer {
         Comparison::new(args, "exact_answer").map(ExactAnswer)
     }
 
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        self.0.component.reached = true;
+        self.0.record(cx, texts_equal)?;
+        Ok(Enter::Run)
+    }
+
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        if !self.0.component.scores_at_end(cx) {
+            return Ok(());
+        }
         self.0.record(cx, texts_equal)
     }
 }
@@ -139,7 +181,16 @@ impl Holotype for MathAnswer {
         Ok(MathAnswer(comparison))
     }
 
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        self.0.component.reached = true;
+        self.0.record(cx, numbers_equal)?;
+        Ok(Enter::Run)
+    }
+
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        if !self.0.component.scores_at_end(cx) {
+            return Ok(());
+        }
         self.0.record(cx, numbers_equal)
     }
 }
@@ -305,20 +356,41 @@ impl Holotype for FormatReward {
         })
     }
 
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        self.component.reached = true;
+        self.score(cx);
+        Ok(Enter::Run)
+    }
+
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        if self.component.scores_at_end(cx) {
+            self.score(cx);
+        }
+        Ok(())
+    }
+}
+
+impl FormatReward {
+    fn score(&self, cx: &mut Cx<'_>) {
         let text = cx.var(&self.component.variable).unwrap_or_default();
-        let present = self
+        let missing: Vec<String> = self
             .tags
             .iter()
             .filter(|tag| {
                 let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-                text.find(&open)
+                !text
+                    .find(&open)
                     .is_some_and(|start| text[start + open.len()..].contains(&close))
             })
-            .count();
-        let value = present as f64 / self.tags.len() as f64;
-        self.component.record(cx, value);
-        Ok(())
+            .map(|tag| format!("<{tag}>...</{tag}>"))
+            .collect();
+        let value = (self.tags.len() - missing.len()) as f64 / self.tags.len() as f64;
+        let feedback = if missing.is_empty() {
+            "The reply has the tags it needs.".to_string()
+        } else {
+            format!("The reply lacks {}.", missing.join(" and "))
+        };
+        self.component.record(cx, value, &feedback);
     }
 }
 
@@ -343,15 +415,34 @@ impl Holotype for LengthPenalty {
         })
     }
 
+    fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
+        self.component.reached = true;
+        self.score(cx);
+        Ok(Enter::Run)
+    }
+
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
+        if self.component.scores_at_end(cx) {
+            self.score(cx);
+        }
+        Ok(())
+    }
+}
+
+impl LengthPenalty {
+    fn score(&self, cx: &mut Cx<'_>) {
         let length = cx
             .var(&self.component.variable)
             .unwrap_or_default()
             .chars()
-            .count() as f64;
+            .count();
         let max = f64::from(self.max);
-        let value = -((length - max).max(0.0) / max).min(1.0);
-        self.component.record(cx, value);
-        Ok(())
+        let value = -((length as f64 - max).max(0.0) / max).min(1.0);
+        let feedback = if value < 0.0 {
+            format!("The reply is {length} characters long, over the limit of {max}.")
+        } else {
+            format!("The reply is {length} characters long, within the limit of {max}.")
+        };
+        self.component.record(cx, value, &feedback);
     }
 }

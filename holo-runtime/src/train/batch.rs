@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::loom::RolloutRecord;
+use crate::loom::{ContextRecord, RolloutRecord};
 
 /// One trained context: its tokens and which of them the model sampled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +63,10 @@ pub struct Completion {
     pub ref_logprobs: Option<Vec<f32>>,
     /// The importance-sampling correction for the sampler: one per token, or one for the completion.
     pub is_ratio: Option<Vec<f32>>,
+    /// It belongs to the second of the step's two losses: ERL's reflections and second attempts under
+    /// `erl_algorithm = 2` ([`super::erl`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub second_loss: bool,
 }
 
 impl Completion {
@@ -90,33 +94,36 @@ pub fn sequences(record: &RolloutRecord) -> Vec<Sequence> {
         .contexts
         .iter()
         .filter(|context| context.trained)
-        .filter_map(|context| context.tokens.as_ref())
-        .filter_map(|tokens| {
-            let trained: Vec<usize> = tokens
-                .loss_mask
-                .iter()
-                .enumerate()
-                .filter(|(position, &mask)| mask != 0 && *position > 0)
-                .map(|(position, _)| position)
-                .collect();
-            if trained.is_empty() {
-                return None;
-            }
-            let sampling_logprobs = trained
-                .iter()
-                .map(|&position| match tokens.logprobs.get(position) {
-                    // The holophore writes 0 where the sampler gave no log-probability.
-                    Some(&logprob) if logprob != 0.0 => logprob,
-                    _ => f32::NAN,
-                })
-                .collect();
-            Some(Sequence {
-                ids: tokens.ids.clone(),
-                trained,
-                sampling_logprobs,
-            })
-        })
+        .filter_map(sequence)
         .collect()
+}
+
+/// A context as the loss sees it, when it has trained tokens.
+pub fn sequence(context: &ContextRecord) -> Option<Sequence> {
+    let tokens = context.tokens.as_ref()?;
+    let trained: Vec<usize> = tokens
+        .loss_mask
+        .iter()
+        .enumerate()
+        .filter(|(position, &mask)| mask != 0 && *position > 0)
+        .map(|(position, _)| position)
+        .collect();
+    if trained.is_empty() {
+        return None;
+    }
+    let sampling_logprobs = trained
+        .iter()
+        .map(|&position| match tokens.logprobs.get(position) {
+            // The holophore writes 0 where the sampler gave no log-probability.
+            Some(&logprob) if logprob != 0.0 => logprob,
+            _ => f32::NAN,
+        })
+        .collect();
+    Some(Sequence {
+        ids: tokens.ids.clone(),
+        trained,
+        sampling_logprobs,
+    })
 }
 
 /// Each reward component's values over `records` (grouped as they are), `NaN` where a record has none;

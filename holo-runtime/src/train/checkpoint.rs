@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use super::batch::Completion;
+use super::batch::{Completion, Sequence};
 use super::config::GrpoConfig;
+use crate::holotypes::Reflection;
 
 /// What `trainer_state.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,6 +41,9 @@ pub struct TrainerState {
     /// The generation batch in use, when the next micro-batch still comes from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffer: Option<Buffer>,
+    /// ERL's reflection memory, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<Reflection>,
 }
 
 /// A generation batch, shuffled and ready to be split into micro-batches.
@@ -48,8 +52,25 @@ pub struct Buffer {
     pub completions: Vec<Completion>,
     /// The trained tokens of the whole generation batch (for `dapo`-like normalization).
     pub num_items_in_batch: f64,
+    /// The same for the completions of the second loss (ERL's `erl_algorithm = 2`).
+    #[serde(default)]
+    pub second_num_items: f64,
+    /// ERL's internalized sequences, shuffled, split over the micro-batches as the completions are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub internalized: Vec<Sequence>,
     /// The step whose generation this is.
     pub step: u64,
+}
+
+impl Buffer {
+    /// Micro-batch `slot` of `steps` of `items`: the generation split into `steps` nearly equal parts
+    /// (`per_device_train_batch_size` each when it holds `generation_batch_size` completions; ERL's
+    /// generations hold more, as many as their rollouts have contexts).
+    pub fn slot<T>(items: &[T], slot: usize, steps: usize) -> &[T] {
+        let size = items.len().div_ceil(steps.max(1));
+        let end = ((slot + 1) * size).min(items.len());
+        &items[(slot * size).min(end)..end]
+    }
 }
 
 /// Where a run's files are.

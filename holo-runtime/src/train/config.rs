@@ -223,6 +223,28 @@ pub struct GrpoConfig {
     /// unset.
     pub lora_target_modules: Option<Vec<String>>,
 
+    // --- Experiential RL (`hol/erl.hol`; erl-trainer's names where it has them) ---
+    /// Train with ERL's semantics: each rollout's first trained context (the first attempt) is trained
+    /// with the reward component `erl_first_reward`, its later ones (the reflection and the second attempt)
+    /// with `erl_second_reward`; successful second attempts are distilled into the first prompt.
+    pub erl: bool,
+    /// 1: one joint GRPO loss, a row's first and second attempts normalized as one group; 2: two GRPO
+    /// losses, first attempts normalized in their groups and second attempts over the batch, added with
+    /// `erl_rl_coef`.
+    pub erl_algorithm: u8,
+    pub erl_first_reward: String,
+    pub erl_second_reward: String,
+    /// Weight of the reflection and second-attempt loss under `erl_algorithm = 2`.
+    pub erl_rl_coef: f64,
+    /// Keep reflections that led to a success in the run's memory (`<|Memory|>` reads it).
+    pub enable_memory: bool,
+    /// Reflections the memory keeps, oldest evicted first.
+    pub memory_size: usize,
+    /// Add the cross-entropy of successful second attempts under the first attempt's prompt.
+    pub enable_internalization: bool,
+    /// Weight of that cross-entropy.
+    pub internalization_coef: f64,
+
     // --- Model-written code ---
     /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
     pub sandbox: SandboxConfig,
@@ -326,6 +348,15 @@ impl Default for GrpoConfig {
             mask_truncated_completions: false,
             entropy_coef: 0.0,
             top_entropy_quantile: 1.0,
+            erl: false,
+            erl_algorithm: 1,
+            erl_first_reward: "first".into(),
+            erl_second_reward: "second".into(),
+            erl_rl_coef: 1.0,
+            enable_memory: true,
+            memory_size: 50,
+            enable_internalization: true,
+            internalization_coef: 1.0,
             sapo_temperature_neg: 1.05,
             sapo_temperature_pos: 1.0,
             vespo_k_pos: 2.0,
@@ -753,6 +784,37 @@ impl GrpoConfig {
             ("lora_alpha", self.lora_alpha),
         ] {
             finite(key, value)?;
+        }
+        if !matches!(self.erl_algorithm, 1 | 2) {
+            return Err(error(
+                "erl_algorithm",
+                format!(
+                    "must be 1 (one joint update) or 2 (two updates), got {}",
+                    self.erl_algorithm
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("erl_rl_coef", self.erl_rl_coef),
+            ("internalization_coef", self.internalization_coef),
+        ] {
+            if !(value >= 0.0 && value.is_finite()) {
+                return Err(error(key, "must be a finite number of at least 0"));
+            }
+        }
+        for (key, name) in [
+            ("erl_first_reward", &self.erl_first_reward),
+            ("erl_second_reward", &self.erl_second_reward),
+        ] {
+            if name.trim().is_empty() {
+                return Err(error(key, "must name a reward component"));
+            }
+        }
+        if self.erl_first_reward == self.erl_second_reward {
+            return Err(error(
+                "erl_second_reward",
+                "must differ from erl_first_reward: the two attempts are scored apart",
+            ));
         }
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
             return Err(error(

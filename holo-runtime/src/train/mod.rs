@@ -17,7 +17,8 @@
 //!    forward pass over each trained context ([`score`]: only the positions that predict a trained token
 //!    reach the output projection), the loss of `loss_type` ([`loss`]), and its backward pass (one layer
 //!    at a time under `gradient_checkpointing`). A rollout's advantage applies to every token it sampled in
-//!    a trained context, over all its turns.
+//!    a trained context, over all its turns; under `erl` each trained context has its own ([`erl`]), and
+//!    successful second attempts add a cross-entropy under the first attempt's prompt.
 //! 5. **The update** ([`optim`]): gradients summed over `gradient_accumulation_steps` micro-batches,
 //!    clipped to `max_grad_norm`, one AdamW step at the scheduled learning rate. The sampler shares the
 //!    weights, so the next generation samples from the new policy.
@@ -32,6 +33,7 @@ pub mod advantages;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
+pub mod erl;
 pub mod export;
 pub mod loss;
 pub mod metrics;

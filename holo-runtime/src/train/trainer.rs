@@ -14,9 +14,10 @@ use rand::SeedableRng;
 use tokenizers::Tokenizer;
 
 use super::advantages::{self, nanmean};
-use super::batch::{self, Completion};
+use super::batch::{self, Completion, Sequence};
 use super::checkpoint::{self, Buffer, RunDir, TrainerState, Weights};
 use super::config::GrpoConfig;
+use super::erl;
 use super::export::RunInfo;
 use super::loss;
 use super::metrics::MetricsLog;
@@ -25,7 +26,7 @@ use super::sampling::Training;
 use super::score;
 use crate::chat::ChatTemplate;
 use crate::holophore::Holophore;
-use crate::holotypes::ToolStats;
+use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::Row;
 use crate::local::model::LoraConfig;
 use crate::local::{checkpoint as model_files, Limits, LocalModel, LocalOptions, Model};
@@ -134,6 +135,10 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
         self.0.tool_stats()
     }
+
+    fn reflection_memory(&self) -> Option<Arc<ReflectionMemory>> {
+        self.0.reflection_memory()
+    }
 }
 
 /// The splitmix64 finalizer, for seeds derived from the run seed.
@@ -227,6 +232,13 @@ impl<S: RolloutSource> Trainer<S> {
             },
         );
         let optimizer = AdamW::new(vars.clone(), &config);
+        if let Some(memory) = source.reflection_memory() {
+            memory.set_capacity(if config.enable_memory {
+                config.memory_size
+            } else {
+                0
+            });
+        }
         Ok(Trainer {
             source,
             config,
@@ -350,24 +362,28 @@ impl<S: RolloutSource> Trainer<S> {
                     state.buffer = Some(buffer);
                 }
                 let buffer = state.buffer.as_ref().expect("generated above");
-                let size = config.per_device_train_batch_size;
                 let slot = (state.micro_step % config.steps_per_generation() as u64) as usize;
-                let end = ((slot + 1) * size).min(buffer.completions.len());
-                let micro = &buffer.completions[(slot * size).min(end)..end];
+                let steps = config.steps_per_generation();
+                let micro = Buffer::slot(&buffer.completions, slot, steps);
                 // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
                 self.model
                     .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
-                let (value, micro_grads, metrics) =
-                    self.micro_step(micro, buffer.num_items_in_batch)?;
+                let (value, micro_grads, metrics) = self.micro_step(micro, buffer)?;
                 window.loss += value;
                 window.extend(metrics);
-                for ((_, var), slot) in self.vars.iter().zip(grads.iter_mut()) {
-                    if let Some(grad) = micro_grads.get(var.as_tensor()) {
-                        *slot = Some(match slot.take() {
-                            Some(sum) => (sum + grad)?,
-                            None => grad.clone(),
-                        });
-                    }
+                self.accumulate(&mut grads, &micro_grads)?;
+                let internalized = Buffer::slot(&buffer.internalized, slot, steps);
+                if !internalized.is_empty() {
+                    let total = buffer
+                        .internalized
+                        .iter()
+                        .map(|s| s.trained.len())
+                        .sum::<usize>();
+                    let (value, internal_grads, metrics) =
+                        self.internalization_step(internalized, total)?;
+                    window.loss += value;
+                    window.extend(metrics);
+                    self.accumulate(&mut grads, &internal_grads)?;
                 }
                 state.micro_step += 1;
                 if state.micro_step % generate_every == 0 {
@@ -409,7 +425,7 @@ impl<S: RolloutSource> Trainer<S> {
             ));
             progress.set_position(step);
             if step % config.save_steps == 0 || last_step {
-                let saved = self.save(&state)?;
+                let saved = self.save(&mut state)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));
                 }
@@ -449,6 +465,7 @@ impl<S: RolloutSource> Trainer<S> {
                 data_position: 0,
                 num_input_tokens_seen: 0,
                 buffer: None,
+                memory: Vec::new(),
             };
             return Ok((state, MetricsLog::create(&dir)?));
         }
@@ -472,10 +489,18 @@ impl<S: RolloutSource> Trainer<S> {
         for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
             keep_records_until(&dir.join(file), step)?;
         }
+        if let Some(memory) = self.source.reflection_memory() {
+            memory.restore(loaded.state.memory.clone());
+        }
         Ok((loaded.state, MetricsLog::resume(&dir, step)?))
     }
 
-    fn save(&self, state: &TrainerState) -> Result<PathBuf, TrainError> {
+    fn save(&self, state: &mut TrainerState) -> Result<PathBuf, TrainError> {
+        state.memory = self
+            .source
+            .reflection_memory()
+            .map(|memory| memory.entries())
+            .unwrap_or_default();
         let weights = match &self.adapter_config {
             Some(adapter_config) => Weights::Adapters {
                 vars: &self.vars,
@@ -556,23 +581,36 @@ impl<S: RolloutSource> Trainer<S> {
             config.multi_objective_aggregation,
         );
         let mut metrics = scored.metrics;
-        let mut completions: Vec<Completion> = records
-            .iter()
-            .zip(&scored.advantages)
-            .map(|(record, &advantage)| {
-                let masked = record.error.is_some()
-                    || (record.truncated && config.mask_truncated_completions);
-                Completion {
-                    sequences: batch::sequences(record),
-                    advantage: advantage as f32,
-                    mask: if masked { 0.0 } else { 1.0 },
-                    truncated: record.truncated,
-                    old_logprobs: None,
-                    ref_logprobs: None,
-                    is_ratio: None,
-                }
-            })
-            .collect();
+        let (mut completions, mut internalized) = if config.erl {
+            let split = erl::split(&records, group, &config).map_err(TrainError::Input)?;
+            metrics.extend(split.metrics);
+            (split.completions, split.internalized)
+        } else {
+            let completions = records
+                .iter()
+                .zip(&scored.advantages)
+                .map(|(record, &advantage)| {
+                    let masked = record.error.is_some()
+                        || (record.truncated && config.mask_truncated_completions);
+                    Completion {
+                        sequences: batch::sequences(record),
+                        advantage: advantage as f32,
+                        mask: if masked { 0.0 } else { 1.0 },
+                        truncated: record.truncated,
+                        old_logprobs: None,
+                        ref_logprobs: None,
+                        is_ratio: None,
+                        second_loss: false,
+                    }
+                })
+                .collect();
+            (completions, Vec::new())
+        };
+        if let Some(memory) = self.source.reflection_memory() {
+            // What this generation's rollouts remembered becomes visible to the next one.
+            memory.commit();
+            metrics.insert("erl/memory_size".into(), memory.len() as f64);
+        }
         completion_metrics(&records, &completions, &mut metrics);
         if let Some(tools) = tools {
             // Counts over the generation: code runs, those that failed (an exception, a limit, a
@@ -586,10 +624,14 @@ impl<S: RolloutSource> Trainer<S> {
             .flat_map(|c| &c.sequences)
             .map(|s| s.ids.len() as u64)
             .sum::<u64>();
-        let num_items_in_batch: f64 = completions
-            .iter()
-            .map(|c| c.mask as f64 * c.len() as f64)
-            .sum();
+        let items = |second: bool| -> f64 {
+            completions
+                .iter()
+                .filter(|c| c.second_loss == second)
+                .map(|c| c.mask as f64 * c.len() as f64)
+                .sum()
+        };
+        let (num_items_in_batch, second_num_items) = (items(false), items(true));
 
         let batch_size = config.per_device_train_batch_size;
         let generate_every = config.steps_per_generation() * config.num_iterations;
@@ -617,7 +659,9 @@ impl<S: RolloutSource> Trainer<S> {
             }
         }
         let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
-        completions.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(shuffle));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(shuffle);
+        completions.shuffle(&mut rng);
+        internalized.shuffle(&mut rng);
         if config.log_completions {
             print_completions(
                 &records,
@@ -630,6 +674,8 @@ impl<S: RolloutSource> Trainer<S> {
             Buffer {
                 completions,
                 num_items_in_batch,
+                second_num_items,
+                internalized,
                 step,
             },
             metrics,
@@ -702,34 +748,139 @@ impl<S: RolloutSource> Trainer<S> {
         Ok((records, summary))
     }
 
-    /// Loss and gradients of one micro-batch.
+    /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
+    /// plus `erl_rl_coef` times the second, each aggregated over its own completions.
     fn micro_step(
         &self,
-        completions: &[Completion],
-        num_items_in_batch: f64,
+        micro: &[Completion],
+        buffer: &Buffer,
     ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
-        let inputs = loss::Inputs {
-            completions,
-            num_items_in_batch,
-            sampler_correction: self.sampler_correction(),
-        };
+        // The first loss's completions, then the second's: each takes its slice of the token tensors.
+        let mut completions = micro.to_vec();
+        completions.sort_by_key(|completion| completion.second_loss);
+        let split = completions.partition_point(|completion| !completion.second_loss);
+        let (first, second) = completions.split_at(split);
+        let first_tokens: usize = first.iter().map(Completion::len).sum();
+        let second_tokens: usize = second.iter().map(Completion::len).sum();
+        let correction = self.sampler_correction();
         let mut metrics = BTreeMap::new();
         let (value, grads) = score::backward(
             &self.model,
-            completions,
+            &completions,
             self.config.temperature,
             self.config.gradient_checkpointing,
             self.config.entropy_coef != 0.0,
             |logprobs, entropies| {
-                let computed = loss::compute(&self.config, &inputs, logprobs, entropies)?;
-                metrics = computed.metrics;
-                Ok(computed.loss)
+                let mut total: Option<Tensor> = None;
+                for (part, offset, tokens, items, weight, prefix) in [
+                    (first, 0, first_tokens, buffer.num_items_in_batch, 1.0, ""),
+                    (
+                        second,
+                        first_tokens,
+                        second_tokens,
+                        buffer.second_num_items,
+                        self.config.erl_rl_coef,
+                        "erl/",
+                    ),
+                ] {
+                    if part.is_empty() {
+                        continue;
+                    }
+                    let inputs = loss::Inputs {
+                        completions: part,
+                        num_items_in_batch: items,
+                        sampler_correction: correction,
+                    };
+                    let computed = loss::compute(
+                        &self.config,
+                        &inputs,
+                        &logprobs.narrow(0, offset, tokens)?,
+                        &entropies.narrow(0, offset, tokens)?,
+                    )?;
+                    metrics.extend(
+                        computed
+                            .metrics
+                            .into_iter()
+                            .map(|(name, value)| (format!("{prefix}{name}"), value)),
+                    );
+                    let weighted = (computed.loss * weight)?;
+                    total = Some(match total {
+                        Some(sum) => (sum + weighted)?,
+                        None => weighted,
+                    });
+                }
+                match total {
+                    Some(total) => Ok(total),
+                    None => Tensor::zeros((), logprobs.dtype(), logprobs.device()),
+                }
             },
         )?;
         let value = value
             .to_dtype(candle_core::DType::F64)?
             .to_scalar::<f64>()?;
         Ok((value, grads, metrics))
+    }
+
+    /// ERL's internalization on one micro-batch's share of the generation's internalized sequences:
+    /// `internalization_coef` × the summed negative log-likelihood (temperature 1) of their trained
+    /// tokens over `total`, the trained tokens of all of them, so that the micro-batches add up to the
+    /// mean cross-entropy of the generation.
+    fn internalization_step(
+        &self,
+        sequences: &[Sequence],
+        total: usize,
+    ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
+        let completions: Vec<Completion> = sequences
+            .iter()
+            .map(|sequence| Completion {
+                sequences: vec![sequence.clone()],
+                advantage: 0.0,
+                mask: 1.0,
+                truncated: false,
+                old_logprobs: None,
+                ref_logprobs: None,
+                is_ratio: None,
+                second_loss: false,
+            })
+            .collect();
+        let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
+        let mut cross_entropy = f64::NAN;
+        let coef = self.config.internalization_coef;
+        let (value, grads) = score::backward(
+            &self.model,
+            &completions,
+            1.0,
+            self.config.gradient_checkpointing,
+            false,
+            |logprobs, _| {
+                let nll = logprobs.sum_all()?.neg()?;
+                cross_entropy = nll.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?
+                    / tokens.max(1) as f64;
+                nll * (coef / total.max(1) as f64)
+            },
+        )?;
+        let value = value
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
+        Ok((value, grads, metrics))
+    }
+
+    /// Adds a micro-batch's gradients to the step's.
+    fn accumulate(
+        &self,
+        grads: &mut [Option<Tensor>],
+        store: &candle_core::backprop::GradStore,
+    ) -> Result<(), TrainError> {
+        for ((_, var), slot) in self.vars.iter().zip(grads.iter_mut()) {
+            if let Some(grad) = store.get(var.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(sum) => (sum + grad)?,
+                    None => grad.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Rollouts of the held-out rows with the current weights (the same seed at every evaluation, so
@@ -744,6 +895,10 @@ impl<S: RolloutSource> Trainer<S> {
         let seed = mix(self.config.seed ^ EVAL);
         let (records, summary) =
             self.rollouts(runtime, rows, group, seed, step, "eval_rollouts.jsonl")?;
+        if let Some(memory) = self.source.reflection_memory() {
+            // Held-out rows must not teach the run: what their rollouts remembered is dropped.
+            memory.discard_pending();
+        }
         let mut metrics = BTreeMap::new();
         metrics.insert(
             "eval/reward".to_string(),

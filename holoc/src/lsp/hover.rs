@@ -56,6 +56,31 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
         "Reward `length_penalty`: a penalty for `var` longer than `max` characters.",
         "`var` (`answer`), `max` (1000), `weight` (1), `name`",
     ),
+    (
+        "Retry",
+        "ERL's gate: runs its body (reflection and second attempt) when the reward `score` is below `threshold`.",
+        "`score` (or one positional word: the reward component), `threshold` (1)",
+    ),
+    (
+        "Feedback",
+        "Writes the feedback recorded for a reward component (why it got its value).",
+        "one positional word or `score`: the reward component",
+    ),
+    (
+        "Score",
+        "Writes the value recorded for a reward component.",
+        "one positional word or `score`: the reward component",
+    ),
+    (
+        "Memory",
+        "Writes the most recent reflections of ERL's cross-episode memory.",
+        "`top_k` (3), `empty` (`None available.`)",
+    ),
+    (
+        "Remember",
+        "At the end, queues the variable it names for ERL's memory when the reward `score` is above `threshold`.",
+        "one positional word: the variable; `score`, `threshold` (0)",
+    ),
 ];
 
 /// What a sampler's generation arguments mean (docs/holoware.md, section 3.3).

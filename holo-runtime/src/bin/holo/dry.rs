@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::holotypes::Tools;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
 use holo_runtime::{
@@ -82,8 +81,7 @@ fn dry(
         || "placeholder".to_string(),
         |path| path.display().to_string(),
     );
-    let mut resources = Resources::default();
-    resources.insert(Tools::new().with_calculator());
+    let mut resources = crate::resources();
     if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
         return code;
     }
@@ -224,6 +222,9 @@ fn dry_loom(
             let weight = record.weights.get(name).copied().unwrap_or(1.0);
             Recorder::reward(&mut transcript, name, *value, weight);
         }
+        for (name, text) in &record.feedback {
+            Recorder::feedback(&mut transcript, name, text);
+        }
         let (line, rollout) = (record.row_index, record.rollout_index + 1);
         let rendered = match holophore {
             Some(holophore) => {
@@ -239,7 +240,13 @@ fn dry_loom(
                         })
                     })
                     .collect();
-                render_contexts(holophore.tokenizer(), &views, &transcript.rewards, color)
+                render_contexts(
+                    holophore.tokenizer(),
+                    &views,
+                    &transcript.rewards,
+                    &transcript.feedback,
+                    color,
+                )
             }
             None => transcript.render(color),
         };

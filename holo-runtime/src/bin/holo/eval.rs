@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::holotypes::Tools;
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
-use holo_runtime::{Resources, Sampler, Scripted};
+use holo_runtime::{Sampler, Scripted};
 
 use crate::{load, read_rows, runtime, NumberedRow, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
 
@@ -116,8 +115,7 @@ fn eval(
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let mut resources = Resources::default();
-    resources.insert(Tools::new().with_calculator());
+    let mut resources = crate::resources();
     if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
         return code;
     }

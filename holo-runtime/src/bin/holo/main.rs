@@ -410,6 +410,15 @@ fn main() -> ExitCode {
 const EXIT_FAILURES: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
+/// The resources `holo` gives every rollout: the `calculator` tool and ERL's reflection memory (the
+/// trainer sizes it from its configuration).
+fn resources() -> holo_runtime::Resources {
+    let mut resources = holo_runtime::Resources::default();
+    resources.insert(holotypes::Tools::new().with_calculator());
+    resources.insert(holotypes::ReflectionMemory::default());
+    resources
+}
+
 /// Gives the rollouts the code sandbox's policy, and checks before anything runs that the holoware's
 /// code can run here: by default, refuses where the machine cannot sandbox it.
 fn code_sandbox(

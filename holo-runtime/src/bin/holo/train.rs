@@ -6,11 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::CommandFactory;
-use holo_runtime::holotypes::{CodeSandbox, ToolStats, Tools};
+use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::Row;
 use holo_runtime::loom::Interpreted;
 use holo_runtime::train::{plot, ConfigBuilder, Policy, RunOptions, TrainError, Trainer};
-use holo_runtime::Resources;
 
 use super::{load, read_rows, Cli, EXIT_FAILURES, EXIT_USAGE};
 
@@ -168,8 +167,7 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Ok(policy) => policy,
         Err(error) => return usage(error),
     };
-    let mut resources = Resources::default();
-    resources.insert(Tools::new().with_calculator());
+    let mut resources = crate::resources();
     resources.insert(ToolStats::default());
     let limits = config
         .sandbox
