@@ -25,7 +25,10 @@ macro_rules! stand_in_holotypes {
 
         impl Holotype for $name {
             const PARAMS: &'static [&'static str] =
-                &["max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged"];
+                &[
+                    "max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged",
+                    "score", "threshold", "top_k",
+                ];
 
             fn new(_: &Args) -> Result<Self, HolotypeError> {
                 Ok($name)
@@ -49,9 +52,11 @@ stand_in_holotypes!(
     ExactAnswer,
     FormatReward,
     MathAnswer,
+    Memory,
     BingoAttractor,
     CodeExecutor,
     CorrectAnswerRule,
+    Feedback,
     FidelityAttractor,
     FidelityCritique,
     Inner,
@@ -60,7 +65,10 @@ stand_in_holotypes!(
     L,
     Middle,
     Outer,
+    Remember,
+    Retry,
     Rubric,
+    Score,
     Shout,
     SmolaToolAttractor,
     Tool,
@@ -144,6 +152,7 @@ holowares! {
     hol_arithmetic => "../hol/arithmetic.hol",
     hol_codemath => "../hol/codemath.hol",
     hol_doublecheck => "../hol/doublecheck.hol",
+    hol_erl => "../hol/erl.hol",
     hol_qa => "../hol/qa.hol",
     hol_tool => "../hol/tool.hol",
     hol_wordproblems => "../hol/wordproblems.hol",
