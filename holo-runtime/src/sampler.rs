@@ -113,6 +113,12 @@ pub trait TokenSink: Send + Sync {
         let _ = index;
         true
     }
+
+    /// Request `index` has started: it leaves the sampler's queue (the local model: it joins the batch),
+    /// for queue-time statistics. Samplers that do not queue need not call it.
+    fn started(&self, index: usize) {
+        let _ = index;
+    }
 }
 
 impl<F: Fn(usize, u32, f32) -> bool + Send + Sync> TokenSink for F {

@@ -13,6 +13,7 @@ pub(super) struct TemplateInputs {
 
 pub(super) async fn chat(
     state: &Arc<AppState>,
+    tally: &Tally,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let raw = body_bytes(body)?;
@@ -177,11 +178,13 @@ pub(super) async fn chat(
             },
         })
         .collect();
+    tally.prompt_tokens(prompt_ids.len());
     if let Some(options) = common.stream {
-        let events = state.submit(requests, true)?;
+        let events = state.submit(requests, true, tally)?;
         let endpoint = stream::Endpoint::Chat { logprobs };
         return Ok(stream::respond(
             Arc::clone(state),
+            tally,
             endpoint,
             common,
             options,
@@ -189,7 +192,7 @@ pub(super) async fn chat(
             events,
         ));
     }
-    let completions = state.generate(requests).await?;
+    let completions = state.generate(requests, tally).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
     for (index, completion) in completions.iter().enumerate() {
@@ -208,7 +211,7 @@ pub(super) async fn chat(
         choices.push(choice);
     }
     let mut answer = json!({
-        "id": state.response_id("chatcmpl"),
+        "id": state.response_id("chatcmpl", tally),
         "object": "chat.completion",
         "created": unix_time(),
         "model": state.id,

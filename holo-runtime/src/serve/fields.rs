@@ -5,6 +5,10 @@ use super::*;
 /// The body's bytes, or why they could not be read (too large, cut short).
 pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
+        if BodyTimeout::caused(&rejection) {
+            return ApiError::new(StatusCode::REQUEST_TIMEOUT, rejection.body_text())
+                .code("request_timeout");
+        }
         let status = rejection.status();
         let error = ApiError::new(
             status,

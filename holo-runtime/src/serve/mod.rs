@@ -26,6 +26,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /health` | `200 {"status": "ok"}` |
+//! | `GET /metrics` | Prometheus text: requests by status, prompt and generation tokens, queue and request times, open connections; with the local model, its queue, batch, keys-and-values bytes, tokens sampled and tokens per second (see [`metrics`](self#metrics)) |
 //! | `GET /v1/models` | `{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "holo", "root", "parent": null, "max_model_len"}]}` |
 //! | `GET /v1/models/{id}` | that model object, or 404 |
 //! | `POST /v1/completions` | a `text_completion` (below) |
@@ -33,6 +34,38 @@
 //! | anything else | 404 (unknown route) or 405 (wrong method), as an OpenAI error |
 //!
 //! Every prompt reaches the sampler as [`Prompt::Tokens`]: the server tokenizes, the sampler never sees text.
+//!
+//! # Connections
+//!
+//! The server runs its own accept loop over hyper (HTTP/1.1, keep-alive):
+//! - at most [`ServeConfig::max_connections`] connections are open at once (`holo serve
+//!   --max-connections`, default 512); further clients wait in the listen backlog until one closes;
+//! - a connection that has not sent a whole request head within [`ServeConfig::keep_alive_timeout`]
+//!   (`--keep-alive-timeout`, default 5 s, uvicorn's keep-alive) of opening or of its previous response
+//!   is closed: idle keep-alive sockets and slow headers alike;
+//! - a body that has not fully arrived [`ServeConfig::timeout`] after its head (`--timeout`, default
+//!   60 s) is answered 408 `request_timeout` and the connection closed; a client that reads nothing of
+//!   its response for that long is disconnected (a streamed request is then cancelled as when a client
+//!   leaves);
+//! - when the process runs out of file descriptors, accepting is retried as connections close (with a
+//!   backoff of up to a second) and logged (target `holo::serve`), instead of failing in a loop.
+//!
+//! Each request writes one access-log line, a `tracing` event at `INFO` with target `holo::access`
+//! (`holo serve` prints them on stderr unless `--no-access-log`): `id` (the answer's id), `method`, `path`,
+//! `status`, `prompt_tokens`, `completion_tokens`, `queue_ms` (until the sampler started the request's
+//! first sample; the local model reports when a sequence joins its batch, other samplers by their first
+//! token, `-` when neither), `total_ms` (until the last byte of the response) and `finished` (`false`
+//! when the client left first).
+//!
+//! ## Metrics
+//!
+//! `GET /metrics` (Prometheus text format 0.0.4): `holo_requests_total{status}`,
+//! `holo_prompt_tokens_total`, `holo_generation_tokens_total` (counted when a request ends), the
+//! summaries `holo_request_queue_seconds` and `holo_request_duration_seconds` (`_sum`, `_count`), and the
+//! gauge `holo_open_connections`. With the local model ([`ServedModel::local`]), also the gauges
+//! `holo_num_requests_waiting`, `holo_num_requests_running` (sequences, as vLLM's), `holo_kv_cache_bytes`
+//! and `holo_generation_tokens_per_second` (over the scheduler's last second of work), and the counter
+//! `holo_scheduler_generated_tokens_total` (requests in flight included).
 //!
 //! # Request fields
 //!
@@ -180,11 +213,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path as UrlPath, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -205,6 +238,9 @@ mod choices;
 mod completions;
 mod error;
 mod fields;
+mod listen;
+mod log;
+mod metrics;
 mod sampling;
 mod stream;
 
@@ -213,6 +249,8 @@ use choices::*;
 use completions::*;
 use error::*;
 use fields::*;
+use listen::{BodyTimeout, Connections};
+use log::{Counters, Tally};
 use sampling::*;
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
@@ -226,6 +264,8 @@ pub struct ServedModel {
     /// The context length (prompt + completion), when known; used to refuse prompts that do not fit and
     /// to default chat `max_tokens`.
     pub max_model_len: Option<u32>,
+    /// The local model's scheduler, whose queue, batch and cache `/metrics` reports.
+    pub scheduler: Option<Arc<crate::local::SchedulerStats>>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -264,6 +304,7 @@ impl ServedModel {
             tokenizer,
             template,
             max_model_len: None,
+            scheduler: None,
         }
     }
 
@@ -275,6 +316,7 @@ impl ServedModel {
             tokenizer: model.tokenizer().clone(),
             template: model.template().clone(),
             max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
+            scheduler: Some(model.scheduler_stats()),
             sampler: Arc::new(model),
         }
     }
@@ -322,17 +364,29 @@ impl ServedModel {
     }
 }
 
-/// What the server accepts.
+/// What the server accepts, and how long it waits for a client (see *Connections* in the
+/// [module documentation](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeConfig {
     /// The largest request body (default 64 MiB).
     pub max_body_bytes: usize,
+    /// Connections open at once at most (default 512); more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// How long a connection may go without sending a whole request head: idle between requests, or
+    /// slow to send its headers (default 5 s, uvicorn's keep-alive timeout).
+    pub keep_alive_timeout: Duration,
+    /// How long a request body may take to arrive after its head (then 408), and how long a client may
+    /// read nothing of its response (then it is disconnected); default 60 s.
+    pub timeout: Duration,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             max_body_bytes: 64 << 20,
+            max_connections: 512,
+            keep_alive_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(60),
         }
     }
 }
@@ -372,6 +426,7 @@ impl Server {
             mut tokenizer,
             template,
             max_model_len,
+            scheduler,
         } = model;
         // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
         tokenizer.with_padding(None);
@@ -402,6 +457,10 @@ impl Server {
             seeds: AtomicU64::new(clock_nonce()),
             ids: AtomicU64::new(0),
             nonce: clock_nonce() as u32,
+            connections: Arc::new(Connections::new(config.max_connections)),
+            counters: Counters::default(),
+            scheduler,
+            config: config.clone(),
         });
         Ok(Server {
             listener,
@@ -438,10 +497,8 @@ impl Server {
             ..
         } = self;
         let dispatcher = tokio::spawn(dispatch(jobs, sampler));
-        let app = router(state, config.max_body_bytes);
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let app = router(Arc::clone(&state), config.max_body_bytes);
+        let result = listen::serve(listener, app, state, shutdown).await;
         // The router (and with it every job sender) is gone: the dispatcher waits for the samples in
         // flight and ends.
         let _ = dispatcher.await;
@@ -519,12 +576,19 @@ struct AppState {
     /// Counter for response ids.
     ids: AtomicU64,
     nonce: u32,
+    connections: Arc<Connections>,
+    counters: Counters,
+    scheduler: Option<Arc<crate::local::SchedulerStats>>,
+    config: ServeConfig,
 }
 
 impl AppState {
-    fn response_id(&self, prefix: &str) -> String {
+    /// A new answer id, which the request's log line reports.
+    fn response_id(&self, prefix: &str, tally: &Tally) -> String {
         let count = self.ids.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:08x}{count:016x}", self.nonce)
+        let id = format!("{prefix}-{:08x}{count:016x}", self.nonce);
+        tally.id(&id);
+        id
     }
 
     fn fresh_seed(&self) -> u64 {
@@ -609,9 +673,14 @@ impl AppState {
         &self,
         requests: Vec<Request>,
         stream: bool,
+        tally: &Tally,
     ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
         let (events, receiver) = mpsc::unbounded_channel();
-        let outlet = Outlet { events, stream };
+        let outlet = Outlet {
+            events,
+            stream,
+            tally: tally.clone(),
+        };
         self.jobs.send(Job { requests, outlet }).map_err(|_| {
             ApiError::from_sampler(SamplerError::Unavailable(
                 "the server is shutting down".into(),
@@ -621,9 +690,13 @@ impl AppState {
     }
 
     /// Sends the request's samples to the sampler, then waits for all of them.
-    async fn generate(&self, requests: Vec<Request>) -> Result<Vec<Completion>, ApiError> {
+    async fn generate(
+        &self,
+        requests: Vec<Request>,
+        tally: &Tally,
+    ) -> Result<Vec<Completion>, ApiError> {
         let count = requests.len();
-        let mut events = self.submit(requests, false)?;
+        let mut events = self.submit(requests, false, tally)?;
         let mut results: Vec<Option<Result<Completion, SamplerError>>> =
             (0..count).map(|_| None).collect();
         let mut missing = count;
@@ -688,6 +761,7 @@ impl AppState {
 fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(one_model))
         .route("/v1/completions", post(completions))
@@ -726,7 +800,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no route {method} {}; routes: GET /health, GET /v1/models, POST /v1/completions, \
+            "no route {method} {}; routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions, \
              POST /v1/chat/completions",
             uri.path()
         ),
@@ -746,18 +820,20 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    complete(&state, body)
+    complete(&state, &tally, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    chat(&state, body)
+    chat(&state, &tally, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

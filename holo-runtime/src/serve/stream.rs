@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{
     chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
-    Event, StreamOptions,
+    Event, StreamOptions, Tally,
 };
 use crate::local::generate::{first_stop, floor_char_boundary, StreamedText};
 use crate::machine::Completion;
@@ -33,16 +33,20 @@ pub(super) enum Endpoint {
 /// The streamed answer to a request whose jobs report on `events`; choice `i` samples `prompts[i / n]`.
 pub(super) fn respond(
     state: Arc<AppState>,
+    tally: &Tally,
     endpoint: Endpoint,
     common: Common,
     options: StreamOptions,
     prompts: Vec<Vec<u32>>,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Response {
-    let id = state.response_id(match endpoint {
-        Endpoint::Completions { .. } => "cmpl",
-        Endpoint::Chat { .. } => "chatcmpl",
-    });
+    let id = state.response_id(
+        match endpoint {
+            Endpoint::Completions { .. } => "cmpl",
+            Endpoint::Chat { .. } => "chatcmpl",
+        },
+        tally,
+    );
     let count = prompts.len() * common.n as usize;
     let streamer = Streamer {
         id,

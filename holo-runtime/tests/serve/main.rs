@@ -8,6 +8,7 @@ mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod concurrency;
+mod connections;
 mod openai_sampler;
 mod python_client;
 mod raw_json;

@@ -859,6 +859,7 @@ async fn body_limit() {
     let f = start_with(
         ServeConfig {
             max_body_bytes: 1000,
+            ..ServeConfig::default()
         },
         None,
         Duration::ZERO,

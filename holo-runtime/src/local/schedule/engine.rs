@@ -319,6 +319,7 @@ impl<'a> Engine<'a> {
                     }
                     let (index, prompt, params) = pop_new(&mut group.waiting);
                     group.admitted += 1;
+                    group.listener.started(index);
                     distinct.insert(fingerprint(&prompt));
                     width = new_width;
                     chosen.push((id, index, prompt, params));

@@ -66,6 +66,10 @@ pub(in crate::local) trait Listener {
     fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool;
     /// Whether sequence `index`, not admitted yet, is still wanted.
     fn wanted(&self, index: usize) -> bool;
+    /// Sequence `index` joins a prefill: it has left the queue.
+    fn started(&mut self, index: usize) {
+        let _ = index;
+    }
 }
 
 /// A submission's results, in sequence order: a generation, or why the model failed it.

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -21,6 +22,8 @@ pub struct SchedulerStats {
     running: AtomicUsize,
     kv_bytes: AtomicUsize,
     generated: AtomicUsize,
+    /// Tokens per second over the last measured window, as `f64` bits.
+    rate: AtomicU64,
 }
 
 impl SchedulerStats {
@@ -42,6 +45,42 @@ impl SchedulerStats {
     /// Tokens sampled since the scheduler started.
     pub fn generated_tokens(&self) -> usize {
         self.generated.load(Ordering::Relaxed)
+    }
+
+    /// Tokens sampled per second over the engine's last second (or a little more) of steps; 0 once it is
+    /// idle.
+    pub fn tokens_per_second(&self) -> f64 {
+        f64::from_bits(self.rate.load(Ordering::Relaxed))
+    }
+}
+
+/// The shortest span of steps [`SchedulerStats::tokens_per_second`] averages over.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// Measures [`SchedulerStats::tokens_per_second`] on the engine's thread: the tokens of a window of
+/// steps at least [`RATE_WINDOW`] long.
+struct Rate {
+    since: Instant,
+    generated: usize,
+}
+
+impl Rate {
+    fn start(stats: &SchedulerStats) -> Rate {
+        Rate {
+            since: Instant::now(),
+            generated: stats.generated_tokens(),
+        }
+    }
+
+    /// After a step: a window that has lasted long enough becomes the rate, and a new one starts.
+    fn step(&mut self, stats: &SchedulerStats) {
+        let elapsed = self.since.elapsed();
+        if elapsed >= RATE_WINDOW {
+            let tokens = stats.generated_tokens() - self.generated;
+            let rate = tokens as f64 / elapsed.as_secs_f64();
+            stats.rate.store(rate.to_bits(), Ordering::Relaxed);
+            *self = Rate::start(stats);
+        }
     }
 }
 
@@ -66,6 +105,10 @@ impl Listener for SinkListener {
 
     fn wanted(&self, index: usize) -> bool {
         self.sink.wanted(self.indices[index])
+    }
+
+    fn started(&mut self, index: usize) {
+        self.sink.started(self.indices[index]);
     }
 }
 
@@ -165,9 +208,13 @@ fn run(
         let id = engine.submit(submission.sequences, Box::new(submission.listener));
         (id, submission.done)
     };
+    let mut rate = Rate::start(stats);
     loop {
         if engine.is_idle() {
-            match submissions.recv() {
+            stats.rate.store(0f64.to_bits(), Ordering::Relaxed);
+            let received = submissions.recv();
+            rate = Rate::start(stats);
+            match received {
                 Ok(submission) => {
                     let (id, done) = take(&mut engine, submission);
                     waiting_for.insert(id, done);
@@ -190,6 +237,7 @@ fn run(
         stats.waiting.store(engine.waiting(), Ordering::Relaxed);
         stats.running.store(engine.running(), Ordering::Relaxed);
         stats.kv_bytes.store(engine.kv_bytes(), Ordering::Relaxed);
+        rate.step(stats);
         for (id, results) in ended {
             if let Some(done) = waiting_for.remove(&id) {
                 let _ = done.send(results);
