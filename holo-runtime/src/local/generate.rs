@@ -31,6 +31,8 @@ pub struct GenerationParams {
     /// Sampling ends after the first of these appears in the decoded text, which keeps it.
     pub stop: Vec<String>,
     pub seed: u64,
+    /// How many of the most likely tokens to record at each position (see [`Generation::top_logprobs`]).
+    pub top_logprobs: usize,
 }
 
 impl Default for GenerationParams {
@@ -42,6 +44,7 @@ impl Default for GenerationParams {
             top_k: 0,
             stop: Vec::new(),
             seed: 0,
+            top_logprobs: 0,
         }
     }
 }
@@ -56,6 +59,9 @@ pub struct Generation {
     /// `log q(token)` under the distribution the token was drawn from (temperature, top-k, top-p
     /// applied); 0 for greedy choices.
     pub sampling_logprobs: Vec<f32>,
+    /// With [`GenerationParams::top_logprobs`] = k > 0, per token the k most likely tokens of the policy
+    /// at temperature 1 (the distribution of `logprobs`) and their log-probabilities, most likely first.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// The decoded tokens without special tokens, ending with the stop string when one matched.
     pub text: String,
     pub finish: Finish,
@@ -97,6 +103,7 @@ impl Row {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 sampling_logprobs: Vec::new(),
+                top_logprobs: Vec::new(),
                 text: String::new(),
                 finish: Finish::Length,
             },
@@ -273,7 +280,7 @@ pub fn generate_streaming(
 struct Callback<'f>(&'f mut dyn FnMut(usize, u32, f32) -> bool);
 
 impl Listener for Callback<'_> {
-    fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool {
+    fn token(&mut self, index: usize, token: u32, logprob: f32, _top: &[(u32, f32)]) -> bool {
         (self.0)(index, token, logprob)
     }
 
@@ -286,13 +293,19 @@ impl Listener for Callback<'_> {
 /// returns the token and its logprob under the policy.
 pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
+    let normaliser = (row.params.top_logprobs > 0).then(|| log_sum_exp(logits));
     // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
     let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
         sampling_logprob
     } else {
-        logits[token as usize] - log_sum_exp(logits)
+        logits[token as usize] - normaliser.unwrap_or_else(|| log_sum_exp(logits))
     };
     let generation = &mut row.generation;
+    if let Some(normaliser) = normaliser {
+        generation
+            .top_logprobs
+            .push(most_likely(logits, row.params.top_logprobs, normaliser));
+    }
     generation.tokens.push(token);
     generation.logprobs.push(logprob);
     generation.sampling_logprobs.push(sampling_logprob);
@@ -313,6 +326,26 @@ pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result
         row.done = true;
     }
     Ok((token, logprob))
+}
+
+/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals).
+fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(ids.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    ids.select_nth_unstable_by(k - 1, by_logit);
+    ids.truncate(k);
+    ids.sort_unstable_by(by_logit);
+    ids.into_iter()
+        .map(|id| (id, logits[id as usize] - normaliser))
+        .collect()
 }
 
 /// The stop string that ends first in `text[from..]` (the earliest start among those ending together),

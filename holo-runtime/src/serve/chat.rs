@@ -20,15 +20,16 @@ pub(super) async fn chat(
     let map = parse_object(&raw)?;
     let fields = Fields(&map);
     state.check_model(&fields)?;
-    let common = common(&fields, true)?;
+    let mut common = common(&fields, true)?;
     let logprobs = fields.bool("logprobs", false)?;
-    let top_logprobs = fields.integer("top_logprobs", 0, 20)?;
+    let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
     if top_logprobs.is_some() && !logprobs {
         return Err(ApiError::invalid(
             "top_logprobs",
             "`top_logprobs` needs `logprobs` set to true",
         ));
     }
+    common.params.top_logprobs = top_logprobs.unwrap_or(0) as u32;
     let add_generation_prompt = fields.bool("add_generation_prompt", true)?;
     let continue_final_message = fields.bool("continue_final_message", false)?;
     if add_generation_prompt && continue_final_message {

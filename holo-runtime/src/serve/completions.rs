@@ -10,8 +10,9 @@ pub(super) async fn complete(
     let map = parse_object(&body_bytes(body)?)?;
     let fields = Fields(&map);
     state.check_model(&fields)?;
-    let common = common(&fields, false)?;
-    let logprobs = fields.integer("logprobs", 0, 20)?;
+    let mut common = common(&fields, false)?;
+    let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
+    common.params.top_logprobs = logprobs.unwrap_or(0) as u32;
     let Some(prompt) = fields.get("prompt") else {
         return Err(ApiError::invalid("prompt", "`prompt` is required").code("missing_field"));
     };

@@ -2,7 +2,11 @@
 
 use super::*;
 
-/// The body's bytes, or why they could not be read (too large, cut short).
+/// The most alternatives per position `logprobs` (completions) and `top_logprobs` (chat) may ask for
+/// (vLLM's default `max_logprobs`).
+pub(super) const MAX_LOGPROBS: u64 = 20;
+
+/// The body's bytes, or why they could not be read (too large, cut short, too slow).
 pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if BodyTimeout::caused(&rejection) {
@@ -228,6 +232,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             top_k,
             stop,
             seed: None,
+            top_logprobs: 0,
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,

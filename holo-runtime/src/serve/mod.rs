@@ -104,12 +104,17 @@
 //! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
 //!   Strings are tokenized with the tokenizer; token ids must be below the tokenizer's vocabulary size. An
 //!   empty prompt (no tokens) is a 400, and so is a request for more than 4096 samples (prompts × `n`).
-//! - `logprobs`: an integer 0 to 20. The choice's `logprobs` is then
-//!   `{"tokens", "token_logprobs", "text_offset", "top_logprobs": null}`: one entry per sampled token, its
-//!   text (or `token_id:N`), its log-probability as the sampler reported it, and the character offset (in
-//!   Unicode code points, as Python counts them) where the token's text starts in the choice's text.
-//!   **`top_logprobs` is always `null`**: [`Completion`] carries the sampled token's log-probability only,
-//!   no alternatives.
+//! - `logprobs`: an integer 0 to 20 (vLLM's default `max_logprobs`; more is a 400). The choice's
+//!   `logprobs` is then `{"tokens", "token_logprobs", "text_offset", "top_logprobs"}`: one entry per
+//!   sampled token, its text (or `token_id:N`), its log-probability as the sampler reported it, the
+//!   character offset (in Unicode code points, as Python counts them) where the token's text starts in the
+//!   choice's text, and `{token: logprob}` of the sampled token and the `logprobs` most likely tokens at
+//!   its position (up to `logprobs + 1` entries, as OpenAI and vLLM write them). The alternatives are
+//!   [`Completion::top_logprobs`] ([`SampleParams::top_logprobs`] asks the sampler for them); with
+//!   `logprobs` > 0 and a sampler that reports none (the `openai` sampler), `top_logprobs` is `null`.
+//!   The local model's log-probabilities, the sampled token's and the alternatives', are those of the
+//!   model's own distribution (the softmax of its logits at temperature 1, before `temperature`,
+//!   `top_p` and `top_k`), as vLLM's default `logprobs_mode` (`raw_logprobs`) reports them.
 //! - `echo` must be false (the server returns the completion only).
 //!
 //! `POST /v1/chat/completions`:
@@ -122,8 +127,10 @@
 //!   and `chat_template_kwargs` (vLLM; extra template variables such as `enable_thinking`). A template that
 //!   raises, or an invalid combination, is a 400 naming the reason.
 //! - `logprobs: true` gives the choice a `logprobs: {"content": [{"token", "logprob", "bytes",
-//!   "top_logprobs": []}]}`; `top_logprobs` (0 to 20) is accepted and **its list is always empty** (no
-//!   alternatives, as above). `bytes` are the token's own bytes (a byte-level BPE token that holds part of
+//!   "top_logprobs": [{"token", "logprob", "bytes"}, ...]}]}`; `top_logprobs` (0 to 20, more is a 400)
+//!   entries per position, in vLLM's order: the sampled token first, then the most likely others (so
+//!   with a sampled token that is the most likely, the `top_logprobs` most likely tokens). Empty when
+//!   `top_logprobs` is 0 or the sampler reports no alternatives. `bytes` are the token's own bytes (a byte-level BPE token that holds part of
 //!   a UTF-8 character has its raw bytes here, while `token` shows the replacement character).
 //! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`.
 //!

@@ -25,6 +25,8 @@ pub(super) enum Event {
         choice: usize,
         token: u32,
         logprob: f32,
+        /// The most likely alternatives, when asked for and the sampler reports them.
+        top: Vec<(u32, f32)>,
     },
     Done {
         choice: usize,
@@ -36,6 +38,10 @@ pub(super) enum Event {
 /// dropped) wants no more tokens.
 impl TokenSink for Outlet {
     fn token(&self, choice: usize, token: u32, logprob: f32) -> bool {
+        self.token_with_top(choice, token, logprob, &[])
+    }
+
+    fn token_with_top(&self, choice: usize, token: u32, logprob: f32, top: &[(u32, f32)]) -> bool {
         // A sampler that does not say when it starts has started by its first token.
         self.tally.started();
         if self.stream {
@@ -44,6 +50,7 @@ impl TokenSink for Outlet {
                     choice,
                     token,
                     logprob,
+                    top: top.to_vec(),
                 })
                 .is_ok()
         } else {

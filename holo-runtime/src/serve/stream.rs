@@ -93,9 +93,11 @@ struct Streamer {
 /// What one choice has heard and sent.
 #[derive(Default)]
 struct ChoiceStream {
-    /// Every token reported so far (the completion's, once it has arrived), and their logprobs.
+    /// Every token reported so far (the completion's, once it has arrived), their logprobs, and their
+    /// most likely alternatives (when asked for and reported).
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top: Vec<Vec<(u32, f32)>>,
     /// The text decoded so far.
     decoded: StreamedText,
     /// The completion's text, once it has arrived.
@@ -151,8 +153,9 @@ impl Streamer {
                     choice,
                     token,
                     logprob,
+                    top,
                 } => {
-                    self.choices[choice].push(&self.state, &self.common, token, logprob);
+                    self.choices[choice].push(&self.state, &self.common, token, logprob, top);
                     touched.insert(choice);
                 }
                 Event::Done { choice, result } => {
@@ -240,6 +243,7 @@ impl Streamer {
                     common,
                     &choice.tokens[..tokens.end],
                     &choice.logprobs[..tokens.end],
+                    choice.top.get(..tokens.end).unwrap_or(&[]),
                     tokens.start,
                 ),
                 Endpoint::Chat { .. } => chat_logprobs(
@@ -247,6 +251,7 @@ impl Streamer {
                     common,
                     &choice.tokens[tokens.clone()],
                     &choice.logprobs[tokens.clone()],
+                    choice.top.get(tokens.clone()).unwrap_or(&[]),
                 ),
             }
         } else {
@@ -338,9 +343,19 @@ impl ChoiceStream {
             .unwrap_or_else(|| self.decoded.text())
     }
 
-    fn push(&mut self, state: &AppState, common: &Common, token: u32, logprob: f32) {
+    fn push(
+        &mut self,
+        state: &AppState,
+        common: &Common,
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    ) {
         self.tokens.push(token);
         self.logprobs.push(logprob);
+        if !top.is_empty() {
+            self.top.push(top);
+        }
         if self.held || self.finish.is_some() {
             return;
         }
@@ -400,6 +415,7 @@ impl ChoiceStream {
             }
             self.tokens = completion.tokens.clone();
             self.logprobs = completion.logprobs.clone();
+            self.top = completion.top_logprobs.clone();
         }
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.

@@ -113,12 +113,12 @@ async fn holo_serve_cli_serves_a_local_model() {
     for (path, body) in [
         (
             "/v1/completions",
-            json!({"prompt": [1, 2, 3, 4], "max_tokens": 24, "seed": 4, "logprobs": 1, "stop": ["e"]}),
+            json!({"prompt": [1, 2, 3, 4], "max_tokens": 24, "seed": 4, "logprobs": 2, "stop": ["e"]}),
         ),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 24,
-                   "seed": 4, "logprobs": true, "n": 2}),
+                   "seed": 4, "logprobs": true, "top_logprobs": 3, "n": 2}),
         ),
     ] {
         let url = format!("{base}{path}");
@@ -173,6 +173,30 @@ async fn holo_serve_cli_serves_a_local_model() {
             };
             let (a, b) = (lp(&joined), lp(choice));
             assert_eq!(a.len(), b.len(), "{text}");
+            // The alternatives stream with their tokens (the local model reports them as it samples).
+            let top = |value: &Value| -> Vec<Value> {
+                let key = if chat { "content" } else { "top_logprobs" };
+                value["logprobs"][key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|entry| match chat {
+                        true => json!(entry["top_logprobs"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|alt| alt["token"].clone())
+                            .collect::<Vec<_>>()),
+                        false => json!(entry.as_object().unwrap().keys().collect::<Vec<_>>()),
+                    })
+                    .collect()
+            };
+            assert_eq!(top(&joined), top(choice), "{text}");
+            if chat {
+                assert!(top(choice)
+                    .iter()
+                    .all(|alts| alts.as_array().unwrap().len() == 3));
+            }
             assert!(
                 a.iter().zip(&b).all(|(a, b)| (a - b).abs() <= 1e-5),
                 "{a:?} vs {b:?}"

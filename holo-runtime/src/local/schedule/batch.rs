@@ -296,7 +296,16 @@ impl Engine<'_> {
                     .groups
                     .get_mut(&live.group)
                     .expect("a live row's group");
-                if !group.listener.token(live.row.index, token, logprob) {
+                let top = match live.row.params.top_logprobs {
+                    0 => &[][..],
+                    _ => live
+                        .row
+                        .generation
+                        .top_logprobs
+                        .last()
+                        .map_or(&[][..], Vec::as_slice),
+                };
+                if !group.listener.token(live.row.index, token, logprob, top) {
                     live.row.done = true;
                 }
             }

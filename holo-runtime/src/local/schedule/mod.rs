@@ -63,7 +63,7 @@ impl Default for Limits {
 /// Whoever waits for a submission's sequences.
 pub(in crate::local) trait Listener {
     /// Sequence `index` sampled `token`; whether it still wants tokens.
-    fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool;
+    fn token(&mut self, index: usize, token: u32, logprob: f32, top: &[(u32, f32)]) -> bool;
     /// Whether sequence `index`, not admitted yet, is still wanted.
     fn wanted(&self, index: usize) -> bool;
     /// Sequence `index` joins a prefill: it has left the queue.

@@ -98,9 +98,10 @@ struct SinkListener {
 }
 
 impl Listener for SinkListener {
-    fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool {
+    fn token(&mut self, index: usize, token: u32, logprob: f32, top: &[(u32, f32)]) -> bool {
         self.stats.generated.fetch_add(1, Ordering::Relaxed);
-        self.sink.token(self.indices[index], token, logprob)
+        self.sink
+            .token_with_top(self.indices[index], token, logprob, top)
     }
 
     fn wanted(&self, index: usize) -> bool {
