@@ -348,21 +348,25 @@ fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
         .collect()
 }
 
-/// The stop string that ends first in `text[from..]` (the earliest start among those ending together),
-/// and where it starts; `from` moves back to a character boundary. Empty stop strings never match.
-/// A stop string longer than the text searched is skipped before any work: preparing a search costs
-/// its length, which a client may make megabytes.
+/// The stop string that ends first among those that end in `text[new..]` (the earliest start among
+/// those ending together), and where it starts: with `new` the length of the text already searched,
+/// the matches the new text completes. Each stop string is searched only where it could hold a new
+/// byte (from `new - (its length - 1)`, moved back to a character boundary), so a search costs the
+/// stop strings' length once plus the new text per stop string, not the whole text; a stop string
+/// longer than the text is skipped. Empty stop strings never match.
 pub(crate) fn first_stop<'s>(
     text: &str,
-    from: usize,
+    new: usize,
     stops: &'s [String],
 ) -> Option<(usize, &'s String)> {
-    let from = floor_char_boundary(text, from);
-    let searched = text.len() - from;
+    let new = new.min(text.len());
     stops
         .iter()
-        .filter(|stop| !stop.is_empty() && stop.len() <= searched)
-        .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
+        .filter(|stop| !stop.is_empty() && stop.len() <= text.len())
+        .filter_map(|stop| {
+            let from = floor_char_boundary(text, new.saturating_sub(stop.len() - 1));
+            text[from..].find(stop.as_str()).map(|at| (from + at, stop))
+        })
         .min_by_key(|(at, stop)| (*at + stop.len(), *at))
 }
 
@@ -438,11 +442,9 @@ impl StopSearch {
             }
         }
         let text = self.decoded.text();
-        let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        // A stop string can end in the new text but start before it.
-        let from = self.searched.saturating_sub(longest);
+        let new = self.searched;
         self.searched = text.len();
-        first_stop(text, from, stops).is_some()
+        first_stop(text, new, stops).is_some()
     }
 }
 
@@ -571,6 +573,55 @@ mod tests {
             top_k,
             top_p,
             ..Default::default()
+        }
+    }
+
+    proptest::proptest! {
+        /// Searching each new piece of a growing text finds the stop a search of the whole text finds,
+        /// when the piece that completes it arrives, and nothing before.
+        #[test]
+        fn incremental_stop_search_equals_the_whole_search(
+            pieces in proptest::collection::vec("[abé]{0,4}", 1..12),
+            stops in proptest::collection::vec("[abé]{0,5}", 0..4),
+        ) {
+            let mut text = String::new();
+            let mut searched = 0;
+            for piece in &pieces {
+                text.push_str(piece);
+                let incremental = first_stop(&text, searched, &stops);
+                searched = text.len();
+                let whole = first_stop(&text, 0, &stops);
+                match incremental {
+                    Some(found) => {
+                        proptest::prop_assert_eq!(Some(found), whole);
+                        break;
+                    }
+                    None => proptest::prop_assert_eq!(whole, None),
+                }
+            }
+        }
+    }
+
+    /// The first stop to end in `text`, the obvious way: every end position in order.
+    fn naive_first_stop<'s>(text: &str, stops: &'s [String]) -> Option<(usize, &'s String)> {
+        (1..=text.len()).find_map(|end| {
+            stops
+                .iter()
+                .filter(|stop| {
+                    !stop.is_empty() && text.as_bytes()[..end].ends_with(stop.as_bytes())
+                })
+                .max_by_key(|stop| stop.len())
+                .map(|stop| (end - stop.len(), stop))
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_whole_search_is_the_naive_one(
+            text in "[abé]{0,12}",
+            stops in proptest::collection::vec("[abé]{0,5}", 0..4),
+        ) {
+            proptest::prop_assert_eq!(first_stop(&text, 0, &stops), naive_first_stop(&text, &stops));
         }
     }
 

@@ -380,8 +380,7 @@ impl ChoiceStream {
             self.releasable = text.len();
             return;
         };
-        let from = self.searched.saturating_sub(longest);
-        let releasable = match first_stop(text, from, stops) {
+        let releasable = match first_stop(text, self.searched, stops) {
             Some((at, stop)) => {
                 self.held = true;
                 if common.include_stop {

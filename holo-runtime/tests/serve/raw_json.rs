@@ -598,6 +598,18 @@ async fn request_errors() {
         ),
         (
             "/v1/completions",
+            json!({"prompt": "x", "stop": "s".repeat(16 << 20)}),
+            "stop",
+            "at most 128 stop strings of 16384 bytes in all",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stop": vec!["s"; 129]}),
+            "stop",
+            "has 129 strings",
+        ),
+        (
+            "/v1/completions",
             json!({"prompt": "x", "echo": true}),
             "echo",
             "echo",
