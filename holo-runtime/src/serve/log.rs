@@ -32,6 +32,8 @@ struct Fill {
     prompt_tokens: AtomicUsize,
     completion_tokens: AtomicUsize,
     started: OnceLock<Instant>,
+    /// The request body's `content-length`, when given.
+    body_bytes: u64,
 }
 
 impl Tally {
@@ -44,6 +46,11 @@ impl Tally {
             prompt_tokens: AtomicUsize::new(0),
             completion_tokens: AtomicUsize::new(0),
             started: OnceLock::new(),
+            body_bytes: request
+                .headers()
+                .get(axum::http::header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok()?.parse().ok())
+                .unwrap_or(0),
         }))
     }
 
@@ -116,11 +123,18 @@ impl End {
             finished,
             "request"
         );
+        // A large body's buffers (the body, its parsed JSON, its tokens) are freed by now.
+        if fill.body_bytes >= LARGE_BODY {
+            crate::memory::release();
+        }
         self.state
             .counters
             .record(self.status, prompt_tokens, completion_tokens, queue, total);
     }
 }
+
+/// Bodies from which on the allocator's free memory is given back after the request.
+const LARGE_BODY: u64 = 1 << 20;
 
 fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0

@@ -213,6 +213,8 @@ fn run(
     loop {
         if engine.is_idle() {
             stats.rate.store(0f64.to_bits(), Ordering::Relaxed);
+            // The batch's keys and values are freed: give them back before waiting.
+            crate::memory::release();
             let received = submissions.recv();
             rate = Rate::start(stats);
             match received {
