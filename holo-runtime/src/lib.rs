@@ -19,6 +19,7 @@ pub mod interpreter;
 pub mod local;
 pub mod loom;
 pub mod machine;
+pub mod memory;
 pub mod openai;
 pub mod resources;
 pub mod sampler;

@@ -720,6 +720,7 @@ impl Active<'_> {
                 top_k: sample.top_k,
                 stop: sample.stop,
                 seed: Some(request_seed(self.seed, self.samples)),
+                top_logprobs: 0,
             },
         }
     }

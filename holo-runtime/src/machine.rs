@@ -73,6 +73,10 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// Log-probability of each sampled token, when the sampler reports them.
     pub logprobs: Vec<f32>,
+    /// For each sampled token, when asked for ([`SampleParams::top_logprobs`](crate::SampleParams)) and
+    /// the sampler reports them: the most likely tokens at its position and their log-probabilities (of
+    /// the same distribution as `logprobs`), most likely first. Empty otherwise.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub finish: Finish,
 }
 

@@ -722,6 +722,7 @@ fn parse_answer(
         text,
         tokens,
         logprobs,
+        top_logprobs: Vec::new(),
         finish,
     })
 }

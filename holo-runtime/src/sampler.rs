@@ -39,6 +39,10 @@ pub struct SampleParams {
     pub stop: Vec<String>,
     /// Per-request seed, for reproducible sampling.
     pub seed: Option<u64>,
+    /// How many of the most likely tokens to report at each sampled position, with their
+    /// log-probabilities ([`Completion::top_logprobs`](crate::Completion::top_logprobs)); 0 for none.
+    /// Samplers that cannot report them leave the completion's list empty.
+    pub top_logprobs: u32,
 }
 
 /// One prompt of a batch.
@@ -107,11 +111,25 @@ pub trait TokenSink: Send + Sync {
     /// gone, and the sampler may stop it.
     fn token(&self, index: usize, token: u32, logprob: f32) -> bool;
 
+    /// [`TokenSink::token`] with the most likely tokens at its position and their log-probabilities
+    /// (as [`Completion::top_logprobs`](crate::Completion::top_logprobs) reports them), for samplers
+    /// asked for them ([`SampleParams::top_logprobs`]).
+    fn token_with_top(&self, index: usize, token: u32, logprob: f32, top: &[(u32, f32)]) -> bool {
+        let _ = top;
+        self.token(index, token, logprob)
+    }
+
     /// Whether request `index` is still wanted before it has sampled anything: a sampler may skip those
     /// that are not.
     fn wanted(&self, index: usize) -> bool {
         let _ = index;
         true
+    }
+
+    /// Request `index` has started: it leaves the sampler's queue (the local model: it joins the batch),
+    /// for queue-time statistics. Samplers that do not queue need not call it.
+    fn started(&self, index: usize) {
+        let _ = index;
     }
 }
 

@@ -587,6 +587,58 @@ fn greedy_logprobs_are_the_policy_and_sampling_logprobs_are_zero() {
 }
 
 #[test]
+fn top_logprobs_are_the_most_likely_tokens_of_the_policy() {
+    let tokenizer = tokenizer();
+    let vocab = config(Arch::Qwen2).vocab_size;
+    let model = random_model(&config(Arch::Qwen2), 6, DType::F32);
+    let stopping = Stopping {
+        eos: &[],
+        tokenizer: &tokenizer,
+    };
+    let prompt = vec![1u32, 5, 9];
+    // Greedy, sampled at temperature 1, and sampled under a temperature and top-k: the alternatives are
+    // always those of the policy at temperature 1, the distribution `logprobs` reports.
+    let all = |temperature: f64, top_k: usize| GenerationParams {
+        temperature,
+        top_k,
+        max_tokens: 8,
+        seed: 3,
+        top_logprobs: vocab,
+        ..Default::default()
+    };
+    let params = [all(0.0, 0), all(1.0, 0), all(0.7, 5)];
+    let prompts = vec![prompt; params.len()];
+    let outs = generate(&model, &stopping, &prompts, &params, None).unwrap();
+    for (out, params) in outs.iter().zip(&params) {
+        assert_eq!(out.top_logprobs.len(), out.tokens.len());
+        for ((&token, &logprob), top) in out.tokens.iter().zip(&out.logprobs).zip(&out.top_logprobs)
+        {
+            assert_eq!(top.len(), vocab);
+            assert!(top.windows(2).all(|pair| pair[0].1 >= pair[1].1), "{top:?}");
+            let total: f64 = top.iter().map(|(_, lp)| f64::from(*lp).exp()).sum();
+            assert!((total - 1.0).abs() < 1e-4, "{total}");
+            let entry = top.iter().find(|(id, _)| *id == token).unwrap();
+            assert!((entry.1 - logprob).abs() < 1e-5, "{entry:?} vs {logprob}");
+            if params.temperature == 0.0 {
+                assert_eq!(top[0].0, token);
+            }
+        }
+    }
+    // Asked for k, the first k of the whole list.
+    let three = GenerationParams {
+        top_logprobs: 3,
+        ..params[1].clone()
+    };
+    let out = generate(&model, &stopping, &prompts[..1], &[three], None)
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.tokens, outs[1].tokens);
+    for (top, whole) in out.top_logprobs.iter().zip(&outs[1].top_logprobs) {
+        assert_eq!(top[..], whole[..3]);
+    }
+}
+
+#[test]
 fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     use holo_runtime::local::model::LoraConfig;
 

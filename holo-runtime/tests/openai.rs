@@ -369,6 +369,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             top_k: Some(20),
             stop: vec!["</answer>".into(), "\n\n".into()],
             seed: Some(1234),
+            top_logprobs: 0,
         },
     };
     let completion = one(&sampler, request).await.unwrap();
@@ -406,6 +407,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             text: text.into(),
             tokens,
             logprobs,
+            top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
         }
     );
@@ -495,6 +497,7 @@ async fn chat_continues_a_final_assistant_message() {
             text: text.into(),
             tokens,
             logprobs,
+            top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
         }
     );

@@ -58,6 +58,7 @@ pub fn sequence(
         text: reply.to_string(),
         logprobs: vec![0.0; tokens.len()],
         tokens,
+        top_logprobs: Vec::new(),
         finish: Finish::EndOfTurn,
     };
     rollout

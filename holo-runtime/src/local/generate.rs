@@ -31,6 +31,8 @@ pub struct GenerationParams {
     /// Sampling ends after the first of these appears in the decoded text, which keeps it.
     pub stop: Vec<String>,
     pub seed: u64,
+    /// How many of the most likely tokens to record at each position (see [`Generation::top_logprobs`]).
+    pub top_logprobs: usize,
 }
 
 impl Default for GenerationParams {
@@ -42,6 +44,7 @@ impl Default for GenerationParams {
             top_k: 0,
             stop: Vec::new(),
             seed: 0,
+            top_logprobs: 0,
         }
     }
 }
@@ -56,6 +59,9 @@ pub struct Generation {
     /// `log q(token)` under the distribution the token was drawn from (temperature, top-k, top-p
     /// applied); 0 for greedy choices.
     pub sampling_logprobs: Vec<f32>,
+    /// With [`GenerationParams::top_logprobs`] = k > 0, per token the k most likely tokens of the policy
+    /// at temperature 1 (the distribution of `logprobs`) and their log-probabilities, most likely first.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// The decoded tokens without special tokens, ending with the stop string when one matched.
     pub text: String,
     pub finish: Finish,
@@ -97,6 +103,7 @@ impl Row {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 sampling_logprobs: Vec::new(),
+                top_logprobs: Vec::new(),
                 text: String::new(),
                 finish: Finish::Length,
             },
@@ -273,7 +280,7 @@ pub fn generate_streaming(
 struct Callback<'f>(&'f mut dyn FnMut(usize, u32, f32) -> bool);
 
 impl Listener for Callback<'_> {
-    fn token(&mut self, index: usize, token: u32, logprob: f32) -> bool {
+    fn token(&mut self, index: usize, token: u32, logprob: f32, _top: &[(u32, f32)]) -> bool {
         (self.0)(index, token, logprob)
     }
 
@@ -286,13 +293,19 @@ impl Listener for Callback<'_> {
 /// returns the token and its logprob under the policy.
 pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
     let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
+    let normaliser = (row.params.top_logprobs > 0).then(|| log_sum_exp(logits));
     // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
     let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
         sampling_logprob
     } else {
-        logits[token as usize] - log_sum_exp(logits)
+        logits[token as usize] - normaliser.unwrap_or_else(|| log_sum_exp(logits))
     };
     let generation = &mut row.generation;
+    if let Some(normaliser) = normaliser {
+        generation
+            .top_logprobs
+            .push(most_likely(logits, row.params.top_logprobs, normaliser));
+    }
     generation.tokens.push(token);
     generation.logprobs.push(logprob);
     generation.sampling_logprobs.push(sampling_logprob);
@@ -315,21 +328,45 @@ pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result
     Ok((token, logprob))
 }
 
-/// The stop string that ends first in `text[from..]` (the earliest start among those ending together),
-/// and where it starts; `from` moves back to a character boundary. Empty stop strings never match.
-/// A stop string longer than the text searched is skipped before any work: preparing a search costs
-/// its length, which a client may make megabytes.
+/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals).
+fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(ids.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    ids.select_nth_unstable_by(k - 1, by_logit);
+    ids.truncate(k);
+    ids.sort_unstable_by(by_logit);
+    ids.into_iter()
+        .map(|id| (id, logits[id as usize] - normaliser))
+        .collect()
+}
+
+/// The stop string that ends first among those that end in `text[new..]` (the earliest start among
+/// those ending together), and where it starts: with `new` the length of the text already searched,
+/// the matches the new text completes. Each stop string is searched only where it could hold a new
+/// byte (from `new - (its length - 1)`, moved back to a character boundary), so a search costs the
+/// stop strings' length once plus the new text per stop string, not the whole text; a stop string
+/// longer than the text is skipped. Empty stop strings never match.
 pub(crate) fn first_stop<'s>(
     text: &str,
-    from: usize,
+    new: usize,
     stops: &'s [String],
 ) -> Option<(usize, &'s String)> {
-    let from = floor_char_boundary(text, from);
-    let searched = text.len() - from;
+    let new = new.min(text.len());
     stops
         .iter()
-        .filter(|stop| !stop.is_empty() && stop.len() <= searched)
-        .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| (from + at, stop)))
+        .filter(|stop| !stop.is_empty() && stop.len() <= text.len())
+        .filter_map(|stop| {
+            let from = floor_char_boundary(text, new.saturating_sub(stop.len() - 1));
+            text[from..].find(stop.as_str()).map(|at| (from + at, stop))
+        })
         .min_by_key(|(at, stop)| (*at + stop.len(), *at))
 }
 
@@ -405,11 +442,9 @@ impl StopSearch {
             }
         }
         let text = self.decoded.text();
-        let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        // A stop string can end in the new text but start before it.
-        let from = self.searched.saturating_sub(longest);
+        let new = self.searched;
         self.searched = text.len();
-        first_stop(text, from, stops).is_some()
+        first_stop(text, new, stops).is_some()
     }
 }
 
@@ -538,6 +573,55 @@ mod tests {
             top_k,
             top_p,
             ..Default::default()
+        }
+    }
+
+    proptest::proptest! {
+        /// Searching each new piece of a growing text finds the stop a search of the whole text finds,
+        /// when the piece that completes it arrives, and nothing before.
+        #[test]
+        fn incremental_stop_search_equals_the_whole_search(
+            pieces in proptest::collection::vec("[abé]{0,4}", 1..12),
+            stops in proptest::collection::vec("[abé]{0,5}", 0..4),
+        ) {
+            let mut text = String::new();
+            let mut searched = 0;
+            for piece in &pieces {
+                text.push_str(piece);
+                let incremental = first_stop(&text, searched, &stops);
+                searched = text.len();
+                let whole = first_stop(&text, 0, &stops);
+                match incremental {
+                    Some(found) => {
+                        proptest::prop_assert_eq!(Some(found), whole);
+                        break;
+                    }
+                    None => proptest::prop_assert_eq!(whole, None),
+                }
+            }
+        }
+    }
+
+    /// The first stop to end in `text`, the obvious way: every end position in order.
+    fn naive_first_stop<'s>(text: &str, stops: &'s [String]) -> Option<(usize, &'s String)> {
+        (1..=text.len()).find_map(|end| {
+            stops
+                .iter()
+                .filter(|stop| {
+                    !stop.is_empty() && text.as_bytes()[..end].ends_with(stop.as_bytes())
+                })
+                .max_by_key(|stop| stop.len())
+                .map(|stop| (end - stop.len(), stop))
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_whole_search_is_the_naive_one(
+            text in "[abé]{0,12}",
+            stops in proptest::collection::vec("[abé]{0,5}", 0..4),
+        ) {
+            proptest::prop_assert_eq!(first_stop(&text, 0, &stops), naive_first_stop(&text, &stops));
         }
     }
 

@@ -282,6 +282,7 @@ impl LocalModel {
             top_k: params.top_k.unwrap_or(0) as usize,
             stop: params.stop.clone(),
             seed,
+            top_logprobs: params.top_logprobs as usize,
         })
     }
 
@@ -380,6 +381,7 @@ fn collect(
                             text: generation.text,
                             tokens: generation.tokens,
                             logprobs: generation.logprobs,
+                            top_logprobs: generation.top_logprobs,
                             finish: generation.finish,
                         }),
                         Err(error) => Err(SamplerError::Unavailable(format!(

@@ -13,21 +13,23 @@ pub(super) struct TemplateInputs {
 
 pub(super) async fn chat(
     state: &Arc<AppState>,
+    tally: &Tally,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let raw = body_bytes(body)?;
     let map = parse_object(&raw)?;
     let fields = Fields(&map);
     state.check_model(&fields)?;
-    let common = common(&fields, true)?;
+    let mut common = common(&fields, true)?;
     let logprobs = fields.bool("logprobs", false)?;
-    let top_logprobs = fields.integer("top_logprobs", 0, 20)?;
+    let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
     if top_logprobs.is_some() && !logprobs {
         return Err(ApiError::invalid(
             "top_logprobs",
             "`top_logprobs` needs `logprobs` set to true",
         ));
     }
+    common.params.top_logprobs = top_logprobs.unwrap_or(0) as u32;
     let add_generation_prompt = fields.bool("add_generation_prompt", true)?;
     let continue_final_message = fields.bool("continue_final_message", false)?;
     if add_generation_prompt && continue_final_message {
@@ -177,11 +179,13 @@ pub(super) async fn chat(
             },
         })
         .collect();
+    tally.prompt_tokens(prompt_ids.len());
     if let Some(options) = common.stream {
-        let events = state.submit(requests, true)?;
+        let events = state.submit(requests, true, tally)?;
         let endpoint = stream::Endpoint::Chat { logprobs };
         return Ok(stream::respond(
             Arc::clone(state),
+            tally,
             endpoint,
             common,
             options,
@@ -189,7 +193,7 @@ pub(super) async fn chat(
             events,
         ));
     }
-    let completions = state.generate(requests).await?;
+    let completions = state.generate(requests, tally).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
     for (index, completion) in completions.iter().enumerate() {
@@ -208,7 +212,7 @@ pub(super) async fn chat(
         choices.push(choice);
     }
     let mut answer = json!({
-        "id": state.response_id("chatcmpl"),
+        "id": state.response_id("chatcmpl", tally),
         "object": "chat.completion",
         "created": unix_time(),
         "model": state.id,

@@ -67,7 +67,14 @@ impl<'a> Choice<'a> {
             return Value::Null;
         }
         let completion = self.completion;
-        completion_logprobs(state, common, &completion.tokens, &completion.logprobs, 0)
+        completion_logprobs(
+            state,
+            common,
+            &completion.tokens,
+            &completion.logprobs,
+            &completion.top_logprobs,
+            0,
+        )
     }
 
     pub(super) fn chat_logprobs(&self, state: &AppState, common: &Common) -> Value {
@@ -79,6 +86,7 @@ impl<'a> Choice<'a> {
             common,
             &self.completion.tokens,
             &self.completion.logprobs,
+            &self.completion.top_logprobs,
         )
     }
 }
@@ -91,13 +99,21 @@ pub(super) fn token_name(state: &AppState, common: &Common, id: u32) -> String {
     }
 }
 
+/// The entries of a position's `top_logprobs`, in vLLM's order: the sampled token first, then the most
+/// likely others (`top`, most likely first).
+fn alternatives(sampled: (u32, f32), top: &[(u32, f32)]) -> impl Iterator<Item = (u32, f32)> + '_ {
+    std::iter::once(sampled).chain(top.iter().copied().filter(move |(id, _)| *id != sampled.0))
+}
+
 /// A completions `logprobs` block for the tokens `tokens[from..]` of a choice whose tokens so far are
-/// `tokens` (`logprobs` are theirs); `text_offset` counts from the start of the choice's text.
+/// `tokens` (`logprobs` are theirs, and `top` their most likely alternatives, empty when the sampler
+/// reported none); `text_offset` counts from the start of the choice's text.
 pub(super) fn completion_logprobs(
     state: &AppState,
     common: &Common,
     tokens: &[u32],
     logprobs: &[f32],
+    top: &[Vec<(u32, f32)>],
     from: usize,
 ) -> Value {
     let pieces: Vec<Vec<u8>> = tokens.iter().map(|&id| state.vocab.bytes(id)).collect();
@@ -107,31 +123,68 @@ pub(super) fn completion_logprobs(
         .map(|&id| token_name(state, common, id))
         .collect();
     let token_logprobs: Vec<Value> = logprobs[from..].iter().map(|&lp| logprob(lp)).collect();
+    // Per position `{token: logprob}` of the sampled token and the k most likely (up to k + 1 entries,
+    // as OpenAI's and vLLM's); with k > 0, only when the sampler reported the alternatives.
+    let reported = top.len() == tokens.len();
+    let top_logprobs = if common.params.top_logprobs == 0 || reported {
+        let positions: Vec<Value> = (from..tokens.len())
+            .map(|i| {
+                let top = if reported { top[i].as_slice() } else { &[] };
+                let mut entries = Map::new();
+                for (id, lp) in alternatives((tokens[i], logprobs[i]), top) {
+                    entries
+                        .entry(token_name(state, common, id))
+                        .or_insert_with(|| logprob(lp));
+                }
+                Value::Object(entries)
+            })
+            .collect();
+        Value::Array(positions)
+    } else {
+        Value::Null
+    };
     json!({
         "tokens": names,
         "token_logprobs": token_logprobs,
         "text_offset": text_offset,
-        "top_logprobs": null,
+        "top_logprobs": top_logprobs,
     })
 }
 
-/// A chat `logprobs` block for `tokens` (`logprobs` are theirs).
+/// A chat `logprobs` block for `tokens` (`logprobs` are theirs, and `top` their most likely alternatives,
+/// empty when the sampler reported none).
 pub(super) fn chat_logprobs(
     state: &AppState,
     common: &Common,
     tokens: &[u32],
     logprobs: &[f32],
+    top: &[Vec<(u32, f32)>],
 ) -> Value {
+    let entry = |id: u32, lp: f32| {
+        json!({
+            "token": token_name(state, common, id),
+            "logprob": logprob(lp),
+            "bytes": state.vocab.bytes(id),
+        })
+    };
+    let k = common.params.top_logprobs as usize;
+    let reported = top.len() == tokens.len();
     let content: Vec<Value> = tokens
         .iter()
         .zip(logprobs)
-        .map(|(&id, &lp)| {
-            json!({
-                "token": token_name(state, common, id),
-                "logprob": logprob(lp),
-                "bytes": state.vocab.bytes(id),
-                "top_logprobs": [],
-            })
+        .enumerate()
+        .map(|(i, (&id, &lp))| {
+            // vLLM's list: the first `top_logprobs` of the sampled token and the most likely others.
+            let alternatives: Vec<Value> = match reported {
+                true => alternatives((id, lp), &top[i])
+                    .take(k)
+                    .map(|(id, lp)| entry(id, lp))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let mut value = entry(id, lp);
+            value["top_logprobs"] = Value::Array(alternatives);
+            value
         })
         .collect();
     json!({ "content": content })

@@ -4,13 +4,15 @@ use super::*;
 
 pub(super) async fn complete(
     state: &Arc<AppState>,
+    tally: &Tally,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = parse_object(&body_bytes(body)?)?;
     let fields = Fields(&map);
     state.check_model(&fields)?;
-    let common = common(&fields, false)?;
-    let logprobs = fields.integer("logprobs", 0, 20)?;
+    let mut common = common(&fields, false)?;
+    let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
+    common.params.top_logprobs = logprobs.unwrap_or(0) as u32;
     let Some(prompt) = fields.get("prompt") else {
         return Err(ApiError::invalid("prompt", "`prompt` is required").code("missing_field"));
     };
@@ -52,13 +54,15 @@ pub(super) async fn complete(
             });
         }
     }
+    tally.prompt_tokens(prompts.iter().map(Vec::len).sum());
     if let Some(options) = common.stream {
-        let events = state.submit(requests, true)?;
+        let events = state.submit(requests, true, tally)?;
         let endpoint = stream::Endpoint::Completions {
             logprobs: logprobs.is_some(),
         };
         return Ok(stream::respond(
             Arc::clone(state),
+            tally,
             endpoint,
             common,
             options,
@@ -66,7 +70,7 @@ pub(super) async fn complete(
             events,
         ));
     }
-    let completions = state.generate(requests).await?;
+    let completions = state.generate(requests, tally).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
     for (index, completion) in completions.iter().enumerate() {
@@ -91,7 +95,7 @@ pub(super) async fn complete(
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     Ok(Json(json!({
-        "id": state.response_id("cmpl"),
+        "id": state.response_id("cmpl", tally),
         "object": "text_completion",
         "created": unix_time(),
         "model": state.id,

@@ -93,6 +93,13 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("1"),
             );
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still come: the connection cannot carry another request.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         response
     }
 }

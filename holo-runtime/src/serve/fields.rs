@@ -2,9 +2,22 @@
 
 use super::*;
 
-/// The body's bytes, or why they could not be read (too large, cut short).
+/// The most alternatives per position `logprobs` (completions) and `top_logprobs` (chat) may ask for
+/// (vLLM's default `max_logprobs`).
+pub(super) const MAX_LOGPROBS: u64 = 20;
+
+/// The most stop strings a request may have, and their most bytes in all: every sample keeps its own
+/// copy, and every sampled token is searched for each (OpenAI allows 4 stop strings; vLLM sets no limit).
+pub(super) const MAX_STOP_STRINGS: usize = 128;
+pub(super) const MAX_STOP_BYTES: usize = 16 << 10;
+
+/// The body's bytes, or why they could not be read (too large, cut short, too slow).
 pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
+        if BodyTimeout::caused(&rejection) {
+            return ApiError::new(StatusCode::REQUEST_TIMEOUT, rejection.body_text())
+                .code("request_timeout");
+        }
         let status = rejection.status();
         let error = ApiError::new(
             status,
@@ -200,6 +213,17 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             "`stop` strings must not be empty",
         ));
     }
+    let stop_bytes: usize = stop.iter().map(String::len).sum();
+    if stop.len() > MAX_STOP_STRINGS || stop_bytes > MAX_STOP_BYTES {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "`stop` has {} strings of {stop_bytes} bytes in all; a request may have at most \
+                 {MAX_STOP_STRINGS} stop strings of {MAX_STOP_BYTES} bytes in all",
+                stop.len()
+            ),
+        ));
+    }
     let seed = match fields.get("seed") {
         None => None,
         Some(value) => match (value.as_u64(), value.as_i64()) {
@@ -224,6 +248,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             top_k,
             stop,
             seed: None,
+            top_logprobs: 0,
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,

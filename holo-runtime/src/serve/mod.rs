@@ -26,6 +26,7 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /health` | `200 {"status": "ok"}` |
+//! | `GET /metrics` | Prometheus text: requests by status, prompt and generation tokens, queue and request times, open connections; with the local model, its queue, batch, keys-and-values bytes, tokens sampled and tokens per second (see [`metrics`](self#metrics)) |
 //! | `GET /v1/models` | `{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "holo", "root", "parent": null, "max_model_len"}]}` |
 //! | `GET /v1/models/{id}` | that model object, or 404 |
 //! | `POST /v1/completions` | a `text_completion` (below) |
@@ -33,6 +34,38 @@
 //! | anything else | 404 (unknown route) or 405 (wrong method), as an OpenAI error |
 //!
 //! Every prompt reaches the sampler as [`Prompt::Tokens`]: the server tokenizes, the sampler never sees text.
+//!
+//! # Connections
+//!
+//! The server runs its own accept loop over hyper (HTTP/1.1, keep-alive):
+//! - at most [`ServeConfig::max_connections`] connections are open at once (`holo serve
+//!   --max-connections`, default 512); further clients wait in the listen backlog until one closes;
+//! - a connection that has not sent a whole request head within [`ServeConfig::keep_alive_timeout`]
+//!   (`--keep-alive-timeout`, default 5 s, uvicorn's keep-alive) of opening or of its previous response
+//!   is closed: idle keep-alive sockets and slow headers alike;
+//! - a body that has not fully arrived [`ServeConfig::timeout`] after its head (`--timeout`, default
+//!   60 s) is answered 408 `request_timeout` and the connection closed; a client that reads nothing of
+//!   its response for that long is disconnected (a streamed request is then cancelled as when a client
+//!   leaves);
+//! - when the process runs out of file descriptors, accepting is retried as connections close (with a
+//!   backoff of up to a second) and logged (target `holo::serve`), instead of failing in a loop.
+//!
+//! Each request writes one access-log line, a `tracing` event at `INFO` with target `holo::access`
+//! (`holo serve` prints them on stderr unless `--no-access-log`): `id` (the answer's id), `method`, `path`,
+//! `status`, `prompt_tokens`, `completion_tokens`, `queue_ms` (until the sampler started the request's
+//! first sample; the local model reports when a sequence joins its batch, other samplers by their first
+//! token, `-` when neither), `total_ms` (until the last byte of the response) and `finished` (`false`
+//! when the client left first).
+//!
+//! ## Metrics
+//!
+//! `GET /metrics` (Prometheus text format 0.0.4): `holo_requests_total{status}`,
+//! `holo_prompt_tokens_total`, `holo_generation_tokens_total` (counted when a request ends), the
+//! summaries `holo_request_queue_seconds` and `holo_request_duration_seconds` (`_sum`, `_count`), and the
+//! gauge `holo_open_connections`. With the local model ([`ServedModel::local`]), also the gauges
+//! `holo_num_requests_waiting`, `holo_num_requests_running` (sequences, as vLLM's), `holo_kv_cache_bytes`
+//! and `holo_generation_tokens_per_second` (over the scheduler's last second of work), and the counter
+//! `holo_scheduler_generated_tokens_total` (requests in flight included).
 //!
 //! # Request fields
 //!
@@ -49,7 +82,10 @@
 //!   default. With a known `max_model_len`, a prompt plus `max_tokens` longer than it is a 400.
 //! - `temperature` (finite, ≥ 0), `top_p` (in (0, 1]), `top_k` (vLLM: an integer ≥ 1; `-1` or `0` turn it
 //!   off).
-//! - `stop`: a string or a list of strings (none empty). The text of a choice ends *before* the stop string
+//! - `stop`: a string or a list of strings (none empty; at most 128 strings of 16 KiB in all, a 400
+//!   beyond: each sample keeps its own copy and each token is searched for each — vLLM has no limit,
+//!   OpenAI allows 4). Each new token's text is searched only where a stop string could hold a new
+//!   byte, so a stop costs its length, not the length of the text so far. The text of a choice ends *before* the stop string
 //!   that ended it (OpenAI's behaviour) unless `include_stop_str_in_output` (vLLM) is true; the choice's
 //!   `stop_reason` (vLLM) is that string, or `null` when the model ended its turn or ran out of tokens.
 //! - `seed`: any integer that fits 64 bits (a negative one is read as its two's complement). With `n`
@@ -71,12 +107,17 @@
 //! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
 //!   Strings are tokenized with the tokenizer; token ids must be below the tokenizer's vocabulary size. An
 //!   empty prompt (no tokens) is a 400, and so is a request for more than 4096 samples (prompts × `n`).
-//! - `logprobs`: an integer 0 to 20. The choice's `logprobs` is then
-//!   `{"tokens", "token_logprobs", "text_offset", "top_logprobs": null}`: one entry per sampled token, its
-//!   text (or `token_id:N`), its log-probability as the sampler reported it, and the character offset (in
-//!   Unicode code points, as Python counts them) where the token's text starts in the choice's text.
-//!   **`top_logprobs` is always `null`**: [`Completion`] carries the sampled token's log-probability only,
-//!   no alternatives.
+//! - `logprobs`: an integer 0 to 20 (vLLM's default `max_logprobs`; more is a 400). The choice's
+//!   `logprobs` is then `{"tokens", "token_logprobs", "text_offset", "top_logprobs"}`: one entry per
+//!   sampled token, its text (or `token_id:N`), its log-probability as the sampler reported it, the
+//!   character offset (in Unicode code points, as Python counts them) where the token's text starts in the
+//!   choice's text, and `{token: logprob}` of the sampled token and the `logprobs` most likely tokens at
+//!   its position (up to `logprobs + 1` entries, as OpenAI and vLLM write them). The alternatives are
+//!   [`Completion::top_logprobs`] ([`SampleParams::top_logprobs`] asks the sampler for them); with
+//!   `logprobs` > 0 and a sampler that reports none (the `openai` sampler), `top_logprobs` is `null`.
+//!   The local model's log-probabilities, the sampled token's and the alternatives', are those of the
+//!   model's own distribution (the softmax of its logits at temperature 1, before `temperature`,
+//!   `top_p` and `top_k`), as vLLM's default `logprobs_mode` (`raw_logprobs`) reports them.
 //! - `echo` must be false (the server returns the completion only).
 //!
 //! `POST /v1/chat/completions`:
@@ -89,8 +130,10 @@
 //!   and `chat_template_kwargs` (vLLM; extra template variables such as `enable_thinking`). A template that
 //!   raises, or an invalid combination, is a 400 naming the reason.
 //! - `logprobs: true` gives the choice a `logprobs: {"content": [{"token", "logprob", "bytes",
-//!   "top_logprobs": []}]}`; `top_logprobs` (0 to 20) is accepted and **its list is always empty** (no
-//!   alternatives, as above). `bytes` are the token's own bytes (a byte-level BPE token that holds part of
+//!   "top_logprobs": [{"token", "logprob", "bytes"}, ...]}]}`; `top_logprobs` (0 to 20, more is a 400)
+//!   entries per position, in vLLM's order: the sampled token first, then the most likely others (so
+//!   with a sampled token that is the most likely, the `top_logprobs` most likely tokens). Empty when
+//!   `top_logprobs` is 0 or the sampler reports no alternatives. `bytes` are the token's own bytes (a byte-level BPE token that holds part of
 //!   a UTF-8 character has its raw bytes here, while `token` shows the replacement character).
 //! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`.
 //!
@@ -180,11 +223,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path as UrlPath, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -205,6 +248,9 @@ mod choices;
 mod completions;
 mod error;
 mod fields;
+mod listen;
+mod log;
+mod metrics;
 mod sampling;
 mod stream;
 
@@ -213,6 +259,8 @@ use choices::*;
 use completions::*;
 use error::*;
 use fields::*;
+use listen::{BodyTimeout, Connections};
+use log::{Counters, Tally};
 use sampling::*;
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
@@ -226,6 +274,8 @@ pub struct ServedModel {
     /// The context length (prompt + completion), when known; used to refuse prompts that do not fit and
     /// to default chat `max_tokens`.
     pub max_model_len: Option<u32>,
+    /// The local model's scheduler, whose queue, batch and cache `/metrics` reports.
+    pub scheduler: Option<Arc<crate::local::SchedulerStats>>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -264,6 +314,7 @@ impl ServedModel {
             tokenizer,
             template,
             max_model_len: None,
+            scheduler: None,
         }
     }
 
@@ -275,6 +326,7 @@ impl ServedModel {
             tokenizer: model.tokenizer().clone(),
             template: model.template().clone(),
             max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
+            scheduler: Some(model.scheduler_stats()),
             sampler: Arc::new(model),
         }
     }
@@ -322,17 +374,29 @@ impl ServedModel {
     }
 }
 
-/// What the server accepts.
+/// What the server accepts, and how long it waits for a client (see *Connections* in the
+/// [module documentation](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeConfig {
     /// The largest request body (default 64 MiB).
     pub max_body_bytes: usize,
+    /// Connections open at once at most (default 512); more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// How long a connection may go without sending a whole request head: idle between requests, or
+    /// slow to send its headers (default 5 s, uvicorn's keep-alive timeout).
+    pub keep_alive_timeout: Duration,
+    /// How long a request body may take to arrive after its head (then 408), and how long a client may
+    /// read nothing of its response (then it is disconnected); default 60 s.
+    pub timeout: Duration,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             max_body_bytes: 64 << 20,
+            max_connections: 512,
+            keep_alive_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(60),
         }
     }
 }
@@ -372,6 +436,7 @@ impl Server {
             mut tokenizer,
             template,
             max_model_len,
+            scheduler,
         } = model;
         // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
         tokenizer.with_padding(None);
@@ -402,6 +467,10 @@ impl Server {
             seeds: AtomicU64::new(clock_nonce()),
             ids: AtomicU64::new(0),
             nonce: clock_nonce() as u32,
+            connections: Arc::new(Connections::new(config.max_connections)),
+            counters: Counters::default(),
+            scheduler,
+            config: config.clone(),
         });
         Ok(Server {
             listener,
@@ -438,10 +507,8 @@ impl Server {
             ..
         } = self;
         let dispatcher = tokio::spawn(dispatch(jobs, sampler));
-        let app = router(state, config.max_body_bytes);
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let app = router(Arc::clone(&state), config.max_body_bytes);
+        let result = listen::serve(listener, app, state, shutdown).await;
         // The router (and with it every job sender) is gone: the dispatcher waits for the samples in
         // flight and ends.
         let _ = dispatcher.await;
@@ -519,12 +586,19 @@ struct AppState {
     /// Counter for response ids.
     ids: AtomicU64,
     nonce: u32,
+    connections: Arc<Connections>,
+    counters: Counters,
+    scheduler: Option<Arc<crate::local::SchedulerStats>>,
+    config: ServeConfig,
 }
 
 impl AppState {
-    fn response_id(&self, prefix: &str) -> String {
+    /// A new answer id, which the request's log line reports.
+    fn response_id(&self, prefix: &str, tally: &Tally) -> String {
         let count = self.ids.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:08x}{count:016x}", self.nonce)
+        let id = format!("{prefix}-{:08x}{count:016x}", self.nonce);
+        tally.id(&id);
+        id
     }
 
     fn fresh_seed(&self) -> u64 {
@@ -609,9 +683,14 @@ impl AppState {
         &self,
         requests: Vec<Request>,
         stream: bool,
+        tally: &Tally,
     ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
         let (events, receiver) = mpsc::unbounded_channel();
-        let outlet = Outlet { events, stream };
+        let outlet = Outlet {
+            events,
+            stream,
+            tally: tally.clone(),
+        };
         self.jobs.send(Job { requests, outlet }).map_err(|_| {
             ApiError::from_sampler(SamplerError::Unavailable(
                 "the server is shutting down".into(),
@@ -621,9 +700,13 @@ impl AppState {
     }
 
     /// Sends the request's samples to the sampler, then waits for all of them.
-    async fn generate(&self, requests: Vec<Request>) -> Result<Vec<Completion>, ApiError> {
+    async fn generate(
+        &self,
+        requests: Vec<Request>,
+        tally: &Tally,
+    ) -> Result<Vec<Completion>, ApiError> {
         let count = requests.len();
-        let mut events = self.submit(requests, false)?;
+        let mut events = self.submit(requests, false, tally)?;
         let mut results: Vec<Option<Result<Completion, SamplerError>>> =
             (0..count).map(|_| None).collect();
         let mut missing = count;
@@ -688,6 +771,7 @@ impl AppState {
 fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(one_model))
         .route("/v1/completions", post(completions))
@@ -726,7 +810,7 @@ async fn not_found(method: Method, uri: Uri) -> Response {
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no route {method} {}; routes: GET /health, GET /v1/models, POST /v1/completions, \
+            "no route {method} {}; routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions, \
              POST /v1/chat/completions",
             uri.path()
         ),
@@ -746,18 +830,20 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    complete(&state, body)
+    complete(&state, &tally, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    chat(&state, body)
+    chat(&state, &tally, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

@@ -14,6 +14,8 @@ pub(super) struct Outlet {
     pub(super) events: mpsc::UnboundedSender<Event>,
     /// Whether the request wants tokens as they are sampled.
     pub(super) stream: bool,
+    /// The request's log line: when sampling started, how many tokens it sampled.
+    pub(super) tally: Tally,
 }
 
 /// What a request hears of its samples: tokens as they are sampled (streamed requests only), then each
@@ -23,6 +25,8 @@ pub(super) enum Event {
         choice: usize,
         token: u32,
         logprob: f32,
+        /// The most likely alternatives, when asked for and the sampler reports them.
+        top: Vec<(u32, f32)>,
     },
     Done {
         choice: usize,
@@ -34,12 +38,19 @@ pub(super) enum Event {
 /// dropped) wants no more tokens.
 impl TokenSink for Outlet {
     fn token(&self, choice: usize, token: u32, logprob: f32) -> bool {
+        self.token_with_top(choice, token, logprob, &[])
+    }
+
+    fn token_with_top(&self, choice: usize, token: u32, logprob: f32, top: &[(u32, f32)]) -> bool {
+        // A sampler that does not say when it starts has started by its first token.
+        self.tally.started();
         if self.stream {
             self.events
                 .send(Event::Token {
                     choice,
                     token,
                     logprob,
+                    top: top.to_vec(),
                 })
                 .is_ok()
         } else {
@@ -49,6 +60,10 @@ impl TokenSink for Outlet {
 
     fn wanted(&self, _choice: usize) -> bool {
         !self.events.is_closed()
+    }
+
+    fn started(&self, _choice: usize) {
+        self.tally.started();
     }
 }
 
@@ -99,6 +114,9 @@ pub(super) async fn sample(job: Job, sampler: Arc<dyn Sampler>) {
                 "the sampler returned {returned} results for a request of {count}"
             )))
         });
+        if let Ok(completion) = &result {
+            outlet.tally.add_completion_tokens(completion.tokens.len());
+        }
         let _ = outlet.events.send(Event::Done { choice, result });
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{
     chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
-    Event, StreamOptions,
+    Event, StreamOptions, Tally,
 };
 use crate::local::generate::{first_stop, floor_char_boundary, StreamedText};
 use crate::machine::Completion;
@@ -33,16 +33,20 @@ pub(super) enum Endpoint {
 /// The streamed answer to a request whose jobs report on `events`; choice `i` samples `prompts[i / n]`.
 pub(super) fn respond(
     state: Arc<AppState>,
+    tally: &Tally,
     endpoint: Endpoint,
     common: Common,
     options: StreamOptions,
     prompts: Vec<Vec<u32>>,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Response {
-    let id = state.response_id(match endpoint {
-        Endpoint::Completions { .. } => "cmpl",
-        Endpoint::Chat { .. } => "chatcmpl",
-    });
+    let id = state.response_id(
+        match endpoint {
+            Endpoint::Completions { .. } => "cmpl",
+            Endpoint::Chat { .. } => "chatcmpl",
+        },
+        tally,
+    );
     let count = prompts.len() * common.n as usize;
     let streamer = Streamer {
         id,
@@ -89,9 +93,11 @@ struct Streamer {
 /// What one choice has heard and sent.
 #[derive(Default)]
 struct ChoiceStream {
-    /// Every token reported so far (the completion's, once it has arrived), and their logprobs.
+    /// Every token reported so far (the completion's, once it has arrived), their logprobs, and their
+    /// most likely alternatives (when asked for and reported).
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top: Vec<Vec<(u32, f32)>>,
     /// The text decoded so far.
     decoded: StreamedText,
     /// The completion's text, once it has arrived.
@@ -147,8 +153,9 @@ impl Streamer {
                     choice,
                     token,
                     logprob,
+                    top,
                 } => {
-                    self.choices[choice].push(&self.state, &self.common, token, logprob);
+                    self.choices[choice].push(&self.state, &self.common, token, logprob, top);
                     touched.insert(choice);
                 }
                 Event::Done { choice, result } => {
@@ -236,6 +243,7 @@ impl Streamer {
                     common,
                     &choice.tokens[..tokens.end],
                     &choice.logprobs[..tokens.end],
+                    choice.top.get(..tokens.end).unwrap_or(&[]),
                     tokens.start,
                 ),
                 Endpoint::Chat { .. } => chat_logprobs(
@@ -243,6 +251,7 @@ impl Streamer {
                     common,
                     &choice.tokens[tokens.clone()],
                     &choice.logprobs[tokens.clone()],
+                    choice.top.get(tokens.clone()).unwrap_or(&[]),
                 ),
             }
         } else {
@@ -334,9 +343,19 @@ impl ChoiceStream {
             .unwrap_or_else(|| self.decoded.text())
     }
 
-    fn push(&mut self, state: &AppState, common: &Common, token: u32, logprob: f32) {
+    fn push(
+        &mut self,
+        state: &AppState,
+        common: &Common,
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    ) {
         self.tokens.push(token);
         self.logprobs.push(logprob);
+        if !top.is_empty() {
+            self.top.push(top);
+        }
         if self.held || self.finish.is_some() {
             return;
         }
@@ -361,8 +380,7 @@ impl ChoiceStream {
             self.releasable = text.len();
             return;
         };
-        let from = self.searched.saturating_sub(longest);
-        let releasable = match first_stop(text, from, stops) {
+        let releasable = match first_stop(text, self.searched, stops) {
             Some((at, stop)) => {
                 self.held = true;
                 if common.include_stop {
@@ -396,6 +414,7 @@ impl ChoiceStream {
             }
             self.tokens = completion.tokens.clone();
             self.logprobs = completion.logprobs.clone();
+            self.top = completion.top_logprobs.clone();
         }
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.

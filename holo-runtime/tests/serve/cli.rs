@@ -3,23 +3,10 @@
 
 use super::*;
 
-/// The `holo serve` child process; killed when dropped.
-#[cfg(feature = "cli")]
-struct Child(std::process::Child);
-
-#[cfg(feature = "cli")]
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_serve_cli_serves_a_local_model() {
-    use std::io::BufRead;
-    use std::process::{Command, Stdio};
+    use std::process::Command;
 
     use holo_runtime::local::{LocalModel, LocalOptions};
 
@@ -48,7 +35,7 @@ async fn holo_serve_cli_serves_a_local_model() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("error:"));
 
-    let mut child = Child(
+    let served = Served::start(
         Command::new(env!("CARGO_BIN_EXE_holo"))
             .args([
                 "serve",
@@ -58,29 +45,9 @@ async fn holo_serve_cli_serves_a_local_model() {
                 "--served-model-name",
                 "tiny",
             ])
-            .args(["--max-num-seqs", "4", "--max-num-batched-tokens", "64"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .args(["--max-num-seqs", "4", "--max-num-batched-tokens", "64"]),
     );
-    let stderr = child.0.stderr.take().unwrap();
-    let base = tokio::task::spawn_blocking(move || {
-        let mut seen = String::new();
-        for line in std::io::BufReader::new(stderr).lines() {
-            let line = line.unwrap();
-            if let Some(at) = line.find("http://") {
-                let url = line[at..].split_whitespace().next().unwrap().to_string();
-                return url;
-            }
-            seen.push_str(&line);
-            seen.push('\n');
-        }
-        panic!("holo serve ended without saying where it listens:\n{seen}");
-    })
-    .await
-    .unwrap();
-
+    let base = served.base.clone();
     let client = OpenAi::new(OpenAiConfig {
         proxy_from_env: false,
         max_retries: 0,
@@ -146,12 +113,12 @@ async fn holo_serve_cli_serves_a_local_model() {
     for (path, body) in [
         (
             "/v1/completions",
-            json!({"prompt": [1, 2, 3, 4], "max_tokens": 24, "seed": 4, "logprobs": 1, "stop": ["e"]}),
+            json!({"prompt": [1, 2, 3, 4], "max_tokens": 24, "seed": 4, "logprobs": 2, "stop": ["e"]}),
         ),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 24,
-                   "seed": 4, "logprobs": true, "n": 2}),
+                   "seed": 4, "logprobs": true, "top_logprobs": 3, "n": 2}),
         ),
     ] {
         let url = format!("{base}{path}");
@@ -206,6 +173,30 @@ async fn holo_serve_cli_serves_a_local_model() {
             };
             let (a, b) = (lp(&joined), lp(choice));
             assert_eq!(a.len(), b.len(), "{text}");
+            // The alternatives stream with their tokens (the local model reports them as it samples).
+            let top = |value: &Value| -> Vec<Value> {
+                let key = if chat { "content" } else { "top_logprobs" };
+                value["logprobs"][key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|entry| match chat {
+                        true => json!(entry["top_logprobs"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|alt| alt["token"].clone())
+                            .collect::<Vec<_>>()),
+                        false => json!(entry.as_object().unwrap().keys().collect::<Vec<_>>()),
+                    })
+                    .collect()
+            };
+            assert_eq!(top(&joined), top(choice), "{text}");
+            if chat {
+                assert!(top(choice)
+                    .iter()
+                    .all(|alts| alts.as_array().unwrap().len() == 3));
+            }
             assert!(
                 a.iter().zip(&b).all(|(a, b)| (a - b).abs() <= 1e-5),
                 "{a:?} vs {b:?}"
@@ -217,6 +208,194 @@ async fn holo_serve_cli_serves_a_local_model() {
         let roles = if chat { choices } else { 0 };
         assert!(payloads.len() > roles + choices, "{text}");
     }
-    drop(child);
+
+    // One access-log line per request on stderr, with the answer's id and its usage.
+    let answer: Value = http
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(json!({"prompt": [1, 2, 3], "max_tokens": 5, "n": 2, "seed": 1}).to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|text| serde_json::from_str(&text).unwrap())
+        .unwrap();
+    let id = answer["id"].as_str().unwrap();
+    let line = served.line_with(&format!("id={id} "));
+    let fields = access_fields(&line);
+    assert_eq!(fields["method"], "POST", "{line}");
+    assert_eq!(fields["path"], "/v1/completions", "{line}");
+    assert_eq!(fields["status"], "200", "{line}");
+    assert_eq!(fields["prompt_tokens"], "3", "{line}");
+    assert_eq!(
+        fields["completion_tokens"],
+        answer["usage"]["completion_tokens"].to_string(),
+        "{line}"
+    );
+    assert_eq!(fields["finished"], "true", "{line}");
+    let queue: f64 = fields["queue_ms"].parse().unwrap();
+    let total: f64 = fields["total_ms"].parse().unwrap();
+    assert!(0.0 <= queue && queue <= total, "{line}");
+
+    // /metrics: the local model's scheduler as well as the server's counters.
+    let page = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metrics = super::connections::parse_prometheus(&page);
+    assert!(
+        metrics["holo_scheduler_generated_tokens_total"] > 0.0,
+        "{page}"
+    );
+    assert!(metrics["holo_generation_tokens_total"] > 0.0, "{page}");
+    assert!(metrics["holo_request_queue_seconds_count"] > 0.0, "{page}");
+    for gauge in [
+        "holo_num_requests_waiting",
+        "holo_num_requests_running",
+        "holo_kv_cache_bytes",
+        "holo_generation_tokens_per_second",
+    ] {
+        assert!(metrics[gauge] >= 0.0, "{gauge}: {page}");
+    }
+    drop(served);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `holo serve` with 64 file descriptors and more connections than that: accepting fails for want of
+/// descriptors, the server says so and waits, the idle connections time out, and a request that came
+/// after all of them is answered.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_serve_recovers_when_it_runs_out_of_file_descriptors() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = std::env::temp_dir().join(format!("holo-serve-nofile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let init = Command::new(env!("CARGO_BIN_EXE_holo"))
+        .args(["init-model", "--preset", "tiny", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));
+    command
+        .args(["serve", dir.to_str().unwrap(), "--port", "0"])
+        .args(["--keep-alive-timeout", "0.5", "--max-connections", "1000"]);
+    const FILES: u64 = 64;
+    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: FILES,
+                rlim_max: FILES,
+            };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let served = Served::start(&mut command);
+    let addr = served.base.trim_start_matches("http://").to_string();
+    // More idle connections than the server has descriptors; the kernel queues those it cannot accept.
+    let mut idle = Vec::new();
+    for _ in 0..FILES + 16 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let mut last = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    last.write_all(b"GET /health HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), last.read_to_end(&mut answer))
+        .await
+        .expect("the request after the idle connections was answered in time")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let warning = served.line_with("cannot accept connections");
+    assert!(warning.contains("open_connections="), "{warning}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `holo serve` child (killed when dropped): where it listens, and its stderr lines as they come.
+#[cfg(feature = "cli")]
+struct Served {
+    child: std::process::Child,
+    base: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+#[cfg(feature = "cli")]
+impl Served {
+    fn start(command: &mut std::process::Command) -> Served {
+        use std::io::BufRead;
+        use std::process::Stdio;
+
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut served = Served {
+            child,
+            base: String::new(),
+            lines,
+        };
+        let line = served.line_with("http://");
+        let at = line.find("http://").unwrap();
+        served.base = line[at..].split_whitespace().next().unwrap().to_string();
+        served
+    }
+
+    /// The next stderr line that contains `text` (waiting at most a minute for it).
+    fn line_with(&self, text: &str) -> String {
+        let mut seen = String::new();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(line) => {
+                    seen.push_str(&line);
+                    seen.push('\n');
+                }
+                Err(error) => panic!("holo serve wrote no line with {text:?} ({error}):\n{seen}"),
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cli")]
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `key=value` fields of an access-log line.
+#[cfg(feature = "cli")]
+fn access_fields(line: &str) -> std::collections::HashMap<String, String> {
+    assert!(line.contains("holo::access"), "{line}");
+    line.split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
 }

@@ -8,6 +8,7 @@ mod cli;
 #[path = "../common/mod.rs"]
 mod common;
 mod concurrency;
+mod connections;
 mod openai_sampler;
 mod python_client;
 mod raw_json;
@@ -57,7 +58,9 @@ fn echo_window(prompt: &[u32]) -> &[u32] {
 
 /// Answers each token prompt with its last (up to) [`WINDOW`] tokens, cut by `max_tokens` (finish `Length`) or by
 /// the first stop string the decoded text contains (finish `Stop`, the text ending with it). Logprobs are
-/// exact binary fractions that depend on the position and the seed. Prompts whose text contains
+/// exact binary fractions that depend on the position and the seed; asked for `top_logprobs` = k, each
+/// position's alternatives are the echoed token and then token ids 1, 2, … (skipping it), each `1`
+/// less likely than the one before. Prompts whose text contains
 /// `UNAVAILABLE`, `OVERLOADED`, `MALFORMED` or `PANIC` fail that way. Records every batch.
 ///
 /// A streaming echo reports each token to the sink as it goes (sleeping `token_delay` after each), ends a
@@ -126,6 +129,7 @@ impl Echo {
         let max = params.max_tokens.map_or(usize::MAX, |max| max as usize);
         let mut tokens = Vec::new();
         let mut logprobs = Vec::new();
+        let mut top_logprobs = Vec::new();
         let mut text = String::new();
         let mut finish = Finish::EndOfTurn;
         for &id in window {
@@ -134,8 +138,12 @@ impl Echo {
                 break;
             }
             let logprob = -0.25 * (tokens.len() as f32 + 1.0) - 0.0625 * (seed % 4) as f32;
+            let top = echo_alternatives(id, logprob, params.top_logprobs as usize);
             tokens.push(id);
             logprobs.push(logprob);
+            if params.top_logprobs > 0 {
+                top_logprobs.push(top.clone());
+            }
             text = self.decode(&tokens);
             let first_stop = params
                 .stop
@@ -147,7 +155,7 @@ impl Echo {
                 finish = Finish::Stop(stop.clone());
             }
             if let Some((sink, index)) = sink {
-                if !sink.token(index, id, logprob) {
+                if !sink.token_with_top(index, id, logprob, &top) {
                     self.cancelled.fetch_add(1, Ordering::SeqCst);
                     finish = Finish::Length;
                     break;
@@ -162,6 +170,7 @@ impl Echo {
             text,
             tokens,
             logprobs,
+            top_logprobs,
             finish,
         })
     }
@@ -220,6 +229,16 @@ impl Sampler for Echo {
                 .collect()
         })
     }
+}
+
+/// The test sampler's `k` most likely tokens where it sampled `id` with `logprob` (see [`Echo`]).
+fn echo_alternatives(id: u32, logprob: f32, k: usize) -> Vec<(u32, f32)> {
+    std::iter::once(id)
+        .chain((1..).filter(|&other| other != id))
+        .take(k)
+        .enumerate()
+        .map(|(rank, token)| (token, logprob - rank as f32))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -134,6 +134,14 @@ async fn official_python_client() {
             prompt.len()
         );
         assert_eq!(choice["logprobs"]["text_offset"][0], 0);
+        // `logprobs=1`: the sampled token is the most likely, so each position's dict holds it alone.
+        for (i, &lp) in expected.iter().enumerate() {
+            let token = choice["logprobs"]["tokens"][i].as_str().unwrap();
+            assert_eq!(
+                choice["logprobs"]["top_logprobs"][i],
+                json!({token: f64::from(lp)})
+            );
+        }
     }
     assert_eq!(completion["usage"]["prompt_tokens"], prompt.len());
 
@@ -175,7 +183,14 @@ async fn official_python_client() {
             entry["logprob"].as_f64().unwrap() as f32,
             -0.25 * (i as f32 + 1.0) - 0.0625
         );
-        assert_eq!(entry["top_logprobs"], json!([]));
+        let lp = entry["logprob"].as_f64().unwrap();
+        assert_eq!(entry["top_logprobs"][0]["token"], entry["token"]);
+        assert_eq!(entry["top_logprobs"][0]["logprob"].as_f64().unwrap(), lp);
+        assert_eq!(
+            entry["top_logprobs"][1]["logprob"].as_f64().unwrap(),
+            lp - 1.0
+        );
+        assert_eq!(entry["top_logprobs"].as_array().unwrap().len(), 2);
         assert!(entry["bytes"].is_array());
     }
     assert_eq!(chat["usage"]["prompt_tokens"], rendered.len());
@@ -187,7 +202,7 @@ async fn official_python_client() {
         let joined = join_choice(chunks, index, false);
         assert_eq!(joined["text"], choice["text"]);
         assert_eq!(joined["finish_reason"], choice["finish_reason"]);
-        for key in ["tokens", "token_logprobs", "text_offset"] {
+        for key in ["tokens", "token_logprobs", "text_offset", "top_logprobs"] {
             assert_eq!(joined["logprobs"][key], choice["logprobs"][key], "{key}");
         }
     }

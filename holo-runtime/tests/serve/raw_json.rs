@@ -80,6 +80,7 @@ async fn completions_text_prompt() {
             top_k: Some(40),
             stop: vec![],
             seed: Some(11),
+            top_logprobs: 0,
         }
     );
     // Defaults: max_tokens 16 (OpenAI's), top_k -1 and 0 turn top-k off, an unseeded request still gets
@@ -240,7 +241,7 @@ async fn completions_logprobs() {
     let answer = f
         .ok(
             "/v1/completions",
-            json!({"prompt": text, "logprobs": 1, "seed": 2}),
+            json!({"prompt": text, "logprobs": 2, "seed": 2}),
         )
         .await;
     let choice = &answer["choices"][0];
@@ -250,7 +251,30 @@ async fn completions_logprobs() {
         .map(|i| -0.25 * (i as f32 + 1.0) - 0.125)
         .collect();
     assert_eq!(floats(&logprobs["token_logprobs"]), expected);
-    assert_eq!(logprobs["top_logprobs"], Value::Null);
+    // Per position the sampled token and the other most likely one, as vLLM writes them: `{token: logprob}`.
+    let top = logprobs["top_logprobs"].as_array().unwrap();
+    assert_eq!(top.len(), prompt.len());
+    for (i, (position, &lp)) in top.iter().zip(&expected).enumerate() {
+        let sampled = logprobs["tokens"][i].as_str().unwrap();
+        assert_eq!(position[sampled].as_f64().unwrap() as f32, lp, "{position}");
+        let mut values = floats(&Value::Array(
+            position.as_object().unwrap().values().cloned().collect(),
+        ));
+        values.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(values, [lp, lp - 1.0], "{position}");
+    }
+    // Asked for none, the sampled token alone.
+    let zero = f
+        .ok(
+            "/v1/completions",
+            json!({"prompt": text, "logprobs": 0, "seed": 2, "max_tokens": 2}),
+        )
+        .await;
+    let zero = &zero["choices"][0]["logprobs"];
+    assert_eq!(
+        zero["top_logprobs"],
+        json!([{zero["tokens"][0].as_str().unwrap(): -0.375}, {zero["tokens"][1].as_str().unwrap(): -0.625}])
+    );
     // Each token's text, and where it starts in the choice's text (in characters).
     let tokens: Vec<String> = logprobs["tokens"]
         .as_array()
@@ -356,7 +380,15 @@ async fn chat_completions() {
         for (i, entry) in entries.iter().enumerate() {
             let expected = -0.25 * (i as f32 + 1.0) - 0.0625 * (seed % 4) as f32;
             assert_eq!(entry["logprob"].as_f64().unwrap() as f32, expected);
-            assert_eq!(entry["top_logprobs"], json!([]));
+            // vLLM's list: the sampled token first, then the most likely others, `top_logprobs` in all.
+            let top = entry["top_logprobs"].as_array().unwrap();
+            assert_eq!(top[0]["token"], entry["token"]);
+            assert_eq!(top[0]["bytes"], entry["bytes"]);
+            let top_lps: Vec<f32> = top
+                .iter()
+                .map(|alt| alt["logprob"].as_f64().unwrap() as f32)
+                .collect();
+            assert_eq!(top_lps, [expected, expected - 1.0, expected - 2.0]);
             let bytes: Vec<u8> = entry["bytes"]
                 .as_array()
                 .unwrap()
@@ -556,6 +588,25 @@ async fn request_errors() {
             json!({"prompt": "x", "logprobs": 21}),
             "logprobs",
             "0 to 20",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                   "top_logprobs": 21}),
+            "top_logprobs",
+            "0 to 20",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stop": "s".repeat(16 << 20)}),
+            "stop",
+            "at most 128 stop strings of 16384 bytes in all",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "stop": vec!["s"; 129]}),
+            "stop",
+            "has 129 strings",
         ),
         (
             "/v1/completions",
@@ -859,6 +910,7 @@ async fn body_limit() {
     let f = start_with(
         ServeConfig {
             max_body_bytes: 1000,
+            ..ServeConfig::default()
         },
         None,
         Duration::ZERO,

@@ -120,6 +120,8 @@ enum Command {
         port: u16,
         #[command(flatten)]
         scheduler: serve::SchedulerArgs,
+        #[command(flatten)]
+        connections: serve::ConnectionArgs,
         /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
         #[arg(long)]
         served_model_name: Option<String>,
@@ -391,9 +393,18 @@ fn main() -> ExitCode {
             host,
             port,
             scheduler,
+            connections,
             served_model_name,
             local,
-        } => serve::run(model_dir, host, port, scheduler, served_model_name, local),
+        } => serve::run(
+            model_dir,
+            host,
+            port,
+            scheduler,
+            connections,
+            served_model_name,
+            local,
+        ),
         #[cfg(feature = "local")]
         Command::Train(args) => train::run(args, train_options),
         #[cfg(feature = "local")]

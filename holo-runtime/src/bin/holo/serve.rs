@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use crate::{LocalArgs, EXIT_FAILURES, EXIT_USAGE};
 
@@ -24,22 +25,81 @@ pub struct SchedulerArgs {
     max_waiting: u32,
 }
 
+/// How the server treats connections (uvicorn's defaults where it has them).
+#[derive(clap::Args, Debug)]
+pub struct ConnectionArgs {
+    /// Connections open at once at most; more wait (in the listen backlog) until one closes.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Seconds a request body may take to arrive (then 408), and a client may read nothing of its
+    /// response (then it is disconnected).
+    #[arg(long, default_value_t = 60.0, value_parser = positive_seconds)]
+    timeout: f64,
+    /// Seconds a connection may stay open without sending a whole request head (idle between
+    /// requests, or slow headers).
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+    keep_alive_timeout: f64,
+    /// No access log line per request on stderr.
+    #[arg(long)]
+    no_access_log: bool,
+}
+
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 => Ok(seconds),
+        Ok(_) => Err(format!("{text} is not a number of seconds above 0")),
+        Err(error) => Err(format!("{text} is not a number of seconds: {error}")),
+    }
+}
+
+impl ConnectionArgs {
+    fn config(&self) -> holo_runtime::serve::ServeConfig {
+        holo_runtime::serve::ServeConfig {
+            max_connections: self.max_connections as usize,
+            timeout: Duration::from_secs_f64(self.timeout),
+            keep_alive_timeout: Duration::from_secs_f64(self.keep_alive_timeout),
+            ..Default::default()
+        }
+    }
+}
+
 pub fn run(
     model_dir: PathBuf,
     host: String,
     port: u16,
     scheduler: SchedulerArgs,
+    connections: ConnectionArgs,
     served_model_name: Option<String>,
     local: LocalArgs,
 ) -> ExitCode {
+    log_to_stderr(!connections.no_access_log);
     serve(
         &model_dir,
         &host,
         port,
         &scheduler,
+        &connections,
         served_model_name,
         &local,
     )
+}
+
+/// The server's `tracing` events (the access log, target `holo::access`; accept failures) as lines on
+/// stderr.
+fn log_to_stderr(access_log: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_filter(tracing_subscriber::filter::filter_fn(move |metadata| {
+            let target = metadata.target();
+            let ours = target.starts_with("holo");
+            let shown = *metadata.level() <= tracing::Level::INFO;
+            ours && shown && (access_log || target != "holo::access")
+        }));
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
 }
 
 /// `holo serve`: loads the model folder and serves it until the process is interrupted.
@@ -60,11 +120,12 @@ fn serve(
     host: &str,
     port: u16,
     scheduler: &SchedulerArgs,
+    connections: &ConnectionArgs,
     served_model_name: Option<String>,
     local: &LocalArgs,
 ) -> ExitCode {
     use holo_runtime::local::LocalModel;
-    use holo_runtime::serve::{ServeConfig, ServedModel, Server};
+    use holo_runtime::serve::{ServedModel, Server};
 
     let mut options = match local.options(scheduler.max_num_seqs as usize) {
         Ok(options) => options,
@@ -75,7 +136,7 @@ fn serve(
         .kv_budget_mib
         .map_or(usize::MAX, |mib| (mib as usize).saturating_mul(1 << 20));
     options.max_waiting = scheduler.max_waiting as usize;
-    let config = ServeConfig::default();
+    let config = connections.config();
     let model = match LocalModel::load(model_dir, options) {
         Ok(model) => model,
         Err(error) => {
