@@ -80,6 +80,7 @@ impl Tutor {
             logprobs: vec![-0.5; tokens.len()],
             tokens,
             finish: Finish::EndOfTurn,
+            ..Completion::default()
         })
     }
 }

@@ -96,10 +96,16 @@ fn run(args: &[String]) -> Output {
 
 /// Trains `steps` steps uninterrupted, then again killed with SIGKILL right after its second checkpoint
 /// and resumed: the two runs must write the same metrics and rollouts.
-fn killed_and_resumed(name: &str, steps: u32, extra: &[&str]) {
+fn killed_and_resumed(name: &str, holoware: &str, steps: u32, extra: &[&str]) {
     let dir = scratch(name);
     let args_for = |out: &Path| {
         let mut args = train_args(out, steps);
+        args[1] = repo()
+            .join("holo-runtime/tests/fixtures/train")
+            .join(holoware)
+            .to_str()
+            .unwrap()
+            .into();
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     };
@@ -191,13 +197,26 @@ fn killed_and_resumed(name: &str, steps: u32, extra: &[&str]) {
 
 #[test]
 fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
-    killed_and_resumed("kill", 24, &[]);
+    killed_and_resumed("kill", "short.hol", 24, &[]);
+}
+
+/// ERL's memory (reflections whose retry came within the length limit) is in the checkpoints: the
+/// resumed run's reflections read the same memory as the uninterrupted run's.
+#[test]
+fn an_erl_run_resumes_to_the_same_metrics_and_memory() {
+    killed_and_resumed(
+        "kill-erl",
+        "erl.hol",
+        12,
+        &["--erl", "true", "--erl-algorithm", "2"],
+    );
 }
 
 #[test]
 fn a_lora_run_with_dropout_resumes_to_the_same_metrics() {
     killed_and_resumed(
         "kill-lora",
+        "short.hol",
         16,
         &[
             "--use-peft",

@@ -13,8 +13,9 @@
 //! 4. **GRPO** ([`Trainer`]) from the warmed-up weights on `hol/arithmetic.hol` (a numeric-answer and a
 //!    format reward: the reward knows the right sum) over the training pool, evaluating on the held-out
 //!    problems at the start and every few steps: `metrics.jsonl`, TensorBoard events, rollouts, the
-//!    last checkpoint and PNG plots in `RUN_DIR`. Rewarded for right answers, the model learns to carry
-//!    where its teacher did not.
+//!    last checkpoint and PNG plots in `RUN_DIR`; the problems are in `RUN_DIR/train.jsonl` and
+//!    `RUN_DIR/heldout.jsonl`, as `holo train` reads them. Rewarded for right answers, the model learns
+//!    to carry where its teacher did not.
 //! 5. **A table** ([`Report`]): per evaluation, the held-out accuracy (the fraction of held-out
 //!    rollouts whose answer is right, `eval/rewards/math_answer/mean`), the held-out pass@G (the
 //!    fraction of held-out problems with a right answer among their G rollouts), the held-out mean
@@ -245,6 +246,24 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         )));
     }
     let problems = data::split(FIRST, SECOND, options.heldout, options.seed).map_err(input)?;
+    std::fs::create_dir_all(out)
+        .map_err(|error| failed(format!("cannot create `{}`: {error}", out.display())))?;
+    // The problems as `holo train` reads them, so that other runs can start from this one's model.
+    for (file, problems) in [
+        ("train.jsonl", &problems.train),
+        ("heldout.jsonl", &problems.heldout),
+    ] {
+        let lines: String = problems
+            .iter()
+            .map(|problem| format!("{}\n", serde_json::Value::Object(problem.row())))
+            .collect();
+        std::fs::write(out.join(file), lines).map_err(|error| {
+            failed(format!(
+                "cannot write `{}`: {error}",
+                out.join(file).display()
+            ))
+        })?;
+    }
     let holoware = Arc::new(
         Holoware::load(
             HOLOWARE_NAME,
