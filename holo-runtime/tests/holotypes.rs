@@ -180,6 +180,101 @@ fn reward_components_are_named_and_weighted() {
 }
 
 #[test]
+fn rewards_give_feedback_and_a_skipped_turn_records_nothing() {
+    let source = "<|o_o|>\n<|question|>\n<|@_@:answer|>\n<|MathAnswer name=first|>\n<|FormatReward tags=\"reasoning answer\"|>\n<|Retry first threshold=1|>\n    <|o_o|>\n    again\n    <|@_@:retry|>\n    <|MathAnswer var=retry name=second|>\n";
+    let row = json!({"question": "What is 47+8?", "expected": "55"});
+    let passed = run(
+        source,
+        row.clone(),
+        &["<answer>55</answer>"],
+        &Resources::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        passed.feedback,
+        [
+            ("first".to_string(), "The answer 55 is correct.".to_string()),
+            (
+                "format".to_string(),
+                "The reply lacks <reasoning>...</reasoning>.".to_string()
+            )
+        ]
+    );
+    assert!(
+        !passed.rewards.iter().any(|(name, ..)| name == "second"),
+        "the gate skipped the retry, so `second` is missing, not 0: {:?}",
+        passed.rewards
+    );
+    let failed = run(
+        source,
+        row,
+        &["I think 45", "<answer>55</answer>"],
+        &Resources::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        rewards(&failed),
+        [
+            ("first", 0.0, 1.0),
+            ("format", 0.0, 1.0),
+            ("second", 1.0, 1.0)
+        ]
+    );
+    assert_eq!(failed.feedback[0].1, "The answer I think 45 is incorrect.");
+}
+
+#[test]
+fn feedback_score_and_memory_write_what_was_recorded() {
+    let source = "<|o_o|>\n<|question|>\n<|@_@:answer|>\n<|MathAnswer name=first|>\n<|o_o|>\n<|Feedback first|> (<|Score first|>) <|Memory top_k=2|>\n<|@_@:plan|>\n<|Remember plan score=first threshold=-1|>\n";
+    let memory = holotypes::ReflectionMemory::new(5);
+    for lesson in ["carry the one", "check the units", "add the tens"] {
+        memory.remember(lesson, 1.0);
+    }
+    memory.commit();
+    let mut resources = Resources::default();
+    resources.insert(memory);
+    let transcript = run(
+        source,
+        json!({"question": "What is 47+8?", "expected": "55"}),
+        &["<answer>45</answer>", "carry next time"],
+        &resources,
+    )
+    .unwrap();
+    let text = transcript.to_string();
+    assert!(
+        text.contains("The answer 45 is incorrect. (0) check the units\n\ncarry the one"),
+        "{text}"
+    );
+    let memory = resources.get::<holotypes::ReflectionMemory>().unwrap();
+    assert_eq!(memory.len(), 3, "remembered, not yet committed");
+    memory.commit();
+    assert_eq!(memory.recent(1), ["carry next time"]);
+}
+
+#[test]
+fn erl_holotypes_fail_clearly_without_their_inputs() {
+    let gate = "<|o_o|>\nQ\n<|@_@:answer|>\n<|Retry first|>\n    <|@_@:retry|>\n";
+    let error = run(gate, json!({}), &["x"], &Resources::default()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("no reward `first` was recorded before this tag"),
+        "{error}"
+    );
+    let memory = "<|o_o|>\n<|Memory|>\n<|@_@:answer|>\n";
+    let error = run(memory, json!({}), &["x"], &Resources::default()).unwrap_err();
+    assert!(error.to_string().contains("ReflectionMemory"), "{error}");
+    let unnamed = "<|o_o|>\nQ\n<|@_@:answer|>\n<|Feedback|>\n";
+    let error = run(unnamed, json!({}), &["x"], &Resources::default()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("needs the name of a reward component"),
+        "{error}"
+    );
+}
+
+#[test]
 fn missing_target_column_is_an_error_naming_it() {
     let source = "<|o_o|>\nQ\n<|@_@:answer|>\n<|ExactAnswer target=gold|>\n";
     let error = run(source, json!({}), &["x"], &Resources::default()).unwrap_err();
