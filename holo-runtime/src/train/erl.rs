@@ -140,9 +140,8 @@ pub fn split(
     }
 
     let mut metrics = BTreeMap::new();
-    let first_values: Vec<f64> = first.clone();
-    metrics.insert("reward".into(), nanmean(first_values.iter().copied()));
-    metrics.insert("reward_std".into(), nanstd(&first_values));
+    metrics.insert("reward".into(), nanmean(first.iter().copied()));
+    metrics.insert("reward_std".into(), nanstd(&first));
     let scorable = first.iter().filter(|r| !r.is_nan()).count();
     metrics.insert(
         "erl/retry_ratio".into(),
