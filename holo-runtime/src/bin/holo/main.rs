@@ -12,6 +12,8 @@ mod export_data;
 #[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
+mod options;
+#[cfg(feature = "local")]
 mod plot;
 #[cfg(feature = "local")]
 mod serve;
@@ -341,7 +343,10 @@ enum Color {
 
 fn main() -> ExitCode {
     #[cfg(feature = "local")]
-    let (args, train_options) = match train::split_options(std::env::args().collect()) {
+    let (args, train_options) = match options::split_options::<holo_runtime::train::GrpoConfig>(
+        std::env::args().collect(),
+        "train",
+    ) {
         Ok(split) => split,
         Err(message) => {
             eprintln!("error: {message}");
