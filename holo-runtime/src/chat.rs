@@ -240,6 +240,19 @@ pub struct Rendered {
     pub generation: Vec<std::ops::Range<usize>>,
 }
 
+/// Messages as the template values [`ChatTemplate::render_values`] takes (maps of `role` and `content`).
+pub fn message_values(messages: &[ChatMessage]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|message| {
+            Value::from_pairs([
+                ("role", Value::from(message.role.name())),
+                ("content", Value::from(message.content.as_str())),
+            ])
+        })
+        .collect()
+}
+
 /// Parses JSON text into a template value, keeping the key order of objects (as Python's `json.loads` does).
 pub fn json_value(text: &str) -> Result<Value, serde_json::Error> {
     serde_json::from_str(text)
@@ -545,24 +558,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         options: &RenderOptions,
     ) -> Result<String, ChatTemplateError> {
-        let messages = messages
-            .iter()
-            .map(|message| {
-                Value::from_pairs([
-                    ("role", Value::from(message.role.name())),
-                    ("content", Value::from(message.content.as_str())),
-                ])
-            })
-            .collect();
-        self.render_values(messages, options)
+        self.render_values(message_values(messages), options)
     }
 
     /// Renders a conversation and records the output of each `{% generation %}` block, as transformers'
     /// `apply_chat_template(..., return_assistant_tokens_mask=True)` does (and, like it, refuses
-    /// `continue_final_message`). A template without such blocks gives no spans.
+    /// `continue_final_message`). A template without such blocks gives no spans. Messages are template
+    /// values, as for [`ChatTemplate::render_values`].
     pub fn render_tracked(
         &self,
-        messages: &[ChatMessage],
+        messages: Vec<Value>,
         options: &RenderOptions,
     ) -> Result<Rendered, ChatTemplateError> {
         if options.continue_final_message {
@@ -575,7 +580,7 @@ impl ChatTemplate {
         tracked
             .variables
             .insert(TRACK_GENERATION.into(), Value::from(true));
-        let marked = self.render(messages, &tracked)?;
+        let marked = self.render_values(messages, &tracked)?;
         let mut text = String::with_capacity(marked.len());
         let mut generation = Vec::new();
         // Depth of the blocks open: a block inside another is part of the outer one's span.
@@ -1561,7 +1566,9 @@ mod tests {
             message(crate::Role::Assistant, "ok"),
         ];
         let options = RenderOptions::default();
-        let rendered = template.render_tracked(&messages, &options).unwrap();
+        let rendered = template
+            .render_tracked(message_values(&messages), &options)
+            .unwrap();
         assert_eq!(rendered.text, "user:hi;assistant:yo;user:é?;assistant:ok;");
         assert_eq!(
             rendered.text,
@@ -1577,7 +1584,7 @@ mod tests {
         assert!(template.has_generation_blocks(&options));
         assert!(!ChatTemplate::chatml().has_generation_blocks(&options));
         let plain = ChatTemplate::chatml()
-            .render_tracked(&messages, &options)
+            .render_tracked(message_values(&messages), &options)
             .unwrap();
         assert!(plain.generation.is_empty());
     }

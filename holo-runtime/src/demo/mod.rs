@@ -27,13 +27,11 @@ pub mod warmup;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::seq::IndexedRandom;
 
 use crate::holophore::Holophore;
@@ -42,6 +40,7 @@ use crate::interpreter::{Holoware, Row};
 use crate::local::init::{init_model, InitOptions, Preset};
 use crate::local::Arch;
 use crate::loom::{Interpreted, RolloutRecord};
+use crate::train::run::{progress_bar, Trainable};
 use crate::train::{checkpoint, plot, GrpoConfig, Policy, RunOptions, Trainer};
 use crate::Resources;
 
@@ -279,7 +278,7 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         options.warmup.steps, options.warmup.batch_size
     ));
     let config = options.grpo_config();
-    let warmup_loss = warm_up(options, &problems.train, &holoware, &config, &model_dir)?;
+    let warmup_loss = warm_up(options, &problems.train, &holoware, &model_dir)?;
     let warmup_seconds = started.elapsed().as_secs_f64();
     say(format!(
         "warm-up done in {warmup_seconds:.0} s (loss {warmup_loss:.3}); GRPO: {} steps of {} problems × {} rollouts on {HOLOWARE_NAME}, held-out evaluation every {} steps",
@@ -365,7 +364,6 @@ fn warm_up(
     options: &DemoOptions,
     problems: &[data::Problem],
     holoware: &Arc<Holoware>,
-    config: &GrpoConfig,
     model_dir: &Path,
 ) -> Result<f64, DemoError> {
     let failed = DemoError::Failed;
@@ -376,27 +374,13 @@ fn warm_up(
         .ok_or_else(|| failed("the model has no end-of-turn token".into()))?;
     let holophore = Holophore::new(Arc::new(policy.tokenizer), Arc::new(policy.template))
         .map_err(|error| failed(error.to_string()))?;
-    let (model, vars) = policy
-        .model
-        .trainable()
-        .map_err(|error| failed(error.to_string()))?;
     let budget = &options.warmup;
-    let bar = if options.progress && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::with_draw_target(Some(budget.steps), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] warm-up step {pos}/{len}, ETA {eta}, {msg}",
-        ) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let mut trained = Trainable::new(&policy.model, model_dir, &budget.config(options.seed))
+        .map_err(|error| failed(error.to_string()))?;
+    let bar = progress_bar(options.progress, budget.steps, "warm-up step");
     let teacher = options.teacher;
     let loss = warmup::train(
-        &model,
-        &vars,
-        config,
+        &mut trained,
         budget,
         options.seed,
         |rng| {
@@ -429,7 +413,9 @@ fn warm_up(
     bar.finish_and_clear();
     checkpoint::save_tensors(
         &model_dir.join("model.safetensors"),
-        vars.iter()
+        trained
+            .vars
+            .iter()
             .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
             .collect(),
     )

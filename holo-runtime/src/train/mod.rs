@@ -40,6 +40,7 @@ pub mod plot;
 pub mod run;
 mod sampling;
 pub mod score;
+pub mod sft;
 mod trainer;
 
 pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig, TrainingConfig};

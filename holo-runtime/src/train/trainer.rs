@@ -556,8 +556,9 @@ impl<S: RolloutSource> Trainer<S> {
             self.config.temperature,
             self.config.gradient_checkpointing,
             self.config.entropy_coef != 0.0,
-            |logprobs, entropies| {
-                let computed = loss::compute(&self.config, &inputs, logprobs, entropies)?;
+            |head| {
+                let computed =
+                    loss::compute(&self.config, &inputs, &head.logprobs, &head.entropies)?;
                 metrics = computed.metrics;
                 Ok(computed.loss)
             },
