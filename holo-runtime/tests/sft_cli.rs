@@ -192,7 +192,11 @@ fn bad_rows_and_options_fail_before_training_naming_line_and_key() {
 
     let data = fixtures().join("sft/train.jsonl");
     for (flag, value, expected) in [
-        ("--learning-rate", "fast", "--learning-rate: `learning_rate`"),
+        (
+            "--learning-rate",
+            "fast",
+            "--learning-rate: `learning_rate`",
+        ),
         ("--loss-type", "mse", "allowed values: nll, dft"),
         ("--packing", "true", "packing is not supported"),
         ("--num-generations", "4", "unknown option --num-generations"),

@@ -147,7 +147,13 @@ fn tokenization_losses_metrics_and_gradients_match_trl() {
                         .metrics
                         .get(key)
                         .unwrap_or_else(|| panic!("{name}: we log no {key}"));
-                    close(&format!("{what}: {key}"), *ours, theirs.as_f64().unwrap(), 1e-5, 1e-3);
+                    close(
+                        &format!("{what}: {key}"),
+                        *ours,
+                        theirs.as_f64().unwrap(),
+                        1e-5,
+                        1e-3,
+                    );
                 }
                 for (param, var) in &vars {
                     if let Some(grad) = computed.grads.get(var.as_tensor()) {
@@ -171,7 +177,13 @@ fn tokenization_losses_metrics_and_gradients_match_trl() {
                 let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
                 let theirs_norm = expected["l2_norm"].as_f64().unwrap();
                 let what = format!("{name} (recompute {recompute})");
-                close(&format!("{what}: ‖∇{param}‖"), norm, theirs_norm, 1e-5, 1e-9);
+                close(
+                    &format!("{what}: ‖∇{param}‖"),
+                    norm,
+                    theirs_norm,
+                    1e-5,
+                    1e-9,
+                );
                 let sum: f64 = grad.iter().map(|g| *g as f64).sum();
                 close(
                     &format!("{what}: Σ∇{param}"),

@@ -3,8 +3,10 @@
 //! 1. **A model**: a random Llama folder ([`init_model`], the offline 512-token tokenizer and ChatML)
 //!    in `RUN_DIR/warmup/`.
 //! 2. **Problems** ([`data`]): additions of a two-digit and a one-digit number; [`HELD_OUT`] pairs of
-//!    operands are held out (in both orders) for evaluation, the others make the training pool.
-//! 3. **A supervised warm-up** ([`warmup`]): AdamW steps of minus the mean log-probability of a
+//!    operands are held out (in both orders) for evaluation, the others make the training pool; both are
+//!    written as rows of `hol/arithmetic.hol` (`RUN_DIR/problems/train.jsonl` and `heldout.jsonl`, for
+//!    `holo eval`).
+//! 3. **A supervised warm-up** ([`warmup`]): SFT steps (minus the mean log-probability) of a
 //!    teacher's reply (`<answer>68</answer>` and the end of turn), on token sequences recorded through
 //!    `hol/arithmetic.hol` exactly as its rollouts are. The teacher ([`data::Teacher`]) is sloppy: it
 //!    forgets the carry of half the sums that carry (`47+8` → `45`), so imitating it caps the model's
@@ -244,6 +246,8 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         )));
     }
     let problems = data::split(FIRST, SECOND, options.heldout, options.seed).map_err(input)?;
+    write_rows(&out.join("problems"), &problems)
+        .map_err(|error| failed(format!("cannot write the problems: {error}")))?;
     let holoware = Arc::new(
         Holoware::load(
             HOLOWARE_NAME,
@@ -357,6 +361,23 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         warmup_seconds,
         grpo_seconds,
     })
+}
+
+/// The problems as rows of [`HOLOWARE`], one JSON object per line: `dir/train.jsonl`, `dir/heldout.jsonl`.
+fn write_rows(dir: &Path, problems: &data::Problems) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (file, set) in [
+        ("train.jsonl", &problems.train),
+        ("heldout.jsonl", &problems.heldout),
+    ] {
+        let mut text = String::new();
+        for problem in set {
+            text.push_str(&serde_json::Value::Object(problem.row()).to_string());
+            text.push('\n');
+        }
+        std::fs::write(dir.join(file), text)?;
+    }
+    Ok(())
 }
 
 /// The supervised warm-up of the model in `model_dir`, its weights written back there.

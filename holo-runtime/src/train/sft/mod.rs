@@ -11,7 +11,7 @@
 //! 3. **Loss** ([`loss`]): minus the log-probability of each trained token, summed over a micro-batch and
 //!    divided by the trained tokens of the whole step; the gradients of the step's micro-batches summed.
 //! 4. **The update**, **checkpoints**, **metrics** and **resume** are the GRPO trainer's
-//!    ([`run`](crate::train::run)): gradients clipped to `max_grad_norm`, one AdamW step at the scheduled
+//!    ([`run`]): gradients clipped to `max_grad_norm`, one AdamW step at the scheduled
 //!    learning rate, full weights or LoRA adapters; `metrics.jsonl` and TensorBoard events with TRL's names
 //!    (`loss`, `grad_norm`, `learning_rate`, `entropy`, `mean_token_accuracy`, `num_tokens`, `epoch`) and
 //!    `step_time`; a checkpoint every `save_steps` from which `--resume` continues exactly, since the data
