@@ -8,7 +8,7 @@
 #   benches/erl_ablation.sh [OUT_DIR]        # SEEDS="0 1 2" STEPS=300 by default
 #
 # GRPO is `holo demo` itself (hol/arithmetic.hol); its run folder holds the warmed-up model
-# (`warmup/`), the problems (`train.jsonl`, `heldout.jsonl`) and its options (`config.toml`), which the
+# (`warmup/`), the problems (`problems/train.jsonl`, `problems/heldout.jsonl`) and its options (`config.toml`), which the
 # ERL runs reuse with benches/erl_arithmetic.hol and `--erl true`. Accuracy is
 # `eval/rewards/math_answer/mean` for GRPO and `eval/rewards/first/mean` (the first attempt, without
 # reflection or retry: what the model does when deployed) for ERL.
@@ -36,7 +36,7 @@ for seed in $SEEDS; do
         esac
         echo "seed $seed: $variant (log: $base.$variant.log)" >&2
         "$HOLO" train benches/erl_arithmetic.hol --model "$base/grpo/warmup" \
-            --data "$base/grpo/train.jsonl" --eval-data "$base/grpo/heldout.jsonl" \
+            --data "$base/grpo/problems/train.jsonl" --eval-data "$base/grpo/problems/heldout.jsonl" \
             --config "$base/grpo/config.toml" --out "$base/$variant" --erl true "${flags[@]}" \
             >"$base.$variant.log" 2>&1
     done

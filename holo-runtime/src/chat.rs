@@ -25,7 +25,9 @@
 //! transformers' `tojson` (`json.dumps` with `ensure_ascii=False`, `indent`, `separators`, `sort_keys`), the
 //! Python string, list and dict methods of `minijinja_contrib::pycompat`, values printed as Python prints them
 //! (`True`, `None`, `['a', 1]`, `2.0`), whitespace as Python's `str.strip()`/`str.split()` see it, and
-//! `{% generation %}` blocks (transformers' assistant-mask extension) rendered as their content.
+//! `{% generation %}` blocks (transformers' assistant-mask extension) rendered as their content;
+//! [`ChatTemplate::render_tracked`] also returns where each block's output lies, as transformers'
+//! `return_assistant_tokens_mask` records it.
 //!
 //! `continue_final_message` follows transformers: the final message's content gets a marker appended, the
 //! conversation is rendered, and the output is cut where the marker starts (and right-stripped when the template
@@ -68,6 +70,12 @@ const PLAIN_FILE: &str = "<plain>";
 pub const CHAT_TEMPLATE_DIR: &str = "additional_chat_templates";
 /// The tokenizer configuration file.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// The variable that makes `{% generation %}` blocks mark their output ([`ChatTemplate::render_tracked`]).
+const TRACK_GENERATION: &str = "__holo_track_generation";
+/// What a tracked `{% generation %}` block's output starts and ends with, removed after rendering.
+const GENERATION_START: &str = "\u{E000}holo:generation\u{E001}";
+const GENERATION_END: &str = "\u{E000}holo:endgeneration\u{E001}";
 
 /// What transformers appends to the final message for `continue_final_message`.
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
@@ -221,6 +229,28 @@ impl RenderOptions {
             ..Default::default()
         }
     }
+}
+
+/// A conversation rendered with the spans of its `{% generation %}` blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    /// The byte ranges of `text` each `{% generation %}` block wrote, in order (transformers'
+    /// `generation_indices`, which count characters).
+    pub generation: Vec<std::ops::Range<usize>>,
+}
+
+/// Messages as the template values [`ChatTemplate::render_values`] takes (maps of `role` and `content`).
+pub fn message_values(messages: &[ChatMessage]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|message| {
+            Value::from_pairs([
+                ("role", Value::from(message.role.name())),
+                ("content", Value::from(message.content.as_str())),
+            ])
+        })
+        .collect()
 }
 
 /// Parses JSON text into a template value, keeping the key order of objects (as Python's `json.loads` does).
@@ -528,16 +558,79 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         options: &RenderOptions,
     ) -> Result<String, ChatTemplateError> {
-        let messages = messages
-            .iter()
-            .map(|message| {
-                Value::from_pairs([
-                    ("role", Value::from(message.role.name())),
-                    ("content", Value::from(message.content.as_str())),
-                ])
-            })
-            .collect();
-        self.render_values(messages, options)
+        self.render_values(message_values(messages), options)
+    }
+
+    /// Renders a conversation and records the output of each `{% generation %}` block, as transformers'
+    /// `apply_chat_template(..., return_assistant_tokens_mask=True)` does (and, like it, refuses
+    /// `continue_final_message`). A template without such blocks gives no spans. Messages are template
+    /// values, as for [`ChatTemplate::render_values`].
+    pub fn render_tracked(
+        &self,
+        messages: Vec<Value>,
+        options: &RenderOptions,
+    ) -> Result<Rendered, ChatTemplateError> {
+        if options.continue_final_message {
+            return Err(ChatTemplateError::Invalid {
+                file: self.select(options)?.file.clone(),
+                message: "continue_final_message is not compatible with assistant masks".into(),
+            });
+        }
+        let mut tracked = options.clone();
+        tracked
+            .variables
+            .insert(TRACK_GENERATION.into(), Value::from(true));
+        let marked = self.render_values(messages, &tracked)?;
+        let mut text = String::with_capacity(marked.len());
+        let mut generation = Vec::new();
+        // Depth of the blocks open: a block inside another is part of the outer one's span.
+        let (mut depth, mut begin) = (0usize, 0usize);
+        let mut rest = marked.as_str();
+        loop {
+            let start = rest.find(GENERATION_START);
+            let end = rest.find(GENERATION_END);
+            let (at, opens) = match (start, end) {
+                (Some(s), Some(e)) => (s.min(e), s < e),
+                (Some(s), None) => (s, true),
+                (None, Some(e)) => (e, false),
+                (None, None) => break,
+            };
+            text.push_str(&rest[..at]);
+            if opens {
+                if depth == 0 {
+                    begin = text.len();
+                }
+                depth += 1;
+                rest = &rest[at + GENERATION_START.len()..];
+            } else {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    generation.push(begin..text.len());
+                }
+                rest = &rest[at + GENERATION_END.len()..];
+            }
+        }
+        text.push_str(rest);
+        Ok(Rendered { text, generation })
+    }
+
+    /// Whether the template (the one `options` selects) has `{% generation %}` blocks, which
+    /// assistant masks need (TRL's `has_generation_markers`).
+    pub fn has_generation_blocks(&self, options: &RenderOptions) -> bool {
+        self.select(options).is_ok_and(|template| {
+            let source = &template.source;
+            let mut rest = source.as_str();
+            while let Some(start) = rest.find("{%") {
+                let tag = &rest[start + 2..];
+                let Some(end) = tag.find("%}") else { break };
+                let inner = tag[..end].trim_start_matches('-').trim_end_matches('-');
+                if inner.trim() == "generation" {
+                    return true;
+                }
+                rest = &tag[end..];
+            }
+            false
+        })
     }
 
     /// Renders messages given as template values (maps with `role`, `content` and any other field a template
@@ -812,6 +905,16 @@ fn environment() -> Environment<'static> {
         }
     });
     env.add_filter("string", |value: &Value| py_str(value));
+    env.add_filter("holo_generation", |state: &State, body: String| -> String {
+        if state
+            .lookup(TRACK_GENERATION)
+            .is_some_and(|track| track.is_true())
+        {
+            format!("{GENERATION_START}{body}{GENERATION_END}")
+        } else {
+            body
+        }
+    });
     // Jinja's tests, which ask Python: `none is iterable` is false, a string is a sequence.
     env.add_test("iterable", |value: &Value| match value.kind() {
         ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Invalid => false,
@@ -863,7 +966,8 @@ fn raised_message(error: &Error) -> Option<String> {
 }
 
 /// Rewrites `{% generation %}` / `{% endgeneration %}` (transformers' assistant-mask extension, unknown to
-/// minijinja) into `{% if true %}` / `{% endif %}`: block tags with the same whitespace handling.
+/// minijinja) into `{% filter holo_generation %}` / `{% endfilter %}`: block tags with the same whitespace
+/// handling, whose filter marks the block's output when [`ChatTemplate::render_tracked`] asks.
 fn rewrite_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
@@ -883,8 +987,8 @@ fn rewrite_generation_tags(source: &str) -> String {
             None => (body, ""),
         };
         let replacement = match body.trim() {
-            "generation" => Some("if true"),
-            "endgeneration" => Some("endif"),
+            "generation" => Some("filter holo_generation"),
+            "endgeneration" => Some("endfilter"),
             _ => None,
         };
         match replacement {
@@ -1440,7 +1544,48 @@ mod tests {
     fn generation_tags_become_blocks() {
         assert_eq!(
             rewrite_generation_tags("{%- generation -%}x{% endgeneration %}{% if a %}{% endif %}"),
-            "{%- if true -%}x{% endif %}{% if a %}{% endif %}"
+            "{%- filter holo_generation -%}x{% endfilter %}{% if a %}{% endif %}"
         );
+    }
+
+    #[test]
+    fn tracked_rendering_finds_each_generation_block() {
+        let source = "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}\
+            {% generation %}{{ m.content }};{% endgeneration %}{% else %}{{ m.content }};{% endif %}\
+            {% endfor %}";
+        let template =
+            ChatTemplate::from_source(source, "t.jinja", BTreeMap::new()).expect("template");
+        let message = |role, content: &str| ChatMessage {
+            role,
+            content: content.into(),
+        };
+        let messages = [
+            message(crate::Role::User, "hi"),
+            message(crate::Role::Assistant, "yo"),
+            message(crate::Role::User, "é?"),
+            message(crate::Role::Assistant, "ok"),
+        ];
+        let options = RenderOptions::default();
+        let rendered = template
+            .render_tracked(message_values(&messages), &options)
+            .unwrap();
+        assert_eq!(rendered.text, "user:hi;assistant:yo;user:é?;assistant:ok;");
+        assert_eq!(
+            rendered.text,
+            template.render(&messages, &options).unwrap(),
+            "untracked rendering writes the same text"
+        );
+        let spans: Vec<&str> = rendered
+            .generation
+            .iter()
+            .map(|span| &rendered.text[span.clone()])
+            .collect();
+        assert_eq!(spans, ["yo;", "ok;"]);
+        assert!(template.has_generation_blocks(&options));
+        assert!(!ChatTemplate::chatml().has_generation_blocks(&options));
+        let plain = ChatTemplate::chatml()
+            .render_tracked(message_values(&messages), &options)
+            .unwrap();
+        assert!(plain.generation.is_empty());
     }
 }

@@ -73,6 +73,8 @@ fn the_quick_demo_writes_its_run_and_table_and_repeats_by_seed() {
         "checkpoint-2/model.safetensors",
         "warmup/model.safetensors",
         "warmup/tokenizer.json",
+        "problems/train.jsonl",
+        "problems/heldout.jsonl",
     ] {
         assert!(first.join(file).is_file(), "no {file} in the run");
     }

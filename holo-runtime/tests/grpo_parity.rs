@@ -261,7 +261,8 @@ fn losses_metrics_and_gradients_match_trl() {
                     config.temperature,
                     recompute,
                     config.entropy_coef != 0.0,
-                    |logprobs, entropies| {
+                    |head| {
+                        let (logprobs, entropies) = (&head.logprobs, &head.entropies);
                         scored = Some((logprobs.to_vec1::<f32>()?, entropies.to_vec1::<f32>()?));
                         let computed = loss::compute(&config, &inputs, logprobs, entropies)?;
                         metrics = computed.metrics;

@@ -3,8 +3,10 @@
 //! 1. **A model**: a random Llama folder ([`init_model`], the offline 512-token tokenizer and ChatML)
 //!    in `RUN_DIR/warmup/`.
 //! 2. **Problems** ([`data`]): additions of a two-digit and a one-digit number; [`HELD_OUT`] pairs of
-//!    operands are held out (in both orders) for evaluation, the others make the training pool.
-//! 3. **A supervised warm-up** ([`warmup`]): AdamW steps of minus the mean log-probability of a
+//!    operands are held out (in both orders) for evaluation, the others make the training pool; both are
+//!    written as rows of `hol/arithmetic.hol` (`RUN_DIR/problems/train.jsonl` and `heldout.jsonl`, for
+//!    `holo eval`).
+//! 3. **A supervised warm-up** ([`warmup`]): SFT steps (minus the mean log-probability) of a
 //!    teacher's reply (`<answer>68</answer>` and the end of turn), on token sequences recorded through
 //!    `hol/arithmetic.hol` exactly as its rollouts are. The teacher ([`data::Teacher`]) is sloppy: it
 //!    forgets the carry of half the sums that carry (`47+8` → `45`), so imitating it caps the model's
@@ -13,9 +15,8 @@
 //! 4. **GRPO** ([`Trainer`]) from the warmed-up weights on `hol/arithmetic.hol` (a numeric-answer and a
 //!    format reward: the reward knows the right sum) over the training pool, evaluating on the held-out
 //!    problems at the start and every few steps: `metrics.jsonl`, TensorBoard events, rollouts, the
-//!    last checkpoint and PNG plots in `RUN_DIR`; the problems are in `RUN_DIR/train.jsonl` and
-//!    `RUN_DIR/heldout.jsonl`, as `holo train` reads them. Rewarded for right answers, the model learns
-//!    to carry where its teacher did not.
+//!    last checkpoint and PNG plots in `RUN_DIR`. Rewarded for right answers, the model learns to carry
+//!    where its teacher did not.
 //! 5. **A table** ([`Report`]): per evaluation, the held-out accuracy (the fraction of held-out
 //!    rollouts whose answer is right, `eval/rewards/math_answer/mean`), the held-out pass@G (the
 //!    fraction of held-out problems with a right answer among their G rollouts), the held-out mean
@@ -28,13 +29,11 @@ pub mod warmup;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::seq::IndexedRandom;
 
 use crate::holophore::Holophore;
@@ -43,6 +42,7 @@ use crate::interpreter::{Holoware, Row};
 use crate::local::init::{init_model, InitOptions, Preset};
 use crate::local::Arch;
 use crate::loom::{Interpreted, RolloutRecord};
+use crate::train::run::{progress_bar, Trainable};
 use crate::train::{checkpoint, plot, GrpoConfig, Policy, RunOptions, Trainer};
 use crate::Resources;
 
@@ -246,24 +246,8 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         )));
     }
     let problems = data::split(FIRST, SECOND, options.heldout, options.seed).map_err(input)?;
-    std::fs::create_dir_all(out)
-        .map_err(|error| failed(format!("cannot create `{}`: {error}", out.display())))?;
-    // The problems as `holo train` reads them, so that other runs can start from this one's model.
-    for (file, problems) in [
-        ("train.jsonl", &problems.train),
-        ("heldout.jsonl", &problems.heldout),
-    ] {
-        let lines: String = problems
-            .iter()
-            .map(|problem| format!("{}\n", serde_json::Value::Object(problem.row())))
-            .collect();
-        std::fs::write(out.join(file), lines).map_err(|error| {
-            failed(format!(
-                "cannot write `{}`: {error}",
-                out.join(file).display()
-            ))
-        })?;
-    }
+    write_rows(&out.join("problems"), &problems)
+        .map_err(|error| failed(format!("cannot write the problems: {error}")))?;
     let holoware = Arc::new(
         Holoware::load(
             HOLOWARE_NAME,
@@ -298,7 +282,7 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
         options.warmup.steps, options.warmup.batch_size
     ));
     let config = options.grpo_config();
-    let warmup_loss = warm_up(options, &problems.train, &holoware, &config, &model_dir)?;
+    let warmup_loss = warm_up(options, &problems.train, &holoware, &model_dir)?;
     let warmup_seconds = started.elapsed().as_secs_f64();
     say(format!(
         "warm-up done in {warmup_seconds:.0} s (loss {warmup_loss:.3}); GRPO: {} steps of {} problems × {} rollouts on {HOLOWARE_NAME}, held-out evaluation every {} steps",
@@ -379,12 +363,28 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
     })
 }
 
+/// The problems as rows of [`HOLOWARE`], one JSON object per line: `dir/train.jsonl`, `dir/heldout.jsonl`.
+fn write_rows(dir: &Path, problems: &data::Problems) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (file, set) in [
+        ("train.jsonl", &problems.train),
+        ("heldout.jsonl", &problems.heldout),
+    ] {
+        let mut text = String::new();
+        for problem in set {
+            text.push_str(&serde_json::Value::Object(problem.row()).to_string());
+            text.push('\n');
+        }
+        std::fs::write(dir.join(file), text)?;
+    }
+    Ok(())
+}
+
 /// The supervised warm-up of the model in `model_dir`, its weights written back there.
 fn warm_up(
     options: &DemoOptions,
     problems: &[data::Problem],
     holoware: &Arc<Holoware>,
-    config: &GrpoConfig,
     model_dir: &Path,
 ) -> Result<f64, DemoError> {
     let failed = DemoError::Failed;
@@ -395,27 +395,13 @@ fn warm_up(
         .ok_or_else(|| failed("the model has no end-of-turn token".into()))?;
     let holophore = Holophore::new(Arc::new(policy.tokenizer), Arc::new(policy.template))
         .map_err(|error| failed(error.to_string()))?;
-    let (model, vars) = policy
-        .model
-        .trainable()
-        .map_err(|error| failed(error.to_string()))?;
     let budget = &options.warmup;
-    let bar = if options.progress && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::with_draw_target(Some(budget.steps), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] warm-up step {pos}/{len}, ETA {eta}, {msg}",
-        ) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let mut trained = Trainable::new(&policy.model, model_dir, &budget.config(options.seed))
+        .map_err(|error| failed(error.to_string()))?;
+    let bar = progress_bar(options.progress, budget.steps, "warm-up step");
     let teacher = options.teacher;
     let loss = warmup::train(
-        &model,
-        &vars,
-        config,
+        &mut trained,
         budget,
         options.seed,
         |rng| {
@@ -448,7 +434,9 @@ fn warm_up(
     bar.finish_and_clear();
     checkpoint::save_tensors(
         &model_dir.join("model.safetensors"),
-        vars.iter()
+        trained
+            .vars
+            .iter()
             .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
             .collect(),
     )

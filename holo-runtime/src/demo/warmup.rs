@@ -1,21 +1,19 @@
-//! The supervised warm-up: a few steps of minus the mean log-probability of right replies, on token
-//! sequences built exactly as the environment's rollouts record them.
+//! The supervised warm-up: a few steps of SFT (the [SFT trainer](crate::train::sft)'s loss and optimizer
+//! step) on token sequences built exactly as the environment's rollouts record them, each step's batch
+//! drawn afresh from the teacher.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use candle_core::{Tensor, Var};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::holophore::Holophore;
 use crate::interpreter::{Holoware, Row};
-use crate::local::Model;
 use crate::machine::{Completion, Finish, Rollout, Step};
-use crate::train::batch::{Completion as Trained, Sequence};
-use crate::train::optim::{self, AdamW};
-use crate::train::score;
-use crate::train::GrpoConfig;
+use crate::train::batch::Sequence;
+use crate::train::run::Trainable;
+use crate::train::sft::{loss, SftConfig, SftLossType};
 use crate::Resources;
 
 /// A reply recorded as the trainer records a rollout, with the rewards the environment gave it.
@@ -123,59 +121,52 @@ pub struct Budget {
     pub learning_rate: f64,
 }
 
-/// `budget.steps` AdamW steps (the learning rate decaying linearly to 0, gradients clipped to
-/// `config.max_grad_norm`) of minus the mean log-probability of the trained tokens of the sequences
-/// `batch` draws for each step from the generator seeded by `seed`. `on_step` sees each step's loss.
-/// Returns the mean loss of the last tenth of the steps.
+impl Budget {
+    /// The SFT options of the warm-up: `steps` AdamW steps (TRL's defaults: no weight decay, gradients
+    /// clipped to norm 1) at a learning rate decaying linearly to 0, every weight trained.
+    pub fn config(&self, seed: u64) -> SftConfig {
+        SftConfig {
+            max_steps: self.steps as i64,
+            per_device_train_batch_size: self.batch_size,
+            learning_rate: self.learning_rate,
+            seed,
+            ..SftConfig::default()
+        }
+    }
+}
+
+/// `budget.steps` SFT steps of `trained` (built for [`Budget::config`]) on the sequences `batch` draws
+/// for each step from the generator seeded by `seed`: minus the mean log-probability of their trained
+/// tokens, one optimizer step each. `on_step` sees each step's loss. Returns the mean loss of the last
+/// tenth of the steps.
 pub fn train(
-    model: &Model,
-    vars: &[(String, Var)],
-    config: &GrpoConfig,
+    trained: &mut Trainable,
     budget: &Budget,
     seed: u64,
     mut batch: impl FnMut(&mut ChaCha8Rng) -> Result<Vec<Sequence>, String>,
     mut on_step: impl FnMut(u64, f64),
 ) -> Result<f64, String> {
     let fail = |error: candle_core::Error| format!("the warm-up failed: {error}");
-    let mut optimizer = AdamW::new(vars.to_vec(), config);
+    let config = budget.config(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut recent = Vec::new();
     for step in 0..budget.steps {
-        let completions: Vec<Trained> = batch(&mut rng)?
-            .into_iter()
-            .map(|sequence| Trained {
-                sequences: vec![sequence],
-                advantage: 0.0,
-                mask: 1.0,
-                truncated: false,
-                old_logprobs: None,
-                ref_logprobs: None,
-                is_ratio: None,
-                second_loss: false,
-            })
-            .collect();
-        if completions.is_empty() {
+        let sequences = batch(&mut rng)?;
+        if sequences.is_empty() {
             return Err("the warm-up has nothing to train on".into());
         }
-        let (loss, store) =
-            score::backward(model, &completions, 1.0, false, false, |logprobs, _| {
-                logprobs.mean_all()?.neg()
-            })
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let tokens = sequences.iter().map(|s| s.trained.len()).sum();
+        let micro = loss::micro_batch(&trained.model, &sequences, tokens, SftLossType::Nll, false)
             .map_err(fail)?;
-        let mut grads: Vec<Option<Tensor>> = vars
-            .iter()
-            .map(|(_, var)| store.get(var.as_tensor()).cloned())
-            .collect();
-        optim::clip_grad_norm(&mut grads, config.max_grad_norm).map_err(fail)?;
-        let rate = budget.learning_rate * (1.0 - step as f64 / budget.steps as f64);
-        optimizer.step(&grads, rate).map_err(fail)?;
-        let loss = loss
-            .to_dtype(candle_core::DType::F64)
-            .and_then(|loss| loss.to_scalar::<f64>())
+        let mut grads = trained.no_grads();
+        trained.accumulate(&mut grads, &micro.grads).map_err(fail)?;
+        trained
+            .step(&mut grads, &config, step, budget.steps)
             .map_err(fail)?;
-        on_step(step + 1, loss);
+        on_step(step + 1, micro.loss);
         if step >= budget.steps - budget.steps.div_ceil(10) {
-            recent.push(loss);
+            recent.push(micro.loss);
         }
     }
     Ok(recent.iter().sum::<f64>() / recent.len().max(1) as f64)

@@ -22,7 +22,7 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use super::batch::{Completion, Sequence};
-use super::config::GrpoConfig;
+use super::config::TrainingConfig;
 use crate::holotypes::Reflection;
 
 /// What `trainer_state.json` holds.
@@ -173,7 +173,7 @@ pub fn save(
     weights: &Weights<'_>,
     optimizer: Vec<(String, Tensor)>,
     state: &TrainerState,
-    config: &GrpoConfig,
+    config: &impl TrainingConfig,
     keep: Option<usize>,
 ) -> io::Result<PathBuf> {
     run.remove_partial()?;
@@ -222,24 +222,24 @@ pub fn save(
     Ok(target)
 }
 
-/// A checkpoint read back.
-pub struct Loaded {
+/// A checkpoint read back, with its configuration as a `C`.
+pub struct Loaded<C> {
     pub state: TrainerState,
-    pub config: GrpoConfig,
+    pub config: C,
     /// The trained tensors by name (weights or adapters).
     pub weights: HashMap<String, Tensor>,
     pub optimizer: HashMap<String, Tensor>,
 }
 
 /// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
-pub fn load(dir: &Path) -> Result<Loaded, String> {
+pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, String> {
     let name = dir.display();
     let read = |file: &str| {
         fs::read_to_string(dir.join(file)).map_err(|error| format!("{name}/{file}: {error}"))
     };
     let state: TrainerState = serde_json::from_str(&read("trainer_state.json")?)
         .map_err(|error| format!("{name}/trainer_state.json: {error}"))?;
-    let config: GrpoConfig = toml::from_str(&read("config.toml")?)
+    let config: C = toml::from_str(&read("config.toml")?)
         .map_err(|error| format!("{name}/config.toml: {}", error.message()))?;
     let tensors = |file: &str| {
         candle_core::safetensors::load(dir.join(file), &candle_core::Device::Cpu)
@@ -282,7 +282,8 @@ pub fn restore(vars: &[(String, Var)], tensors: &HashMap<String, Tensor>) -> Res
 }
 
 /// PEFT's `adapter_config.json` for adapters of `config` on the model at `base`.
-pub fn adapter_config(config: &GrpoConfig, base: &str) -> serde_json::Value {
+pub fn adapter_config(config: &impl TrainingConfig, base: &str) -> serde_json::Value {
+    let config = config.shared();
     serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -1,5 +1,7 @@
-//! The trainer's configuration: TRL's `GRPOConfig` option names, defaults and meanings, plus LoRA's
-//! options under TRL's `ModelConfig` names.
+//! The trainers' configurations: [`GrpoConfig`] (TRL's `GRPOConfig` option names, defaults and meanings) and
+//! [`SftConfig`](super::sft::SftConfig), each with LoRA's options under TRL's `ModelConfig` names. What every
+//! trainer has (the length of the run, checkpoints, AdamW, the schedule, LoRA) is read through
+//! [`TrainingConfig::shared`] and checked in one place ([`Shared::validate`]).
 //!
 //! A configuration comes from a TOML file (keys are the option names) and from command-line overrides
 //! (`--num-generations 4`: the same names in kebab case), the overrides winning. Every key is checked
@@ -10,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
@@ -388,13 +391,185 @@ impl Default for GrpoConfig {
     }
 }
 
-/// Keys that may change when a run resumes: they do not change what is computed.
-const RESUMABLE_KEYS: [&str; 4] = [
-    "save_steps",
-    "save_total_limit",
-    "log_completions",
-    "num_completions_to_print",
-];
+/// A trainer's options: what the shared [`ConfigBuilder`], checkpoints, the optimizer, the schedule and LoRA
+/// need to know of them.
+pub trait TrainingConfig:
+    Serialize + DeserializeOwned + Default + Clone + PartialEq + fmt::Debug
+{
+    /// The trainer's configuration class in TRL, for messages (`GRPOConfig`).
+    const NAME: &'static str;
+    /// Keys whose default is unset (TOML has no null, so they are absent from a serialized default).
+    const UNSET_KEYS: &'static [&'static str];
+    /// Keys that may change when a run resumes: they do not change what is computed.
+    const RESUMABLE_KEYS: &'static [&'static str];
+
+    /// The values an enumerated option allows.
+    fn allowed_values(key: &str) -> Option<&'static [&'static str]>;
+
+    /// Checks every value and the constraints between them.
+    fn validate(&self) -> Result<(), ConfigError>;
+
+    /// The options every trainer has.
+    fn shared(&self) -> Shared;
+
+    /// The first option that differs from `saved` (a checkpoint's) and would change what the run computes:
+    /// `(key, saved value, this value)`.
+    fn differs_from(&self, saved: &Self) -> Option<(String, String, String)> {
+        let ours = toml::Table::try_from(self).ok()?;
+        let theirs = toml::Table::try_from(saved).ok()?;
+        let keys: std::collections::BTreeSet<String> =
+            ours.keys().chain(theirs.keys()).cloned().collect();
+        let show =
+            |value: Option<&toml::Value>| value.map_or("unset".to_string(), ToString::to_string);
+        let differing = keys
+            .into_iter()
+            .filter(|key| !Self::RESUMABLE_KEYS.contains(&key.as_str()))
+            .find(|key| ours.get(key) != theirs.get(key))?;
+        let (saved, now) = (show(theirs.get(&differing)), show(ours.get(&differing)));
+        Some((differing, saved, now))
+    }
+
+    /// The configuration as a TOML document (what a run folder and its checkpoints keep).
+    fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The options every trainer has, under the same (TRL's) names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shared {
+    pub seed: u64,
+    pub max_steps: i64,
+    pub num_train_epochs: f64,
+    pub save_steps: u64,
+    pub save_total_limit: Option<usize>,
+    pub per_device_train_batch_size: usize,
+    pub gradient_accumulation_steps: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    pub max_grad_norm: f64,
+    pub lr_scheduler_type: LrSchedulerType,
+    pub warmup_ratio: f64,
+    pub warmup_steps: u64,
+    pub use_peft: bool,
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    pub lora_dropout: f64,
+    pub lora_target_modules: Option<Vec<String>>,
+}
+
+impl Shared {
+    /// LoRA's target projections.
+    pub fn lora_targets(&self) -> Vec<String> {
+        self.lora_target_modules
+            .clone()
+            .unwrap_or_else(|| vec!["q_proj".into(), "v_proj".into()])
+    }
+
+    /// The adapters to train, when `use_peft`.
+    pub fn lora(&self) -> Option<crate::local::model::LoraConfig> {
+        self.use_peft.then(|| crate::local::model::LoraConfig {
+            rank: self.lora_r,
+            alpha: self.lora_alpha,
+            targets: self.lora_targets(),
+            seed: self.seed,
+            dropout: self.lora_dropout,
+        })
+    }
+
+    /// Checks the shared options (transformers' `TrainingArguments` and PEFT's checks).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |key: &str, value: usize| {
+            if value == 0 {
+                Err(error(key, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        positive(
+            "per_device_train_batch_size",
+            self.per_device_train_batch_size,
+        )?;
+        positive(
+            "gradient_accumulation_steps",
+            self.gradient_accumulation_steps,
+        )?;
+        positive("lora_r", self.lora_r)?;
+        if self.max_steps == 0 || self.max_steps < -1 {
+            return Err(error(
+                "max_steps",
+                "must be at least 1, or -1 to run num_train_epochs",
+            ));
+        }
+        if self.max_steps == -1
+            && !(self.num_train_epochs > 0.0 && self.num_train_epochs.is_finite())
+        {
+            return Err(error("num_train_epochs", "must be a positive number"));
+        }
+        if self.save_steps == 0 {
+            return Err(error("save_steps", "must be at least 1"));
+        }
+        if self.save_total_limit == Some(0) {
+            return Err(error("save_total_limit", "must be at least 1"));
+        }
+        for (key, value) in [
+            ("learning_rate", self.learning_rate),
+            ("weight_decay", self.weight_decay),
+            ("max_grad_norm", self.max_grad_norm),
+            ("lora_alpha", self.lora_alpha),
+        ] {
+            if !value.is_finite() {
+                return Err(error(key, "must be a finite number"));
+            }
+        }
+        if self.learning_rate < 0.0 {
+            return Err(error("learning_rate", "must be at least 0"));
+        }
+        if !(self.adam_beta1 >= 0.0 && self.adam_beta1 < 1.0) {
+            return Err(error("adam_beta1", "must be in [0, 1)"));
+        }
+        if !(self.adam_beta2 >= 0.0 && self.adam_beta2 < 1.0) {
+            return Err(error("adam_beta2", "must be in [0, 1)"));
+        }
+        if !(self.adam_epsilon > 0.0 && self.adam_epsilon.is_finite()) {
+            return Err(error("adam_epsilon", "must be above 0"));
+        }
+        if self.max_grad_norm < 0.0 {
+            return Err(error(
+                "max_grad_norm",
+                "must be at least 0 (0 disables clipping)",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.warmup_ratio) {
+            return Err(error("warmup_ratio", "must be in [0, 1)"));
+        }
+        if !(0.0..1.0).contains(&self.lora_dropout) {
+            return Err(error("lora_dropout", "must be in [0, 1)"));
+        }
+        if let Some(targets) = &self.lora_target_modules {
+            let projections = crate::local::model::PROJECTIONS;
+            if targets.is_empty() {
+                return Err(error("lora_target_modules", "names no projection"));
+            }
+            if let Some(unknown) = targets
+                .iter()
+                .find(|target| !projections.contains(&target.as_str()))
+            {
+                return Err(error(
+                    "lora_target_modules",
+                    format!(
+                        "{unknown:?} is not a projection; allowed values: {}",
+                        projections.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// A bad configuration: what is wrong and where it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,7 +594,8 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn error(key: &str, message: impl Into<String>) -> ConfigError {
+/// An error blamed on `key`.
+pub(crate) fn error(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         key: Some(key.to_string()),
         origin: None,
@@ -443,42 +619,35 @@ impl fmt::Display for Origin {
     }
 }
 
-/// Builds a [`GrpoConfig`] from a TOML file and `--key value` overrides.
-#[derive(Debug, Default)]
-pub struct ConfigBuilder {
+/// Builds a trainer's configuration ([`GrpoConfig`] unless named) from a TOML file and `--key value`
+/// overrides.
+#[derive(Debug)]
+pub struct ConfigBuilder<C = GrpoConfig> {
     table: toml::Table,
     origins: BTreeMap<String, Origin>,
+    config: std::marker::PhantomData<C>,
 }
 
-impl ConfigBuilder {
-    /// Every option's name, in the order of [`GrpoConfig`].
+impl<C> Default for ConfigBuilder<C> {
+    fn default() -> Self {
+        ConfigBuilder {
+            table: toml::Table::new(),
+            origins: BTreeMap::new(),
+            config: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<C: TrainingConfig> ConfigBuilder<C> {
+    /// Every option's name, in the order of the configuration's fields, then the unset ones.
     pub fn keys() -> Vec<String> {
-        match toml::Table::try_from(GrpoConfig::default()) {
+        match toml::Table::try_from(C::default()) {
             Ok(table) => table.keys().cloned().collect(),
             Err(_) => Vec::new(),
         }
         .into_iter()
-        .chain(Self::unset_keys().iter().map(|key| key.to_string()))
+        .chain(C::UNSET_KEYS.iter().map(|key| key.to_string()))
         .collect()
-    }
-
-    /// Keys whose default is unset (TOML has no null, so they are absent from a serialized default).
-    fn unset_keys() -> &'static [&'static str] {
-        &[
-            "data_seed",
-            "save_total_limit",
-            "eval_steps",
-            "num_completions_to_print",
-            "steps_per_generation",
-            "generation_batch_size",
-            "num_generations_eval",
-            "reward_weights",
-            "epsilon_high",
-            "delta",
-            "off_policy_mask_threshold",
-            "vllm_importance_sampling_clip_min",
-            "lora_target_modules",
-        ]
     }
 
     /// Reads a TOML file of options.
@@ -536,8 +705,8 @@ impl ConfigBuilder {
         Self::keys().contains(&key)
     }
 
-    /// The configuration, every key checked (see [`GrpoConfig::validate`]).
-    pub fn build(self) -> Result<GrpoConfig, ConfigError> {
+    /// The configuration, every key checked (see [`TrainingConfig::validate`]).
+    pub fn build(self) -> Result<C, ConfigError> {
         let known = Self::keys();
         for key in self.table.keys() {
             if !known.contains(key) {
@@ -555,18 +724,17 @@ impl ConfigBuilder {
         for (key, value) in &self.table {
             let mut single = toml::Table::new();
             single.insert(key.clone(), value.clone());
-            if let Err(problem) = GrpoConfig::deserialize(single) {
-                let mut error = error(key, describe(&problem, key));
+            if let Err(problem) = C::deserialize(single) {
+                let mut error = error(key, describe(&problem, C::allowed_values(key)));
                 error.origin = self.origins.get(key).map(ToString::to_string);
                 return Err(error);
             }
         }
-        let config =
-            GrpoConfig::deserialize(self.table.clone()).map_err(|problem| ConfigError {
-                key: None,
-                origin: None,
-                message: problem.message().to_string(),
-            })?;
+        let config = C::deserialize(self.table.clone()).map_err(|problem| ConfigError {
+            key: None,
+            origin: None,
+            message: problem.message().to_string(),
+        })?;
         config.validate().map_err(|mut error| {
             if let Some(key) = &error.key {
                 error.origin = self.origins.get(key).map(ToString::to_string);
@@ -578,9 +746,8 @@ impl ConfigBuilder {
 }
 
 /// A value error in TRL's words: what the key allows.
-fn describe(problem: &toml::de::Error, key: &str) -> String {
+fn describe(problem: &toml::de::Error, allowed: Option<&[&str]>) -> String {
     let message = problem.message().trim().to_string();
-    let allowed = allowed_values(key);
     match allowed {
         Some(values) if message.contains("unknown variant") => {
             let given = message.split('`').nth(1).map_or(String::new(), |value| {
@@ -592,8 +759,8 @@ fn describe(problem: &toml::de::Error, key: &str) -> String {
     }
 }
 
-/// The values an enumerated option allows.
-pub fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
+/// The values of GRPO's enumerated options.
+fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
     Some(match key {
         "loss_type" => &[
             "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
@@ -607,9 +774,16 @@ pub fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
             "sequence_truncate",
             "sequence_mask",
         ],
-        "lr_scheduler_type" => &["linear", "cosine", "constant", "constant_with_warmup"],
-        _ => return None,
+        _ => return shared_allowed_values(key),
     })
+}
+
+/// The values of the shared enumerated options.
+pub(crate) fn shared_allowed_values(key: &str) -> Option<&'static [&'static str]> {
+    match key {
+        "lr_scheduler_type" => Some(&["linear", "cosine", "constant", "constant_with_warmup"]),
+        _ => None,
+    }
 }
 
 /// The 1-based line of `key = ...` in a TOML text.
@@ -666,16 +840,65 @@ impl GrpoConfig {
     pub fn data_seed(&self) -> u64 {
         self.data_seed.unwrap_or(self.seed)
     }
+}
 
-    /// LoRA's target projections.
-    pub fn lora_targets(&self) -> Vec<String> {
-        self.lora_target_modules
-            .clone()
-            .unwrap_or_else(|| vec!["q_proj".into(), "v_proj".into()])
+impl TrainingConfig for GrpoConfig {
+    const NAME: &'static str = "GRPOConfig";
+    const UNSET_KEYS: &'static [&'static str] = &[
+        "data_seed",
+        "save_total_limit",
+        "eval_steps",
+        "num_completions_to_print",
+        "steps_per_generation",
+        "generation_batch_size",
+        "num_generations_eval",
+        "reward_weights",
+        "epsilon_high",
+        "delta",
+        "off_policy_mask_threshold",
+        "vllm_importance_sampling_clip_min",
+        "lora_target_modules",
+    ];
+    const RESUMABLE_KEYS: &'static [&'static str] = &[
+        "save_steps",
+        "save_total_limit",
+        "log_completions",
+        "num_completions_to_print",
+    ];
+
+    fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
+        grpo_allowed_values(key)
+    }
+
+    fn shared(&self) -> Shared {
+        Shared {
+            seed: self.seed,
+            max_steps: self.max_steps,
+            num_train_epochs: self.num_train_epochs,
+            save_steps: self.save_steps,
+            save_total_limit: self.save_total_limit,
+            per_device_train_batch_size: self.per_device_train_batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            learning_rate: self.learning_rate,
+            weight_decay: self.weight_decay,
+            adam_beta1: self.adam_beta1,
+            adam_beta2: self.adam_beta2,
+            adam_epsilon: self.adam_epsilon,
+            max_grad_norm: self.max_grad_norm,
+            lr_scheduler_type: self.lr_scheduler_type,
+            warmup_ratio: self.warmup_ratio,
+            warmup_steps: self.warmup_steps,
+            use_peft: self.use_peft,
+            lora_r: self.lora_r,
+            lora_alpha: self.lora_alpha,
+            lora_dropout: self.lora_dropout,
+            lora_target_modules: self.lora_target_modules.clone(),
+        }
     }
 
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.shared().validate()?;
         self.sandbox
             .limits()
             .map_err(|message| error("sandbox", message))?;
@@ -686,17 +909,8 @@ impl GrpoConfig {
                 Ok(())
             }
         };
-        positive(
-            "per_device_train_batch_size",
-            self.per_device_train_batch_size,
-        )?;
-        positive(
-            "gradient_accumulation_steps",
-            self.gradient_accumulation_steps,
-        )?;
         positive("num_iterations", self.num_iterations)?;
         positive("max_completion_length", self.max_completion_length)?;
-        positive("lora_r", self.lora_r)?;
         if let Some(steps) = self.steps_per_generation {
             positive("steps_per_generation", steps)?;
         }
@@ -742,23 +956,6 @@ impl GrpoConfig {
         if self.num_generations_eval == Some(0) {
             return Err(error("num_generations_eval", "must be at least 1"));
         }
-        if self.max_steps == 0 || self.max_steps < -1 {
-            return Err(error(
-                "max_steps",
-                "must be at least 1, or -1 to run num_train_epochs",
-            ));
-        }
-        if self.max_steps == -1
-            && !(self.num_train_epochs > 0.0 && self.num_train_epochs.is_finite())
-        {
-            return Err(error("num_train_epochs", "must be a positive number"));
-        }
-        if self.save_steps == 0 {
-            return Err(error("save_steps", "must be at least 1"));
-        }
-        if self.save_total_limit == Some(0) {
-            return Err(error("save_total_limit", "must be at least 1"));
-        }
         if self.eval_steps == Some(0) {
             return Err(error("eval_steps", "must be at least 1"));
         }
@@ -772,16 +969,12 @@ impl GrpoConfig {
         for (key, value) in [
             ("beta", self.beta),
             ("entropy_coef", self.entropy_coef),
-            ("learning_rate", self.learning_rate),
-            ("weight_decay", self.weight_decay),
-            ("max_grad_norm", self.max_grad_norm),
             ("sapo_temperature_neg", self.sapo_temperature_neg),
             ("sapo_temperature_pos", self.sapo_temperature_pos),
             ("vespo_k_pos", self.vespo_k_pos),
             ("vespo_lambda_pos", self.vespo_lambda_pos),
             ("vespo_k_neg", self.vespo_k_neg),
             ("vespo_lambda_neg", self.vespo_lambda_neg),
-            ("lora_alpha", self.lora_alpha),
         ] {
             finite(key, value)?;
         }
@@ -873,70 +1066,6 @@ impl GrpoConfig {
                 "the truncate modes need vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max",
             ));
         }
-        if self.learning_rate.is_nan() || self.learning_rate < 0.0 {
-            return Err(error("learning_rate", "must be at least 0"));
-        }
-        if !(self.adam_beta1 >= 0.0 && self.adam_beta1 < 1.0) {
-            return Err(error("adam_beta1", "must be in [0, 1)"));
-        }
-        if !(self.adam_beta2 >= 0.0 && self.adam_beta2 < 1.0) {
-            return Err(error("adam_beta2", "must be in [0, 1)"));
-        }
-        if !(self.adam_epsilon > 0.0 && self.adam_epsilon.is_finite()) {
-            return Err(error("adam_epsilon", "must be above 0"));
-        }
-        if self.max_grad_norm < 0.0 {
-            return Err(error(
-                "max_grad_norm",
-                "must be at least 0 (0 disables clipping)",
-            ));
-        }
-        if !(0.0..1.0).contains(&self.warmup_ratio) {
-            return Err(error("warmup_ratio", "must be in [0, 1)"));
-        }
-        if !(0.0..1.0).contains(&self.lora_dropout) {
-            return Err(error("lora_dropout", "must be in [0, 1)"));
-        }
-        if let Some(targets) = &self.lora_target_modules {
-            let projections = crate::local::model::PROJECTIONS;
-            if targets.is_empty() {
-                return Err(error("lora_target_modules", "names no projection"));
-            }
-            if let Some(unknown) = targets
-                .iter()
-                .find(|target| !projections.contains(&target.as_str()))
-            {
-                return Err(error(
-                    "lora_target_modules",
-                    format!(
-                        "{unknown:?} is not a projection; allowed values: {}",
-                        projections.join(", ")
-                    ),
-                ));
-            }
-        }
         Ok(())
-    }
-
-    /// The first option that differs from `saved` (a checkpoint's) and would change what the run computes:
-    /// `(key, saved value, this value)`.
-    pub fn differs_from(&self, saved: &GrpoConfig) -> Option<(String, String, String)> {
-        let ours = toml::Table::try_from(self).ok()?;
-        let theirs = toml::Table::try_from(saved).ok()?;
-        let keys: std::collections::BTreeSet<String> =
-            ours.keys().chain(theirs.keys()).cloned().collect();
-        let show =
-            |value: Option<&toml::Value>| value.map_or("unset".to_string(), ToString::to_string);
-        let differing = keys
-            .into_iter()
-            .filter(|key| !RESUMABLE_KEYS.contains(&key.as_str()))
-            .find(|key| ours.get(key) != theirs.get(key))?;
-        let (saved, now) = (show(theirs.get(&differing)), show(ours.get(&differing)));
-        Some((differing, saved, now))
-    }
-
-    /// The configuration as a TOML document (what a run folder and its checkpoints keep).
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_default()
     }
 }

@@ -75,7 +75,8 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
             .ok_or_else(|| format!("`{}` has no checkpoint", run_dir.display()))?,
     };
     let info = RunInfo::read(run_dir)?;
-    let loaded = checkpoint::load(&dir)?;
+    // Any trainer's checkpoint: its configuration is not needed (a LoRA run's adapters say their shape).
+    let loaded = checkpoint::load::<toml::Table>(&dir)?;
     let base = model_files::load_model(&info.model, DType::F32, &Device::Cpu)
         .map_err(|error| format!("the base model `{}`: {error}", info.model.display()))?;
     fs::create_dir_all(out).map_err(|error| format!("`{}`: {error}", out.display()))?;
@@ -90,8 +91,7 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
             }
         }
     }
-    let config = &loaded.config;
-    let (weights, adapter_dir) = if config.use_peft {
+    let (weights, adapter_dir) = if dir.join("adapter_config.json").is_file() {
         let adapter_dir = out.join("adapter");
         fs::create_dir_all(&adapter_dir)
             .map_err(|error| format!("`{}`: {error}", adapter_dir.display()))?;
@@ -105,7 +105,8 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
                     .map_err(|error| format!("{file}: {error}"))?;
             }
         }
-        let merged = merged(&base, config, &loaded.weights).map_err(|error| error.to_string())?;
+        let lora = adapter_lora(&dir.join("adapter_config.json"))?;
+        let merged = merged(&base, &lora, &loaded.weights).map_err(|error| error.to_string())?;
         (merged, Some(adapter_dir))
     } else {
         let mut weights: HashMap<String, Tensor> = base.named_weights().into_iter().collect();
@@ -163,20 +164,49 @@ fn write_model_files(gguf_file: &Path, base: &Model, out: &Path) -> Result<(), S
     Ok(())
 }
 
+/// The shape of a checkpoint's adapters, from its PEFT `adapter_config.json`.
+fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
+    let name = path.display();
+    let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| format!("`{name}`: {error}"))?;
+    let field = |key: &str| {
+        config
+            .get(key)
+            .ok_or_else(|| format!("`{name}` has no `{key}`"))
+    };
+    let rank = field("r")?
+        .as_u64()
+        .ok_or_else(|| format!("`{name}`: `r` is not a whole number"))?;
+    let alpha = field("lora_alpha")?
+        .as_f64()
+        .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
+    let targets = field("target_modules")?
+        .as_array()
+        .and_then(|targets| {
+            targets
+                .iter()
+                .map(|target| target.as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+        })
+        .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?;
+    Ok(LoraConfig {
+        rank: rank as usize,
+        alpha,
+        targets,
+        // The adapters are restored from the checkpoint: their initialization does not matter.
+        seed: 0,
+        dropout: 0.0,
+    })
+}
+
 /// The base weights with the checkpoint's adapters merged into their projections.
 fn merged(
     base: &Model,
-    config: &super::GrpoConfig,
+    lora: &LoraConfig,
     adapters: &HashMap<String, Tensor>,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
-    let lora = LoraConfig {
-        rank: config.lora_r,
-        alpha: config.lora_alpha,
-        targets: config.lora_targets(),
-        seed: config.seed,
-        dropout: 0.0,
-    };
-    let (adapted, vars) = base.with_lora(&lora)?;
+    let (adapted, vars) = base.with_lora(lora)?;
     checkpoint::restore(&vars, adapters).map_err(candle_core::Error::msg)?;
     let mut merged: HashMap<String, Tensor> = adapted.named_weights().into_iter().collect();
     for (i, layer) in adapted.layers.iter().enumerate() {

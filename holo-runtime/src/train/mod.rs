@@ -39,9 +39,12 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
+pub mod run;
 mod sampling;
 pub mod score;
+pub mod sft;
 mod trainer;
 
-pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig};
-pub use trainer::{importance_sampling, Policy, RunOptions, TrainError, TrainSummary, Trainer};
+pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig, TrainingConfig};
+pub use run::{Policy, RunOptions, TrainError};
+pub use trainer::{importance_sampling, TrainSummary, Trainer};

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Tensor, Var};
 use rayon::prelude::*;
 
-use super::config::{GrpoConfig, LrSchedulerType};
+use super::config::{LrSchedulerType, TrainingConfig};
 
 pub type Result<T> = candle_core::Result<T>;
 
@@ -34,7 +34,8 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    pub fn new(params: Vec<(String, Var)>, config: &GrpoConfig) -> Self {
+    pub fn new(params: Vec<(String, Var)>, config: &impl TrainingConfig) -> Self {
+        let config = config.shared();
         AdamW {
             params,
             moments: HashMap::new(),
@@ -339,7 +340,8 @@ pub fn clip_grad_norm(grads: &mut [Option<Tensor>], max_norm: f64) -> Result<f64
 }
 
 /// Warm-up steps: `warmup_steps`, or `warmup_ratio` of `total` rounded up.
-pub fn warmup_steps(config: &GrpoConfig, total: u64) -> u64 {
+pub fn warmup_steps(config: &impl TrainingConfig, total: u64) -> u64 {
+    let config = config.shared();
     if config.warmup_steps > 0 {
         config.warmup_steps
     } else {
@@ -348,8 +350,9 @@ pub fn warmup_steps(config: &GrpoConfig, total: u64) -> u64 {
 }
 
 /// The learning rate of the optimizer step that follows `completed` steps, out of `total`.
-pub fn learning_rate(config: &GrpoConfig, completed: u64, total: u64) -> f64 {
+pub fn learning_rate(config: &impl TrainingConfig, completed: u64, total: u64) -> f64 {
     let warmup = warmup_steps(config, total);
+    let config = config.shared();
     let step = completed as f64;
     let base = config.learning_rate;
     let warming = completed < warmup;
@@ -371,6 +374,7 @@ pub fn learning_rate(config: &GrpoConfig, completed: u64, total: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::GrpoConfig;
 
     #[test]
     fn the_in_place_update_is_candles_to_the_bit() {

@@ -63,16 +63,26 @@ pub fn sequences(completions: &[Completion]) -> Vec<&Sequence> {
     completions.iter().flat_map(|c| &c.sequences).collect()
 }
 
-/// Log-probabilities `[N]` (differentiable) and entropies `[N]` (differentiable only when
-/// `entropy_gradient`, for an entropy bonus) of the trained tokens, from the final hidden states
-/// `[S, T, hidden]`.
+/// What the output projection gives at the positions that predict trained tokens.
+pub struct Head {
+    /// `[N]`: the log-probability of each trained token (differentiable).
+    pub logprobs: Tensor,
+    /// `[N]`: the entropy of each position's distribution (differentiable only with `entropy_gradient`).
+    pub entropies: Tensor,
+    /// `[N]` (f32, no gradient): 1 where the trained token is the most likely one (TRL's `is_top1`; on a
+    /// tie, any of the most likely).
+    pub top1: Tensor,
+}
+
+/// The [`Head`] of the trained tokens, from the final hidden states `[S, T, hidden]`; entropies are
+/// differentiable only when `entropy_gradient` (for an entropy bonus).
 pub fn head(
     model: &Model,
     hidden: &Tensor,
     packed: &Packed,
     temperature: f64,
     entropy_gradient: bool,
-) -> Result<(Tensor, Tensor)> {
+) -> Result<Head> {
     let (batch, len, size) = hidden.dims3()?;
     let picked = hidden
         .reshape((batch * len, size))?
@@ -87,13 +97,19 @@ pub fn head(
     let chosen = logprobs
         .gather(&packed.targets.unsqueeze(1)?, 1)?
         .squeeze(1)?;
+    let best = logprobs.detach().max(D::Minus1)?;
     let source = if entropy_gradient {
         logprobs
     } else {
         logprobs.detach()
     };
     let entropies = (source.exp()? * &source)?.sum(D::Minus1)?.neg()?;
-    Ok((chosen, entropies))
+    let top1 = chosen.detach().ge(&best)?.to_dtype(DType::F32)?;
+    Ok(Head {
+        logprobs: chosen,
+        entropies,
+        top1,
+    })
 }
 
 /// Log-probabilities (without gradient) of the trained tokens of `completions` under `model`, one vector
@@ -115,8 +131,8 @@ pub fn logprobs(
             continue;
         }
         let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
-        let (chosen, _) = head(model, &hidden, &packed, temperature, false)?;
-        flat.extend(chosen.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+        let scored = head(model, &hidden, &packed, temperature, false)?;
+        flat.extend(scored.logprobs.to_dtype(DType::F32)?.to_vec1::<f32>()?);
     }
     let mut per_completion = Vec::with_capacity(completions.len());
     let mut offset = 0;
@@ -132,18 +148,36 @@ fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
     model.forward_hidden(&packed.ids, &positions, &packed.mask, None, ops)
 }
 
-/// The gradients of `loss(logprobs, entropies)` over `completions`' trained tokens (see [`head`]), with
-/// the whole graph kept or (`recompute`) one layer's at a time; returns the loss's value and the
-/// gradients.
+/// The gradients of `loss(head)` over `completions`' trained tokens (see [`head`]), with the whole graph
+/// kept or (`recompute`) one layer's at a time; returns the loss's value and the gradients.
 pub fn backward(
     model: &Model,
     completions: &[Completion],
     temperature: f64,
     recompute: bool,
     entropy_gradient: bool,
-    loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+    loss: impl FnOnce(&Head) -> Result<Tensor>,
 ) -> Result<(Tensor, GradStore)> {
-    let packed = pack(&sequences(completions), model.device())?;
+    backward_sequences(
+        model,
+        &sequences(completions),
+        temperature,
+        recompute,
+        entropy_gradient,
+        loss,
+    )
+}
+
+/// [`backward`] over sequences.
+pub fn backward_sequences(
+    model: &Model,
+    sequences: &[&Sequence],
+    temperature: f64,
+    recompute: bool,
+    entropy_gradient: bool,
+    loss: impl FnOnce(&Head) -> Result<Tensor>,
+) -> Result<(Tensor, GradStore)> {
+    let packed = pack(sequences, model.device())?;
     if packed.tokens == 0 {
         // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
         let zero = Tensor::zeros((), model.dtype(), model.device())?;
@@ -151,13 +185,23 @@ pub fn backward(
     }
     if recompute {
         model.backward_recomputed_from_hidden(&packed.ids, &packed.mask, |hidden| {
-            let (chosen, entropies) = head(model, hidden, &packed, temperature, entropy_gradient)?;
-            loss(&chosen, &entropies)
+            loss(&head(
+                model,
+                hidden,
+                &packed,
+                temperature,
+                entropy_gradient,
+            )?)
         })
     } else {
         let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
-        let (chosen, entropies) = head(model, &hidden, &packed, temperature, entropy_gradient)?;
-        let value = loss(&chosen, &entropies)?;
+        let value = loss(&head(
+            model,
+            &hidden,
+            &packed,
+            temperature,
+            entropy_gradient,
+        )?)?;
         let grads = value.backward()?;
         Ok((value.detach(), grads))
     }

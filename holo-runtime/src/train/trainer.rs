@@ -2,112 +2,33 @@
 //! evaluation, checkpoints and metrics. See the [module documentation](super) for the order of events.
 
 use std::collections::BTreeMap;
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor, Var};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use candle_core::{Tensor, Var};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use tokenizers::Tokenizer;
 
 use super::advantages::{self, nanmean};
 use super::batch::{self, Completion, Sequence};
-use super::checkpoint::{self, Buffer, RunDir, TrainerState, Weights};
-use super::config::GrpoConfig;
+use super::checkpoint::{Buffer, RunDir, TrainerState};
+use super::config::{GrpoConfig, TrainingConfig};
 use super::erl;
-use super::export::RunInfo;
 use super::loss;
 use super::metrics::MetricsLog;
-use super::optim::{self, AdamW};
+use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
-use crate::chat::ChatTemplate;
+use super::sft::{self, SftLossType};
 use crate::holophore::Holophore;
 use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::Row;
-use crate::local::model::LoraConfig;
-use crate::local::{checkpoint as model_files, Limits, LocalModel, LocalOptions, Model};
+use crate::local::{Limits, LocalModel, LocalOptions, Model};
 use crate::loom::{Loom, LoomConfig, RolloutRecord, RolloutSource, Summary};
 use crate::machine::Rollout;
 use crate::sampler::Sampler;
-
-/// Why training stopped or could not start.
-#[derive(Debug)]
-pub enum TrainError {
-    /// The configuration, the data or the run folder is wrong; nothing was done.
-    Input(String),
-    /// Writing the run's files failed.
-    Io(io::Error),
-    /// The model failed.
-    Model(candle_core::Error),
-}
-
-impl std::fmt::Display for TrainError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TrainError::Input(message) => f.write_str(message),
-            TrainError::Io(error) => write!(f, "cannot write the run: {error}"),
-            TrainError::Model(error) => write!(f, "the model failed: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for TrainError {}
-
-impl From<io::Error> for TrainError {
-    fn from(error: io::Error) -> Self {
-        TrainError::Io(error)
-    }
-}
-
-impl From<candle_core::Error> for TrainError {
-    fn from(error: candle_core::Error) -> Self {
-        TrainError::Model(error)
-    }
-}
-
-/// A model folder loaded for training: weights in f32, tokenizer, chat template.
-pub struct Policy {
-    pub dir: PathBuf,
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    pub end_of_turn: Vec<u32>,
-}
-
-impl Policy {
-    pub fn load(dir: &Path, device: &Device) -> Result<Self, TrainError> {
-        let fail = |error: model_files::LoadError| {
-            TrainError::Input(format!("--model `{}`: {error}", dir.display()))
-        };
-        let model = model_files::load_model(dir, candle_core::DType::F32, device).map_err(fail)?;
-        let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
-        let template = model_files::load_template(dir).map_err(fail)?;
-        let end_of_turn = model_files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)
-            .map_err(fail)?;
-        Ok(Policy {
-            dir: dir.to_path_buf(),
-            model,
-            tokenizer,
-            template,
-            end_of_turn,
-        })
-    }
-}
-
-/// Where a run writes and how it reports.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// The run folder.
-    pub out: PathBuf,
-    /// Continue the run in `out` from its newest checkpoint.
-    pub resume: bool,
-    /// A progress bar on stderr (drawn only on a terminal).
-    pub progress: bool,
-}
 
 /// What a finished run did.
 #[derive(Debug, Clone)]
@@ -141,14 +62,6 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
     }
 }
 
-/// The splitmix64 finalizer, for seeds derived from the run seed.
-fn mix(value: u64) -> u64 {
-    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Seed salts, so that data order, sampling, shuffling and evaluation draw independent streams.
 const DATA: u64 = 1;
 const SAMPLING: u64 = 2;
@@ -161,17 +74,13 @@ const DROPOUT: u64 = 5;
 pub struct Trainer<S> {
     source: S,
     config: GrpoConfig,
-    model: Model,
-    vars: Vec<(String, Var)>,
+    /// The trained weights and their optimizer.
+    trained: Trainable,
     reference: Option<Model>,
     sampler: LocalModel,
     /// A sampler of the caller's instead of `sampler`, and its model's context when known.
     external: Option<(Box<dyn Sampler>, Option<usize>)>,
     holophore: Holophore,
-    optimizer: AdamW,
-    adapter_config: Option<serde_json::Value>,
-    /// The base model folder, written in the run for `holo export`.
-    model_dir: PathBuf,
     run: RunDir,
     options: RunOptions,
 }
@@ -189,22 +98,7 @@ impl<S: RolloutSource> Trainer<S> {
             .validate()
             .map_err(|error| TrainError::Input(error.to_string()))?;
         let base = policy.model;
-        let model_dir = std::fs::canonicalize(&policy.dir).unwrap_or_else(|_| policy.dir.clone());
-        let (model, vars, adapter_config) = if config.use_peft {
-            let lora = LoraConfig {
-                rank: config.lora_r,
-                alpha: config.lora_alpha,
-                targets: config.lora_targets(),
-                seed: config.seed,
-                dropout: config.lora_dropout,
-            };
-            let (model, vars) = base.with_lora(&lora)?;
-            let adapter = checkpoint::adapter_config(&config, &model_dir.display().to_string());
-            (model, vars, Some(adapter))
-        } else {
-            let (model, vars) = base.trainable()?;
-            (model, vars, None)
-        };
+        let trained = Trainable::new(&base, &policy.dir, &config)?;
         // The frozen starting point: the base weights (LoRA trains beside them, so they are shared).
         let reference = (config.beta != 0.0).then(|| base.detached());
         drop(base);
@@ -215,6 +109,7 @@ impl<S: RolloutSource> Trainer<S> {
         .map_err(|error| {
             TrainError::Input(format!("--model `{}`: {error}", policy.dir.display()))
         })?;
+        let model = &trained.model;
         let sampler = LocalModel::new(
             model.detached(),
             policy.tokenizer,
@@ -231,7 +126,6 @@ impl<S: RolloutSource> Trainer<S> {
                 ..LocalOptions::default()
             },
         );
-        let optimizer = AdamW::new(vars.clone(), &config);
         if let Some(memory) = source.reflection_memory() {
             memory.set_capacity(if config.enable_memory {
                 config.memory_size
@@ -242,15 +136,11 @@ impl<S: RolloutSource> Trainer<S> {
         Ok(Trainer {
             source,
             config,
-            model,
-            vars,
+            trained,
             reference,
             sampler,
             external: None,
             holophore,
-            optimizer,
-            adapter_config,
-            model_dir,
             run: RunDir::new(options.out.clone()),
             options,
         })
@@ -272,12 +162,12 @@ impl<S: RolloutSource> Trainer<S> {
 
     /// The model being trained (its weights are [`Var`]s).
     pub fn model(&self) -> &Model {
-        &self.model
+        &self.trained.model
     }
 
     /// The trained weights or adapters, by name.
     pub fn vars(&self) -> &[(String, Var)] {
-        &self.vars
+        &self.trained.vars
     }
 
     /// The optimizer steps of a run over `rows` rows.
@@ -331,11 +221,7 @@ impl<S: RolloutSource> Trainer<S> {
             .enable_all()
             .build()?;
 
-        let progress = if self.options.progress && io::stderr().is_terminal() {
-            progress_bar(total)
-        } else {
-            ProgressBar::hidden()
-        };
+        let progress = run::progress_bar(self.options.progress, total, "step");
         progress.set_position(state.global_step);
         let mut summary = TrainSummary {
             steps: state.global_step,
@@ -354,7 +240,7 @@ impl<S: RolloutSource> Trainer<S> {
             let started = Instant::now();
             let step = state.global_step + 1;
             let mut window = Window::default();
-            let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+            let mut grads = self.trained.no_grads();
             for _ in 0..accumulation {
                 if state.micro_step % generate_every == 0 || state.buffer.is_none() {
                     let (buffer, generated) = self.generate(&runtime, rows, &mut state, step)?;
@@ -366,12 +252,13 @@ impl<S: RolloutSource> Trainer<S> {
                 let steps = config.steps_per_generation();
                 let micro = Buffer::slot(&buffer.completions, slot, steps);
                 // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
-                self.model
+                self.trained
+                    .model
                     .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
                 let (value, micro_grads, metrics) = self.micro_step(micro, buffer)?;
                 window.loss += value;
                 window.extend(metrics);
-                self.accumulate(&mut grads, &micro_grads)?;
+                self.trained.accumulate(&mut grads, &micro_grads)?;
                 let internalized = Buffer::slot(&buffer.internalized, slot, steps);
                 if !internalized.is_empty() {
                     let total = buffer
@@ -383,16 +270,16 @@ impl<S: RolloutSource> Trainer<S> {
                         self.internalization_step(internalized, total)?;
                     window.loss += value;
                     window.extend(metrics);
-                    self.accumulate(&mut grads, &internal_grads)?;
+                    self.trained.accumulate(&mut grads, &internal_grads)?;
                 }
                 state.micro_step += 1;
                 if state.micro_step % generate_every == 0 {
                     state.buffer = None;
                 }
             }
-            let grad_norm = optim::clip_grad_norm(&mut grads, config.max_grad_norm)?;
-            let learning_rate = optim::learning_rate(&config, state.global_step, total);
-            self.optimizer.step(&grads, learning_rate)?;
+            let (grad_norm, learning_rate) =
+                self.trained
+                    .step(&mut grads, &config, state.global_step, total)?;
             // The sampler shares the weights; its cached prefixes belong to the old ones.
             self.sampler.prefix_cache().clear();
             state.global_step = step;
@@ -437,85 +324,37 @@ impl<S: RolloutSource> Trainer<S> {
         Ok(summary)
     }
 
-    /// Opens the run folder: a new run (refusing a folder that holds one), or the newest checkpoint of
-    /// the run in it, with the same configuration.
+    /// Opens the run folder (see [`run::open`]) with its rollout files: new ones, or those of the
+    /// resumed run cut back to its checkpoint.
     fn open_run(&mut self) -> Result<(TrainerState, MetricsLog), TrainError> {
-        let dir = self.run.path.clone();
-        std::fs::create_dir_all(&dir)?;
-        self.run.remove_partial()?;
-        let checkpoints = self.run.checkpoints()?;
-        if !self.options.resume {
-            if !checkpoints.is_empty() || dir.join("metrics.jsonl").exists() {
-                return Err(TrainError::Input(format!(
-                    "`{}` already holds a run: pass --resume to continue it, or choose another --out",
-                    dir.display()
-                )));
-            }
-            std::fs::write(dir.join("config.toml"), self.config.to_toml())?;
-            RunInfo {
-                model: self.model_dir.clone(),
-            }
-            .write(&dir)?;
-            std::fs::File::create(dir.join("rollouts.jsonl"))?;
-            std::fs::File::create(dir.join("eval_rollouts.jsonl"))?;
-            let state = TrainerState {
-                global_step: 0,
-                micro_step: 0,
-                generations: 0,
-                data_position: 0,
-                num_input_tokens_seen: 0,
-                buffer: None,
-                memory: Vec::new(),
-            };
-            return Ok((state, MetricsLog::create(&dir)?));
-        }
-        let Some((_, newest)) = checkpoints.last() else {
-            return Err(TrainError::Input(format!(
-                "--resume: `{}` has no checkpoint to resume from",
-                dir.display()
-            )));
-        };
-        let loaded = checkpoint::load(newest).map_err(TrainError::Input)?;
-        if let Some((key, saved, now)) = self.config.differs_from(&loaded.config) {
-            return Err(TrainError::Input(format!(
-                "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
-                dir.display()
-            )));
-        }
-        checkpoint::restore(&self.vars, &loaded.weights).map_err(TrainError::Input)?;
-        self.optimizer
-            .load_state(loaded.state.global_step, &loaded.optimizer)?;
-        let step = loaded.state.global_step;
+        let opened = run::open(
+            &self.run,
+            self.options.resume,
+            &self.config,
+            &mut self.trained,
+        )?;
+        let dir = &self.run.path;
         for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
-            keep_records_until(&dir.join(file), step)?;
+            if opened.resumed {
+                keep_records_until(&dir.join(file), opened.state.global_step)?;
+            } else {
+                std::fs::File::create(dir.join(file))?;
+            }
         }
-        if let Some(memory) = self.source.reflection_memory() {
-            memory.restore(loaded.state.memory.clone());
+        if let (true, Some(memory)) = (opened.resumed, self.source.reflection_memory()) {
+            memory.restore(opened.state.memory.clone());
         }
-        Ok((loaded.state, MetricsLog::resume(&dir, step)?))
+        Ok((opened.state, opened.metrics))
     }
 
+    /// Writes a checkpoint of `state`, with ERL's memory as it is now.
     fn save(&self, state: &mut TrainerState) -> Result<PathBuf, TrainError> {
         state.memory = self
             .source
             .reflection_memory()
             .map(|memory| memory.entries())
             .unwrap_or_default();
-        let weights = match &self.adapter_config {
-            Some(adapter_config) => Weights::Adapters {
-                vars: &self.vars,
-                adapter_config: adapter_config.clone(),
-            },
-            None => Weights::Full(&self.vars),
-        };
-        Ok(checkpoint::save(
-            &self.run,
-            &weights,
-            self.optimizer.state(),
-            state,
-            &self.config,
-            self.config.save_total_limit,
-        )?)
+        self.trained.save(&self.run, state, &self.config)
     }
 
     /// The next `prompts_per_generation` distinct rows of the data stream (each epoch a fresh
@@ -637,13 +476,18 @@ impl<S: RolloutSource> Trainer<S> {
         let generate_every = config.steps_per_generation() * config.num_iterations;
         let correction = self.sampler_correction();
         // Log-probabilities of the policy as it sampled: without dropout.
-        self.model.set_dropout_seed(0);
+        self.trained.model.set_dropout_seed(0);
         if !config
             .gradient_accumulation_steps
             .is_multiple_of(generate_every)
             || correction
         {
-            let old = score::logprobs(&self.model, &completions, config.temperature, batch_size)?;
+            let old = score::logprobs(
+                &self.trained.model,
+                &completions,
+                config.temperature,
+                batch_size,
+            )?;
             for (completion, old) in completions.iter_mut().zip(old) {
                 completion.old_logprobs = Some(old);
             }
@@ -716,7 +560,7 @@ impl<S: RolloutSource> Trainer<S> {
             None => Training::new(
                 &self.sampler as &dyn Sampler,
                 &self.config,
-                Some(self.model.config.max_position_embeddings),
+                Some(self.trained.model.config.max_position_embeddings),
             ),
         };
         let mut jsonl = Vec::new();
@@ -765,12 +609,12 @@ impl<S: RolloutSource> Trainer<S> {
         let correction = self.sampler_correction();
         let mut metrics = BTreeMap::new();
         let (value, grads) = score::backward(
-            &self.model,
+            &self.trained.model,
             &completions,
             self.config.temperature,
             self.config.gradient_checkpointing,
             self.config.entropy_coef != 0.0,
-            |logprobs, entropies| {
+            |head| {
                 let mut total: Option<Tensor> = None;
                 for (part, offset, tokens, items, weight, prefix) in [
                     (first, 0, first_tokens, buffer.num_items_in_batch, 1.0, ""),
@@ -794,8 +638,8 @@ impl<S: RolloutSource> Trainer<S> {
                     let computed = loss::compute(
                         &self.config,
                         &inputs,
-                        &logprobs.narrow(0, offset, tokens)?,
-                        &entropies.narrow(0, offset, tokens)?,
+                        &head.logprobs.narrow(0, offset, tokens)?,
+                        &head.entropies.narrow(0, offset, tokens)?,
                     )?;
                     metrics.extend(
                         computed
@@ -811,7 +655,7 @@ impl<S: RolloutSource> Trainer<S> {
                 }
                 match total {
                     Some(total) => Ok(total),
-                    None => Tensor::zeros((), logprobs.dtype(), logprobs.device()),
+                    None => Tensor::zeros((), head.logprobs.dtype(), head.logprobs.device()),
                 }
             },
         )?;
@@ -830,57 +674,28 @@ impl<S: RolloutSource> Trainer<S> {
         sequences: &[Sequence],
         total: usize,
     ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
-        let completions: Vec<Completion> = sequences
-            .iter()
-            .map(|sequence| Completion {
-                sequences: vec![sequence.clone()],
-                advantage: 0.0,
-                mask: 1.0,
-                truncated: false,
-                old_logprobs: None,
-                ref_logprobs: None,
-                is_ratio: None,
-                second_loss: false,
-            })
-            .collect();
-        let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
-        let mut cross_entropy = f64::NAN;
-        let coef = self.config.internalization_coef;
-        let (value, grads) = score::backward(
-            &self.model,
-            &completions,
-            1.0,
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let micro = sft::loss::micro_batch(
+            &self.trained.model,
+            &sequences,
+            total,
+            SftLossType::Nll,
             self.config.gradient_checkpointing,
-            false,
-            |logprobs, _| {
-                let nll = logprobs.sum_all()?.neg()?;
-                cross_entropy = nll.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?
-                    / tokens.max(1) as f64;
-                nll * (coef / total.max(1) as f64)
-            },
         )?;
-        let value = value
-            .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()?;
-        let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
-        Ok((value, grads, metrics))
-    }
-
-    /// Adds a micro-batch's gradients to the step's.
-    fn accumulate(
-        &self,
-        grads: &mut [Option<Tensor>],
-        store: &candle_core::backprop::GradStore,
-    ) -> Result<(), TrainError> {
-        for ((_, var), slot) in self.vars.iter().zip(grads.iter_mut()) {
-            if let Some(grad) = store.get(var.as_tensor()) {
-                *slot = Some(match slot.take() {
-                    Some(sum) => (sum + grad)?,
-                    None => grad.clone(),
-                });
+        let coef = self.config.internalization_coef;
+        let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
+        // The micro-batch's mean cross-entropy: its loss is its summed NLL over `total`.
+        let cross_entropy = micro.loss * total as f64 / tokens.max(1) as f64;
+        let mut grads = micro.grads;
+        if coef != 1.0 {
+            for (_, var) in &self.trained.vars {
+                if let Some(grad) = grads.remove(var.as_tensor()) {
+                    grads.insert(var.as_tensor(), (grad * coef)?);
+                }
             }
         }
-        Ok(())
+        let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
+        Ok((micro.loss * coef, grads, metrics))
     }
 
     /// Rollouts of the held-out rows with the current weights (the same seed at every evaluation, so
@@ -928,29 +743,6 @@ impl<S: RolloutSource> Trainer<S> {
         );
         metrics.insert("eval/failed".into(), summary.failed as f64);
         Ok(metrics)
-    }
-}
-
-/// Metric values gathered over one optimizer step's micro-batches and generations, averaged as TRL
-/// averages its metric lists at logging.
-#[derive(Default)]
-struct Window {
-    values: BTreeMap<String, Vec<f64>>,
-    loss: f64,
-}
-
-impl Window {
-    fn extend(&mut self, metrics: BTreeMap<String, f64>) {
-        for (name, value) in metrics {
-            self.values.entry(name).or_default().push(value);
-        }
-    }
-
-    fn means(&self) -> BTreeMap<String, f64> {
-        self.values
-            .iter()
-            .map(|(name, values)| (name.clone(), nanmean(values.iter().copied())))
-            .collect()
     }
 }
 
@@ -1148,14 +940,4 @@ fn print_completions(
             sampled.join(" ⏎ ")
         );
     }
-}
-
-fn progress_bar(total: u64) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:30}] step {pos}/{len}, ETA {eta}, {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }

@@ -12,9 +12,13 @@ mod export_data;
 #[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
+mod options;
+#[cfg(feature = "local")]
 mod plot;
 #[cfg(feature = "local")]
 mod serve;
+#[cfg(feature = "local")]
+mod sft;
 #[cfg(feature = "local")]
 mod train;
 mod view;
@@ -134,6 +138,14 @@ enum Command {
     #[cfg(feature = "local")]
     #[command(after_long_help = train::options_help())]
     Train(train::TrainArgs),
+    /// Supervised fine-tuning of a local model on a JSONL file in TRL's SFT formats (what `holo
+    /// export-data --format sft` writes; TRL's SFTTrainer semantics and option names): full or LoRA, the
+    /// GRPO trainer's optimizer, schedule, checkpoints and metrics. Writes metrics.jsonl, TensorBoard
+    /// events, checkpoints and PNG plots into --out; `--resume` continues a run from its newest
+    /// checkpoint. `holo export` turns a checkpoint into a model folder.
+    #[cfg(feature = "local")]
+    #[command(after_long_help = sft::options_help())]
+    Sft(sft::SftArgs),
     /// A model that visibly learns, offline, on a CPU: a random model warmed up by imitating a sloppy
     /// teacher of additions (it forgets half the carries), then trained with GRPO on hol/arithmetic.hol,
     /// evaluated on held-out problems; prints a table of held-out accuracy and writes metrics,
@@ -343,7 +355,12 @@ enum Color {
 
 fn main() -> ExitCode {
     #[cfg(feature = "local")]
-    let (args, train_options) = match train::split_options(std::env::args().collect()) {
+    let args: Vec<String> = std::env::args().collect();
+    let split = match args.get(1).map(String::as_str) {
+        Some("sft") => options::split_options::<holo_runtime::train::sft::SftConfig>(args, "sft"),
+        _ => options::split_options::<holo_runtime::train::GrpoConfig>(args, "train"),
+    };
+    let (args, trainer_options) = match split {
         Ok(split) => split,
         Err(message) => {
             eprintln!("error: {message}");
@@ -406,7 +423,9 @@ fn main() -> ExitCode {
             local,
         ),
         #[cfg(feature = "local")]
-        Command::Train(args) => train::run(args, train_options),
+        Command::Train(args) => train::run(args, trainer_options),
+        #[cfg(feature = "local")]
+        Command::Sft(args) => sft::run(args, trainer_options),
         #[cfg(feature = "local")]
         Command::Demo(args) => demo::run(args),
         #[cfg(feature = "local")]

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::CommandFactory;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::Row;
 use holo_runtime::loom::Interpreted;
-use holo_runtime::train::{plot, ConfigBuilder, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::{plot, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
-use super::{load, read_rows, Cli, EXIT_FAILURES, EXIT_USAGE};
+use super::options::{self, Options};
+use super::{load, read_rows, EXIT_FAILURES, EXIT_USAGE};
 
 /// `holo train`'s own arguments (the options are split off before clap sees them).
 #[derive(clap::Args)]
@@ -49,98 +49,11 @@ pub struct TrainArgs {
 
 /// The help text after `holo train`'s arguments: every option with its default.
 pub fn options_help() -> String {
-    let defaults = holo_runtime::train::GrpoConfig::default().to_toml();
-    let mut text = String::from(
-        "Options (TRL's GRPOConfig names, as --kebab-case flags or keys of --config; \
-         `--recompute` is `--gradient-checkpointing true`):\n",
-    );
-    for key in ConfigBuilder::keys() {
-        let default = defaults
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("{key} = ")))
-            .unwrap_or("unset");
-        text.push_str(&format!("  --{:<40} {default}\n", key.replace('_', "-")));
-    }
-    text
-}
-
-/// Configuration flags and their values, in order.
-pub type Options = Vec<(String, String)>;
-
-/// Splits `holo train`'s configuration flags (`--num-generations 4`, `--beta=0.04`, a bare boolean
-/// `--use-peft`) from the arguments clap parses. A flag that is neither is an error naming it, with the
-/// nearest option.
-pub fn split_options(args: Vec<String>) -> Result<(Vec<String>, Options), String> {
-    if args.get(1).map(String::as_str) != Some("train") {
-        return Ok((args, Vec::new()));
-    }
-    let command = Cli::command();
-    let train = command
-        .find_subcommand("train")
-        .expect("the train subcommand");
-    let own: Vec<String> = train
-        .get_arguments()
-        .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
-        .chain(["--help".to_string(), "-h".to_string()])
-        .collect();
-    let mut kept = Vec::with_capacity(args.len());
-    let mut options = Vec::new();
-    let mut rest = args.into_iter().peekable();
-    while let Some(arg) = rest.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_string(), Some(value.to_string()))
-            }
-            _ => (arg.clone(), None),
-        };
-        let name = if flag == "--recompute" {
-            "--gradient-checkpointing".to_string()
-        } else {
-            flag.clone()
-        };
-        if !name.starts_with("--") || own.contains(&flag) {
-            kept.push(arg);
-            continue;
-        }
-        if !ConfigBuilder::is_key(&name) {
-            let key = name.trim_start_matches('-').replace('-', "_");
-            let known = ConfigBuilder::keys();
-            let hint = known
-                .iter()
-                .min_by_key(|candidate| strsim::levenshtein(&key, candidate))
-                .filter(|candidate| strsim::levenshtein(&key, candidate) <= 3)
-                .map_or(String::new(), |close| {
-                    format!(" (did you mean --{}?)", close.replace('_', "-"))
-                });
-            return Err(format!(
-                "unknown option {flag}{hint}; `holo train --help` lists them"
-            ));
-        }
-        let value = match inline {
-            Some(value) => value,
-            None => match rest.peek() {
-                Some(next) if !next.starts_with("--") => rest.next().expect("peeked"),
-                // A bare flag switches a boolean option on.
-                _ => "true".to_string(),
-            },
-        };
-        options.push((name, value));
-    }
-    Ok((kept, options))
+    options::options_help::<GrpoConfig>("; `--recompute` is `--gradient-checkpointing true`")
 }
 
 pub fn run(args: TrainArgs, options: Options) -> ExitCode {
-    let mut builder = ConfigBuilder::default();
-    if let Some(path) = &args.config {
-        builder = match builder.file(path) {
-            Ok(builder) => builder,
-            Err(error) => return usage(error),
-        };
-    }
-    for (flag, value) in &options {
-        builder = builder.set(flag, value);
-    }
-    let config = match builder.build() {
+    let config: GrpoConfig = match options::build(args.config.as_deref(), &options) {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
