@@ -168,6 +168,92 @@ fn without_a_tokenizer_tokens_are_ids_and_the_page_says_why() {
     assert!(data["metrics"].is_null());
 }
 
+/// The fixture's first step was sampled by the committed model itself, its second after an update:
+/// under that model, the policy's log-probabilities equal the sampler's on the first and differ on the
+/// second.
+#[test]
+fn the_policy_log_probabilities_match_the_sampler_where_it_sampled() {
+    let dir = Dir::new("view-policy");
+    let out = dir.path().join("page.html");
+    let data = view(
+        &run_fixture(),
+        &out,
+        &["--model", s(&model()), "--policy", s(&model())],
+    );
+    assert_eq!(data["policy"]["temperature"], 1.0, "the run's temperature");
+    let files: Vec<&str> = data["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    let (mut same, mut moved) = (0.0f64, 0.0f64);
+    let mut compared = 0;
+    for rollout in data["rollouts"].as_array().unwrap() {
+        let first_weights = match (
+            files[rollout["file"].as_u64().unwrap() as usize],
+            rollout["step"].as_u64(),
+        ) {
+            ("rollouts.jsonl", Some(1)) | ("eval_rollouts.jsonl", Some(0)) => true,
+            (_, Some(2)) => false,
+            other => panic!("unexpected rollout {other:?}"),
+        };
+        for (context, policy) in rollout["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(rollout["policy"].as_array().unwrap())
+        {
+            let Some(policy) = policy.as_array() else {
+                continue;
+            };
+            let tokens = &context["tokens"];
+            let sampled: Vec<f64> = tokens["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(tokens["loss_mask"].as_array().unwrap())
+                .filter(|(_, bit)| **bit == 1)
+                .map(|(logprob, _)| logprob.as_f64().unwrap())
+                .collect();
+            assert_eq!(policy.len(), sampled.len(), "one value per trained token");
+            for (policy, sampled) in policy.iter().zip(&sampled) {
+                let difference = (policy.as_f64().unwrap() - sampled).abs();
+                compared += 1;
+                if first_weights {
+                    same = same.max(difference);
+                } else {
+                    moved = moved.max(difference);
+                }
+            }
+        }
+    }
+    assert!(compared > 200, "{compared} tokens compared");
+    assert!(
+        same < 1e-4,
+        "the sampling weights give the sampler's log-probs: {same}"
+    );
+    assert!(moved > 1e-3, "after an update the policy differs: {moved}");
+}
+
+#[test]
+fn a_policy_that_cannot_load_is_a_usage_error_before_anything_is_written() {
+    let dir = Dir::new("view-bad-policy");
+    let out = dir.path().join("page.html");
+    let missing = dir.path().join("no-model");
+    let output = holo(&[
+        "view",
+        s(&run_fixture()),
+        "--out",
+        s(&out),
+        "--policy",
+        s(&missing),
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("--policy"), "{}", stderr(&output));
+    assert!(!out.exists());
+}
+
 #[test]
 fn a_run_folder_decodes_tokens_with_the_model_its_run_json_names() {
     let dir = Dir::new("view-run-json");

@@ -12,7 +12,8 @@
 //! - [`http`] serves the page on the loopback interface (`holo view --serve`).
 //!
 //! Token texts come from the tokenizer the rollouts were recorded with ([`tokenizer`]), when there is
-//! one; without it the page shows token ids.
+//! one; without it the page shows token ids. With a policy model (`holo view --policy DIR`), each trained
+//! token also shows its log-probability under that model ([`policy`]) beside the sampler's.
 //!
 //! The page keeps its state (tab, filters, selection) in the URL's fragment, `page.html#status=failed&row=3`,
 //! so a view can be bookmarked or shared, and opened already filtered.
@@ -20,6 +21,8 @@
 pub mod data;
 pub mod http;
 pub mod page;
+#[cfg(feature = "local")]
+pub mod policy;
 
 use std::path::{Path, PathBuf};
 

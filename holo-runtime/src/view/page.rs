@@ -26,6 +26,24 @@ pub enum Tokens<'a> {
     IdsOnly(String),
 }
 
+/// The log-probabilities of the trained tokens under a policy model, which tooltips show beside the
+/// sampler's ([`super::policy`]).
+pub struct Policy {
+    /// What the page calls the model: its path.
+    pub name: String,
+    pub temperature: f64,
+    /// Per rollout of the source (its files in order, each file's rollouts in order), per context: the
+    /// trained tokens' log-probabilities in order, `None` for a context without trained tokens.
+    pub logprobs: Vec<Vec<Option<Vec<f32>>>>,
+}
+
+/// What the page says of the policy.
+#[derive(Serialize)]
+struct PolicyInfo<'a> {
+    name: &'a str,
+    temperature: f64,
+}
+
 /// The JSON the script reads.
 #[derive(Serialize)]
 struct Data<'a> {
@@ -39,6 +57,7 @@ struct Data<'a> {
     pieces: Option<Vec<String>>,
     /// Why tokens are shown as ids, when they are.
     ids_only: Option<String>,
+    policy: Option<PolicyInfo<'a>>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +72,9 @@ struct PageRollout<'a> {
     /// Per context, its tokens' texts as indices into `pieces` (`null` for a context without tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     texts: Option<Vec<Option<Vec<u32>>>>,
+    /// Per context, the policy's log-probability of each trained token ([`Policy`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<&'a [Option<Vec<f32>>]>,
 }
 
 /// Token texts interned: the page carries each distinct text once however often it occurs, and each
@@ -89,8 +111,9 @@ impl Pieces {
     }
 }
 
-/// The page for `source`: the HTML, ready to write or serve.
-pub fn render(source: &Source, tokens: &Tokens<'_>) -> String {
+/// The page for `source`: the HTML, ready to write or serve; with `policy`, tooltips show its
+/// log-probabilities too.
+pub fn render(source: &Source, tokens: &Tokens<'_>, policy: Option<&Policy>) -> String {
     let mut pieces = Pieces::default();
     let mut rollouts = Vec::with_capacity(source.rollout_count());
     for (file, rollouts_file) in source.files.iter().enumerate() {
@@ -99,12 +122,16 @@ pub fn render(source: &Source, tokens: &Tokens<'_>) -> String {
                 Tokens::Decoded(tokenizer) => Some(pieces.contexts(tokenizer, &rollout.record)),
                 Tokens::IdsOnly(_) => None,
             };
+            let policy = policy
+                .and_then(|policy| policy.logprobs.get(rollouts.len()))
+                .map(Vec::as_slice);
             rollouts.push(PageRollout {
                 file,
                 line: rollout.line,
                 record: &rollout.record,
                 seed_text: rollout.record.seed.to_string(),
                 texts,
+                policy,
             });
         }
     }
@@ -120,6 +147,10 @@ pub fn render(source: &Source, tokens: &Tokens<'_>) -> String {
             Tokens::Decoded(_) => None,
             Tokens::IdsOnly(reason) => Some(reason.clone()),
         },
+        policy: policy.map(|policy| PolicyInfo {
+            name: &policy.name,
+            temperature: policy.temperature,
+        }),
     };
     let json = serde_json::to_string(&data).expect("page data is plain JSON");
     fill(&script_safe(&json))
@@ -170,6 +201,7 @@ mod tests {
         let page = render(
             &source(vec![record(0, 0, 1.0, answer)]),
             &Tokens::IdsOnly("no tokenizer".into()),
+            None,
         );
         let json = embedded(&page);
         assert!(!json.contains('<'), "{json}");
@@ -183,6 +215,7 @@ mod tests {
         let page = render(
             &source(vec![record(0, 0, 1.0, "42")]),
             &Tokens::IdsOnly("no tokenizer".into()),
+            None,
         );
         for placeholder in ["{{style}}", "{{script}}", "{{data}}"] {
             assert!(!page.contains(placeholder), "{placeholder} left");

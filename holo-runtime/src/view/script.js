@@ -255,6 +255,15 @@ function tokenTip(r, c, k) {
   // The records write 0 where the sampler gave no log-prob.
   if (trained && logprob !== 0) lines.push(`sampling log-prob ${num(logprob, 4)} (p ${num(Math.exp(logprob), 4)})`);
   if (trained && logprob === 0) lines.push('sampling log-prob: none recorded');
+  const policy = trained && r.policy && r.policy[c];
+  if (policy) {
+    // The policy's values run over the context's trained tokens in order.
+    let index = 0;
+    for (let j = 0; j < k; j++) if (tokens.loss_mask[j]) index++;
+    const value = policy[index];
+    lines.push(`policy log-prob ${num(value, 4)} (p ${num(Math.exp(value), 4)}; ${D.policy.name}, temperature ${D.policy.temperature})`);
+    if (logprob !== 0) lines.push(`ratio policy / sampling ${num(Math.exp(value - logprob), 4)}`);
+  }
   return lines.join('\n');
 }
 

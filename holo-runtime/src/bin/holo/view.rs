@@ -30,6 +30,15 @@ pub struct ViewArgs {
     /// are shown as ids.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// A model folder or .gguf file whose log-probability of each trained token the page shows beside
+    /// the sampler's (and their ratio): the weights a run ended with (`holo export RUN --out DIR`), or the
+    /// model that sampled, to check the records. Runs every trained context through it once.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// With --policy: the temperature of its distribution [default: the run's `temperature` for a run
+    /// folder, else 1].
+    #[arg(long, requires = "policy")]
+    pub temperature: Option<f64>,
 }
 
 pub fn run(args: ViewArgs) -> ExitCode {
@@ -55,7 +64,14 @@ pub fn run(args: ViewArgs) -> ExitCode {
                 .into(),
         ),
     };
-    let page = view::render(&source, &tokens);
+    let policy = match &args.policy {
+        Some(path) => match policy(&source, path, args.temperature) {
+            Ok(policy) => Some(policy),
+            Err(code) => return code,
+        },
+        None => None,
+    };
+    let page = view::render(&source, &tokens, policy.as_ref());
     let done = if args.serve {
         serve(&page, args.port, &source)
     } else {
@@ -135,4 +151,76 @@ fn serve(page: &str, port: u16, source: &Source) -> Result<(), ViewError> {
     );
     std::io::stdout().flush().map_err(cannot)?;
     Err(cannot(http::serve(&listener, page)))
+}
+
+/// The policy log-probabilities of every rollout's trained tokens under the model at `path`.
+fn policy(
+    source: &Source,
+    path: &Path,
+    temperature: Option<f64>,
+) -> Result<view::page::Policy, ExitCode> {
+    let temperature = match temperature {
+        Some(value) if value > 0.0 && value.is_finite() => value,
+        Some(value) => {
+            eprintln!("error: --temperature must be above 0, found {value}");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+        None => run_temperature(source)?,
+    };
+    let model = match holo_runtime::train::Policy::load(path, &candle_core::Device::Cpu) {
+        Ok(policy) => policy.model,
+        Err(error) => {
+            eprintln!("error: --policy: {error}");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let records: Vec<&holo_runtime::loom::RolloutRecord> = source
+        .files
+        .iter()
+        .flat_map(|file| &file.rollouts)
+        .map(|rollout| &rollout.record)
+        .collect();
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(records.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "scoring with the policy [{bar:30}] {pos}/{len} rollouts, ETA {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let logprobs = view::policy::logprobs(&model, &records, temperature, 16, |done| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    match logprobs {
+        Ok(logprobs) => Ok(view::page::Policy {
+            name: path.display().to_string(),
+            temperature,
+            logprobs,
+        }),
+        Err(error) => {
+            eprintln!("error: --policy: the model failed: {error}");
+            Err(ExitCode::from(EXIT_FAILURES))
+        }
+    }
+}
+
+/// The sampling temperature of a run folder (its `config.toml`), 1 for anything else.
+fn run_temperature(source: &Source) -> Result<f64, ExitCode> {
+    if !source.is_run_folder() {
+        return Ok(1.0);
+    }
+    let path = source.path.join("config.toml");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(1.0);
+    };
+    let table: toml::Table = toml::from_str(&text).map_err(|error| {
+        eprintln!("error: `{}`: {}", path.display(), error.message());
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    Ok(table
+        .get("temperature")
+        .and_then(|value| value.as_float().or(value.as_integer().map(|v| v as f64)))
+        .unwrap_or(1.0))
 }
