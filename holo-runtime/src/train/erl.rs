@@ -24,9 +24,9 @@
 
 use std::collections::BTreeMap;
 
-use super::advantages::{nanmean, nanstd};
+use super::advantages::{self, nanmean, nanstd, Rewards};
 use super::batch::{self, Completion, Sequence};
-use super::config::{GrpoConfig, ScaleRewards};
+use super::config::{GrpoConfig, MultiObjectiveAggregation, ScaleRewards};
 use crate::loom::RolloutRecord;
 
 /// The completions and internalized sequences of one generation batch.
@@ -230,29 +230,26 @@ pub fn joint_advantages(
     (first_advantages, second_advantages)
 }
 
-/// Algorithm 2: first attempts normalized within their rows (GRPO's groups), second attempts over the
-/// batch.
+/// Algorithm 2: first attempts normalized within their rows (GRPO's groups: [`advantages::advantages`]),
+/// second attempts over the batch.
 pub fn separate_advantages(
     first: &[f64],
     second: &[f64],
     group: usize,
     scale: ScaleRewards,
 ) -> (Vec<f64>, Vec<f64>) {
-    let group = group.max(1);
-    let batch_std = nanstd(first);
-    let mut first_advantages = Vec::with_capacity(first.len());
-    for chunk in first.chunks(group) {
-        let mean = nanmean(chunk.iter().copied());
-        let std = match scale {
-            ScaleRewards::Batch => batch_std,
-            _ => nanstd(chunk),
-        };
-        first_advantages.extend(
-            chunk
-                .iter()
-                .map(|&value| normalize(value, mean, std, scale)),
-        );
-    }
+    let first_rewards = Rewards {
+        names: vec!["first".into()],
+        weights: vec![1.0],
+        values: first.iter().map(|&value| vec![value]).collect(),
+    };
+    let first_advantages = advantages::advantages(
+        &first_rewards,
+        group,
+        scale,
+        MultiObjectiveAggregation::SumThenNormalize,
+    )
+    .advantages;
     let mean = nanmean(second.iter().copied());
     let std = nanstd(second);
     let second_advantages = second
