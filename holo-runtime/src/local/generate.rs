@@ -9,6 +9,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use aho_corasick::automaton::Automaton;
+use aho_corasick::automaton::StateID;
+use aho_corasick::nfa::contiguous::NFA;
+use aho_corasick::Anchored;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
@@ -415,36 +419,82 @@ impl StreamedText {
     }
 }
 
-/// A row's text decoded a token at a time, so that looking for stop strings costs the new text at each
-/// step instead of decoding the whole completion again.
+/// Stop strings matched as a text grows: an Aho-Corasick automaton over their bytes, built once, whose
+/// state is carried from piece to piece, so that each new byte is looked at once whatever the number and
+/// length of the stop strings (the cost of a step is its new text). Empty stop strings never match.
+pub(crate) struct StopMatcher {
+    automaton: NFA,
+    state: StateID,
+}
+
+impl StopMatcher {
+    /// `None` when no stop string can match (all empty), or the automaton cannot be built.
+    pub(crate) fn new(stops: &[String]) -> Option<Self> {
+        let patterns: Vec<&str> = stops
+            .iter()
+            .map(String::as_str)
+            .filter(|stop| !stop.is_empty())
+            .collect();
+        if patterns.is_empty() {
+            return None;
+        }
+        let automaton = NFA::new(patterns).ok()?;
+        let state = automaton.start_state(Anchored::No).ok()?;
+        Some(StopMatcher { automaton, state })
+    }
+
+    /// Adds `piece` to the text; whether a stop string ends inside it.
+    pub(crate) fn feed(&mut self, piece: &str) -> bool {
+        for &byte in piece.as_bytes() {
+            self.state = self.automaton.next_state(Anchored::No, self.state, byte);
+            if self.automaton.is_match(self.state) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A row's text decoded a token at a time, and its stop strings matched as it grows ([`StopMatcher`]),
+/// instead of decoding and searching the whole completion at each step.
 #[derive(Default)]
 struct StopSearch {
     decoded: StreamedText,
-    /// Bytes of the text already searched.
-    searched: usize,
-    /// The stream decoder could not go on: every step decodes the whole completion.
+    /// Built at the first token, from the row's stop strings.
+    matcher: Option<StopMatcher>,
+    /// The stream decoder or the automaton could not go on: every step decodes and searches the whole
+    /// completion.
     whole: bool,
 }
 
 impl StopSearch {
-    /// Adds `token`; whether a stop string may now end the text (then the caller checks the whole
+    /// Adds `token`; whether a stop string may now end the text (then the caller finds it in the whole
     /// decoding).
     fn may_stop(&mut self, token: u32, stops: &[String], stopping: &Stopping) -> bool {
         if self.whole {
             return true;
         }
-        match self.decoded.push(stopping.tokenizer, token) {
-            Ok(Some(_)) => {}
+        if self.matcher.is_none() {
+            match StopMatcher::new(stops) {
+                Some(matcher) => self.matcher = Some(matcher),
+                None if stops.iter().all(String::is_empty) => return false,
+                None => {
+                    self.whole = true;
+                    return true;
+                }
+            }
+        }
+        let piece = match self.decoded.push(stopping.tokenizer, token) {
+            Ok(Some(piece)) => piece,
             Ok(None) => return false,
             Err(_) => {
                 self.whole = true;
                 return true;
             }
-        }
-        let text = self.decoded.text();
-        let new = self.searched;
-        self.searched = text.len();
-        first_stop(text, new, stops).is_some()
+        };
+        self.matcher
+            .as_mut()
+            .is_some_and(|matcher| matcher.feed(piece))
     }
 }
 
@@ -613,6 +663,28 @@ mod tests {
                 .max_by_key(|stop| stop.len())
                 .map(|stop| (end - stop.len(), stop))
         })
+    }
+
+    proptest::proptest! {
+        /// The automaton fed piece by piece says a stop string has ended exactly at the first piece after
+        /// which the text so far holds one.
+        #[test]
+        fn the_stop_matcher_fires_where_the_text_first_holds_a_stop(
+            pieces in proptest::collection::vec("[abé]{0,4}", 1..12),
+            stops in proptest::collection::vec("[abé]{0,5}", 0..4),
+        ) {
+            let mut matcher = StopMatcher::new(&stops);
+            let mut text = String::new();
+            for piece in &pieces {
+                text.push_str(piece);
+                let fired = matcher.as_mut().is_some_and(|matcher| matcher.feed(piece));
+                let holds = stops.iter().any(|stop| !stop.is_empty() && text.contains(stop.as_str()));
+                proptest::prop_assert_eq!(fired, holds, "after {:?}", text);
+                if holds {
+                    break;
+                }
+            }
+        }
     }
 
     proptest::proptest! {

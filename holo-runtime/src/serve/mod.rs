@@ -83,9 +83,9 @@
 //! - `temperature` (finite, ≥ 0), `top_p` (in (0, 1]), `top_k` (vLLM: an integer ≥ 1; `-1` or `0` turn it
 //!   off).
 //! - `stop`: a string or a list of strings (none empty; at most 128 strings of 16 KiB in all, a 400
-//!   beyond: each sample keeps its own copy and each token is searched for each — vLLM has no limit,
-//!   OpenAI allows 4). Each new token's text is searched only where a stop string could hold a new
-//!   byte, so a stop costs its length, not the length of the text so far. The text of a choice ends *before* the stop string
+//!   beyond: each sample keeps its own automaton of them — vLLM has no limit, OpenAI allows 4). The
+//!   local model matches them with an Aho-Corasick automaton fed each new byte once, so a token costs its
+//!   own text, whatever the stop strings' number and length. The text of a choice ends *before* the stop string
 //!   that ended it (OpenAI's behaviour) unless `include_stop_str_in_output` (vLLM) is true; the choice's
 //!   `stop_reason` (vLLM) is that string, or `null` when the model ended its turn or ran out of tokens.
 //! - `seed`: any integer that fits 64 bits (a negative one is read as its two's complement). With `n`
