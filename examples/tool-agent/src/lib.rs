@@ -15,7 +15,7 @@
 //! let transcript = run(input, &mut sampler).unwrap();
 //! assert_eq!(
 //!     transcript.rewards,
-//!     vec![("answered".to_string(), 1.0, 1.0), ("math_answer".to_string(), 1.0, 1.0)]
+//!     vec![("math_answer".to_string(), 1.0, 1.0), ("answered".to_string(), 1.0, 1.0)]
 //! );
 //! ```
 

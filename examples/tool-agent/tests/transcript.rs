@@ -39,9 +39,10 @@ fn max_turns_ends_the_loop_without_an_answer() {
     assert_eq!(turns, 8, "hol/tool.hol sets max_turns=8");
     assert_eq!(
         transcript.rewards,
+        // `MathAnswer` scores when the loop ends and its tag is reached, before the end hooks run.
         vec![
-            ("answered".to_string(), 0.0, 1.0),
-            ("math_answer".to_string(), 0.0, 1.0)
+            ("math_answer".to_string(), 0.0, 1.0),
+            ("answered".to_string(), 0.0, 1.0)
         ]
     );
 }
