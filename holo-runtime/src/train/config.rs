@@ -245,6 +245,38 @@ pub struct GrpoConfig {
     /// Weight of that cross-entropy.
     pub internalization_coef: f64,
 
+    // --- Curriculum and dynamic sampling ([`super::curriculum`]) ---
+    /// A numeric column of the training rows: its distinct values are levels, served lowest first.
+    pub difficulty_column: Option<String>,
+    /// Groups whose moving mean reward decides when a level advances.
+    pub curriculum_window: usize,
+    /// The moving mean reward (over the level's last `curriculum_window` groups) at which the next
+    /// level starts.
+    pub curriculum_threshold: f64,
+    /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and refilled with the
+    /// groups of further rows.
+    pub dynamic_sampling: bool,
+    /// verl's `max_num_gen_batches`: the most draws (the first included) one generation batch may take
+    /// under `dynamic_sampling`; then it is completed with dropped groups.
+    pub max_num_gen_batches: usize,
+
+    // --- Guard rails ([`super::guard`]) ---
+    /// Stop when `eval/reward` has not improved for this many evaluations (transformers'
+    /// `EarlyStoppingCallback`).
+    pub early_stopping_patience: Option<u64>,
+    /// The least rise of `eval/reward` that counts as an improvement.
+    pub early_stopping_threshold: f64,
+    /// Roll back when a step's `kl` exceeds this.
+    pub rollback_kl: Option<f64>,
+    /// Roll back when the moving mean training reward falls more than this below its best.
+    pub rollback_reward_drop: Option<f64>,
+    /// Generating steps the training reward's moving mean is taken over.
+    pub rollback_window: usize,
+    /// Each rollback multiplies the learning rate by this.
+    pub rollback_lr_factor: f64,
+    /// Rollbacks a run may take; the next trip stops it.
+    pub max_rollbacks: u64,
+
     // --- Model-written code ---
     /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
     pub sandbox: SandboxConfig,
@@ -357,6 +389,18 @@ impl Default for GrpoConfig {
             memory_size: 50,
             enable_internalization: true,
             internalization_coef: 1.0,
+            difficulty_column: None,
+            curriculum_window: 16,
+            curriculum_threshold: 0.8,
+            dynamic_sampling: false,
+            max_num_gen_batches: 10,
+            early_stopping_patience: None,
+            early_stopping_threshold: 0.0,
+            rollback_kl: None,
+            rollback_reward_drop: None,
+            rollback_window: 8,
+            rollback_lr_factor: 0.5,
+            max_rollbacks: 3,
             sapo_temperature_neg: 1.05,
             sapo_temperature_pos: 1.0,
             vespo_k_pos: 2.0,
@@ -478,6 +522,10 @@ impl ConfigBuilder {
             "off_policy_mask_threshold",
             "vllm_importance_sampling_clip_min",
             "lora_target_modules",
+            "difficulty_column",
+            "early_stopping_patience",
+            "rollback_kl",
+            "rollback_reward_drop",
         ]
     }
 
@@ -674,8 +722,14 @@ impl GrpoConfig {
             .unwrap_or_else(|| vec!["q_proj".into(), "v_proj".into()])
     }
 
+    /// Whether a trip of `rollback_kl` or `rollback_reward_drop` rolls the run back.
+    pub fn rolls_back(&self) -> bool {
+        self.rollback_kl.is_some() || self.rollback_reward_drop.is_some()
+    }
+
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_schedule()?;
         self.sandbox
             .limits()
             .map_err(|message| error("sandbox", message))?;
@@ -914,6 +968,84 @@ impl GrpoConfig {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The curriculum's, dynamic sampling's and the guard rails' options.
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        if self
+            .difficulty_column
+            .as_ref()
+            .is_some_and(|column| column.trim().is_empty())
+        {
+            return Err(error("difficulty_column", "must name a column of the rows"));
+        }
+        if self.curriculum_window == 0 {
+            return Err(error("curriculum_window", "must be at least 1 group"));
+        }
+        if !self.curriculum_threshold.is_finite() {
+            return Err(error("curriculum_threshold", "must be a finite number"));
+        }
+        if self.max_num_gen_batches == 0 {
+            return Err(error(
+                "max_num_gen_batches",
+                "must be at least 1 (the first draw counts)",
+            ));
+        }
+        if self.dynamic_sampling && self.erl {
+            return Err(error(
+                "dynamic_sampling",
+                "cannot be combined with erl: ERL pools a row's first and second attempts into one group",
+            ));
+        }
+        if let Some(patience) = self.early_stopping_patience {
+            if patience == 0 {
+                return Err(error("early_stopping_patience", "must be at least 1"));
+            }
+            if self.eval_steps.is_none() {
+                return Err(error(
+                    "early_stopping_patience",
+                    "needs eval_steps: early stopping watches eval/reward",
+                ));
+            }
+        }
+        if !(self.early_stopping_threshold >= 0.0 && self.early_stopping_threshold.is_finite()) {
+            return Err(error(
+                "early_stopping_threshold",
+                "must be a finite number of at least 0",
+            ));
+        }
+        if let Some(bound) = self.rollback_kl {
+            if !(bound > 0.0 && bound.is_finite()) {
+                return Err(error("rollback_kl", "must be a finite number above 0"));
+            }
+            if self.beta == 0.0 {
+                return Err(error(
+                    "rollback_kl",
+                    "needs beta > 0: the KL is measured against the reference model, which only beta > 0 keeps",
+                ));
+            }
+        }
+        if let Some(drop) = self.rollback_reward_drop {
+            if !(drop > 0.0 && drop.is_finite()) {
+                return Err(error(
+                    "rollback_reward_drop",
+                    "must be a finite number above 0",
+                ));
+            }
+        }
+        if self.rollback_window == 0 {
+            return Err(error("rollback_window", "must be at least 1 step"));
+        }
+        if !(self.rollback_lr_factor > 0.0 && self.rollback_lr_factor <= 1.0) {
+            return Err(error("rollback_lr_factor", "must be in (0, 1]"));
+        }
+        if self.rolls_back() && self.save_total_limit == Some(1) {
+            return Err(error(
+                "save_total_limit",
+                "must be at least 2 with rollback_kl or rollback_reward_drop: the newest checkpoint holds the weights a trip blames, a rollback restores the one before",
+            ));
         }
         Ok(())
     }

@@ -27,6 +27,8 @@ use std::collections::BTreeMap;
 use super::advantages::{nanmean, nanstd};
 use super::batch::{self, Completion, Sequence};
 use super::config::{GrpoConfig, ScaleRewards};
+use super::score;
+use crate::local::Model;
 use crate::loom::RolloutRecord;
 
 /// The completions and internalized sequences of one generation batch.
@@ -261,6 +263,52 @@ pub fn separate_advantages(
         .map(|&value| normalize(value, mean, std, scale))
         .collect();
     (first_advantages, second_advantages)
+}
+
+/// Internalization on one micro-batch's share of a generation's internalized sequences:
+/// `internalization_coef` × the summed negative log-likelihood (temperature 1) of their trained tokens
+/// over `total`, the trained tokens of all of them, so that the micro-batches add up to the mean
+/// cross-entropy of the generation. Returns the loss, its gradients and `erl/internalization_loss`.
+pub fn internalization_step(
+    model: &Model,
+    config: &GrpoConfig,
+    sequences: &[Sequence],
+    total: usize,
+) -> candle_core::Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>)> {
+    let completions: Vec<Completion> = sequences
+        .iter()
+        .map(|sequence| Completion {
+            sequences: vec![sequence.clone()],
+            advantage: 0.0,
+            mask: 1.0,
+            truncated: false,
+            old_logprobs: None,
+            ref_logprobs: None,
+            is_ratio: None,
+            second_loss: false,
+        })
+        .collect();
+    let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
+    let mut cross_entropy = f64::NAN;
+    let coef = config.internalization_coef;
+    let (value, grads) = score::backward(
+        model,
+        &completions,
+        1.0,
+        config.gradient_checkpointing,
+        false,
+        |logprobs, _| {
+            let nll = logprobs.sum_all()?.neg()?;
+            cross_entropy =
+                nll.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()? / tokens.max(1) as f64;
+            nll * (coef / total.max(1) as f64)
+        },
+    )?;
+    let value = value
+        .to_dtype(candle_core::DType::F64)?
+        .to_scalar::<f64>()?;
+    let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
+    Ok((value, grads, metrics))
 }
 
 #[cfg(test)]

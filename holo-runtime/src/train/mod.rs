@@ -33,8 +33,11 @@ pub mod advantages;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
+pub mod correction;
+pub mod curriculum;
 pub mod erl;
 pub mod export;
+pub mod guard;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
@@ -44,4 +47,5 @@ pub mod score;
 mod trainer;
 
 pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig};
-pub use trainer::{importance_sampling, Policy, RunOptions, TrainError, TrainSummary, Trainer};
+pub use correction::importance_sampling;
+pub use trainer::{Policy, RunOptions, TrainError, TrainSummary, Trainer};
