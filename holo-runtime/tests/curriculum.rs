@@ -77,7 +77,7 @@ fn levels_are_served_easiest_first_and_advance_on_the_window_mean() {
         if question.contains("is 1+") {
             true
         } else if question.contains("is 5+") {
-            count % 2 == 0
+            count.is_multiple_of(2)
         } else {
             false
         }
@@ -174,7 +174,7 @@ fn mixed_policy(question: &str, count: usize) -> bool {
     } else if question.contains("is 2+") {
         false
     } else {
-        count % 2 == 0
+        count.is_multiple_of(2)
     }
 }
 

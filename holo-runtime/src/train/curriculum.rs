@@ -46,12 +46,22 @@ pub struct CurriculumState {
 /// A level change, for the log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Advance {
-    pub from: usize,
-    pub to: usize,
-    /// The level's new difficulty.
-    pub difficulty: f64,
-    /// The window mean that passed the threshold.
+    /// The level passed (0: the lowest difficulty) and its difficulty.
+    pub from: (usize, f64),
+    /// The level served next and its difficulty.
+    pub to: (usize, f64),
+    /// The window mean that reached the threshold.
     pub mean: f64,
+}
+
+impl std::fmt::Display for Advance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "curriculum: level {} (difficulty {}) is next: the mean reward of level {}'s last groups (difficulty {}) reached {:.4}",
+            self.to.0, self.to.1, self.from.0, self.from.1, self.mean
+        )
+    }
 }
 
 /// The training rows as generations draw them.
@@ -177,9 +187,8 @@ impl<'r> Stream<'r> {
             window: Vec::new(),
         };
         let advance = Advance {
-            from,
-            to: from + 1,
-            difficulty: levels[from + 1].0,
+            from: (from, levels[from].0),
+            to: (from + 1, levels[from + 1].0),
             mean,
         };
         (mean, Some(advance))
@@ -365,7 +374,7 @@ mod tests {
         assert_eq!(curriculum.window, [1.0, 0.0]);
         assert_eq!(stream.observe(curriculum, &[1.0]), (0.5, None));
         let advance = stream.observe(curriculum, &[1.0]).1.unwrap();
-        assert_eq!((advance.from, advance.to, advance.difficulty), (0, 1, 2.0));
+        assert_eq!((advance.from, advance.to), ((0, 1.0), (1, 2.0)));
         assert_eq!(advance.mean, 1.0);
         assert_eq!(
             *curriculum,

@@ -163,7 +163,7 @@ impl GuardState {
         let mean = nanmean(self.rewards.iter().copied());
         let best = self.best_mean_reward.map_or(mean, |best| best.max(mean));
         self.best_mean_reward = Some(best);
-        (mean < best - drop).then(|| Trip {
+        (mean < best - drop).then_some(Trip {
             step,
             key: "rollback_reward_drop",
             value: mean,

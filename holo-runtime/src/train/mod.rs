@@ -31,6 +31,7 @@
 
 pub mod advantages;
 pub mod batch;
+pub mod builder;
 pub mod checkpoint;
 pub mod config;
 pub mod correction;
@@ -46,6 +47,7 @@ mod sampling;
 pub mod score;
 mod trainer;
 
-pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig};
+pub use builder::ConfigBuilder;
+pub use config::{ConfigError, GrpoConfig, SandboxConfig};
 pub use correction::importance_sampling;
 pub use trainer::{Policy, RunOptions, TrainError, TrainSummary, Trainer};

@@ -815,14 +815,7 @@ impl<S: RolloutSource> Trainer<S> {
             let (mean, advance) = stream.observe(curriculum, &group_means);
             metrics.insert("curriculum/mean_reward".into(), mean);
             if let Some(advance) = advance {
-                progress.suspend(|| eprintln!(
-                    "curriculum: level {} (difficulty {}) after step {step}: the mean reward of the last {} groups of level {} reached {:.4}",
-                    advance.to + 1,
-                    advance.difficulty,
-                    config.curriculum_window,
-                    advance.from + 1,
-                    advance.mean
-                ));
+                progress.suspend(|| eprintln!("{advance} (after step {step})"));
             }
         }
         Ok((kept, metrics))
