@@ -389,6 +389,24 @@ fn bad_options_fail_before_any_work_naming_the_key() {
         stderr.contains("train.toml:2") && stderr.contains("weight_decay"),
         "{stderr}"
     );
+    let mut args = train_args(&out, 2);
+    args.extend(["--rollback-lr-factor".into(), "2".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--rollback-lr-factor") && stderr.contains("rollback_lr_factor"),
+        "{stderr}"
+    );
+
+    // The rows have no `level`: refused naming the row and the column.
+    let mut args = train_args(&out, 2);
+    args.extend(["--difficulty-column".into(), "level".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("training row 1") && stderr.contains("`level`"),
+        "{stderr}"
+    );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
 
     // A finished run is refused as a new run, and resumed only with its own options.
