@@ -101,7 +101,10 @@ fn early_stopping_ends_the_run_when_eval_reward_stops_improving() {
         early_stopping_patience: Some(2),
         ..config(8)
     };
-    let summary = train(&out, config.clone(), &eval_rows, |_, count| count.is_multiple_of(2)).unwrap();
+    let summary = train(&out, config.clone(), &eval_rows, |_, count| {
+        count.is_multiple_of(2)
+    })
+    .unwrap();
     assert!(summary.stopped_early);
     assert_eq!(
         summary.steps, 3,
