@@ -1111,8 +1111,8 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-/// The splitmix64 finalizer.
-fn mix(value: u64) -> u64 {
+/// The splitmix64 finalizer (seeds derived from seeds, here and in the trainer).
+pub(crate) fn mix(value: u64) -> u64 {
     let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

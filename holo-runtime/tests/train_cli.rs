@@ -94,18 +94,22 @@ fn run(args: &[String]) -> Output {
     holo_command(&args).output().unwrap()
 }
 
-/// Trains `steps` steps uninterrupted, then again killed with SIGKILL right after its second checkpoint
-/// and resumed: the two runs must write the same metrics and rollouts.
-fn killed_and_resumed(name: &str, holoware: &str, steps: u32, extra: &[&str]) {
+/// Trains `steps` steps on `data` uninterrupted, then again killed with SIGKILL right after its second
+/// checkpoint and resumed: the two runs must write the same metrics and rollouts. Returns the metrics.
+fn killed_and_resumed(
+    name: &str,
+    holoware: &str,
+    data: &str,
+    steps: u32,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
     let dir = scratch(name);
+    let fixtures = repo().join("holo-runtime/tests/fixtures/train");
     let args_for = |out: &Path| {
         let mut args = train_args(out, steps);
-        args[1] = repo()
-            .join("holo-runtime/tests/fixtures/train")
-            .join(holoware)
-            .to_str()
-            .unwrap()
-            .into();
+        args[1] = fixtures.join(holoware).to_str().unwrap().into();
+        let data_at = args.iter().position(|arg| arg == "--data").unwrap() + 1;
+        args[data_at] = fixtures.join(data).to_str().unwrap().into();
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     };
@@ -192,12 +196,14 @@ fn killed_and_resumed(name: &str, holoware: &str, steps: u32, extra: &[&str]) {
             format!("checkpoint-{steps}")
         ]
     );
+    let metrics = metrics(&whole);
     std::fs::remove_dir_all(dir).unwrap();
+    metrics
 }
 
 #[test]
 fn a_run_killed_at_any_moment_resumes_to_the_same_metrics() {
-    killed_and_resumed("kill", "short.hol", 24, &[]);
+    killed_and_resumed("kill", "short.hol", "rows.jsonl", 24, &[]);
 }
 
 /// ERL's memory (reflections whose retry came within the length limit) is in the checkpoints: the
@@ -207,6 +213,7 @@ fn an_erl_run_resumes_to_the_same_metrics_and_memory() {
     killed_and_resumed(
         "kill-erl",
         "erl.hol",
+        "rows.jsonl",
         12,
         &["--erl", "true", "--erl-algorithm", "2"],
     );
@@ -217,6 +224,7 @@ fn a_lora_run_with_dropout_resumes_to_the_same_metrics() {
     killed_and_resumed(
         "kill-lora",
         "short.hol",
+        "rows.jsonl",
         16,
         &[
             "--use-peft",
@@ -230,6 +238,50 @@ fn a_lora_run_with_dropout_resumes_to_the_same_metrics() {
             "0.03",
         ],
     );
+}
+
+/// A curriculum over `levels.jsonl` (difficulties 1, 2, 3, four rows each) with dynamic sampling: the
+/// level, its window and the data position are in the checkpoints, so the resumed run draws what the
+/// uninterrupted one drew. The threshold is the lowest reward there is, so each level lasts until its
+/// window of three groups is full, whatever the random model writes.
+#[test]
+fn a_curriculum_run_advances_levels_and_resumes_to_the_same_metrics() {
+    let metrics = killed_and_resumed(
+        "kill-curriculum",
+        "short.hol",
+        "levels.jsonl",
+        12,
+        &[
+            "--difficulty-column",
+            "difficulty",
+            "--curriculum-window",
+            "3",
+            "--curriculum-threshold",
+            "-1",
+            "--dynamic-sampling",
+            "--max-num-gen-batches",
+            "3",
+        ],
+    );
+    let levels: Vec<f64> = metrics
+        .iter()
+        .filter_map(|m| m.get("curriculum/level")?.as_f64())
+        .collect();
+    assert!(levels.windows(2).all(|w| w[0] <= w[1]), "{levels:?}");
+    assert_eq!(
+        (levels[0], levels[levels.len() - 1]),
+        (0.0, 2.0),
+        "{levels:?}"
+    );
+    assert!(levels.contains(&1.0), "{levels:?}");
+    let difficulties: Vec<f64> = metrics
+        .iter()
+        .filter_map(|m| m.get("curriculum/difficulty")?.as_f64())
+        .collect();
+    assert_eq!(difficulties.last(), Some(&3.0));
+    assert!(metrics
+        .iter()
+        .any(|m| m.get("dynamic_sampling/refills").is_some()));
 }
 
 #[test]
@@ -335,6 +387,24 @@ fn bad_options_fail_before_any_work_naming_the_key() {
     assert_eq!(code, 2);
     assert!(
         stderr.contains("train.toml:2") && stderr.contains("weight_decay"),
+        "{stderr}"
+    );
+    let mut args = train_args(&out, 2);
+    args.extend(["--rollback-lr-factor".into(), "2".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--rollback-lr-factor") && stderr.contains("rollback_lr_factor"),
+        "{stderr}"
+    );
+
+    // The rows have no `level`: refused naming the row and the column.
+    let mut args = train_args(&out, 2);
+    args.extend(["--difficulty-column".into(), "level".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("training row 1") && stderr.contains("`level`"),
         "{stderr}"
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());

@@ -65,6 +65,13 @@ pub fn nanstd(values: &[f64]) -> f64 {
     (variance * count as f64 / (count - 1) as f64).sqrt()
 }
 
+/// Whether a group's rewards differ (DAPO's dynamic sampling keeps only such groups): a standard
+/// deviation that is neither `NaN` (fewer than two rewards) nor 0.
+pub fn spread(group: &[f64]) -> bool {
+    let std = nanstd(group);
+    !std.is_nan() && !is_zero(std)
+}
+
 /// `torch.isclose(std, 0)`: within the default absolute tolerance.
 fn is_zero(std: f64) -> bool {
     std.abs() <= 1e-8

@@ -5,8 +5,9 @@
 //!   `adapter_model.safetensors` + `adapter_config.json` (LoRA, PEFT's layout);
 //! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`);
 //! - `trainer_state.json`: the step, the generations drawn (the data position and every seed derive from
-//!   it), the tokens seen, and the generation batch still being trained on when `num_iterations` or
-//!   `steps_per_generation` spread one generation over several steps;
+//!   it), the tokens seen, the generation batch still being trained on when `num_iterations` or
+//!   `steps_per_generation` spread one generation over several steps, the curriculum's level and window,
+//!   and the guard rails' state;
 //! - `config.toml`: the run's options, which a resumed run must repeat.
 //!
 //! A checkpoint is written into a temporary folder beside its final name, each file synced, and renamed
@@ -23,10 +24,12 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::{Completion, Sequence};
 use super::config::TrainingConfig;
+use super::curriculum::CurriculumState;
+use super::guard::GuardState;
 use crate::holotypes::Reflection;
 
 /// What `trainer_state.json` holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
     /// Optimizer steps done.
     pub global_step: u64,
@@ -44,6 +47,12 @@ pub struct TrainerState {
     /// ERL's reflection memory, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<Reflection>,
+    /// The curriculum's level and window (runs with `difficulty_column`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curriculum: Option<CurriculumState>,
+    /// Early stopping's and rollback's state.
+    #[serde(default)]
+    pub guard: GuardState,
 }
 
 /// A generation batch, shuffled and ready to be split into micro-batches.
@@ -112,6 +121,38 @@ impl RunDir {
         }
         found.sort();
         Ok(found)
+    }
+
+    /// Removes the checkpoints after `step` (a rollback abandons them).
+    pub fn remove_after(&self, step: u64) -> io::Result<()> {
+        for (_, dir) in self.checkpoints()?.into_iter().filter(|(n, _)| *n > step) {
+            fs::remove_dir_all(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the records of steps after `step` from the rollout file `name` (a resumed or rolled back
+    /// run writes them again), replacing it atomically.
+    pub fn keep_records_until(&self, name: &str, step: u64) -> io::Result<()> {
+        let path = self.path.join(name);
+        let Ok(text) = fs::read_to_string(&path) else {
+            return Ok(());
+        };
+        let mut kept = String::with_capacity(text.len());
+        for line in text.split_inclusive('\n') {
+            if !line.ends_with('\n') {
+                break;
+            }
+            let record_step = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|value| value.get("step").and_then(serde_json::Value::as_u64));
+            if record_step.is_some_and(|record_step| record_step <= step) {
+                kept.push_str(line);
+            }
+        }
+        let staging = path.with_extension("jsonl.resume");
+        fs::write(&staging, kept)?;
+        fs::rename(staging, path)
     }
 
     /// Removes temporary folders a killed save left.

@@ -4,13 +4,12 @@
 //! [`TrainingConfig::shared`] and checked in one place ([`Shared::validate`]).
 //!
 //! A configuration comes from a TOML file (keys are the option names) and from command-line overrides
-//! (`--num-generations 4`: the same names in kebab case), the overrides winning. Every key is checked
+//! (`--num-generations 4`: the same names in kebab case; [`super::builder`]), the overrides winning. Every key is checked
 //! before any work starts: an unknown key is named with the closest known one, a bad value with the values
 //! the key allows, and the place it came from (the file's line, or the flag).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -248,6 +247,38 @@ pub struct GrpoConfig {
     /// Weight of that cross-entropy.
     pub internalization_coef: f64,
 
+    // --- Curriculum and dynamic sampling ([`super::curriculum`]) ---
+    /// A numeric column of the training rows: its distinct values are levels, served lowest first.
+    pub difficulty_column: Option<String>,
+    /// Groups whose moving mean reward decides when a level advances.
+    pub curriculum_window: usize,
+    /// The moving mean reward (over the level's last `curriculum_window` groups) at which the next
+    /// level starts.
+    pub curriculum_threshold: f64,
+    /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and refilled with the
+    /// groups of further rows.
+    pub dynamic_sampling: bool,
+    /// verl's `max_num_gen_batches`: the most draws (the first included) one generation batch may take
+    /// under `dynamic_sampling`; then it is completed with dropped groups.
+    pub max_num_gen_batches: usize,
+
+    // --- Guard rails ([`super::guard`]) ---
+    /// Stop when `eval/reward` has not improved for this many evaluations (transformers'
+    /// `EarlyStoppingCallback`).
+    pub early_stopping_patience: Option<u64>,
+    /// The least rise of `eval/reward` that counts as an improvement.
+    pub early_stopping_threshold: f64,
+    /// Roll back when a step's `kl` exceeds this.
+    pub rollback_kl: Option<f64>,
+    /// Roll back when the moving mean training reward falls more than this below its best.
+    pub rollback_reward_drop: Option<f64>,
+    /// Generating steps the training reward's moving mean is taken over.
+    pub rollback_window: usize,
+    /// Each rollback multiplies the learning rate by this.
+    pub rollback_lr_factor: f64,
+    /// Rollbacks a run may take; the next trip stops it.
+    pub max_rollbacks: u64,
+
     // --- Model-written code ---
     /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
     pub sandbox: SandboxConfig,
@@ -360,6 +391,18 @@ impl Default for GrpoConfig {
             memory_size: 50,
             enable_internalization: true,
             internalization_coef: 1.0,
+            difficulty_column: None,
+            curriculum_window: 16,
+            curriculum_threshold: 0.8,
+            dynamic_sampling: false,
+            max_num_gen_batches: 10,
+            early_stopping_patience: None,
+            early_stopping_threshold: 0.0,
+            rollback_kl: None,
+            rollback_reward_drop: None,
+            rollback_window: 8,
+            rollback_lr_factor: 0.5,
+            max_rollbacks: 3,
             sapo_temperature_neg: 1.05,
             sapo_temperature_pos: 1.0,
             vespo_k_pos: 2.0,
@@ -603,162 +646,6 @@ pub(crate) fn error(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Where a key's value was written: a file's line or a command-line flag.
-#[derive(Debug, Clone)]
-enum Origin {
-    File { path: String, line: usize },
-    Flag(String),
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Origin::File { path, line } => write!(f, "{path}:{line}"),
-            Origin::Flag(flag) => f.write_str(flag),
-        }
-    }
-}
-
-/// Builds a trainer's configuration ([`GrpoConfig`] unless named) from a TOML file and `--key value`
-/// overrides.
-#[derive(Debug)]
-pub struct ConfigBuilder<C = GrpoConfig> {
-    table: toml::Table,
-    origins: BTreeMap<String, Origin>,
-    config: std::marker::PhantomData<C>,
-}
-
-impl<C> Default for ConfigBuilder<C> {
-    fn default() -> Self {
-        ConfigBuilder {
-            table: toml::Table::new(),
-            origins: BTreeMap::new(),
-            config: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<C: TrainingConfig> ConfigBuilder<C> {
-    /// Every option's name, in the order of the configuration's fields, then the unset ones.
-    pub fn keys() -> Vec<String> {
-        match toml::Table::try_from(C::default()) {
-            Ok(table) => table.keys().cloned().collect(),
-            Err(_) => Vec::new(),
-        }
-        .into_iter()
-        .chain(C::UNSET_KEYS.iter().map(|key| key.to_string()))
-        .collect()
-    }
-
-    /// Reads a TOML file of options.
-    pub fn file(mut self, path: &Path) -> Result<Self, ConfigError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|io| ConfigError {
-            key: None,
-            origin: Some(name.clone()),
-            message: format!("cannot read the configuration: {io}"),
-        })?;
-        let document: toml::Table = text.parse().map_err(|parse: toml::de::Error| {
-            let line = parse
-                .span()
-                .map_or(0, |span| text[..span.start].lines().count().max(1));
-            ConfigError {
-                key: None,
-                origin: Some(format!("{name}:{line}")),
-                message: format!("not valid TOML: {}", parse.message()),
-            }
-        })?;
-        for (key, value) in document {
-            let line = find_key_line(&text, &key).unwrap_or(0);
-            self.origins.insert(
-                key.clone(),
-                Origin::File {
-                    path: name.clone(),
-                    line,
-                },
-            );
-            self.table.insert(key, value);
-        }
-        Ok(self)
-    }
-
-    /// Sets `key` (snake or kebab case) from a command-line value: a TOML value (`4`, `1e-5`, `true`,
-    /// `["q_proj", "v_proj"]`), or else the text as a string (`--loss-type grpo`).
-    pub fn set(mut self, flag: &str, value: &str) -> Self {
-        let key = flag.trim_start_matches('-').replace('-', "_");
-        let parsed = format!("value = {value}")
-            .parse::<toml::Table>()
-            .ok()
-            .and_then(|mut table| table.remove("value"))
-            .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        self.origins.insert(
-            key.clone(),
-            Origin::Flag(format!("--{}", key.replace('_', "-"))),
-        );
-        self.table.insert(key, parsed);
-        self
-    }
-
-    /// Whether `flag` (`--num-generations` or `num_generations`) names an option.
-    pub fn is_key(flag: &str) -> bool {
-        let key = flag.trim_start_matches('-').replace('-', "_");
-        Self::keys().contains(&key)
-    }
-
-    /// The configuration, every key checked (see [`TrainingConfig::validate`]).
-    pub fn build(self) -> Result<C, ConfigError> {
-        let known = Self::keys();
-        for key in self.table.keys() {
-            if !known.contains(key) {
-                let mut error = error(key, "unknown option");
-                if let Some(close) = closest(key, &known) {
-                    error
-                        .message
-                        .push_str(&format!(" (did you mean `{close}`?)"));
-                }
-                error.origin = self.origins.get(key).map(ToString::to_string);
-                return Err(error);
-            }
-        }
-        // Each key alone first, so that a bad value is blamed on its own key.
-        for (key, value) in &self.table {
-            let mut single = toml::Table::new();
-            single.insert(key.clone(), value.clone());
-            if let Err(problem) = C::deserialize(single) {
-                let mut error = error(key, describe(&problem, C::allowed_values(key)));
-                error.origin = self.origins.get(key).map(ToString::to_string);
-                return Err(error);
-            }
-        }
-        let config = C::deserialize(self.table.clone()).map_err(|problem| ConfigError {
-            key: None,
-            origin: None,
-            message: problem.message().to_string(),
-        })?;
-        config.validate().map_err(|mut error| {
-            if let Some(key) = &error.key {
-                error.origin = self.origins.get(key).map(ToString::to_string);
-            }
-            error
-        })?;
-        Ok(config)
-    }
-}
-
-/// A value error in TRL's words: what the key allows.
-fn describe(problem: &toml::de::Error, allowed: Option<&[&str]>) -> String {
-    let message = problem.message().trim().to_string();
-    match allowed {
-        Some(values) if message.contains("unknown variant") => {
-            let given = message.split('`').nth(1).map_or(String::new(), |value| {
-                format!("{value:?} is not one of them; ")
-            });
-            format!("{given}allowed values: {}", values.join(", "))
-        }
-        _ => message,
-    }
-}
-
 /// The values of GRPO's enumerated options.
 fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
     Some(match key {
@@ -784,27 +671,6 @@ pub(crate) fn shared_allowed_values(key: &str) -> Option<&'static [&'static str]
         "lr_scheduler_type" => Some(&["linear", "cosine", "constant", "constant_with_warmup"]),
         _ => None,
     }
-}
-
-/// The 1-based line of `key = ...` in a TOML text.
-fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    text.lines()
-        .position(|line| {
-            let line = line.trim_start();
-            line.strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with('='))
-        })
-        .map(|index| index + 1)
-}
-
-/// The known key nearest to `key`, when it is near enough to be a typo.
-fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
-    known
-        .iter()
-        .map(|candidate| (strsim::levenshtein(key, candidate), candidate))
-        .filter(|(distance, candidate)| *distance <= 3.max(candidate.len() / 4))
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate.as_str())
 }
 
 impl GrpoConfig {
@@ -840,6 +706,89 @@ impl GrpoConfig {
     pub fn data_seed(&self) -> u64 {
         self.data_seed.unwrap_or(self.seed)
     }
+
+    /// Whether a trip of `rollback_kl` or `rollback_reward_drop` rolls the run back.
+    pub fn rolls_back(&self) -> bool {
+        self.rollback_kl.is_some() || self.rollback_reward_drop.is_some()
+    }
+
+    /// The curriculum's, dynamic sampling's and the guard rails' options.
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        if self
+            .difficulty_column
+            .as_ref()
+            .is_some_and(|column| column.trim().is_empty())
+        {
+            return Err(error("difficulty_column", "must name a column of the rows"));
+        }
+        if self.curriculum_window == 0 {
+            return Err(error("curriculum_window", "must be at least 1 group"));
+        }
+        if !self.curriculum_threshold.is_finite() {
+            return Err(error("curriculum_threshold", "must be a finite number"));
+        }
+        if self.max_num_gen_batches == 0 {
+            return Err(error(
+                "max_num_gen_batches",
+                "must be at least 1 (the first draw counts)",
+            ));
+        }
+        if self.dynamic_sampling && self.erl {
+            return Err(error(
+                "dynamic_sampling",
+                "cannot be combined with erl: ERL pools a row's first and second attempts into one group",
+            ));
+        }
+        if let Some(patience) = self.early_stopping_patience {
+            if patience == 0 {
+                return Err(error("early_stopping_patience", "must be at least 1"));
+            }
+            if self.eval_steps.is_none() {
+                return Err(error(
+                    "early_stopping_patience",
+                    "needs eval_steps: early stopping watches eval/reward",
+                ));
+            }
+        }
+        if !(self.early_stopping_threshold >= 0.0 && self.early_stopping_threshold.is_finite()) {
+            return Err(error(
+                "early_stopping_threshold",
+                "must be a finite number of at least 0",
+            ));
+        }
+        if let Some(bound) = self.rollback_kl {
+            if !(bound > 0.0 && bound.is_finite()) {
+                return Err(error("rollback_kl", "must be a finite number above 0"));
+            }
+            if self.beta == 0.0 {
+                return Err(error(
+                    "rollback_kl",
+                    "needs beta > 0: the KL is measured against the reference model, which only beta > 0 keeps",
+                ));
+            }
+        }
+        if let Some(drop) = self.rollback_reward_drop {
+            if !(drop > 0.0 && drop.is_finite()) {
+                return Err(error(
+                    "rollback_reward_drop",
+                    "must be a finite number above 0",
+                ));
+            }
+        }
+        if self.rollback_window == 0 {
+            return Err(error("rollback_window", "must be at least 1 step"));
+        }
+        if !(self.rollback_lr_factor > 0.0 && self.rollback_lr_factor <= 1.0) {
+            return Err(error("rollback_lr_factor", "must be in (0, 1]"));
+        }
+        if self.rolls_back() && self.save_total_limit == Some(1) {
+            return Err(error(
+                "save_total_limit",
+                "must be at least 2 with rollback_kl or rollback_reward_drop: the newest checkpoint holds the weights a trip blames, a rollback restores the one before",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl TrainingConfig for GrpoConfig {
@@ -858,6 +807,10 @@ impl TrainingConfig for GrpoConfig {
         "off_policy_mask_threshold",
         "vllm_importance_sampling_clip_min",
         "lora_target_modules",
+        "difficulty_column",
+        "early_stopping_patience",
+        "rollback_kl",
+        "rollback_reward_drop",
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
@@ -899,6 +852,7 @@ impl TrainingConfig for GrpoConfig {
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
     fn validate(&self) -> Result<(), ConfigError> {
         self.shared().validate()?;
+        self.validate_schedule()?;
         self.sandbox
             .limits()
             .map_err(|message| error("sandbox", message))?;

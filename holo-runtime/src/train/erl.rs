@@ -24,9 +24,14 @@
 
 use std::collections::BTreeMap;
 
+use candle_core::backprop::GradStore;
+use candle_core::Var;
+
 use super::advantages::{self, nanmean, nanstd, Rewards};
 use super::batch::{self, Completion, Sequence};
 use super::config::{GrpoConfig, MultiObjectiveAggregation, ScaleRewards};
+use super::sft::{self, SftLossType};
+use crate::local::Model;
 use crate::loom::RolloutRecord;
 
 /// The completions and internalized sequences of one generation batch.
@@ -257,6 +262,42 @@ pub fn separate_advantages(
         .map(|&value| normalize(value, mean, std, scale))
         .collect();
     (first_advantages, second_advantages)
+}
+
+/// Internalization on one micro-batch's share of a generation's internalized sequences:
+/// `internalization_coef` × the summed negative log-likelihood (temperature 1, the SFT loss:
+/// [`sft::loss::micro_batch`]) of their trained tokens over `total`, the trained tokens of all of them,
+/// so that the micro-batches add up to the mean cross-entropy of the generation. Returns the loss, its
+/// gradients (for `vars`) and `erl/internalization_loss`, the micro-batch's mean cross-entropy.
+pub fn internalization_step(
+    model: &Model,
+    vars: &[(String, Var)],
+    config: &GrpoConfig,
+    sequences: &[Sequence],
+    total: usize,
+) -> candle_core::Result<(f64, GradStore, BTreeMap<String, f64>)> {
+    let sequences: Vec<&Sequence> = sequences.iter().collect();
+    let micro = sft::loss::micro_batch(
+        model,
+        &sequences,
+        total,
+        SftLossType::Nll,
+        config.gradient_checkpointing,
+    )?;
+    let coef = config.internalization_coef;
+    let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
+    // Its loss is its summed negative log-likelihood over `total`.
+    let cross_entropy = micro.loss * total as f64 / tokens.max(1) as f64;
+    let mut grads = micro.grads;
+    if coef != 1.0 {
+        for (_, var) in vars {
+            if let Some(grad) = grads.remove(var.as_tensor()) {
+                grads.insert(var.as_tensor(), (grad * coef)?);
+            }
+        }
+    }
+    let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
+    Ok((micro.loss * coef, grads, metrics))
 }
 
 #[cfg(test)]

@@ -15,6 +15,9 @@
 //! TensorFlow job. A new run in a folder that has event files ([`MetricsLog::create`]) starts its file
 //! with `SessionLog{status: START}` at step 0, so TensorBoard shows none of the older points.
 //!
+//! The trainer gathers a step's values in a `Window` (averaged as TRL averages its metric lists), adds
+//! TRL's completion metrics, and prints completions under `log_completions`.
+//!
 //! Every [`MetricsLog::log`] writes whole records to both files before it returns, so a crash loses
 //! no step that was logged and leaves at most a cut-short last line, which a resume drops.
 
@@ -27,6 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
+
+use super::advantages::nanmean;
+use super::batch::Completion;
+use crate::loom::RolloutRecord;
 
 /// The metrics file of a run folder.
 pub const METRICS_FILE: &str = "metrics.jsonl";
@@ -451,6 +458,82 @@ fn at(path: &Path, error: io::Error) -> io::Error {
 
 fn invalid_data(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// TRL's completion metrics: lengths (trained tokens per rollout), the truncated fraction, the lengths
+/// of the rollouts that ended on their own.
+pub(super) fn completion_metrics(
+    records: &[RolloutRecord],
+    completions: &[Completion],
+    metrics: &mut BTreeMap<String, f64>,
+) {
+    let lengths: Vec<f64> = completions.iter().map(|c| c.len() as f64).collect();
+    let stats = |values: &[f64]| {
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (nanmean(values.iter().copied()), min, max)
+    };
+    let (mean, min, max) = stats(&lengths);
+    metrics.insert("completions/mean_length".into(), mean);
+    metrics.insert("completions/min_length".into(), min);
+    metrics.insert("completions/max_length".into(), max);
+    let truncated = completions.iter().filter(|c| c.truncated).count();
+    metrics.insert(
+        "completions/clipped_ratio".into(),
+        truncated as f64 / completions.len().max(1) as f64,
+    );
+    let mut terminated: Vec<f64> = completions
+        .iter()
+        .zip(&lengths)
+        .filter(|(c, _)| !c.truncated)
+        .map(|(_, &length)| length)
+        .collect();
+    if terminated.is_empty() {
+        terminated.push(0.0);
+    }
+    let (mean, min, max) = stats(&terminated);
+    metrics.insert("completions/mean_terminated_length".into(), mean);
+    metrics.insert("completions/min_terminated_length".into(), min);
+    metrics.insert("completions/max_terminated_length".into(), max);
+    let failed = records.iter().filter(|r| r.error.is_some()).count();
+    metrics.insert(
+        "rollouts/failed_ratio".into(),
+        failed as f64 / records.len().max(1) as f64,
+    );
+}
+
+/// Prints a generation's completions (`limit` of them, all without one) with their rewards and
+/// advantages, as TRL's `log_completions` does.
+pub(super) fn print_completions(
+    records: &[RolloutRecord],
+    advantages: &[f64],
+    limit: Option<usize>,
+    step: u64,
+) {
+    let mut err = io::stderr().lock();
+    let _ = writeln!(err, "── completions of step {step} ──");
+    for (record, advantage) in records
+        .iter()
+        .zip(advantages)
+        .take(limit.unwrap_or(usize::MAX))
+    {
+        let sampled: Vec<&str> = record
+            .contexts
+            .iter()
+            .flat_map(|context| &context.messages)
+            .flat_map(|message| &message.parts)
+            .filter(|part| part.sampled)
+            .map(|part| part.text.as_str())
+            .collect();
+        let _ = writeln!(
+            err,
+            "row {} #{}: reward {:.3}, advantage {advantage:+.3}: {:?}",
+            record.row_index,
+            record.rollout_index,
+            record.reward,
+            sampled.join(" ⏎ ")
+        );
+    }
 }
 
 #[cfg(test)]

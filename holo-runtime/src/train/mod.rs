@@ -26,15 +26,25 @@
 //!    one line of metrics per step ([`metrics`]: `metrics.jsonl` and TensorBoard events), and a
 //!    checkpoint every `save_steps` ([`checkpoint`]) from which `--resume` continues exactly.
 //!
+//! Around these steps: the [`curriculum`] decides which rows a generation draws (lowest difficulty level
+//! first, the next when the level's moving mean reward passes `curriculum_threshold`); DAPO's dynamic
+//! sampling drops groups whose rewards are all equal and draws further rows in their place; the
+//! [`guard`] rails stop a run whose `eval/reward` no longer improves, and roll a collapsing one (KL or
+//! training reward) back to its last good checkpoint with a lower learning rate.
+//!
 //! Every random choice (data order, sampling seeds, shuffles, LoRA's initialization) is a function of
 //! `seed` and the step, so a resumed run repeats the uninterrupted one.
 
 pub mod advantages;
 pub mod batch;
+pub mod builder;
 pub mod checkpoint;
 pub mod config;
+pub mod correction;
+pub mod curriculum;
 pub mod erl;
 pub mod export;
+pub mod guard;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
@@ -45,6 +55,8 @@ pub mod score;
 pub mod sft;
 mod trainer;
 
-pub use config::{ConfigBuilder, ConfigError, GrpoConfig, SandboxConfig, TrainingConfig};
+pub use builder::ConfigBuilder;
+pub use config::{ConfigError, GrpoConfig, SandboxConfig, TrainingConfig};
+pub use correction::importance_sampling;
 pub use run::{Policy, RunOptions, TrainError};
-pub use trainer::{importance_sampling, TrainSummary, Trainer};
+pub use trainer::{TrainSummary, Trainer};

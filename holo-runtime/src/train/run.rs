@@ -32,6 +32,9 @@ pub enum TrainError {
     Io(io::Error),
     /// The model failed.
     Model(candle_core::Error),
+    /// The guard rails stopped the run: a rollback condition tripped after `max_rollbacks` rollbacks, or
+    /// with no good checkpoint to return to.
+    Diverged(String),
 }
 
 impl std::fmt::Display for TrainError {
@@ -40,6 +43,7 @@ impl std::fmt::Display for TrainError {
             TrainError::Input(message) => f.write_str(message),
             TrainError::Io(error) => write!(f, "cannot write the run: {error}"),
             TrainError::Model(error) => write!(f, "the model failed: {error}"),
+            TrainError::Diverged(message) => write!(f, "the run diverged: {message}"),
         }
     }
 }
@@ -99,12 +103,7 @@ pub struct RunOptions {
 }
 
 /// The splitmix64 finalizer, for seeds derived from the run seed.
-pub fn mix(value: u64) -> u64 {
-    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub(crate) use crate::loom::mix;
 
 /// The weights a run trains (every weight, or LoRA adapters beside the frozen base), and their optimizer.
 pub struct Trainable {
@@ -176,9 +175,10 @@ impl Trainable {
         config: &impl TrainingConfig,
         completed: u64,
         total: u64,
+        lr_factor: f64,
     ) -> candle_core::Result<(f64, f64)> {
         let grad_norm = optim::clip_grad_norm(grads, config.shared().max_grad_norm)?;
-        let learning_rate = optim::learning_rate(config, completed, total);
+        let learning_rate = optim::learning_rate(config, completed, total) * lr_factor;
         self.optimizer.step(grads, learning_rate)?;
         Ok((grad_norm, learning_rate))
     }
@@ -242,15 +242,7 @@ pub fn open<C: TrainingConfig>(
             model: trainable.model_dir.clone(),
         }
         .write(dir)?;
-        let state = TrainerState {
-            global_step: 0,
-            micro_step: 0,
-            generations: 0,
-            data_position: 0,
-            num_input_tokens_seen: 0,
-            buffer: None,
-            memory: Vec::new(),
-        };
+        let state = TrainerState::default();
         return Ok(Opened {
             state,
             metrics: MetricsLog::create(dir)?,
@@ -263,23 +255,36 @@ pub fn open<C: TrainingConfig>(
             dir.display()
         )));
     };
-    let loaded = checkpoint::load::<C>(newest).map_err(TrainError::Input)?;
+    let state = restore(newest, config, trainable, dir)?;
+    let step = state.global_step;
+    Ok(Opened {
+        state,
+        metrics: MetricsLog::resume(dir, step)?,
+        resumed: true,
+    })
+}
+
+/// Restores the checkpoint in `checkpoint_dir` of the run in `run_dir` into `trainable` (its weights
+/// and the optimizer's moments), refusing one made with another configuration (naming the first key
+/// that differs). Returns its state.
+pub fn restore<C: TrainingConfig>(
+    checkpoint_dir: &Path,
+    config: &C,
+    trainable: &mut Trainable,
+    run_dir: &Path,
+) -> Result<TrainerState, TrainError> {
+    let loaded = checkpoint::load::<C>(checkpoint_dir).map_err(TrainError::Input)?;
     if let Some((key, saved, now)) = config.differs_from(&loaded.config) {
         return Err(TrainError::Input(format!(
             "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
-            dir.display()
+            run_dir.display()
         )));
     }
     checkpoint::restore(&trainable.vars, &loaded.weights).map_err(TrainError::Input)?;
     trainable
         .optimizer
         .load_state(loaded.state.global_step, &loaded.optimizer)?;
-    let step = loaded.state.global_step;
-    Ok(Opened {
-        state: loaded.state,
-        metrics: MetricsLog::resume(dir, step)?,
-        resumed: true,
-    })
+    Ok(loaded.state)
 }
 
 /// Metric values gathered over one optimizer step's micro-batches (and generations), averaged as TRL

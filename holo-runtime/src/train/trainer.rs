@@ -8,20 +8,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{Tensor, Var};
+use indicatif::ProgressBar;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::advantages::{self, nanmean};
-use super::batch::{self, Completion, Sequence};
+use super::batch::{self, Completion};
 use super::checkpoint::{Buffer, RunDir, TrainerState};
 use super::config::{GrpoConfig, TrainingConfig};
+use super::correction::importance_sampling;
+use super::curriculum::Stream;
 use super::erl;
+use super::guard::{self, Trip};
 use super::loss;
-use super::metrics::MetricsLog;
+use super::metrics::{completion_metrics, print_completions, MetricsLog};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
-use super::sft::{self, SftLossType};
 use crate::holophore::Holophore;
 use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::Row;
@@ -39,6 +42,10 @@ pub struct TrainSummary {
     /// Each evaluation's metrics by step.
     pub evaluations: Vec<(u64, BTreeMap<String, f64>)>,
     pub run_dir: PathBuf,
+    /// Early stopping ended the run before its last step.
+    pub stopped_early: bool,
+    /// Rollbacks the guard rails took.
+    pub rollbacks: u64,
 }
 
 /// Borrows a rollout source for one Loom.
@@ -62,8 +69,8 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
     }
 }
 
-/// Seed salts, so that data order, sampling, shuffling and evaluation draw independent streams.
-const DATA: u64 = 1;
+/// Seed salts, so that sampling, shuffling and evaluation draw independent streams (the data order's
+/// is [`super::curriculum`]'s).
 const SAMPLING: u64 = 2;
 const SHUFFLE: u64 = 3;
 const EVAL: u64 = 4;
@@ -216,7 +223,14 @@ impl<S: RolloutSource> Trainer<S> {
             }
         }
         let total = self.total_steps(rows.len());
-        let (mut state, mut metrics_log) = self.open_run()?;
+        let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
+        if config.early_stopping_patience.is_some() && eval_rows.is_empty() {
+            return Err(TrainError::Input(
+                "`early_stopping_patience` needs held-out rows (--eval-data): it watches eval/reward"
+                    .into(),
+            ));
+        }
+        let (mut state, mut metrics_log) = self.open_run(&stream)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -228,22 +242,31 @@ impl<S: RolloutSource> Trainer<S> {
             last: BTreeMap::new(),
             evaluations: Vec::new(),
             run_dir: self.run.path.clone(),
+            stopped_early: false,
+            rollbacks: 0,
         };
-        if config.eval_on_start && state.global_step == 0 && !eval_rows.is_empty() {
+        let fresh = state.global_step == 0 && !self.options.resume;
+        if config.eval_on_start && fresh && !eval_rows.is_empty() {
             let metrics = self.evaluate(&runtime, eval_rows, 0)?;
+            state.guard.evaluated(&config, metrics["eval/reward"]);
             metrics_log.log(0, &metrics)?;
             summary.evaluations.push((0, metrics));
         }
+        if config.rolls_back() && fresh {
+            // The starting weights: what a trip before the first saved checkpoint returns to.
+            self.save(&mut state)?;
+        }
         let generate_every = (config.steps_per_generation() * config.num_iterations) as u64;
         let accumulation = config.gradient_accumulation_steps as u64;
-        while state.global_step < total {
+        while state.global_step < total && !state.guard.stopped {
             let started = Instant::now();
             let step = state.global_step + 1;
             let mut window = Window::default();
             let mut grads = self.trained.no_grads();
             for _ in 0..accumulation {
                 if state.micro_step % generate_every == 0 || state.buffer.is_none() {
-                    let (buffer, generated) = self.generate(&runtime, rows, &mut state, step)?;
+                    let (buffer, generated) =
+                        self.generate(&runtime, &stream, &mut state, step, &progress)?;
                     window.extend(generated);
                     state.buffer = Some(buffer);
                 }
@@ -266,8 +289,13 @@ impl<S: RolloutSource> Trainer<S> {
                         .iter()
                         .map(|s| s.trained.len())
                         .sum::<usize>();
-                    let (value, internal_grads, metrics) =
-                        self.internalization_step(internalized, total)?;
+                    let (value, internal_grads, metrics) = erl::internalization_step(
+                        &self.trained.model,
+                        &self.trained.vars,
+                        &config,
+                        internalized,
+                        total,
+                    )?;
                     window.loss += value;
                     window.extend(metrics);
                     self.trained.accumulate(&mut grads, &internal_grads)?;
@@ -277,9 +305,13 @@ impl<S: RolloutSource> Trainer<S> {
                     state.buffer = None;
                 }
             }
-            let (grad_norm, learning_rate) =
-                self.trained
-                    .step(&mut grads, &config, state.global_step, total)?;
+            let (grad_norm, learning_rate) = self.trained.step(
+                &mut grads,
+                &config,
+                state.global_step,
+                total,
+                state.guard.lr_factor,
+            )?;
             // The sampler shares the weights; its cached prefixes belong to the old ones.
             self.sampler.prefix_cache().clear();
             state.global_step = step;
@@ -294,14 +326,32 @@ impl<S: RolloutSource> Trainer<S> {
                 state.data_position as f64 / rows.len() as f64,
             );
             metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
+            if let Some(trip) = state.guard.check(&config, step, &metrics) {
+                let (restored, note) =
+                    self.roll_back(trip, &state, &metrics, &mut metrics_log, &mut summary)?;
+                progress.suspend(|| eprintln!("{note}"));
+                progress.set_position(restored.global_step);
+                state = restored;
+                continue;
+            }
             let last_step = step == total;
             if let Some(every) = config.eval_steps {
                 if (step % every == 0 || last_step) && !eval_rows.is_empty() {
                     let evaluation = self.evaluate(&runtime, eval_rows, step)?;
                     metrics.extend(evaluation.clone());
+                    if state.guard.evaluated(&config, evaluation["eval/reward"]) {
+                        progress.suspend(|| {
+                            eprintln!(
+                                "early stopping after step {step}: eval/reward has not improved on {:.4} for {} evaluations (early_stopping_patience)",
+                                state.guard.best_eval.unwrap_or(f64::NAN),
+                                state.guard.evals_since_best
+                            )
+                        });
+                    }
                     summary.evaluations.push((step, evaluation));
                 }
             }
+            metrics.extend(state.guard.metrics(&config));
             metrics_log.log(step, &metrics)?;
             progress.set_message(format!(
                 "reward {:.3}{}",
@@ -311,7 +361,7 @@ impl<S: RolloutSource> Trainer<S> {
                     .map_or(String::new(), |kl| format!(", kl {kl:.4}")),
             ));
             progress.set_position(step);
-            if step % config.save_steps == 0 || last_step {
+            if step % config.save_steps == 0 || last_step || state.guard.stopped {
                 let saved = self.save(&mut state)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));
@@ -321,30 +371,100 @@ impl<S: RolloutSource> Trainer<S> {
             summary.last = metrics;
         }
         progress.finish_and_clear();
+        summary.stopped_early = state.guard.stopped;
+        summary.rollbacks = state.guard.rollbacks;
         Ok(summary)
     }
 
     /// Opens the run folder (see [`run::open`]) with its rollout files: new ones, or those of the
-    /// resumed run cut back to its checkpoint.
-    fn open_run(&mut self) -> Result<(TrainerState, MetricsLog), TrainError> {
+    /// resumed run cut back to its checkpoint; a new run's curriculum starts at its first level.
+    fn open_run(&mut self, stream: &Stream<'_>) -> Result<(TrainerState, MetricsLog), TrainError> {
         let opened = run::open(
             &self.run,
             self.options.resume,
             &self.config,
             &mut self.trained,
         )?;
-        let dir = &self.run.path;
-        for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
-            if opened.resumed {
-                keep_records_until(&dir.join(file), opened.state.global_step)?;
-            } else {
-                std::fs::File::create(dir.join(file))?;
+        let mut state = opened.state;
+        if opened.resumed {
+            self.after_restore(&state)?;
+            stream.check_resumed(&state).map_err(TrainError::Input)?;
+            guard::keep_events(&self.run, state.guard.rollbacks)?;
+        } else {
+            for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+                std::fs::File::create(self.run.path.join(file))?;
             }
+            state.curriculum = stream.start();
         }
-        if let (true, Some(memory)) = (opened.resumed, self.source.reflection_memory()) {
-            memory.restore(opened.state.memory.clone());
+        Ok((state, opened.metrics))
+    }
+
+    /// Restores the checkpoint in `dir` (made with this configuration; see [`run::restore`]) and what
+    /// goes with it ([`Trainer::after_restore`]). Returns its state.
+    fn restore(&mut self, dir: &Path) -> Result<TrainerState, TrainError> {
+        let state = run::restore(dir, &self.config, &mut self.trained, &self.run.path)?;
+        self.after_restore(&state)?;
+        Ok(state)
+    }
+
+    /// What a restored checkpoint brings back besides the weights: the rollout files cut back to its
+    /// step, ERL's memory, and a sampler without the old weights' cached prefixes.
+    fn after_restore(&self, state: &TrainerState) -> Result<(), TrainError> {
+        for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+            self.run.keep_records_until(file, state.global_step)?;
         }
-        Ok((opened.state, opened.metrics))
+        if let Some(memory) = self.source.reflection_memory() {
+            memory.restore(state.memory.clone());
+        }
+        self.sampler.prefix_cache().clear();
+        Ok(())
+    }
+
+    /// Answers a trip of the guard rails ([`super::guard`]): rolls the run back to its last good
+    /// checkpoint and returns the restored state with the scaled learning rate and a line for the log;
+    /// after `max_rollbacks` rollbacks, rolls the run folder back and stops with
+    /// [`TrainError::Diverged`].
+    fn roll_back(
+        &mut self,
+        trip: Trip,
+        current: &TrainerState,
+        metrics: &BTreeMap<String, f64>,
+        metrics_log: &mut MetricsLog,
+        summary: &mut TrainSummary,
+    ) -> Result<(TrainerState, String), TrainError> {
+        let good = self
+            .run
+            .checkpoints()?
+            .into_iter()
+            .rfind(|(step, _)| step + 2 <= trip.step);
+        let Some((good_step, good_dir)) = good else {
+            return Err(TrainError::Diverged(format!(
+                "{trip}, and no checkpoint before step {} is left to return to: the weights it started from were measured at its first step",
+                trip.step.saturating_sub(1)
+            )));
+        };
+        let max = self.config.max_rollbacks;
+        let stop = current.guard.rollbacks >= max;
+        let mut guard = current.guard.clone();
+        if !stop {
+            guard.rollbacks += 1;
+            guard.lr_factor *= self.config.rollback_lr_factor;
+        }
+        *metrics_log = guard::roll_back(&self.run, &trip, good_step, &guard, stop, metrics)?;
+        summary.evaluations.retain(|(step, _)| *step <= good_step);
+        let mut state = self.restore(&good_dir)?;
+        state.guard.rollbacks = guard.rollbacks;
+        state.guard.lr_factor = guard.lr_factor;
+        if stop {
+            return Err(TrainError::Diverged(format!(
+                "{trip}, after {max} rollbacks (max_rollbacks); the run folder is back at checkpoint-{good_step}, its last good checkpoint"
+            )));
+        }
+        let note = format!(
+            "rollback {} of {max}: {trip}; restored checkpoint-{good_step}, learning rate × {}",
+            guard.rollbacks, guard.lr_factor
+        );
+        Ok((state, note))
     }
 
     /// Writes a checkpoint of `state`, with ERL's memory as it is now.
@@ -357,57 +477,22 @@ impl<S: RolloutSource> Trainer<S> {
         self.trained.save(&self.run, state, &self.config)
     }
 
-    /// The next `prompts_per_generation` distinct rows of the data stream (each epoch a fresh
-    /// permutation), advancing `state.data_position`.
-    fn next_rows<'r>(
-        &self,
-        rows: &'r [(usize, Row)],
-        state: &mut TrainerState,
-    ) -> Vec<&'r (usize, Row)> {
-        let wanted = self.config.prompts_per_generation();
-        let mut picked: Vec<&(usize, Row)> = Vec::with_capacity(wanted);
-        let mut epoch_order: Option<(u64, Vec<usize>)> = None;
-        while picked.len() < wanted {
-            let epoch = state.data_position / rows.len() as u64;
-            let offset = (state.data_position % rows.len() as u64) as usize;
-            if epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
-                let mut order: Vec<usize> = (0..rows.len()).collect();
-                if self.config.shuffle_dataset {
-                    let seed = mix(mix(self.config.data_seed() ^ DATA) ^ epoch);
-                    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-                }
-                epoch_order = Some((epoch, order));
-            }
-            let order = &epoch_order.as_ref().expect("set above").1;
-            let candidate = &rows[order[offset]];
-            state.data_position += 1;
-            // Across an epoch boundary a row may come again; a group of its own twice would be the same
-            // rollouts twice.
-            if !picked.iter().any(|row| row.0 == candidate.0) {
-                picked.push(candidate);
-            }
-        }
-        picked
-    }
-
     /// One generation batch: rollouts, rewards, advantages, and the log-probabilities the loss needs,
     /// shuffled. Returns it with the metrics TRL logs at generation.
     fn generate(
         &mut self,
         runtime: &tokio::runtime::Runtime,
-        rows: &[(usize, Row)],
+        stream: &Stream<'_>,
         state: &mut TrainerState,
         step: u64,
+        progress: &ProgressBar,
     ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
         let config = self.config.clone();
         let group = config.num_generations;
-        let picked: Vec<(usize, Row)> = self.next_rows(rows, state).into_iter().cloned().collect();
         let generation = state.generations;
-        state.generations += 1;
-        let seed = mix(mix(config.seed ^ SAMPLING) ^ generation);
         let stats = self.source.tool_stats();
         let tools_before = stats.as_ref().map(|stats| stats.counts());
-        let (records, _) = self.rollouts(runtime, &picked, group, seed, step, "rollouts.jsonl")?;
+        let (records, mut metrics) = self.draw(runtime, stream, state, step, progress)?;
         let tools = stats
             .zip(tools_before)
             .map(|(stats, before)| stats.counts() - before);
@@ -419,7 +504,7 @@ impl<S: RolloutSource> Trainer<S> {
             config.scale_rewards,
             config.multi_objective_aggregation,
         );
-        let mut metrics = scored.metrics;
+        metrics.extend(scored.metrics);
         let (mut completions, mut internalized) = if config.erl {
             let split = erl::split(&records, group, &config).map_err(TrainError::Input)?;
             metrics.extend(split.metrics);
@@ -524,6 +609,86 @@ impl<S: RolloutSource> Trainer<S> {
             },
             metrics,
         ))
+    }
+
+    /// The rollouts of one generation batch, grouped: `prompts_per_generation` rows of the stream, `G`
+    /// rollouts each. Under `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and
+    /// the stream's next rows drawn in their place, up to `max_num_gen_batches` draws in all; a batch
+    /// still short is completed with dropped groups, first dropped first. Each draw takes a generation
+    /// number of its own (its sampling seed). The curriculum takes every group's mean reward, and may
+    /// move to its next level for the next batch.
+    fn draw(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        stream: &Stream<'_>,
+        state: &mut TrainerState,
+        step: u64,
+        progress: &ProgressBar,
+    ) -> Result<(Vec<RolloutRecord>, BTreeMap<String, f64>), TrainError> {
+        let config = &self.config;
+        let (group, wanted) = (config.num_generations, config.prompts_per_generation());
+        let draws_allowed = if config.dynamic_sampling {
+            config.max_num_gen_batches
+        } else {
+            1
+        };
+        let mut metrics = state
+            .curriculum
+            .as_ref()
+            .map(|curriculum| stream.metrics(curriculum))
+            .unwrap_or_default();
+        let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+        let (mut group_means, mut all_totals) = (Vec::new(), Vec::new());
+        let mut draws = 0;
+        while kept.len() < wanted * group && draws < draws_allowed {
+            // A row already in the batch is not drawn again for it.
+            let exclude: Vec<usize> = kept
+                .iter()
+                .step_by(group)
+                .map(|record: &RolloutRecord| record.row_index)
+                .collect();
+            let rows = stream.next(state, wanted - kept.len() / group, &exclude);
+            let seed = mix(mix(config.seed ^ SAMPLING) ^ state.generations);
+            state.generations += 1;
+            draws += 1;
+            let (records, _) =
+                self.rollouts(runtime, &rows, group, seed, step, "rollouts.jsonl")?;
+            let totals = advantages::weighted_totals(&batch::rewards(
+                &records,
+                config.reward_weights.as_ref(),
+            ));
+            for (records, totals) in records.chunks(group).zip(totals.chunks(group)) {
+                group_means.push(nanmean(totals.iter().copied()));
+                all_totals.extend_from_slice(totals);
+                if !config.dynamic_sampling || advantages::spread(totals) {
+                    kept.extend_from_slice(records);
+                } else {
+                    dropped.push(records.to_vec());
+                }
+            }
+        }
+        let short = wanted - kept.len() / group;
+        if config.dynamic_sampling {
+            metrics.insert("dynamic_sampling/dropped".into(), dropped.len() as f64);
+            metrics.insert("dynamic_sampling/refills".into(), (draws - 1) as f64);
+            metrics.insert("dynamic_sampling/short".into(), short as f64);
+            metrics.insert("dynamic_sampling/reward".into(), nanmean(all_totals));
+            if short > 0 {
+                progress.suspend(|| eprintln!(
+                    "step {step}: dynamic sampling found {} groups with a reward spread in {draws} draws (max_num_gen_batches); {short} without one complete the batch",
+                    wanted - short
+                ));
+            }
+        }
+        kept.extend(dropped.into_iter().take(short).flatten());
+        if let Some(curriculum) = state.curriculum.as_mut() {
+            let (mean, advance) = stream.observe(curriculum, &group_means);
+            metrics.insert("curriculum/mean_reward".into(), mean);
+            if let Some(advance) = advance {
+                progress.suspend(|| eprintln!("{advance} (after step {step})"));
+            }
+        }
+        Ok((kept, metrics))
     }
 
     /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The in-process
@@ -665,39 +830,6 @@ impl<S: RolloutSource> Trainer<S> {
         Ok((value, grads, metrics))
     }
 
-    /// ERL's internalization on one micro-batch's share of the generation's internalized sequences:
-    /// `internalization_coef` × the summed negative log-likelihood (temperature 1) of their trained
-    /// tokens over `total`, the trained tokens of all of them, so that the micro-batches add up to the
-    /// mean cross-entropy of the generation.
-    fn internalization_step(
-        &self,
-        sequences: &[Sequence],
-        total: usize,
-    ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
-        let sequences: Vec<&Sequence> = sequences.iter().collect();
-        let micro = sft::loss::micro_batch(
-            &self.trained.model,
-            &sequences,
-            total,
-            SftLossType::Nll,
-            self.config.gradient_checkpointing,
-        )?;
-        let coef = self.config.internalization_coef;
-        let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();
-        // The micro-batch's mean cross-entropy: its loss is its summed NLL over `total`.
-        let cross_entropy = micro.loss * total as f64 / tokens.max(1) as f64;
-        let mut grads = micro.grads;
-        if coef != 1.0 {
-            for (_, var) in &self.trained.vars {
-                if let Some(grad) = grads.remove(var.as_tensor()) {
-                    grads.insert(var.as_tensor(), (grad * coef)?);
-                }
-            }
-        }
-        let metrics = BTreeMap::from([("erl/internalization_loss".to_string(), cross_entropy)]);
-        Ok((micro.loss * coef, grads, metrics))
-    }
-
     /// Rollouts of the held-out rows with the current weights (the same seed at every evaluation, so
     /// that only the weights change): `eval/reward`, `eval/pass@1`, `eval/pass@G`, each component's mean.
     fn evaluate(
@@ -743,201 +875,5 @@ impl<S: RolloutSource> Trainer<S> {
         );
         metrics.insert("eval/failed".into(), summary.failed as f64);
         Ok(metrics)
-    }
-}
-
-/// TRL's completion metrics: lengths (trained tokens per rollout), the truncated fraction, the lengths
-/// of the rollouts that ended on their own.
-fn completion_metrics(
-    records: &[RolloutRecord],
-    completions: &[Completion],
-    metrics: &mut BTreeMap<String, f64>,
-) {
-    let lengths: Vec<f64> = completions.iter().map(|c| c.len() as f64).collect();
-    let stats = |values: &[f64]| {
-        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (nanmean(values.iter().copied()), min, max)
-    };
-    let (mean, min, max) = stats(&lengths);
-    metrics.insert("completions/mean_length".into(), mean);
-    metrics.insert("completions/min_length".into(), min);
-    metrics.insert("completions/max_length".into(), max);
-    let truncated = completions.iter().filter(|c| c.truncated).count();
-    metrics.insert(
-        "completions/clipped_ratio".into(),
-        truncated as f64 / completions.len().max(1) as f64,
-    );
-    let mut terminated: Vec<f64> = completions
-        .iter()
-        .zip(&lengths)
-        .filter(|(c, _)| !c.truncated)
-        .map(|(_, &length)| length)
-        .collect();
-    if terminated.is_empty() {
-        terminated.push(0.0);
-    }
-    let (mean, min, max) = stats(&terminated);
-    metrics.insert("completions/mean_terminated_length".into(), mean);
-    metrics.insert("completions/min_terminated_length".into(), min);
-    metrics.insert("completions/max_terminated_length".into(), max);
-    let failed = records.iter().filter(|r| r.error.is_some()).count();
-    metrics.insert(
-        "rollouts/failed_ratio".into(),
-        failed as f64 / records.len().max(1) as f64,
-    );
-}
-
-/// TRL's importance-sampling correction for a sampler whose log-probabilities differ from the
-/// trainer's: `exp(old − sampling)` per token (or summed per completion), clamped or masked to
-/// `[clip_min, clip_max]`; and the `sampling/*` metrics.
-pub fn importance_sampling(
-    config: &GrpoConfig,
-    completions: &mut [Completion],
-    metrics: &mut BTreeMap<String, f64>,
-) {
-    let mode = config.vllm_importance_sampling_mode;
-    let (low, high) = (
-        config.vllm_importance_sampling_clip_min,
-        config.vllm_importance_sampling_clip_max,
-    );
-    let mut differences = Vec::new();
-    let mut ratios = Vec::new();
-    for completion in completions.iter_mut() {
-        let sampling = completion.sampling_logprobs();
-        let old = completion.old_logprobs.clone().unwrap_or_default();
-        // In f32, as TRL computes it.
-        let diffs: Vec<f32> = old
-            .iter()
-            .zip(&sampling)
-            .map(|(&old, &sampled)| {
-                let diff = (old - sampled) * completion.mask;
-                if diff.is_nan() {
-                    0.0
-                } else {
-                    diff
-                }
-            })
-            .collect();
-        if completion.mask != 0.0 {
-            differences.extend(
-                old.iter()
-                    .zip(&sampling)
-                    .map(|(&old, &sampled)| (old - sampled).abs() as f64)
-                    .filter(|difference| !difference.is_nan()),
-            );
-        }
-        let raw: Vec<f64> = if mode.is_sequence() {
-            vec![diffs.iter().sum::<f32>().exp() as f64]
-        } else {
-            diffs.iter().map(|diff| diff.exp() as f64).collect()
-        };
-        let corrected: Vec<f32> = raw
-            .iter()
-            .map(|&ratio| {
-                let value = if mode.truncates() {
-                    let ratio = low.map_or(ratio, |low| ratio.max(low));
-                    high.map_or(ratio, |high| ratio.min(high))
-                } else if low.is_some_and(|low| ratio < low)
-                    || high.is_some_and(|high| ratio > high)
-                {
-                    0.0
-                } else {
-                    ratio
-                };
-                value as f32
-            })
-            .collect();
-        if mode.is_sequence() || completion.mask != 0.0 {
-            ratios.extend(corrected.iter().map(|&r| r as f64));
-        }
-        completion.is_ratio = Some(corrected);
-    }
-    let fold = |values: &[f64], f: fn(f64, f64) -> f64, empty: f64| {
-        values.iter().copied().reduce(f).unwrap_or(empty)
-    };
-    metrics.insert(
-        "sampling/sampling_logp_difference/mean".into(),
-        if differences.is_empty() {
-            0.0
-        } else {
-            nanmean(differences.iter().copied())
-        },
-    );
-    metrics.insert(
-        "sampling/sampling_logp_difference/max".into(),
-        fold(&differences, f64::max, 0.0),
-    );
-    metrics.insert(
-        "sampling/importance_sampling_ratio/min".into(),
-        fold(&ratios, f64::min, 0.0),
-    );
-    metrics.insert(
-        "sampling/importance_sampling_ratio/mean".into(),
-        if ratios.is_empty() {
-            0.0
-        } else {
-            nanmean(ratios.iter().copied())
-        },
-    );
-    metrics.insert(
-        "sampling/importance_sampling_ratio/max".into(),
-        fold(&ratios, f64::max, 0.0),
-    );
-}
-
-/// Drops the records of steps after `step` from a rollouts file (a resumed run writes them again).
-fn keep_records_until(path: &Path, step: u64) -> io::Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let mut kept = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        if !line.ends_with('\n') {
-            break;
-        }
-        let record_step = serde_json::from_str::<serde_json::Value>(line)
-            .ok()
-            .and_then(|value| value.get("step").and_then(serde_json::Value::as_u64));
-        if record_step.is_some_and(|record_step| record_step <= step) {
-            kept.push_str(line);
-        }
-    }
-    let staging = path.with_extension("jsonl.resume");
-    std::fs::write(&staging, kept)?;
-    std::fs::rename(staging, path)
-}
-
-/// Prints a generation's completions (`limit` of them, all without one) with their rewards and
-/// advantages, as TRL's `log_completions` does.
-fn print_completions(
-    records: &[RolloutRecord],
-    advantages: &[f64],
-    limit: Option<usize>,
-    step: u64,
-) {
-    let mut err = io::stderr().lock();
-    let _ = writeln!(err, "── completions of step {step} ──");
-    for (record, advantage) in records
-        .iter()
-        .zip(advantages)
-        .take(limit.unwrap_or(usize::MAX))
-    {
-        let sampled: Vec<&str> = record
-            .contexts
-            .iter()
-            .flat_map(|context| &context.messages)
-            .flat_map(|message| &message.parts)
-            .filter(|part| part.sampled)
-            .map(|part| part.text.as_str())
-            .collect();
-        let _ = writeln!(
-            err,
-            "row {} #{}: reward {:.3}, advantage {advantage:+.3}: {:?}",
-            record.row_index,
-            record.rollout_index,
-            record.reward,
-            sampled.join(" ⏎ ")
-        );
     }
 }

@@ -6,6 +6,8 @@ pub mod json;
 #[cfg(feature = "local")]
 pub mod logits;
 pub mod rollout;
+#[cfg(feature = "local")]
+pub mod student;
 pub mod tempdir;
 
 use std::path::{Path, PathBuf};

@@ -192,6 +192,15 @@ fn report(summary: &holo_runtime::train::TrainSummary) -> String {
         value(&summary.last, "kl"),
         value(&summary.last, "entropy"),
     );
+    if summary.stopped_early {
+        text.push_str("stopped early: eval/reward stopped improving (early_stopping_patience)\n");
+    }
+    if summary.rollbacks > 0 {
+        text.push_str(&format!(
+            "{} rollbacks (rollbacks.jsonl has what was abandoned)\n",
+            summary.rollbacks
+        ));
+    }
     if !summary.evaluations.is_empty() {
         text.push_str("step  eval/reward  eval/pass@1  eval/pass@G\n");
         for (step, metrics) in &summary.evaluations {
