@@ -96,10 +96,13 @@ fn eval_samples_a_local_model_token_by_token_reproducibly() {
     }
 
     assert_eq!(eval(&second, "7").status.code(), Some(0));
-    assert!(
-        written == records(&second),
-        "the same seed samples the same rollouts"
-    );
+    // The same seed samples the same rollouts, whatever shared their batches (which moves the
+    // log-probabilities by float rounding only).
+    let again = records(&second);
+    assert_eq!(written.len(), again.len());
+    for (a, b) in written.iter().zip(&again) {
+        common::json::assert_close(a, b, "the same seed samples the same rollouts");
+    }
     assert_eq!(eval(&other, "8").status.code(), Some(0));
     assert!(
         written != records(&other),

@@ -18,34 +18,6 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// `holo train` on the test environment with the options every test here shares.
-/// `a` and `b` have the same structure, strings and integers, and numbers within 1e-5.
-fn assert_close(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            assert_eq!(
-                x.keys().collect::<Vec<_>>(),
-                y.keys().collect::<Vec<_>>(),
-                "{what}"
-            );
-            for (key, value) in x {
-                assert_close(value, &y[key], &format!("{what}.{key}"));
-            }
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            assert_eq!(x.len(), y.len(), "{what}");
-            for (i, (p, q)) in x.iter().zip(y).enumerate() {
-                assert_close(p, q, &format!("{what}[{i}]"));
-            }
-        }
-        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
-            let (p, q) = (x.as_f64().unwrap(), y.as_f64().unwrap());
-            assert!((p - q).abs() <= 1e-5, "{what}: {p} vs {q}");
-        }
-        _ => assert_eq!(a, b, "{what}"),
-    }
-}
-
 fn train_args(out: &Path, steps: u32) -> Vec<String> {
     let fixtures = repo().join("holo-runtime/tests/fixtures");
     [
@@ -172,7 +144,7 @@ fn killed_and_resumed(
         let (resumed, uninterrupted) = (records(&killed), records(&whole));
         assert_eq!(resumed.len(), uninterrupted.len(), "{file}");
         for (a, b) in resumed.iter().zip(&uninterrupted) {
-            assert_close(
+            common::json::assert_close(
                 a,
                 b,
                 &format!(
