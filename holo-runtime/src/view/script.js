@@ -197,14 +197,16 @@ function rolloutHtml(r, showTokens) {
 function rewardsHtml(r) {
   const names = Object.keys(r.rewards);
   if (names.length === 0) return '<p class="hint">none recorded</p>';
-  let html = '<table><tr><th>component</th><th>value</th><th>weight</th><th>weighted</th></tr>';
+  // Why each component got its value, where its holotype said (the records' `feedback`).
+  const feedback = r.feedback || {};
+  let html = '<table><tr><th>component</th><th>value</th><th>weight</th><th>weighted</th><th>feedback</th></tr>';
   for (const name of names) {
     const value = r.rewards[name];
     const weight = r.weights[name];
     const weighted = typeof weight === 'number' ? value * weight : undefined;
-    html += `<tr><td>${esc(name)}</td><td class="num">${num(value)}</td><td class="num">${num(weight)}</td><td class="num">${num(weighted)}</td></tr>`;
+    html += `<tr><td>${esc(name)}</td><td class="num">${num(value)}</td><td class="num">${num(weight)}</td><td class="num">${num(weighted)}</td><td>${esc(feedback[name] || '')}</td></tr>`;
   }
-  return html + `<tr><th>total</th><td></td><td></td><td class="num"><b>${num(r.reward)}</b></td></tr></table>`;
+  return html + `<tr><th>total</th><td></td><td></td><td class="num"><b>${num(r.reward)}</b></td><td></td></tr></table>`;
 }
 
 function inputsHtml(row) {
