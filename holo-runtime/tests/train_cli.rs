@@ -441,3 +441,69 @@ fn the_word_problem_example_runs_as_the_readme_gives_it() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A run records what made it; `--resume` on changed data is refused naming the file, and with
+/// `--allow-changes` goes on and records the change; `holo runs` lists the run with its inputs.
+#[test]
+fn a_resume_on_changed_inputs_is_refused_unless_allowed_and_holo_runs_lists_the_run() {
+    let dir = scratch("provenance");
+    let data = dir.join("rows.jsonl");
+    std::fs::copy(
+        repo().join("holo-runtime/tests/fixtures/train/rows.jsonl"),
+        &data,
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let mut args = train_args(&out, 2);
+    let at = args.iter().position(|arg| arg == "--data").unwrap();
+    args[at + 1] = data.to_str().unwrap().into();
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("provenance.json")).unwrap())
+            .unwrap();
+    let roles: Vec<&str> = recorded["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|input| input["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["holoware", "data", "eval data", "model"]);
+
+    let mut text = std::fs::read_to_string(&data).unwrap();
+    text.push_str("{\"question\": \"What is 1+1?\"}\n");
+    std::fs::write(&data, text).unwrap();
+    let mut resume = args.clone();
+    resume.push("--resume".into());
+    let (code, stderr) = stderr_of(&resume);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("the data changed") && stderr.contains("rows.jsonl"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--allow-changes"), "{stderr}");
+
+    resume.push("--allow-changes".into());
+    let output = run(&resume);
+    assert!(output.status.success(), "{output:?}");
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("provenance.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["changes"][0]["step"], 2);
+    // Recorded, the change no longer counts as one.
+    resume.pop();
+    assert!(run(&resume).status.success());
+
+    let listed = run(&["runs".into(), dir.to_str().unwrap().into()]);
+    assert!(listed.status.success(), "{listed:?}");
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        stdout.contains("2 steps") && stdout.contains("best eval/reward"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("resumed at step 2 with changes"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -49,6 +49,7 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
+pub mod provenance;
 pub mod run;
 mod sampling;
 pub mod score;

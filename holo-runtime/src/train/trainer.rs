@@ -22,6 +22,7 @@ use super::erl;
 use super::guard::{self, Trip};
 use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
+use super::provenance::{self, Provenance};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
@@ -87,6 +88,8 @@ pub struct Trainer<S> {
     sampler: LocalModel,
     /// A sampler of the caller's instead of `sampler`, and its model's context when known.
     external: Option<(Box<dyn Sampler>, Option<usize>)>,
+    /// What the run is made from, and whether a resume may change it ([`Trainer::with_provenance`]).
+    provenance: Option<(Provenance, bool)>,
     holophore: Holophore,
     run: RunDir,
     options: RunOptions,
@@ -147,6 +150,7 @@ impl<S: RolloutSource> Trainer<S> {
             reference,
             sampler,
             external: None,
+            provenance: None,
             holophore,
             run: RunDir::new(options.out.clone()),
             options,
@@ -158,6 +162,14 @@ impl<S: RolloutSource> Trainer<S> {
     /// reload), or the rollouts drift off-policy. Its log-probabilities (at the run's temperature) are
     /// corrected for as TRL corrects vLLM's (`vllm_importance_sampling_correction` and its mode and
     /// bounds); `context` is its model's context length, when known.
+    /// Records what the run is made from in `RUN_DIR/provenance.json` ([`super::provenance`]); a resumed
+    /// run is refused when its inputs changed, naming the first, unless `allow_changes` (then the change
+    /// is recorded with the step it was made at).
+    pub fn with_provenance(mut self, provenance: Provenance, allow_changes: bool) -> Self {
+        self.provenance = Some((provenance, allow_changes));
+        self
+    }
+
     pub fn with_sampler(mut self, sampler: Box<dyn Sampler>, context: Option<usize>) -> Self {
         self.external = Some((sampler, context));
         self
@@ -379,6 +391,10 @@ impl<S: RolloutSource> Trainer<S> {
     /// Opens the run folder (see [`run::open`]) with its rollout files: new ones, or those of the
     /// resumed run cut back to its checkpoint; a new run's curriculum starts at its first level.
     fn open_run(&mut self, stream: &Stream<'_>) -> Result<(TrainerState, MetricsLog), TrainError> {
+        let changes = match (&self.provenance, self.options.resume) {
+            (Some((now, allow)), true) => self.check_provenance(now, *allow)?,
+            _ => None,
+        };
         let opened = run::open(
             &self.run,
             self.options.resume,
@@ -386,6 +402,20 @@ impl<S: RolloutSource> Trainer<S> {
             &mut self.trained,
         )?;
         let mut state = opened.state;
+        if let Some((now, _)) = &self.provenance {
+            match changes {
+                Some((mut saved, change)) => {
+                    saved.changes.push(provenance::Change {
+                        step: state.global_step,
+                        inputs: now.inputs.clone(),
+                        message: change,
+                    });
+                    saved.write(&self.run.path)?;
+                }
+                None if !opened.resumed => now.write(&self.run.path)?,
+                None => {}
+            }
+        }
         if opened.resumed {
             self.after_restore(&state)?;
             stream.check_resumed(&state).map_err(TrainError::Input)?;
@@ -397,6 +427,29 @@ impl<S: RolloutSource> Trainer<S> {
             state.curriculum = stream.start();
         }
         Ok((state, opened.metrics))
+    }
+
+    /// The run's recorded provenance against `now`'s: an error naming the first changed input, or with
+    /// `allow`, the recorded provenance and the change to add to it; `None` when nothing changed (or
+    /// the run has no provenance to compare with).
+    fn check_provenance(
+        &self,
+        now: &Provenance,
+        allow: bool,
+    ) -> Result<Option<(Provenance, String)>, TrainError> {
+        let Some(saved) = Provenance::read(&self.run.path).map_err(TrainError::Input)? else {
+            return Ok(None);
+        };
+        match saved.changed(now) {
+            None => Ok(None),
+            Some(change) if allow => {
+                eprintln!("warning: {change}; resuming anyway (--allow-changes)");
+                Ok(Some((saved, change)))
+            }
+            Some(change) => Err(TrainError::Input(format!(
+                "--resume: {change}; pass --allow-changes to resume with the changed inputs"
+            ))),
+        }
     }
 
     /// Restores the checkpoint in `dir` (made with this configuration; see [`run::restore`]) and what

@@ -16,6 +16,8 @@ mod options;
 #[cfg(feature = "local")]
 mod plot;
 #[cfg(feature = "local")]
+mod runs;
+#[cfg(feature = "local")]
 mod serve;
 #[cfg(feature = "local")]
 mod sft;
@@ -179,6 +181,13 @@ enum Command {
     /// a record is named and skipped. Exit status 2 when PATH has no rollout to show, 1 when a file
     /// cannot be read or written.
     View(view::ViewArgs),
+    /// List the training runs in DIR (or DIR itself): steps, best eval/reward, and what made each run
+    /// (holo-runtime's version; the .hol file, data and model with their SHA-256).
+    #[cfg(feature = "local")]
+    Runs {
+        /// A run folder, or a folder of run folders.
+        dir: PathBuf,
+    },
     /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
     #[cfg(feature = "local")]
     Plot {
@@ -432,6 +441,8 @@ fn main() -> ExitCode {
         Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
         #[cfg(feature = "local")]
         Command::Plot { run_dir } => plot::run(run_dir),
+        #[cfg(feature = "local")]
+        Command::Runs { dir } => runs::run(dir),
         Command::ExportData(args) => export_data::run(args),
         Command::View(args) => view::run(args),
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::Row;
 use holo_runtime::loom::Interpreted;
+use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::{plot, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
@@ -45,6 +46,11 @@ pub struct TrainArgs {
     /// Unsandboxed code can read, change and delete what this user can, the run included.
     #[arg(long)]
     pub allow_unsandboxed_code: bool,
+    /// With --resume: continue although the .hol file, the data or the model changed since the run
+    /// started (the change is recorded in RUN_DIR/provenance.json). Without it such a resume is refused,
+    /// naming the file.
+    #[arg(long, requires = "resume")]
+    pub allow_changes: bool,
 }
 
 /// The help text after `holo train`'s arguments: every option with its default.
@@ -105,8 +111,20 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         resume: args.resume,
         progress: true,
     };
+    let mut inputs = vec![
+        ("holoware", args.file.as_path()),
+        ("data", args.data.as_path()),
+    ];
+    if let Some(path) = &args.eval_data {
+        inputs.push(("eval data", path.as_path()));
+    }
+    inputs.push(("model", args.model.as_path()));
+    let provenance = match Provenance::collect(&inputs) {
+        Ok(provenance) => provenance,
+        Err(message) => return usage(message),
+    };
     let mut trainer = match Trainer::new(source, policy, config, options) {
-        Ok(trainer) => trainer,
+        Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
         Err(error) => return usage(error),
     };
     let total = trainer.total_steps(rows.len());
