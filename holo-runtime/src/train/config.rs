@@ -434,8 +434,8 @@ impl Default for GrpoConfig {
     }
 }
 
-/// A trainer's options: what the shared [`ConfigBuilder`], checkpoints, the optimizer, the schedule and LoRA
-/// need to know of them.
+/// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
+/// the optimizer, the schedule and LoRA need to know of them.
 pub trait TrainingConfig:
     Serialize + DeserializeOwned + Default + Clone + PartialEq + fmt::Debug
 {

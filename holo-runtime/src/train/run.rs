@@ -2,8 +2,8 @@
 //! [`SftTrainer`](super::sft::SftTrainer)): the model folder it trains ([`Policy`]), the weights it trains
 //! and their optimizer ([`Trainable`]: every weight or LoRA adapters, one optimizer step of clipping, the
 //! schedule and AdamW, checkpoints), the run folder ([`open`]: a new run, or the resumption of one with the
-//! same configuration), the metrics of a step ([`Window`]), the progress bar, and the seeds derived from
-//! the run's seed ([`mix`]).
+//! same configuration; [`restore`]: a checkpoint back into the weights), the metrics of a step
+//! ([`Window`]) and the progress bar.
 
 use std::collections::BTreeMap;
 use std::io::{self, IsTerminal};
