@@ -97,10 +97,7 @@ pub fn row_values(
                 values.insert(format!("{REWARD}/{name}"), mean(component));
             }
             for &k in &ks {
-                values.insert(
-                    format!("pass@{k}"),
-                    pass_at_k(row.rollouts, row.passed, k),
-                );
+                values.insert(format!("pass@{k}"), pass_at_k(row.rollouts, row.passed, k));
             }
             (index, values)
         })
@@ -127,7 +124,11 @@ pub fn compare(
         .collect();
     // Reward first, then the components, then pass@k in k's order.
     let order = |name: &str| match name.strip_prefix("pass@") {
-        Some(k) => (2, k.parse::<usize>().unwrap_or(usize::MAX), name.to_string()),
+        Some(k) => (
+            2,
+            k.parse::<usize>().unwrap_or(usize::MAX),
+            name.to_string(),
+        ),
         None if name == REWARD => (0, 0, String::new()),
         None => (1, 0, name.to_string()),
     };
@@ -179,7 +180,12 @@ pub fn paired_bootstrap(differences: &[f64], resamples: usize, seed: u64) -> (f6
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let n = differences.len();
     let mut means: Vec<f64> = (0..resamples.max(1))
-        .map(|_| (0..n).map(|_| differences[rng.random_range(0..n)]).sum::<f64>() / n as f64)
+        .map(|_| {
+            (0..n)
+                .map(|_| differences[rng.random_range(0..n)])
+                .sum::<f64>()
+                / n as f64
+        })
         .collect();
     means.sort_by(f64::total_cmp);
     let tail = (1.0 - COVERAGE) / 2.0;
@@ -251,7 +257,9 @@ impl Comparison {
             let label = |x: &f64| {
                 let index = x.round();
                 if (x - index).abs() < 1e-6 && index >= 0.0 {
-                    names.get(index as usize).map_or(String::new(), |n| n.to_string())
+                    names
+                        .get(index as usize)
+                        .map_or(String::new(), |n| n.to_string())
                 } else {
                     String::new()
                 }
@@ -281,9 +289,11 @@ impl Comparison {
                     16,
                 )
             }))?;
-            chart.draw_series(self.metrics.iter().enumerate().map(|(i, metric)| {
-                Circle::new((i as f64, metric.difference), 5, LINE.filled())
-            }))?;
+            chart.draw_series(
+                self.metrics.iter().enumerate().map(|(i, metric)| {
+                    Circle::new((i as f64, metric.difference), 5, LINE.filled())
+                }),
+            )?;
             Ok(())
         })
     }
@@ -386,7 +396,10 @@ mod tests {
         let names: Vec<&str> = comparison.metrics.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["reward", "reward/len", "pass@1", "pass@2"]);
         for metric in &comparison.metrics {
-            assert_eq!((metric.difference, metric.low, metric.high), (0.0, 0.0, 0.0));
+            assert_eq!(
+                (metric.difference, metric.low, metric.high),
+                (0.0, 0.0, 0.0)
+            );
             assert_eq!(metric.a, metric.b);
             assert_eq!(metric.rows, 10);
         }
