@@ -114,7 +114,8 @@ pub fn plot_run(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(written)
 }
 
-pub(super) type DrawError = DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
+pub(super) type DrawError =
+    DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
 
 /// Draws a `size` image in memory with `paint` and writes it to `path` as an RGB PNG.
 pub(super) fn render(
