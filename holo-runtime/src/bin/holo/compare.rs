@@ -2,6 +2,7 @@
 //! B − A and its paired bootstrap 95% interval (`holo_runtime::train::compare`), as a table, JSON and a
 //! PNG.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -119,33 +120,45 @@ pub fn run(args: CompareArgs) -> ExitCode {
             loom = loom.with_holophore(holophore.fork());
         }
         let path = args.out.join(format!("{}.jsonl", policy.label));
-        let mut jsonl = Vec::new();
-        let summary = runtime.block_on(loom.run(&rows, &*policy.sampler, &mut jsonl));
-        let summary = match summary.and_then(|summary| {
-            std::fs::write(&path, &jsonl)?;
-            Ok(summary)
-        }) {
-            Ok(summary) => summary,
-            Err(error) => return usage(format!("cannot write `{}`: {error}", path.display())),
+        let cannot_write =
+            |error: std::io::Error| usage(format!("cannot write `{}`: {error}", path.display()));
+        // Written as the rollouts finish, as `holo eval` does, then read back for the statistics.
+        let mut writer = match std::fs::File::create(&path) {
+            Ok(file) => std::io::BufWriter::new(file),
+            Err(error) => return cannot_write(error),
         };
+        let summary = runtime
+            .block_on(loom.run(&rows, &*policy.sampler, &mut writer))
+            .and_then(|summary| writer.flush().map(|()| summary));
+        let summary = match summary {
+            Ok(summary) => summary,
+            Err(error) => return cannot_write(error),
+        };
+        let label = policy.label.to_uppercase();
+        for failure in &summary.row_failures {
+            eprintln!(
+                "error: policy {label}: row {}: {}",
+                failure.row_index, failure.message
+            );
+        }
         for failure in &summary.failures {
             eprintln!(
-                "error: policy {}: row {}: rollout {}: {}",
-                policy.label.to_uppercase(),
-                failure.row_index,
-                failure.rollout_index,
-                failure.failure.message
+                "error: policy {label}: row {}: rollout {}: {}",
+                failure.row_index, failure.rollout_index, failure.failure.message
             );
         }
         failed += summary.failed + summary.row_failures.len();
-        let parsed: Result<Vec<RolloutRecord>, _> = jsonl
-            .split(|&byte| byte == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(serde_json::from_slice)
-            .collect();
+        let parsed = std::fs::read_to_string(&path)
+            .map_err(|error| error.to_string())
+            .and_then(|text| {
+                text.lines()
+                    .map(serde_json::from_str::<RolloutRecord>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| error.to_string())
+            });
         match parsed {
             Ok(parsed) => records.push(parsed),
-            Err(error) => return usage(format!("`{}`: {error}", path.display())),
+            Err(message) => return usage(format!("`{}`: {message}", path.display())),
         }
     }
 
