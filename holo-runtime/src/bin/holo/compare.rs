@@ -72,14 +72,22 @@ pub fn run(args: CompareArgs) -> ExitCode {
         Ok(holoware) => holoware,
         Err(exit) => return exit,
     };
-    let rows = match checked_rows(&holoware, &args.data) {
-        Ok(rows) => rows,
+    let (rows, lines) = match checked_rows(&holoware, &args.data) {
+        Ok(checked) => checked,
         Err(message) => return usage(message),
     };
     for (label, model) in [("A", &args.a), ("B", &args.b)] {
         if let Err(message) = check_policy(model) {
             return usage(format!("policy {label}: {message}"));
         }
+    }
+    let mut resources = crate::resources();
+    let sandbox = CodeSandbox {
+        allow_unsandboxed: args.allow_unsandboxed_code,
+        ..CodeSandbox::default()
+    };
+    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, sandbox) {
+        return code;
     }
     if let Err(error) = std::fs::create_dir_all(&args.out) {
         return usage(format!("cannot create `{}`: {error}", args.out.display()));
@@ -95,14 +103,6 @@ pub fn run(args: CompareArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    let mut resources = crate::resources();
-    let sandbox = CodeSandbox {
-        allow_unsandboxed: args.allow_unsandboxed_code,
-        ..CodeSandbox::default()
-    };
-    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, sandbox) {
-        return code;
-    }
 
     let config = LoomConfig {
         rollouts_per_row: args.rollouts as usize,
@@ -135,16 +135,16 @@ pub fn run(args: CompareArgs) -> ExitCode {
             Err(error) => return cannot_write(error),
         };
         let label = policy.label.to_uppercase();
+        let data = args.data.display();
         for failure in &summary.row_failures {
-            eprintln!(
-                "error: policy {label}: row {}: {}",
-                failure.row_index, failure.message
-            );
+            let line = lines[failure.row_index];
+            eprintln!("error: policy {label}: {data}:{line}: {}", failure.message);
         }
         for failure in &summary.failures {
+            let line = lines[failure.row_index];
             eprintln!(
-                "error: policy {label}: row {}: rollout {}: {}",
-                failure.row_index, failure.rollout_index, failure.failure.message
+                "error: policy {label}: {data}:{line}: rollout {}: {}",
+                failure.rollout_index, failure.failure.message
             );
         }
         failed += summary.failed + summary.row_failures.len();
@@ -192,11 +192,16 @@ pub fn run(args: CompareArgs) -> ExitCode {
     }
 }
 
-/// The rows of `data`, each checked against the holoware's inputs; every bad row is named.
-fn checked_rows(holoware: &Holoware, data: &Path) -> Result<Vec<(usize, Row)>, String> {
+/// The rows of `data` (`(row index, row)`, the index among its non-blank lines, as in the records) and
+/// each one's line number, every row checked against the holoware's inputs; every bad row is named.
+type CheckedRows = (Vec<(usize, Row)>, Vec<usize>);
+
+fn checked_rows(holoware: &Holoware, data: &Path) -> Result<CheckedRows, String> {
     let mut good = Vec::new();
+    let mut lines = Vec::new();
     let mut bad = Vec::new();
     for (index, (line, row)) in read_rows(data)?.into_iter().enumerate() {
+        lines.push(line);
         let checked = row.and_then(|row| {
             holoware
                 .check_row(&row)
@@ -214,7 +219,7 @@ fn checked_rows(holoware: &Holoware, data: &Path) -> Result<Vec<(usize, Row)>, S
     if good.is_empty() {
         return Err(format!("`{}` has no rows", data.display()));
     }
-    Ok(good)
+    Ok((good, lines))
 }
 
 /// Refuses what is not a model folder, a `.gguf` file or a run folder, saying what to do with a
