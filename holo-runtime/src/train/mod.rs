@@ -39,6 +39,7 @@ pub mod advantages;
 pub mod batch;
 pub mod builder;
 pub mod checkpoint;
+pub mod compare;
 pub mod config;
 pub mod correction;
 pub mod curriculum;

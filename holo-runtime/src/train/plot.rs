@@ -34,10 +34,10 @@ pub const OVERVIEW: [&str; 9] = [
 pub const PLOTS_DIR: &str = "plots";
 
 /// The font family the charts are set in, registered with plotters on first use.
-const FONT: &str = "sans-serif";
-const LINE: RGBColor = RGBColor(31, 119, 180);
-const GRID: RGBColor = RGBColor(225, 225, 225);
-const AXIS: RGBColor = RGBColor(90, 90, 90);
+pub(super) const FONT: &str = "sans-serif";
+pub(super) const LINE: RGBColor = RGBColor(31, 119, 180);
+pub(super) const GRID: RGBColor = RGBColor(225, 225, 225);
+pub(super) const AXIS: RGBColor = RGBColor(90, 90, 90);
 /// Series with at most this many points also mark each point.
 const MARKED_POINTS: usize = 60;
 const CHART_SIZE: (u32, u32) = (900, 520);
@@ -114,10 +114,11 @@ pub fn plot_run(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(written)
 }
 
-type DrawError = DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
+pub(super) type DrawError =
+    DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>;
 
 /// Draws a `size` image in memory with `paint` and writes it to `path` as an RGB PNG.
-fn render(
+pub(super) fn render(
     path: &Path,
     size: (u32, u32),
     paint: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), DrawError>,
@@ -140,7 +141,7 @@ fn render(
 }
 
 /// Registers DejaVu Sans as plotters' `sans-serif`, once per process.
-fn register_font() -> Result<(), String> {
+pub(super) fn register_font() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {

@@ -3,6 +3,8 @@
 //! rollouts as JSONL and prints the mean rewards and pass@k.
 
 #[cfg(feature = "local")]
+mod compare;
+#[cfg(feature = "local")]
 mod demo;
 mod dry;
 mod eval;
@@ -89,6 +91,13 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
+    /// Compare two policies (model folders, .gguf files or run folders) on the same rows, rollout
+    /// seeds and G: each policy's mean total reward, reward components, pass@1 and pass@G, and the
+    /// difference B - A with a paired bootstrap 95% interval over rows. Prints the table and writes the
+    /// rollouts (a.jsonl, b.jsonl), compare.json and compare.png into --out. Exit status 2 for bad
+    /// input (found before any rollout), 1 when a rollout failed.
+    #[cfg(feature = "local")]
+    Compare(compare::CompareArgs),
     /// Write a random-initialised model folder in Hugging Face format (config.json,
     /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) with a
     /// Qwen-style byte-level BPE tokenizer built offline; transformers loads it unchanged.
@@ -197,7 +206,7 @@ enum Command {
 }
 
 /// Where a local model runs.
-#[derive(Args)]
+#[derive(Args, Clone)]
 #[cfg_attr(not(feature = "local"), allow(dead_code))]
 struct LocalArgs {
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
@@ -405,6 +414,8 @@ fn main() -> ExitCode {
             concurrency,
             resume,
         ),
+        #[cfg(feature = "local")]
+        Command::Compare(args) => compare::run(args),
         #[cfg(feature = "local")]
         Command::InitModel {
             arch,

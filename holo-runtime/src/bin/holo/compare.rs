@@ -1,0 +1,297 @@
+//! `holo compare`: two policies on the same rows and rollout seeds; each metric's means, the difference
+//! B − A and its paired bootstrap 95% interval (`holo_runtime::train::compare`), as a table, JSON and a
+//! PNG.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use holo_runtime::holophore::Holophore;
+use holo_runtime::holotypes::CodeSandbox;
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::train::compare::{compare, RESAMPLES};
+use holo_runtime::train::export::{export, RunInfo};
+
+use crate::{
+    load, read_rows, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, EXIT_USAGE,
+};
+
+#[derive(Args)]
+pub struct CompareArgs {
+    file: PathBuf,
+    /// Policy A: a model folder (Hugging Face layout), a `.gguf` file, or a run folder (`holo train`,
+    /// `holo sft`), whose newest checkpoint is exported to OUT/a-model first.
+    a: String,
+    /// Policy B, as A (a run folder is exported to OUT/b-model).
+    b: String,
+    /// Data rows, one JSON object per line.
+    #[arg(long)]
+    data: PathBuf,
+    /// Rollouts per row (G) under each policy.
+    #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rollouts: u32,
+    /// The run seed: both policies' rollouts get the same seeds from it, the row and the rollout; it
+    /// also seeds the bootstrap.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The folder to write: a.jsonl and b.jsonl (the rollouts), compare.json (the table's numbers) and
+    /// compare.png (the differences with their intervals).
+    #[arg(long, default_value = "compare")]
+    out: PathBuf,
+    /// Bootstrap resamples of the rows.
+    #[arg(long, default_value_t = RESAMPLES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    resamples: usize,
+    /// Rollouts in flight at once: the largest batch.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
+    #[command(flatten)]
+    local: LocalArgs,
+    /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it.
+    #[arg(long)]
+    allow_unsandboxed_code: bool,
+}
+
+/// One policy, ready to roll out.
+struct Policy {
+    label: &'static str,
+    name: String,
+    sampler: Box<dyn holo_runtime::Sampler>,
+    holophore: Option<Holophore>,
+}
+
+pub fn run(args: CompareArgs) -> ExitCode {
+    let usage = |message: String| {
+        eprintln!("error: {message}");
+        ExitCode::from(EXIT_USAGE)
+    };
+    // Everything is checked before the first rollout: the holoware, every row, both models.
+    let holoware = match load(&args.file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
+    };
+    let (rows, lines) = match checked_rows(&holoware, &args.data) {
+        Ok(checked) => checked,
+        Err(message) => return usage(message),
+    };
+    for (label, model) in [("A", &args.a), ("B", &args.b)] {
+        if let Err(message) = check_policy(model) {
+            return usage(format!("policy {label}: {message}"));
+        }
+    }
+    let mut resources = crate::resources();
+    let sandbox = CodeSandbox {
+        allow_unsandboxed: args.allow_unsandboxed_code,
+        ..CodeSandbox::default()
+    };
+    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, sandbox) {
+        return code;
+    }
+    if let Err(error) = std::fs::create_dir_all(&args.out) {
+        return usage(format!("cannot create `{}`: {error}", args.out.display()));
+    }
+    let mut policies = Vec::with_capacity(2);
+    for (label, model) in [("a", &args.a), ("b", &args.b)] {
+        match policy(label, model, &args) {
+            Ok(policy) => policies.push(policy),
+            Err(code) => return code,
+        }
+    }
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+
+    let config = LoomConfig {
+        rollouts_per_row: args.rollouts as usize,
+        seed: args.seed,
+        concurrency: args.concurrency as usize,
+        dataset: Some(args.data.display().to_string()),
+        progress: true,
+        ..LoomConfig::default()
+    };
+    let mut records = Vec::with_capacity(2);
+    let mut failed = 0;
+    for policy in &policies {
+        let mut loom = Loom::interpreted(Arc::clone(&holoware), resources.clone(), config.clone());
+        if let Some(holophore) = &policy.holophore {
+            loom = loom.with_holophore(holophore.fork());
+        }
+        let path = args.out.join(format!("{}.jsonl", policy.label));
+        let cannot_write =
+            |error: std::io::Error| usage(format!("cannot write `{}`: {error}", path.display()));
+        // Written as the rollouts finish, as `holo eval` does, then read back for the statistics.
+        let mut writer = match std::fs::File::create(&path) {
+            Ok(file) => std::io::BufWriter::new(file),
+            Err(error) => return cannot_write(error),
+        };
+        let summary = runtime
+            .block_on(loom.run(&rows, &*policy.sampler, &mut writer))
+            .and_then(|summary| writer.flush().map(|()| summary));
+        let summary = match summary {
+            Ok(summary) => summary,
+            Err(error) => return cannot_write(error),
+        };
+        let label = policy.label.to_uppercase();
+        let data = args.data.display();
+        for failure in &summary.row_failures {
+            let line = lines[failure.row_index];
+            eprintln!("error: policy {label}: {data}:{line}: {}", failure.message);
+        }
+        for failure in &summary.failures {
+            let line = lines[failure.row_index];
+            eprintln!(
+                "error: policy {label}: {data}:{line}: rollout {}: {}",
+                failure.rollout_index, failure.failure.message
+            );
+        }
+        failed += summary.failed + summary.row_failures.len();
+        let parsed = std::fs::read_to_string(&path)
+            .map_err(|error| error.to_string())
+            .and_then(|text| {
+                text.lines()
+                    .map(serde_json::from_str::<RolloutRecord>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| error.to_string())
+            });
+        match parsed {
+            Ok(parsed) => records.push(parsed),
+            Err(message) => return usage(format!("`{}`: {message}", path.display())),
+        }
+    }
+
+    let comparison = match compare(
+        (&policies[0].name, &records[0]),
+        (&policies[1].name, &records[1]),
+        args.rollouts as usize,
+        args.resamples,
+        args.seed,
+    ) {
+        Ok(comparison) => comparison,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_FAILURES);
+        }
+    };
+    print!("{}", comparison.table());
+    let json_path = args.out.join("compare.json");
+    let json = serde_json::to_string_pretty(&comparison).expect("numbers and strings serialize");
+    if let Err(error) = std::fs::write(&json_path, json + "\n") {
+        return usage(format!("cannot write `{}`: {error}", json_path.display()));
+    }
+    if let Err(message) = comparison.plot(&args.out.join("compare.png")) {
+        return usage(message);
+    }
+    println!("written to {}", args.out.display());
+    if failed > 0 {
+        ExitCode::from(EXIT_FAILURES)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The rows of `data` (`(row index, row)`, the index among its non-blank lines, as in the records) and
+/// each one's line number, every row checked against the holoware's inputs; every bad row is named.
+type CheckedRows = (Vec<(usize, Row)>, Vec<usize>);
+
+fn checked_rows(holoware: &Holoware, data: &Path) -> Result<CheckedRows, String> {
+    let mut good = Vec::new();
+    let mut lines = Vec::new();
+    let mut bad = Vec::new();
+    for (index, (line, row)) in read_rows(data)?.into_iter().enumerate() {
+        lines.push(line);
+        let checked = row.and_then(|row| {
+            holoware
+                .check_row(&row)
+                .map(|()| row)
+                .map_err(|missing| missing.to_string())
+        });
+        match checked {
+            Ok(row) => good.push((index, row)),
+            Err(message) => bad.push(format!("{}:{line}: {message}", data.display())),
+        }
+    }
+    if !bad.is_empty() {
+        return Err(bad.join("\nerror: "));
+    }
+    if good.is_empty() {
+        return Err(format!("`{}` has no rows", data.display()));
+    }
+    Ok((good, lines))
+}
+
+/// Refuses what is not a model folder, a `.gguf` file or a run folder, saying what to do with a
+/// checkpoint.
+fn check_policy(model: &str) -> Result<(), String> {
+    let path = Path::new(model);
+    if !path.exists() {
+        return Err(format!(
+            "`{model}`: no such model folder, .gguf file or run folder"
+        ));
+    }
+    if !path.is_dir() || path.join("config.json").is_file() || path.join(RunInfo::FILE).is_file() {
+        return Ok(());
+    }
+    if path.join("trainer_state.json").is_file() {
+        let run = path.parent().unwrap_or(Path::new("RUN")).display();
+        let step = path
+            .file_name()
+            .and_then(|name| name.to_str()?.strip_prefix("checkpoint-"))
+            .unwrap_or("N");
+        return Err(format!(
+            "`{model}` is a training checkpoint, not a model folder: turn it into one with `holo \
+             export {run} --step {step} --out DIR` and compare DIR, or give the run folder `{run}` \
+             (its newest checkpoint is exported)"
+        ));
+    }
+    Err(format!(
+        "`{model}` is not a model folder (no config.json) nor a run folder (no {})",
+        RunInfo::FILE
+    ))
+}
+
+/// The sampler and holophore of policy `label`; a run folder's newest checkpoint is exported to
+/// `OUT/<label>-model` first.
+fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy, ExitCode> {
+    let mut dir = model.to_string();
+    let mut name = model.to_string();
+    if Path::new(model).join(RunInfo::FILE).is_file() {
+        let out = args.out.join(format!("{label}-model"));
+        match export(Path::new(model), None, &out) {
+            Ok(exported) => {
+                eprintln!(
+                    "policy {}: checkpoint-{} of {model} exported to {}",
+                    label.to_uppercase(),
+                    exported.step,
+                    out.display()
+                );
+                name = format!("{model} (checkpoint-{})", exported.step);
+                dir = out.display().to_string();
+            }
+            Err(message) => {
+                eprintln!("error: policy {}: {message}", label.to_uppercase());
+                return Err(ExitCode::from(EXIT_USAGE));
+            }
+        }
+    }
+    let sampler_args = SamplerArgs {
+        sampler: SamplerKind::Local,
+        base_url: None,
+        model: Some(dir),
+        replies: Vec::new(),
+        local: args.local.clone(),
+        allow_unsandboxed_code: args.allow_unsandboxed_code,
+    };
+    let holophore = sampler_args.holophore()?;
+    let sampler = sampler_args
+        .sampler(args.concurrency as usize)?
+        .expect("the local sampler");
+    Ok(Policy {
+        label,
+        name,
+        sampler,
+        holophore,
+    })
+}
