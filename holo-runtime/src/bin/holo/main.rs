@@ -372,21 +372,24 @@ enum Color {
 }
 
 fn main() -> ExitCode {
-    #[cfg(feature = "local")]
     let args: Vec<String> = std::env::args().collect();
-    let split = match args.get(1).map(String::as_str) {
-        Some("sft") => options::split_options::<holo_runtime::train::sft::SftConfig>(args, "sft"),
-        _ => options::split_options::<holo_runtime::train::GrpoConfig>(args, "train"),
-    };
-    let (args, trainer_options) = match split {
-        Ok(split) => split,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(EXIT_USAGE);
+    // The trainers' `--key value` options are split off before clap sees the rest.
+    #[cfg(feature = "local")]
+    let (args, trainer_options) = {
+        let split = match args.get(1).map(String::as_str) {
+            Some("sft") => {
+                options::split_options::<holo_runtime::train::sft::SftConfig>(args, "sft")
+            }
+            _ => options::split_options::<holo_runtime::train::GrpoConfig>(args, "train"),
+        };
+        match split {
+            Ok(split) => split,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
         }
     };
-    #[cfg(not(feature = "local"))]
-    let args: Vec<String> = std::env::args().collect();
     match Cli::parse_from(args).command {
         Command::Dry {
             file,

@@ -30,11 +30,13 @@ pub struct ViewArgs {
     /// are shown as ids.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    #[cfg(feature = "local")]
     /// A model folder or .gguf file whose log-probability of each trained token the page shows beside
     /// the sampler's (and their ratio): the weights a run ended with (`holo export RUN --out DIR`), or the
     /// model that sampled, to check the records. Runs every trained context through it once.
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    #[cfg(feature = "local")]
     /// With --policy: the temperature of its distribution [default: the run's `temperature` for a run
     /// folder, else 1].
     #[arg(long, requires = "policy")]
@@ -64,6 +66,7 @@ pub fn run(args: ViewArgs) -> ExitCode {
                 .into(),
         ),
     };
+    #[cfg(feature = "local")]
     let policy = match &args.policy {
         Some(path) => match policy(&source, path, args.temperature) {
             Ok(policy) => Some(policy),
@@ -71,6 +74,8 @@ pub fn run(args: ViewArgs) -> ExitCode {
         },
         None => None,
     };
+    #[cfg(not(feature = "local"))]
+    let policy: Option<view::page::Policy> = None;
     let page = view::render(&source, &tokens, policy.as_ref());
     let done = if args.serve {
         serve(&page, args.port, &source)
@@ -154,6 +159,7 @@ fn serve(page: &str, port: u16, source: &Source) -> Result<(), ViewError> {
 }
 
 /// The policy log-probabilities of every rollout's trained tokens under the model at `path`.
+#[cfg(feature = "local")]
 fn policy(
     source: &Source,
     path: &Path,
@@ -207,6 +213,7 @@ fn policy(
 }
 
 /// The sampling temperature of a run folder (its `config.toml`), 1 for anything else.
+#[cfg(feature = "local")]
 fn run_temperature(source: &Source) -> Result<f64, ExitCode> {
     if !source.is_run_folder() {
         return Ok(1.0);
