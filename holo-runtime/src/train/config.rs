@@ -791,6 +791,37 @@ impl GrpoConfig {
     }
 }
 
+/// The [`Shared`] options of a trainer's configuration, whose fields have the shared options' names:
+/// `fn shared(&self) -> Shared { shared_options!(self) }`.
+macro_rules! shared_options {
+    ($config:expr) => {
+        Shared {
+            seed: $config.seed,
+            max_steps: $config.max_steps,
+            num_train_epochs: $config.num_train_epochs,
+            save_steps: $config.save_steps,
+            save_total_limit: $config.save_total_limit,
+            per_device_train_batch_size: $config.per_device_train_batch_size,
+            gradient_accumulation_steps: $config.gradient_accumulation_steps,
+            learning_rate: $config.learning_rate,
+            weight_decay: $config.weight_decay,
+            adam_beta1: $config.adam_beta1,
+            adam_beta2: $config.adam_beta2,
+            adam_epsilon: $config.adam_epsilon,
+            max_grad_norm: $config.max_grad_norm,
+            lr_scheduler_type: $config.lr_scheduler_type,
+            warmup_ratio: $config.warmup_ratio,
+            warmup_steps: $config.warmup_steps,
+            use_peft: $config.use_peft,
+            lora_r: $config.lora_r,
+            lora_alpha: $config.lora_alpha,
+            lora_dropout: $config.lora_dropout,
+            lora_target_modules: $config.lora_target_modules.clone(),
+        }
+    };
+}
+pub(crate) use shared_options;
+
 impl TrainingConfig for GrpoConfig {
     const NAME: &'static str = "GRPOConfig";
     const UNSET_KEYS: &'static [&'static str] = &[
@@ -824,29 +855,7 @@ impl TrainingConfig for GrpoConfig {
     }
 
     fn shared(&self) -> Shared {
-        Shared {
-            seed: self.seed,
-            max_steps: self.max_steps,
-            num_train_epochs: self.num_train_epochs,
-            save_steps: self.save_steps,
-            save_total_limit: self.save_total_limit,
-            per_device_train_batch_size: self.per_device_train_batch_size,
-            gradient_accumulation_steps: self.gradient_accumulation_steps,
-            learning_rate: self.learning_rate,
-            weight_decay: self.weight_decay,
-            adam_beta1: self.adam_beta1,
-            adam_beta2: self.adam_beta2,
-            adam_epsilon: self.adam_epsilon,
-            max_grad_norm: self.max_grad_norm,
-            lr_scheduler_type: self.lr_scheduler_type,
-            warmup_ratio: self.warmup_ratio,
-            warmup_steps: self.warmup_steps,
-            use_peft: self.use_peft,
-            lora_r: self.lora_r,
-            lora_alpha: self.lora_alpha,
-            lora_dropout: self.lora_dropout,
-            lora_target_modules: self.lora_target_modules.clone(),
-        }
+        shared_options!(self)
     }
 
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::train::config::LrSchedulerType;
-use crate::train::config::{error, shared_allowed_values, ConfigError, Shared, TrainingConfig};
+use crate::train::config::{
+    error, shared_allowed_values, shared_options, ConfigError, Shared, TrainingConfig,
+};
 
 /// Which end of a sequence longer than `max_length` is kept (TRL's `truncation_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,29 +173,7 @@ impl TrainingConfig for SftConfig {
     }
 
     fn shared(&self) -> Shared {
-        Shared {
-            seed: self.seed,
-            max_steps: self.max_steps,
-            num_train_epochs: self.num_train_epochs,
-            save_steps: self.save_steps,
-            save_total_limit: self.save_total_limit,
-            per_device_train_batch_size: self.per_device_train_batch_size,
-            gradient_accumulation_steps: self.gradient_accumulation_steps,
-            learning_rate: self.learning_rate,
-            weight_decay: self.weight_decay,
-            adam_beta1: self.adam_beta1,
-            adam_beta2: self.adam_beta2,
-            adam_epsilon: self.adam_epsilon,
-            max_grad_norm: self.max_grad_norm,
-            lr_scheduler_type: self.lr_scheduler_type,
-            warmup_ratio: self.warmup_ratio,
-            warmup_steps: self.warmup_steps,
-            use_peft: self.use_peft,
-            lora_r: self.lora_r,
-            lora_alpha: self.lora_alpha,
-            lora_dropout: self.lora_dropout,
-            lora_target_modules: self.lora_target_modules.clone(),
-        }
+        shared_options!(self)
     }
 }
 
