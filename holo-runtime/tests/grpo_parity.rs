@@ -18,6 +18,10 @@ use holo_runtime::train::config::{
 use holo_runtime::train::{importance_sampling, loss, score, GrpoConfig};
 use serde_json::Value;
 
+mod common;
+
+use common::parity::gradient_matches;
+
 fn fixtures() -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/cases.json");
     serde_json::from_str(&std::fs::read_to_string(root).expect("cases.json")).expect("JSON")
@@ -351,34 +355,7 @@ fn losses_metrics_and_gradients_match_trl() {
                 .unwrap()
                 .to_vec1::<f32>()
                 .unwrap();
-            let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
-            let theirs_norm = expected["l2_norm"].as_f64().unwrap();
-            close(
-                &format!("{name}: ‖∇{param}‖"),
-                norm,
-                theirs_norm,
-                1e-5,
-                1e-6,
-            );
-            let sum: f64 = grad.iter().map(|g| *g as f64).sum();
-            close(
-                &format!("{name}: Σ∇{param}"),
-                sum,
-                expected["sum"].as_f64().unwrap(),
-                1e-5,
-                theirs_norm,
-            );
-            for (j, (ours, theirs)) in grad.iter().zip(floats(&expected["head"])).enumerate() {
-                // Each entry relative to the gradient's norm: a small entry of a large gradient carries
-                // only the rounding of the large terms summed into it.
-                close(
-                    &format!("{name}: ∇{param}[{j}]"),
-                    *ours as f64,
-                    theirs,
-                    1e-5,
-                    theirs_norm,
-                );
-            }
+            gradient_matches(name, param, &grad, expected, 1e-6);
         }
         checked += 1;
     }

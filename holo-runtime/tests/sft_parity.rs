@@ -14,6 +14,10 @@ use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::sft::{loss, SftConfig, SftLossType, Tokenizing};
 use serde_json::Value;
 
+mod common;
+
+use common::parity::{close, gradient_matches};
+
 fn fixtures() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sft/cases.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("cases.json")).expect("JSON")
@@ -29,15 +33,6 @@ fn numbers(value: &Value) -> Vec<f64> {
 }
 
 /// `|ours − theirs| ≤ tolerance · max(|theirs|, floor)`, with a message naming what differs.
-fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
-    let bound = tolerance * theirs.abs().max(floor);
-    assert!(
-        (ours - theirs).abs() <= bound,
-        "{what}: ours {ours}, TRL {theirs} (|Δ| {:e} > {bound:e})",
-        (ours - theirs).abs()
-    );
-}
-
 /// The case's options under our names (TRL's).
 fn config(case: &Value) -> SftConfig {
     let c = &case["config"];
@@ -174,35 +169,8 @@ fn tokenization_losses_metrics_and_gradients_match_trl() {
                     .unwrap()
                     .to_vec1::<f32>()
                     .unwrap();
-                let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
-                let theirs_norm = expected["l2_norm"].as_f64().unwrap();
                 let what = format!("{name} (recompute {recompute})");
-                close(
-                    &format!("{what}: ‖∇{param}‖"),
-                    norm,
-                    theirs_norm,
-                    1e-5,
-                    1e-9,
-                );
-                let sum: f64 = grad.iter().map(|g| *g as f64).sum();
-                close(
-                    &format!("{what}: Σ∇{param}"),
-                    sum,
-                    expected["sum"].as_f64().unwrap(),
-                    1e-5,
-                    theirs_norm,
-                );
-                for (j, (ours, theirs)) in grad.iter().zip(numbers(&expected["head"])).enumerate() {
-                    // Each entry relative to the gradient's norm: a small entry of a large gradient
-                    // carries only the rounding of the large terms summed into it.
-                    close(
-                        &format!("{what}: ∇{param}[{j}]"),
-                        *ours as f64,
-                        theirs,
-                        1e-5,
-                        theirs_norm,
-                    );
-                }
+                gradient_matches(&what, param, &grad, expected, 1e-9);
             }
         }
     }

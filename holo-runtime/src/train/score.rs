@@ -113,18 +113,39 @@ pub fn head(
 }
 
 /// Log-probabilities (without gradient) of the trained tokens of `completions` under `model`, one vector
-/// per completion; sequences go through the model `batch` at a time. The arithmetic is the training
-/// forward's, so that ratios against these start at exactly 1.
+/// per completion (its sequences' in order); see [`sequence_logprobs`].
 pub fn logprobs(
     model: &Model,
     completions: &[Completion],
     temperature: f64,
     batch: usize,
 ) -> Result<Vec<Vec<f32>>> {
+    let mut per_sequence =
+        sequence_logprobs(model, &sequences(completions), temperature, batch)?.into_iter();
+    Ok(completions
+        .iter()
+        .map(|completion| {
+            per_sequence
+                .by_ref()
+                .take(completion.sequences.len())
+                .flatten()
+                .collect()
+        })
+        .collect())
+}
+
+/// Log-probabilities (without gradient) of the trained tokens of each sequence under `model`, in order;
+/// sequences go through the model `batch` at a time. The arithmetic is the training forward's, so that
+/// ratios against these start at exactly 1.
+pub fn sequence_logprobs(
+    model: &Model,
+    sequences: &[&Sequence],
+    temperature: f64,
+    batch: usize,
+) -> Result<Vec<Vec<f32>>> {
     let model = model.detached();
     let model = &model;
-    let sequences = sequences(completions);
-    let mut flat = Vec::with_capacity(completions.iter().map(Completion::len).sum());
+    let mut flat = Vec::with_capacity(sequences.iter().map(|s| s.trained.len()).sum());
     for chunk in sequences.chunks(batch.max(1)) {
         let packed = pack(chunk, model.device())?;
         if packed.tokens == 0 {
@@ -134,13 +155,15 @@ pub fn logprobs(
         let scored = head(model, &hidden, &packed, temperature, false)?;
         flat.extend(scored.logprobs.to_dtype(DType::F32)?.to_vec1::<f32>()?);
     }
-    let mut per_completion = Vec::with_capacity(completions.len());
     let mut offset = 0;
-    for completion in completions {
-        per_completion.push(flat[offset..offset + completion.len()].to_vec());
-        offset += completion.len();
-    }
-    Ok(per_completion)
+    Ok(sequences
+        .iter()
+        .map(|sequence| {
+            let values = flat[offset..offset + sequence.trained.len()].to_vec();
+            offset += sequence.trained.len();
+            values
+        })
+        .collect())
 }
 
 fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {

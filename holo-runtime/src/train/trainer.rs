@@ -1,6 +1,7 @@
 //! The training loop: generation batches through the Loom, advantages, micro-batches, optimizer steps,
 //! evaluation, checkpoints and metrics. See the [module documentation](super) for the order of events.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -818,8 +819,14 @@ impl<S: RolloutSource> Trainer<S> {
         buffer: &Buffer,
     ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
         // The first loss's completions, then the second's: each takes its slice of the token tensors.
-        let mut completions = micro.to_vec();
-        completions.sort_by_key(|completion| completion.second_loss);
+        // Only ERL's second loss needs a reordered copy; a plain micro-batch is used as it is.
+        let completions: Cow<'_, [Completion]> = if micro.iter().any(|c| c.second_loss) {
+            let mut sorted = micro.to_vec();
+            sorted.sort_by_key(|completion| completion.second_loss);
+            Cow::Owned(sorted)
+        } else {
+            Cow::Borrowed(micro)
+        };
         let split = completions.partition_point(|completion| !completion.second_loss);
         let (first, second) = completions.split_at(split);
         let first_tokens: usize = first.iter().map(Completion::len).sum();

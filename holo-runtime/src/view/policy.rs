@@ -4,12 +4,12 @@
 
 use crate::local::Model;
 use crate::loom::RolloutRecord;
-use crate::train::batch::{self, Completion};
+use crate::train::batch;
 use crate::train::score;
 
 /// Per rollout, per context: the log-probability under `model` at `temperature` of each trained token of
-/// the context, in order (`None` for a context without trained tokens). Sequences go through the model
-/// `batch` at a time; `progress` is told how many rollouts are done.
+/// the context, in order (`None` for a context without trained tokens). Rollouts go through the model
+/// `batch` at a time; `progress` is told how many are done.
 pub fn logprobs(
     model: &Model,
     records: &[&RolloutRecord],
@@ -18,37 +18,21 @@ pub fn logprobs(
     mut progress: impl FnMut(usize),
 ) -> candle_core::Result<Vec<Vec<Option<Vec<f32>>>>> {
     let mut out = Vec::with_capacity(records.len());
-    for (done, chunk) in records.chunks(batch.max(1)).enumerate() {
-        // One completion per trained context, remembering where it goes.
-        let mut places = Vec::new();
-        let mut completions = Vec::new();
-        for (index, record) in chunk.iter().enumerate() {
-            for (context_index, context) in record.contexts.iter().enumerate() {
-                if let Some(sequence) = batch::sequence(context) {
-                    places.push((index, context_index));
-                    completions.push(Completion {
-                        sequences: vec![sequence],
-                        advantage: 0.0,
-                        mask: 1.0,
-                        truncated: false,
-                        old_logprobs: None,
-                        ref_logprobs: None,
-                        is_ratio: None,
-                        second_loss: false,
-                    });
-                }
-            }
-        }
-        let scored = score::logprobs(model, &completions, temperature, batch)?;
-        let mut rollouts: Vec<Vec<Option<Vec<f32>>>> = chunk
+    for chunk in records.chunks(batch.max(1)) {
+        let rollouts: Vec<Vec<Option<batch::Sequence>>> = chunk
             .iter()
-            .map(|record| vec![None; record.contexts.len()])
+            .map(|record| record.contexts.iter().map(batch::sequence).collect())
             .collect();
-        for ((index, context), values) in places.into_iter().zip(scored) {
-            rollouts[index][context] = Some(values);
-        }
-        out.extend(rollouts);
-        progress((done * batch.max(1) + chunk.len()).min(records.len()));
+        let sequences: Vec<&batch::Sequence> = rollouts.iter().flatten().flatten().collect();
+        let mut scored =
+            score::sequence_logprobs(model, &sequences, temperature, batch)?.into_iter();
+        out.extend(rollouts.iter().map(|contexts| {
+            contexts
+                .iter()
+                .map(|sequence| sequence.as_ref().map(|_| scored.next().unwrap_or_default()))
+                .collect::<Vec<_>>()
+        }));
+        progress(out.len());
     }
     Ok(out)
 }

@@ -5,6 +5,7 @@ pub mod http;
 pub mod json;
 #[cfg(feature = "local")]
 pub mod logits;
+pub mod parity;
 pub mod rollout;
 #[cfg(feature = "local")]
 pub mod student;

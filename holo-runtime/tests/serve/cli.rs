@@ -3,16 +3,13 @@
 
 use super::*;
 
+/// A tiny random model folder written by `holo init-model` into a fresh temporary folder named after
+/// `name`.
 #[cfg(feature = "cli")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holo_serve_cli_serves_a_local_model() {
-    use std::process::Command;
-
-    use holo_runtime::local::{LocalModel, LocalOptions};
-
-    let dir = std::env::temp_dir().join(format!("holo-serve-cli-{}", std::process::id()));
+fn tiny_model(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("holo-serve-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let init = Command::new(env!("CARGO_BIN_EXE_holo"))
+    let init = std::process::Command::new(env!("CARGO_BIN_EXE_holo"))
         .args(["init-model", "--preset", "tiny", dir.to_str().unwrap()])
         .output()
         .unwrap();
@@ -21,6 +18,17 @@ async fn holo_serve_cli_serves_a_local_model() {
         "holo init-model failed:\n{}",
         String::from_utf8_lossy(&init.stderr)
     );
+    dir
+}
+
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_serve_cli_serves_a_local_model() {
+    use std::process::Command;
+
+    use holo_runtime::local::{LocalModel, LocalOptions};
+
+    let dir = tiny_model("cli");
 
     // Usage errors first: a folder that is not a model.
     let missing = Command::new(env!("CARGO_BIN_EXE_holo"))
@@ -277,13 +285,7 @@ async fn holo_serve_recovers_when_it_runs_out_of_file_descriptors() {
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let dir = std::env::temp_dir().join(format!("holo-serve-nofile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let init = Command::new(env!("CARGO_BIN_EXE_holo"))
-        .args(["init-model", "--preset", "tiny", dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(init.status.success());
+    let dir = tiny_model("nofile");
     let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));
     command
         .args(["serve", dir.to_str().unwrap(), "--port", "0"])
