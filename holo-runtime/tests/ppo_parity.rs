@@ -258,3 +258,85 @@ fn losses_and_gradients_match_trl() {
         }
     }
 }
+
+/// A multi-turn rollout is one stream of its trained tokens: the prompt and tool output between turns
+/// (untrained positions inside a context, and other contexts' prompts) are not GAE steps. With γ = λ = 1
+/// and no KL, every trained token's return is the rollout's reward and its advantage (before whitening)
+/// the reward less its value; the reward lands on the last trained token of the last context.
+#[test]
+fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
+    use holo_runtime::train::batch::Completion;
+    use holo_runtime::train::ppo::targets;
+
+    let fixtures = fixtures();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        fixtures["model"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("holo-runtime/"),
+    );
+    let base = load_model(&root, DType::F32, &Device::Cpu).expect("fixture model");
+    let critic = Critic::new(&base, None, None, 5).unwrap();
+    // Turn 1 samples positions 4–5, a tool's output fills 6–8, turn 2 samples 9–10; then a second
+    // trained context (the next prompt) samples 3–4.
+    let first = Sequence {
+        ids: vec![37, 201, 88, 5, 104, 77, 12, 13, 14, 311, 511],
+        trained: vec![4, 5, 9, 10],
+        sampling_logprobs: vec![-1.0; 4],
+    };
+    let second = Sequence {
+        ids: vec![412, 150, 299, 251, 511],
+        trained: vec![3, 4],
+        sampling_logprobs: vec![-1.0; 2],
+    };
+    let completion = |sequences: Vec<Sequence>| Completion {
+        old_logprobs: Some(vec![-1.0; sequences.iter().map(|s| s.trained.len()).sum()]),
+        sequences,
+        advantage: 0.0,
+        mask: 1.0,
+        truncated: false,
+        ref_logprobs: None,
+        is_ratio: None,
+        second_loss: false,
+    };
+    let completions = vec![
+        completion(vec![first.clone(), second.clone()]),
+        completion(vec![second.clone()]),
+    ];
+    let config = GrpoConfig {
+        algorithm: Algorithm::Ppo,
+        gamma: 1.0,
+        lam: 1.0,
+        ..GrpoConfig::default()
+    };
+    let mut metrics = BTreeMap::new();
+    let scores = [2.0, -1.0];
+    let (targets, _) = targets(&critic, &config, &completions, &scores, &mut metrics).unwrap();
+    let values = critic.values(&[&first, &second], 4).unwrap();
+    let expected_values: Vec<f32> = values.concat();
+    assert_eq!(targets[0].values.len(), 6);
+    for (t, (&ours, &alone)) in targets[0].values.iter().zip(&expected_values).enumerate() {
+        assert!((ours - alone).abs() < 1e-6, "value {t}: {ours} vs {alone}");
+    }
+    for (target, score) in targets.iter().zip(scores) {
+        for &ret in &target.returns {
+            assert!((ret - score).abs() < 1e-5, "return {ret}, reward {score}");
+        }
+    }
+    // Whitened over the batch's 8 tokens: the raw advantages are reward − value.
+    let raw: Vec<f64> = targets
+        .iter()
+        .zip(scores)
+        .flat_map(|(t, s)| t.values.iter().map(move |&v| (s - v) as f64))
+        .collect();
+    let mean = raw.iter().sum::<f64>() / raw.len() as f64;
+    let std = (raw.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (raw.len() - 1) as f64).sqrt();
+    let whitened: Vec<f32> = targets
+        .iter()
+        .flat_map(|t| t.advantages.iter().copied())
+        .collect();
+    for (ours, raw) in whitened.iter().zip(&raw) {
+        assert!((*ours as f64 - (raw - mean) / std).abs() < 1e-4);
+    }
+    assert_eq!(metrics["objective/scores"], 0.5);
+}

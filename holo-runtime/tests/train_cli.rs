@@ -313,6 +313,92 @@ fn the_run_learns_what_its_reward_asks() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// PPO's value model is in the checkpoints with its optimizer moments: the resumed run repeats the
+/// uninterrupted one.
+#[test]
+fn a_ppo_run_killed_at_any_moment_resumes_to_the_same_metrics() {
+    let metrics = killed_and_resumed(
+        "kill-ppo",
+        "short.hol",
+        "rows.jsonl",
+        12,
+        &[
+            "--algorithm",
+            "ppo",
+            "--num-iterations",
+            "1",
+            "--num-mini-batches",
+            "2",
+            "--num-ppo-epochs",
+            "2",
+            "--kl-coef",
+            "0.05",
+        ],
+    );
+    for key in [
+        "loss/value_avg",
+        "val/clipfrac_avg",
+        "objective/kl",
+        "policy/approxkl_avg",
+    ] {
+        assert!(metrics.iter().all(|m| m.get(key).is_some()), "no {key}");
+    }
+}
+
+#[test]
+fn a_ppo_run_learns_what_its_reward_asks() {
+    // As GRPO's test above: the value model's baseline is what PPO learns against.
+    let dir = scratch("learn-ppo");
+    let out = dir.join("run");
+    let mut args = train_args(&out, 30);
+    args.extend(
+        [
+            "--algorithm",
+            "ppo",
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "8",
+            "--gradient-accumulation-steps",
+            "1",
+            "--num-mini-batches",
+            "2",
+            "--num-iterations",
+            "1",
+            "--learning-rate",
+            "0.003",
+            "--save-steps",
+            "100",
+            "--seed",
+            "3",
+        ]
+        .map(String::from),
+    );
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    let metrics = metrics(&out);
+    let series = |key: &str| -> Vec<f64> {
+        metrics
+            .iter()
+            .filter_map(|m| m.get(key).and_then(serde_json::Value::as_f64))
+            .collect()
+    };
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+    let rewards = series("reward");
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[rewards.len() - 5..]));
+    assert!(
+        last > first + 0.03,
+        "mean reward of the first 5 steps {first}, of the last 5 {last}: {rewards:?}"
+    );
+    let value_loss = series("loss/value_avg");
+    assert!(
+        mean(&value_loss[value_loss.len() - 5..]) < mean(&value_loss[..5]),
+        "the value model did not learn: {value_loss:?}"
+    );
+    assert!(out.join("checkpoint-30/value_model.safetensors").is_file());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn stderr_of(args: &[String]) -> (i32, String) {
     let output = run(args);
     (
@@ -369,6 +455,40 @@ fn bad_options_fail_before_any_work_naming_the_key() {
         stderr.contains("--rollback-lr-factor") && stderr.contains("rollback_lr_factor"),
         "{stderr}"
     );
+
+    // PPO's options: its own, and GRPO's that it replaces.
+    for (extra, key) in [
+        (vec!["--algorithm", "ppx"], "grpo, ppo"),
+        (vec!["--algorithm", "ppo"], "num_iterations"),
+        (
+            vec![
+                "--algorithm",
+                "ppo",
+                "--num-iterations",
+                "1",
+                "--lam",
+                "1.5",
+            ],
+            "lam",
+        ),
+        (
+            vec![
+                "--algorithm",
+                "ppo",
+                "--num-iterations",
+                "1",
+                "--steps-per-generation",
+                "3",
+            ],
+            "steps_per_generation",
+        ),
+    ] {
+        let mut args = train_args(&out, 2);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (code, stderr) = stderr_of(&args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(key), "{extra:?}: {stderr}");
+    }
 
     // The rows have no `level`: refused naming the row and the column.
     let mut args = train_args(&out, 2);

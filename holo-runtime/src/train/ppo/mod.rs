@@ -184,13 +184,16 @@ pub(crate) struct Outcome {
     pub metrics: BTreeMap<String, f64>,
 }
 
-/// A rollout's trained tokens as PPO sees them.
-struct Targets {
-    valid: bool,
-    old_logprobs: Vec<f32>,
-    values: Vec<f32>,
-    advantages: Vec<f32>,
-    returns: Vec<f32>,
+/// A rollout's trained tokens as PPO's losses see them, one entry per token in order.
+pub struct Targets {
+    /// Whether its tokens are trained (not failed, not masked as truncated, not empty).
+    pub valid: bool,
+    pub old_logprobs: Vec<f32>,
+    /// The value model's values at sampling.
+    pub values: Vec<f32>,
+    /// Whitened over the batch (0 where not `valid`).
+    pub advantages: Vec<f32>,
+    pub returns: Vec<f32>,
 }
 
 /// One PPO update on `buffer` (its completions with their sampling and reference log-probabilities,
@@ -212,8 +215,7 @@ pub(crate) fn update(
         .expect("a PPO run's Trainable has a value model");
     critic.model.set_dropout_seed(0);
     let mut metrics = BTreeMap::new();
-    let (targets, penalties) =
-        advantages(critic, config, completions, &buffer.scores, &mut metrics)?;
+    let (targets, penalties) = targets(critic, config, completions, &buffer.scores, &mut metrics)?;
 
     let accumulation = config.gradient_accumulation_steps;
     let (mut losses, mut norms, mut learning_rate) = (Vec::new(), Vec::new(), 0.0);
@@ -271,8 +273,9 @@ pub(crate) fn update(
 }
 
 /// Each completion's values, per-token rewards, advantages and returns (steps 4–6 of TRL's update),
-/// and the `objective/*` metrics; also how many rewards `missing_eos_penalty` lowered.
-fn advantages(
+/// from its sampling and reference log-probabilities and its reward in `scores`; the `objective/*`
+/// metrics go to `metrics`. Also returns how many rewards `missing_eos_penalty` lowered.
+pub fn targets(
     critic: &Critic,
     config: &GrpoConfig,
     completions: &[Completion],
