@@ -340,3 +340,81 @@ fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
     }
     assert_eq!(metrics["objective/scores"], 0.5);
 }
+
+/// `value_model` names a folder: a Hugging Face sequence classifier's `score` head is kept (a causal LM
+/// gets a new one), and a folder whose vocabulary is not the policy's is refused.
+#[test]
+fn a_value_model_folder_keeps_its_score_head() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
+    let base = load_model(&source, DType::F32, &Device::Cpu).expect("fixture model");
+    let folder = std::env::temp_dir().join(format!("holo-value-model-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).unwrap();
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, folder.join(path.file_name().unwrap())).unwrap();
+    }
+    let weights = folder.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
+    let hidden = base.config.hidden_size;
+    let head: Vec<f32> = (0..hidden).map(|i| i as f32 / 100.0).collect();
+    tensors.insert(
+        HEAD.to_string(),
+        Tensor::from_vec(head.clone(), (1, hidden), &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+
+    let config = GrpoConfig {
+        algorithm: Algorithm::Ppo,
+        value_model: Some(folder.display().to_string()),
+        ..GrpoConfig::default()
+    };
+    let critic = holo_runtime::train::ppo::critic(&base, &config).unwrap();
+    let kept = critic
+        .head
+        .as_tensor()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(kept, head);
+    let fresh = holo_runtime::train::ppo::critic(
+        &base,
+        &GrpoConfig {
+            value_model: None,
+            ..config.clone()
+        },
+    )
+    .unwrap();
+    assert_ne!(
+        fresh
+            .head
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap(),
+        head
+    );
+
+    // Another vocabulary: refused, naming the key.
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+            .unwrap();
+    json["vocab_size"] = 256.into();
+    std::fs::write(folder.join("config.json"), json.to_string()).unwrap();
+    tensors.insert(
+        "model.embed_tokens.weight".into(),
+        Tensor::zeros((256, hidden), DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, &weights).unwrap();
+    let error = holo_runtime::train::ppo::critic(&base, &config)
+        .err()
+        .expect("a vocabulary of 256 is refused")
+        .to_string();
+    assert!(
+        error.contains("`value_model`") && error.contains("256"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(folder).unwrap();
+}
