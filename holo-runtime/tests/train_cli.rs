@@ -399,6 +399,70 @@ fn a_ppo_run_learns_what_its_reward_asks() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A run killed right after a rollback (the event written, the later checkpoints and records cut back)
+/// resumes to the same end: it repeats the steps from the restored checkpoint, trips again where the
+/// uninterrupted run did, and writes the same rollback events (their abandoned steps' timings aside).
+#[test]
+fn a_run_killed_right_after_a_rollback_resumes_to_the_same_rollbacks() {
+    let dir = scratch("kill-rollback");
+    let args_for = |out: &Path| {
+        let mut args = train_args(out, 8);
+        args.extend(["--rollback-kl", "0.02", "--max-rollbacks", "2"].map(String::from));
+        args
+    };
+    let events = |out: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(out.join("rollbacks.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+                for step in event["abandoned"].as_array_mut().unwrap() {
+                    step.as_object_mut().unwrap().remove("step_time");
+                }
+                event
+            })
+            .collect()
+    };
+    let whole = dir.join("whole");
+    let (code, stderr) = stderr_of(&args_for(&whole));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("after 2 rollbacks (max_rollbacks)"),
+        "{stderr}"
+    );
+    assert_eq!(events(&whole).len(), 3);
+
+    let killed = dir.join("killed");
+    let args = args_for(&killed);
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = holo_command(&args_ref)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut rolled_back = false;
+    for line in stderr.lines() {
+        if line.unwrap().starts_with("rollback 1 of 2") {
+            child.kill().unwrap();
+            rolled_back = true;
+            break;
+        }
+    }
+    child.wait().unwrap();
+    assert!(rolled_back, "the run ended before its first rollback");
+    // Killed somewhere after it: before its next step, or in it (its next trip is two steps away).
+    assert!(!events(&killed).is_empty());
+
+    let mut resumed = args_for(&killed);
+    resumed.push("--resume".into());
+    let (code, stderr) = stderr_of(&resumed);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(events(&killed), events(&whole));
+    assert_eq!(metrics(&killed), metrics(&whole));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn stderr_of(args: &[String]) -> (i32, String) {
     let output = run(args);
     (
