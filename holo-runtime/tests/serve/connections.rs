@@ -265,3 +265,60 @@ async fn metrics_is_prometheus_text_and_counts_requests_and_tokens() {
     assert_eq!(after["holo_request_duration_seconds_count"], 3.0);
     assert!(after["holo_request_duration_seconds_sum"] > 0.0);
 }
+
+/// A client that stops reading its streamed answer (its receive buffer and the server's send buffer
+/// full) is disconnected once a write has waited `timeout`: its sample is cancelled, and the server
+/// goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_disconnected_and_its_sample_cancelled() {
+    // Each choice's first chunk carries the prompt's 20,000 token ids: 128 of them are megabytes more
+    // than the two sockets' buffers hold, while the sampler is still at work (128 × 32 tokens, 5 ms
+    // each).
+    let f = start_echo(
+        Echo::streaming(Duration::from_millis(5)),
+        short_timeouts(),
+        None,
+    )
+    .await;
+    let prompt = "word ".repeat(20_000);
+    let body =
+        json!({"prompt": prompt, "n": 128, "return_token_ids": true, "stream": true}).to_string();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(f.server.local_addr()).await.unwrap();
+    stalled
+        .write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // Nothing is read from `stalled` from here on.
+    let deadline = std::time::Instant::now() + BOUND;
+    while f.echo.cancelled.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stalled client's sample was never cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let health = f
+        .client
+        .get(format!("{}/health", f.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // What reached the client is a cut stream: the server closed it before the end.
+    let received = tokio::time::timeout(BOUND, async {
+        let mut received = Vec::new();
+        let _ = stalled.read_to_end(&mut received).await;
+        received
+    })
+    .await
+    .expect("the server closed the stalled connection");
+    assert!(!String::from_utf8_lossy(&received).contains("[DONE]"));
+}
