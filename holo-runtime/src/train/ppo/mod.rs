@@ -5,7 +5,7 @@
 //! 1. **Generation**: `generation_batch_size = per_device_train_batch_size × gradient_accumulation_steps ×
 //!    num_mini_batches` rollouts (`num_generations` per row; 1 is usual) through the Loom, as GRPO's,
 //!    with the sampling policy's log-probabilities, the reference's (when `kl_coef` ≠ 0) and the value
-//!    model's values of every trained token ([`critic`]).
+//!    model's values of every trained token ([`critic()`], [`critic::Critic`]).
 //! 2. **Advantages** ([`gae`]): per-token rewards (`−kl_coef · KL`, and the rollout's reward on its last
 //!    trained token, less `missing_eos_penalty` when it ran out of tokens), optionally whitened, GAE with
 //!    `gamma` and `lam` over the rollout's trained tokens (tool output between turns is skipped, not
