@@ -94,7 +94,9 @@ pub fn run(args: AtroposEnvArgs) -> ExitCode {
     };
     if let Some(share) = args.min_batch_allocation {
         if !(0.0..=1.0).contains(&share) {
-            return usage(format!("--min-batch-allocation {share}: must be from 0 to 1"));
+            return usage(format!(
+                "--min-batch-allocation {share}: must be from 0 to 1"
+            ));
         }
     }
     let holophore = match Holophore::from_dir(&args.model) {

@@ -88,9 +88,7 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         (_, Some(_), true) => {
             return usage("--data: not with --rollouts atropos (the environments decide the data)")
         }
-        (_, _, false) if args.api.is_some() => {
-            return usage("--api: only with --rollouts atropos")
-        }
+        (_, _, false) if args.api.is_some() => return usage("--api: only with --rollouts atropos"),
         (None, _, true) if args.eval_data.is_some() => {
             return usage("--eval-data: needs FILE, the holoware to evaluate on")
         }
@@ -160,7 +158,17 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         progress: true,
     };
     let Some(holoware) = holoware else {
-        return train(NoHoloware, policy, config, options, provenance, feed, &args, &rows, &[]);
+        return train(
+            NoHoloware,
+            policy,
+            config,
+            options,
+            provenance,
+            feed,
+            &args,
+            &rows,
+            &[],
+        );
     };
     let mut resources = crate::resources();
     resources.insert(ToolStats::default());
@@ -182,7 +190,9 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         holoware: Arc::clone(&holoware),
         resources,
     };
-    train(source, policy, config, options, provenance, feed, &args, &rows, &eval_rows)
+    train(
+        source, policy, config, options, provenance, feed, &args, &rows, &eval_rows,
+    )
 }
 
 /// The run, its report and its plots.

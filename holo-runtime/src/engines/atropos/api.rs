@@ -266,7 +266,10 @@ impl fmt::Display for ApiError {
                 url,
                 status,
                 message,
-            } => write!(f, "the Atropos API at {url} answered HTTP {status}: {message}"),
+            } => write!(
+                f,
+                "the Atropos API at {url} answered HTTP {status}: {message}"
+            ),
             ApiError::Malformed { url, message } => {
                 write!(f, "the Atropos API at {url} answered {message}")
             }
@@ -295,8 +298,8 @@ impl Api {
     /// A client of the API at `url` (`http(s)://host:port`). The API is reached directly, never
     /// through the environment's proxies.
     pub fn new(url: &str, retry: Retry) -> Result<Api, String> {
-        let parsed = reqwest::Url::parse(url)
-            .map_err(|error| format!("`{url}` is not a URL: {error}"))?;
+        let parsed =
+            reqwest::Url::parse(url).map_err(|error| format!("`{url}` is not a URL: {error}"))?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
             return Err(format!("`{url}` is not an http(s)://host:port URL"));
         }
@@ -378,10 +381,13 @@ impl Api {
                 request = request.header(CONTENT_ENCODING, "gzip");
             }
         }
-        let response = request.send().await.map_err(|error| ApiError::Unreachable {
-            url: url.to_string(),
-            message: chain(&error),
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|error| ApiError::Unreachable {
+                url: url.to_string(),
+                message: chain(&error),
+            })?;
         let status = response.status();
         let text = response
             .text()
@@ -410,7 +416,10 @@ impl Api {
             .base_delay
             .saturating_mul(1u32 << k.min(20))
             .min(self.retry.max_delay);
-        let draw = crate::loom::mix(self.jitter.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed));
+        let draw = crate::loom::mix(
+            self.jitter
+                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed),
+        );
         cap.mul_f64((draw >> 11) as f64 / (1u64 << 53) as f64)
     }
 }
@@ -486,10 +495,9 @@ mod tests {
     fn a_bad_field_is_named() {
         let missing = ScoredData::from_json(&json!({"tokens": [[1]], "masks": [[1]]}));
         assert_eq!(missing.unwrap_err(), "`scores` is missing");
-        let wrong = ScoredData::from_json(
-            &json!({"tokens": [[1]], "masks": [["x"]], "scores": [1.0]}),
-        )
-        .unwrap_err();
+        let wrong =
+            ScoredData::from_json(&json!({"tokens": [[1]], "masks": [["x"]], "scores": [1.0]}))
+                .unwrap_err();
         assert!(wrong.starts_with("`masks`: invalid type"), "{wrong}");
         let null = ScoredData::from_json(
             &json!({"tokens": [[1]], "masks": [[1]], "scores": [1.0], "advantages": null}),

@@ -85,7 +85,8 @@ impl AtroposFeed {
         run_dir: &Path,
         options: FeedOptions,
     ) -> Result<AtroposFeed, String> {
-        let api = Api::new(url, options.retry.clone()).map_err(|message| format!("--api: {message}"))?;
+        let api =
+            Api::new(url, options.retry.clone()).map_err(|message| format!("--api: {message}"))?;
         if config.max_steps <= 0 {
             return Err(
                 "`max_steps`: --rollouts atropos needs it (the environments decide the data, so there are no epochs to count)".into(),
@@ -132,8 +133,7 @@ impl AtroposFeed {
             match self.api.post("/register", &body).await {
                 Ok(answer) => break answer,
                 Err(error)
-                    if error.is_transient()
-                        && deadline.is_some_and(|end| Instant::now() < end) =>
+                    if error.is_transient() && deadline.is_some_and(|end| Instant::now() < end) =>
                 {
                     tokio::time::sleep(self.options.poll).await;
                 }
@@ -197,10 +197,8 @@ impl AtroposFeed {
             match answer.get("batch") {
                 Some(Value::Array(items)) => {
                     let mut fed = self.batch(items, step)?;
-                    fed.metrics.insert(
-                        "atropos/wait_time".into(),
-                        started.elapsed().as_secs_f64(),
-                    );
+                    fed.metrics
+                        .insert("atropos/wait_time".into(), started.elapsed().as_secs_f64());
                     return Ok(fed);
                 }
                 Some(Value::Null) => tokio::time::sleep(self.options.poll).await,
@@ -217,11 +215,13 @@ impl AtroposFeed {
     /// A `/batch` as the trainer's records, written to `RUN_DIR/rollouts.jsonl`.
     fn batch(&mut self, items: &[Value], step: u64) -> Result<Fed, TrainError> {
         let url = format!("{}/batch", self.api.url());
-        let malformed =
-            |group: usize, message: String| TrainError::Source(format!("{url}: group {group}: {message}"));
+        let malformed = |group: usize, message: String| {
+            TrainError::Source(format!("{url}: group {group}: {message}"))
+        };
         let mut fed = Fed::default();
         for (index, item) in items.iter().enumerate() {
-            let scored = ScoredData::from_json(item).map_err(|message| malformed(index, message))?;
+            let scored =
+                ScoredData::from_json(item).map_err(|message| malformed(index, message))?;
             if scored.len() != self.group {
                 return Err(malformed(
                     index,
@@ -491,7 +491,10 @@ mod tests {
             tokens: vec![vec![5, 6, 7, 8], vec![5, 6, 9, 3]],
             masks: vec![vec![-100, -100, 7, 8], vec![-100, -100, 9, 3]],
             scores: vec![1.0, 0.0],
-            inference_logprobs: Some(vec![vec![1.0, 1.0, -0.5, -0.25], vec![1.0, 1.0, -2.0, -0.1]]),
+            inference_logprobs: Some(vec![
+                vec![1.0, 1.0, -0.5, -0.25],
+                vec![1.0, 1.0, -2.0, -0.1],
+            ]),
             env_id: Some(3),
             ..ScoredData::default()
         }
@@ -533,15 +536,30 @@ mod tests {
     #[test]
     fn malformed_groups_name_the_field() {
         let cases: [(fn(&mut ScoredData), &str); 6] = [
-            (|s| drop(s.scores.pop()), "`scores` has 1 entries for 2 sequences"),
-            (|s| s.masks[1].push(-100), "`masks[1]` has 5 entries, `tokens[1]` 4"),
-            (|s| s.masks[0][2] = 9, "`masks[0][2]` = 9 is neither -100 nor its token (7)"),
-            (|s| s.tokens[1][0] = 16, "`tokens[1][0]` = 16 is not a token of the model's vocabulary of 16"),
+            (
+                |s| drop(s.scores.pop()),
+                "`scores` has 1 entries for 2 sequences (`tokens`)",
+            ),
+            (
+                |s| s.masks[1].push(-100),
+                "`masks[1]` has 5 entries, `tokens[1]` 4",
+            ),
+            (
+                |s| s.masks[0][2] = 9,
+                "`masks[0][2]` = 9 is neither -100 nor its token (7)",
+            ),
+            (
+                |s| s.tokens[1][0] = 16,
+                "`tokens[1][0]` = 16 is not a token of the model's vocabulary of 16",
+            ),
             (
                 |s| drop(s.inference_logprobs.as_mut().unwrap()[0].pop()),
                 "`inference_logprobs[0]` has 3 entries, `tokens[0]` 4",
             ),
-            (|s| s.tokens[0].extend([1; 5]), "`tokens[0]` has 9 tokens; the model's context is 8"),
+            (
+                |s| s.tokens[0].extend([1; 5]),
+                "`tokens[0]` has 9 tokens; the model's context is 8",
+            ),
         ];
         for (break_it, expected) in cases {
             let mut scored = group();

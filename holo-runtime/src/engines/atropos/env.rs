@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::api::{
-    reply, Api, ApiError, EnvRegistered, EnvStatus, Info, Object, RegisterEnv, ScoredData,
-    MASKED, MASKED_LOGPROB,
+    reply, Api, ApiError, EnvRegistered, EnvStatus, Info, Object, RegisterEnv, ScoredData, MASKED,
+    MASKED_LOGPROB,
 };
 use crate::holophore::Holophore;
 use crate::interpreter::{Holoware, Row};
@@ -355,11 +355,7 @@ async fn register(
 }
 
 /// Registers again after the API failed with `error`, waiting at most `reconnect_timeout` for it.
-async fn reconnect(
-    api: &Api,
-    options: &EnvOptions,
-    error: ApiError,
-) -> Result<Session, EnvError> {
+async fn reconnect(api: &Api, options: &EnvOptions, error: ApiError) -> Result<Session, EnvError> {
     eprintln!("{error}; registering again once it is back");
     let deadline = Instant::now() + options.reconnect_timeout;
     match register(api, options, Some(deadline)).await {
@@ -525,8 +521,11 @@ pub fn scored_group(records: &[RolloutRecord], temperature: f64) -> Result<Score
                 .messages
                 .iter()
                 .map(|message| {
-                    let content: String =
-                        message.parts.iter().map(|part| part.text.as_str()).collect();
+                    let content: String = message
+                        .parts
+                        .iter()
+                        .map(|part| part.text.as_str())
+                        .collect();
                     Object::from_iter([
                         ("role".to_string(), json!(message.role)),
                         ("content".to_string(), json!(content)),
@@ -542,7 +541,11 @@ pub fn scored_group(records: &[RolloutRecord], temperature: f64) -> Result<Score
 /// Whether `BaseEnv` would post the group: no failed rollout, scores that differ (unless
 /// `keep_equal_scores`), and every sequence shorter than the trainer's `max_token_len` (when it has
 /// one, > 0).
-pub fn keep(scored: &ScoredData, keep_equal_scores: bool, max_token_len: i64) -> Result<(), Dropped> {
+pub fn keep(
+    scored: &ScoredData,
+    keep_equal_scores: bool,
+    max_token_len: i64,
+) -> Result<(), Dropped> {
     if scored.scores.iter().any(|score| score.is_nan()) {
         return Err(Dropped::Failed);
     }
@@ -634,7 +637,10 @@ mod tests {
         let messages = scored.messages.as_ref().unwrap();
         assert_eq!(messages[0][1]["role"], "assistant");
         assert_eq!(messages[0][1]["content"], "ab");
-        assert_eq!(scored.generation_params.as_ref().unwrap()["temperature"], 0.7);
+        assert_eq!(
+            scored.generation_params.as_ref().unwrap()["temperature"],
+            0.7
+        );
         assert_eq!(keep(&scored, false, 64), Ok(()));
         assert_eq!(keep(&scored, false, 6), Err(Dropped::TooLong(6)));
     }
@@ -655,10 +661,11 @@ mod tests {
     fn failed_rollouts_drop_the_group_and_several_contexts_are_refused() {
         let mut failed = record(1, 0.0, vec![]);
         failed.error = Some(Failure {
-            stage: Stage::Sample,
+            stage: Stage::Sampler,
             message: "down".into(),
         });
-        let scored = scored_group(&[record(0, 1.0, vec![context([-1.0; 3])]), failed], 1.0).unwrap();
+        let scored =
+            scored_group(&[record(0, 1.0, vec![context([-1.0; 3])]), failed], 1.0).unwrap();
         assert_eq!(keep(&scored, false, 0), Err(Dropped::Failed));
         let two = record(0, 1.0, vec![context([-1.0; 3]), context([-1.0; 3])]);
         let error = scored_group(&[two], 1.0).unwrap_err();
