@@ -113,7 +113,7 @@ impl AtroposFeed {
                 checkpoint_dir: run_dir.display().to_string(),
                 save_checkpoint_interval: config.save_steps as i64,
                 starting_step: 0,
-                num_steps: config.max_steps as i64,
+                num_steps: config.max_steps,
             },
             options,
             registered: false,
@@ -535,9 +535,12 @@ mod tests {
 
     #[test]
     fn malformed_groups_name_the_field() {
-        let cases: [(fn(&mut ScoredData), &str); 6] = [
+        type Break = fn(&mut ScoredData);
+        let cases: [(Break, &str); 6] = [
             (
-                |s| drop(s.scores.pop()),
+                |s| {
+                    s.scores.pop();
+                },
                 "`scores` has 1 entries for 2 sequences (`tokens`)",
             ),
             (
@@ -553,7 +556,9 @@ mod tests {
                 "`tokens[1][0]` = 16 is not a token of the model's vocabulary of 16",
             ),
             (
-                |s| drop(s.inference_logprobs.as_mut().unwrap()[0].pop()),
+                |s| {
+                    s.inference_logprobs.as_mut().unwrap()[0].pop();
+                },
                 "`inference_logprobs[0]` has 3 entries, `tokens[0]` 4",
             ),
             (

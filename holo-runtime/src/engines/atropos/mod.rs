@@ -1,4 +1,4 @@
-//! Atropos, both ways: a Holoware environment that feeds any Atropos trainer ([`env`], `holo
+//! Atropos, both ways: a Holoware environment that feeds any Atropos trainer ([`env`](mod@env), `holo
 //! atropos-env`), and `holo train` fed by any Atropos environment (`batch`, `holo train --rollouts
 //! atropos`).
 //!
