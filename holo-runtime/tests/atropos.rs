@@ -452,7 +452,7 @@ fn a_holoware_environment_feeds_holo_train_through_run_api() {
         .find_map(|line| line.split(" groups posted").next()?.parse().ok())
         .unwrap_or_else(|| panic!("{env_log}"));
     assert!(posted >= 4, "{env_log}");
-    eprintln!("{env_log}{train_log}");
+    eprintln!("{env_log}{train_log}sampling/sampling_logp_difference/max by step: {difference:?}");
     let _ = std::fs::remove_dir_all(model);
 }
 

@@ -331,24 +331,34 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, ApiError> {
-        self.request(Method::GET, path, None).await
+        self.request(Method::GET, path, None, true).await
     }
 
     /// A GET with a JSON body, as `/status-env` takes its `env_id`.
     pub async fn get_with_body(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
-        self.request(Method::GET, path, Some(body)).await
+        self.request(Method::GET, path, Some(body), true).await
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
-        self.request(Method::POST, path, Some(body)).await
+        self.request(Method::POST, path, Some(body), true).await
     }
 
-    /// A request and its JSON reply, with the retries of the [module documentation](self).
+    /// A POST only a registered client may make (`/scored_data`): tried again after an HTTP 5xx, but
+    /// not after a failed connection. The API that answers next may be a restarted one, to register
+    /// with again first: `atroposlib` 0.4.0 sets a trainer's state up only while the API has no queue,
+    /// so a group posted to a restarted API before its trainer registers leaves it unusable.
+    pub async fn post_registered(&self, path: &str, body: &Value) -> Result<Value, ApiError> {
+        self.request(Method::POST, path, Some(body), false).await
+    }
+
+    /// A request and its JSON reply, with the retries of the [module documentation](self); after a
+    /// failed connection only when `reconnect`.
     async fn request(
         &self,
         method: Method,
         path: &str,
         body: Option<&Value>,
+        reconnect: bool,
     ) -> Result<Value, ApiError> {
         let url = format!("{}{path}", self.base);
         let encoded = body.map(encode);
@@ -359,7 +369,11 @@ impl Api {
                 Err(error) => error,
             };
             attempt += 1;
-            if !error.is_transient() || attempt >= self.retry.attempts {
+            let unreachable = matches!(error, ApiError::Unreachable { .. });
+            if !error.is_transient()
+                || attempt >= self.retry.attempts
+                || (unreachable && !reconnect)
+            {
                 return Err(error);
             }
             tokio::time::sleep(self.wait(attempt - 1)).await;

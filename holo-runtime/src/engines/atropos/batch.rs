@@ -147,6 +147,12 @@ impl AtroposFeed {
             });
         }
         let info: Info = reply(&self.api, "/info", self.api.get("/info").await?)?;
+        if info.batch_size < 0 {
+            return Err(ApiError::Malformed {
+                url: format!("{}/info", self.api.url()),
+                message: "no batch size after /register: the API took data before any trainer registered (atroposlib sets a trainer up only while its queue is missing); restart it".into(),
+            });
+        }
         if info.batch_size != self.registration.batch_size {
             return Err(ApiError::Malformed {
                 url: format!("{}/info", self.api.url()),

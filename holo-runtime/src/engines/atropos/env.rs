@@ -195,25 +195,9 @@ pub async fn run(
     let mut pending: VecDeque<ScoredData> = VecDeque::new();
     let mut next_item = 0usize;
     let group = options.group_size as i64;
-    'rounds: loop {
-        while let Some(scored) = pending.front_mut() {
-            scored.env_id = Some(session.env_id);
-            let body = serde_json::to_value(&*scored).expect("scored data serializes");
-            match api.post("/scored_data", &body).await {
-                Ok(_) => {
-                    score_sum.0 += scored.scores.iter().sum::<f64>();
-                    score_sum.1 += scored.scores.len();
-                    summary.posted += 1;
-                    pending.pop_front();
-                }
-                Err(error) if error.is_transient() => {
-                    session = reconnect(api, options, error).await?;
-                    summary.reregistrations += 1;
-                    continue 'rounds;
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
+    loop {
+        // The status first: it fails on a restarted API, which must be registered with again before
+        // it takes a group (see `Api::post_registered`).
         let status: EnvStatus = match api
             .get_with_body("/status-env", &json!({"env_id": session.env_id}))
             .await
@@ -227,6 +211,28 @@ pub async fn run(
             }
             Err(error) => return Err(error.into()),
         };
+        if !pending.is_empty() {
+            while let Some(scored) = pending.front_mut() {
+                scored.env_id = Some(session.env_id);
+                let body = serde_json::to_value(&*scored).expect("scored data serializes");
+                match api.post_registered("/scored_data", &body).await {
+                    Ok(_) => {
+                        score_sum.0 += scored.scores.iter().sum::<f64>();
+                        score_sum.1 += scored.scores.len();
+                        summary.posted += 1;
+                        pending.pop_front();
+                    }
+                    Err(error) if error.is_transient() => {
+                        session = reconnect(api, options, error).await?;
+                        summary.reregistrations += 1;
+                        break;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            // The queue grew: look at it again before deciding.
+            continue;
+        }
         let batch = session.batch_size;
         if status.current_step + status.queue_size * group / batch > session.total_steps {
             break;
