@@ -313,6 +313,156 @@ fn the_run_learns_what_its_reward_asks() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// PPO's value model is in the checkpoints with its optimizer moments: the resumed run repeats the
+/// uninterrupted one.
+#[test]
+fn a_ppo_run_killed_at_any_moment_resumes_to_the_same_metrics() {
+    let metrics = killed_and_resumed(
+        "kill-ppo",
+        "short.hol",
+        "rows.jsonl",
+        12,
+        &[
+            "--algorithm",
+            "ppo",
+            "--num-iterations",
+            "1",
+            "--num-mini-batches",
+            "2",
+            "--num-ppo-epochs",
+            "2",
+            "--kl-coef",
+            "0.05",
+        ],
+    );
+    for key in [
+        "loss/value_avg",
+        "val/clipfrac_avg",
+        "objective/kl",
+        "policy/approxkl_avg",
+    ] {
+        assert!(metrics.iter().all(|m| m.get(key).is_some()), "no {key}");
+    }
+}
+
+#[test]
+fn a_ppo_run_learns_what_its_reward_asks() {
+    // As GRPO's test above: the value model's baseline is what PPO learns against.
+    let dir = scratch("learn-ppo");
+    let out = dir.join("run");
+    let mut args = train_args(&out, 30);
+    args.extend(
+        [
+            "--algorithm",
+            "ppo",
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "8",
+            "--gradient-accumulation-steps",
+            "1",
+            "--num-mini-batches",
+            "2",
+            "--num-iterations",
+            "1",
+            "--learning-rate",
+            "0.003",
+            "--save-steps",
+            "100",
+            "--seed",
+            "3",
+        ]
+        .map(String::from),
+    );
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    let metrics = metrics(&out);
+    let series = |key: &str| -> Vec<f64> {
+        metrics
+            .iter()
+            .filter_map(|m| m.get(key).and_then(serde_json::Value::as_f64))
+            .collect()
+    };
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+    let rewards = series("reward");
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[rewards.len() - 5..]));
+    assert!(
+        last > first + 0.03,
+        "mean reward of the first 5 steps {first}, of the last 5 {last}: {rewards:?}"
+    );
+    let value_loss = series("loss/value_avg");
+    assert!(
+        mean(&value_loss[value_loss.len() - 5..]) < mean(&value_loss[..5]),
+        "the value model did not learn: {value_loss:?}"
+    );
+    assert!(out.join("checkpoint-30/value_model.safetensors").is_file());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A run killed right after a rollback (the event written, the later checkpoints and records cut back)
+/// resumes to the same end: it repeats the steps from the restored checkpoint, trips again where the
+/// uninterrupted run did, and writes the same rollback events (their abandoned steps' timings aside).
+#[test]
+fn a_run_killed_right_after_a_rollback_resumes_to_the_same_rollbacks() {
+    let dir = scratch("kill-rollback");
+    let args_for = |out: &Path| {
+        let mut args = train_args(out, 8);
+        args.extend(["--rollback-kl", "0.02", "--max-rollbacks", "2"].map(String::from));
+        args
+    };
+    let events = |out: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(out.join("rollbacks.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+                for step in event["abandoned"].as_array_mut().unwrap() {
+                    step.as_object_mut().unwrap().remove("step_time");
+                }
+                event
+            })
+            .collect()
+    };
+    let whole = dir.join("whole");
+    let (code, stderr) = stderr_of(&args_for(&whole));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("after 2 rollbacks (max_rollbacks)"),
+        "{stderr}"
+    );
+    assert_eq!(events(&whole).len(), 3);
+
+    let killed = dir.join("killed");
+    let args = args_for(&killed);
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = holo_command(&args_ref)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut rolled_back = false;
+    for line in stderr.lines() {
+        if line.unwrap().starts_with("rollback 1 of 2") {
+            child.kill().unwrap();
+            rolled_back = true;
+            break;
+        }
+    }
+    child.wait().unwrap();
+    assert!(rolled_back, "the run ended before its first rollback");
+    // Killed somewhere after it: before its next step, or in it (its next trip is two steps away).
+    assert!(!events(&killed).is_empty());
+
+    let mut resumed = args_for(&killed);
+    resumed.push("--resume".into());
+    let (code, stderr) = stderr_of(&resumed);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(events(&killed), events(&whole));
+    assert_eq!(metrics(&killed), metrics(&whole));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn stderr_of(args: &[String]) -> (i32, String) {
     let output = run(args);
     (
@@ -369,6 +519,40 @@ fn bad_options_fail_before_any_work_naming_the_key() {
         stderr.contains("--rollback-lr-factor") && stderr.contains("rollback_lr_factor"),
         "{stderr}"
     );
+
+    // PPO's options: its own, and GRPO's that it replaces.
+    for (extra, key) in [
+        (vec!["--algorithm", "ppx"], "grpo, ppo"),
+        (vec!["--algorithm", "ppo"], "num_iterations"),
+        (
+            vec![
+                "--algorithm",
+                "ppo",
+                "--num-iterations",
+                "1",
+                "--lam",
+                "1.5",
+            ],
+            "lam",
+        ),
+        (
+            vec![
+                "--algorithm",
+                "ppo",
+                "--num-iterations",
+                "1",
+                "--steps-per-generation",
+                "3",
+            ],
+            "steps_per_generation",
+        ),
+    ] {
+        let mut args = train_args(&out, 2);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (code, stderr) = stderr_of(&args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(key), "{extra:?}: {stderr}");
+    }
 
     // The rows have no `level`: refused naming the row and the column.
     let mut args = train_args(&out, 2);

@@ -206,8 +206,19 @@ fn read_safetensors(
 /// Loads the model's weights in `dtype` (converted from whatever the files hold) from a model folder or
 /// a `.gguf` file.
 pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, LoadError> {
+    Ok(load_model_with(dir, dtype, device, &[])?.0)
+}
+
+/// [`load_model`], also returning those of the tensors named in `extra` that the folder's files hold
+/// beside the model's (a sequence classifier's `score.weight`, say; a `.gguf` file has none).
+pub fn load_model_with(
+    dir: &Path,
+    dtype: DType,
+    device: &Device,
+    extra: &[&str],
+) -> Result<(Model, HashMap<String, Tensor>), LoadError> {
     if gguf::is_gguf(dir) {
-        return gguf::load_model(dir, dtype, device);
+        return Ok((gguf::load_model(dir, dtype, device)?, HashMap::new()));
     }
     if !dir.is_dir() {
         return Err(LoadError::NotAFolder(dir.to_path_buf()));
@@ -223,9 +234,13 @@ pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, Lo
             }
         })?;
     }
+    let found = extra
+        .iter()
+        .filter_map(|name| Some((name.to_string(), tensors.remove(*name)?)))
+        .collect();
     let vb = VarBuilder::from_tensors(tensors, dtype, device);
     let first = files[0].clone();
-    Model::load(vb, &config).map_err(|error| LoadError::Weights {
+    let model = Model::load(vb, &config).map_err(|error| LoadError::Weights {
         file: if files.len() == 1 {
             first
         } else {
@@ -236,7 +251,8 @@ pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Model, Lo
             "{} checkpoint does not fit its config.json: {error}",
             config.arch
         ),
-    })
+    })?;
+    Ok((model, found))
 }
 
 /// The folder's `tokenizer.json`, or the tokenizer of a `.gguf` file's metadata.

@@ -422,8 +422,10 @@ impl StreamedText {
 /// Stop strings matched as a text grows: an Aho-Corasick automaton over their bytes, built once, whose
 /// state is carried from piece to piece, so that each new byte is looked at once whatever the number and
 /// length of the stop strings (the cost of a step is its new text). Empty stop strings never match.
+#[derive(Clone)]
 pub(crate) struct StopMatcher {
-    automaton: NFA,
+    /// Shared by the matchers of one request's choices ([`Clone`] copies the state only).
+    automaton: std::sync::Arc<NFA>,
     state: StateID,
 }
 
@@ -440,7 +442,10 @@ impl StopMatcher {
         }
         let automaton = NFA::new(patterns).ok()?;
         let state = automaton.start_state(Anchored::No).ok()?;
-        Some(StopMatcher { automaton, state })
+        Some(StopMatcher {
+            automaton: std::sync::Arc::new(automaton),
+            state,
+        })
     }
 
     /// Adds `piece` to the text; whether a stop string ends inside it.

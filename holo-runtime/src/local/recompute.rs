@@ -42,6 +42,18 @@ impl Model {
         key_mask: &Tensor,
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
+        self.backward_recomputed_with_head(input_ids, key_mask, &[], loss)
+    }
+
+    /// [`Model::backward_recomputed_from_hidden`] for a loss that also reads variables of its own
+    /// (`head`, a value model's head, say): their gradients are returned with the model's.
+    pub fn backward_recomputed_with_head(
+        &self,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+        head: &[Tensor],
+        loss: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<(Tensor, GradStore)> {
         let len = input_ids.dim(1)?;
         if len < 2 {
             candle_core::bail!("a sequence of {len} token(s) has no next token to score");
@@ -64,10 +76,11 @@ impl Model {
         let value = loss(&hidden)?;
         let variables = self.variables();
         let mut grads = GradStore::default();
-        let head = value.backward()?;
-        gather(&mut grads, &head, &variables)?;
-        let mut upstream = gradient_at(&head, &top)?;
-        drop(head);
+        let top_segment = value.backward()?;
+        gather(&mut grads, &top_segment, &variables)?;
+        gather(&mut grads, &top_segment, head)?;
+        let mut upstream = gradient_at(&top_segment, &top)?;
+        drop(top_segment);
 
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
             let input = Var::from_tensor(&input)?;

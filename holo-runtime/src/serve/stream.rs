@@ -20,7 +20,7 @@ use super::{
     chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
     Event, StreamOptions, Tally,
 };
-use crate::local::generate::{first_stop, floor_char_boundary, StreamedText};
+use crate::local::generate::{first_stop, floor_char_boundary, StopMatcher, StreamedText};
 use crate::machine::Completion;
 use crate::sampler::SamplerError;
 
@@ -51,7 +51,16 @@ pub(super) fn respond(
     let streamer = Streamer {
         id,
         created: unix_time(),
-        choices: (0..count).map(|_| ChoiceStream::default()).collect(),
+        choices: {
+            // One automaton for the request's stop strings; each choice carries its own state in it.
+            let matcher = StopMatcher::new(&common.params.stop);
+            (0..count)
+                .map(|_| ChoiceStream {
+                    matcher: matcher.clone(),
+                    ..ChoiceStream::default()
+                })
+                .collect()
+        },
         queue: VecDeque::new(),
         opened: false,
         ended: false,
@@ -104,6 +113,10 @@ struct ChoiceStream {
     completed: Option<String>,
     /// Bytes of `text` searched for stop strings.
     searched: usize,
+    /// The stop strings' automaton, fed the decoded text as it grows, so that a piece costs its own
+    /// length; `None` without stop strings (or where the automaton cannot be built: then each piece is
+    /// searched for every stop string).
+    matcher: Option<StopMatcher>,
     /// Bytes of `text` that may be sent.
     releasable: usize,
     /// The streamed text is final until the completion arrives (a stop string matched, or the decoder
@@ -380,7 +393,17 @@ impl ChoiceStream {
             self.releasable = text.len();
             return;
         };
-        let releasable = match first_stop(text, self.searched, stops) {
+        // Only a piece in which a stop string ends is searched for which one (once per choice).
+        let ends_here = self
+            .matcher
+            .as_mut()
+            .is_none_or(|matcher| matcher.feed(&text[self.searched..]));
+        let found = if ends_here {
+            first_stop(text, self.searched, stops)
+        } else {
+            None
+        };
+        let releasable = match found {
             Some((at, stop)) => {
                 self.held = true;
                 if common.include_stop {

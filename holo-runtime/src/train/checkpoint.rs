@@ -3,7 +3,10 @@
 //! `RUN_DIR/checkpoint-N/` (after `N` optimizer steps) holds:
 //! - `model.safetensors` (full fine-tuning: every trained weight under its Hugging Face name), or
 //!   `adapter_model.safetensors` + `adapter_config.json` (LoRA, PEFT's layout);
-//! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`);
+//! - `value_model.safetensors` (PPO): the value model's trained weights (or adapters) and its head
+//!   `score.weight`;
+//! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`; the value
+//!   model's under `value_model.<weight>`);
 //! - `trainer_state.json`: the step, the generations drawn (the data position and every seed derive from
 //!   it), the tokens seen, the generation batch still being trained on when `num_iterations` or
 //!   `steps_per_generation` spread one generation over several steps, the curriculum's level and window,
@@ -69,6 +72,9 @@ pub struct Buffer {
     pub internalized: Vec<Sequence>,
     /// The step whose generation this is.
     pub step: u64,
+    /// PPO: each completion's reward (its components weighted and summed; `NaN` for none), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<f32>,
 }
 
 impl Buffer {
@@ -212,6 +218,7 @@ pub fn save_tensors(path: &Path, tensors: Vec<(String, Tensor)>) -> io::Result<(
 pub fn save(
     run: &RunDir,
     weights: &Weights<'_>,
+    critic: Option<&[(String, Var)]>,
     optimizer: Vec<(String, Tensor)>,
     state: &TrainerState,
     config: &impl TrainingConfig,
@@ -244,6 +251,15 @@ pub fn save(
             write_synced(&staging.join("adapter_config.json"), text.as_bytes())?;
         }
     }
+    if let Some(critic) = critic {
+        save_tensors(
+            &staging.join(CRITIC_FILE),
+            critic
+                .iter()
+                .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+                .collect(),
+        )?;
+    }
     save_tensors(&staging.join("optimizer.safetensors"), optimizer)?;
     write_synced(&staging.join("config.toml"), config.to_toml().as_bytes())?;
     let state_text = serde_json::to_string(state).map_err(other)?;
@@ -270,7 +286,12 @@ pub struct Loaded<C> {
     /// The trained tensors by name (weights or adapters).
     pub weights: HashMap<String, Tensor>,
     pub optimizer: HashMap<String, Tensor>,
+    /// PPO's value model (its trained tensors by name), when the run has one.
+    pub critic: Option<HashMap<String, Tensor>>,
 }
+
+/// The file of a checkpoint that holds PPO's value model.
+pub const CRITIC_FILE: &str = "value_model.safetensors";
 
 /// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
 pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, String> {
@@ -292,11 +313,17 @@ pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, Str
         tensors("model.safetensors")?
     };
     let optimizer = tensors("optimizer.safetensors")?;
+    let critic = if dir.join(CRITIC_FILE).is_file() {
+        Some(tensors(CRITIC_FILE)?)
+    } else {
+        None
+    };
     Ok(Loaded {
         state,
         config,
         weights,
         optimizer,
+        critic,
     })
 }
 

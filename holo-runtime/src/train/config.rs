@@ -14,6 +14,8 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use super::ppo::{Algorithm, KlEstimator};
+
 /// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -161,6 +163,11 @@ pub struct GrpoConfig {
     /// 0 disables top-k.
     pub top_k: u32,
 
+    // --- The algorithm ---
+    /// `grpo` (group-relative advantages, no value model) or `ppo` (a value model and GAE; its options
+    /// are TRL's `PPOConfig`'s, below).
+    pub algorithm: Algorithm,
+
     // --- The loss ---
     pub loss_type: LossType,
     pub importance_sampling_level: ImportanceSamplingLevel,
@@ -224,6 +231,33 @@ pub struct GrpoConfig {
     /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
     /// unset.
     pub lora_target_modules: Option<Vec<String>>,
+
+    // --- PPO (`algorithm = "ppo"`; TRL's `PPOConfig` names and defaults, [`super::ppo`]) ---
+    /// Passes over each generation batch.
+    pub num_ppo_epochs: usize,
+    /// Mini-batches (one optimizer step each) per pass; each is `gradient_accumulation_steps`
+    /// micro-batches of `per_device_train_batch_size` rollouts.
+    pub num_mini_batches: usize,
+    /// Weight of the per-token KL penalty to the reference model in the rewards.
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    /// Clipping of the policy ratio.
+    pub cliprange: f64,
+    /// Clipping of the value prediction around the value at sampling.
+    pub cliprange_value: f64,
+    /// Weight of the value loss.
+    pub vf_coef: f64,
+    /// GAE's discount.
+    pub gamma: f64,
+    /// GAE's λ.
+    pub lam: f64,
+    /// Whiten the per-token rewards over the batch before GAE.
+    pub whiten_rewards: bool,
+    /// Subtracted from the reward of a rollout that ran out of tokens.
+    pub missing_eos_penalty: Option<f64>,
+    /// The value model's folder (a causal LM, or a sequence classifier with one label whose `score`
+    /// head is kept); unset: a copy of the policy with a new head.
+    pub value_model: Option<String>,
 
     // --- Experiential RL (`hol/erl.hol`; erl-trainer's names where it has them) ---
     /// Train with ERL's semantics: each rollout's first trained context (the first attempt) is trained
@@ -370,6 +404,7 @@ impl Default for GrpoConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
+            algorithm: Algorithm::Grpo,
             loss_type: LossType::Dapo,
             importance_sampling_level: ImportanceSamplingLevel::Token,
             scale_rewards: ScaleRewards::Group,
@@ -382,6 +417,18 @@ impl Default for GrpoConfig {
             mask_truncated_completions: false,
             entropy_coef: 0.0,
             top_entropy_quantile: 1.0,
+            num_ppo_epochs: 4,
+            num_mini_batches: 1,
+            kl_coef: 0.05,
+            kl_estimator: KlEstimator::K1,
+            cliprange: 0.2,
+            cliprange_value: 0.2,
+            vf_coef: 0.1,
+            gamma: 1.0,
+            lam: 0.95,
+            whiten_rewards: false,
+            missing_eos_penalty: None,
+            value_model: None,
             erl: false,
             erl_algorithm: 1,
             erl_first_reward: "first".into(),
@@ -454,6 +501,11 @@ pub trait TrainingConfig:
 
     /// The options every trainer has.
     fn shared(&self) -> Shared;
+
+    /// Optimizer steps taken in `steps` of the run's steps (AdamW's bias correction counts them).
+    fn optimizer_steps(&self, steps: u64) -> u64 {
+        steps
+    }
 
     /// The first option that differs from `saved` (a checkpoint's) and would change what the run computes:
     /// `(key, saved value, this value)`.
@@ -653,6 +705,8 @@ fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
             "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
         ],
         "importance_sampling_level" => &["token", "sequence"],
+        "algorithm" => &["grpo", "ppo"],
+        "kl_estimator" => &["k1", "k3"],
         "scale_rewards" => &["group", "batch", "none"],
         "multi_objective_aggregation" => &["sum_then_normalize", "normalize_then_sum"],
         "vllm_importance_sampling_mode" => &[
@@ -685,6 +739,9 @@ impl GrpoConfig {
         match (self.steps_per_generation, self.generation_batch_size) {
             (Some(steps), _) => steps,
             (None, Some(size)) => size / self.per_device_train_batch_size.max(1),
+            (None, None) if self.algorithm == Algorithm::Ppo => {
+                self.gradient_accumulation_steps * self.num_mini_batches
+            }
             (None, None) => self.gradient_accumulation_steps,
         }
     }
@@ -705,6 +762,14 @@ impl GrpoConfig {
     /// The data seed.
     pub fn data_seed(&self) -> u64 {
         self.data_seed.unwrap_or(self.seed)
+    }
+
+    /// Whether the run keeps a frozen reference model: GRPO's `beta` or PPO's `kl_coef` is not 0.
+    pub fn uses_reference(&self) -> bool {
+        match self.algorithm {
+            Algorithm::Grpo => self.beta != 0.0,
+            Algorithm::Ppo => self.kl_coef != 0.0,
+        }
     }
 
     /// Whether a trip of `rollback_kl` or `rollback_reward_drop` rolls the run back.
@@ -760,10 +825,10 @@ impl GrpoConfig {
             if !(bound > 0.0 && bound.is_finite()) {
                 return Err(error("rollback_kl", "must be a finite number above 0"));
             }
-            if self.beta == 0.0 {
+            if !self.uses_reference() {
                 return Err(error(
                     "rollback_kl",
-                    "needs beta > 0: the KL is measured against the reference model, which only beta > 0 keeps",
+                    "needs a reference model to measure the KL against: beta > 0 (GRPO) or kl_coef > 0 (PPO)",
                 ));
             }
         }
@@ -842,6 +907,8 @@ impl TrainingConfig for GrpoConfig {
         "early_stopping_patience",
         "rollback_kl",
         "rollback_reward_drop",
+        "missing_eos_penalty",
+        "value_model",
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
@@ -856,6 +923,14 @@ impl TrainingConfig for GrpoConfig {
 
     fn shared(&self) -> Shared {
         shared_options!(self)
+    }
+
+    /// One per step, or (PPO) one per mini-batch of each epoch of each update.
+    fn optimizer_steps(&self, steps: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::Grpo => steps,
+            Algorithm::Ppo => steps * (self.num_ppo_epochs * self.num_mini_batches) as u64,
+        }
     }
 
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
@@ -894,7 +969,9 @@ impl TrainingConfig for GrpoConfig {
                 ));
             }
         }
-        if self.num_generations < 2 {
+        if self.algorithm == Algorithm::Ppo {
+            super::ppo::validate(self)?;
+        } else if self.num_generations < 2 {
             return Err(error(
                 "num_generations",
                 format!(

@@ -51,6 +51,7 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
+pub mod ppo;
 pub mod provenance;
 pub mod run;
 mod sampling;

@@ -20,6 +20,7 @@ use super::config::TrainingConfig;
 use super::export::RunInfo;
 use super::metrics::MetricsLog;
 use super::optim::{self, AdamW};
+use super::ppo::critic::Critic;
 use crate::chat::ChatTemplate;
 use crate::local::{checkpoint as model_files, Model};
 
@@ -120,7 +121,12 @@ pub struct Trainable {
     adapter_config: Option<serde_json::Value>,
     /// The base model folder, as an absolute path (written in the run for `holo export`).
     pub model_dir: PathBuf,
+    /// PPO's value model, trained by the same optimizer ([`Trainable::with_critic`]).
+    pub critic: Option<Critic>,
 }
+
+/// The prefix of the value model's weights among the optimizer's parameters.
+const CRITIC_PREFIX: &str = "value_model.";
 
 impl Trainable {
     /// The weights of `base` (loaded from `dir`) that `config` trains: every weight, or LoRA adapters when
@@ -145,12 +151,33 @@ impl Trainable {
             optimizer,
             adapter_config,
             model_dir,
+            critic: None,
         })
     }
 
-    /// One gradient slot per trained weight, empty.
+    /// Trains `critic` beside the policy: one optimizer over both (one gradient norm, as TRL's PPO
+    /// optimizes the policy and the value model as one module); checkpoints hold its weights in
+    /// `value_model.safetensors`.
+    pub fn with_critic(mut self, critic: Critic, config: &impl TrainingConfig) -> Self {
+        let params = self
+            .vars
+            .iter()
+            .cloned()
+            .chain(
+                critic
+                    .vars
+                    .iter()
+                    .map(|(name, var)| (format!("{CRITIC_PREFIX}{name}"), var.clone())),
+            )
+            .collect();
+        self.optimizer = AdamW::new(params, config);
+        self.critic = Some(critic);
+        self
+    }
+
+    /// One gradient slot per optimized weight, empty.
     pub fn no_grads(&self) -> Vec<Option<Tensor>> {
-        vec![None; self.vars.len()]
+        vec![None; self.optimizer.params().len()]
     }
 
     /// Adds a micro-batch's gradients (`store`) to `sums`.
@@ -159,7 +186,7 @@ impl Trainable {
         sums: &mut [Option<Tensor>],
         store: &GradStore,
     ) -> candle_core::Result<()> {
-        for ((_, var), slot) in self.vars.iter().zip(sums.iter_mut()) {
+        for ((_, var), slot) in self.optimizer.params().iter().zip(sums.iter_mut()) {
             if let Some(grad) = store.get(var.as_tensor()) {
                 *slot = Some(match slot.take() {
                     Some(sum) => (sum + grad)?,
@@ -205,6 +232,7 @@ impl Trainable {
         Ok(checkpoint::save(
             run,
             &weights,
+            self.critic.as_ref().map(|critic| critic.vars.as_slice()),
             self.optimizer.state(),
             state,
             config,
@@ -285,9 +313,19 @@ pub fn restore<C: TrainingConfig>(
         )));
     }
     checkpoint::restore(&trainable.vars, &loaded.weights).map_err(TrainError::Input)?;
-    trainable
-        .optimizer
-        .load_state(loaded.state.global_step, &loaded.optimizer)?;
+    if let Some(critic) = &trainable.critic {
+        let saved = loaded.critic.as_ref().ok_or_else(|| {
+            TrainError::Input(format!(
+                "{}: no value_model.safetensors (the run's value model)",
+                checkpoint_dir.display()
+            ))
+        })?;
+        checkpoint::restore(&critic.vars, saved).map_err(TrainError::Input)?;
+    }
+    trainable.optimizer.load_state(
+        config.optimizer_steps(loaded.state.global_step),
+        &loaded.optimizer,
+    )?;
     Ok(loaded.state)
 }
 

@@ -74,6 +74,15 @@ pub struct Head {
     pub top1: Tensor,
 }
 
+/// The final hidden states `[N, hidden]` of the positions that predict `packed`'s trained tokens, from
+/// those of every position `[S, T, hidden]`.
+pub fn pick(hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
+    let (batch, len, size) = hidden.dims3()?;
+    hidden
+        .reshape((batch * len, size))?
+        .index_select(&packed.rows, 0)
+}
+
 /// The [`Head`] of the trained tokens, from the final hidden states `[S, T, hidden]`; entropies are
 /// differentiable only when `entropy_gradient` (for an entropy bonus).
 pub fn head(
@@ -83,11 +92,7 @@ pub fn head(
     temperature: f64,
     entropy_gradient: bool,
 ) -> Result<Head> {
-    let (batch, len, size) = hidden.dims3()?;
-    let picked = hidden
-        .reshape((batch * len, size))?
-        .index_select(&packed.rows, 0)?;
-    let logits = model.logits(&picked, Ops::Differentiable)?;
+    let logits = model.logits(&pick(hidden, packed)?, Ops::Differentiable)?;
     let logits = if temperature == 1.0 {
         logits
     } else {
@@ -166,7 +171,8 @@ pub fn sequence_logprobs(
         .collect())
 }
 
-fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
+/// The final hidden states `[S, T, hidden]` of `packed`'s sequences.
+pub fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
     let positions = positions_from_mask(&packed.mask)?;
     model.forward_hidden(&packed.ids, &positions, &packed.mask, None, ops)
 }

@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use super::advantages::{self, nanmean};
 use super::batch::{self, Completion};
 use super::checkpoint::{Buffer, RunDir, TrainerState};
-use super::config::{GrpoConfig, TrainingConfig};
+use super::config::{Algorithm, GrpoConfig, TrainingConfig};
 use super::correction::importance_sampling;
 use super::curriculum::Stream;
 use super::erl;
@@ -24,6 +24,7 @@ use super::feed::Feed;
 use super::guard::{self, Trip};
 use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
+use super::ppo;
 use super::provenance::{self, Provenance};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
@@ -112,9 +113,12 @@ impl<S: RolloutSource> Trainer<S> {
             .validate()
             .map_err(|error| TrainError::Input(error.to_string()))?;
         let base = policy.model;
-        let trained = Trainable::new(&base, &policy.dir, &config)?;
+        let mut trained = Trainable::new(&base, &policy.dir, &config)?;
+        if config.algorithm == Algorithm::Ppo {
+            trained = trained.with_critic(ppo::critic(&base, &config)?, &config);
+        }
         // The frozen starting point: the base weights (LoRA trains beside them, so they are shared).
-        let reference = (config.beta != 0.0).then(|| base.detached());
+        let reference = config.uses_reference().then(|| base.detached());
         drop(base);
         let holophore = Holophore::new(
             std::sync::Arc::new(policy.tokenizer.clone()),
@@ -281,62 +285,34 @@ impl<S: RolloutSource> Trainer<S> {
             // The starting weights: what a trip before the first saved checkpoint returns to.
             self.save(&mut state)?;
         }
-        let generate_every = (config.steps_per_generation() * config.num_iterations) as u64;
-        let accumulation = config.gradient_accumulation_steps as u64;
         while state.global_step < total && !state.guard.stopped {
             let started = Instant::now();
             let step = state.global_step + 1;
             let mut window = Window::default();
-            let mut grads = self.trained.no_grads();
-            for _ in 0..accumulation {
-                if state.micro_step % generate_every == 0 || state.buffer.is_none() {
+            let (grad_norm, learning_rate) = match config.algorithm {
+                Algorithm::Grpo => {
+                    self.grpo_step(&runtime, &stream, &mut state, total, &progress, &mut window)?
+                }
+                Algorithm::Ppo => {
                     let (buffer, generated) =
                         self.generate(&runtime, &stream, &mut state, step, &progress)?;
                     window.extend(generated);
-                    state.buffer = Some(buffer);
-                }
-                let buffer = state.buffer.as_ref().expect("generated above");
-                let slot = (state.micro_step % config.steps_per_generation() as u64) as usize;
-                let steps = config.steps_per_generation();
-                let micro = Buffer::slot(&buffer.completions, slot, steps);
-                // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
-                self.trained
-                    .model
-                    .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
-                let (value, micro_grads, metrics) = self.micro_step(micro, buffer)?;
-                window.loss += value;
-                window.extend(metrics);
-                self.trained.accumulate(&mut grads, &micro_grads)?;
-                let internalized = Buffer::slot(&buffer.internalized, slot, steps);
-                if !internalized.is_empty() {
-                    let total = buffer
-                        .internalized
-                        .iter()
-                        .map(|s| s.trained.len())
-                        .sum::<usize>();
-                    let (value, internal_grads, metrics) = erl::internalization_step(
-                        &self.trained.model,
-                        &self.trained.vars,
+                    let outcome = ppo::update(
+                        &mut self.trained,
                         &config,
-                        internalized,
+                        &buffer,
+                        state.generations,
+                        state.global_step,
                         total,
+                        state.guard.lr_factor,
                     )?;
-                    window.loss += value;
-                    window.extend(metrics);
-                    self.trained.accumulate(&mut grads, &internal_grads)?;
+                    state.micro_step +=
+                        (config.steps_per_generation() * config.num_ppo_epochs) as u64;
+                    window.loss += outcome.loss;
+                    window.extend(outcome.metrics);
+                    (outcome.grad_norm, outcome.learning_rate)
                 }
-                state.micro_step += 1;
-                if state.micro_step % generate_every == 0 {
-                    state.buffer = None;
-                }
-            }
-            let (grad_norm, learning_rate) = self.trained.step(
-                &mut grads,
-                &config,
-                state.global_step,
-                total,
-                state.guard.lr_factor,
-            )?;
+            };
             // The sampler shares the weights; its cached prefixes belong to the old ones.
             self.sampler.prefix_cache().clear();
             state.global_step = step;
@@ -401,6 +377,73 @@ impl<S: RolloutSource> Trainer<S> {
         summary.stopped_early = state.guard.stopped;
         summary.rollbacks = state.guard.rollbacks;
         Ok(summary)
+    }
+
+    /// One GRPO optimizer step: `gradient_accumulation_steps` micro-batches of the current generation
+    /// batch (generating the next one when it is used up), then the update. Returns the gradients' norm
+    /// and the learning rate.
+    fn grpo_step(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        stream: &Stream<'_>,
+        state: &mut TrainerState,
+        total: u64,
+        progress: &ProgressBar,
+        window: &mut Window,
+    ) -> Result<(f64, f64), TrainError> {
+        let config = self.config.clone();
+        let step = state.global_step + 1;
+        let generate_every = (config.steps_per_generation() * config.num_iterations) as u64;
+        let accumulation = config.gradient_accumulation_steps as u64;
+        let mut grads = self.trained.no_grads();
+        for _ in 0..accumulation {
+            if state.micro_step.is_multiple_of(generate_every) || state.buffer.is_none() {
+                let (buffer, generated) = self.generate(runtime, stream, state, step, progress)?;
+                window.extend(generated);
+                state.buffer = Some(buffer);
+            }
+            let buffer = state.buffer.as_ref().expect("generated above");
+            let slot = (state.micro_step % config.steps_per_generation() as u64) as usize;
+            let steps = config.steps_per_generation();
+            let micro = Buffer::slot(&buffer.completions, slot, steps);
+            // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
+            self.trained
+                .model
+                .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
+            let (value, micro_grads, metrics) = self.micro_step(micro, buffer)?;
+            window.loss += value;
+            window.extend(metrics);
+            self.trained.accumulate(&mut grads, &micro_grads)?;
+            let internalized = Buffer::slot(&buffer.internalized, slot, steps);
+            if !internalized.is_empty() {
+                let total = buffer
+                    .internalized
+                    .iter()
+                    .map(|s| s.trained.len())
+                    .sum::<usize>();
+                let (value, internal_grads, metrics) = erl::internalization_step(
+                    &self.trained.model,
+                    &self.trained.vars,
+                    &config,
+                    internalized,
+                    total,
+                )?;
+                window.loss += value;
+                window.extend(metrics);
+                self.trained.accumulate(&mut grads, &internal_grads)?;
+            }
+            state.micro_step += 1;
+            if state.micro_step.is_multiple_of(generate_every) {
+                state.buffer = None;
+            }
+        }
+        Ok(self.trained.step(
+            &mut grads,
+            &config,
+            state.global_step,
+            total,
+            state.guard.lr_factor,
+        )?)
     }
 
     /// Opens the run folder (see [`run::open`]) with its rollout files: new ones, or those of the
@@ -642,10 +685,12 @@ impl<S: RolloutSource> Trainer<S> {
         let correction = self.sampler_correction();
         // Log-probabilities of the policy as it sampled: without dropout.
         self.trained.model.set_dropout_seed(0);
+        let ppo = config.algorithm == Algorithm::Ppo;
         if !config
             .gradient_accumulation_steps
             .is_multiple_of(generate_every)
             || correction
+            || ppo
         {
             let old = score::logprobs(
                 &self.trained.model,
@@ -667,10 +712,22 @@ impl<S: RolloutSource> Trainer<S> {
                 completion.ref_logprobs = Some(logprobs);
             }
         }
-        let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(shuffle);
-        completions.shuffle(&mut rng);
-        internalized.shuffle(&mut rng);
+        // PPO draws a permutation per epoch itself, and keeps each completion beside its reward.
+        let scores = if ppo {
+            let mut scores = advantages::weighted_totals(&rewards);
+            for (score, record) in scores.iter_mut().zip(&records) {
+                if record.error.is_some() {
+                    *score = f64::NAN;
+                }
+            }
+            scores.into_iter().map(|score| score as f32).collect()
+        } else {
+            let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(shuffle);
+            completions.shuffle(&mut rng);
+            internalized.shuffle(&mut rng);
+            Vec::new()
+        };
         if config.log_completions {
             print_completions(
                 &records,
@@ -686,6 +743,7 @@ impl<S: RolloutSource> Trainer<S> {
                 second_num_items,
                 internalized,
                 step,
+                scores,
             },
             metrics,
         ))
