@@ -10,6 +10,7 @@
 pub mod chat;
 #[cfg(feature = "local")]
 pub mod demo;
+pub mod engines;
 pub mod export;
 pub mod holophore;
 pub mod holotype;

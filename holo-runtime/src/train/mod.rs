@@ -45,6 +45,7 @@ pub mod correction;
 pub mod curriculum;
 pub mod erl;
 pub mod export;
+pub mod feed;
 pub mod guard;
 pub mod loss;
 pub mod metrics;

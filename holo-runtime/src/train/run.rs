@@ -36,6 +36,9 @@ pub enum TrainError {
     /// The guard rails stopped the run: a rollback condition tripped after `max_rollbacks` rollbacks, or
     /// with no good checkpoint to return to.
     Diverged(String),
+    /// The batches' source outside the trainer failed ([`super::feed`]: an Atropos API gone for good, a
+    /// malformed batch).
+    Source(String),
 }
 
 impl std::fmt::Display for TrainError {
@@ -45,6 +48,7 @@ impl std::fmt::Display for TrainError {
             TrainError::Io(error) => write!(f, "cannot write the run: {error}"),
             TrainError::Model(error) => write!(f, "the model failed: {error}"),
             TrainError::Diverged(message) => write!(f, "the run diverged: {message}"),
+            TrainError::Source(message) => f.write_str(message),
         }
     }
 }

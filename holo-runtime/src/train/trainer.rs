@@ -20,6 +20,7 @@ use super::config::{Algorithm, GrpoConfig, TrainingConfig};
 use super::correction::importance_sampling;
 use super::curriculum::Stream;
 use super::erl;
+use super::feed::Feed;
 use super::guard::{self, Trip};
 use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
@@ -95,6 +96,8 @@ pub struct Trainer<S> {
     holophore: Holophore,
     run: RunDir,
     options: RunOptions,
+    /// Where generation batches come from instead of the Loom ([`Trainer::with_feed`]).
+    feed: Option<Box<dyn Feed>>,
 }
 
 impl<S: RolloutSource> Trainer<S> {
@@ -159,6 +162,7 @@ impl<S: RolloutSource> Trainer<S> {
             holophore,
             run: RunDir::new(options.out.clone()),
             options,
+            feed: None,
         })
     }
 
@@ -177,6 +181,14 @@ impl<S: RolloutSource> Trainer<S> {
 
     pub fn with_sampler(mut self, sampler: Box<dyn Sampler>, context: Option<usize>) -> Self {
         self.external = Some((sampler, context));
+        self
+    }
+
+    /// Trains on the batches of `feed` (an Atropos API) instead of rolling out itself: `train` needs no
+    /// training rows then, and the sampler's log-probabilities are corrected for as an external
+    /// sampler's are ([`Trainer::with_sampler`]).
+    pub fn with_feed(mut self, feed: Box<dyn Feed>) -> Self {
+        self.feed = Some(feed);
         self
     }
 
@@ -226,7 +238,7 @@ impl<S: RolloutSource> Trainer<S> {
             ));
         }
         let prompts = config.prompts_per_generation();
-        if rows.len() < prompts {
+        if self.feed.is_none() && rows.len() < prompts {
             return Err(TrainError::Input(format!(
                 "the data has {} rows; one generation batch needs {prompts} distinct prompts (generation_batch_size / num_generations)",
                 rows.len()
@@ -310,10 +322,12 @@ impl<S: RolloutSource> Trainer<S> {
             metrics.insert("grad_norm".into(), grad_norm);
             metrics.insert("learning_rate".into(), learning_rate);
             metrics.insert("num_tokens".into(), state.num_input_tokens_seen as f64);
-            metrics.insert(
-                "epoch".into(),
-                state.data_position as f64 / rows.len() as f64,
-            );
+            if !rows.is_empty() {
+                metrics.insert(
+                    "epoch".into(),
+                    state.data_position as f64 / rows.len() as f64,
+                );
+            }
             metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
             if let Some(trip) = state.guard.check(&config, step, &metrics) {
                 let (restored, note) =
@@ -589,18 +603,30 @@ impl<S: RolloutSource> Trainer<S> {
         let generation = state.generations;
         let stats = self.source.tool_stats();
         let tools_before = stats.as_ref().map(|stats| stats.counts());
-        let (records, mut metrics) = self.draw(runtime, stream, state, step, progress)?;
+        let (records, mut metrics, fixed) = match self.feed.as_mut() {
+            Some(feed) => {
+                let fed = feed.next(runtime, step)?;
+                (fed.records, fed.metrics, fed.advantages)
+            }
+            None => {
+                let (records, metrics) = self.draw(runtime, stream, state, step, progress)?;
+                (records, metrics, Vec::new())
+            }
+        };
         let tools = stats
             .zip(tools_before)
             .map(|(stats, before)| stats.counts() - before);
 
         let rewards = batch::rewards(&records, config.reward_weights.as_ref());
-        let scored = advantages::advantages(
+        let mut scored = advantages::advantages(
             &rewards,
             group,
             config.scale_rewards,
             config.multi_objective_aggregation,
         );
+        for (advantage, fixed) in scored.advantages.iter_mut().zip(&fixed) {
+            *advantage = fixed.unwrap_or(*advantage);
+        }
         metrics.extend(scored.metrics);
         let (mut completions, mut internalized) = if config.erl {
             let split = erl::split(&records, group, &config).map_err(TrainError::Input)?;
@@ -804,9 +830,11 @@ impl<S: RolloutSource> Trainer<S> {
     }
 
     /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The in-process
-    /// sampler is the trained f32 model itself: like TRL without vLLM, it needs none.
+    /// sampler is the trained f32 model itself: like TRL without vLLM, it needs none; a feed's sampler is
+    /// another process's.
     fn sampler_correction(&self) -> bool {
-        self.external.is_some() && self.config.vllm_importance_sampling_correction
+        (self.external.is_some() || self.feed.is_some())
+            && self.config.vllm_importance_sampling_correction
     }
 
     /// Runs `G` rollouts of each row through the Loom with the training sampler, appends them (with

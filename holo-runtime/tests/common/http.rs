@@ -13,6 +13,8 @@ pub struct Seen {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Value,
+    /// The body's bytes as sent (compressed ones included).
+    pub raw: Vec<u8>,
 }
 
 /// Reads one HTTP/1.1 request (head, then `content-length` bytes of body); `None` when the client
@@ -51,11 +53,13 @@ pub async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
         }
         buffer.extend_from_slice(&chunk[..read]);
     }
-    let body = serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
+    let raw = buffer[head_end..head_end + length].to_vec();
+    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     Some(Seen {
         method,
         path,
         headers,
         body,
+        raw,
     })
 }

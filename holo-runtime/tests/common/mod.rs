@@ -8,6 +8,8 @@ pub mod logits;
 pub mod parity;
 pub mod rollout;
 #[cfg(feature = "local")]
+pub mod served;
+#[cfg(feature = "local")]
 pub mod student;
 pub mod tempdir;
 

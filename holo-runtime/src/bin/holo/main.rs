@@ -2,6 +2,7 @@
 //! would be trained; `holo eval FILE.hol --data rows.jsonl` runs a dataset through the Loom, writes the
 //! rollouts as JSONL and prints the mean rewards and pass@k.
 
+mod atropos_env;
 #[cfg(feature = "local")]
 mod compare;
 #[cfg(feature = "local")]
@@ -163,6 +164,14 @@ enum Command {
     /// TensorBoard events and plots.
     #[cfg(feature = "local")]
     Demo(demo::DemoArgs),
+    /// A holoware as an Atropos environment: registers with the Atropos API (`run-api`), rolls each
+    /// row's --group-size rollouts out against the OpenAI-compatible policy at --policy-url, and posts
+    /// them as scored groups (tokens, masks, scores, log-probabilities, messages), throttled as
+    /// atroposlib's BaseEnv throttles; stops once the trainer's steps are queued. One sequence per
+    /// rollout: its trained context, every sampled turn trained (a rollout with several trained
+    /// contexts is refused). When the API restarts, registers again and loses no group it held. Exit
+    /// status 2 for bad input, 1 when the API failed for good.
+    AtroposEnv(atropos_env::AtroposEnvArgs),
     /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
     /// layout under `adapter/`).
     #[cfg(feature = "local")]
@@ -458,6 +467,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "local")]
         Command::Runs { dir } => runs::run(dir),
         Command::ExportData(args) => export_data::run(args),
+        Command::AtroposEnv(args) => atropos_env::run(args),
         Command::View(args) => view::run(args),
     }
 }

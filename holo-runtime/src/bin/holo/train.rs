@@ -1,13 +1,14 @@
 //! `holo train`: GRPO on a `.hol` environment with a local model; options are TRL's `GRPOConfig` names,
 //! from `--config train.toml` and from `--<name-in-kebab-case> VALUE` flags.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::Row;
-use holo_runtime::loom::Interpreted;
+use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::{plot, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
@@ -17,15 +18,24 @@ use super::{load, read_rows, EXIT_FAILURES, EXIT_USAGE};
 /// `holo train`'s own arguments (the options are split off before clap sees them).
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// The environment.
-    pub file: PathBuf,
+    /// The environment (with --rollouts atropos, only to evaluate on --eval-data).
+    pub file: Option<PathBuf>,
     /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
     /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32).
     #[arg(long)]
     pub model: PathBuf,
-    /// Training rows, one JSON object per line.
+    /// Training rows, one JSON object per line (not with --rollouts atropos: the environments decide
+    /// the data).
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: Option<PathBuf>,
+    /// Where the rollouts come from: `loom` (the trainer rolls FILE out on --data itself) or `atropos`
+    /// (it registers with the Atropos API at --api and trains on its batches; `max_steps` required,
+    /// `num_generations` the environments' group size).
+    #[arg(long, value_enum, default_value_t = RolloutsFrom::Loom)]
+    pub rollouts: RolloutsFrom,
+    /// The Atropos API (`run-api`), `http://host:port`, with --rollouts atropos.
+    #[arg(long, required_if_eq("rollouts", "atropos"))]
+    pub api: Option<String>,
     /// Held-out rows for evaluation every `eval_steps`.
     #[arg(long)]
     pub eval_data: Option<PathBuf>,
@@ -53,6 +63,14 @@ pub struct TrainArgs {
     pub allow_changes: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RolloutsFrom {
+    /// The trainer's own rollouts of FILE through the Loom.
+    Loom,
+    /// Scored groups from an Atropos API.
+    Atropos,
+}
+
 /// The help text after `holo train`'s arguments: every option with its default.
 pub fn options_help() -> String {
     options::options_help::<GrpoConfig>("; `--recompute` is `--gradient-checkpointing true`")
@@ -63,20 +81,36 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
-    let holoware = match load(&args.file) {
+    let atropos = args.rollouts == RolloutsFrom::Atropos;
+    match (&args.file, &args.data, atropos) {
+        (None, _, false) => return usage("FILE: the holoware to train on (or --rollouts atropos)"),
+        (_, None, false) => return usage("--data: the training rows (or --rollouts atropos)"),
+        (_, Some(_), true) => {
+            return usage("--data: not with --rollouts atropos (the environments decide the data)")
+        }
+        (_, _, false) if args.api.is_some() => return usage("--api: only with --rollouts atropos"),
+        (None, _, true) if args.eval_data.is_some() => {
+            return usage("--eval-data: needs FILE, the holoware to evaluate on")
+        }
+        _ => {}
+    }
+    let holoware = match args.file.as_deref().map(load).transpose() {
         Ok(holoware) => holoware,
         Err(code) => return code,
     };
-    let rows = match checked_rows(&args.data, &holoware) {
-        Ok(rows) => rows,
-        Err(code) => return code,
-    };
-    let eval_rows = match &args.eval_data {
-        Some(path) => match checked_rows(path, &holoware) {
+    let rows = match (&args.data, &holoware) {
+        (Some(path), Some(holoware)) => match checked_rows(path, holoware) {
             Ok(rows) => rows,
             Err(code) => return code,
         },
-        None => Vec::new(),
+        _ => Vec::new(),
+    };
+    let eval_rows = match (&args.eval_data, &holoware) {
+        (Some(path), Some(holoware)) => match checked_rows(path, holoware) {
+            Ok(rows) => rows,
+            Err(code) => return code,
+        },
+        _ => Vec::new(),
     };
     let device = match holo_runtime::local::parse_device(&args.device) {
         Ok(device) => device,
@@ -85,6 +119,56 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     let policy = match Policy::load(&args.model, &device) {
         Ok(policy) => policy,
         Err(error) => return usage(error),
+    };
+    let feed = match &args.api {
+        Some(url) if atropos => {
+            let model = &policy.model.config;
+            match AtroposFeed::new(
+                url,
+                &config,
+                model.vocab_size,
+                model.max_position_embeddings,
+                &args.out,
+                FeedOptions::default(),
+            ) {
+                Ok(feed) => Some(feed),
+                Err(message) => return usage(message),
+            }
+        }
+        _ => None,
+    };
+    let mut inputs = Vec::new();
+    if let Some(file) = &args.file {
+        inputs.push(("holoware", file.as_path()));
+    }
+    if let Some(path) = &args.data {
+        inputs.push(("data", path.as_path()));
+    }
+    if let Some(path) = &args.eval_data {
+        inputs.push(("eval data", path.as_path()));
+    }
+    inputs.push(("model", args.model.as_path()));
+    let provenance = match Provenance::collect(&inputs) {
+        Ok(provenance) => provenance,
+        Err(message) => return usage(message),
+    };
+    let options = RunOptions {
+        out: args.out.clone(),
+        resume: args.resume,
+        progress: true,
+    };
+    let Some(holoware) = holoware else {
+        return train(
+            NoHoloware,
+            policy,
+            config,
+            options,
+            provenance,
+            feed,
+            &args,
+            &rows,
+            &[],
+        );
     };
     let mut resources = crate::resources();
     resources.insert(ToolStats::default());
@@ -106,36 +190,47 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         holoware: Arc::clone(&holoware),
         resources,
     };
-    let options = RunOptions {
-        out: args.out.clone(),
-        resume: args.resume,
-        progress: true,
-    };
-    let mut inputs = vec![
-        ("holoware", args.file.as_path()),
-        ("data", args.data.as_path()),
-    ];
-    if let Some(path) = &args.eval_data {
-        inputs.push(("eval data", path.as_path()));
-    }
-    inputs.push(("model", args.model.as_path()));
-    let provenance = match Provenance::collect(&inputs) {
-        Ok(provenance) => provenance,
-        Err(message) => return usage(message),
-    };
+    train(
+        source, policy, config, options, provenance, feed, &args, &rows, &eval_rows,
+    )
+}
+
+/// The run, its report and its plots.
+#[allow(clippy::too_many_arguments)]
+fn train<S: RolloutSource>(
+    source: S,
+    policy: Policy,
+    config: GrpoConfig,
+    options: RunOptions,
+    provenance: Provenance,
+    feed: Option<AtroposFeed>,
+    args: &TrainArgs,
+    rows: &[(usize, Row)],
+    eval_rows: &[(usize, Row)],
+) -> ExitCode {
     let mut trainer = match Trainer::new(source, policy, config, options) {
         Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
         Err(error) => return usage(error),
     };
+    if let Some(feed) = feed {
+        trainer = trainer.with_feed(Box::new(feed));
+    }
     let total = trainer.total_steps(rows.len());
-    eprintln!(
-        "training {} on {} rows ({} held out) for {total} steps into {}",
-        args.file.display(),
-        rows.len(),
-        eval_rows.len(),
-        args.out.display()
-    );
-    let summary = match trainer.train(&rows, &eval_rows) {
+    match (&args.api, &args.file) {
+        (Some(url), _) if args.rollouts == RolloutsFrom::Atropos => eprintln!(
+            "training on the batches of the Atropos API at {url} ({} held out) for {total} steps into {}",
+            eval_rows.len(),
+            args.out.display()
+        ),
+        (_, file) => eprintln!(
+            "training {} on {} rows ({} held out) for {total} steps into {}",
+            file.as_deref().unwrap_or(Path::new("?")).display(),
+            rows.len(),
+            eval_rows.len(),
+            args.out.display()
+        ),
+    }
+    let summary = match trainer.train(rows, eval_rows) {
         Ok(summary) => summary,
         Err(TrainError::Input(message)) => return usage(message),
         Err(error) => {

@@ -1,0 +1,558 @@
+//! Atropos both ways. Without the peer venv: the wire rules (retries, gzip) against an in-process stub
+//! API, and the failures a user meets (an API that is down, a malformed batch) through the `holo`
+//! binary. With the peer venv's `atroposlib` 0.4.0: its real `run-api` between `holo atropos-env`
+//! (with `holo serve` as the policy) and `holo train --rollouts atropos`, between an `atroposlib`
+//! `BaseEnv` and `holo train`, and an API restarted in the middle of a run.
+#![cfg(all(feature = "local", feature = "cli"))]
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::http::{read_request, Seen};
+use common::served::{tiny_model, Served};
+use common::tempdir::Dir;
+use holo_runtime::engines::atropos::api::{Api, ApiError, Retry, ScoredData};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+/// Retries without waits, so that the stub tests take no time.
+fn quick() -> Retry {
+    Retry {
+        attempts: 3,
+        base_delay: Duration::ZERO,
+        max_delay: Duration::ZERO,
+    }
+}
+
+/// A port nothing listens on (the OS's pick, released).
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A stub Atropos API on 127.0.0.1: `answer` gives each request's status and body (JSON text) from the
+/// request and its index; every request is kept, in order.
+async fn stub<F>(answer: F) -> (String, Arc<Mutex<Vec<Seen>>>)
+where
+    F: Fn(&Seen, usize) -> (u16, String) + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&seen);
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (kept, answer) = (Arc::clone(&kept), Arc::clone(&answer));
+            tokio::spawn(async move {
+                while let Some(request) = read_request(&mut stream).await {
+                    let index = {
+                        let mut kept = kept.lock().unwrap();
+                        kept.push(request.clone());
+                        kept.len() - 1
+                    };
+                    let (status, body) = answer(&request, index);
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn posts_are_tried_three_times_on_5xx_and_once_on_4xx() {
+    let cases = [
+        // (statuses in turn, requests expected, the HTTP status of the final error or None)
+        (vec![503, 502, 200], 3, None),
+        (vec![500, 500, 500, 200], 3, Some(500)),
+        (vec![422, 200], 1, Some(422)),
+    ];
+    for (statuses, requests, error) in cases {
+        let script = statuses.clone();
+        let (url, seen) = stub(move |_, index| {
+            let status = script[index.min(script.len() - 1)];
+            (
+                status,
+                json!({"status": "received", "detail": "nope"}).to_string(),
+            )
+        })
+        .await;
+        let api = Api::new(&url, quick()).unwrap();
+        let result = api.post("/scored_data", &json!({"tokens": [[1]]})).await;
+        assert_eq!(seen.lock().unwrap().len(), requests, "{statuses:?}");
+        match (result, error) {
+            (Ok(value), None) => assert_eq!(value["status"], "received"),
+            (
+                Err(ApiError::Status {
+                    status, url: at, ..
+                }),
+                Some(expected),
+            ) => {
+                assert_eq!(status, expected);
+                assert_eq!(at, format!("{url}/scored_data"));
+            }
+            (other, _) => panic!("{statuses:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn large_bodies_go_gzipped_and_small_ones_plain_as_base_env_sends_them() {
+    let (url, seen) = stub(|_, _| (200, json!({"status": "received"}).to_string())).await;
+    let api = Api::new(&url, quick()).unwrap();
+    let large = ScoredData {
+        tokens: vec![vec![17; 600]],
+        masks: vec![vec![-100; 600]],
+        scores: vec![1.0],
+        env_id: Some(0),
+        ..ScoredData::default()
+    };
+    let small = json!({"env_id": 0});
+    api.post("/scored_data", &serde_json::to_value(&large).unwrap())
+        .await
+        .unwrap();
+    api.get_with_body("/status-env", &small).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[0].headers.get("content-encoding").map(String::as_str),
+        Some("gzip")
+    );
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&seen[0].raw[..]),
+        &mut plain,
+    )
+    .unwrap();
+    let sent: ScoredData = serde_json::from_slice(&plain).unwrap();
+    assert_eq!(sent, large);
+    assert!(seen[0].raw.len() < plain.len());
+    // `/status-env` reads its env_id from a GET's JSON body.
+    assert_eq!((seen[1].method.as_str(), &seen[1].body), ("GET", &small));
+    assert_eq!(seen[1].headers.get("content-encoding"), None);
+}
+
+/// `holo ARGS` with stdout and stderr into `log`, killed when dropped.
+struct Process {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(command: &mut Command, log: PathBuf) -> Process {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        Process { child, log }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its exit status and output, waiting at most `limit`.
+    fn finish(&mut self, limit: Duration) -> (ExitStatus, String) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not finish within {limit:?}:\n{}",
+                self.log.display(),
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn holo(args: &[&str]) -> Command {
+    common::holo_command(args)
+}
+
+/// Polls until `ready` holds, failing after `limit` with `what`.
+fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn train_args<'a>(api: &'a str, model: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--rollouts",
+        "atropos",
+        "--api",
+        api,
+        "--model",
+        model,
+        "--out",
+        out,
+        "--max-steps",
+        steps,
+        "--num-generations",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "1",
+        "--save-steps",
+        "100",
+    ]
+}
+
+#[test]
+fn an_api_that_is_down_is_named_by_the_trainer_and_the_environment() {
+    let dir = Dir::new("atropos-down");
+    let model = tiny_model("atropos-down");
+    let url = format!("http://127.0.0.1:{}", closed_port());
+    let out = dir.path().join("run");
+    let trainer = holo(&train_args(
+        &url,
+        model.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "1",
+    ))
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&trainer.stderr);
+    assert_eq!(trainer.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach the Atropos API at {url}/register")),
+        "{stderr}"
+    );
+    let env = holo(&[
+        "atropos-env",
+        "holo-runtime/tests/fixtures/train/short.hol",
+        "--api",
+        &url,
+        "--policy-url",
+        "http://127.0.0.1:9",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        "holo-runtime/tests/fixtures/train/rows.jsonl",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&env.stderr);
+    assert_eq!(env.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot reach the Atropos API at {url}/register-env"
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_batch_names_the_group_and_the_field() {
+    let group = |masks: Value| {
+        json!({"tokens": [[5, 6, 7, 8], [5, 6, 9, 3]], "masks": masks, "scores": [1.0, 0.0],
+               "env_id": 0})
+    };
+    let good = group(json!([[-100, -100, 7, 8], [-100, -100, 9, 3]]));
+    let bad = group(json!([[-100, 7, 8], [-100, -100, 9, 3]]));
+    let (url, _) = stub(move |request, _| match request.path.as_str() {
+        // run-api's uuid is a uuid4 as a 128-bit integer, past u64.
+        "/register" => (
+            200,
+            r#"{"uuid": 313729403537440821469433052952933050392}"#.into(),
+        ),
+        "/info" => (
+            200,
+            json!({"batch_size": 4, "max_token_len": 64}).to_string(),
+        ),
+        "/batch" => (200, json!({"batch": [good, bad]}).to_string()),
+        _ => (404, json!({"detail": "Not Found"}).to_string()),
+    })
+    .await;
+    let dir = Dir::new("atropos-malformed");
+    let model = tiny_model("atropos-malformed");
+    let out = dir.path().join("run");
+    let args: Vec<String> = train_args(&url, model.to_str().unwrap(), out.to_str().unwrap(), "1")
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let trainer = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        holo(&args).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&trainer.stderr);
+    assert_eq!(trainer.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{url}/batch: group 1: `masks[0]` has 3 entries, `tokens[0]` 4"
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(model);
+}
+
+/// `run-api` of the peer venv's `atroposlib`, or `None` (with the reason printed) without it.
+fn run_api() -> Option<PathBuf> {
+    let Some(python) = common::peer_python() else {
+        eprintln!(
+            "skipped: no peer venv (~/.cache/holo-peers/venv; ../shared/peers/setup.sh makes it)"
+        );
+        return None;
+    };
+    let run_api = python.with_file_name("run-api");
+    if !run_api.is_file() {
+        eprintln!(
+            "skipped: the peer venv has no atroposlib (no {})",
+            run_api.display()
+        );
+        return None;
+    }
+    Some(run_api)
+}
+
+/// The real Atropos API on a free port of 127.0.0.1, up (accepting) when this returns.
+fn start_api(run_api: &Path, port: u16, log: PathBuf) -> Process {
+    let process = Process::spawn(
+        Command::new(run_api).args(["--host", "127.0.0.1", "--port", &port.to_string()]),
+        log,
+    );
+    wait_for(
+        &format!("run-api accepting on port {port}"),
+        Duration::from_secs(60),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    process
+}
+
+/// The steps and one metric of each line of a run's metrics.jsonl.
+fn metric(run: &Path, key: &str) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let value: Value = serde_json::from_str(line).unwrap();
+            (
+                value["step"].as_u64().unwrap(),
+                value[key].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect()
+}
+
+fn served_tiny(model: &Path) -> Served {
+    Served::start(&mut holo(&[
+        "serve",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny",
+    ]))
+}
+
+fn atropos_env(api: &str, policy: &str, model: &Path, extra: &[&str]) -> Command {
+    let mut command = holo(&[
+        "atropos-env",
+        "holo-runtime/tests/fixtures/train/short.hol",
+        "--api",
+        api,
+        "--policy-url",
+        policy,
+        "--model",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        "tiny",
+        "--data",
+        "holo-runtime/tests/fixtures/train/rows.jsonl",
+        "--group-size",
+        "2",
+    ]);
+    command.args(extra);
+    command
+}
+
+#[test]
+fn a_holoware_environment_feeds_holo_train_through_run_api() {
+    let Some(run_api) = run_api() else { return };
+    let dir = Dir::new("atropos-holoware");
+    let model = tiny_model("atropos-holoware");
+    let port = closed_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _api = start_api(&run_api, port, dir.path().join("api.log"));
+    let policy = served_tiny(&model);
+    let run = dir.path().join("run");
+    let mut trainer = Process::spawn(
+        &mut holo(&train_args(
+            &url,
+            model.to_str().unwrap(),
+            run.to_str().unwrap(),
+            "2",
+        )),
+        dir.path().join("train.log"),
+    );
+    let mut env = Process::spawn(
+        &mut atropos_env(&url, &policy.base, &model, &[]),
+        dir.path().join("env.log"),
+    );
+    let (status, env_log) = env.finish(Duration::from_secs(300));
+    assert!(status.success(), "{env_log}");
+    let (status, train_log) = trainer.finish(Duration::from_secs(300));
+    assert!(status.success(), "{train_log}\n{env_log}");
+    let rewards = metric(&run, "reward");
+    assert_eq!(
+        rewards.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    assert!(
+        rewards.iter().all(|(_, reward)| reward.is_finite()),
+        "{rewards:?}"
+    );
+    // The served model is the trained one before its first update: at step 1, the trainer's
+    // log-probabilities of the posted tokens are the sampler's, position for position, so tokens,
+    // masks and inference_logprobs arrived aligned.
+    let difference = metric(&run, "sampling/sampling_logp_difference/max");
+    assert!(difference[0].1 < 1e-3, "{difference:?}");
+    let posted: usize = env_log
+        .lines()
+        .find_map(|line| line.split(" groups posted").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{env_log}"));
+    assert!(posted >= 4, "{env_log}");
+    eprintln!("{env_log}{train_log}sampling/sampling_logp_difference/max by step: {difference:?}");
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[test]
+fn an_atroposlib_base_env_feeds_holo_train() {
+    let Some(run_api) = run_api() else { return };
+    let python = common::peer_python().expect("run_api found the venv");
+    let dir = Dir::new("atropos-base-env");
+    let model = tiny_model("atropos-base-env");
+    let port = closed_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _api = start_api(&run_api, port, dir.path().join("api.log"));
+    let policy = served_tiny(&model);
+    let run = dir.path().join("run");
+    let mut trainer = Process::spawn(
+        &mut holo(&train_args(
+            &url,
+            model.to_str().unwrap(),
+            run.to_str().unwrap(),
+            "2",
+        )),
+        dir.path().join("train.log"),
+    );
+    let script = common::repo().join("holo-runtime/tests/fixtures/atropos/adder_env.py");
+    let mut env = Process::spawn(
+        Command::new(python).arg(script).args([
+            url.as_str(),
+            policy.base.as_str(),
+            model.to_str().unwrap(),
+            "tiny",
+            "2",
+        ]),
+        dir.path().join("env.log"),
+    );
+    let (status, train_log) = trainer.finish(Duration::from_secs(300));
+    assert!(status.success(), "{train_log}\n{}", env.output());
+    let (status, env_log) = env.finish(Duration::from_secs(120));
+    assert!(status.success(), "{env_log}");
+    assert!(env_log.contains("adder env done"), "{env_log}");
+    let rewards = metric(&run, "reward");
+    assert_eq!(
+        rewards.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    // The environment's scores are minus the completion's length in twelfths.
+    assert!(
+        rewards.iter().all(|(_, reward)| *reward < 0.0),
+        "{rewards:?}"
+    );
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[test]
+fn a_restarted_api_is_registered_with_again_and_the_run_completes() {
+    let Some(run_api) = run_api() else { return };
+    let dir = Dir::new("atropos-restart");
+    let model = tiny_model("atropos-restart");
+    let port = closed_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut api = start_api(&run_api, port, dir.path().join("api-1.log"));
+    let policy = served_tiny(&model);
+    let run = dir.path().join("run");
+    let mut trainer = Process::spawn(
+        &mut holo(&train_args(
+            &url,
+            model.to_str().unwrap(),
+            run.to_str().unwrap(),
+            "4",
+        )),
+        dir.path().join("train.log"),
+    );
+    // One batch ahead at most, so that the environment still runs when the API goes.
+    let mut env = Process::spawn(
+        &mut atropos_env(
+            &url,
+            &policy.base,
+            &model,
+            &["--max-batches-offpolicy", "1"],
+        ),
+        dir.path().join("env.log"),
+    );
+    wait_for("the trainer's first step", Duration::from_secs(300), || {
+        !metric(&run, "reward").is_empty()
+    });
+    api.child.kill().unwrap();
+    api.child.wait().unwrap();
+    let _api = start_api(&run_api, port, dir.path().join("api-2.log"));
+    let (status, train_log) = trainer.finish(Duration::from_secs(300));
+    assert!(status.success(), "{train_log}\n{}", env.output());
+    let (status, env_log) = env.finish(Duration::from_secs(300));
+    assert!(status.success(), "{env_log}");
+    assert!(train_log.contains("registering again"), "{train_log}");
+    assert!(
+        env_log.contains("registered again as environment"),
+        "{env_log}"
+    );
+    let steps: Vec<u64> = metric(&run, "reward")
+        .iter()
+        .map(|(step, _)| *step)
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    let _ = std::fs::remove_dir_all(model);
+}
