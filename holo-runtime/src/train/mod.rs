@@ -57,6 +57,7 @@ pub mod run;
 mod sampling;
 pub mod score;
 pub mod sft;
+pub mod shared;
 mod trainer;
 
 pub use builder::ConfigBuilder;
