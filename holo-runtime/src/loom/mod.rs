@@ -144,7 +144,6 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 use crate::holophore::Holophore;
 use crate::holotypes::{ReflectionMemory, ToolStats};
@@ -154,6 +153,16 @@ use crate::resources::Resources;
 use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 use crate::transcript::{Part, Transcript};
 use crate::Role;
+
+mod record;
+mod summary;
+
+pub use record::{
+    ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
+    Stage, Timing, TokensRecord,
+};
+use summary::Stats;
+pub use summary::{pass_at_k, ComponentMean, Summary};
 
 /// Starts the rollouts the Loom drives.
 pub trait RolloutSource: Sync {
@@ -260,170 +269,6 @@ impl Default for LoomConfig {
             timing: true,
             dataset: None,
         }
-    }
-}
-
-/// One finished rollout: a line of the JSONL; see the [module documentation](self).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutRecord {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dataset: Option<String>,
-    pub row_index: usize,
-    pub rollout_index: usize,
-    pub seed: u64,
-    pub row: Row,
-    pub contexts: Vec<ContextRecord>,
-    pub rewards: BTreeMap<String, f64>,
-    pub weights: BTreeMap<String, f64>,
-    /// Why reward components got their values, where the holotypes said (`Recorder::feedback`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub feedback: BTreeMap<String, String>,
-    pub reward: f64,
-    /// Sample requests the rollout made.
-    pub samples: u32,
-    /// A sample ran out of tokens (`max_tokens`, or the model's context); see "Truncation" in the
-    /// [module documentation](self).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-    /// The training step whose batch the rollout belongs to (written by the trainer).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<u64>,
-    pub error: Option<Failure>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timing: Option<Timing>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ContextRecord {
-    pub trained: bool,
-    pub messages: Vec<MessageRecord>,
-    /// The context in token space, when the Loom records with a [`Holophore`]
-    /// ([`Loom::with_holophore`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<TokensRecord>,
-}
-
-/// A context as training consumes it: [`crate::holophore::Context::ids`], `loss_mask` and `logprobs`,
-/// aligned.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TokensRecord {
-    pub ids: Vec<u32>,
-    /// 1 exactly on the sampled tokens of a trained context.
-    pub loss_mask: Vec<u8>,
-    /// The sampler's logprob of each sampled token; 0 elsewhere and where the sampler gave none.
-    pub logprobs: Vec<f32>,
-    /// Some completion came as text only and was tokenized by the holophore, so its ids may differ
-    /// from what the model sampled.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub retokenized: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MessageRecord {
-    pub role: Role,
-    pub parts: Vec<PartRecord>,
-}
-
-/// The message as a chat request sends it: its parts' text joined.
-impl From<&MessageRecord> for crate::sampler::ChatMessage {
-    fn from(message: &MessageRecord) -> Self {
-        crate::sampler::ChatMessage {
-            role: message.role,
-            content: message
-                .parts
-                .iter()
-                .map(|part| part.text.as_str())
-                .collect(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PartRecord {
-    pub text: String,
-    /// Written by the model (what training learns from in a trained context).
-    pub sampled: bool,
-}
-
-/// Why a rollout failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub stage: Stage,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stage {
-    /// The rollout could not be built (a holotype's constructor failed).
-    Start,
-    /// The rollout failed while stepping: a [`RolloutError`](crate::RolloutError) or a panic.
-    Rollout,
-    /// The sampler could not complete one of its requests.
-    Sampler,
-}
-
-/// Milliseconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Timing {
-    /// When the rollout started, from the start of the run.
-    pub start_ms: f64,
-    /// From its start to its end.
-    pub wall_ms: f64,
-    /// The part of `wall_ms` spent waiting for its samples.
-    pub sample_ms: f64,
-}
-
-/// A row that ran no rollout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowFailure {
-    pub row_index: usize,
-    pub message: String,
-}
-
-/// A rollout that failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RolloutFailure {
-    pub row_index: usize,
-    pub rollout_index: usize,
-    pub failure: Failure,
-}
-
-/// The mean of one reward component.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ComponentMean {
-    pub name: String,
-    pub mean: f64,
-    /// The completed rollouts that recorded it.
-    pub count: usize,
-}
-
-/// What a run did; see the [module documentation](self) for the definitions.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
-    /// Rows that ran their rollouts.
-    pub rows: usize,
-    /// Rollouts written, failed ones included.
-    pub rollouts: usize,
-    /// Rollouts that failed.
-    pub failed: usize,
-    pub row_failures: Vec<RowFailure>,
-    pub failures: Vec<RolloutFailure>,
-    /// Each component's mean over the completed rollouts that recorded it, by name.
-    pub components: Vec<ComponentMean>,
-    /// The mean total reward of the completed rollouts; `None` when none completed.
-    pub mean_reward: Option<f64>,
-    /// `(k, pass@k)` for k = 1 and k = G (when G > 1); empty when no row ran.
-    pub pass_at_k: Vec<(usize, f64)>,
-    /// Sampler calls: one per sample request.
-    pub sampler_calls: usize,
-    pub elapsed: Duration,
-}
-
-impl Summary {
-    /// Rollouts written per second of the run.
-    pub fn rollouts_per_second(&self) -> f64 {
-        self.rollouts as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
 }
 
@@ -842,119 +687,6 @@ impl<W: Write> Run<'_, W> {
         }
         Ok(())
     }
-}
-
-/// Running totals for the [`Summary`].
-struct Stats {
-    rows_ran: usize,
-    rollouts: usize,
-    failures: Vec<RolloutFailure>,
-    row_failures: Vec<RowFailure>,
-    /// name → (sum, count) over completed rollouts.
-    components: BTreeMap<String, (f64, usize)>,
-    reward_sum: f64,
-    completed: usize,
-    /// Per row position: (rollouts, passing).
-    passes: Vec<(usize, usize)>,
-    sampler_calls: usize,
-}
-
-impl Stats {
-    fn new(rows: usize) -> Self {
-        Stats {
-            rows_ran: 0,
-            rollouts: 0,
-            failures: Vec::new(),
-            row_failures: Vec::new(),
-            components: BTreeMap::new(),
-            reward_sum: 0.0,
-            completed: 0,
-            passes: vec![(0, 0); rows],
-            sampler_calls: 0,
-        }
-    }
-
-    fn add(&mut self, position: usize, record: &RolloutRecord) {
-        self.rollouts += 1;
-        let pass = &mut self.passes[position];
-        pass.0 += 1;
-        if let Some(failure) = &record.error {
-            self.failures.push(RolloutFailure {
-                row_index: record.row_index,
-                rollout_index: record.rollout_index,
-                failure: failure.clone(),
-            });
-            return;
-        }
-        self.completed += 1;
-        self.reward_sum += record.reward;
-        if record.reward > 0.0 {
-            pass.1 += 1;
-        }
-        for (name, value) in &record.rewards {
-            let entry = self.components.entry(name.clone()).or_insert((0.0, 0));
-            entry.0 += value;
-            entry.1 += 1;
-        }
-    }
-
-    fn mean_reward(&self) -> Option<f64> {
-        (self.completed > 0).then(|| self.reward_sum / self.completed as f64)
-    }
-
-    fn summary(self, per_row: usize, elapsed: Duration) -> Summary {
-        let ran: Vec<(usize, usize)> = self.passes.iter().copied().filter(|p| p.0 > 0).collect();
-        let mut ks = vec![1];
-        if per_row > 1 {
-            ks.push(per_row);
-        }
-        let pass_at_k = if ran.is_empty() {
-            Vec::new()
-        } else {
-            ks.into_iter()
-                .map(|k| {
-                    let total: f64 = ran.iter().map(|&(n, c)| pass_at_k(n, c, k)).sum();
-                    (k, total / ran.len() as f64)
-                })
-                .collect()
-        };
-        Summary {
-            rows: self.rows_ran,
-            rollouts: self.rollouts,
-            failed: self.failures.len(),
-            mean_reward: self.mean_reward(),
-            row_failures: self.row_failures,
-            failures: self.failures,
-            components: self
-                .components
-                .into_iter()
-                .map(|(name, (sum, count))| ComponentMean {
-                    name,
-                    mean: sum / count as f64,
-                    count,
-                })
-                .collect(),
-            pass_at_k,
-            sampler_calls: self.sampler_calls,
-            elapsed,
-        }
-    }
-}
-
-/// The unbiased pass@k estimator for `n` samples of which `c` pass: `1 - C(n-c, k) / C(n, k)`, computed
-/// as a product to stay exact for large `n`. With fewer than `k` samples, whether any passed.
-pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
-    if c == 0 {
-        return 0.0;
-    }
-    if n < k || n - c < k {
-        return 1.0;
-    }
-    let mut fail = 1.0;
-    for i in (n - c + 1)..=n {
-        fail *= 1.0 - k as f64 / i as f64;
-    }
-    1.0 - fail
 }
 
 /// A [`Recorder`] that keeps a [`Transcript`] (and a [`Holophore`] when the Loom has one) and knows

@@ -1,0 +1,135 @@
+//! The records the [`Loom`](super::Loom) writes: one JSON line per rollout ([`RolloutRecord`]), its
+//! contexts in text and in token space, and why a rollout or a row failed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::interpreter::Row;
+use crate::Role;
+
+/// One finished rollout: a line of the JSONL; see the [module documentation](super).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    pub row_index: usize,
+    pub rollout_index: usize,
+    pub seed: u64,
+    pub row: Row,
+    pub contexts: Vec<ContextRecord>,
+    pub rewards: BTreeMap<String, f64>,
+    pub weights: BTreeMap<String, f64>,
+    /// Why reward components got their values, where the holotypes said (`Recorder::feedback`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feedback: BTreeMap<String, String>,
+    pub reward: f64,
+    /// Sample requests the rollout made.
+    pub samples: u32,
+    /// A sample ran out of tokens (`max_tokens`, or the model's context); see "Truncation" in the
+    /// [module documentation](super).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// The training step whose batch the rollout belongs to (written by the trainer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    pub error: Option<Failure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    pub trained: bool,
+    pub messages: Vec<MessageRecord>,
+    /// The context in token space, when the Loom records with a [`Holophore`](crate::holophore::Holophore)
+    /// ([`Loom::with_holophore`](super::Loom::with_holophore)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokensRecord>,
+}
+
+/// A context as training consumes it: [`crate::holophore::Context::ids`], `loss_mask` and `logprobs`,
+/// aligned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokensRecord {
+    pub ids: Vec<u32>,
+    /// 1 exactly on the sampled tokens of a trained context.
+    pub loss_mask: Vec<u8>,
+    /// The sampler's logprob of each sampled token; 0 elsewhere and where the sampler gave none.
+    pub logprobs: Vec<f32>,
+    /// Some completion came as text only and was tokenized by the holophore, so its ids may differ
+    /// from what the model sampled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retokenized: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageRecord {
+    pub role: Role,
+    pub parts: Vec<PartRecord>,
+}
+
+/// The message as a chat request sends it: its parts' text joined.
+impl From<&MessageRecord> for crate::sampler::ChatMessage {
+    fn from(message: &MessageRecord) -> Self {
+        crate::sampler::ChatMessage {
+            role: message.role,
+            content: message
+                .parts
+                .iter()
+                .map(|part| part.text.as_str())
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartRecord {
+    pub text: String,
+    /// Written by the model (what training learns from in a trained context).
+    pub sampled: bool,
+}
+
+/// Why a rollout failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub stage: Stage,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The rollout could not be built (a holotype's constructor failed).
+    Start,
+    /// The rollout failed while stepping: a [`RolloutError`](crate::RolloutError) or a panic.
+    Rollout,
+    /// The sampler could not complete one of its requests.
+    Sampler,
+}
+
+/// Milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// When the rollout started, from the start of the run.
+    pub start_ms: f64,
+    /// From its start to its end.
+    pub wall_ms: f64,
+    /// The part of `wall_ms` spent waiting for its samples.
+    pub sample_ms: f64,
+}
+
+/// A row that ran no rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowFailure {
+    pub row_index: usize,
+    pub message: String,
+}
+
+/// A rollout that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutFailure {
+    pub row_index: usize,
+    pub rollout_index: usize,
+    pub failure: Failure,
+}
