@@ -9,7 +9,8 @@
 #
 # GRPO is `holo demo` itself (hol/arithmetic.hol, G = 8 × 8 rows per step); its run folder holds the
 # warmed-up model (`warmup/`), the problems and its options (`config.toml`), which the other runs reuse:
-# - ppo: `--algorithm ppo`, one rollout per row (64 rows per step), 4 PPO epochs, kl_coef = the demo's beta;
+# - ppo: `--algorithm ppo`, one rollout per row (64 rows per step; evaluated with G = 8 as the others), 4 PPO
+#   epochs, kl_coef = the demo's beta;
 # - grpo-curriculum: the training rows get a `difficulty` column (1: the ones digits do not carry, 2: they
 #   do), served easiest first (`curriculum_threshold` 0.6 over 8 groups), with DAPO's dynamic sampling.
 # Accuracy is `eval/rewards/math_answer/mean` (held-out problems, the demo's G samples each).
@@ -41,7 +42,8 @@ PY
         [ -f "$base/$variant/metrics.jsonl" ] && continue
         data="$base/grpo/problems/train.jsonl"
         case $variant in
-            ppo) flags=(--algorithm ppo --num-generations 1 --num-ppo-epochs 4 --kl-coef 0.04) ;;
+            ppo) flags=(--algorithm ppo --num-generations 1 --num-generations-eval 8 --num-ppo-epochs 4
+                        --kl-coef 0.04) ;;
             grpo-curriculum)
                 data="$base/levels.jsonl"
                 flags=(--difficulty-column difficulty --curriculum-window 8 --curriculum-threshold 0.6
