@@ -125,7 +125,7 @@ pub fn aggregate(body: &Map<String, Value>) -> Result<Value, RowError> {
     }))
 }
 
-fn group<'a>(scored: &'a [Scored], key: impl Fn(&Scored) -> u64) -> BTreeMap<u64, Vec<&'a Scored>> {
+fn group(scored: &[Scored], key: impl Fn(&Scored) -> u64) -> BTreeMap<u64, Vec<&Scored>> {
     let mut groups: BTreeMap<u64, Vec<&Scored>> = BTreeMap::new();
     for one in scored {
         groups.entry(key(one)).or_default().push(one);
@@ -157,7 +157,7 @@ fn statistics<'a>(scored: impl Iterator<Item = &'a Scored>) -> Map<String, Value
         let n = values.len() as f64;
         let mean = values.iter().sum::<f64>() / n;
         let middle = values.len() / 2;
-        let median = if values.len() % 2 == 0 {
+        let median = if values.len().is_multiple_of(2) {
             (values[middle - 1] + values[middle]) / 2.0
         } else {
             values[middle]
