@@ -104,9 +104,10 @@ pub fn run(args: GymArgs) -> ExitCode {
     ) {
         return code;
     }
-    // Several workers: rollouts step their holotypes on the runtime's threads.
+    // Several workers: rollouts step their holotypes (tools, code, rewards) on the runtime's threads.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
     {
