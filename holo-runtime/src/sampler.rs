@@ -138,3 +138,50 @@ impl<F: Fn(usize, u32, f32) -> bool + Send + Sync> TokenSink for F {
         self(index, token, logprob)
     }
 }
+
+/// Parameters imposed on every request of a run, over what each request asks (`holo gym` applies a
+/// NeMo Gym row's `temperature`, `top_p` and `max_output_tokens` this way). `None` leaves a request's
+/// own value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Imposed {
+    /// Replaces each request's temperature.
+    pub temperature: Option<f64>,
+    /// Replaces each request's top-p.
+    pub top_p: Option<f64>,
+    /// Caps each request's `max_tokens` (a request without one gets this one).
+    pub max_tokens: Option<u32>,
+}
+
+impl Imposed {
+    /// `params` with the imposed values.
+    pub fn apply(&self, params: &SampleParams) -> SampleParams {
+        SampleParams {
+            temperature: self.temperature.or(params.temperature),
+            top_p: self.top_p.or(params.top_p),
+            max_tokens: match (params.max_tokens, self.max_tokens) {
+                (Some(own), Some(cap)) => Some(own.min(cap)),
+                (own, cap) => own.or(cap),
+            },
+            ..params.clone()
+        }
+    }
+}
+
+/// A sampler whose every request has [`Imposed`] parameters.
+pub struct WithImposed<'a> {
+    pub inner: &'a dyn Sampler,
+    pub imposed: Imposed,
+}
+
+impl Sampler for WithImposed<'_> {
+    fn sample<'b>(&'b self, batch: &'b [Request]) -> SampleFuture<'b> {
+        let batch: Vec<Request> = batch
+            .iter()
+            .map(|request| Request {
+                prompt: request.prompt.clone(),
+                params: self.imposed.apply(&request.params),
+            })
+            .collect();
+        Box::pin(async move { self.inner.sample(&batch).await })
+    }
+}

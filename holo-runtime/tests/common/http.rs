@@ -63,3 +63,47 @@ pub async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
         raw,
     })
 }
+
+/// A stub HTTP server on 127.0.0.1: `answer` gives each request's status and body (JSON text) from the
+/// request and its index; every request is kept, in order. Returns its `http://host:port`.
+pub async fn stub<F>(answer: F) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>)
+where
+    F: Fn(&Seen, usize) -> (u16, String) + Send + Sync + 'static,
+{
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncWriteExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&seen);
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (kept, answer) = (Arc::clone(&kept), Arc::clone(&answer));
+            tokio::spawn(async move {
+                while let Some(request) = read_request(&mut stream).await {
+                    let index = {
+                        let mut kept = kept.lock().unwrap();
+                        kept.push(request.clone());
+                        kept.len() - 1
+                    };
+                    let (status, body) = answer(&request, index);
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}

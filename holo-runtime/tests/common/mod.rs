@@ -6,6 +6,7 @@ pub mod json;
 #[cfg(feature = "local")]
 pub mod logits;
 pub mod parity;
+pub mod process;
 pub mod rollout;
 #[cfg(feature = "local")]
 pub mod served;

@@ -13,6 +13,8 @@ mod eval;
 mod export;
 mod export_data;
 #[cfg(feature = "local")]
+mod gym;
+#[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
 mod options;
@@ -172,6 +174,15 @@ enum Command {
     /// contexts is refused). When the API restarts, registers again and loses no group it held. Exit
     /// status 2 for bad input, 1 when the API failed for good.
     AtroposEnv(atropos_env::AtroposEnvArgs),
+    /// A holoware as a NeMo Gym agent server: POST /run rolls a dataset row out against the
+    /// OpenAI-compatible policy (--policy-url, or the head server's policy_base_url) and answers the
+    /// row with a Responses API `response` (per sampled turn: prompt_token_ids, generation_token_ids,
+    /// generation_log_probs exactly as sampled), `reward` and `reward_components`; POST
+    /// /aggregate_metrics summarizes rewards. For ng_collect_rollouts, NeMo RL and the trainers that
+    /// consume NeMo Gym. Runs until interrupted; exit status 2 for bad options.
+    #[cfg(feature = "local")]
+    #[command(after_long_help = gym::ROWS_HELP)]
+    Gym(gym::GymArgs),
     /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
     /// layout under `adapter/`).
     #[cfg(feature = "local")]
@@ -468,6 +479,8 @@ fn main() -> ExitCode {
         Command::Runs { dir } => runs::run(dir),
         Command::ExportData(args) => export_data::run(args),
         Command::AtroposEnv(args) => atropos_env::run(args),
+        #[cfg(feature = "local")]
+        Command::Gym(args) => gym::run(args),
         Command::View(args) => view::run(args),
     }
 }

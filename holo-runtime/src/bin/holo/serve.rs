@@ -44,7 +44,7 @@ pub struct ConnectionArgs {
     no_access_log: bool,
 }
 
-fn positive_seconds(text: &str) -> Result<f64, String> {
+pub fn positive_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 => Ok(seconds),
         Ok(_) => Err(format!("{text} is not a number of seconds above 0")),
