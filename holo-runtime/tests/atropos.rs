@@ -7,18 +7,16 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::http::{read_request, Seen};
+use common::http::stub;
+use common::process::{free_port, Process};
 use common::served::{tiny_model, Served};
 use common::tempdir::Dir;
 use holo_runtime::engines::atropos::api::{Api, ApiError, Retry, ScoredData};
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 
 /// Retries without waits, so that the stub tests take no time.
 fn quick() -> Retry {
@@ -27,56 +25,6 @@ fn quick() -> Retry {
         base_delay: Duration::ZERO,
         max_delay: Duration::ZERO,
     }
-}
-
-/// A port nothing listens on (the OS's pick, released).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A stub Atropos API on 127.0.0.1: `answer` gives each request's status and body (JSON text) from the
-/// request and its index; every request is kept, in order.
-async fn stub<F>(answer: F) -> (String, Arc<Mutex<Vec<Seen>>>)
-where
-    F: Fn(&Seen, usize) -> (u16, String) + Send + Sync + 'static,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let kept = Arc::clone(&seen);
-    let answer = Arc::new(answer);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            let (kept, answer) = (Arc::clone(&kept), Arc::clone(&answer));
-            tokio::spawn(async move {
-                while let Some(request) = read_request(&mut stream).await {
-                    let index = {
-                        let mut kept = kept.lock().unwrap();
-                        kept.push(request.clone());
-                        kept.len() - 1
-                    };
-                    let (status, body) = answer(&request, index);
-                    let head = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if stream.write_all(head.as_bytes()).await.is_err()
-                        || stream.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (url, seen)
 }
 
 #[tokio::test]
@@ -151,53 +99,6 @@ async fn large_bodies_go_gzipped_and_small_ones_plain_as_base_env_sends_them() {
     assert_eq!(seen[1].headers.get("content-encoding"), None);
 }
 
-/// `holo ARGS` with stdout and stderr into `log`, killed when dropped.
-struct Process {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(command: &mut Command, log: PathBuf) -> Process {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = command
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        Process { child, log }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Its exit status and output, waiting at most `limit`.
-    fn finish(&mut self, limit: Duration) -> (ExitStatus, String) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return (status, self.output());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not finish within {limit:?}:\n{}",
-                self.log.display(),
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn holo(args: &[&str]) -> Command {
     common::holo_command(args)
 }
@@ -239,7 +140,7 @@ fn train_args<'a>(api: &'a str, model: &'a str, out: &'a str, steps: &'a str) ->
 fn an_api_that_is_down_is_named_by_the_trainer_and_the_environment() {
     let dir = Dir::new("atropos-down");
     let model = tiny_model("atropos-down");
-    let url = format!("http://127.0.0.1:{}", closed_port());
+    let url = format!("http://127.0.0.1:{}", free_port());
     let out = dir.path().join("run");
     let trainer = holo(&train_args(
         &url,
@@ -411,7 +312,7 @@ fn a_holoware_environment_feeds_holo_train_through_run_api() {
     let Some(run_api) = run_api() else { return };
     let dir = Dir::new("atropos-holoware");
     let model = tiny_model("atropos-holoware");
-    let port = closed_port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let _api = start_api(&run_api, port, dir.path().join("api.log"));
     let policy = served_tiny(&model);
@@ -462,7 +363,7 @@ fn an_atroposlib_base_env_feeds_holo_train() {
     let python = common::peer_python().expect("run_api found the venv");
     let dir = Dir::new("atropos-base-env");
     let model = tiny_model("atropos-base-env");
-    let port = closed_port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let _api = start_api(&run_api, port, dir.path().join("api.log"));
     let policy = served_tiny(&model);
@@ -510,7 +411,7 @@ fn a_restarted_api_is_registered_with_again_and_the_run_completes() {
     let Some(run_api) = run_api() else { return };
     let dir = Dir::new("atropos-restart");
     let model = tiny_model("atropos-restart");
-    let port = closed_port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut api = start_api(&run_api, port, dir.path().join("api-1.log"));
     let policy = served_tiny(&model);

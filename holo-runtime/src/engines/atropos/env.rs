@@ -39,7 +39,7 @@ use crate::holophore::Holophore;
 use crate::interpreter::{Holoware, Row};
 use crate::loom::{Loom, LoomConfig, RolloutRecord};
 use crate::resources::Resources;
-use crate::sampler::{Request, SampleFuture, Sampler};
+use crate::sampler::{Imposed, Sampler, WithImposed};
 
 /// How the environment registers and throttles; the defaults are `BaseEnvConfig`'s.
 #[derive(Debug, Clone, PartialEq)]
@@ -380,26 +380,6 @@ async fn reconnect(api: &Api, options: &EnvOptions, error: ApiError) -> Result<S
     }
 }
 
-/// Every request of the policy at the environment's temperature.
-struct AtTemperature<'a> {
-    inner: &'a dyn Sampler,
-    temperature: f64,
-}
-
-impl Sampler for AtTemperature<'_> {
-    fn sample<'b>(&'b self, batch: &'b [Request]) -> SampleFuture<'b> {
-        let batch: Vec<Request> = batch
-            .iter()
-            .map(|request| {
-                let mut request = request.clone();
-                request.params.temperature = Some(self.temperature);
-                request
-            })
-            .collect();
-        Box::pin(async move { self.inner.sample(&batch).await })
-    }
-}
-
 /// `G` rollouts of each row of a round through the Loom, grouped: row by row, rollouts in order.
 async fn roll_out(
     rollouts: &Rollouts<'_>,
@@ -419,9 +399,12 @@ async fn roll_out(
         },
     )
     .with_holophore(rollouts.holophore.fork());
-    let policy = AtTemperature {
+    let policy = WithImposed {
         inner: rollouts.policy,
-        temperature: options.temperature,
+        imposed: Imposed {
+            temperature: Some(options.temperature),
+            ..Imposed::default()
+        },
     };
     let mut jsonl = Vec::new();
     let summary = loom
