@@ -726,7 +726,9 @@ impl Model {
         Ok(())
     }
 
-    fn logits_dtype(&self) -> DType {
+    /// The type of the logits, log-probabilities and losses: f64 for an f64 model, f32 otherwise (a
+    /// half-precision model's logits are cast up).
+    pub fn logits_dtype(&self) -> DType {
         match self.dtype() {
             DType::F64 => DType::F64,
             _ => DType::F32,
