@@ -1,10 +1,10 @@
 //! What runs where: which implementation computes a projection's `x · wᵀ`, and the precision a device
 //! samples and trains in.
 //!
-//! Our own products ([`skinny`](super::skinny), [`frozen`](super::frozen)) are CPU code (candle custom ops
-//! with a CPU kernel only); on a GPU every product is candle's, which runs on cuBLAS. The decisions take a
-//! description of the operands ([`Operands`]) rather than tensors, so that the CUDA side of each is
-//! tested on machines without a GPU.
+//! Our own products (`local/skinny.rs`, `local/frozen.rs`) are CPU code (candle custom ops with a CPU
+//! kernel only); on a GPU every product is candle's, which runs on cuBLAS. The decisions take a
+//! description of the operands ([`Operands`]) rather than tensors, so that the CUDA side of each is tested
+//! on machines without a GPU.
 
 use candle_core::{DType, DeviceLocation, Tensor};
 
@@ -49,10 +49,10 @@ impl Operands {
 /// The implementation of one projection's matrix product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Product {
-    /// [`skinny::matmul`](super::skinny::matmul): a few rows of f32 activations against bf16 or f32
+    /// `skinny::matmul`: a few rows of f32 activations against bf16 or f32
     /// weights, on the CPU, no backward.
     Skinny,
-    /// [`frozen::matmul`](super::frozen::matmul): an untrained weight in a differentiable pass on the
+    /// `frozen::matmul`: an untrained weight in a differentiable pass on the
     /// CPU, with no gradient computed for it.
     Frozen,
     /// candle's `matmul` (cuBLAS on CUDA).
