@@ -99,7 +99,10 @@ pub fn parse_device(name: &str) -> Result<Device, String> {
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<Device, String> {
     Device::new_cuda(ordinal).map_err(|error| {
-        format!("cannot open CUDA device {ordinal} (is there an NVIDIA GPU with that number, and its driver?): {error}")
+        // The driver's error, without the backtrace candle appends when RUST_BACKTRACE is set.
+        let error = error.to_string();
+        let cause = error.lines().next().unwrap_or_default();
+        format!("cannot open CUDA device {ordinal} (is there an NVIDIA GPU with that number, and its driver?): {cause}")
     })
 }
 
