@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""GRPO training steps on the CPU: `holo train` against TRL's `GRPOTrainer`, side by side.
+"""GRPO training steps on the CPU or a GPU: `holo train` against TRL's `GRPOTrainer`, side by side.
 
     ~/.cache/holo-peers/venv/bin/python benches/grpo_compare.py [--which tiny|qwen05b|both]
         [--seeds 0,1,2] [--steps 30] [--batch 32] [--num-generations 8] [--learning-rate 3e-3]
         [--seeds-05b 0,1,2] [--steps-05b 3] [--batch-05b 4] [--num-generations-05b 4]
         [--learning-rate-05b 1e-5] [--max-completion-length 16] [--beta 0.0] [--loss-type dapo]
-        [--temperature 1.0] [--gradient-checkpointing true] [--threads 2] [--json FILE]
+        [--temperature 1.0] [--gradient-checkpointing true] [--threads 2] [--device cpu|cuda] [--json FILE]
 
 Both sides train the same model folder on the same data with the same GRPO settings, one process each,
 one after the other (TRL first, then holo, for every seed):
@@ -39,6 +39,12 @@ reward of the last `--reward-window` steps (5, or all of the steps when fewer) a
 generation phase (`_generate_and_score_completions`) is timed as well, to split its step. The figures are
 medians over seeds (times) and means over seeds (rewards) for each model.
 
+`--device cuda` runs both sides on the first GPU in bf16 (holo built with `--features cuda`; docs/cuda.md):
+TRL loads the weights in bf16 with `bf16=True` (weights, gradients and AdamW's moments in bf16, as holo on
+CUDA), holo gets `--device cuda:0`. Peak GPU memory is then reported for both, as the rise of the GPU's used
+memory during the process (benches/gpu.py; TRL's `torch.cuda.max_memory_allocated` is recorded too). Use
+`--idle-wait 0` there: the CPU-load checks are for the 2-core machines.
+
 Models:
 - tiny:    the peers' tiny Qwen2 (`~/.cache/holo-peers/tiny-qwen2`, 2 layers, hidden 64, vocab 512);
 - qwen05b: `holo init-model --arch qwen2 --preset small` (Qwen2.5-0.5B's decoder shapes: hidden 896, 24
@@ -53,6 +59,7 @@ used during the run ("other load", in cores), and runs a side again when that ex
 (0.15 cores), at most `--attempts` (3) times; the table shows the largest other load that was kept.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -63,6 +70,8 @@ import sys
 import tempfile
 import textwrap
 import time
+
+import gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOL = os.path.join(ROOT, "benches", "arith.hol")
@@ -138,6 +147,7 @@ TRL_SIDE = REWARDS + textwrap.dedent(
 
     config = json.loads(sys.argv[1])
     torch.set_num_threads(config["threads"])
+    on_gpu = config["device"] == "cuda"
     set_seed(config["seed"])
 
 
@@ -176,14 +186,14 @@ TRL_SIDE = REWARDS + textwrap.dedent(
     }
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": row["question"]}], "expected": row["expected"]} for row in rows])
-    model = AutoModelForCausalLM.from_pretrained(config["model"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(config["model"], dtype=torch.bfloat16 if on_gpu else torch.float32)
     args = GRPOConfig(
         output_dir=config["out"], max_steps=config["steps"], per_device_train_batch_size=config["batch"],
         gradient_accumulation_steps=1, num_generations=config["num_generations"],
         max_completion_length=config["max_completion_length"], learning_rate=config["learning_rate"],
         lr_scheduler_type="linear", warmup_steps=0, beta=config["beta"], loss_type=config["loss_type"],
         temperature=config["temperature"], top_p=1.0, top_k=0,
-        gradient_checkpointing=config["gradient_checkpointing"], use_vllm=False, use_cpu=True, bf16=False,
+        gradient_checkpointing=config["gradient_checkpointing"], use_vllm=False, use_cpu=not on_gpu, bf16=on_gpu,
         fp16=False, report_to="none", logging_steps=1, save_strategy="no", seed=config["seed"],
         data_seed=config["seed"], dataloader_num_workers=0, disable_tqdm=True,
     )
@@ -213,6 +223,7 @@ TRL_SIDE = REWARDS + textwrap.dedent(
         "mean_length": [h.get("completions/mean_length") for h in logs],
         "prompt_ids": prompt_ids,
         "versions": {"torch": torch.__version__, "threads": torch.get_num_threads()},
+        "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
     }))
     """
 )
@@ -243,19 +254,22 @@ def wait_idle(limit_s, threshold=0.1):
     return False
 
 
-def run_measured(command, env):
-    """Runs a command; returns (stdout, peak RSS in MiB, wall seconds, other load in cores).
+def run_measured(command, env, device="cpu"):
+    """Runs a command; returns (stdout, peak RSS in MiB, wall seconds, other load in cores, peak GPU memory in
+    MiB or None).
 
     Peak RSS and times are GNU time's, measured around the child: `wait4`'s ru_maxrss would fold in this
     script's own high-water mark. The other load is the CPU time that the rest of the machine used during
     the run (all CPU time from /proc/stat less the child's user and system time) per second of wall time:
-    above 0 the run shared its cores.
+    above 0 the run shared its cores. On a GPU, also the rise of its used memory (benches/gpu.py).
     """
+    gpu_peak = gpu.PeakMemory() if device == "cuda" else contextlib.nullcontext()
     with tempfile.NamedTemporaryFile(mode="r") as peak:
         before = busy_seconds()
-        completed = subprocess.run(
-            ["/usr/bin/time", "-f", "%M %e %U %S", "-o", peak.name, *command], capture_output=True, env=env
-        )
+        with gpu_peak:
+            completed = subprocess.run(
+                ["/usr/bin/time", "-f", "%M %e %U %S", "-o", peak.name, *command], capture_output=True, env=env
+            )
         busy = busy_seconds() - before
         if completed.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n"
@@ -263,11 +277,13 @@ def run_measured(command, env):
         rss_kib, wall, user, system = peak.read().split()[-4:]
         wall = float(wall)
         other = max(0.0, busy - float(user) - float(system)) / max(wall, 1e-3)
-        return completed.stdout.decode(), int(rss_kib) / 1024, wall, other
+        gpu_mib = gpu_peak.mib if device == "cuda" else None
+        return completed.stdout.decode(), int(rss_kib) / 1024, wall, other, gpu_mib
 
 
-def build_rust():
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "holo-runtime", "--bin", "holo"], cwd=ROOT,
+def build_rust(device):
+    features = ["--features", "cuda"] if device == "cuda" else []
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "holo-runtime", "--bin", "holo", *features], cwd=ROOT,
                    check=True)
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     return os.path.join(target, "release", "holo")
@@ -328,12 +344,12 @@ def measured(label, command, env, args, before=None):
                   flush=True)
         if before:
             before()
-        out, rss, wall, other = run_measured(command, env)
+        out, rss, wall, other, gpu_mib = run_measured(command, env, args.device)
         if other <= args.max_other_load or attempt == args.attempts:
             if other > args.max_other_load:
                 print(f"    ({label}: other processes used {other:.2f} cores; kept after {attempt} attempts)",
                       flush=True)
-            return out, rss, wall, other, attempt
+            return out, rss, wall, other, attempt, gpu_mib
         print(f"    ({label}: other processes used {other:.2f} cores during the run; measuring again)",
               flush=True)
 
@@ -348,8 +364,8 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
                   num_generations=settings["num_generations"], max_completion_length=args.max_completion_length,
                   learning_rate=settings["learning_rate"], beta=args.beta, loss_type=args.loss_type,
                   temperature=args.temperature, gradient_checkpointing=args.gradient_checkpointing,
-                  threads=args.threads)
-    out, trl_rss, trl_wall, trl_other, trl_attempts = measured(
+                  threads=args.threads, device=args.device)
+    out, trl_rss, trl_wall, trl_other, trl_attempts, trl_gpu = measured(
         "TRL", [sys.executable, "-c", TRL_SIDE, json.dumps(config)], env, args)
     trl = json.loads(out.strip().splitlines()[-1])
 
@@ -360,8 +376,9 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
                "--learning-rate", repr(settings["learning_rate"]), "--seed", str(seed), "--beta", repr(args.beta),
                "--loss-type", args.loss_type, "--temperature", repr(args.temperature),
                "--gradient-checkpointing", str(args.gradient_checkpointing).lower(),
-               "--lr-scheduler-type", "linear", "--top-p", "1.0", "--top-k", "0"]
-    _, holo_rss, holo_wall, holo_other, holo_attempts = measured(
+               "--lr-scheduler-type", "linear", "--top-p", "1.0", "--top-k", "0",
+               "--device", "cuda:0" if args.device == "cuda" else "cpu"]
+    _, holo_rss, holo_wall, holo_other, holo_attempts, holo_gpu = measured(
         "holo", command, env, args, before=lambda: shutil.rmtree(run, ignore_errors=True))
     with open(os.path.join(run, "metrics.jsonl")) as lines:
         metrics = [json.loads(line) for line in lines if line.strip()]
@@ -375,14 +392,15 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
         sys.exit(f"expected {steps} steps, TRL logged {len(trl['step_time'])}, holo {len(ours['step_time'])}")
     window = min(args.reward_window, steps)
 
-    def summary(side, rss, wall, other, attempts):
+    def summary(side, rss, wall, other, attempts, gpu_mib):
         later = side["step_time"][1:] or side["step_time"]
-        return dict(side, median_step_s=statistics.median(later), peak_rss_mib=rss, wall_s=wall,
+        return dict(side, median_step_s=statistics.median(later), peak_rss_mib=rss, peak_gpu_mib=gpu_mib, wall_s=wall,
                     other_load_cores=other, attempts=attempts,
                     last_reward=statistics.fmean(side["reward"][-window:]), first_reward=side["reward"][0])
 
-    result = {"seed": seed, "trl": summary(trl, trl_rss, trl_wall, trl_other, trl_attempts),
-              "holo": summary(ours, holo_rss, holo_wall, holo_other, holo_attempts), "rollouts_checked": checked}
+    result = {"seed": seed, "trl": summary(trl, trl_rss, trl_wall, trl_other, trl_attempts, trl_gpu),
+              "holo": summary(ours, holo_rss, holo_wall, holo_other, holo_attempts, holo_gpu),
+              "rollouts_checked": checked}
     t, h = result["trl"], result["holo"]
     generation = statistics.median(t["generation_time"][1:] or t["generation_time"])
     print(f"  seed {seed}: TRL {t['median_step_s']:.3f} s/step (generation {generation:.3f}), "
@@ -390,6 +408,9 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
           f"other load {trl_other:.2f}; holo {h['median_step_s']:.3f} s/step, {h['peak_rss_mib']:.0f} MiB, "
           f"reward {h['first_reward']:+.3f} -> {h['last_reward']:+.3f}, other load {holo_other:.2f} "
           f"({checked} rollouts checked)", flush=True)
+    if args.device == "cuda":
+        print(f"    peak GPU memory: TRL {trl_gpu:.0f} MiB (torch allocated {trl['max_memory_allocated_mib']:.0f}), "
+              f"holo {holo_gpu:.0f} MiB", flush=True)
     return result
 
 
@@ -413,6 +434,7 @@ def compare(name, folder, holo, settings, args, work):
         row[side] = {
             "median_step_s": over_seeds(side, "median_step_s", statistics.median),
             "peak_rss_mib": over_seeds(side, "peak_rss_mib", max),
+            "peak_gpu_mib": over_seeds(side, "peak_gpu_mib", max) if args.device == "cuda" else None,
             "last_reward": over_seeds(side, "last_reward", statistics.fmean),
             "first_reward": over_seeds(side, "first_reward", statistics.fmean),
             "wall_s": over_seeds(side, "wall_s", statistics.median),
@@ -454,11 +476,13 @@ def main():
     parser.add_argument("--max-other-load", type=float, default=0.15,
                         help="run a side again when the rest of the machine used more cores than this during it")
     parser.add_argument("--attempts", type=int, default=3, help="runs of a side at most (see --max-other-load)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where both sides train (cuda: the first GPU, bf16; holo built with --features cuda)")
     parser.add_argument("--json", help="also write every figure here")
     args = parser.parse_args()
     args.gradient_checkpointing = args.gradient_checkpointing == "true"
     os.makedirs(args.work_dir, exist_ok=True)
-    holo = build_rust()
+    holo = build_rust(args.device)
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-compare-") as work:
         if args.which in ("tiny", "both"):
@@ -489,6 +513,8 @@ def main():
                               "holo_s_per_step": row["holo"]["median_step_s"], "speedup": row["speedup"],
                               "trl_peak_rss_mib": row["trl"]["peak_rss_mib"],
                               "holo_peak_rss_mib": row["holo"]["peak_rss_mib"], "rss_ratio": row["rss_ratio"],
+                              "trl_peak_gpu_mib": row["trl"]["peak_gpu_mib"],
+                              "holo_peak_gpu_mib": row["holo"]["peak_gpu_mib"],
                               "trl_reward": row["trl"]["last_reward"], "holo_reward": row["holo"]["last_reward"],
                               "speedup_at_least_3": row["speedup"] >= 3, "rss_not_above_trl": row["rss_ratio"] <= 1,
                               "reward_not_below_trl": row["holo"]["last_reward"] >= row["trl"]["last_reward"]}

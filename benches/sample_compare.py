@@ -3,6 +3,7 @@
 
     ~/.cache/holo-peers/venv/bin/python benches/sample_compare.py [--which tiny|qwen05b|both]
         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--threads 2] [--dtype f32|bf16]
+        [--device cpu|cuda]
 
 Both sides load the same Hugging Face folder, sample the same batch of random prompt ids (seeded) at
 temperature 1 with no top-k/top-p, and generate exactly --new tokens per row (transformers:
@@ -11,6 +12,11 @@ the other, with a warm-up run before --repeats timed runs; the script prints the
 second of each, the ratio, and each process's peak resident memory (GNU time's maximum RSS). `--dtype bf16`
 loads the weights in bf16 on both sides: transformers computes in bf16 (torch's CPU kernels), holo keeps
 the matrices in bf16 and computes in f32.
+
+`--device cuda` runs both sides on the first GPU (holo built with `--features cuda`; see docs/cuda.md), at
+bf16 both computing in bf16; each timed run ends with `torch.cuda.synchronize()` on the Python side (holo's
+sampled tokens come back to the host at every step). Peak GPU memory is the rise of the GPU's used memory
+(`nvidia-smi`, polled every 0.1 s) over what it was before the process started, the CUDA context included.
 
 Models (built once under --work-dir, default ~/.cache/holo-peers/bench-models):
 - tiny:    `holo init-model --arch qwen2 --preset tiny` (107k parameters, vocab 512);
@@ -25,6 +31,7 @@ and cargo; builds the Rust side with
 anything else runs: run it on an idle machine.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +40,8 @@ import sys
 import tempfile
 import textwrap
 
+import gpu
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PYTHON_SIDE = textwrap.dedent(
@@ -40,13 +49,15 @@ PYTHON_SIDE = textwrap.dedent(
     import json, statistics, sys, time
     import torch
     from transformers import AutoModelForCausalLM, set_seed
-    folder, batch, prompt_len, new, repeats, threads, seed, dtype = sys.argv[1:9]
+    folder, batch, prompt_len, new, repeats, threads, seed, dtype, device = sys.argv[1:10]
     batch, prompt_len, new, repeats, threads, seed = map(int, (batch, prompt_len, new, repeats, threads, seed))
     torch.set_num_threads(threads)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    model = model.to(device)
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     attention = torch.ones_like(ids)
     kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
               pad_token_id=0, use_cache=True)
@@ -56,8 +67,10 @@ PYTHON_SIDE = textwrap.dedent(
         model.generate(input_ids=ids, attention_mask=attention, **kw)
         for r in range(repeats):
             set_seed(seed + r + 1)
+            sync()
             start = time.perf_counter()
             out = model.generate(input_ids=ids, attention_mask=attention, **kw)
+            sync()
             times.append(time.perf_counter() - start)
             assert out.shape[1] - prompt_len == new
     median = statistics.median(times)
@@ -67,24 +80,30 @@ PYTHON_SIDE = textwrap.dedent(
 )
 
 
-def run_measured(command, env=None):
-    """Runs a command, returns (stdout, peak RSS in MiB).
+def run_measured(command, env=None, device="cpu"):
+    """Runs a command, returns (stdout, peak RSS in MiB, peak GPU memory in MiB or None).
 
     The peak is measured by GNU time around the command: `wait4`'s ru_maxrss would include this script's own
     peak (Linux keeps the high-water mark across fork and exec), which building the 0.5B folder inflates.
+    On a GPU, also the rise of its used memory (benches/gpu.py).
     """
+    gpu_peak = gpu.PeakMemory() if device == "cuda" else contextlib.nullcontext()
     with tempfile.NamedTemporaryFile(mode="r") as peak:
-        completed = subprocess.run(
-            ["/usr/bin/time", "-f", "%M", "-o", peak.name, *command], capture_output=True, env=env
-        )
+        with gpu_peak:
+            completed = subprocess.run(
+                ["/usr/bin/time", "-f", "%M", "-o", peak.name, *command], capture_output=True, env=env
+            )
         if completed.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stderr.decode(errors='replace')}")
-        return completed.stdout.decode(), int(peak.read().split()[-1]) / 1024
+        rss_mib = int(peak.read().split()[-1]) / 1024
+    return completed.stdout.decode(), rss_mib, (gpu_peak.mib if device == "cuda" else None)
 
 
-def build_rust():
+def build_rust(device):
+    features = ["--features", "cuda"] if device == "cuda" else []
     subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "holo-runtime", "--example", "sample_bench", "--bin", "holo"],
+        ["cargo", "build", "--release", "-q", "-p", "holo-runtime", "--example", "sample_bench", "--bin", "holo",
+         *features],
         cwd=ROOT,
         check=True,
     )
@@ -124,25 +143,29 @@ def compare(name, folder, bench, args):
     shape = [str(args.batch), str(args.prompt_len), str(args.new), str(args.repeats)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    theirs_out, theirs_rss = run_measured(
-        [sys.executable, "-c", PYTHON_SIDE, folder, *shape, str(args.threads), str(args.seed), args.dtype], env
+    theirs_out, theirs_rss, theirs_gpu = run_measured(
+        [sys.executable, "-c", PYTHON_SIDE, folder, *shape, str(args.threads), str(args.seed), args.dtype,
+         args.device], env, args.device
     )
-    ours_out, ours_rss = run_measured(
+    ours_out, ours_rss, ours_gpu = run_measured(
         [bench, folder, "--batch", shape[0], "--prompt-len", shape[1], "--new", shape[2], "--repeats", shape[3],
-         "--seed", str(args.seed), "--dtype", args.dtype],
-        dict(env, RAYON_NUM_THREADS=str(args.threads)),
+         "--seed", str(args.seed), "--dtype", args.dtype, "--device", args.device],
+        dict(env, RAYON_NUM_THREADS=str(args.threads)), args.device
     )
     theirs, ours = json.loads(theirs_out), json.loads(ours_out)
     ratio = ours["new_tokens_per_s"] / theirs["new_tokens_per_s"]
     print(f"{name}: batch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens per row, "
-          f"{args.threads} threads, {args.dtype} weights")
+          f"{args.threads} threads, {args.dtype} weights, {args.device}")
     print(f"  transformers generate: {theirs['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
           f"peak RSS {theirs_rss:7.0f} MiB")
     print(f"  holo-runtime (candle): {ours['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
           f"peak RSS {ours_rss:7.0f} MiB")
+    if args.device == "cuda":
+        print(f"  peak GPU memory:       transformers {theirs_gpu:7.0f} MiB, holo {ours_gpu:7.0f} MiB")
     print(f"  holo / transformers:   {ratio:.2f}x tokens/s, {ours_rss / theirs_rss:.2f}x peak memory")
-    return {"model": name, "dtype": args.dtype, "transformers": dict(theirs, peak_rss_mib=theirs_rss),
-            "holo": dict(ours, peak_rss_mib=ours_rss), "ratio": ratio}
+    return {"model": name, "dtype": args.dtype, "device": args.device,
+            "transformers": dict(theirs, peak_rss_mib=theirs_rss, peak_gpu_mib=theirs_gpu),
+            "holo": dict(ours, peak_rss_mib=ours_rss, peak_gpu_mib=ours_gpu), "ratio": ratio}
 
 
 def main():
@@ -156,11 +179,13 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
                         help="weight precision on both sides (holo bf16: bf16 matrices, f32 arithmetic)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where both sides run (cuda: the first GPU; holo built with --features cuda)")
     parser.add_argument("--work-dir", default=os.path.expanduser("~/.cache/holo-peers/bench-models"))
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
-    holo, bench = build_rust()
+    holo, bench = build_rust(args.device)
     results = []
     if args.which in ("tiny", "both"):
         results.append(compare("tiny", tiny_model(holo, args.work_dir), bench, args))

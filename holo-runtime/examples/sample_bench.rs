@@ -2,10 +2,12 @@
 //!
 //!     cargo run --release -p holo-runtime --example sample_bench -- MODEL_DIR \
 //!         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--seed 0] [--dtype f32|f16|bf16]
+//!         [--device cpu|cuda|cuda:N]
 //!
 //! Random prompt ids (seeded), temperature 1, no top-k/top-p, no end-of-turn: every row samples exactly
 //! `--new` tokens, as transformers' `generate(min_new_tokens=new)` does on the Python side. Prints one
-//! JSON object: the run times, new tokens per second (median and best) and the prefill time.
+//! JSON object: the run times, new tokens per second (median and best) and the prefill time. On a GPU the
+//! sampled tokens come back to the host at every step, so each timed run ends with the device's work.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,13 +16,14 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::positions_from_mask;
-use holo_runtime::local::{checkpoint, Ops};
+use holo_runtime::local::{checkpoint, parse_device, Ops};
 use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut dir = None;
     let mut dtype = DType::F32;
+    let mut device = Device::Cpu;
     let (mut batch, mut prompt_len, mut new, mut repeats, mut seed) =
         (8usize, 16usize, 32usize, 3usize, 0u64);
     while let Some(arg) = args.next() {
@@ -50,6 +53,16 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            "--device" => {
+                let name = args.next().unwrap_or_default();
+                device = match parse_device(&name) {
+                    Ok(device) => device,
+                    Err(error) => {
+                        eprintln!("error: --device: {error}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             _ if dir.is_none() && !arg.starts_with('-') => dir = Some(PathBuf::from(arg)),
             _ => {
                 eprintln!("error: unexpected argument {arg:?}");
@@ -58,10 +71,10 @@ fn main() -> ExitCode {
         }
     }
     let Some(dir) = dir else {
-        eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N]");
+        eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N] [--dtype T] [--device D]");
         return ExitCode::from(2);
     };
-    let loaded = checkpoint::load_model(&dir, dtype, &Device::Cpu)
+    let loaded = checkpoint::load_model(&dir, dtype, &device)
         .and_then(|model| Ok((model, checkpoint::load_tokenizer(&dir)?)));
     let (model, tokenizer) = match loaded {
         Ok(loaded) => loaded,
@@ -101,10 +114,11 @@ fn main() -> ExitCode {
     run(0); // warm-up
     let mut times: Vec<f64> = (1..=repeats).map(run).collect();
     let prefill = {
-        let ids = Tensor::new(prompts.concat(), &Device::Cpu)
+        let ids = Tensor::new(prompts.concat(), &device)
             .and_then(|t| t.reshape((batch, prompt_len)))
             .expect("prompt tensor");
-        let mask = Tensor::ones((batch, prompt_len), DType::U8, &Device::Cpu).expect("mask");
+        let mask = Tensor::ones((batch, prompt_len), DType::U8, &device).expect("mask");
+        device.synchronize().expect("device");
         let start = Instant::now();
         let hidden = model
             .forward_hidden(
@@ -121,6 +135,7 @@ fn main() -> ExitCode {
                 Ops::Fast,
             )
             .expect("logits");
+        device.synchronize().expect("device");
         start.elapsed().as_secs_f64()
     };
     let measured = times.clone();
@@ -138,6 +153,8 @@ fn main() -> ExitCode {
             "new_tokens_per_s": tokens / median,
             "best_new_tokens_per_s": tokens / times[0],
             "prefill_s": prefill,
+            "device": format!("{:?}", device.location()),
+            "dtype": format!("{dtype:?}"),
         })
     );
     ExitCode::SUCCESS

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use holo_runtime::local::checkpoint::load_model;
 use holo_runtime::train::advantages::{advantages, Rewards};
 use holo_runtime::train::batch::{Completion, Sequence};
@@ -231,7 +231,7 @@ fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
 fn losses_metrics_and_gradients_match_trl() {
     let fixtures = fixtures();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
-    let base = load_model(&root, DType::F32, &Device::Cpu).expect("fixture model");
+    let base = load_model(&root, DType::F32, &common::test_device()).expect("fixture model");
     let gradient_params: Vec<String> = fixtures["gradient_params"]
         .as_array()
         .unwrap()

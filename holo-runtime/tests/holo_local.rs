@@ -346,6 +346,28 @@ fn devices_and_precisions_are_checked_before_loading() {
     assert!(refused(&["--dtype", "f8"]).contains("unknown dtype \"f8\""));
     assert!(refused(&["--device", "tpu"]).contains("unknown device \"tpu\""));
     assert!(refused(&["--device", "cuda:x"]).contains("not a device number"));
+    // A GPU is opened before the model loads: a build without the feature says how to get it, a build
+    // with it names the device it could not open.
+    #[cfg(not(feature = "cuda"))]
+    for device in ["cuda", "cuda:0", "cuda:3"] {
+        let stderr = refused(&["--device", device]);
+        assert!(
+            stderr.contains(&format!(
+                "device {device:?}: this holo was built without CUDA"
+            )) && stderr.contains("--features cuda"),
+            "{stderr}"
+        );
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let stderr = refused(&["--device", "cuda:99"]);
+        assert!(
+            stderr.contains("device \"cuda:99\": cannot open CUDA device 99"),
+            "{stderr}"
+        );
+    }
+    #[cfg(not(feature = "metal"))]
+    assert!(refused(&["--device", "metal"]).contains("this holo was built without Metal"));
     let serve = holo_command(&["serve", MODEL, "--port", "0", "--dtype", "f8"])
         .output()
         .unwrap();

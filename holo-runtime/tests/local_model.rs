@@ -698,6 +698,47 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
 }
 
+/// Over a half-precision base (bf16 on CUDA; f16 here, the half type the CPU trains in) the adapters are
+/// f32, as PEFT casts them, and the low-rank path runs in f32 beside the base's half-precision product.
+#[test]
+fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
+    let config = config(Arch::Qwen2);
+    let base = random_model(&config, 7, DType::F16);
+    assert_eq!(base.dtype(), DType::F16);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: ["q_proj", "down_proj"].map(String::from).to_vec(),
+        seed: 1,
+        dropout: 0.1,
+    };
+    let (adapted, vars) = base.with_lora(&lora).unwrap();
+    for (name, var) in &vars {
+        assert_eq!(var.dtype(), DType::F32, "{name}");
+    }
+    for (name, weight) in adapted.named_weights() {
+        assert_eq!(weight.dtype(), DType::F16, "base {name}");
+    }
+    for (name, var) in &vars {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
+    adapted.set_dropout_seed(3);
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    let logprobs = adapted
+        .token_logprobs(&input, &mask, Ops::Differentiable)
+        .unwrap();
+    assert_eq!(logprobs.dtype(), DType::F32);
+    let grads = logprobs.sum_all().unwrap().backward().unwrap();
+    assert_every_var_has_a_gradient(&vars, &grads, "lora over f16");
+    for (_, var) in &vars {
+        assert_eq!(grads.get(var.as_tensor()).unwrap().dtype(), DType::F32);
+    }
+}
+
 #[test]
 fn recomputed_gradients_equal_the_whole_graph_backward() {
     use holo_runtime::local::model::LoraConfig;

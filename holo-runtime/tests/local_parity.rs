@@ -30,9 +30,13 @@ fn expected(name: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The fixture in f32 on the test device (see `common::test_device`).
 fn load(name: &str) -> LocalModel {
-    LocalModel::load(fixture(name), LocalOptions::default())
-        .unwrap_or_else(|error| panic!("{name}: {error}"))
+    let options = LocalOptions {
+        device: common::test_device(),
+        ..LocalOptions::default()
+    };
+    LocalModel::load(fixture(name), options).unwrap_or_else(|error| panic!("{name}: {error}"))
 }
 
 #[test]
@@ -129,12 +133,13 @@ fn left_padded_batch_logits_match_transformers() {
             .map(ids)
             .collect();
         let (count, width) = (rows.len(), rows[0].len());
-        let input = Tensor::new(rows.concat(), &Device::Cpu)
+        let device = model.model().device();
+        let input = Tensor::new(rows.concat(), device)
             .unwrap()
             .reshape((count, width))
             .unwrap();
         let mask: Vec<u8> = masks.concat().iter().map(|&m| m as u8).collect();
-        let mask = Tensor::new(mask, &Device::Cpu)
+        let mask = Tensor::new(mask, device)
             .unwrap()
             .reshape((count, width))
             .unwrap();
@@ -170,11 +175,12 @@ fn completion_logprobs_match_transformers() {
         let fixture = &expected(name)["logprobs"];
         let (prompt, completion) = (ids(&fixture["prompt"]), ids(&fixture["completion"]));
         let sequence = [prompt.clone(), completion.clone()].concat();
-        let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
+        let device = model.model().device();
+        let input = Tensor::new(sequence.as_slice(), device)
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
+        let mask = Tensor::ones((1, sequence.len()), DType::U8, device).unwrap();
         for ops in [Ops::Fast, Ops::Differentiable] {
             let all: Vec<f32> = model
                 .model()

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use holo_runtime::chat::ChatTemplate;
 use holo_runtime::local::checkpoint::{load_model, load_template, load_tokenizer};
 use holo_runtime::train::batch::Sequence;
@@ -51,7 +51,7 @@ fn config(case: &Value) -> SftConfig {
 fn tokenization_losses_metrics_and_gradients_match_trl() {
     let fixtures = fixtures();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
-    let base = load_model(&root, DType::F32, &Device::Cpu).expect("fixture model");
+    let base = load_model(&root, DType::F32, &common::test_device()).expect("fixture model");
     let tokenizer = load_tokenizer(&root).expect("tokenizer");
     let model_template = load_template(&root).expect("chat template");
     let gradient_params: Vec<String> = fixtures["gradient_params"]

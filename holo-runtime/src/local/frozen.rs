@@ -10,13 +10,13 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
+use super::dispatch::Operands;
 use super::model::Result;
 
-/// Whether [`matmul`] applies: a weight that is not a variable, on the CPU (the op has no GPU kernel of
-/// its own; there the plain product runs).
-pub fn suits(x: &Tensor, weight: &Tensor) -> bool {
-    // A variable, and any tensor computed from one, tracks its op.
-    !weight.track_op() && x.device().is_cpu() && x.dtype() == weight.dtype()
+/// Whether [`matmul`] applies: a weight that is not trained, on the CPU (the op has no GPU kernel of its
+/// own; there the plain product runs).
+pub fn suits(operands: &Operands) -> bool {
+    !operands.trained && operands.on_cpu() && operands.x == operands.weight
 }
 
 /// `x` `[M, K]` times `weight` `[N, K]` transposed: `[M, N]`; `x` receives its gradient, `weight` none.
@@ -76,7 +76,7 @@ mod tests {
             &device,
         )
         .unwrap();
-        assert!(suits(x.as_tensor(), &w));
+        assert!(suits(&Operands::of(x.as_tensor(), &w)));
         let ours = matmul(x.as_tensor(), &w).unwrap();
         let plain = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
         let difference = (&ours - &plain).unwrap().abs().unwrap().max_all().unwrap();
@@ -114,6 +114,6 @@ mod tests {
         let device = Device::Cpu;
         let x = Tensor::ones((2, 3), candle_core::DType::F32, &device).unwrap();
         let w = Var::ones((4, 3), candle_core::DType::F32, &device).unwrap();
-        assert!(!suits(&x, w.as_tensor()));
+        assert!(!suits(&Operands::of(&x, w.as_tensor())));
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod dispatch;
 mod frozen;
 pub mod generate;
 pub mod gguf;
@@ -69,8 +70,9 @@ impl Default for LocalOptions {
     }
 }
 
-/// A device named as the CLI takes it: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`. CUDA and Metal need
-/// the `cuda` / `metal` feature; without it candle says so.
+/// A device named as the CLI takes it: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`. A GPU is opened
+/// here, so that a build without its feature, or a machine without that device, is told before any work
+/// starts.
 pub fn parse_device(name: &str) -> Result<Device, String> {
     let (kind, ordinal) = match name.split_once(':') {
         Some((kind, ordinal)) => (
@@ -83,8 +85,8 @@ pub fn parse_device(name: &str) -> Result<Device, String> {
     };
     let device = match kind {
         "cpu" if ordinal == 0 => Ok(Device::Cpu),
-        "cuda" => Device::new_cuda(ordinal),
-        "metal" => Device::new_metal(ordinal),
+        "cuda" => open_cuda(ordinal),
+        "metal" => open_metal(ordinal),
         _ => {
             return Err(format!(
                 "unknown device {name:?}: cpu, cuda, cuda:N, metal or metal:N"
@@ -94,15 +96,46 @@ pub fn parse_device(name: &str) -> Result<Device, String> {
     device.map_err(|error| format!("device {name:?}: {error}"))
 }
 
-/// A weight precision named as the CLI takes it: `f32`, `f16`, `bf16`. On the CPU, `bf16` keeps the
-/// matrices in bf16 and computes in f32 (half the memory, up to twice the decoding speed; sampling only),
-/// and `f16` is slower than `f32` (candle has no native f16 arithmetic there).
-pub fn parse_dtype(name: &str) -> Result<DType, String> {
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize) -> Result<Device, String> {
+    Device::new_cuda(ordinal).map_err(|error| {
+        // The driver's error, without the backtrace candle appends when RUST_BACKTRACE is set.
+        let error = error.to_string();
+        let cause = error.lines().next().unwrap_or_default();
+        format!("cannot open CUDA device {ordinal} (is there an NVIDIA GPU with that number, and its driver?): {cause}")
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_ordinal: usize) -> Result<Device, String> {
+    Err(
+        "this holo was built without CUDA; build it with `--features cuda` (scripts/cuda-build.sh, docs/cuda.md)"
+            .into(),
+    )
+}
+
+#[cfg(feature = "metal")]
+fn open_metal(ordinal: usize) -> Result<Device, String> {
+    Device::new_metal(ordinal)
+        .map_err(|error| format!("cannot open Metal device {ordinal}: {error}"))
+}
+
+#[cfg(not(feature = "metal"))]
+fn open_metal(_ordinal: usize) -> Result<Device, String> {
+    Err("this holo was built without Metal; build it with `--features metal`".into())
+}
+
+/// A weight precision named as the CLI takes it: `f32`, `f16`, `bf16`, or none for the device's own
+/// ([`dispatch::sampling_dtype`]: bf16 on CUDA, f32 elsewhere). On the CPU, `bf16` keeps the matrices in
+/// bf16 and computes in f32 (half the memory, up to twice the decoding speed; sampling only), and `f16`
+/// is slower than `f32` (candle has no native f16 arithmetic there).
+pub fn parse_dtype(name: Option<&str>, device: &Device) -> Result<DType, String> {
     match name {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        _ => Err(format!("unknown dtype {name:?}: f32, f16 or bf16")),
+        None => Ok(dispatch::sampling_dtype(device.location())),
+        Some("f32") => Ok(DType::F32),
+        Some("f16") => Ok(DType::F16),
+        Some("bf16") => Ok(DType::BF16),
+        Some(name) => Err(format!("unknown dtype {name:?}: f32, f16 or bf16")),
     }
 }
 

@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
 
 use super::config::{ModelConfig, RopeScaling};
+use super::dispatch::{self, Operands, Product};
 
 pub type Result<T> = candle_core::Result<T>;
 
@@ -145,17 +146,10 @@ impl Linear {
         let (leading, in_dim) = dims.split_at(dims.len() - 1);
         let rows: usize = leading.iter().product();
         let flat = xs.reshape((rows, in_dim[0]))?;
-        let skinny = match ops {
-            Ops::Fast => super::skinny::suits(&flat, &self.weight),
-            // bf16 weights with f32 activations are the CPU's sampling-only models.
-            Ops::Differentiable => self.weight.dtype() == DType::BF16 && xs.dtype() == DType::F32,
-        };
-        let ys = if skinny {
-            super::skinny::matmul(&flat, &self.weight)?
-        } else if ops == Ops::Differentiable && super::frozen::suits(&flat, &self.weight) {
-            super::frozen::matmul(&flat, &self.weight)?
-        } else {
-            flat.matmul(&self.weight.t()?)?
+        let ys = match dispatch::product(ops, &Operands::of(&flat, &self.weight)) {
+            Product::Skinny => super::skinny::matmul(&flat, &self.weight)?,
+            Product::Frozen => super::frozen::matmul(&flat, &self.weight)?,
+            Product::Candle => flat.matmul(&self.weight.t()?)?,
         };
         let ys = match &self.bias {
             Some(bias) => ys.broadcast_add(bias)?,
@@ -163,13 +157,16 @@ impl Linear {
         };
         let ys = match &self.lora {
             Some(lora) => {
-                let flat = xs.reshape((rows, in_dim[0]))?;
+                // The adapters may be f32 over a bf16 base (see `dispatch::adapter_dtype`): the
+                // low-rank path runs in their type and its output joins the base's in the base's.
+                let flat = xs.reshape((rows, in_dim[0]))?.to_dtype(lora.a.dtype())?;
                 let flat = match (&lora.dropout, ops) {
                     (Some(dropout), Ops::Differentiable) => dropout.apply(&flat)?,
                     _ => flat,
                 };
                 let low = flat.matmul(&lora.a.t()?)?;
-                (ys + (low.matmul(&lora.b.t()?)? * lora.scale)?)?
+                let update = (low.matmul(&lora.b.t()?)? * lora.scale)?.to_dtype(ys.dtype())?;
+                (ys + update)?
             }
             None => ys,
         };
@@ -304,11 +301,19 @@ pub fn positions_from_mask(key_mask: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(positions, (batch, len), key_mask.device())
 }
 
+/// The attention weights of `xs` over the last axis, computed in f32 for half-precision scores and
+/// returned in their type, as transformers computes them (`softmax(..., dtype=torch.float32)`).
 fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
-    match ops {
-        Ops::Fast => candle_nn::ops::softmax_last_dim(xs),
-        Ops::Differentiable => candle_nn::ops::softmax(xs, D::Minus1),
-    }
+    let dtype = xs.dtype();
+    let xs = match dtype {
+        DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
+        _ => xs.clone(),
+    };
+    let weights = match ops {
+        Ops::Fast => candle_nn::ops::softmax_last_dim(&xs)?,
+        Ops::Differentiable => candle_nn::ops::softmax(&xs, D::Minus1)?,
+    };
+    weights.to_dtype(dtype)
 }
 
 #[derive(Debug, Clone)]
@@ -721,7 +726,9 @@ impl Model {
         Ok(())
     }
 
-    fn logits_dtype(&self) -> DType {
+    /// The type of the logits, log-probabilities and losses: f64 for an f64 model, f32 otherwise (a
+    /// half-precision model's logits are cast up).
+    pub fn logits_dtype(&self) -> DType {
         match self.dtype() {
             DType::F64 => DType::F64,
             _ => DType::F32,
@@ -830,7 +837,8 @@ impl Model {
 
     /// A copy with LoRA adapters on the target projections of every layer and its base weights frozen
     /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
-    /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero.
+    /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero; both in f32 over a bf16 or f16 base
+    /// ([`dispatch::adapter_dtype`]).
     pub fn with_lora(&self, config: &LoraConfig) -> Result<(Model, Vec<(String, Var)>)> {
         use rand::{Rng, SeedableRng};
 
@@ -853,7 +861,7 @@ impl Model {
         self.sampling_only()?;
         let mut model = self.detached();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
-        let (dtype, device) = (self.dtype(), self.device().clone());
+        let (dtype, device) = (dispatch::adapter_dtype(self.dtype()), self.device().clone());
         let mut vars = Vec::new();
         let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         for (i, layer) in model.layers.iter_mut().enumerate() {

@@ -19,9 +19,10 @@
 
 use std::ops::Range;
 
-use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::dispatch::Operands;
 use super::model::Result;
 
 /// The most rows of `x` for which f32 weights go through these kernels; beyond, candle's blocked product
@@ -34,19 +35,19 @@ const MIN_F32_WEIGHTS: usize = 1 << 18;
 /// Below this many weights a product runs on the calling thread: splitting it costs more than it saves.
 const MIN_PARALLEL_WEIGHTS: usize = 1 << 16;
 
-/// Whether [`matmul`] should compute `x · weightᵀ` (`x` `[M, K]`) for the sampling path: bf16 weights
-/// with f32 activations on the CPU always (nothing else computes them), f32 weights for a few rows when
-/// the CPU has AVX2.
-pub fn suits(x: &Tensor, weight: &Tensor) -> bool {
-    if x.dtype() != DType::F32 || !matches!(x.device(), Device::Cpu) {
+/// Whether [`matmul`] should compute `x · weightᵀ` for the sampling path: bf16 weights with f32
+/// activations on the CPU always (nothing else computes them), f32 weights for a few rows when the CPU
+/// has AVX2; never on another device (the op has no kernel there).
+pub fn suits(operands: &Operands) -> bool {
+    if operands.x != DType::F32 || !operands.on_cpu() {
         return false;
     }
-    match weight.dtype() {
+    match operands.weight {
         DType::BF16 => true,
         DType::F32 => {
             Kernel::Avx2.available()
-                && x.dims().first().is_some_and(|&m| m <= MAX_F32_ROWS)
-                && weight.elem_count() >= MIN_F32_WEIGHTS
+                && operands.rows <= MAX_F32_ROWS
+                && operands.weight_elements >= MIN_F32_WEIGHTS
         }
         _ => false,
     }

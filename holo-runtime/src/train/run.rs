@@ -22,7 +22,7 @@ use super::metrics::MetricsLog;
 use super::optim::{self, AdamW};
 use super::ppo::critic::Critic;
 use crate::chat::ChatTemplate;
-use crate::local::{checkpoint as model_files, Model};
+use crate::local::{checkpoint as model_files, dispatch, Model};
 
 /// Why training stopped or could not start.
 #[derive(Debug)]
@@ -67,7 +67,8 @@ impl From<candle_core::Error> for TrainError {
     }
 }
 
-/// A model folder loaded for training: weights in f32, tokenizer, chat template.
+/// A model folder loaded for training: weights in the device's training precision
+/// ([`dispatch::training_dtype`]: f32 on the CPU, bf16 on CUDA), tokenizer, chat template.
 pub struct Policy {
     pub dir: PathBuf,
     pub model: Model,
@@ -81,7 +82,8 @@ impl Policy {
         let fail = |error: model_files::LoadError| {
             TrainError::Input(format!("--model `{}`: {error}", dir.display()))
         };
-        let model = model_files::load_model(dir, candle_core::DType::F32, device).map_err(fail)?;
+        let dtype = dispatch::training_dtype(device.location());
+        let model = model_files::load_model(dir, dtype, device).map_err(fail)?;
         let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
         let template = model_files::load_template(dir).map_err(fail)?;
         let end_of_turn = model_files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)

@@ -209,7 +209,7 @@ pub fn backward_sequences(
     let packed = pack(sequences, model.device())?;
     if packed.tokens == 0 {
         // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
-        let zero = Tensor::zeros((), model.dtype(), model.device())?;
+        let zero = Tensor::zeros((), model.logits_dtype(), model.device())?;
         return Ok((zero, GradStore::default()));
     }
     if recompute {

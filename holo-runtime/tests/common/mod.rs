@@ -37,6 +37,15 @@ pub fn peer_python() -> Option<PathBuf> {
     python.is_file().then_some(python)
 }
 
+/// The device the transformers parity tests run on: `HOLO_TEST_DEVICE` (`cpu`, `cuda:0`, …; the CPU
+/// when unset). `scripts/gpu-check.sh` sets it to run them on a GPU; they compare in f32 there too.
+#[cfg(feature = "local")]
+pub fn test_device() -> candle_core::Device {
+    let name = std::env::var("HOLO_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    holo_runtime::local::parse_device(&name)
+        .unwrap_or_else(|error| panic!("HOLO_TEST_DEVICE={name}: {error}"))
+}
+
 /// A run folder's metrics.jsonl without the wall-clock `step_time`: what two runs of the same seed
 /// must agree on.
 pub fn run_metrics(run: &Path) -> Vec<serde_json::Value> {

@@ -233,9 +233,9 @@ struct LocalArgs {
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Weight precision: f32, f16 or bf16 (on the CPU: bf16 matrices with f32 arithmetic, sampling
-    /// only).
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    /// only). Default: bf16 on CUDA, f32 elsewhere.
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 #[cfg(feature = "local")]
@@ -243,8 +243,8 @@ impl LocalArgs {
     /// The options for sampling at most `max_num_seqs` sequences at once.
     fn options(&self, max_num_seqs: usize) -> Result<holo_runtime::local::LocalOptions, ExitCode> {
         use holo_runtime::local::{parse_device, parse_dtype, Limits, LocalOptions};
-        let parsed =
-            parse_device(&self.device).and_then(|device| Ok((parse_dtype(&self.dtype)?, device)));
+        let parsed = parse_device(&self.device)
+            .and_then(|device| Ok((parse_dtype(self.dtype.as_deref(), &device)?, device)));
         match parsed {
             Ok((dtype, device)) => Ok(LocalOptions {
                 device,

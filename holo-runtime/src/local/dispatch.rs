@@ -1,0 +1,185 @@
+//! What runs where: which implementation computes a projection's `x · wᵀ`, and the precision a device
+//! samples and trains in.
+//!
+//! Our own products (`local/skinny.rs`, `local/frozen.rs`) are CPU code (candle custom ops with a CPU
+//! kernel only); on a GPU every product is candle's, which runs on cuBLAS. The decisions take a
+//! description of the operands ([`Operands`]) rather than tensors, so that the CUDA side of each is tested
+//! on machines without a GPU.
+
+use candle_core::{DType, DeviceLocation, Tensor};
+
+use super::model::Ops;
+
+/// What the choice of a product depends on: where the operands live, their types and sizes, and whether
+/// the weight is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operands {
+    pub location: DeviceLocation,
+    /// The activations' type.
+    pub x: DType,
+    /// The weight's type.
+    pub weight: DType,
+    /// Rows of `x` (sequences in a decoding step, tokens in a prefill).
+    pub rows: usize,
+    /// Elements of the weight.
+    pub weight_elements: usize,
+    /// The weight is a variable, or computed from one: its gradient is wanted.
+    pub trained: bool,
+}
+
+impl Operands {
+    /// `x` `[rows, in]` and `weight` `[out, in]`.
+    pub fn of(x: &Tensor, weight: &Tensor) -> Operands {
+        Operands {
+            location: x.device().location(),
+            x: x.dtype(),
+            weight: weight.dtype(),
+            rows: x.dims().first().copied().unwrap_or(0),
+            weight_elements: weight.elem_count(),
+            // A variable, and any tensor computed from one, tracks its op.
+            trained: weight.track_op(),
+        }
+    }
+
+    pub fn on_cpu(&self) -> bool {
+        self.location == DeviceLocation::Cpu
+    }
+}
+
+/// The implementation of one projection's matrix product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Product {
+    /// `skinny::matmul`: a few rows of f32 activations against bf16 or f32
+    /// weights, on the CPU, no backward.
+    Skinny,
+    /// `frozen::matmul`: an untrained weight in a differentiable pass on the
+    /// CPU, with no gradient computed for it.
+    Frozen,
+    /// candle's `matmul` (cuBLAS on CUDA).
+    Candle,
+}
+
+/// The product `x · wᵀ` runs as, in a pass with `ops`.
+pub fn product(ops: Ops, operands: &Operands) -> Product {
+    let skinny = match ops {
+        Ops::Fast => super::skinny::suits(operands),
+        // bf16 weights with f32 activations are the CPU's sampling-only models, which only these
+        // kernels multiply (candle refuses mixed types); their differentiable passes score sequences.
+        Ops::Differentiable => {
+            operands.on_cpu() && operands.weight == DType::BF16 && operands.x == DType::F32
+        }
+    };
+    if skinny {
+        Product::Skinny
+    } else if ops == Ops::Differentiable && super::frozen::suits(operands) {
+        Product::Frozen
+    } else {
+        Product::Candle
+    }
+}
+
+/// The weight precision a model samples in when none is asked for: f32 on the CPU (where candle has no
+/// fast half-precision arithmetic; bf16 there is a memory saving, asked for with `--dtype bf16`), bf16 on
+/// a GPU (half the memory and bandwidth of f32, tensor cores; what transformers runs Qwen2.5 in).
+pub fn sampling_dtype(location: DeviceLocation) -> DType {
+    match location {
+        DeviceLocation::Cuda { .. } => DType::BF16,
+        DeviceLocation::Cpu | DeviceLocation::Metal { .. } => DType::F32,
+    }
+}
+
+/// The precision a model trains in on `location`: f32 on the CPU and Metal; bf16 on CUDA, weights, the
+/// gradients and AdamW's moments alike, which is what TRL does with a checkpoint stored in bf16 (it loads
+/// with `torch_dtype="auto"`, and torch's AdamW keeps its moments in the weights' type). Log-probabilities,
+/// the loss and RMSNorm are computed in f32 in every case, and LoRA adapters are f32 over a bf16 base, as
+/// PEFT casts them (`autocast_adapter_dtype`).
+pub fn training_dtype(location: DeviceLocation) -> DType {
+    sampling_dtype(location)
+}
+
+/// The type LoRA adapters are kept and trained in over a base of type `base`: f32 over half-precision
+/// weights (PEFT's `autocast_adapter_dtype`), the base's own otherwise.
+pub fn adapter_dtype(base: DType) -> DType {
+    match base {
+        DType::BF16 | DType::F16 => DType::F32,
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CUDA: DeviceLocation = DeviceLocation::Cuda { gpu_id: 0 };
+
+    fn operands(location: DeviceLocation, x: DType, weight: DType, rows: usize) -> Operands {
+        Operands {
+            location,
+            x,
+            weight,
+            rows,
+            weight_elements: 1 << 20,
+            trained: false,
+        }
+    }
+
+    #[test]
+    fn on_cuda_every_product_is_candles() {
+        let types = [DType::F32, DType::BF16, DType::F16];
+        for ops in [Ops::Fast, Ops::Differentiable] {
+            for x in types {
+                for weight in types {
+                    for rows in [1, 4, 16, 64, 4096] {
+                        for trained in [false, true] {
+                            let operands = Operands {
+                                trained,
+                                ..operands(CUDA, x, weight, rows)
+                            };
+                            assert_eq!(
+                                product(ops, &operands),
+                                Product::Candle,
+                                "{ops:?} {operands:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn on_the_cpu_our_kernels_take_the_products_they_were_made_for() {
+        let cpu = DeviceLocation::Cpu;
+        // bf16 weights with f32 activations: only the skinny kernels compute them, sampling or scoring.
+        for rows in [1, 64, 4096] {
+            let bf16 = operands(cpu, DType::F32, DType::BF16, rows);
+            assert_eq!(product(Ops::Fast, &bf16), Product::Skinny);
+            assert_eq!(product(Ops::Differentiable, &bf16), Product::Skinny);
+        }
+        // A frozen f32 weight in a training pass: no gradient for it.
+        let frozen = operands(cpu, DType::F32, DType::F32, 4096);
+        assert_eq!(product(Ops::Differentiable, &frozen), Product::Frozen);
+        // A trained weight needs candle's backward.
+        let trained = Operands {
+            trained: true,
+            ..frozen
+        };
+        assert_eq!(product(Ops::Differentiable, &trained), Product::Candle);
+        // Prefill-sized f32 products are candle's blocked product.
+        assert_eq!(product(Ops::Fast, &frozen), Product::Candle);
+    }
+
+    #[test]
+    fn a_gpu_samples_and_trains_in_bf16_the_cpu_in_f32() {
+        assert_eq!(sampling_dtype(CUDA), DType::BF16);
+        assert_eq!(
+            training_dtype(DeviceLocation::Cuda { gpu_id: 3 }),
+            DType::BF16
+        );
+        assert_eq!(sampling_dtype(DeviceLocation::Cpu), DType::F32);
+        assert_eq!(training_dtype(DeviceLocation::Cpu), DType::F32);
+        assert_eq!(adapter_dtype(DType::BF16), DType::F32);
+        assert_eq!(adapter_dtype(DType::F32), DType::F32);
+        assert_eq!(adapter_dtype(DType::F64), DType::F64);
+    }
+}
