@@ -16,6 +16,7 @@ pub mod holophore;
 pub mod holotype;
 pub mod holotypes;
 pub mod interpreter;
+mod json;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod loom;

@@ -1,6 +1,7 @@
 //! Reading request bodies: JSON objects, typed fields, the options both endpoints share.
 
 use super::*;
+use crate::json::kind_of;
 
 /// The most alternatives per position `logprobs` (completions) and `top_logprobs` (chat) may ask for
 /// (vLLM's default `max_logprobs`).
@@ -48,17 +49,6 @@ pub(super) fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError>
             format!("the request body is not valid JSON: {error}"),
         )
         .code("invalid_json")),
-    }
-}
-
-pub(super) fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
     }
 }
 

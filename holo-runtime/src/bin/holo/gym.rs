@@ -104,18 +104,9 @@ pub fn run(args: GymArgs) -> ExitCode {
     ) {
         return code;
     }
-    // Several workers: rollouts step their holotypes (tools, code, rewards) on the runtime's threads.
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_FAILURES);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let policy = match policy(&args).await {

@@ -511,6 +511,20 @@ fn code_sandbox(
     })
 }
 
+/// A runtime with a worker per core (at least 2), for the servers: a request or a rollout that holds
+/// a worker (parsing a large body, stepping holotypes) does not hold the others.
+fn server_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("error: cannot start the async runtime: {error}");
+            ExitCode::from(EXIT_FAILURES)
+        })
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

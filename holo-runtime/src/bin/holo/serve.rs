@@ -147,18 +147,9 @@ fn serve(
     note_builtin_template(model_dir, &model);
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
     let served = ServedModel::local(id.clone(), model);
-    // Several workers: a request that parses or tokenizes a large body holds one, not the server.
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_FAILURES);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async {
         let server = match Server::bind((host, port), served, config).await {

@@ -13,6 +13,7 @@
 //!
 //! Every error names the API's URL ([`ApiError`]).
 
+use crate::json::kind_of;
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,7 +128,7 @@ impl ScoredData {
     pub fn from_json(value: &Value) -> Result<ScoredData, String> {
         let object = value
             .as_object()
-            .ok_or_else(|| format!("not a JSON object but {}", kind(value)))?;
+            .ok_or_else(|| format!("not a JSON object but {}", kind_of(value)))?;
         fn required<T: DeserializeOwned>(object: &Object, key: &str) -> Result<T, String> {
             let value = object
                 .get(key)
@@ -167,18 +168,6 @@ impl ScoredData {
 
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
-    }
-}
-
-/// What a JSON value is, for messages.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

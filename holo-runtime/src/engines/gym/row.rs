@@ -1,6 +1,7 @@
 //! A NeMo Gym row (the body of `POST /run`) as the holoware's data row and the sampling parameters of
 //! its rollout; see "Rows" in the [module documentation](super).
 
+use crate::json::kind_of;
 use serde_json::{Map, Value};
 
 use crate::interpreter::{Holoware, MissingInput, Row};
@@ -99,7 +100,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
         Some(other) => {
             return Err(RowError::at(
                 &["responses_create_params"],
-                format!("must be an object, not {}", kind(other)),
+                format!("must be an object, not {}", kind_of(other)),
             ))
         }
         None => return Err(RowError::at(&["responses_create_params"], "missing")),
@@ -111,7 +112,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
         Some(other) => {
             return Err(RowError::at(
                 &["responses_create_params", "instructions"],
-                format!("must be a string, not {}", kind(other)),
+                format!("must be a string, not {}", kind_of(other)),
             ))
         }
     };
@@ -157,7 +158,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
         Some(other) => {
             return Err(RowError::at(
                 &["verifier_metadata"],
-                format!("must be an object, not {}", kind(other)),
+                format!("must be an object, not {}", kind_of(other)),
             ))
         }
     }
@@ -180,7 +181,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
             Some(Value::Number(number)) => Ok(number.as_f64()),
             Some(other) => Err(RowError::at(
                 &["responses_create_params", name],
-                format!("must be a number, not {}", kind(other)),
+                format!("must be a number, not {}", kind_of(other)),
             )),
         }
     };
@@ -208,7 +209,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
                 .ok_or_else(|| {
                     RowError::at(
                         &["responses_create_params", "max_output_tokens"],
-                        format!("must be an integer >= 1, not {}", kind(value)),
+                        format!("must be an integer >= 1, not {}", kind_of(value)),
                     )
                 })?,
         ),
@@ -219,7 +220,7 @@ pub fn map(body: &Map<String, Value>, columns: &Columns) -> Result<Mapped, RowEr
             Some(value) => value.as_u64().map(Some).ok_or_else(|| {
                 RowError::at(
                     &[name],
-                    format!("must be an integer >= 0, not {}", kind(value)),
+                    format!("must be an integer >= 0, not {}", kind_of(value)),
                 )
             }),
         }
@@ -273,7 +274,7 @@ fn messages(params: &Map<String, Value>) -> Result<(String, Vec<String>), RowErr
                 &INPUT,
                 format!(
                     "must be a string or a list of messages, not {}",
-                    kind(other)
+                    kind_of(other)
                 ),
             ))
         }
@@ -337,7 +338,10 @@ fn content_text(content: Option<&Value>) -> Result<String, RowError> {
         }
         Some(other) => Err(RowError::at(
             &CONTENT,
-            format!("must be a string or a list of parts, not {}", kind(other)),
+            format!(
+                "must be a string or a list of parts, not {}",
+                kind_of(other)
+            ),
         )),
         None => Err(RowError::at(&CONTENT, "missing")),
     }
@@ -349,18 +353,6 @@ fn loc_of(source: &str) -> Vec<Value> {
         .chain(source.split('.'))
         .map(Value::from)
         .collect()
-}
-
-/// A JSON value's kind, for messages.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
