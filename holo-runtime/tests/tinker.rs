@@ -51,3 +51,455 @@ fn proto_header() -> &'static str {
      //! `HOLO_REGENERATE=1` rewrites it.\n\
      #![allow(missing_docs, clippy::all)]\n\n"
 }
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+
+use common::http::{stub_typed, Answer, Seen};
+use holo_runtime::engines::tinker::proto;
+use serde_json::{json, Value};
+
+/// The fixtures: `short.hol`, its rows, the run's options, and the wire of SkyRL 0.4.0's server
+/// recorded with `scripts/tinker-record.py` (`exchanges.jsonl`: a fresh 2-step run; `resume.jsonl`: its
+/// resumption from `checkpoint-1`).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tinker")
+        .join(name)
+}
+
+/// The base model the fixtures were recorded with (SkyRL serves it by its path).
+const BASE_MODEL: &str = "/tmp/holo-engines/tiny-qwen3";
+
+/// One recorded exchange.
+#[derive(Clone)]
+struct Exchange {
+    path: String,
+    request: Value,
+    status: u16,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+impl Exchange {
+    fn answer(&self) -> Answer {
+        Answer {
+            status: self.status,
+            content_type: self.content_type.clone(),
+            body: self.body.clone(),
+        }
+    }
+}
+
+fn exchanges(name: &str) -> Vec<Exchange> {
+    std::fs::read_to_string(fixture(name))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).unwrap();
+            let response = &line["response"];
+            let body = match (response.get("json"), response.get("base64")) {
+                (Some(json), _) => serde_json::to_vec(json).unwrap(),
+                (_, Some(Value::String(encoded))) => base64(encoded),
+                _ => Vec::new(),
+            };
+            Exchange {
+                path: line["path"].as_str().unwrap().to_string(),
+                request: line["request"].get("json").cloned().unwrap_or(Value::Null),
+                status: line["status"].as_u64().unwrap() as u16,
+                content_type: line["content_type"].as_str().unwrap().to_string(),
+                body,
+            }
+        })
+        .collect()
+}
+
+/// Standard base64 (the recorder's encoding of protobuf bodies).
+fn base64(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bytes = Vec::new();
+    let (mut bits, mut count) = (0u32, 0);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let value = ALPHABET.iter().position(|&a| a == c).expect("base64") as u32;
+        bits = (bits << 6) | value;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            bytes.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    bytes
+}
+
+/// What to answer instead of the recording: given a request and how many requests to its path came
+/// before it.
+type Override = dyn Fn(&Seen, usize) -> Option<Answer> + Send + Sync;
+
+/// A stub of the recorded service: each operation gets the next recorded answer of its endpoint, and
+/// `retrieve_future` the recorded result of the request id it asks for (the operations' answers carry
+/// the recorded ids). Heartbeats are answered; anything else unrecorded is an HTTP 500.
+async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let recorded = exchanges(name);
+    let mut queues: HashMap<String, VecDeque<Exchange>> = HashMap::new();
+    let mut futures: HashMap<String, Exchange> = HashMap::new();
+    for exchange in recorded {
+        if exchange.path == "/api/v1/retrieve_future" {
+            let id = exchange.request["request_id"].as_str().unwrap().to_string();
+            futures.insert(id, exchange);
+        } else {
+            queues
+                .entry(exchange.path.clone())
+                .or_default()
+                .push_back(exchange);
+        }
+    }
+    let queues = Mutex::new(queues);
+    let counts = Mutex::new(HashMap::<String, usize>::new());
+    stub_typed(move |request, _| {
+        let count = {
+            let mut counts = counts.lock().unwrap();
+            let count = counts.entry(request.path.clone()).or_default();
+            *count += 1;
+            *count - 1
+        };
+        if let Some(answer) = fail(request, count) {
+            return answer;
+        }
+        let json = |status: u16, body: Value| Answer {
+            status,
+            content_type: "application/json".into(),
+            body: serde_json::to_vec(&body).unwrap(),
+        };
+        if request.path == "/api/v1/session_heartbeat" {
+            return json(200, json!({"type": "session_heartbeat"}));
+        }
+        if request.path == "/api/v1/retrieve_future" {
+            let id = request.body["request_id"].as_str().unwrap_or_default();
+            return match futures.get(id) {
+                Some(exchange) => exchange.answer(),
+                None => json(404, json!({"detail": "Future not found"})),
+            };
+        }
+        match queues
+            .lock()
+            .unwrap()
+            .get_mut(&request.path)
+            .and_then(VecDeque::pop_front)
+        {
+            Some(exchange) => exchange.answer(),
+            None => json(
+                500,
+                json!({"detail": format!("unrecorded {}", request.path)}),
+            ),
+        }
+    })
+    .await
+}
+
+fn no_override() -> Box<Override> {
+    Box::new(|_, _| None)
+}
+
+/// `holo train --backend tinker` on the fixtures against `url`, into `out`, with `key` as the API key.
+async fn holo_train(url: &str, out: &Path, key: &str, extra: &[&str]) -> Output {
+    let (url, out, key) = (url.to_string(), out.to_path_buf(), key.to_string());
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
+        let mut args: Vec<String> = vec![
+            "train".into(),
+            fixture("short.hol").display().to_string(),
+            "--data".into(),
+            fixture("rows.jsonl").display().to_string(),
+            "--backend".into(),
+            "tinker".into(),
+            "--base-url".into(),
+            url,
+            "--model".into(),
+            BASE_MODEL.into(),
+            "--tokenizer".into(),
+            tokenizer.display().to_string(),
+            "--config".into(),
+            fixture("train.toml").display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        args.extend(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::holo_command(&args)
+            .env("TINKER_API_KEY", key)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Every step's metrics.
+fn metrics(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn service_checkpoint(run: &Path, step: u64) -> Value {
+    let text = std::fs::read_to_string(run.join(format!("checkpoint-{step}/tinker.json"))).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Our client against the recorded wire: the run completes, sends what the recorded run sent, and its
+/// forward_backward bodies are the datums of its rollouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_speaks_the_recorded_wire() {
+    use prost::Message;
+
+    let (url, seen) = replay("exchanges.jsonl", no_override()).await;
+    let dir = common::tempdir::Dir::new("tinker-wire");
+    let run = dir.path().join("run");
+    let output = holo_train(&url, &run, "tml-test", &[]).await;
+    assert!(output.status.success(), "{}", text(&output));
+
+    let steps = metrics(&run);
+    assert_eq!(steps.len(), 2);
+    for step in &steps {
+        for key in ["reward", "loss", "grad_norm", "learning_rate"] {
+            assert!(step[key].as_f64().unwrap().is_finite(), "{key} in {step}");
+        }
+    }
+    // The recorded optimizer steps' grad norms come back as the metrics.
+    assert!(steps[0]["grad_norm"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        service_checkpoint(&run, 2)["weights"],
+        "tinker://model_9ae79be5/weights/checkpoint-2"
+    );
+
+    let seen = seen.lock().unwrap().clone();
+    let recorded = exchanges("exchanges.jsonl");
+    let without_heartbeats: Vec<&Seen> = seen
+        .iter()
+        .filter(|request| request.path != "/api/v1/session_heartbeat")
+        .collect();
+    assert_eq!(without_heartbeats.len(), recorded.len());
+    for request in &seen {
+        assert_eq!(request.headers["x-api-key"], "tml-test", "{}", request.path);
+    }
+    // The JSON operations are the recorded ones, field for field (asample's prompts: the same set).
+    let bodies = |path: &str, of: &dyn Fn(&Value) -> Value| -> (Vec<String>, Vec<String>) {
+        let mut ours: Vec<String> = seen
+            .iter()
+            .filter(|r| r.path == path)
+            .map(|r| of(&r.body).to_string())
+            .collect();
+        let mut theirs: Vec<String> = recorded
+            .iter()
+            .filter(|e| e.path == path)
+            .map(|e| of(&e.request).to_string())
+            .collect();
+        ours.sort();
+        theirs.sort();
+        (ours, theirs)
+    };
+    for path in [
+        "/api/v1/create_session",
+        "/api/v1/create_model",
+        "/api/v1/optim_step",
+        "/api/v1/save_weights",
+        "/api/v1/save_weights_for_sampler",
+        "/api/v1/asample",
+    ] {
+        let (ours, theirs) = bodies(path, &|body| body.clone());
+        assert!(!ours.is_empty(), "{path}");
+        assert_eq!(ours, theirs, "{path}");
+    }
+    // forward_backward: protobuf, one datum per rollout, targets shifted by one, sampling
+    // log-probabilities and advantages on the sampled tokens only.
+    let fwdbwd: Vec<&Seen> = seen
+        .iter()
+        .filter(|r| r.path == "/api/v1/forward_backward")
+        .collect();
+    assert_eq!(fwdbwd.len(), 2);
+    for (index, request) in fwdbwd.iter().enumerate() {
+        assert_eq!(request.headers["content-type"], "application/x-protobuf");
+        let body = proto::ForwardBackwardRequest::decode(request.raw.as_slice()).unwrap();
+        assert_eq!(body.model_id, "model_9ae79be5");
+        assert_eq!(body.loss_fn, "importance_sampling");
+        assert_eq!(body.seq_id, 1 + 4 * index as i32 + 1);
+        assert_eq!(body.data.len(), 4);
+        let mut advantages_seen = 0;
+        for datum in &body.data {
+            let Some(proto::chunk::Chunk::EncodedText(chunk)) = &datum.model_input[0].chunk else {
+                panic!("a token chunk");
+            };
+            let inputs = chunk.tokens.len() / 4;
+            let dense = |name: &str| match &datum.loss_fn_inputs[name].encoding {
+                Some(proto::tensor::Encoding::Dense(bytes)) => bytes.clone(),
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(dense("target_tokens").len(), inputs * 8);
+            let floats = |bytes: Vec<u8>| -> Vec<f32> {
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect()
+            };
+            let logprobs = floats(dense("logprobs"));
+            let advantages = floats(dense("advantages"));
+            assert_eq!((logprobs.len(), advantages.len()), (inputs, inputs));
+            for (logprob, advantage) in logprobs.iter().zip(&advantages) {
+                // An advantage only on a sampled target, which has its log-probability.
+                if *advantage != 0.0 {
+                    assert!(*logprob < 0.0);
+                    advantages_seen += 1;
+                }
+            }
+            // 8 sampled tokens per rollout (max_completion_length), the end of turn unsampled.
+            assert_eq!(logprobs.iter().filter(|lp| **lp < 0.0).count(), 8);
+        }
+        assert!(advantages_seen > 0, "a reward spread gives advantages");
+    }
+}
+
+/// A server restarted after `checkpoint-1` has forgotten the model: the run stops naming the service,
+/// and keeps `checkpoint-1`, from which `--resume` continues on a new model (`load_weights`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_stops_the_run_and_resume_continues_from_the_checkpoint() {
+    let restarted: Box<Override> = Box::new(|request, count| {
+        (request.path == "/api/v1/forward_backward" && count == 1).then(|| Answer {
+            status: 404,
+            content_type: "application/json".into(),
+            body: br#"{"detail":"Model not found"}"#.to_vec(),
+        })
+    });
+    let (url, _) = replay("exchanges.jsonl", restarted).await;
+    let dir = common::tempdir::Dir::new("tinker-restart");
+    let run = dir.path().join("run");
+    let output = holo_train(&url, &run, "tml-test", &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "the Tinker service at {url} answered forward_backward"
+        )),
+        "{said}"
+    );
+    assert!(said.contains("HTTP 404: Model not found"), "{said}");
+    assert!(said.contains("--resume"), "{said}");
+    assert!(run.join("checkpoint-1/tinker.json").is_file());
+    assert!(!run.join("checkpoint-2").exists());
+    assert_eq!(metrics(&run).len(), 1);
+
+    let (url, seen) = replay("resume.jsonl", no_override()).await;
+    let output = holo_train(&url, &run, "tml-test", &["--resume"]).await;
+    assert!(output.status.success(), "{}", text(&output));
+    let load: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "/api/v1/load_weights")
+        .map(|r| r.body.clone())
+        .collect();
+    assert_eq!(load.len(), 1);
+    assert_eq!(load[0]["path"], service_checkpoint(&run, 1)["weights"]);
+    assert_eq!(load[0]["optimizer"], true);
+    let steps = metrics(&run);
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[1]["step"], 2);
+    assert_eq!(
+        service_checkpoint(&run, 2)["weights"],
+        "tinker://model_83663dd7/weights/checkpoint-2"
+    );
+}
+
+/// A request that fails on the service (its future answers the error) stops the run naming the
+/// operation, the service and the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_future_names_the_operation_and_the_service() {
+    let json = |status: u16, body: &str| Answer {
+        status,
+        content_type: "application/json".into(),
+        body: body.as_bytes().to_vec(),
+    };
+    let fail: Box<Override> = Box::new(move |request, count| match request.path.as_str() {
+        "/api/v1/forward_backward" if count == 0 => Some(json(200, r#"{"request_id":"failing"}"#)),
+        "/api/v1/retrieve_future" if request.body["request_id"] == "failing" => Some(json(
+            400,
+            r#"{"detail":"loss_fn importance_sampling: NaN in advantages"}"#,
+        )),
+        _ => None,
+    });
+    let (url, _) = replay("exchanges.jsonl", fail).await;
+    let dir = common::tempdir::Dir::new("tinker-future");
+    let output = holo_train(&url, &dir.path().join("run"), "tml-test", &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "forward_backward (4 datums, importance_sampling) failed on the Tinker service at {url}: loss_fn importance_sampling: NaN in advantages"
+        )),
+        "{said}"
+    );
+}
+
+/// A key that is not a Tinker key is refused before any request; a key the service refuses stops the
+/// run at its first request, naming the service and the variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_api_key_is_named() {
+    let (url, seen) = replay("exchanges.jsonl", no_override()).await;
+    let dir = common::tempdir::Dir::new("tinker-key");
+    let output = holo_train(&url, &dir.path().join("run"), "sk-not-tinker", &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success());
+    assert!(
+        said.contains("TINKER_API_KEY does not start with `tml-`"),
+        "{said}"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+
+    let refused: Box<Override> = Box::new(|_, _| {
+        Some(Answer {
+            status: 401,
+            content_type: "application/json".into(),
+            body: br#"{"detail":"Invalid API key"}"#.to_vec(),
+        })
+    });
+    let (url, _) = replay("exchanges.jsonl", refused).await;
+    let output = holo_train(&url, &dir.path().join("run2"), "tml-revoked", &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success());
+    assert!(
+        said.contains(&format!(
+            "the Tinker service at {url} answered create_session with HTTP 401: Invalid API key (is TINKER_API_KEY a key this service accepts?)"
+        )),
+        "{said}"
+    );
+}
+
+/// Nothing listening at --base-url: after its reconnections the run stops naming the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_is_down_is_named() {
+    let port = common::process::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let dir = common::tempdir::Dir::new("tinker-down");
+    let output = holo_train(&url, &dir.path().join("run"), "tml-test", &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success());
+    assert!(
+        said.contains(&format!(
+            "cannot reach the Tinker service at {url} (create_session)"
+        )),
+        "{said}"
+    );
+}

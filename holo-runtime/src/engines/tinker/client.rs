@@ -152,7 +152,10 @@ impl fmt::Display for TinkerError {
                 url,
                 operation,
                 message,
-            } => write!(f, "{operation} failed on the Tinker service at {url}: {message}"),
+            } => write!(
+                f,
+                "{operation} failed on the Tinker service at {url}: {message}"
+            ),
             TinkerError::Malformed {
                 url,
                 operation,
@@ -441,10 +444,7 @@ impl Client {
         serde_json::from_slice(bytes).map_err(|error| {
             self.malformed(
                 operation,
-                format!(
-                    "{} ({error})",
-                    shortened(&String::from_utf8_lossy(bytes))
-                ),
+                format!("{} ({error})", shortened(&String::from_utf8_lossy(bytes))),
             )
         })
     }
@@ -563,8 +563,7 @@ impl Client {
                 sent => match self.answer(operation, sent).await {
                     Ok(answer) => answer,
                     Err(TinkerError::Unreachable { .. }) if reconnects < self.waits.reconnects => {
-                        tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects))
-                            .await;
+                        tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
                         reconnects += 1;
                         continue;
                     }
@@ -584,7 +583,10 @@ impl Client {
                 if expect == Expect::Protobuf {
                     return Ok(bytes);
                 }
-                return Err(self.malformed(operation, "a protobuf result where JSON was asked for".into()));
+                return Err(self.malformed(
+                    operation,
+                    "a protobuf result where JSON was asked for".into(),
+                ));
             }
             // The hosted service's JSON statuses.
             if let Ok(status) = serde_json::from_slice::<wire::FutureStatus>(&bytes) {

@@ -167,12 +167,7 @@ impl Sampler for TinkerSampler {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
         let weights = self.weights();
         Box::pin(async move {
-            join_all(
-                batch
-                    .iter()
-                    .map(|request| self.complete(request, &weights)),
-            )
-            .await
+            join_all(batch.iter().map(|request| self.complete(request, &weights))).await
         })
     }
 }

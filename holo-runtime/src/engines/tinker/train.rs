@@ -52,8 +52,8 @@ use crate::train::curriculum::Stream;
 use crate::train::metrics::{completion_metrics, print_completions, MetricsLog};
 use crate::train::provenance::{self, Provenance};
 use crate::train::run::{self, RunOptions, TrainError};
-use crate::train::Training;
 use crate::train::shared::TrainingConfig;
+use crate::train::Training;
 use crate::train::{evaluation_metrics, optim, Rollouts, TrainSummary, EVAL, SAMPLING, SHUFFLE};
 
 /// The file of a checkpoint that holds the service's side of it.
@@ -99,7 +99,8 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "must be 0 (the service keeps no reference model for a KL term)",
         );
     }
-    if config.num_iterations != 1 || config.steps_per_generation() != config.gradient_accumulation_steps
+    if config.num_iterations != 1
+        || config.steps_per_generation() != config.gradient_accumulation_steps
     {
         return refuse(
             "num_iterations",
@@ -137,7 +138,10 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
         );
     }
     if config.erl {
-        return refuse("erl", "ERL's second loss and internalization run locally only");
+        return refuse(
+            "erl",
+            "ERL's second loss and internalization run locally only",
+        );
     }
     if config.dynamic_sampling {
         return refuse("dynamic_sampling", "not built for the Tinker backend");
@@ -273,8 +277,9 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 dir.display()
             )));
         }
-        let holophore = Holophore::new(Arc::clone(&tokenizer), template)
-            .map_err(|error| TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display())))?;
+        let holophore = Holophore::new(Arc::clone(&tokenizer), template).map_err(|error| {
+            TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display()))
+        })?;
         Ok(TinkerTrainer {
             source,
             config,
@@ -365,8 +370,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             }
             while state.global_step < total {
                 let step = state.global_step + 1;
-                let mut metrics =
-                    self.step(
+                let mut metrics = self.step(
                     &runtime,
                     &stream,
                     &mut state,
@@ -512,12 +516,15 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             let mut sampled = Vec::new();
             for completion in micro {
                 let weight = token_weight(config, completion.len(), count, tokens, batch_tokens);
-                let made = datums(completion, weight).map_err(|message| {
-                    TrainError::Source(format!("step {step}: {message}"))
-                })?;
+                let made = datums(completion, weight)
+                    .map_err(|message| TrainError::Source(format!("step {step}: {message}")))?;
                 for (datum, sequence) in made.into_iter().zip(&completion.sequences) {
                     if completion.mask != 0.0 {
-                        sampled.push((data.len(), sequence.trained.clone(), sequence.sampling_logprobs.clone()));
+                        sampled.push((
+                            data.len(),
+                            sequence.trained.clone(),
+                            sequence.sampling_logprobs.clone(),
+                        ));
                     }
                     data.push(datum);
                 }
@@ -633,10 +640,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             );
         }
         metrics.insert("num_tokens".into(), state.num_input_tokens_seen as f64);
-        metrics.insert(
-            "epoch".into(),
-            state.data_position as f64 / rows as f64,
-        );
+        metrics.insert("epoch".into(), state.data_position as f64 / rows as f64);
         metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
         Ok(metrics)
     }
@@ -799,7 +803,11 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             )));
         }
         let saved: GrpoConfig = toml::from_str(&read("config.toml")?).map_err(|error| {
-            TrainError::Input(format!("{}/config.toml: {}", newest.display(), error.message()))
+            TrainError::Input(format!(
+                "{}/config.toml: {}",
+                newest.display(),
+                error.message()
+            ))
         })?;
         if let Some((key, saved, now)) = self.config.differs_from(&saved) {
             return Err(TrainError::Input(format!(
@@ -807,8 +815,10 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 dir.display()
             )));
         }
-        let state: TrainerState = serde_json::from_str(&read("trainer_state.json")?)
-            .map_err(|error| TrainError::Input(format!("{}/trainer_state.json: {error}", newest.display())))?;
+        let state: TrainerState =
+            serde_json::from_str(&read("trainer_state.json")?).map_err(|error| {
+                TrainError::Input(format!("{}/trainer_state.json: {error}", newest.display()))
+            })?;
         stream.check_resumed(&state).map_err(TrainError::Input)?;
         for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
             self.run.keep_records_until(file, *step)?;
@@ -828,11 +838,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             None => Ok(()),
             Some(change) if *allow => {
                 eprintln!("warning: {change}; resuming anyway (--allow-changes)");
-                let step = self
-                    .run
-                    .checkpoints()?
-                    .last()
-                    .map_or(0, |(step, _)| *step);
+                let step = self.run.checkpoints()?.last().map_or(0, |(step, _)| *step);
                 saved.changes.push(provenance::Change {
                     step,
                     inputs: now.inputs.clone(),
@@ -887,7 +893,10 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         std::fs::rename(&staging, &target)?;
         if let Some(keep) = self.config.save_total_limit {
             let checkpoints = self.run.checkpoints()?;
-            for (_, old) in checkpoints.iter().take(checkpoints.len().saturating_sub(keep)) {
+            for (_, old) in checkpoints
+                .iter()
+                .take(checkpoints.len().saturating_sub(keep))
+            {
                 std::fs::remove_dir_all(old)?;
             }
         }

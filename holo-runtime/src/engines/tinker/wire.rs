@@ -254,7 +254,10 @@ fn float32_tensor(values: &[f32]) -> proto::Tensor {
         dtype: proto::DType::DtypeFloat32 as i32,
         shape: vec![values.len() as i64],
         encoding: Some(proto::tensor::Encoding::Dense(
-            values.iter().flat_map(|value| value.to_le_bytes()).collect(),
+            values
+                .iter()
+                .flat_map(|value| value.to_le_bytes())
+                .collect(),
         )),
     }
 }
