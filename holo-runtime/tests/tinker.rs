@@ -205,7 +205,13 @@ fn no_override() -> Box<Override> {
 
 /// `holo train --backend tinker` on the fixtures against `url`, into `out`, with `key` as the API key.
 async fn holo_train(url: &str, out: &Path, key: &str, extra: &[&str]) -> Output {
+    holo_train_model(url, out, key, BASE_MODEL, extra).await
+}
+
+/// [`holo_train`] of base model `model`.
+async fn holo_train_model(url: &str, out: &Path, key: &str, model: &str, extra: &[&str]) -> Output {
     let (url, out, key) = (url.to_string(), out.to_path_buf(), key.to_string());
+    let model = model.to_string();
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
@@ -219,7 +225,7 @@ async fn holo_train(url: &str, out: &Path, key: &str, extra: &[&str]) -> Output 
             "--base-url".into(),
             url,
             "--model".into(),
-            BASE_MODEL.into(),
+            model,
             "--tokenizer".into(),
             tokenizer.display().to_string(),
             "--config".into(),
@@ -502,4 +508,152 @@ async fn a_service_that_is_down_is_named() {
         )),
         "{said}"
     );
+}
+
+/// SkyRL's venv (`skyrl[tinker,jax]==0.4.0`, with `uv`): `HOLO_SKYRL_VENV`, or
+/// `/tmp/holo-engines/skyrl-venv` as `../shared/engines/README.md` installs it.
+fn skyrl_venv() -> Option<PathBuf> {
+    let venv = std::env::var_os("HOLO_SKYRL_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/holo-engines/skyrl-venv"));
+    venv.join("bin/uv").is_file().then_some(venv)
+}
+
+/// SkyRL's server and the engine it starts, one process group, killed when dropped.
+struct Server(common::process::Process);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+    }
+}
+
+/// `holo train --backend tinker` against SkyRL 0.4.0's own server (JAX on the CPU, a tiny random Qwen3
+/// with the fixtures' tokenizer): two steps reach a reward and a loss, and `--resume` from
+/// `checkpoint-1` loads it into a new model on the service and trains step 2 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trains_on_skyrl_and_resumes() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+
+    let Some(venv) = skyrl_venv() else {
+        eprintln!(
+            "skipped: no SkyRL venv (HOLO_SKYRL_VENV or /tmp/holo-engines/skyrl-venv with skyrl[tinker,jax]==0.4.0 and uv)"
+        );
+        return;
+    };
+    let dir = common::tempdir::Dir::new("tinker-skyrl");
+    let model = dir.path().join("tiny-qwen3");
+    let mut made = common::process::Process::spawn(
+        std::process::Command::new(venv.join("bin/python")).args([
+            common::repo().join("scripts/tiny-qwen3.py").as_os_str(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/models/qwen2")
+                .as_os_str(),
+            model.as_os_str(),
+        ]),
+        dir.path().join("tiny-qwen3.log"),
+    );
+    let (status, log) = made.finish(Duration::from_secs(300));
+    assert!(status.success(), "{log}");
+
+    let port = common::process::free_port();
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = std::process::Command::new(venv.join("bin/uv"));
+    command
+        .args([
+            "run",
+            "--no-project",
+            "-m",
+            "skyrl.tinker.api",
+            "--backend",
+            "jax",
+        ])
+        .arg("--base-model")
+        .arg(&model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--database-url")
+        .arg(format!(
+            "sqlite:///{}",
+            dir.path().join("tinker.db").display()
+        ))
+        .arg("--checkpoints-base")
+        .arg(dir.path().join("checkpoints"))
+        .args([
+            "--backend-config",
+            r#"{"max_lora_adapters": 4, "max_lora_rank": 8}"#,
+        ])
+        .env("VIRTUAL_ENV", &venv)
+        .env("PATH", path)
+        .env("JAX_PLATFORMS", "cpu")
+        .current_dir(dir.path())
+        .process_group(0);
+    let mut server = Server(common::process::Process::spawn(
+        &mut command,
+        dir.path().join("server.log"),
+    ));
+    server.0.wait_accepting(port, Duration::from_secs(300));
+    let url = format!("http://127.0.0.1:{port}");
+    let run = dir.path().join("run");
+    let model = model.display().to_string();
+
+    let started = Instant::now();
+    let output = holo_train_model(&url, &run, "tml-holo-test", &model, &[]).await;
+    let elapsed = started.elapsed();
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        text(&output),
+        server.0.output()
+    );
+    let steps = metrics(&run);
+    assert_eq!(steps.len(), 2);
+    for step in &steps {
+        for key in ["reward", "loss", "grad_norm", "learning_rate", "step_time"] {
+            assert!(step[key].as_f64().unwrap().is_finite(), "{key} in {step}");
+        }
+    }
+    assert!(
+        steps[0]["grad_norm"].as_f64().unwrap() > 0.0,
+        "{}",
+        steps[0]
+    );
+    // The service scores the sampled tokens as its sampler did: same weights, same tokens.
+    let ratio = steps[0]["sampling/importance_sampling_ratio/mean"]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - 1.0).abs() < 1e-2, "{ratio}");
+    eprintln!(
+        "SkyRL on the CPU: 2 steps in {:.1} s (step_time {:.2} s, {:.2} s)",
+        elapsed.as_secs_f64(),
+        steps[0]["step_time"].as_f64().unwrap(),
+        steps[1]["step_time"].as_f64().unwrap()
+    );
+
+    let first = service_checkpoint(&run, 1);
+    let uninterrupted = steps[1].clone();
+    std::fs::remove_dir_all(run.join("checkpoint-2")).unwrap();
+    let output = holo_train_model(&url, &run, "tml-holo-test", &model, &["--resume"]).await;
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        text(&output),
+        server.0.output()
+    );
+    let steps = metrics(&run);
+    assert_eq!(steps.len(), 2);
+    let resumed = service_checkpoint(&run, 2);
+    assert_ne!(
+        resumed["model_id"], first["model_id"],
+        "a new model on the service"
+    );
+    // The same rows, seeds and weights: the resumed step samples what the uninterrupted one did.
+    assert_eq!(steps[1]["reward"], uninterrupted["reward"]);
 }
