@@ -80,7 +80,10 @@ pub struct ArrayRecord {
     #[prost(string, tag = "1")]
     pub type_tag: ::prost::alloc::string::String,
     #[prost(map = "string, message", tag = "2")]
-    pub fields: ::std::collections::HashMap<::prost::alloc::string::String, BatchedTensor>,
+    pub fields: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        BatchedTensor,
+    >,
     #[prost(int64, tag = "3")]
     pub num_datums: i64,
 }
@@ -113,7 +116,10 @@ pub struct Datum {
     #[prost(message, repeated, tag = "1")]
     pub model_input: ::prost::alloc::vec::Vec<Chunk>,
     #[prost(map = "string, message", tag = "2")]
-    pub loss_fn_inputs: ::std::collections::HashMap<::prost::alloc::string::String, Tensor>,
+    pub loss_fn_inputs: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        Tensor,
+    >,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Chunk {

@@ -370,15 +370,12 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             }
             while state.global_step < total {
                 let step = state.global_step + 1;
-                let mut metrics = self.step(
-                    &runtime,
-                    &stream,
-                    &mut state,
-                    &mut remote,
-                    total,
-                    rows.len(),
-                    &progress,
-                )?;
+                let mut metrics =
+                    self.step(&runtime, &stream, &mut state, &mut remote, total, &progress)?;
+                metrics.insert(
+                    "epoch".into(),
+                    state.data_position as f64 / rows.len() as f64,
+                );
                 let last_step = step == total;
                 if let Some(every) = config.eval_steps {
                     if (step % every == 0 || last_step) && !eval_rows.is_empty() {
@@ -417,7 +414,6 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         state: &mut TrainerState,
         remote: &mut Remote,
         total: u64,
-        rows: usize,
         progress: &indicatif::ProgressBar,
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let config = &self.config;
@@ -640,7 +636,6 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             );
         }
         metrics.insert("num_tokens".into(), state.num_input_tokens_seen as f64);
-        metrics.insert("epoch".into(), state.data_position as f64 / rows as f64);
         metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
         Ok(metrics)
     }

@@ -339,11 +339,7 @@ pub fn forward_backward_result(bytes: &[u8]) -> Result<ForwardBackwardResult, St
         .map_err(|error| format!("not a ForwardBackwardOutput: {error}"))?;
     let mut result = ForwardBackwardResult {
         outputs: Vec::new(),
-        metrics: output
-            .metrics
-            .into_iter()
-            .map(|(name, value)| (name, value))
-            .collect(),
+        metrics: output.metrics.into_iter().collect(),
     };
     for record in output.loss_fn_outputs {
         let start = result.outputs.len();
