@@ -290,6 +290,36 @@ pub fn end_of_turn_ids(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, LoadError> {
+    turn_ends(dir, &config.eos_token_ids, tokenizer, template)
+}
+
+/// [`end_of_turn_ids`] of a folder whose weights are not loaded (the tokenizer folder of a model that
+/// runs elsewhere): `config.json`'s `eos_token_id` is read from the file, when there is one.
+pub fn folder_end_of_turn_ids(
+    dir: &Path,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, LoadError> {
+    let file = dir.join("config.json");
+    let config_ids = if file.is_file() {
+        read_json(&file)
+            .and_then(|json| eos_token_ids(&json))
+            .map_err(|message| LoadError::GenerationConfig {
+                file: file.clone(),
+                message,
+            })?
+    } else {
+        Vec::new()
+    };
+    turn_ends(dir, &config_ids, tokenizer, template)
+}
+
+fn turn_ends(
+    dir: &Path,
+    config_ids: &[u32],
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<Vec<u32>, LoadError> {
     let file = dir.join("generation_config.json");
     let mut ids = Vec::new();
     if file.is_file() {
@@ -301,7 +331,7 @@ pub fn end_of_turn_ids(
             })?;
     }
     if ids.is_empty() {
-        ids = config.eos_token_ids.clone();
+        ids = config_ids.to_vec();
     }
     if let Some(id) = template
         .special_token("eos_token")

@@ -3,9 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{Tensor, Var};
@@ -26,15 +24,14 @@ use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
 use super::ppo;
 use super::provenance::{self, Provenance};
+use super::rollouts::{evaluation_metrics, Rollouts};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
 use crate::holophore::Holophore;
-use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::Row;
 use crate::local::{Limits, LocalModel, LocalOptions, Model};
-use crate::loom::{Loom, LoomConfig, RolloutRecord, RolloutSource, Summary};
-use crate::machine::Rollout;
+use crate::loom::{RolloutRecord, RolloutSource, Summary};
 use crate::sampler::Sampler;
 
 /// What a finished run did.
@@ -52,32 +49,11 @@ pub struct TrainSummary {
     pub rollbacks: u64,
 }
 
-/// Borrows a rollout source for one Loom.
-struct Borrowed<'a, S>(&'a S);
-
-impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
-    fn check(&self, row: &Row) -> Result<(), String> {
-        self.0.check(row)
-    }
-
-    fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
-        self.0.start(row)
-    }
-
-    fn tool_stats(&self) -> Option<Arc<ToolStats>> {
-        self.0.tool_stats()
-    }
-
-    fn reflection_memory(&self) -> Option<Arc<ReflectionMemory>> {
-        self.0.reflection_memory()
-    }
-}
-
 /// Seed salts, so that sampling, shuffling and evaluation draw independent streams (the data order's
 /// is [`super::curriculum`]'s).
-const SAMPLING: u64 = 2;
-const SHUFFLE: u64 = 3;
-const EVAL: u64 = 4;
+pub(crate) const SAMPLING: u64 = 2;
+pub(crate) const SHUFFLE: u64 = 3;
+pub(crate) const EVAL: u64 = 4;
 const DROPOUT: u64 = 5;
 
 /// GRPO training of a local model on rollouts from a [`RolloutSource`]; see the [module
@@ -848,18 +824,6 @@ impl<S: RolloutSource> Trainer<S> {
         step: u64,
         file: &str,
     ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
-        let loom = Loom::new(
-            Borrowed(&self.source),
-            LoomConfig {
-                rollouts_per_row: group,
-                seed,
-                concurrency: (rows.len() * group).max(1),
-                progress: false,
-                timing: false,
-                dataset: None,
-            },
-        )
-        .with_holophore(self.holophore.fork());
         let sampler = match &self.external {
             Some((sampler, context)) => Training::new(sampler.as_ref(), &self.config, *context),
             None => Training::new(
@@ -868,33 +832,13 @@ impl<S: RolloutSource> Trainer<S> {
                 Some(self.trained.model.config.max_position_embeddings),
             ),
         };
-        let mut jsonl = Vec::new();
-        let summary = runtime.block_on(loom.run(rows, &sampler, &mut jsonl))?;
-        let mut records: Vec<RolloutRecord> = jsonl
-            .split(|&byte| byte == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(serde_json::from_slice)
-            .collect::<Result<_, _>>()
-            .map_err(io::Error::other)?;
-        let position: BTreeMap<usize, usize> = rows
-            .iter()
-            .enumerate()
-            .map(|(position, (index, _))| (*index, position))
-            .collect();
-        records.sort_by_key(|record| (position[&record.row_index], record.rollout_index));
-        let mut out = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(self.run.path.join(file))?;
-        let mut lines = Vec::new();
-        for record in &mut records {
-            record.step = Some(step);
-            serde_json::to_writer(&mut lines, record).map_err(io::Error::other)?;
-            lines.push(b'\n');
-        }
-        out.write_all(&lines)?;
-        out.flush()?;
-        Ok((records, summary))
+        let rollouts = Rollouts {
+            source: &self.source,
+            holophore: &self.holophore,
+            sampler: &sampler,
+            run: &self.run,
+        };
+        rollouts.run(runtime, rows, group, seed, step, file)
     }
 
     /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
@@ -992,34 +936,6 @@ impl<S: RolloutSource> Trainer<S> {
             // Held-out rows must not teach the run: what their rollouts remembered is dropped.
             memory.discard_pending();
         }
-        let mut metrics = BTreeMap::new();
-        metrics.insert(
-            "eval/reward".to_string(),
-            summary.mean_reward.unwrap_or(f64::NAN),
-        );
-        for (k, value) in &summary.pass_at_k {
-            metrics.insert(format!("eval/pass@{k}"), *value);
-        }
-        for component in &summary.components {
-            metrics.insert(
-                format!("eval/rewards/{}/mean", component.name),
-                component.mean,
-            );
-        }
-        let lengths: Vec<f64> = records
-            .iter()
-            .map(|record| {
-                batch::sequences(record)
-                    .iter()
-                    .map(|s| s.trained.len() as f64)
-                    .sum()
-            })
-            .collect();
-        metrics.insert(
-            "eval/completions/mean_length".into(),
-            nanmean(lengths.iter().copied()),
-        );
-        metrics.insert("eval/failed".into(), summary.failed as f64);
-        Ok(metrics)
+        Ok(evaluation_metrics(&records, &summary))
     }
 }

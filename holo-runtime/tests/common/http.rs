@@ -70,6 +70,29 @@ pub async fn stub<F>(answer: F) -> (String, std::sync::Arc<std::sync::Mutex<Vec<
 where
     F: Fn(&Seen, usize) -> (u16, String) + Send + Sync + 'static,
 {
+    stub_typed(move |request, index| {
+        let (status, body) = answer(request, index);
+        Answer {
+            status,
+            content_type: "application/json".into(),
+            body: body.into_bytes(),
+        }
+    })
+    .await
+}
+
+/// A stub server's answer of any content type.
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+/// [`stub`] with answers of any content type (protobuf results).
+pub async fn stub_typed<F>(answer: F) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>)
+where
+    F: Fn(&Seen, usize) -> Answer + Send + Sync + 'static,
+{
     use std::sync::{Arc, Mutex};
     use tokio::io::AsyncWriteExt;
 
@@ -91,13 +114,17 @@ where
                         kept.push(request.clone());
                         kept.len() - 1
                     };
-                    let (status, body) = answer(&request, index);
+                    let Answer {
+                        status,
+                        content_type,
+                        body,
+                    } = answer(&request, index);
                     let head = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
                         body.len()
                     );
                     if stream.write_all(head.as_bytes()).await.is_err()
-                        || stream.write_all(body.as_bytes()).await.is_err()
+                        || stream.write_all(&body).await.is_err()
                     {
                         return;
                     }

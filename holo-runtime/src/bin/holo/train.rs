@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
+use holo_runtime::engines::tinker;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::Row;
 use holo_runtime::loom::{Interpreted, RolloutSource};
@@ -21,9 +22,25 @@ pub struct TrainArgs {
     /// The environment (with --rollouts atropos, only to evaluate on --eval-data).
     pub file: Option<PathBuf>,
     /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
-    /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32).
+    /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32). With --backend
+    /// tinker: the base model's name on the service.
     #[arg(long)]
     pub model: PathBuf,
+    /// Where the model is trained: `local` (in this process) or `tinker` (sampling, forward/backward
+    /// passes and optimizer steps on the Tinker service at --base-url; API key from TINKER_API_KEY).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// The Tinker service, `http(s)://host:port`, with --backend tinker.
+    #[arg(long, required_if_eq("backend", "tinker"))]
+    pub base_url: Option<String>,
+    /// With --backend tinker: a folder with the base model's tokenizer.json and chat template (default:
+    /// --model, when it is a folder).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// With --backend tinker: the loss the service computes, `importance-sampling` or `ppo` (the ratio
+    /// clipped to [1 - epsilon, 1 + epsilon_high]).
+    #[arg(long, value_enum, default_value_t = TinkerLoss::ImportanceSampling)]
+    pub loss_fn: TinkerLoss,
     /// Training rows, one JSON object per line (not with --rollouts atropos: the environments decide
     /// the data).
     #[arg(long)]
@@ -64,6 +81,22 @@ pub struct TrainArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The model in this process.
+    Local,
+    /// A Tinker service (Thinking Machines' or SkyRL's).
+    Tinker,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TinkerLoss {
+    /// Tinker's `importance_sampling`.
+    ImportanceSampling,
+    /// Tinker's `ppo`.
+    Ppo,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RolloutsFrom {
     /// The trainer's own rollouts of FILE through the Loom.
     Loom,
@@ -82,6 +115,18 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Err(error) => return usage(error),
     };
     let atropos = args.rollouts == RolloutsFrom::Atropos;
+    if args.backend == Backend::Tinker {
+        return train_on_tinker(args, config);
+    }
+    for (given, flag) in [
+        (args.base_url.is_some(), "--base-url"),
+        (args.tokenizer.is_some(), "--tokenizer"),
+        (args.loss_fn != TinkerLoss::ImportanceSampling, "--loss-fn"),
+    ] {
+        if given {
+            return usage(format!("{flag}: only with --backend tinker"));
+        }
+    }
     match (&args.file, &args.data, atropos) {
         (None, _, false) => return usage("FILE: the holoware to train on (or --rollouts atropos)"),
         (_, None, false) => return usage("--data: the training rows (or --rollouts atropos)"),
@@ -230,7 +275,122 @@ fn train<S: RolloutSource>(
             args.out.display()
         ),
     }
-    let summary = match trainer.train(rows, eval_rows) {
+    finish(trainer.train(rows, eval_rows), args)
+}
+
+/// `holo train --backend tinker`: the holoware rolled out here, the model trained on the service.
+fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
+    if args.rollouts == RolloutsFrom::Atropos {
+        return usage("--rollouts atropos: not with --backend tinker");
+    }
+    let (Some(file), Some(data)) = (&args.file, &args.data) else {
+        return usage("--backend tinker needs FILE, the holoware, and --data, its rows");
+    };
+    let Some(url) = &args.base_url else {
+        return usage("--base-url: the Tinker service");
+    };
+    let tokenizer = match &args.tokenizer {
+        Some(dir) => dir.clone(),
+        None if args.model.is_dir() => args.model.clone(),
+        None => {
+            return usage(format!(
+                "--tokenizer: a folder with the tokenizer and chat template of `{}` (--model is not a folder)",
+                args.model.display()
+            ))
+        }
+    };
+    let key = match tinker::client::api_key_from_env() {
+        Ok(key) => key,
+        Err(message) => return usage(message),
+    };
+    let client = match tinker::client::Client::new(url, &key, Default::default()) {
+        Ok(client) => client,
+        Err(message) => return usage(format!("--base-url: {message}")),
+    };
+    let loss = match args.loss_fn {
+        TinkerLoss::ImportanceSampling => tinker::wire::LossFn::ImportanceSampling,
+        TinkerLoss::Ppo => tinker::wire::LossFn::Ppo {
+            low: 1.0 - config.epsilon,
+            high: 1.0 + config.epsilon_high(),
+        },
+    };
+    let holoware = match load(file) {
+        Ok(holoware) => holoware,
+        Err(code) => return code,
+    };
+    let rows = match checked_rows(data, &holoware) {
+        Ok(rows) => rows,
+        Err(code) => return code,
+    };
+    let eval_rows = match &args.eval_data {
+        Some(path) => match checked_rows(path, &holoware) {
+            Ok(rows) => rows,
+            Err(code) => return code,
+        },
+        None => Vec::new(),
+    };
+    let mut inputs = vec![("holoware", file.as_path()), ("data", data.as_path())];
+    if let Some(path) = &args.eval_data {
+        inputs.push(("eval data", path.as_path()));
+    }
+    inputs.push(("tokenizer", tokenizer.as_path()));
+    let provenance = match Provenance::collect(&inputs) {
+        Ok(provenance) => provenance,
+        Err(message) => return usage(message),
+    };
+    let mut resources = crate::resources();
+    resources.insert(ToolStats::default());
+    let limits = config
+        .sandbox
+        .limits()
+        .expect("ConfigBuilder::build checked the [sandbox] table");
+    if let Err(code) = crate::code_sandbox(
+        &holoware,
+        &mut resources,
+        CodeSandbox {
+            limits,
+            allow_unsandboxed: args.allow_unsandboxed_code,
+        },
+    ) {
+        return code;
+    }
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources,
+    };
+    let options = RunOptions {
+        out: args.out.clone(),
+        resume: args.resume,
+        progress: true,
+    };
+    let service = tinker::train::TinkerOptions {
+        client,
+        base_model: args.model.display().to_string(),
+        tokenizer,
+        loss,
+    };
+    let mut trainer = match tinker::train::TinkerTrainer::new(source, config, service, options) {
+        Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
+        Err(error) => return usage(error),
+    };
+    let total = trainer.total_steps(rows.len());
+    eprintln!(
+        "training {} of the Tinker service at {url} on {} ({} rows, {} held out) for {total} steps into {}",
+        args.model.display(),
+        file.display(),
+        rows.len(),
+        eval_rows.len(),
+        args.out.display()
+    );
+    finish(trainer.train(&rows, &eval_rows), &args)
+}
+
+/// The outcome of a run: its report and plots, or its error.
+fn finish(
+    outcome: Result<holo_runtime::train::TrainSummary, TrainError>,
+    args: &TrainArgs,
+) -> ExitCode {
+    let summary = match outcome {
         Ok(summary) => summary,
         Err(TrainError::Input(message)) => return usage(message),
         Err(error) => {

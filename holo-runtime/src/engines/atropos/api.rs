@@ -26,6 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::super::{chain, shortened};
+
 /// A JSON object.
 pub type Object = Map<String, Value>;
 
@@ -433,28 +435,6 @@ pub fn reply<T: DeserializeOwned>(api: &Api, path: &str, value: Value) -> Result
         url: format!("{}{path}", api.url()),
         message: format!("{} ({error})", shortened(&value.to_string())),
     })
-}
-
-/// An error with its sources, `a: b: c` (reqwest keeps the useful part in the sources).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-/// A server's text, cut to a readable length.
-fn shortened(text: &str) -> String {
-    const LIMIT: usize = 600;
-    let text = text.trim();
-    match text.char_indices().nth(LIMIT) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,653 @@
+//! [`Client`]: one Tinker service, reached as the `tinker` SDK 0.25.0 reaches it.
+//!
+//! - **Authentication**: every request carries `X-API-Key`, the key from `TINKER_API_KEY`, which must
+//!   start with `tml-` (as the SDK requires; [`api_key_from_env`]).
+//! - **Futures**: every operation answers `{request_id}`; its result is asked for with `POST
+//!   /api/v1/retrieve_future`, which the server holds until the result is ready or its own timeout
+//!   passes (SkyRL: 300 s, then HTTP 408). The client asks again after a 408, a JSON `try_again` (the
+//!   hosted service's) or its own poll timeout ([`Waits::poll`]), until [`Waits::result`] has passed in
+//!   all. A failed request (SkyRL: HTTP 400 with the error; the hosted service: a JSON `error`) is
+//!   [`TinkerError::Failed`].
+//! - **Sequence numbers**: the training operations of a model carry increasing `seq_id`s; the server
+//!   answers a repeated `(model_id, seq_id)` with the first request's future, so a request tried again
+//!   after a lost connection is not applied twice.
+//! - **Connections**: a refused or dropped connection is tried again [`Waits::reconnects`] times, 1, 2,
+//!   4… s apart; then the operation fails naming the URL. A server that restarted has forgotten the
+//!   session, the model and its futures (SkyRL keeps them in its database; started on a fresh one, it
+//!   answers 404): that is an error too, never a silent new model. What was checkpointed stays at its
+//!   `tinker://` path.
+//!
+//! Every error names the service's URL and the operation ([`TinkerError`]).
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::super::{chain, shortened};
+use super::wire::{self, Datum, ForwardBackwardResult, LossFn, SampledSequence};
+
+/// The environment variable that holds the API key.
+pub const API_KEY_VARIABLE: &str = "TINKER_API_KEY";
+
+const PROTOBUF: &str = "application/x-protobuf";
+
+/// The API key from `TINKER_API_KEY`: present and starting with `tml-`.
+pub fn api_key_from_env() -> Result<String, String> {
+    match std::env::var(API_KEY_VARIABLE) {
+        Ok(key) => check_api_key(&key).map(|()| key),
+        Err(_) => Err(format!(
+            "{API_KEY_VARIABLE} is not set: the Tinker service takes an API key that starts with `tml-`"
+        )),
+    }
+}
+
+/// A Tinker API key starts with `tml-`.
+pub fn check_api_key(key: &str) -> Result<(), String> {
+    if key.starts_with("tml-") && key.len() > 4 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{API_KEY_VARIABLE} does not start with `tml-`: it is not a Tinker API key"
+        ))
+    }
+}
+
+/// How long the client waits, and how often it tries again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waits {
+    /// One `retrieve_future` request (asked again after it).
+    pub poll: Duration,
+    /// A future's result, in all.
+    pub result: Duration,
+    /// Any other request.
+    pub request: Duration,
+    /// Tries again after a failed connection.
+    pub reconnects: u32,
+    /// The wait before the first of them; doubles with each.
+    pub reconnect_delay: Duration,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Waits {
+            poll: Duration::from_secs(60),
+            result: Duration::from_secs(3600),
+            request: Duration::from_secs(120),
+            reconnects: 3,
+            reconnect_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why an operation on the service failed; every one names the service and the operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TinkerError {
+    /// No answer after the reconnections: the connection was refused, reset or timed out.
+    Unreachable {
+        url: String,
+        operation: String,
+        message: String,
+    },
+    /// An HTTP error status, with what the server said.
+    Status {
+        url: String,
+        operation: String,
+        status: u16,
+        message: String,
+    },
+    /// The request was accepted and then failed on the service.
+    Failed {
+        url: String,
+        operation: String,
+        message: String,
+    },
+    /// A success whose body is not what the protocol says.
+    Malformed {
+        url: String,
+        operation: String,
+        message: String,
+    },
+    /// The result did not come within [`Waits::result`].
+    TimedOut {
+        url: String,
+        operation: String,
+        waited: Duration,
+    },
+}
+
+impl fmt::Display for TinkerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TinkerError::Unreachable {
+                url,
+                operation,
+                message,
+            } => write!(
+                f,
+                "cannot reach the Tinker service at {url} ({operation}): {message}"
+            ),
+            TinkerError::Status {
+                url,
+                operation,
+                status,
+                message,
+            } => {
+                write!(
+                    f,
+                    "the Tinker service at {url} answered {operation} with HTTP {status}: {message}"
+                )?;
+                match status {
+                    401 | 403 => write!(f, " (is {API_KEY_VARIABLE} a key this service accepts?)"),
+                    404 => write!(
+                        f,
+                        " (a restarted service has forgotten the session, the model and its requests; `--resume` continues from the run's last checkpoint)"
+                    ),
+                    _ => Ok(()),
+                }
+            }
+            TinkerError::Failed {
+                url,
+                operation,
+                message,
+            } => write!(
+                f,
+                "{operation} failed on the Tinker service at {url}: {message}"
+            ),
+            TinkerError::Malformed {
+                url,
+                operation,
+                message,
+            } => write!(
+                f,
+                "the Tinker service at {url} answered {operation} with {message}"
+            ),
+            TinkerError::TimedOut {
+                url,
+                operation,
+                waited,
+            } => write!(
+                f,
+                "the Tinker service at {url} gave no result for {operation} in {} s",
+                waited.as_secs()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TinkerError {}
+
+/// A body sent: JSON, or protobuf bytes.
+enum Body {
+    Json(Vec<u8>),
+    Protobuf(Vec<u8>),
+}
+
+/// What a future's result is read as.
+#[derive(Clone, Copy, PartialEq)]
+enum Expect {
+    Json,
+    Protobuf,
+}
+
+/// A client of one Tinker service; cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+    waits: Waits,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("url", &self.base).finish()
+    }
+}
+
+impl Client {
+    /// A client of the service at `url` (`http(s)://host:port`, the SDK's `base_url`) with API key
+    /// `key` ([`check_api_key`]). The service is reached directly, never through the environment's
+    /// proxies.
+    pub fn new(url: &str, key: &str, waits: Waits) -> Result<Client, String> {
+        let parsed =
+            reqwest::Url::parse(url).map_err(|error| format!("`{url}` is not a URL: {error}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(format!("`{url}` is not an http(s)://host:port URL"));
+        }
+        check_api_key(key)?;
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("holo-runtime/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .no_proxy()
+            .build()
+            .map_err(|error| format!("cannot build the HTTP client: {error}"))?;
+        Ok(Client {
+            base: url.trim_end_matches('/').to_string(),
+            key: key.to_string(),
+            http,
+            waits,
+        })
+    }
+
+    /// The service's URL, as given.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// `create_session`: the session every model of the run belongs to.
+    pub async fn create_session(&self) -> Result<String, TinkerError> {
+        let operation = "create_session";
+        let reply: wire::CreateSessionResponse = self
+            .call(
+                operation,
+                "create_session",
+                &wire::CreateSessionRequest {
+                    tags: vec!["holo".into()],
+                    user_metadata: Default::default(),
+                    sdk_version: wire::SDK_VERSION.into(),
+                    kind: "create_session".into(),
+                },
+            )
+            .await?;
+        if let Some(message) = reply.error_message {
+            return Err(self.failed(operation, message));
+        }
+        Ok(reply.session_id)
+    }
+
+    /// `session_heartbeat`: keeps the session alive (the SDK sends one every 10 s).
+    pub async fn heartbeat(&self, session_id: &str) -> Result<(), TinkerError> {
+        let _: serde_json::Value = self
+            .call(
+                "session_heartbeat",
+                "session_heartbeat",
+                &wire::SessionHeartbeatRequest {
+                    session_id: session_id.into(),
+                    kind: "session_heartbeat".into(),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `create_model`: a LoRA of `rank` on `base_model`, the session's `model_seq_id`-th model.
+    /// Returns its id.
+    pub async fn create_model(
+        &self,
+        session_id: &str,
+        model_seq_id: u64,
+        base_model: &str,
+        lora: wire::LoraConfig,
+    ) -> Result<String, TinkerError> {
+        let operation = format!("create_model of `{base_model}`");
+        let future: wire::FutureResponse = self
+            .call(
+                &operation,
+                "create_model",
+                &wire::CreateModelRequest {
+                    session_id: session_id.into(),
+                    model_seq_id,
+                    base_model: base_model.into(),
+                    lora_config: lora,
+                    kind: "create_model".into(),
+                },
+            )
+            .await?;
+        let created: wire::CreateModelResult = self.result(&operation, &future).await?;
+        Ok(created.model_id)
+    }
+
+    /// `forward_backward` of `data` under `loss`: gradients accumulated on the service until the next
+    /// `optim_step`.
+    pub async fn forward_backward(
+        &self,
+        model_id: &str,
+        seq_id: u64,
+        data: &[Datum],
+        loss: LossFn,
+    ) -> Result<ForwardBackwardResult, TinkerError> {
+        let operation = format!("forward_backward ({} datums, {})", data.len(), loss.name());
+        let body = wire::forward_backward_body(model_id, seq_id, data, loss);
+        let reply = self
+            .send(&operation, "forward_backward", Body::Protobuf(body))
+            .await?;
+        let future: wire::FutureResponse = self.json(&operation, &reply)?;
+        let bytes = self.retrieve(&operation, &future, Expect::Protobuf).await?;
+        wire::forward_backward_result(&bytes).map_err(|message| self.malformed(&operation, message))
+    }
+
+    /// `optim_step`: one AdamW step with the accumulated gradients.
+    pub async fn optim_step(
+        &self,
+        model_id: &str,
+        seq_id: u64,
+        adam: wire::AdamParams,
+    ) -> Result<wire::OptimStepResult, TinkerError> {
+        let operation = "optim_step";
+        let future: wire::FutureResponse = self
+            .call(
+                operation,
+                "optim_step",
+                &wire::OptimStepRequest {
+                    adam_params: adam,
+                    model_id: model_id.into(),
+                    seq_id,
+                    kind: "optim_step".into(),
+                },
+            )
+            .await?;
+        self.result(operation, &future).await
+    }
+
+    /// `save_weights` (`for_sampler`: `save_weights_for_sampler`) under `name`; returns the
+    /// checkpoint's `tinker://` path.
+    pub async fn save_weights(
+        &self,
+        model_id: &str,
+        seq_id: u64,
+        name: &str,
+        for_sampler: bool,
+    ) -> Result<String, TinkerError> {
+        let endpoint = if for_sampler {
+            "save_weights_for_sampler"
+        } else {
+            "save_weights"
+        };
+        let operation = format!("{endpoint} `{name}`");
+        let future: wire::FutureResponse = self
+            .call(
+                &operation,
+                endpoint,
+                &wire::SaveWeightsRequest {
+                    model_id: model_id.into(),
+                    path: name.into(),
+                    seq_id,
+                    kind: endpoint.into(),
+                },
+            )
+            .await?;
+        let saved: wire::SaveWeightsResult = self.result(&operation, &future).await?;
+        saved
+            .path
+            .ok_or_else(|| self.malformed(&operation, "no `path` for the saved weights".into()))
+    }
+
+    /// `load_weights`: the training checkpoint at `path` (weights and optimizer state) into `model_id`,
+    /// which must be new (the service takes it only as a model's first request).
+    pub async fn load_weights(
+        &self,
+        model_id: &str,
+        seq_id: u64,
+        path: &str,
+    ) -> Result<(), TinkerError> {
+        let operation = format!("load_weights `{path}`");
+        let future: wire::FutureResponse = self
+            .call(
+                &operation,
+                "load_weights",
+                &wire::LoadWeightsRequest {
+                    model_id: model_id.into(),
+                    path: path.into(),
+                    optimizer: true,
+                    seq_id,
+                    kind: "load_weights".into(),
+                },
+            )
+            .await?;
+        let _: serde_json::Value = self.result(&operation, &future).await?;
+        Ok(())
+    }
+
+    /// `asample`: `num_samples` completions of `prompt` by the sampler weights at `model_path`.
+    pub async fn sample(
+        &self,
+        model_path: &str,
+        prompt: Vec<u32>,
+        params: wire::SamplingParams,
+        num_samples: u32,
+    ) -> Result<Vec<SampledSequence>, TinkerError> {
+        let operation = format!("asample ({} prompt tokens)", prompt.len());
+        let future: wire::FutureResponse = self
+            .call(
+                &operation,
+                "asample",
+                &wire::SampleRequest {
+                    num_samples,
+                    prompt: wire::ModelInput::tokens(prompt),
+                    sampling_params: params,
+                    model_path: model_path.into(),
+                    prompt_logprobs: false,
+                    kind: "sample".into(),
+                },
+            )
+            .await?;
+        let bytes = self.retrieve(&operation, &future, Expect::Protobuf).await?;
+        wire::sample_result(&bytes).map_err(|message| self.malformed(&operation, message))
+    }
+
+    /// A JSON request to `/api/v1/<endpoint>` and its JSON reply.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        operation: &str,
+        endpoint: &str,
+        body: &impl Serialize,
+    ) -> Result<T, TinkerError> {
+        let bytes = serde_json::to_vec(body).expect("the request types serialize");
+        let reply = self.send(operation, endpoint, Body::Json(bytes)).await?;
+        self.json(operation, &reply)
+    }
+
+    fn json<T: DeserializeOwned>(&self, operation: &str, bytes: &[u8]) -> Result<T, TinkerError> {
+        serde_json::from_slice(bytes).map_err(|error| {
+            self.malformed(
+                operation,
+                format!("{} ({error})", shortened(&String::from_utf8_lossy(bytes))),
+            )
+        })
+    }
+
+    /// The JSON result of `future`.
+    async fn result<T: DeserializeOwned>(
+        &self,
+        operation: &str,
+        future: &wire::FutureResponse,
+    ) -> Result<T, TinkerError> {
+        let bytes = self.retrieve(operation, future, Expect::Json).await?;
+        self.json(operation, &bytes)
+    }
+
+    /// POSTs `body` to `/api/v1/<endpoint>`; tries again after a failed connection. Returns the body
+    /// of a success.
+    async fn send(
+        &self,
+        operation: &str,
+        endpoint: &str,
+        body: Body,
+    ) -> Result<Vec<u8>, TinkerError> {
+        let url = format!("{}/api/v1/{endpoint}", self.base);
+        let (content_type, bytes) = match body {
+            Body::Json(bytes) => ("application/json", bytes),
+            Body::Protobuf(bytes) => (PROTOBUF, bytes),
+        };
+        let mut reconnects = 0;
+        loop {
+            let sent = self
+                .http
+                .post(&url)
+                .header("X-API-Key", &self.key)
+                .header(CONTENT_TYPE, content_type)
+                .header(ACCEPT, "application/json")
+                .timeout(self.waits.request)
+                .body(bytes.clone())
+                .send()
+                .await;
+            match self.answer(operation, sent).await {
+                Err(TinkerError::Unreachable { .. }) if reconnects < self.waits.reconnects => {
+                    tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
+                    reconnects += 1;
+                }
+                Ok((status, _, body)) if !status.is_success() => {
+                    return Err(self.status(operation, status.as_u16(), &body))
+                }
+                other => return other.map(|(_, _, body)| body),
+            }
+        }
+    }
+
+    /// The status, content type and body of a sent request.
+    async fn answer(
+        &self,
+        operation: &str,
+        sent: reqwest::Result<reqwest::Response>,
+    ) -> Result<(reqwest::StatusCode, String, Vec<u8>), TinkerError> {
+        let unreachable = |error: reqwest::Error| TinkerError::Unreachable {
+            url: self.base.clone(),
+            operation: operation.to_string(),
+            message: chain(&error),
+        };
+        let response = sent.map_err(unreachable)?;
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body = response.bytes().await.map_err(unreachable)?;
+        Ok((status, content_type, body.to_vec()))
+    }
+
+    /// Asks for `future`'s result until it comes, fails, or [`Waits::result`] passes.
+    async fn retrieve(
+        &self,
+        operation: &str,
+        future: &wire::FutureResponse,
+        expect: Expect,
+    ) -> Result<Vec<u8>, TinkerError> {
+        let url = format!("{}/api/v1/retrieve_future", self.base);
+        let body = serde_json::to_vec(&wire::RetrieveFutureRequest {
+            request_id: future.request_id.clone(),
+        })
+        .expect("serializes");
+        let accept = match expect {
+            Expect::Json => "application/json",
+            Expect::Protobuf => PROTOBUF,
+        };
+        let started = Instant::now();
+        let mut reconnects = 0;
+        loop {
+            let left = self.waits.result.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(TinkerError::TimedOut {
+                    url: self.base.clone(),
+                    operation: operation.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+            let sent = self
+                .http
+                .post(&url)
+                .header("X-API-Key", &self.key)
+                .header(CONTENT_TYPE, "application/json")
+                .header(ACCEPT, accept)
+                .timeout(self.waits.poll.min(left))
+                .body(body.clone())
+                .send()
+                .await;
+            let (status, content_type, bytes) = match sent {
+                // The server held the request longer than one poll: ask again.
+                Err(error) if error.is_timeout() => continue,
+                sent => match self.answer(operation, sent).await {
+                    Ok(answer) => answer,
+                    Err(TinkerError::Unreachable { .. }) if reconnects < self.waits.reconnects => {
+                        tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
+                        reconnects += 1;
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                },
+            };
+            reconnects = 0;
+            match status.as_u16() {
+                // SkyRL's answer when the result is not ready within its own wait.
+                408 => continue,
+                // SkyRL's answer for a request that failed on the service.
+                400 => return Err(self.failed(operation, detail(&bytes))),
+                code if !status.is_success() => return Err(self.status(operation, code, &bytes)),
+                _ => {}
+            }
+            if content_type.starts_with(PROTOBUF) {
+                if expect == Expect::Protobuf {
+                    return Ok(bytes);
+                }
+                return Err(self.malformed(
+                    operation,
+                    "a protobuf result where JSON was asked for".into(),
+                ));
+            }
+            // The hosted service's JSON statuses.
+            if let Ok(status) = serde_json::from_slice::<wire::FutureStatus>(&bytes) {
+                if status.kind.as_deref() == Some("try_again") {
+                    continue;
+                }
+                if let Some(error) = status.error {
+                    let category = status
+                        .category
+                        .map_or(String::new(), |category| format!(" ({category})"));
+                    return Err(self.failed(operation, format!("{error}{category}")));
+                }
+            }
+            if expect == Expect::Protobuf {
+                return Err(self.malformed(
+                    operation,
+                    format!(
+                        "JSON where a protobuf result was asked for: {}",
+                        shortened(&String::from_utf8_lossy(&bytes))
+                    ),
+                ));
+            }
+            return Ok(bytes);
+        }
+    }
+
+    fn status(&self, operation: &str, status: u16, body: &[u8]) -> TinkerError {
+        TinkerError::Status {
+            url: self.base.clone(),
+            operation: operation.to_string(),
+            status,
+            message: detail(body),
+        }
+    }
+
+    fn failed(&self, operation: &str, message: String) -> TinkerError {
+        TinkerError::Failed {
+            url: self.base.clone(),
+            operation: operation.to_string(),
+            message,
+        }
+    }
+
+    fn malformed(&self, operation: &str, message: String) -> TinkerError {
+        TinkerError::Malformed {
+            url: self.base.clone(),
+            operation: operation.to_string(),
+            message,
+        }
+    }
+}
+
+/// What an error body says: FastAPI's `detail`, or the text.
+fn detail(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(object)) => match object.get("detail") {
+            Some(serde_json::Value::String(detail)) => shortened(detail),
+            Some(detail) => shortened(&detail.to_string()),
+            None => shortened(&text),
+        },
+        _ => shortened(&text),
+    }
+}
