@@ -12,7 +12,9 @@
 # - ppo: `--algorithm ppo`, one rollout per row (64 rows per step; evaluated with G = 8 as the others), 4 PPO
 #   epochs, kl_coef = the demo's beta;
 # - grpo-curriculum: the training rows get a `difficulty` column (1: the ones digits do not carry, 2: they
-#   do), served easiest first (`curriculum_threshold` 0.6 over 8 groups), with DAPO's dynamic sampling.
+#   do), served easiest first (the carries join when the mean reward of 8 groups reaches 1.1, about 90%
+#   right: the reward is math_answer + 0.2 × format), with DAPO's dynamic sampling; CURRICULUM_FLAGS adds
+#   options (`--curriculum-cumulative false` serves the carries alone once they start).
 # Accuracy is `eval/rewards/math_answer/mean` (held-out problems, the demo's G samples each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +48,8 @@ PY
                         --kl-coef 0.04) ;;
             grpo-curriculum)
                 data="$base/levels.jsonl"
-                flags=(--difficulty-column difficulty --curriculum-window 8 --curriculum-threshold 0.6
-                       --dynamic-sampling --max-num-gen-batches 3) ;;
+                flags=(--difficulty-column difficulty --curriculum-window 8 --curriculum-threshold 1.1
+                       --dynamic-sampling --max-num-gen-batches 3 ${CURRICULUM_FLAGS:-}) ;;
         esac
         echo "seed $seed: $variant (log: $base.$variant.log)" >&2
         "$HOLO" train hol/arithmetic.hol --model "$base/grpo/warmup" --data "$data" \

@@ -90,6 +90,7 @@ fn levels_are_served_easiest_first_and_advance_on_the_window_mean() {
         difficulty_column: Some("level".into()),
         curriculum_window: 2,
         curriculum_threshold: 0.6,
+        curriculum_cumulative: false,
         ..config(4)
     };
     train(&out, config, &rows, Student::new(&[&rows], policy)).unwrap();
@@ -238,6 +239,42 @@ fn dynamic_sampling_drops_groups_without_spread_and_refills_the_batch() {
     );
 }
 
+/// `curriculum_cumulative` (the default): once a level is passed, the stream runs over its rows and the
+/// next level's together, an epoch of them covering each once; without it, over the next level's only.
+#[test]
+fn a_cumulative_curriculum_keeps_serving_the_levels_passed() {
+    let rows: Vec<(usize, Row)> = [
+        student::rows(0, &[(1, 1), (1, 2), (1, 3)], json!({"level": 1})),
+        student::rows(3, &[(3, 1), (3, 2), (3, 3)], json!({"level": 2})),
+    ]
+    .concat();
+    for cumulative in [true, false] {
+        let dir = Dir::new("cumulative");
+        let out = dir.path().join("run");
+        let config = GrpoConfig {
+            difficulty_column: Some("level".into()),
+            curriculum_window: 1,
+            // Any mean passes: level 2 starts at the second step.
+            curriculum_threshold: -1.0,
+            curriculum_cumulative: cumulative,
+            ..config(4)
+        };
+        train(&out, config, &rows, Student::new(&[&rows], mixed_policy)).unwrap();
+        let steps = rows_by_step(&out);
+        assert!(steps[0].1.iter().all(|row| *row < 3), "{steps:?}");
+        let later: BTreeSet<u64> = steps[1..4]
+            .iter()
+            .flat_map(|(_, rows)| rows.clone())
+            .collect();
+        let expected: BTreeSet<u64> = if cumulative {
+            (0..6).collect()
+        } else {
+            (3..6).collect()
+        };
+        assert_eq!(later, expected, "cumulative {cumulative}: {steps:?}");
+    }
+}
+
 #[test]
 fn dynamic_sampling_gives_up_after_max_num_gen_batches_and_the_curriculum_counts_dropped_groups() {
     // Level 1 is always right: no group has a spread. After two draws the batch is completed with two
@@ -255,6 +292,8 @@ fn dynamic_sampling_gives_up_after_max_num_gen_batches_and_the_curriculum_counts
         difficulty_column: Some("level".into()),
         curriculum_window: 4,
         curriculum_threshold: 1.0,
+        // Level 2 alone at step 2, whose groups all have a spread.
+        curriculum_cumulative: false,
         ..config(2)
     };
     train(&out, config, &rows, Student::new(&[&rows], mixed_policy)).unwrap();

@@ -289,6 +289,9 @@ pub struct GrpoConfig {
     /// The moving mean reward (over the level's last `curriculum_window` groups) at which the next
     /// level starts.
     pub curriculum_threshold: f64,
+    /// Serve the rows of every level reached so far (true), or the current level's only (false: a
+    /// model trained on the hard rows alone can forget the easy ones).
+    pub curriculum_cumulative: bool,
     /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and refilled with the
     /// groups of further rows.
     pub dynamic_sampling: bool,
@@ -441,6 +444,7 @@ impl Default for GrpoConfig {
             difficulty_column: None,
             curriculum_window: 16,
             curriculum_threshold: 0.8,
+            curriculum_cumulative: true,
             dynamic_sampling: false,
             max_num_gen_batches: 10,
             early_stopping_patience: None,

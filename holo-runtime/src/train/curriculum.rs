@@ -6,8 +6,10 @@
 //!
 //! With `difficulty_column`, every training row must hold a number in that column (integers or decimals;
 //! a missing value, text or `null` is refused naming the row and the column before any work). Its
-//! distinct values are the *levels*, served in ascending order: the stream runs over the current level's
-//! rows only, each level's epochs seeded apart. After each generation batch the mean reward of each of
+//! distinct values are the *levels*, served in ascending order: the stream runs over the rows of every
+//! level reached so far (`curriculum_cumulative`, the default; a model trained on the hard rows alone
+//! forgets the easy ones: measured in `benches/algorithms.sh`) or the current level's only, each level's
+//! epochs seeded apart. After each generation batch the mean reward of each of
 //! its groups (every group drawn, the ones dynamic sampling dropped included: a group that every rollout
 //! solves is the evidence a level is learned) joins the level's window of its last `curriculum_window`
 //! groups; when the window is full and its mean reaches `curriculum_threshold`, the next generation draws
@@ -73,6 +75,8 @@ pub struct Stream<'r> {
     shuffle: bool,
     window: usize,
     threshold: f64,
+    /// Serve every level reached so far, not only the current one.
+    cumulative: bool,
 }
 
 impl<'r> Stream<'r> {
@@ -90,6 +94,7 @@ impl<'r> Stream<'r> {
             shuffle: config.shuffle_dataset,
             window: config.curriculum_window,
             threshold: config.curriculum_threshold,
+            cumulative: config.curriculum_cumulative,
         })
     }
 
@@ -125,7 +130,14 @@ impl<'r> Stream<'r> {
         let (pool, position, salt): (Vec<usize>, &mut u64, Option<u64>) =
             match (&self.levels, state.curriculum.as_mut()) {
                 (Some(levels), Some(curriculum)) => (
-                    levels[curriculum.level].1.clone(),
+                    if self.cumulative {
+                        levels[..=curriculum.level]
+                            .iter()
+                            .flat_map(|(_, rows)| rows.iter().copied())
+                            .collect()
+                    } else {
+                        levels[curriculum.level].1.clone()
+                    },
                     &mut curriculum.position,
                     Some(curriculum.level as u64),
                 ),
