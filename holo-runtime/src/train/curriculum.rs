@@ -366,7 +366,11 @@ mod tests {
     fn a_level_serves_its_rows_and_advances_on_a_full_window() {
         use serde_json::json;
         let rows = rows(&[json!(2), json!(1), json!(2), json!(1)]);
-        let config = config();
+        // The level served alone (tests/curriculum.rs has the cumulative stream).
+        let config = GrpoConfig {
+            curriculum_cumulative: false,
+            ..config()
+        };
         let stream = Stream::new(&rows, &config).unwrap();
         let mut state = TrainerState {
             curriculum: stream.start(),
