@@ -88,6 +88,32 @@ impl Completion {
     }
 }
 
+/// The completions of `records` with their `advantages` (in order), as the loss sees them: a failed
+/// rollout, or a truncated one under `mask_truncated_completions`, trains nothing.
+pub fn completions(
+    records: &[RolloutRecord],
+    advantages: &[f64],
+    mask_truncated_completions: bool,
+) -> Vec<Completion> {
+    records
+        .iter()
+        .zip(advantages)
+        .map(|(record, &advantage)| {
+            let masked = record.error.is_some() || (record.truncated && mask_truncated_completions);
+            Completion {
+                sequences: sequences(record),
+                advantage: advantage as f32,
+                mask: if masked { 0.0 } else { 1.0 },
+                truncated: record.truncated,
+                old_logprobs: None,
+                ref_logprobs: None,
+                is_ratio: None,
+                second_loss: false,
+            }
+        })
+        .collect()
+}
+
 /// The trained sequences of a rollout record (its contexts that are trained and have tokens).
 pub fn sequences(record: &RolloutRecord) -> Vec<Sequence> {
     record

@@ -609,24 +609,11 @@ impl<S: RolloutSource> Trainer<S> {
             metrics.extend(split.metrics);
             (split.completions, split.internalized)
         } else {
-            let completions = records
-                .iter()
-                .zip(&scored.advantages)
-                .map(|(record, &advantage)| {
-                    let masked = record.error.is_some()
-                        || (record.truncated && config.mask_truncated_completions);
-                    Completion {
-                        sequences: batch::sequences(record),
-                        advantage: advantage as f32,
-                        mask: if masked { 0.0 } else { 1.0 },
-                        truncated: record.truncated,
-                        old_logprobs: None,
-                        ref_logprobs: None,
-                        is_ratio: None,
-                        second_loss: false,
-                    }
-                })
-                .collect();
+            let completions = batch::completions(
+                &records,
+                &scored.advantages,
+                config.mask_truncated_completions,
+            );
             (completions, Vec::new())
         };
         if let Some(memory) = self.source.reflection_memory() {

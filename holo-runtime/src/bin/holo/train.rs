@@ -8,7 +8,7 @@ use std::sync::Arc;
 use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
 use holo_runtime::engines::tinker;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
-use holo_runtime::interpreter::Row;
+use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::{plot, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
@@ -215,25 +215,9 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
             &[],
         );
     };
-    let mut resources = crate::resources();
-    resources.insert(ToolStats::default());
-    let limits = config
-        .sandbox
-        .limits()
-        .expect("ConfigBuilder::build checked the [sandbox] table");
-    if let Err(code) = crate::code_sandbox(
-        &holoware,
-        &mut resources,
-        CodeSandbox {
-            limits,
-            allow_unsandboxed: args.allow_unsandboxed_code,
-        },
-    ) {
-        return code;
-    }
-    let source = Interpreted {
-        holoware: Arc::clone(&holoware),
-        resources,
+    let source = match interpreted(&holoware, &config, &args) {
+        Ok(source) => source,
+        Err(code) => return code,
     };
     train(
         source, policy, config, options, provenance, feed, &args, &rows, &eval_rows,
@@ -338,25 +322,9 @@ fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         Ok(provenance) => provenance,
         Err(message) => return usage(message),
     };
-    let mut resources = crate::resources();
-    resources.insert(ToolStats::default());
-    let limits = config
-        .sandbox
-        .limits()
-        .expect("ConfigBuilder::build checked the [sandbox] table");
-    if let Err(code) = crate::code_sandbox(
-        &holoware,
-        &mut resources,
-        CodeSandbox {
-            limits,
-            allow_unsandboxed: args.allow_unsandboxed_code,
-        },
-    ) {
-        return code;
-    }
-    let source = Interpreted {
-        holoware: Arc::clone(&holoware),
-        resources,
+    let source = match interpreted(&holoware, &config, &args) {
+        Ok(source) => source,
+        Err(code) => return code,
     };
     let options = RunOptions {
         out: args.out.clone(),
@@ -489,4 +457,30 @@ fn report(summary: &holo_runtime::train::TrainSummary) -> String {
         }
     }
     text
+}
+
+/// The holoware with the built-in resources, tool statistics and the run's code sandbox.
+fn interpreted(
+    holoware: &Arc<Holoware>,
+    config: &GrpoConfig,
+    args: &TrainArgs,
+) -> Result<Interpreted, ExitCode> {
+    let mut resources = crate::resources();
+    resources.insert(ToolStats::default());
+    let limits = config
+        .sandbox
+        .limits()
+        .expect("ConfigBuilder::build checked the [sandbox] table");
+    crate::code_sandbox(
+        holoware,
+        &mut resources,
+        CodeSandbox {
+            limits,
+            allow_unsandboxed: args.allow_unsandboxed_code,
+        },
+    )?;
+    Ok(Interpreted {
+        holoware: Arc::clone(holoware),
+        resources,
+    })
 }

@@ -463,24 +463,11 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 progress.suspend(|| eprintln!("{advance} (after step {step})"));
             }
         }
-        let mut completions: Vec<Completion> = records
-            .iter()
-            .zip(&scored.advantages)
-            .map(|(record, &advantage)| {
-                let masked = record.error.is_some()
-                    || (record.truncated && config.mask_truncated_completions);
-                Completion {
-                    sequences: batch::sequences(record),
-                    advantage: advantage as f32,
-                    mask: if masked { 0.0 } else { 1.0 },
-                    truncated: record.truncated,
-                    old_logprobs: None,
-                    ref_logprobs: None,
-                    is_ratio: None,
-                    second_loss: false,
-                }
-            })
-            .collect();
+        let mut completions = batch::completions(
+            &records,
+            &scored.advantages,
+            config.mask_truncated_completions,
+        );
         completion_metrics(&records, &completions, &mut metrics);
         if config.log_completions {
             print_completions(
