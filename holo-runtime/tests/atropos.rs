@@ -248,16 +248,58 @@ fn run_api() -> Option<PathBuf> {
 
 /// The real Atropos API on a free port of 127.0.0.1, up (accepting) when this returns.
 fn start_api(run_api: &Path, port: u16, log: PathBuf) -> Process {
-    let process = Process::spawn(
+    let mut process = Process::spawn(
         Command::new(run_api).args(["--host", "127.0.0.1", "--port", &port.to_string()]),
         log,
     );
-    wait_for(
-        &format!("run-api accepting on port {port}"),
-        Duration::from_secs(60),
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-    );
+    process.wait_accepting(port, Duration::from_secs(60));
     process
+}
+
+/// What the end-to-end tests share: run-api on a free port, `holo serve` on the tiny model as the
+/// policy, and `holo train --rollouts atropos` for `steps` steps into `run`. `None` (the test skips)
+/// without atroposlib.
+struct Setup {
+    run_api: PathBuf,
+    dir: Dir,
+    model: PathBuf,
+    port: u16,
+    url: String,
+    api: Process,
+    policy: Served,
+    run: PathBuf,
+    trainer: Process,
+}
+
+fn setup(name: &str, steps: &str) -> Option<Setup> {
+    let run_api = run_api()?;
+    let dir = Dir::new(name);
+    let model = tiny_model(name);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let api = start_api(&run_api, port, dir.path().join("api.log"));
+    let policy = served_tiny(&model);
+    let run = dir.path().join("run");
+    let trainer = Process::spawn(
+        &mut holo(&train_args(
+            &url,
+            model.to_str().unwrap(),
+            run.to_str().unwrap(),
+            steps,
+        )),
+        dir.path().join("train.log"),
+    );
+    Some(Setup {
+        run_api,
+        dir,
+        model,
+        port,
+        url,
+        api,
+        policy,
+        run,
+        trainer,
+    })
 }
 
 /// The steps and one metric of each line of a run's metrics.jsonl.
@@ -309,23 +351,19 @@ fn atropos_env(api: &str, policy: &str, model: &Path, extra: &[&str]) -> Command
 
 #[test]
 fn a_holoware_environment_feeds_holo_train_through_run_api() {
-    let Some(run_api) = run_api() else { return };
-    let dir = Dir::new("atropos-holoware");
-    let model = tiny_model("atropos-holoware");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let _api = start_api(&run_api, port, dir.path().join("api.log"));
-    let policy = served_tiny(&model);
-    let run = dir.path().join("run");
-    let mut trainer = Process::spawn(
-        &mut holo(&train_args(
-            &url,
-            model.to_str().unwrap(),
-            run.to_str().unwrap(),
-            "2",
-        )),
-        dir.path().join("train.log"),
-    );
+    let Some(Setup {
+        dir,
+        model,
+        url,
+        api: _api,
+        policy,
+        run,
+        mut trainer,
+        ..
+    }) = setup("atropos-holoware", "2")
+    else {
+        return;
+    };
     let mut env = Process::spawn(
         &mut atropos_env(&url, &policy.base, &model, &[]),
         dir.path().join("env.log"),
@@ -359,24 +397,20 @@ fn a_holoware_environment_feeds_holo_train_through_run_api() {
 
 #[test]
 fn an_atroposlib_base_env_feeds_holo_train() {
-    let Some(run_api) = run_api() else { return };
+    let Some(Setup {
+        dir,
+        model,
+        url,
+        api: _api,
+        policy,
+        run,
+        mut trainer,
+        ..
+    }) = setup("atropos-base-env", "2")
+    else {
+        return;
+    };
     let python = common::peer_python().expect("run_api found the venv");
-    let dir = Dir::new("atropos-base-env");
-    let model = tiny_model("atropos-base-env");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let _api = start_api(&run_api, port, dir.path().join("api.log"));
-    let policy = served_tiny(&model);
-    let run = dir.path().join("run");
-    let mut trainer = Process::spawn(
-        &mut holo(&train_args(
-            &url,
-            model.to_str().unwrap(),
-            run.to_str().unwrap(),
-            "2",
-        )),
-        dir.path().join("train.log"),
-    );
     let script = common::repo().join("holo-runtime/tests/fixtures/atropos/adder_env.py");
     let mut env = Process::spawn(
         Command::new(python).arg(script).args([
@@ -408,23 +442,20 @@ fn an_atroposlib_base_env_feeds_holo_train() {
 
 #[test]
 fn a_restarted_api_is_registered_with_again_and_the_run_completes() {
-    let Some(run_api) = run_api() else { return };
-    let dir = Dir::new("atropos-restart");
-    let model = tiny_model("atropos-restart");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut api = start_api(&run_api, port, dir.path().join("api-1.log"));
-    let policy = served_tiny(&model);
-    let run = dir.path().join("run");
-    let mut trainer = Process::spawn(
-        &mut holo(&train_args(
-            &url,
-            model.to_str().unwrap(),
-            run.to_str().unwrap(),
-            "4",
-        )),
-        dir.path().join("train.log"),
-    );
+    let Some(Setup {
+        run_api,
+        dir,
+        model,
+        port,
+        url,
+        mut api,
+        policy,
+        run,
+        mut trainer,
+    }) = setup("atropos-restart", "4")
+    else {
+        return;
+    };
     // One batch ahead at most, so that the environment still runs when the API goes.
     let mut env = Process::spawn(
         &mut atropos_env(

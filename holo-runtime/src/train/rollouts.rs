@@ -46,6 +46,31 @@ pub(crate) struct Rollouts<'a, S> {
     pub run: &'a RunDir,
 }
 
+/// Checks every training and evaluation row with `source` before any work, naming the first that does
+/// not fit; and that the training rows are at least the `prompts` one generation draws (when the
+/// trainer draws them itself).
+pub fn check_rows<S: RolloutSource>(
+    source: &S,
+    rows: &[(usize, Row)],
+    eval_rows: &[(usize, Row)],
+    prompts: Option<usize>,
+) -> Result<(), TrainError> {
+    if let Some(prompts) = prompts.filter(|&prompts| rows.len() < prompts) {
+        return Err(TrainError::Input(format!(
+            "the data has {} rows; one generation batch needs {prompts} distinct prompts (generation_batch_size / num_generations)",
+            rows.len()
+        )));
+    }
+    for (rows, what) in [(rows, "training"), (eval_rows, "evaluation")] {
+        for (index, row) in rows {
+            source.check(row).map_err(|message| {
+                TrainError::Input(format!("{what} row {}: {message}", index + 1))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 impl<S: RolloutSource> Rollouts<'_, S> {
     /// Runs `G` rollouts of each row, appends them (with `step`) to `file` in the run folder, and
     /// returns them grouped: row by row, rollouts in order.

@@ -24,7 +24,7 @@ use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
 use super::ppo;
 use super::provenance::{self, Provenance};
-use super::rollouts::{evaluation_metrics, Rollouts};
+use super::rollouts::{self, evaluation_metrics, Rollouts};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
@@ -213,20 +213,8 @@ impl<S: RolloutSource> Trainer<S> {
                 "`vllm_importance_sampling_mode`: VESPO weighs sequences itself and takes only token_truncate or token_mask".into(),
             ));
         }
-        let prompts = config.prompts_per_generation();
-        if self.feed.is_none() && rows.len() < prompts {
-            return Err(TrainError::Input(format!(
-                "the data has {} rows; one generation batch needs {prompts} distinct prompts (generation_batch_size / num_generations)",
-                rows.len()
-            )));
-        }
-        for (rows, what) in [(rows, "training"), (eval_rows, "evaluation")] {
-            for (index, row) in rows {
-                self.source.check(row).map_err(|message| {
-                    TrainError::Input(format!("{what} row {}: {message}", index + 1))
-                })?;
-            }
-        }
+        let prompts = self.feed.is_none().then(|| config.prompts_per_generation());
+        rollouts::check_rows(&self.source, rows, eval_rows, prompts)?;
         let total = self.total_steps(rows.len());
         let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
         if config.early_stopping_patience.is_some() && eval_rows.is_empty() {
@@ -677,13 +665,11 @@ impl<S: RolloutSource> Trainer<S> {
         }
         // PPO draws a permutation per epoch itself, and keeps each completion beside its reward.
         let scores = if ppo {
-            let mut scores = advantages::weighted_totals(&rewards);
-            for (score, record) in scores.iter_mut().zip(&records) {
-                if record.error.is_some() {
-                    *score = f64::NAN;
-                }
-            }
-            scores.into_iter().map(|score| score as f32).collect()
+            // A failed rollout has no reward component (`batch::rewards`), so its total is NaN.
+            advantages::weighted_totals(&rewards)
+                .into_iter()
+                .map(|score| score as f32)
+                .collect()
         } else {
             let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(shuffle);

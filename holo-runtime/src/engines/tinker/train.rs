@@ -53,7 +53,7 @@ use crate::train::metrics::{completion_metrics, print_completions, MetricsLog};
 use crate::train::provenance::{self, Provenance};
 use crate::train::run::{self, RunOptions, TrainError};
 use crate::train::shared::TrainingConfig;
-use crate::train::Training;
+use crate::train::{check_rows, Training};
 use crate::train::{evaluation_metrics, optim, Rollouts, TrainSummary, EVAL, SAMPLING, SHUFFLE};
 
 /// The file of a checkpoint that holds the service's side of it.
@@ -316,20 +316,12 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         eval_rows: &[(usize, Row)],
     ) -> Result<TrainSummary, TrainError> {
         let config = self.config.clone();
-        let prompts = config.prompts_per_generation();
-        if rows.len() < prompts {
-            return Err(TrainError::Input(format!(
-                "the data has {} rows; one generation batch needs {prompts} distinct prompts (generation_batch_size / num_generations)",
-                rows.len()
-            )));
-        }
-        for (rows, what) in [(rows, "training"), (eval_rows, "evaluation")] {
-            for (index, row) in rows {
-                self.source.check(row).map_err(|message| {
-                    TrainError::Input(format!("{what} row {}: {message}", index + 1))
-                })?;
-            }
-        }
+        check_rows(
+            &self.source,
+            rows,
+            eval_rows,
+            Some(config.prompts_per_generation()),
+        )?;
         let total = self.total_steps(rows.len());
         let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
         // Heartbeats run beside the steps: a runtime with a worker of its own.
