@@ -188,7 +188,6 @@ pub(crate) struct Outcome {
 pub struct Targets {
     /// Whether its tokens are trained (not failed, not masked as truncated, not empty).
     pub valid: bool,
-    pub old_logprobs: Vec<f32>,
     /// The value model's values at sampling.
     pub values: Vec<f32>,
     /// Whitened over the batch (0 where not `valid`).
@@ -329,24 +328,24 @@ pub fn targets(
     if config.whiten_rewards {
         gae::whiten(&mut rewards, &valid, false);
     }
-    let mut targets: Vec<Targets> = Vec::with_capacity(completions.len());
-    let mut advantages = Vec::with_capacity(completions.len());
-    for ((completion, rewards), values) in completions.iter().zip(&rewards).zip(all_values) {
-        let (advantage, returns) = gae::gae(rewards, &values, config.gamma, config.lam);
-        advantages.push(advantage);
-        targets.push(Targets {
-            valid: false,
-            old_logprobs: completion.old_logprobs.clone().unwrap_or_default(),
-            values,
-            advantages: Vec::new(),
-            returns,
-        });
-    }
+    let (mut advantages, returns): (Vec<_>, Vec<_>) = rewards
+        .iter()
+        .zip(&all_values)
+        .map(|(rewards, values)| gae::gae(rewards, values, config.gamma, config.lam))
+        .unzip();
     gae::whiten(&mut advantages, &valid, true);
-    for ((target, advantage), &valid) in targets.iter_mut().zip(advantages).zip(&valid) {
-        target.advantages = advantage;
-        target.valid = valid;
-    }
+    let targets = all_values
+        .into_iter()
+        .zip(advantages)
+        .zip(returns)
+        .zip(&valid)
+        .map(|(((values, advantages), returns), &valid)| Targets {
+            valid,
+            values,
+            advantages,
+            returns,
+        })
+        .collect();
     let mean = |values: &[f64]| super::advantages::nanmean(values.iter().copied());
     let valid_kls: Vec<&Vec<f32>> = kls
         .iter()
@@ -489,7 +488,10 @@ fn micro_batch<'a>(
             .iter()
             .flat_map(|&i| &completions[i].sequences)
             .collect(),
-        old_logprobs: gather(|t| &t.old_logprobs),
+        old_logprobs: picked
+            .iter()
+            .flat_map(|&i| completions[i].old_logprobs.iter().flatten().copied())
+            .collect(),
         values: gather(|t| &t.values),
         advantages: gather(|t| &t.advantages),
         returns: gather(|t| &t.returns),
