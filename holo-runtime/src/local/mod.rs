@@ -5,6 +5,7 @@
 //! sampler, batched.
 //! [`model::Model`] is the network itself, with a differentiable forward for training.
 
+mod backward;
 pub mod checkpoint;
 pub mod config;
 pub mod dispatch;

@@ -62,12 +62,14 @@ pub struct Dropout {
 impl Dropout {
     /// `xs` `[rows, in]` with each entry kept with probability `1 - p` and scaled by `1 / (1 - p)`, or
     /// `xs` itself when the seed is 0.
-    fn apply(&self, xs: &Tensor) -> Result<Tensor> {
+    /// The factors the adapter's input `xs` is multiplied by (0, or `1 / (1 - p)` for a kept entry), or
+    /// `None` when the seed is 0; the backward multiplies the input's gradient by the same.
+    pub(super) fn mask(&self, xs: &Tensor) -> Result<Option<Tensor>> {
         use rand::{Rng, SeedableRng};
 
         let seed = self.seed.load(std::sync::atomic::Ordering::Relaxed);
         if seed == 0 || self.p == 0.0 {
-            return Ok(xs.clone());
+            return Ok(None);
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
             seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.id,
@@ -82,8 +84,9 @@ impl Dropout {
                 }
             })
             .collect();
-        let mask = Tensor::from_vec(mask, xs.shape(), xs.device())?.to_dtype(xs.dtype())?;
-        xs * mask
+        Ok(Some(
+            Tensor::from_vec(mask, xs.shape(), xs.device())?.to_dtype(xs.dtype())?,
+        ))
     }
 }
 
@@ -142,6 +145,15 @@ impl Linear {
     /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product. With
     /// [`Ops::Fast`], a few rows (decoding) go through our own kernels where they are faster.
     pub fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        Ok(self.forward_parts(xs, ops)?.0)
+    }
+
+    /// [`Linear::forward`], and what its adapter computed on the way (see [`AdapterParts`]).
+    pub(super) fn forward_parts(
+        &self,
+        xs: &Tensor,
+        ops: Ops,
+    ) -> Result<(Tensor, Option<AdapterParts>)> {
         let dims = xs.dims().to_vec();
         let (leading, in_dim) = dims.split_at(dims.len() - 1);
         let rows: usize = leading.iter().product();
@@ -155,25 +167,47 @@ impl Linear {
             Some(bias) => ys.broadcast_add(bias)?,
             None => ys,
         };
-        let ys = match &self.lora {
-            Some(lora) => {
-                // The adapters may be f32 over a bf16 base (see `dispatch::adapter_dtype`): the
-                // low-rank path runs in their type and its output joins the base's in the base's.
-                let flat = xs.reshape((rows, in_dim[0]))?.to_dtype(lora.a.dtype())?;
-                let flat = match (&lora.dropout, ops) {
-                    (Some(dropout), Ops::Differentiable) => dropout.apply(&flat)?,
-                    _ => flat,
-                };
-                let low = flat.matmul(&lora.a.t()?)?;
-                let update = (low.matmul(&lora.b.t()?)? * lora.scale)?.to_dtype(ys.dtype())?;
+        let adapter = self.adapter_parts(&flat, ops)?;
+        let ys = match (&self.lora, &adapter) {
+            (Some(lora), Some(parts)) => {
+                let update =
+                    (parts.low.matmul(&lora.b.t()?)? * lora.scale)?.to_dtype(ys.dtype())?;
                 (ys + update)?
             }
-            None => ys,
+            _ => ys,
         };
         let mut out_dims = leading.to_vec();
         out_dims.push(self.weight.dim(0)?);
-        ys.reshape(out_dims)
+        Ok((ys.reshape(out_dims)?, adapter))
     }
+
+    /// The adapter's input and low-rank activations for `flat` `[rows, in]`, `None` without an adapter.
+    /// The adapters may be f32 over a bf16 base (see `dispatch::adapter_dtype`): the low-rank path runs
+    /// in their type and its output joins the base's in the base's.
+    pub(super) fn adapter_parts(&self, flat: &Tensor, ops: Ops) -> Result<Option<AdapterParts>> {
+        let Some(lora) = &self.lora else {
+            return Ok(None);
+        };
+        let input = flat.to_dtype(lora.a.dtype())?;
+        let keep = match (&lora.dropout, ops) {
+            (Some(dropout), Ops::Differentiable) => dropout.mask(&input)?,
+            _ => None,
+        };
+        let input = match &keep {
+            Some(keep) => (input * keep)?,
+            None => input,
+        };
+        let low = input.matmul(&lora.a.t()?)?;
+        Ok(Some(AdapterParts { input, low, keep }))
+    }
+}
+
+/// What a LoRA adapter computed in a forward pass, kept for its backward: `input` `[rows, in]` (after
+/// dropout, in the adapter's type), `low = input · Aᵀ` `[rows, rank]`, and the dropout factors `keep`.
+pub(super) struct AdapterParts {
+    pub(super) input: Tensor,
+    pub(super) low: Tensor,
+    pub(super) keep: Option<Tensor>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,17 +227,23 @@ impl RmsNorm {
     pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
         match ops {
             Ops::Fast => candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32),
-            Ops::Differentiable => {
-                let dtype = xs.dtype();
-                let xs = match dtype {
-                    DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
-                    _ => xs.clone(),
-                };
-                let variance = xs.sqr()?.mean_keepdim(D::Minus1)?;
-                let normed = xs.broadcast_div(&(variance + self.eps)?.sqrt()?)?;
-                normed.to_dtype(dtype)?.broadcast_mul(&self.weight)
-            }
+            Ops::Differentiable => Ok(self.forward_parts(xs)?.0),
         }
+    }
+
+    /// The differentiable forward, with what its backward reads: the normalized input (before the
+    /// weight, in f32 or f64) and each row's root mean square `[.., 1]`.
+    pub(super) fn forward_parts(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let dtype = xs.dtype();
+        let xs = match dtype {
+            DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
+            _ => xs.clone(),
+        };
+        let variance = xs.sqr()?.mean_keepdim(D::Minus1)?;
+        let root = (variance + self.eps)?.sqrt()?;
+        let normed = xs.broadcast_div(&root)?;
+        let out = normed.to_dtype(dtype)?.broadcast_mul(&self.weight)?;
+        Ok((out, normed, root))
     }
 }
 
@@ -266,7 +306,7 @@ impl Rope {
 }
 
 /// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, head_dim / 2]` (rotate-half layout).
-fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+pub(super) fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
     match ops {
         Ops::Fast => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
         Ops::Differentiable => {
@@ -303,7 +343,7 @@ pub fn positions_from_mask(key_mask: &Tensor) -> Result<Tensor> {
 
 /// The attention weights of `xs` over the last axis, computed in f32 for half-precision scores and
 /// returned in their type, as transformers computes them (`softmax(..., dtype=torch.float32)`).
-fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
+pub(super) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
     let dtype = xs.dtype();
     let xs = match dtype {
         DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
@@ -322,9 +362,9 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
 }
 
 impl Attention {
@@ -1110,9 +1150,9 @@ impl Model {
 /// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]` and the rotary tables
 /// `[B, T, head_dim / 2]`.
 pub(super) struct Frame {
-    mask: Tensor,
-    cos: Tensor,
-    sin: Tensor,
+    pub(super) mask: Tensor,
+    pub(super) cos: Tensor,
+    pub(super) sin: Tensor,
 }
 
 /// Additive mask `[B, 1, T, S]`: query `t` (column `cached + t`) sees real keys up to its own column,

@@ -4,10 +4,12 @@
 //! candle has no hook to drop and recompute activations inside one graph, so the backward pass is
 //! split by layer. A forward pass without a graph keeps only each layer's input. The head (final norm,
 //! output projection, log-softmax, the loss) then runs with its graph from the last layer's output, and
-//! its backward gives the head's gradients and the gradient at that output. Going down, each layer runs
-//! again from its kept input, with its graph, and the backward of `sum(output · upstream gradient)`
-//! gives the layer's weight gradients and the gradient at its input. Peak memory is the kept inputs
-//! (`layers × B × T × hidden`) plus one layer's graph, at the cost of a second forward pass.
+//! its backward gives the head's gradients and the gradient at that output. Going down, each layer
+//! recomputes its activations from its kept input and gives its weight gradients and the gradient at its
+//! input: by its hand-written backward (`backward.rs`) in f32 and f64, or in half precision through
+//! candle's autograd, as the backward of `sum(output · upstream gradient)` over the layer's graph. Peak
+//! memory is the kept inputs (`layers × B × T × hidden`) plus one layer's activations, at the cost of a
+//! second forward pass.
 //!
 //! The gradients are those of the whole-graph backward, summed in a different order: they agree to
 //! rounding.
@@ -83,6 +85,10 @@ impl Model {
         drop(top_segment);
 
         for (layer, input) in self.layers.iter().zip(inputs).rev() {
+            if layer.has_backward() {
+                upstream = layer.backward(&input, &frame, &upstream, &mut grads)?;
+                continue;
+            }
             let input = Var::from_tensor(&input)?;
             let output = layer.forward(input.as_tensor(), &frame, None, Ops::Differentiable)?;
             let segment = (output * &upstream)?.sum_all()?.backward()?;
