@@ -1,8 +1,9 @@
 //! Atropos both ways. Without the peer venv: the wire rules (retries, gzip) against an in-process stub
-//! API, and the failures a user meets (an API that is down, a malformed batch) through the `holo`
-//! binary. With the peer venv's `atroposlib` 0.4.0: its real `run-api` between `holo atropos-env`
-//! (with `holo serve` as the policy) and `holo train --rollouts atropos`, between an `atroposlib`
-//! `BaseEnv` and `holo train`, and an API restarted in the middle of a run.
+//! API, the failures a user meets (an API that is down, a malformed batch) through the `holo` binary,
+//! and batches the trainer must take apart (per-token advantages, groups of different sizes) from a
+//! stub. With the peer venv's `atroposlib` 0.4.0: its real `run-api` between `holo atropos-env` (with
+//! `holo serve` as the policy) and `holo train --rollouts atropos`, between an `atroposlib` `BaseEnv`
+//! and `holo train`, and an API restarted in the middle of a run.
 #![cfg(all(feature = "local", feature = "cli"))]
 
 mod common;
@@ -112,7 +113,15 @@ fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     }
 }
 
-fn train_args<'a>(api: &'a str, model: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
+/// `holo train --rollouts atropos` for `steps` steps with `num_generations` 2 and generation batches of
+/// `batch` sequences (one micro-batch).
+fn train_args<'a>(
+    api: &'a str,
+    model: &'a str,
+    out: &'a str,
+    steps: &'a str,
+    batch: &'a str,
+) -> Vec<&'a str> {
     vec![
         "train",
         "--rollouts",
@@ -128,7 +137,7 @@ fn train_args<'a>(api: &'a str, model: &'a str, out: &'a str, steps: &'a str) ->
         "--num-generations",
         "2",
         "--per-device-train-batch-size",
-        "4",
+        batch,
         "--gradient-accumulation-steps",
         "1",
         "--save-steps",
@@ -147,6 +156,7 @@ fn an_api_that_is_down_is_named_by_the_trainer_and_the_environment() {
         model.to_str().unwrap(),
         out.to_str().unwrap(),
         "1",
+        "4",
     ))
     .output()
     .unwrap();
@@ -206,10 +216,16 @@ async fn a_malformed_batch_names_the_group_and_the_field() {
     let dir = Dir::new("atropos-malformed");
     let model = tiny_model("atropos-malformed");
     let out = dir.path().join("run");
-    let args: Vec<String> = train_args(&url, model.to_str().unwrap(), out.to_str().unwrap(), "1")
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let args: Vec<String> = train_args(
+        &url,
+        model.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "1",
+        "4",
+    )
+    .into_iter()
+    .map(String::from)
+    .collect();
     let trainer = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         holo(&args).output().unwrap()
@@ -224,6 +240,202 @@ async fn a_malformed_batch_names_the_group_and_the_field() {
         )),
         "{stderr}"
     );
+    let _ = std::fs::remove_dir_all(model);
+}
+
+/// `holo train --rollouts atropos --model MODEL --out OUT` for one step against a stub API whose one
+/// `/batch` holds `groups` (the generation batch: all their sequences), with the `extra` options: the
+/// stub's URL and the trainer's output.
+async fn train_on_groups(
+    model: &Path,
+    out: &Path,
+    groups: Vec<Value>,
+    extra: &[&str],
+) -> (String, std::process::Output) {
+    let batch: usize = groups
+        .iter()
+        .map(|group| group["tokens"].as_array().unwrap().len())
+        .sum();
+    let (url, _) = stub(move |request, _| match request.path.as_str() {
+        "/register" => (200, json!({"uuid": 1}).to_string()),
+        "/info" => (
+            200,
+            json!({"batch_size": batch, "max_token_len": 64}).to_string(),
+        ),
+        "/batch" => (200, json!({ "batch": groups }).to_string()),
+        _ => (404, json!({"detail": "Not Found"}).to_string()),
+    })
+    .await;
+    let mut args: Vec<String> = train_args(
+        &url,
+        model.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "1",
+        &batch.to_string(),
+    )
+    .into_iter()
+    .map(String::from)
+    .collect();
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    let output = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        holo(&args).output().unwrap()
+    })
+    .await
+    .unwrap();
+    (url, output)
+}
+
+/// A scored group of 8-token sequences: positions 0–2 the prompt, 3–7 trained.
+fn scored_group(
+    tokens: Vec<Vec<i64>>,
+    scores: Vec<f64>,
+    advantages: Option<Vec<Vec<f64>>>,
+) -> Value {
+    let masks: Vec<Vec<i64>> = tokens
+        .iter()
+        .map(|tokens| {
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(position, &token)| if position < 3 { -100 } else { token })
+                .collect()
+        })
+        .collect();
+    json!({"tokens": tokens, "masks": masks, "scores": scores, "advantages": advantages,
+           "env_id": 0})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_token_advantages_reach_the_loss_token_by_token() {
+    let dir = Dir::new("atropos-per-token");
+    let model = tiny_model("atropos-per-token");
+    // Sequence 0 of the batch, in two versions that differ only after position 3; the other three
+    // sequences have advantage 0 throughout.
+    let first = vec![5, 6, 7, 10, 11, 12, 13, 14];
+    let changed = vec![5, 6, 7, 10, 20, 21, 22, 23];
+    let batch = |sequence: &Vec<i64>, advantages: Vec<f64>| {
+        let zero = vec![0.0; 8];
+        vec![
+            scored_group(
+                vec![sequence.clone(), vec![5, 6, 8, 15, 16, 17, 18, 19]],
+                vec![1.0, 0.0],
+                Some(vec![advantages, zero.clone()]),
+            ),
+            scored_group(
+                vec![
+                    vec![5, 9, 7, 24, 25, 26, 27, 28],
+                    vec![5, 9, 8, 29, 30, 31, 32, 33],
+                ],
+                vec![0.0, 1.0],
+                Some(vec![zero.clone(), zero]),
+            ),
+        ]
+    };
+    let mut norms = Vec::new();
+    // Advantage 1 on position 3 alone (per token), then on every trained position (per sequence).
+    for (name, advantages) in [
+        ("token", vec![0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]),
+        ("sequence", vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ] {
+        for (version, sequence) in [("first", &first), ("changed", &changed)] {
+            let out = dir.path().join(format!("{name}-{version}"));
+            let (_, trainer) =
+                train_on_groups(&model, &out, batch(sequence, advantages.clone()), &[]).await;
+            let stderr = String::from_utf8_lossy(&trainer.stderr);
+            assert!(trainer.status.success(), "{name}, {version}: {stderr}");
+            let grad_norm = metric(&out, "grad_norm");
+            assert_eq!(grad_norm.len(), 1, "{grad_norm:?}");
+            norms.push(grad_norm[0].1);
+        }
+    }
+    eprintln!("grad_norm (token: first, changed; sequence: first, changed): {norms:?}");
+    // Only position 3 has a gradient, and what follows it cannot change its log-probability: the
+    // gradient is the same for both versions. With the advantage on every position, the changed
+    // tokens' own terms change it.
+    assert!(norms[0] > 0.0, "{norms:?}");
+    assert!(
+        (norms[0] - norms[1]).abs() <= 1e-6 * norms[0],
+        "per token: {norms:?}"
+    );
+    assert!(
+        (norms[2] - norms[3]).abs() > 1e-3 * norms[2],
+        "per sequence: {norms:?}"
+    );
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_token_advantages_are_refused_by_a_loss_that_takes_one_per_sequence() {
+    let dir = Dir::new("atropos-per-token-gspo");
+    let model = tiny_model("atropos-per-token-gspo");
+    let tokens = vec![
+        vec![5, 6, 7, 10, 11, 12, 13, 14],
+        vec![5, 6, 8, 15, 16, 17, 18, 19],
+    ];
+    let groups = vec![
+        scored_group(tokens.clone(), vec![1.0, 0.0], None),
+        scored_group(
+            tokens,
+            vec![1.0, 0.0],
+            Some(vec![
+                vec![0.0; 8],
+                vec![0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0],
+            ]),
+        ),
+    ];
+    let out = dir.path().join("run");
+    let (url, trainer) = train_on_groups(
+        &model,
+        &out,
+        groups,
+        &["--importance-sampling-level", "sequence"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&trainer.stderr);
+    assert_eq!(trainer.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{url}/batch: group 1: `advantages[1]` varies over the trained tokens, and `importance_sampling_level = \"sequence\"` (GSPO)"
+        )),
+        "{stderr}"
+    );
+    assert!(metric(&out, "grad_norm").is_empty());
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_of_different_sizes_are_normalized_each_within_itself() {
+    let dir = Dir::new("atropos-mixed-sizes");
+    let model = tiny_model("atropos-mixed-sizes");
+    let tokens = |count: i64| -> Vec<Vec<i64>> {
+        (0..count)
+            .map(|i| vec![5, 6, 7, 10 + i, 11, 12, 13, 14])
+            .collect()
+    };
+    // A group of 4 whose scores differ, a group of 2 whose scores are equal, a group of 2 whose
+    // differ: 2 of 8 sequences in a group with no spread. Taken as groups of num_generations = 2,
+    // it would be 6 of 8.
+    let groups = vec![
+        scored_group(tokens(4), vec![1.0, 1.0, 0.0, 0.0], None),
+        scored_group(tokens(2), vec![1.0, 1.0], None),
+        scored_group(tokens(2), vec![0.0, 1.0], None),
+    ];
+    let out = dir.path().join("run");
+    let (_, trainer) = train_on_groups(&model, &out, groups, &[]).await;
+    let stderr = String::from_utf8_lossy(&trainer.stderr);
+    assert!(trainer.status.success(), "{stderr}");
+    assert_eq!(metric(&out, "frac_reward_zero_std"), [(1, 0.25)]);
+    let rows: Vec<u64> = std::fs::read_to_string(out.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap()["row_index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(rows, [0, 0, 0, 0, 1, 1, 2, 2]);
     let _ = std::fs::remove_dir_all(model);
 }
 
@@ -271,7 +483,7 @@ struct Setup {
     trainer: Process,
 }
 
-fn setup(name: &str, steps: &str) -> Option<Setup> {
+fn setup(name: &str, steps: &str, batch: &str) -> Option<Setup> {
     let run_api = run_api()?;
     let dir = Dir::new(name);
     let model = tiny_model(name);
@@ -286,6 +498,7 @@ fn setup(name: &str, steps: &str) -> Option<Setup> {
             model.to_str().unwrap(),
             run.to_str().unwrap(),
             steps,
+            batch,
         )),
         dir.path().join("train.log"),
     );
@@ -360,7 +573,7 @@ fn a_holoware_environment_feeds_holo_train_through_run_api() {
         run,
         mut trainer,
         ..
-    }) = setup("atropos-holoware", "2")
+    }) = setup("atropos-holoware", "2", "4")
     else {
         return;
     };
@@ -406,7 +619,7 @@ fn an_atroposlib_base_env_feeds_holo_train() {
         run,
         mut trainer,
         ..
-    }) = setup("atropos-base-env", "2")
+    }) = setup("atropos-base-env", "2", "4")
     else {
         return;
     };
@@ -452,7 +665,7 @@ fn a_restarted_api_is_registered_with_again_and_the_run_completes() {
         policy,
         run,
         mut trainer,
-    }) = setup("atropos-restart", "4")
+    }) = setup("atropos-restart", "4", "4")
     else {
         return;
     };
