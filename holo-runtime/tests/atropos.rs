@@ -3,7 +3,8 @@
 //! and batches the trainer must take apart (per-token advantages, groups of different sizes) from a
 //! stub. With the peer venv's `atroposlib` 0.4.0: its real `run-api` between `holo atropos-env` (with
 //! `holo serve` as the policy) and `holo train --rollouts atropos`, between an `atroposlib` `BaseEnv`
-//! and `holo train`, and an API restarted in the middle of a run.
+//! and `holo train`, two environments with their own group sizes, weights and batch shares feeding one
+//! trainer, and an API restarted in the middle of a run.
 #![cfg(all(feature = "local", feature = "cli"))]
 
 mod common;
@@ -541,10 +542,18 @@ fn served_tiny(model: &Path) -> Served {
     ]))
 }
 
-fn atropos_env(api: &str, policy: &str, model: &Path, extra: &[&str]) -> Command {
+/// `holo atropos-env FILE --data DATA` against `api`, sampling the tiny model at `policy`.
+fn atropos_env_on(
+    api: &str,
+    policy: &str,
+    model: &Path,
+    file: &str,
+    data: &str,
+    extra: &[&str],
+) -> Command {
     let mut command = holo(&[
         "atropos-env",
-        "holo-runtime/tests/fixtures/train/short.hol",
+        file,
         "--api",
         api,
         "--policy-url",
@@ -554,10 +563,22 @@ fn atropos_env(api: &str, policy: &str, model: &Path, extra: &[&str]) -> Command
         "--served-model-name",
         "tiny",
         "--data",
-        "holo-runtime/tests/fixtures/train/rows.jsonl",
-        "--group-size",
-        "2",
+        data,
     ]);
+    command.args(extra);
+    command
+}
+
+/// `holo atropos-env` on `tests/fixtures/train/short.hol`, groups of 2.
+fn atropos_env(api: &str, policy: &str, model: &Path, extra: &[&str]) -> Command {
+    let mut command = atropos_env_on(
+        api,
+        policy,
+        model,
+        "holo-runtime/tests/fixtures/train/short.hol",
+        "holo-runtime/tests/fixtures/train/rows.jsonl",
+        &["--group-size", "2"],
+    );
     command.args(extra);
     command
 }
@@ -699,5 +720,149 @@ fn a_restarted_api_is_registered_with_again_and_the_run_completes() {
         .map(|(step, _)| *step)
         .collect();
     assert_eq!(steps, [1, 2, 3, 4]);
+    let _ = std::fs::remove_dir_all(model);
+}
+
+#[test]
+fn two_environments_with_their_own_group_sizes_and_shares_feed_one_trainer() {
+    let Some(Setup {
+        dir,
+        model,
+        url,
+        api: _api,
+        policy,
+        run,
+        mut trainer,
+        ..
+    }) = setup("atropos-two-envs", "3", "8")
+    else {
+        return;
+    };
+    // A placeholder environment that claims a share of every batch and posts nothing: run-api makes no
+    // batch while it is connected, so none is made before both environments have registered (the
+    // first to register would otherwise fill the first batches alone). Environments register once the
+    // trainer has asked for its first batch.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = Api::new(&url, Retry::default()).unwrap();
+    let mut placeholder = None;
+    wait_for(
+        "the placeholder's registration",
+        Duration::from_secs(120),
+        || {
+            let answer = runtime
+                .block_on(client.post(
+                    "/register-env",
+                    &json!({"max_token_length": 64, "desired_name": "placeholder", "weight": 1.0,
+                            "group_size": 2, "min_batch_allocation": 0.25}),
+                ))
+                .unwrap();
+            placeholder = answer["env_id"].as_i64();
+            placeholder.is_some()
+        },
+    );
+    // (holoware, rows, group size, weight, min_batch_allocation). Both run past the trainer's steps,
+    // so that both stay connected (and their shares claimed) until it is done.
+    let environments = [
+        (
+            "holo-runtime/tests/fixtures/train/short.hol",
+            "holo-runtime/tests/fixtures/train/rows.jsonl",
+            2,
+            "1",
+            0.25,
+        ),
+        (
+            "holo-runtime/tests/fixtures/atropos/terse.hol",
+            "holo-runtime/tests/fixtures/atropos/topics.jsonl",
+            4,
+            "2",
+            0.5,
+        ),
+    ];
+    let processes: Vec<Process> = environments
+        .iter()
+        .enumerate()
+        .map(|(index, (file, data, group, weight, share))| {
+            let (group, share) = (group.to_string(), share.to_string());
+            let extra = [
+                "--group-size",
+                group.as_str(),
+                "--weight",
+                weight,
+                "--min-batch-allocation",
+                share.as_str(),
+                "--total-steps",
+                "1000",
+            ];
+            Process::spawn(
+                &mut atropos_env_on(&url, &policy.base, &model, file, data, &extra),
+                dir.path().join(format!("env-{index}.log")),
+            )
+        })
+        .collect();
+    wait_for(
+        "both environments' registrations",
+        Duration::from_secs(120),
+        || {
+            processes
+                .iter()
+                .all(|process| process.output().contains(" as environment "))
+        },
+    );
+    runtime
+        .block_on(client.post("/disconnect-env", &json!({ "env_id": placeholder })))
+        .unwrap();
+    let (status, train_log) = trainer.finish(Duration::from_secs(300));
+    let logs: Vec<String> = processes.iter().map(Process::output).collect();
+    assert!(status.success(), "{train_log}\n{logs:?}");
+    // Each environment's id at the API, from its log.
+    let ids: Vec<u64> = logs
+        .iter()
+        .map(|log| {
+            log.lines()
+                .find_map(|line| {
+                    let rest = line.split(" as environment ").nth(1)?;
+                    rest.split(':').next()?.parse().ok()
+                })
+                .unwrap_or_else(|| panic!("no registration in {log}"))
+        })
+        .collect();
+    // Per step, the sequences of each environment, and the size of each group.
+    let records: Vec<Value> = std::fs::read_to_string(run.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let mut groups: std::collections::BTreeMap<u64, (u64, u64, usize)> = Default::default();
+    for record in &records {
+        let entry = groups
+            .entry(record["row_index"].as_u64().unwrap())
+            .or_insert((
+                record["step"].as_u64().unwrap(),
+                record["row"]["env_id"].as_u64().unwrap(),
+                0,
+            ));
+        entry.2 += 1;
+    }
+    let mut batches: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
+    for (step, env, size) in groups.values() {
+        let index = ids.iter().position(|id| id == env).unwrap();
+        assert_eq!(*size, environments[index].2, "a group of environment {env}");
+        batches.entry(*step).or_insert_with(|| vec![0; 2])[index] += size;
+    }
+    eprintln!("sequences per step, by environment (groups of 2, of 4): {batches:?}");
+    assert_eq!(batches.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+    for (step, sequences) in &batches {
+        // run-api's minimum: ⌊batch_size · min_batch_allocation⌋ sequences of each environment.
+        assert!(
+            sequences[0] >= 2 && sequences[1] >= 4,
+            "step {step}: {sequences:?}"
+        );
+        assert_eq!(sequences.iter().sum::<usize>(), 8, "step {step}");
+    }
+    let rewards = metric(&run, "reward");
+    assert!(
+        rewards.iter().all(|(_, reward)| reward.is_finite()),
+        "{rewards:?}"
+    );
     let _ = std::fs::remove_dir_all(model);
 }
