@@ -362,10 +362,10 @@ pub fn aggregate(
     }
 }
 
-/// Why `config`'s loss cannot take advantages that vary from token to token ([`Completion::token_advantages`]),
-/// or `None` when it can. The token-level policy terms (`grpo`, `bnpo`, `dr_grpo`, `dapo`, `luspo`,
-/// `cispo`, `sapo` with token-level ratios) weigh each token's ratio by an advantage, so a per-token one
-/// slots in; the options below need one advantage per sequence.
+/// Why `config`'s loss cannot take advantages that vary from token to token
+/// ([`Completion::token_advantages`]), or `None` when it can. The token-level policy terms (`grpo`,
+/// `bnpo`, `dr_grpo`, `dapo`, `luspo`, `cispo`, `sapo` with token-level ratios) weigh each token's ratio
+/// by an advantage, so a per-token one slots in; the options below need one advantage per sequence.
 pub fn per_token_advantages_refused(config: &GrpoConfig) -> Option<String> {
     if config.importance_sampling_level == ImportanceSamplingLevel::Sequence {
         return Some(
