@@ -179,6 +179,7 @@ fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
                     sampling_logprobs: sampling,
                 }],
                 advantage: c["advantage"].as_f64().unwrap() as f32,
+                token_advantages: None,
                 mask: if masked { 0.0 } else { 1.0 },
                 truncated: c["truncated"].as_bool().unwrap(),
                 old_logprobs: Some(f32s(&c["old_logps"])),

@@ -293,6 +293,7 @@ fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
         old_logprobs: Some(vec![-1.0; sequences.iter().map(|s| s.trained.len()).sum()]),
         sequences,
         advantage: 0.0,
+        token_advantages: None,
         mask: 1.0,
         truncated: false,
         ref_logprobs: None,

@@ -109,26 +109,52 @@ pub fn advantages(
     scale: ScaleRewards,
     aggregation: MultiObjectiveAggregation,
 ) -> Scored {
-    let count = rewards.values.len();
     let group = group.max(1);
+    let count = rewards.values.len();
+    let sizes: Vec<usize> = (0..count)
+        .step_by(group)
+        .map(|start| group.min(count - start))
+        .collect();
+    grouped_advantages(rewards, &sizes, scale, aggregation)
+}
+
+/// Group-relative advantages over groups of the given `sizes`, in order (they sum to
+/// `values.len()`): each completion is normalized within its own group, whatever the others' sizes.
+pub fn grouped_advantages(
+    rewards: &Rewards,
+    sizes: &[usize],
+    scale: ScaleRewards,
+    aggregation: MultiObjectiveAggregation,
+) -> Scored {
+    let count = rewards.values.len();
+    debug_assert_eq!(sizes.iter().sum::<usize>(), count);
+    let ranges: Vec<std::ops::Range<usize>> = sizes
+        .iter()
+        .scan(0, |start, &size| {
+            let range = *start..*start + size;
+            *start += size;
+            Some(range)
+        })
+        .collect();
     let totals = weighted_totals(rewards);
     let (advantages, stds) = match aggregation {
         MultiObjectiveAggregation::SumThenNormalize => {
-            let means: Vec<f64> = totals
-                .chunks(group)
-                .flat_map(|chunk| std::iter::repeat_n(nanmean(chunk.iter().copied()), chunk.len()))
+            let means: Vec<f64> = ranges
+                .iter()
+                .flat_map(|range| {
+                    let chunk = &totals[range.clone()];
+                    std::iter::repeat_n(nanmean(chunk.iter().copied()), chunk.len())
+                })
                 .collect();
             let stds: Vec<f64> = match scale {
-                ScaleRewards::Group | ScaleRewards::None => {
-                    if group > 1 {
-                        totals
-                            .chunks(group)
-                            .flat_map(|chunk| std::iter::repeat_n(nanstd(chunk), chunk.len()))
-                            .collect()
-                    } else {
-                        vec![0.0; count]
-                    }
-                }
+                ScaleRewards::Group | ScaleRewards::None => ranges
+                    .iter()
+                    .flat_map(|range| {
+                        let chunk = &totals[range.clone()];
+                        let std = if chunk.len() > 1 { nanstd(chunk) } else { 0.0 };
+                        std::iter::repeat_n(std, chunk.len())
+                    })
+                    .collect(),
                 ScaleRewards::Batch => {
                     let std = if count > 1 { nanstd(&totals) } else { 0.0 };
                     vec![std; count]
@@ -148,13 +174,16 @@ pub fn advantages(
         MultiObjectiveAggregation::NormalizeThenSum => {
             let components = rewards.names.len();
             let mut normalized = vec![vec![0.0; components]; count];
-            for start in (0..count).step_by(group) {
-                let end = (start + group).min(count);
+            for range in &ranges {
                 for (k, _) in rewards.names.iter().enumerate() {
-                    let column: Vec<f64> = (start..end).map(|i| rewards.values[i][k]).collect();
+                    let column: Vec<f64> = range.clone().map(|i| rewards.values[i][k]).collect();
                     let mean = nanmean(column.iter().copied());
-                    let std = if group > 1 { nanstd(&column) } else { 0.0 };
-                    for (row, value) in normalized[start..end].iter_mut().zip(&column) {
+                    let std = if range.len() > 1 {
+                        nanstd(&column)
+                    } else {
+                        0.0
+                    };
+                    for (row, value) in normalized[range.clone()].iter_mut().zip(&column) {
                         row[k] = (value - mean) / (std + 1e-4);
                     }
                 }
@@ -232,6 +261,48 @@ mod tests {
         assert!((scored.advantages[1] + 0.5 / (std + 1e-4)).abs() < 1e-12);
         assert_eq!(&scored.advantages[2..], &[0.0, 0.0]);
         assert_eq!(scored.metrics["frac_reward_zero_std"], 0.5);
+    }
+
+    #[test]
+    fn groups_of_different_sizes_are_each_standardized_within_themselves() {
+        let totals = [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0];
+        let scored = grouped_advantages(
+            &rewards(totals.iter().map(|&total| vec![total]).collect()),
+            &[4, 2, 2],
+            ScaleRewards::Group,
+            MultiObjectiveAggregation::SumThenNormalize,
+        );
+        // The group of 4: mean 0.5, std √(1/3); the first group of 2 is flat; the second: mean 0.5,
+        // std √(1/2).
+        let (four, two) = ((1.0f64 / 3.0).sqrt(), (0.5f64).sqrt());
+        let expected = [
+            0.5 / (four + 1e-4),
+            0.5 / (four + 1e-4),
+            -0.5 / (four + 1e-4),
+            -0.5 / (four + 1e-4),
+            0.0,
+            0.0,
+            -0.5 / (two + 1e-4),
+            0.5 / (two + 1e-4),
+        ];
+        for (got, want) in scored.advantages.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-12, "{:?}", scored.advantages);
+        }
+        assert_eq!(scored.metrics["frac_reward_zero_std"], 0.25);
+        // Equal sizes are `advantages`' groups.
+        let uniform = grouped_advantages(
+            &rewards(totals.iter().map(|&total| vec![total]).collect()),
+            &[2, 2, 2, 2],
+            ScaleRewards::Group,
+            MultiObjectiveAggregation::NormalizeThenSum,
+        );
+        let chunked = advantages(
+            &rewards(totals.iter().map(|&total| vec![total]).collect()),
+            2,
+            ScaleRewards::Group,
+            MultiObjectiveAggregation::NormalizeThenSum,
+        );
+        assert_eq!(uniform, chunked);
     }
 
     #[test]

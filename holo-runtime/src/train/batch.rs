@@ -52,6 +52,11 @@ mod nan_as_null {
 pub struct Completion {
     pub sequences: Vec<Sequence>,
     pub advantage: f32,
+    /// Advantages that vary over the completion's tokens, one per trained token (in place of
+    /// `advantage` in the loss): an Atropos environment's per-token `advantages`. See
+    /// [`super::loss::per_token_advantages_refused`] for the losses that take them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_advantages: Option<Vec<f32>>,
     /// 1, or 0 when none of its tokens is trained (truncated under `mask_truncated_completions`, or
     /// failed): TRL's completion mask.
     pub mask: f32,
@@ -103,6 +108,7 @@ pub fn completions(
             Completion {
                 sequences: sequences(record),
                 advantage: advantage as f32,
+                token_advantages: None,
                 mask: if masked { 0.0 } else { 1.0 },
                 truncated: record.truncated,
                 old_logprobs: None,

@@ -129,6 +129,7 @@ pub fn split(
             completions.push(Completion {
                 sequences: vec![sequence.clone()],
                 advantage: advantage as f32,
+                token_advantages: None,
                 mask: if masked { 0.0 } else { 1.0 },
                 truncated,
                 old_logprobs: None,

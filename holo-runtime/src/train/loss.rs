@@ -362,6 +362,29 @@ pub fn aggregate(
     }
 }
 
+/// Why `config`'s loss cannot take advantages that vary from token to token
+/// ([`Completion::token_advantages`]), or `None` when it can. The token-level policy terms (`grpo`,
+/// `bnpo`, `dr_grpo`, `dapo`, `luspo`, `cispo`, `sapo` with token-level ratios) weigh each token's ratio
+/// by an advantage, so a per-token one slots in; the options below need one advantage per sequence.
+pub fn per_token_advantages_refused(config: &GrpoConfig) -> Option<String> {
+    if config.importance_sampling_level == ImportanceSamplingLevel::Sequence {
+        return Some(
+            "`importance_sampling_level = \"sequence\"` (GSPO) weighs one ratio per sequence by one advantage per sequence".into(),
+        );
+    }
+    if config.loss_type == LossType::Vespo {
+        return Some(
+            "`loss_type = \"vespo\"` picks each sequence's gamma weights by the sign of its one advantage".into(),
+        );
+    }
+    if config.off_policy_mask_threshold.is_some() {
+        return Some(
+            "`off_policy_mask_threshold` keeps or drops a whole sequence by the sign of its one advantage".into(),
+        );
+    }
+    None
+}
+
 /// The loss of a micro-batch and the metrics TRL logs for it.
 pub struct Loss {
     /// Divided by the accumulation steps where TRL divides it: call `backward` on it.
@@ -403,10 +426,35 @@ pub fn compute(
     };
 
     let advantage_values: Vec<f32> = inputs.completions.iter().map(|c| c.advantage).collect();
-    let advantages = Level::Sequence(
-        Tensor::from_vec(advantage_values.clone(), segments.completions, &device)?
-            .to_dtype(dtype)?,
-    );
+    let advantages = if inputs
+        .completions
+        .iter()
+        .any(|c| c.token_advantages.is_some())
+    {
+        if let Some(refusal) = per_token_advantages_refused(config) {
+            candle_core::bail!("per-token advantages: {refusal}");
+        }
+        let mut values = Vec::with_capacity(segments.tokens);
+        for (index, completion) in inputs.completions.iter().enumerate() {
+            match &completion.token_advantages {
+                Some(tokens) if tokens.len() == completion.len() => {
+                    values.extend_from_slice(tokens)
+                }
+                Some(tokens) => candle_core::bail!(
+                    "completion {index}: {} per-token advantages for {} trained tokens",
+                    tokens.len(),
+                    completion.len()
+                ),
+                None => values.extend(std::iter::repeat_n(completion.advantage, completion.len())),
+            }
+        }
+        Level::Token(per_token(values)?)
+    } else {
+        Level::Sequence(
+            Tensor::from_vec(advantage_values.clone(), segments.completions, &device)?
+                .to_dtype(dtype)?,
+        )
+    };
     let mask_values: Vec<f32> = segments.mask.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     let entropy_mask = (config.top_entropy_quantile < 1.0)
         .then(|| high_entropy_mask(entropies, &mask_values, 1.0 - config.top_entropy_quantile));
@@ -623,4 +671,121 @@ pub fn compute(
         LossType::Sapo => {}
     }
     Ok(Loss { loss, metrics })
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Var;
+
+    use super::*;
+    use crate::train::batch::Sequence;
+
+    fn completion(trained: usize, advantage: f32, tokens: Option<Vec<f32>>) -> Completion {
+        Completion {
+            sequences: vec![Sequence {
+                ids: vec![1; trained + 1],
+                trained: (1..=trained).collect(),
+                sampling_logprobs: vec![f32::NAN; trained],
+            }],
+            advantage,
+            token_advantages: tokens,
+            mask: 1.0,
+            truncated: false,
+            old_logprobs: Some(vec![-1.0; trained]),
+            ref_logprobs: None,
+            is_ratio: None,
+            second_loss: false,
+        }
+    }
+
+    /// The loss and its gradient with respect to the log-probabilities of `logprobs`' tokens.
+    fn loss_and_gradient(
+        config: &GrpoConfig,
+        completions: &[Completion],
+        logprobs: &[f32],
+    ) -> Result<(f32, Vec<f32>)> {
+        let var = Var::new(logprobs, &Device::Cpu)?;
+        let entropy = Tensor::zeros(logprobs.len(), DType::F32, &Device::Cpu)?;
+        let inputs = Inputs {
+            completions,
+            num_items_in_batch: logprobs.len() as f64,
+            sampler_correction: false,
+        };
+        let loss = compute(config, &inputs, var.as_tensor(), &entropy)?.loss;
+        let gradient = loss.backward()?.get(&var).expect("a gradient").to_vec1()?;
+        Ok((loss.to_scalar()?, gradient))
+    }
+
+    #[test]
+    fn per_token_advantages_weigh_each_token_by_its_own_advantage() {
+        let config = GrpoConfig {
+            loss_type: LossType::Grpo,
+            gradient_accumulation_steps: 1,
+            ..GrpoConfig::default()
+        };
+        // Completion 0: per-token advantages 1 and −2, ratios 1.1 (inside the clip range) and 0.5
+        // (below it, with a negative advantage: clipped). Completion 1: one advantage, 0.5, ratio 1.
+        let completions = [
+            completion(2, 9.0, Some(vec![1.0, -2.0])),
+            completion(3, 0.5, None),
+        ];
+        let logprobs = [-1.0 + 1.1f32.ln(), -1.0 + 0.5f32.ln(), -1.0, -1.0, -1.0];
+        let (loss, gradient) = loss_and_gradient(&config, &completions, &logprobs).unwrap();
+        // Per token: −min(ρA, clip(ρ, 0.8, 1.2)A) = −1.1, −min(−1, −1.6) = 1.6; −0.5 three times.
+        // grpo: the mean over completions of each one's token mean.
+        let expected = ((-1.1 + 1.6) / 2.0 + (-0.5 * 3.0) / 3.0) / 2.0;
+        assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
+        // d/dℓ of −ρA is −ρA (ρ = exp(ℓ − ℓ_old)), over 2 tokens and 2 completions; the clipped token
+        // has none; completion 1's tokens get −0.5 / 3 / 2 each.
+        let expected = [-1.1 / 4.0, 0.0, -1.0 / 12.0, -1.0 / 12.0, -1.0 / 12.0];
+        for (got, want) in gradient.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-6, "{gradient:?} vs {expected:?}");
+        }
+    }
+
+    #[test]
+    fn losses_that_need_one_advantage_per_sequence_refuse_per_token_ones() {
+        let completions = [completion(2, 0.0, Some(vec![1.0, 0.0]))];
+        let cases = [
+            (
+                GrpoConfig {
+                    importance_sampling_level: ImportanceSamplingLevel::Sequence,
+                    ..GrpoConfig::default()
+                },
+                "importance_sampling_level",
+            ),
+            (
+                GrpoConfig {
+                    loss_type: LossType::Vespo,
+                    ..GrpoConfig::default()
+                },
+                "vespo",
+            ),
+            (
+                GrpoConfig {
+                    off_policy_mask_threshold: Some(0.5),
+                    ..GrpoConfig::default()
+                },
+                "off_policy_mask_threshold",
+            ),
+        ];
+        for (config, named) in cases {
+            let error = loss_and_gradient(&config, &completions, &[-1.0, -1.0])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("per-token advantages") && error.contains(named),
+                "{error}"
+            );
+        }
+        let mut short = completions[0].clone();
+        short.token_advantages = Some(vec![1.0]);
+        let error = loss_and_gradient(&GrpoConfig::default(), &[short], &[-1.0, -1.0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("completion 0: 1 per-token advantages for 2 trained tokens"),
+            "{error}"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use super::config::{Algorithm, GrpoConfig, TrainingConfig};
 use super::correction::importance_sampling;
 use super::curriculum::Stream;
 use super::erl;
-use super::feed::Feed;
+use super::feed::{Feed, Given};
 use super::guard::{self, Trip};
 use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
@@ -567,14 +567,14 @@ impl<S: RolloutSource> Trainer<S> {
         let generation = state.generations;
         let stats = self.source.tool_stats();
         let tools_before = stats.as_ref().map(|stats| stats.counts());
-        let (records, mut metrics, fixed) = match self.feed.as_mut() {
+        let (records, mut metrics, groups, given) = match self.feed.as_mut() {
             Some(feed) => {
                 let fed = feed.next(runtime, step)?;
-                (fed.records, fed.metrics, fed.advantages)
+                (fed.records, fed.metrics, fed.groups, fed.advantages)
             }
             None => {
                 let (records, metrics) = self.draw(runtime, stream, state, step, progress)?;
-                (records, metrics, Vec::new())
+                (records, metrics, Vec::new(), Vec::new())
             }
         };
         let tools = stats
@@ -582,14 +582,30 @@ impl<S: RolloutSource> Trainer<S> {
             .map(|(stats, before)| stats.counts() - before);
 
         let rewards = batch::rewards(&records, config.reward_weights.as_ref());
-        let mut scored = advantages::advantages(
-            &rewards,
-            group,
-            config.scale_rewards,
-            config.multi_objective_aggregation,
-        );
-        for (advantage, fixed) in scored.advantages.iter_mut().zip(&fixed) {
-            *advantage = fixed.unwrap_or(*advantage);
+        let mut scored = if groups.is_empty() {
+            advantages::advantages(
+                &rewards,
+                group,
+                config.scale_rewards,
+                config.multi_objective_aggregation,
+            )
+        } else {
+            advantages::grouped_advantages(
+                &rewards,
+                &groups,
+                config.scale_rewards,
+                config.multi_objective_aggregation,
+            )
+        };
+        for (advantage, given) in scored.advantages.iter_mut().zip(&given) {
+            match given {
+                Some(Given::Sequence(value)) => *advantage = *value,
+                // What the printed completions show; the loss takes the tokens' own.
+                Some(Given::Tokens(values)) => {
+                    *advantage = advantages::nanmean(values.iter().map(|&value| value as f64))
+                }
+                None => {}
+            }
         }
         metrics.extend(scored.metrics);
         let (mut completions, mut internalized) = if config.erl {
@@ -597,11 +613,16 @@ impl<S: RolloutSource> Trainer<S> {
             metrics.extend(split.metrics);
             (split.completions, split.internalized)
         } else {
-            let completions = batch::completions(
+            let mut completions = batch::completions(
                 &records,
                 &scored.advantages,
                 config.mask_truncated_completions,
             );
+            for (completion, given) in completions.iter_mut().zip(&given) {
+                if let Some(Given::Tokens(values)) = given {
+                    completion.token_advantages = Some(values.clone());
+                }
+            }
             (completions, Vec::new())
         };
         if let Some(memory) = self.source.reflection_memory() {

@@ -43,13 +43,17 @@ pub struct AtroposEnvArgs {
     /// The environment's name at the API (it appends `_N`).
     #[arg(long, default_value = "holoware")]
     pub name: String,
-    /// The environment's weight among the API's environments.
+    /// The environment's weight among the API's environments (`inference_weight`): run-api turns it
+    /// into the environment's share of the inference servers (`env_weight`); it does not change what a
+    /// batch holds (--min-batch-allocation does).
     #[arg(long, default_value_t = 1.0)]
     pub weight: f64,
     /// The longest sequence the environment declares it makes.
     #[arg(long, default_value_t = 2048)]
     pub max_token_length: i64,
-    /// The share (0 to 1) of every batch this environment is guaranteed.
+    /// The share (0 to 1) of every batch this environment is guaranteed while it is connected: at
+    /// least ⌊batch_size · share⌋ of its sequences (run-api scales shares down when they add up to more
+    /// than 1).
     #[arg(long)]
     pub min_batch_allocation: Option<f64>,
     /// Batches the API's queue may hold before generation pauses.

@@ -85,8 +85,18 @@ pub struct EnvStatus {
     pub self_queue_size: i64,
     #[serde(default)]
     pub max_group_size: i64,
+    /// This environment's share of the inference servers: its `max_token_length · weight` over all
+    /// connected environments' (at least 0.01). `BaseEnv` hands it to its server manager; batches are
+    /// not composed by it.
     #[serde(default)]
     pub env_weight: f64,
+    /// The share of a batch no environment's `min_batch_allocation` claims (1 when none has one).
+    #[serde(default = "whole")]
+    pub unallocated_fraction: f64,
+}
+
+fn whole() -> f64 {
+    1.0
 }
 
 /// One scored group (`ScoredData`): `POST /scored_data`'s body and an item of `GET /batch`. Every

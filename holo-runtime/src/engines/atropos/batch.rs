@@ -8,11 +8,17 @@
 //!   resumes) at. `GET /info` must then report that batch size: an API another trainer registered
 //!   first (with its own) is refused.
 //! - **Batches** (`GET /batch`): polled every `poll` while the API has none. Each scored group becomes
-//!   `num_generations` rollout records (its size must be that; see [`records`]), written to
-//!   `RUN_DIR/rollouts.jsonl` like the Loom's; the trainer normalizes advantages within each group from
-//!   the scores, unless the group fixes them (`overrides[i].set_advantage_to_zero`, or `advantages`
-//!   constant over a sequence's trained tokens), and corrects for the sampler with
-//!   `inference_logprobs` as it does for any external sampler.
+//!   one rollout record per sequence ([`records`]), written to `RUN_DIR/rollouts.jsonl` like the
+//!   Loom's. Groups need not have `num_generations` sequences: `run-api` packs the groups of
+//!   environments with different group sizes into one batch (and releases the smaller groups an
+//!   environment posts, once they add up to its group size, one by one), so the trainer normalizes
+//!   advantages within each group of its own size. A group may fix them instead:
+//!   `overrides[i].set_advantage_to_zero`, or `advantages`, one per token, aligned with `tokens` as
+//!   `masks` is (constant over a sequence's trained tokens: one advantage for the sequence; varying:
+//!   one per trained token, which the loss weighs token by token, and which a loss that needs one per
+//!   sequence refuses before training, naming the group and the field:
+//!   [`per_token_advantages_refused`]). The sampler is corrected for with `inference_logprobs` as for
+//!   any external sampler.
 //! - **Failures**: an API that does not answer at the start is an error naming it; one that goes away
 //!   later is waited for (`reconnect_timeout`); one that answers that the trainer is not registered
 //!   (it restarted) gets the registration again, with the current step. A malformed batch is an error
@@ -31,7 +37,9 @@ use crate::loom::{
     ContextRecord, MessageRecord, PartRecord, RolloutRecord, RolloutSource, TokensRecord,
 };
 use crate::machine::Rollout;
-use crate::train::feed::{Fed, Feed};
+use crate::train::feed::{Fed, Feed, Given};
+use crate::train::loss::per_token_advantages_refused;
+use crate::train::ppo::Algorithm;
 use crate::train::{GrpoConfig, TrainError};
 use crate::Role;
 
@@ -66,7 +74,8 @@ pub struct AtroposFeed {
     options: FeedOptions,
     registration: Registration,
     registered: bool,
-    group: usize,
+    /// Why this run's loss cannot take advantages that vary over a sequence's tokens, if it cannot.
+    per_token_refusal: Option<String>,
     vocab: usize,
     run_dir: PathBuf,
     /// Groups received so far: the records' row indices.
@@ -117,7 +126,11 @@ impl AtroposFeed {
             },
             options,
             registered: false,
-            group: config.num_generations,
+            // PPO makes its own advantages (GAE) and uses none of the environments'.
+            per_token_refusal: match config.algorithm {
+                Algorithm::Ppo => None,
+                _ => per_token_advantages_refused(config),
+            },
             vocab,
             run_dir: run_dir.to_path_buf(),
             groups: 0,
@@ -228,26 +241,20 @@ impl AtroposFeed {
         for (index, item) in items.iter().enumerate() {
             let scored =
                 ScoredData::from_json(item).map_err(|message| malformed(index, message))?;
-            if scored.len() != self.group {
-                return Err(malformed(
-                    index,
-                    format!(
-                        "{} sequences, but num_generations is {}: set it to the environments' group_size",
-                        scored.len(),
-                        self.group
-                    ),
-                ));
-            }
-            let (records, fixed) = records(
+            let (records, given) = records(
                 &scored,
+                &Limits {
+                    vocab: self.vocab,
+                    context: self.registration.max_token_len as usize,
+                    per_token_refusal: self.per_token_refusal.as_deref(),
+                },
                 self.groups + index,
                 step,
-                self.vocab,
-                self.registration.max_token_len as usize,
             )
             .map_err(|message| malformed(index, message))?;
+            fed.groups.push(records.len());
             fed.records.extend(records);
-            fed.advantages.extend(fixed);
+            fed.advantages.extend(given);
         }
         let wanted = self.registration.batch_size as usize;
         if fed.records.len() != wanted {
@@ -280,17 +287,28 @@ impl Feed for AtroposFeed {
     }
 }
 
+/// What a group is checked against: the trained model and its loss.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits<'a> {
+    /// The model's vocabulary: token ids are below it.
+    pub vocab: usize,
+    /// The model's context: no sequence is longer.
+    pub context: usize,
+    /// Why the loss cannot take advantages that vary over a sequence's trained tokens, if it cannot
+    /// ([`per_token_advantages_refused`]).
+    pub per_token_refusal: Option<&'a str>,
+}
+
 /// A scored group as rollout records (row `row`, one per sequence, reward component [`SCORE`]) and the
-/// advantages it fixes, after checking every field against `tokens`, the model's `vocab` and its
-/// `context`; an error names the field and the sequence.
+/// advantages it fixes, after checking every field against `tokens` and `limits`; an error names the
+/// field and the sequence.
 pub fn records(
     scored: &ScoredData,
+    limits: &Limits<'_>,
     row: usize,
     step: u64,
-    vocab: usize,
-    context: usize,
-) -> Result<(Vec<RolloutRecord>, Vec<Option<f64>>), String> {
-    check(scored, vocab, context)?;
+) -> Result<(Vec<RolloutRecord>, Vec<Option<Given>>), String> {
+    check(scored, limits.vocab, limits.context)?;
     let env = scored.env_id.map_or(Value::Null, |id| json!(id));
     let mut records = Vec::with_capacity(scored.len());
     let mut fixed = Vec::with_capacity(scored.len());
@@ -331,16 +349,25 @@ pub fn records(
                     .collect();
                 match values.first() {
                     Some(&first) if values.iter().any(|&value| value != first) => {
-                        return Err(format!(
-                            "`advantages[{i}]` varies over the trained tokens; holo train takes one advantage per sequence"
+                        if let Some(refusal) = limits.per_token_refusal {
+                            return Err(format!(
+                                "`advantages[{i}]` varies over the trained tokens, and {refusal}"
+                            ));
+                        }
+                        Some(Given::Tokens(
+                            values.iter().map(|&value| value as f32).collect(),
                         ))
                     }
-                    first => first.copied(),
+                    first => first.map(|&value| Given::Sequence(value)),
                 }
             }
             None => None,
         };
-        fixed.push(if overridden { Some(0.0) } else { given });
+        fixed.push(if overridden {
+            Some(Given::Sequence(0.0))
+        } else {
+            given
+        });
         let messages = scored
             .messages
             .as_ref()
@@ -405,6 +432,9 @@ pub fn records(
 /// are the model's, sequences fit its context, and a mask is `-100` or its token.
 fn check(scored: &ScoredData, vocab: usize, context: usize) -> Result<(), String> {
     let count = scored.tokens.len();
+    if count == 0 {
+        return Err("no sequences (`tokens` is empty)".into());
+    }
     let per_sequence = |name: &str, len: Option<usize>| match len {
         Some(len) if len != count => Err(format!(
             "`{name}` has {len} entries for {count} sequences (`tokens`)"
@@ -506,9 +536,15 @@ mod tests {
         }
     }
 
+    const LIMITS: Limits<'static> = Limits {
+        vocab: 16,
+        context: 8,
+        per_token_refusal: None,
+    };
+
     #[test]
     fn a_group_becomes_records_with_masks_and_logprobs_aligned() {
-        let (records, fixed) = records(&group(), 7, 2, 16, 8).unwrap();
+        let (records, fixed) = records(&group(), &LIMITS, 7, 2).unwrap();
         assert_eq!(fixed, vec![None, None]);
         let tokens = records[0].contexts[0].tokens.as_ref().unwrap();
         assert_eq!(tokens.ids, vec![5, 6, 7, 8]);
@@ -525,24 +561,49 @@ mod tests {
     }
 
     #[test]
-    fn fixed_advantages_come_from_overrides_and_constant_advantages() {
+    fn fixed_advantages_come_from_overrides_and_the_advantages_of_the_trained_tokens() {
         let mut scored = group();
         scored.overrides = Some(vec![
             serde_json::Map::new(),
             serde_json::Map::from_iter([("set_advantage_to_zero".to_string(), json!(true))]),
         ]);
-        scored.advantages = Some(vec![vec![0.0, 0.0, 0.5, 0.5], vec![0.0, 0.0, 1.0, 1.0]]);
-        let (_, fixed) = records(&scored, 0, 1, 16, 8).unwrap();
-        assert_eq!(fixed, vec![Some(0.5), Some(0.0)]);
-        scored.advantages = Some(vec![vec![0.0, 0.0, 0.5, 0.25], vec![0.0; 4]]);
-        let error = records(&scored, 0, 1, 16, 8).unwrap_err();
-        assert!(error.contains("`advantages[0]` varies"), "{error}");
+        // Position by position as `masks`: only positions 2 and 3 are trained.
+        scored.advantages = Some(vec![vec![9.0, 9.0, 0.5, 0.5], vec![0.0, 0.0, 1.0, 1.0]]);
+        let (_, fixed) = records(&scored, &LIMITS, 0, 1).unwrap();
+        assert_eq!(
+            fixed,
+            vec![Some(Given::Sequence(0.5)), Some(Given::Sequence(0.0))]
+        );
+        scored.advantages = Some(vec![vec![9.0, 9.0, 0.5, 0.25], vec![0.0; 4]]);
+        let (_, fixed) = records(&scored, &LIMITS, 0, 1).unwrap();
+        assert_eq!(
+            fixed,
+            vec![
+                Some(Given::Tokens(vec![0.5, 0.25])),
+                Some(Given::Sequence(0.0))
+            ]
+        );
+        let refusing = Limits {
+            per_token_refusal: Some("GSPO takes one per sequence"),
+            ..LIMITS
+        };
+        let error = records(&scored, &refusing, 0, 1).unwrap_err();
+        assert_eq!(
+            error,
+            "`advantages[0]` varies over the trained tokens, and GSPO takes one per sequence"
+        );
     }
 
     #[test]
     fn malformed_groups_name_the_field() {
         type Break = fn(&mut ScoredData);
-        let cases: [(Break, &str); 6] = [
+        let cases: [(Break, &str); 7] = [
+            (
+                |s| {
+                    *s = ScoredData::default();
+                },
+                "no sequences (`tokens` is empty)",
+            ),
             (
                 |s| {
                     s.scores.pop();
@@ -575,7 +636,7 @@ mod tests {
         for (break_it, expected) in cases {
             let mut scored = group();
             break_it(&mut scored);
-            assert_eq!(records(&scored, 0, 1, 16, 8).unwrap_err(), expected);
+            assert_eq!(records(&scored, &LIMITS, 0, 1).unwrap_err(), expected);
         }
     }
 }

@@ -11,6 +11,9 @@
 //!    unless given); no group is started while `queue_size · group_size ≥ max_batches_offpolicy ·
 //!    batch_size` (the trainer is that many batches behind); otherwise up to `min(max_workers,
 //!    max_batches_offpolicy · batch_size / group_size − queue_size)` rows are rolled out together.
+//!    With a `min_batch_allocation` (or other environments' shares), `BaseEnv`'s adjustments apply:
+//!    see `throttle`. `queue_size` counts the other environments' groups too, so with several
+//!    environments the queue's room is shared.
 //! 3. **Score and post**: each row's rollouts become one group ([`scored_group`]) posted to
 //!    `/scored_data` with the environment's id. As `BaseEnv` does, a group is dropped (and counted)
 //!    when a rollout failed, when its scores are all equal (unless `keep_equal_scores`), or when a
@@ -194,7 +197,6 @@ pub async fn run(
     let mut score_sum = (0.0, 0usize);
     let mut pending: VecDeque<ScoredData> = VecDeque::new();
     let mut next_item = 0usize;
-    let group = options.group_size as i64;
     loop {
         // The status first: it fails on a restarted API, which must be registered with again before
         // it takes a group (see `Api::post_registered`).
@@ -233,16 +235,14 @@ pub async fn run(
             // The queue grew: look at it again before deciding.
             continue;
         }
-        let batch = session.batch_size;
-        if status.current_step + status.queue_size * group / batch > session.total_steps {
-            break;
-        }
-        let room = options.max_batches_offpolicy * batch / group - status.queue_size;
-        if status.queue_size * group >= options.max_batches_offpolicy * batch || room <= 0 {
-            tokio::time::sleep(options.poll).await;
-            continue;
-        }
-        let items = (room as usize).min(options.max_workers);
+        let items = match throttle(&status, options, session.batch_size, session.total_steps) {
+            Throttle::Stop => break,
+            Throttle::Wait => {
+                tokio::time::sleep(options.poll).await;
+                continue;
+            }
+            Throttle::RollOut(items) => items,
+        };
         let round: Vec<(usize, Row)> = (next_item..next_item + items)
             .map(|item| (item, rollouts.rows[item % rollouts.rows.len()].1.clone()))
             .collect();
@@ -281,6 +281,62 @@ pub async fn run(
     }
     summary.mean_score = (score_sum.1 > 0).then(|| score_sum.0 / score_sum.1 as f64);
     Ok(summary)
+}
+
+/// What the environment does after a look at the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Throttle {
+    /// The queue holds enough for the trainer's last step.
+    Stop,
+    /// The queue is full: look again after `poll`.
+    Wait,
+    /// Roll this many rows out.
+    RollOut(usize),
+}
+
+/// `BaseEnv.env_manager`'s rules (`atroposlib` 0.4.0), on the queue as `/status-env` shows it to
+/// this environment, a trainer taking batches of `batch` sequences, and `total_steps`:
+/// - stop once `current_step + queue_size · G / batch` passes `total_steps`;
+/// - wait while `queue_size · G ≥ max_batches_offpolicy · batch`, unless the environment has a
+///   `min_batch_allocation` and fewer of its own groups queued than its share of that many batches
+///   (`⌈share · batch · max_batches_offpolicy / M⌉ · ⌊M / G⌋`, `M` the largest group queued);
+///   without that exception, the others' groups would fill the queue and keep out the groups every
+///   batch must hold;
+/// - else roll `min(max_workers, max_batches_offpolicy · derived / G − queue_size)` rows out, where
+///   `derived = ⌊batch · (unallocated_fraction + share)⌋` is the part of a batch this environment
+///   may fill (`derived_batch_size`), and with a share at least enough rows to refill its own
+///   (`add_train_workers`' `min_workers_to_fill_self_queue`).
+fn throttle(status: &EnvStatus, options: &EnvOptions, batch: i64, total_steps: i64) -> Throttle {
+    let group = options.group_size as i64;
+    let offpolicy = options.max_batches_offpolicy;
+    if status.current_step + status.queue_size * group / batch > total_steps {
+        return Throttle::Stop;
+    }
+    let largest = status.max_group_size.max(1);
+    // Packs of the largest group size this environment's share of `offpolicy` batches takes.
+    let packs = options
+        .min_batch_allocation
+        .map(|share| (share * (batch * offpolicy) as f64 / largest as f64).ceil() as i64);
+    let short_of_share =
+        packs.is_some_and(|packs| packs * (largest / group) - status.self_queue_size > 0);
+    if status.queue_size * group >= offpolicy * batch && !short_of_share {
+        return Throttle::Wait;
+    }
+    let share = options.min_batch_allocation.unwrap_or(0.0);
+    let derived = (batch as f64 * (status.unallocated_fraction + share)) as i64;
+    let mut items =
+        (options.max_workers as i64).min(offpolicy * derived / group - status.queue_size);
+    if let Some(packs) = packs {
+        let own = status.self_queue_size * group;
+        let refill =
+            (((packs + largest / group) * largest - own) as f64 / group as f64).ceil() as i64;
+        items = items.max(refill);
+    }
+    if items <= 0 {
+        Throttle::Wait
+    } else {
+        Throttle::RollOut(items as usize)
+    }
 }
 
 /// Registers (again every `poll` while the trainer has not started) and reads the trainer's batch
@@ -561,6 +617,67 @@ mod tests {
     use crate::loom::{ContextRecord, Failure, MessageRecord, PartRecord, Stage, TokensRecord};
     use crate::Role;
     use std::collections::BTreeMap;
+
+    fn status(
+        queue_size: i64,
+        self_queue_size: i64,
+        max_group_size: i64,
+        unallocated: f64,
+    ) -> EnvStatus {
+        EnvStatus {
+            current_step: 0,
+            queue_size,
+            self_queue_size,
+            max_group_size,
+            env_weight: 1.0,
+            unallocated_fraction: unallocated,
+        }
+    }
+
+    #[test]
+    fn the_throttle_follows_base_env() {
+        // Group size 2, batches of 8, 3 batches off-policy: room for 12 groups.
+        let plain = EnvOptions {
+            group_size: 2,
+            max_workers: 8,
+            ..EnvOptions::default()
+        };
+        assert_eq!(
+            throttle(&status(0, 0, 1, 1.0), &plain, 8, 10),
+            Throttle::RollOut(8)
+        );
+        assert_eq!(
+            throttle(&status(9, 9, 2, 1.0), &plain, 8, 10),
+            Throttle::RollOut(3)
+        );
+        assert_eq!(
+            throttle(&status(12, 12, 2, 1.0), &plain, 8, 10),
+            Throttle::Wait
+        );
+        // 3 steps done and 64 sequences queued: 8 more steps, past 10.
+        let mut done = status(32, 32, 2, 1.0);
+        done.current_step = 3;
+        assert_eq!(throttle(&done, &plain, 8, 10), Throttle::Stop);
+        // With a share of half of each batch, the queue full of another environment's groups of 4
+        // (12 of this one's size), and none of its own: it goes on until it holds ⌈0.5 · 24 / 4⌉ = 3
+        // packs of 4, 6 groups of its own, rolling out ((3 + 2) · 4 − 0) / 2 = 10 rows.
+        let shared = EnvOptions {
+            min_batch_allocation: Some(0.5),
+            ..plain.clone()
+        };
+        assert_eq!(
+            throttle(&status(12, 0, 4, 0.5), &plain, 8, 10),
+            Throttle::Wait
+        );
+        assert_eq!(
+            throttle(&status(12, 0, 4, 0.5), &shared, 8, 10),
+            Throttle::RollOut(10)
+        );
+        assert_eq!(
+            throttle(&status(18, 6, 4, 0.5), &shared, 8, 10),
+            Throttle::Wait
+        );
+    }
 
     fn record(rollout: usize, reward: f64, contexts: Vec<ContextRecord>) -> RolloutRecord {
         RolloutRecord {
