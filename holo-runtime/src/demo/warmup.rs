@@ -162,7 +162,7 @@ pub fn train(
         let mut grads = trained.no_grads();
         trained.accumulate(&mut grads, &micro.grads).map_err(fail)?;
         trained
-            .step(&mut grads, &config, step, budget.steps, 1.0)
+            .step(&grads, &config, step, budget.steps, 1.0)
             .map_err(fail)?;
         on_step(step + 1, micro.loss);
         if step >= budget.steps - budget.steps.div_ceil(10) {

@@ -204,15 +204,16 @@ impl Trainable {
     /// learning rate.
     pub fn step(
         &mut self,
-        grads: &mut [Option<Tensor>],
+        grads: &[Option<Tensor>],
         config: &impl TrainingConfig,
         completed: u64,
         total: u64,
         lr_factor: f64,
     ) -> candle_core::Result<(f64, f64)> {
-        let grad_norm = optim::clip_grad_norm(grads, config.shared().max_grad_norm)?;
+        let grad_norm = optim::grad_norm(grads)?;
+        let clip = optim::clip_coefficient(grad_norm, config.shared().max_grad_norm);
         let learning_rate = optim::learning_rate(config, completed, total) * lr_factor;
-        self.optimizer.step(grads, learning_rate)?;
+        self.optimizer.step(grads, learning_rate, clip)?;
         Ok((grad_norm, learning_rate))
     }
 
@@ -235,7 +236,7 @@ impl Trainable {
             run,
             &weights,
             self.critic.as_ref().map(|critic| critic.vars.as_slice()),
-            self.optimizer.state(),
+            self.optimizer.state()?,
             state,
             config,
             config.shared().save_total_limit,

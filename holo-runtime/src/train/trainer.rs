@@ -402,7 +402,7 @@ impl<S: RolloutSource> Trainer<S> {
             }
         }
         Ok(self.trained.step(
-            &mut grads,
+            &grads,
             &config,
             state.global_step,
             total,

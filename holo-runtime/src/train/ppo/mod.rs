@@ -250,7 +250,7 @@ pub(crate) fn update(
                     stats.entry(name).or_default().push(value);
                 }
             }
-            let (norm, rate) = trained.step(&mut grads, config, completed, total, lr_factor)?;
+            let (norm, rate) = trained.step(&grads, config, completed, total, lr_factor)?;
             norms.push(norm);
             learning_rate = rate;
         }

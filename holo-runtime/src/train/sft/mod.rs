@@ -184,7 +184,7 @@ impl SftTrainer {
             }
             let (grad_norm, learning_rate) =
                 self.trained
-                    .step(&mut grads, &config, state.global_step, total, 1.0)?;
+                    .step(&grads, &config, state.global_step, total, 1.0)?;
             state.global_step += 1;
             let step = state.global_step;
 
