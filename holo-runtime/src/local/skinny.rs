@@ -9,7 +9,7 @@
 //! activations as exact as they are in the f32 model (only the weights are rounded).
 //!
 //! The kernels tile `x` by rows and `w` by rows, keeping the tile's running sums in vector registers over
-//! `K`; AVX-512 (bf16 only) or AVX2 is picked at run time, with a plain loop elsewhere. The weight rows of
+//! `K`; AVX-512 or AVX2 is picked at run time, with a plain loop elsewhere. The weight rows of
 //! a tile stay in the L1 cache while every group of rows of `x` passes over them; threads share the weight
 //! rows out. At decoding shapes the AVX2 kernel is bound by its loads and multiply-adds rather than by
 //! memory (bf16: 10–15 GB/s of weights on 2 Zen cores whose memory gives 35), so its tile shapes are chosen
@@ -172,22 +172,17 @@ impl Kernel {
         }
     }
 
-    /// The best kernel for these weights (AVX-512 has a bf16 kernel only).
-    fn best(weights: Weights) -> Kernel {
-        let candidates: &[Kernel] = match weights {
-            Weights::Bf16(_) => &[Kernel::Avx512, Kernel::Avx2, Kernel::Plain],
-            Weights::F32(_) => &[Kernel::Avx2, Kernel::Plain],
-        };
-        candidates
-            .iter()
-            .copied()
+    /// The best kernel on this CPU.
+    fn best() -> Kernel {
+        [Kernel::Avx512, Kernel::Avx2, Kernel::Plain]
+            .into_iter()
             .find(|kernel| kernel.available())
             .unwrap_or(Kernel::Plain)
     }
 }
 
 fn product(w: Weights, x: &[f32], m: usize, n: usize, k: usize, out: &mut [f32]) {
-    product_with(Kernel::best(w), w, x, m, n, k, out)
+    product_with(Kernel::best(), w, x, m, n, k, out)
 }
 
 fn product_with(
@@ -200,16 +195,12 @@ fn product_with(
     out: &mut [f32],
 ) {
     assert!(kernel.available(), "{kernel:?} does not run on this CPU");
-    assert!(
-        !(kernel == Kernel::Avx512 && matches!(w, Weights::F32(_))),
-        "no AVX-512 kernel for f32 weights"
-    );
     assert!(x.len() == m * k && w.len() == n * k && out.len() == m * n);
     let out = Out(out.as_mut_ptr());
     let task = |task: usize| {
         let columns = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
         // SAFETY: the lengths are checked above, `columns` are this task's alone, and the kernel is
-        // available (and made for these weights).
+        // available.
         unsafe { columns_with(kernel, w, x, m, n, k, columns, out) }
     };
     let tasks = n.div_ceil(COLUMNS_PER_TASK);
@@ -222,7 +213,7 @@ fn product_with(
 
 /// # Safety
 /// `x` is `[m, k]`, `w` `[n, k]`, `out` points to `[m, n]`; `columns` lie within `0..n` and are written
-/// by no one else while this runs; `kernel` is available, and not AVX-512 for f32 weights.
+/// by no one else while this runs; `kernel` is available.
 #[allow(clippy::too_many_arguments)]
 unsafe fn columns_with(
     kernel: Kernel,
@@ -237,6 +228,8 @@ unsafe fn columns_with(
     match (kernel, w) {
         #[cfg(target_arch = "x86_64")]
         (Kernel::Avx512, Weights::Bf16(w)) => x86::columns_avx512(x, w, m, n, k, columns, out),
+        #[cfg(target_arch = "x86_64")]
+        (Kernel::Avx512, Weights::F32(w)) => x86::columns_avx512(x, w, m, n, k, columns, out),
         #[cfg(target_arch = "x86_64")]
         (Kernel::Avx2, Weights::Bf16(w)) => x86::columns_avx2_bf16(x, w, m, n, k, columns, out),
         #[cfg(target_arch = "x86_64")]
@@ -275,8 +268,9 @@ fn widen(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-/// The kernels with AVX-512 (16 lanes, tiles of 4 × 4, bf16) and AVX2 (8 lanes, 16 vector registers,
-/// tiles of 8 × 1 to 1 × 4, bf16 and f32). Each tile keeps its `R × C` running sums in registers over `K`.
+/// The kernels with AVX-512 (16 lanes, tiles of 4 × 4, bf16 and f32) and AVX2 (8 lanes, 16 vector
+/// registers, tiles of 8 × 1 to 1 × 4, bf16 and f32). Each tile keeps its `R × C` running sums in registers
+/// over `K`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // index loops over constant-size tiles unroll into registers
 mod x86 {
@@ -285,11 +279,45 @@ mod x86 {
 
     use super::{widen, Out};
 
+    /// A weight type the AVX-512 kernel reads 16 at a time as f32.
+    pub(super) trait Wide: Copy {
+        /// 16 weights from `p` as f32.
+        ///
+        /// # Safety
+        /// `p` points to 16 readable weights and the CPU has AVX-512F.
+        unsafe fn load16(p: *const Self) -> __m512;
+        fn to_f32(self) -> f32;
+    }
+
+    /// bf16 bits: widened by a shift.
+    impl Wide for u16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            let bits = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+        }
+
+        fn to_f32(self) -> f32 {
+            widen(self)
+        }
+    }
+
+    impl Wide for f32 {
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+
+        fn to_f32(self) -> f32 {
+            self
+        }
+    }
+
     /// Tiles of 4 rows of `x` by 4 weight rows over `columns`, then the leftover rows and columns.
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn columns_avx512(
+    pub(super) unsafe fn columns_avx512<W: Wide>(
         x: &[f32],
-        w: &[u16],
+        w: &[W],
         m: usize,
         n: usize,
         k: usize,
@@ -300,18 +328,18 @@ mod x86 {
         while column + 4 <= columns.end {
             let mut row = 0;
             while row + 4 <= m {
-                tile_avx512::<4, 4>(x, w, n, k, row, column, out);
+                tile_avx512::<W, 4, 4>(x, w, n, k, row, column, out);
                 row += 4;
             }
             while row < m {
-                tile_avx512::<1, 4>(x, w, n, k, row, column, out);
+                tile_avx512::<W, 1, 4>(x, w, n, k, row, column, out);
                 row += 1;
             }
             column += 4;
         }
         for column in column..columns.end {
             for row in 0..m {
-                tile_avx512::<1, 1>(x, w, n, k, row, column, out);
+                tile_avx512::<W, 1, 1>(x, w, n, k, row, column, out);
             }
         }
     }
@@ -319,9 +347,9 @@ mod x86 {
     /// Rows `row..row + R` of `x` against weight rows `column..column + C`.
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
-    unsafe fn tile_avx512<const R: usize, const C: usize>(
+    unsafe fn tile_avx512<W: Wide, const R: usize, const C: usize>(
         x: &[f32],
-        w: &[u16],
+        w: &[W],
         n: usize,
         k: usize,
         row: usize,
@@ -335,9 +363,7 @@ mod x86 {
         let mut at = 0;
         while at < main {
             for j in 0..C {
-                let bits = _mm256_loadu_si256(w_rows.add(j * k + at).cast());
-                widened[j] =
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)));
+                widened[j] = W::load16(w_rows.add(j * k + at));
             }
             for i in 0..R {
                 let xs = _mm512_loadu_ps(x_rows.add(i * k + at));
@@ -351,8 +377,8 @@ mod x86 {
             for j in 0..C {
                 let mut total = _mm512_reduce_add_ps(sums[i][j]);
                 for at in main..k {
-                    total =
-                        (*x_rows.add(i * k + at)).mul_add(widen(*w_rows.add(j * k + at)), total);
+                    total = (*x_rows.add(i * k + at))
+                        .mul_add((*w_rows.add(j * k + at)).to_f32(), total);
                 }
                 *out.0.add((row + i) * n + column + j) = total;
             }
@@ -557,8 +583,7 @@ mod tests {
                     Weights::F32(&floats)
                 };
                 for kernel in [Kernel::Avx512, Kernel::Avx2, Kernel::Plain] {
-                    let made = !(kernel == Kernel::Avx512 && dtype == DType::F32);
-                    if kernel.available() && made {
+                    if kernel.available() {
                         let mut out = vec![f32::NAN; m * n];
                         product_with(kernel, weights, &xs, m, n, k, &mut out);
                         close(&out, &format!("{kernel:?}"));
