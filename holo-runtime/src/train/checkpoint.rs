@@ -29,6 +29,7 @@ use super::batch::{Completion, Sequence};
 use super::config::TrainingConfig;
 use super::curriculum::CurriculumState;
 use super::guard::GuardState;
+use super::optim::StateTensor;
 use crate::holotypes::Reflection;
 
 /// What `trainer_state.json` holds.
@@ -203,9 +204,8 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Writes `tensors` as a safetensors file, synced, readable by others (safetensors writes through a
 /// private temporary file, which would leave the file readable by its owner only).
-pub fn save_tensors(path: &Path, tensors: Vec<(String, Tensor)>) -> io::Result<()> {
-    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
-    candle_core::safetensors::save(&map, path).map_err(other)?;
+pub fn save_tensors(path: &Path, tensors: Vec<(String, impl safetensors::View)>) -> io::Result<()> {
+    safetensors::serialize_to_file(tensors, None, path).map_err(other)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -219,7 +219,7 @@ pub fn save(
     run: &RunDir,
     weights: &Weights<'_>,
     critic: Option<&[(String, Var)]>,
-    optimizer: Vec<(String, Tensor)>,
+    optimizer: Vec<(String, StateTensor<'_>)>,
     state: &TrainerState,
     config: &impl TrainingConfig,
     keep: Option<usize>,

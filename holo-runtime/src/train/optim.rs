@@ -13,11 +13,13 @@
 //! - [`learning_rate`]: transformers' `get_scheduler` for `linear`, `cosine`, `constant` and
 //!   `constant_with_warmup`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
 use rayon::prelude::*;
+use safetensors::View;
 
 use super::config::{LrSchedulerType, TrainingConfig};
 
@@ -90,16 +92,29 @@ impl AdamW {
 
     /// The moments under `<name>.exp_avg` and `<name>.exp_avg_sq` (torch's state names), for a
     /// checkpoint.
-    pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
+    pub fn state(&self) -> Vec<(String, StateTensor<'_>)> {
         let mut named = Vec::with_capacity(self.moments.len() * 2);
         for (name, var) in &self.params {
-            if let Some(moments) = self.moments.get(name) {
-                let (m, v) = moments.tensors(var)?;
-                named.push((format!("{name}.exp_avg"), m));
-                named.push((format!("{name}.exp_avg_sq"), v));
-            }
+            let Some(moments) = self.moments.get(name) else {
+                continue;
+            };
+            let (m, v) = match moments {
+                Moments::Host(m, v) => {
+                    let view = |values| StateTensor::Host {
+                        values,
+                        shape: var.dims().to_vec(),
+                    };
+                    (view(m.as_slice()), view(v.as_slice()))
+                }
+                Moments::Tensors(m, v) => (
+                    StateTensor::Tensor(m.clone()),
+                    StateTensor::Tensor(v.clone()),
+                ),
+            };
+            named.push((format!("{name}.exp_avg"), m));
+            named.push((format!("{name}.exp_avg_sq"), v));
         }
-        Ok(named)
+        named
     }
 
     /// Restores [`AdamW::state`] and the step count; every tensor must match a parameter's shape.
@@ -158,18 +173,77 @@ impl Moments {
     fn into_tensors(self, var: &Var) -> Result<(Tensor, Tensor)> {
         match self {
             Moments::Tensors(m, v) => Ok((m, v)),
-            host => host.tensors(var),
+            Moments::Host(m, v) => Ok((
+                Tensor::from_vec(m, var.shape(), var.device())?,
+                Tensor::from_vec(v, var.shape(), var.device())?,
+            )),
+        }
+    }
+}
+
+/// One tensor of [`AdamW::state`], as a checkpoint writes it (a safetensors [`View`]): a moment vector
+/// borrowed, so that saving does not copy a 0.5B model's 2.9 GB of moments, or a tensor.
+pub enum StateTensor<'a> {
+    Host {
+        values: &'a [f32],
+        shape: Vec<usize>,
+    },
+    Tensor(Tensor),
+}
+
+impl StateTensor<'_> {
+    /// The values as a tensor (a copy of a borrowed vector), on the CPU.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        match self {
+            StateTensor::Host { values, shape } => {
+                Tensor::from_slice(values, shape.as_slice(), &candle_core::Device::Cpu)
+            }
+            StateTensor::Tensor(tensor) => Ok(tensor.clone()),
+        }
+    }
+}
+
+impl View for StateTensor<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self {
+            StateTensor::Host { .. } => safetensors::Dtype::F32,
+            StateTensor::Tensor(tensor) => View::dtype(tensor),
         }
     }
 
-    /// The moments as tensors shaped as `var`.
-    fn tensors(&self, var: &Var) -> Result<(Tensor, Tensor)> {
+    fn shape(&self) -> &[usize] {
         match self {
-            Moments::Tensors(m, v) => Ok((m.clone(), v.clone())),
-            Moments::Host(m, v) => Ok((
-                Tensor::from_slice(m, var.shape(), var.device())?,
-                Tensor::from_slice(v, var.shape(), var.device())?,
-            )),
+            StateTensor::Host { shape, .. } => shape,
+            StateTensor::Tensor(tensor) => tensor.dims(),
+        }
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self {
+            // safetensors stores little-endian values: on such a CPU, the vector's own bytes.
+            #[cfg(target_endian = "little")]
+            StateTensor::Host { values, .. } => Cow::Borrowed(unsafe {
+                // SAFETY: any f32 is 4 initialized bytes; the slice covers exactly `values`.
+                std::slice::from_raw_parts(
+                    values.as_ptr().cast::<u8>(),
+                    std::mem::size_of_val(*values),
+                )
+            }),
+            #[cfg(not(target_endian = "little"))]
+            StateTensor::Host { values, .. } => Cow::Owned(
+                values
+                    .iter()
+                    .flat_map(|value| value.to_le_bytes())
+                    .collect(),
+            ),
+            StateTensor::Tensor(tensor) => View::data(tensor),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            StateTensor::Host { values, .. } => std::mem::size_of_val(*values),
+            StateTensor::Tensor(tensor) => View::data_len(tensor),
         }
     }
 }
@@ -468,10 +542,11 @@ mod tests {
                 bits(fused.as_tensor()) == bits(plain.as_tensor()),
                 "step {step}"
             );
-            let state = adam.state().unwrap();
-            assert!(bits(&state[0].1) == bits(&m) && bits(&state[1].1) == bits(&v));
+            let state = adam.state();
+            let state: Vec<Tensor> = state.iter().map(|(_, t)| t.to_tensor().unwrap()).collect();
+            assert!(bits(&state[0]) == bits(&m) && bits(&state[1]) == bits(&v));
         }
-        assert_eq!(adam.state().unwrap()[0].0, "w.exp_avg");
+        assert_eq!(adam.state()[0].0, "w.exp_avg");
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl Trainable {
             run,
             &weights,
             self.critic.as_ref().map(|critic| critic.vars.as_slice()),
-            self.optimizer.state()?,
+            self.optimizer.state(),
             state,
             config,
             config.shared().save_total_limit,
