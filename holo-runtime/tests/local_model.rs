@@ -945,3 +945,40 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
         }
     }
 }
+
+/// candle's f32 products run on gemm's AVX-512 kernels where the CPU has them (a non-default gemm
+/// feature we turn on): on shapes that exercise their tiles, edges and thread splits, and with the
+/// transposed operands the forward and the backward pass, they equal a plain sum to f32 rounding.
+#[test]
+fn products_equal_a_plain_sum_on_the_shapes_the_kernels_split() {
+    let device = Device::Cpu;
+    for m in [1usize, 7, 17, 130, 300] {
+        for k in [8usize, 33, 96] {
+            for n in [5usize, 48, 129, 512] {
+                let a = Tensor::randn(0f32, 1.0, (m, k), &device).unwrap();
+                let b = Tensor::randn(0f32, 1.0, (k, n), &device).unwrap();
+                let transposed = |t: &Tensor| t.t().unwrap().contiguous().unwrap().t().unwrap();
+                let (av, bv) = (a.to_vec2::<f32>().unwrap(), b.to_vec2::<f32>().unwrap());
+                for (label, lhs, rhs) in [
+                    ("a·b", a.clone(), b.clone()),
+                    ("a·(bᵀ)ᵀ", a.clone(), transposed(&b)),
+                    ("(aᵀ)ᵀ·b", transposed(&a), b.clone()),
+                    ("(aᵀ)ᵀ·(bᵀ)ᵀ", transposed(&a), transposed(&b)),
+                ] {
+                    let got = lhs.matmul(&rhs).unwrap().to_vec2::<f32>().unwrap();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k).map(|l| av[i][l] as f64 * bv[l][j] as f64).sum();
+                            let error = (got[i][j] as f64 - want).abs();
+                            assert!(
+                                error <= 1e-5 * (k as f64).sqrt() * 4.0,
+                                "[{m}, {k}] × [{k}, {n}] {label} at ({i}, {j}): {} vs {want}",
+                                got[i][j]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
