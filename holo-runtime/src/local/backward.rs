@@ -44,7 +44,7 @@ impl DecoderLayer {
         // The arithmetic runs on weights without autograd (a graph built here would reach the weights
         // through the returned gradient); the gradients are filed under this layer's variables.
         let trained = self;
-        let this = &detached(self);
+        let this = &self.detached();
         let ops = Ops::Differentiable;
         let (batch, len, hidden) = xs.dims3()?;
         let rows = batch * len;
@@ -191,37 +191,6 @@ impl DecoderLayer {
         )? + d_residual)?;
         d_xs.reshape((batch, len, hidden))
     }
-}
-
-/// A copy of `layer` whose weights, biases and adapters are not tracked by autograd.
-fn detached(layer: &DecoderLayer) -> DecoderLayer {
-    let mut copy = layer.clone();
-    let DecoderLayer {
-        self_attn,
-        mlp,
-        input_layernorm,
-        post_attention_layernorm,
-    } = &mut copy;
-    for norm in [input_layernorm, post_attention_layernorm] {
-        norm.weight = norm.weight.detach();
-    }
-    for linear in [
-        &mut self_attn.q_proj,
-        &mut self_attn.k_proj,
-        &mut self_attn.v_proj,
-        &mut self_attn.o_proj,
-        &mut mlp.gate_proj,
-        &mut mlp.up_proj,
-        &mut mlp.down_proj,
-    ] {
-        linear.weight = linear.weight.detach();
-        linear.bias = linear.bias.as_ref().map(Tensor::detach);
-        if let Some(lora) = &mut linear.lora {
-            lora.a = lora.a.detach();
-            lora.b = lora.b.detach();
-        }
-    }
-    copy
 }
 
 /// Adds `grad` to `tensor`'s gradient in `grads` when `tensor` is a variable.

@@ -60,8 +60,6 @@ pub struct Dropout {
 }
 
 impl Dropout {
-    /// `xs` `[rows, in]` with each entry kept with probability `1 - p` and scaled by `1 / (1 - p)`, or
-    /// `xs` itself when the seed is 0.
     /// The factors the adapter's input `xs` is multiplied by (0, or `1 / (1 - p)` for a kept entry), or
     /// `None` when the seed is 0; the backward multiplies the input's gradient by the same.
     pub(super) fn mask(&self, xs: &Tensor) -> Result<Option<Tensor>> {
@@ -493,6 +491,27 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// A copy whose weights, biases, norms and adapters share this layer's storage but are not tracked
+    /// by autograd.
+    pub(super) fn detached(&self) -> DecoderLayer {
+        let mut layer = self.clone();
+        for norm in [
+            &mut layer.input_layernorm,
+            &mut layer.post_attention_layernorm,
+        ] {
+            norm.weight = norm.weight.detach();
+        }
+        for (_, linear) in Model::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
+            linear.weight = linear.weight.detach();
+            linear.bias = linear.bias.as_ref().map(Tensor::detach);
+            if let Some(lora) = &mut linear.lora {
+                lora.a = lora.a.detach();
+                lora.b = lora.b.detach();
+            }
+        }
+        layer
+    }
+
     fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
         let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
         Ok(DecoderLayer {
@@ -968,16 +987,12 @@ impl Model {
     /// A copy sharing the weights' storage but not tracked by autograd: what sampling runs on, so the
     /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
     pub fn detached(&self) -> Model {
-        let mut model = self
-            .map_weights(|_, tensor| Ok(tensor.detach()))
-            .expect("detaching cannot fail");
+        let mut model = self.clone();
+        model.embed_tokens = model.embed_tokens.detach();
+        model.norm.weight = model.norm.weight.detach();
+        model.lm_head = model.lm_head.as_ref().map(Tensor::detach);
         for layer in &mut model.layers {
-            for (_, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
-                if let Some(lora) = &mut linear.lora {
-                    lora.a = lora.a.detach();
-                    lora.b = lora.b.detach();
-                }
-            }
+            *layer = layer.detached();
         }
         model
     }
