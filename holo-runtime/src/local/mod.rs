@@ -12,6 +12,7 @@ pub mod dispatch;
 mod frozen;
 pub mod generate;
 pub mod gguf;
+pub mod head;
 pub mod init;
 pub mod model;
 mod recompute;

@@ -1153,10 +1153,14 @@ impl Model {
         key_mask: &Tensor,
     ) -> Result<Tensor> {
         let len = input_ids.dim(1)?;
-        let logits = self.logits(&hidden.narrow(1, 0, len - 1)?, Ops::Differentiable)?;
-        let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let targets = input_ids.narrow(1, 1, len - 1)?.contiguous()?;
-        let picked = logprobs.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
+        let batch = input_ids.dim(0)?;
+        let hidden = hidden.narrow(1, 0, len - 1)?;
+        let hidden = hidden.reshape((batch * (len - 1), hidden.dim(2)?))?;
+        let logits = self.logits(&hidden, Ops::Differentiable)?;
+        let targets = input_ids.narrow(1, 1, len - 1)?.flatten_all()?;
+        let picked = super::head::target_scores(&logits, &targets, 1.0)?
+            .narrow(1, super::head::column::LOGPROB, 1)?
+            .reshape((batch, len - 1))?;
         let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
         picked * real
     }

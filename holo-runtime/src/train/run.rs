@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
@@ -338,6 +339,8 @@ pub fn restore<C: TrainingConfig>(
 #[derive(Default)]
 pub struct Window {
     values: BTreeMap<String, Vec<f64>>,
+    /// Seconds spent in each phase of the step (`time/<phase>`), summed over its micro-batches.
+    times: BTreeMap<&'static str, f64>,
     pub loss: f64,
 }
 
@@ -348,12 +351,29 @@ impl Window {
         }
     }
 
+    /// Adds the time since `started` to the step's `time/<phase>`.
+    pub fn time(&mut self, phase: &'static str, started: Instant) {
+        *self.times.entry(phase).or_default() += started.elapsed().as_secs_f64();
+    }
+
+    /// Each metric's mean over the micro-batches, and each phase's time.
     pub fn means(&self) -> BTreeMap<String, f64> {
         self.values
             .iter()
             .map(|(name, values)| (name.clone(), nanmean(values.iter().copied())))
+            .chain(
+                self.times
+                    .iter()
+                    .map(|(phase, seconds)| (format!("time/{phase}"), *seconds)),
+            )
             .collect()
     }
+}
+
+/// Whether a metric measures wall-clock time (`step_time`, `time/<phase>`): the figures that two runs
+/// of the same seed do not share.
+pub fn is_wall_clock(name: &str) -> bool {
+    name == "step_time" || name.starts_with("time/")
 }
 
 /// A progress bar of `total` `what`s ("step", "warm-up step") on stderr, drawn only when `enabled` and

@@ -6,9 +6,10 @@
 //! built.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 
 use super::batch::{Completion, Sequence};
+use crate::local::head::{column, target_scores};
 use crate::local::model::positions_from_mask;
 use crate::local::{Model, Ops};
 
@@ -93,27 +94,17 @@ pub fn head(
     entropy_gradient: bool,
 ) -> Result<Head> {
     let logits = model.logits(&pick(hidden, packed)?, Ops::Differentiable)?;
-    let logits = if temperature == 1.0 {
-        logits
-    } else {
-        (logits / temperature)?
-    };
-    let logprobs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-    let chosen = logprobs
-        .gather(&packed.targets.unsqueeze(1)?, 1)?
-        .squeeze(1)?;
-    let best = logprobs.detach().max(D::Minus1)?;
-    let source = if entropy_gradient {
-        logprobs
-    } else {
-        logprobs.detach()
-    };
-    let entropies = (source.exp()? * &source)?.sum(D::Minus1)?.neg()?;
-    let top1 = chosen.detach().ge(&best)?.to_dtype(DType::F32)?;
+    let scores = target_scores(&logits, &packed.targets, temperature)?;
+    let scores_column = |index| scores.narrow(1, index, 1)?.squeeze(1);
+    let entropies = scores_column(column::ENTROPY)?;
     Ok(Head {
-        logprobs: chosen,
-        entropies,
-        top1,
+        logprobs: scores_column(column::LOGPROB)?,
+        entropies: if entropy_gradient {
+            entropies
+        } else {
+            entropies.detach()
+        },
+        top1: scores_column(column::TOP1)?.detach().to_dtype(DType::F32)?,
     })
 }
 

@@ -258,9 +258,12 @@ impl<S: RolloutSource> Trainer<S> {
                     self.grpo_step(&runtime, &stream, &mut state, total, &progress, &mut window)?
                 }
                 Algorithm::Ppo => {
+                    let generating = Instant::now();
                     let (buffer, generated) =
                         self.generate(&runtime, &stream, &mut state, step, &progress)?;
+                    window.time("generation", generating);
                     window.extend(generated);
+                    let updating = Instant::now();
                     let outcome = ppo::update(
                         &mut self.trained,
                         &config,
@@ -270,6 +273,7 @@ impl<S: RolloutSource> Trainer<S> {
                         total,
                         state.guard.lr_factor,
                     )?;
+                    window.time("update", updating);
                     state.micro_step +=
                         (config.steps_per_generation() * config.num_ppo_epochs) as u64;
                     window.loss += outcome.loss;
@@ -362,7 +366,9 @@ impl<S: RolloutSource> Trainer<S> {
         let mut grads = self.trained.no_grads();
         for _ in 0..accumulation {
             if state.micro_step.is_multiple_of(generate_every) || state.buffer.is_none() {
+                let started = Instant::now();
                 let (buffer, generated) = self.generate(runtime, stream, state, step, progress)?;
+                window.time("generation", started);
                 window.extend(generated);
                 state.buffer = Some(buffer);
             }
@@ -374,10 +380,12 @@ impl<S: RolloutSource> Trainer<S> {
             self.trained
                 .model
                 .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
+            let started = Instant::now();
             let (value, micro_grads, metrics) = self.micro_step(micro, buffer)?;
             window.loss += value;
             window.extend(metrics);
             self.trained.accumulate(&mut grads, &micro_grads)?;
+            window.time("backward", started);
             let internalized = Buffer::slot(&buffer.internalized, slot, steps);
             if !internalized.is_empty() {
                 let total = buffer
@@ -401,13 +409,16 @@ impl<S: RolloutSource> Trainer<S> {
                 state.buffer = None;
             }
         }
-        Ok(self.trained.step(
+        let started = Instant::now();
+        let stepped = self.trained.step(
             &grads,
             &config,
             state.global_step,
             total,
             state.guard.lr_factor,
-        )?)
+        )?;
+        window.time("optimizer", started);
+        Ok(stepped)
     }
 
     /// Opens the run folder (see [`run::open`]) with its rollout files: new ones, or those of the

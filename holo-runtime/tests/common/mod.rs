@@ -46,15 +46,18 @@ pub fn test_device() -> candle_core::Device {
         .unwrap_or_else(|error| panic!("HOLO_TEST_DEVICE={name}: {error}"))
 }
 
-/// A run folder's metrics.jsonl without the wall-clock `step_time`: what two runs of the same seed
-/// must agree on.
+/// A run folder's metrics.jsonl without the wall-clock figures (`step_time`, `time/*`): what two runs
+/// of the same seed must agree on.
 pub fn run_metrics(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|line| {
             let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
-            value.as_object_mut().unwrap().remove("step_time");
+            value
+                .as_object_mut()
+                .unwrap()
+                .retain(|name, _| !holo_runtime::train::run::is_wall_clock(name));
             value
         })
         .collect()

@@ -2,6 +2,7 @@
 //! would be trained; `holo eval FILE.hol --data rows.jsonl` runs a dataset through the Loom, writes the
 //! rollouts as JSONL and prints the mean rewards and pass@k.
 
+mod allocator;
 mod atropos_env;
 #[cfg(feature = "local")]
 mod compare;
@@ -39,12 +40,6 @@ use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::{OpenAi, OpenAiConfig, Sampler};
-
-/// Every tensor operation allocates its output, a few hundred kilobytes to megabytes each: glibc's malloc
-/// maps, zeroes and unmaps fresh pages for most of them (a fifth of a small model's training step went
-/// to page faults); mimalloc reuses freed memory.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "holo", version, about = "Run Holoware environments")]
@@ -398,6 +393,7 @@ enum Color {
 }
 
 fn main() -> ExitCode {
+    allocator::install();
     let args: Vec<String> = std::env::args().collect();
     // The trainers' `--key value` options are split off before clap sees the rest.
     #[cfg(feature = "local")]
@@ -472,11 +468,20 @@ fn main() -> ExitCode {
             local,
         ),
         #[cfg(feature = "local")]
-        Command::Train(args) => train::run(args, trainer_options),
+        Command::Train(args) => {
+            allocator::keep_freed_memory();
+            train::run(args, trainer_options)
+        }
         #[cfg(feature = "local")]
-        Command::Sft(args) => sft::run(args, trainer_options),
+        Command::Sft(args) => {
+            allocator::keep_freed_memory();
+            sft::run(args, trainer_options)
+        }
         #[cfg(feature = "local")]
-        Command::Demo(args) => demo::run(args),
+        Command::Demo(args) => {
+            allocator::keep_freed_memory();
+            demo::run(args)
+        }
         #[cfg(feature = "local")]
         Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
         #[cfg(feature = "local")]
