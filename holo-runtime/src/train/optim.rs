@@ -389,6 +389,26 @@ impl InplaceOp2 for HostUpdate<'_> {
                 theta.len()
             );
         }
+        let wide = wide_vectors();
+        theta
+            .par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+            .for_each(|((theta, grad), (m, v))| {
+                if wide {
+                    // SAFETY: `wide_vectors` found AVX-512F on this CPU.
+                    unsafe { self.apply_avx512(theta, grad, m, v) }
+                } else {
+                    self.apply(theta, grad, m, v)
+                }
+            });
+        Ok(())
+    }
+}
+
+impl HostUpdate<'_> {
+    #[inline(always)]
+    fn apply(&self, theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
         let Self {
             grad_scale,
             keep1,
@@ -401,24 +421,48 @@ impl InplaceOp2 for HostUpdate<'_> {
             step_size,
             ..
         } = *self;
-        theta
-            .par_chunks_mut(CHUNK)
-            .zip(grad.par_chunks(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-            .for_each(|((theta, grad), (m, v))| {
-                for (((t, &g), m), v) in theta.iter_mut().zip(grad).zip(m).zip(v) {
-                    let g = match grad_scale {
-                        Some(scale) => g * scale + 0.0,
-                        None => g,
-                    };
-                    *m = (*m * keep1 + 0.0) + (g * take1 + 0.0);
-                    *v = (*v * keep2 + 0.0) + (g * g * take2 + 0.0);
-                    let decayed = *t * decay + 0.0;
-                    let denominator = (v.sqrt() * inverse_bias2 + 0.0) * 1.0 + eps;
-                    *t = decayed - ((*m / denominator) * step_size + 0.0);
-                }
-            });
-        Ok(())
+        for (((t, &g), m), v) in theta.iter_mut().zip(grad).zip(m).zip(v) {
+            let g = match grad_scale {
+                Some(scale) => g * scale + 0.0,
+                None => g,
+            };
+            *m = (*m * keep1 + 0.0) + (g * take1 + 0.0);
+            *v = (*v * keep2 + 0.0) + (g * g * take2 + 0.0);
+            let decayed = *t * decay + 0.0;
+            let denominator = (v.sqrt() * inverse_bias2 + 0.0) * 1.0 + eps;
+            *t = decayed - ((*m / denominator) * step_size + 0.0);
+        }
+    }
+
+    /// [`HostUpdate::apply`] compiled for AVX-512F: 16 lanes instead of the baseline's 4, and, on the
+    /// AMD CPUs measured, no slow path for subnormal numbers, which AdamW meets whenever a gradient is
+    /// below 1e-19 (its square in `v` is then subnormal): the baseline (SSE2) build took 0.55 s for a
+    /// 0.5B model's update, 3× the time of its memory traffic. Each lane computes what the scalar code
+    /// does (no fused multiply-add, IEEE square root and division), so the result is the same to the bit.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F ([`wide_vectors`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn apply_avx512(&self, theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
+        self.apply(theta, grad, m, v)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn apply_avx512(&self, theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32]) {
+        self.apply(theta, grad, m, v)
+    }
+}
+
+/// Whether the CPU runs AVX-512F, for [`HostUpdate::apply_avx512`].
+fn wide_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -433,9 +477,14 @@ pub fn grad_norm(grads: &[Option<Tensor>]) -> Result<f64> {
             let candle_core::Storage::Cpu(storage) = &*storage else {
                 candle_core::bail!("a CPU gradient outside CPU storage")
             };
+            // Chunk sums in parallel, added in order: rayon's own `sum` combines them in whatever
+            // order its threads split the work, which made the norm (and through clipping, every
+            // weight) differ in the last bits from one run of a seed to the next.
             contiguous(storage, layout)?
                 .par_chunks(CHUNK)
                 .map(|chunk| chunk.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>())
+                .collect::<Vec<f64>>()
+                .into_iter()
                 .sum::<f64>()
         } else {
             grad.sqr()?
@@ -547,6 +596,24 @@ mod tests {
             assert!(bits(&state[0]) == bits(&m) && bits(&state[1]) == bits(&v));
         }
         assert_eq!(adam.state()[0].0, "w.exp_avg");
+    }
+
+    #[test]
+    fn the_norm_adds_its_chunks_in_order_whatever_the_threads_do() {
+        use candle_core::Device;
+        let values: Vec<f32> = (0..40 * CHUNK)
+            .map(|i| ((i as f32) * 0.618).sin() * 10f32.powi((i % 9) as i32 - 4))
+            .collect();
+        let in_order = values
+            .chunks(CHUNK)
+            .map(|chunk| chunk.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>())
+            .sum::<f64>()
+            .sqrt();
+        let grad = Tensor::from_vec(values, 40 * CHUNK, &Device::Cpu).unwrap();
+        for _ in 0..20 {
+            let norm = grad_norm(&[Some(grad.clone())]).unwrap();
+            assert_eq!(norm.to_bits(), in_order.to_bits());
+        }
     }
 
     #[test]
