@@ -465,7 +465,9 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
         );
         let before = nll(&model).to_scalar::<f32>().unwrap();
         let params = ParamsAdamW {
-            lr: if lora { 5e-2 } else { 1e-2 },
+            // At 5e-2 the LoRA run oscillated and stalled near a tenth of its loss, passing or failing
+            // with the last bits of the arithmetic; at 1e-2 it falls to 1e-4 of it.
+            lr: 1e-2,
             weight_decay: 0.0,
             ..Default::default()
         };

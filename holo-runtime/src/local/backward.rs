@@ -261,6 +261,9 @@ fn norm_backward(
 /// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
 /// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves.
 fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
+    if super::model::on_cpu_in(dy, &[&frame.cos, &frame.sin]) {
+        return super::rope::rope_backward(dy, &frame.cos, &frame.sin);
+    }
     let cos = Tensor::cat(&[&frame.cos, &frame.cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[&frame.sin, &frame.sin], D::Minus1)?.unsqueeze(1)?;
     let half = dy.dim(D::Minus1)? / 2;

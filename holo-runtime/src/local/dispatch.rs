@@ -1,7 +1,7 @@
 //! What runs where: which implementation computes a projection's `x · wᵀ`, and the precision a device
 //! samples and trains in.
 //!
-//! Our own products (`local/skinny.rs`, `local/frozen.rs`) are CPU code (candle custom ops with a CPU
+//! Our own products (`local/skinny.rs`, `local/product.rs`) are CPU code (candle custom ops with a CPU
 //! kernel only); on a GPU every product is candle's, which runs on cuBLAS. The decisions take a
 //! description of the operands ([`Operands`]) rather than tensors, so that the CUDA side of each is tested
 //! on machines without a GPU.
@@ -52,9 +52,9 @@ pub enum Product {
     /// `skinny::matmul`: a few rows of f32 activations against bf16 or f32
     /// weights, on the CPU, no backward.
     Skinny,
-    /// `frozen::matmul`: an untrained weight in a differentiable pass on the
-    /// CPU, with no gradient computed for it.
-    Frozen,
+    /// `product::matmul`: activations and a weight of one float type on the CPU, in gemm's faster
+    /// orientation, the weight's gradient computed only when it is trained.
+    Weight,
     /// candle's `matmul` (cuBLAS on CUDA).
     Candle,
 }
@@ -71,8 +71,8 @@ pub fn product(ops: Ops, operands: &Operands) -> Product {
     };
     if skinny {
         Product::Skinny
-    } else if ops == Ops::Differentiable && super::frozen::suits(operands) {
-        Product::Frozen
+    } else if super::product::suits(operands) {
+        Product::Weight
     } else {
         Product::Candle
     }
@@ -156,17 +156,21 @@ mod tests {
             assert_eq!(product(Ops::Fast, &bf16), Product::Skinny);
             assert_eq!(product(Ops::Differentiable, &bf16), Product::Skinny);
         }
-        // A frozen f32 weight in a training pass: no gradient for it.
-        let frozen = operands(cpu, DType::F32, DType::F32, 4096);
-        assert_eq!(product(Ops::Differentiable, &frozen), Product::Frozen);
-        // A trained weight needs candle's backward.
-        let trained = Operands {
-            trained: true,
-            ..frozen
-        };
-        assert_eq!(product(Ops::Differentiable, &trained), Product::Candle);
-        // Prefill-sized f32 products are candle's blocked product.
-        assert_eq!(product(Ops::Fast, &frozen), Product::Candle);
+        // Activations and weights of one float type, frozen or trained, prefill or training.
+        for x in [DType::F32, DType::F64] {
+            let frozen = operands(cpu, x, x, 4096);
+            let trained = Operands {
+                trained: true,
+                ..frozen
+            };
+            for ops in [Ops::Fast, Ops::Differentiable] {
+                assert_eq!(product(ops, &frozen), Product::Weight);
+                assert_eq!(product(ops, &trained), Product::Weight);
+            }
+        }
+        // Mixed types are candle's, which refuses them with its own error.
+        let mixed = operands(cpu, DType::F64, DType::F32, 4096);
+        assert_eq!(product(Ops::Differentiable, &mixed), Product::Candle);
     }
 
     #[test]

@@ -11,9 +11,9 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType, D};
-use rayon::prelude::*;
 
 use super::model::Result;
+use super::parallel::for_each_chunk;
 
 /// Columns of [`target_scores`]' result.
 pub mod column {
@@ -248,29 +248,26 @@ fn forward<T: Real>(logits: &[T], vocab: usize, targets: &[u32], temperature: T)
         candle_core::bail!("target token {target} is outside the vocabulary of {vocab}");
     }
     let mut scores = vec![T::ZERO; targets.len() * column::COUNT];
-    scores
-        .par_chunks_mut(column::COUNT)
-        .zip(logits.par_chunks(vocab))
-        .zip(targets.par_iter())
-        .for_each(|((scores, row), &target)| {
-            let max = row
-                .iter()
-                .fold(T::NEG_INFINITY, |max, &z| Real::max(max, z / temperature));
-            // Σ e and Σ e · (z/t − max), with e = exp(z/t − max): the entropy is log Σe − Σ e·(z/t − max) / Σe.
-            let (sum, weighted) = row.iter().fold((T::ZERO, T::ZERO), |(sum, weighted), &z| {
-                let shifted = z / temperature - max;
-                let e = shifted.exp();
-                // A −∞ logit contributes nothing (0 · −∞ would be NaN).
-                let term = if e == T::ZERO { T::ZERO } else { e * shifted };
-                (sum + e, weighted + term)
-            });
-            let log_sum = sum.ln();
-            let target_logit = row[target as usize] / temperature;
-            scores[column::LOGPROB] = target_logit - max - log_sum;
-            scores[column::ENTROPY] = log_sum - weighted / sum;
-            scores[column::TOP1] = if target_logit >= max { T::ONE } else { T::ZERO };
-            scores[column::NORMALIZER] = max + log_sum;
+    for_each_chunk(&mut scores, column::COUNT, vocab, |index, scores| {
+        let (row, target) = (&logits[index * vocab..][..vocab], targets[index]);
+        let max = row
+            .iter()
+            .fold(T::NEG_INFINITY, |max, &z| Real::max(max, z / temperature));
+        // Σ e and Σ e · (z/t − max), with e = exp(z/t − max): the entropy is log Σe − Σ e·(z/t − max) / Σe.
+        let (sum, weighted) = row.iter().fold((T::ZERO, T::ZERO), |(sum, weighted), &z| {
+            let shifted = z / temperature - max;
+            let e = shifted.exp();
+            // A −∞ logit contributes nothing (0 · −∞ would be NaN).
+            let term = if e == T::ZERO { T::ZERO } else { e * shifted };
+            (sum + e, weighted + term)
         });
+        let log_sum = sum.ln();
+        let target_logit = row[target as usize] / temperature;
+        scores[column::LOGPROB] = target_logit - max - log_sum;
+        scores[column::ENTROPY] = log_sum - weighted / sum;
+        scores[column::TOP1] = if target_logit >= max { T::ONE } else { T::ZERO };
+        scores[column::NORMALIZER] = max + log_sum;
+    });
     Ok(scores)
 }
 
@@ -283,34 +280,32 @@ fn backward<T: Real>(
     temperature: T,
 ) -> Vec<T> {
     let mut gradient = vec![T::ZERO; logits.len()];
-    gradient
-        .par_chunks_mut(vocab)
-        .zip(logits.par_chunks(vocab))
-        .zip(scores.par_chunks(column::COUNT))
-        .zip(grad.par_chunks(column::COUNT))
-        .zip(targets.par_iter())
-        .for_each(|((((gradient, row), scores), grad), &target)| {
-            let (g_logprob, g_entropy) = (grad[column::LOGPROB], grad[column::ENTROPY]);
-            let (normalizer, entropy) = (scores[column::NORMALIZER], scores[column::ENTROPY]);
-            if g_entropy == T::ZERO {
-                for (out, &z) in gradient.iter_mut().zip(row) {
-                    *out = -g_logprob * (z / temperature - normalizer).exp() / temperature;
-                }
-            } else {
-                for (out, &z) in gradient.iter_mut().zip(row) {
-                    let logp = z / temperature - normalizer;
-                    let p = logp.exp();
-                    // p · log p is 0 where p is (a −∞ logit).
-                    let entropy_term = if p == T::ZERO {
-                        T::ZERO
-                    } else {
-                        p * (logp + entropy)
-                    };
-                    *out = -(g_logprob * p + g_entropy * entropy_term) / temperature;
-                }
+    for_each_chunk(&mut gradient, vocab, vocab, |index, gradient| {
+        let row = &logits[index * vocab..][..vocab];
+        let scores = &scores[index * column::COUNT..][..column::COUNT];
+        let grad = &grad[index * column::COUNT..][..column::COUNT];
+        let target = targets[index];
+        let (g_logprob, g_entropy) = (grad[column::LOGPROB], grad[column::ENTROPY]);
+        let (normalizer, entropy) = (scores[column::NORMALIZER], scores[column::ENTROPY]);
+        if g_entropy == T::ZERO {
+            for (out, &z) in gradient.iter_mut().zip(row) {
+                *out = -g_logprob * (z / temperature - normalizer).exp() / temperature;
             }
-            gradient[target as usize] += g_logprob / temperature;
-        });
+        } else {
+            for (out, &z) in gradient.iter_mut().zip(row) {
+                let logp = z / temperature - normalizer;
+                let p = logp.exp();
+                // p · log p is 0 where p is (a −∞ logit).
+                let entropy_term = if p == T::ZERO {
+                    T::ZERO
+                } else {
+                    p * (logp + entropy)
+                };
+                *out = -(g_logprob * p + g_entropy * entropy_term) / temperature;
+            }
+        }
+        gradient[target as usize] += g_logprob / temperature;
+    });
     gradient
 }
 

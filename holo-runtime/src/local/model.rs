@@ -158,7 +158,7 @@ impl Linear {
         let flat = xs.reshape((rows, in_dim[0]))?;
         let ys = match dispatch::product(ops, &Operands::of(&flat, &self.weight)) {
             Product::Skinny => super::skinny::matmul(&flat, &self.weight)?,
-            Product::Frozen => super::frozen::matmul(&flat, &self.weight)?,
+            Product::Weight => super::product::matmul(&flat, &self.weight, ops)?,
             Product::Candle => flat.matmul(&self.weight.t()?)?,
         };
         let ys = match &self.bias {
@@ -303,8 +303,18 @@ impl Rope {
     }
 }
 
+/// Whether `xs` and `others` are f32, or f64, on the CPU: what our fused CPU kernels take.
+pub(super) fn on_cpu_in(xs: &Tensor, others: &[&Tensor]) -> bool {
+    xs.device().is_cpu()
+        && matches!(xs.dtype(), DType::F32 | DType::F64)
+        && others.iter().all(|other| other.dtype() == xs.dtype())
+}
+
 /// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, head_dim / 2]` (rotate-half layout).
 pub(super) fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    if on_cpu_in(xs, &[cos, sin]) {
+        return super::rope::rope(xs, cos, sin, ops);
+    }
     match ops {
         Ops::Fast => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
         Ops::Differentiable => {
@@ -347,9 +357,13 @@ pub(super) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
         DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
         _ => xs.clone(),
     };
-    let weights = match ops {
-        Ops::Fast => candle_nn::ops::softmax_last_dim(&xs)?,
-        Ops::Differentiable => candle_nn::ops::softmax(&xs, D::Minus1)?,
+    let weights = if on_cpu_in(&xs, &[]) {
+        super::softmax::softmax(&xs, ops)?
+    } else {
+        match ops {
+            Ops::Fast => candle_nn::ops::softmax_last_dim(&xs)?,
+            Ops::Differentiable => candle_nn::ops::softmax(&xs, D::Minus1)?,
+        }
     };
     weights.to_dtype(dtype)
 }
