@@ -223,7 +223,7 @@ fn linear_backward(
     let dx = dy.matmul(&linear.weight)?;
     accumulate(grads, &trained.weight, || dy.t()?.matmul(xs))?;
     if let Some(bias) = &trained.bias {
-        accumulate(grads, bias, || dy.sum(0))?;
+        accumulate(grads, bias, || row_sum(dy, None))?;
     }
     let (Some(lora), Some(keys), Some(parts)) = (&linear.lora, &trained.lora, adapter) else {
         return Ok(dx);
@@ -242,6 +242,52 @@ fn linear_backward(
     dx + d_input
 }
 
+/// `Σ_rows a` (`[rows, n]` → `[n]`), or `Σ_rows a · b`: a bias's or a norm weight's gradient. On the
+/// CPU one pass adds the rows in order; candle's sum over the first dimension walked the tensor element
+/// by element (as much time as a 64-wide layer's products at a small model's shapes), and the product
+/// was a tensor of its own.
+fn row_sum(a: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let on_cpu = super::model::on_cpu_in(a, &b.into_iter().collect::<Vec<_>>());
+    if !on_cpu || a.rank() != 2 {
+        return match b {
+            Some(b) => (a * b)?.sum(0),
+            None => a.sum(0),
+        };
+    }
+    let width = a.dim(1)?;
+    match a.dtype() {
+        DType::F64 => Tensor::new(sum_rows::<f64>(a, b, width)?, a.device()),
+        _ => Tensor::new(sum_rows::<f32>(a, b, width)?, a.device()),
+    }
+}
+
+fn sum_rows<T>(a: &Tensor, b: Option<&Tensor>, width: usize) -> Result<Vec<T>>
+where
+    T: candle_core::WithDType + std::ops::AddAssign + std::ops::Mul<Output = T>,
+{
+    let a = a.contiguous()?.flatten_all()?.to_vec1::<T>()?;
+    let b = match b {
+        Some(b) => Some(b.contiguous()?.flatten_all()?.to_vec1::<T>()?),
+        None => None,
+    };
+    let mut sums = vec![T::zero(); width];
+    for (row, a) in a.chunks(width.max(1)).enumerate() {
+        match &b {
+            Some(b) => {
+                for ((sum, &a), &b) in sums.iter_mut().zip(a).zip(&b[row * width..]) {
+                    *sum += a * b;
+                }
+            }
+            None => {
+                for (sum, &a) in sums.iter_mut().zip(a) {
+                    *sum += a;
+                }
+            }
+        }
+    }
+    Ok(sums)
+}
+
 /// The gradient at the input of `norm` (`normed · weight`, `normed = x / root`) for `dy`; `normed` and
 /// `root` are `[rows, hidden]` and `[rows, 1]`. The weight's gradient goes to `grads`.
 fn norm_backward(
@@ -251,7 +297,7 @@ fn norm_backward(
     dy: &Tensor,
     grads: &mut GradStore,
 ) -> Result<Tensor> {
-    accumulate(grads, &trained.weight, || (dy * normed)?.sum(0))?;
+    accumulate(grads, &trained.weight, || row_sum(dy, Some(normed)))?;
     // ∂x = (∂normed − normed · mean(∂normed · normed)) / root
     let d_normed = dy.broadcast_mul(&norm.weight)?;
     let projection = (&d_normed * normed)?.mean_keepdim(D::Minus1)?;
