@@ -92,10 +92,14 @@ impl DemoOptions {
             out,
             arch: Arch::Llama,
             preset: Preset::Tiny,
+            // At 3e-3 the warm-up's end depended on the last bits of the arithmetic: a change of
+            // rounding in the output head left seeds 1 and 2 at a loss of 0.21 and 0.19 (held-out
+            // accuracy 0.07, where GRPO cannot start) instead of 0.07 and 0.06. At 2e-3 both builds end
+            // at 0.03–0.06 on seeds 0–2.
             warmup: warmup::Budget {
                 steps: 1000,
                 batch_size: 64,
-                learning_rate: 3e-3,
+                learning_rate: 2e-3,
             },
             teacher: data::Teacher { forget_carry: 0.5 },
             grpo_steps: 300,
@@ -111,7 +115,7 @@ impl DemoOptions {
             warmup: warmup::Budget {
                 steps: 10,
                 batch_size: 16,
-                learning_rate: 3e-3,
+                learning_rate: 2e-3,
             },
             grpo_steps: 2,
             eval_steps: 1,
