@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::NaiveDateTime;
 use holo_runtime::chat::{json_value, ChatTemplate, ChatTemplateError, RenderOptions, Value};
 use holo_runtime::{ChatMessage, Role};
+
+mod common;
+use common::tempdir::Dir;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat")
@@ -262,17 +264,9 @@ fn raise_exception_is_an_error_with_the_message() {
     );
 }
 
-static TEMP: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh model folder with the given files.
-fn model_dir(files: &[(&str, &str)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "holo-chat-test-{}-{}",
-        std::process::id(),
-        TEMP.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// A fresh model folder with the given files, removed when dropped.
+fn model_dir(files: &[(&str, &str)]) -> Dir {
+    let dir = Dir::new("chat");
     for (name, content) in files {
         let path = dir.join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

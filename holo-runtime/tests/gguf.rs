@@ -36,10 +36,8 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("holo-gguf-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> common::tempdir::Dir {
+    common::tempdir::Dir::new(&format!("gguf-{name}"))
 }
 
 fn max_logit_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -280,7 +278,8 @@ fn compare_models(folder: &Model, file: &Model) -> f32 {
 #[test]
 fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
     let dir = fixture("qwen2");
-    let file = scratch("qwen2-f32").join("qwen2.gguf");
+    let scratch_dir = scratch("qwen2-f32");
+    let file = scratch_dir.join("qwen2.gguf");
     write_gguf(&dir, GgmlDType::F32, &file);
 
     let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
@@ -335,7 +334,8 @@ fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
 #[test]
 fn a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices() {
     let dir = fixture("qwen2");
-    let file = scratch("qwen2-q8").join("qwen2-q8_0.gguf");
+    let scratch_dir = scratch("qwen2-q8");
+    let file = scratch_dir.join("qwen2-q8_0.gguf");
     write_gguf(&dir, GgmlDType::Q8_0, &file);
     let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
 
@@ -380,7 +380,8 @@ fn a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices() {
 #[test]
 fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
     let dir = fixture("llama");
-    let file = scratch("llama").join("llama.gguf");
+    let scratch_dir = scratch("llama");
+    let file = scratch_dir.join("llama.gguf");
     write_gguf(&dir, GgmlDType::F32, &file);
     let mut config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     config.rope_scaling = RopeScaling::None;

@@ -1,10 +1,10 @@
 //! `holoc::build::compile_dir`, the build-script step.
 
-use std::path::PathBuf;
+mod scratch;
+use scratch::Scratch;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("holoc-build-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn scratch(name: &str) -> Scratch {
+    let dir = Scratch::new("build", name);
     std::fs::create_dir_all(dir.join("hol/nested")).unwrap();
     dir
 }

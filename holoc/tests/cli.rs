@@ -3,6 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod scratch;
+use scratch::Scratch;
+
 fn holoc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_holoc"))
         .args(args)
@@ -68,12 +71,9 @@ fn standard_library_checks_clean() {
     );
 }
 
-/// A fresh folder under the system temp dir, outside any crate.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("holoc-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh folder under the system temp dir, outside any crate, removed when dropped.
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("cli", name)
 }
 
 #[test]
@@ -93,7 +93,7 @@ fn warnings_fail_only_when_denied() {
 }
 
 /// A crate whose sources define holotypes: `holoc check` scans it and resolves names and arguments.
-fn crate_with_holotypes(name: &str, hol: &str) -> (PathBuf, String) {
+fn crate_with_holotypes(name: &str, hol: &str) -> (Scratch, String) {
     let dir = scratch(name);
     std::fs::write(
         dir.join("Cargo.toml"),
@@ -124,7 +124,7 @@ fn crate_with_holotypes(name: &str, hol: &str) -> (PathBuf, String) {
 
 #[test]
 fn scanned_crate_resolves_holotypes() {
-    let (_, file) =
+    let (_dir, file) =
         crate_with_holotypes("resolves", "<|ToolRunner max_turns=3|>\n    <|@_@:turn|>\n");
     let output = holoc(&["check", "--deny-warnings", &file]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -132,7 +132,7 @@ fn scanned_crate_resolves_holotypes() {
 
 #[test]
 fn scanned_crate_reports_unknown_holotype_with_suggestion() {
-    let (_, file) = crate_with_holotypes("unknown", "<|o_o|>\n<|ToolRunnr|>\n");
+    let (_dir, file) = crate_with_holotypes("unknown", "<|o_o|>\n<|ToolRunnr|>\n");
     let output = holoc(&["check", &file]);
     assert_eq!(output.status.code(), Some(1));
     let text = stderr(&output);
@@ -146,7 +146,7 @@ fn scanned_crate_reports_unknown_holotype_with_suggestion() {
 
 #[test]
 fn scanned_crate_reports_unknown_argument_with_suggestion() {
-    let (_, file) =
+    let (_dir, file) =
         crate_with_holotypes("argument", "<|ToolRunner max_turn=3|>\n    <|@_@:turn|>\n");
     let output = holoc(&["check", &file]);
     assert_eq!(output.status.code(), Some(1));
@@ -161,7 +161,7 @@ fn scanned_crate_reports_unknown_argument_with_suggestion() {
 
 #[test]
 fn scanned_crate_reports_a_type_that_is_not_a_holotype() {
-    let (_, file) = crate_with_holotypes("plain", "<|o_o|>\n<|Plain|>\n");
+    let (_dir, file) = crate_with_holotypes("plain", "<|o_o|>\n<|Plain|>\n");
     let output = holoc(&["check", &file]);
     assert_eq!(output.status.code(), Some(1));
     let text = stderr(&output);
@@ -391,7 +391,7 @@ fn explain() {
 }
 
 /// Copies `files` (name, contents) into a fresh scratch folder.
-fn scratch_with(name: &str, files: &[(&str, &str)]) -> PathBuf {
+fn scratch_with(name: &str, files: &[(&str, &str)]) -> Scratch {
     let dir = scratch(name);
     for (file, contents) in files {
         std::fs::write(dir.join(file), contents).unwrap();

@@ -2,12 +2,15 @@
 //! drives it.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+mod scratch;
+use scratch::Scratch;
 
 /// How long to wait for a message before failing the test instead of hanging it.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -167,12 +170,9 @@ fn file_uri(path: &Path) -> String {
     format!("file://{}", path.display()).replace(' ', "%20")
 }
 
-/// A fresh folder under the system temp dir.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("holoc-lsp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh folder under the system temp dir, removed when dropped.
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("lsp", name)
 }
 
 const TOOL: &str = "<|o_o|>\n<|query|>\n<|ToolRunner max_turns=8|>\n    <|@_@:turn stop=\"</tool>\"|>\n    <|o_o|>\n    <|ToolExecutor turn|>\n<|@_@:answer <>answer|>\n<|ExactAnswer var=answer|>\n";
