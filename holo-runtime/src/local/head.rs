@@ -314,6 +314,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
+    use crate::local::testing::max_difference;
 
     fn logits(dtype: DType) -> Var {
         let values: Vec<f64> = (0..5 * 11)
@@ -356,19 +357,6 @@ mod tests {
         )
         .unwrap();
         (detached * weights).unwrap().sum_all().unwrap()
-    }
-
-    fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
     }
 
     #[test]

@@ -21,6 +21,8 @@ mod rope;
 pub mod schedule;
 mod skinny;
 mod softmax;
+#[cfg(test)]
+mod testing;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

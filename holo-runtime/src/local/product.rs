@@ -116,22 +116,10 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
+    use crate::local::testing::max_difference;
 
     fn values(n: usize, scale: f64) -> Vec<f64> {
         (0..n).map(|i| (i as f64 * scale).sin()).collect()
-    }
-
-    fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
     }
 
     /// The product and both gradients against candle's, in both orientations, trained or not.

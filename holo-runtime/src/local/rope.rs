@@ -153,6 +153,7 @@ mod tests {
     use candle_core::{DType, Device, Var, D};
 
     use super::*;
+    use crate::local::testing::max_difference;
 
     /// The rotation written with tensor operations, as the differentiable forward did before.
     fn written_out(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
@@ -219,16 +220,7 @@ mod tests {
                     .unwrap()
             };
             let (ours, plain) = (grads(ours), grads(plain));
-            let difference = (ours.get(&xs).unwrap() - plain.get(&xs).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
+            let difference = max_difference(ours.get(&xs).unwrap(), plain.get(&xs).unwrap());
             assert!(difference < 1e-6, "{dtype:?}: {difference}");
             // The backward is the inverse rotation: rotating back gives the input.
             let back = rope_backward(
@@ -248,16 +240,7 @@ mod tests {
                         .unwrap(),
                 )
                 .unwrap();
-            let difference = (back - expected)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
+            let difference = max_difference(&back, &expected);
             assert!(difference < 1e-6, "{dtype:?}: {difference}");
         }
     }

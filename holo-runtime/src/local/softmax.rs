@@ -95,6 +95,7 @@ mod tests {
     use candle_core::{DType, Device, Var};
 
     use super::*;
+    use crate::local::testing::max_difference;
 
     #[test]
     fn softmax_and_its_gradient_are_candles() {
@@ -121,21 +122,9 @@ mod tests {
             .unwrap();
             let ours = softmax(xs.as_tensor(), Ops::Differentiable).unwrap();
             let plain = candle_nn::ops::softmax(xs.as_tensor(), D::Minus1).unwrap();
-            let difference = |a: &Tensor, b: &Tensor| {
-                (a - b)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap()
-            };
-            assert!(difference(&ours, &plain) < tolerance, "{dtype:?}");
+            assert!(max_difference(&ours, &plain) < tolerance, "{dtype:?}");
             let fast = softmax(xs.as_tensor(), Ops::Fast).unwrap();
-            assert!(difference(&fast, &ours) == 0.0);
+            assert!(max_difference(&fast, &ours) == 0.0);
             let grads = |y: &Tensor| {
                 (y * &upstream)
                     .unwrap()
@@ -146,7 +135,7 @@ mod tests {
             };
             let (ours, plain) = (grads(&ours), grads(&plain));
             let (ours, plain) = (ours.get(&xs).unwrap(), plain.get(&xs).unwrap());
-            assert!(difference(ours, plain) < tolerance, "{dtype:?}");
+            assert!(max_difference(ours, plain) < tolerance, "{dtype:?}");
             let masked: f64 = ours
                 .flatten_all()
                 .unwrap()
