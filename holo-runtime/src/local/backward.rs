@@ -16,6 +16,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, D};
 
+use super::kernel::Real;
 use super::model::{
     apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
 };
@@ -247,8 +248,7 @@ fn linear_backward(
 /// by element (as much time as a 64-wide layer's products at a small model's shapes), and the product
 /// was a tensor of its own.
 fn row_sum(a: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let on_cpu = super::model::on_cpu_in(a, &b.into_iter().collect::<Vec<_>>());
-    if !on_cpu || a.rank() != 2 {
+    if !super::kernel::takes(a, &b.into_iter().collect::<Vec<_>>()) || a.rank() != 2 {
         return match b {
             Some(b) => (a * b)?.sum(0),
             None => a.sum(0),
@@ -261,16 +261,13 @@ fn row_sum(a: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     }
 }
 
-fn sum_rows<T>(a: &Tensor, b: Option<&Tensor>, width: usize) -> Result<Vec<T>>
-where
-    T: candle_core::WithDType + std::ops::AddAssign + std::ops::Mul<Output = T>,
-{
+fn sum_rows<T: Real>(a: &Tensor, b: Option<&Tensor>, width: usize) -> Result<Vec<T>> {
     let a = a.contiguous()?.flatten_all()?.to_vec1::<T>()?;
     let b = match b {
         Some(b) => Some(b.contiguous()?.flatten_all()?.to_vec1::<T>()?),
         None => None,
     };
-    let mut sums = vec![T::zero(); width];
+    let mut sums = vec![T::ZERO; width];
     for (row, a) in a.chunks(width.max(1)).enumerate() {
         match &b {
             Some(b) => {
@@ -307,7 +304,7 @@ fn norm_backward(
 /// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
 /// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves.
 fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
-    if super::model::on_cpu_in(dy, &[&frame.cos, &frame.sin]) {
+    if super::kernel::takes(dy, &[&frame.cos, &frame.sin]) {
         return super::rope::rope_backward(dy, &frame.cos, &frame.sin);
     }
     let cos = Tensor::cat(&[&frame.cos, &frame.cos], D::Minus1)?.unsqueeze(1)?;

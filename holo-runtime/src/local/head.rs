@@ -10,10 +10,10 @@
 //! (see [`target_scores`]).
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType, D};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, D};
 
+use super::kernel::{contiguous, for_each_chunk, Real};
 use super::model::Result;
-use super::parallel::for_each_chunk;
 
 /// Columns of [`target_scores`]' result.
 pub mod column {
@@ -102,22 +102,23 @@ impl CustomOp2 for TargetScores {
         targets: &CpuStorage,
         targets_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        const WHAT: &str = "target-scores";
         let (rows, vocab) = logits_layout.shape().dims2()?;
-        let targets = contiguous::<u32>(targets, targets_layout)?;
-        let scores = match logits {
-            CpuStorage::F32(values) => CpuStorage::F32(forward(
-                &values[logits_layout.start_offset()..][..rows * vocab],
+        let targets = contiguous::<u32>(targets, targets_layout, WHAT)?;
+        let scores = match logits.dtype() {
+            DType::F32 => CpuStorage::F32(forward(
+                contiguous(logits, logits_layout, WHAT)?,
                 vocab,
                 targets,
                 self.temperature as f32,
             )?),
-            CpuStorage::F64(values) => CpuStorage::F64(forward(
-                &values[logits_layout.start_offset()..][..rows * vocab],
+            DType::F64 => CpuStorage::F64(forward(
+                contiguous(logits, logits_layout, WHAT)?,
                 vocab,
                 targets,
                 self.temperature,
             )?),
-            other => candle_core::bail!("target-scores: logits are {:?}", other.dtype()),
+            other => candle_core::bail!("{WHAT}: logits are {other:?}"),
         };
         Ok((scores, Shape::from((rows, column::COUNT))))
     }
@@ -162,84 +163,36 @@ impl CustomOp3 for TargetScoresBackward {
         grad: &CpuStorage,
         grad_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (rows, vocab) = logits_layout.shape().dims2()?;
-        let gradient = match (logits, scores, grad) {
-            (CpuStorage::F32(logits), CpuStorage::F32(scores), CpuStorage::F32(grad)) => {
-                CpuStorage::F32(backward(
-                    &logits[logits_layout.start_offset()..][..rows * vocab],
-                    vocab,
-                    &self.targets,
-                    &scores[scores_layout.start_offset()..][..rows * column::COUNT],
-                    &grad[grad_layout.start_offset()..][..rows * column::COUNT],
-                    self.temperature as f32,
-                ))
-            }
-            (CpuStorage::F64(logits), CpuStorage::F64(scores), CpuStorage::F64(grad)) => {
-                CpuStorage::F64(backward(
-                    &logits[logits_layout.start_offset()..][..rows * vocab],
-                    vocab,
-                    &self.targets,
-                    &scores[scores_layout.start_offset()..][..rows * column::COUNT],
-                    &grad[grad_layout.start_offset()..][..rows * column::COUNT],
-                    self.temperature,
-                ))
-            }
-            _ => candle_core::bail!(
-                "target-scores-backward: logits {:?}, scores {:?}, gradient {:?}",
+        const WHAT: &str = "target-scores-backward";
+        let vocab = logits_layout.shape().dims2()?.1;
+        if scores.dtype() != logits.dtype() || grad.dtype() != logits.dtype() {
+            candle_core::bail!(
+                "{WHAT}: logits {:?}, scores {:?}, gradient {:?}",
                 logits.dtype(),
                 scores.dtype(),
                 grad.dtype()
-            ),
+            );
+        }
+        let gradient = match logits.dtype() {
+            DType::F32 => CpuStorage::F32(backward(
+                contiguous(logits, logits_layout, WHAT)?,
+                vocab,
+                &self.targets,
+                contiguous(scores, scores_layout, WHAT)?,
+                contiguous(grad, grad_layout, WHAT)?,
+                self.temperature as f32,
+            )),
+            DType::F64 => CpuStorage::F64(backward(
+                contiguous(logits, logits_layout, WHAT)?,
+                vocab,
+                &self.targets,
+                contiguous(scores, scores_layout, WHAT)?,
+                contiguous(grad, grad_layout, WHAT)?,
+                self.temperature,
+            )),
+            other => candle_core::bail!("{WHAT}: logits are {other:?}"),
         };
         Ok((gradient, logits_layout.shape().clone()))
-    }
-}
-
-/// The arithmetic both precisions share.
-trait Real:
-    WithDType
-    + PartialOrd
-    + std::ops::Add<Output = Self>
-    + std::ops::AddAssign
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::Neg<Output = Self>
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn max(self, other: Self) -> Self;
-}
-
-macro_rules! real {
-    ($t:ty) => {
-        impl Real for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            fn max(self, other: Self) -> Self {
-                <$t>::max(self, other)
-            }
-        }
-    };
-}
-real!(f32);
-real!(f64);
-
-fn contiguous<'a, T: WithDType>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [T]> {
-    let values = T::cpu_storage_as_slice(storage)?;
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&values[start..end]),
-        None => candle_core::bail!("target-scores: targets are not contiguous"),
     }
 }
 

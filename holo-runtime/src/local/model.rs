@@ -303,16 +303,9 @@ impl Rope {
     }
 }
 
-/// Whether `xs` and `others` are f32, or f64, on the CPU: what our fused CPU kernels take.
-pub(super) fn on_cpu_in(xs: &Tensor, others: &[&Tensor]) -> bool {
-    xs.device().is_cpu()
-        && matches!(xs.dtype(), DType::F32 | DType::F64)
-        && others.iter().all(|other| other.dtype() == xs.dtype())
-}
-
 /// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, head_dim / 2]` (rotate-half layout).
 pub(super) fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
-    if on_cpu_in(xs, &[cos, sin]) {
+    if super::kernel::takes(xs, &[cos, sin]) {
         return super::rope::rope(xs, cos, sin, ops);
     }
     match ops {
@@ -357,7 +350,7 @@ pub(super) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
         DType::F16 | DType::BF16 => xs.to_dtype(DType::F32)?,
         _ => xs.clone(),
     };
-    let weights = if on_cpu_in(&xs, &[]) {
+    let weights = if super::kernel::takes(&xs, &[]) {
         super::softmax::softmax(&xs, ops)?
     } else {
         match ops {

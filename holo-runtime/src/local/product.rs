@@ -116,7 +116,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
-    use crate::local::testing::max_difference;
+    use crate::local::testing::{max_difference, weighted_sum_gradients};
 
     fn values(n: usize, scale: f64) -> Vec<f64> {
         (0..n).map(|i| (i as f64 * scale).sin()).collect()
@@ -145,24 +145,14 @@ mod tests {
                     .as_tensor()
                     .matmul(&trained.as_tensor().t().unwrap())
                     .unwrap();
-                let plain_grads = (&plain * &upstream)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let plain_grads = weighted_sum_gradients(&plain, &upstream);
                 for weight in [trained.as_tensor(), &frozen] {
                     let ours = matmul(x.as_tensor(), weight, Ops::Differentiable).unwrap();
                     assert!(
                         max_difference(&ours, &plain) < tolerance,
                         "{m} {k} {n} {dtype:?}"
                     );
-                    let grads = (&ours * &upstream)
-                        .unwrap()
-                        .sum_all()
-                        .unwrap()
-                        .backward()
-                        .unwrap();
+                    let grads = weighted_sum_gradients(&ours, &upstream);
                     let (ours_x, plain_x) = (grads.get(&x).unwrap(), plain_grads.get(&x).unwrap());
                     assert!(max_difference(ours_x, plain_x) < tolerance);
                     match grads.get(&trained) {

@@ -7,10 +7,10 @@
 //! the sines negated.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
+use super::kernel::{contiguous, for_each_chunk, Real};
 use super::model::{Ops, Result};
-use super::parallel::for_each_chunk;
 
 /// `xs` `[B, heads, T, head_dim]` rotated by per-row tables `cos`, `sin` `[B, T, head_dim / 2]`
 /// (rotate-half layout): `(x1, x2) ↦ (x1·cos − x2·sin, x2·cos + x1·sin)`, f32 or f64 on the CPU.
@@ -67,30 +67,30 @@ impl CustomOp3 for Rotation {
             );
         }
         let shape = Shape::from((batch, heads, len, dim));
-        let rotated = match (xs, cos, sin) {
-            (CpuStorage::F32(xs), CpuStorage::F32(cos), CpuStorage::F32(sin)) => {
-                CpuStorage::F32(rotate(
-                    contiguous(xs, xs_layout)?,
-                    contiguous(cos, cos_layout)?,
-                    contiguous(sin, sin_layout)?,
-                    (heads, len, half),
-                    self.inverse,
-                ))
-            }
-            (CpuStorage::F64(xs), CpuStorage::F64(cos), CpuStorage::F64(sin)) => {
-                CpuStorage::F64(rotate(
-                    contiguous(xs, xs_layout)?,
-                    contiguous(cos, cos_layout)?,
-                    contiguous(sin, sin_layout)?,
-                    (heads, len, half),
-                    self.inverse,
-                ))
-            }
-            _ => candle_core::bail!(
+        if cos.dtype() != xs.dtype() || sin.dtype() != xs.dtype() {
+            candle_core::bail!(
                 "rotary embedding of {:?} with {:?} tables",
                 xs.dtype(),
                 cos.dtype()
-            ),
+            );
+        }
+        const WHAT: &str = "rotary embedding";
+        let rotated = match xs.dtype() {
+            DType::F32 => CpuStorage::F32(rotate::<f32>(
+                contiguous(xs, xs_layout, WHAT)?,
+                contiguous(cos, cos_layout, WHAT)?,
+                contiguous(sin, sin_layout, WHAT)?,
+                (heads, len, half),
+                self.inverse,
+            )),
+            DType::F64 => CpuStorage::F64(rotate::<f64>(
+                contiguous(xs, xs_layout, WHAT)?,
+                contiguous(cos, cos_layout, WHAT)?,
+                contiguous(sin, sin_layout, WHAT)?,
+                (heads, len, half),
+                self.inverse,
+            )),
+            other => candle_core::bail!("{WHAT} of {other:?}"),
         };
         Ok((rotated, shape))
     }
@@ -114,14 +114,7 @@ impl CustomOp3 for Rotation {
     }
 }
 
-fn contiguous<'a, T>(values: &'a [T], layout: &Layout) -> Result<&'a [T]> {
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&values[start..end]),
-        None => candle_core::bail!("rotary embedding of a non-contiguous tensor"),
-    }
-}
-
-fn rotate<T: WithDType + std::ops::Neg<Output = T>>(
+fn rotate<T: Real>(
     xs: &[T],
     cos: &[T],
     sin: &[T],
@@ -129,7 +122,7 @@ fn rotate<T: WithDType + std::ops::Neg<Output = T>>(
     inverse: bool,
 ) -> Vec<T> {
     let dim = 2 * half;
-    let mut out = vec![T::zero(); xs.len()];
+    let mut out = vec![T::ZERO; xs.len()];
     for_each_chunk(&mut out, len * dim, len * dim, |sequence_head, out| {
         let xs = &xs[sequence_head * len * dim..][..len * dim];
         let tables = (sequence_head / heads) * len * half;
@@ -153,7 +146,7 @@ mod tests {
     use candle_core::{DType, Device, Var, D};
 
     use super::*;
-    use crate::local::testing::max_difference;
+    use crate::local::testing::{max_difference, weighted_sum_gradients};
 
     /// The rotation written with tensor operations, as the differentiable forward did before.
     fn written_out(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
@@ -211,15 +204,10 @@ mod tests {
             assert_eq!(bits(&ours), bits(&plain), "{dtype:?}: the same arithmetic");
             let fast = rope(xs.as_tensor(), &cos, &sin, Ops::Fast).unwrap();
             assert_eq!(bits(&fast), bits(&plain));
-            let grads = |y: Tensor| {
-                (y * &upstream)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap()
-            };
-            let (ours, plain) = (grads(ours), grads(plain));
+            let (ours, plain) = (
+                weighted_sum_gradients(&ours, &upstream),
+                weighted_sum_gradients(&plain, &upstream),
+            );
             let difference = max_difference(ours.get(&xs).unwrap(), plain.get(&xs).unwrap());
             assert!(difference < 1e-6, "{dtype:?}: {difference}");
             // The backward is the inverse rotation: rotating back gives the input.

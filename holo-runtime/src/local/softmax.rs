@@ -5,10 +5,10 @@
 //! the graph); at a small model's shapes that was a tenth of a training step's backward pass.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, WithDType, D};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, D};
 
+use super::kernel::{contiguous, for_each_chunk, Real};
 use super::model::{Ops, Result};
-use super::parallel::for_each_chunk;
 
 /// `softmax(xs)` over the last dimension, f32 or f64 on the CPU: each row's exponentials of its
 /// differences to the row's maximum, divided by their sum. Differentiable with [`Ops::Differentiable`].
@@ -29,13 +29,10 @@ impl CustomOp1 for Softmax {
 
     fn cpu_fwd(&self, xs: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let width = layout.shape().dims().last().copied().unwrap_or(1).max(1);
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("softmax of a non-contiguous tensor")
-        };
-        let weights = match xs {
-            CpuStorage::F32(values) => CpuStorage::F32(rows(&values[start..end], width)),
-            CpuStorage::F64(values) => CpuStorage::F64(rows(&values[start..end], width)),
-            other => candle_core::bail!("softmax of {:?}", other.dtype()),
+        let weights = match xs.dtype() {
+            DType::F32 => CpuStorage::F32(rows::<f32>(contiguous(xs, layout, "softmax")?, width)),
+            DType::F64 => CpuStorage::F64(rows::<f64>(contiguous(xs, layout, "softmax")?, width)),
+            other => candle_core::bail!("softmax of {other:?}"),
         };
         Ok((weights, layout.shape().clone()))
     }
@@ -47,21 +44,14 @@ impl CustomOp1 for Softmax {
     }
 }
 
-fn rows<T: WithDType + PartialOrd + Exp>(values: &[T], width: usize) -> Vec<T> {
-    let mut out = vec![T::zero(); values.len()];
+fn rows<T: Real>(values: &[T], width: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; values.len()];
     for_each_chunk(&mut out, width, width, |index, out| {
         let row = &values[index * width..][..width];
         let max = row
             .iter()
-            .copied()
-            .fold(T::from_f64(f64::NEG_INFINITY), |max, x| {
-                if x > max {
-                    x
-                } else {
-                    max
-                }
-            });
-        let mut sum = T::zero();
+            .fold(T::NEG_INFINITY, |max, &x| Real::max(max, x));
+        let mut sum = T::ZERO;
         for (out, &x) in out.iter_mut().zip(row) {
             *out = (x - max).exp();
             sum += *out;
@@ -73,29 +63,12 @@ fn rows<T: WithDType + PartialOrd + Exp>(values: &[T], width: usize) -> Vec<T> {
     out
 }
 
-/// `exp` of both precisions.
-trait Exp {
-    fn exp(self) -> Self;
-}
-
-impl Exp for f32 {
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-}
-
-impl Exp for f64 {
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Var};
 
     use super::*;
-    use crate::local::testing::max_difference;
+    use crate::local::testing::{max_difference, weighted_sum_gradients};
 
     #[test]
     fn softmax_and_its_gradient_are_candles() {
@@ -125,15 +98,10 @@ mod tests {
             assert!(max_difference(&ours, &plain) < tolerance, "{dtype:?}");
             let fast = softmax(xs.as_tensor(), Ops::Fast).unwrap();
             assert!(max_difference(&fast, &ours) == 0.0);
-            let grads = |y: &Tensor| {
-                (y * &upstream)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap()
-            };
-            let (ours, plain) = (grads(&ours), grads(&plain));
+            let (ours, plain) = (
+                weighted_sum_gradients(&ours, &upstream),
+                weighted_sum_gradients(&plain, &upstream),
+            );
             let (ours, plain) = (ours.get(&xs).unwrap(), plain.get(&xs).unwrap());
             assert!(max_difference(ours, plain) < tolerance, "{dtype:?}");
             let masked: f64 = ours

@@ -35,16 +35,15 @@ pub fn keep_freed_memory() {
     }
 }
 
-/// The purge delay in force, in milliseconds (−1: never).
-#[cfg(test)]
-fn purge_delay() -> i64 {
-    // SAFETY: reading an option is thread-safe.
-    unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) as i64 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The purge delay in force, in milliseconds (−1: never).
+    fn purge_delay() -> i64 {
+        // SAFETY: reading an option is thread-safe.
+        unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) as i64 }
+    }
 
     #[test]
     fn the_option_set_is_mimallocs_purge_delay() {
