@@ -17,6 +17,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, D};
 
 use super::kernel::Real;
+use super::matrix::multiply;
 use super::model::{
     apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
 };
@@ -221,8 +222,8 @@ fn linear_backward(
     dy: &Tensor,
     grads: &mut GradStore,
 ) -> Result<Tensor> {
-    let dx = dy.matmul(&linear.weight)?;
-    accumulate(grads, &trained.weight, || dy.t()?.matmul(xs))?;
+    let dx = multiply(dy, &linear.weight)?;
+    accumulate(grads, &trained.weight, || multiply(&dy.t()?, xs))?;
     if let Some(bias) = &trained.bias {
         accumulate(grads, bias, || row_sum(dy, None))?;
     }
@@ -231,10 +232,10 @@ fn linear_backward(
     };
     // y += scale · low · Bᵀ, low = input · Aᵀ, input = dropout(xs).
     let d_update = (dy.to_dtype(lora.b.dtype())? * lora.scale)?;
-    accumulate(grads, &keys.b, || d_update.t()?.matmul(&parts.low))?;
-    let d_low = d_update.matmul(&lora.b)?;
-    accumulate(grads, &keys.a, || d_low.t()?.matmul(&parts.input))?;
-    let d_input = d_low.matmul(&lora.a)?;
+    accumulate(grads, &keys.b, || multiply(&d_update.t()?, &parts.low))?;
+    let d_low = multiply(&d_update, &lora.b)?;
+    accumulate(grads, &keys.a, || multiply(&d_low.t()?, &parts.input))?;
+    let d_input = multiply(&d_low, &lora.a)?;
     let d_input = match &parts.keep {
         Some(keep) => (d_input * keep)?,
         None => d_input,

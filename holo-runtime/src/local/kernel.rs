@@ -6,7 +6,7 @@
 //! workers spin for a while after each operation before they sleep. A kernel of ours that used rayon
 //! instead woke a second set of threads beside those spinning ones, which on a 2-core machine made a
 //! small model's training step slower than running the kernel on one thread. So our kernels use
-//! candle's pool, at candle's threshold.
+//! candle's pool, at candle's threshold, as our matrix products do (`matrix`).
 
 use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
 

@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod head;
 pub mod init;
 mod kernel;
+mod matrix;
 pub mod model;
 mod product;
 mod recompute;

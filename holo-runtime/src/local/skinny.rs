@@ -20,7 +20,6 @@
 use std::ops::Range;
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
-use rayon::prelude::*;
 
 use super::dispatch::Operands;
 use super::model::Result;
@@ -207,7 +206,8 @@ fn product_with(
     if n * k < MIN_PARALLEL_WEIGHTS {
         (0..tasks).for_each(task);
     } else {
-        (0..tasks).into_par_iter().for_each(task);
+        // On candle's pool, as the layer's other operations (see `matrix`).
+        candle_core::utils::barrier_pool().execute_chunked(tasks, |tasks| tasks.for_each(task));
     }
 }
 
