@@ -556,22 +556,91 @@ impl DecoderLayer {
 }
 
 /// Keys and values of one layer, `[B, kv_heads, S, head_dim]`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct LayerCache {
     keys_values: Option<(Tensor, Tensor)>,
+    /// Buffers `[B, kv_heads, capacity, head_dim]` whose first `S` columns are `keys_values` (views of
+    /// them), so that a decoding step writes its column in place: concatenating copied the whole cache
+    /// at every step, for every layer. Only this cache writes into them; a clone starts without.
+    room: Option<(Tensor, Tensor)>,
+}
+
+impl Clone for LayerCache {
+    fn clone(&self) -> Self {
+        LayerCache {
+            keys_values: self.keys_values.clone(),
+            room: None,
+        }
+    }
 }
 
 impl LayerCache {
     fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-        let (k, v) = match self.keys_values.take() {
-            None => (k.contiguous()?, v),
-            Some((old_k, old_v)) => (
+        let Some((old_k, old_v)) = self.keys_values.take() else {
+            self.room = None;
+            let (k, v) = (k.contiguous()?, v.contiguous()?);
+            self.keys_values = Some((k.clone(), v.clone()));
+            return Ok((k, v));
+        };
+        if k.track_op() || v.track_op() || !k.device().is_cpu() {
+            // A differentiable pass keeps its graph through the cached keys: no writes in place. (On a
+            // GPU, where nothing here has been measured, the cache concatenates too.)
+            self.room = None;
+            let joined = (
                 Tensor::cat(&[&old_k, &k], 2)?,
                 Tensor::cat(&[&old_v, &v], 2)?,
-            ),
+            );
+            self.keys_values = Some(joined.clone());
+            return Ok(joined);
+        }
+        let (cached, new) = (old_k.dim(2)?, k.dim(2)?);
+        let needed = cached + new;
+        let (room_k, room_v) = match self.room.take() {
+            Some((room_k, room_v)) if room_k.dim(2)? >= needed => (room_k, room_v),
+            _ => {
+                // Grow by half again, so a sequence's appends copy its cache a bounded number of times.
+                let capacity = (needed + needed / 2).next_multiple_of(16);
+                let grown = |old: &Tensor| -> Result<Tensor> {
+                    let (batch, heads, _, dim) = old.dims4()?;
+                    let room =
+                        Tensor::zeros((batch, heads, capacity, dim), old.dtype(), old.device())?;
+                    room.slice_set(&old.contiguous()?, 2, 0)?;
+                    Ok(room)
+                };
+                (grown(&old_k)?, grown(&old_v)?)
+            }
         };
-        self.keys_values = Some((k.clone(), v.clone()));
-        Ok((k, v))
+        room_k.slice_set(&k.contiguous()?, 2, cached)?;
+        room_v.slice_set(&v.contiguous()?, 2, cached)?;
+        let joined = (room_k.narrow(2, 0, needed)?, room_v.narrow(2, 0, needed)?);
+        self.keys_values = Some(joined.clone());
+        self.room = Some((room_k, room_v));
+        Ok(joined)
+    }
+
+    /// Replaces the cached keys and values (the buffers no longer hold them).
+    fn set(&mut self, keys_values: Option<(Tensor, Tensor)>) {
+        self.keys_values = keys_values;
+        self.room = None;
+    }
+
+    /// Keeps the given rows, in that order, with the buffers' spare columns when there are buffers.
+    fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        let Some((k, v)) = self.keys_values.take() else {
+            return Ok(());
+        };
+        match self.room.take() {
+            Some((room_k, room_v)) => {
+                let cached = k.dim(2)?;
+                let (room_k, room_v) =
+                    (room_k.index_select(rows, 0)?, room_v.index_select(rows, 0)?);
+                self.keys_values =
+                    Some((room_k.narrow(2, 0, cached)?, room_v.narrow(2, 0, cached)?));
+                self.room = Some((room_k, room_v));
+            }
+            None => self.set(Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?))),
+        }
+        Ok(())
     }
 }
 
@@ -640,7 +709,7 @@ impl KvCache {
                 keys.push(aligned(k)?);
                 values.push(aligned(v)?);
             }
-            layer.keys_values = Some((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?));
+            layer.set(Some((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?)));
         }
         Ok(())
     }
@@ -658,7 +727,10 @@ impl KvCache {
             };
             let columns = Tensor::new(columns.as_slice(), k.device())?;
             let pick = |t: &Tensor| -> Result<Tensor> {
-                t.narrow(0, row, 1)?.index_select(&columns, 2)?.contiguous()
+                t.narrow(0, row, 1)?
+                    .contiguous()?
+                    .index_select(&columns, 2)?
+                    .contiguous()
             };
             layers.push((pick(k)?, pick(v)?));
         }
@@ -690,7 +762,7 @@ impl KvCache {
                     ))
                 }
             };
-            layer.keys_values = joined;
+            layer.set(joined);
         }
         Ok(())
     }
@@ -703,8 +775,10 @@ impl KvCache {
         for layer in &mut self.layers {
             if let Some((k, v)) = layer.keys_values.take() {
                 let kept = k.dim(2)? - columns;
-                layer.keys_values =
-                    Some((k.narrow(2, columns, kept)?, v.narrow(2, columns, kept)?));
+                layer.set(Some((
+                    k.narrow(2, columns, kept)?,
+                    v.narrow(2, columns, kept)?,
+                )));
             }
         }
         Ok(())
@@ -713,9 +787,7 @@ impl KvCache {
     /// Keeps only the given rows of the batch, in that order.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
         for layer in &mut self.layers {
-            if let Some((k, v)) = layer.keys_values.take() {
-                layer.keys_values = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
-            }
+            layer.select_rows(rows)?;
         }
         Ok(())
     }

@@ -194,11 +194,9 @@ async fn holo_serve_cli_serves_a_local_model() {
                 "{a:?} vs {b:?}"
             );
         }
-        // Tokens arrived before the completions: more chunks than chat's role chunks and each choice's
-        // last one.
-        let choices = whole["choices"].as_array().unwrap().len();
-        let roles = if chat { choices } else { 0 };
-        assert!(payloads.len() > roles + choices, "{text}");
+        // How many chunks there are depends on timing (the server puts the events that arrived together
+        // in one chunk; the local model can sample all 24 tokens before the first is written), so only
+        // their sum is checked here; streaming.rs checks that tokens stream ahead of their completion.
     }
 
     // One access-log line per request on stderr, with the answer's id and its usage.
