@@ -1284,3 +1284,84 @@ fn attention_mask(
     }
     Tensor::from_vec(values, (batch, 1, len, keys), key_mask.device())?.to_dtype(dtype)
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+
+    /// `[batch, 2 heads, columns, 3]` with values that say where they are, offset by `start`.
+    fn columns(batch: usize, count: usize, start: usize) -> Tensor {
+        let values: Vec<f32> = (0..batch * 2 * count * 3)
+            .map(|i| (start * 1000 + i) as f32)
+            .collect();
+        Tensor::from_vec(values, (batch, 2, count, 3), &Device::Cpu).unwrap()
+    }
+
+    fn same(a: &Tensor, b: &Tensor) -> bool {
+        a.dims() == b.dims()
+            && a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// Appends in place hold what concatenation would, across growth, row selection, dropped columns
+    /// and clones, and never change what an earlier step was given.
+    #[test]
+    fn appending_in_place_holds_what_concatenating_would() {
+        let mut cache = LayerCache::default();
+        let mut expected = columns(3, 5, 0);
+        cache.append(expected.clone(), expected.clone()).unwrap();
+        let mut earlier: Vec<(Tensor, Tensor)> = Vec::new();
+        for step in 1..40 {
+            let new = columns(expected.dim(0).unwrap(), 1, step);
+            let (k, v) = cache.append(new.clone(), new.clone()).unwrap();
+            expected = Tensor::cat(&[&expected, &new], 2).unwrap();
+            assert!(same(&k, &expected) && same(&v, &expected), "step {step}");
+            earlier.push((k.copy().unwrap(), k));
+            if step == 20 {
+                // A clone appends on its own: the original's buffers are not its to write (nor the
+                // clone's the original's, which writes the same column next).
+                let mut clone = cache.clone();
+                let other = columns(3, 1, 999);
+                let (theirs, _) = clone.append(other.clone(), other).unwrap();
+                earlier.push((theirs.copy().unwrap(), theirs));
+            }
+            if step == 25 {
+                let rows = Tensor::new(&[2u32, 0], &Device::Cpu).unwrap();
+                for (copy, view) in earlier.drain(..) {
+                    assert!(
+                        same(&copy, &view),
+                        "a later step changed an earlier step's keys"
+                    );
+                }
+                cache.select_rows(&rows).unwrap();
+                expected = expected.index_select(&rows, 0).unwrap();
+            }
+            if step == 30 {
+                let kept = expected.dim(2).unwrap() - 4;
+                let (k, v) = cache.keys_values.take().unwrap();
+                cache.set(Some((
+                    k.narrow(2, 4, kept).unwrap(),
+                    v.narrow(2, 4, kept).unwrap(),
+                )));
+                expected = expected.narrow(2, 4, kept).unwrap();
+            }
+        }
+        for (copy, view) in &earlier {
+            assert!(
+                same(copy, view),
+                "a later step changed an earlier step's keys"
+            );
+        }
+        assert!(cache.room.is_some(), "decoding steps write in place");
+        let tracked = candle_core::Var::from_tensor(&columns(2, 1, 0)).unwrap();
+        let mut cache = LayerCache::default();
+        cache.append(columns(2, 2, 0), columns(2, 2, 0)).unwrap();
+        let (k, _) = cache
+            .append(tracked.as_tensor().clone(), columns(2, 1, 0))
+            .unwrap();
+        assert!(k.track_op() && cache.room.is_none(), "a graph is kept");
+        assert_eq!(k.dtype(), DType::F32);
+    }
+}
