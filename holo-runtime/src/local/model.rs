@@ -562,6 +562,7 @@ pub struct LayerCache {
     /// Buffers `[B, kv_heads, capacity, head_dim]` whose first `S` columns are `keys_values` (views of
     /// them), so that a decoding step writes its column in place: concatenating copied the whole cache
     /// at every step, for every layer. Only this cache writes into them; a clone starts without.
+    /// [`KvCache::capacity`] counts them.
     room: Option<(Tensor, Tensor)>,
 }
 
@@ -598,8 +599,10 @@ impl LayerCache {
         let (room_k, room_v) = match self.room.take() {
             Some((room_k, room_v)) if room_k.dim(2)? >= needed => (room_k, room_v),
             _ => {
-                // Grow by half again, so a sequence's appends copy its cache a bounded number of times.
-                let capacity = (needed + needed / 2).next_multiple_of(16);
+                // Room for an eighth more (at least 16 columns): a sequence's cache is copied once
+                // every `needed / 8` steps instead of at every step, and no more than an eighth of it
+                // is allocated unused.
+                let capacity = (needed + needed / 8).next_multiple_of(16);
                 let grown = |old: &Tensor| -> Result<Tensor> {
                     let (batch, heads, _, dim) = old.dims4()?;
                     let room =
@@ -667,6 +670,16 @@ impl KvCache {
         KvCache {
             layers: vec![LayerCache::default(); config.num_hidden_layers],
         }
+    }
+
+    /// Columns allocated per row: [`KvCache::len`] and the spare columns that decoding steps write into.
+    pub fn capacity(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(0, |layer| match (&layer.room, &layer.keys_values) {
+                (Some((room, _)), _) | (None, Some((room, _))) => room.dim(2).unwrap_or(0),
+                (None, None) => 0,
+            })
     }
 
     /// Cached positions (columns).
@@ -1355,6 +1368,12 @@ mod tests {
             );
         }
         assert!(cache.room.is_some(), "decoding steps write in place");
+        let capacity = cache.room.as_ref().unwrap().0.dim(2).unwrap();
+        let cached = expected.dim(2).unwrap();
+        assert!(
+            capacity >= cached && capacity <= cached + cached / 8 + 16,
+            "{capacity} for {cached}"
+        );
         let tracked = candle_core::Var::from_tensor(&columns(2, 1, 0)).unwrap();
         let mut cache = LayerCache::default();
         cache.append(columns(2, 2, 0), columns(2, 2, 0)).unwrap();

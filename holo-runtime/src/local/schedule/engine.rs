@@ -133,12 +133,12 @@ impl<'a> Engine<'a> {
                 .map_or(0, |prefill| prefill.live.len())
     }
 
-    /// Bytes of keys and values the batch holds (padding included).
+    /// Bytes of keys and values the batch holds (padding and the cache's spare columns included).
     pub(in crate::local) fn kv_bytes(&self) -> usize {
         let prefilling = self.prefill.as_ref().map_or(0, |prefill| {
             prefill.masks.len() * (prefill.cached_width + prefill.done)
         });
-        (self.running.len() * self.cache.len() + prefilling) * self.kv_bytes_per_token()
+        (self.running.len() * self.cache.capacity() + prefilling) * self.kv_bytes_per_token()
     }
 
     fn kv_bytes_per_token(&self) -> usize {

@@ -46,7 +46,8 @@ pub struct Limits {
     /// prefilled over several steps.
     pub max_num_batched_tokens: usize,
     /// Keys and values of the batch, in bytes, beyond which no sequence is admitted (one always is when
-    /// nothing runs); `usize::MAX` for none.
+    /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill; the cache
+    /// allocates up to an eighth more (and 16 columns) for the steps to come to write into.
     pub kv_budget_bytes: usize,
 }
 
