@@ -577,25 +577,32 @@ impl Clone for LayerCache {
 
 impl LayerCache {
     fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-        let Some((old_k, old_v)) = self.keys_values.take() else {
-            self.room = None;
-            let (k, v) = (k.contiguous()?, v.contiguous()?);
-            self.keys_values = Some((k.clone(), v.clone()));
-            return Ok((k, v));
-        };
-        if k.track_op() || v.track_op() || !k.device().is_cpu() {
+        let joined = match self.keys_values.take() {
+            None => (k.contiguous()?, v.contiguous()?),
             // A differentiable pass keeps its graph through the cached keys: no writes in place. (On a
             // GPU, where nothing here has been measured, the cache concatenates too.)
-            self.room = None;
-            let joined = (
-                Tensor::cat(&[&old_k, &k], 2)?,
-                Tensor::cat(&[&old_v, &v], 2)?,
-            );
-            self.keys_values = Some(joined.clone());
-            return Ok(joined);
-        }
-        let (cached, new) = (old_k.dim(2)?, k.dim(2)?);
-        let needed = cached + new;
+            Some((old_k, old_v)) if k.track_op() || v.track_op() || !k.device().is_cpu() => {
+                self.room = None;
+                (
+                    Tensor::cat(&[&old_k, &k], 2)?,
+                    Tensor::cat(&[&old_v, &v], 2)?,
+                )
+            }
+            Some((old_k, old_v)) => self.write_in_place((&old_k, &old_v), (&k, &v))?,
+        };
+        self.keys_values = Some(joined.clone());
+        Ok(joined)
+    }
+
+    /// `old` followed by `new`, as views of the buffers, which `new` is written into (grown first when
+    /// they have no room for it).
+    fn write_in_place(
+        &mut self,
+        (old_k, old_v): (&Tensor, &Tensor),
+        (k, v): (&Tensor, &Tensor),
+    ) -> Result<(Tensor, Tensor)> {
+        let cached = old_k.dim(2)?;
+        let needed = cached + k.dim(2)?;
         let (room_k, room_v) = match self.room.take() {
             Some((room_k, room_v)) if room_k.dim(2)? >= needed => (room_k, room_v),
             _ => {
@@ -610,13 +617,12 @@ impl LayerCache {
                     room.slice_set(&old.contiguous()?, 2, 0)?;
                     Ok(room)
                 };
-                (grown(&old_k)?, grown(&old_v)?)
+                (grown(old_k)?, grown(old_v)?)
             }
         };
         room_k.slice_set(&k.contiguous()?, 2, cached)?;
         room_v.slice_set(&v.contiguous()?, 2, cached)?;
         let joined = (room_k.narrow(2, 0, needed)?, room_v.narrow(2, 0, needed)?);
-        self.keys_values = Some(joined.clone());
         self.room = Some((room_k, room_v));
         Ok(joined)
     }
@@ -676,10 +682,8 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.layers
             .first()
-            .map_or(0, |layer| match (&layer.room, &layer.keys_values) {
-                (Some((room, _)), _) | (None, Some((room, _))) => room.dim(2).unwrap_or(0),
-                (None, None) => 0,
-            })
+            .and_then(|layer| layer.room.as_ref().or(layer.keys_values.as_ref()))
+            .map_or(0, |(keys, _)| keys.dim(2).unwrap_or(0))
     }
 
     /// Cached positions (columns).

@@ -115,34 +115,23 @@ fn transpose<T: Copy + Default>(values: &[T], rows: usize, columns: usize) -> Ve
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Var};
+    use candle_core::Var;
 
     use super::*;
-    use crate::local::testing::{max_difference, weighted_sum_gradients};
-
-    fn values(n: usize, scale: f64) -> Vec<f64> {
-        (0..n).map(|i| (i as f64 * scale).sin()).collect()
-    }
+    use crate::local::testing::{max_difference, sines, weighted_sum_gradients};
 
     /// The product and both gradients against candle's, in both orientations, trained or not.
     #[test]
     fn the_product_and_its_gradients_are_candles() {
-        let device = Device::Cpu;
         // (M, K, N): swapped (few rows, a large weight), and plain (a small weight; many rows).
         for (m, k, n) in [(3, 640, 512), (5, 16, 24), (200, 640, 512)] {
             assert_eq!(swapped(m, n, k), m == 3, "{m} {k} {n}");
             for dtype in [DType::F64, DType::F32] {
                 let tolerance = if dtype == DType::F64 { 1e-12 } else { 1e-4 };
-                let tensor = |n, shape, scale| {
-                    Tensor::from_vec(values(n, scale), shape, &device)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap()
-                };
-                let x = Var::from_tensor(&tensor(m * k, (m, k), 0.37)).unwrap();
-                let trained = Var::from_tensor(&tensor(n * k, (n, k), 0.11)).unwrap();
+                let x = Var::from_tensor(&sines((m, k), 0.37, dtype)).unwrap();
+                let trained = Var::from_tensor(&sines((n, k), 0.11, dtype)).unwrap();
                 let frozen = trained.as_tensor().detach();
-                let upstream = tensor(m * n, (m, n), 0.07);
+                let upstream = sines((m, n), 0.07, dtype);
                 let plain = x
                     .as_tensor()
                     .matmul(&trained.as_tensor().t().unwrap())

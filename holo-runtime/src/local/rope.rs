@@ -143,10 +143,10 @@ fn rotate<T: Real>(
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Var, D};
+    use candle_core::{DType, Var, D};
 
     use super::*;
-    use crate::local::testing::{max_difference, weighted_sum_gradients};
+    use crate::local::testing::{max_difference, sines, weighted_sum_gradients};
 
     /// The rotation written with tensor operations, as the differentiable forward did before.
     fn written_out(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
@@ -172,25 +172,12 @@ mod tests {
 
     #[test]
     fn the_rotation_and_its_gradient_match_the_written_out_rotation() {
-        let device = Device::Cpu;
         let (batch, heads, len, half) = (2, 3, 5, 4);
         for dtype in [DType::F64, DType::F32] {
-            let tensor = |n: usize, shape: &[usize], scale: f64| {
-                let values: Vec<f64> = (0..n).map(|i| (i as f64 * scale).sin()).collect();
-                Tensor::from_vec(values, shape, &device)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
-            let xs = Var::from_tensor(&tensor(
-                batch * heads * len * 2 * half,
-                &[batch, heads, len, 2 * half],
-                0.31,
-            ))
-            .unwrap();
-            let cos = tensor(batch * len * half, &[batch, len, half], 0.7);
-            let sin = tensor(batch * len * half, &[batch, len, half], 1.3);
-            let upstream = tensor(xs.elem_count(), xs.dims(), 0.19);
+            let xs = Var::from_tensor(&sines((batch, heads, len, 2 * half), 0.31, dtype)).unwrap();
+            let cos = sines((batch, len, half), 0.7, dtype);
+            let sin = sines((batch, len, half), 1.3, dtype);
+            let upstream = sines(xs.dims(), 0.19, dtype);
             let ours = rope(xs.as_tensor(), &cos, &sin, Ops::Differentiable).unwrap();
             let plain = written_out(xs.as_tensor(), &cos, &sin);
             let bits = |t: &Tensor| -> Vec<f64> {
