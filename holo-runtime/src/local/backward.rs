@@ -324,67 +324,12 @@ fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use candle_core::{Device, Var};
-    use candle_nn::VarBuilder;
-    use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::local::config::{Arch, ModelConfig, RopeScaling};
-    use crate::local::init::{parameter_specs, Init};
+    use crate::local::config::Arch;
     use crate::local::model::{positions_from_mask, LoraConfig, PROJECTIONS};
-
-    fn config(arch: Arch) -> ModelConfig {
-        ModelConfig {
-            arch,
-            vocab_size: 37,
-            hidden_size: 16,
-            intermediate_size: 24,
-            num_hidden_layers: 1,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 4,
-            max_position_embeddings: 256,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10_000.0,
-            rope_scaling: RopeScaling::None,
-            tie_word_embeddings: true,
-            qkv_bias: arch == Arch::Qwen2,
-            o_bias: arch == Arch::Llama,
-            mlp_bias: arch == Arch::Llama,
-            bos_token_id: Some(1),
-            eos_token_ids: vec![2],
-        }
-    }
-
-    /// Weights far from their defaults (norms and biases too), so that every term of the backward counts.
-    fn random_model(config: &ModelConfig, dtype: DType) -> Model {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let mut tensors = HashMap::new();
-        for spec in parameter_specs(config) {
-            let values: Vec<f64> = (0..spec.numel())
-                .map(|_| {
-                    let noise = rng.random::<f64>() * 2.0 - 1.0;
-                    match spec.init {
-                        Init::Normal => noise * 0.4,
-                        Init::Zeros => noise * 0.2,
-                        Init::Ones => 1.0 + noise * 0.5,
-                    }
-                })
-                .collect();
-            let tensor = Tensor::from_vec(values, spec.shape.clone(), &Device::Cpu)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            tensors.insert(spec.name, tensor);
-        }
-        Model::load(
-            VarBuilder::from_tensors(tensors, dtype, &Device::Cpu),
-            config,
-        )
-        .unwrap()
-    }
+    use crate::local::testing::{config, random_model};
 
     fn max_abs(t: &Tensor) -> f64 {
         t.abs()

@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod head;
 pub mod init;
 mod kernel;
+pub mod layout;
 mod matrix;
 pub mod model;
 mod product;
@@ -23,7 +24,7 @@ pub mod schedule;
 mod skinny;
 mod softmax;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +36,7 @@ use tokenizers::Tokenizer;
 pub use checkpoint::LoadError;
 pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
 pub use generate::{Generation, GenerationParams, PrefixCache};
+pub use layout::Layout;
 pub use model::{Model, Ops};
 pub use schedule::{Limits, SchedulerStats};
 

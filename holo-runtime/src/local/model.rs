@@ -14,6 +14,7 @@ use candle_nn::VarBuilder;
 
 use super::config::{ModelConfig, RopeScaling};
 use super::dispatch::{self, Operands, Product};
+use super::layout::Layout;
 
 pub type Result<T> = candle_core::Result<T>;
 
@@ -1052,6 +1053,19 @@ impl Model {
         Ok((model, vars))
     }
 
+    /// Whether an adapter drops its inputs (LoRA dropout above 0) in differentiable passes whose seed
+    /// is set.
+    pub fn has_dropout(&self) -> bool {
+        self.layers.iter().any(|layer| {
+            Self::linears(layer).iter().any(|(_, linear)| {
+                linear
+                    .lora
+                    .as_ref()
+                    .is_some_and(|lora| lora.dropout.is_some())
+            })
+        })
+    }
+
     /// Seeds the LoRA dropout masks of the differentiable passes that follow (0 turns dropout off); see
     /// [`Dropout`]. Copies of the model ([`Model::detached`]) share the seed.
     pub fn set_dropout_seed(&self, seed: u64) {
@@ -1110,6 +1124,22 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
             xs = layer.forward(&xs, &frame, layer_cache, ops)?;
+        }
+        self.norm.forward(&xs, ops)
+    }
+
+    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) laid out by `layout` (padded rows,
+    /// or trees of sequences that share prefixes), without a cache.
+    pub fn forward_hidden_in(
+        &self,
+        input_ids: &Tensor,
+        layout: &Layout,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let frame = self.frame_of(layout)?;
+        let mut xs = self.embed(input_ids)?;
+        for layer in &self.layers {
+            xs = layer.forward(&xs, &frame, None, ops)?;
         }
         self.norm.forward(&xs, ops)
     }
@@ -1207,6 +1237,16 @@ impl Model {
         })
     }
 
+    /// The [`Frame`] of a pass without a cache laid out by `layout`.
+    pub(super) fn frame_of(&self, layout: &Layout) -> Result<Frame> {
+        let (cos, sin) = self.rope.tables(&layout.positions)?;
+        Ok(Frame {
+            mask: layout.mask.to_dtype(self.dtype())?,
+            cos: cos.to_dtype(self.dtype())?,
+            sin: sin.to_dtype(self.dtype())?,
+        })
+    }
+
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
@@ -1272,7 +1312,7 @@ pub(super) struct Frame {
 
 /// Additive mask `[B, 1, T, S]`: query `t` (column `cached + t`) sees real keys up to its own column,
 /// and always itself, so padding rows stay finite.
-fn attention_mask(
+pub(super) fn attention_mask(
     key_mask: &Tensor,
     batch: usize,
     cached: usize,

@@ -17,7 +17,8 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 
-use super::model::{positions_from_mask, Model, Ops, Result};
+use super::layout::Layout;
+use super::model::{Model, Ops, Result};
 
 impl Model {
     /// `loss(token_logprobs)` and its gradients with respect to this model's [`Var`]s (from
@@ -44,15 +45,16 @@ impl Model {
         key_mask: &Tensor,
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
-        self.backward_recomputed_with_head(input_ids, key_mask, &[], loss)
+        self.backward_recomputed_with_head(input_ids, &Layout::causal(key_mask)?, &[], loss)
     }
 
-    /// [`Model::backward_recomputed_from_hidden`] for a loss that also reads variables of its own
-    /// (`head`, a value model's head, say): their gradients are returned with the model's.
+    /// [`Model::backward_recomputed_from_hidden`] with the tokens laid out by `layout` (padded rows, or
+    /// trees of sequences that share prefixes; see [`Layout`]), for a loss that may also read variables
+    /// of its own (`head`, a value model's head, say): their gradients are returned with the model's.
     pub fn backward_recomputed_with_head(
         &self,
         input_ids: &Tensor,
-        key_mask: &Tensor,
+        layout: &Layout,
         head: &[Tensor],
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
@@ -60,8 +62,7 @@ impl Model {
         if len < 2 {
             candle_core::bail!("a sequence of {len} token(s) has no next token to score");
         }
-        let positions = positions_from_mask(key_mask)?;
-        let frame = self.frame(&positions, key_mask, 0)?;
+        let frame = self.frame_of(layout)?;
 
         // No Var in this pass: nothing is kept but what is pushed here.
         let constant = self.detached();

@@ -50,6 +50,7 @@ pub mod guard;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+pub mod pack;
 pub mod plot;
 pub mod ppo;
 pub mod provenance;

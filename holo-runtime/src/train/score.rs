@@ -1,63 +1,19 @@
 //! The policy's log-probabilities of the trained tokens, and their distributions' entropies.
 //!
-//! Sequences are right-padded into one batch; the final hidden states of the positions that predict a
-//! trained token are gathered (`[N, hidden]`) and only those go through the output projection, divided by
+//! Sequences are laid out for one pass ([`pack`]: padded rows, or trees that share prefixes); the final
+//! hidden states of the positions that predict a trained token are gathered (`[N, hidden]`) and only those go through the output projection, divided by
 //! the sampling temperature as TRL's fused head does: the logits of prompts and tool output are never
 //! built.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 use super::batch::{Completion, Sequence};
+use super::pack::{pack, Packed};
 use crate::local::head::{column, target_scores};
-use crate::local::model::positions_from_mask;
 use crate::local::{Model, Ops};
 
 pub type Result<T> = candle_core::Result<T>;
-
-/// Sequences padded into one batch, and where their trained tokens are.
-pub struct Packed {
-    /// `[S, T]` (u32).
-    pub ids: Tensor,
-    /// `[S, T]` (u8): 1 on real tokens.
-    pub mask: Tensor,
-    /// `[N]` (u32): the flat position (`s · T + t − 1`) of the hidden state predicting each trained token.
-    pub rows: Tensor,
-    /// `[N]` (u32): the trained tokens.
-    pub targets: Tensor,
-    pub tokens: usize,
-}
-
-/// Packs `sequences` (in order; their trained tokens in order) for one forward pass.
-pub fn pack(sequences: &[&Sequence], device: &Device) -> Result<Packed> {
-    let width = sequences
-        .iter()
-        .map(|s| s.ids.len())
-        .max()
-        .unwrap_or(0)
-        .max(2);
-    let rows_count = sequences.len();
-    let mut ids = vec![0u32; rows_count * width];
-    let mut mask = vec![0u8; rows_count * width];
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for (s, sequence) in sequences.iter().enumerate() {
-        ids[s * width..s * width + sequence.ids.len()].copy_from_slice(&sequence.ids);
-        mask[s * width..s * width + sequence.ids.len()].fill(1);
-        for &position in &sequence.trained {
-            rows.push((s * width + position - 1) as u32);
-            targets.push(sequence.ids[position]);
-        }
-    }
-    let tokens = rows.len();
-    Ok(Packed {
-        ids: Tensor::from_vec(ids, (rows_count, width), device)?,
-        mask: Tensor::from_vec(mask, (rows_count, width), device)?,
-        rows: Tensor::from_vec(rows, tokens, device)?,
-        targets: Tensor::from_vec(targets, tokens, device)?,
-        tokens,
-    })
-}
 
 /// The sequences of `completions`, in order.
 pub fn sequences(completions: &[Completion]) -> Vec<&Sequence> {
@@ -76,7 +32,7 @@ pub struct Head {
 }
 
 /// The final hidden states `[N, hidden]` of the positions that predict `packed`'s trained tokens, from
-/// those of every position `[S, T, hidden]`.
+/// those of every position `[R, T, hidden]`.
 pub fn pick(hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
     let (batch, len, size) = hidden.dims3()?;
     hidden
@@ -84,7 +40,7 @@ pub fn pick(hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
         .index_select(&packed.rows, 0)
 }
 
-/// The [`Head`] of the trained tokens, from the final hidden states `[S, T, hidden]`; entropies are
+/// The [`Head`] of the trained tokens, from the final hidden states `[R, T, hidden]`; entropies are
 /// differentiable only when `entropy_gradient` (for an entropy bonus).
 pub fn head(
     model: &Model,
@@ -143,7 +99,7 @@ pub fn sequence_logprobs(
     let model = &model;
     let mut flat = Vec::with_capacity(sequences.iter().map(|s| s.trained.len()).sum());
     for chunk in sequences.chunks(batch.max(1)) {
-        let packed = pack(chunk, model.device())?;
+        let packed = pack(chunk, model)?;
         if packed.tokens == 0 {
             continue;
         }
@@ -162,10 +118,9 @@ pub fn sequence_logprobs(
         .collect())
 }
 
-/// The final hidden states `[S, T, hidden]` of `packed`'s sequences.
+/// The final hidden states `[R, T, hidden]` of `packed`'s rows.
 pub fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
-    let positions = positions_from_mask(&packed.mask)?;
-    model.forward_hidden(&packed.ids, &positions, &packed.mask, None, ops)
+    model.forward_hidden_in(&packed.ids, &packed.layout, ops)
 }
 
 /// The gradients of `loss(head)` over `completions`' trained tokens (see [`head`]), with the whole graph
@@ -197,14 +152,14 @@ pub fn backward_sequences(
     entropy_gradient: bool,
     loss: impl FnOnce(&Head) -> Result<Tensor>,
 ) -> Result<(Tensor, GradStore)> {
-    let packed = pack(sequences, model.device())?;
+    let packed = pack(sequences, model)?;
     if packed.tokens == 0 {
         // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
         let zero = Tensor::zeros((), model.logits_dtype(), model.device())?;
         return Ok((zero, GradStore::default()));
     }
     if recompute {
-        model.backward_recomputed_from_hidden(&packed.ids, &packed.mask, |hidden| {
+        model.backward_recomputed_with_head(&packed.ids, &packed.layout, &[], |hidden| {
             loss(&head(
                 model,
                 hidden,

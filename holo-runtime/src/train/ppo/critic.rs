@@ -9,7 +9,8 @@ use rand::SeedableRng;
 
 use crate::local::{Model, Ops};
 use crate::train::batch::Sequence;
-use crate::train::score::{self, Packed};
+use crate::train::pack::{pack, Packed};
+use crate::train::score;
 
 /// The standard deviation of a new head's weights: transformers' `initializer_range` default, which is
 /// how a sequence classifier's missing `score` is initialized.
@@ -62,7 +63,7 @@ impl Critic {
         Ok(Critic { model, head, vars })
     }
 
-    /// The values `[N]` of `packed`'s trained tokens from the final hidden states `[S, T, hidden]`.
+    /// The values `[N]` of `packed`'s trained tokens from the final hidden states `[R, T, hidden]`.
     pub fn head(&self, hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
         score::pick(hidden, packed)?
             .matmul(&self.head.as_tensor().t()?)?
@@ -73,7 +74,7 @@ impl Critic {
     pub fn values(&self, sequences: &[&Sequence], batch: usize) -> Result<Vec<Vec<f32>>> {
         let mut values = Vec::with_capacity(sequences.len());
         for chunk in sequences.chunks(batch.max(1)) {
-            let packed = score::pack(chunk, self.model.device())?;
+            let packed = pack(chunk, &self.model)?;
             let flat = if packed.tokens == 0 {
                 Vec::new()
             } else {
@@ -100,11 +101,11 @@ impl Critic {
         recompute: bool,
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
-        let packed = score::pack(sequences, self.model.device())?;
+        let packed = pack(sequences, &self.model)?;
         if recompute {
             self.model.backward_recomputed_with_head(
                 &packed.ids,
-                &packed.mask,
+                &packed.layout,
                 &[self.head.as_tensor().clone()],
                 |hidden| loss(&self.head(hidden, &packed)?),
             )
