@@ -20,6 +20,7 @@ use holo_runtime::local::{checkpoint, parse_device, Ops};
 use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
+    holo_runtime::local::threads::settle();
     let mut args = std::env::args().skip(1);
     let mut dir = None;
     let mut dtype = DType::F32;

@@ -70,6 +70,7 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 fn main() -> ExitCode {
+    holo_runtime::local::threads::settle();
     let settings = match settings() {
         Ok(settings) => settings,
         Err(message) => {

@@ -21,6 +21,8 @@ pub struct Operands {
     pub weight: DType,
     /// Rows of `x` (sequences in a decoding step, tokens in a prefill).
     pub rows: usize,
+    /// Columns of `x`: the weight's inputs.
+    pub inputs: usize,
     /// Elements of the weight.
     pub weight_elements: usize,
     /// The weight is a variable, or computed from one: its gradient is wanted.
@@ -35,6 +37,7 @@ impl Operands {
             x: x.dtype(),
             weight: weight.dtype(),
             rows: x.dims().first().copied().unwrap_or(0),
+            inputs: x.dims().last().copied().unwrap_or(0),
             weight_elements: weight.elem_count(),
             // A variable, and any tensor computed from one, tracks its op.
             trained: weight.track_op(),
@@ -118,6 +121,7 @@ mod tests {
             x,
             weight,
             rows,
+            inputs: 1 << 10,
             weight_elements: 1 << 20,
             trained: false,
         }

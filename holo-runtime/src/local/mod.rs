@@ -4,6 +4,9 @@
 //! model implements [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other
 //! sampler, batched.
 //! [`model::Model`] is the network itself, with a differentiable forward for training.
+//!
+//! A program that runs these models should call [`threads::settle`] first thing in `main`: without
+//! `RAYON_NUM_THREADS`, candle reads `/proc/cpuinfo` at every matrix product.
 
 mod backward;
 pub mod checkpoint;
@@ -25,6 +28,7 @@ mod skinny;
 mod softmax;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod threads;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

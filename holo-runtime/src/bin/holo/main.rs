@@ -393,6 +393,8 @@ enum Color {
 }
 
 fn main() -> ExitCode {
+    #[cfg(feature = "local")]
+    holo_runtime::local::threads::settle();
     allocator::install();
     let args: Vec<String> = std::env::args().collect();
     // The trainers' `--key value` options are split off before clap sees the rest.
