@@ -329,20 +329,7 @@ mod tests {
     use super::*;
     use crate::local::config::Arch;
     use crate::local::model::{positions_from_mask, LoraConfig, PROJECTIONS};
-    use crate::local::testing::{config, random_model};
-
-    fn max_abs(t: &Tensor) -> f64 {
-        t.abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
-    }
+    use crate::local::testing::{config, max_abs, random_model};
 
     /// The layer's gradients, and the input's, against candle's autograd through the differentiable
     /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases) and Llama (o and MLP biases),

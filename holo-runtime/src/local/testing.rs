@@ -25,6 +25,20 @@ pub(crate) fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
 }
 
+/// The largest absolute value of a tensor, in f64.
+pub(crate) fn max_abs(t: &Tensor) -> f64 {
+    t.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
 /// The gradients of `Σ y · weights` (an upstream gradient of `weights` at `y`).
 pub(super) fn weighted_sum_gradients(y: &Tensor, weights: &Tensor) -> GradStore {
     (y * weights)

@@ -258,7 +258,7 @@ mod tests {
     use super::*;
     use crate::local::config::Arch;
     use crate::local::model::LoraConfig;
-    use crate::local::testing::{config, random_model};
+    use crate::local::testing::{config, max_abs, max_difference, random_model};
     use crate::local::Ops;
 
     fn sequence(ids: &[u32], trained: std::ops::Range<usize>) -> Sequence {
@@ -348,13 +348,7 @@ mod tests {
             rows.targets.to_vec1::<u32>().unwrap()
         );
         let (tree_states, row_states) = (picked(&model, &trees), picked(&model, &rows));
-        let difference = (&tree_states - &row_states)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap();
-        assert!(difference.to_scalar::<f64>().unwrap() < 1e-12);
+        assert!(max_difference(&tree_states, &row_states) < 1e-12);
 
         // A loss that weighs every picked state differently, through activation recomputation.
         let weights = Tensor::arange(0f64, tree_states.elem_count() as f64, &device)
@@ -381,21 +375,7 @@ mod tests {
                 tree_grads.get(var.as_tensor()).unwrap(),
                 row_grads.get(var.as_tensor()).unwrap(),
             );
-            let scale = b
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            let difference = (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
+            let (scale, difference) = (max_abs(b), max_difference(a, b));
             assert!(
                 difference <= 1e-10 * scale.max(1.0),
                 "{name}: {difference} of {scale}"
@@ -435,14 +415,7 @@ mod tests {
                 trees.targets.to_vec1::<u32>().unwrap(),
                 rows.targets.to_vec1::<u32>().unwrap()
             );
-            let difference = (picked(&model, &trees) - picked(&model, &rows))
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
+            let difference = max_difference(&picked(&model, &trees), &picked(&model, &rows));
             assert!(difference < 1e-12, "{difference}");
         }
     }
