@@ -5,8 +5,9 @@
 //! prompt once, and multi-turn rollouts their common turns: with G completions of a prompt of P tokens,
 //! the pass reads P + G · C tokens instead of G · (P + C). Both give the same log-probabilities up to
 //! rounding (a token's state depends only on the tokens it sees), so [`pack`] takes whichever costs
-//! fewer operations by a model of the network's shapes: products per token, attention per pair of
-//! tokens in a row, padding included.
+//! fewer operations by a model of the network's shapes (products per token, attention per pair of
+//! tokens in a row, padding included), as long as it holds no more activations: a tree is longer than
+//! its sequences, and its attention scores grow with the square of its length.
 //!
 //! Padded rows are kept while LoRA dropout is on: a shared prefix would share one dropout mask between
 //! the sequences, where peft draws one per sequence.
@@ -42,10 +43,16 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         .filter(|s| !s.trained.is_empty())
         .collect();
     if !model.has_dropout() {
-        let cost = Cost::of(&model.config);
-        let forest = Forest::grow(&sequences, &cost);
+        let costs = Costs::of(&model.config);
+        let forest = Forest::grow(&sequences, &costs);
         let width = sequences.iter().map(|s| s.ids.len()).max().unwrap_or(0);
-        if cost.rows(forest.trees.len(), forest.width()) < cost.rows(sequences.len(), width) {
+        let (trees, rows) = (
+            (forest.trees.len(), forest.width()),
+            (sequences.len(), width),
+        );
+        if costs.work.rows(trees) < costs.work.rows(rows)
+            && costs.memory.rows(trees) <= costs.memory.rows(rows)
+        {
             return forest.pack(&sequences, model.device());
         }
     }
@@ -102,13 +109,34 @@ fn finish(
     })
 }
 
-/// The work of one decoder layer in multiply-adds, which [`pack`] compares layouts by.
+/// What one decoder layer costs per token and per (query, key) pair of a row.
 struct Cost {
-    /// Per token: the projections and the MLP.
     per_token: u128,
-    /// Per (query, key) pair of a row, over all heads: the scores and the weighted sum of values, and
-    /// [`PAIR_PASSES`] for the element-wise passes over the scores.
     per_pair: u128,
+}
+
+impl Cost {
+    /// `count` rows of `width` tokens.
+    fn rows(&self, (count, width): (usize, usize)) -> u128 {
+        let width = width as u128;
+        count as u128 * (width * self.per_token + width * width * self.per_pair)
+    }
+
+    /// A row of `size` tokens growing by `added`.
+    fn growth(&self, size: usize, added: usize) -> u128 {
+        self.rows((1, size + added)) - self.rows((1, size))
+    }
+}
+
+/// The two costs [`pack`] compares layouts by.
+struct Costs {
+    /// Multiply-adds: the projections and the MLP per token; per pair, over all heads, the scores, the
+    /// weighted sum of values and [`PAIR_PASSES`] for the element-wise passes over the scores.
+    work: Cost,
+    /// Activations (values) alive while a layer's backward runs, by an estimate: per token its input
+    /// kept for every layer, and one layer's normed inputs, projections, MLP activations and their
+    /// gradients; per pair, over all heads, the scores, the attention weights and their gradient.
+    memory: Cost,
 }
 
 /// What the element-wise passes over one head's attention scores (scale, mask, softmax, and their
@@ -117,29 +145,30 @@ struct Cost {
 /// time; it matters only for models this small, where attention is a large part of a layer.
 const PAIR_PASSES: u128 = 64;
 
-impl Cost {
-    fn of(config: &ModelConfig) -> Cost {
-        let (hidden, head_dim) = (config.hidden_size as u128, config.head_dim as u128);
-        let (heads, kv_heads) = (
-            config.num_attention_heads as u128,
-            config.num_key_value_heads as u128,
+impl Costs {
+    fn of(config: &ModelConfig) -> Costs {
+        let value = |n: usize| n as u128;
+        let (hidden, head_dim, inner) = (
+            value(config.hidden_size),
+            value(config.head_dim),
+            value(config.intermediate_size),
         );
-        Cost {
-            per_token: hidden * head_dim * (2 * heads + 2 * kv_heads)
-                + 3 * hidden * config.intermediate_size as u128,
-            per_pair: heads * (2 * head_dim + PAIR_PASSES),
+        let (heads, kv_heads) = (
+            value(config.num_attention_heads),
+            value(config.num_key_value_heads),
+        );
+        let projected = head_dim * (2 * heads + 2 * kv_heads);
+        Costs {
+            work: Cost {
+                per_token: hidden * projected + 3 * hidden * inner,
+                per_pair: heads * (2 * head_dim + PAIR_PASSES),
+            },
+            memory: Cost {
+                per_token: value(config.num_hidden_layers) * hidden
+                    + 2 * (2 * hidden + projected + 3 * inner),
+                per_pair: 3 * heads,
+            },
         }
-    }
-
-    /// `count` rows of `width` tokens.
-    fn rows(&self, count: usize, width: usize) -> u128 {
-        let width = width as u128;
-        count as u128 * (width * self.per_token + width * width * self.per_pair)
-    }
-
-    /// A row of `size` tokens growing by `added`.
-    fn growth(&self, size: usize, added: usize) -> u128 {
-        self.rows(1, size + added) - self.rows(1, size)
     }
 }
 
@@ -194,25 +223,28 @@ struct Forest {
 }
 
 impl Forest {
-    /// Places each sequence, in order, in the tree it makes cheapest to run, or in a tree of its own.
-    fn grow(sequences: &[&Sequence], cost: &Cost) -> Forest {
+    /// Places each sequence, in order, in the tree it adds the least work to, or in a tree of its own
+    /// when that is less work or when joining would hold more activations than a tree of its own.
+    fn grow(sequences: &[&Sequence], costs: &Costs) -> Forest {
         let mut forest = Forest {
             trees: Vec::new(),
             places: Vec::with_capacity(sequences.len()),
         };
         for sequence in sequences {
-            let alone = cost.rows(1, sequence.ids.len());
+            let alone = (1, sequence.ids.len());
             let best = forest
                 .trees
                 .iter()
                 .enumerate()
-                .map(|(t, tree)| {
+                .filter_map(|(t, tree)| {
                     let added = sequence.ids.len() - tree.shared(&sequence.ids);
-                    (cost.growth(tree.ids.len(), added), t)
+                    let size = tree.ids.len();
+                    (costs.memory.growth(size, added) <= costs.memory.rows(alone))
+                        .then(|| (costs.work.growth(size, added), t))
                 })
                 .min();
             let tree = match best {
-                Some((growth, t)) if growth < alone => t,
+                Some((growth, t)) if growth < costs.work.rows(alone) => t,
                 _ => {
                     forest.trees.push(Tree::default());
                     forest.trees.len() - 1
@@ -337,8 +369,8 @@ mod tests {
         let base = random_model(&config(Arch::Qwen2), DType::F64);
         let (model, vars) = base.trainable().unwrap();
         let device = Device::Cpu;
-        let cost = Cost::of(&model.config);
-        let trees = Forest::grow(&sequences, &cost)
+        let costs = Costs::of(&model.config);
+        let trees = Forest::grow(&sequences, &costs)
             .pack(&sequences, &device)
             .unwrap();
         let rows = padded(&sequences, &device).unwrap();
@@ -388,7 +420,7 @@ mod tests {
     #[test]
     fn any_sharing_scores_as_padded_rows_do() {
         let model = random_model(&config(Arch::Llama), DType::F64);
-        let cost = Cost::of(&model.config);
+        let costs = Costs::of(&model.config);
         let device = Device::Cpu;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         for _ in 0..20 {
@@ -407,7 +439,7 @@ mod tests {
                 sequences.push(sequence(&ids, first..ids.len()));
             }
             let sequences: Vec<&Sequence> = sequences.iter().collect();
-            let trees = Forest::grow(&sequences, &cost)
+            let trees = Forest::grow(&sequences, &costs)
                 .pack(&sequences, &device)
                 .unwrap();
             let rows = padded(&sequences, &device).unwrap();
@@ -418,6 +450,41 @@ mod tests {
             let difference = max_difference(&picked(&model, &trees), &picked(&model, &rows));
             assert!(difference < 1e-12, "{difference}");
         }
+    }
+
+    /// Qwen2.5-0.5B's shapes, 16 completions of 256 tokens after a prompt of 512: by work alone one tree
+    /// of 4608 tokens would do, but its attention scores would outgrow the activations of padded rows;
+    /// the trees stop at 8 completions (2560 tokens), where a ninth would add more activations than a
+    /// row of its own.
+    #[test]
+    fn trees_stop_growing_where_their_attention_would_hold_more_than_padded_rows() {
+        let config = ModelConfig {
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_hidden_layers: 24,
+            num_attention_heads: 14,
+            num_key_value_heads: 2,
+            head_dim: 64,
+            ..config(Arch::Qwen2)
+        };
+        let prompt: Vec<u32> = (0..512).collect();
+        let sequences: Vec<Sequence> = (0..16u32)
+            .map(|c| {
+                let completion = (0..256).map(|t| 1000 + c * 256 + t);
+                let ids: Vec<u32> = prompt.iter().copied().chain(completion).collect();
+                sequence(&ids, 512..768)
+            })
+            .collect();
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let costs = Costs::of(&config);
+        let forest = Forest::grow(&sequences, &costs);
+        let sizes: Vec<usize> = forest.trees.iter().map(|t| t.ids.len()).collect();
+        assert_eq!(sizes, [2560, 2560]);
+        let (trees, rows) = ((2, 2560), (16, 768));
+        assert!(costs.memory.rows(trees) <= costs.memory.rows(rows));
+        assert!(costs.work.rows(trees) < costs.work.rows(rows));
+        // Work alone would have grown one tree of all 16.
+        assert!(costs.work.growth(4352, 256) < costs.work.rows((1, 768)));
     }
 
     #[test]
