@@ -1115,17 +1115,12 @@ impl Model {
         input_ids: &Tensor,
         positions: &Tensor,
         key_mask: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         ops: Ops,
     ) -> Result<Tensor> {
         let cached = cache.as_ref().map_or(0, |cache| cache.len());
         let frame = self.frame(positions, key_mask, cached)?;
-        let mut xs = self.embed(input_ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
-            xs = layer.forward(&xs, &frame, layer_cache, ops)?;
-        }
-        self.norm.forward(&xs, ops)
+        self.hidden(input_ids, &frame, cache, ops)
     }
 
     /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) laid out by `layout` (padded rows,
@@ -1136,10 +1131,21 @@ impl Model {
         layout: &Layout,
         ops: Ops,
     ) -> Result<Tensor> {
-        let frame = self.frame_of(layout)?;
+        self.hidden(input_ids, &self.frame_of(layout)?, None, ops)
+    }
+
+    /// The final hidden states of `input_ids` through every layer in `frame`.
+    fn hidden(
+        &self,
+        input_ids: &Tensor,
+        frame: &Frame,
+        mut cache: Option<&mut KvCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
         let mut xs = self.embed(input_ids)?;
-        for layer in &self.layers {
-            xs = layer.forward(&xs, &frame, None, ops)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
+            xs = layer.forward(&xs, frame, layer_cache, ops)?;
         }
         self.norm.forward(&xs, ops)
     }

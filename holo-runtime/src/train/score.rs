@@ -1,9 +1,9 @@
 //! The policy's log-probabilities of the trained tokens, and their distributions' entropies.
 //!
 //! Sequences are laid out for one pass ([`pack`]: padded rows, or trees that share prefixes); the final
-//! hidden states of the positions that predict a trained token are gathered (`[N, hidden]`) and only those go through the output projection, divided by
-//! the sampling temperature as TRL's fused head does: the logits of prompts and tool output are never
-//! built.
+//! hidden states of the positions that predict a trained token are gathered (`[N, hidden]`) and only
+//! those go through the output projection, divided by the sampling temperature as TRL's fused head
+//! does: the logits of prompts and tool output are never built.
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor};
