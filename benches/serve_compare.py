@@ -2,7 +2,7 @@
 """Concurrent clients against `holo serve` (and llama.cpp's `llama-server`, when given), side by side.
 
     python3 benches/serve_compare.py --model MODEL [--holo target/release/holo] [--llama-server PATH]
-        [--clients 1,4,16,64] [--requests-per-client 3] [--seed 0]
+        [--clients 1,4,16,64] [--requests-per-client 3] [--seed 0] [--holo-arg=--batch-invariant ...]
 
 MODEL is a model folder or a `.gguf` file (llama-server needs a `.gguf`). For each number of clients B,
 each server gets the same requests: B threads, each sending `--requests-per-client` completions one after
@@ -106,9 +106,9 @@ def percentile(sorted_values, q):
     return sorted_values[index]
 
 
-def start_holo(holo, model, port, max_seqs):
+def start_holo(holo, model, port, max_seqs, extra):
     command = [holo, "serve", model, "--port", str(port), "--served-model-name", "bench",
-               "--max-num-seqs", str(max_seqs)]
+               "--max-num-seqs", str(max_seqs), *extra]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), "bench"
 
 
@@ -141,13 +141,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--holo", default="target/release/holo")
+    parser.add_argument("--holo-arg", action="append", default=[],
+                        help="one more argument for holo serve (repeatable), e.g. --holo-arg=--batch-invariant")
     parser.add_argument("--llama-server")
     parser.add_argument("--clients", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     clients_list = [int(c) for c in re.split(r"[, ]+", args.clients) if c]
-    holo = measure("holo", lambda port, n: start_holo(args.holo, args.model, port, n), args, clients_list)
+    holo = measure("holo", lambda port, n: start_holo(args.holo, args.model, port, n, args.holo_arg), args, clients_list)
     if not args.llama_server:
         print("llama.cpp: skipped (no --llama-server)")
         return

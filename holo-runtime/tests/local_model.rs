@@ -323,7 +323,7 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
                 cache: &mut second_cache,
             },
         ];
-        let together = model.forward_segments(&mut segments).unwrap();
+        let together = model.forward_segments(&mut segments, Ops::Fast).unwrap();
         assert!(max_abs_diff(&together[0], &first_alone) < 1e-5, "{arch}");
         assert!(max_abs_diff(&together[1], &second_alone) < 1e-5, "{arch}");
         assert_eq!(first_cache.len(), first_cache_alone.len());
@@ -349,14 +349,112 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
             )
             .unwrap();
         let got = model
-            .forward_segments(&mut [Segment {
-                input_ids: next,
-                positions: next_positions,
-                key_mask: next_mask,
-                cache: &mut first_cache,
-            }])
+            .forward_segments(
+                &mut [Segment {
+                    input_ids: next,
+                    positions: next_positions,
+                    key_mask: next_mask,
+                    cache: &mut first_cache,
+                }],
+                Ops::Fast,
+            )
             .unwrap();
         assert!(max_abs_diff(&got[0], &expected) < 1e-5, "{arch} next step");
+    }
+}
+
+/// Batch-invariant passes: each sequence's hidden states are the same bits alone (a batch of one, no
+/// padding) as beside others, right-padded in a batch of two and with a third batch in the pass, at
+/// prefill and at the next decoding step, whose keys then hold padding in the middle.
+#[test]
+fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others() {
+    let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for arch in [Arch::Qwen2, Arch::Llama] {
+        let model = random_model(&config(arch), 6, DType::F32);
+        let sequences: [&[u32]; 3] = [&[3, 8, 1, 9], &[4, 4, 2], &[7, 5, 6, 2, 9, 1, 3]];
+        let next_tokens = [11u32, 12, 13];
+        // (prefill states, next step's state) of each sequence alone.
+        let alone: Vec<(Tensor, Tensor)> = sequences
+            .iter()
+            .zip(next_tokens)
+            .map(|(sequence, next)| {
+                let (input, mask) = ids(&[sequence]);
+                let mut cache = KvCache::new(&model.config);
+                let mut segment = [Segment {
+                    input_ids: input,
+                    positions: positions_from_mask(&mask).unwrap(),
+                    key_mask: mask.clone(),
+                    cache: &mut cache,
+                }];
+                let prefill = model
+                    .forward_segments(&mut segment, Ops::Invariant)
+                    .unwrap();
+                let len = sequence.len();
+                let mut step = [Segment {
+                    input_ids: Tensor::new(&[[next]], &Device::Cpu).unwrap(),
+                    positions: Tensor::new(&[[len as u32]], &Device::Cpu).unwrap(),
+                    key_mask: Tensor::ones((1, len + 1), DType::U8, &Device::Cpu).unwrap(),
+                    cache: &mut cache,
+                }];
+                let next = model.forward_segments(&mut step, Ops::Invariant).unwrap();
+                (prefill[0].clone(), next[0].clone())
+            })
+            .collect();
+
+        let (pair, pair_mask) = ids(&sequences[..2]);
+        let (third, third_mask) = ids(&sequences[2..]);
+        let (mut pair_cache, mut third_cache) =
+            (KvCache::new(&model.config), KvCache::new(&model.config));
+        let prefill = model
+            .forward_segments(
+                &mut [
+                    Segment {
+                        input_ids: pair,
+                        positions: positions_from_mask(&pair_mask).unwrap(),
+                        key_mask: pair_mask.clone(),
+                        cache: &mut pair_cache,
+                    },
+                    Segment {
+                        input_ids: third,
+                        positions: positions_from_mask(&third_mask).unwrap(),
+                        key_mask: third_mask.clone(),
+                        cache: &mut third_cache,
+                    },
+                ],
+                Ops::Invariant,
+            )
+            .unwrap();
+        let ones = |rows| Tensor::ones((rows, 1), DType::U8, &Device::Cpu).unwrap();
+        let next = model
+            .forward_segments(
+                &mut [
+                    Segment {
+                        input_ids: Tensor::new(&[[11u32], [12]], &Device::Cpu).unwrap(),
+                        positions: Tensor::new(&[[4u32], [3]], &Device::Cpu).unwrap(),
+                        key_mask: Tensor::cat(&[&pair_mask, &ones(2)], 1).unwrap(),
+                        cache: &mut pair_cache,
+                    },
+                    Segment {
+                        input_ids: Tensor::new(&[[13u32]], &Device::Cpu).unwrap(),
+                        positions: Tensor::new(&[[7u32]], &Device::Cpu).unwrap(),
+                        key_mask: Tensor::cat(&[&third_mask, &ones(1)], 1).unwrap(),
+                        cache: &mut third_cache,
+                    },
+                ],
+                Ops::Invariant,
+            )
+            .unwrap();
+        for (i, sequence) in sequences.iter().enumerate() {
+            let (segment, row) = if i < 2 { (0, i) } else { (1, 0) };
+            let together = prefill[segment]
+                .narrow(0, row, 1)
+                .unwrap()
+                .narrow(1, 0, sequence.len())
+                .unwrap();
+            assert_eq!(bits(&together), bits(&alone[i].0), "{arch} prefill {i}");
+            let step = next[segment].narrow(0, row, 1).unwrap();
+            assert_eq!(bits(&step), bits(&alone[i].1), "{arch} next step {i}");
+        }
     }
 }
 

@@ -187,6 +187,34 @@ async fn a_short_request_joins_a_long_one_and_finishes_first() {
     );
 }
 
+/// With `batch_invariant`, a request's tokens and log-probabilities are the same bits alone (its prompt
+/// prefilled in chunks of 16) as in a batch with a long and a short prompt (one padded prefill, then
+/// decoding beside rows of other lengths that leave at other steps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_invariant_sampling_gives_a_request_the_same_bits_whatever_runs_beside_it() {
+    let invariant = Limits {
+        batch_invariant: true,
+        ..Limits::default()
+    };
+    let target = request(prompt(3, 40), 30, 7);
+    let chunked = Limits {
+        max_num_batched_tokens: 16,
+        ..invariant
+    };
+    let by_itself = alone(chunked, std::slice::from_ref(&target)).await;
+    let batch = [
+        request(prompt(5, 200), 40, 1),
+        target,
+        request(prompt(9, 7), 12, 2),
+    ];
+    let beside_others = alone(invariant, &batch).await;
+    let (a, b) = (&by_itself[0], &beside_others[1]);
+    assert_eq!(a.tokens.len(), 30);
+    assert_eq!(a.tokens, b.tokens);
+    let bits = |c: &Completion| c.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(a), bits(b));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_with_many_samples_shares_a_full_batch() {
     let limits = Limits {

@@ -66,6 +66,7 @@ pub enum Product {
 pub fn product(ops: Ops, operands: &Operands) -> Product {
     let skinny = match ops {
         Ops::Fast => super::skinny::suits(operands),
+        Ops::Invariant => super::skinny::takes(operands),
         // bf16 weights with f32 activations are the CPU's sampling-only models, which only these
         // kernels multiply (candle refuses mixed types); their differentiable passes score sequences.
         Ops::Differentiable => {

@@ -262,6 +262,7 @@ pub fn generate_streaming(
         max_num_seqs: prompts.len(),
         max_num_batched_tokens: usize::MAX,
         kv_budget_bytes: usize::MAX,
+        batch_invariant: false,
     };
     let mut engine = Engine::new(model, *stopping, prefix, limits);
     let sequences = prompts

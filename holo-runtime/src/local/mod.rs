@@ -16,6 +16,7 @@ pub mod generate;
 pub mod gguf;
 pub mod head;
 pub mod init;
+mod invariant;
 mod kernel;
 pub mod layout;
 mod matrix;
@@ -81,6 +82,23 @@ impl Default for LocalOptions {
             seed: 0,
             prefix_cache_tokens: 16_384,
         }
+    }
+}
+
+impl LocalOptions {
+    /// Whether these options can run: batch-invariant sampling ([`Limits::batch_invariant`]) needs the
+    /// CPU and f32 or bf16 weights.
+    pub fn check(&self) -> Result<(), String> {
+        if self.limits.batch_invariant
+            && (!self.device.is_cpu() || !matches!(self.dtype, DType::F32 | DType::BF16))
+        {
+            return Err(format!(
+                "batch-invariant sampling runs on the CPU with f32 or bf16 weights, not {:?} on {:?}",
+                self.dtype,
+                self.device.location()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -470,5 +488,35 @@ impl Sampler for LocalModel {
             };
             collect(results, generations)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use super::{Limits, LocalOptions};
+
+    #[test]
+    fn batch_invariant_sampling_is_refused_off_the_cpu_s_f32_and_bf16() {
+        let options = |dtype, batch_invariant| LocalOptions {
+            dtype,
+            limits: Limits {
+                batch_invariant,
+                ..Limits::default()
+            },
+            ..LocalOptions::default()
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            assert_eq!(options(dtype, true).check(), Ok(()));
+        }
+        for dtype in [DType::F16, DType::F64] {
+            assert_eq!(options(dtype, false).check(), Ok(()));
+            let error = options(dtype, true).check().unwrap_err();
+            assert!(
+                error.contains("batch-invariant sampling runs on the CPU"),
+                "{error}"
+            );
+        }
     }
 }

@@ -23,6 +23,11 @@ pub type Result<T> = candle_core::Result<T>;
 pub enum Ops {
     /// Fused kernels without backward: sampling.
     Fast,
+    /// [`Ops::Fast`] whose results for a sequence do not depend on the other sequences of its batch, on
+    /// the CPU with f32 or bf16 weights: every product goes through the row-by-row kernel
+    /// (`local/skinny.rs`) and attention visits each query's own keys in order (`local/invariant.rs`).
+    /// Batch-invariant sampling ([`Limits::batch_invariant`](super::Limits::batch_invariant)).
+    Invariant,
     /// Basic tensor ops with backward: training.
     Differentiable,
 }
@@ -225,7 +230,10 @@ impl RmsNorm {
 
     pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
         match ops {
-            Ops::Fast => candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32),
+            // One row at a time, each summed in order: the same bits whatever the batch.
+            Ops::Fast | Ops::Invariant => {
+                candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32)
+            }
             Ops::Differentiable => Ok(self.forward_parts(xs)?.0),
         }
     }
@@ -310,7 +318,7 @@ pub(super) fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> R
         return super::rope::rope(xs, cos, sin, ops);
     }
     match ops {
-        Ops::Fast => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
+        Ops::Fast | Ops::Invariant => candle_nn::rotary_emb::rope(&xs.contiguous()?, cos, sin),
         Ops::Differentiable => {
             let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
             let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
@@ -355,7 +363,7 @@ pub(super) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
         super::softmax::softmax(&xs, ops)?
     } else {
         match ops {
-            Ops::Fast => candle_nn::ops::softmax_last_dim(&xs)?,
+            Ops::Fast | Ops::Invariant => candle_nn::ops::softmax_last_dim(&xs)?,
             Ops::Differentiable => candle_nn::ops::softmax(&xs, D::Minus1)?,
         }
     };
@@ -442,6 +450,10 @@ impl Attention {
             Some(cache) => cache.append(k, v.contiguous()?)?,
             None => (k, v.contiguous()?),
         };
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        if ops == Ops::Invariant {
+            return super::invariant::attention(&q, &k, &v, mask, scale);
+        }
         let keys = k.dim(2)?;
         // Query head h reads key head h / group: grouping the query heads of one key head along the
         // sequence axis makes one matrix product per key head, without copying keys.
@@ -449,7 +461,6 @@ impl Attention {
         let q = q
             .contiguous()?
             .reshape((batch, self.kv_heads, group * len, self.head_dim))?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((batch, self.heads, len, keys))?
             .broadcast_add(mask)?;
@@ -1150,13 +1161,12 @@ impl Model {
         self.norm.forward(&xs, ops)
     }
 
-    /// Several batches in one sampling pass ([`Ops::Fast`]): the position-wise parts (projections, MLP,
+    /// Several batches in one sampling pass (`ops` [`Ops::Fast`] or [`Ops::Invariant`]): the position-wise parts (projections, MLP,
     /// norms) run on all their tokens at once, reading each weight once, and attention runs per batch
     /// with its own positions, key mask and cache (see [`Model::forward_hidden`]). A scheduler's decoding
     /// rows and a prompt being prefilled share a pass this way. Returns each batch's final hidden
     /// states `[B, T, hidden]`.
-    pub fn forward_segments(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Tensor>> {
-        let ops = Ops::Fast;
+    pub fn forward_segments(&self, segments: &mut [Segment<'_>], ops: Ops) -> Result<Vec<Tensor>> {
         let mut frames = Vec::with_capacity(segments.len());
         let mut shapes = Vec::with_capacity(segments.len());
         let mut embedded = Vec::with_capacity(segments.len());

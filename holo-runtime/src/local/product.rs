@@ -32,7 +32,9 @@ pub fn suits(operands: &Operands) -> bool {
 pub fn matmul(x: &Tensor, weight: &Tensor, ops: Ops) -> Result<Tensor> {
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
     match ops {
-        Ops::Fast => x.apply_op2_no_bwd(&weight, &WeightProduct { trained: false }),
+        Ops::Fast | Ops::Invariant => {
+            x.apply_op2_no_bwd(&weight, &WeightProduct { trained: false })
+        }
         Ops::Differentiable => x.apply_op2(
             &weight,
             WeightProduct {

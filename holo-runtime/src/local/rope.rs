@@ -19,7 +19,7 @@ pub fn rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor>
     let rotation = Rotation { inverse: false };
     let (xs, cos, sin) = (xs.contiguous()?, cos.contiguous()?, sin.contiguous()?);
     match ops {
-        Ops::Fast => xs.apply_op3_no_bwd(&cos, &sin, &rotation),
+        Ops::Fast | Ops::Invariant => xs.apply_op3_no_bwd(&cos, &sin, &rotation),
         Ops::Differentiable => xs.apply_op3(&cos, &sin, rotation),
     }
 }

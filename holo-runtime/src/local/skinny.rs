@@ -63,6 +63,16 @@ pub fn suits(operands: &Operands) -> bool {
     }
 }
 
+/// Whether [`matmul`] can compute `x · weightᵀ` at all: f32 activations and bf16 or f32 weights on the
+/// CPU, any number of rows. Batch-invariant sampling sends every product here: each output is one
+/// weight row's dot product with one row of `x`, summed in an order that depends only on `K`, whatever
+/// the rows around it.
+pub fn takes(operands: &Operands) -> bool {
+    operands.x == DType::F32
+        && operands.on_cpu()
+        && matches!(operands.weight, DType::BF16 | DType::F32)
+}
+
 /// `x` `[M, K]` (f32) times `weight` `[N, K]` (bf16 or f32) transposed: `[M, N]` (f32). No backward:
 /// sampling only.
 pub fn matmul(x: &Tensor, weight: &Tensor) -> Result<Tensor> {

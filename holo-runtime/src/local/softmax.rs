@@ -15,7 +15,7 @@ use super::model::{Ops, Result};
 pub fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
     let xs = xs.contiguous()?;
     match ops {
-        Ops::Fast => xs.apply_op1_no_bwd(&Softmax),
+        Ops::Fast | Ops::Invariant => xs.apply_op1_no_bwd(&Softmax),
         Ops::Differentiable => xs.apply_op1(Softmax),
     }
 }

@@ -23,6 +23,10 @@ pub struct SchedulerArgs {
     /// Sequences waiting for a place beyond which new requests get 429 with `Retry-After`.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     max_waiting: u32,
+    /// A request's tokens and log-probabilities do not depend on what else runs beside it, to the
+    /// last bit (CPU, f32 or bf16 weights; prefill is slower).
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 /// How the server treats connections (uvicorn's defaults where it has them).
@@ -136,6 +140,11 @@ fn serve(
         .kv_budget_mib
         .map_or(usize::MAX, |mib| (mib as usize).saturating_mul(1 << 20));
     options.max_waiting = scheduler.max_waiting as usize;
+    options.limits.batch_invariant = scheduler.batch_invariant;
+    if let Err(message) = options.check() {
+        eprintln!("error: {message}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let config = connections.config();
     let model = match LocalModel::load(model_dir, options) {
         Ok(model) => model,

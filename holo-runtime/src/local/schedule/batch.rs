@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::engine::{Engine, Live};
 use crate::local::generate::{finish_text, step, GenerationParams, Row};
-use crate::local::model::{KvCache, Ops, Result, Segment};
+use crate::local::model::{KvCache, Result, Segment};
 
 /// Sequences prefilled together: their new tokens right-aligned in one padded width, run a chunk of
 /// columns at a time. Identical prompts share one row of the forward pass (a *slot*).
@@ -121,7 +121,7 @@ impl Engine<'_> {
     /// projections and MLPs read the weights once), then sampling: decoding rows go on or leave, and
     /// after a prefill's last chunk its sequences sample their first token and join the batch.
     pub(super) fn forward_step(&mut self) -> Result<()> {
-        let model = self.model;
+        let (model, ops) = (self.model, self.ops());
         let decoding = match self.running.is_empty() {
             true => None,
             false => Some(self.decode_inputs()?),
@@ -152,7 +152,7 @@ impl Engine<'_> {
         if segments.is_empty() {
             return Ok(());
         }
-        let mut hidden = model.forward_segments(&mut segments)?.into_iter();
+        let mut hidden = model.forward_segments(&mut segments, ops)?.into_iter();
         if decoding.is_some() {
             let hidden = hidden.next().expect("one output per segment");
             self.finish_decode(&hidden)?;
@@ -265,7 +265,7 @@ impl Engine<'_> {
     fn last_logits(&self, hidden: &Tensor, width: usize) -> Result<Vec<Vec<f32>>> {
         let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
         self.model
-            .logits(&last, Ops::Fast)?
+            .logits(&last, self.ops())?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()
     }

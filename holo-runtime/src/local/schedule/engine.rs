@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use super::batch::Prefill;
 use super::{Limits, Listener, Results};
 use crate::local::generate::{Generation, GenerationParams, PrefixCache, Row, Stopping};
-use crate::local::model::{KvCache, Model, SequenceCache};
+use crate::local::model::{KvCache, Model, Ops, SequenceCache};
 
 enum Waiting {
     New {
@@ -80,6 +80,14 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             cache: KvCache::new(&model.config),
             prefill: None,
+        }
+    }
+
+    /// The operations sampling passes use: [`Ops::Invariant`] for batch-invariant sampling.
+    pub(super) fn ops(&self) -> Ops {
+        match self.limits.batch_invariant {
+            true => Ops::Invariant,
+            false => Ops::Fast,
         }
     }
 

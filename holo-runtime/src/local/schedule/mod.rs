@@ -49,6 +49,11 @@ pub struct Limits {
     /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill; the cache
     /// allocates up to an eighth more (and 16 columns) for the steps to come to write into.
     pub kv_budget_bytes: usize,
+    /// Batch-invariant sampling: a sequence's tokens and log-probabilities are the same, bit for bit,
+    /// whatever else runs beside it (other sequences, their lengths, prefill chunks), as they are for
+    /// vLLM's batch-invariant mode; see [`Ops::Invariant`](super::Ops::Invariant). CPU only, with f32 or
+    /// bf16 weights. Costs prefill speed: every product goes through the row-by-row kernel.
+    pub batch_invariant: bool,
 }
 
 impl Default for Limits {
@@ -57,6 +62,7 @@ impl Default for Limits {
             max_num_seqs: 64,
             max_num_batched_tokens: 2048,
             kv_budget_bytes: usize::MAX,
+            batch_invariant: false,
         }
     }
 }
