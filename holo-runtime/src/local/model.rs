@@ -451,7 +451,11 @@ impl Attention {
             None => (k, v.contiguous()?),
         };
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        if ops == Ops::Invariant {
+        // A decoding step's single query per row visits its own keys faster than the padded products
+        // below read every row's padding.
+        let decoding =
+            ops == Ops::Fast && len == 1 && q.device().is_cpu() && q.dtype() == DType::F32;
+        if ops == Ops::Invariant || decoding {
             return super::invariant::attention(&q, &k, &v, mask, scale);
         }
         let keys = k.dim(2)?;
