@@ -453,8 +453,10 @@ impl Attention {
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         // A decoding step's single query per row visits its own keys faster than the padded products
         // below read every row's padding.
-        let decoding =
-            ops == Ops::Fast && len == 1 && q.device().is_cpu() && q.dtype() == DType::F32;
+        let decoding = ops == Ops::Fast
+            && len == 1
+            && q.dtype() == DType::F32
+            && super::kernel::takes(&q, &[&k, &v, mask]);
         if ops == Ops::Invariant || decoding {
             return super::invariant::attention(&q, &k, &v, mask, scale);
         }

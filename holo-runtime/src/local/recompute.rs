@@ -31,26 +31,18 @@ impl Model {
         key_mask: &Tensor,
         loss: impl FnOnce(&Tensor) -> Result<Tensor>,
     ) -> Result<(Tensor, GradStore)> {
-        self.backward_recomputed_from_hidden(input_ids, key_mask, |hidden| {
+        let layout = Layout::causal(key_mask)?;
+        self.backward_recomputed_with_head(input_ids, &layout, &[], |hidden| {
             loss(&self.next_token_logprobs(hidden, input_ids, key_mask)?)
         })
     }
 
     /// [`Model::backward_recomputed`] for a loss of the final hidden states `[B, T, hidden]` (after the
     /// last norm), for heads other than every position's log-probability (the trainer scores only the
-    /// trained positions, at its sampling temperature).
-    pub fn backward_recomputed_from_hidden(
-        &self,
-        input_ids: &Tensor,
-        key_mask: &Tensor,
-        loss: impl FnOnce(&Tensor) -> Result<Tensor>,
-    ) -> Result<(Tensor, GradStore)> {
-        self.backward_recomputed_with_head(input_ids, &Layout::causal(key_mask)?, &[], loss)
-    }
-
-    /// [`Model::backward_recomputed_from_hidden`] with the tokens laid out by `layout` (padded rows, or
-    /// trees of sequences that share prefixes; see [`Layout`]), for a loss that may also read variables
-    /// of its own (`head`, a value model's head, say): their gradients are returned with the model's.
+    /// trained positions, at its sampling temperature), with the tokens laid out by `layout` (padded
+    /// rows, or trees of sequences that share prefixes; see [`Layout`]). The loss may also read
+    /// variables of its own (`head`, a value model's head, say): their gradients are returned with the
+    /// model's.
     pub fn backward_recomputed_with_head(
         &self,
         input_ids: &Tensor,

@@ -48,19 +48,11 @@ const MIN_PARALLEL_WEIGHTS: usize = 1 << 16;
 /// activations on the CPU always (nothing else computes them), f32 weights for a few rows when the CPU
 /// has AVX2; never on another device (the op has no kernel there).
 pub fn suits(operands: &Operands) -> bool {
-    if operands.x != DType::F32 || !operands.on_cpu() {
-        return false;
-    }
-    match operands.weight {
-        DType::BF16 => true,
-        DType::F32 => {
-            Kernel::Avx2.available()
-                && (operands.rows <= MAX_F32_ROWS
-                    || (operands.rows <= MAX_F32_ROWS_NARROW && operands.inputs <= NARROW_INPUTS))
-                && operands.weight_elements >= MIN_F32_WEIGHTS
-        }
-        _ => false,
-    }
+    let few_rows = operands.rows <= MAX_F32_ROWS
+        || (operands.rows <= MAX_F32_ROWS_NARROW && operands.inputs <= NARROW_INPUTS);
+    let f32_suits =
+        Kernel::Avx2.available() && few_rows && operands.weight_elements >= MIN_F32_WEIGHTS;
+    takes(operands) && (operands.weight == DType::BF16 || f32_suits)
 }
 
 /// Whether [`matmul`] can compute `x · weightᵀ` at all: f32 activations and bf16 or f32 weights on the
