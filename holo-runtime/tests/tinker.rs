@@ -210,7 +210,20 @@ async fn holo_train(url: &str, out: &Path, key: &str, extra: &[&str]) -> Output 
 
 /// [`holo_train`] of base model `model`.
 async fn holo_train_model(url: &str, out: &Path, key: &str, model: &str, extra: &[&str]) -> Output {
+    holo_train_with(url, out, key, model, &fixture("train.toml"), extra).await
+}
+
+/// [`holo_train_model`] with the options in `config`.
+async fn holo_train_with(
+    url: &str,
+    out: &Path,
+    key: &str,
+    model: &str,
+    config: &Path,
+    extra: &[&str],
+) -> Output {
     let (url, out, key) = (url.to_string(), out.to_path_buf(), key.to_string());
+    let config = config.to_path_buf();
     let model = model.to_string();
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     tokio::task::spawn_blocking(move || {
@@ -229,7 +242,7 @@ async fn holo_train_model(url: &str, out: &Path, key: &str, model: &str, extra: 
             "--tokenizer".into(),
             tokenizer.display().to_string(),
             "--config".into(),
-            fixture("train.toml").display().to_string(),
+            config.display().to_string(),
             "--out".into(),
             out.display().to_string(),
         ];
@@ -508,6 +521,386 @@ async fn a_service_that_is_down_is_named() {
         )),
         "{said}"
     );
+}
+
+/// A Tinker service of the test's own, for the guard rails: it keeps models, saved weights and
+/// futures as the service does, and its model *collapses* once it has taken `COLLAPSING_STEPS`
+/// optimizer steps at a learning rate of at least `collapse_lr`: sampler weights saved from then on
+/// answer long replies, which `short.hol`'s length penalty scores -1, where the sound weights
+/// answer "Red" (0). A loaded checkpoint brings back the count it was saved with.
+async fn collapsing_service(collapse_lr: f64) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    use prost::Message;
+
+    const COLLAPSING_STEPS: u32 = 2;
+    #[derive(Default)]
+    struct Service {
+        requests: u64,
+        futures: HashMap<String, Answer>,
+        /// Live models: their optimizer steps at a collapsing learning rate.
+        models: HashMap<String, u32>,
+        /// Saved weights by path: the count they were saved with.
+        saved: HashMap<String, u32>,
+    }
+    let json = |status: u16, body: Value| Answer {
+        status,
+        content_type: "application/json".into(),
+        body: serde_json::to_vec(&body).unwrap(),
+    };
+    let protobuf = |body: Vec<u8>| Answer {
+        status: 200,
+        content_type: "application/x-protobuf".into(),
+        body,
+    };
+    let service = Mutex::new(Service::default());
+    stub_typed(move |request, _| {
+        let mut service = service.lock().unwrap();
+        let operation = request.path.trim_start_matches("/api/v1/");
+        let model = request.body["model_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let result = match operation {
+            "create_session" => {
+                return json(
+                    200,
+                    json!({"type": "create_session", "session_id": "session_fake"}),
+                )
+            }
+            "session_heartbeat" => return json(200, json!({"type": "session_heartbeat"})),
+            "retrieve_future" => {
+                let id = request.body["request_id"].as_str().unwrap_or_default();
+                return match service.futures.get(id) {
+                    Some(answer) => answer.clone(),
+                    None => json(404, json!({"detail": "Future not found"})),
+                };
+            }
+            "create_model" => {
+                let id = format!("model_{}", request.body["model_seq_id"]);
+                service.models.insert(id.clone(), 0);
+                json(200, json!({"model_id": id}))
+            }
+            // forward_backward's model is in its protobuf body, asample names saved weights.
+            _ if !matches!(operation, "asample" | "forward_backward")
+                && !service.models.contains_key(&model) =>
+            {
+                return json(404, json!({"detail": "Model not found"}))
+            }
+            "load_weights" => {
+                let path = request.body["path"].as_str().unwrap_or_default();
+                match service.saved.get(path).copied() {
+                    Some(count) => {
+                        service.models.insert(model.clone(), count);
+                        json(200, json!({"type": "load_weights"}))
+                    }
+                    None => json(400, json!({"detail": format!("no checkpoint at {path}")})),
+                }
+            }
+            "save_weights" | "save_weights_for_sampler" => {
+                let kind = if operation == "save_weights" {
+                    "weights"
+                } else {
+                    "sampler_weights"
+                };
+                let path = format!(
+                    "tinker://{model}/{kind}/{}",
+                    request.body["path"].as_str().unwrap()
+                );
+                let count = service.models[&model];
+                service.saved.insert(path.clone(), count);
+                json(200, json!({"path": path}))
+            }
+            "unload_model" => {
+                service.models.remove(&model);
+                json(200, json!({"model_id": model, "status": "unloaded"}))
+            }
+            "optim_step" => {
+                if request.body["adam_params"]["learning_rate"]
+                    .as_f64()
+                    .unwrap()
+                    >= collapse_lr
+                {
+                    *service.models.get_mut(&model).unwrap() += 1;
+                }
+                json(200, json!({"metrics": {"grad_norm": 1.0}}))
+            }
+            "forward_backward" => {
+                let body = proto::ForwardBackwardRequest::decode(request.raw.as_slice()).unwrap();
+                if !service.models.contains_key(&body.model_id) {
+                    return json(404, json!({"detail": "Model not found"}));
+                }
+                protobuf(
+                    proto::ForwardBackwardOutput {
+                        loss_fn_output_type: String::new(),
+                        loss_fn_outputs: vec![proto::ArrayRecord {
+                            type_tag: String::new(),
+                            fields: HashMap::new(),
+                            num_datums: body.data.len() as i64,
+                        }],
+                        metrics: HashMap::from([("loss:sum".to_string(), 1.0)]),
+                    }
+                    .encode_to_vec(),
+                )
+            }
+            "asample" => {
+                let path = request.body["model_path"].as_str().unwrap_or_default();
+                let Some(&count) = service.saved.get(path) else {
+                    return json(
+                        404,
+                        json!({"detail": format!("no sampler weights at {path}")}),
+                    );
+                };
+                // "Red" and the end of turn; or " answer" 8 times, cut at max_tokens.
+                let (tokens, stop_reason) = if count >= COLLAPSING_STEPS {
+                    (vec![287; 8], proto::StopReason::Length)
+                } else {
+                    (vec![49, 481, 511], proto::StopReason::Stop)
+                };
+                let bytes = |values: Vec<[u8; 4]>| values.concat();
+                protobuf(
+                    proto::SampleResponse {
+                        sequences: vec![proto::SampledSequence {
+                            stop_reason: stop_reason as i32,
+                            tokens: bytes(tokens.iter().map(|&t: &i32| t.to_le_bytes()).collect()),
+                            logprobs: Some(bytes(
+                                tokens.iter().map(|_| (-1.0f32).to_le_bytes()).collect(),
+                            )),
+                        }],
+                        prompt_logprobs: None,
+                        topk_prompt_logprobs: None,
+                        prompt_cache_hit_tokens: 0,
+                    }
+                    .encode_to_vec(),
+                )
+            }
+            other => return json(500, json!({"detail": format!("not served: {other}")})),
+        };
+        service.requests += 1;
+        let id = format!("fake-{}", service.requests);
+        service.futures.insert(id.clone(), result);
+        let mut reply = json!({"request_id": id});
+        if operation == "create_model" {
+            reply["model_id"] = json!(format!("model_{}", request.body["model_seq_id"]));
+        }
+        json(200, reply)
+    })
+    .await
+}
+
+/// `train.toml` for 4 steps, with `extra` lines, written into `dir`.
+fn config_with(dir: &Path, extra: &str) -> PathBuf {
+    let base = std::fs::read_to_string(fixture("train.toml")).unwrap();
+    assert!(base.contains("max_steps = 2\n"));
+    let path = dir.join("train.toml");
+    let text = base.replace("max_steps = 2\n", "max_steps = 4\n");
+    std::fs::write(&path, format!("{text}{extra}\n")).unwrap();
+    path
+}
+
+/// The rollback events of a run.
+fn rollbacks(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("rollbacks.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// `rollback_reward_drop` on the service: the model collapses at its second step at lr 1e-3, step 3
+/// samples from it and trips; the run returns to `checkpoint-1` on a new model (the abandoned one
+/// unloaded, the checkpoint loaded with its optimizer state), halves the learning rate, and trains
+/// steps 2–4 again without collapsing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() {
+    let (url, seen) = collapsing_service(1e-3).await;
+    let dir = common::tempdir::Dir::new("tinker-rollback");
+    let run = dir.path().join("run");
+    let config = config_with(
+        dir.path(),
+        "lr_scheduler_type = \"constant\"\nrollback_reward_drop = 0.2\nrollback_window = 1",
+    );
+    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(
+        said.contains("rollback 1 of 3: step 3: the moving mean reward -1.0000 fell below -0.2000"),
+        "{said}"
+    );
+
+    let steps = metrics(&run);
+    let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        numbers,
+        [1, 2, 3, 4],
+        "the abandoned steps left metrics.jsonl"
+    );
+    let rates: Vec<f64> = steps
+        .iter()
+        .map(|s| s["learning_rate"].as_f64().unwrap())
+        .collect();
+    assert_eq!(rates, [1e-3, 5e-4, 5e-4, 5e-4]);
+    for step in &steps[1..] {
+        assert_eq!(
+            step["reward"], 0.0,
+            "no collapse after the rollback: {step}"
+        );
+        assert_eq!(step["guard/rollbacks"], 1.0);
+        assert_eq!(step["guard/lr_factor"], 0.5);
+    }
+    let events = rollbacks(&run);
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!(
+        (
+            &event["step"],
+            &event["reason"],
+            &event["restored"],
+            &event["stopped"]
+        ),
+        (
+            &json!(3),
+            &json!("rollback_reward_drop"),
+            &json!(1),
+            &json!(false)
+        )
+    );
+    let abandoned: Vec<u64> = event["abandoned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(abandoned, [2, 3]);
+    // The rollouts of the abandoned steps are gone; each kept step has its 4.
+    let rollouts = std::fs::read_to_string(run.join("rollouts.jsonl")).unwrap();
+    let mut per_step = std::collections::BTreeMap::<u64, usize>::new();
+    for line in rollouts.lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        *per_step
+            .entry(record["step"].as_u64().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_step.into_iter().collect::<Vec<_>>(),
+        [(1, 4), (2, 4), (3, 4), (4, 4)]
+    );
+
+    let seen = seen.lock().unwrap().clone();
+    let bodies = |path: &str| -> Vec<Value> {
+        seen.iter()
+            .filter(|r| r.path == path)
+            .map(|r| r.body.clone())
+            .collect()
+    };
+    let models: Vec<Value> = bodies("/api/v1/create_model")
+        .iter()
+        .map(|b| b["model_seq_id"].clone())
+        .collect();
+    assert_eq!(
+        models,
+        [json!(0), json!(1)],
+        "one new model for the rollback"
+    );
+    let unloaded = bodies("/api/v1/unload_model");
+    assert_eq!(unloaded.len(), 1);
+    assert_eq!(unloaded[0]["model_id"], "model_0");
+    let loaded = bodies("/api/v1/load_weights");
+    assert_eq!(loaded.len(), 1);
+    assert_eq!(
+        (
+            &loaded[0]["model_id"],
+            &loaded[0]["path"],
+            &loaded[0]["optimizer"]
+        ),
+        (
+            &json!("model_1"),
+            &json!("tinker://model_0/weights/checkpoint-1"),
+            &json!(true)
+        )
+    );
+    let sent_rates: Vec<f64> = bodies("/api/v1/optim_step")
+        .iter()
+        .map(|b| b["adam_params"]["learning_rate"].as_f64().unwrap())
+        .collect();
+    assert_eq!(sent_rates, [1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 5e-4]);
+    assert_eq!(service_checkpoint(&run, 4)["model_id"], "model_1");
+    // `checkpoint-0` (the starting weights) is saved before the first step of a run that rolls back.
+    assert_eq!(bodies("/api/v1/save_weights")[0]["path"], "checkpoint-0");
+}
+
+/// A trip after `max_rollbacks` rollbacks stops the run, the folder back at its last good checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collapse_after_max_rollbacks_stops_the_run_at_its_last_good_checkpoint() {
+    let (url, _) = collapsing_service(1e-3).await;
+    let dir = common::tempdir::Dir::new("tinker-diverged");
+    let run = dir.path().join("run");
+    let config = config_with(
+        dir.path(),
+        "lr_scheduler_type = \"constant\"\nrollback_reward_drop = 0.2\nrollback_window = 1\nmax_rollbacks = 0",
+    );
+    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
+    let said = text(&output);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains("step 3: the moving mean reward -1.0000 fell below -0.2000 (its best minus rollback_reward_drop), after 0 rollbacks (max_rollbacks); the run folder is back at checkpoint-1"),
+        "{said}"
+    );
+    assert!(run.join("checkpoint-1").is_dir());
+    assert!(!run.join("checkpoint-2").exists());
+    assert_eq!(metrics(&run).len(), 1);
+    assert_eq!(rollbacks(&run)[0]["stopped"], true);
+}
+
+/// Early stopping on the service's evaluations: `eval/reward` never rises above its first value, so
+/// with patience 1 the run saves and ends after step 2 of 4; resumed, it stays stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_stopping_ends_a_run_on_the_service_and_a_resumed_run_stays_stopped() {
+    let (url, seen) = collapsing_service(f64::INFINITY).await;
+    let dir = common::tempdir::Dir::new("tinker-early-stop");
+    let run = dir.path().join("run");
+    let config = config_with(
+        dir.path(),
+        "eval_steps = 1\nearly_stopping_patience = 1\nnum_generations_eval = 2",
+    );
+    let eval = fixture("rows.jsonl").display().to_string();
+    let output = holo_train_with(
+        &url,
+        &run,
+        "tml-test",
+        BASE_MODEL,
+        &config,
+        &["--eval-data", &eval],
+    )
+    .await;
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "early stopping after step 2: eval/reward has not improved on 0.0000 for 1 evaluations"
+        ),
+        "{said}"
+    );
+    let steps = metrics(&run);
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[1]["guard/evals_since_best"], 1.0);
+    assert!(run.join("checkpoint-2/tinker.json").is_file());
+
+    let before = seen.lock().unwrap().len();
+    let output = holo_train_with(
+        &url,
+        &run,
+        "tml-test",
+        BASE_MODEL,
+        &config,
+        &["--eval-data", &eval, "--resume"],
+    )
+    .await;
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(metrics(&run).len(), 2);
+    let trained = seen.lock().unwrap()[before..]
+        .iter()
+        .filter(|r| r.path == "/api/v1/forward_backward")
+        .count();
+    assert_eq!(trained, 0, "a stopped run trains no more");
 }
 
 /// SkyRL's venv (`skyrl[tinker,jax]==0.4.0`, with `uv`): `HOLO_SKYRL_VENV`, or

@@ -27,14 +27,16 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::advantages::nanmean;
-use super::checkpoint::RunDir;
+use super::checkpoint::{RunDir, TrainerState};
 use super::config::GrpoConfig;
 use super::metrics::{read_metrics, MetricsLog, METRICS_FILE};
+use super::run::TrainError;
 
 /// The run folder's record of rollbacks: one JSON object per trip.
 pub const ROLLBACKS_FILE: &str = "rollbacks.jsonl";
@@ -240,6 +242,64 @@ pub fn roll_back(
         run.keep_records_until(name, good)?;
     }
     MetricsLog::resume(&run.path, good)
+}
+
+/// Answers a trip of the guard rails: rolls the run folder back to its last good checkpoint
+/// ([`roll_back`]), has `restore` bring back that checkpoint's weights, optimizer and trainer state,
+/// and returns the restored state with the scaled learning rate and a line for the log. After
+/// `max_rollbacks` rollbacks, or with no good checkpoint left, stops with [`TrainError::Diverged`]
+/// (the folder rolled back all the same).
+pub fn rewind(
+    run: &RunDir,
+    config: &GrpoConfig,
+    trip: Trip,
+    current: &GuardState,
+    metrics: &BTreeMap<String, f64>,
+    metrics_log: &mut MetricsLog,
+    restore: impl FnOnce(&Path) -> Result<TrainerState, TrainError>,
+) -> Result<(TrainerState, String), TrainError> {
+    let good = run
+        .checkpoints()?
+        .into_iter()
+        .rfind(|(step, _)| step + 2 <= trip.step);
+    let Some((good_step, good_dir)) = good else {
+        return Err(TrainError::Diverged(format!(
+            "{trip}, and no checkpoint before step {} is left to return to: the weights it started from were measured at its first step",
+            trip.step.saturating_sub(1)
+        )));
+    };
+    let max = config.max_rollbacks;
+    let stop = current.rollbacks >= max;
+    let mut guard = current.clone();
+    if !stop {
+        guard.rollbacks += 1;
+        guard.lr_factor *= config.rollback_lr_factor;
+    }
+    *metrics_log = roll_back(run, &trip, good_step, &guard, stop, metrics)?;
+    let mut state = restore(&good_dir)?;
+    state.guard.rollbacks = guard.rollbacks;
+    state.guard.lr_factor = guard.lr_factor;
+    if stop {
+        return Err(TrainError::Diverged(format!(
+            "{trip}, after {max} rollbacks (max_rollbacks); the run folder is back at checkpoint-{good_step}, its last good checkpoint"
+        )));
+    }
+    let note = format!(
+        "rollback {} of {max}: {trip}; restored checkpoint-{good_step}, learning rate × {}",
+        guard.rollbacks, guard.lr_factor
+    );
+    Ok((state, note))
+}
+
+/// Early stopping watches `eval/reward`: a run with it needs held-out rows.
+pub fn check_eval_rows(config: &GrpoConfig, eval_rows: usize) -> Result<(), TrainError> {
+    if config.early_stopping_patience.is_some() && eval_rows == 0 {
+        return Err(TrainError::Input(
+            "`early_stopping_patience` needs held-out rows (--eval-data): it watches eval/reward"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Keeps the first `rollbacks` events of `rollbacks.jsonl` (those of a resumed checkpoint's past; later

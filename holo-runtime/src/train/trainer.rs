@@ -19,7 +19,7 @@ use super::correction::importance_sampling;
 use super::curriculum::Stream;
 use super::erl;
 use super::feed::{Feed, Given};
-use super::guard::{self, Trip};
+use super::guard;
 use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
 use super::ppo;
@@ -217,12 +217,7 @@ impl<S: RolloutSource> Trainer<S> {
         rollouts::check_rows(&self.source, rows, eval_rows, prompts)?;
         let total = self.total_steps(rows.len());
         let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
-        if config.early_stopping_patience.is_some() && eval_rows.is_empty() {
-            return Err(TrainError::Input(
-                "`early_stopping_patience` needs held-out rows (--eval-data): it watches eval/reward"
-                    .into(),
-            ));
-        }
+        guard::check_eval_rows(&config, eval_rows.len())?;
         let (mut state, mut metrics_log) = self.open_run(&stream)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -298,8 +293,19 @@ impl<S: RolloutSource> Trainer<S> {
             }
             metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
             if let Some(trip) = state.guard.check(&config, step, &metrics) {
-                let (restored, note) =
-                    self.roll_back(trip, &state, &metrics, &mut metrics_log, &mut summary)?;
+                let run = self.run.clone();
+                let (restored, note) = guard::rewind(
+                    &run,
+                    &config,
+                    trip,
+                    &state.guard,
+                    &metrics,
+                    &mut metrics_log,
+                    |dir| self.restore(dir),
+                )?;
+                summary
+                    .evaluations
+                    .retain(|(step, _)| *step <= restored.global_step);
                 progress.suspend(|| eprintln!("{note}"));
                 progress.set_position(restored.global_step);
                 state = restored;
@@ -504,53 +510,6 @@ impl<S: RolloutSource> Trainer<S> {
         }
         self.sampler.prefix_cache().clear();
         Ok(())
-    }
-
-    /// Answers a trip of the guard rails ([`super::guard`]): rolls the run back to its last good
-    /// checkpoint and returns the restored state with the scaled learning rate and a line for the log;
-    /// after `max_rollbacks` rollbacks, rolls the run folder back and stops with
-    /// [`TrainError::Diverged`].
-    fn roll_back(
-        &mut self,
-        trip: Trip,
-        current: &TrainerState,
-        metrics: &BTreeMap<String, f64>,
-        metrics_log: &mut MetricsLog,
-        summary: &mut TrainSummary,
-    ) -> Result<(TrainerState, String), TrainError> {
-        let good = self
-            .run
-            .checkpoints()?
-            .into_iter()
-            .rfind(|(step, _)| step + 2 <= trip.step);
-        let Some((good_step, good_dir)) = good else {
-            return Err(TrainError::Diverged(format!(
-                "{trip}, and no checkpoint before step {} is left to return to: the weights it started from were measured at its first step",
-                trip.step.saturating_sub(1)
-            )));
-        };
-        let max = self.config.max_rollbacks;
-        let stop = current.guard.rollbacks >= max;
-        let mut guard = current.guard.clone();
-        if !stop {
-            guard.rollbacks += 1;
-            guard.lr_factor *= self.config.rollback_lr_factor;
-        }
-        *metrics_log = guard::roll_back(&self.run, &trip, good_step, &guard, stop, metrics)?;
-        summary.evaluations.retain(|(step, _)| *step <= good_step);
-        let mut state = self.restore(&good_dir)?;
-        state.guard.rollbacks = guard.rollbacks;
-        state.guard.lr_factor = guard.lr_factor;
-        if stop {
-            return Err(TrainError::Diverged(format!(
-                "{trip}, after {max} rollbacks (max_rollbacks); the run folder is back at checkpoint-{good_step}, its last good checkpoint"
-            )));
-        }
-        let note = format!(
-            "rollback {} of {max}: {trip}; restored checkpoint-{good_step}, learning rate × {}",
-            guard.rollbacks, guard.lr_factor
-        );
-        Ok((state, note))
     }
 
     /// Writes a checkpoint of `state`, with ERL's memory as it is now.

@@ -82,6 +82,7 @@ where
 }
 
 /// A stub server's answer of any content type.
+#[derive(Clone)]
 pub struct Answer {
     pub status: u16,
     pub content_type: String,

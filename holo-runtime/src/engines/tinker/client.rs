@@ -401,6 +401,23 @@ impl Client {
         Ok(())
     }
 
+    /// `unload_model`: frees `model_id` and its adapter on the service.
+    pub async fn unload_model(&self, model_id: &str) -> Result<(), TinkerError> {
+        let operation = format!("unload_model `{model_id}`");
+        let future: wire::FutureResponse = self
+            .call(
+                &operation,
+                "unload_model",
+                &wire::UnloadModelRequest {
+                    model_id: model_id.into(),
+                    kind: "unload_model".into(),
+                },
+            )
+            .await?;
+        let _: serde_json::Value = self.result(&operation, &future).await?;
+        Ok(())
+    }
+
     /// `asample`: `num_samples` completions of `prompt` by the sampler weights at `model_path`.
     pub async fn sample(
         &self,

@@ -23,6 +23,10 @@
 //!    paths), `trainer_state.json` and `config.toml`. `--resume` creates a new model on the service,
 //!    loads the newest checkpoint's weights and optimizer state into it, and continues.
 //!
+//! The guard rails are the local trainer's ([`crate::train::guard`]): early stopping, and rollbacks on
+//! the training reward, which restore a checkpoint into a new model on the service (it takes a
+//! checkpoint only as a model's first request) and unload the one left behind.
+//!
 //! What the service cannot do as the local trainer does is refused before the run starts
 //! ([`check_config`]).
 
@@ -49,6 +53,7 @@ use crate::train::batch::{self, Completion};
 use crate::train::checkpoint::{RunDir, TrainerState};
 use crate::train::config::{Algorithm, GrpoConfig, ImportanceSamplingLevel, LossType};
 use crate::train::curriculum::Stream;
+use crate::train::guard;
 use crate::train::metrics::{completion_metrics, print_completions, MetricsLog};
 use crate::train::provenance::{self, Provenance};
 use crate::train::run::{self, RunOptions, TrainError};
@@ -146,18 +151,6 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
     if config.dynamic_sampling {
         return refuse("dynamic_sampling", "not built for the Tinker backend");
     }
-    if config.rollback_kl.is_some() || config.rollback_reward_drop.is_some() {
-        return refuse(
-            "rollback_kl",
-            "rollbacks are not built for the Tinker backend",
-        );
-    }
-    if config.early_stopping_patience.is_some() {
-        return refuse(
-            "early_stopping_patience",
-            "early stopping is not built for the Tinker backend",
-        );
-    }
     if config.off_policy_mask_threshold.is_some() {
         return refuse(
             "off_policy_mask_threshold",
@@ -237,6 +230,8 @@ pub struct TinkerTrainer<S> {
 /// The service's side of a run in progress.
 struct Remote {
     model_id: String,
+    /// The session's next model's number (a rollback opens a new model).
+    model_seq: u64,
     /// The next training request's sequence number.
     seq_id: u64,
     sampler: TinkerSampler,
@@ -322,6 +317,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             eval_rows,
             Some(config.prompts_per_generation()),
         )?;
+        guard::check_eval_rows(&config, eval_rows.len())?;
         let total = self.total_steps(rows.len());
         let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
         // Heartbeats run beside the steps: a runtime with a worker of its own.
@@ -357,10 +353,15 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         let outcome = (|| {
             if config.eval_on_start && fresh && !eval_rows.is_empty() {
                 let metrics = self.evaluate(&runtime, &remote, eval_rows, 0)?;
+                state.guard.evaluated(&config, metrics["eval/reward"]);
                 metrics_log.log(0, &metrics)?;
                 summary.evaluations.push((0, metrics));
             }
-            while state.global_step < total {
+            if config.rolls_back() && fresh {
+                // The starting weights: what a trip before the first saved checkpoint returns to.
+                self.save(&runtime, &mut remote, &state)?;
+            }
+            while state.global_step < total && !state.guard.stopped {
                 let step = state.global_step + 1;
                 let mut metrics =
                     self.step(&runtime, &stream, &mut state, &mut remote, total, &progress)?;
@@ -368,21 +369,50 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                     "epoch".into(),
                     state.data_position as f64 / rows.len() as f64,
                 );
+                if let Some(trip) = state.guard.check(&config, step, &metrics) {
+                    let run = self.run.clone();
+                    let (restored, note) = guard::rewind(
+                        &run,
+                        &config,
+                        trip,
+                        &state.guard,
+                        &metrics,
+                        &mut metrics_log,
+                        |dir| self.restore(&runtime, &mut remote, dir),
+                    )?;
+                    summary
+                        .evaluations
+                        .retain(|(step, _)| *step <= restored.global_step);
+                    progress.suspend(|| eprintln!("{note}"));
+                    progress.set_position(restored.global_step);
+                    state = restored;
+                    continue;
+                }
                 let last_step = step == total;
                 if let Some(every) = config.eval_steps {
                     if (step % every == 0 || last_step) && !eval_rows.is_empty() {
                         let evaluation = self.evaluate(&runtime, &remote, eval_rows, step)?;
                         metrics.extend(evaluation.clone());
+                        if state.guard.evaluated(&config, evaluation["eval/reward"]) {
+                            progress.suspend(|| {
+                                eprintln!(
+                                    "early stopping after step {step}: eval/reward has not improved on {:.4} for {} evaluations (early_stopping_patience)",
+                                    state.guard.best_eval.unwrap_or(f64::NAN),
+                                    state.guard.evals_since_best
+                                )
+                            });
+                        }
                         summary.evaluations.push((step, evaluation));
                     }
                 }
+                metrics.extend(state.guard.metrics(&config));
                 metrics_log.log(step, &metrics)?;
                 progress.set_message(format!(
                     "reward {:.3}",
                     metrics.get("reward").copied().unwrap_or(f64::NAN)
                 ));
                 progress.set_position(step);
-                if step % config.save_steps == 0 || last_step {
+                if step % config.save_steps == 0 || last_step || state.guard.stopped {
                     let saved = self.save(&runtime, &mut remote, &state)?;
                     if self.options.progress {
                         progress.suspend(|| eprintln!("saved {}", saved.display()));
@@ -395,6 +425,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         })();
         heartbeat.abort();
         progress.finish_and_clear();
+        summary.stopped_early = state.guard.stopped;
+        summary.rollbacks = state.guard.rollbacks;
         outcome.map(|()| summary)
     }
 
@@ -546,7 +578,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 }
             }
         }
-        let learning_rate = optim::learning_rate(config, state.global_step, total);
+        let learning_rate =
+            optim::learning_rate(config, state.global_step, total) * state.guard.lr_factor;
         let seq = remote.next_seq();
         let optimized = runtime
             .block_on(self.tinker.client.optim_step(
@@ -666,8 +699,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         Ok(evaluation_metrics(&records, &summary))
     }
 
-    /// A new session and model on the service: a fresh LoRA, or (resuming) one loaded from the
-    /// checkpoint; and sampler weights of it.
+    /// A new session on the service with a model in it ([`TinkerTrainer::open_model`]).
     async fn connect(
         &self,
         resumed: Option<&ServiceCheckpoint>,
@@ -675,20 +707,9 @@ impl<S: RolloutSource> TinkerTrainer<S> {
     ) -> Result<Remote, String> {
         let client = &self.tinker.client;
         let session_id = client.create_session().await.map_err(|e| e.to_string())?;
-        let model_id = client
-            .create_model(
-                &session_id,
-                0,
-                &self.tinker.base_model,
-                wire::LoraConfig {
-                    rank: self.config.lora_r,
-                    seed: Some(self.config.seed),
-                },
-            )
-            .await
-            .map_err(|e| e.to_string())?;
         let mut remote = Remote {
-            model_id,
+            model_id: String::new(),
+            model_seq: 0,
             seq_id: 1,
             sampler: TinkerSampler::new(
                 client.clone(),
@@ -699,7 +720,34 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             ),
             session_id,
         };
-        if let Some(checkpoint) = resumed {
+        self.open_model(&mut remote, resumed, step).await?;
+        Ok(remote)
+    }
+
+    /// The session's next model: a fresh LoRA, or one loaded from `checkpoint` (weights and optimizer
+    /// state); and sampler weights of it, named after `step`, for the sampler.
+    async fn open_model(
+        &self,
+        remote: &mut Remote,
+        checkpoint: Option<&ServiceCheckpoint>,
+        step: u64,
+    ) -> Result<(), String> {
+        let client = &self.tinker.client;
+        remote.model_id = client
+            .create_model(
+                &remote.session_id,
+                remote.model_seq,
+                &self.tinker.base_model,
+                wire::LoraConfig {
+                    rank: self.config.lora_r,
+                    seed: Some(self.config.seed),
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        remote.model_seq += 1;
+        remote.seq_id = 1;
+        if let Some(checkpoint) = checkpoint {
             let seq = remote.next_seq();
             client
                 .load_weights(&remote.model_id, seq, &checkpoint.weights)
@@ -717,7 +765,31 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             .await
             .map_err(|e| e.to_string())?;
         remote.sampler.set_weights(weights);
-        Ok(remote)
+        Ok(())
+    }
+
+    /// A rollback's restoration of the checkpoint in `dir`: the service takes a checkpoint only as a
+    /// new model's first request, so the model the run leaves is unloaded (a failure there is only
+    /// warned of: the run can go on without it) and a new one opened with the checkpoint's weights and
+    /// optimizer state. Returns the checkpoint's state.
+    fn restore(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        remote: &mut Remote,
+        dir: &Path,
+    ) -> Result<TrainerState, TrainError> {
+        let service: ServiceCheckpoint = read_checkpoint_file(dir, SERVICE_FILE)?;
+        let state: TrainerState = read_checkpoint_file(dir, "trainer_state.json")?;
+        runtime
+            .block_on(async {
+                if let Err(error) = self.tinker.client.unload_model(&remote.model_id).await {
+                    eprintln!("warning: {error}; the abandoned model stays on the service");
+                }
+                self.open_model(remote, Some(&service), state.global_step)
+                    .await
+            })
+            .map_err(TrainError::Source)?;
+        Ok(state)
     }
 
     /// Opens the run folder: a new run (refusing a folder that holds one), or with `resume` the
@@ -762,12 +834,12 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             std::fs::read_to_string(newest.join(file))
                 .map_err(|error| TrainError::Input(format!("{}/{file}: {error}", newest.display())))
         };
-        let service: ServiceCheckpoint = serde_json::from_str(&read(SERVICE_FILE)?).map_err(|error| {
-            TrainError::Input(format!(
-                "{}/{SERVICE_FILE}: {error} (a checkpoint of a local run resumes without --backend tinker)",
-                newest.display()
-            ))
-        })?;
+        let service: ServiceCheckpoint =
+            read_checkpoint_file(newest, SERVICE_FILE).map_err(|error| {
+                TrainError::Input(format!(
+                    "{error} (a checkpoint of a local run resumes without --backend tinker)"
+                ))
+            })?;
         if service.base_model != self.tinker.base_model {
             return Err(TrainError::Input(format!(
                 "--resume: --model is `{}` but the run in `{}` trains `{}`",
@@ -789,14 +861,12 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 dir.display()
             )));
         }
-        let state: TrainerState =
-            serde_json::from_str(&read("trainer_state.json")?).map_err(|error| {
-                TrainError::Input(format!("{}/trainer_state.json: {error}", newest.display()))
-            })?;
+        let state: TrainerState = read_checkpoint_file(newest, "trainer_state.json")?;
         stream.check_resumed(&state).map_err(TrainError::Input)?;
         for file in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
             self.run.keep_records_until(file, *step)?;
         }
+        guard::keep_events(&self.run, state.guard.rollbacks)?;
         Ok((state, MetricsLog::resume(&dir, *step)?, Some(service)))
     }
 
@@ -876,6 +946,18 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         }
         Ok(target)
     }
+}
+
+/// A JSON file of the checkpoint in `dir`, or an error naming it.
+fn read_checkpoint_file<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    file: &str,
+) -> Result<T, TrainError> {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|error| TrainError::Input(format!("{}: {error}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|error| TrainError::Input(format!("{}: {error}", path.display())))
 }
 
 fn pretty(value: &impl Serialize) -> String {

@@ -133,6 +133,14 @@ pub struct LoadWeightsRequest {
     pub kind: String,
 }
 
+/// `unload_model`: frees a model's adapter on the service (a rollback leaves the model it abandons).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnloadModelRequest {
+    pub model_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
 /// A model input of token chunks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInput {
