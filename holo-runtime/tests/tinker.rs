@@ -302,7 +302,7 @@ async fn a_run_speaks_the_recorded_wire() {
     assert!(steps[0]["grad_norm"].as_f64().unwrap() > 0.0);
     assert_eq!(
         service_checkpoint(&run, 2)["weights"],
-        "tinker://model_9ae79be5/weights/checkpoint-2"
+        "tinker://model_c04d39b9/weights/checkpoint-2"
     );
 
     let seen = seen.lock().unwrap().clone();
@@ -343,6 +343,23 @@ async fn a_run_speaks_the_recorded_wire() {
         assert!(!ours.is_empty(), "{path}");
         assert_eq!(ours, theirs, "{path}");
     }
+    // Sampler weights that no checkpoint records (the first, `sampler-step-0`) are deleted once
+    // superseded, at the path SkyRL's route answered 204 to.
+    let deleted: Vec<&str> = seen
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.path.as_str())
+        .collect();
+    let recorded_deletes: Vec<&str> = recorded
+        .iter()
+        .filter(|e| e.path.starts_with("/api/v1/training_runs/"))
+        .map(|e| e.path.as_str())
+        .collect();
+    assert_eq!(
+        deleted,
+        ["/api/v1/training_runs/model_c04d39b9/checkpoints/sampler_weights/sampler-step-0"]
+    );
+    assert_eq!(deleted, recorded_deletes);
     // forward_backward: protobuf, one datum per rollout, targets shifted by one, sampling
     // log-probabilities and advantages on the sampled tokens only.
     let fwdbwd: Vec<&Seen> = seen
@@ -353,7 +370,7 @@ async fn a_run_speaks_the_recorded_wire() {
     for (index, request) in fwdbwd.iter().enumerate() {
         assert_eq!(request.headers["content-type"], "application/x-protobuf");
         let body = proto::ForwardBackwardRequest::decode(request.raw.as_slice()).unwrap();
-        assert_eq!(body.model_id, "model_9ae79be5");
+        assert_eq!(body.model_id, "model_c04d39b9");
         assert_eq!(body.loss_fn, "importance_sampling");
         assert_eq!(body.seq_id, 1 + 4 * index as i32 + 1);
         assert_eq!(body.data.len(), 4);
@@ -438,7 +455,7 @@ async fn a_restarted_server_stops_the_run_and_resume_continues_from_the_checkpoi
     assert_eq!(steps[1]["step"], 2);
     assert_eq!(
         service_checkpoint(&run, 2)["weights"],
-        "tinker://model_83663dd7/weights/checkpoint-2"
+        "tinker://model_2a6e81a9/weights/checkpoint-2"
     );
 }
 
@@ -527,8 +544,13 @@ async fn a_service_that_is_down_is_named() {
 /// futures as the service does, and its model *collapses* once it has taken `COLLAPSING_STEPS`
 /// optimizer steps at a learning rate of at least `collapse_lr`: sampler weights saved from then on
 /// answer long replies, which `short.hol`'s length penalty scores -1, where the sound weights
-/// answer "Red" (0). A loaded checkpoint brings back the count it was saved with.
-async fn collapsing_service(collapse_lr: f64) -> (String, Arc<Mutex<Vec<Seen>>>) {
+/// answer "Red" (0). A loaded checkpoint brings back the count it was saved with. Checkpoints are
+/// deleted as the service deletes them (404 for one it does not hold), but `refused_delete`'s
+/// deletion fails with a 500.
+async fn collapsing_service(
+    collapse_lr: f64,
+    refused_delete: Option<&'static str>,
+) -> (String, Arc<Mutex<Vec<Seen>>>) {
     use prost::Message;
 
     const COLLAPSING_STEPS: u32 = 2;
@@ -555,6 +577,25 @@ async fn collapsing_service(collapse_lr: f64) -> (String, Arc<Mutex<Vec<Seen>>>)
     stub_typed(move |request, _| {
         let mut service = service.lock().unwrap();
         let operation = request.path.trim_start_matches("/api/v1/");
+        if request.method == "DELETE" {
+            // training_runs/RUN/checkpoints/KIND/NAME
+            let parts: Vec<&str> = operation.split('/').collect();
+            let path = format!("tinker://{}/{}/{}", parts[1], parts[3], parts[4]);
+            if refused_delete == Some(path.as_str()) {
+                return json(500, json!({"detail": "storage is read-only"}));
+            }
+            return match service.saved.remove(&path) {
+                Some(_) => Answer {
+                    status: 204,
+                    content_type: "application/json".into(),
+                    body: Vec::new(),
+                },
+                None => json(
+                    404,
+                    json!({"detail": format!("Checkpoint not found: {path}")}),
+                ),
+            };
+        }
         let model = request.body["model_id"]
             .as_str()
             .unwrap_or_default()
@@ -711,7 +752,7 @@ fn rollbacks(run: &Path) -> Vec<Value> {
 /// steps 2–4 again without collapsing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() {
-    let (url, seen) = collapsing_service(1e-3).await;
+    let (url, seen) = collapsing_service(1e-3, None).await;
     let dir = common::tempdir::Dir::new("tinker-rollback");
     let run = dir.path().join("run");
     let config = config_with(
@@ -823,14 +864,77 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
         .collect();
     assert_eq!(sent_rates, [1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 5e-4]);
     assert_eq!(service_checkpoint(&run, 4)["model_id"], "model_1");
+    // Deleted from the service: the abandoned model's last sampler weights and abandoned checkpoint
+    // (`checkpoint-3` was never saved), and the new model's first sampler weights, which no checkpoint
+    // records, once it had newer ones.
+    let deleted: Vec<&str> = seen
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.path.trim_start_matches("/api/v1/training_runs/"))
+        .collect();
+    assert_eq!(
+        deleted,
+        [
+            "model_0/checkpoints/sampler_weights/sampler-step-3",
+            "model_0/checkpoints/weights/checkpoint-2",
+            "model_0/checkpoints/sampler_weights/sampler-step-2",
+            "model_1/checkpoints/sampler_weights/sampler-step-1",
+        ]
+    );
     // `checkpoint-0` (the starting weights) is saved before the first step of a run that rolls back.
     assert_eq!(bodies("/api/v1/save_weights")[0]["path"], "checkpoint-0");
+}
+
+/// `save_total_limit` prunes the service's storage with the run folder: a checkpoint's weights and
+/// sampler weights go with its folder, and sampler weights no checkpoint records go once the sampler
+/// has newer ones. A deletion the service refuses is a warning; the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruned_checkpoints_are_deleted_from_the_service() {
+    let refused = "tinker://model_0/weights/checkpoint-2";
+    let (url, seen) = collapsing_service(f64::INFINITY, Some(refused)).await;
+    let dir = common::tempdir::Dir::new("tinker-prune");
+    let run = dir.path().join("run");
+    let config = config_with(dir.path(), "save_total_limit = 2");
+    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    let checkpoints: Vec<bool> = (1..=4)
+        .map(|step| run.join(format!("checkpoint-{step}")).exists())
+        .collect();
+    assert_eq!(checkpoints, [false, false, true, true]);
+    let deleted: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| {
+            r.path
+                .trim_start_matches("/api/v1/training_runs/")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        [
+            "model_0/checkpoints/sampler_weights/sampler-step-0",
+            "model_0/checkpoints/weights/checkpoint-1",
+            "model_0/checkpoints/sampler_weights/sampler-step-1",
+            "model_0/checkpoints/weights/checkpoint-2",
+            "model_0/checkpoints/sampler_weights/sampler-step-2",
+        ]
+    );
+    assert!(
+        said.contains(&format!(
+            "warning: the Tinker service at {url} answered deleting `{refused}` with HTTP 500: storage is read-only; it stays on the service"
+        )),
+        "{said}"
+    );
 }
 
 /// A trip after `max_rollbacks` rollbacks stops the run, the folder back at its last good checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collapse_after_max_rollbacks_stops_the_run_at_its_last_good_checkpoint() {
-    let (url, _) = collapsing_service(1e-3).await;
+    let (url, _) = collapsing_service(1e-3, None).await;
     let dir = common::tempdir::Dir::new("tinker-diverged");
     let run = dir.path().join("run");
     let config = config_with(
@@ -854,7 +958,7 @@ async fn a_collapse_after_max_rollbacks_stops_the_run_at_its_last_good_checkpoin
 /// with patience 1 the run saves and ends after step 2 of 4; resumed, it stays stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_stopping_ends_a_run_on_the_service_and_a_resumed_run_stays_stopped() {
-    let (url, seen) = collapsing_service(f64::INFINITY).await;
+    let (url, seen) = collapsing_service(f64::INFINITY, None).await;
     let dir = common::tempdir::Dir::new("tinker-early-stop");
     let run = dir.path().join("run");
     let config = config_with(

@@ -248,7 +248,7 @@ pub fn roll_back(
 /// ([`roll_back`]), has `restore` bring back that checkpoint's weights, optimizer and trainer state,
 /// and returns the restored state with the scaled learning rate and a line for the log. After
 /// `max_rollbacks` rollbacks, or with no good checkpoint left, stops with [`TrainError::Diverged`]
-/// (the folder rolled back all the same).
+/// (the folder rolled back all the same, nothing restored).
 pub fn rewind(
     run: &RunDir,
     config: &GrpoConfig,
@@ -276,14 +276,14 @@ pub fn rewind(
         guard.lr_factor *= config.rollback_lr_factor;
     }
     *metrics_log = roll_back(run, &trip, good_step, &guard, stop, metrics)?;
-    let mut state = restore(&good_dir)?;
-    state.guard.rollbacks = guard.rollbacks;
-    state.guard.lr_factor = guard.lr_factor;
     if stop {
         return Err(TrainError::Diverged(format!(
             "{trip}, after {max} rollbacks (max_rollbacks); the run folder is back at checkpoint-{good_step}, its last good checkpoint"
         )));
     }
+    let mut state = restore(&good_dir)?;
+    state.guard.rollbacks = guard.rollbacks;
+    state.guard.lr_factor = guard.lr_factor;
     let note = format!(
         "rollback {} of {max}: {trip}; restored checkpoint-{good_step}, learning rate × {}",
         guard.rollbacks, guard.lr_factor

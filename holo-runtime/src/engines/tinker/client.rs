@@ -418,6 +418,30 @@ impl Client {
         Ok(())
     }
 
+    /// Deletes the checkpoint at `path` (a `tinker://RUN/…/NAME` path that `save_weights` answered, or
+    /// with `sampler` `save_weights_for_sampler`) from the service's storage: `DELETE
+    /// /api/v1/training_runs/RUN/checkpoints/{weights|sampler_weights}/NAME`, as the SDK's
+    /// `delete_checkpoint`. One already gone (404) is not an error.
+    pub async fn delete_checkpoint(&self, path: &str, sampler: bool) -> Result<(), TinkerError> {
+        let operation = format!("deleting `{path}`");
+        let (run, name) = checkpoint_parts(path)
+            .ok_or_else(|| self.malformed(&operation, "not a tinker://RUN/…/NAME path".into()))?;
+        let kind = if sampler {
+            "sampler_weights"
+        } else {
+            "weights"
+        };
+        let url = format!(
+            "{}/api/v1/training_runs/{run}/checkpoints/{kind}/{name}",
+            self.base
+        );
+        let (status, _, body) = self.request(&operation, || self.http.delete(&url)).await?;
+        if !status.is_success() && status != reqwest::StatusCode::NOT_FOUND {
+            return Err(self.status(&operation, status.as_u16(), &body));
+        }
+        Ok(())
+    }
+
     /// `asample`: `num_samples` completions of `prompt` by the sampler weights at `model_path`.
     pub async fn sample(
         &self,
@@ -489,16 +513,33 @@ impl Client {
             Body::Json(bytes) => ("application/json", bytes),
             Body::Protobuf(bytes) => (PROTOBUF, bytes),
         };
+        let (status, _, body) = self
+            .request(operation, || {
+                self.http
+                    .post(&url)
+                    .header(CONTENT_TYPE, content_type)
+                    .body(bytes.clone())
+            })
+            .await?;
+        if !status.is_success() {
+            return Err(self.status(operation, status.as_u16(), &body));
+        }
+        Ok(body)
+    }
+
+    /// Sends the request `build` makes, with the key, asking for JSON; builds and sends it again after
+    /// a failed connection, up to [`Waits::reconnects`] times.
+    async fn request(
+        &self,
+        operation: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, String, Vec<u8>), TinkerError> {
         let mut reconnects = 0;
         loop {
-            let sent = self
-                .http
-                .post(&url)
+            let sent = build()
                 .header("X-API-Key", &self.key)
-                .header(CONTENT_TYPE, content_type)
                 .header(ACCEPT, "application/json")
                 .timeout(self.waits.request)
-                .body(bytes.clone())
                 .send()
                 .await;
             match self.answer(operation, sent).await {
@@ -506,10 +547,7 @@ impl Client {
                     tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
                     reconnects += 1;
                 }
-                Ok((status, _, body)) if !status.is_success() => {
-                    return Err(self.status(operation, status.as_u16(), &body))
-                }
-                other => return other.map(|(_, _, body)| body),
+                other => return other,
             }
         }
     }
@@ -656,6 +694,15 @@ impl Client {
     }
 }
 
+/// The training run and the name of a `tinker://RUN/…/NAME` path (SkyRL answers
+/// `tinker://RUN/NAME` for sampler weights, the hosted service `tinker://RUN/sampler_weights/NAME`).
+fn checkpoint_parts(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("tinker://")?;
+    let (run, tail) = rest.split_once('/')?;
+    let name = tail.rsplit('/').next()?;
+    (!run.is_empty() && !name.is_empty()).then_some((run, name))
+}
+
 /// What an error body says: FastAPI's `detail`, or the text.
 fn detail(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
@@ -666,5 +713,34 @@ fn detail(body: &[u8]) -> String {
             None => shortened(&text),
         },
         _ => shortened(&text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_parts;
+
+    #[test]
+    fn a_checkpoint_path_names_its_run_and_its_name_in_both_services_forms() {
+        assert_eq!(
+            checkpoint_parts("tinker://model_9ae79be5/weights/checkpoint-2"),
+            Some(("model_9ae79be5", "checkpoint-2"))
+        );
+        assert_eq!(
+            checkpoint_parts("tinker://model_9ae79be5/sampler-step-0"),
+            Some(("model_9ae79be5", "sampler-step-0"))
+        );
+        assert_eq!(
+            checkpoint_parts("tinker://run-1:train:0/sampler_weights/000080"),
+            Some(("run-1:train:0", "000080"))
+        );
+        for bad in [
+            "model/weights/x",
+            "tinker://model",
+            "tinker:///x",
+            "tinker://model/",
+        ] {
+            assert_eq!(checkpoint_parts(bad), None, "{bad}");
+        }
     }
 }

@@ -30,7 +30,7 @@
 //! What the service cannot do as the local trainer does is refused before the run starts
 //! ([`check_config`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -236,6 +236,9 @@ struct Remote {
     seq_id: u64,
     sampler: TinkerSampler,
     session_id: String,
+    /// The sampler weights that checkpoints record; others are deleted from the service once the
+    /// sampler has newer ones.
+    recorded: BTreeSet<String>,
 }
 
 impl Remote {
@@ -371,7 +374,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 );
                 if let Some(trip) = state.guard.check(&config, step, &metrics) {
                     let run = self.run.clone();
-                    let (restored, note) = guard::rewind(
+                    let saved = self.service_checkpoints()?;
+                    let rewound = guard::rewind(
                         &run,
                         &config,
                         trip,
@@ -379,7 +383,15 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                         &metrics,
                         &mut metrics_log,
                         |dir| self.restore(&runtime, &mut remote, dir),
-                    )?;
+                    );
+                    // The checkpoints the rollback abandoned, on the service too.
+                    let kept = self.service_checkpoints()?;
+                    for (step, service) in &saved {
+                        if !kept.iter().any(|(kept, _)| kept == step) {
+                            self.discard(&runtime, &mut remote, service);
+                        }
+                    }
+                    let (restored, note) = rewound?;
                     summary
                         .evaluations
                         .retain(|(step, _)| *step <= restored.global_step);
@@ -604,7 +616,11 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 true,
             ))
             .map_err(|error| TrainError::Source(error.to_string()))?;
+        let superseded = remote.sampler.weights();
         remote.sampler.set_weights(sampler_weights);
+        if !remote.recorded.contains(&superseded) {
+            self.delete(runtime, &superseded, true);
+        }
         state.micro_step += steps as u64;
         state.global_step = step;
 
@@ -719,6 +735,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 String::new(),
             ),
             session_id,
+            recorded: BTreeSet::new(),
         };
         self.open_model(&mut remote, resumed, step).await?;
         Ok(remote)
@@ -780,6 +797,10 @@ impl<S: RolloutSource> TinkerTrainer<S> {
     ) -> Result<TrainerState, TrainError> {
         let service: ServiceCheckpoint = read_checkpoint_file(dir, SERVICE_FILE)?;
         let state: TrainerState = read_checkpoint_file(dir, "trainer_state.json")?;
+        let current = remote.sampler.weights();
+        if !remote.recorded.contains(&current) {
+            self.delete(runtime, &current, true);
+        }
         runtime
             .block_on(async {
                 if let Err(error) = self.tinker.client.unload_model(&remote.model_id).await {
@@ -896,8 +917,49 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         }
     }
 
+    /// The run folder's checkpoints by step, with what each keeps on the service (a folder without a
+    /// readable `tinker.json` keeps nothing there).
+    fn service_checkpoints(&self) -> Result<Vec<(u64, Option<ServiceCheckpoint>)>, TrainError> {
+        Ok(self
+            .run
+            .checkpoints()?
+            .into_iter()
+            .map(|(step, dir)| (step, read_checkpoint_file(&dir, SERVICE_FILE).ok()))
+            .collect())
+    }
+
+    /// Deletes a checkpoint the run no longer keeps from the service: its weights, and its sampler
+    /// weights unless the sampler is using them.
+    fn discard(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        remote: &mut Remote,
+        service: &Option<ServiceCheckpoint>,
+    ) {
+        let Some(service) = service else {
+            return;
+        };
+        self.delete(runtime, &service.weights, false);
+        remote.recorded.remove(&service.sampler_weights);
+        if service.sampler_weights != remote.sampler.weights() {
+            self.delete(runtime, &service.sampler_weights, true);
+        }
+    }
+
+    /// Deletes `path` (sampler weights with `sampler`) from the service. Storage is not worth stopping
+    /// a run for: a failure is a warning.
+    fn delete(&self, runtime: &tokio::runtime::Runtime, path: &str, sampler: bool) {
+        if path.is_empty() {
+            return;
+        }
+        if let Err(error) = runtime.block_on(self.tinker.client.delete_checkpoint(path, sampler)) {
+            eprintln!("warning: {error}; it stays on the service");
+        }
+    }
+
     /// `save_weights` on the service, then `RUN_DIR/checkpoint-N/` (written into a temporary folder
-    /// and renamed into place), keeping the newest `save_total_limit` folders.
+    /// and renamed into place), keeping the newest `save_total_limit` checkpoints (the older ones'
+    /// weights deleted from the service too).
     fn save(
         &self,
         runtime: &tokio::runtime::Runtime,
@@ -921,6 +983,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             weights,
             sampler_weights: remote.sampler.weights(),
         };
+        remote.recorded.insert(service.sampler_weights.clone());
         self.run.remove_partial()?;
         let staging = self
             .run
@@ -936,12 +999,13 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         }
         std::fs::rename(&staging, &target)?;
         if let Some(keep) = self.config.save_total_limit {
-            let checkpoints = self.run.checkpoints()?;
-            for (_, old) in checkpoints
+            let checkpoints = self.service_checkpoints()?;
+            for (step, old) in checkpoints
                 .iter()
                 .take(checkpoints.len().saturating_sub(keep))
             {
-                std::fs::remove_dir_all(old)?;
+                std::fs::remove_dir_all(self.run.checkpoint(*step))?;
+                self.discard(runtime, remote, old);
             }
         }
         Ok(target)
