@@ -522,6 +522,22 @@ fn bad_options_fail_before_any_work_naming_the_key() {
         "{stderr}"
     );
 
+    // Training precisions: bf16 is CUDA's, f16 is not one.
+    for (extra, said) in [
+        (["--dtype", "bf16"], "--dtype bf16: the CPU trains in f32"),
+        (
+            ["--dtype", "f16"],
+            "--dtype f16: training in f16 needs loss scaling",
+        ),
+        (["--dtype", "f8"], "unknown --dtype \"f8\": f32 or bf16"),
+    ] {
+        let mut args = train_args(&out, 2);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let (code, stderr) = stderr_of(&args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(said), "{extra:?}: {stderr}");
+    }
+
     // PPO's options: its own, and GRPO's that it replaces.
     for (extra, key) in [
         (vec!["--algorithm", "ppx"], "grpo, ppo"),

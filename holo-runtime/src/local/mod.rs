@@ -171,6 +171,27 @@ pub fn parse_dtype(name: Option<&str>, device: &Device) -> Result<DType, String>
     }
 }
 
+/// A training precision named as `holo train --dtype` takes it: `f32`, `bf16`, or none for the
+/// device's own ([`dispatch::training_dtype`]: bf16 on CUDA, f32 elsewhere). f16 is refused: its range
+/// needs loss scaling, which the trainers do not do. So is bf16 on the CPU, where a bf16 model samples
+/// with f32 arithmetic and does not train.
+pub fn parse_training_dtype(name: Option<&str>, device: &Device) -> Result<DType, String> {
+    match name {
+        None => Ok(dispatch::training_dtype(device.location())),
+        Some("f32") => Ok(DType::F32),
+        Some("bf16") if device.is_cpu() => Err(
+            "--dtype bf16: the CPU trains in f32 (bf16 training is for CUDA; docs/cuda.md, \"Precision\")"
+                .into(),
+        ),
+        Some("bf16") => Ok(DType::BF16),
+        Some("f16") => Err(
+            "--dtype f16: training in f16 needs loss scaling, which holo does not do; use bf16 or f32"
+                .into(),
+        ),
+        Some(name) => Err(format!("unknown --dtype {name:?}: f32 or bf16")),
+    }
+}
+
 /// What the scheduler's thread shares with the model's handles.
 struct Core {
     model: Model,

@@ -999,6 +999,13 @@ impl Model {
         named
     }
 
+    /// A copy with every base weight of type `dtype`, arithmetic included: a bf16 copy computes in
+    /// bf16 on any device, which is how a model loaded in bf16 runs on CUDA (on the CPU,
+    /// [`super::checkpoint::load_model`] keeps a bf16 model's arithmetic in f32, for sampling).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Model> {
+        self.map_weights(|_, weight| weight.to_dtype(dtype))
+    }
+
     /// A copy with `f(name, weight)` in place of every base weight (adapters stay).
     fn map_weights(&self, mut f: impl FnMut(&str, &Tensor) -> Result<Tensor>) -> Result<Model> {
         let mut model = self.clone();

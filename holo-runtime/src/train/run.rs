@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokenizers::Tokenizer;
 
@@ -68,8 +68,8 @@ impl From<candle_core::Error> for TrainError {
     }
 }
 
-/// A model folder loaded for training: weights in the device's training precision
-/// ([`dispatch::training_dtype`]: f32 on the CPU, bf16 on CUDA), tokenizer, chat template.
+/// A model folder loaded for training: weights in a training precision (by default the device's,
+/// [`dispatch::training_dtype`]: f32 on the CPU, bf16 on CUDA), tokenizer, chat template.
 pub struct Policy {
     pub dir: PathBuf,
     pub model: Model,
@@ -79,11 +79,17 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Loads `dir` on `device` in its training precision.
     pub fn load(dir: &Path, device: &Device) -> Result<Self, TrainError> {
+        Policy::load_as(dir, device, dispatch::training_dtype(device.location()))
+    }
+
+    /// Loads `dir` on `device` with weights of type `dtype`: f32, or bf16 (whose gradients and AdamW
+    /// moments are bf16 too; LoRA adapters stay f32, [`dispatch::adapter_dtype`]).
+    pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, TrainError> {
         let fail = |error: model_files::LoadError| {
             TrainError::Input(format!("--model `{}`: {error}", dir.display()))
         };
-        let dtype = dispatch::training_dtype(device.location());
         let model = model_files::load_model(dir, dtype, device).map_err(fail)?;
         let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
         let template = model_files::load_template(dir).map_err(fail)?;

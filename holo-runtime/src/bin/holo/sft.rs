@@ -33,6 +33,10 @@ pub struct SftArgs {
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The precision the model trains in: f32, or bf16 (weights, gradients and AdamW's moments; LoRA
+    /// adapters stay f32). Default: f32 on the CPU, bf16 on CUDA (docs/cuda.md, "Precision").
+    #[arg(long)]
+    pub dtype: Option<String>,
 }
 
 /// The help text after `holo sft`'s arguments: every option with its default.
@@ -49,7 +53,11 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(device) => device,
         Err(message) => return usage(message),
     };
-    let policy = match Policy::load(&args.model, &device) {
+    let dtype = match holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device) {
+        Ok(dtype) => dtype,
+        Err(message) => return usage(message),
+    };
+    let policy = match Policy::load_as(&args.model, &device, dtype) {
         Ok(policy) => policy,
         Err(error) => return usage(error),
     };

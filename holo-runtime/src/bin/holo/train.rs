@@ -68,6 +68,10 @@ pub struct TrainArgs {
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The precision the model trains in: f32, or bf16 (weights, gradients and AdamW's moments; LoRA
+    /// adapters stay f32). Default: f32 on the CPU, bf16 on CUDA (docs/cuda.md, "Precision").
+    #[arg(long)]
+    pub dtype: Option<String>,
     /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it
     /// (not Linux, user namespaces disabled). Without it such a run is refused before it starts.
     /// Unsandboxed code can read, change and delete what this user can, the run included.
@@ -161,7 +165,11 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Ok(device) => device,
         Err(message) => return usage(message),
     };
-    let policy = match Policy::load(&args.model, &device) {
+    let dtype = match holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device) {
+        Ok(dtype) => dtype,
+        Err(message) => return usage(message),
+    };
+    let policy = match Policy::load_as(&args.model, &device, dtype) {
         Ok(policy) => policy,
         Err(error) => return usage(error),
     };
@@ -266,6 +274,9 @@ fn train<S: RolloutSource>(
 fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
     if args.rollouts == RolloutsFrom::Atropos {
         return usage("--rollouts atropos: not with --backend tinker");
+    }
+    if args.dtype.is_some() {
+        return usage("--dtype: with --backend tinker the service trains in its own precision");
     }
     let (Some(file), Some(data)) = (&args.file, &args.data) else {
         return usage("--backend tinker needs FILE, the holoware, and --data, its rows");

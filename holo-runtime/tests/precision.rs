@@ -1,0 +1,160 @@
+//! Training in bf16, the precision `holo train` uses on CUDA (docs/cuda.md, "Precision"), on whatever
+//! device the tests run on: the committed tiny Qwen2 with every weight in bf16 computes in bf16 on the
+//! CPU too ([`Model::to_dtype`]), so the code CUDA runs — sampling, the reference model, scoring, the
+//! losses, candle's autograd for bf16 layers, bf16 AdamW, f32 LoRA over a bf16 base, checkpoints — is
+//! exercised here without a GPU. `HOLO_TEST_DEVICE=cuda:0` runs the same tests on a GPU
+//! (`scripts/gpu-check.sh`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::DType;
+use holo_runtime::holotypes;
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::loom::Interpreted;
+use holo_runtime::train::{GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::Resources;
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The tiny Qwen2 on the test device with every weight in bf16.
+fn bf16_policy() -> Policy {
+    let dir = fixtures().join("models/qwen2");
+    let mut policy = Policy::load_as(&dir, &common::test_device(), DType::F32).unwrap();
+    policy.model = policy.model.to_dtype(DType::BF16).unwrap();
+    assert_eq!(policy.model.dtype(), DType::BF16, "bf16 arithmetic");
+    policy
+}
+
+fn rows() -> Vec<(usize, Row)> {
+    std::fs::read_to_string(fixtures().join("train/rows.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .map(|row| row.as_object().unwrap().clone())
+        .enumerate()
+        .collect()
+}
+
+fn source() -> Interpreted {
+    let holoware = Holoware::open(
+        &fixtures().join("train/short.hol"),
+        Arc::new(holotypes::registry()),
+    )
+    .unwrap();
+    Interpreted {
+        holoware: Arc::new(holoware),
+        resources: Resources::default(),
+    }
+}
+
+fn config(use_peft: bool) -> GrpoConfig {
+    GrpoConfig {
+        max_steps: 2,
+        num_generations: 4,
+        per_device_train_batch_size: 4,
+        gradient_accumulation_steps: 2,
+        max_completion_length: 12,
+        learning_rate: 3e-3,
+        // A reference model and its KL, as a GRPO run with `beta` has.
+        beta: 0.04,
+        save_steps: 1,
+        use_peft,
+        lora_target_modules: Some(vec!["q_proj".into(), "v_proj".into(), "up_proj".into()]),
+        seed: 7,
+        ..GrpoConfig::default()
+    }
+}
+
+/// The type of every tensor of a safetensors file, by name.
+fn dtypes(path: &Path) -> Vec<(String, safetensors::Dtype)> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut named: Vec<(String, safetensors::Dtype)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.dtype()))
+        .collect();
+    named.sort();
+    named
+}
+
+/// Trains 2 steps in bf16; returns the run folder and its metrics.
+fn train(name: &str, use_peft: bool) -> (common::tempdir::Dir, Vec<Value>) {
+    let dir = common::tempdir::Dir::new(name);
+    let options = RunOptions {
+        out: dir.path().join("run"),
+        resume: false,
+        progress: false,
+    };
+    let rows = rows();
+    let mut trainer = Trainer::new(source(), bf16_policy(), config(use_peft), options).unwrap();
+    let summary = trainer.train(&rows, &rows[..2]).unwrap();
+    assert_eq!(summary.steps, 2);
+    let metrics = common::run_metrics(&dir.path().join("run"));
+    assert_eq!(metrics.len(), 2);
+    for step in &metrics {
+        for key in ["reward", "loss", "grad_norm", "kl", "entropy"] {
+            let value = step[key].as_f64().unwrap_or(f64::NAN);
+            assert!(value.is_finite(), "{key} in {step}");
+        }
+        assert!(step["grad_norm"].as_f64().unwrap() > 0.0, "{step}");
+    }
+    (dir, metrics)
+}
+
+/// Full fine-tuning: the weights, their gradients and AdamW's moments are bf16, and so is what the
+/// checkpoint keeps; the second step's KL shows the first update moved the weights.
+#[test]
+fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
+    let (dir, metrics) = train("bf16-full", false);
+    assert!(metrics[1]["kl"].as_f64().unwrap() > 0.0, "{}", metrics[1]);
+    let checkpoint = dir.path().join("run/checkpoint-2");
+    let weights = dtypes(&checkpoint.join("model.safetensors"));
+    assert!(!weights.is_empty());
+    for (name, dtype) in &weights {
+        assert_eq!(*dtype, safetensors::Dtype::BF16, "{name}");
+    }
+    let moments = dtypes(&checkpoint.join("optimizer.safetensors"));
+    assert_eq!(moments.len(), 2 * weights.len(), "{moments:?}");
+    for (name, dtype) in &moments {
+        assert!(
+            name.ends_with(".exp_avg") || name.ends_with(".exp_avg_sq"),
+            "{name}"
+        );
+        assert_eq!(*dtype, safetensors::Dtype::BF16, "{name}");
+    }
+
+    // The bf16 checkpoint resumes exactly: from checkpoint-1, step 2 again gives the same metrics.
+    std::fs::remove_dir_all(&checkpoint).unwrap();
+    let options = RunOptions {
+        out: dir.path().join("run"),
+        resume: true,
+        progress: false,
+    };
+    let rows = rows();
+    let mut trainer = Trainer::new(source(), bf16_policy(), config(false), options).unwrap();
+    assert_eq!(trainer.train(&rows, &rows[..2]).unwrap().steps, 2);
+    assert_eq!(common::run_metrics(&dir.path().join("run")), metrics);
+}
+
+/// LoRA over a bf16 base: the adapters and their moments are f32 (PEFT's `autocast_adapter_dtype`).
+#[test]
+fn lora_adapters_over_a_bf16_base_train_in_f32() {
+    let (dir, _) = train("bf16-lora", true);
+    let checkpoint = dir.path().join("run/checkpoint-2");
+    let adapters = dtypes(&checkpoint.join("adapter_model.safetensors"));
+    assert!(!adapters.is_empty());
+    for (name, dtype) in &adapters {
+        assert!(name.contains("lora_"), "{name}");
+        assert_eq!(*dtype, safetensors::Dtype::F32, "{name}");
+    }
+    for (name, dtype) in dtypes(&checkpoint.join("optimizer.safetensors")) {
+        assert_ne!(dtype, safetensors::Dtype::BF16, "{name}");
+    }
+}
