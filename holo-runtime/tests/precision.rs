@@ -14,6 +14,8 @@ use candle_core::DType;
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::Interpreted;
+use holo_runtime::train::config::Algorithm;
+use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
 use holo_runtime::train::{GrpoConfig, Policy, RunOptions, Trainer};
 use holo_runtime::Resources;
 use serde_json::Value;
@@ -86,6 +88,16 @@ fn dtypes(path: &Path) -> Vec<(String, safetensors::Dtype)> {
 
 /// Trains 2 steps in bf16; returns the run folder and its metrics.
 fn train(name: &str, use_peft: bool) -> (common::tempdir::Dir, Vec<Value>) {
+    train_with(
+        name,
+        config(use_peft),
+        &["reward", "loss", "grad_norm", "kl", "entropy"],
+    )
+}
+
+/// Trains `config` in bf16 for 2 steps; every step's `keys` are finite. Returns the run folder and its
+/// metrics.
+fn train_with(name: &str, config: GrpoConfig, keys: &[&str]) -> (common::tempdir::Dir, Vec<Value>) {
     let dir = common::tempdir::Dir::new(name);
     let options = RunOptions {
         out: dir.path().join("run"),
@@ -93,13 +105,13 @@ fn train(name: &str, use_peft: bool) -> (common::tempdir::Dir, Vec<Value>) {
         progress: false,
     };
     let rows = rows();
-    let mut trainer = Trainer::new(source(), bf16_policy(), config(use_peft), options).unwrap();
+    let mut trainer = Trainer::new(source(), bf16_policy(), config, options).unwrap();
     let summary = trainer.train(&rows, &rows[..2]).unwrap();
     assert_eq!(summary.steps, 2);
     let metrics = common::run_metrics(&dir.path().join("run"));
     assert_eq!(metrics.len(), 2);
     for step in &metrics {
-        for key in ["reward", "loss", "grad_norm", "kl", "entropy"] {
+        for key in keys {
             let value = step[key].as_f64().unwrap_or(f64::NAN);
             assert!(value.is_finite(), "{key} in {step}");
         }
@@ -156,5 +168,71 @@ fn lora_adapters_over_a_bf16_base_train_in_f32() {
     }
     for (name, dtype) in dtypes(&checkpoint.join("optimizer.safetensors")) {
         assert_ne!(dtype, safetensors::Dtype::BF16, "{name}");
+    }
+}
+
+/// PPO: the value model (a copy of the policy with a score head) trains in bf16 beside it.
+#[test]
+fn ppo_trains_its_value_model_in_bf16() {
+    let config = GrpoConfig {
+        algorithm: Algorithm::Ppo,
+        num_generations: 4,
+        per_device_train_batch_size: 8,
+        gradient_accumulation_steps: 1,
+        num_mini_batches: 2,
+        num_iterations: 1,
+        ..config(false)
+    };
+    let keys = [
+        "reward",
+        "loss",
+        "grad_norm",
+        "loss/value_avg",
+        "objective/kl",
+    ];
+    let (dir, _) = train_with("bf16-ppo", config, &keys);
+    let checkpoint = dir.path().join("run/checkpoint-2");
+    for (name, dtype) in dtypes(&checkpoint.join("value_model.safetensors")) {
+        assert_eq!(dtype, safetensors::Dtype::BF16, "{name}");
+    }
+}
+
+/// Supervised fine-tuning in bf16: the loss falls over a few steps on a handful of examples.
+#[test]
+fn sft_trains_in_bf16() {
+    let dir = common::tempdir::Dir::new("bf16-sft");
+    let policy = bf16_policy();
+    let config = SftConfig {
+        max_steps: 4,
+        per_device_train_batch_size: 4,
+        learning_rate: 3e-3,
+        save_steps: 4,
+        ..SftConfig::default()
+    };
+    let dataset = Tokenizing {
+        tokenizer: &policy.tokenizer,
+        template: &policy.template,
+        vocab_size: policy.model.config.vocab_size,
+        config: &config,
+    }
+    .read(&fixtures().join("sft/train.jsonl"))
+    .unwrap();
+    let options = RunOptions {
+        out: dir.path().join("run"),
+        resume: false,
+        progress: false,
+    };
+    let mut trainer = SftTrainer::new(policy, config, options).unwrap();
+    trainer.train(&dataset.examples).unwrap();
+    let metrics = common::run_metrics(&dir.path().join("run"));
+    let losses: Vec<f64> = metrics
+        .iter()
+        .filter_map(|step| step["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 4, "{metrics:?}");
+    assert!(losses.iter().all(|loss| loss.is_finite()), "{losses:?}");
+    assert!(losses[3] < losses[0], "{losses:?}");
+    for (name, dtype) in dtypes(&dir.path().join("run/checkpoint-4/model.safetensors")) {
+        assert_eq!(dtype, safetensors::Dtype::BF16, "{name}");
     }
 }

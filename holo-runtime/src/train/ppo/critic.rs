@@ -63,11 +63,13 @@ impl Critic {
         Ok(Critic { model, head, vars })
     }
 
-    /// The values `[N]` of `packed`'s trained tokens from the final hidden states `[R, T, hidden]`.
+    /// The values `[N]` of `packed`'s trained tokens from the final hidden states `[R, T, hidden]`, in
+    /// the type of the logits (f32 over a bf16 model), which the value loss is computed in.
     pub fn head(&self, hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
         score::pick(hidden, packed)?
             .matmul(&self.head.as_tensor().t()?)?
-            .squeeze(1)
+            .squeeze(1)?
+            .to_dtype(self.model.logits_dtype())
     }
 
     /// The values (without gradient) of each sequence's trained tokens, `batch` sequences at a time.

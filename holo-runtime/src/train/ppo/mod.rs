@@ -406,7 +406,8 @@ pub fn micro_step(
     batch: &MicroBatch<'_>,
 ) -> candle_core::Result<MicroStep> {
     let device = model.device();
-    let tensor = |values: &[f32]| Tensor::new(values, device)?.to_dtype(model.dtype());
+    // In the losses' type (f32 over a bf16 model), as the log-probabilities and values are.
+    let tensor = |values: &[f32]| Tensor::new(values, device)?.to_dtype(model.logits_dtype());
     let old_logprobs = tensor(&batch.old_logprobs)?;
     let advantages = tensor(&batch.advantages)?;
     let returns = tensor(&batch.returns)?;
