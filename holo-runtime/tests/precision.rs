@@ -121,7 +121,8 @@ fn train_with(name: &str, config: GrpoConfig, keys: &[&str]) -> (common::tempdir
 }
 
 /// Full fine-tuning: the weights, their gradients and AdamW's moments are bf16, and so is what the
-/// checkpoint keeps; the second step's KL shows the first update moved the weights.
+/// checkpoint keeps; the second step's KL shows the first update moved the weights. The checkpoint
+/// resumes exactly and exports as a model folder.
 #[test]
 fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     let (dir, metrics) = train("bf16-full", false);
@@ -153,6 +154,21 @@ fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     let mut trainer = Trainer::new(source(), bf16_policy(), config(false), options).unwrap();
     assert_eq!(trainer.train(&rows, &rows[..2]).unwrap().steps, 2);
     assert_eq!(common::run_metrics(&dir.path().join("run")), metrics);
+
+    // `holo export` writes the bf16 weights as a model folder that loads.
+    let exported = dir.path().join("exported");
+    let run = dir.path().join("run");
+    let output = common::holo_command(&[
+        "export",
+        run.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    holo_runtime::local::checkpoint::load_model(&exported, DType::F32, &common::test_device())
+        .unwrap();
 }
 
 /// LoRA over a bf16 base: the adapters and their moments are f32 (PEFT's `autocast_adapter_dtype`).
