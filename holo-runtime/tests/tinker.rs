@@ -727,14 +727,59 @@ async fn collapsing_service(
     .await
 }
 
-/// `train.toml` for 4 steps, with `extra` lines, written into `dir`.
-fn config_with(dir: &Path, extra: &str) -> PathBuf {
-    let base = std::fs::read_to_string(fixture("train.toml")).unwrap();
-    assert!(base.contains("max_steps = 2\n"));
-    let path = dir.join("train.toml");
-    let text = base.replace("max_steps = 2\n", "max_steps = 4\n");
-    std::fs::write(&path, format!("{text}{extra}\n")).unwrap();
-    path
+/// 4 steps of the fixtures against a [`collapsing_service`], with `extra` lines of options.
+struct Collapsing {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    dir: common::tempdir::Dir,
+    run: PathBuf,
+}
+
+impl Collapsing {
+    async fn new(
+        name: &str,
+        collapse_lr: f64,
+        refused_delete: Option<&'static str>,
+        extra: &str,
+    ) -> Self {
+        let (url, seen) = collapsing_service(collapse_lr, refused_delete).await;
+        let dir = common::tempdir::Dir::new(name);
+        let base = std::fs::read_to_string(fixture("train.toml")).unwrap();
+        assert!(base.contains("max_steps = 2\n"));
+        let text = base.replace("max_steps = 2\n", "max_steps = 4\n");
+        std::fs::write(dir.path().join("train.toml"), format!("{text}{extra}\n")).unwrap();
+        let run = dir.path().join("run");
+        Collapsing {
+            url,
+            seen,
+            dir,
+            run,
+        }
+    }
+
+    /// `holo train` with `args`; its output and what it said.
+    async fn train(&self, args: &[&str]) -> (Output, String) {
+        let config = self.dir.path().join("train.toml");
+        let output =
+            holo_train_with(&self.url, &self.run, "tml-test", BASE_MODEL, &config, args).await;
+        let said = text(&output);
+        (output, said)
+    }
+
+    /// The checkpoints deleted from the service, `RUN/checkpoints/KIND/NAME`, in order.
+    fn deleted(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.method == "DELETE")
+            .map(|r| {
+                r.path
+                    .trim_start_matches("/api/v1/training_runs/")
+                    .to_string()
+            })
+            .collect()
+    }
 }
 
 /// The rollback events of a run.
@@ -752,22 +797,22 @@ fn rollbacks(run: &Path) -> Vec<Value> {
 /// steps 2–4 again without collapsing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() {
-    let (url, seen) = collapsing_service(1e-3, None).await;
-    let dir = common::tempdir::Dir::new("tinker-rollback");
-    let run = dir.path().join("run");
-    let config = config_with(
-        dir.path(),
+    let service = Collapsing::new(
+        "tinker-rollback",
+        1e-3,
+        None,
         "lr_scheduler_type = \"constant\"\nrollback_reward_drop = 0.2\nrollback_window = 1",
-    );
-    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
-    let said = text(&output);
+    )
+    .await;
+    let (output, said) = service.train(&[]).await;
     assert!(output.status.success(), "{said}");
+    let run = &service.run;
     assert!(
         said.contains("rollback 1 of 3: step 3: the moving mean reward -1.0000 fell below -0.2000"),
         "{said}"
     );
 
-    let steps = metrics(&run);
+    let steps = metrics(run);
     let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
     assert_eq!(
         numbers,
@@ -787,7 +832,7 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
         assert_eq!(step["guard/rollbacks"], 1.0);
         assert_eq!(step["guard/lr_factor"], 0.5);
     }
-    let events = rollbacks(&run);
+    let events = rollbacks(run);
     assert_eq!(events.len(), 1);
     let event = &events[0];
     assert_eq!(
@@ -825,7 +870,7 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
         [(1, 4), (2, 4), (3, 4), (4, 4)]
     );
 
-    let seen = seen.lock().unwrap().clone();
+    let seen = service.seen.lock().unwrap().clone();
     let bodies = |path: &str| -> Vec<Value> {
         seen.iter()
             .filter(|r| r.path == path)
@@ -863,17 +908,12 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
         .map(|b| b["adam_params"]["learning_rate"].as_f64().unwrap())
         .collect();
     assert_eq!(sent_rates, [1e-3, 1e-3, 1e-3, 5e-4, 5e-4, 5e-4]);
-    assert_eq!(service_checkpoint(&run, 4)["model_id"], "model_1");
+    assert_eq!(service_checkpoint(run, 4)["model_id"], "model_1");
     // Deleted from the service: the abandoned model's last sampler weights and abandoned checkpoint
     // (`checkpoint-3` was never saved), and the new model's first sampler weights, which no checkpoint
     // records, once it had newer ones.
-    let deleted: Vec<&str> = seen
-        .iter()
-        .filter(|r| r.method == "DELETE")
-        .map(|r| r.path.trim_start_matches("/api/v1/training_runs/"))
-        .collect();
     assert_eq!(
-        deleted,
+        service.deleted(),
         [
             "model_0/checkpoints/sampler_weights/sampler-step-3",
             "model_0/checkpoints/weights/checkpoint-2",
@@ -891,30 +931,21 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pruned_checkpoints_are_deleted_from_the_service() {
     let refused = "tinker://model_0/weights/checkpoint-2";
-    let (url, seen) = collapsing_service(f64::INFINITY, Some(refused)).await;
-    let dir = common::tempdir::Dir::new("tinker-prune");
-    let run = dir.path().join("run");
-    let config = config_with(dir.path(), "save_total_limit = 2");
-    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
-    let said = text(&output);
+    let service = Collapsing::new(
+        "tinker-prune",
+        f64::INFINITY,
+        Some(refused),
+        "save_total_limit = 2",
+    )
+    .await;
+    let (output, said) = service.train(&[]).await;
     assert!(output.status.success(), "{said}");
     let checkpoints: Vec<bool> = (1..=4)
-        .map(|step| run.join(format!("checkpoint-{step}")).exists())
+        .map(|step| service.run.join(format!("checkpoint-{step}")).exists())
         .collect();
     assert_eq!(checkpoints, [false, false, true, true]);
-    let deleted: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| r.method == "DELETE")
-        .map(|r| {
-            r.path
-                .trim_start_matches("/api/v1/training_runs/")
-                .to_string()
-        })
-        .collect();
     assert_eq!(
-        deleted,
+        service.deleted(),
         [
             "model_0/checkpoints/sampler_weights/sampler-step-0",
             "model_0/checkpoints/weights/checkpoint-1",
@@ -925,7 +956,8 @@ async fn pruned_checkpoints_are_deleted_from_the_service() {
     );
     assert!(
         said.contains(&format!(
-            "warning: the Tinker service at {url} answered deleting `{refused}` with HTTP 500: storage is read-only; it stays on the service"
+            "warning: the Tinker service at {} answered deleting `{refused}` with HTTP 500: storage is read-only; it stays on the service",
+            service.url
         )),
         "{said}"
     );
@@ -934,73 +966,57 @@ async fn pruned_checkpoints_are_deleted_from_the_service() {
 /// A trip after `max_rollbacks` rollbacks stops the run, the folder back at its last good checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collapse_after_max_rollbacks_stops_the_run_at_its_last_good_checkpoint() {
-    let (url, _) = collapsing_service(1e-3, None).await;
-    let dir = common::tempdir::Dir::new("tinker-diverged");
-    let run = dir.path().join("run");
-    let config = config_with(
-        dir.path(),
+    let service = Collapsing::new(
+        "tinker-diverged",
+        1e-3,
+        None,
         "lr_scheduler_type = \"constant\"\nrollback_reward_drop = 0.2\nrollback_window = 1\nmax_rollbacks = 0",
-    );
-    let output = holo_train_with(&url, &run, "tml-test", BASE_MODEL, &config, &[]).await;
-    let said = text(&output);
+    )
+    .await;
+    let (output, said) = service.train(&[]).await;
     assert!(!output.status.success(), "{said}");
+    let run = &service.run;
     assert!(
         said.contains("step 3: the moving mean reward -1.0000 fell below -0.2000 (its best minus rollback_reward_drop), after 0 rollbacks (max_rollbacks); the run folder is back at checkpoint-1"),
         "{said}"
     );
     assert!(run.join("checkpoint-1").is_dir());
     assert!(!run.join("checkpoint-2").exists());
-    assert_eq!(metrics(&run).len(), 1);
-    assert_eq!(rollbacks(&run)[0]["stopped"], true);
+    assert_eq!(metrics(run).len(), 1);
+    assert_eq!(rollbacks(run)[0]["stopped"], true);
 }
 
 /// Early stopping on the service's evaluations: `eval/reward` never rises above its first value, so
 /// with patience 1 the run saves and ends after step 2 of 4; resumed, it stays stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_stopping_ends_a_run_on_the_service_and_a_resumed_run_stays_stopped() {
-    let (url, seen) = collapsing_service(f64::INFINITY, None).await;
-    let dir = common::tempdir::Dir::new("tinker-early-stop");
-    let run = dir.path().join("run");
-    let config = config_with(
-        dir.path(),
+    let service = Collapsing::new(
+        "tinker-early-stop",
+        f64::INFINITY,
+        None,
         "eval_steps = 1\nearly_stopping_patience = 1\nnum_generations_eval = 2",
-    );
-    let eval = fixture("rows.jsonl").display().to_string();
-    let output = holo_train_with(
-        &url,
-        &run,
-        "tml-test",
-        BASE_MODEL,
-        &config,
-        &["--eval-data", &eval],
     )
     .await;
-    let said = text(&output);
+    let eval = fixture("rows.jsonl").display().to_string();
+    let (output, said) = service.train(&["--eval-data", &eval]).await;
     assert!(output.status.success(), "{said}");
+    let run = &service.run;
     assert!(
         said.contains(
             "early stopping after step 2: eval/reward has not improved on 0.0000 for 1 evaluations"
         ),
         "{said}"
     );
-    let steps = metrics(&run);
+    let steps = metrics(run);
     assert_eq!(steps.len(), 2);
     assert_eq!(steps[1]["guard/evals_since_best"], 1.0);
     assert!(run.join("checkpoint-2/tinker.json").is_file());
 
-    let before = seen.lock().unwrap().len();
-    let output = holo_train_with(
-        &url,
-        &run,
-        "tml-test",
-        BASE_MODEL,
-        &config,
-        &["--eval-data", &eval, "--resume"],
-    )
-    .await;
-    assert!(output.status.success(), "{}", text(&output));
-    assert_eq!(metrics(&run).len(), 2);
-    let trained = seen.lock().unwrap()[before..]
+    let before = service.seen.lock().unwrap().len();
+    let (output, said) = service.train(&["--eval-data", &eval, "--resume"]).await;
+    assert!(output.status.success(), "{said}");
+    assert_eq!(metrics(run).len(), 2);
+    let trained = service.seen.lock().unwrap()[before..]
         .iter()
         .filter(|r| r.path == "/api/v1/forward_backward")
         .count();

@@ -126,6 +126,15 @@ impl GuardState {
         self.stopped
     }
 
+    /// The line that says early stopping ended the run after `step`.
+    pub fn stopping_note(&self, step: u64) -> String {
+        format!(
+            "early stopping after step {step}: eval/reward has not improved on {:.4} for {} evaluations (early_stopping_patience)",
+            self.best_eval.unwrap_or(f64::NAN),
+            self.evals_since_best
+        )
+    }
+
     /// Takes a finished step's metrics; the trip, when the step passed a rollback bound.
     pub fn check(
         &mut self,

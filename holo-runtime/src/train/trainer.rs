@@ -317,13 +317,7 @@ impl<S: RolloutSource> Trainer<S> {
                     let evaluation = self.evaluate(&runtime, eval_rows, step)?;
                     metrics.extend(evaluation.clone());
                     if state.guard.evaluated(&config, evaluation["eval/reward"]) {
-                        progress.suspend(|| {
-                            eprintln!(
-                                "early stopping after step {step}: eval/reward has not improved on {:.4} for {} evaluations (early_stopping_patience)",
-                                state.guard.best_eval.unwrap_or(f64::NAN),
-                                state.guard.evals_since_best
-                            )
-                        });
+                        progress.suspend(|| eprintln!("{}", state.guard.stopping_note(step)));
                     }
                     summary.evaluations.push((step, evaluation));
                 }
