@@ -33,7 +33,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT_DIR/target/cuda}"
 log() { printf '[gpu-bundle %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 fail() { log "$*"; exit 1; }
 
-[ $# -eq 1 ] || { echo "usage: bash scripts/gpu-bundle.sh DIR (a folder in this repository that git ignores)" >&2; exit 2; }
+if [ $# -ne 1 ]; then
+    echo "usage: bash scripts/gpu-bundle.sh DIR (a folder in this repository that git ignores)" >&2
+    exit 2
+fi
 for tool in cargo python3 xz strip git; do
     command -v "$tool" >/dev/null || fail "no $tool on PATH"
 done
@@ -48,7 +51,8 @@ git -C "$ROOT_DIR" check-ignore -q "$DIR/" ||
     fail "git does not ignore $DIR: list it in .gitignore (as /.gpu/ is), so that it travels only as a carry path"
 # DIR is emptied before the new bundle goes in: only a bundle's files may be there.
 if [ -d "$DIR" ]; then
-    others="$(find "$DIR" -mindepth 1 -maxdepth 1 ! -name bin.tar.xz ! -name manifest.txt ! -name '*.whl' -printf '%f ')"
+    others="$(find "$DIR" -mindepth 1 -maxdepth 1 ! -name bin.tar.xz ! -name manifest.txt ! -name '*.whl' \
+        -printf '%f ')"
     [ -z "$others" ] || fail "$DIR holds files that are not a bundle's ($others): name an empty or a bundle's folder"
 fi
 
@@ -56,7 +60,8 @@ start=$SECONDS
 eval "$(bash "$ROOT_DIR/scripts/cuda-build.sh" --env)"
 
 # ---- 1. build: one cargo run, so that the binaries and the tests share one feature set --------------------
-log "cargo build --release -p holo-runtime --features cuda (compute capability $CUDA_COMPUTE_CAP, -j $JOBS, into $CARGO_TARGET_DIR)"
+log "cargo build --release -p holo-runtime --features cuda (compute capability $CUDA_COMPUTE_CAP, -j $JOBS," \
+    "into $CARGO_TARGET_DIR)"
 STAGE="$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle.XXXXXX")"
 trap 'rm -rf "$STAGE"' EXIT
 tests=()
@@ -90,8 +95,7 @@ tar -C "$STAGE/bin" -cf - "${names[@]}" time | xz -T1 --lzma2="preset=9,dict=${d
 log "downloading ${WHEELS[*]}"
 mkdir -p "$STAGE/wheels"
 python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$STAGE/wheels" "${WHEELS[@]}"
+    --implementation cp -d "$STAGE/wheels" "${WHEELS[@]}"
 
 # ---- 4. the bundle -----------------------------------------------------------------------------------------------
 commit="$(git -C "$ROOT_DIR" rev-parse HEAD)"
@@ -116,7 +120,8 @@ tree=$(cd "$ROOT_DIR" && git ls-files -z --cached --others --exclude-standard |
 mib() { awk -v bytes="$1" 'BEGIN { printf "%.1f MiB", bytes / 1048576 }'; }
 log "bundle: $(mib "$bundle"); with the working tree ($(mib "$tree")): $(mib $((bundle + tree))) of $LIMIT_MIB MiB"
 [ $((bundle + tree)) -le $((LIMIT_MIB << 20)) ] ||
-    fail "too large: $(mib $((bundle + tree))) > $LIMIT_MIB MiB (the device tool takes 64 MiB with the working tree); $DIR left as it was"
+    fail "too large: $(mib $((bundle + tree))) > $LIMIT_MIB MiB (the device tool takes 64 MiB with the working" \
+        "tree); $DIR left as it was"
 rm -rf "$DIR"
 mv "$STAGE/bundle" "$DIR"
 log "bundle in $DIR, made in $((SECONDS - start)) s"

@@ -92,7 +92,8 @@ find_libraries() {
     for binary in "$@"; do
         while wanted="$(unresolved "$binary" | head -n 1)" && [ -n "$wanted" ]; do
             for folder in "${folders[@]}" ""; do
-                [ -n "$folder" ] || missing "$(basename "$binary") needs $wanted: not on the loader's path, nor in ${folders[*]}"
+                [ -n "$folder" ] ||
+                    missing "$(basename "$binary") needs $wanted: not on the loader's path, nor in ${folders[*]}"
                 case ":${LD_LIBRARY_PATH:-}:" in *":$folder:"*) continue ;; esac
                 if [ -e "$folder/$wanted" ]; then
                     export LD_LIBRARY_PATH="$folder${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -127,9 +128,11 @@ prepare_prebuilt() {
         missing "$PREBUILT is not a bundle (no manifest.txt or bin.tar.xz): make one with scripts/gpu-bundle.sh"
     fi
     PREBUILT="$(cd "$PREBUILT" && pwd)"
-    log "bundle: commit $(manifest commit), made $(manifest made), CUDA $(manifest cuda), compute capability $(manifest compute_cap)"
+    log "bundle: commit $(manifest commit), made $(manifest made), CUDA $(manifest cuda)," \
+        "compute capability $(manifest compute_cap)"
     [ "$(manifest compute_cap)" = "$CUDA_COMPUTE_CAP" ] ||
-        missing "the bundle's kernels are for compute capability $(manifest compute_cap), this GPU's is $CUDA_COMPUTE_CAP (CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP bash scripts/gpu-bundle.sh DIR)"
+        missing "the bundle's kernels are for compute capability $(manifest compute_cap), this GPU's is" \
+            "$CUDA_COMPUTE_CAP (CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP bash scripts/gpu-bundle.sh DIR)"
     read -r -a TESTS <<<"$(manifest tests)"
     PY="${PEER_PYTHON:-python3}"
     command -v "$PY" >/dev/null || missing "no Python at $PY (set PEER_PYTHON)"
@@ -187,16 +190,21 @@ from trl import GRPOConfig, GRPOTrainer
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
       "datasets", datasets.__version__, "trl", trl.__version__)
 assert torch.cuda.is_available(), "torch sees no GPU"' >>"$OUT/gpu-check.log" 2>&1 ||
-    missing "$PY lacks torch with CUDA, transformers or TRL (see $OUT/gpu-check.log)"
+    missing "$PY lacks torch with CUDA, transformers or TRL: $(tail -n 1 "$OUT/gpu-check.log") (see $OUT/gpu-check.log)"
 tail -n 1 "$OUT/gpu-check.log" >&2
 
 # ---- stages: each bounded by its own limit and by what is left of the budget ----------------------------------
 DEADLINE=$((SECONDS + CHECK_BUDGET_S))
-# bounded LIMIT_S COMMAND...: COMMAND for at most LIMIT_S seconds and what is left of the budget; 124 when stopped.
+# allowance LIMIT_S: LIMIT_S, or what is left of the budget when that is less.
+allowance() {
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+# bounded LIMIT_S COMMAND...: COMMAND for at most its allowance of LIMIT_S seconds; 124 when stopped.
 bounded() {
-    local limit=$1 left=$((DEADLINE - SECONDS))
+    local limit
+    limit="$(allowance "$1")"
     shift
-    [ "$left" -ge "$limit" ] || limit=$left
     if [ "$limit" -lt 10 ]; then
         log "skipped: no time left for it"
         return 124
@@ -221,8 +229,8 @@ lines = ["# GPU check", "", f"GPU: {gpu}", f"cuda binaries: {binaries}", f"parit
 if sample:
     (row,) = sample
     t, h = row["transformers"], row["holo"]
-    figures["sampling"] = {"holo_tokens_per_s": h["new_tokens_per_s"], "transformers_tokens_per_s": t["new_tokens_per_s"],
-                           "ratio": row["ratio"], "holo_peak_gpu_mib": h["peak_gpu_mib"],
+    figures["sampling"] = {"holo_tokens_per_s": h["new_tokens_per_s"],
+                           "transformers_tokens_per_s": t["new_tokens_per_s"], "ratio": row["ratio"], "holo_peak_gpu_mib": h["peak_gpu_mib"],
                            "transformers_peak_gpu_mib": t["peak_gpu_mib"]}
     lines += ["## Sampling (Qwen2.5-0.5B shapes, batch 64, bf16)", "",
               "| | new tokens/s | peak GPU MiB |", "|---|---|---|",
@@ -253,26 +261,32 @@ figures
 
 cd "$ROOT"
 # ---- 2. parity on the GPU ------------------------------------------------------------------------------------
-log "transformers / TRL parity tests on cuda:0 (at most $PARITY_S s)"
+log "transformers / TRL parity tests on cuda:0 (at most $(allowance "$PARITY_S") s)"
 PARITY=passed
+failing=()
 : >"$OUT/parity.log"
 parity_end=$((SECONDS + PARITY_S))
 for test in "${TESTS[@]}"; do
     echo "==== $test" >>"$OUT/parity.log"
     status=0
     # From the package's folder, as cargo test runs them.
-    (cd holo-runtime && HOLO_TEST_DEVICE=cuda:0 bounded $((parity_end - SECONDS)) "$BIN/$test") >>"$OUT/parity.log" 2>&1 ||
-        status=$?
+    (cd holo-runtime && HOLO_TEST_DEVICE=cuda:0 bounded $((parity_end - SECONDS)) "$BIN/$test") \
+        >>"$OUT/parity.log" 2>&1 || status=$?
     result="$(outcome "$status" passed)"
     log "$test: $result"
-    [ "$result" = passed ] || PARITY="$result ($test)"
+    [ "$result" = passed ] || failing+=("$test $result")
 done
+if [ ${#failing[@]} -gt 0 ]; then
+    PARITY="$(printf '%s, ' "${failing[@]}")"
+    PARITY="not passed: ${PARITY%, }"
+fi
 grep -E '^test result:|FAILED|panicked' "$OUT/parity.log" | tee -a "$OUT/gpu-check.log" >&2 || true
 log "parity: $PARITY"
 figures
 
 # ---- 3. sampling at batch 64 --------------------------------------------------------------------------------
-log "sampling: Qwen2.5-0.5B shapes, batch 64, $SAMPLE_NEW new tokens, bf16, holo vs transformers generate (at most $SAMPLE_S s)"
+log "sampling: Qwen2.5-0.5B shapes, batch 64, $SAMPLE_NEW new tokens, bf16, holo vs transformers generate" \
+    "(at most $(allowance "$SAMPLE_S") s)"
 status=0
 bounded "$SAMPLE_S" "$PY" benches/sample_compare.py --which qwen05b --device cuda --dtype bf16 --batch 64 \
     --prompt-len 32 --new "$SAMPLE_NEW" --repeats 3 --threads "$THREADS" --work-dir "$MODELS" \
@@ -283,7 +297,8 @@ log "sampling: $SAMPLE"
 figures
 
 # ---- 4. GRPO steps --------------------------------------------------------------------------------------------
-log "GRPO: 0.5B shapes, $GRPO_STEPS steps of $GRPO_BATCH completions (G $GRPO_GENERATIONS), bf16, holo vs TRL (at most $GRPO_S s)"
+log "GRPO: 0.5B shapes, $GRPO_STEPS steps of $GRPO_BATCH completions (G $GRPO_GENERATIONS), bf16, holo vs TRL" \
+    "(at most $(allowance "$GRPO_S") s)"
 status=0
 bounded "$GRPO_S" "$PY" benches/grpo_compare.py --which qwen05b --device cuda --idle-wait 0 --seeds-05b 0 \
     --steps-05b "$GRPO_STEPS" --batch-05b "$GRPO_BATCH" --num-generations-05b "$GRPO_GENERATIONS" \
