@@ -185,13 +185,13 @@ prepare_cargo() {
 }
 
 if [ -n "$PREBUILT" ]; then prepare_prebuilt; else prepare_cargo; fi
-"$PY" -c 'import sys, torch, transformers, datasets, trl
+versions="$("$PY" -c 'import sys, torch, transformers, datasets, trl
 from trl import GRPOConfig, GRPOTrainer
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
       "datasets", datasets.__version__, "trl", trl.__version__)
-assert torch.cuda.is_available(), "torch sees no GPU"' >>"$OUT/gpu-check.log" 2>&1 ||
+assert torch.cuda.is_available(), "torch sees no GPU"' 2>>"$OUT/gpu-check.log")" ||
     missing "$PY lacks torch with CUDA, transformers or TRL: $(tail -n 1 "$OUT/gpu-check.log") (see $OUT/gpu-check.log)"
-tail -n 1 "$OUT/gpu-check.log" >&2
+log "$versions"
 
 # ---- stages: each bounded by its own limit and by what is left of the budget ----------------------------------
 DEADLINE=$((SECONDS + CHECK_BUDGET_S))
