@@ -22,9 +22,9 @@
 # (PARITY_S 150, SAMPLE_S 150, GRPO_S 210), after which it is stopped (SIGTERM, SIGKILL 10 s later).
 #
 # What it needs: `nvidia-smi` and the driver; a Python with torch (CUDA build) and transformers ($PEER_PYTHON).
-# With --prebuilt: ldd, and CUDA 13's libraries (cuBLAS, cuRAND, the runtime, NVRTC) where the loader finds
-# them, or in PyTorch's nvidia-* wheels, or beside nvcc; TRL from the bundle; PEER_PYTHON defaults to python3;
-# the tests' build path (the bundle's manifest.txt) must be absent or a link, as it is linked to this copy.
+# With --prebuilt: ldd, and CUDA 13's libraries (cuBLAS, cuRAND, the runtime) where the loader finds them, or
+# in PyTorch's nvidia-* wheels, or beside nvcc; TRL from the bundle; PEER_PYTHON defaults to python3; the
+# tests' build path (the bundle's manifest.txt) must be absent or a link, as it is linked to this copy (root).
 # Without: cargo; the CUDA toolkit, either `nvcc` on PATH (the system's) or PyPI to install it
 # (scripts/cuda-build.sh, CUDA 13.0, which needs driver 580 or later); TRL in the peers' venv ($PEER_PYTHON,
 # else ~/.cache/holo-peers/venv/bin/python, made by ../shared/peers/setup.sh when that script is there, from
@@ -76,8 +76,8 @@ rm -rf "$WORK"
 mkdir -p "$BIN"
 
 # ---- 1a. prebuilt: unpack the bundle, install its wheels, find CUDA's libraries ------------------------------
-# The binaries link libcuda.so.1 (the driver) and CUDA 13's libcublas, libcublasLt, libcurand, libcudart and
-# libnvrtc: the loader's own, else the first of these folders that holds one.
+# The binaries need libcuda.so.1 (the driver) and CUDA 13's libcublas (and libcublasLt), libcurand and
+# libcudart at start: the loader's own, else the first of these folders that holds one.
 library_folders() {
     "$PY" -c 'import os, nvidia; print(*(os.path.join(p, "cu13", "lib") for p in nvidia.__path__), sep="\n")' \
         2>/dev/null || true
