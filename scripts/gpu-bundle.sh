@@ -49,10 +49,13 @@ case "$DIR/" in
 esac
 git -C "$ROOT_DIR" check-ignore -q "$DIR/" ||
     fail "git does not ignore $DIR: list it in .gitignore (as /.gpu/ is), so that it travels only as a carry path"
-# DIR is emptied before the new bundle goes in: only a bundle's files may be there.
+case "$(realpath -m "$CARGO_TARGET_DIR")/" in
+    "$DIR"/*) fail "$DIR would hold the build ($CARGO_TARGET_DIR), and is replaced by the bundle: name another folder" ;;
+esac
+# DIR is replaced by the new bundle: only a bundle's files may be there.
 if [ -d "$DIR" ]; then
     others="$(find "$DIR" -mindepth 1 -maxdepth 1 ! -name bin.tar.xz ! -name manifest.txt ! -name '*.whl' \
-        -printf '%f ')"
+        -printf '%f\n' | paste -sd ' ')"
     [ -z "$others" ] || fail "$DIR holds files that are not a bundle's ($others): name an empty or a bundle's folder"
 fi
 
