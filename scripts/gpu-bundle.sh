@@ -13,7 +13,7 @@
 #
 # Prints the bundle's size and fails when the bundle and the files that travel with the working tree (tracked
 # and untracked-not-ignored) exceed 60 MiB: the device tool takes 64 MiB in all. Needs cargo, PyPI (the
-# toolkit, the wheels), xz and strip.
+# toolkit, the wheels), xz, strip and GNU time (/usr/bin/time, carried along for machines without it).
 #
 # Environment: CUDA_COMPUTE_CAP (default 90: H100/H200); JOBS (cargo's and nvcc's parallelism, default 1);
 # CARGO_TARGET_DIR (default target/cuda, so that the cuda `holo`, which needs libcuda.so.1 to start, does not
@@ -117,8 +117,9 @@ mv "$STAGE/bin.tar.xz" "$STAGE"/wheels/*.whl "$STAGE/bundle/"
 
 bundle=$(du -cb "$STAGE"/bundle/* | tail -n 1 | cut -f 1)
 # What travels besides the carried bundle: tracked files and untracked ones that git does not ignore.
+# (A tracked file deleted here does not travel: stat's complaint about it is dropped.)
 tree=$(cd "$ROOT_DIR" && git ls-files -z --cached --others --exclude-standard |
-    xargs -0 -r stat -c %s -- 2>/dev/null | awk '{ total += $1 } END { print total + 0 }')
+    { xargs -0 -r stat -c %s -- 2>/dev/null || true; } | awk '{ total += $1 } END { print total + 0 }')
 (cd "$STAGE/bundle" && du -b -- * | sort -k 2) >&2
 mib() { awk -v bytes="$1" 'BEGIN { printf "%.1f MiB", bytes / 1048576 }'; }
 log "bundle: $(mib "$bundle"); with the working tree ($(mib "$tree")): $(mib $((bundle + tree))) of $LIMIT_MIB MiB"
