@@ -51,12 +51,14 @@ Models:
            layers, 14 / 2 heads, intermediate 4864, tied embeddings, 358 M parameters; with a 512-token
            vocabulary), built once under --work-dir (default ~/.cache/holo-peers/bench-models).
 
-Needs the Python peers' venv (TRL 1.16, bash ../shared/peers/setup.sh), GNU time (/usr/bin/time) and cargo;
-builds `cargo build --release -p holo-runtime --bin holo`. On 2 cores, timings collapse when anything else
-runs, and holo's more than torch's (its thread pools spin while waiting): before each run the script waits
-for the machine to go idle (`--idle-wait`, from /proc/stat), measures the CPU time the rest of the machine
-used during the run ("other load", in cores), and runs a side again when that exceeds `--max-other-load`
-(0.15 cores), at most `--attempts` (3) times; the table shows the largest other load that was kept.
+Needs the Python peers' venv (TRL 1.16, bash ../shared/peers/setup.sh), GNU time (/usr/bin/time; `GNU_TIME`
+names another path) and cargo; builds `cargo build --release -p holo-runtime --bin holo`, unless `--holo-bin`
+names a binary built beforehand (scripts/gpu-bundle.sh). TRL's figures for a seed are printed as soon as its
+run ends, before holo's run. On 2 cores, timings collapse when anything else runs, and holo's more than
+torch's (its thread pools spin while waiting): before each run the script waits for the machine to go idle
+(`--idle-wait`, from /proc/stat), measures the CPU time the rest of the machine used during the run ("other
+load", in cores), and runs a side again when that exceeds `--max-other-load` (0.15 cores), at most
+`--attempts` (3) times; the table shows the largest other load that was kept.
 """
 import argparse
 import contextlib
@@ -75,6 +77,7 @@ import gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOL = os.path.join(ROOT, "benches", "arith.hol")
+GNU_TIME = os.environ.get("GNU_TIME", "/usr/bin/time")
 LENGTH_MAX = 32  # `<|LengthPenalty max=32|>` in benches/arith.hol
 
 # Rust's `char::is_whitespace` (Unicode White_Space), which `str::trim` and `split_whitespace` use; Python's
@@ -268,7 +271,7 @@ def run_measured(command, env, device="cpu"):
         before = busy_seconds()
         with gpu_peak:
             completed = subprocess.run(
-                ["/usr/bin/time", "-f", "%M %e %U %S", "-o", peak.name, *command], capture_output=True, env=env
+                [GNU_TIME, "-f", "%M %e %U %S", "-o", peak.name, *command], capture_output=True, env=env
             )
         busy = busy_seconds() - before
         if completed.returncode != 0:
@@ -368,6 +371,9 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
     out, trl_rss, trl_wall, trl_other, trl_attempts, trl_gpu = measured(
         "TRL", [sys.executable, "-c", TRL_SIDE, json.dumps(config)], env, args)
     trl = json.loads(out.strip().splitlines()[-1])
+    print(f"  seed {seed}: TRL steps {', '.join(f'{t:.3f}' for t in trl['step_time'])} s, "
+          f"rewards {', '.join(f'{r:+.3f}' for r in trl['reward'])}, {trl_rss:.0f} MiB"
+          + (f", peak GPU {trl_gpu:.0f} MiB" if args.device == "cuda" else ""), flush=True)
 
     run = os.path.join(work, f"holo-{name}-{seed}")
     command = [holo, "train", HOL, "--model", folder, "--data", rows, "--out", run, "--max-steps", str(steps),
@@ -479,10 +485,11 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where both sides train (cuda: the first GPU, bf16; holo built with --features cuda)")
     parser.add_argument("--json", help="also write every figure here")
+    parser.add_argument("--holo-bin", help="a holo binary built beforehand (no cargo build)")
     args = parser.parse_args()
     args.gradient_checkpointing = args.gradient_checkpointing == "true"
     os.makedirs(args.work_dir, exist_ok=True)
-    holo = build_rust(args.device)
+    holo = args.holo_bin or build_rust(args.device)
     results = []
     with tempfile.TemporaryDirectory(prefix="grpo-compare-") as work:
         if args.which in ("tiny", "both"):

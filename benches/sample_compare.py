@@ -25,10 +25,11 @@ Models (built once under --work-dir, default ~/.cache/holo-peers/bench-models):
            initialisation, saved with save_pretrained (about 2 GB of f32); our offline tokenizer is copied
            in (the prompts are ids, so it only decodes).
 
-Needs the Python peers' venv (bash ../shared/peers/setup.sh), GNU time (/usr/bin/time, Debian package `time`)
-and cargo; builds the Rust side with
-`cargo build --release -p holo-runtime --example sample_bench --bin holo`. On 2 cores, timings collapse when
-anything else runs: run it on an idle machine.
+Needs the Python peers' venv (bash ../shared/peers/setup.sh), GNU time (/usr/bin/time, Debian package `time`;
+`GNU_TIME` names another path) and cargo; builds the Rust side with
+`cargo build --release -p holo-runtime --example sample_bench --bin holo`, unless `--holo-bin` and
+`--sample-bench-bin` name binaries built beforehand (scripts/gpu-bundle.sh). Each side's figures are printed
+as soon as it has run. On 2 cores, timings collapse when anything else runs: run it on an idle machine.
 """
 import argparse
 import contextlib
@@ -43,6 +44,7 @@ import textwrap
 import gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GNU_TIME = os.environ.get("GNU_TIME", "/usr/bin/time")
 
 PYTHON_SIDE = textwrap.dedent(
     """
@@ -91,7 +93,7 @@ def run_measured(command, env=None, device="cpu"):
     with tempfile.NamedTemporaryFile(mode="r") as peak:
         with gpu_peak:
             completed = subprocess.run(
-                ["/usr/bin/time", "-f", "%M", "-o", peak.name, *command], capture_output=True, env=env
+                [GNU_TIME, "-f", "%M", "-o", peak.name, *command], capture_output=True, env=env
             )
         if completed.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n{completed.stderr.decode(errors='replace')}")
@@ -143,26 +145,27 @@ def compare(name, folder, bench, args):
     shape = [str(args.batch), str(args.prompt_len), str(args.new), str(args.repeats)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    print(f"{name}: batch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens per row, "
+          f"{args.threads} threads, {args.dtype} weights, {args.device}", flush=True)
     theirs_out, theirs_rss, theirs_gpu = run_measured(
         [sys.executable, "-c", PYTHON_SIDE, folder, *shape, str(args.threads), str(args.seed), args.dtype,
          args.device], env, args.device
     )
+    theirs = json.loads(theirs_out)
+    print(f"  transformers generate: {theirs['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
+          f"peak RSS {theirs_rss:7.0f} MiB" + (f", peak GPU {theirs_gpu:7.0f} MiB" if args.device == "cuda" else ""),
+          flush=True)
     ours_out, ours_rss, ours_gpu = run_measured(
         [bench, folder, "--batch", shape[0], "--prompt-len", shape[1], "--new", shape[2], "--repeats", shape[3],
          "--seed", str(args.seed), "--dtype", args.dtype, "--device", args.device],
         dict(env, RAYON_NUM_THREADS=str(args.threads)), args.device
     )
-    theirs, ours = json.loads(theirs_out), json.loads(ours_out)
-    ratio = ours["new_tokens_per_s"] / theirs["new_tokens_per_s"]
-    print(f"{name}: batch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens per row, "
-          f"{args.threads} threads, {args.dtype} weights, {args.device}")
-    print(f"  transformers generate: {theirs['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
-          f"peak RSS {theirs_rss:7.0f} MiB")
+    ours = json.loads(ours_out)
     print(f"  holo-runtime (candle): {ours['new_tokens_per_s']:9.1f} tok/s (median of {args.repeats}), "
-          f"peak RSS {ours_rss:7.0f} MiB")
-    if args.device == "cuda":
-        print(f"  peak GPU memory:       transformers {theirs_gpu:7.0f} MiB, holo {ours_gpu:7.0f} MiB")
-    print(f"  holo / transformers:   {ratio:.2f}x tokens/s, {ours_rss / theirs_rss:.2f}x peak memory")
+          f"peak RSS {ours_rss:7.0f} MiB" + (f", peak GPU {ours_gpu:7.0f} MiB" if args.device == "cuda" else ""),
+          flush=True)
+    ratio = ours["new_tokens_per_s"] / theirs["new_tokens_per_s"]
+    print(f"  holo / transformers:   {ratio:.2f}x tokens/s, {ours_rss / theirs_rss:.2f}x peak memory", flush=True)
     return {"model": name, "dtype": args.dtype, "device": args.device,
             "transformers": dict(theirs, peak_rss_mib=theirs_rss, peak_gpu_mib=theirs_gpu),
             "holo": dict(ours, peak_rss_mib=ours_rss, peak_gpu_mib=ours_gpu), "ratio": ratio}
@@ -183,9 +186,13 @@ def main():
                         help="where both sides run (cuda: the first GPU; holo built with --features cuda)")
     parser.add_argument("--work-dir", default=os.path.expanduser("~/.cache/holo-peers/bench-models"))
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--holo-bin", help="a holo binary built beforehand (with --sample-bench-bin: no cargo build)")
+    parser.add_argument("--sample-bench-bin", help="a sample_bench binary built beforehand (with --holo-bin)")
     args = parser.parse_args()
+    if (args.holo_bin is None) != (args.sample_bench_bin is None):
+        parser.error("--holo-bin and --sample-bench-bin go together")
     os.makedirs(args.work_dir, exist_ok=True)
-    holo, bench = build_rust(args.device)
+    holo, bench = (args.holo_bin, args.sample_bench_bin) if args.holo_bin else build_rust(args.device)
     results = []
     if args.which in ("tiny", "both"):
         results.append(compare("tiny", tiny_model(holo, args.work_dir), bench, args))
