@@ -2,8 +2,8 @@
 # Makes what `scripts/gpu-check.sh --prebuilt DIR` needs on a GPU machine that has no cargo, no TRL and no
 # network (the machines this project is lent; docs/cuda.md), here, on a machine without a GPU:
 #
-#   DIR/bin.tar.xz    holo, the sample_bench example and the parity test executables (local_parity,
-#                     grpo_parity, sft_parity), built with `--features cuda` for CUDA_COMPUTE_CAP (scripts/
+#   DIR/bin.tar.xz    holo, the sample_bench example and the test executables (local_parity, grpo_parity,
+#                     sft_parity, precision), built with `--features cuda` for CUDA_COMPUTE_CAP (scripts/
 #                     cuda-build.sh's toolkit), stripped; GNU time beside them
 #   DIR/*.whl         what TRL 1.16 needs that the machines' Python lacks: trl, datasets, dill, multiprocess
 #   DIR/manifest.txt  the commit, the compute capability, the tests, and the path the tests were built in
@@ -21,7 +21,7 @@
 set -euo pipefail
 
 ROOT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TESTS=(local_parity grpo_parity sft_parity)
+TESTS=(local_parity grpo_parity sft_parity precision)
 # TRL as the peers' venv pins it (../shared/peers/requirements.lock.txt), and what it needs that the lent
 # machines' Python lacks (device KINDS.md's package list): datasets, and datasets' dill and multiprocess.
 WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)

@@ -4,7 +4,7 @@
 #   1. the cuda binaries: built here (cargo), or unpacked from a bundle made beforehand on another machine by
 #      scripts/gpu-bundle.sh (--prebuilt: no cargo, no network; TRL comes as wheels in the bundle);
 #   2. runs the transformers / TRL parity tests on the GPU (HOLO_TEST_DEVICE=cuda:0; f32, the fixtures'
-#      precision): local_parity, grpo_parity, sft_parity;
+#      precision): local_parity, grpo_parity, sft_parity; and precision, the trainers in bf16;
 #   3. samples the Qwen2.5-0.5B-shaped model at batch 64 in bf16 against transformers `generate` on the same
 #      GPU (benches/sample_compare.py --device cuda): new tokens per second, peak GPU memory;
 #   4. runs GRPO steps on the 0.5B-shaped model in bf16 against TRL's GRPOTrainer on the same GPU
@@ -66,7 +66,7 @@ log "GPU 0: $GPU"
 # "9.0" -> 90: candle's kernels are compiled for exactly this GPU.
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-$(echo "$GPU" | awk -F', ' '{ gsub(/\./, "", $4); print $4 }')}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-TESTS=(local_parity grpo_parity sft_parity)
+TESTS=(local_parity grpo_parity sft_parity precision)
 # The binaries (links to them when built here), the bundle's wheels, the cargo messages; emptied on each run.
 WORK="${TMPDIR:-/tmp}/holo-gpu-check"
 BIN="$WORK/bin"

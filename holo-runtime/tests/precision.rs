@@ -157,16 +157,7 @@ fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
 
     // `holo export` writes the bf16 weights as a model folder that loads.
     let exported = dir.path().join("exported");
-    let run = dir.path().join("run");
-    let output = common::holo_command(&[
-        "export",
-        run.to_str().unwrap(),
-        "--out",
-        exported.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
-    assert!(output.status.success(), "{output:?}");
+    holo_runtime::train::export::export(&dir.path().join("run"), None, &exported).unwrap();
     holo_runtime::local::checkpoint::load_model(&exported, DType::F32, &common::test_device())
         .unwrap();
 }
