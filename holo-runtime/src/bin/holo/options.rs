@@ -106,3 +106,15 @@ pub fn build<C: TrainingConfig>(
     }
     builder.build()
 }
+
+/// The model folder `model` loaded for training on `device` (`--device`) in `dtype` (`--dtype`, or the
+/// device's training precision): `holo train`'s and `holo sft`'s policy, or the message for a bad one.
+pub fn training_policy(
+    model: &std::path::Path,
+    device: &str,
+    dtype: Option<&str>,
+) -> Result<holo_runtime::train::Policy, String> {
+    let device = holo_runtime::local::parse_device(device)?;
+    let dtype = holo_runtime::local::parse_training_dtype(dtype, &device)?;
+    holo_runtime::train::Policy::load_as(model, &device, dtype).map_err(|error| error.to_string())
+}

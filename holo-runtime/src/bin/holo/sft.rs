@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
-use holo_runtime::train::{plot, Policy, RunOptions, TrainError};
+use holo_runtime::train::{plot, RunOptions, TrainError};
 
 use super::options::{self, Options};
 use super::{EXIT_FAILURES, EXIT_USAGE};
@@ -49,17 +49,9 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
-    let device = match holo_runtime::local::parse_device(&args.device) {
-        Ok(device) => device,
-        Err(message) => return usage(message),
-    };
-    let dtype = match holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device) {
-        Ok(dtype) => dtype,
-        Err(message) => return usage(message),
-    };
-    let policy = match Policy::load_as(&args.model, &device, dtype) {
+    let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
-        Err(error) => return usage(error),
+        Err(message) => return usage(message),
     };
     let dataset = match (Tokenizing {
         tokenizer: &policy.tokenizer,

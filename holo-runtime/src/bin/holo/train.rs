@@ -161,17 +161,9 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         },
         _ => Vec::new(),
     };
-    let device = match holo_runtime::local::parse_device(&args.device) {
-        Ok(device) => device,
-        Err(message) => return usage(message),
-    };
-    let dtype = match holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device) {
-        Ok(dtype) => dtype,
-        Err(message) => return usage(message),
-    };
-    let policy = match Policy::load_as(&args.model, &device, dtype) {
+    let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
-        Err(error) => return usage(error),
+        Err(message) => return usage(message),
     };
     let feed = match &args.api {
         Some(url) if atropos => {

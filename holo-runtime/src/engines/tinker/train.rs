@@ -388,7 +388,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                     let kept = self.service_checkpoints()?;
                     for (step, service) in &saved {
                         if !kept.iter().any(|(kept, _)| kept == step) {
-                            self.discard(&runtime, &mut remote, service);
+                            self.discard(&runtime, &mut remote, service.as_ref());
                         }
                     }
                     let (restored, note) = rewound?;
@@ -612,9 +612,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             .map_err(|error| TrainError::Source(error.to_string()))?;
         let superseded = remote.sampler.weights();
         remote.sampler.set_weights(sampler_weights);
-        if !remote.recorded.contains(&superseded) {
-            self.delete(runtime, &superseded, true);
-        }
+        self.forget_sampler_weights(runtime, remote, &superseded);
         state.micro_step += steps as u64;
         state.global_step = step;
 
@@ -791,10 +789,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
     ) -> Result<TrainerState, TrainError> {
         let service: ServiceCheckpoint = read_checkpoint_file(dir, SERVICE_FILE)?;
         let state: TrainerState = read_checkpoint_file(dir, "trainer_state.json")?;
-        let current = remote.sampler.weights();
-        if !remote.recorded.contains(&current) {
-            self.delete(runtime, &current, true);
-        }
+        self.forget_sampler_weights(runtime, remote, &remote.sampler.weights());
         runtime
             .block_on(async {
                 if let Err(error) = self.tinker.client.unload_model(&remote.model_id).await {
@@ -928,7 +923,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         &self,
         runtime: &tokio::runtime::Runtime,
         remote: &mut Remote,
-        service: &Option<ServiceCheckpoint>,
+        service: Option<&ServiceCheckpoint>,
     ) {
         let Some(service) = service else {
             return;
@@ -937,6 +932,19 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         remote.recorded.remove(&service.sampler_weights);
         if service.sampler_weights != remote.sampler.weights() {
             self.delete(runtime, &service.sampler_weights, true);
+        }
+    }
+
+    /// Deletes sampler weights the sampler has left behind from the service, unless a checkpoint
+    /// records them.
+    fn forget_sampler_weights(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        remote: &Remote,
+        path: &str,
+    ) {
+        if !remote.recorded.contains(path) {
+            self.delete(runtime, path, true);
         }
     }
 
@@ -999,7 +1007,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 .take(checkpoints.len().saturating_sub(keep))
             {
                 std::fs::remove_dir_all(self.run.checkpoint(*step))?;
-                self.discard(runtime, remote, old);
+                self.discard(runtime, remote, old.as_ref());
             }
         }
         Ok(target)
