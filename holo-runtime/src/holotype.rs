@@ -208,6 +208,45 @@ impl Args {
         }
     }
 
+    /// A keyword argument as a name: a word or a non-empty quoted string.
+    pub fn name(&self, name: &str) -> Result<Option<&str>, HolotypeError> {
+        match self.get(name) {
+            Some(ArgValue::Str(text)) if text.is_empty() => Err(self.type_error(
+                name,
+                "a word or a non-empty quoted string",
+                &ArgValue::Str(String::new()),
+            )),
+            _ => self.text(name),
+        }
+    }
+
+    /// The one positional argument of a holotype that takes at most one, a name (a word or a non-empty
+    /// quoted string), as the variable of `<|ToolExecutor turn|>`; an error naming `holotype` for any
+    /// other value, or a second one.
+    pub fn positional_name(&self, holotype: &str) -> Result<Option<&str>, HolotypeError> {
+        match self.positional.as_slice() {
+            [] => Ok(None),
+            [ArgValue::Word(text) | ArgValue::Str(text)] if !text.is_empty() => Ok(Some(text)),
+            [other] => Err(HolotypeError::new(format!(
+                "the positional argument of {holotype} must be a word or a non-empty quoted string, found `{other}`"
+            ))),
+            [_, extra, ..] => Err(HolotypeError::new(format!(
+                "{holotype} takes one positional argument, found a second: `{extra}`"
+            ))),
+        }
+    }
+
+    /// An error naming `holotype` when it was given a positional argument (it takes none: a stray word
+    /// such as `<|MathAnswer guess|>` would otherwise be ignored in silence).
+    pub fn no_positional(&self, holotype: &str) -> Result<(), HolotypeError> {
+        match self.positional.first() {
+            None => Ok(()),
+            Some(value) => Err(HolotypeError::new(format!(
+                "{holotype} takes no positional argument, found `{value}`"
+            ))),
+        }
+    }
+
     /// The positional arguments that are words or strings, such as the variable names of
     /// `<|ToolExecutor turn|>`.
     pub fn words(&self) -> impl Iterator<Item = &str> {

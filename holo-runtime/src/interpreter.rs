@@ -90,6 +90,9 @@ impl Registry {
             // Outside a crate scan, a holotype the registry lacks is only a warning from the checker;
             // `Holoware::load` turns it into an error, since nothing could provide it at run time.
             scan: Some(holoc::scan::CrateScan::default()),
+            // A registry may hold other types under the built-ins' names; `Holoware::check_holotypes`
+            // constructs each instance, which checks its arguments whatever the type.
+            check_builtin_arguments: false,
         }
     }
 }
@@ -304,12 +307,14 @@ impl Holoware {
         self.start_with(row, &Resources::default())
     }
 
-    /// Starts one rollout on a data row, with resources for its holotypes.
-    pub fn start_with(
-        self: &Arc<Self>,
-        row: &Row,
-        resources: &Resources,
-    ) -> Result<Interpreter, RolloutError> {
+    /// Constructs every holotype instance once with `resources`, as each rollout will: an argument its
+    /// type refuses, or a resource it needs and lacks, is found before any rollout runs rather than at
+    /// every one. Returns the first error, with its `file.hol:line:col`.
+    pub fn check_holotypes(&self, resources: &Resources) -> Result<(), RolloutError> {
+        self.instances(resources).map(drop)
+    }
+
+    fn instances(&self, resources: &Resources) -> Result<Vec<Box<dyn DynHolotype>>, RolloutError> {
         let mut instances = Vec::with_capacity(self.program.holotypes.len());
         for (holotype, args) in self.program.holotypes.iter().zip(&self.args) {
             let args = &Args {
@@ -330,6 +335,16 @@ impl Holoware {
                 .map_err(|error| RolloutError::Holotype { location, error })?;
             instances.push(instance);
         }
+        Ok(instances)
+    }
+
+    /// Starts one rollout on a data row, with resources for its holotypes.
+    pub fn start_with(
+        self: &Arc<Self>,
+        row: &Row,
+        resources: &Resources,
+    ) -> Result<Interpreter, RolloutError> {
+        let instances = self.instances(resources)?;
         let inputs = row
             .iter()
             .filter_map(|(name, value)| {

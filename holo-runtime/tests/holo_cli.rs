@@ -128,6 +128,24 @@ fn an_unknown_holotype_fails_the_load_with_a_suggestion() {
 }
 
 #[test]
+fn a_holotype_argument_its_type_refuses_fails_before_any_rollout() {
+    let file = scratch(
+        "retry.hol",
+        "<|o_o|>\nq\n<|@_@:answer|>\n<|MathAnswer|>\n<|Retry threshold=1|>\n    <|@_@:again|>\n",
+    );
+    let output = holo(&["dry", &file, "--reply", "<answer>4</answer>"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(text(&output.stdout), "", "no rollout runs");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(
+            "retry.hol:5:1: Retry needs the name of a reward component, as in `<|Retry first|>`"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn missing_data_file_is_a_usage_error() {
     let output = holo(&["dry", "hol/qa.hol", "--data", "nope.jsonl"]);
     assert_eq!(output.status.code(), Some(2));

@@ -416,3 +416,105 @@ fn builtins_match_the_checker_table() {
     check("Memory", Memory::PARAMS);
     check("Remember", Remember::PARAMS);
 }
+
+/// The checker's table of what each built-in's arguments accept (`holoc::builtins`, H0029/H0030)
+/// against the runtime's constructors: every parameter and the positional arguments of every built-in,
+/// with values of every kind and at every bound, are refused by the checker exactly when constructing
+/// the holotype (`Holoware::check_holotypes`) fails.
+#[test]
+fn the_checker_refuses_exactly_the_arguments_the_constructors_refuse() {
+    use holo_runtime::holotypes::{CodeSandbox, ReflectionMemory};
+    use holo_runtime::interpreter::Holoware;
+    use holoc::builtins::{Positional, BUILTINS};
+
+    let mut resources = calculator();
+    resources.insert(ReflectionMemory::default());
+    resources.insert(CodeSandbox {
+        allow_unsandboxed: true,
+        ..CodeSandbox::default()
+    });
+    let registry = std::sync::Arc::new(holotypes::registry());
+    let values = [
+        "abc",
+        "last_number",
+        "whole",
+        "\"\"",
+        "\"x y\"",
+        "\" \"",
+        "0",
+        "1",
+        "7",
+        "8",
+        "15",
+        "16",
+        "-1",
+        "0.5",
+        "-0.5",
+        "86400",
+        "86400.5",
+        "4294967295",
+        "4294967296",
+        "1e999",
+    ];
+    let positionals = ["", "turn", "\"x\"", "\"\"", "5", "0.5", "a b"];
+    let mut sources = Vec::new();
+    for builtin in BUILTINS {
+        // The arguments the holotype needs besides the one under test.
+        let required = |without_score: bool| -> String {
+            match builtin.positional {
+                Positional::Component if without_score => "first".into(),
+                Positional::VariableAndScore if without_score => "reflection score=second".into(),
+                Positional::VariableAndScore => "reflection".into(),
+                _ => String::new(),
+            }
+        };
+        for param in builtin.params {
+            for value in values {
+                let base = required(param.name != "score");
+                sources.push(format!(
+                    "<|{} {base} {}={value}|>",
+                    builtin.name, param.name
+                ));
+            }
+        }
+        for positional in positionals {
+            let keywords = match builtin.positional {
+                Positional::VariableAndScore => "score=second",
+                _ => "",
+            };
+            sources.push(format!("<|{} {positional} {keywords}|>", builtin.name));
+        }
+    }
+    let options = holoc::sema::Options::with_builtins(None);
+    let mut disagreements = Vec::new();
+    for source in &sources {
+        let output = holoc::compile(source.as_bytes(), &options);
+        let checker = output
+            .diagnostics
+            .iter()
+            .find(|diagnostic| diagnostic.is_error())
+            .map(|diagnostic| diagnostic.message.clone());
+        let runtime = Holoware::load("case.hol", source.as_bytes(), registry.clone())
+            .map_err(|error| error.to_string())
+            .and_then(|holoware| {
+                holoware
+                    .check_holotypes(&resources)
+                    .map_err(|error| error.to_string())
+            })
+            .err();
+        if checker.is_some() != runtime.is_some() {
+            disagreements.push(format!(
+                "{source}\n    checker: {checker:?}\n    runtime: {runtime:?}"
+            ));
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} of {} cases disagree:\n{}",
+        disagreements.len(),
+        sources.len(),
+        disagreements.join("\n")
+    );
+    // The cases reach both verdicts for every built-in that takes arguments.
+    assert!(sources.len() > 500, "{}", sources.len());
+}

@@ -709,3 +709,89 @@ fn a_resume_on_changed_inputs_is_refused_unless_allowed_and_holo_runs_lists_the_
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `train_args` with another holoware and other rows (training and evaluation) in `dir`.
+fn train_args_on(dir: &Path, hol: &str, rows: &str, steps: u32) -> Vec<String> {
+    let (hol_path, rows_path) = (dir.join("env.hol"), dir.join("rows.jsonl"));
+    std::fs::write(&hol_path, hol).unwrap();
+    std::fs::write(&rows_path, rows).unwrap();
+    let mut args = train_args(&dir.join("run"), steps);
+    args[1] = hol_path.to_str().unwrap().into();
+    for flag in ["--data", "--eval-data"] {
+        let at = args.iter().position(|arg| arg == flag).unwrap();
+        args[at + 1] = rows_path.to_str().unwrap().into();
+    }
+    args
+}
+
+#[test]
+fn holotypes_that_fail_stop_the_run_before_any_work_or_at_the_batch_where_all_fail() {
+    let rows = "{\"question\": \"What is 4+18?\", \"expected\": \"22\"}\n{\"question\": \"What is 2+8?\"}\n";
+    let short =
+        |reward: &str| format!("<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:reply|>\n{reward}\n");
+
+    // An argument the holotype refuses: before the model loads, where it is written.
+    let dir = scratch("bad-argument");
+    let args = train_args_on(
+        &dir,
+        &short("<|LengthPenalty var=reply max=short|>"),
+        rows,
+        2,
+    );
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("env.hol:6:1: argument `max` must be an integer, found `short`"),
+        "{stderr}"
+    );
+    assert!(!dir.join("run").exists(), "a refused run wrote its folder");
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // A holotype that fails in every rollout: the run stops at the first batch, saying why.
+    let dir = scratch("all-fail");
+    let args = train_args_on(&dir, &short("<|Score first|>"), rows, 2);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "step 1: all 8 rollouts failed (rollouts.jsonl holds each error); the first, row "
+        ) && stderr.contains("env.hol:6:1: Score: no reward `first` was recorded"),
+        "{stderr}"
+    );
+    let written = std::fs::read_to_string(dir.join("run/rollouts.jsonl")).unwrap();
+    assert_eq!(written.lines().count(), 8);
+    assert!(written.lines().all(|line| line.contains("\"error\"")));
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // A reward that fails on one row of two: the run goes on, with one warning for the message.
+    let dir = scratch("some-fail");
+    let args = train_args_on(&dir, &short("<|ExactAnswer var=reply|>"), rows, 3);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 0, "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("warning: step 1: 4 of 8 rollouts failed (rollouts.jsonl")
+            && warnings[0].contains("; row 2, rollout 1: ")
+            && warnings[0]
+                .ends_with("env.hol:6:1: the data row has no `expected` column to compare with"),
+        "{stderr}"
+    );
+    let failed: Vec<(Option<f64>, Option<f64>)> = metrics(&dir.join("run"))
+        .iter()
+        .map(|step| {
+            let value = |name: &str| step.get(name).and_then(serde_json::Value::as_f64);
+            (value("rollouts/failed_ratio"), value("eval/failed"))
+        })
+        .collect();
+    // Steps 1 and 3 generate (μ = 2); the held-out rows fail the same way at step 3's evaluation.
+    assert_eq!(
+        failed,
+        [(Some(0.5), None), (None, None), (Some(0.5), Some(4.0))],
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

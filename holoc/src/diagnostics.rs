@@ -207,6 +207,24 @@ codes! {
         "The crate declares a type of this name, but no `impl Holotype for` it was found.";
     UnknownHolotypeArgument = "H0028", Error, "unknown holotype argument",
         "Keyword arguments of a holotype tag must be among the names its `Holotype::PARAMS` declares.";
+    InvalidHolotypeArgument = "H0029", Error, "invalid argument for a built-in holotype",
+        "An argument of one of the runtime's built-in holotypes has a value its constructor refuses, or is a \
+         positional argument it does not take; every rollout would fail where the holotype starts. What each \
+         accepts: ToolRunner max_turns (an integer >= 1), var, answer (names); ToolExecutor answer, one \
+         positional variable name; CodeExecutor timeout (seconds, above 0, at most 86400), python (a \
+         command), max_output (an integer >= 1), answer, memory (MiB, >= 16), processes (>= 1), cpu_seconds \
+         (>= 1), file_size (MiB, >= 1), open_files (>= 8), work_size (MiB, >= 1), one positional variable \
+         name; ExactAnswer, MathAnswer, FormatReward, LengthPenalty var, target, tag, name (names), weight (a \
+         number), MathAnswer untagged (`whole` or `last_number`), FormatReward tags (one or more names), \
+         LengthPenalty max (an integer >= 1); Retry, Feedback, Score one positional component name or score \
+         (a name), Retry threshold (a number); Memory top_k (an integer >= 0), empty (text); Remember one \
+         positional variable name, score (a name), threshold (a number). A name is a word or a non-empty \
+         quoted string. A holotype of the crate with the same name shadows the built-in and is not checked \
+         here.";
+    MissingHolotypeArgument = "H0030", Error, "missing argument for a built-in holotype",
+        "Retry, Feedback and Score read a reward component that an earlier reward holotype recorded: name it, \
+         as in `<|Retry first|>` or `<|Retry score=first|>`. Remember needs the variable it remembers and the \
+         component that decides: `<|Remember reflection score=second|>`.";
     UnresolvedHolotype = "H0100", Warning, "unresolved holotype",
         "The holotype is not one of the runtime's built-ins, and the file is not inside a crate (no Cargo.toml \
          with a [package] above it; a virtual workspace root does not count), so no crate could be scanned. The crate build (include_holoware!) \

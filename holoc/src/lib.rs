@@ -7,6 +7,7 @@
 
 pub mod ast;
 pub mod build;
+pub mod builtins;
 pub mod codegen;
 pub mod diagnostics;
 pub mod fmt;

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, Value};
+use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
     ArgValue, Binding, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
@@ -17,48 +18,17 @@ use crate::span::{Span, Spanned};
 /// The generation arguments a sampler accepts.
 pub const SAMPLER_ARGUMENTS: [&str; 5] = ["max_tokens", "temperature", "top_p", "top_k", "stop"];
 
-/// The runtime's built-in holotypes (`holo_runtime::holotypes`) and their keyword parameters; a test in
-/// holo-runtime keeps this table equal to the types.
-pub const BUILTIN_HOLOTYPES: &[(&str, &[&str])] = &[
-    ("ToolRunner", &["max_turns", "var", "answer"]),
-    ("ToolSchema", &[]),
-    ("ToolExecutor", &["answer"]),
-    (
-        "CodeExecutor",
-        &[
-            "timeout",
-            "python",
-            "max_output",
-            "answer",
-            "memory",
-            "processes",
-            "cpu_seconds",
-            "file_size",
-            "open_files",
-            "work_size",
-        ],
-    ),
-    ("ExactAnswer", &["var", "target", "tag", "weight", "name"]),
-    (
-        "MathAnswer",
-        &["var", "target", "tag", "untagged", "weight", "name"],
-    ),
-    ("FormatReward", &["var", "tags", "weight", "name"]),
-    ("LengthPenalty", &["var", "max", "weight", "name"]),
-    ("Retry", &["score", "threshold"]),
-    ("Feedback", &["score"]),
-    ("Score", &["score"]),
-    ("Memory", &["top_k", "empty"]),
-    ("Remember", &["score", "threshold"]),
-];
-
-/// [`BUILTIN_HOLOTYPES`] in the form [`Options::builtin_holotypes`] takes.
+/// [`BUILTINS`] in the form [`Options::builtin_holotypes`] takes: each name with its keyword parameters.
 pub fn builtin_holotypes() -> BTreeMap<String, Option<Vec<String>>> {
-    BUILTIN_HOLOTYPES
+    BUILTINS
         .iter()
-        .map(|(name, params)| {
-            let params = params.iter().map(|param| param.to_string()).collect();
-            (name.to_string(), Some(params))
+        .map(|builtin| {
+            let params = builtin
+                .params
+                .iter()
+                .map(|param| param.name.to_string())
+                .collect();
+            (builtin.name.to_string(), Some(params))
         })
         .collect()
 }
@@ -71,6 +41,10 @@ pub struct Options {
     /// The scan of the crate the file belongs to. Without one, holotypes that are not built-ins are only
     /// warned about (H0100); with one, an unknown holotype or argument is an error.
     pub scan: Option<CrateScan>,
+    /// Whether a name that resolves to a built-in is the runtime's own holotype, whose argument values
+    /// the checker then checks against [`BUILTINS`] (H0029, H0030). An interpreter's registry may
+    /// register other types under those names, and checks its arguments by constructing them instead.
+    pub check_builtin_arguments: bool,
 }
 
 impl Options {
@@ -79,6 +53,7 @@ impl Options {
         Options {
             builtin_holotypes: builtin_holotypes(),
             scan,
+            check_builtin_arguments: true,
         }
     }
 }
@@ -696,6 +671,11 @@ impl Lowering<'_> {
                 }
             }
         }
+        if builtin && self.options.check_builtin_arguments {
+            if let Some(spec) = builtins::builtin(&name.node) {
+                self.builtin_arguments(name, spec, &args, span);
+            }
+        }
         self.ensure_context(span);
         if tag
             .body
@@ -834,6 +814,85 @@ impl Lowering<'_> {
             .with_secondary(holotype.span, "its `PARAMS` do not list this name")
             .with_help(help),
         );
+    }
+
+    /// Reports the values and positional arguments a built-in's constructor would refuse.
+    fn builtin_arguments(
+        &mut self,
+        name: &Spanned<String>,
+        builtin: &builtins::Builtin,
+        args: &[HolotypeArg],
+        span: Span,
+    ) {
+        for problem in builtins::check(builtin, args) {
+            let diagnostic = match problem {
+                Problem::Invalid { index, expected } => {
+                    let arg = &args[index];
+                    let what = match &arg.name {
+                        Some(key) => format!("`{key}`"),
+                        None => "the positional argument".to_string(),
+                    };
+                    Diagnostic::new(
+                        Code::InvalidHolotypeArgument,
+                        format!(
+                            "{what} of `{}` must be {expected}, found `{}`",
+                            name.node, arg.value
+                        ),
+                        arg.span,
+                        "invalid value",
+                    )
+                    .with_secondary(name.span, "the runtime's built-in holotype")
+                    .with_help(format!(
+                        "`holoc explain H0029` lists what each argument of `{}` accepts",
+                        name.node
+                    ))
+                }
+                Problem::ExtraPositional { index } => {
+                    let reads_var = builtin.params.iter().any(|param| param.name == "var");
+                    let help = match (&args[index].value, builtin.positional) {
+                        (ArgValue::Word(word), builtins::Positional::None) if reads_var => {
+                            format!("to read the variable `{word}`, write `var={word}`")
+                        }
+                        (_, builtins::Positional::None) => {
+                            let params: Vec<&str> =
+                                builtin.params.iter().map(|param| param.name).collect();
+                            if params.is_empty() {
+                                format!("`{}` takes no arguments", name.node)
+                            } else {
+                                format!(
+                                    "`{}` takes only keyword arguments: {}",
+                                    name.node,
+                                    params.join(", ")
+                                )
+                            }
+                        }
+                        _ => format!("`{}` takes one positional argument", name.node),
+                    };
+                    let message = match builtin.positional {
+                        builtins::Positional::None => {
+                            format!("`{}` takes no positional arguments", name.node)
+                        }
+                        _ => format!("`{}` takes one positional argument, not more", name.node),
+                    };
+                    Diagnostic::new(
+                        Code::InvalidHolotypeArgument,
+                        message,
+                        args[index].span,
+                        "unexpected positional argument",
+                    )
+                    .with_secondary(name.span, "the runtime's built-in holotype")
+                    .with_help(help)
+                }
+                Problem::Missing { what, example } => Diagnostic::new(
+                    Code::MissingHolotypeArgument,
+                    format!("`{}` needs {what}", name.node),
+                    span,
+                    "missing argument",
+                )
+                .with_help(format!("write it as in `<|{} {example}|>`", name.node)),
+            };
+            self.error(diagnostic);
+        }
     }
 
     fn body(&mut self, instance: usize, op: usize, body: &Body, span: Span) {

@@ -9,11 +9,16 @@ use holoc::scan::{CrateScan, HolotypeDecl};
 use holoc::{codegen, compile, report, Options, Output};
 
 /// Inputs named `scan_*` are checked as if their crate defined `ToolRunner` (parameters `max_turns` and
-/// `stop_on`) and a plain struct `Plain`; the others as files outside any crate.
+/// `stop_on`) and a plain struct `Plain`; inputs named `builtin_*` with the runtime's built-in holotypes
+/// (`holoc check`'s options outside a crate); the others as files outside any crate.
 fn compile_file(path: &Path) -> (String, Output) {
     let bytes = std::fs::read(path).expect("test input is readable");
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    let mut options = Options::default();
+    let mut options = if name.starts_with("builtin_") {
+        Options::with_builtins(None)
+    } else {
+        Options::default()
+    };
     if name.starts_with("scan_") {
         let mut scan = CrateScan::default();
         scan.holotypes.insert(

@@ -256,10 +256,7 @@ impl Holotype for CodeExecutor {
             }
             config.limits.timeout = Duration::from_secs_f64(timeout);
         }
-        if let Some(python) = args.text("python")? {
-            if python.is_empty() {
-                return Err(HolotypeError::new("python must name an interpreter"));
-            }
+        if let Some(python) = args.name("python")? {
             config.python = python.to_string();
         }
         if let Some(max_output) = args.count("max_output")? {
@@ -285,8 +282,11 @@ impl Holotype for CodeExecutor {
         limits.validate().map_err(HolotypeError::new)?;
         policy.check().map_err(HolotypeError::new)?;
         Ok(CodeExecutor {
-            variable: args.words().next().unwrap_or("turn").to_string(),
-            answer: args.text("answer")?.unwrap_or("answer").to_string(),
+            variable: args
+                .positional_name("CodeExecutor")?
+                .unwrap_or("turn")
+                .to_string(),
+            answer: args.name("answer")?.unwrap_or("answer").to_string(),
             config,
             stats: args.resources.get::<ToolStats>(),
         })

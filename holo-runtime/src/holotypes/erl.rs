@@ -165,7 +165,7 @@ fn memory_resource(args: &Args, holotype: &str) -> Result<Arc<ReflectionMemory>,
 
 /// The reward component a tag names: its first positional word, or `score=`.
 fn component(args: &Args, holotype: &str) -> Result<String, HolotypeError> {
-    match (args.words().next(), args.text("score")?) {
+    match (args.positional_name(holotype)?, args.name("score")?) {
         (Some(name), _) | (None, Some(name)) => Ok(name.to_string()),
         (None, None) => Err(HolotypeError::new(format!(
             "{holotype} needs the name of a reward component, as in `<|{holotype} first|>`"
@@ -264,6 +264,7 @@ impl Holotype for Memory {
     const PARAMS: &'static [&'static str] = &["top_k", "empty"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
+        args.no_positional("Memory")?;
         Ok(Memory {
             memory: memory_resource(args, "Memory")?,
             top_k: args.count("top_k")?.unwrap_or(3) as usize,
@@ -295,12 +296,12 @@ impl Holotype for Remember {
     const PARAMS: &'static [&'static str] = &["score", "threshold"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        let variable = args.words().next().ok_or_else(|| {
+        let variable = args.positional_name("Remember")?.ok_or_else(|| {
             HolotypeError::new(
                 "Remember needs the variable to remember, as in `<|Remember reflection score=second|>`",
             )
         })?;
-        let score = args.text("score")?.ok_or_else(|| {
+        let score = args.name("score")?.ok_or_else(|| {
             HolotypeError::new("Remember needs `score=`: the reward component that decides")
         })?;
         Ok(Remember {

@@ -22,12 +22,14 @@ struct Component {
 }
 
 impl Component {
-    fn new(args: &Args, default_name: &str) -> Result<Self, HolotypeError> {
+    /// `holotype`'s shared arguments; `default_name` names its component when `name=` does not.
+    fn new(args: &Args, holotype: &str, default_name: &str) -> Result<Self, HolotypeError> {
+        args.no_positional(holotype)?;
         Ok(Component {
-            name: args.text("name")?.unwrap_or(default_name).to_string(),
+            name: args.name("name")?.unwrap_or(default_name).to_string(),
             weight: args.float("weight")?.unwrap_or(1.0),
-            variable: args.text("var")?.unwrap_or("answer").to_string(),
-            tag: args.text("tag")?.unwrap_or("answer").to_string(),
+            variable: args.name("var")?.unwrap_or("answer").to_string(),
+            tag: args.name("tag")?.unwrap_or("answer").to_string(),
             reached: false,
         })
     }
@@ -76,10 +78,10 @@ struct Comparison {
 }
 
 impl Comparison {
-    fn new(args: &Args, default_name: &str) -> Result<Self, HolotypeError> {
+    fn new(args: &Args, holotype: &str, default_name: &str) -> Result<Self, HolotypeError> {
         Ok(Comparison {
-            component: Component::new(args, default_name)?,
-            target: args.text("target")?.unwrap_or("expected").to_string(),
+            component: Component::new(args, holotype, default_name)?,
+            target: args.name("target")?.unwrap_or("expected").to_string(),
             untagged: Untagged::Whole,
         })
     }
@@ -137,7 +139,7 @@ impl Holotype for ExactAnswer {
     const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        Comparison::new(args, "exact_answer").map(ExactAnswer)
+        Comparison::new(args, "ExactAnswer", "exact_answer").map(ExactAnswer)
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
@@ -168,7 +170,7 @@ impl Holotype for MathAnswer {
     const PARAMS: &'static [&'static str] = &["var", "target", "tag", "untagged", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        let mut comparison = Comparison::new(args, "math_answer")?;
+        let mut comparison = Comparison::new(args, "MathAnswer", "math_answer")?;
         comparison.untagged = match args.text("untagged")? {
             None | Some("whole") => Untagged::Whole,
             Some("last_number") => Untagged::LastNumber,
@@ -351,7 +353,7 @@ impl Holotype for FormatReward {
             return Err(HolotypeError::new("tags= names no tag"));
         }
         Ok(FormatReward {
-            component: Component::new(args, "format")?,
+            component: Component::new(args, "FormatReward", "format")?,
             tags,
         })
     }
@@ -410,7 +412,7 @@ impl Holotype for LengthPenalty {
             return Err(HolotypeError::new("max must be at least 1"));
         }
         Ok(LengthPenalty {
-            component: Component::new(args, "length_penalty")?,
+            component: Component::new(args, "LengthPenalty", "length_penalty")?,
             max,
         })
     }

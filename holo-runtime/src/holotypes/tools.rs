@@ -175,6 +175,7 @@ impl Holotype for ToolSchema {
     const PARAMS: &'static [&'static str] = &[];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
+        args.no_positional("ToolSchema")?;
         Ok(ToolSchema {
             tools: tools_resource(args, "ToolSchema")?,
         })
@@ -201,8 +202,11 @@ impl Holotype for ToolExecutor {
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         Ok(ToolExecutor {
             tools: tools_resource(args, "ToolExecutor")?,
-            variable: args.words().next().unwrap_or("turn").to_string(),
-            answer: args.text("answer")?.unwrap_or("answer").to_string(),
+            variable: args
+                .positional_name("ToolExecutor")?
+                .unwrap_or("turn")
+                .to_string(),
+            answer: args.name("answer")?.unwrap_or("answer").to_string(),
         })
     }
 
@@ -232,14 +236,15 @@ impl Holotype for ToolRunner {
     const PARAMS: &'static [&'static str] = &["max_turns", "var", "answer"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
+        args.no_positional("ToolRunner")?;
         let max_turns = args.count("max_turns")?.unwrap_or(8);
         if max_turns == 0 {
             return Err(HolotypeError::new("max_turns must be at least 1"));
         }
         Ok(ToolRunner {
             max_turns,
-            variable: args.text("var")?.unwrap_or("turn").to_string(),
-            answer: args.text("answer")?.unwrap_or("answer").to_string(),
+            variable: args.name("var")?.unwrap_or("turn").to_string(),
+            answer: args.name("answer")?.unwrap_or("answer").to_string(),
         })
     }
 

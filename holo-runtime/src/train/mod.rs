@@ -65,7 +65,7 @@ mod trainer;
 pub use builder::ConfigBuilder;
 pub use config::{ConfigError, GrpoConfig, SandboxConfig, TrainingConfig};
 pub use correction::importance_sampling;
-pub(crate) use rollouts::{check_rows, evaluation_metrics, Rollouts};
+pub(crate) use rollouts::{check_rows, evaluation_metrics, Failures, Rollouts};
 pub use run::{Policy, RunOptions, TrainError};
 pub(crate) use sampling::Training;
 pub use trainer::{TrainSummary, Trainer};

@@ -1,9 +1,11 @@
 //! Rollouts of a trainer's rows through the Loom, appended to the run folder (the GRPO trainer's and
 //! the Tinker backend's, `crate::engines::tinker::train`), and the metrics of an evaluation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use indicatif::ProgressBar;
 
 use super::advantages::nanmean;
 use super::batch;
@@ -44,6 +46,72 @@ pub(crate) struct Rollouts<'a, S> {
     pub holophore: &'a Holophore,
     pub sampler: &'a dyn Sampler,
     pub run: &'a RunDir,
+}
+
+/// What a run does with failed rollouts. A failed rollout has no reward and trains nothing; the
+/// `rollouts/failed_ratio` metric counts them. Beyond that, a batch's first failure with a message not
+/// shown before in the run is printed as a warning, so that a broken tool or reward is noticed; and a
+/// generation batch or evaluation in which every rollout failed stops the run, since there is nothing to
+/// train on (a holotype that fails every time, a sampler gone).
+#[derive(Default)]
+pub(crate) struct Failures {
+    warned: Mutex<BTreeSet<String>>,
+}
+
+impl Failures {
+    /// Checks the rollouts `file` received at `step`: a warning for a new message, an error when all
+    /// failed.
+    pub fn check(
+        &self,
+        records: &[RolloutRecord],
+        step: u64,
+        file: &str,
+        progress: &ProgressBar,
+    ) -> Result<(), TrainError> {
+        let failed: Vec<_> = records
+            .iter()
+            .filter_map(|record| record.error.as_ref().map(|error| (record, error)))
+            .collect();
+        let Some(&(first, error)) = failed.first() else {
+            return Ok(());
+        };
+        let at = |record: &RolloutRecord| {
+            format!(
+                "row {}, rollout {}",
+                record.row_index + 1,
+                record.rollout_index + 1
+            )
+        };
+        if failed.len() == records.len() {
+            return Err(TrainError::Rollouts(format!(
+                "step {step}: all {} rollouts failed ({file} holds each error); the first, {}: {}",
+                records.len(),
+                at(first),
+                error.message
+            )));
+        }
+        let mut warned = self
+            .warned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // One warning a batch at most: a message that differs from rollout to rollout cannot flood.
+        let new = failed
+            .iter()
+            .find(|(_, error)| !warned.contains(&error.message));
+        if let Some(&(record, error)) = new {
+            warned.insert(error.message.clone());
+            progress.suspend(|| {
+                eprintln!(
+                    "warning: step {step}: {} of {} rollouts failed ({file} holds each error; later ones with a message already shown are only counted); {}: {}",
+                    failed.len(),
+                    records.len(),
+                    at(record),
+                    error.message
+                )
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Checks every training and evaluation row with `source` before any work, naming the first that does

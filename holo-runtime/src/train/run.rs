@@ -37,6 +37,10 @@ pub enum TrainError {
     /// The guard rails stopped the run: a rollback condition tripped after `max_rollbacks` rollbacks, or
     /// with no good checkpoint to return to.
     Diverged(String),
+    /// Every rollout of a generation batch or an evaluation failed (the first one's error is in the
+    /// message, each in the rollouts file): there is nothing to train on, and nothing suggests the next
+    /// batch would fare better.
+    Rollouts(String),
     /// The batches' source outside the trainer failed ([`super::feed`]: an Atropos API gone for good, a
     /// malformed batch).
     Source(String),
@@ -50,6 +54,7 @@ impl std::fmt::Display for TrainError {
             TrainError::Model(error) => write!(f, "the model failed: {error}"),
             TrainError::Diverged(message) => write!(f, "the run diverged: {message}"),
             TrainError::Source(message) => f.write_str(message),
+            TrainError::Rollouts(message) => f.write_str(message),
         }
     }
 }

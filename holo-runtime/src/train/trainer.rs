@@ -24,7 +24,7 @@ use super::loss;
 use super::metrics::{completion_metrics, print_completions, MetricsLog};
 use super::ppo;
 use super::provenance::{self, Provenance};
-use super::rollouts::{self, evaluation_metrics, Rollouts};
+use super::rollouts::{self, evaluation_metrics, Failures, Rollouts};
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::sampling::Training;
 use super::score;
@@ -74,6 +74,7 @@ pub struct Trainer<S> {
     options: RunOptions,
     /// Where generation batches come from instead of the Loom ([`Trainer::with_feed`]).
     feed: Option<Box<dyn Feed>>,
+    failures: Failures,
 }
 
 impl<S: RolloutSource> Trainer<S> {
@@ -139,6 +140,7 @@ impl<S: RolloutSource> Trainer<S> {
             run: RunDir::new(options.out.clone()),
             options,
             feed: None,
+            failures: Failures::default(),
         })
     }
 
@@ -235,7 +237,7 @@ impl<S: RolloutSource> Trainer<S> {
         };
         let fresh = state.global_step == 0 && !self.options.resume;
         if config.eval_on_start && fresh && !eval_rows.is_empty() {
-            let metrics = self.evaluate(&runtime, eval_rows, 0)?;
+            let metrics = self.evaluate(&runtime, eval_rows, 0, &progress)?;
             state.guard.evaluated(&config, metrics["eval/reward"]);
             metrics_log.log(0, &metrics)?;
             summary.evaluations.push((0, metrics));
@@ -314,7 +316,7 @@ impl<S: RolloutSource> Trainer<S> {
             let last_step = step == total;
             if let Some(every) = config.eval_steps {
                 if (step % every == 0 || last_step) && !eval_rows.is_empty() {
-                    let evaluation = self.evaluate(&runtime, eval_rows, step)?;
+                    let evaluation = self.evaluate(&runtime, eval_rows, step, &progress)?;
                     metrics.extend(evaluation.clone());
                     if state.guard.evaluated(&config, evaluation["eval/reward"]) {
                         progress.suspend(|| eprintln!("{}", state.guard.stopping_note(step)));
@@ -723,8 +725,15 @@ impl<S: RolloutSource> Trainer<S> {
             let seed = mix(mix(config.seed ^ SAMPLING) ^ state.generations);
             state.generations += 1;
             draws += 1;
-            let (records, _) =
-                self.rollouts(runtime, &rows, group, seed, step, "rollouts.jsonl")?;
+            let (records, _) = self.rollouts(
+                runtime,
+                &rows,
+                group,
+                seed,
+                step,
+                "rollouts.jsonl",
+                progress,
+            )?;
             let totals = advantages::weighted_totals(&batch::rewards(
                 &records,
                 config.reward_weights.as_ref(),
@@ -781,6 +790,7 @@ impl<S: RolloutSource> Trainer<S> {
         seed: u64,
         step: u64,
         file: &str,
+        progress: &ProgressBar,
     ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
         let sampler = match &self.external {
             Some((sampler, context)) => Training::new(sampler.as_ref(), &self.config, *context),
@@ -796,7 +806,9 @@ impl<S: RolloutSource> Trainer<S> {
             sampler: &sampler,
             run: &self.run,
         };
-        rollouts.run(runtime, rows, group, seed, step, file)
+        let (records, summary) = rollouts.run(runtime, rows, group, seed, step, file)?;
+        self.failures.check(&records, step, file, progress)?;
+        Ok((records, summary))
     }
 
     /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
@@ -885,11 +897,19 @@ impl<S: RolloutSource> Trainer<S> {
         runtime: &tokio::runtime::Runtime,
         rows: &[(usize, Row)],
         step: u64,
+        progress: &ProgressBar,
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let group = self.config.num_generations_eval();
         let seed = mix(self.config.seed ^ EVAL);
-        let (records, summary) =
-            self.rollouts(runtime, rows, group, seed, step, "eval_rollouts.jsonl")?;
+        let (records, summary) = self.rollouts(
+            runtime,
+            rows,
+            group,
+            seed,
+            step,
+            "eval_rollouts.jsonl",
+            progress,
+        )?;
         if let Some(memory) = self.source.reflection_memory() {
             // Held-out rows must not teach the run: what their rollouts remembered is dropped.
             memory.discard_pending();

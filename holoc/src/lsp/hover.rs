@@ -261,13 +261,13 @@ fn argument_doc(document: &Document, holotype: Option<&str>, name: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sema::BUILTIN_HOLOTYPES;
+    use crate::builtins::BUILTINS;
 
     /// Every built-in holotype the checker knows has its documentation here.
     #[test]
     fn every_builtin_is_documented() {
         let documented: Vec<&str> = BUILTIN_DOCS.iter().map(|(name, ..)| *name).collect();
-        let builtins: Vec<&str> = BUILTIN_HOLOTYPES.iter().map(|(name, _)| *name).collect();
+        let builtins: Vec<&str> = BUILTINS.iter().map(|builtin| builtin.name).collect();
         assert_eq!(documented, builtins);
         let sampler: Vec<&str> = SAMPLER_DOCS.iter().map(|(name, _)| *name).collect();
         assert_eq!(sampler, SAMPLER_ARGUMENTS);

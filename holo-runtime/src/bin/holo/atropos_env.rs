@@ -123,7 +123,7 @@ pub fn run(args: AtroposEnvArgs) -> ExitCode {
         Err(message) => return usage(format!("--api: {message}")),
     };
     let mut resources = crate::resources();
-    if let Err(code) = crate::code_sandbox(
+    if let Err(code) = crate::prepare_rollouts(
         &holoware,
         &mut resources,
         CodeSandbox {

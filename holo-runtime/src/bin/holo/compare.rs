@@ -86,7 +86,7 @@ pub fn run(args: CompareArgs) -> ExitCode {
         allow_unsandboxed: args.allow_unsandboxed_code,
         ..CodeSandbox::default()
     };
-    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, sandbox) {
+    if let Err(code) = crate::prepare_rollouts(&holoware, &mut resources, sandbox) {
         return code;
     }
     if let Err(error) = std::fs::create_dir_all(&args.out) {

@@ -82,7 +82,7 @@ fn dry(
         |path| path.display().to_string(),
     );
     let mut resources = crate::resources();
-    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
+    if let Err(code) = crate::prepare_rollouts(&holoware, &mut resources, code) {
         return code;
     }
     let replies: Vec<String> = if replies.is_empty() {

@@ -116,7 +116,7 @@ fn eval(
         Err(code) => return code,
     };
     let mut resources = crate::resources();
-    if let Err(code) = crate::code_sandbox(&holoware, &mut resources, code) {
+    if let Err(code) = crate::prepare_rollouts(&holoware, &mut resources, code) {
         return code;
     }
 

@@ -94,7 +94,7 @@ pub fn run(args: GymArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut resources = crate::resources();
-    if let Err(code) = crate::code_sandbox(
+    if let Err(code) = crate::prepare_rollouts(
         &holoware,
         &mut resources,
         CodeSandbox {

@@ -511,8 +511,9 @@ fn resources() -> holo_runtime::Resources {
 }
 
 /// Gives the rollouts the code sandbox's policy, and checks before anything runs that the holoware's
-/// code can run here: by default, refuses where the machine cannot sandbox it.
-fn code_sandbox(
+/// code can run here (by default, refuses where the machine cannot sandbox it) and that every holotype
+/// takes its arguments (`<|MathAnswer weight=abc|>` would otherwise fail every rollout).
+fn prepare_rollouts(
     holoware: &Holoware,
     resources: &mut holo_runtime::Resources,
     policy: holotypes::CodeSandbox,
@@ -520,6 +521,10 @@ fn code_sandbox(
     resources.insert(policy);
     holotypes::check_code_sandbox(holoware.program(), resources).map_err(|message| {
         eprintln!("error: {message}");
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    holoware.check_holotypes(resources).map_err(|error| {
+        eprintln!("error: {error}");
         ExitCode::from(EXIT_USAGE)
     })
 }

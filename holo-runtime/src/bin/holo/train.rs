@@ -474,7 +474,7 @@ fn interpreted(
         .sandbox
         .limits()
         .expect("ConfigBuilder::build checked the [sandbox] table");
-    crate::code_sandbox(
+    crate::prepare_rollouts(
         holoware,
         &mut resources,
         CodeSandbox {

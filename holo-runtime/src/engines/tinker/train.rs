@@ -59,7 +59,9 @@ use crate::train::provenance::{self, Provenance};
 use crate::train::run::{self, RunOptions, TrainError};
 use crate::train::shared::TrainingConfig;
 use crate::train::{check_rows, Training};
-use crate::train::{evaluation_metrics, optim, Rollouts, TrainSummary, EVAL, SAMPLING, SHUFFLE};
+use crate::train::{
+    evaluation_metrics, optim, Failures, Rollouts, TrainSummary, EVAL, SAMPLING, SHUFFLE,
+};
 
 /// The file of a checkpoint that holds the service's side of it.
 pub const SERVICE_FILE: &str = "tinker.json";
@@ -225,6 +227,7 @@ pub struct TinkerTrainer<S> {
     end_of_turn: Vec<u32>,
     run: RunDir,
     provenance: Option<(Provenance, bool)>,
+    failures: Failures,
 }
 
 /// The service's side of a run in progress.
@@ -288,6 +291,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
             tokenizer,
             end_of_turn,
             provenance: None,
+            failures: Failures::default(),
         })
     }
 
@@ -355,7 +359,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         let fresh = state.global_step == 0 && resumed_from.is_none();
         let outcome = (|| {
             if config.eval_on_start && fresh && !eval_rows.is_empty() {
-                let metrics = self.evaluate(&runtime, &remote, eval_rows, 0)?;
+                let metrics = self.evaluate(&runtime, &remote, eval_rows, 0, &progress)?;
                 state.guard.evaluated(&config, metrics["eval/reward"]);
                 metrics_log.log(0, &metrics)?;
                 summary.evaluations.push((0, metrics));
@@ -403,7 +407,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                 let last_step = step == total;
                 if let Some(every) = config.eval_steps {
                     if (step % every == 0 || last_step) && !eval_rows.is_empty() {
-                        let evaluation = self.evaluate(&runtime, &remote, eval_rows, step)?;
+                        let evaluation =
+                            self.evaluate(&runtime, &remote, eval_rows, step, &progress)?;
                         metrics.extend(evaluation.clone());
                         if state.guard.evaluated(&config, evaluation["eval/reward"]) {
                             progress.suspend(|| eprintln!("{}", state.guard.stopping_note(step)));
@@ -472,6 +477,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         if let Some(error) = remote.sampler.take_error() {
             return Err(TrainError::Source(error));
         }
+        self.failures
+            .check(&records, step, "rollouts.jsonl", progress)?;
 
         let rewards = batch::rewards(&records, config.reward_weights.as_ref());
         let scored = advantages::advantages(
@@ -689,6 +696,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         remote: &Remote,
         rows: &[(usize, Row)],
         step: u64,
+        progress: &indicatif::ProgressBar,
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let group = self.config.num_generations_eval();
         let seed = mix(self.config.seed ^ EVAL);
@@ -704,6 +712,8 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         if let Some(error) = remote.sampler.take_error() {
             return Err(TrainError::Source(error));
         }
+        self.failures
+            .check(&records, step, "eval_rollouts.jsonl", progress)?;
         Ok(evaluation_metrics(&records, &summary))
     }
 
