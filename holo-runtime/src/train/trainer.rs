@@ -725,15 +725,10 @@ impl<S: RolloutSource> Trainer<S> {
             let seed = mix(mix(config.seed ^ SAMPLING) ^ state.generations);
             state.generations += 1;
             draws += 1;
-            let (records, _) = self.rollouts(
-                runtime,
-                &rows,
-                group,
-                seed,
-                step,
-                "rollouts.jsonl",
-                progress,
-            )?;
+            let (records, _) =
+                self.rollouts(runtime, &rows, group, seed, step, "rollouts.jsonl")?;
+            self.failures
+                .check(&records, step, "rollouts.jsonl", progress)?;
             let totals = advantages::weighted_totals(&batch::rewards(
                 &records,
                 config.reward_weights.as_ref(),
@@ -790,7 +785,6 @@ impl<S: RolloutSource> Trainer<S> {
         seed: u64,
         step: u64,
         file: &str,
-        progress: &ProgressBar,
     ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
         let sampler = match &self.external {
             Some((sampler, context)) => Training::new(sampler.as_ref(), &self.config, *context),
@@ -806,9 +800,7 @@ impl<S: RolloutSource> Trainer<S> {
             sampler: &sampler,
             run: &self.run,
         };
-        let (records, summary) = rollouts.run(runtime, rows, group, seed, step, file)?;
-        self.failures.check(&records, step, file, progress)?;
-        Ok((records, summary))
+        rollouts.run(runtime, rows, group, seed, step, file)
     }
 
     /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
@@ -901,15 +893,10 @@ impl<S: RolloutSource> Trainer<S> {
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let group = self.config.num_generations_eval();
         let seed = mix(self.config.seed ^ EVAL);
-        let (records, summary) = self.rollouts(
-            runtime,
-            rows,
-            group,
-            seed,
-            step,
-            "eval_rollouts.jsonl",
-            progress,
-        )?;
+        let (records, summary) =
+            self.rollouts(runtime, rows, group, seed, step, "eval_rollouts.jsonl")?;
+        self.failures
+            .check(&records, step, "eval_rollouts.jsonl", progress)?;
         if let Some(memory) = self.source.reflection_memory() {
             // Held-out rows must not teach the run: what their rollouts remembered is dropped.
             memory.discard_pending();
