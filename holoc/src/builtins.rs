@@ -77,7 +77,13 @@ macro_rules! reward_params {
     };
 }
 
-/// Every built-in holotype, in the order `holo_runtime::holotypes::registry` documents them.
+/// The reward component a gate reads and the value it compares with (`Retry`, `Remember`).
+const SCORE_AND_THRESHOLD: &[Param] = &[
+    param("score", Accepts::NonEmptyText),
+    param("threshold", Accepts::Number),
+];
+
+/// Every built-in holotype (the language server documents them in this order).
 pub const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "ToolRunner",
@@ -144,10 +150,7 @@ pub const BUILTINS: &[Builtin] = &[
     },
     Builtin {
         name: "Retry",
-        params: &[
-            param("score", Accepts::NonEmptyText),
-            param("threshold", Accepts::Number),
-        ],
+        params: SCORE_AND_THRESHOLD,
         positional: Positional::Component,
     },
     Builtin {
@@ -170,10 +173,7 @@ pub const BUILTINS: &[Builtin] = &[
     },
     Builtin {
         name: "Remember",
-        params: &[
-            param("score", Accepts::NonEmptyText),
-            param("threshold", Accepts::Number),
-        ],
+        params: SCORE_AND_THRESHOLD,
         positional: Positional::VariableAndScore,
     },
 ];
