@@ -195,37 +195,33 @@ impl Accepts {
             ArgValue::Float(float) => Some(*float),
             ArgValue::Word(_) | ArgValue::Str(_) => None,
         };
+        let accepted = match *self {
+            Accepts::Text => text.is_some(),
+            Accepts::NonEmptyText => text.is_some_and(|text| !text.is_empty()),
+            Accepts::Names => text.is_some_and(|text| text.split_whitespace().next().is_some()),
+            Accepts::OneOf(words) => text.is_some_and(|text| words.contains(&text)),
+            Accepts::Number => number.is_some(),
+            Accepts::Positive { max } => number.is_some_and(|number| number > 0.0 && number <= max),
+            Accepts::Count { min } => matches!(value,
+                ArgValue::Int(int) if *int >= i64::from(min) && *int <= i64::from(u32::MAX)),
+        };
+        (!accepted).then(|| self.description())
+    }
+
+    /// What it accepts, as in "`weight` must be a number".
+    pub fn description(&self) -> String {
         match *self {
-            Accepts::Text => text
-                .is_none()
-                .then(|| "a word or a quoted string".to_string()),
-            Accepts::NonEmptyText => match text {
-                Some(text) if !text.is_empty() => None,
-                _ => Some("a word or a non-empty quoted string".into()),
-            },
-            Accepts::Names => match text {
-                Some(text) if text.split_whitespace().next().is_some() => None,
-                _ => Some("one or more names, as in `\"reasoning answer\"`".into()),
-            },
-            Accepts::OneOf(words) => match text {
-                Some(text) if words.contains(&text) => None,
-                _ => Some(
-                    words
-                        .iter()
-                        .map(|word| format!("`{word}`"))
-                        .collect::<Vec<_>>()
-                        .join(" or "),
-                ),
-            },
-            Accepts::Number => number.is_none().then(|| "a number".to_string()),
-            Accepts::Positive { max } => match number {
-                Some(number) if number > 0.0 && number <= max => None,
-                _ => Some(format!("a number above 0 and at most {max}")),
-            },
-            Accepts::Count { min } => match value {
-                ArgValue::Int(int) if *int >= i64::from(min) && *int <= i64::from(u32::MAX) => None,
-                _ => Some(format!("an integer from {min} to {}", u32::MAX)),
-            },
+            Accepts::Text => "a word or a quoted string".into(),
+            Accepts::NonEmptyText => "a word or a non-empty quoted string".into(),
+            Accepts::Names => "one or more names, as in `\"reasoning answer\"`".into(),
+            Accepts::OneOf(words) => words
+                .iter()
+                .map(|word| format!("`{word}`"))
+                .collect::<Vec<_>>()
+                .join(" or "),
+            Accepts::Number => "a number".into(),
+            Accepts::Positive { max } => format!("a number above 0 and at most {max}"),
+            Accepts::Count { min } => format!("an integer from {min} to {}", u32::MAX),
         }
     }
 }

@@ -338,7 +338,9 @@ fn hover_on_tags_holotypes_and_variables() {
     );
     let argument = hover_text(&mut client, uri, 2, 15);
     assert!(
-        argument.contains("argument `max_turns` of holotype `ToolRunner`"),
+        argument.contains(
+            "argument `max_turns` of the built-in `ToolRunner`: an integer from 1 to 4294967295"
+        ),
         "{argument}"
     );
     let stop = hover_text(&mut client, uri, 3, 18);

@@ -244,7 +244,13 @@ fn argument_doc(document: &Document, holotype: Option<&str>, name: &str) -> Stri
     let params = super::completion::holotype_params(document, holotype);
     match params {
         Some(params) if params.iter().any(|param| param == name) => {
-            format!("argument `{name}` of holotype `{holotype}`")
+            match super::completion::builtin_param(document, holotype, name) {
+                Some(param) => format!(
+                    "argument `{name}` of the built-in `{holotype}`: {}",
+                    param.accepts.description()
+                ),
+                None => format!("argument `{name}` of holotype `{holotype}`"),
+            }
         }
         Some(params) => format!(
             "`{holotype}` has no parameter `{name}`; it takes {}",
