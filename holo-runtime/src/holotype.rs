@@ -211,11 +211,9 @@ impl Args {
     /// A keyword argument as a name: a word or a non-empty quoted string.
     pub fn name(&self, name: &str) -> Result<Option<&str>, HolotypeError> {
         match self.get(name) {
-            Some(ArgValue::Str(text)) if text.is_empty() => Err(self.type_error(
-                name,
-                "a word or a non-empty quoted string",
-                &ArgValue::Str(String::new()),
-            )),
+            Some(empty @ ArgValue::Str(text)) if text.is_empty() => {
+                Err(self.type_error(name, "a word or a non-empty quoted string", empty))
+            }
             _ => self.text(name),
         }
     }
