@@ -848,31 +848,26 @@ impl Lowering<'_> {
                     ))
                 }
                 Problem::ExtraPositional { index } => {
-                    let reads_var = builtin.params.iter().any(|param| param.name == "var");
-                    let help = match (&args[index].value, builtin.positional) {
-                        (ArgValue::Word(word), builtins::Positional::None) if reads_var => {
-                            format!("to read the variable `{word}`, write `var={word}`")
-                        }
-                        (_, builtins::Positional::None) => {
-                            let params: Vec<&str> =
-                                builtin.params.iter().map(|param| param.name).collect();
-                            if params.is_empty() {
-                                format!("`{}` takes no arguments", name.node)
-                            } else {
-                                format!(
-                                    "`{}` takes only keyword arguments: {}",
-                                    name.node,
-                                    params.join(", ")
-                                )
+                    let holotype = builtin.name;
+                    let (message, help) = if builtin.positional == builtins::Positional::None {
+                        let keywords: Vec<&str> =
+                            builtin.params.iter().map(|param| param.name).collect();
+                        let help = match &args[index].value {
+                            ArgValue::Word(word) if keywords.contains(&"var") => {
+                                format!("to read the variable `{word}`, write `var={word}`")
                             }
-                        }
-                        _ => format!("`{}` takes one positional argument", name.node),
-                    };
-                    let message = match builtin.positional {
-                        builtins::Positional::None => {
-                            format!("`{}` takes no positional arguments", name.node)
-                        }
-                        _ => format!("`{}` takes one positional argument, not more", name.node),
+                            _ if keywords.is_empty() => format!("`{holotype}` takes no arguments"),
+                            _ => format!(
+                                "`{holotype}` takes only keyword arguments: {}",
+                                keywords.join(", ")
+                            ),
+                        };
+                        (format!("`{holotype}` takes no positional arguments"), help)
+                    } else {
+                        (
+                            format!("`{holotype}` takes one positional argument, not more"),
+                            format!("`{holotype}` takes one positional argument"),
+                        )
                     };
                     Diagnostic::new(
                         Code::InvalidHolotypeArgument,

@@ -29,6 +29,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -37,6 +38,7 @@ use super::checkpoint::{RunDir, TrainerState};
 use super::config::GrpoConfig;
 use super::metrics::{read_metrics, MetricsLog, METRICS_FILE};
 use super::run::TrainError;
+use super::trainer::TrainSummary;
 
 /// The run folder's record of rollbacks: one JSON object per trip.
 pub const ROLLBACKS_FILE: &str = "rollbacks.jsonl";
@@ -251,6 +253,21 @@ pub fn roll_back(
         run.keep_records_until(name, good)?;
     }
     MetricsLog::resume(&run.path, good)
+}
+
+/// What a run shows after [`rewind`] brought back `restored`: the evaluations past its step leave the
+/// summary, the log line `note` is printed and the progress bar moves back to the step.
+pub(crate) fn after_rewind(
+    summary: &mut TrainSummary,
+    restored: &TrainerState,
+    note: &str,
+    progress: &ProgressBar,
+) {
+    summary
+        .evaluations
+        .retain(|(step, _)| *step <= restored.global_step);
+    progress.suspend(|| eprintln!("{note}"));
+    progress.set_position(restored.global_step);
 }
 
 /// Answers a trip of the guard rails: rolls the run folder back to its last good checkpoint

@@ -305,11 +305,7 @@ impl<S: RolloutSource> Trainer<S> {
                     &mut metrics_log,
                     |dir| self.restore(dir),
                 )?;
-                summary
-                    .evaluations
-                    .retain(|(step, _)| *step <= restored.global_step);
-                progress.suspend(|| eprintln!("{note}"));
-                progress.set_position(restored.global_step);
+                guard::after_rewind(&mut summary, &restored, &note, &progress);
                 state = restored;
                 continue;
             }

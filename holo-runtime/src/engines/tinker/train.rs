@@ -396,11 +396,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
                         }
                     }
                     let (restored, note) = rewound?;
-                    summary
-                        .evaluations
-                        .retain(|(step, _)| *step <= restored.global_step);
-                    progress.suspend(|| eprintln!("{note}"));
-                    progress.set_position(restored.global_step);
+                    guard::after_rewind(&mut summary, &restored, &note, &progress);
                     state = restored;
                     continue;
                 }
