@@ -82,6 +82,26 @@ pub fn product(ops: Ops, operands: &Operands) -> Product {
     }
 }
 
+/// Where a batch's tokens are drawn from its logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Draws {
+    /// Every row's logits are read back and drawn from there ([`generate`](super::generate)): on the
+    /// CPU, where reading them back moves nothing.
+    Host,
+    /// On the device, which reads back a chunk of each row (`local/draw.rs`): on a GPU, where a step's
+    /// logits are tens of megabytes. Rows with top-k, top-p or top log-probabilities are still drawn
+    /// on the host, from their own rows of logits.
+    Device,
+}
+
+/// Where a model on `location` draws its tokens.
+pub fn draws(location: DeviceLocation) -> Draws {
+    match location {
+        DeviceLocation::Cpu => Draws::Host,
+        DeviceLocation::Cuda { .. } | DeviceLocation::Metal { .. } => Draws::Device,
+    }
+}
+
 /// The weight precision a model samples in when none is asked for: f32 on the CPU (where candle has no
 /// fast half-precision arithmetic; bf16 there is a memory saving, asked for with `--dtype bf16`), bf16 on
 /// a GPU (half the memory and bandwidth of f32, tensor cores; what transformers runs Qwen2.5 in).
@@ -176,6 +196,12 @@ mod tests {
         // Mixed types are candle's, which refuses them with its own error.
         let mixed = operands(cpu, DType::F64, DType::F32, 4096);
         assert_eq!(product(Ops::Differentiable, &mixed), Product::Candle);
+    }
+
+    #[test]
+    fn a_gpu_draws_tokens_where_the_logits_are() {
+        assert_eq!(draws(CUDA), Draws::Device);
+        assert_eq!(draws(DeviceLocation::Cpu), Draws::Host);
     }
 
     #[test]

@@ -115,6 +115,18 @@ impl Row {
         }
     }
 
+    /// Whether [`super::draw`] can sample this row on the model's device: the whole vocabulary at some
+    /// temperature (or greedily), without the most likely alternatives, which need the row's logits.
+    pub(super) fn draws_on_device(&self, vocab: usize) -> bool {
+        !restricted(&self.params, vocab) && self.params.top_logprobs == 0
+    }
+
+    /// The next uniform draw of the row's generator in `[0, 1)`, as [`choose`] takes it for a
+    /// sampled (not greedy) token: the device draw consumes the generator exactly as the host's does.
+    pub(super) fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
     /// The sampled token the model has not run yet.
     pub(super) fn unfed(&self) -> u32 {
         *self
@@ -264,7 +276,17 @@ pub fn generate_streaming(
         kv_budget_bytes: usize::MAX,
         batch_invariant: false,
     };
-    let mut engine = Engine::new(model, *stopping, prefix, limits);
+    let engine = Engine::new(model, *stopping, prefix, limits);
+    run(engine, prompts, params, on_token)
+}
+
+/// Runs the prompts as one submission of `engine` to the end.
+fn run<'a>(
+    mut engine: Engine<'a>,
+    prompts: &[Vec<u32>],
+    params: &[GenerationParams],
+    on_token: &'a mut dyn FnMut(usize, u32, f32) -> bool,
+) -> Result<Vec<Generation>> {
     let sequences = prompts
         .iter()
         .cloned()
@@ -297,19 +319,59 @@ impl Listener for Callback<'_> {
 /// Samples one token for `row` from its last-position logits and decides whether the row is done;
 /// returns the token and its logprob under the policy.
 pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
-    let (token, sampling_logprob) = choose(logits, &row.params, &mut row.rng);
-    let normaliser = (row.params.top_logprobs > 0).then(|| log_sum_exp(logits));
+    let (drawn, top) = host_draw(logits, &row.params, &mut row.rng);
+    record(row, drawn, top, stopping)
+}
+
+/// Draws a token from a row's logits with its generator, and the most likely tokens when the row
+/// records them.
+pub(super) fn host_draw(
+    logits: &[f32],
+    params: &GenerationParams,
+    rng: &mut ChaCha8Rng,
+) -> (Drawn, Option<Vec<(u32, f32)>>) {
+    let (token, sampling_logprob) = choose(logits, params, rng);
+    let normaliser = (params.top_logprobs > 0).then(|| log_sum_exp(logits));
     // At temperature 1 over the whole vocabulary the token was drawn from the policy itself.
-    let logprob = if row.params.temperature == 1.0 && !restricted(&row.params, logits.len()) {
+    let logprob = if params.temperature == 1.0 && !restricted(params, logits.len()) {
         sampling_logprob
     } else {
         logits[token as usize] - normaliser.unwrap_or_else(|| log_sum_exp(logits))
     };
+    let drawn = Drawn {
+        token,
+        logprob,
+        sampling_logprob,
+    };
+    let top = normaliser.map(|normaliser| most_likely(logits, params.top_logprobs, normaliser));
+    (drawn, top)
+}
+
+/// A sampled token with its log-probabilities: under the policy at temperature 1, and under the
+/// distribution it was drawn from (0 for a greedy choice).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Drawn {
+    pub(super) token: u32,
+    pub(super) logprob: f32,
+    pub(super) sampling_logprob: f32,
+}
+
+/// Appends a drawn token (and its most likely alternatives, when the row records them) to the row's
+/// generation and decides whether the row is done; returns the token and its logprob under the policy.
+pub(super) fn record(
+    row: &mut Row,
+    drawn: Drawn,
+    top: Option<Vec<(u32, f32)>>,
+    stopping: &Stopping,
+) -> Result<(u32, f32)> {
+    let Drawn {
+        token,
+        logprob,
+        sampling_logprob,
+    } = drawn;
     let generation = &mut row.generation;
-    if let Some(normaliser) = normaliser {
-        generation
-            .top_logprobs
-            .push(most_likely(logits, row.params.top_logprobs, normaliser));
+    if let Some(top) = top {
+        generation.top_logprobs.push(top);
     }
     generation.tokens.push(token);
     generation.logprobs.push(logprob);
@@ -629,6 +691,7 @@ fn draw_unrestricted(logits: &[f32], temperature: f32, rng: &mut ChaCha8Rng) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::config::{Arch, ModelConfig};
 
     fn log_softmax(logits: &[f32]) -> Vec<f32> {
         let log_sum = log_sum_exp(logits);
@@ -713,6 +776,92 @@ mod tests {
         ) {
             proptest::prop_assert_eq!(first_stop(&text, 0, &stops), naive_first_stop(&text, &stops));
         }
+    }
+
+    /// The engine drawing on the device (as on a GPU; here the CPU's tensors) samples what it samples
+    /// drawing on the host, row by row, with rows that share a prompt, greedy, tempered, top-k, top-p
+    /// and top-log-probability rows in one batch, over a vocabulary of several draw chunks.
+    #[test]
+    fn drawing_on_the_device_samples_what_the_host_samples() {
+        use crate::local::dispatch::Draws;
+        use crate::local::testing::{config, random_model};
+
+        let config = ModelConfig {
+            vocab_size: 2 * super::super::draw::CHUNK + 300,
+            ..config(Arch::Qwen2)
+        };
+        let model = random_model(&config, candle_core::DType::F32);
+        let tokenizer = crate::local::init::build_tokenizer().unwrap();
+        let stopping = Stopping {
+            eos: &[],
+            tokenizer: &tokenizer,
+        };
+        let sampled = |seed, temperature, max_tokens| GenerationParams {
+            seed,
+            temperature,
+            max_tokens,
+            ..Default::default()
+        };
+        let params = vec![
+            sampled(1, 1.0, 12),
+            sampled(2, 1.0, 7),
+            sampled(3, 0.0, 12),
+            sampled(4, 0.6, 12),
+            sampled(5, 1.7, 9),
+            GenerationParams {
+                top_k: 5,
+                ..sampled(6, 1.0, 12)
+            },
+            GenerationParams {
+                top_p: 0.8,
+                ..sampled(7, 0.9, 12)
+            },
+            GenerationParams {
+                top_logprobs: 3,
+                ..sampled(8, 1.0, 12)
+            },
+        ];
+        let prompts: Vec<Vec<u32>> = [
+            &[5u32, 9, 14][..],
+            &[5, 9, 14],
+            &[7, 1000, 2000, 3],
+            &[5, 9, 14],
+            &[2100],
+            &[7, 1000, 2000, 3],
+            &[11, 12],
+            &[5, 9, 14],
+        ]
+        .iter()
+        .map(|prompt| prompt.to_vec())
+        .collect();
+        let limits = Limits {
+            max_num_seqs: prompts.len(),
+            max_num_batched_tokens: usize::MAX,
+            kv_budget_bytes: usize::MAX,
+            batch_invariant: false,
+        };
+        let generate = |draws| {
+            let engine = Engine::new(&model, stopping, None, limits).drawing(draws);
+            run(engine, &prompts, &params, &mut |_, _, _| true).unwrap()
+        };
+        let (host, device) = (generate(Draws::Host), generate(Draws::Device));
+        let close = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| (a - b).abs() < 1e-4)
+        };
+        for (i, (host, device)) in host.iter().zip(&device).enumerate() {
+            assert_eq!(host.tokens, device.tokens, "row {i}");
+            assert_eq!(host.tokens.len(), params[i].max_tokens, "row {i}");
+            assert!(close(&host.logprobs, &device.logprobs), "row {i}");
+            assert!(
+                close(&host.sampling_logprobs, &device.sampling_logprobs),
+                "row {i}"
+            );
+            assert_eq!(host.top_logprobs, device.top_logprobs, "row {i}");
+            assert_eq!(host.text, device.text, "row {i}");
+        }
+        // The rows are not all alike: the sampled ones differ from the greedy one on a shared prompt.
+        assert_ne!(host[0].tokens, host[3].tokens);
+        assert_eq!(host[7].top_logprobs.len(), 12);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod backward;
 pub mod checkpoint;
 pub mod config;
 pub mod dispatch;
+mod draw;
 pub mod generate;
 pub mod gguf;
 pub mod head;

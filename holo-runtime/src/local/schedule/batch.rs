@@ -7,7 +7,9 @@ use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
 use super::engine::{Engine, Live};
-use crate::local::generate::{finish_text, step, GenerationParams, Row};
+use crate::local::dispatch::Draws;
+use crate::local::draw::{draw, Ask};
+use crate::local::generate::{finish_text, record, step, Drawn, GenerationParams, Row};
 use crate::local::model::{KvCache, Result, Segment};
 
 /// Sequences prefilled together: their new tokens right-aligned in one padded width, run a chunk of
@@ -29,6 +31,78 @@ pub(super) struct Prefill {
 }
 /// The smallest vocabulary whose rows are sampled in parallel.
 const PARALLEL_VOCAB: usize = 16_384;
+
+/// A step's last-position logits (f32), where the engine's [`Draws`] take them.
+enum Logits {
+    /// `[rows][vocab]`, read back.
+    Host(Vec<Vec<f32>>),
+    /// `[rows, vocab]` on the model's device.
+    Device(Tensor),
+}
+
+/// How a live row gets its token this step.
+enum Source<'l> {
+    /// Drawn on the host from its row of logits.
+    Host(&'l [f32]),
+    /// Drawn on the device.
+    Drawn(Drawn),
+}
+
+/// Draws the live rows the device can draw (see [`draw`]); `None` for the others and the rows done.
+fn draw_on_device(
+    live: &mut [Live],
+    slots: &[usize],
+    logits: &Tensor,
+) -> Result<Vec<Option<Drawn>>> {
+    let vocab = logits.dim(1)?;
+    let mut asks = Vec::new();
+    let mut asked = Vec::with_capacity(live.len());
+    for (live, &slot) in live.iter_mut().zip(slots) {
+        let row = &mut live.row;
+        asked.push(!row.done && row.draws_on_device(vocab));
+        if !row.done && row.draws_on_device(vocab) {
+            let temperature = row.params.temperature;
+            let sample = (temperature > 0.0).then(|| (temperature, row.uniform()));
+            asks.push(Ask { row: slot, sample });
+        }
+    }
+    let mut drawn = draw(logits, &asks)?.into_iter();
+    Ok(asked
+        .into_iter()
+        .map(|asked| asked.then(|| drawn.next().expect("one draw per ask")))
+        .collect())
+}
+
+/// The rows of the device's `logits` that the live rows not drawn there (`drawn[i]` is `None`) and not
+/// done read, by row.
+fn fetch_rows(
+    logits: &Tensor,
+    live: &[Live],
+    slots: &[usize],
+    drawn: &[Option<Drawn>],
+) -> Result<HashMap<usize, Vec<f32>>> {
+    let mut wanted: Vec<u32> = live
+        .iter()
+        .zip(slots)
+        .zip(drawn)
+        .filter(|((live, _), drawn)| !live.row.done && drawn.is_none())
+        .map(|((_, &slot), _)| slot as u32)
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if wanted.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = logits
+        .index_select(&Tensor::new(wanted.as_slice(), logits.device())?, 0)?
+        .to_vec2::<f32>()?;
+    Ok(wanted
+        .into_iter()
+        .map(|slot| slot as usize)
+        .zip(rows)
+        .collect())
+}
+
 impl Engine<'_> {
     /// Lays the chosen sequences out for prefilling: `[padding | cached tokens | padding | new tokens]`
     /// per slot, each part right-aligned.
@@ -261,32 +335,60 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// The f32 logits `[rows][vocab]` at the last of `width` positions.
-    fn last_logits(&self, hidden: &Tensor, width: usize) -> Result<Vec<Vec<f32>>> {
+    /// The f32 logits at the last of `width` positions, where the engine draws from them.
+    fn last_logits(&self, hidden: &Tensor, width: usize) -> Result<Logits> {
         let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?;
-        self.model
-            .logits(&last, self.ops())?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()
+        let logits = self.model.logits(&last, self.ops())?.to_dtype(DType::F32)?;
+        Ok(match self.draws {
+            Draws::Host => Logits::Host(logits.to_vec2::<f32>()?),
+            Draws::Device => Logits::Device(logits),
+        })
     }
 
-    /// Samples a token for each row from `logits[slots[i]]` and tells its listener.
-    fn sample(&mut self, live: &mut [Live], slots: &[usize], logits: &[Vec<f32>]) -> Result<()> {
+    /// Samples a token for each row from row `slots[i]` of the logits and tells its listener.
+    fn sample(&mut self, live: &mut [Live], slots: &[usize], logits: &Logits) -> Result<()> {
         let stopping = &self.stopping;
-        let step_row = |(live, &slot): (&mut Live, &usize)| match live.row.done {
-            true => Ok(None),
-            false => step(&mut live.row, &logits[slot], stopping).map(Some),
+        let fetched;
+        let (vocab, sources): (usize, Vec<Option<Source>>) = match logits {
+            Logits::Host(rows) => {
+                let sources = live
+                    .iter()
+                    .zip(slots)
+                    .map(|(live, &slot)| (!live.row.done).then(|| Source::Host(&rows[slot])))
+                    .collect();
+                (self.model.config.vocab_size, sources)
+            }
+            Logits::Device(tensor) => {
+                let drawn = draw_on_device(live, slots, tensor)?;
+                fetched = fetch_rows(tensor, live, slots, &drawn)?;
+                let sources = live
+                    .iter()
+                    .zip(slots)
+                    .zip(drawn)
+                    .map(|((live, slot), drawn)| match (live.row.done, drawn) {
+                        (true, _) => None,
+                        (false, Some(drawn)) => Some(Source::Drawn(drawn)),
+                        (false, None) => Some(Source::Host(fetched[slot].as_slice())),
+                    })
+                    .collect();
+                (tensor.dim(1)?, sources)
+            }
+        };
+        let step_row = |(live, source): (&mut Live, Option<Source>)| match source {
+            None => Ok(None),
+            Some(Source::Host(logits)) => step(&mut live.row, logits, stopping).map(Some),
+            Some(Source::Drawn(drawn)) => record(&mut live.row, drawn, None, stopping).map(Some),
         };
         // Rows sample independently (each with its own generator): over 150k-token vocabularies this
-        // is a good part of a decoding step, worth sharing out.
-        let sampled: Vec<Option<(u32, f32)>> = if self.model.config.vocab_size >= PARALLEL_VOCAB {
+        // is a good part of a decoding step on the host, worth sharing out.
+        let sampled: Vec<Option<(u32, f32)>> = if vocab >= PARALLEL_VOCAB {
             live.par_iter_mut()
-                .zip(slots.par_iter())
+                .zip(sources.into_par_iter())
                 .map(step_row)
                 .collect::<Result<_>>()?
         } else {
             live.iter_mut()
-                .zip(slots.iter())
+                .zip(sources)
                 .map(step_row)
                 .collect::<Result<_>>()?
         };

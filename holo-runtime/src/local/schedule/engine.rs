@@ -7,6 +7,7 @@ use candle_core::Tensor;
 
 use super::batch::Prefill;
 use super::{Limits, Listener, Results};
+use crate::local::dispatch::{self, Draws};
 use crate::local::generate::{Generation, GenerationParams, PrefixCache, Row, Stopping};
 use crate::local::model::{KvCache, Model, Ops, SequenceCache};
 
@@ -57,6 +58,8 @@ pub(in crate::local) struct Engine<'a> {
     pub(super) running: Vec<Live>,
     pub(super) cache: KvCache,
     pub(super) prefill: Option<Prefill>,
+    /// Where tokens are drawn: the model's device decides ([`dispatch::draws`]).
+    pub(super) draws: Draws,
 }
 
 impl<'a> Engine<'a> {
@@ -80,7 +83,15 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             cache: KvCache::new(&model.config),
             prefill: None,
+            draws: dispatch::draws(model.device().location()),
         }
+    }
+
+    /// The engine drawing its tokens as a model elsewhere would: the CPU's tests of the GPU's way.
+    #[cfg(test)]
+    pub(in crate::local) fn drawing(mut self, draws: Draws) -> Self {
+        self.draws = draws;
+        self
     }
 
     /// The operations sampling passes use: [`Ops::Invariant`] for batch-invariant sampling.
