@@ -3,7 +3,8 @@
 //! under the policy (temperature 1) and under the distribution it was drawn from.
 //!
 //! How rows are batched (prefill, joining and leaving the batch) is the [scheduler](super::schedule)'s
-//! business; this module samples a row's next token from its logits and decides when it ends.
+//! business; this module samples a row's next token from its logits and decides when it ends (on a GPU
+//! most rows are drawn where their logits are, by `local/draw.rs`, and only recorded here).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -59,8 +59,9 @@ fn draw_on_device(
     let mut asked = Vec::with_capacity(live.len());
     for (live, &slot) in live.iter_mut().zip(slots) {
         let row = &mut live.row;
-        asked.push(!row.done && row.draws_on_device(vocab));
-        if !row.done && row.draws_on_device(vocab) {
+        let here = !row.done && row.draws_on_device(vocab);
+        asked.push(here);
+        if here {
             let temperature = row.params.temperature;
             let sample = (temperature > 0.0).then(|| (temperature, row.uniform()));
             asks.push(Ask { row: slot, sample });
