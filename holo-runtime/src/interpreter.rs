@@ -44,6 +44,7 @@ type Constructor = Box<dyn Fn(&Args) -> Result<Box<dyn DynHolotype>, HolotypeErr
 struct Entry {
     params: &'static [&'static str],
     construct: Constructor,
+    needs: fn(&Args) -> Vec<String>,
 }
 
 /// The holotypes an interpreted holoware may name.
@@ -60,6 +61,7 @@ impl Registry {
             Entry {
                 params: T::PARAMS,
                 construct: Box::new(|args| Ok(Box::new(T::new(args)?) as Box<dyn DynHolotype>)),
+                needs: T::needs,
             },
         );
         self
@@ -126,6 +128,9 @@ pub struct Holoware {
     /// The binding and fence of each sample op.
     samples: Vec<(Option<&'static str>, Option<&'static str>)>,
     binding_names: Arc<[String]>,
+    /// The columns holotypes need ([`Holotype::needs`]) that no sampler binds, each with the tag's
+    /// location.
+    needed_columns: Vec<(String, &'static str)>,
 }
 
 /// A data row: column name → value. Strings are taken verbatim; numbers and booleans as JSON writes them;
@@ -160,6 +165,28 @@ impl fmt::Display for MissingInput {
 
 impl std::error::Error for MissingInput {}
 
+/// The columns the holotype tags need ([`Holotype::needs`]) that no sampler binds, each with its tag's
+/// location, in the file's order.
+fn needed_columns(
+    program: &Program,
+    registry: &Registry,
+    args: &[Args],
+    bound: &[String],
+) -> Vec<(String, &'static str)> {
+    let mut needed: Vec<(String, &'static str)> = Vec::new();
+    for (holotype, args) in program.holotypes.iter().zip(args) {
+        let Some(entry) = registry.entries.get(&holotype.name) else {
+            continue;
+        };
+        for column in (entry.needs)(args) {
+            if !bound.contains(&column) && !needed.iter().any(|(name, _)| *name == column) {
+                needed.push((column, args.location));
+            }
+        }
+    }
+    needed
+}
+
 impl Holoware {
     /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load.
     pub fn load(name: &str, bytes: &[u8], registry: Arc<Registry>) -> Result<Self, LoadError> {
@@ -180,7 +207,7 @@ impl Holoware {
             leak(format!("{name}:{}:{}", span.start.line, span.start.col))
         };
         let locations = program.ops.iter().map(|op| location(op.span)).collect();
-        let args = program
+        let args: Vec<Args> = program
             .holotypes
             .iter()
             .map(|holotype| Args {
@@ -227,12 +254,14 @@ impl Holoware {
                 _ => (None, None),
             })
             .collect();
-        let binding_names = program
+        let binding_names: Arc<[String]> = program
             .bindings
             .iter()
             .map(|binding| binding.name.clone())
             .collect();
+        let needed_columns = needed_columns(&program, &registry, &args, &binding_names);
         Ok(Holoware {
+            needed_columns,
             binding_names,
             name: name.to_string(),
             program,
@@ -260,8 +289,17 @@ impl Holoware {
         &self.program
     }
 
-    /// Checks that `row` has every input the holoware needs: each required input, and one of every
-    /// group of alternatives that only inputs can satisfy.
+    /// The data columns the holotype tags need ([`Holotype::needs`], a built-in reward's `target=`) that
+    /// no sampler binds, in the file's order; [`Holoware::check_row`] requires each.
+    pub fn needed_columns(&self) -> impl Iterator<Item = &str> {
+        self.needed_columns
+            .iter()
+            .map(|(column, _)| column.as_str())
+    }
+
+    /// Checks that `row` has every input the holoware needs: each required input, every column a
+    /// holotype needs that no sampler binds (a reward's `target=`, [`Holotype::needs`]), and one of
+    /// every group of alternatives that only inputs can satisfy.
     pub fn check_row(&self, row: &Row) -> Result<(), MissingInput> {
         let present = |name: &str| row.get(name).is_some_and(|value| !value.is_null());
         for input in self.program.inputs.iter().filter(|input| input.required) {
@@ -272,6 +310,16 @@ impl Holoware {
                     location: format!("{}:{}:{}", self.name, at.start.line, at.start.col),
                 });
             }
+        }
+        if let Some((column, location)) = self
+            .needed_columns
+            .iter()
+            .find(|(column, _)| !present(column))
+        {
+            return Err(MissingInput {
+                columns: vec![column.clone()],
+                location: location.to_string(),
+            });
         }
         let is_input = |name: &str| self.program.inputs.iter().any(|input| input.name == name);
         for (index, op) in self.program.ops.iter().enumerate() {

@@ -763,35 +763,25 @@ fn holotypes_that_fail_stop_the_run_before_any_work_or_at_the_batch_where_all_fa
     assert!(written.lines().all(|line| line.contains("\"error\"")));
     std::fs::remove_dir_all(dir).unwrap();
 
-    // A reward that fails on one row of two: the run goes on, with one warning for the message.
-    let dir = scratch("some-fail");
+    // A reward whose column a row lacks: refused before any work, naming the row, the column and the
+    // tag (`Holotype::needs`); a column of that name that a sampler binds is the sampler's, and needs no
+    // data. (What a run does with some failed rollouts: `train::rollouts`' unit test.)
+    let dir = scratch("missing-target");
     let args = train_args_on(&dir, &short("<|ExactAnswer var=reply|>"), rows, 3);
     let (code, stderr) = stderr_of(&args);
-    assert_eq!(code, 0, "{stderr}");
-    let warnings: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.starts_with("warning:"))
-        .collect();
-    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
     assert!(
-        warnings[0].starts_with("warning: step 1: 4 of 8 rollouts failed (rollouts.jsonl")
-            && warnings[0].contains("; row 2, rollout 1: ")
-            && warnings[0]
-                .ends_with("env.hol:6:1: the data row has no `expected` column to compare with"),
+        stderr.contains("rows.jsonl:2: missing column `expected` (used at ")
+            && stderr.contains("env.hol:6:1)"),
         "{stderr}"
     );
-    let failed: Vec<(Option<f64>, Option<f64>)> = metrics(&dir.join("run"))
-        .iter()
-        .map(|step| {
-            let value = |name: &str| step.get(name).and_then(serde_json::Value::as_f64);
-            (value("rollouts/failed_ratio"), value("eval/failed"))
-        })
-        .collect();
-    // Steps 1 and 3 generate (μ = 2); the held-out rows fail the same way at step 3's evaluation.
-    assert_eq!(
-        failed,
-        [(Some(0.5), None), (None, None), (Some(0.5), Some(4.0))],
-        "{stderr}"
-    );
+    assert!(!dir.join("run").exists(), "a refused run wrote its folder");
+    std::fs::remove_dir_all(dir).unwrap();
+    let dir = scratch("bound-target");
+    let hol = "<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:reply|>\n<|@_@:expected max_tokens=2|>\n<|ExactAnswer var=reply|>\n";
+    let args = train_args_on(&dir, hol, rows, 1);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("warning:"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }

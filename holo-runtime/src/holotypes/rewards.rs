@@ -86,6 +86,12 @@ impl Comparison {
         })
     }
 
+    /// The column compared with, which the reward fails without.
+    fn needs(args: &Args) -> Vec<String> {
+        let target = args.name("target").ok().flatten().unwrap_or("expected");
+        vec![target.to_string()]
+    }
+
     /// The answer in the variable: its last tag's content, or what `untagged` says of a text without one.
     fn answer<'c>(&self, cx: &'c Cx<'_>) -> Option<&'c str> {
         let text = cx.var(&self.component.variable)?;
@@ -154,6 +160,10 @@ impl Holotype for ExactAnswer {
         }
         self.0.record(cx, texts_equal)
     }
+
+    fn needs(args: &Args) -> Vec<String> {
+        Comparison::needs(args)
+    }
 }
 
 /// 1 when the answer and the `target=` column are the same number: integers, decimals, fractions
@@ -194,6 +204,10 @@ impl Holotype for MathAnswer {
             return Ok(());
         }
         self.0.record(cx, numbers_equal)
+    }
+
+    fn needs(args: &Args) -> Vec<String> {
+        Comparison::needs(args)
     }
 }
 

@@ -68,12 +68,25 @@ impl Failures {
         file: &str,
         progress: &ProgressBar,
     ) -> Result<(), TrainError> {
+        if let Some(warning) = self.warning(records, step, file)? {
+            progress.suspend(|| eprintln!("{warning}"));
+        }
+        Ok(())
+    }
+
+    /// [`Failures::check`]'s verdict: the warning to print, if any, or the error that stops the run.
+    fn warning(
+        &self,
+        records: &[RolloutRecord],
+        step: u64,
+        file: &str,
+    ) -> Result<Option<String>, TrainError> {
         let failed: Vec<_> = records
             .iter()
             .filter_map(|record| record.error.as_ref().map(|error| (record, error)))
             .collect();
         let Some(&(first, error)) = failed.first() else {
-            return Ok(());
+            return Ok(None);
         };
         let at = |record: &RolloutRecord| {
             format!(
@@ -98,19 +111,16 @@ impl Failures {
         let new = failed
             .iter()
             .find(|(_, error)| !warned.contains(&error.message));
-        if let Some(&(record, error)) = new {
+        Ok(new.map(|&(record, error)| {
             warned.insert(error.message.clone());
-            progress.suspend(|| {
-                eprintln!(
-                    "warning: step {step}: {} of {} rollouts failed ({file} holds each error; later ones with a message already shown are only counted); {}: {}",
-                    failed.len(),
-                    records.len(),
-                    at(record),
-                    error.message
-                )
-            });
-        }
-        Ok(())
+            format!(
+                "warning: step {step}: {} of {} rollouts failed ({file} holds each error; later ones with a message already shown are only counted); {}: {}",
+                failed.len(),
+                records.len(),
+                at(record),
+                error.message
+            )
+        }))
     }
 }
 
@@ -228,4 +238,89 @@ pub(crate) fn evaluation_metrics(
     );
     metrics.insert("eval/failed".into(), summary.failed as f64);
     metrics
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loom::{Failure, Stage};
+
+    /// Rollouts of rows 0 and 1 (two each); those named in `failing` with their message.
+    fn records(failing: &[(usize, usize, &str)]) -> Vec<RolloutRecord> {
+        let mut records = Vec::new();
+        for row_index in 0..2 {
+            for rollout_index in 0..2 {
+                let error = failing
+                    .iter()
+                    .find(|(row, rollout, _)| (*row, *rollout) == (row_index, rollout_index))
+                    .map(|(.., message)| Failure {
+                        stage: Stage::Rollout,
+                        message: message.to_string(),
+                    });
+                records.push(RolloutRecord {
+                    dataset: None,
+                    row_index,
+                    rollout_index,
+                    seed: 0,
+                    row: Row::new(),
+                    contexts: Vec::new(),
+                    rewards: BTreeMap::new(),
+                    weights: BTreeMap::new(),
+                    feedback: BTreeMap::new(),
+                    reward: 0.0,
+                    samples: 1,
+                    truncated: false,
+                    step: None,
+                    error,
+                    timing: None,
+                });
+            }
+        }
+        records
+    }
+
+    /// A batch's first new message is a warning once in the run (the first rollout that has it named);
+    /// a batch that failed whole is an error; a batch without failures says nothing.
+    #[test]
+    fn failures_warn_once_per_message_and_stop_a_batch_that_failed_whole() {
+        let failures = Failures::default();
+        let broken = "env.hol:6:1: the tool is gone";
+        assert_eq!(
+            failures
+                .warning(&records(&[]), 1, "rollouts.jsonl")
+                .unwrap(),
+            None
+        );
+        let half = records(&[(1, 0, broken), (1, 1, broken)]);
+        assert_eq!(
+            failures.warning(&half, 1, "rollouts.jsonl").unwrap().as_deref(),
+            Some(
+                "warning: step 1: 2 of 4 rollouts failed (rollouts.jsonl holds each error; later ones \
+                 with a message already shown are only counted); row 2, rollout 1: env.hol:6:1: the tool is gone"
+            )
+        );
+        // Shown once: the same message later is only counted.
+        assert_eq!(failures.warning(&half, 2, "rollouts.jsonl").unwrap(), None);
+        // A new message in a batch that also has the old one: the new one is shown.
+        let other = "env.hol:9:1: another";
+        let mixed = records(&[(0, 0, broken), (1, 1, other)]);
+        let warning = failures
+            .warning(&mixed, 3, "rollouts.jsonl")
+            .unwrap()
+            .unwrap();
+        assert!(
+            warning.ends_with("row 2, rollout 2: env.hol:9:1: another"),
+            "{warning}"
+        );
+        // Every rollout failed: the run stops, naming the first.
+        let all = records(&[(0, 0, broken), (0, 1, broken), (1, 0, other), (1, 1, other)]);
+        match failures.warning(&all, 4, "eval_rollouts.jsonl") {
+            Err(TrainError::Rollouts(message)) => assert_eq!(
+                message,
+                "step 4: all 4 rollouts failed (eval_rollouts.jsonl holds each error); the first, \
+                 row 1, rollout 1: env.hol:6:1: the tool is gone"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
 }

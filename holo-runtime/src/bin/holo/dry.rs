@@ -283,34 +283,18 @@ fn run_scripted(
     Ok(())
 }
 
-/// Every input as `<name>`, and every column a built-in reward compares with (`target=`, by default
-/// `expected`) as `<column>`: enough to see the shape of a holoware without data.
+/// Every input as `<name>`, and every column a holotype needs (a built-in reward's `target=`, by
+/// default `expected`) as `<column>`: enough to see the shape of a holoware without data.
 fn placeholder_row(holoware: &Holoware) -> Row {
-    let program = holoware.program();
-    let targets = program
-        .holotypes
-        .iter()
-        .filter(|holotype| {
-            holotype.builtin && matches!(holotype.name.as_str(), "ExactAnswer" | "MathAnswer")
-        })
-        .map(|holotype| {
-            holotype
-                .args
-                .iter()
-                .find(|arg| arg.name.as_deref() == Some("target"))
-                .map_or_else(
-                    || "expected".to_string(),
-                    |arg| arg.value.to_string().trim_matches('"').to_string(),
-                )
-        });
-    program
+    holoware
+        .program()
         .inputs
         .iter()
-        .map(|input| input.name.clone())
-        .chain(targets)
+        .map(|input| input.name.as_str())
+        .chain(holoware.needed_columns())
         .map(|name| {
             let value = serde_json::Value::String(format!("<{name}>"));
-            (name, value)
+            (name.to_string(), value)
         })
         .collect()
 }
