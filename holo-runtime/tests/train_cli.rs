@@ -730,22 +730,25 @@ fn holotypes_that_fail_stop_the_run_before_any_work_or_at_the_batch_where_all_fa
     let short =
         |reward: &str| format!("<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:reply|>\n{reward}\n");
 
+    // What `holo train` refuses before any work (exit 2, no run folder): its stderr.
+    let refused = |name: &str, hol: &str| {
+        let dir = scratch(name);
+        let (code, stderr) = stderr_of(&train_args_on(&dir, hol, rows, 2));
+        assert_eq!(code, 2, "{stderr}");
+        assert!(!dir.join("run").exists(), "a refused run wrote its folder");
+        std::fs::remove_dir_all(dir).unwrap();
+        stderr
+    };
+
     // An argument the holotype refuses: before the model loads, where it is written.
-    let dir = scratch("bad-argument");
-    let args = train_args_on(
-        &dir,
+    let stderr = refused(
+        "bad-argument",
         &short("<|LengthPenalty var=reply max=short|>"),
-        rows,
-        2,
     );
-    let (code, stderr) = stderr_of(&args);
-    assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("env.hol:6:1: argument `max` must be an integer, found `short`"),
         "{stderr}"
     );
-    assert!(!dir.join("run").exists(), "a refused run wrote its folder");
-    std::fs::remove_dir_all(dir).unwrap();
 
     // A holotype that fails in every rollout: the run stops at the first batch, saying why.
     let dir = scratch("all-fail");
@@ -766,17 +769,12 @@ fn holotypes_that_fail_stop_the_run_before_any_work_or_at_the_batch_where_all_fa
     // A reward whose column a row lacks: refused before any work, naming the row, the column and the
     // tag (`Holotype::needs`); a column of that name that a sampler binds is the sampler's, and needs no
     // data. (What a run does with some failed rollouts: `train::rollouts`' unit test.)
-    let dir = scratch("missing-target");
-    let args = train_args_on(&dir, &short("<|ExactAnswer var=reply|>"), rows, 3);
-    let (code, stderr) = stderr_of(&args);
-    assert_eq!(code, 2, "{stderr}");
+    let stderr = refused("missing-target", &short("<|ExactAnswer var=reply|>"));
     assert!(
         stderr.contains("rows.jsonl:2: missing column `expected` (used at ")
             && stderr.contains("env.hol:6:1)"),
         "{stderr}"
     );
-    assert!(!dir.join("run").exists(), "a refused run wrote its folder");
-    std::fs::remove_dir_all(dir).unwrap();
     let dir = scratch("bound-target");
     let hol = "<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:reply|>\n<|@_@:expected max_tokens=2|>\n<|ExactAnswer var=reply|>\n";
     let args = train_args_on(&dir, hol, rows, 1);
