@@ -66,8 +66,9 @@ pub trait Holotype: Sized {
 
     /// The variables a tag with these arguments fails without, such as the data column a reward
     /// compares with (`target=`). Each one that no sampler of the holoware binds must be a column of
-    /// every data row: [`Holoware::check_row`](crate::interpreter::Holoware::check_row) checks it before any rollout.
-    /// Arguments the constructor refuses may be ignored here. The default needs none.
+    /// every data row, which [`Holoware::check_row`](crate::interpreter::Holoware::check_row) checks
+    /// before any rollout. Arguments the constructor refuses may be ignored here. The default needs
+    /// none.
     fn needs(args: &Args) -> Vec<String> {
         let _ = args;
         Vec::new()
