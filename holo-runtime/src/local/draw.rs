@@ -42,6 +42,14 @@ pub(super) fn draw(logits: &Tensor, asks: &[Ask]) -> Result<Vec<Drawn>> {
     let logits = logits
         .to_dtype(DType::F32)?
         .index_select(&Tensor::new(rows.as_slice(), device)?, 0)?;
+    // Whole chunks: the padding's logits are -inf, of weight 0, never the largest and never drawn.
+    let logits = match padding {
+        0 => logits,
+        _ => {
+            let padding = Tensor::full(f32::NEG_INFINITY, (count, padding), device)?;
+            Tensor::cat(&[&logits, &padding], 1)?
+        }
+    };
     // Greedy rows are tempered by 1: their weights are computed and not read.
     let temperatures: Vec<f32> = asks
         .iter()
@@ -52,10 +60,7 @@ pub(super) fn draw(logits: &Tensor, asks: &[Ask]) -> Result<Vec<Drawn>> {
         .collect();
     let temperatures = Tensor::from_vec(temperatures, (count, 1), device)?;
     let tempered = logits.broadcast_div(&temperatures)?;
-    let weights = tempered
-        .broadcast_sub(&tempered.max_keepdim(1)?)?
-        .exp()?
-        .pad_with_zeros(1, 0, padding)?;
+    let weights = tempered.broadcast_sub(&tempered.max_keepdim(1)?)?.exp()?;
     let chunk_sums = weights.reshape((count, chunks, CHUNK))?.sum(2)?;
     // The policy's normaliser at temperature 1, for the log-probability of a greedy or tempered draw.
     let largest = logits.max_keepdim(1)?;
@@ -108,14 +113,8 @@ pub(super) fn draw(logits: &Tensor, asks: &[Ask]) -> Result<Vec<Drawn>> {
                 .reshape((count * chunks, CHUNK))?
                 .index_select(&flat, 0)
         };
-        let read = Tensor::cat(
-            &[
-                &by_chunk(&weights)?,
-                &by_chunk(&logits.pad_with_zeros(1, 0, padding)?)?,
-            ],
-            1,
-        )?
-        .to_vec2::<f32>()?;
+        let read =
+            Tensor::cat(&[&by_chunk(&weights)?, &by_chunk(&logits)?], 1)?.to_vec2::<f32>()?;
         for (pick, read) in picks.iter().zip(&read) {
             let (weights, logits) = read.split_at(CHUNK);
             let (within, _) = first_passing(weights, pick.threshold);
