@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chat-template parity fixtures for `holo-runtime/src/chat.rs`, rendered by Hugging Face transformers.
+"""Chat-template parity fixtures for `holo-runtime/holo-core/src/chat/`, rendered by Hugging Face transformers.
 
 Regenerate the expected renderings (from the repository root; torch is not needed):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GRPO parity fixtures for the Rust trainer (holo-runtime/src/train/), every number computed by TRL's own code.
+"""GRPO parity fixtures for the Rust trainer (holo-runtime/holo-train/src/), every number computed by TRL's own code.
 
 Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity fixtures for the Holophore (holo-runtime/src/holophore.rs).
+"""Parity fixtures for the Holophore (holo-runtime/holo-core/src/holophore.rs).
 
 Builds a small byte-level BPE tokenizer offline (vocab 500 incl. the ChatML special tokens), saves it with
 transformers, and records, for several conversations and chat templates, the ids of

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity fixtures for the local candle models (holo-runtime/src/local/), computed by Hugging Face transformers.
+"""Parity fixtures for the local candle models (holo-runtime/holo-model/src/), computed by Hugging Face transformers.
 
 Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
 

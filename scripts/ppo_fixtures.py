@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PPO parity fixtures for the Rust trainer (holo-runtime/src/train/ppo/), every number computed by TRL's own code.
+"""PPO parity fixtures for the Rust trainer (holo-runtime/holo-train/src/ppo/), every number computed by TRL's own code.
 
 Regenerate (from the repository root; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SFT parity fixtures for `holo sft` (holo-runtime/src/train/sft/), every number computed by TRL's own code.
+"""SFT parity fixtures for `holo sft` (holo-runtime/holo-train/src/sft/), every number computed by TRL's own code.
 
 Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::positions_from_mask;
-use holo_runtime::local::{checkpoint, parse_device, Ops};
+use holo_runtime::local::{files, parse_device, Ops};
 use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
@@ -75,8 +75,8 @@ fn main() -> ExitCode {
         eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N] [--dtype T] [--device D]");
         return ExitCode::from(2);
     };
-    let loaded = checkpoint::load_model(&dir, dtype, &device)
-        .and_then(|model| Ok((model, checkpoint::load_tokenizer(&dir)?)));
+    let loaded = files::load_model(&dir, dtype, &device)
+        .and_then(|model| Ok((model, files::load_tokenizer(&dir)?)));
     let (model, tokenizer) = match loaded {
         Ok(loaded) => loaded,
         Err(error) => {

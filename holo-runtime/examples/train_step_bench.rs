@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::model::{LoraConfig, PROJECTIONS};
-use holo_runtime::local::{checkpoint, Model, Ops};
+use holo_runtime::local::{files, Model, Ops};
 use rand::{Rng, SeedableRng};
 
 struct Settings {
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let base = match checkpoint::load_model(&settings.dir, DType::F32, &Device::Cpu) {
+    let base = match files::load_model(&settings.dir, DType::F32, &Device::Cpu) {
         Ok(model) => model,
         Err(error) => {
             eprintln!("error: {error}");

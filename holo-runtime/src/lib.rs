@@ -1,4 +1,8 @@
-//! The runtime that compiled holowares link against.
+//! The runtime that compiled holowares link against, and the `holo` tool.
+//!
+//! This crate is a facade over the layer crates nested under `holo-runtime/` (`docs/architecture.md`
+//! draws them): every item of `holo-core` at the root and under its module names, and the other layers
+//! as modules behind features.
 //!
 //! - [`Holotype`]: the trait user types implement to inject text, run tools, loop over bodies and give
 //!   rewards; the `.hol` file refers to them by name.
@@ -6,52 +10,22 @@
 //!   returns sample requests and never calls a model itself.
 //! - [`Recorder`]: where a machine writes what happens (contexts, messages, text, completions, rewards);
 //!   [`Transcript`] is the readable one used by tests and dry runs.
+//! - `local` (feature `local`): Hugging Face and GGUF models in process on candle (`holo-model`);
+//!   `train`: GRPO, PPO, SFT and ERL (`holo-train`); `serve`: the OpenAI-compatible server
+//!   (`holo-serve`); `engines` (feature `engines`): Atropos, NeMo Gym and Tinker (`holo-engines`).
 
-pub mod chat;
+#![forbid(unsafe_code)]
+
+pub use holo_core::*;
+
 #[cfg(feature = "local")]
 pub mod demo;
-pub mod engines;
-pub mod export;
-pub mod holophore;
-pub mod holotype;
-pub mod holotypes;
-pub mod interpreter;
-mod json;
+#[cfg(feature = "engines")]
+pub use holo_engines as engines;
 #[cfg(feature = "local")]
-pub mod local;
-pub mod loom;
-pub mod machine;
-pub mod memory;
-pub mod openai;
-pub mod resources;
-pub mod sampler;
-pub mod sandbox;
-pub mod scripted;
+pub use holo_model as local;
 #[cfg(feature = "local")]
-pub mod serve;
-pub mod text;
+pub use holo_serve as serve;
 #[cfg(feature = "local")]
-pub mod train;
-pub mod transcript;
+pub use holo_train as train;
 pub mod view;
-
-pub use holoc::ir::{ArgValue, Role};
-pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
-pub use machine::{
-    Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step,
-};
-pub use openai::{OpenAi, OpenAiConfig};
-pub use resources::Resources;
-pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
-pub use scripted::Scripted;
-pub use text::Text;
-pub use transcript::Transcript;
-
-/// Re-exported for generated code, so user crates need no direct serde dependency.
-pub use serde;
-
-/// Items generated code refers to; not part of the stable API.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::holotype::{assert_holotype, has_param};
-}

@@ -24,7 +24,7 @@ use candle_nn::VarBuilder;
 use common::json::{floats, ids, max_diff};
 use common::logits::sequence_logits;
 use holo_runtime::chat::RenderOptions;
-use holo_runtime::local::checkpoint::{self, load_model};
+use holo_runtime::local::files::{self, load_model};
 use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
 use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
@@ -291,8 +291,8 @@ fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
     assert_eq!(gguf_model.config, expected_config);
     assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
 
-    let folder_tokenizer = checkpoint::load_tokenizer(&dir).unwrap();
-    let gguf_tokenizer = checkpoint::load_tokenizer(&file).unwrap();
+    let folder_tokenizer = files::load_tokenizer(&dir).unwrap();
+    let gguf_tokenizer = files::load_tokenizer(&file).unwrap();
     for text in TEXTS {
         let expected = folder_tokenizer.encode(text, true).unwrap();
         let got = gguf_tokenizer.encode(text, true).unwrap();
@@ -304,8 +304,8 @@ fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
         );
     }
 
-    let folder_template = checkpoint::load_template(&dir).unwrap();
-    let gguf_template = checkpoint::load_template(&file).unwrap();
+    let folder_template = files::load_template(&dir).unwrap();
+    let gguf_template = files::load_template(&file).unwrap();
     assert!(!gguf_template.is_builtin());
     for chat in chats() {
         assert_eq!(
@@ -507,9 +507,7 @@ fn bad_gguf_files_are_errors_that_name_the_file_and_the_key() {
         &set("tokenizer.ggml.model", Value::String("bert".into())),
         &[],
     );
-    let message = checkpoint::load_tokenizer(&tokenizer)
-        .unwrap_err()
-        .to_string();
+    let message = files::load_tokenizer(&tokenizer).unwrap_err().to_string();
     assert!(
         message.contains("tokenizer.gguf")
             && message.contains("unsupported tokenizer \"bert\" (`tokenizer.ggml.model`)"),

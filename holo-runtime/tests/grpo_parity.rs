@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
-use holo_runtime::local::checkpoint::load_model;
+use holo_runtime::local::files::load_model;
 use holo_runtime::train::advantages::{advantages, Rewards};
 use holo_runtime::train::batch::{Completion, Sequence};
 use holo_runtime::train::config::{

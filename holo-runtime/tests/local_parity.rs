@@ -13,7 +13,7 @@ use common::json::{floats, ids, max_diff};
 use common::logits::sequence_logits;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
-use holo_runtime::local::{checkpoint, LocalModel, LocalOptions, Ops};
+use holo_runtime::local::{files, LocalModel, LocalOptions, Ops};
 use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
 
@@ -380,13 +380,13 @@ fn sharded_checkpoints_load_like_single_files() {
 
 #[test]
 fn fixture_configs_parse_with_transformers_5_keys() {
-    let llama = checkpoint::load_model(&fixture("llama"), DType::F32, &Device::Cpu).unwrap();
+    let llama = files::load_model(&fixture("llama"), DType::F32, &Device::Cpu).unwrap();
     assert!(matches!(
         llama.config.rope_scaling,
         holo_runtime::local::RopeScaling::Llama3 { factor, .. } if factor == 8.0
     ));
     assert!(!llama.config.tie_word_embeddings && llama.lm_head.is_some());
-    let qwen = checkpoint::load_model(&fixture("qwen2"), DType::F32, &Device::Cpu).unwrap();
+    let qwen = files::load_model(&fixture("qwen2"), DType::F32, &Device::Cpu).unwrap();
     assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
     assert_eq!(qwen.config.rope_theta, 1e6);
 }

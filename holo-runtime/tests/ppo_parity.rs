@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use holo_runtime::local::checkpoint::load_model;
+use holo_runtime::local::files::load_model;
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::config::Algorithm;
 use holo_runtime::train::config::KlEstimator;

@@ -159,8 +159,7 @@ fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     // `holo export` writes the bf16 weights as a model folder that loads.
     let exported = dir.path().join("exported");
     holo_runtime::train::export::export(&dir.path().join("run"), None, &exported).unwrap();
-    holo_runtime::local::checkpoint::load_model(&exported, DType::F32, &common::test_device())
-        .unwrap();
+    holo_runtime::local::files::load_model(&exported, DType::F32, &common::test_device()).unwrap();
 }
 
 /// LoRA over a bf16 base: the adapters and their moments are f32 (PEFT's `autocast_adapter_dtype`).

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor};
 use holo_runtime::chat::ChatTemplate;
-use holo_runtime::local::checkpoint::{load_model, load_template, load_tokenizer};
+use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::sft::{loss, SftConfig, SftLossType, Tokenizing};
 use serde_json::Value;

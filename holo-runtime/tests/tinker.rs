@@ -7,13 +7,13 @@ mod common;
 
 use std::path::Path;
 
-/// The committed `engines/tinker/proto.rs` is what `prost-build` makes from `tinker_public.fds` today.
+/// The committed `holo-engines/src/tinker/proto.rs` is what `prost-build` makes from `tinker_public.fds` today.
 /// `HOLO_REGENERATE=1` rewrites it instead of comparing.
 #[test]
 fn generated_protobuf_types_are_up_to_date() {
     use prost::Message;
 
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engines/tinker");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("holo-engines/src/tinker");
     let fds = std::fs::read(dir.join("tinker_public.fds")).unwrap();
     let set = prost_types::FileDescriptorSet::decode(fds.as_slice()).unwrap();
     let requests = set

@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 
 use candle_core::{DType, Device, Tensor};
 use common::holo_command;
-use holo_runtime::local::checkpoint::load_model;
+use holo_runtime::local::files::load_model;
 use holo_runtime::local::model::{positions_from_mask, LoraConfig};
 use holo_runtime::local::{Model, Ops};
 use serde_json::{json, Value};

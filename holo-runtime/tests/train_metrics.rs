@@ -11,7 +11,7 @@ use std::process::Command;
 mod common;
 
 use holo_runtime::train::metrics::{read_metrics, MetricsLog};
-use holo_runtime::train::plot::plot_run;
+use holo_runtime::train::report::plot::plot_run;
 
 fn metrics(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()

@@ -42,8 +42,9 @@ use crate::interpreter::{Holoware, Row};
 use crate::local::init::{init_model, InitOptions, Preset};
 use crate::local::Arch;
 use crate::loom::{Interpreted, RolloutRecord};
+use crate::train::report::plot;
 use crate::train::run::{progress_bar, Trainable};
-use crate::train::{checkpoint, plot, GrpoConfig, Policy, RunOptions, Trainer};
+use crate::train::{checkpoint, GrpoConfig, Policy, RunOptions, Trainer};
 use crate::Resources;
 
 /// The environment, compiled into the binary so that the demo runs from any folder.

@@ -197,7 +197,7 @@ fn read_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::tests::record;
+    use crate::export::fixtures::record;
 
     struct Dir(PathBuf);
 

@@ -34,10 +34,9 @@ pub use page::{render, Tokens};
 /// The tokenizer of a model folder (`tokenizer.json`), or of a `.gguf` file with the `local` feature.
 pub fn tokenizer(model: &Path) -> Result<Tokenizer, String> {
     #[cfg(feature = "local")]
-    let loaded = crate::local::checkpoint::load_tokenizer(model).map_err(|error| error.to_string());
+    let loaded = crate::local::files::load_tokenizer(model).map_err(|error| error.to_string());
     #[cfg(not(feature = "local"))]
-    let loaded =
-        Tokenizer::from_file(model.join("tokenizer.json")).map_err(|error| error.to_string());
+    let loaded = crate::chat::folder::load_tokenizer(model).map_err(|error| error.to_string());
     loaded.map_err(|error| {
         format!(
             "cannot load the tokenizer of `{}`: {error}",

@@ -174,7 +174,7 @@ fn fill(data: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::tests::{record, rollouts};
+    use crate::export::fixtures::{record, rollouts};
     use crate::view::data::RolloutsFile;
 
     fn source(records: Vec<RolloutRecord>) -> Source {

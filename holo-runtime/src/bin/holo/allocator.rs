@@ -7,7 +7,7 @@
 //! freed after the optimizer step and allocated again seconds later, in pages the kernel has to map and
 //! zero again. Training commands therefore keep freed memory ([`keep_freed_memory`]): the resident size
 //! stays at the step's peak, which it reaches every step anyway. A server keeps mimalloc's default and
-//! returns memory after large requests (`holo_runtime::memory::release`).
+//! returns memory after large requests (`holo_runtime::trim::release`).
 
 use libmimalloc_sys::{mi_collect, mi_option_set, mi_option_t};
 
@@ -16,11 +16,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc.h's `mi_option_e` (libmimalloc-sys names no constant for it):
 /// milliseconds before freed memory is returned to the system, −1 for never.
+// Only the commands of the `local` feature (training, serving) keep freed memory.
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
 const PURGE_DELAY: mi_option_t = 15;
 
-/// Lets `holo_runtime::memory::release` return mimalloc's free memory too.
+/// Lets `holo_runtime::trim::release` return mimalloc's free memory too.
 pub fn install() {
-    holo_runtime::memory::on_release(|| {
+    holo_runtime::trim::on_release(|| {
         // SAFETY: mi_collect only walks and returns the allocator's free memory; it is thread-safe.
         unsafe { mi_collect(true) }
     });
@@ -28,6 +30,7 @@ pub fn install() {
 
 /// Freed memory stays with the process for reuse instead of being returned after mimalloc's purge delay
 /// (see the module's documentation), unless `MIMALLOC_PURGE_DELAY` says otherwise.
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
 pub fn keep_freed_memory() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: setting an option is a store mimalloc reads on its next purge; it is thread-safe.

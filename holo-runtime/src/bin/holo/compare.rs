@@ -12,8 +12,8 @@ use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
-use holo_runtime::train::compare::{compare, RESAMPLES};
 use holo_runtime::train::export::{export, RunInfo};
+use holo_runtime::train::report::compare::{compare, RESAMPLES};
 
 use crate::{
     load, read_rows, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, EXIT_USAGE,

@@ -304,7 +304,7 @@ impl SamplerArgs {
         let dir = Path::new(model);
         #[cfg(feature = "local")]
         if holo_runtime::local::gguf::is_gguf(dir) {
-            use holo_runtime::local::checkpoint::{load_template, load_tokenizer};
+            use holo_runtime::local::files::{load_template, load_tokenizer};
             use std::sync::Arc;
             return load_tokenizer(dir)
                 .and_then(|tokenizer| Ok((tokenizer, load_template(dir)?)))
@@ -531,6 +531,7 @@ fn prepare_rollouts(
 
 /// A runtime with a worker per core (at least 2), for the servers: a request or a rollout that holds
 /// a worker (parsing a large body, stepping holotypes) does not hold the others.
+#[cfg(feature = "local")]
 fn server_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
     tokio::runtime::Builder::new_multi_thread()

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use super::EXIT_USAGE;
 
 pub fn run(run_dir: PathBuf) -> ExitCode {
-    match holo_runtime::train::plot::plot_run(&run_dir) {
+    match holo_runtime::train::report::plot::plot_run(&run_dir) {
         Ok(plots) => {
             for plot in plots {
                 println!("{}", plot.display());

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use holo_runtime::train::report::plot;
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
-use holo_runtime::train::{plot, RunOptions, TrainError};
+use holo_runtime::train::{RunOptions, TrainError};
 
 use super::options::{self, Options};
 use super::{EXIT_FAILURES, EXIT_USAGE};

@@ -11,7 +11,8 @@ use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
-use holo_runtime::train::{plot, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::report::plot;
+use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
 use super::{load, read_rows, EXIT_FAILURES, EXIT_USAGE};

@@ -1,0 +1,53 @@
+//! What a Holoware environment is made of, and what turns it into token-exact records: the layer of
+//! `holo-runtime` that needs neither a model nor an HTTP server. Users reach it through
+//! `holo_runtime`, which re-exports every item here at the same path.
+//!
+//! - [`Holotype`]: the trait user types implement to inject text, run tools, loop over bodies and give
+//!   rewards; the `.hol` file refers to them by name.
+//! - [`Machine`]: the sans-IO state machine that `include_holoware!` generates for a `.hol` file. It
+//!   returns sample requests and never calls a model itself.
+//! - [`Recorder`]: where a machine writes what happens (contexts, messages, text, completions, rewards);
+//!   [`Transcript`] is the readable one used by tests and dry runs.
+//! - [`interpreter`]: the same machines from a `.hol` file read at run time; [`holophore`]: a rollout
+//!   in token space; [`loom`]: many rollouts at once against one [`Sampler`].
+
+pub mod chat;
+pub mod export;
+pub mod holophore;
+pub mod holotype;
+pub mod holotypes;
+pub mod interpreter;
+#[doc(hidden)]
+pub mod json;
+pub mod loom;
+pub mod machine;
+pub mod openai;
+pub mod resources;
+pub mod sampler;
+pub mod scripted;
+pub mod stop;
+pub mod text;
+pub mod transcript;
+pub mod trim;
+
+pub use holo_sandbox as sandbox;
+pub use holoc::ir::{ArgValue, Role};
+pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
+pub use machine::{
+    Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step,
+};
+pub use openai::{OpenAi, OpenAiConfig};
+pub use resources::Resources;
+pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+pub use scripted::Scripted;
+pub use text::Text;
+pub use transcript::Transcript;
+
+/// Re-exported for generated code, so user crates need no direct serde dependency.
+pub use serde;
+
+/// Items generated code refers to; not part of the stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::holotype::{assert_holotype, has_param};
+}

@@ -1,0 +1,436 @@
+//! The backward pass of a decoder layer written out by hand: the gradients of its weights and of its
+//! input, from its input and the gradient at its output.
+//!
+//! candle's autograd gets the same gradients from the differentiable forward's graph, but at a cost a
+//! training step feels: every gradient it reaches starts as a tensor of zeros that the gradient is then
+//! added to (three weight-sized buffers per weight), RMSNorm, RoPE and softmax are chains of basic ops
+//! each with a backward of several more, and activation recomputation took the backward of
+//! `sum(output · upstream)` to reach a layer's graph at all. Here each weight's gradient is one product,
+//! the norms, rotary embedding, softmax and SwiGLU have their closed-form derivatives, and the layer's
+//! output is not recomputed (only what its backward reads: the down projection's product is skipped).
+//!
+//! The forward part calls the same functions as [`Ops::Differentiable`] (`RmsNorm::forward_parts`,
+//! `Linear::forward_parts`, `apply_rope`, `softmax`), so the activations are those of the
+//! differentiable forward; the gradients equal autograd's to rounding (tested below).
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, D};
+
+use super::model::{
+    apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
+};
+use crate::kernels::kernel::Real;
+use crate::kernels::matrix::multiply;
+
+impl DecoderLayer {
+    /// Whether [`DecoderLayer::backward`] applies: f32 or f64 weights and adapters. Half-precision
+    /// layers (bf16 training on CUDA) keep candle's autograd, which follows the forward's casts.
+    pub(super) fn has_backward(&self) -> bool {
+        let dtype = self.input_layernorm.weight.dtype();
+        matches!(dtype, DType::F32 | DType::F64)
+            && Model::linears(self)
+                .iter()
+                .all(|(_, linear)| linear.weight.dtype() == dtype)
+    }
+
+    /// The gradient at this layer's input `xs` `[B, T, hidden]` for `upstream`, the gradient at its
+    /// output; the gradients of its [`candle_core::Var`]s (weights, biases, adapters) are added to
+    /// `grads`. The forward activations are recomputed from `xs`.
+    pub(super) fn backward(
+        &self,
+        xs: &Tensor,
+        frame: &Frame,
+        upstream: &Tensor,
+        grads: &mut GradStore,
+    ) -> Result<Tensor> {
+        // The arithmetic runs on weights without autograd (a graph built here would reach the weights
+        // through the returned gradient); the gradients are filed under this layer's variables.
+        let trained = self;
+        let this = &self.detached();
+        let ops = Ops::Differentiable;
+        let (batch, len, hidden) = xs.dims3()?;
+        let rows = batch * len;
+        let attention = &this.self_attn;
+        let (heads, kv_heads, head_dim) = (attention.heads, attention.kv_heads, attention.head_dim);
+        let group = heads / kv_heads;
+
+        // The forward, keeping what the backward reads.
+        let (normed_input, input_norm, input_root) = this.input_layernorm.forward_parts(xs)?;
+        let project = |linear: &Linear, heads: usize| -> Result<(Tensor, Option<AdapterParts>)> {
+            let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
+            Ok((
+                ys.reshape((batch, len, heads, head_dim))?.transpose(1, 2)?,
+                adapter,
+            ))
+        };
+        let (q, q_adapter) = project(&attention.q_proj, heads)?;
+        let (k, k_adapter) = project(&attention.k_proj, kv_heads)?;
+        let (v, v_adapter) = project(&attention.v_proj, kv_heads)?;
+        let v = v.contiguous()?;
+        let q = apply_rope(&q, &frame.cos, &frame.sin, ops)?
+            .contiguous()?
+            .reshape((batch, kv_heads, group * len, head_dim))?;
+        let k = apply_rope(&k, &frame.cos, &frame.sin, ops)?;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?
+            .reshape((batch, heads, len, len))?
+            .broadcast_add(&frame.mask)?;
+        let weights = softmax(&scores, ops)?.reshape((batch, kv_heads, group * len, len))?;
+        let attended = weights
+            .matmul(&v)?
+            .reshape((batch, heads, len, head_dim))?
+            .transpose(1, 2)?
+            .reshape((batch, len, heads * head_dim))?;
+        let (projected, o_adapter) = attention.o_proj.forward_parts(&attended, ops)?;
+        let residual = (xs + projected)?;
+        let (normed_residual, post_norm, post_root) =
+            this.post_attention_layernorm.forward_parts(&residual)?;
+        let mlp = &this.mlp;
+        let (gate, gate_adapter) = mlp.gate_proj.forward_parts(&normed_residual, ops)?;
+        let (up, up_adapter) = mlp.up_proj.forward_parts(&normed_residual, ops)?;
+        let activated = gate.silu()?;
+        let product = (&activated * &up)?.reshape((rows, ()))?;
+        // The down projection's output is not needed, only its adapter's activations.
+        let down_adapter = mlp.down_proj.adapter_parts(&product, ops)?;
+
+        // MLP: out = residual + down(silu(gate) · up). An upstream gradient from autograd can carry a
+        // graph (through the tied output head, say): detached, nothing here extends it.
+        let upstream = upstream.detach().reshape((rows, hidden))?;
+        let d_product = linear_backward(
+            (&trained.mlp.down_proj, &mlp.down_proj),
+            &product,
+            down_adapter,
+            &upstream,
+            grads,
+        )?
+        .reshape((batch, len, ()))?;
+        let d_up = (&d_product * &activated)?;
+        let sigmoid = candle_nn::ops::sigmoid(&gate)?;
+        // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
+        let d_silu = (&sigmoid * ((&gate * (1.0 - &sigmoid)?)? + 1.0)?)?;
+        let d_gate = ((d_product * up)? * d_silu)?;
+        let normed_residual = normed_residual.reshape((rows, hidden))?;
+        let d_normed_residual = (linear_backward(
+            (&trained.mlp.gate_proj, &mlp.gate_proj),
+            &normed_residual,
+            gate_adapter,
+            &d_gate.reshape((rows, ()))?,
+            grads,
+        )? + linear_backward(
+            (&trained.mlp.up_proj, &mlp.up_proj),
+            &normed_residual,
+            up_adapter,
+            &d_up.reshape((rows, ()))?,
+            grads,
+        )?)?;
+        let d_residual = (norm_backward(
+            (
+                &trained.post_attention_layernorm,
+                &this.post_attention_layernorm,
+            ),
+            &post_norm.reshape((rows, hidden))?,
+            &post_root.reshape((rows, 1))?,
+            &d_normed_residual,
+            grads,
+        )? + upstream)?;
+
+        // Attention: residual = xs + o_proj(softmax(q kᵀ · scale + mask) v).
+        let d_attended = linear_backward(
+            (&trained.self_attn.o_proj, &attention.o_proj),
+            &attended.reshape((rows, ()))?,
+            o_adapter,
+            &d_residual,
+            grads,
+        )?
+        .reshape((batch, len, heads, head_dim))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((batch, kv_heads, group * len, head_dim))?;
+        let d_weights = d_attended.matmul(&v.t()?)?;
+        let d_v = weights.t()?.matmul(&d_attended)?;
+        let d_scores = ((&d_weights
+            - (&d_weights * &weights)?
+                .sum_keepdim(D::Minus1)?
+                .broadcast_as(d_weights.shape())?)?
+            * &weights)?;
+        let d_scores = (d_scores * scale)?;
+        let d_q = rope_backward(
+            &d_scores
+                .matmul(&k)?
+                .reshape((batch, heads, len, head_dim))?,
+            frame,
+        )?;
+        let d_k = rope_backward(&d_scores.t()?.matmul(&q)?, frame)?;
+        let flat = |d: Tensor, heads: usize| -> Result<Tensor> {
+            d.transpose(1, 2)?.reshape((rows, heads * head_dim))
+        };
+        let normed_input = normed_input.reshape((rows, hidden))?;
+        let d_normed_input = ((linear_backward(
+            (&trained.self_attn.q_proj, &attention.q_proj),
+            &normed_input,
+            q_adapter,
+            &flat(d_q, heads)?,
+            grads,
+        )? + linear_backward(
+            (&trained.self_attn.k_proj, &attention.k_proj),
+            &normed_input,
+            k_adapter,
+            &flat(d_k, kv_heads)?,
+            grads,
+        )?)? + linear_backward(
+            (&trained.self_attn.v_proj, &attention.v_proj),
+            &normed_input,
+            v_adapter,
+            &flat(d_v, kv_heads)?,
+            grads,
+        )?)?;
+        let d_xs = (norm_backward(
+            (&trained.input_layernorm, &this.input_layernorm),
+            &input_norm.reshape((rows, hidden))?,
+            &input_root.reshape((rows, 1))?,
+            &d_normed_input,
+            grads,
+        )? + d_residual)?;
+        d_xs.reshape((batch, len, hidden))
+    }
+}
+
+/// Adds `grad` to `tensor`'s gradient in `grads` when `tensor` is a variable.
+fn accumulate(
+    grads: &mut GradStore,
+    tensor: &Tensor,
+    grad: impl FnOnce() -> Result<Tensor>,
+) -> Result<()> {
+    if !tensor.is_variable() {
+        return Ok(());
+    }
+    let grad = grad()?;
+    let sum = match grads.remove(tensor) {
+        Some(earlier) => (earlier + grad)?,
+        None => grad,
+    };
+    grads.insert(tensor, sum);
+    Ok(())
+}
+
+/// The gradient at the input `xs` `[rows, in]` of `linear` for `dy` `[rows, out]` at its output; the
+/// gradients of its weight, bias and adapter go to `grads`.
+fn linear_backward(
+    (trained, linear): (&Linear, &Linear),
+    xs: &Tensor,
+    adapter: Option<AdapterParts>,
+    dy: &Tensor,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    let dx = multiply(dy, &linear.weight)?;
+    accumulate(grads, &trained.weight, || multiply(&dy.t()?, xs))?;
+    if let Some(bias) = &trained.bias {
+        accumulate(grads, bias, || row_sum(dy, None))?;
+    }
+    let (Some(lora), Some(keys), Some(parts)) = (&linear.lora, &trained.lora, adapter) else {
+        return Ok(dx);
+    };
+    // y += scale · low · Bᵀ, low = input · Aᵀ, input = dropout(xs).
+    let d_update = (dy.to_dtype(lora.b.dtype())? * lora.scale)?;
+    accumulate(grads, &keys.b, || multiply(&d_update.t()?, &parts.low))?;
+    let d_low = multiply(&d_update, &lora.b)?;
+    accumulate(grads, &keys.a, || multiply(&d_low.t()?, &parts.input))?;
+    let d_input = multiply(&d_low, &lora.a)?;
+    let d_input = match &parts.keep {
+        Some(keep) => (d_input * keep)?,
+        None => d_input,
+    };
+    let d_input = d_input.to_dtype(dx.dtype())?;
+    dx + d_input
+}
+
+/// `Σ_rows a` (`[rows, n]` → `[n]`), or `Σ_rows a · b`: a bias's or a norm weight's gradient. On the
+/// CPU one pass adds the rows in order; candle's sum over the first dimension walked the tensor element
+/// by element (as much time as a 64-wide layer's products at a small model's shapes), and the product
+/// was a tensor of its own.
+fn row_sum(a: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if !crate::kernels::kernel::takes(a, &b.into_iter().collect::<Vec<_>>()) || a.rank() != 2 {
+        return match b {
+            Some(b) => (a * b)?.sum(0),
+            None => a.sum(0),
+        };
+    }
+    let width = a.dim(1)?;
+    match a.dtype() {
+        DType::F64 => Tensor::new(sum_rows::<f64>(a, b, width)?, a.device()),
+        _ => Tensor::new(sum_rows::<f32>(a, b, width)?, a.device()),
+    }
+}
+
+fn sum_rows<T: Real>(a: &Tensor, b: Option<&Tensor>, width: usize) -> Result<Vec<T>> {
+    let a = a.contiguous()?.flatten_all()?.to_vec1::<T>()?;
+    let b = match b {
+        Some(b) => Some(b.contiguous()?.flatten_all()?.to_vec1::<T>()?),
+        None => None,
+    };
+    let mut sums = vec![T::ZERO; width];
+    for (row, a) in a.chunks(width.max(1)).enumerate() {
+        match &b {
+            Some(b) => {
+                for ((sum, &a), &b) in sums.iter_mut().zip(a).zip(&b[row * width..]) {
+                    *sum += a * b;
+                }
+            }
+            None => {
+                for (sum, &a) in sums.iter_mut().zip(a) {
+                    *sum += a;
+                }
+            }
+        }
+    }
+    Ok(sums)
+}
+
+/// The gradient at the input of `norm` (`normed · weight`, `normed = x / root`) for `dy`; `normed` and
+/// `root` are `[rows, hidden]` and `[rows, 1]`. The weight's gradient goes to `grads`.
+fn norm_backward(
+    (trained, norm): (&RmsNorm, &RmsNorm),
+    normed: &Tensor,
+    root: &Tensor,
+    dy: &Tensor,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    accumulate(grads, &trained.weight, || row_sum(dy, Some(normed)))?;
+    // ∂x = (∂normed − normed · mean(∂normed · normed)) / root
+    let d_normed = dy.broadcast_mul(&norm.weight)?;
+    let projection = (&d_normed * normed)?.mean_keepdim(D::Minus1)?;
+    (d_normed - normed.broadcast_mul(&projection)?)?.broadcast_div(root)
+}
+
+/// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
+/// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves.
+fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
+    if crate::kernels::kernel::takes(dy, &[&frame.cos, &frame.sin]) {
+        return crate::kernels::rope::rope_backward(dy, &frame.cos, &frame.sin);
+    }
+    let cos = Tensor::cat(&[&frame.cos, &frame.cos], D::Minus1)?.unsqueeze(1)?;
+    let sin = Tensor::cat(&[&frame.sin, &frame.sin], D::Minus1)?.unsqueeze(1)?;
+    let half = dy.dim(D::Minus1)? / 2;
+    let rotated = dy.broadcast_mul(&sin)?;
+    let transposed = Tensor::cat(
+        &[
+            &rotated.narrow(D::Minus1, half, half)?,
+            &rotated.narrow(D::Minus1, 0, half)?.neg()?,
+        ],
+        D::Minus1,
+    )?;
+    dy.broadcast_mul(&cos)? + transposed
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+    use crate::config::Arch;
+    use crate::model::{positions_from_mask, LoraConfig, PROJECTIONS};
+    use crate::testing::{config, max_abs, random_model};
+
+    /// The layer's gradients, and the input's, against candle's autograd through the differentiable
+    /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases) and Llama (o and MLP biases),
+    /// rows of different lengths (right padding), in f64 and f32.
+    #[test]
+    fn the_layer_backward_is_autograd_s() {
+        let device = Device::Cpu;
+        // Two rows, the second padded: 6 and 4 real tokens.
+        let mask =
+            Tensor::from_vec(vec![1u8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0], (2, 6), &device).unwrap();
+        for (dtype, tolerance) in [(DType::F64, 1e-10), (DType::F32, 1e-4)] {
+            for arch in [Arch::Qwen2, Arch::Llama] {
+                let base = random_model(&config(arch), dtype);
+                let lora = LoraConfig {
+                    targets: PROJECTIONS.map(String::from).to_vec(),
+                    dropout: 0.3,
+                    ..LoraConfig::default()
+                };
+                let (adapted, adapters) = base.with_lora(&lora).unwrap();
+                for (name, var) in &adapters {
+                    if name.contains("lora_B") {
+                        let shape = var.as_tensor().shape().clone();
+                        var.set(
+                            &Tensor::randn(0f64, 0.3, shape, &device)
+                                .unwrap()
+                                .to_dtype(dtype)
+                                .unwrap(),
+                        )
+                        .unwrap();
+                    }
+                }
+                adapted.set_dropout_seed(5);
+                for (label, (model, vars)) in [
+                    ("full", base.trainable().unwrap()),
+                    ("lora", (adapted, adapters)),
+                ] {
+                    let positions = positions_from_mask(&mask).unwrap();
+                    let frame = model.frame(&positions, &mask, 0).unwrap();
+                    let layer = &model.layers[0];
+                    assert!(layer.has_backward());
+                    let xs = Tensor::randn(0f64, 1.0, (2, 6, 16), &device)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    // Non-contiguous, as autograd's gradients can be.
+                    let upstream = Tensor::randn(0f64, 1.0, (2, 16, 6), &device)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                        .transpose(1, 2)
+                        .unwrap();
+                    let input = Var::from_tensor(&xs).unwrap();
+                    let output = layer
+                        .forward(input.as_tensor(), &frame, None, Ops::Differentiable)
+                        .unwrap();
+                    let expected = (output * &upstream)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                        .backward()
+                        .unwrap();
+                    let mut grads = GradStore::default();
+                    let d_xs = layer.backward(&xs, &frame, &upstream, &mut grads).unwrap();
+                    // No graph: a later backward (the embeddings') must not reach the weights through it.
+                    assert!(!d_xs.track_op());
+                    let mut checked = vec![(
+                        "input".to_string(),
+                        expected.get(input.as_tensor()).unwrap().clone(),
+                        d_xs,
+                    )];
+                    for (name, var) in &vars {
+                        if !name.contains("layers.0") {
+                            assert!(
+                                grads.get(var.as_tensor()).is_none(),
+                                "{name} is not the layer's"
+                            );
+                            continue;
+                        }
+                        let got = grads
+                            .get(var.as_tensor())
+                            .unwrap_or_else(|| panic!("{label}: no gradient for {name}"));
+                        checked.push((
+                            name.clone(),
+                            expected.get(var.as_tensor()).unwrap().clone(),
+                            got.clone(),
+                        ));
+                    }
+                    for (name, expected, got) in checked {
+                        let scale = max_abs(&expected);
+                        assert!(
+                            scale > 0.0,
+                            "{arch} {label} {dtype:?}: {name} has a zero gradient"
+                        );
+                        let diff = max_abs(&(&expected - &got).unwrap());
+                        assert!(
+                            diff <= tolerance * scale.max(1.0),
+                            "{arch} {label} {dtype:?}: {name} differs by {diff} (scale {scale})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

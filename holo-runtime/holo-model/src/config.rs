@@ -1,0 +1,360 @@
+//! `config.json` of a Hugging Face Qwen2 or Llama checkpoint.
+//!
+//! Both the keys written by transformers 4 (`rope_theta`, `rope_scaling`) and by transformers 5
+//! (`rope_parameters`) are read, so folders saved by either load unchanged.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use holo_core::chat::folder::{eos_token_ids, read_json};
+
+/// The decoder architectures this runtime implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Qwen2,
+    Llama,
+}
+
+impl Arch {
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Llama => "llama",
+        }
+    }
+
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Llama => "LlamaForCausalLM",
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+/// How rotary frequencies are rescaled for long contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1's band-wise rescaling of the inverse frequencies.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// What the model code needs from `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub tie_word_embeddings: bool,
+    /// Bias on the q, k and v projections (always for Qwen2; `attention_bias` for Llama, which also
+    /// puts one on o).
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// A `config.json` this runtime cannot use; says which key and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        read_json(path)
+            .map_err(ConfigError)
+            .and_then(|json| Self::from_json(&json))
+            .map_err(|ConfigError(message)| ConfigError(format!("{}: {message}", path.display())))
+    }
+
+    pub fn from_json(json: &Value) -> Result<Self, ConfigError> {
+        let model_type = json.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let architectures: Vec<&str> = json
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|names| names.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let arch = match model_type {
+            "qwen2" => Arch::Qwen2,
+            "llama" => Arch::Llama,
+            _ => {
+                let named = if architectures.is_empty() {
+                    format!("model_type {model_type:?}")
+                } else {
+                    format!("model_type {model_type:?} ({})", architectures.join(", "))
+                };
+                return Err(ConfigError(format!(
+                    "unsupported architecture: {named}; supported: qwen2 (Qwen2ForCausalLM, Qwen2.5, \
+                     SmolLM) and llama (LlamaForCausalLM, Llama 3, SmolLM2)"
+                )));
+            }
+        };
+        let usize_key = |key: &str| -> Result<usize, ConfigError> {
+            match json.get(key) {
+                Some(value) => value.as_u64().map(|v| v as usize).ok_or_else(|| {
+                    ConfigError(format!(
+                        "`{key}` must be a non-negative integer, found {value}"
+                    ))
+                }),
+                None => Err(ConfigError(format!("missing `{key}`"))),
+            }
+        };
+        let optional_usize = |key: &str| -> Result<Option<usize>, ConfigError> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(_) => usize_key(key).map(Some),
+            }
+        };
+        let optional_f64 = |key: &str| -> Result<Option<f64>, ConfigError> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(value) => value
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| ConfigError(format!("`{key}` must be a number, found {value}"))),
+            }
+        };
+        let bool_key = |key: &str, default: bool| -> Result<bool, ConfigError> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(value) => value.as_bool().ok_or_else(|| {
+                    ConfigError(format!("`{key}` must be true or false, found {value}"))
+                }),
+            }
+        };
+
+        let hidden_act = json
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("silu");
+        if hidden_act != "silu" {
+            return Err(ConfigError(format!(
+                "unsupported `hidden_act` {hidden_act:?}: only \"silu\" is implemented"
+            )));
+        }
+        let hidden_size = usize_key("hidden_size")?;
+        let num_attention_heads = usize_key("num_attention_heads")?;
+        let num_key_value_heads =
+            optional_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        if num_attention_heads == 0 || num_key_value_heads == 0 {
+            return Err(ConfigError("attention needs at least one head".into()));
+        }
+        if num_attention_heads % num_key_value_heads != 0 {
+            return Err(ConfigError(format!(
+                "`num_attention_heads` ({num_attention_heads}) must be a multiple of \
+                 `num_key_value_heads` ({num_key_value_heads})"
+            )));
+        }
+        let head_dim = match optional_usize("head_dim")? {
+            Some(head_dim) => head_dim,
+            None => {
+                if hidden_size % num_attention_heads != 0 {
+                    return Err(ConfigError(format!(
+                        "`hidden_size` ({hidden_size}) is not a multiple of `num_attention_heads` \
+                         ({num_attention_heads}) and no `head_dim` is given"
+                    )));
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(ConfigError(format!(
+                "`head_dim` ({head_dim}) must be even for RoPE"
+            )));
+        }
+        if arch == Arch::Qwen2 && bool_key("use_sliding_window", false)? {
+            return Err(ConfigError(
+                "`use_sliding_window: true` is not supported (Qwen2 checkpoints ship with it off)"
+                    .into(),
+            ));
+        }
+
+        // transformers 5 folds theta and scaling into `rope_parameters`; earlier versions keep them apart.
+        let rope_parameters = json.get("rope_parameters").filter(|value| !value.is_null());
+        let rope_theta = match rope_parameters.and_then(|p| p.get("rope_theta")) {
+            Some(theta) => theta.as_f64().ok_or_else(|| {
+                ConfigError(format!(
+                    "`rope_parameters.rope_theta` must be a number, found {theta}"
+                ))
+            })?,
+            None => optional_f64("rope_theta")?.unwrap_or(10_000.0),
+        };
+        let scaling = rope_parameters.or(json.get("rope_scaling").filter(|value| !value.is_null()));
+        let rope_scaling = match scaling {
+            None => RopeScaling::None,
+            Some(scaling) => rope_scaling(scaling, json)?,
+        };
+
+        let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
+        let (qkv_bias, o_bias) = match arch {
+            Arch::Qwen2 => (true, false),
+            Arch::Llama => {
+                let bias = bool_key("attention_bias", false)?;
+                (bias, bias)
+            }
+        };
+        let config = ModelConfig {
+            arch,
+            vocab_size: usize_key("vocab_size")?,
+            hidden_size,
+            intermediate_size: usize_key("intermediate_size")?,
+            num_hidden_layers: usize_key("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings: optional_usize("max_position_embeddings")?.unwrap_or(4096),
+            rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: bool_key("tie_word_embeddings", arch == Arch::Qwen2)?,
+            qkv_bias,
+            o_bias,
+            mlp_bias: arch == Arch::Llama && bool_key("mlp_bias", false)?,
+            bos_token_id: optional_usize("bos_token_id")?.map(|id| id as u32),
+            eos_token_ids,
+        };
+        if config.vocab_size == 0 || config.hidden_size == 0 || config.num_hidden_layers == 0 {
+            return Err(ConfigError(
+                "`vocab_size`, `hidden_size` and `num_hidden_layers` must be at least 1".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// `config.json` as transformers writes it (transformers 4 keys, which transformers 5 also reads).
+    pub fn to_json(&self) -> Value {
+        let mut json = serde_json::json!({
+            "architectures": [self.arch.architecture()],
+            "model_type": self.arch.model_type(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": 0.02,
+            "attention_dropout": 0.0,
+            "use_cache": true,
+            "torch_dtype": "float32",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": match self.eos_token_ids.as_slice() {
+                [one] => Value::from(*one),
+                ids => Value::from(ids.to_vec()),
+            },
+        });
+        let object = json.as_object_mut().expect("an object");
+        object.insert(
+            "rope_scaling".into(),
+            match &self.rope_scaling {
+                RopeScaling::None => Value::Null,
+                RopeScaling::Linear { factor } => {
+                    serde_json::json!({"rope_type": "linear", "factor": factor})
+                }
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                } => serde_json::json!({
+                    "rope_type": "llama3",
+                    "factor": factor,
+                    "low_freq_factor": low_freq_factor,
+                    "high_freq_factor": high_freq_factor,
+                    "original_max_position_embeddings": original_max_position_embeddings,
+                }),
+            },
+        );
+        match self.arch {
+            Arch::Qwen2 => {
+                object.insert("use_sliding_window".into(), false.into());
+                object.insert("sliding_window".into(), Value::Null);
+                object.insert("max_window_layers".into(), self.num_hidden_layers.into());
+            }
+            Arch::Llama => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                object.insert("mlp_bias".into(), self.mlp_bias.into());
+                object.insert("pretraining_tp".into(), 1.into());
+            }
+        }
+        json
+    }
+}
+
+fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {
+    let kind = scaling
+        .get("rope_type")
+        .or_else(|| scaling.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &str| -> Result<f64, ConfigError> {
+        scaling
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| ConfigError(format!("rope scaling {kind:?} needs a numeric `{key}`")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: number("factor")?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: scaling
+                .get("original_max_position_embeddings")
+                .or_else(|| config.get("original_max_position_embeddings"))
+                .and_then(Value::as_u64)
+                .ok_or_else(|| {
+                    ConfigError(
+                        "rope scaling \"llama3\" needs `original_max_position_embeddings`".into(),
+                    )
+                })? as usize,
+        }),
+        other => Err(ConfigError(format!(
+            "unsupported rope scaling type {other:?}; supported: default, linear, llama3"
+        ))),
+    }
+}

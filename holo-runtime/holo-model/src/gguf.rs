@@ -1,0 +1,711 @@
+//! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
+//!
+//! One file holds everything a model folder holds, as metadata and tensors:
+//! - the config: `general.architecture` (`qwen2` or `llama`) and the `<arch>.*` keys (`embedding_length`,
+//!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
+//!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
+//!   embedding's, and the embeddings are tied when there is no `output.weight`;
+//! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
+//!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K), dequantized to f32 and then converted
+//!   to the requested dtype. llama.cpp stores a Llama model's q and k rows permuted for its rotary
+//!   layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
+//!   permuted);
+//! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
+//!   byte-level BPE for `gpt2` vocabularies (SmolLM2, Qwen2, Llama 3) with the split regex that
+//!   `tokenizer.ggml.pre` names, sentencepiece-style BPE with byte fallback for `llama` ones; control
+//!   tokens become special added tokens, user-defined ones plain added tokens; BOS / EOS are added when
+//!   `tokenizer.ggml.add_bos_token` / `add_eos_token` say so (BOS by default for `llama` vocabularies);
+//! - the chat template (`tokenizer.chat_template`, ChatML when absent) with `bos_token`, `eos_token`,
+//!   `unk_token` and `pad_token` from the token ids of the metadata.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use serde_json::json;
+use tokenizers::Tokenizer;
+
+use super::config::{Arch, ConfigError, ModelConfig, RopeScaling};
+use super::files::LoadError;
+use super::model::Model;
+use holo_core::chat::ChatTemplate;
+
+/// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|ext| ext == "gguf") && !path.is_dir()
+}
+
+/// A GGUF file's header: its metadata and where its tensors lie.
+pub struct Gguf {
+    path: PathBuf,
+    content: Content,
+}
+
+/// The `general.architecture` values this runtime implements.
+const ARCHITECTURES: &str = "qwen2, llama";
+
+/// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn split_regex(pre: &str) -> Option<&'static str> {
+    Some(match pre {
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
+        "tekken" => TEKKEN_SPLIT,
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2_SPLIT,
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => GPT4O_SPLIT,
+        _ => return None,
+    })
+}
+
+/// GPT-2's byte-to-character table: printable bytes stand for themselves, the others for 256 + n.
+fn bytes_to_unicode() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for byte in 0..=255u8 {
+        let printable = matches!(byte, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[byte as usize] = if printable {
+            char::from(byte)
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).unwrap_or('\0')
+        };
+    }
+    table
+}
+
+impl Gguf {
+    /// Reads the header of `path` (metadata and tensor descriptions, not the tensors).
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        let fail = |message: String| LoadError::Weights {
+            file: path.to_path_buf(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(fail("no such file".into()));
+        }
+        let mut reader = BufReader::new(
+            File::open(path).map_err(|error| fail(format!("cannot open: {error}")))?,
+        );
+        let content = Content::read(&mut reader)
+            .map_err(|error| fail(format!("not a readable GGUF file: {error}")))?;
+        Ok(Gguf {
+            path: path.to_path_buf(),
+            content,
+        })
+    }
+
+    fn config_error(&self, message: String) -> LoadError {
+        LoadError::Config(ConfigError(format!("{}: {message}", self.path.display())))
+    }
+
+    fn value(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn u64_key(&self, key: &str) -> Result<Option<u64>, LoadError> {
+        let Some(value) = self.value(key) else {
+            return Ok(None);
+        };
+        let number = match value {
+            Value::U8(v) => Some(*v as u64),
+            Value::U16(v) => Some(*v as u64),
+            Value::U32(v) => Some(*v as u64),
+            Value::U64(v) => Some(*v),
+            Value::I8(v) => u64::try_from(*v).ok(),
+            Value::I16(v) => u64::try_from(*v).ok(),
+            Value::I32(v) => u64::try_from(*v).ok(),
+            Value::I64(v) => u64::try_from(*v).ok(),
+            _ => None,
+        };
+        number.map(Some).ok_or_else(|| {
+            self.config_error(format!(
+                "metadata `{key}` must be a non-negative integer, found {:?}",
+                value.value_type()
+            ))
+        })
+    }
+
+    fn required_usize(&self, key: &str) -> Result<usize, LoadError> {
+        self.u64_key(key)?
+            .map(|v| v as usize)
+            .ok_or_else(|| self.config_error(format!("missing metadata `{key}`")))
+    }
+
+    fn f64_key(&self, key: &str) -> Result<Option<f64>, LoadError> {
+        match self.value(key) {
+            None => Ok(None),
+            Some(Value::F32(v)) => Ok(Some(*v as f64)),
+            Some(Value::F64(v)) => Ok(Some(*v)),
+            Some(_) => self.u64_key(key).map(|v| v.map(|v| v as f64)),
+        }
+    }
+
+    fn str_key(&self, key: &str) -> Result<Option<&str>, LoadError> {
+        match self.value(key) {
+            None => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text)),
+            Some(other) => Err(self.config_error(format!(
+                "metadata `{key}` must be a string, found {:?}",
+                other.value_type()
+            ))),
+        }
+    }
+
+    fn bool_key(&self, key: &str) -> Result<Option<bool>, LoadError> {
+        match self.value(key) {
+            None => Ok(None),
+            Some(Value::Bool(v)) => Ok(Some(*v)),
+            Some(other) => Err(self.config_error(format!(
+                "metadata `{key}` must be true or false, found {:?}",
+                other.value_type()
+            ))),
+        }
+    }
+
+    fn strings(&self, key: &str) -> Result<Option<Vec<&str>>, LoadError> {
+        let Some(value) = self.value(key) else {
+            return Ok(None);
+        };
+        let invalid = || self.config_error(format!("metadata `{key}` must be a list of strings"));
+        let Value::Array(items) = value else {
+            return Err(invalid());
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(text) => Ok(text.as_str()),
+                _ => Err(invalid()),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+
+    fn token_types(&self) -> Result<Vec<i64>, LoadError> {
+        let key = "tokenizer.ggml.token_type";
+        let Some(value) = self.value(key) else {
+            return Ok(Vec::new());
+        };
+        let invalid = || self.config_error(format!("metadata `{key}` must be a list of integers"));
+        let Value::Array(items) = value else {
+            return Err(invalid());
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Value::I32(v) => Ok(*v as i64),
+                Value::U32(v) => Ok(*v as i64),
+                Value::I64(v) => Ok(*v),
+                Value::U8(v) => Ok(*v as i64),
+                Value::I8(v) => Ok(*v as i64),
+                _ => Err(invalid()),
+            })
+            .collect()
+    }
+
+    /// The architecture named by `general.architecture`.
+    pub fn arch(&self) -> Result<(Arch, &str), LoadError> {
+        let name = self
+            .str_key("general.architecture")?
+            .ok_or_else(|| self.config_error("missing metadata `general.architecture`".into()))?;
+        match name {
+            "qwen2" => Ok((Arch::Qwen2, name)),
+            "llama" => Ok((Arch::Llama, name)),
+            other => Err(self.config_error(format!(
+                "unsupported architecture {other:?} (`general.architecture`); supported: {ARCHITECTURES}"
+            ))),
+        }
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// The token id stored under `tokenizer.ggml.<key>`.
+    fn token_id(&self, key: &str) -> Result<Option<u32>, LoadError> {
+        Ok(self
+            .u64_key(&format!("tokenizer.ggml.{key}"))?
+            .map(|id| id as u32))
+    }
+
+    /// The model config the metadata describes.
+    pub fn config(&self) -> Result<ModelConfig, LoadError> {
+        let (arch, name) = self.arch()?;
+        let key = |suffix: &str| format!("{name}.{suffix}");
+        let hidden_size = self.required_usize(&key("embedding_length"))?;
+        let num_attention_heads = self.required_usize(&key("attention.head_count"))?;
+        let num_key_value_heads = self
+            .u64_key(&key("attention.head_count_kv"))?
+            .map_or(num_attention_heads, |v| v as usize);
+        if num_attention_heads == 0
+            || num_key_value_heads == 0
+            || num_attention_heads % num_key_value_heads != 0
+        {
+            return Err(self.config_error(format!(
+                "`{}` ({num_attention_heads}) must be a positive multiple of `{}` ({num_key_value_heads})",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            )));
+        }
+        let head_dim = match self.u64_key(&key("attention.key_length"))? {
+            Some(length) => length as usize,
+            None if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
+            None => {
+                return Err(self.config_error(format!(
+                    "`{}` ({hidden_size}) is not a multiple of `{}` ({num_attention_heads})",
+                    key("embedding_length"),
+                    key("attention.head_count")
+                )))
+            }
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.config_error(format!("head dimension {head_dim} must be even")));
+        }
+        if let Some(rotary) = self.u64_key(&key("rope.dimension_count"))? {
+            if rotary as usize != head_dim {
+                return Err(self.config_error(format!(
+                    "`{}` is {rotary}, but the heads have {head_dim} dimensions: partial rotary \
+                     embeddings are not supported",
+                    key("rope.dimension_count")
+                )));
+            }
+        }
+        if self.has_tensor("rope_freqs.weight") {
+            return Err(self.config_error(
+                "tensor rope_freqs.weight (llama.cpp's per-frequency RoPE factors, Llama 3.1 rope \
+                 scaling) is not supported"
+                    .into(),
+            ));
+        }
+        let rope_scaling = match self.str_key(&key("rope.scaling.type"))? {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: self.f64_key(&key("rope.scaling.factor"))?.ok_or_else(|| {
+                    self.config_error(format!("missing metadata `{}`", key("rope.scaling.factor")))
+                })?,
+            },
+            Some(other) => {
+                return Err(self.config_error(format!(
+                    "unsupported `{}` {other:?}; supported: none, linear",
+                    key("rope.scaling.type")
+                )))
+            }
+        };
+        let embedding = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| self.weights_error("missing tensor token_embd.weight".into()))?;
+        let vocab_size = match embedding.shape.dims() {
+            [vocab, hidden] if *hidden == hidden_size => *vocab,
+            dims => {
+                return Err(self.weights_error(format!(
+                    "tensor token_embd.weight has shape {dims:?}, expected [vocab, {hidden_size}]"
+                )))
+            }
+        };
+        let (qkv_bias, o_bias, mlp_bias) = match arch {
+            Arch::Qwen2 => (true, false, false),
+            Arch::Llama => (
+                self.has_tensor("blk.0.attn_q.bias"),
+                self.has_tensor("blk.0.attn_output.bias"),
+                self.has_tensor("blk.0.ffn_up.bias"),
+            ),
+        };
+        let mut eos_token_ids = Vec::new();
+        for name in ["eos_token_id", "eot_token_id", "eom_token_id"] {
+            if let Some(id) = self.token_id(name)? {
+                if !eos_token_ids.contains(&id) {
+                    eos_token_ids.push(id);
+                }
+            }
+        }
+        let config = ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size: self.required_usize(&key("feed_forward_length"))?,
+            num_hidden_layers: self.required_usize(&key("block_count"))?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings: self.required_usize(&key("context_length"))?,
+            rms_norm_eps: self
+                .f64_key(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-6),
+            rope_theta: self.f64_key(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            rope_scaling,
+            tie_word_embeddings: !self.has_tensor("output.weight"),
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            bos_token_id: self.token_id("bos_token_id")?,
+            eos_token_ids,
+        };
+        if config.num_hidden_layers == 0 || config.vocab_size == 0 {
+            return Err(self.config_error("the model has no layers or no vocabulary".into()));
+        }
+        Ok(config)
+    }
+
+    fn weights_error(&self, message: String) -> LoadError {
+        LoadError::Weights {
+            file: self.path.clone(),
+            message,
+        }
+    }
+
+    /// The Hugging Face name of a GGUF tensor, or `None` for a name this runtime does not know.
+    fn hf_name(name: &str) -> Option<String> {
+        let fixed = match name {
+            "token_embd.weight" => Some("model.embed_tokens.weight"),
+            "output_norm.weight" => Some("model.norm.weight"),
+            "output.weight" => Some("lm_head.weight"),
+            _ => None,
+        };
+        if let Some(fixed) = fixed {
+            return Some(fixed.to_string());
+        }
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let layer: usize = layer.parse().ok()?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        if kind != "weight" && kind != "bias" {
+            return None;
+        }
+        let module = match module {
+            "attn_norm" => "input_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            _ => return None,
+        };
+        Some(format!("model.layers.{layer}.{module}.{kind}"))
+    }
+
+    /// The model, its tensors dequantized to f32 and converted to `dtype` on `device`.
+    pub fn model(&self, dtype: DType, device: &Device) -> Result<Model, LoadError> {
+        let config = self.config()?;
+        let mut reader = BufReader::new(
+            File::open(&self.path)
+                .map_err(|error| self.weights_error(format!("cannot open: {error}")))?,
+        );
+        let mut names: Vec<&String> = self.content.tensor_infos.keys().collect();
+        names.sort_by_key(|name| self.content.tensor_infos[*name].offset);
+        let mut tensors = HashMap::new();
+        for name in names {
+            let hf = Self::hf_name(name).ok_or_else(|| {
+                self.weights_error(format!(
+                    "tensor {name}: not a tensor of a {} model",
+                    config.arch
+                ))
+            })?;
+            let info = &self.content.tensor_infos[name];
+            let fail = |error: candle_core::Error| {
+                self.weights_error(format!(
+                    "tensor {name} ({:?}, shape {:?}): {error}",
+                    info.ggml_dtype,
+                    info.shape.dims()
+                ))
+            };
+            let mut tensor = info
+                .read(&mut reader, self.content.tensor_data_offset, &Device::Cpu)
+                .and_then(|quantized| quantized.dequantize(&Device::Cpu))
+                .map_err(fail)?;
+            if config.arch == Arch::Llama {
+                let heads = if name.contains(".attn_q.") {
+                    Some(config.num_attention_heads)
+                } else if name.contains(".attn_k.") {
+                    Some(config.num_key_value_heads)
+                } else {
+                    None
+                };
+                if let Some(heads) = heads {
+                    tensor = unpermute_rotary(&tensor, heads).map_err(fail)?;
+                }
+            }
+            let tensor = tensor
+                .to_dtype(dtype)
+                .and_then(|tensor| tensor.to_device(device))
+                .map_err(fail)?;
+            tensors.insert(hf, tensor);
+        }
+        let vb = VarBuilder::from_tensors(tensors, dtype, device);
+        Model::load(vb, &config).map_err(|error| {
+            self.weights_error(format!(
+                "{} tensors do not fit the metadata: {error}",
+                config.arch
+            ))
+        })
+    }
+
+    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file.
+    pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
+        let fail = |message: String| LoadError::Tokenizer {
+            file: self.path.clone(),
+            message,
+        };
+        let model = self
+            .str_key("tokenizer.ggml.model")?
+            .ok_or_else(|| fail("missing metadata `tokenizer.ggml.model`".into()))?;
+        let byte_level = match model {
+            "gpt2" => true,
+            "llama" => false,
+            other => {
+                return Err(fail(format!(
+                    "unsupported tokenizer {other:?} (`tokenizer.ggml.model`); supported: gpt2 \
+                     (byte-level BPE), llama (sentencepiece BPE)"
+                )))
+            }
+        };
+        let tokens = self
+            .strings("tokenizer.ggml.tokens")?
+            .ok_or_else(|| fail("missing metadata `tokenizer.ggml.tokens`".into()))?;
+        let merges = self.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
+            fail(
+                "missing metadata `tokenizer.ggml.merges` (deriving merges from token scores is not \
+                 supported)"
+                    .into(),
+            )
+        })?;
+        let merges: Vec<(&str, &str)> = merges
+            .iter()
+            .map(|merge| {
+                merge
+                    .split_once(' ')
+                    .ok_or_else(|| fail(format!("merge {merge:?} is not two tokens")))
+            })
+            .collect::<Result<_, _>>()?;
+        let token_types = self.token_types()?;
+
+        let spelling = bytes_to_unicode();
+        let alphabet: std::collections::HashSet<char> = spelling.iter().copied().collect();
+        let in_alphabet = |token: &str| token.chars().all(|c| alphabet.contains(&c));
+        let mut vocab = serde_json::Map::new();
+        for (id, token) in tokens.iter().enumerate() {
+            let key = if byte_level && !in_alphabet(token) {
+                token
+                    .bytes()
+                    .map(|byte| spelling[byte as usize])
+                    .collect::<String>()
+            } else {
+                token.to_string()
+            };
+            vocab.insert(key, id.into());
+        }
+        let mut added = Vec::new();
+        let added_token = |id: usize, token: &str, special: bool| {
+            json!({"id": id, "content": token, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": special})
+        };
+        for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
+            // 3: CONTROL; a byte-level vocabulary spells every real token in its alphabet, so a
+            // control token outside it is a mislabel (transformers skips those too).
+            if *kind == 3 && (!byte_level || in_alphabet(token)) {
+                added.push(added_token(id, token, true));
+            }
+        }
+        for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
+            // 4: USER_DEFINED, matched whole in the text but not special.
+            if *kind == 4 && vocab.contains_key(*token) {
+                added.push(added_token(id, token, false));
+            }
+        }
+
+        let add_bos = self
+            .bool_key("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(!byte_level);
+        let add_eos = self
+            .bool_key("tokenizer.ggml.add_eos_token")?
+            .unwrap_or(false);
+        let special = |key: &str| -> Result<Option<(String, u32)>, LoadError> {
+            match self.token_id(key)? {
+                None => Ok(None),
+                Some(id) => tokens
+                    .get(id as usize)
+                    .map(|token| Some((token.to_string(), id)))
+                    .ok_or_else(|| {
+                        fail(format!(
+                            "`tokenizer.ggml.{key}` is {id}, outside the {} tokens",
+                            tokens.len()
+                        ))
+                    }),
+            }
+        };
+        let bos = if add_bos {
+            special("bos_token_id")?
+        } else {
+            None
+        };
+        let eos = if add_eos {
+            special("eos_token_id")?
+        } else {
+            None
+        };
+        let post_processor = template_processing(bos.as_ref(), eos.as_ref());
+
+        let (pre_tokenizer, decoder, model) = if byte_level {
+            let pre = self.str_key("tokenizer.ggml.pre")?.unwrap_or("default");
+            let pre_tokenizer = match split_regex(pre) {
+                Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
+                     "invert": false},
+                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                     "use_regex": false},
+                ]}),
+                None => json!({"type": "ByteLevel", "add_prefix_space": false,
+                               "trim_offsets": true, "use_regex": true}),
+            };
+            let decoder = json!({"type": "ByteLevel", "add_prefix_space": true,
+                                 "trim_offsets": true, "use_regex": true});
+            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+                               "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                               "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                               "vocab": vocab, "merges": merges});
+            (pre_tokenizer, decoder, model)
+        } else {
+            let pre_tokenizer = json!({"type": "Metaspace", "replacement": "\u{2581}",
+                                       "prepend_scheme": "first", "split": false});
+            let decoder = json!({"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ]});
+            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+                               "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                               "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                               "vocab": vocab, "merges": merges});
+            (pre_tokenizer, decoder, model)
+        };
+        let json = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": decoder,
+            "model": model,
+        });
+        json.to_string()
+            .parse::<Tokenizer>()
+            .map_err(|error| fail(format!("cannot build the tokenizer: {error}")))
+    }
+
+    /// `bos_token`, `eos_token`, `unk_token` and `pad_token` as the chat template sees them.
+    fn special_tokens(&self) -> Result<BTreeMap<String, String>, LoadError> {
+        let tokens = self.strings("tokenizer.ggml.tokens")?.unwrap_or_default();
+        let mut special = BTreeMap::new();
+        for (name, key) in [
+            ("bos_token", "bos_token_id"),
+            ("eos_token", "eos_token_id"),
+            ("unk_token", "unknown_token_id"),
+            ("pad_token", "padding_token_id"),
+        ] {
+            if let Some(token) = self.token_id(key)?.and_then(|id| tokens.get(id as usize)) {
+                special.insert(name.to_string(), token.to_string());
+            }
+        }
+        Ok(special)
+    }
+
+    /// The chat template of `tokenizer.chat_template`, or ChatML when the file has none.
+    pub fn template(&self) -> Result<ChatTemplate, LoadError> {
+        let special = self.special_tokens()?;
+        match self.str_key("tokenizer.chat_template")? {
+            Some(source) => ChatTemplate::from_source(
+                source,
+                format!("{} (tokenizer.chat_template)", self.path.display()),
+                special,
+            ),
+            None => {
+                let chatml = ChatTemplate::chatml();
+                let mut tokens = BTreeMap::new();
+                if let Some(eos) = chatml.special_token("eos_token") {
+                    tokens.insert("eos_token".to_string(), eos.to_string());
+                }
+                tokens.extend(special);
+                chatml.with_special_tokens(tokens)
+            }
+        }
+        .map_err(LoadError::Template)
+    }
+}
+
+/// transformers' `TemplateProcessing`: `[bos] $A [eos]`, `[bos] $A [eos] [bos] $B [eos]`.
+fn template_processing(
+    bos: Option<&(String, u32)>,
+    eos: Option<&(String, u32)>,
+) -> serde_json::Value {
+    let special = |token: &(String, u32), type_id: u32| json!({"SpecialToken": {"id": token.0, "type_id": type_id}});
+    let sequence = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    for (id, type_id) in [("A", 0), ("B", 1)] {
+        let mut part = Vec::new();
+        part.extend(bos.map(|token| special(token, type_id)));
+        part.push(sequence(id, type_id));
+        part.extend(eos.map(|token| special(token, type_id)));
+        if id == "A" {
+            single = part.clone();
+        }
+        pair.extend(part);
+    }
+    let mut special_tokens = serde_json::Map::new();
+    for (token, id) in bos.into_iter().chain(eos) {
+        special_tokens.insert(
+            token.clone(),
+            json!({"id": token, "ids": [id], "tokens": [token]}),
+        );
+    }
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair,
+           "special_tokens": special_tokens})
+}
+
+/// Undoes llama.cpp's q / k row permutation (transformers' `reverse_permute_weights`): within each
+/// head, rows `[0, 2, 4, …, 1, 3, 5, …]` as llama.cpp stores them go back to Hugging Face's
+/// `[0, 1, 2, …]` half-rotation order. Works on weights `[rows, in]` and biases `[rows]`.
+fn unpermute_rotary(tensor: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let dims = tensor.dims().to_vec();
+    let rows = dims[0];
+    if !rows.is_multiple_of(2 * heads) {
+        candle_core::bail!("{rows} rows do not split into {heads} heads of rotary pairs");
+    }
+    let half = rows / heads / 2;
+    let mut shape = vec![heads, half, 2];
+    shape.extend_from_slice(&dims[1..]);
+    tensor
+        .reshape(shape)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(dims)
+}
+
+/// [`files::load_model`](super::files::load_model) for a GGUF file.
+pub fn load_model(path: &Path, dtype: DType, device: &Device) -> Result<Model, LoadError> {
+    Gguf::open(path)?.model(dtype, device)
+}
+
+/// [`files::load_tokenizer`](super::files::load_tokenizer) for a GGUF file.
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
+    Gguf::open(path)?.tokenizer()
+}
+
+/// [`files::load_template`](super::files::load_template) for a GGUF file.
+pub fn load_template(path: &Path) -> Result<ChatTemplate, LoadError> {
+    Gguf::open(path)?.template()
+}

@@ -1,0 +1,169 @@
+//! What our fused CPU kernels (`head`, `rope`, `softmax`, the layer backward's row sums) share: which
+//! tensors they take ([`takes`]), the arithmetic of both precisions ([`Real`]), reading a contiguous
+//! storage ([`contiguous`]), and splitting work across threads ([`for_each_chunk`]).
+//!
+//! Threads: candle runs element-wise operations of 64K elements or more on its barrier pool, whose
+//! workers spin for a while after each operation before they sleep. A kernel of ours that used rayon
+//! instead woke a second set of threads beside those spinning ones, which on a 2-core machine made a
+//! small model's training step slower than running the kernel on one thread. So our kernels use
+//! candle's pool, at candle's threshold, as our matrix products do (`matrix`).
+
+use candle_core::{CpuStorage, DType, DeviceLocation, Layout, Tensor, WithDType};
+
+pub type Result<T> = candle_core::Result<T>;
+
+/// Which implementation of RMSNorm, RoPE and softmax a forward pass uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ops {
+    /// Fused kernels without backward: sampling.
+    Fast,
+    /// [`Ops::Fast`] whose results for a sequence do not depend on the other sequences of its batch, on
+    /// the CPU with f32 or bf16 weights: every product goes through the row-by-row kernel
+    /// (`local/skinny.rs`) and attention visits each query's own keys in order (`local/invariant.rs`).
+    /// Batch-invariant sampling ([`Limits::batch_invariant`](crate::Limits::batch_invariant)).
+    Invariant,
+    /// Basic tensor ops with backward: training.
+    Differentiable,
+}
+
+/// What the choice of a product depends on: where the operands live, their types and sizes, and whether
+/// the weight is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operands {
+    pub location: DeviceLocation,
+    /// The activations' type.
+    pub x: DType,
+    /// The weight's type.
+    pub weight: DType,
+    /// Rows of `x` (sequences in a decoding step, tokens in a prefill).
+    pub rows: usize,
+    /// Columns of `x`: the weight's inputs.
+    pub inputs: usize,
+    /// Elements of the weight.
+    pub weight_elements: usize,
+    /// The weight is a variable, or computed from one: its gradient is wanted.
+    pub trained: bool,
+}
+
+/// Whether our kernels take `xs` with `others`: f32, or f64, all of one type, on the CPU (elsewhere
+/// candle's operations run).
+pub(crate) fn takes(xs: &Tensor, others: &[&Tensor]) -> bool {
+    xs.device().is_cpu()
+        && matches!(xs.dtype(), DType::F32 | DType::F64)
+        && others.iter().all(|other| other.dtype() == xs.dtype())
+}
+
+/// The arithmetic both precisions share.
+pub(crate) trait Real:
+    WithDType
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::AddAssign
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::DivAssign
+    + std::ops::Neg<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn max(self, other: Self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+/// The `T` values a contiguous `layout` of `storage` covers; `what` names the operation in the error.
+pub(crate) fn contiguous<'a, T: WithDType>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    let values = T::cpu_storage_as_slice(storage)?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&values[start..end]),
+        None => candle_core::bail!("{what} of a non-contiguous tensor"),
+    }
+}
+
+/// Below this many elements of work a kernel runs on the calling thread (candle's `PAR_ELEMWISE_MIN`).
+const MIN_PARALLEL: usize = 64 * 1024;
+
+/// About this many elements of work per unit handed to a thread (candle's `PAR_ELEMWISE_CHUNK`).
+const ELEMENTS_PER_UNIT: usize = 16 * 1024;
+
+/// Calls `work(index, chunk)` for every `chunk` of `out.chunks_mut(size)`, each of which costs about
+/// `cost` elements of work, on candle's thread pool when they add up to enough.
+pub(crate) fn for_each_chunk<T: Send>(
+    out: &mut [T],
+    size: usize,
+    cost: usize,
+    work: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let (size, cost) = (size.max(1), cost.max(1));
+    let chunks = out.len().div_ceil(size);
+    if chunks.saturating_mul(cost) < MIN_PARALLEL {
+        out.chunks_mut(size)
+            .enumerate()
+            .for_each(|(index, chunk)| work(index, chunk));
+        return;
+    }
+    let per_unit = (ELEMENTS_PER_UNIT / cost).max(1);
+    let (len, start) = (out.len(), out.as_mut_ptr() as usize);
+    candle_core::utils::barrier_pool().execute_chunked(chunks.div_ceil(per_unit), |units| {
+        for unit in units {
+            for index in unit * per_unit..((unit + 1) * per_unit).min(chunks) {
+                let offset = index * size;
+                let chunk_len = size.min(len - offset);
+                // SAFETY: every index is visited once, and its chunk `[offset, offset + chunk_len)` lies
+                // inside `out`, which stays borrowed mutably until every unit has finished.
+                let chunk = unsafe {
+                    std::slice::from_raw_parts_mut((start as *mut T).add(offset), chunk_len)
+                };
+                work(index, chunk);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_chunk_is_visited_once_small_or_large() {
+        for (len, size) in [(10, 3), (MIN_PARALLEL + 7, 5), (3 * MIN_PARALLEL, 40_000)] {
+            let mut out = vec![0u32; len];
+            for_each_chunk(&mut out, size, size, |index, chunk| {
+                assert!(chunk.len() == size || (index + 1) * size >= len);
+                for value in chunk.iter_mut() {
+                    *value += index as u32 + 1;
+                }
+            });
+            for (position, value) in out.iter().enumerate() {
+                assert_eq!(*value, (position / size) as u32 + 1, "{len} {size}");
+            }
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Our own CPU kernels, where candle's are missing a backward or are slower at the shapes this project
+//! runs: what they share (`kernel`: the operations' types, reading storages, splitting work over
+//! threads), the fused output head (`head`), rotary embeddings (`rope`) and softmax (`softmax`) with
+//! their backward, matrix products (`matrix`, `product`) and decoding's few-rows products
+//! (`skinny`), and batch-invariant attention (`invariant`). Nothing here knows the decoder: the
+//! model calls them, never the other way.
+
+pub mod head;
+pub(crate) mod invariant;
+pub(crate) mod kernel;
+pub(crate) mod matrix;
+pub(crate) mod product;
+pub(crate) mod rope;
+pub(crate) mod skinny;
+pub(crate) mod softmax;

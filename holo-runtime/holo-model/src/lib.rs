@@ -1,0 +1,540 @@
+//! Hugging Face Qwen2 and Llama checkpoints in process, on candle.
+//!
+//! [`LocalModel::load`] reads a model folder (see [`files`]) or a GGUF file (see [`gguf`]); the
+//! model implements [`Sampler`], so the Loom, `holo eval` and `holo serve` drive it like any other
+//! sampler, batched.
+//! [`model::Model`] is the network itself, with a differentiable forward for training.
+//!
+//! A program that runs these models should call [`threads::settle`] first thing in `main`: without
+//! `RAYON_NUM_THREADS`, candle reads `/proc/cpuinfo` at every matrix product.
+
+mod backward;
+pub mod config;
+pub mod dispatch;
+mod draw;
+pub mod files;
+pub mod generate;
+pub mod gguf;
+pub mod init;
+mod kernels;
+pub mod layout;
+pub mod model;
+mod recompute;
+pub mod schedule;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
+pub mod threads;
+
+pub use kernels::head;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{DType, Device};
+use tokenizers::Tokenizer;
+
+pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
+pub use files::LoadError;
+pub use generate::{Generation, GenerationParams, PrefixCache};
+pub use layout::Layout;
+pub use model::{Model, Ops};
+pub use schedule::{Limits, SchedulerStats};
+
+use holo_core::chat::{ChatTemplate, RenderOptions};
+use holo_core::machine::Completion;
+use holo_core::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError, TokenSink};
+
+/// How a local model samples when a request leaves something unset.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub device: Device,
+    /// Weight precision; `BF16` on the CPU keeps the matrices in bf16 and computes in f32.
+    pub dtype: DType,
+    /// `max_tokens` for requests that give none.
+    pub default_max_tokens: usize,
+    /// How many sequences decode together, how many tokens a prefill step runs, and the cache budget
+    /// for admitting more (see [`schedule`]).
+    pub limits: Limits,
+    /// Sequences queued (not admitted yet) beyond which a new call is refused with
+    /// [`SamplerError::Overloaded`] (one is always queued when nothing waits).
+    pub max_waiting: usize,
+    /// Seeds requests without one: request `n` of this model gets `seed + n`.
+    pub seed: u64,
+    /// Tokens of earlier sequences kept so that a prompt extending one (the next turn of a multi-turn
+    /// rollout) only runs its new tokens; 0 turns the prefix cache off. Memory per token: layers × 2 ×
+    /// kv_heads × head_dim × 4 bytes (24.6 KB for Qwen2.5-0.5B).
+    pub prefix_cache_tokens: usize,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            default_max_tokens: 256,
+            limits: Limits::default(),
+            max_waiting: 4096,
+            seed: 0,
+            prefix_cache_tokens: 16_384,
+        }
+    }
+}
+
+impl LocalOptions {
+    /// Whether these options can run: batch-invariant sampling ([`Limits::batch_invariant`]) needs the
+    /// CPU and f32 or bf16 weights.
+    pub fn check(&self) -> Result<(), String> {
+        if self.limits.batch_invariant
+            && (!self.device.is_cpu() || !matches!(self.dtype, DType::F32 | DType::BF16))
+        {
+            return Err(format!(
+                "batch-invariant sampling runs on the CPU with f32 or bf16 weights, not {:?} on {:?}",
+                self.dtype,
+                self.device.location()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A device named as the CLI takes it: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`. A GPU is opened
+/// here, so that a build without its feature, or a machine without that device, is told before any work
+/// starts.
+pub fn parse_device(name: &str) -> Result<Device, String> {
+    let (kind, ordinal) = match name.split_once(':') {
+        Some((kind, ordinal)) => (
+            kind,
+            ordinal
+                .parse::<usize>()
+                .map_err(|_| format!("device {name:?}: {ordinal:?} is not a device number"))?,
+        ),
+        None => (name, 0),
+    };
+    let device = match kind {
+        "cpu" if ordinal == 0 => Ok(Device::Cpu),
+        "cuda" => open_cuda(ordinal),
+        "metal" => open_metal(ordinal),
+        _ => {
+            return Err(format!(
+                "unknown device {name:?}: cpu, cuda, cuda:N, metal or metal:N"
+            ))
+        }
+    };
+    device.map_err(|error| format!("device {name:?}: {error}"))
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize) -> Result<Device, String> {
+    Device::new_cuda(ordinal).map_err(|error| {
+        // The driver's error, without the backtrace candle appends when RUST_BACKTRACE is set.
+        let error = error.to_string();
+        let cause = error.lines().next().unwrap_or_default();
+        format!("cannot open CUDA device {ordinal} (is there an NVIDIA GPU with that number, and its driver?): {cause}")
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_ordinal: usize) -> Result<Device, String> {
+    Err(
+        "this holo was built without CUDA; build it with `--features cuda` (scripts/cuda-build.sh, docs/cuda.md)"
+            .into(),
+    )
+}
+
+#[cfg(feature = "metal")]
+fn open_metal(ordinal: usize) -> Result<Device, String> {
+    Device::new_metal(ordinal)
+        .map_err(|error| format!("cannot open Metal device {ordinal}: {error}"))
+}
+
+#[cfg(not(feature = "metal"))]
+fn open_metal(_ordinal: usize) -> Result<Device, String> {
+    Err("this holo was built without Metal; build it with `--features metal`".into())
+}
+
+/// A weight precision named as the CLI takes it: `f32`, `f16`, `bf16`, or none for the device's own
+/// ([`dispatch::sampling_dtype`]: bf16 on CUDA, f32 elsewhere). On the CPU, `bf16` keeps the matrices in
+/// bf16 and computes in f32 (half the memory, up to twice the decoding speed; sampling only), and `f16`
+/// is slower than `f32` (candle has no native f16 arithmetic there).
+pub fn parse_dtype(name: Option<&str>, device: &Device) -> Result<DType, String> {
+    match name {
+        None => Ok(dispatch::sampling_dtype(device.location())),
+        Some("f32") => Ok(DType::F32),
+        Some("f16") => Ok(DType::F16),
+        Some("bf16") => Ok(DType::BF16),
+        Some(name) => Err(format!("unknown dtype {name:?}: f32, f16 or bf16")),
+    }
+}
+
+/// A training precision named as `holo train --dtype` takes it: `f32`, `bf16`, or none for the
+/// device's own ([`dispatch::training_dtype`]: bf16 on CUDA, f32 elsewhere). f16 is refused: its range
+/// needs loss scaling, which the trainers do not do. So is bf16 on the CPU, where a bf16 model samples
+/// with f32 arithmetic and does not train.
+pub fn parse_training_dtype(name: Option<&str>, device: &Device) -> Result<DType, String> {
+    match name {
+        None => Ok(dispatch::training_dtype(device.location())),
+        Some("f32") => Ok(DType::F32),
+        Some("bf16") if device.is_cpu() => Err(
+            "--dtype bf16: the CPU trains in f32 (bf16 training is for CUDA; docs/cuda.md, \"Precision\")"
+                .into(),
+        ),
+        Some("bf16") => Ok(DType::BF16),
+        Some("f16") => Err(
+            "--dtype f16: training in f16 needs loss scaling, which holo does not do; use bf16 or f32"
+                .into(),
+        ),
+        Some(name) => Err(format!("unknown --dtype {name:?}: f32 or bf16")),
+    }
+}
+
+/// What the scheduler's thread shares with the model's handles.
+struct Core {
+    model: Model,
+    tokenizer: Tokenizer,
+    end_of_turn: Vec<u32>,
+    prefix: PrefixCache,
+}
+
+struct Inner {
+    core: Arc<Core>,
+    template: ChatTemplate,
+    options: LocalOptions,
+    unseeded: AtomicU64,
+    /// Started by the first sample.
+    scheduler: OnceLock<schedule::Scheduler>,
+}
+
+/// A model folder loaded for sampling. Cheap to clone; clones share the weights.
+#[derive(Clone)]
+pub struct LocalModel {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LocalModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalModel")
+            .field("config", &self.inner.core.model.config)
+            .field("end_of_turn", &self.inner.core.end_of_turn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalModel {
+    pub fn load(dir: impl AsRef<Path>, options: LocalOptions) -> Result<Self, LoadError> {
+        let dir = dir.as_ref();
+        let model = files::load_model(dir, options.dtype, &options.device)?;
+        let tokenizer = files::load_tokenizer(dir)?;
+        let template = files::load_template(dir)?;
+        let end_of_turn = files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)?;
+        Ok(Self::new(model, tokenizer, template, end_of_turn, options))
+    }
+
+    /// A sampler over an already built model (for instance the detached policy of a trainer).
+    pub fn new(
+        model: Model,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        end_of_turn: Vec<u32>,
+        options: LocalOptions,
+    ) -> Self {
+        LocalModel {
+            inner: Arc::new(Inner {
+                core: Arc::new(Core {
+                    model,
+                    tokenizer,
+                    end_of_turn,
+                    prefix: PrefixCache::new(options.prefix_cache_tokens),
+                }),
+                template,
+                options,
+                unseeded: AtomicU64::new(0),
+                scheduler: OnceLock::new(),
+            }),
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.inner.core.model
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.inner.core.model.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.core.tokenizer
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.inner.template
+    }
+
+    /// Earlier sequences kept for prompts that extend them (see [`LocalOptions::prefix_cache_tokens`]);
+    /// clear it after changing the weights.
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.inner.core.prefix
+    }
+
+    /// Token ids that end the model's turn.
+    pub fn end_of_turn(&self) -> &[u32] {
+        &self.inner.core.end_of_turn
+    }
+
+    /// The token ids a prompt stands for: text is tokenized as a completion prompt (special tokens the
+    /// tokenizer adds, such as BOS, included), a chat is rendered with the model's template and its
+    /// generation prompt.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, SamplerError> {
+        let encode = |text: &str, special: bool| {
+            self.inner
+                .core
+                .tokenizer
+                .encode(text, special)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|error| {
+                    SamplerError::Rejected(format!("cannot tokenize the prompt: {error}"))
+                })
+        };
+        let ids = match prompt {
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Text(text) => encode(text, true)?,
+            Prompt::Chat(messages) => {
+                let text = self
+                    .inner
+                    .template
+                    .render(messages, &RenderOptions::generation())
+                    .map_err(|error| SamplerError::Rejected(error.to_string()))?;
+                encode(&text, false)?
+            }
+        };
+        let vocab = self.config().vocab_size as u32;
+        if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(SamplerError::Rejected(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if ids.is_empty() {
+            return match self.config().bos_token_id {
+                Some(bos) => Ok(vec![bos]),
+                None => Err(SamplerError::Rejected(
+                    "empty prompt, and the model has no BOS token to start from".into(),
+                )),
+            };
+        }
+        Ok(ids)
+    }
+
+    fn params(
+        &self,
+        request: &Request,
+        prompt_len: usize,
+    ) -> Result<GenerationParams, SamplerError> {
+        let params = &request.params;
+        let context = self.config().max_position_embeddings;
+        if prompt_len >= context {
+            return Err(SamplerError::Rejected(format!(
+                "the prompt has {prompt_len} tokens; the model's context is {context}"
+            )));
+        }
+        let requested = params
+            .max_tokens
+            .map_or(self.inner.options.default_max_tokens, |n| n as usize);
+        let temperature = params.temperature.unwrap_or(1.0);
+        if !(temperature >= 0.0 && temperature.is_finite()) {
+            return Err(SamplerError::Rejected(format!(
+                "temperature must be finite and at least 0, got {temperature}"
+            )));
+        }
+        let top_p = params.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(SamplerError::Rejected(format!(
+                "top_p must be in (0, 1], got {top_p}"
+            )));
+        }
+        let seed = params.seed.unwrap_or_else(|| {
+            self.inner
+                .options
+                .seed
+                .wrapping_add(self.inner.unseeded.fetch_add(1, Ordering::Relaxed))
+        });
+        Ok(GenerationParams {
+            max_tokens: requested.min(context - prompt_len),
+            temperature,
+            top_p,
+            top_k: params.top_k.unwrap_or(0) as usize,
+            stop: params.stop.clone(),
+            seed,
+            top_logprobs: params.top_logprobs as usize,
+        })
+    }
+
+    /// What the scheduler is doing (queue, batch, cache); zeros before the first sample.
+    pub fn scheduler_stats(&self) -> Arc<SchedulerStats> {
+        Arc::clone(self.scheduler().stats())
+    }
+
+    fn scheduler(&self) -> &schedule::Scheduler {
+        self.inner.scheduler.get_or_init(|| {
+            schedule::Scheduler::start(
+                Arc::clone(&self.inner.core),
+                self.inner.options.limits,
+                self.inner.options.max_waiting,
+            )
+        })
+    }
+
+    /// Samples every request, batched with whatever else this model samples; results in request order.
+    pub fn sample_blocking(&self, batch: &[Request]) -> Vec<Result<Completion, SamplerError>> {
+        self.sample_blocking_streaming(batch, Arc::new(|_: usize, _: u32, _: f32| true))
+    }
+
+    /// [`LocalModel::sample_blocking`], telling `sink` each token as it is sampled; a request the sink no
+    /// longer wants ends there (see [`Sampler::sample_streaming`]). Not from inside an async runtime.
+    pub fn sample_blocking_streaming(
+        &self,
+        batch: &[Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> Vec<Result<Completion, SamplerError>> {
+        let (results, queued) = self.submit(batch, sink);
+        let generations = queued.map(|(indices, receiver)| (indices, receiver.blocking_recv()));
+        collect(results, generations)
+    }
+
+    /// Prepares the requests and queues those that can run; the others' errors are in the results.
+    #[allow(clippy::type_complexity)]
+    fn submit(
+        &self,
+        batch: &[Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> (
+        Vec<Option<Result<Completion, SamplerError>>>,
+        Option<(
+            Vec<usize>,
+            tokio::sync::oneshot::Receiver<schedule::Results>,
+        )>,
+    ) {
+        let mut results: Vec<Option<Result<Completion, SamplerError>>> = vec![None; batch.len()];
+        let mut indices = Vec::new();
+        let mut sequences = Vec::new();
+        for (i, request) in batch.iter().enumerate() {
+            let prepared = self
+                .prompt_ids(&request.prompt)
+                .and_then(|ids| Ok((self.params(request, ids.len())?, ids)));
+            match prepared {
+                Ok((params, ids)) => {
+                    indices.push(i);
+                    sequences.push((ids, params));
+                }
+                Err(error) => results[i] = Some(Err(error)),
+            }
+        }
+        if sequences.is_empty() {
+            return (results, None);
+        }
+        match self.scheduler().submit(sequences, indices.clone(), sink) {
+            Ok(receiver) => (results, Some((indices, receiver))),
+            Err(overloaded) => {
+                for i in indices {
+                    results[i] = Some(Err(SamplerError::Overloaded(format!(
+                        "{} sequences are waiting (at most {})",
+                        overloaded.waiting, overloaded.max_waiting
+                    ))));
+                }
+                (results, None)
+            }
+        }
+    }
+}
+
+/// The results of [`LocalModel::submit`] with the scheduler's answer for the queued requests.
+fn collect(
+    mut results: Vec<Option<Result<Completion, SamplerError>>>,
+    generations: Option<(
+        Vec<usize>,
+        Result<schedule::Results, tokio::sync::oneshot::error::RecvError>,
+    )>,
+) -> Vec<Result<Completion, SamplerError>> {
+    if let Some((indices, generations)) = generations {
+        match generations {
+            Ok(generations) => {
+                for (i, generation) in indices.into_iter().zip(generations) {
+                    results[i] = Some(match generation {
+                        Ok(generation) => Ok(Completion {
+                            text: generation.text,
+                            tokens: generation.tokens,
+                            logprobs: generation.logprobs,
+                            top_logprobs: generation.top_logprobs,
+                            finish: generation.finish,
+                        }),
+                        Err(error) => Err(SamplerError::Unavailable(format!(
+                            "local model failed: {error}"
+                        ))),
+                    });
+                }
+            }
+            Err(_) => {
+                for i in indices {
+                    results[i] = Some(Err(SamplerError::Unavailable(
+                        "the local model's scheduler stopped".into(),
+                    )));
+                }
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|result| result.expect("every request has a result"))
+        .collect()
+}
+
+impl Sampler for LocalModel {
+    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
+        self.sample_streaming(batch, Arc::new(|_: usize, _: u32, _: f32| true))
+    }
+
+    fn sample_streaming<'a>(
+        &'a self,
+        batch: &'a [Request],
+        sink: Arc<dyn TokenSink>,
+    ) -> SampleFuture<'a> {
+        let (results, queued) = self.submit(batch, sink);
+        Box::pin(async move {
+            let generations = match queued {
+                Some((indices, receiver)) => Some((indices, receiver.await)),
+                None => None,
+            };
+            collect(results, generations)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use super::{Limits, LocalOptions};
+
+    #[test]
+    fn batch_invariant_sampling_is_refused_off_the_cpu_s_f32_and_bf16() {
+        let options = |dtype, batch_invariant| LocalOptions {
+            dtype,
+            limits: Limits {
+                batch_invariant,
+                ..Limits::default()
+            },
+            ..LocalOptions::default()
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            assert_eq!(options(dtype, true).check(), Ok(()));
+        }
+        for dtype in [DType::F16, DType::F64] {
+            assert_eq!(options(dtype, false).check(), Ok(()));
+            let error = options(dtype, true).check().unwrap_err();
+            assert!(
+                error.contains("batch-invariant sampling runs on the CPU"),
+                "{error}"
+            );
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! The engine's queues: submissions, fair shares, admission, and the end of sequences.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+
+use candle_core::Tensor;
+
+use super::batch::Prefill;
+use super::{Limits, Listener, Results};
+use crate::dispatch::{self, Draws};
+use crate::generate::{Generation, GenerationParams, PrefixCache, Row, Stopping};
+use crate::model::{KvCache, Model, Ops, SequenceCache};
+
+enum Waiting {
+    New {
+        index: usize,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+    },
+    /// Given back for a fairer share, with the keys and values of the tokens it has run.
+    Paused {
+        row: Box<Row>,
+        layers: SequenceCache,
+    },
+}
+
+pub(super) struct Group<'a> {
+    pub(super) listener: Box<dyn Listener + 'a>,
+    waiting: VecDeque<Waiting>,
+    /// Sequences prefilling or running.
+    admitted: usize,
+    results: Vec<Option<std::result::Result<Generation, String>>>,
+    unfinished: usize,
+}
+
+impl Group<'_> {
+    /// Sequence `index` has its result.
+    fn end(&mut self, index: usize, result: std::result::Result<Generation, String>) {
+        self.results[index] = Some(result);
+        self.unfinished -= 1;
+    }
+}
+
+/// A row of the batch and the submission it belongs to.
+pub(super) struct Live {
+    pub(super) group: u64,
+    pub(super) row: Row,
+}
+/// The scheduler's state; see the [module documentation](super).
+pub(crate) struct Engine<'a> {
+    pub(super) model: &'a Model,
+    pub(super) stopping: Stopping<'a>,
+    pub(super) prefix: Option<&'a PrefixCache>,
+    pub(super) limits: Limits,
+    /// By arrival.
+    pub(super) groups: BTreeMap<u64, Group<'a>>,
+    next_group: u64,
+    pub(super) running: Vec<Live>,
+    pub(super) cache: KvCache,
+    pub(super) prefill: Option<Prefill>,
+    /// Where tokens are drawn: the model's device decides ([`dispatch::draws`]).
+    pub(super) draws: Draws,
+}
+
+impl<'a> Engine<'a> {
+    pub(crate) fn new(
+        model: &'a Model,
+        stopping: Stopping<'a>,
+        prefix: Option<&'a PrefixCache>,
+        limits: Limits,
+    ) -> Self {
+        Engine {
+            model,
+            stopping,
+            prefix,
+            limits: Limits {
+                max_num_seqs: limits.max_num_seqs.max(1),
+                max_num_batched_tokens: limits.max_num_batched_tokens.max(1),
+                ..limits
+            },
+            groups: BTreeMap::new(),
+            next_group: 0,
+            running: Vec::new(),
+            cache: KvCache::new(&model.config),
+            prefill: None,
+            draws: dispatch::draws(model.device().location()),
+        }
+    }
+
+    /// The engine drawing its tokens as a model elsewhere would: the CPU's tests of the GPU's way.
+    #[cfg(test)]
+    pub(crate) fn drawing(mut self, draws: Draws) -> Self {
+        self.draws = draws;
+        self
+    }
+
+    /// The operations sampling passes use: [`Ops::Invariant`] for batch-invariant sampling.
+    pub(super) fn ops(&self) -> Ops {
+        match self.limits.batch_invariant {
+            true => Ops::Invariant,
+            false => Ops::Fast,
+        }
+    }
+
+    /// Queues a submission; its id, which [`Engine::step`] returns with its results once every sequence
+    /// has ended. Prompts must be non-empty.
+    pub(crate) fn submit(
+        &mut self,
+        sequences: Vec<(Vec<u32>, GenerationParams)>,
+        listener: Box<dyn Listener + 'a>,
+    ) -> u64 {
+        let id = self.next_group;
+        self.next_group += 1;
+        let count = sequences.len();
+        self.groups.insert(
+            id,
+            Group {
+                listener,
+                waiting: sequences
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (prompt, params))| Waiting::New {
+                        index,
+                        prompt,
+                        params,
+                    })
+                    .collect(),
+                admitted: 0,
+                results: (0..count).map(|_| None).collect(),
+                unfinished: count,
+            },
+        );
+        id
+    }
+
+    /// Whether nothing is queued or running.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Sequences not admitted yet.
+    pub(crate) fn waiting(&self) -> usize {
+        self.groups.values().map(|group| group.waiting.len()).sum()
+    }
+
+    /// Sequences prefilling or decoding.
+    pub(crate) fn running(&self) -> usize {
+        self.running.len()
+            + self
+                .prefill
+                .as_ref()
+                .map_or(0, |prefill| prefill.live.len())
+    }
+
+    /// Bytes of keys and values the batch holds (padding and the cache's spare columns included).
+    pub(crate) fn kv_bytes(&self) -> usize {
+        let prefilling = self.prefill.as_ref().map_or(0, |prefill| {
+            prefill.masks.len() * (prefill.cached_width + prefill.done)
+        });
+        (self.running.len() * self.cache.capacity() + prefilling) * self.kv_bytes_per_token()
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        let config = &self.model.config;
+        config.num_hidden_layers
+            * 2
+            * config.num_key_value_heads
+            * config.head_dim
+            * self.model.dtype().size_in_bytes()
+    }
+
+    /// One scheduling step: admissions, a prefill chunk, a decoding step. Returns the submissions
+    /// whose last sequence ended.
+    pub(crate) fn step(&mut self) -> Vec<(u64, Results)> {
+        self.make_room();
+        if self.prefill.is_none() {
+            self.admit();
+        }
+        if let Err(error) = self.forward_step() {
+            // The pass failed: every sequence in it fails, those it had in hand too.
+            let mut failed = std::mem::take(&mut self.running);
+            failed.extend(
+                self.prefill
+                    .take()
+                    .map(|prefill| prefill.live)
+                    .unwrap_or_default(),
+            );
+            self.cache = KvCache::new(&self.model.config);
+            self.fail(failed, &error);
+            self.fail_lost(&error);
+        }
+        let ended: Vec<u64> = self
+            .groups
+            .iter()
+            .filter(|(_, group)| group.unfinished == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        ended
+            .into_iter()
+            .map(|id| {
+                let group = self.groups.remove(&id).expect("listed");
+                let results = group
+                    .results
+                    .into_iter()
+                    .map(|result| result.expect("every sequence ended"))
+                    .collect();
+                (id, results)
+            })
+            .collect()
+    }
+
+    /// Fails every submission (after a panic: nothing the engine holds can be trusted).
+    pub(crate) fn fail_all(&mut self, error: &str) -> Vec<(u64, Results)> {
+        std::mem::take(&mut self.groups)
+            .into_iter()
+            .map(|(id, group)| (id, vec![Err(error.to_string()); group.results.len()]))
+            .collect()
+    }
+
+    /// Pauses a sequence of the submission with the most admitted when the batch is full and some
+    /// submission has none.
+    fn make_room(&mut self) {
+        if self.prefill.is_some() || self.running.len() < self.limits.max_num_seqs {
+            return;
+        }
+        let starving = self
+            .groups
+            .values()
+            .any(|group| group.admitted == 0 && !group.waiting.is_empty());
+        if !starving {
+            return;
+        }
+        let Some((&victim, group)) = self
+            .groups
+            .iter()
+            .max_by_key(|(&id, group)| (group.admitted, std::cmp::Reverse(id)))
+        else {
+            return;
+        };
+        if group.admitted < 2 {
+            return;
+        }
+        let Some(i) = self.running.iter().rposition(|live| live.group == victim) else {
+            return;
+        };
+        let paused = self
+            .cache
+            .row(i, &self.running[i].row.key_mask)
+            .and_then(|layers| {
+                let kept: Vec<u32> = (0..self.running.len() as u32)
+                    .filter(|&r| r as usize != i)
+                    .collect();
+                self.cache
+                    .select_rows(&Tensor::new(kept.as_slice(), self.model.device())?)?;
+                Ok(layers)
+            });
+        // Pausing is an optimisation of fairness: when the cache cannot give the row up, it runs on.
+        if let Ok(layers) = paused {
+            let live = self.running.remove(i);
+            let group = self.groups.get_mut(&victim).expect("a running row's group");
+            group.admitted -= 1;
+            group.waiting.push_front(Waiting::Paused {
+                row: Box::new(live.row),
+                layers,
+            });
+            self.drop_shared_padding();
+        }
+    }
+
+    /// The submission whose next sequence is admitted next: the fewest admitted, the oldest first.
+    fn next_group(&self) -> Option<u64> {
+        self.groups
+            .iter()
+            .filter(|(_, group)| !group.waiting.is_empty())
+            .min_by_key(|(&id, group)| (group.admitted, id))
+            .map(|(&id, _)| id)
+    }
+
+    fn admit(&mut self) {
+        let per_token = self.kv_bytes_per_token();
+        let mut chosen: Vec<(u64, usize, Vec<u32>, GenerationParams)> = Vec::new();
+        let mut distinct = HashSet::new();
+        let mut width = 0;
+        while self.running.len() + chosen.len() < self.limits.max_num_seqs {
+            let Some(id) = self.next_group() else { break };
+            let group = self.groups.get_mut(&id).expect("listed");
+            match group
+                .waiting
+                .front()
+                .expect("a group with waiting sequences")
+            {
+                Waiting::Paused { row, .. } => {
+                    let columns = self.cache.len().max(row.fed.len());
+                    let projected = (self.running.len() + 1) * columns * per_token;
+                    if !self.running.is_empty() && projected > self.limits.kv_budget_bytes {
+                        break;
+                    }
+                    let Some(Waiting::Paused { row, layers }) = group.waiting.pop_front() else {
+                        unreachable!("the front was paused")
+                    };
+                    group.admitted += 1;
+                    let mut row = *row;
+                    row.key_mask = vec![1; row.fed.len()];
+                    let mut cache = KvCache::new(&self.model.config);
+                    let length = row.fed.len();
+                    let resumed = cache
+                        .prefill(&[Some((length, layers))], length, self.model)
+                        .map(|()| cache);
+                    match resumed {
+                        Ok(cache) => self.join(vec![Live { group: id, row }], cache),
+                        Err(error) => self.fail(vec![Live { group: id, row }], &error),
+                    }
+                }
+                Waiting::New {
+                    index,
+                    prompt,
+                    params,
+                } => {
+                    if params.max_tokens == 0 || !group.listener.wanted(*index) {
+                        let (index, prompt, params) = pop_new(&mut group.waiting);
+                        group.end(index, Ok(Row::new(index, prompt, params).generation));
+                        continue;
+                    }
+                    let new_width = width.max(prompt.len());
+                    let slots =
+                        distinct.len() + usize::from(!distinct.contains(&fingerprint(prompt)));
+                    if !chosen.is_empty() && slots * new_width > self.limits.max_num_batched_tokens
+                    {
+                        break;
+                    }
+                    let projected = (self.running.len() + chosen.len() + 1)
+                        * self.cache.len().max(new_width)
+                        * per_token;
+                    if (!self.running.is_empty() || !chosen.is_empty())
+                        && projected > self.limits.kv_budget_bytes
+                    {
+                        break;
+                    }
+                    let (index, prompt, params) = pop_new(&mut group.waiting);
+                    group.admitted += 1;
+                    group.listener.started(index);
+                    distinct.insert(fingerprint(&prompt));
+                    width = new_width;
+                    chosen.push((id, index, prompt, params));
+                }
+            }
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        match self.start_prefill(chosen) {
+            Ok(prefill) => self.prefill = Some(prefill),
+            Err((live, error)) => self.fail(live, &error),
+        }
+    }
+    /// Fails the admitted sequences that are no longer in the batch (an error left them nowhere).
+    fn fail_lost(&mut self, error: &candle_core::Error) {
+        for group in self.groups.values_mut() {
+            if group.admitted == 0 {
+                continue;
+            }
+            let waiting: HashSet<usize> = group
+                .waiting
+                .iter()
+                .map(|waiting| match waiting {
+                    Waiting::New { index, .. } => *index,
+                    Waiting::Paused { row, .. } => row.index,
+                })
+                .collect();
+            for (index, result) in group.results.iter_mut().enumerate() {
+                if result.is_none() && !waiting.contains(&index) {
+                    *result = Some(Err(error.to_string()));
+                    group.unfinished -= 1;
+                }
+            }
+            group.admitted = 0;
+        }
+    }
+
+    pub(super) fn fail(&mut self, live: Vec<Live>, error: &candle_core::Error) {
+        for live in live {
+            self.end(live, Err(error.to_string()));
+        }
+    }
+
+    /// An admitted row has ended: its generation, or why it failed, goes to its submission.
+    pub(super) fn end(&mut self, live: Live, outcome: std::result::Result<(), String>) {
+        let group = self
+            .groups
+            .get_mut(&live.group)
+            .expect("a live row's group");
+        group.admitted -= 1;
+        group.end(live.row.index, outcome.map(|()| live.row.generation));
+    }
+}
+
+/// Takes the new sequence at the front of a submission's queue.
+fn pop_new(waiting: &mut VecDeque<Waiting>) -> (usize, Vec<u32>, GenerationParams) {
+    match waiting.pop_front() {
+        Some(Waiting::New {
+            index,
+            prompt,
+            params,
+        }) => (index, prompt, params),
+        _ => unreachable!("the front was a new sequence"),
+    }
+}
+
+/// A prompt's hash, to count the distinct prompts of an admission.
+fn fingerprint(prompt: &[u32]) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    prompt.hash(&mut hasher);
+    hasher.finish()
+}

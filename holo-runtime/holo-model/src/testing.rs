@@ -1,0 +1,119 @@
+//! What the unit tests of this module's kernels and models share (and those of `train`).
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use rand::{Rng, SeedableRng};
+
+use super::config::{Arch, ModelConfig, RopeScaling};
+use super::init::{parameter_specs, Init};
+use super::Model;
+
+/// The largest absolute difference between two tensors of one shape, in f64.
+pub fn max_difference(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// The largest absolute value of a tensor, in f64.
+pub fn max_abs(t: &Tensor) -> f64 {
+    t.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// The gradients of `Σ y · weights` (an upstream gradient of `weights` at `y`).
+#[cfg(test)]
+pub(crate) fn weighted_sum_gradients(
+    y: &Tensor,
+    weights: &Tensor,
+) -> candle_core::backprop::GradStore {
+    (y * weights)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap()
+}
+
+/// A CPU tensor of `shape` in `dtype` holding `sin(i · scale)` at flat index `i`: signed values of every
+/// magnitude up to 1, which the tests tell apart by their scale.
+#[cfg(test)]
+pub(crate) fn sines(shape: impl Into<candle_core::Shape>, scale: f64, dtype: DType) -> Tensor {
+    let shape = shape.into();
+    let values: Vec<f64> = (0..shape.elem_count())
+        .map(|i| (i as f64 * scale).sin())
+        .collect();
+    Tensor::from_vec(values, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// A one-layer model of small shapes (4 query heads over 2 key heads), with the biases of `arch`.
+pub fn config(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        arch,
+        vocab_size: 37,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 1,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        max_position_embeddings: 256,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: true,
+        qkv_bias: arch == Arch::Qwen2,
+        o_bias: arch == Arch::Llama,
+        mlp_bias: arch == Arch::Llama,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    }
+}
+
+/// Weights far from their defaults (norms and biases too), so that every term of the backward counts.
+pub fn random_model(config: &ModelConfig, dtype: DType) -> Model {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut tensors = HashMap::new();
+    for spec in parameter_specs(config) {
+        let values: Vec<f64> = (0..spec.numel())
+            .map(|_| {
+                let noise = rng.random::<f64>() * 2.0 - 1.0;
+                match spec.init {
+                    Init::Normal => noise * 0.4,
+                    Init::Zeros => noise * 0.2,
+                    Init::Ones => 1.0 + noise * 0.5,
+                }
+            })
+            .collect();
+        let tensor = Tensor::from_vec(values, spec.shape.clone(), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        tensors.insert(spec.name, tensor);
+    }
+    Model::load(
+        VarBuilder::from_tensors(tensors, dtype, &Device::Cpu),
+        config,
+    )
+    .unwrap()
+}

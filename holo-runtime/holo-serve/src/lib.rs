@@ -1,0 +1,924 @@
+//! An OpenAI-compatible HTTP server for any [`Sampler`]: `holo serve`.
+//!
+//! ```no_run
+//! use holo_model::{LocalModel, LocalOptions};
+//! use holo_serve::{ServeConfig, ServedModel, Server};
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = LocalModel::load("models/Qwen2.5-0.5B-Instruct", LocalOptions::default())?;
+//! let served = ServedModel::local("qwen", model);
+//! let server = Server::bind("127.0.0.1:8000", served, ServeConfig::default()).await?;
+//! println!("serving on http://{}", server.local_addr());
+//! server.run().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Any other sampler is served with [`ServedModel::new`] (a tokenizer and chat template of your choice) or
+//! [`ServedModel::from_dir`] (those of a Hugging Face model folder).
+//!
+//! [`Server::bind`] binds a [`tokio::net::TcpListener`] (port 0 picks a free port; [`Server::local_addr`]
+//! says which); [`Server::run`] serves until the process ends, [`Server::run_until`] until a future
+//! completes (graceful: requests in flight are answered), and [`Server::spawn`] runs it as a task whose
+//! [`ServerHandle::shutdown`] stops it.
+//!
+//! # Endpoints
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /health` | `200 {"status": "ok"}` |
+//! | `GET /metrics` | Prometheus text: requests by status, prompt and generation tokens, queue and request times, open connections; with the local model, its queue, batch, keys-and-values bytes, tokens sampled and tokens per second (see [`metrics`](self#metrics)) |
+//! | `GET /v1/models` | `{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "holo", "root", "parent": null, "max_model_len"}]}` |
+//! | `GET /v1/models/{id}` | that model object, or 404 |
+//! | `POST /v1/completions` | a `text_completion` (below) |
+//! | `POST /v1/chat/completions` | a `chat.completion` (below) |
+//! | anything else | 404 (unknown route) or 405 (wrong method), as an OpenAI error |
+//!
+//! Every prompt reaches the sampler as [`Prompt::Tokens`]: the server tokenizes, the sampler never sees text.
+//!
+//! # Connections
+//!
+//! The server runs its own accept loop over hyper (HTTP/1.1, keep-alive):
+//! - at most [`ServeConfig::max_connections`] connections are open at once (`holo serve
+//!   --max-connections`, default 512); further clients wait in the listen backlog until one closes;
+//! - a connection that has not sent a whole request head within [`ServeConfig::keep_alive_timeout`]
+//!   (`--keep-alive-timeout`, default 5 s, uvicorn's keep-alive) of opening or of its previous response
+//!   is closed: idle keep-alive sockets and slow headers alike;
+//! - a body that has not fully arrived [`ServeConfig::timeout`] after its head (`--timeout`, default
+//!   60 s) is answered 408 `request_timeout` and the connection closed; a client that reads nothing of
+//!   its response for that long is disconnected (a streamed request is then cancelled as when a client
+//!   leaves);
+//! - when the process runs out of file descriptors, accepting is retried as connections close (with a
+//!   backoff of up to a second) and logged (target `holo::serve`), instead of failing in a loop.
+//!
+//! Each request writes one access-log line, a `tracing` event at `INFO` with target `holo::access`
+//! (`holo serve` prints them on stderr unless `--no-access-log`): `id` (the answer's id), `method`, `path`,
+//! `status`, `prompt_tokens`, `completion_tokens`, `queue_ms` (until the sampler started the request's
+//! first sample; the local model reports when a sequence joins its batch, other samplers by their first
+//! token, `-` when neither), `total_ms` (until the last byte of the response) and `finished` (`false`
+//! when the client left first).
+//!
+//! ## Metrics
+//!
+//! `GET /metrics` (Prometheus text format 0.0.4): `holo_requests_total{status}`,
+//! `holo_prompt_tokens_total`, `holo_generation_tokens_total` (counted when a request ends), the
+//! summaries `holo_request_queue_seconds` and `holo_request_duration_seconds` (`_sum`, `_count`), and the
+//! gauge `holo_open_connections`. With the local model ([`ServedModel::local`]), also the gauges
+//! `holo_num_requests_waiting`, `holo_num_requests_running` (sequences, as vLLM's), `holo_kv_cache_bytes`
+//! and `holo_generation_tokens_per_second` (over the scheduler's last second of work), and the counter
+//! `holo_scheduler_generated_tokens_total` (requests in flight included).
+//!
+//! # Request fields
+//!
+//! A field set to `null` is the same as a field left out. Fields this list does not name are ignored (as vLLM
+//! does); fields whose effect the server cannot honour are refused unless they hold their neutral value (see
+//! *Refused fields*).
+//!
+//! Both endpoints:
+//! - `model`: must be the served id ([`ServedModel::id`]) when given; another id is a 404 `model_not_found`
+//!   (OpenAI's and vLLM's status for an unknown model). Omitted: the served model.
+//! - `max_tokens` (≥ 1); chat also `max_completion_tokens`, which wins over `max_tokens`. Default: 16 on
+//!   completions (OpenAI's and vLLM's default); on chat, the rest of the context
+//!   (`max_model_len - prompt tokens`) when [`ServedModel::max_model_len`] is known, else the sampler's
+//!   default. With a known `max_model_len`, a prompt plus `max_tokens` longer than it is a 400.
+//! - `temperature` (finite, ≥ 0), `top_p` (in (0, 1]), `top_k` (vLLM: an integer ≥ 1; `-1` or `0` turn it
+//!   off).
+//! - `stop`: a string or a list of strings (none empty; at most 128 strings of 16 KiB in all, a 400
+//!   beyond: each sample keeps its own automaton of them — vLLM has no limit, OpenAI allows 4). The
+//!   local model matches them with an Aho-Corasick automaton fed each new byte once, so a token costs its
+//!   own text, whatever the stop strings' number and length. The text of a choice ends *before* the stop string
+//!   that ended it (OpenAI's behaviour) unless `include_stop_str_in_output` (vLLM) is true; the choice's
+//!   `stop_reason` (vLLM) is that string, or `null` when the model ended its turn or ran out of tokens.
+//! - `seed`: any integer that fits 64 bits (a negative one is read as its two's complement). With `n`
+//!   samples per prompt, sample 0 uses `seed` itself and sample `j > 0` a seed derived from `(seed, j)`
+//!   (splitmix64, 63 bits), so `n` samples differ, the same request always gives the same choices, and
+//!   every prompt of a request gets the same seeds. Without `seed`, each sample gets a fresh seed from the
+//!   server's own generator (so `n` samples differ whatever the sampler does with an unseeded request).
+//! - `n` (1 to 128): samples per prompt; each is one request of the batch.
+//! - `return_tokens_as_token_ids` (vLLM): logprob tokens are written `"token_id:N"` instead of their text.
+//! - `return_token_ids` (vLLM): each choice carries `token_ids` (the sampled ids); completions choices also
+//!   carry `prompt_token_ids`, chat answers carry a top-level `prompt_token_ids`.
+//! - `add_special_tokens` (vLLM): whether tokenizing the prompt adds the tokenizer's special tokens (its
+//!   post-processor's BOS/EOS). Default `true` for completions, `false` for chat (the template writes them),
+//!   as in vLLM.
+//! - `stream`: `true` streams the answer (see *Streaming*); `stream_options` (only with `stream`):
+//!   `include_usage`, and vLLM's `continuous_usage_stats`.
+//!
+//! `POST /v1/completions`:
+//! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
+//!   Strings are tokenized with the tokenizer; token ids must be below the tokenizer's vocabulary size. An
+//!   empty prompt (no tokens) is a 400, and so is a request for more than 4096 samples (prompts × `n`).
+//! - `logprobs`: an integer 0 to 20 (vLLM's default `max_logprobs`; more is a 400). The choice's
+//!   `logprobs` is then `{"tokens", "token_logprobs", "text_offset", "top_logprobs"}`: one entry per
+//!   sampled token, its text (or `token_id:N`), its log-probability as the sampler reported it, the
+//!   character offset (in Unicode code points, as Python counts them) where the token's text starts in the
+//!   choice's text, and `{token: logprob}` of the sampled token and the `logprobs` most likely tokens at
+//!   its position (up to `logprobs + 1` entries, as OpenAI and vLLM write them). The alternatives are
+//!   [`Completion::top_logprobs`] ([`SampleParams::top_logprobs`] asks the sampler for them); with
+//!   `logprobs` > 0 and a sampler that reports none (the `openai` sampler), `top_logprobs` is `null`.
+//!   The local model's log-probabilities, the sampled token's and the alternatives', are those of the
+//!   model's own distribution (the softmax of its logits at temperature 1, before `temperature`,
+//!   `top_p` and `top_k`), as vLLM's default `logprobs_mode` (`raw_logprobs`) reports them.
+//! - `echo` must be false (the server returns the completion only).
+//!
+//! `POST /v1/chat/completions`:
+//! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
+//!   `null`, or a list of `{"type": "text", "text": ...}` parts (joined with newlines, as vLLM does for
+//!   string templates). Other fields of a message (`name`, `tool_calls`, ...) are passed to the template
+//!   as they are, in their order.
+//! - They are rendered with [`ServedModel::template`] exactly as transformers' `apply_chat_template` renders
+//!   them, with `add_generation_prompt` (default `true`), `continue_final_message` (vLLM; default `false`)
+//!   and `chat_template_kwargs` (vLLM; extra template variables such as `enable_thinking`). A template that
+//!   raises, or an invalid combination, is a 400 naming the reason.
+//! - `logprobs: true` gives the choice a `logprobs: {"content": [{"token", "logprob", "bytes",
+//!   "top_logprobs": [{"token", "logprob", "bytes"}, ...]}]}`; `top_logprobs` (0 to 20, more is a 400)
+//!   entries per position, in vLLM's order: the sampled token first, then the most likely others (so
+//!   with a sampled token that is the most likely, the `top_logprobs` most likely tokens). Empty when
+//!   `top_logprobs` is 0 or the sampler reports no alternatives. `bytes` are the token's own bytes (a byte-level BPE token that holds part of
+//!   a UTF-8 character has its raw bytes here, while `token` shows the replacement character).
+//! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`.
+//!
+//! Both answers carry `id`, `object`, `created`, `model`, `choices` (prompt-major: prompt `p`, sample `j`
+//! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out, else
+//! `"stop"`) and `stop_reason`, and `usage {prompt_tokens, completion_tokens, total_tokens}` (each
+//! prompt's tokens counted once, every choice's sampled tokens).
+//!
+//! A choice's `logprobs` is `null` when not asked for, or when the sampler reported no token ids or no
+//! log-probabilities for it. A log-probability of `-inf` is written as `-9999.0` (vLLM's convention; JSON
+//! has no infinity).
+//!
+//! ## Streaming
+//!
+//! With `"stream": true` the answer is a `text/event-stream` of `data: {chunk}` events ending with
+//! `data: [DONE]`, as OpenAI's and vLLM's are. Every chunk carries the answer's `id`, `object`
+//! (`text_completion`, or `chat.completion.chunk`), `created`, `model` and one choice:
+//! - completions: `{"index", "text", "logprobs", "finish_reason", "stop_reason"}`, `text` and `logprobs`
+//!   holding what is new since the choice's last chunk (`text_offset` counts from the start of the
+//!   choice's text);
+//! - chat: first `{"index", "delta": {"role": "assistant", "content": ""}}` for every choice, then
+//!   `{"index", "delta": {"content"}, "logprobs": {"content": [...]}, "finish_reason", "stop_reason"}`.
+//!
+//! A choice's last chunk has its `finish_reason` (`null` before). With `return_token_ids`, each chunk has
+//! the choice's new `token_ids`; the prompt's ids come with a choice's first chunk (completions) or the
+//! answer's first chunk (chat). With `stream_options.include_usage` every chunk has `"usage": null` and a
+//! last chunk with no choices has the request's usage; with `continuous_usage_stats` as well, each chunk's
+//! `usage` is its choice's so far. Joined, a choice's chunks are the choice of the same request not
+//! streamed (the test suite checks this).
+//!
+//! Tokens stream as the sampler samples them when it reports them
+//! ([`Sampler::sample_streaming`]: the local model does), otherwise all at once when the choice is done.
+//! Text is decoded incrementally: a token that holds part of a character waits for the rest, and with
+//! stop strings the last (longest stop − 1) bytes wait until no stop string can start there, so a stop
+//! string never shows. An error once the stream has started (the sampler failed) is a last
+//! `data: {"error": {...}}` event before `[DONE]`; anything wrong with the request is an ordinary error
+//! response. A client that disconnects tells the sampler, which stops sampling for it (the local model
+//! drops the row at its next step).
+//!
+//! ## Refused fields
+//!
+//! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
+//! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
+//! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
+//! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `response_format` (`{"type": "text"}`),
+//! `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
+//! `structured_outputs`, `logits_processors`, `prompt_embeds` (anything but `null`).
+//!
+//! # Sampling
+//!
+//! Each request's samples (a prompt × `n`) go to the sampler in one [`Sampler::sample_streaming`] call, on a
+//! blocking thread (so a sampler that computes inside `poll` does not stall the HTTP side), as soon as the
+//! request is parsed: calls of different requests run at once, and the sampler decides how to batch them.
+//! The local model schedules every sequence of every call in one continuously batched engine
+//! ([`holo_model::schedule`]): a request joins the running batch at the next decoding step, whatever
+//! else runs. The server passes the tokens the sampler reports to streamed requests and sends each result
+//! back. A request whose client has gone is not sampled, and the sampler hears of one that goes while it
+//! samples ([`TokenSink::wanted`], [`TokenSink::token`]). A panicking sampler fails that request with a
+//! 500 and the server goes on. A sampler whose queue is full ([`SamplerError::Overloaded`]) answers 429
+//! with `Retry-After`.
+//!
+//! # Errors
+//!
+//! Every error is `{"error": {"message", "type", "param", "code"}}`:
+//!
+//! | case | status | `type` | `code` |
+//! |---|---|---|---|
+//! | body not JSON (the message has serde's line and column), not an object, a field of the wrong type or range (`param` names it) | 400 | `invalid_request_error` | `invalid_json`, `invalid_value`, `missing_field` |
+//! | a refused field, `echo: true` | 400 | `invalid_request_error` | `unsupported_parameter` |
+//! | the prompt does not fit `max_model_len` | 400 | `invalid_request_error` | `context_length_exceeded` |
+//! | the chat template fails | 400 | `invalid_request_error` | `chat_template_error` |
+//! | unknown `model` | 404 | `invalid_request_error` | `model_not_found` |
+//! | unknown route / wrong method | 404 / 405 | `invalid_request_error` | `not_found` / `method_not_allowed` |
+//! | body over [`ServeConfig::max_body_bytes`] | 413 | `invalid_request_error` | `body_too_large` |
+//! | [`SamplerError::Rejected`] | 400 | `invalid_request_error` | `sampler_rejected` |
+//! | [`SamplerError::Unavailable`], or the server shutting down | 503 | `server_error` | `sampler_unavailable` |
+//! | [`SamplerError::Malformed`], a sampler panic, a result missing | 500 | `server_error` | `sampler_error` |
+//! | [`SamplerError::Overloaded`] (with `Retry-After: 1`) | 429 | `invalid_request_error` | `server_overloaded` |
+//!
+//! When several samples of one request fail, the first failure (in choice order) is reported.
+
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Extension, Path as UrlPath, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokenizers::Tokenizer;
+use tokio::net::{TcpListener, ToSocketAddrs};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use holo_core::chat::{ChatTemplate, RenderOptions};
+use holo_core::machine::{Completion, Finish};
+use holo_core::sampler::{Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+
+mod chat;
+mod choices;
+mod completions;
+mod error;
+mod fields;
+mod listen;
+mod log;
+mod metrics;
+mod sampling;
+mod stream;
+
+use chat::*;
+use choices::*;
+use completions::*;
+use error::*;
+use fields::*;
+use listen::{BodyTimeout, Connections};
+use log::{Counters, Tally};
+use sampling::*;
+
+/// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
+/// template that turn requests into token prompts and sampled tokens into logprob entries.
+pub struct ServedModel {
+    /// The id clients name in `model` and `/v1/models` lists.
+    pub id: String,
+    pub sampler: Arc<dyn Sampler>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The context length (prompt + completion), when known; used to refuse prompts that do not fit and
+    /// to default chat `max_tokens`.
+    pub max_model_len: Option<u32>,
+    /// The local model's scheduler, whose queue, batch and cache `/metrics` reports.
+    pub scheduler: Option<Arc<holo_model::SchedulerStats>>,
+}
+
+impl fmt::Debug for ServedModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServedModel")
+            .field("id", &self.id)
+            .field("template", &self.template)
+            .field("max_model_len", &self.max_model_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a model folder could not be prepared for serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError(pub String);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+impl ServedModel {
+    /// A served model with no known context length.
+    pub fn new(
+        id: impl Into<String>,
+        sampler: Arc<dyn Sampler>,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+    ) -> Self {
+        ServedModel {
+            id: id.into(),
+            sampler,
+            tokenizer,
+            template,
+            max_model_len: None,
+            scheduler: None,
+        }
+    }
+
+    /// A [`LocalModel`](holo_model::LocalModel) with its own tokenizer, chat template and context length
+    /// (`max_position_embeddings`).
+    pub fn local(id: impl Into<String>, model: holo_model::LocalModel) -> Self {
+        ServedModel {
+            id: id.into(),
+            tokenizer: model.tokenizer().clone(),
+            template: model.template().clone(),
+            max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
+            scheduler: Some(model.scheduler_stats()),
+            sampler: Arc::new(model),
+        }
+    }
+
+    /// The tokenizer (`tokenizer.json`), chat template ([`ChatTemplate::from_dir`], ChatML when the folder
+    /// has none) and context length (`max_position_embeddings` of `config.json`, when present) of a Hugging
+    /// Face model folder, served with `sampler`.
+    pub fn from_dir(
+        dir: &Path,
+        id: impl Into<String>,
+        sampler: Arc<dyn Sampler>,
+    ) -> Result<Self, LoadError> {
+        let tokenizer_file = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_file).map_err(|error| {
+            LoadError(format!(
+                "{}: cannot load: {error}",
+                tokenizer_file.display()
+            ))
+        })?;
+        let template = ChatTemplate::from_dir_or(dir, ChatTemplate::chatml())
+            .map_err(|error| LoadError(error.to_string()))?;
+        let config_file = dir.join("config.json");
+        let max_model_len = match std::fs::read_to_string(&config_file) {
+            Ok(text) => {
+                let config: Value = serde_json::from_str(&text).map_err(|error| {
+                    LoadError(format!("{}: invalid JSON: {error}", config_file.display()))
+                })?;
+                config
+                    .get("max_position_embeddings")
+                    .and_then(Value::as_u64)
+                    .and_then(|len| u32::try_from(len).ok())
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => None,
+            Err(error) => {
+                return Err(LoadError(format!(
+                    "{}: cannot read: {error}",
+                    config_file.display()
+                )))
+            }
+        };
+        Ok(ServedModel {
+            max_model_len,
+            ..ServedModel::new(id, sampler, tokenizer, template)
+        })
+    }
+}
+
+/// What the server accepts, and how long it waits for a client (see *Connections* in the
+/// [module documentation](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    /// The largest request body (default 64 MiB).
+    pub max_body_bytes: usize,
+    /// Connections open at once at most (default 512); more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// How long a connection may go without sending a whole request head: idle between requests, or
+    /// slow to send its headers (default 5 s, uvicorn's keep-alive timeout).
+    pub keep_alive_timeout: Duration,
+    /// How long a request body may take to arrive after its head (then 408), and how long a client may
+    /// read nothing of its response (then it is disconnected); default 60 s.
+    pub timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            max_body_bytes: 64 << 20,
+            max_connections: 512,
+            keep_alive_timeout: Duration::from_secs(5),
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A bound server, not yet serving; see the [module documentation](self).
+pub struct Server {
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    jobs: mpsc::UnboundedReceiver<Job>,
+    sampler: Arc<dyn Sampler>,
+    config: ServeConfig,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .field("model", &self.state.id)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Binds `addr` (`"127.0.0.1:0"` for a free port) for `model`.
+    pub async fn bind(
+        addr: impl ToSocketAddrs,
+        model: ServedModel,
+        config: ServeConfig,
+    ) -> io::Result<Server> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let ServedModel {
+            id,
+            sampler,
+            mut tokenizer,
+            template,
+            max_model_len,
+            scheduler,
+        } = model;
+        // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|error| io::Error::other(format!("tokenizer: {error}")))?;
+        let (sender, jobs) = mpsc::unbounded_channel();
+        let vocab = Vocab::new(&tokenizer);
+        let state = Arc::new(AppState {
+            max_prompt_bytes: max_model_len.map(|len| {
+                let longest = (0..vocab.size)
+                    .map(|id| vocab.bytes(id).len())
+                    .max()
+                    .unwrap_or(1);
+                // A token stands for at most `longest` bytes of normalised text, and normalisation
+                // (NFKC and the like) shrinks text by at most 4 bytes to 1.
+                (len as usize)
+                    .saturating_mul(longest.max(1))
+                    .saturating_mul(4)
+            }),
+            vocab,
+            id,
+            tokenizer,
+            template,
+            max_model_len,
+            created: unix_time(),
+            jobs: sender,
+            seeds: AtomicU64::new(clock_nonce()),
+            ids: AtomicU64::new(0),
+            nonce: clock_nonce() as u32,
+            connections: Arc::new(Connections::new(config.max_connections)),
+            counters: Counters::default(),
+            scheduler,
+            config: config.clone(),
+        });
+        Ok(Server {
+            listener,
+            addr,
+            state,
+            jobs,
+            sampler,
+            config,
+        })
+    }
+
+    /// The bound address (the actual port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until the process ends (or the listener fails).
+    pub async fn run(self) -> io::Result<()> {
+        self.run_until(std::future::pending()).await
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting connections and returns once the requests
+    /// in flight are answered.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        let Server {
+            listener,
+            state,
+            jobs,
+            sampler,
+            config,
+            ..
+        } = self;
+        let dispatcher = tokio::spawn(dispatch(jobs, sampler));
+        let app = router(Arc::clone(&state), config.max_body_bytes);
+        let result = listen::serve(listener, app, state, shutdown).await;
+        // The router (and with it every job sender) is gone: the dispatcher waits for the samples in
+        // flight and ends.
+        let _ = dispatcher.await;
+        result
+    }
+
+    /// Serves on a new task; [`ServerHandle::shutdown`] stops it.
+    pub fn spawn(self) -> ServerHandle {
+        let addr = self.addr;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(self.run_until(async move {
+            let _ = stopped.await;
+        }));
+        ServerHandle {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+}
+
+/// A server running on a task (from [`Server::spawn`]). Dropping the handle stops the server too.
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, the base URL clients use (add `/v1` for the OpenAI SDKs).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections, answers the requests in flight, and returns how serving ended.
+    pub async fn shutdown(mut self) -> io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(error) => Err(io::Error::other(format!("the server task failed: {error}"))),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State and routes
+
+struct AppState {
+    id: String,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    max_model_len: Option<u32>,
+    vocab: Vocab,
+    /// Texts longer than this many bytes cannot fit `max_model_len` (see [`AppState::tokenize`]).
+    max_prompt_bytes: Option<usize>,
+    created: u64,
+    jobs: mpsc::UnboundedSender<Job>,
+    /// splitmix64 state for the seeds of unseeded samples.
+    seeds: AtomicU64,
+    /// Counter for response ids.
+    ids: AtomicU64,
+    nonce: u32,
+    connections: Arc<Connections>,
+    counters: Counters,
+    scheduler: Option<Arc<holo_model::SchedulerStats>>,
+    config: ServeConfig,
+}
+
+impl AppState {
+    /// A new answer id, which the request's log line reports.
+    fn response_id(&self, prefix: &str, tally: &Tally) -> String {
+        let count = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{prefix}-{:08x}{count:016x}", self.nonce);
+        tally.id(&id);
+        id
+    }
+
+    fn fresh_seed(&self) -> u64 {
+        let state = self
+            .seeds
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        splitmix64(state) & (i64::MAX as u64)
+    }
+
+    /// The seed of sample `j` of a request (see the module documentation).
+    fn sample_seed(&self, seed: Option<u64>, j: u32) -> u64 {
+        match seed {
+            Some(seed) if j == 0 => seed,
+            Some(seed) => splitmix64(seed ^ splitmix64(u64::from(j))) & (i64::MAX as u64),
+            None => self.fresh_seed(),
+        }
+    }
+
+    fn model_object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "holo",
+            "root": self.id,
+            "parent": null,
+            "max_model_len": self.max_model_len,
+        })
+    }
+
+    fn check_model(&self, fields: &Fields) -> Result<(), ApiError> {
+        match fields.get("model") {
+            None => Ok(()),
+            Some(Value::String(model)) if *model == self.id => Ok(()),
+            Some(Value::String(model)) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "The model `{model}` does not exist; this server serves `{}`.",
+                    self.id
+                ),
+            )
+            .param("model")
+            .code("model_not_found")),
+            Some(other) => Err(ApiError::invalid(
+                "model",
+                format!("`model` must be a string, got {}", describe(other)),
+            )),
+        }
+    }
+
+    /// The ids of `text`; a text too long to fit the context in any tokenization is refused before
+    /// tokenizing (which costs time and memory in proportion to its length).
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        param: &str,
+    ) -> Result<Vec<u32>, ApiError> {
+        if let (Some(limit), Some(len)) = (self.max_prompt_bytes, self.max_model_len) {
+            if text.len() > limit {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "This model's maximum context length is {len} tokens. However, `{param}` has {} \
+                         bytes, more than any {len} tokens can spell ({limit} bytes). Please reduce it.",
+                        text.len()
+                    ),
+                )
+                .code("context_length_exceeded"));
+            }
+        }
+        self.tokenizer
+            .encode(text, add_special_tokens)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|error| {
+                ApiError::invalid(param, format!("cannot tokenize `{param}`: {error}"))
+            })
+    }
+
+    /// Sends the request's samples to the sampler; sample `i` is choice `i` of the events.
+    fn submit(
+        &self,
+        requests: Vec<Request>,
+        stream: bool,
+        tally: &Tally,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        let outlet = Outlet {
+            events,
+            stream,
+            tally: tally.clone(),
+        };
+        self.jobs.send(Job { requests, outlet }).map_err(|_| {
+            ApiError::from_sampler(SamplerError::Unavailable(
+                "the server is shutting down".into(),
+            ))
+        })?;
+        Ok(receiver)
+    }
+
+    /// Sends the request's samples to the sampler, then waits for all of them.
+    async fn generate(
+        &self,
+        requests: Vec<Request>,
+        tally: &Tally,
+    ) -> Result<Vec<Completion>, ApiError> {
+        let count = requests.len();
+        let mut events = self.submit(requests, false, tally)?;
+        let mut results: Vec<Option<Result<Completion, SamplerError>>> =
+            (0..count).map(|_| None).collect();
+        let mut missing = count;
+        while missing > 0 {
+            match events.recv().await {
+                Some(Event::Done { choice, result }) => {
+                    if results[choice].replace(result).is_none() {
+                        missing -= 1;
+                    }
+                }
+                Some(Event::Token { .. }) => {}
+                None => break,
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| match result {
+                Some(result) => result.map_err(ApiError::from_sampler),
+                None => Err(ApiError::from_sampler(SamplerError::Unavailable(
+                    "the sampler stopped before answering".into(),
+                ))),
+            })
+            .collect()
+    }
+
+    /// The prompt length and the `max_tokens` to sample with, checked against `max_model_len`.
+    fn budget(
+        &self,
+        prompt_len: usize,
+        requested: Option<u32>,
+        default: Option<u32>,
+        which: &str,
+    ) -> Result<Option<u32>, ApiError> {
+        let Some(limit) = self.max_model_len else {
+            return Ok(requested.or(default));
+        };
+        let limit = limit as usize;
+        let too_long = |completion: usize| {
+            ApiError::invalid(
+                which,
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, you requested {} tokens \
+                     ({prompt_len} in the prompt, {completion} for the completion). Please reduce the prompt \
+                     or `max_tokens`.",
+                    prompt_len + completion
+                ),
+            )
+            .code("context_length_exceeded")
+        };
+        if prompt_len >= limit {
+            return Err(too_long(requested.or(default).unwrap_or(1) as usize));
+        }
+        let room = (limit - prompt_len) as u32;
+        match requested.or(default) {
+            Some(max_tokens) if max_tokens > room => Err(too_long(max_tokens as usize)),
+            Some(max_tokens) => Ok(Some(max_tokens)),
+            None => Ok(Some(room)),
+        }
+    }
+}
+
+fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics::metrics))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(one_model))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn health() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+async fn list_models(State(state): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [state.model_object()]})).into_response()
+}
+
+async fn one_model(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
+    if id == state.id {
+        Json(state.model_object()).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "The model `{id}` does not exist; this server serves `{}`.",
+                state.id
+            ),
+        )
+        .code("model_not_found")
+        .into_response()
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {method} {}; routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions, \
+             POST /v1/chat/completions",
+            uri.path()
+        ),
+    )
+    .code("not_found")
+    .into_response()
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+    .code("method_not_allowed")
+    .into_response()
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(&state, &tally, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(tally): Extension<Tally>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    chat(&state, &tally, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Small helpers
+
+fn splitmix64(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn unix_time() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0)
+}
+
+fn clock_nonce() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos() as u64)
+        .unwrap_or(0);
+    splitmix64(nanos ^ (u64::from(std::process::id()) << 32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_alphabet_is_gpt2s() {
+        let alphabet = byte_level_alphabet();
+        assert_eq!(alphabet.len(), 256);
+        assert_eq!(alphabet[&'Ġ'], b' ');
+        assert_eq!(alphabet[&'Ċ'], b'\n');
+        assert_eq!(alphabet[&'a'], b'a');
+        assert_eq!(alphabet[&'Ā'], 0);
+    }
+
+    #[test]
+    fn text_offsets_follow_the_lossy_decoding() {
+        let e_acute = "é".as_bytes();
+        let pieces = [
+            b"ab".to_vec(),
+            e_acute[..1].to_vec(),
+            e_acute[1..].to_vec(),
+            b"c".to_vec(),
+            vec![0xC4],
+            b"J".to_vec(),
+            Vec::new(),
+            b"in".to_vec(),
+        ];
+        // "abéc�Jin": é starts at 2 (both of its pieces), c at 3, the lone 0xC4 is � at 4, J at 5.
+        assert_eq!(text_offsets(&pieces), [0, 2, 2, 3, 4, 5, 6, 6]);
+        assert_eq!(text_offsets(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn derived_seeds_are_stable_and_distinct() {
+        let seeds: Vec<u64> = (1..5u64)
+            .map(|j| splitmix64(42 ^ splitmix64(j)) & (i64::MAX as u64))
+            .collect();
+        let again: Vec<u64> = (1..5u64)
+            .map(|j| splitmix64(42 ^ splitmix64(j)) & (i64::MAX as u64))
+            .collect();
+        assert_eq!(seeds, again);
+        let mut unique = seeds.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), seeds.len());
+    }
+}

@@ -1,0 +1,457 @@
+//! Streamed answers (`"stream": true`): server-sent events in OpenAI's chunk format, as the sampler
+//! reports tokens (see [`Sampler::sample_streaming`](holo_core::Sampler::sample_streaming)).
+//!
+//! Text is decoded incrementally (tokenizers' stream decoder, special tokens skipped), so a token that
+//! holds part of a character waits for the rest. With stop strings, the last `longest stop - 1` bytes are
+//! held back until it is clear that no stop string starts there, so a choice never streams text its
+//! complete answer would cut. When the sampler's completion arrives, its own text (cut as in a
+//! non-streamed answer) ends the choice: the concatenated deltas equal the non-streamed text.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::{
+    chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
+    Event, StreamOptions, Tally,
+};
+use holo_core::machine::Completion;
+use holo_core::sampler::SamplerError;
+use holo_core::stop::{first_stop, floor_char_boundary, StopMatcher, StreamedText};
+
+/// Which endpoint's chunks to write, and whether they carry logprobs.
+pub(super) enum Endpoint {
+    Completions { logprobs: bool },
+    Chat { logprobs: bool },
+}
+
+/// The streamed answer to a request whose jobs report on `events`; choice `i` samples `prompts[i / n]`.
+pub(super) fn respond(
+    state: Arc<AppState>,
+    tally: &Tally,
+    endpoint: Endpoint,
+    common: Common,
+    options: StreamOptions,
+    prompts: Vec<Vec<u32>>,
+    events: mpsc::UnboundedReceiver<Event>,
+) -> Response {
+    let id = state.response_id(
+        match endpoint {
+            Endpoint::Completions { .. } => "cmpl",
+            Endpoint::Chat { .. } => "chatcmpl",
+        },
+        tally,
+    );
+    let count = prompts.len() * common.n as usize;
+    let streamer = Streamer {
+        id,
+        created: unix_time(),
+        choices: {
+            // One automaton for the request's stop strings; each choice carries its own state in it.
+            let matcher = StopMatcher::new(&common.params.stop);
+            (0..count)
+                .map(|_| ChoiceStream {
+                    matcher: matcher.clone(),
+                    ..ChoiceStream::default()
+                })
+                .collect()
+        },
+        queue: VecDeque::new(),
+        opened: false,
+        ended: false,
+        state,
+        endpoint,
+        common,
+        options,
+        prompts,
+        events,
+    };
+    let stream = futures_util::stream::unfold(streamer, |mut streamer| async move {
+        let event = streamer.next().await?;
+        Some((Ok::<_, Infallible>(event), streamer))
+    });
+    axum::response::Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The state of one streamed answer. Dropping it (the client went away) drops the event receiver, which
+/// tells the sampler that its jobs are no longer wanted.
+struct Streamer {
+    id: String,
+    created: u64,
+    choices: Vec<ChoiceStream>,
+    /// Events written but not yet sent.
+    queue: VecDeque<Sse>,
+    opened: bool,
+    /// `[DONE]` is queued: nothing follows.
+    ended: bool,
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    common: Common,
+    options: StreamOptions,
+    prompts: Vec<Vec<u32>>,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+/// What one choice has heard and sent.
+#[derive(Default)]
+struct ChoiceStream {
+    /// Every token reported so far (the completion's, once it has arrived), their logprobs, and their
+    /// most likely alternatives (when asked for and reported).
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    top: Vec<Vec<(u32, f32)>>,
+    /// The text decoded so far.
+    decoded: StreamedText,
+    /// The completion's text, once it has arrived.
+    completed: Option<String>,
+    /// Bytes of `text` searched for stop strings.
+    searched: usize,
+    /// The stop strings' automaton, fed the decoded text as it grows, so that a piece costs its own
+    /// length; `None` without stop strings (or where the automaton cannot be built: then each piece is
+    /// searched for every stop string).
+    matcher: Option<StopMatcher>,
+    /// Bytes of `text` that may be sent.
+    releasable: usize,
+    /// The streamed text is final until the completion arrives (a stop string matched, or the decoder
+    /// failed).
+    held: bool,
+    sent_text: usize,
+    sent_tokens: usize,
+    /// A chunk of this choice has been sent (`prompt_token_ids` go with the first).
+    opened: bool,
+    /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
+    finish: Option<(&'static str, Value, usize)>,
+    finish_sent: bool,
+}
+
+impl Streamer {
+    /// The next event to send; `None` after `[DONE]`.
+    async fn next(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Some(event);
+            }
+            if self.ended {
+                return None;
+            }
+            self.advance().await;
+        }
+    }
+
+    /// Waits for what the jobs report, takes everything already queued behind it, and writes one chunk
+    /// per choice that has something to send.
+    async fn advance(&mut self) {
+        if !self.opened {
+            self.opened = true;
+            self.open();
+            return;
+        }
+        let Some(mut event) = self.events.recv().await else {
+            self.fail(ApiError::from_sampler(SamplerError::Unavailable(
+                "the batcher stopped before answering".into(),
+            )));
+            return;
+        };
+        let mut touched = BTreeSet::new();
+        loop {
+            match event {
+                Event::Token {
+                    choice,
+                    token,
+                    logprob,
+                    top,
+                } => {
+                    self.choices[choice].push(&self.state, &self.common, token, logprob, top);
+                    touched.insert(choice);
+                }
+                Event::Done { choice, result } => {
+                    let finished = result
+                        .map_err(ApiError::from_sampler)
+                        .and_then(|completion| {
+                            self.choices[choice].finish(&self.state, &self.common, completion)
+                        });
+                    if let Err(error) = finished {
+                        self.fail(error);
+                        return;
+                    }
+                    touched.insert(choice);
+                }
+            }
+            match self.events.try_recv() {
+                Ok(next) => event = next,
+                Err(_) => break,
+            }
+        }
+        for choice in touched {
+            if let Some(chunk) = self.chunk(choice) {
+                self.queue.push_back(data(&chunk));
+            }
+        }
+        if self.choices.iter().all(|choice| choice.finish_sent) {
+            if self.options.include_usage {
+                let prompt_tokens = self.prompts.iter().map(Vec::len).sum();
+                let completion_tokens = self
+                    .choices
+                    .iter()
+                    .filter_map(|choice| choice.finish.as_ref().map(|finish| finish.2))
+                    .sum();
+                let mut chunk = self.envelope(Vec::new());
+                chunk["usage"] = usage(prompt_tokens, completion_tokens);
+                self.queue.push_back(data(&chunk));
+            }
+            self.end();
+        }
+    }
+
+    /// Chat answers open every choice with the assistant's role, as OpenAI's do.
+    fn open(&mut self) {
+        if let Endpoint::Chat { .. } = self.endpoint {
+            for index in 0..self.choices.len() {
+                let mut choice = json!({
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                });
+                if self.common.return_token_ids {
+                    choice["token_ids"] = json!([]);
+                }
+                let mut chunk = self.envelope(vec![choice]);
+                if index == 0 && self.common.return_token_ids {
+                    chunk["prompt_token_ids"] = json!(self.prompts[0]);
+                }
+                self.usage_so_far(&mut chunk, index);
+                self.queue.push_back(data(&chunk));
+                self.choices[index].opened = true;
+            }
+        }
+    }
+
+    /// The chunk that sends what choice `index` has not sent yet, if it has anything.
+    fn chunk(&mut self, index: usize) -> Option<Value> {
+        let common = &self.common;
+        let choice = &self.choices[index];
+        let text = &choice.text()[choice.sent_text..choice.releasable.max(choice.sent_text)];
+        let tokens = choice.sent_tokens..choice.tokens.len();
+        let wants_logprobs = match self.endpoint {
+            Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
+        };
+        let has_logprobs = choice.logprobs.len() >= tokens.end;
+        let finishing = choice.finish.is_some() && !choice.finish_sent;
+        let per_token = (wants_logprobs || common.return_token_ids) && !tokens.is_empty();
+        if text.is_empty() && !per_token && !finishing {
+            return None;
+        }
+        let logprobs = if wants_logprobs && has_logprobs && !tokens.is_empty() {
+            match self.endpoint {
+                Endpoint::Completions { .. } => completion_logprobs(
+                    &self.state,
+                    common,
+                    &choice.tokens[..tokens.end],
+                    &choice.logprobs[..tokens.end],
+                    choice.top.get(..tokens.end).unwrap_or(&[]),
+                    tokens.start,
+                ),
+                Endpoint::Chat { .. } => chat_logprobs(
+                    &self.state,
+                    common,
+                    &choice.tokens[tokens.clone()],
+                    &choice.logprobs[tokens.clone()],
+                    choice.top.get(tokens.clone()).unwrap_or(&[]),
+                ),
+            }
+        } else {
+            Value::Null
+        };
+        let (finish_reason, stop_reason) = match (&choice.finish, finishing) {
+            (Some((finish_reason, stop_reason, _)), true) => {
+                (json!(finish_reason), stop_reason.clone())
+            }
+            _ => (Value::Null, Value::Null),
+        };
+        let mut out = match self.endpoint {
+            Endpoint::Completions { .. } => json!({
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }),
+            Endpoint::Chat { .. } => json!({
+                "index": index,
+                "delta": if text.is_empty() && finishing { json!({}) } else { json!({"content": text}) },
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }),
+        };
+        if common.return_token_ids {
+            out["token_ids"] = json!(choice.tokens[tokens.clone()]);
+            if !choice.opened {
+                out["prompt_token_ids"] = json!(self.prompts[index / common.n as usize]);
+            }
+        }
+        let sent_text = choice.sent_text + text.len();
+        let choice = &mut self.choices[index];
+        choice.sent_text = sent_text;
+        choice.sent_tokens = tokens.end;
+        choice.opened = true;
+        choice.finish_sent |= finishing;
+        let mut chunk = self.envelope(vec![out]);
+        self.usage_so_far(&mut chunk, index);
+        Some(chunk)
+    }
+
+    /// A chunk of this answer holding `choices`.
+    fn envelope(&self, choices: Vec<Value>) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Completions { .. } => "text_completion",
+            Endpoint::Chat { .. } => "chat.completion.chunk",
+        };
+        let mut chunk = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.state.id,
+            "choices": choices,
+        });
+        if self.options.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// With `continuous_usage_stats` (and `include_usage`, as vLLM asks), choice `index`'s usage so far.
+    fn usage_so_far(&self, chunk: &mut Value, index: usize) {
+        if self.options.include_usage && self.options.continuous_usage_stats {
+            let prompt = &self.prompts[index / self.common.n as usize];
+            chunk["usage"] = usage(prompt.len(), self.choices[index].tokens.len());
+        }
+    }
+
+    /// Ends the stream with `error` (OpenAI's clients raise it).
+    fn fail(&mut self, error: ApiError) {
+        self.queue.push_back(data(&error.body()));
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.queue.push_back(Sse::default().data("[DONE]"));
+        self.ended = true;
+    }
+}
+
+impl ChoiceStream {
+    /// The text so far: decoded, then the completion's once it has arrived.
+    fn text(&self) -> &str {
+        self.completed
+            .as_deref()
+            .unwrap_or_else(|| self.decoded.text())
+    }
+
+    fn push(
+        &mut self,
+        state: &AppState,
+        common: &Common,
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    ) {
+        self.tokens.push(token);
+        self.logprobs.push(logprob);
+        if !top.is_empty() {
+            self.top.push(top);
+        }
+        if self.held || self.finish.is_some() {
+            return;
+        }
+        match self.decoded.push(&state.tokenizer, token) {
+            Ok(Some(_)) => {}
+            Ok(None) => return,
+            // The completion's text will say what the decoder could not.
+            Err(_) => {
+                self.held = true;
+                return;
+            }
+        }
+        self.release(common);
+    }
+
+    /// Moves `releasable` as far as the stop strings allow (the sampler's rule: the match that ends
+    /// first wins).
+    fn release(&mut self, common: &Common) {
+        let stops = &common.params.stop;
+        let text = self.decoded.text();
+        let Some(longest) = stops.iter().map(String::len).max() else {
+            self.releasable = text.len();
+            return;
+        };
+        // Only a piece in which a stop string ends is searched for which one (once per choice).
+        let ends_here = self
+            .matcher
+            .as_mut()
+            .is_none_or(|matcher| matcher.feed(&text[self.searched..]));
+        let found = if ends_here {
+            first_stop(text, self.searched, stops)
+        } else {
+            None
+        };
+        let releasable = match found {
+            Some((at, stop)) => {
+                self.held = true;
+                if common.include_stop {
+                    at + stop.len()
+                } else {
+                    at
+                }
+            }
+            None if common.include_stop => text.len(),
+            None => floor_char_boundary(text, text.len().saturating_sub(longest - 1)),
+        };
+        self.searched = text.len();
+        self.releasable = self.releasable.max(releasable);
+    }
+
+    /// The sampler's completion: its tokens, logprobs and text (cut as a non-streamed answer cuts it)
+    /// replace what was decoded on the way.
+    fn finish(
+        &mut self,
+        state: &AppState,
+        common: &Common,
+        completion: Completion,
+    ) -> Result<(), ApiError> {
+        let choice = Choice::new(state, &completion, common)?;
+        if !completion.tokens.is_empty() {
+            if !completion.tokens.starts_with(&self.tokens) {
+                return Err(ApiError::from_sampler(SamplerError::Malformed(format!(
+                    "the sampler streamed {} tokens that do not begin its completion",
+                    self.tokens.len()
+                ))));
+            }
+            self.tokens = completion.tokens.clone();
+            self.logprobs = completion.logprobs.clone();
+            self.top = completion.top_logprobs.clone();
+        }
+        // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
+        // choice then ends with what it streamed.
+        if choice.text.starts_with(&self.text()[..self.sent_text]) {
+            self.releasable = choice.text.len();
+            self.completed = Some(choice.text);
+        } else {
+            self.releasable = self.sent_text;
+        }
+        self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
+        Ok(())
+    }
+}
+
+fn data(chunk: &Value) -> Sse {
+    Sse::default().data(chunk.to_string())
+}

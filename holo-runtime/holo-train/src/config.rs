@@ -1,0 +1,939 @@
+//! The trainers' configurations: [`GrpoConfig`] (TRL's `GRPOConfig` option names, defaults and meanings) and
+//! [`SftConfig`](super::sft::SftConfig), each with LoRA's options under TRL's `ModelConfig` names. What every
+//! trainer has (the length of the run, checkpoints, AdamW, the schedule, LoRA) is read through
+//! [`TrainingConfig::shared`] and checked in one place ([`Shared::validate`]).
+//!
+//! A configuration comes from a TOML file (keys are the option names) and from command-line overrides
+//! (`--num-generations 4`: the same names in kebab case; [`super::builder`]), the overrides winning. Every key is checked
+//! before any work starts: an unknown key is named with the closest known one, a bad value with the values
+//! the key allows, and the place it came from (the file's line, or the flag).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use super::options::{error, shared_allowed_values, shared_options};
+pub use super::options::{ConfigError, LrSchedulerType, Shared, TrainingConfig};
+
+/// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Each completion's mean token loss, averaged over completions.
+    Grpo,
+    /// Token losses summed over the micro-batch, divided by its trained tokens.
+    Bnpo,
+    /// Token losses summed, divided by completions × `max_completion_length` (Dr. GRPO).
+    DrGrpo,
+    /// Token losses summed, divided by the trained tokens of the whole generation batch (DAPO; TRL's
+    /// default).
+    Dapo,
+    /// Clipped importance-sampling weights times the log-probability (CISPO, MiniMax-M1).
+    Cispo,
+    /// A soft, sigmoid-gated trust region instead of hard clipping (SAPO).
+    Sapo,
+    /// Sequence sums of token losses, averaged over completions (LUSPO).
+    Luspo,
+    /// Gamma-weighted sequence importance sampling (VESPO).
+    Vespo,
+}
+
+/// Where importance ratios are taken (TRL's `importance_sampling_level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingLevel {
+    /// One ratio per token.
+    Token,
+    /// One ratio per completion: the exponential of its mean token log-ratio (GSPO).
+    Sequence,
+}
+
+/// How rewards are scaled into advantages (TRL's `scale_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewards {
+    /// Divide by the standard deviation of the completion's group.
+    Group,
+    /// Divide by the standard deviation of the whole batch.
+    Batch,
+    /// Only subtract the group mean.
+    None,
+}
+
+/// How several reward components become one advantage (TRL's `multi_objective_aggregation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiObjectiveAggregation {
+    /// Weighted sum of the components, then normalized.
+    SumThenNormalize,
+    /// Each component normalized within its group, then the weighted sum normalized over the batch.
+    NormalizeThenSum,
+}
+
+/// How a sampler whose log-probabilities differ from the trainer's is corrected (TRL's
+/// `vllm_importance_sampling_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingMode {
+    /// Per-token ratios clamped to `[clip_min, clip_max]`.
+    TokenTruncate,
+    /// Per-token ratios outside `[clip_min, clip_max]` set to 0.
+    TokenMask,
+    /// One ratio per completion (product over its tokens), clamped.
+    SequenceTruncate,
+    /// One ratio per completion, set to 0 outside the bounds.
+    SequenceMask,
+}
+
+impl ImportanceSamplingMode {
+    pub fn is_sequence(self) -> bool {
+        matches!(self, Self::SequenceMask | Self::SequenceTruncate)
+    }
+
+    pub fn truncates(self) -> bool {
+        matches!(self, Self::TokenTruncate | Self::SequenceTruncate)
+    }
+}
+
+/// Every option of a training run; see the [module documentation](self). Field names are TRL's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoConfig {
+    // --- Length of the run, logging, checkpoints ---
+    /// Optimizer steps; -1 runs `num_train_epochs` over the data instead.
+    pub max_steps: i64,
+    /// Passes over the data when `max_steps` is -1.
+    pub num_train_epochs: f64,
+    pub seed: u64,
+    /// Seeds the data order; `seed` when unset.
+    pub data_seed: Option<u64>,
+    /// Shuffle the rows each epoch.
+    pub shuffle_dataset: bool,
+    /// Save a checkpoint every this many steps (and at the end).
+    pub save_steps: u64,
+    /// Keep only the newest this many checkpoints.
+    pub save_total_limit: Option<usize>,
+    /// Evaluate on the held-out rows every this many steps (and at the end); none without it.
+    pub eval_steps: Option<u64>,
+    /// Evaluate before the first step too.
+    pub eval_on_start: bool,
+    /// Print completions of each step (with `num_completions_to_print` of them) and keep them in the run.
+    pub log_completions: bool,
+    pub num_completions_to_print: Option<usize>,
+
+    // --- Batches ---
+    /// Completions per micro-batch (one forward and backward pass).
+    pub per_device_train_batch_size: usize,
+    /// Micro-batches whose gradients are summed into one optimizer step.
+    pub gradient_accumulation_steps: usize,
+    /// Micro-batches one generation is split into; `gradient_accumulation_steps` when unset.
+    pub steps_per_generation: Option<usize>,
+    /// Completions generated at once (`per_device_train_batch_size × steps_per_generation` when unset).
+    pub generation_batch_size: Option<usize>,
+    /// Rollouts per prompt (G).
+    pub num_generations: usize,
+    /// Rollouts per held-out prompt; `num_generations` when unset.
+    pub num_generations_eval: Option<usize>,
+    /// Optimizer passes over each generation batch (μ); above 1, ratios are taken against the
+    /// log-probabilities of the weights that sampled.
+    pub num_iterations: usize,
+    /// The most tokens of one sample (caps each sampler tag's `max_tokens`).
+    pub max_completion_length: usize,
+    /// Activation recomputation: one layer's activations alive at a time in the backward pass (`--recompute`).
+    pub gradient_checkpointing: bool,
+
+    // --- Sampling ---
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0 disables top-k.
+    pub top_k: u32,
+
+    // --- The algorithm ---
+    /// `grpo` (group-relative advantages, no value model) or `ppo` (a value model and GAE; its options
+    /// are TRL's `PPOConfig`'s, below).
+    pub algorithm: Algorithm,
+
+    // --- The loss ---
+    pub loss_type: LossType,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub scale_rewards: ScaleRewards,
+    pub multi_objective_aggregation: MultiObjectiveAggregation,
+    /// Weight of each reward component by name; a component not named keeps the weight the holoware
+    /// gave it.
+    pub reward_weights: Option<BTreeMap<String, f64>>,
+    /// KL coefficient (k3 estimator, against a frozen copy of the starting weights).
+    pub beta: f64,
+    /// Lower clipping bound: ratios below `1 - epsilon` are clipped.
+    pub epsilon: f64,
+    /// Upper clipping bound (`epsilon` when unset); for `cispo`, the cap on the ratio itself.
+    pub epsilon_high: Option<f64>,
+    /// Two-sided clipping: ratios above `delta` are capped in the unclipped term too.
+    pub delta: Option<f64>,
+    /// Give completions that ran out of tokens no loss.
+    pub mask_truncated_completions: bool,
+    /// Entropy bonus: the loss minus this times the mean entropy of the trained tokens.
+    pub entropy_coef: f64,
+    /// Train only the tokens whose entropy is in this top fraction of the batch (1 trains all).
+    pub top_entropy_quantile: f64,
+    pub sapo_temperature_neg: f64,
+    pub sapo_temperature_pos: f64,
+    pub vespo_k_pos: f64,
+    pub vespo_lambda_pos: f64,
+    pub vespo_k_neg: f64,
+    pub vespo_lambda_neg: f64,
+    /// Drop completions with a negative advantage whose mean KL to the sampler exceeds this (off-policy
+    /// sequence masking).
+    pub off_policy_mask_threshold: Option<f64>,
+    /// Multiply the KL term by the importance ratio.
+    pub use_bias_correction_kl: bool,
+    /// Correct for a sampler whose log-probabilities differ from the trainer's (a server, bf16 sampling).
+    /// The trainer's own f32 model needs none and gets none.
+    pub vllm_importance_sampling_correction: bool,
+    pub vllm_importance_sampling_mode: ImportanceSamplingMode,
+    pub vllm_importance_sampling_clip_max: Option<f64>,
+    pub vllm_importance_sampling_clip_min: Option<f64>,
+
+    // --- Optimizer (AdamW) ---
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    /// Clip the gradients' global L2 norm to this; 0 disables.
+    pub max_grad_norm: f64,
+    pub lr_scheduler_type: LrSchedulerType,
+    /// Warm-up as a fraction of the steps (used when `warmup_steps` is 0).
+    pub warmup_ratio: f64,
+    pub warmup_steps: u64,
+
+    // --- LoRA (TRL's ModelConfig names) ---
+    /// Train LoRA adapters instead of every weight.
+    pub use_peft: bool,
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    /// Dropout on the adapters' input in the training passes.
+    pub lora_dropout: f64,
+    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
+    /// unset.
+    pub lora_target_modules: Option<Vec<String>>,
+
+    // --- PPO (`algorithm = "ppo"`; TRL's `PPOConfig` names and defaults, [`super::ppo`]) ---
+    /// Passes over each generation batch.
+    pub num_ppo_epochs: usize,
+    /// Mini-batches (one optimizer step each) per pass; each is `gradient_accumulation_steps`
+    /// micro-batches of `per_device_train_batch_size` rollouts.
+    pub num_mini_batches: usize,
+    /// Weight of the per-token KL penalty to the reference model in the rewards.
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    /// Clipping of the policy ratio.
+    pub cliprange: f64,
+    /// Clipping of the value prediction around the value at sampling.
+    pub cliprange_value: f64,
+    /// Weight of the value loss.
+    pub vf_coef: f64,
+    /// GAE's discount.
+    pub gamma: f64,
+    /// GAE's λ.
+    pub lam: f64,
+    /// Whiten the per-token rewards over the batch before GAE.
+    pub whiten_rewards: bool,
+    /// Subtracted from the reward of a rollout that ran out of tokens.
+    pub missing_eos_penalty: Option<f64>,
+    /// The value model's folder (a causal LM, or a sequence classifier with one label whose `score`
+    /// head is kept); unset: a copy of the policy with a new head.
+    pub value_model: Option<String>,
+
+    // --- Experiential RL (`hol/erl.hol`; erl-trainer's names where it has them) ---
+    /// Train with ERL's semantics: each rollout's first trained context (the first attempt) is trained
+    /// with the reward component `erl_first_reward`, its later ones (the reflection and the second attempt)
+    /// with `erl_second_reward`; successful second attempts are distilled into the first prompt.
+    pub erl: bool,
+    /// 1: one joint GRPO loss, a row's first and second attempts normalized as one group; 2: two GRPO
+    /// losses, first attempts normalized in their groups and second attempts over the batch, added with
+    /// `erl_rl_coef`.
+    pub erl_algorithm: u8,
+    pub erl_first_reward: String,
+    pub erl_second_reward: String,
+    /// Weight of the reflection and second-attempt loss under `erl_algorithm = 2`.
+    pub erl_rl_coef: f64,
+    /// Keep reflections that led to a success in the run's memory (`<|Memory|>` reads it).
+    pub enable_memory: bool,
+    /// Reflections the memory keeps, oldest evicted first.
+    pub memory_size: usize,
+    /// Add the cross-entropy of successful second attempts under the first attempt's prompt.
+    pub enable_internalization: bool,
+    /// Weight of that cross-entropy.
+    pub internalization_coef: f64,
+
+    // --- Curriculum and dynamic sampling ([`super::curriculum`]) ---
+    /// A numeric column of the training rows: its distinct values are levels, served lowest first.
+    pub difficulty_column: Option<String>,
+    /// Groups whose moving mean reward decides when a level advances.
+    pub curriculum_window: usize,
+    /// The moving mean reward (over the level's last `curriculum_window` groups) at which the next
+    /// level starts.
+    pub curriculum_threshold: f64,
+    /// Serve the rows of every level reached so far (true), or the current level's only (false: a
+    /// model trained on the hard rows alone can forget the easy ones).
+    pub curriculum_cumulative: bool,
+    /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and refilled with the
+    /// groups of further rows.
+    pub dynamic_sampling: bool,
+    /// verl's `max_num_gen_batches`: the most draws (the first included) one generation batch may take
+    /// under `dynamic_sampling`; then it is completed with dropped groups.
+    pub max_num_gen_batches: usize,
+
+    // --- Guard rails ([`super::guard`]) ---
+    /// Stop when `eval/reward` has not improved for this many evaluations (transformers'
+    /// `EarlyStoppingCallback`).
+    pub early_stopping_patience: Option<u64>,
+    /// The least rise of `eval/reward` that counts as an improvement.
+    pub early_stopping_threshold: f64,
+    /// Roll back when a step's `kl` exceeds this.
+    pub rollback_kl: Option<f64>,
+    /// Roll back when the moving mean training reward falls more than this below its best.
+    pub rollback_reward_drop: Option<f64>,
+    /// Generating steps the training reward's moving mean is taken over.
+    pub rollback_window: usize,
+    /// Each rollback multiplies the learning rate by this.
+    pub rollback_lr_factor: f64,
+    /// Rollbacks a run may take; the next trip stops it.
+    pub max_rollbacks: u64,
+
+    // --- Model-written code ---
+    /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
+    pub sandbox: SandboxConfig,
+}
+
+/// The `[sandbox]` table of a training configuration: the limits of the [sandbox](holo_core::sandbox)
+/// that `CodeExecutor` runs the model's code in. A `CodeExecutor` tag's own arguments (`timeout=10`)
+/// override them for that tag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// Wall-clock seconds per run.
+    pub timeout: f64,
+    /// CPU seconds per process.
+    pub cpu_seconds: u64,
+    /// MiB of address space per process.
+    pub memory_mb: u64,
+    /// Processes and threads at once.
+    pub processes: u64,
+    /// MiB: the largest file a process may write.
+    pub file_size_mb: u64,
+    /// Open files per process.
+    pub open_files: u64,
+    /// MiB of the writable work folder.
+    pub work_size_mb: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        let limits = holo_core::sandbox::Limits::default();
+        SandboxConfig {
+            timeout: limits.timeout.as_secs_f64(),
+            cpu_seconds: limits.cpu_seconds,
+            memory_mb: limits.memory >> 20,
+            processes: limits.processes,
+            file_size_mb: limits.file_size >> 20,
+            open_files: limits.open_files,
+            work_size_mb: limits.work_size >> 20,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The limits, checked.
+    pub fn limits(&self) -> Result<holo_core::sandbox::Limits, String> {
+        if !(self.timeout > 0.0 && self.timeout <= 86_400.0) {
+            return Err(format!(
+                "sandbox limit `timeout` must be a number of seconds above 0 (at most 86400), found {}",
+                self.timeout
+            ));
+        }
+        let limits = holo_core::sandbox::Limits {
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+            cpu_seconds: self.cpu_seconds,
+            memory: self.memory_mb.saturating_mul(1 << 20),
+            processes: self.processes,
+            file_size: self.file_size_mb.saturating_mul(1 << 20),
+            open_files: self.open_files,
+            work_size: self.work_size_mb.saturating_mul(1 << 20),
+        };
+        limits.validate()?;
+        Ok(limits)
+    }
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            max_steps: -1,
+            num_train_epochs: 3.0,
+            seed: 42,
+            data_seed: None,
+            shuffle_dataset: true,
+            save_steps: 500,
+            save_total_limit: None,
+            eval_steps: None,
+            eval_on_start: false,
+            log_completions: false,
+            num_completions_to_print: None,
+            per_device_train_batch_size: 8,
+            gradient_accumulation_steps: 1,
+            steps_per_generation: None,
+            generation_batch_size: None,
+            num_generations: 8,
+            num_generations_eval: None,
+            num_iterations: 1,
+            max_completion_length: 512,
+            gradient_checkpointing: true,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            algorithm: Algorithm::Grpo,
+            loss_type: LossType::Dapo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            scale_rewards: ScaleRewards::Group,
+            multi_objective_aggregation: MultiObjectiveAggregation::SumThenNormalize,
+            reward_weights: None,
+            beta: 0.0,
+            epsilon: 0.2,
+            epsilon_high: None,
+            delta: None,
+            mask_truncated_completions: false,
+            entropy_coef: 0.0,
+            top_entropy_quantile: 1.0,
+            num_ppo_epochs: 4,
+            num_mini_batches: 1,
+            kl_coef: 0.05,
+            kl_estimator: KlEstimator::K1,
+            cliprange: 0.2,
+            cliprange_value: 0.2,
+            vf_coef: 0.1,
+            gamma: 1.0,
+            lam: 0.95,
+            whiten_rewards: false,
+            missing_eos_penalty: None,
+            value_model: None,
+            erl: false,
+            erl_algorithm: 1,
+            erl_first_reward: "first".into(),
+            erl_second_reward: "second".into(),
+            erl_rl_coef: 1.0,
+            enable_memory: true,
+            memory_size: 50,
+            enable_internalization: true,
+            internalization_coef: 1.0,
+            difficulty_column: None,
+            curriculum_window: 16,
+            curriculum_threshold: 0.8,
+            curriculum_cumulative: true,
+            dynamic_sampling: false,
+            max_num_gen_batches: 10,
+            early_stopping_patience: None,
+            early_stopping_threshold: 0.0,
+            rollback_kl: None,
+            rollback_reward_drop: None,
+            rollback_window: 8,
+            rollback_lr_factor: 0.5,
+            max_rollbacks: 3,
+            sapo_temperature_neg: 1.05,
+            sapo_temperature_pos: 1.0,
+            vespo_k_pos: 2.0,
+            vespo_lambda_pos: 3.0,
+            vespo_k_neg: 3.0,
+            vespo_lambda_neg: 2.0,
+            off_policy_mask_threshold: None,
+            use_bias_correction_kl: true,
+            vllm_importance_sampling_correction: true,
+            vllm_importance_sampling_mode: ImportanceSamplingMode::SequenceMask,
+            vllm_importance_sampling_clip_max: Some(3.0),
+            vllm_importance_sampling_clip_min: None,
+            learning_rate: 1e-6,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: LrSchedulerType::Linear,
+            warmup_ratio: 0.0,
+            warmup_steps: 0,
+            use_peft: false,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.05,
+            lora_target_modules: None,
+            sandbox: SandboxConfig::default(),
+        }
+    }
+}
+
+/// The values of GRPO's enumerated options.
+fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
+    Some(match key {
+        "loss_type" => &[
+            "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
+        ],
+        "importance_sampling_level" => &["token", "sequence"],
+        "algorithm" => &["grpo", "ppo"],
+        "kl_estimator" => &["k1", "k3"],
+        "scale_rewards" => &["group", "batch", "none"],
+        "multi_objective_aggregation" => &["sum_then_normalize", "normalize_then_sum"],
+        "vllm_importance_sampling_mode" => &[
+            "token_truncate",
+            "token_mask",
+            "sequence_truncate",
+            "sequence_mask",
+        ],
+        _ => return shared_allowed_values(key),
+    })
+}
+
+impl GrpoConfig {
+    /// Completions generated at once.
+    pub fn generation_batch_size(&self) -> usize {
+        self.generation_batch_size
+            .unwrap_or(self.per_device_train_batch_size * self.steps_per_generation())
+    }
+
+    /// Micro-batches one generation is split into.
+    pub fn steps_per_generation(&self) -> usize {
+        match (self.steps_per_generation, self.generation_batch_size) {
+            (Some(steps), _) => steps,
+            (None, Some(size)) => size / self.per_device_train_batch_size.max(1),
+            (None, None) if self.algorithm == Algorithm::Ppo => {
+                self.gradient_accumulation_steps * self.num_mini_batches
+            }
+            (None, None) => self.gradient_accumulation_steps,
+        }
+    }
+
+    /// Prompts (data rows) per generation.
+    pub fn prompts_per_generation(&self) -> usize {
+        self.generation_batch_size() / self.num_generations.max(1)
+    }
+
+    pub fn epsilon_high(&self) -> f64 {
+        self.epsilon_high.unwrap_or(self.epsilon)
+    }
+
+    pub fn num_generations_eval(&self) -> usize {
+        self.num_generations_eval.unwrap_or(self.num_generations)
+    }
+
+    /// The data seed.
+    pub fn data_seed(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
+    }
+
+    /// Whether the run keeps a frozen reference model: GRPO's `beta` or PPO's `kl_coef` is not 0.
+    pub fn uses_reference(&self) -> bool {
+        match self.algorithm {
+            Algorithm::Grpo => self.beta != 0.0,
+            Algorithm::Ppo => self.kl_coef != 0.0,
+        }
+    }
+
+    /// Whether a trip of `rollback_kl` or `rollback_reward_drop` rolls the run back.
+    pub fn rolls_back(&self) -> bool {
+        self.rollback_kl.is_some() || self.rollback_reward_drop.is_some()
+    }
+
+    /// The curriculum's, dynamic sampling's and the guard rails' options.
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        if self
+            .difficulty_column
+            .as_ref()
+            .is_some_and(|column| column.trim().is_empty())
+        {
+            return Err(error("difficulty_column", "must name a column of the rows"));
+        }
+        if self.curriculum_window == 0 {
+            return Err(error("curriculum_window", "must be at least 1 group"));
+        }
+        if !self.curriculum_threshold.is_finite() {
+            return Err(error("curriculum_threshold", "must be a finite number"));
+        }
+        if self.max_num_gen_batches == 0 {
+            return Err(error(
+                "max_num_gen_batches",
+                "must be at least 1 (the first draw counts)",
+            ));
+        }
+        if self.dynamic_sampling && self.erl {
+            return Err(error(
+                "dynamic_sampling",
+                "cannot be combined with erl: ERL pools a row's first and second attempts into one group",
+            ));
+        }
+        if let Some(patience) = self.early_stopping_patience {
+            if patience == 0 {
+                return Err(error("early_stopping_patience", "must be at least 1"));
+            }
+            if self.eval_steps.is_none() {
+                return Err(error(
+                    "early_stopping_patience",
+                    "needs eval_steps: early stopping watches eval/reward",
+                ));
+            }
+        }
+        if !(self.early_stopping_threshold >= 0.0 && self.early_stopping_threshold.is_finite()) {
+            return Err(error(
+                "early_stopping_threshold",
+                "must be a finite number of at least 0",
+            ));
+        }
+        if let Some(bound) = self.rollback_kl {
+            if !(bound > 0.0 && bound.is_finite()) {
+                return Err(error("rollback_kl", "must be a finite number above 0"));
+            }
+            if !self.uses_reference() {
+                return Err(error(
+                    "rollback_kl",
+                    "needs a reference model to measure the KL against: beta > 0 (GRPO) or kl_coef > 0 (PPO)",
+                ));
+            }
+        }
+        if let Some(drop) = self.rollback_reward_drop {
+            if !(drop > 0.0 && drop.is_finite()) {
+                return Err(error(
+                    "rollback_reward_drop",
+                    "must be a finite number above 0",
+                ));
+            }
+        }
+        if self.rollback_window == 0 {
+            return Err(error("rollback_window", "must be at least 1 step"));
+        }
+        if !(self.rollback_lr_factor > 0.0 && self.rollback_lr_factor <= 1.0) {
+            return Err(error("rollback_lr_factor", "must be in (0, 1]"));
+        }
+        if self.rolls_back() && self.save_total_limit == Some(1) {
+            return Err(error(
+                "save_total_limit",
+                "must be at least 2 with rollback_kl or rollback_reward_drop: the newest checkpoint holds the weights a trip blames, a rollback restores the one before",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl TrainingConfig for GrpoConfig {
+    const NAME: &'static str = "GRPOConfig";
+    const UNSET_KEYS: &'static [&'static str] = &[
+        "data_seed",
+        "save_total_limit",
+        "eval_steps",
+        "num_completions_to_print",
+        "steps_per_generation",
+        "generation_batch_size",
+        "num_generations_eval",
+        "reward_weights",
+        "epsilon_high",
+        "delta",
+        "off_policy_mask_threshold",
+        "vllm_importance_sampling_clip_min",
+        "lora_target_modules",
+        "difficulty_column",
+        "early_stopping_patience",
+        "rollback_kl",
+        "rollback_reward_drop",
+        "missing_eos_penalty",
+        "value_model",
+    ];
+    const RESUMABLE_KEYS: &'static [&'static str] = &[
+        "save_steps",
+        "save_total_limit",
+        "log_completions",
+        "num_completions_to_print",
+    ];
+
+    fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
+        grpo_allowed_values(key)
+    }
+
+    fn shared(&self) -> Shared {
+        shared_options!(self)
+    }
+
+    /// One per step, or (PPO) one per mini-batch of each epoch of each update.
+    fn optimizer_steps(&self, steps: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::Grpo => steps,
+            Algorithm::Ppo => steps * (self.num_ppo_epochs * self.num_mini_batches) as u64,
+        }
+    }
+
+    /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.shared().validate()?;
+        self.validate_schedule()?;
+        self.sandbox
+            .limits()
+            .map_err(|message| error("sandbox", message))?;
+        let positive = |key: &str, value: usize| {
+            if value == 0 {
+                Err(error(key, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        positive("num_iterations", self.num_iterations)?;
+        positive("max_completion_length", self.max_completion_length)?;
+        if let Some(steps) = self.steps_per_generation {
+            positive("steps_per_generation", steps)?;
+        }
+        if self.steps_per_generation.is_some() && self.generation_batch_size.is_some() {
+            return Err(error(
+                "generation_batch_size",
+                "`generation_batch_size` and `steps_per_generation` cannot both be set",
+            ));
+        }
+        if let Some(size) = self.generation_batch_size {
+            if size == 0 || !size.is_multiple_of(self.per_device_train_batch_size) {
+                return Err(error(
+                    "generation_batch_size",
+                    format!(
+                        "must be a positive multiple of per_device_train_batch_size ({})",
+                        self.per_device_train_batch_size
+                    ),
+                ));
+            }
+        }
+        if self.algorithm == Algorithm::Ppo {
+            validate_ppo(self)?;
+        } else if self.num_generations < 2 {
+            return Err(error(
+                "num_generations",
+                format!(
+                    "GRPO needs at least 2 generations per prompt to compute advantages, got {}",
+                    self.num_generations
+                ),
+            ));
+        }
+        if !self
+            .generation_batch_size()
+            .is_multiple_of(self.num_generations)
+        {
+            return Err(error(
+                "num_generations",
+                format!(
+                    "the generation batch ({} completions = per_device_train_batch_size × steps_per_generation) must be divisible by num_generations ({})",
+                    self.generation_batch_size(),
+                    self.num_generations
+                ),
+            ));
+        }
+        if self.num_generations_eval == Some(0) {
+            return Err(error("num_generations_eval", "must be at least 1"));
+        }
+        if self.eval_steps == Some(0) {
+            return Err(error("eval_steps", "must be at least 1"));
+        }
+        let finite = |key: &str, value: f64| {
+            if value.is_finite() {
+                Ok(())
+            } else {
+                Err(error(key, "must be a finite number"))
+            }
+        };
+        for (key, value) in [
+            ("beta", self.beta),
+            ("entropy_coef", self.entropy_coef),
+            ("sapo_temperature_neg", self.sapo_temperature_neg),
+            ("sapo_temperature_pos", self.sapo_temperature_pos),
+            ("vespo_k_pos", self.vespo_k_pos),
+            ("vespo_lambda_pos", self.vespo_lambda_pos),
+            ("vespo_k_neg", self.vespo_k_neg),
+            ("vespo_lambda_neg", self.vespo_lambda_neg),
+        ] {
+            finite(key, value)?;
+        }
+        if !matches!(self.erl_algorithm, 1 | 2) {
+            return Err(error(
+                "erl_algorithm",
+                format!(
+                    "must be 1 (one joint update) or 2 (two updates), got {}",
+                    self.erl_algorithm
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("erl_rl_coef", self.erl_rl_coef),
+            ("internalization_coef", self.internalization_coef),
+        ] {
+            if !(value >= 0.0 && value.is_finite()) {
+                return Err(error(key, "must be a finite number of at least 0"));
+            }
+        }
+        for (key, name) in [
+            ("erl_first_reward", &self.erl_first_reward),
+            ("erl_second_reward", &self.erl_second_reward),
+        ] {
+            if name.trim().is_empty() {
+                return Err(error(key, "must name a reward component"));
+            }
+        }
+        if self.erl_first_reward == self.erl_second_reward {
+            return Err(error(
+                "erl_second_reward",
+                "must differ from erl_first_reward: the two attempts are scored apart",
+            ));
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            return Err(error(
+                "temperature",
+                "must be above 0 (training needs the log-probabilities of a sampling distribution)",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(error("top_p", "must be in (0, 1]"));
+        }
+        if self.beta < 0.0 {
+            return Err(error("beta", "must be at least 0"));
+        }
+        if !(self.epsilon >= 0.0 && self.epsilon.is_finite()) {
+            return Err(error("epsilon", "must be a finite number at least 0"));
+        }
+        if let Some(high) = self.epsilon_high {
+            if !(high >= 0.0 && high.is_finite()) {
+                return Err(error("epsilon_high", "must be a finite number at least 0"));
+            }
+        }
+        if let Some(delta) = self.delta {
+            if !(delta > 1.0 && delta.is_finite()) {
+                return Err(error("delta", "must be above 1 (it caps the ratio)"));
+            }
+        }
+        if !(self.top_entropy_quantile > 0.0 && self.top_entropy_quantile <= 1.0) {
+            return Err(error("top_entropy_quantile", "must be in (0, 1]"));
+        }
+        if let Some(weights) = &self.reward_weights {
+            if let Some((name, _)) = weights.iter().find(|(_, weight)| !weight.is_finite()) {
+                return Err(error(
+                    "reward_weights",
+                    format!("the weight of {name:?} is not finite"),
+                ));
+            }
+        }
+        if let (Some(low), Some(high)) = (
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        ) {
+            if low >= high {
+                return Err(error(
+                    "vllm_importance_sampling_clip_min",
+                    format!("must be below vllm_importance_sampling_clip_max ({high})"),
+                ));
+            }
+        }
+        if self.vllm_importance_sampling_correction
+            && self.vllm_importance_sampling_mode.truncates()
+            && self.vllm_importance_sampling_clip_min.is_none()
+            && self.vllm_importance_sampling_clip_max.is_none()
+        {
+            return Err(error(
+                "vllm_importance_sampling_mode",
+                "the truncate modes need vllm_importance_sampling_clip_min or vllm_importance_sampling_clip_max",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which algorithm trains the policy (`algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Group-relative advantages, no value model ([`crate::advantages`], [`crate::loss`]).
+    Grpo,
+    /// A value model and GAE ([`crate::ppo`]).
+    Ppo,
+}
+
+/// The estimator of the KL penalty in PPO's rewards (TRL's `kl_estimator`; see
+/// <http://joschu.net/blog/kl-approx.html>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    /// `log π − log π_ref`: unbiased.
+    K1,
+    /// `(r − 1) − log r`, `r = π_ref / π`: unbiased, lower variance, never negative.
+    K3,
+}
+
+/// Checks PPO's options and what PPO changes in the others.
+fn validate_ppo(config: &GrpoConfig) -> Result<(), ConfigError> {
+    for (key, value) in [
+        ("num_ppo_epochs", config.num_ppo_epochs),
+        ("num_mini_batches", config.num_mini_batches),
+        ("num_generations", config.num_generations),
+    ] {
+        if value == 0 {
+            return Err(error(key, "must be at least 1"));
+        }
+    }
+    for (key, value) in [
+        ("kl_coef", config.kl_coef),
+        ("cliprange", config.cliprange),
+        ("cliprange_value", config.cliprange_value),
+        ("vf_coef", config.vf_coef),
+    ] {
+        if !(value >= 0.0 && value.is_finite()) {
+            return Err(error(key, "must be a finite number of at least 0"));
+        }
+    }
+    for (key, value) in [("gamma", config.gamma), ("lam", config.lam)] {
+        if !(0.0..=1.0).contains(&value) {
+            return Err(error(key, "must be in [0, 1]"));
+        }
+    }
+    if let Some(penalty) = config.missing_eos_penalty {
+        if !(penalty >= 0.0 && penalty.is_finite()) {
+            return Err(error(
+                "missing_eos_penalty",
+                "must be a finite number of at least 0 (it is subtracted)",
+            ));
+        }
+    }
+    if config
+        .value_model
+        .as_ref()
+        .is_some_and(|dir| dir.trim().is_empty())
+    {
+        return Err(error("value_model", "must name a model folder"));
+    }
+    if config.num_iterations != 1 {
+        return Err(error(
+            "num_iterations",
+            "is GRPO's; PPO passes over each batch num_ppo_epochs times",
+        ));
+    }
+    let batch = config.per_device_train_batch_size
+        * config.gradient_accumulation_steps
+        * config.num_mini_batches;
+    if config.generation_batch_size() != batch {
+        return Err(error(
+            if config.generation_batch_size.is_some() {
+                "generation_batch_size"
+            } else {
+                "steps_per_generation"
+            },
+            format!(
+                "PPO's batch is per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches = {batch} rollouts; leave generation_batch_size and steps_per_generation unset"
+            ),
+        ));
+    }
+    if config.erl {
+        return Err(error("erl", "ERL trains with GRPO (algorithm = \"grpo\")"));
+    }
+    if config.dynamic_sampling && config.num_generations < 2 {
+        return Err(error(
+            "dynamic_sampling",
+            "needs num_generations ≥ 2: it drops groups whose rewards are all equal",
+        ));
+    }
+    Ok(())
+}

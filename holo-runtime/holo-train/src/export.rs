@@ -1,0 +1,224 @@
+//! `holo export`: a run's checkpoint as folders other tools load.
+//!
+//! The output folder is a Hugging Face model folder (`config.json`, `model.safetensors`, and the base
+//! model's tokenizer, chat template and generation config) with the trained weights; for a LoRA run they
+//! are the base weights with the adapters merged (`W + (alpha / r) · B A`), and the adapters themselves are
+//! written in PEFT's layout under `adapter/` (`adapter_model.safetensors`, `adapter_config.json`), for
+//! `PeftModel.from_pretrained(base, "DIR/adapter")`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+
+use super::checkpoint::{self, RunDir};
+use holo_model::model::LoraConfig;
+use holo_model::{files as model_files, gguf, Model};
+
+/// The run's facts that outlive the process: where its base model is.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunInfo {
+    /// The base model folder, as an absolute path.
+    pub model: PathBuf,
+}
+
+impl RunInfo {
+    pub const FILE: &'static str = "run.json";
+
+    pub fn read(run_dir: &Path) -> Result<Self, String> {
+        let path = run_dir.join(Self::FILE);
+        let text = fs::read_to_string(&path)
+            .map_err(|error| format!("`{}`: {error} (is it a run folder?)", path.display()))?;
+        serde_json::from_str(&text).map_err(|error| format!("`{}`: {error}", path.display()))
+    }
+
+    pub fn write(&self, run_dir: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        fs::write(run_dir.join(Self::FILE), text)
+    }
+}
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub step: u64,
+    pub model_dir: PathBuf,
+    /// The PEFT adapter folder, for a LoRA run.
+    pub adapter_dir: Option<PathBuf>,
+}
+
+/// Files of the base model folder that the exported folder keeps as they are.
+const COPIED: [&str; 6] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+];
+
+/// Exports checkpoint `step` (the newest when `None`) of the run in `run_dir` into `out`.
+pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported, String> {
+    let run = RunDir::new(run_dir);
+    let checkpoints = run
+        .checkpoints()
+        .map_err(|error| format!("`{}`: {error}", run_dir.display()))?;
+    let (step, dir) = match step {
+        Some(step) => checkpoints
+            .into_iter()
+            .find(|(found, _)| *found == step)
+            .ok_or_else(|| format!("`{}` has no checkpoint-{step}", run_dir.display()))?,
+        None => checkpoints
+            .into_iter()
+            .last()
+            .ok_or_else(|| format!("`{}` has no checkpoint", run_dir.display()))?,
+    };
+    let info = RunInfo::read(run_dir)?;
+    // Any trainer's checkpoint: its configuration is not needed (a LoRA run's adapters say their shape).
+    let loaded = checkpoint::load::<toml::Table>(&dir)?;
+    let base = model_files::load_model(&info.model, DType::F32, &Device::Cpu)
+        .map_err(|error| format!("the base model `{}`: {error}", info.model.display()))?;
+    fs::create_dir_all(out).map_err(|error| format!("`{}`: {error}", out.display()))?;
+    if gguf::is_gguf(&info.model) {
+        write_model_files(&info.model, &base, out)?;
+    } else {
+        for file in COPIED {
+            let source = info.model.join(file);
+            if source.is_file() {
+                fs::copy(&source, out.join(file))
+                    .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
+            }
+        }
+    }
+    let (weights, adapter_dir) = if dir.join("adapter_config.json").is_file() {
+        let adapter_dir = out.join("adapter");
+        fs::create_dir_all(&adapter_dir)
+            .map_err(|error| format!("`{}`: {error}", adapter_dir.display()))?;
+        for file in ["adapter_model.safetensors", "adapter_config.json"] {
+            fs::copy(dir.join(file), adapter_dir.join(file))
+                .map_err(|error| format!("copying {file}: {error}"))?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(adapter_dir.join(file), fs::Permissions::from_mode(0o644))
+                    .map_err(|error| format!("{file}: {error}"))?;
+            }
+        }
+        let lora = adapter_lora(&dir.join("adapter_config.json"))?;
+        let merged = merged(&base, &lora, &loaded.weights).map_err(|error| error.to_string())?;
+        (merged, Some(adapter_dir))
+    } else {
+        let mut weights: HashMap<String, Tensor> = base.named_weights().into_iter().collect();
+        for (name, tensor) in &loaded.weights {
+            if !weights.contains_key(name) {
+                return Err(format!(
+                    "the checkpoint has {name}, which the base model lacks"
+                ));
+            }
+            weights.insert(name.clone(), tensor.clone());
+        }
+        (weights, None)
+    };
+    checkpoint::save_tensors(
+        &out.join("model.safetensors"),
+        weights.into_iter().collect(),
+    )
+    .map_err(|error| format!("writing model.safetensors: {error}"))?;
+    Ok(Exported {
+        step,
+        model_dir: out.to_path_buf(),
+        adapter_dir,
+    })
+}
+
+/// A GGUF base has no files to copy: its config, tokenizer and chat template are written from what the
+/// file holds, as a Hugging Face folder has them.
+fn write_model_files(gguf_file: &Path, base: &Model, out: &Path) -> Result<(), String> {
+    let fail = |what: &str, error: &dyn std::fmt::Display| format!("writing {what}: {error}");
+    let config = serde_json::to_string_pretty(&base.config.to_json())
+        .map_err(|error| fail("config.json", &error))?;
+    fs::write(out.join("config.json"), config).map_err(|error| fail("config.json", &error))?;
+    let tokenizer = model_files::load_tokenizer(gguf_file).map_err(|error| error.to_string())?;
+    tokenizer
+        .save(out.join("tokenizer.json"), false)
+        .map_err(|error| fail("tokenizer.json", &error))?;
+    let template = model_files::load_template(gguf_file).map_err(|error| error.to_string())?;
+    let mut tokenizer_config = serde_json::json!({"tokenizer_class": "PreTrainedTokenizerFast"});
+    for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        if let Some(token) = template.special_token(name) {
+            tokenizer_config[name] = token.into();
+        }
+    }
+    fs::write(
+        out.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&tokenizer_config).unwrap_or_default(),
+    )
+    .map_err(|error| fail("tokenizer_config.json", &error))?;
+    if !template.is_builtin() {
+        if let Some(source) = template.source("default") {
+            fs::write(out.join("chat_template.jinja"), source)
+                .map_err(|error| fail("chat_template.jinja", &error))?;
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a checkpoint's adapters, from its PEFT `adapter_config.json`.
+fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
+    let name = path.display();
+    let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| format!("`{name}`: {error}"))?;
+    let field = |key: &str| {
+        config
+            .get(key)
+            .ok_or_else(|| format!("`{name}` has no `{key}`"))
+    };
+    let rank = field("r")?
+        .as_u64()
+        .ok_or_else(|| format!("`{name}`: `r` is not a whole number"))?;
+    let alpha = field("lora_alpha")?
+        .as_f64()
+        .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
+    let targets = field("target_modules")?
+        .as_array()
+        .and_then(|targets| {
+            targets
+                .iter()
+                .map(|target| target.as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+        })
+        .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?;
+    Ok(LoraConfig {
+        rank: rank as usize,
+        alpha,
+        targets,
+        // The adapters are restored from the checkpoint: their initialization does not matter.
+        seed: 0,
+        dropout: 0.0,
+    })
+}
+
+/// The base weights with the checkpoint's adapters merged into their projections.
+fn merged(
+    base: &Model,
+    lora: &LoraConfig,
+    adapters: &HashMap<String, Tensor>,
+) -> candle_core::Result<HashMap<String, Tensor>> {
+    let (adapted, vars) = base.with_lora(lora)?;
+    checkpoint::restore(&vars, adapters).map_err(candle_core::Error::msg)?;
+    let mut merged: HashMap<String, Tensor> = adapted.named_weights().into_iter().collect();
+    for (i, layer) in adapted.layers.iter().enumerate() {
+        for (name, linear) in Model::linears(layer) {
+            if let Some(adapter) = &linear.lora {
+                let delta = (adapter.b.matmul(&adapter.a)? * adapter.scale)?;
+                merged.insert(
+                    format!("model.layers.{i}.{name}.weight"),
+                    (&linear.weight + delta)?,
+                );
+            }
+        }
+    }
+    Ok(merged)
+}

@@ -1,0 +1,356 @@
+//! What every trainer's run shares (GRPO's [`Trainer`](super::Trainer), SFT's
+//! [`SftTrainer`](super::sft::SftTrainer)): the model folder it trains ([`Policy`]), the weights it trains
+//! and their optimizer ([`Trainable`]: every weight or LoRA adapters, one optimizer step of clipping, the
+//! schedule and AdamW, checkpoints), the run folder ([`open`]: a new run, or the resumption of one with the
+//! same configuration; [`restore`]: a checkpoint back into the weights), the metrics of a step
+//! ([`Window`]) and the progress bar.
+
+use std::collections::BTreeMap;
+use std::io::{self, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokenizers::Tokenizer;
+
+use super::advantages::nanmean;
+use super::checkpoint::{self, RunDir, TrainerState, Weights};
+use super::config::TrainingConfig;
+pub use super::error::TrainError;
+use super::export::RunInfo;
+use super::metrics::MetricsLog;
+use super::optim::{self, AdamW};
+use super::ppo::critic::Critic;
+use holo_core::chat::ChatTemplate;
+use holo_model::{dispatch, files as model_files, Model};
+
+/// A model folder loaded for training: weights in a training precision (by default the device's,
+/// [`dispatch::training_dtype`]: f32 on the CPU, bf16 on CUDA), tokenizer, chat template.
+pub struct Policy {
+    pub dir: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub end_of_turn: Vec<u32>,
+}
+
+impl Policy {
+    /// Loads `dir` on `device` in its training precision.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, TrainError> {
+        Policy::load_as(dir, device, dispatch::training_dtype(device.location()))
+    }
+
+    /// Loads `dir` on `device` with weights of type `dtype`: f32, or bf16 (whose gradients and AdamW
+    /// moments are bf16 too; LoRA adapters stay f32, [`dispatch::adapter_dtype`]).
+    pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, TrainError> {
+        let fail = |error: model_files::LoadError| {
+            TrainError::Input(format!("--model `{}`: {error}", dir.display()))
+        };
+        let model = model_files::load_model(dir, dtype, device).map_err(fail)?;
+        let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
+        let template = model_files::load_template(dir).map_err(fail)?;
+        let end_of_turn = model_files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)
+            .map_err(fail)?;
+        Ok(Policy {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            template,
+            end_of_turn,
+        })
+    }
+}
+
+/// Where a run writes and how it reports.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The run folder.
+    pub out: PathBuf,
+    /// Continue the run in `out` from its newest checkpoint.
+    pub resume: bool,
+    /// A progress bar on stderr (drawn only on a terminal).
+    pub progress: bool,
+}
+
+/// The splitmix64 finalizer, for seeds derived from the run seed.
+pub(crate) use holo_core::loom::mix;
+
+/// The weights a run trains (every weight, or LoRA adapters beside the frozen base), and their optimizer.
+pub struct Trainable {
+    /// The model whose trained weights are [`Var`]s.
+    pub model: Model,
+    /// The trained weights or adapters, by name.
+    pub vars: Vec<(String, Var)>,
+    pub optimizer: AdamW,
+    /// PEFT's `adapter_config.json` of a LoRA run.
+    adapter_config: Option<serde_json::Value>,
+    /// The base model folder, as an absolute path (written in the run for `holo export`).
+    pub model_dir: PathBuf,
+    /// PPO's value model, trained by the same optimizer ([`Trainable::with_critic`]).
+    pub critic: Option<Critic>,
+}
+
+/// The prefix of the value model's weights among the optimizer's parameters.
+const CRITIC_PREFIX: &str = "value_model.";
+
+impl Trainable {
+    /// The weights of `base` (loaded from `dir`) that `config` trains: every weight, or LoRA adapters when
+    /// `use_peft`.
+    pub fn new(base: &Model, dir: &Path, config: &impl TrainingConfig) -> Result<Self, TrainError> {
+        let model_dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let (model, vars, adapter_config) = match config.shared().lora() {
+            Some(lora) => {
+                let (model, vars) = base.with_lora(&lora)?;
+                let adapter = checkpoint::adapter_config(config, &model_dir.display().to_string());
+                (model, vars, Some(adapter))
+            }
+            None => {
+                let (model, vars) = base.trainable()?;
+                (model, vars, None)
+            }
+        };
+        let optimizer = AdamW::new(vars.clone(), config);
+        Ok(Trainable {
+            model,
+            vars,
+            optimizer,
+            adapter_config,
+            model_dir,
+            critic: None,
+        })
+    }
+
+    /// Trains `critic` beside the policy: one optimizer over both (one gradient norm, as TRL's PPO
+    /// optimizes the policy and the value model as one module); checkpoints hold its weights in
+    /// `value_model.safetensors`.
+    pub fn with_critic(mut self, critic: Critic, config: &impl TrainingConfig) -> Self {
+        let params = self
+            .vars
+            .iter()
+            .cloned()
+            .chain(
+                critic
+                    .vars
+                    .iter()
+                    .map(|(name, var)| (format!("{CRITIC_PREFIX}{name}"), var.clone())),
+            )
+            .collect();
+        self.optimizer = AdamW::new(params, config);
+        self.critic = Some(critic);
+        self
+    }
+
+    /// One gradient slot per optimized weight, empty.
+    pub fn no_grads(&self) -> Vec<Option<Tensor>> {
+        vec![None; self.optimizer.params().len()]
+    }
+
+    /// Adds a micro-batch's gradients (`store`) to `sums`.
+    pub fn accumulate(
+        &self,
+        sums: &mut [Option<Tensor>],
+        store: &GradStore,
+    ) -> candle_core::Result<()> {
+        for ((_, var), slot) in self.optimizer.params().iter().zip(sums.iter_mut()) {
+            if let Some(grad) = store.get(var.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(sum) => (sum + grad)?,
+                    None => grad.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The optimizer step that follows `completed` of `total`: `grads` clipped to `max_grad_norm`, one
+    /// AdamW update at the scheduled learning rate. Returns the gradients' norm before clipping and the
+    /// learning rate.
+    pub fn step(
+        &mut self,
+        grads: &[Option<Tensor>],
+        config: &impl TrainingConfig,
+        completed: u64,
+        total: u64,
+        lr_factor: f64,
+    ) -> candle_core::Result<(f64, f64)> {
+        let grad_norm = optim::grad_norm(grads)?;
+        let clip = optim::clip_coefficient(grad_norm, config.shared().max_grad_norm);
+        let learning_rate = optim::learning_rate(config, completed, total) * lr_factor;
+        self.optimizer.step(grads, learning_rate, clip)?;
+        Ok((grad_norm, learning_rate))
+    }
+
+    /// Writes the checkpoint of `state` (weights or adapters, the optimizer's moments, the state and the
+    /// configuration), keeping the newest `save_total_limit`.
+    pub fn save(
+        &self,
+        run: &RunDir,
+        state: &TrainerState,
+        config: &impl TrainingConfig,
+    ) -> Result<PathBuf, TrainError> {
+        let weights = match &self.adapter_config {
+            Some(adapter_config) => Weights::Adapters {
+                vars: &self.vars,
+                adapter_config: adapter_config.clone(),
+            },
+            None => Weights::Full(&self.vars),
+        };
+        Ok(checkpoint::save(
+            run,
+            &weights,
+            self.critic.as_ref().map(|critic| critic.vars.as_slice()),
+            self.optimizer.state(),
+            state,
+            config,
+            config.shared().save_total_limit,
+        )?)
+    }
+}
+
+/// A run folder opened by [`open`].
+pub struct Opened {
+    pub state: TrainerState,
+    pub metrics: MetricsLog,
+    /// Whether it continues a run from its newest checkpoint.
+    pub resumed: bool,
+}
+
+/// Opens the run folder: a new run (refusing a folder that holds one; `config.toml` and `run.json` are
+/// written), or, with `resume`, the newest checkpoint of the run in it, made with the same configuration,
+/// whose weights and optimizer state are restored into `trainable`.
+pub fn open<C: TrainingConfig>(
+    run: &RunDir,
+    resume: bool,
+    config: &C,
+    trainable: &mut Trainable,
+) -> Result<Opened, TrainError> {
+    let dir = &run.path;
+    std::fs::create_dir_all(dir)?;
+    run.remove_partial()?;
+    let checkpoints = run.checkpoints()?;
+    if !resume {
+        if !checkpoints.is_empty() || dir.join(super::metrics::METRICS_FILE).exists() {
+            return Err(TrainError::Input(format!(
+                "`{}` already holds a run: pass --resume to continue it, or choose another --out",
+                dir.display()
+            )));
+        }
+        std::fs::write(dir.join("config.toml"), config.to_toml())?;
+        RunInfo {
+            model: trainable.model_dir.clone(),
+        }
+        .write(dir)?;
+        let state = TrainerState::default();
+        return Ok(Opened {
+            state,
+            metrics: MetricsLog::create(dir)?,
+            resumed: false,
+        });
+    }
+    let Some((_, newest)) = checkpoints.last() else {
+        return Err(TrainError::Input(format!(
+            "--resume: `{}` has no checkpoint to resume from",
+            dir.display()
+        )));
+    };
+    let state = restore(newest, config, trainable, dir)?;
+    let step = state.global_step;
+    Ok(Opened {
+        state,
+        metrics: MetricsLog::resume(dir, step)?,
+        resumed: true,
+    })
+}
+
+/// Restores the checkpoint in `checkpoint_dir` of the run in `run_dir` into `trainable` (its weights
+/// and the optimizer's moments), refusing one made with another configuration (naming the first key
+/// that differs). Returns its state.
+pub fn restore<C: TrainingConfig>(
+    checkpoint_dir: &Path,
+    config: &C,
+    trainable: &mut Trainable,
+    run_dir: &Path,
+) -> Result<TrainerState, TrainError> {
+    let loaded = checkpoint::load::<C>(checkpoint_dir).map_err(TrainError::Input)?;
+    if let Some((key, saved, now)) = config.differs_from(&loaded.config) {
+        return Err(TrainError::Input(format!(
+            "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
+            run_dir.display()
+        )));
+    }
+    checkpoint::restore(&trainable.vars, &loaded.weights).map_err(TrainError::Input)?;
+    if let Some(critic) = &trainable.critic {
+        let saved = loaded.critic.as_ref().ok_or_else(|| {
+            TrainError::Input(format!(
+                "{}: no value_model.safetensors (the run's value model)",
+                checkpoint_dir.display()
+            ))
+        })?;
+        checkpoint::restore(&critic.vars, saved).map_err(TrainError::Input)?;
+    }
+    trainable.optimizer.load_state(
+        config.optimizer_steps(loaded.state.global_step),
+        &loaded.optimizer,
+    )?;
+    Ok(loaded.state)
+}
+
+/// Metric values gathered over one optimizer step's micro-batches (and generations), averaged as TRL
+/// averages its metric lists at logging; `loss` is the sum of the micro-batches' losses (each already
+/// scaled for the accumulation), as transformers logs it.
+#[derive(Default)]
+pub struct Window {
+    values: BTreeMap<String, Vec<f64>>,
+    /// Seconds spent in each phase of the step (`time/<phase>`), summed over its micro-batches.
+    times: BTreeMap<&'static str, f64>,
+    pub loss: f64,
+}
+
+impl Window {
+    pub fn extend(&mut self, metrics: BTreeMap<String, f64>) {
+        for (name, value) in metrics {
+            self.values.entry(name).or_default().push(value);
+        }
+    }
+
+    /// Adds the time since `started` to the step's `time/<phase>`.
+    pub fn time(&mut self, phase: &'static str, started: Instant) {
+        *self.times.entry(phase).or_default() += started.elapsed().as_secs_f64();
+    }
+
+    /// Each metric's mean over the micro-batches, and each phase's time.
+    pub fn means(&self) -> BTreeMap<String, f64> {
+        self.values
+            .iter()
+            .map(|(name, values)| (name.clone(), nanmean(values.iter().copied())))
+            .chain(
+                self.times
+                    .iter()
+                    .map(|(phase, seconds)| (format!("time/{phase}"), *seconds)),
+            )
+            .collect()
+    }
+}
+
+/// Whether a metric measures wall-clock time (`step_time`, `time/<phase>`): the figures that two runs
+/// of the same seed do not share.
+pub fn is_wall_clock(name: &str) -> bool {
+    name == "step_time" || name.starts_with("time/")
+}
+
+/// A progress bar of `total` `what`s ("step", "warm-up step") on stderr, drawn only when `enabled` and
+/// stderr is a terminal.
+pub fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
+    if !enabled || !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(&format!(
+        "{{elapsed_precise}} [{{bar:30}}] {what} {{pos}}/{{len}}, ETA {{eta}}, {{msg}}"
+    )) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

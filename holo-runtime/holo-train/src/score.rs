@@ -1,0 +1,183 @@
+//! The policy's log-probabilities of the trained tokens, and their distributions' entropies.
+//!
+//! Sequences are laid out for one pass ([`pack`]: padded rows, or trees that share prefixes); the final
+//! hidden states of the positions that predict a trained token are gathered (`[N, hidden]`) and only
+//! those go through the output projection, divided by the sampling temperature as TRL's fused head
+//! does: the logits of prompts and tool output are never built.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor};
+
+use super::batch::{Completion, Sequence};
+use super::pack::{pack, Packed};
+use holo_model::head::{column, target_scores};
+use holo_model::{Model, Ops};
+
+pub type Result<T> = candle_core::Result<T>;
+
+/// The sequences of `completions`, in order.
+pub fn sequences(completions: &[Completion]) -> Vec<&Sequence> {
+    completions.iter().flat_map(|c| &c.sequences).collect()
+}
+
+/// What the output projection gives at the positions that predict trained tokens.
+pub struct Head {
+    /// `[N]`: the log-probability of each trained token (differentiable).
+    pub logprobs: Tensor,
+    /// `[N]`: the entropy of each position's distribution (differentiable only with `entropy_gradient`).
+    pub entropies: Tensor,
+    /// `[N]` (f32, no gradient): 1 where the trained token is the most likely one (TRL's `is_top1`; on a
+    /// tie, any of the most likely).
+    pub top1: Tensor,
+}
+
+/// The final hidden states `[N, hidden]` of the positions that predict `packed`'s trained tokens, from
+/// those of every position `[R, T, hidden]`.
+pub fn pick(hidden: &Tensor, packed: &Packed) -> Result<Tensor> {
+    let (batch, len, size) = hidden.dims3()?;
+    hidden
+        .reshape((batch * len, size))?
+        .index_select(&packed.rows, 0)
+}
+
+/// The [`Head`] of the trained tokens, from the final hidden states `[R, T, hidden]`; entropies are
+/// differentiable only when `entropy_gradient` (for an entropy bonus).
+pub fn head(
+    model: &Model,
+    hidden: &Tensor,
+    packed: &Packed,
+    temperature: f64,
+    entropy_gradient: bool,
+) -> Result<Head> {
+    let logits = model.logits(&pick(hidden, packed)?, Ops::Differentiable)?;
+    let scores = target_scores(&logits, &packed.targets, temperature)?;
+    let scores_column = |index| scores.narrow(1, index, 1)?.squeeze(1);
+    let entropies = scores_column(column::ENTROPY)?;
+    Ok(Head {
+        logprobs: scores_column(column::LOGPROB)?,
+        entropies: if entropy_gradient {
+            entropies
+        } else {
+            entropies.detach()
+        },
+        top1: scores_column(column::TOP1)?.detach().to_dtype(DType::F32)?,
+    })
+}
+
+/// Log-probabilities (without gradient) of the trained tokens of `completions` under `model`, one vector
+/// per completion (its sequences' in order); see [`sequence_logprobs`].
+pub fn logprobs(
+    model: &Model,
+    completions: &[Completion],
+    temperature: f64,
+    batch: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut per_sequence =
+        sequence_logprobs(model, &sequences(completions), temperature, batch)?.into_iter();
+    Ok(completions
+        .iter()
+        .map(|completion| {
+            per_sequence
+                .by_ref()
+                .take(completion.sequences.len())
+                .flatten()
+                .collect()
+        })
+        .collect())
+}
+
+/// Log-probabilities (without gradient) of the trained tokens of each sequence under `model`, in order;
+/// sequences go through the model `batch` at a time. The arithmetic is the training forward's, so that
+/// ratios against these start at exactly 1.
+pub fn sequence_logprobs(
+    model: &Model,
+    sequences: &[&Sequence],
+    temperature: f64,
+    batch: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let model = model.detached();
+    let model = &model;
+    let mut flat = Vec::with_capacity(sequences.iter().map(|s| s.trained.len()).sum());
+    for chunk in sequences.chunks(batch.max(1)) {
+        let packed = pack(chunk, model)?;
+        if packed.tokens == 0 {
+            continue;
+        }
+        let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
+        let scored = head(model, &hidden, &packed, temperature, false)?;
+        flat.extend(scored.logprobs.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+    }
+    let mut offset = 0;
+    Ok(sequences
+        .iter()
+        .map(|sequence| {
+            let values = flat[offset..offset + sequence.trained.len()].to_vec();
+            offset += sequence.trained.len();
+            values
+        })
+        .collect())
+}
+
+/// The final hidden states `[R, T, hidden]` of `packed`'s rows.
+pub fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> {
+    model.forward_hidden_in(&packed.ids, &packed.layout, ops)
+}
+
+/// The gradients of `loss(head)` over `completions`' trained tokens (see [`head`]), with the whole graph
+/// kept or (`recompute`) one layer's at a time; returns the loss's value and the gradients.
+pub fn backward(
+    model: &Model,
+    completions: &[Completion],
+    temperature: f64,
+    recompute: bool,
+    entropy_gradient: bool,
+    loss: impl FnOnce(&Head) -> Result<Tensor>,
+) -> Result<(Tensor, GradStore)> {
+    backward_sequences(
+        model,
+        &sequences(completions),
+        temperature,
+        recompute,
+        entropy_gradient,
+        loss,
+    )
+}
+
+/// [`backward`] over sequences.
+pub fn backward_sequences(
+    model: &Model,
+    sequences: &[&Sequence],
+    temperature: f64,
+    recompute: bool,
+    entropy_gradient: bool,
+    loss: impl FnOnce(&Head) -> Result<Tensor>,
+) -> Result<(Tensor, GradStore)> {
+    let packed = pack(sequences, model)?;
+    if packed.tokens == 0 {
+        // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
+        let zero = Tensor::zeros((), model.logits_dtype(), model.device())?;
+        return Ok((zero, GradStore::default()));
+    }
+    if recompute {
+        model.backward_recomputed_with_head(&packed.ids, &packed.layout, &[], |hidden| {
+            loss(&head(
+                model,
+                hidden,
+                &packed,
+                temperature,
+                entropy_gradient,
+            )?)
+        })
+    } else {
+        let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
+        let value = loss(&head(
+            model,
+            &hidden,
+            &packed,
+            temperature,
+            entropy_gradient,
+        )?)?;
+        let grads = value.backward()?;
+        Ok((value.detach(), grads))
+    }
+}
