@@ -11,7 +11,8 @@ use std::time::Instant;
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{
-    request_seed, rollout_seed, Loom, LoomConfig, RolloutRecord, RolloutSource, Stage, Summary,
+    request_seed, rollout_seed, Jsonl, Loom, LoomConfig, RolloutRecord, RolloutSource, Stage,
+    Summary,
 };
 use holo_runtime::sampler::SampleFuture;
 use holo_runtime::{
@@ -157,7 +158,7 @@ fn run<S: RolloutSource>(
     sampler: &(impl Sampler + ?Sized),
     out: &Shared,
 ) -> Summary {
-    block_on(loom.run(rows, sampler, &mut out.clone())).unwrap()
+    block_on(loom.run(rows, sampler, &mut Jsonl(out.clone()))).unwrap()
 }
 
 fn chat(request: &Request) -> &[holo_runtime::ChatMessage] {
@@ -485,7 +486,7 @@ fn the_run_future_is_send() {
     }
     let loom = loom(LoomConfig::default());
     let (rows, sampler, mut out) = (arithmetic(), script(), Vec::new());
-    let summary = block_on(send(loom.run(&rows, &sampler, &mut out))).unwrap();
+    let summary = block_on(send(loom.run(&rows, &sampler, &mut Jsonl(&mut out)))).unwrap();
     assert_eq!(summary.rollouts, 3);
 }
 
@@ -716,8 +717,12 @@ fn throughput_10k_rollouts_of_tool_hol() {
             std::env::temp_dir().join(format!("holo-loom-bench-{}.jsonl", std::process::id()));
         let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
         let started = Instant::now();
-        let summary =
-            block_on(loom.run(&rows, &Scripted::new(replies.clone()), &mut file)).unwrap();
+        let summary = block_on(loom.run(
+            &rows,
+            &Scripted::new(replies.clone()),
+            &mut Jsonl(&mut file),
+        ))
+        .unwrap();
         let elapsed = started.elapsed();
         drop(file);
         let bytes = std::fs::metadata(&path).unwrap().len();
@@ -843,7 +848,8 @@ fn resume_runs_only_what_was_not_done_and_summarizes_everything() {
     let out = Shared::default();
     let sampler = Counting::new(script(), &out);
     let resumed =
-        block_on(loom(config.clone()).resume(&rows, &done, &sampler, &mut out.clone())).unwrap();
+        block_on(loom(config.clone()).resume(&rows, &done, &sampler, &mut Jsonl(out.clone())))
+            .unwrap();
     let written = records(&out.bytes());
     assert_eq!(
         written.len(),
@@ -866,9 +872,13 @@ fn resume_runs_only_what_was_not_done_and_summarizes_everything() {
     // Records the run would not have made are refused before anything runs.
     let refused = |records: Vec<RolloutRecord>| {
         let out = Shared::default();
-        let error =
-            block_on(loom(config.clone()).resume(&rows, &records, &script(), &mut out.clone()))
-                .unwrap_err();
+        let error = block_on(loom(config.clone()).resume(
+            &rows,
+            &records,
+            &script(),
+            &mut Jsonl(out.clone()),
+        ))
+        .unwrap_err();
         assert_eq!(out.bytes(), b"");
         error.to_string()
     };

@@ -10,7 +10,7 @@ use holo_runtime::chat::{ChatTemplate, RenderOptions};
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord};
 use holo_runtime::sampler::SampleFuture;
 use holo_runtime::{ChatMessage, Completion, Prompt, Request, Resources, Sampler, Scripted};
 use tokenizers::Tokenizer;
@@ -87,7 +87,7 @@ fn run(
     let summary = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
-        .block_on(loom.run(&rows(data), &sampler, &mut out))
+        .block_on(loom.run(&rows(data), &sampler, &mut Jsonl(&mut out)))
         .unwrap();
     assert_eq!(summary.failed, 0, "{summary:?}");
     let records = std::str::from_utf8(&out)
@@ -274,7 +274,11 @@ fn without_a_holophore_records_have_no_tokens() {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
-        .block_on(loom.run(&rows("capitals.jsonl"), &Scripted::new(["Paris"]), &mut out))
+        .block_on(loom.run(
+            &rows("capitals.jsonl"),
+            &Scripted::new(["Paris"]),
+            &mut Jsonl(&mut out),
+        ))
         .unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(!text.contains("\"tokens\""), "{text}");
@@ -319,7 +323,7 @@ fn throughput_with_and_without_the_holophore() {
         let summary = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(loom.run(&rows, &sampler, &mut out))
+            .block_on(loom.run(&rows, &sampler, &mut Jsonl(&mut out)))
             .unwrap();
         let elapsed = started.elapsed();
         assert_eq!(summary.rollouts, 10_000);

@@ -12,13 +12,13 @@
 //! in its dependency tree.
 
 use std::error::Error;
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead};
 use std::path::Path;
 use std::sync::Arc;
 
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig};
+use holo_runtime::loom::{Jsonl, Loom, LoomConfig};
 use holo_runtime::{OpenAi, OpenAiConfig, Resources};
 
 const USAGE: &str = "usage: loom-openai HOLOWARE DATA.jsonl BASE_URL MODEL";
@@ -49,9 +49,7 @@ fn run(holoware: &Path, data: &Path, base_url: &str, model: &str) -> Result<(), 
     let loom = Loom::interpreted(Arc::new(holoware), resources, LoomConfig::default());
     let sampler = OpenAi::new(OpenAiConfig::new(base_url, model))?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let mut out = io::stdout();
-    let summary = runtime.block_on(loom.run(&rows, &sampler, &mut out))?;
-    out.flush()?;
+    let summary = runtime.block_on(loom.run(&rows, &sampler, &mut Jsonl(io::stdout())))?;
     eprintln!(
         "{} rollouts, mean reward {:?}",
         summary.rollouts, summary.mean_reward

@@ -67,7 +67,7 @@ pub fn product(ops: Ops, operands: &Operands) -> Product {
 /// Where a batch's tokens are drawn from its logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Draws {
-    /// Every row's logits are read back and drawn from there ([`generate`](super::generate)): on the
+    /// Every row's logits are read back and drawn from there ([`sample`](super::sample)): on the
     /// CPU, where reading them back moves nothing.
     Host,
     /// On the device, which reads back a chunk of each row (`local/draw.rs`): on a GPU, where a step's

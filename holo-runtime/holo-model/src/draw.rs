@@ -3,7 +3,7 @@
 //! exponentiated, tempered logits and their sums over chunks of [`CHUNK`] tokens; the host picks a
 //! chunk with the row's own uniform draw, and then the token within the one chunk it reads back. Two
 //! small transfers a step instead of the whole vocabulary, and the same draw as the host's
-//! [`choose`](super::generate): the first token whose cumulative weight passes `u × total`, with the
+//! [`choose`](super::sample): the first token whose cumulative weight passes `u × total`, with the
 //! row's generator consumed identically, so a seed draws the same tokens on either side (up to f32
 //! against f64 rounding at a boundary between two tokens).
 //!
@@ -12,8 +12,8 @@
 
 use candle_core::{DType, Tensor};
 
-use super::generate::Drawn;
 use super::model::Result;
+use super::sample::Drawn;
 
 /// Tokens per chunk: what the host reads back of a sampled row (with its raw logits, 8 KiB).
 pub(super) const CHUNK: usize = 1024;
@@ -171,7 +171,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::generate::{host_draw, GenerationParams};
+    use crate::sample::{host_draw, GenerationParams};
 
     /// Logits over `vocab` tokens, spread like a model's (a few large, most far below).
     fn logits(rows: usize, vocab: usize, seed: u64) -> Vec<Vec<f32>> {

@@ -3,7 +3,6 @@
 //! `generation_config.json` (end-of-turn tokens); or a GGUF file, which holds all of these (see [`gguf`]).
 
 use std::collections::{BTreeSet, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -11,68 +10,12 @@ use candle_nn::VarBuilder;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use super::config::{ConfigError, ModelConfig};
+use super::config::ModelConfig;
+pub use super::error::LoadError;
 use super::gguf;
 use super::model::Model;
-use holo_core::chat::folder::{self, read_json, FolderError};
-use holo_core::chat::{ChatTemplate, ChatTemplateError};
-
-/// Why a model folder or GGUF file could not be loaded; every variant names the file.
-#[derive(Debug)]
-pub enum LoadError {
-    NotAFolder(PathBuf),
-    Config(ConfigError),
-    /// No weights in a format this runtime reads.
-    NoWeights {
-        dir: PathBuf,
-        found: Vec<String>,
-    },
-    Weights {
-        file: PathBuf,
-        message: String,
-    },
-    Tokenizer {
-        file: PathBuf,
-        message: String,
-    },
-    Template(ChatTemplateError),
-    GenerationConfig {
-        file: PathBuf,
-        message: String,
-    },
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadError::NotAFolder(dir) => write!(f, "{}: not a model folder", dir.display()),
-            LoadError::Config(error) => write!(f, "{error}"),
-            LoadError::NoWeights { dir, found } => {
-                write!(
-                    f,
-                    "{}: no model.safetensors or model.safetensors.index.json",
-                    dir.display()
-                )?;
-                if !found.is_empty() {
-                    write!(f, " (found: {}", found.join(", "))?;
-                    if found.iter().any(|name| name.ends_with(".bin")) {
-                        write!(f, "; PyTorch .bin checkpoints are not read: convert them with `save_pretrained(..., safe_serialization=True)`")?;
-                    }
-                    write!(f, ")")?;
-                }
-                Ok(())
-            }
-            LoadError::Weights { file, message } => write!(f, "{}: {message}", file.display()),
-            LoadError::Tokenizer { file, message } => write!(f, "{}: {message}", file.display()),
-            LoadError::Template(error) => write!(f, "{error}"),
-            LoadError::GenerationConfig { file, message } => {
-                write!(f, "{}: {message}", file.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for LoadError {}
+use holo_core::chat::folder::{self, read_json};
+use holo_core::chat::ChatTemplate;
 
 /// The safetensors files of a folder, in shard order.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
@@ -289,16 +232,4 @@ pub fn end_of_turn_ids(
         tokenizer,
         template,
     )?)
-}
-
-impl From<FolderError> for LoadError {
-    fn from(error: FolderError) -> Self {
-        match error {
-            FolderError::Tokenizer { file, message } => LoadError::Tokenizer { file, message },
-            FolderError::Template(error) => LoadError::Template(error),
-            FolderError::GenerationConfig { file, message } => {
-                LoadError::GenerationConfig { file, message }
-            }
-        }
-    }
 }

@@ -30,7 +30,7 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 
 use super::config::{Arch, ConfigError, ModelConfig, RopeScaling};
-use super::files::LoadError;
+use super::error::LoadError;
 use super::model::Model;
 use holo_core::chat::ChatTemplate;
 

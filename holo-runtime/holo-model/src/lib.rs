@@ -12,6 +12,7 @@ mod backward;
 pub mod config;
 pub mod dispatch;
 mod draw;
+mod error;
 pub mod files;
 pub mod generate;
 pub mod gguf;
@@ -20,6 +21,7 @@ mod kernels;
 pub mod layout;
 pub mod model;
 mod recompute;
+pub mod sample;
 pub mod schedule;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
@@ -37,9 +39,9 @@ use tokenizers::Tokenizer;
 
 pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
 pub use files::LoadError;
-pub use generate::{Generation, GenerationParams, PrefixCache};
 pub use layout::Layout;
 pub use model::{Model, Ops};
+pub use sample::{Generation, GenerationParams, PrefixCache};
 pub use schedule::{Limits, SchedulerStats};
 
 use holo_core::chat::{ChatTemplate, RenderOptions};

@@ -173,14 +173,8 @@ impl<S: RolloutSource> Rollouts<'_, S> {
             },
         )
         .with_holophore(self.holophore.fork());
-        let mut jsonl = Vec::new();
-        let summary = runtime.block_on(loom.run(rows, self.sampler, &mut jsonl))?;
-        let mut records: Vec<RolloutRecord> = jsonl
-            .split(|&byte| byte == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(serde_json::from_slice)
-            .collect::<Result<_, _>>()
-            .map_err(io::Error::other)?;
+        let mut records: Vec<RolloutRecord> = Vec::new();
+        let summary = runtime.block_on(loom.run(rows, self.sampler, &mut records))?;
         let position: BTreeMap<usize, usize> = rows
             .iter()
             .enumerate()

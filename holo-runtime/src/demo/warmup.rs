@@ -221,13 +221,13 @@ mod tests {
             },
         )
         .with_holophore(holophore.fork());
-        let mut out = Vec::new();
+        let mut records: Vec<RolloutRecord> = Vec::new();
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(loom.run(&[(0, problem.row())], &sampler, &mut out))
+            .block_on(loom.run(&[(0, problem.row())], &sampler, &mut records))
             .unwrap();
-        let record: RolloutRecord = serde_json::from_slice(out.trim_ascii_end()).unwrap();
+        let record = records.pop().unwrap();
         assert_eq!(record.rewards["math_answer"], 1.0);
         assert_eq!(record.rewards, rewards);
         let recorded = batch::sequences(&record);

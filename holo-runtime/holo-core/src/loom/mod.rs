@@ -1,12 +1,12 @@
 //! The [`Loom`]: runs rollouts at scale. It drives `B` data rows × `G` rollouts each against one
-//! [`Sampler`], sending each rollout's next request the moment it is ready, and writes each rollout as a
-//! line of JSONL the moment it finishes.
+//! [`Sampler`], sending each rollout's next request the moment it is ready, and hands each rollout's
+//! record to a [`Sink`] the moment it finishes (kept, or written as a line of JSONL by [`Jsonl`]).
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use holo_core::holotypes::{self, Tools};
 //! use holo_core::interpreter::{Holoware, Row};
-//! use holo_core::loom::{Loom, LoomConfig};
+//! use holo_core::loom::{Jsonl, Loom, LoomConfig};
 //! use holo_core::{Resources, Scripted};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,7 +16,7 @@
 //! let loom = Loom::interpreted(holoware, resources, LoomConfig { rollouts_per_row: 8, ..LoomConfig::default() });
 //! let row: Row = serde_json::from_str(r#"{"query": "What is 17 * 23?", "expected": "391"}"#)?;
 //! let sampler = Scripted::new(["<answer>391</answer>"]);
-//! let mut out = std::fs::File::create("rollouts.jsonl")?;
+//! let mut out = Jsonl(std::fs::File::create("rollouts.jsonl")?);
 //! let summary = loom.run(&[(0, row)], &sampler, &mut out).await?;
 //! println!("mean reward {:?}, pass@1 {:?}", summary.mean_reward, summary.pass_at_k);
 //! # Ok(())
@@ -137,7 +137,7 @@
 //! reward; it is drawn only when stderr is a terminal.
 
 use std::collections::BTreeMap;
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, IsTerminal};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -155,12 +155,14 @@ use crate::transcript::{Part, Transcript};
 use crate::Role;
 
 mod record;
+mod sink;
 mod summary;
 
 pub use record::{
     ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
     Stage, Timing, TokensRecord,
 };
+pub use sink::{Jsonl, Sink};
 use summary::Stats;
 pub use summary::{pass_at_k, ComponentMean, Summary};
 
@@ -313,8 +315,9 @@ impl<S: RolloutSource> Loom<S> {
     }
 
     /// Runs `G` rollouts of every row (`(row index, row)`; the index is written in the records and seeds
-    /// the rollouts) through `sampler`, writing each finished rollout to `out` as a JSONL line. Fails only
-    /// when writing fails; everything done before is already written.
+    /// the rollouts) through `sampler`, handing each finished rollout's record to `out` ([`Sink`]: keep
+    /// them in a `Vec`, write them as JSONL with [`Jsonl`]). Fails only when the sink fails; everything
+    /// done before is already in it.
     pub async fn run<W, P>(
         &self,
         rows: &[(usize, Row)],
@@ -322,7 +325,7 @@ impl<S: RolloutSource> Loom<S> {
         out: &mut W,
     ) -> io::Result<Summary>
     where
-        W: Write + Send,
+        W: Sink + Send + ?Sized,
         P: Sampler + ?Sized,
     {
         self.resume(rows, &[], sampler, out).await
@@ -341,7 +344,7 @@ impl<S: RolloutSource> Loom<S> {
         out: &mut W,
     ) -> io::Result<Summary>
     where
-        W: Write + Send,
+        W: Sink + Send + ?Sized,
         P: Sampler + ?Sized,
     {
         let per_row = self.config.rollouts_per_row.max(1);
@@ -571,7 +574,7 @@ impl Active<'_> {
     }
 }
 
-struct Run<'a, W> {
+struct Run<'a, W: ?Sized> {
     config: &'a LoomConfig,
     out: &'a mut W,
     started: Instant,
@@ -579,7 +582,7 @@ struct Run<'a, W> {
     progress: ProgressBar,
 }
 
-impl<W: Write> Run<'_, W> {
+impl<W: Sink + ?Sized> Run<'_, W> {
     /// Steps the rollout until it needs a sample (returned with its request) or ends (written).
     fn advance<'r>(&mut self, mut active: Active<'r>) -> io::Result<Option<(Active<'r>, Request)>> {
         let rollout = active.rollout.as_mut().expect("a started rollout");
@@ -676,11 +679,8 @@ impl<W: Write> Run<'_, W> {
                 sample_ms: millis(active.sample_time),
             }),
         };
-        let mut line = serde_json::to_vec(&record).map_err(io::Error::other)?;
-        line.push(b'\n');
-        self.out.write_all(&line)?;
-        self.out.flush()?;
         self.stats.add(active.position, &record);
+        self.out.put(record)?;
         self.progress.inc(1);
         if let Some(mean) = self.stats.mean_reward() {
             self.progress.set_message(format!("mean reward {mean:.3}"));

@@ -462,21 +462,15 @@ async fn roll_out(
             ..Imposed::default()
         },
     };
-    let mut jsonl = Vec::new();
+    let mut records: Vec<RolloutRecord> = Vec::new();
     let summary = loom
-        .run(round, &policy, &mut jsonl)
+        .run(round, &policy, &mut records)
         .await
         .map_err(|error| EnvError::Input(format!("cannot record the rollouts: {error}")))?;
     if let Some(failure) = summary.row_failures.first() {
         let line = rollouts.rows[failure.row_index % rollouts.rows.len()].0;
         return Err(EnvError::Input(format!("row {line}: {}", failure.message)));
     }
-    let mut records: Vec<RolloutRecord> = jsonl
-        .split(|&byte| byte == b'\n')
-        .filter(|line| !line.is_empty())
-        .map(serde_json::from_slice)
-        .collect::<Result<_, _>>()
-        .map_err(|error| EnvError::Input(format!("cannot read a rollout record: {error}")))?;
     records.sort_by_key(|record| (record.row_index, record.rollout_index));
     Ok(records)
 }

@@ -365,9 +365,9 @@ async fn one_rollout(
         imposed,
     };
     let internal = |message: String| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, message);
-    let mut jsonl = Vec::new();
+    let mut records: Vec<RolloutRecord> = Vec::new();
     let summary = loom
-        .run(&[(task as usize, row.clone())], &policy, &mut jsonl)
+        .run(&[(task as usize, row.clone())], &policy, &mut records)
         .await
         .map_err(|error| internal(format!("cannot record the rollout: {error}")))?;
     if let Some(failure) = summary.row_failures.first() {
@@ -376,8 +376,9 @@ async fn one_rollout(
             message: failure.message.clone(),
         }));
     }
-    serde_json::from_slice(jsonl.trim_ascii_end())
-        .map_err(|error| internal(format!("cannot read the rollout's record: {error}")))
+    records
+        .pop()
+        .ok_or_else(|| internal("the rollout left no record".into()))
 }
 
 async fn aggregate_metrics(body: Result<Bytes, BytesRejection>) -> Response {

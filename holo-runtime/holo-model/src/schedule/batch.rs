@@ -9,8 +9,8 @@ use rayon::prelude::*;
 use super::engine::{Engine, Live};
 use crate::dispatch::Draws;
 use crate::draw::{draw, Ask};
-use crate::generate::{finish_text, record, step, Drawn, GenerationParams, Row};
 use crate::model::{KvCache, Result, Segment};
+use crate::sample::{finish_text, record, step, Drawn, GenerationParams, Row};
 
 /// Sequences prefilled together: their new tokens right-aligned in one padded width, run a chunk of
 /// columns at a time. Identical prompts share one row of the forward pass (a *slot*).

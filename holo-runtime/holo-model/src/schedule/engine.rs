@@ -8,8 +8,8 @@ use candle_core::Tensor;
 use super::batch::Prefill;
 use super::{Limits, Listener, Results};
 use crate::dispatch::{self, Draws};
-use crate::generate::{Generation, GenerationParams, PrefixCache, Row, Stopping};
 use crate::model::{KvCache, Model, Ops, SequenceCache};
+use crate::sample::{Generation, GenerationParams, PrefixCache, Row, Stopping};
 
 enum Waiting {
     New {

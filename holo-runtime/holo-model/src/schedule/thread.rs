@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::{Engine, Limits, Listener, Results};
-use crate::generate::{GenerationParams, Stopping};
+use crate::sample::{GenerationParams, Stopping};
 use crate::Core;
 use holo_core::sampler::TokenSink;
 

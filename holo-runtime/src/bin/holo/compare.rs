@@ -11,7 +11,7 @@ use clap::Args;
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::loom::{Jsonl, Loom, LoomConfig};
 use holo_runtime::train::export::{export, RunInfo};
 use holo_runtime::train::report::compare::{compare, RESAMPLES};
 
@@ -122,14 +122,14 @@ pub fn run(args: CompareArgs) -> ExitCode {
         let path = args.out.join(format!("{}.jsonl", policy.label));
         let cannot_write =
             |error: std::io::Error| usage(format!("cannot write `{}`: {error}", path.display()));
-        // Written as the rollouts finish, as `holo eval` does, then read back for the statistics.
-        let mut writer = match std::fs::File::create(&path) {
-            Ok(file) => std::io::BufWriter::new(file),
+        // Written as the rollouts finish, as `holo eval` does, and kept for the statistics.
+        let mut sink = match std::fs::File::create(&path) {
+            Ok(file) => (Jsonl(std::io::BufWriter::new(file)), Vec::new()),
             Err(error) => return cannot_write(error),
         };
         let summary = runtime
-            .block_on(loom.run(&rows, &*policy.sampler, &mut writer))
-            .and_then(|summary| writer.flush().map(|()| summary));
+            .block_on(loom.run(&rows, &*policy.sampler, &mut sink))
+            .and_then(|summary| sink.0 .0.flush().map(|()| summary));
         let summary = match summary {
             Ok(summary) => summary,
             Err(error) => return cannot_write(error),
@@ -148,18 +148,7 @@ pub fn run(args: CompareArgs) -> ExitCode {
             );
         }
         failed += summary.failed + summary.row_failures.len();
-        let parsed = std::fs::read_to_string(&path)
-            .map_err(|error| error.to_string())
-            .and_then(|text| {
-                text.lines()
-                    .map(serde_json::from_str::<RolloutRecord>)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|error| error.to_string())
-            });
-        match parsed {
-            Ok(parsed) => records.push(parsed),
-            Err(message) => return usage(format!("`{}`: {message}", path.display())),
-        }
+        records.push(sink.1);
     }
 
     let comparison = match compare(

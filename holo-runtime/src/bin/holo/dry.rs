@@ -15,13 +15,30 @@ use holo_runtime::{
 
 use crate::{load, read_rows, runtime, Color, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
 
-pub fn run(
-    file: PathBuf,
-    data: Option<PathBuf>,
-    rollouts: usize,
-    color: Color,
-    sampler_args: SamplerArgs,
-) -> ExitCode {
+/// `holo dry`'s arguments.
+#[derive(clap::Args)]
+pub struct DryArgs {
+    pub file: PathBuf,
+    /// Data rows, one JSON object per line. Without it, one row gives each input the value `<name>`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Rollouts per row.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub rollouts: usize,
+    #[arg(long, value_enum, default_value_t = Color::Auto)]
+    pub color: Color,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+}
+
+pub fn run(args: DryArgs) -> ExitCode {
+    let DryArgs {
+        file,
+        data,
+        rollouts,
+        color,
+        sampler: sampler_args,
+    } = args;
     let sampler = match sampler_args.sampler(128) {
         Ok(sampler) => sampler,
         Err(code) => return code,
@@ -188,16 +205,11 @@ fn dry_loom(
     if let Some(holophore) = holophore {
         loom = loom.with_holophore(holophore.fork());
     }
-    let mut jsonl = Vec::new();
-    if let Err(error) = runtime.block_on(loom.run(rows, sampler, &mut jsonl)) {
+    let mut records: Vec<RolloutRecord> = Vec::new();
+    if let Err(error) = runtime.block_on(loom.run(rows, sampler, &mut records)) {
         eprintln!("error: {error}");
         return Err(ExitCode::from(EXIT_FAILURES));
     }
-    let mut records: Vec<RolloutRecord> = jsonl
-        .split(|&byte| byte == b'\n')
-        .filter(|line| !line.is_empty())
-        .filter_map(|line| serde_json::from_slice(line).ok())
-        .collect();
     records.sort_by_key(|record| (record.row_index, record.rollout_index));
     let mut failed = 0;
     for record in &records {

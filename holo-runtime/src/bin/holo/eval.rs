@@ -8,22 +8,51 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, Summary};
+use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{Sampler, Scripted};
 
 use crate::{load, read_rows, runtime, NumberedRow, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    file: PathBuf,
-    data: Vec<PathBuf>,
-    rollouts: u32,
-    sampler_args: SamplerArgs,
-    out: PathBuf,
-    seed: u64,
-    concurrency: u32,
-    resume: bool,
-) -> ExitCode {
+/// `holo eval`'s arguments.
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    pub file: PathBuf,
+    /// Data rows, one JSON object per line; repeat for several datasets (each summarized apart).
+    #[arg(long, required = true)]
+    pub data: Vec<PathBuf>,
+    /// Rollouts per row (G).
+    #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rollouts: u32,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+    /// Where the rollouts are written, one JSON object per line.
+    #[arg(long, default_value = "rollouts.jsonl")]
+    pub out: PathBuf,
+    /// The run seed; every rollout's sampling seed is derived from it, the row and the rollout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Rollouts in flight at once: the largest batch, and the most requests sent to a server at
+    /// once.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+    /// Continue an interrupted run: keep the completed rollouts already in --out, run the others
+    /// (failed ones again) with the seeds they would have had, and summarize them all. Needs the same
+    /// .hol file, data, -n and --seed as the run it continues.
+    #[arg(long)]
+    pub resume: bool,
+}
+
+pub fn run(args: EvalArgs) -> ExitCode {
+    let EvalArgs {
+        file,
+        data,
+        rollouts,
+        sampler: sampler_args,
+        out,
+        seed,
+        concurrency,
+        resume,
+    } = args;
     let code = CodeSandbox {
         allow_unsandboxed: sampler_args.allow_unsandboxed_code,
         ..CodeSandbox::default()
@@ -105,7 +134,7 @@ fn eval(
         return ExitCode::from(EXIT_USAGE);
     }
     let mut writer = match start_output(out, &previous) {
-        Ok(file) => std::io::BufWriter::new(file),
+        Ok(file) => Jsonl(std::io::BufWriter::new(file)),
         Err(error) => {
             eprintln!("error: cannot write `{}`: {error}", out.display());
             return ExitCode::from(EXIT_USAGE);

@@ -5,7 +5,21 @@ use std::process::ExitCode;
 
 use super::EXIT_USAGE;
 
-pub fn run(run_dir: PathBuf, out: PathBuf, step: Option<u64>) -> ExitCode {
+/// `holo export`'s arguments.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The folder to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The checkpoint's step (default: the newest).
+    #[arg(long)]
+    pub step: Option<u64>,
+}
+
+pub fn run(args: ExportArgs) -> ExitCode {
+    let ExportArgs { run_dir, out, step } = args;
     match holo_runtime::train::export::export(&run_dir, step, &out) {
         Ok(exported) => {
             println!(

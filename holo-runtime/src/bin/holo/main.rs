@@ -31,7 +31,7 @@ mod sft;
 mod train;
 mod view;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -52,49 +52,12 @@ struct Cli {
 enum Command {
     /// Run rollouts of a .hol file with scripted replies (or a model) and print each transcript,
     /// sampled text highlighted (what training would learn from).
-    Dry {
-        file: PathBuf,
-        /// Data rows, one JSON object per line. Without it, one row gives each input the value `<name>`.
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// Rollouts per row.
-        #[arg(short = 'n', long, default_value_t = 1)]
-        rollouts: usize,
-        #[arg(long, value_enum, default_value_t = Color::Auto)]
-        color: Color,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-    },
+    Dry(dry::DryArgs),
     /// Run a dataset through the Loom: G rollouts per row, every pending request of a tick sampled in
     /// one batch. Writes each rollout as a JSONL line as it finishes, then prints the mean of each reward
     /// component, the mean total reward and pass@k (k = 1 and G; a rollout passes when it completed with
     /// a total reward > 0). Exit status 1 when a row or a rollout failed.
-    Eval {
-        file: PathBuf,
-        /// Data rows, one JSON object per line; repeat for several datasets (each summarized apart).
-        #[arg(long, required = true)]
-        data: Vec<PathBuf>,
-        /// Rollouts per row (G).
-        #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-        rollouts: u32,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-        /// Where the rollouts are written, one JSON object per line.
-        #[arg(long, default_value = "rollouts.jsonl")]
-        out: PathBuf,
-        /// The run seed; every rollout's sampling seed is derived from it, the row and the rollout.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Rollouts in flight at once: the largest batch, and the most requests sent to a server at
-        /// once.
-        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
-        concurrency: u32,
-        /// Continue an interrupted run: keep the completed rollouts already in --out, run the others
-        /// (failed ones again) with the seeds they would have had, and summarize them all. Needs the same
-        /// .hol file, data, -n and --seed as the run it continues.
-        #[arg(long)]
-        resume: bool,
-    },
+    Eval(eval::EvalArgs),
     /// Compare two policies (model folders, .gguf files or run folders) on the same rows, rollout
     /// seeds and G: each policy's mean total reward, reward components, pass@1 and pass@G, and the
     /// difference B - A with a paired bootstrap 95% interval over rows. Prints the table and writes the
@@ -106,47 +69,13 @@ enum Command {
     /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json) with a
     /// Qwen-style byte-level BPE tokenizer built offline; transformers loads it unchanged.
     #[cfg(feature = "local")]
-    InitModel {
-        /// qwen2 (tied embeddings, q/k/v biases) or llama.
-        #[arg(long, default_value = "qwen2", value_parser = holo_runtime::local::init::parse_arch)]
-        arch: holo_runtime::local::Arch,
-        /// tiny (tests) or small (Qwen2.5-0.5B / SmolLM2-135M shapes with a 512-token vocabulary).
-        #[arg(long, default_value = "tiny")]
-        preset: holo_runtime::local::init::Preset,
-        /// Seeds the weights; the same seed writes the same bytes.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Write into a folder that is not empty, replacing the model files in it.
-        #[arg(long)]
-        force: bool,
-        /// The folder to write (created when missing).
-        out_dir: PathBuf,
-    },
+    InitModel(init_model::InitModelArgs),
     /// Serve a local model folder (Qwen2 / Llama, Hugging Face format) over an OpenAI-compatible HTTP
     /// API: GET /v1/models, POST /v1/completions and /v1/chat/completions (logprobs, n, stop,
     /// max_tokens, temperature, top_p, top_k, seed). Concurrent requests are sampled together in one
     /// batch. Runs until interrupted.
     #[cfg(feature = "local")]
-    Serve {
-        /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
-        /// tokenizer_config.json (chat template), generation_config.json; or a Qwen2 / Llama `.gguf`
-        /// file (tokenizer and chat template from its metadata).
-        model_dir: PathBuf,
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// 0 picks a free port (printed on stderr).
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        #[command(flatten)]
-        scheduler: serve::SchedulerArgs,
-        #[command(flatten)]
-        connections: serve::ConnectionArgs,
-        /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
-        #[arg(long)]
-        served_model_name: Option<String>,
-        #[command(flatten)]
-        local: LocalArgs,
-    },
+    Serve(serve::ServeArgs),
     /// Train a local model with GRPO on a .hol environment (TRL's GRPOTrainer semantics and option
     /// names). Writes metrics.jsonl, TensorBoard events, the rollouts, checkpoints and PNG plots into
     /// --out; `--resume` continues a run from its newest checkpoint.
@@ -187,16 +116,7 @@ enum Command {
     /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
     /// layout under `adapter/`).
     #[cfg(feature = "local")]
-    Export {
-        /// The run folder.
-        run_dir: PathBuf,
-        /// The folder to write.
-        #[arg(long)]
-        out: PathBuf,
-        /// The checkpoint's step (default: the newest).
-        #[arg(long)]
-        step: Option<u64>,
-    },
+    Export(export::ExportArgs),
     /// Turn rollouts (`holo eval`, `holo train`) into a dataset for TRL's trainers: `sft`
     /// conversations of the good rollouts (rejection sampling), or `dpo` preference pairs from the
     /// rollouts of one row. Failed rollouts are never exported; a rollout with several trained
@@ -214,16 +134,10 @@ enum Command {
     /// List the training runs in DIR (or DIR itself): steps, best eval/reward, and what made each run
     /// (holo-runtime's version; the .hol file, data and model with their SHA-256).
     #[cfg(feature = "local")]
-    Runs {
-        /// A run folder, or a folder of run folders.
-        dir: PathBuf,
-    },
+    Runs(runs::RunsArgs),
     /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
     #[cfg(feature = "local")]
-    Plot {
-        /// The run folder.
-        run_dir: PathBuf,
-    },
+    Plot(plot::PlotArgs),
 }
 
 /// Where a local model runs.
@@ -415,60 +329,14 @@ fn main() -> ExitCode {
         }
     };
     match Cli::parse_from(args).command {
-        Command::Dry {
-            file,
-            data,
-            rollouts,
-            color,
-            sampler: sampler_args,
-        } => dry::run(file, data, rollouts, color, sampler_args),
-        Command::Eval {
-            file,
-            data,
-            rollouts,
-            sampler: sampler_args,
-            out,
-            seed,
-            concurrency,
-            resume,
-        } => eval::run(
-            file,
-            data,
-            rollouts,
-            sampler_args,
-            out,
-            seed,
-            concurrency,
-            resume,
-        ),
+        Command::Dry(args) => dry::run(args),
+        Command::Eval(args) => eval::run(args),
         #[cfg(feature = "local")]
         Command::Compare(args) => compare::run(args),
         #[cfg(feature = "local")]
-        Command::InitModel {
-            arch,
-            preset,
-            seed,
-            force,
-            out_dir,
-        } => init_model::run(arch, preset, seed, force, out_dir),
+        Command::InitModel(args) => init_model::run(args),
         #[cfg(feature = "local")]
-        Command::Serve {
-            model_dir,
-            host,
-            port,
-            scheduler,
-            connections,
-            served_model_name,
-            local,
-        } => serve::run(
-            model_dir,
-            host,
-            port,
-            scheduler,
-            connections,
-            served_model_name,
-            local,
-        ),
+        Command::Serve(args) => serve::run(args),
         #[cfg(feature = "local")]
         Command::Train(args) => {
             allocator::keep_freed_memory();
@@ -485,11 +353,11 @@ fn main() -> ExitCode {
             demo::run(args)
         }
         #[cfg(feature = "local")]
-        Command::Export { run_dir, out, step } => export::run(run_dir, out, step),
+        Command::Export(args) => export::run(args),
         #[cfg(feature = "local")]
-        Command::Plot { run_dir } => plot::run(run_dir),
+        Command::Plot(args) => plot::run(args),
         #[cfg(feature = "local")]
-        Command::Runs { dir } => runs::run(dir),
+        Command::Runs(args) => runs::run(args),
         Command::ExportData(args) => export_data::run(args),
         Command::AtroposEnv(args) => atropos_env::run(args),
         #[cfg(feature = "local")]

@@ -5,7 +5,15 @@ use std::process::ExitCode;
 
 use super::EXIT_USAGE;
 
-pub fn run(run_dir: PathBuf) -> ExitCode {
+/// `holo plot`'s arguments.
+#[derive(clap::Args)]
+pub struct PlotArgs {
+    /// The run folder.
+    pub run_dir: PathBuf,
+}
+
+pub fn run(args: PlotArgs) -> ExitCode {
+    let PlotArgs { run_dir } = args;
     match holo_runtime::train::report::plot::plot_run(&run_dir) {
         Ok(plots) => {
             for plot in plots {

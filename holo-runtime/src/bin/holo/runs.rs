@@ -7,7 +7,15 @@ use holo_runtime::train::provenance;
 
 use super::EXIT_USAGE;
 
-pub fn run(dir: PathBuf) -> ExitCode {
+/// `holo runs`'s arguments.
+#[derive(clap::Args)]
+pub struct RunsArgs {
+    /// A run folder, or a folder of run folders.
+    pub dir: PathBuf,
+}
+
+pub fn run(args: RunsArgs) -> ExitCode {
+    let RunsArgs { dir } = args;
     let runs = match provenance::runs(&dir) {
         Ok(runs) => runs,
         Err(message) => {

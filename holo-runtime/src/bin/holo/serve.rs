@@ -67,15 +67,39 @@ impl ConnectionArgs {
     }
 }
 
-pub fn run(
-    model_dir: PathBuf,
-    host: String,
-    port: u16,
-    scheduler: SchedulerArgs,
-    connections: ConnectionArgs,
-    served_model_name: Option<String>,
-    local: LocalArgs,
-) -> ExitCode {
+/// `holo serve`'s arguments.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
+    /// tokenizer_config.json (chat template), generation_config.json; or a Qwen2 / Llama `.gguf`
+    /// file (tokenizer and chat template from its metadata).
+    pub model_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (printed on stderr).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+    /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    #[command(flatten)]
+    pub local: LocalArgs,
+}
+
+pub fn run(args: ServeArgs) -> ExitCode {
+    let ServeArgs {
+        model_dir,
+        host,
+        port,
+        scheduler,
+        connections,
+        served_model_name,
+        local,
+    } = args;
     log_to_stderr(!connections.no_access_log);
     serve(
         &model_dir,
