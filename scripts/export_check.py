@@ -3,7 +3,7 @@
 
     ~/.cache/holo-peers/venv/bin/python scripts/export_check.py DIR BASE LOGITS.json [DIR BASE LOGITS.json ...]
 
-(offline; `holo-runtime/tests/train_export.rs` runs it on fresh runs of `holo train`). Each triple is one export:
+(offline; `holo-runtime/tests/train/train_export.rs` runs it on fresh runs of `holo train`). Each triple is one export:
 
 - `DIR`: the folder `holo export RUN --out DIR` wrote (`config.json`, `model.safetensors`, the base's tokenizer
   files and, for a LoRA run, `adapter/` in PEFT's layout);

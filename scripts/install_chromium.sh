@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs Debian's headless-capable Chromium, the browser `holo-runtime/tests/view_cli.rs` renders
+# Installs Debian's headless-capable Chromium, the browser `holo-runtime/tests/cli/view_cli.rs` renders
 # `holo view`'s page in (without it that test skips, saying so). Run as root, or with sudo:
 #
 #     sh scripts/install_chromium.sh

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """A real released checkpoint for the local candle models: SmolLM2-135M-Instruct, converted to a Hugging Face
-folder, with transformers' reference outputs (read by `holo-runtime/tests/real_checkpoint.rs`).
+folder, with transformers' reference outputs (read by `holo-runtime/tests/model/real_checkpoint.rs`).
 
 The parity fixtures of `scripts/model_fixtures.py` are tiny random models; this script checks the loader against
 real weights, a real `tokenizer.json` and a real chat template. Run it with the Python peers' venv (torch,
 transformers; `bash ../shared/peers/setup.sh`), from anywhere:
 
     ~/.cache/holo-peers/venv/bin/python scripts/real_checkpoint.py [--out DIR] [--force]
-    cargo test -p holo-runtime --test real_checkpoint -- --nocapture
+    cargo test -p holo-runtime --test model real_checkpoint:: -- --nocapture
 
 (`HOLO_REAL_MODEL_DIR=DIR` points the test at another folder.)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a tiny random Qwen3ForCausalLM folder (SkyRL's JAX backend has no Qwen2) with the tokenizer of the
 Qwen2 folder SRC: `tiny-qwen3.py SRC DST`. Needs torch and transformers (SkyRL's venv has them). The
-Tinker end-to-end test (`holo-runtime/tests/tinker.rs`) serves it with SkyRL's server on the CPU."""
+Tinker end-to-end test (`holo-runtime/tests/engines/tinker.rs`) serves it with SkyRL's server on the CPU."""
 import json, os, shutil, sys
 
 import torch

@@ -3,7 +3,7 @@
 
     ~/.cache/holo-peers/venv/bin/python scripts/trl_loads_export.py --model DIR [--sft FILE]... [--dpo FILE]...
 
-(offline, on the CPU; `holo-runtime/tests/export_data_cli.rs` runs it on files exported from fresh rollouts of the
+(offline, on the CPU; `holo-runtime/tests/cli/export_data_cli.rs` runs it on files exported from fresh rollouts of the
 tiny Qwen2 at `holo-runtime/tests/fixtures/models/qwen2`). Each file is loaded with `datasets.load_dataset("json")`
 as it is, given to `SFTTrainer` (`--sft`) or `DPOTrainer` (`--dpo`) with the model folder, and trained one
 optimizer step (`max_steps=1`, `report_to="none"`, output in a temporary folder). The step's loss must be finite.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Writes holo-runtime/tests/fixtures/view/run/, the run folder `holo-runtime/tests/view_cli.rs` views: two
+# Writes holo-runtime/tests/fixtures/view/run/, the run folder `holo-runtime/tests/cli/view_cli.rs` views: two
 # GRPO steps of the tiny Qwen2 (tests/fixtures/models/qwen2) on tests/fixtures/view/view.hol, 2 rows x 4
 # rollouts a step, replies capped at 12 tokens (so some are truncated), one row without `expected` (so its
 # rollouts fail), evaluated on 2 held-out rows at steps 0 and 2. Kept: the rollouts, eval_rollouts,

@@ -355,7 +355,7 @@ mod tests {
     fn a_level_serves_its_rows_and_advances_on_a_full_window() {
         use serde_json::json;
         let rows = rows(&[json!(2), json!(1), json!(2), json!(1)]);
-        // The level served alone (tests/curriculum.rs has the cumulative stream).
+        // The level served alone (tests/train/curriculum.rs has the cumulative stream).
         let config = GrpoConfig {
             curriculum_cumulative: false,
             ..config()

@@ -1,0 +1,233 @@
+//! `holo compare`: two policies on the same rows and seeds. The tiny fixture model against itself gives
+//! the same rollouts, so every difference and its interval are zero; a run folder is exported and
+//! compared; bad input is refused before any rollout. The statistics themselves are unit-tested in
+//! `train::compare`.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::common::holo_command;
+use crate::common::json::assert_close;
+use crate::common::tempdir::Dir;
+use serde_json::Value;
+
+fn fixture(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn compare(a: &str, b: &str, data: &str, out: &Path) -> Output {
+    holo_command(&[
+        "compare",
+        &fixture("train/short.hol"),
+        a,
+        b,
+        "--data",
+        data,
+        "-n",
+        "2",
+        "--seed",
+        "3",
+        "--resamples",
+        "2000",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn records(path: PathBuf) -> Vec<Value> {
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn metrics(out: &Path) -> Vec<Value> {
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap()).unwrap();
+    assert_eq!(json["rollouts_per_row"], 2);
+    assert_eq!(json["resamples"], 2000);
+    json["metrics"].as_array().unwrap().clone()
+}
+
+#[test]
+fn a_model_against_itself_differs_by_nothing() {
+    let dir = Dir::new("compare-same");
+    let out = dir.path().join("out");
+    let model = fixture("models/qwen2");
+    let output = compare(&model, &model, &fixture("train/rows.jsonl"), &out);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+
+    // The same rows, rollout seeds and model: the same rollouts.
+    let (a, b) = (records(out.join("a.jsonl")), records(out.join("b.jsonl")));
+    assert_eq!(a.len(), 12 * 2);
+    let by_rollout = |records: &[Value]| {
+        let mut sorted = records.to_vec();
+        sorted.sort_by_key(|r| (r["row_index"].as_u64(), r["rollout_index"].as_u64()));
+        sorted
+    };
+    for (a, b) in by_rollout(&a).iter().zip(&by_rollout(&b)) {
+        let what = format!("row {} rollout {}", a["row_index"], a["rollout_index"]);
+        assert_eq!(
+            (
+                &a["row_index"],
+                &a["rollout_index"],
+                &a["seed"],
+                &a["reward"]
+            ),
+            (
+                &b["row_index"],
+                &b["rollout_index"],
+                &b["seed"],
+                &b["reward"]
+            ),
+            "{what}"
+        );
+        // Log-probabilities may differ by rounding with the sequences that shared a batch.
+        assert_close(&a["contexts"], &b["contexts"], &what);
+    }
+
+    let metrics = metrics(&out);
+    let names: Vec<&str> = metrics
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["reward", "reward/length_penalty", "pass@1", "pass@2"]
+    );
+    for metric in &metrics {
+        assert_eq!(metric["a"], metric["b"], "{metric}");
+        for field in ["difference", "low", "high"] {
+            assert_eq!(metric[field].as_f64(), Some(0.0), "{metric}");
+        }
+        assert_eq!(metric["rows"], 12);
+    }
+    // The mean reward is the Loom's: that of the records.
+    let mean = a.iter().map(|r| r["reward"].as_f64().unwrap()).sum::<f64>() / a.len() as f64;
+    assert!((metrics[0]["a"].as_f64().unwrap() - mean).abs() < 1e-9);
+
+    let header = stdout
+        .lines()
+        .find(|line| line.starts_with("metric"))
+        .unwrap_or_else(|| panic!("no table header:\n{stdout}"));
+    for column in ["A", "B", "B-A", "95% CI", "rows"] {
+        assert!(header.contains(column), "{header}");
+    }
+    let reward = stdout
+        .lines()
+        .find(|line| line.starts_with("reward "))
+        .unwrap_or_else(|| panic!("no reward line:\n{stdout}"));
+    assert!(
+        reward.contains("+0.0000") && reward.contains("[+0.0000, +0.0000]"),
+        "{reward}"
+    );
+    let png = std::fs::read(out.join("compare.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn a_run_folder_is_exported_and_compared() {
+    let dir = Dir::new("compare-run");
+    let run = dir.path().join("run");
+    let output = holo_command(&[
+        "train",
+        &fixture("train/short.hol"),
+        "--model",
+        &fixture("models/qwen2"),
+        "--data",
+        &fixture("train/rows.jsonl"),
+        "--out",
+        run.to_str().unwrap(),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--max-completion-length",
+        "8",
+        "--save-steps",
+        "1",
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+
+    let out = dir.path().join("out");
+    let output = compare(
+        &fixture("models/qwen2"),
+        run.to_str().unwrap(),
+        &fixture("train/rows.jsonl"),
+        &out,
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(out.join("b-model/model.safetensors").is_file());
+    assert!(stderr.contains("checkpoint-1"), "{stderr}");
+    assert!(stdout.contains("(checkpoint-1)"), "{stdout}");
+    for metric in metrics(&out) {
+        let (low, difference, high) = (
+            metric["low"].as_f64().unwrap(),
+            metric["difference"].as_f64().unwrap(),
+            metric["high"].as_f64().unwrap(),
+        );
+        assert!(low <= difference && difference <= high, "{metric}");
+    }
+
+    // Its checkpoint folder is refused with what to run instead.
+    let output = compare(
+        &fixture("models/qwen2"),
+        run.join("checkpoint-1").to_str().unwrap(),
+        &fixture("train/rows.jsonl"),
+        &dir.path().join("refused"),
+    );
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("policy B")
+            && stderr.contains("holo export")
+            && stderr.contains("--step 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_before_any_rollout() {
+    let dir = Dir::new("compare-bad");
+    let model = fixture("models/qwen2");
+    let rows = fixture("train/rows.jsonl");
+
+    let out = dir.path().join("missing-model");
+    let output = compare(&model, "no/such/model", &rows, &out);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("policy B") && stderr.contains("no/such/model"),
+        "{stderr}"
+    );
+    assert!(!out.join("a.jsonl").exists());
+
+    let data = dir.path().join("rows.jsonl");
+    std::fs::write(&data, "{\"question\": \"1+1?\"}\n{\"prompt\": \"1+1?\"}\n").unwrap();
+    let out = dir.path().join("missing-input");
+    let output = compare(&model, &model, data.to_str().unwrap(), &out);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rows.jsonl:2") && stderr.contains("question"),
+        "{stderr}"
+    );
+    assert!(!out.join("a.jsonl").exists());
+}

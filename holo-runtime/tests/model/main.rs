@@ -1,0 +1,17 @@
+//! The local model (holo-model) through the facade: the decoder, GGUF files, the scheduler, real checkpoints, `holo init-model`.
+//!
+//! One test binary per layer (`cargo test -p holo-runtime --test model`); a file per subject.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[cfg(feature = "local")]
+mod gguf;
+#[cfg(feature = "local")]
+mod init_model;
+#[cfg(feature = "local")]
+mod local_model;
+#[cfg(feature = "local")]
+mod real_checkpoint;
+#[cfg(feature = "local")]
+mod schedule;

@@ -1,0 +1,16 @@
+//! The trainers (holo-train) through the facade: PPO's parity, the curriculum, the guard rails, ERL, the library API, metrics, export.
+//!
+//! One test binary per layer (`cargo test -p holo-runtime --test train`); a file per subject.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod curriculum;
+mod erl;
+mod guard;
+mod ppo_parity;
+#[cfg(feature = "local")]
+mod train_export;
+mod train_library;
+#[cfg(feature = "local")]
+mod train_metrics;
