@@ -4,7 +4,7 @@
 # build and cudarc at them, then runs
 #
 #     cargo build --release -p holo-runtime --features cuda
-#     cargo clippy --release -p holo-runtime --all-targets --features cuda -- -D warnings
+#     cargo clippy --release --workspace --all-targets --features holo-runtime/cuda -- -D warnings
 #
 # Usage:
 #     bash scripts/cuda-build.sh                  # install (once), build, lint
@@ -148,8 +148,10 @@ cargo build -j "$JOBS" --release -p holo-runtime --features cuda
 log "built in $((SECONDS - start)) s"
 if [ "$CLIPPY" = 1 ]; then
     # --release shares the build's compiled kernels (a debug check would run nvcc over all of them again).
-    log "cargo clippy --release -p holo-runtime --all-targets --features cuda -- -D warnings"
+    # Every layer crate, not the facade alone: the code behind `cuda` is in holo-model, and the layers
+    # above it use it.
+    log "cargo clippy --release --workspace --all-targets --features holo-runtime/cuda -- -D warnings"
     start=$SECONDS
-    cargo clippy -j "$JOBS" --release -p holo-runtime --all-targets --features cuda -- -D warnings
+    cargo clippy -j "$JOBS" --release --workspace --all-targets --features holo-runtime/cuda -- -D warnings
     log "linted in $((SECONDS - start)) s"
 fi
