@@ -12,12 +12,12 @@
 //! in its dependency tree.
 
 use std::error::Error;
-use std::io::{self, BufRead};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use holo_runtime::holotypes::{self, Tools};
-use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::interpreter::{read_rows, Holoware};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig};
 use holo_runtime::{OpenAi, OpenAiConfig, Resources};
 
@@ -37,11 +37,13 @@ fn main() {
 
 fn run(holoware: &Path, data: &Path, base_url: &str, model: &str) -> Result<(), Box<dyn Error>> {
     let holoware = Holoware::open(holoware, Arc::new(holotypes::registry()))?;
-    let rows = read_rows(data)?;
-    for (index, row) in &rows {
+    let mut rows = Vec::new();
+    for (line, row) in read_rows(data)? {
+        let row = row.map_err(|error| format!("{}:{line}: {error}", data.display()))?;
         holoware
-            .check_row(row)
-            .map_err(|error| format!("{}:{}: {error}", data.display(), index + 1))?;
+            .check_row(&row)
+            .map_err(|error| format!("{}:{line}: {error}", data.display()))?;
+        rows.push((rows.len(), row));
     }
     let mut resources = Resources::default();
     resources.insert(Tools::new().with_calculator());
@@ -55,20 +57,4 @@ fn run(holoware: &Path, data: &Path, base_url: &str, model: &str) -> Result<(), 
         summary.rollouts, summary.mean_reward
     );
     Ok(())
-}
-
-/// The data file's rows, numbered from 0; a line that is not a JSON object is named by its number.
-fn read_rows(path: &Path) -> Result<Vec<(usize, Row)>, Box<dyn Error>> {
-    let file = std::fs::File::open(path).map_err(|error| format!("{}: {error}", path.display()))?;
-    let mut rows = Vec::new();
-    for (index, line) in io::BufReader::new(file).lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: Row = serde_json::from_str(&line)
-            .map_err(|error| format!("{}:{}: {error}", path.display(), index + 1))?;
-        rows.push((rows.len(), row));
-    }
-    Ok(rows)
 }

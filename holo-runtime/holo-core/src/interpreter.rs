@@ -137,6 +137,41 @@ pub struct Holoware {
 /// `null` counts as absent.
 pub type Row = serde_json::Map<String, serde_json::Value>;
 
+/// A row of a data file with its line number (from 1): the row, or why that line is not one.
+pub type NumberedRow = (usize, Result<Row, String>);
+
+/// The rows of a JSONL file, each with its line number; a line that is not a JSON object is an error
+/// for that row only (its column and serde's message). Blank lines are skipped.
+pub fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            let row = match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::Object(row)) => Ok(row),
+                Ok(_) => Err("a row must be a JSON object".to_string()),
+                Err(error) => {
+                    // serde_json's message ends with ` at line 1 column N`; the line is the file's.
+                    let message = error.to_string();
+                    let message = message
+                        .split(" at line ")
+                        .next()
+                        .unwrap_or(&message)
+                        .to_string();
+                    Err(format!(
+                        "column {}: invalid JSON: {message}",
+                        error.column()
+                    ))
+                }
+            };
+            (index + 1, row)
+        })
+        .collect())
+}
+
 /// A data row that lacks what the holoware needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingInput {

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use super::config::ConfigError;
 use holo_core::chat::folder::FolderError;
-use holo_core::chat::ChatTemplateError;
 
 /// Why a model folder or GGUF file could not be loaded; every variant names the file.
 #[derive(Debug)]
@@ -22,15 +21,8 @@ pub enum LoadError {
         file: PathBuf,
         message: String,
     },
-    Tokenizer {
-        file: PathBuf,
-        message: String,
-    },
-    Template(ChatTemplateError),
-    GenerationConfig {
-        file: PathBuf,
-        message: String,
-    },
+    /// The tokenizer, the chat template or the end-of-turn tokens, of a folder or a GGUF file's metadata.
+    Folder(FolderError),
 }
 
 impl fmt::Display for LoadError {
@@ -54,11 +46,7 @@ impl fmt::Display for LoadError {
                 Ok(())
             }
             LoadError::Weights { file, message } => write!(f, "{}: {message}", file.display()),
-            LoadError::Tokenizer { file, message } => write!(f, "{}: {message}", file.display()),
-            LoadError::Template(error) => write!(f, "{error}"),
-            LoadError::GenerationConfig { file, message } => {
-                write!(f, "{}: {message}", file.display())
-            }
+            LoadError::Folder(error) => write!(f, "{error}"),
         }
     }
 }
@@ -67,12 +55,6 @@ impl std::error::Error for LoadError {}
 
 impl From<FolderError> for LoadError {
     fn from(error: FolderError) -> Self {
-        match error {
-            FolderError::Tokenizer { file, message } => LoadError::Tokenizer { file, message },
-            FolderError::Template(error) => LoadError::Template(error),
-            FolderError::GenerationConfig { file, message } => {
-                LoadError::GenerationConfig { file, message }
-            }
-        }
+        LoadError::Folder(error)
     }
 }

@@ -217,7 +217,7 @@ pub fn load_template(dir: &Path) -> Result<ChatTemplate, LoadError> {
     Ok(folder::load_template(dir)?)
 }
 
-/// Token ids that end a turn ([`folder::end_of_turn_ids`], with `config.json`'s ids as loaded). For a
+/// Token ids that end a turn ([`folder::end_of_turn_ids_with`], with `config.json`'s ids as loaded). For a
 /// `.gguf` file: `tokenizer.ggml.eos_token_id` (and `eot_token_id`, `eom_token_id`), and the template's
 /// `eos_token`.
 pub fn end_of_turn_ids(
@@ -226,7 +226,7 @@ pub fn end_of_turn_ids(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
 ) -> Result<Vec<u32>, LoadError> {
-    Ok(folder::end_of_turn_ids(
+    Ok(folder::end_of_turn_ids_with(
         dir,
         &config.eos_token_ids,
         tokenizer,

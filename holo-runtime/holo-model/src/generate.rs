@@ -2,8 +2,7 @@
 //! sampling parameters, seed, stop strings and length ([`sample`](super::sample)), run as one
 //! submission of the [scheduler](super::schedule) to the end.
 
-use super::model::Model;
-pub use super::model::Result;
+use super::model::{Model, Result};
 pub use super::sample::{Generation, GenerationParams, PrefixCache, Stopping};
 use super::schedule::{Engine, Limits, Listener};
 

@@ -32,6 +32,7 @@ use tokenizers::Tokenizer;
 use super::config::{Arch, ConfigError, ModelConfig, RopeScaling};
 use super::error::LoadError;
 use super::model::Model;
+use holo_core::chat::folder::FolderError;
 use holo_core::chat::ChatTemplate;
 
 /// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.
@@ -453,9 +454,11 @@ impl Gguf {
 
     /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file.
     pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
-        let fail = |message: String| LoadError::Tokenizer {
-            file: self.path.clone(),
-            message,
+        let fail = |message: String| {
+            LoadError::Folder(FolderError::Tokenizer {
+                file: self.path.clone(),
+                message,
+            })
         };
         let model = self
             .str_key("tokenizer.ggml.model")?
@@ -642,7 +645,7 @@ impl Gguf {
                 chatml.with_special_tokens(tokens)
             }
         }
-        .map_err(LoadError::Template)
+        .map_err(|error| LoadError::Folder(FolderError::Template(error)))
     }
 }
 

@@ -3,11 +3,11 @@
 //! One optimizer step, as TRL's `GRPOTrainer` takes it:
 //! 1. **Generation** (every `steps_per_generation × num_iterations` micro-batches): the next
 //!    `generation_batch_size / num_generations` distinct rows of the data (a fresh permutation each
-//!    epoch) each get `num_generations` rollouts through the [`Loom`](holo_core::loom::Loom), recorded token by
-//!    token by the Holophore and sampled by the trained model itself, at the run's `temperature`, `top_p`
-//!    and `top_k`, each sample capped at `max_completion_length` tokens. A sample that runs out of tokens
-//!    makes its rollout *truncated* (never failed). Every rollout is appended to `RUN_DIR/rollouts.jsonl`
-//!    with its `step`.
+//!    epoch) each get `num_generations` rollouts through the [`Loom`](holo_core::loom::Loom), recorded
+//!    token by token by the Holophore and sampled by the trained model itself, at the run's
+//!    `temperature`, `top_p` and `top_k`, each sample capped at `max_completion_length` tokens. A
+//!    sample that runs out of tokens makes its rollout *truncated* (never failed). Every rollout is
+//!    appended to `RUN_DIR/rollouts.jsonl` with its `step`.
 //! 2. **Advantages** ([`advantages`]): each reward component (a holotype's reward, `NaN` where a rollout
 //!    has none; a failed rollout has none at all), weighted by `reward_weights` or the holoware's weights,
 //!    normalized within each row's group.

@@ -1,4 +1,5 @@
-//! The environments' layer (holo-core, holo-sandbox) through the facade: holotypes, the sandbox, chat templates, the Holophore, the Loom, the OpenAI sampler.
+//! The environments' layer (holo-core, holo-sandbox) through the facade: holotypes, the sandbox, chat
+//! templates, the Holophore, the Loom, the OpenAI sampler.
 //!
 //! One test binary per layer (`cargo test -p holo-runtime --test core`); a file per subject.
 

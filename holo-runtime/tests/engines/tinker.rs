@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-/// The committed `holo-engines/src/tinker/proto.rs` is what `prost-build` makes from `tinker_public.fds` today.
+/// The committed `holo-engines/src/tinker/proto.rs` is what `prost-build` makes from `tinker_public.fds`
+/// today.
 /// `HOLO_REGENERATE=1` rewrites it instead of comparing.
 #[test]
 fn generated_protobuf_types_are_up_to_date() {

@@ -1,4 +1,5 @@
-//! The local model (holo-model) through the facade: the decoder, GGUF files, the scheduler, real checkpoints, `holo init-model`.
+//! The local model (holo-model) through the facade: the decoder, GGUF files, the scheduler, real
+//! checkpoints, `holo init-model`.
 //!
 //! One test binary per layer (`cargo test -p holo-runtime --test model`); a file per subject.
 

@@ -1,4 +1,5 @@
-//! The trainers (holo-train) through the facade: PPO's parity, the curriculum, the guard rails, ERL, the library API, metrics, export.
+//! The trainers (holo-train) through the facade: PPO's parity, the curriculum, the guard rails, ERL, the
+//! library API, metrics, export.
 //!
 //! One test binary per layer (`cargo test -p holo-runtime --test train`); a file per subject.
 

@@ -54,10 +54,10 @@ pub fn load_template(dir: &Path) -> Result<ChatTemplate, FolderError> {
     ChatTemplate::from_dir_or(dir, ChatTemplate::chatml()).map_err(FolderError::Template)
 }
 
-/// The end-of-turn tokens ([`end_of_turn_ids`]) of a folder whose weights are not loaded (the tokenizer
-/// folder of a model that runs elsewhere): `config.json`'s `eos_token_id` is read from the file, when
-/// there is one.
-pub fn folder_end_of_turn_ids(
+/// The end-of-turn tokens ([`end_of_turn_ids_with`]) of a folder whose weights are not loaded (the
+/// tokenizer folder of a model that runs elsewhere): `config.json`'s `eos_token_id` is read from the
+/// file, when there is one.
+pub fn end_of_turn_ids(
     dir: &Path,
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
@@ -73,12 +73,13 @@ pub fn folder_end_of_turn_ids(
     } else {
         Vec::new()
     };
-    end_of_turn_ids(dir, &config_ids, tokenizer, template)
+    end_of_turn_ids_with(dir, &config_ids, tokenizer, template)
 }
 
 /// Token ids that end a turn: `generation_config.json`'s `eos_token_id` (one or a list), else
-/// `config_ids` (`config.json`'s), else the tokenizer's `eos_token` from `tokenizer_config.json`.
-pub fn end_of_turn_ids(
+/// `config_ids` (`config.json`'s, as the caller loaded it), else the tokenizer's `eos_token` from
+/// `tokenizer_config.json`.
+pub fn end_of_turn_ids_with(
     dir: &Path,
     config_ids: &[u32],
     tokenizer: &Tokenizer,

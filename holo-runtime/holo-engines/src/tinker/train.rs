@@ -271,7 +271,7 @@ impl<S: RolloutSource> TinkerTrainer<S> {
         };
         let tokenizer = Arc::new(model_files::load_tokenizer(dir).map_err(fail)?);
         let template = Arc::new(model_files::load_template(dir).map_err(fail)?);
-        let end_of_turn = folder::folder_end_of_turn_ids(dir, &tokenizer, &template)
+        let end_of_turn = folder::end_of_turn_ids(dir, &tokenizer, &template)
             .map_err(|error| fail(error.into()))?;
         if end_of_turn.is_empty() {
             return Err(TrainError::Input(format!(

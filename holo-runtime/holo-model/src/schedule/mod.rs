@@ -12,8 +12,8 @@
 //!    fewer than [`Limits::max_num_seqs`], the prefill's padded tokens stay within
 //!    [`Limits::max_num_batched_tokens`], and the keys and values of the batch would stay within
 //!    [`Limits::kv_budget_bytes`] (a budget for admission: running sequences are never stopped for it).
-//!    Prompts that extend a sequence in the [`PrefixCache`](super::sample::PrefixCache) only run their new tokens, and identical
-//!    prompts admitted together (the `G` rollouts of a GRPO group) run once.
+//!    Prompts that extend a sequence in the [`PrefixCache`](super::sample::PrefixCache) only run their
+//!    new tokens, and identical prompts admitted together (the `G` rollouts of a GRPO group) run once.
 //! 3. **Chunked prefill**: a prefill runs at most `max_num_batched_tokens` tokens a step, so a long
 //!    prompt does not stall the decoding of the others; when its last chunk has run, its sequences
 //!    sample their first token and join the running batch.

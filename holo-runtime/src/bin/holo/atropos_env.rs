@@ -10,10 +10,10 @@ use holo_runtime::engines::atropos::api::{Api, Retry};
 use holo_runtime::engines::atropos::env::{self, EnvOptions, Rollouts};
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::interpreter::Row;
+use holo_runtime::interpreter::{read_rows, Row};
 use holo_runtime::{OpenAi, OpenAiConfig};
 
-use crate::{load, read_rows, runtime, EXIT_FAILURES, EXIT_USAGE};
+use crate::{load, runtime, EXIT_FAILURES, EXIT_USAGE};
 
 #[derive(Args)]
 pub struct AtroposEnvArgs {

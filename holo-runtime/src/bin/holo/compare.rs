@@ -2,7 +2,6 @@
 //! B − A and its paired bootstrap 95% interval (`holo_runtime::train::compare`), as a table, JSON and a
 //! PNG.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,14 +9,12 @@ use std::sync::Arc;
 use clap::Args;
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig};
 use holo_runtime::train::export::{export, RunInfo};
 use holo_runtime::train::report::compare::{compare, RESAMPLES};
 
-use crate::{
-    load, read_rows, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, EXIT_USAGE,
-};
+use crate::{load, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, EXIT_USAGE};
 
 #[derive(Args)]
 pub struct CompareArgs {
@@ -124,13 +121,10 @@ pub fn run(args: CompareArgs) -> ExitCode {
             |error: std::io::Error| usage(format!("cannot write `{}`: {error}", path.display()));
         // Written as the rollouts finish, as `holo eval` does, and kept for the statistics.
         let mut sink = match std::fs::File::create(&path) {
-            Ok(file) => (Jsonl(std::io::BufWriter::new(file)), Vec::new()),
+            Ok(file) => (Jsonl(file), Vec::new()),
             Err(error) => return cannot_write(error),
         };
-        let summary = runtime
-            .block_on(loom.run(&rows, &*policy.sampler, &mut sink))
-            .and_then(|summary| sink.0 .0.flush().map(|()| summary));
-        let summary = match summary {
+        let summary = match runtime.block_on(loom.run(&rows, &*policy.sampler, &mut sink)) {
             Ok(summary) => summary,
             Err(error) => return cannot_write(error),
         };

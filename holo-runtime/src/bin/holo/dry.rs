@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
 use holo_runtime::{
     Completion, Recorder, Resources, Rollout, RolloutError, Sampler, Scripted, Step, Transcript,
 };
 
-use crate::{load, read_rows, runtime, Color, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
+use crate::{load, runtime, Color, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
 
 /// `holo dry`'s arguments.
 #[derive(clap::Args)]

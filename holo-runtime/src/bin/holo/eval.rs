@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
+use holo_runtime::interpreter::{read_rows, NumberedRow};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{Sampler, Scripted};
 
-use crate::{load, read_rows, runtime, NumberedRow, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
+use crate::{load, runtime, SamplerArgs, EXIT_FAILURES, EXIT_USAGE};
 
 /// `holo eval`'s arguments.
 #[derive(clap::Args)]
@@ -134,7 +135,7 @@ fn eval(
         return ExitCode::from(EXIT_USAGE);
     }
     let mut writer = match start_output(out, &previous) {
-        Ok(file) => Jsonl(std::io::BufWriter::new(file)),
+        Ok(file) => Jsonl(file),
         Err(error) => {
             eprintln!("error: cannot write `{}`: {error}", out.display());
             return ExitCode::from(EXIT_USAGE);

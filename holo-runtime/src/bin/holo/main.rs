@@ -38,7 +38,7 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes;
-use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::interpreter::Holoware;
 use holo_runtime::{OpenAi, OpenAiConfig, Sampler};
 
 #[derive(Parser)]
@@ -437,38 +437,4 @@ fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
             Err(ExitCode::from(EXIT_FAILURES))
         }
     }
-}
-
-/// The rows of a JSONL file, each with its line number; a line that is not a JSON object is an error
-/// for that row only. Blank lines are skipped.
-type NumberedRow = (usize, Result<Row, String>);
-
-fn read_rows(path: &Path) -> Result<Vec<NumberedRow>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| format!("cannot read `{}`: {error}", path.display()))?;
-    Ok(text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(index, line)| {
-            let row = match serde_json::from_str::<serde_json::Value>(line) {
-                Ok(serde_json::Value::Object(row)) => Ok(row),
-                Ok(_) => Err("a row must be a JSON object".to_string()),
-                Err(error) => {
-                    // serde_json's message ends with ` at line 1 column N`; the line is the file's.
-                    let message = error.to_string();
-                    let message = message
-                        .split(" at line ")
-                        .next()
-                        .unwrap_or(&message)
-                        .to_string();
-                    Err(format!(
-                        "column {}: invalid JSON: {message}",
-                        error.column()
-                    ))
-                }
-            };
-            (index + 1, row)
-        })
-        .collect())
 }

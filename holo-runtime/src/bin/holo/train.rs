@@ -8,14 +8,14 @@ use std::sync::Arc;
 use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
 use holo_runtime::engines::tinker;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
-use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::report::plot;
 use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
-use super::{load, read_rows, EXIT_FAILURES, EXIT_USAGE};
+use super::{load, EXIT_FAILURES, EXIT_USAGE};
 
 /// `holo train`'s own arguments (the options are split off before clap sees them).
 #[derive(clap::Args)]
