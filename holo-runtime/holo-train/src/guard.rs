@@ -220,7 +220,7 @@ pub fn roll_back(
 
 /// What a run shows after [`rewind`] brought back `restored`: the evaluations past its step leave the
 /// summary, the log line `note` is printed and the progress bar moves back to the step.
-pub fn after_rewind(
+pub(crate) fn after_rewind(
     summary: &mut TrainSummary,
     restored: &TrainerState,
     note: &str,

@@ -462,7 +462,7 @@ fn invalid_data(message: String) -> io::Error {
 
 /// TRL's completion metrics: lengths (trained tokens per rollout), the truncated fraction, the lengths
 /// of the rollouts that ended on their own.
-pub fn completion_metrics(
+pub(crate) fn completion_metrics(
     records: &[RolloutRecord],
     completions: &[Completion],
     metrics: &mut BTreeMap<String, f64>,
@@ -504,7 +504,7 @@ pub fn completion_metrics(
 
 /// Prints a generation's completions (`limit` of them, all without one) with their rewards and
 /// advantages, as TRL's `log_completions` does.
-pub fn print_completions(
+pub(crate) fn print_completions(
     records: &[RolloutRecord],
     advantages: &[f64],
     limit: Option<usize>,

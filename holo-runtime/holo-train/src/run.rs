@@ -226,6 +226,27 @@ pub fn open<C: TrainingConfig>(
     config: &C,
     trainable: &mut Trainable,
 ) -> Result<Opened, TrainError> {
+    let model = trainable.model_dir.clone();
+    open_with(
+        run,
+        resume,
+        config,
+        |dir| RunInfo { model }.write(dir),
+        |newest| restore(newest, config, trainable, &run.path),
+    )
+}
+
+/// Opens the run folder for any backend: a new run (refusing a folder that holds one; `config.toml` is
+/// written, then whatever `create` writes into the folder), or with `resume` the newest checkpoint,
+/// which `restore` brings back (refusing one made with another configuration) and whose state it
+/// returns.
+pub fn open_with<C: TrainingConfig>(
+    run: &RunDir,
+    resume: bool,
+    config: &C,
+    create: impl FnOnce(&Path) -> io::Result<()>,
+    restore: impl FnOnce(&Path) -> Result<TrainerState, TrainError>,
+) -> Result<Opened, TrainError> {
     let dir = &run.path;
     std::fs::create_dir_all(dir)?;
     run.remove_partial()?;
@@ -238,13 +259,9 @@ pub fn open<C: TrainingConfig>(
             )));
         }
         std::fs::write(dir.join("config.toml"), config.to_toml())?;
-        RunInfo {
-            model: trainable.model_dir.clone(),
-        }
-        .write(dir)?;
-        let state = TrainerState::default();
+        create(dir)?;
         return Ok(Opened {
-            state,
+            state: TrainerState::default(),
             metrics: MetricsLog::create(dir)?,
             resumed: false,
         });
@@ -255,7 +272,7 @@ pub fn open<C: TrainingConfig>(
             dir.display()
         )));
     };
-    let state = restore(newest, config, trainable, dir)?;
+    let state = restore(newest)?;
     let step = state.global_step;
     Ok(Opened {
         state,

@@ -341,7 +341,7 @@ fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         tokenizer,
         loss,
     };
-    let mut trainer = match tinker::train::TinkerTrainer::new(source, config, service, options) {
+    let mut trainer = match tinker::train::Tinker::trainer(source, config, service, options) {
         Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
         Err(error) => return usage(error),
     };

@@ -1,0 +1,377 @@
+//! The local backend: a candle model trained in process ([`Local`]), which samples its own rollouts
+//! with the trained weights (or those of a sampler of the caller's, corrected for as TRL corrects
+//! vLLM's).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{Tensor, Var};
+use tokio::runtime::Runtime;
+
+use super::backend::{Backend, Update};
+use super::DROPOUT;
+use crate::batch::Completion;
+use crate::checkpoint::RunDir;
+use crate::config::{Algorithm, GrpoConfig, LossType};
+use crate::correction::importance_sampling;
+use crate::error::TrainError;
+use crate::run::{self, mix, Opened, Policy, Trainable, Window};
+use crate::state::{Buffer, TrainerState};
+use crate::{erl, loss, ppo, score};
+use holo_core::holophore::Holophore;
+use holo_core::sampler::Sampler;
+use holo_model::{Limits, LocalModel, LocalOptions, Model};
+
+/// A model trained in process: its trained weights (every weight or LoRA adapters) and optimizer,
+/// the frozen reference when `beta` > 0, and the sampler that shares the trained weights.
+pub struct Local {
+    /// The trained weights and their optimizer.
+    pub(super) trained: Trainable,
+    reference: Option<Model>,
+    sampler: LocalModel,
+    /// A sampler of the caller's instead of `sampler`, and its model's context when known.
+    pub(super) external: Option<(Box<dyn Sampler>, Option<usize>)>,
+    /// Whether the generation batches come from a feed (another process's sampler).
+    pub(super) fed: bool,
+    /// The gradients the step's micro-batches added up so far.
+    grads: Option<Vec<Option<Tensor>>>,
+}
+
+impl Local {
+    /// Prepares the weights to train, the value model under PPO, the reference model when `beta` > 0,
+    /// and the in-process sampler sharing the trained weights; with the Holophore of the policy's
+    /// tokenizer and template.
+    pub fn new(policy: Policy, config: &GrpoConfig) -> Result<(Self, Holophore), TrainError> {
+        let base = policy.model;
+        let mut trained = Trainable::new(&base, &policy.dir, config)?;
+        if config.algorithm == Algorithm::Ppo {
+            trained = trained.with_critic(ppo::critic(&base, config)?, config);
+        }
+        // The frozen starting point: the base weights (LoRA trains beside them, so they are shared).
+        let reference = config.uses_reference().then(|| base.detached());
+        drop(base);
+        let holophore = Holophore::new(
+            Arc::new(policy.tokenizer.clone()),
+            Arc::new(policy.template.clone()),
+        )
+        .map_err(|error| {
+            TrainError::Input(format!("--model `{}`: {error}", policy.dir.display()))
+        })?;
+        let model = &trained.model;
+        let sampler = LocalModel::new(
+            model.detached(),
+            policy.tokenizer,
+            policy.template,
+            policy.end_of_turn,
+            LocalOptions {
+                device: model.device().clone(),
+                limits: Limits {
+                    max_num_seqs: config.generation_batch_size().max(1),
+                    ..Limits::default()
+                },
+                default_max_tokens: config.max_completion_length,
+                seed: config.seed,
+                ..LocalOptions::default()
+            },
+        );
+        let local = Local {
+            trained,
+            reference,
+            sampler,
+            external: None,
+            fed: false,
+            grads: None,
+        };
+        Ok((local, holophore))
+    }
+
+    /// The model being trained (its weights are [`Var`]s).
+    pub fn model(&self) -> &Model {
+        &self.trained.model
+    }
+
+    /// The trained weights or adapters, by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.trained.vars
+    }
+
+    /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The
+    /// in-process sampler is the trained f32 model itself: like TRL without vLLM, it needs none; a
+    /// caller's sampler or a feed's is another process's.
+    fn corrects_sampler(&self, config: &GrpoConfig) -> bool {
+        (self.external.is_some() || self.fed) && config.vllm_importance_sampling_correction
+    }
+
+    /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
+    /// plus `erl_rl_coef` times the second, each aggregated over its own completions.
+    fn backward(
+        &self,
+        config: &GrpoConfig,
+        micro: &[Completion],
+        buffer: &Buffer,
+    ) -> Result<(f64, candle_core::backprop::GradStore, BTreeMap<String, f64>), TrainError> {
+        // The first loss's completions, then the second's: each takes its slice of the token tensors.
+        // Only ERL's second loss needs a reordered copy; a plain micro-batch is used as it is.
+        let completions: Cow<'_, [Completion]> = if micro.iter().any(|c| c.second_loss) {
+            let mut sorted = micro.to_vec();
+            sorted.sort_by_key(|completion| completion.second_loss);
+            Cow::Owned(sorted)
+        } else {
+            Cow::Borrowed(micro)
+        };
+        let split = completions.partition_point(|completion| !completion.second_loss);
+        let (first, second) = completions.split_at(split);
+        let first_tokens: usize = first.iter().map(Completion::len).sum();
+        let second_tokens: usize = second.iter().map(Completion::len).sum();
+        let correction = self.corrects_sampler(config);
+        let mut metrics = BTreeMap::new();
+        let (value, grads) = score::backward(
+            &self.trained.model,
+            &completions,
+            config.temperature,
+            config.gradient_checkpointing,
+            config.entropy_coef != 0.0,
+            |head| {
+                let mut total: Option<Tensor> = None;
+                for (part, offset, tokens, items, weight, prefix) in [
+                    (first, 0, first_tokens, buffer.num_items_in_batch, 1.0, ""),
+                    (
+                        second,
+                        first_tokens,
+                        second_tokens,
+                        buffer.second_num_items,
+                        config.erl_rl_coef,
+                        "erl/",
+                    ),
+                ] {
+                    if part.is_empty() {
+                        continue;
+                    }
+                    let inputs = loss::Inputs {
+                        completions: part,
+                        num_items_in_batch: items,
+                        sampler_correction: correction,
+                    };
+                    let computed = loss::compute(
+                        config,
+                        &inputs,
+                        &head.logprobs.narrow(0, offset, tokens)?,
+                        &head.entropies.narrow(0, offset, tokens)?,
+                    )?;
+                    metrics.extend(
+                        computed
+                            .metrics
+                            .into_iter()
+                            .map(|(name, value)| (format!("{prefix}{name}"), value)),
+                    );
+                    let weighted = (computed.loss * weight)?;
+                    total = Some(match total {
+                        Some(sum) => (sum + weighted)?,
+                        None => weighted,
+                    });
+                }
+                match total {
+                    Some(total) => Ok(total),
+                    None => Tensor::zeros((), head.logprobs.dtype(), head.logprobs.device()),
+                }
+            },
+        )?;
+        let value = value
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        Ok((value, grads, metrics))
+    }
+}
+
+impl Backend for Local {
+    fn check(&self, config: &GrpoConfig) -> Result<(), TrainError> {
+        if self.corrects_sampler(config)
+            && config.loss_type == LossType::Vespo
+            && config.vllm_importance_sampling_mode.is_sequence()
+        {
+            return Err(TrainError::Input(
+                "`vllm_importance_sampling_mode`: VESPO weighs sequences itself and takes only token_truncate or token_mask".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn sampler(&self) -> (&dyn Sampler, Option<usize>) {
+        match &self.external {
+            Some((sampler, context)) => (sampler.as_ref(), *context),
+            None => (
+                &self.sampler,
+                Some(self.trained.model.config.max_position_embeddings),
+            ),
+        }
+    }
+
+    fn open(
+        &mut self,
+        run: &RunDir,
+        resume: bool,
+        config: &GrpoConfig,
+    ) -> Result<Opened, TrainError> {
+        let opened = run::open(run, resume, config, &mut self.trained)?;
+        // The sampler shares the weights; its cached prefixes belong to the old ones.
+        self.sampler.prefix_cache().clear();
+        Ok(opened)
+    }
+
+    fn score(
+        &mut self,
+        config: &GrpoConfig,
+        completions: &mut [Completion],
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> Result<(), TrainError> {
+        let batch_size = config.per_device_train_batch_size;
+        let generate_every = config.steps_per_generation() * config.num_iterations;
+        let correction = self.corrects_sampler(config);
+        // Log-probabilities of the policy as it sampled: without dropout.
+        self.trained.model.set_dropout_seed(0);
+        if !config
+            .gradient_accumulation_steps
+            .is_multiple_of(generate_every)
+            || correction
+            || config.algorithm == Algorithm::Ppo
+        {
+            let old = score::logprobs(
+                &self.trained.model,
+                completions,
+                config.temperature,
+                batch_size,
+            )?;
+            for (completion, old) in completions.iter_mut().zip(old) {
+                completion.old_logprobs = Some(old);
+            }
+        }
+        if correction {
+            importance_sampling(config, completions, metrics);
+        }
+        if let Some(reference) = &self.reference {
+            let logprobs = score::logprobs(reference, completions, config.temperature, batch_size)?;
+            for (completion, logprobs) in completions.iter_mut().zip(logprobs) {
+                completion.ref_logprobs = Some(logprobs);
+            }
+        }
+        Ok(())
+    }
+
+    fn micro_step(
+        &mut self,
+        _runtime: &Runtime,
+        config: &GrpoConfig,
+        state: &TrainerState,
+        buffer: &Buffer,
+        slot: usize,
+        window: &mut Window,
+    ) -> Result<(), TrainError> {
+        let steps = config.steps_per_generation();
+        let micro = Buffer::slot(&buffer.completions, slot, steps);
+        // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
+        self.trained
+            .model
+            .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
+        let (value, micro_grads, metrics) = self.backward(config, micro, buffer)?;
+        window.loss += value;
+        window.extend(metrics);
+        let grads = self.grads.get_or_insert_with(|| self.trained.no_grads());
+        self.trained.accumulate(grads, &micro_grads)?;
+        let internalized = Buffer::slot(&buffer.internalized, slot, steps);
+        if !internalized.is_empty() {
+            let total = buffer
+                .internalized
+                .iter()
+                .map(|s| s.trained.len())
+                .sum::<usize>();
+            let (value, internal_grads, metrics) = erl::internalization_step(
+                &self.trained.model,
+                &self.trained.vars,
+                config,
+                internalized,
+                total,
+            )?;
+            window.loss += value;
+            window.extend(metrics);
+            self.trained.accumulate(grads, &internal_grads)?;
+        }
+        Ok(())
+    }
+
+    fn optimizer_step(
+        &mut self,
+        _runtime: &Runtime,
+        config: &GrpoConfig,
+        state: &TrainerState,
+        total: u64,
+        _window: &mut Window,
+    ) -> Result<Update, TrainError> {
+        let grads = match self.grads.take() {
+            Some(grads) => grads,
+            None => self.trained.no_grads(),
+        };
+        let (grad_norm, learning_rate) = self.trained.step(
+            &grads,
+            config,
+            state.global_step,
+            total,
+            state.guard.lr_factor,
+        )?;
+        // The sampler shares the weights; its cached prefixes belong to the old ones.
+        self.sampler.prefix_cache().clear();
+        Ok(Update {
+            learning_rate,
+            grad_norm: Some(grad_norm),
+        })
+    }
+
+    fn ppo_update(
+        &mut self,
+        config: &GrpoConfig,
+        buffer: &Buffer,
+        state: &TrainerState,
+        total: u64,
+        window: &mut Window,
+    ) -> Result<Update, TrainError> {
+        let outcome = ppo::update(
+            &mut self.trained,
+            config,
+            buffer,
+            state.generations,
+            state.global_step,
+            total,
+            state.guard.lr_factor,
+        )?;
+        self.sampler.prefix_cache().clear();
+        window.loss += outcome.loss;
+        window.extend(outcome.metrics);
+        Ok(Update {
+            learning_rate: outcome.learning_rate,
+            grad_norm: Some(outcome.grad_norm),
+        })
+    }
+
+    fn save(
+        &mut self,
+        _runtime: &Runtime,
+        run: &RunDir,
+        state: &TrainerState,
+        config: &GrpoConfig,
+    ) -> Result<PathBuf, TrainError> {
+        self.trained.save(run, state, config)
+    }
+
+    fn restore(
+        &mut self,
+        _runtime: &Runtime,
+        run: &RunDir,
+        dir: &Path,
+        config: &GrpoConfig,
+    ) -> Result<TrainerState, TrainError> {
+        let state = run::restore(dir, config, &mut self.trained, &run.path)?;
+        self.sampler.prefix_cache().clear();
+        Ok(state)
+    }
+}
