@@ -15,7 +15,7 @@ use holo_runtime::train::config::{
     ImportanceSamplingLevel, ImportanceSamplingMode, LossType, MultiObjectiveAggregation,
     ScaleRewards,
 };
-use holo_runtime::train::{importance_sampling, loss, score, GrpoConfig};
+use holo_runtime::train::{importance_sampling, loss, score, GrpoConfig, TrainingArguments};
 use serde_json::Value;
 
 mod common;
@@ -50,6 +50,11 @@ fn config(case: &Value) -> GrpoConfig {
     let number = |key: &str| c[key].as_f64();
     let count = |key: &str| c[key].as_u64().expect(key) as usize;
     GrpoConfig {
+        training: TrainingArguments {
+            per_device_train_batch_size: count("per_device_train_batch_size"),
+            gradient_accumulation_steps: count("gradient_accumulation_steps"),
+            ..GrpoConfig::default().training
+        },
         loss_type: enumerated::<LossType>(&c["loss_type"]),
         importance_sampling_level: enumerated::<ImportanceSamplingLevel>(
             &c["importance_sampling_level"],
@@ -60,8 +65,6 @@ fn config(case: &Value) -> GrpoConfig {
         ),
         num_generations: count("num_generations"),
         max_completion_length: count("max_completion_length"),
-        per_device_train_batch_size: count("per_device_train_batch_size"),
-        gradient_accumulation_steps: count("gradient_accumulation_steps"),
         steps_per_generation: Some(count("steps_per_generation")),
         num_iterations: count("num_iterations"),
         temperature: number("temperature").unwrap(),

@@ -17,7 +17,7 @@ use holo_runtime::loom::Interpreted;
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::config::Algorithm;
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
-use holo_runtime::train::{score, GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::train::{score, GrpoConfig, Policy, RunOptions, Trainer, TrainingArguments};
 use holo_runtime::Resources;
 use serde_json::Value;
 
@@ -58,18 +58,21 @@ fn source() -> Interpreted {
 
 fn config(use_peft: bool) -> GrpoConfig {
     GrpoConfig {
-        max_steps: 2,
+        training: TrainingArguments {
+            max_steps: 2,
+            per_device_train_batch_size: 4,
+            gradient_accumulation_steps: 2,
+            learning_rate: 3e-3,
+            save_steps: 1,
+            use_peft,
+            lora_target_modules: Some(vec!["q_proj".into(), "v_proj".into(), "up_proj".into()]),
+            seed: 7,
+            ..GrpoConfig::default().training
+        },
         num_generations: 4,
-        per_device_train_batch_size: 4,
-        gradient_accumulation_steps: 2,
         max_completion_length: 12,
-        learning_rate: 3e-3,
         // A reference model and its KL, as a GRPO run with `beta` has.
         beta: 0.04,
-        save_steps: 1,
-        use_peft,
-        lora_target_modules: Some(vec!["q_proj".into(), "v_proj".into(), "up_proj".into()]),
-        seed: 7,
         ..GrpoConfig::default()
     }
 }
@@ -182,10 +185,13 @@ fn lora_adapters_over_a_bf16_base_train_in_f32() {
 #[test]
 fn ppo_trains_its_value_model_in_bf16() {
     let config = GrpoConfig {
+        training: TrainingArguments {
+            per_device_train_batch_size: 8,
+            gradient_accumulation_steps: 1,
+            ..(config(false)).training
+        },
         algorithm: Algorithm::Ppo,
         num_generations: 4,
-        per_device_train_batch_size: 8,
-        gradient_accumulation_steps: 1,
         num_mini_batches: 2,
         num_iterations: 1,
         ..config(false)
@@ -210,10 +216,13 @@ fn sft_trains_in_bf16() {
     let dir = common::tempdir::Dir::new("bf16-sft");
     let policy = bf16_policy();
     let config = SftConfig {
-        max_steps: 4,
-        per_device_train_batch_size: 4,
-        learning_rate: 3e-3,
-        save_steps: 4,
+        training: TrainingArguments {
+            max_steps: 4,
+            per_device_train_batch_size: 4,
+            learning_rate: 3e-3,
+            save_steps: 4,
+            ..SftConfig::default().training
+        },
         ..SftConfig::default()
     };
     let dataset = Tokenizing {

@@ -4,6 +4,7 @@
 //! `tests/fixtures/sft/cases.json` (made by `scripts/sft_fixtures.py`, whose docstring says how each number
 //! was computed).
 
+use holo_runtime::train::TrainingArguments;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -37,11 +38,16 @@ fn numbers(value: &Value) -> Vec<f64> {
 fn config(case: &Value) -> SftConfig {
     let c = &case["config"];
     SftConfig {
+        training: TrainingArguments {
+            per_device_train_batch_size: c["per_device_train_batch_size"].as_u64().unwrap()
+                as usize,
+            gradient_accumulation_steps: c["gradient_accumulation_steps"].as_u64().unwrap()
+                as usize,
+            ..SftConfig::default().training
+        },
         assistant_only_loss: c["assistant_only_loss"].as_bool().unwrap(),
         completion_only_loss: c["completion_only_loss"].as_bool(),
         loss_type: serde_json::from_value::<SftLossType>(c["loss_type"].clone()).unwrap(),
-        per_device_train_batch_size: c["per_device_train_batch_size"].as_u64().unwrap() as usize,
-        gradient_accumulation_steps: c["gradient_accumulation_steps"].as_u64().unwrap() as usize,
         max_length: c["max_length"].as_u64().map(|max| max as usize),
         ..SftConfig::default()
     }

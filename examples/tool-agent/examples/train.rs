@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use holo_runtime::interpreter::Row;
-use holo_runtime::train::{GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::train::{GrpoConfig, Policy, RunOptions, Trainer, TrainingArguments};
 use holo_runtime::{Machine, Resources, Rollout};
 use tool_agent::tool;
 
@@ -45,12 +45,15 @@ fn main() -> ExitCode {
     };
 
     let config = GrpoConfig {
-        max_steps: steps,
+        training: TrainingArguments {
+            max_steps: steps,
+            per_device_train_batch_size: 8,
+            learning_rate: 1e-4,
+            save_steps: 2,
+            ..GrpoConfig::default().training
+        },
         num_generations: 4,
-        per_device_train_batch_size: 8,
         max_completion_length: 32,
-        learning_rate: 1e-4,
-        save_steps: 2,
         ..GrpoConfig::default()
     };
     let cpu = holo_runtime::local::parse_device("cpu").expect("the CPU");

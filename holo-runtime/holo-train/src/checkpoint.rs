@@ -290,7 +290,7 @@ pub fn restore(vars: &[(String, Var)], tensors: &HashMap<String, Tensor>) -> Res
 
 /// PEFT's `adapter_config.json` for adapters of `config` on the model at `base`.
 pub fn adapter_config(config: &impl TrainingConfig, base: &str) -> serde_json::Value {
-    let config = config.shared();
+    let config = config.training();
     serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

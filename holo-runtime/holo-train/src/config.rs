@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use super::options::{error, shared_allowed_values, shared_options};
-pub use super::options::{ConfigError, LrSchedulerType, Shared, TrainingConfig};
+pub(crate) use super::options::{error, shared_allowed_values};
+pub use super::options::{ConfigError, LrSchedulerType, TrainingArguments, TrainingConfig};
 
 /// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,20 +99,16 @@ impl ImportanceSamplingMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoConfig {
+    /// The options every trainer has (transformers' `TrainingArguments`), flattened into this
+    /// configuration's keys.
+    #[serde(flatten, deserialize_with = "grpo_training")]
+    pub training: TrainingArguments,
+
     // --- Length of the run, logging, checkpoints ---
-    /// Optimizer steps; -1 runs `num_train_epochs` over the data instead.
-    pub max_steps: i64,
-    /// Passes over the data when `max_steps` is -1.
-    pub num_train_epochs: f64,
-    pub seed: u64,
     /// Seeds the data order; `seed` when unset.
     pub data_seed: Option<u64>,
     /// Shuffle the rows each epoch.
     pub shuffle_dataset: bool,
-    /// Save a checkpoint every this many steps (and at the end).
-    pub save_steps: u64,
-    /// Keep only the newest this many checkpoints.
-    pub save_total_limit: Option<usize>,
     /// Evaluate on the held-out rows every this many steps (and at the end); none without it.
     pub eval_steps: Option<u64>,
     /// Evaluate before the first step too.
@@ -122,10 +118,6 @@ pub struct GrpoConfig {
     pub num_completions_to_print: Option<usize>,
 
     // --- Batches ---
-    /// Completions per micro-batch (one forward and backward pass).
-    pub per_device_train_batch_size: usize,
-    /// Micro-batches whose gradients are summed into one optimizer step.
-    pub gradient_accumulation_steps: usize,
     /// Micro-batches one generation is split into; `gradient_accumulation_steps` when unset.
     pub steps_per_generation: Option<usize>,
     /// Completions generated at once (`per_device_train_batch_size × steps_per_generation` when unset).
@@ -192,30 +184,6 @@ pub struct GrpoConfig {
     pub vllm_importance_sampling_mode: ImportanceSamplingMode,
     pub vllm_importance_sampling_clip_max: Option<f64>,
     pub vllm_importance_sampling_clip_min: Option<f64>,
-
-    // --- Optimizer (AdamW) ---
-    pub learning_rate: f64,
-    pub weight_decay: f64,
-    pub adam_beta1: f64,
-    pub adam_beta2: f64,
-    pub adam_epsilon: f64,
-    /// Clip the gradients' global L2 norm to this; 0 disables.
-    pub max_grad_norm: f64,
-    pub lr_scheduler_type: LrSchedulerType,
-    /// Warm-up as a fraction of the steps (used when `warmup_steps` is 0).
-    pub warmup_ratio: f64,
-    pub warmup_steps: u64,
-
-    // --- LoRA (TRL's ModelConfig names) ---
-    /// Train LoRA adapters instead of every weight.
-    pub use_peft: bool,
-    pub lora_r: usize,
-    pub lora_alpha: f64,
-    /// Dropout on the adapters' input in the training passes.
-    pub lora_dropout: f64,
-    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
-    /// unset.
-    pub lora_target_modules: Option<Vec<String>>,
 
     // --- PPO (`algorithm = "ppo"`; TRL's `PPOConfig` names and defaults, [`super::ppo`]) ---
     /// Passes over each generation batch.
@@ -366,22 +334,30 @@ impl SandboxConfig {
     }
 }
 
+/// GRPOConfig's [`TrainingArguments`]: transformers' defaults with a learning rate of 1e-6.
+fn grpo_training_defaults() -> TrainingArguments {
+    TrainingArguments {
+        learning_rate: 1e-6,
+        ..TrainingArguments::default()
+    }
+}
+
+fn grpo_training<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<TrainingArguments, D::Error> {
+    TrainingArguments::deserialize_over(grpo_training_defaults(), deserializer)
+}
+
 impl Default for GrpoConfig {
     fn default() -> Self {
         GrpoConfig {
-            max_steps: -1,
-            num_train_epochs: 3.0,
-            seed: 42,
+            training: grpo_training_defaults(),
             data_seed: None,
             shuffle_dataset: true,
-            save_steps: 500,
-            save_total_limit: None,
             eval_steps: None,
             eval_on_start: false,
             log_completions: false,
             num_completions_to_print: None,
-            per_device_train_batch_size: 8,
-            gradient_accumulation_steps: 1,
             steps_per_generation: None,
             generation_batch_size: None,
             num_generations: 8,
@@ -451,20 +427,6 @@ impl Default for GrpoConfig {
             vllm_importance_sampling_mode: ImportanceSamplingMode::SequenceMask,
             vllm_importance_sampling_clip_max: Some(3.0),
             vllm_importance_sampling_clip_min: None,
-            learning_rate: 1e-6,
-            weight_decay: 0.0,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_epsilon: 1e-8,
-            max_grad_norm: 1.0,
-            lr_scheduler_type: LrSchedulerType::Linear,
-            warmup_ratio: 0.0,
-            warmup_steps: 0,
-            use_peft: false,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            lora_dropout: 0.05,
-            lora_target_modules: None,
             sandbox: SandboxConfig::default(),
         }
     }
@@ -495,18 +457,18 @@ impl GrpoConfig {
     /// Completions generated at once.
     pub fn generation_batch_size(&self) -> usize {
         self.generation_batch_size
-            .unwrap_or(self.per_device_train_batch_size * self.steps_per_generation())
+            .unwrap_or(self.training.per_device_train_batch_size * self.steps_per_generation())
     }
 
     /// Micro-batches one generation is split into.
     pub fn steps_per_generation(&self) -> usize {
         match (self.steps_per_generation, self.generation_batch_size) {
             (Some(steps), _) => steps,
-            (None, Some(size)) => size / self.per_device_train_batch_size.max(1),
+            (None, Some(size)) => size / self.training.per_device_train_batch_size.max(1),
             (None, None) if self.algorithm == Algorithm::Ppo => {
-                self.gradient_accumulation_steps * self.num_mini_batches
+                self.training.gradient_accumulation_steps * self.num_mini_batches
             }
-            (None, None) => self.gradient_accumulation_steps,
+            (None, None) => self.training.gradient_accumulation_steps,
         }
     }
 
@@ -525,7 +487,7 @@ impl GrpoConfig {
 
     /// The data seed.
     pub fn data_seed(&self) -> u64 {
-        self.data_seed.unwrap_or(self.seed)
+        self.data_seed.unwrap_or(self.training.seed)
     }
 
     /// Whether the run keeps a frozen reference model: GRPO's `beta` or PPO's `kl_coef` is not 0.
@@ -610,7 +572,7 @@ impl GrpoConfig {
         if !(self.rollback_lr_factor > 0.0 && self.rollback_lr_factor <= 1.0) {
             return Err(error("rollback_lr_factor", "must be in (0, 1]"));
         }
-        if self.rolls_back() && self.save_total_limit == Some(1) {
+        if self.rolls_back() && self.training.save_total_limit == Some(1) {
             return Err(error(
                 "save_total_limit",
                 "must be at least 2 with rollback_kl or rollback_reward_drop: the newest checkpoint holds the weights a trip blames, a rollback restores the one before",
@@ -654,8 +616,8 @@ impl TrainingConfig for GrpoConfig {
         grpo_allowed_values(key)
     }
 
-    fn shared(&self) -> Shared {
-        shared_options!(self)
+    fn training(&self) -> &TrainingArguments {
+        &self.training
     }
 
     /// One per step, or (PPO) one per mini-batch of each epoch of each update.
@@ -668,7 +630,7 @@ impl TrainingConfig for GrpoConfig {
 
     /// Checks every value and the constraints between them (TRL's `__post_init__` and trainer checks).
     fn validate(&self) -> Result<(), ConfigError> {
-        self.shared().validate()?;
+        self.training.validate()?;
         self.validate_schedule()?;
         self.sandbox
             .limits()
@@ -692,12 +654,12 @@ impl TrainingConfig for GrpoConfig {
             ));
         }
         if let Some(size) = self.generation_batch_size {
-            if size == 0 || !size.is_multiple_of(self.per_device_train_batch_size) {
+            if size == 0 || !size.is_multiple_of(self.training.per_device_train_batch_size) {
                 return Err(error(
                     "generation_batch_size",
                     format!(
                         "must be a positive multiple of per_device_train_batch_size ({})",
-                        self.per_device_train_batch_size
+                        self.training.per_device_train_batch_size
                     ),
                 ));
             }
@@ -911,8 +873,8 @@ fn validate_ppo(config: &GrpoConfig) -> Result<(), ConfigError> {
             "is GRPO's; PPO passes over each batch num_ppo_epochs times",
         ));
     }
-    let batch = config.per_device_train_batch_size
-        * config.gradient_accumulation_steps
+    let batch = config.training.per_device_train_batch_size
+        * config.training.gradient_accumulation_steps
         * config.num_mini_batches;
     if config.generation_batch_size() != batch {
         return Err(error(

@@ -283,6 +283,7 @@ fn levels(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TrainingArguments;
 
     fn rows(values: &[serde_json::Value]) -> Vec<(usize, Row)> {
         values
@@ -297,9 +298,12 @@ mod tests {
 
     fn config() -> GrpoConfig {
         GrpoConfig {
+            training: TrainingArguments {
+                per_device_train_batch_size: 4,
+                ..GrpoConfig::default().training
+            },
             difficulty_column: Some("level".into()),
             num_generations: 2,
-            per_device_train_batch_size: 4,
             curriculum_window: 2,
             curriculum_threshold: 0.75,
             ..GrpoConfig::default()

@@ -354,7 +354,7 @@ pub fn aggregate(
         LossType::Dapo | LossType::Cispo | LossType::Vespo => {
             // TRL rescales the generation batch's token count to one accumulation window.
             let normalizer = num_items_in_batch.max(1.0)
-                * config.gradient_accumulation_steps as f64
+                * config.training.gradient_accumulation_steps as f64
                 / config.steps_per_generation() as f64;
             masked.sum_all()? / normalizer
         }
@@ -569,7 +569,7 @@ pub fn compute(
     )?;
     let mut loss = match config.loss_type {
         LossType::Dapo | LossType::Cispo | LossType::Vespo => policy,
-        _ => (policy / config.gradient_accumulation_steps as f64)?,
+        _ => (policy / config.training.gradient_accumulation_steps as f64)?,
     };
 
     let mut metrics = BTreeMap::new();
@@ -586,7 +586,7 @@ pub fn compute(
             .to_scalar::<f64>()?
             .max(1.0);
         let bonus = ((entropy * &effective)?.sum_all()? / count)?
-            / config.gradient_accumulation_steps as f64;
+            / config.training.gradient_accumulation_steps as f64;
         let policy_loss = loss.detach().to_dtype(DType::F64)?.to_scalar::<f64>()?;
         metrics.insert("policy_loss".to_string(), policy_loss);
         metrics.insert("entropy_coef".to_string(), config.entropy_coef);
@@ -679,6 +679,7 @@ mod tests {
 
     use super::*;
     use crate::batch::Sequence;
+    use crate::TrainingArguments;
 
     fn completion(trained: usize, advantage: f32, tokens: Option<Vec<f32>>) -> Completion {
         Completion {
@@ -719,8 +720,11 @@ mod tests {
     #[test]
     fn per_token_advantages_weigh_each_token_by_its_own_advantage() {
         let config = GrpoConfig {
+            training: TrainingArguments {
+                gradient_accumulation_steps: 1,
+                ..GrpoConfig::default().training
+            },
             loss_type: LossType::Grpo,
-            gradient_accumulation_steps: 1,
             ..GrpoConfig::default()
         };
         // Completion 0: per-token advantages 1 and −2, ratios 1.1 (inside the clip range) and 0.5

@@ -40,7 +40,7 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: Vec<(String, Var)>, config: &impl TrainingConfig) -> Self {
-        let config = config.shared();
+        let config = config.training();
         AdamW {
             params,
             moments: HashMap::new(),
@@ -551,7 +551,7 @@ pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
 
 /// Warm-up steps: `warmup_steps`, or `warmup_ratio` of `total` rounded up.
 pub fn warmup_steps(config: &impl TrainingConfig, total: u64) -> u64 {
-    let config = config.shared();
+    let config = config.training();
     if config.warmup_steps > 0 {
         config.warmup_steps
     } else {
@@ -562,7 +562,7 @@ pub fn warmup_steps(config: &impl TrainingConfig, total: u64) -> u64 {
 /// The learning rate of the optimizer step that follows `completed` steps, out of `total`.
 pub fn learning_rate(config: &impl TrainingConfig, completed: u64, total: u64) -> f64 {
     let warmup = warmup_steps(config, total);
-    let config = config.shared();
+    let config = config.training();
     let step = completed as f64;
     let base = config.learning_rate;
     let warming = completed < warmup;
@@ -584,7 +584,7 @@ pub fn learning_rate(config: &impl TrainingConfig, completed: u64, total: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::GrpoConfig;
+    use crate::{GrpoConfig, TrainingArguments};
 
     #[test]
     fn the_in_place_update_is_candles_to_the_bit() {
@@ -604,7 +604,10 @@ mod tests {
         };
         let shape = (3, 50_000);
         let config = GrpoConfig {
-            weight_decay: 0.1,
+            training: TrainingArguments {
+                weight_decay: 0.1,
+                ..GrpoConfig::default().training
+            },
             ..GrpoConfig::default()
         };
         let start = Tensor::from_vec(values(150_000), shape, &Device::Cpu).unwrap();
@@ -663,9 +666,12 @@ mod tests {
     #[test]
     fn schedules_follow_transformers() {
         let config = |kind, warmup| GrpoConfig {
-            lr_scheduler_type: kind,
-            warmup_steps: warmup,
-            learning_rate: 1.0,
+            training: TrainingArguments {
+                lr_scheduler_type: kind,
+                warmup_steps: warmup,
+                learning_rate: 1.0,
+                ..GrpoConfig::default().training
+            },
             ..GrpoConfig::default()
         };
         let linear = config(LrSchedulerType::Linear, 2);

@@ -1,11 +1,12 @@
 //! What every trainer's configuration has ([`TrainingConfig`]): the length of the run, checkpoints, AdamW,
-//! the schedule and LoRA under TRL's names ([`Shared`], checked in one place), and the errors that name a
+//! the schedule and LoRA under transformers' and TRL's names ([`TrainingArguments`], one struct that every
+//! trainer's configuration flattens into its own keys, checked in one place), and the errors that name a
 //! bad key.
 
 use std::fmt;
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.
@@ -26,7 +27,7 @@ pub trait TrainingConfig:
     fn validate(&self) -> Result<(), ConfigError>;
 
     /// The options every trainer has.
-    fn shared(&self) -> Shared;
+    fn training(&self) -> &TrainingArguments;
 
     /// Optimizer steps taken in `steps` of the run's steps (AdamW's bias correction counts them).
     fn optimizer_steps(&self, steps: u64) -> u64 {
@@ -56,33 +57,134 @@ pub trait TrainingConfig:
     }
 }
 
-/// The options every trainer has, under the same (TRL's) names.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Shared {
-    pub seed: u64,
+/// The options every trainer has, under transformers' `TrainingArguments` names (LoRA's under TRL's
+/// `ModelConfig` names). A trainer's configuration holds them in its `training` field and flattens them
+/// into its own keys: `learning_rate = 1e-5` in a TOML file, `config.training.learning_rate` in Rust.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingArguments {
+    /// Optimizer steps; -1 runs `num_train_epochs` over the data instead.
     pub max_steps: i64,
+    /// Passes over the data when `max_steps` is -1.
     pub num_train_epochs: f64,
+    pub seed: u64,
+    /// Save a checkpoint every this many steps (and at the end).
     pub save_steps: u64,
+    /// Keep only the newest this many checkpoints.
     pub save_total_limit: Option<usize>,
+    /// Examples (GRPO: completions) per micro-batch, one forward and backward pass.
     pub per_device_train_batch_size: usize,
+    /// Micro-batches whose gradients one optimizer step sums.
     pub gradient_accumulation_steps: usize,
+
+    // --- Optimizer (AdamW) ---
     pub learning_rate: f64,
     pub weight_decay: f64,
     pub adam_beta1: f64,
     pub adam_beta2: f64,
     pub adam_epsilon: f64,
+    /// Clip the gradients' global L2 norm to this; 0 disables.
     pub max_grad_norm: f64,
     pub lr_scheduler_type: LrSchedulerType,
+    /// Warm-up as a fraction of the steps (used when `warmup_steps` is 0).
     pub warmup_ratio: f64,
     pub warmup_steps: u64,
+
+    // --- LoRA (TRL's ModelConfig names) ---
+    /// Train LoRA adapters instead of every weight.
     pub use_peft: bool,
     pub lora_r: usize,
     pub lora_alpha: f64,
+    /// Dropout on the adapters' input in the training passes.
     pub lora_dropout: f64,
+    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
+    /// unset.
     pub lora_target_modules: Option<Vec<String>>,
 }
 
-impl Shared {
+impl Default for TrainingArguments {
+    /// transformers' and TRL's defaults; each trainer's configuration sets its own `learning_rate` (TRL's
+    /// `GRPOConfig` 1e-6, `SFTConfig` 2e-5) as TRL's do.
+    fn default() -> Self {
+        TrainingArguments {
+            max_steps: -1,
+            num_train_epochs: 3.0,
+            seed: 42,
+            save_steps: 500,
+            save_total_limit: None,
+            per_device_train_batch_size: 8,
+            gradient_accumulation_steps: 1,
+            learning_rate: 5e-5,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: LrSchedulerType::Linear,
+            warmup_ratio: 0.0,
+            warmup_steps: 0,
+            use_peft: false,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.05,
+            lora_target_modules: None,
+        }
+    }
+}
+
+impl TrainingArguments {
+    /// Every key, in the order of the fields.
+    pub const KEYS: &'static [&'static str] = &[
+        "max_steps",
+        "num_train_epochs",
+        "seed",
+        "save_steps",
+        "save_total_limit",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "lr_scheduler_type",
+        "warmup_ratio",
+        "warmup_steps",
+        "use_peft",
+        "lora_r",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_modules",
+    ];
+
+    /// The keys a trainer's configuration flattens: its entries of [`TrainingArguments::KEYS`] over
+    /// `defaults` (the trainer's own defaults; serde's flattening would take this struct's). Used as
+    /// `#[serde(flatten, deserialize_with = "...")]` on a configuration's `training` field.
+    pub fn deserialize_over<'de, D: Deserializer<'de>>(
+        defaults: TrainingArguments,
+        deserializer: D,
+    ) -> Result<TrainingArguments, D::Error> {
+        struct Over(TrainingArguments);
+        impl<'de> Visitor<'de> for Over {
+            type Value = TrainingArguments;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("training arguments")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut table = toml::Table::try_from(&self.0).map_err(de::Error::custom)?;
+                while let Some((key, value)) = map.next_entry::<String, toml::Value>()? {
+                    table.insert(key, value);
+                }
+                TrainingArguments::deserialize(table)
+                    .map_err(|error| de::Error::custom(error.message()))
+            }
+        }
+        deserializer.deserialize_struct("TrainingArguments", Self::KEYS, Over(defaults))
+    }
+
     /// LoRA's target projections.
     pub fn lora_targets(&self) -> Vec<String> {
         self.lora_target_modules
@@ -224,44 +326,13 @@ pub(crate) fn error(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The values of the shared enumerated options.
+/// The values of the enumerated [`TrainingArguments`].
 pub(crate) fn shared_allowed_values(key: &str) -> Option<&'static [&'static str]> {
     match key {
         "lr_scheduler_type" => Some(&["linear", "cosine", "constant", "constant_with_warmup"]),
         _ => None,
     }
 }
-
-/// The [`Shared`] options of a trainer's configuration, whose fields have the shared options' names:
-/// `fn shared(&self) -> Shared { shared_options!(self) }`.
-macro_rules! shared_options {
-    ($config:expr) => {
-        Shared {
-            seed: $config.seed,
-            max_steps: $config.max_steps,
-            num_train_epochs: $config.num_train_epochs,
-            save_steps: $config.save_steps,
-            save_total_limit: $config.save_total_limit,
-            per_device_train_batch_size: $config.per_device_train_batch_size,
-            gradient_accumulation_steps: $config.gradient_accumulation_steps,
-            learning_rate: $config.learning_rate,
-            weight_decay: $config.weight_decay,
-            adam_beta1: $config.adam_beta1,
-            adam_beta2: $config.adam_beta2,
-            adam_epsilon: $config.adam_epsilon,
-            max_grad_norm: $config.max_grad_norm,
-            lr_scheduler_type: $config.lr_scheduler_type,
-            warmup_ratio: $config.warmup_ratio,
-            warmup_steps: $config.warmup_steps,
-            use_peft: $config.use_peft,
-            lora_r: $config.lora_r,
-            lora_alpha: $config.lora_alpha,
-            lora_dropout: $config.lora_dropout,
-            lora_target_modules: $config.lora_target_modules.clone(),
-        }
-    };
-}
-pub(crate) use shared_options;
 
 /// The learning-rate schedule (transformers' `lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,4 +346,80 @@ pub enum LrSchedulerType {
     Constant,
     /// Linear warm-up, then constant.
     ConstantWithWarmup,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sft::SftConfig;
+    use crate::{ConfigBuilder, GrpoConfig};
+
+    #[test]
+    fn keys_are_the_fields_in_order() {
+        let every = TrainingArguments {
+            save_total_limit: Some(2),
+            lora_target_modules: Some(vec!["q_proj".into()]),
+            ..TrainingArguments::default()
+        };
+        let table = toml::Table::try_from(&every).unwrap();
+        let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+        let mut sorted = TrainingArguments::KEYS.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(keys, sorted);
+        // The configurations list them among their own keys, in their place.
+        let grpo = ConfigBuilder::<GrpoConfig>::keys();
+        for key in TrainingArguments::KEYS {
+            assert!(grpo.iter().any(|known| known == key), "{key}");
+        }
+    }
+
+    #[test]
+    fn each_trainer_keeps_its_own_defaults_under_the_flattened_keys() {
+        let grpo: GrpoConfig = toml::from_str("beta = 0.1\nseed = 3").unwrap();
+        assert_eq!(grpo.training.learning_rate, 1e-6);
+        assert_eq!(grpo.training.seed, 3);
+        assert_eq!(grpo.beta, 0.1);
+        let sft: SftConfig = toml::from_str("seed = 3").unwrap();
+        assert_eq!(sft.training.learning_rate, 2e-5);
+        assert_eq!(sft, {
+            let mut expected = SftConfig::default();
+            expected.training.seed = 3;
+            expected
+        });
+        // An integer where a float is expected, an unset option set, and the round trip through the
+        // TOML a run folder keeps.
+        let grpo: GrpoConfig =
+            toml::from_str("learning_rate = 1\nsave_total_limit = 2\nnum_generations = 4").unwrap();
+        assert_eq!(grpo.training.learning_rate, 1.0);
+        assert_eq!(grpo.training.save_total_limit, Some(2));
+        let again: GrpoConfig = toml::from_str(&grpo.to_toml()).unwrap();
+        assert_eq!(again, grpo);
+    }
+
+    #[test]
+    fn unknown_and_bad_keys_are_refused_by_name() {
+        let error = toml::from_str::<GrpoConfig>("seed = 3\nlearning_rat = 1e-5").unwrap_err();
+        assert!(
+            error.message().contains("unknown field `learning_rat`"),
+            "{error}"
+        );
+        let error = ConfigBuilder::<GrpoConfig>::default()
+            .set("--seed", "three")
+            .build()
+            .unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("seed"));
+        assert_eq!(error.origin.as_deref(), Some("--seed"));
+        assert!(
+            error.message.contains("expected u64") && !error.message.contains('\n'),
+            "{error}"
+        );
+        let error = ConfigBuilder::<GrpoConfig>::default()
+            .set("--lr-scheduler-type", "cubic")
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--lr-scheduler-type: `lr_scheduler_type`: \"cubic\" is not one of them; allowed values: linear, cosine, constant, constant_with_warmup"
+        );
+    }
 }

@@ -100,7 +100,7 @@ impl Trainable {
     /// `use_peft`.
     pub fn new(base: &Model, dir: &Path, config: &impl TrainingConfig) -> Result<Self, TrainError> {
         let model_dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        let (model, vars, adapter_config) = match config.shared().lora() {
+        let (model, vars, adapter_config) = match config.training().lora() {
             Some(lora) => {
                 let (model, vars) = base.with_lora(&lora)?;
                 let adapter = checkpoint::adapter_config(config, &model_dir.display().to_string());
@@ -176,7 +176,7 @@ impl Trainable {
         lr_factor: f64,
     ) -> candle_core::Result<(f64, f64)> {
         let grad_norm = optim::grad_norm(grads)?;
-        let clip = optim::clip_coefficient(grad_norm, config.shared().max_grad_norm);
+        let clip = optim::clip_coefficient(grad_norm, config.training().max_grad_norm);
         let learning_rate = optim::learning_rate(config, completed, total) * lr_factor;
         self.optimizer.step(grads, learning_rate, clip)?;
         Ok((grad_norm, learning_rate))
@@ -204,7 +204,7 @@ impl Trainable {
             self.optimizer.state(),
             state,
             config,
-            config.shared().save_total_limit,
+            config.training().save_total_limit,
         )?)
     }
 }

@@ -44,7 +44,7 @@ use crate::local::Arch;
 use crate::loom::{Interpreted, RolloutRecord};
 use crate::train::report::plot;
 use crate::train::run::{progress_bar, Trainable};
-use crate::train::{checkpoint, GrpoConfig, Policy, RunOptions, Trainer};
+use crate::train::{checkpoint, GrpoConfig, Policy, RunOptions, Trainer, TrainingArguments};
 use crate::Resources;
 
 /// The environment, compiled into the binary so that the demo runs from any folder.
@@ -128,17 +128,20 @@ impl DemoOptions {
     /// GRPO's options (TRL's names).
     pub fn grpo_config(&self) -> GrpoConfig {
         GrpoConfig {
-            max_steps: self.grpo_steps as i64,
-            seed: self.seed,
-            save_steps: self.grpo_steps.max(1),
+            training: TrainingArguments {
+                max_steps: self.grpo_steps as i64,
+                seed: self.seed,
+                save_steps: self.grpo_steps.max(1),
+                per_device_train_batch_size: 64,
+                learning_rate: 1e-4,
+                ..GrpoConfig::default().training
+            },
             eval_steps: Some(self.eval_steps.max(1)),
             eval_on_start: true,
             num_generations: 8,
-            per_device_train_batch_size: 64,
             max_completion_length: 16,
             gradient_checkpointing: false,
             temperature: 1.0,
-            learning_rate: 1e-4,
             beta: 0.04,
             ..GrpoConfig::default()
         }

@@ -2,6 +2,7 @@
 //! step) on token sequences built exactly as the environment's rollouts record them, each step's batch
 //! drawn afresh from the teacher.
 
+use crate::train::TrainingArguments;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -126,10 +127,13 @@ impl Budget {
     /// clipped to norm 1) at a learning rate decaying linearly to 0, every weight trained.
     pub fn config(&self, seed: u64) -> SftConfig {
         SftConfig {
-            max_steps: self.steps as i64,
-            per_device_train_batch_size: self.batch_size,
-            learning_rate: self.learning_rate,
-            seed,
+            training: TrainingArguments {
+                max_steps: self.steps as i64,
+                per_device_train_batch_size: self.batch_size,
+                learning_rate: self.learning_rate,
+                seed,
+                ..SftConfig::default().training
+            },
             ..SftConfig::default()
         }
     }

@@ -10,20 +10,24 @@ use crate::common::tempdir::Dir;
 use candle_core::Device;
 use holo_runtime::interpreter::Row;
 use holo_runtime::train::{
-    GrpoConfig, Policy, RunOptions, TrainError, TrainSummary, Trainer, TrainingConfig,
+    GrpoConfig, Policy, RunOptions, TrainError, TrainSummary, Trainer, TrainingArguments,
+    TrainingConfig,
 };
 use serde_json::json;
 
 fn config(steps: i64) -> GrpoConfig {
     GrpoConfig {
-        max_steps: steps,
+        training: TrainingArguments {
+            max_steps: steps,
+            per_device_train_batch_size: 4,
+            learning_rate: 1e-3,
+            save_steps: 1,
+            seed: 3,
+            ..GrpoConfig::default().training
+        },
         num_generations: 2,
-        per_device_train_batch_size: 4,
         max_completion_length: 16,
-        learning_rate: 1e-3,
-        save_steps: 1,
         vllm_importance_sampling_correction: false,
-        seed: 3,
         ..GrpoConfig::default()
     }
 }

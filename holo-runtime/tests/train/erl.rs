@@ -11,7 +11,7 @@ use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutRecord};
 use holo_runtime::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
 use holo_runtime::train::batch::Sequence;
-use holo_runtime::train::{erl, GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::train::{erl, GrpoConfig, Policy, RunOptions, Trainer, TrainingArguments};
 use holo_runtime::{Completion, Finish, Resources};
 use tokenizers::Tokenizer;
 
@@ -105,12 +105,15 @@ fn rows() -> Vec<(usize, Row)> {
 
 fn config(steps: i64) -> GrpoConfig {
     GrpoConfig {
-        max_steps: steps,
+        training: TrainingArguments {
+            max_steps: steps,
+            per_device_train_batch_size: 6,
+            learning_rate: 1e-3,
+            save_steps: 1,
+            ..GrpoConfig::default().training
+        },
         num_generations: 2,
-        per_device_train_batch_size: 6,
         max_completion_length: 16,
-        learning_rate: 1e-3,
-        save_steps: 1,
         vllm_importance_sampling_correction: false,
         erl: true,
         ..GrpoConfig::default()

@@ -11,7 +11,8 @@ use candle_core::{Device, Var};
 use holo_runtime::interpreter::Row;
 use holo_runtime::train::config::LrSchedulerType;
 use holo_runtime::train::{
-    GrpoConfig, Policy, RunOptions, TrainError, TrainSummary, Trainer, TrainingConfig,
+    GrpoConfig, Policy, RunOptions, TrainError, TrainSummary, Trainer, TrainingArguments,
+    TrainingConfig,
 };
 use serde_json::{json, Value};
 
@@ -19,13 +20,16 @@ const HALF: f64 = (RIGHT + WRONG) / 2.0;
 
 fn config(steps: i64) -> GrpoConfig {
     GrpoConfig {
-        max_steps: steps,
+        training: TrainingArguments {
+            max_steps: steps,
+            per_device_train_batch_size: 4,
+            learning_rate: 1e-2,
+            lr_scheduler_type: LrSchedulerType::Constant,
+            save_steps: 1,
+            ..GrpoConfig::default().training
+        },
         num_generations: 2,
-        per_device_train_batch_size: 4,
         max_completion_length: 16,
-        learning_rate: 1e-2,
-        lr_scheduler_type: LrSchedulerType::Constant,
-        save_steps: 1,
         vllm_importance_sampling_correction: false,
         ..GrpoConfig::default()
     }
@@ -267,8 +271,11 @@ fn a_kl_past_rollback_kl_is_rolled_back() {
     let dir = Dir::new("kl");
     let out = dir.path().join("run");
     let config = GrpoConfig {
+        training: TrainingArguments {
+            learning_rate: 1e-3,
+            ..(config(5)).training
+        },
         beta: 0.04,
-        learning_rate: 1e-3,
         rollback_kl: Some(10.0),
         rollback_lr_factor: 0.01,
         ..config(5)

@@ -13,7 +13,7 @@ use holo_runtime::train::config::Algorithm;
 use holo_runtime::train::config::KlEstimator;
 use holo_runtime::train::ppo::critic::{Critic, HEAD};
 use holo_runtime::train::ppo::{gae, micro_step, MicroBatch};
-use holo_runtime::train::GrpoConfig;
+use holo_runtime::train::{GrpoConfig, TrainingArguments};
 use serde_json::Value;
 
 use crate::common::parity::{close, gradient_matches};
@@ -42,6 +42,11 @@ fn config(case: &Value, fixtures: &Value) -> GrpoConfig {
     let c = &case["config"];
     let number = |key: &str| c[key].as_f64().expect(key);
     GrpoConfig {
+        training: TrainingArguments {
+            gradient_accumulation_steps: fixtures["gradient_accumulation_steps"].as_u64().unwrap()
+                as usize,
+            ..GrpoConfig::default().training
+        },
         algorithm: Algorithm::Ppo,
         kl_estimator: serde_json::from_value::<KlEstimator>(c["kl_estimator"].clone()).unwrap(),
         whiten_rewards: c["whiten_rewards"].as_bool().unwrap(),
@@ -52,8 +57,6 @@ fn config(case: &Value, fixtures: &Value) -> GrpoConfig {
         cliprange_value: number("cliprange_value"),
         vf_coef: number("vf_coef"),
         temperature: fixtures["temperature"].as_f64().unwrap(),
-        gradient_accumulation_steps: fixtures["gradient_accumulation_steps"].as_u64().unwrap()
-            as usize,
         ..GrpoConfig::default()
     }
 }

@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::local::{LocalModel, LocalOptions};
-use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer, TrainingArguments};
 use holo_runtime::{Resources, Rollout};
 
 fn fixtures() -> std::path::PathBuf {
@@ -62,11 +62,14 @@ fn trainer(config: GrpoConfig, out: &Path) -> Trainer<impl holo_runtime::loom::R
 
 fn config() -> GrpoConfig {
     GrpoConfig {
-        max_steps: 2,
+        training: TrainingArguments {
+            max_steps: 2,
+            per_device_train_batch_size: 8,
+            learning_rate: 1e-3,
+            ..GrpoConfig::default().training
+        },
         num_generations: 4,
-        per_device_train_batch_size: 8,
         max_completion_length: 8,
-        learning_rate: 1e-3,
         vllm_importance_sampling_mode:
             holo_runtime::train::config::ImportanceSamplingMode::TokenTruncate,
         vllm_importance_sampling_clip_min: Some(0.5),

@@ -96,7 +96,7 @@ impl AtroposFeed {
     ) -> Result<AtroposFeed, String> {
         let api =
             Api::new(url, options.retry.clone()).map_err(|message| format!("--api: {message}"))?;
-        if config.max_steps <= 0 {
+        if config.training.max_steps <= 0 {
             return Err(
                 "`max_steps`: --rollouts atropos needs it (the environments decide the data, so there are no epochs to count)".into(),
             );
@@ -120,9 +120,9 @@ impl AtroposFeed {
                 batch_size: config.generation_batch_size() as i64,
                 max_token_len: context as i64,
                 checkpoint_dir: run_dir.display().to_string(),
-                save_checkpoint_interval: config.save_steps as i64,
+                save_checkpoint_interval: config.training.save_steps as i64,
                 starting_step: 0,
-                num_steps: config.max_steps,
+                num_steps: config.training.max_steps,
             },
             options,
             registered: false,

@@ -93,7 +93,7 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
         );
     }
     if config.num_iterations != 1
-        || config.steps_per_generation() != config.gradient_accumulation_steps
+        || config.steps_per_generation() != config.training.gradient_accumulation_steps
     {
         return refuse(
             "num_iterations",
@@ -158,7 +158,7 @@ pub fn token_weight(
     tokens: usize,
     batch_tokens: usize,
 ) -> f64 {
-    let accumulation = config.gradient_accumulation_steps as f64;
+    let accumulation = config.training.gradient_accumulation_steps as f64;
     let completions = completions.max(1) as f64;
     match config.loss_type {
         LossType::Grpo => 1.0 / (length.max(1) as f64 * completions * accumulation),
@@ -275,8 +275,8 @@ impl Tinker {
         );
         let backend = Tinker {
             lora: wire::LoraConfig {
-                rank: config.lora_r,
-                seed: Some(config.seed),
+                rank: config.training.lora_r,
+                seed: Some(config.training.seed),
             },
             tinker,
             sampler,
@@ -495,7 +495,7 @@ impl Backend for Tinker {
         let micro = Buffer::slot(
             &buffer.completions,
             slot,
-            config.gradient_accumulation_steps,
+            config.training.gradient_accumulation_steps,
         );
         let (count, tokens) = kept(micro);
         let mut data = Vec::new();
@@ -579,11 +579,11 @@ impl Backend for Tinker {
                 seq,
                 AdamParams {
                     learning_rate,
-                    beta1: config.adam_beta1,
-                    beta2: config.adam_beta2,
-                    eps: config.adam_epsilon,
-                    weight_decay: config.weight_decay,
-                    grad_clip_norm: config.max_grad_norm,
+                    beta1: config.training.adam_beta1,
+                    beta2: config.training.adam_beta2,
+                    eps: config.training.adam_epsilon,
+                    weight_decay: config.training.weight_decay,
+                    grad_clip_norm: config.training.max_grad_norm,
                 },
             ))
             .map_err(|error| TrainError::Source(error.to_string()))?;
@@ -685,7 +685,7 @@ impl Backend for Tinker {
             std::fs::remove_dir_all(&target)?;
         }
         std::fs::rename(&staging, &target)?;
-        if let Some(keep) = config.save_total_limit {
+        if let Some(keep) = config.training.save_total_limit {
             let checkpoints = Tinker::service_checkpoints(run)?;
             for (step, old) in checkpoints
                 .iter()

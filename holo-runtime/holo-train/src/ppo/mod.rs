@@ -53,8 +53,8 @@ const VALUE_HEAD: u64 = 8;
 /// The value model of a PPO run: `value_model`'s folder (keeping its `score` head when it has one),
 /// or a copy of the policy `base`, with a new head drawn from the run's seed.
 pub fn critic(base: &holo_model::Model, config: &GrpoConfig) -> Result<Critic, TrainError> {
-    let lora = config.shared().lora();
-    let seed = mix(config.seed ^ VALUE_HEAD);
+    let lora = config.training().lora();
+    let seed = mix(config.training.seed ^ VALUE_HEAD);
     let built = match &config.value_model {
         None => Critic::new(base, None, lora.as_ref(), seed),
         Some(dir) => {
@@ -122,20 +122,20 @@ pub(crate) fn update(
     let mut metrics = BTreeMap::new();
     let (targets, penalties) = targets(critic, config, completions, &buffer.scores, &mut metrics)?;
 
-    let accumulation = config.gradient_accumulation_steps;
+    let accumulation = config.training.gradient_accumulation_steps;
     let (mut losses, mut norms, mut learning_rate) = (Vec::new(), Vec::new(), 0.0);
     let mut stats: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut micro_index = 0u64;
     for epoch in 0..config.num_ppo_epochs as u64 {
         let mut order: Vec<usize> = (0..completions.len()).collect();
-        let seed = mix(mix(mix(config.seed ^ PERMUTATION) ^ generation) ^ epoch);
+        let seed = mix(mix(mix(config.training.seed ^ PERMUTATION) ^ generation) ^ epoch);
         order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
         for mini in 0..config.num_mini_batches {
             let mini_batch = Buffer::slot(&order, mini, config.num_mini_batches);
             let mut grads = trained.no_grads();
             for micro in 0..accumulation {
                 let indices = Buffer::slot(mini_batch, micro, accumulation);
-                let dropout = mix(mix(config.seed ^ DROPOUT) ^ generation) ^ micro_index;
+                let dropout = mix(mix(config.training.seed ^ DROPOUT) ^ generation) ^ micro_index;
                 micro_index += 1;
                 trained.model.set_dropout_seed(mix(dropout) | 1);
                 if let Some(critic) = &trained.critic {
@@ -189,7 +189,7 @@ pub fn targets(
 ) -> Result<(Vec<Targets>, usize), TrainError> {
     let sequences: Vec<&Sequence> = score::sequences(completions);
     let mut per_sequence = critic
-        .values(&sequences, config.per_device_train_batch_size)?
+        .values(&sequences, config.training.per_device_train_batch_size)?
         .into_iter();
     let mut penalties = 0;
     let (mut rewards, mut kls, mut all_values, mut valid) = (vec![], vec![], vec![], vec![]);
@@ -322,7 +322,7 @@ pub fn micro_step(
     let scalar = |tensor: &Tensor| -> candle_core::Result<f64> {
         tensor.to_dtype(DType::F64)?.to_scalar::<f64>()
     };
-    let scale = 1.0 / config.gradient_accumulation_steps as f64;
+    let scale = 1.0 / config.training.gradient_accumulation_steps as f64;
     let mut stats = Vec::new();
     let (policy_value, policy_grads) = score::backward_sequences(
         model,

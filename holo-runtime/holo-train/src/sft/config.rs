@@ -4,10 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::LrSchedulerType;
-use crate::config::{
-    error, shared_allowed_values, shared_options, ConfigError, Shared, TrainingConfig,
-};
+use crate::config::{error, shared_allowed_values, ConfigError, TrainingArguments, TrainingConfig};
 
 /// Which end of a sequence longer than `max_length` is kept (TRL's `truncation_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,24 +28,16 @@ pub enum SftLossType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftConfig {
+    /// The options every trainer has (transformers' `TrainingArguments`), flattened into this
+    /// configuration's keys.
+    #[serde(flatten, deserialize_with = "sft_training")]
+    pub training: TrainingArguments,
+
     // --- Length of the run, checkpoints ---
-    /// Optimizer steps; -1 runs `num_train_epochs` over the data instead.
-    pub max_steps: i64,
-    /// Passes over the data when `max_steps` is -1.
-    pub num_train_epochs: f64,
-    pub seed: u64,
     /// Seeds the data order; `seed` when unset.
     pub data_seed: Option<u64>,
-    /// Save a checkpoint every this many steps (and at the end).
-    pub save_steps: u64,
-    /// Keep only the newest this many checkpoints.
-    pub save_total_limit: Option<usize>,
 
     // --- Batches ---
-    /// Examples per micro-batch (one forward and backward pass).
-    pub per_device_train_batch_size: usize,
-    /// Micro-batches whose gradients are summed into one optimizer step.
-    pub gradient_accumulation_steps: usize,
     /// Activation recomputation: one layer's activations alive at a time in the backward pass.
     pub gradient_checkpointing: bool,
 
@@ -67,42 +56,27 @@ pub struct SftConfig {
 
     // --- The loss ---
     pub loss_type: SftLossType,
+}
 
-    // --- Optimizer (AdamW) ---
-    pub learning_rate: f64,
-    pub weight_decay: f64,
-    pub adam_beta1: f64,
-    pub adam_beta2: f64,
-    pub adam_epsilon: f64,
-    /// Clip the gradients' global L2 norm to this; 0 disables.
-    pub max_grad_norm: f64,
-    pub lr_scheduler_type: LrSchedulerType,
-    /// Warm-up as a fraction of the steps (used when `warmup_steps` is 0).
-    pub warmup_ratio: f64,
-    pub warmup_steps: u64,
+/// SFTConfig's [`TrainingArguments`]: transformers' defaults with a learning rate of 2e-5.
+fn sft_training_defaults() -> TrainingArguments {
+    TrainingArguments {
+        learning_rate: 2e-5,
+        ..TrainingArguments::default()
+    }
+}
 
-    // --- LoRA (TRL's ModelConfig names) ---
-    /// Train LoRA adapters instead of every weight.
-    pub use_peft: bool,
-    pub lora_r: usize,
-    pub lora_alpha: f64,
-    /// Dropout on the adapters' input in the training passes.
-    pub lora_dropout: f64,
-    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when unset.
-    pub lora_target_modules: Option<Vec<String>>,
+fn sft_training<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<TrainingArguments, D::Error> {
+    TrainingArguments::deserialize_over(sft_training_defaults(), deserializer)
 }
 
 impl Default for SftConfig {
     fn default() -> Self {
         SftConfig {
-            max_steps: -1,
-            num_train_epochs: 3.0,
-            seed: 42,
+            training: sft_training_defaults(),
             data_seed: None,
-            save_steps: 500,
-            save_total_limit: None,
-            per_device_train_batch_size: 8,
-            gradient_accumulation_steps: 1,
             gradient_checkpointing: false,
             max_length: Some(1024),
             truncation_mode: TruncationMode::KeepStart,
@@ -111,20 +85,6 @@ impl Default for SftConfig {
             packing: false,
             eos_token: None,
             loss_type: SftLossType::Nll,
-            learning_rate: 2e-5,
-            weight_decay: 0.0,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_epsilon: 1e-8,
-            max_grad_norm: 1.0,
-            lr_scheduler_type: LrSchedulerType::Linear,
-            warmup_ratio: 0.0,
-            warmup_steps: 0,
-            use_peft: false,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            lora_dropout: 0.05,
-            lora_target_modules: None,
         }
     }
 }
@@ -132,7 +92,7 @@ impl Default for SftConfig {
 impl SftConfig {
     /// The data seed.
     pub fn data_seed(&self) -> u64 {
-        self.data_seed.unwrap_or(self.seed)
+        self.data_seed.unwrap_or(self.training.seed)
     }
 }
 
@@ -156,7 +116,7 @@ impl TrainingConfig for SftConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.shared().validate()?;
+        self.training.validate()?;
         if self.max_length == Some(0) {
             return Err(error(
                 "max_length",
@@ -172,8 +132,8 @@ impl TrainingConfig for SftConfig {
         Ok(())
     }
 
-    fn shared(&self) -> Shared {
-        shared_options!(self)
+    fn training(&self) -> &TrainingArguments {
+        &self.training
     }
 }
 

@@ -95,12 +95,15 @@ impl SftTrainer {
     /// How `examples` examples are cut into steps.
     pub fn plan(&self, examples: usize) -> Plan {
         let config = &self.config;
-        let batches_per_epoch = examples.div_ceil(config.per_device_train_batch_size).max(1);
-        let steps_per_epoch = batches_per_epoch.div_ceil(config.gradient_accumulation_steps);
-        let total_steps = if config.max_steps > 0 {
-            config.max_steps as u64
+        let batches_per_epoch = examples
+            .div_ceil(config.training.per_device_train_batch_size)
+            .max(1);
+        let steps_per_epoch =
+            batches_per_epoch.div_ceil(config.training.gradient_accumulation_steps);
+        let total_steps = if config.training.max_steps > 0 {
+            config.training.max_steps as u64
         } else {
-            ((config.num_train_epochs * steps_per_epoch as f64).ceil() as u64).max(1)
+            ((config.training.num_train_epochs * steps_per_epoch as f64).ceil() as u64).max(1)
         };
         Plan {
             examples,
@@ -117,8 +120,8 @@ impl SftTrainer {
         let mut order: Vec<usize> = (0..plan.examples).collect();
         let seed = mix(mix(self.config.data_seed() ^ DATA) ^ epoch);
         order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-        let size = self.config.per_device_train_batch_size;
-        let accumulation = self.config.gradient_accumulation_steps;
+        let size = self.config.training.per_device_train_batch_size;
+        let accumulation = self.config.training.gradient_accumulation_steps;
         let first = within * accumulation;
         let last = (first + accumulation).min(plan.batches_per_epoch);
         (first..last)
@@ -162,9 +165,9 @@ impl SftTrainer {
             let mut grads = self.trained.no_grads();
             for batch in &batches {
                 // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
-                self.trained
-                    .model
-                    .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
+                self.trained.model.set_dropout_seed(
+                    mix(mix(config.training.seed ^ DROPOUT) ^ state.micro_step) | 1,
+                );
                 let micro = loss::micro_batch(
                     &self.trained.model,
                     batch,
@@ -201,7 +204,7 @@ impl SftTrainer {
                 window.loss, metrics["mean_token_accuracy"]
             ));
             progress.set_position(step);
-            if step % config.save_steps == 0 || step == total {
+            if step % config.training.save_steps == 0 || step == total {
                 let saved = self.trained.save(&self.run, &state, &config)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));

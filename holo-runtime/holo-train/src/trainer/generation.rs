@@ -137,7 +137,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 .map(|score| score as f32)
                 .collect()
         } else {
-            let shuffle = mix(mix(config.seed ^ SHUFFLE) ^ generation);
+            let shuffle = mix(mix(config.training.seed ^ SHUFFLE) ^ generation);
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(shuffle);
             completions.shuffle(&mut rng);
             internalized.shuffle(&mut rng);
@@ -201,7 +201,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 .map(|record: &RolloutRecord| record.row_index)
                 .collect();
             let rows = stream.next(state, wanted - kept.len() / group, &exclude);
-            let seed = mix(mix(config.seed ^ SAMPLING) ^ state.generations);
+            let seed = mix(mix(config.training.seed ^ SAMPLING) ^ state.generations);
             state.generations += 1;
             draws += 1;
             let (records, _) = self.rollouts(
@@ -291,7 +291,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         progress: &ProgressBar,
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let group = self.config.num_generations_eval();
-        let seed = mix(self.config.seed ^ EVAL);
+        let seed = mix(self.config.training.seed ^ EVAL);
         let (records, summary) = self.rollouts(
             runtime,
             rows,

@@ -72,7 +72,7 @@ impl Local {
                     ..Limits::default()
                 },
                 default_max_tokens: config.max_completion_length,
-                seed: config.seed,
+                seed: config.training.seed,
                 ..LocalOptions::default()
             },
         );
@@ -226,12 +226,13 @@ impl Backend for Local {
         completions: &mut [Completion],
         metrics: &mut BTreeMap<String, f64>,
     ) -> Result<(), TrainError> {
-        let batch_size = config.per_device_train_batch_size;
+        let batch_size = config.training.per_device_train_batch_size;
         let generate_every = config.steps_per_generation() * config.num_iterations;
         let correction = self.corrects_sampler(config);
         // Log-probabilities of the policy as it sampled: without dropout.
         self.trained.model.set_dropout_seed(0);
         if !config
+            .training
             .gradient_accumulation_steps
             .is_multiple_of(generate_every)
             || correction
@@ -273,7 +274,7 @@ impl Backend for Local {
         // LoRA dropout masks: a function of the seed and the micro-batch (never 0, which is off).
         self.trained
             .model
-            .set_dropout_seed(mix(mix(config.seed ^ DROPOUT) ^ state.micro_step) | 1);
+            .set_dropout_seed(mix(mix(config.training.seed ^ DROPOUT) ^ state.micro_step) | 1);
         let (value, micro_grads, metrics) = self.backward(config, micro, buffer)?;
         window.loss += value;
         window.extend(metrics);

@@ -156,15 +156,16 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     /// The optimizer steps of a run over `rows` rows.
     pub fn total_steps(&self, rows: usize) -> u64 {
         let config = &self.config;
-        if config.max_steps > 0 {
-            return config.max_steps as u64;
+        if config.training.max_steps > 0 {
+            return config.training.max_steps as u64;
         }
         let prompts = config.prompts_per_generation().max(1);
-        let generations = (config.num_train_epochs * rows as f64 / prompts as f64).ceil() as u64;
+        let generations =
+            (config.training.num_train_epochs * rows as f64 / prompts as f64).ceil() as u64;
         let micro =
             generations * config.steps_per_generation() as u64 * config.num_iterations as u64;
         micro
-            .div_ceil(config.gradient_accumulation_steps as u64)
+            .div_ceil(config.training.gradient_accumulation_steps as u64)
             .max(1)
     }
 
@@ -307,7 +308,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                     .map_or(String::new(), |kl| format!(", kl {kl:.4}")),
             ));
             progress.set_position(step);
-            if step.is_multiple_of(config.save_steps) || last_step || state.guard.stopped {
+            if step.is_multiple_of(config.training.save_steps) || last_step || state.guard.stopped {
                 let saved = self.save(runtime, state)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));
@@ -333,7 +334,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let config = self.config.clone();
         let step = state.global_step + 1;
         let generate_every = (config.steps_per_generation() * config.num_iterations) as u64;
-        for _ in 0..config.gradient_accumulation_steps {
+        for _ in 0..config.training.gradient_accumulation_steps {
             if state.micro_step.is_multiple_of(generate_every) || state.buffer.is_none() {
                 let started = Instant::now();
                 let (buffer, generated) = self.generate(runtime, stream, state, step, progress)?;
