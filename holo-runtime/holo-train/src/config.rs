@@ -1,7 +1,8 @@
 //! The trainers' configurations: [`GrpoConfig`] (TRL's `GRPOConfig` option names, defaults and meanings) and
 //! [`SftConfig`](super::sft::SftConfig), each with LoRA's options under TRL's `ModelConfig` names. What every
-//! trainer has (the length of the run, checkpoints, AdamW, the schedule, LoRA) is read through
-//! [`TrainingConfig::shared`] and checked in one place ([`Shared::validate`]).
+//! trainer has (the length of the run, checkpoints, AdamW, the schedule, LoRA) is one struct,
+//! [`TrainingArguments`], flattened into each configuration's keys and checked in one place
+//! ([`TrainingArguments::validate`]).
 //!
 //! A configuration comes from a TOML file (keys are the option names) and from command-line overrides
 //! (`--num-generations 4`: the same names in kebab case; [`super::builder`]), the overrides winning. Every key is checked
