@@ -23,7 +23,6 @@ pub mod model;
 mod recompute;
 pub mod sample;
 pub mod schedule;
-#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod threads;

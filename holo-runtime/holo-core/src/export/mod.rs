@@ -16,7 +16,6 @@
 
 pub mod dpo;
 pub mod filter;
-#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod fixtures;
 pub mod sft;
