@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Which units of `cargo build -p holo-runtime --bin holo` does `cargo test --workspace` build again?
+"""Which units of `cargo build -p holo-runtime --bin holo` does `cargo test --workspace` resolve otherwise?
 
-The README's demo and test commands share every artifact only when both resolve each package with the same
-features (profile names aside: the dev and test profiles hash alike). This prints each unit of the first
-build that the second lacks, with the features the test build adds or drops; one such unit rebuilds
-everything above it (a proc-macro dependency's `syn` rebuilds serde and all that uses it). It reads cargo's
-unit graphs, an unstable flag: RUSTC_BOOTSTRAP=1 lets a stable toolchain print them.
+The README's commands can share artifacts only where both resolve a package with the same features and
+settings (profile names aside). This prints each unit of the first build that the second lacks, with the
+features the test build adds or drops; one such unit rebuilds everything above it (a proc-macro
+dependency's `syn` rebuilds serde and all that uses it). It reads cargo's unit graphs, an unstable flag:
+RUSTC_BOOTSTRAP=1 lets a stable toolchain print them. Equal unit graphs are necessary, not sufficient:
+see docs/architecture.md, "Build invariant".
 
     python3 scripts/build-sharing.py          # exit 1 when a unit differs
 """
@@ -50,7 +51,7 @@ def main():
             note = "" if closest[1] == profile else " (profile differs)"
             print(f"{package} {kind[0]} {mode}: test adds {added}, drops {dropped}{note}")
     total = sum(len(v) for v in run.values())
-    print(f"{differing} of {total} units of the demo's build are built again by the tests")
+    print(f"{differing} of {total} units of the demo's build are resolved otherwise by the tests")
     return 1 if differing else 0
 
 

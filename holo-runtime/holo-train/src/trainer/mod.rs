@@ -66,9 +66,7 @@ impl<S: RolloutSource> Trainer<S, Local> {
         config: GrpoConfig,
         options: RunOptions,
     ) -> Result<Self, TrainError> {
-        config
-            .validate()
-            .map_err(|error| TrainError::Input(error.to_string()))?;
+        validate(&config)?;
         let (local, holophore) = Local::new(policy, &config)?;
         Trainer::with_backend(source, local, holophore, config, options)
     }
@@ -113,9 +111,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         config: GrpoConfig,
         options: RunOptions,
     ) -> Result<Self, TrainError> {
-        config
-            .validate()
-            .map_err(|error| TrainError::Input(error.to_string()))?;
+        validate(&config)?;
         if let Some(memory) = source.reflection_memory() {
             memory.set_capacity(if config.enable_memory {
                 config.memory_size
@@ -465,6 +461,13 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             .unwrap_or_default();
         self.backend.save(runtime, &self.run, state, &self.config)
     }
+}
+
+/// `config` checked before any work ([`TrainingConfig::validate`]).
+fn validate(config: &GrpoConfig) -> Result<(), TrainError> {
+    config
+        .validate()
+        .map_err(|error| TrainError::Input(error.to_string()))
 }
 
 /// What a restored checkpoint brings back besides the weights: the rollout files cut back to its
