@@ -92,7 +92,12 @@ pub fn config(arch: Arch) -> ModelConfig {
 
 /// Weights far from their defaults (norms and biases too), so that every term of the backward counts.
 pub fn random_model(config: &ModelConfig, dtype: DType) -> Model {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    random_model_seeded(config, 7, dtype)
+}
+
+/// [`random_model`] with weights drawn from `seed`.
+pub fn random_model_seeded(config: &ModelConfig, seed: u64, dtype: DType) -> Model {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut tensors = HashMap::new();
     for spec in parameter_specs(config) {
         let values: Vec<f64> = (0..spec.numel())

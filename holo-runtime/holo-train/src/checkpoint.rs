@@ -232,8 +232,8 @@ pub struct Loaded<C> {
 /// The file of a checkpoint that holds PPO's value model.
 pub const CRITIC_FILE: &str = "value_model.safetensors";
 
-/// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
-pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, String> {
+/// The trainer state and configuration of `dir` (a `checkpoint-N` folder), whatever holds its weights.
+pub fn read_state<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(TrainerState, C), String> {
     let name = dir.display();
     let read = |file: &str| {
         fs::read_to_string(dir.join(file)).map_err(|error| format!("{name}/{file}: {error}"))
@@ -242,6 +242,13 @@ pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, Str
         .map_err(|error| format!("{name}/trainer_state.json: {error}"))?;
     let config: C = toml::from_str(&read("config.toml")?)
         .map_err(|error| format!("{name}/config.toml: {}", error.message()))?;
+    Ok((state, config))
+}
+
+/// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
+pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, String> {
+    let name = dir.display();
+    let (state, config) = read_state(dir)?;
     let tensors = |file: &str| {
         candle_core::safetensors::load(dir.join(file), &candle_core::Device::Cpu)
             .map_err(|error| format!("{name}/{file}: {error}"))

@@ -291,12 +291,7 @@ pub fn restore<C: TrainingConfig>(
     run_dir: &Path,
 ) -> Result<TrainerState, TrainError> {
     let loaded = checkpoint::load::<C>(checkpoint_dir).map_err(TrainError::Input)?;
-    if let Some((key, saved, now)) = config.differs_from(&loaded.config) {
-        return Err(TrainError::Input(format!(
-            "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
-            run_dir.display()
-        )));
-    }
+    check_same_config(config, &loaded.config, run_dir)?;
     checkpoint::restore(&trainable.vars, &loaded.weights).map_err(TrainError::Input)?;
     if let Some(critic) = &trainable.critic {
         let saved = loaded.critic.as_ref().ok_or_else(|| {
@@ -312,6 +307,22 @@ pub fn restore<C: TrainingConfig>(
         &loaded.optimizer,
     )?;
     Ok(loaded.state)
+}
+
+/// Refuses to resume the run in `run_dir`, made with `saved`, with a `config` that would compute otherwise,
+/// naming the first key that differs.
+pub fn check_same_config<C: TrainingConfig>(
+    config: &C,
+    saved: &C,
+    run_dir: &Path,
+) -> Result<(), TrainError> {
+    match config.differs_from(saved) {
+        None => Ok(()),
+        Some((key, saved, now)) => Err(TrainError::Input(format!(
+            "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
+            run_dir.display()
+        ))),
+    }
 }
 
 /// Metric values gathered over one optimizer step's micro-batches (and generations), averaged as TRL

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
-use holo_runtime::local::init::{parameter_specs, Init};
+use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
+use holo_runtime::local::testing::random_model_seeded;
 use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -42,34 +43,6 @@ fn config(arch: Arch) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
-}
-
-/// Weights large enough that logits are far from uniform, norms and biases away from their defaults.
-fn random_model(config: &ModelConfig, seed: u64, dtype: DType) -> Model {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut tensors = HashMap::new();
-    for spec in parameter_specs(config) {
-        let values: Vec<f64> = (0..spec.numel())
-            .map(|_| {
-                let noise = rng.random::<f64>() * 2.0 - 1.0;
-                match spec.init {
-                    Init::Normal => noise * 0.4,
-                    Init::Zeros => noise * 0.2,
-                    Init::Ones => 1.0 + noise * 0.5,
-                }
-            })
-            .collect();
-        let tensor = Tensor::from_vec(values, spec.shape.clone(), &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        tensors.insert(spec.name, tensor);
-    }
-    Model::load(
-        VarBuilder::from_tensors(tensors, dtype, &Device::Cpu),
-        config,
-    )
-    .unwrap()
 }
 
 fn ids(rows: &[&[u32]]) -> (Tensor, Tensor) {
@@ -132,7 +105,9 @@ fn assert_every_var_has_a_gradient(
 fn every_weight_receives_a_gradient() {
     for arch in [Arch::Qwen2, Arch::Llama] {
         let config = config(arch);
-        let (model, vars) = random_model(&config, 1, DType::F32).trainable().unwrap();
+        let (model, vars) = random_model_seeded(&config, 1, DType::F32)
+            .trainable()
+            .unwrap();
         let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
         let logprobs = model
             .token_logprobs(&input, &mask, Ops::Differentiable)
@@ -152,7 +127,7 @@ fn every_weight_receives_a_gradient() {
 fn gradients_match_finite_differences() {
     for arch in [Arch::Qwen2, Arch::Llama] {
         let config = config(arch);
-        let base = random_model(&config, 2, DType::F64);
+        let base = random_model_seeded(&config, 2, DType::F64);
         let (model, vars) = base.trainable().unwrap();
         let (input, mask) = ids(&[&[1, 5, 9, 14, 3], &[1, 7, 22]]);
         let loss = |model: &Model| {
@@ -201,7 +176,7 @@ fn gradients_match_finite_differences() {
 #[test]
 fn fast_and_differentiable_paths_agree() {
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let model = random_model(&config(arch), 3, DType::F32);
+        let model = random_model_seeded(&config(arch), 3, DType::F32);
         let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30, 8], &[1, 7, 7, 22]]);
         let fast = model.token_logprobs(&input, &mask, Ops::Fast).unwrap();
         let slow = model
@@ -214,7 +189,7 @@ fn fast_and_differentiable_paths_agree() {
 #[test]
 fn the_kv_cache_and_left_padding_change_nothing() {
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let model = random_model(&config(arch), 4, DType::F32);
+        let model = random_model_seeded(&config(arch), 4, DType::F32);
         let sequence = [1u32, 5, 9, 14, 3, 30, 8, 11];
         let full_input = Tensor::new(&sequence[..], &Device::Cpu)
             .unwrap()
@@ -291,7 +266,7 @@ fn the_kv_cache_and_left_padding_change_nothing() {
 #[test]
 fn batches_sharing_a_pass_get_what_they_get_alone() {
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let model = random_model(&config(arch), 6, DType::F32);
+        let model = random_model_seeded(&config(arch), 6, DType::F32);
         let (first, first_mask) = ids(&[&[3, 8, 1, 9], &[4, 4, 2]]);
         let (second, second_mask) = ids(&[&[7, 5, 6, 2, 9, 1, 3]]);
         // Each batch alone, with a cache.
@@ -369,7 +344,7 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
 fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others() {
     let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let model = random_model(&config(arch), 6, DType::F32);
+        let model = random_model_seeded(&config(arch), 6, DType::F32);
         let sequences: [&[u32]; 3] = [&[3, 8, 1, 9], &[4, 4, 2], &[7, 5, 6, 2, 9, 1, 3]];
         let next_tokens = [11u32, 12, 13];
         // (prefill states, next step's state) of each sequence alone.
@@ -465,7 +440,7 @@ fn tokenizer() -> tokenizers::Tokenizer {
 fn batched_generation_equals_one_row_at_a_time() {
     let tokenizer = tokenizer();
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let model = random_model(&config(arch), 5, DType::F32);
+        let model = random_model_seeded(&config(arch), 5, DType::F32);
         let stopping = Stopping {
             eos: &[2],
             tokenizer: &tokenizer,
@@ -514,7 +489,7 @@ fn decoding_through_the_skinny_kernels_equals_the_differentiable_forward() {
         head_dim: 64,
         ..config(Arch::Qwen2)
     };
-    let model = random_model(&config, 3, DType::F32);
+    let model = random_model_seeded(&config, 3, DType::F32);
     let (input, mask) = ids(&[&[1, 5, 9, 14], &[3, 3, 7], &[8, 1, 1, 4]]);
     let positions = positions_from_mask(&mask).unwrap();
     let logits = |ops: Ops| {
@@ -541,7 +516,7 @@ fn decoding_through_the_skinny_kernels_equals_the_differentiable_forward() {
 #[test]
 fn stop_strings_cut_the_sample_where_they_first_end() {
     let tokenizer = tokenizer();
-    let model = random_model(&config(Arch::Llama), 9, DType::F32);
+    let model = random_model_seeded(&config(Arch::Llama), 9, DType::F32);
     let stopping = Stopping {
         eos: &[],
         tokenizer: &tokenizer,
@@ -595,7 +570,7 @@ fn stop_strings_cut_the_sample_where_they_first_end() {
 #[test]
 fn streamed_tokens_are_the_generation_and_a_refused_row_ends() {
     let tokenizer = tokenizer();
-    let model = random_model(&config(Arch::Qwen2), 5, DType::F32);
+    let model = random_model_seeded(&config(Arch::Qwen2), 5, DType::F32);
     let stopping = Stopping {
         eos: &[2],
         tokenizer: &tokenizer,
@@ -642,7 +617,7 @@ fn streamed_tokens_are_the_generation_and_a_refused_row_ends() {
 #[test]
 fn greedy_logprobs_are_the_policy_and_sampling_logprobs_are_zero() {
     let tokenizer = tokenizer();
-    let model = random_model(&config(Arch::Qwen2), 6, DType::F32);
+    let model = random_model_seeded(&config(Arch::Qwen2), 6, DType::F32);
     let stopping = Stopping {
         eos: &[],
         tokenizer: &tokenizer,
@@ -687,7 +662,7 @@ fn greedy_logprobs_are_the_policy_and_sampling_logprobs_are_zero() {
 fn top_logprobs_are_the_most_likely_tokens_of_the_policy() {
     let tokenizer = tokenizer();
     let vocab = config(Arch::Qwen2).vocab_size;
-    let model = random_model(&config(Arch::Qwen2), 6, DType::F32);
+    let model = random_model_seeded(&config(Arch::Qwen2), 6, DType::F32);
     let stopping = Stopping {
         eos: &[],
         tokenizer: &tokenizer,
@@ -740,7 +715,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     use holo_runtime::local::model::LoraConfig;
 
     let config = config(Arch::Qwen2);
-    let base = random_model(&config, 7, DType::F32);
+    let base = random_model_seeded(&config, 7, DType::F32);
     let lora = LoraConfig {
         rank: 4,
         alpha: 8.0,
@@ -800,7 +775,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
 #[test]
 fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
     let config = config(Arch::Qwen2);
-    let base = random_model(&config, 7, DType::F16);
+    let base = random_model_seeded(&config, 7, DType::F16);
     assert_eq!(base.dtype(), DType::F16);
     let lora = LoraConfig {
         rank: 4,
@@ -851,7 +826,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
     };
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
     for arch in [Arch::Qwen2, Arch::Llama] {
-        let base = random_model(&config(arch), 11, DType::F64);
+        let base = random_model_seeded(&config(arch), 11, DType::F64);
         let lora = LoraConfig {
             targets: PROJECTIONS.map(String::from).to_vec(),
             ..LoraConfig::default()
@@ -919,7 +894,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
             );
         }
     }
-    let model = random_model(&config(Arch::Qwen2), 11, DType::F64);
+    let model = random_model_seeded(&config(Arch::Qwen2), 11, DType::F64);
     let (one, one_mask) = ids(&[&[1]]);
     let error = model
         .backward_recomputed(&one, &one_mask, weighted)
@@ -931,7 +906,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
 #[test]
 fn lora_dropout_drops_inputs_of_training_passes_only_and_repeats_by_seed() {
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
-    let base = random_model(&config(Arch::Qwen2), 3, DType::F32);
+    let base = random_model_seeded(&config(Arch::Qwen2), 3, DType::F32);
     let config = |dropout| LoraConfig {
         targets: PROJECTIONS.map(String::from).to_vec(),
         dropout,
@@ -989,7 +964,7 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
     for arch in [Arch::Qwen2, Arch::Llama] {
         let config = config(arch);
-        let model = random_model(&config, 5, DType::BF16);
+        let model = random_model_seeded(&config, 5, DType::BF16);
         assert_eq!(model.dtype(), DType::F32, "{arch}: f32 arithmetic");
         assert_eq!(model.embed_tokens.dtype(), DType::BF16);
         assert_eq!(model.layers[0].mlp.up_proj.weight.dtype(), DType::BF16);

@@ -41,7 +41,7 @@ use holo_core::sampler::Sampler;
 use holo_model::files as model_files;
 use holo_train::advantages::nanmean;
 use holo_train::batch::Completion;
-use holo_train::checkpoint::{RunDir, TrainerState};
+use holo_train::checkpoint::{self, RunDir, TrainerState};
 use holo_train::config::{Algorithm, GrpoConfig, ImportanceSamplingLevel, LossType};
 use holo_train::optim;
 use holo_train::options::TrainingConfig;
@@ -357,19 +357,9 @@ impl Tinker {
                 service.base_model
             )));
         }
-        let path = newest.join("config.toml");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|error| TrainError::Input(format!("{}: {error}", path.display())))?;
-        let saved: GrpoConfig = toml::from_str(&text).map_err(|error| {
-            TrainError::Input(format!("{}: {}", path.display(), error.message()))
-        })?;
-        if let Some((key, saved, now)) = config.differs_from(&saved) {
-            return Err(TrainError::Input(format!(
-                "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
-                dir.display()
-            )));
-        }
-        let state = read_checkpoint_file(newest, "trainer_state.json")?;
+        let (state, saved): (TrainerState, GrpoConfig) =
+            checkpoint::read_state(newest).map_err(TrainError::Input)?;
+        run::check_same_config(config, &saved, dir)?;
         self.resumed = Some(service);
         Ok(state)
     }
@@ -491,7 +481,8 @@ impl Backend for Tinker {
             let kept: Vec<&Completion> = part.iter().filter(|c| c.mask != 0.0).collect();
             (kept.len(), kept.iter().map(|c| c.len()).sum())
         };
-        let (_, batch_tokens) = kept(&buffer.completions);
+        // The generation batch's trained tokens (no ERL here, so every completion's).
+        let batch_tokens = buffer.num_items_in_batch as usize;
         let micro = Buffer::slot(
             &buffer.completions,
             slot,

@@ -144,11 +144,6 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         &self.config
     }
 
-    /// Where the weights are trained.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     /// The optimizer steps of a run over `rows` rows.
     pub fn total_steps(&self, rows: usize) -> u64 {
         let config = &self.config;
