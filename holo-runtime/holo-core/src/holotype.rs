@@ -5,10 +5,9 @@
 //! ([`Holotype::new`]), calls [`Holotype::enter`] each time execution reaches the tag, [`Holotype::end_pass`]
 //! at the end of each pass through its body, and [`Holotype::end`] once when the rollout ends.
 
-use std::fmt;
-
 pub use holoc::ir::ArgValue;
 
+pub use crate::error::HolotypeError;
 use crate::machine::Recorder;
 use crate::resources::Resources;
 
@@ -270,28 +269,6 @@ impl Args {
         ))
     }
 }
-
-/// An error raised by a holotype; it ends the rollout and is reported with the holotype's location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HolotypeError {
-    pub message: String,
-}
-
-impl HolotypeError {
-    pub fn new(message: impl Into<String>) -> Self {
-        HolotypeError {
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for HolotypeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for HolotypeError {}
 
 /// Whether holotype `T` declares the keyword parameter `name`. A `const fn`, so generated code can
 /// assert it when the crate compiles.

@@ -12,6 +12,7 @@
 //!   in token space; [`loom`]: many rollouts at once against one [`Sampler`].
 
 pub mod chat;
+mod error;
 pub mod export;
 pub mod holophore;
 pub mod holotype;

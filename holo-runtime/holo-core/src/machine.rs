@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::holotype::HolotypeError;
+use crate::error::HolotypeError;
 use crate::resources::Resources;
 use crate::Role;
 

@@ -4,44 +4,10 @@
 
 use lsp_types as lsp;
 
-use super::hover::{BUILTIN_DOCS, SAMPLER_DOCS};
+use super::catalog::{holotype_params, BUILTIN_DOCS, SAMPLER_DOCS};
 use super::target::Variables;
 use super::Document;
 use crate::ast::{ContextMarker, Role};
-
-/// The keyword parameters of holotype `name`: the crate's own when it implements it, else the built-in's.
-pub(crate) fn holotype_params(document: &Document, name: &str) -> Option<Vec<String>> {
-    let options = &document.options;
-    if let Some(declared) = options
-        .scan
-        .as_ref()
-        .and_then(|scan| scan.holotypes.get(name))
-    {
-        return declared.params.clone();
-    }
-    options.builtin_holotypes.get(name).cloned().flatten()
-}
-
-/// The parameter `param` of holotype `name` when `name` is the runtime's built-in there (the crate does
-/// not implement a holotype of that name) and the checker checks its values.
-pub(crate) fn builtin_param(
-    document: &Document,
-    name: &str,
-    param: &str,
-) -> Option<&'static crate::builtins::Param> {
-    let options = &document.options;
-    let shadowed = options
-        .scan
-        .as_ref()
-        .is_some_and(|scan| scan.holotypes.contains_key(name));
-    if shadowed || !options.check_builtin_arguments {
-        return None;
-    }
-    crate::builtins::builtin(name)?
-        .params
-        .iter()
-        .find(|candidate| candidate.name == param)
-}
 
 fn item(label: &str, kind: lsp::CompletionItemKind, detail: String) -> lsp::CompletionItem {
     lsp::CompletionItem {

@@ -3,100 +3,11 @@
 
 use lsp_types as lsp;
 
+use super::catalog::{builtin_param, holotype_params, BUILTIN_DOCS, SAMPLER_DOCS};
 use super::target::{target_at, Target, Variables};
 use super::Document;
 use crate::ast::Role;
 use crate::sema::SAMPLER_ARGUMENTS;
-
-/// The runtime's built-in holotypes: what each does, and its parameters with their defaults
-/// (docs/holoware.md, section 3.8).
-pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
-    (
-        "ToolRunner",
-        "Repeats its body until the model gives an answer or `max_turns` turns have passed.",
-        "`max_turns` (8), `var` (`turn`), `answer` (`answer`)",
-    ),
-    (
-        "ToolSchema",
-        "Writes the JSON schemas of the environment's registered tools.",
-        "no arguments",
-    ),
-    (
-        "ToolExecutor",
-        "Runs the tool call found in the turn's variable and writes the result, or the error, inside \
-         `<result>` tags.",
-        "`answer` (`answer`); one positional word, the variable of the turn (`turn`)",
-    ),
-    (
-        "CodeExecutor",
-        "Runs the code of the last `<code>` block of the turn in a sandbox (own namespaces, an \
-         unprivileged user, a read-only view of the system, no network, resource limits, a timeout) and \
-         writes what it printed inside `<output>` tags.",
-        "`timeout` (5), `python` (`python3`), `max_output` (4096), `answer` (`answer`), `memory` (MiB, \
-         1024), `processes` (16), `cpu_seconds` (10), `file_size` (MiB, 16), `open_files` (256), \
-         `work_size` (MiB, 64); one positional word, the variable of the turn (`turn`)",
-    ),
-    (
-        "ExactAnswer",
-        "Reward `exact_answer`: 1 when the `<answer>` of `var` equals the data row's `target` column.",
-        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `weight` (1), `name`",
-    ),
-    (
-        "MathAnswer",
-        "Reward `math_answer`: 1 when the `<answer>` of `var` equals the `target` column as a number.",
-        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `untagged` (`whole`; `last_number` reads the last number of a reply without the tag), `weight` (1), `name`",
-    ),
-    (
-        "FormatReward",
-        "Reward `format`: 1 when `var` has each of the `tags` as `<tag>...</tag>`.",
-        "`var` (`answer`), `tags` (`answer`), `weight` (1), `name`",
-    ),
-    (
-        "LengthPenalty",
-        "Reward `length_penalty`: a penalty for `var` longer than `max` characters.",
-        "`var` (`answer`), `max` (1000), `weight` (1), `name`",
-    ),
-    (
-        "Retry",
-        "ERL's gate: runs its body (reflection and second attempt) when the reward `score` is below `threshold`.",
-        "`score` (or one positional word: the reward component), `threshold` (1)",
-    ),
-    (
-        "Feedback",
-        "Writes the feedback recorded for a reward component (why it got its value).",
-        "one positional word or `score`: the reward component",
-    ),
-    (
-        "Score",
-        "Writes the value recorded for a reward component.",
-        "one positional word or `score`: the reward component",
-    ),
-    (
-        "Memory",
-        "Writes the most recent reflections of ERL's cross-episode memory.",
-        "`top_k` (3), `empty` (`None available.`)",
-    ),
-    (
-        "Remember",
-        "At the end, queues the variable it names for ERL's memory when the reward `score` is above `threshold`.",
-        "one positional word: the variable; `score`, `threshold` (0)",
-    ),
-];
-
-/// What a sampler's generation arguments mean (docs/holoware.md, section 3.3).
-pub(crate) const SAMPLER_DOCS: [(&str, &str); 5] = [
-    ("max_tokens", "the most tokens to sample: an integer >= 1"),
-    (
-        "temperature",
-        "sampling temperature: a number >= 0; 0 samples greedily",
-    ),
-    ("top_p", "nucleus sampling: a number, 0 < p <= 1"),
-    (
-        "top_k",
-        "sample among the k likeliest tokens: an integer >= 0; 0 disables it",
-    ),
-    ("stop", "a stop string (repeatable): `stop=\"</tool>\"`"),
-];
 
 pub(super) fn hover(document: &Document, position: lsp::Position) -> Option<lsp::Hover> {
     let tree = document.output.document.as_ref()?;
@@ -241,10 +152,10 @@ fn argument_doc(document: &Document, holotype: Option<&str>, name: &str) -> Stri
             ),
         };
     };
-    let params = super::completion::holotype_params(document, holotype);
+    let params = holotype_params(document, holotype);
     match params {
         Some(params) if params.iter().any(|param| param == name) => {
-            match super::completion::builtin_param(document, holotype, name) {
+            match builtin_param(document, holotype, name) {
                 Some(param) => format!(
                     "argument `{name}` of the built-in `{holotype}`: {}",
                     param.accepts.description()

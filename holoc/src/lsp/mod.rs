@@ -10,6 +10,7 @@
 //! `-32601`, and a handler that panics `-32603`: the server answers and goes on, and exits only on `exit`
 //! or at the end of its input.
 
+mod catalog;
 mod completion;
 mod definition;
 mod diagnostics;

@@ -6,29 +6,13 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
-use super::engine::{Engine, Live};
+use super::engine::Engine;
+use super::rows::{Live, Prefill};
 use crate::dispatch::Draws;
 use crate::draw::{draw, Ask};
 use crate::model::{KvCache, Result, Segment};
 use crate::sample::{finish_text, record, step, Drawn, GenerationParams, Row};
 
-/// Sequences prefilled together: their new tokens right-aligned in one padded width, run a chunk of
-/// columns at a time. Identical prompts share one row of the forward pass (a *slot*).
-pub(super) struct Prefill {
-    pub(super) live: Vec<Live>,
-    /// Each live row's slot.
-    slots: Vec<usize>,
-    /// Per slot, `width` new tokens (padding first) and their positions.
-    ids: Vec<u32>,
-    positions: Vec<u32>,
-    /// Per slot, the key mask over the cached columns and the `width` new ones.
-    pub(super) masks: Vec<Vec<u8>>,
-    pub(super) cached_width: usize,
-    width: usize,
-    /// Columns of `width` already run.
-    pub(super) done: usize,
-    cache: KvCache,
-}
 /// The smallest vocabulary whose rows are sampled in parallel.
 const PARALLEL_VOCAB: usize = 16_384;
 

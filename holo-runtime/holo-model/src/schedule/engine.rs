@@ -5,7 +5,7 @@ use std::hash::{Hash, Hasher};
 
 use candle_core::Tensor;
 
-use super::batch::Prefill;
+use super::rows::{Live, Prefill};
 use super::{Limits, Listener, Results};
 use crate::dispatch::{self, Draws};
 use crate::model::{KvCache, Model, Ops, SequenceCache};
@@ -41,11 +41,6 @@ impl Group<'_> {
     }
 }
 
-/// A row of the batch and the submission it belongs to.
-pub(super) struct Live {
-    pub(super) group: u64,
-    pub(super) row: Row,
-}
 /// The scheduler's state; see the [module documentation](super).
 pub(crate) struct Engine<'a> {
     pub(super) model: &'a Model,

@@ -29,6 +29,7 @@
 
 mod batch;
 mod engine;
+mod rows;
 mod thread;
 
 pub(crate) use engine::Engine;

@@ -1,0 +1,28 @@
+//! The batch's rows, running and being prefilled: what the engine holds and the batch's passes advance.
+
+use crate::model::KvCache;
+use crate::sample::Row;
+
+/// A row of the batch and the submission it belongs to.
+pub(super) struct Live {
+    pub(super) group: u64,
+    pub(super) row: Row,
+}
+
+/// Sequences prefilled together: their new tokens right-aligned in one padded width, run a chunk of
+/// columns at a time. Identical prompts share one row of the forward pass (a *slot*).
+pub(super) struct Prefill {
+    pub(super) live: Vec<Live>,
+    /// Each live row's slot.
+    pub(super) slots: Vec<usize>,
+    /// Per slot, `width` new tokens (padding first) and their positions.
+    pub(super) ids: Vec<u32>,
+    pub(super) positions: Vec<u32>,
+    /// Per slot, the key mask over the cached columns and the `width` new ones.
+    pub(super) masks: Vec<Vec<u8>>,
+    pub(super) cached_width: usize,
+    pub(super) width: usize,
+    /// Columns of `width` already run.
+    pub(super) done: usize,
+    pub(super) cache: KvCache,
+}
