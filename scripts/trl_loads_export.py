@@ -40,7 +40,7 @@ try:
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
-except ImportError as error:  # the caller skips
+except ImportError as error:  # the test checked these imports first; this names the one that failed
     print(f"cannot import: {error}", file=sys.stderr)
     sys.exit(3)
 

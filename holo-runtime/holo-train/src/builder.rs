@@ -104,6 +104,18 @@ impl<C: TrainingConfig> ConfigBuilder<C> {
         self
     }
 
+    /// Sets `key` to `value` unless the file or a flag set it: what another choice implies (`use_peft`
+    /// under `--backend tinker`, whose service trains LoRA adapters only); `cause` names that choice in
+    /// messages about the key.
+    pub fn imply(mut self, key: &str, value: toml::Value, cause: &str) -> Self {
+        if !self.table.contains_key(key) {
+            self.origins
+                .insert(key.to_string(), Origin::Flag(cause.to_string()));
+            self.table.insert(key.to_string(), value);
+        }
+        self
+    }
+
     /// Whether `flag` (`--num-generations` or `num_generations`) names an option.
     pub fn is_key(flag: &str) -> bool {
         let key = flag.trim_start_matches('-').replace('-', "_");
@@ -146,6 +158,13 @@ impl<C: TrainingConfig> ConfigBuilder<C> {
             }
             error
         })?;
+        for inert in config.inert() {
+            if let Some(key) = inert.keys.iter().find(|key| self.table.contains_key(**key)) {
+                let mut error = error(key, format!("has no effect here: {}", inert.reason));
+                error.origin = self.origins.get(*key).map(ToString::to_string);
+                return Err(error);
+            }
+        }
         Ok(config)
     }
 }

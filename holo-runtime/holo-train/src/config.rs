@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use super::options::{error, shared_allowed_values};
-pub use super::options::{ConfigError, LrSchedulerType, TrainingArguments, TrainingConfig};
+pub use super::options::{ConfigError, Inert, LrSchedulerType, TrainingArguments, TrainingConfig};
 
 /// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -619,6 +619,107 @@ impl TrainingConfig for GrpoConfig {
 
     fn training(&self) -> &TrainingArguments {
         &self.training
+    }
+
+    fn inert(&self) -> Vec<Inert> {
+        let mut inert = self.training.inert();
+        let mut add = |when: bool, keys: &'static [&'static str], reason: &'static str| {
+            if when {
+                inert.push(Inert { keys, reason });
+            }
+        };
+        add(
+            self.algorithm == Algorithm::Grpo,
+            &[
+                "num_ppo_epochs",
+                "num_mini_batches",
+                "kl_coef",
+                "kl_estimator",
+                "cliprange",
+                "cliprange_value",
+                "vf_coef",
+                "gamma",
+                "lam",
+                "whiten_rewards",
+                "missing_eos_penalty",
+                "value_model",
+            ],
+            "PPO's options do nothing under `algorithm = \"grpo\"` (GRPO's KL weight is `beta`, its clip \
+             `epsilon`); set algorithm = \"ppo\" to train with PPO",
+        );
+        add(
+            self.algorithm == Algorithm::Grpo && self.beta == 0.0,
+            &["use_bias_correction_kl"],
+            "with `beta = 0` there is no KL term to correct",
+        );
+        add(
+            self.loss_type != LossType::Sapo,
+            &["sapo_temperature_neg", "sapo_temperature_pos"],
+            "SAPO's temperatures do nothing unless `loss_type = \"sapo\"`",
+        );
+        add(
+            self.loss_type != LossType::Vespo,
+            &[
+                "vespo_k_pos",
+                "vespo_lambda_pos",
+                "vespo_k_neg",
+                "vespo_lambda_neg",
+            ],
+            "VESPO's options do nothing unless `loss_type = \"vespo\"`",
+        );
+        add(
+            !self.vllm_importance_sampling_correction,
+            &[
+                "vllm_importance_sampling_mode",
+                "vllm_importance_sampling_clip_max",
+                "vllm_importance_sampling_clip_min",
+            ],
+            "the importance-sampling correction's options do nothing without \
+             `vllm_importance_sampling_correction = true`",
+        );
+        add(
+            self.difficulty_column.is_none(),
+            &["curriculum_window", "curriculum_threshold", "curriculum_cumulative"],
+            "the curriculum's options do nothing without `difficulty_column` (the data column of levels)",
+        );
+        add(
+            !self.dynamic_sampling,
+            &["max_num_gen_batches"],
+            "`max_num_gen_batches` bounds dynamic sampling; it does nothing without `dynamic_sampling = true`",
+        );
+        add(
+            !self.erl,
+            &[
+                "erl_algorithm",
+                "erl_first_reward",
+                "erl_second_reward",
+                "erl_rl_coef",
+                "enable_internalization",
+                "internalization_coef",
+            ],
+            "Experiential RL's options do nothing without `erl = true`",
+        );
+        add(
+            !self.enable_memory,
+            &["memory_size"],
+            "`memory_size` does nothing with `enable_memory = false`",
+        );
+        add(
+            self.early_stopping_patience.is_none(),
+            &["early_stopping_threshold"],
+            "`early_stopping_threshold` does nothing without `early_stopping_patience`",
+        );
+        add(
+            self.rollback_kl.is_none() && self.rollback_reward_drop.is_none(),
+            &["rollback_window", "rollback_lr_factor", "max_rollbacks"],
+            "the rollback's options do nothing without `rollback_kl` or `rollback_reward_drop`",
+        );
+        add(
+            !self.log_completions,
+            &["num_completions_to_print"],
+            "`num_completions_to_print` does nothing without `log_completions = true`",
+        );
+        inert
     }
 
     /// One per step, or (PPO) one per mini-batch of each epoch of each update.

@@ -64,7 +64,9 @@ pub mod state;
 mod trainer;
 
 pub use builder::ConfigBuilder;
-pub use config::{ConfigError, GrpoConfig, SandboxConfig, TrainingArguments, TrainingConfig};
+pub use config::{
+    ConfigError, GrpoConfig, Inert, SandboxConfig, TrainingArguments, TrainingConfig,
+};
 pub use correction::importance_sampling;
 pub use error::TrainError;
 pub use run::{Policy, RunOptions};

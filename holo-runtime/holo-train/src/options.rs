@@ -29,6 +29,13 @@ pub trait TrainingConfig:
     /// The options every trainer has.
     fn training(&self) -> &TrainingArguments;
 
+    /// Options that change nothing in this configuration, in groups with the reason: a user who sets
+    /// one (`--lora-r 8` without `--use-peft true`) is told so before any work, instead of a run that
+    /// silently does something else than asked ([`ConfigBuilder::build`](super::builder::ConfigBuilder::build)).
+    fn inert(&self) -> Vec<Inert> {
+        self.training().inert()
+    }
+
     /// Optimizer steps taken in `steps` of the run's steps (AdamW's bias correction counts them).
     fn optimizer_steps(&self, steps: u64) -> u64 {
         steps
@@ -55,6 +62,13 @@ pub trait TrainingConfig:
     fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_default()
     }
+}
+
+/// Options that have no effect in a configuration, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inert {
+    pub keys: &'static [&'static str],
+    pub reason: &'static str,
 }
 
 /// The options every trainer has, under transformers' `TrainingArguments` names (LoRA's under TRL's
@@ -201,6 +215,19 @@ impl TrainingArguments {
             seed: self.seed,
             dropout: self.lora_dropout,
         })
+    }
+
+    /// The shared options that change nothing here: LoRA's without LoRA.
+    pub fn inert(&self) -> Vec<Inert> {
+        let mut inert = Vec::new();
+        if !self.use_peft {
+            inert.push(Inert {
+                keys: &["lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"],
+                reason: "LoRA's options do nothing without `use_peft = true` (every weight is trained); set \
+                         use_peft to train adapters",
+            });
+        }
+        inert
     }
 
     /// Checks the shared options (transformers' `TrainingArguments` and PEFT's checks).
@@ -421,5 +448,68 @@ mod tests {
             error.to_string(),
             "--lr-scheduler-type: `lr_scheduler_type`: \"cubic\" is not one of them; allowed values: linear, cosine, constant, constant_with_warmup"
         );
+    }
+    #[test]
+    fn options_that_change_nothing_are_refused_where_they_were_written() {
+        // `holo train --lora-r 8` without `--use-peft true` trained every weight without a word.
+        let error = ConfigBuilder::<GrpoConfig>::default()
+            .set("--lora-r", "8")
+            .build()
+            .unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("lora_r"));
+        assert_eq!(error.origin.as_deref(), Some("--lora-r"));
+        assert!(
+            error.message.contains("has no effect here") && error.message.contains("use_peft"),
+            "{error}"
+        );
+        let lora: GrpoConfig = ConfigBuilder::default()
+            .set("--use-peft", "true")
+            .set("--lora-r", "8")
+            .build()
+            .unwrap();
+        assert_eq!(lora.training.lora_r, 8);
+        // The same in SFT, from a file, named with its line.
+        let dir = std::env::temp_dir().join(format!("holo-inert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sft.toml");
+        std::fs::write(&file, "seed = 1\nlora_alpha = 32\n").unwrap();
+        let error = ConfigBuilder::<SftConfig>::default()
+            .file(&file)
+            .unwrap()
+            .build()
+            .unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("lora_alpha"));
+        assert_eq!(error.origin, Some(format!("{}:2", file.display())));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // PPO's options under GRPO, a loss's options under another loss, the guard rails' without them.
+        for (flag, value, set_too) in [
+            ("--vf-coef", "0.2", None),
+            ("--sapo-temperature-pos", "2.0", None),
+            ("--early-stopping-threshold", "0.1", None),
+            ("--rollback-window", "3", None),
+            ("--curriculum-window", "8", None),
+            ("--vf-coef", "0.2", Some(("--algorithm", "ppo"))),
+            (
+                "--sapo-temperature-pos",
+                "2.0",
+                Some(("--loss-type", "sapo")),
+            ),
+            (
+                "--curriculum-window",
+                "8",
+                Some(("--difficulty-column", "level")),
+            ),
+        ] {
+            let mut builder = ConfigBuilder::<GrpoConfig>::default().set(flag, value);
+            if let Some((other, value)) = set_too {
+                builder = builder.set(other, value);
+            }
+            let built = builder.build();
+            assert_eq!(
+                built.is_ok(),
+                set_too.is_some(),
+                "{flag} with {set_too:?}: {built:?}"
+            );
+        }
     }
 }

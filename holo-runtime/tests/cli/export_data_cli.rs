@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 
+use crate::common::components;
 use crate::common::tempdir::Dir;
-use crate::common::{holo_command, peer_python, repo};
+use crate::common::{holo_command, repo};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -351,11 +352,7 @@ fn a_missing_file_an_empty_result_and_a_foreign_option_are_clear_errors() {
 
 #[test]
 fn trl_trains_a_step_on_the_exported_files() {
-    let Some(python) = peer_python() else {
-        eprintln!(
-            "SKIPPED trl_trains_a_step_on_the_exported_files: no peer venv at \
-             $HOME/.cache/holo-peers/venv (create it with ../shared/peers/setup.sh)"
-        );
+    let Some(python) = components::peers(&["torch", "transformers", "trl", "datasets"]) else {
         return;
     };
     let dir = Dir::new("export-data-trl");
@@ -404,13 +401,6 @@ fn trl_trains_a_step_on_the_exported_files() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    if output.status.code() == Some(3) {
-        eprintln!(
-            "SKIPPED trl_trains_a_step_on_the_exported_files: the peer venv lacks TRL: {}",
-            stderr(&output)
-        );
-        return;
-    }
     assert!(
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{}",

@@ -511,6 +511,19 @@ fn bad_options_fail_before_any_work_naming_the_key() {
         stderr.contains("train.toml:2") && stderr.contains("weight_decay"),
         "{stderr}"
     );
+    // An option that would change nothing: tried as a new user would, `--lora-r 8` without
+    // `--use-peft true` trained every weight without a word.
+    let mut args = train_args(&out, 2);
+    args.extend(["--lora-r".into(), "8".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("--lora-r")
+            && stderr.contains("has no effect here")
+            && stderr.contains("use_peft"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "a refused run leaves no run folder");
     let mut args = train_args(&out, 2);
     args.extend(["--rollback-lr-factor".into(), "2".into()]);
     let (code, stderr) = stderr_of(&args);

@@ -413,15 +413,6 @@ fn serve_answers_with_the_same_page_on_loopback() {
     assert_eq!(missing, "HTTP/1.1 404 Not Found");
 }
 
-/// Debian's browser, where `scripts/install_chromium.sh` put it.
-fn chromium() -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join("chromium"))
-        .find(|path| path.is_file())
-}
-
 /// Headless chromium on `page#fragment`, with its own profile folder in `dir`; `extra` is `--dump-dom`
 /// or `--screenshot=FILE`. Bounded: `--virtual-time-budget` ends the page's time once it is idle, and
 /// `timeout` ends a browser that hangs.
@@ -493,11 +484,7 @@ fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
 
 #[test]
 fn chromium_renders_the_page_lists_highlights_and_filters() {
-    let Some(chromium) = chromium() else {
-        eprintln!(
-            "SKIPPED chromium_renders_the_page_lists_highlights_and_filters: no `chromium` on PATH \
-             (sh scripts/install_chromium.sh installs it)"
-        );
+    let Some(chromium) = crate::common::components::chromium() else {
         return;
     };
     let dir = Dir::new("view-chromium");

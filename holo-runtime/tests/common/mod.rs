@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests; a test file takes them with `mod common;`.
 #![allow(dead_code)]
 
+pub mod components;
 pub mod http;
 pub mod json;
 #[cfg(feature = "local")]
@@ -27,14 +28,6 @@ pub fn holo_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));
     command.args(args).current_dir(repo());
     command
-}
-
-/// The peer venv's Python (`../shared/peers/setup.sh` makes it), where the checks against the Python
-/// references run; `None` on a machine without it.
-pub fn peer_python() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    python.is_file().then_some(python)
 }
 
 /// The device the transformers parity tests run on: `HOLO_TEST_DEVICE` (`cpu`, `cuda:0`, …; the CPU

@@ -11,8 +11,10 @@ use holo_runtime::holotypes::{
     self, network_isolation, run_python, run_python_unsandboxed, Outcome, PythonConfig,
 };
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::sandbox::{self, Limits};
+use holo_runtime::sandbox::Limits;
 use holo_runtime::{Resources, Transcript};
+
+use crate::common::components::Component;
 use serde_json::json;
 
 fn config(timeout_secs: f64) -> PythonConfig {
@@ -138,8 +140,7 @@ fn the_unsandboxed_timeout_kills_what_the_code_started() {
 
 #[test]
 fn each_run_has_its_own_work_folder() {
-    if let Err(reason) = sandbox::available() {
-        eprintln!("SKIPPED each_run_has_its_own_work_folder: no sandbox here ({reason})");
+    if !crate::common::components::sandbox() {
         return;
     }
     let first = python(
@@ -210,7 +211,9 @@ fn the_environment_is_cleared() {
 #[test]
 fn the_network_is_unreachable_when_isolation_works() {
     if !network_isolation() {
-        eprintln!("SKIPPED the_network_is_unreachable_when_isolation_works: `unshare -rn` does not work on this machine, so CodeExecutor runs code with the host's network");
+        Component::Sandbox.missing(
+            "`unshare -rn` does not work on this machine, so CodeExecutor runs code with the host's network",
+        );
         return;
     }
     let execution = python(

@@ -11,24 +11,14 @@
 //! before the hostile case runs. As root, one unguarded `os.kill(-1, 9)` ends every process of the
 //! machine.
 //!
-//! Where the machine cannot sandbox (no user namespaces), every case says SKIPPED and passes.
+//! Where the machine cannot sandbox (no user namespaces), every case fails under `CI=true` and skips
+//! elsewhere, saying so (`common::components`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use holo_runtime::Resources;
 use serde_json::json;
-
-/// Whether the sandbox works here; otherwise says the case is skipped.
-fn sandbox_or_skip(case: &str) -> bool {
-    match holo_runtime::sandbox::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            eprintln!("SKIPPED {case}: this machine cannot sandbox ({reason})");
-            false
-        }
-    }
-}
 
 /// The `<output>` texts of a transcript, in order.
 fn outputs(transcript: &str) -> Vec<String> {
@@ -159,7 +149,7 @@ fn marker(case: &str) -> String {
 
 #[test]
 fn signals_to_the_parent_and_the_trainer_reach_nothing() {
-    if !sandbox_or_skip("signals_to_the_parent_and_the_trainer_reach_nothing") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("", 16, 1024);
@@ -181,7 +171,7 @@ fn signals_to_the_parent_and_the_trainer_reach_nothing() {
 
 #[test]
 fn kill_every_process_kills_only_the_sandbox() {
-    if !sandbox_or_skip("kill_every_process_kills_only_the_sandbox") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("", 16, 1024);
@@ -197,7 +187,7 @@ fn kill_every_process_kills_only_the_sandbox() {
 
 #[test]
 fn killing_the_process_group_ends_only_the_code() {
-    if !sandbox_or_skip("killing_the_process_group_ends_only_the_code") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("", 16, 1024);
@@ -215,7 +205,7 @@ fn killing_the_process_group_ends_only_the_code() {
 
 #[test]
 fn a_memory_bomb_hits_the_limit() {
-    if !sandbox_or_skip("a_memory_bomb_hits_the_limit") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("memory=256", 16, 256);
@@ -231,7 +221,7 @@ fn a_memory_bomb_hits_the_limit() {
 
 #[test]
 fn a_process_bomb_hits_the_limit_and_leaves_nothing() {
-    if !sandbox_or_skip("a_process_bomb_hits_the_limit_and_leaves_nothing") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("processes=8", 8, 1024);
@@ -255,7 +245,7 @@ fn a_process_bomb_hits_the_limit_and_leaves_nothing() {
 
 #[test]
 fn a_daemon_does_not_outlive_the_run() {
-    if !sandbox_or_skip("a_daemon_does_not_outlive_the_run") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("", 16, 1024);
@@ -272,7 +262,7 @@ fn a_daemon_does_not_outlive_the_run() {
 
 #[test]
 fn disk_and_output_bombs_are_capped() {
-    if !sandbox_or_skip("disk_and_output_bombs_are_capped") {
+    if !crate::common::components::sandbox() {
         return;
     }
     prove_isolation("", 16, 1024);
@@ -298,7 +288,7 @@ fn disk_and_output_bombs_are_capped() {
 
 #[test]
 fn files_outside_the_work_folder_are_out_of_reach() {
-    if !sandbox_or_skip("files_outside_the_work_folder_are_out_of_reach") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let run = crate::common::tempdir::Dir::new("sandbox-run");
@@ -360,7 +350,7 @@ for folder in {folders:?}:
 
 #[test]
 fn secrets_of_the_trainer_and_the_host_are_unreadable() {
-    if !sandbox_or_skip("secrets_of_the_trainer_and_the_host_are_unreadable") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let secret = "sk-holo-sandbox-test-secret";
@@ -401,7 +391,7 @@ print(sorted(os.environ))"#;
 
 #[test]
 fn sockets_reach_no_address() {
-    if !sandbox_or_skip("sockets_reach_no_address") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -435,7 +425,7 @@ except OSError as error:
 
 #[test]
 fn cpu_burners_are_stopped_by_the_timeout_and_the_cpu_limit() {
-    if !sandbox_or_skip("cpu_burners_are_stopped_by_the_timeout_and_the_cpu_limit") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let output = attack(
@@ -455,7 +445,7 @@ fn cpu_burners_are_stopped_by_the_timeout_and_the_cpu_limit() {
 
 #[test]
 fn file_descriptors_are_capped() {
-    if !sandbox_or_skip("file_descriptors_are_capped") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let output = attack(
@@ -467,7 +457,7 @@ fn file_descriptors_are_capped() {
 
 #[test]
 fn chroot_unshare_mount_and_ptrace_are_denied() {
-    if !sandbox_or_skip("chroot_unshare_mount_and_ptrace_are_denied") {
+    if !crate::common::components::sandbox() {
         return;
     }
     let code = r#"import ctypes, os, subprocess

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::common::components::{self, Component};
 use crate::common::http::stub;
 use crate::common::process::{free_port, Process};
 use crate::common::served::{tiny_model, Served};
@@ -437,20 +438,12 @@ async fn groups_of_different_sizes_are_normalized_each_within_itself() {
     let _ = std::fs::remove_dir_all(model);
 }
 
-/// `run-api` of the peer venv's `atroposlib`, or `None` (with the reason printed) without it.
+/// `run-api` of the peers' venv's `atroposlib`, or `None` after `Component::missing`.
 fn run_api() -> Option<PathBuf> {
-    let Some(python) = crate::common::peer_python() else {
-        eprintln!(
-            "skipped: no peer venv (~/.cache/holo-peers/venv; ../shared/peers/setup.sh makes it)"
-        );
-        return None;
-    };
+    let python = components::peers(&["atroposlib"])?;
     let run_api = python.with_file_name("run-api");
     if !run_api.is_file() {
-        eprintln!(
-            "skipped: the peer venv has no atroposlib (no {})",
-            run_api.display()
-        );
+        Component::Peers.missing(&format!("no {}", run_api.display()));
         return None;
     }
     Some(run_api)
@@ -641,7 +634,7 @@ fn an_atroposlib_base_env_feeds_holo_train() {
     else {
         return;
     };
-    let python = crate::common::peer_python().expect("run_api found the venv");
+    let python = components::peers(&["atroposlib"]).expect("run_api found the venv");
     let script = crate::common::repo().join("holo-runtime/tests/fixtures/atropos/adder_env.py");
     let mut env = Process::spawn(
         Command::new(python).arg(script).args([

@@ -3,10 +3,10 @@
 //! sampling parameters, the response's items and token ids, rewards), with `holo serve` on a tiny
 //! model (token ids that re-decode to the text), and the failures a user meets (a row that does not
 //! fit, a policy that is down, a head server that is unreachable). With the NeMo Gym 0.7.0 venv
-//! (`/tmp/holo-engines/gym-venv`, or `HOLO_GYM_VENV`): nemo-gym's own head server and
+//! (`~/.cache/holo-engines/gym-venv`, or `HOLO_GYM_VENV`; `bash scripts/prepare.sh gym`): nemo-gym's own head server and
 //! `ng_collect_rollouts` against `holo gym`, `holo serve` as the policy.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -463,29 +463,11 @@ async fn rollouts_sampled_by_holo_serve_re_decode_to_their_text() {
     let _ = std::fs::remove_dir_all(model);
 }
 
-/// The NeMo Gym venv (`HOLO_GYM_VENV`, default `/tmp/holo-engines/gym-venv`), or `None` with the reason
-/// printed.
-fn gym_venv() -> Option<PathBuf> {
-    let venv = std::env::var_os("HOLO_GYM_VENV").map_or_else(
-        || PathBuf::from("/tmp/holo-engines/gym-venv"),
-        PathBuf::from,
-    );
-    for tool in ["python", "ng_collect_rollouts"] {
-        if !venv.join("bin").join(tool).is_file() {
-            eprintln!(
-                "skipped: no NeMo Gym venv at {} (no bin/{tool}; make one as docs/scale-out.md says, or \
-                 set HOLO_GYM_VENV)",
-                venv.display()
-            );
-            return None;
-        }
-    }
-    Some(venv)
-}
-
 #[test]
 fn ng_collect_rollouts_collects_holo_gym_rollouts_sampled_by_holo_serve() {
-    let Some(venv) = gym_venv() else { return };
+    let Some(venv) = crate::common::components::gym() else {
+        return;
+    };
     let python = venv.join("bin/python");
     let dir = Dir::new("gym-e2e");
     let model = tiny_model("gym-e2e");

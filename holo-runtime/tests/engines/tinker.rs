@@ -1022,15 +1022,6 @@ async fn early_stopping_ends_a_run_on_the_service_and_a_resumed_run_stays_stoppe
     assert_eq!(trained, 0, "a stopped run trains no more");
 }
 
-/// SkyRL's venv (`skyrl[tinker,jax]==0.4.0`, with `uv`): `HOLO_SKYRL_VENV`, or
-/// `/tmp/holo-engines/skyrl-venv` as `../shared/engines/README.md` installs it.
-fn skyrl_venv() -> Option<PathBuf> {
-    let venv = std::env::var_os("HOLO_SKYRL_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/holo-engines/skyrl-venv"));
-    venv.join("bin/uv").is_file().then_some(venv)
-}
-
 /// SkyRL's server and the engine it starts, one process group, killed when dropped.
 struct Server(crate::common::process::Process);
 
@@ -1051,10 +1042,7 @@ async fn trains_on_skyrl_and_resumes() {
     use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};
 
-    let Some(venv) = skyrl_venv() else {
-        eprintln!(
-            "skipped: no SkyRL venv (HOLO_SKYRL_VENV or /tmp/holo-engines/skyrl-venv with skyrl[tinker,jax]==0.4.0 and uv)"
-        );
+    let Some(venv) = crate::common::components::skyrl() else {
         return;
     };
     let dir = crate::common::tempdir::Dir::new("tinker-skyrl");

@@ -516,29 +516,28 @@ fn bad_gguf_files_are_errors_that_name_the_file_and_the_key() {
 /// transformers' logits on the same tokens, within this bound (f32 on both sides over 30 layers).
 const SMOLLM_LOGIT_TOLERANCE: f32 = 1e-3;
 
-fn smollm_dir() -> PathBuf {
-    match std::env::var_os("HOLO_GGUF_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/holo-peers/smollm2-gguf"),
-    }
+/// transformers' tokens and logits on SmolLM2's GGUF file (`scripts/gguf_fixtures.py` writes it).
+fn smollm_reference() -> Json {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models/smollm2-gguf/reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]
 fn smollm2_gguf_matches_transformers() {
-    let dir = smollm_dir();
-    let file = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let reference = dir.join("gguf_reference.json");
-    if !file.is_file() || !reference.is_file() {
-        eprintln!(
-            "skipped: no {} (or no gguf_reference.json beside it); run \
-             ~/.cache/holo-peers/venv/bin/python scripts/gguf_fixtures.py (or set HOLO_GGUF_DIR)",
-            file.display()
-        );
+    let reference = smollm_reference();
+    let name = reference["source"]["gguf_file"].as_str().unwrap();
+    let Some(file) = crate::common::components::smollm2_gguf(name) else {
         return;
-    }
-    let reference: Json =
-        serde_json::from_str(&std::fs::read_to_string(&reference).unwrap()).unwrap();
+    };
+    let hashed = holo_runtime::train::provenance::Provenance::collect(&[("gguf", &file)]).unwrap();
+    assert_eq!(
+        hashed.inputs[0].sha256,
+        reference["source"]["gguf_sha256"].as_str().unwrap(),
+        "{} is not the file the reference was made from ({})",
+        file.display(),
+        reference["source"]["wheel"]
+    );
     let model = LocalModel::load(&file, LocalOptions::default()).unwrap();
     assert_eq!(
         model.config().vocab_size as u64,
@@ -588,7 +587,11 @@ fn smollm2_gguf_matches_transformers() {
         let sequence: Vec<u32> = prompt_ids.iter().chain(&expected_greedy).copied().collect();
         let all = sequence_logits(model.model(), &sequence);
         let last = &all[prompt_ids.len() - 1];
-        let diff = max_diff(last, &floats(&prompt["last_logits"]));
+        let kept: Vec<f32> = ids(&prompt["logit_ids"])
+            .iter()
+            .map(|&id| last[id as usize])
+            .collect();
+        let diff = max_diff(&kept, &floats(&prompt["last_logits"]));
         eprintln!("{name}: max |Δlogit| {diff:e}");
         worst = worst.max(diff);
         let greedy: Vec<u32> = all[prompt_ids.len() - 1..sequence.len() - 1]

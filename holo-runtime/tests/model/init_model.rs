@@ -371,11 +371,7 @@ print(json.dumps({
 
 #[test]
 fn transformers_loads_the_folder() {
-    let Some(python) = crate::common::peer_python() else {
-        eprintln!(
-            "skipped: transformers check needs the Python peers' venv \
-             ($HOME/.cache/holo-peers/venv/bin/python; create it with ../shared/peers/setup.sh)"
-        );
+    let Some(python) = crate::common::components::peers(&["torch", "transformers"]) else {
         return;
     };
     for arch in [Arch::Qwen2, Arch::Llama] {

@@ -4,9 +4,10 @@
 //! which also writes transformers' outputs to `holo_reference.json` inside the folder.
 //!
 //! The folder lives outside the repository: `$HOLO_REAL_MODEL_DIR`, else
-//! `$HOME/.cache/holo-peers/smollm2-135m-instruct`. Without it the tests print why they are skipped and pass:
+//! `$HOME/.cache/holo-peers/smollm2-135m-instruct`. Without it the tests fail under `CI=true` and skip
+//! elsewhere, saying why (`common::components`):
 //!
-//!     ~/.cache/holo-peers/venv/bin/python scripts/real_checkpoint.py
+//!     bash scripts/prepare.sh smollm2
 //!     cargo test -p holo-runtime --test model real_checkpoint:: -- --nocapture
 
 use std::path::PathBuf;
@@ -29,26 +30,11 @@ const BF16_LOGIT_TOLERANCE: f32 = 0.25;
 /// Greedy tokens that must agree in bf16; later ones may flip on a close call.
 const BF16_STRICT_TOKENS: usize = 4;
 
-fn model_dir() -> PathBuf {
-    match std::env::var_os("HOLO_REAL_MODEL_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/holo-peers/smollm2-135m-instruct"),
-    }
-}
-
-/// The folder and its reference, or `None` (with a message) when the script has not been run.
+/// The folder and its reference (`bash scripts/prepare.sh smollm2` makes both), or `None` after
+/// `Component::missing`.
 fn reference() -> Option<(PathBuf, Value)> {
-    let dir = model_dir();
+    let dir = crate::common::components::smollm2_folder("holo_reference.json")?;
     let file = dir.join("holo_reference.json");
-    if !dir.is_dir() || !file.is_file() {
-        eprintln!(
-            "skipped: no real checkpoint at {} (or no holo_reference.json in it); run \
-             ~/.cache/holo-peers/venv/bin/python scripts/real_checkpoint.py (or set HOLO_REAL_MODEL_DIR)",
-            dir.display()
-        );
-        return None;
-    }
     let text = std::fs::read_to_string(&file).unwrap();
     Some((dir, serde_json::from_str(&text).unwrap()))
 }

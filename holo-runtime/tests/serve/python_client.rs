@@ -51,39 +51,11 @@ except openai.NotFoundError as error:
 print(json.dumps(out))
 "#;
 
-/// Says why a test did nothing, on the real stderr (libtest captures `eprintln!` of passing tests).
-fn skipped(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {message}");
-}
-
-fn peers_python() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME")?;
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    python.is_file().then_some(python)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_python_client() {
-    let Some(python) = peers_python() else {
-        skipped(
-            "official_python_client: no $HOME/.cache/holo-peers/venv/bin/python \
-             (run ../shared/peers/setup.sh to install the openai package)",
-        );
+    let Some(python) = crate::common::components::peers(&["openai"]) else {
         return;
     };
-    let has_openai = std::process::Command::new(&python)
-        .args(["-c", "import openai"])
-        .output()
-        .map(|output| output.status.success())
-        .unwrap_or(false);
-    if !has_openai {
-        skipped(&format!(
-            "official_python_client: {} cannot import openai",
-            python.display()
-        ));
-        return;
-    }
     let f = start().await;
     let base = f.base.clone();
     let output = tokio::task::spawn_blocking(move || {

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -386,23 +385,13 @@ fn check_run(work: &Path, model: &str, lora: bool, data: &Path) -> Case {
     }
 }
 
-/// Says why a check was skipped, on stderr itself, which the test harness does not capture.
-fn skipped(reason: &str) {
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED train_export (transformers/PEFT check): {reason}"
-    );
-}
-
 /// (iv) `scripts/export_check.py` on every export, in one Python process.
 fn python_check(cases: &[Case]) {
-    let Some(home) = std::env::var_os("HOME") else {
-        return skipped("HOME is not set, so there is no peer venv");
+    let Some(python) =
+        crate::common::components::peers(&["torch", "transformers", "peft", "safetensors"])
+    else {
+        return;
     };
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    if !python.is_file() {
-        return skipped(&format!("no peer venv at {}", python.display()));
-    }
     let mut command = Command::new(&python);
     command
         .arg(crate::common::repo().join("scripts/export_check.py"))
@@ -415,9 +404,6 @@ fn python_check(cases: &[Case]) {
     let output = command.output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    if output.status.code() == Some(3) {
-        return skipped(&format!("{} lacks a package: {stderr}", python.display()));
-    }
     let results: Vec<Value> = stdout
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("{line}\n{stderr}")))

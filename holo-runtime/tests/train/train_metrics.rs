@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -326,15 +325,8 @@ fn event_files_are_framed_tfrecords_of_events() {
     assert_eq!(read_records(log.events_path()).len(), 1);
 }
 
-/// The exit status of `TENSORBOARD_READER` when the venv has no TensorBoard.
-const NO_TENSORBOARD: i32 = 3;
-
 const TENSORBOARD_READER: &str = r#"
 import json, os, sys
-try:
-    import tensorboard
-except ImportError:
-    sys.exit(NO_TENSORBOARD)
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub import errors
@@ -368,40 +360,20 @@ print(json.dumps({"files": files, "scalars": scalars}, sort_keys=True))
 
 /// What TensorBoard reads in `run_dir/tensorboard/`: each file's events (`summary`, or the
 /// `file_version` and `session_log` they hold) and the scalars TensorBoard shows, or `None` when the
-/// peer venv with TensorBoard is not installed.
+/// peers' venv with TensorBoard is not installed (`components::peers`).
 fn tensorboard_read(test: &str, run_dir: &Path) -> Option<serde_json::Value> {
-    let Some(home) = std::env::var_os("HOME") else {
-        skipped(test, "HOME is not set, so there is no peer venv");
-        return None;
-    };
-    let python = Path::new(&home).join(".cache/holo-peers/venv/bin/python");
-    if !python.is_file() {
-        let reason = format!("no peer venv with TensorBoard at {}", python.display());
-        skipped(test, &reason);
-        return None;
-    }
-    let script = TENSORBOARD_READER.replace("NO_TENSORBOARD", &NO_TENSORBOARD.to_string());
+    let python = crate::common::components::peers(&["tensorboard"])?;
     let output = Command::new(&python)
         .arg("-c")
-        .arg(script)
+        .arg(TENSORBOARD_READER)
         .arg(run_dir.join("tensorboard"))
         .output()
         .unwrap();
-    if output.status.code() == Some(NO_TENSORBOARD) {
-        skipped(test, &format!("{} has no tensorboard", python.display()));
-        return None;
-    }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     println!("{test}: TensorBoard read {stdout}");
     Some(serde_json::from_str(stdout.trim()).unwrap())
-}
-
-/// Says why a test passes without checking anything, on stderr itself, which the test harness does
-/// not capture.
-fn skipped(test: &str, reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
 
 /// The events of a file as `tensorboard_read` lists them: `first`, then `summaries` summaries.

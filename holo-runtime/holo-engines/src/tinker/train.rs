@@ -86,6 +86,12 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "only grpo runs (PPO's value model has no place on the service)",
         );
     }
+    if !config.training.use_peft {
+        return refuse(
+            "use_peft",
+            "must be true (the service trains LoRA adapters, never every weight)",
+        );
+    }
     if config.beta != 0.0 {
         return refuse(
             "beta",

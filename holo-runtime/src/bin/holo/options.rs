@@ -92,10 +92,12 @@ pub fn split_options<C: TrainingConfig>(
     Ok((kept, options))
 }
 
-/// The configuration of `--config FILE` (when given) and the flags, every key checked.
+/// The configuration of `--config FILE` (when given) and the flags, every key checked; `implied`
+/// (`(key, value, cause)`) sets what the file and the flags leave unset.
 pub fn build<C: TrainingConfig>(
     file: Option<&std::path::Path>,
     options: &Options,
+    implied: &[(&str, toml::Value, &str)],
 ) -> Result<C, ConfigError> {
     let mut builder = ConfigBuilder::<C>::default();
     if let Some(path) = file {
@@ -103,6 +105,9 @@ pub fn build<C: TrainingConfig>(
     }
     for (flag, value) in options {
         builder = builder.set(flag, value);
+    }
+    for (key, value, cause) in implied {
+        builder = builder.imply(key, value.clone(), cause);
     }
     builder.build()
 }

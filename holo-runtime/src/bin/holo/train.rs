@@ -115,7 +115,12 @@ pub fn options_help() -> String {
 }
 
 pub fn run(args: TrainArgs, options: Options) -> ExitCode {
-    let config: GrpoConfig = match options::build(args.config.as_deref(), &options) {
+    // A Tinker service trains LoRA adapters, never every weight: LoRA's options are the run's.
+    let implied: &[(&str, toml::Value, &str)] = match args.backend {
+        Backend::Tinker => &[("use_peft", toml::Value::Boolean(true), "--backend tinker")],
+        Backend::Local => &[],
+    };
+    let config: GrpoConfig = match options::build(args.config.as_deref(), &options, implied) {
         Ok(config) => config,
         Err(error) => return usage(error),
     };

