@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | skyrl ...]
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | skyrl ...]   # all: every one but skyrl
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -96,15 +96,17 @@ prepare_gym() {
 
 prepare_skyrl() {
     local t0=$SECONDS
-    # SkyRL 0.4.0 declares Python >= 3.12; its Tinker server on JAX runs on 3.11 (tests/engines/tinker.rs).
-    venv_from "$ENGINES/skyrl-venv" --ignore-requires-python --prefer-binary 'skyrl[tinker,jax]==0.4.0' aiohttp uv
+    # SkyRL 0.4.0 needs Python >= 3.12 (PYTHON=python3.12 bash scripts/prepare.sh skyrl). On Debian 12's 3.11,
+    # pip backtracks through years of its dependencies' releases without an end, so `all` leaves it out and
+    # tests/engines/tinker.rs's run against SkyRL's server is an ignored test until CI has that Python.
+    venv_from "$ENGINES/skyrl-venv" 'skyrl[tinker,jax]==0.4.0' aiohttp uv
     log "skyrl: ready ($((SECONDS - t0)) s)"
 }
 
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_skyrl ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym ;;
         peers | smollm2 | chromium | gym | skyrl) "prepare_$component" ;;
         *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, skyrl)" >&2; exit 2 ;;
     esac

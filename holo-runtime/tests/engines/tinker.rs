@@ -1038,6 +1038,8 @@ impl Drop for Server {
 /// with the fixtures' tokenizer): two steps reach a reward and a loss, and `--resume` from
 /// `checkpoint-1` loads it into a new model on the service and trains step 2 again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SkyRL 0.4.0's venv, which needs Python >= 3.12 (CI's Debian 12 has 3.11): \
+            PYTHON=python3.12 bash scripts/prepare.sh skyrl, then --ignored"]
 async fn trains_on_skyrl_and_resumes() {
     use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};
