@@ -41,6 +41,12 @@ pub trait Holotype: Sized {
     /// checked against this list when the crate compiles.
     const PARAMS: &'static [&'static str];
 
+    /// Whether `enter`, `end_pass` or `end` may hold the thread for long: run a process, wait on the
+    /// network or a lock. The Loom steps the rollouts of a holoware that names such a holotype on
+    /// Tokio's blocking pool, so that they run beside each other and never stall the thread that sends
+    /// the other rollouts' samples; the others it steps in place, in a deterministic order.
+    const BLOCKS: bool = false;
+
     /// Builds the instance from the tag's arguments, once per rollout.
     fn new(args: &Args) -> Result<Self, HolotypeError>;
 

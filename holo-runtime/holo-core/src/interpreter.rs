@@ -45,6 +45,7 @@ struct Entry {
     params: &'static [&'static str],
     construct: Constructor,
     needs: fn(&Args) -> Vec<String>,
+    blocks: bool,
 }
 
 /// The holotypes an interpreted holoware may name.
@@ -62,6 +63,7 @@ impl Registry {
                 params: T::PARAMS,
                 construct: Box::new(|args| Ok(Box::new(T::new(args)?) as Box<dyn DynHolotype>)),
                 needs: T::needs,
+                blocks: T::BLOCKS,
             },
         );
         self
@@ -223,6 +225,16 @@ fn needed_columns(
 }
 
 impl Holoware {
+    /// Whether a holotype tag names a holotype that may block ([`Holotype::BLOCKS`]).
+    pub fn blocks(&self) -> bool {
+        self.program.holotypes.iter().any(|holotype| {
+            self.registry
+                .entries
+                .get(&holotype.name)
+                .is_some_and(|entry| entry.blocks)
+        })
+    }
+
     /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load.
     pub fn load(name: &str, bytes: &[u8], registry: Arc<Registry>) -> Result<Self, LoadError> {
         let output = holoc::compile(bytes, &registry.options());

@@ -269,6 +269,11 @@ pub struct GrpoConfig {
     pub rollback_lr_factor: f64,
     /// Rollbacks a run may take; the next trip stops it.
     pub max_rollbacks: u64,
+    /// Say so when this many generating steps in a row had no group whose rewards differ
+    /// (`frac_reward_zero_std` 1: every advantage is 0, nothing is learned); 0 never says.
+    pub no_signal_steps: u64,
+    /// End the run (saved, as early stopping ends it) when `no_signal_steps` is reached.
+    pub stop_on_no_signal: bool,
 
     // --- Model-written code ---
     /// The `[sandbox]` table: limits of the sandbox that runs model-written code.
@@ -416,6 +421,8 @@ impl Default for GrpoConfig {
             rollback_window: 8,
             rollback_lr_factor: 0.5,
             max_rollbacks: 3,
+            no_signal_steps: 3,
+            stop_on_no_signal: false,
             sapo_temperature_neg: 1.05,
             sapo_temperature_pos: 1.0,
             vespo_k_pos: 2.0,
@@ -713,6 +720,11 @@ impl TrainingConfig for GrpoConfig {
             self.rollback_kl.is_none() && self.rollback_reward_drop.is_none(),
             &["rollback_window", "rollback_lr_factor", "max_rollbacks"],
             "the rollback's options do nothing without `rollback_kl` or `rollback_reward_drop`",
+        );
+        add(
+            self.no_signal_steps == 0,
+            &["stop_on_no_signal"],
+            "`stop_on_no_signal` does nothing with `no_signal_steps = 0`",
         );
         add(
             !self.log_completions,

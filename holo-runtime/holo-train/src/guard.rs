@@ -43,6 +43,36 @@ use super::state::{TrainSummary, TrainerState};
 /// The run folder's record of rollbacks: one JSON object per trip.
 pub const ROLLBACKS_FILE: &str = "rollbacks.jsonl";
 
+/// What the terminal says when training has had no signal for `no_signal_steps` steps: what the rollouts
+/// got, one of them (`example`: its last sampled text), what would give a signal, and whether the run
+/// stops.
+pub fn no_signal_note(
+    config: &GrpoConfig,
+    step: u64,
+    metrics: &BTreeMap<String, f64>,
+    example: Option<&str>,
+) -> String {
+    let reward = metrics.get("reward").copied().unwrap_or(f64::NAN);
+    let mut note = format!(
+        "warning: no learning signal for {} steps (to step {step}): in every group all {} rollouts got the same reward (frac_reward_zero_std 1, mean reward {reward:.3}), so every advantage is 0 and GRPO changes nothing.",
+        config.no_signal_steps, config.num_generations
+    );
+    if let Some(example) = example {
+        note.push_str(&format!("\n  a rollout's last reply: {example:?}"));
+    }
+    note.push_str(
+        "\n  rewards that differ within a group give a signal: partial credit (a reward for the format or for \
+         being close), a check that accepts more answer forms (MathAnswer's `untagged=last_number`), more \
+         rollouts per group (num_generations), or a warm-up on examples first (`holo sft`).",
+    );
+    note.push_str(if config.stop_on_no_signal {
+        "\n  stopping here (stop_on_no_signal)"
+    } else {
+        "\n  training goes on; `--stop-on-no-signal` ends such a run here, `--no-signal-steps 0` silences this"
+    });
+    note
+}
+
 /// A step whose measurements tripped a rollback condition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trip {
@@ -89,6 +119,27 @@ impl GuardState {
         }
         self.stopped = self.evals_since_best >= patience;
         self.stopped
+    }
+
+    /// Takes a finished step's metrics; true when this step makes `no_signal_steps` generating steps in a
+    /// row whose every group had identical rewards (once a streak: the next says nothing until a step
+    /// with a signal starts another). Under `stop_on_no_signal` the run stops there.
+    pub fn without_signal(&mut self, config: &GrpoConfig, metrics: &BTreeMap<String, f64>) -> bool {
+        // Steps that took a generation batch made earlier measure nothing new.
+        let Some(&flat) = metrics.get("frac_reward_zero_std") else {
+            return false;
+        };
+        if flat < 1.0 {
+            self.steps_without_signal = 0;
+            return false;
+        }
+        self.steps_without_signal += 1;
+        let reached =
+            config.no_signal_steps > 0 && self.steps_without_signal == config.no_signal_steps;
+        if reached && config.stop_on_no_signal {
+            self.stopped = true;
+        }
+        reached
     }
 
     /// The line that says early stopping ended the run after `step`.
@@ -329,6 +380,51 @@ mod tests {
 
     fn metrics(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn a_streak_of_flat_groups_is_said_once_and_stops_the_run_when_asked() {
+        let config = GrpoConfig::default();
+        let mut guard = GuardState::default();
+        let flat = metrics(&[("frac_reward_zero_std", 1.0), ("reward", 0.0)]);
+        let mixed = metrics(&[("frac_reward_zero_std", 0.5), ("reward", 0.4)]);
+        let reused = metrics(&[("reward", 0.0)]);
+        // Flat, flat, a step on an earlier generation (counts nothing), flat: said at the third flat one.
+        assert!(!guard.without_signal(&config, &flat));
+        assert!(!guard.without_signal(&config, &flat));
+        assert!(!guard.without_signal(&config, &reused));
+        assert!(guard.without_signal(&config, &flat));
+        assert!(!guard.stopped, "only a warning by default");
+        // Once a streak; a step with a signal starts another.
+        assert!(!guard.without_signal(&config, &flat));
+        assert!(!guard.without_signal(&config, &mixed));
+        assert_eq!(guard.steps_without_signal, 0);
+        let note = no_signal_note(&config, 4, &flat, Some("133 is the larger number."));
+        assert!(
+            note.contains("no learning signal for 3 steps")
+                && note.contains("133 is the larger number.")
+                && note.contains("untagged=last_number")
+                && note.contains("--stop-on-no-signal"),
+            "{note}"
+        );
+
+        let config = GrpoConfig {
+            no_signal_steps: 2,
+            stop_on_no_signal: true,
+            ..GrpoConfig::default()
+        };
+        let mut guard = GuardState::default();
+        assert!(!guard.without_signal(&config, &flat));
+        assert!(guard.without_signal(&config, &flat));
+        assert!(guard.stopped);
+        assert!(no_signal_note(&config, 2, &flat, None).contains("stopping here"));
+
+        let never = GrpoConfig {
+            no_signal_steps: 0,
+            ..GrpoConfig::default()
+        };
+        let mut guard = GuardState::default();
+        assert!((0..10).all(|_| !guard.without_signal(&never, &flat)));
     }
 
     #[test]

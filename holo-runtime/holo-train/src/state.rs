@@ -99,6 +99,8 @@ pub struct GuardState {
     pub rollbacks: u64,
     /// The learning rate's factor: `rollback_lr_factor` to the power of the rollbacks.
     pub lr_factor: f64,
+    /// Generating steps in a row whose every group had identical rewards.
+    pub steps_without_signal: u64,
 }
 
 impl Default for GuardState {
@@ -112,6 +114,7 @@ impl Default for GuardState {
             best_mean_reward: None,
             rollbacks: 0,
             lr_factor: 1.0,
+            steps_without_signal: 0,
         }
     }
 }

@@ -794,3 +794,46 @@ fn holotypes_that_fail_stop_the_run_before_any_work_or_at_the_batch_where_all_fa
     assert!(!stderr.contains("warning:"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_run_without_learning_signal_says_so_and_stops_when_asked() {
+    // A reward no reply of the tiny random model earns: every group's rewards are identical, so every
+    // advantage is 0 (tried as a new user would, a run like this trained 29 steps without a word).
+    let rows = "{\"question\": \"What is 4+18?\", \"expected\": \"no reply says this\"}\n{\"question\": \"What is 2+8?\", \"expected\": \"no reply says this\"}\n";
+    let hol = "<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:reply|>\n<|ExactAnswer var=reply|>\n";
+    let dir = scratch("no-signal");
+    let mut args = train_args_on(&dir, hol, rows, 6);
+    // Every step generates (one pass over each batch), so each step measures the groups anew.
+    args.extend(
+        [
+            "--num-iterations",
+            "1",
+            "--no-signal-steps",
+            "2",
+            "--stop-on-no-signal",
+        ]
+        .map(String::from),
+    );
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("warning: no learning signal for 2 steps (to step 2)")
+            && stderr.contains("frac_reward_zero_std 1, mean reward 0.000")
+            && stderr.contains("a rollout's last reply: ")
+            && stderr.contains("stopping here (stop_on_no_signal)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        metrics(&dir.join("run"))
+            .iter()
+            .map(|line| line["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2],
+        "the run ends at the step that completed the streak"
+    );
+    assert!(
+        dir.join("run/checkpoint-2").is_dir(),
+        "saved where it stopped"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -896,3 +896,105 @@ fn resume_runs_only_what_was_not_done_and_summarizes_everything() {
     no_row.row_index = 99;
     assert!(refused(vec![no_row]).contains("no such row"));
 }
+
+/// Where [`Gate`]s meet: how many rollouts are inside one, out of `expected`.
+struct Meeting {
+    inside: Mutex<usize>,
+    changed: std::sync::Condvar,
+    expected: usize,
+}
+
+/// A holotype that blocks (as code in the sandbox does) until `expected` rollouts are inside it at
+/// once, or fails after a deadline saying how many made it: rollouts stepped one after another never
+/// meet.
+struct Gate(Arc<Meeting>);
+
+impl holo_runtime::Holotype for Gate {
+    const BLOCKS: bool = true;
+    const PARAMS: &'static [&'static str] = &[];
+
+    fn new(args: &holo_runtime::Args) -> Result<Self, holo_runtime::HolotypeError> {
+        let meeting = args
+            .resources
+            .get::<Meeting>()
+            .ok_or_else(|| holo_runtime::HolotypeError::new("no Meeting in the resources"))?;
+        Ok(Gate(meeting))
+    }
+
+    fn enter(
+        &mut self,
+        _cx: &mut holo_runtime::Cx<'_>,
+    ) -> Result<holo_runtime::Enter, holo_runtime::HolotypeError> {
+        let meeting = &self.0;
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        let mut inside = meeting.inside.lock().unwrap();
+        *inside += 1;
+        meeting.changed.notify_all();
+        while *inside < meeting.expected {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(holo_runtime::HolotypeError::new(format!(
+                    "after 30 s only {} of {} rollouts were inside their blocking step at once",
+                    *inside, meeting.expected
+                )));
+            }
+            inside = meeting.changed.wait_timeout(inside, left).unwrap().0;
+        }
+        Ok(holo_runtime::Enter::Run)
+    }
+}
+
+#[test]
+fn rollouts_whose_holotypes_block_run_beside_each_other_off_the_sampling_thread() {
+    let mut registry = holotypes::registry();
+    registry.register::<Gate>("Gate");
+    let holoware = Arc::new(
+        Holoware::load(
+            "gate.hol",
+            b"<|o_o|>\nGo.\n<|Gate|>\n<|@_@:reply|>\n",
+            Arc::new(registry),
+        )
+        .unwrap(),
+    );
+    assert!(holoware.blocks(), "Gate::BLOCKS makes the holoware block");
+    assert!(
+        !tool_hol().blocks(),
+        "the calculator's tool.hol steps in place"
+    );
+    let codemath = Holoware::open(
+        &repo().join("hol/codemath.hol"),
+        Arc::new(holotypes::registry()),
+    )
+    .unwrap();
+    assert!(codemath.blocks(), "CodeExecutor blocks");
+
+    let mut resources = Resources::default();
+    resources.insert(Meeting {
+        inside: Mutex::new(0),
+        changed: std::sync::Condvar::new(),
+        expected: 4,
+    });
+    let loom = Loom::interpreted(
+        holoware,
+        resources,
+        LoomConfig {
+            rollouts_per_row: 4,
+            concurrency: 4,
+            ..LoomConfig::default()
+        },
+    );
+    let rows = [(0, Row::new())];
+    let out = Shared::default();
+    // One runtime thread: were the Gates stepped on it, the first would hold it, and nothing else.
+    let summary = run(&loom, &rows, &Scripted::new(["done"]), &out);
+    let records = records(&out.bytes());
+    assert_eq!(summary.rollouts, 4);
+    assert!(
+        records.iter().all(|record| record.error.is_none()),
+        "{:?}",
+        records
+            .iter()
+            .map(|record| &record.error)
+            .collect::<Vec<_>>()
+    );
+}

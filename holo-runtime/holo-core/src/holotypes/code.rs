@@ -224,6 +224,8 @@ pub struct CodeExecutor {
 }
 
 impl Holotype for CodeExecutor {
+    /// The code runs in a process, for up to its timeout.
+    const BLOCKS: bool = true;
     const PARAMS: &'static [&'static str] = &[
         "timeout",
         "python",

@@ -55,8 +55,11 @@
 //!
 //! A failed request ([`SamplerError`]), a [`RolloutError`](crate::RolloutError), a panic in a holotype,
 //! or a rollout that cannot start fails that rollout only: it is written with its `error` and what it
-//! recorded up to then, and the others go on. Stepping (holotypes and tools) runs on the calling task,
-//! while the other rollouts' requests are in flight.
+//! recorded up to then, and the others go on. Stepping runs holotypes synchronously: in place, while the
+//! other rollouts' requests are in flight, or, when a holotype may block
+//! ([`Holotype::BLOCKS`](crate::Holotype::BLOCKS): code in the sandbox), on Tokio's blocking pool, so
+//! that such rollouts run beside each other and the samples of the others keep going (at most
+//! `concurrency` threads).
 //!
 //! # Prompts
 //!
@@ -177,6 +180,12 @@ pub trait RolloutSource: Sync {
     /// Starts one rollout on a row.
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String>;
 
+    /// Whether stepping a rollout may hold the thread for long ([`Holotype::BLOCKS`](crate::Holotype::BLOCKS)):
+    /// the Loom then steps rollouts on Tokio's blocking pool. The default says no.
+    fn blocks(&self) -> bool {
+        false
+    }
+
     /// The counters of tool runs the rollouts share, when there are any (a trainer logs them).
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
         None
@@ -218,6 +227,10 @@ impl RolloutSource for Interpreted {
 
     fn reflection_memory(&self) -> Option<Arc<ReflectionMemory>> {
         self.resources.get::<ReflectionMemory>()
+    }
+
+    fn blocks(&self) -> bool {
+        self.holoware.blocks()
     }
 
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
@@ -385,6 +398,7 @@ impl<S: RolloutSource> Loom<S> {
         };
         let mut run = Run {
             config: &self.config,
+            rows,
             out,
             started: Instant::now(),
             stats,
@@ -400,18 +414,21 @@ impl<S: RolloutSource> Loom<S> {
 
         // Each request is its own sampler call, so that a rollout goes on the moment its sample is
         // back, whatever the others are doing: the local model batches the calls continuously.
-        let sample = |active, request: Request| async move {
-            let sent = Instant::now();
-            let mut results = sampler.sample(std::slice::from_ref(&request)).await;
-            let result = match results.len() {
-                1 => results.pop().expect("one result"),
-                n => Err(SamplerError::Malformed(format!(
-                    "the sampler returned {n} results for one request"
-                ))),
-            };
-            (active, result, sent.elapsed())
+        let sample = |active: Active, request: Request| -> Pending<'_> {
+            Box::pin(async move {
+                let sent = Instant::now();
+                let mut results = sampler.sample(std::slice::from_ref(&request)).await;
+                let result = match results.len() {
+                    1 => results.pop().expect("one result"),
+                    n => Err(SamplerError::Malformed(format!(
+                        "the sampler returned {n} results for one request"
+                    ))),
+                };
+                Ok(Event::Sampled(active, result, sent.elapsed()))
+            })
         };
-        let mut in_flight = FuturesUnordered::new();
+        let blocks = self.source.blocks();
+        let mut in_flight: FuturesUnordered<Pending<'_>> = FuturesUnordered::new();
         loop {
             while in_flight.len() < concurrency {
                 let Some((position, rollout_index)) = jobs.next(&self.source, &mut run.stats)
@@ -423,7 +440,6 @@ impl<S: RolloutSource> Loom<S> {
                     position,
                     row_index: *row_index,
                     rollout_index,
-                    row,
                     seed: rollout_seed(self.config.seed, *row_index, rollout_index),
                     rollout: None,
                     recorder: Prompted {
@@ -438,8 +454,11 @@ impl<S: RolloutSource> Loom<S> {
                 match guard(|| self.source.start(row)) {
                     Ok(rollout) => {
                         active.rollout = Some(rollout);
-                        if let Some((active, request)) = run.advance(active)? {
-                            in_flight.push(sample(active, request));
+                        if blocks {
+                            in_flight.push(offload(active, None));
+                        } else {
+                            let (active, stepped) = work(active, None);
+                            stepped_to(&mut run, &mut in_flight, &sample, active, stepped)?;
                         }
                     }
                     Err(message) => run.finish(
@@ -451,45 +470,128 @@ impl<S: RolloutSource> Loom<S> {
                     )?,
                 }
             }
-            let Some((mut active, result, waited)) = in_flight.next().await else {
+            let Some(event) = in_flight.next().await else {
                 break;
             };
-            run.stats.sampler_calls += 1;
-            active.sample_time += waited;
-            let failure = match result {
-                Ok(completion) if context_full(&completion) => {
-                    active.truncated = true;
-                    run.finish(active, None)?;
-                    continue;
-                }
-                Ok(completion) => match guard(|| {
-                    active.truncated |= completion.finish == Finish::Length;
-                    let rollout = active.rollout.as_mut().expect("a started rollout");
-                    rollout.resume(completion, &mut active.recorder)
-                }) {
-                    Ok(()) => None,
-                    Err(message) => Some(Failure {
-                        stage: Stage::Rollout,
-                        message,
-                    }),
-                },
-                Err(error) => Some(Failure {
-                    stage: Stage::Sampler,
-                    message: error.to_string(),
-                }),
-            };
-            match failure {
-                None => {
-                    if let Some((active, request)) = run.advance(active)? {
-                        in_flight.push(sample(active, request));
+            match event? {
+                Event::Sampled(mut active, result, waited) => {
+                    run.stats.sampler_calls += 1;
+                    active.sample_time += waited;
+                    match result {
+                        Ok(completion) if context_full(&completion) => {
+                            active.truncated = true;
+                            run.finish(active, None)?;
+                        }
+                        Ok(completion) if blocks => {
+                            in_flight.push(offload(active, Some(completion)))
+                        }
+                        Ok(completion) => {
+                            let (active, stepped) = work(active, Some(completion));
+                            stepped_to(&mut run, &mut in_flight, &sample, active, stepped)?;
+                        }
+                        Err(error) => run.finish(
+                            active,
+                            Some(Failure {
+                                stage: Stage::Sampler,
+                                message: error.to_string(),
+                            }),
+                        )?,
                     }
                 }
-                Some(failure) => run.finish(active, Some(failure))?,
+                Event::Stepped(active, stepped) => {
+                    stepped_to(&mut run, &mut in_flight, &sample, active, stepped)?
+                }
             }
         }
         run.progress.finish_and_clear();
         Ok(run.stats.summary(per_row, run.started.elapsed()))
     }
+}
+
+/// What comes back to the Loom's loop: a rollout's sample, or its synchronous work done.
+enum Event {
+    Sampled(Active, Result<Completion, SamplerError>, Duration),
+    Stepped(Active, Stepped),
+}
+
+/// Where a rollout's synchronous work (resuming with a completion, then stepping) left it.
+enum Stepped {
+    /// It needs this sample.
+    Sample(SampleRequest),
+    Done,
+    /// A holotype's error or panic.
+    Failed(String),
+}
+
+/// A rollout waiting on its sampler or its own work.
+type Pending<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<Event>> + Send + 'a>>;
+
+/// [`work`] on the blocking pool of the Tokio runtime the Loom runs under, never on the thread that
+/// drives the other rollouts' samples (at most `concurrency` rollouts are in flight, which bounds the
+/// threads it takes); in place when there is no runtime (a caller's own executor).
+fn offload(active: Active, completion: Option<Completion>) -> Pending<'static> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => Box::pin(async move {
+            match runtime
+                .spawn_blocking(move || work(active, completion))
+                .await
+            {
+                Ok((active, stepped)) => Ok(Event::Stepped(active, stepped)),
+                Err(error) => Err(io::Error::other(format!(
+                    "a rollout's step did not finish: {error}"
+                ))),
+            }
+        }),
+        Err(_) => {
+            let (active, stepped) = work(active, completion);
+            Box::pin(std::future::ready(Ok(Event::Stepped(active, stepped))))
+        }
+    }
+}
+
+/// Sends the stepped rollout's request on its way, or writes the rollout when it ended.
+fn stepped_to<'s, W: Sink + ?Sized>(
+    run: &mut Run<'_, W>,
+    in_flight: &mut FuturesUnordered<Pending<'s>>,
+    sample: &impl Fn(Active, Request) -> Pending<'s>,
+    mut active: Active,
+    stepped: Stepped,
+) -> io::Result<()> {
+    match stepped {
+        Stepped::Sample(sample_request) => {
+            let request = active.request(sample_request);
+            active.samples += 1;
+            in_flight.push(sample(active, request));
+            Ok(())
+        }
+        Stepped::Done => run.finish(active, None),
+        Stepped::Failed(message) => run.finish(
+            active,
+            Some(Failure {
+                stage: Stage::Rollout,
+                message,
+            }),
+        ),
+    }
+}
+
+/// Resumes the rollout with `completion` (when it has one) and steps it until it needs a sample or
+/// ends: the holotypes' synchronous work, on whatever thread runs it.
+fn work(mut active: Active, completion: Option<Completion>) -> (Active, Stepped) {
+    let rollout = active.rollout.as_mut().expect("a started rollout");
+    if let Some(completion) = completion {
+        active.truncated |= completion.finish == Finish::Length;
+        if let Err(message) = guard(|| rollout.resume(completion, &mut active.recorder)) {
+            return (active, Stepped::Failed(message));
+        }
+    }
+    let stepped = match guard(|| rollout.step(&mut active.recorder)) {
+        Ok(Step::Sample(sample)) => Stepped::Sample(sample),
+        Ok(Step::Done) => Stepped::Done,
+        Err(message) => Stepped::Failed(message),
+    };
+    (active, stepped)
 }
 
 /// A completion that ended for length without a token: the prompt already fills the model's context, so
@@ -539,13 +641,13 @@ impl Jobs<'_> {
     }
 }
 
-/// A rollout in flight.
-struct Active<'r> {
+/// A rollout in flight. It owns everything it needs, so that its synchronous steps can run on another
+/// thread.
+struct Active {
     /// Position of its row in the rows given to `run`.
     position: usize,
     row_index: usize,
     rollout_index: usize,
-    row: &'r Row,
     seed: u64,
     /// `None` only when the rollout could not start.
     rollout: Option<Box<dyn Rollout + Send>>,
@@ -556,7 +658,7 @@ struct Active<'r> {
     sample_time: Duration,
 }
 
-impl Active<'_> {
+impl Active {
     /// The request for the rollout's next sample.
     fn request(&mut self, sample: SampleRequest) -> Request {
         Request {
@@ -576,6 +678,7 @@ impl Active<'_> {
 
 struct Run<'a, W: ?Sized> {
     config: &'a LoomConfig,
+    rows: &'a [(usize, Row)],
     out: &'a mut W,
     started: Instant,
     stats: Stats,
@@ -583,30 +686,8 @@ struct Run<'a, W: ?Sized> {
 }
 
 impl<W: Sink + ?Sized> Run<'_, W> {
-    /// Steps the rollout until it needs a sample (returned with its request) or ends (written).
-    fn advance<'r>(&mut self, mut active: Active<'r>) -> io::Result<Option<(Active<'r>, Request)>> {
-        let rollout = active.rollout.as_mut().expect("a started rollout");
-        match guard(|| rollout.step(&mut active.recorder)) {
-            Ok(Step::Sample(sample)) => {
-                let request = active.request(sample);
-                active.samples += 1;
-                Ok(Some((active, request)))
-            }
-            Ok(Step::Done) => self.finish(active, None).map(|()| None),
-            Err(message) => self
-                .finish(
-                    active,
-                    Some(Failure {
-                        stage: Stage::Rollout,
-                        message,
-                    }),
-                )
-                .map(|()| None),
-        }
-    }
-
     /// Writes the finished rollout and counts it.
-    fn finish(&mut self, mut active: Active<'_>, mut error: Option<Failure>) -> io::Result<()> {
+    fn finish(&mut self, mut active: Active, mut error: Option<Failure>) -> io::Result<()> {
         let now = Instant::now();
         let tokens = active.recorder.tokens();
         if let Some(holophore) = &active.recorder.holophore {
@@ -634,7 +715,7 @@ impl<W: Sink + ?Sized> Run<'_, W> {
             row_index: active.row_index,
             rollout_index: active.rollout_index,
             seed: active.seed,
-            row: active.row.clone(),
+            row: self.rows[active.position].1.clone(),
             contexts: transcript
                 .contexts
                 .iter()

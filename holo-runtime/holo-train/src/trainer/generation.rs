@@ -82,6 +82,10 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             }
         }
         metrics.extend(scored.metrics);
+        self.example = records
+            .iter()
+            .find(|record| record.error.is_none())
+            .and_then(last_reply);
         let (mut completions, mut internalized) = if config.erl {
             let split = erl::split(&records, group, &config).map_err(TrainError::Input)?;
             metrics.extend(split.metrics);
@@ -307,4 +311,21 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         }
         Ok(evaluation_metrics(&records, &summary))
     }
+}
+
+/// The last text `record`'s model sampled, cut to 200 characters: what the terminal shows of a batch.
+fn last_reply(record: &RolloutRecord) -> Option<String> {
+    let text = record
+        .contexts
+        .iter()
+        .flat_map(|context| &context.messages)
+        .flat_map(|message| &message.parts)
+        .rfind(|part| part.sampled)?
+        .text
+        .trim();
+    let mut cut: String = text.chars().take(200).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    Some(cut)
 }

@@ -55,6 +55,9 @@ pub struct Trainer<S, B = Local> {
     /// Where generation batches come from instead of the Loom ([`Trainer::with_feed`]).
     feed: Option<Box<dyn Feed>>,
     failures: Failures,
+    /// The last reply of the latest generation's first completed rollout: what the no-signal warning
+    /// shows.
+    example: Option<String>,
 }
 
 impl<S: RolloutSource> Trainer<S, Local> {
@@ -129,6 +132,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             options,
             feed: None,
             failures: Failures::default(),
+            example: None,
         })
     }
 
@@ -288,6 +292,10 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                     }
                     summary.evaluations.push((step, evaluation));
                 }
+            }
+            if state.guard.without_signal(&config, &metrics) {
+                let note = guard::no_signal_note(&config, step, &metrics, self.example.as_deref());
+                progress.suspend(|| eprintln!("{note}"));
             }
             metrics.extend(state.guard.metrics(&config));
             metrics_log.log(step, &metrics)?;
