@@ -121,7 +121,9 @@ pub fn decode(bytes: &[u8]) -> Result<&str, Box<InvalidUtf8>> {
     })
 }
 
-/// Every `*.hol` file under `dir`, recursively, in name order.
+/// Every `*.hol` file under `dir`, recursively, in name order. Build output (a folder with a
+/// `CACHEDIR.TAG`, as Cargo's `target/`) and hidden folders (`.git`) are left out, and symbolic links to
+/// folders are not followed, so a link back up cannot loop.
 pub fn hol_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -129,7 +131,10 @@ pub fn hol_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         for entry in entries {
             let path = entry.path();
             if entry.file_type()?.is_dir() {
-                walk(&path, files)?;
+                let hidden = entry.file_name().to_string_lossy().starts_with('.');
+                if !hidden && !path.join("CACHEDIR.TAG").is_file() {
+                    walk(&path, files)?;
+                }
             } else if path.extension().is_some_and(|extension| extension == "hol") {
                 files.push(path);
             }

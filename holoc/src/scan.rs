@@ -106,6 +106,8 @@ pub fn scan_crate(root: &Path) -> CrateScan {
     scan
 }
 
+/// The `.rs` files under `dir`, in name order. Symbolic links to folders are not followed: a link back
+/// up would loop until the stack overflows.
 fn collect_rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -114,7 +116,7 @@ fn collect_rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
     entries.sort_by_key(|entry| entry.file_name());
     for entry in entries {
         let path = entry.path();
-        if path.is_dir() {
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
             collect_rust_files(&path, files);
         } else if path.extension().is_some_and(|extension| extension == "rs") {
             files.push(path);

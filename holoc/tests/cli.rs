@@ -580,3 +580,43 @@ fn fmt_standard_library_is_formatted() {
         stderr(&output)
     );
 }
+
+/// A folder walk finds the `.hol` files a person wrote: not build output (a folder with a
+/// `CACHEDIR.TAG`, as Cargo's `target/`), not hidden folders, and a crate whose `src/` links back up to
+/// itself is scanned once instead of overflowing the stack.
+#[test]
+fn folder_walks_skip_build_output_and_hidden_folders_and_links_cannot_loop() {
+    let dir = scratch("walk");
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        "[package]\nname = \"walked\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(dir.join("src/lib.rs"), "pub struct Nothing;\n").unwrap();
+    std::os::unix::fs::symlink("..", dir.join("src/up")).unwrap();
+    std::fs::write(dir.join("env.hol"), "<|o_o|>\nHello.\n").unwrap();
+    for skipped in ["target", ".git"] {
+        std::fs::create_dir_all(dir.join(skipped)).unwrap();
+        std::fs::write(dir.join(skipped).join("broken.hol"), "<|Unclosed\n").unwrap();
+    }
+    std::fs::write(
+        dir.join("target/CACHEDIR.TAG"),
+        "Signature: 8a477f597d28d172789f06886806bc55\n",
+    )
+    .unwrap();
+    let folder = dir.display().to_string();
+    let checked = holoc(&["check", &folder]);
+    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
+    let formatted = holoc(&["fmt", "--check", &folder]);
+    assert_eq!(formatted.status.code(), Some(0), "{}", stderr(&formatted));
+    // Without the CACHEDIR.TAG the folder is an ordinary one, and its broken file is found.
+    std::fs::remove_file(dir.join("target/CACHEDIR.TAG")).unwrap();
+    let checked = holoc(&["check", &folder]);
+    assert_eq!(checked.status.code(), Some(1), "{}", stderr(&checked));
+    assert!(
+        stderr(&checked).contains("broken.hol"),
+        "{}",
+        stderr(&checked)
+    );
+}
