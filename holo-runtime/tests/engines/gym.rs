@@ -577,3 +577,97 @@ fn ng_collect_rollouts_collects_holo_gym_rollouts_sampled_by_holo_serve() {
     );
     let _ = std::fs::remove_dir_all(model);
 }
+
+/// `holo gym` answers its health check while every worker thread's worth of `/run`s runs model-written
+/// code that sleeps: the code runs on the blocking pool (`Holotype::BLOCKS`), not on the threads that
+/// serve requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_check_answers_while_runs_execute_sleeping_code() {
+    if !crate::common::components::sandbox() {
+        return;
+    }
+    let model = tiny_model("gym-sleeping-code");
+    let tokenizer = tokenizer(&model);
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    // The first turn of every run writes code that sleeps; the second answers.
+    let code = "<code>\nimport time\ntime.sleep(20)\nprint('slept')\n</code>";
+    let runs = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let (policy, seen) = stub(move |request, index| {
+        if request.path != "/v1/completions" {
+            return (404, json!({"detail": "Not Found"}).to_string());
+        }
+        let text = if index < runs { code } else { "4" };
+        let mut ids = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        ids.push(end);
+        let tokens: Vec<String> = ids.iter().map(|id| format!("token_id:{id}")).collect();
+        let logprobs = vec![-0.5; ids.len()];
+        (
+            200,
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny",
+                   "choices": [{"index": 0, "text": text, "finish_reason": "stop", "stop_reason": null,
+                                "logprobs": {"tokens": tokens, "token_logprobs": logprobs}}],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": ids.len(), "total_tokens": 1}})
+            .to_string(),
+        )
+    })
+    .await;
+    let dir = Dir::new("gym-sleeping-code");
+    let hol = dir.path().join("code.hol");
+    std::fs::write(
+        &hol,
+        "<|o_o|>\n<|question|>\n\n<|@_@:turn stop=\"</code>\"|>\n\n<|o_o|>\n<|CodeExecutor turn timeout=60|>\n\n<|@_@:final max_tokens=6|>\n",
+    )
+    .unwrap();
+    let mut command = crate::common::holo_command(&[
+        "gym",
+        hol.to_str().unwrap(),
+        "--port",
+        "0",
+        "--policy-url",
+        &policy,
+        "--model",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        "tiny",
+    ]);
+    let server = Served::start(&mut command);
+    let row = json!({
+        "responses_create_params": {"input": "What is 2+2?"},
+        "verifier_metadata": {},
+        "agent_ref": {"type": "responses_api_agents", "name": "holo_agent"}
+    });
+    let posts: Vec<_> = (0..runs)
+        .map(|_| {
+            let (base, row) = (server.base.clone(), row.to_string());
+            tokio::spawn(async move { post(&base, "/run", row).await })
+        })
+        .collect();
+    // Every run has had its code reply (a bounded wait on the policy's requests, not on time).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.lock().unwrap().len() < runs {
+        assert!(
+            Instant::now() < deadline,
+            "the policy had {} of {runs} first turns after 60 s",
+            seen.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let health = reqwest::Client::new()
+        .get(format!("{}/", server.base))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("GET / answered within 10 s while the runs' code sleeps");
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        runs,
+        "the health check answered only after a run's code had ended (20 s of sleep)"
+    );
+    for posted in posts {
+        let (status, answer) = posted.await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), 2 * runs);
+    let _ = std::fs::remove_dir_all(model);
+}
