@@ -186,19 +186,40 @@ fn a_run_folder_is_exported_and_compared() {
         assert!(low <= difference && difference <= high, "{metric}");
     }
 
-    // Its checkpoint folder is refused with what to run instead.
+    // Its checkpoint folder is compared as the run folder is: exported, then sampled.
+    let out = dir.path().join("checkpoint");
     let output = compare(
         &fixture("models/qwen2"),
         run.join("checkpoint-1").to_str().unwrap(),
+        &fixture("train/rows.jsonl"),
+        &out,
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(out.join("b-model/model.safetensors").is_file());
+    assert!(
+        stdout.contains(&format!("{} (checkpoint-1)", run.display())),
+        "{stdout}"
+    );
+
+    // A checkpoint's copy outside its run folder has no run to export from: refused, saying so.
+    let loose = dir.path().join("loose");
+    std::fs::create_dir_all(&loose).unwrap();
+    std::fs::copy(
+        run.join("checkpoint-1/trainer_state.json"),
+        loose.join("trainer_state.json"),
+    )
+    .unwrap();
+    let output = compare(
+        &fixture("models/qwen2"),
+        loose.to_str().unwrap(),
         &fixture("train/rows.jsonl"),
         &dir.path().join("refused"),
     );
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("policy B")
-            && stderr.contains("holo export")
-            && stderr.contains("--step 1"),
+        stderr.contains("policy B") && stderr.contains("looks like a training checkpoint"),
         "{stderr}"
     );
 }

@@ -19,10 +19,11 @@ use crate::{load, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, E
 #[derive(Args)]
 pub struct CompareArgs {
     file: PathBuf,
-    /// Policy A: a model folder (Hugging Face layout), a `.gguf` file, or a run folder (`holo train`,
-    /// `holo sft`), whose newest checkpoint is exported to OUT/a-model first.
+    /// Policy A: a model folder (Hugging Face layout), a `.gguf` file, a run folder (`holo train`,
+    /// `holo sft`), whose newest checkpoint is exported to OUT/a-model first, or one of its
+    /// `checkpoint-N` folders, exported the same way.
     a: String,
-    /// Policy B, as A (a run folder is exported to OUT/b-model).
+    /// Policy B, as A (a run folder or checkpoint is exported to OUT/b-model).
     b: String,
     /// Data rows, one JSON object per line.
     #[arg(long)]
@@ -205,34 +206,45 @@ fn checked_rows(holoware: &Holoware, data: &Path) -> Result<CheckedRows, String>
     Ok((good, lines))
 }
 
-/// Refuses what is not a model folder, a `.gguf` file or a run folder, saying what to do with a
-/// checkpoint.
+/// Refuses what is not a model folder, a `.gguf` file, a run folder or a checkpoint of one.
 fn check_policy(model: &str) -> Result<(), String> {
     let path = Path::new(model);
     if !path.exists() {
         return Err(format!(
-            "`{model}`: no such model folder, .gguf file or run folder"
+            "`{model}`: no such model folder, .gguf file, run folder or checkpoint"
         ));
     }
-    if !path.is_dir() || path.join("config.json").is_file() || path.join(RunInfo::FILE).is_file() {
+    if !path.is_dir()
+        || path.join("config.json").is_file()
+        || path.join(RunInfo::FILE).is_file()
+        || checkpoint(path).is_some()
+    {
         return Ok(());
     }
     if path.join("trainer_state.json").is_file() {
-        let run = path.parent().unwrap_or(Path::new("RUN")).display();
-        let step = path
-            .file_name()
-            .and_then(|name| name.to_str()?.strip_prefix("checkpoint-"))
-            .unwrap_or("N");
         return Err(format!(
-            "`{model}` is a training checkpoint, not a model folder: turn it into one with `holo \
-             export {run} --step {step} --out DIR` and compare DIR, or give the run folder `{run}` \
-             (its newest checkpoint is exported)"
+            "`{model}` looks like a training checkpoint, but its folder is not named checkpoint-N or is \
+             not inside a run folder (no {} beside it)",
+            RunInfo::FILE
         ));
     }
     Err(format!(
-        "`{model}` is not a model folder (no config.json) nor a run folder (no {})",
+        "`{model}` is not a model folder (no config.json), a run folder (no {}) nor a checkpoint",
         RunInfo::FILE
     ))
+}
+
+/// `(run folder, step)` when `path` is a run's `checkpoint-N` folder.
+fn checkpoint(path: &Path) -> Option<(&Path, u64)> {
+    let step = path
+        .file_name()?
+        .to_str()?
+        .strip_prefix("checkpoint-")?
+        .parse()
+        .ok()?;
+    let run = path.parent()?;
+    (path.join("trainer_state.json").is_file() && run.join(RunInfo::FILE).is_file())
+        .then_some((run, step))
 }
 
 /// The sampler and holophore of policy `label`; a run folder's newest checkpoint is exported to
@@ -240,9 +252,16 @@ fn check_policy(model: &str) -> Result<(), String> {
 fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy, ExitCode> {
     let mut dir = model.to_string();
     let mut name = model.to_string();
-    if Path::new(model).join(RunInfo::FILE).is_file() {
+    let path = Path::new(model);
+    // A run folder's newest checkpoint, or the checkpoint given, as a model folder.
+    let exported = if path.join(RunInfo::FILE).is_file() {
+        Some((path, None))
+    } else {
+        checkpoint(path).map(|(run, step)| (run, Some(step)))
+    };
+    if let Some((run, step)) = exported {
         let out = args.out.join(format!("{label}-model"));
-        match export(Path::new(model), None, &out) {
+        match export(run, step, &out) {
             Ok(exported) => {
                 eprintln!(
                     "policy {}: checkpoint-{} of {model} exported to {}",
@@ -250,7 +269,7 @@ fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy
                     exported.step,
                     out.display()
                 );
-                name = format!("{model} (checkpoint-{})", exported.step);
+                name = format!("{} (checkpoint-{})", run.display(), exported.step);
                 dir = out.display().to_string();
             }
             Err(message) => {
