@@ -94,24 +94,21 @@ fn checked_turns<'a>(tokenizer: &Tokenizer, answer: &'a Value) -> Vec<&'a Value>
     turns
 }
 
-/// A stub OpenAI completions server that answers turn `k` of every rollout with `texts[k % 2]` as
-/// tokens of `tokenizer` (ending with `<|im_end|>`, the model's end of turn) and log-probabilities
-/// `-0.5 - k - i / 10`.
-async fn stub_policy(tokenizer: &Tokenizer, texts: [&str; 2]) -> (String, Arc<Mutex<Vec<Seen>>>) {
+/// A stub OpenAI completions policy that answers request `index` with `reply(index)` (its token ids
+/// with `<|im_end|>`, log-probabilities that differ by request and position).
+async fn stub_replies<F>(tokenizer: &Tokenizer, reply: F) -> (String, Arc<Mutex<Vec<Seen>>>)
+where
+    F: Fn(usize) -> String + Send + Sync + 'static,
+{
+    let tokenizer = tokenizer.clone();
     let end = tokenizer.token_to_id("<|im_end|>").unwrap();
-    let answers: Vec<(String, Vec<u32>)> = texts
-        .iter()
-        .map(|text| {
-            let mut ids = tokenizer.encode(*text, false).unwrap().get_ids().to_vec();
-            ids.push(end);
-            (text.to_string(), ids)
-        })
-        .collect();
     stub(move |request, index| {
         if request.path != "/v1/completions" {
             return (404, json!({"detail": "Not Found"}).to_string());
         }
-        let (text, ids) = &answers[index % 2];
+        let text = reply(index);
+        let mut ids = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        ids.push(end);
         let logprobs: Vec<f64> = (0..ids.len())
             .map(|i| -0.5 - index as f64 - i as f64 / 10.0)
             .collect();
@@ -126,6 +123,12 @@ async fn stub_policy(tokenizer: &Tokenizer, texts: [&str; 2]) -> (String, Arc<Mu
         )
     })
     .await
+}
+
+/// [`stub_replies`] alternating between `texts`.
+async fn stub_policy(tokenizer: &Tokenizer, texts: [&str; 2]) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let texts = texts.map(str::to_string);
+    stub_replies(tokenizer, move |index| texts[index % 2].clone()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,27 +591,11 @@ async fn the_health_check_answers_while_runs_execute_sleeping_code() {
     }
     let model = tiny_model("gym-sleeping-code");
     let tokenizer = tokenizer(&model);
-    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
     // The first turn of every run writes code that sleeps; the second answers.
     let code = "<code>\nimport time\ntime.sleep(20)\nprint('slept')\n</code>";
     let runs = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-    let (policy, seen) = stub(move |request, index| {
-        if request.path != "/v1/completions" {
-            return (404, json!({"detail": "Not Found"}).to_string());
-        }
-        let text = if index < runs { code } else { "4" };
-        let mut ids = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
-        ids.push(end);
-        let tokens: Vec<String> = ids.iter().map(|id| format!("token_id:{id}")).collect();
-        let logprobs = vec![-0.5; ids.len()];
-        (
-            200,
-            json!({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny",
-                   "choices": [{"index": 0, "text": text, "finish_reason": "stop", "stop_reason": null,
-                                "logprobs": {"tokens": tokens, "token_logprobs": logprobs}}],
-                   "usage": {"prompt_tokens": 1, "completion_tokens": ids.len(), "total_tokens": 1}})
-            .to_string(),
-        )
+    let (policy, seen) = stub_replies(&tokenizer, move |index| {
+        if index < runs { code } else { "4" }.to_string()
     })
     .await;
     let dir = Dir::new("gym-sleeping-code");
