@@ -27,12 +27,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 log() { printf '[prepare %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
-# A venv at $1 built by `pip install` of the other arguments, built again when its stamp names other ones.
+# A venv at $1 built by `pip install` of the arguments after $3, unless the stamp file $2 inside it already
+# holds $3 (what it was built from); built again from nothing otherwise.
 venv_from() {
-    local venv="$1"
-    shift
-    local want="$PYTHON $*" stamp="$venv/.holo-prepared"
-    if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    local venv="$1" stamp="$1/$2" want="$3"
+    shift 3
+    if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
     command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON is not on PATH (PYTHON=... names another)" >&2; exit 1; }
@@ -44,22 +44,23 @@ venv_from() {
     echo "$want" > "$stamp"
 }
 
+# A venv of engine packages: stamped with the Python and the pip arguments.
+engine_venv() {
+    local venv="$1"
+    shift
+    venv_from "$venv" .holo-prepared "$PYTHON $*" "$@"
+}
+
+peers_ready=0
 prepare_peers() {
-    local lock="$ROOT/scripts/peers-requirements.lock.txt" venv="$PEERS/venv" t0=$SECONDS want
+    [ "$peers_ready" = 1 ] && return 0
+    local lock="$ROOT/scripts/peers-requirements.lock.txt" venv="$PEERS/venv" t0=$SECONDS
     # The stamp ../shared/peers/setup.sh writes too, from the same lock: either builds the venv for both.
-    want="$(sha256sum "$lock" | cut -d' ' -f1)"
-    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.peers-lock.sha256" 2>/dev/null)" != "$want" ]; then
-        log "peers: pip install the locked references into $venv (about 6 GB, a few minutes)"
-        command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON is not on PATH (PYTHON=... names another)" >&2; exit 1; }
-        rm -rf "$venv"
-        "$PYTHON" -m venv "$venv"
-        "$venv/bin/python" -m pip install -q --upgrade pip
-        "$venv/bin/python" -m pip install -q -r "$lock"
-        echo "$want" > "$venv/.peers-lock.sha256"
-    fi
+    venv_from "$venv" .peers-lock.sha256 "$(sha256sum "$lock" | cut -d' ' -f1)" -r "$lock"
     # The gguf package reads GGUF files for transformers (scripts/gguf_fixtures.py, real_checkpoint.py).
     "$venv/bin/python" -c 'import gguf' 2>/dev/null || "$venv/bin/python" -m pip install -q gguf==0.19.0
     "$venv/bin/python" -c 'import torch, transformers, trl, peft, tensorboard, openai, atroposlib, gguf'
+    peers_ready=1
     log "peers: ready ($((SECONDS - t0)) s)"
 }
 
@@ -90,7 +91,7 @@ prepare_gym() {
     # the proof); the declaration alone is ignored.
     # Wheels first, so that a dependency whose newest release has no wheel for this Python (scipy) is taken at
     # the newest that has one, instead of built from source for a Python it refuses.
-    venv_from "$ENGINES/gym-venv" --ignore-requires-python --prefer-binary nemo-gym==0.7.0
+    engine_venv "$ENGINES/gym-venv" --ignore-requires-python --prefer-binary nemo-gym==0.7.0
     log "gym: ready ($((SECONDS - t0)) s)"
 }
 
@@ -99,7 +100,7 @@ prepare_skyrl() {
     # SkyRL 0.4.0 needs Python >= 3.12 (PYTHON=python3.12 bash scripts/prepare.sh skyrl). On Debian 12's 3.11,
     # pip backtracks through years of its dependencies' releases without an end, so `all` leaves it out and
     # tests/engines/tinker.rs's run against SkyRL's server is an ignored test until CI has that Python.
-    venv_from "$ENGINES/skyrl-venv" 'skyrl[tinker,jax]==0.4.0' aiohttp uv
+    engine_venv "$ENGINES/skyrl-venv" 'skyrl[tinker,jax]==0.4.0' aiohttp uv
     log "skyrl: ready ($((SECONDS - t0)) s)"
 }
 

@@ -118,70 +118,81 @@ pub fn peers(modules: &[&str]) -> Option<PathBuf> {
         Component::Peers.missing(&format!("no {}", python.display()));
         return None;
     }
-    importable(Component::Peers, &python, modules).then_some(python)
-}
-
-/// Whether `python` imports `modules`; if not, [`Component::missing`] names the first that fails.
-fn importable(component: Component, python: &Path, modules: &[&str]) -> bool {
-    for module in modules {
-        let imported = Command::new(python)
-            .args(["-c", &format!("import {module}")])
-            .output();
-        match imported {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                let last = stderr.trim().lines().last().unwrap_or("").to_string();
-                component.missing(&format!(
-                    "{} cannot import {module} ({last})",
-                    python.display()
-                ));
-                return false;
-            }
-            Err(error) => {
-                component.missing(&format!("{} does not run: {error}", python.display()));
-                return false;
-            }
+    // One Python for every module: importing torch alone takes seconds.
+    let imported = Command::new(&python)
+        .args(["-c", IMPORT_ALL])
+        .args(modules)
+        .output();
+    match imported {
+        Ok(output) if output.status.success() => Some(python),
+        Ok(output) => {
+            let said = String::from_utf8_lossy(&output.stdout);
+            Component::Peers.missing(&format!(
+                "{} cannot import {}",
+                python.display(),
+                said.trim()
+            ));
+            None
+        }
+        Err(error) => {
+            Component::Peers.missing(&format!("{} does not run: {error}", python.display()));
+            None
         }
     }
-    true
 }
 
-/// The folder `HOLO_GGUF_DIR` names, or `~/.cache/holo-peers/smollm2-gguf`, when it holds `file`.
-pub fn smollm2_gguf(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("HOLO_GGUF_DIR")
+/// Imports the modules its arguments name; the first that fails is printed with why, exit status 1.
+const IMPORT_ALL: &str = r#"
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as error:
+        print(f"{name} ({error!r})")
+        sys.exit(1)
+"#;
+
+/// The folder `variable` names, or `~/RELATIVE`, when it holds every one of `files`; otherwise `None`
+/// after [`Component::missing`] names the first file it lacks.
+fn folder(component: Component, variable: &str, relative: &str, files: &[&str]) -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os(variable)
         .map(PathBuf::from)
-        .or_else(|| home(".cache/holo-peers/smollm2-gguf"));
-    match dir {
-        Some(dir) if dir.join(file).is_file() => Some(dir.join(file)),
-        Some(dir) => {
-            Component::SmolLm2Gguf.missing(&format!("no {}", dir.join(file).display()));
-            None
-        }
-        None => {
-            Component::SmolLm2Gguf.missing("neither HOLO_GGUF_DIR nor HOME is set");
-            None
-        }
+        .or_else(|| home(relative))
+    else {
+        component.missing(&format!("neither {variable} nor HOME is set"));
+        return None;
+    };
+    if let Some(absent) = files
+        .iter()
+        .map(|file| dir.join(file))
+        .find(|path| !path.is_file())
+    {
+        component.missing(&format!("no {} (or set {variable})", absent.display()));
+        return None;
     }
+    Some(dir)
+}
+
+/// `file` in the folder `HOLO_GGUF_DIR` names, or `~/.cache/holo-peers/smollm2-gguf`.
+pub fn smollm2_gguf(file: &str) -> Option<PathBuf> {
+    folder(
+        Component::SmolLm2Gguf,
+        "HOLO_GGUF_DIR",
+        ".cache/holo-peers/smollm2-gguf",
+        &[file],
+    )
+    .map(|dir| dir.join(file))
 }
 
 /// SmolLM2 as a folder (`HOLO_REAL_MODEL_DIR`, or `~/.cache/holo-peers/smollm2-135m-instruct`) when
 /// it holds `file`.
 pub fn smollm2_folder(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("HOLO_REAL_MODEL_DIR")
-        .map(PathBuf::from)
-        .or_else(|| home(".cache/holo-peers/smollm2-135m-instruct"));
-    match dir {
-        Some(dir) if dir.join(file).is_file() => Some(dir),
-        Some(dir) => {
-            Component::SmolLm2Folder.missing(&format!("no {}", dir.join(file).display()));
-            None
-        }
-        None => {
-            Component::SmolLm2Folder.missing("neither HOLO_REAL_MODEL_DIR nor HOME is set");
-            None
-        }
-    }
+    folder(
+        Component::SmolLm2Folder,
+        "HOLO_REAL_MODEL_DIR",
+        ".cache/holo-peers/smollm2-135m-instruct",
+        &[file],
+    )
 }
 
 /// `chromium` on `PATH`.
@@ -197,50 +208,23 @@ pub fn chromium() -> Option<PathBuf> {
     found
 }
 
-/// An engine's venv: `variable`, or `~/.cache/holo-engines/NAME`, when it has every one of `tools` in
-/// `bin/`.
-fn engine_venv(
-    component: Component,
-    variable: &str,
-    name: &str,
-    tools: &[&str],
-) -> Option<PathBuf> {
-    let Some(venv) = std::env::var_os(variable)
-        .map(PathBuf::from)
-        .or_else(|| home(&format!(".cache/holo-engines/{name}")))
-    else {
-        component.missing(&format!("neither {variable} nor HOME is set"));
-        return None;
-    };
-    for tool in tools {
-        if !venv.join("bin").join(tool).is_file() {
-            component.missing(&format!(
-                "no {} (or set {variable})",
-                venv.join("bin").join(tool).display()
-            ));
-            return None;
-        }
-    }
-    Some(venv)
-}
-
 /// NeMo Gym's venv (`HOLO_GYM_VENV`, or `~/.cache/holo-engines/gym-venv`).
 pub fn gym() -> Option<PathBuf> {
-    engine_venv(
+    folder(
         Component::Gym,
         "HOLO_GYM_VENV",
-        "gym-venv",
-        &["python", "ng_collect_rollouts"],
+        ".cache/holo-engines/gym-venv",
+        &["bin/python", "bin/ng_collect_rollouts"],
     )
 }
 
 /// SkyRL's venv (`HOLO_SKYRL_VENV`, or `~/.cache/holo-engines/skyrl-venv`).
 pub fn skyrl() -> Option<PathBuf> {
-    engine_venv(
+    folder(
         Component::Skyrl,
         "HOLO_SKYRL_VENV",
-        "skyrl-venv",
-        &["python", "uv"],
+        ".cache/holo-engines/skyrl-venv",
+        &["bin/python", "bin/uv"],
     )
 }
 

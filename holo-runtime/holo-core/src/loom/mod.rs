@@ -454,12 +454,7 @@ impl<S: RolloutSource> Loom<S> {
                 match guard(|| self.source.start(row)) {
                     Ok(rollout) => {
                         active.rollout = Some(rollout);
-                        if blocks {
-                            in_flight.push(offload(active, None));
-                        } else {
-                            let (active, stepped) = work(active, None);
-                            stepped_to(&mut run, &mut in_flight, &sample, active, stepped)?;
-                        }
+                        step(&mut run, &mut in_flight, &sample, blocks, active, None)?;
                     }
                     Err(message) => run.finish(
                         active,
@@ -482,13 +477,14 @@ impl<S: RolloutSource> Loom<S> {
                             active.truncated = true;
                             run.finish(active, None)?;
                         }
-                        Ok(completion) if blocks => {
-                            in_flight.push(offload(active, Some(completion)))
-                        }
-                        Ok(completion) => {
-                            let (active, stepped) = work(active, Some(completion));
-                            stepped_to(&mut run, &mut in_flight, &sample, active, stepped)?;
-                        }
+                        Ok(completion) => step(
+                            &mut run,
+                            &mut in_flight,
+                            &sample,
+                            blocks,
+                            active,
+                            Some(completion),
+                        )?,
                         Err(error) => run.finish(
                             active,
                             Some(Failure {
@@ -548,6 +544,25 @@ fn offload(active: Active, completion: Option<Completion>) -> Pending<'static> {
             Box::pin(std::future::ready(Ok(Event::Stepped(active, stepped))))
         }
     }
+}
+
+/// Resumes and steps the rollout ([`work`]): on the blocking pool when its holotypes may block
+/// ([`offload`], whose event comes back to the loop), else here and now, in an order as reproducible as
+/// the sampler's.
+fn step<'s, W: Sink + ?Sized>(
+    run: &mut Run<'_, W>,
+    in_flight: &mut FuturesUnordered<Pending<'s>>,
+    sample: &impl Fn(Active, Request) -> Pending<'s>,
+    blocks: bool,
+    active: Active,
+    completion: Option<Completion>,
+) -> io::Result<()> {
+    if blocks {
+        in_flight.push(offload(active, completion));
+        return Ok(());
+    }
+    let (active, stepped) = work(active, completion);
+    stepped_to(run, in_flight, sample, active, stepped)
 }
 
 /// Sends the stepped rollout's request on its way, or writes the rollout when it ended.
