@@ -142,6 +142,19 @@ impl GuardState {
         reached
     }
 
+    /// The option that stopped a stopped run: a streak without signal under `stop_on_no_signal`, else
+    /// early stopping's patience.
+    pub fn stopped_by(&self, config: &GrpoConfig) -> &'static str {
+        let no_signal = config.stop_on_no_signal
+            && config.no_signal_steps > 0
+            && self.steps_without_signal >= config.no_signal_steps;
+        if no_signal {
+            "stop_on_no_signal"
+        } else {
+            "early_stopping_patience"
+        }
+    }
+
     /// The line that says early stopping ended the run after `step`.
     pub fn stopping_note(&self, step: u64) -> String {
         format!(
@@ -417,6 +430,7 @@ mod tests {
         assert!(!guard.without_signal(&config, &flat));
         assert!(guard.without_signal(&config, &flat));
         assert!(guard.stopped);
+        assert_eq!(guard.stopped_by(&config), "stop_on_no_signal");
         assert!(no_signal_note(&config, 2, &flat, None).contains("stopping here"));
 
         let never = GrpoConfig {

@@ -130,6 +130,8 @@ pub struct TrainSummary {
     pub run_dir: PathBuf,
     /// Early stopping ended the run before its last step.
     pub stopped_early: bool,
+    /// The option that stopped it: `early_stopping_patience` or `stop_on_no_signal`.
+    pub stopped_by: Option<&'static str>,
     /// Rollbacks the guard rails took.
     pub rollbacks: u64,
 }

@@ -814,13 +814,19 @@ fn a_run_without_learning_signal_says_so_and_stops_when_asked() {
         ]
         .map(String::from),
     );
-    let (code, stderr) = stderr_of(&args);
-    assert_eq!(code, 0, "{stderr}");
+    let output = run(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(
         stderr.contains("warning: no learning signal for 2 steps (to step 2)")
             && stderr.contains("frac_reward_zero_std 1, mean reward 0.000")
             && stderr.contains("a rollout's last reply: ")
             && stderr.contains("stopping here (stop_on_no_signal)"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("stopped early: every group's rewards were identical"),
         "{stderr}"
     );
     assert_eq!(

@@ -190,6 +190,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             evaluations: Vec::new(),
             run_dir: self.run.path.clone(),
             stopped_early: false,
+            stopped_by: None,
             rollbacks: 0,
         };
         let outcome = self.steps(
@@ -205,6 +206,10 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         );
         progress.finish_and_clear();
         summary.stopped_early = state.guard.stopped;
+        summary.stopped_by = state
+            .guard
+            .stopped
+            .then(|| state.guard.stopped_by(&self.config));
         summary.rollbacks = state.guard.rollbacks;
         outcome.map(|()| summary)
     }

@@ -442,8 +442,14 @@ fn report(summary: &holo_runtime::train::TrainSummary) -> String {
         value(&summary.last, "kl"),
         value(&summary.last, "entropy"),
     );
-    if summary.stopped_early {
-        text.push_str("stopped early: eval/reward stopped improving (early_stopping_patience)\n");
+    match summary.stopped_by {
+        Some("stop_on_no_signal") => text.push_str(
+            "stopped early: every group's rewards were identical for no_signal_steps steps (stop_on_no_signal)\n",
+        ),
+        Some(_) => {
+            text.push_str("stopped early: eval/reward stopped improving (early_stopping_patience)\n")
+        }
+        None => {}
     }
     if summary.rollbacks > 0 {
         text.push_str(&format!(
