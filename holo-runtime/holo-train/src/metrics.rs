@@ -517,14 +517,7 @@ pub(crate) fn print_completions(
         .zip(advantages)
         .take(limit.unwrap_or(usize::MAX))
     {
-        let sampled: Vec<&str> = record
-            .contexts
-            .iter()
-            .flat_map(|context| &context.messages)
-            .flat_map(|message| &message.parts)
-            .filter(|part| part.sampled)
-            .map(|part| part.text.as_str())
-            .collect();
+        let sampled: Vec<&str> = record.sampled().collect();
         let _ = writeln!(
             err,
             "row {} #{}: reward {:.3}, advantage {advantage:+.3}: {:?}",

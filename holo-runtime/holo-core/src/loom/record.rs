@@ -38,6 +38,18 @@ pub struct RolloutRecord {
     pub timing: Option<Timing>,
 }
 
+impl RolloutRecord {
+    /// The texts the model sampled, in order, over every context.
+    pub fn sampled(&self) -> impl DoubleEndedIterator<Item = &str> {
+        self.contexts
+            .iter()
+            .flat_map(|context| &context.messages)
+            .flat_map(|message| &message.parts)
+            .filter(|part| part.sampled)
+            .map(|part| part.text.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContextRecord {
     pub trained: bool,

@@ -315,14 +315,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
 
 /// The last text `record`'s model sampled, cut to 200 characters: what the terminal shows of a batch.
 fn last_reply(record: &RolloutRecord) -> Option<String> {
-    let text = record
-        .contexts
-        .iter()
-        .flat_map(|context| &context.messages)
-        .flat_map(|message| &message.parts)
-        .rfind(|part| part.sampled)?
-        .text
-        .trim();
+    let text = record.sampled().next_back()?.trim();
     let mut cut: String = text.chars().take(200).collect();
     if cut.len() < text.len() {
         cut.push('…');
