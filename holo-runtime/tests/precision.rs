@@ -1,9 +1,9 @@
 //! Training in bf16, the precision `holo train` uses on CUDA (docs/cuda.md, "Precision"), on whatever
 //! device the tests run on: the committed tiny Qwen2 with every weight in bf16 computes in bf16 on the
 //! CPU too ([`Model::to_dtype`]), so the code CUDA runs — sampling, the reference model, scoring, the
-//! losses, candle's autograd for bf16 layers, bf16 AdamW, f32 LoRA over a bf16 base, checkpoints — is
-//! exercised here without a GPU, and its log-probabilities and gradients are held close to the f32
-//! model's. `HOLO_TEST_DEVICE=cuda:0` runs the same tests on a GPU (`scripts/gpu-check.sh`).
+//! losses, candle's autograd for bf16 layers, AdamW over f32 master weights, f32 LoRA over a bf16 base,
+//! checkpoints — is exercised here without a GPU, and its log-probabilities and gradients are held close
+//! to the f32 model's. `HOLO_TEST_DEVICE=cuda:0` runs the same tests on a GPU (`scripts/gpu-check.sh`).
 
 mod common;
 
@@ -124,9 +124,10 @@ fn train_with(name: &str, config: GrpoConfig, keys: &[&str]) -> (common::tempdir
     (dir, metrics)
 }
 
-/// Full fine-tuning: the weights, their gradients and AdamW's moments are bf16, and so is what the
-/// checkpoint keeps; the second step's KL shows the first update moved the weights. The checkpoint
-/// resumes exactly and exports as a model folder.
+/// Full fine-tuning: the weights and their gradients are bf16, and so are the checkpoint's weights;
+/// AdamW updates f32 master copies with f32 moments, which the checkpoint keeps beside them, and each
+/// weight is its master rounded. The second step's KL shows the first update moved the weights. The
+/// checkpoint resumes exactly and exports as a model folder.
 #[test]
 fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     let (dir, metrics) = train("bf16-full", false);
@@ -137,14 +138,36 @@ fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     for (name, dtype) in &weights {
         assert_eq!(*dtype, safetensors::Dtype::BF16, "{name}");
     }
-    let moments = dtypes(&checkpoint.join("optimizer.safetensors"));
-    assert_eq!(moments.len(), 2 * weights.len(), "{moments:?}");
-    for (name, dtype) in &moments {
+    let state = dtypes(&checkpoint.join("optimizer.safetensors"));
+    assert_eq!(state.len(), 3 * weights.len(), "{state:?}");
+    for (name, dtype) in &state {
         assert!(
-            name.ends_with(".exp_avg") || name.ends_with(".exp_avg_sq"),
+            [".exp_avg", ".exp_avg_sq", ".master"]
+                .iter()
+                .any(|end| name.ends_with(end)),
             "{name}"
         );
-        assert_eq!(*dtype, safetensors::Dtype::BF16, "{name}");
+        assert_eq!(*dtype, safetensors::Dtype::F32, "{name}");
+    }
+    let masters = candle_core::safetensors::load(
+        checkpoint.join("optimizer.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let saved = candle_core::safetensors::load(
+        checkpoint.join("model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for (name, weight) in &saved {
+        let rounded = masters[&format!("{name}.master")]
+            .to_dtype(DType::BF16)
+            .unwrap();
+        assert_eq!(
+            values(weight),
+            values(&rounded),
+            "{name} is its master rounded"
+        );
     }
 
     // The bf16 checkpoint resumes exactly: from checkpoint-1, step 2 again gives the same metrics.
@@ -163,6 +186,43 @@ fn full_fine_tuning_trains_and_checkpoints_in_bf16() {
     let exported = dir.path().join("exported");
     holo_runtime::train::export::export(&dir.path().join("run"), None, &exported).unwrap();
     holo_runtime::local::files::load_model(&exported, DType::F32, &common::test_device()).unwrap();
+}
+
+/// A tensor's values in f32, flattened.
+fn values(tensor: &candle_core::Tensor) -> Vec<f32> {
+    let flat = tensor.flatten_all().unwrap();
+    flat.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// At TRL's default learning rate (1e-6) each of a bf16 weight's updates is below half the spacing of
+/// bf16 values near all but the smallest weights, and was rounded away when written into the weight: the
+/// masters keep them. After two steps nearly every master has moved from its starting weight.
+#[test]
+fn small_learning_rates_move_bf16_weights_through_their_masters() {
+    let mut config = config(false);
+    config.training.learning_rate = 1e-6;
+    let (dir, _) = train_with("bf16-small-lr", config, &["reward", "loss", "grad_norm"]);
+    let state = candle_core::safetensors::load(
+        dir.path().join("run/checkpoint-2/optimizer.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let start = candle_core::safetensors::load(
+        fixtures().join("models/qwen2/model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let (mut moved, mut total) = (0usize, 0usize);
+    for (name, weight) in &start {
+        let master = values(&state[&format!("{name}.master")]);
+        let weight = values(&weight.to_dtype(DType::BF16).unwrap());
+        total += weight.len();
+        moved += master.iter().zip(&weight).filter(|(m, w)| m != w).count();
+    }
+    assert!(
+        moved as f64 > 0.9 * total as f64,
+        "{moved} of {total} masters moved"
+    );
 }
 
 /// LoRA over a bf16 base: the adapters and their moments are f32 (PEFT's `autocast_adapter_dtype`).

@@ -6,7 +6,7 @@
 //! - `value_model.safetensors` (PPO): the value model's trained weights (or adapters) and its head
 //!   `score.weight`;
 //! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`; the value
-//!   model's under `value_model.<weight>`);
+//!   model's under `value_model.<weight>`) and the f32 master copies of bf16 weights (`<weight>.master`);
 //! - `trainer_state.json`: the step, the generations drawn (the data position and every seed derive from
 //!   it), the tokens seen, the generation batch still being trained on when `num_iterations` or
 //!   `steps_per_generation` spread one generation over several steps, the curriculum's level and window,

@@ -5,7 +5,12 @@
 //!   weight on the CPU and its moments are updated in place in one parallel pass that reads the gradient
 //!   once (candle's elementwise operations would make a full pass and a new tensor per operation, a dozen
 //!   per weight: 1.9 s of a 0.5B model's step); the result is bit for bit the one of those operations,
-//!   which other devices and types still use.
+//!   which other devices and types still use. A weight stored in a narrower type than f32 (bf16, the
+//!   precision of training on CUDA) is updated through an f32 master copy with f32 moments, and set to the
+//!   master rounded after each step (mixed precision as DeepSpeed and Megatron keep it): written straight
+//!   into bf16, an update below half the spacing of bf16 values near the weight (`|w| × 2⁻⁹`; 2e-6 for a
+//!   weight of 1e-3) rounded away to nothing, which at TRL's default learning rate (1e-6) was nearly every
+//!   update.
 //! - [`grad_norm`] and [`clip_coefficient`]: `torch.nn.utils.clip_grad_norm_`: the global L2 norm of all
 //!   gradients, and the factor `max_norm / (norm + 1e-6)` they are multiplied by when it is below 1. The
 //!   update applies the factor as it reads each gradient ([`AdamW::step`]'s `grad_scale`), so clipping
@@ -30,6 +35,9 @@ pub struct AdamW {
     params: Vec<(String, Var)>,
     /// First and second moments by parameter name (created at the first step).
     moments: HashMap<String, Moments>,
+    /// The f32 master copies of the weights stored in a narrower type, by name (created at the first
+    /// step, from the weight).
+    masters: HashMap<String, Var>,
     /// Steps taken.
     pub step: u64,
     beta1: f64,
@@ -44,6 +52,7 @@ impl AdamW {
         AdamW {
             params,
             moments: HashMap::new(),
+            masters: HashMap::new(),
             step: 0,
             beta1: config.adam_beta1,
             beta2: config.adam_beta2,
@@ -62,8 +71,21 @@ impl AdamW {
     pub fn step(&mut self, grads: &[Option<Tensor>], lr: f64, grad_scale: f64) -> Result<()> {
         self.step += 1;
         let constants = Constants::new(self, lr);
-        for ((name, var), grad) in self.params.iter().zip(grads) {
+        for ((name, weight), grad) in self.params.iter().zip(grads) {
             let Some(grad) = grad else { continue };
+            // A narrow weight is updated through its master: the update lands on the f32 copy, and the
+            // weight is that copy rounded.
+            let master = if has_master(weight) {
+                let master = match self.masters.remove(name) {
+                    Some(master) => master,
+                    None => Var::from_tensor(&weight.to_dtype(DType::F32)?)?,
+                };
+                Some(master)
+            } else {
+                None
+            };
+            let var = master.as_ref().unwrap_or(weight);
+            let grad = &grad.to_dtype(var.dtype())?;
             let moments = self.moments.remove(name);
             let moments = if on_host(var.as_tensor()) {
                 let (mut m, mut v) = match moments {
@@ -86,15 +108,25 @@ impl AdamW {
                 Moments::Tensors(m, v)
             };
             self.moments.insert(name.clone(), moments);
+            if let Some(master) = master {
+                weight.set(&master.to_dtype(weight.dtype())?)?;
+                self.masters.insert(name.clone(), master);
+            }
         }
         Ok(())
     }
 
-    /// The moments under `<name>.exp_avg` and `<name>.exp_avg_sq` (torch's state names), for a
-    /// checkpoint.
+    /// The moments under `<name>.exp_avg` and `<name>.exp_avg_sq` (torch's state names), and the f32
+    /// master copies of narrow weights under `<name>.master`, for a checkpoint.
     pub fn state(&self) -> Vec<(String, StateTensor<'_>)> {
-        let mut named = Vec::with_capacity(self.moments.len() * 2);
+        let mut named = Vec::with_capacity(self.moments.len() * 2 + self.masters.len());
         for (name, var) in &self.params {
+            if let Some(master) = self.masters.get(name) {
+                named.push((
+                    format!("{name}.master"),
+                    StateTensor::Tensor(master.as_tensor().clone()),
+                ));
+            }
             let Some(moments) = self.moments.get(name) else {
                 continue;
             };
@@ -117,11 +149,33 @@ impl AdamW {
         named
     }
 
-    /// Restores [`AdamW::state`] and the step count; every tensor must match a parameter's shape.
+    /// Restores [`AdamW::state`] and the step count; every tensor must match a parameter's shape. A
+    /// narrow weight without a master in `tensors` (a checkpoint written before masters were kept) takes
+    /// its master from the weight, as the first step does.
     pub fn load_state(&mut self, step: u64, tensors: &HashMap<String, Tensor>) -> Result<()> {
         self.step = step;
         self.moments.clear();
+        self.masters.clear();
         for (name, var) in &self.params {
+            if let Some(master) = tensors.get(&format!("{name}.master")) {
+                if master.dims() != var.dims() || !has_master(var) {
+                    candle_core::bail!(
+                        "optimizer state has a master copy of {name} of shape {:?}, the weight is {:?} {:?}",
+                        master.dims(),
+                        var.dtype(),
+                        var.dims()
+                    );
+                }
+                let master = master.to_device(var.device())?.to_dtype(DType::F32)?;
+                self.masters
+                    .insert(name.clone(), Var::from_tensor(&master)?);
+            }
+            // The moments are kept in the type of what they update: the master's f32 for a narrow weight.
+            let dtype = if has_master(var) {
+                DType::F32
+            } else {
+                var.dtype()
+            };
             let m = tensors.get(&format!("{name}.exp_avg"));
             let v = tensors.get(&format!("{name}.exp_avg_sq"));
             match (m, v) {
@@ -139,8 +193,8 @@ impl AdamW {
                     self.moments.insert(
                         name.clone(),
                         Moments::Tensors(
-                            m.to_device(device)?.to_dtype(var.dtype())?,
-                            v.to_device(device)?.to_dtype(var.dtype())?,
+                            m.to_device(device)?.to_dtype(dtype)?,
+                            v.to_device(device)?.to_dtype(dtype)?,
                         ),
                     );
                 }
@@ -246,6 +300,11 @@ impl View for StateTensor<'_> {
             StateTensor::Tensor(tensor) => View::data_len(tensor),
         }
     }
+}
+
+/// Whether `weight` is updated through an f32 master copy: stored in a type narrower than f32.
+fn has_master(weight: &Tensor) -> bool {
+    matches!(weight.dtype(), DType::BF16 | DType::F16)
 }
 
 /// Whether `tensor` is updated in place: f32 on the CPU.
@@ -641,6 +700,56 @@ mod tests {
             assert!(bits(&state[0]) == bits(&m) && bits(&state[1]) == bits(&v));
         }
         assert_eq!(adam.state()[0].0, "w.exp_avg");
+    }
+
+    /// A bf16 weight of 1 taking steps of 1e-3 (Adam's update with a constant gradient is the learning
+    /// rate): each alone is below half the spacing of bf16 values under 1 (2⁻⁹ ≈ 2e-3) and rounded away
+    /// when written into the weight; the f32 master accumulates them, and the weight follows it.
+    #[test]
+    fn small_updates_of_a_bf16_weight_accumulate_in_its_master() {
+        use candle_core::Device;
+        let config = GrpoConfig::default();
+        let ones = Tensor::ones(64, DType::BF16, &Device::Cpu).unwrap();
+        // What the update did before masters were kept: written straight into the weight.
+        let direct = Var::from_tensor(&ones).unwrap();
+        let (mut m, mut v) = (direct.zeros_like().unwrap(), direct.zeros_like().unwrap());
+        let weight = Var::from_tensor(&ones).unwrap();
+        let mut adam = AdamW::new(vec![("w".into(), weight.clone())], &config);
+        for _ in 0..8 {
+            adam.step(&[Some(ones.clone())], 1e-3, 1.0).unwrap();
+            let constants = Constants::new(&adam, 1e-3);
+            (m, v) = update_tensors(&direct, &ones, m, v, &constants).unwrap();
+        }
+        let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            values(&direct).iter().all(|&w| w == 1.0),
+            "the direct update moved the weight: the test shows nothing"
+        );
+        let state: HashMap<String, Tensor> = adam
+            .state()
+            .iter()
+            .map(|(name, tensor)| (name.clone(), tensor.to_tensor().unwrap()))
+            .collect();
+        let master = values(&state["w.master"]);
+        for &x in &master {
+            assert!((x - (1.0 - 8e-3)).abs() < 1e-5, "master {x}");
+        }
+        // 0.992 rounds to the bf16 value 0.9921875 (spacing 2⁻⁸ under 1).
+        assert!(values(&weight).iter().all(|&w| w == 0.992_187_5));
+        assert_eq!(state["w.exp_avg"].dtype(), DType::F32);
+
+        // A resumed optimizer continues from the master, bit for bit.
+        let resumed_weight = Var::from_tensor(weight.as_tensor()).unwrap();
+        let mut resumed = AdamW::new(vec![("w".into(), resumed_weight.clone())], &config);
+        resumed.load_state(adam.step, &state).unwrap();
+        for _ in 0..3 {
+            adam.step(&[Some(ones.clone())], 1e-3, 1.0).unwrap();
+            resumed.step(&[Some(ones.clone())], 1e-3, 1.0).unwrap();
+        }
+        let bits = |t: &Tensor| -> Vec<u32> { values(t).iter().map(|x| x.to_bits()).collect() };
+        assert_eq!(bits(&weight), bits(&resumed_weight));
+        let master_of = |adam: &AdamW| adam.state()[0].1.to_tensor().unwrap();
+        assert_eq!(bits(&master_of(&adam)), bits(&master_of(&resumed)));
     }
 
     #[test]

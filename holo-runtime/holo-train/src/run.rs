@@ -42,8 +42,8 @@ impl Policy {
         Policy::load_as(dir, device, dispatch::training_dtype(device.location()))
     }
 
-    /// Loads `dir` on `device` with weights of type `dtype`: f32, or bf16 (whose gradients and AdamW
-    /// moments are bf16 too; LoRA adapters stay f32, [`dispatch::adapter_dtype`]).
+    /// Loads `dir` on `device` with weights of type `dtype`: f32, or bf16 (whose gradients are bf16 too;
+    /// AdamW updates them through f32 master copies; LoRA adapters stay f32, [`dispatch::adapter_dtype`]).
     pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, TrainError> {
         let fail = |error: model_files::LoadError| {
             TrainError::Input(format!("--model `{}`: {error}", dir.display()))
