@@ -26,7 +26,7 @@ macro_rules! stand_in_holotypes {
         impl Holotype for $name {
             const PARAMS: &'static [&'static str] =
                 &[
-                    "max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged",
+                    "max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged", "pass",
                     "score", "threshold", "top_k",
                 ];
 

@@ -125,7 +125,8 @@ pub const BUILTINS: &[Builtin] = &[
         name: "ExactAnswer",
         params: reward_params!(
             param("target", Accepts::NonEmptyText),
-            param("tag", Accepts::NonEmptyText)
+            param("tag", Accepts::NonEmptyText),
+            param("pass", Accepts::OneOf(&["true", "false"]))
         ),
         positional: Positional::None,
     },
@@ -134,7 +135,8 @@ pub const BUILTINS: &[Builtin] = &[
         params: reward_params!(
             param("target", Accepts::NonEmptyText),
             param("tag", Accepts::NonEmptyText),
-            param("untagged", Accepts::OneOf(&["whole", "last_number"]))
+            param("untagged", Accepts::OneOf(&["whole", "last_number"])),
+            param("pass", Accepts::OneOf(&["true", "false"]))
         ),
         positional: Positional::None,
     },

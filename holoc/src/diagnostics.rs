@@ -215,7 +215,7 @@ codes! {
          command), max_output (an integer >= 1), answer, memory (MiB, >= 16), processes (>= 1), cpu_seconds \
          (>= 1), file_size (MiB, >= 1), open_files (>= 8), work_size (MiB, >= 1), one positional variable \
          name; ExactAnswer, MathAnswer, FormatReward, LengthPenalty var, target, tag, name (names), weight (a \
-         number), MathAnswer untagged (`whole` or `last_number`), FormatReward tags (one or more names), \
+         number), ExactAnswer and MathAnswer pass (`true` or `false`), MathAnswer untagged (`whole` or `last_number`), FormatReward tags (one or more names), \
          LengthPenalty max (an integer >= 1); Retry, Feedback, Score one positional component name or score \
          (a name), Retry threshold (a number); Memory top_k (an integer >= 0), empty (text); Remember one \
          positional variable name, score (a name), threshold (a number). A name is a word or a non-empty \

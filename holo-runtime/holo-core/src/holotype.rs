@@ -78,6 +78,25 @@ pub trait Holotype: Sized {
         let _ = args;
         Vec::new()
     }
+
+    /// The reward component a tag with these arguments records when it checks whether the answer is
+    /// right (the built-in `ExactAnswer` and `MathAnswer`): pass@k counts a rollout as passing when that
+    /// component has full credit (≥ 1), never on the total reward, which format bonuses and length
+    /// penalties move. A holoware with several answer checks marks the one pass@k counts with `pass=true`
+    /// ([`Holoware::pass_component`](crate::interpreter::Holoware::pass_component)). Arguments the
+    /// constructor refuses may be ignored here. The default: the holotype checks no answer.
+    fn answer_check(args: &Args) -> Option<AnswerCheck> {
+        let _ = args;
+        None
+    }
+}
+
+/// A tag that checks answers ([`Holotype::answer_check`]): the component it records, and its `pass=`
+/// mark (`Some(true)`: the one pass@k counts; `Some(false)`: never that one; `None`: unmarked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerCheck {
+    pub component: String,
+    pub pass: Option<bool>,
 }
 
 /// What to do when execution reaches a holotype tag.

@@ -13,7 +13,7 @@ use holoc::ir::{OpKind, Program, Source};
 use holoc::report::SourceFile;
 use holoc::Options;
 
-use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
+use crate::holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 use crate::machine::{Completion, Recorder, Rollout, RolloutError, SampleRequest, Step};
 use crate::resources::Resources;
 use crate::Role;
@@ -45,6 +45,7 @@ struct Entry {
     params: &'static [&'static str],
     construct: Constructor,
     needs: fn(&Args) -> Vec<String>,
+    answer_check: fn(&Args) -> Option<AnswerCheck>,
     blocks: bool,
 }
 
@@ -63,6 +64,7 @@ impl Registry {
                 params: T::PARAMS,
                 construct: Box::new(|args| Ok(Box::new(T::new(args)?) as Box<dyn DynHolotype>)),
                 needs: T::needs,
+                answer_check: T::answer_check,
                 blocks: T::BLOCKS,
             },
         );
@@ -133,6 +135,8 @@ pub struct Holoware {
     /// The columns holotypes need ([`Holotype::needs`]) that no sampler binds, each with the tag's
     /// location.
     needed_columns: Vec<(String, &'static str)>,
+    /// The reward component pass@k counts ([`Holoware::pass_component`]).
+    pass_component: Option<String>,
 }
 
 /// A data row: column name → value. Strings are taken verbatim; numbers and booleans as JSON writes them;
@@ -224,6 +228,66 @@ fn needed_columns(
     needed
 }
 
+/// The component of the holoware's answer checks ([`Holotype::answer_check`]) that pass@k counts: the
+/// one marked `pass=true`, else the only one not marked `pass=false`; `None` without answer checks. Two
+/// candidates are refused, naming them and where they are recorded.
+fn pass_component(
+    program: &Program,
+    registry: &Registry,
+    args: &[Args],
+) -> Result<Option<String>, String> {
+    let mut checks: Vec<(AnswerCheck, &'static str)> = Vec::new();
+    for (holotype, args) in program.holotypes.iter().zip(args) {
+        let Some(entry) = registry.entries.get(&holotype.name) else {
+            continue;
+        };
+        if let Some(check) = (entry.answer_check)(args) {
+            checks.push((check, args.location));
+        }
+    }
+    let marked: Vec<_> = checks
+        .iter()
+        .filter(|(c, _)| c.pass == Some(true))
+        .collect();
+    let candidates = if marked.is_empty() {
+        checks.iter().filter(|(c, _)| c.pass.is_none()).collect()
+    } else {
+        marked
+    };
+    let mut components: Vec<(&str, &str)> = Vec::new();
+    for (check, location) in candidates {
+        if !components.iter().any(|(c, _)| *c == check.component) {
+            components.push((&check.component, location));
+        }
+    }
+    match components.as_slice() {
+        [] => Ok(None),
+        [(component, _)] => Ok(Some(component.to_string())),
+        several => {
+            let list: Vec<String> = several
+                .iter()
+                .map(|(component, location)| format!("`{component}` ({location})"))
+                .collect();
+            let marked = checks.iter().any(|(c, _)| c.pass == Some(true));
+            Err(format!(
+                "{}: error: pass@k counts one answer check, and {} {}; {}\n",
+                several[0].1,
+                if marked {
+                    "several are marked `pass=true`:"
+                } else {
+                    "this file has several:"
+                },
+                list.join(", "),
+                if marked {
+                    "keep `pass=true` on one"
+                } else {
+                    "mark the one pass@k counts with `pass=true` (or the others with `pass=false`)"
+                }
+            ))
+        }
+    }
+}
+
 impl Holoware {
     /// Whether a holotype tag names a holotype that may block ([`Holotype::BLOCKS`]).
     pub fn blocks(&self) -> bool {
@@ -307,8 +371,11 @@ impl Holoware {
             .map(|binding| binding.name.clone())
             .collect();
         let needed_columns = needed_columns(&program, &registry, &args, &binding_names);
+        let pass_component = pass_component(&program, &registry, &args)
+            .map_err(|message| LoadError { message })?;
         Ok(Holoware {
             needed_columns,
+            pass_component,
             binding_names,
             name: name.to_string(),
             program,
@@ -342,6 +409,14 @@ impl Holoware {
         self.needed_columns
             .iter()
             .map(|(column, _)| column.as_str())
+    }
+
+    /// The reward component whose full credit (≥ 1) makes a rollout pass, for pass@k: the component of
+    /// the file's answer check (`ExactAnswer`, `MathAnswer`, [`Holotype::answer_check`]), the one marked
+    /// `pass=true` where there are several. `None` when the file checks no answer: pass@k is then not
+    /// computed, unless [`LoomConfig::pass_component`](crate::loom::LoomConfig::pass_component) names one.
+    pub fn pass_component(&self) -> Option<&str> {
+        self.pass_component.as_deref()
     }
 
     /// Checks that `row` has every input the holoware needs: each required input, every column a

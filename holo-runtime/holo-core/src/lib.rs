@@ -33,7 +33,7 @@ pub mod trim;
 
 pub use holo_sandbox as sandbox;
 pub use holoc::ir::{ArgValue, Role};
-pub use holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
+pub use holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 pub use machine::{
     Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step,
 };

@@ -30,6 +30,14 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
         self.0.start(row)
     }
 
+    fn blocks(&self) -> bool {
+        self.0.blocks()
+    }
+
+    fn pass_component(&self) -> Option<&str> {
+        self.0.pass_component()
+    }
+
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
         self.0.tool_stats()
     }
@@ -169,7 +177,7 @@ impl<S: RolloutSource> Rollouts<'_, S> {
                 concurrency: (rows.len() * group).max(1),
                 progress: false,
                 timing: false,
-                dataset: None,
+                ..LoomConfig::default()
             },
         )
         .with_holophore(self.holophore.fork());
@@ -235,6 +243,33 @@ pub fn evaluation_metrics(records: &[RolloutRecord], summary: &Summary) -> BTree
 mod tests {
     use super::*;
     use holo_core::loom::{Failure, Stage};
+
+    /// A source that says what a trainer's Loom must hear from it: its rollouts block, and which
+    /// component pass@k counts.
+    struct Blocking;
+
+    impl RolloutSource for Blocking {
+        fn start(&self, _row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
+            Err("never started".into())
+        }
+
+        fn blocks(&self) -> bool {
+            true
+        }
+
+        fn pass_component(&self) -> Option<&str> {
+            Some("right")
+        }
+    }
+
+    /// The trainer's Loom sees its source through [`Borrowed`]: rollouts of a holoware whose holotypes
+    /// block (code in the sandbox) are stepped off the sampling thread only if `blocks` is passed on.
+    #[test]
+    fn a_borrowed_source_says_what_the_source_says() {
+        let borrowed = Borrowed(&Blocking);
+        assert!(borrowed.blocks());
+        assert_eq!(borrowed.pass_component(), Some("right"));
+    }
 
     /// Rollouts of rows 0 and 1 (two each); those named in `failing` with their message.
     fn records(failing: &[(usize, usize, &str)]) -> Vec<RolloutRecord> {

@@ -262,6 +262,60 @@ fn eval_runs_a_dataset_with_the_scripted_sampler() {
     assert_eq!(strip(jsonl(&out)), strip(jsonl(&again)));
 }
 
+/// pass@k reads the answer check, not the total: a wrong answer in the right format earns arithmetic.hol's
+/// format bonus (total 0.2) and does not pass; `--pass-component` names another component, and a file
+/// with two unmarked answer checks is refused before any rollout.
+#[test]
+fn eval_counts_pass_at_k_on_the_answer_check() {
+    let out = scratch_path("eval-pass.jsonl");
+    let data = scratch(
+        "sums.jsonl",
+        "{\"question\": \"What is 2+2?\", \"expected\": \"4\"}\n{\"question\": \"What is 3+5?\", \"expected\": \"8\"}\n",
+    );
+    let eval = |file: &str, extra: &[&str]| {
+        let mut args = vec![
+            "eval",
+            file,
+            "--data",
+            &data,
+            "--reply",
+            "<answer>0</answer>",
+            "--out",
+            &out,
+        ];
+        args.extend(extra);
+        holo(&args)
+    };
+    let output = eval("hol/arithmetic.hol", &[]);
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("mean reward = 0.2000\n"), "{stdout}");
+    assert!(stdout.contains("pass@1 = 0.0000\n"), "{stdout}");
+    assert!(
+        stdout.contains("(a rollout passes with full credit on `math_answer`)"),
+        "{stdout}"
+    );
+    let output = eval("hol/arithmetic.hol", &["--pass-component", "format"]);
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("pass@1 = 1.0000\n"), "{stdout}");
+
+    let two = scratch(
+        "two-checks.hol",
+        "<|o_o|>\n<|question|>\n<|@_@:reply|>\n<|MathAnswer var=reply name=first|>\n<|ExactAnswer var=reply name=second|>\n",
+    );
+    std::fs::remove_file(&out).unwrap();
+    let output = eval(&two, &[]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("`first` (")
+            && stderr.contains("two-checks.hol:4:1)")
+            && stderr.contains("`second` (")
+            && stderr.contains("pass=true"),
+        "{stderr}"
+    );
+    assert!(!std::path::Path::new(&out).exists(), "no rollout ran");
+}
+
 #[test]
 fn eval_reports_bad_rows_runs_the_rest_and_exits_1() {
     let data = scratch(

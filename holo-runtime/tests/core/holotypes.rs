@@ -179,7 +179,7 @@ fn reward_components_are_named_and_weighted() {
 
 #[test]
 fn rewards_give_feedback_and_a_skipped_turn_records_nothing() {
-    let source = "<|o_o|>\n<|question|>\n<|@_@:answer|>\n<|MathAnswer name=first|>\n<|FormatReward tags=\"reasoning answer\"|>\n<|Retry first threshold=1|>\n    <|o_o|>\n    again\n    <|@_@:retry|>\n    <|MathAnswer var=retry name=second|>\n";
+    let source = "<|o_o|>\n<|question|>\n<|@_@:answer|>\n<|MathAnswer name=first pass=true|>\n<|FormatReward tags=\"reasoning answer\"|>\n<|Retry first threshold=1|>\n    <|o_o|>\n    again\n    <|@_@:retry|>\n    <|MathAnswer var=retry name=second|>\n";
     let row = json!({"question": "What is 47+8?", "expected": "55"});
     let passed = run(
         source,
@@ -350,6 +350,68 @@ fn math_answer_reads_the_last_number_of_an_untagged_reply_when_asked() {
         error
             .to_string()
             .contains("argument `untagged` must be `whole` or `last_number`, found `first`"),
+        "{error}"
+    );
+}
+
+/// pass@k's correctness component: the one answer check, the one marked `pass=true` among several, or
+/// the only one not marked `pass=false`; two candidates are refused when the file loads, naming both
+/// and where they are; a file without an answer check has none.
+#[test]
+fn pass_at_k_counts_the_answer_check_the_file_names() {
+    use holo_runtime::interpreter::Holoware;
+    let load = |tags: &str| {
+        let source = format!("<|o_o|>\nQ\n<|@_@:answer|>\n<|@_@:retry|>\n{tags}");
+        Holoware::load(
+            "test.hol",
+            source.as_bytes(),
+            std::sync::Arc::new(holotypes::registry()),
+        )
+    };
+    let component = |tags: &str| {
+        let holoware = load(tags).unwrap_or_else(|error| panic!("{tags}: {error}"));
+        holoware.pass_component().map(str::to_string)
+    };
+    let format = "<|FormatReward|>\n<|LengthPenalty|>\n";
+    assert_eq!(
+        component(&format!("<|MathAnswer|>\n{format}")).as_deref(),
+        Some("math_answer")
+    );
+    assert_eq!(
+        component("<|ExactAnswer name=right|>\n").as_deref(),
+        Some("right")
+    );
+    assert_eq!(component(format), None);
+    let two = "<|MathAnswer name=first|>\n<|MathAnswer var=retry name=second|>\n";
+    let error = load(two)
+        .err()
+        .expect("two answer checks are ambiguous")
+        .message;
+    assert!(
+        error.contains("`first` (test.hol:5:1), `second` (test.hol:6:1)")
+            && error.contains("pass=true"),
+        "{error}"
+    );
+    let marked = "<|MathAnswer name=first|>\n<|MathAnswer var=retry name=second pass=true|>\n";
+    assert_eq!(component(marked).as_deref(), Some("second"));
+    let excluded = "<|MathAnswer name=first pass=false|>\n<|ExactAnswer var=retry name=second|>\n";
+    assert_eq!(component(excluded).as_deref(), Some("second"));
+    // The same component checked twice (a loop's turns) is one component.
+    let same = "<|MathAnswer name=right|>\n<|MathAnswer var=retry name=right|>\n";
+    assert_eq!(component(same).as_deref(), Some("right"));
+    let both =
+        "<|MathAnswer name=first pass=true|>\n<|MathAnswer var=retry name=second pass=true|>\n";
+    let error = load(both).err().expect("two marked").message;
+    assert!(error.contains("several are marked `pass=true`"), "{error}");
+    // A bad mark is refused where every holotype is constructed, before any rollout.
+    let holoware = load("<|MathAnswer pass=yes|>\n").unwrap();
+    let error = holoware
+        .check_holotypes(&Resources::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("test.hol:5:1")
+            && error.contains("argument `pass` must be `true` or `false`, found `yes`"),
         "{error}"
     );
 }

@@ -647,6 +647,8 @@ fn boxed_rollouts_from_a_closure_with_start_failures_and_panics() {
         source,
         LoomConfig {
             rollouts_per_row: 2,
+            // A closure's rollouts have no holoware to name the correctness component.
+            pass_component: Some("echo".into()),
             ..LoomConfig::default()
         },
     );

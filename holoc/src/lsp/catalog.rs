@@ -34,12 +34,12 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
     (
         "ExactAnswer",
         "Reward `exact_answer`: 1 when the `<answer>` of `var` equals the data row's `target` column.",
-        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `weight` (1), `name`",
+        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `weight` (1), `name`, `pass` (`true`: the component pass@k counts, where the file has several answer checks)",
     ),
     (
         "MathAnswer",
         "Reward `math_answer`: 1 when the `<answer>` of `var` equals the `target` column as a number.",
-        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `untagged` (`whole`; `last_number` reads the last number of a reply without the tag), `weight` (1), `name`",
+        "`var` (`answer`), `target` (`expected`), `tag` (`answer`), `untagged` (`whole`; `last_number` reads the last number of a reply without the tag), `weight` (1), `name`, `pass` (`true`: the component pass@k counts, where the file has several answer checks)",
     ),
     (
         "FormatReward",

@@ -8,7 +8,7 @@
 //! The compared text comes from the variable `var=` (default `answer`): the content of its last
 //! `<answer>...</answer>` when it has one (`tag=` picks another tag), else the whole text.
 
-use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError};
+use crate::holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError};
 use crate::holotypes::tools::last_tag;
 
 /// The settings every reward holotype shares.
@@ -70,6 +70,11 @@ enum Untagged {
     LastNumber,
 }
 
+/// The component [`ExactAnswer`] records unless `name=` renames it.
+const EXACT_ANSWER: &str = "exact_answer";
+/// The component [`MathAnswer`] records unless `name=` renames it.
+const MATH_ANSWER: &str = "math_answer";
+
 /// A reward that compares the answer with a column of the data row (`target=`, default `expected`).
 struct Comparison {
     component: Component,
@@ -79,6 +84,7 @@ struct Comparison {
 
 impl Comparison {
     fn new(args: &Args, holotype: &str, default_name: &str) -> Result<Self, HolotypeError> {
+        Comparison::pass(args)?;
         Ok(Comparison {
             component: Component::new(args, holotype, default_name)?,
             target: args.name("target")?.unwrap_or("expected").to_string(),
@@ -90,6 +96,31 @@ impl Comparison {
     fn needs(args: &Args) -> Vec<String> {
         let target = args.name("target").ok().flatten().unwrap_or("expected");
         vec![target.to_string()]
+    }
+
+    /// The `pass=` mark: `true` or `false`.
+    fn pass(args: &Args) -> Result<Option<bool>, HolotypeError> {
+        match args.text("pass")? {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(HolotypeError::new(format!(
+                "argument `pass` must be `true` or `false`, found `{other}`"
+            ))),
+        }
+    }
+
+    /// The component an answer check with `args` records, and its `pass=` mark.
+    fn answer_check(args: &Args, default_name: &str) -> Option<AnswerCheck> {
+        Some(AnswerCheck {
+            component: args
+                .name("name")
+                .ok()
+                .flatten()
+                .unwrap_or(default_name)
+                .to_string(),
+            pass: Comparison::pass(args).ok().flatten(),
+        })
     }
 
     /// The answer in the variable: its last tag's content, or what `untagged` says of a text without one.
@@ -142,10 +173,10 @@ fn texts_equal(a: &str, b: &str) -> bool {
 pub struct ExactAnswer(Comparison);
 
 impl Holotype for ExactAnswer {
-    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "weight", "name"];
+    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "pass", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        Comparison::new(args, "ExactAnswer", "exact_answer").map(ExactAnswer)
+        Comparison::new(args, "ExactAnswer", EXACT_ANSWER).map(ExactAnswer)
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
@@ -164,6 +195,10 @@ impl Holotype for ExactAnswer {
     fn needs(args: &Args) -> Vec<String> {
         Comparison::needs(args)
     }
+
+    fn answer_check(args: &Args) -> Option<AnswerCheck> {
+        Comparison::answer_check(args, EXACT_ANSWER)
+    }
 }
 
 /// 1 when the answer and the `target=` column are the same number: integers, decimals, fractions
@@ -177,10 +212,11 @@ impl Holotype for ExactAnswer {
 pub struct MathAnswer(Comparison);
 
 impl Holotype for MathAnswer {
-    const PARAMS: &'static [&'static str] = &["var", "target", "tag", "untagged", "weight", "name"];
+    const PARAMS: &'static [&'static str] =
+        &["var", "target", "tag", "untagged", "pass", "weight", "name"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
-        let mut comparison = Comparison::new(args, "MathAnswer", "math_answer")?;
+        let mut comparison = Comparison::new(args, "MathAnswer", MATH_ANSWER)?;
         comparison.untagged = match args.text("untagged")? {
             None | Some("whole") => Untagged::Whole,
             Some("last_number") => Untagged::LastNumber,
@@ -208,6 +244,10 @@ impl Holotype for MathAnswer {
 
     fn needs(args: &Args) -> Vec<String> {
         Comparison::needs(args)
+    }
+
+    fn answer_check(args: &Args) -> Option<AnswerCheck> {
+        Comparison::answer_check(args, MATH_ANSWER)
     }
 }
 

@@ -130,9 +130,13 @@
 //!
 //! [`Summary`] has the mean of each reward component and of the total over the rollouts that completed
 //! (a failed rollout is counted in [`Summary::failed`], not in the means), and pass@k for k = 1 and, when
-//! `G > 1`, k = `G`. A rollout **passes** when it completed and its total reward is > 0; pass@k is the
-//! unbiased estimator `1 - C(n-c, k) / C(n, k)` per row (`n` rollouts, `c` passing), averaged over the
-//! rows that ran.
+//! `G > 1`, k = `G`. A rollout **passes** when it completed with full credit (≥ 1) on the correctness
+//! component: [`LoomConfig::pass_component`], else the source's ([`RolloutSource::pass_component`]: an
+//! interpreted holoware's answer check, `ExactAnswer` or `MathAnswer`, the one marked `pass=true` where
+//! there are several). Never the total reward, which a format bonus raises for a wrong answer and a length
+//! penalty lowers for a right one. pass@k is the unbiased estimator `1 - C(n-c, k) / C(n, k)` per row (`n`
+//! rollouts, `c` passing), averaged over the rows that ran; without a correctness component it is not
+//! computed ([`Summary::pass_at_k`] is empty).
 //!
 //! # Progress
 //!
@@ -167,7 +171,7 @@ pub use record::{
 };
 pub use sink::{Jsonl, Sink};
 use summary::Stats;
-pub use summary::{pass_at_k, ComponentMean, Summary};
+pub use summary::{pass_at_k, passes, ComponentMean, Summary};
 
 /// Starts the rollouts the Loom drives.
 pub trait RolloutSource: Sync {
@@ -184,6 +188,13 @@ pub trait RolloutSource: Sync {
     /// the Loom then steps rollouts on Tokio's blocking pool. The default says no.
     fn blocks(&self) -> bool {
         false
+    }
+
+    /// The reward component whose full credit (≥ 1) makes a rollout pass, for pass@k
+    /// ([`Holoware::pass_component`] for interpreted holowares); [`LoomConfig::pass_component`] overrides
+    /// it. The default: none, and pass@k is not computed.
+    fn pass_component(&self) -> Option<&str> {
+        None
     }
 
     /// The counters of tool runs the rollouts share, when there are any (a trainer logs them).
@@ -233,6 +244,10 @@ impl RolloutSource for Interpreted {
         self.holoware.blocks()
     }
 
+    fn pass_component(&self) -> Option<&str> {
+        self.holoware.pass_component()
+    }
+
     fn start(&self, row: &Row) -> Result<Box<dyn Rollout + Send>, String> {
         match self.holoware.start_with(row, &self.resources) {
             Ok(rollout) => Ok(Box::new(rollout)),
@@ -256,6 +271,9 @@ pub struct LoomConfig {
     pub timing: bool,
     /// Written as `dataset` in every record when set.
     pub dataset: Option<String>,
+    /// The reward component pass@k counts, when set; else the source's
+    /// ([`RolloutSource::pass_component`]: an interpreted holoware's answer check).
+    pub pass_component: Option<String>,
 }
 
 impl LoomConfig {
@@ -283,6 +301,7 @@ impl Default for LoomConfig {
             progress: false,
             timing: true,
             dataset: None,
+            pass_component: None,
         }
     }
 }
@@ -366,7 +385,12 @@ impl<S: RolloutSource> Loom<S> {
             .enumerate()
             .map(|(position, (row_index, _))| (*row_index, position))
             .collect();
-        let mut stats = Stats::new(rows.len());
+        let pass_component = self
+            .config
+            .pass_component
+            .as_deref()
+            .or(self.source.pass_component());
+        let mut stats = Stats::new(rows.len(), pass_component);
         let mut skip = std::collections::BTreeSet::new();
         for record in done {
             let (row_index, rollout_index) = (record.row_index, record.rollout_index);

@@ -29,8 +29,11 @@ pub struct Summary {
     pub components: Vec<ComponentMean>,
     /// The mean total reward of the completed rollouts; `None` when none completed.
     pub mean_reward: Option<f64>,
-    /// `(k, pass@k)` for k = 1 and k = G (when G > 1); empty when no row ran.
+    /// `(k, pass@k)` for k = 1 and k = G (when G > 1) on [`Summary::pass_component`]; empty when no row
+    /// ran or there is no correctness component.
     pub pass_at_k: Vec<(usize, f64)>,
+    /// The reward component pass@k counts, when there is one.
+    pub pass_component: Option<String>,
     /// Sampler calls: one per sample request.
     pub sampler_calls: usize,
     pub elapsed: Duration,
@@ -55,11 +58,13 @@ pub(super) struct Stats {
     completed: usize,
     /// Per row position: (rollouts, passing).
     passes: Vec<(usize, usize)>,
+    /// The component whose full credit makes a rollout pass.
+    pass_component: Option<String>,
     pub(super) sampler_calls: usize,
 }
 
 impl Stats {
-    pub(super) fn new(rows: usize) -> Self {
+    pub(super) fn new(rows: usize, pass_component: Option<&str>) -> Self {
         Stats {
             rows_ran: 0,
             rollouts: 0,
@@ -69,6 +74,7 @@ impl Stats {
             reward_sum: 0.0,
             completed: 0,
             passes: vec![(0, 0); rows],
+            pass_component: pass_component.map(str::to_string),
             sampler_calls: 0,
         }
     }
@@ -87,7 +93,7 @@ impl Stats {
         }
         self.completed += 1;
         self.reward_sum += record.reward;
-        if record.reward > 0.0 {
+        if passes(record, self.pass_component.as_deref()) {
             pass.1 += 1;
         }
         for (name, value) in &record.rewards {
@@ -107,7 +113,7 @@ impl Stats {
         if per_row > 1 {
             ks.push(per_row);
         }
-        let pass_at_k = if ran.is_empty() {
+        let pass_at_k = if ran.is_empty() || self.pass_component.is_none() {
             Vec::new()
         } else {
             ks.into_iter()
@@ -134,10 +140,19 @@ impl Stats {
                 })
                 .collect(),
             pass_at_k,
+            pass_component: self.pass_component,
             sampler_calls: self.sampler_calls,
             elapsed,
         }
     }
+}
+
+/// Whether a completed rollout passes: full credit (≥ 1) on `component`, the correctness component (see
+/// the [module documentation](super)); never without one.
+pub fn passes(record: &RolloutRecord, component: Option<&str>) -> bool {
+    component
+        .and_then(|component| record.rewards.get(component))
+        .is_some_and(|&value| value >= 1.0)
 }
 
 /// The unbiased pass@k estimator for `n` samples of which `c` pass: `1 - C(n-c, k) / C(n, k)`, computed

@@ -451,7 +451,7 @@ async fn roll_out(
             concurrency: options.concurrency.max(1),
             progress: false,
             timing: false,
-            dataset: None,
+            ..LoomConfig::default()
         },
     )
     .with_holophore(rollouts.holophore.fork());

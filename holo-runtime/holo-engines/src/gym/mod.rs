@@ -356,7 +356,7 @@ async fn one_rollout(
             concurrency: 1,
             progress: false,
             timing: false,
-            dataset: None,
+            ..LoomConfig::default()
         },
     )
     .with_holophore(environment.holophore.fork());

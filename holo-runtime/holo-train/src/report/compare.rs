@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::plot::{register_font, render, AXIS, FONT, GRID, LINE};
-use holo_core::loom::{pass_at_k, RolloutRecord};
+use holo_core::loom::{pass_at_k, passes, RolloutRecord};
 
 /// The mean total reward's metric name.
 pub const REWARD: &str = "reward";
@@ -56,10 +56,12 @@ pub struct Comparison {
 }
 
 /// Each row's value of each metric under one policy: `row index → metric → value`. `per_row` is G, the
-/// k of pass@G (only pass@1 when it is 1).
+/// k of pass@G (only pass@1 when it is 1); pass@k counts `pass_component` as the Loom does
+/// ([`passes`]), and is left out without one.
 pub fn row_values(
     records: &[RolloutRecord],
     per_row: usize,
+    pass_component: Option<&str>,
 ) -> BTreeMap<usize, BTreeMap<String, f64>> {
     #[derive(Default)]
     struct Row {
@@ -76,16 +78,19 @@ pub fn row_values(
             continue;
         }
         row.rewards.push(record.reward);
-        if record.reward > 0.0 {
+        if passes(record, pass_component) {
             row.passed += 1;
         }
         for (name, value) in &record.rewards {
             row.components.entry(name.clone()).or_default().push(*value);
         }
     }
-    let mut ks = vec![1];
-    if per_row > 1 {
-        ks.push(per_row);
+    let mut ks = Vec::new();
+    if pass_component.is_some() {
+        ks.push(1);
+        if per_row > 1 {
+            ks.push(per_row);
+        }
     }
     rows.into_iter()
         .map(|(index, row)| {
@@ -111,12 +116,12 @@ pub fn row_values(
 pub fn compare(
     (a_name, a): (&str, &[RolloutRecord]),
     (b_name, b): (&str, &[RolloutRecord]),
-    per_row: usize,
+    (per_row, pass_component): (usize, Option<&str>),
     resamples: usize,
     seed: u64,
 ) -> Result<Comparison, String> {
-    let a_rows = row_values(a, per_row);
-    let b_rows = row_values(b, per_row);
+    let a_rows = row_values(a, per_row, pass_component);
+    let b_rows = row_values(b, per_row, pass_component);
     let names: BTreeSet<&String> = a_rows
         .values()
         .chain(b_rows.values())
@@ -341,7 +346,8 @@ mod tests {
             "seed": 0,
             "row": {},
             "contexts": [],
-            "rewards": if failed { serde_json::json!({}) } else { serde_json::json!({"len": reward}) },
+            // `right`, the correctness component pass@k counts: 1 for any positive reward.
+            "rewards": if failed { serde_json::json!({}) } else { serde_json::json!({"len": reward, "right": if reward > 0.0 { 1.0 } else { 0.0 }}) },
             "weights": {"len": 1.0},
             "reward": if failed { 0.0 } else { reward },
             "samples": 1,
@@ -378,7 +384,7 @@ mod tests {
             record(0, 2, 0.5, true),
             record(1, 0, 0.0, true),
         ];
-        let rows = row_values(&records, 3);
+        let rows = row_values(&records, 3, Some("right"));
         assert_eq!(rows[&0]["reward"], 0.5);
         assert_eq!(rows[&0]["reward/len"], 0.5);
         // 1 of 3 passed (the failed one does not).
@@ -389,12 +395,33 @@ mod tests {
         assert_eq!(rows[&1]["pass@1"], 0.0);
     }
 
+    /// A wrong answer with a format bonus (total 0.2) fails, a right one with a length penalty (total
+    /// 0.5) passes: pass@k reads the correctness component, not the total.
+    #[test]
+    fn pass_at_k_counts_the_correctness_component_not_the_total() {
+        let scored = |rollout_index: usize, right: f64, total: f64| {
+            let mut record = record(0, rollout_index, total, false);
+            record.rewards.insert("right".into(), right);
+            record
+        };
+        let records = vec![scored(0, 0.0, 0.2), scored(1, 1.0, 0.5)];
+        let rows = row_values(&records, 2, Some("right"));
+        assert_eq!(rows[&0]["pass@1"], 0.5);
+        assert_eq!(rows[&0]["pass@2"], 1.0);
+        // Without a correctness component there is no pass@k at all.
+        let rows = row_values(&records, 2, None);
+        assert!(rows[&0].keys().all(|name| !name.starts_with("pass@")));
+    }
+
     #[test]
     fn identical_policies_differ_by_nothing() {
         let a = policy(|row, k| (row * 2 + k) as f64 / 20.0);
-        let comparison = compare(("a", &a), ("b", &a), 2, 1_000, 0).unwrap();
+        let comparison = compare(("a", &a), ("b", &a), (2, Some("right")), 1_000, 0).unwrap();
         let names: Vec<&str> = comparison.metrics.iter().map(|m| m.name.as_str()).collect();
-        assert_eq!(names, ["reward", "reward/len", "pass@1", "pass@2"]);
+        assert_eq!(
+            names,
+            ["reward", "reward/len", "reward/right", "pass@1", "pass@2"]
+        );
         for metric in &comparison.metrics {
             assert_eq!(
                 (metric.difference, metric.low, metric.high),
@@ -409,7 +436,7 @@ mod tests {
     fn a_clear_difference_excludes_zero() {
         let a = policy(|row, _| if row % 2 == 0 { 0.0 } else { 0.2 });
         let b = policy(|row, _| if row % 3 == 0 { 0.6 } else { 0.8 });
-        let comparison = compare(("a", &a), ("b", &b), 2, RESAMPLES, 5).unwrap();
+        let comparison = compare(("a", &a), ("b", &b), (2, Some("right")), RESAMPLES, 5).unwrap();
         let reward = metric(&comparison, "reward");
         assert!((reward.a - 0.1).abs() < 1e-12 && (reward.b - 0.72).abs() < 1e-12);
         assert!((reward.difference - 0.62).abs() < 1e-12);
@@ -430,14 +457,14 @@ mod tests {
         for record in b.iter_mut().filter(|r| r.row_index == 3) {
             *record = record_failed(record);
         }
-        let comparison = compare(("a", &a), ("b", &b), 2, 100, 0).unwrap();
+        let comparison = compare(("a", &a), ("b", &b), (2, Some("right")), 100, 0).unwrap();
         assert_eq!(metric(&comparison, "reward").rows, 9);
         // pass@k counts a failed rollout as failing: row 3 pairs 1 with 0.
         let pass = metric(&comparison, "pass@1");
         assert_eq!(pass.rows, 10);
         assert!((pass.difference + 0.1).abs() < 1e-12);
         let none: Vec<RolloutRecord> = Vec::new();
-        let error = compare(("a", &a), ("b", &none), 2, 100, 0).unwrap_err();
+        let error = compare(("a", &a), ("b", &none), (2, Some("right")), 100, 0).unwrap_err();
         assert!(error.contains("nothing to compare"), "{error}");
     }
 
@@ -445,7 +472,7 @@ mod tests {
     fn the_plot_is_a_png() {
         let a = policy(|row, _| row as f64 / 10.0);
         let b = policy(|row, _| row as f64 / 8.0);
-        let comparison = compare(("a", &a), ("b", &b), 2, 200, 0).unwrap();
+        let comparison = compare(("a", &a), ("b", &b), (2, Some("right")), 200, 0).unwrap();
         let path =
             std::env::temp_dir().join(format!("holo-compare-plot-{}.png", std::process::id()));
         comparison.plot(&path).unwrap();

@@ -50,6 +50,11 @@ pub struct CompareArgs {
     /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it.
     #[arg(long)]
     allow_unsandboxed_code: bool,
+    /// The reward component whose full credit (>= 1) makes a rollout pass, for pass@k. Default: the
+    /// holoware's answer check (ExactAnswer or MathAnswer; the one marked `pass=true` where there are
+    /// several); without one, pass@k is not computed.
+    #[arg(long, value_name = "NAME")]
+    pass_component: Option<String>,
 }
 
 /// One policy, ready to roll out.
@@ -146,10 +151,11 @@ pub fn run(args: CompareArgs) -> ExitCode {
         records.push(sink.1);
     }
 
+    let pass_component = args.pass_component.as_deref().or(holoware.pass_component());
     let comparison = match compare(
         (&policies[0].name, &records[0]),
         (&policies[1].name, &records[1]),
-        args.rollouts as usize,
+        (args.rollouts as usize, pass_component),
         args.resamples,
         args.seed,
     ) {
@@ -285,6 +291,8 @@ fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy
         replies: Vec::new(),
         local: args.local.clone(),
         allow_unsandboxed_code: args.allow_unsandboxed_code,
+        request_timeout: None,
+        retries: None,
     };
     let holophore = sampler_args.holophore()?;
     let sampler = sampler_args

@@ -41,6 +41,11 @@ pub struct EvalArgs {
     /// .hol file, data, -n and --seed as the run it continues.
     #[arg(long)]
     pub resume: bool,
+    /// The reward component whose full credit (>= 1) makes a rollout pass, for pass@k. Default: the
+    /// holoware's answer check (ExactAnswer or MathAnswer; the one marked `pass=true` where there are
+    /// several); without one, pass@k is not computed.
+    #[arg(long, value_name = "NAME")]
+    pub pass_component: Option<String>,
 }
 
 pub fn run(args: EvalArgs) -> ExitCode {
@@ -53,6 +58,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
         seed,
         concurrency,
         resume,
+        pass_component,
     } = args;
     let code = CodeSandbox {
         allow_unsandboxed: sampler_args.allow_unsandboxed_code,
@@ -79,6 +85,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
         seed,
         concurrency: concurrency as usize,
         progress: true,
+        pass_component,
         ..LoomConfig::default()
     };
     eval(
@@ -353,8 +360,19 @@ fn report(data_name: &str, per_row: usize, summary: &Summary) -> String {
         Some(mean) => text.push_str(&format!("mean reward = {mean:.4}\n")),
         None => text.push_str("mean reward = n/a (no rollout completed)\n"),
     }
-    for (k, value) in &summary.pass_at_k {
-        text.push_str(&format!("pass@{k} = {value:.4}\n"));
+    match &summary.pass_component {
+        Some(component) => {
+            for (k, value) in &summary.pass_at_k {
+                text.push_str(&format!("pass@{k} = {value:.4}\n"));
+            }
+            text.push_str(&format!(
+                "(a rollout passes with full credit on `{component}`)\n"
+            ));
+        }
+        None => text.push_str(
+            "pass@k = n/a (no answer check: add ExactAnswer or MathAnswer, or name a reward with \
+             --pass-component)\n",
+        ),
     }
     text
 }

@@ -56,8 +56,8 @@ enum Command {
     /// Run a dataset through the Loom: G rollouts per row, each request sent the moment its rollout needs
     /// it (the local model batches them continuously). Writes each rollout as a JSONL line as it
     /// finishes, then prints the mean of each reward component, the mean total reward and pass@k (k = 1
-    /// and G; a rollout passes when it completed with a total reward > 0). Exit status 1 when a row or a
-    /// rollout failed.
+    /// and G; a rollout passes when it completed with full credit on the holoware's answer check, or
+    /// the component --pass-component names). Exit status 1 when a row or a rollout failed.
     Eval(eval::EvalArgs),
     /// Compare two policies (model folders, .gguf files, run folders or their checkpoints) on the same
     /// rows, rollout seeds and G: each policy's mean total reward, reward components, pass@1 and pass@G, and the
