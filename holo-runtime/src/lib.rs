@@ -28,4 +28,17 @@ pub use holo_model as local;
 pub use holo_serve as serve;
 #[cfg(feature = "local")]
 pub use holo_train as train;
+
+/// What this build of the runtime was made from (`build.rs`): the sources' git commit and whether they
+/// had uncommitted changes, the workspace's `Cargo.lock`, and the crate of the built-in holotypes. A
+/// training run records it in `provenance.json`.
+#[cfg(feature = "local")]
+pub fn build() -> train::provenance::Build {
+    train::provenance::Build::new(
+        env!("HOLO_GIT_COMMIT"),
+        env!("HOLO_GIT_DIRTY"),
+        include_bytes!(concat!(env!("OUT_DIR"), "/Cargo.lock")),
+        &[("holo-core", holo_core::VERSION)],
+    )
+}
 pub mod view;

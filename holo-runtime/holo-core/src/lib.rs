@@ -44,6 +44,9 @@ pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;
 
+/// This crate's version: the built-in holotypes' (a training run's provenance records it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Re-exported for generated code, so user crates need no direct serde dependency.
 pub use serde;
 

@@ -39,11 +39,62 @@ impl fmt::Display for Hashed {
     }
 }
 
+/// The build of `holo` that ran: what its code was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Build {
+    /// The git commit of the sources, or `unknown` (not built from a git checkout).
+    pub commit: String,
+    /// Whether the sources differed from that commit (uncommitted or untracked changes); `None` when
+    /// unknown.
+    pub dirty: Option<bool>,
+    /// Hex SHA-256 of the workspace's `Cargo.lock` (every dependency's exact version), or `unknown`.
+    pub cargo_lock_sha256: String,
+    /// The crates that define the holotypes a holoware can name, with their versions (`holo-core`: the
+    /// built-in holotypes).
+    pub holotypes: BTreeMap<String, String>,
+}
+
+impl Build {
+    /// A build from `commit` (`unknown` when it was not a git checkout) and its dirty flag (`true`,
+    /// `false`, `unknown`), with `cargo_lock` (empty when unknown) and the holotypes' crates.
+    pub fn new(commit: &str, dirty: &str, cargo_lock: &[u8], holotypes: &[(&str, &str)]) -> Self {
+        Build {
+            commit: commit.to_string(),
+            dirty: dirty.parse().ok(),
+            cargo_lock_sha256: if cargo_lock.is_empty() {
+                "unknown".into()
+            } else {
+                hex(&Sha256::digest(cargo_lock))
+            },
+            holotypes: holotypes
+                .iter()
+                .map(|(name, version)| (name.to_string(), version.to_string()))
+                .collect(),
+        }
+    }
+}
+
+impl fmt::Display for Build {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let commit = &self.commit[..12.min(self.commit.len())];
+        let dirty = match self.dirty {
+            Some(true) => " with uncommitted changes",
+            Some(false) => "",
+            None => " (changes unknown)",
+        };
+        let lock = &self.cargo_lock_sha256[..12.min(self.cargo_lock_sha256.len())];
+        write!(f, "commit {commit}{dirty}, Cargo.lock {lock}")
+    }
+}
+
 /// What made a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Provenance {
     /// holo-runtime's version: the trainer's and the built-in holotypes'.
     pub holo_runtime: String,
+    /// The build that started the run (absent in runs made before builds were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<Build>,
     /// The holoware, the data files and the model, in that order.
     pub inputs: Vec<Hashed>,
     /// Inputs a resumed run changed (`--allow-changes`), in order.
@@ -58,13 +109,16 @@ pub struct Change {
     pub step: u64,
     /// The inputs from then on.
     pub inputs: Vec<Hashed>,
+    /// The build from then on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<Build>,
     /// What changed, in words.
     pub message: String,
 }
 
 impl Provenance {
-    /// Hashes `inputs` (`(role, path)`: files, or model folders), with this build's version.
-    pub fn collect(inputs: &[(&str, &Path)]) -> Result<Self, String> {
+    /// Hashes `inputs` (`(role, path)`: files, or model folders), with this build's version and `build`.
+    pub fn collect(inputs: &[(&str, &Path)], build: Build) -> Result<Self, String> {
         let inputs = inputs
             .iter()
             .map(|(role, path)| {
@@ -78,6 +132,7 @@ impl Provenance {
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Provenance {
             holo_runtime: env!("CARGO_PKG_VERSION").to_string(),
+            build: Some(build),
             inputs,
             changes: Vec::new(),
         })
@@ -99,6 +154,22 @@ impl Provenance {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(format!("`{}`: {error}", path.display())),
         }
+    }
+
+    /// The build the run uses now: the last change's, or the one it started with.
+    pub fn current_build(&self) -> Option<&Build> {
+        self.changes
+            .iter()
+            .rev()
+            .find_map(|change| change.build.as_ref())
+            .or(self.build.as_ref())
+    }
+
+    /// How `now`'s build differs from the run's ([`Provenance::current_build`]), in words; `None` when
+    /// they are the same, or the run recorded none.
+    pub fn build_changed(&self, now: &Provenance) -> Option<String> {
+        let (then, now) = (self.current_build()?, now.build.as_ref()?);
+        (then != now).then(|| format!("the run was built from {then} and is resumed by {now}"))
     }
 
     /// The inputs the run uses now: the last change's, or those it started with.
@@ -211,11 +282,12 @@ fn hash_path(path: &Path) -> std::io::Result<String> {
     } else {
         hash_file(path, &mut hasher)?;
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
+}
+
+/// `bytes` in lowercase hexadecimal.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 fn collect_files(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -246,6 +318,51 @@ fn hash_file(path: &Path, hasher: &mut Sha256) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn build(commit: &str) -> Build {
+        Build::new(commit, "false", b"[[package]]\n", &[("holo-core", "0.1.0")])
+    }
+
+    /// A build records its commit, dirty flag and lock file; another build resuming a run is a change
+    /// in words, and a run recorded before builds were (no `build`) still reads and compares.
+    #[test]
+    fn builds_are_recorded_and_another_build_is_named() {
+        let a = build("0123456789abcdef");
+        assert_eq!(a.dirty, Some(false));
+        assert_eq!(
+            a.cargo_lock_sha256,
+            hex(&Sha256::digest(b"[[package]]\n")),
+            "the lock file's SHA-256"
+        );
+        let unknown = Build::new("unknown", "unknown", b"", &[]);
+        assert_eq!(
+            (unknown.dirty, unknown.cargo_lock_sha256.as_str()),
+            (None, "unknown")
+        );
+        let then = Provenance::collect(&[], a.clone()).unwrap();
+        assert_eq!(then.build_changed(&then), None);
+        let dirty = Build::new("0123456789abcdef", "true", b"[[package]]\n", &[]);
+        let now = Provenance::collect(&[], dirty).unwrap();
+        let message = then.build_changed(&now).unwrap();
+        assert!(
+            message.contains("built from commit 0123456789ab, Cargo.lock")
+                && message.contains("resumed by commit 0123456789ab with uncommitted changes"),
+            "{message}"
+        );
+        // Once recorded as a change, the new build is the run's.
+        let mut resumed = then.clone();
+        resumed.changes.push(Change {
+            step: 2,
+            inputs: Vec::new(),
+            build: now.build.clone(),
+            message,
+        });
+        assert_eq!(resumed.build_changed(&now), None);
+
+        let old = r#"{"holo_runtime": "0.1.0", "inputs": []}"#;
+        let old: Provenance = serde_json::from_str(old).unwrap();
+        assert_eq!((old.build.as_ref(), old.build_changed(&now)), (None, None));
+    }
+
     #[test]
     fn a_changed_file_is_named_and_an_unchanged_run_passes() {
         let dir = std::env::temp_dir().join(format!("holo-provenance-{}", std::process::id()));
@@ -261,23 +378,30 @@ mod tests {
         ]
         .map(|(role, path)| (role, path.to_path_buf()));
         let refs: Vec<(&str, &Path)> = inputs.iter().map(|(r, p)| (*r, p.as_path())).collect();
-        let then = Provenance::collect(&refs).unwrap();
-        assert_eq!(then.changed(&Provenance::collect(&refs).unwrap()), None);
+        let then = Provenance::collect(&refs, build("a")).unwrap();
+        assert_eq!(
+            then.changed(&Provenance::collect(&refs, build("a")).unwrap()),
+            None
+        );
         std::fs::write(&data, "{\"x\": 1}\n").unwrap();
-        let message = then.changed(&Provenance::collect(&refs).unwrap()).unwrap();
+        let message = then
+            .changed(&Provenance::collect(&refs, build("a")).unwrap())
+            .unwrap();
         assert!(
             message.contains("data") && message.contains("rows.jsonl"),
             "{message}"
         );
         std::fs::write(dir.join("model/extra.bin"), "x").unwrap();
-        let now = Provenance::collect(&refs).unwrap();
+        let now = Provenance::collect(&refs, build("a")).unwrap();
         assert_ne!(
             then.inputs[2].sha256, now.inputs[2].sha256,
             "a new file in the model folder"
         );
         let fewer: Vec<(&str, &Path)> = refs[..2].to_vec();
         std::fs::write(&data, "{}\n").unwrap();
-        let message = then.changed(&Provenance::collect(&fewer).unwrap()).unwrap();
+        let message = then
+            .changed(&Provenance::collect(&fewer, build("a")).unwrap())
+            .unwrap();
         assert!(message.contains("resumed with holoware, data"), "{message}");
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -682,6 +682,21 @@ fn a_resume_on_changed_inputs_is_refused_unless_allowed_and_holo_runs_lists_the_
         .map(|input| input["role"].as_str().unwrap())
         .collect();
     assert_eq!(roles, ["holoware", "data", "eval data", "model"]);
+    // The build: this checkout's commit, a dirty flag, the lock file's hash, the holotypes' crate.
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let build = &recorded["build"];
+    assert_eq!(
+        build["commit"].as_str(),
+        Some(String::from_utf8_lossy(&head.stdout).trim()),
+        "{build}"
+    );
+    assert!(build["dirty"].is_boolean(), "{build}");
+    assert_eq!(build["cargo_lock_sha256"].as_str().map(str::len), Some(64));
+    assert!(build["holotypes"]["holo-core"].is_string(), "{build}");
 
     let mut text = std::fs::read_to_string(&data).unwrap();
     text.push_str("{\"question\": \"What is 1+1?\"}\n");
@@ -718,6 +733,7 @@ fn a_resume_on_changed_inputs_is_refused_unless_allowed_and_holo_runs_lists_the_
         stdout.contains("resumed at step 2 with changes"),
         "{stdout}"
     );
+    assert!(stdout.contains("built from commit "), "{stdout}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

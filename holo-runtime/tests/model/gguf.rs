@@ -530,7 +530,11 @@ fn smollm2_gguf_matches_transformers() {
     let Some(file) = crate::common::components::smollm2_gguf(name) else {
         return;
     };
-    let hashed = holo_runtime::train::provenance::Provenance::collect(&[("gguf", &file)]).unwrap();
+    let hashed = holo_runtime::train::provenance::Provenance::collect(
+        &[("gguf", &file)],
+        holo_runtime::build(),
+    )
+    .unwrap();
     assert_eq!(
         hashed.inputs[0].sha256,
         reference["source"]["gguf_sha256"].as_str().unwrap(),

@@ -416,6 +416,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                     saved.changes.push(provenance::Change {
                         step: state.global_step,
                         inputs: now.inputs.clone(),
+                        build: now.build.clone(),
                         message: change,
                     });
                     saved.write(&self.run.path)?;
@@ -439,7 +440,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
 
     /// The run's recorded provenance against `now`'s: an error naming the first changed input, or with
     /// `allow`, the recorded provenance and the change to add to it; `None` when nothing changed (or
-    /// the run has no provenance to compare with).
+    /// the run has no provenance to compare with). Another build of `holo` (a new commit, changed
+    /// sources) resumes with a warning and is recorded as a change: the inputs are the same, but the
+    /// steps from here on may not be what the first build would have done.
     fn check_provenance(
         &self,
         now: &Provenance,
@@ -448,10 +451,18 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let Some(saved) = Provenance::read(&self.run.path).map_err(TrainError::Input)? else {
             return Ok(None);
         };
+        let build = saved.build_changed(now);
+        if let Some(build) = &build {
+            eprintln!("warning: {build}");
+        }
         match saved.changed(now) {
-            None => Ok(None),
+            None => Ok(build.map(|build| (saved, build))),
             Some(change) if allow => {
                 eprintln!("warning: {change}; resuming anyway (--allow-changes)");
+                let change = match build {
+                    Some(build) => format!("{change}; {build}"),
+                    None => change,
+                };
                 Ok(Some((saved, change)))
             }
             Some(change) => Err(TrainError::Input(format!(

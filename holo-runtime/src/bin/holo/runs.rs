@@ -40,6 +40,9 @@ pub fn run(args: RunsArgs) -> ExitCode {
         match &run.provenance {
             Some(provenance) => {
                 println!("  holo-runtime {}", provenance.holo_runtime);
+                if let Some(build) = provenance.current_build() {
+                    println!("  built from {build}");
+                }
                 for input in provenance.current() {
                     println!("  {input}");
                 }

@@ -199,7 +199,7 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         inputs.push(("eval data", path.as_path()));
     }
     inputs.push(("model", args.model.as_path()));
-    let provenance = match Provenance::collect(&inputs) {
+    let provenance = match Provenance::collect(&inputs, holo_runtime::build()) {
         Ok(provenance) => provenance,
         Err(message) => return usage(message),
     };
@@ -327,7 +327,7 @@ fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         inputs.push(("eval data", path.as_path()));
     }
     inputs.push(("tokenizer", tokenizer.as_path()));
-    let provenance = match Provenance::collect(&inputs) {
+    let provenance = match Provenance::collect(&inputs, holo_runtime::build()) {
         Ok(provenance) => provenance,
         Err(message) => return usage(message),
     };
