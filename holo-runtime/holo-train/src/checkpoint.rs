@@ -15,7 +15,9 @@
 //!
 //! A checkpoint is written into a temporary folder beside its final name, each file synced, and renamed
 //! into place: a run killed at any moment leaves either the whole checkpoint or none (a leftover temporary
-//! folder is removed by the next save or resume). Only the newest `save_total_limit` are kept.
+//! folder is removed by the next save or resume). Only the newest `save_total_limit` are kept; a checkpoint
+//! is removed by renaming it to a temporary folder first, so a removal cut short leaves no `checkpoint-N`
+//! missing files either. `tests/kill/` kills runs inside these writes (the points of [`super::kill`]).
 
 use std::collections::HashMap;
 use std::fs;
@@ -71,10 +73,32 @@ impl RunDir {
 
     /// Removes the checkpoints after `step` (a rollback abandons them).
     pub fn remove_after(&self, step: u64) -> io::Result<()> {
-        for (_, dir) in self.checkpoints()?.into_iter().filter(|(n, _)| *n > step) {
-            fs::remove_dir_all(dir)?;
+        for (n, dir) in self.checkpoints()?.into_iter().filter(|(n, _)| *n > step) {
+            self.remove_checkpoint(n, &dir)?;
         }
         Ok(())
+    }
+
+    /// Removes the oldest checkpoints beyond the newest `keep` (all are kept without a limit).
+    pub fn prune(&self, keep: Option<usize>) -> io::Result<()> {
+        let Some(keep) = keep else {
+            return Ok(());
+        };
+        let all = self.checkpoints()?;
+        for (step, dir) in all.iter().take(all.len().saturating_sub(keep)) {
+            self.remove_checkpoint(*step, dir)?;
+        }
+        Ok(())
+    }
+
+    /// Removes checkpoint `dir` of `step` as a whole: renamed out of the checkpoints' names first, so that a
+    /// kill in the middle of the removal leaves a temporary folder (removed by [`RunDir::remove_partial`])
+    /// rather than a `checkpoint-N` that lacks some of its files.
+    fn remove_checkpoint(&self, step: u64, dir: &Path) -> io::Result<()> {
+        let doomed = self.path.join(format!(".checkpoint-{step}-removed.tmp"));
+        fs::rename(dir, &doomed)?;
+        super::kill::point("checkpoint:removing");
+        fs::remove_dir_all(doomed)
     }
 
     /// Drops the records of steps after `step` from the rollout file `name` (a resumed or rolled back
@@ -98,10 +122,11 @@ impl RunDir {
         }
         let staging = path.with_extension("jsonl.resume");
         fs::write(&staging, kept)?;
+        super::kill::point("records:staged");
         fs::rename(staging, path)
     }
 
-    /// Removes temporary folders a killed save left.
+    /// Removes temporary folders a killed save or removal left.
     pub fn remove_partial(&self) -> io::Result<()> {
         let Ok(entries) = fs::read_dir(&self.path) else {
             return Ok(());
@@ -169,6 +194,8 @@ pub fn save(
         .path
         .join(format!(".checkpoint-{step}-{}.tmp", std::process::id()));
     fs::create_dir_all(&staging)?;
+    // The named points let tests/kill/ stop the process at each stage of the write (`HOLO_KILL_AT`).
+    super::kill::point("checkpoint:staging");
     match weights {
         Weights::Full(vars) => save_tensors(
             &staging.join("model.safetensors"),
@@ -190,6 +217,7 @@ pub fn save(
             write_synced(&staging.join("adapter_config.json"), text.as_bytes())?;
         }
     }
+    super::kill::point("checkpoint:weights");
     if let Some(critic) = critic {
         save_tensors(
             &staging.join(CRITIC_FILE),
@@ -198,23 +226,22 @@ pub fn save(
                 .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
                 .collect(),
         )?;
+        super::kill::point("checkpoint:critic");
     }
     save_tensors(&staging.join("optimizer.safetensors"), optimizer)?;
+    super::kill::point("checkpoint:optimizer");
     write_synced(&staging.join("config.toml"), config.to_toml().as_bytes())?;
     let state_text = serde_json::to_string(state).map_err(other)?;
     write_synced(&staging.join("trainer_state.json"), state_text.as_bytes())?;
+    super::kill::point("checkpoint:state");
     let target = run.checkpoint(step);
     if target.exists() {
-        fs::remove_dir_all(&target)?;
+        run.remove_checkpoint(step, &target)?;
     }
     fs::rename(&staging, &target)?;
     fs::File::open(&run.path)?.sync_all()?;
-    if let Some(keep) = keep {
-        let all = run.checkpoints()?;
-        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-            fs::remove_dir_all(old)?;
-        }
-    }
+    super::kill::point("checkpoint:renamed");
+    run.prune(keep)?;
     Ok(target)
 }
 

@@ -47,6 +47,7 @@ mod error;
 pub mod export;
 pub mod feed;
 pub mod guard;
+pub mod kill;
 pub mod loss;
 pub mod metrics;
 pub mod optim;

@@ -183,6 +183,7 @@ fn truncate_jsonl(path: &Path, step: u64) -> io::Result<()> {
         .and_then(|()| file.sync_all())
         .map_err(|e| at(&temporary, e))?;
     drop(file);
+    super::kill::point("metrics:staged");
     fs::rename(&temporary, path).map_err(|e| at(path, e))
 }
 

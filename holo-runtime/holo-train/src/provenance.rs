@@ -138,10 +138,13 @@ impl Provenance {
         })
     }
 
-    /// Writes `run_dir/provenance.json`.
+    /// Writes `run_dir/provenance.json`, replacing it atomically (a temporary file renamed over it): a
+    /// kill while a resume records a change must not leave a file that the next resume cannot read.
     pub fn write(&self, run_dir: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(run_dir.join(FILE), text + "\n")
+        let staging = run_dir.join(format!("{FILE}.tmp"));
+        std::fs::write(&staging, text + "\n")?;
+        std::fs::rename(staging, run_dir.join(FILE))
     }
 
     /// Reads `run_dir/provenance.json`, if the run has one.

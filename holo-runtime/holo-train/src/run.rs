@@ -220,6 +220,7 @@ pub struct Opened {
 /// Opens the run folder: a new run (refusing a folder that holds one; `config.toml` and `run.json` are
 /// written), or, with `resume`, the newest checkpoint of the run in it, made with the same configuration,
 /// whose weights and optimizer state are restored into `trainable`.
+/// Checkpoints beyond `save_total_limit` that a kill left are removed on resume.
 pub fn open<C: TrainingConfig>(
     run: &RunDir,
     resume: bool,
@@ -227,19 +228,26 @@ pub fn open<C: TrainingConfig>(
     trainable: &mut Trainable,
 ) -> Result<Opened, TrainError> {
     let model = trainable.model_dir.clone();
-    open_with(
+    let opened = open_with(
         run,
         resume,
         config,
         |dir| RunInfo { model }.write(dir),
         |newest| restore(newest, config, trainable, &run.path),
-    )
+    )?;
+    if opened.resumed {
+        // A run killed between a save and the removal of the oldest checkpoint left one more than
+        // `save_total_limit`, which a resumed run with no step left to save would keep.
+        run.prune(config.training().save_total_limit)?;
+    }
+    Ok(opened)
 }
 
 /// Opens the run folder for any backend: a new run (refusing a folder that holds one; `config.toml` is
 /// written, then whatever `create` writes into the folder), or with `resume` the newest checkpoint,
 /// which `restore` brings back (refusing one made with another configuration) and whose state it
-/// returns.
+/// returns. A resume that finds no checkpoint (the run was killed before its first) starts the run over
+/// as a new one, unless the folder's `config.toml` is another configuration's.
 pub fn open_with<C: TrainingConfig>(
     run: &RunDir,
     resume: bool,
@@ -251,8 +259,21 @@ pub fn open_with<C: TrainingConfig>(
     std::fs::create_dir_all(dir)?;
     run.remove_partial()?;
     let checkpoints = run.checkpoints()?;
-    if !resume {
-        if !checkpoints.is_empty() || dir.join(super::metrics::METRICS_FILE).exists() {
+    let Some((_, newest)) = checkpoints.last().filter(|_| resume) else {
+        if resume {
+            // Killed before its first checkpoint, the run has nothing to go on from: it starts over.
+            // A `config.toml` that does not parse was cut short by a kill at the run's very start.
+            let saved = std::fs::read_to_string(dir.join("config.toml"))
+                .ok()
+                .and_then(|text| toml::from_str::<C>(&text).ok());
+            if let Some(saved) = saved {
+                check_same_config(config, &saved, dir)?;
+            }
+            eprintln!(
+                "note: `{}` has no checkpoint yet: --resume starts the run from its first step",
+                dir.display()
+            );
+        } else if !checkpoints.is_empty() || dir.join(super::metrics::METRICS_FILE).exists() {
             return Err(TrainError::Input(format!(
                 "`{}` already holds a run: pass --resume to continue it, or choose another --out",
                 dir.display()
@@ -265,12 +286,6 @@ pub fn open_with<C: TrainingConfig>(
             metrics: MetricsLog::create(dir)?,
             resumed: false,
         });
-    }
-    let Some((_, newest)) = checkpoints.last() else {
-        return Err(TrainError::Input(format!(
-            "--resume: `{}` has no checkpoint to resume from",
-            dir.display()
-        )));
     };
     let state = restore(newest)?;
     let step = state.global_step;

@@ -409,6 +409,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let opened = self
             .backend
             .open(&self.run, self.options.resume, &self.config)?;
+        // A resume that found no checkpoint started the run over: from here on it is a new run, which
+        // evaluates at step 0 and saves its starting weights as a new run does.
+        self.options.resume = opened.resumed;
         let mut state = opened.state;
         if let Some((now, _)) = &self.provenance {
             match changes {

@@ -28,7 +28,8 @@ pub struct SftArgs {
     /// A TOML file of options (TRL's SFTConfig names; see `holo sft --help`).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Continue the run in --out from its newest checkpoint (same file and options).
+    /// Continue the run in --out from its newest checkpoint (same file and options); a run killed
+    /// before its first checkpoint starts over.
     #[arg(long)]
     pub resume: bool,
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).

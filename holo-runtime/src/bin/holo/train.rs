@@ -63,7 +63,8 @@ pub struct TrainArgs {
     /// A TOML file of options (TRL's GRPOConfig names; see `holo train --help`).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Continue the run in --out from its newest checkpoint (same .hol file, data and options).
+    /// Continue the run in --out from its newest checkpoint (same .hol file, data and options); a run
+    /// killed before its first checkpoint starts over.
     #[arg(long)]
     pub resume: bool,
     /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
