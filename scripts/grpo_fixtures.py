@@ -157,6 +157,7 @@ GRAD_PARAMS = [
     "model.norm.weight",
 ]
 GRAD_HEAD = 64  # first entries (row-major) recorded per gradient tensor
+GRAD_SAMPLE = 256  # entries at seeded random positions recorded per gradient tensor (grad_sample)
 
 
 # ---- cases ----------------------------------------------------------------------------------------------------
@@ -319,13 +320,26 @@ def check_margin(what: str, values: torch.Tensor, thresholds: list[float]) -> No
         assert gap > MARGIN, f"{what}: a value lies {gap:.2e} from the threshold {threshold}"
 
 
+def grad_sample(g: torch.Tensor) -> dict:
+    """`GRAD_SAMPLE` entries of the flattened gradient `g` at positions spread over the whole tensor, drawn
+    by a generator seeded with its size (the same positions on every run): with the norm and the sum, the
+    whole tensor is checked, not only its first rows."""
+    n = g.numel()
+    if n <= GRAD_SAMPLE:
+        positions = list(range(n))
+    else:
+        generator = torch.Generator().manual_seed(n)
+        positions = sorted(torch.randperm(n, generator=generator)[:GRAD_SAMPLE].tolist())
+    return {"positions": positions, "values": g[positions].tolist()}
+
+
 def grad_record(param: torch.Tensor) -> dict:
     g = param.grad.detach().flatten()
     return {
         "shape": list(param.shape),
         "l2_norm": g.norm().item(),
         "sum": g.sum().item(),
-        "head": g[:GRAD_HEAD].tolist(),
+        "head": g[:GRAD_HEAD].tolist(), "sample": grad_sample(g),
     }
 
 

@@ -84,6 +84,21 @@ MICRO_BATCHES = [[2, 0], [3, 1]]
 POLICY_GRADS = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"]
 VALUE_GRADS = ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "score.weight"]
 GRAD_HEAD = 8
+GRAD_SAMPLE = 256  # entries at seeded random positions recorded per gradient tensor (grad_sample)
+
+
+def grad_sample(g: torch.Tensor) -> dict:
+    """`GRAD_SAMPLE` entries of the flattened gradient `g` at positions spread over the whole tensor, drawn
+    by a generator seeded with its size (the same positions on every run): with the norm and the sum, the
+    whole tensor is checked, not only its first rows."""
+    n = g.numel()
+    if n <= GRAD_SAMPLE:
+        positions = list(range(n))
+    else:
+        generator = torch.Generator().manual_seed(n)
+        positions = sorted(torch.randperm(n, generator=generator)[:GRAD_SAMPLE].tolist())
+    return {"positions": positions, "values": g[positions].tolist()}
+
 
 CASES = [
     {"name": "k1", "kl_estimator": "k1", "whiten_rewards": False, "kl_coef": 0.05, "gamma": 1.0, "lam": 0.95,
@@ -235,7 +250,7 @@ def main() -> None:
             for name in names:
                 g = params[name].grad.detach().flatten()
                 out[name] = {"shape": list(params[name].shape), "l2_norm": g.norm().item(), "sum": g.sum().item(),
-                             "head": g[:GRAD_HEAD].tolist()}
+                             "head": g[:GRAD_HEAD].tolist(), "sample": grad_sample(g)}
             return out
 
         records.append({

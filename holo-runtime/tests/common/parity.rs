@@ -14,7 +14,8 @@ pub fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
 }
 
 /// Asserts a gradient (flattened) matches the fixture's summary of the reference's: its L2 norm (to 1e-5
-/// of the norm, at least of `norm_floor`), its sum and its first entries (each to 1e-5 of the norm).
+/// of the norm, at least of `norm_floor`), its sum, its first entries and the entries at the fixture's
+/// seeded random positions over the whole tensor (`sample`; each entry to 1e-5 of the norm).
 pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value, norm_floor: f64) {
     let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
     let theirs_norm = expected["l2_norm"].as_f64().unwrap();
@@ -35,13 +36,25 @@ pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value,
         theirs_norm,
     );
     let head = expected["head"].as_array().expect("an array");
-    for (j, (ours, theirs)) in grad.iter().zip(head).enumerate() {
+    let sample = &expected["sample"];
+    let positions = sample["positions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: ∇{param} has no sample: regenerate the fixture"));
+    let values = sample["values"].as_array().expect("an array");
+    assert_eq!(positions.len(), values.len(), "{what}: ∇{param}");
+    let head = head.iter().enumerate();
+    let sampled = positions.iter().zip(values).map(|(position, value)| {
+        let position = position.as_u64().expect("a position") as usize;
+        assert!(position < grad.len(), "{what}: ∇{param}[{position}]");
+        (position, value)
+    });
+    for (j, theirs) in head.chain(sampled) {
         // Each entry relative to the gradient's norm: a small entry of a large gradient carries only the
         // rounding of the large terms summed into it.
         let theirs = theirs.as_f64().expect("a number");
         close(
             &format!("{what}: ∇{param}[{j}]"),
-            *ours as f64,
+            grad[j] as f64,
             theirs,
             1e-5,
             theirs_norm,
