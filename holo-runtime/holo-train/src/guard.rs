@@ -23,6 +23,10 @@
 //! are then trained again with the same seeds and the lower learning rate. A trip after `max_rollbacks`
 //! rollbacks (or one with no good checkpoint) rolls the run folder back the same way and stops the run
 //! with an error.
+//! - **Blown-up numbers**: a step whose `loss` or `grad_norm` is not a finite number (NaN, ±inf) trips
+//!   whatever the options (`non_finite_loss`, `non_finite_grad_norm`): weights that blew up give NaN
+//!   from then on, and training on would only save NaN checkpoints. A run that rolls back rolls back as
+//!   for any trip; any other run stops with an error before it logs or saves the step.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -73,11 +77,16 @@ pub fn no_signal_note(
     note
 }
 
+/// The reasons of a step whose loss, or gradient norm, is not a finite number.
+pub const NON_FINITE_LOSS: &str = "non_finite_loss";
+pub const NON_FINITE_GRAD_NORM: &str = "non_finite_grad_norm";
+
 /// A step whose measurements tripped a rollback condition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trip {
     pub step: u64,
-    /// The option that tripped: `rollback_kl` or `rollback_reward_drop`.
+    /// The option that tripped (`rollback_kl` or `rollback_reward_drop`), or [`NON_FINITE_LOSS`] /
+    /// [`NON_FINITE_GRAD_NORM`].
     pub key: &'static str,
     /// What was measured (`kl`, or the moving mean reward) and the bound it passed.
     pub value: f64,
@@ -87,6 +96,13 @@ pub struct Trip {
 impl std::fmt::Display for Trip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.key {
+            NON_FINITE_LOSS | NON_FINITE_GRAD_NORM => write!(
+                f,
+                "step {}: {} is {}, not a finite number: training blew up (a learning rate too large for the model?)",
+                self.step,
+                self.key.trim_start_matches("non_finite_"),
+                self.value
+            ),
             "rollback_kl" => write!(
                 f,
                 "step {}: kl {:.4} is above rollback_kl {}",
@@ -171,6 +187,19 @@ impl GuardState {
         step: u64,
         metrics: &BTreeMap<String, f64>,
     ) -> Option<Trip> {
+        for (name, key) in [
+            ("loss", NON_FINITE_LOSS),
+            ("grad_norm", NON_FINITE_GRAD_NORM),
+        ] {
+            if let Some(&value) = metrics.get(name).filter(|value| !value.is_finite()) {
+                return Some(Trip {
+                    step,
+                    key,
+                    value,
+                    bound: f64::NAN,
+                });
+            }
+        }
         if let (Some(bound), Some(&kl)) = (config.rollback_kl, metrics.get("kl")) {
             // A NaN KL is a collapse too.
             if kl.is_nan() || kl > bound {
@@ -234,6 +263,18 @@ impl GuardState {
         }
         metrics
     }
+}
+
+/// Why a run that does not roll back stops at `trip` (one of blown-up numbers: the others trip only runs
+/// that roll back), and what is left of it.
+pub fn stop_without_rollback(trip: &Trip) -> TrainError {
+    TrainError::Diverged(format!(
+        "{trip}. The step was neither logged nor saved; the checkpoints from step {} on hold the weights \
+         it started from, so resuming would blow up again. Train again with a lower learning_rate, or set \
+         rollback_kl or rollback_reward_drop: such a run rolls back to its last good checkpoint and lowers \
+         the learning rate there (rollback_lr_factor)",
+        trip.step.saturating_sub(1)
+    ))
 }
 
 /// Rolls the run folder back to checkpoint `good` after `trip`: appends the event to `rollbacks.jsonl`
@@ -514,5 +555,24 @@ mod tests {
         assert!(guard
             .check(&config, 3, &metrics(&[("kl", f64::NAN)]))
             .is_some());
+    }
+
+    #[test]
+    fn a_loss_or_gradient_norm_that_is_not_finite_trips_whatever_the_options() {
+        let config = GrpoConfig::default();
+        assert!(!config.rolls_back());
+        let mut guard = GuardState::default();
+        let finite = metrics(&[("loss", 0.1), ("grad_norm", 2.0)]);
+        assert_eq!(guard.check(&config, 1, &finite), None);
+        let nan = metrics(&[("loss", f64::NAN), ("grad_norm", 2.0)]);
+        let trip = guard.check(&config, 2, &nan).unwrap();
+        assert_eq!((trip.key, trip.step), (NON_FINITE_LOSS, 2));
+        assert!(trip.to_string().contains("step 2: loss is NaN"), "{trip}");
+        let infinite = metrics(&[("loss", 0.1), ("grad_norm", f64::INFINITY)]);
+        let trip = guard.check(&config, 3, &infinite).unwrap();
+        assert_eq!(trip.key, NON_FINITE_GRAD_NORM);
+        assert!(stop_without_rollback(&trip)
+            .to_string()
+            .contains("the run diverged: step 3: grad_norm is inf"));
     }
 }

@@ -27,6 +27,8 @@ pub enum Component {
     Skyrl,
     /// Linux user namespaces, which the sandbox runs code in.
     Sandbox,
+    /// Mounting a small tmpfs (`mount -t tmpfs`), to fill a disk on purpose.
+    Tmpfs,
 }
 
 impl Component {
@@ -40,6 +42,7 @@ impl Component {
             Component::Gym => "NeMo Gym 0.7.0's venv",
             Component::Skyrl => "SkyRL 0.4.0's venv",
             Component::Sandbox => "the sandbox (user namespaces)",
+            Component::Tmpfs => "a small tmpfs (mount -t tmpfs)",
         }
     }
 
@@ -56,6 +59,10 @@ impl Component {
                 "a Linux kernel that lets unprivileged processes create user namespaces \
                  (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); \
                  in a container, one started with --privileged or a seccomp profile that allows unshare"
+            }
+            Component::Tmpfs => {
+                "the tests run as root with `mount` on PATH (in a container: one started with \
+                 --cap-add SYS_ADMIN or --privileged)"
             }
         }
     }
@@ -237,4 +244,81 @@ pub fn sandbox() -> bool {
             false
         }
     }
+}
+
+/// A tmpfs mounted on a folder, unmounted when dropped.
+pub struct Tmpfs {
+    pub dir: PathBuf,
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: a child still writing there must not keep the mount alive past the test.
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+impl Tmpfs {
+    /// Changes its size (`mount -o remount,size=`), as a disk that has been given room again.
+    pub fn resize(&self, kib: u64) {
+        let remounted = Command::new("mount")
+            .args(["-o", &format!("remount,size={kib}k")])
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            remounted.status.success(),
+            "remounting {} with {kib} KiB: {}",
+            self.dir.display(),
+            String::from_utf8_lossy(&remounted.stderr)
+        );
+    }
+}
+
+/// A tmpfs of `kib` KiB mounted on `dir` (created), proven to be mounted and that small (its size as
+/// `statvfs` reports it, and a write past it refused for want of space); `None` after
+/// [`Component::missing`] when this machine cannot mount one.
+pub fn tmpfs(dir: &Path, kib: u64) -> Option<Tmpfs> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+        .arg(dir)
+        .output();
+    match mounted {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => {
+            Component::Tmpfs.missing(&format!(
+                "`mount -t tmpfs` failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+            return None;
+        }
+        Err(error) => {
+            Component::Tmpfs.missing(&format!("`mount` does not run: {error}"));
+            return None;
+        }
+    }
+    let mount = Tmpfs {
+        dir: dir.to_path_buf(),
+    };
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs(3) fills the zeroed struct it is given from a NUL-terminated path.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stats) }, 0);
+    let size = stats.f_blocks as u128 * stats.f_frsize as u128;
+    assert!(
+        size > 0 && size <= u128::from(kib) * 1024,
+        "{} is {size} bytes, not the {kib} KiB tmpfs mounted there",
+        dir.display()
+    );
+    let probe = dir.join("probe");
+    let written = std::fs::write(&probe, vec![0u8; (kib as usize + 64) * 1024]);
+    let _ = std::fs::remove_file(&probe);
+    assert_eq!(
+        written.map_err(|error| error.raw_os_error()),
+        Err(Some(libc::ENOSPC)),
+        "writing more than {kib} KiB into {}",
+        dir.display()
+    );
+    Some(mount)
 }

@@ -282,6 +282,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             }
             metrics.insert("step_time".into(), started.elapsed().as_secs_f64());
             if let Some(trip) = state.guard.check(&config, step, &metrics) {
+                if !config.rolls_back() {
+                    return Err(guard::stop_without_rollback(&trip));
+                }
                 let (restored, note) = self.rewind(runtime, trip, state, &metrics, metrics_log)?;
                 guard::after_rewind(summary, &restored, &note, progress);
                 *state = restored;
@@ -481,7 +484,17 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             .reflection_memory()
             .map(|memory| memory.entries())
             .unwrap_or_default();
-        self.backend.save(runtime, &self.run, state, &self.config)
+        let checkpoint = self.run.checkpoint(state.global_step);
+        self.backend
+            .save(runtime, &self.run, state, &self.config)
+            .map_err(|error| match error {
+                // Name what was being written: "No space left on device" alone does not say where.
+                TrainError::Io(error) => TrainError::Io(std::io::Error::new(
+                    error.kind(),
+                    format!("writing {}: {error}", checkpoint.display()),
+                )),
+                error => error,
+            })
     }
 }
 

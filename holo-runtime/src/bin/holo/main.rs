@@ -34,6 +34,7 @@ mod view;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holophore::Holophore;
@@ -208,6 +209,15 @@ struct SamplerArgs {
     /// Unsandboxed code can read, change and delete what this user can.
     #[arg(long)]
     allow_unsandboxed_code: bool,
+    /// With `openai`: seconds one attempt of a request may take, from connecting to the end of the
+    /// answer (default 600). A server that accepts and never answers, stops mid-answer or is stopped
+    /// fails the attempt then.
+    #[arg(long, value_parser = positive_seconds)]
+    request_timeout: Option<f64>,
+    /// With `openai`: retries of a failed request (connection refused or dropped, HTTP 5xx, timeout)
+    /// before its rollout fails, naming the last failure (default 6).
+    #[arg(long)]
+    retries: Option<u32>,
 }
 
 impl SamplerArgs {
@@ -250,15 +260,30 @@ impl SamplerArgs {
             eprintln!("error: --reply is for the scripted sampler");
             return Err(ExitCode::from(EXIT_USAGE));
         }
+        if self.sampler != SamplerKind::Openai {
+            let given = [
+                ("--request-timeout", self.request_timeout.is_some()),
+                ("--retries", self.retries.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, given)| *given) {
+                eprintln!("error: {flag} is for the openai sampler (--sampler openai)");
+                return Err(ExitCode::from(EXIT_USAGE));
+            }
+        }
         match self.sampler {
             SamplerKind::Scripted => Ok(None),
             SamplerKind::Openai => {
+                let defaults = OpenAiConfig::new(
+                    self.base_url.clone().unwrap_or_default(),
+                    self.model.clone().unwrap_or_default(),
+                );
                 let config = OpenAiConfig {
                     max_concurrency: concurrency,
-                    ..OpenAiConfig::new(
-                        self.base_url.clone().unwrap_or_default(),
-                        self.model.clone().unwrap_or_default(),
-                    )
+                    request_timeout: self
+                        .request_timeout
+                        .map_or(defaults.request_timeout, Duration::from_secs_f64),
+                    max_retries: self.retries.unwrap_or(defaults.max_retries),
+                    ..defaults
                 };
                 match OpenAi::new(config) {
                     Ok(server) => Ok(Some(Box::new(server))),
@@ -287,6 +312,15 @@ impl SamplerArgs {
                 Err(ExitCode::from(EXIT_USAGE))
             }
         }
+    }
+}
+
+/// A number of seconds above 0 (and at most 1e9), for the options that take one.
+pub fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 => Ok(seconds),
+        Ok(_) => Err(format!("{text} is not a number of seconds above 0")),
+        Err(error) => Err(format!("{text} is not a number of seconds: {error}")),
     }
 }
 

@@ -48,13 +48,7 @@ pub struct ConnectionArgs {
     no_access_log: bool,
 }
 
-pub fn positive_seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 => Ok(seconds),
-        Ok(_) => Err(format!("{text} is not a number of seconds above 0")),
-        Err(error) => Err(format!("{text} is not a number of seconds: {error}")),
-    }
-}
+pub use crate::positive_seconds;
 
 impl ConnectionArgs {
     fn config(&self) -> holo_runtime::serve::ServeConfig {

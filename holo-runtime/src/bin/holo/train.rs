@@ -373,10 +373,14 @@ fn finish(
         Err(TrainError::Input(message)) => return usage(message),
         Err(error) => {
             eprintln!("error: {error}");
-            eprintln!(
-                "note: checkpoints written so far are in {}; `--resume` continues from the newest",
-                args.out.display()
-            );
+            // A diverged run would diverge again from its newest checkpoint with the same options: its
+            // error says what is left and what to do instead.
+            if !matches!(error, TrainError::Diverged(_)) {
+                eprintln!(
+                    "note: checkpoints written so far are in {}; `--resume` continues from the newest",
+                    args.out.display()
+                );
+            }
             return ExitCode::from(EXIT_FAILURES);
         }
     };
