@@ -17,10 +17,20 @@ use crate::support::{checkpoints, each_seed, run, snapshot, train_args};
 /// What one `holo train` of a few steps of the tiny model must end within.
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// The tmpfs sizes (KiB) of the disk-full cases and the checkpoint each fills the disk in: checkpoint-2's
-/// `model.safetensors`, its `optimizer.safetensors`, then checkpoint-3 (a checkpoint of the tiny model is
-/// 1.3 MB: 430 KB of weights, 860 KB of AdamW moments).
-const DISKS: [(u64, u64); 3] = [(1500, 2), (2000, 2), (2700, 3)];
+/// The tmpfs sizes (KiB) of the disk-full cases. A checkpoint of the tiny model is 1.3 MB (430 KB of
+/// weights, 860 KB of AdamW moments), so the disk fills in checkpoint-2's `model.safetensors`, in its
+/// `optimizer.safetensors`, then in checkpoint-3.
+const DISKS: [u64; 3] = [1500, 2000, 2700];
+
+/// The checkpoint a `cannot write the run: writing …/checkpoint-N: ` error names.
+fn failed_checkpoint(output: &str) -> u64 {
+    let at = output
+        .find("cannot write the run: writing ")
+        .unwrap_or_else(|| panic!("no failed write named:\n{output}"));
+    let rest = &output[at..];
+    let number = &rest[rest.find("checkpoint-").unwrap() + "checkpoint-".len()..];
+    number[..number.find(':').unwrap()].parse().unwrap()
+}
 
 #[test]
 fn a_disk_that_fills_while_a_checkpoint_is_written_stops_the_run_naming_it_and_resume_continues() {
@@ -30,7 +40,7 @@ fn a_disk_that_fills_while_a_checkpoint_is_written_stops_the_run_naming_it_and_r
     }
     // Seed i: the run seed, and the disk size of `DISKS[i]`.
     each_seed(&[0, 1, 2], |seed| {
-        let (kib, full_at) = DISKS[seed as usize];
+        let kib = DISKS[seed as usize];
         let dir = Dir::new("chaos-disk-full");
         let whole = dir.join("whole");
         let (code, output) = run(&dir, "whole", &train_args(&whole, 4, seed, &[]), LIMIT);
@@ -41,6 +51,11 @@ fn a_disk_that_fills_while_a_checkpoint_is_written_stops_the_run_naming_it_and_r
         let args = train_args(&out, 4, seed, &[]);
         let (code, output) = run(&dir, "full", &args, LIMIT);
         assert_eq!(code, 1, "{output}");
+        let full_at = failed_checkpoint(&output);
+        assert!(
+            full_at >= 2,
+            "the disk holds the first checkpoint:\n{output}"
+        );
         assert!(
             output.contains(&format!(
                 "error: cannot write the run: writing {}: ",
