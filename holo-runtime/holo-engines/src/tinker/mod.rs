@@ -1,5 +1,5 @@
 //! Tinker: `holo train --backend tinker` keeps rollouts, rewards and advantages local (the Loom, the
-//! holoware, [`holo_train::advantages`]) and sends sampling, forward/backward passes and optimizer
+//! holoware, `holo_train::advantages`) and sends sampling, forward/backward passes and optimizer
 //! steps to a Tinker service: Thinking Machines' hosted trainer, or SkyRL's server on your own machines.
 //!
 //! ```text
