@@ -371,8 +371,8 @@ impl Holoware {
             .map(|binding| binding.name.clone())
             .collect();
         let needed_columns = needed_columns(&program, &registry, &args, &binding_names);
-        let pass_component = pass_component(&program, &registry, &args)
-            .map_err(|message| LoadError { message })?;
+        let pass_component =
+            pass_component(&program, &registry, &args).map_err(|message| LoadError { message })?;
         Ok(Holoware {
             needed_columns,
             pass_component,

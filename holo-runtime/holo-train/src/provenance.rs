@@ -6,6 +6,7 @@
 //! order (a `.gguf` file by its own). The configuration is the run's `config.toml`; the project's version
 //! is holo-runtime's, which is also the version of the built-in holotypes.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
