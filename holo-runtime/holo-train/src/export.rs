@@ -77,20 +77,7 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
     let info = RunInfo::read(run_dir)?;
     // Any trainer's checkpoint: its configuration is not needed (a LoRA run's adapters say their shape).
     let loaded = checkpoint::load::<toml::Table>(&dir)?;
-    let base = model_files::load_model(&info.model, DType::F32, &Device::Cpu)
-        .map_err(|error| format!("the base model `{}`: {error}", info.model.display()))?;
-    fs::create_dir_all(out).map_err(|error| format!("`{}`: {error}", out.display()))?;
-    if gguf::is_gguf(&info.model) {
-        write_model_files(&info.model, &base, out)?;
-    } else {
-        for file in COPIED {
-            let source = info.model.join(file);
-            if source.is_file() {
-                fs::copy(&source, out.join(file))
-                    .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
-            }
-        }
-    }
+    let base = base_folder(&info.model, out)?;
     let (weights, adapter_dir) = if dir.join("adapter_config.json").is_file() {
         let adapter_dir = out.join("adapter");
         fs::create_dir_all(&adapter_dir)
@@ -130,6 +117,79 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
         model_dir: out.to_path_buf(),
         adapter_dir,
     })
+}
+
+/// Loads the base model `model` and starts the folder `out` with its files: the configuration,
+/// tokenizer, chat template and generation config a Hugging Face folder has, or those a GGUF file holds.
+fn base_folder(model: &Path, out: &Path) -> Result<Model, String> {
+    let base = model_files::load_model(model, DType::F32, &Device::Cpu)
+        .map_err(|error| format!("the base model `{}`: {error}", model.display()))?;
+    fs::create_dir_all(out).map_err(|error| format!("`{}`: {error}", out.display()))?;
+    if gguf::is_gguf(model) {
+        write_model_files(model, &base, out)?;
+    } else {
+        for file in COPIED {
+            let source = model.join(file);
+            if source.is_file() {
+                fs::copy(&source, out.join(file))
+                    .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
+            }
+        }
+    }
+    Ok(base)
+}
+
+/// Whether `dir` is a PEFT adapter folder (`adapter_config.json`, `adapter_model.safetensors`) rather
+/// than a model folder.
+pub fn is_adapter(dir: &Path) -> bool {
+    dir.join("adapter_config.json").is_file() && !dir.join("config.json").is_file()
+}
+
+/// The base model of the PEFT adapter folder `adapter`: its `base_model_name_or_path` when that is a
+/// local model (a path as written, or relative to the adapter folder), else an error that says so.
+pub fn adapter_base(adapter: &Path) -> Result<PathBuf, String> {
+    let path = adapter.join("adapter_config.json");
+    let text =
+        fs::read_to_string(&path).map_err(|error| format!("`{}`: {error}", path.display()))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| format!("`{}`: {error}", path.display()))?;
+    let base = config
+        .get("base_model_name_or_path")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("`{}` has no `base_model_name_or_path`", path.display()))?;
+    [PathBuf::from(base), adapter.join(base)]
+        .into_iter()
+        .find(|candidate| candidate.exists())
+        .ok_or_else(|| {
+            format!(
+                "`{}`: the base model `{base}` (`base_model_name_or_path`) is not a local folder or file",
+                path.display()
+            )
+        })
+}
+
+/// Writes into `out` the model folder of the PEFT adapter folder `adapter` merged into the base model
+/// `base`: `W + (alpha / r) · B A` for every adapted projection (`alpha / √r` with `use_rslora`). PEFT
+/// settings this merge cannot honour (DoRA, biases, `modules_to_save`, LoRA on layers it cannot adapt)
+/// are refused, naming the key.
+pub fn merge_adapter(adapter: &Path, base: &Path, out: &Path) -> Result<(), String> {
+    let tensors = adapter.join("adapter_model.safetensors");
+    let adapters = candle_core::safetensors::load(&tensors, &Device::Cpu)
+        .map_err(|error| format!("`{}`: {error}", tensors.display()))?;
+    let lora = adapter_lora(&adapter.join("adapter_config.json"))?;
+    let model = base_folder(base, out)?;
+    let weights = merged(&model, &lora, &adapters).map_err(|error| {
+        format!(
+            "`{}` does not fit the base model `{}`: {error}",
+            adapter.display(),
+            base.display()
+        )
+    })?;
+    checkpoint::save_tensors(
+        &out.join("model.safetensors"),
+        weights.into_iter().collect(),
+    )
+    .map_err(|error| format!("writing model.safetensors: {error}"))
 }
 
 /// A GGUF base has no files to copy: its config, tokenizer and chat template are written from what the
@@ -175,21 +235,78 @@ fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
             .get(key)
             .ok_or_else(|| format!("`{name}` has no `{key}`"))
     };
+    // What PEFT can write and a plain `W + scale · B A` merge cannot honour.
+    let set = |key: &str| {
+        config.get(key).is_some_and(|value| {
+            !matches!(
+                value,
+                serde_json::Value::Null | serde_json::Value::Bool(false)
+            )
+        })
+    };
+    for key in [
+        "use_dora",
+        "modules_to_save",
+        "layers_to_transform",
+        "rank_pattern",
+        "alpha_pattern",
+    ] {
+        let empty = config.get(key).is_some_and(|value| {
+            value.as_object().is_some_and(|o| o.is_empty())
+                || value.as_array().is_some_and(|a| a.is_empty())
+        });
+        if set(key) && !empty {
+            return Err(format!("`{name}`: `{key}` is not supported"));
+        }
+    }
+    if let Some(bias) = config.get("bias").and_then(serde_json::Value::as_str) {
+        if bias != "none" {
+            return Err(format!(
+                "`{name}`: `bias` \"{bias}\" is not supported (only \"none\")"
+            ));
+        }
+    }
+    if let Some(peft_type) = config.get("peft_type").and_then(serde_json::Value::as_str) {
+        if peft_type != "LORA" {
+            return Err(format!("`{name}`: `peft_type` {peft_type} is not LoRA"));
+        }
+    }
     let rank = field("r")?
         .as_u64()
-        .ok_or_else(|| format!("`{name}`: `r` is not a whole number"))?;
+        .filter(|&rank| rank > 0)
+        .ok_or_else(|| format!("`{name}`: `r` is not a whole number above 0"))?;
     let alpha = field("lora_alpha")?
         .as_f64()
         .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
-    let targets = field("target_modules")?
-        .as_array()
-        .and_then(|targets| {
-            targets
-                .iter()
-                .map(|target| target.as_str().map(str::to_string))
-                .collect::<Option<Vec<String>>>()
-        })
-        .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?;
+    // rsLoRA scales by alpha / √r where LoRA scales by alpha / r: the same as LoRA with alpha · √r.
+    let alpha = if set("use_rslora") {
+        alpha * (rank as f64).sqrt()
+    } else {
+        alpha
+    };
+    let targets = match field("target_modules")? {
+        // PEFT's shorthand for every linear layer but the output head.
+        serde_json::Value::String(target) if target == "all-linear" => [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        ]
+        .map(str::to_string)
+        .to_vec(),
+        // Any other string is a regular expression over PEFT's module names.
+        serde_json::Value::String(target) => {
+            return Err(format!(
+                "`{name}`: `target_modules` \"{target}\" is a regular expression; only a list of module names (or \"all-linear\") is supported"
+            ))
+        }
+        targets => targets
+            .as_array()
+            .and_then(|targets| {
+                targets
+                    .iter()
+                    .map(|target| target.as_str().map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+            })
+            .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?,
+    };
     Ok(LoraConfig {
         rank: rank as usize,
         alpha,
@@ -208,6 +325,13 @@ fn merged(
 ) -> candle_core::Result<HashMap<String, Tensor>> {
     let (adapted, vars) = base.with_lora(lora)?;
     checkpoint::restore(&vars, adapters).map_err(candle_core::Error::msg)?;
+    // A tensor no adapter took (a module this model does not adapt) would be dropped without a word.
+    if let Some(unused) = adapters
+        .keys()
+        .find(|name| !vars.iter().any(|(var, _)| var == *name))
+    {
+        candle_core::bail!("the adapters' tensor {unused} belongs to no adapted projection");
+    }
     let mut merged: HashMap<String, Tensor> = adapted.named_weights().into_iter().collect();
     for (i, layer) in adapted.layers.iter().enumerate() {
         for (name, linear) in Model::linears(layer) {

@@ -222,6 +222,125 @@ fn a_run_folder_is_exported_and_compared() {
     );
 }
 
+/// A bare PEFT adapter folder (a LoRA run's adapters, in PEFT's layout) is merged into the base model
+/// its `base_model_name_or_path` names, or the one `--adapter-base` names, and compares as the run it came
+/// from; PEFT settings the merge cannot honour are refused, naming the key.
+#[test]
+fn a_peft_adapter_folder_is_merged_and_compared() {
+    let dir = Dir::new("compare-adapter");
+    let run = dir.path().join("run");
+    let output = holo_command(&[
+        "train",
+        &fixture("train/short.hol"),
+        "--model",
+        &fixture("models/qwen2"),
+        "--data",
+        &fixture("train/rows.jsonl"),
+        "--out",
+        run.to_str().unwrap(),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--max-completion-length",
+        "8",
+        "--save-steps",
+        "1",
+        "--use-peft",
+        "true",
+        "--lora-r",
+        "4",
+        "--learning-rate",
+        "0.01",
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let adapter = dir.path().join("adapter");
+    std::fs::create_dir_all(&adapter).unwrap();
+    for file in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(run.join("checkpoint-1").join(file), adapter.join(file)).unwrap();
+    }
+
+    let out = dir.path().join("out");
+    let output = compare(
+        run.to_str().unwrap(),
+        adapter.to_str().unwrap(),
+        &fixture("train/rows.jsonl"),
+        &out,
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("policy B: the adapter"), "{stderr}");
+    // The same adapters merged the same way: the same weights, so the same rollouts.
+    let weights = |policy: &str| std::fs::read(out.join(policy).join("model.safetensors")).unwrap();
+    assert!(
+        weights("a-model") == weights("b-model"),
+        "the merged weights differ"
+    );
+    for metric in metrics(&out) {
+        assert_eq!(metric["difference"].as_f64(), Some(0.0), "{metric}");
+    }
+
+    // A base named on the Hub is not local: refused, pointing at --adapter-base, which then works.
+    let config_path = adapter.join("adapter_config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["base_model_name_or_path"] = "Qwen/Qwen2.5-0.5B".into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = fixture("models/qwen2");
+    let output = compare(
+        &model,
+        adapter.to_str().unwrap(),
+        &fixture("train/rows.jsonl"),
+        &dir.path().join("hub"),
+    );
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("Qwen/Qwen2.5-0.5B") && stderr.contains("--adapter-base"),
+        "{stderr}"
+    );
+    let with_base = holo_command(&[
+        "compare",
+        &fixture("train/short.hol"),
+        &model,
+        adapter.to_str().unwrap(),
+        "--adapter-base",
+        &model,
+        "--data",
+        &fixture("train/rows.jsonl"),
+        "--out",
+        dir.path().join("based").to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(with_base.status.success(), "{}", text(&with_base.stderr));
+
+    // DoRA is not a plain LoRA merge: refused, naming the key.
+    config["use_dora"] = true.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let output = holo_command(&[
+        "compare",
+        &fixture("train/short.hol"),
+        &model,
+        adapter.to_str().unwrap(),
+        "--adapter-base",
+        &model,
+        "--data",
+        &fixture("train/rows.jsonl"),
+        "--out",
+        dir.path().join("dora").to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`use_dora` is not supported"), "{stderr}");
+}
+
 #[test]
 fn bad_input_is_refused_before_any_rollout() {
     let dir = Dir::new("compare-bad");

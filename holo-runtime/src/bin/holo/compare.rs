@@ -11,7 +11,7 @@ use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
 use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig};
-use holo_runtime::train::export::{export, RunInfo};
+use holo_runtime::train::export::{self, export, RunInfo};
 use holo_runtime::train::report::compare::{compare, RESAMPLES};
 
 use crate::{load, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, EXIT_USAGE};
@@ -20,11 +20,17 @@ use crate::{load, runtime, LocalArgs, SamplerArgs, SamplerKind, EXIT_FAILURES, E
 pub struct CompareArgs {
     file: PathBuf,
     /// Policy A: a model folder (Hugging Face layout), a `.gguf` file, a run folder (`holo train`,
-    /// `holo sft`), whose newest checkpoint is exported to OUT/a-model first, or one of its
-    /// `checkpoint-N` folders, exported the same way.
+    /// `holo sft`), whose newest checkpoint is exported to OUT/a-model first, one of its
+    /// `checkpoint-N` folders, exported the same way, or a PEFT LoRA adapter folder
+    /// (`adapter_config.json`, `adapter_model.safetensors`), merged into its base model
+    /// (`base_model_name_or_path`, or --adapter-base) in OUT/a-model.
     a: String,
-    /// Policy B, as A (a run folder or checkpoint is exported to OUT/b-model).
+    /// Policy B, as A (a run folder, checkpoint or adapter is written to OUT/b-model).
     b: String,
+    /// The base model of an adapter folder given as A or B, when its `base_model_name_or_path` is not a
+    /// local folder (a Hub name).
+    #[arg(long, value_name = "MODEL")]
+    adapter_base: Option<PathBuf>,
     /// Data rows, one JSON object per line.
     #[arg(long)]
     data: PathBuf,
@@ -80,7 +86,7 @@ pub fn run(args: CompareArgs) -> ExitCode {
         Err(message) => return usage(message),
     };
     for (label, model) in [("A", &args.a), ("B", &args.b)] {
-        if let Err(message) = check_policy(model) {
+        if let Err(message) = check_policy(model, args.adapter_base.as_deref()) {
             return usage(format!("policy {label}: {message}"));
         }
     }
@@ -212,13 +218,26 @@ fn checked_rows(holoware: &Holoware, data: &Path) -> Result<CheckedRows, String>
     Ok((good, lines))
 }
 
-/// Refuses what is not a model folder, a `.gguf` file, a run folder or a checkpoint of one.
-fn check_policy(model: &str) -> Result<(), String> {
+/// Refuses what is not a model folder, a `.gguf` file, a run folder, a checkpoint of one or a PEFT
+/// adapter folder whose base model is found (`adapter_base`, else its `base_model_name_or_path`).
+fn check_policy(model: &str, adapter_base: Option<&Path>) -> Result<(), String> {
     let path = Path::new(model);
     if !path.exists() {
         return Err(format!(
-            "`{model}`: no such model folder, .gguf file, run folder or checkpoint"
+            "`{model}`: no such model folder, .gguf file, run folder, checkpoint or adapter"
         ));
+    }
+    if export::is_adapter(path) {
+        return match adapter_base {
+            Some(base) if base.exists() => Ok(()),
+            Some(base) => Err(format!(
+                "--adapter-base `{}`: no such model",
+                base.display()
+            )),
+            None => export::adapter_base(path)
+                .map(drop)
+                .map_err(|message| format!("{message} (--adapter-base names the base model)")),
+        };
     }
     if !path.is_dir()
         || path.join("config.json").is_file()
@@ -265,7 +284,32 @@ fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy
     } else {
         checkpoint(path).map(|(run, step)| (run, Some(step)))
     };
-    if let Some((run, step)) = exported {
+    if export::is_adapter(path) {
+        let out = args.out.join(format!("{label}-model"));
+        let base = match &args.adapter_base {
+            Some(base) => Ok(base.clone()),
+            None => export::adapter_base(path),
+        };
+        let merged = base.and_then(|base| {
+            export::merge_adapter(path, &base, &out)?;
+            Ok(base)
+        });
+        match merged {
+            Ok(base) => {
+                eprintln!(
+                    "policy {}: the adapter {model} merged into {} in {}",
+                    label.to_uppercase(),
+                    base.display(),
+                    out.display()
+                );
+                dir = out.display().to_string();
+            }
+            Err(message) => {
+                eprintln!("error: policy {}: {message}", label.to_uppercase());
+                return Err(ExitCode::from(EXIT_USAGE));
+            }
+        }
+    } else if let Some((run, step)) = exported {
         let out = args.out.join(format!("{label}-model"));
         match export(run, step, &out) {
             Ok(exported) => {

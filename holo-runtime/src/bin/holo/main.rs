@@ -60,11 +60,12 @@ enum Command {
     /// and G; a rollout passes when it completed with full credit on the holoware's answer check, or
     /// the component --pass-component names). Exit status 1 when a row or a rollout failed.
     Eval(eval::EvalArgs),
-    /// Compare two policies (model folders, .gguf files, run folders or their checkpoints) on the same
-    /// rows, rollout seeds and G: each policy's mean total reward, reward components, pass@1 and pass@G, and the
-    /// difference B - A with a paired bootstrap 95% interval over rows. Prints the table and writes the
-    /// rollouts (a.jsonl, b.jsonl), compare.json and compare.png into --out. Exit status 2 for bad
-    /// input (found before any rollout), 1 when a rollout failed.
+    /// Compare two policies (model folders, .gguf files, run folders or their checkpoints, PEFT
+    /// adapters) on the same rows, rollout seeds and G: each policy's mean total reward, reward
+    /// components, pass@1 and pass@G, and the difference B - A with a paired bootstrap 95% interval
+    /// over rows. Prints the table and writes the rollouts (a.jsonl, b.jsonl), compare.json and
+    /// compare.png into --out. Exit status 2 for bad input (found before any rollout), 1 when a
+    /// rollout failed.
     #[cfg(feature = "local")]
     Compare(compare::CompareArgs),
     /// Write a random-initialised model folder in Hugging Face format (config.json,
