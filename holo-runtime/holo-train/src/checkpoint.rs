@@ -11,7 +11,9 @@
 //!   it), the tokens seen, the generation batch still being trained on when `num_iterations` or
 //!   `steps_per_generation` spread one generation over several steps, the curriculum's level and window,
 //!   and the guard rails' state;
-//! - `config.toml`: the run's options, which a resumed run must repeat.
+//! - `config.toml`: the run's options, which a resumed run must repeat;
+//! - `checksums.json`: the CRC-32C of every other file, checked when the checkpoint is read back (a
+//!   damaged file is refused, naming it).
 //!
 //! A checkpoint is written into a temporary folder beside its final name, each file synced, and renamed
 //! into place: a run killed at any moment leaves either the whole checkpoint or none (a leftover temporary
@@ -233,6 +235,7 @@ pub fn save(
     write_synced(&staging.join("config.toml"), config.to_toml().as_bytes())?;
     let state_text = serde_json::to_string(state).map_err(other)?;
     write_synced(&staging.join("trainer_state.json"), state_text.as_bytes())?;
+    write_checksums(&staging)?;
     super::kill::point("checkpoint:state");
     let target = run.checkpoint(step);
     if target.exists() {
@@ -259,8 +262,70 @@ pub struct Loaded<C> {
 /// The file of a checkpoint that holds PPO's value model.
 pub const CRITIC_FILE: &str = "value_model.safetensors";
 
-/// The trainer state and configuration of `dir` (a `checkpoint-N` folder), whatever holds its weights.
+/// The file of a checkpoint that holds the CRC-32C of each of its other files.
+pub const CHECKSUMS_FILE: &str = "checksums.json";
+
+/// The CRC-32C of the file at `path`, read in blocks.
+fn file_crc(path: &Path) -> io::Result<u32> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut block = vec![0u8; 1 << 20];
+    let mut crc = 0;
+    loop {
+        let read = file.read(&mut block)?;
+        if read == 0 {
+            return Ok(crc);
+        }
+        crc = crc32c::crc32c_append(crc, &block[..read]);
+    }
+}
+
+/// Writes `dir/checksums.json`: the CRC-32C of every other file of `dir`, by name. A checkpoint is read
+/// back only if its files still have them ([`verify`]): a flipped bit in a weight file parses, and
+/// would resume a run from other weights without a word.
+fn write_checksums(dir: &Path) -> io::Result<()> {
+    let mut sums = std::collections::BTreeMap::new();
+    for entry in fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name != CHECKSUMS_FILE {
+            sums.insert(name.clone(), format!("{:08x}", file_crc(&dir.join(&name))?));
+        }
+    }
+    let text = serde_json::to_string_pretty(&sums).map_err(other)?;
+    write_synced(&dir.join(CHECKSUMS_FILE), text.as_bytes())
+}
+
+/// Checks the files of `dir` (a `checkpoint-N` folder) that `wanted` accepts against its
+/// `checksums.json`: an error names a file that is missing or whose CRC-32C changed. A checkpoint
+/// written before checksums were kept has none, and passes.
+pub fn verify(dir: &Path, wanted: impl Fn(&str) -> bool) -> Result<(), String> {
+    let path = dir.join(CHECKSUMS_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(format!("{}: {error}", path.display())),
+    };
+    let sums: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?;
+    for (name, recorded) in sums.iter().filter(|(name, _)| wanted(name)) {
+        let file = dir.join(name);
+        let crc = file_crc(&file).map_err(|error| format!("{}: {error}", file.display()))?;
+        if format!("{crc:08x}") != *recorded {
+            return Err(format!(
+                "{}: the file is damaged (CRC-32C {crc:08x}, the checkpoint recorded {recorded})",
+                file.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The trainer state and configuration of `dir` (a `checkpoint-N` folder), whatever holds its weights;
+/// both files are checked against the checkpoint's checksums first.
 pub fn read_state<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(TrainerState, C), String> {
+    verify(dir, |name| {
+        name == "trainer_state.json" || name == "config.toml"
+    })?;
     let name = dir.display();
     let read = |file: &str| {
         fs::read_to_string(dir.join(file)).map_err(|error| format!("{name}/{file}: {error}"))
@@ -272,10 +337,13 @@ pub fn read_state<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<(Trainer
     Ok((state, config))
 }
 
-/// Reads `dir` (a `checkpoint-N` folder) onto the CPU.
+/// Reads `dir` (a `checkpoint-N` folder) onto the CPU, every file checked against its checksums.
 pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, String> {
     let name = dir.display();
     let (state, config) = read_state(dir)?;
+    verify(dir, |name| {
+        name != "trainer_state.json" && name != "config.toml"
+    })?;
     let tensors = |file: &str| {
         candle_core::safetensors::load(dir.join(file), &candle_core::Device::Cpu)
             .map_err(|error| format!("{name}/{file}: {error}"))

@@ -165,10 +165,8 @@ fn a_truncated_or_corrupt_checkpoint_is_refused_naming_the_file_and_the_one_befo
     });
 }
 
+/// A flipped bit in a weight file still parses: the checkpoint's checksums catch it, naming the file.
 #[test]
-#[ignore = "defect: a checkpoint's tensors carry no checksum, so a flipped bit in model.safetensors \
-            loads without a word and the run trains on from different weights (a fix: checksums of \
-            each file written beside it by checkpoint::save and checked by checkpoint::load)"]
 fn a_checkpoint_with_a_flipped_bit_is_refused_naming_the_file() {
     let dir = Dir::new("chaos-bit-flip");
     let out = dir.join("run");

@@ -9,7 +9,7 @@
 //! | `rollout_server` | the server dies holding a request (a stub; `holo serve` SIGKILLed), accepts and never answers, stalls its answer's body, answers 5xx, is SIGSTOPped |
 //! | `holotypes` | model-written code that never ends (the sandbox's time limit), a holotype that panics |
 //! | `nan_loss` | a learning rate that blows the weights up: a NaN loss |
-//! | `checkpoints` | the disk fills while a checkpoint is written (a small tmpfs), a truncated or corrupt checkpoint |
+//! | `checkpoints` | the disk fills while a checkpoint is written (a small tmpfs), a truncated or corrupt checkpoint, a flipped bit (the checksums) |
 //! | `engine_api` | an Atropos API answering 5xx, for a while and for good |
 //!
 //! One test binary (`cargo test -p holo-runtime --test chaos`); a file per family of faults.
