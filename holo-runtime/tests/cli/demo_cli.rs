@@ -1,5 +1,5 @@
 //! `holo demo` end to end, with the few-second budget of `--quick`: the run folder, the table, and the
-//! same metrics for the same seed.
+//! same metrics for the same seed; and with the default warm-up, that GRPO raises held-out accuracy.
 
 use std::path::{Path, PathBuf};
 
@@ -94,6 +94,43 @@ fn the_quick_demo_writes_its_run_and_table_and_repeats_by_seed() {
         metrics(&first),
         metrics(&other),
         "another seed, other metrics"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The README's claim, checked every run: after the default warm-up, 50 GRPO steps raise held-out
+/// accuracy (the share of right answers, `eval/rewards/math_answer/mean`) of seed 0 by at least 0.05 (the
+/// README's full run: 0.685 → 0.779 at step 50). About 2 minutes of the dev build, most of it the warm-up.
+#[test]
+fn grpo_raises_held_out_accuracy_past_the_warm_up() {
+    let dir = scratch("rises");
+    let out = dir.join("run");
+    let output = holo_command(&[
+        "demo",
+        "--seed",
+        "0",
+        "--grpo-steps",
+        "50",
+        "--eval-steps",
+        "50",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let accuracy = |step: u64| {
+        metrics(&out)
+            .iter()
+            .find(|m| m["step"].as_u64() == Some(step))
+            .and_then(|m| m["eval/rewards/math_answer/mean"].as_f64())
+            .unwrap_or_else(|| panic!("no held-out accuracy at step {step}"))
+    };
+    let (before, after) = (accuracy(0), accuracy(50));
+    assert!(
+        after >= before + 0.05,
+        "held-out accuracy {before:.3} after the warm-up, {after:.3} after 50 GRPO steps:\n{}",
+        String::from_utf8_lossy(&output.stdout)
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
