@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from fixture_gradients import grad_sample
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
@@ -157,7 +158,6 @@ GRAD_PARAMS = [
     "model.norm.weight",
 ]
 GRAD_HEAD = 64  # first entries (row-major) recorded per gradient tensor
-GRAD_SAMPLE = 256  # entries at seeded random positions recorded per gradient tensor (grad_sample)
 
 
 # ---- cases ----------------------------------------------------------------------------------------------------
@@ -318,19 +318,6 @@ def check_margin(what: str, values: torch.Tensor, thresholds: list[float]) -> No
     for threshold in thresholds:
         gap = (values - threshold).abs().min().item() if values.numel() else math.inf
         assert gap > MARGIN, f"{what}: a value lies {gap:.2e} from the threshold {threshold}"
-
-
-def grad_sample(g: torch.Tensor) -> dict:
-    """`GRAD_SAMPLE` entries of the flattened gradient `g` at positions spread over the whole tensor, drawn
-    by a generator seeded with its size (the same positions on every run): with the norm and the sum, the
-    whole tensor is checked, not only its first rows."""
-    n = g.numel()
-    if n <= GRAD_SAMPLE:
-        positions = list(range(n))
-    else:
-        generator = torch.Generator().manual_seed(n)
-        positions = sorted(torch.randperm(n, generator=generator)[:GRAD_SAMPLE].tolist())
-    return {"positions": positions, "values": g[positions].tolist()}
 
 
 def grad_record(param: torch.Tensor) -> dict:

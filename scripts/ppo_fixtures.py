@@ -56,6 +56,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from fixture_gradients import grad_sample
 import torch.nn as nn
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 from transformers.utils import ModelOutput
@@ -84,20 +85,6 @@ MICRO_BATCHES = [[2, 0], [3, 1]]
 POLICY_GRADS = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"]
 VALUE_GRADS = ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "score.weight"]
 GRAD_HEAD = 8
-GRAD_SAMPLE = 256  # entries at seeded random positions recorded per gradient tensor (grad_sample)
-
-
-def grad_sample(g: torch.Tensor) -> dict:
-    """`GRAD_SAMPLE` entries of the flattened gradient `g` at positions spread over the whole tensor, drawn
-    by a generator seeded with its size (the same positions on every run): with the norm and the sum, the
-    whole tensor is checked, not only its first rows."""
-    n = g.numel()
-    if n <= GRAD_SAMPLE:
-        positions = list(range(n))
-    else:
-        generator = torch.Generator().manual_seed(n)
-        positions = sorted(torch.randperm(n, generator=generator)[:GRAD_SAMPLE].tolist())
-    return {"positions": positions, "values": g[positions].tolist()}
 
 
 CASES = [

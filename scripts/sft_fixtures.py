@@ -43,6 +43,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from fixture_gradients import grad_sample
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
@@ -59,7 +60,6 @@ GRAD_PARAMS = [
     "model.norm.weight",
 ]
 GRAD_HEAD = 64
-GRAD_SAMPLE = 256  # entries at seeded random positions recorded per gradient tensor (grad_sample)
 
 # The tiny model's ChatML, with the assistant's turns (their end of turn included) in generation blocks.
 CHAT_TEMPLATE = (
@@ -128,19 +128,6 @@ def greedy_rows() -> list:
         ids = prompt + greedy + rest
         rows.append({"input_ids": ids, "assistant_masks": [0] * len(prompt) + [1] * (len(greedy) + len(rest))})
     return rows
-
-
-def grad_sample(g: torch.Tensor) -> dict:
-    """`GRAD_SAMPLE` entries of the flattened gradient `g` at positions spread over the whole tensor, drawn
-    by a generator seeded with its size (the same positions on every run): with the norm and the sum, the
-    whole tensor is checked, not only its first rows."""
-    n = g.numel()
-    if n <= GRAD_SAMPLE:
-        positions = list(range(n))
-    else:
-        generator = torch.Generator().manual_seed(n)
-        positions = sorted(torch.randperm(n, generator=generator)[:GRAD_SAMPLE].tolist())
-    return {"positions": positions, "values": g[positions].tolist()}
 
 
 def grad_record(param: torch.Tensor) -> dict:

@@ -40,6 +40,38 @@ fn compare(a: &str, b: &str, data: &str, out: &Path) -> Output {
     .unwrap()
 }
 
+/// `holo train` on the fixture model for one step into `run`, with `extra` options; a checkpoint-1.
+fn train_one_step(run: &Path, extra: &[&str]) {
+    let (holoware, model, data) = (
+        fixture("train/short.hol"),
+        fixture("models/qwen2"),
+        fixture("train/rows.jsonl"),
+    );
+    let mut args = vec![
+        "train",
+        &holoware,
+        "--model",
+        &model,
+        "--data",
+        &data,
+        "--out",
+        run.to_str().unwrap(),
+        "--max-steps",
+        "1",
+        "--num-generations",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--max-completion-length",
+        "8",
+        "--save-steps",
+        "1",
+    ];
+    args.extend(extra);
+    let output = holo_command(&args).output().unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -139,29 +171,7 @@ fn a_model_against_itself_differs_by_nothing() {
 fn a_run_folder_is_exported_and_compared() {
     let dir = Dir::new("compare-run");
     let run = dir.path().join("run");
-    let output = holo_command(&[
-        "train",
-        &fixture("train/short.hol"),
-        "--model",
-        &fixture("models/qwen2"),
-        "--data",
-        &fixture("train/rows.jsonl"),
-        "--out",
-        run.to_str().unwrap(),
-        "--max-steps",
-        "1",
-        "--num-generations",
-        "2",
-        "--per-device-train-batch-size",
-        "4",
-        "--max-completion-length",
-        "8",
-        "--save-steps",
-        "1",
-    ])
-    .output()
-    .unwrap();
-    assert!(output.status.success(), "{}", text(&output.stderr));
+    train_one_step(&run, &[]);
 
     let out = dir.path().join("out");
     let output = compare(
@@ -229,35 +239,17 @@ fn a_run_folder_is_exported_and_compared() {
 fn a_peft_adapter_folder_is_merged_and_compared() {
     let dir = Dir::new("compare-adapter");
     let run = dir.path().join("run");
-    let output = holo_command(&[
-        "train",
-        &fixture("train/short.hol"),
-        "--model",
-        &fixture("models/qwen2"),
-        "--data",
-        &fixture("train/rows.jsonl"),
-        "--out",
-        run.to_str().unwrap(),
-        "--max-steps",
-        "1",
-        "--num-generations",
-        "2",
-        "--per-device-train-batch-size",
-        "4",
-        "--max-completion-length",
-        "8",
-        "--save-steps",
-        "1",
-        "--use-peft",
-        "true",
-        "--lora-r",
-        "4",
-        "--learning-rate",
-        "0.01",
-    ])
-    .output()
-    .unwrap();
-    assert!(output.status.success(), "{}", text(&output.stderr));
+    train_one_step(
+        &run,
+        &[
+            "--use-peft",
+            "true",
+            "--lora-r",
+            "4",
+            "--learning-rate",
+            "0.01",
+        ],
+    );
     let adapter = dir.path().join("adapter");
     std::fs::create_dir_all(&adapter).unwrap();
     for file in ["adapter_model.safetensors", "adapter_config.json"] {
