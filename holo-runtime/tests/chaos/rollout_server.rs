@@ -157,6 +157,15 @@ fn a_server_that_dies_holding_a_request_fails_the_rollouts_it_owed_and_resume_co
     });
 }
 
+/// A rollout's failure after both attempts of its request ran past the 1 s deadline.
+fn assert_timed_out_twice(failure: &str) {
+    assert!(
+        failure.contains("timed out after 1s (request_timeout)")
+            && failure.contains("(gave up after 2 attempts)"),
+        "{failure}"
+    );
+}
+
 /// `holo serve` of the committed tiny Qwen2, served under its folder's path (what `--model` sends).
 fn serve_tiny() -> Served {
     let model = fixture("models/qwen2");
@@ -231,12 +240,7 @@ fn a_server_that_accepts_and_never_answers_is_named_by_the_request_deadline() {
         let before = records(&dir.join("rollouts.jsonl"));
         let failed = failures(&before);
         assert_eq!(failed.len(), 1, "{output}");
-        assert!(
-            failed[0].contains("timed out after 1s (request_timeout)")
-                && failed[0].contains("(gave up after 2 attempts)"),
-            "{}",
-            failed[0]
-        );
+        assert_timed_out_twice(&failed[0]);
         assert!(
             output.contains(&format!(
                 "rollout 0: sampler unavailable: POST {}",
@@ -277,12 +281,7 @@ fn a_stalled_answer_body_is_cut_by_the_request_deadline() {
         let before = records(&dir.join("rollouts.jsonl"));
         let failed = failures(&before);
         assert_eq!(failed.len(), 1, "{output}");
-        assert!(
-            failed[0].contains("timed out after 1s (request_timeout)")
-                && failed[0].contains("(gave up after 2 attempts)"),
-            "{}",
-            failed[0]
-        );
+        assert_timed_out_twice(&failed[0]);
         let healthy = FaultServer::start(|_, _| Act::Answer(chat_answer(REPLY)));
         resume_completes(&dir, args, &healthy.url, &before);
         assert_eq!(healthy.seen().len(), 1, "only the failed rollout again");

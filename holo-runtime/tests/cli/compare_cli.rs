@@ -295,39 +295,31 @@ fn a_peft_adapter_folder_is_merged_and_compared() {
         stderr.contains("Qwen/Qwen2.5-0.5B") && stderr.contains("--adapter-base"),
         "{stderr}"
     );
-    let with_base = holo_command(&[
-        "compare",
-        &fixture("train/short.hol"),
-        &model,
-        adapter.to_str().unwrap(),
-        "--adapter-base",
-        &model,
-        "--data",
-        &fixture("train/rows.jsonl"),
-        "--out",
-        dir.path().join("based").to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
-    assert!(with_base.status.success(), "{}", text(&with_base.stderr));
+    let (holoware, rows) = (fixture("train/short.hol"), fixture("train/rows.jsonl"));
+    let with_base = |out: &str| {
+        let out = dir.path().join(out);
+        holo_command(&[
+            "compare",
+            &holoware,
+            &model,
+            adapter.to_str().unwrap(),
+            "--adapter-base",
+            &model,
+            "--data",
+            &rows,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap()
+    };
+    let output = with_base("based");
+    assert!(output.status.success(), "{}", text(&output.stderr));
 
     // DoRA is not a plain LoRA merge: refused, naming the key.
     config["use_dora"] = true.into();
     std::fs::write(&config_path, config.to_string()).unwrap();
-    let output = holo_command(&[
-        "compare",
-        &fixture("train/short.hol"),
-        &model,
-        adapter.to_str().unwrap(),
-        "--adapter-base",
-        &model,
-        "--data",
-        &fixture("train/rows.jsonl"),
-        "--out",
-        dir.path().join("dora").to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
+    let output = with_base("dora");
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`use_dora` is not supported"), "{stderr}");
