@@ -23,3 +23,12 @@ impl fmt::Display for HolotypeError {
 }
 
 impl std::error::Error for HolotypeError {}
+
+/// The message of a panic's payload (a `&str` or a `String`, as `panic!` makes them).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}

@@ -25,17 +25,28 @@ pub trait DynHolotype: Send {
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError>;
 }
 
+/// A hook of a holotype; a panic in it becomes its error (`panicked: …`), which the interpreter reports
+/// with the tag's location as it reports a returned error.
+fn unwinding<R>(hook: impl FnOnce() -> Result<R, HolotypeError>) -> Result<R, HolotypeError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).unwrap_or_else(|payload| {
+        Err(HolotypeError::new(format!(
+            "panicked: {}",
+            crate::error::panic_message(payload.as_ref())
+        )))
+    })
+}
+
 impl<T: Holotype + Send> DynHolotype for T {
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        Holotype::enter(self, cx)
+        unwinding(|| Holotype::enter(self, cx))
     }
 
     fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError> {
-        Holotype::end_pass(self, cx)
+        unwinding(|| Holotype::end_pass(self, cx))
     }
 
     fn end(&mut self, cx: &mut Cx<'_>) -> Result<(), HolotypeError> {
-        Holotype::end(self, cx)
+        unwinding(|| Holotype::end(self, cx))
     }
 }
 

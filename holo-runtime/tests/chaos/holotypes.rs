@@ -231,8 +231,11 @@ fn a_panicking_holotype_fails_its_rollout_only_naming_the_panic_and_resume_rerun
             for ((row, _), record) in &failed {
                 let boom = rows[*row].1["boom"].as_str().unwrap();
                 let message = &record.error.as_ref().unwrap().message;
+                // The tag that panicked is named by its place in the file, as a returned error is.
                 assert!(
-                    message.contains(&format!("panicked: boom in {boom} on \"What is {row}+7?\"")),
+                    message.contains(&format!(
+                        "boom.hol:3:1: panicked: boom in {boom} on \"What is {row}+7?\""
+                    )),
                     "blocks {blocks}: {message}"
                 );
             }

@@ -929,14 +929,10 @@ impl Recorder for Prompted {
 fn guard<T, E: ToString>(f: impl FnOnce() -> Result<T, E>) -> Result<T, String> {
     match panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result.map_err(|error| error.to_string()),
-        Err(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|text| text.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".to_string());
-            Err(format!("panicked: {message}"))
-        }
+        Err(payload) => Err(format!(
+            "panicked: {}",
+            crate::error::panic_message(payload.as_ref())
+        )),
     }
 }
 
