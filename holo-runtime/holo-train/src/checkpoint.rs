@@ -96,7 +96,7 @@ impl RunDir {
     /// Removes checkpoint `dir` of `step` as a whole: renamed out of the checkpoints' names first, so that a
     /// kill in the middle of the removal leaves a temporary folder (removed by [`RunDir::remove_partial`])
     /// rather than a `checkpoint-N` that lacks some of its files.
-    fn remove_checkpoint(&self, step: u64, dir: &Path) -> io::Result<()> {
+    pub fn remove_checkpoint(&self, step: u64, dir: &Path) -> io::Result<()> {
         let doomed = self.path.join(format!(".checkpoint-{step}-removed.tmp"));
         fs::rename(dir, &doomed)?;
         super::kill::point("checkpoint:removing");
@@ -283,7 +283,7 @@ fn file_crc(path: &Path) -> io::Result<u32> {
 /// Writes `dir/checksums.json`: the CRC-32C of every other file of `dir`, by name. A checkpoint is read
 /// back only if its files still have them ([`verify`]): a flipped bit in a weight file parses, and
 /// would resume a run from other weights without a word.
-fn write_checksums(dir: &Path) -> io::Result<()> {
+pub fn write_checksums(dir: &Path) -> io::Result<()> {
     let mut sums = std::collections::BTreeMap::new();
     for entry in fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();

@@ -677,9 +677,10 @@ impl Backend for Tinker {
         write_synced(&staging.join(SERVICE_FILE), &pretty(&service))?;
         write_synced(&staging.join("trainer_state.json"), &pretty(state))?;
         write_synced(&staging.join("config.toml"), &config.to_toml())?;
+        checkpoint::write_checksums(&staging)?;
         let target = run.checkpoint(step);
         if target.exists() {
-            std::fs::remove_dir_all(&target)?;
+            run.remove_checkpoint(step, &target)?;
         }
         std::fs::rename(&staging, &target)?;
         if let Some(keep) = config.training.save_total_limit {
@@ -688,7 +689,7 @@ impl Backend for Tinker {
                 .iter()
                 .take(checkpoints.len().saturating_sub(keep))
             {
-                std::fs::remove_dir_all(run.checkpoint(*step))?;
+                run.remove_checkpoint(*step, &run.checkpoint(*step))?;
                 self.discard(runtime, old.as_ref());
             }
         }
