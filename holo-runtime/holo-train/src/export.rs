@@ -235,13 +235,14 @@ fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
             .get(key)
             .ok_or_else(|| format!("`{name}` has no `{key}`"))
     };
-    // What PEFT can write and a plain `W + scale · B A` merge cannot honour.
+    // What PEFT can write and a plain `W + scale · B A` merge cannot honour. PEFT writes these keys
+    // with `null`, `false`, `{}` or `[]` when they are unused.
     let set = |key: &str| {
-        config.get(key).is_some_and(|value| {
-            !matches!(
-                value,
-                serde_json::Value::Null | serde_json::Value::Bool(false)
-            )
+        config.get(key).is_some_and(|value| match value {
+            serde_json::Value::Null | serde_json::Value::Bool(false) => false,
+            serde_json::Value::Object(object) => !object.is_empty(),
+            serde_json::Value::Array(array) => !array.is_empty(),
+            _ => true,
         })
     };
     for key in [
@@ -251,11 +252,7 @@ fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
         "rank_pattern",
         "alpha_pattern",
     ] {
-        let empty = config.get(key).is_some_and(|value| {
-            value.as_object().is_some_and(|o| o.is_empty())
-                || value.as_array().is_some_and(|a| a.is_empty())
-        });
-        if set(key) && !empty {
+        if set(key) {
             return Err(format!("`{name}`: `{key}` is not supported"));
         }
     }

@@ -27,15 +27,7 @@ pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|arg| arg.to_string()).collect()
 }
 
-/// A committed fixture's path, as a string.
-pub fn fixture(relative: &str) -> String {
-    crate::common::repo()
-        .join("holo-runtime/tests/fixtures")
-        .join(relative)
-        .to_str()
-        .unwrap()
-        .to_string()
-}
+pub use crate::common::fixture;
 
 /// `count` rows that differ in their question (`What is I+7?`), written to `DIR/rows.jsonl`.
 pub fn rows(dir: &Path, count: usize) -> PathBuf {
@@ -125,15 +117,8 @@ pub fn each_seed(seeds: &[u64], case: impl Fn(u64) + Sync) {
 /// `holo train` of the short test environment on the committed tiny Qwen2 for `steps` steps into `out`,
 /// a checkpoint after every step, with the run seed `seed` and `extra` options.
 pub fn train_args(out: &Path, steps: u32, seed: u64, extra: &[&str]) -> Vec<String> {
-    let mut args = strings(&[
-        "train",
-        &fixture("train/short.hol"),
-        "--model",
-        &fixture("models/qwen2"),
-        "--data",
-        &fixture("train/rows.jsonl"),
-        "--out",
-        out.to_str().unwrap(),
+    let mut args = crate::common::tiny_train("train/short.hol", "train/rows.jsonl", out);
+    args.extend(strings(&[
         "--max-steps",
         &steps.to_string(),
         "--num-generations",
@@ -146,7 +131,7 @@ pub fn train_args(out: &Path, steps: u32, seed: u64, extra: &[&str]) -> Vec<Stri
         "1",
         "--seed",
         &seed.to_string(),
-    ]);
+    ]));
     args.extend(strings(extra));
     args
 }

@@ -6,18 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::common::holo_command;
 use crate::common::json::assert_close;
 use crate::common::tempdir::Dir;
+use crate::common::{fixture, holo_command, tiny_train};
 use serde_json::Value;
-
-fn fixture(path: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(path)
-        .display()
-        .to_string()
-}
 
 fn compare(a: &str, b: &str, data: &str, out: &Path) -> Output {
     holo_command(&[
@@ -42,32 +34,25 @@ fn compare(a: &str, b: &str, data: &str, out: &Path) -> Output {
 
 /// `holo train` on the fixture model for one step into `run`, with `extra` options; a checkpoint-1.
 fn train_one_step(run: &Path, extra: &[&str]) {
-    let (holoware, model, data) = (
-        fixture("train/short.hol"),
-        fixture("models/qwen2"),
-        fixture("train/rows.jsonl"),
+    let mut args = tiny_train("train/short.hol", "train/rows.jsonl", run);
+    args.extend(
+        [
+            "--max-steps",
+            "1",
+            "--num-generations",
+            "2",
+            "--per-device-train-batch-size",
+            "4",
+            "--max-completion-length",
+            "8",
+            "--save-steps",
+            "1",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|arg| arg.to_string()),
     );
-    let mut args = vec![
-        "train",
-        &holoware,
-        "--model",
-        &model,
-        "--data",
-        &data,
-        "--out",
-        run.to_str().unwrap(),
-        "--max-steps",
-        "1",
-        "--num-generations",
-        "2",
-        "--per-device-train-batch-size",
-        "4",
-        "--max-completion-length",
-        "8",
-        "--save-steps",
-        "1",
-    ];
-    args.extend(extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = holo_command(&args).output().unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));
 }

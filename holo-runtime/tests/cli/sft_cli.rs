@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::common::tempdir::Dir;
-use crate::common::{holo_command, repo, run_metrics as metrics};
+use crate::common::{holo_command, repo, run_metrics as metrics, sft_args};
 
 fn fixtures() -> PathBuf {
     repo().join("holo-runtime/tests/fixtures")
@@ -16,38 +16,6 @@ fn fixtures() -> PathBuf {
 fn run(args: &[String]) -> Output {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     holo_command(&args).output().unwrap()
-}
-
-/// `holo sft` on the five committed examples: batches of 2, two per step (an epoch is 2 steps, the
-/// second of one batch), three epochs, a checkpoint every 2 steps.
-fn sft_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "sft",
-        data.to_str().unwrap(),
-        "--model",
-        fixtures().join("models/qwen2").to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--per-device-train-batch-size",
-        "2",
-        "--gradient-accumulation-steps",
-        "2",
-        "--num-train-epochs",
-        "3",
-        "--learning-rate",
-        "3e-3",
-        "--lr-scheduler-type",
-        "cosine",
-        "--save-steps",
-        "2",
-        "--seed",
-        "11",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
 }
 
 fn stderr(output: &Output) -> String {

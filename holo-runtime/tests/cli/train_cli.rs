@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
-use crate::common::{holo_command, repo, run_metrics as metrics};
+use crate::common::{holo_command, repo, run_metrics as metrics, tiny_grpo};
 
 /// A fresh folder for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -17,46 +17,12 @@ fn scratch(name: &str) -> PathBuf {
 
 /// `holo train` on the test environment with the options every test here shares.
 fn train_args(out: &Path, steps: u32) -> Vec<String> {
-    let fixtures = repo().join("holo-runtime/tests/fixtures");
-    [
-        "train",
-        fixtures.join("train/short.hol").to_str().unwrap(),
-        "--model",
-        fixtures.join("models/qwen2").to_str().unwrap(),
-        "--data",
-        fixtures.join("train/rows.jsonl").to_str().unwrap(),
-        "--eval-data",
-        fixtures.join("train/rows.jsonl").to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--max-steps",
-        &steps.to_string(),
-        "--num-generations",
-        "4",
-        "--per-device-train-batch-size",
-        "4",
-        "--gradient-accumulation-steps",
-        "2",
-        "--num-iterations",
-        "2",
-        "--max-completion-length",
-        "12",
-        "--learning-rate",
-        "0.003",
-        "--beta",
-        "0.04",
-        "--save-steps",
-        "1",
-        "--save-total-limit",
-        "2",
-        "--eval-steps",
-        "3",
-        "--seed",
-        "7",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    tiny_grpo(
+        "short.hol",
+        out,
+        steps,
+        &["--num-iterations", "2", "--save-steps", "1"],
+    )
 }
 
 fn run(args: &[String]) -> Output {

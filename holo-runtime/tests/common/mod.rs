@@ -30,6 +30,104 @@ pub fn holo_command(args: &[&str]) -> Command {
     command
 }
 
+/// A committed fixture's path (`relative` to `holo-runtime/tests/fixtures`), as a command line takes it.
+pub fn fixture(relative: &str) -> String {
+    repo()
+        .join("holo-runtime/tests/fixtures")
+        .join(relative)
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `holo train HOLOWARE --model <the committed tiny Qwen2> --data DATA --out OUT`, the fixtures named
+/// `relative` to `tests/fixtures`: how every end-to-end training command of the tests starts; the
+/// caller adds its budget and options.
+pub fn tiny_train(holoware: &str, data: &str, out: &Path) -> Vec<String> {
+    vec![
+        "train".into(),
+        fixture(holoware),
+        "--model".into(),
+        fixture("models/qwen2"),
+        "--data".into(),
+        fixture(data),
+        "--out".into(),
+        out.to_str().unwrap().into(),
+    ]
+}
+
+/// `holo train HOLOWARE` (relative to `tests/fixtures/train`) on the committed rows (also held out) for
+/// `steps` steps with the small GRPO budget the end-to-end tests share (G 4, batches of 4 in 2
+/// micro-batches, 12 completion tokens, a KL term, evaluation every 3 steps, 2 checkpoints kept, seed 7);
+/// then `extra`.
+pub fn tiny_grpo(holoware: &str, out: &Path, steps: u32, extra: &[&str]) -> Vec<String> {
+    let mut args = tiny_train(&format!("train/{holoware}"), "train/rows.jsonl", out);
+    args.extend(["--eval-data".into(), fixture("train/rows.jsonl")]);
+    args.extend(["--max-steps".to_string(), steps.to_string()]);
+    args.extend(
+        [
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "4",
+            "--gradient-accumulation-steps",
+            "2",
+            "--max-completion-length",
+            "12",
+            "--learning-rate",
+            "0.003",
+            "--beta",
+            "0.04",
+            "--save-total-limit",
+            "2",
+            "--eval-steps",
+            "3",
+            "--seed",
+            "7",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|arg| arg.to_string()),
+    );
+    args
+}
+
+/// `holo sft DATA` on the committed tiny Qwen2 into `out`: batches of 2, two per step (the five
+/// committed examples make an epoch of 2 steps, the second of one batch), three epochs, a checkpoint every
+/// 2 steps; then `extra`.
+pub fn sft_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "sft".to_string(),
+        data.to_str().unwrap().into(),
+        "--model".into(),
+        fixture("models/qwen2"),
+        "--out".into(),
+        out.to_str().unwrap().into(),
+    ];
+    args.extend(
+        [
+            "--per-device-train-batch-size",
+            "2",
+            "--gradient-accumulation-steps",
+            "2",
+            "--num-train-epochs",
+            "3",
+            "--learning-rate",
+            "3e-3",
+            "--lr-scheduler-type",
+            "cosine",
+            "--save-steps",
+            "2",
+            "--seed",
+            "11",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|arg| arg.to_string()),
+    );
+    args
+}
+
 /// The device the transformers parity tests run on: `HOLO_TEST_DEVICE` (`cpu`, `cuda:0`, …; the CPU
 /// when unset). `scripts/gpu-check.sh` sets it to run them on a GPU; they compare in f32 there too.
 #[cfg(feature = "local")]

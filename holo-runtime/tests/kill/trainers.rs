@@ -3,62 +3,14 @@
 //! it), PPO (a value model in the checkpoints), ERL (its reflection memory in the checkpoints) and SFT
 //! (LoRA adapters with dropout).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::common::repo;
+use crate::common::{fixture, sft_args, tiny_grpo};
 use crate::trial::{scenarios, trials, Recipe};
-
-fn fixtures() -> PathBuf {
-    repo().join("holo-runtime/tests/fixtures")
-}
-
-fn path(path: PathBuf) -> String {
-    path.to_str().unwrap().to_string()
-}
 
 /// `holo train` on `holoware` for 6 steps with the options the RL trainers share, then `extra`.
 fn train_args(holoware: &str, out: &Path, extra: &[&str]) -> Vec<String> {
-    let fixtures = fixtures();
-    let mut args = vec![
-        "train".to_string(),
-        path(fixtures.join("train").join(holoware)),
-        "--model".into(),
-        path(fixtures.join("models/qwen2")),
-        "--data".into(),
-        path(fixtures.join("train/rows.jsonl")),
-        "--eval-data".into(),
-        path(fixtures.join("train/rows.jsonl")),
-        "--out".into(),
-        path(out.to_path_buf()),
-    ];
-    args.extend(
-        [
-            "--max-steps",
-            "6",
-            "--num-generations",
-            "4",
-            "--per-device-train-batch-size",
-            "4",
-            "--gradient-accumulation-steps",
-            "2",
-            "--max-completion-length",
-            "12",
-            "--learning-rate",
-            "0.003",
-            "--beta",
-            "0.04",
-            "--save-total-limit",
-            "2",
-            "--eval-steps",
-            "3",
-            "--seed",
-            "7",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|arg| arg.to_string()),
-    );
-    args
+    tiny_grpo(holoware, out, 6, extra)
 }
 
 /// The kill points of a save without and with a value model.
@@ -168,37 +120,19 @@ fn sft_killed_at_any_moment_resumes_to_the_same_run() {
         name: "sft",
         // Five examples in batches of 2, two per step: 2 steps an epoch, 3 epochs.
         args: |out| {
-            [
-                "sft",
-                &path(fixtures().join("sft/train.jsonl")),
-                "--model",
-                &path(fixtures().join("models/qwen2")),
-                "--out",
-                &path(out.to_path_buf()),
-                "--per-device-train-batch-size",
-                "2",
-                "--gradient-accumulation-steps",
-                "2",
-                "--num-train-epochs",
-                "3",
-                "--learning-rate",
-                "3e-3",
-                "--lr-scheduler-type",
-                "cosine",
-                "--use-peft",
-                "--lora-r",
-                "4",
-                "--lora-dropout",
-                "0.1",
-                "--save-steps",
-                "2",
-                "--save-total-limit",
-                "2",
-                "--seed",
-                "11",
-            ]
-            .map(String::from)
-            .to_vec()
+            sft_args(
+                Path::new(&fixture("sft/train.jsonl")),
+                out,
+                &[
+                    "--use-peft",
+                    "--lora-r",
+                    "4",
+                    "--lora-dropout",
+                    "0.1",
+                    "--save-total-limit",
+                    "2",
+                ],
+            )
         },
         steps: 6,
         save_steps: 2,
