@@ -10,7 +10,9 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
 
 - `qwen2/`: Qwen2ForCausalLM, hidden 64, 2 layers, intermediate 128, 4 heads / 2 kv heads (GQA), q/k/v biases,
   tied embeddings, rope_theta 1e6;
-- `llama/`: LlamaForCausalLM, the same sizes, untied embeddings, attention_bias false, rope_theta 5e5 with
+- `qwen3/`: Qwen3ForCausalLM, hidden 64, 2 layers, 6 heads / 2 kv heads of 24 dimensions (wider than hidden /
+  heads, as Qwen3's are), per-head q/k RMSNorm, no biases, untied embeddings, rope_theta 1e6;
+- `llama/`: LlamaForCausalLM, the same sizes as qwen2, untied embeddings, attention_bias false, rope_theta 5e5 with
   `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
   original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
   smoothed and divided, so the scaling really changes the model);
@@ -43,6 +45,9 @@ round-trip in f32):
                         generate (same settings)
     logprobs            {prompt, completion, logprobs}: log_softmax of the logits of prompt+completion at each
                         completion position, gathered at the completion token (what a trainer's forward computes)
+    gradients           {loss, tokens, weights: {name: {l2_norm, sum, head (16 entries), sample}}}: the gradients of every weight for the
+                        mean negative log-likelihood of the batch's next tokens where input and target are both
+                        real (the left padding excluded); `sample` as scripts/fixture_gradients.py draws it
 
 The script reloads each folder with `from_pretrained` and computes everything from the reloaded model, checks that
 the batched last-position logits match the unbatched ones (so left padding with per-row positions is exact up to
@@ -77,7 +82,11 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
+
+from fixture_gradients import grad_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "holo-runtime" / "tests" / "fixtures" / "models"
@@ -205,7 +214,22 @@ def llama_model() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-MODELS = {"qwen2": qwen2_model, "llama": llama_model}
+def qwen3_model() -> torch.nn.Module:
+    # Odd shapes on purpose: three query heads per key head, heads wider than hidden / heads (6 × 24 = 144
+    # against a hidden size of 64, as Qwen3's 128-wide heads are), untied embeddings (Qwen3 from 4B up).
+    config = Qwen3Config(
+        **{**COMMON, "num_attention_heads": 6, "num_key_value_heads": 2},
+        head_dim=24,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
+    return Qwen3ForCausalLM(config)
+
+
+MODELS = {"qwen2": qwen2_model, "llama": llama_model, "qwen3": qwen3_model}
 
 PERTURBATION = (
     "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "
@@ -321,7 +345,30 @@ def expected(model, tok) -> dict:
     positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
     gathered = logprobs[positions, torch.tensor(completion)]
     out["logprobs"] = {"prompt": prompt, "completion": completion, "logprobs": f32(gathered)}
+    out["gradients"] = gradients(model, out["batch"])
     return out
+
+
+def gradients(model, batch: dict) -> dict:
+    """The gradients of every weight for the mean negative log-likelihood of the left-padded batch's next
+    tokens, over the positions whose input and target are both real (norm, sum and `grad_sample` entries)."""
+    input_ids = torch.tensor(batch["input_ids"])
+    attention_mask = torch.tensor(batch["attention_mask"])
+    position_ids = torch.tensor(batch["position_ids"])
+    model.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, :-1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+        real = (attention_mask[:, :-1] * attention_mask[:, 1:]).float()
+        loss = -(logprobs * real).sum() / real.sum()
+        loss.backward()
+    grads = {}
+    for name, param in model.named_parameters():
+        g = param.grad.detach().flatten().double()
+        grads[name] = {"l2_norm": g.norm().item(), "sum": g.sum().item(), "head": g[:16].tolist(),
+                       "sample": grad_sample(g)}
+    model.zero_grad(set_to_none=True)
+    return {"loss": loss.item(), "tokens": int(real.sum().item()), "weights": grads}
 
 
 def versions() -> dict:

@@ -18,6 +18,8 @@ use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
+/// The fixture folders, one per family.
+const FAMILIES: [&str; 3] = ["qwen2", "llama", "qwen3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -46,7 +48,7 @@ fn on_test_device() -> LocalOptions {
 
 #[test]
 fn logits_match_transformers() {
-    for name in ["qwen2", "llama"] {
+    for name in FAMILIES {
         let model = load(name);
         let expected = expected(name);
         for prompt in expected["prompts"].as_array().unwrap() {
@@ -72,7 +74,7 @@ fn logits_match_transformers() {
 
 #[test]
 fn greedy_continuations_match_transformers() {
-    for name in ["qwen2", "llama"] {
+    for name in FAMILIES {
         let model = load(name);
         let expected = expected(name);
         let stopping = Stopping {
@@ -122,7 +124,7 @@ fn greedy_continuations_match_transformers() {
 
 #[test]
 fn left_padded_batch_logits_match_transformers() {
-    for name in ["qwen2", "llama"] {
+    for name in FAMILIES {
         let model = load(name);
         let batch = &expected(name)["batch"];
         let rows: Vec<Vec<u32>> = batch["input_ids"]
@@ -175,7 +177,7 @@ fn left_padded_batch_logits_match_transformers() {
 
 #[test]
 fn completion_logprobs_match_transformers() {
-    for name in ["qwen2", "llama"] {
+    for name in FAMILIES {
         let model = load(name);
         let fixture = &expected(name)["logprobs"];
         let (prompt, completion) = (ids(&fixture["prompt"]), ids(&fixture["completion"]));
@@ -204,7 +206,7 @@ fn completion_logprobs_match_transformers() {
 
 #[tokio::test]
 async fn the_sampler_trait_gives_the_same_greedy_tokens() {
-    for name in ["qwen2", "llama"] {
+    for name in FAMILIES {
         let model = load(name);
         let expected = expected(name);
         let requests: Vec<Request> = expected["prompts"]
@@ -378,6 +380,87 @@ fn sharded_checkpoints_load_like_single_files() {
     );
 }
 
+/// The gradients of every weight for the mean negative log-likelihood of the left-padded batch's next
+/// tokens (where input and target are both real) match transformers', through autograd over the
+/// differentiable forward and through the recomputed, hand-written backward the trainers run.
+#[test]
+fn gradients_match_transformers() {
+    for name in FAMILIES {
+        let model = files::load_model(&fixture(name), DType::F32, &Device::Cpu).unwrap();
+        let expected = expected(name);
+        let batch = &expected["batch"];
+        let rows: Vec<Vec<u32>> = batch["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(ids)
+            .collect();
+        let mask: Vec<Vec<u8>> = batch["attention_mask"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| ids(row).into_iter().map(|bit| bit as u8).collect())
+            .collect();
+        let input_ids = Tensor::new(rows, &Device::Cpu).unwrap();
+        let key_mask = Tensor::new(mask, &Device::Cpu).unwrap();
+        let width = input_ids.dim(1).unwrap();
+        let real = (key_mask
+            .narrow(1, 0, width - 1)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            * key_mask
+                .narrow(1, 1, width - 1)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap())
+        .unwrap();
+        let tokens = real.sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+        let gradients = &expected["gradients"];
+        assert_eq!(tokens, gradients["tokens"].as_f64().unwrap(), "{name}");
+        let loss_of = |logprobs: &Tensor| -> candle_core::Result<Tensor> {
+            (logprobs * &real)?.sum_all()?.affine(-1.0 / tokens, 0.0)
+        };
+        let (trainable, vars) = model.trainable().unwrap();
+        let logprobs = trainable
+            .token_logprobs(&input_ids, &key_mask, Ops::Differentiable)
+            .unwrap();
+        let loss = loss_of(&logprobs).unwrap();
+        let autograd = loss.backward().unwrap();
+        let recomputed = trainable
+            .backward_recomputed(&input_ids, &key_mask, loss_of)
+            .unwrap();
+        let weights = gradients["weights"].as_object().unwrap();
+        assert_eq!(vars.len(), weights.len(), "{name}: the weights trained");
+        for (path, loss, grads) in [
+            ("autograd", loss, autograd),
+            ("recomputed", recomputed.0, recomputed.1),
+        ] {
+            let what = format!("{name} ({path})");
+            common::parity::close(
+                &format!("{what}: loss"),
+                loss.to_scalar::<f32>().unwrap() as f64,
+                gradients["loss"].as_f64().unwrap(),
+                1e-5,
+                1.0,
+            );
+            for (param, var) in &vars {
+                let grad = grads
+                    .get(var.as_tensor())
+                    .unwrap_or_else(|| panic!("{what}: no gradient for {param}"))
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let theirs = weights
+                    .get(param.as_str())
+                    .unwrap_or_else(|| panic!("{what}: transformers has no weight {param}"));
+                common::parity::gradient_matches(&what, param, &grad, theirs, 1e-6);
+            }
+        }
+    }
+}
+
 #[test]
 fn fixture_configs_parse_with_transformers_5_keys() {
     let llama = files::load_model(&fixture("llama"), DType::F32, &Device::Cpu).unwrap();
@@ -389,6 +472,14 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     let qwen = files::load_model(&fixture("qwen2"), DType::F32, &Device::Cpu).unwrap();
     assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
     assert_eq!(qwen.config.rope_theta, 1e6);
+    let qwen3 = files::load_model(&fixture("qwen3"), DType::F32, &Device::Cpu).unwrap();
+    let attention = &qwen3.layers[1].self_attn;
+    assert!(qwen3.config.qk_norm && !qwen3.config.qkv_bias && qwen3.lm_head.is_some());
+    assert_eq!(
+        (qwen3.config.head_dim, attention.q_proj.weight.dims()),
+        (24, &[144, 64][..])
+    );
+    assert_eq!(attention.k_norm.as_ref().unwrap().weight.dims(), &[24]);
 }
 
 #[test]

@@ -56,16 +56,28 @@ impl DecoderLayer {
 
         // The forward, keeping what the backward reads.
         let (normed_input, input_norm, input_root) = this.input_layernorm.forward_parts(xs)?;
-        let project = |linear: &Linear, heads: usize| -> Result<(Tensor, Option<AdapterParts>)> {
+        // Each projection as heads `[B, heads, T, head_dim]`, through its per-head norm when the family
+        // has one (whose normalized input and roots its backward reads).
+        let project = |linear: &Linear,
+                       heads: usize,
+                       norm: Option<&RmsNorm>|
+         -> Result<(Tensor, Option<AdapterParts>, Option<(Tensor, Tensor)>)> {
             let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
-            Ok((
-                ys.reshape((batch, len, heads, head_dim))?.transpose(1, 2)?,
-                adapter,
-            ))
+            let split = ys.reshape((batch, len, heads, head_dim))?;
+            let (split, norm_parts) = match norm {
+                Some(norm) => {
+                    let (out, normed, root) = norm.forward_parts(&split)?;
+                    (out, Some((normed, root)))
+                }
+                None => (split, None),
+            };
+            Ok((split.transpose(1, 2)?, adapter, norm_parts))
         };
-        let (q, q_adapter) = project(&attention.q_proj, heads)?;
-        let (k, k_adapter) = project(&attention.k_proj, kv_heads)?;
-        let (v, v_adapter) = project(&attention.v_proj, kv_heads)?;
+        let (q, q_adapter, q_norm_parts) =
+            project(&attention.q_proj, heads, attention.q_norm.as_ref())?;
+        let (k, k_adapter, k_norm_parts) =
+            project(&attention.k_proj, kv_heads, attention.k_norm.as_ref())?;
+        let (v, v_adapter, _) = project(&attention.v_proj, kv_heads, None)?;
         let v = v.contiguous()?;
         let q = apply_rope(&q, &frame.cos, &frame.sin, ops)?
             .contiguous()?
@@ -164,18 +176,40 @@ impl DecoderLayer {
         let flat = |d: Tensor, heads: usize| -> Result<Tensor> {
             d.transpose(1, 2)?.reshape((rows, heads * head_dim))
         };
+        let d_q = head_norm_backward(
+            trained
+                .self_attn
+                .q_norm
+                .as_ref()
+                .zip(attention.q_norm.as_ref()),
+            q_norm_parts,
+            flat(d_q, heads)?,
+            head_dim,
+            grads,
+        )?;
+        let d_k = head_norm_backward(
+            trained
+                .self_attn
+                .k_norm
+                .as_ref()
+                .zip(attention.k_norm.as_ref()),
+            k_norm_parts,
+            flat(d_k, kv_heads)?,
+            head_dim,
+            grads,
+        )?;
         let normed_input = normed_input.reshape((rows, hidden))?;
         let d_normed_input = ((linear_backward(
             (&trained.self_attn.q_proj, &attention.q_proj),
             &normed_input,
             q_adapter,
-            &flat(d_q, heads)?,
+            &d_q,
             grads,
         )? + linear_backward(
             (&trained.self_attn.k_proj, &attention.k_proj),
             &normed_input,
             k_adapter,
-            &flat(d_k, kv_heads)?,
+            &d_k,
             grads,
         )?)? + linear_backward(
             (&trained.self_attn.v_proj, &attention.v_proj),
@@ -302,6 +336,31 @@ fn norm_backward(
     (d_normed - normed.broadcast_mul(&projection)?)?.broadcast_div(root)
 }
 
+/// The gradient at the input of a per-head norm (Qwen3's q/k norms) for `dy` `[rows, heads · head_dim]`,
+/// given the norm's normalized input and roots from its forward (`[.., heads, head_dim]`,
+/// `[.., heads, 1]`); `dy` itself when the family has no such norm.
+fn head_norm_backward(
+    norms: Option<(&RmsNorm, &RmsNorm)>,
+    parts: Option<(Tensor, Tensor)>,
+    dy: Tensor,
+    head_dim: usize,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    let (Some(norms), Some((normed, root))) = (norms, parts) else {
+        return Ok(dy);
+    };
+    let shape = dy.shape().clone();
+    let vectors = dy.elem_count() / head_dim;
+    norm_backward(
+        norms,
+        &normed.reshape((vectors, head_dim))?,
+        &root.reshape((vectors, 1))?,
+        &dy.reshape((vectors, head_dim))?,
+        grads,
+    )?
+    .reshape(shape)
+}
+
 /// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
 /// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves.
 fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
@@ -332,7 +391,8 @@ mod tests {
     use crate::testing::{config, max_abs, random_model};
 
     /// The layer's gradients, and the input's, against candle's autograd through the differentiable
-    /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases) and Llama (o and MLP biases),
+    /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Llama
+    /// (o and MLP biases),
     /// rows of different lengths (right padding), in f64 and f32.
     #[test]
     fn the_layer_backward_is_autograd_s() {
@@ -341,7 +401,7 @@ mod tests {
         let mask =
             Tensor::from_vec(vec![1u8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0], (2, 6), &device).unwrap();
         for (dtype, tolerance) in [(DType::F64, 1e-10), (DType::F32, 1e-4)] {
-            for arch in [Arch::Qwen2, Arch::Llama] {
+            for arch in [Arch::Qwen2, Arch::Qwen3, Arch::Llama] {
                 let base = random_model(&config(arch), dtype);
                 let lora = LoraConfig {
                     targets: PROJECTIONS.map(String::from).to_vec(),

@@ -1,4 +1,4 @@
-//! `config.json` of a Hugging Face Qwen2 or Llama checkpoint.
+//! `config.json` of a Hugging Face Qwen2, Qwen3 or Llama checkpoint.
 //!
 //! Both the keys written by transformers 4 (`rope_theta`, `rope_scaling`) and by transformers 5
 //! (`rope_parameters`) are read, so folders saved by either load unchanged.
@@ -16,6 +16,7 @@ use holo_core::chat::folder::{eos_token_ids, read_json};
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     Qwen2,
+    Qwen3,
     Llama,
 }
 
@@ -23,6 +24,7 @@ impl Arch {
     pub fn model_type(self) -> &'static str {
         match self {
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
         }
     }
@@ -30,6 +32,7 @@ impl Arch {
     pub fn architecture(self) -> &'static str {
         match self {
             Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Llama => "LlamaForCausalLM",
         }
     }
@@ -79,6 +82,9 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub o_bias: bool,
     pub mlp_bias: bool,
+    /// An RMSNorm over each query and key head (`self_attn.q_norm`, `self_attn.k_norm`, `[head_dim]`),
+    /// after the projection and before RoPE: Qwen3.
+    pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -112,6 +118,7 @@ impl ModelConfig {
             .unwrap_or_default();
         let arch = match model_type {
             "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
             "llama" => Arch::Llama,
             _ => {
                 let named = if architectures.is_empty() {
@@ -120,8 +127,7 @@ impl ModelConfig {
                     format!("model_type {model_type:?} ({})", architectures.join(", "))
                 };
                 return Err(ConfigError(format!(
-                    "unsupported architecture: {named}; supported: qwen2 (Qwen2ForCausalLM, Qwen2.5, \
-                     SmolLM) and llama (LlamaForCausalLM, Llama 3, SmolLM2)"
+                    "unsupported architecture: {named}; supported: {SUPPORTED}"
                 )));
             }
         };
@@ -183,6 +189,8 @@ impl ModelConfig {
         }
         let head_dim = match optional_usize("head_dim")? {
             Some(head_dim) => head_dim,
+            // transformers' `Qwen3Config` defaults it rather than deriving it.
+            None if arch == Arch::Qwen3 => 128,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(ConfigError(format!(
@@ -198,12 +206,12 @@ impl ModelConfig {
                 "`head_dim` ({head_dim}) must be even for RoPE"
             )));
         }
-        if arch == Arch::Qwen2 && bool_key("use_sliding_window", false)? {
-            return Err(ConfigError(
-                "`use_sliding_window: true` is not supported (Qwen2 checkpoints ship with it off)"
-                    .into(),
-            ));
+        if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && bool_key("use_sliding_window", false)? {
+            return Err(ConfigError(format!(
+                "`use_sliding_window: true` is not supported ({arch} checkpoints ship with it off)"
+            )));
         }
+        refuse_unimplemented_keys(json)?;
 
         // transformers 5 folds theta and scaling into `rope_parameters`; earlier versions keep them apart.
         let rope_parameters = json.get("rope_parameters").filter(|value| !value.is_null());
@@ -224,6 +232,7 @@ impl ModelConfig {
         let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
+            Arch::Qwen3 => (bool_key("attention_bias", false)?, false),
             Arch::Llama => {
                 let bias = bool_key("attention_bias", false)?;
                 (bias, bias)
@@ -246,6 +255,7 @@ impl ModelConfig {
             qkv_bias,
             o_bias,
             mlp_bias: arch == Arch::Llama && bool_key("mlp_bias", false)?,
+            qk_norm: arch == Arch::Qwen3,
             bos_token_id: optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
         };
@@ -307,10 +317,13 @@ impl ModelConfig {
             },
         );
         match self.arch {
-            Arch::Qwen2 => {
+            Arch::Qwen2 | Arch::Qwen3 => {
                 object.insert("use_sliding_window".into(), false.into());
                 object.insert("sliding_window".into(), Value::Null);
                 object.insert("max_window_layers".into(), self.num_hidden_layers.into());
+                if self.arch == Arch::Qwen3 {
+                    object.insert("attention_bias".into(), self.qkv_bias.into());
+                }
             }
             Arch::Llama => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
@@ -320,6 +333,39 @@ impl ModelConfig {
         }
         json
     }
+}
+
+/// The families this runtime implements, for error messages.
+pub const SUPPORTED: &str =
+    "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 (Qwen3ForCausalLM: \
+     Qwen3 dense) and llama (LlamaForCausalLM: Llama 2/3, SmolLM2)";
+
+/// Keys that change what the model computes in ways this runtime does not implement: refused by name
+/// rather than loaded into a model that would silently compute something else.
+fn refuse_unimplemented_keys(json: &Value) -> Result<(), ConfigError> {
+    if let Some(quantization) = json.get("quantization_config").filter(|v| !v.is_null()) {
+        let method = quantization
+            .get("quant_method")
+            .and_then(Value::as_str)
+            .unwrap_or("unnamed");
+        return Err(ConfigError(format!(
+            "`quantization_config` ({method}) is not supported: load the unquantized checkpoint, or a \
+             GGUF file of it"
+        )));
+    }
+    if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
+        if let Some((layer, kind)) = types
+            .iter()
+            .enumerate()
+            .find(|(_, kind)| kind.as_str() != Some("full_attention"))
+        {
+            return Err(ConfigError(format!(
+                "`layer_types[{layer}]` is {kind}: only \"full_attention\" layers are implemented \
+                 for this family"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {

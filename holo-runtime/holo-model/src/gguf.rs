@@ -1,7 +1,7 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2` or `llama`) and the `<arch>.*` keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3` or `llama`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`;
@@ -47,7 +47,7 @@ pub struct Gguf {
 }
 
 /// The `general.architecture` values this runtime implements.
-const ARCHITECTURES: &str = "qwen2, llama";
+const ARCHITECTURES: &str = "qwen2, qwen3, llama";
 
 /// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -218,6 +218,7 @@ impl Gguf {
             .ok_or_else(|| self.config_error("missing metadata `general.architecture`".into()))?;
         match name {
             "qwen2" => Ok((Arch::Qwen2, name)),
+            "qwen3" => Ok((Arch::Qwen3, name)),
             "llama" => Ok((Arch::Llama, name)),
             other => Err(self.config_error(format!(
                 "unsupported architecture {other:?} (`general.architecture`); supported: {ARCHITECTURES}"
@@ -314,6 +315,7 @@ impl Gguf {
         };
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
+            Arch::Qwen3 => (self.has_tensor("blk.0.attn_q.bias"), false, false),
             Arch::Llama => (
                 self.has_tensor("blk.0.attn_q.bias"),
                 self.has_tensor("blk.0.attn_output.bias"),
@@ -347,6 +349,7 @@ impl Gguf {
             qkv_bias,
             o_bias,
             mlp_bias,
+            qk_norm: arch == Arch::Qwen3,
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };
@@ -388,6 +391,8 @@ impl Gguf {
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
             "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",

@@ -20,17 +20,19 @@
 //!
 //! Presets (the vocabulary is always the offline tokenizer's, 512 ids, whatever the preset):
 //!
-//! | preset | arch  | hidden | intermediate | layers | heads / kv heads | tied | rope θ |
-//! |--------|-------|--------|--------------|--------|------------------|------|--------|
-//! | tiny   | qwen2 | 64     | 128          | 2      | 4 / 2            | yes  | 1e6    |
-//! | tiny   | llama | 64     | 128          | 2      | 4 / 2            | no   | 5e5    |
-//! | small  | qwen2 | 896    | 4864         | 24     | 14 / 2           | yes  | 1e6    |
-//! | small  | llama | 576    | 1536         | 30     | 9 / 3            | yes  | 1e5    |
+//! | preset | arch  | hidden | intermediate | layers | heads / kv heads × head dim | tied | rope θ |
+//! |--------|-------|--------|--------------|--------|-----------------------------|------|--------|
+//! | tiny   | qwen2 | 64     | 128          | 2      | 4 / 2 × 16                  | yes  | 1e6    |
+//! | tiny   | qwen3 | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
+//! | tiny   | llama | 64     | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
+//! | small  | qwen2 | 896    | 4864         | 24     | 14 / 2 × 64                 | yes  | 1e6    |
+//! | small  | qwen3 | 1024   | 3072         | 28     | 16 / 8 × 128                | yes  | 1e6    |
+//! | small  | llama | 576    | 1536         | 30     | 9 / 3 × 64                  | yes  | 1e5    |
 //!
-//! `small` has the shapes of Qwen2.5-0.5B (qwen2) and SmolLM2-135M (llama) except the vocabulary: theirs
-//! are 151,936 and 49,152 ids, ours 512, so the embedding and the LM head are far smaller than the real
-//! models' (about 136M and 28M parameters fewer); the decoder layers, which dominate the cost per token,
-//! are the same.
+//! `small` has the shapes of Qwen2.5-0.5B (qwen2), Qwen3-0.6B (qwen3) and SmolLM2-135M (llama) except
+//! the vocabulary: theirs are 151,936, 151,936 and 49,152 ids, ours 512, so the embedding and the LM
+//! head are far smaller than the real models' (about 136M, 155M and 28M parameters fewer); the decoder
+//! layers, which dominate the cost per token, are the same. Qwen3 models get per-head q/k norms (ones).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -104,13 +106,14 @@ impl fmt::Display for Preset {
     }
 }
 
-/// `qwen2` or `llama`, for command-line parsers.
+/// `qwen2`, `qwen3` or `llama`, for command-line parsers.
 pub fn parse_arch(name: &str) -> Result<Arch, String> {
     match name {
         "qwen2" => Ok(Arch::Qwen2),
+        "qwen3" => Ok(Arch::Qwen3),
         "llama" => Ok(Arch::Llama),
         other => Err(format!(
-            "unknown architecture {other:?}; expected qwen2 or llama"
+            "unknown architecture {other:?}; expected qwen2, qwen3 or llama"
         )),
     }
 }
@@ -237,15 +240,20 @@ pub fn preset_config(
     bos: u32,
     eos: u32,
 ) -> ModelConfig {
-    // (hidden, intermediate, layers, heads, kv heads, max positions, rope theta, rms eps, tied)
-    let (hidden, intermediate, layers, heads, kv_heads, max_positions, theta, eps, tied) =
+    // (hidden, intermediate, layers, heads, kv heads, head dim, max positions, rope theta, rms eps,
+    // tied)
+    let (hidden, intermediate, layers, heads, kv_heads, head_dim, max_positions, theta, eps, tied) =
         match (arch, preset) {
-            (Arch::Qwen2, Preset::Tiny) => (64, 128, 2, 4, 2, 2048, 1e6, 1e-6, true),
-            (Arch::Llama, Preset::Tiny) => (64, 128, 2, 4, 2, 2048, 5e5, 1e-5, false),
+            (Arch::Qwen2, Preset::Tiny) => (64, 128, 2, 4, 2, 16, 2048, 1e6, 1e-6, true),
+            // Heads wider than hidden / heads, as Qwen3's are.
+            (Arch::Qwen3, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, true),
+            (Arch::Llama, Preset::Tiny) => (64, 128, 2, 4, 2, 16, 2048, 5e5, 1e-5, false),
             // Qwen2.5-0.5B.
-            (Arch::Qwen2, Preset::Small) => (896, 4864, 24, 14, 2, 32768, 1e6, 1e-6, true),
+            (Arch::Qwen2, Preset::Small) => (896, 4864, 24, 14, 2, 64, 32768, 1e6, 1e-6, true),
+            // Qwen3-0.6B.
+            (Arch::Qwen3, Preset::Small) => (1024, 3072, 28, 16, 8, 128, 40960, 1e6, 1e-6, true),
             // SmolLM2-135M.
-            (Arch::Llama, Preset::Small) => (576, 1536, 30, 9, 3, 8192, 1e5, 1e-5, true),
+            (Arch::Llama, Preset::Small) => (576, 1536, 30, 9, 3, 64, 8192, 1e5, 1e-5, true),
         };
     ModelConfig {
         arch,
@@ -255,7 +263,7 @@ pub fn preset_config(
         num_hidden_layers: layers,
         num_attention_heads: heads,
         num_key_value_heads: kv_heads,
-        head_dim: hidden / heads,
+        head_dim,
         max_position_embeddings: max_positions,
         rms_norm_eps: eps,
         rope_theta: theta,
@@ -264,6 +272,7 @@ pub fn preset_config(
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
+        qk_norm: arch == Arch::Qwen3,
         bos_token_id: Some(bos),
         eos_token_ids: vec![eos],
     }
@@ -303,6 +312,15 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
         linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
         linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
         linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        if config.qk_norm {
+            for norm in ["self_attn.q_norm", "self_attn.k_norm"] {
+                specs.push(ParamSpec::new(
+                    format!("{prefix}.{norm}.weight"),
+                    vec![config.head_dim],
+                    Init::Ones,
+                ));
+            }
+        }
         for norm in ["input_layernorm", "post_attention_layernorm"] {
             specs.push(ParamSpec::new(
                 format!("{prefix}.{norm}.weight"),

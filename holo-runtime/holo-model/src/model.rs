@@ -1,5 +1,5 @@
-//! The decoder shared by Qwen2 and Llama: plain structs per layer, weights named as in Hugging Face
-//! checkpoints.
+//! The decoder shared by Qwen2, Qwen3 and Llama: plain structs per layer, weights named as in Hugging
+//! Face checkpoints. The families differ only by what [`ModelConfig`] says (biases, q/k norms, RoPE).
 //!
 //! One set of weights serves two paths. Sampling ([`Ops::Fast`]) uses candle's fused kernels for RMSNorm,
 //! RoPE and softmax, which have no backward. Training ([`Ops::Differentiable`]) builds the same functions
@@ -346,6 +346,9 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Per-head RMSNorms of the queries and keys, before RoPE ([`ModelConfig::qk_norm`]).
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
     pub(super) heads: usize,
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
@@ -370,6 +373,14 @@ impl Attention {
                 config.qkv_bias,
             )?,
             o_proj: Linear::load(vb.pp("o_proj"), heads * head_dim, hidden, config.o_bias)?,
+            q_norm: config
+                .qk_norm
+                .then(|| RmsNorm::load(vb.pp("q_norm"), head_dim, config.rms_norm_eps))
+                .transpose()?,
+            k_norm: config
+                .qk_norm
+                .then(|| RmsNorm::load(vb.pp("k_norm"), head_dim, config.rms_norm_eps))
+                .transpose()?,
             heads,
             kv_heads,
             head_dim,
@@ -387,17 +398,36 @@ impl Attention {
         ops: Ops,
     ) -> Result<Tensor> {
         let (batch, len, _) = xs.dims3()?;
-        let heads = |projection: &Linear, heads: usize| -> Result<Tensor> {
-            projection
-                .forward(xs, ops)?
-                .reshape((batch, len, heads, self.head_dim))?
-                .transpose(1, 2)
+        let heads = |projection: &Linear, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            self.split_heads(
+                &projection.forward(xs, ops)?,
+                (batch, len, heads),
+                norm,
+                ops,
+            )
         };
-        let q = heads(&self.q_proj, self.heads)?;
-        let k = heads(&self.k_proj, self.kv_heads)?;
-        let v = heads(&self.v_proj, self.kv_heads)?;
+        let q = heads(&self.q_proj, self.heads, self.q_norm.as_ref())?;
+        let k = heads(&self.k_proj, self.kv_heads, self.k_norm.as_ref())?;
+        let v = heads(&self.v_proj, self.kv_heads, None)?;
         let out = self.attend(&q, &k, &v, rope, mask, cache, ops)?;
         self.o_proj.forward(&out, ops)
+    }
+
+    /// A projection's output `[B, T, heads · head_dim]` (or `[B · T, ..]`) as heads
+    /// `[B, heads, T, head_dim]`, each normalised by `norm` when the family has one.
+    pub(super) fn split_heads(
+        &self,
+        projected: &Tensor,
+        (batch, len, heads): (usize, usize, usize),
+        norm: Option<&RmsNorm>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let split = projected.reshape((batch, len, heads, self.head_dim))?;
+        let split = match norm {
+            Some(norm) => norm.forward(&split, ops)?,
+            None => split,
+        };
+        split.transpose(1, 2)
     }
 
     /// The attention of queries `q` `[B, heads, T, head_dim]` over the cached keys and values and `k`,
@@ -490,10 +520,16 @@ impl DecoderLayer {
     /// by autograd.
     pub(super) fn detached(&self) -> DecoderLayer {
         let mut layer = self.clone();
+        let attention = &mut layer.self_attn;
         for norm in [
-            &mut layer.input_layernorm,
-            &mut layer.post_attention_layernorm,
-        ] {
+            Some(&mut layer.input_layernorm),
+            Some(&mut layer.post_attention_layernorm),
+            attention.q_norm.as_mut(),
+            attention.k_norm.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             norm.weight = norm.weight.detach();
         }
         for (_, linear) in Model::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
@@ -798,7 +834,7 @@ impl KvCache {
     }
 }
 
-/// A Qwen2 or Llama causal language model.
+/// A causal language model of one of the families of [`crate::config::Arch`].
 #[derive(Debug, Clone)]
 pub struct Model {
     pub config: ModelConfig,
@@ -895,15 +931,39 @@ impl Model {
         attention: &'a mut Attention,
         mlp: &'a mut Mlp,
     ) -> [(&'static str, &'a mut Linear); 7] {
-        [
-            ("self_attn.q_proj", &mut attention.q_proj),
-            ("self_attn.k_proj", &mut attention.k_proj),
-            ("self_attn.v_proj", &mut attention.v_proj),
-            ("self_attn.o_proj", &mut attention.o_proj),
-            ("mlp.gate_proj", &mut mlp.gate_proj),
-            ("mlp.up_proj", &mut mlp.up_proj),
-            ("mlp.down_proj", &mut mlp.down_proj),
-        ]
+        Self::parts_mut(attention, mlp).0
+    }
+
+    /// The projections of a layer under their module names, and its q/k norms (`q_norm`, `k_norm`).
+    #[allow(clippy::type_complexity)]
+    fn parts_mut<'a>(
+        attention: &'a mut Attention,
+        mlp: &'a mut Mlp,
+    ) -> (
+        [(&'static str, &'a mut Linear); 7],
+        [(&'static str, Option<&'a mut RmsNorm>); 2],
+    ) {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = attention;
+        (
+            [
+                ("self_attn.q_proj", q_proj),
+                ("self_attn.k_proj", k_proj),
+                ("self_attn.v_proj", v_proj),
+                ("self_attn.o_proj", o_proj),
+                ("mlp.gate_proj", &mut mlp.gate_proj),
+                ("mlp.up_proj", &mut mlp.up_proj),
+                ("mlp.down_proj", &mut mlp.down_proj),
+            ],
+            [("q_norm", q_norm.as_mut()), ("k_norm", k_norm.as_mut())],
+        )
     }
 
     /// Every base weight with its Hugging Face name, in checkpoint order: the one list of the weights.
@@ -919,13 +979,22 @@ impl Model {
                 input_layernorm,
                 post_attention_layernorm,
             } = layer;
-            for (name, linear) in Self::linears_mut(self_attn, mlp) {
+            let (linears, qk_norms) = Self::parts_mut(self_attn, mlp);
+            for (name, linear) in linears {
                 named.push((
                     format!("model.layers.{i}.{name}.weight"),
                     &mut linear.weight,
                 ));
                 if let Some(bias) = &mut linear.bias {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
+                }
+            }
+            for (name, norm) in qk_norms {
+                if let Some(norm) = norm {
+                    named.push((
+                        format!("model.layers.{i}.self_attn.{name}.weight"),
+                        &mut norm.weight,
+                    ));
                 }
             }
             named.push((
@@ -1173,15 +1242,18 @@ impl Model {
             let mut offset = 0;
             for ((segment, frame), &(batch, len)) in segments.iter_mut().zip(&frames).zip(&shapes) {
                 let rows = batch * len;
-                let heads = |x: &Tensor, heads: usize| -> Result<Tensor> {
-                    x.narrow(0, offset, rows)?
-                        .reshape((batch, len, heads, attention.head_dim))?
-                        .transpose(1, 2)
+                let heads = |x: &Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+                    attention.split_heads(
+                        &x.narrow(0, offset, rows)?,
+                        (batch, len, heads),
+                        norm,
+                        ops,
+                    )
                 };
                 let out = attention.attend(
-                    &heads(&q, attention.heads)?,
-                    &heads(&k, attention.kv_heads)?,
-                    &heads(&v, attention.kv_heads)?,
+                    &heads(&q, attention.heads, attention.q_norm.as_ref())?,
+                    &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
+                    &heads(&v, attention.kv_heads, None)?,
                     (&frame.cos, &frame.sin),
                     &frame.mask,
                     Some(&mut segment.cache.layers[i]),

@@ -66,7 +66,8 @@ pub(crate) fn sines(shape: impl Into<candle_core::Shape>, scale: f64, dtype: DTy
         .unwrap()
 }
 
-/// A one-layer model of small shapes (4 query heads over 2 key heads), with the biases of `arch`.
+/// A one-layer model of small shapes (4 query heads over 2 key heads), with the biases and q/k norms of
+/// `arch`.
 pub fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
         arch,
@@ -76,7 +77,8 @@ pub fn config(arch: Arch) -> ModelConfig {
         num_hidden_layers: 1,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: 4,
+        // Qwen3's heads are wider than hidden / heads.
+        head_dim: if arch == Arch::Qwen3 { 6 } else { 4 },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
@@ -85,6 +87,7 @@ pub fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: arch == Arch::Llama,
         mlp_bias: arch == Arch::Llama,
+        qk_norm: arch == Arch::Qwen3,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
