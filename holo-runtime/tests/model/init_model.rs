@@ -65,10 +65,16 @@ fn expected_tensors(arch: Arch) -> BTreeMap<String, Vec<usize>> {
         let mut add = |name: &str, shape: &[usize]| {
             expected.insert(format!("{p}.{name}"), shape.to_vec());
         };
-        add("self_attn.q_proj.weight", &[64, 64]);
-        add("self_attn.k_proj.weight", &[32, 64]);
-        add("self_attn.v_proj.weight", &[32, 64]);
-        add("self_attn.o_proj.weight", &[64, 64]);
+        // Qwen3's heads are 32 wide (4 × 32 = 128 query columns), the others' 64 / 4 = 16.
+        let (q, kv) = if arch == Arch::Qwen3 { (128, 64) } else { (64, 32) };
+        add("self_attn.q_proj.weight", &[q, 64]);
+        add("self_attn.k_proj.weight", &[kv, 64]);
+        add("self_attn.v_proj.weight", &[kv, 64]);
+        add("self_attn.o_proj.weight", &[64, q]);
+        if arch == Arch::Qwen3 {
+            add("self_attn.q_norm.weight", &[32]);
+            add("self_attn.k_norm.weight", &[32]);
+        }
         if arch == Arch::Qwen2 {
             add("self_attn.q_proj.bias", &[64]);
             add("self_attn.k_proj.bias", &[32]);
@@ -127,12 +133,13 @@ fn check_folder(arch: Arch) {
             config.num_key_value_heads,
             config.head_dim
         ),
-        (4, 2, 16)
+        (4, 2, if arch == Arch::Qwen3 { 32 } else { 16 })
     );
     assert_eq!(config.max_position_embeddings, 2048);
     assert_eq!(config.rope_scaling, RopeScaling::None);
-    assert_eq!(config.tie_word_embeddings, arch == Arch::Qwen2);
+    assert_eq!(config.tie_word_embeddings, arch != Arch::Llama);
     assert_eq!(config.qkv_bias, arch == Arch::Qwen2);
+    assert_eq!(config.qk_norm, arch == Arch::Qwen3);
     assert!(!config.o_bias && !config.mlp_bias);
     assert_eq!(config.bos_token_id, Some(509));
     assert_eq!(config.eos_token_ids, vec![511]);
@@ -233,6 +240,11 @@ fn check_folder(arch: Arch) {
 #[test]
 fn qwen2_tiny_folder() {
     check_folder(Arch::Qwen2);
+}
+
+#[test]
+fn qwen3_tiny_folder() {
+    check_folder(Arch::Qwen3);
 }
 
 #[test]
@@ -374,7 +386,7 @@ fn transformers_loads_the_folder() {
     let Some(python) = crate::common::components::peers(&["torch", "transformers"]) else {
         return;
     };
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in [Arch::Qwen2, Arch::Qwen3, Arch::Llama] {
         let dir = scratch(&format!("transformers-{arch}"));
         init(arch.model_type(), &dir, &[]);
         let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
@@ -396,16 +408,12 @@ fn transformers_loads_the_folder() {
         let stdout = text(&output.stdout);
         let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
             .unwrap_or_else(|error| panic!("{arch}: {error}: {stdout}"));
-        let expected_class = match arch {
-            Arch::Qwen2 => "Qwen2ForCausalLM",
-            Arch::Llama => "LlamaForCausalLM",
-        };
-        assert_eq!(report["class"], expected_class, "{report}");
+        assert_eq!(report["class"], arch.architecture(), "{report}");
         assert_eq!(report["missing"], serde_json::json!([]), "{report}");
         assert_eq!(report["unexpected"], serde_json::json!([]), "{report}");
         assert_eq!(report["mismatched"], serde_json::json!([]), "{report}");
         assert_eq!(report["weights_equal"], true, "{report}");
-        assert_eq!(report["tied"], arch == Arch::Qwen2, "{report}");
+        assert_eq!(report["tied"], arch != Arch::Llama, "{report}");
         assert_eq!(report["text"], chat, "{report}");
         assert_eq!(report["ids"], serde_json::json!(rust_ids), "{report}");
         assert_eq!(report["rust_ids_match"], true, "{report}");
