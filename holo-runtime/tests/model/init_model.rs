@@ -66,7 +66,11 @@ fn expected_tensors(arch: Arch) -> BTreeMap<String, Vec<usize>> {
             expected.insert(format!("{p}.{name}"), shape.to_vec());
         };
         // Qwen3's heads are 32 wide (4 × 32 = 128 query columns), the others' 64 / 4 = 16.
-        let (q, kv) = if arch == Arch::Qwen3 { (128, 64) } else { (64, 32) };
+        let (q, kv) = if arch == Arch::Qwen3 {
+            (128, 64)
+        } else {
+            (64, 32)
+        };
         add("self_attn.q_proj.weight", &[q, 64]);
         add("self_attn.k_proj.weight", &[kv, 64]);
         add("self_attn.v_proj.weight", &[kv, 64]);
@@ -335,7 +339,7 @@ fn bad_arguments_are_usage_errors() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
     assert!(
-        stderr.contains("gpt2") && stderr.contains("qwen2 or llama"),
+        stderr.contains("gpt2") && stderr.contains("qwen2, qwen3 or llama"),
         "{stderr}"
     );
     let output = holo(&["init-model"]);

@@ -14,6 +14,10 @@ use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Every family, each with what sets it apart: Qwen2's q/k/v biases, Qwen3's q/k norms over heads wider
+/// than hidden / heads, Llama 3's rope scaling and untied head.
+const ARCHS: [Arch; 3] = [Arch::Qwen2, Arch::Qwen3, Arch::Llama];
+
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
         arch,
@@ -23,12 +27,12 @@ fn config(arch: Arch) -> ModelConfig {
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: 4,
+        head_dim: if arch == Arch::Qwen3 { 6 } else { 4 },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
         rope_scaling: match arch {
-            Arch::Qwen2 => RopeScaling::None,
+            Arch::Qwen2 | Arch::Qwen3 => RopeScaling::None,
             Arch::Llama => RopeScaling::Llama3 {
                 factor: 8.0,
                 low_freq_factor: 1.0,
@@ -40,6 +44,7 @@ fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
+        qk_norm: arch == Arch::Qwen3,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
@@ -103,7 +108,7 @@ fn assert_every_var_has_a_gradient(
 
 #[test]
 fn every_weight_receives_a_gradient() {
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let config = config(arch);
         let (model, vars) = random_model_seeded(&config, 1, DType::F32)
             .trainable()
@@ -125,7 +130,7 @@ fn every_weight_receives_a_gradient() {
 
 #[test]
 fn gradients_match_finite_differences() {
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let config = config(arch);
         let base = random_model_seeded(&config, 2, DType::F64);
         let (model, vars) = base.trainable().unwrap();
@@ -175,7 +180,7 @@ fn gradients_match_finite_differences() {
 
 #[test]
 fn fast_and_differentiable_paths_agree() {
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let model = random_model_seeded(&config(arch), 3, DType::F32);
         let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30, 8], &[1, 7, 7, 22]]);
         let fast = model.token_logprobs(&input, &mask, Ops::Fast).unwrap();
@@ -188,7 +193,7 @@ fn fast_and_differentiable_paths_agree() {
 
 #[test]
 fn the_kv_cache_and_left_padding_change_nothing() {
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let model = random_model_seeded(&config(arch), 4, DType::F32);
         let sequence = [1u32, 5, 9, 14, 3, 30, 8, 11];
         let full_input = Tensor::new(&sequence[..], &Device::Cpu)
@@ -265,7 +270,7 @@ fn the_kv_cache_and_left_padding_change_nothing() {
 
 #[test]
 fn batches_sharing_a_pass_get_what_they_get_alone() {
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let model = random_model_seeded(&config(arch), 6, DType::F32);
         let (first, first_mask) = ids(&[&[3, 8, 1, 9], &[4, 4, 2]]);
         let (second, second_mask) = ids(&[&[7, 5, 6, 2, 9, 1, 3]]);
@@ -343,7 +348,7 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
 #[test]
 fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others() {
     let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let model = random_model_seeded(&config(arch), 6, DType::F32);
         let sequences: [&[u32]; 3] = [&[3, 8, 1, 9], &[4, 4, 2], &[7, 5, 6, 2, 9, 1, 3]];
         let next_tokens = [11u32, 12, 13];
@@ -439,7 +444,7 @@ fn tokenizer() -> tokenizers::Tokenizer {
 #[test]
 fn batched_generation_equals_one_row_at_a_time() {
     let tokenizer = tokenizer();
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let model = random_model_seeded(&config(arch), 5, DType::F32);
         let stopping = Stopping {
             eos: &[2],
@@ -825,7 +830,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
         (logprobs * weights)?.sum_all()
     };
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let base = random_model_seeded(&config(arch), 11, DType::F64);
         let lora = LoraConfig {
             targets: PROJECTIONS.map(String::from).to_vec(),
@@ -962,7 +967,7 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
         tokenizer: &tokenizer,
     };
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
-    for arch in [Arch::Qwen2, Arch::Llama] {
+    for arch in ARCHS {
         let config = config(arch);
         let model = random_model_seeded(&config, 5, DType::BF16);
         assert_eq!(model.dtype(), DType::F32, "{arch}: f32 arithmetic");

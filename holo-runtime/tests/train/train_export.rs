@@ -3,7 +3,8 @@
 //! the trained model's logits, and (when the peer venv is installed) Hugging Face transformers and PEFT load
 //! them and give the same logits (`scripts/export_check.py`).
 //!
-//! Each fixture model (Qwen2: q/k/v biases, tied embeddings; Llama: untied LM head) is trained for two
+//! Each fixture model (Qwen2: q/k/v biases, tied embeddings; Llama: untied LM head; Qwen3: q/k norms,
+//! heads wider than hidden / heads) is trained for two
 //! steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
 //! the advantages are zero; `--entropy-coef` gives the weights a gradient all the same.
 
@@ -436,7 +437,7 @@ fn exports_load_with_the_trained_weights_and_logits() {
     fs::write(&data, rows).unwrap();
 
     let mut cases = Vec::new();
-    for model in ["qwen2", "llama"] {
+    for model in ["qwen2", "llama", "qwen3"] {
         for lora in [false, true] {
             cases.push(check_run(work.path(), model, lora, &data));
         }
