@@ -78,6 +78,9 @@ fn gguf_name(name: &str) -> String {
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
         "self_attn.o_proj" => "attn_output",
+        // gguf-py's `MODEL_TENSOR.ATTN_Q_NORM` / `ATTN_K_NORM` (Qwen3, OLMo 2, Gemma 3).
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
@@ -124,75 +127,88 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
         tokens.iter().position(|(t, _)| t == token).unwrap() as u32
     };
     let u32_value = |v: usize| Value::U32(v as u32);
-    vec![
-        ("general.architecture".into(), Value::String(arch.into())),
-        (
-            format!("{arch}.context_length"),
-            u32_value(config.max_position_embeddings),
-        ),
-        (
-            format!("{arch}.embedding_length"),
-            u32_value(config.hidden_size),
-        ),
-        (
-            format!("{arch}.block_count"),
-            u32_value(config.num_hidden_layers),
-        ),
-        (
-            format!("{arch}.feed_forward_length"),
-            u32_value(config.intermediate_size),
-        ),
-        (
-            format!("{arch}.attention.head_count"),
-            u32_value(config.num_attention_heads),
-        ),
-        (
-            format!("{arch}.attention.head_count_kv"),
-            u32_value(config.num_key_value_heads),
-        ),
-        (
-            format!("{arch}.rope.freq_base"),
-            Value::F32(config.rope_theta as f32),
-        ),
-        (
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            Value::F32(config.rms_norm_eps as f32),
-        ),
-        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("qwen2".into())),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(
-                tokens
-                    .iter()
-                    .map(|(t, _)| Value::String(t.clone()))
-                    .collect(),
+    let mut heads = Vec::new();
+    if config.head_dim * config.num_attention_heads != config.hidden_size {
+        // As convert_hf_to_gguf.py writes an explicit `head_dim`.
+        for key in ["key_length", "value_length"] {
+            heads.push((
+                format!("{arch}.attention.{key}"),
+                u32_value(config.head_dim),
+            ));
+        }
+    }
+    heads
+        .into_iter()
+        .chain([
+            ("general.architecture".into(), Value::String(arch.into())),
+            (
+                format!("{arch}.context_length"),
+                u32_value(config.max_position_embeddings),
             ),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(tokens.iter().map(|(_, kind)| Value::I32(*kind)).collect()),
-        ),
-        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
-        (
-            "tokenizer.ggml.eos_token_id".into(),
-            Value::U32(id_of("eos_token")),
-        ),
-        (
-            "tokenizer.ggml.padding_token_id".into(),
-            Value::U32(id_of("pad_token")),
-        ),
-        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        (
-            "tokenizer.chat_template".into(),
-            Value::String(
-                tokenizer_config["chat_template"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
+            (
+                format!("{arch}.embedding_length"),
+                u32_value(config.hidden_size),
             ),
-        ),
-    ]
+            (
+                format!("{arch}.block_count"),
+                u32_value(config.num_hidden_layers),
+            ),
+            (
+                format!("{arch}.feed_forward_length"),
+                u32_value(config.intermediate_size),
+            ),
+            (
+                format!("{arch}.attention.head_count"),
+                u32_value(config.num_attention_heads),
+            ),
+            (
+                format!("{arch}.attention.head_count_kv"),
+                u32_value(config.num_key_value_heads),
+            ),
+            (
+                format!("{arch}.rope.freq_base"),
+                Value::F32(config.rope_theta as f32),
+            ),
+            (
+                format!("{arch}.attention.layer_norm_rms_epsilon"),
+                Value::F32(config.rms_norm_eps as f32),
+            ),
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String("qwen2".into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(
+                    tokens
+                        .iter()
+                        .map(|(t, _)| Value::String(t.clone()))
+                        .collect(),
+                ),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(tokens.iter().map(|(_, kind)| Value::I32(*kind)).collect()),
+            ),
+            ("tokenizer.ggml.merges".into(), Value::Array(merges)),
+            (
+                "tokenizer.ggml.eos_token_id".into(),
+                Value::U32(id_of("eos_token")),
+            ),
+            (
+                "tokenizer.ggml.padding_token_id".into(),
+                Value::U32(id_of("pad_token")),
+            ),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+            (
+                "tokenizer.chat_template".into(),
+                Value::String(
+                    tokenizer_config["chat_template"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                ),
+            ),
+        ])
+        .collect()
 }
 
 /// The fixture folder `dir` as a GGUF file: norms in F32, matrices in `matrices`.
@@ -323,6 +339,25 @@ fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
     let policy = Policy::load(&file, &Device::Cpu).unwrap();
     assert_eq!(compare_models(&folder_model, &policy.model), 0.0);
     assert_eq!(policy.end_of_turn, [eos]);
+    std::fs::remove_file(&file).unwrap();
+}
+
+/// Qwen3's per-head q/k norms under llama.cpp's names (`blk.N.attn_q_norm`), and heads wider than
+/// hidden / heads from `qwen3.attention.key_length`: the same model as the folder's.
+#[test]
+fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
+    let dir = fixture("qwen3");
+    let scratch_dir = scratch("qwen3-f32");
+    let file = scratch_dir.join("qwen3.gguf");
+    write_gguf(&dir, GgmlDType::F32, &file);
+    let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
+    let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let mut expected_config = folder_model.config.clone();
+    expected_config.bos_token_id = None;
+    expected_config.rms_norm_eps = 1e-6f32 as f64;
+    assert_eq!(gguf_model.config, expected_config);
+    assert!(gguf_model.config.qk_norm && gguf_model.config.head_dim == 24);
+    assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
     std::fs::remove_file(&file).unwrap();
 }
 
