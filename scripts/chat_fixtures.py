@@ -179,6 +179,39 @@ CASES = [
         "kwargs": {"enable_thinking": False, "date_string": "01 Jan 2030"},
     },
     {
+        # A rollout's second turn under Qwen3: the first turn's thinking is dropped from the history.
+        "name": "reasoning_gen",
+        "messages": [
+            msg("system", SYSTEM),
+            msg("user", "What is 2+2?"),
+            msg("assistant", "<think>\nLet me add.\n</think>\n\n4"),
+            msg("user", "And 3+3?"),
+        ],
+        "add_generation_prompt": True,
+    },
+    {
+        "name": "enable_thinking",
+        "messages": [msg("system", SYSTEM), msg("user", "Quick question: 1 + 1?")],
+        "add_generation_prompt": True,
+        "kwargs": {"enable_thinking": True},
+    },
+    {
+        "name": "no_thinking_multi_turn",
+        "messages": [
+            msg("system", SYSTEM),
+            msg("user", "What is 2+2?"),
+            msg("assistant", "4"),
+            msg("user", "And 3+3?"),
+        ],
+        "add_generation_prompt": True,
+        "kwargs": {"enable_thinking": False},
+    },
+    {
+        "name": "no_thinking_last_turn",
+        "messages": [msg("user", "What is 2+2?"), msg("assistant", "4")],
+        "kwargs": {"enable_thinking": False},
+    },
+    {
         "name": "not_alternating",
         "messages": [msg("user", "one"), msg("user", "two")],
         "add_generation_prompt": True,

@@ -28,16 +28,42 @@
 //! - `generation[a]`: the text after the last message (role `a`) with `add_generation_prompt`: `a`'s footer
 //!   and the generation prompt; `opening[assistant]` when a context starts with the model's turn.
 //!
-//! Every frame is checked with three-message probes over all role orders: the Holophore supports templates
+//! Every frame is checked with three-message probes over all role orders: frames suffice for templates
 //! whose frames depend only on the roles of a message and of its neighbour: ChatML, Qwen2.5-style default
 //! system prompts, a BOS token at the start (the parity fixtures cover these three); Llama-3-style headers
-//! have the same shape. It refuses, with
-//! [`HolophoreError`], templates whose frames depend on the position of a message (beyond being first), on the
-//! number of messages, or on content, templates that raise on some role order (strict user/assistant
-//! alternation, as Mistral's do), and templates whose generation prompt differs from the header of an
-//! assistant turn inside the conversation (Qwen3's thinking templates, which drop history reasoning). Templates
-//! that transform contents (`| trim`) render the markers unchanged, so such transformations are not applied:
-//! contents are recorded as given.
+//! have the same shape. Templates that transform contents (`| trim`) render the markers unchanged, so such
+//! transformations are not applied: contents are recorded as given.
+//!
+//! # Re-rendered contexts
+//!
+//! Templates whose frames depend on more than the roles are rendered whole instead: those whose frames depend
+//! on the position of a message or on its content, that raise on some role order, or whose generation prompt
+//! differs from the header of an assistant turn inside the conversation. Qwen3's template drops the `<think>`
+//! blocks of assistant turns before the last user message (and with `enable_thinking=false` its generation
+//! prompt ends in an empty think block); Gemma 3's has no system role (the system message is folded into the
+//! first user turn) and requires user/assistant alternation. Then every sample request renders the context's
+//! messages with the template (`add_generation_prompt`, or `continue_final_message` when the model continues
+//! an assistant message), as transformers' `apply_chat_template` would, and:
+//!
+//! - when the rendering extends the text the context's tokens stand for (its earlier renderings and the
+//!   decoded sampled tokens), only the new text is tokenized and appended (one [`FragmentKind::Prompt`]
+//!   fragment): the context grows as in frame mode;
+//! - when it does not (Qwen3 at the second user turn: the first turn's thinking is gone from the rendering),
+//!   the context is **split**: the context so far ends after its last completion (with the footer the
+//!   template renders there, when that extends it), and a new context of the same kind starts with the whole
+//!   rendering tokenized as its prompt. Each context is trained exactly as the model saw it; sampled tokens are
+//!   never re-tokenized, and earlier turns appear in the new context only as prompt, as the template renders
+//!   them. [`Context::source`] and [`Context::completions`] say which of the holoware's contexts, and which of
+//!   its completions, each recorded context holds.
+//!
+//! A template that raises on a sample request's conversation (Gemma 3 on two user messages in a row) leaves the
+//! error in [`Holophore::errors`], and the rollout fails naming it.
+//!
+//! # Template arguments
+//!
+//! [`Holophore::with_template_kwargs`] renders every probe and context with extra template variables
+//! (transformers' `apply_chat_template(**kwargs)`, vLLM's `chat_template_kwargs`), such as Qwen3's
+//! `enable_thinking`.
 //!
 //! Parity with `apply_chat_template(messages, tokenize=True)` holds when tokenizing the rendered string in
 //! pieces (frames, contents) gives the same ids as tokenizing it whole — true whenever the frames are cut at
@@ -64,10 +90,12 @@
 //! shows a rollout as the model saw it, token by token, with the loss mask highlighted: `holo dry --model`.
 //! [`Holophore::from_dir`] builds a Holophore from a model folder (`tokenizer.json` and the chat template).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
+use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
@@ -155,21 +183,36 @@ pub struct Message {
 pub struct Context {
     pub trained: bool,
     pub fragments: Vec<Fragment>,
+    /// The holoware's context this one records (0-based, in the order they began): the same for the
+    /// contexts a split makes of one (see "Re-rendered contexts" in the [module documentation](self)).
+    pub source: usize,
+    /// Which completions of the holoware's context (numbered from 0 in the order they came) this context
+    /// holds as sampled tokens; earlier ones appear in it as prompt only.
+    pub completions: Range<usize>,
     messages: Vec<Message>,
     /// Prompt text not yet tokenized (of the last message).
     pending_text: String,
     /// Whether the final footer has been appended.
     closed: bool,
+    /// Re-rendered contexts: the text the ids stand for (the renderings and the decoded sampled tokens).
+    rendered: String,
+    /// Re-rendered contexts: the number of messages and the length of the last one's content right after
+    /// the last completion (where a split ends the context).
+    mark: (usize, usize),
 }
 
 impl Context {
-    fn new(trained: bool) -> Self {
+    fn new(trained: bool, source: usize, first_completion: usize) -> Self {
         Context {
             trained,
             fragments: Vec::new(),
+            source,
+            completions: first_completion..first_completion,
             messages: Vec::new(),
             pending_text: String::new(),
             closed: false,
+            rendered: String::new(),
+            mark: (0, 0),
         }
     }
 
@@ -274,9 +317,14 @@ impl Frames {
 /// Records a rollout in token space; see the module documentation.
 pub struct Holophore {
     tokenizer: Arc<Tokenizer>,
-    frames: Arc<Frames>,
+    /// The frames, or `None` when contexts are re-rendered at each sample request.
+    frames: Option<Arc<Frames>>,
+    /// The template and its arguments, for re-rendered contexts.
+    rendering: Arc<Rendering>,
     special: Arc<HashSet<u32>>,
     contexts: Vec<Context>,
+    /// How many of the holoware's contexts have begun.
+    sources: usize,
     /// The role of the message that starts with the next content.
     pending: Option<Role>,
     rewards: Vec<(String, f64, f64)>,
@@ -305,10 +353,53 @@ struct Probe {
     pieces: Vec<String>,
 }
 
+/// What re-rendered contexts render with.
+struct Rendering {
+    template: Arc<ChatTemplate>,
+    /// `add_generation_prompt` and the template arguments.
+    generation: RenderOptions,
+    /// `continue_final_message` and the template arguments.
+    continuation: RenderOptions,
+    /// No generation prompt, and the template arguments.
+    closing: RenderOptions,
+    /// [`Holophore::assistant_header`].
+    header: Vec<u32>,
+}
+
+impl Rendering {
+    fn new(template: Arc<ChatTemplate>, variables: &BTreeMap<String, Value>) -> Self {
+        let with = |options: RenderOptions| RenderOptions {
+            variables: variables.clone(),
+            ..options
+        };
+        Rendering {
+            template,
+            generation: with(RenderOptions::generation()),
+            continuation: with(RenderOptions::continuation()),
+            closing: with(RenderOptions::default()),
+            header: Vec::new(),
+        }
+    }
+
+    fn render(&self, messages: &[Message], options: &RenderOptions) -> Result<String, String> {
+        let chat: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role,
+                content: m.content.clone(),
+            })
+            .collect();
+        self.template
+            .render(&chat, options)
+            .map_err(|error| error.to_string())
+    }
+}
+
 fn probe(
     template: &ChatTemplate,
     roles: &[Role],
     generation: bool,
+    variables: &BTreeMap<String, Value>,
 ) -> Result<Probe, HolophoreError> {
     let messages: Vec<ChatMessage> = roles
         .iter()
@@ -331,10 +422,13 @@ fn probe(
             ""
         }
     );
-    let options = if generation {
-        RenderOptions::generation()
-    } else {
-        RenderOptions::default()
+    let options = RenderOptions {
+        variables: variables.clone(),
+        ..if generation {
+            RenderOptions::generation()
+        } else {
+            RenderOptions::default()
+        }
     };
     let text = template
         .render(&messages, &options)
@@ -385,15 +479,25 @@ pub struct FrameTexts {
 impl FrameTexts {
     /// Derives and checks the frames of `template`; see the module documentation.
     pub fn derive(template: &ChatTemplate) -> Result<Self, HolophoreError> {
+        FrameTexts::derive_with(template, &BTreeMap::new())
+    }
+
+    /// [`FrameTexts::derive`] with template arguments (`enable_thinking`, ...) in every probe.
+    pub fn derive_with(
+        template: &ChatTemplate,
+        variables: &BTreeMap<String, Value>,
+    ) -> Result<Self, HolophoreError> {
+        let probe =
+            |roles: &[Role], generation: bool| probe(template, roles, generation, variables);
         let mut opening: [String; 3] = Default::default();
         let mut closing: [String; 3] = Default::default();
         let mut generation: [String; 3] = Default::default();
         let mut gap: [[String; 3]; 3] = Default::default();
         for a in ROLES {
-            let p = probe(template, &[a], false)?;
+            let p = probe(&[a], false)?;
             opening[index(a)] = p.pieces[0].clone();
             closing[index(a)] = p.pieces[1].clone();
-            let g = probe(template, &[a], true)?;
+            let g = probe(&[a], true)?;
             same(
                 &format!("opening of [{}] with generation prompt", a.name()),
                 &opening[index(a)],
@@ -403,7 +507,7 @@ impl FrameTexts {
         }
         for a in ROLES {
             for b in ROLES {
-                let p = probe(template, &[a, b], false)?;
+                let p = probe(&[a, b], false)?;
                 let what = format!("[{}, {}]", a.name(), b.name());
                 same(
                     &format!("opening of {what}"),
@@ -429,7 +533,7 @@ impl FrameTexts {
             )?;
             for b in ROLES {
                 for c in ROLES {
-                    let p = probe(template, &[a, b, c], false)?;
+                    let p = probe(&[a, b, c], false)?;
                     let what = format!("[{}, {}, {}]", a.name(), b.name(), c.name());
                     same(
                         &format!("opening of {what}"),
@@ -473,26 +577,82 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, HolophoreError>
         .map_err(|error| HolophoreError::Tokenizer(error.to_string()))
 }
 
+fn tokenize_frames(tokenizer: &Tokenizer, texts: &FrameTexts) -> Result<Frames, HolophoreError> {
+    let enc = |text: &String| encode(tokenizer, text);
+    let map3 = |texts: &[String; 3]| -> Result<[Vec<u32>; 3], HolophoreError> {
+        Ok([enc(&texts[0])?, enc(&texts[1])?, enc(&texts[2])?])
+    };
+    Ok(Frames {
+        opening: map3(&texts.opening)?,
+        gap: [
+            map3(&texts.gap[0])?,
+            map3(&texts.gap[1])?,
+            map3(&texts.gap[2])?,
+        ],
+        closing: map3(&texts.closing)?,
+        generation: map3(&texts.generation)?,
+    })
+}
+
+/// The assistant header of a re-rendered template: what the generation prompt after a user message and
+/// an assistant turn after a user message inside a conversation both start with, less the user message's
+/// footer (`<|im_start|>assistant\n` for Qwen3, `<start_of_turn>model\n` for Gemma 3). A template that
+/// cannot render a user message with a generation prompt is refused here.
+fn rendered_header(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    variables: &BTreeMap<String, Value>,
+) -> Result<Vec<u32>, HolophoreError> {
+    let generation = probe(template, &[Role::User], true, variables)?;
+    let Ok(turns) = probe(
+        template,
+        &[Role::User, Role::Assistant, Role::User],
+        false,
+        variables,
+    ) else {
+        return Ok(Vec::new());
+    };
+    let closing = probe(template, &[Role::User], false, variables)
+        .map(|p| p.pieces[1].clone())
+        .unwrap_or_default();
+    let (a, b) = (&generation.pieces[1], &turns.pieces[1]);
+    let common: usize = a
+        .chars()
+        .zip(b.chars())
+        .take_while(|(x, y)| x == y)
+        .map(|(x, _)| x.len_utf8())
+        .sum();
+    let header = &a[..common];
+    let header = header.strip_prefix(closing.as_str()).unwrap_or(header);
+    encode(tokenizer, header)
+}
+
 impl Holophore {
-    /// A Holophore for a model's tokenizer and chat template: derives and tokenizes the frames once.
+    /// A Holophore for a model's tokenizer and chat template: derives and tokenizes the frames once, or
+    /// re-renders contexts when the template's frames depend on more than the roles (see the module
+    /// documentation).
     pub fn new(
         tokenizer: Arc<Tokenizer>,
         template: Arc<ChatTemplate>,
     ) -> Result<Self, HolophoreError> {
-        let texts = FrameTexts::derive(&template)?;
-        let enc = |text: &String| encode(&tokenizer, text);
-        let map3 = |texts: &[String; 3]| -> Result<[Vec<u32>; 3], HolophoreError> {
-            Ok([enc(&texts[0])?, enc(&texts[1])?, enc(&texts[2])?])
-        };
-        let frames = Frames {
-            opening: map3(&texts.opening)?,
-            gap: [
-                map3(&texts.gap[0])?,
-                map3(&texts.gap[1])?,
-                map3(&texts.gap[2])?,
-            ],
-            closing: map3(&texts.closing)?,
-            generation: map3(&texts.generation)?,
+        Holophore::with_template_kwargs(tokenizer, template, BTreeMap::new())
+    }
+
+    /// [`Holophore::new`] rendering with template arguments (transformers' `apply_chat_template(**kwargs)`,
+    /// e.g. `enable_thinking`; [`crate::chat::parse_template_kwargs`] reads them from JSON).
+    pub fn with_template_kwargs(
+        tokenizer: Arc<Tokenizer>,
+        template: Arc<ChatTemplate>,
+        kwargs: BTreeMap<String, Value>,
+    ) -> Result<Self, HolophoreError> {
+        let mut rendering = Rendering::new(Arc::clone(&template), &kwargs);
+        let frames = match FrameTexts::derive_with(&template, &kwargs) {
+            Ok(texts) => Some(Arc::new(tokenize_frames(&tokenizer, &texts)?)),
+            Err(HolophoreError::Unsupported(_) | HolophoreError::Render { .. }) => {
+                rendering.header = rendered_header(&tokenizer, &template, &kwargs)?;
+                None
+            }
+            Err(error) => return Err(error),
         };
         let special = tokenizer
             .get_added_tokens_decoder()
@@ -502,9 +662,11 @@ impl Holophore {
             .collect();
         Ok(Holophore {
             tokenizer,
-            frames: Arc::new(frames),
+            frames,
+            rendering: Arc::new(rendering),
             special: Arc::new(special),
             contexts: Vec::new(),
+            sources: 0,
             pending: None,
             rewards: Vec::new(),
             feedback: Vec::new(),
@@ -515,6 +677,14 @@ impl Holophore {
     /// A Holophore for a model folder: its `tokenizer.json`, and its chat template and special tokens
     /// ([`ChatTemplate::from_dir`]: `chat_template.jinja` or `tokenizer_config.json`).
     pub fn from_dir(dir: impl AsRef<std::path::Path>) -> Result<Self, HolophoreError> {
+        Holophore::from_dir_with(dir, BTreeMap::new())
+    }
+
+    /// [`Holophore::from_dir`] with template arguments ([`Holophore::with_template_kwargs`]).
+    pub fn from_dir_with(
+        dir: impl AsRef<std::path::Path>,
+        kwargs: BTreeMap<String, Value>,
+    ) -> Result<Self, HolophoreError> {
         let dir = dir.as_ref();
         let file = dir.join("tokenizer.json");
         let tokenizer = Tokenizer::from_file(&file).map_err(|error| {
@@ -523,7 +693,7 @@ impl Holophore {
         let template = ChatTemplate::from_dir(dir).map_err(|error| {
             HolophoreError::Model(format!("cannot load the chat template: {error}"))
         })?;
-        Holophore::new(Arc::new(tokenizer), Arc::new(template))
+        Holophore::with_template_kwargs(Arc::new(tokenizer), Arc::new(template), kwargs)
     }
 
     /// The tokenizer.
@@ -531,13 +701,15 @@ impl Holophore {
         &self.tokenizer
     }
 
-    /// A fresh Holophore for another rollout, sharing the tokenizer and the frames.
+    /// A fresh Holophore for another rollout, sharing the tokenizer, the template and the frames.
     pub fn fork(&self) -> Self {
         Holophore {
             tokenizer: Arc::clone(&self.tokenizer),
-            frames: Arc::clone(&self.frames),
+            frames: self.frames.clone(),
+            rendering: Arc::clone(&self.rendering),
             special: Arc::clone(&self.special),
             contexts: Vec::new(),
+            sources: 0,
             pending: None,
             rewards: Vec::new(),
             feedback: Vec::new(),
@@ -545,9 +717,25 @@ impl Holophore {
         }
     }
 
-    /// The tokenized frames.
-    pub fn frames(&self) -> &Frames {
-        &self.frames
+    /// The tokenized frames; `None` when the template's contexts are re-rendered at each sample request.
+    pub fn frames(&self) -> Option<&Frames> {
+        self.frames.as_deref()
+    }
+
+    /// The template arguments every rendering gets.
+    pub fn template_kwargs(&self) -> &BTreeMap<String, Value> {
+        &self.rendering.generation.variables
+    }
+
+    /// The tokens every assistant message starts with, wherever it is in a context
+    /// ([`Frames::assistant_header`]; for re-rendered templates, the header of an assistant turn inside a
+    /// conversation that the generation prompt also starts with). Counting it in a token prompt counts the
+    /// assistant turns ([`crate::Scripted`] does). Empty when the template marks no assistant header.
+    pub fn assistant_header(&self) -> Vec<u32> {
+        match &self.frames {
+            Some(frames) => frames.assistant_header(),
+            None => self.rendering.header.clone(),
+        }
     }
 
     /// The contexts so far; the last one stays open (without its final footer) until [`Holophore::finish`].
@@ -582,8 +770,10 @@ impl Holophore {
     /// content (a prefill such as `<think>`), the model continues it. Pending prompt text is tokenized now,
     /// once, so that the recorded context is what the sampler sees.
     pub fn prompt_ids(&mut self) -> Vec<u32> {
+        let Some(frames) = self.frames.clone() else {
+            return self.rendered_prompt();
+        };
         self.flush_text();
-        let frames = Arc::clone(&self.frames);
         let current = self
             .contexts
             .last()
@@ -635,13 +825,15 @@ impl Holophore {
         match encode(&self.tokenizer, text) {
             Ok(ids) => ids,
             Err(error) => {
-                self.errors.push(format!("{error} (text {text:?})"));
+                self.errors
+                    .push(format!("the tokenizer failed: {error} (text {text:?})"));
                 Vec::new()
             }
         }
     }
 
-    /// Tokenizer failures met while recording; empty when every token is exact.
+    /// Tokenizer failures, and chat-template errors of re-rendered contexts, met while recording; empty
+    /// when every token is exact.
     pub fn errors(&self) -> &[String] {
         &self.errors
     }
@@ -683,8 +875,123 @@ impl Holophore {
         });
     }
 
+    /// Re-rendered contexts: the token prompt of the next sample request (see the module documentation).
+    fn rendered_prompt(&mut self) -> Vec<u32> {
+        if self.contexts.last().is_none_or(|c| c.closed) {
+            self.contexts.push(Context::new(true, self.sources, 0));
+            self.sources += 1;
+        }
+        let rendering = Arc::clone(&self.rendering);
+        let context = self.contexts.last().expect("a context exists");
+        let current = context.messages.last().map(|m| m.role);
+        let continues = self.pending.is_none() && current == Some(Role::Assistant);
+        let options = if continues {
+            &rendering.continuation
+        } else {
+            &rendering.generation
+        };
+        let text = match rendering.render(&context.messages, options) {
+            Ok(text) => text,
+            Err(error) => {
+                self.errors.push(error);
+                return context.ids();
+            }
+        };
+        let role = current.unwrap_or(Role::System);
+        if let Some(suffix) = text.strip_prefix(context.rendered.as_str()) {
+            let ids = self.tokenize(suffix);
+            let context = self.contexts.last_mut().expect("a context exists");
+            push_prompt(context, role, ids);
+            context.rendered = text;
+        } else if context.sampled_ids().is_empty() {
+            // Nothing sampled yet: the context is this rendering.
+            let ids = self.tokenize(&text);
+            let context = self.contexts.last_mut().expect("a context exists");
+            context.fragments.clear();
+            push_prompt(context, role, ids);
+            context.rendered = text;
+        } else {
+            // The rendering rewrites what the model saw: the context ends after its last completion and
+            // a new one starts with this rendering.
+            self.end_piece();
+            let ids = self.tokenize(&text);
+            let previous = self.contexts.last().expect("a context exists");
+            let mut context =
+                Context::new(previous.trained, previous.source, previous.completions.end);
+            context.messages = previous.messages.clone();
+            push_prompt(&mut context, role, ids);
+            context.rendered = text;
+            // The messages past the last completion belong to the new context only.
+            let last = self.contexts.last_mut().expect("a context exists");
+            let (count, len) = last.mark;
+            last.messages.truncate(count);
+            if let Some(message) = last.messages.last_mut() {
+                message.content.truncate(len);
+            }
+            self.contexts.push(context);
+        }
+        self.contexts.last().expect("a context exists").ids()
+    }
+
+    /// Re-rendered contexts: closes the last context where its last completion ended, with the footer the
+    /// template renders after the messages up to there (when that extends the context).
+    fn end_piece(&mut self) {
+        let context = self.contexts.last().expect("a context exists");
+        let (count, len) = context.mark;
+        let mut messages = context.messages[..count.min(context.messages.len())].to_vec();
+        if let Some(message) = messages.last_mut() {
+            message.content.truncate(len);
+        }
+        self.append_closing(&messages);
+        self.contexts.last_mut().expect("a context exists").closed = true;
+    }
+
+    /// Re-rendered contexts: appends what the template renders after `messages` (no generation prompt)
+    /// beyond the last context's text, when the rendering extends it.
+    fn append_closing(&mut self, messages: &[Message]) {
+        let rendering = Arc::clone(&self.rendering);
+        let context = self.contexts.last().expect("a context exists");
+        if messages.is_empty() {
+            return;
+        }
+        let text = match rendering.render(messages, &rendering.closing) {
+            Ok(text) => text,
+            Err(error) => {
+                // Only a context with nothing sampled loses more than its footer.
+                if context.sampled_ids().is_empty() {
+                    self.errors.push(error);
+                }
+                return;
+            }
+        };
+        let Some(suffix) = text.strip_prefix(context.rendered.as_str()) else {
+            return;
+        };
+        let role = messages.last().map_or(Role::System, |m| m.role);
+        let ids = self.tokenize(suffix);
+        let context = self.contexts.last_mut().expect("a context exists");
+        if !ids.is_empty() {
+            context.fragments.push(Fragment {
+                role,
+                kind: FragmentKind::Frame,
+                ids,
+                trainable: false,
+                logprobs: None,
+            });
+        }
+        context.rendered = text;
+    }
+
     /// Appends the final footer of the last context, if it is open.
     fn close_context(&mut self) {
+        if self.frames.is_none() {
+            if let Some(context) = self.contexts.last().filter(|c| !c.closed) {
+                let messages = context.messages.clone();
+                self.append_closing(&messages);
+                self.contexts.last_mut().expect("a context exists").closed = true;
+            }
+            return;
+        }
         self.flush_text();
         let Some(context) = self.contexts.last() else {
             return;
@@ -692,8 +999,9 @@ impl Holophore {
         if context.closed {
             return;
         }
-        if let Some(last) = context.messages.last().map(|m| m.role) {
-            let frames = Arc::clone(&self.frames);
+        if let (Some(last), Some(frames)) =
+            (context.messages.last().map(|m| m.role), self.frames.clone())
+        {
             self.push_frame(last, &frames.closing[index(last)]);
         }
         self.contexts.last_mut().expect("a context exists").closed = true;
@@ -703,7 +1011,8 @@ impl Holophore {
     /// implicit system message at the start of a context (as [`crate::Transcript`] does).
     fn open_for_content(&mut self) -> Role {
         if self.contexts.last().is_none_or(|c| c.closed) {
-            self.contexts.push(Context::new(true));
+            self.contexts.push(Context::new(true, self.sources, 0));
+            self.sources += 1;
         }
         let context = self.contexts.last().expect("a context exists");
         let current = context.messages.last().map(|m| m.role);
@@ -712,8 +1021,18 @@ impl Holophore {
             (None, None) => Role::System,
             (None, Some(role)) => return role,
         };
+        let Some(frames) = self.frames.clone() else {
+            self.contexts
+                .last_mut()
+                .expect("a context exists")
+                .messages
+                .push(Message {
+                    role,
+                    content: String::new(),
+                });
+            return role;
+        };
         self.flush_text();
-        let frames = Arc::clone(&self.frames);
         let frame = match current {
             Some(previous) => &frames.gap[index(previous)][index(role)],
             None => &frames.opening[index(role)],
@@ -735,7 +1054,8 @@ impl Recorder for Holophore {
     fn begin_context(&mut self, trained: bool) {
         self.close_context();
         self.pending = None;
-        self.contexts.push(Context::new(trained));
+        self.contexts.push(Context::new(trained, self.sources, 0));
+        self.sources += 1;
     }
 
     fn begin_message(&mut self, role: Role) {
@@ -747,14 +1067,22 @@ impl Recorder for Holophore {
             return;
         }
         self.open_for_content();
+        let rendered = self.frames.is_none();
         let context = self.contexts.last_mut().expect("a context exists");
-        context.pending_text.push_str(text);
+        if !rendered {
+            context.pending_text.push_str(text);
+        }
         if let Some(message) = context.messages.last_mut() {
             message.content.push_str(text);
         }
     }
 
     fn completion(&mut self, completion: &Completion) {
+        // Re-rendered: the prompt the sampler saw is in the context (rendering it again adds nothing when
+        // `prompt_ids` gave it).
+        if self.frames.is_none() {
+            self.rendered_prompt();
+        }
         // A completion always belongs to an assistant message: the pending one, the current one, or a new
         // one (as `prompt_ids` announced to the sampler).
         let current = self
@@ -774,10 +1102,24 @@ impl Recorder for Holophore {
         };
         let logprobs = (!completion.logprobs.is_empty() && completion.logprobs.len() == ids.len())
             .then(|| completion.logprobs.clone());
+        let decoded = match (self.frames.is_none(), kind) {
+            (false, _) => String::new(),
+            (true, FragmentKind::Sampled) => self
+                .tokenizer
+                .decode(&ids, false)
+                .unwrap_or_else(|_| completion.text.clone()),
+            (true, _) => completion.text.clone(),
+        };
         let context = self.contexts.last_mut().expect("a context exists");
         if let Some(message) = context.messages.last_mut() {
             message.content.push_str(&completion.text);
         }
+        context.completions.end += 1;
+        context.rendered.push_str(&decoded);
+        context.mark = (
+            context.messages.len(),
+            context.messages.last().map_or(0, |m| m.content.len()),
+        );
         if ids.is_empty() {
             return;
         }
@@ -804,6 +1146,19 @@ impl Recorder for Holophore {
 
     fn recorded_feedback(&self, name: &str) -> Option<&str> {
         feedback_of(&self.feedback, name)
+    }
+}
+
+/// Appends prompt tokens of a re-rendered context.
+fn push_prompt(context: &mut Context, role: Role, ids: Vec<u32>) {
+    if !ids.is_empty() {
+        context.fragments.push(Fragment {
+            role,
+            kind: FragmentKind::Prompt,
+            ids,
+            trainable: false,
+            logprobs: None,
+        });
     }
 }
 

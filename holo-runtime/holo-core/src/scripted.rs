@@ -80,7 +80,7 @@ impl Scripted {
     pub fn tokenized(mut self, holophore: &Holophore) -> Self {
         self.tokens = Some(TokenSpace {
             tokenizer: Arc::clone(holophore.tokenizer()),
-            header: holophore.frames().assistant_header(),
+            header: holophore.assistant_header(),
         });
         self
     }

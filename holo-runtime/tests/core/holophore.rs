@@ -223,7 +223,7 @@ fn parity_with_retokenized_text_completions() {
 fn frames_of_chatml_with_a_default_system_prompt() {
     let tok = tokenizer();
     let h = holophore("qwen_default_system");
-    let frames = h.frames();
+    let frames = h.frames().expect("ChatML is cut into frames");
     let text = |ids: &[u32]| tok.decode(ids, false).unwrap();
     assert_eq!(text(&frames.opening[0]), "<|im_start|>system\n");
     assert_eq!(
@@ -242,10 +242,10 @@ fn frames_of_chatml_with_a_default_system_prompt() {
     // The BOS template: BOS is part of every opening.
     let h = holophore("bos_chatml");
     assert_eq!(
-        text(&h.frames().opening[1]),
+        text(&h.frames().unwrap().opening[1]),
         "<|endoftext|><|im_start|>user\n"
     );
-    assert_eq!(text(&h.frames().closing[1]), "<|im_end|>");
+    assert_eq!(text(&h.frames().unwrap().closing[1]), "<|im_end|>");
 }
 
 #[test]
@@ -400,15 +400,27 @@ fn prefilled_assistant_messages_are_continued() {
 }
 
 #[test]
-fn templates_with_position_dependent_frames_are_refused() {
-    // Llama-2 style: the system prompt is folded into the first user message.
+fn templates_with_position_dependent_frames_are_re_rendered() {
+    // Llama-2 style: the first user message differs from later ones. No frames: each sample request
+    // renders the conversation.
     let source = "{%- for message in messages %}{%- if message['role'] == 'system' %}<<SYS>>{{ message['content'] }}<</SYS>>{%- elif loop.index0 == 0 %}[INST] {{ message['content'] }} [/INST]{%- else %}[INST]{{ message['content'] }}[/INST]{%- endif %}{%- endfor %}";
     let template = ChatTemplate::from_source(source, "llama2ish", special_tokens()).unwrap();
-    let error = Holophore::new(tokenizer(), Arc::new(template)).unwrap_err();
-    assert!(matches!(error, HolophoreError::Unsupported(_)), "{error}");
-    // Strict alternation: the template raises on some role orders.
+    let tok = tokenizer();
+    let mut h = Holophore::new(Arc::clone(&tok), Arc::new(template)).unwrap();
+    assert!(h.frames().is_none());
+    h.begin_context(true);
+    h.begin_message(Role::User);
+    h.text("hi");
+    h.begin_message(Role::Assistant);
+    assert_eq!(h.prompt_ids(), encode(&tok, "[INST] hi [/INST]"));
+    // Strict alternation: the template raises on some role orders; those it accepts render.
     let source = "{%- for message in messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('alternate') }}{%- endif %}{{ message['content'] }}{%- endfor %}";
     let template = ChatTemplate::from_source(source, "strict", special_tokens()).unwrap();
+    let h = Holophore::new(tokenizer(), Arc::new(template)).unwrap();
+    assert!(h.frames().is_none());
+    // A template that cannot render a user message with a generation prompt is refused.
+    let source = "{{ raise_exception('never') }}";
+    let template = ChatTemplate::from_source(source, "never", special_tokens()).unwrap();
     let error = Holophore::new(tokenizer(), Arc::new(template)).unwrap_err();
     assert!(matches!(error, HolophoreError::Render { .. }), "{error}");
 }

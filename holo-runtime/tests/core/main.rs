@@ -9,6 +9,7 @@ mod common;
 mod chat_templates;
 mod code_executor;
 mod holophore;
+mod holophore_rendered;
 mod holotypes;
 mod loom;
 mod loom_holophore;

@@ -258,6 +258,39 @@ pub fn json_value(text: &str) -> Result<Value, serde_json::Error> {
     serde_json::from_str(text)
 }
 
+/// Template arguments (transformers' `apply_chat_template(**kwargs)`, vLLM's `chat_template_kwargs`, such
+/// as Qwen3's `enable_thinking`) from JSON text: an object, whose keys become template variables
+/// ([`RenderOptions::variables`]). Anything else is refused, saying what was given.
+pub fn parse_template_kwargs(text: &str) -> Result<BTreeMap<String, Value>, String> {
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
+    template_kwargs(&json)
+}
+
+/// [`parse_template_kwargs`] of a parsed JSON value.
+pub fn template_kwargs(json: &serde_json::Value) -> Result<BTreeMap<String, Value>, String> {
+    let serde_json::Value::Object(map) = json else {
+        let kind = match json {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Array(_) => "an array",
+            serde_json::Value::Object(_) => "an object",
+        };
+        return Err(format!(
+            "must be a JSON object such as {{\"enable_thinking\": false}}, got {kind}"
+        ));
+    };
+    map.iter()
+        .map(|(key, value)| {
+            json_value(&value.to_string())
+                .map(|value| (key.clone(), value))
+                .map_err(|error| format!("`{key}`: {error}"))
+        })
+        .collect()
+}
+
 struct Named {
     name: String,
     /// The template's key in the environment, also what errors name.

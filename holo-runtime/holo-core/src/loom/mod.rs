@@ -111,7 +111,11 @@
 //! context's token ids with the chat template's frames, 1 in the mask exactly on the sampled tokens of a
 //! trained context (all 0 in an untrained one), and the sampler's logprob of each sampled token (0
 //! elsewhere). The ids end with the template's footer of the last message. A rollout whose text the
-//! tokenizer could not encode fails with stage `rollout`, since its tokens are incomplete.
+//! tokenizer could not encode, or whose conversation the chat template refused (it raised), fails with stage
+//! `rollout`, since its tokens are incomplete. A context whose template rewrites what the model saw at a later
+//! turn (Qwen3 drops earlier turns' `<think>` blocks) is recorded as several contexts, one per rewrite, each
+//! with its own tokens and the messages it holds (earlier completions as prompt text); see
+//! [`crate::holophore`].
 //!
 //! `dataset` is there when [`LoomConfig::dataset`] is set. `rewards` holds each component's value (the
 //! sum, when a component is recorded more than once), `weights` its weight, `reward` the weighted total of
@@ -734,7 +738,7 @@ impl<W: Sink + ?Sized> Run<'_, W> {
                 error = Some(Failure {
                     stage: Stage::Rollout,
                     message: format!(
-                        "the tokenizer failed, so the tokens are incomplete: {}",
+                        "the tokens are incomplete: {}",
                         holophore.errors().join("; ")
                     ),
                 });
@@ -755,36 +759,7 @@ impl<W: Sink + ?Sized> Run<'_, W> {
             rollout_index: active.rollout_index,
             seed: active.seed,
             row: self.rows[active.position].1.clone(),
-            contexts: transcript
-                .contexts
-                .iter()
-                .zip(tokens.into_iter().map(Some).chain(std::iter::repeat(None)))
-                .map(|(context, tokens)| ContextRecord {
-                    trained: context.trained,
-                    tokens,
-                    messages: context
-                        .messages
-                        .iter()
-                        .map(|message| MessageRecord {
-                            role: message.role,
-                            parts: message
-                                .parts
-                                .iter()
-                                .map(|part| match part {
-                                    Part::Prompt(text) => PartRecord {
-                                        text: text.clone(),
-                                        sampled: false,
-                                    },
-                                    Part::Sampled(text) => PartRecord {
-                                        text: text.clone(),
-                                        sampled: true,
-                                    },
-                                })
-                                .collect(),
-                        })
-                        .collect(),
-                })
-                .collect(),
+            contexts: context_records(transcript, tokens),
             rewards,
             weights,
             feedback,
@@ -812,6 +787,109 @@ impl<W: Sink + ?Sized> Run<'_, W> {
 /// A [`Recorder`] that keeps a [`Transcript`] (and a [`Holophore`] when the Loom has one) and knows
 /// whether an assistant message was begun but has no content yet (the transcript creates a message on
 /// its first content).
+/// A context of the holophore: the tokens of (a split of) one transcript context.
+struct Piece {
+    source: usize,
+    completions: std::ops::Range<usize>,
+    tokens: TokensRecord,
+}
+
+/// The records of a rollout's contexts: one per transcript context, or, with a holophore, one per context
+/// it recorded. A transcript context the holophore split (a re-rendered template rewrote what the model
+/// saw, see [`crate::holophore`]) gives one record per split: each with the messages up to its last
+/// completion (the last split: all of them), and the completions before its own as prompt text.
+fn context_records(transcript: &Transcript, pieces: Vec<Piece>) -> Vec<ContextRecord> {
+    let message = |message: &crate::transcript::Message,
+                   sampled: &mut usize,
+                   completions: &std::ops::Range<usize>,
+                   last: bool| {
+        let mut parts = Vec::new();
+        for part in &message.parts {
+            if !last && *sampled >= completions.end {
+                break;
+            }
+            match part {
+                Part::Prompt(text) => parts.push(PartRecord {
+                    text: text.clone(),
+                    sampled: false,
+                }),
+                Part::Sampled(text) => {
+                    parts.push(PartRecord {
+                        text: text.clone(),
+                        sampled: *sampled >= completions.start,
+                    });
+                    *sampled += 1;
+                }
+            }
+        }
+        MessageRecord {
+            role: message.role,
+            parts,
+        }
+    };
+    let whole = |context: &crate::transcript::Context, tokens: Option<TokensRecord>| {
+        let mut sampled = 0;
+        ContextRecord {
+            trained: context.trained,
+            tokens,
+            messages: context
+                .messages
+                .iter()
+                .map(|m| message(m, &mut sampled, &(0..usize::MAX), true))
+                .collect(),
+        }
+    };
+    let one_each = pieces.len() == transcript.contexts.len()
+        && pieces
+            .iter()
+            .enumerate()
+            .all(|(i, piece)| piece.source == i);
+    let covered = pieces
+        .iter()
+        .all(|piece| piece.source < transcript.contexts.len())
+        && (0..transcript.contexts.len()).all(|i| pieces.iter().any(|piece| piece.source == i));
+    if pieces.is_empty() || one_each || !covered {
+        return transcript
+            .contexts
+            .iter()
+            .zip(
+                pieces
+                    .into_iter()
+                    .map(|piece| Some(piece.tokens))
+                    .chain(std::iter::repeat(None)),
+            )
+            .map(|(context, tokens)| whole(context, tokens))
+            .collect();
+    }
+    let lasts: Vec<bool> = (0..pieces.len())
+        .map(|i| {
+            pieces
+                .get(i + 1)
+                .is_none_or(|next| next.source != pieces[i].source)
+        })
+        .collect();
+    pieces
+        .into_iter()
+        .zip(lasts)
+        .map(|(piece, last)| {
+            let context = &transcript.contexts[piece.source];
+            let mut sampled = 0;
+            let mut messages = Vec::new();
+            for m in &context.messages {
+                if !last && sampled >= piece.completions.end {
+                    break;
+                }
+                messages.push(message(m, &mut sampled, &piece.completions, last));
+            }
+            ContextRecord {
+                trained: context.trained,
+                tokens: Some(piece.tokens),
+                messages,
+            }
+        })
+        .collect()
+}
+
 #[derive(Default)]
 struct Prompted {
     transcript: Transcript,
@@ -828,19 +906,24 @@ impl Prompted {
         }
     }
 
-    /// Closes the holophore's contexts and exports them (empty without a holophore).
-    fn tokens(&mut self) -> Vec<TokensRecord> {
+    /// Closes the holophore's contexts and exports them (empty without a holophore), each with the
+    /// transcript context it records and the completions of that context it holds.
+    fn tokens(&mut self) -> Vec<Piece> {
         let Some(holophore) = &mut self.holophore else {
             return Vec::new();
         };
         holophore
             .finish()
             .iter()
-            .map(|context| TokensRecord {
-                ids: context.ids(),
-                loss_mask: context.loss_mask(),
-                logprobs: context.logprobs(),
-                retokenized: context.retokenized(),
+            .map(|context| Piece {
+                source: context.source,
+                completions: context.completions.clone(),
+                tokens: TokensRecord {
+                    ids: context.ids(),
+                    loss_mask: context.loss_mask(),
+                    logprobs: context.logprobs(),
+                    retokenized: context.retokenized(),
+                },
             })
             .collect()
     }
