@@ -177,6 +177,10 @@ pub struct OpenAiConfig {
     pub proxy_from_env: bool,
     /// Seed of the backoff jitter; `None` seeds from the clock and the process id.
     pub jitter_seed: Option<u64>,
+    /// Chat-template arguments sent with chat requests as `chat_template_kwargs` (vLLM's and `holo
+    /// serve`'s field, e.g. `{"enable_thinking": false}`); none by default. Token prompts are rendered
+    /// here already (by a [`crate::holophore::Holophore`] with the same arguments).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 impl OpenAiConfig {
@@ -196,6 +200,7 @@ impl OpenAiConfig {
             vllm_extensions: true,
             proxy_from_env: true,
             jitter_seed: None,
+            chat_template_kwargs: None,
         }
     }
 }
@@ -510,6 +515,9 @@ impl Inner {
                 if extensions && continues {
                     body.insert("continue_final_message".into(), json!(true));
                     body.insert("add_generation_prompt".into(), json!(false));
+                }
+                if let Some(kwargs) = &self.config.chat_template_kwargs {
+                    body.insert("chat_template_kwargs".into(), Value::Object(kwargs.clone()));
                 }
                 self.chat_url.clone()
             }

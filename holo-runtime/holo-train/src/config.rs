@@ -16,6 +16,53 @@ use serde::{Deserialize, Serialize};
 pub(crate) use super::options::{error, shared_allowed_values};
 pub use super::options::{ConfigError, Inert, LrSchedulerType, TrainingArguments, TrainingConfig};
 
+/// Chat-template arguments (TRL's `chat_template_kwargs`): a JSON object, from a TOML table or from JSON
+/// text (a command-line flag). Anything but an object is refused, as is `null` (TOML cannot write it; leave
+/// the key out).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ChatTemplateKwargs(pub serde_json::Map<String, serde_json::Value>);
+
+impl ChatTemplateKwargs {
+    /// The arguments as template variables.
+    pub fn variables(&self) -> BTreeMap<String, minijinja::Value> {
+        holo_core::chat::template_kwargs(&serde_json::Value::Object(self.0.clone()))
+            .unwrap_or_default()
+    }
+}
+
+impl<'de> Deserialize<'de> for ChatTemplateKwargs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        fn has_null(value: &serde_json::Value) -> bool {
+            match value {
+                serde_json::Value::Null => true,
+                serde_json::Value::Array(items) => items.iter().any(has_null),
+                serde_json::Value::Object(map) => map.values().any(has_null),
+                _ => false,
+            }
+        }
+        let json = match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(text) => serde_json::from_str(&text).map_err(|error| {
+                D::Error::custom(format!(
+                    "not valid JSON ({error}); give an object such as {{\"enable_thinking\": false}}"
+                ))
+            })?,
+            other => other,
+        };
+        holo_core::chat::template_kwargs(&json).map_err(D::Error::custom)?;
+        let serde_json::Value::Object(map) = json else {
+            unreachable!("template_kwargs accepts only objects")
+        };
+        if let Some(key) = map.iter().find(|(_, v)| has_null(v)).map(|(k, _)| k) {
+            return Err(D::Error::custom(format!(
+                "`{key}` holds null, which a TOML configuration cannot keep; leave it out"
+            )));
+        }
+        Ok(ChatTemplateKwargs(map))
+    }
+}
+
 /// How the per-token losses of a batch are reduced to one number (TRL's `loss_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -140,6 +187,10 @@ pub struct GrpoConfig {
     pub top_p: f64,
     /// 0 disables top-k.
     pub top_k: u32,
+    /// Extra arguments of the model's chat template (transformers' `apply_chat_template(**kwargs)`), such
+    /// as Qwen3's `enable_thinking`: a table in the TOML file, a JSON object on the command line
+    /// (`--chat-template-kwargs '{"enable_thinking": false}'`).
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
 
     // --- The algorithm ---
     /// `grpo` (group-relative advantages, no value model) or `ppo` (a value model and GAE; its options
@@ -374,6 +425,7 @@ impl Default for GrpoConfig {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
+            chat_template_kwargs: None,
             algorithm: Algorithm::Grpo,
             loss_type: LossType::Dapo,
             importance_sampling_level: ImportanceSamplingLevel::Token,
@@ -601,6 +653,7 @@ impl TrainingConfig for GrpoConfig {
         "generation_batch_size",
         "num_generations_eval",
         "reward_weights",
+        "chat_template_kwargs",
         "epsilon_high",
         "delta",
         "off_policy_mask_threshold",

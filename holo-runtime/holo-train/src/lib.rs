@@ -66,7 +66,8 @@ mod trainer;
 
 pub use builder::ConfigBuilder;
 pub use config::{
-    ConfigError, GrpoConfig, Inert, SandboxConfig, TrainingArguments, TrainingConfig,
+    ChatTemplateKwargs, ConfigError, GrpoConfig, Inert, SandboxConfig, TrainingArguments,
+    TrainingConfig,
 };
 pub use correction::importance_sampling;
 pub use error::TrainError;

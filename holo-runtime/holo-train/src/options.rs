@@ -512,4 +512,58 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn chat_template_kwargs_from_a_table_or_json_text() {
+        let path = std::env::temp_dir().join(format!("holo-kwargs-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "chat_template_kwargs = { enable_thinking = false }\n",
+        )
+        .unwrap();
+        let from_file: GrpoConfig = ConfigBuilder::default()
+            .file(&path)
+            .unwrap()
+            .build()
+            .unwrap();
+        let from_flag: GrpoConfig = ConfigBuilder::default()
+            .set("--chat-template-kwargs", r#"{"enable_thinking": false}"#)
+            .build()
+            .unwrap();
+        assert_eq!(from_file, from_flag);
+        let kwargs = from_flag.chat_template_kwargs.as_ref().unwrap().variables();
+        assert!(!kwargs["enable_thinking"].is_true());
+        assert!(kwargs["enable_thinking"].kind() == minijinja::value::ValueKind::Bool);
+        // The flag overrides the file; the run folder's TOML keeps them.
+        let both: GrpoConfig = ConfigBuilder::default()
+            .file(&path)
+            .unwrap()
+            .set(
+                "--chat-template-kwargs",
+                r#"{"enable_thinking": true, "n": [1, 2]}"#,
+            )
+            .build()
+            .unwrap();
+        let again: GrpoConfig = toml::from_str(&both.to_toml()).unwrap();
+        assert_eq!(again, both);
+        assert_ne!(both, from_file);
+        std::fs::remove_file(&path).unwrap();
+        for (value, said) in [
+            ("[1]", "must be a JSON object"),
+            ("3", "got a number"),
+            ("{bad", "not valid JSON"),
+            (r#"{"a": null}"#, "`a` holds null"),
+        ] {
+            let error = ConfigBuilder::<GrpoConfig>::default()
+                .set("--chat-template-kwargs", value)
+                .build()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with("--chat-template-kwargs: `chat_template_kwargs`: ")
+                    && error.contains(said),
+                "{value}: {error}"
+            );
+        }
+    }
 }

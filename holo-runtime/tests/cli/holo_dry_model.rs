@@ -184,3 +184,105 @@ fn codemath_runs_python_end_to_end() {
     );
     assert_eq!(stdout.matches("# row ").count(), 3, "{stdout}");
 }
+
+/// A model folder with Qwen3's chat template (the fixture tokenizer, Qwen3's `tokenizer_config.json`).
+fn qwen3_folder() -> String {
+    let dir = scratch("qwen3-template");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures = crate::common::repo().join("holo-runtime/tests/fixtures");
+    std::fs::copy(
+        fixtures.join("holophore/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixtures.join("chat/models/qwen3/tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    dir.display().to_string()
+}
+
+#[test]
+fn qwen3_multi_turn_thinking_records_a_context_per_turn_and_takes_template_kwargs() {
+    let model = qwen3_folder();
+    let data = first_row();
+    let first = "<think>\nMultiply.\n</think>\n\n<answer>391</answer>";
+    let second = "<think>\nCheck.\n</think>\n\n<answer>391</answer>";
+    let out = scratch("qwen3-eval.jsonl").display().to_string();
+    let output = holo(&[
+        "eval",
+        "hol/doublecheck.hol",
+        "--data",
+        &data,
+        "--model",
+        &model,
+        "--reply",
+        first,
+        "--reply",
+        second,
+        "--out",
+        &out,
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let record: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+    // The template drops the first turn's thinking at the second turn: two trained contexts, each
+    // with one turn's sampled tokens.
+    let contexts = record["contexts"].as_array().unwrap();
+    assert_eq!(contexts.len(), 2, "{record}");
+    for context in contexts {
+        assert_eq!(context["trained"], true);
+        let mask = context["tokens"]["loss_mask"].as_array().unwrap();
+        assert!(mask.iter().any(|m| m == 1));
+    }
+    let sampled: Vec<&str> = contexts
+        .iter()
+        .flat_map(|c| c["messages"].as_array().unwrap())
+        .flat_map(|m| m["parts"].as_array().unwrap())
+        .filter(|p| p["sampled"] == true)
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(sampled, [first, second]);
+
+    // `--chat-template-kwargs` reaches the rendering: without thinking, the generation prompt ends in
+    // an empty think block.
+    let dry = |kwargs: Option<&str>| {
+        let mut args = vec![
+            "dry",
+            "hol/doublecheck.hol",
+            "--data",
+            &data,
+            "--model",
+            &model,
+            "--color",
+            "never",
+            "--reply",
+            "<answer>391</answer>",
+        ];
+        if let Some(kwargs) = kwargs {
+            args.extend(["--chat-template-kwargs", kwargs]);
+        }
+        let output = holo(&args);
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        text(&output.stdout)
+    };
+    let empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n⟦<answer>";
+    assert!(dry(Some(r#"{"enable_thinking": false}"#)).contains(empty_think));
+    assert!(!dry(None).contains(empty_think));
+    // Anything but a JSON object is refused, naming the flag.
+    let output = holo(&[
+        "dry",
+        "hol/doublecheck.hol",
+        "--data",
+        &data,
+        "--chat-template-kwargs",
+        "[true]",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("--chat-template-kwargs") && stderr.contains("must be a JSON object"),
+        "{stderr}"
+    );
+}

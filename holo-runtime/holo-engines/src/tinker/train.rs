@@ -269,7 +269,13 @@ impl Tinker {
                 dir.display()
             )));
         }
-        let holophore = Holophore::new(Arc::clone(&tokenizer), template).map_err(|error| {
+        let kwargs = config
+            .chat_template_kwargs
+            .as_ref()
+            .map(|kwargs| kwargs.variables())
+            .unwrap_or_default();
+        let holophore = Holophore::with_template_kwargs(Arc::clone(&tokenizer), template, kwargs)
+            .map_err(|error| {
             TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display()))
         })?;
         let sampler = TinkerSampler::new(

@@ -52,9 +52,14 @@ impl Local {
         // The frozen starting point: the base weights (LoRA trains beside them, so they are shared).
         let reference = config.uses_reference().then(|| base.detached());
         drop(base);
-        let holophore = Holophore::new(
+        let holophore = Holophore::with_template_kwargs(
             Arc::new(policy.tokenizer.clone()),
             Arc::new(policy.template.clone()),
+            config
+                .chat_template_kwargs
+                .as_ref()
+                .map(|kwargs| kwargs.variables())
+                .unwrap_or_default(),
         )
         .map_err(|error| {
             TrainError::Input(format!("--model `{}`: {error}", policy.dir.display()))

@@ -56,6 +56,9 @@ pub struct CompareArgs {
     /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it.
     #[arg(long)]
     allow_unsandboxed_code: bool,
+    /// Extra arguments of the chat template, a JSON object (`holo eval`'s), for both policies.
+    #[arg(long, value_name = "JSON", value_parser = crate::template_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// The reward component whose full credit (>= 1) makes a rollout pass, for pass@k. Default: the
     /// holoware's answer check (ExactAnswer or MathAnswer; the one marked `pass=true` where there are
     /// several); without one, pass@k is not computed.
@@ -337,6 +340,7 @@ fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy
         allow_unsandboxed_code: args.allow_unsandboxed_code,
         request_timeout: None,
         retries: None,
+        chat_template_kwargs: args.chat_template_kwargs.clone(),
     };
     let holophore = sampler_args.holophore()?;
     let sampler = sampler_args

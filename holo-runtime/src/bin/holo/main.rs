@@ -219,9 +219,34 @@ struct SamplerArgs {
     /// before its rollout fails, naming the last failure (default 6).
     #[arg(long)]
     retries: Option<u32>,
+    /// Extra arguments of the model's chat template, a JSON object (transformers'
+    /// `apply_chat_template(**kwargs)`): `'{"enable_thinking": false}'` turns Qwen3's thinking off.
+    /// Every rendering of a rollout gets them; with `openai` and no local tokenizer they go to the
+    /// server as `chat_template_kwargs`.
+    #[arg(long, value_name = "JSON", value_parser = template_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `--chat-template-kwargs`: a JSON object.
+pub fn template_kwargs(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    holo_runtime::chat::parse_template_kwargs(text)?;
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => unreachable!("parse_template_kwargs accepts only objects"),
+    }
 }
 
 impl SamplerArgs {
+    /// The chat-template arguments as template variables.
+    fn template_variables(&self) -> std::collections::BTreeMap<String, holo_runtime::chat::Value> {
+        self.chat_template_kwargs
+            .as_ref()
+            .and_then(|map| {
+                holo_runtime::chat::template_kwargs(&serde_json::Value::Object(map.clone())).ok()
+            })
+            .unwrap_or_default()
+    }
+
     /// The holophore of `--model` when it is a model folder (always, for the scripted sampler).
     fn holophore(&self) -> Result<Option<Holophore>, ExitCode> {
         let Some(model) = &self.model else {
@@ -236,8 +261,12 @@ impl SamplerArgs {
                 .and_then(|tokenizer| Ok((tokenizer, load_template(dir)?)))
                 .map_err(|error| error.to_string())
                 .and_then(|(tokenizer, template)| {
-                    Holophore::new(Arc::new(tokenizer), Arc::new(template))
-                        .map_err(|error| error.to_string())
+                    Holophore::with_template_kwargs(
+                        Arc::new(tokenizer),
+                        Arc::new(template),
+                        self.template_variables(),
+                    )
+                    .map_err(|error| error.to_string())
                 })
                 .map(Some)
                 .map_err(|error| {
@@ -248,10 +277,12 @@ impl SamplerArgs {
         if self.sampler == SamplerKind::Openai && !dir.join("tokenizer.json").is_file() {
             return Ok(None);
         }
-        Holophore::from_dir(dir).map(Some).map_err(|error| {
-            eprintln!("error: --model `{model}`: {error}");
-            ExitCode::from(EXIT_USAGE)
-        })
+        Holophore::from_dir_with(dir, self.template_variables())
+            .map(Some)
+            .map_err(|error| {
+                eprintln!("error: --model `{model}`: {error}");
+                ExitCode::from(EXIT_USAGE)
+            })
     }
 
     /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with at
@@ -284,6 +315,7 @@ impl SamplerArgs {
                         .request_timeout
                         .map_or(defaults.request_timeout, Duration::from_secs_f64),
                     max_retries: self.retries.unwrap_or(defaults.max_retries),
+                    chat_template_kwargs: self.chat_template_kwargs.clone(),
                     ..defaults
                 };
                 match OpenAi::new(config) {
