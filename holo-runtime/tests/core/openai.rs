@@ -522,6 +522,30 @@ async fn chat_ending_with_a_user_message_starts_a_new_turn() {
 }
 
 #[tokio::test]
+async fn chat_template_kwargs_go_with_chat_requests_only() {
+    let server = Server::start(|seen, _| vllm(seen)).await;
+    let kwargs = json!({"enable_thinking": false});
+    let sampler = OpenAi::new(OpenAiConfig {
+        chat_template_kwargs: kwargs.as_object().cloned(),
+        ..config(&server)
+    })
+    .unwrap();
+    let chat = Request {
+        prompt: Prompt::Chat(vec![ChatMessage {
+            role: Role::User,
+            content: "hi".into(),
+        }]),
+        params: SampleParams::default(),
+    };
+    one(&sampler, chat).await.unwrap();
+    one(&sampler, text("Q")).await.unwrap();
+    let seen = server.seen();
+    assert_eq!(seen[0].body["chat_template_kwargs"], kwargs);
+    // A text or token prompt is rendered already: nothing to pass.
+    assert!(seen[1].body.get("chat_template_kwargs").is_none());
+}
+
+#[tokio::test]
 async fn stop_string_is_appended_when_the_server_strips_it() {
     // A vLLM that ignores include_stop_str_in_output: the stop string comes back in stop_reason only.
     let stripping = Fake {
