@@ -12,6 +12,10 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
   tied embeddings, rope_theta 1e6;
 - `qwen3/`: Qwen3ForCausalLM, hidden 64, 2 layers, 6 heads / 2 kv heads of 24 dimensions (wider than hidden /
   heads, as Qwen3's are), per-head q/k RMSNorm, no biases, untied embeddings, rope_theta 1e6;
+- `mistral/`: MistralForCausalLM, a sliding window of 4 positions on both layers (shorter than the prompts and
+  the greedy runs, so the KV-cached decoding crosses it), 32-wide heads over hidden 64, untied;
+- `ministral/`: MinistralForCausalLM, a windowed layer (4 positions) then a full one (`layer_types`);
+- `smollm3/`: SmolLM3ForCausalLM, RoPE on the first layer only (`no_rope_layers` [1, 0]), tied embeddings;
 - `llama/`: LlamaForCausalLM, the same sizes as qwen2, untied embeddings, attention_bias false, rope_theta 5e5 with
   `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
   original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
@@ -82,8 +86,14 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    MinistralConfig,
+    MinistralForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 from fixture_gradients import grad_sample
@@ -229,7 +239,58 @@ def qwen3_model() -> torch.nn.Module:
     return Qwen3ForCausalLM(config)
 
 
-MODELS = {"qwen2": qwen2_model, "llama": llama_model, "qwen3": qwen3_model}
+WINDOW = 4  # shorter than the 5- and 11-token prompts and the 12 greedy tokens
+
+
+def mistral_model() -> torch.nn.Module:
+    # Every layer windowed; heads of 32 over hidden 64 (an explicit head_dim, as Mistral NeMo's).
+    config = MistralConfig(
+        **COMMON,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=WINDOW,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
+    return MistralForCausalLM(config)
+
+
+def ministral_model() -> torch.nn.Module:
+    # A windowed layer, then a full one.
+    config = MinistralConfig(
+        **COMMON,
+        head_dim=16,  # MinistralConfig leaves it None and its attention reads it
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000_000.0},
+    )
+    return MinistralForCausalLM(config)
+
+
+def smollm3_model() -> torch.nn.Module:
+    # RoPE on the first layer only (`no_rope_layers`: 1 rotates, 0 does not).
+    config = SmolLM3Config(
+        **COMMON,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        no_rope_layers=[1, 0],
+        pad_token_id=509,  # its default, 128004, is past this vocabulary
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0},
+    )
+    return SmolLM3ForCausalLM(config)
+
+
+MODELS = {
+    "qwen2": qwen2_model,
+    "llama": llama_model,
+    "qwen3": qwen3_model,
+    "mistral": mistral_model,
+    "ministral": ministral_model,
+    "smollm3": smollm3_model,
+}
 
 PERTURBATION = (
     "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "

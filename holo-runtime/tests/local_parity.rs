@@ -19,7 +19,7 @@ use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
 /// The fixture folders, one per family.
-const FAMILIES: [&str; 3] = ["qwen2", "llama", "qwen3"];
+const FAMILIES: [&str; 6] = ["qwen2", "llama", "qwen3", "mistral", "ministral", "smollm3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -480,6 +480,14 @@ fn fixture_configs_parse_with_transformers_5_keys() {
         (24, &[144, 64][..])
     );
     assert_eq!(attention.k_norm.as_ref().unwrap().weight.dims(), &[24]);
+    let windows = |name: &str| -> Vec<(Option<usize>, bool)> {
+        let model = files::load_model(&fixture(name), DType::F32, &Device::Cpu).unwrap();
+        let layers = model.config.layers.iter();
+        layers.map(|layer| (layer.window, layer.rope)).collect()
+    };
+    assert_eq!(windows("mistral"), [(Some(4), true), (Some(4), true)]);
+    assert_eq!(windows("ministral"), [(Some(4), true), (None, true)]);
+    assert_eq!(windows("smollm3"), [(None, true), (None, false)]);
 }
 
 #[test]

@@ -22,6 +22,10 @@ use super::model::{
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
 
+/// A projection as heads `[B, heads, T, head_dim]`, its adapter's activations, and its per-head norm's
+/// normalized input and roots.
+type ProjectedHeads = (Tensor, Option<AdapterParts>, Option<(Tensor, Tensor)>);
+
 impl DecoderLayer {
     /// Whether [`DecoderLayer::backward`] applies: f32 or f64 weights and adapters. Half-precision
     /// layers (bf16 training on CUDA) keep candle's autograd, which follows the forward's casts.
@@ -58,35 +62,40 @@ impl DecoderLayer {
         let (normed_input, input_norm, input_root) = this.input_layernorm.forward_parts(xs)?;
         // Each projection as heads `[B, heads, T, head_dim]`, through its per-head norm when the family
         // has one (whose normalized input and roots its backward reads).
-        let project = |linear: &Linear,
-                       heads: usize,
-                       norm: Option<&RmsNorm>|
-         -> Result<(Tensor, Option<AdapterParts>, Option<(Tensor, Tensor)>)> {
-            let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
-            let split = ys.reshape((batch, len, heads, head_dim))?;
-            let (split, norm_parts) = match norm {
-                Some(norm) => {
-                    let (out, normed, root) = norm.forward_parts(&split)?;
-                    (out, Some((normed, root)))
-                }
-                None => (split, None),
+        let project =
+            |linear: &Linear, heads: usize, norm: Option<&RmsNorm>| -> Result<ProjectedHeads> {
+                let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
+                let split = ys.reshape((batch, len, heads, head_dim))?;
+                let (split, norm_parts) = match norm {
+                    Some(norm) => {
+                        let (out, normed, root) = norm.forward_parts(&split)?;
+                        (out, Some((normed, root)))
+                    }
+                    None => (split, None),
+                };
+                Ok((split.transpose(1, 2)?, adapter, norm_parts))
             };
-            Ok((split.transpose(1, 2)?, adapter, norm_parts))
-        };
         let (q, q_adapter, q_norm_parts) =
             project(&attention.q_proj, heads, attention.q_norm.as_ref())?;
         let (k, k_adapter, k_norm_parts) =
             project(&attention.k_proj, kv_heads, attention.k_norm.as_ref())?;
         let (v, v_adapter, _) = project(&attention.v_proj, kv_heads, None)?;
         let v = v.contiguous()?;
-        let q = apply_rope(&q, &frame.cos, &frame.sin, ops)?
+        let rope = frame.rope(self.spec);
+        let (q, k) = match rope {
+            Some((cos, sin)) => (
+                apply_rope(&q, cos, sin, ops)?,
+                apply_rope(&k, cos, sin, ops)?,
+            ),
+            None => (q, k.contiguous()?),
+        };
+        let q = q
             .contiguous()?
             .reshape((batch, kv_heads, group * len, head_dim))?;
-        let k = apply_rope(&k, &frame.cos, &frame.sin, ops)?;
         let scale = 1.0 / (head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((batch, heads, len, len))?
-            .broadcast_add(&frame.mask)?;
+            .broadcast_add(frame.mask(self.spec))?;
         let weights = softmax(&scores, ops)?.reshape((batch, kv_heads, group * len, len))?;
         let attended = weights
             .matmul(&v)?
@@ -167,12 +176,12 @@ impl DecoderLayer {
             * &weights)?;
         let d_scores = (d_scores * scale)?;
         let d_q = rope_backward(
-            &d_scores
+            d_scores
                 .matmul(&k)?
                 .reshape((batch, heads, len, head_dim))?,
-            frame,
+            rope,
         )?;
-        let d_k = rope_backward(&d_scores.t()?.matmul(&q)?, frame)?;
+        let d_k = rope_backward(d_scores.t()?.matmul(&q)?, rope)?;
         let flat = |d: Tensor, heads: usize| -> Result<Tensor> {
             d.transpose(1, 2)?.reshape((rows, heads * head_dim))
         };
@@ -362,13 +371,18 @@ fn head_norm_backward(
 }
 
 /// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
-/// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves.
-fn rope_backward(dy: &Tensor, frame: &Frame) -> Result<Tensor> {
-    if crate::kernels::kernel::takes(dy, &[&frame.cos, &frame.sin]) {
-        return crate::kernels::rope::rope_backward(dy, &frame.cos, &frame.sin);
+/// transposed, `∂x = ∂y · cos + Rᵀ(∂y · sin)` with `Rᵀ(a, b) = (b, −a)` over the two halves; `dy`
+/// itself for a layer without RoPE.
+fn rope_backward(dy: Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    let Some((cos, sin)) = rope else {
+        return Ok(dy);
+    };
+    let dy = &dy;
+    if crate::kernels::kernel::takes(dy, &[cos, sin]) {
+        return crate::kernels::rope::rope_backward(dy, cos, sin);
     }
-    let cos = Tensor::cat(&[&frame.cos, &frame.cos], D::Minus1)?.unsqueeze(1)?;
-    let sin = Tensor::cat(&[&frame.sin, &frame.sin], D::Minus1)?.unsqueeze(1)?;
+    let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+    let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
     let half = dy.dim(D::Minus1)? / 2;
     let rotated = dy.broadcast_mul(&sin)?;
     let transposed = Tensor::cat(
@@ -391,8 +405,8 @@ mod tests {
     use crate::testing::{config, max_abs, random_model};
 
     /// The layer's gradients, and the input's, against candle's autograd through the differentiable
-    /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Llama
-    /// (o and MLP biases),
+    /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Llama
+    /// (o and MLP biases), Mistral (a window of 3) and SmolLM3 (no RoPE),
     /// rows of different lengths (right padding), in f64 and f32.
     #[test]
     fn the_layer_backward_is_autograd_s() {
@@ -401,7 +415,13 @@ mod tests {
         let mask =
             Tensor::from_vec(vec![1u8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0], (2, 6), &device).unwrap();
         for (dtype, tolerance) in [(DType::F64, 1e-10), (DType::F32, 1e-4)] {
-            for arch in [Arch::Qwen2, Arch::Qwen3, Arch::Llama] {
+            for arch in [
+                Arch::Qwen2,
+                Arch::Qwen3,
+                Arch::Llama,
+                Arch::Mistral,
+                Arch::SmolLm3,
+            ] {
                 let base = random_model(&config(arch), dtype);
                 let lora = LoraConfig {
                     targets: PROJECTIONS.map(String::from).to_vec(),

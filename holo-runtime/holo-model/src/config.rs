@@ -1,4 +1,4 @@
-//! `config.json` of a Hugging Face Qwen2, Qwen3 or Llama checkpoint.
+//! `config.json` of a Hugging Face checkpoint of one of the families in [`Arch`].
 //!
 //! Both the keys written by transformers 4 (`rope_theta`, `rope_scaling`) and by transformers 5
 //! (`rope_parameters`) are read, so folders saved by either load unchanged.
@@ -18,6 +18,10 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Llama,
+    Mistral,
+    Ministral,
+    #[serde(rename = "smollm3")]
+    SmolLm3,
 }
 
 impl Arch {
@@ -26,6 +30,9 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Ministral => "ministral",
+            Arch::SmolLm3 => "smollm3",
         }
     }
 
@@ -34,6 +41,9 @@ impl Arch {
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Ministral => "MinistralForCausalLM",
+            Arch::SmolLm3 => "SmolLM3ForCausalLM",
         }
     }
 }
@@ -42,6 +52,24 @@ impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.model_type())
     }
+}
+
+/// What sets one decoder layer apart from the others of its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpec {
+    /// `Some(w)`: sliding-window attention, a query sees the keys of the last `w` positions (itself
+    /// included), as transformers' `sliding_window` (`layer_types` `"sliding_attention"`).
+    pub window: Option<usize>,
+    /// Whether the layer rotates its queries and keys (SmolLM3 leaves RoPE out of every fourth layer).
+    pub rope: bool,
+}
+
+impl LayerSpec {
+    /// Full attention with RoPE: every layer of Qwen2, Qwen3 and Llama checkpoints.
+    pub const FULL: LayerSpec = LayerSpec {
+        window: None,
+        rope: true,
+    };
 }
 
 /// How rotary frequencies are rescaled for long contexts.
@@ -85,6 +113,8 @@ pub struct ModelConfig {
     /// An RMSNorm over each query and key head (`self_attn.q_norm`, `self_attn.k_norm`, `[head_dim]`),
     /// after the projection and before RoPE: Qwen3.
     pub qk_norm: bool,
+    /// Each layer's attention window and RoPE, in layer order (`num_hidden_layers` of them).
+    pub layers: Vec<LayerSpec>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -120,6 +150,9 @@ impl ModelConfig {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "ministral" => Arch::Ministral,
+            "smollm3" => Arch::SmolLm3,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -206,11 +239,6 @@ impl ModelConfig {
                 "`head_dim` ({head_dim}) must be even for RoPE"
             )));
         }
-        if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && bool_key("use_sliding_window", false)? {
-            return Err(ConfigError(format!(
-                "`use_sliding_window: true` is not supported ({arch} checkpoints ship with it off)"
-            )));
-        }
         refuse_unimplemented_keys(json)?;
 
         // transformers 5 folds theta and scaling into `rope_parameters`; earlier versions keep them apart.
@@ -233,17 +261,20 @@ impl ModelConfig {
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (bool_key("attention_bias", false)?, false),
-            Arch::Llama => {
+            Arch::Mistral | Arch::Ministral => (false, false),
+            Arch::Llama | Arch::SmolLm3 => {
                 let bias = bool_key("attention_bias", false)?;
                 (bias, bias)
             }
         };
+        let num_hidden_layers = usize_key("num_hidden_layers")?;
+        let layers = layer_specs(arch, json, num_hidden_layers)?;
         let config = ModelConfig {
             arch,
             vocab_size: usize_key("vocab_size")?,
             hidden_size,
             intermediate_size: usize_key("intermediate_size")?,
-            num_hidden_layers: usize_key("num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -251,11 +282,15 @@ impl ModelConfig {
             rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: bool_key("tie_word_embeddings", arch == Arch::Qwen2)?,
+            tie_word_embeddings: bool_key(
+                "tie_word_embeddings",
+                matches!(arch, Arch::Qwen2 | Arch::SmolLm3),
+            )?,
             qkv_bias,
             o_bias,
-            mlp_bias: arch == Arch::Llama && bool_key("mlp_bias", false)?,
+            mlp_bias: matches!(arch, Arch::Llama | Arch::SmolLm3) && bool_key("mlp_bias", false)?,
             qk_norm: arch == Arch::Qwen3,
+            layers,
             bos_token_id: optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
         };
@@ -289,6 +324,9 @@ impl ModelConfig {
             "use_cache": true,
             "torch_dtype": "float32",
             "bos_token_id": self.bos_token_id,
+            // Stated, because some families default it to an id past a small vocabulary (SmolLM3's
+            // 128004); the padding token is the tokenizer's.
+            "pad_token_id": Value::Null,
             "eos_token_id": match self.eos_token_ids.as_slice() {
                 [one] => Value::from(*one),
                 ids => Value::from(ids.to_vec()),
@@ -316,11 +354,26 @@ impl ModelConfig {
                 }),
             },
         );
+        let window = self.layers.iter().find_map(|layer| layer.window);
+        let layer_types: Vec<&str> = self
+            .layers
+            .iter()
+            .map(|layer| match layer.window {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
         match self.arch {
             Arch::Qwen2 | Arch::Qwen3 => {
-                object.insert("use_sliding_window".into(), false.into());
-                object.insert("sliding_window".into(), Value::Null);
-                object.insert("max_window_layers".into(), self.num_hidden_layers.into());
+                // Sliding layers are the last ones, from `max_window_layers` on.
+                let first_sliding = self.layers.iter().position(|layer| layer.window.is_some());
+                object.insert("use_sliding_window".into(), window.is_some().into());
+                object.insert("sliding_window".into(), window.into());
+                object.insert(
+                    "max_window_layers".into(),
+                    first_sliding.unwrap_or(self.num_hidden_layers).into(),
+                );
+                object.insert("layer_types".into(), layer_types.into());
                 if self.arch == Arch::Qwen3 {
                     object.insert("attention_bias".into(), self.qkv_bias.into());
                 }
@@ -330,15 +383,35 @@ impl ModelConfig {
                 object.insert("mlp_bias".into(), self.mlp_bias.into());
                 object.insert("pretraining_tp".into(), 1.into());
             }
+            Arch::Mistral => {
+                object.insert("sliding_window".into(), window.into());
+            }
+            Arch::Ministral => {
+                object.insert("sliding_window".into(), window.into());
+                object.insert("layer_types".into(), layer_types.into());
+            }
+            Arch::SmolLm3 => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                object.insert("mlp_bias".into(), self.mlp_bias.into());
+                let no_rope_layers: Vec<u8> = self
+                    .layers
+                    .iter()
+                    .map(|layer| u8::from(layer.rope))
+                    .collect();
+                object.insert("no_rope_layers".into(), no_rope_layers.into());
+                object.insert("use_sliding_window".into(), window.is_some().into());
+                object.insert("sliding_window".into(), window.into());
+                object.insert("layer_types".into(), layer_types.into());
+            }
         }
         json
     }
 }
 
 /// The families this runtime implements, for error messages.
-pub const SUPPORTED: &str =
-    "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 (Qwen3ForCausalLM: \
-     Qwen3 dense) and llama (LlamaForCausalLM: Llama 2/3, SmolLM2)";
+pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 \
+     (Qwen3ForCausalLM: Qwen3 dense), llama (LlamaForCausalLM: Llama 2/3, SmolLM2), mistral \
+     (MistralForCausalLM), ministral (MinistralForCausalLM) and smollm3 (SmolLM3ForCausalLM)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.
@@ -353,19 +426,115 @@ fn refuse_unimplemented_keys(json: &Value) -> Result<(), ConfigError> {
              GGUF file of it"
         )));
     }
-    if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
-        if let Some((layer, kind)) = types
+    Ok(())
+}
+
+/// Each layer's window and RoPE, from `layer_types`, `sliding_window` and the family's own keys
+/// (`use_sliding_window` and `max_window_layers` for Qwen, `no_rope_layers` for SmolLM3), with the
+/// defaults transformers' config classes derive when a key is absent.
+fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>, ConfigError> {
+    let present = |key: &str| json.get(key).filter(|value| !value.is_null());
+    let window = match present("sliding_window") {
+        None => None,
+        Some(value) => match value.as_u64() {
+            Some(window) if window >= 1 => Some(window as usize),
+            _ => {
+                return Err(ConfigError(format!(
+                    "`sliding_window` must be a positive integer or null, found {value}"
+                )))
+            }
+        },
+    };
+    let flag = |key: &str| -> Result<bool, ConfigError> {
+        match present(key) {
+            None => Ok(false),
+            Some(value) => value.as_bool().ok_or_else(|| {
+                ConfigError(format!("`{key}` must be true or false, found {value}"))
+            }),
+        }
+    };
+    let integer = |key: &str, default: usize| -> Result<usize, ConfigError> {
+        match present(key) {
+            None => Ok(default),
+            Some(value) => value.as_u64().map(|v| v as usize).ok_or_else(|| {
+                ConfigError(format!(
+                    "`{key}` must be a non-negative integer, found {value}"
+                ))
+            }),
+        }
+    };
+    let per_layer = |key: &str| -> Result<Option<&Vec<Value>>, ConfigError> {
+        match present(key) {
+            None => Ok(None),
+            Some(Value::Array(values)) if values.len() == count => Ok(Some(values)),
+            Some(value) => Err(ConfigError(format!(
+                "`{key}` must list the {count} layers, found {value}"
+            ))),
+        }
+    };
+
+    let rope: Vec<bool> = match (arch, per_layer("no_rope_layers")?) {
+        (Arch::SmolLm3, Some(flags)) => flags
             .iter()
             .enumerate()
-            .find(|(_, kind)| kind.as_str() != Some("full_attention"))
-        {
-            return Err(ConfigError(format!(
-                "`layer_types[{layer}]` is {kind}: only \"full_attention\" layers are implemented \
-                 for this family"
-            )));
+            .map(|(layer, flag)| match flag.as_u64() {
+                Some(0) => Ok(false),
+                Some(1) => Ok(true),
+                _ => Err(ConfigError(format!(
+                    "`no_rope_layers[{layer}]` must be 0 (no RoPE) or 1, found {flag}"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        (Arch::SmolLm3, None) => {
+            let interval = integer("no_rope_layer_interval", 4)?.max(1);
+            (0..count)
+                .map(|layer| (layer + 1) % interval != 0)
+                .collect()
         }
-    }
-    Ok(())
+        _ => vec![true; count],
+    };
+
+    let sliding: Vec<bool> = match per_layer("layer_types")? {
+        Some(types) => types
+            .iter()
+            .enumerate()
+            .map(|(layer, kind)| match kind.as_str() {
+                Some("full_attention") => Ok(false),
+                Some("sliding_attention") => Ok(true),
+                _ => Err(ConfigError(format!(
+                    "`layer_types[{layer}]` is {kind}: supported layer types are \
+                     \"full_attention\" and \"sliding_attention\""
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        None => match arch {
+            Arch::Qwen2 | Arch::Qwen3 => {
+                let from = integer("max_window_layers", 28)?;
+                (0..count).map(|layer| layer >= from).collect()
+            }
+            Arch::SmolLm3 => rope.iter().map(|&rope| !rope).collect(),
+            Arch::Mistral | Arch::Ministral => vec![true; count],
+            Arch::Llama => vec![false; count],
+        },
+    };
+    // Where the family's attention reads the window (transformers' modelling code).
+    let window = match arch {
+        Arch::Qwen2 | Arch::Qwen3 if !flag("use_sliding_window")? => None,
+        Arch::Llama => None,
+        _ => window,
+    };
+    Ok(sliding
+        .into_iter()
+        .zip(rope)
+        .map(|(sliding, rope)| LayerSpec {
+            window: if arch == Arch::Mistral || sliding {
+                window
+            } else {
+                None
+            },
+            rope,
+        })
+        .collect())
 }
 
 fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {

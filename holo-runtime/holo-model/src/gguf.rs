@@ -29,7 +29,7 @@ use candle_nn::VarBuilder;
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::config::{Arch, ConfigError, ModelConfig, RopeScaling};
+use super::config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling};
 use super::error::LoadError;
 use super::model::Model;
 use holo_core::chat::folder::FolderError;
@@ -316,12 +316,13 @@ impl Gguf {
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
             Arch::Qwen3 => (self.has_tensor("blk.0.attn_q.bias"), false, false),
-            Arch::Llama => (
+            _ => (
                 self.has_tensor("blk.0.attn_q.bias"),
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
         };
+        let block_count = self.required_usize(&key("block_count"))?;
         let mut eos_token_ids = Vec::new();
         for name in ["eos_token_id", "eot_token_id", "eom_token_id"] {
             if let Some(id) = self.token_id(name)? {
@@ -335,7 +336,7 @@ impl Gguf {
             vocab_size,
             hidden_size,
             intermediate_size: self.required_usize(&key("feed_forward_length"))?,
-            num_hidden_layers: self.required_usize(&key("block_count"))?,
+            num_hidden_layers: block_count,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -350,6 +351,7 @@ impl Gguf {
             o_bias,
             mlp_bias,
             qk_norm: arch == Arch::Qwen3,
+            layers: vec![LayerSpec::FULL; block_count],
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };

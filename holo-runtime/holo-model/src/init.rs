@@ -53,7 +53,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use super::config::{Arch, ModelConfig, RopeScaling};
+use super::config::{Arch, LayerSpec, ModelConfig, RopeScaling};
 
 /// The special tokens, in Qwen2.5's order; they take the last three ids.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -106,16 +106,28 @@ impl fmt::Display for Preset {
     }
 }
 
-/// `qwen2`, `qwen3` or `llama`, for command-line parsers.
+/// The families `holo init-model` writes, by `model_type`.
+pub const ARCHS: [Arch; 6] = [
+    Arch::Qwen2,
+    Arch::Qwen3,
+    Arch::Llama,
+    Arch::Mistral,
+    Arch::Ministral,
+    Arch::SmolLm3,
+];
+
+/// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.
 pub fn parse_arch(name: &str) -> Result<Arch, String> {
-    match name {
-        "qwen2" => Ok(Arch::Qwen2),
-        "qwen3" => Ok(Arch::Qwen3),
-        "llama" => Ok(Arch::Llama),
-        other => Err(format!(
-            "unknown architecture {other:?}; expected qwen2, qwen3 or llama"
-        )),
-    }
+    ARCHS
+        .into_iter()
+        .find(|arch| arch.model_type() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = ARCHS.iter().map(|arch| arch.model_type()).collect();
+            format!(
+                "unknown architecture {name:?}; expected one of {}",
+                names.join(", ")
+            )
+        })
 }
 
 /// What to write.
@@ -254,7 +266,40 @@ pub fn preset_config(
             (Arch::Qwen3, Preset::Small) => (1024, 3072, 28, 16, 8, 128, 40960, 1e6, 1e-6, true),
             // SmolLM2-135M.
             (Arch::Llama, Preset::Small) => (576, 1536, 30, 9, 3, 64, 8192, 1e5, 1e-5, true),
+            (Arch::Mistral | Arch::Ministral, Preset::Tiny) => {
+                (64, 128, 2, 4, 2, 16, 2048, 1e6, 1e-5, false)
+            }
+            (Arch::SmolLm3, Preset::Tiny) => (64, 128, 2, 4, 2, 16, 2048, 5e6, 1e-6, true),
+            // Mistral-7B-v0.3 (no sliding window).
+            (Arch::Mistral, Preset::Small) => {
+                (4096, 14336, 32, 32, 8, 128, 32768, 1e6, 1e-5, false)
+            }
+            // Ministral-8B.
+            (Arch::Ministral, Preset::Small) => {
+                (4096, 12288, 36, 32, 8, 128, 32768, 1e8, 1e-5, false)
+            }
+            // SmolLM3-3B.
+            (Arch::SmolLm3, Preset::Small) => (2048, 11008, 36, 16, 4, 128, 65536, 5e6, 1e-6, true),
         };
+    // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
+    // positions, RoPE left out of SmolLM3's every other layer (its checkpoints: every fourth).
+    let window = match preset {
+        Preset::Tiny => 8,
+        Preset::Small => 32768,
+    };
+    let layer_specs = (0..layers)
+        .map(|layer| match (arch, preset) {
+            (Arch::Mistral, Preset::Tiny) | (Arch::Ministral, _) => LayerSpec {
+                window: (arch == Arch::Mistral || layer % 2 == 0).then_some(window),
+                rope: true,
+            },
+            (Arch::SmolLm3, _) => LayerSpec {
+                window: None,
+                rope: (layer + 1) % if preset == Preset::Tiny { 2 } else { 4 } != 0,
+            },
+            _ => LayerSpec::FULL,
+        })
+        .collect();
     ModelConfig {
         arch,
         vocab_size,
@@ -273,6 +318,7 @@ pub fn preset_config(
         o_bias: false,
         mlp_bias: false,
         qk_norm: arch == Arch::Qwen3,
+        layers: layer_specs,
         bos_token_id: Some(bos),
         eos_token_ids: vec![eos],
     }

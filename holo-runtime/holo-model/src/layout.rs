@@ -113,6 +113,33 @@ pub(crate) fn attention_mask(
     Tensor::from_vec(values, (batch, 1, len, keys), key_mask.device())?.to_dtype(dtype)
 }
 
+/// `mask` `[B, 1, T, S]` (additive) with the keys `window` or more positions before their query hidden
+/// too: sliding-window attention, where a query at position `p` sees keys at `p - window + 1 ..= p`
+/// (transformers' `sliding_window_overlay` over each row's positions). `positions` `[B, T]` are the
+/// queries', `key_positions` `[B, S]` the keys'.
+pub(crate) fn window_mask(
+    mask: &Tensor,
+    positions: &Tensor,
+    key_positions: &Tensor,
+    window: usize,
+) -> Result<Tensor> {
+    let (batch, _, len, keys) = mask.dims4()?;
+    let queries = positions.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    let key_positions = key_positions.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    let mut values = mask.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    for b in 0..batch {
+        for (t, &query) in queries[b].iter().enumerate() {
+            let row = &mut values[(b * len + t) * keys..(b * len + t + 1) * keys];
+            for (value, &key) in row.iter_mut().zip(&key_positions[b]) {
+                if key as usize + window <= query as usize {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(values, (batch, 1, len, keys), mask.device())?.to_dtype(mask.dtype())
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Tensor};

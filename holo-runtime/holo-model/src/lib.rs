@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
-pub use config::{Arch, ConfigError, ModelConfig, RopeScaling};
+pub use config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling};
 pub use files::LoadError;
 pub use layout::Layout;
 pub use model::{Model, Ops};

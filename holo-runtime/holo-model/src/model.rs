@@ -12,10 +12,10 @@
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
 
-use super::config::{ModelConfig, RopeScaling};
+use super::config::{LayerSpec, ModelConfig, RopeScaling};
 use super::dispatch::{self, Operands, Product};
 pub use super::layout::positions_from_mask;
-use super::layout::{attention_mask, Layout};
+use super::layout::{attention_mask, window_mask, Layout};
 pub use crate::kernels::kernel::{Ops, Result};
 
 #[derive(Debug, Clone)]
@@ -392,7 +392,7 @@ impl Attention {
     fn forward(
         &self,
         xs: &Tensor,
-        rope: (&Tensor, &Tensor),
+        rope: Option<(&Tensor, &Tensor)>,
         mask: &Tensor,
         cache: Option<&mut LayerCache>,
         ops: Ops,
@@ -431,21 +431,24 @@ impl Attention {
     }
 
     /// The attention of queries `q` `[B, heads, T, head_dim]` over the cached keys and values and `k`,
-    /// `v` `[B, kv_heads, T, head_dim]` (before rotary), `[B, T, heads * head_dim]` before `o_proj`.
+    /// `v` `[B, kv_heads, T, head_dim]` (before rotary, which layers without RoPE skip),
+    /// `[B, T, heads * head_dim]` before `o_proj`.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        rope: (&Tensor, &Tensor),
+        rope: Option<(&Tensor, &Tensor)>,
         mask: &Tensor,
         cache: Option<&mut LayerCache>,
         ops: Ops,
     ) -> Result<Tensor> {
         let (batch, _, len, _) = q.dims4()?;
-        let q = apply_rope(q, rope.0, rope.1, ops)?;
-        let k = apply_rope(k, rope.0, rope.1, ops)?;
+        let (q, k) = match rope {
+            Some((cos, sin)) => (apply_rope(q, cos, sin, ops)?, apply_rope(k, cos, sin, ops)?),
+            None => (q.clone(), k.contiguous()?),
+        };
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v.contiguous()?)?,
             None => (k, v.contiguous()?),
@@ -513,6 +516,8 @@ pub struct DecoderLayer {
     pub mlp: Mlp,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
+    /// Its attention window and whether it rotates ([`ModelConfig::layers`]).
+    pub spec: LayerSpec,
 }
 
 impl DecoderLayer {
@@ -543,9 +548,10 @@ impl DecoderLayer {
         layer
     }
 
-    fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+    fn load(vb: VarBuilder, config: &ModelConfig, spec: LayerSpec) -> Result<Self> {
         let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
         Ok(DecoderLayer {
+            spec,
             self_attn: Attention::load(vb.pp("self_attn"), config)?,
             mlp: Mlp::load(vb.pp("mlp"), config)?,
             input_layernorm: RmsNorm::load(vb.pp("input_layernorm"), hidden, eps)?,
@@ -566,8 +572,8 @@ impl DecoderLayer {
     ) -> Result<Tensor> {
         let attended = self.self_attn.forward(
             &self.input_layernorm.forward(xs, ops)?,
-            (&frame.cos, &frame.sin),
-            &frame.mask,
+            frame.rope(self.spec),
+            frame.mask(self.spec),
             cache,
             ops,
         )?;
@@ -854,8 +860,18 @@ impl Model {
             (config.vocab_size, config.hidden_size),
             "embed_tokens.weight",
         )?;
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| DecoderLayer::load(inner.pp(format!("layers.{i}")), config))
+        if config.layers.len() != config.num_hidden_layers {
+            candle_core::bail!(
+                "the config describes {} layers for num_hidden_layers {}",
+                config.layers.len(),
+                config.num_hidden_layers
+            );
+        }
+        let layers = config
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, &spec)| DecoderLayer::load(inner.pp(format!("layers.{i}")), config, spec))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config.rms_norm_eps)?;
         let lm_head = if config.tie_word_embeddings {
@@ -978,6 +994,7 @@ impl Model {
                 mlp,
                 input_layernorm,
                 post_attention_layernorm,
+                spec: _,
             } = layer;
             let (linears, qk_norms) = Self::parts_mut(self_attn, mlp);
             for (name, linear) in linears {
@@ -1254,8 +1271,8 @@ impl Model {
                     &heads(&q, attention.heads, attention.q_norm.as_ref())?,
                     &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
                     &heads(&v, attention.kv_heads, None)?,
-                    (&frame.cos, &frame.sin),
-                    &frame.mask,
+                    frame.rope(layer.spec),
+                    frame.mask(layer.spec),
                     Some(&mut segment.cache.layers[i]),
                     ops,
                 )?;
@@ -1300,9 +1317,39 @@ impl Model {
     ) -> Result<Frame> {
         let (batch, len) = positions.dims2()?;
         let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
+        let key_positions = positions_from_mask(key_mask)?;
+        self.frame_with(mask, positions, &key_positions)
+    }
+
+    /// The frame of the additive `mask` `[B, 1, T, S]` over keys at `key_positions` `[B, S]`, for
+    /// queries at `positions` `[B, T]`: the rotary tables, and the mask of each attention window the
+    /// layers use.
+    fn frame_with(
+        &self,
+        mask: Tensor,
+        positions: &Tensor,
+        key_positions: &Tensor,
+    ) -> Result<Frame> {
         let (cos, sin) = self.rope.tables(positions)?;
+        let mut windows: Vec<usize> = self
+            .layers
+            .iter()
+            .filter_map(|layer| layer.spec.window)
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        let windowed = windows
+            .into_iter()
+            .map(|window| {
+                Ok((
+                    window,
+                    window_mask(&mask, positions, key_positions, window)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
         Ok(Frame {
             mask,
+            windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
         })
@@ -1310,12 +1357,11 @@ impl Model {
 
     /// The [`Frame`] of a pass without a cache laid out by `layout`.
     pub(super) fn frame_of(&self, layout: &Layout) -> Result<Frame> {
-        let (cos, sin) = self.rope.tables(&layout.positions)?;
-        Ok(Frame {
-            mask: layout.mask.to_dtype(self.dtype())?,
-            cos: cos.to_dtype(self.dtype())?,
-            sin: sin.to_dtype(self.dtype())?,
-        })
+        self.frame_with(
+            layout.mask.to_dtype(self.dtype())?,
+            &layout.positions,
+            &layout.positions,
+        )
     }
 
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
@@ -1373,12 +1419,27 @@ impl Model {
     }
 }
 
-/// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]` and the rotary tables
-/// `[B, T, head_dim / 2]`.
+/// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each
+/// attention window the layers use, and the rotary tables `[B, T, head_dim / 2]`.
 pub(super) struct Frame {
     pub(super) mask: Tensor,
+    pub(super) windowed: Vec<(usize, Tensor)>,
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+}
+
+impl Frame {
+    /// The mask of a layer: the window's when it has one.
+    pub(super) fn mask(&self, spec: LayerSpec) -> &Tensor {
+        spec.window
+            .and_then(|window| self.windowed.iter().find(|(w, _)| *w == window))
+            .map_or(&self.mask, |(_, mask)| mask)
+    }
+
+    /// The rotary tables of a layer, `None` for a layer without RoPE.
+    pub(super) fn rope(&self, spec: LayerSpec) -> Option<(&Tensor, &Tensor)> {
+        spec.rope.then_some((&self.cos, &self.sin))
+    }
 }
 
 #[cfg(test)]

@@ -10,13 +10,21 @@ use holo_runtime::local::generate::{generate, generate_streaming, GenerationPara
 use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::testing::random_model_seeded;
-use holo_runtime::local::{Arch, Model, ModelConfig, Ops, RopeScaling};
+use holo_runtime::local::{Arch, LayerSpec, Model, ModelConfig, Ops, RopeScaling};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Every family, each with what sets it apart: Qwen2's q/k/v biases, Qwen3's q/k norms over heads wider
-/// than hidden / heads, Llama 3's rope scaling and untied head.
-const ARCHS: [Arch; 3] = [Arch::Qwen2, Arch::Qwen3, Arch::Llama];
+/// than hidden / heads, Llama 3's rope scaling and untied head, Mistral's window (3 positions, shorter
+/// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE.
+const ARCHS: [Arch; 6] = [
+    Arch::Qwen2,
+    Arch::Qwen3,
+    Arch::Llama,
+    Arch::Mistral,
+    Arch::Ministral,
+    Arch::SmolLm3,
+];
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -32,19 +40,29 @@ fn config(arch: Arch) -> ModelConfig {
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
         rope_scaling: match arch {
-            Arch::Qwen2 | Arch::Qwen3 => RopeScaling::None,
             Arch::Llama => RopeScaling::Llama3 {
                 factor: 8.0,
                 low_freq_factor: 1.0,
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 16,
             },
+            _ => RopeScaling::None,
         },
         tie_word_embeddings: arch == Arch::Qwen2,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
         qk_norm: arch == Arch::Qwen3,
+        layers: (0..2)
+            .map(|layer| LayerSpec {
+                window: match arch {
+                    Arch::Mistral => Some(3),
+                    Arch::Ministral if layer == 0 => Some(3),
+                    _ => None,
+                },
+                rope: arch != Arch::SmolLm3 || layer == 0,
+            })
+            .collect(),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
