@@ -16,6 +16,12 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
   the greedy runs, so the KV-cached decoding crosses it), 32-wide heads over hidden 64, untied;
 - `ministral/`: MinistralForCausalLM, a windowed layer (4 positions) then a full one (`layer_types`);
 - `smollm3/`: SmolLM3ForCausalLM, RoPE on the first layer only (`no_rope_layers` [1, 0]), tied embeddings;
+- `olmo2/`: Olmo2ForCausalLM, norms after attention and the MLP and none before, q/k norms over the whole
+  projections;
+- `olmo3/`: Olmo3ForCausalLM, as olmo2 with a windowed first layer whose RoPE has its own base (1e4 against 5e5);
+- `gemma3/`: Gemma3ForCausalLM (`gemma3_text`), four `(1 + w)` norms per layer, GeGLU (`gelu_pytorch_tanh`),
+  embeddings scaled by √hidden, 32-wide heads, `query_pre_attn_scalar` 24, a windowed first layer with RoPE base
+  1e4, a full second layer with base 1e6 and linear scaling (factor 2), tied embeddings;
 - `llama/`: LlamaForCausalLM, the same sizes as qwen2, untied embeddings, attention_bias false, rope_theta 5e5 with
   `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
   original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
@@ -92,6 +98,12 @@ from transformers import (
     MistralForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -283,6 +295,57 @@ def smollm3_model() -> torch.nn.Module:
     return SmolLM3ForCausalLM(config)
 
 
+def olmo2_model() -> torch.nn.Module:
+    # Norms after attention and the MLP (none before), q/k norms over the whole projections.
+    config = Olmo2Config(
+        **COMMON,
+        pad_token_id=509,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
+    )
+    return Olmo2ForCausalLM(config)
+
+
+def olmo3_model() -> torch.nn.Module:
+    # OLMo 2's layer with a window on the first layer, whose RoPE has its own base.
+    config = Olmo3Config(
+        **COMMON,
+        pad_token_id=509,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )
+    return Olmo3ForCausalLM(config)
+
+
+def gemma3_model() -> torch.nn.Module:
+    # Four offset norms per layer, GeGLU, embeddings scaled by √hidden, heads of 32 over hidden 64, a
+    # query scale of its own (1/√24), a windowed layer with its own RoPE base, then a full one with
+    # linear scaling.
+    config = Gemma3TextConfig(
+        **COMMON,
+        pad_token_id=509,
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )
+    return Gemma3ForCausalLM(config)
+
+
 MODELS = {
     "qwen2": qwen2_model,
     "llama": llama_model,
@@ -290,6 +353,9 @@ MODELS = {
     "mistral": mistral_model,
     "ministral": ministral_model,
     "smollm3": smollm3_model,
+    "olmo2": olmo2_model,
+    "olmo3": olmo3_model,
+    "gemma3": gemma3_model,
 }
 
 PERTURBATION = (

@@ -19,7 +19,17 @@ use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
 /// The fixture folders, one per family.
-const FAMILIES: [&str; 6] = ["qwen2", "llama", "qwen3", "mistral", "ministral", "smollm3"];
+const FAMILIES: [&str; 9] = [
+    "qwen2",
+    "llama",
+    "qwen3",
+    "mistral",
+    "ministral",
+    "smollm3",
+    "olmo2",
+    "olmo3",
+    "gemma3",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -474,7 +484,11 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     assert_eq!(qwen.config.rope_theta, 1e6);
     let qwen3 = files::load_model(&fixture("qwen3"), DType::F32, &Device::Cpu).unwrap();
     let attention = &qwen3.layers[1].self_attn;
-    assert!(qwen3.config.qk_norm && !qwen3.config.qkv_bias && qwen3.lm_head.is_some());
+    assert_eq!(
+        qwen3.config.variant.qk_norm,
+        holo_runtime::local::QkNorm::Head
+    );
+    assert!(!qwen3.config.qkv_bias && qwen3.lm_head.is_some());
     assert_eq!(
         (qwen3.config.head_dim, attention.q_proj.weight.dims()),
         (24, &[144, 64][..])

@@ -16,21 +16,18 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, D};
 
+use super::config::{Activation, QkNorm};
 use super::model::{
     apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
 };
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
 
-/// A projection as heads `[B, heads, T, head_dim]`, its adapter's activations, and its per-head norm's
-/// normalized input and roots.
-type ProjectedHeads = (Tensor, Option<AdapterParts>, Option<(Tensor, Tensor)>);
-
 impl DecoderLayer {
     /// Whether [`DecoderLayer::backward`] applies: f32 or f64 weights and adapters. Half-precision
     /// layers (bf16 training on CUDA) keep candle's autograd, which follows the forward's casts.
     pub(super) fn has_backward(&self) -> bool {
-        let dtype = self.input_layernorm.weight.dtype();
+        let dtype = self.post_attention_layernorm.weight.dtype();
         matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()
@@ -38,8 +35,8 @@ impl DecoderLayer {
     }
 
     /// The gradient at this layer's input `xs` `[B, T, hidden]` for `upstream`, the gradient at its
-    /// output; the gradients of its [`candle_core::Var`]s (weights, biases, adapters) are added to
-    /// `grads`. The forward activations are recomputed from `xs`.
+    /// output; the gradients of its [`candle_core::Var`]s (weights, biases, norms, adapters) are added
+    /// to `grads`. The forward activations are recomputed from `xs`.
     pub(super) fn backward(
         &self,
         xs: &Tensor,
@@ -57,23 +54,26 @@ impl DecoderLayer {
         let attention = &this.self_attn;
         let (heads, kv_heads, head_dim) = (attention.heads, attention.kv_heads, attention.head_dim);
         let group = heads / kv_heads;
+        let (norms, trained_norms) = (this.norms(), trained.norms());
 
-        // The forward, keeping what the backward reads.
-        let (normed_input, input_norm, input_root) = this.input_layernorm.forward_parts(xs)?;
-        // Each projection as heads `[B, heads, T, head_dim]`, through its per-head norm when the family
-        // has one (whose normalized input and roots its backward reads).
+        // The forward, keeping what the backward reads. Each norm keeps its normalized input and
+        // roots (`NormParts`); a norm the family does not have passes its input through.
+        let (normed_input, input_parts) = norm_forward(norms.attention_input, xs)?;
+        // Each projection as heads `[B, heads, T, head_dim]`, through its q/k norm when the family
+        // has one (over each head, or over the whole projection first).
         let project =
             |linear: &Linear, heads: usize, norm: Option<&RmsNorm>| -> Result<ProjectedHeads> {
                 let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
-                let split = ys.reshape((batch, len, heads, head_dim))?;
-                let (split, norm_parts) = match norm {
-                    Some(norm) => {
-                        let (out, normed, root) = norm.forward_parts(&split)?;
-                        (out, Some((normed, root)))
-                    }
-                    None => (split, None),
+                let (ys, whole) = match attention.qk_norm {
+                    QkNorm::Projection => norm_forward(norm, &ys)?,
+                    _ => (ys, None),
                 };
-                Ok((split.transpose(1, 2)?, adapter, norm_parts))
+                let split = ys.reshape((batch, len, heads, head_dim))?;
+                let (split, per_head) = match attention.qk_norm {
+                    QkNorm::Head => norm_forward(norm, &split)?,
+                    _ => (split, None),
+                };
+                Ok((split.transpose(1, 2)?, adapter, whole.or(per_head)))
             };
         let (q, q_adapter, q_norm_parts) =
             project(&attention.q_proj, heads, attention.q_norm.as_ref())?;
@@ -92,7 +92,7 @@ impl DecoderLayer {
         let q = q
             .contiguous()?
             .reshape((batch, kv_heads, group * len, head_dim))?;
-        let scale = 1.0 / (head_dim as f64).sqrt();
+        let scale = attention.scale;
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((batch, heads, len, len))?
             .broadcast_add(frame.mask(self.spec))?;
@@ -103,33 +103,43 @@ impl DecoderLayer {
             .transpose(1, 2)?
             .reshape((batch, len, heads * head_dim))?;
         let (projected, o_adapter) = attention.o_proj.forward_parts(&attended, ops)?;
+        let (projected, attention_output_parts) = norm_forward(norms.attention_output, &projected)?;
         let residual = (xs + projected)?;
-        let (normed_residual, post_norm, post_root) =
-            this.post_attention_layernorm.forward_parts(&residual)?;
+        let (normed_residual, mlp_input_parts) = norm_forward(norms.mlp_input, &residual)?;
         let mlp = &this.mlp;
         let (gate, gate_adapter) = mlp.gate_proj.forward_parts(&normed_residual, ops)?;
         let (up, up_adapter) = mlp.up_proj.forward_parts(&normed_residual, ops)?;
-        let activated = gate.silu()?;
+        let activated = mlp.activate(&gate, ops)?;
         let product = (&activated * &up)?.reshape((rows, ()))?;
-        // The down projection's output is not needed, only its adapter's activations.
-        let down_adapter = mlp.down_proj.adapter_parts(&product, ops)?;
+        // The down projection's output is needed only by a norm on it; its adapter's activations are.
+        let (down_adapter, mlp_output_parts) = match norms.mlp_output {
+            Some(norm) => {
+                let (down, adapter) = mlp.down_proj.forward_parts(&product, ops)?;
+                (adapter, norm_forward(Some(norm), &down)?.1)
+            }
+            None => (mlp.down_proj.adapter_parts(&product, ops)?, None),
+        };
 
-        // MLP: out = residual + down(silu(gate) · up). An upstream gradient from autograd can carry a
-        // graph (through the tied output head, say): detached, nothing here extends it.
+        // MLP: out = residual + norm(down(act(gate) · up)). An upstream gradient from autograd can
+        // carry a graph (through the tied output head, say): detached, nothing here extends it.
         let upstream = upstream.detach().reshape((rows, hidden))?;
+        let d_down = norm_backward_or(
+            trained_norms.mlp_output.zip(norms.mlp_output),
+            mlp_output_parts,
+            upstream.clone(),
+            hidden,
+            grads,
+        )?;
         let d_product = linear_backward(
             (&trained.mlp.down_proj, &mlp.down_proj),
             &product,
             down_adapter,
-            &upstream,
+            &d_down,
             grads,
         )?
         .reshape((batch, len, ()))?;
         let d_up = (&d_product * &activated)?;
-        let sigmoid = candle_nn::ops::sigmoid(&gate)?;
-        // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
-        let d_silu = (&sigmoid * ((&gate * (1.0 - &sigmoid)?)? + 1.0)?)?;
-        let d_gate = ((d_product * up)? * d_silu)?;
+        let d_gate = ((d_product * up)? * activation_derivative(mlp.activation, &gate)?)?;
         let normed_residual = normed_residual.reshape((rows, hidden))?;
         let d_normed_residual = (linear_backward(
             (&trained.mlp.gate_proj, &mlp.gate_proj),
@@ -144,23 +154,27 @@ impl DecoderLayer {
             &d_up.reshape((rows, ()))?,
             grads,
         )?)?;
-        let d_residual = (norm_backward(
-            (
-                &trained.post_attention_layernorm,
-                &this.post_attention_layernorm,
-            ),
-            &post_norm.reshape((rows, hidden))?,
-            &post_root.reshape((rows, 1))?,
-            &d_normed_residual,
+        let d_residual = (norm_backward_or(
+            trained_norms.mlp_input.zip(norms.mlp_input),
+            mlp_input_parts,
+            d_normed_residual,
+            hidden,
             grads,
         )? + upstream)?;
 
-        // Attention: residual = xs + o_proj(softmax(q kᵀ · scale + mask) v).
+        // Attention: residual = xs + norm(o_proj(softmax(q kᵀ · scale + mask) v)).
+        let d_projected = norm_backward_or(
+            trained_norms.attention_output.zip(norms.attention_output),
+            attention_output_parts,
+            d_residual.clone(),
+            hidden,
+            grads,
+        )?;
         let d_attended = linear_backward(
             (&trained.self_attn.o_proj, &attention.o_proj),
             &attended.reshape((rows, ()))?,
             o_adapter,
-            &d_residual,
+            &d_projected,
             grads,
         )?
         .reshape((batch, len, heads, head_dim))?
@@ -185,7 +199,12 @@ impl DecoderLayer {
         let flat = |d: Tensor, heads: usize| -> Result<Tensor> {
             d.transpose(1, 2)?.reshape((rows, heads * head_dim))
         };
-        let d_q = head_norm_backward(
+        // A per-head norm normalises vectors of `head_dim`, a projection's whole rows.
+        let norm_width = |heads: usize| match attention.qk_norm {
+            QkNorm::Projection => heads * head_dim,
+            _ => head_dim,
+        };
+        let d_q = norm_backward_or(
             trained
                 .self_attn
                 .q_norm
@@ -193,10 +212,10 @@ impl DecoderLayer {
                 .zip(attention.q_norm.as_ref()),
             q_norm_parts,
             flat(d_q, heads)?,
-            head_dim,
+            norm_width(heads),
             grads,
         )?;
-        let d_k = head_norm_backward(
+        let d_k = norm_backward_or(
             trained
                 .self_attn
                 .k_norm
@@ -204,7 +223,7 @@ impl DecoderLayer {
                 .zip(attention.k_norm.as_ref()),
             k_norm_parts,
             flat(d_k, kv_heads)?,
-            head_dim,
+            norm_width(kv_heads),
             grads,
         )?;
         let normed_input = normed_input.reshape((rows, hidden))?;
@@ -227,14 +246,78 @@ impl DecoderLayer {
             &flat(d_v, kv_heads)?,
             grads,
         )?)?;
-        let d_xs = (norm_backward(
-            (&trained.input_layernorm, &this.input_layernorm),
-            &input_norm.reshape((rows, hidden))?,
-            &input_root.reshape((rows, 1))?,
-            &d_normed_input,
+        let d_xs = (norm_backward_or(
+            trained_norms.attention_input.zip(norms.attention_input),
+            input_parts,
+            d_normed_input,
+            hidden,
             grads,
         )? + d_residual)?;
         d_xs.reshape((batch, len, hidden))
+    }
+}
+
+/// What a norm's backward reads from its forward: the normalized input (before the weight) and the
+/// roots, `[.., width]` and `[.., 1]`.
+type NormParts = (Tensor, Tensor);
+
+/// A projection as heads `[B, heads, T, head_dim]`, its adapter's activations, and its q/k norm's parts.
+type ProjectedHeads = (Tensor, Option<AdapterParts>, Option<NormParts>);
+
+/// `xs` through `norm` (differentiable form), with what its backward reads; `xs` itself without one.
+fn norm_forward(norm: Option<&RmsNorm>, xs: &Tensor) -> Result<(Tensor, Option<NormParts>)> {
+    match norm {
+        Some(norm) => {
+            let (out, normed, root) = norm.forward_parts(xs)?;
+            Ok((out, Some((normed, root))))
+        }
+        None => Ok((xs.clone(), None)),
+    }
+}
+
+/// The gradient at the input of a norm over vectors of `width` for `dy` (any shape whose elements are
+/// whole vectors; returned in that shape), given its [`NormParts`]; `dy` itself without a norm.
+fn norm_backward_or(
+    norms: Option<(&RmsNorm, &RmsNorm)>,
+    parts: Option<NormParts>,
+    dy: Tensor,
+    width: usize,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    let (Some(norms), Some((normed, root))) = (norms, parts) else {
+        return Ok(dy);
+    };
+    let shape = dy.shape().clone();
+    let vectors = dy.elem_count() / width;
+    norm_backward(
+        norms,
+        &normed.reshape((vectors, width))?,
+        &root.reshape((vectors, 1))?,
+        &dy.reshape((vectors, width))?,
+        grads,
+    )?
+    .reshape(shape)
+}
+
+/// The derivative of the gate's activation at `gate`.
+fn activation_derivative(activation: Activation, gate: &Tensor) -> Result<Tensor> {
+    match activation {
+        // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
+        Activation::Silu => {
+            let sigmoid = candle_nn::ops::sigmoid(gate)?;
+            &sigmoid * ((gate * (1.0 - &sigmoid)?)? + 1.0)?
+        }
+        // gelu(g) = g/2 · (1 + tanh(u)), u = √(2/π) · (g + 0.044715 g³):
+        // gelu'(g) = (1 + tanh u)/2 + g/2 · (1 − tanh² u) · √(2/π) · (1 + 3 · 0.044715 g²)
+        Activation::GeluTanh => {
+            let root = (2.0 / std::f64::consts::PI).sqrt();
+            let cubed = (gate.sqr()? * gate)?;
+            let tanh = ((gate + (cubed * 0.044715)?)? * root)?.tanh()?;
+            let slope = ((gate.sqr()? * (3.0 * 0.044715))? + 1.0)? * root;
+            let half_one_plus = ((&tanh + 1.0)? * 0.5)?;
+            let sech2 = (1.0 - tanh.sqr()?)?;
+            half_one_plus + ((gate * 0.5)? * sech2)? * slope?
+        }
     }
 }
 
@@ -340,34 +423,9 @@ fn norm_backward(
 ) -> Result<Tensor> {
     accumulate(grads, &trained.weight, || row_sum(dy, Some(normed)))?;
     // ∂x = (∂normed − normed · mean(∂normed · normed)) / root
-    let d_normed = dy.broadcast_mul(&norm.weight)?;
+    let d_normed = dy.broadcast_mul(&norm.scale()?)?;
     let projection = (&d_normed * normed)?.mean_keepdim(D::Minus1)?;
     (d_normed - normed.broadcast_mul(&projection)?)?.broadcast_div(root)
-}
-
-/// The gradient at the input of a per-head norm (Qwen3's q/k norms) for `dy` `[rows, heads · head_dim]`,
-/// given the norm's normalized input and roots from its forward (`[.., heads, head_dim]`,
-/// `[.., heads, 1]`); `dy` itself when the family has no such norm.
-fn head_norm_backward(
-    norms: Option<(&RmsNorm, &RmsNorm)>,
-    parts: Option<(Tensor, Tensor)>,
-    dy: Tensor,
-    head_dim: usize,
-    grads: &mut GradStore,
-) -> Result<Tensor> {
-    let (Some(norms), Some((normed, root))) = (norms, parts) else {
-        return Ok(dy);
-    };
-    let shape = dy.shape().clone();
-    let vectors = dy.elem_count() / head_dim;
-    norm_backward(
-        norms,
-        &normed.reshape((vectors, head_dim))?,
-        &root.reshape((vectors, 1))?,
-        &dy.reshape((vectors, head_dim))?,
-        grads,
-    )?
-    .reshape(shape)
 }
 
 /// The gradient at the input of [`apply_rope`] for `dy` `[B, heads, T, head_dim]`: the rotation
@@ -406,7 +464,9 @@ mod tests {
 
     /// The layer's gradients, and the input's, against candle's autograd through the differentiable
     /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Llama
-    /// (o and MLP biases), Mistral (a window of 3) and SmolLM3 (no RoPE),
+    /// (o and MLP biases), Mistral (a window of 3), SmolLM3 (no RoPE), OLMo 2 (norms after attention and
+    /// the MLP, q/k norms over the projections) and Gemma 3 (four offset norms, GeGLU, its own query
+    /// scale, a window with its own RoPE),
     /// rows of different lengths (right padding), in f64 and f32.
     #[test]
     fn the_layer_backward_is_autograd_s() {
@@ -421,6 +481,8 @@ mod tests {
                 Arch::Llama,
                 Arch::Mistral,
                 Arch::SmolLm3,
+                Arch::Olmo2,
+                Arch::Gemma3,
             ] {
                 let base = random_model(&config(arch), dtype);
                 let lora = LoraConfig {

@@ -22,6 +22,10 @@ pub enum Arch {
     Ministral,
     #[serde(rename = "smollm3")]
     SmolLm3,
+    Olmo2,
+    Olmo3,
+    #[serde(rename = "gemma3_text")]
+    Gemma3,
 }
 
 impl Arch {
@@ -33,6 +37,9 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Ministral => "ministral",
             Arch::SmolLm3 => "smollm3",
+            Arch::Olmo2 => "olmo2",
+            Arch::Olmo3 => "olmo3",
+            Arch::Gemma3 => "gemma3_text",
         }
     }
 
@@ -44,6 +51,9 @@ impl Arch {
             Arch::Mistral => "MistralForCausalLM",
             Arch::Ministral => "MinistralForCausalLM",
             Arch::SmolLm3 => "SmolLM3ForCausalLM",
+            Arch::Olmo2 => "Olmo2ForCausalLM",
+            Arch::Olmo3 => "Olmo3ForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 }
@@ -70,6 +80,100 @@ impl LayerSpec {
         window: None,
         rope: true,
     };
+}
+
+/// Which RMSNorms a layer has, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention (`input_layernorm`) and before the MLP (`post_attention_layernorm`): Llama,
+    /// Qwen, Mistral.
+    Pre,
+    /// On attention's output (`post_attention_layernorm`) and the MLP's (`post_feedforward_layernorm`),
+    /// none on the inputs: OLMo 2 and 3.
+    Post,
+    /// Before and after each: `input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm`, `post_feedforward_layernorm`: Gemma 3.
+    Sandwich,
+}
+
+/// The RMSNorm of queries and keys before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head (`[head_dim]` weights): Qwen3, Gemma 3.
+    Head,
+    /// Over the whole projection (`[heads · head_dim]` weights): OLMo 2 and 3.
+    Projection,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu`: SwiGLU.
+    Silu,
+    /// `gelu_pytorch_tanh`: GeGLU with the tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// How a family's decoder differs from Llama's, beyond sizes and biases. [`Variant::default`] is
+/// Llama's (and Qwen2's, Mistral's, SmolLM3's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variant {
+    pub qk_norm: QkNorm,
+    pub norms: NormPlacement,
+    /// RMSNorm weights stored as offsets from one, `x̂ · (1 + w)` (Gemma).
+    pub norm_offset: bool,
+    pub activation: Activation,
+    /// Embeddings multiplied by √hidden (in the weights' type), as Gemma's are.
+    pub scale_embeddings: bool,
+    /// Attention scores scaled by `1/√query_pre_attn_scalar` instead of `1/√head_dim` (Gemma).
+    pub query_pre_attn_scalar: Option<f64>,
+    /// The RoPE of the windowed (`sliding_attention`) layers when it is not the others' (Gemma 3's
+    /// `rope_local_base_freq`, transformers 5's `rope_parameters.sliding_attention`): base and scaling.
+    pub local_rope: Option<(f64, RopeScaling)>,
+}
+
+impl Variant {
+    /// A family's variant with transformers' defaults (what `config.json` may override).
+    pub fn of(arch: Arch) -> Variant {
+        match arch {
+            Arch::Qwen3 => Variant {
+                qk_norm: QkNorm::Head,
+                ..Variant::default()
+            },
+            Arch::Olmo2 | Arch::Olmo3 => Variant {
+                qk_norm: QkNorm::Projection,
+                norms: NormPlacement::Post,
+                ..Variant::default()
+            },
+            Arch::Gemma3 => Variant {
+                qk_norm: QkNorm::Head,
+                norms: NormPlacement::Sandwich,
+                norm_offset: true,
+                activation: Activation::GeluTanh,
+                scale_embeddings: true,
+                query_pre_attn_scalar: Some(256.0),
+                local_rope: Some((10_000.0, RopeScaling::None)),
+            },
+            Arch::Qwen2 | Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3 => {
+                Variant::default()
+            }
+        }
+    }
+}
+
+impl Default for Variant {
+    fn default() -> Self {
+        Variant {
+            qk_norm: QkNorm::None,
+            norms: NormPlacement::Pre,
+            norm_offset: false,
+            activation: Activation::Silu,
+            scale_embeddings: false,
+            query_pre_attn_scalar: None,
+            local_rope: None,
+        }
+    }
 }
 
 /// How rotary frequencies are rescaled for long contexts.
@@ -110,9 +214,8 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub o_bias: bool,
     pub mlp_bias: bool,
-    /// An RMSNorm over each query and key head (`self_attn.q_norm`, `self_attn.k_norm`, `[head_dim]`),
-    /// after the projection and before RoPE: Qwen3.
-    pub qk_norm: bool,
+    /// Norms, activation and scales that set the family apart.
+    pub variant: Variant,
     /// Each layer's attention window and RoPE, in layer order (`num_hidden_layers` of them).
     pub layers: Vec<LayerSpec>,
     pub bos_token_id: Option<u32>,
@@ -153,6 +256,9 @@ impl ModelConfig {
             "mistral" => Arch::Mistral,
             "ministral" => Arch::Ministral,
             "smollm3" => Arch::SmolLm3,
+            "olmo2" => Arch::Olmo2,
+            "olmo3" => Arch::Olmo3,
+            "gemma3_text" => Arch::Gemma3,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -198,15 +304,25 @@ impl ModelConfig {
             }
         };
 
-        let hidden_act = json
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or("silu");
-        if hidden_act != "silu" {
-            return Err(ConfigError(format!(
-                "unsupported `hidden_act` {hidden_act:?}: only \"silu\" is implemented"
-            )));
-        }
+        // Gemma names it `hidden_activation` (and defaults it), the others `hidden_act`.
+        let (activation_key, default_activation) = match arch {
+            Arch::Gemma3 => ("hidden_activation", "gelu_pytorch_tanh"),
+            _ => ("hidden_act", "silu"),
+        };
+        let activation = match json.get(activation_key).and_then(Value::as_str) {
+            None => default_activation,
+            Some(name) => name,
+        };
+        let activation = match activation {
+            "silu" => Activation::Silu,
+            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+            other => {
+                return Err(ConfigError(format!(
+                    "unsupported `{activation_key}` {other:?}: implemented are \"silu\" and \
+                     \"gelu_pytorch_tanh\""
+                )))
+            }
+        };
         let hidden_size = usize_key("hidden_size")?;
         let num_attention_heads = usize_key("num_attention_heads")?;
         let num_key_value_heads =
@@ -222,8 +338,9 @@ impl ModelConfig {
         }
         let head_dim = match optional_usize("head_dim")? {
             Some(head_dim) => head_dim,
-            // transformers' `Qwen3Config` defaults it rather than deriving it.
+            // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
+            None if arch == Arch::Gemma3 => 256,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(ConfigError(format!(
@@ -241,28 +358,56 @@ impl ModelConfig {
         }
         refuse_unimplemented_keys(json)?;
 
-        // transformers 5 folds theta and scaling into `rope_parameters`; earlier versions keep them apart.
-        let rope_parameters = json.get("rope_parameters").filter(|value| !value.is_null());
-        let rope_theta = match rope_parameters.and_then(|p| p.get("rope_theta")) {
-            Some(theta) => theta.as_f64().ok_or_else(|| {
-                ConfigError(format!(
-                    "`rope_parameters.rope_theta` must be a number, found {theta}"
-                ))
-            })?,
-            None => optional_f64("rope_theta")?.unwrap_or(10_000.0),
+        let ((rope_theta, rope_scaling), local_rope) = ropes(arch, json)?;
+        let variant = match arch {
+            Arch::Qwen3 => Variant {
+                qk_norm: QkNorm::Head,
+                ..Variant::default()
+            },
+            Arch::Olmo2 | Arch::Olmo3 => Variant {
+                qk_norm: QkNorm::Projection,
+                norms: NormPlacement::Post,
+                local_rope,
+                ..Variant::default()
+            },
+            Arch::Gemma3 => Variant {
+                qk_norm: QkNorm::Head,
+                norms: NormPlacement::Sandwich,
+                norm_offset: true,
+                activation,
+                scale_embeddings: true,
+                query_pre_attn_scalar: Some(
+                    optional_f64("query_pre_attn_scalar")?.unwrap_or(256.0),
+                ),
+                local_rope,
+            },
+            _ => Variant {
+                activation,
+                ..Variant::default()
+            },
         };
-        let scaling = rope_parameters.or(json.get("rope_scaling").filter(|value| !value.is_null()));
-        let rope_scaling = match scaling {
-            None => RopeScaling::None,
-            Some(scaling) => rope_scaling(scaling, json)?,
-        };
+        if arch == Arch::Gemma3 {
+            for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+                if let Some(value) = json.get(key).filter(|value| !value.is_null()) {
+                    return Err(ConfigError(format!(
+                        "`{key}` ({value}) is not supported: Gemma 3 checkpoints set it to null"
+                    )));
+                }
+            }
+            if bool_key("use_bidirectional_attention", false)? {
+                return Err(ConfigError(
+                    "`use_bidirectional_attention: true` (an embedding model) is not supported"
+                        .into(),
+                ));
+            }
+        }
 
         let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (bool_key("attention_bias", false)?, false),
             Arch::Mistral | Arch::Ministral => (false, false),
-            Arch::Llama | Arch::SmolLm3 => {
+            Arch::Llama | Arch::SmolLm3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
                 let bias = bool_key("attention_bias", false)?;
                 (bias, bias)
             }
@@ -279,17 +424,20 @@ impl ModelConfig {
             num_key_value_heads,
             head_dim,
             max_position_embeddings: optional_usize("max_position_embeddings")?.unwrap_or(4096),
-            rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(match arch {
+                Arch::Olmo2 | Arch::Olmo3 => 1e-5,
+                _ => 1e-6,
+            }),
             rope_theta,
             rope_scaling,
             tie_word_embeddings: bool_key(
                 "tie_word_embeddings",
-                matches!(arch, Arch::Qwen2 | Arch::SmolLm3),
+                matches!(arch, Arch::Qwen2 | Arch::SmolLm3 | Arch::Gemma3),
             )?,
             qkv_bias,
             o_bias,
             mlp_bias: matches!(arch, Arch::Llama | Arch::SmolLm3) && bool_key("mlp_bias", false)?,
-            qk_norm: arch == Arch::Qwen3,
+            variant,
             layers,
             bos_token_id: optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
@@ -333,27 +481,36 @@ impl ModelConfig {
             },
         });
         let object = json.as_object_mut().expect("an object");
-        object.insert(
-            "rope_scaling".into(),
-            match &self.rope_scaling {
-                RopeScaling::None => Value::Null,
-                RopeScaling::Linear { factor } => {
-                    serde_json::json!({"rope_type": "linear", "factor": factor})
-                }
-                RopeScaling::Llama3 {
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    original_max_position_embeddings,
-                } => serde_json::json!({
-                    "rope_type": "llama3",
-                    "factor": factor,
-                    "low_freq_factor": low_freq_factor,
-                    "high_freq_factor": high_freq_factor,
-                    "original_max_position_embeddings": original_max_position_embeddings,
+        if self.arch == Arch::Gemma3 {
+            object.remove("hidden_act");
+            object.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+        }
+        if matches!(self.arch, Arch::Gemma3 | Arch::Olmo3) {
+            // transformers 5's RoPE per layer type.
+            let global = (self.rope_theta, self.rope_scaling.clone());
+            let local = self.variant.local_rope.clone().unwrap_or(global.clone());
+            object.remove("rope_theta");
+            object.insert(
+                "rope_parameters".into(),
+                serde_json::json!({
+                    "full_attention": rope_json(&global),
+                    "sliding_attention": rope_json(&local),
                 }),
-            },
-        );
+            );
+        } else {
+            let mut scaling = rope_json(&(self.rope_theta, self.rope_scaling.clone()));
+            let scaling = match &self.rope_scaling {
+                RopeScaling::None => Value::Null,
+                _ => {
+                    scaling
+                        .as_object_mut()
+                        .expect("an object")
+                        .remove("rope_theta");
+                    scaling
+                }
+            };
+            object.insert("rope_scaling".into(), scaling);
+        }
         let window = self.layers.iter().find_map(|layer| layer.window);
         let layer_types: Vec<&str> = self
             .layers
@@ -390,6 +547,23 @@ impl ModelConfig {
                 object.insert("sliding_window".into(), window.into());
                 object.insert("layer_types".into(), layer_types.into());
             }
+            Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                if self.arch != Arch::Olmo2 {
+                    object.insert("sliding_window".into(), window.into());
+                    object.insert("layer_types".into(), layer_types.clone().into());
+                }
+                if let Some(scalar) = self.variant.query_pre_attn_scalar {
+                    // An integer in transformers' config class, which refuses a float.
+                    let scalar = match scalar.fract() == 0.0 {
+                        true => Value::from(scalar as u64),
+                        false => Value::from(scalar),
+                    };
+                    object.insert("query_pre_attn_scalar".into(), scalar);
+                    object.insert("attn_logit_softcapping".into(), Value::Null);
+                    object.insert("final_logit_softcapping".into(), Value::Null);
+                }
+            }
             Arch::SmolLm3 => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
                 object.insert("mlp_bias".into(), self.mlp_bias.into());
@@ -411,7 +585,9 @@ impl ModelConfig {
 /// The families this runtime implements, for error messages.
 pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 \
      (Qwen3ForCausalLM: Qwen3 dense), llama (LlamaForCausalLM: Llama 2/3, SmolLM2), mistral \
-     (MistralForCausalLM), ministral (MinistralForCausalLM) and smollm3 (SmolLM3ForCausalLM)";
+     (MistralForCausalLM), ministral (MinistralForCausalLM), smollm3 (SmolLM3ForCausalLM), olmo2 \
+     (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
+     and 1B)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.
@@ -434,8 +610,18 @@ fn refuse_unimplemented_keys(json: &Value) -> Result<(), ConfigError> {
 /// defaults transformers' config classes derive when a key is absent.
 fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>, ConfigError> {
     let present = |key: &str| json.get(key).filter(|value| !value.is_null());
-    let window = match present("sliding_window") {
-        None => None,
+    let window = match json.get("sliding_window") {
+        // The config classes' default, when the key is absent (an explicit null is no window).
+        None => match arch {
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Mistral
+            | Arch::Ministral
+            | Arch::Olmo3
+            | Arch::Gemma3 => Some(4096),
+            _ => None,
+        },
+        Some(Value::Null) => None,
         Some(value) => match value.as_u64() {
             Some(window) if window >= 1 => Some(window as usize),
             _ => {
@@ -514,13 +700,18 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             }
             Arch::SmolLm3 => rope.iter().map(|&rope| !rope).collect(),
             Arch::Mistral | Arch::Ministral => vec![true; count],
-            Arch::Llama => vec![false; count],
+            Arch::Olmo3 => (0..count).map(|layer| (layer + 1) % 4 != 0).collect(),
+            Arch::Gemma3 => {
+                let pattern = integer("sliding_window_pattern", 6)?.max(1);
+                (0..count).map(|layer| (layer + 1) % pattern != 0).collect()
+            }
+            Arch::Llama | Arch::Olmo2 => vec![false; count],
         },
     };
     // Where the family's attention reads the window (transformers' modelling code).
     let window = match arch {
         Arch::Qwen2 | Arch::Qwen3 if !flag("use_sliding_window")? => None,
-        Arch::Llama => None,
+        Arch::Llama | Arch::Olmo2 => None,
         _ => window,
     };
     Ok(sliding
@@ -535,6 +726,99 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             rope,
         })
         .collect())
+}
+
+/// A RoPE: its base and scaling.
+type Rope = (f64, RopeScaling);
+
+/// A RoPE as transformers 5 writes it in `rope_parameters`.
+fn rope_json((theta, scaling): &Rope) -> Value {
+    let mut json = match scaling {
+        RopeScaling::None => serde_json::json!({"rope_type": "default"}),
+        RopeScaling::Linear { factor } => {
+            serde_json::json!({"rope_type": "linear", "factor": factor})
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => serde_json::json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
+    };
+    json["rope_theta"] = (*theta).into();
+    json
+}
+
+/// The RoPE of the full-attention layers and, when it differs, of the windowed ones. transformers 5
+/// folds base and scaling into `rope_parameters`, per layer type for Gemma 3 and OLMo 3
+/// (`full_attention`, `sliding_attention`); transformers 4 keeps `rope_theta` and `rope_scaling` apart,
+/// with Gemma 3's `rope_local_base_freq` beside them. Missing bases default as transformers' config
+/// classes default them.
+fn ropes(arch: Arch, json: &Value) -> Result<(Rope, Option<Rope>), ConfigError> {
+    let (global_default, local_default) = match arch {
+        Arch::Gemma3 => (1_000_000.0, 10_000.0),
+        Arch::Olmo3 => (500_000.0, 500_000.0),
+        _ => (10_000.0, 10_000.0),
+    };
+    let number = |value: Option<&Value>, key: &str, default: f64| -> Result<f64, ConfigError> {
+        match value.filter(|value| !value.is_null()) {
+            None => Ok(default),
+            Some(value) => value
+                .as_f64()
+                .ok_or_else(|| ConfigError(format!("`{key}` must be a number, found {value}"))),
+        }
+    };
+    let parameters = json.get("rope_parameters").filter(|value| !value.is_null());
+    let per_type = parameters.filter(|parameters| {
+        parameters.get("full_attention").is_some() || parameters.get("sliding_attention").is_some()
+    });
+    if let Some(per_type) = per_type {
+        let rope = |kind: &str, default: f64| -> Result<Rope, ConfigError> {
+            match per_type.get(kind).filter(|value| !value.is_null()) {
+                None => Ok((default, RopeScaling::None)),
+                Some(parameters) => Ok((
+                    number(
+                        parameters.get("rope_theta"),
+                        &format!("rope_parameters.{kind}.rope_theta"),
+                        default,
+                    )?,
+                    rope_scaling(parameters, json)?,
+                )),
+            }
+        };
+        let global = rope("full_attention", global_default)?;
+        let local = rope("sliding_attention", local_default)?;
+        return Ok((global.clone(), (local != global).then_some(local)));
+    }
+    let theta = match parameters.and_then(|parameters| parameters.get("rope_theta")) {
+        Some(theta) => number(Some(theta), "rope_parameters.rope_theta", global_default)?,
+        None => number(json.get("rope_theta"), "rope_theta", global_default)?,
+    };
+    let scaling = match parameters.or(json.get("rope_scaling").filter(|value| !value.is_null())) {
+        None => RopeScaling::None,
+        Some(scaling) => rope_scaling(scaling, json)?,
+    };
+    let local = match arch {
+        Arch::Gemma3 => Some((
+            number(
+                json.get("rope_local_base_freq"),
+                "rope_local_base_freq",
+                local_default,
+            )?,
+            RopeScaling::None,
+        )),
+        // transformers 5 reads a transformers 4 `rope_theta` into the full-attention layers only.
+        Arch::Olmo3 => Some((local_default, RopeScaling::None)),
+        _ => None,
+    };
+    let global = (theta, scaling);
+    Ok((global.clone(), local.filter(|local| *local != global)))
 }
 
 fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {

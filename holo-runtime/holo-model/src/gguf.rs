@@ -29,7 +29,7 @@ use candle_nn::VarBuilder;
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling};
+use super::config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling, Variant};
 use super::error::LoadError;
 use super::model::Model;
 use holo_core::chat::folder::FolderError;
@@ -350,7 +350,7 @@ impl Gguf {
             qkv_bias,
             o_bias,
             mlp_bias,
-            qk_norm: arch == Arch::Qwen3,
+            variant: Variant::of(arch),
             layers: vec![LayerSpec::FULL; block_count],
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,

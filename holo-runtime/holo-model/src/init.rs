@@ -53,7 +53,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use super::config::{Arch, LayerSpec, ModelConfig, RopeScaling};
+use super::config::{Arch, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling, Variant};
 
 /// The special tokens, in Qwen2.5's order; they take the last three ids.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -107,13 +107,16 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 6] = [
+pub const ARCHS: [Arch; 9] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
     Arch::Mistral,
     Arch::Ministral,
     Arch::SmolLm3,
+    Arch::Olmo2,
+    Arch::Olmo3,
+    Arch::Gemma3,
 ];
 
 /// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.
@@ -280,26 +283,47 @@ pub fn preset_config(
             }
             // SmolLM3-3B.
             (Arch::SmolLm3, Preset::Small) => (2048, 11008, 36, 16, 4, 128, 65536, 5e6, 1e-6, true),
+            (Arch::Olmo2 | Arch::Olmo3, Preset::Tiny) => {
+                (64, 128, 2, 4, 2, 16, 2048, 5e5, 1e-6, false)
+            }
+            // Heads wider than hidden / heads, as Gemma 3's are (256 over 1152).
+            (Arch::Gemma3, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, true),
+            // OLMo-2-0425-1B.
+            (Arch::Olmo2, Preset::Small) => (2048, 8192, 16, 16, 16, 128, 4096, 5e5, 1e-6, false),
+            // Olmo-3-7B.
+            (Arch::Olmo3, Preset::Small) => (4096, 11008, 32, 32, 32, 128, 65536, 5e5, 1e-6, false),
+            // gemma-3-1b.
+            (Arch::Gemma3, Preset::Small) => (1152, 6912, 26, 4, 1, 256, 32768, 1e6, 1e-6, true),
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
-    // positions, RoPE left out of SmolLM3's every other layer (its checkpoints: every fourth).
-    let window = match preset {
-        Preset::Tiny => 8,
-        Preset::Small => 32768,
+    // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
+    // SmolLM3's every other layer (its checkpoints: every fourth).
+    let tiny = preset == Preset::Tiny;
+    let window = match arch {
+        _ if tiny => 8,
+        Arch::Olmo3 => 4096,
+        Arch::Gemma3 => 512,
+        _ => 32768,
     };
     let layer_specs = (0..layers)
-        .map(|layer| match (arch, preset) {
-            (Arch::Mistral, Preset::Tiny) | (Arch::Ministral, _) => LayerSpec {
-                window: (arch == Arch::Mistral || layer % 2 == 0).then_some(window),
-                rope: true,
-            },
-            (Arch::SmolLm3, _) => LayerSpec {
-                window: None,
-                rope: (layer + 1) % if preset == Preset::Tiny { 2 } else { 4 } != 0,
-            },
-            _ => LayerSpec::FULL,
+        .map(|layer| {
+            let windowed = match arch {
+                Arch::Mistral => tiny,
+                Arch::Ministral => layer % 2 == 0,
+                Arch::Olmo3 => (layer + 1) % if tiny { 2 } else { 4 } != 0,
+                Arch::Gemma3 => (layer + 1) % if tiny { 2 } else { 6 } != 0,
+                _ => false,
+            };
+            LayerSpec {
+                window: windowed.then_some(window),
+                rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
+            }
         })
         .collect();
+    let variant = Variant {
+        query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+        ..Variant::of(arch)
+    };
     ModelConfig {
         arch,
         vocab_size,
@@ -317,7 +341,7 @@ pub fn preset_config(
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
-        qk_norm: arch == Arch::Qwen3,
+        variant,
         layers: layer_specs,
         bos_token_id: Some(bos),
         eos_token_ids: vec![eos],
@@ -358,27 +382,54 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
         linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
         linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
         linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
-        if config.qk_norm {
-            for norm in ["self_attn.q_norm", "self_attn.k_norm"] {
+        // Norms start as the identity: weights of one, or of zero where they are offsets from one.
+        let unit = match config.variant.norm_offset {
+            true => Init::Zeros,
+            false => Init::Ones,
+        };
+        let (q_width, k_width) = match config.variant.qk_norm {
+            QkNorm::None => (0, 0),
+            QkNorm::Head => (config.head_dim, config.head_dim),
+            QkNorm::Projection => (q_out, kv_out),
+        };
+        if config.variant.qk_norm != QkNorm::None {
+            for (norm, width) in [("self_attn.q_norm", q_width), ("self_attn.k_norm", k_width)] {
                 specs.push(ParamSpec::new(
                     format!("{prefix}.{norm}.weight"),
-                    vec![config.head_dim],
-                    Init::Ones,
+                    vec![width],
+                    unit,
                 ));
             }
         }
-        for norm in ["input_layernorm", "post_attention_layernorm"] {
-            specs.push(ParamSpec::new(
-                format!("{prefix}.{norm}.weight"),
-                vec![hidden],
-                Init::Ones,
-            ));
+        let placement = config.variant.norms;
+        for (norm, present) in [
+            ("input_layernorm", placement != NormPlacement::Post),
+            ("post_attention_layernorm", true),
+            (
+                "pre_feedforward_layernorm",
+                placement == NormPlacement::Sandwich,
+            ),
+            (
+                "post_feedforward_layernorm",
+                placement != NormPlacement::Pre,
+            ),
+        ] {
+            if present {
+                specs.push(ParamSpec::new(
+                    format!("{prefix}.{norm}.weight"),
+                    vec![hidden],
+                    unit,
+                ));
+            }
         }
     }
     specs.push(ParamSpec::new(
         "model.norm.weight".into(),
         vec![hidden],
-        Init::Ones,
+        match config.variant.norm_offset {
+            true => Init::Zeros,
+            false => Init::Ones,
+        },
     ));
     if !config.tie_word_embeddings {
         specs.push(ParamSpec::new(

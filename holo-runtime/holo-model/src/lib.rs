@@ -36,7 +36,10 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
-pub use config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling};
+pub use config::{
+    Activation, Arch, ConfigError, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling,
+    Variant,
+};
 pub use files::LoadError;
 pub use layout::Layout;
 pub use model::{Model, Ops};

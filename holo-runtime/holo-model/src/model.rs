@@ -12,7 +12,7 @@
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
 
-use super::config::{LayerSpec, ModelConfig, RopeScaling};
+use super::config::{Activation, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling};
 use super::dispatch::{self, Operands, Product};
 pub use super::layout::positions_from_mask;
 use super::layout::{attention_mask, window_mask, Layout};
@@ -204,21 +204,32 @@ pub(super) struct AdapterParts {
 pub struct RmsNorm {
     pub weight: Tensor,
     eps: f64,
+    /// The weight is stored as an offset from one (Gemma's `x̂ · (1 + w)`).
+    offset: bool,
 }
 
 impl RmsNorm {
-    fn load(vb: VarBuilder, size: usize, eps: f64) -> Result<Self> {
+    fn load(vb: VarBuilder, size: usize, config: &ModelConfig) -> Result<Self> {
         Ok(RmsNorm {
             weight: vb.get(size, "weight")?,
-            eps,
+            eps: config.rms_norm_eps,
+            offset: config.variant.norm_offset,
         })
+    }
+
+    /// What the normalized input is multiplied by: the weight, or one plus it.
+    pub(super) fn scale(&self) -> Result<Tensor> {
+        match self.offset {
+            true => self.weight.affine(1.0, 1.0),
+            false => Ok(self.weight.clone()),
+        }
     }
 
     pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
         match ops {
             // One row at a time, each summed in order: the same bits whatever the batch.
             Ops::Fast | Ops::Invariant => {
-                candle_nn::ops::rms_norm(xs, &self.weight, self.eps as f32)
+                candle_nn::ops::rms_norm(&xs.contiguous()?, &self.scale()?, self.eps as f32)
             }
             Ops::Differentiable => Ok(self.forward_parts(xs)?.0),
         }
@@ -235,19 +246,19 @@ impl RmsNorm {
         let variance = xs.sqr()?.mean_keepdim(D::Minus1)?;
         let root = (variance + self.eps)?.sqrt()?;
         let normed = xs.broadcast_div(&root)?;
-        let out = normed.to_dtype(dtype)?.broadcast_mul(&self.weight)?;
+        let out = normed.to_dtype(dtype)?.broadcast_mul(&self.scale()?)?;
         Ok((out, normed, root))
     }
 }
 
-/// Inverse rotary frequencies, rescaled as the config says (transformers' `ROPE_INIT_FUNCTIONS`).
-fn inverse_frequencies(config: &ModelConfig) -> Vec<f32> {
-    let dim = config.head_dim;
+/// Inverse rotary frequencies of heads of `dim` dimensions for base `theta`, rescaled by `scaling`
+/// (transformers' `ROPE_INIT_FUNCTIONS`).
+fn inverse_frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
     let base: Vec<f32> = (0..dim)
         .step_by(2)
-        .map(|i| 1.0 / (config.rope_theta as f32).powf(i as f32 / dim as f32))
+        .map(|i| 1.0 / (theta as f32).powf(i as f32 / dim as f32))
         .collect();
-    match config.rope_scaling {
+    match *scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f32).collect(),
         RopeScaling::Llama3 {
@@ -346,9 +357,13 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
-    /// Per-head RMSNorms of the queries and keys, before RoPE ([`ModelConfig::qk_norm`]).
+    /// RMSNorms of the queries and keys, before RoPE, over each head or the whole projection
+    /// ([`QkNorm`]).
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
+    pub(super) qk_norm: QkNorm,
+    /// What the scores `q · k` are multiplied by: `1/√head_dim`, or Gemma's `1/√query_pre_attn_scalar`.
+    pub(super) scale: f64,
     pub(super) heads: usize,
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
@@ -373,14 +388,27 @@ impl Attention {
                 config.qkv_bias,
             )?,
             o_proj: Linear::load(vb.pp("o_proj"), heads * head_dim, hidden, config.o_bias)?,
-            q_norm: config
-                .qk_norm
-                .then(|| RmsNorm::load(vb.pp("q_norm"), head_dim, config.rms_norm_eps))
-                .transpose()?,
-            k_norm: config
-                .qk_norm
-                .then(|| RmsNorm::load(vb.pp("k_norm"), head_dim, config.rms_norm_eps))
-                .transpose()?,
+            q_norm: match config.variant.qk_norm {
+                QkNorm::None => None,
+                QkNorm::Head => Some(RmsNorm::load(vb.pp("q_norm"), head_dim, config)?),
+                QkNorm::Projection => {
+                    Some(RmsNorm::load(vb.pp("q_norm"), heads * head_dim, config)?)
+                }
+            },
+            k_norm: match config.variant.qk_norm {
+                QkNorm::None => None,
+                QkNorm::Head => Some(RmsNorm::load(vb.pp("k_norm"), head_dim, config)?),
+                QkNorm::Projection => {
+                    Some(RmsNorm::load(vb.pp("k_norm"), kv_heads * head_dim, config)?)
+                }
+            },
+            qk_norm: config.variant.qk_norm,
+            scale: 1.0
+                / config
+                    .variant
+                    .query_pre_attn_scalar
+                    .unwrap_or(head_dim as f64)
+                    .sqrt(),
             heads,
             kv_heads,
             head_dim,
@@ -414,7 +442,8 @@ impl Attention {
     }
 
     /// A projection's output `[B, T, heads · head_dim]` (or `[B · T, ..]`) as heads
-    /// `[B, heads, T, head_dim]`, each normalised by `norm` when the family has one.
+    /// `[B, heads, T, head_dim]`, normalised by `norm` when the family has one (over each head, or over
+    /// the whole projection first).
     pub(super) fn split_heads(
         &self,
         projected: &Tensor,
@@ -422,10 +451,14 @@ impl Attention {
         norm: Option<&RmsNorm>,
         ops: Ops,
     ) -> Result<Tensor> {
+        let projected = match (norm, self.qk_norm) {
+            (Some(norm), QkNorm::Projection) => norm.forward(projected, ops)?,
+            _ => projected.clone(),
+        };
         let split = projected.reshape((batch, len, heads, self.head_dim))?;
-        let split = match norm {
-            Some(norm) => norm.forward(&split, ops)?,
-            None => split,
+        let split = match (norm, self.qk_norm) {
+            (Some(norm), QkNorm::Head) => norm.forward(&split, ops)?,
+            _ => split,
         };
         split.transpose(1, 2)
     }
@@ -453,7 +486,7 @@ impl Attention {
             Some(cache) => cache.append(k, v.contiguous()?)?,
             None => (k, v.contiguous()?),
         };
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scale = self.scale;
         // A decoding step's single query per row visits its own keys faster than the padded products
         // below read every row's padding.
         let decoding = ops == Ops::Fast
@@ -487,6 +520,7 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    pub(super) activation: Activation,
 }
 
 impl Mlp {
@@ -500,13 +534,29 @@ impl Mlp {
             gate_proj: Linear::load(vb.pp("gate_proj"), hidden, inner, bias)?,
             up_proj: Linear::load(vb.pp("up_proj"), hidden, inner, bias)?,
             down_proj: Linear::load(vb.pp("down_proj"), inner, hidden, bias)?,
+            activation: config.variant.activation,
         })
     }
 
     fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(xs, ops)?.silu()?;
+        let gate = self.activate(&self.gate_proj.forward(xs, ops)?, ops)?;
         self.down_proj
             .forward(&(gate * self.up_proj.forward(xs, ops)?)?, ops)
+    }
+
+    /// The gate's activation.
+    pub(super) fn activate(&self, gate: &Tensor, ops: Ops) -> Result<Tensor> {
+        match (self.activation, ops) {
+            (Activation::Silu, _) => gate.silu(),
+            // candle's `gelu` is the tanh approximation, as `gelu_pytorch_tanh`; its backward rounds
+            // the constants to six digits, so training builds it from ops with exact derivatives.
+            (Activation::GeluTanh, Ops::Fast | Ops::Invariant) => gate.gelu(),
+            (Activation::GeluTanh, Ops::Differentiable) => {
+                let root = (2.0 / std::f64::consts::PI).sqrt();
+                let inner = ((gate + ((gate.sqr()? * gate)? * 0.044715)?)? * root)?;
+                (gate * 0.5)? * (inner.tanh()? + 1.0)?
+            }
+        }
     }
 }
 
@@ -514,10 +564,25 @@ impl Mlp {
 pub struct DecoderLayer {
     pub self_attn: Attention,
     pub mlp: Mlp,
-    pub input_layernorm: RmsNorm,
+    /// Before attention (none in OLMo 2 and 3).
+    pub input_layernorm: Option<RmsNorm>,
+    /// Before the MLP with [`NormPlacement::Pre`], on attention's output otherwise.
     pub post_attention_layernorm: RmsNorm,
+    /// Before the MLP (Gemma 3).
+    pub pre_feedforward_layernorm: Option<RmsNorm>,
+    /// On the MLP's output (OLMo 2 and 3, Gemma 3).
+    pub post_feedforward_layernorm: Option<RmsNorm>,
+    pub(super) placement: NormPlacement,
     /// Its attention window and whether it rotates ([`ModelConfig::layers`]).
     pub spec: LayerSpec,
+}
+
+/// A layer's norms by what they normalise: attention's input and output, the MLP's input and output.
+pub(super) struct LayerNorms<'a> {
+    pub(super) attention_input: Option<&'a RmsNorm>,
+    pub(super) attention_output: Option<&'a RmsNorm>,
+    pub(super) mlp_input: Option<&'a RmsNorm>,
+    pub(super) mlp_output: Option<&'a RmsNorm>,
 }
 
 impl DecoderLayer {
@@ -527,8 +592,10 @@ impl DecoderLayer {
         let mut layer = self.clone();
         let attention = &mut layer.self_attn;
         for norm in [
-            Some(&mut layer.input_layernorm),
+            layer.input_layernorm.as_mut(),
             Some(&mut layer.post_attention_layernorm),
+            layer.pre_feedforward_layernorm.as_mut(),
+            layer.post_feedforward_layernorm.as_mut(),
             attention.q_norm.as_mut(),
             attention.k_norm.as_mut(),
         ]
@@ -548,17 +615,48 @@ impl DecoderLayer {
         layer
     }
 
+    /// The layer's norms by what they normalise, as its family places them.
+    pub(super) fn norms(&self) -> LayerNorms<'_> {
+        let post_attention = Some(&self.post_attention_layernorm);
+        let (attention_output, mlp_input) = match self.placement {
+            NormPlacement::Pre => (None, post_attention),
+            NormPlacement::Post => (post_attention, None),
+            NormPlacement::Sandwich => (post_attention, self.pre_feedforward_layernorm.as_ref()),
+        };
+        LayerNorms {
+            attention_input: self.input_layernorm.as_ref(),
+            attention_output,
+            mlp_input,
+            mlp_output: self.post_feedforward_layernorm.as_ref(),
+        }
+    }
+
     fn load(vb: VarBuilder, config: &ModelConfig, spec: LayerSpec) -> Result<Self> {
-        let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
+        let hidden = config.hidden_size;
+        let placement = config.variant.norms;
+        let norm = |name: &str, present: bool| -> Result<Option<RmsNorm>> {
+            present
+                .then(|| RmsNorm::load(vb.pp(name), hidden, config))
+                .transpose()
+        };
         Ok(DecoderLayer {
             spec,
+            placement,
+            input_layernorm: norm("input_layernorm", placement != NormPlacement::Post)?,
+            pre_feedforward_layernorm: norm(
+                "pre_feedforward_layernorm",
+                placement == NormPlacement::Sandwich,
+            )?,
+            post_feedforward_layernorm: norm(
+                "post_feedforward_layernorm",
+                placement != NormPlacement::Pre,
+            )?,
             self_attn: Attention::load(vb.pp("self_attn"), config)?,
             mlp: Mlp::load(vb.pp("mlp"), config)?,
-            input_layernorm: RmsNorm::load(vb.pp("input_layernorm"), hidden, eps)?,
             post_attention_layernorm: RmsNorm::load(
                 vb.pp("post_attention_layernorm"),
                 hidden,
-                eps,
+                config,
             )?,
         })
     }
@@ -570,18 +668,32 @@ impl DecoderLayer {
         cache: Option<&mut LayerCache>,
         ops: Ops,
     ) -> Result<Tensor> {
+        let norms = self.norms();
         let attended = self.self_attn.forward(
-            &self.input_layernorm.forward(xs, ops)?,
+            &norm(norms.attention_input, xs, ops)?,
             frame.rope(self.spec),
             frame.mask(self.spec),
             cache,
             ops,
         )?;
-        let xs = (xs + attended)?;
-        let mlp = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&xs, ops)?, ops)?;
-        xs + mlp
+        self.finish(xs, &attended, ops)
+    }
+
+    /// The rest of the layer after attention: `attended` (after `o_proj`) normalised where the family
+    /// does, added to the input `xs`, then the MLP and its residual.
+    pub(super) fn finish(&self, xs: &Tensor, attended: &Tensor, ops: Ops) -> Result<Tensor> {
+        let norms = self.norms();
+        let xs = (xs + norm(norms.attention_output, attended, ops)?)?;
+        let mlp = self.mlp.forward(&norm(norms.mlp_input, &xs, ops)?, ops)?;
+        xs + norm(norms.mlp_output, &mlp, ops)?
+    }
+}
+
+/// `xs` through `norm`, or unchanged without one.
+fn norm(norm: Option<&RmsNorm>, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+    match norm {
+        Some(norm) => norm.forward(xs, ops),
+        None => Ok(xs.clone()),
     }
 }
 
@@ -850,6 +962,9 @@ pub struct Model {
     /// `None` when the output projection is tied to `embed_tokens`.
     pub lm_head: Option<Tensor>,
     rope: Rope,
+    /// The windowed layers' RoPE, when it is not the others'
+    /// ([`crate::config::Variant::local_rope`]).
+    local_rope: Option<Rope>,
 }
 
 impl Model {
@@ -873,22 +988,33 @@ impl Model {
             .enumerate()
             .map(|(i, &spec)| DecoderLayer::load(inner.pp(format!("layers.{i}")), config, spec))
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config.rms_norm_eps)?;
+        let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
             Some(vb.get((config.vocab_size, config.hidden_size), "lm_head.weight")?)
         };
-        let inverse_frequencies = Tensor::new(inverse_frequencies(config), vb.device())?;
+        let rope = |theta: f64, scaling: &RopeScaling| -> Result<Rope> {
+            Ok(Rope {
+                inverse_frequencies: Tensor::new(
+                    inverse_frequencies(config.head_dim, theta, scaling),
+                    vb.device(),
+                )?,
+            })
+        };
         let model = Model {
             config: config.clone(),
             embed_tokens,
             layers,
             norm,
             lm_head,
-            rope: Rope {
-                inverse_frequencies,
-            },
+            rope: rope(config.rope_theta, &config.rope_scaling)?,
+            local_rope: config
+                .variant
+                .local_rope
+                .as_ref()
+                .map(|(theta, scaling)| rope(*theta, scaling))
+                .transpose()?,
         };
         if model.embed_tokens.dtype() == DType::BF16 && model.device().is_cpu() {
             // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) in f32.
@@ -994,6 +1120,9 @@ impl Model {
                 mlp,
                 input_layernorm,
                 post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+                placement: _,
                 spec: _,
             } = layer;
             let (linears, qk_norms) = Self::parts_mut(self_attn, mlp);
@@ -1014,14 +1143,22 @@ impl Model {
                     ));
                 }
             }
-            named.push((
-                format!("model.layers.{i}.input_layernorm.weight"),
-                &mut input_layernorm.weight,
-            ));
-            named.push((
-                format!("model.layers.{i}.post_attention_layernorm.weight"),
-                &mut post_attention_layernorm.weight,
-            ));
+            for (name, norm) in [
+                ("input_layernorm", input_layernorm.as_mut()),
+                ("post_attention_layernorm", Some(post_attention_layernorm)),
+                (
+                    "pre_feedforward_layernorm",
+                    pre_feedforward_layernorm.as_mut(),
+                ),
+                (
+                    "post_feedforward_layernorm",
+                    post_feedforward_layernorm.as_mut(),
+                ),
+            ] {
+                if let Some(norm) = norm {
+                    named.push((format!("model.layers.{i}.{name}.weight"), &mut norm.weight));
+                }
+            }
         }
         named.push(("model.norm.weight".to_string(), &mut self.norm.weight));
         if let Some(lm_head) = &mut self.lm_head {
@@ -1251,7 +1388,7 @@ impl Model {
         let mut xs = Tensor::cat(&embedded, 0)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let attention = &layer.self_attn;
-            let normed = layer.input_layernorm.forward(&xs, ops)?;
+            let normed = norm(layer.norms().attention_input, &xs, ops)?;
             let q = attention.q_proj.forward(&normed, ops)?;
             let k = attention.k_proj.forward(&normed, ops)?;
             let v = attention.v_proj.forward(&normed, ops)?;
@@ -1280,12 +1417,7 @@ impl Model {
                 offset += rows;
             }
             let attended = attention.o_proj.forward(&Tensor::cat(&outputs, 0)?, ops)?;
-            let xs_attended = (xs + attended)?;
-            let mlp = layer.mlp.forward(
-                &layer.post_attention_layernorm.forward(&xs_attended, ops)?,
-                ops,
-            )?;
-            xs = (xs_attended + mlp)?;
+            xs = layer.finish(&xs, &attended, ops)?;
         }
         let xs = self.norm.forward(&xs, ops)?;
         let mut offset = 0;
@@ -1302,10 +1434,20 @@ impl Model {
     /// The embeddings `[B, T, hidden]` of `input_ids` `[B, T]`.
     pub(super) fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
         let (batch, len) = input_ids.dims2()?;
-        self.embed_tokens
+        let embedded = self
+            .embed_tokens
             .index_select(&input_ids.flatten_all()?, 0)?
-            .reshape((batch, len, self.config.hidden_size))?
-            .to_dtype(self.dtype())
+            .reshape((batch, len, self.config.hidden_size))?;
+        let embedded = match self.config.variant.scale_embeddings {
+            // √hidden rounded to the weights' type, as Gemma's `embed_scale.to(weight.dtype)`.
+            true => {
+                let scale = Tensor::new(&[(self.config.hidden_size as f64).sqrt()], self.device())?
+                    .to_dtype(self.embed_tokens.dtype())?;
+                embedded.broadcast_mul(&scale)?
+            }
+            false => embedded,
+        };
+        embedded.to_dtype(self.dtype())
     }
 
     /// What every layer of one forward pass shares: the attention mask and the rotary tables.
@@ -1331,6 +1473,13 @@ impl Model {
         key_positions: &Tensor,
     ) -> Result<Frame> {
         let (cos, sin) = self.rope.tables(positions)?;
+        let local = match &self.local_rope {
+            Some(rope) => {
+                let (cos, sin) = rope.tables(positions)?;
+                Some((cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?))
+            }
+            None => None,
+        };
         let mut windows: Vec<usize> = self
             .layers
             .iter()
@@ -1352,6 +1501,7 @@ impl Model {
             windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
+            local,
         })
     }
 
@@ -1426,6 +1576,8 @@ pub(super) struct Frame {
     pub(super) windowed: Vec<(usize, Tensor)>,
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+    /// The windowed layers' tables, when their RoPE is their own.
+    pub(super) local: Option<(Tensor, Tensor)>,
 }
 
 impl Frame {
@@ -1438,7 +1590,13 @@ impl Frame {
 
     /// The rotary tables of a layer, `None` for a layer without RoPE.
     pub(super) fn rope(&self, spec: LayerSpec) -> Option<(&Tensor, &Tensor)> {
-        spec.rope.then_some((&self.cos, &self.sin))
+        if !spec.rope {
+            return None;
+        }
+        match (&self.local, spec.window) {
+            (Some((cos, sin)), Some(_)) => Some((cos, sin)),
+            _ => Some((&self.cos, &self.sin)),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use rand::{Rng, SeedableRng};
 
-use super::config::{Arch, LayerSpec, ModelConfig, RopeScaling};
+use super::config::{Arch, LayerSpec, ModelConfig, RopeScaling, Variant};
 use super::init::{parameter_specs, Init};
 use super::Model;
 
@@ -78,7 +78,11 @@ pub fn config(arch: Arch) -> ModelConfig {
         num_attention_heads: 4,
         num_key_value_heads: 2,
         // Qwen3's heads are wider than hidden / heads.
-        head_dim: if arch == Arch::Qwen3 { 6 } else { 4 },
+        head_dim: if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
+            6
+        } else {
+            4
+        },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
@@ -87,10 +91,14 @@ pub fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: arch == Arch::Llama,
         mlp_bias: arch == Arch::Llama,
-        qk_norm: arch == Arch::Qwen3,
+        variant: Variant::of(arch),
         // A window shorter than the tests' rows; SmolLM3's layer without RoPE.
         layers: vec![LayerSpec {
-            window: matches!(arch, Arch::Mistral | Arch::Ministral).then_some(3),
+            window: matches!(
+                arch,
+                Arch::Mistral | Arch::Ministral | Arch::Olmo3 | Arch::Gemma3
+            )
+            .then_some(3),
             rope: arch != Arch::SmolLm3,
         }],
         bos_token_id: Some(1),

@@ -22,7 +22,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{self, load_model};
-use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
+use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, QkNorm, RopeScaling};
 use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value as Json;
@@ -356,7 +356,7 @@ fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
     expected_config.bos_token_id = None;
     expected_config.rms_norm_eps = 1e-6f32 as f64;
     assert_eq!(gguf_model.config, expected_config);
-    assert!(gguf_model.config.qk_norm && gguf_model.config.head_dim == 24);
+    assert!(gguf_model.config.variant.qk_norm == QkNorm::Head && gguf_model.config.head_dim == 24);
     assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
     std::fs::remove_file(&file).unwrap();
 }

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::chat::{ChatTemplate, RenderOptions};
-use holo_runtime::local::{Arch, ModelConfig, RopeScaling};
+use holo_runtime::local::{Arch, ModelConfig, QkNorm, RopeScaling};
 use holo_runtime::{ChatMessage, Role};
 use tokenizers::Tokenizer;
 
@@ -143,7 +143,7 @@ fn check_folder(arch: Arch) {
     assert_eq!(config.rope_scaling, RopeScaling::None);
     assert_eq!(config.tie_word_embeddings, arch != Arch::Llama);
     assert_eq!(config.qkv_bias, arch == Arch::Qwen2);
-    assert_eq!(config.qk_norm, arch == Arch::Qwen3);
+    assert_eq!(config.variant.qk_norm == QkNorm::Head, arch == Arch::Qwen3);
     assert!(!config.o_bias && !config.mlp_bias);
     assert_eq!(config.bos_token_id, Some(509));
     assert_eq!(config.eos_token_ids, vec![511]);

@@ -10,21 +10,16 @@ use holo_runtime::local::generate::{generate, generate_streaming, GenerationPara
 use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::testing::random_model_seeded;
-use holo_runtime::local::{Arch, LayerSpec, Model, ModelConfig, Ops, RopeScaling};
+use holo_runtime::local::{Arch, LayerSpec, Model, ModelConfig, Ops, RopeScaling, Variant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Every family, each with what sets it apart: Qwen2's q/k/v biases, Qwen3's q/k norms over heads wider
 /// than hidden / heads, Llama 3's rope scaling and untied head, Mistral's window (3 positions, shorter
-/// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE.
-const ARCHS: [Arch; 6] = [
-    Arch::Qwen2,
-    Arch::Qwen3,
-    Arch::Llama,
-    Arch::Mistral,
-    Arch::Ministral,
-    Arch::SmolLm3,
-];
+/// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
+/// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
+/// scale and windowed layer with its own RoPE.
+const ARCHS: [Arch; 9] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -35,7 +30,11 @@ fn config(arch: Arch) -> ModelConfig {
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: if arch == Arch::Qwen3 { 6 } else { 4 },
+        head_dim: if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
+            6
+        } else {
+            4
+        },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
@@ -52,12 +51,12 @@ fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
-        qk_norm: arch == Arch::Qwen3,
+        variant: Variant::of(arch),
         layers: (0..2)
             .map(|layer| LayerSpec {
                 window: match arch {
                     Arch::Mistral => Some(3),
-                    Arch::Ministral if layer == 0 => Some(3),
+                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 if layer == 0 => Some(3),
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,

@@ -5,7 +5,8 @@
 //!
 //! Each fixture model (Qwen2: q/k/v biases, tied embeddings; Llama: untied LM head; Qwen3: q/k norms,
 //! heads wider than hidden / heads; Mistral and Ministral: sliding windows; SmolLM3: a layer without
-//! RoPE) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
+//! RoPE; OLMo 2 and 3: norms after attention and the MLP; Gemma 3: offset norms, GeGLU, scaled
+//! embeddings) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
 //! the advantages are zero; `--entropy-coef` gives the weights a gradient all the same.
 
 use std::collections::{BTreeSet, HashMap};
@@ -437,7 +438,17 @@ fn exports_load_with_the_trained_weights_and_logits() {
     fs::write(&data, rows).unwrap();
 
     let mut cases = Vec::new();
-    for model in ["qwen2", "llama", "qwen3", "mistral", "ministral", "smollm3"] {
+    for model in [
+        "qwen2",
+        "llama",
+        "qwen3",
+        "mistral",
+        "ministral",
+        "smollm3",
+        "olmo2",
+        "olmo3",
+        "gemma3",
+    ] {
         for lora in [false, true] {
             cases.push(check_run(work.path(), model, lora, &data));
         }
