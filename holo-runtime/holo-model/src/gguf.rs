@@ -1,10 +1,13 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3` or `llama`) and the `<arch>.*` keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `llama`, `olmo2` or `gemma3`) and the `<arch>.*`
+//!   keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
-//!   embedding's, and the embeddings are tied when there is no `output.weight`;
+//!   embedding's, and the embeddings are tied when there is no `output.weight`; Gemma 3's windows come
+//!   from `gemma3.attention.sliding_window` over llama.cpp's fixed pattern (each sixth layer global), and
+//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`;
 //! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
 //!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K), dequantized to f32 and then converted
 //!   to the requested dtype. llama.cpp stores a Llama model's q and k rows permuted for its rotary
@@ -47,7 +50,7 @@ pub struct Gguf {
 }
 
 /// The `general.architecture` values this runtime implements.
-const ARCHITECTURES: &str = "qwen2, qwen3, llama";
+const ARCHITECTURES: &str = "qwen2, qwen3, llama, olmo2, gemma3";
 
 /// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -220,6 +223,8 @@ impl Gguf {
             "qwen2" => Ok((Arch::Qwen2, name)),
             "qwen3" => Ok((Arch::Qwen3, name)),
             "llama" => Ok((Arch::Llama, name)),
+            "olmo2" => Ok((Arch::Olmo2, name)),
+            "gemma3" => Ok((Arch::Gemma3, name)),
             other => Err(self.config_error(format!(
                 "unsupported architecture {other:?} (`general.architecture`); supported: {ARCHITECTURES}"
             ))),
@@ -350,8 +355,12 @@ impl Gguf {
             qkv_bias,
             o_bias,
             mlp_bias,
-            variant: Variant::of(arch),
-            layers: vec![LayerSpec::FULL; block_count],
+            variant: Variant {
+                // llama.cpp scales Gemma 3's queries by 1/√head_dim (all but the 27B model).
+                query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+                ..Variant::of(arch)
+            },
+            layers: self.layer_specs(arch, name, block_count)?,
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };
@@ -361,6 +370,30 @@ impl Gguf {
         Ok(config)
     }
 
+    /// Each layer's window: Gemma 3's every layer but each sixth slides over
+    /// `gemma3.attention.sliding_window` positions (llama.cpp's fixed pattern); the others attend fully.
+    fn layer_specs(
+        &self,
+        arch: Arch,
+        name: &str,
+        count: usize,
+    ) -> Result<Vec<LayerSpec>, LoadError> {
+        if arch != Arch::Gemma3 {
+            return Ok(vec![LayerSpec::FULL; count]);
+        }
+        let key = format!("{name}.attention.sliding_window");
+        let window = self
+            .u64_key(&key)?
+            .ok_or_else(|| self.config_error(format!("missing metadata `{key}`")))?
+            as usize;
+        Ok((0..count)
+            .map(|layer| LayerSpec {
+                window: ((layer + 1) % 6 != 0).then_some(window),
+                rope: true,
+            })
+            .collect())
+    }
+
     fn weights_error(&self, message: String) -> LoadError {
         LoadError::Weights {
             file: self.path.clone(),
@@ -368,8 +401,9 @@ impl Gguf {
         }
     }
 
-    /// The Hugging Face name of a GGUF tensor, or `None` for a name this runtime does not know.
-    fn hf_name(name: &str) -> Option<String> {
+    /// The Hugging Face name of a GGUF tensor of an `arch` model, or `None` for a name this runtime does
+    /// not know.
+    fn hf_name(arch: Arch, name: &str) -> Option<String> {
         let fixed = match name {
             "token_embd.weight" => Some("model.embed_tokens.weight"),
             "output_norm.weight" => Some("model.norm.weight"),
@@ -388,7 +422,12 @@ impl Gguf {
         }
         let module = match module {
             "attn_norm" => "input_layernorm",
+            // Gemma's `ffn_norm` is before the MLP as Llama's is, but Gemma also normalises attention's
+            // output (`post_attention_norm`).
+            "ffn_norm" if arch == Arch::Gemma3 => "pre_feedforward_layernorm",
             "ffn_norm" => "post_attention_layernorm",
+            "post_attention_norm" => "post_attention_layernorm",
+            "post_ffw_norm" => "post_feedforward_layernorm",
             "attn_q" => "self_attn.q_proj",
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
@@ -414,7 +453,7 @@ impl Gguf {
         names.sort_by_key(|name| self.content.tensor_infos[*name].offset);
         let mut tensors = HashMap::new();
         for name in names {
-            let hf = Self::hf_name(name).ok_or_else(|| {
+            let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
                 self.weights_error(format!(
                     "tensor {name}: not a tensor of a {} model",
                     config.arch
@@ -432,6 +471,10 @@ impl Gguf {
                 .read(&mut reader, self.content.tensor_data_offset, &Device::Cpu)
                 .and_then(|quantized| quantized.dequantize(&Device::Cpu))
                 .map_err(fail)?;
+            if config.variant.norm_offset && name.ends_with("norm.weight") {
+                // llama.cpp stores Gemma's `1 + w`; transformers' GGUF loader takes the one back off.
+                tensor = tensor.affine(1.0, -1.0).map_err(fail)?;
+            }
             if config.arch == Arch::Llama {
                 let heads = if name.contains(".attn_q.") {
                     Some(config.num_attention_heads)

@@ -22,7 +22,9 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{self, load_model};
-use holo_runtime::local::{LocalModel, LocalOptions, Model, ModelConfig, QkNorm, RopeScaling};
+use holo_runtime::local::{
+    Arch, LocalModel, LocalOptions, Model, ModelConfig, QkNorm, RopeScaling,
+};
 use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value as Json;
@@ -60,8 +62,8 @@ fn permute(tensor: &Tensor, heads: usize) -> Tensor {
         .unwrap()
 }
 
-/// llama.cpp's name of a Hugging Face tensor.
-fn gguf_name(name: &str) -> String {
+/// llama.cpp's name of a Hugging Face tensor of an `arch` model.
+fn gguf_name(arch: Arch, name: &str) -> String {
     match name {
         "model.embed_tokens.weight" => return "token_embd.weight".into(),
         "model.norm.weight" => return "output_norm.weight".into(),
@@ -71,9 +73,15 @@ fn gguf_name(name: &str) -> String {
     let rest = name.strip_prefix("model.layers.").unwrap();
     let (layer, rest) = rest.split_once('.').unwrap();
     let (module, kind) = rest.rsplit_once('.').unwrap();
+    // Where a family normalises attention's output, llama.cpp calls that norm `post_attention_norm`
+    // and keeps `ffn_norm` for the MLP's input (gguf-py's tensor_mapping.py).
+    let post_norms = matches!(arch, Arch::Gemma3 | Arch::Olmo2);
     let module = match module {
         "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if post_norms => "post_attention_norm",
         "post_attention_layernorm" => "ffn_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
@@ -94,7 +102,10 @@ type Metadata = Vec<(String, Value)>;
 /// The metadata of a fixture folder as llama.cpp writes it: config keys, the byte-level BPE tokenizer
 /// (`tokenizer.ggml.*`, control tokens for the added ones) and the chat template.
 fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
-    let arch = config.arch.model_type();
+    let arch = match config.arch {
+        Arch::Gemma3 => "gemma3",
+        other => other.model_type(),
+    };
     let tokenizer: Json =
         serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
             .unwrap();
@@ -128,6 +139,22 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
     };
     let u32_value = |v: usize| Value::U32(v as u32);
     let mut heads = Vec::new();
+    if let Some(window) = config.layers.iter().find_map(|layer| layer.window) {
+        heads.push((
+            format!("{arch}.attention.sliding_window"),
+            u32_value(window),
+        ));
+    }
+    if let RopeScaling::Linear { factor } = config.rope_scaling {
+        heads.push((
+            format!("{arch}.rope.scaling.type"),
+            Value::String("linear".into()),
+        ));
+        heads.push((
+            format!("{arch}.rope.scaling.factor"),
+            Value::F32(factor as f32),
+        ));
+    }
     if config.head_dim * config.num_attention_heads != config.hidden_size {
         // As convert_hf_to_gguf.py writes an explicit `head_dim`.
         for key in ["key_length", "value_length"] {
@@ -228,12 +255,19 @@ fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
                 tensor = permute(&tensor, config.num_key_value_heads);
             }
         }
+        if config.variant.norm_offset && name.ends_with("norm.weight") {
+            // llama.cpp's converter stores Gemma's norms as `1 + w`.
+            tensor = tensor.affine(1.0, 1.0).unwrap();
+        }
         let dtype = if tensor.rank() == 2 {
             matrices
         } else {
             GgmlDType::F32
         };
-        quantized.push((gguf_name(name), QTensor::quantize(&tensor, dtype).unwrap()));
+        quantized.push((
+            gguf_name(config.arch, name),
+            QTensor::quantize(&tensor, dtype).unwrap(),
+        ));
     }
     write_file(&metadata(dir, &config), &quantized, out);
 }
@@ -359,6 +393,45 @@ fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
     assert!(gguf_model.config.variant.qk_norm == QkNorm::Head && gguf_model.config.head_dim == 24);
     assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
     std::fs::remove_file(&file).unwrap();
+}
+
+/// OLMo 2 (norms after attention and the MLP, none before) and Gemma 3 (four norms stored by llama.cpp
+/// as `1 + w`, `ffn_norm` before the MLP, windows from `gemma3.attention.sliding_window` over llama.cpp's
+/// pattern, 1/√head_dim query scale) as llama.cpp names and stores them: the folder's model, with the
+/// config llama.cpp's format can say.
+#[test]
+fn olmo2_and_gemma3_ggufs_are_the_folders_models() {
+    for name in ["olmo2", "gemma3"] {
+        let dir = fixture(name);
+        let scratch_dir = scratch(&format!("{name}-f32"));
+        let file = scratch_dir.join(format!("{name}.gguf"));
+        write_gguf(&dir, GgmlDType::F32, &file);
+        let mut config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        if config.arch == Arch::Gemma3 {
+            // Every layer but each sixth is windowed; the queries are scaled by the head size.
+            let window = config.layers[0].window;
+            for layer in &mut config.layers {
+                layer.window = window;
+            }
+            config.variant.query_pre_attn_scalar = Some(config.head_dim as f64);
+        }
+        let tensors =
+            candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+        let folder_model = Model::load(
+            VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu),
+            &config,
+        )
+        .unwrap();
+        let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(gguf_model.config.variant, config.variant, "{name}");
+        assert_eq!(gguf_model.config.layers, config.layers, "{name}");
+        assert!(
+            compare_models(&folder_model, &gguf_model) < 1e-4,
+            "{name}: {}",
+            compare_models(&folder_model, &gguf_model)
+        );
+        std::fs::remove_file(&file).unwrap();
+    }
 }
 
 /// Q8_0 matrices: the model is the folder's with each matrix rounded through Q8_0 (exactly), and its logits
