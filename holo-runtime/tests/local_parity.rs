@@ -341,6 +341,63 @@ fn a_folder_without_safetensors_says_what_it_found() {
     );
 }
 
+/// A Gemma 3 multimodal checkpoint (`gemma3`, `Gemma3ForConditionalGeneration`: the text model's config
+/// under `text_config`, its tensors under `language_model.model.*` as transformers 4 saved them or
+/// `model.language_model.*` as transformers 5 does, beside a vision tower) loads as its text tower: the
+/// same logits as the text model's folder.
+#[test]
+fn a_gemma3_multimodal_checkpoint_loads_as_its_text_tower() {
+    let text_model = files::load_model(&fixture("gemma3"), DType::F32, &Device::Cpu).unwrap();
+    let sequence = [509u32, 100, 200, 300, 7, 8, 9, 10];
+    let expected = sequence_logits(&text_model, &sequence);
+    for tower in ["language_model.model.", "model.language_model."] {
+        let dir = copy_fixture("gemma3");
+        let text_config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+                .unwrap();
+        let wrapper = serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3",
+            "text_config": text_config,
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+            "eos_token_id": [511, 509],
+            "mm_tokens_per_image": 4,
+        });
+        std::fs::write(dir.path().join("config.json"), wrapper.to_string()).unwrap();
+        let mut weights: HashMap<String, Tensor> = tensors(dir.path())
+            .into_iter()
+            .map(|(name, tensor)| {
+                (
+                    name.replacen("model.", tower, 1).replacen(
+                        "lm_head.",
+                        "language_model.lm_head.",
+                        1,
+                    ),
+                    tensor,
+                )
+            })
+            .collect();
+        weights.insert(
+            "vision_tower.vision_model.embeddings.patch_embedding.weight".into(),
+            Tensor::zeros((8, 3, 2, 2), DType::F32, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+        let model = files::load_model(dir.path(), DType::F32, &Device::Cpu)
+            .unwrap_or_else(|error| panic!("{tower}: {error}"));
+        assert_eq!(
+            model.config.eos_token_ids,
+            [511],
+            "{tower}: the text config's own"
+        );
+        let diff = sequence_logits(&model, &sequence)
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| max_diff(a, b))
+            .fold(0.0, f32::max);
+        assert_eq!(diff, 0.0, "{tower}");
+    }
+}
+
 #[test]
 fn sharded_checkpoints_load_like_single_files() {
     let dir = copy_fixture("llama");

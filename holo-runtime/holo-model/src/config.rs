@@ -243,6 +243,9 @@ impl ModelConfig {
     }
 
     pub fn from_json(json: &Value) -> Result<Self, ConfigError> {
+        if let Some(text) = text_tower(json) {
+            return Self::from_json(&text);
+        }
         let model_type = json.get("model_type").and_then(Value::as_str).unwrap_or("");
         let architectures: Vec<&str> = json
             .get("architectures")
@@ -582,12 +585,42 @@ impl ModelConfig {
     }
 }
 
+/// The text model's config of a multimodal checkpoint whose text tower is a family of [`Arch`] (Gemma 3's
+/// `gemma3`, `Gemma3ForConditionalGeneration`): its `text_config`, with the token ids and the tying the
+/// wrapper states when the text config does not.
+fn text_tower(json: &Value) -> Option<Value> {
+    let model_type = json.get("model_type").and_then(Value::as_str)?;
+    let text_type = match model_type {
+        "gemma3" => "gemma3_text",
+        _ => return None,
+    };
+    let mut text = json.get("text_config")?.as_object()?.clone();
+    text.insert("model_type".into(), text_type.into());
+    for key in [
+        "eos_token_id",
+        "bos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+    ] {
+        if let (false, Some(value)) = (text.contains_key(key), json.get(key)) {
+            text.insert(key.into(), value.clone());
+        }
+    }
+    Some(Value::Object(text))
+}
+
+/// Whether `json` is a multimodal checkpoint's config whose text tower this runtime runs (the tensors
+/// are then under the tower's names, see `files::text_tower_tensors`).
+pub fn is_text_tower(json: &Value) -> bool {
+    text_tower(json).is_some()
+}
+
 /// The families this runtime implements, for error messages.
 pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 \
      (Qwen3ForCausalLM: Qwen3 dense), llama (LlamaForCausalLM: Llama 2/3, SmolLM2), mistral \
      (MistralForCausalLM), ministral (MinistralForCausalLM), smollm3 (SmolLM3ForCausalLM), olmo2 \
      (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
-     and 1B)";
+     and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.

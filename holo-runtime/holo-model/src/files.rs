@@ -178,6 +178,7 @@ pub fn load_model_with(
             }
         })?;
     }
+    let mut tensors = text_tower_tensors(tensors);
     let found = extra
         .iter()
         .filter_map(|name| Some((name.to_string(), tensors.remove(*name)?)))
@@ -197,6 +198,31 @@ pub fn load_model_with(
         ),
     })?;
     Ok((model, found))
+}
+
+/// A multimodal checkpoint's text tower under the text model's names: Gemma 3's
+/// `Gemma3ForConditionalGeneration` saves it as `language_model.model.*` and `language_model.lm_head.*`
+/// (transformers 4) or `model.language_model.*` (transformers 5, as its checkpoint conversion maps them);
+/// the vision tower and the projector are left out. A text model's tensors come back unchanged.
+fn text_tower_tensors(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    const TOWERS: [(&str, &str); 3] = [
+        ("language_model.model.", "model."),
+        ("model.language_model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    ];
+    let is_tower = |name: &str| TOWERS.iter().any(|(prefix, _)| name.starts_with(prefix));
+    if tensors.contains_key("model.embed_tokens.weight")
+        || !tensors.keys().any(|name| is_tower(name))
+    {
+        return tensors;
+    }
+    tensors
+        .into_iter()
+        .filter_map(|(name, tensor)| {
+            let (prefix, text) = TOWERS.iter().find(|(prefix, _)| name.starts_with(prefix))?;
+            Some((format!("{text}{}", &name[prefix.len()..]), tensor))
+        })
+        .collect()
 }
 
 /// The folder's `tokenizer.json` ([`folder::load_tokenizer`]), or the tokenizer of a `.gguf` file's

@@ -128,8 +128,23 @@ fn base_folder(model: &Path, out: &Path) -> Result<Model, String> {
     if gguf::is_gguf(model) {
         write_model_files(model, &base, out)?;
     } else {
+        // A multimodal checkpoint's text tower is exported as the text model it trained: its own
+        // config, since the tensors written are the text model's.
+        let tower = fs::read_to_string(model.join("config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .is_some_and(|json| holo_model::config::is_text_tower(&json));
+        if tower {
+            let config = serde_json::to_string_pretty(&base.config.to_json())
+                .map_err(|error| format!("writing config.json: {error}"))?;
+            fs::write(out.join("config.json"), config)
+                .map_err(|error| format!("writing config.json: {error}"))?;
+        }
         for file in COPIED {
             let source = model.join(file);
+            if tower && file == "config.json" {
+                continue;
+            }
             if source.is_file() {
                 fs::copy(&source, out.join(file))
                     .map_err(|error| format!("copying `{}`: {error}", source.display()))?;
