@@ -5,6 +5,80 @@ use super::*;
 #[cfg(feature = "cli")]
 use common::served::{tiny_model, Served};
 
+/// Every family's parity fixture, served by the binary: a chat completion (the model's own template) and
+/// a token prompt come back as the same tokens and log-probabilities as the model sampled in process.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_serve_serves_every_family() {
+    use std::process::Command;
+
+    use holo_runtime::local::{LocalModel, LocalOptions};
+
+    for family in [
+        "qwen2",
+        "qwen3",
+        "llama",
+        "mistral",
+        "ministral",
+        "smollm3",
+        "olmo2",
+        "olmo3",
+        "gemma3",
+    ] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/models")
+            .join(family);
+        let served = Served::start(
+            Command::new(env!("CARGO_BIN_EXE_holo"))
+                .args(["serve", dir.to_str().unwrap(), "--port", "0"])
+                .args(["--served-model-name", family]),
+        );
+        let client = OpenAi::new(OpenAiConfig {
+            proxy_from_env: false,
+            max_retries: 0,
+            api_key_env: "HOLO_SERVE_TEST_NO_SUCH_VAR".into(),
+            ..OpenAiConfig::new(&served.base, family)
+        })
+        .unwrap();
+        let local = LocalModel::load(&dir, LocalOptions::default()).unwrap();
+        let chat = vec![user("What is 2 + 2?")];
+        let text = local
+            .template()
+            .render(&chat, &RenderOptions::generation())
+            .unwrap();
+        let chat_ids = local
+            .tokenizer()
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        // Past the fixtures' windows of 4 positions.
+        let params = SampleParams {
+            max_tokens: Some(12),
+            temperature: Some(1.0),
+            seed: Some(3),
+            ..SampleParams::default()
+        };
+        for (prompt, ids) in [
+            (Prompt::Chat(chat.clone()), chat_ids),
+            (Prompt::Tokens(vec![5, 6, 7]), vec![5, 6, 7]),
+        ] {
+            let request = |prompt| Request {
+                prompt,
+                params: params.clone(),
+            };
+            let served = client.sample(&[request(prompt)]).await.pop().unwrap();
+            let served = served.unwrap_or_else(|error| panic!("{family}: {error}"));
+            let direct = local.sample(&[request(Prompt::Tokens(ids))]).await;
+            let direct = direct.into_iter().next().unwrap().unwrap();
+            assert_eq!(served.tokens, direct.tokens, "{family}");
+            for (a, b) in served.logprobs.iter().zip(&direct.logprobs) {
+                assert!((a - b).abs() <= 1e-5, "{family}: {served:?} vs {direct:?}");
+            }
+        }
+    }
+}
+
 #[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_serve_cli_serves_a_local_model() {
