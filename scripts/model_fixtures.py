@@ -22,6 +22,8 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
 - `gemma3/`: Gemma3ForCausalLM (`gemma3_text`), four `(1 + w)` norms per layer, GeGLU (`gelu_pytorch_tanh`),
   embeddings scaled by √hidden, 32-wide heads, `query_pre_attn_scalar` 24, a windowed first layer with RoPE base
   1e4, a full second layer with base 1e6 and linear scaling (factor 2), tied embeddings;
+- `phi3/`: Phi3ForCausalLM, fused `qkv_proj` and `gate_up_proj`, `partial_rotary_factor` 0.5, LongRoPE with
+  `original_max_position_embeddings` 64 (short factors; attention factor √(1 + ln 8 / ln 64)), untied;
 - `llama/`: LlamaForCausalLM, the same sizes as qwen2, untied embeddings, attention_bias false, rope_theta 5e5 with
   `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
   original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
@@ -104,6 +106,8 @@ from transformers import (
     Olmo2ForCausalLM,
     Olmo3Config,
     Olmo3ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -346,6 +350,29 @@ def gemma3_model() -> torch.nn.Module:
     return Gemma3ForCausalLM(config)
 
 
+def phi3_model() -> torch.nn.Module:
+    # Fused qkv_proj and gate_up_proj, half of each head rotated, LongRoPE (short factors: every
+    # sequence here is shorter than original_max_position_embeddings; the attention factor from the
+    # context's growth, 512 / 64).
+    config = Phi3Config(
+        **COMMON,
+        pad_token_id=509,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        original_max_position_embeddings=64,
+        partial_rotary_factor=0.5,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 64,
+            "short_factor": [1.0, 1.5, 2.0, 3.0],
+            "long_factor": [1.0, 2.0, 4.0, 8.0],
+        },
+    )
+    return Phi3ForCausalLM(config)
+
+
 MODELS = {
     "qwen2": qwen2_model,
     "llama": llama_model,
@@ -356,6 +383,7 @@ MODELS = {
     "olmo2": olmo2_model,
     "olmo3": olmo3_model,
     "gemma3": gemma3_model,
+    "phi3": phi3_model,
 }
 
 PERTURBATION = (

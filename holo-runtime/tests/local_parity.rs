@@ -19,7 +19,7 @@ use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
 /// The fixture folders, one per family.
-const FAMILIES: [&str; 9] = [
+const FAMILIES: [&str; 10] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -29,6 +29,7 @@ const FAMILIES: [&str; 9] = [
     "olmo2",
     "olmo3",
     "gemma3",
+    "phi3",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -547,7 +548,10 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     );
     assert!(!qwen3.config.qkv_bias && qwen3.lm_head.is_some());
     assert_eq!(
-        (qwen3.config.head_dim, attention.q_proj.weight.dims()),
+        (
+            qwen3.config.head_dim,
+            attention.qkv.part("q_proj").unwrap().weight.dims()
+        ),
         (24, &[144, 64][..])
     );
     assert_eq!(attention.k_norm.as_ref().unwrap().weight.dims(), &[24]);

@@ -19,6 +19,7 @@ use candle_core::{DType, Tensor, D};
 use super::config::{Activation, QkNorm};
 use super::model::{
     apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
+    Split,
 };
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
@@ -61,9 +62,12 @@ impl DecoderLayer {
         let (normed_input, input_parts) = norm_forward(norms.attention_input, xs)?;
         // Each projection as heads `[B, heads, T, head_dim]`, through its q/k norm when the family
         // has one (over each head, or over the whole projection first).
+        let (qkv, qkv_adapters) = attention.qkv.forward_parts(&normed_input, ops)?;
+        let [q, k, v]: [Tensor; 3] = qkv
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
         let project =
-            |linear: &Linear, heads: usize, norm: Option<&RmsNorm>| -> Result<ProjectedHeads> {
-                let (ys, adapter) = linear.forward_parts(&normed_input, ops)?;
+            |ys: Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<ProjectedHeads> {
                 let (ys, whole) = match attention.qk_norm {
                     QkNorm::Projection => norm_forward(norm, &ys)?,
                     _ => (ys, None),
@@ -73,13 +77,11 @@ impl DecoderLayer {
                     QkNorm::Head => norm_forward(norm, &split)?,
                     _ => (split, None),
                 };
-                Ok((split.transpose(1, 2)?, adapter, whole.or(per_head)))
+                Ok((split.transpose(1, 2)?, whole.or(per_head)))
             };
-        let (q, q_adapter, q_norm_parts) =
-            project(&attention.q_proj, heads, attention.q_norm.as_ref())?;
-        let (k, k_adapter, k_norm_parts) =
-            project(&attention.k_proj, kv_heads, attention.k_norm.as_ref())?;
-        let (v, v_adapter, _) = project(&attention.v_proj, kv_heads, None)?;
+        let (q, q_norm_parts) = project(q, heads, attention.q_norm.as_ref())?;
+        let (k, k_norm_parts) = project(k, kv_heads, attention.k_norm.as_ref())?;
+        let (v, _) = project(v, kv_heads, None)?;
         let v = v.contiguous()?;
         let rope = frame.rope(self.spec);
         let (q, k) = match rope {
@@ -107,8 +109,10 @@ impl DecoderLayer {
         let residual = (xs + projected)?;
         let (normed_residual, mlp_input_parts) = norm_forward(norms.mlp_input, &residual)?;
         let mlp = &this.mlp;
-        let (gate, gate_adapter) = mlp.gate_proj.forward_parts(&normed_residual, ops)?;
-        let (up, up_adapter) = mlp.up_proj.forward_parts(&normed_residual, ops)?;
+        let (gate_up, gate_up_adapters) = mlp.gate_up.forward_parts(&normed_residual, ops)?;
+        let [gate, up]: [Tensor; 2] = gate_up
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
         let activated = mlp.activate(&gate, ops)?;
         let product = (&activated * &up)?.reshape((rows, ()))?;
         // The down projection's output is needed only by a norm on it; its adapter's activations are.
@@ -141,19 +145,13 @@ impl DecoderLayer {
         let d_up = (&d_product * &activated)?;
         let d_gate = ((d_product * up)? * activation_derivative(mlp.activation, &gate)?)?;
         let normed_residual = normed_residual.reshape((rows, hidden))?;
-        let d_normed_residual = (linear_backward(
-            (&trained.mlp.gate_proj, &mlp.gate_proj),
+        let d_normed_residual = split_backward(
+            (&trained.mlp.gate_up, &mlp.gate_up),
             &normed_residual,
-            gate_adapter,
-            &d_gate.reshape((rows, ()))?,
+            gate_up_adapters,
+            vec![d_gate.reshape((rows, ()))?, d_up.reshape((rows, ()))?],
             grads,
-        )? + linear_backward(
-            (&trained.mlp.up_proj, &mlp.up_proj),
-            &normed_residual,
-            up_adapter,
-            &d_up.reshape((rows, ()))?,
-            grads,
-        )?)?;
+        )?;
         let d_residual = (norm_backward_or(
             trained_norms.mlp_input.zip(norms.mlp_input),
             mlp_input_parts,
@@ -227,25 +225,13 @@ impl DecoderLayer {
             grads,
         )?;
         let normed_input = normed_input.reshape((rows, hidden))?;
-        let d_normed_input = ((linear_backward(
-            (&trained.self_attn.q_proj, &attention.q_proj),
+        let d_normed_input = split_backward(
+            (&trained.self_attn.qkv, &attention.qkv),
             &normed_input,
-            q_adapter,
-            &d_q,
+            qkv_adapters,
+            vec![d_q, d_k, flat(d_v, kv_heads)?],
             grads,
-        )? + linear_backward(
-            (&trained.self_attn.k_proj, &attention.k_proj),
-            &normed_input,
-            k_adapter,
-            &d_k,
-            grads,
-        )?)? + linear_backward(
-            (&trained.self_attn.v_proj, &attention.v_proj),
-            &normed_input,
-            v_adapter,
-            &flat(d_v, kv_heads)?,
-            grads,
-        )?)?;
+        )?;
         let d_xs = (norm_backward_or(
             trained_norms.attention_input.zip(norms.attention_input),
             input_parts,
@@ -261,8 +247,29 @@ impl DecoderLayer {
 /// roots, `[.., width]` and `[.., 1]`.
 type NormParts = (Tensor, Tensor);
 
-/// A projection as heads `[B, heads, T, head_dim]`, its adapter's activations, and its q/k norm's parts.
-type ProjectedHeads = (Tensor, Option<AdapterParts>, Option<NormParts>);
+/// A projection as heads `[B, heads, T, head_dim]`, and its q/k norm's parts.
+type ProjectedHeads = (Tensor, Option<NormParts>);
+
+/// The gradient at the input `xs` `[rows, in]` of a [`Split`] for its parts' output gradients `dys`
+/// (`[rows, width]` each); the gradients of its matrices go to `grads`.
+fn split_backward(
+    (trained, split): (&Split, &Split),
+    xs: &Tensor,
+    adapters: Vec<Option<AdapterParts>>,
+    dys: Vec<Tensor>,
+    grads: &mut GradStore,
+) -> Result<Tensor> {
+    let mut dx: Option<Tensor> = None;
+    let matrices = trained.linears.iter().zip(&split.linears);
+    for ((matrix, adapter), dy) in matrices.zip(adapters).zip(split.join(dys)?) {
+        let part = linear_backward(matrix, xs, adapter, &dy, grads)?;
+        dx = Some(match dx {
+            Some(sum) => (sum + part)?,
+            None => part,
+        });
+    }
+    dx.ok_or_else(|| candle_core::Error::Msg("a split with no matrices".into()))
+}
 
 /// `xs` through `norm` (differentiable form), with what its backward reads; `xs` itself without one.
 fn norm_forward(norm: Option<&RmsNorm>, xs: &Tensor) -> Result<(Tensor, Option<NormParts>)> {
@@ -435,6 +442,16 @@ fn rope_backward(dy: Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor>
     let Some((cos, sin)) = rope else {
         return Ok(dy);
     };
+    // A partial rotary embedding: the unrotated dimensions pass their gradient through.
+    let (head_dim, rotated) = (dy.dim(D::Minus1)?, cos.dim(D::Minus1)? * 2);
+    if rotated < head_dim {
+        let turned = rope_backward(
+            dy.narrow(D::Minus1, 0, rotated)?.contiguous()?,
+            Some((cos, sin)),
+        )?;
+        let kept = dy.narrow(D::Minus1, rotated, head_dim - rotated)?;
+        return Tensor::cat(&[&turned, &kept], D::Minus1)?.contiguous();
+    }
     let dy = &dy;
     if crate::kernels::kernel::takes(dy, &[cos, sin]) {
         return crate::kernels::rope::rope_backward(dy, cos, sin);
@@ -466,7 +483,7 @@ mod tests {
     /// forward: full fine-tuning and LoRA with dropout, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Llama
     /// (o and MLP biases), Mistral (a window of 3), SmolLM3 (no RoPE), OLMo 2 (norms after attention and
     /// the MLP, q/k norms over the projections) and Gemma 3 (four offset norms, GeGLU, its own query
-    /// scale, a window with its own RoPE),
+    /// scale, a window with its own RoPE) and Phi-3 (fused projections, half of each head rotated),
     /// rows of different lengths (right padding), in f64 and f32.
     #[test]
     fn the_layer_backward_is_autograd_s() {
@@ -483,6 +500,7 @@ mod tests {
                 Arch::SmolLm3,
                 Arch::Olmo2,
                 Arch::Gemma3,
+                Arch::Phi3,
             ] {
                 let base = random_model(&config(arch), dtype);
                 let lora = LoraConfig {

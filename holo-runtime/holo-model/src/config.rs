@@ -26,6 +26,7 @@ pub enum Arch {
     Olmo3,
     #[serde(rename = "gemma3_text")]
     Gemma3,
+    Phi3,
 }
 
 impl Arch {
@@ -40,6 +41,7 @@ impl Arch {
             Arch::Olmo2 => "olmo2",
             Arch::Olmo3 => "olmo3",
             Arch::Gemma3 => "gemma3_text",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -54,6 +56,7 @@ impl Arch {
             Arch::Olmo2 => "Olmo2ForCausalLM",
             Arch::Olmo3 => "Olmo3ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
+            Arch::Phi3 => "Phi3ForCausalLM",
         }
     }
 }
@@ -131,6 +134,12 @@ pub struct Variant {
     /// The RoPE of the windowed (`sliding_attention`) layers when it is not the others' (Gemma 3's
     /// `rope_local_base_freq`, transformers 5's `rope_parameters.sliding_attention`): base and scaling.
     pub local_rope: Option<(f64, RopeScaling)>,
+    /// Queries, keys and values from one matrix (`qkv_proj`), gate and up from one (`gate_up_proj`):
+    /// Phi-3.
+    pub fused_projections: bool,
+    /// How many of each head's dimensions RoPE rotates (the first ones; `partial_rotary_factor` ×
+    /// `head_dim`), `None` for all.
+    pub rotary_dim: Option<usize>,
 }
 
 impl Variant {
@@ -154,6 +163,11 @@ impl Variant {
                 scale_embeddings: true,
                 query_pre_attn_scalar: Some(256.0),
                 local_rope: Some((10_000.0, RopeScaling::None)),
+                ..Variant::default()
+            },
+            Arch::Phi3 => Variant {
+                fused_projections: true,
+                ..Variant::default()
             },
             Arch::Qwen2 | Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3 => {
                 Variant::default()
@@ -172,6 +186,8 @@ impl Default for Variant {
             scale_embeddings: false,
             query_pre_attn_scalar: None,
             local_rope: None,
+            fused_projections: false,
+            rotary_dim: None,
         }
     }
 }
@@ -190,6 +206,15 @@ pub enum RopeScaling {
         low_freq_factor: f64,
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
+    },
+    /// Phi-3's LongRoPE: each frequency divided by its short factor, or by its long factor in a pass
+    /// whose positions reach past `original_max_position_embeddings` (as transformers decides per
+    /// forward pass); cos and sin multiplied by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
     },
 }
 
@@ -262,6 +287,7 @@ impl ModelConfig {
             "olmo2" => Arch::Olmo2,
             "olmo3" => Arch::Olmo3,
             "gemma3_text" => Arch::Gemma3,
+            "phi3" => Arch::Phi3,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -362,32 +388,16 @@ impl ModelConfig {
         refuse_unimplemented_keys(json)?;
 
         let ((rope_theta, rope_scaling), local_rope) = ropes(arch, json)?;
-        let variant = match arch {
-            Arch::Qwen3 => Variant {
-                qk_norm: QkNorm::Head,
-                ..Variant::default()
+        let family = Variant::of(arch);
+        let variant = Variant {
+            activation,
+            query_pre_attn_scalar: match family.query_pre_attn_scalar {
+                Some(default) => Some(optional_f64("query_pre_attn_scalar")?.unwrap_or(default)),
+                None => None,
             },
-            Arch::Olmo2 | Arch::Olmo3 => Variant {
-                qk_norm: QkNorm::Projection,
-                norms: NormPlacement::Post,
-                local_rope,
-                ..Variant::default()
-            },
-            Arch::Gemma3 => Variant {
-                qk_norm: QkNorm::Head,
-                norms: NormPlacement::Sandwich,
-                norm_offset: true,
-                activation,
-                scale_embeddings: true,
-                query_pre_attn_scalar: Some(
-                    optional_f64("query_pre_attn_scalar")?.unwrap_or(256.0),
-                ),
-                local_rope,
-            },
-            _ => Variant {
-                activation,
-                ..Variant::default()
-            },
+            local_rope,
+            rotary_dim: rotary_dim(json, head_dim)?,
+            ..family
         };
         if arch == Arch::Gemma3 {
             for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
@@ -409,7 +419,7 @@ impl ModelConfig {
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (bool_key("attention_bias", false)?, false),
-            Arch::Mistral | Arch::Ministral => (false, false),
+            Arch::Mistral | Arch::Ministral | Arch::Phi3 => (false, false),
             Arch::Llama | Arch::SmolLm3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
                 let bias = bool_key("attention_bias", false)?;
                 (bias, bias)
@@ -428,7 +438,7 @@ impl ModelConfig {
             head_dim,
             max_position_embeddings: optional_usize("max_position_embeddings")?.unwrap_or(4096),
             rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(match arch {
-                Arch::Olmo2 | Arch::Olmo3 => 1e-5,
+                Arch::Olmo2 | Arch::Olmo3 | Arch::Phi3 => 1e-5,
                 _ => 1e-6,
             }),
             rope_theta,
@@ -565,6 +575,24 @@ impl ModelConfig {
                     object.insert("query_pre_attn_scalar".into(), scalar);
                     object.insert("attn_logit_softcapping".into(), Value::Null);
                     object.insert("final_logit_softcapping".into(), Value::Null);
+                }
+            }
+            Arch::Phi3 => {
+                object.insert("sliding_window".into(), window.into());
+                let rotated = self.variant.rotary_dim.unwrap_or(self.head_dim);
+                object.insert(
+                    "partial_rotary_factor".into(),
+                    (rotated as f64 / self.head_dim as f64).into(),
+                );
+                if let RopeScaling::LongRope {
+                    original_max_position_embeddings,
+                    ..
+                } = self.rope_scaling
+                {
+                    object.insert(
+                        "original_max_position_embeddings".into(),
+                        original_max_position_embeddings.into(),
+                    );
                 }
             }
             Arch::SmolLm3 => {
@@ -732,7 +760,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
                 (0..count).map(|layer| layer >= from).collect()
             }
             Arch::SmolLm3 => rope.iter().map(|&rope| !rope).collect(),
-            Arch::Mistral | Arch::Ministral => vec![true; count],
+            Arch::Mistral | Arch::Ministral | Arch::Phi3 => vec![true; count],
             Arch::Olmo3 => (0..count).map(|layer| (layer + 1) % 4 != 0).collect(),
             Arch::Gemma3 => {
                 let pattern = integer("sliding_window_pattern", 6)?.max(1);
@@ -751,7 +779,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
         .into_iter()
         .zip(rope)
         .map(|(sliding, rope)| LayerSpec {
-            window: if arch == Arch::Mistral || sliding {
+            window: if matches!(arch, Arch::Mistral | Arch::Phi3) || sliding {
                 window
             } else {
                 None
@@ -764,9 +792,49 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
 /// A RoPE: its base and scaling.
 type Rope = (f64, RopeScaling);
 
+/// How many of each head's dimensions RoPE rotates: `partial_rotary_factor` (top-level or in
+/// `rope_parameters`) × `head_dim`, `None` for all of them.
+fn rotary_dim(json: &Value, head_dim: usize) -> Result<Option<usize>, ConfigError> {
+    let factor = json
+        .get("rope_parameters")
+        .and_then(|parameters| parameters.get("partial_rotary_factor"))
+        .or_else(|| json.get("partial_rotary_factor"))
+        .filter(|value| !value.is_null());
+    let Some(factor) = factor else {
+        return Ok(None);
+    };
+    let factor = factor
+        .as_f64()
+        .filter(|f| *f > 0.0 && *f <= 1.0)
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "`partial_rotary_factor` must be a number in (0, 1], found {factor}"
+            ))
+        })?;
+    let dim = (head_dim as f64 * factor) as usize;
+    if !dim.is_multiple_of(2) || dim == 0 {
+        return Err(ConfigError(format!(
+            "`partial_rotary_factor` {factor} rotates {dim} of {head_dim} dimensions: RoPE needs an even number"
+        )));
+    }
+    Ok((dim != head_dim).then_some(dim))
+}
+
 /// A RoPE as transformers 5 writes it in `rope_parameters`.
 fn rope_json((theta, scaling): &Rope) -> Value {
     let mut json = match scaling {
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } => serde_json::json!({
+            "rope_type": "longrope",
+            "short_factor": short_factor,
+            "long_factor": long_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "attention_factor": attention_factor,
+        }),
         RopeScaling::None => serde_json::json!({"rope_type": "default"}),
         RopeScaling::Linear { factor } => {
             serde_json::json!({"rope_type": "linear", "factor": factor})
@@ -885,8 +953,51 @@ fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigEr
                     )
                 })? as usize,
         }),
+        "longrope" | "su" => {
+            let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
+                scaling
+                    .get(key)
+                    .and_then(Value::as_array)
+                    .and_then(|values| values.iter().map(Value::as_f64).collect())
+                    .ok_or_else(|| {
+                        ConfigError(format!(
+                            "rope scaling \"longrope\" needs a list of numbers `{key}`"
+                        ))
+                    })
+            };
+            let original = scaling
+                .get("original_max_position_embeddings")
+                .or_else(|| config.get("original_max_position_embeddings"))
+                .and_then(Value::as_u64)
+                .ok_or_else(|| {
+                    ConfigError(
+                        "rope scaling \"longrope\" needs `original_max_position_embeddings`".into(),
+                    )
+                })? as usize;
+            // transformers' `_compute_longrope_parameters`: the factor is the context's growth, and
+            // the attention factor, unless given, √(1 + ln factor / ln original).
+            let max_positions = config
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(original as u64) as f64;
+            let factor = scaling
+                .get("factor")
+                .and_then(Value::as_f64)
+                .unwrap_or(max_positions / original as f64);
+            let attention_factor = match scaling.get("attention_factor").and_then(Value::as_f64) {
+                Some(given) => given,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            })
+        }
         other => Err(ConfigError(format!(
-            "unsupported rope scaling type {other:?}; supported: default, linear, llama3"
+            "unsupported rope scaling type {other:?}; supported: default, linear, llama3, longrope"
         ))),
     }
 }

@@ -107,7 +107,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 9] = [
+pub const ARCHS: [Arch; 10] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -117,6 +117,7 @@ pub const ARCHS: [Arch; 9] = [
     Arch::Olmo2,
     Arch::Olmo3,
     Arch::Gemma3,
+    Arch::Phi3,
 ];
 
 /// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.
@@ -294,6 +295,9 @@ pub fn preset_config(
             (Arch::Olmo3, Preset::Small) => (4096, 11008, 32, 32, 32, 128, 65536, 5e5, 1e-6, false),
             // gemma-3-1b.
             (Arch::Gemma3, Preset::Small) => (1152, 6912, 26, 4, 1, 256, 32768, 1e6, 1e-6, true),
+            (Arch::Phi3, Preset::Tiny) => (64, 128, 2, 4, 2, 16, 2048, 1e4, 1e-5, false),
+            // Phi-4-mini.
+            (Arch::Phi3, Preset::Small) => (3072, 8192, 32, 24, 8, 128, 131072, 1e4, 1e-5, true),
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
     // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
@@ -322,6 +326,12 @@ pub fn preset_config(
         .collect();
     let variant = Variant {
         query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+        // Phi-4-mini rotates three quarters of each head; the tiny model half.
+        rotary_dim: (arch == Arch::Phi3).then_some(if tiny {
+            head_dim / 2
+        } else {
+            head_dim * 3 / 4
+        }),
         ..Variant::of(arch)
     };
     ModelConfig {
@@ -375,12 +385,26 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
                 ));
             }
         };
-        linear("self_attn.q_proj", q_out, hidden, config.qkv_bias);
-        linear("self_attn.k_proj", kv_out, hidden, config.qkv_bias);
-        linear("self_attn.v_proj", kv_out, hidden, config.qkv_bias);
+        if config.variant.fused_projections {
+            let qkv = q_out + 2 * kv_out;
+            linear("self_attn.qkv_proj", qkv, hidden, config.qkv_bias);
+        } else {
+            linear("self_attn.q_proj", q_out, hidden, config.qkv_bias);
+            linear("self_attn.k_proj", kv_out, hidden, config.qkv_bias);
+            linear("self_attn.v_proj", kv_out, hidden, config.qkv_bias);
+        }
         linear("self_attn.o_proj", hidden, q_out, config.o_bias);
-        linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
-        linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
+        if config.variant.fused_projections {
+            linear(
+                "mlp.gate_up_proj",
+                2 * intermediate,
+                hidden,
+                config.mlp_bias,
+            );
+        } else {
+            linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
+            linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
+        }
         linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
         // Norms start as the identity: weights of one, or of zero where they are offsets from one.
         let unit = match config.variant.norm_offset {

@@ -117,6 +117,23 @@ pub const PROJECTIONS: [&str; 7] = [
     "down_proj",
 ];
 
+/// The fused projections (Phi-3's), which LoRA can target by their own names or by their parts'.
+pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
+    ("qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+    ("gate_up_proj", &["gate_proj", "up_proj"]),
+];
+
+/// Whether LoRA `targets` name the projection `short` (`q_proj`, …): by its name, or, for a fused
+/// projection, by the name of any of its parts (so the usual targets adapt Phi-3's `qkv_proj`).
+pub fn targets(targets: &[String], short: &str) -> bool {
+    targets.iter().any(|target| {
+        target == short
+            || FUSED_PROJECTIONS
+                .iter()
+                .any(|(fused, parts)| *fused == short && parts.contains(&target.as_str()))
+    })
+}
+
 impl Linear {
     fn load(vb: VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
         let weight = vb.get((out_dim, in_dim), "weight")?;
@@ -261,6 +278,14 @@ fn inverse_frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32
     match *scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f32).collect(),
+        // The short factors; `Rope::long` holds the long ones.
+        RopeScaling::LongRope {
+            ref short_factor, ..
+        } => base
+            .iter()
+            .zip(short_factor)
+            .map(|(f, factor)| f / *factor as f32)
+            .collect(),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -296,21 +321,104 @@ fn inverse_frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32
 #[derive(Debug, Clone)]
 struct Rope {
     inverse_frequencies: Tensor,
+    /// LongRoPE's frequencies past `original_max_position_embeddings`, and that length.
+    long: Option<(Tensor, usize)>,
+    /// What cos and sin are multiplied by (LongRoPE's attention factor; 1 otherwise).
+    attention_factor: f64,
 }
 
 impl Rope {
-    /// `cos` and `sin` of shape `[B, T, head_dim / 2]` for `positions` `[B, T]` (u32).
+    /// The RoPE of `dim` rotated dimensions, base `theta`, rescaled by `scaling`.
+    fn new(dim: usize, theta: f64, scaling: &RopeScaling, device: &Device) -> Result<Rope> {
+        let short = Tensor::new(inverse_frequencies(dim, theta, scaling), device)?;
+        let (long, attention_factor) = match scaling {
+            RopeScaling::LongRope {
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+                ..
+            } => {
+                if long_factor.len() * 2 != dim {
+                    candle_core::bail!(
+                        "longrope has {} long factors for {dim} rotated dimensions",
+                        long_factor.len()
+                    );
+                }
+                let long = RopeScaling::LongRope {
+                    short_factor: long_factor.clone(),
+                    long_factor: long_factor.clone(),
+                    original_max_position_embeddings: *original_max_position_embeddings,
+                    attention_factor: *attention_factor,
+                };
+                let long = Tensor::new(inverse_frequencies(dim, theta, &long), device)?;
+                (
+                    Some((long, *original_max_position_embeddings)),
+                    *attention_factor,
+                )
+            }
+            _ => (None, 1.0),
+        };
+        Ok(Rope {
+            inverse_frequencies: short,
+            long,
+            attention_factor,
+        })
+    }
+
+    /// `cos` and `sin` of shape `[B, T, rotated / 2]` for `positions` `[B, T]` (u32). With LongRoPE the
+    /// long frequencies serve a pass whose positions reach past the original context, as transformers'
+    /// `longrope_frequency_update` decides per forward pass.
     fn tables(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let frequencies = match &self.long {
+            Some((long, original)) => {
+                let last = positions
+                    .max_all()?
+                    .to_dtype(DType::U32)?
+                    .to_scalar::<u32>()?;
+                if last as usize + 1 > *original {
+                    long
+                } else {
+                    &self.inverse_frequencies
+                }
+            }
+            None => &self.inverse_frequencies,
+        };
         let angles = positions
             .to_dtype(DType::F32)?
             .unsqueeze(2)?
-            .broadcast_mul(&self.inverse_frequencies.reshape((1, 1, ()))?)?;
-        Ok((angles.cos()?, angles.sin()?))
+            .broadcast_mul(&frequencies.reshape((1, 1, ()))?)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        if self.attention_factor == 1.0 {
+            return Ok((cos, sin));
+        }
+        Ok((
+            (cos * self.attention_factor)?,
+            (sin * self.attention_factor)?,
+        ))
     }
 }
 
-/// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, head_dim / 2]` (rotate-half layout).
+/// Rotates `xs` `[B, heads, T, head_dim]` by per-row tables `[B, T, rotated / 2]` (rotate-half layout
+/// over the first `rotated` dimensions of each head; the rest pass unrotated, as Phi-3's partial
+/// rotary embedding leaves them).
 pub(super) fn apply_rope(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
+    let (head_dim, rotated) = (xs.dim(D::Minus1)?, cos.dim(D::Minus1)? * 2);
+    if rotated < head_dim {
+        let turned = rotate(
+            &xs.narrow(D::Minus1, 0, rotated)?.contiguous()?,
+            cos,
+            sin,
+            ops,
+        )?;
+        let kept = xs.narrow(D::Minus1, rotated, head_dim - rotated)?;
+        // Concatenating along the last axis leaves a strided layout; the products need rows.
+        return Tensor::cat(&[&turned, &kept], D::Minus1)?.contiguous();
+    }
+    rotate(xs, cos, sin, ops)
+}
+
+/// [`apply_rope`] over every dimension.
+fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor, ops: Ops) -> Result<Tensor> {
     if crate::kernels::kernel::takes(xs, &[cos, sin]) {
         return crate::kernels::rope::rope(xs, cos, sin, ops);
     }
@@ -351,11 +459,125 @@ pub(super) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
     weights.to_dtype(dtype)
 }
 
+/// Projections of one input whose outputs the layer uses apart: queries, keys and values, or the MLP's
+/// gate and up projections. Most families keep one matrix per part (`q_proj`, `k_proj`, `v_proj`);
+/// Phi-3 keeps one matrix whose output is the parts side by side (`qkv_proj`, `gate_up_proj`), and is
+/// trained (LoRA included) as that one matrix, as PEFT does.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// The parts' module names and output widths, in order.
+    parts: Vec<(&'static str, usize)>,
+    /// The fused matrix's module name, when there is one.
+    fused: Option<&'static str>,
+    /// One per part, or the fused one.
+    pub(super) linears: Vec<Linear>,
+}
+
+impl Split {
+    fn load(
+        vb: &VarBuilder,
+        in_dim: usize,
+        parts: Vec<(&'static str, usize)>,
+        fused: Option<&'static str>,
+        bias: bool,
+    ) -> Result<Self> {
+        let linears = match fused {
+            Some(name) => {
+                let out_dim = parts.iter().map(|(_, width)| width).sum();
+                vec![Linear::load(vb.pp(name), in_dim, out_dim, bias)?]
+            }
+            None => parts
+                .iter()
+                .map(|&(name, width)| Linear::load(vb.pp(name), in_dim, width, bias))
+                .collect::<Result<_>>()?,
+        };
+        Ok(Split {
+            parts,
+            fused,
+            linears,
+        })
+    }
+
+    /// The matrices under their module names.
+    pub fn named(&self) -> Vec<(&'static str, &Linear)> {
+        self.names().into_iter().zip(&self.linears).collect()
+    }
+
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        self.names().into_iter().zip(&mut self.linears).collect()
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        match self.fused {
+            Some(name) => vec![name],
+            None => self.parts.iter().map(|(name, _)| *name).collect(),
+        }
+    }
+
+    /// The part `name` (`q_proj`, …) of a family that keeps it as a matrix of its own.
+    pub fn part(&self, name: &str) -> Option<&Linear> {
+        self.named()
+            .into_iter()
+            .find_map(|(part, linear)| (part == name).then_some(linear))
+    }
+
+    /// Each part's output for `xs` `[.., in]`.
+    pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Vec<Tensor>> {
+        match self.fused {
+            Some(_) => self.cut(&self.linears[0].forward(xs, ops)?),
+            None => self
+                .linears
+                .iter()
+                .map(|linear| linear.forward(xs, ops))
+                .collect(),
+        }
+    }
+
+    /// [`Split::forward`], with what each matrix's adapter computed (one entry per matrix).
+    pub(super) fn forward_parts(
+        &self,
+        xs: &Tensor,
+        ops: Ops,
+    ) -> Result<(Vec<Tensor>, Vec<Option<AdapterParts>>)> {
+        let mut outputs = Vec::with_capacity(self.linears.len());
+        let mut adapters = Vec::with_capacity(self.linears.len());
+        for linear in &self.linears {
+            let (ys, adapter) = linear.forward_parts(xs, ops)?;
+            outputs.push(ys);
+            adapters.push(adapter);
+        }
+        match self.fused {
+            Some(_) => Ok((self.cut(&outputs[0])?, adapters)),
+            None => Ok((outputs, adapters)),
+        }
+    }
+
+    /// A fused output `[.., Σ widths]` cut into the parts' outputs.
+    fn cut(&self, ys: &Tensor) -> Result<Vec<Tensor>> {
+        let mut offset = 0;
+        self.parts
+            .iter()
+            .map(|&(_, width)| {
+                let part = ys.narrow(D::Minus1, offset, width)?;
+                offset += width;
+                part.contiguous()
+            })
+            .collect()
+    }
+
+    /// The parts' output gradients `[rows, width]` as each matrix's (concatenated for a fused one).
+    pub(super) fn join(&self, grads: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        match self.fused {
+            Some(_) => Ok(vec![Tensor::cat(&grads, D::Minus1)?]),
+            None => Ok(grads),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Attention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    /// The query, key and value projections (`q_proj`, `k_proj`, `v_proj`, or Phi-3's `qkv_proj`).
+    pub qkv: Split,
     pub o_proj: Linear,
     /// RMSNorms of the queries and keys, before RoPE, over each head or the whole projection
     /// ([`QkNorm`]).
@@ -374,17 +596,15 @@ impl Attention {
         let (hidden, head_dim) = (config.hidden_size, config.head_dim);
         let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
         Ok(Attention {
-            q_proj: Linear::load(vb.pp("q_proj"), hidden, heads * head_dim, config.qkv_bias)?,
-            k_proj: Linear::load(
-                vb.pp("k_proj"),
+            qkv: Split::load(
+                &vb,
                 hidden,
-                kv_heads * head_dim,
-                config.qkv_bias,
-            )?,
-            v_proj: Linear::load(
-                vb.pp("v_proj"),
-                hidden,
-                kv_heads * head_dim,
+                vec![
+                    ("q_proj", heads * head_dim),
+                    ("k_proj", kv_heads * head_dim),
+                    ("v_proj", kv_heads * head_dim),
+                ],
+                config.variant.fused_projections.then_some("qkv_proj"),
                 config.qkv_bias,
             )?,
             o_proj: Linear::load(vb.pp("o_proj"), heads * head_dim, hidden, config.o_bias)?,
@@ -426,17 +646,17 @@ impl Attention {
         ops: Ops,
     ) -> Result<Tensor> {
         let (batch, len, _) = xs.dims3()?;
-        let heads = |projection: &Linear, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
-            self.split_heads(
-                &projection.forward(xs, ops)?,
-                (batch, len, heads),
-                norm,
-                ops,
-            )
+        let heads = |projected: &Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            self.split_heads(projected, (batch, len, heads), norm, ops)
         };
-        let q = heads(&self.q_proj, self.heads, self.q_norm.as_ref())?;
-        let k = heads(&self.k_proj, self.kv_heads, self.k_norm.as_ref())?;
-        let v = heads(&self.v_proj, self.kv_heads, None)?;
+        let [q, k, v]: [Tensor; 3] = self
+            .qkv
+            .forward(xs, ops)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
+        let q = heads(&q, self.heads, self.q_norm.as_ref())?;
+        let k = heads(&k, self.kv_heads, self.k_norm.as_ref())?;
+        let v = heads(&v, self.kv_heads, None)?;
         let out = self.attend(&q, &k, &v, rope, mask, cache, ops)?;
         self.o_proj.forward(&out, ops)
     }
@@ -517,8 +737,8 @@ impl Attention {
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
+    /// The gate and up projections (`gate_proj`, `up_proj`, or Phi-3's `gate_up_proj`).
+    pub gate_up: Split,
     pub down_proj: Linear,
     pub(super) activation: Activation,
 }
@@ -531,17 +751,26 @@ impl Mlp {
             config.mlp_bias,
         );
         Ok(Mlp {
-            gate_proj: Linear::load(vb.pp("gate_proj"), hidden, inner, bias)?,
-            up_proj: Linear::load(vb.pp("up_proj"), hidden, inner, bias)?,
+            gate_up: Split::load(
+                &vb,
+                hidden,
+                vec![("gate_proj", inner), ("up_proj", inner)],
+                config.variant.fused_projections.then_some("gate_up_proj"),
+                bias,
+            )?,
             down_proj: Linear::load(vb.pp("down_proj"), inner, hidden, bias)?,
             activation: config.variant.activation,
         })
     }
 
     fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
-        let gate = self.activate(&self.gate_proj.forward(xs, ops)?, ops)?;
-        self.down_proj
-            .forward(&(gate * self.up_proj.forward(xs, ops)?)?, ops)
+        let [gate, up]: [Tensor; 2] = self
+            .gate_up
+            .forward(xs, ops)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
+        let gate = self.activate(&gate, ops)?;
+        self.down_proj.forward(&(gate * up)?, ops)
     }
 
     /// The gate's activation.
@@ -994,14 +1223,9 @@ impl Model {
         } else {
             Some(vb.get((config.vocab_size, config.hidden_size), "lm_head.weight")?)
         };
-        let rope = |theta: f64, scaling: &RopeScaling| -> Result<Rope> {
-            Ok(Rope {
-                inverse_frequencies: Tensor::new(
-                    inverse_frequencies(config.head_dim, theta, scaling),
-                    vb.device(),
-                )?,
-            })
-        };
+        let rotated = config.variant.rotary_dim.unwrap_or(config.head_dim);
+        let rope =
+            |theta: f64, scaling: &RopeScaling| Rope::new(rotated, theta, scaling, vb.device());
         let model = Model {
             config: config.clone(),
             embed_tokens,
@@ -1056,23 +1280,23 @@ impl Model {
         }
     }
 
-    /// The projections of a layer under their module names (`self_attn.q_proj`, …).
-    pub fn linears(layer: &DecoderLayer) -> [(&'static str, &Linear); 7] {
-        [
-            ("self_attn.q_proj", &layer.self_attn.q_proj),
-            ("self_attn.k_proj", &layer.self_attn.k_proj),
-            ("self_attn.v_proj", &layer.self_attn.v_proj),
-            ("self_attn.o_proj", &layer.self_attn.o_proj),
-            ("mlp.gate_proj", &layer.mlp.gate_proj),
-            ("mlp.up_proj", &layer.mlp.up_proj),
-            ("mlp.down_proj", &layer.mlp.down_proj),
-        ]
+    /// The projections of a layer under their module names (`self_attn.q_proj`, …; Phi-3's
+    /// `self_attn.qkv_proj` and `mlp.gate_up_proj`), in module order.
+    pub fn linears(layer: &DecoderLayer) -> Vec<(String, &Linear)> {
+        let attention = layer.self_attn.qkv.named().into_iter();
+        let attention = attention.chain([("o_proj", &layer.self_attn.o_proj)]);
+        let mlp = layer.mlp.gate_up.named().into_iter();
+        let mlp = mlp.chain([("down_proj", &layer.mlp.down_proj)]);
+        attention
+            .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+            .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
+            .collect()
     }
 
     fn linears_mut<'a>(
         attention: &'a mut Attention,
         mlp: &'a mut Mlp,
-    ) -> [(&'static str, &'a mut Linear); 7] {
+    ) -> Vec<(String, &'a mut Linear)> {
         Self::parts_mut(attention, mlp).0
     }
 
@@ -1082,28 +1306,29 @@ impl Model {
         attention: &'a mut Attention,
         mlp: &'a mut Mlp,
     ) -> (
-        [(&'static str, &'a mut Linear); 7],
+        Vec<(String, &'a mut Linear)>,
         [(&'static str, Option<&'a mut RmsNorm>); 2],
     ) {
         let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
+            qkv,
             o_proj,
             q_norm,
             k_norm,
             ..
         } = attention;
+        let Mlp {
+            gate_up, down_proj, ..
+        } = mlp;
+        let attention = qkv.named_mut().into_iter().chain([("o_proj", o_proj)]);
+        let mlp = gate_up
+            .named_mut()
+            .into_iter()
+            .chain([("down_proj", down_proj)]);
         (
-            [
-                ("self_attn.q_proj", q_proj),
-                ("self_attn.k_proj", k_proj),
-                ("self_attn.v_proj", v_proj),
-                ("self_attn.o_proj", o_proj),
-                ("mlp.gate_proj", &mut mlp.gate_proj),
-                ("mlp.up_proj", &mut mlp.up_proj),
-                ("mlp.down_proj", &mut mlp.down_proj),
-            ],
+            attention
+                .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+                .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
+                .collect(),
             [("q_norm", q_norm.as_mut()), ("k_norm", k_norm.as_mut())],
         )
     }
@@ -1221,14 +1446,21 @@ impl Model {
         if !(0.0..1.0).contains(&config.dropout) {
             candle_core::bail!("LoRA dropout must be in [0, 1), got {}", config.dropout);
         }
-        if let Some(unknown) = config
-            .targets
-            .iter()
-            .find(|target| !PROJECTIONS.contains(&target.as_str()))
-        {
+        let names: Vec<String> = self.layers.first().map_or(Vec::new(), |layer| {
+            Self::linears(layer)
+                .into_iter()
+                .map(|(name, _)| name.rsplit('.').next().unwrap_or(&name).to_string())
+                .collect()
+        });
+        if let Some(unknown) = config.targets.iter().find(|&target| {
+            !names
+                .iter()
+                .any(|name| targets(std::slice::from_ref(target), name))
+        }) {
             candle_core::bail!(
-                "unknown LoRA target {unknown:?}; the projections are {}",
-                PROJECTIONS.join(", ")
+                "unknown LoRA target {unknown:?}; the projections of this {} model are {}",
+                self.config.arch,
+                names.join(", ")
             );
         }
         self.sampling_only()?;
@@ -1239,8 +1471,8 @@ impl Model {
         let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (name, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
-                let short = name.rsplit('.').next().unwrap_or(name);
-                if !config.targets.iter().any(|target| target == short) {
+                let short = name.rsplit('.').next().unwrap_or(&name);
+                if !targets(&config.targets, short) {
                     continue;
                 }
                 let (out_dim, in_dim) = linear.weight.dims2()?;
@@ -1389,9 +1621,11 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let attention = &layer.self_attn;
             let normed = norm(layer.norms().attention_input, &xs, ops)?;
-            let q = attention.q_proj.forward(&normed, ops)?;
-            let k = attention.k_proj.forward(&normed, ops)?;
-            let v = attention.v_proj.forward(&normed, ops)?;
+            let [q, k, v]: [Tensor; 3] = attention
+                .qkv
+                .forward(&normed, ops)?
+                .try_into()
+                .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
             let mut outputs = Vec::with_capacity(segments.len());
             let mut offset = 0;
             for ((segment, frame), &(batch, len)) in segments.iter_mut().zip(&frames).zip(&shapes) {

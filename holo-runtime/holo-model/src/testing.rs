@@ -91,7 +91,11 @@ pub fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: arch == Arch::Llama,
         mlp_bias: arch == Arch::Llama,
-        variant: Variant::of(arch),
+        variant: Variant {
+            // Phi-3's partial rotary embedding: half of each head.
+            rotary_dim: (arch == Arch::Phi3).then_some(2),
+            ..Variant::of(arch)
+        },
         // A window shorter than the tests' rows; SmolLM3's layer without RoPE.
         layers: vec![LayerSpec {
             window: matches!(

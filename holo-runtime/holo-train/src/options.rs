@@ -300,7 +300,11 @@ impl TrainingArguments {
             return Err(error("lora_dropout", "must be in [0, 1)"));
         }
         if let Some(targets) = &self.lora_target_modules {
-            let projections = holo_model::model::PROJECTIONS;
+            let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
+            let projections: Vec<&str> = holo_model::model::PROJECTIONS
+                .into_iter()
+                .chain(fused)
+                .collect();
             if targets.is_empty() {
                 return Err(error("lora_target_modules", "names no projection"));
             }

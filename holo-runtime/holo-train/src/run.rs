@@ -92,6 +92,19 @@ pub struct Trainable {
     pub critic: Option<Critic>,
 }
 
+/// The modules that LoRA adapters `vars` (PEFT's names) adapt, by their short names, in module order.
+fn adapted_modules(vars: &[(String, Var)]) -> Vec<String> {
+    let mut modules: Vec<String> = Vec::new();
+    for (name, _) in vars {
+        let module = name.split(".lora_").next().unwrap_or(name);
+        let short = module.rsplit('.').next().unwrap_or(module).to_string();
+        if !modules.contains(&short) {
+            modules.push(short);
+        }
+    }
+    modules
+}
+
 /// The prefix of the value model's weights among the optimizer's parameters.
 const CRITIC_PREFIX: &str = "value_model.";
 
@@ -103,7 +116,11 @@ impl Trainable {
         let (model, vars, adapter_config) = match config.training().lora() {
             Some(lora) => {
                 let (model, vars) = base.with_lora(&lora)?;
-                let adapter = checkpoint::adapter_config(config, &model_dir.display().to_string());
+                let mut adapter =
+                    checkpoint::adapter_config(config, &model_dir.display().to_string());
+                // PEFT names the modules adapted, which for a fused model are not the targets asked
+                // for (Phi-3's `qkv_proj` for `q_proj`).
+                adapter["target_modules"] = adapted_modules(&vars).into();
                 (model, vars, Some(adapter))
             }
             None => {

@@ -18,8 +18,8 @@ use rand_chacha::ChaCha8Rng;
 /// than hidden / heads, Llama 3's rope scaling and untied head, Mistral's window (3 positions, shorter
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
-/// scale and windowed layer with its own RoPE.
-const ARCHS: [Arch; 9] = holo_runtime::local::init::ARCHS;
+/// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads.
+const ARCHS: [Arch; 10] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -51,7 +51,10 @@ fn config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,
-        variant: Variant::of(arch),
+        variant: Variant {
+            rotary_dim: (arch == Arch::Phi3).then_some(2),
+            ..Variant::of(arch)
+        },
         layers: (0..2)
             .map(|layer| LayerSpec {
                 window: match arch {
@@ -989,7 +992,7 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
         let model = random_model_seeded(&config, 5, DType::BF16);
         assert_eq!(model.dtype(), DType::F32, "{arch}: f32 arithmetic");
         assert_eq!(model.embed_tokens.dtype(), DType::BF16);
-        assert_eq!(model.layers[0].mlp.up_proj.weight.dtype(), DType::BF16);
+        assert_eq!(model.layers[0].mlp.down_proj.weight.dtype(), DType::BF16);
         assert_eq!(model.norm.weight.dtype(), DType::F32);
 
         // The same rounded weights held in f32 are the exact reference.

@@ -24,6 +24,7 @@ async fn holo_serve_serves_every_family() {
         "olmo2",
         "olmo3",
         "gemma3",
+        "phi3",
     ] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/models")
