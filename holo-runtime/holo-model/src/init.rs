@@ -20,19 +20,24 @@
 //!
 //! Presets (the vocabulary is always the offline tokenizer's, 512 ids, whatever the preset):
 //!
-//! | preset | arch  | hidden | intermediate | layers | heads / kv heads × head dim | tied | rope θ |
-//! |--------|-------|--------|--------------|--------|-----------------------------|------|--------|
-//! | tiny   | qwen2 | 64     | 128          | 2      | 4 / 2 × 16                  | yes  | 1e6    |
-//! | tiny   | qwen3 | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
-//! | tiny   | llama | 64     | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
-//! | small  | qwen2 | 896    | 4864         | 24     | 14 / 2 × 64                 | yes  | 1e6    |
-//! | small  | qwen3 | 1024   | 3072         | 28     | 16 / 8 × 128                | yes  | 1e6    |
-//! | small  | llama | 576    | 1536         | 30     | 9 / 3 × 64                  | yes  | 1e5    |
+//! | preset | arch        | hidden | intermediate | layers | heads / kv heads × head dim | tied | rope θ |
+//! |--------|-------------|--------|--------------|--------|-----------------------------|------|--------|
+//! | tiny   | qwen2       | 64     | 128          | 2      | 4 / 2 × 16                  | yes  | 1e6    |
+//! | tiny   | qwen3       | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
+//! | tiny   | llama       | 64     | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
+//! | tiny   | mistral, ministral | 64 | 128       | 2      | 4 / 2 × 16                  | no   | 1e6    |
+//! | tiny   | smollm3     | 64     | 128          | 2      | 4 / 2 × 16                  | yes  | 5e6    |
+//! | tiny   | olmo2, olmo3 | 64    | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
+//! | tiny   | gemma3_text | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
+//! | tiny   | phi3        | 64     | 128          | 2      | 4 / 2 × 16 (8 rotated)      | no   | 1e4    |
 //!
-//! `small` has the shapes of Qwen2.5-0.5B (qwen2), Qwen3-0.6B (qwen3) and SmolLM2-135M (llama) except
-//! the vocabulary: theirs are 151,936, 151,936 and 49,152 ids, ours 512, so the embedding and the LM
-//! head are far smaller than the real models' (about 136M, 155M and 28M parameters fewer); the decoder
-//! layers, which dominate the cost per token, are the same. Qwen3 models get per-head q/k norms (ones).
+//! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
+//! every layer (mistral) or every other one (ministral, olmo3, gemma3_text), RoPE left out of smollm3's
+//! second layer. `small` has the decoder shapes of Qwen2.5-0.5B, Qwen3-0.6B, SmolLM2-135M, Mistral-7B,
+//! Ministral-8B, SmolLM3-3B, OLMo-2-1B, Olmo-3-7B, gemma-3-1b and Phi-4-mini (`preset_config`), with
+//! their windows and RoPE layouts, except the vocabulary: theirs are 32k–262k ids, ours 512, so the
+//! embedding and the LM head are far smaller than the real models'; the decoder layers, which dominate
+//! the cost per token, are the same. Norms start as the identity (ones, or zeros for Gemma's `1 + w`).
 
 use std::collections::HashSet;
 use std::fmt;

@@ -8,12 +8,12 @@ use holo_runtime::local::init;
 /// `holo init-model`'s arguments.
 #[derive(clap::Args)]
 pub struct InitModelArgs {
-    /// qwen2 (tied embeddings, q/k/v biases), qwen3 (tied embeddings, per-head q/k norms, heads wider
-    /// than hidden / heads) or llama.
+    /// The family, by its `model_type`: qwen2, qwen3, llama, mistral, ministral, smollm3, olmo2,
+    /// olmo3, gemma3_text or phi3 (what sets each apart: README, "Local models").
     #[arg(long, default_value = "qwen2", value_parser = holo_runtime::local::init::parse_arch)]
     pub arch: holo_runtime::local::Arch,
-    /// tiny (tests) or small (Qwen2.5-0.5B / Qwen3-0.6B / SmolLM2-135M shapes with a 512-token
-    /// vocabulary).
+    /// tiny (tests) or small (the decoder shapes of the family's small model, e.g. Qwen3-0.6B or
+    /// gemma-3-1b, with a 512-token vocabulary).
     #[arg(long, default_value = "tiny")]
     pub preset: holo_runtime::local::init::Preset,
     /// Seeds the weights; the same seed writes the same bytes.
