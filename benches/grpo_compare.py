@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GRPO training steps on the CPU or a GPU: `holo train` against TRL's `GRPOTrainer`, side by side.
 
-    ~/.cache/holo-peers/venv/bin/python benches/grpo_compare.py [--which tiny|qwen05b|both]
+    ~/.cache/holo-peers/venv/bin/python benches/grpo_compare.py [--which tiny|qwen05b|both|none] [--model NAME=DIR]
         [--seeds 0,1,2] [--steps 30] [--batch 32] [--num-generations 8] [--learning-rate 3e-3]
         [--seeds-05b 0,1,2] [--steps-05b 3] [--batch-05b 4] [--num-generations-05b 4]
         [--learning-rate-05b 1e-5] [--max-completion-length 16] [--beta 0.0] [--loss-type dapo]
@@ -49,7 +49,10 @@ Models:
 - tiny:    the peers' tiny Qwen2 (`~/.cache/holo-peers/tiny-qwen2`, 2 layers, hidden 64, vocab 512);
 - qwen05b: `holo init-model --arch qwen2 --preset small` (Qwen2.5-0.5B's decoder shapes: hidden 896, 24
            layers, 14 / 2 heads, intermediate 4864, tied embeddings, 358 M parameters; with a 512-token
-           vocabulary), built once under --work-dir (default ~/.cache/holo-peers/bench-models).
+           vocabulary), built once under --work-dir (default ~/.cache/holo-peers/bench-models);
+- `--model NAME=DIR` (repeatable; `--which none` for these alone): any model folder holo loads, trained
+  with the 0.5B model's settings (`--seeds-05b`, `--steps-05b`, `--batch-05b`, `--num-generations-05b`,
+  `--learning-rate-05b`); benches/family_compare.py passes each family's folder this way.
 
 Needs the Python peers' venv (TRL 1.16, bash ../shared/peers/setup.sh), GNU time (/usr/bin/time; `GNU_TIME`
 names another path) and cargo; builds `cargo build --release -p holo-runtime --bin holo`, unless `--holo-bin`
@@ -455,7 +458,10 @@ def compare(name, folder, holo, settings, args, work):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--which", default="both", choices=["tiny", "qwen05b", "both"])
+    parser.add_argument("--which", default="both", choices=["tiny", "qwen05b", "both", "none"])
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                        help="also train this model folder (any family holo loads), with the 0.5B model's settings "
+                             "(--seeds-05b, --steps-05b, --batch-05b, ...); repeatable")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the tiny model's runs")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps, tiny model")
     parser.add_argument("--batch", type=int, default=32, help="per_device_train_batch_size, tiny model")
@@ -504,6 +510,15 @@ def main():
                             learning_rate=args.learning_rate_05b)
             results.append(compare("qwen2.5-0.5b shapes", qwen05b_model(holo, args.work_dir), holo, settings, args,
                                    os.path.join(work, "qwen05b")))
+        for index, named in enumerate(args.model):
+            name, _, folder = named.partition("=")
+            if not folder:
+                parser.error(f"--model takes NAME=DIR, not {named!r}")
+            os.makedirs(os.path.join(work, f"model{index}"))
+            settings = dict(seeds=[int(s) for s in args.seeds_05b.split(",")], steps=args.steps_05b,
+                            batch=args.batch_05b, num_generations=args.num_generations_05b,
+                            learning_rate=args.learning_rate_05b)
+            results.append(compare(name, folder, holo, settings, args, os.path.join(work, f"model{index}")))
 
     print()
     print("| model | steps × seeds | TRL s/step | holo s/step | speedup | peak RSS TRL / holo (MiB) | RSS ratio "
