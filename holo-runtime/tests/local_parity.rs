@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use common::json::{floats, ids, max_diff};
 use common::logits::sequence_logits;
+use common::MODEL_FAMILIES as FAMILIES;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
 use holo_runtime::local::{files, LocalModel, LocalOptions, Ops};
@@ -18,19 +19,6 @@ use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
-/// The fixture folders, one per family.
-const FAMILIES: [&str; 10] = [
-    "qwen2",
-    "llama",
-    "qwen3",
-    "mistral",
-    "ministral",
-    "smollm3",
-    "olmo2",
-    "olmo3",
-    "gemma3",
-    "phi3",
-];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

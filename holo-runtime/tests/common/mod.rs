@@ -23,6 +23,21 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
+/// family the local runtime implements.
+pub const MODEL_FAMILIES: [&str; 10] = [
+    "qwen2",
+    "llama",
+    "qwen3",
+    "mistral",
+    "ministral",
+    "smollm3",
+    "olmo2",
+    "olmo3",
+    "gemma3",
+    "phi3",
+];
+
 /// `holo ARGS`, run from the workspace root.
 pub fn holo_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));

@@ -14,18 +14,7 @@ async fn holo_serve_serves_every_family() {
 
     use holo_runtime::local::{LocalModel, LocalOptions};
 
-    for family in [
-        "qwen2",
-        "qwen3",
-        "llama",
-        "mistral",
-        "ministral",
-        "smollm3",
-        "olmo2",
-        "olmo3",
-        "gemma3",
-        "phi3",
-    ] {
+    for family in common::MODEL_FAMILIES {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/models")
             .join(family);

@@ -457,18 +457,7 @@ fn exports_load_with_the_trained_weights_and_logits() {
     fs::write(&data, rows).unwrap();
 
     let mut cases = Vec::new();
-    for model in [
-        "qwen2",
-        "llama",
-        "qwen3",
-        "mistral",
-        "ministral",
-        "smollm3",
-        "olmo2",
-        "olmo3",
-        "gemma3",
-        "phi3",
-    ] {
+    for model in crate::common::MODEL_FAMILIES {
         for lora in [false, true] {
             cases.push(check_run(work.path(), model, lora, &data));
         }
