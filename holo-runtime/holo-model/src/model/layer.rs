@@ -1,0 +1,194 @@
+//! A decoder layer: its norms by role, attention, the MLP and the residuals.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// The gate and up projections (`gate_proj`, `up_proj`, or Phi-3's `gate_up_proj`).
+    pub gate_up: Split,
+    pub down_proj: Linear,
+    pub(crate) activation: Activation,
+}
+
+impl Mlp {
+    pub(super) fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let (hidden, inner, bias) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.mlp_bias,
+        );
+        Ok(Mlp {
+            gate_up: Split::load(
+                &vb,
+                hidden,
+                vec![("gate_proj", inner), ("up_proj", inner)],
+                config.variant.fused_projections.then_some("gate_up_proj"),
+                bias,
+            )?,
+            down_proj: Linear::load(vb.pp("down_proj"), inner, hidden, bias)?,
+            activation: config.variant.activation,
+        })
+    }
+
+    pub(super) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        let [gate, up]: [Tensor; 2] = self
+            .gate_up
+            .forward(xs, ops)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
+        let gate = self.activate(&gate, ops)?;
+        self.down_proj.forward(&(gate * up)?, ops)
+    }
+
+    /// The gate's activation.
+    pub(crate) fn activate(&self, gate: &Tensor, ops: Ops) -> Result<Tensor> {
+        match (self.activation, ops) {
+            (Activation::Silu, _) => gate.silu(),
+            // candle's `gelu` is the tanh approximation, as `gelu_pytorch_tanh`; its backward rounds
+            // the constants to six digits, so training builds it from ops with exact derivatives.
+            (Activation::GeluTanh, Ops::Fast | Ops::Invariant) => gate.gelu(),
+            (Activation::GeluTanh, Ops::Differentiable) => {
+                let root = (2.0 / std::f64::consts::PI).sqrt();
+                let inner = ((gate + ((gate.sqr()? * gate)? * 0.044715)?)? * root)?;
+                (gate * 0.5)? * (inner.tanh()? + 1.0)?
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    /// Before attention (none in OLMo 2 and 3).
+    pub input_layernorm: Option<RmsNorm>,
+    /// Before the MLP with [`NormPlacement::Pre`], on attention's output otherwise.
+    pub post_attention_layernorm: RmsNorm,
+    /// Before the MLP (Gemma 3).
+    pub pre_feedforward_layernorm: Option<RmsNorm>,
+    /// On the MLP's output (OLMo 2 and 3, Gemma 3).
+    pub post_feedforward_layernorm: Option<RmsNorm>,
+    pub(crate) placement: NormPlacement,
+    /// Its attention window and whether it rotates ([`ModelConfig::layers`]).
+    pub spec: LayerSpec,
+}
+
+/// A layer's norms by what they normalise: attention's input and output, the MLP's input and output.
+pub(crate) struct LayerNorms<'a> {
+    pub(crate) attention_input: Option<&'a RmsNorm>,
+    pub(crate) attention_output: Option<&'a RmsNorm>,
+    pub(crate) mlp_input: Option<&'a RmsNorm>,
+    pub(crate) mlp_output: Option<&'a RmsNorm>,
+}
+
+impl DecoderLayer {
+    /// A copy whose weights, biases, norms and adapters share this layer's storage but are not tracked
+    /// by autograd.
+    pub(crate) fn detached(&self) -> DecoderLayer {
+        let mut layer = self.clone();
+        let attention = &mut layer.self_attn;
+        for norm in [
+            layer.input_layernorm.as_mut(),
+            Some(&mut layer.post_attention_layernorm),
+            layer.pre_feedforward_layernorm.as_mut(),
+            layer.post_feedforward_layernorm.as_mut(),
+            attention.q_norm.as_mut(),
+            attention.k_norm.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            norm.weight = norm.weight.detach();
+        }
+        for (_, linear) in Model::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
+            linear.weight = linear.weight.detach();
+            linear.bias = linear.bias.as_ref().map(Tensor::detach);
+            if let Some(lora) = &mut linear.lora {
+                lora.a = lora.a.detach();
+                lora.b = lora.b.detach();
+            }
+        }
+        layer
+    }
+
+    /// The layer's norms by what they normalise, as its family places them.
+    pub(crate) fn norms(&self) -> LayerNorms<'_> {
+        let post_attention = Some(&self.post_attention_layernorm);
+        let (attention_output, mlp_input) = match self.placement {
+            NormPlacement::Pre => (None, post_attention),
+            NormPlacement::Post => (post_attention, None),
+            NormPlacement::Sandwich => (post_attention, self.pre_feedforward_layernorm.as_ref()),
+        };
+        LayerNorms {
+            attention_input: self.input_layernorm.as_ref(),
+            attention_output,
+            mlp_input,
+            mlp_output: self.post_feedforward_layernorm.as_ref(),
+        }
+    }
+
+    pub(super) fn load(vb: VarBuilder, config: &ModelConfig, spec: LayerSpec) -> Result<Self> {
+        let hidden = config.hidden_size;
+        let placement = config.variant.norms;
+        let norm = |name: &str, present: bool| -> Result<Option<RmsNorm>> {
+            present
+                .then(|| RmsNorm::load(vb.pp(name), hidden, config))
+                .transpose()
+        };
+        Ok(DecoderLayer {
+            spec,
+            placement,
+            input_layernorm: norm("input_layernorm", placement != NormPlacement::Post)?,
+            pre_feedforward_layernorm: norm(
+                "pre_feedforward_layernorm",
+                placement == NormPlacement::Sandwich,
+            )?,
+            post_feedforward_layernorm: norm(
+                "post_feedforward_layernorm",
+                placement != NormPlacement::Pre,
+            )?,
+            self_attn: Attention::load(vb.pp("self_attn"), config)?,
+            mlp: Mlp::load(vb.pp("mlp"), config)?,
+            post_attention_layernorm: RmsNorm::load(
+                vb.pp("post_attention_layernorm"),
+                hidden,
+                config,
+            )?,
+        })
+    }
+
+    pub(crate) fn forward(
+        &self,
+        xs: &Tensor,
+        frame: &Frame,
+        cache: Option<&mut LayerCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let norms = self.norms();
+        let attended = self.self_attn.forward(
+            &norm(norms.attention_input, xs, ops)?,
+            frame.rope(self.spec),
+            frame.mask(self.spec),
+            cache,
+            ops,
+        )?;
+        self.finish(xs, &attended, ops)
+    }
+
+    /// The rest of the layer after attention: `attended` (after `o_proj`) normalised where the family
+    /// does, added to the input `xs`, then the MLP and its residual.
+    pub(crate) fn finish(&self, xs: &Tensor, attended: &Tensor, ops: Ops) -> Result<Tensor> {
+        let norms = self.norms();
+        let xs = (xs + norm(norms.attention_output, attended, ops)?)?;
+        let mlp = self.mlp.forward(&norm(norms.mlp_input, &xs, ops)?, ops)?;
+        xs + norm(norms.mlp_output, &mlp, ops)?
+    }
+}
+
+/// `xs` through `norm`, or unchanged without one.
+pub(super) fn norm(norm: Option<&RmsNorm>, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+    match norm {
+        Some(norm) => norm.forward(xs, ops),
+        None => Ok(xs.clone()),
+    }
+}

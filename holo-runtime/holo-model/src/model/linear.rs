@@ -1,0 +1,319 @@
+//! Projections: [`Linear`] with its optional LoRA adapter ([`Lora`], [`Dropout`], [`LoraConfig`]),
+//! and [`Split`], the projections of one input that a layer uses apart (q/k/v, gate/up), one matrix per
+//! part or fused as Phi-3 keeps them.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    /// A low-rank update added to the output, trained while `weight` stays frozen.
+    pub lora: Option<Lora>,
+}
+
+/// LoRA (Hu et al., 2021) as PEFT implements it: `y += scale · dropout(x) Aᵀ Bᵀ`, `A` `[rank, in]`,
+/// `B` `[out, rank]`, `scale = alpha / rank`; `B` starts at zero so the adapted model starts as the base
+/// one.
+#[derive(Debug, Clone)]
+pub struct Lora {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+    /// Dropout on the adapter's input, active only in differentiable passes while its seed is set.
+    pub dropout: Option<Dropout>,
+}
+
+/// LoRA dropout (PEFT's `lora_dropout`): each differentiable forward pass draws its mask from the
+/// model's current dropout seed and the adapter's own number, so that a pass run twice with the same seed
+/// (activation recomputation) drops the same inputs, and a run repeated from a checkpoint draws the same
+/// masks.
+#[derive(Debug, Clone)]
+pub struct Dropout {
+    pub p: f64,
+    /// This adapter's number in the model.
+    pub(super) id: u64,
+    /// Shared by every adapter of a model; 0 turns dropout off.
+    pub(super) seed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Dropout {
+    /// The factors the adapter's input `xs` is multiplied by (0, or `1 / (1 - p)` for a kept entry), or
+    /// `None` when the seed is 0; the backward multiplies the input's gradient by the same.
+    pub(crate) fn mask(&self, xs: &Tensor) -> Result<Option<Tensor>> {
+        use rand::{Rng, SeedableRng};
+
+        let seed = self.seed.load(std::sync::atomic::Ordering::Relaxed);
+        if seed == 0 || self.p == 0.0 {
+            return Ok(None);
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.id,
+        );
+        let keep = 1.0 / (1.0 - self.p);
+        let mask: Vec<f32> = (0..xs.elem_count())
+            .map(|_| {
+                if rng.random::<f64>() < self.p {
+                    0.0
+                } else {
+                    keep as f32
+                }
+            })
+            .collect();
+        Ok(Some(
+            Tensor::from_vec(mask, xs.shape(), xs.device())?.to_dtype(xs.dtype())?,
+        ))
+    }
+}
+
+/// Which projections get adapters, and their size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Projection names: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`.
+    pub targets: Vec<String>,
+    pub seed: u64,
+    /// Dropout on the adapters' input in training passes (see [`Dropout`]); 0 for none.
+    pub dropout: f64,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            alpha: 16.0,
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .map(String::from)
+                .to_vec(),
+            seed: 0,
+            dropout: 0.0,
+        }
+    }
+}
+
+/// Every projection a LoRA adapter can target, in layer order.
+pub const PROJECTIONS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// The fused projections (Phi-3's), which LoRA can target by their own names or by their parts'.
+pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
+    ("qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+    ("gate_up_proj", &["gate_proj", "up_proj"]),
+];
+
+/// Whether LoRA `targets` name the projection `short` (`q_proj`, …): by its name, or, for a fused
+/// projection, by the name of any of its parts (so the usual targets adapt Phi-3's `qkv_proj`).
+pub fn targets(targets: &[String], short: &str) -> bool {
+    targets.iter().any(|target| {
+        target == short
+            || FUSED_PROJECTIONS
+                .iter()
+                .any(|(fused, parts)| *fused == short && parts.contains(&target.as_str()))
+    })
+}
+
+impl Linear {
+    pub(super) fn load(vb: VarBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        let weight = vb.get((out_dim, in_dim), "weight")?;
+        let bias = if bias {
+            Some(vb.get(out_dim, "bias")?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight,
+            bias,
+            lora: None,
+        })
+    }
+
+    /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product. With
+    /// [`Ops::Fast`], a few rows (decoding) go through our own kernels where they are faster.
+    pub fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        Ok(self.forward_parts(xs, ops)?.0)
+    }
+
+    /// [`Linear::forward`], and what its adapter computed on the way (see [`AdapterParts`]).
+    pub(crate) fn forward_parts(
+        &self,
+        xs: &Tensor,
+        ops: Ops,
+    ) -> Result<(Tensor, Option<AdapterParts>)> {
+        let dims = xs.dims().to_vec();
+        let (leading, in_dim) = dims.split_at(dims.len() - 1);
+        let rows: usize = leading.iter().product();
+        let flat = xs.reshape((rows, in_dim[0]))?;
+        let ys = match dispatch::product(ops, &Operands::of(&flat, &self.weight)) {
+            Product::Skinny => crate::kernels::skinny::matmul(&flat, &self.weight)?,
+            Product::Weight => crate::kernels::product::matmul(&flat, &self.weight, ops)?,
+            Product::Candle => flat.matmul(&self.weight.t()?)?,
+        };
+        let ys = match &self.bias {
+            Some(bias) => ys.broadcast_add(bias)?,
+            None => ys,
+        };
+        let adapter = self.adapter_parts(&flat, ops)?;
+        let ys = match (&self.lora, &adapter) {
+            (Some(lora), Some(parts)) => {
+                let update =
+                    (parts.low.matmul(&lora.b.t()?)? * lora.scale)?.to_dtype(ys.dtype())?;
+                (ys + update)?
+            }
+            _ => ys,
+        };
+        let mut out_dims = leading.to_vec();
+        out_dims.push(self.weight.dim(0)?);
+        Ok((ys.reshape(out_dims)?, adapter))
+    }
+
+    /// The adapter's input and low-rank activations for `flat` `[rows, in]`, `None` without an adapter.
+    /// The adapters may be f32 over a bf16 base (see `dispatch::adapter_dtype`): the low-rank path runs
+    /// in their type and its output joins the base's in the base's.
+    pub(crate) fn adapter_parts(&self, flat: &Tensor, ops: Ops) -> Result<Option<AdapterParts>> {
+        let Some(lora) = &self.lora else {
+            return Ok(None);
+        };
+        let input = flat.to_dtype(lora.a.dtype())?;
+        let keep = match (&lora.dropout, ops) {
+            (Some(dropout), Ops::Differentiable) => dropout.mask(&input)?,
+            _ => None,
+        };
+        let input = match &keep {
+            Some(keep) => (input * keep)?,
+            None => input,
+        };
+        let low = input.matmul(&lora.a.t()?)?;
+        Ok(Some(AdapterParts { input, low, keep }))
+    }
+}
+
+/// What a LoRA adapter computed in a forward pass, kept for its backward: `input` `[rows, in]` (after
+/// dropout, in the adapter's type), `low = input · Aᵀ` `[rows, rank]`, and the dropout factors `keep`.
+pub(crate) struct AdapterParts {
+    pub(crate) input: Tensor,
+    pub(crate) low: Tensor,
+    pub(crate) keep: Option<Tensor>,
+}
+
+/// Projections of one input whose outputs the layer uses apart: queries, keys and values, or the MLP's
+/// gate and up projections. Most families keep one matrix per part (`q_proj`, `k_proj`, `v_proj`);
+/// Phi-3 keeps one matrix whose output is the parts side by side (`qkv_proj`, `gate_up_proj`), and is
+/// trained (LoRA included) as that one matrix, as PEFT does.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// The parts' module names and output widths, in order.
+    parts: Vec<(&'static str, usize)>,
+    /// The fused matrix's module name, when there is one.
+    fused: Option<&'static str>,
+    /// One per part, or the fused one.
+    pub(crate) linears: Vec<Linear>,
+}
+
+impl Split {
+    pub(super) fn load(
+        vb: &VarBuilder,
+        in_dim: usize,
+        parts: Vec<(&'static str, usize)>,
+        fused: Option<&'static str>,
+        bias: bool,
+    ) -> Result<Self> {
+        let linears = match fused {
+            Some(name) => {
+                let out_dim = parts.iter().map(|(_, width)| width).sum();
+                vec![Linear::load(vb.pp(name), in_dim, out_dim, bias)?]
+            }
+            None => parts
+                .iter()
+                .map(|&(name, width)| Linear::load(vb.pp(name), in_dim, width, bias))
+                .collect::<Result<_>>()?,
+        };
+        Ok(Split {
+            parts,
+            fused,
+            linears,
+        })
+    }
+
+    /// The matrices under their module names.
+    pub fn named(&self) -> Vec<(&'static str, &Linear)> {
+        self.names().into_iter().zip(&self.linears).collect()
+    }
+
+    pub(super) fn named_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        self.names().into_iter().zip(&mut self.linears).collect()
+    }
+
+    pub(super) fn names(&self) -> Vec<&'static str> {
+        match self.fused {
+            Some(name) => vec![name],
+            None => self.parts.iter().map(|(name, _)| *name).collect(),
+        }
+    }
+
+    /// The part `name` (`q_proj`, …) of a family that keeps it as a matrix of its own.
+    pub fn part(&self, name: &str) -> Option<&Linear> {
+        self.named()
+            .into_iter()
+            .find_map(|(part, linear)| (part == name).then_some(linear))
+    }
+
+    /// Each part's output for `xs` `[.., in]`.
+    pub(crate) fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Vec<Tensor>> {
+        match self.fused {
+            Some(_) => self.cut(&self.linears[0].forward(xs, ops)?),
+            None => self
+                .linears
+                .iter()
+                .map(|linear| linear.forward(xs, ops))
+                .collect(),
+        }
+    }
+
+    /// [`Split::forward`], with what each matrix's adapter computed (one entry per matrix).
+    pub(crate) fn forward_parts(
+        &self,
+        xs: &Tensor,
+        ops: Ops,
+    ) -> Result<(Vec<Tensor>, Vec<Option<AdapterParts>>)> {
+        let mut outputs = Vec::with_capacity(self.linears.len());
+        let mut adapters = Vec::with_capacity(self.linears.len());
+        for linear in &self.linears {
+            let (ys, adapter) = linear.forward_parts(xs, ops)?;
+            outputs.push(ys);
+            adapters.push(adapter);
+        }
+        match self.fused {
+            Some(_) => Ok((self.cut(&outputs[0])?, adapters)),
+            None => Ok((outputs, adapters)),
+        }
+    }
+
+    /// A fused output `[.., Σ widths]` cut into the parts' outputs.
+    pub(super) fn cut(&self, ys: &Tensor) -> Result<Vec<Tensor>> {
+        let mut offset = 0;
+        self.parts
+            .iter()
+            .map(|&(_, width)| {
+                let part = ys.narrow(D::Minus1, offset, width)?;
+                offset += width;
+                part.contiguous()
+            })
+            .collect()
+    }
+
+    /// The parts' output gradients `[rows, width]` as each matrix's (concatenated for a fused one).
+    pub(crate) fn join(&self, grads: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        match self.fused {
+            Some(_) => Ok(vec![Tensor::cat(&grads, D::Minus1)?]),
+            None => Ok(grads),
+        }
+    }
+}

@@ -1,0 +1,694 @@
+//! The decoder every family runs: plain structs per layer, weights named as in Hugging Face
+//! checkpoints. The families differ only by what [`ModelConfig`] says (its `Variant` and `LayerSpec`s):
+//! projections in `linear.rs`, norms in `norm.rs`, RoPE in `rotary.rs`, attention in `attention.rs`, a
+//! layer in `layer.rs`, keys and values in `cache.rs`; the model and its passes here.
+//!
+//! One set of weights serves two paths. Sampling ([`Ops::Fast`]) uses candle's fused kernels for RMSNorm,
+//! RoPE and softmax, which have no backward. Training ([`Ops::Differentiable`]) builds the same functions
+//! from basic tensor ops, so every weight receives its gradient; [`Model::trainable`] moves the weights
+//! into [`Var`]s for an optimizer.
+//!
+//! Every row has its own positions (its real tokens counted from 0), so rows padded differently, or
+//! resuming from caches of different lengths, rotate exactly as they would alone.
+
+mod attention;
+mod cache;
+mod layer;
+mod linear;
+mod norm;
+mod rotary;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::VarBuilder;
+
+use super::config::{Activation, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling};
+use super::dispatch::{self, Operands, Product};
+pub use super::layout::positions_from_mask;
+use super::layout::{attention_mask, window_mask, Layout};
+pub use crate::kernels::kernel::{Ops, Result};
+
+pub(crate) use attention::softmax;
+pub use attention::Attention;
+pub use cache::{KvCache, LayerCache, Segment, SequenceCache};
+use layer::norm;
+pub use layer::{DecoderLayer, Mlp};
+pub(crate) use linear::AdapterParts;
+pub use linear::{
+    targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
+};
+pub use norm::RmsNorm;
+pub(crate) use rotary::apply_rope;
+use rotary::Rope;
+
+/// A causal language model of one of the families of [`crate::config::Arch`].
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `None` when the output projection is tied to `embed_tokens`.
+    pub lm_head: Option<Tensor>,
+    rope: Rope,
+    /// The windowed layers' RoPE, when it is not the others'
+    /// ([`crate::config::Variant::local_rope`]).
+    local_rope: Option<Rope>,
+}
+
+impl Model {
+    /// Builds the model from Hugging Face tensor names under `vb` (`model.*`, `lm_head.weight`).
+    pub fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
+        let inner = vb.pp("model");
+        let embed_tokens = inner.get(
+            (config.vocab_size, config.hidden_size),
+            "embed_tokens.weight",
+        )?;
+        if config.layers.len() != config.num_hidden_layers {
+            candle_core::bail!(
+                "the config describes {} layers for num_hidden_layers {}",
+                config.layers.len(),
+                config.num_hidden_layers
+            );
+        }
+        let layers = config
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, &spec)| DecoderLayer::load(inner.pp(format!("layers.{i}")), config, spec))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config)?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(vb.get((config.vocab_size, config.hidden_size), "lm_head.weight")?)
+        };
+        let rotated = config.variant.rotary_dim.unwrap_or(config.head_dim);
+        let rope =
+            |theta: f64, scaling: &RopeScaling| Rope::new(rotated, theta, scaling, vb.device());
+        let model = Model {
+            config: config.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope: rope(config.rope_theta, &config.rope_scaling)?,
+            local_rope: config
+                .variant
+                .local_rope
+                .as_ref()
+                .map(|(theta, scaling)| rope(*theta, scaling))
+                .transpose()?,
+        };
+        if model.embed_tokens.dtype() == DType::BF16 && model.device().is_cpu() {
+            // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) in f32.
+            return model.map_weights(|_, tensor| match tensor.rank() {
+                1 => tensor.to_dtype(DType::F32),
+                _ => Ok(tensor.clone()),
+            });
+        }
+        Ok(model)
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    /// The precision of the arithmetic: the weights' own, except for bf16 weights on the CPU, which
+    /// run in f32.
+    pub fn dtype(&self) -> DType {
+        self.norm.weight.dtype()
+    }
+
+    /// bf16 matrices with f32 arithmetic: a sampling precision, with no backward through the matrix
+    /// products.
+    fn sampling_only(&self) -> Result<()> {
+        if self.embed_tokens.dtype() != self.dtype() {
+            candle_core::bail!(
+                "this model holds bf16 weights for f32 arithmetic on the CPU, which only samples; load it in f32 to train"
+            );
+        }
+        Ok(())
+    }
+
+    /// The type of the logits, log-probabilities and losses: f64 for an f64 model, f32 otherwise (a
+    /// half-precision model's logits are cast up).
+    pub fn logits_dtype(&self) -> DType {
+        match self.dtype() {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        }
+    }
+
+    /// The projections of a layer under their module names (`self_attn.q_proj`, …; Phi-3's
+    /// `self_attn.qkv_proj` and `mlp.gate_up_proj`), in module order.
+    pub fn linears(layer: &DecoderLayer) -> Vec<(String, &Linear)> {
+        let attention = layer.self_attn.qkv.named().into_iter();
+        let attention = attention.chain([("o_proj", &layer.self_attn.o_proj)]);
+        let mlp = layer.mlp.gate_up.named().into_iter();
+        let mlp = mlp.chain([("down_proj", &layer.mlp.down_proj)]);
+        attention
+            .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+            .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
+            .collect()
+    }
+
+    fn linears_mut<'a>(
+        attention: &'a mut Attention,
+        mlp: &'a mut Mlp,
+    ) -> Vec<(String, &'a mut Linear)> {
+        Self::parts_mut(attention, mlp).0
+    }
+
+    /// The projections of a layer under their module names, and its q/k norms (`q_norm`, `k_norm`).
+    #[allow(clippy::type_complexity)]
+    fn parts_mut<'a>(
+        attention: &'a mut Attention,
+        mlp: &'a mut Mlp,
+    ) -> (
+        Vec<(String, &'a mut Linear)>,
+        [(&'static str, Option<&'a mut RmsNorm>); 2],
+    ) {
+        let Attention {
+            qkv,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = attention;
+        let Mlp {
+            gate_up, down_proj, ..
+        } = mlp;
+        let attention = qkv.named_mut().into_iter().chain([("o_proj", o_proj)]);
+        let mlp = gate_up
+            .named_mut()
+            .into_iter()
+            .chain([("down_proj", down_proj)]);
+        (
+            attention
+                .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+                .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
+                .collect(),
+            [("q_norm", q_norm.as_mut()), ("k_norm", k_norm.as_mut())],
+        )
+    }
+
+    /// Every base weight with its Hugging Face name, in checkpoint order: the one list of the weights.
+    fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut named = vec![(
+            "model.embed_tokens.weight".to_string(),
+            &mut self.embed_tokens,
+        )];
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let DecoderLayer {
+                self_attn,
+                mlp,
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+                placement: _,
+                spec: _,
+            } = layer;
+            let (linears, qk_norms) = Self::parts_mut(self_attn, mlp);
+            for (name, linear) in linears {
+                named.push((
+                    format!("model.layers.{i}.{name}.weight"),
+                    &mut linear.weight,
+                ));
+                if let Some(bias) = &mut linear.bias {
+                    named.push((format!("model.layers.{i}.{name}.bias"), bias));
+                }
+            }
+            for (name, norm) in qk_norms {
+                if let Some(norm) = norm {
+                    named.push((
+                        format!("model.layers.{i}.self_attn.{name}.weight"),
+                        &mut norm.weight,
+                    ));
+                }
+            }
+            for (name, norm) in [
+                ("input_layernorm", input_layernorm.as_mut()),
+                ("post_attention_layernorm", Some(post_attention_layernorm)),
+                (
+                    "pre_feedforward_layernorm",
+                    pre_feedforward_layernorm.as_mut(),
+                ),
+                (
+                    "post_feedforward_layernorm",
+                    post_feedforward_layernorm.as_mut(),
+                ),
+            ] {
+                if let Some(norm) = norm {
+                    named.push((format!("model.layers.{i}.{name}.weight"), &mut norm.weight));
+                }
+            }
+        }
+        named.push(("model.norm.weight".to_string(), &mut self.norm.weight));
+        if let Some(lm_head) = &mut self.lm_head {
+            named.push(("lm_head.weight".to_string(), lm_head));
+        }
+        named
+    }
+
+    /// Every base weight with its Hugging Face name (LoRA adapters are in [`Model::named_adapters`]).
+    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        let mut model = self.clone();
+        let named = model.weights_mut();
+        named
+            .into_iter()
+            .map(|(name, tensor)| (name, tensor.clone()))
+            .collect()
+    }
+
+    /// LoRA tensors under PEFT's names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`).
+    pub fn named_adapters(&self) -> Vec<(String, &Tensor)> {
+        let mut named = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, linear) in Self::linears(layer) {
+                if let Some(lora) = &linear.lora {
+                    let prefix = format!("base_model.model.model.layers.{i}.{name}");
+                    named.push((format!("{prefix}.lora_A.weight"), &lora.a));
+                    named.push((format!("{prefix}.lora_B.weight"), &lora.b));
+                }
+            }
+        }
+        named
+    }
+
+    /// A copy with every base weight of type `dtype`, arithmetic included: a bf16 copy computes in
+    /// bf16 on any device, which is how a model loaded in bf16 runs on CUDA (on the CPU,
+    /// [`super::files::load_model`] keeps a bf16 model's arithmetic in f32, for sampling).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Model> {
+        self.map_weights(|_, weight| weight.to_dtype(dtype))
+    }
+
+    /// A copy with `f(name, weight)` in place of every base weight (adapters stay).
+    fn map_weights(&self, mut f: impl FnMut(&str, &Tensor) -> Result<Tensor>) -> Result<Model> {
+        let mut model = self.clone();
+        for (name, weight) in model.weights_mut() {
+            *weight = f(&name, weight)?;
+        }
+        Ok(model)
+    }
+
+    /// A copy with LoRA adapters on the target projections of every layer and its base weights frozen
+    /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
+    /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero; both in f32 over a bf16 or f16 base
+    /// ([`dispatch::adapter_dtype`]).
+    pub fn with_lora(&self, config: &LoraConfig) -> Result<(Model, Vec<(String, Var)>)> {
+        use rand::{Rng, SeedableRng};
+
+        if config.rank == 0 {
+            candle_core::bail!("LoRA rank must be at least 1");
+        }
+        if !(0.0..1.0).contains(&config.dropout) {
+            candle_core::bail!("LoRA dropout must be in [0, 1), got {}", config.dropout);
+        }
+        let names: Vec<String> = self.layers.first().map_or(Vec::new(), |layer| {
+            Self::linears(layer)
+                .into_iter()
+                .map(|(name, _)| name.rsplit('.').next().unwrap_or(&name).to_string())
+                .collect()
+        });
+        if let Some(unknown) = config.targets.iter().find(|&target| {
+            !names
+                .iter()
+                .any(|name| targets(std::slice::from_ref(target), name))
+        }) {
+            candle_core::bail!(
+                "unknown LoRA target {unknown:?}; the projections of this {} model are {}",
+                self.config.arch,
+                names.join(", ")
+            );
+        }
+        self.sampling_only()?;
+        let mut model = self.detached();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
+        let (dtype, device) = (dispatch::adapter_dtype(self.dtype()), self.device().clone());
+        let mut vars = Vec::new();
+        let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for (i, layer) in model.layers.iter_mut().enumerate() {
+            for (name, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
+                let short = name.rsplit('.').next().unwrap_or(&name);
+                if !targets(&config.targets, short) {
+                    continue;
+                }
+                let (out_dim, in_dim) = linear.weight.dims2()?;
+                let bound = 1.0 / (in_dim as f64).sqrt();
+                let a: Vec<f32> = (0..config.rank * in_dim)
+                    .map(|_| rng.random_range(-bound..bound) as f32)
+                    .collect();
+                let a = Var::from_tensor(
+                    &Tensor::from_vec(a, (config.rank, in_dim), &device)?.to_dtype(dtype)?,
+                )?;
+                let b = Var::zeros((out_dim, config.rank), dtype, &device)?;
+                let prefix = format!("base_model.model.model.layers.{i}.{name}");
+                linear.lora = Some(Lora {
+                    a: a.as_tensor().clone(),
+                    b: b.as_tensor().clone(),
+                    scale: config.alpha / config.rank as f64,
+                    dropout: (config.dropout > 0.0).then(|| Dropout {
+                        p: config.dropout,
+                        id: vars.len() as u64,
+                        seed: std::sync::Arc::clone(&seed),
+                    }),
+                });
+                vars.push((format!("{prefix}.lora_A.weight"), a));
+                vars.push((format!("{prefix}.lora_B.weight"), b));
+            }
+        }
+        Ok((model, vars))
+    }
+
+    /// Whether an adapter drops its inputs (LoRA dropout above 0) in differentiable passes whose seed
+    /// is set.
+    pub fn has_dropout(&self) -> bool {
+        self.layers.iter().any(|layer| {
+            Self::linears(layer).iter().any(|(_, linear)| {
+                linear
+                    .lora
+                    .as_ref()
+                    .is_some_and(|lora| lora.dropout.is_some())
+            })
+        })
+    }
+
+    /// Seeds the LoRA dropout masks of the differentiable passes that follow (0 turns dropout off); see
+    /// [`Dropout`]. Copies of the model ([`Model::detached`]) share the seed.
+    pub fn set_dropout_seed(&self, seed: u64) {
+        let dropout = self.layers.iter().find_map(|layer| {
+            Self::linears(layer)
+                .into_iter()
+                .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
+        });
+        if let Some(dropout) = dropout {
+            dropout
+                .seed
+                .store(seed, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
+    pub fn trainable(&self) -> Result<(Model, Vec<(String, Var)>)> {
+        self.sampling_only()?;
+        let mut vars = Vec::new();
+        let model = self.map_weights(|name, tensor| {
+            let var = Var::from_tensor(tensor)?;
+            let tensor = var.as_tensor().clone();
+            vars.push((name.to_string(), var));
+            Ok(tensor)
+        })?;
+        Ok((model, vars))
+    }
+
+    /// A copy sharing the weights' storage but not tracked by autograd: what sampling runs on, so the
+    /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
+    pub fn detached(&self) -> Model {
+        let mut model = self.clone();
+        model.embed_tokens = model.embed_tokens.detach();
+        model.norm.weight = model.norm.weight.detach();
+        model.lm_head = model.lm_head.as_ref().map(Tensor::detach);
+        for layer in &mut model.layers {
+            *layer = layer.detached();
+        }
+        model
+    }
+
+    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) at `positions` `[B, T]` (u32, each
+    /// token's position in its row's sequence). `key_mask` `[B, S]` (u8, 1 for real tokens) covers the
+    /// cached columns followed by the `T` new ones; a query sees the real keys up to its own column.
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        key_mask: &Tensor,
+        cache: Option<&mut KvCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let cached = cache.as_ref().map_or(0, |cache| cache.len());
+        let frame = self.frame(positions, key_mask, cached)?;
+        self.hidden(input_ids, &frame, cache, ops)
+    }
+
+    /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) laid out by `layout` (padded rows,
+    /// or trees of sequences that share prefixes), without a cache.
+    pub fn forward_hidden_in(
+        &self,
+        input_ids: &Tensor,
+        layout: &Layout,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        self.hidden(input_ids, &self.frame_of(layout)?, None, ops)
+    }
+
+    /// The final hidden states of `input_ids` through every layer in `frame`.
+    fn hidden(
+        &self,
+        input_ids: &Tensor,
+        frame: &Frame,
+        mut cache: Option<&mut KvCache>,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let mut xs = self.embed(input_ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|cache| &mut cache.layers[i]);
+            xs = layer.forward(&xs, frame, layer_cache, ops)?;
+        }
+        self.norm.forward(&xs, ops)
+    }
+
+    /// Several batches in one sampling pass (`ops` [`Ops::Fast`] or [`Ops::Invariant`]): the position-wise parts (projections, MLP,
+    /// norms) run on all their tokens at once, reading each weight once, and attention runs per batch
+    /// with its own positions, key mask and cache (see [`Model::forward_hidden`]). A scheduler's decoding
+    /// rows and a prompt being prefilled share a pass this way. Returns each batch's final hidden
+    /// states `[B, T, hidden]`.
+    pub fn forward_segments(&self, segments: &mut [Segment<'_>], ops: Ops) -> Result<Vec<Tensor>> {
+        let mut frames = Vec::with_capacity(segments.len());
+        let mut shapes = Vec::with_capacity(segments.len());
+        let mut embedded = Vec::with_capacity(segments.len());
+        for segment in segments.iter() {
+            let (batch, len) = segment.input_ids.dims2()?;
+            frames.push(self.frame(&segment.positions, &segment.key_mask, segment.cache.len())?);
+            embedded.push(
+                self.embed(&segment.input_ids)?
+                    .reshape((batch * len, self.config.hidden_size))?,
+            );
+            shapes.push((batch, len));
+        }
+        let mut xs = Tensor::cat(&embedded, 0)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let attention = &layer.self_attn;
+            let normed = norm(layer.norms().attention_input, &xs, ops)?;
+            let [q, k, v]: [Tensor; 3] = attention
+                .qkv
+                .forward(&normed, ops)?
+                .try_into()
+                .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
+            let mut outputs = Vec::with_capacity(segments.len());
+            let mut offset = 0;
+            for ((segment, frame), &(batch, len)) in segments.iter_mut().zip(&frames).zip(&shapes) {
+                let rows = batch * len;
+                let heads = |x: &Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+                    attention.split_heads(
+                        &x.narrow(0, offset, rows)?,
+                        (batch, len, heads),
+                        norm,
+                        ops,
+                    )
+                };
+                let out = attention.attend(
+                    &heads(&q, attention.heads, attention.q_norm.as_ref())?,
+                    &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
+                    &heads(&v, attention.kv_heads, None)?,
+                    frame.rope(layer.spec),
+                    frame.mask(layer.spec),
+                    Some(&mut segment.cache.layers[i]),
+                    ops,
+                )?;
+                outputs.push(out.reshape((rows, attention.heads * attention.head_dim))?);
+                offset += rows;
+            }
+            let attended = attention.o_proj.forward(&Tensor::cat(&outputs, 0)?, ops)?;
+            xs = layer.finish(&xs, &attended, ops)?;
+        }
+        let xs = self.norm.forward(&xs, ops)?;
+        let mut offset = 0;
+        shapes
+            .iter()
+            .map(|&(batch, len)| {
+                let part = xs.narrow(0, offset, batch * len)?;
+                offset += batch * len;
+                part.reshape((batch, len, self.config.hidden_size))
+            })
+            .collect()
+    }
+
+    /// The embeddings `[B, T, hidden]` of `input_ids` `[B, T]`.
+    pub(crate) fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
+        let (batch, len) = input_ids.dims2()?;
+        let embedded = self
+            .embed_tokens
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape((batch, len, self.config.hidden_size))?;
+        let embedded = match self.config.variant.scale_embeddings {
+            // √hidden rounded to the weights' type, as Gemma's `embed_scale.to(weight.dtype)`.
+            true => {
+                let scale = Tensor::new(&[(self.config.hidden_size as f64).sqrt()], self.device())?
+                    .to_dtype(self.embed_tokens.dtype())?;
+                embedded.broadcast_mul(&scale)?
+            }
+            false => embedded,
+        };
+        embedded.to_dtype(self.dtype())
+    }
+
+    /// What every layer of one forward pass shares: the attention mask and the rotary tables.
+    pub(crate) fn frame(
+        &self,
+        positions: &Tensor,
+        key_mask: &Tensor,
+        cached: usize,
+    ) -> Result<Frame> {
+        let (batch, len) = positions.dims2()?;
+        let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
+        let key_positions = positions_from_mask(key_mask)?;
+        self.frame_with(mask, positions, &key_positions)
+    }
+
+    /// The frame of the additive `mask` `[B, 1, T, S]` over keys at `key_positions` `[B, S]`, for
+    /// queries at `positions` `[B, T]`: the rotary tables, and the mask of each attention window the
+    /// layers use.
+    fn frame_with(
+        &self,
+        mask: Tensor,
+        positions: &Tensor,
+        key_positions: &Tensor,
+    ) -> Result<Frame> {
+        let (cos, sin) = self.rope.tables(positions)?;
+        let local = match &self.local_rope {
+            Some(rope) => {
+                let (cos, sin) = rope.tables(positions)?;
+                Some((cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?))
+            }
+            None => None,
+        };
+        let mut windows: Vec<usize> = self
+            .layers
+            .iter()
+            .filter_map(|layer| layer.spec.window)
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        let windowed = windows
+            .into_iter()
+            .map(|window| {
+                Ok((
+                    window,
+                    window_mask(&mask, positions, key_positions, window)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Frame {
+            mask,
+            windowed,
+            cos: cos.to_dtype(self.dtype())?,
+            sin: sin.to_dtype(self.dtype())?,
+            local,
+        })
+    }
+
+    /// The [`Frame`] of a pass without a cache laid out by `layout`.
+    pub(crate) fn frame_of(&self, layout: &Layout) -> Result<Frame> {
+        self.frame_with(
+            layout.mask.to_dtype(self.dtype())?,
+            &layout.positions,
+            &layout.positions,
+        )
+    }
+
+    /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
+    /// [`Ops::Differentiable`]).
+    pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        let linear = Linear {
+            weight: head.clone(),
+            bias: None,
+            lora: None,
+        };
+        let logits = linear.forward(hidden, ops)?;
+        match logits.dtype() {
+            DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
+            _ => Ok(logits),
+        }
+    }
+
+    /// Log-probability of each next token, `[B, T - 1]` (f32, or f64 for an f64 model): entry `t` is `log p(ids[t + 1] | ids[..=t])`,
+    /// differentiable with [`Ops::Differentiable`]. `key_mask` `[B, T]` marks real tokens (left or right
+    /// padding); entries whose target is padding are 0.
+    pub fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let (batch, len) = input_ids.dims2()?;
+        if len < 2 {
+            return Tensor::zeros((batch, 0), self.logits_dtype(), self.device());
+        }
+        let positions = positions_from_mask(key_mask)?;
+        let hidden = self.forward_hidden(input_ids, &positions, key_mask, None, ops)?;
+        self.next_token_logprobs(&hidden, input_ids, key_mask)
+    }
+
+    /// [`Model::token_logprobs`] from the final hidden states `[B, T, hidden]` (after the last norm).
+    pub(crate) fn next_token_logprobs(
+        &self,
+        hidden: &Tensor,
+        input_ids: &Tensor,
+        key_mask: &Tensor,
+    ) -> Result<Tensor> {
+        let len = input_ids.dim(1)?;
+        let batch = input_ids.dim(0)?;
+        let hidden = hidden.narrow(1, 0, len - 1)?;
+        let hidden = hidden.reshape((batch * (len - 1), hidden.dim(2)?))?;
+        let logits = self.logits(&hidden, Ops::Differentiable)?;
+        let targets = input_ids.narrow(1, 1, len - 1)?.flatten_all()?;
+        let picked = crate::kernels::head::target_scores(&logits, &targets, 1.0)?
+            .narrow(1, crate::kernels::head::column::LOGPROB, 1)?
+            .reshape((batch, len - 1))?;
+        let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
+        picked * real
+    }
+}
+
+/// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each
+/// attention window the layers use, and the rotary tables `[B, T, head_dim / 2]`.
+pub(crate) struct Frame {
+    pub(crate) mask: Tensor,
+    pub(crate) windowed: Vec<(usize, Tensor)>,
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    /// The windowed layers' tables, when their RoPE is their own.
+    pub(crate) local: Option<(Tensor, Tensor)>,
+}
+
+impl Frame {
+    /// The mask of a layer: the window's when it has one.
+    pub(crate) fn mask(&self, spec: LayerSpec) -> &Tensor {
+        spec.window
+            .and_then(|window| self.windowed.iter().find(|(w, _)| *w == window))
+            .map_or(&self.mask, |(_, mask)| mask)
+    }
+
+    /// The rotary tables of a layer, `None` for a layer without RoPE.
+    pub(crate) fn rope(&self, spec: LayerSpec) -> Option<(&Tensor, &Tensor)> {
+        if !spec.rope {
+            return None;
+        }
+        match (&self.local, spec.window) {
+            (Some((cos, sin)), Some(_)) => Some((cos, sin)),
+            _ => Some((&self.cos, &self.sin)),
+        }
+    }
+}
