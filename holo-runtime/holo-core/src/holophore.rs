@@ -1021,23 +1021,15 @@ impl Holophore {
             (None, None) => Role::System,
             (None, Some(role)) => return role,
         };
-        let Some(frames) = self.frames.clone() else {
-            self.contexts
-                .last_mut()
-                .expect("a context exists")
-                .messages
-                .push(Message {
-                    role,
-                    content: String::new(),
-                });
-            return role;
-        };
-        self.flush_text();
-        let frame = match current {
-            Some(previous) => &frames.gap[index(previous)][index(role)],
-            None => &frames.opening[index(role)],
-        };
-        self.push_frame(role, frame);
+        // A template rendered whole has no frames: its text comes from the rendering.
+        if let Some(frames) = self.frames.clone() {
+            self.flush_text();
+            let frame = match current {
+                Some(previous) => &frames.gap[index(previous)][index(role)],
+                None => &frames.opening[index(role)],
+            };
+            self.push_frame(role, frame);
+        }
         self.contexts
             .last_mut()
             .expect("a context exists")

@@ -299,39 +299,7 @@ impl ModelConfig {
                 )));
             }
         };
-        let usize_key = |key: &str| -> Result<usize, ConfigError> {
-            match json.get(key) {
-                Some(value) => value.as_u64().map(|v| v as usize).ok_or_else(|| {
-                    ConfigError(format!(
-                        "`{key}` must be a non-negative integer, found {value}"
-                    ))
-                }),
-                None => Err(ConfigError(format!("missing `{key}`"))),
-            }
-        };
-        let optional_usize = |key: &str| -> Result<Option<usize>, ConfigError> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(_) => usize_key(key).map(Some),
-            }
-        };
-        let optional_f64 = |key: &str| -> Result<Option<f64>, ConfigError> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(value) => value
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| ConfigError(format!("`{key}` must be a number, found {value}"))),
-            }
-        };
-        let bool_key = |key: &str, default: bool| -> Result<bool, ConfigError> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(default),
-                Some(value) => value.as_bool().ok_or_else(|| {
-                    ConfigError(format!("`{key}` must be true or false, found {value}"))
-                }),
-            }
-        };
+        let keys = Keys(json);
 
         // Gemma names it `hidden_activation` (and defaults it), the others `hidden_act`.
         let (activation_key, default_activation) = match arch {
@@ -352,10 +320,11 @@ impl ModelConfig {
                 )))
             }
         };
-        let hidden_size = usize_key("hidden_size")?;
-        let num_attention_heads = usize_key("num_attention_heads")?;
-        let num_key_value_heads =
-            optional_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        let hidden_size = keys.usize("hidden_size")?;
+        let num_attention_heads = keys.usize("num_attention_heads")?;
+        let num_key_value_heads = keys
+            .optional_usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
         if num_attention_heads == 0 || num_key_value_heads == 0 {
             return Err(ConfigError("attention needs at least one head".into()));
         }
@@ -365,7 +334,7 @@ impl ModelConfig {
                  `num_key_value_heads` ({num_key_value_heads})"
             )));
         }
-        let head_dim = match optional_usize("head_dim")? {
+        let head_dim = match keys.optional_usize("head_dim")? {
             Some(head_dim) => head_dim,
             // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
@@ -392,7 +361,10 @@ impl ModelConfig {
         let variant = Variant {
             activation,
             query_pre_attn_scalar: match family.query_pre_attn_scalar {
-                Some(default) => Some(optional_f64("query_pre_attn_scalar")?.unwrap_or(default)),
+                Some(default) => Some(
+                    keys.optional_f64("query_pre_attn_scalar")?
+                        .unwrap_or(default),
+                ),
                 None => None,
             },
             local_rope,
@@ -407,7 +379,7 @@ impl ModelConfig {
                     )));
                 }
             }
-            if bool_key("use_bidirectional_attention", false)? {
+            if keys.flag("use_bidirectional_attention", false)? {
                 return Err(ConfigError(
                     "`use_bidirectional_attention: true` (an embedding model) is not supported"
                         .into(),
@@ -418,41 +390,44 @@ impl ModelConfig {
         let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
-            Arch::Qwen3 => (bool_key("attention_bias", false)?, false),
+            Arch::Qwen3 => (keys.flag("attention_bias", false)?, false),
             Arch::Mistral | Arch::Ministral | Arch::Phi3 => (false, false),
             Arch::Llama | Arch::SmolLm3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
-                let bias = bool_key("attention_bias", false)?;
+                let bias = keys.flag("attention_bias", false)?;
                 (bias, bias)
             }
         };
-        let num_hidden_layers = usize_key("num_hidden_layers")?;
+        let num_hidden_layers = keys.usize("num_hidden_layers")?;
         let layers = layer_specs(arch, json, num_hidden_layers)?;
         let config = ModelConfig {
             arch,
-            vocab_size: usize_key("vocab_size")?,
+            vocab_size: keys.usize("vocab_size")?,
             hidden_size,
-            intermediate_size: usize_key("intermediate_size")?,
+            intermediate_size: keys.usize("intermediate_size")?,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            max_position_embeddings: optional_usize("max_position_embeddings")?.unwrap_or(4096),
-            rms_norm_eps: optional_f64("rms_norm_eps")?.unwrap_or(match arch {
+            max_position_embeddings: keys
+                .optional_usize("max_position_embeddings")?
+                .unwrap_or(4096),
+            rms_norm_eps: keys.optional_f64("rms_norm_eps")?.unwrap_or(match arch {
                 Arch::Olmo2 | Arch::Olmo3 | Arch::Phi3 => 1e-5,
                 _ => 1e-6,
             }),
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: bool_key(
+            tie_word_embeddings: keys.flag(
                 "tie_word_embeddings",
                 matches!(arch, Arch::Qwen2 | Arch::SmolLm3 | Arch::Gemma3),
             )?,
             qkv_bias,
             o_bias,
-            mlp_bias: matches!(arch, Arch::Llama | Arch::SmolLm3) && bool_key("mlp_bias", false)?,
+            mlp_bias: matches!(arch, Arch::Llama | Arch::SmolLm3)
+                && keys.flag("mlp_bias", false)?,
             variant,
             layers,
-            bos_token_id: optional_usize("bos_token_id")?.map(|id| id as u32),
+            bos_token_id: keys.optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
         };
         if config.vocab_size == 0 || config.hidden_size == 0 || config.num_hidden_layers == 0 {
@@ -666,6 +641,53 @@ fn refuse_unimplemented_keys(json: &Value) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Reads the keys of a `config.json` object, each error naming its key. An absent key and a null one
+/// are the same: the default.
+struct Keys<'a>(&'a Value);
+
+impl Keys<'_> {
+    fn present(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|value| !value.is_null())
+    }
+
+    /// A required non-negative integer.
+    fn usize(&self, key: &str) -> Result<usize, ConfigError> {
+        self.optional_usize(key)?
+            .ok_or_else(|| ConfigError(format!("missing `{key}`")))
+    }
+
+    fn optional_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        self.present(key)
+            .map(|value| {
+                value.as_u64().map(|v| v as usize).ok_or_else(|| {
+                    ConfigError(format!(
+                        "`{key}` must be a non-negative integer, found {value}"
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    fn optional_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        self.present(key)
+            .map(|value| {
+                value
+                    .as_f64()
+                    .ok_or_else(|| ConfigError(format!("`{key}` must be a number, found {value}")))
+            })
+            .transpose()
+    }
+
+    fn flag(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.present(key) {
+            None => Ok(default),
+            Some(value) => value.as_bool().ok_or_else(|| {
+                ConfigError(format!("`{key}` must be true or false, found {value}"))
+            }),
+        }
+    }
+}
+
 /// Each layer's window and RoPE, from `layer_types`, `sliding_window` and the family's own keys
 /// (`use_sliding_window` and `max_window_layers` for Qwen, `no_rope_layers` for SmolLM3), with the
 /// defaults transformers' config classes derive when a key is absent.
@@ -692,24 +714,9 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             }
         },
     };
-    let flag = |key: &str| -> Result<bool, ConfigError> {
-        match present(key) {
-            None => Ok(false),
-            Some(value) => value.as_bool().ok_or_else(|| {
-                ConfigError(format!("`{key}` must be true or false, found {value}"))
-            }),
-        }
-    };
-    let integer = |key: &str, default: usize| -> Result<usize, ConfigError> {
-        match present(key) {
-            None => Ok(default),
-            Some(value) => value.as_u64().map(|v| v as usize).ok_or_else(|| {
-                ConfigError(format!(
-                    "`{key}` must be a non-negative integer, found {value}"
-                ))
-            }),
-        }
-    };
+    let keys = Keys(json);
+    let flag = |key: &str| keys.flag(key, false);
+    let integer = |key: &str, default: usize| Ok(keys.optional_usize(key)?.unwrap_or(default));
     let per_layer = |key: &str| -> Result<Option<&Vec<Value>>, ConfigError> {
         match present(key) {
             None => Ok(None),
