@@ -529,7 +529,7 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
     assert_eq!(qwen.config.rope_theta, 1e6);
     let qwen3 = files::load_model(&fixture("qwen3"), DType::F32, &Device::Cpu).unwrap();
-    let attention = &qwen3.layers[1].self_attn;
+    let attention = qwen3.layers[1].mixer.attention().unwrap();
     assert_eq!(
         qwen3.config.variant.qk_norm,
         holo_runtime::local::QkNorm::Head

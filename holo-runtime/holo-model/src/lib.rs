@@ -37,8 +37,8 @@ use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
 pub use config::{
-    Activation, Arch, ConfigError, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling,
-    Variant,
+    Activation, Arch, ConfigError, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm,
+    RopeScaling, Variant,
 };
 pub use files::LoadError;
 pub use layout::Layout;

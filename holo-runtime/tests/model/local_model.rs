@@ -10,7 +10,9 @@ use holo_runtime::local::generate::{generate, generate_streaming, GenerationPara
 use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::testing::random_model_seeded;
-use holo_runtime::local::{Arch, LayerSpec, Model, ModelConfig, Ops, RopeScaling, Variant};
+use holo_runtime::local::{
+    Arch, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling, Variant,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -19,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
 /// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads.
-const ARCHS: [Arch; 10] = holo_runtime::local::init::ARCHS;
+const ARCHS: [Arch; 11] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -30,10 +32,10 @@ fn config(arch: Arch) -> ModelConfig {
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
-            6
-        } else {
-            4
+        head_dim: match arch {
+            Arch::Qwen3 | Arch::Gemma3 => 6,
+            Arch::Qwen3_5 => 8,
+            _ => 4,
         },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
@@ -52,7 +54,7 @@ fn config(arch: Arch) -> ModelConfig {
         o_bias: false,
         mlp_bias: false,
         variant: Variant {
-            rotary_dim: (arch == Arch::Phi3).then_some(2),
+            rotary_dim: matches!(arch, Arch::Phi3 | Arch::Qwen3_5).then_some(2),
             ..Variant::of(arch)
         },
         layers: (0..2)
@@ -63,8 +65,16 @@ fn config(arch: Arch) -> ModelConfig {
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,
+                linear: arch == Arch::Qwen3_5 && layer == 0,
             })
             .collect(),
+        linear_attention: (arch == Arch::Qwen3_5).then_some(LinearAttention {
+            key_heads: 2,
+            value_heads: 4,
+            key_head_dim: 4,
+            value_head_dim: 3,
+            conv_kernel: 4,
+        }),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
