@@ -61,6 +61,9 @@ round-trip in f32):
                         generate (same settings)
     logprobs            {prompt, completion, logprobs}: log_softmax of the logits of prompt+completion at each
                         completion position, gathered at the completion token (what a trainer's forward computes)
+    exact               (qwen3_5 only) {dtype, ids, logits}: the 11-token prompt's logits at every position in float64
+                        throughout (export_check.float64_qwen3_5: transformers' own float32 casts in Gated DeltaNet
+                        made float64), for a float64 forward
     gradients           {loss, tokens, weights: {name: {l2_norm, sum, head (16 entries), sample}}}: the gradients of every weight for the
                         mean negative log-likelihood of the batch's next tokens where input and target are both
                         real (the left padding excluded); `sample` as scripts/fixture_gradients.py draws it
@@ -90,6 +93,7 @@ from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, 
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -560,6 +564,20 @@ def gradients(model, batch: dict) -> dict:
     return {"loss": loss.item(), "tokens": int(real.sum().item()), "weights": grads}
 
 
+def exact_logits(folder: Path, ids: list) -> dict:
+    """Every position's logits of `ids` in float64 throughout: transformers computes Gated DeltaNet in
+    float32 whatever the model's dtype, 1e-4 away from float64 on these prompts, so the float32 fixture
+    leaves a float32 error unseen; this is the reference of a float64 forward (the rotary tables stay
+    float32 on both sides, as transformers and holo build them)."""
+    from export_check import float64_qwen3_5
+
+    model = float64_qwen3_5().Qwen3_5ForCausalLM.from_pretrained(
+        folder, config=AutoConfig.from_pretrained(folder), dtype=torch.float64).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return {"dtype": "float64", "ids": ids, "logits": logits.tolist()}
+
+
 def versions() -> dict:
     return {
         "python": platform.python_version(),
@@ -605,6 +623,8 @@ def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) ->
         },
         **expected(reloaded, rtok),
     }
+    if name == "qwen3_5":
+        data["exact"] = exact_logits(folder, data["prompts"][-1]["ids"])
     with open(folder / "expected.json", "w") as f:
         json.dump(data, f, separators=(",", ":"))
         f.write("\n")
