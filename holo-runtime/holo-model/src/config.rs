@@ -920,7 +920,7 @@ fn linear_attention(keys: &Keys) -> Result<LinearAttention, ConfigError> {
         value_head_dim: size("linear_value_head_dim", 128)?,
         conv_kernel: size("linear_conv_kernel_dim", 4)?,
     };
-    if sizes.value_heads % sizes.key_heads != 0 {
+    if !sizes.value_heads.is_multiple_of(sizes.key_heads) {
         return Err(ConfigError(format!(
             "`linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({})",
             sizes.value_heads, sizes.key_heads

@@ -261,9 +261,6 @@ fn check_merged_weights(base_dir: &Path, checkpoint: &Path, out: &Path, layers: 
     };
     // In order of first appearance, layer by layer (Qwen3.5's first layer has no attention projections).
     let mut modules: Vec<&str> = Vec::new();
-    let layers = (0..)
-        .take_while(|i| base.contains_key(&format!("model.layers.{i}.mlp.down_proj.weight")))
-        .count();
     for i in 0..layers {
         for layer in [
             "self_attn.q_proj",

@@ -59,7 +59,7 @@ fn token<T: Real>(
     kv.fill(T::ZERO);
     for (row, &ki) in state.chunks_exact_mut(value_dim).zip(k) {
         for (s, kv) in row.iter_mut().zip(kv.iter_mut()) {
-            *s = *s * decay;
+            *s *= decay;
             *kv += *s * ki;
         }
     }
@@ -252,10 +252,31 @@ struct Inputs<'a, T> {
     gb: &'a [T],
 }
 
+/// One series' inputs, copied out of the packed layouts.
+struct Owned<T> {
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    g: Vec<T>,
+    beta: Vec<T>,
+}
+
+impl<T: Real> Owned<T> {
+    fn series(&self) -> Series<'_, T> {
+        Series {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+        }
+    }
+}
+
 impl<T: Real> Inputs<'_, T> {
     /// Series `index`'s inputs, copied out of the packed layouts (queries and keys side by side per
     /// token, log decay and strength side by side).
-    fn series(&self, index: usize, sizes: Sizes) -> (Vec<T>, Vec<T>, Vec<T>, Vec<T>, Vec<T>) {
+    fn series(&self, index: usize, sizes: Sizes) -> Owned<T> {
         let (len, dk, dv) = (sizes.len, sizes.key_dim, sizes.value_dim);
         let qk = &self.qk[index * len * 2 * dk..][..len * 2 * dk];
         let gb = &self.gb[index * len * 2..][..len * 2];
@@ -264,10 +285,13 @@ impl<T: Real> Inputs<'_, T> {
             q.extend_from_slice(&token[..dk]);
             k.extend_from_slice(&token[dk..]);
         }
-        let v = self.v[index * len * dv..][..len * dv].to_vec();
-        let g = gb.iter().step_by(2).copied().collect();
-        let beta = gb.iter().skip(1).step_by(2).copied().collect();
-        (q, k, v, g, beta)
+        Owned {
+            q,
+            k,
+            v: self.v[index * len * dv..][..len * dv].to_vec(),
+            g: gb.iter().step_by(2).copied().collect(),
+            beta: gb.iter().skip(1).step_by(2).copied().collect(),
+        }
     }
 }
 
@@ -291,16 +315,9 @@ fn rule_forward<T: Real>(inputs: &Inputs<T>, sizes: Sizes) -> Vec<T> {
     let mut out = vec![T::ZERO; sizes.series * per_series];
     let cost = sizes.len * sizes.key_dim * sizes.value_dim * 3;
     for_each_chunk(&mut out, per_series, cost, |index, out| {
-        let (q, k, v, g, beta) = inputs.series(index, sizes);
-        let series = Series {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-        };
+        let owned = inputs.series(index, sizes);
         let mut state = vec![T::ZERO; sizes.key_dim * sizes.value_dim];
-        series_forward(&series, sizes, None, &mut state, out);
+        series_forward(&owned.series(), sizes, None, &mut state, out);
     });
     out
 }
@@ -312,16 +329,9 @@ fn rule_backward<T: Real>(inputs: &Inputs<T>, sizes: Sizes, upstream: &[T]) -> V
     let cost = sizes.len * sizes.key_dim * sizes.value_dim * 12;
     let per_upstream = sizes.len * sizes.value_dim;
     for_each_chunk(&mut grads, per_series, cost, |index, grads| {
-        let (q, k, v, g, beta) = inputs.series(index, sizes);
-        let series = Series {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-        };
+        let owned = inputs.series(index, sizes);
         let upstream = &upstream[index * per_upstream..][..per_upstream];
-        series_backward(&series, sizes, upstream, grads);
+        series_backward(&owned.series(), sizes, upstream, grads);
     });
     grads
 }

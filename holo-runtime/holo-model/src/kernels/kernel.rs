@@ -61,6 +61,7 @@ pub(crate) trait Real:
     + std::ops::AddAssign
     + std::ops::Sub<Output = Self>
     + std::ops::Mul<Output = Self>
+    + std::ops::MulAssign
     + std::ops::Div<Output = Self>
     + std::ops::DivAssign
     + std::ops::Neg<Output = Self>
