@@ -805,6 +805,59 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
 }
 
+/// Qwen3.5's linear-attention projections take adapters under PEFT's names (`in_proj_qkv`, …,
+/// `out_proj`), beside the attention layers' `q_proj`; every adapter gets a gradient through the delta
+/// rule's written-out backward, and sampling sees them.
+#[test]
+fn lora_adapts_the_linear_attention_projections() {
+    use holo_runtime::local::model::LoraConfig;
+
+    let config = config(Arch::Qwen3_5);
+    let base = random_model_seeded(&config, 7, DType::F32);
+    let targets = [
+        "in_proj_qkv",
+        "in_proj_z",
+        "in_proj_b",
+        "in_proj_a",
+        "out_proj",
+        "q_proj",
+    ];
+    let lora = LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets: targets.map(String::from).to_vec(),
+        seed: 1,
+        dropout: 0.0,
+    };
+    let (adapted, vars) = base.with_lora(&lora).unwrap();
+    // Layer 0 is linear attention (five projections), layer 1 attention (q_proj).
+    assert_eq!(vars.len(), 2 * 6);
+    assert!(vars[0]
+        .0
+        .starts_with("base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A"));
+    for (name, var) in &vars {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    let before = base.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+    let loss = adapted
+        .token_logprobs(&input, &mask, Ops::Differentiable)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    assert_every_var_has_a_gradient(&vars, &grads, "qwen3_5 lora");
+    let moved = adapted
+        .detached()
+        .token_logprobs(&input, &mask, Ops::Fast)
+        .unwrap();
+    assert!(max_abs_diff(&before, &moved) > 1e-4);
+}
+
 /// Over a half-precision base (bf16 on CUDA; f16 here, the half type the CPU trains in) the adapters are
 /// f32, as PEFT casts them, and the low-rank path runs in f32 beside the base's half-precision product.
 #[test]
