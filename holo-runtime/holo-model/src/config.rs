@@ -920,6 +920,12 @@ fn linear_attention(keys: &Keys) -> Result<LinearAttention, ConfigError> {
         value_head_dim: size("linear_value_head_dim", 128)?,
         conv_kernel: size("linear_conv_kernel_dim", 4)?,
     };
+    if sizes.conv_kernel < 2 {
+        return Err(ConfigError(format!(
+            "`linear_conv_kernel_dim` must be at least 2, found {}",
+            sizes.conv_kernel
+        )));
+    }
     if !sizes.value_heads.is_multiple_of(sizes.key_heads) {
         return Err(ConfigError(format!(
             "`linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({})",

@@ -18,7 +18,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Shape, Tensor};
 
-use super::kernel::{contiguous, for_each_chunk, Real, Result};
+use super::kernel::{contiguous, for_each_chunk, for_each_chunk_pair, Real, Result};
 
 /// How many tokens' states the backward recomputes and keeps at once (it keeps one state every this many
 /// tokens from its forward).
@@ -439,6 +439,33 @@ pub(crate) fn rule(
     }
 }
 
+/// The values of a contiguous tensor, read where they are.
+fn slice<'a, T: candle_core::WithDType>(
+    guard: &'a candle_core::StorageRef<'_>,
+    layout: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    match &**guard {
+        candle_core::Storage::Cpu(storage) => contiguous(storage, layout, what),
+        _ => candle_core::bail!("{what} on the CPU only"),
+    }
+}
+
+/// One buffer `[outputs | states]` as two contiguous views shaped `out_shape` and `state_shape`: the
+/// next step reads the states where they are, without a copy.
+fn split(
+    both: Tensor,
+    outputs: usize,
+    out_shape: &[usize],
+    state_shape: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let states = both.elem_count() - outputs;
+    Ok((
+        both.narrow(0, 0, outputs)?.reshape(out_shape)?,
+        both.narrow(0, outputs, states)?.reshape(state_shape)?,
+    ))
+}
+
 /// The delta rule over the real tokens of each series from its state (sampling): as [`rule`], with
 /// `states` `[S, key_dim, value_dim]` and `real` (`S · T` flags, 0 for padding, whose output is 0 and
 /// which leaves the state as it was). Returns the output and the states after the last real token.
@@ -466,16 +493,32 @@ pub(crate) fn rule_from(
             real.len()
         );
     }
+    if len == 0 {
+        return Ok((v.clone(), states.clone()));
+    }
     let (outputs, size) = (len * value_dim, key_dim * value_dim);
+    let tensors = [q, k, v, g, beta, states].map(Tensor::contiguous);
+    let [q, k, v, g, beta, states] = tensors;
+    let (q, k, v, g, beta, states) = (q?, k?, v?, g?, beta?, states?);
     macro_rules! run {
         ($t:ty) => {{
-            let all = |x: &Tensor| x.flatten_all()?.to_vec1::<$t>();
-            let (q, k, v, g, beta, states) =
-                (all(q)?, all(k)?, all(v)?, all(g)?, all(beta)?, all(states)?);
+            let (q_guard, q_layout) = q.storage_and_layout();
+            let (k_guard, k_layout) = k.storage_and_layout();
+            let (v_guard, v_layout) = v.storage_and_layout();
+            let (g_guard, g_layout) = g.storage_and_layout();
+            let (beta_guard, beta_layout) = beta.storage_and_layout();
+            let (states_guard, states_layout) = states.storage_and_layout();
+            let what = "the delta rule";
+            let q: &[$t] = slice(&q_guard, q_layout, what)?;
+            let k: &[$t] = slice(&k_guard, k_layout, what)?;
+            let v: &[$t] = slice(&v_guard, v_layout, what)?;
+            let g: &[$t] = slice(&g_guard, g_layout, what)?;
+            let beta: &[$t] = slice(&beta_guard, beta_layout, what)?;
+            let states: &[$t] = slice(&states_guard, states_layout, what)?;
             let mut both = vec![<$t>::ZERO; series * (outputs + size)];
+            let (out, state) = both.split_at_mut(series * outputs);
             let cost = len * size * 3;
-            for_each_chunk(&mut both, outputs + size, cost, |index, both| {
-                let (out, state) = both.split_at_mut(outputs);
+            for_each_chunk_pair((state, size), (out, outputs), cost, |index, state, out| {
                 state.copy_from_slice(&states[index * size..][..size]);
                 let series = Series {
                     q: &q[index * len * key_dim..][..len * key_dim],
@@ -492,7 +535,7 @@ pub(crate) fn rule_from(
                     out,
                 );
             });
-            Tensor::from_vec(both, (series, outputs + size), &Device::Cpu)?
+            Tensor::from_vec(both, series * (outputs + size), &Device::Cpu)?
         }};
     }
     let both = match q.dtype() {
@@ -500,12 +543,12 @@ pub(crate) fn rule_from(
         DType::F64 => run!(f64),
         other => candle_core::bail!("the delta rule in {other:?}"),
     };
-    Ok((
-        both.narrow(1, 0, outputs)?
-            .reshape((series, len, value_dim))?,
-        both.narrow(1, outputs, size)?
-            .reshape((series, key_dim, value_dim))?,
-    ))
+    split(
+        both,
+        series * outputs,
+        &[series, len, value_dim],
+        &[series, key_dim, value_dim],
+    )
 }
 
 /// The causal depthwise convolution of each row's real tokens, continuing from its last inputs, then
@@ -524,37 +567,55 @@ pub(crate) fn conv_from(
     if real.len() != batch * len {
         candle_core::bail!("{} real-token flags for {batch} × {len} tokens", real.len());
     }
+    if len == 0 || kept == 0 {
+        candle_core::bail!("a convolution of width {kernel} over {len} tokens");
+    }
     let (outputs, size) = (len * channels, channels * kept);
+    let (mixed, weight, states) = (
+        mixed.contiguous()?,
+        weight.contiguous()?,
+        states.contiguous()?,
+    );
     macro_rules! run {
         ($t:ty) => {{
-            let all = |x: &Tensor| x.flatten_all()?.to_vec1::<$t>();
-            let (mixed, weight, states) = (all(mixed)?, all(weight)?, all(states)?);
+            let (mixed_guard, mixed_layout) = mixed.storage_and_layout();
+            let (weight_guard, weight_layout) = weight.storage_and_layout();
+            let (states_guard, states_layout) = states.storage_and_layout();
+            let what = "the convolution";
+            let mixed: &[$t] = slice(&mixed_guard, mixed_layout, what)?;
+            let weight: &[$t] = slice(&weight_guard, weight_layout, what)?;
+            let states: &[$t] = slice(&states_guard, states_layout, what)?;
             let mut both = vec![<$t>::ZERO; batch * (outputs + size)];
-            for_each_chunk(&mut both, outputs + size, outputs * kernel, |row, both| {
-                let (out, state) = both.split_at_mut(outputs);
-                state.copy_from_slice(&states[row * size..][..size]);
-                for t in 0..len {
-                    if real[row * len + t] == 0 {
-                        continue;
-                    }
-                    let input = &mixed[(row * len + t) * channels..][..channels];
-                    let out = &mut out[t * channels..][..channels];
-                    for (c, (&x, out)) in input.iter().zip(out.iter_mut()).enumerate() {
-                        let taps = &weight[c * kernel..][..kernel];
-                        let history = &mut state[c * kept..][..kept];
-                        let mut sum = taps[kept] * x;
-                        for (&tap, &earlier) in taps.iter().zip(history.iter()) {
-                            sum += tap * earlier;
+            let (out, state) = both.split_at_mut(batch * outputs);
+            for_each_chunk_pair(
+                (state, size),
+                (out, outputs),
+                outputs * kernel,
+                |row, state, out| {
+                    state.copy_from_slice(&states[row * size..][..size]);
+                    for t in 0..len {
+                        if real[row * len + t] == 0 {
+                            continue;
                         }
-                        *out = sum / (<$t>::ONE + (-sum).exp());
-                        if kept > 0 {
-                            history.copy_within(1.., 0);
-                            history[kept - 1] = x;
+                        let input = &mixed[(row * len + t) * channels..][..channels];
+                        let out = &mut out[t * channels..][..channels];
+                        for (c, (&x, out)) in input.iter().zip(out.iter_mut()).enumerate() {
+                            let taps = &weight[c * kernel..][..kernel];
+                            let history = &mut state[c * kept..][..kept];
+                            let mut sum = taps[kept] * x;
+                            for (&tap, &earlier) in taps.iter().zip(history.iter()) {
+                                sum += tap * earlier;
+                            }
+                            *out = sum / (<$t>::ONE + (-sum).exp());
+                            if kept > 0 {
+                                history.copy_within(1.., 0);
+                                history[kept - 1] = x;
+                            }
                         }
                     }
-                }
-            });
-            Tensor::from_vec(both, (batch, outputs + size), &Device::Cpu)?
+                },
+            );
+            Tensor::from_vec(both, batch * (outputs + size), &Device::Cpu)?
         }};
     }
     let both = match mixed.dtype() {
@@ -562,10 +623,10 @@ pub(crate) fn conv_from(
         DType::F64 => run!(f64),
         other => candle_core::bail!("the convolution in {other:?}"),
     };
-    Ok((
-        both.narrow(1, 0, outputs)?
-            .reshape((batch, len, channels))?,
-        both.narrow(1, outputs, size)?
-            .reshape((batch, channels, kept))?,
-    ))
+    split(
+        both,
+        batch * outputs,
+        &[batch, len, channels],
+        &[batch, channels, kept],
+    )
 }

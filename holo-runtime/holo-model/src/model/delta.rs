@@ -116,6 +116,10 @@ impl GatedDeltaNet {
         if real.len() != batch * len {
             candle_core::bail!("{} real-token flags for {batch} × {len} tokens", real.len());
         }
+        if len == 0 {
+            let (heads, dv) = (self.sizes.value_heads, self.sizes.value_head_dim);
+            return Tensor::zeros((batch, 0, heads, dv), mixed.dtype(), mixed.device());
+        }
         let kernels = crate::kernels::kernel::takes(&mixed, &[&self.conv1d, &b, &a]);
         match (ops, cache) {
             (Ops::Differentiable, None) if kernels => {
