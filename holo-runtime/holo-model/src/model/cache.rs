@@ -176,6 +176,26 @@ impl KvCache {
             .map_or(0, |(keys, _)| keys.dim(2).unwrap_or(0))
     }
 
+    /// Bytes the cache holds: keys and values with their spare columns, and linear-attention states.
+    pub fn bytes(&self) -> usize {
+        let size = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.layers
+            .iter()
+            .map(|layer| {
+                let keys_values = layer
+                    .room
+                    .as_ref()
+                    .or(layer.keys_values.as_ref())
+                    .map_or(0, |(k, v)| size(k) + size(v));
+                let state = layer
+                    .state
+                    .as_ref()
+                    .map_or(0, |(conv, rule)| size(conv) + size(rule));
+                keys_values + state
+            })
+            .sum()
+    }
+
     /// Cached positions (columns), counted by the attention layers' keys.
     pub fn len(&self) -> usize {
         self.layers

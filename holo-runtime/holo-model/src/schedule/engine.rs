@@ -148,20 +148,17 @@ impl<'a> Engine<'a> {
     }
 
     /// Bytes of keys and values the batch holds (padding and the cache's spare columns included).
-    /// Bytes the batch's caches hold: keys and values per column, and each sequence's linear-attention
-    /// states.
+    /// Bytes the batch's caches hold: keys and values (with the columns reserved for the next steps),
+    /// and each sequence's linear-attention states.
     pub(crate) fn kv_bytes(&self) -> usize {
-        let (prefilling_rows, prefilling_columns) =
-            self.prefill.as_ref().map_or((0, 0), |prefill| {
-                let rows = prefill.masks.len();
-                (rows, rows * (prefill.cached_width + prefill.done))
-            });
-        (self.running.len() * self.cache.capacity() + prefilling_columns)
-            * self.kv_bytes_per_token()
-            + (self.running.len() + prefilling_rows) * self.state_bytes_per_row()
+        self.cache.bytes()
+            + self
+                .prefill
+                .as_ref()
+                .map_or(0, |prefill| prefill.cache.bytes())
     }
 
-    /// Keys and values of one column, over the attention layers.
+    /// Keys and values of one column, over the attention layers (what admission projects per column).
     fn kv_bytes_per_token(&self) -> usize {
         let config = &self.model.config;
         let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
@@ -173,7 +170,7 @@ impl<'a> Engine<'a> {
     }
 
     /// The states one sequence keeps in the linear-attention layers, whatever its length: the
-    /// convolution's last inputs and the delta rule's state.
+    /// convolution's last inputs and the delta rule's state (what admission projects per sequence).
     fn state_bytes_per_row(&self) -> usize {
         let config = &self.model.config;
         let Some(sizes) = config.linear_attention else {
@@ -426,4 +423,68 @@ fn fingerprint(prompt: &[u32]) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     prompt.hash(&mut hasher);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use super::*;
+    use crate::config::Arch;
+    use crate::init::{preset_config, Preset};
+    use crate::sample::Stopping;
+    use crate::schedule::Listener;
+    use crate::testing::random_model;
+
+    struct Quiet;
+
+    impl Listener for Quiet {
+        fn token(&mut self, _: usize, _: u32, _: f32, _: &[(u32, f32)]) -> bool {
+            true
+        }
+        fn wanted(&self, _: usize) -> bool {
+            true
+        }
+    }
+
+    /// What admission projects for a running batch of a hybrid model, per column of the attention
+    /// layers' keys and per sequence of linear-attention states, is what its cache holds.
+    #[test]
+    fn admission_counts_what_the_cache_holds() {
+        for arch in [Arch::Qwen3_5, Arch::Qwen3] {
+            let config = preset_config(arch, Preset::Tiny, 300, 1, 2);
+            let model = random_model(&config, DType::F32);
+            let tokenizer = crate::init::build_tokenizer().unwrap();
+            let stopping = Stopping {
+                eos: &[],
+                tokenizer: &tokenizer,
+            };
+            let mut engine = Engine::new(&model, stopping, None, Limits::default());
+            let params = GenerationParams {
+                max_tokens: 8,
+                ..Default::default()
+            };
+            let prompts = [vec![5u32, 9, 14], vec![7, 100, 200, 3, 4]];
+            engine.submit(
+                prompts
+                    .iter()
+                    .map(|p| (p.clone(), params.clone()))
+                    .collect(),
+                Box::new(Quiet),
+            );
+            while engine.running.len() < prompts.len() {
+                assert!(engine.step().is_empty(), "{arch}: ended before running");
+            }
+            engine.step();
+            let (rows, columns) = (engine.running.len(), engine.cache.capacity());
+            let projected =
+                rows * (columns * engine.kv_bytes_per_token() + engine.state_bytes_per_row());
+            assert_eq!(projected, engine.kv_bytes(), "{arch}");
+            assert_eq!(
+                engine.state_bytes_per_row() > 0,
+                arch == Arch::Qwen3_5,
+                "{arch}: states per sequence"
+            );
+        }
+    }
 }
