@@ -76,7 +76,7 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         page.single(
             "holo_kv_cache_bytes",
             "gauge",
-            "Bytes of keys and values the running batch holds.",
+            "Bytes the running batch's caches hold: keys and values, and linear-attention states.",
             stats.kv_bytes() as f64,
         );
         page.single(
