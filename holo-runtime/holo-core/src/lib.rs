@@ -39,7 +39,9 @@ pub use machine::{
 };
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
-pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+pub use sampler::{
+    ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
+};
 pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;

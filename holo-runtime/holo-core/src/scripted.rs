@@ -125,6 +125,12 @@ impl Scripted {
                 "the scripted sampler has no replies".into(),
             ));
         }
+        if let Some(constraint) = &request.params.constraint {
+            return Err(SamplerError::Rejected(format!(
+                "the scripted sampler replies what it was given and cannot hold a reply to {}",
+                constraint.kind()
+            )));
+        }
         let turn = match &request.prompt {
             Prompt::Chat(messages) => {
                 let done = match messages.split_last() {

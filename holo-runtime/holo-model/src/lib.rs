@@ -10,6 +10,7 @@
 
 mod backward;
 pub mod config;
+mod constrain;
 pub mod dispatch;
 mod draw;
 mod error;
@@ -40,6 +41,7 @@ pub use config::{
     Activation, Arch, ConfigError, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling,
     Variant,
 };
+pub use constrain::{Grammar, Grammars};
 pub use files::LoadError;
 pub use layout::Layout;
 pub use model::{Model, Ops};
@@ -204,6 +206,7 @@ struct Core {
 struct Inner {
     core: Arc<Core>,
     template: ChatTemplate,
+    grammars: Grammars,
     options: LocalOptions,
     unseeded: AtomicU64,
     /// Started by the first sample.
@@ -243,8 +246,14 @@ impl LocalModel {
         end_of_turn: Vec<u32>,
         options: LocalOptions,
     ) -> Self {
+        let grammars = Grammars::new(
+            tokenizer.clone(),
+            model.config.vocab_size,
+            end_of_turn.clone(),
+        );
         LocalModel {
             inner: Arc::new(Inner {
+                grammars,
                 core: Arc::new(Core {
                     model,
                     tokenizer,
@@ -284,6 +293,12 @@ impl LocalModel {
     /// Token ids that end the model's turn.
     pub fn end_of_turn(&self) -> &[u32] {
         &self.inner.core.end_of_turn
+    }
+
+    /// What compiles this model's [`Constraint`](holo_core::Constraint)s (shared with the sampler, so a
+    /// server can check a request's constraint before sampling it).
+    pub fn grammars(&self) -> &Grammars {
+        &self.inner.grammars
     }
 
     /// The token ids a prompt stands for: text is tokenized as a completion prompt (special tokens the
@@ -362,6 +377,12 @@ impl LocalModel {
                 .seed
                 .wrapping_add(self.inner.unseeded.fetch_add(1, Ordering::Relaxed))
         });
+        let constraint = match &params.constraint {
+            None => None,
+            Some(constraint) => Some(self.inner.grammars.compile(constraint).map_err(|error| {
+                SamplerError::Rejected(format!("cannot compile {}: {error}", constraint.kind()))
+            })?),
+        };
         Ok(GenerationParams {
             max_tokens: requested.min(context - prompt_len),
             temperature,
@@ -370,6 +391,7 @@ impl LocalModel {
             stop: params.stop.clone(),
             seed,
             top_logprobs: params.top_logprobs as usize,
+            constraint,
         })
     }
 

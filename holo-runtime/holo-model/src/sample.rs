@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
+use super::constrain::{Constrained, Grammar};
 use super::model::{Result, SequenceCache};
 use holo_core::machine::Finish;
 use holo_core::stop::{first_stop, StopMatcher, StreamedText};
@@ -34,6 +35,9 @@ pub struct GenerationParams {
     pub seed: u64,
     /// How many of the most likely tokens to record at each position (see [`Generation::top_logprobs`]).
     pub top_logprobs: usize,
+    /// The language the row's text must belong to ([`crate::Grammars::compile`]): its logits are masked
+    /// at every step, and every log-probability recorded is the masked distribution's.
+    pub constraint: Option<Grammar>,
 }
 
 impl Default for GenerationParams {
@@ -46,6 +50,7 @@ impl Default for GenerationParams {
             stop: Vec::new(),
             seed: 0,
             top_logprobs: 0,
+            constraint: None,
         }
     }
 }
@@ -88,6 +93,8 @@ pub(super) struct Row {
     pub(super) generation: Generation,
     /// The row's text, decoded a token at a time, for stop strings.
     stops: StopSearch,
+    /// The row's parser, when it samples under a constraint.
+    constrained: Option<Constrained>,
     pub(super) done: bool,
 }
 
@@ -97,7 +104,7 @@ impl Row {
             index,
             rng: ChaCha8Rng::seed_from_u64(params.seed),
             done: params.max_tokens == 0,
-            params,
+            constrained: params.constraint.as_ref().map(Grammar::start),
             fed: prompt,
             key_mask: Vec::new(),
             generation: Generation {
@@ -109,13 +116,17 @@ impl Row {
                 finish: Finish::Length,
             },
             stops: StopSearch::default(),
+            params,
         }
     }
 
     /// Whether [`super::draw`] can sample this row on the model's device: the whole vocabulary at some
-    /// temperature (or greedily), without the most likely alternatives, which need the row's logits.
+    /// temperature (or greedily), without the most likely alternatives or a constraint, which need the
+    /// row's logits.
     pub(super) fn draws_on_device(&self, vocab: usize) -> bool {
-        !restricted(&self.params, vocab) && self.params.top_logprobs == 0
+        !restricted(&self.params, vocab)
+            && self.params.top_logprobs == 0
+            && self.constrained.is_none()
     }
 
     /// The next uniform draw of the row's generator in `[0, 1)`, as [`choose`] takes it for a
@@ -233,10 +244,19 @@ impl PrefixCache {
     }
 }
 
-/// Samples one token for `row` from its last-position logits and decides whether the row is done;
-/// returns the token and its logprob under the policy.
+/// Samples one token for `row` from its last-position logits (masked by its constraint, when it has
+/// one) and decides whether the row is done; returns the token and its logprob under the policy (the
+/// masked policy for a constrained row).
 pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
-    let (drawn, top) = host_draw(logits, &row.params, &mut row.rng);
+    let (drawn, top) = match row.constrained.as_mut() {
+        None => host_draw(logits, &row.params, &mut row.rng),
+        Some(constrained) => {
+            let masked = constrained.mask(logits)?;
+            let (drawn, top) = host_draw(&masked, &row.params, &mut row.rng);
+            constrained.advance(drawn.token, stopping.eos)?;
+            (drawn, top)
+        }
+    };
     record(row, drawn, top, stopping)
 }
 
@@ -312,7 +332,8 @@ pub(super) fn record(
     Ok((token, logprob))
 }
 
-/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals).
+/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals),
+/// leaving out tokens a constraint masked (`-inf`), which the row could not draw.
 fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
     let by_logit = |a: &u32, b: &u32| {
         logits[*b as usize]
@@ -328,6 +349,7 @@ fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
     ids.truncate(k);
     ids.sort_unstable_by(by_logit);
     ids.into_iter()
+        .filter(|&id| logits[id as usize] != f32::NEG_INFINITY)
         .map(|id| (id, logits[id as usize] - normaliser))
         .collect()
 }

@@ -21,6 +21,7 @@ pub(super) async fn chat(
     let fields = Fields(&map);
     state.check_model(&fields)?;
     let mut common = common(&fields, true)?;
+    state.check_constraint(&common)?;
     let logprobs = fields.bool("logprobs", false)?;
     let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
     if top_logprobs.is_some() && !logprobs {

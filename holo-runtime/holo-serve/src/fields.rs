@@ -117,6 +117,8 @@ pub(super) struct Common {
     pub(super) token_ids_as_tokens: bool,
     pub(super) return_token_ids: bool,
     pub(super) add_special_tokens: bool,
+    /// The request key that asked for `params.constraint`, for errors.
+    pub(super) constraint_key: Option<&'static str>,
 }
 
 pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
@@ -227,7 +229,10 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             }
         },
     };
+    let constraint = structured::constraint(fields)?;
+    let constraint_key = constraint.as_ref().map(|(key, _)| *key);
     Ok(Common {
+        constraint_key,
         stream,
         n,
         seed,
@@ -239,6 +244,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             stop,
             seed: None,
             top_logprobs: 0,
+            constraint: constraint.map(|(_, constraint)| constraint),
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,
@@ -310,11 +316,10 @@ pub(super) fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
             "min_tokens" => value.as_u64() == Some(0),
             "stop_token_ids" | "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" => value.as_str() == Some("none"),
-            "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
-            "prompt_logprobs" | "guided_json" | "guided_regex" | "guided_choice"
-            | "guided_grammar" | "structured_outputs" | "logits_processors" | "prompt_embeds" => {
-                false
-            }
+            "prompt_logprobs"
+            | "guided_whitespace_pattern"
+            | "logits_processors"
+            | "prompt_embeds" => false,
             _ => true,
         };
         if !neutral {

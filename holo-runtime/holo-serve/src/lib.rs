@@ -255,6 +255,7 @@ mod log;
 mod metrics;
 mod sampling;
 mod stream;
+mod structured;
 
 use chat::*;
 use choices::*;
@@ -278,6 +279,9 @@ pub struct ServedModel {
     pub max_model_len: Option<u32>,
     /// The local model's scheduler, whose queue, batch and cache `/metrics` reports.
     pub scheduler: Option<Arc<holo_model::SchedulerStats>>,
+    /// What compiles the sampler's constraints, when the server can check them before sampling (the
+    /// local model's); a constraint the sampler cannot enforce is refused by the sampler either way.
+    pub grammars: Option<holo_model::Grammars>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -317,6 +321,7 @@ impl ServedModel {
             template,
             max_model_len: None,
             scheduler: None,
+            grammars: None,
         }
     }
 
@@ -329,6 +334,7 @@ impl ServedModel {
             template: model.template().clone(),
             max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
             scheduler: Some(model.scheduler_stats()),
+            grammars: Some(model.grammars().clone()),
             sampler: Arc::new(model),
         }
     }
@@ -439,6 +445,7 @@ impl Server {
             template,
             max_model_len,
             scheduler,
+            grammars,
         } = model;
         // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
         tokenizer.with_padding(None);
@@ -472,6 +479,7 @@ impl Server {
             connections: Arc::new(Connections::new(config.max_connections)),
             counters: Counters::default(),
             scheduler,
+            grammars,
             config: config.clone(),
         });
         Ok(Server {
@@ -591,6 +599,7 @@ struct AppState {
     connections: Arc<Connections>,
     counters: Counters,
     scheduler: Option<Arc<holo_model::SchedulerStats>>,
+    grammars: Option<holo_model::Grammars>,
     config: ServeConfig,
 }
 
@@ -678,6 +687,27 @@ impl AppState {
             .map_err(|error| {
                 ApiError::invalid(param, format!("cannot tokenize `{param}`: {error}"))
             })
+    }
+
+    /// Compiles the request's constraint where the server knows the sampler's grammars, so that one
+    /// the sampler cannot enforce is a 400 naming its key before anything is sampled.
+    fn check_constraint(&self, common: &Common) -> Result<(), ApiError> {
+        let (Some(grammars), Some(constraint), Some(key)) = (
+            &self.grammars,
+            &common.params.constraint,
+            common.constraint_key,
+        ) else {
+            return Ok(());
+        };
+        grammars.compile(constraint).map(drop).map_err(|error| {
+            ApiError::invalid(
+                key,
+                format!(
+                    "`{key}` asks for {} that cannot be enforced: {error}",
+                    constraint.kind()
+                ),
+            )
+        })
     }
 
     /// Sends the request's samples to the sampler; sample `i` is choice `i` of the events.

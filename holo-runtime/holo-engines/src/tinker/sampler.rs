@@ -74,6 +74,12 @@ impl TinkerSampler {
             ));
         };
         let params = &request.params;
+        if let Some(constraint) = &params.constraint {
+            return Err(SamplerError::Rejected(format!(
+                "the Tinker service has no constrained decoding: it cannot hold a reply to {}",
+                constraint.kind()
+            )));
+        }
         let sampling = SamplingParams {
             max_tokens: params.max_tokens.unwrap_or(self.default_max_tokens),
             // SkyRL draws with JAX, whose seeds are 32-bit: the low 31 bits keep a seed valid everywhere.
