@@ -102,6 +102,8 @@
 //!   as in vLLM.
 //! - `stream`: `true` streams the answer (see *Streaming*); `stream_options` (only with `stream`):
 //!   `include_usage`, and vLLM's `continuous_usage_stats`.
+//! - Structured output (see *Structured output*): `response_format`, and vLLM's `guided_json`,
+//!   `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`.
 //!
 //! `POST /v1/completions`:
 //! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
@@ -173,14 +175,42 @@
 //! response. A client that disconnects tells the sampler, which stops sampling for it (the local model
 //! drops the row at its next step).
 //!
+//! ## Structured output
+//!
+//! A request may hold its reply to a language, by constrained decoding with llguidance (the engine of
+//! llama.cpp's, vLLM's and SGLang's structured output): at every step the local model masks the tokens
+//! that cannot continue a reply in the language, and allows its end-of-turn tokens only where the reply so
+//! far is complete. A reply that ends its turn (`finish_reason: "stop"`) is therefore always in the
+//! language, whatever the weights; one cut by `max_tokens` (`"length"`) or a stop string may not be.
+//! - `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object),
+//!   or `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}` (JSON that
+//!   validates against `schema`; the schema is enforced whatever `strict` says). Other types and other
+//!   keys are a 400.
+//! - vLLM's `guided_json` (a schema, as an object or as its JSON text), `guided_regex` (the whole reply
+//!   matches), `guided_choice` (a non-empty list of strings: the reply is one of them), `guided_grammar`
+//!   (a Lark grammar as llguidance reads it: rules from `start`, `%json {schema}` inside, `<[id]>` for a
+//!   token by id), and `structured_outputs` with one of `json`, `regex`, `choice`, `grammar`,
+//!   `json_object`.
+//!
+//! At most one of these per request (two are a 400 naming the second). JSON replies take Python's
+//! `json.dumps` layout (`", "` and `": "`, no other whitespace) unless the schema sets llguidance's
+//! `x-guidance` options; `$ref`s must point inside the schema (`#/...`). With the local model
+//! ([`ServedModel::grammars`]) the constraint is compiled before sampling, so a schema, regex or grammar
+//! that llguidance refuses is a 400 naming the field and the reason; another sampler refuses
+//! constraints it cannot enforce ([`Constraint`](holo_core::Constraint)). Constrained rows are drawn on
+//! the host (their logits are read back on a GPU), the parser advanced a token at a time.
+//!
+//! The log-probabilities reported for a constrained reply (`logprobs`, `top_logprobs`) are those of the
+//! masked distribution the tokens were drawn from: the model's softmax over the tokens the grammar allows
+//! (a token the grammar forces has log-probability 0), not the unmasked model's.
+//!
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
 //! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
 //! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
-//! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `response_format` (`{"type": "text"}`),
-//! `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
-//! `structured_outputs`, `logits_processors`, `prompt_embeds` (anything but `null`).
+//! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `prompt_logprobs`,
+//! `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds` (anything but `null`).
 //!
 //! # Sampling
 //!

@@ -13,6 +13,7 @@ mod openai_sampler;
 mod python_client;
 mod raw_json;
 mod streaming;
+mod structured;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -81,6 +81,7 @@ async fn completions_text_prompt() {
             stop: vec![],
             seed: Some(11),
             top_logprobs: 0,
+            constraint: None,
         }
     );
     // Defaults: max_tokens 16 (OpenAI's), top_k -1 and 0 turn top-k off, an unseeded request still gets

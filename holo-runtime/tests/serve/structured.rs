@@ -1,0 +1,208 @@
+//! Structured output end to end: the official `openai` Python client against the server on the random
+//! tiny Qwen3 (`tests/fixtures/models/qwen3`) with Qwen3's own chat template. The model's replies are
+//! noise; every constrained one must still parse and validate (pydantic validates the client's
+//! `parse` helper's replies against the model class the schema came from).
+
+use super::*;
+use holo_runtime::local::{LocalModel, LocalOptions};
+
+/// The random Qwen3 served in process under [`MODEL`], with the chat template of the real Qwen3.
+pub(super) async fn start_qwen3() -> (ServerHandle, String) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
+    let model = LocalModel::load(&dir, LocalOptions::default()).unwrap();
+    let mut served = ServedModel::local(MODEL, model);
+    served.template = ChatTemplate::from_dir(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/models/qwen3"),
+    )
+    .unwrap();
+    let server = Server::bind("127.0.0.1:0", served, ServeConfig::default())
+        .await
+        .unwrap()
+        .spawn();
+    let base = server.base_url();
+    (server, base)
+}
+
+/// Runs `script` with the peers' Python as `python -c script BASE MODEL`; its stdout as JSON. `None`
+/// when the venv is missing (a failure under `CI=true`, a SKIPPED line elsewhere).
+pub(super) async fn run_python(script: &'static str, base: &str) -> Option<Value> {
+    let python = crate::common::components::peers(&["openai", "pydantic"])?;
+    let base = base.to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args(["-c", script, &base, MODEL])
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost")
+            .env_remove("OPENAI_BASE_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python client failed:\n{stderr}"
+    );
+    Some(
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+            panic!(
+                "{error}: {}\n{stderr}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        }),
+    )
+}
+
+const STRUCTURED: &str = r#"
+import json, sys
+from typing import Literal
+import openai
+from openai import OpenAI
+from pydantic import BaseModel, Field
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+model = sys.argv[2]
+messages = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+
+class Forecast(BaseModel):
+    city: Literal["Paris", "Tokyo", "Lima"]
+    days: int = Field(ge=1, le=7)
+    rain: bool
+    note: str = Field(max_length=6)
+
+out = {"parsed": [], "schema": []}
+for seed in range(6):
+    reply = client.chat.completions.parse(
+        model=model, messages=messages, response_format=Forecast, temperature=1.0, seed=seed,
+        max_tokens=80, logprobs=True,
+    )
+    choice = reply.choices[0]
+    out["parsed"].append({
+        "content": choice.message.content,
+        "parsed": choice.message.parsed.model_dump(),
+        "finish_reason": choice.finish_reason,
+        "logprobs": [entry.logprob for entry in choice.logprobs.content],
+    })
+schema = Forecast.model_json_schema()
+schema["additionalProperties"] = False
+stream = client.chat.completions.create(
+    model=model, messages=messages, temperature=1.0, seed=11, max_tokens=80, stream=True,
+    response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema, "strict": True}},
+)
+chunks = [chunk.model_dump() for chunk in stream]
+out["streamed"] = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+out["streamed_finish"] = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+Forecast.model_validate_json(out["streamed"])
+
+completion = client.completions.create(
+    model=model, prompt="The answer is", max_tokens=16, n=4, temperature=1.0, seed=5,
+    extra_body={"guided_regex": "(yes|no), [0-9]{1,2}"},
+)
+out["regex"] = [(c.text, c.finish_reason) for c in completion.choices]
+completion = client.completions.create(
+    model=model, prompt="Pick one:", max_tokens=16, n=4, temperature=1.0, seed=6,
+    extra_body={"guided_choice": ["red", "green apple", "blue?"]},
+)
+out["choice"] = [(c.text, c.finish_reason) for c in completion.choices]
+chat = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=32, n=3, temperature=1.0, seed=7,
+    extra_body={"guided_grammar": 'start: "ok(" NUMBER ")"\nNUMBER: /[0-9]{1,3}/\n'},
+)
+out["grammar"] = [(c.message.content, c.finish_reason) for c in chat.choices]
+
+def error(**body):
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, **body)
+        return None
+    except openai.BadRequestError as e:
+        return {"status": e.status_code, "body": e.body}
+
+out["errors"] = {
+    "bad_schema": error(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "$ref": "https://example.com/other.json"}}}),
+    "no_schema": error(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+    "unknown_type": error(response_format={"type": "yaml"}),
+    "bad_regex": error(extra_body={"guided_regex": "("}),
+    "two": error(response_format={"type": "json_object"}, extra_body={"guided_regex": "a"}),
+    "unknown_key": error(extra_body={"structured_outputs": {"json": {"type": "object"}, "whitespace": "x"}}),
+}
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_replies_of_a_random_model_validate() {
+    let (_server, base) = start_qwen3().await;
+    let Some(out) = run_python(STRUCTURED, &base).await else {
+        return;
+    };
+
+    let parsed = out["parsed"].as_array().unwrap();
+    assert_eq!(parsed.len(), 6);
+    let mut contents = Vec::new();
+    for reply in parsed {
+        assert_eq!(reply["finish_reason"], "stop", "{reply}");
+        let content: Value = serde_json::from_str(reply["content"].as_str().unwrap()).unwrap();
+        assert_eq!(content, reply["parsed"], "{reply}");
+        assert!(
+            floats(&reply["logprobs"])
+                .iter()
+                .all(|lp| lp.is_finite() && *lp <= 0.0),
+            "{reply}"
+        );
+        contents.push(reply["content"].clone());
+    }
+    contents.sort_by_key(Value::to_string);
+    contents.dedup();
+    assert!(contents.len() > 1, "six seeds, one reply: {contents:?}");
+    assert_eq!(out["streamed_finish"], "stop");
+
+    for (text, finish) in out["regex"].as_array().unwrap().iter().map(pair) {
+        assert_eq!(finish, "stop", "{text}");
+        let (word, number) = text.split_once(", ").unwrap();
+        assert!(["yes", "no"].contains(&word), "{text}");
+        assert!((1..=2).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit()));
+    }
+    for (text, finish) in out["choice"].as_array().unwrap().iter().map(pair) {
+        assert_eq!(finish, "stop", "{text}");
+        assert!(
+            ["red", "green apple", "blue?"].contains(&text.as_str()),
+            "{text}"
+        );
+    }
+    for (text, finish) in out["grammar"].as_array().unwrap().iter().map(pair) {
+        assert_eq!(finish, "stop", "{text}");
+        let number = text.strip_prefix("ok(").and_then(|t| t.strip_suffix(')'));
+        assert!(
+            number.is_some_and(
+                |n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit())
+            ),
+            "{text}"
+        );
+    }
+
+    let errors = &out["errors"];
+    for (case, param) in [
+        ("bad_schema", "response_format"),
+        ("no_schema", "response_format"),
+        ("unknown_type", "response_format"),
+        ("bad_regex", "guided_regex"),
+        ("two", "guided_regex"),
+        ("unknown_key", "structured_outputs"),
+    ] {
+        assert_eq!(errors[case]["status"], 400, "{case}: {}", errors[case]);
+        assert_eq!(
+            errors[case]["body"]["param"], param,
+            "{case}: {}",
+            errors[case]
+        );
+    }
+    let message = errors["bad_schema"]["body"]["message"].as_str().unwrap();
+    assert!(message.contains("cannot be enforced"), "{message}");
+}
+
+fn pair(value: &Value) -> (String, String) {
+    (
+        value[0].as_str().unwrap().to_string(),
+        value[1].as_str().unwrap().to_string(),
+    )
+}
