@@ -28,6 +28,7 @@ pub mod sampler;
 pub mod scripted;
 pub mod stop;
 pub mod text;
+pub mod tools;
 pub mod transcript;
 pub mod trim;
 

@@ -272,11 +272,21 @@ mod tests {
 
     /// `count` replies under `constraint`, sampled at temperature 1 with seeds 0, 1, …
     fn replies(model: &LocalModel, constraint: Constraint, count: u64) -> Vec<Completion> {
+        replies_of(model, constraint, count, 96)
+    }
+
+    /// [`replies`] of at most `max_tokens` tokens.
+    fn replies_of(
+        model: &LocalModel,
+        constraint: Constraint,
+        count: u64,
+        max_tokens: u32,
+    ) -> Vec<Completion> {
         let requests: Vec<Request> = (0..count)
             .map(|seed| Request {
                 prompt: Prompt::Text("Answer:".into()),
                 params: SampleParams {
-                    max_tokens: Some(96),
+                    max_tokens: Some(max_tokens),
                     temperature: Some(1.0),
                     seed: Some(seed),
                     constraint: Some(constraint.clone()),
@@ -390,6 +400,58 @@ mod tests {
             assert_eq!(completion.tokens, [x, end]);
             assert_eq!(completion.logprobs, [0.0, 0.0]);
             assert_eq!(completion.text, "x");
+        }
+    }
+
+    /// The grammars of `tool_choice: "required"` hold every reply to well-formed calls of the
+    /// functions given, in the family's own format.
+    #[test]
+    fn forced_tool_calls_parse_back_in_every_format() {
+        use holo_core::tools::{Function, ToolFormat};
+
+        let model = random_local_model();
+        let functions = [
+            Function {
+                name: "get_weather".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {"city": {"enum": ["Paris", "Lima"]}},
+                    "required": ["city"],
+                    "additionalProperties": false,
+                }),
+            },
+            Function {
+                name: "ping".into(),
+                parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            },
+        ];
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+            for parallel in [false, true] {
+                let grammar = format.grammar(&functions, parallel, |_| None).unwrap();
+                // The test tokenizer spells `<tool_call>` in 7 tokens: a call is some 45.
+                let mut ended_turns = 0;
+                for completion in replies_of(&model, Constraint::Lark(grammar), 6, 250) {
+                    // Noise may go on calling past any budget when more calls are allowed.
+                    if parallel && completion.finish == Finish::Length {
+                        continue;
+                    }
+                    ended(&completion);
+                    ended_turns += 1;
+                    let reply = format
+                        .parse(&completion.text)
+                        .unwrap_or_else(|| panic!("{format:?}: no calls in {:?}", completion.text));
+                    assert!(parallel || reply.calls.len() == 1, "{reply:?}");
+                    for call in reply.calls {
+                        match call.name.as_str() {
+                            "get_weather" => assert!(["Paris", "Lima"]
+                                .contains(&call.arguments["city"].as_str().unwrap())),
+                            "ping" => assert_eq!(call.arguments, json!({})),
+                            other => panic!("{other}"),
+                        }
+                    }
+                }
+                assert!(ended_turns > 0, "{format:?}: no reply ended its turn");
+            }
         }
     }
 
