@@ -119,11 +119,14 @@ pub(super) struct Common {
     pub(super) add_special_tokens: bool,
     /// The request key that asked for `params.constraint`, for errors.
     pub(super) constraint_key: Option<&'static str>,
+    /// The format the reply's tool calls are read in (chat requests with tools, unless `tool_choice`
+    /// is `"none"`).
+    pub(super) tool_format: Option<holo_core::tools::ToolFormat>,
 }
 
 pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
     let stream = stream_options(fields)?;
-    refuse_unsupported(fields)?;
+    refuse_unsupported(fields, chat)?;
     let n = fields.integer("n", 1, 128)?.unwrap_or(1) as u32;
     if let Some(best_of) = fields.get("best_of") {
         if best_of.as_u64() != Some(u64::from(n)) {
@@ -233,6 +236,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
     let constraint_key = constraint.as_ref().map(|(key, _)| *key);
     Ok(Common {
         constraint_key,
+        tool_format: None,
         stream,
         n,
         seed,
@@ -301,10 +305,11 @@ pub(super) fn stream_options(fields: &Fields) -> Result<Option<StreamOptions>, A
     }))
 }
 
-/// Fields the server cannot honour, refused unless neutral.
-pub(super) fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
+/// Fields the server cannot honour, refused unless neutral (`tools` and `tool_choice` only on
+/// `/v1/completions`: chat reads them).
+pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiError> {
     for (key, value) in fields.0 {
-        if value.is_null() {
+        if value.is_null() || (chat && matches!(key.as_str(), "tools" | "tool_choice")) {
             continue;
         }
         let neutral = match key.as_str() {
@@ -327,9 +332,9 @@ pub(super) fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
                 "echo" => "`echo` is not supported: the server returns the completion only; set `echo` to \
                            false"
                     .to_string(),
-                "tools" | "tool_choice" => {
-                    format!("`{key}` is not supported: this server does not call tools")
-                }
+                "tools" | "tool_choice" => format!(
+                    "`{key}` is not supported on /v1/completions: tools are for /v1/chat/completions"
+                ),
                 _ => format!(
                     "`{key}` is not supported by this server (got {}); leave it out or set it to null",
                     describe(value)

@@ -274,6 +274,7 @@ use tokio::task::JoinHandle;
 use holo_core::chat::{ChatTemplate, RenderOptions};
 use holo_core::machine::{Completion, Finish};
 use holo_core::sampler::{Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+use holo_core::tools::ToolFormat;
 
 mod chat;
 mod choices;
@@ -286,6 +287,7 @@ mod metrics;
 mod sampling;
 mod stream;
 mod structured;
+mod tools;
 
 use chat::*;
 use choices::*;
@@ -295,6 +297,7 @@ use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
 use sampling::*;
+use tools::*;
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
 /// template that turn requests into token prompts and sampled tokens into logprob entries.
@@ -312,6 +315,9 @@ pub struct ServedModel {
     /// What compiles the sampler's constraints, when the server can check them before sampling (the
     /// local model's); a constraint the sampler cannot enforce is refused by the sampler either way.
     pub grammars: Option<holo_model::Grammars>,
+    /// The format the model writes tool calls in (`holo serve --tool-call-parser`); `None` takes the
+    /// one the chat template renders them in ([`ToolFormat::detect`]), if it says.
+    pub tool_parser: Option<ToolFormat>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -352,6 +358,7 @@ impl ServedModel {
             max_model_len: None,
             scheduler: None,
             grammars: None,
+            tool_parser: None,
         }
     }
 
@@ -365,6 +372,7 @@ impl ServedModel {
             max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
             scheduler: Some(model.scheduler_stats()),
             grammars: Some(model.grammars().clone()),
+            tool_parser: None,
             sampler: Arc::new(model),
         }
     }
@@ -476,7 +484,15 @@ impl Server {
             max_model_len,
             scheduler,
             grammars,
+            tool_parser,
         } = model;
+        let sources: String = template
+            .template_names()
+            .iter()
+            .filter_map(|name| template.source(name))
+            .collect();
+        let tool_format = tool_parser.or_else(|| ToolFormat::detect(&sources));
+        let template_takes_tools = sources.contains("tools");
         // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
         tokenizer.with_padding(None);
         tokenizer
@@ -510,6 +526,8 @@ impl Server {
             counters: Counters::default(),
             scheduler,
             grammars,
+            tool_format,
+            template_takes_tools,
             config: config.clone(),
         });
         Ok(Server {
@@ -630,6 +648,10 @@ struct AppState {
     counters: Counters,
     scheduler: Option<Arc<holo_model::SchedulerStats>>,
     grammars: Option<holo_model::Grammars>,
+    /// The format replies' tool calls are read in, when known (see [`ServedModel::tool_parser`]).
+    tool_format: Option<ToolFormat>,
+    /// Whether the chat template mentions `tools` at all (if not, tools given to it would vanish).
+    template_takes_tools: bool,
     config: ServeConfig,
 }
 

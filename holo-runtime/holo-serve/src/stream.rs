@@ -17,12 +17,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{
-    chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
-    Event, StreamOptions, Tally,
+    calls_json, chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice,
+    Common, Event, StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
 use holo_core::stop::{first_stop, floor_char_boundary, StopMatcher, StreamedText};
+use holo_core::tools::ToolCall;
 
 /// Which endpoint's chunks to write, and whether they carry logprobs.
 pub(super) enum Endpoint {
@@ -128,6 +129,8 @@ struct ChoiceStream {
     opened: bool,
     /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
     finish: Option<(&'static str, Value, usize)>,
+    /// The tool calls read from the completion, sent with the choice's last chunk.
+    tool_calls: Vec<ToolCall>,
     finish_sent: bool,
 }
 
@@ -270,6 +273,10 @@ impl Streamer {
         } else {
             Value::Null
         };
+        let calls = match finishing && !choice.tool_calls.is_empty() {
+            true => calls_json(&self.state, &choice.tool_calls),
+            false => Vec::new(),
+        };
         let (finish_reason, stop_reason) = match (&choice.finish, finishing) {
             (Some((finish_reason, stop_reason, _)), true) => {
                 (json!(finish_reason), stop_reason.clone())
@@ -286,7 +293,7 @@ impl Streamer {
             }),
             Endpoint::Chat { .. } => json!({
                 "index": index,
-                "delta": if text.is_empty() && finishing { json!({}) } else { json!({"content": text}) },
+                "delta": delta(text, finishing, calls),
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
@@ -389,8 +396,12 @@ impl ChoiceStream {
     fn release(&mut self, common: &Common) {
         let stops = &common.params.stop;
         let text = self.decoded.text();
+        // What may start a tool call waits for the completion, which says whether it is one.
+        let callable = common
+            .tool_format
+            .map_or(text.len(), |format| format.held_from(text));
         let Some(longest) = stops.iter().map(String::len).max() else {
-            self.releasable = text.len();
+            self.releasable = self.releasable.max(callable);
             return;
         };
         // Only a piece in which a stop string ends is searched for which one (once per choice).
@@ -416,7 +427,7 @@ impl ChoiceStream {
             None => floor_char_boundary(text, text.len().saturating_sub(longest - 1)),
         };
         self.searched = text.len();
-        self.releasable = self.releasable.max(releasable);
+        self.releasable = self.releasable.max(releasable.min(callable));
     }
 
     /// The sampler's completion: its tokens, logprobs and text (cut as a non-streamed answer cuts it)
@@ -448,8 +459,30 @@ impl ChoiceStream {
             self.releasable = self.sent_text;
         }
         self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
+        self.tool_calls = choice.tool_calls;
         Ok(())
     }
+}
+
+/// A chat chunk's `delta`: the new text; in the choice's last chunk also its tool calls, each whole
+/// (OpenAI's clients join deltas by the calls' `index`).
+fn delta(text: &str, finishing: bool, calls: Vec<Value>) -> Value {
+    let mut delta = match text.is_empty() && finishing {
+        true => json!({}),
+        false => json!({"content": text}),
+    };
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, mut call)| {
+                call["index"] = json!(index);
+                call
+            })
+            .collect();
+        delta["tool_calls"] = Value::Array(calls);
+    }
+    delta
 }
 
 fn data(chunk: &Value) -> Sse {

@@ -14,6 +14,7 @@ mod python_client;
 mod raw_json;
 mod streaming;
 mod structured;
+mod tools;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,10 +6,22 @@
 use super::*;
 use holo_runtime::local::{LocalModel, LocalOptions};
 
-/// The random Qwen3 served in process under [`MODEL`], with the chat template of the real Qwen3.
-pub(super) async fn start_qwen3() -> (ServerHandle, String) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
-    let model = LocalModel::load(&dir, LocalOptions::default()).unwrap();
+/// The random Qwen3 served in process under [`MODEL`], with the chat template of the real Qwen3 and a
+/// context of 4096 positions (the fixture's 512 do not hold Qwen3's tool prompt in a 512-token
+/// vocabulary); the folder lives as long as the server.
+pub(super) async fn start_qwen3() -> (ServerHandle, String, crate::common::tempdir::Dir) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
+    let dir = crate::common::tempdir::Dir::new("serve-qwen3");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let config_file = dir.path().join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
+    config["max_position_embeddings"] = json!(4096);
+    std::fs::write(&config_file, config.to_string()).unwrap();
+    let model = LocalModel::load(dir.path(), LocalOptions::default()).unwrap();
     let mut served = ServedModel::local(MODEL, model);
     served.template = ChatTemplate::from_dir(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/models/qwen3"),
@@ -20,17 +32,19 @@ pub(super) async fn start_qwen3() -> (ServerHandle, String) {
         .unwrap()
         .spawn();
     let base = server.base_url();
-    (server, base)
+    (server, base, dir)
 }
 
-/// Runs `script` with the peers' Python as `python -c script BASE MODEL`; its stdout as JSON. `None`
-/// when the venv is missing (a failure under `CI=true`, a SKIPPED line elsewhere).
-pub(super) async fn run_python(script: &'static str, base: &str) -> Option<Value> {
-    let python = crate::common::components::peers(&["openai", "pydantic"])?;
+/// Runs `script` with the peers' Python as `python -c script BASE MODEL ARGS…`; its stdout as JSON.
+/// `None` when the venv is missing (a failure under `CI=true`, a SKIPPED line elsewhere).
+pub(super) async fn run_python(script: &'static str, base: &str, args: &[&str]) -> Option<Value> {
+    let python = crate::common::components::peers(&["openai", "pydantic", "transformers"])?;
     let base = base.to_string();
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
             .args(["-c", script, &base, MODEL])
+            .args(&args)
             .env("NO_PROXY", "127.0.0.1,localhost")
             .env("no_proxy", "127.0.0.1,localhost")
             .env_remove("OPENAI_BASE_URL")
@@ -131,8 +145,8 @@ print(json.dumps(out))
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constrained_replies_of_a_random_model_validate() {
-    let (_server, base) = start_qwen3().await;
-    let Some(out) = run_python(STRUCTURED, &base).await else {
+    let (_server, base, _dir) = start_qwen3().await;
+    let Some(out) = run_python(STRUCTURED, &base, &[]).await else {
         return;
     };
 

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use holo_runtime::tools::ToolFormat;
+
 use crate::{LocalArgs, EXIT_FAILURES, EXIT_USAGE};
 
 /// How the local model schedules the sequences of every request (vLLM's flag names).
@@ -80,8 +82,23 @@ pub struct ServeArgs {
     /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// How the model writes tool calls, by vLLM's parser names: `hermes` (Qwen 2.5 and 3, Hermes),
+    /// `llama3_json` (Llama 3.1 to 3.3), `mistral`. Default: the format the chat template renders
+    /// tool calls in, when it says; without one, requests with `tools` are refused.
+    #[arg(long, value_parser = tool_call_parser)]
+    pub tool_call_parser: Option<ToolFormat>,
     #[command(flatten)]
     pub local: LocalArgs,
+}
+
+fn tool_call_parser(name: &str) -> Result<ToolFormat, String> {
+    ToolFormat::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
+        format!(
+            "unknown tool-call parser `{name}`; known: {}",
+            names.join(", ")
+        )
+    })
 }
 
 pub fn run(args: ServeArgs) -> ExitCode {
@@ -92,6 +109,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         scheduler,
         connections,
         served_model_name,
+        tool_call_parser,
         local,
     } = args;
     log_to_stderr(!connections.no_access_log);
@@ -102,6 +120,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         &scheduler,
         &connections,
         served_model_name,
+        tool_call_parser,
         &local,
     )
 }
@@ -144,6 +163,7 @@ fn serve(
     scheduler: &SchedulerArgs,
     connections: &ConnectionArgs,
     served_model_name: Option<String>,
+    tool_call_parser: Option<ToolFormat>,
     local: &LocalArgs,
 ) -> ExitCode {
     use holo_runtime::local::LocalModel;
@@ -173,7 +193,10 @@ fn serve(
     };
     note_builtin_template(model_dir, &model);
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
-    let served = ServedModel::local(id.clone(), model);
+    let served = ServedModel {
+        tool_parser: tool_call_parser,
+        ..ServedModel::local(id.clone(), model)
+    };
     let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
