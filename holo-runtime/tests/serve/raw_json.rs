@@ -748,7 +748,37 @@ async fn request_errors() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
             "tools",
-            "does not call tools",
+            "`tools[0].function` must be an object",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+            "does not render `tools`",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}),
+            "tool_choice",
+            "needs `tools`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+            "tools are for /v1/chat/completions",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}),
+            "response_format",
+            "must be an object",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "guided_choice": []}),
+            "guided_choice",
+            "non-empty list of strings",
         ),
         (
             "/v1/chat/completions",
