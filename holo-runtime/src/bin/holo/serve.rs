@@ -102,27 +102,8 @@ fn tool_call_parser(name: &str) -> Result<ToolFormat, String> {
 }
 
 pub fn run(args: ServeArgs) -> ExitCode {
-    let ServeArgs {
-        model_dir,
-        host,
-        port,
-        scheduler,
-        connections,
-        served_model_name,
-        tool_call_parser,
-        local,
-    } = args;
-    log_to_stderr(!connections.no_access_log);
-    serve(
-        &model_dir,
-        &host,
-        port,
-        &scheduler,
-        &connections,
-        served_model_name,
-        tool_call_parser,
-        &local,
-    )
+    log_to_stderr(!args.connections.no_access_log);
+    serve(args)
 }
 
 /// The server's `tracing` events (the access log, target `holo::access`; accept failures) as lines on
@@ -143,7 +124,6 @@ fn log_to_stderr(access_log: bool) {
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
 }
 
-/// `holo serve`: loads the model folder and serves it until the process is interrupted.
 /// A folder without a chat template is served with ChatML for chat requests: say so, since a model
 /// trained on another format would then see prompts it was not trained on.
 fn note_builtin_template(dir: &Path, model: &holo_runtime::local::LocalModel) {
@@ -156,18 +136,22 @@ fn note_builtin_template(dir: &Path, model: &holo_runtime::local::LocalModel) {
     }
 }
 
-fn serve(
-    model_dir: &Path,
-    host: &str,
-    port: u16,
-    scheduler: &SchedulerArgs,
-    connections: &ConnectionArgs,
-    served_model_name: Option<String>,
-    tool_call_parser: Option<ToolFormat>,
-    local: &LocalArgs,
-) -> ExitCode {
+/// `holo serve`: loads the model folder and serves it until the process is interrupted.
+fn serve(args: ServeArgs) -> ExitCode {
     use holo_runtime::local::LocalModel;
     use holo_runtime::serve::{ServedModel, Server};
+
+    let ServeArgs {
+        model_dir,
+        host,
+        port,
+        scheduler,
+        connections,
+        served_model_name,
+        tool_call_parser,
+        local,
+    } = args;
+    let (model_dir, host) = (model_dir.as_path(), host.as_str());
 
     let mut options = match local.options(scheduler.max_num_seqs as usize) {
         Ok(options) => options,
