@@ -40,7 +40,7 @@
 //! Every request has `"model"`, `"n": 1` and `"stream": false`. [`SampleParams`] maps one to one:
 //! `max_tokens`, `temperature`, `top_p`, `top_k` (a vLLM/SGLang/llama.cpp extension), `stop` (omitted when
 //! empty) and `seed`; a `None` field is left out so the server's default applies. A
-//! [`Constraint`](crate::Constraint) goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
+//! [`Constraint`] goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
 //! `guided_choice`, `guided_grammar`; a server that has none of them refuses. Log-probabilities are
 //! always requested: `"logprobs": 1` on completions, `"logprobs": true` on chat.
 //!

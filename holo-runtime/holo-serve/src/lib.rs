@@ -125,8 +125,8 @@
 //! `POST /v1/chat/completions`:
 //! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
 //!   `null`, or a list of `{"type": "text", "text": ...}` parts (joined with newlines, as vLLM does for
-//!   string templates). Other fields of a message (`name`, `tool_calls`, ...) are passed to the template
-//!   as they are, in their order.
+//!   string templates). Other fields of a message (`name`, `tool_call_id`, ...) are passed to the template
+//!   as they are, in their order; `tool_calls` as *Tools* says.
 //! - They are rendered with [`ServedModel::template`] exactly as transformers' `apply_chat_template` renders
 //!   them, with `add_generation_prompt` (default `true`), `continue_final_message` (vLLM; default `false`)
 //!   and `chat_template_kwargs` (vLLM; extra template variables such as `enable_thinking`). A template that
@@ -137,12 +137,16 @@
 //!   with a sampled token that is the most likely, the `top_logprobs` most likely tokens). Empty when
 //!   `top_logprobs` is 0 or the sampler reports no alternatives. `bytes` are the token's own bytes (a byte-level BPE token that holds part of
 //!   a UTF-8 character has its raw bytes here, while `token` shows the replacement character).
-//! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`.
+//! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`; with tool calls (see
+//!   *Tools*) `{"role": "assistant", "content": text or null, "tool_calls": [...]}` and `finish_reason`
+//!   `"tool_calls"`.
+//! - `tools`, `tool_choice`, `parallel_tool_calls`: see *Tools*.
 //!
 //! Both answers carry `id`, `object`, `created`, `model`, `choices` (prompt-major: prompt `p`, sample `j`
-//! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out, else
-//! `"stop"`) and `stop_reason`, and `usage {prompt_tokens, completion_tokens, total_tokens}` (each
-//! prompt's tokens counted once, every choice's sampled tokens).
+//! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out,
+//! `"tool_calls"` when the reply's tool calls were read (chat), else `"stop"`) and `stop_reason`, and
+//! `usage {prompt_tokens, completion_tokens, total_tokens}` (each prompt's tokens counted once, every
+//! choice's sampled tokens).
 //!
 //! A choice's `logprobs` is `null` when not asked for, or when the sampler reported no token ids or no
 //! log-probabilities for it. A log-probability of `-inf` is written as `-9999.0` (vLLM's convention; JSON
@@ -204,12 +208,44 @@
 //! masked distribution the tokens were drawn from: the model's softmax over the tokens the grammar allows
 //! (a token the grammar forces has log-probability 0), not the unmasked model's.
 //!
+//! ## Tools
+//!
+//! `/v1/chat/completions` takes OpenAI's `tools` (`[{"type": "function", "function": {"name",
+//! "description", "parameters", "strict"}}]`; other keys, a missing or repeated name, are a 400) and hands
+//! them to the chat template as its `tools` argument, as transformers' `apply_chat_template(tools=...)`
+//! does: the model sees them as it was trained to. A template that never mentions `tools` refuses them (a
+//! 400: they would not reach the model). The model's reply is read in its family's call format
+//! ([`holo_core::tools::ToolFormat`]): `hermes` (Qwen 2.5 and 3, Hermes: `<tool_call>{json}</tool_call>`),
+//! `llama3_json` (Llama 3.1 to 3.3), `mistral` (`[TOOL_CALLS]`), taken from the template's markers or
+//! named by `holo serve --tool-call-parser` ([`ServedModel::tool_parser`]); tools with neither are a
+//! 400 that says to name one.
+//!
+//! - `tool_choice`: `"auto"` (the default with tools: the reply is read for calls), `"none"` (tools are
+//!   rendered, the reply is text), `"required"` (the reply is one call or more, or exactly one with
+//!   `parallel_tool_calls: false`), or `{"type": "function", "function": {"name"}}` (one call of that
+//!   function). `required` and a named function are held to the format by a grammar (see *Structured
+//!   output*): the reply is then a well-formed call whose arguments validate against the function's
+//!   `parameters`, whatever the weights. They cannot be combined with a structured-output field.
+//! - A reply that holds calls becomes `message.tool_calls`: `[{"id": "call_…", "type": "function",
+//!   "function": {"name", "arguments"}}]` (`arguments` is the JSON text of an object), `content` the text
+//!   before the calls (`null` when none), `finish_reason` `"tool_calls"`. A reply in which what starts a
+//!   call is not a well-formed one is returned as text, as vLLM's parsers return it.
+//! - Streamed, text that may start a call is held back until the reply is done; a reply with calls
+//!   sends them in its last chunk, `delta.tool_calls` with each call whole (`index`, `id`, `type`,
+//!   `function.name`, `function.arguments`), with `finish_reason` `"tool_calls"`; OpenAI's clients join
+//!   deltas by `index`, so they read the calls they would read from OpenAI.
+//! - The history: an assistant message's `tool_calls` reach the template with each call's `arguments`
+//!   as the object its JSON text holds, and its `content: null` as `""` (as vLLM hands them to templates,
+//!   which write arguments with `tojson` and test content as a string); `tool` messages (`tool_call_id`,
+//!   `content`) pass as they are. Arguments that are not the JSON of an object are a 400 naming the
+//!   message.
+//!
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
 //! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
 //! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
-//! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `prompt_logprobs`,
+//! `bad_words`, on `/v1/completions` `tools` (`[]`) and `tool_choice` (`"none"`), `prompt_logprobs`,
 //! `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds` (anything but `null`).
 //!
 //! # Sampling
