@@ -41,7 +41,8 @@
 //! `max_tokens`, `temperature`, `top_p`, `top_k` (a vLLM/SGLang/llama.cpp extension), `stop` (omitted when
 //! empty) and `seed`; a `None` field is left out so the server's default applies. A
 //! [`Constraint`] goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
-//! `guided_choice`, `guided_grammar`; a server that has none of them refuses. Log-probabilities are
+//! `guided_choice`, `guided_grammar`; a server that has none of them refuses. `logit_bias` goes as
+//! OpenAI's; `min_tokens`, `stop_token_ids` and `ignore_eos` (vLLM's) only when set. Log-probabilities are
 //! always requested: `"logprobs": 1` on completions, `"logprobs": true` on chat.
 //!
 //! With [`OpenAiConfig::vllm_extensions`] (on by default) the body also carries
@@ -548,6 +549,23 @@ impl Inner {
         if let Some(constraint) = &params.constraint {
             let (key, value) = constraint_field(constraint);
             body.insert(key.into(), value);
+        }
+        if !params.logit_bias.is_empty() {
+            let bias: Map<String, Value> = params
+                .logit_bias
+                .iter()
+                .map(|(token, bias)| (token.to_string(), json!(bias)))
+                .collect();
+            body.insert("logit_bias".into(), Value::Object(bias));
+        }
+        if params.min_tokens > 0 {
+            body.insert("min_tokens".into(), json!(params.min_tokens));
+        }
+        if !params.stop_token_ids.is_empty() {
+            body.insert("stop_token_ids".into(), json!(params.stop_token_ids));
+        }
+        if params.ignore_eos {
+            body.insert("ignore_eos".into(), json!(true));
         }
         if extensions {
             body.insert("return_tokens_as_token_ids".into(), json!(true));

@@ -46,6 +46,37 @@ pub struct SampleParams {
     /// What the completion must match, enforced token by token (constrained decoding). A sampler that
     /// cannot enforce it refuses the request ([`SamplerError::Rejected`]) rather than ignore it.
     pub constraint: Option<Constraint>,
+    /// Added to these tokens' logits before each draw (OpenAI's `logit_bias`, -100 to 100).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// No end-of-turn token, stop token or stop string ends the completion before it has this many
+    /// tokens (vLLM's `min_tokens`).
+    pub min_tokens: u32,
+    /// More tokens that end the completion, kept in it as an end-of-turn token is (vLLM's
+    /// `stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
+    /// End-of-turn tokens do not end the completion: it runs to `max_tokens` (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
+}
+
+impl SampleParams {
+    /// The first parameter set here that shapes the draw or the ending beyond temperature, top-p, top-k,
+    /// stop strings and length (`constraint`, `logit_bias`, `min_tokens`, `stop_token_ids`,
+    /// `ignore_eos`), by its request name: what a sampler that cannot honour it refuses.
+    pub fn beyond_sampling(&self) -> Option<&'static str> {
+        if self.constraint.is_some() {
+            Some("a constraint (structured output)")
+        } else if !self.logit_bias.is_empty() {
+            Some("logit_bias")
+        } else if self.min_tokens > 0 {
+            Some("min_tokens")
+        } else if !self.stop_token_ids.is_empty() {
+            Some("stop_token_ids")
+        } else if self.ignore_eos {
+            Some("ignore_eos")
+        } else {
+            None
+        }
+    }
 }
 
 /// A language the completion must belong to. The local model masks, at every step, the tokens that

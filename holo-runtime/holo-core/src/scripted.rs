@@ -125,10 +125,9 @@ impl Scripted {
                 "the scripted sampler has no replies".into(),
             ));
         }
-        if let Some(constraint) = &request.params.constraint {
+        if let Some(parameter) = request.params.beyond_sampling() {
             return Err(SamplerError::Rejected(format!(
-                "the scripted sampler replies what it was given and cannot hold a reply to {}",
-                constraint.kind()
+                "the scripted sampler replies what it was given and cannot honour {parameter}"
             )));
         }
         let turn = match &request.prompt {

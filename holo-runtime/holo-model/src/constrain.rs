@@ -242,33 +242,14 @@ impl Constrained {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::DType;
-    use holo_core::chat::ChatTemplate;
     use holo_core::machine::{Completion, Finish};
     use holo_core::sampler::{Prompt, Request, SampleParams};
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::testing::{config, random_model};
-    use crate::{Arch, LocalModel, LocalOptions, ModelConfig};
+    use crate::LocalModel;
 
-    /// A random Qwen3 over the 512-token byte-level tokenizer of `holo init-model`: its replies are
-    /// noise, so whatever shape they have is the constraint's doing.
-    fn random_local_model() -> LocalModel {
-        let tokenizer = crate::init::build_tokenizer().unwrap();
-        let config = ModelConfig {
-            vocab_size: tokenizer.get_vocab_size(true),
-            ..config(Arch::Qwen3)
-        };
-        let end = tokenizer.token_to_id("<|im_end|>").unwrap();
-        LocalModel::new(
-            random_model(&config, DType::F32),
-            tokenizer,
-            ChatTemplate::chatml(),
-            vec![end],
-            LocalOptions::default(),
-        )
-    }
+    use crate::testing::random_local_model;
 
     /// `count` replies under `constraint`, sampled at temperature 1 with seeds 0, 1, …
     fn replies(model: &LocalModel, constraint: Constraint, count: u64) -> Vec<Completion> {

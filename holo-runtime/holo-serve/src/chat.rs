@@ -37,7 +37,7 @@ pub(super) async fn chat(
         }
         common.tool_format = request.format;
     }
-    state.check_constraint(&common)?;
+    state.check_sampling(&common)?;
     let logprobs = fields.bool("logprobs", false)?;
     let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
     if top_logprobs.is_some() && !logprobs {

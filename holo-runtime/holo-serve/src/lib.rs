@@ -777,8 +777,29 @@ impl AppState {
             })
     }
 
-    /// Compiles the request's constraint where the server knows the sampler's grammars, so that one
-    /// the sampler cannot enforce is a 400 naming its key before anything is sampled.
+    /// Checks what the sampler would refuse, so that it is a 400 naming its key before anything is
+    /// sampled: token ids outside the vocabulary, and a constraint the sampler's grammars (when the
+    /// server knows them) cannot compile.
+    fn check_sampling(&self, common: &Common) -> Result<(), ApiError> {
+        let params = &common.params;
+        let size = self.vocab.size;
+        let biased: Vec<u32> = params.logit_bias.iter().map(|&(id, _)| id).collect();
+        for (key, ids) in [
+            ("logit_bias", biased.as_slice()),
+            ("stop_token_ids", params.stop_token_ids.as_slice()),
+        ] {
+            let id = ids.iter().find(|&&id| id >= size);
+            if let Some(id) = id {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` holds token id {id}, outside the vocabulary (size {size})"),
+                ));
+            }
+        }
+        self.check_constraint(common)
+    }
+
+    /// Compiles the request's constraint where the server knows the sampler's grammars.
     fn check_constraint(&self, common: &Common) -> Result<(), ApiError> {
         let (Some(grammars), Some(constraint), Some(key)) = (
             &self.grammars,

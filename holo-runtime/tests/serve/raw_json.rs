@@ -81,7 +81,7 @@ async fn completions_text_prompt() {
             stop: vec![],
             seed: Some(11),
             top_logprobs: 0,
-            constraint: None,
+            ..SampleParams::default()
         }
     );
     // Defaults: max_tokens 16 (OpenAI's), top_k -1 and 0 turn top-k off, an unseeded request still gets
@@ -635,9 +635,9 @@ async fn request_errors() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "x", "logit_bias": {"1": 5}}),
+            json!({"prompt": "x", "logit_bias": {"1": 500}}),
             "logit_bias",
-            "not supported",
+            "from -100 to 100",
         ),
         (
             "/v1/completions",

@@ -220,3 +220,59 @@ fn pair(value: &Value) -> (String, String) {
         value[1].as_str().unwrap().to_string(),
     )
 }
+
+const SHAPING: &str = r#"
+import json, sys
+import openai
+from openai import OpenAI
+from transformers import AutoTokenizer
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+model = sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[3])
+x, y = tokenizer.convert_tokens_to_ids("x"), tokenizer.convert_tokens_to_ids("y")
+end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+messages = [{"role": "user", "content": "Go"}]
+out = {"ids": {"x": x, "y": y, "end": end}}
+
+def ids(**body):
+    reply = client.chat.completions.create(
+        model=model, messages=messages, temperature=1.0, seed=2, extra_body={"return_token_ids": True, **body.pop("extra", {})}, **body)
+    choice = reply.choices[0]
+    return {"ids": choice.model_extra["token_ids"], "finish": choice.finish_reason, "text": choice.message.content}
+
+out["bias"] = ids(max_tokens=4, logit_bias={str(x): 100})
+out["min_tokens"] = ids(max_tokens=9, logit_bias={str(end): 100}, extra={"min_tokens": 3})
+out["stop_token_ids"] = ids(max_tokens=9, logit_bias={str(y): 100}, extra={"stop_token_ids": [y]})
+out["ignore_eos"] = ids(max_tokens=3, logit_bias={str(end): 100}, extra={"ignore_eos": True})
+try:
+    client.chat.completions.create(model=model, messages=messages, max_tokens=2, logit_bias={"99999": 5})
+    out["outside"] = None
+except openai.BadRequestError as e:
+    out["outside"] = {"status": e.status_code, "body": e.body}
+print(json.dumps(out))
+"#;
+
+/// `logit_bias`, and vLLM's `min_tokens`, `stop_token_ids` and `ignore_eos`, reach the local model from
+/// the `openai` client: a bias of 100 decides each draw, so each parameter shows in the tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn biases_and_ending_parameters_reach_the_local_model() {
+    let (_server, base, dir) = start_qwen3().await;
+    let Some(out) = run_python(SHAPING, &base, &[dir.path().to_str().unwrap()]).await else {
+        return;
+    };
+    let id = |name: &str| out["ids"][name].clone();
+    let (x, y, end) = (id("x"), id("y"), id("end"));
+    assert_eq!(out["bias"]["ids"], json!([x, x, x, x]), "{out:#}");
+    assert_eq!(out["bias"]["finish"], "length");
+    let late = out["min_tokens"]["ids"].as_array().unwrap();
+    assert_eq!(late.len(), 4, "{out:#}");
+    assert!(!late[..3].contains(&end) && late[3] == end, "{out:#}");
+    assert_eq!(out["min_tokens"]["finish"], "stop");
+    assert_eq!(out["stop_token_ids"]["ids"], json!([y]), "{out:#}");
+    assert_eq!(out["stop_token_ids"]["finish"], "stop");
+    assert_eq!(out["ignore_eos"]["ids"], json!([end, end, end]), "{out:#}");
+    assert_eq!(out["ignore_eos"]["finish"], "length");
+    assert_eq!(out["outside"]["status"], 400);
+    assert_eq!(out["outside"]["body"]["param"], "logit_bias");
+}

@@ -74,10 +74,9 @@ impl TinkerSampler {
             ));
         };
         let params = &request.params;
-        if let Some(constraint) = &params.constraint {
+        if let Some(parameter) = params.beyond_sampling() {
             return Err(SamplerError::Rejected(format!(
-                "the Tinker service has no constrained decoding: it cannot hold a reply to {}",
-                constraint.kind()
+                "the Tinker service's sampling parameters cannot honour {parameter}"
             )));
         }
         let sampling = SamplingParams {
