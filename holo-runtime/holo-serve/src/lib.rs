@@ -102,6 +102,15 @@
 //!   as in vLLM.
 //! - `stream`: `true` streams the answer (see *Streaming*); `stream_options` (only with `stream`):
 //!   `include_usage`, and vLLM's `continuous_usage_stats`.
+//! - `logit_bias` (OpenAI's: `{"token id": bias}`, biases from -100 to 100, ids in the vocabulary): added
+//!   to those tokens' logits before each draw; the local model then reports the log-probabilities of the
+//!   biased distribution it drew from.
+//! - vLLM's `min_tokens` (at most `max_tokens`): no end-of-turn token, stop token or stop string ends a
+//!   choice before it has that many tokens (the local model masks the ending tokens until then);
+//!   `stop_token_ids` (ids in the vocabulary): tokens that end a choice as its end-of-turn token does
+//!   (`finish_reason` `"stop"`, `stop_reason` `null`, the token kept in `token_ids`); `ignore_eos`: the
+//!   end-of-turn tokens do not end a choice, which runs to `max_tokens`. A sampler that cannot honour
+//!   one of these, or a constraint, refuses the request ([`SampleParams::beyond_sampling`]).
 //! - Structured output (see *Structured output*): `response_format`, and vLLM's `guided_json`,
 //!   `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`.
 //!
@@ -243,10 +252,10 @@
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
-//! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
-//! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
-//! `bad_words`, on `/v1/completions` `tools` (`[]`) and `tool_choice` (`"none"`), `prompt_logprobs`,
-//! `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds` (anything but `null`).
+//! (`""`), `best_of` (equal to `n`), `presence_penalty`, `frequency_penalty`, `min_p` (`0`),
+//! `repetition_penalty` (`1`), `bad_words` (`[]`), on `/v1/completions` `tools` (`[]`) and `tool_choice`
+//! (`"none"`), `prompt_logprobs`, `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds`
+//! (anything but `null`).
 //!
 //! # Sampling
 //!
