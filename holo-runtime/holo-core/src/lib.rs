@@ -10,6 +10,8 @@
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 //! - [`interpreter`]: the same machines from a `.hol` file read at run time; [`holophore`]: a rollout
 //!   in token space; [`loom`]: many rollouts at once against one [`Sampler`].
+//! - [`Constraint`]: what a completion must match (structured output), enforced by the samplers that
+//!   can; [`tools`]: the formats in which models write native tool calls.
 
 pub mod chat;
 mod error;

@@ -240,9 +240,10 @@
 //!   before the calls (`null` when none), `finish_reason` `"tool_calls"`. A reply in which what starts a
 //!   call is not a well-formed one is returned as text, as vLLM's parsers return it.
 //! - Streamed, text that may start a call is held back until the reply is done; a reply with calls
-//!   sends them in its last chunk, `delta.tool_calls` with each call whole (`index`, `id`, `type`,
-//!   `function.name`, `function.arguments`), with `finish_reason` `"tool_calls"`; OpenAI's clients join
-//!   deltas by `index`, so they read the calls they would read from OpenAI.
+//!   then sends, as OpenAI does, per call a chunk with `delta.tool_calls: [{"index", "id", "type",
+//!   "function": {"name", "arguments": ""}}]` and one with `delta.tool_calls: [{"index", "function":
+//!   {"arguments"}}]` (the whole arguments at once), and a last chunk with an empty `delta` and
+//!   `finish_reason` `"tool_calls"`.
 //! - The history: an assistant message's `tool_calls` reach the template with each call's `arguments`
 //!   as the object its JSON text holds, and its `content: null` as `""` (as vLLM hands them to templates,
 //!   which write arguments with `tojson` and test content as a string); `tool` messages (`tool_call_id`,

@@ -129,8 +129,9 @@ struct ChoiceStream {
     opened: bool,
     /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
     finish: Option<(&'static str, Value, usize)>,
-    /// The tool calls read from the completion, sent with the choice's last chunk.
+    /// The tool calls read from the completion, sent after its text and before its finish.
     tool_calls: Vec<ToolCall>,
+    calls_sent: bool,
     finish_sent: bool,
 }
 
@@ -196,6 +197,16 @@ impl Streamer {
             if let Some(chunk) = self.chunk(choice) {
                 self.queue.push_back(data(&chunk));
             }
+            let stream = &self.choices[choice];
+            if stream.finish.is_some() && !stream.tool_calls.is_empty() && !stream.calls_sent {
+                for chunk in self.call_chunks(choice) {
+                    self.queue.push_back(data(&chunk));
+                }
+                self.choices[choice].calls_sent = true;
+                if let Some(chunk) = self.chunk(choice) {
+                    self.queue.push_back(data(&chunk));
+                }
+            }
         }
         if self.choices.iter().all(|choice| choice.finish_sent) {
             if self.options.include_usage {
@@ -247,7 +258,10 @@ impl Streamer {
             Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
         };
         let has_logprobs = choice.logprobs.len() >= tokens.end;
-        let finishing = choice.finish.is_some() && !choice.finish_sent;
+        // A choice with tool calls sends its text, then its calls, then its finish.
+        let finishing = choice.finish.is_some()
+            && !choice.finish_sent
+            && (choice.tool_calls.is_empty() || choice.calls_sent);
         let per_token = (wants_logprobs || common.return_token_ids) && !tokens.is_empty();
         if text.is_empty() && !per_token && !finishing {
             return None;
@@ -273,10 +287,6 @@ impl Streamer {
         } else {
             Value::Null
         };
-        let calls = match finishing && !choice.tool_calls.is_empty() {
-            true => calls_json(&self.state, &choice.tool_calls),
-            false => Vec::new(),
-        };
         let (finish_reason, stop_reason) = match (&choice.finish, finishing) {
             (Some((finish_reason, stop_reason, _)), true) => {
                 (json!(finish_reason), stop_reason.clone())
@@ -293,7 +303,7 @@ impl Streamer {
             }),
             Endpoint::Chat { .. } => json!({
                 "index": index,
-                "delta": delta(text, finishing, calls),
+                "delta": if text.is_empty() && finishing { json!({}) } else { json!({"content": text}) },
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
@@ -314,6 +324,37 @@ impl Streamer {
         let mut chunk = self.envelope(vec![out]);
         self.usage_so_far(&mut chunk, index);
         Some(chunk)
+    }
+
+    /// Choice `index`'s tool calls as OpenAI streams them: per call, a chunk that opens it (`index`,
+    /// `id`, `type`, `function.name`, empty `function.arguments`), then one with its arguments.
+    fn call_chunks(&self, index: usize) -> Vec<Value> {
+        let calls = calls_json(&self.state, &self.choices[index].tool_calls);
+        let mut chunks = Vec::with_capacity(2 * calls.len());
+        for (number, call) in calls.into_iter().enumerate() {
+            let opening = json!({
+                "index": number,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            });
+            let arguments = json!({
+                "index": number,
+                "function": {"arguments": call["function"]["arguments"]},
+            });
+            for delta in [opening, arguments] {
+                let choice = json!({
+                    "index": index,
+                    "delta": {"tool_calls": [delta]},
+                    "logprobs": null,
+                    "finish_reason": null,
+                });
+                let mut chunk = self.envelope(vec![choice]);
+                self.usage_so_far(&mut chunk, index);
+                chunks.push(chunk);
+            }
+        }
+        chunks
     }
 
     /// A chunk of this answer holding `choices`.
@@ -462,27 +503,6 @@ impl ChoiceStream {
         self.tool_calls = choice.tool_calls;
         Ok(())
     }
-}
-
-/// A chat chunk's `delta`: the new text; in the choice's last chunk also its tool calls, each whole
-/// (OpenAI's clients join deltas by the calls' `index`).
-fn delta(text: &str, finishing: bool, calls: Vec<Value>) -> Value {
-    let mut delta = match text.is_empty() && finishing {
-        true => json!({}),
-        false => json!({"content": text}),
-    };
-    if !calls.is_empty() {
-        let calls: Vec<Value> = calls
-            .into_iter()
-            .enumerate()
-            .map(|(index, mut call)| {
-                call["index"] = json!(index);
-                call
-            })
-            .collect();
-        delta["tool_calls"] = Value::Array(calls);
-    }
-    delta
 }
 
 fn data(chunk: &Value) -> Sse {

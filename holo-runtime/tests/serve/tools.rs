@@ -46,12 +46,17 @@ def round_trip(stream, seed):
                 call["function"]["arguments"] += delta.function.arguments or ""
             finish = choice.finish_reason or finish
         calls = [calls[index] for index in sorted(calls)]
+        shape = [(
+            [{"id": d.id, "name": d.function.name, "arguments": d.function.arguments} for d in c.choices[0].delta.tool_calls or []],
+            c.choices[0].finish_reason,
+        ) for c in chunks if c.choices]
     else:
         reply = client.chat.completions.create(
             messages=question, tool_choice="required", parallel_tool_calls=False, seed=seed, **kwargs)
         message = reply.choices[0].message
         calls = [call.model_dump() for call in message.tool_calls]
         content, finish = message.content, reply.choices[0].finish_reason
+        shape = None
     history = question + [
         {"role": "assistant", "content": None, "tool_calls": calls},
         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "22 degrees and sunny"},
@@ -59,7 +64,7 @@ def round_trip(stream, seed):
     final = client.chat.completions.create(
         messages=history, extra_body={"return_token_ids": True}, seed=seed, **kwargs, stream=False)
     return {
-        "calls": calls, "content": content, "finish": finish, "history": history,
+        "calls": calls, "content": content, "finish": finish, "history": history, "shape": shape,
         "final": final.choices[0].message.content, "final_finish": final.choices[0].finish_reason,
         "final_calls": [c.model_dump() for c in final.choices[0].message.tool_calls or []] or None,
         "prompt_token_ids": final.model_extra["prompt_token_ids"],
@@ -155,6 +160,22 @@ async fn tool_calls_round_trip_through_the_openai_client() {
         assert!(trip["final_calls"].is_null(), "{case}: {trip:#}");
         assert!(["stop", "length"].contains(&trip["final_finish"].as_str().unwrap()));
     }
+    // Streamed as OpenAI streams calls: a chunk opens the call (id, name, no arguments yet), one
+    // carries its arguments, and the last has no call and the finish reason.
+    let shape = out["streamed"]["shape"].as_array().unwrap();
+    let with_calls: Vec<&Value> = shape.iter().filter(|chunk| chunk[0] != json!([])).collect();
+    assert_eq!(with_calls.len(), 2, "{shape:?}");
+    let call = &out["streamed"]["calls"][0];
+    assert_eq!(
+        with_calls[0][0],
+        json!([{"id": call["id"], "name": call["function"]["name"], "arguments": ""}])
+    );
+    assert_eq!(
+        with_calls[1][0],
+        json!([{"id": null, "name": null, "arguments": call["function"]["arguments"]}])
+    );
+    let last = shape.last().unwrap();
+    assert_eq!((&last[0], &last[1]), (&json!([]), &json!("tool_calls")));
     // Streamed, nothing of the call leaked into the content.
     let streamed_content = &out["streamed"]["content"];
     assert!(
