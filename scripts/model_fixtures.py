@@ -3,9 +3,9 @@
 
 Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
 
-    ~/.cache/holo-peers/venv/bin/python scripts/model_fixtures.py
+    ~/.cache/holo-peers/venv/bin/python scripts/model_fixtures.py [--only NAME ...]
 
-then run the Rust parity tests. The script writes two tiny random models with `save_pretrained` (safetensors,
+then run the Rust parity tests. The script writes tiny random models with `save_pretrained` (safetensors,
 f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
 
 - `qwen2/`: Qwen2ForCausalLM, hidden 64, 2 layers, intermediate 128, 4 heads / 2 kv heads (GQA), q/k/v biases,
@@ -28,6 +28,10 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
   `rope_parameters` of type llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
   original_max_position_embeddings 64: with head_dim 16 the eight frequencies fall in all three bands, kept,
   smoothed and divided, so the scaling really changes the model);
+- `qwen3_5/`: Qwen3_5ForCausalLM (`qwen3_5_text`), three layers: Gated DeltaNet linear attention, gated full
+  attention, linear attention again (the recurrent state carried past an attention layer); 2 key heads of 16
+  serving 4 value heads of 8, a convolution of width 4; full attention with 4 heads over 2 of 32 dimensions, a
+  quarter of each rotated (rope_theta 1e7), `(1 + w)` norms, untied embeddings;
 
 each with the 512-token byte-level BPE tokenizer of `../shared/peers/build_tiny_qwen2.py` (replicated here, same
 corpus and seed, so `tokenizer.json` is identical to the peers' tiny-qwen2 one) and an `expected.json`.
@@ -57,6 +61,9 @@ round-trip in f32):
                         generate (same settings)
     logprobs            {prompt, completion, logprobs}: log_softmax of the logits of prompt+completion at each
                         completion position, gathered at the completion token (what a trainer's forward computes)
+    exact               (qwen3_5 only) {dtype, ids, logits}: the 11-token prompt's logits at every position in float64
+                        throughout (export_check.float64_qwen3_5: transformers' own float32 casts in Gated DeltaNet
+                        made float64), for a float64 forward
     gradients           {loss, tokens, weights: {name: {l2_norm, sum, head (16 entries), sample}}}: the gradients of every weight for the
                         mean negative log-likelihood of the batch's next tokens where input and target are both
                         real (the left padding excluded); `sample` as scripts/fixture_gradients.py draws it
@@ -86,6 +93,7 @@ from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, 
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -100,6 +108,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Olmo2Config,
@@ -373,6 +383,26 @@ def phi3_model() -> torch.nn.Module:
     return Phi3ForCausalLM(config)
 
 
+def qwen3_5_model() -> torch.nn.Module:
+    # Linear attention, then gated full attention, then linear attention again (the state carried past an
+    # attention layer); two key heads serving four value heads of another width; a quarter of each
+    # attention head rotated; untied embeddings.
+    config = Qwen3_5TextConfig(
+        **{**COMMON, "num_hidden_layers": 3},
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+    )
+    return Qwen3_5ForCausalLM(config)
+
+
 MODELS = {
     "qwen2": qwen2_model,
     "llama": llama_model,
@@ -384,11 +414,13 @@ MODELS = {
     "olmo3": olmo3_model,
     "gemma3": gemma3_model,
     "phi3": phi3_model,
+    "qwen3_5": qwen3_5_model,
 }
 
 PERTURBATION = (
     "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "
-    "layer RMSNorm weights uniform [0.5, 1.5], final norm weights uniform [1.5, 4.5], biases normal(0, 0.1)"
+    "layer RMSNorm weights uniform [0.5, 1.5], final norm weights uniform [1.5, 4.5], biases normal(0, 0.1); "
+    "Gated DeltaNet: conv1d weights normal(0, 1/sqrt(kernel)), dt_bias normal(0, 1), A_log as initialised"
 )
 
 
@@ -401,6 +433,12 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
         elif name.endswith(".bias"):
             param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        elif name.endswith("conv1d.weight"):
+            param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[-1]))
+        elif name.endswith("dt_bias"):
+            param.copy_(torch.randn(param.shape, generator=generator))
+        elif name.endswith("A_log"):
+            pass
         elif "embed_tokens" in name or name.startswith("lm_head"):
             param.mul_(0.1 / 0.02)
         elif param.dim() == 2:
@@ -526,6 +564,20 @@ def gradients(model, batch: dict) -> dict:
     return {"loss": loss.item(), "tokens": int(real.sum().item()), "weights": grads}
 
 
+def exact_logits(folder: Path, ids: list) -> dict:
+    """Every position's logits of `ids` in float64 throughout: transformers computes Gated DeltaNet in
+    float32 whatever the model's dtype, 1e-4 away from float64 on these prompts, so the float32 fixture
+    leaves a float32 error unseen; this is the reference of a float64 forward (the rotary tables stay
+    float32 on both sides, as transformers and holo build them)."""
+    from export_check import float64_qwen3_5
+
+    model = float64_qwen3_5().Qwen3_5ForCausalLM.from_pretrained(
+        folder, config=AutoConfig.from_pretrained(folder), dtype=torch.float64).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return {"dtype": "float64", "ids": ids, "logits": logits.tolist()}
+
+
 def versions() -> dict:
     return {
         "python": platform.python_version(),
@@ -571,6 +623,8 @@ def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) ->
         },
         **expected(reloaded, rtok),
     }
+    if name == "qwen3_5":
+        data["exact"] = exact_logits(folder, data["prompts"][-1]["ids"])
     with open(folder / "expected.json", "w") as f:
         json.dump(data, f, separators=(",", ":"))
         f.write("\n")
@@ -580,12 +634,14 @@ def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--only", choices=sorted(MODELS), action="append",
+                        help="write these models only (the others' folders are left as they are)")
     args = parser.parse_args()
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
     args.out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(SEED)
-    for name in MODELS:
+    for name in args.only or MODELS:
         data = write_model(name, args.out, tok)
         folder = args.out / name
         sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir())}

@@ -336,55 +336,85 @@ fn a_folder_without_safetensors_says_what_it_found() {
 /// same logits as the text model's folder.
 #[test]
 fn a_gemma3_multimodal_checkpoint_loads_as_its_text_tower() {
-    let text_model = files::load_model(&fixture("gemma3"), DType::F32, &Device::Cpu).unwrap();
+    let wrapper = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+        "eos_token_id": [511, 509],
+        "mm_tokens_per_image": 4,
+    });
+    for tower in ["language_model.model.", "model.language_model."] {
+        loads_as_its_text_tower(
+            "gemma3",
+            &wrapper,
+            &[("model.", tower), ("lm_head.", "language_model.lm_head.")],
+            "vision_tower.vision_model.embeddings.patch_embedding.weight",
+        );
+    }
+}
+
+/// Qwen3.5's checkpoints are multimodal (`Qwen3_5ForConditionalGeneration`): the text model under
+/// `model.language_model.`, the untied head beside it, the vision tower and the multi-token-prediction
+/// weights, which are not loaded.
+#[test]
+fn a_qwen3_5_multimodal_checkpoint_loads_as_its_text_tower() {
+    let wrapper = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "vision_config": {"model_type": "qwen3_5_vision", "hidden_size": 8},
+        "eos_token_id": [511, 509],
+        "image_token_id": 500,
+    });
+    loads_as_its_text_tower(
+        "qwen3_5",
+        &wrapper,
+        &[("model.", "model.language_model.")],
+        "mtp.fc.weight",
+    );
+}
+
+/// The fixture `family` saved as a multimodal checkpoint: `wrapper` with the fixture's config as its
+/// `text_config`, each tensor renamed by the first of `renames` whose prefix it has, and `extra` (a tensor
+/// of another tower) beside them, loads as the text model with the text config's EOS.
+fn loads_as_its_text_tower(family: &str, wrapper: &Value, renames: &[(&str, &str)], extra: &str) {
+    let text_model = files::load_model(&fixture(family), DType::F32, &Device::Cpu).unwrap();
     let sequence = [509u32, 100, 200, 300, 7, 8, 9, 10];
     let expected = sequence_logits(&text_model, &sequence);
-    for tower in ["language_model.model.", "model.language_model."] {
-        let dir = copy_fixture("gemma3");
-        let text_config: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
-                .unwrap();
-        let wrapper = serde_json::json!({
-            "architectures": ["Gemma3ForConditionalGeneration"],
-            "model_type": "gemma3",
-            "text_config": text_config,
-            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
-            "eos_token_id": [511, 509],
-            "mm_tokens_per_image": 4,
-        });
-        std::fs::write(dir.path().join("config.json"), wrapper.to_string()).unwrap();
-        let mut weights: HashMap<String, Tensor> = tensors(dir.path())
-            .into_iter()
-            .map(|(name, tensor)| {
-                (
-                    name.replacen("model.", tower, 1).replacen(
-                        "lm_head.",
-                        "language_model.lm_head.",
-                        1,
-                    ),
-                    tensor,
-                )
-            })
-            .collect();
-        weights.insert(
-            "vision_tower.vision_model.embeddings.patch_embedding.weight".into(),
-            Tensor::zeros((8, 3, 2, 2), DType::F32, &Device::Cpu).unwrap(),
-        );
-        candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
-        let model = files::load_model(dir.path(), DType::F32, &Device::Cpu)
-            .unwrap_or_else(|error| panic!("{tower}: {error}"));
-        assert_eq!(
-            model.config.eos_token_ids,
-            [511],
-            "{tower}: the text config's own"
-        );
-        let diff = sequence_logits(&model, &sequence)
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0.0, f32::max);
-        assert_eq!(diff, 0.0, "{tower}");
-    }
+    let dir = copy_fixture(family);
+    let text_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    let mut wrapper = wrapper.clone();
+    wrapper["text_config"] = text_config;
+    std::fs::write(dir.path().join("config.json"), wrapper.to_string()).unwrap();
+    let mut weights: HashMap<String, Tensor> = tensors(dir.path())
+        .into_iter()
+        .map(|(name, tensor)| {
+            let renamed = renames
+                .iter()
+                .find(|(from, _)| name.starts_with(from))
+                .map_or(name.clone(), |(from, to)| name.replacen(from, to, 1));
+            (renamed, tensor)
+        })
+        .collect();
+    weights.insert(
+        extra.into(),
+        Tensor::zeros((8, 3, 2, 2), DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+    let model = files::load_model(dir.path(), DType::F32, &Device::Cpu)
+        .unwrap_or_else(|error| panic!("{family} {renames:?}: {error}"));
+    assert_eq!(
+        model.config.eos_token_ids,
+        [511],
+        "{family} {renames:?}: the text config's own"
+    );
+    let diff = sequence_logits(&model, &sequence)
+        .iter()
+        .zip(&expected)
+        .map(|(a, b)| max_diff(a, b))
+        .fold(0.0, f32::max);
+    assert_eq!(diff, 0.0, "{family} {renames:?}");
 }
 
 #[test]
@@ -529,7 +559,7 @@ fn fixture_configs_parse_with_transformers_5_keys() {
     assert!(qwen.config.tie_word_embeddings && qwen.lm_head.is_none());
     assert_eq!(qwen.config.rope_theta, 1e6);
     let qwen3 = files::load_model(&fixture("qwen3"), DType::F32, &Device::Cpu).unwrap();
-    let attention = &qwen3.layers[1].self_attn;
+    let attention = qwen3.layers[1].mixer.attention().unwrap();
     assert_eq!(
         qwen3.config.variant.qk_norm,
         holo_runtime::local::QkNorm::Head
@@ -746,4 +776,41 @@ async fn the_prefix_cache_changes_nothing_but_the_work() {
     assert!(small.prefix_cache().tokens() <= 20);
     small.prefix_cache().clear();
     assert_eq!(small.prefix_cache().tokens(), 0);
+}
+
+/// Qwen3.5 in float64 against transformers with its own float32 casts in Gated DeltaNet made float64
+/// (`expected.json`'s `exact`): the float32 fixtures above allow 1e-4, which is also how far transformers'
+/// float32 delta rule drifts from its float64 result on these prompts; in float64 the two forwards agree to
+/// the rotary tables' float32 rounding (both build them in float32).
+#[test]
+fn qwen3_5_in_float64_matches_transformers_in_float64() {
+    let exact = &expected("qwen3_5")["exact"];
+    let sequence = ids(&exact["ids"]);
+    let model = files::load_model(&fixture("qwen3_5"), DType::F64, &Device::Cpu).unwrap();
+    let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
+    let positions = positions_from_mask(&mask).unwrap();
+    let hidden = model
+        .forward_hidden(&input, &positions, &mask, None, Ops::Differentiable)
+        .unwrap();
+    let ours: Vec<Vec<f64>> = model
+        .logits(&hidden, Ops::Differentiable)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    let theirs = exact["logits"].as_array().unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    let mut worst = 0.0f64;
+    for (ours, theirs) in ours.iter().zip(theirs) {
+        for (a, b) in ours.iter().zip(theirs.as_array().unwrap()) {
+            worst = worst.max((a - b.as_f64().unwrap()).abs());
+        }
+    }
+    println!("qwen3_5 float64 logits: max |Δ| {worst:e}");
+    assert!(worst < 1e-6, "float64 logits differ by {worst}");
 }

@@ -18,18 +18,23 @@ use candle_core::{DType, Tensor, D};
 
 use super::config::{Activation, QkNorm};
 use super::model::{
-    apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Model, Ops, Result, RmsNorm,
-    Split,
+    apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Mixer, Model, Ops, Result,
+    RmsNorm, Split,
 };
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
 
 impl DecoderLayer {
-    /// Whether [`DecoderLayer::backward`] applies: f32 or f64 weights and adapters. Half-precision
-    /// layers (bf16 training on CUDA) keep candle's autograd, which follows the forward's casts.
+    /// Whether [`DecoderLayer::backward`] applies: ungated softmax attention, f32 or f64 weights and
+    /// adapters. Half-precision layers (bf16 training on CUDA) keep candle's autograd, which follows the
+    /// forward's casts, as do linear-attention layers (whose delta rule has its own backward, see
+    /// `kernels/delta.rs`) and Qwen3.5's gated attention.
     pub(super) fn has_backward(&self) -> bool {
         let dtype = self.post_attention_layernorm.weight.dtype();
-        matches!(dtype, DType::F32 | DType::F64)
+        self.mixer
+            .attention()
+            .is_some_and(|attention| !attention.gated)
+            && matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()
                 .all(|(_, linear)| linear.weight.dtype() == dtype)
@@ -52,7 +57,11 @@ impl DecoderLayer {
         let ops = Ops::Differentiable;
         let (batch, len, hidden) = xs.dims3()?;
         let rows = batch * len;
-        let attention = &this.self_attn;
+        let (Mixer::Attention(attention), Mixer::Attention(trained_attention)) =
+            (&this.mixer, &trained.mixer)
+        else {
+            candle_core::bail!("the written-out backward is softmax attention's");
+        };
         let (heads, kv_heads, head_dim) = (attention.heads, attention.kv_heads, attention.head_dim);
         let group = heads / kv_heads;
         let (norms, trained_norms) = (this.norms(), trained.norms());
@@ -169,7 +178,7 @@ impl DecoderLayer {
             grads,
         )?;
         let d_attended = linear_backward(
-            (&trained.self_attn.o_proj, &attention.o_proj),
+            (&trained_attention.o_proj, &attention.o_proj),
             &attended.reshape((rows, ()))?,
             o_adapter,
             &d_projected,
@@ -203,8 +212,7 @@ impl DecoderLayer {
             _ => head_dim,
         };
         let d_q = norm_backward_or(
-            trained
-                .self_attn
+            trained_attention
                 .q_norm
                 .as_ref()
                 .zip(attention.q_norm.as_ref()),
@@ -214,8 +222,7 @@ impl DecoderLayer {
             grads,
         )?;
         let d_k = norm_backward_or(
-            trained
-                .self_attn
+            trained_attention
                 .k_norm
                 .as_ref()
                 .zip(attention.k_norm.as_ref()),
@@ -226,7 +233,7 @@ impl DecoderLayer {
         )?;
         let normed_input = normed_input.reshape((rows, hidden))?;
         let d_normed_input = split_backward(
-            (&trained.self_attn.qkv, &attention.qkv),
+            (&trained_attention.qkv, &attention.qkv),
             &normed_input,
             qkv_adapters,
             vec![d_q, d_k, flat(d_v, kv_heads)?],

@@ -27,6 +27,10 @@ pub enum Arch {
     #[serde(rename = "gemma3_text")]
     Gemma3,
     Phi3,
+    /// Qwen3.5's dense text model: Gated DeltaNet linear attention on three layers of four, gated
+    /// softmax attention on the fourth.
+    #[serde(rename = "qwen3_5_text")]
+    Qwen3_5,
 }
 
 impl Arch {
@@ -42,6 +46,7 @@ impl Arch {
             Arch::Olmo3 => "olmo3",
             Arch::Gemma3 => "gemma3_text",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3_5 => "qwen3_5_text",
         }
     }
 
@@ -57,6 +62,7 @@ impl Arch {
             Arch::Olmo3 => "Olmo3ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
+            Arch::Qwen3_5 => "Qwen3_5ForCausalLM",
         }
     }
 }
@@ -75,6 +81,9 @@ pub struct LayerSpec {
     pub window: Option<usize>,
     /// Whether the layer rotates its queries and keys (SmolLM3 leaves RoPE out of every fourth layer).
     pub rope: bool,
+    /// Gated DeltaNet linear attention in place of softmax attention (Qwen3.5's `linear_attention`
+    /// layers; sizes in [`ModelConfig::linear_attention`]).
+    pub linear: bool,
 }
 
 impl LayerSpec {
@@ -82,6 +91,7 @@ impl LayerSpec {
     pub const FULL: LayerSpec = LayerSpec {
         window: None,
         rope: true,
+        linear: false,
     };
 }
 
@@ -140,6 +150,9 @@ pub struct Variant {
     /// How many of each head's dimensions RoPE rotates (the first ones; `partial_rotary_factor` ×
     /// `head_dim`), `None` for all.
     pub rotary_dim: Option<usize>,
+    /// Attention's output multiplied by a sigmoid gate before `o_proj`, the gate projected with the
+    /// queries (`q_proj` twice as wide, each head's query then its gate): Qwen3.5.
+    pub attention_gate: bool,
 }
 
 impl Variant {
@@ -169,6 +182,12 @@ impl Variant {
                 fused_projections: true,
                 ..Variant::default()
             },
+            Arch::Qwen3_5 => Variant {
+                qk_norm: QkNorm::Head,
+                norm_offset: true,
+                attention_gate: true,
+                ..Variant::default()
+            },
             Arch::Qwen2 | Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3 => {
                 Variant::default()
             }
@@ -188,6 +207,7 @@ impl Default for Variant {
             local_rope: None,
             fused_projections: false,
             rotary_dim: None,
+            attention_gate: false,
         }
     }
 }
@@ -218,6 +238,25 @@ pub enum RopeScaling {
     },
 }
 
+/// The sizes of Gated DeltaNet linear attention (Qwen3.5's `linear_*` keys): each value head keeps a
+/// `key_head_dim × value_head_dim` state; key heads serve `value_heads / key_heads` value heads each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttention {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    /// The width of the causal depthwise convolution over the projected queries, keys and values.
+    pub conv_kernel: usize,
+}
+
+impl LinearAttention {
+    /// Channels of the convolution: queries, keys, values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+}
+
 /// What the model code needs from `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -243,6 +282,8 @@ pub struct ModelConfig {
     pub variant: Variant,
     /// Each layer's attention window and RoPE, in layer order (`num_hidden_layers` of them).
     pub layers: Vec<LayerSpec>,
+    /// The sizes of the linear-attention layers, when some layer is one ([`LayerSpec::linear`]).
+    pub linear_attention: Option<LinearAttention>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -288,6 +329,7 @@ impl ModelConfig {
             "olmo3" => Arch::Olmo3,
             "gemma3_text" => Arch::Gemma3,
             "phi3" => Arch::Phi3,
+            "qwen3_5_text" => Arch::Qwen3_5,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -338,7 +380,7 @@ impl ModelConfig {
             Some(head_dim) => head_dim,
             // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
-            None if arch == Arch::Gemma3 => 256,
+            None if matches!(arch, Arch::Gemma3 | Arch::Qwen3_5) => 256,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(ConfigError(format!(
@@ -368,7 +410,11 @@ impl ModelConfig {
                 None => None,
             },
             local_rope,
-            rotary_dim: rotary_dim(json, head_dim)?,
+            rotary_dim: match rotary_dim(json, head_dim)? {
+                // `Qwen3_5TextConfig` defaults `partial_rotary_factor` to 0.25.
+                None if arch == Arch::Qwen3_5 && !states_rotary_factor(json) => Some(head_dim / 4),
+                rotated => rotated,
+            },
             ..family
         };
         if arch == Arch::Gemma3 {
@@ -392,13 +438,29 @@ impl ModelConfig {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (keys.flag("attention_bias", false)?, false),
             Arch::Mistral | Arch::Ministral | Arch::Phi3 => (false, false),
-            Arch::Llama | Arch::SmolLm3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
+            Arch::Llama
+            | Arch::SmolLm3
+            | Arch::Olmo2
+            | Arch::Olmo3
+            | Arch::Gemma3
+            | Arch::Qwen3_5 => {
                 let bias = keys.flag("attention_bias", false)?;
                 (bias, bias)
             }
         };
         let num_hidden_layers = keys.usize("num_hidden_layers")?;
         let layers = layer_specs(arch, json, num_hidden_layers)?;
+        let linear_attention = match layers.iter().any(|layer| layer.linear) {
+            true => Some(linear_attention(&keys)?),
+            false => None,
+        };
+        if linear_attention.is_some() && layers.iter().all(|layer| layer.linear) {
+            return Err(ConfigError(
+                "`layer_types` has no \"full_attention\" layer: the cache counts positions by the \
+                 attention layers' keys, so at least one is needed"
+                    .into(),
+            ));
+        }
         let config = ModelConfig {
             arch,
             vocab_size: keys.usize("vocab_size")?,
@@ -427,6 +489,7 @@ impl ModelConfig {
                 && keys.flag("mlp_bias", false)?,
             variant,
             layers,
+            linear_attention,
             bos_token_id: keys.optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
         };
@@ -473,7 +536,14 @@ impl ModelConfig {
             object.remove("hidden_act");
             object.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
         }
-        if matches!(self.arch, Arch::Gemma3 | Arch::Olmo3) {
+        if self.arch == Arch::Qwen3_5 {
+            // transformers 5's `rope_parameters`, which carries the rotated fraction.
+            let mut rope = rope_json(&(self.rope_theta, self.rope_scaling.clone()));
+            let rotated = self.variant.rotary_dim.unwrap_or(self.head_dim);
+            rope["partial_rotary_factor"] = (rotated as f64 / self.head_dim as f64).into();
+            object.remove("rope_theta");
+            object.insert("rope_parameters".into(), rope);
+        } else if matches!(self.arch, Arch::Gemma3 | Arch::Olmo3) {
             // transformers 5's RoPE per layer type.
             let global = (self.rope_theta, self.rope_scaling.clone());
             let local = self.variant.local_rope.clone().unwrap_or(global.clone());
@@ -570,6 +640,29 @@ impl ModelConfig {
                     );
                 }
             }
+            Arch::Qwen3_5 => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                let layer_types: Vec<&str> = self
+                    .layers
+                    .iter()
+                    .map(|layer| match layer.linear {
+                        true => "linear_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                object.insert("layer_types".into(), layer_types.into());
+                if let Some(linear) = self.linear_attention {
+                    for (key, value) in [
+                        ("linear_num_key_heads", linear.key_heads),
+                        ("linear_num_value_heads", linear.value_heads),
+                        ("linear_key_head_dim", linear.key_head_dim),
+                        ("linear_value_head_dim", linear.value_head_dim),
+                        ("linear_conv_kernel_dim", linear.conv_kernel),
+                    ] {
+                        object.insert(key.into(), value.into());
+                    }
+                }
+            }
             Arch::SmolLm3 => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
                 object.insert("mlp_bias".into(), self.mlp_bias.into());
@@ -595,6 +688,7 @@ fn text_tower(json: &Value) -> Option<Value> {
     let model_type = json.get("model_type").and_then(Value::as_str)?;
     let text_type = match model_type {
         "gemma3" => "gemma3_text",
+        "qwen3_5" => "qwen3_5_text",
         _ => return None,
     };
     let mut text = json.get("text_config")?.as_object()?.clone();
@@ -623,7 +717,9 @@ pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), q
      (Qwen3ForCausalLM: Qwen3 dense), llama (LlamaForCausalLM: Llama 2/3, SmolLM2), mistral \
      (MistralForCausalLM), ministral (MinistralForCausalLM), smollm3 (SmolLM3ForCausalLM), olmo2 \
      (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
-     and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B)";
+     and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B), phi3 \
+     (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini) and qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
+     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.
@@ -748,20 +844,31 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
         _ => vec![true; count],
     };
 
-    let sliding: Vec<bool> = match per_layer("layer_types")? {
+    // Qwen3.5 names its layers linear or full; the others full or sliding.
+    let second_kind = match arch {
+        Arch::Qwen3_5 => "linear_attention",
+        _ => "sliding_attention",
+    };
+    let second: Vec<bool> = match per_layer("layer_types")? {
         Some(types) => types
             .iter()
             .enumerate()
             .map(|(layer, kind)| match kind.as_str() {
                 Some("full_attention") => Ok(false),
-                Some("sliding_attention") => Ok(true),
+                Some(name) if name == second_kind => Ok(true),
                 _ => Err(ConfigError(format!(
-                    "`layer_types[{layer}]` is {kind}: supported layer types are \
-                     \"full_attention\" and \"sliding_attention\""
+                    "`layer_types[{layer}]` is {kind}: supported layer types for {arch} are \
+                     \"full_attention\" and \"{second_kind}\""
                 ))),
             })
             .collect::<Result<_, _>>()?,
         None => match arch {
+            Arch::Qwen3_5 => {
+                let interval = integer("full_attention_interval", 4)?.max(1);
+                (0..count)
+                    .map(|layer| (layer + 1) % interval != 0)
+                    .collect()
+            }
             Arch::Qwen2 | Arch::Qwen3 => {
                 let from = integer("max_window_layers", 28)?;
                 (0..count).map(|layer| layer >= from).collect()
@@ -779,21 +886,63 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
     // Where the family's attention reads the window (transformers' modelling code).
     let window = match arch {
         Arch::Qwen2 | Arch::Qwen3 if !flag("use_sliding_window")? => None,
-        Arch::Llama | Arch::Olmo2 => None,
+        Arch::Llama | Arch::Olmo2 | Arch::Qwen3_5 => None,
         _ => window,
     };
-    Ok(sliding
+    let linear = arch == Arch::Qwen3_5;
+    Ok(second
         .into_iter()
         .zip(rope)
-        .map(|(sliding, rope)| LayerSpec {
-            window: if matches!(arch, Arch::Mistral | Arch::Phi3) || sliding {
+        .map(|(second, rope)| LayerSpec {
+            window: if matches!(arch, Arch::Mistral | Arch::Phi3) || (second && !linear) {
                 window
             } else {
                 None
             },
             rope,
+            linear: linear && second,
         })
         .collect())
+}
+
+/// The linear-attention sizes, with `Qwen3_5TextConfig`'s defaults.
+fn linear_attention(keys: &Keys) -> Result<LinearAttention, ConfigError> {
+    let size = |key: &str, default: usize| -> Result<usize, ConfigError> {
+        match keys.optional_usize(key)?.unwrap_or(default) {
+            0 => Err(ConfigError(format!("`{key}` must be at least 1"))),
+            size => Ok(size),
+        }
+    };
+    let sizes = LinearAttention {
+        key_heads: size("linear_num_key_heads", 16)?,
+        value_heads: size("linear_num_value_heads", 32)?,
+        key_head_dim: size("linear_key_head_dim", 128)?,
+        value_head_dim: size("linear_value_head_dim", 128)?,
+        conv_kernel: size("linear_conv_kernel_dim", 4)?,
+    };
+    if sizes.conv_kernel < 2 {
+        return Err(ConfigError(format!(
+            "`linear_conv_kernel_dim` must be at least 2, found {}",
+            sizes.conv_kernel
+        )));
+    }
+    if !sizes.value_heads.is_multiple_of(sizes.key_heads) {
+        return Err(ConfigError(format!(
+            "`linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({})",
+            sizes.value_heads, sizes.key_heads
+        )));
+    }
+    Ok(sizes)
+}
+
+/// Whether `partial_rotary_factor` is given (top-level or in `rope_parameters`).
+fn states_rotary_factor(json: &Value) -> bool {
+    let given = |value: Option<&Value>| value.is_some_and(|value| !value.is_null());
+    given(json.get("partial_rotary_factor"))
+        || given(
+            json.get("rope_parameters")
+                .and_then(|parameters| parameters.get("partial_rotary_factor")),
+        )
 }
 
 /// A RoPE: its base and scaling.

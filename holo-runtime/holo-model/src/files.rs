@@ -203,12 +203,15 @@ pub fn load_model_with(
 /// A multimodal checkpoint's text tower under the text model's names: Gemma 3's
 /// `Gemma3ForConditionalGeneration` saves it as `language_model.model.*` and `language_model.lm_head.*`
 /// (transformers 4) or `model.language_model.*` (transformers 5, as its checkpoint conversion maps them);
-/// the vision tower and the projector are left out. A text model's tensors come back unchanged.
+/// Qwen3.5's `Qwen3_5ForConditionalGeneration` keeps `lm_head.*` beside the wrapper's `model`. The vision
+/// tower, the projector and Qwen3.5's multi-token-prediction weights (`mtp.*`) are left out. A text model's tensors come back unchanged.
 fn text_tower_tensors(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    const TOWERS: [(&str, &str); 3] = [
+    const TOWERS: [(&str, &str); 4] = [
         ("language_model.model.", "model."),
         ("model.language_model.", "model."),
         ("language_model.lm_head.", "lm_head."),
+        // Beside the wrapper's `model` (transformers 5, Qwen3.5).
+        ("lm_head.", "lm_head."),
     ];
     let is_tower = |name: &str| TOWERS.iter().any(|(prefix, _)| name.starts_with(prefix));
     if tensors.contains_key("model.embed_tokens.weight")

@@ -361,6 +361,7 @@ impl Gguf {
                 ..Variant::of(arch)
             },
             layers: self.layer_specs(arch, name, block_count)?,
+            linear_attention: None,
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };
@@ -390,6 +391,7 @@ impl Gguf {
             .map(|layer| LayerSpec {
                 window: ((layer + 1) % 6 != 0).then_some(window),
                 rope: true,
+                linear: false,
             })
             .collect())
     }

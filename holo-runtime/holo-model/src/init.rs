@@ -58,7 +58,9 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use super::config::{Arch, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling, Variant};
+use super::config::{
+    Arch, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm, RopeScaling, Variant,
+};
 
 /// The special tokens, in Qwen2.5's order; they take the last three ids.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -112,7 +114,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 10] = [
+pub const ARCHS: [Arch; 11] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -123,6 +125,7 @@ pub const ARCHS: [Arch; 10] = [
     Arch::Olmo3,
     Arch::Gemma3,
     Arch::Phi3,
+    Arch::Qwen3_5,
 ];
 
 /// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.
@@ -233,6 +236,9 @@ pub enum Init {
     Normal,
     Zeros,
     Ones,
+    /// The logarithm of a uniform draw in [0.01, 16]: Gated DeltaNet's decay rates (`A_log`), as
+    /// transformers initialises them.
+    LogUniform,
 }
 
 /// One weight of the checkpoint.
@@ -303,6 +309,9 @@ pub fn preset_config(
             (Arch::Phi3, Preset::Tiny) => (64, 128, 2, 4, 2, 16, 2048, 1e4, 1e-5, false),
             // Phi-4-mini.
             (Arch::Phi3, Preset::Small) => (3072, 8192, 32, 24, 8, 128, 131072, 1e4, 1e-5, true),
+            (Arch::Qwen3_5, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e7, 1e-6, true),
+            // Qwen3.5-0.8B's published decoder: 24 layers of width 1024, 8 heads over 2 of 256.
+            (Arch::Qwen3_5, Preset::Small) => (1024, 3584, 24, 8, 2, 256, 262144, 1e7, 1e-6, true),
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
     // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
@@ -326,17 +335,20 @@ pub fn preset_config(
             LayerSpec {
                 window: windowed.then_some(window),
                 rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
+                // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
+                linear: arch == Arch::Qwen3_5 && (layer + 1) % if tiny { 2 } else { 4 } != 0,
             }
         })
         .collect();
     let variant = Variant {
         query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
-        // Phi-4-mini rotates three quarters of each head; the tiny model half.
-        rotary_dim: (arch == Arch::Phi3).then_some(if tiny {
-            head_dim / 2
-        } else {
-            head_dim * 3 / 4
-        }),
+        // Phi-4-mini rotates three quarters of each head, the tiny model half; Qwen3.5 a quarter.
+        rotary_dim: match arch {
+            Arch::Phi3 if tiny => Some(head_dim / 2),
+            Arch::Phi3 => Some(head_dim * 3 / 4),
+            Arch::Qwen3_5 => Some(head_dim / 4),
+            _ => None,
+        },
         ..Variant::of(arch)
     };
     ModelConfig {
@@ -358,6 +370,22 @@ pub fn preset_config(
         mlp_bias: false,
         variant,
         layers: layer_specs,
+        linear_attention: (arch == Arch::Qwen3_5).then_some(match tiny {
+            true => LinearAttention {
+                key_heads: 2,
+                value_heads: 4,
+                key_head_dim: 16,
+                value_head_dim: 16,
+                conv_kernel: 4,
+            },
+            false => LinearAttention {
+                key_heads: 16,
+                value_heads: 16,
+                key_head_dim: 128,
+                value_head_dim: 128,
+                conv_kernel: 4,
+            },
+        }),
         bos_token_id: Some(bos),
         eos_token_ids: vec![eos],
     }
@@ -390,15 +418,51 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
                 ));
             }
         };
-        if config.variant.fused_projections {
-            let qkv = q_out + 2 * kv_out;
-            linear("self_attn.qkv_proj", qkv, hidden, config.qkv_bias);
-        } else {
-            linear("self_attn.q_proj", q_out, hidden, config.qkv_bias);
-            linear("self_attn.k_proj", kv_out, hidden, config.qkv_bias);
-            linear("self_attn.v_proj", kv_out, hidden, config.qkv_bias);
+        let spec = config.layers[layer];
+        // The query projection carries the output gate too, where the family has one.
+        let query_width = q_out * if config.variant.attention_gate { 2 } else { 1 };
+        let mut extra = Vec::new();
+        match (spec.linear, config.linear_attention) {
+            (true, Some(sizes)) => {
+                let (channels, value_width) =
+                    (sizes.conv_dim(), sizes.value_heads * sizes.value_head_dim);
+                linear("linear_attn.in_proj_qkv", channels, hidden, false);
+                linear("linear_attn.in_proj_z", value_width, hidden, false);
+                linear("linear_attn.in_proj_b", sizes.value_heads, hidden, false);
+                linear("linear_attn.in_proj_a", sizes.value_heads, hidden, false);
+                extra.extend([
+                    (
+                        "linear_attn.conv1d.weight",
+                        vec![channels, 1, sizes.conv_kernel],
+                        Init::Normal,
+                    ),
+                    ("linear_attn.dt_bias", vec![sizes.value_heads], Init::Ones),
+                    (
+                        "linear_attn.A_log",
+                        vec![sizes.value_heads],
+                        Init::LogUniform,
+                    ),
+                    (
+                        "linear_attn.norm.weight",
+                        vec![sizes.value_head_dim],
+                        Init::Ones,
+                    ),
+                ]);
+                linear("linear_attn.out_proj", hidden, value_width, false);
+            }
+            _ if config.variant.fused_projections => {
+                let qkv = q_out + 2 * kv_out;
+                linear("self_attn.qkv_proj", qkv, hidden, config.qkv_bias);
+                linear("self_attn.o_proj", hidden, q_out, config.o_bias);
+            }
+            _ => {
+                linear("self_attn.q_proj", query_width, hidden, config.qkv_bias);
+                linear("self_attn.k_proj", kv_out, hidden, config.qkv_bias);
+                linear("self_attn.v_proj", kv_out, hidden, config.qkv_bias);
+                linear("self_attn.o_proj", hidden, q_out, config.o_bias);
+            }
         }
-        linear("self_attn.o_proj", hidden, q_out, config.o_bias);
+
         if config.variant.fused_projections {
             linear(
                 "mlp.gate_up_proj",
@@ -411,6 +475,9 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
         }
         linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        for (name, shape, init) in extra {
+            specs.push(ParamSpec::new(format!("{prefix}.{name}"), shape, init));
+        }
         // Norms start as the identity: weights of one, or of zero where they are offsets from one.
         let unit = match config.variant.norm_offset {
             true => Init::Zeros,
@@ -421,7 +488,7 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             QkNorm::Head => (config.head_dim, config.head_dim),
             QkNorm::Projection => (q_out, kv_out),
         };
-        if config.variant.qk_norm != QkNorm::None {
+        if config.variant.qk_norm != QkNorm::None && !spec.linear {
             for (norm, width) in [("self_attn.q_norm", q_width), ("self_attn.k_norm", k_width)] {
                 specs.push(ParamSpec::new(
                     format!("{prefix}.{norm}.weight"),
@@ -731,6 +798,7 @@ fn write_safetensors(out: &mut impl Write, specs: &[ParamSpec], seed: u64) -> st
                     Init::Normal => (normal.sample(&mut rng) * INIT_STD) as f32,
                     Init::Zeros => 0.0,
                     Init::Ones => 1.0,
+                    Init::LogUniform => (0.01 + rng.random::<f64>() * (16.0 - 0.01)).ln() as f32,
                 };
                 buffer.extend_from_slice(&value.to_le_bytes());
             }

@@ -19,6 +19,9 @@ pub struct Layout {
     /// `[B, 1, T, T]` (f32, additive): 0 where the query (third axis) sees the key (last axis), −∞
     /// elsewhere. Every token sees itself, so padding stays finite.
     pub mask: Tensor,
+    /// `[B, T]` (u8): 1 on real tokens, for rows of sequences; `None` for trees, which linear-attention
+    /// layers cannot read (they run through each sequence in order).
+    pub real: Option<Tensor>,
 }
 
 impl Layout {
@@ -29,6 +32,7 @@ impl Layout {
         Ok(Layout {
             positions: positions_from_mask(key_mask)?,
             mask: attention_mask(key_mask, batch, 0, len, candle_core::DType::F32)?,
+            real: Some(key_mask.to_dtype(DType::U8)?),
         })
     }
 
@@ -61,6 +65,7 @@ impl Layout {
         Ok(Layout {
             positions: Tensor::from_vec(positions, (batch, width), device)?,
             mask: Tensor::from_vec(mask, (batch, 1, width, width), device)?,
+            real: None,
         })
     }
 }

@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
 use super::constrain::{Constrained, Grammar};
-use super::model::{Result, SequenceCache};
+use super::model::{reusable_in_part, Result, SequenceCache};
 use holo_core::machine::Finish;
 use holo_core::stop::{first_stop, StopMatcher, StreamedText};
 
@@ -220,18 +220,26 @@ impl PrefixCache {
                     .iter()
                     .zip(prompt)
                     .take_while(|(a, b)| a == b)
-                    .count();
-                (i, common.min(prompt.len().saturating_sub(1)))
+                    .count()
+                    .min(prompt.len().saturating_sub(1));
+                // A state holds its whole sequence: such an entry starts only a prompt that extends it.
+                let usable = common == entry.tokens.len() || reusable_in_part(&entry.layers);
+                (i, if usable { common } else { 0 })
             })
             .max_by_key(|&(_, length)| length);
         let Some((i, length)) = best.filter(|&(_, length)| length > 0) else {
             return Ok(None);
         };
         let entry = entries.remove(i).expect("an index from the scan");
+        let whole = entry.tokens.len();
         let layers = entry
             .layers
             .iter()
-            .map(|(k, v)| Ok((k.narrow(2, 0, length)?, v.narrow(2, 0, length)?)))
+            .map(|layer| {
+                layer.prefix(length, whole)?.ok_or_else(|| {
+                    candle_core::Error::Msg("a state cached for a part of its sequence".into())
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         entries.push_front(entry);
         self.reused.fetch_add(length, Ordering::Relaxed);

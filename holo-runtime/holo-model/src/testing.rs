@@ -104,7 +104,9 @@ pub fn config(arch: Arch) -> ModelConfig {
             )
             .then_some(3),
             rope: arch != Arch::SmolLm3,
+            linear: false,
         }],
+        linear_attention: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
@@ -127,6 +129,8 @@ pub fn random_model_seeded(config: &ModelConfig, seed: u64, dtype: DType) -> Mod
                     Init::Normal => noise * 0.4,
                     Init::Zeros => noise * 0.2,
                     Init::Ones => 1.0 + noise * 0.5,
+                    // Decay rates from e^-2 to e (log decays of −0.1 to −3 per token at unit inputs).
+                    Init::LogUniform => noise * 1.5 - 0.5,
                 }
             })
             .collect();

@@ -10,7 +10,8 @@
 //! its sequences, and its attention scores grow with the square of its length.
 //!
 //! Padded rows are kept while LoRA dropout is on: a shared prefix would share one dropout mask between
-//! the sequences, where peft draws one per sequence.
+//! the sequences, where peft draws one per sequence; and for models with linear-attention layers
+//! (Qwen3.5), whose recurrence runs through each sequence in order and cannot read a tree.
 
 use std::collections::HashMap;
 
@@ -42,7 +43,8 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         .copied()
         .filter(|s| !s.trained.is_empty())
         .collect();
-    if !model.has_dropout() {
+    // Linear attention reads each sequence in order: never trees.
+    if !model.has_dropout() && !model.has_linear_attention() {
         let costs = Costs::of(&model.config);
         let forest = Forest::grow(&sequences, &costs);
         let width = sequences.iter().map(|s| s.ids.len()).max().unwrap_or(0);

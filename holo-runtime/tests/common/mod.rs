@@ -25,7 +25,7 @@ pub fn repo() -> PathBuf {
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
-pub const MODEL_FAMILIES: [&str; 10] = [
+pub const MODEL_FAMILIES: [&str; 11] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -36,6 +36,7 @@ pub const MODEL_FAMILIES: [&str; 10] = [
     "olmo3",
     "gemma3",
     "phi3",
+    "qwen3_5",
 ];
 
 /// `holo ARGS`, run from the workspace root.

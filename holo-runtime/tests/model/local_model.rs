@@ -10,7 +10,9 @@ use holo_runtime::local::generate::{generate, generate_streaming, GenerationPara
 use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::testing::random_model_seeded;
-use holo_runtime::local::{Arch, LayerSpec, Model, ModelConfig, Ops, RopeScaling, Variant};
+use holo_runtime::local::{
+    Arch, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling, Variant,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -19,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
 /// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads.
-const ARCHS: [Arch; 10] = holo_runtime::local::init::ARCHS;
+const ARCHS: [Arch; 11] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -30,10 +32,10 @@ fn config(arch: Arch) -> ModelConfig {
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: if matches!(arch, Arch::Qwen3 | Arch::Gemma3) {
-            6
-        } else {
-            4
+        head_dim: match arch {
+            Arch::Qwen3 | Arch::Gemma3 => 6,
+            Arch::Qwen3_5 => 8,
+            _ => 4,
         },
         max_position_embeddings: 256,
         rms_norm_eps: 1e-6,
@@ -52,7 +54,7 @@ fn config(arch: Arch) -> ModelConfig {
         o_bias: false,
         mlp_bias: false,
         variant: Variant {
-            rotary_dim: (arch == Arch::Phi3).then_some(2),
+            rotary_dim: matches!(arch, Arch::Phi3 | Arch::Qwen3_5).then_some(2),
             ..Variant::of(arch)
         },
         layers: (0..2)
@@ -63,8 +65,16 @@ fn config(arch: Arch) -> ModelConfig {
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,
+                linear: arch == Arch::Qwen3_5 && layer == 0,
             })
             .collect(),
+        linear_attention: (arch == Arch::Qwen3_5).then_some(LinearAttention {
+            key_heads: 2,
+            value_heads: 4,
+            key_head_dim: 4,
+            value_head_dim: 3,
+            conv_kernel: 4,
+        }),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
@@ -793,6 +803,59 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     };
     let error = base.with_lora(&unknown).unwrap_err().to_string();
     assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
+}
+
+/// Qwen3.5's linear-attention projections take adapters under PEFT's names (`in_proj_qkv`, …,
+/// `out_proj`), beside the attention layers' `q_proj`; every adapter gets a gradient through the delta
+/// rule's written-out backward, and sampling sees them.
+#[test]
+fn lora_adapts_the_linear_attention_projections() {
+    use holo_runtime::local::model::LoraConfig;
+
+    let config = config(Arch::Qwen3_5);
+    let base = random_model_seeded(&config, 7, DType::F32);
+    let targets = [
+        "in_proj_qkv",
+        "in_proj_z",
+        "in_proj_b",
+        "in_proj_a",
+        "out_proj",
+        "q_proj",
+    ];
+    let lora = LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets: targets.map(String::from).to_vec(),
+        seed: 1,
+        dropout: 0.0,
+    };
+    let (adapted, vars) = base.with_lora(&lora).unwrap();
+    // Layer 0 is linear attention (five projections), layer 1 attention (q_proj).
+    assert_eq!(vars.len(), 2 * 6);
+    assert!(vars[0]
+        .0
+        .starts_with("base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A"));
+    for (name, var) in &vars {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
+    let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
+    let before = base.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+    let loss = adapted
+        .token_logprobs(&input, &mask, Ops::Differentiable)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    assert_every_var_has_a_gradient(&vars, &grads, "qwen3_5 lora");
+    let moved = adapted
+        .detached()
+        .token_logprobs(&input, &mask, Ops::Fast)
+        .unwrap();
+    assert!(max_abs_diff(&before, &moved) > 1e-4);
 }
 
 /// Over a half-precision base (bf16 on CUDA; f16 here, the half type the CPU trains in) the adapters are

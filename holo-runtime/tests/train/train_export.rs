@@ -259,19 +259,22 @@ fn check_merged_weights(base_dir: &Path, checkpoint: &Path, out: &Path, layers: 
         let short = module.rsplit('.').next().unwrap_or(module);
         holo_runtime::local::model::targets(&targets, short)
     };
+    // In order of first appearance, layer by layer (Qwen3.5's first layer has no attention projections).
     let mut modules: Vec<&str> = Vec::new();
-    for layer in [
-        "self_attn.q_proj",
-        "self_attn.qkv_proj",
-        "self_attn.v_proj",
-        "mlp.down_proj",
-    ] {
-        let short = layer.rsplit('.').next().unwrap();
-        if base.contains_key(&format!("model.layers.0.{layer}.weight"))
-            && adapted(layer)
-            && !modules.contains(&short)
-        {
-            modules.push(short);
+    for i in 0..layers {
+        for layer in [
+            "self_attn.q_proj",
+            "self_attn.qkv_proj",
+            "self_attn.v_proj",
+            "mlp.down_proj",
+        ] {
+            let short = layer.rsplit('.').next().unwrap();
+            if base.contains_key(&format!("model.layers.{i}.{layer}.weight"))
+                && adapted(layer)
+                && !modules.contains(&short)
+            {
+                modules.push(short);
+            }
         }
     }
     assert_eq!(config["target_modules"], json!(modules));
@@ -319,10 +322,21 @@ fn check_merged_weights(base_dir: &Path, checkpoint: &Path, out: &Path, layers: 
             .collect();
         worst = worst.max(max_diff(&values(&exported[name]), &merged));
     }
+    let adapted_weights = base
+        .keys()
+        .filter(|name| {
+            let module = name.strip_suffix(".weight").unwrap_or(name);
+            module.starts_with("model.layers.") && adapted(module)
+        })
+        .count();
+    assert!(
+        adapted_weights >= layers,
+        "every layer has an adapted module"
+    );
     assert_eq!(
         expected_adapters.len(),
-        layers * modules.len() * 2,
-        "every layer has an adapter on each adapted module"
+        adapted_weights * 2,
+        "every adapted module of every layer has an adapter"
     );
     assert_eq!(
         keys(&adapters),
@@ -433,10 +447,13 @@ fn python_check(cases: &[Case]) {
     for (case, result) in cases.iter().zip(&results) {
         println!("{}: transformers/PEFT {result}", case.label);
         assert_eq!(result["ok"], true, "{}: {result}\n{stderr}", case.label);
-        assert!(result["merged_max_abs_diff"].as_f64().unwrap() <= f64::from(TOLERANCE));
+        // Our float32 logits against transformers in float64: the tolerance, and as much again as
+        // transformers' own float32 logits differ from its float64 ones (Qwen3.5's delta rule).
+        let allowed = f64::from(TOLERANCE) + result["transformers_float32_drift"].as_f64().unwrap();
+        assert!(result["merged_max_abs_diff"].as_f64().unwrap() <= allowed);
         if case.label.ends_with("lora") {
             assert_eq!(result["lora"], true);
-            assert!(result["peft_max_abs_diff"].as_f64().unwrap() <= f64::from(TOLERANCE));
+            assert!(result["peft_max_abs_diff"].as_f64().unwrap() <= allowed);
         }
     }
     assert!(output.status.success(), "{stdout}\n{stderr}");

@@ -61,6 +61,7 @@ pub(crate) trait Real:
     + std::ops::AddAssign
     + std::ops::Sub<Output = Self>
     + std::ops::Mul<Output = Self>
+    + std::ops::MulAssign
     + std::ops::Div<Output = Self>
     + std::ops::DivAssign
     + std::ops::Neg<Output = Self>
@@ -144,6 +145,36 @@ pub(crate) fn for_each_chunk<T: Send>(
                 work(index, chunk);
             }
         }
+    });
+}
+
+/// [`for_each_chunk`] over two buffers at once: `work(index, a_chunk, b_chunk)` for the `index`-th chunk
+/// of `a` (of `a_size`) and of `b` (of `b_size`), which must have as many chunks.
+pub(crate) fn for_each_chunk_pair<T: Send>(
+    (a, a_size): (&mut [T], usize),
+    (b, b_size): (&mut [T], usize),
+    cost: usize,
+    work: impl Fn(usize, &mut [T], &mut [T]) + Sync,
+) {
+    let (a_size, b_size) = (a_size.max(1), b_size.max(1));
+    let chunks = a.len().div_ceil(a_size);
+    assert_eq!(
+        chunks,
+        b.len().div_ceil(b_size),
+        "two buffers of as many chunks"
+    );
+    let (b_len, b_start) = (b.len(), b.as_mut_ptr() as usize);
+    for_each_chunk(a, a_size, cost, |index, a_chunk| {
+        let offset = index * b_size;
+        // SAFETY: `for_each_chunk` visits every index once, so each chunk `[offset, offset + len)` of
+        // `b` is borrowed by one call, and `b` stays borrowed mutably until they have all returned.
+        let b_chunk = unsafe {
+            std::slice::from_raw_parts_mut(
+                (b_start as *mut T).add(offset),
+                b_size.min(b_len - offset),
+            )
+        };
+        work(index, a_chunk, b_chunk);
     });
 }
 

@@ -5,6 +5,7 @@
 //! (`skinny`), and batch-invariant attention (`invariant`). Nothing here knows the decoder: the
 //! model calls them, never the other way.
 
+pub(crate) mod delta;
 pub mod head;
 pub(crate) mod invariant;
 pub(crate) mod kernel;

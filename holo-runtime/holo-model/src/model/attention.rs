@@ -37,18 +37,23 @@ pub struct Attention {
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    /// The output is multiplied by the sigmoid of a gate projected with the queries
+    /// ([`crate::config::Variant::attention_gate`]).
+    pub(crate) gated: bool,
 }
 
 impl Attention {
     pub(super) fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
         let (hidden, head_dim) = (config.hidden_size, config.head_dim);
         let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
+        let gated = config.variant.attention_gate;
+        let query_width = heads * head_dim * if gated { 2 } else { 1 };
         Ok(Attention {
             qkv: Split::load(
                 &vb,
                 hidden,
                 vec![
-                    ("q_proj", heads * head_dim),
+                    ("q_proj", query_width),
                     ("k_proj", kv_heads * head_dim),
                     ("v_proj", kv_heads * head_dim),
                 ],
@@ -80,7 +85,35 @@ impl Attention {
             heads,
             kv_heads,
             head_dim,
+            gated,
         })
+    }
+
+    /// The queries `[.., heads · head_dim]` of the query projection's output, and the output gate when
+    /// the layer has one (each head's query, then its gate, as transformers' Qwen3.5 lays them out).
+    pub(crate) fn queries(&self, projected: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        if !self.gated {
+            return Ok((projected.clone(), None));
+        }
+        let dims = projected.dims();
+        let leading = &dims[..dims.len() - 1];
+        let shape = |last: &[usize]| -> Vec<usize> { [leading, last].concat() };
+        let per_head = projected.reshape(shape(&[self.heads, 2 * self.head_dim]))?;
+        let part = |start: usize| -> Result<Tensor> {
+            per_head
+                .narrow(D::Minus1, start, self.head_dim)?
+                .contiguous()?
+                .reshape(shape(&[self.heads * self.head_dim]))
+        };
+        Ok((part(0)?, Some(part(self.head_dim)?)))
+    }
+
+    /// Attention's output `[.., heads · head_dim]` times the sigmoid of its `gate`, when it has one.
+    pub(crate) fn gate(output: Tensor, gate: Option<&Tensor>) -> Result<Tensor> {
+        match gate {
+            Some(gate) => output * super::delta::sigmoid(gate)?,
+            None => Ok(output),
+        }
     }
 
     /// `xs` `[B, T, hidden]`; `mask` `[B, 1, T, S]` additive (0 or -inf) over the `S` keys, cached keys
@@ -102,11 +135,12 @@ impl Attention {
             .forward(xs, ops)?
             .try_into()
             .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
+        let (q, gate) = self.queries(&q)?;
         let q = heads(&q, self.heads, self.q_norm.as_ref())?;
         let k = heads(&k, self.kv_heads, self.k_norm.as_ref())?;
         let v = heads(&v, self.kv_heads, None)?;
         let out = self.attend(&q, &k, &v, rope, mask, cache, ops)?;
-        self.o_proj.forward(&out, ops)
+        self.o_proj.forward(&Self::gate(out, gate.as_ref())?, ops)
     }
 
     /// A projection's output `[B, T, heads · head_dim]` (or `[B · T, ..]`) as heads

@@ -3,10 +3,15 @@
 
 use super::*;
 
-/// Keys and values of one layer, `[B, kv_heads, S, head_dim]`.
+/// Keys and values of one layer, `[B, kv_heads, S, head_dim]`; or, in a linear-attention layer, its
+/// states.
 #[derive(Debug, Default)]
 pub struct LayerCache {
     keys_values: Option<(Tensor, Tensor)>,
+    /// A linear-attention layer's states after each row's last token: the convolution's last inputs
+    /// `[B, channels, K - 1]` and the delta rule's `[B, value_heads, key_dim, value_dim]` (see
+    /// `delta.rs`).
+    pub(super) state: Option<(Tensor, Tensor)>,
     /// Buffers `[B, kv_heads, capacity, head_dim]` whose first `S` columns are `keys_values` (views of
     /// them), so that a decoding step writes its column in place: concatenating copied the whole cache
     /// at every step, for every layer. Only this cache writes into them; a clone starts without.
@@ -18,6 +23,7 @@ impl Clone for LayerCache {
     fn clone(&self) -> Self {
         LayerCache {
             keys_values: self.keys_values.clone(),
+            state: self.state.clone(),
             room: None,
         }
     }
@@ -83,6 +89,9 @@ impl LayerCache {
 
     /// Keeps the given rows, in that order, with the buffers' spare columns when there are buffers.
     pub(super) fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        if let Some((conv, rule)) = self.state.take() {
+            self.state = Some((conv.index_select(rows, 0)?, rule.index_select(rows, 0)?));
+        }
         let Some((k, v)) = self.keys_values.take() else {
             return Ok(());
         };
@@ -101,8 +110,41 @@ impl LayerCache {
     }
 }
 
-/// Keys and values of one sequence, per layer `[1, kv_heads, n, head_dim]`.
-pub type SequenceCache = Vec<(Tensor, Tensor)>;
+/// What one layer keeps of one sequence.
+#[derive(Debug, Clone)]
+pub enum LayerSequence {
+    /// Keys and values `[1, kv_heads, n, head_dim]`.
+    KeysValues(Tensor, Tensor),
+    /// A linear-attention layer's states after the sequence's last token (see [`LayerCache`]), with one
+    /// row.
+    State(Tensor, Tensor),
+}
+
+impl LayerSequence {
+    /// What the layer keeps of the sequence's first `length` of its `whole` tokens: keys and values for
+    /// any prefix, a state only for the whole sequence (`None` otherwise).
+    pub fn prefix(&self, length: usize, whole: usize) -> Result<Option<LayerSequence>> {
+        Ok(match self {
+            LayerSequence::KeysValues(k, v) => Some(LayerSequence::KeysValues(
+                k.narrow(2, 0, length)?,
+                v.narrow(2, 0, length)?,
+            )),
+            LayerSequence::State(..) if length == whole => Some(self.clone()),
+            LayerSequence::State(..) => None,
+        })
+    }
+}
+
+/// What each layer keeps of one sequence.
+pub type SequenceCache = Vec<LayerSequence>;
+
+/// Whether a sequence's cache can start a longer prompt that shares only a part of it: not when a
+/// layer keeps a state, which holds the whole sequence.
+pub fn reusable_in_part(layers: &SequenceCache) -> bool {
+    layers
+        .iter()
+        .all(|layer| matches!(layer, LayerSequence::KeysValues(..)))
+}
 
 /// One batch of [`Model::forward_segments`]: token ids and positions `[B, T]`, the key mask over its
 /// cached columns and the `T` new ones, and its cache.
@@ -129,16 +171,16 @@ impl KvCache {
     /// Columns allocated per row: [`KvCache::len`] and the spare columns that decoding steps write into.
     pub fn capacity(&self) -> usize {
         self.layers
-            .first()
-            .and_then(|layer| layer.room.as_ref().or(layer.keys_values.as_ref()))
+            .iter()
+            .find_map(|layer| layer.room.as_ref().or(layer.keys_values.as_ref()))
             .map_or(0, |(keys, _)| keys.dim(2).unwrap_or(0))
     }
 
-    /// Cached positions (columns).
+    /// Cached positions (columns), counted by the attention layers' keys.
     pub fn len(&self) -> usize {
         self.layers
-            .first()
-            .and_then(|layer| layer.keys_values.as_ref())
+            .iter()
+            .find_map(|layer| layer.keys_values.as_ref())
             .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
     }
 
@@ -148,7 +190,7 @@ impl KvCache {
 
     /// Starts the cache from earlier sequences: row `b` gets `reused[b]`'s keys and values (each layer
     /// `[1, kv_heads, n, head_dim]`), right-aligned in `width` columns (zeros before, masked by the caller),
-    /// or only zeros.
+    /// or only zeros; a linear-attention layer gets the sequence's states, or zero states.
     pub fn prefill(
         &mut self,
         reused: &[Option<(usize, SequenceCache)>],
@@ -158,11 +200,34 @@ impl KvCache {
         let config = &model.config;
         let shape = |n: usize| (1, config.num_key_value_heads, n, config.head_dim);
         for (l, layer) in self.layers.iter_mut().enumerate() {
+            if let Mixer::Linear(linear) = &model.layers[l].mixer {
+                let (mut convs, mut rules) = (Vec::new(), Vec::new());
+                for row in reused {
+                    let (conv, rule) = match row.as_ref().map(|(_, layers)| &layers[l]) {
+                        Some(LayerSequence::State(conv, rule)) => (conv.clone(), rule.clone()),
+                        Some(LayerSequence::KeysValues(..)) => {
+                            candle_core::bail!(
+                                "keys and values cached for linear-attention layer {l}"
+                            )
+                        }
+                        None => linear.zero_states(1, model.dtype(), model.device())?,
+                    };
+                    convs.push(conv);
+                    rules.push(rule);
+                }
+                layer.state = Some((Tensor::cat(&convs, 0)?, Tensor::cat(&rules, 0)?));
+                continue;
+            }
             let mut keys = Vec::with_capacity(reused.len());
             let mut values = Vec::with_capacity(reused.len());
             for row in reused {
                 let (length, k, v) = match row {
-                    Some((length, layers)) => (*length, Some(&layers[l].0), Some(&layers[l].1)),
+                    Some((length, layers)) => match &layers[l] {
+                        LayerSequence::KeysValues(k, v) => (*length, Some(k), Some(v)),
+                        LayerSequence::State(..) => {
+                            candle_core::bail!("a state cached for attention layer {l}")
+                        }
+                    },
                     None => (0, None, None),
                 };
                 let zeros = Tensor::zeros(shape(width - length), model.dtype(), model.device())?;
@@ -180,13 +245,20 @@ impl KvCache {
     }
 
     /// Row `row`'s keys and values at the columns its `key_mask` marks real, per layer
-    /// `[1, kv_heads, n, head_dim]`.
+    /// `[1, kv_heads, n, head_dim]`, and its states in linear-attention layers.
     pub fn row(&self, row: usize, key_mask: &[u8]) -> Result<SequenceCache> {
         let columns: Vec<u32> = (0..key_mask.len() as u32)
             .filter(|&column| key_mask[column as usize] != 0)
             .collect();
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
+            if let Some((conv, rule)) = &layer.state {
+                layers.push(LayerSequence::State(
+                    conv.narrow(0, row, 1)?.contiguous()?,
+                    rule.narrow(0, row, 1)?.contiguous()?,
+                ));
+                continue;
+            }
             let Some((k, v)) = &layer.keys_values else {
                 candle_core::bail!("the cache holds nothing yet");
             };
@@ -197,7 +269,7 @@ impl KvCache {
                     .index_select(&columns, 2)?
                     .contiguous()
             };
-            layers.push((pick(k)?, pick(v)?));
+            layers.push(LayerSequence::KeysValues(pick(k)?, pick(v)?));
         }
         Ok(layers)
     }
@@ -207,6 +279,13 @@ impl KvCache {
     pub fn append_rows(&mut self, other: KvCache) -> Result<()> {
         let (width, other_width) = (self.len(), other.len());
         for (layer, other) in self.layers.iter_mut().zip(other.layers) {
+            layer.state = match (layer.state.take(), other.state) {
+                (Some((conv, rule)), Some((other_conv, other_rule))) => Some((
+                    Tensor::cat(&[conv, other_conv], 0)?,
+                    Tensor::cat(&[rule, other_rule], 0)?,
+                )),
+                (ours, theirs) => ours.or(theirs),
+            };
             let joined = match (layer.keys_values.take(), other.keys_values) {
                 (None, theirs) => theirs,
                 (ours, None) => ours,

@@ -56,9 +56,36 @@ impl Mlp {
     }
 }
 
+/// How a layer mixes information across tokens.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    /// Softmax attention over the keys and values of earlier tokens (`self_attn`).
+    Attention(Attention),
+    /// Gated DeltaNet linear attention, a fixed-size state per sequence (`linear_attn`).
+    Linear(GatedDeltaNet),
+}
+
+impl Mixer {
+    /// The module name its weights are under.
+    pub fn module(&self) -> &'static str {
+        match self {
+            Mixer::Attention(_) => "self_attn",
+            Mixer::Linear(_) => "linear_attn",
+        }
+    }
+
+    /// The softmax attention, when this is one.
+    pub fn attention(&self) -> Option<&Attention> {
+        match self {
+            Mixer::Attention(attention) => Some(attention),
+            Mixer::Linear(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
-    pub self_attn: Attention,
+    pub mixer: Mixer,
     pub mlp: Mlp,
     /// Before attention (none in OLMo 2 and 3).
     pub input_layernorm: Option<RmsNorm>,
@@ -86,21 +113,21 @@ impl DecoderLayer {
     /// by autograd.
     pub(crate) fn detached(&self) -> DecoderLayer {
         let mut layer = self.clone();
-        let attention = &mut layer.self_attn;
         for norm in [
             layer.input_layernorm.as_mut(),
             Some(&mut layer.post_attention_layernorm),
             layer.pre_feedforward_layernorm.as_mut(),
             layer.post_feedforward_layernorm.as_mut(),
-            attention.q_norm.as_mut(),
-            attention.k_norm.as_mut(),
         ]
         .into_iter()
         .flatten()
         {
             norm.weight = norm.weight.detach();
         }
-        for (_, linear) in Model::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
+        for (_, tensor) in Model::parts_mut(&mut layer.mixer, &mut layer.mlp).1 {
+            *tensor = tensor.detach();
+        }
+        for (_, linear) in Model::linears_mut(&mut layer.mixer, &mut layer.mlp) {
             linear.weight = linear.weight.detach();
             linear.bias = linear.bias.as_ref().map(Tensor::detach);
             if let Some(lora) = &mut linear.lora {
@@ -147,7 +174,10 @@ impl DecoderLayer {
                 "post_feedforward_layernorm",
                 placement != NormPlacement::Pre,
             )?,
-            self_attn: Attention::load(vb.pp("self_attn"), config)?,
+            mixer: match spec.linear {
+                true => Mixer::Linear(GatedDeltaNet::load(vb.pp("linear_attn"), config)?),
+                false => Mixer::Attention(Attention::load(vb.pp("self_attn"), config)?),
+            },
             mlp: Mlp::load(vb.pp("mlp"), config)?,
             post_attention_layernorm: RmsNorm::load(
                 vb.pp("post_attention_layernorm"),
@@ -165,14 +195,18 @@ impl DecoderLayer {
         ops: Ops,
     ) -> Result<Tensor> {
         let norms = self.norms();
-        let attended = self.self_attn.forward(
-            &norm(norms.attention_input, xs, ops)?,
-            frame.rope(self.spec),
-            frame.mask(self.spec),
-            cache,
-            ops,
-        )?;
-        self.finish(xs, &attended, ops)
+        let normed = norm(norms.attention_input, xs, ops)?;
+        let mixed = match &self.mixer {
+            Mixer::Attention(attention) => attention.forward(
+                &normed,
+                frame.rope(self.spec),
+                frame.mask(self.spec),
+                cache,
+                ops,
+            )?,
+            Mixer::Linear(linear) => linear.forward(&normed, frame.real()?, cache, ops)?,
+        };
+        self.finish(xs, &mixed, ops)
     }
 
     /// The rest of the layer after attention: `attended` (after `o_proj`) normalised where the family

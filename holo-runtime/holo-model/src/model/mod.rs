@@ -13,6 +13,7 @@
 
 mod attention;
 mod cache;
+mod delta;
 mod layer;
 mod linear;
 mod norm;
@@ -29,9 +30,10 @@ pub use crate::kernels::kernel::{Ops, Result};
 
 pub(crate) use attention::softmax;
 pub use attention::Attention;
-pub use cache::{KvCache, LayerCache, Segment, SequenceCache};
+pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
+pub use delta::GatedDeltaNet;
 use layer::norm;
-pub use layer::{DecoderLayer, Mlp};
+pub use layer::{DecoderLayer, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{
     targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
@@ -100,9 +102,10 @@ impl Model {
                 .transpose()?,
         };
         if model.embed_tokens.dtype() == DType::BF16 && model.device().is_cpu() {
-            // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) in f32.
+            // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) and the
+            // linear-attention layers' convolutions in f32.
             return model.map_weights(|_, tensor| match tensor.rank() {
-                1 => tensor.to_dtype(DType::F32),
+                1 | 3 => tensor.to_dtype(DType::F32),
                 _ => Ok(tensor.clone()),
             });
         }
@@ -140,55 +143,77 @@ impl Model {
     }
 
     /// The projections of a layer under their module names (`self_attn.q_proj`, …; Phi-3's
-    /// `self_attn.qkv_proj` and `mlp.gate_up_proj`), in module order.
+    /// `self_attn.qkv_proj` and `mlp.gate_up_proj`; Qwen3.5's `linear_attn.in_proj_qkv`, …), in module
+    /// order.
     pub fn linears(layer: &DecoderLayer) -> Vec<(String, &Linear)> {
-        let attention = layer.self_attn.qkv.named().into_iter();
-        let attention = attention.chain([("o_proj", &layer.self_attn.o_proj)]);
+        let module = layer.mixer.module();
+        let mixer = match &layer.mixer {
+            Mixer::Attention(attention) => {
+                let mut named = attention.qkv.named();
+                named.push(("o_proj", &attention.o_proj));
+                named
+            }
+            Mixer::Linear(linear) => linear.named(),
+        };
         let mlp = layer.mlp.gate_up.named().into_iter();
         let mlp = mlp.chain([("down_proj", &layer.mlp.down_proj)]);
-        attention
-            .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+        mixer
+            .into_iter()
+            .map(|(name, linear)| (format!("{module}.{name}"), linear))
             .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
             .collect()
     }
 
-    fn linears_mut<'a>(
-        attention: &'a mut Attention,
-        mlp: &'a mut Mlp,
-    ) -> Vec<(String, &'a mut Linear)> {
-        Self::parts_mut(attention, mlp).0
+    fn linears_mut<'a>(mixer: &'a mut Mixer, mlp: &'a mut Mlp) -> Vec<(String, &'a mut Linear)> {
+        Self::parts_mut(mixer, mlp).0
     }
 
-    /// The projections of a layer under their module names, and its q/k norms (`q_norm`, `k_norm`).
+    /// The projections of a layer under their module names, and its token mixer's other weights under
+    /// their full names in the layer (`self_attn.q_norm.weight`, `linear_attn.conv1d.weight`, …).
     #[allow(clippy::type_complexity)]
     fn parts_mut<'a>(
-        attention: &'a mut Attention,
+        mixer: &'a mut Mixer,
         mlp: &'a mut Mlp,
-    ) -> (
-        Vec<(String, &'a mut Linear)>,
-        [(&'static str, Option<&'a mut RmsNorm>); 2],
-    ) {
-        let Attention {
-            qkv,
-            o_proj,
-            q_norm,
-            k_norm,
-            ..
-        } = attention;
+    ) -> (Vec<(String, &'a mut Linear)>, Vec<(String, &'a mut Tensor)>) {
+        let module = mixer.module();
+        let (linears, others): (Vec<(&str, &mut Linear)>, Vec<(&str, &mut Tensor)>) = match mixer {
+            Mixer::Attention(Attention {
+                qkv,
+                o_proj,
+                q_norm,
+                k_norm,
+                ..
+            }) => {
+                let mut linears = qkv.named_mut();
+                linears.push(("o_proj", o_proj));
+                let norms = [("q_norm.weight", q_norm), ("k_norm.weight", k_norm)]
+                    .into_iter()
+                    .filter_map(|(name, norm)| Some((name, &mut norm.as_mut()?.weight)))
+                    .collect();
+                (linears, norms)
+            }
+            Mixer::Linear(linear) => {
+                let (linears, others) = linear.parts_mut();
+                (linears, others.into_iter().collect())
+            }
+        };
         let Mlp {
             gate_up, down_proj, ..
         } = mlp;
-        let attention = qkv.named_mut().into_iter().chain([("o_proj", o_proj)]);
         let mlp = gate_up
             .named_mut()
             .into_iter()
             .chain([("down_proj", down_proj)]);
         (
-            attention
-                .map(|(name, linear)| (format!("self_attn.{name}"), linear))
+            linears
+                .into_iter()
+                .map(|(name, linear)| (format!("{module}.{name}"), linear))
                 .chain(mlp.map(|(name, linear)| (format!("mlp.{name}"), linear)))
                 .collect(),
-            [("q_norm", q_norm.as_mut()), ("k_norm", k_norm.as_mut())],
+            others
+                .into_iter()
+                .map(|(name, tensor)| (format!("{module}.{name}"), tensor))
+                .collect(),
         )
     }
 
@@ -200,7 +225,7 @@ impl Model {
         )];
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let DecoderLayer {
-                self_attn,
+                mixer,
                 mlp,
                 input_layernorm,
                 post_attention_layernorm,
@@ -209,7 +234,7 @@ impl Model {
                 placement: _,
                 spec: _,
             } = layer;
-            let (linears, qk_norms) = Self::parts_mut(self_attn, mlp);
+            let (linears, others) = Self::parts_mut(mixer, mlp);
             for (name, linear) in linears {
                 named.push((
                     format!("model.layers.{i}.{name}.weight"),
@@ -219,13 +244,8 @@ impl Model {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
                 }
             }
-            for (name, norm) in qk_norms {
-                if let Some(norm) = norm {
-                    named.push((
-                        format!("model.layers.{i}.self_attn.{name}.weight"),
-                        &mut norm.weight,
-                    ));
-                }
+            for (name, tensor) in others {
+                named.push((format!("model.layers.{i}.{name}"), tensor));
             }
             for (name, norm) in [
                 ("input_layernorm", input_layernorm.as_mut()),
@@ -305,12 +325,15 @@ impl Model {
         if !(0.0..1.0).contains(&config.dropout) {
             candle_core::bail!("LoRA dropout must be in [0, 1), got {}", config.dropout);
         }
-        let names: Vec<String> = self.layers.first().map_or(Vec::new(), |layer| {
-            Self::linears(layer)
-                .into_iter()
-                .map(|(name, _)| name.rsplit('.').next().unwrap_or(&name).to_string())
-                .collect()
-        });
+        let mut names: Vec<String> = Vec::new();
+        for layer in &self.layers {
+            for (name, _) in Self::linears(layer) {
+                let short = name.rsplit('.').next().unwrap_or(&name).to_string();
+                if !names.contains(&short) {
+                    names.push(short);
+                }
+            }
+        }
         if let Some(unknown) = config.targets.iter().find(|&target| {
             !names
                 .iter()
@@ -329,7 +352,7 @@ impl Model {
         let mut vars = Vec::new();
         let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         for (i, layer) in model.layers.iter_mut().enumerate() {
-            for (name, linear) in Self::linears_mut(&mut layer.self_attn, &mut layer.mlp) {
+            for (name, linear) in Self::linears_mut(&mut layer.mixer, &mut layer.mlp) {
                 let short = name.rsplit('.').next().unwrap_or(&name);
                 if !targets(&config.targets, short) {
                     continue;
@@ -478,39 +501,37 @@ impl Model {
         }
         let mut xs = Tensor::cat(&embedded, 0)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let attention = &layer.self_attn;
             let normed = norm(layer.norms().attention_input, &xs, ops)?;
-            let [q, k, v]: [Tensor; 3] = attention
-                .qkv
-                .forward(&normed, ops)?
-                .try_into()
-                .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
-            let mut outputs = Vec::with_capacity(segments.len());
-            let mut offset = 0;
-            for ((segment, frame), &(batch, len)) in segments.iter_mut().zip(&frames).zip(&shapes) {
-                let rows = batch * len;
-                let heads = |x: &Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
-                    attention.split_heads(
-                        &x.narrow(0, offset, rows)?,
-                        (batch, len, heads),
-                        norm,
-                        ops,
-                    )
-                };
-                let out = attention.attend(
-                    &heads(&q, attention.heads, attention.q_norm.as_ref())?,
-                    &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
-                    &heads(&v, attention.kv_heads, None)?,
-                    frame.rope(layer.spec),
-                    frame.mask(layer.spec),
-                    Some(&mut segment.cache.layers[i]),
-                    ops,
-                )?;
-                outputs.push(out.reshape((rows, attention.heads * attention.head_dim))?);
-                offset += rows;
-            }
-            let attended = attention.o_proj.forward(&Tensor::cat(&outputs, 0)?, ops)?;
-            xs = layer.finish(&xs, &attended, ops)?;
+            let mixed = match &layer.mixer {
+                Mixer::Attention(attention) => {
+                    self.attend_segments(attention, layer.spec, i, &normed, segments, &frames, ops)?
+                }
+                Mixer::Linear(linear) => {
+                    let projected = linear.projections.forward(&normed, ops)?;
+                    let mut cores = Vec::with_capacity(segments.len());
+                    let mut offset = 0;
+                    for ((segment, frame), &(batch, len)) in
+                        segments.iter_mut().zip(&frames).zip(&shapes)
+                    {
+                        let rows = batch * len;
+                        let part = projected
+                            .iter()
+                            .map(|x| x.narrow(0, offset, rows))
+                            .collect::<Result<Vec<_>>>()?;
+                        let core = linear.mix(
+                            &part,
+                            (batch, len),
+                            frame.real()?,
+                            Some(&mut segment.cache.layers[i]),
+                            ops,
+                        )?;
+                        cores.push(core.reshape((rows, ()))?);
+                        offset += rows;
+                    }
+                    linear.output(&Tensor::cat(&cores, 0)?, &projected[1], ops)?
+                }
+            };
+            xs = layer.finish(&xs, &mixed, ops)?;
         }
         let xs = self.norm.forward(&xs, ops)?;
         let mut offset = 0;
@@ -522,6 +543,49 @@ impl Model {
                 part.reshape((batch, len, self.config.hidden_size))
             })
             .collect()
+    }
+
+    /// Attention in [`Model::forward_segments`]: the projections of every segment's tokens `normed`
+    /// `[N, hidden]` at once, then each segment's attention over its own cache, then `o_proj` at once.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_segments(
+        &self,
+        attention: &Attention,
+        spec: LayerSpec,
+        layer: usize,
+        normed: &Tensor,
+        segments: &mut [Segment<'_>],
+        frames: &[Frame],
+        ops: Ops,
+    ) -> Result<Tensor> {
+        let [q, k, v]: [Tensor; 3] = attention
+            .qkv
+            .forward(normed, ops)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("three projections".into()))?;
+        let (q, gate) = attention.queries(&q)?;
+        let mut outputs = Vec::with_capacity(segments.len());
+        let mut offset = 0;
+        for (segment, frame) in segments.iter_mut().zip(frames) {
+            let (batch, len) = segment.input_ids.dims2()?;
+            let rows = batch * len;
+            let heads = |x: &Tensor, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+                attention.split_heads(&x.narrow(0, offset, rows)?, (batch, len, heads), norm, ops)
+            };
+            let out = attention.attend(
+                &heads(&q, attention.heads, attention.q_norm.as_ref())?,
+                &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
+                &heads(&v, attention.kv_heads, None)?,
+                frame.rope(spec),
+                frame.mask(spec),
+                Some(&mut segment.cache.layers[layer]),
+                ops,
+            )?;
+            outputs.push(out.reshape((rows, attention.heads * attention.head_dim))?);
+            offset += rows;
+        }
+        let attended = Attention::gate(Tensor::cat(&outputs, 0)?, gate.as_ref())?;
+        attention.o_proj.forward(&attended, ops)
     }
 
     /// The embeddings `[B, T, hidden]` of `input_ids` `[B, T]`.
@@ -553,7 +617,17 @@ impl Model {
         let (batch, len) = positions.dims2()?;
         let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
         let key_positions = positions_from_mask(key_mask)?;
-        self.frame_with(mask, positions, &key_positions)
+        let real = match self.has_linear_attention() {
+            true => Some(key_mask.narrow(1, cached, len)?.to_dtype(DType::U8)?),
+            false => None,
+        };
+        self.frame_with(mask, positions, &key_positions, real.as_ref())
+    }
+
+    /// Whether some layer is a linear-attention layer ([`Mixer::Linear`]): such a model reads sequences,
+    /// never trees of them ([`Layout::trees`]), and its cache keeps states.
+    pub fn has_linear_attention(&self) -> bool {
+        self.config.layers.iter().any(|layer| layer.linear)
     }
 
     /// The frame of the additive `mask` `[B, 1, T, S]` over keys at `key_positions` `[B, S]`, for
@@ -564,6 +638,7 @@ impl Model {
         mask: Tensor,
         positions: &Tensor,
         key_positions: &Tensor,
+        real: Option<&Tensor>,
     ) -> Result<Frame> {
         let (cos, sin) = self.rope.tables(positions)?;
         let local = match &self.local_rope {
@@ -589,8 +664,13 @@ impl Model {
                 ))
             })
             .collect::<Result<_>>()?;
+        let real = match real {
+            Some(real) => Some(real.flatten_all()?.to_vec1::<u8>()?),
+            None => None,
+        };
         Ok(Frame {
             mask,
+            real,
             windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
@@ -600,10 +680,15 @@ impl Model {
 
     /// The [`Frame`] of a pass without a cache laid out by `layout`.
     pub(crate) fn frame_of(&self, layout: &Layout) -> Result<Frame> {
+        let real = match self.has_linear_attention() {
+            true => layout.real.as_ref(),
+            false => None,
+        };
         self.frame_with(
             layout.mask.to_dtype(self.dtype())?,
             &layout.positions,
             &layout.positions,
+            real,
         )
     }
 
@@ -666,6 +751,9 @@ impl Model {
 /// attention window the layers use, and the rotary tables `[B, T, head_dim / 2]`.
 pub(crate) struct Frame {
     pub(crate) mask: Tensor,
+    /// Which of the pass's `B · T` tokens are real (not padding), for linear-attention layers; `None` in
+    /// a model without them, and for trees of sequences ([`Layout::trees`]), which they cannot read.
+    pub(crate) real: Option<Vec<u8>>,
     pub(crate) windowed: Vec<(usize, Tensor)>,
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
@@ -674,6 +762,17 @@ pub(crate) struct Frame {
 }
 
 impl Frame {
+    /// The flags of [`Frame::real`].
+    pub(crate) fn real(&self) -> Result<&[u8]> {
+        self.real.as_deref().ok_or_else(|| {
+            candle_core::Error::Msg(
+                "linear attention reads each sequence in order: lay the pass out in rows \
+                 (Layout::causal), not trees of sequences"
+                    .into(),
+            )
+        })
+    }
+
     /// The mask of a layer: the window's when it has one.
     pub(crate) fn mask(&self, spec: LayerSpec) -> &Tensor {
         spec.window

@@ -19,6 +19,16 @@ impl RmsNorm {
         })
     }
 
+    /// A norm whose weight multiplies the normalized input as it is, whatever the family's other norms
+    /// do (Gated DeltaNet's output norm).
+    pub(super) fn plain(weight: Tensor, eps: f64) -> Self {
+        RmsNorm {
+            weight,
+            eps,
+            offset: false,
+        }
+    }
+
     /// What the normalized input is multiplied by: the weight, or one plus it.
     pub(crate) fn scale(&self) -> Result<Tensor> {
         match self.offset {

@@ -148,20 +148,41 @@ impl<'a> Engine<'a> {
     }
 
     /// Bytes of keys and values the batch holds (padding and the cache's spare columns included).
+    /// Bytes the batch's caches hold: keys and values per column, and each sequence's linear-attention
+    /// states.
     pub(crate) fn kv_bytes(&self) -> usize {
-        let prefilling = self.prefill.as_ref().map_or(0, |prefill| {
-            prefill.masks.len() * (prefill.cached_width + prefill.done)
-        });
-        (self.running.len() * self.cache.capacity() + prefilling) * self.kv_bytes_per_token()
+        let (prefilling_rows, prefilling_columns) =
+            self.prefill.as_ref().map_or((0, 0), |prefill| {
+                let rows = prefill.masks.len();
+                (rows, rows * (prefill.cached_width + prefill.done))
+            });
+        (self.running.len() * self.cache.capacity() + prefilling_columns)
+            * self.kv_bytes_per_token()
+            + (self.running.len() + prefilling_rows) * self.state_bytes_per_row()
     }
 
+    /// Keys and values of one column, over the attention layers.
     fn kv_bytes_per_token(&self) -> usize {
         let config = &self.model.config;
-        config.num_hidden_layers
+        let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
+        attention_layers
             * 2
             * config.num_key_value_heads
             * config.head_dim
             * self.model.dtype().size_in_bytes()
+    }
+
+    /// The states one sequence keeps in the linear-attention layers, whatever its length: the
+    /// convolution's last inputs and the delta rule's state.
+    fn state_bytes_per_row(&self) -> usize {
+        let config = &self.model.config;
+        let Some(sizes) = config.linear_attention else {
+            return 0;
+        };
+        let linear_layers = config.layers.iter().filter(|layer| layer.linear).count();
+        let per_layer = sizes.conv_dim() * (sizes.conv_kernel - 1)
+            + sizes.value_heads * sizes.key_head_dim * sizes.value_head_dim;
+        linear_layers * per_layer * self.model.dtype().size_in_bytes()
     }
 
     /// One scheduling step: admissions, a prefill chunk, a decoding step. Returns the submissions
@@ -272,7 +293,7 @@ impl<'a> Engine<'a> {
     }
 
     fn admit(&mut self) {
-        let per_token = self.kv_bytes_per_token();
+        let (per_token, per_row) = (self.kv_bytes_per_token(), self.state_bytes_per_row());
         let mut chosen: Vec<(u64, usize, Vec<u32>, GenerationParams)> = Vec::new();
         let mut distinct = HashSet::new();
         let mut width = 0;
@@ -286,7 +307,7 @@ impl<'a> Engine<'a> {
             {
                 Waiting::Paused { row, .. } => {
                     let columns = self.cache.len().max(row.fed.len());
-                    let projected = (self.running.len() + 1) * columns * per_token;
+                    let projected = (self.running.len() + 1) * (columns * per_token + per_row);
                     if !self.running.is_empty() && projected > self.limits.kv_budget_bytes {
                         break;
                     }
@@ -324,8 +345,7 @@ impl<'a> Engine<'a> {
                         break;
                     }
                     let projected = (self.running.len() + chosen.len() + 1)
-                        * self.cache.len().max(new_width)
-                        * per_token;
+                        * (self.cache.len().max(new_width) * per_token + per_row);
                     if (!self.running.is_empty() || !chosen.is_empty())
                         && projected > self.limits.kv_budget_bytes
                     {

@@ -10,10 +10,13 @@
 //!    with its keys and values, and resumes where it stopped, without running anything again.
 //! 2. **Admission**, while no prefill is in progress: sequences join a prefill while the batch holds
 //!    fewer than [`Limits::max_num_seqs`], the prefill's padded tokens stay within
-//!    [`Limits::max_num_batched_tokens`], and the keys and values of the batch would stay within
-//!    [`Limits::kv_budget_bytes`] (a budget for admission: running sequences are never stopped for it).
+//!    [`Limits::max_num_batched_tokens`], and the keys and values of the batch (with each sequence's
+//!    linear-attention states, of fixed size) would stay within [`Limits::kv_budget_bytes`] (a budget for
+//!    admission: running sequences are never stopped for it).
 //!    Prompts that extend a sequence in the [`PrefixCache`](super::sample::PrefixCache) only run their
-//!    new tokens, and identical prompts admitted together (the `G` rollouts of a GRPO group) run once.
+//!    new tokens (with linear-attention layers, only prompts that extend a whole cached sequence: a
+//!    state holds the sequence's last token, not its prefixes), and identical prompts admitted together
+//!    (the `G` rollouts of a GRPO group) run once.
 //! 3. **Chunked prefill**: a prefill runs at most `max_num_batched_tokens` tokens a step, so a long
 //!    prompt does not stall the decoding of the others; when its last chunk has run, its sequences
 //!    sample their first token and join the running batch.
@@ -47,7 +50,8 @@ pub struct Limits {
     /// prefilled over several steps.
     pub max_num_batched_tokens: usize,
     /// Keys and values of the batch, in bytes, beyond which no sequence is admitted (one always is when
-    /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill; the cache
+    /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill, and the states
+    /// each sequence keeps in linear-attention layers; the cache
     /// allocates up to an eighth more (and 16 columns) for the steps to come to write into.
     pub kv_budget_bytes: usize,
     /// Batch-invariant sampling: a sequence's tokens and log-probabilities are the same, bit for bit,
