@@ -95,6 +95,7 @@ impl Grammars {
         }
         Ok(Grammar {
             start: Arc::new(Mutex::new(matcher)),
+            end_of_turn: self.shared.end_of_turn.clone(),
         })
     }
 }
@@ -173,6 +174,8 @@ impl TokenizerEnv for Vocabulary {
 #[derive(Clone)]
 pub struct Grammar {
     start: Arc<Mutex<Matcher>>,
+    /// The tokens the grammar allows where a sentence is complete, which end it.
+    end_of_turn: Vec<u32>,
 }
 
 impl fmt::Debug for Grammar {
@@ -196,13 +199,17 @@ impl Grammar {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .deep_clone();
-        Constrained { matcher }
+        Constrained {
+            matcher,
+            end_of_turn: self.end_of_turn.clone(),
+        }
     }
 }
 
 /// One row's parser: where the row's text is in the grammar.
 pub(super) struct Constrained {
     matcher: Matcher,
+    end_of_turn: Vec<u32>,
 }
 
 impl Constrained {
@@ -229,9 +236,10 @@ impl Constrained {
         Ok(masked)
     }
 
-    /// Moves the parser past `token`; an end-of-turn token ends the row and is not part of the text.
-    pub(super) fn advance(&mut self, token: u32, end_of_turn: &[u32]) -> Result<()> {
-        if end_of_turn.contains(&token) {
+    /// Moves the parser past `token`. An end-of-turn token is not part of the text: it ends the row
+    /// (or, with `ignore_eos`, leaves the parser where it is, complete, allowing only more of them).
+    pub(super) fn advance(&mut self, token: u32) -> Result<()> {
+        if self.end_of_turn.contains(&token) {
             return Ok(());
         }
         self.matcher
@@ -434,6 +442,31 @@ mod tests {
                 assert!(ended_turns > 0, "{format:?}: no reply ended its turn");
             }
         }
+    }
+
+    /// With `ignore_eos` a complete reply goes on with end-of-turn tokens, the only ones its grammar
+    /// allows, to its length.
+    #[test]
+    fn a_complete_reply_that_ignores_its_end_repeats_it() {
+        let model = random_local_model();
+        let tokenizer = model.tokenizer();
+        let x = tokenizer.token_to_id("x").unwrap();
+        let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+        let request = Request {
+            prompt: Prompt::Text("Answer:".into()),
+            params: SampleParams {
+                max_tokens: Some(3),
+                ignore_eos: true,
+                constraint: Some(Constraint::Regex("x".into())),
+                ..SampleParams::default()
+            },
+        };
+        let completion = model.sample_blocking(&[request]).pop().unwrap().unwrap();
+        assert_eq!(completion.tokens, [x, end, end]);
+        assert_eq!(
+            (completion.text.as_str(), &completion.finish),
+            ("x", &Finish::Length)
+        );
     }
 
     #[test]

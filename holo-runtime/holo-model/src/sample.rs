@@ -279,7 +279,7 @@ pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result
         Some(constrained) => {
             let masked = constrained.mask(logits)?;
             let (drawn, top) = host_draw(&masked, &row.params, &mut row.rng);
-            constrained.advance(drawn.token, stopping.eos)?;
+            constrained.advance(drawn.token)?;
             (drawn, top)
         }
     };
