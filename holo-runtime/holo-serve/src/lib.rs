@@ -239,7 +239,8 @@
 //!   "function": {"name", "arguments"}}]` (`arguments` is the JSON text of an object), `content` the text
 //!   before the calls (`null` when none), `finish_reason` `"tool_calls"`. A reply in which what starts a
 //!   call is not a well-formed one is returned as text, as vLLM's parsers return it.
-//! - Streamed, text that may start a call is held back until the reply is done; a reply with calls
+//! - Streamed, text that may start a call is held back until the reply is done (with `mistral`, whose
+//!   marker is a special token that streamed text does not show, all of it); a reply with calls
 //!   then sends, as OpenAI does, per call a chunk with `delta.tool_calls: [{"index", "id", "type",
 //!   "function": {"name", "arguments": ""}}]` and one with `delta.tool_calls: [{"index", "function":
 //!   {"arguments"}}]` (the whole arguments at once), and a last chunk with an empty `delta` and

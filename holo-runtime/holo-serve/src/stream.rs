@@ -437,10 +437,14 @@ impl ChoiceStream {
     fn release(&mut self, common: &Common) {
         let stops = &common.params.stop;
         let text = self.decoded.text();
-        // What may start a tool call waits for the completion, which says whether it is one.
-        let callable = common
-            .tool_format
-            .map_or(text.len(), |format| format.held_from(text));
+        // What may start a tool call waits for the completion, which says whether it is one. A format
+        // whose marker is a special token (Mistral's `[TOOL_CALLS]`) has it nowhere in this text, which
+        // is decoded without them: all of it waits.
+        let callable = match common.tool_format {
+            None => text.len(),
+            Some(format) if format.reads_special_tokens() => 0,
+            Some(format) => format.held_from(text),
+        };
         let Some(longest) = stops.iter().map(String::len).max() else {
             self.releasable = self.releasable.max(callable);
             return;

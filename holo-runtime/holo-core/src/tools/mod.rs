@@ -111,7 +111,8 @@ impl ToolFormat {
     }
 
     /// Where a streamed reply must stop being sent as content: the byte where a call starts or may
-    /// start in `text` (`text.len()` when none can).
+    /// start in `text` (`text.len()` when none can). For [`ToolFormat::Mistral`], `text` must be
+    /// decoded with special tokens, since its marker is one.
     pub fn held_from(self, text: &str) -> usize {
         match self {
             ToolFormat::Hermes => marker_from(text, hermes::OPEN),
