@@ -10,6 +10,8 @@
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 //! - [`interpreter`]: the same machines from a `.hol` file read at run time; [`holophore`]: a rollout
 //!   in token space; [`loom`]: many rollouts at once against one [`Sampler`].
+//! - [`Constraint`]: what a completion must match (structured output), enforced by the samplers that
+//!   can; [`tools`]: the formats in which models write native tool calls.
 
 pub mod chat;
 mod error;
@@ -28,6 +30,7 @@ pub mod sampler;
 pub mod scripted;
 pub mod stop;
 pub mod text;
+pub mod tools;
 pub mod transcript;
 pub mod trim;
 
@@ -39,7 +42,9 @@ pub use machine::{
 };
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
-pub use sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+pub use sampler::{
+    ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
+};
 pub use scripted::Scripted;
 pub use text::Text;
 pub use transcript::Transcript;

@@ -39,7 +39,10 @@
 //!
 //! Every request has `"model"`, `"n": 1` and `"stream": false`. [`SampleParams`] maps one to one:
 //! `max_tokens`, `temperature`, `top_p`, `top_k` (a vLLM/SGLang/llama.cpp extension), `stop` (omitted when
-//! empty) and `seed`; a `None` field is left out so the server's default applies. Log-probabilities are
+//! empty) and `seed`; a `None` field is left out so the server's default applies. A
+//! [`Constraint`] goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
+//! `guided_choice`, `guided_grammar`; a server that has none of them refuses. `logit_bias` goes as
+//! OpenAI's; `min_tokens`, `stop_token_ids` and `ignore_eos` (vLLM's) only when set. Log-probabilities are
 //! always requested: `"logprobs": 1` on completions, `"logprobs": true` on chat.
 //!
 //! With [`OpenAiConfig::vllm_extensions`] (on by default) the body also carries
@@ -137,7 +140,7 @@ use tokio::task::JoinSet;
 
 use crate::machine::{Completion, Finish};
 use crate::sampler::{
-    ChatMessage, Prompt, Request, SampleFuture, SampleParams, Sampler, SamplerError,
+    ChatMessage, Constraint, Prompt, Request, SampleFuture, SampleParams, Sampler, SamplerError,
 };
 use crate::Role;
 
@@ -543,11 +546,48 @@ impl Inner {
         if let Some(seed) = params.seed {
             body.insert("seed".into(), json!(seed));
         }
+        if let Some(constraint) = &params.constraint {
+            let (key, value) = constraint_field(constraint);
+            body.insert(key.into(), value);
+        }
+        if !params.logit_bias.is_empty() {
+            let bias: Map<String, Value> = params
+                .logit_bias
+                .iter()
+                .map(|(token, bias)| (token.to_string(), json!(bias)))
+                .collect();
+            body.insert("logit_bias".into(), Value::Object(bias));
+        }
+        if params.min_tokens > 0 {
+            body.insert("min_tokens".into(), json!(params.min_tokens));
+        }
+        if !params.stop_token_ids.is_empty() {
+            body.insert("stop_token_ids".into(), json!(params.stop_token_ids));
+        }
+        if params.ignore_eos {
+            body.insert("ignore_eos".into(), json!(true));
+        }
         if extensions {
             body.insert("return_tokens_as_token_ids".into(), json!(true));
             body.insert("include_stop_str_in_output".into(), json!(true));
         }
         (url, Value::Object(body))
+    }
+}
+
+/// A constraint as the request field that asks an OpenAI-compatible server for it: OpenAI's
+/// `response_format` for JSON, vLLM's `guided_*` fields for the others (a server without them refuses
+/// the request, which is then [`SamplerError::Rejected`]).
+fn constraint_field(constraint: &Constraint) -> (&'static str, Value) {
+    match constraint {
+        Constraint::JsonObject => ("response_format", json!({"type": "json_object"})),
+        Constraint::JsonSchema(schema) => (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": schema, "strict": true}}),
+        ),
+        Constraint::Regex(regex) => ("guided_regex", json!(regex)),
+        Constraint::Choice(choices) => ("guided_choice", json!(choices)),
+        Constraint::Lark(grammar) => ("guided_grammar", json!(grammar)),
     }
 }
 

@@ -43,6 +43,89 @@ pub struct SampleParams {
     /// log-probabilities ([`Completion::top_logprobs`](crate::Completion::top_logprobs)); 0 for none.
     /// Samplers that cannot report them leave the completion's list empty.
     pub top_logprobs: u32,
+    /// What the completion must match, enforced token by token (constrained decoding). A sampler that
+    /// cannot enforce it refuses the request ([`SamplerError::Rejected`]) rather than ignore it.
+    pub constraint: Option<Constraint>,
+    /// Added to these tokens' logits before each draw (OpenAI's `logit_bias`, -100 to 100).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// No end-of-turn token, stop token or stop string ends the completion before it has this many
+    /// tokens (vLLM's `min_tokens`).
+    pub min_tokens: u32,
+    /// More tokens that end the completion, kept in it as an end-of-turn token is (vLLM's
+    /// `stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
+    /// End-of-turn tokens do not end the completion: it runs to `max_tokens` (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
+}
+
+impl SampleParams {
+    /// The first parameter set here that shapes the draw or the ending beyond temperature, top-p, top-k,
+    /// stop strings and length (`constraint`, `logit_bias`, `min_tokens`, `stop_token_ids`,
+    /// `ignore_eos`), by its request name: what a sampler that cannot honour it refuses.
+    pub fn beyond_sampling(&self) -> Option<&'static str> {
+        if self.constraint.is_some() {
+            Some("a constraint (structured output)")
+        } else if !self.logit_bias.is_empty() {
+            Some("logit_bias")
+        } else if self.min_tokens > 0 {
+            Some("min_tokens")
+        } else if !self.stop_token_ids.is_empty() {
+            Some("stop_token_ids")
+        } else if self.ignore_eos {
+            Some("ignore_eos")
+        } else {
+            None
+        }
+    }
+}
+
+/// A language the completion must belong to. The local model masks, at every step, the tokens that
+/// cannot continue a sentence of it, and allows its end-of-turn tokens only where a sentence is complete,
+/// so that a completion that ends its turn is always in the language (one cut by `max_tokens` or a stop
+/// string may not be). The log-probabilities it reports are those of the masked distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON that validates against a JSON schema (OpenAI's `json_schema`, vLLM's `guided_json`).
+    JsonSchema(serde_json::Value),
+    /// Text that the regular expression matches whole (vLLM's `guided_regex`).
+    Regex(String),
+    /// One of these texts exactly (vLLM's `guided_choice`).
+    Choice(Vec<String>),
+    /// A context-free grammar in the Lark syntax that llguidance reads (vLLM's `guided_grammar`):
+    /// its `start` rule, with `%json {schema}` for embedded JSON and `<[id]>` for a token by id.
+    Lark(String),
+}
+
+impl Constraint {
+    /// The name clients know it by, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Constraint::JsonObject => "a JSON object",
+            Constraint::JsonSchema(_) => "a JSON schema",
+            Constraint::Regex(_) => "a regular expression",
+            Constraint::Choice(_) => "a choice",
+            Constraint::Lark(_) => "a Lark grammar",
+        }
+    }
+}
+
+/// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
+/// whitespace) unless it sets its own (llguidance's `x-guidance`): the JSON a constrained reply is held
+/// to. llguidance's default lets whitespace run between any two tokens, and a model that keeps choosing
+/// it never closes its object.
+pub fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "whitespace_flexible": false,
+            })
+        });
+    }
+    schema
 }
 
 /// One prompt of a batch.

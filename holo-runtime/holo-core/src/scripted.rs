@@ -125,6 +125,11 @@ impl Scripted {
                 "the scripted sampler has no replies".into(),
             ));
         }
+        if let Some(parameter) = request.params.beyond_sampling() {
+            return Err(SamplerError::Rejected(format!(
+                "the scripted sampler replies what it was given and cannot honour {parameter}"
+            )));
+        }
         let turn = match &request.prompt {
             Prompt::Chat(messages) => {
                 let done = match messages.split_last() {

@@ -133,6 +133,20 @@ mod tests {
                 top_logprobs: 3,
                 ..sampled(8, 1.0, 12)
             },
+            // A constrained row, drawn on the host from its masked logits in either engine (its
+            // language has no sentence shorter than 30 letters: it runs to its length).
+            GenerationParams {
+                constraint: Some(
+                    crate::Grammars::new(
+                        tokenizer.clone(),
+                        config.vocab_size,
+                        vec![tokenizer.token_to_id("<|im_end|>").unwrap()],
+                    )
+                    .compile(&holo_core::Constraint::Regex("[a-z]{30}".into()))
+                    .unwrap(),
+                ),
+                ..sampled(9, 1.0, 12)
+            },
         ];
         let prompts: Vec<Vec<u32>> = [
             &[5u32, 9, 14][..],
@@ -142,6 +156,7 @@ mod tests {
             &[2100],
             &[7, 1000, 2000, 3],
             &[11, 12],
+            &[5, 9, 14],
             &[5, 9, 14],
         ]
         .iter()
@@ -175,5 +190,11 @@ mod tests {
         // The rows are not all alike: the sampled ones differ from the greedy one on a shared prompt.
         assert_ne!(host[0].tokens, host[3].tokens);
         assert_eq!(host[7].top_logprobs.len(), 12);
+        assert!(
+            (12..=30).contains(&host[8].text.len())
+                && host[8].text.bytes().all(|b| b.is_ascii_lowercase()),
+            "{:?}",
+            host[8].text
+        );
     }
 }

@@ -10,6 +10,7 @@
 
 mod backward;
 pub mod config;
+mod constrain;
 pub mod dispatch;
 mod draw;
 mod error;
@@ -40,6 +41,7 @@ pub use config::{
     Activation, Arch, ConfigError, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm,
     RopeScaling, Variant,
 };
+pub use constrain::{Grammar, Grammars};
 pub use files::LoadError;
 pub use layout::Layout;
 pub use model::{Model, Ops};
@@ -204,6 +206,7 @@ struct Core {
 struct Inner {
     core: Arc<Core>,
     template: ChatTemplate,
+    grammars: Grammars,
     options: LocalOptions,
     unseeded: AtomicU64,
     /// Started by the first sample.
@@ -243,8 +246,14 @@ impl LocalModel {
         end_of_turn: Vec<u32>,
         options: LocalOptions,
     ) -> Self {
+        let grammars = Grammars::new(
+            tokenizer.clone(),
+            model.config.vocab_size,
+            end_of_turn.clone(),
+        );
         LocalModel {
             inner: Arc::new(Inner {
+                grammars,
                 core: Arc::new(Core {
                     model,
                     tokenizer,
@@ -284,6 +293,12 @@ impl LocalModel {
     /// Token ids that end the model's turn.
     pub fn end_of_turn(&self) -> &[u32] {
         &self.inner.core.end_of_turn
+    }
+
+    /// What compiles this model's [`Constraint`](holo_core::Constraint)s (shared with the sampler, so a
+    /// server can check a request's constraint before sampling it).
+    pub fn grammars(&self) -> &Grammars {
+        &self.inner.grammars
     }
 
     /// The token ids a prompt stands for: text is tokenized as a completion prompt (special tokens the
@@ -362,6 +377,24 @@ impl LocalModel {
                 .seed
                 .wrapping_add(self.inner.unseeded.fetch_add(1, Ordering::Relaxed))
         });
+        let vocab = self.config().vocab_size;
+        let outside = params
+            .logit_bias
+            .iter()
+            .map(|(token, _)| token)
+            .chain(&params.stop_token_ids)
+            .find(|&&token| token as usize >= vocab);
+        if let Some(token) = outside {
+            return Err(SamplerError::Rejected(format!(
+                "token id {token} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        let constraint = match &params.constraint {
+            None => None,
+            Some(constraint) => Some(self.inner.grammars.compile(constraint).map_err(|error| {
+                SamplerError::Rejected(format!("cannot compile {}: {error}", constraint.kind()))
+            })?),
+        };
         Ok(GenerationParams {
             max_tokens: requested.min(context - prompt_len),
             temperature,
@@ -370,6 +403,11 @@ impl LocalModel {
             stop: params.stop.clone(),
             seed,
             top_logprobs: params.top_logprobs as usize,
+            constraint,
+            logit_bias: params.logit_bias.clone(),
+            min_tokens: params.min_tokens as usize,
+            stop_token_ids: params.stop_token_ids.clone(),
+            ignore_eos: params.ignore_eos,
         })
     }
 
@@ -540,5 +578,81 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    /// `logit_bias`, `min_tokens`, `stop_token_ids` and `ignore_eos` on a random model: a bias of 100
+    /// decides every draw, so each parameter's effect shows in the tokens.
+    #[test]
+    fn biases_and_ending_parameters_shape_the_draws() {
+        use holo_core::machine::Finish;
+        use holo_core::sampler::{Prompt, Request, SampleParams, SamplerError};
+
+        let model = crate::testing::random_local_model();
+        let id = |text: &str| model.tokenizer().token_to_id(text).unwrap();
+        let (x, y, end) = (id("x"), id("y"), id("<|im_end|>"));
+        let sample = |params: SampleParams| {
+            let request = Request {
+                prompt: Prompt::Text("Go:".into()),
+                params: SampleParams {
+                    temperature: Some(1.0),
+                    seed: Some(3),
+                    ..params
+                },
+            };
+            model.sample_blocking(&[request]).pop().unwrap()
+        };
+        let biased = sample(SampleParams {
+            max_tokens: Some(5),
+            logit_bias: vec![(x, 100.0)],
+            ..SampleParams::default()
+        })
+        .unwrap();
+        assert_eq!(biased.tokens, [x; 5]);
+        // The log-probabilities are the biased distribution's, in which `x` is all but certain.
+        assert!(biased.logprobs.iter().all(|lp| *lp > -1e-3), "{biased:?}");
+
+        let late = sample(SampleParams {
+            max_tokens: Some(9),
+            logit_bias: vec![(end, 100.0)],
+            min_tokens: 4,
+            ..SampleParams::default()
+        })
+        .unwrap();
+        assert_eq!(late.tokens.len(), 5, "{late:?}");
+        assert!(!late.tokens[..4].contains(&end), "{late:?}");
+        assert_eq!((late.tokens[4], &late.finish), (end, &Finish::EndOfTurn));
+
+        let stopped = sample(SampleParams {
+            max_tokens: Some(9),
+            logit_bias: vec![(y, 100.0)],
+            stop_token_ids: vec![y],
+            ..SampleParams::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (stopped.tokens.as_slice(), &stopped.finish),
+            (&[y][..], &Finish::EndOfTurn)
+        );
+
+        let ignored = sample(SampleParams {
+            max_tokens: Some(4),
+            logit_bias: vec![(end, 100.0)],
+            ignore_eos: true,
+            ..SampleParams::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (ignored.tokens.as_slice(), &ignored.finish),
+            (&[end; 4][..], &Finish::Length)
+        );
+
+        let outside = sample(SampleParams {
+            stop_token_ids: vec![100_000],
+            ..SampleParams::default()
+        });
+        assert!(
+            matches!(&outside, Err(SamplerError::Rejected(message)) if message.contains("100000")),
+            "{outside:?}"
+        );
     }
 }

@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
+use super::constrain::{Constrained, Grammar};
 use super::model::{reusable_in_part, Result, SequenceCache};
 use holo_core::machine::Finish;
 use holo_core::stop::{first_stop, StopMatcher, StreamedText};
@@ -34,6 +35,19 @@ pub struct GenerationParams {
     pub seed: u64,
     /// How many of the most likely tokens to record at each position (see [`Generation::top_logprobs`]).
     pub top_logprobs: usize,
+    /// The language the row's text must belong to ([`crate::Grammars::compile`]): its logits are masked
+    /// at every step, and every log-probability recorded is the masked distribution's.
+    pub constraint: Option<Grammar>,
+    /// Added to these tokens' logits before each draw; the log-probabilities recorded are those of the
+    /// biased distribution.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The end-of-turn and stop tokens are masked, and stop strings not matched, until the row has
+    /// this many tokens.
+    pub min_tokens: usize,
+    /// More tokens that end the row (as an end-of-turn token does).
+    pub stop_token_ids: Vec<u32>,
+    /// End-of-turn tokens do not end the row.
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerationParams {
@@ -46,6 +60,11 @@ impl Default for GenerationParams {
             stop: Vec::new(),
             seed: 0,
             top_logprobs: 0,
+            constraint: None,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
         }
     }
 }
@@ -88,6 +107,8 @@ pub(super) struct Row {
     pub(super) generation: Generation,
     /// The row's text, decoded a token at a time, for stop strings.
     stops: StopSearch,
+    /// The row's parser, when it samples under a constraint.
+    constrained: Option<Constrained>,
     pub(super) done: bool,
 }
 
@@ -97,7 +118,7 @@ impl Row {
             index,
             rng: ChaCha8Rng::seed_from_u64(params.seed),
             done: params.max_tokens == 0,
-            params,
+            constrained: params.constraint.as_ref().map(Grammar::start),
             fed: prompt,
             key_mask: Vec::new(),
             generation: Generation {
@@ -109,13 +130,19 @@ impl Row {
                 finish: Finish::Length,
             },
             stops: StopSearch::default(),
+            params,
         }
     }
 
     /// Whether [`super::draw`] can sample this row on the model's device: the whole vocabulary at some
-    /// temperature (or greedily), without the most likely alternatives, which need the row's logits.
+    /// temperature (or greedily), without the most likely alternatives, a constraint, a logit bias or
+    /// tokens masked for `min_tokens`, which need the row's logits.
     pub(super) fn draws_on_device(&self, vocab: usize) -> bool {
-        !restricted(&self.params, vocab) && self.params.top_logprobs == 0
+        !restricted(&self.params, vocab)
+            && self.params.top_logprobs == 0
+            && self.constrained.is_none()
+            && self.params.logit_bias.is_empty()
+            && self.generation.tokens.len() >= self.params.min_tokens
     }
 
     /// The next uniform draw of the row's generator in `[0, 1)`, as [`choose`] takes it for a
@@ -241,11 +268,46 @@ impl PrefixCache {
     }
 }
 
-/// Samples one token for `row` from its last-position logits and decides whether the row is done;
-/// returns the token and its logprob under the policy.
+/// Samples one token for `row` from its last-position logits (masked by its constraint, when it has
+/// one) and decides whether the row is done; returns the token and its logprob under the policy (the
+/// masked policy for a constrained row).
 pub(super) fn step(row: &mut Row, logits: &[f32], stopping: &Stopping) -> Result<(u32, f32)> {
-    let (drawn, top) = host_draw(logits, &row.params, &mut row.rng);
+    let shaped = shaped(row, logits, stopping);
+    let logits = shaped.as_deref().unwrap_or(logits);
+    let (drawn, top) = match row.constrained.as_mut() {
+        None => host_draw(logits, &row.params, &mut row.rng),
+        Some(constrained) => {
+            let masked = constrained.mask(logits)?;
+            let (drawn, top) = host_draw(&masked, &row.params, &mut row.rng);
+            constrained.advance(drawn.token)?;
+            (drawn, top)
+        }
+    };
     record(row, drawn, top, stopping)
+}
+
+/// The row's logits with its `logit_bias` added and, before `min_tokens`, its ending tokens masked;
+/// `None` when neither applies.
+fn shaped(row: &Row, logits: &[f32], stopping: &Stopping) -> Option<Vec<f32>> {
+    let params = &row.params;
+    let early = row.generation.tokens.len() < params.min_tokens;
+    if params.logit_bias.is_empty() && !early {
+        return None;
+    }
+    let mut logits = logits.to_vec();
+    for &(token, bias) in &params.logit_bias {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit += bias;
+        }
+    }
+    if early {
+        for &token in stopping.eos.iter().chain(&params.stop_token_ids) {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+    Some(logits)
 }
 
 /// Draws a token from a row's logits with its generator, and the most likely tokens when the row
@@ -301,26 +363,38 @@ pub(super) fn record(
     generation.tokens.push(token);
     generation.logprobs.push(logprob);
     generation.sampling_logprobs.push(sampling_logprob);
-    if stopping.eos.contains(&token) {
+    let params = &row.params;
+    let ends_turn = (!params.ignore_eos && stopping.eos.contains(&token))
+        || params.stop_token_ids.contains(&token);
+    if ends_turn {
         generation.finish = Finish::EndOfTurn;
         row.done = true;
-    } else if !row.params.stop.is_empty() && row.stops.may_stop(token, &row.params.stop, stopping) {
-        // The stop is cut where the whole completion's decoding has it, as the text is reported.
+    } else if !params.stop.is_empty()
+        && row.stops.may_stop(token, &params.stop, stopping)
+        && generation.tokens.len() >= params.min_tokens
+    {
+        // The stop is cut where the whole completion's decoding has it, as the text is reported; one
+        // that ends within the first `min_tokens` tokens does not count.
         let text = decode(stopping.tokenizer, &generation.tokens)?;
-        if let Some((at, stop)) = first_stop(&text, 0, &row.params.stop) {
+        let searched = match params.min_tokens {
+            0 => 0,
+            min => decode(stopping.tokenizer, &generation.tokens[..min])?.len(),
+        };
+        if let Some((at, stop)) = first_stop(&text, searched, &params.stop) {
             generation.text = text[..at + stop.len()].to_string();
             generation.finish = Finish::Stop(stop.clone());
             row.done = true;
         }
     }
-    if !row.done && generation.tokens.len() >= row.params.max_tokens {
+    if !row.done && generation.tokens.len() >= params.max_tokens {
         generation.finish = Finish::Length;
         row.done = true;
     }
     Ok((token, logprob))
 }
 
-/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals).
+/// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals),
+/// leaving out tokens a constraint masked (`-inf`), which the row could not draw.
 fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
     let by_logit = |a: &u32, b: &u32| {
         logits[*b as usize]
@@ -336,6 +410,7 @@ fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
     ids.truncate(k);
     ids.sort_unstable_by(by_logit);
     ids.into_iter()
+        .filter(|&id| logits[id as usize] != f32::NEG_INFINITY)
         .map(|id| (id, logits[id as usize] - normaliser))
         .collect()
 }

@@ -146,3 +146,21 @@ pub fn random_model_seeded(config: &ModelConfig, seed: u64, dtype: DType) -> Mod
     )
     .unwrap()
 }
+
+/// A random Qwen3 over the 512-token byte-level tokenizer of `holo init-model`, ended by `<|im_end|>`,
+/// as a sampler: its replies are noise, so whatever shape they have is the sampling parameters' doing.
+pub fn random_local_model() -> crate::LocalModel {
+    let tokenizer = crate::init::build_tokenizer().unwrap();
+    let config = ModelConfig {
+        vocab_size: tokenizer.get_vocab_size(true),
+        ..config(Arch::Qwen3)
+    };
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    crate::LocalModel::new(
+        random_model(&config, DType::F32),
+        tokenizer,
+        holo_core::chat::ChatTemplate::chatml(),
+        vec![end],
+        crate::LocalOptions::default(),
+    )
+}

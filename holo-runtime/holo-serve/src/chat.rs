@@ -21,6 +21,23 @@ pub(super) async fn chat(
     let fields = Fields(&map);
     state.check_model(&fields)?;
     let mut common = common(&fields, true)?;
+    let tool_request = tool_request(state, &fields)?;
+    if let Some(request) = &tool_request {
+        if let Some(constraint) = &request.constraint {
+            if let Some(key) = common.constraint_key {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "`tool_choice` forces a tool call and `{key}` another form: give one of them"
+                    ),
+                ));
+            }
+            common.params.constraint = Some(constraint.clone());
+            common.constraint_key = Some("tool_choice");
+        }
+        common.tool_format = request.format;
+    }
+    state.check_sampling(&common)?;
     let logprobs = fields.bool("logprobs", false)?;
     let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
     if top_logprobs.is_some() && !logprobs {
@@ -63,6 +80,7 @@ pub(super) async fn chat(
         }
     };
     let mut contents = Vec::with_capacity(messages.len());
+    let mut calls = Vec::with_capacity(messages.len());
     for (index, message) in messages.iter().enumerate() {
         let Value::Object(message) = message else {
             return Err(ApiError::invalid(
@@ -91,7 +109,18 @@ pub(super) async fn chat(
                 ))
             }
         }
-        contents.push(content(message.get("content"), index)?);
+        let tool_calls = match message.get("tool_calls") {
+            None | Some(Value::Null) => None,
+            Some(tool_calls) => Some(history_calls(tool_calls, index)?),
+        };
+        // A message that only calls tools has `content: null` from OpenAI's clients; templates test
+        // and split its content as a string (Qwen3's `'</think>' in message.content`), so it is one,
+        // empty, as vLLM renders it.
+        contents.push(match (message.get("content"), &tool_calls) {
+            (None | Some(Value::Null), Some(_)) => minijinja::Value::from(""),
+            (given, _) => content(given, index)?,
+        });
+        calls.push(tool_calls);
     }
     if let Some(kwargs) = fields.get("chat_template_kwargs") {
         if !kwargs.is_object() {
@@ -114,16 +143,16 @@ pub(super) async fn chat(
     })?;
     let values = inputs.messages.unwrap_or_default();
     let mut rendered_messages = Vec::with_capacity(values.len());
-    for (value, content) in values.iter().zip(contents) {
+    for ((value, content), calls) in values.iter().zip(contents).zip(calls) {
         let keys: Vec<minijinja::Value> =
             value.try_iter().map(Iterator::collect).unwrap_or_default();
         let pairs: Vec<(minijinja::Value, minijinja::Value)> = keys
             .into_iter()
             .map(|key| {
-                let item = if key.as_str() == Some("content") {
-                    content.clone()
-                } else {
-                    value.get_item(&key).unwrap_or_default()
+                let item = match (key.as_str(), &calls) {
+                    (Some("content"), _) => content.clone(),
+                    (Some("tool_calls"), Some(calls)) => calls.clone(),
+                    _ => value.get_item(&key).unwrap_or_default(),
                 };
                 (key, item)
             })
@@ -144,6 +173,7 @@ pub(super) async fn chat(
         add_generation_prompt,
         continue_final_message,
         variables,
+        tools: tool_request.map(|request| request.tools),
         ..RenderOptions::default()
     };
     let text = state
@@ -199,9 +229,18 @@ pub(super) async fn chat(
     for (index, completion) in completions.iter().enumerate() {
         let out = Choice::new(state, completion, &common)?;
         completion_tokens += out.token_count;
+        let message = if out.tool_calls.is_empty() {
+            json!({"role": "assistant", "content": out.text})
+        } else {
+            json!({
+                "role": "assistant",
+                "content": if out.text.is_empty() { Value::Null } else { json!(out.text) },
+                "tool_calls": calls_json(state, &out.tool_calls),
+            })
+        };
         let mut choice = json!({
             "index": index,
-            "message": {"role": "assistant", "content": out.text},
+            "message": message,
             "logprobs": if logprobs { out.chat_logprobs(state, &common) } else { Value::Null },
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,

@@ -9,6 +9,9 @@ pub(super) struct Choice<'a> {
     pub(super) finish_reason: &'static str,
     pub(super) stop_reason: Value,
     pub(super) token_count: usize,
+    /// The calls read from the reply when the request's tools are read ([`Common::tool_format`]);
+    /// `text` is then the reply's content before them.
+    pub(super) tool_calls: Vec<holo_core::tools::ToolCall>,
 }
 
 impl<'a> Choice<'a> {
@@ -39,6 +42,16 @@ impl<'a> Choice<'a> {
                 ("stop", Value::String(stop.clone()))
             }
         };
+        let mut finish_reason = finish_reason;
+        let mut tool_calls = Vec::new();
+        if let Some(reply) = common
+            .tool_format
+            .and_then(|format| read_reply(state, format, completion, &text))
+        {
+            text = reply.content.unwrap_or_default();
+            tool_calls = reply.calls;
+            finish_reason = "tool_calls";
+        }
         let token_count = if completion.tokens.is_empty() {
             state
                 .tokenizer
@@ -54,6 +67,7 @@ impl<'a> Choice<'a> {
             finish_reason,
             stop_reason,
             token_count,
+            tool_calls,
         })
     }
 

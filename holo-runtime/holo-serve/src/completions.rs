@@ -11,6 +11,7 @@ pub(super) async fn complete(
     let fields = Fields(&map);
     state.check_model(&fields)?;
     let mut common = common(&fields, false)?;
+    state.check_sampling(&common)?;
     let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
     common.params.top_logprobs = logprobs.unwrap_or(0) as u32;
     let Some(prompt) = fields.get("prompt") else {

@@ -117,11 +117,16 @@ pub(super) struct Common {
     pub(super) token_ids_as_tokens: bool,
     pub(super) return_token_ids: bool,
     pub(super) add_special_tokens: bool,
+    /// The request key that asked for `params.constraint`, for errors.
+    pub(super) constraint_key: Option<&'static str>,
+    /// The format the reply's tool calls are read in (chat requests with tools, unless `tool_choice`
+    /// is `"none"`).
+    pub(super) tool_format: Option<holo_core::tools::ToolFormat>,
 }
 
 pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
     let stream = stream_options(fields)?;
-    refuse_unsupported(fields)?;
+    refuse_unsupported(fields, chat)?;
     let n = fields.integer("n", 1, 128)?.unwrap_or(1) as u32;
     if let Some(best_of) = fields.get("best_of") {
         if best_of.as_u64() != Some(u64::from(n)) {
@@ -227,7 +232,25 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             }
         },
     };
+    let logit_bias = logit_bias(fields)?;
+    let min_tokens = fields
+        .integer("min_tokens", 0, u64::from(u32::MAX))?
+        .unwrap_or(0) as u32;
+    if let Some(max_tokens) = max_tokens {
+        if u64::from(min_tokens) > max_tokens {
+            return Err(ApiError::invalid(
+                "min_tokens",
+                format!("`min_tokens` ({min_tokens}) must not exceed `max_tokens` ({max_tokens})"),
+            ));
+        }
+    }
+    let stop_token_ids = token_ids(fields, "stop_token_ids")?;
+    let ignore_eos = fields.bool("ignore_eos", false)?;
+    let constraint = structured::constraint(fields)?;
+    let constraint_key = constraint.as_ref().map(|(key, _)| *key);
     Ok(Common {
+        constraint_key,
+        tool_format: None,
         stream,
         n,
         seed,
@@ -239,12 +262,81 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             stop,
             seed: None,
             top_logprobs: 0,
+            constraint: constraint.map(|(_, constraint)| constraint),
+            logit_bias,
+            min_tokens,
+            stop_token_ids,
+            ignore_eos,
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,
         return_token_ids: fields.bool("return_token_ids", false)?,
         add_special_tokens: fields.bool("add_special_tokens", !chat)?,
     })
+}
+
+/// OpenAI's `logit_bias`: `{"token id": bias}`, each bias from -100 to 100, in token-id order.
+fn logit_bias(fields: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
+    let key = "logit_bias";
+    let Some(value) = fields.get(key) else {
+        return Ok(Vec::new());
+    };
+    let Value::Object(biases) = value else {
+        return Err(ApiError::invalid(
+            key,
+            format!(
+                "`{key}` must be an object of token ids to biases, got {}",
+                describe(value)
+            ),
+        ));
+    };
+    let mut read = Vec::with_capacity(biases.len());
+    for (token, bias) in biases {
+        let Ok(token) = token.parse::<u32>() else {
+            return Err(ApiError::invalid(
+                key,
+                format!("`{key}` keys must be token ids, got \"{token}\""),
+            ));
+        };
+        match bias.as_f64() {
+            Some(bias) if (-100.0..=100.0).contains(&bias) => read.push((token, bias as f32)),
+            _ => {
+                return Err(ApiError::invalid(
+                    key,
+                    format!(
+                        "`{key}.{token}` must be a number from -100 to 100, got {}",
+                        describe(bias)
+                    ),
+                ))
+            }
+        }
+    }
+    read.sort_by_key(|&(token, _)| token);
+    Ok(read)
+}
+
+/// A list of token ids (vLLM's `stop_token_ids`).
+fn token_ids(fields: &Fields, key: &str) -> Result<Vec<u32>, ApiError> {
+    let Some(value) = fields.get(key) else {
+        return Ok(Vec::new());
+    };
+    value
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .map(|item| item.as_u64().and_then(|id| u32::try_from(id).ok()))
+                .collect::<Option<Vec<u32>>>()
+        })
+        .ok_or_else(|| {
+            ApiError::invalid(
+                key,
+                format!(
+                    "`{key}` must be a list of token ids, got {}",
+                    describe(value)
+                ),
+            )
+        })
 }
 
 /// `stream_options` of a streamed request.
@@ -295,26 +387,24 @@ pub(super) fn stream_options(fields: &Fields) -> Result<Option<StreamOptions>, A
     }))
 }
 
-/// Fields the server cannot honour, refused unless neutral.
-pub(super) fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
+/// Fields the server cannot honour, refused unless neutral (`tools` and `tool_choice` only on
+/// `/v1/completions`: chat reads them).
+pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiError> {
     for (key, value) in fields.0 {
-        if value.is_null() {
+        if value.is_null() || (chat && matches!(key.as_str(), "tools" | "tool_choice")) {
             continue;
         }
         let neutral = match key.as_str() {
-            "echo" | "ignore_eos" => *value == Value::Bool(false),
+            "echo" => *value == Value::Bool(false),
             "suffix" => value.as_str() == Some(""),
-            "logit_bias" => value.as_object().is_some_and(Map::is_empty),
             "presence_penalty" | "frequency_penalty" | "min_p" => value.as_f64() == Some(0.0),
             "repetition_penalty" => value.as_f64() == Some(1.0),
-            "min_tokens" => value.as_u64() == Some(0),
-            "stop_token_ids" | "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
+            "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" => value.as_str() == Some("none"),
-            "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
-            "prompt_logprobs" | "guided_json" | "guided_regex" | "guided_choice"
-            | "guided_grammar" | "structured_outputs" | "logits_processors" | "prompt_embeds" => {
-                false
-            }
+            "prompt_logprobs"
+            | "guided_whitespace_pattern"
+            | "logits_processors"
+            | "prompt_embeds" => false,
             _ => true,
         };
         if !neutral {
@@ -322,9 +412,9 @@ pub(super) fn refuse_unsupported(fields: &Fields) -> Result<(), ApiError> {
                 "echo" => "`echo` is not supported: the server returns the completion only; set `echo` to \
                            false"
                     .to_string(),
-                "tools" | "tool_choice" => {
-                    format!("`{key}` is not supported: this server does not call tools")
-                }
+                "tools" | "tool_choice" => format!(
+                    "`{key}` is not supported on /v1/completions: tools are for /v1/chat/completions"
+                ),
                 _ => format!(
                     "`{key}` is not supported by this server (got {}); leave it out or set it to null",
                     describe(value)

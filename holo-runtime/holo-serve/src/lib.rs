@@ -102,6 +102,17 @@
 //!   as in vLLM.
 //! - `stream`: `true` streams the answer (see *Streaming*); `stream_options` (only with `stream`):
 //!   `include_usage`, and vLLM's `continuous_usage_stats`.
+//! - `logit_bias` (OpenAI's: `{"token id": bias}`, biases from -100 to 100, ids in the vocabulary): added
+//!   to those tokens' logits before each draw; the local model then reports the log-probabilities of the
+//!   biased distribution it drew from.
+//! - vLLM's `min_tokens` (at most `max_tokens`): no end-of-turn token, stop token or stop string ends a
+//!   choice before it has that many tokens (the local model masks the ending tokens until then);
+//!   `stop_token_ids` (ids in the vocabulary): tokens that end a choice as its end-of-turn token does
+//!   (`finish_reason` `"stop"`, `stop_reason` `null`, the token kept in `token_ids`); `ignore_eos`: the
+//!   end-of-turn tokens do not end a choice, which runs to `max_tokens`. A sampler that cannot honour
+//!   one of these, or a constraint, refuses the request ([`SampleParams::beyond_sampling`]).
+//! - Structured output (see *Structured output*): `response_format`, and vLLM's `guided_json`,
+//!   `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`.
 //!
 //! `POST /v1/completions`:
 //! - `prompt` (required): a string, a list of strings, a list of token ids, or a list of token-id lists.
@@ -123,8 +134,8 @@
 //! `POST /v1/chat/completions`:
 //! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
 //!   `null`, or a list of `{"type": "text", "text": ...}` parts (joined with newlines, as vLLM does for
-//!   string templates). Other fields of a message (`name`, `tool_calls`, ...) are passed to the template
-//!   as they are, in their order.
+//!   string templates). Other fields of a message (`name`, `tool_call_id`, ...) are passed to the template
+//!   as they are, in their order; `tool_calls` as *Tools* says.
 //! - They are rendered with [`ServedModel::template`] exactly as transformers' `apply_chat_template` renders
 //!   them, with `add_generation_prompt` (default `true`), `continue_final_message` (vLLM; default `false`)
 //!   and `chat_template_kwargs` (vLLM; extra template variables such as `enable_thinking`). A template that
@@ -135,12 +146,16 @@
 //!   with a sampled token that is the most likely, the `top_logprobs` most likely tokens). Empty when
 //!   `top_logprobs` is 0 or the sampler reports no alternatives. `bytes` are the token's own bytes (a byte-level BPE token that holds part of
 //!   a UTF-8 character has its raw bytes here, while `token` shows the replacement character).
-//! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`.
+//! - The answer's `choices[i].message` is `{"role": "assistant", "content": text}`; with tool calls (see
+//!   *Tools*) `{"role": "assistant", "content": text or null, "tool_calls": [...]}` and `finish_reason`
+//!   `"tool_calls"`.
+//! - `tools`, `tool_choice`, `parallel_tool_calls`: see *Tools*.
 //!
 //! Both answers carry `id`, `object`, `created`, `model`, `choices` (prompt-major: prompt `p`, sample `j`
-//! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out, else
-//! `"stop"`) and `stop_reason`, and `usage {prompt_tokens, completion_tokens, total_tokens}` (each
-//! prompt's tokens counted once, every choice's sampled tokens).
+//! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out,
+//! `"tool_calls"` when the reply's tool calls were read (chat), else `"stop"`) and `stop_reason`, and
+//! `usage {prompt_tokens, completion_tokens, total_tokens}` (each prompt's tokens counted once, every
+//! choice's sampled tokens).
 //!
 //! A choice's `logprobs` is `null` when not asked for, or when the sampler reported no token ids or no
 //! log-probabilities for it. A log-probability of `-inf` is written as `-9999.0` (vLLM's convention; JSON
@@ -173,14 +188,76 @@
 //! response. A client that disconnects tells the sampler, which stops sampling for it (the local model
 //! drops the row at its next step).
 //!
+//! ## Structured output
+//!
+//! A request may hold its reply to a language, by constrained decoding with llguidance (the engine of
+//! llama.cpp's, vLLM's and SGLang's structured output): at every step the local model masks the tokens
+//! that cannot continue a reply in the language, and allows its end-of-turn tokens only where the reply so
+//! far is complete. A reply that ends its turn (`finish_reason: "stop"`) is therefore always in the
+//! language, whatever the weights; one cut by `max_tokens` (`"length"`) or a stop string may not be.
+//! - `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object),
+//!   or `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}` (JSON that
+//!   validates against `schema`; the schema is enforced whatever `strict` says). Other types and other
+//!   keys are a 400.
+//! - vLLM's `guided_json` (a schema, as an object or as its JSON text), `guided_regex` (the whole reply
+//!   matches), `guided_choice` (a non-empty list of strings: the reply is one of them), `guided_grammar`
+//!   (a Lark grammar as llguidance reads it: rules from `start`, `%json {schema}` inside, `<[id]>` for a
+//!   token by id), and `structured_outputs` with one of `json`, `regex`, `choice`, `grammar`,
+//!   `json_object`.
+//!
+//! At most one of these per request (two are a 400 naming the second). JSON replies take Python's
+//! `json.dumps` layout (`", "` and `": "`, no other whitespace) unless the schema sets llguidance's
+//! `x-guidance` options; `$ref`s must point inside the schema (`#/...`). With the local model
+//! ([`ServedModel::grammars`]) the constraint is compiled before sampling, so a schema, regex or grammar
+//! that llguidance refuses is a 400 naming the field and the reason; another sampler refuses
+//! constraints it cannot enforce ([`Constraint`](holo_core::Constraint)). Constrained rows are drawn on
+//! the host (their logits are read back on a GPU), the parser advanced a token at a time.
+//!
+//! The log-probabilities reported for a constrained reply (`logprobs`, `top_logprobs`) are those of the
+//! masked distribution the tokens were drawn from: the model's softmax over the tokens the grammar allows
+//! (a token the grammar forces has log-probability 0), not the unmasked model's.
+//!
+//! ## Tools
+//!
+//! `/v1/chat/completions` takes OpenAI's `tools` (`[{"type": "function", "function": {"name",
+//! "description", "parameters", "strict"}}]`; other keys, a missing or repeated name, are a 400) and hands
+//! them to the chat template as its `tools` argument, as transformers' `apply_chat_template(tools=...)`
+//! does: the model sees them as it was trained to. A template that never mentions `tools` refuses them (a
+//! 400: they would not reach the model). The model's reply is read in its family's call format
+//! ([`holo_core::tools::ToolFormat`]): `hermes` (Qwen 2.5 and 3, Hermes: `<tool_call>{json}</tool_call>`),
+//! `llama3_json` (Llama 3.1 to 3.3), `mistral` (`[TOOL_CALLS]`), taken from the template's markers or
+//! named by `holo serve --tool-call-parser` ([`ServedModel::tool_parser`]); tools with neither are a
+//! 400 that says to name one.
+//!
+//! - `tool_choice`: `"auto"` (the default with tools: the reply is read for calls), `"none"` (tools are
+//!   rendered, the reply is text), `"required"` (the reply is one call or more, or exactly one with
+//!   `parallel_tool_calls: false`), or `{"type": "function", "function": {"name"}}` (one call of that
+//!   function). `required` and a named function are held to the format by a grammar (see *Structured
+//!   output*): the reply is then a well-formed call whose arguments validate against the function's
+//!   `parameters`, whatever the weights. They cannot be combined with a structured-output field.
+//! - A reply that holds calls becomes `message.tool_calls`: `[{"id": "call_…", "type": "function",
+//!   "function": {"name", "arguments"}}]` (`arguments` is the JSON text of an object), `content` the text
+//!   before the calls (`null` when none), `finish_reason` `"tool_calls"`. A reply in which what starts a
+//!   call is not a well-formed one is returned as text, as vLLM's parsers return it.
+//! - Streamed, text that may start a call is held back until the reply is done (with `mistral`, whose
+//!   marker is a special token that streamed text does not show, all of it); a reply with calls
+//!   then sends, as OpenAI does, per call a chunk with `delta.tool_calls: [{"index", "id", "type",
+//!   "function": {"name", "arguments": ""}}]` and one with `delta.tool_calls: [{"index", "function":
+//!   {"arguments"}}]` (the whole arguments at once), and a last chunk with an empty `delta` and
+//!   `finish_reason` `"tool_calls"`.
+//! - The history: an assistant message's `tool_calls` reach the template with each call's `arguments`
+//!   as the object its JSON text holds, and its `content: null` as `""` (as vLLM hands them to templates,
+//!   which write arguments with `tojson` and test content as a string); `tool` messages (`tool_call_id`,
+//!   `content`) pass as they are. Arguments that are not the JSON of an object are a 400 naming the
+//!   message.
+//!
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
-//! (`""`), `best_of` (equal to `n`), `logit_bias` (`{}`), `presence_penalty`, `frequency_penalty`, `min_p`
-//! (`0`), `repetition_penalty` (`1`), `min_tokens` (`0`), `ignore_eos` (`false`), `stop_token_ids`,
-//! `bad_words`, `tools` (`[]`), `tool_choice` (`"none"`), `response_format` (`{"type": "text"}`),
-//! `prompt_logprobs`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
-//! `structured_outputs`, `logits_processors`, `prompt_embeds` (anything but `null`).
+//! (`""`), `best_of` (equal to `n`), `presence_penalty`, `frequency_penalty`, `min_p` (`0`),
+//! `repetition_penalty` (`1`), `bad_words` (`[]`), on `/v1/completions` `tools` (`[]`) and `tool_choice`
+//! (`"none"`), `prompt_logprobs`, `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds`
+//! (anything but `null`).
 //!
 //! # Sampling
 //!
@@ -244,6 +321,7 @@ use tokio::task::JoinHandle;
 use holo_core::chat::{ChatTemplate, RenderOptions};
 use holo_core::machine::{Completion, Finish};
 use holo_core::sampler::{Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink};
+use holo_core::tools::ToolFormat;
 
 mod chat;
 mod choices;
@@ -255,6 +333,8 @@ mod log;
 mod metrics;
 mod sampling;
 mod stream;
+mod structured;
+mod tools;
 
 use chat::*;
 use choices::*;
@@ -264,6 +344,7 @@ use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
 use sampling::*;
+use tools::*;
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
 /// template that turn requests into token prompts and sampled tokens into logprob entries.
@@ -278,6 +359,12 @@ pub struct ServedModel {
     pub max_model_len: Option<u32>,
     /// The local model's scheduler, whose queue, batch and cache `/metrics` reports.
     pub scheduler: Option<Arc<holo_model::SchedulerStats>>,
+    /// What compiles the sampler's constraints, when the server can check them before sampling (the
+    /// local model's); a constraint the sampler cannot enforce is refused by the sampler either way.
+    pub grammars: Option<holo_model::Grammars>,
+    /// The format the model writes tool calls in (`holo serve --tool-call-parser`); `None` takes the
+    /// one the chat template renders them in ([`ToolFormat::detect`]), if it says.
+    pub tool_parser: Option<ToolFormat>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -317,6 +404,8 @@ impl ServedModel {
             template,
             max_model_len: None,
             scheduler: None,
+            grammars: None,
+            tool_parser: None,
         }
     }
 
@@ -329,6 +418,8 @@ impl ServedModel {
             template: model.template().clone(),
             max_model_len: u32::try_from(model.config().max_position_embeddings).ok(),
             scheduler: Some(model.scheduler_stats()),
+            grammars: Some(model.grammars().clone()),
+            tool_parser: None,
             sampler: Arc::new(model),
         }
     }
@@ -439,7 +530,16 @@ impl Server {
             template,
             max_model_len,
             scheduler,
+            grammars,
+            tool_parser,
         } = model;
+        let sources: String = template
+            .template_names()
+            .iter()
+            .filter_map(|name| template.source(name))
+            .collect();
+        let tool_format = tool_parser.or_else(|| ToolFormat::detect(&sources));
+        let template_takes_tools = sources.contains("tools");
         // Prompts are sent whole: a tokenizer.json that pads or truncates must not do it here.
         tokenizer.with_padding(None);
         tokenizer
@@ -472,6 +572,9 @@ impl Server {
             connections: Arc::new(Connections::new(config.max_connections)),
             counters: Counters::default(),
             scheduler,
+            grammars,
+            tool_format,
+            template_takes_tools,
             config: config.clone(),
         });
         Ok(Server {
@@ -591,6 +694,11 @@ struct AppState {
     connections: Arc<Connections>,
     counters: Counters,
     scheduler: Option<Arc<holo_model::SchedulerStats>>,
+    grammars: Option<holo_model::Grammars>,
+    /// The format replies' tool calls are read in, when known (see [`ServedModel::tool_parser`]).
+    tool_format: Option<ToolFormat>,
+    /// Whether the chat template mentions `tools` at all (if not, tools given to it would vanish).
+    template_takes_tools: bool,
     config: ServeConfig,
 }
 
@@ -678,6 +786,48 @@ impl AppState {
             .map_err(|error| {
                 ApiError::invalid(param, format!("cannot tokenize `{param}`: {error}"))
             })
+    }
+
+    /// Checks what the sampler would refuse, so that it is a 400 naming its key before anything is
+    /// sampled: token ids outside the vocabulary, and a constraint the sampler's grammars (when the
+    /// server knows them) cannot compile.
+    fn check_sampling(&self, common: &Common) -> Result<(), ApiError> {
+        let params = &common.params;
+        let size = self.vocab.size;
+        let biased: Vec<u32> = params.logit_bias.iter().map(|&(id, _)| id).collect();
+        for (key, ids) in [
+            ("logit_bias", biased.as_slice()),
+            ("stop_token_ids", params.stop_token_ids.as_slice()),
+        ] {
+            let id = ids.iter().find(|&&id| id >= size);
+            if let Some(id) = id {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` holds token id {id}, outside the vocabulary (size {size})"),
+                ));
+            }
+        }
+        self.check_constraint(common)
+    }
+
+    /// Compiles the request's constraint where the server knows the sampler's grammars.
+    fn check_constraint(&self, common: &Common) -> Result<(), ApiError> {
+        let (Some(grammars), Some(constraint), Some(key)) = (
+            &self.grammars,
+            &common.params.constraint,
+            common.constraint_key,
+        ) else {
+            return Ok(());
+        };
+        grammars.compile(constraint).map(drop).map_err(|error| {
+            ApiError::invalid(
+                key,
+                format!(
+                    "`{key}` asks for {} that cannot be enforced: {error}",
+                    constraint.kind()
+                ),
+            )
+        })
     }
 
     /// Sends the request's samples to the sampler; sample `i` is choice `i` of the events.

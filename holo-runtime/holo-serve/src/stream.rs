@@ -17,12 +17,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{
-    chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice, Common,
-    Event, StreamOptions, Tally,
+    calls_json, chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice,
+    Common, Event, StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
 use holo_core::stop::{first_stop, floor_char_boundary, StopMatcher, StreamedText};
+use holo_core::tools::ToolCall;
 
 /// Which endpoint's chunks to write, and whether they carry logprobs.
 pub(super) enum Endpoint {
@@ -128,6 +129,9 @@ struct ChoiceStream {
     opened: bool,
     /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
     finish: Option<(&'static str, Value, usize)>,
+    /// The tool calls read from the completion, sent after its text and before its finish.
+    tool_calls: Vec<ToolCall>,
+    calls_sent: bool,
     finish_sent: bool,
 }
 
@@ -193,6 +197,16 @@ impl Streamer {
             if let Some(chunk) = self.chunk(choice) {
                 self.queue.push_back(data(&chunk));
             }
+            let stream = &self.choices[choice];
+            if stream.finish.is_some() && !stream.tool_calls.is_empty() && !stream.calls_sent {
+                for chunk in self.call_chunks(choice) {
+                    self.queue.push_back(data(&chunk));
+                }
+                self.choices[choice].calls_sent = true;
+                if let Some(chunk) = self.chunk(choice) {
+                    self.queue.push_back(data(&chunk));
+                }
+            }
         }
         if self.choices.iter().all(|choice| choice.finish_sent) {
             if self.options.include_usage {
@@ -244,7 +258,10 @@ impl Streamer {
             Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
         };
         let has_logprobs = choice.logprobs.len() >= tokens.end;
-        let finishing = choice.finish.is_some() && !choice.finish_sent;
+        // A choice with tool calls sends its text, then its calls, then its finish.
+        let finishing = choice.finish.is_some()
+            && !choice.finish_sent
+            && (choice.tool_calls.is_empty() || choice.calls_sent);
         let per_token = (wants_logprobs || common.return_token_ids) && !tokens.is_empty();
         if text.is_empty() && !per_token && !finishing {
             return None;
@@ -307,6 +324,37 @@ impl Streamer {
         let mut chunk = self.envelope(vec![out]);
         self.usage_so_far(&mut chunk, index);
         Some(chunk)
+    }
+
+    /// Choice `index`'s tool calls as OpenAI streams them: per call, a chunk that opens it (`index`,
+    /// `id`, `type`, `function.name`, empty `function.arguments`), then one with its arguments.
+    fn call_chunks(&self, index: usize) -> Vec<Value> {
+        let calls = calls_json(&self.state, &self.choices[index].tool_calls);
+        let mut chunks = Vec::with_capacity(2 * calls.len());
+        for (number, call) in calls.into_iter().enumerate() {
+            let opening = json!({
+                "index": number,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            });
+            let arguments = json!({
+                "index": number,
+                "function": {"arguments": call["function"]["arguments"]},
+            });
+            for delta in [opening, arguments] {
+                let choice = json!({
+                    "index": index,
+                    "delta": {"tool_calls": [delta]},
+                    "logprobs": null,
+                    "finish_reason": null,
+                });
+                let mut chunk = self.envelope(vec![choice]);
+                self.usage_so_far(&mut chunk, index);
+                chunks.push(chunk);
+            }
+        }
+        chunks
     }
 
     /// A chunk of this answer holding `choices`.
@@ -389,8 +437,16 @@ impl ChoiceStream {
     fn release(&mut self, common: &Common) {
         let stops = &common.params.stop;
         let text = self.decoded.text();
+        // What may start a tool call waits for the completion, which says whether it is one. A format
+        // whose marker is a special token (Mistral's `[TOOL_CALLS]`) has it nowhere in this text, which
+        // is decoded without them: all of it waits.
+        let callable = match common.tool_format {
+            None => text.len(),
+            Some(format) if format.reads_special_tokens() => 0,
+            Some(format) => format.held_from(text),
+        };
         let Some(longest) = stops.iter().map(String::len).max() else {
-            self.releasable = text.len();
+            self.releasable = self.releasable.max(callable);
             return;
         };
         // Only a piece in which a stop string ends is searched for which one (once per choice).
@@ -416,7 +472,7 @@ impl ChoiceStream {
             None => floor_char_boundary(text, text.len().saturating_sub(longest - 1)),
         };
         self.searched = text.len();
-        self.releasable = self.releasable.max(releasable);
+        self.releasable = self.releasable.max(releasable.min(callable));
     }
 
     /// The sampler's completion: its tokens, logprobs and text (cut as a non-streamed answer cuts it)
@@ -448,6 +504,7 @@ impl ChoiceStream {
             self.releasable = self.sent_text;
         }
         self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
+        self.tool_calls = choice.tool_calls;
         Ok(())
     }
 }

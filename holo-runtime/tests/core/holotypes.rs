@@ -61,7 +61,7 @@ fn tool_loop_runs_tools_until_the_answer() {
     .unwrap();
     let text = transcript.to_string();
     assert!(
-        text.contains("{\"description\":\"Adds a and b.\",\"name\":\"add\""),
+        text.contains("{\"name\":\"add\",\"description\":\"Adds a and b.\""),
         "{text}"
     );
     assert!(text.contains("<result>3.5</result>"), "{text}");

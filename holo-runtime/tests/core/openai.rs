@@ -369,6 +369,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             stop: vec!["</answer>".into(), "\n\n".into()],
             seed: Some(1234),
             top_logprobs: 0,
+            ..SampleParams::default()
         },
     };
     let completion = one(&sampler, request).await.unwrap();

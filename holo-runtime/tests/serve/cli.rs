@@ -90,6 +90,18 @@ async fn holo_serve_cli_serves_a_local_model() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("error:"));
+    // A tool-call parser the server does not know, named with those it knows.
+    let unknown_parser = Command::new(env!("CARGO_BIN_EXE_holo"))
+        .args(["serve", dir.to_str().unwrap(), "--port", "0"])
+        .args(["--tool-call-parser", "pythonic"])
+        .output()
+        .unwrap();
+    assert_eq!(unknown_parser.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&unknown_parser.stderr);
+    assert!(
+        said.contains("unknown tool-call parser `pythonic`; known: hermes, llama3_json, mistral"),
+        "{said}"
+    );
 
     let served = Served::start(
         Command::new(env!("CARGO_BIN_EXE_holo"))

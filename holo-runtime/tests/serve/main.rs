@@ -13,6 +13,8 @@ mod openai_sampler;
 mod python_client;
 mod raw_json;
 mod streaming;
+mod structured;
+mod tools;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -124,6 +126,11 @@ impl Echo {
             panic!("the test sampler panics on purpose");
         }
         let params = &request.params;
+        if let Some(parameter) = params.beyond_sampling() {
+            return Err(SamplerError::Rejected(format!(
+                "the echo sampler cannot honour {parameter}"
+            )));
+        }
         let seed = params.seed.unwrap_or(0);
         let window = echo_window(ids);
         let max = params.max_tokens.map_or(usize::MAX, |max| max as usize);

@@ -25,6 +25,7 @@ async fn openai_sampler_round_trips_tokens_and_logprobs() {
         stop: stop.iter().map(|s| s.to_string()).collect(),
         seed: Some(3),
         top_logprobs: 0,
+        ..SampleParams::default()
     };
     let text = "Hé, 日本 ok";
     let tokens = encode(text);

@@ -81,6 +81,7 @@ async fn completions_text_prompt() {
             stop: vec![],
             seed: Some(11),
             top_logprobs: 0,
+            ..SampleParams::default()
         }
     );
     // Defaults: max_tokens 16 (OpenAI's), top_k -1 and 0 turn top-k off, an unseeded request still gets
@@ -634,9 +635,9 @@ async fn request_errors() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "x", "logit_bias": {"1": 5}}),
+            json!({"prompt": "x", "logit_bias": {"1": 500}}),
             "logit_bias",
-            "not supported",
+            "from -100 to 100",
         ),
         (
             "/v1/completions",
@@ -747,7 +748,37 @@ async fn request_errors() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
             "tools",
-            "does not call tools",
+            "`tools[0].function` must be an object",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+            "does not render `tools`",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}),
+            "tool_choice",
+            "needs `tools`",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+            "tools are for /v1/chat/completions",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}),
+            "response_format",
+            "must be an object",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "guided_choice": []}),
+            "guided_choice",
+            "non-empty list of strings",
         ),
         (
             "/v1/chat/completions",

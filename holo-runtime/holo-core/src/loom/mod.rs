@@ -714,6 +714,7 @@ impl Active {
                 stop: sample.stop,
                 seed: Some(request_seed(self.seed, self.samples)),
                 top_logprobs: 0,
+                ..SampleParams::default()
             },
         }
     }

@@ -74,6 +74,11 @@ impl TinkerSampler {
             ));
         };
         let params = &request.params;
+        if let Some(parameter) = params.beyond_sampling() {
+            return Err(SamplerError::Rejected(format!(
+                "the Tinker service's sampling parameters cannot honour {parameter}"
+            )));
+        }
         let sampling = SamplingParams {
             max_tokens: params.max_tokens.unwrap_or(self.default_max_tokens),
             // SkyRL draws with JAX, whose seeds are 32-bit: the low 31 bits keep a seed valid everywhere.

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use holo_runtime::tools::ToolFormat;
+
 use crate::{LocalArgs, EXIT_FAILURES, EXIT_USAGE};
 
 /// How the local model schedules the sequences of every request (vLLM's flag names).
@@ -80,30 +82,28 @@ pub struct ServeArgs {
     /// The model id clients send as `model` (default: MODEL_DIR as given, as vLLM does).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// How the model writes tool calls, by vLLM's parser names: `hermes` (Qwen 2.5 and 3, Hermes),
+    /// `llama3_json` (Llama 3.1 to 3.3), `mistral`. Default: the format the chat template renders
+    /// tool calls in, when it says; without one, requests with `tools` are refused.
+    #[arg(long, value_parser = tool_call_parser)]
+    pub tool_call_parser: Option<ToolFormat>,
     #[command(flatten)]
     pub local: LocalArgs,
 }
 
+fn tool_call_parser(name: &str) -> Result<ToolFormat, String> {
+    ToolFormat::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
+        format!(
+            "unknown tool-call parser `{name}`; known: {}",
+            names.join(", ")
+        )
+    })
+}
+
 pub fn run(args: ServeArgs) -> ExitCode {
-    let ServeArgs {
-        model_dir,
-        host,
-        port,
-        scheduler,
-        connections,
-        served_model_name,
-        local,
-    } = args;
-    log_to_stderr(!connections.no_access_log);
-    serve(
-        &model_dir,
-        &host,
-        port,
-        &scheduler,
-        &connections,
-        served_model_name,
-        &local,
-    )
+    log_to_stderr(!args.connections.no_access_log);
+    serve(args)
 }
 
 /// The server's `tracing` events (the access log, target `holo::access`; accept failures) as lines on
@@ -124,7 +124,6 @@ fn log_to_stderr(access_log: bool) {
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
 }
 
-/// `holo serve`: loads the model folder and serves it until the process is interrupted.
 /// A folder without a chat template is served with ChatML for chat requests: say so, since a model
 /// trained on another format would then see prompts it was not trained on.
 fn note_builtin_template(dir: &Path, model: &holo_runtime::local::LocalModel) {
@@ -137,17 +136,22 @@ fn note_builtin_template(dir: &Path, model: &holo_runtime::local::LocalModel) {
     }
 }
 
-fn serve(
-    model_dir: &Path,
-    host: &str,
-    port: u16,
-    scheduler: &SchedulerArgs,
-    connections: &ConnectionArgs,
-    served_model_name: Option<String>,
-    local: &LocalArgs,
-) -> ExitCode {
+/// `holo serve`: loads the model folder and serves it until the process is interrupted.
+fn serve(args: ServeArgs) -> ExitCode {
     use holo_runtime::local::LocalModel;
     use holo_runtime::serve::{ServedModel, Server};
+
+    let ServeArgs {
+        model_dir,
+        host,
+        port,
+        scheduler,
+        connections,
+        served_model_name,
+        tool_call_parser,
+        local,
+    } = args;
+    let (model_dir, host) = (model_dir.as_path(), host.as_str());
 
     let mut options = match local.options(scheduler.max_num_seqs as usize) {
         Ok(options) => options,
@@ -173,7 +177,10 @@ fn serve(
     };
     note_builtin_template(model_dir, &model);
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
-    let served = ServedModel::local(id.clone(), model);
+    let served = ServedModel {
+        tool_parser: tool_call_parser,
+        ..ServedModel::local(id.clone(), model)
+    };
     let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,

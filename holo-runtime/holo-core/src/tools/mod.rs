@@ -1,0 +1,449 @@
+//! Native tool calls: the formats in which models trained to call tools write their calls, read back
+//! into OpenAI's `tool_calls`, and the grammars that hold a reply to one call or more (constrained
+//! decoding, for `tool_choice: "required"` or a named function).
+//!
+//! A model sees its tools through its chat template's `tools` argument
+//! ([`RenderOptions::tools`](crate::chat::RenderOptions::tools)) and answers in its family's format:
+//! [`ToolFormat::Hermes`] (Qwen 2.5 and 3, Hermes: `<tool_call>{json}</tool_call>`),
+//! [`ToolFormat::Llama3Json`] (Llama 3.1 to 3.3: a bare `{"name", "parameters"}` object), or
+//! [`ToolFormat::Mistral`] (`[TOOL_CALLS][{"name", "arguments"}, …]`). The names are vLLM's
+//! `--tool-call-parser` names.
+
+mod hermes;
+mod llama;
+mod mistral;
+
+use serde_json::{json, Value};
+
+use crate::sampler::json_layout;
+
+/// One call a model made: the function's name and its arguments (a JSON object).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// A reply read in a tool-call format: the text before the calls (`None` when there is none but
+/// whitespace) and the calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolReply {
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
+}
+
+/// A function the model may call: its name and the JSON schema of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Function {
+    pub name: String,
+    pub parameters: Value,
+}
+
+/// How a family writes its tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, one block per call (Qwen 2.5 and 3,
+    /// Hermes 2 and 3); text before the first block is the reply's content.
+    Hermes,
+    /// `{"name": …, "parameters": {…}}`, calls separated by `; `, the whole reply (Llama 3.1 to 3.3,
+    /// after the `<|python_tag|>` the tokenizer's decoding drops).
+    Llama3Json,
+    /// `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` (Mistral's v3 tokenizers; v11's
+    /// `[TOOL_CALLS]name[ARGS]{…}` is read too). `[TOOL_CALLS]` is a special token: the reply is read
+    /// from its decoding with special tokens.
+    Mistral,
+}
+
+impl ToolFormat {
+    /// Every format by its vLLM `--tool-call-parser` name.
+    pub const NAMES: [(&'static str, ToolFormat); 3] = [
+        ("hermes", ToolFormat::Hermes),
+        ("llama3_json", ToolFormat::Llama3Json),
+        ("mistral", ToolFormat::Mistral),
+    ];
+
+    /// The format named `name` (vLLM's names).
+    pub fn from_name(name: &str) -> Option<ToolFormat> {
+        Self::NAMES
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|&(_, format)| format)
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, format)| *format == self)
+            .map(|&(name, _)| name)
+            .expect("every format is named")
+    }
+
+    /// The format a chat template's source writes its tool calls in, when it says: the markers its
+    /// assistant turns are rendered with.
+    pub fn detect(source: &str) -> Option<ToolFormat> {
+        if source.contains("<tool_call>") {
+            Some(ToolFormat::Hermes)
+        } else if source.contains("[TOOL_CALLS]") {
+            Some(ToolFormat::Mistral)
+        } else if source.contains("<|python_tag|>")
+            || (source.contains("<|eot_id|>") && source.contains("\"parameters\""))
+        {
+            Some(ToolFormat::Llama3Json)
+        } else {
+            None
+        }
+    }
+
+    /// Whether replies are read from their decoding with special tokens (the format's marker is one).
+    pub fn reads_special_tokens(self) -> bool {
+        self == ToolFormat::Mistral
+    }
+
+    /// The calls in `text`, or `None` when it holds none: no call starts there, or what starts one is
+    /// not a well-formed call (then the whole text is the reply's content, as vLLM's parsers do).
+    pub fn parse(self, text: &str) -> Option<ToolReply> {
+        let reply = match self {
+            ToolFormat::Hermes => hermes::parse(text),
+            ToolFormat::Llama3Json => llama::parse(text),
+            ToolFormat::Mistral => mistral::parse(text),
+        }?;
+        (!reply.calls.is_empty()).then_some(reply)
+    }
+
+    /// Where a streamed reply must stop being sent as content: the byte where a call starts or may
+    /// start in `text` (`text.len()` when none can). For [`ToolFormat::Mistral`], `text` must be
+    /// decoded with special tokens, since its marker is one.
+    pub fn held_from(self, text: &str) -> usize {
+        match self {
+            ToolFormat::Hermes => marker_from(text, hermes::OPEN),
+            ToolFormat::Llama3Json => whole_reply_from(text, '{'),
+            ToolFormat::Mistral => {
+                marker_from(text, mistral::MARKER).min(whole_reply_from(text, '['))
+            }
+        }
+    }
+
+    /// A Lark grammar (llguidance's) whose sentences are calls of `functions` in this format: one
+    /// call, or with `parallel` one or more. `token_id` finds a special token's id (Mistral's
+    /// `[TOOL_CALLS]`); `None` when the format needs one the tokenizer lacks.
+    pub fn grammar(
+        self,
+        functions: &[Function],
+        parallel: bool,
+        token_id: impl Fn(&str) -> Option<u32>,
+    ) -> Result<String, String> {
+        if functions.is_empty() {
+            return Err("no function to call".into());
+        }
+        let arguments_key = match self {
+            ToolFormat::Llama3Json => "parameters",
+            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+        };
+        let alternatives: Vec<Value> = functions
+            .iter()
+            .map(|function| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": function.name},
+                        arguments_key: function.parameters,
+                    },
+                    "required": ["name", arguments_key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let schema = match alternatives.len() {
+            1 => alternatives.into_iter().next().expect("one"),
+            _ => json!({"anyOf": alternatives}),
+        };
+        let call = format!("%json {}", json_layout(schema));
+        let (open, separator, close) = match self {
+            ToolFormat::Hermes => (String::new(), "\"\\n\"".to_string(), String::new()),
+            ToolFormat::Llama3Json => (String::new(), "\"; \"".to_string(), String::new()),
+            ToolFormat::Mistral => {
+                let id = token_id(mistral::MARKER).ok_or_else(|| {
+                    format!(
+                        "the tokenizer has no `{}` token for Mistral's tool calls",
+                        mistral::MARKER
+                    )
+                })?;
+                (
+                    format!("<[{id}]> \"[\" "),
+                    "\", \"".to_string(),
+                    " \"]\"".to_string(),
+                )
+            }
+        };
+        let call = match self {
+            ToolFormat::Hermes => {
+                format!("\"{}\\n\" {call} \"\\n{}\"", hermes::OPEN, hermes::CLOSE)
+            }
+            ToolFormat::Llama3Json | ToolFormat::Mistral => call,
+        };
+        let repeat = if parallel {
+            format!(" ({separator} call)*")
+        } else {
+            String::new()
+        };
+        Ok(format!("start: {open}call{repeat}{close}\ncall: {call}\n"))
+    }
+}
+
+/// Where `marker` starts in `text`, or where a suffix of `text` that could begin it starts
+/// (`text.len()` when neither).
+fn marker_from(text: &str, marker: &str) -> usize {
+    if let Some(at) = text.find(marker) {
+        return at;
+    }
+    (1..marker.len())
+        .rev()
+        .filter(|&len| len <= text.len())
+        .find(|&len| {
+            text.is_char_boundary(text.len() - len) && marker.starts_with(&text[text.len() - len..])
+        })
+        .map_or(text.len(), |len| text.len() - len)
+}
+
+/// 0 while `text` is blank or starts (after whitespace) with `first`: a format whose call is the whole
+/// reply holds it all until the reply is done; `text.len()` otherwise.
+fn whole_reply_from(text: &str, first: char) -> usize {
+    match text.trim_start().chars().next() {
+        None => 0,
+        Some(c) if c == first => 0,
+        Some(_) => text.len(),
+    }
+}
+
+/// A call read from a JSON object with `name` (a string) and its arguments under one of
+/// `argument_keys` (an object, or a string that holds one, as some models write them).
+fn call_from(value: &Value, argument_keys: &[&str]) -> Option<ToolCall> {
+    let object = value.as_object()?;
+    let name = object.get("name")?.as_str()?.to_string();
+    let arguments = argument_keys
+        .iter()
+        .find_map(|key| object.get(*key))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let arguments = match arguments {
+        Value::String(text) => serde_json::from_str::<Value>(&text).ok()?,
+        other => other,
+    };
+    arguments
+        .is_object()
+        .then_some(ToolCall { name, arguments })
+}
+
+/// `text` unless it is only whitespace.
+fn content(text: &str) -> Option<String> {
+    (!text.trim().is_empty()).then(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tests/fixtures/chat/tool_calls.json`: replies as transformers renders them with the models' own
+    /// templates (`scripts/tool_call_fixtures.py`).
+    fn rendered(model: &str) -> (String, Vec<ToolCall>) {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/chat/tool_calls.json"
+        );
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let case = &fixture[model];
+        let calls = case["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|call| ToolCall {
+                name: call["name"].as_str().unwrap().to_string(),
+                arguments: call["arguments"].clone(),
+            })
+            .collect();
+        (case["reply"].as_str().unwrap().to_string(), calls)
+    }
+
+    #[test]
+    fn templates_are_told_apart_by_their_markers() {
+        let source = |relative: &str| {
+            let path = format!(
+                "{}/../tests/fixtures/chat/models/{relative}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let template = crate::chat::ChatTemplate::from_dir(path).unwrap();
+            template
+                .template_names()
+                .iter()
+                .filter_map(|name| template.source(name))
+                .collect::<String>()
+        };
+        assert_eq!(
+            ToolFormat::detect(&source("qwen3")),
+            Some(ToolFormat::Hermes)
+        );
+        assert_eq!(
+            ToolFormat::detect(&source("qwen2.5")),
+            Some(ToolFormat::Hermes)
+        );
+        assert_eq!(
+            ToolFormat::detect(&source("llama3.2")),
+            Some(ToolFormat::Llama3Json)
+        );
+        assert_eq!(ToolFormat::detect(&source("gemma3")), None);
+        for (name, format) in ToolFormat::NAMES {
+            assert_eq!(ToolFormat::from_name(name), Some(format));
+            assert_eq!(format.name(), name);
+        }
+        assert_eq!(ToolFormat::from_name("pythonic"), None);
+    }
+
+    #[test]
+    fn qwen_replies_as_their_templates_render_them_parse_back() {
+        let (reply, calls) = rendered("qwen2.5");
+        let parsed = ToolFormat::Hermes.parse(&reply).unwrap();
+        assert_eq!(parsed.calls, calls);
+        assert_eq!(parsed.content, None);
+        // Qwen3 writes its (empty) thinking first: the text before the calls is the content.
+        let (reply, calls) = rendered("qwen3");
+        let parsed = ToolFormat::Hermes.parse(&reply).unwrap();
+        assert_eq!(parsed.calls, calls);
+        assert_eq!(parsed.content.as_deref(), Some("<think>\n\n</think>\n\n"));
+    }
+
+    #[test]
+    fn llama_replies_as_its_template_renders_them_parse_back() {
+        let (reply, calls) = rendered("llama3.2");
+        let parsed = ToolFormat::Llama3Json.parse(&reply).unwrap();
+        assert_eq!(
+            parsed,
+            ToolReply {
+                content: None,
+                calls: calls.clone()
+            }
+        );
+        let two = format!("<|python_tag|>{reply}; {{\"name\": \"get_time\", \"parameters\": {{\"zone\": \"UTC\"}}}}");
+        let parsed = ToolFormat::Llama3Json.parse(&two).unwrap();
+        assert_eq!(parsed.calls.len(), 2);
+        assert_eq!(parsed.calls[1].arguments, json!({"zone": "UTC"}));
+    }
+
+    /// No Mistral template that renders tool calls is available offline: these are the two forms
+    /// vLLM's `mistral` parser reads (v3 tokenizers' JSON list, v11's `name[ARGS]`).
+    #[test]
+    fn mistral_replies_parse_in_both_forms() {
+        let list = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]";
+        let parsed = ToolFormat::Mistral.parse(list).unwrap();
+        assert_eq!(parsed.content, None);
+        assert_eq!(
+            parsed.calls,
+            [
+                ToolCall {
+                    name: "get_weather".into(),
+                    arguments: json!({"city": "Paris"})
+                },
+                ToolCall {
+                    name: "get_time".into(),
+                    arguments: json!({"zone": "UTC"})
+                },
+            ]
+        );
+        let named = "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{\"zone\": \"UTC\"}";
+        let parsed = ToolFormat::Mistral.parse(named).unwrap();
+        assert_eq!(parsed.content.as_deref(), Some("Let me look."));
+        assert_eq!(parsed.calls.len(), 2);
+        assert_eq!(parsed.calls[0].name, "get_weather");
+    }
+
+    #[test]
+    fn text_that_is_not_a_well_formed_call_holds_no_calls() {
+        for (format, text) in [
+            (ToolFormat::Hermes, "Just an answer."),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"name\": \"f\", \"arguments\": {\n</tool_call>",
+            ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+            ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}\n</tool_call>",
+            ),
+            (ToolFormat::Llama3Json, "The answer is {x}."),
+            (
+                ToolFormat::Llama3Json,
+                "{\"name\": \"f\", \"parameters\": {}} and more",
+            ),
+            (ToolFormat::Mistral, "[TOOL_CALLS][{\"name\": \"f\"]"),
+            (ToolFormat::Mistral, "no calls"),
+        ] {
+            assert_eq!(format.parse(text), None, "{format:?}: {text}");
+        }
+        // Arguments written as a JSON string are read as the object they hold.
+        let parsed = ToolFormat::Hermes
+            .parse("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>")
+            .unwrap();
+        assert_eq!(parsed.calls[0].arguments, json!({"a": 1}));
+        // A last block cut before its closing tag is still a call.
+        let parsed = ToolFormat::Hermes
+            .parse("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n")
+            .unwrap();
+        assert_eq!(parsed.calls[0].name, "f");
+    }
+
+    #[test]
+    fn streams_hold_back_what_may_start_a_call() {
+        let hermes = ToolFormat::Hermes;
+        assert_eq!(hermes.held_from("Sure.\n<tool_call>\n{"), 6);
+        assert_eq!(hermes.held_from("Sure.\n<tool_c"), 6);
+        assert_eq!(hermes.held_from("Sure. 3 < 4"), 11);
+        assert_eq!(hermes.held_from("a <"), 2);
+        assert_eq!(ToolFormat::Llama3Json.held_from("  {\"na"), 0);
+        assert_eq!(ToolFormat::Llama3Json.held_from(""), 0);
+        assert_eq!(ToolFormat::Llama3Json.held_from("Hello {"), 7);
+        assert_eq!(ToolFormat::Mistral.held_from("ok [TOOL_"), 3);
+    }
+
+    #[test]
+    fn grammars_write_calls_in_each_format() {
+        let functions = [
+            Function {
+                name: "f".into(),
+                parameters: json!({"type": "object"}),
+            },
+            Function {
+                name: "g".into(),
+                parameters: json!({"type": "object"}),
+            },
+        ];
+        let hermes = ToolFormat::Hermes
+            .grammar(&functions, true, |_| None)
+            .unwrap();
+        assert!(
+            hermes.starts_with("start: call (\"\\n\" call)*\ncall: \"<tool_call>\\n\" %json {"),
+            "{hermes}"
+        );
+        assert!(hermes.contains("\"anyOf\""), "{hermes}");
+        assert!(hermes.ends_with("} \"\\n</tool_call>\"\n"), "{hermes}");
+        let llama = ToolFormat::Llama3Json
+            .grammar(&functions[..1], false, |_| None)
+            .unwrap();
+        assert!(llama.starts_with("start: call\ncall: %json {"), "{llama}");
+        assert!(llama.contains("\"parameters\""), "{llama}");
+        assert!(ToolFormat::Mistral
+            .grammar(&functions, true, |_| None)
+            .is_err());
+        let mistral = ToolFormat::Mistral
+            .grammar(&functions, true, |name| {
+                (name == "[TOOL_CALLS]").then_some(5)
+            })
+            .unwrap();
+        assert!(
+            mistral.starts_with("start: <[5]> \"[\" call (\", \" call)* \"]\"\n"),
+            "{mistral}"
+        );
+        assert!(ToolFormat::Hermes.grammar(&[], true, |_| None).is_err());
+    }
+}

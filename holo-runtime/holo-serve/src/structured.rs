@@ -1,0 +1,263 @@
+//! Structured output: `response_format` (OpenAI) and `guided_json`, `guided_regex`, `guided_choice`,
+//! `guided_grammar`, `structured_outputs` (vLLM) read into one [`Constraint`], checked against the served
+//! model's grammars before any sampling.
+
+use super::*;
+use holo_core::Constraint;
+
+/// The request keys that ask for a constraint, in the order they are read.
+const KEYS: [&str; 6] = [
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+];
+
+/// The request's constraint and the key it came from; `None` when it asks for none (or for plain
+/// text). Two keys that ask for one are refused: which would win is a guess.
+pub(super) fn constraint(fields: &Fields) -> Result<Option<(&'static str, Constraint)>, ApiError> {
+    let mut found: Option<(&'static str, Constraint)> = None;
+    for key in KEYS {
+        let Some(value) = fields.get(key) else {
+            continue;
+        };
+        let Some(constraint) = read(key, value)? else {
+            continue;
+        };
+        if let Some((first, _)) = &found {
+            return Err(ApiError::invalid(
+                key,
+                format!("`{first}` and `{key}` both constrain the reply: give one of them"),
+            ));
+        }
+        found = Some((key, constraint));
+    }
+    Ok(found)
+}
+
+fn read(key: &'static str, value: &Value) -> Result<Option<Constraint>, ApiError> {
+    match key {
+        "response_format" => response_format(value),
+        "guided_json" => json_schema(key, value).map(Some),
+        "guided_regex" => text(key, value).map(|regex| Some(Constraint::Regex(regex))),
+        "guided_choice" => choices(key, value).map(|choices| Some(Constraint::Choice(choices))),
+        "guided_grammar" => text(key, value).map(|grammar| Some(Constraint::Lark(grammar))),
+        _ => structured_outputs(value),
+    }
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}`, or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
+fn response_format(value: &Value) -> Result<Option<Constraint>, ApiError> {
+    let key = "response_format";
+    let Value::Object(format) = value else {
+        return Err(ApiError::invalid(
+            key,
+            format!("`{key}` must be an object, got {}", describe(value)),
+        ));
+    };
+    let kind = match format.get("type") {
+        Some(Value::String(kind)) => kind.as_str(),
+        other => {
+            return Err(ApiError::invalid(
+                key,
+                format!(
+                    "`{key}.type` must be \"text\", \"json_object\" or \"json_schema\", got {}",
+                    other.map_or("nothing".to_string(), describe)
+                ),
+            ))
+        }
+    };
+    let allowed: &[&str] = match kind {
+        "text" | "json_object" => &["type"],
+        "json_schema" => &["type", "json_schema"],
+        other => {
+            return Err(ApiError::invalid(
+                key,
+                format!(
+                    "`{key}.type` must be \"text\", \"json_object\" or \"json_schema\", got \"{other}\""
+                ),
+            )
+            .code("unsupported_parameter"))
+        }
+    };
+    unknown_keys(key, format, allowed)?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Constraint::JsonObject)),
+        _ => {
+            let inner = "response_format.json_schema";
+            let Some(Value::Object(schema)) = format.get("json_schema") else {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("`{inner}` must be an object with the `schema`"),
+                ));
+            };
+            unknown_keys(inner, schema, &["name", "schema", "strict", "description"])?;
+            match schema.get("name") {
+                None | Some(Value::Null | Value::String(_)) => {}
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        key,
+                        format!("`{inner}.name` must be a string, got {}", describe(other)),
+                    ))
+                }
+            }
+            match schema.get("strict") {
+                None | Some(Value::Null | Value::Bool(_)) => {}
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        key,
+                        format!(
+                            "`{inner}.strict` must be true or false, got {}",
+                            describe(other)
+                        ),
+                    ))
+                }
+            }
+            match schema.get("schema") {
+                None | Some(Value::Null) => Err(ApiError::invalid(
+                    key,
+                    format!("`{inner}.schema` is required"),
+                )
+                .code("missing_field")),
+                Some(schema) => json_schema(key, schema).map(Some),
+            }
+        }
+    }
+}
+
+/// vLLM's `structured_outputs`: one of `json`, `regex`, `choice`, `grammar`, or `json_object: true`.
+fn structured_outputs(value: &Value) -> Result<Option<Constraint>, ApiError> {
+    let key = "structured_outputs";
+    let Value::Object(options) = value else {
+        return Err(ApiError::invalid(
+            key,
+            format!("`{key}` must be an object, got {}", describe(value)),
+        ));
+    };
+    unknown_keys(
+        key,
+        options,
+        &["json", "regex", "choice", "grammar", "json_object"],
+    )?;
+    let mut found = Vec::new();
+    for (name, value) in options {
+        if value.is_null() {
+            continue;
+        }
+        let constraint = match name.as_str() {
+            "json" => json_schema(key, value)?,
+            "regex" => Constraint::Regex(text(key, value)?),
+            "choice" => Constraint::Choice(choices(key, value)?),
+            "grammar" => Constraint::Lark(text(key, value)?),
+            _ => match value {
+                Value::Bool(true) => Constraint::JsonObject,
+                Value::Bool(false) => continue,
+                other => {
+                    return Err(ApiError::invalid(
+                        key,
+                        format!(
+                            "`{key}.json_object` must be true or false, got {}",
+                            describe(other)
+                        ),
+                    ))
+                }
+            },
+        };
+        found.push((name.as_str(), constraint));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop().map(|(_, constraint)| constraint)),
+        _ => Err(ApiError::invalid(
+            key,
+            format!(
+                "`{key}` gives {}: give one of them",
+                found
+                    .iter()
+                    .map(|(name, _)| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+        )),
+    }
+}
+
+/// A JSON schema given as an object (or `true`/`false`), or as the text of one (vLLM accepts both).
+fn json_schema(key: &str, value: &Value) -> Result<Constraint, ApiError> {
+    let schema = match value {
+        Value::String(text) => serde_json::from_str::<Value>(text).map_err(|error| {
+            ApiError::invalid(
+                key,
+                format!("`{key}` is a string that is not a JSON schema: {error}"),
+            )
+        })?,
+        other => other.clone(),
+    };
+    match schema {
+        Value::Object(_) | Value::Bool(_) => Ok(Constraint::JsonSchema(schema)),
+        other => Err(ApiError::invalid(
+            key,
+            format!(
+                "the JSON schema of `{key}` must be an object, got {}",
+                describe(&other)
+            ),
+        )),
+    }
+}
+
+fn text(key: &str, value: &Value) -> Result<String, ApiError> {
+    match value {
+        Value::String(text) if !text.is_empty() => Ok(text.clone()),
+        other => Err(ApiError::invalid(
+            key,
+            format!(
+                "`{key}` must be a non-empty string, got {}",
+                describe(other)
+            ),
+        )),
+    }
+}
+
+fn choices(key: &str, value: &Value) -> Result<Vec<String>, ApiError> {
+    let choices = value.as_array().and_then(|items| {
+        items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+    });
+    match choices {
+        Some(choices) if !choices.is_empty() => Ok(choices),
+        _ => Err(ApiError::invalid(
+            key,
+            format!(
+                "`{key}` must be a non-empty list of strings, got {}",
+                describe(value)
+            ),
+        )),
+    }
+}
+
+/// Refuses keys of `object` (at `path` in the request) that are not `allowed`: an option the server
+/// does not know would be silently ignored.
+fn unknown_keys(path: &str, object: &Map<String, Value>, allowed: &[&str]) -> Result<(), ApiError> {
+    let param = path.split('.').next().unwrap_or(path);
+    match object.keys().find(|key| !allowed.contains(&key.as_str())) {
+        Some(unknown) => Err(ApiError::invalid(
+            param,
+            format!(
+                "`{path}.{unknown}` is not supported; `{path}` takes {}",
+                allowed
+                    .iter()
+                    .map(|key| format!("`{key}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .code("unsupported_parameter")),
+        None => Ok(()),
+    }
+}

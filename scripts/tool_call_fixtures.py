@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Tool-call replies as the models' own chat templates write them, for the parsers of `holo-core/src/tools/`.
+
+Run in the peers' venv (transformers; torch is not needed), from the repository root:
+
+    ~/.cache/holo-peers/venv/bin/python scripts/tool_call_fixtures.py
+
+For each chat-fixture model whose template renders tool calls (Qwen3, Qwen2.5, Llama 3.2), it renders a
+conversation whose last assistant message carries `tool_calls` with transformers'
+`apply_chat_template(..., tools=TOOLS, tokenize=False)`, cuts the assistant turn out of it (what the model
+would have written: after the generation prompt, before the end-of-turn marker), and writes
+`holo-runtime/tests/fixtures/chat/tool_calls.json`: per model the reply text and the calls it holds.
+The Rust tests read each reply back with the model's parser and compare the calls.
+"""
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from chat_fixtures import MODELS, tiny_tokenizer_json  # noqa: E402
+
+OUT = MODELS.parent / "tool_calls.json"
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a time zone",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+        },
+    },
+]
+
+CALLS = [
+    {"name": "get_weather", "arguments": {"city": "Paris — “Île”", "unit": "celsius"}},
+    {"name": "get_time", "arguments": {"zone": "Europe/Paris"}},
+]
+
+# model folder: (calls in one message, generation prompt's end, end-of-turn marker)
+MODELS_WITH_TOOLS = {
+    "qwen3": (2, "<|im_start|>assistant\n", "<|im_end|>"),
+    "qwen2.5": (2, "<|im_start|>assistant\n", "<|im_end|>"),
+    # Llama 3.2's template refuses more than one call per message.
+    "llama3.2": (1, "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+}
+
+
+def main() -> None:
+    import transformers
+    from transformers import AutoTokenizer
+
+    question = [{"role": "user", "content": "Weather and time in Paris?"}]
+    out = {"generated_by": "scripts/tool_call_fixtures.py", "transformers": transformers.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (count, opening, end) in MODELS_WITH_TOOLS.items():
+            folder = Path(tmp) / name
+            shutil.copytree(MODELS / name, folder, ignore=shutil.ignore_patterns("*.md"))
+            tiny_tokenizer_json(folder)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            calls = CALLS[:count]
+            assistant = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": call} for call in calls],
+            }
+            rendered = tokenizer.apply_chat_template(question + [assistant], tools=TOOLS, tokenize=False)
+            start = rendered.rindex(opening) + len(opening)
+            reply = rendered[start : rendered.index(end, start)]
+            out[name] = {"reply": reply, "calls": calls}
+    OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
