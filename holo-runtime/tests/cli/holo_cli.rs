@@ -564,7 +564,7 @@ async fn dry_with_a_model_prints_every_transcript() {
     }
     assert!(
         stdout.contains(
-            "--- user\nWhat is 17 * 23?\n--- assistant\n⟦<tool>{\"args\":{\"expression\":\"17 * 23\"},\"name\":\"calculator\"}</tool>⟧\n--- user\n<result>391</result>\n--- assistant\n⟦<answer>391</answer>⟧"
+            "--- user\nWhat is 17 * 23?\n--- assistant\n⟦<tool>{\"name\":\"calculator\",\"args\":{\"expression\":\"17 * 23\"}}</tool>⟧\n--- user\n<result>391</result>\n--- assistant\n⟦<answer>391</answer>⟧"
         ),
         "{stdout}"
     );
@@ -618,7 +618,7 @@ async fn eval_against_an_openai_server_survives_a_500() {
     let tool_turn = &row_0["contexts"][0]["messages"][2]["parts"][0];
     assert_eq!(
         tool_turn["text"],
-        r#"<tool>{"args":{"expression":"17 * 23"},"name":"calculator"}</tool>"#
+        r#"<tool>{"name":"calculator","args":{"expression":"17 * 23"}}</tool>"#
     );
 }
 

@@ -773,13 +773,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     );
 
     // B = 0 makes A's gradient zero (as in PEFT); move B first so both get one.
-    for (name, var) in &vars {
-        if name.contains("lora_B") {
-            let shape = var.as_tensor().shape().clone();
-            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
-                .unwrap();
-        }
-    }
+    move_lora_b(&vars);
     let loss = adapted
         .token_logprobs(&input, &mask, Ops::Differentiable)
         .unwrap()
@@ -803,6 +797,17 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     };
     let error = base.with_lora(&unknown).unwrap_err().to_string();
     assert!(error.contains("unknown LoRA target \"qkv\""), "{error}");
+}
+
+/// Random `B` matrices for the adapters: with `B = 0` (PEFT's start) `A` gets no gradient.
+fn move_lora_b(vars: &[(String, candle_core::Var)]) {
+    for (name, var) in vars {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
+                .unwrap();
+        }
+    }
 }
 
 /// Qwen3.5's linear-attention projections take adapters under PEFT's names (`in_proj_qkv`, …,
@@ -835,13 +840,7 @@ fn lora_adapts_the_linear_attention_projections() {
     assert!(vars[0]
         .0
         .starts_with("base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A"));
-    for (name, var) in &vars {
-        if name.contains("lora_B") {
-            let shape = var.as_tensor().shape().clone();
-            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
-                .unwrap();
-        }
-    }
+    move_lora_b(&vars);
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
     let before = base.token_logprobs(&input, &mask, Ops::Fast).unwrap();
     let loss = adapted
@@ -879,13 +878,7 @@ fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
     for (name, weight) in adapted.named_weights() {
         assert_eq!(weight.dtype(), DType::F16, "base {name}");
     }
-    for (name, var) in &vars {
-        if name.contains("lora_B") {
-            let shape = var.as_tensor().shape().clone();
-            var.set(&Tensor::randn(0f32, 0.1, shape, &Device::Cpu).unwrap())
-                .unwrap();
-        }
-    }
+    move_lora_b(&vars);
     adapted.set_dropout_seed(3);
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
     let logprobs = adapted
