@@ -236,6 +236,14 @@ impl GatedDeltaNet {
             self.sizes.value_head_dim,
         );
         let kept = self.sizes.conv_kernel - 1;
+        // Half precision computes the convolution and the rule in f32, as transformers does the rule.
+        let dtype = mixed.dtype();
+        let work = state_dtype(dtype);
+        let (mixed, b, a) = (
+            &mixed.to_dtype(work)?,
+            &b.to_dtype(work)?,
+            &a.to_dtype(work)?,
+        );
         let (conv_states, rule_states) = match cache.as_ref().and_then(|cache| cache.state.clone())
         {
             Some(states) => states,
@@ -295,18 +303,18 @@ impl GatedDeltaNet {
         if let Some(cache) = cache {
             cache.state = Some((Tensor::cat(&next_conv, 0)?, Tensor::cat(&next_rule, 0)?));
         }
-        Tensor::cat(&outputs, 0)
+        Tensor::cat(&outputs, 0)?.to_dtype(dtype)
     }
 
-    /// Zero states for `batch` rows: the convolution's `[B, C, K - 1]` and the rule's
-    /// `[B, value_heads, key_dim, value_dim]`.
+    /// Zero states for `batch` rows of a model computing in `dtype`: the convolution's `[B, C, K - 1]`
+    /// and the rule's `[B, value_heads, key_dim, value_dim]`, in [`state_dtype`].
     pub(crate) fn zero_states(
         &self,
         batch: usize,
         dtype: DType,
         device: &Device,
     ) -> Result<(Tensor, Tensor)> {
-        let sizes = self.sizes;
+        let (sizes, dtype) = (self.sizes, state_dtype(dtype));
         Ok((
             Tensor::zeros(
                 (batch, sizes.conv_dim(), sizes.conv_kernel - 1),
@@ -445,6 +453,15 @@ impl GatedDeltaNet {
                 ("norm.weight", &mut norm.weight),
             ],
         )
+    }
+}
+
+/// The type of the linear-attention states of a model computing in `dtype`: f32 for half precision
+/// (the rule accumulates over every token; transformers runs it in f32 too), the model's own otherwise.
+pub(crate) fn state_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
     }
 }
 
@@ -619,6 +636,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// In half precision the convolution and the rule run in f32 and the states are f32: the output is
+    /// the f64 layer's to f16's rounding of the projections.
+    #[test]
+    fn half_precision_runs_the_rule_in_f32() {
+        let (exact, _) = layer(DType::F64);
+        let (half, _) = layer(DType::F16);
+        let (batch, len) = (2, 9);
+        let real = vec![1u8; batch * len];
+        let run = |layer: &GatedDeltaNet, dtype: DType| {
+            let xs = inputs(batch, len, dtype);
+            let projected = layer.projections.forward(&xs, Ops::Fast).unwrap();
+            let mut cache = LayerCache::default();
+            let core = layer
+                .mix(&projected, (batch, len), &real, Some(&mut cache), Ops::Fast)
+                .unwrap();
+            (core, cache.state.unwrap())
+        };
+        let (expected, _) = run(&exact, DType::F64);
+        let (core, (conv, rule)) = run(&half, DType::F16);
+        assert_eq!(core.dtype(), DType::F16);
+        assert_eq!((conv.dtype(), rule.dtype()), (DType::F32, DType::F32));
+        let scale = crate::testing::max_abs(&expected);
+        let difference = max_difference(&core.to_dtype(DType::F64).unwrap(), &expected);
+        assert!(difference < 2e-2 * scale, "{difference} of {scale}");
     }
 
     /// Sampling continues from the cached states exactly: a prompt run in chunks, with padding between

@@ -31,6 +31,7 @@ pub use crate::kernels::kernel::{Ops, Result};
 pub(crate) use attention::softmax;
 pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
+pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
 use layer::norm;
 pub use layer::{DecoderLayer, Mixer, Mlp};

@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use super::rows::{Live, Prefill};
 use super::{Limits, Listener, Results};
 use crate::dispatch::{self, Draws};
-use crate::model::{KvCache, Model, Ops, SequenceCache};
+use crate::model::{state_dtype, KvCache, Model, Ops, SequenceCache};
 use crate::sample::{Generation, GenerationParams, PrefixCache, Row, Stopping};
 
 enum Waiting {
@@ -179,7 +179,7 @@ impl<'a> Engine<'a> {
         let linear_layers = config.layers.iter().filter(|layer| layer.linear).count();
         let per_layer = sizes.conv_dim() * (sizes.conv_kernel - 1)
             + sizes.value_heads * sizes.key_head_dim * sizes.value_head_dim;
-        linear_layers * per_layer * self.model.dtype().size_in_bytes()
+        linear_layers * per_layer * state_dtype(self.model.dtype()).size_in_bytes()
     }
 
     /// One scheduling step: admissions, a prefill chunk, a decoding step. Returns the submissions
