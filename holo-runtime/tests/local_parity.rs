@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use common::json::{floats, ids, max_diff};
-use common::logits::sequence_logits;
+use common::logits::{sequence_logits, sequence_logits_f64};
 use common::MODEL_FAMILIES as FAMILIES;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
@@ -787,22 +787,7 @@ fn qwen3_5_in_float64_matches_transformers_in_float64() {
     let exact = &expected("qwen3_5")["exact"];
     let sequence = ids(&exact["ids"]);
     let model = files::load_model(&fixture("qwen3_5"), DType::F64, &Device::Cpu).unwrap();
-    let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
-    let positions = positions_from_mask(&mask).unwrap();
-    let hidden = model
-        .forward_hidden(&input, &positions, &mask, None, Ops::Differentiable)
-        .unwrap();
-    let ours: Vec<Vec<f64>> = model
-        .logits(&hidden, Ops::Differentiable)
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
+    let ours = sequence_logits_f64(&model, &sequence);
     let theirs = exact["logits"].as_array().unwrap();
     assert_eq!(ours.len(), theirs.len());
     let mut worst = 0.0f64;

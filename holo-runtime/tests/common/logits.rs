@@ -6,6 +6,25 @@ use holo_runtime::local::{Model, Ops};
 
 /// The logits `[T, vocab]` (f32, on the CPU) of one unpadded sequence.
 pub fn sequence_logits(model: &Model, sequence: &[u32]) -> Vec<Vec<f32>> {
+    logits(model, sequence, Ops::Fast)
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
+/// [`sequence_logits`] of an f64 model, in f64 (through the differentiable ops: candle's fused RMSNorm
+/// has no f64).
+pub fn sequence_logits_f64(model: &Model, sequence: &[u32]) -> Vec<Vec<f64>> {
+    logits(model, sequence, Ops::Differentiable)
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
+/// The logits `[T, vocab]` of one unpadded sequence, on the CPU.
+fn logits(model: &Model, sequence: &[u32], ops: Ops) -> Tensor {
     let device = model.device();
     let input = Tensor::new(sequence, device).unwrap().unsqueeze(0).unwrap();
     let mask = Tensor::ones((1, sequence.len()), DType::U8, device).unwrap();
@@ -15,16 +34,12 @@ pub fn sequence_logits(model: &Model, sequence: &[u32]) -> Vec<Vec<f32>> {
             &positions_from_mask(&mask).unwrap(),
             &mask,
             None,
-            Ops::Fast,
+            ops,
         )
         .unwrap();
     model
-        .logits(&hidden.squeeze(0).unwrap(), Ops::Fast)
-        .unwrap()
-        .to_dtype(DType::F32)
+        .logits(&hidden.squeeze(0).unwrap(), ops)
         .unwrap()
         .to_device(&Device::Cpu)
-        .unwrap()
-        .to_vec2()
         .unwrap()
 }

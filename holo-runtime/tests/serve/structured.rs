@@ -3,6 +3,7 @@
 //! noise; every constrained one must still parse and validate (pydantic validates the client's
 //! `parse` helper's replies against the model class the schema came from).
 
+use super::python_client::run_python;
 use super::*;
 use holo_runtime::local::{LocalModel, LocalOptions};
 
@@ -33,39 +34,6 @@ pub(super) async fn start_qwen3() -> (ServerHandle, String, crate::common::tempd
         .spawn();
     let base = server.base_url();
     (server, base, dir)
-}
-
-/// Runs `script` with the peers' Python as `python -c script BASE MODEL ARGS…`; its stdout as JSON.
-/// `None` when the venv is missing (a failure under `CI=true`, a SKIPPED line elsewhere).
-pub(super) async fn run_python(script: &'static str, base: &str, args: &[&str]) -> Option<Value> {
-    let python = crate::common::components::peers(&["openai", "pydantic", "transformers"])?;
-    let base = base.to_string();
-    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .args(["-c", script, &base, MODEL])
-            .args(&args)
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .env("no_proxy", "127.0.0.1,localhost")
-            .env_remove("OPENAI_BASE_URL")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the Python client failed:\n{stderr}"
-    );
-    Some(
-        serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
-            panic!(
-                "{error}: {}\n{stderr}",
-                String::from_utf8_lossy(&output.stdout)
-            )
-        }),
-    )
 }
 
 const STRUCTURED: &str = r#"
@@ -146,7 +114,14 @@ print(json.dumps(out))
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constrained_replies_of_a_random_model_validate() {
     let (_server, base, _dir) = start_qwen3().await;
-    let Some(out) = run_python(STRUCTURED, &base, &[]).await else {
+    let Some(out) = run_python(
+        &["openai", "pydantic", "transformers"],
+        STRUCTURED,
+        &base,
+        &[],
+    )
+    .await
+    else {
         return;
     };
 
@@ -258,7 +233,14 @@ print(json.dumps(out))
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn biases_and_ending_parameters_reach_the_local_model() {
     let (_server, base, dir) = start_qwen3().await;
-    let Some(out) = run_python(SHAPING, &base, &[dir.path().to_str().unwrap()]).await else {
+    let Some(out) = run_python(
+        &["openai", "pydantic", "transformers"],
+        SHAPING,
+        &base,
+        &[dir.path().to_str().unwrap()],
+    )
+    .await
+    else {
         return;
     };
     let id = |name: &str| out["ids"][name].clone();

@@ -4,7 +4,8 @@
 //! tool's answer and the final answer make a round trip, streamed and not, and the history with the
 //! assistant's `tool_calls` and the `tool` message renders as transformers renders it.
 
-use super::structured::{run_python, start_qwen3};
+use super::python_client::run_python;
+use super::structured::start_qwen3;
 use super::*;
 
 const ROUND_TRIP: &str = r#"
@@ -125,7 +126,14 @@ print(json.dumps(out))
 async fn tool_calls_round_trip_through_the_openai_client() {
     let (_server, base, _dir) = start_qwen3().await;
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let Some(out) = run_python(ROUND_TRIP, &base, &[fixtures.to_str().unwrap()]).await else {
+    let Some(out) = run_python(
+        &["openai", "pydantic", "transformers"],
+        ROUND_TRIP,
+        &base,
+        &[fixtures.to_str().unwrap()],
+    )
+    .await
+    else {
         return;
     };
     for case in ["plain", "streamed"] {

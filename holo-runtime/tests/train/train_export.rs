@@ -17,8 +17,8 @@ use std::process::{Command, Output};
 use crate::common::holo_command;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::{positions_from_mask, LoraConfig};
-use holo_runtime::local::{Model, Ops};
+use holo_runtime::local::model::LoraConfig;
+use holo_runtime::local::Model;
 use serde_json::{json, Value};
 
 /// What our model loaded from an export may differ from the trained one by (the merged matrix product
@@ -144,24 +144,7 @@ fn sequences(vocab: usize) -> Vec<Vec<u32>> {
 fn logits(model: &Model, sequences: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
     sequences
         .iter()
-        .map(|sequence| {
-            let input = Tensor::new(sequence.as_slice(), &Device::Cpu)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap();
-            let mask = Tensor::ones((1, sequence.len()), DType::U8, &Device::Cpu).unwrap();
-            let positions = positions_from_mask(&mask).unwrap();
-            let hidden = model
-                .forward_hidden(&input, &positions, &mask, None, Ops::Fast)
-                .unwrap();
-            model
-                .logits(&hidden, Ops::Fast)
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_vec2()
-                .unwrap()
-        })
+        .map(|sequence| crate::common::logits::sequence_logits(model, sequence))
         .collect()
 }
 
