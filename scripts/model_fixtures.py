@@ -32,6 +32,11 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
   attention, linear attention again (the recurrent state carried past an attention layer); 2 key heads of 16
   serving 4 value heads of 8, a convolution of width 4; full attention with 4 heads over 2 of 32 dimensions, a
   quarter of each rotated (rope_theta 1e7), `(1 + w)` norms, untied embeddings;
+- `qwen3_moe/`: Qwen3MoeForCausalLM, Qwen3's attention (6 heads over 2 of 24) with a mixture of 8 experts of
+  32 (3 per token, renormalised: `norm_topk_prob`) on the first and third layers and a dense MLP on the second
+  (`mlp_only_layers` [1]), untied embeddings; saved as transformers 5 saves it, one module per expert
+  (`mlp.experts.{e}.gate_proj`, ...). The seed is also moved on when some token's third and fourth expert are
+  within 1e-3 in probability (a near-tie in routing would make parity flaky, as a greedy one would);
 
 each with the 512-token byte-level BPE tokenizer of `../shared/peers/build_tiny_qwen2.py` (replicated here, same
 corpus and seed, so `tokenizer.json` is identical to the peers' tiny-qwen2 one) and an `expected.json`.
@@ -110,6 +115,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3_5ForCausalLM,
     Qwen3_5TextConfig,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Olmo2Config,
@@ -403,6 +410,26 @@ def qwen3_5_model() -> torch.nn.Module:
     return Qwen3_5ForCausalLM(config)
 
 
+def qwen3_moe_model() -> torch.nn.Module:
+    # Experts on the first and third layers, a dense MLP between them; Qwen3's wide heads.
+    config = Qwen3MoeConfig(
+        **{**COMMON, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2},
+        head_dim=24,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=False,
+        num_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
 MODELS = {
     "qwen2": qwen2_model,
     "llama": llama_model,
@@ -415,12 +442,14 @@ MODELS = {
     "gemma3": gemma3_model,
     "phi3": phi3_model,
     "qwen3_5": qwen3_5_model,
+    "qwen3_moe": qwen3_moe_model,
 }
 
 PERTURBATION = (
     "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "
     "layer RMSNorm weights uniform [0.5, 1.5], final norm weights uniform [1.5, 4.5], biases normal(0, 0.1); "
-    "Gated DeltaNet: conv1d weights normal(0, 1/sqrt(kernel)), dt_bias normal(0, 1), A_log as initialised"
+    "Gated DeltaNet: conv1d weights normal(0, 1/sqrt(kernel)), dt_bias normal(0, 1), A_log as initialised; "
+    "experts' matrices as linear weights"
 )
 
 
@@ -443,6 +472,8 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             param.mul_(0.1 / 0.02)
         elif param.dim() == 2:
             param.mul_(1.0 / (0.02 * math.sqrt(param.shape[1])))
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # [experts, out, in]
+            param.mul_(1.0 / (0.02 * math.sqrt(param.shape[2])))
         else:
             raise AssertionError(f"unexpected parameter {name}")
 
@@ -473,8 +504,44 @@ def min_margin(scores) -> float:
     return min(margins)
 
 
+MIN_ROUTING_MARGIN = 1e-3
+
+
+class RoutingMargins:
+    """The smallest gap between the k-th and (k+1)-th expert probability of any token a mixture's router
+    sees while installed (forward hooks on every `Qwen3MoeTopKRouter`); infinite without experts."""
+
+    def __init__(self, model):
+        self.smallest = math.inf
+        self.hooks = [module.register_forward_hook(self.hook) for module in model.modules()
+                      if type(module).__name__.endswith("TopKRouter")]
+
+    def hook(self, module, inputs, outputs):
+        probabilities = torch.softmax(outputs[0].float(), dim=-1)
+        top = torch.topk(probabilities, module.top_k + 1, dim=-1).values
+        self.smallest = min(self.smallest, (top[:, -2] - top[:, -1]).min().item())
+
+    def remove(self):
+        for hook in self.hooks:
+            hook.remove()
+
+
 @torch.no_grad()
 def expected(model, tok) -> dict:
+    margins = RoutingMargins(model)
+    try:
+        out = expected_values(model, tok)
+    finally:
+        margins.remove()
+    if margins.smallest < MIN_ROUTING_MARGIN:
+        raise NearTie(f"routing near-tie (margin {margins.smallest})")
+    if margins.hooks:
+        out["routing_margin"] = f32(margins.smallest)
+    return out
+
+
+@torch.no_grad()
+def expected_values(model, tok) -> dict:
     pad = tok.pad_token_id
     chat = tok.apply_chat_template([{"role": "user", "content": "What is 3*4?"}], tokenize=False,
                                    add_generation_prompt=True)

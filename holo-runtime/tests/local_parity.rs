@@ -517,7 +517,6 @@ fn gradients_match_transformers() {
             .backward_recomputed(&input_ids, &key_mask, loss_of)
             .unwrap();
         let weights = gradients["weights"].as_object().unwrap();
-        assert_eq!(vars.len(), weights.len(), "{name}: the weights trained");
         for (path, loss, grads) in [
             ("autograd", loss, autograd),
             ("recomputed", recomputed.0, recomputed.1),
@@ -530,21 +529,66 @@ fn gradients_match_transformers() {
                 1e-5,
                 1.0,
             );
-            for (param, var) in &vars {
-                let grad = grads
-                    .get(var.as_tensor())
-                    .unwrap_or_else(|| panic!("{what}: no gradient for {param}"))
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
+            let ours: Vec<(String, Vec<f32>)> = vars
+                .iter()
+                .map(|(param, var)| {
+                    let grad = grads
+                        .get(var.as_tensor())
+                        .unwrap_or_else(|| panic!("{what}: no gradient for {param}"));
+                    (param.clone(), grad.flatten_all().unwrap().to_vec1().unwrap())
+                })
+                .collect();
+            let ours = fuse_experts(ours);
+            assert_eq!(ours.len(), weights.len(), "{what}: the weights trained");
+            for (param, grad) in &ours {
                 let theirs = weights
                     .get(param.as_str())
                     .unwrap_or_else(|| panic!("{what}: transformers has no weight {param}"));
-                common::parity::gradient_matches(&what, param, &grad, theirs, 1e-6);
+                common::parity::gradient_matches(&what, param, grad, theirs, 1e-6);
             }
         }
     }
+}
+
+/// Per-expert weights (`mlp.experts.{e}.gate_proj.weight`, as checkpoints store them) under the names
+/// transformers 5 trains them as: `mlp.experts.gate_up_proj` `[E, 2I, H]` (each expert's gate rows,
+/// then its up rows) and `mlp.experts.down_proj` `[E, H, I]`; other weights unchanged.
+fn fuse_experts(named: Vec<(String, Vec<f32>)>) -> Vec<(String, Vec<f32>)> {
+    let mut fused: Vec<(String, Vec<f32>)> = Vec::new();
+    let mut parts: std::collections::BTreeMap<(String, usize), Vec<(String, Vec<f32>)>> =
+        Default::default();
+    for (name, values) in named {
+        let expert = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
+            let (e, projection) = rest.split_once('.')?;
+            Some((layer.to_string(), e.parse::<usize>().ok()?, projection.to_string()))
+        });
+        match expert {
+            Some((layer, e, projection)) => parts
+                .entry((layer, e))
+                .or_default()
+                .push((projection, values)),
+            None => fused.push((name, values)),
+        }
+    }
+    let mut layers: std::collections::BTreeMap<String, (Vec<f32>, Vec<f32>)> = Default::default();
+    for ((layer, _), projections) in parts {
+        let get = |which: &str| -> &Vec<f32> {
+            &projections
+                .iter()
+                .find(|(name, _)| name == &format!("{which}.weight"))
+                .unwrap_or_else(|| panic!("{layer}: an expert without {which}"))
+                .1
+        };
+        let (gate_up, down) = layers.entry(layer.clone()).or_default();
+        gate_up.extend(get("gate_proj"));
+        gate_up.extend(get("up_proj"));
+        down.extend(get("down_proj"));
+    }
+    for (layer, (gate_up, down)) in layers {
+        fused.push((format!("{layer}.mlp.experts.gate_up_proj"), gate_up));
+        fused.push((format!("{layer}.mlp.experts.down_proj"), down));
+    }
+    fused
 }
 
 #[test]

@@ -28,12 +28,14 @@ impl DecoderLayer {
     /// Whether [`DecoderLayer::backward`] applies: ungated softmax attention, f32 or f64 weights and
     /// adapters. Half-precision layers (bf16 training on CUDA) keep candle's autograd, which follows the
     /// forward's casts, as do linear-attention layers (whose delta rule has its own backward, see
-    /// `kernels/delta.rs`) and Qwen3.5's gated attention.
+    /// `kernels/delta.rs`), Qwen3.5's gated attention and mixtures of experts.
     pub(super) fn has_backward(&self) -> bool {
         let dtype = self.post_attention_layernorm.weight.dtype();
-        self.mixer
-            .attention()
-            .is_some_and(|attention| !attention.gated)
+        self.mlp.dense().is_some()
+            && self
+                .mixer
+                .attention()
+                .is_some_and(|attention| !attention.gated)
             && matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()
@@ -117,7 +119,11 @@ impl DecoderLayer {
         let (projected, attention_output_parts) = norm_forward(norms.attention_output, &projected)?;
         let residual = (xs + projected)?;
         let (normed_residual, mlp_input_parts) = norm_forward(norms.mlp_input, &residual)?;
-        let mlp = &this.mlp;
+        let (Some(mlp), Some(trained_mlp)) = (this.mlp.dense(), trained.mlp.dense()) else {
+            candle_core::bail!(
+                "the written-out backward is for a dense MLP, not a mixture of experts"
+            );
+        };
         let (gate_up, gate_up_adapters) = mlp.gate_up.forward_parts(&normed_residual, ops)?;
         let [gate, up]: [Tensor; 2] = gate_up
             .try_into()
@@ -144,7 +150,7 @@ impl DecoderLayer {
             grads,
         )?;
         let d_product = linear_backward(
-            (&trained.mlp.down_proj, &mlp.down_proj),
+            (&trained_mlp.down_proj, &mlp.down_proj),
             &product,
             down_adapter,
             &d_down,
@@ -155,7 +161,7 @@ impl DecoderLayer {
         let d_gate = ((d_product * up)? * activation_derivative(mlp.activation, &gate)?)?;
         let normed_residual = normed_residual.reshape((rows, hidden))?;
         let d_normed_residual = split_backward(
-            (&trained.mlp.gate_up, &mlp.gate_up),
+            (&trained_mlp.gate_up, &mlp.gate_up),
             &normed_residual,
             gate_up_adapters,
             vec![d_gate.reshape((rows, ()))?, d_up.reshape((rows, ()))?],

@@ -31,6 +31,10 @@ pub enum Arch {
     /// softmax attention on the fourth.
     #[serde(rename = "qwen3_5_text")]
     Qwen3_5,
+    /// Qwen3's mixture-of-experts model: Qwen3's attention, a routed mixture of SwiGLU experts in
+    /// place of the MLP ([`ModelConfig::experts`]).
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -47,6 +51,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3_text",
             Arch::Phi3 => "phi3",
             Arch::Qwen3_5 => "qwen3_5_text",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
 
@@ -63,6 +68,7 @@ impl Arch {
             Arch::Gemma3 => "Gemma3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Qwen3_5 => "Qwen3_5ForCausalLM",
+            Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 }
@@ -84,6 +90,8 @@ pub struct LayerSpec {
     /// Gated DeltaNet linear attention in place of softmax attention (Qwen3.5's `linear_attention`
     /// layers; sizes in [`ModelConfig::linear_attention`]).
     pub linear: bool,
+    /// A routed mixture of experts in place of the MLP (sizes in [`ModelConfig::experts`]).
+    pub experts: bool,
 }
 
 impl LayerSpec {
@@ -92,6 +100,7 @@ impl LayerSpec {
         window: None,
         rope: true,
         linear: false,
+        experts: false,
     };
 }
 
@@ -159,7 +168,7 @@ impl Variant {
     /// A family's variant with transformers' defaults (what `config.json` may override).
     pub fn of(arch: Arch) -> Variant {
         match arch {
-            Arch::Qwen3 => Variant {
+            Arch::Qwen3 | Arch::Qwen3Moe => Variant {
                 qk_norm: QkNorm::Head,
                 ..Variant::default()
             },
@@ -257,6 +266,25 @@ impl LinearAttention {
     }
 }
 
+/// A mixture of experts (`qwen3_moe`'s keys): each token goes to the `per_token` experts its router
+/// scores highest, and the layer's output is their SwiGLU outputs weighted by the router's softmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// `num_experts` (`num_local_experts` as transformers 5 writes it).
+    pub count: usize,
+    /// `num_experts_per_tok`.
+    pub per_token: usize,
+    /// Each expert's inner size (`moe_intermediate_size`).
+    pub intermediate_size: usize,
+    /// Whether the chosen experts' weights are renormalised to sum to one (`norm_topk_prob`).
+    pub normalize: bool,
+    /// The load-balancing loss's weight in training (`router_aux_loss_coef`), added only when
+    /// `output_router_logits` is set, as transformers adds it.
+    pub aux_loss_coef: f64,
+    /// `output_router_logits`: whether training adds the load-balancing loss.
+    pub aux_loss: bool,
+}
+
 /// What the model code needs from `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -284,6 +312,8 @@ pub struct ModelConfig {
     pub layers: Vec<LayerSpec>,
     /// The sizes of the linear-attention layers, when some layer is one ([`LayerSpec::linear`]).
     pub linear_attention: Option<LinearAttention>,
+    /// The mixture of experts, when some layer has one ([`LayerSpec::experts`]).
+    pub experts: Option<Experts>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -330,6 +360,7 @@ impl ModelConfig {
             "gemma3_text" => Arch::Gemma3,
             "phi3" => Arch::Phi3,
             "qwen3_5_text" => Arch::Qwen3_5,
+            "qwen3_moe" => Arch::Qwen3Moe,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -436,7 +467,7 @@ impl ModelConfig {
         let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
-            Arch::Qwen3 => (keys.flag("attention_bias", false)?, false),
+            Arch::Qwen3 | Arch::Qwen3Moe => (keys.flag("attention_bias", false)?, false),
             Arch::Mistral | Arch::Ministral | Arch::Phi3 => (false, false),
             Arch::Llama
             | Arch::SmolLm3
@@ -461,6 +492,10 @@ impl ModelConfig {
                     .into(),
             ));
         }
+        let experts = match layers.iter().any(|layer| layer.experts) {
+            true => Some(experts(&keys)?),
+            false => None,
+        };
         let config = ModelConfig {
             arch,
             vocab_size: keys.usize("vocab_size")?,
@@ -490,6 +525,7 @@ impl ModelConfig {
             variant,
             layers,
             linear_attention,
+            experts,
             bos_token_id: keys.optional_usize("bos_token_id")?.map(|id| id as u32),
             eos_token_ids,
         };
@@ -579,6 +615,28 @@ impl ModelConfig {
             })
             .collect();
         match self.arch {
+            Arch::Qwen3Moe => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                object.insert("use_sliding_window".into(), window.is_some().into());
+                object.insert("sliding_window".into(), window.into());
+                if let Some(experts) = self.experts {
+                    let dense: Vec<usize> = (0..self.num_hidden_layers)
+                        .filter(|&layer| !self.layers[layer].experts)
+                        .collect();
+                    for (key, value) in [
+                        ("num_experts", Value::from(experts.count)),
+                        ("num_experts_per_tok", experts.per_token.into()),
+                        ("moe_intermediate_size", experts.intermediate_size.into()),
+                        ("norm_topk_prob", experts.normalize.into()),
+                        ("router_aux_loss_coef", experts.aux_loss_coef.into()),
+                        ("output_router_logits", experts.aux_loss.into()),
+                        ("decoder_sparse_step", 1.into()),
+                        ("mlp_only_layers", dense.into()),
+                    ] {
+                        object.insert(key.into(), value);
+                    }
+                }
+            }
             Arch::Qwen2 | Arch::Qwen3 => {
                 // Sliding layers are the last ones, from `max_window_layers` on.
                 let first_sliding = self.layers.iter().position(|layer| layer.window.is_some());
@@ -718,8 +776,9 @@ pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), q
      (MistralForCausalLM), ministral (MinistralForCausalLM), smollm3 (SmolLM3ForCausalLM), olmo2 \
      (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
      and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B), phi3 \
-     (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini) and qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
-     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints)";
+     (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini), qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
+     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints) and qwen3_moe \
+     (Qwen3MoeForCausalLM: Qwen3's mixtures of experts, 30B-A3B, 235B-A22B)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.
@@ -794,6 +853,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
         None => match arch {
             Arch::Qwen2
             | Arch::Qwen3
+            | Arch::Qwen3Moe
             | Arch::Mistral
             | Arch::Ministral
             | Arch::Olmo3
@@ -874,7 +934,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
                 (0..count).map(|layer| layer >= from).collect()
             }
             Arch::SmolLm3 => rope.iter().map(|&rope| !rope).collect(),
-            Arch::Mistral | Arch::Ministral | Arch::Phi3 => vec![true; count],
+            Arch::Mistral | Arch::Ministral | Arch::Phi3 | Arch::Qwen3Moe => vec![true; count],
             Arch::Olmo3 => (0..count).map(|layer| (layer + 1) % 4 != 0).collect(),
             Arch::Gemma3 => {
                 let pattern = integer("sliding_window_pattern", 6)?.max(1);
@@ -885,15 +945,17 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
     };
     // Where the family's attention reads the window (transformers' modelling code).
     let window = match arch {
-        Arch::Qwen2 | Arch::Qwen3 if !flag("use_sliding_window")? => None,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if !flag("use_sliding_window")? => None,
         Arch::Llama | Arch::Olmo2 | Arch::Qwen3_5 => None,
         _ => window,
     };
     let linear = arch == Arch::Qwen3_5;
+    let experts = expert_layers(arch, &keys, count)?;
     Ok(second
         .into_iter()
         .zip(rope)
-        .map(|(second, rope)| LayerSpec {
+        .zip(experts)
+        .map(|((second, rope), experts)| LayerSpec {
             window: if matches!(arch, Arch::Mistral | Arch::Phi3) || (second && !linear) {
                 window
             } else {
@@ -901,8 +963,80 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             },
             rope,
             linear: linear && second,
+            experts,
         })
         .collect())
+}
+
+/// Which layers have a mixture of experts, as `Qwen3MoeDecoderLayer` decides: every
+/// `decoder_sparse_step`-th layer that `mlp_only_layers` does not name, when there are experts.
+fn expert_layers(arch: Arch, keys: &Keys, count: usize) -> Result<Vec<bool>, ConfigError> {
+    if arch != Arch::Qwen3Moe || expert_count(keys)? == 0 {
+        return Ok(vec![false; count]);
+    }
+    let step = match keys.optional_usize("decoder_sparse_step")?.unwrap_or(1) {
+        0 => {
+            return Err(ConfigError(
+                "`decoder_sparse_step` must be at least 1".into(),
+            ))
+        }
+        step => step,
+    };
+    let dense: Vec<usize> = match keys.present("mlp_only_layers") {
+        None => Vec::new(),
+        Some(Value::Array(layers)) => layers
+            .iter()
+            .map(|layer| match layer.as_u64() {
+                Some(layer) if (layer as usize) < count => Ok(layer as usize),
+                _ => Err(ConfigError(format!(
+                    "`mlp_only_layers` must list layer indices below {count}, found {layer}"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(value) => {
+            return Err(ConfigError(format!(
+                "`mlp_only_layers` must be a list of layer indices, found {value}"
+            )))
+        }
+    };
+    Ok((0..count)
+        .map(|layer| !dense.contains(&layer) && (layer + 1) % step == 0)
+        .collect())
+}
+
+/// `num_experts`, or `num_local_experts` as transformers 5 writes it (0 when neither is given).
+fn expert_count(keys: &Keys) -> Result<usize, ConfigError> {
+    match keys.optional_usize("num_experts")? {
+        Some(count) => Ok(count),
+        None => Ok(keys.optional_usize("num_local_experts")?.unwrap_or(0)),
+    }
+}
+
+/// The mixture's sizes and routing, with `Qwen3MoeConfig`'s defaults.
+fn experts(keys: &Keys) -> Result<Experts, ConfigError> {
+    let count = expert_count(keys)?;
+    let per_token = keys.optional_usize("num_experts_per_tok")?.unwrap_or(8);
+    if per_token == 0 || per_token > count {
+        return Err(ConfigError(format!(
+            "`num_experts_per_tok` ({per_token}) must be between 1 and the number of experts ({count})"
+        )));
+    }
+    let intermediate_size = match keys.optional_usize("moe_intermediate_size")?.unwrap_or(768) {
+        0 => {
+            return Err(ConfigError(
+                "`moe_intermediate_size` must be at least 1".into(),
+            ))
+        }
+        size => size,
+    };
+    Ok(Experts {
+        count,
+        per_token,
+        intermediate_size,
+        normalize: keys.flag("norm_topk_prob", false)?,
+        aux_loss_coef: keys.optional_f64("router_aux_loss_coef")?.unwrap_or(0.001),
+        aux_loss: keys.flag("output_router_logits", false)?,
+    })
 }
 
 /// The linear-attention sizes, with `Qwen3_5TextConfig`'s defaults.

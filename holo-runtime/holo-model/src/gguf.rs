@@ -362,6 +362,7 @@ impl Gguf {
             },
             layers: self.layer_specs(arch, name, block_count)?,
             linear_attention: None,
+            experts: None,
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };
@@ -392,6 +393,7 @@ impl Gguf {
                 window: ((layer + 1) % 6 != 0).then_some(window),
                 rope: true,
                 linear: false,
+                experts: false,
             })
             .collect())
     }

@@ -59,7 +59,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use super::config::{
-    Arch, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm, RopeScaling, Variant,
+    Arch, Experts, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm, RopeScaling,
+    Variant,
 };
 
 /// The special tokens, in Qwen2.5's order; they take the last three ids.
@@ -312,6 +313,12 @@ pub fn preset_config(
             (Arch::Qwen3_5, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e7, 1e-6, true),
             // Qwen3.5-0.8B's published decoder: 24 layers of width 1024, 8 heads over 2 of 256.
             (Arch::Qwen3_5, Preset::Small) => (1024, 3584, 24, 8, 2, 256, 262144, 1e7, 1e-6, true),
+            (Arch::Qwen3Moe, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, false),
+            // Qwen3-30B-A3B's decoder, but for the layer count (48 there): 2048 wide, 32 heads over 4 of
+            // 128, 128 experts of 768 with 8 per token. 12 layers keep the folder near 14 GB in f32.
+            (Arch::Qwen3Moe, Preset::Small) => {
+                (2048, 6144, 12, 32, 4, 128, 40960, 1e6, 1e-6, false)
+            }
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
     // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
@@ -337,6 +344,7 @@ pub fn preset_config(
                 rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
                 // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
                 linear: arch == Arch::Qwen3_5 && (layer + 1) % if tiny { 2 } else { 4 } != 0,
+                experts: arch == Arch::Qwen3Moe,
             }
         })
         .collect();
@@ -370,6 +378,25 @@ pub fn preset_config(
         mlp_bias: false,
         variant,
         layers: layer_specs,
+        experts: (arch == Arch::Qwen3Moe).then_some(match tiny {
+            // Four experts of 32, two per token, renormalised.
+            true => Experts {
+                count: 4,
+                per_token: 2,
+                intermediate_size: 32,
+                normalize: true,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+            },
+            false => Experts {
+                count: 128,
+                per_token: 8,
+                intermediate_size: 768,
+                normalize: true,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+            },
+        }),
         linear_attention: (arch == Arch::Qwen3_5).then_some(match tiny {
             true => LinearAttention {
                 key_heads: 2,
@@ -463,7 +490,15 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             }
         }
 
-        if config.variant.fused_projections {
+        if let (true, Some(experts)) = (spec.experts, config.experts) {
+            linear("mlp.gate", experts.count, hidden, false);
+            let inner = experts.intermediate_size;
+            for e in 0..experts.count {
+                linear(&format!("mlp.experts.{e}.gate_proj"), inner, hidden, false);
+                linear(&format!("mlp.experts.{e}.up_proj"), inner, hidden, false);
+                linear(&format!("mlp.experts.{e}.down_proj"), hidden, inner, false);
+            }
+        } else if config.variant.fused_projections {
             linear(
                 "mlp.gate_up_proj",
                 2 * intermediate,
@@ -474,7 +509,9 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             linear("mlp.gate_proj", intermediate, hidden, config.mlp_bias);
             linear("mlp.up_proj", intermediate, hidden, config.mlp_bias);
         }
-        linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        if !spec.experts {
+            linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        }
         for (name, shape, init) in extra {
             specs.push(ParamSpec::new(format!("{prefix}.{name}"), shape, init));
         }

@@ -22,9 +22,20 @@ pub struct Layout {
     /// `[B, T]` (u8): 1 on real tokens, for rows of sequences; `None` for trees, which linear-attention
     /// layers cannot read (they run through each sequence in order).
     pub real: Option<Tensor>,
+    /// The routing of a mixture-of-experts model's pass: replayed choices, and the record of those
+    /// made (see [`crate::model::Routing`]); `None` routes by the routers.
+    pub routing: Option<std::sync::Arc<crate::model::Routing>>,
 }
 
 impl Layout {
+    /// This layout with its mixture layers routed by `routing` (replaying, or recording).
+    pub fn with_routing(self, routing: std::sync::Arc<crate::model::Routing>) -> Layout {
+        Layout {
+            routing: Some(routing),
+            ..self
+        }
+    }
+
     /// Rows of left- or right-padded sequences: `key_mask` `[B, T]` is 1 on real tokens; each token sees
     /// the real tokens of its row up to itself, and its position counts the real tokens before it.
     pub fn causal(key_mask: &Tensor) -> Result<Layout> {
@@ -33,6 +44,7 @@ impl Layout {
             positions: positions_from_mask(key_mask)?,
             mask: attention_mask(key_mask, batch, 0, len, candle_core::DType::F32)?,
             real: Some(key_mask.to_dtype(DType::U8)?),
+            routing: None,
         })
     }
 
@@ -66,6 +78,7 @@ impl Layout {
             positions: Tensor::from_vec(positions, (batch, width), device)?,
             mask: Tensor::from_vec(mask, (batch, 1, width, width), device)?,
             real: None,
+            routing: None,
         })
     }
 }

@@ -105,8 +105,10 @@ pub fn config(arch: Arch) -> ModelConfig {
             .then_some(3),
             rope: arch != Arch::SmolLm3,
             linear: false,
+            experts: false,
         }],
         linear_attention: None,
+        experts: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }

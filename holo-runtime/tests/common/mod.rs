@@ -25,7 +25,7 @@ pub fn repo() -> PathBuf {
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
-pub const MODEL_FAMILIES: [&str; 11] = [
+pub const MODEL_FAMILIES: [&str; 12] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -37,6 +37,7 @@ pub const MODEL_FAMILIES: [&str; 11] = [
     "gemma3",
     "phi3",
     "qwen3_5",
+    "qwen3_moe",
 ];
 
 /// `holo ARGS`, run from the workspace root.

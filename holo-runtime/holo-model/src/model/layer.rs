@@ -11,12 +11,9 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub(super) fn load(vb: VarBuilder, config: &ModelConfig) -> Result<Self> {
-        let (hidden, inner, bias) = (
-            config.hidden_size,
-            config.intermediate_size,
-            config.mlp_bias,
-        );
+    /// An MLP of inner size `inner` (`intermediate_size`, or an expert's `moe_intermediate_size`).
+    pub(super) fn load(vb: VarBuilder, config: &ModelConfig, inner: usize) -> Result<Self> {
+        let (hidden, bias) = (config.hidden_size, config.mlp_bias);
         Ok(Mlp {
             gate_up: Split::load(
                 &vb,
@@ -56,6 +53,87 @@ impl Mlp {
     }
 }
 
+/// What a layer runs on each token after attention (`mlp`).
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// One MLP for every token.
+    Dense(Mlp),
+    /// Routed experts ([`Mixture`]).
+    Experts(Mixture),
+}
+
+impl FeedForward {
+    /// The dense MLP, when this is one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            FeedForward::Dense(mlp) => Some(mlp),
+            FeedForward::Experts(_) => None,
+        }
+    }
+
+    pub(crate) fn forward(
+        &self,
+        xs: &Tensor,
+        ops: Ops,
+        routing: Option<&Routing>,
+    ) -> Result<Tensor> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(xs, ops),
+            FeedForward::Experts(mixture) => mixture.forward(xs, ops, routing),
+        }
+    }
+
+    /// The projections under their names in the layer's `mlp` (`gate_proj`, …; `gate` and
+    /// `experts.{e}.gate_proj`, … for a mixture).
+    pub(crate) fn named(&self) -> Vec<(String, &Linear)> {
+        fn mlp_named<'a>(mlp: &'a Mlp, prefix: &str) -> Vec<(String, &'a Linear)> {
+            let mut named: Vec<(String, &Linear)> = mlp
+                .gate_up
+                .named()
+                .into_iter()
+                .map(|(name, linear)| (format!("{prefix}{name}"), linear))
+                .collect();
+            named.push((format!("{prefix}down_proj"), &mlp.down_proj));
+            named
+        }
+        match self {
+            FeedForward::Dense(mlp) => mlp_named(mlp, ""),
+            FeedForward::Experts(mixture) => {
+                let mut named = vec![("gate".to_string(), &mixture.router)];
+                for (e, expert) in mixture.experts.iter().enumerate() {
+                    named.extend(mlp_named(expert, &format!("experts.{e}.")));
+                }
+                named
+            }
+        }
+    }
+
+    pub(crate) fn named_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        fn mlp_named<'a>(mlp: &'a mut Mlp, prefix: &str) -> Vec<(String, &'a mut Linear)> {
+            let Mlp {
+                gate_up, down_proj, ..
+            } = mlp;
+            let mut named: Vec<(String, &mut Linear)> = gate_up
+                .named_mut()
+                .into_iter()
+                .map(|(name, linear)| (format!("{prefix}{name}"), linear))
+                .collect();
+            named.push((format!("{prefix}down_proj"), down_proj));
+            named
+        }
+        match self {
+            FeedForward::Dense(mlp) => mlp_named(mlp, ""),
+            FeedForward::Experts(mixture) => {
+                let mut named = vec![("gate".to_string(), &mut mixture.router)];
+                for (e, expert) in mixture.experts.iter_mut().enumerate() {
+                    named.extend(mlp_named(expert, &format!("experts.{e}.")));
+                }
+                named
+            }
+        }
+    }
+}
+
 /// How a layer mixes information across tokens.
 #[derive(Debug, Clone)]
 pub enum Mixer {
@@ -86,7 +164,7 @@ impl Mixer {
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub mixer: Mixer,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
     /// Before attention (none in OLMo 2 and 3).
     pub input_layernorm: Option<RmsNorm>,
     /// Before the MLP with [`NormPlacement::Pre`], on attention's output otherwise.
@@ -154,7 +232,12 @@ impl DecoderLayer {
         }
     }
 
-    pub(super) fn load(vb: VarBuilder, config: &ModelConfig, spec: LayerSpec) -> Result<Self> {
+    pub(super) fn load(
+        vb: VarBuilder,
+        config: &ModelConfig,
+        spec: LayerSpec,
+        index: usize,
+    ) -> Result<Self> {
         let hidden = config.hidden_size;
         let placement = config.variant.norms;
         let norm = |name: &str, present: bool| -> Result<Option<RmsNorm>> {
@@ -178,7 +261,12 @@ impl DecoderLayer {
                 true => Mixer::Linear(GatedDeltaNet::load(vb.pp("linear_attn"), config)?),
                 false => Mixer::Attention(Attention::load(vb.pp("self_attn"), config)?),
             },
-            mlp: Mlp::load(vb.pp("mlp"), config)?,
+            mlp: match spec.experts {
+                true => FeedForward::Experts(Mixture::load(vb.pp("mlp"), config, index)?),
+                false => {
+                    FeedForward::Dense(Mlp::load(vb.pp("mlp"), config, config.intermediate_size)?)
+                }
+            },
             post_attention_layernorm: RmsNorm::load(
                 vb.pp("post_attention_layernorm"),
                 hidden,
@@ -206,15 +294,24 @@ impl DecoderLayer {
             )?,
             Mixer::Linear(linear) => linear.forward(&normed, frame.real()?, cache, ops)?,
         };
-        self.finish(xs, &mixed, ops)
+        self.finish(xs, &mixed, ops, frame.routing.as_deref())
     }
 
     /// The rest of the layer after attention: `attended` (after `o_proj`) normalised where the family
-    /// does, added to the input `xs`, then the MLP and its residual.
-    pub(crate) fn finish(&self, xs: &Tensor, attended: &Tensor, ops: Ops) -> Result<Tensor> {
+    /// does, added to the input `xs`, then the MLP (experts routed by `routing`, if given) and its
+    /// residual.
+    pub(crate) fn finish(
+        &self,
+        xs: &Tensor,
+        attended: &Tensor,
+        ops: Ops,
+        routing: Option<&Routing>,
+    ) -> Result<Tensor> {
         let norms = self.norms();
         let xs = (xs + norm(norms.attention_output, attended, ops)?)?;
-        let mlp = self.mlp.forward(&norm(norms.mlp_input, &xs, ops)?, ops)?;
+        let mlp = self
+            .mlp
+            .forward(&norm(norms.mlp_input, &xs, ops)?, ops, routing)?;
         xs + norm(norms.mlp_output, &mlp, ops)?
     }
 }

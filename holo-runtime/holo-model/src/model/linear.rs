@@ -242,6 +242,15 @@ impl Split {
         })
     }
 
+    /// Parts kept as matrices of their own, from the matrices.
+    pub(super) fn of(parts: Vec<(&'static str, usize)>, linears: Vec<Linear>) -> Self {
+        Split {
+            parts,
+            fused: None,
+            linears,
+        }
+    }
+
     /// The matrices under their module names.
     pub fn named(&self) -> Vec<(&'static str, &Linear)> {
         self.names().into_iter().zip(&self.linears).collect()

@@ -14,6 +14,7 @@
 mod attention;
 mod cache;
 mod delta;
+mod experts;
 mod layer;
 mod linear;
 mod norm;
@@ -33,8 +34,9 @@ pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
+pub use experts::{Mixture, Routes, Routing, RoutingDrift};
 use layer::norm;
-pub use layer::{DecoderLayer, Mixer, Mlp};
+pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{
     targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
@@ -77,7 +79,7 @@ impl Model {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, &spec)| DecoderLayer::load(inner.pp(format!("layers.{i}")), config, spec))
+            .map(|(i, &spec)| DecoderLayer::load(inner.pp(format!("layers.{i}")), config, spec, i))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(inner.pp("norm"), config.hidden_size, config)?;
         let lm_head = if config.tie_word_embeddings {
@@ -156,8 +158,7 @@ impl Model {
             }
             Mixer::Linear(linear) => linear.named(),
         };
-        let mlp = layer.mlp.gate_up.named().into_iter();
-        let mlp = mlp.chain([("down_proj", &layer.mlp.down_proj)]);
+        let mlp = layer.mlp.named().into_iter();
         mixer
             .into_iter()
             .map(|(name, linear)| (format!("{module}.{name}"), linear))
@@ -165,7 +166,10 @@ impl Model {
             .collect()
     }
 
-    fn linears_mut<'a>(mixer: &'a mut Mixer, mlp: &'a mut Mlp) -> Vec<(String, &'a mut Linear)> {
+    fn linears_mut<'a>(
+        mixer: &'a mut Mixer,
+        mlp: &'a mut FeedForward,
+    ) -> Vec<(String, &'a mut Linear)> {
         Self::parts_mut(mixer, mlp).0
     }
 
@@ -174,7 +178,7 @@ impl Model {
     #[allow(clippy::type_complexity)]
     fn parts_mut<'a>(
         mixer: &'a mut Mixer,
-        mlp: &'a mut Mlp,
+        mlp: &'a mut FeedForward,
     ) -> (Vec<(String, &'a mut Linear)>, Vec<(String, &'a mut Tensor)>) {
         let module = mixer.module();
         let (linears, others): (Vec<(&str, &mut Linear)>, Vec<(&str, &mut Tensor)>) = match mixer {
@@ -198,13 +202,7 @@ impl Model {
                 (linears, others.into_iter().collect())
             }
         };
-        let Mlp {
-            gate_up, down_proj, ..
-        } = mlp;
-        let mlp = gate_up
-            .named_mut()
-            .into_iter()
-            .chain([("down_proj", down_proj)]);
+        let mlp = mlp.named_mut().into_iter();
         (
             linears
                 .into_iter()
@@ -328,7 +326,10 @@ impl Model {
         }
         let mut names: Vec<String> = Vec::new();
         for layer in &self.layers {
-            for (name, _) in Self::linears(layer) {
+            for (name, _) in Self::linears(layer)
+                .into_iter()
+                .filter(|(name, _)| adaptable(name))
+            {
                 let short = name.rsplit('.').next().unwrap_or(&name).to_string();
                 if !names.contains(&short) {
                     names.push(short);
@@ -340,8 +341,15 @@ impl Model {
                 .iter()
                 .any(|name| targets(std::slice::from_ref(target), name))
         }) {
+            let experts = match self.config.experts {
+                Some(_) => {
+                    " (a mixture's router and experts take no adapters: PEFT cannot load adapters on \
+                     transformers 5's fused experts)"
+                }
+                None => "",
+            };
             candle_core::bail!(
-                "unknown LoRA target {unknown:?}; the projections of this {} model are {}",
+                "unknown LoRA target {unknown:?}; the projections of this {} model are {}{experts}",
                 self.config.arch,
                 names.join(", ")
             );
@@ -355,7 +363,7 @@ impl Model {
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (name, linear) in Self::linears_mut(&mut layer.mixer, &mut layer.mlp) {
                 let short = name.rsplit('.').next().unwrap_or(&name);
-                if !targets(&config.targets, short) {
+                if !adaptable(&name) || !targets(&config.targets, short) {
                     continue;
                 }
                 let (out_dim, in_dim) = linear.weight.dims2()?;
@@ -532,7 +540,7 @@ impl Model {
                     linear.output(&Tensor::cat(&cores, 0)?, &projected[1], ops)?
                 }
             };
-            xs = layer.finish(&xs, &mixed, ops)?;
+            xs = layer.finish(&xs, &mixed, ops, None)?;
         }
         let xs = self.norm.forward(&xs, ops)?;
         let mut offset = 0;
@@ -672,6 +680,7 @@ impl Model {
         Ok(Frame {
             mask,
             real,
+            routing: None,
             windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
@@ -685,12 +694,16 @@ impl Model {
             true => layout.real.as_ref(),
             false => None,
         };
-        self.frame_with(
+        let frame = self.frame_with(
             layout.mask.to_dtype(self.dtype())?,
             &layout.positions,
             &layout.positions,
             real,
-        )
+        )?;
+        Ok(Frame {
+            routing: layout.routing.clone(),
+            ..frame
+        })
     }
 
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
@@ -748,6 +761,11 @@ impl Model {
     }
 }
 
+/// Whether LoRA can adapt the projection `name` (in its layer): not a mixture's router or experts.
+fn adaptable(name: &str) -> bool {
+    name != "mlp.gate" && !name.starts_with("mlp.experts.")
+}
+
 /// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each
 /// attention window the layers use, and the rotary tables `[B, T, head_dim / 2]`.
 pub(crate) struct Frame {
@@ -756,6 +774,9 @@ pub(crate) struct Frame {
     /// a model without them, and for trees of sequences ([`Layout::trees`]), which they cannot read.
     pub(crate) real: Option<Vec<u8>>,
     pub(crate) windowed: Vec<(usize, Tensor)>,
+    /// How the mixture layers route, and where they record it ([`Layout::routing`]); `None` routes by
+    /// the routers without a record.
+    pub(crate) routing: Option<std::sync::Arc<Routing>>,
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
     /// The windowed layers' tables, when their RoPE is their own.
