@@ -535,7 +535,10 @@ fn gradients_match_transformers() {
                     let grad = grads
                         .get(var.as_tensor())
                         .unwrap_or_else(|| panic!("{what}: no gradient for {param}"));
-                    (param.clone(), grad.flatten_all().unwrap().to_vec1().unwrap())
+                    (
+                        param.clone(),
+                        grad.flatten_all().unwrap().to_vec1().unwrap(),
+                    )
                 })
                 .collect();
             let ours = fuse_experts(ours);
@@ -560,7 +563,11 @@ fn fuse_experts(named: Vec<(String, Vec<f32>)>) -> Vec<(String, Vec<f32>)> {
     for (name, values) in named {
         let expert = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
             let (e, projection) = rest.split_once('.')?;
-            Some((layer.to_string(), e.parse::<usize>().ok()?, projection.to_string()))
+            Some((
+                layer.to_string(),
+                e.parse::<usize>().ok()?,
+                projection.to_string(),
+            ))
         });
         match expert {
             Some((layer, e, projection)) => parts

@@ -30,6 +30,8 @@
 //! | tiny   | olmo2, olmo3 | 64    | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
 //! | tiny   | gemma3_text | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
 //! | tiny   | phi3        | 64     | 128          | 2      | 4 / 2 × 16 (8 rotated)      | no   | 1e4    |
+//! | tiny   | qwen3_5_text | 64    | 128          | 2      | 4 / 2 × 32 (8 rotated)      | yes  | 1e7    |
+//! | tiny   | qwen3_moe   | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 32            | no   | 1e6    |
 //!
 //! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
 //! every layer (mistral) or every other one (ministral, olmo3, gemma3_text), RoPE left out of smollm3's
@@ -115,7 +117,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 11] = [
+pub const ARCHS: [Arch; 12] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -127,6 +129,7 @@ pub const ARCHS: [Arch; 11] = [
     Arch::Gemma3,
     Arch::Phi3,
     Arch::Qwen3_5,
+    Arch::Qwen3Moe,
 ];
 
 /// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.

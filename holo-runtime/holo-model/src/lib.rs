@@ -38,8 +38,8 @@ use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
 pub use config::{
-    Activation, Arch, ConfigError, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm,
-    RopeScaling, Variant,
+    Activation, Arch, ConfigError, Experts, LayerSpec, LinearAttention, ModelConfig, NormPlacement,
+    QkNorm, RopeScaling, Variant,
 };
 pub use constrain::{Grammar, Grammars};
 pub use files::LoadError;
