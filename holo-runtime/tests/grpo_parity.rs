@@ -187,6 +187,7 @@ fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
                     ids,
                     trained: (prompt.len()..prompt.len() + completion.len()).collect(),
                     sampling_logprobs: sampling,
+                    routes: None,
                 }],
                 advantage: c["advantage"].as_f64().unwrap() as f32,
                 token_advantages: None,

@@ -333,6 +333,7 @@ fn sequences(vocab: usize) -> Vec<Sequence> {
                 ids,
                 trained,
                 sampling_logprobs,
+                routes: None,
             }
         })
         .collect()

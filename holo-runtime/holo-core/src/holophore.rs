@@ -199,6 +199,9 @@ pub struct Context {
     /// Re-rendered contexts: the number of messages and the length of the last one's content right after
     /// the last completion (where a split ends the context).
     mark: (usize, usize),
+    /// The experts a mixture-of-experts sampler routed each token through, by position (see
+    /// [`Completion::routes`]); shorter than the ids, or empty, where none were recorded.
+    routes: Vec<Vec<u32>>,
 }
 
 impl Context {
@@ -213,7 +216,19 @@ impl Context {
             closed: false,
             rendered: String::new(),
             mark: (0, 0),
+            routes: Vec::new(),
         }
+    }
+
+    /// The experts the sampler routed each token through, aligned with [`Context::ids`] (empty where
+    /// not recorded); `None` when no token's were.
+    pub fn routes(&self) -> Option<Vec<Vec<u32>>> {
+        if self.routes.iter().all(Vec::is_empty) {
+            return None;
+        }
+        let mut routes = self.routes.clone();
+        routes.resize(self.ids().len(), Vec::new());
+        Some(routes)
     }
 
     /// The token ids of the context.
@@ -908,6 +923,7 @@ impl Holophore {
             let ids = self.tokenize(&text);
             let context = self.contexts.last_mut().expect("a context exists");
             context.fragments.clear();
+            context.routes.clear();
             push_prompt(context, role, ids);
             context.rendered = text;
         } else {
@@ -1114,6 +1130,18 @@ impl Recorder for Holophore {
         );
         if ids.is_empty() {
             return;
+        }
+        // The routes cover the prompt the sampler read, which is the context so far, then the sampled
+        // tokens it read back.
+        let prompt = context.ids().len();
+        if kind == FragmentKind::Sampled && completion.routes.len() <= prompt + ids.len() {
+            let recorded = completion.routes.iter().enumerate();
+            for (position, routes) in recorded.filter(|(_, routes)| !routes.is_empty()) {
+                if context.routes.len() <= position {
+                    context.routes.resize(position + 1, Vec::new());
+                }
+                context.routes[position] = routes.clone();
+            }
         }
         context.fragments.push(Fragment {
             role,

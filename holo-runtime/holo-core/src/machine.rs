@@ -78,6 +78,11 @@ pub struct Completion {
     /// the same distribution as `logprobs`), most likely first. Empty otherwise.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub finish: Finish,
+    /// A mixture-of-experts sampler that records routing: for each token it read (the prompt's, then
+    /// every sampled token but the last), the experts its mixture layers routed it to, empty where it
+    /// did not compute the token. Empty otherwise. A trainer with routing replay computes the sampled
+    /// tokens' log-probabilities through the same experts.
+    pub routes: Vec<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -772,6 +772,7 @@ fn parse_answer(
         logprobs,
         top_logprobs: Vec::new(),
         finish,
+        routes: Vec::new(),
     })
 }
 

@@ -72,6 +72,9 @@ pub struct LocalOptions {
     /// rollout) only runs its new tokens; 0 turns the prefix cache off. Memory per token: layers × 2 ×
     /// kv_heads × head_dim × 4 bytes (24.6 KB for Qwen2.5-0.5B).
     pub prefix_cache_tokens: usize,
+    /// Record the experts a mixture-of-experts model routes every token through, with each completion
+    /// ([`Completion::routes`]), for routing replay in training.
+    pub record_routes: bool,
 }
 
 impl Default for LocalOptions {
@@ -84,6 +87,7 @@ impl Default for LocalOptions {
             max_waiting: 4096,
             seed: 0,
             prefix_cache_tokens: 16_384,
+            record_routes: false,
         }
     }
 }
@@ -408,6 +412,7 @@ impl LocalModel {
             min_tokens: params.min_tokens as usize,
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
+            record_routes: self.inner.options.record_routes && self.config().experts.is_some(),
         })
     }
 
@@ -508,6 +513,7 @@ fn collect(
                             logprobs: generation.logprobs,
                             top_logprobs: generation.top_logprobs,
                             finish: generation.finish,
+                            routes: generation.routes,
                         }),
                         Err(error) => Err(SamplerError::Unavailable(format!(
                             "local model failed: {error}"

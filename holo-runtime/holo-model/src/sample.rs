@@ -48,6 +48,9 @@ pub struct GenerationParams {
     pub stop_token_ids: Vec<u32>,
     /// End-of-turn tokens do not end the row.
     pub ignore_eos: bool,
+    /// Record the experts a mixture-of-experts model routes each token through
+    /// ([`Generation::routes`]), for routing replay in training.
+    pub record_routes: bool,
 }
 
 impl Default for GenerationParams {
@@ -65,6 +68,7 @@ impl Default for GenerationParams {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            record_routes: false,
         }
     }
 }
@@ -85,6 +89,11 @@ pub struct Generation {
     /// The decoded tokens without special tokens, ending with the stop string when one matched.
     pub text: String,
     pub finish: Finish,
+    /// With [`GenerationParams::record_routes`] on a mixture-of-experts model: for each token the model
+    /// read (the prompt's, then every sampled token but the last), the experts each mixture layer
+    /// routed it to (see [`crate::model::Routes::per_token`]); empty for a token it did not compute
+    /// here (a prompt prefix the prefix cache held). Empty otherwise.
+    pub routes: Vec<Vec<u32>>,
 }
 
 /// Token ids that end a row, and the tokenizer that decodes rows for stop strings.
@@ -102,6 +111,9 @@ pub(super) struct Row {
     rng: ChaCha8Rng,
     /// The tokens run through the model so far (prompt, then sampled tokens once fed).
     pub(super) fed: Vec<u32>,
+    /// With [`GenerationParams::record_routes`]: the experts of each token of `fed` once the prompt is
+    /// prefilled (see [`Generation::routes`]).
+    pub(super) routes: Vec<Vec<u32>>,
     /// Which columns of the batch's cache (then of the tokens being fed) are this row's.
     pub(super) key_mask: Vec<u8>,
     pub(super) generation: Generation,
@@ -120,6 +132,7 @@ impl Row {
             done: params.max_tokens == 0,
             constrained: params.constraint.as_ref().map(Grammar::start),
             fed: prompt,
+            routes: Vec::new(),
             key_mask: Vec::new(),
             generation: Generation {
                 tokens: Vec::new(),
@@ -128,6 +141,7 @@ impl Row {
                 top_logprobs: Vec::new(),
                 text: String::new(),
                 finish: Finish::Length,
+                routes: Vec::new(),
             },
             stops: StopSearch::default(),
             params,

@@ -24,6 +24,11 @@ pub struct Sequence {
     /// The sampler's log-probability of each trained token; `NaN` (`null` in JSON) where it gave none.
     #[serde(with = "nan_as_null")]
     pub sampling_logprobs: Vec<f32>,
+    /// The experts the sampler routed each token through (aligned with `ids`, empty where not
+    /// recorded), when it recorded them: a mixture-of-experts model's passes over this sequence replay
+    /// them (see `routing_replay`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<Vec<u32>>>,
 }
 
 /// JSON has no NaN: missing log-probabilities are written as `null`.
@@ -155,6 +160,7 @@ pub fn sequence(context: &ContextRecord) -> Option<Sequence> {
         ids: tokens.ids.clone(),
         trained,
         sampling_logprobs,
+        routes: tokens.routes.clone(),
     })
 }
 

@@ -181,6 +181,12 @@ pub struct GrpoConfig {
     pub max_completion_length: usize,
     /// Activation recomputation: one layer's activations alive at a time in the backward pass (`--recompute`).
     pub gradient_checkpointing: bool,
+    /// Routing replay for mixture-of-experts models: the in-process sampler records the experts each
+    /// token was routed to, and the trainer's passes route the same tokens through the same experts
+    /// (the router's weights still computed and trained), so that the trained log-probabilities of
+    /// sampled tokens are those of the experts that sampled them. `routing/replay_differ` reports how
+    /// often the trainer's own router would have chosen otherwise.
+    pub routing_replay: bool,
 
     // --- Sampling ---
     pub temperature: f64,
@@ -422,6 +428,7 @@ impl Default for GrpoConfig {
             num_iterations: 1,
             max_completion_length: 512,
             gradient_checkpointing: true,
+            routing_replay: false,
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,

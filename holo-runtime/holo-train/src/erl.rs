@@ -185,6 +185,7 @@ pub fn internalize(first: &Sequence, retry: &Sequence) -> Sequence {
             .map(|&position| position - start + prompt)
             .collect(),
         sampling_logprobs: retry.sampling_logprobs.clone(),
+        routes: None,
     }
 }
 
@@ -348,11 +349,13 @@ mod tests {
             ids: vec![1, 2, 3, 10, 11, 99, 5],
             trained: vec![3, 4, 5],
             sampling_logprobs: vec![-0.1, -0.2, -0.3],
+            routes: None,
         };
         let retry = Sequence {
             ids: vec![1, 7, 7, 7, 3, 20, 21, 99, 5],
             trained: vec![5, 6, 7],
             sampling_logprobs: vec![-1.0, -2.0, -3.0],
+            routes: None,
         };
         let sequence = internalize(&first, &retry);
         assert_eq!(sequence.ids, [1, 2, 3, 20, 21, 99, 5]);

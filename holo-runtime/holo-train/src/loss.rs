@@ -687,6 +687,7 @@ mod tests {
                 ids: vec![1; trained + 1],
                 trained: (1..=trained).collect(),
                 sampling_logprobs: vec![f32::NAN; trained],
+                routes: None,
             }],
             advantage,
             token_advantages: tokens,

@@ -14,10 +14,12 @@
 //! (Qwen3.5), whose recurrence runs through each sequence in order and cannot read a tree.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
 use super::batch::Sequence;
+use holo_model::model::{Routes, Routing};
 use holo_model::{Layout, Model, ModelConfig};
 
 pub type Result<T> = candle_core::Result<T>;
@@ -55,14 +57,45 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         if costs.work.rows(trees) < costs.work.rows(rows)
             && costs.memory.rows(trees) <= costs.memory.rows(rows)
         {
-            return forest.pack(&sequences, model.device());
+            return forest.pack(&sequences, model);
         }
     }
-    padded(&sequences, model.device())
+    padded(&sequences, model)
+}
+
+/// `layout` with the sequences' recorded routes replayed, for a mixture-of-experts model when some
+/// sequence carries them: `place(s, position)` is the flat index (`row · width + column`) of token
+/// `position` of sequence `s` in the pass of `cells` tokens; a token no sequence recorded is routed
+/// by the router. Where sequences share a token (a tree's prefix), the first one's routes are taken.
+fn replayed(
+    layout: Layout,
+    sequences: &[&Sequence],
+    cells: usize,
+    place: impl Fn(usize, usize) -> usize,
+    config: &ModelConfig,
+) -> Result<Layout> {
+    if config.experts.is_none() || sequences.iter().all(|s| s.routes.is_none()) {
+        return Ok(layout);
+    }
+    let mut tokens: Vec<&[u32]> = vec![&[]; cells];
+    for (s, sequence) in sequences.iter().enumerate() {
+        let Some(routes) = &sequence.routes else {
+            continue;
+        };
+        for (position, routes) in routes.iter().enumerate().take(sequence.ids.len()) {
+            let cell = &mut tokens[place(s, position)];
+            if cell.is_empty() {
+                *cell = routes;
+            }
+        }
+    }
+    let routes = Routes::from_tokens(tokens.into_iter(), config)?;
+    Ok(layout.with_routing(Arc::new(Routing::replay(routes))))
 }
 
 /// One right-padded row per sequence.
-fn padded(sequences: &[&Sequence], device: &Device) -> Result<Packed> {
+fn padded(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
+    let device = model.device();
     let width = sequences
         .iter()
         .map(|s| s.ids.len())
@@ -83,14 +116,14 @@ fn padded(sequences: &[&Sequence], device: &Device) -> Result<Packed> {
         }
     }
     let mask = Tensor::from_vec(mask, (rows_count, width), device)?;
-    finish(
-        ids,
-        (rows_count, width),
+    let layout = replayed(
         Layout::causal(&mask)?,
-        rows,
-        targets,
-        device,
-    )
+        sequences,
+        rows_count * width,
+        |s, position| s * width + position,
+        &model.config,
+    )?;
+    finish(ids, (rows_count, width), layout, rows, targets, device)
 }
 
 fn finish(
@@ -264,7 +297,8 @@ impl Forest {
     }
 
     /// The rows of the trees (the `sequences` [`Forest::grow`] placed).
-    fn pack(self, sequences: &[&Sequence], device: &Device) -> Result<Packed> {
+    fn pack(self, sequences: &[&Sequence], model: &Model) -> Result<Packed> {
+        let device = model.device();
         let width = self.width().max(2);
         let mut ids = vec![0u32; self.trees.len() * width];
         for (t, tree) in self.trees.iter().enumerate() {
@@ -279,7 +313,14 @@ impl Forest {
             }
         }
         let parents: Vec<Vec<Option<usize>>> = self.trees.into_iter().map(|t| t.parents).collect();
-        let layout = Layout::trees(&parents, device)?;
+        let places = &self.places;
+        let layout = replayed(
+            Layout::trees(&parents, device)?,
+            sequences,
+            parents.len() * width,
+            |s, position| places[s].0 * width + places[s].1[position],
+            &model.config,
+        )?;
         finish(ids, (parents.len(), width), layout, rows, targets, device)
     }
 }
@@ -300,6 +341,7 @@ mod tests {
             ids: ids.to_vec(),
             trained: trained.collect(),
             sampling_logprobs: Vec::new(),
+            routes: None,
         }
     }
 

@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor};
 use super::batch::{Completion, Sequence};
 use super::pack::{pack, Packed};
 use holo_model::head::{column, target_scores};
+use holo_model::model::RoutingDrift;
 use holo_model::{Model, Ops};
 
 pub type Result<T> = candle_core::Result<T>;
@@ -29,6 +30,9 @@ pub struct Head {
     /// `[N]` (f32, no gradient): 1 where the trained token is the most likely one (TRL's `is_top1`; on a
     /// tie, any of the most likely).
     pub top1: Tensor,
+    /// Under routing replay (the sequences carry the sampler's routes): how often the trainer's own
+    /// routers would have chosen other experts for the replayed tokens.
+    pub routing: Option<RoutingDrift>,
 }
 
 /// The final hidden states `[N, hidden]` of the positions that predict `packed`'s trained tokens, from
@@ -61,6 +65,11 @@ pub fn head(
             entropies.detach()
         },
         top1: scores_column(column::TOP1)?.detach().to_dtype(DType::F32)?,
+        routing: packed
+            .layout
+            .routing
+            .as_ref()
+            .map(|routing| routing.drift()),
     })
 }
 

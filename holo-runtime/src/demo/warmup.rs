@@ -59,6 +59,7 @@ pub fn sequence(
         tokens,
         top_logprobs: Vec::new(),
         finish: Finish::EndOfTurn,
+        routes: Vec::new(),
     };
     rollout
         .resume(completion, &mut recorder)
@@ -108,6 +109,7 @@ pub fn sequence(
             sampling_logprobs: vec![f32::NAN; trained.len()],
             ids,
             trained,
+            routes: None,
         },
         rewards,
     })

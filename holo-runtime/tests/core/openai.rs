@@ -409,6 +409,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             logprobs,
             top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
+            routes: Vec::new(),
         }
     );
 }
@@ -499,6 +500,7 @@ async fn chat_continues_a_final_assistant_message() {
             logprobs,
             top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
+            routes: Vec::new(),
         }
     );
 }

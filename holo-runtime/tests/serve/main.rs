@@ -179,6 +179,7 @@ impl Echo {
             logprobs,
             top_logprobs,
             finish,
+            routes: Vec::new(),
         })
     }
 

@@ -164,6 +164,7 @@ fn losses_and_gradients_match_trl() {
                 trained: (prompt.len()..ids.len()).collect(),
                 sampling_logprobs: vec![f32::NAN; response.len()],
                 ids,
+                routes: None,
             }
         })
         .collect();
@@ -298,11 +299,13 @@ fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
         ids: vec![37, 201, 88, 5, 104, 77, 12, 13, 14, 311, 511],
         trained: vec![4, 5, 9, 10],
         sampling_logprobs: vec![-1.0; 4],
+        routes: None,
     };
     let second = Sequence {
         ids: vec![412, 150, 299, 251, 511],
         trained: vec![3, 4],
         sampling_logprobs: vec![-1.0; 2],
+        routes: None,
     };
     let completion = |sequences: Vec<Sequence>| Completion {
         old_logprobs: Some(vec![-1.0; sequences.iter().map(|s| s.trained.len()).sum()]),

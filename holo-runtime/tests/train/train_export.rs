@@ -238,9 +238,10 @@ fn check_merged_weights(base_dir: &Path, checkpoint: &Path, out: &Path, layers: 
     // A fused model's adapted modules are the fused ones its targets name (Phi-3's `qkv_proj`).
     let base = tensors(&base_dir.join("model.safetensors"));
     let targets = LORA_TARGETS.map(String::from);
+    // A mixture's experts take no adapters (see `Model::with_lora`).
     let adapted = |module: &str| {
         let short = module.rsplit('.').next().unwrap_or(module);
-        holo_runtime::local::model::targets(&targets, short)
+        !module.contains(".mlp.experts.") && holo_runtime::local::model::targets(&targets, short)
     };
     // In order of first appearance, layer by layer (Qwen3.5's first layer has no attention projections).
     let mut modules: Vec<&str> = Vec::new();

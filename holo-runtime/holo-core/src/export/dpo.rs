@@ -342,6 +342,7 @@ mod tests {
                 ids,
                 loss_mask: mask,
                 retokenized: false,
+                routes: None,
             });
             r
         };

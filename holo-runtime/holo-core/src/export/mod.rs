@@ -214,6 +214,7 @@ mod tests {
                 loss_mask: vec![0, 0, 1, 0, 1, 1],
                 logprobs: vec![0.0; 6],
                 retokenized: false,
+                routes: None,
             }),
         };
         let split = conversation(&context).unwrap();

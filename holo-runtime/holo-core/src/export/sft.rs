@@ -190,6 +190,7 @@ mod tests {
             loss_mask: vec![0, 1, 1],
             logprobs: vec![0.0; 3],
             retokenized: false,
+            routes: None,
         });
         let options = SftOptions {
             tokens: true,

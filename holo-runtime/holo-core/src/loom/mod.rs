@@ -924,6 +924,7 @@ impl Prompted {
                     loss_mask: context.loss_mask(),
                     logprobs: context.logprobs(),
                     retokenized: context.retokenized(),
+                    routes: context.routes(),
                 },
             })
             .collect()

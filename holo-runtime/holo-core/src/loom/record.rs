@@ -73,6 +73,11 @@ pub struct TokensRecord {
     /// from what the model sampled.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retokenized: bool,
+    /// The experts a mixture-of-experts sampler routed each token through (every mixture layer's
+    /// choices in layer order; empty where not recorded), aligned with `ids`, when it recorded them
+    /// ([`crate::Completion::routes`]): what routing replay trains through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<Vec<u32>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -412,6 +412,7 @@ pub fn records(
                     loss_mask: trained.iter().map(|&trained| u8::from(trained)).collect(),
                     logprobs,
                     retokenized: false,
+                    routes: None,
                 }),
             }],
             rewards: BTreeMap::from([(SCORE.to_string(), score)]),

@@ -716,6 +716,7 @@ mod tests {
                 loss_mask: vec![0, 0, 1, 1, 0, 1],
                 logprobs: vec![0.0, 0.0, logprobs[0], logprobs[1], 0.0, logprobs[2]],
                 retokenized: false,
+                routes: None,
             }),
         }
     }

@@ -288,6 +288,7 @@ mod tests {
                 loss_mask: vec![0, 0, 1, 1, 0, 0, 1, 0],
                 logprobs: vec![0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, 0.0],
                 retokenized: false,
+                routes: None,
             }),
         }
     }

@@ -92,6 +92,12 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "must be true (the service trains LoRA adapters, never every weight)",
         );
     }
+    if config.routing_replay {
+        return refuse(
+            "routing_replay",
+            "cannot run (the service neither reports nor replays its routing)",
+        );
+    }
     if config.beta != 0.0 {
         return refuse(
             "beta",

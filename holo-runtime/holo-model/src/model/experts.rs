@@ -99,6 +99,13 @@ impl Mixture {
             Some(routing) => routing.choose(self.layer, own, k)?,
             None => own,
         };
+        if let Some(&expert) = chosen.iter().find(|&&e| e as usize >= self.experts.len()) {
+            candle_core::bail!(
+                "routing replay names expert {expert} in layer {}, which has {}",
+                self.layer,
+                self.experts.len()
+            );
+        }
 
         let index = Tensor::from_vec(chosen.clone(), (tokens, k), xs.device())?;
         let mut weights = probabilities.gather(&index, 1)?;
@@ -149,15 +156,75 @@ fn top_k(rows: &[Vec<f64>], k: usize) -> Vec<u32> {
     chosen
 }
 
+/// In replayed routes, a token whose experts were not recorded: the router chooses for it.
+pub const UNROUTED: u32 = u32::MAX;
+
 /// The experts a pass routed its tokens to: for each layer (by index; empty for a layer without
 /// experts), `per_token` expert ids per token, the tokens in the pass's order (row-major over
 /// `[B, T]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Routes(pub Vec<Vec<u32>>);
 
+impl Routes {
+    /// Each token's experts, every mixture layer's `per_token` ids in layer order (what a sampler
+    /// records per token), for a pass of `tokens` tokens.
+    pub fn per_token(&self, tokens: usize) -> Vec<Vec<u32>> {
+        let mut out = vec![Vec::new(); tokens];
+        for layer in self.0.iter().filter(|layer| !layer.is_empty()) {
+            let k = layer.len() / tokens.max(1);
+            for (token, ids) in out.iter_mut().zip(layer.chunks(k.max(1))) {
+                token.extend_from_slice(ids);
+            }
+        }
+        out
+    }
+
+    /// The routes of a pass over `tokens` (in the pass's order) from each token's as
+    /// [`Routes::per_token`] gives them, [`UNROUTED`] for a token without (an empty list) in a model
+    /// of `config`.
+    pub fn from_tokens<'a>(
+        tokens: impl ExactSizeIterator<Item = &'a [u32]>,
+        config: &ModelConfig,
+    ) -> Result<Routes> {
+        let Some(experts) = config.experts else {
+            return Ok(Routes::default());
+        };
+        let k = experts.per_token;
+        let mixtures: Vec<usize> = (0..config.layers.len())
+            .filter(|&layer| config.layers[layer].experts)
+            .collect();
+        let width = mixtures.len() * k;
+        let count = tokens.len();
+        let mut layers = vec![Vec::new(); config.layers.len()];
+        for &layer in &mixtures {
+            layers[layer].reserve(count * k);
+        }
+        for (t, ids) in tokens.enumerate() {
+            match ids.len() {
+                0 => {
+                    for &layer in &mixtures {
+                        layers[layer].extend(std::iter::repeat_n(UNROUTED, k));
+                    }
+                }
+                n if n == width => {
+                    for (&layer, ids) in mixtures.iter().zip(ids.chunks(k)) {
+                        layers[layer].extend_from_slice(ids);
+                    }
+                }
+                n => candle_core::bail!(
+                    "token {t} has {n} recorded expert ids; this model routes each token to {k} \
+                     experts in each of {} layers ({width})",
+                    mixtures.len()
+                ),
+            }
+        }
+        Ok(Routes(layers))
+    }
+}
+
 /// A pass's routing: the choices it replays, if any, and what it chose. Shared by the pass's layers
-/// (through [`crate::layout::Layout::routing`]); a layer run twice (activation recomputation) records the same
-/// choices again.
+/// (through [`crate::layout::Layout::routing`]); a layer run twice (activation recomputation) records
+/// the same choices again.
 #[derive(Debug, Default)]
 pub struct Routing {
     replay: Option<Routes>,
@@ -197,7 +264,8 @@ impl Routing {
         Routing::default()
     }
 
-    /// Routing that replays `routes` (as [`Routing::taken`] returned them for the same tokens).
+    /// Routing that replays `routes` (as [`Routing::taken`] returned them for the same tokens;
+    /// [`UNROUTED`] where the router is to choose).
     pub fn replay(routes: Routes) -> Routing {
         Routing {
             replay: Some(routes),
@@ -231,11 +299,11 @@ impl Routing {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The experts layer `layer` uses, `k` per token: the replayed ones when there are, else the
+    /// The experts layer `layer` uses, `k` per token: the replayed ones where there are, else the
     /// router's `own`; recorded either way.
     fn choose(&self, layer: usize, own: Vec<u32>, k: usize) -> Result<Vec<u32>> {
         let len = own.len();
-        let chosen = match &self.replay {
+        let replayed = match &self.replay {
             None => None,
             Some(Routes(layers)) => {
                 let replayed = layers.get(layer).filter(|routes| !routes.is_empty());
@@ -246,11 +314,35 @@ impl Routing {
                 };
                 if replayed.len() != len {
                     candle_core::bail!(
-                        "routing replay gives {} expert ids for layer {layer}, where the pass routes {len}",
+                        "routing replay gives {} expert ids for layer {layer}, where the pass \
+                         routes {len}",
                         replayed.len()
                     );
                 }
-                Some(replayed.clone())
+                Some(replayed)
+            }
+        };
+        let (chosen, differ) = match replayed {
+            None => (own, (0, 0)),
+            Some(replayed) => {
+                let mut chosen = own.clone();
+                let (mut differ, mut compared) = (0, 0);
+                for ((chosen, own), replayed) in chosen
+                    .chunks_mut(k)
+                    .zip(own.chunks(k))
+                    .zip(replayed.chunks(k))
+                {
+                    if replayed.contains(&UNROUTED) {
+                        continue;
+                    }
+                    compared += 1;
+                    let (mut a, mut b) = (own.to_vec(), replayed.to_vec());
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    differ += usize::from(a != b);
+                    chosen.copy_from_slice(replayed);
+                }
+                (chosen, (differ, compared))
             }
         };
         let mut record = self.lock();
@@ -258,23 +350,7 @@ impl Routing {
             record.taken.0.resize(layer + 1, Vec::new());
             record.differ.resize(layer + 1, (0, 0));
         }
-        let chosen = match chosen {
-            Some(replayed) => {
-                let tokens = len / k;
-                let differ = (0..tokens)
-                    .filter(|&t| {
-                        let mut a = own[t * k..(t + 1) * k].to_vec();
-                        let mut b = replayed[t * k..(t + 1) * k].to_vec();
-                        a.sort_unstable();
-                        b.sort_unstable();
-                        a != b
-                    })
-                    .count();
-                record.differ[layer] = (differ, tokens);
-                replayed
-            }
-            None => own,
-        };
+        record.differ[layer] = differ;
         record.taken.0[layer] = chosen.clone();
         Ok(chosen)
     }

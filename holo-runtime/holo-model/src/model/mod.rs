@@ -34,7 +34,7 @@ pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::{Mixture, Routes, Routing, RoutingDrift};
+pub use experts::{Mixture, Routes, Routing, RoutingDrift, UNROUTED};
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
@@ -496,6 +496,17 @@ impl Model {
     /// rows and a prompt being prefilled share a pass this way. Returns each batch's final hidden
     /// states `[B, T, hidden]`.
     pub fn forward_segments(&self, segments: &mut [Segment<'_>], ops: Ops) -> Result<Vec<Tensor>> {
+        self.forward_segments_routed(segments, ops, None)
+    }
+
+    /// [`Model::forward_segments`] with the mixture layers' choices recorded in `routing` (the tokens
+    /// of every segment in order, each segment's `[B, T]` row-major).
+    pub fn forward_segments_routed(
+        &self,
+        segments: &mut [Segment<'_>],
+        ops: Ops,
+        routing: Option<&Routing>,
+    ) -> Result<Vec<Tensor>> {
         let mut frames = Vec::with_capacity(segments.len());
         let mut shapes = Vec::with_capacity(segments.len());
         let mut embedded = Vec::with_capacity(segments.len());
@@ -540,7 +551,7 @@ impl Model {
                     linear.output(&Tensor::cat(&cores, 0)?, &projected[1], ops)?
                 }
             };
-            xs = layer.finish(&xs, &mixed, ops, None)?;
+            xs = layer.finish(&xs, &mixed, ops, routing)?;
         }
         let xs = self.norm.forward(&xs, ops)?;
         let mut offset = 0;

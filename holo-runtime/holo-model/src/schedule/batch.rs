@@ -10,7 +10,7 @@ use super::engine::Engine;
 use super::rows::{Live, Prefill};
 use crate::dispatch::Draws;
 use crate::draw::{draw, Ask};
-use crate::model::{KvCache, Result, Segment};
+use crate::model::{KvCache, Result, Routing, Segment};
 use crate::sample::{finish_text, record, step, Drawn, GenerationParams, Row};
 
 /// The smallest vocabulary whose rows are sampled in parallel.
@@ -163,6 +163,15 @@ impl Engine<'_> {
                 return Err((live, error));
             }
         }
+        let routes = live
+            .iter()
+            .any(|live| live.row.params.record_routes)
+            .then(|| {
+                prompts
+                    .iter()
+                    .map(|prompt| vec![Vec::new(); prompt.len()])
+                    .collect()
+            });
         Ok(Prefill {
             live,
             slots,
@@ -173,6 +182,7 @@ impl Engine<'_> {
             width,
             done: 0,
             cache,
+            routes,
         })
     }
 
@@ -189,6 +199,12 @@ impl Engine<'_> {
             Some(prefill) => Some(self.chunk_inputs(prefill)?),
             None => None,
         };
+        let recording = self
+            .running
+            .iter()
+            .any(|live| live.row.params.record_routes)
+            || self.prefill.as_ref().is_some_and(|p| p.routes.is_some());
+        let routing = recording.then(Routing::record);
         let mut segments = Vec::with_capacity(2);
         if let Some((input_ids, positions, key_mask)) = &decoding {
             segments.push(Segment {
@@ -211,7 +227,19 @@ impl Engine<'_> {
         if segments.is_empty() {
             return Ok(());
         }
-        let mut hidden = model.forward_segments(&mut segments, ops)?.into_iter();
+        let tokens: usize = segments
+            .iter()
+            .map(|segment| segment.input_ids.elem_count())
+            .sum();
+        let mut hidden = model
+            .forward_segments_routed(&mut segments, ops, routing.as_ref())?
+            .into_iter();
+        if let Some(routing) = routing {
+            self.keep_routes(
+                routing.taken().per_token(tokens),
+                chunk.as_ref().map(|c| c.3),
+            );
+        }
         if decoding.is_some() {
             let hidden = hidden.next().expect("one output per segment");
             self.finish_decode(&hidden)?;
@@ -221,6 +249,38 @@ impl Engine<'_> {
             self.finish_chunk(&hidden, columns)?;
         }
         Ok(())
+    }
+
+    /// Files a pass's routes (one per token, the decoding rows' then the prefill chunk's of `columns`
+    /// columns per slot) under the tokens they routed: each decoding row's last fed token, each prompt
+    /// position of the chunk.
+    fn keep_routes(&mut self, routes: Vec<Vec<u32>>, columns: Option<usize>) {
+        let mut routes = routes.into_iter();
+        for live in &mut self.running {
+            let token = routes.next().unwrap_or_default();
+            if live.row.params.record_routes {
+                live.row.routes.push(token);
+            }
+        }
+        let (Some(prefill), Some(columns)) = (self.prefill.as_mut(), columns) else {
+            return;
+        };
+        let Some(slots) = prefill.routes.as_mut() else {
+            return;
+        };
+        for (slot, kept) in slots.iter_mut().enumerate() {
+            for column in prefill.done..prefill.done + columns {
+                let token = routes.next().unwrap_or_default();
+                // Real new tokens are where the slot's mask is 1 past the cached columns; their
+                // positions count from the start of the prompt.
+                if prefill.masks[slot][prefill.cached_width + column] == 1 {
+                    let position = prefill.positions[slot * prefill.width + column] as usize;
+                    if let Some(place) = kept.get_mut(position) {
+                        *place = token;
+                    }
+                }
+            }
+        }
     }
 
     /// Feeds every running row its last sampled token: the inputs `[rows, 1]`, positions and key mask.
@@ -304,8 +364,16 @@ impl Engine<'_> {
             slots,
             masks,
             mut cache,
+            routes,
             ..
         } = self.prefill.take().expect("checked");
+        if let Some(routes) = &routes {
+            for (live, &slot) in live.iter_mut().zip(&slots) {
+                if live.row.params.record_routes {
+                    live.row.routes = routes[slot].clone();
+                }
+            }
+        }
         let logits = self.last_logits(hidden, columns)?;
         if slots.iter().enumerate().any(|(i, &slot)| i != slot) {
             let rows: Vec<u32> = slots.iter().map(|&slot| slot as u32).collect();
@@ -420,6 +488,7 @@ impl Engine<'_> {
                 prefix.insert(std::mem::take(&mut live.row.fed), layers);
             }
             finish_text(&mut live.row, &self.stopping)?;
+            live.row.generation.routes = std::mem::take(&mut live.row.routes);
             self.end(live, Ok(()));
         }
         if !kept.is_empty() {

@@ -25,4 +25,7 @@ pub(super) struct Prefill {
     /// Columns of `width` already run.
     pub(super) done: usize,
     pub(super) cache: KvCache,
+    /// Per slot, when some row records routes: the experts of each prompt position computed so far
+    /// (empty where not computed: padding, or a prefix the cache held).
+    pub(super) routes: Option<Vec<Vec<Vec<u32>>>>,
 }

@@ -58,6 +58,7 @@ impl Example {
             sampling_logprobs: vec![f32::NAN; trained.len()],
             ids: self.ids.clone(),
             trained,
+            routes: None,
         }
     }
 

@@ -45,6 +45,14 @@ impl Local {
     /// tokenizer and template.
     pub fn new(policy: Policy, config: &GrpoConfig) -> Result<(Self, Holophore), TrainError> {
         let base = policy.model;
+        if config.routing_replay && base.config.experts.is_none() {
+            return Err(TrainError::Input(format!(
+                "`routing_replay`: the {} model `{}` has no mixture of experts, so there is no routing \
+                 to replay",
+                base.config.arch,
+                policy.dir.display()
+            )));
+        }
         let mut trained = Trainable::new(&base, &policy.dir, config)?;
         if config.algorithm == Algorithm::Ppo {
             trained = trained.with_critic(ppo::critic(&base, config)?, config);
@@ -78,6 +86,7 @@ impl Local {
                 },
                 default_max_tokens: config.max_completion_length,
                 seed: config.training.seed,
+                record_routes: config.routing_replay,
                 ..LocalOptions::default()
             },
         );
@@ -177,6 +186,9 @@ impl Local {
                         None => weighted,
                     });
                 }
+                if let Some(drift) = head.routing {
+                    metrics.insert("routing/replay_differ".into(), drift.fraction());
+                }
                 match total {
                     Some(total) => Ok(total),
                     None => Tensor::zeros((), head.logprobs.dtype(), head.logprobs.device()),
@@ -192,6 +204,13 @@ impl Local {
 
 impl Backend for Local {
     fn check(&self, config: &GrpoConfig) -> Result<(), TrainError> {
+        if config.routing_replay && (self.external.is_some() || self.fed) {
+            return Err(TrainError::Input(
+                "`routing_replay`: only the in-process sampler records the experts it routes \
+                 tokens through; this run samples elsewhere"
+                    .into(),
+            ));
+        }
         if self.corrects_sampler(config)
             && config.loss_type == LossType::Vespo
             && config.vllm_importance_sampling_mode.is_sequence()
