@@ -15,4 +15,6 @@ mod local_model;
 #[cfg(feature = "local")]
 mod real_checkpoint;
 #[cfg(feature = "local")]
+mod routing;
+#[cfg(feature = "local")]
 mod schedule;
