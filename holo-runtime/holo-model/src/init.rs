@@ -36,10 +36,12 @@
 //! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
 //! every layer (mistral) or every other one (ministral, olmo3, gemma3_text), RoPE left out of smollm3's
 //! second layer. `small` has the decoder shapes of Qwen2.5-0.5B, Qwen3-0.6B, SmolLM2-135M, Mistral-7B,
-//! Ministral-8B, SmolLM3-3B, OLMo-2-1B, Olmo-3-7B, gemma-3-1b and Phi-4-mini (`preset_config`), with
-//! their windows and RoPE layouts, except the vocabulary: theirs are 32k–262k ids, ours 512, so the
-//! embedding and the LM head are far smaller than the real models'; the decoder layers, which dominate
-//! the cost per token, are the same. Norms start as the identity (ones, or zeros for Gemma's `1 + w`).
+//! Ministral-8B, SmolLM3-3B, OLMo-2-1B, Olmo-3-7B, gemma-3-1b, Phi-4-mini and Qwen3.5-0.8B
+//! (`preset_config`), with their windows and RoPE layouts, except the vocabulary: theirs are 32k–262k
+//! ids, ours 512, so the embedding and the LM head are far smaller than the real models'; the decoder
+//! layers, which dominate the cost per token, are the same. `qwen3_moe`'s `small` is two of
+//! Qwen3-30B-A3B's 48 layers (128 experts of 768, 8 per token): the real model does not fit. Norms
+//! start as the identity (ones, or zeros for Gemma's `1 + w`).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -317,10 +319,11 @@ pub fn preset_config(
             // Qwen3.5-0.8B's published decoder: 24 layers of width 1024, 8 heads over 2 of 256.
             (Arch::Qwen3_5, Preset::Small) => (1024, 3584, 24, 8, 2, 256, 262144, 1e7, 1e-6, true),
             (Arch::Qwen3Moe, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, false),
-            // Qwen3-30B-A3B's decoder, but for the layer count (48 there): 2048 wide, 32 heads over 4 of
-            // 128, 128 experts of 768 with 8 per token. 12 layers keep the folder near 14 GB in f32.
+            // Two of Qwen3-30B-A3B's 48 decoder layers: 2048 wide, 32 heads over 4 of 128, 128 experts
+            // of 768 with 8 per token (1.2 B parameters, 4.8 GB in f32; the real model's 48 would be
+            // 29 B). Each layer computes per token what the real model's do.
             (Arch::Qwen3Moe, Preset::Small) => {
-                (2048, 6144, 12, 32, 4, 128, 40960, 1e6, 1e-6, false)
+                (2048, 6144, 2, 32, 4, 128, 40960, 1e6, 1e-6, false)
             }
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8

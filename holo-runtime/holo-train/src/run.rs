@@ -112,6 +112,14 @@ impl Trainable {
     /// The weights of `base` (loaded from `dir`) that `config` trains: every weight, or LoRA adapters when
     /// `use_peft`.
     pub fn new(base: &Model, dir: &Path, config: &impl TrainingConfig) -> Result<Self, TrainError> {
+        if base.config.experts.is_some_and(|experts| experts.aux_loss) {
+            return Err(TrainError::Input(format!(
+                "`output_router_logits: true` in `{}`'s config.json asks for the load-balancing loss, \
+                 which holo train does not add yet; set it to false (as Qwen3-MoE checkpoints ship) to \
+                 train without it",
+                dir.display()
+            )));
+        }
         let model_dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let (model, vars, adapter_config) = match config.training().lora() {
             Some(lora) => {

@@ -367,12 +367,24 @@ with torch.no_grad():
 from safetensors.torch import load_file
 stored = load_file(folder + "/model.safetensors")
 state = model.state_dict()
+def loaded(key):
+    # transformers 5 holds a mixture's experts fused: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+    if key in state or ".mlp.experts." not in key:
+        return state[key]
+    layer, rest = key.split(".mlp.experts.")
+    expert, projection = rest.split(".")[:2]
+    expert = int(expert)
+    if projection == "down_proj":
+        return state[layer + ".mlp.experts.down_proj"][expert]
+    fused = state[layer + ".mlp.experts.gate_up_proj"][expert]
+    half = fused.shape[0] // 2
+    return fused[:half] if projection == "gate_proj" else fused[half:]
 print(json.dumps({
     "class": type(model).__name__,
     "missing": list(info["missing_keys"]),
     "unexpected": list(info["unexpected_keys"]),
     "mismatched": [str(m) for m in info["mismatched_keys"]],
-    "weights_equal": all(torch.equal(stored[k], state[k]) for k in stored),
+    "weights_equal": all(torch.equal(stored[k], loaded(k)) for k in stored),
     "tied": model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(),
     "text": text,
     "ids": ids[0].tolist(),

@@ -11,6 +11,8 @@ mod erl;
 mod guard;
 mod ppo_parity;
 #[cfg(feature = "local")]
+mod routing;
+#[cfg(feature = "local")]
 mod train_export;
 mod train_library;
 #[cfg(feature = "local")]

@@ -1,0 +1,115 @@
+//! Routing replay through `holo train` on the mixture-of-experts fixture: the rollouts carry the
+//! sampler's routes, the trainer replays them and reports how often its routers would differ; the option
+//! is refused where there is nothing to replay.
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::common::holo_command;
+use crate::common::tempdir::Dir;
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    fs::read_to_string(path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn train(model: &str, data: &Path, out: &Path) -> std::process::Output {
+    holo_command(&[
+        "train",
+        "hol/qa.hol",
+        "--model",
+        model,
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "4",
+        "--per-device-train-batch-size",
+        "8",
+        "--max-completion-length",
+        "8",
+        "--entropy-coef",
+        "0.1",
+        "--routing-replay",
+        "true",
+    ])
+    .output()
+    .unwrap()
+}
+
+#[test]
+fn holo_train_replays_the_samplers_routes() {
+    let work = Dir::new("routing");
+    let data = work.path().join("rows.jsonl");
+    let rows: String = (1..=8)
+        .map(|i| {
+            let row =
+                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()});
+            format!("{row}\n")
+        })
+        .collect();
+    fs::write(&data, rows).unwrap();
+
+    let run = work.path().join("run");
+    let output = train(&fixture("qwen3_moe"), &data, &run);
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Two mixture layers of three experts per token each.
+    let width = 2 * 3;
+    let mut recorded = 0;
+    for rollout in lines(&run.join("rollouts.jsonl")) {
+        for context in rollout["contexts"].as_array().unwrap() {
+            let tokens = &context["tokens"];
+            let ids = tokens["ids"].as_array().unwrap();
+            let routes = tokens["routes"]
+                .as_array()
+                .unwrap_or_else(|| panic!("a context without routes: {context}"));
+            assert_eq!(routes.len(), ids.len());
+            for token in routes {
+                let experts = token.as_array().unwrap();
+                assert!(experts.is_empty() || experts.len() == width, "{token}");
+                assert!(experts.iter().all(|e| e.as_u64().unwrap() < 8), "{token}");
+                recorded += usize::from(!experts.is_empty());
+            }
+        }
+    }
+    assert!(recorded > 0, "no routes recorded");
+    // The sampler is the trainer's own f32 model: its routers choose as the trainer's do.
+    let steps: Vec<Value> = lines(&run.join("metrics.jsonl"))
+        .into_iter()
+        .filter(|line| line.get("routing/replay_differ").is_some())
+        .collect();
+    assert_eq!(steps.len(), 2, "routing/replay_differ at each step");
+    for step in steps {
+        assert_eq!(step["routing/replay_differ"].as_f64(), Some(0.0), "{step}");
+    }
+
+    // A dense model has nothing to replay.
+    let output = train(&fixture("qwen3"), &data, &work.path().join("dense"));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("`routing_replay`") && stderr.contains("no mixture of experts"),
+        "{stderr}"
+    );
+}
