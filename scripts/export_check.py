@@ -64,6 +64,24 @@ def float64_qwen3_5():
     return module
 
 
+def as_saved(state: dict, name: str):
+    """The tensor of `state` that checkpoint name `name` stores, `None` if none: transformers 5 holds a
+    mixture's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) and
+    saves them one module per expert (`mlp.experts.{e}.gate_proj.weight`)."""
+    if name in state or ".mlp.experts." not in name:
+        return state.get(name)
+    layer, rest = name.split(".mlp.experts.")
+    expert, projection = rest.split(".")[:2]
+    if projection == "down_proj":
+        fused = state.get(f"{layer}.mlp.experts.down_proj")
+        return None if fused is None else fused[int(expert)]
+    fused = state.get(f"{layer}.mlp.experts.gate_up_proj")
+    if fused is None:
+        return None
+    half = fused.shape[1] // 2
+    return fused[int(expert), :half] if projection == "gate_proj" else fused[int(expert), half:]
+
+
 def load_causal_lm(path: str):
     from transformers import AutoConfig, AutoModelForCausalLM
     import torch
@@ -72,12 +90,15 @@ def load_causal_lm(path: str):
     loader, config = AutoModelForCausalLM, AutoConfig.from_pretrained(path)
     if config.model_type == "qwen3_5_text":
         loader = float64_qwen3_5().Qwen3_5ForCausalLM
+    # A mixture's experts by the plain loop: the grouped products take no float64.
+    experts = {"experts_implementation": "eager"} if config.model_type == "qwen3_moe" else {}
     model, info = loader.from_pretrained(
         path,
         config=config,
         dtype=torch.float64,
         attn_implementation="eager",
         output_loading_info=True,
+        **experts,
     )
     model.eval()
     problems = {key: sorted(map(str, value)) for key, value in info.items() if value}
@@ -200,10 +221,11 @@ def check(export_dir: str, base_dir: str, logits_file: str, tolerance: float) ->
         exported = load_file(os.path.join(export_dir, "model.safetensors"))
         worst = 0.0
         for name, tensor in exported.items():
-            if name not in peft_merged:
+            merged = as_saved(peft_merged, name)
+            if merged is None:
                 errors.append(f"PEFT's merged model has no {name}")
                 continue
-            worst = max(worst, (peft_merged[name].float() - tensor.float()).abs().max().item())
+            worst = max(worst, (merged.float() - tensor.float()).abs().max().item())
         result["peft_merge_weight_max_abs_diff"] = worst
         if not worst <= tolerance:
             errors.append(f"PEFT's merge_and_unload differs from model.safetensors by {worst:.3g}")

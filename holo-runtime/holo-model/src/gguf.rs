@@ -1,13 +1,17 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3`, `llama`, `olmo2` or `gemma3`) and the `<arch>.*`
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `llama`, `olmo2` or `gemma3`) and
+//!   the `<arch>.*`
 //!   keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`; Gemma 3's windows come
 //!   from `gemma3.attention.sliding_window` over llama.cpp's fixed pattern (each sixth layer global), and
-//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`;
+//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; Qwen3-MoE's experts from
+//!   `expert_count`, `expert_used_count` and `expert_feed_forward_length`, renormalised over the chosen
+//!   ones as llama.cpp's graph does (`expert_weights_norm` when given), on the layers that have a router
+//!   (`ffn_gate_inp`), whose `ffn_{gate,up,down}_exps` hold every expert's matrix;
 //! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
 //!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K), dequantized to f32 and then converted
 //!   to the requested dtype. llama.cpp stores a Llama model's q and k rows permuted for its rotary
@@ -32,7 +36,7 @@ use candle_nn::VarBuilder;
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::config::{Arch, ConfigError, LayerSpec, ModelConfig, RopeScaling, Variant};
+use super::config::{Arch, ConfigError, Experts, LayerSpec, ModelConfig, RopeScaling, Variant};
 use super::error::LoadError;
 use super::model::Model;
 use holo_core::chat::folder::FolderError;
@@ -50,7 +54,7 @@ pub struct Gguf {
 }
 
 /// The `general.architecture` values this runtime implements.
-const ARCHITECTURES: &str = "qwen2, qwen3, llama, olmo2, gemma3";
+const ARCHITECTURES: &str = "qwen2, qwen3, qwen3moe, llama, olmo2, gemma3";
 
 /// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -222,6 +226,7 @@ impl Gguf {
         match name {
             "qwen2" => Ok((Arch::Qwen2, name)),
             "qwen3" => Ok((Arch::Qwen3, name)),
+            "qwen3moe" => Ok((Arch::Qwen3Moe, name)),
             "llama" => Ok((Arch::Llama, name)),
             "olmo2" => Ok((Arch::Olmo2, name)),
             "gemma3" => Ok((Arch::Gemma3, name)),
@@ -362,7 +367,17 @@ impl Gguf {
             },
             layers: self.layer_specs(arch, name, block_count)?,
             linear_attention: None,
-            experts: None,
+            experts: match arch {
+                Arch::Qwen3Moe => Some(Experts {
+                    count: self.required_usize(&key("expert_count"))?,
+                    per_token: self.required_usize(&key("expert_used_count"))?,
+                    intermediate_size: self.required_usize(&key("expert_feed_forward_length"))?,
+                    normalize: self.bool_key(&key("expert_weights_norm"))?.unwrap_or(true),
+                    aux_loss_coef: 0.001,
+                    aux_loss: false,
+                }),
+                _ => None,
+            },
             bos_token_id: self.token_id("bos_token_id")?,
             eos_token_ids,
         };
@@ -380,6 +395,14 @@ impl Gguf {
         name: &str,
         count: usize,
     ) -> Result<Vec<LayerSpec>, LoadError> {
+        if arch == Arch::Qwen3Moe {
+            return Ok((0..count)
+                .map(|layer| LayerSpec {
+                    experts: self.has_tensor(&format!("blk.{layer}.ffn_gate_inp.weight")),
+                    ..LayerSpec::FULL
+                })
+                .collect());
+        }
         if arch != Arch::Gemma3 {
             return Ok(vec![LayerSpec::FULL; count]);
         }
@@ -441,6 +464,14 @@ impl Gguf {
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
+            // A mixture's router, and its experts' matrices stacked `[experts, out, in]`: gate and up
+            // are joined into transformers 5's fused `gate_up_proj` once both are read.
+            "ffn_gate_inp" => "mlp.gate",
+            "ffn_gate_exps" => "mlp.experts.gate_proj",
+            "ffn_up_exps" => "mlp.experts.up_proj",
+            "ffn_down_exps" if kind == "weight" => {
+                return Some(format!("model.layers.{layer}.mlp.experts.down_proj"))
+            }
             _ => return None,
         };
         Some(format!("model.layers.{layer}.{module}.{kind}"))
@@ -496,6 +527,27 @@ impl Gguf {
                 .and_then(|tensor| tensor.to_device(device))
                 .map_err(fail)?;
             tensors.insert(hf, tensor);
+        }
+        for layer in 0..config.num_hidden_layers {
+            let prefix = format!("model.layers.{layer}.mlp.experts");
+            let gate = tensors.remove(&format!("{prefix}.gate_proj.weight"));
+            let up = tensors.remove(&format!("{prefix}.up_proj.weight"));
+            match (gate, up) {
+                (Some(gate), Some(up)) => {
+                    let fused = Tensor::cat(&[gate, up], 1).map_err(|error| {
+                        self.weights_error(format!(
+                            "blk.{layer}.ffn_gate_exps and ffn_up_exps: {error}"
+                        ))
+                    })?;
+                    tensors.insert(format!("{prefix}.gate_up_proj"), fused);
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(self.weights_error(format!(
+                        "blk.{layer} has one of ffn_gate_exps and ffn_up_exps without the other"
+                    )))
+                }
+            }
         }
         let vb = VarBuilder::from_tensors(tensors, dtype, device);
         Model::load(vb, &config).map_err(|error| {

@@ -322,9 +322,7 @@ pub fn preset_config(
             // Two of Qwen3-30B-A3B's 48 decoder layers: 2048 wide, 32 heads over 4 of 128, 128 experts
             // of 768 with 8 per token (1.2 B parameters, 4.8 GB in f32; the real model's 48 would be
             // 29 B). Each layer computes per token what the real model's do.
-            (Arch::Qwen3Moe, Preset::Small) => {
-                (2048, 6144, 2, 32, 4, 128, 40960, 1e6, 1e-6, false)
-            }
+            (Arch::Qwen3Moe, Preset::Small) => (2048, 6144, 2, 32, 4, 128, 40960, 1e6, 1e-6, false),
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
     // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of

@@ -92,6 +92,8 @@ fn gguf_name(arch: Arch, name: &str) -> String {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        // A mixture's router; its experts are stacked by `write_gguf`.
+        "mlp.gate" => "ffn_gate_inp",
         other => panic!("unexpected module {other}"),
     };
     format!("blk.{layer}.{module}.{kind}")
@@ -104,6 +106,7 @@ type Metadata = Vec<(String, Value)>;
 fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
     let arch = match config.arch {
         Arch::Gemma3 => "gemma3",
+        Arch::Qwen3Moe => "qwen3moe",
         other => other.model_type(),
     };
     let tokenizer: Json =
@@ -144,6 +147,15 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
             format!("{arch}.attention.sliding_window"),
             u32_value(window),
         ));
+    }
+    if let Some(experts) = config.experts {
+        for (key, value) in [
+            ("expert_count", experts.count),
+            ("expert_used_count", experts.per_token),
+            ("expert_feed_forward_length", experts.intermediate_size),
+        ] {
+            heads.push((format!("{arch}.{key}"), u32_value(value)));
+        }
     }
     if let RopeScaling::Linear { factor } = config.rope_scaling {
         heads.push((
@@ -246,7 +258,41 @@ fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
     let mut names: Vec<&String> = tensors.keys().collect();
     names.sort();
     let mut quantized = Vec::new();
-    for name in names {
+    // A mixture's experts as llama.cpp stores them: each projection of every expert of a layer in one
+    // `[experts, out, in]` tensor (`blk.N.ffn_gate_exps`, …), the experts in order.
+    let mut stacked: std::collections::BTreeMap<(String, &str), Vec<(usize, Tensor)>> =
+        Default::default();
+    for name in names.iter().filter(|name| name.contains(".mlp.experts.")) {
+        let (layer, rest) = name
+            .strip_prefix("model.layers.")
+            .unwrap()
+            .split_once(".mlp.experts.")
+            .unwrap();
+        let (expert, projection) = rest.split_once('.').unwrap();
+        let kind = match projection {
+            "gate_proj.weight" => "ffn_gate_exps",
+            "up_proj.weight" => "ffn_up_exps",
+            "down_proj.weight" => "ffn_down_exps",
+            other => panic!("unexpected expert tensor {other}"),
+        };
+        stacked
+            .entry((layer.to_string(), kind))
+            .or_default()
+            .push((expert.parse().unwrap(), tensors[*name].clone()));
+    }
+    for ((layer, kind), mut experts) in stacked {
+        experts.sort_by_key(|(expert, _)| *expert);
+        let experts: Vec<Tensor> = experts.into_iter().map(|(_, tensor)| tensor).collect();
+        let tensor = Tensor::stack(&experts, 0).unwrap();
+        quantized.push((
+            format!("blk.{layer}.{kind}.weight"),
+            QTensor::quantize(&tensor, matrices).unwrap(),
+        ));
+    }
+    for name in names
+        .into_iter()
+        .filter(|name| !name.contains(".mlp.experts."))
+    {
         let mut tensor = tensors[name].clone();
         if config.arch.model_type() == "llama" {
             if name.contains("q_proj") {
@@ -391,6 +437,34 @@ fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
     expected_config.rms_norm_eps = 1e-6f32 as f64;
     assert_eq!(gguf_model.config, expected_config);
     assert!(gguf_model.config.variant.qk_norm == QkNorm::Head && gguf_model.config.head_dim == 24);
+    assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
+    std::fs::remove_file(&file).unwrap();
+}
+
+/// Qwen3-MoE as llama.cpp stores it (`qwen3moe`: a router per layer, each projection of the experts
+/// stacked in one tensor, the expert sizes in the metadata, renormalised weights): the folder's model,
+/// its dense layer (`mlp_only_layers`) found by its lack of a router.
+#[test]
+fn a_qwen3moe_gguf_is_the_folders_model() {
+    let dir = fixture("qwen3_moe");
+    let scratch_dir = scratch("qwen3moe-f32");
+    let file = scratch_dir.join("qwen3moe.gguf");
+    write_gguf(&dir, GgmlDType::F32, &file);
+    let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
+    let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let mut expected_config = folder_model.config.clone();
+    expected_config.bos_token_id = None;
+    expected_config.rms_norm_eps = 1e-6f32 as f64;
+    assert_eq!(gguf_model.config, expected_config);
+    assert_eq!(
+        gguf_model
+            .config
+            .layers
+            .iter()
+            .map(|l| l.experts)
+            .collect::<Vec<_>>(),
+        [true, false, true]
+    );
     assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
     std::fs::remove_file(&file).unwrap();
 }

@@ -354,6 +354,17 @@ impl Model {
                 names.join(", ")
             );
         }
+        if self.config.experts.is_some() {
+            if let Some(mlp) = config.targets.iter().find(|target| {
+                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
+            }) {
+                candle_core::bail!(
+                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
+                     that name, and the experts take no adapters here; target the attention projections \
+                     (q_proj, k_proj, v_proj, o_proj)"
+                );
+            }
+        }
         self.sampling_only()?;
         let mut model = self.detached();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
