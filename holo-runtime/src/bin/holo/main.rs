@@ -363,7 +363,7 @@ enum SamplerKind {
     Scripted,
     /// An OpenAI-compatible server (--base-url, --model).
     Openai,
-    /// A Hugging Face Qwen2 / Llama folder (--model DIR) run in process on the CPU.
+    /// A model folder or `.gguf` file (--model) run in process (README, "Local models").
     Local,
 }
 

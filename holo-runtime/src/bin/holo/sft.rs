@@ -18,8 +18,9 @@ pub struct SftArgs {
     /// The examples, one JSON object per line: `messages`, `prompt` and `completion`, `text`, or
     /// `input_ids` (with `assistant_masks`), as TRL's SFTTrainer reads them.
     pub file: PathBuf,
-    /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
-    /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32).
+    /// The model to train: a Hugging Face folder of a family README's "Local models" lists
+    /// (config.json, safetensors, tokenizer.json and a chat template), or a `.gguf` file of qwen2,
+    /// qwen3, qwen3moe, llama, olmo2 or gemma3 (dequantized to f32).
     #[arg(long)]
     pub model: PathBuf,
     /// The run folder: metrics.jsonl, TensorBoard events, checkpoints, plots.

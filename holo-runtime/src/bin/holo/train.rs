@@ -22,9 +22,10 @@ use super::{load, EXIT_FAILURES, EXIT_USAGE};
 pub struct TrainArgs {
     /// The environment (with --rollouts atropos, only to evaluate on --eval-data).
     pub file: Option<PathBuf>,
-    /// The model folder to train (Hugging Face Qwen2 / Llama: config.json, safetensors, tokenizer.json
-    /// and a chat template), or a Qwen2 / Llama `.gguf` file (dequantized to f32). With --backend
-    /// tinker: the base model's name on the service.
+    /// The model to train: a Hugging Face folder of a family README's "Local models" lists
+    /// (config.json, safetensors, tokenizer.json and a chat template), or a `.gguf` file of qwen2,
+    /// qwen3, qwen3moe, llama, olmo2 or gemma3 (dequantized to f32). With --backend tinker: the base
+    /// model's name on the service.
     #[arg(long)]
     pub model: PathBuf,
     /// Where the model is trained: `local` (in this process) or `tinker` (sampling, forward/backward
