@@ -35,8 +35,9 @@ Families (`--families`; the default is the ones whose real size fits a 2-core, 2
     qwen2 (Qwen2.5-0.5B, vocab 151,936), qwen3 (Qwen3-0.6B, 151,936), llama (SmolLM2-135M, 49,152),
     gemma3_text (gemma-3-1b, 262,144), olmo2 (OLMo-2-1B, 100,278), smollm3 (SmolLM3-3B, 128,256),
     qwen3_5_text (Qwen3.5-0.8B's decoder, 248,320; transformers runs its pure-torch delta rule, as on any
-    machine without the fla kernels), mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072),
-    olmo3 (Olmo-3-7B, 100,278).
+    machine without the fla kernels), qwen3_moe (two of Qwen3-30B-A3B's 48 layers: 128 experts of 768, 8 per
+    token; 151,936), mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072), olmo3 (Olmo-3-7B,
+    100,278).
 
 The 7-8B ones need ~30 GiB in f32 and are refused unless `--allow-big` is given.
 
@@ -78,6 +79,7 @@ FAMILIES = {
     "ministral": ("Ministral-8B", 131_072, False),
     "olmo3": ("Olmo-3-7B", 100_278, False),
     "qwen3_5_text": ("Qwen3.5-0.8B", 248_320, True),
+    "qwen3_moe": ("two of Qwen3-30B-A3B's 48 layers", 151_936, True),
 }
 
 PYTHON_SIDE = textwrap.dedent(

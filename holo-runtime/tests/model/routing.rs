@@ -8,7 +8,8 @@ use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files;
 use holo_runtime::local::generate::{generate, Generation, GenerationParams, Stopping};
 use holo_runtime::local::model::{Routes, Routing, UNROUTED};
-use holo_runtime::local::{Layout, Model, Ops};
+use holo_runtime::local::{Layout, Limits, LocalModel, LocalOptions, Model, Ops};
+use holo_runtime::sampler::{Prompt, Request, SampleParams};
 
 use crate::common;
 
@@ -184,6 +185,58 @@ fn the_sampler_records_the_routes_a_training_pass_takes() {
     )
     .unwrap();
     assert!(plain[0].routes.is_empty());
+}
+
+/// Through the scheduler as `holo train` samples: prompts prefilled in chunks of a few tokens, a third
+/// sequence joining the running batch when a row frees up; every completion's routes are what a
+/// training pass over its tokens routes.
+#[test]
+fn the_schedulers_chunked_prefill_and_joining_rows_record_every_token() {
+    let dir = common::repo().join("holo-runtime/tests/fixtures/models/qwen3_moe");
+    let options = LocalOptions {
+        limits: Limits {
+            max_num_seqs: 2,
+            max_num_batched_tokens: 4,
+            ..Limits::default()
+        },
+        record_routes: true,
+        ..LocalOptions::default()
+    };
+    let sampler = LocalModel::load(&dir, options).unwrap();
+    let (model, _) = moe();
+    let requests: Vec<Request> = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt)| Request {
+            prompt: Prompt::Tokens(prompt),
+            params: SampleParams {
+                max_tokens: Some(6 + i as u32),
+                temperature: Some(0.0),
+                ..SampleParams::default()
+            },
+        })
+        .collect();
+    let completions: Vec<_> = sampler
+        .sample_blocking(&requests)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    for (row, (prompt, completion)) in prompts().iter().zip(&completions).enumerate() {
+        let mut sequence = prompt.clone();
+        sequence.extend(&completion.tokens);
+        let ids = Tensor::new(&sequence[..sequence.len() - 1], &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let mask = ids.ones_like().unwrap().to_dtype(DType::U8).unwrap();
+        let routing = Arc::new(Routing::record());
+        let layout = Layout::causal(&mask).unwrap().with_routing(routing.clone());
+        model
+            .forward_hidden_in(&ids, &layout, Ops::Differentiable)
+            .unwrap();
+        let taken = routing.taken().per_token(sequence.len() - 1);
+        assert_eq!(completion.routes, taken, "row {row}");
+    }
 }
 
 #[test]
