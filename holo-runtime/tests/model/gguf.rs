@@ -426,19 +426,26 @@ fn an_f32_gguf_of_the_qwen2_fixture_is_the_same_model_tokenizer_and_template() {
 /// hidden / heads from `qwen3.attention.key_length`: the same model as the folder's.
 #[test]
 fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
-    let dir = fixture("qwen3");
-    let scratch_dir = scratch("qwen3-f32");
-    let file = scratch_dir.join("qwen3.gguf");
+    let model = f32_gguf_is_the_folders_model("qwen3");
+    assert!(model.config.variant.qk_norm == QkNorm::Head && model.config.head_dim == 24);
+}
+
+/// Writes the fixture `name` as an f32 GGUF and checks that it loads as the folder's model: the same
+/// config (but what GGUF metadata cannot say: no BOS, an f32 epsilon) and the same logits, exactly.
+fn f32_gguf_is_the_folders_model(name: &str) -> Model {
+    let dir = fixture(name);
+    let scratch_dir = scratch(&format!("{name}-f32"));
+    let file = scratch_dir.join(format!("{name}.gguf"));
     write_gguf(&dir, GgmlDType::F32, &file);
     let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
     let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
     let mut expected_config = folder_model.config.clone();
     expected_config.bos_token_id = None;
     expected_config.rms_norm_eps = 1e-6f32 as f64;
-    assert_eq!(gguf_model.config, expected_config);
-    assert!(gguf_model.config.variant.qk_norm == QkNorm::Head && gguf_model.config.head_dim == 24);
-    assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
+    assert_eq!(gguf_model.config, expected_config, "{name}");
+    assert_eq!(compare_models(&folder_model, &gguf_model), 0.0, "{name}");
     std::fs::remove_file(&file).unwrap();
+    gguf_model
 }
 
 /// Qwen3-MoE as llama.cpp stores it (`qwen3moe`: a router per layer, each projection of the experts
@@ -446,18 +453,9 @@ fn an_f32_gguf_of_the_qwen3_fixture_is_the_same_model() {
 /// its dense layer (`mlp_only_layers`) found by its lack of a router.
 #[test]
 fn a_qwen3moe_gguf_is_the_folders_model() {
-    let dir = fixture("qwen3_moe");
-    let scratch_dir = scratch("qwen3moe-f32");
-    let file = scratch_dir.join("qwen3moe.gguf");
-    write_gguf(&dir, GgmlDType::F32, &file);
-    let folder_model = load_model(&dir, DType::F32, &Device::Cpu).unwrap();
-    let gguf_model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
-    let mut expected_config = folder_model.config.clone();
-    expected_config.bos_token_id = None;
-    expected_config.rms_norm_eps = 1e-6f32 as f64;
-    assert_eq!(gguf_model.config, expected_config);
+    let model = f32_gguf_is_the_folders_model("qwen3_moe");
     assert_eq!(
-        gguf_model
+        model
             .config
             .layers
             .iter()
@@ -465,8 +463,6 @@ fn a_qwen3moe_gguf_is_the_folders_model() {
             .collect::<Vec<_>>(),
         [true, false, true]
     );
-    assert_eq!(compare_models(&folder_model, &gguf_model), 0.0);
-    std::fs::remove_file(&file).unwrap();
 }
 
 /// OLMo 2 (norms after attention and the MLP, none before) and Gemma 3 (four norms stored by llama.cpp

@@ -144,6 +144,27 @@ fn replay_of(
     Routes::from_tokens(tokens.into_iter(), &model.config).unwrap()
 }
 
+/// The final hidden states of `ids` in rows under `mask`, routed by `routing`.
+fn routed(model: &Model, ids: &Tensor, mask: &Tensor, routing: &Arc<Routing>) -> Tensor {
+    let layout = Layout::causal(mask)
+        .unwrap()
+        .with_routing(Arc::clone(routing));
+    model
+        .forward_hidden_in(ids, &layout, Ops::Differentiable)
+        .unwrap()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 #[test]
 fn the_sampler_records_the_routes_a_training_pass_takes() {
     let (model, tokenizer) = moe();
@@ -152,10 +173,7 @@ fn the_sampler_records_the_routes_a_training_pass_takes() {
     let mixtures = model.config.layers.iter().filter(|l| l.experts).count();
     let (sequences, ids, mask) = rows(&generations);
     let routing = Arc::new(Routing::record());
-    let layout = Layout::causal(&mask).unwrap().with_routing(routing.clone());
-    model
-        .forward_hidden_in(&ids, &layout, Ops::Differentiable)
-        .unwrap();
+    routed(&model, &ids, &mask, &routing);
     let width = ids.dim(1).unwrap();
     let taken = routing.taken().per_token(sequences.len() * width);
     for (row, (sequence, generation)) in sequences.iter().zip(&generations).enumerate() {
@@ -230,10 +248,7 @@ fn the_schedulers_chunked_prefill_and_joining_rows_record_every_token() {
             .unwrap();
         let mask = ids.ones_like().unwrap().to_dtype(DType::U8).unwrap();
         let routing = Arc::new(Routing::record());
-        let layout = Layout::causal(&mask).unwrap().with_routing(routing.clone());
-        model
-            .forward_hidden_in(&ids, &layout, Ops::Differentiable)
-            .unwrap();
+        routed(&model, &ids, &mask, &routing);
         let taken = routing.taken().per_token(sequence.len() - 1);
         assert_eq!(completion.routes, taken, "row {row}");
     }
@@ -244,37 +259,11 @@ fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_th
     let (model, tokenizer) = moe();
     let (_, ids, mask) = rows(&sample(&model, &tokenizer, 0.0, 0));
     let recorded = Arc::new(Routing::record());
-    let own = model
-        .forward_hidden_in(
-            &ids,
-            &Layout::causal(&mask)
-                .unwrap()
-                .with_routing(recorded.clone()),
-            Ops::Differentiable,
-        )
-        .unwrap();
+    let own = routed(&model, &ids, &mask, &recorded);
     let taken = recorded.taken();
     let replaying = Arc::new(Routing::replay(taken.clone()));
-    let replayed = model
-        .forward_hidden_in(
-            &ids,
-            &Layout::causal(&mask)
-                .unwrap()
-                .with_routing(replaying.clone()),
-            Ops::Differentiable,
-        )
-        .unwrap();
-    assert_eq!(
-        (&own - &replayed)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap(),
-        0.0
-    );
+    let replayed = routed(&model, &ids, &mask, &replaying);
+    assert_eq!(max_abs_diff(&own, &replayed), 0.0);
     let drift = replaying.drift();
     assert_eq!((drift.differ, drift.compared), (0, 2 * ids.elem_count()));
 
@@ -288,23 +277,8 @@ fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_th
     }
     other.0[0][..k].fill(UNROUTED);
     let replaying = Arc::new(Routing::replay(other));
-    let moved = model
-        .forward_hidden_in(
-            &ids,
-            &Layout::causal(&mask)
-                .unwrap()
-                .with_routing(replaying.clone()),
-            Ops::Differentiable,
-        )
-        .unwrap();
-    let change = (&own - &moved)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let moved = routed(&model, &ids, &mask, &replaying);
+    let change = max_abs_diff(&own, &moved);
     assert!(change > 1e-3, "{change}");
     let drift = replaying.drift();
     assert_eq!(
