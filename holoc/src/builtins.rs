@@ -96,7 +96,11 @@ pub const BUILTINS: &[Builtin] = &[
     },
     Builtin {
         name: "ToolSchema",
-        params: &[],
+        // vLLM's `--tool-call-parser` names (holo_runtime::tools::ToolFormat::NAMES), or `auto`.
+        params: &[param(
+            "parser",
+            Accepts::OneOf(&["auto", "hermes", "llama3_json", "mistral"]),
+        )],
         positional: Positional::None,
     },
     Builtin {

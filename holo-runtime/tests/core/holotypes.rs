@@ -496,6 +496,8 @@ fn the_checker_refuses_exactly_the_arguments_the_constructors_refuse() {
     let registry = std::sync::Arc::new(holotypes::registry());
     let values = [
         "abc",
+        "auto",
+        "hermes",
         "last_number",
         "whole",
         "\"\"",
