@@ -109,7 +109,7 @@ def main() -> None:
             for case, before in CONVERSATIONS[name].items():
                 calling = {
                     "role": "assistant",
-                    "content": before or None,
+                    "content": before,
                     "tool_calls": [{"type": "function", "function": call} for call in calls],
                 }
 

@@ -90,6 +90,16 @@ impl Recorder for Transcript {
     }
 
     fn completion(&mut self, completion: &Completion) {
+        // A completion always belongs to an assistant message (as in the Holophore): after a `tool`
+        // message, which the machine did not open, it starts one.
+        let current = self
+            .contexts
+            .last()
+            .and_then(|context| context.messages.last())
+            .map(|message| message.role);
+        if self.pending.is_some() || current != Some(Role::Assistant) {
+            self.pending = Some(Role::Assistant);
+        }
         let message = self.message();
         message.parts.push(Part::Sampled(completion.text.clone()));
     }

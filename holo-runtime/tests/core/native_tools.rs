@@ -366,3 +366,58 @@ fn a_sampler_of_chat_messages_refuses_native_tools() {
         "{message}"
     );
 }
+
+/// Without a model there is no template to read the format from: `parser=` names it, and the text
+/// view shows each result as a user message, the next turn as the assistant's.
+#[test]
+fn a_text_transcript_takes_native_tools_with_the_format_named() {
+    use holo_runtime::transcript::Part;
+    use holo_runtime::{Rollout, Step, Transcript};
+
+    let named = NATIVE_HOL.replace("parser=auto", "parser=hermes");
+    let registry = Arc::new(holotypes::registry());
+    let holoware =
+        Arc::new(Holoware::load("named.hol", named.as_bytes(), Arc::clone(&registry)).unwrap());
+    let mut resources = Resources::default();
+    resources.insert(Tools::new().with_calculator());
+    let row: Row =
+        serde_json::from_str(r#"{"question": "What is 17 * 23?", "expected": "391"}"#).unwrap();
+    let mut script = Scripted::new([
+        call(r#"{"expression": "17 * 23"}"#, "calculator", "Multiply."),
+        "<answer>391</answer>".to_string(),
+    ]);
+    let mut transcript = Transcript::default();
+    let mut rollout = holoware.start_with(&row, &resources).unwrap();
+    while let Step::Sample(request) = rollout.step(&mut transcript).unwrap() {
+        let completion = script.complete(&request).unwrap();
+        rollout.resume(completion, &mut transcript).unwrap();
+    }
+    let messages = &transcript.contexts[0].messages;
+    let roles: Vec<Role> = messages.iter().map(|message| message.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::System,
+            Role::User,
+            Role::Assistant,
+            Role::User,
+            Role::Assistant
+        ]
+    );
+    assert_eq!(messages[3].parts, [Part::Prompt("391".into())]);
+    assert_eq!(
+        messages[4].parts,
+        [Part::Sampled("<answer>391</answer>".into())]
+    );
+    assert_eq!(transcript.reward(), 1.0);
+    // `auto` needs a template.
+    let error = Arc::new(Holoware::load("auto.hol", NATIVE_HOL.as_bytes(), registry).unwrap())
+        .start_with(&row, &resources)
+        .and_then(|mut rollout| rollout.step(&mut Transcript::default()).map(|_| ()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("auto.hol:3:") && error.contains("name it with `parser=`"),
+        "{error}"
+    );
+}

@@ -26,9 +26,11 @@ pub enum ToolTurn {
 pub(super) fn message_value(message: &Message) -> minijinja::Value {
     let value = match &message.tool {
         None => json!({"role": message.role.name(), "content": message.content}),
+        // No text before the calls is an empty content, not `None`: templates such as Qwen3's look
+        // for `</think>` in it.
         Some(ToolTurn::Calls(reply)) => json!({
             "role": "assistant",
-            "content": reply.content,
+            "content": reply.content.as_deref().unwrap_or_default(),
             "tool_calls": reply.calls.iter().map(|call| json!({
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
