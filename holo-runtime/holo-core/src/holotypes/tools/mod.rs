@@ -233,8 +233,15 @@ fn tools_resource(args: &Args, holotype: &str) -> Result<Arc<Tools>, HolotypeErr
 /// nothing and offers the tools to the model's chat template instead: native tool calls.
 pub struct ToolSchema {
     tools: Arc<Tools>,
-    /// `None`: text tools; `Some(None)`: native, in the template's format; `Some(Some(f))`: native, `f`.
-    native: Option<Option<ToolFormat>>,
+    schemas: Schemas,
+}
+
+/// How [`ToolSchema`] shows the tools to the model.
+enum Schemas {
+    /// Written into the prompt.
+    Text,
+    /// Offered to the chat template, calls read in this format (`None`: the one the template writes).
+    Native(Option<ToolFormat>),
 }
 
 impl Holotype for ToolSchema {
@@ -242,10 +249,10 @@ impl Holotype for ToolSchema {
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         args.no_positional("ToolSchema")?;
-        let native = match args.name("parser")? {
-            None => None,
-            Some("auto") => Some(None),
-            Some(name) => Some(Some(ToolFormat::from_name(name).ok_or_else(|| {
+        let schemas = match args.name("parser")? {
+            None => Schemas::Text,
+            Some("auto") => Schemas::Native(None),
+            Some(name) => Schemas::Native(Some(ToolFormat::from_name(name).ok_or_else(|| {
                 let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
                 HolotypeError::new(format!(
                     "argument `parser` must be `auto` or one of {}, found `{name}`",
@@ -255,14 +262,14 @@ impl Holotype for ToolSchema {
         };
         Ok(ToolSchema {
             tools: tools_resource(args, "ToolSchema")?,
-            native,
+            schemas,
         })
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        match self.native {
-            None => cx.inject(&format!("{}\n", self.tools.schema())),
-            Some(format) => {
+        match self.schemas {
+            Schemas::Text => cx.inject(&format!("{}\n", self.tools.schema())),
+            Schemas::Native(format) => {
                 cx.offer_tools(&self.tools.native_schemas(), format)
                     .map_err(HolotypeError::new)?;
             }
