@@ -498,6 +498,7 @@ fn the_checker_refuses_exactly_the_arguments_the_constructors_refuse() {
         "abc",
         "auto",
         "hermes",
+        "mistral",
         "last_number",
         "whole",
         "\"\"",

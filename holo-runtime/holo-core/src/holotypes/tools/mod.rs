@@ -252,13 +252,23 @@ impl Holotype for ToolSchema {
         let schemas = match args.name("parser")? {
             None => Schemas::Text,
             Some("auto") => Schemas::Native(None),
-            Some(name) => Schemas::Native(Some(ToolFormat::from_name(name).ok_or_else(|| {
-                let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
-                HolotypeError::new(format!(
-                    "argument `parser` must be `auto` or one of {}, found `{name}`",
-                    names.join(", ")
-                ))
-            })?)),
+            Some(name) => {
+                let format = ToolFormat::from_name(name)
+                    .filter(|format| !format.reads_special_tokens())
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = ToolFormat::NAMES
+                            .iter()
+                            .filter(|(_, format)| !format.reads_special_tokens())
+                            .map(|(name, _)| *name)
+                            .collect();
+                        HolotypeError::new(format!(
+                            "argument `parser` must be `auto` or one of {}, found `{name}`{}",
+                            names.join(", "),
+                            unread(name)
+                        ))
+                    })?;
+                Schemas::Native(Some(format))
+            }
         };
         Ok(ToolSchema {
             tools: tools_resource(args, "ToolSchema")?,
@@ -270,11 +280,31 @@ impl Holotype for ToolSchema {
         match self.schemas {
             Schemas::Text => cx.inject(&format!("{}\n", self.tools.schema())),
             Schemas::Native(format) => {
-                cx.offer_tools(&self.tools.native_schemas(), format)
+                let format = cx
+                    .offer_tools(&self.tools.native_schemas(), format)
                     .map_err(HolotypeError::new)?;
+                if format.reads_special_tokens() {
+                    return Err(HolotypeError::new(format!(
+                        "the model's chat template writes tool calls in the {} format{}",
+                        format.name(),
+                        unread(format.name())
+                    )));
+                }
             }
         }
         Ok(Enter::Run)
+    }
+}
+
+/// Why a format whose marker is a special token is refused: a turn's text, as samplers decode it,
+/// lacks the marker, so every call would read as an answer.
+fn unread(name: &str) -> &'static str {
+    match ToolFormat::from_name(name) {
+        Some(format) if format.reads_special_tokens() => {
+            " (its calls start with a special token, which the text of a turn lacks: holowares do not \
+             read them yet; use text tools)"
+        }
+        _ => "",
     }
 }
 
