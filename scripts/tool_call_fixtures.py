@@ -11,6 +11,14 @@ conversation whose last assistant message carries `tool_calls` with transformers
 would have written: after the generation prompt, before the end-of-turn marker), and writes
 `holo-runtime/tests/fixtures/chat/tool_calls.json`: per model the reply text and the calls it holds.
 The Rust tests read each reply back with the model's parser and compare the calls.
+
+Per model it also renders native tool loops (`conversations`): a system and a user message with TOOLS,
+the model's reply with its calls (cut from a rendering, as above), one `tool` message per call, and a
+final answer. Each case keeps the renderings a Holophore must reproduce: the first prompt, the prompt
+after the tool results (the calling turn as history: its content is the text before the calls, as the
+Holophore hands it), and the whole conversation. Qwen3 has two cases: with reasoning before the calls
+(kept in history after the last user turn) and with an empty think block (dropped from history: the
+rendering no longer extends what the model saw).
 """
 
 import json
@@ -52,6 +60,18 @@ CALLS = [
     {"name": "get_time", "arguments": {"zone": "Europe/Paris"}},
 ]
 
+SYSTEM = "You are a helpful assistant."
+RESULTS = ["18 degrees and sunny", "14:05"]
+ANSWER = "It is 18 degrees and sunny in Paris, and 14:05."
+# Llama 3.2's template prints today's date unless given one.
+KWARGS = {"llama3.2": {"date_string": "26 Jul 2024"}}
+# model folder: case name -> the text the model writes before its calls.
+CONVERSATIONS = {
+    "qwen3": {"thinking": "<think>\nI will look both up.\n</think>\n\n", "empty_thinking": "<think>\n\n</think>\n\n"},
+    "qwen2.5": {"plain": ""},
+    "llama3.2": {"plain": ""},
+}
+
 # model folder: (calls in one message, generation prompt's end, end-of-turn marker)
 MODELS_WITH_TOOLS = {
     "qwen3": (2, "<|im_start|>assistant\n", "<|im_end|>"),
@@ -66,7 +86,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     question = [{"role": "user", "content": "Weather and time in Paris?"}]
-    out = {"generated_by": "scripts/tool_call_fixtures.py", "transformers": transformers.__version__}
+    out = {"generated_by": "scripts/tool_call_fixtures.py", "transformers": transformers.__version__, "tools": TOOLS}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (count, opening, end) in MODELS_WITH_TOOLS.items():
             folder = Path(tmp) / name
@@ -83,6 +103,41 @@ def main() -> None:
             start = rendered.rindex(opening) + len(opening)
             reply = rendered[start : rendered.index(end, start)]
             out[name] = {"reply": reply, "calls": calls}
+            kwargs = KWARGS.get(name, {})
+            start = [{"role": "system", "content": SYSTEM}] + question
+            cases = {}
+            for case, before in CONVERSATIONS[name].items():
+                calling = {
+                    "role": "assistant",
+                    "content": before,
+                    "tool_calls": [{"type": "function", "function": call} for call in calls],
+                }
+
+                def render(messages, generation):
+                    return tokenizer.apply_chat_template(
+                        messages, tools=TOOLS, tokenize=False, add_generation_prompt=generation, **kwargs
+                    )
+
+                rendered = render(start + [calling], False)
+                cut = rendered.rindex(opening) + len(opening)
+                written = rendered[cut : rendered.index(end, cut)]
+                results = [
+                    {"role": "tool", "name": call["name"], "content": result} for call, result in zip(calls, RESULTS)
+                ]
+                history = start + [calling] + results
+                whole = render(history + [{"role": "assistant", "content": ANSWER}], False)
+                cut = whole.rindex(opening) + len(opening)
+                cases[case] = {
+                    "kwargs": kwargs,
+                    "reply": written,
+                    "results": RESULTS[:count],
+                    # The answer as the model writes it (Qwen3: after an empty think block).
+                    "answer": whole[cut : whole.index(end, cut)],
+                    "first_prompt": render(start, True),
+                    "second_prompt": render(history, True),
+                    "whole": whole,
+                }
+            out[name]["conversations"] = cases
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {OUT}")
 

@@ -27,7 +27,7 @@ macro_rules! stand_in_holotypes {
             const PARAMS: &'static [&'static str] =
                 &[
                     "max_turns", "max", "mode", "label", "timeout", "var", "name", "weight", "untagged", "pass",
-                    "score", "threshold", "top_k",
+                    "score", "threshold", "top_k", "parser",
                 ];
 
             fn new(_: &Args) -> Result<Self, HolotypeError> {
@@ -155,6 +155,7 @@ holowares! {
     hol_erl => "../hol/erl.hol",
     hol_qa => "../hol/qa.hol",
     hol_tool => "../hol/tool.hol",
+    hol_tool_native => "../hol/tool_native.hol",
     hol_wordproblems => "../hol/wordproblems.hol",
     ok_alternatives => "../holoc/tests/inputs/ok/alternatives.hol",
     ok_blank_lines_around_closing_tag => "../holoc/tests/inputs/ok/blank_lines_around_closing_tag.hol",

@@ -96,7 +96,12 @@ pub const BUILTINS: &[Builtin] = &[
     },
     Builtin {
         name: "ToolSchema",
-        params: &[],
+        // vLLM's `--tool-call-parser` names (holo_runtime::tools::ToolFormat::NAMES) that holowares
+        // read (not `mistral`, whose marker is a special token), or `auto`.
+        params: &[param(
+            "parser",
+            Accepts::OneOf(&["auto", "hermes", "llama3_json"]),
+        )],
         positional: Positional::None,
     },
     Builtin {

@@ -10,6 +10,7 @@ pub use holoc::ir::ArgValue;
 pub use crate::error::HolotypeError;
 use crate::machine::Recorder;
 use crate::resources::Resources;
+use crate::tools::{ToolFormat, ToolReply};
 
 /// A type usable as a holotype in `.hol` files.
 ///
@@ -148,6 +149,30 @@ impl<'a> Cx<'a> {
     /// Appends text to the current message, as if the `.hol` file had it in place of the tag.
     pub fn inject(&mut self, text: &str) {
         self.recorder.text(text);
+    }
+
+    /// Offers `tools` to the model through its chat template ([`Recorder::offer_tools`]).
+    pub fn offer_tools(
+        &mut self,
+        tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String> {
+        self.recorder.offer_tools(tools, format)
+    }
+
+    /// The format of the native tool calls offered, if any: `None` while tools are text.
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.recorder.tool_format()
+    }
+
+    /// Marks the last assistant message as making the calls of `reply` ([`Recorder::tool_calls`]).
+    pub fn tool_calls(&mut self, reply: &ToolReply) {
+        self.recorder.tool_calls(reply);
+    }
+
+    /// Appends a `tool` message with the result of a call of `name` ([`Recorder::tool_result`]).
+    pub fn tool_result(&mut self, name: &str, content: &str) {
+        self.recorder.tool_result(name, content);
     }
 
     /// Records the reward component `name` of this rollout, with weight 1.

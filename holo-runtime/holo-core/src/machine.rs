@@ -8,6 +8,7 @@ use std::fmt;
 
 use crate::error::HolotypeError;
 use crate::resources::Resources;
+use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;
 
 /// One rollout in progress: the interface a driver steps, whether the holoware was compiled to Rust
@@ -109,6 +110,22 @@ pub trait Recorder {
     fn text(&mut self, text: &str);
     /// The model's completion appended to the current (assistant) message.
     fn completion(&mut self, completion: &Completion);
+    /// Native tool calls from now on: `tools` (OpenAI's tool objects) go to the chat template as its
+    /// `tools`, and replies are read in `format`, or in the format the template writes calls in when
+    /// `None`. Returns the format; an error says why the tools cannot be offered (no template, one that
+    /// does not render tools or says no format, a context that already has a completion).
+    fn offer_tools(
+        &mut self,
+        tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String>;
+    /// The format of the native tool calls offered, if any.
+    fn tool_format(&self) -> Option<ToolFormat>;
+    /// The last assistant message made calls: the template renders it as `reply`'s content and
+    /// `tool_calls` (the sampled tokens stay as they were sampled).
+    fn tool_calls(&mut self, reply: &ToolReply);
+    /// A `tool` message: the result of the call of function `name` (or what was wrong with the call).
+    fn tool_result(&mut self, name: &str, content: &str);
     /// A named reward component of the rollout and its weight in the rollout's reward. Recording a
     /// component again replaces its value and weight.
     fn reward(&mut self, name: &str, value: f64, weight: f64);

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
+use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +35,8 @@ pub struct Transcript {
     pub feedback: Vec<(String, String)>,
     /// The role of the message that starts with the next content.
     pending: Option<Role>,
+    /// The format of the native tool calls offered, if any.
+    tool_format: Option<ToolFormat>,
 }
 
 impl Transcript {
@@ -87,8 +90,45 @@ impl Recorder for Transcript {
     }
 
     fn completion(&mut self, completion: &Completion) {
+        // A completion always belongs to an assistant message (as in the Holophore): after a `tool`
+        // message, which the machine did not open, it starts one.
+        let current = self
+            .contexts
+            .last()
+            .and_then(|context| context.messages.last())
+            .map(|message| message.role);
+        if self.pending.is_some() || current != Some(Role::Assistant) {
+            self.pending = Some(Role::Assistant);
+        }
         let message = self.message();
         message.parts.push(Part::Sampled(completion.text.clone()));
+    }
+
+    /// Text keeps no chat template: the format must be named, and the tools are not shown.
+    fn offer_tools(
+        &mut self,
+        _tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String> {
+        let format = format.ok_or(
+            "no chat template to read the tool-call format from: name it with `parser=` \
+             (hermes, llama3_json or mistral), or give the model",
+        )?;
+        self.tool_format = Some(format);
+        Ok(format)
+    }
+
+    fn tool_format(&self) -> Option<ToolFormat> {
+        self.tool_format
+    }
+
+    /// The text view keeps the reply as it was sampled, calls included.
+    fn tool_calls(&mut self, _reply: &ToolReply) {}
+
+    /// The text view shows a tool message as a user message (it has no tool role).
+    fn tool_result(&mut self, _name: &str, content: &str) {
+        self.begin_message(Role::User);
+        self.text(content);
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {

@@ -120,6 +120,7 @@ fn check_case(case: &Value, sampled: Sampled) {
         view.push(Message {
             role,
             content: content.to_string(),
+            tool: None,
         });
         h.begin_message(role);
         if role == Role::Assistant {
@@ -284,15 +285,18 @@ fn messages_without_content_are_not_emitted_and_text_is_tokenized_once() {
         &[
             Message {
                 role: Role::System,
-                content: "You are a helpful assistant.".into()
+                content: "You are a helpful assistant.".into(),
+                tool: None,
             },
             Message {
                 role: Role::User,
-                content: "What is 2 + 2?".into()
+                content: "What is 2 + 2?".into(),
+                tool: None,
             },
             Message {
                 role: Role::Assistant,
-                content: "4".into()
+                content: "4".into(),
+                tool: None,
             },
         ]
     );

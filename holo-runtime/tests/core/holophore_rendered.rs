@@ -209,6 +209,7 @@ fn qwen3_multi_turn_thinking_splits_contexts_and_stays_token_exact() {
     let message = |role, content: &str| Message {
         role,
         content: content.to_string(),
+        tool: None,
     };
     assert_eq!(
         contexts[0].messages(),

@@ -496,6 +496,9 @@ fn the_checker_refuses_exactly_the_arguments_the_constructors_refuse() {
     let registry = std::sync::Arc::new(holotypes::registry());
     let values = [
         "abc",
+        "auto",
+        "hermes",
+        "mistral",
         "last_number",
         "whole",
         "\"\"",

@@ -13,5 +13,6 @@ mod holophore_rendered;
 mod holotypes;
 mod loom;
 mod loom_holophore;
+mod native_tools;
 mod openai;
 mod sandbox;

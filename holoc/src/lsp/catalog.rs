@@ -13,13 +13,15 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
     ),
     (
         "ToolSchema",
-        "Writes the JSON schemas of the environment's registered tools.",
-        "no arguments",
+        "Writes the JSON schemas of the environment's registered tools; with `parser=`, offers them to \
+         the model's chat template as `tools` instead (native tool calls).",
+        "`parser` (none: text tools; `auto`: the template's format, or `hermes`, `llama3_json`)",
     ),
     (
         "ToolExecutor",
         "Runs the tool call found in the turn's variable and writes the result, or the error, inside \
-         `<result>` tags.",
+         `<result>` tags; with native tools, runs every call of the turn and appends each result as a \
+         `tool` message.",
         "`answer` (`answer`); one positional word, the variable of the turn (`turn`)",
     ),
     (

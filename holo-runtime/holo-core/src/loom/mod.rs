@@ -162,6 +162,7 @@ use crate::interpreter::{Holoware, Row};
 use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step};
 use crate::resources::Resources;
 use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
+use crate::tools::{ToolFormat, ToolReply};
 use crate::transcript::{Part, Transcript};
 use crate::Role;
 
@@ -984,6 +985,41 @@ impl Recorder for Prompted {
         self.transcript.completion(completion);
         if let Some(holophore) = &mut self.holophore {
             holophore.completion(completion);
+        }
+    }
+
+    /// Native tools need token prompts rendered by the chat template: a sampler that takes chat
+    /// messages gets no `tools`.
+    fn offer_tools(
+        &mut self,
+        tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String> {
+        let Some(holophore) = &mut self.holophore else {
+            return Err("native tool calls need the model's chat template and token prompts: this \
+                 sampler takes chat messages, which carry no `tools`; use text tools (no `parser=`)"
+                .into());
+        };
+        let format = holophore.offer_tools(tools, format)?;
+        self.transcript.offer_tools(tools, Some(format))
+    }
+
+    fn tool_format(&self) -> Option<ToolFormat> {
+        self.transcript.tool_format()
+    }
+
+    fn tool_calls(&mut self, reply: &ToolReply) {
+        self.transcript.tool_calls(reply);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.tool_calls(reply);
+        }
+    }
+
+    fn tool_result(&mut self, name: &str, content: &str) {
+        self.pending = None;
+        self.transcript.tool_result(name, content);
+        if let Some(holophore) = &mut self.holophore {
+            holophore.tool_result(name, content);
         }
     }
 

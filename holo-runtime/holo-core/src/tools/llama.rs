@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::{call_from, ToolReply};
 
-const PYTHON_TAG: &str = "<|python_tag|>";
+pub(super) const PYTHON_TAG: &str = "<|python_tag|>";
 
 /// The calls when the whole reply is JSON calls; a reply that is anything else holds none.
 pub(super) fn parse(text: &str) -> Option<ToolReply> {

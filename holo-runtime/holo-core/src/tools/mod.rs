@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::sampler::json_layout;
 
 /// One call a model made: the function's name and its arguments (a JSON object).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
     pub name: String,
     pub arguments: Value,
@@ -26,7 +26,7 @@ pub struct ToolCall {
 
 /// A reply read in a tool-call format: the text before the calls (`None` when there is none but
 /// whitespace) and the calls.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolReply {
     pub content: Option<String>,
     pub calls: Vec<ToolCall>,
@@ -108,6 +108,44 @@ impl ToolFormat {
             ToolFormat::Mistral => mistral::parse(text),
         }?;
         (!reply.calls.is_empty()).then_some(reply)
+    }
+
+    /// The calls in `text` as a tool loop reads a turn: `Ok(None)` when no call starts there (the model
+    /// answered), `Err` saying what is wrong when one starts but is not a well-formed call (bad JSON, no
+    /// `name`, arguments that are not an object), for the model to read.
+    pub fn read(self, text: &str) -> Result<Option<ToolReply>, String> {
+        if let Some(reply) = self.parse(text) {
+            return Ok(Some(reply));
+        }
+        let payload = match self {
+            ToolFormat::Hermes => text.find(hermes::OPEN).map(|at| {
+                let body = &text[at + hermes::OPEN.len()..];
+                body.find(hermes::CLOSE).map_or(body, |end| &body[..end])
+            }),
+            ToolFormat::Llama3Json => {
+                let rest = text.trim_start();
+                let rest = rest.strip_prefix(llama::PYTHON_TAG).unwrap_or(rest);
+                rest.trim_start().starts_with('{').then_some(rest)
+            }
+            ToolFormat::Mistral => text
+                .find(mistral::MARKER)
+                .map(|at| &text[at + mistral::MARKER.len()..]),
+        };
+        let Some(payload) = payload else {
+            return Ok(None);
+        };
+        let arguments = match self {
+            ToolFormat::Llama3Json => "parameters",
+            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+        };
+        let mut values = serde_json::Deserializer::from_str(payload.trim()).into_iter::<Value>();
+        Err(match values.next() {
+            Some(Err(error)) => format!("the tool call is not valid JSON: {error}"),
+            _ => format!(
+                "a tool call in the {} format is a JSON object with a \"name\" string and an \"{arguments}\" object",
+                self.name()
+            ),
+        })
     }
 
     /// Where a streamed reply must stop being sent as content: the byte where a call starts or may
@@ -391,6 +429,45 @@ mod tests {
             .parse("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n")
             .unwrap();
         assert_eq!(parsed.calls[0].name, "f");
+    }
+
+    #[test]
+    fn a_tool_loop_tells_an_answer_from_a_malformed_call() {
+        // No call starts: the model answered.
+        assert_eq!(ToolFormat::Hermes.read("The answer is 4."), Ok(None));
+        assert_eq!(ToolFormat::Llama3Json.read("It is {x}."), Ok(None));
+        assert_eq!(ToolFormat::Mistral.read("No calls."), Ok(None));
+        let (reply, calls) = rendered("qwen3");
+        assert_eq!(
+            ToolFormat::Hermes.read(&reply).unwrap().unwrap().calls,
+            calls
+        );
+        // A call starts but is not one: what is wrong, for the model.
+        for (format, text, said) in [
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"name\": \"f\", \"arguments\": {\n</tool_call>",
+                "not valid JSON: EOF while parsing an object",
+            ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+                "in the hermes format is a JSON object with a \"name\" string and an \"arguments\" object",
+            ),
+            (
+                ToolFormat::Llama3Json,
+                "{\"name\": \"f\", \"parameters\": [1]}",
+                "\"parameters\" object",
+            ),
+            (
+                ToolFormat::Mistral,
+                "[TOOL_CALLS][{\"name\": \"f\"]",
+                "not valid JSON",
+            ),
+        ] {
+            let error = format.read(text).unwrap_err();
+            assert!(error.contains(said), "{format:?} {text}: {error}");
+        }
     }
 
     #[test]

@@ -135,14 +135,21 @@ fn dry(
                 Some(holophore) => {
                     script = script.tokenized(holophore);
                     let mut tokens = holophore.fork();
-                    let outcome = run_scripted(&holoware, &row, &resources, script, &mut tokens);
+                    let outcome = run_scripted(&holoware, &row, &resources, script, &mut tokens)
+                        .map_err(|error| error.to_string());
                     tokens.finish();
+                    // As the Loom does: a template that failed to render leaves the tokens short.
+                    let outcome = outcome.and_then(|()| match tokens.errors() {
+                        [] => Ok(()),
+                        errors => Err(format!("the tokens are incomplete: {}", errors.join("; "))),
+                    });
                     (outcome, tokens.reward(), tokens.render(color))
                 }
                 None => {
                     let mut transcript = Transcript::default();
                     let outcome =
-                        run_scripted(&holoware, &row, &resources, script, &mut transcript);
+                        run_scripted(&holoware, &row, &resources, script, &mut transcript)
+                            .map_err(|error| error.to_string());
                     (outcome, transcript.reward(), transcript.render(color))
                 }
             };

@@ -1,6 +1,16 @@
 //! Tool use: [`Tools`] (a registry of Rust functions with JSON schemas, provided as a resource),
-//! [`ToolSchema`] (writes the schemas), [`ToolExecutor`] (runs the call in a turn) and [`ToolRunner`]
-//! (repeats its body until the model answers).
+//! [`ToolSchema`] (writes the schemas, or with `parser=` offers them to the chat template),
+//! [`ToolExecutor`] (runs the calls of a turn) and [`ToolRunner`] (repeats its body until the model
+//! answers).
+//!
+//! Tools are text by default: schemas in the prompt, calls in `<tool>` tags, results in `<result>`
+//! tags (errloom's way, for any model). `<|ToolSchema parser=…|>` makes them native ([`native`]): the
+//! schemas go to the model's chat template as `tools`, replies are read in the family's call format,
+//! and each result is a `tool` message the template renders.
+
+mod arithmetic;
+mod native;
+mod schema;
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -9,11 +19,15 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::holotype::{Args, Cx, Enter, Holotype, HolotypeError, Pass};
+use crate::holotypes::stats::ToolStats;
+use crate::tools::ToolFormat;
+use arithmetic::Arithmetic;
 
 type Handler = Arc<dyn Fn(&Value) -> Result<String, String> + Send + Sync>;
 
 /// One tool: a name, a description and a JSON schema of its arguments, shown to the model, and the
-/// function that runs it.
+/// function that runs it. The schema may be the shorthand `{"argument": "type", …}` (the calculator's),
+/// which native calls read as an object whose every argument is required with that JSON type.
 #[derive(Clone)]
 pub struct Tool {
     pub name: String,
@@ -111,6 +125,24 @@ impl Tools {
             .join("\n")
     }
 
+    /// The tools as chat templates take them (OpenAI's tool objects: `{"type": "function", "function":
+    /// {"name", "description", "parameters"}}`), each `parameters` a JSON schema.
+    pub fn native_schemas(&self) -> Vec<Value> {
+        self.tools
+            .iter()
+            .map(|tool| {
+                serde_json::json!({
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": schema::json_schema(&tool.parameters),
+                    },
+                })
+            })
+            .collect()
+    }
+
     /// Runs the call written in `turn` (`<tool>{"name": ..., "args": {...}}</tool>`, the last one if
     /// there are several). Every failure is a message for the model: no call, malformed JSON, an unknown
     /// tool, the tool's own error, a timeout, a panic.
@@ -123,18 +155,29 @@ impl Tools {
         let name = call["name"]
             .as_str()
             .ok_or("the tool call needs a \"name\" string")?;
-        let tool = self
-            .tools
+        let tool = self.find(name)?;
+        let args = call
+            .get("args")
+            .cloned()
+            .unwrap_or(Value::Object(Default::default()));
+        self.run(tool, args).map_err(|failure| failure.message)
+    }
+
+    /// The tool named `name`, or an error for the model naming the tools there are.
+    fn find(&self, name: &str) -> Result<&Tool, String> {
+        self.tools
             .iter()
             .find(|tool| tool.name == name)
             .ok_or_else(|| {
                 let known: Vec<&str> = self.tools.iter().map(|tool| tool.name.as_str()).collect();
                 format!("unknown tool `{name}`; the tools are: {}", known.join(", "))
-            })?;
-        let args = call
-            .get("args")
-            .cloned()
-            .unwrap_or(Value::Object(Default::default()));
+            })
+    }
+
+    /// Runs `tool` on `args` on a thread of its own, so that a timeout or a panic is reported rather
+    /// than stalling or ending the rollout.
+    fn run(&self, tool: &Tool, args: Value) -> Result<String, Failure> {
+        let name = tool.name.clone();
         let handler = Arc::clone(&tool.handler);
         let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
@@ -142,9 +185,28 @@ impl Tools {
             let _ = sender.send(outcome);
         });
         match receiver.recv_timeout(self.timeout) {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(format!("tool `{name}` crashed")),
-            Err(_) => Err(format!("tool `{name}` timed out after {:?}", self.timeout)),
+            Ok(Ok(result)) => result.map_err(Failure::new),
+            Ok(Err(_)) => Err(Failure::new(format!("tool `{name}` crashed"))),
+            Err(_) => Err(Failure {
+                message: format!("tool `{name}` timed out after {:?}", self.timeout),
+                timed_out: true,
+            }),
+        }
+    }
+}
+
+/// Why a tool run failed, in words for the model, and whether it ran out of time (for
+/// `tools/timed_out`).
+struct Failure {
+    message: String,
+    timed_out: bool,
+}
+
+impl Failure {
+    fn new(message: String) -> Self {
+        Failure {
+            message,
+            timed_out: false,
         }
     }
 }
@@ -167,33 +229,98 @@ fn tools_resource(args: &Args, holotype: &str) -> Result<Arc<Tools>, HolotypeErr
 }
 
 /// Writes the schemas of the registered tools, one JSON object per line, each ending with a newline.
+/// With `parser=` (a format's vLLM name, or `auto` for the one the chat template writes) it writes
+/// nothing and offers the tools to the model's chat template instead: native tool calls.
 pub struct ToolSchema {
     tools: Arc<Tools>,
+    schemas: Schemas,
+}
+
+/// How [`ToolSchema`] shows the tools to the model.
+enum Schemas {
+    /// Written into the prompt.
+    Text,
+    /// Offered to the chat template, calls read in this format (`None`: the one the template writes).
+    Native(Option<ToolFormat>),
 }
 
 impl Holotype for ToolSchema {
-    const PARAMS: &'static [&'static str] = &[];
+    const PARAMS: &'static [&'static str] = &["parser"];
 
     fn new(args: &Args) -> Result<Self, HolotypeError> {
         args.no_positional("ToolSchema")?;
+        let schemas = match args.name("parser")? {
+            None => Schemas::Text,
+            Some("auto") => Schemas::Native(None),
+            Some(name) => {
+                let format = ToolFormat::from_name(name)
+                    .filter(|format| !format.reads_special_tokens())
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = ToolFormat::NAMES
+                            .iter()
+                            .filter(|(_, format)| !format.reads_special_tokens())
+                            .map(|(name, _)| *name)
+                            .collect();
+                        HolotypeError::new(format!(
+                            "argument `parser` must be `auto` or one of {}, found `{name}`{}",
+                            names.join(", "),
+                            unread(name)
+                        ))
+                    })?;
+                Schemas::Native(Some(format))
+            }
+        };
         Ok(ToolSchema {
             tools: tools_resource(args, "ToolSchema")?,
+            schemas,
         })
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        cx.inject(&format!("{}\n", self.tools.schema()));
+        match self.schemas {
+            Schemas::Text => cx.inject(&format!("{}\n", self.tools.schema())),
+            Schemas::Native(format) => {
+                let format = cx
+                    .offer_tools(&self.tools.native_schemas(), format)
+                    .map_err(HolotypeError::new)?;
+                if format.reads_special_tokens() {
+                    return Err(HolotypeError::new(format!(
+                        "the model's chat template writes tool calls in the {} format{}",
+                        format.name(),
+                        unread(format.name())
+                    )));
+                }
+            }
+        }
         Ok(Enter::Run)
+    }
+}
+
+/// Why a format whose marker is a special token is refused: a turn's text, as samplers decode it,
+/// lacks the marker, so every call would read as an answer.
+fn unread(name: &str) -> &'static str {
+    match ToolFormat::from_name(name) {
+        Some(format) if format.reads_special_tokens() => {
+            " (its calls start with a special token, which the text of a turn lacks: holowares do not \
+             read them yet; use text tools)"
+        }
+        _ => "",
     }
 }
 
 /// `<|ToolExecutor turn|>`: runs the tool call in the variable `turn` and writes `<result>...</result>`
 /// (an error message inside it when the call fails). When the turn holds an answer (`answer=` tag,
 /// default `answer`) there is nothing to run: its body, if any, is skipped.
+///
+/// With native tools offered (`<|ToolSchema parser=…|>`) it runs every call of the turn, read in the
+/// offered format, and appends one `tool` message per call; a turn without a call is the model's
+/// answer (its body is skipped). See [`native`].
 pub struct ToolExecutor {
     tools: Arc<Tools>,
     variable: String,
     answer: String,
+    /// Counts native calls (calls, failed, timed out) when the driver provides it.
+    stats: Option<Arc<ToolStats>>,
 }
 
 impl Holotype for ToolExecutor {
@@ -207,15 +334,25 @@ impl Holotype for ToolExecutor {
                 .unwrap_or("turn")
                 .to_string(),
             answer: args.name("answer")?.unwrap_or("answer").to_string(),
+            stats: args.resources.get::<ToolStats>(),
         })
     }
 
     fn enter(&mut self, cx: &mut Cx<'_>) -> Result<Enter, HolotypeError> {
-        let turn = cx.var(&self.variable).unwrap_or_default();
+        let turn = cx.var(&self.variable).unwrap_or_default().to_string();
+        if let Some(format) = cx.tool_format() {
+            return Ok(native::execute(
+                &self.tools,
+                self.stats.as_deref(),
+                format,
+                &turn,
+                cx,
+            ));
+        }
         if turn.contains(&format!("<{}>", self.answer)) {
             return Ok(Enter::Skip);
         }
-        let result = match self.tools.call(turn) {
+        let result = match self.tools.call(&turn) {
             Ok(result) => result,
             Err(message) => format!("error: {message}"),
         };
@@ -225,7 +362,9 @@ impl Holotype for ToolExecutor {
 }
 
 /// Repeats its body until the variable `var` (default `turn`) holds an answer (`<answer>`, or the tag
-/// `answer=` names) or `max_turns` passes (default 8) have run.
+/// `answer=` names) or `max_turns` passes (default 8) have run. With native tools offered, the answer
+/// is a turn that starts no call (a malformed call is answered with what was wrong, and the loop goes
+/// on).
 pub struct ToolRunner {
     max_turns: u32,
     variable: String,
@@ -249,121 +388,15 @@ impl Holotype for ToolRunner {
     }
 
     fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError> {
-        let answered = cx
-            .var(&self.variable)
-            .is_some_and(|turn| turn.contains(&format!("<{}>", self.answer)));
+        let turn = cx.var(&self.variable).unwrap_or_default();
+        let answered = match cx.tool_format() {
+            Some(format) => matches!(format.read(turn), Ok(None)),
+            None => turn.contains(&format!("<{}>", self.answer)),
+        };
         Ok(if answered || cx.pass() >= self.max_turns {
             Pass::Done
         } else {
             Pass::Repeat
         })
-    }
-}
-
-/// A recursive-descent evaluator for `+ - * /`, unary minus, parentheses and decimal numbers.
-struct Arithmetic<'e> {
-    text: &'e [u8],
-    at: usize,
-}
-
-impl<'e> Arithmetic<'e> {
-    fn new(expression: &'e str) -> Self {
-        Arithmetic {
-            text: expression.as_bytes(),
-            at: 0,
-        }
-    }
-
-    fn evaluate(mut self) -> Result<f64, String> {
-        let value = self.sum()?;
-        self.skip_spaces();
-        if self.at < self.text.len() {
-            return Err(format!(
-                "unexpected `{}` at position {}",
-                self.text[self.at] as char,
-                self.at + 1
-            ));
-        }
-        if !value.is_finite() {
-            return Err("the result is not a finite number (division by zero?)".to_string());
-        }
-        Ok(value)
-    }
-
-    fn skip_spaces(&mut self) {
-        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
-            self.at += 1;
-        }
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.skip_spaces();
-        self.text.get(self.at).copied()
-    }
-
-    fn sum(&mut self) -> Result<f64, String> {
-        let mut value = self.product()?;
-        while let Some(op @ (b'+' | b'-')) = self.peek() {
-            self.at += 1;
-            let right = self.product()?;
-            value = if op == b'+' {
-                value + right
-            } else {
-                value - right
-            };
-        }
-        Ok(value)
-    }
-
-    fn product(&mut self) -> Result<f64, String> {
-        let mut value = self.factor()?;
-        while let Some(op @ (b'*' | b'/')) = self.peek() {
-            self.at += 1;
-            let right = self.factor()?;
-            value = if op == b'*' {
-                value * right
-            } else {
-                value / right
-            };
-        }
-        Ok(value)
-    }
-
-    fn factor(&mut self) -> Result<f64, String> {
-        match self.peek() {
-            Some(b'-') => {
-                self.at += 1;
-                Ok(-self.factor()?)
-            }
-            Some(b'(') => {
-                self.at += 1;
-                let value = self.sum()?;
-                if self.peek() != Some(b')') {
-                    return Err("missing `)`".to_string());
-                }
-                self.at += 1;
-                Ok(value)
-            }
-            Some(c) if c.is_ascii_digit() || c == b'.' => {
-                let start = self.at;
-                while self
-                    .text
-                    .get(self.at)
-                    .is_some_and(|c| c.is_ascii_digit() || *c == b'.')
-                {
-                    self.at += 1;
-                }
-                let number = std::str::from_utf8(&self.text[start..self.at]).unwrap_or_default();
-                number
-                    .parse()
-                    .map_err(|_| format!("`{number}` is not a number"))
-            }
-            Some(c) => Err(format!(
-                "unexpected `{}` at position {}",
-                c as char,
-                self.at + 1
-            )),
-            None => Err("the expression ends too early".to_string()),
-        }
     }
 }

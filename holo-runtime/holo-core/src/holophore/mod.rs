@@ -59,6 +59,17 @@
 //! A template that raises on a sample request's conversation (Gemma 3 on two user messages in a row) leaves the
 //! error in [`Holophore::errors`], and the rollout fails naming it.
 //!
+//! # Native tool calls
+//!
+//! [`Recorder::offer_tools`] hands the tools to the template (`tools`, as transformers'
+//! `apply_chat_template(..., tools=...)`); from then on the Holophore renders contexts whole, as above,
+//! since the tools change the conversation from its first turn. [`Recorder::tool_calls`] marks the last
+//! assistant message as making calls, rendered with its `tool_calls` ([`ToolTurn::Calls`]), and
+//! [`Recorder::tool_result`] appends a `tool` message ([`ToolTurn::Result`]). Both reach the tokens only
+//! through the next rendering: when it extends what the model saw (the template writes the calls as the
+//! model wrote them), the results are appended as prompt; when it does not (other JSON spacing, Qwen3
+//! dropping an empty think block), the context is split. Tool messages are prompt, never trained.
+//!
 //! # Template arguments
 //!
 //! [`Holophore::with_template_kwargs`] renders every probe and context with extra template variables
@@ -101,7 +112,12 @@ use tokenizers::Tokenizer;
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
 use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
 use crate::sampler::ChatMessage;
+use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;
+
+mod tools;
+
+pub use tools::ToolTurn;
 
 const ROLES: [Role; 3] = [Role::System, Role::User, Role::Assistant];
 
@@ -174,8 +190,12 @@ pub struct Fragment {
 /// A message of the messages view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
+    /// The role; a `tool` message (`tool` is [`ToolTurn::Result`]) has [`Role::User`], the side of the
+    /// conversation it is on.
     pub role: Role,
     pub content: String,
+    /// What the message is to native tool calls, if anything.
+    pub tool: Option<ToolTurn>,
 }
 
 /// One context: what one sequence of sample requests saw.
@@ -345,6 +365,8 @@ pub struct Holophore {
     rewards: Vec<(String, f64, f64)>,
     feedback: Vec<(String, String)>,
     errors: Vec<String>,
+    /// The format of the native tool calls offered ([`Recorder::offer_tools`]), if any.
+    tool_format: Option<ToolFormat>,
 }
 
 impl fmt::Debug for Holophore {
@@ -397,15 +419,9 @@ impl Rendering {
     }
 
     fn render(&self, messages: &[Message], options: &RenderOptions) -> Result<String, String> {
-        let chat: Vec<ChatMessage> = messages
-            .iter()
-            .map(|m| ChatMessage {
-                role: m.role,
-                content: m.content.clone(),
-            })
-            .collect();
+        let values = messages.iter().map(tools::message_value).collect();
         self.template
-            .render(&chat, options)
+            .render_values(values, options)
             .map_err(|error| error.to_string())
     }
 }
@@ -686,6 +702,7 @@ impl Holophore {
             rewards: Vec::new(),
             feedback: Vec::new(),
             errors: Vec::new(),
+            tool_format: None,
         })
     }
 
@@ -729,6 +746,7 @@ impl Holophore {
             rewards: Vec::new(),
             feedback: Vec::new(),
             errors: Vec::new(),
+            tool_format: None,
         }
     }
 
@@ -1053,6 +1071,7 @@ impl Holophore {
             .push(Message {
                 role,
                 content: String::new(),
+                tool: None,
             });
         role
     }
@@ -1150,6 +1169,26 @@ impl Recorder for Holophore {
             trainable: context.trained,
             logprobs,
         });
+    }
+
+    fn offer_tools(
+        &mut self,
+        tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String> {
+        self.offer_native_tools(tools, format)
+    }
+
+    fn tool_format(&self) -> Option<ToolFormat> {
+        self.tool_format
+    }
+
+    fn tool_calls(&mut self, reply: &ToolReply) {
+        self.mark_tool_calls(reply);
+    }
+
+    fn tool_result(&mut self, name: &str, content: &str) {
+        self.push_tool_result(name, content);
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {

@@ -1,0 +1,173 @@
+//! Native tool calls in the Holophore: the tools offered to the chat template, assistant turns
+//! rendered with their `tool_calls`, and `tool` messages (see "Native tool calls" in the
+//! [module documentation](super)).
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::{Holophore, Message, Rendering};
+use crate::tools::{ToolFormat, ToolReply};
+use crate::Role;
+
+/// What a message is to native tool calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolTurn {
+    /// An assistant message that made calls: the template renders it with the reply's content (the
+    /// text before the calls) and its calls as `tool_calls`.
+    Calls(ToolReply),
+    /// A `tool` message: the result of a call of the function `name`.
+    Result { name: String },
+}
+
+/// A message as chat templates take it: `role` and `content`, with `tool_calls` for an assistant
+/// turn that made calls (each call's `arguments` an object, which templates write with `tojson`, as
+/// vLLM hands them) and role `tool` for a call's result.
+pub(super) fn message_value(message: &Message) -> minijinja::Value {
+    let value = match &message.tool {
+        None => json!({"role": message.role.name(), "content": message.content}),
+        // No text before the calls is an empty content, not `None`: templates such as Qwen3's look
+        // for `</think>` in it.
+        Some(ToolTurn::Calls(reply)) => json!({
+            "role": "assistant",
+            "content": reply.content.as_deref().unwrap_or_default(),
+            "tool_calls": reply.calls.iter().map(|call| json!({
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            })).collect::<Vec<_>>(),
+        }),
+        Some(ToolTurn::Result { name }) => {
+            json!({"role": "tool", "name": name, "content": message.content})
+        }
+    };
+    template_value(&value)
+}
+
+/// A JSON value as a template value, keeping the key order of objects (as Python dicts do).
+fn template_value(value: &serde_json::Value) -> minijinja::Value {
+    use serde::Deserialize;
+    minijinja::Value::deserialize(value).expect("every JSON value is a template value")
+}
+
+impl Rendering {
+    /// The same rendering with `tools` handed to the template, and `header` as the assistant header.
+    fn with_tools(&self, tools: Vec<minijinja::Value>, header: Vec<u32>) -> Rendering {
+        let with = |options: &crate::chat::RenderOptions| crate::chat::RenderOptions {
+            tools: Some(tools.clone()),
+            ..options.clone()
+        };
+        Rendering {
+            template: Arc::clone(&self.template),
+            generation: with(&self.generation),
+            continuation: with(&self.continuation),
+            closing: with(&self.closing),
+            header,
+        }
+    }
+}
+
+impl Holophore {
+    /// [`Recorder::offer_tools`](crate::Recorder::offer_tools): every rendering from now on hands
+    /// `tools` to the template. The tools change the rendering of the conversation from its start
+    /// (templates list them in the system turn), so contexts are rendered whole from now on, as for
+    /// templates without frames; the current context, which has no completion yet, is rendered again
+    /// at its first sample request.
+    pub(super) fn offer_native_tools(
+        &mut self,
+        tools: &[serde_json::Value],
+        format: Option<ToolFormat>,
+    ) -> Result<ToolFormat, String> {
+        let template = &self.rendering.template;
+        let sources: String = template
+            .template_names()
+            .iter()
+            .filter_map(|name| template.source(name))
+            .collect();
+        if !sources.contains("tools") {
+            return Err(
+                "the model's chat template does not render `tools`: the model would never see its \
+                 tools; use text tools (no `parser=`)"
+                    .into(),
+            );
+        }
+        let Some(format) = format.or_else(|| ToolFormat::detect(&sources)) else {
+            let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
+            return Err(format!(
+                "the model's chat template does not say how the model writes tool calls: name the \
+                 format with `parser=` ({})",
+                names.join(", ")
+            ));
+        };
+        let open = self.contexts.last().filter(|context| !context.closed);
+        if open.is_some_and(|context| !context.sampled_ids().is_empty()) {
+            return Err(
+                "native tools must be offered before the model's first turn of the context: the \
+                 turns it already took were rendered without them"
+                    .into(),
+            );
+        }
+        let header = self.assistant_header();
+        let tools = tools.iter().map(template_value).collect();
+        self.rendering = Arc::new(self.rendering.with_tools(tools, header));
+        self.frames = None;
+        if let Some(context) = self.contexts.last_mut().filter(|context| !context.closed) {
+            context.fragments.clear();
+            context.pending_text.clear();
+            context.rendered.clear();
+        }
+        self.tool_format = Some(format);
+        Ok(format)
+    }
+
+    /// [`Recorder::tool_calls`](crate::Recorder::tool_calls): the last assistant message of the
+    /// current context is rendered with the reply's calls from now on.
+    pub(super) fn mark_tool_calls(&mut self, reply: &ToolReply) {
+        if self.tool_format.is_none() {
+            self.errors
+                .push("tool calls recorded, but no native tools were offered".into());
+            return;
+        }
+        let assistant = self
+            .contexts
+            .last_mut()
+            .filter(|context| !context.closed)
+            .and_then(|context| {
+                context
+                    .messages
+                    .iter_mut()
+                    .rev()
+                    .find(|message| message.role == Role::Assistant)
+            });
+        match assistant {
+            Some(message) => message.tool = Some(ToolTurn::Calls(reply.clone())),
+            None => self
+                .errors
+                .push("tool calls recorded, but the context has no assistant message".into()),
+        }
+    }
+
+    /// [`Recorder::tool_result`](crate::Recorder::tool_result): a `tool` message, tokenized as the
+    /// template renders it at the next sample request (never trained: it is prompt).
+    pub(super) fn push_tool_result(&mut self, name: &str, content: &str) {
+        if self.tool_format.is_none() {
+            self.errors.push(format!(
+                "a result of tool `{name}` recorded, but no native tools were offered"
+            ));
+            return;
+        }
+        let Some(context) = self.contexts.last_mut().filter(|context| !context.closed) else {
+            self.errors.push(format!(
+                "a result of tool `{name}` recorded outside a context"
+            ));
+            return;
+        };
+        self.pending = None;
+        context.messages.push(Message {
+            role: Role::User,
+            content: content.to_string(),
+            tool: Some(ToolTurn::Result {
+                name: name.to_string(),
+            }),
+        });
+    }
+}
