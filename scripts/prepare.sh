@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | skyrl ...]   # all: every one but skyrl
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | skyrl ...]   # all: every one but skyrl
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -14,6 +14,8 @@
 # |           | smollm2-135m-instruct (converted, + reference)  |                                                |
 # | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
+# | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
+# |           | SDK 0.38.0)                                     |                                                |
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
 #
 # Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
@@ -95,6 +97,16 @@ prepare_gym() {
     log "gym: ready ($((SECONDS - t0)) s)"
 }
 
+prepare_tinker() {
+    local t0=$SECONDS
+    # The SDK that `holo serve --tinker` is tested against. tinker-cookbook 0.6.1 is left out: it needs torch
+    # >= 2.10 and transformers (gigabytes of wheels), and its sl/rl loops load tokenizers and datasets from the
+    # Hugging Face hub by name, which tests may not download.
+    engine_venv "$ENGINES/tinker-venv" --prefer-binary tinker==0.38.0
+    "$ENGINES/tinker-venv/bin/python" -c 'import tinker'
+    log "tinker: ready ($((SECONDS - t0)) s)"
+}
+
 prepare_skyrl() {
     local t0=$SECONDS
     # SkyRL 0.4.0 needs Python >= 3.12 (PYTHON=python3.12 bash scripts/prepare.sh skyrl). On Debian 12's 3.11,
@@ -107,8 +119,8 @@ prepare_skyrl() {
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym ;;
-        peers | smollm2 | chromium | gym | skyrl) "prepare_$component" ;;
-        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, skyrl)" >&2; exit 2 ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker ;;
+        peers | smollm2 | chromium | gym | tinker | skyrl) "prepare_$component" ;;
+        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, skyrl)" >&2; exit 2 ;;
     esac
 done

@@ -1,0 +1,323 @@
+//! `holo tinker-serve` against the other side's own code: the `tinker` SDK 0.38.0 from PyPI
+//! (`tinker_sdk.py`, in the venv `scripts/prepare.sh tinker` makes) trains, samples, checkpoints and
+//! restarts against the server on the tiny Qwen2 fixture; and our own `holo train --backend tinker`
+//! runs against it.
+#![cfg(feature = "cli")]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::process::Process;
+use crate::common::served::Served;
+use crate::common::tempdir::Dir;
+
+/// The name the server gives the model.
+const MODEL: &str = "holo/tiny-qwen2";
+
+fn model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2")
+}
+
+/// `holo tinker-serve` of the fixture, keeping checkpoints in `store`.
+fn serve(store: &Path) -> Served {
+    let model = model_dir();
+    let store = store.display().to_string();
+    Served::start(&mut crate::common::holo_command(&[
+        "tinker-serve",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        MODEL,
+        "--store",
+        &store,
+        "--port",
+        "0",
+    ]))
+}
+
+/// Runs a phase of `tinker_sdk.py` with the SDK's Python against `base`, at most five minutes; its
+/// measurements.
+fn sdk(python: &Path, phase: &str, base: &str, dir: &Path, before: Option<&Path>) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engines/tinker_sdk.py");
+    let out = dir.join(format!("{phase}.json"));
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(&script)
+        .args([phase, base, MODEL])
+        .arg(&out)
+        .args(before)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("TINKER_BASE_URL");
+    let mut process = Process::spawn(&mut command, dir.join(format!("{phase}.log")));
+    let (status, log) = process.finish(Duration::from_secs(300));
+    assert!(status.success(), "tinker_sdk.py {phase} failed:\n{log}");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+fn floats(value: &Value) -> Vec<f64> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {value}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn close(got: f64, want: f64, tolerance: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= tolerance * want.abs().max(1.0),
+        "{what}: {got} != {want}"
+    );
+}
+
+/// A refusal the SDK raised: its HTTP status and a message that names the cause.
+fn refused(error: &Value, status: u64, says: &str) {
+    assert_eq!(error["status"].as_u64(), Some(status), "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(says), "{says:?} not in {message}");
+}
+
+/// The SDK's whole surface that the cookbook's loops use, and the server's arithmetic checked against
+/// itself across paths: the sampler's log-probabilities are the trainer's, each loss is its formula on
+/// the wire, a supervised loop lowers its loss, checkpoints restore exactly, and survive a restart.
+#[test]
+fn the_tinker_sdk_trains_samples_and_restarts() {
+    let Some(venv) = crate::common::components::tinker() else {
+        return;
+    };
+    let python = venv.join("bin/python");
+    let dir = Dir::new("tinker-serve");
+    let store = dir.path().join("store");
+    let server = serve(&store);
+    let out = sdk(&python, "train", &server.base, dir.path(), None);
+
+    assert_eq!(out["models"], serde_json::json!([MODEL]));
+    refused(&out["unknown_base"], 400, "is not served here");
+    assert_eq!(out["info"]["lora_rank"], 4);
+    assert_eq!(out["info"]["is_lora"], true);
+
+    // Sampling: two samples of six tokens (no stop), each token with its log-probability.
+    let samples = out["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2);
+    for sample in samples {
+        assert_eq!(sample["tokens"].as_array().unwrap().len(), 6, "{sample}");
+        assert_eq!(sample["stop_reason"], "length");
+        let logprobs = floats(&sample["logprobs"]);
+        assert_eq!(logprobs.len(), 6);
+        assert!(
+            logprobs.iter().all(|lp| lp.is_finite() && *lp <= 0.0),
+            "{logprobs:?}"
+        );
+    }
+    assert_ne!(
+        samples[0]["tokens"], samples[1]["tokens"],
+        "each sample draws its own seed"
+    );
+    let prompt = out["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(prompt.len(), 5);
+    assert!(prompt[0].is_null());
+    assert!(prompt[1..].iter().all(|lp| lp.as_f64().unwrap() < 0.0));
+
+    // The trainer scores the sampled tokens as the sampler did.
+    let forward = floats(&out["forward_logprobs"]);
+    assert_eq!(forward.len(), 10);
+    let sampled = floats(&samples[0]["logprobs"]);
+    for (trained, sampled) in forward[4..].iter().zip(&sampled) {
+        close(
+            *trained,
+            *sampled,
+            1e-4,
+            "forward vs sampler log-probability",
+        );
+    }
+    close(
+        out["forward_loss"].as_f64().unwrap(),
+        -forward[4..].iter().sum::<f64>(),
+        1e-4,
+        "cross_entropy loss:sum",
+    );
+
+    // Each RL loss on on-policy log-probabilities: the ratio is 1.
+    let advantages = floats(&out["advantages"]);
+    let rl = &out["rl"];
+    for loss in ["importance_sampling", "ppo", "cispo"] {
+        let logprobs = floats(&rl[loss]["logprobs"]);
+        for (got, want) in logprobs.iter().zip(&forward) {
+            close(*got, *want, 1e-5, "forward_backward logprobs");
+        }
+        let elementwise = floats(&rl[loss]["elementwise"]);
+        assert_eq!(elementwise.len(), 10);
+        close(
+            rl[loss]["loss"].as_f64().unwrap(),
+            elementwise.iter().sum(),
+            1e-4,
+            "loss:sum is the elementwise sum",
+        );
+    }
+    let minus_advantages = -advantages.iter().sum::<f64>();
+    close(
+        rl["importance_sampling"]["loss"].as_f64().unwrap(),
+        minus_advantages,
+        1e-4,
+        "importance_sampling",
+    );
+    close(
+        rl["ppo"]["loss"].as_f64().unwrap(),
+        minus_advantages,
+        1e-4,
+        "ppo",
+    );
+    let cispo: f64 = -forward
+        .iter()
+        .zip(&advantages)
+        .map(|(lp, a)| lp * a)
+        .sum::<f64>();
+    close(rl["cispo"]["loss"].as_f64().unwrap(), cispo, 1e-4, "cispo");
+    let grad_norm = out["rl_step"]["grad_norm"].as_f64().unwrap();
+    assert!(
+        grad_norm.is_finite() && grad_norm > 0.0,
+        "{}",
+        out["rl_step"]
+    );
+
+    // Refusals name the cause, with the status the SDK expects.
+    refused(&out["unknown_loss"], 400, "`dro` is not served");
+    refused(
+        &out["unknown_setting"],
+        400,
+        "`beta` is not a setting of `ppo`",
+    );
+    refused(
+        &out["bad_shape"],
+        400,
+        "data[0].loss_fn_inputs.weights: shape [9]",
+    );
+    refused(
+        &out["missing_input"],
+        400,
+        "loss_fn_inputs.weights: not an input of this loss",
+    );
+    refused(&out["unknown_checkpoint"], 404, "does not exist");
+
+    // The supervised loop lowers its loss.
+    let curve = floats(&out["sl_losses"]);
+    let after = out["sl_after"].as_f64().unwrap();
+    assert!(after < 0.5 * curve[0], "loss {curve:?} then {after}");
+
+    // Checkpoints restore exactly: into the same client, into a new one with the optimizer's state.
+    assert!((out["moved"].as_f64().unwrap() - after).abs() > 1e-3);
+    close(out["reloaded"].as_f64().unwrap(), after, 1e-6, "load_state");
+    close(
+        out["other_loaded"].as_f64().unwrap(),
+        after,
+        1e-6,
+        "from_state_with_optimizer",
+    );
+    let stepped = floats(&out["stepped"]);
+    close(
+        stepped[0],
+        stepped[1],
+        1e-6,
+        "a step from the same optimizer state",
+    );
+    assert_eq!(out["snapshot_sample"], out["trained_sample"]);
+
+    // A restarted server keeps every checkpoint.
+    drop(server);
+    let server = serve(&store);
+    let before = dir.path().join("train.json");
+    let again = sdk(&python, "restart", &server.base, dir.path(), Some(&before));
+    close(
+        again["restored_loss"].as_f64().unwrap(),
+        after,
+        1e-6,
+        "restored after a restart",
+    );
+    assert_eq!(again["restored_sample"], out["trained_sample"]);
+    let run = out["run_id"].as_str().unwrap();
+    let listed: Vec<String> = [
+        "sampler_weights/after-sl",
+        "sampler_weights/initial",
+        "weights/after-sl",
+    ]
+    .iter()
+    .map(|name| format!("tinker://{run}/{name}"))
+    .collect();
+    assert_eq!(again["listed"], serde_json::json!(listed));
+    assert_eq!(
+        again["after_delete"],
+        serde_json::json!([listed[0], listed[2]])
+    );
+    refused(&again["deleted_sampler"], 404, "does not exist");
+}
+
+/// Our own client against our own server: two steps of `holo train --backend tinker` on the fixtures
+/// of `tests/engines/tinker.rs`, checkpointed on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_train_runs_against_holo_tinker_serve() {
+    let dir = Dir::new("tinker-serve-train");
+    let server = serve(&dir.path().join("store"));
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tinker")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    let run = dir.path().join("run");
+    let model = model_dir().display().to_string();
+    let args = [
+        "train".to_string(),
+        fixture("short.hol"),
+        "--data".into(),
+        fixture("rows.jsonl"),
+        "--backend".into(),
+        "tinker".into(),
+        "--base-url".into(),
+        server.base.clone(),
+        "--model".into(),
+        MODEL.into(),
+        "--tokenizer".into(),
+        model,
+        "--config".into(),
+        fixture("train.toml"),
+        "--out".into(),
+        run.display().to_string(),
+    ];
+    let log = dir.path().join("train.log");
+    let (status, output) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut process = Process::spawn(
+            crate::common::holo_command(&args).env("TINKER_API_KEY", "tml-holo-test"),
+            log,
+        );
+        process.finish(Duration::from_secs(300))
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{output}");
+    let steps: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 2);
+    for step in &steps {
+        for key in ["reward", "loss", "grad_norm", "learning_rate"] {
+            assert!(step[key].as_f64().unwrap().is_finite(), "{key} in {step}");
+        }
+    }
+    // The server scores the sampled tokens as its sampler did.
+    let ratio = steps[0]["sampling/importance_sampling_ratio/mean"]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - 1.0).abs() < 1e-3, "{ratio}");
+    let saved: Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("checkpoint-2/tinker.json")).unwrap(),
+    )
+    .unwrap();
+    let state = saved.to_string();
+    assert!(state.contains("tinker://"), "{state}");
+}
