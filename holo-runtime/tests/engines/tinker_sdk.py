@@ -75,6 +75,13 @@ if phase == "train":
     out["forward_logprobs"] = values(forward.loss_fn_outputs[0]["logprobs"])
     out["forward_loss"] = forward.metrics["loss:sum"]
 
+    # Two training clients at once on the one base model: a step of the second leaves the first as it was.
+    second = service.create_lora_training_client(base_model=model, rank=2, seed=1, train_mlp=False).result()
+    second.forward_backward([datum(sequence, weights=weights)], "cross_entropy").result()
+    second.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    out["second_moved"] = second.forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
+    out["first_after_second"] = tc.forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
+
     # Each RL loss on the same datum with on-policy sampler log-probabilities (the forward's).
     advantages = [0.0] * (len(PROMPT) - 1) + [1.0, -0.5, 2.0, 0.25, -1.0, 0.5][: len(first)]
     losses = {}
@@ -122,7 +129,10 @@ if phase == "train":
     out["sl_after"] = tc.forward(sl, "cross_entropy").result().metrics["loss:sum"]
 
     # Checkpoints: a training state, loaded back into this client and into a new one with its optimizer.
-    state_path = tc.save_state("after-sl").result().path
+    state_path = tc.save_state("after-sl", ttl_seconds=3600).result().path
+    # A checkpoint whose TTL has passed (0 s: at once) is gone.
+    expired = tc.save_state("expired", ttl_seconds=0).result().path
+    out["expired"] = error_of(lambda: tc.load_state(expired).result())
     out["state_path"] = state_path
     trained_sampler = tc.save_weights_for_sampler("after-sl").result().path
     out["trained_sampler_path"] = trained_sampler

@@ -200,6 +200,17 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "loss_fn_inputs.weights: not an input of this loss",
     );
     refused(&out["unknown_checkpoint"], 404, "does not exist");
+    refused(&out["expired"], 404, "does not exist");
+
+    // Two LoRA runs at once: the second's step moved it, not the first.
+    let first = out["forward_loss"].as_f64().unwrap();
+    assert!((out["second_moved"].as_f64().unwrap() - first).abs() > 1e-3);
+    close(
+        out["first_after_second"].as_f64().unwrap(),
+        first,
+        1e-6,
+        "first run untouched",
+    );
 
     // The supervised loop lowers its loss.
     let curve = floats(&out["sl_losses"]);

@@ -30,8 +30,7 @@
 //! Full fine-tuning (a `create_model` without `lora_config`), an adapter on the unembedding (the SDK's
 //! `train_unembed`, on by default: refused only when it is the only part asked for, and otherwise
 //! reported on stderr, since holo-model adapts the seven attention and MLP projections), custom losses
-//! run on the server, optimizers other than AdamW, checkpoint TTLs, top-k and targeted log-probabilities,
-//! images. There is no authentication: the server listens on loopback unless told otherwise.
+//! run on the server, optimizers other than AdamW, top-k and targeted log-probabilities, images. There is no authentication: the server listens on loopback unless told otherwise.
 
 pub mod futures;
 pub mod losses;
@@ -593,15 +592,6 @@ async fn optim_step(
     )
 }
 
-fn refuse_ttl(ttl_seconds: Option<u64>) -> Result<(), Failure> {
-    match ttl_seconds {
-        Some(_) => Err(bad(
-            "ttl_seconds: not served; checkpoints here live until deleted",
-        )),
-        None => Ok(()),
-    }
-}
-
 /// The checkpoint a save names: `path` is a name, or a sequence-numbered one when not given.
 fn save_path(
     model_id: &str,
@@ -623,7 +613,6 @@ async fn save_weights(
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
     let request: requests::SaveWeights = parse(body)?;
-    refuse_ttl(request.ttl_seconds)?;
     service.check_model(&request.model_id)?;
     let path = save_path(
         &request.model_id,
@@ -637,6 +626,7 @@ async fn save_weights(
             model_id: request.model_id,
             path,
             overwrite: request.overwrite,
+            ttl_seconds: request.ttl_seconds,
         },
         json!({}),
         key,
@@ -648,7 +638,6 @@ async fn save_weights_for_sampler(
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
     let request: requests::SaveWeightsForSampler = parse(body)?;
-    refuse_ttl(request.ttl_seconds)?;
     if let Some(kind) = request.kind.as_deref().filter(|kind| *kind != "snapshot") {
         return Err(bad(format!(
             "kind: `{kind}` sampling clients are not served (only snapshot)"
@@ -666,12 +655,21 @@ async fn save_weights_for_sampler(
                     // The SDK has no overwrite flag here: a sampler checkpoint saved again under its
                     // name is the newer weights, as on the hosted service.
                     overwrite: true,
+                    ttl_seconds: request.ttl_seconds,
                 },
                 json!({}),
                 key,
             )
         }
+        // A snapshot lives in memory for its sampling session, until a restart: a TTL cannot make it
+        // live longer, and the SDK sends none for one.
         (None, Some(seq)) => {
+            if request.ttl_seconds.is_some() {
+                return Err(bad(
+                    "ttl_seconds: a snapshot for a sampling session lives until the server restarts; \
+                     name the checkpoint (path) to give it a TTL",
+                ));
+            }
             let session = format!("{}:sample:{seq}", request.model_id);
             service
                 .samplers

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! named by the `tinker://<run id>/<kind>/<name>` paths the SDK sends back. A checkpoint is written in
-//! a staging folder renamed into place, so that a crash leaves either the whole checkpoint or none.
+//! a staging folder renamed into place, so that a crash leaves either the whole checkpoint or none. A
+//! checkpoint saved with a `ttl_seconds` holds `expires.json`; once that time has passed it is gone: the
+//! store removes it when it next looks at it, and answers as if it had never been.
 
 use std::collections::HashMap;
 use std::fs;
@@ -114,6 +116,19 @@ struct StepState {
     step: u64,
 }
 
+/// When a checkpoint saved with a TTL expires, in seconds since the Unix epoch.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Expiry {
+    expires_at: u64,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
 /// The store folder.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -156,20 +171,39 @@ impl Store {
     }
 
     pub fn exists(&self, path: &CheckpointPath) -> bool {
-        self.dir(path).is_dir()
+        self.live(&self.dir(path))
     }
 
-    /// Writes a checkpoint: `adapter` and, for a training state, the optimizer's `moments` at `step`.
-    /// An existing checkpoint of that path is replaced only with `overwrite`.
+    /// Whether the checkpoint folder `dir` is there and not expired; an expired one is removed.
+    fn live(&self, dir: &Path) -> bool {
+        if !dir.is_dir() {
+            return false;
+        }
+        let expiry = fs::read_to_string(dir.join("expires.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Expiry>(&text).ok());
+        match expiry {
+            Some(expiry) if expiry.expires_at <= now() => {
+                let _ = fs::remove_dir_all(dir);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Writes a checkpoint: `adapter` and, for a training state, the optimizer's `moments` at `step`;
+    /// it expires `ttl_seconds` from now when given. An existing checkpoint of that path is replaced
+    /// only with `overwrite`.
     pub fn save(
         &self,
         path: &CheckpointPath,
         adapter: Vec<(String, Tensor)>,
         optimizer: Option<(u64, Vec<(String, Tensor)>)>,
         overwrite: bool,
+        ttl_seconds: Option<u64>,
     ) -> io::Result<()> {
         let dir = self.dir(path);
-        if dir.exists() && !overwrite {
+        if self.live(&dir) && !overwrite {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!("{} exists (overwrite is false)", path.uri()),
@@ -187,6 +221,10 @@ impl Store {
             holo_train::checkpoint::save_tensors(&staging.join("optimizer.safetensors"), moments)?;
             write_json(&staging.join("state.json"), &StepState { step })?;
         }
+        if let Some(ttl) = ttl_seconds {
+            let expires_at = now().saturating_add(ttl);
+            write_json(&staging.join("expires.json"), &Expiry { expires_at })?;
+        }
         if dir.exists() {
             fs::remove_dir_all(&dir)?;
         }
@@ -197,7 +235,7 @@ impl Store {
     /// Reads a checkpoint onto `device`.
     pub fn load(&self, path: &CheckpointPath, device: &Device) -> Result<Loaded, String> {
         let dir = self.dir(path);
-        if !dir.is_dir() {
+        if !self.live(&dir) {
             return Err(format!("checkpoint {} does not exist", path.uri()));
         }
         let read = |file: &str| {
@@ -226,7 +264,7 @@ impl Store {
             };
             let mut names: Vec<String> = entries
                 .filter_map(|entry| entry.ok())
-                .filter(|entry| entry.path().is_dir())
+                .filter(|entry| self.live(&entry.path()))
                 .filter_map(|entry| entry.file_name().into_string().ok())
                 .filter(|name| !name.starts_with('.'))
                 .collect();
@@ -251,7 +289,7 @@ impl Store {
     /// Deletes a checkpoint; `false` when there was none.
     pub fn delete(&self, path: &CheckpointPath) -> io::Result<bool> {
         let dir = self.dir(path);
-        if !dir.is_dir() {
+        if !self.live(&dir) {
             return Ok(false);
         }
         fs::remove_dir_all(dir)?;
@@ -265,4 +303,63 @@ fn write_json(path: &Path, value: &impl Serialize) -> io::Result<()> {
     fs::write(&staging, text)?;
     fs::File::open(&staging)?.sync_all()?;
     fs::rename(staging, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint whose TTL has passed is gone for every question the store answers.
+    #[test]
+    fn an_expired_checkpoint_is_gone() {
+        let root = std::env::temp_dir().join(format!("holo-tinker-store-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let store = Store::open(&root).unwrap();
+        let adapter = || {
+            vec![(
+                "a".to_string(),
+                Tensor::zeros(2, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            )]
+        };
+        let path = |name: &str| {
+            CheckpointPath::parse(&format!("tinker://run/weights/{name}"), "path").unwrap()
+        };
+        store
+            .save(
+                &path("lasting"),
+                adapter(),
+                Some((3, adapter())),
+                false,
+                Some(3600),
+            )
+            .unwrap();
+        store
+            .save(
+                &path("expired"),
+                adapter(),
+                Some((3, adapter())),
+                false,
+                Some(0),
+            )
+            .unwrap();
+        assert!(store.exists(&path("lasting")));
+        assert!(!store.exists(&path("expired")));
+        assert!(store.load(&path("expired"), &Device::Cpu).is_err());
+        assert_eq!(store.list("run").unwrap(), vec![path("lasting")]);
+        assert!(
+            !root.join("run/weights/expired").exists(),
+            "removed when seen expired"
+        );
+        // Saving again under an expired name needs no overwrite.
+        store
+            .save(&path("expired"), adapter(), None, false, None)
+            .unwrap();
+        assert!(store.exists(&path("expired")));
+        let loaded = store.load(&path("lasting"), &Device::Cpu).unwrap();
+        assert_eq!(loaded.optimizer.map(|(step, _)| step), Some(3));
+        assert!(store
+            .save(&path("lasting"), adapter(), None, false, None)
+            .is_err());
+        fs::remove_dir_all(&root).unwrap();
+    }
 }

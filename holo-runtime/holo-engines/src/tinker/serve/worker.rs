@@ -94,11 +94,12 @@ pub enum Job {
         model_id: String,
         params: AdamParams,
     },
-    /// `save_weights` (a training state: `optimizer` true) or `save_weights_for_sampler`.
+    /// `save_weights` (a training state) or `save_weights_for_sampler`, by the path's kind.
     Save {
         model_id: String,
         path: CheckpointPath,
         overwrite: bool,
+        ttl_seconds: Option<u64>,
     },
     /// `save_weights_for_sampler` without a name: the adapter as it is now, for one sampling session.
     Snapshot {
@@ -240,6 +241,7 @@ impl Worker {
                 model_id,
                 path,
                 overwrite,
+                ttl_seconds,
             } => {
                 let run = self.runs.get(&model_id).ok_or_else(|| unknown(&model_id))?;
                 let adapter = snapshot(&run.vars).map_err(server)?;
@@ -256,7 +258,7 @@ impl Worker {
                     Kind::Sampler => None,
                 };
                 self.store
-                    .save(&path, adapter, optimizer, overwrite)
+                    .save(&path, adapter, optimizer, overwrite, ttl_seconds)
                     .map_err(|error| match error.kind() {
                         std::io::ErrorKind::AlreadyExists => user(error.to_string()),
                         _ => server(error),
