@@ -317,10 +317,25 @@ impl Service {
         }
     }
 
+    /// `work` on the store, on the blocking pool: file system calls do not hold an async worker.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Store) -> T + Send + 'static,
+    ) -> Result<T, Failure> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|error| Failure {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                detail: format!("the checkpoint store's task failed: {error}"),
+            })
+    }
+
     /// A checkpoint path that exists in the store.
-    fn existing(&self, path: &str, field: &str) -> Result<CheckpointPath, Failure> {
+    async fn existing(&self, path: &str, field: &str) -> Result<CheckpointPath, Failure> {
         let parsed = CheckpointPath::parse(path, field).map_err(bad)?;
-        if !self.store.exists(&parsed) {
+        let asked = parsed.clone();
+        if !self.on_store(move |store| store.exists(&asked)).await? {
             return Err(missing(format!(
                 "{field}: checkpoint `{path}` does not exist"
             )));
@@ -709,7 +724,7 @@ async fn load_weights(
             )));
         }
     }
-    let path = service.existing(&request.path, "path")?;
+    let path = service.existing(&request.path, "path").await?;
     if path.kind != Kind::Weights {
         return Err(bad(format!(
             "path: `{}` is sampler weights; loading takes a tinker://<run>/weights/<name> training state",
@@ -724,7 +739,11 @@ async fn load_weights(
             }
             (None, Some(session), Some(seq)) => {
                 service.check_session(session)?;
-                let info = service.store.run_info(&path.run).map_err(missing)?;
+                let run = path.run.clone();
+                let info = service
+                    .on_store(move |store| store.run_info(&run))
+                    .await?
+                    .map_err(missing)?;
                 if let Some(base) = &request.base_model {
                     service.check_base(base)?;
                 }
@@ -760,7 +779,8 @@ async fn create_sampling_session(
         &service,
         request.model_path.as_deref(),
         request.base_model.as_deref(),
-    )?;
+    )
+    .await?;
     let id = format!(
         "{}:sample:{}",
         request.session_id, request.sampling_session_seq_id
@@ -774,7 +794,7 @@ async fn create_sampling_session(
 }
 
 /// The weights a sampler of `model_path` (or of the base model) samples.
-fn sampler_weights(
+async fn sampler_weights(
     service: &Service,
     model_path: Option<&str>,
     base_model: Option<&str>,
@@ -783,7 +803,9 @@ fn sampler_weights(
         service.check_base(base)?;
     }
     match model_path {
-        Some(path) => Ok(Weights::Checkpoint(service.existing(path, "model_path")?)),
+        Some(path) => Ok(Weights::Checkpoint(
+            service.existing(path, "model_path").await?,
+        )),
         None if base_model.is_some() => Ok(Weights::Base),
         None => Err(bad("model_path or base_model: one of them is needed")),
     }
@@ -824,11 +846,14 @@ async fn asample(
             .get(session)
             .cloned()
             .ok_or_else(|| missing(format!("sampling_session_id: no sampler `{session}`")))?,
-        None => sampler_weights(
-            &service,
-            request.model_path.as_deref(),
-            request.base_model.as_deref(),
-        )?,
+        None => {
+            sampler_weights(
+                &service,
+                request.model_path.as_deref(),
+                request.base_model.as_deref(),
+            )
+            .await?
+        }
     };
     let prompt = request
         .prompt
@@ -938,15 +963,21 @@ fn checkpoint_json(path: &CheckpointPath, written: u64) -> Value {
 
 async fn checkpoints(State(service): State<Arc<Service>>, Path(run): Path<String>) -> Reply {
     store::check_name(&run, "training run").map_err(bad)?;
-    service.store.run_info(&run).map_err(missing)?;
-    let found = service.store.list(&run).map_err(|error| Failure {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        detail: error.to_string(),
-    })?;
-    let list: Vec<Value> = found
-        .iter()
-        .map(|path| checkpoint_json(path, service.store.written(path).unwrap_or(0)))
-        .collect();
+    let list = service
+        .on_store(move |store| {
+            store.run_info(&run).map_err(missing)?;
+            let found = store.list(&run).map_err(|error| Failure {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                detail: error.to_string(),
+            })?;
+            Ok::<Vec<Value>, Failure>(
+                found
+                    .iter()
+                    .map(|path| checkpoint_json(path, store.written(path).unwrap_or(0)))
+                    .collect(),
+            )
+        })
+        .await??;
     Ok(Json(json!({"checkpoints": list})).into_response())
 }
 
@@ -956,7 +987,8 @@ async fn delete_checkpoint(
 ) -> Reply {
     let path = CheckpointPath::parse(&format!("tinker://{run}/{kind}/{name}"), "checkpoint")
         .map_err(bad)?;
-    match service.store.delete(&path) {
+    let asked = path.clone();
+    match service.on_store(move |store| store.delete(&asked)).await? {
         Ok(true) => Ok(StatusCode::NO_CONTENT.into_response()),
         Ok(false) => Err(missing(format!(
             "checkpoint `{}` does not exist",
