@@ -15,7 +15,8 @@
 # | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
 # | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
-# |           | SDK 0.38.0)                                     |                                                |
+# |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
+# |           | the peers venv)                                 |                                                |
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
 #
 # Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
@@ -98,12 +99,21 @@ prepare_gym() {
 }
 
 prepare_tinker() {
-    local t0=$SECONDS
-    # The SDK that `holo serve --tinker` is tested against. tinker-cookbook 0.6.1 is left out: it needs torch
-    # >= 2.10 and transformers (gigabytes of wheels), and its sl/rl loops load tokenizers and datasets from the
-    # Hugging Face hub by name, which tests may not download.
-    engine_venv "$ENGINES/tinker-venv" --prefer-binary tinker==0.38.0
-    "$ENGINES/tinker-venv/bin/python" -c 'import tinker'
+    prepare_peers
+    local t0=$SECONDS venv="$ENGINES/tinker-venv"
+    # The SDK `holo tinker-serve` is tested against, and tinker-cookbook's loops run unchanged against it.
+    # tinker-cookbook 0.5.8: 0.6.x needs tml-renderers >= 0.4.1, which PyPI does not have (0.2.1 is its
+    # newest). The cookbook's torch (>= 2.10) is the peers venv's, reached through a .pth file rather than
+    # gigabytes of wheels installed twice; its own transformers (<= 5.5.4) comes first.
+    engine_venv "$venv" --prefer-binary tinker==0.38.0 transformers==5.5.4 tml-renderers==0.2.1 chz==0.4.0 \
+        blobfile==3.3.0 datasets==5.2.0 pyrage==1.4.0 tiktoken==0.14.0 math-verify==0.9.0 pylatexenc==2.11 \
+        sympy==1.14.0 aiohttp anyio cloudpickle pillow rich safetensors termcolor tqdm
+    local site
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
+    "$venv/bin/python" -c 'import tinker_cookbook' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --no-deps tinker-cookbook==0.5.8
+    "$venv/bin/python" -c 'import tinker, torch, tinker_cookbook.rl.train, tinker_cookbook.recipes.math_rl.train'
     log "tinker: ready ($((SECONDS - t0)) s)"
 }
 
