@@ -458,3 +458,165 @@ async fn holo_train_runs_against_holo_tinker_serve() {
     let state = saved.to_string();
     assert!(state.contains("tinker://"), "{state}");
 }
+
+/// The server's own answers over HTTP, without the SDK: strict bodies refused naming the field, with
+/// FastAPI's `{"detail": …}` and the status the SDK acts on; a request sent again with the same
+/// `seq_id` (or the same model to create) gets the first one's future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_replays_over_http() {
+    let dir = Dir::new("tinker-serve-http");
+    let server = serve(&dir.path().join("store"));
+    let http = reqwest::Client::new();
+    let base = server.base.clone();
+    let post = |path: &str, body: Value| {
+        let request = http
+            .post(format!("{base}/api/v1/{path}"))
+            .header("Content-Type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .timeout(Duration::from_secs(60));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let refused = |(status, body): (u16, Value), want: u16, says: &str| {
+        assert_eq!(status, want, "{body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(says), "{says:?} not in {body}");
+    };
+
+    let session =
+        serde_json::json!({"tags": [], "sdk_version": "0.38.0", "type": "create_session"});
+    let (status, created) = post("create_session", session.clone()).await;
+    assert_eq!(status, 200, "{created}");
+    let session_id = created["session_id"].as_str().unwrap().to_string();
+    let mut colour = session.clone();
+    colour["colour"] = "blue".into();
+    refused(
+        post("create_session", colour).await,
+        400,
+        "unknown field `colour`",
+    );
+
+    let model = serde_json::json!({
+        "session_id": session_id, "model_seq_id": 0, "base_model": MODEL,
+        "lora_config": {"rank": 2, "seed": 3}, "type": "create_model",
+    });
+    let (_, first) = post("create_model", model.clone()).await;
+    let (_, again) = post("create_model", model.clone()).await;
+    assert_eq!(first["request_id"], again["request_id"], "{first} {again}");
+    let model_id = first["model_id"].as_str().unwrap().to_string();
+    // The future resolves to the model (each retrieval waits for it, bounded by the server's poll).
+    let mut created = Value::Null;
+    for _ in 0..10 {
+        let (status, body) = post(
+            "retrieve_future",
+            serde_json::json!({"request_id": first["request_id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        if body["type"] != "try_again" {
+            created = body;
+            break;
+        }
+    }
+    assert_eq!(created["model_id"], model_id.as_str());
+    let mut full = model.clone();
+    full.as_object_mut().unwrap().remove("lora_config");
+    full["model_seq_id"] = 1.into();
+    refused(
+        post("create_model", full).await,
+        400,
+        "full fine-tuning is not served",
+    );
+    let mut other = model.clone();
+    other["base_model"] = "no/such-model".into();
+    other["model_seq_id"] = 2.into();
+    refused(
+        post("create_model", other).await,
+        400,
+        "base_model: `no/such-model` is not served here",
+    );
+
+    let step = |seq: u64, beta1: f64, model_id: &str| {
+        serde_json::json!({
+            "adam_params": {"learning_rate": 1e-3, "beta1": beta1},
+            "model_id": model_id, "seq_id": seq, "type": "optim_step",
+        })
+    };
+    let (_, one) = post("optim_step", step(1, 0.9, &model_id)).await;
+    let (_, replay) = post("optim_step", step(1, 0.9, &model_id)).await;
+    let (_, two) = post("optim_step", step(2, 0.9, &model_id)).await;
+    assert_eq!(one["request_id"], replay["request_id"]);
+    assert_ne!(one["request_id"], two["request_id"]);
+    refused(
+        post("optim_step", step(3, 1.5, &model_id)).await,
+        400,
+        "adam_params.beta1: 1.5 is not below 1",
+    );
+    refused(
+        post("optim_step", step(1, 0.9, "nobody:train:0")).await,
+        404,
+        "model_id: no model `nobody:train:0`",
+    );
+
+    let raw = |headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut request = http
+            .post(format!("{base}/api/v1/forward_backward"))
+            .header("Content-Type", "application/x-protobuf")
+            .body(body)
+            .timeout(Duration::from_secs(60));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    refused(
+        raw(&[("Content-Encoding", "zstd")], vec![1, 2, 3]).await,
+        415,
+        "Content-Encoding",
+    );
+    refused(
+        raw(&[], vec![0xff, 0xff, 0xff]).await,
+        400,
+        "not a ForwardBackwardRequest",
+    );
+
+    refused(
+        post("retrieve_future", serde_json::json!({"request_id": "nope"})).await,
+        404,
+        "no request `nope`",
+    );
+    let sample = serde_json::json!({
+        "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 2}, "base_model": MODEL, "topk_sample_logprobs": 2,
+    });
+    refused(
+        post("asample", sample).await,
+        400,
+        "topk_sample_logprobs: not served",
+    );
+    let outside = serde_json::json!({
+        "prompt": {"chunks": [{"tokens": [1, 99999999], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 2}, "base_model": MODEL,
+    });
+    refused(
+        post("asample", outside).await,
+        400,
+        "prompt.chunks[0]: token 99999999 is outside the vocabulary",
+    );
+    refused(post("no_such_route", Value::Null).await, 404, "Not Found");
+}

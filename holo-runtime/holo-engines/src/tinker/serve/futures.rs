@@ -75,9 +75,11 @@ pub enum Retrieved {
     Done(Outcome),
 }
 
-/// Every future of this server's life, by request id. Results are kept (they are small: a
-/// `forward_backward`'s per-token outputs, a sample's tokens) so that a retrieval whose answer was lost
-/// can be repeated.
+/// The futures kept, the most recent: results stay after retrieval, so that a retrieval whose answer was
+/// lost can be repeated, but not for the server's whole life.
+pub const KEPT: u64 = 16_384;
+
+/// The [`KEPT`] most recent futures, by request id.
 pub struct Futures {
     /// Request ids start with a prefix drawn at start, so that an id from before a restart is unknown
     /// rather than another request's.
@@ -111,16 +113,14 @@ impl Futures {
 
     /// A new future: its request id, and the promise that completes it.
     pub fn create(&self) -> (String, Promise) {
-        let id = format!(
-            "{}-{}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        );
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{number}", self.prefix);
         let (sender, receiver) = watch::channel(None);
-        self.slots
-            .lock()
-            .expect("not poisoned")
-            .insert(id.clone(), receiver);
+        let mut slots = self.slots.lock().expect("not poisoned");
+        if let Some(oldest) = number.checked_sub(KEPT) {
+            slots.remove(&format!("{}-{oldest}", self.prefix));
+        }
+        slots.insert(id.clone(), receiver);
         (id, Promise { sender })
     }
 
@@ -172,6 +172,20 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Only the most recent futures are kept.
+    #[tokio::test]
+    async fn the_oldest_futures_are_forgotten() {
+        let futures = Futures::new(Duration::ZERO);
+        let (first, promise) = futures.create();
+        promise.fulfil(Outcome::Json(Value::Null));
+        for _ in 1..KEPT {
+            futures.create();
+        }
+        assert!(matches!(futures.retrieve(&first).await, Retrieved::Done(_)));
+        futures.create();
+        assert_eq!(futures.retrieve(&first).await, Retrieved::Unknown);
     }
 
     /// A retrieval that waits is woken by the result from another thread, well before its poll ends.

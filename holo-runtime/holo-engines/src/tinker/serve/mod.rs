@@ -38,7 +38,7 @@ pub mod requests;
 pub mod store;
 pub mod worker;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -102,9 +102,9 @@ struct Service {
     /// Sampling sessions: where their weights come from.
     samplers: Mutex<HashMap<String, Weights>>,
     /// The request id of each request accepted with a sequence key (its model or sampling session and
-    /// `seq_id`, or the model it creates): one sent again (after a lost connection) gets the first one's
-    /// future instead of running twice.
-    sequenced: Mutex<HashMap<String, String>>,
+    /// `seq_id`, or the model it creates), the keys in arrival order: one sent again (after a lost
+    /// connection) gets the first one's future instead of running twice. As many as futures are kept.
+    sequenced: Mutex<(HashMap<String, String>, VecDeque<String>)>,
 }
 
 /// A bound server; [`TinkerServer::run`] serves it.
@@ -152,7 +152,7 @@ impl TinkerServer {
             sessions: Mutex::new(HashMap::new()),
             models: Mutex::new(HashMap::new()),
             samplers: Mutex::new(HashMap::new()),
-            sequenced: Mutex::new(HashMap::new()),
+            sequenced: Mutex::new((HashMap::new(), VecDeque::new())),
         });
         let listener = TcpListener::bind(addr).await?;
         let app = Router::new()
@@ -257,15 +257,21 @@ impl Service {
     /// Queues `job`; the reply is its future's request id (with `extra`'s fields). A job whose sequence
     /// `key` was accepted before is not queued again: the reply is the first one's.
     fn submit(&self, job: Job, extra: Value, key: Option<String>) -> Reply {
-        let mut sequenced = self.sequenced.lock().expect("not poisoned");
+        let mut guard = self.sequenced.lock().expect("not poisoned");
+        let (sequenced, order) = &mut *guard;
         if let Some(request_id) = key.as_ref().and_then(|key| sequenced.get(key)) {
             return Ok(Json(with_fields(json!({"request_id": request_id}), extra)).into_response());
         }
         let (request_id, promise) = self.futures.create();
         if let Some(key) = key {
-            sequenced.insert(key, request_id.clone());
+            sequenced.insert(key.clone(), request_id.clone());
+            order.push_back(key);
+            if order.len() as u64 > futures::KEPT {
+                let oldest = order.pop_front().expect("not empty");
+                sequenced.remove(&oldest);
+            }
         }
-        drop(sequenced);
+        drop(guard);
         self.jobs
             .lock()
             .expect("not poisoned")
