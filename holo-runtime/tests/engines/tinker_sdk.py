@@ -60,10 +60,16 @@ if phase == "train":
     sc = service.create_sampling_client(model_path=sampler_path)
     sampled = sc.sample(
         prompt=types.ModelInput.from_ints(PROMPT), num_samples=2, sampling_params=PARAMS,
-        include_prompt_logprobs=True,
+        include_prompt_logprobs=True, topk_sample_logprobs=3,
     ).result()
     out["samples"] = [
-        {"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason} for s in sampled.sequences
+        {
+            "tokens": s.tokens,
+            "logprobs": s.logprobs,
+            "stop_reason": s.stop_reason,
+            "topk": [[[int(t), float(lp)] for t, lp in position] for position in s.topk_logprobs],
+        }
+        for s in sampled.sequences
     ]
     out["prompt_logprobs"] = [None if v is None or math.isnan(v) else v for v in sampled.prompt_logprobs]
 

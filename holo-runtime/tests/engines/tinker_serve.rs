@@ -120,6 +120,33 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         samples[0]["tokens"], samples[1]["tokens"],
         "each sample draws its own seed"
     );
+    // Top-3 per position: most likely first, the sampled token's log-probability never above the first;
+    // where the sampled token is among them, with its own log-probability.
+    let topk = samples[0]["topk"].as_array().unwrap();
+    assert_eq!(topk.len(), 6);
+    let sampled_pairs = samples[0]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(floats(&samples[0]["logprobs"]));
+    for (position, (top, (token, logprob))) in topk.iter().zip(sampled_pairs).enumerate() {
+        let top = top.as_array().unwrap();
+        assert_eq!(top.len(), 3, "position {position}: {top:?}");
+        let values: Vec<f64> = top.iter().map(|pair| pair[1].as_f64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "{values:?}");
+        assert!(
+            logprob <= values[0] + 1e-5,
+            "{logprob} above the top {values:?}"
+        );
+        if let Some(pair) = top.iter().find(|pair| pair[0] == *token) {
+            close(
+                pair[1].as_f64().unwrap(),
+                logprob,
+                1e-5,
+                "top-k entry of the sampled token",
+            );
+        }
+    }
     let prompt = out["prompt_logprobs"].as_array().unwrap();
     assert_eq!(prompt.len(), 5);
     assert!(prompt[0].is_null());
@@ -602,12 +629,12 @@ async fn refusals_and_replays_over_http() {
     );
     let sample = serde_json::json!({
         "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
-        "sampling_params": {"max_tokens": 2}, "base_model": MODEL, "topk_sample_logprobs": 2,
+        "sampling_params": {"max_tokens": 2}, "base_model": MODEL, "topk_prompt_logprobs": 2,
     });
     refused(
         post("asample", sample).await,
         400,
-        "topk_sample_logprobs: not served",
+        "topk_prompt_logprobs: not served",
     );
     let outside = serde_json::json!({
         "prompt": {"chunks": [{"tokens": [1, 99999999], "type": "encoded_text"}]},

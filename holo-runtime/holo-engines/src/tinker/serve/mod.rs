@@ -30,7 +30,8 @@
 //! Full fine-tuning (a `create_model` without `lora_config`), an adapter on the unembedding (the SDK's
 //! `train_unembed`, on by default: refused only when it is the only part asked for, and otherwise
 //! reported on stderr, since holo-model adapts the seven attention and MLP projections), custom losses
-//! run on the server, optimizers other than AdamW, top-k and targeted log-probabilities, images. There is no authentication: the server listens on loopback unless told otherwise.
+//! run on the server, optimizers other than AdamW, top-k prompt and targeted log-probabilities, images.
+//! There is no authentication: the server listens on loopback unless told otherwise.
 
 pub mod futures;
 pub mod losses;
@@ -878,6 +879,12 @@ async fn asample(
     if request.num_samples == 0 {
         return Err(bad("num_samples: must be at least 1"));
     }
+    if request.topk_sample_logprobs > service.vocab as u64 {
+        return Err(bad(format!(
+            "topk_sample_logprobs: {} is more than the vocabulary's {} tokens",
+            request.topk_sample_logprobs, service.vocab
+        )));
+    }
     let room = service.context - prompt.len();
     let max_tokens = match request.sampling_params.max_tokens {
         Some(max) if max as usize > room => {
@@ -907,6 +914,7 @@ async fn asample(
         seed: params.seed,
         stop: params.stop(service.vocab).map_err(bad)?,
         prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
+        topk: request.topk_sample_logprobs as usize,
     };
     // The SDK stamps each sequence with an id given when the request is accepted.
     let tag = format!("{:08x}", futures::random_u64() as u32);

@@ -411,7 +411,6 @@ impl SampleRequest {
     pub fn check_served(&self) -> Result<(), String> {
         let refused = [
             ("topk_prompt_logprobs", self.topk_prompt_logprobs != 0),
-            ("topk_sample_logprobs", self.topk_sample_logprobs != 0),
             (
                 "target_prompt_logprobs",
                 self.target_prompt_logprobs.is_some(),

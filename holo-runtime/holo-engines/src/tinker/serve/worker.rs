@@ -77,6 +77,8 @@ pub struct Sample {
     pub seed: Option<u64>,
     pub stop: Stop,
     pub prompt_logprobs: bool,
+    /// The most likely tokens to report at each sampled position, with their log-probabilities (0: none).
+    pub topk: usize,
 }
 
 pub enum Job {
@@ -415,6 +417,7 @@ impl Worker {
                 stop: stop.clone(),
                 seed: holo_core::loom::mix(seed.wrapping_add(index as u64)),
                 stop_token_ids: stop_token_ids.clone(),
+                top_logprobs: sample.topk,
                 ..GenerationParams::default()
             })
             .collect();
@@ -437,7 +440,8 @@ impl Worker {
                     .flat_map(|&token| (token as i32).to_le_bytes())
                     .collect(),
                 logprobs: Some(f32_bytes(&generation.logprobs)),
-                ..Default::default()
+                topk_sampled_logprobs: (sample.topk > 0)
+                    .then(|| topk_matrices(&generation.top_logprobs, sample.topk)),
             })
             .collect();
         let prompt_logprobs = if sample.prompt_logprobs {
@@ -473,6 +477,26 @@ fn snapshot(vars: &[(String, Var)]) -> candle_core::Result<Vec<(String, Tensor)>
     vars.iter()
         .map(|(name, var)| Ok((name.clone(), var.as_tensor().copy()?)))
         .collect()
+}
+
+/// Per position the `k` most likely tokens and their log-probabilities, as the SDK's `TopkLogprobs`
+/// reads them: `[length, k]` int32 and float32 matrices, a position with fewer than `k` filled with its
+/// sentinel (token 0, log-probability −99999).
+fn topk_matrices(positions: &[Vec<(u32, f32)>], k: usize) -> proto::TopkLogprobs {
+    let (mut token_ids, mut logprobs) = (Vec::new(), Vec::new());
+    for position in positions {
+        for index in 0..k {
+            let (token, logprob) = position.get(index).copied().unwrap_or((0, -99999.0));
+            token_ids.extend((token as i32).to_le_bytes());
+            logprobs.extend(logprob.to_le_bytes());
+        }
+    }
+    proto::TopkLogprobs {
+        token_ids,
+        logprobs,
+        k: k as u32,
+        length: positions.len() as u32,
+    }
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
