@@ -142,7 +142,7 @@ if phase == "train":
     out["state_path"] = state_path
     trained_sampler = tc.save_weights_for_sampler("after-sl").result().path
     out["trained_sampler_path"] = trained_sampler
-    snapshot = tc.save_weights_and_get_sampling_client()
+    snapshot = tc.save_weights_and_get_sampling_client().result()
     out["snapshot_sample"] = snapshot.sample(
         prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=PARAMS
     ).result().sequences[0].tokens

@@ -68,7 +68,7 @@ pub fn run(args: TinkerServeArgs) -> ExitCode {
         let server = match TinkerServer::bind((host.as_str(), port), config).await {
             Ok(server) => server,
             Err(error) => {
-                eprintln!("error: cannot serve on {host}:{port}: {error}");
+                eprintln!("error: holo tinker-serve on {host}:{port}: {error}");
                 return ExitCode::from(EXIT_FAILURES);
             }
         };

@@ -115,9 +115,15 @@ pub struct TinkerServer {
 }
 
 impl TinkerServer {
-    /// Loads the model (on the worker thread, which keeps it) and binds `addr`.
+    /// Loads the model (on the worker thread, which keeps it) and binds `addr`; the error says which
+    /// failed.
     pub async fn bind(addr: impl ToSocketAddrs, config: TinkerConfig) -> io::Result<Self> {
-        let store = Store::open(&config.store)?;
+        let store = Store::open(&config.store).map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!("--store {}: {error}", config.store.display()),
+            )
+        })?;
         let (ready_sender, ready) = tokio::sync::oneshot::channel();
         let (jobs, receiver) = mpsc::channel::<(Job, Promise)>();
         let (dir, worker_store, seed) = (config.model_dir.clone(), store.clone(), config.seed);
@@ -135,7 +141,7 @@ impl TinkerServer {
                     Worker::new(policy, worker_store, seed).serve(receiver);
                 }
                 Err(error) => {
-                    let _ = ready_sender.send(Err(error.to_string()));
+                    let _ = ready_sender.send(Err(format!("cannot load the model: {error}")));
                 }
             })?;
         let (arch, vocab, context) = ready
@@ -155,7 +161,9 @@ impl TinkerServer {
             samplers: Mutex::new(HashMap::new()),
             sequenced: Mutex::new((HashMap::new(), VecDeque::new())),
         });
-        let listener = TcpListener::bind(addr).await?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| io::Error::new(error.kind(), format!("cannot listen: {error}")))?;
         let app = Router::new()
             .route("/api/v1/healthz", get(healthz))
             .route("/api/v1/client/config", post(client_config))
