@@ -73,6 +73,15 @@ if phase == "train":
     ]
     out["prompt_logprobs"] = [None if v is None or math.isnan(v) else v for v in sampled.prompt_logprobs]
 
+    # What tinker-cookbook's KL penalty asks of a sampler: the prompt's log-probabilities, all or the last N.
+    def clean(values):
+        return [None if v is None or math.isnan(v) else v for v in values]
+
+    out["computed"] = clean(sc.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result())
+    out["computed_last_2"] = clean(
+        sc.compute_logprobs(types.ModelInput.from_ints(PROMPT), prompt_logprobs_last_n=2).result()
+    )
+
     # The trainer's log-probabilities of the first sample's tokens (forward, no gradient).
     first = out["samples"][0]["tokens"]
     sequence = PROMPT + first

@@ -151,6 +151,25 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
     assert_eq!(prompt.len(), 5);
     assert!(prompt[0].is_null());
     assert!(prompt[1..].iter().all(|lp| lp.as_f64().unwrap() < 0.0));
+    // compute_logprobs (the cookbook's KL reference): the same values, or only the last two.
+    let prompt = floats(&Value::Array(prompt[1..].to_vec()));
+    let computed = out["computed"].as_array().unwrap();
+    assert!(computed[0].is_null());
+    for (got, want) in floats(&Value::Array(computed[1..].to_vec()))
+        .iter()
+        .zip(&prompt)
+    {
+        close(*got, *want, 1e-6, "compute_logprobs");
+    }
+    let last = out["computed_last_2"].as_array().unwrap();
+    assert_eq!(last.len(), 5);
+    assert!(last[..3].iter().all(Value::is_null), "{last:?}");
+    close(
+        last[4].as_f64().unwrap(),
+        prompt[3],
+        1e-6,
+        "compute_logprobs(last 2)",
+    );
 
     // The trainer scores the sampled tokens as the sampler did.
     let forward = floats(&out["forward_logprobs"]);

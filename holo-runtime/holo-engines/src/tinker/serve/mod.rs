@@ -887,6 +887,19 @@ async fn asample(
     if request.num_samples == 0 {
         return Err(bad("num_samples: must be at least 1"));
     }
+    if let Some(last) = request.prompt_logprobs_last_n {
+        if request.prompt_logprobs != Some(true) {
+            return Err(bad(
+                "prompt_logprobs_last_n: applies to prompt log-probabilities; set prompt_logprobs",
+            ));
+        }
+        if last == 0 || last as usize >= prompt.len() {
+            return Err(bad(format!(
+                "prompt_logprobs_last_n: {last} is not between 1 and the prompt's {} tokens - 1",
+                prompt.len()
+            )));
+        }
+    }
     if request.topk_sample_logprobs > service.vocab as u64 {
         return Err(bad(format!(
             "topk_sample_logprobs: {} is more than the vocabulary's {} tokens",
@@ -922,6 +935,7 @@ async fn asample(
         seed: params.seed,
         stop: params.stop(service.vocab).map_err(bad)?,
         prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
+        prompt_logprobs_last_n: request.prompt_logprobs_last_n.map(|last| last as usize),
         topk: request.topk_sample_logprobs as usize,
     };
     // The SDK stamps each sequence with an id given when the request is accepted.

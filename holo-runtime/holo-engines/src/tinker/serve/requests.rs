@@ -417,10 +417,6 @@ impl SampleRequest {
             ),
             ("prompt_alt_tokens_k", self.prompt_alt_tokens_k != 0),
             (
-                "prompt_logprobs_last_n",
-                self.prompt_logprobs_last_n.is_some(),
-            ),
-            (
                 "record_stability_info",
                 self.record_stability_info == Some(true),
             ),

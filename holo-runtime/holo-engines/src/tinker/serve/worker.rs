@@ -77,6 +77,8 @@ pub struct Sample {
     pub seed: Option<u64>,
     pub stop: Stop,
     pub prompt_logprobs: bool,
+    /// Only the last this many prompt tokens are scored (the others get none), when given.
+    pub prompt_logprobs_last_n: Option<usize>,
     /// The most likely tokens to report at each sampled position, with their log-probabilities (0: none).
     pub topk: usize,
 }
@@ -453,6 +455,10 @@ impl Worker {
             let scored = score::sequence_logprobs(&model, &[&sequence], 1.0, 1).map_err(server)?;
             let mut values = vec![f32::NAN];
             values.extend(scored.into_iter().flatten());
+            if let Some(last) = sample.prompt_logprobs_last_n {
+                let unscored = values.len().saturating_sub(last);
+                values[..unscored].fill(f32::NAN);
+            }
             Some(f32_bytes(&values))
         } else {
             None
