@@ -39,7 +39,7 @@ pub mod requests;
 pub mod store;
 pub mod worker;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -97,7 +97,8 @@ struct Service {
     store: Store,
     futures: Futures,
     jobs: Mutex<mpsc::Sender<(Job, Promise)>>,
-    sessions: Mutex<HashMap<String, ()>>,
+    /// The sessions opened since start.
+    sessions: Mutex<HashSet<String>>,
     /// The training runs created since start, by model id.
     models: Mutex<HashMap<String, RunInfo>>,
     /// Sampling sessions: where their weights come from.
@@ -156,7 +157,7 @@ impl TinkerServer {
             store,
             futures: Futures::new(config.poll),
             jobs: Mutex::new(jobs),
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashSet::new()),
             models: Mutex::new(HashMap::new()),
             samplers: Mutex::new(HashMap::new()),
             sequenced: Mutex::new((HashMap::new(), VecDeque::new())),
@@ -297,7 +298,7 @@ impl Service {
             .sessions
             .lock()
             .expect("not poisoned")
-            .contains_key(session)
+            .contains(session)
         {
             Ok(())
         } else {
@@ -417,7 +418,7 @@ async fn create_session(
         .sessions
         .lock()
         .expect("not poisoned")
-        .insert(session_id.clone(), ());
+        .insert(session_id.clone());
     Ok(Json(json!({"type": "create_session", "session_id": session_id})).into_response())
 }
 
@@ -436,6 +437,8 @@ async fn finish_session(
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
     let _: requests::FinishSession = parse(body)?;
+    // The session's models and samplers stay until unloaded or a restart, as its checkpoints do: the
+    // SDK finishes a session when its ServiceClient closes, while clients made from it may still run.
     service.check_session(&session)?;
     Ok(Json(json!({})).into_response())
 }
