@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | skyrl ...]   # all: every one but skyrl
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | skyrl ...]   # all: every one but skyrl
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -14,6 +14,9 @@
 # |           | smollm2-135m-instruct (converted, + reference)  |                                                |
 # | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
+# | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
+# |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
+# |           | the peers venv)                                 |                                                |
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
 #
 # Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
@@ -95,6 +98,25 @@ prepare_gym() {
     log "gym: ready ($((SECONDS - t0)) s)"
 }
 
+prepare_tinker() {
+    prepare_peers
+    local t0=$SECONDS venv="$ENGINES/tinker-venv"
+    # The SDK `holo tinker-serve` is tested against, and tinker-cookbook's loops run unchanged against it.
+    # tinker-cookbook 0.5.8: 0.6.x needs tml-renderers >= 0.4.1, which PyPI does not have (0.2.1 is its
+    # newest). The cookbook's torch (>= 2.10) is the peers venv's, reached through a .pth file rather than
+    # gigabytes of wheels installed twice; its own transformers (<= 5.5.4) comes first.
+    engine_venv "$venv" --prefer-binary tinker==0.38.0 transformers==5.5.4 tml-renderers==0.2.1 chz==0.4.0 \
+        blobfile==3.3.0 datasets==5.2.0 pyrage==1.4.0 tiktoken==0.14.0 math-verify==0.9.0 pylatexenc==2.11 \
+        sympy==1.14.0 aiohttp anyio cloudpickle pillow rich safetensors termcolor tqdm
+    local site
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
+    "$venv/bin/python" -c 'import tinker_cookbook' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --no-deps tinker-cookbook==0.5.8
+    "$venv/bin/python" -c 'import tinker, torch, tinker_cookbook.rl.train, tinker_cookbook.recipes.math_rl.train'
+    log "tinker: ready ($((SECONDS - t0)) s)"
+}
+
 prepare_skyrl() {
     local t0=$SECONDS
     # SkyRL 0.4.0 needs Python >= 3.12 (PYTHON=python3.12 bash scripts/prepare.sh skyrl). On Debian 12's 3.11,
@@ -107,8 +129,8 @@ prepare_skyrl() {
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym ;;
-        peers | smollm2 | chromium | gym | skyrl) "prepare_$component" ;;
-        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, skyrl)" >&2; exit 2 ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker ;;
+        peers | smollm2 | chromium | gym | tinker | skyrl) "prepare_$component" ;;
+        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, skyrl)" >&2; exit 2 ;;
     esac
 done

@@ -30,6 +30,15 @@ use super::config::{LrSchedulerType, TrainingConfig};
 
 pub type Result<T> = candle_core::Result<T>;
 
+/// AdamW's constants, torch's names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamSettings {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
 /// AdamW over named [`Var`]s.
 pub struct AdamW {
     params: Vec<(String, Var)>,
@@ -59,6 +68,29 @@ impl AdamW {
             eps: config.adam_epsilon,
             weight_decay: config.weight_decay,
         }
+    }
+
+    /// AdamW over `params` with these settings rather than a trainer configuration's (a service whose
+    /// clients send them with each step, as Tinker's `optim_step` does).
+    pub fn with_settings(params: Vec<(String, Var)>, settings: AdamSettings) -> Self {
+        AdamW {
+            params,
+            moments: HashMap::new(),
+            masters: HashMap::new(),
+            step: 0,
+            beta1: settings.beta1,
+            beta2: settings.beta2,
+            eps: settings.eps,
+            weight_decay: settings.weight_decay,
+        }
+    }
+
+    /// Takes the next steps with `settings` (the moments and the step count stay).
+    pub fn set_settings(&mut self, settings: AdamSettings) {
+        self.beta1 = settings.beta1;
+        self.beta2 = settings.beta2;
+        self.eps = settings.eps;
+        self.weight_decay = settings.weight_decay;
     }
 
     pub fn params(&self) -> &[(String, Var)] {

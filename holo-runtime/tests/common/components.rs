@@ -23,6 +23,8 @@ pub enum Component {
     Chromium,
     /// NeMo Gym 0.7.0's venv.
     Gym,
+    /// The `tinker` SDK 0.38.0's venv (the client `holo tinker-serve` answers).
+    Tinker,
     /// SkyRL 0.4.0's venv (its Tinker server on JAX).
     Skyrl,
     /// Linux user namespaces, which the sandbox runs code in.
@@ -40,6 +42,7 @@ impl Component {
             Component::SmolLm2Folder => "SmolLM2-135M as a Hugging Face folder",
             Component::Chromium => "Chromium",
             Component::Gym => "NeMo Gym 0.7.0's venv",
+            Component::Tinker => "the tinker SDK 0.38.0's venv",
             Component::Skyrl => "SkyRL 0.4.0's venv",
             Component::Sandbox => "the sandbox (user namespaces)",
             Component::Tmpfs => "a small tmpfs (mount -t tmpfs)",
@@ -54,6 +57,7 @@ impl Component {
             Component::SmolLm2Folder => "bash scripts/prepare.sh smollm2",
             Component::Chromium => "bash scripts/prepare.sh chromium",
             Component::Gym => "bash scripts/prepare.sh gym",
+            Component::Tinker => "bash scripts/prepare.sh tinker",
             Component::Skyrl => "bash scripts/prepare.sh skyrl",
             Component::Sandbox => {
                 "a Linux kernel that lets unprivileged processes create user namespaces \
@@ -222,6 +226,16 @@ pub fn gym() -> Option<PathBuf> {
         "HOLO_GYM_VENV",
         ".cache/holo-engines/gym-venv",
         &["bin/python", "bin/ng_collect_rollouts"],
+    )
+}
+
+/// The tinker SDK's venv (`HOLO_TINKER_VENV`, or `~/.cache/holo-engines/tinker-venv`).
+pub fn tinker() -> Option<PathBuf> {
+    folder(
+        Component::Tinker,
+        "HOLO_TINKER_VENV",
+        ".cache/holo-engines/tinker-venv",
+        &["bin/python", "bin/tinker"],
     )
 }
 

@@ -10,3 +10,5 @@ mod atropos;
 #[cfg(all(feature = "local", feature = "cli"))]
 mod gym;
 mod tinker;
+#[cfg(all(feature = "local", feature = "cli"))]
+mod tinker_serve;

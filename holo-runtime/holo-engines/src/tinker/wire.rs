@@ -306,6 +306,7 @@ pub fn forward_backward_body(model_id: &str, seq_id: u64, data: &[Datum], loss: 
                     })),
                 }],
                 loss_fn_inputs: inputs,
+                ..Default::default()
             }
         })
         .collect();
@@ -316,6 +317,8 @@ pub fn forward_backward_body(model_id: &str, seq_id: u64, data: &[Datum], loss: 
         loss_fn: loss.name().to_string(),
         loss_fn_config: loss.config(),
         forward_only: false,
+        // Numbers only, in the map SDK 0.25.0 (and SkyRL's server) reads.
+        loss_fn_config_v2: Default::default(),
     }
     .encode_to_vec()
 }

@@ -28,6 +28,8 @@ mod serve;
 #[cfg(feature = "local")]
 mod sft;
 #[cfg(feature = "local")]
+mod tinker_serve;
+#[cfg(feature = "local")]
 mod train;
 mod view;
 
@@ -116,6 +118,13 @@ enum Command {
     #[cfg(feature = "local")]
     #[command(after_long_help = gym::ROWS_HELP)]
     Gym(gym::GymArgs),
+    /// The Tinker training API over a local model folder: the `tinker` SDK (tinker-cookbook,
+    /// `holo train --backend tinker`) creates LoRA training clients, runs forward_backward with the
+    /// cross_entropy, importance_sampling, ppo and cispo losses, optim_step (AdamW), saves and loads
+    /// checkpoints (kept in --store across restarts) and samples with log-probabilities. Point the
+    /// SDK at it with TINKER_BASE_URL.
+    #[cfg(feature = "local")]
+    TinkerServe(tinker_serve::TinkerServeArgs),
     /// Write a run's checkpoint as a Hugging Face model folder (LoRA adapters merged, and also in PEFT's
     /// layout under `adapter/`).
     #[cfg(feature = "local")]
@@ -430,6 +439,8 @@ fn main() -> ExitCode {
         Command::AtroposEnv(args) => atropos_env::run(args),
         #[cfg(feature = "local")]
         Command::Gym(args) => gym::run(args),
+        #[cfg(feature = "local")]
+        Command::TinkerServe(args) => tinker_serve::run(args),
         Command::View(args) => view::run(args),
     }
 }

@@ -1,0 +1,668 @@
+//! `holo tinker-serve` against the other side's own code: the `tinker` SDK 0.38.0 from PyPI
+//! (`tinker_sdk.py`, in the venv `scripts/prepare.sh tinker` makes) trains, samples, checkpoints and
+//! restarts against the server on the tiny Qwen2 fixture; tinker-cookbook's RL and supervised recipes
+//! run unchanged against it; and our own `holo train --backend tinker` runs against it.
+#![cfg(feature = "cli")]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::process::Process;
+use crate::common::served::Served;
+use crate::common::tempdir::Dir;
+
+/// The name the server gives the model.
+const MODEL: &str = "holo/tiny-qwen2";
+
+fn model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2")
+}
+
+/// `holo tinker-serve` of the fixture, keeping checkpoints in `store`.
+fn serve(store: &Path) -> Served {
+    serve_as(store, MODEL)
+}
+
+/// [`serve`], the model named `name`.
+fn serve_as(store: &Path, name: &str) -> Served {
+    let model = model_dir();
+    let store = store.display().to_string();
+    Served::start(&mut crate::common::holo_command(&[
+        "tinker-serve",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        name,
+        "--store",
+        &store,
+        "--port",
+        "0",
+    ]))
+}
+
+/// Runs a phase of `tinker_sdk.py` with the SDK's Python against `base`, at most five minutes; its
+/// measurements.
+fn sdk(python: &Path, phase: &str, base: &str, dir: &Path, before: Option<&Path>) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engines/tinker_sdk.py");
+    let out = dir.join(format!("{phase}.json"));
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(&script)
+        .args([phase, base, MODEL])
+        .arg(&out)
+        .args(before)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("TINKER_BASE_URL");
+    let mut process = Process::spawn(&mut command, dir.join(format!("{phase}.log")));
+    let (status, log) = process.finish(Duration::from_secs(300));
+    assert!(status.success(), "tinker_sdk.py {phase} failed:\n{log}");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+fn floats(value: &Value) -> Vec<f64> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {value}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn close(got: f64, want: f64, tolerance: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= tolerance * want.abs().max(1.0),
+        "{what}: {got} != {want}"
+    );
+}
+
+/// A refusal the SDK raised: its HTTP status and a message that names the cause.
+fn refused(error: &Value, status: u64, says: &str) {
+    assert_eq!(error["status"].as_u64(), Some(status), "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(says), "{says:?} not in {message}");
+}
+
+/// The SDK's whole surface that the cookbook's loops use, and the server's arithmetic checked against
+/// itself across paths: the sampler's log-probabilities are the trainer's, each loss is its formula on
+/// the wire, a supervised loop lowers its loss, checkpoints restore exactly, and survive a restart.
+#[test]
+fn the_tinker_sdk_trains_samples_and_restarts() {
+    let Some(venv) = crate::common::components::tinker() else {
+        return;
+    };
+    let python = venv.join("bin/python");
+    let dir = Dir::new("tinker-serve");
+    let store = dir.path().join("store");
+    let server = serve(&store);
+    let out = sdk(&python, "train", &server.base, dir.path(), None);
+
+    assert_eq!(out["models"], serde_json::json!([MODEL]));
+    refused(&out["unknown_base"], 400, "is not served here");
+    assert_eq!(out["info"]["lora_rank"], 4);
+    assert_eq!(out["info"]["is_lora"], true);
+
+    // Sampling: two samples of six tokens (no stop), each token with its log-probability.
+    let samples = out["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 2);
+    for sample in samples {
+        assert_eq!(sample["tokens"].as_array().unwrap().len(), 6, "{sample}");
+        assert_eq!(sample["stop_reason"], "length");
+        let logprobs = floats(&sample["logprobs"]);
+        assert_eq!(logprobs.len(), 6);
+        assert!(
+            logprobs.iter().all(|lp| lp.is_finite() && *lp <= 0.0),
+            "{logprobs:?}"
+        );
+    }
+    assert_ne!(
+        samples[0]["tokens"], samples[1]["tokens"],
+        "each sample draws its own seed"
+    );
+    // Top-3 per position: most likely first, the sampled token's log-probability never above the first;
+    // where the sampled token is among them, with its own log-probability.
+    let topk = samples[0]["topk"].as_array().unwrap();
+    assert_eq!(topk.len(), 6);
+    let sampled_pairs = samples[0]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(floats(&samples[0]["logprobs"]));
+    for (position, (top, (token, logprob))) in topk.iter().zip(sampled_pairs).enumerate() {
+        let top = top.as_array().unwrap();
+        assert_eq!(top.len(), 3, "position {position}: {top:?}");
+        let values: Vec<f64> = top.iter().map(|pair| pair[1].as_f64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "{values:?}");
+        assert!(
+            logprob <= values[0] + 1e-5,
+            "{logprob} above the top {values:?}"
+        );
+        if let Some(pair) = top.iter().find(|pair| pair[0] == *token) {
+            close(
+                pair[1].as_f64().unwrap(),
+                logprob,
+                1e-5,
+                "top-k entry of the sampled token",
+            );
+        }
+    }
+    let prompt = out["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(prompt.len(), 5);
+    assert!(prompt[0].is_null());
+    assert!(prompt[1..].iter().all(|lp| lp.as_f64().unwrap() < 0.0));
+    // compute_logprobs (the cookbook's KL reference): the same values, or only the last two.
+    let prompt = floats(&Value::Array(prompt[1..].to_vec()));
+    let computed = out["computed"].as_array().unwrap();
+    assert!(computed[0].is_null());
+    for (got, want) in floats(&Value::Array(computed[1..].to_vec()))
+        .iter()
+        .zip(&prompt)
+    {
+        close(*got, *want, 1e-6, "compute_logprobs");
+    }
+    let last = out["computed_last_2"].as_array().unwrap();
+    assert_eq!(last.len(), 5);
+    assert!(last[..3].iter().all(Value::is_null), "{last:?}");
+    close(
+        last[4].as_f64().unwrap(),
+        prompt[3],
+        1e-6,
+        "compute_logprobs(last 2)",
+    );
+
+    // The trainer scores the sampled tokens as the sampler did.
+    let forward = floats(&out["forward_logprobs"]);
+    assert_eq!(forward.len(), 10);
+    let sampled = floats(&samples[0]["logprobs"]);
+    for (trained, sampled) in forward[4..].iter().zip(&sampled) {
+        close(
+            *trained,
+            *sampled,
+            1e-4,
+            "forward vs sampler log-probability",
+        );
+    }
+    close(
+        out["forward_loss"].as_f64().unwrap(),
+        -forward[4..].iter().sum::<f64>(),
+        1e-4,
+        "cross_entropy loss:sum",
+    );
+
+    // Each RL loss on on-policy log-probabilities: the ratio is 1.
+    let advantages = floats(&out["advantages"]);
+    let rl = &out["rl"];
+    for loss in ["importance_sampling", "ppo", "cispo"] {
+        let logprobs = floats(&rl[loss]["logprobs"]);
+        for (got, want) in logprobs.iter().zip(&forward) {
+            close(*got, *want, 1e-5, "forward_backward logprobs");
+        }
+        let elementwise = floats(&rl[loss]["elementwise"]);
+        assert_eq!(elementwise.len(), 10);
+        close(
+            rl[loss]["loss"].as_f64().unwrap(),
+            elementwise.iter().sum(),
+            1e-4,
+            "loss:sum is the elementwise sum",
+        );
+    }
+    let minus_advantages = -advantages.iter().sum::<f64>();
+    close(
+        rl["importance_sampling"]["loss"].as_f64().unwrap(),
+        minus_advantages,
+        1e-4,
+        "importance_sampling",
+    );
+    close(
+        rl["ppo"]["loss"].as_f64().unwrap(),
+        minus_advantages,
+        1e-4,
+        "ppo",
+    );
+    let cispo: f64 = -forward
+        .iter()
+        .zip(&advantages)
+        .map(|(lp, a)| lp * a)
+        .sum::<f64>();
+    close(rl["cispo"]["loss"].as_f64().unwrap(), cispo, 1e-4, "cispo");
+    let grad_norm = out["rl_step"]["grad_norm"].as_f64().unwrap();
+    assert!(
+        grad_norm.is_finite() && grad_norm > 0.0,
+        "{}",
+        out["rl_step"]
+    );
+
+    // Refusals name the cause, with the status the SDK expects.
+    refused(&out["unknown_loss"], 400, "`dro` is not served");
+    refused(
+        &out["unknown_setting"],
+        400,
+        "`beta` is not a setting of `ppo`",
+    );
+    refused(
+        &out["bad_shape"],
+        400,
+        "data[0].loss_fn_inputs.weights: shape [9]",
+    );
+    refused(
+        &out["missing_input"],
+        400,
+        "loss_fn_inputs.weights: not an input of this loss",
+    );
+    refused(&out["unknown_checkpoint"], 404, "does not exist");
+    refused(&out["expired"], 404, "does not exist");
+
+    // Two LoRA runs at once: the second's step moved it, not the first.
+    let first = out["forward_loss"].as_f64().unwrap();
+    assert!((out["second_moved"].as_f64().unwrap() - first).abs() > 1e-3);
+    close(
+        out["first_after_second"].as_f64().unwrap(),
+        first,
+        1e-6,
+        "first run untouched",
+    );
+
+    // The supervised loop lowers its loss.
+    let curve = floats(&out["sl_losses"]);
+    let after = out["sl_after"].as_f64().unwrap();
+    assert!(after < 0.5 * curve[0], "loss {curve:?} then {after}");
+
+    // Checkpoints restore exactly: into the same client, into a new one with the optimizer's state.
+    assert!((out["moved"].as_f64().unwrap() - after).abs() > 1e-3);
+    close(out["reloaded"].as_f64().unwrap(), after, 1e-6, "load_state");
+    close(
+        out["other_loaded"].as_f64().unwrap(),
+        after,
+        1e-6,
+        "from_state_with_optimizer",
+    );
+    let stepped = floats(&out["stepped"]);
+    close(
+        stepped[0],
+        stepped[1],
+        1e-6,
+        "a step from the same optimizer state",
+    );
+    assert_eq!(out["snapshot_sample"], out["trained_sample"]);
+
+    // A restarted server keeps every checkpoint.
+    drop(server);
+    let server = serve(&store);
+    let before = dir.path().join("train.json");
+    let again = sdk(&python, "restart", &server.base, dir.path(), Some(&before));
+    close(
+        again["restored_loss"].as_f64().unwrap(),
+        after,
+        1e-6,
+        "restored after a restart",
+    );
+    assert_eq!(again["restored_sample"], out["trained_sample"]);
+    let run = out["run_id"].as_str().unwrap();
+    let listed: Vec<String> = [
+        "sampler_weights/after-sl",
+        "sampler_weights/initial",
+        "weights/after-sl",
+    ]
+    .iter()
+    .map(|name| format!("tinker://{run}/{name}"))
+    .collect();
+    assert_eq!(again["listed"], serde_json::json!(listed));
+    assert_eq!(
+        again["after_delete"],
+        serde_json::json!([listed[0], listed[2]])
+    );
+    refused(&again["deleted_sampler"], 404, "does not exist");
+}
+
+/// One of tinker-cookbook's recipes (`python -m MODULE ARGS…`) against `base`, at most five minutes,
+/// offline: the model is named by its folder, whose tokenizer the cookbook loads from disk.
+fn cookbook(python: &Path, module: &str, base: &str, args: &[String], log: PathBuf) {
+    let mut command = std::process::Command::new(python);
+    command
+        .args(["-m", module])
+        .arg(format!("model_name={}", model_dir().display()))
+        .arg(format!("base_url={base}"))
+        .args(args)
+        .env("TINKER_API_KEY", "tml-holo-test")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("HF_DATASETS_OFFLINE", "1")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("TINKER_BASE_URL")
+        .env_remove("WANDB_API_KEY");
+    let mut process = Process::spawn(&mut command, log);
+    let (status, output) = process.finish(Duration::from_secs(300));
+    assert!(status.success(), "{module} failed:\n{output}");
+}
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// tinker-cookbook 0.5.8's own loops, unchanged: `recipes.math_rl.train` (its RL loop, on its synthetic
+/// arithmetic environment: sampling, rewards, `importance_sampling`, checkpoints) for two steps, and
+/// `recipes.chat_sl.train` (its supervised loop) on eight conversations from a JSONL file for six steps,
+/// whose training loss falls.
+#[test]
+fn tinker_cookbook_loops_run_against_holo_tinker_serve() {
+    let Some(venv) = crate::common::components::tinker() else {
+        return;
+    };
+    let python = venv.join("bin/python");
+    let dir = Dir::new("tinker-cookbook");
+    let model = model_dir().display().to_string();
+    let server = serve_as(&dir.path().join("store"), &model);
+    let arg = |key: &str, value: &str| format!("{key}={value}");
+
+    let rl = dir.path().join("rl");
+    cookbook(
+        &python,
+        "tinker_cookbook.recipes.math_rl.train",
+        &server.base,
+        &[
+            arg("env", "arithmetic"),
+            arg("renderer_name", "qwen3"),
+            arg("lora_rank", "8"),
+            arg("group_size", "2"),
+            arg("groups_per_batch", "2"),
+            arg("max_tokens", "8"),
+            arg("max_steps", "2"),
+            arg("eval_every", "0"),
+            arg("save_every", "1"),
+            arg("log_path", rl.to_str().unwrap()),
+            arg("behavior_if_log_dir_exists", "delete"),
+        ],
+        dir.path().join("rl.log"),
+    );
+    let steps = jsonl(&rl.join("metrics.jsonl"));
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    for step in &steps {
+        let reward = step["env/all/reward/total"].as_f64().unwrap();
+        assert!(reward.is_finite(), "{step}");
+    }
+    let saved = jsonl(&rl.join("checkpoints.jsonl"));
+    let state = saved.last().unwrap()["state_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        state.starts_with("tinker://") && state.contains("/weights/"),
+        "{state}"
+    );
+
+    let data = dir.path().join("chat.jsonl");
+    let rows: Vec<String> = (0..8)
+        .map(|i| {
+            serde_json::json!({"messages": [
+                {"role": "user", "content": format!("What is {i} plus {i}?")},
+                {"role": "assistant", "content": format!("{i} plus {i} is {}.", 2 * i)},
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    let sl = dir.path().join("sl");
+    cookbook(
+        &python,
+        "tinker_cookbook.recipes.chat_sl.train",
+        &server.base,
+        &[
+            arg("dataset", data.to_str().unwrap()),
+            arg("renderer_name", "qwen3"),
+            arg("lora_rank", "8"),
+            arg("batch_size", "4"),
+            arg("num_epochs", "3"),
+            arg("learning_rate", "1e-2"),
+            arg("max_length", "256"),
+            arg("eval_every", "0"),
+            arg("infrequent_eval_every", "0"),
+            arg("save_every", "0"),
+            arg("log_path", sl.to_str().unwrap()),
+            arg("behavior_if_log_dir_exists", "delete"),
+        ],
+        dir.path().join("sl.log"),
+    );
+    let nll: Vec<f64> = jsonl(&sl.join("metrics.jsonl"))
+        .iter()
+        .filter_map(|step| step["train_mean_nll"].as_f64())
+        .collect();
+    assert_eq!(nll.len(), 6, "{nll:?}");
+    assert!(nll[5] < 0.5 * nll[0], "train_mean_nll {nll:?}");
+}
+
+/// Our own client against our own server: two steps of `holo train --backend tinker` on the fixtures
+/// of `tests/engines/tinker.rs`, checkpointed on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_train_runs_against_holo_tinker_serve() {
+    let dir = Dir::new("tinker-serve-train");
+    let server = serve(&dir.path().join("store"));
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tinker")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    let run = dir.path().join("run");
+    let model = model_dir().display().to_string();
+    let args = [
+        "train".to_string(),
+        fixture("short.hol"),
+        "--data".into(),
+        fixture("rows.jsonl"),
+        "--backend".into(),
+        "tinker".into(),
+        "--base-url".into(),
+        server.base.clone(),
+        "--model".into(),
+        MODEL.into(),
+        "--tokenizer".into(),
+        model,
+        "--config".into(),
+        fixture("train.toml"),
+        "--out".into(),
+        run.display().to_string(),
+    ];
+    let log = dir.path().join("train.log");
+    let (status, output) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut process = Process::spawn(
+            crate::common::holo_command(&args).env("TINKER_API_KEY", "tml-holo-test"),
+            log,
+        );
+        process.finish(Duration::from_secs(300))
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{output}");
+    let steps: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 2);
+    for step in &steps {
+        for key in ["reward", "loss", "grad_norm", "learning_rate"] {
+            assert!(step[key].as_f64().unwrap().is_finite(), "{key} in {step}");
+        }
+    }
+    // The server scores the sampled tokens as its sampler did.
+    let ratio = steps[0]["sampling/importance_sampling_ratio/mean"]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - 1.0).abs() < 1e-3, "{ratio}");
+    let saved: Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("checkpoint-2/tinker.json")).unwrap(),
+    )
+    .unwrap();
+    let state = saved.to_string();
+    assert!(state.contains("tinker://"), "{state}");
+}
+
+/// The server's own answers over HTTP, without the SDK: strict bodies refused naming the field, with
+/// FastAPI's `{"detail": …}` and the status the SDK acts on; a request sent again with the same
+/// `seq_id` (or the same model to create) gets the first one's future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_replays_over_http() {
+    let dir = Dir::new("tinker-serve-http");
+    let server = serve(&dir.path().join("store"));
+    let http = reqwest::Client::new();
+    let base = server.base.clone();
+    let post = |path: &str, body: Value| {
+        let request = http
+            .post(format!("{base}/api/v1/{path}"))
+            .header("Content-Type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .timeout(Duration::from_secs(60));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let refused = |(status, body): (u16, Value), want: u16, says: &str| {
+        assert_eq!(status, want, "{body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(says), "{says:?} not in {body}");
+    };
+
+    let session =
+        serde_json::json!({"tags": [], "sdk_version": "0.38.0", "type": "create_session"});
+    let (status, created) = post("create_session", session.clone()).await;
+    assert_eq!(status, 200, "{created}");
+    let session_id = created["session_id"].as_str().unwrap().to_string();
+    let mut colour = session.clone();
+    colour["colour"] = "blue".into();
+    refused(
+        post("create_session", colour).await,
+        400,
+        "unknown field `colour`",
+    );
+
+    let model = serde_json::json!({
+        "session_id": session_id, "model_seq_id": 0, "base_model": MODEL,
+        "lora_config": {"rank": 2, "seed": 3}, "type": "create_model",
+    });
+    let (_, first) = post("create_model", model.clone()).await;
+    let (_, again) = post("create_model", model.clone()).await;
+    assert_eq!(first["request_id"], again["request_id"], "{first} {again}");
+    let model_id = first["model_id"].as_str().unwrap().to_string();
+    // The future resolves to the model (each retrieval waits for it, bounded by the server's poll).
+    let mut created = Value::Null;
+    for _ in 0..10 {
+        let (status, body) = post(
+            "retrieve_future",
+            serde_json::json!({"request_id": first["request_id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        if body["type"] != "try_again" {
+            created = body;
+            break;
+        }
+    }
+    assert_eq!(created["model_id"], model_id.as_str());
+    let mut full = model.clone();
+    full.as_object_mut().unwrap().remove("lora_config");
+    full["model_seq_id"] = 1.into();
+    refused(
+        post("create_model", full).await,
+        400,
+        "full fine-tuning is not served",
+    );
+    let mut other = model.clone();
+    other["base_model"] = "no/such-model".into();
+    other["model_seq_id"] = 2.into();
+    refused(
+        post("create_model", other).await,
+        400,
+        "base_model: `no/such-model` is not served here",
+    );
+
+    let step = |seq: u64, beta1: f64, model_id: &str| {
+        serde_json::json!({
+            "adam_params": {"learning_rate": 1e-3, "beta1": beta1},
+            "model_id": model_id, "seq_id": seq, "type": "optim_step",
+        })
+    };
+    let (_, one) = post("optim_step", step(1, 0.9, &model_id)).await;
+    let (_, replay) = post("optim_step", step(1, 0.9, &model_id)).await;
+    let (_, two) = post("optim_step", step(2, 0.9, &model_id)).await;
+    assert_eq!(one["request_id"], replay["request_id"]);
+    assert_ne!(one["request_id"], two["request_id"]);
+    refused(
+        post("optim_step", step(3, 1.5, &model_id)).await,
+        400,
+        "adam_params.beta1: 1.5 is not below 1",
+    );
+    refused(
+        post("optim_step", step(1, 0.9, "nobody:train:0")).await,
+        404,
+        "model_id: no model `nobody:train:0`",
+    );
+
+    let raw = |headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut request = http
+            .post(format!("{base}/api/v1/forward_backward"))
+            .header("Content-Type", "application/x-protobuf")
+            .body(body)
+            .timeout(Duration::from_secs(60));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    refused(
+        raw(&[("Content-Encoding", "zstd")], vec![1, 2, 3]).await,
+        415,
+        "Content-Encoding",
+    );
+    refused(
+        raw(&[], vec![0xff, 0xff, 0xff]).await,
+        400,
+        "not a ForwardBackwardRequest",
+    );
+
+    refused(
+        post("retrieve_future", serde_json::json!({"request_id": "nope"})).await,
+        404,
+        "no request `nope`",
+    );
+    let sample = serde_json::json!({
+        "prompt": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 2}, "base_model": MODEL, "topk_prompt_logprobs": 2,
+    });
+    refused(
+        post("asample", sample).await,
+        400,
+        "topk_prompt_logprobs: not served",
+    );
+    let outside = serde_json::json!({
+        "prompt": {"chunks": [{"tokens": [1, 99999999], "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": 2}, "base_model": MODEL,
+    });
+    refused(
+        post("asample", outside).await,
+        400,
+        "prompt.chunks[0]: token 99999999 is outside the vocabulary",
+    );
+    refused(post("no_such_route", Value::Null).await, 404, "Not Found");
+}
