@@ -451,6 +451,7 @@ impl Worker {
                 ids: sample.prompt.clone(),
                 trained: (1..sample.prompt.len()).collect(),
                 sampling_logprobs: vec![f32::NAN; sample.prompt.len() - 1],
+                routes: None,
             };
             let scored = score::sequence_logprobs(&model, &[&sequence], 1.0, 1).map_err(server)?;
             let mut values = vec![f32::NAN];
@@ -555,6 +556,7 @@ fn forward_backward(
                 ids,
                 trained: (1..=datum.input.len()).collect(),
                 sampling_logprobs: vec![f32::NAN; datum.input.len()],
+                routes: None,
             }
         })
         .collect();
