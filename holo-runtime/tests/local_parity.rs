@@ -558,8 +558,9 @@ fn gradients_match_transformers() {
 /// then its up rows) and `mlp.experts.down_proj` `[E, H, I]`; other weights unchanged.
 fn fuse_experts(named: Vec<(String, Vec<f32>)>) -> Vec<(String, Vec<f32>)> {
     let mut fused: Vec<(String, Vec<f32>)> = Vec::new();
-    let mut parts: std::collections::BTreeMap<(String, usize), Vec<(String, Vec<f32>)>> =
-        Default::default();
+    // (layer, expert) → each projection's (name, gradient).
+    type Named = Vec<(String, Vec<f32>)>;
+    let mut parts: std::collections::BTreeMap<(String, usize), Named> = Default::default();
     for (name, values) in named {
         let expert = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
             let (e, projection) = rest.split_once('.')?;

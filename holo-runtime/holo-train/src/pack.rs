@@ -415,9 +415,9 @@ mod tests {
         let device = Device::Cpu;
         let costs = Costs::of(&model.config);
         let trees = Forest::grow(&sequences, &costs)
-            .pack(&sequences, &device)
+            .pack(&sequences, &model)
             .unwrap();
-        let rows = padded(&sequences, &device).unwrap();
+        let rows = padded(&sequences, &model).unwrap();
         assert_eq!(trees.ids.dim(0).unwrap(), 2);
         assert_eq!(
             trees.targets.to_vec1::<u32>().unwrap(),
@@ -465,7 +465,6 @@ mod tests {
     fn any_sharing_scores_as_padded_rows_do() {
         let model = random_model(&config(Arch::Llama), DType::F64);
         let costs = Costs::of(&model.config);
-        let device = Device::Cpu;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         for _ in 0..20 {
             let mut sequences: Vec<Sequence> = Vec::new();
@@ -484,9 +483,9 @@ mod tests {
             }
             let sequences: Vec<&Sequence> = sequences.iter().collect();
             let trees = Forest::grow(&sequences, &costs)
-                .pack(&sequences, &device)
+                .pack(&sequences, &model)
                 .unwrap();
-            let rows = padded(&sequences, &device).unwrap();
+            let rows = padded(&sequences, &model).unwrap();
             assert_eq!(
                 trees.targets.to_vec1::<u32>().unwrap(),
                 rows.targets.to_vec1::<u32>().unwrap()
