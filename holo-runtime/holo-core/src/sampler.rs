@@ -111,23 +111,6 @@ impl Constraint {
     }
 }
 
-/// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
-/// whitespace) unless it sets its own (llguidance's `x-guidance`): the JSON a constrained reply is held
-/// to. llguidance's default lets whitespace run between any two tokens, and a model that keeps choosing
-/// it never closes its object.
-pub fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
-    if let Some(object) = schema.as_object_mut() {
-        object.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({
-                "item_separator": ", ",
-                "key_separator": ": ",
-                "whitespace_flexible": false,
-            })
-        });
-    }
-    schema
-}
-
 /// One prompt of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {

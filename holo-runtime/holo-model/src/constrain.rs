@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use holo_core::sampler::json_layout;
+use holo_core::json::json_layout;
 use holo_core::Constraint;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};

@@ -23,13 +23,13 @@ pub struct Layout {
     /// layers cannot read (they run through each sequence in order).
     pub real: Option<Tensor>,
     /// The routing of a mixture-of-experts model's pass: replayed choices, and the record of those
-    /// made (see [`crate::model::Routing`]); `None` routes by the routers.
-    pub routing: Option<std::sync::Arc<crate::model::Routing>>,
+    /// made (see [`crate::routing::Routing`]); `None` routes by the routers.
+    pub routing: Option<std::sync::Arc<crate::routing::Routing>>,
 }
 
 impl Layout {
     /// This layout with its mixture layers routed by `routing` (replaying, or recording).
-    pub fn with_routing(self, routing: std::sync::Arc<crate::model::Routing>) -> Layout {
+    pub fn with_routing(self, routing: std::sync::Arc<crate::routing::Routing>) -> Layout {
         Layout {
             routing: Some(routing),
             ..self

@@ -22,6 +22,7 @@ mod kernels;
 pub mod layout;
 pub mod model;
 mod recompute;
+mod routing;
 pub mod sample;
 pub mod schedule;
 #[doc(hidden)]

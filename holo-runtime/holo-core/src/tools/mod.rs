@@ -15,7 +15,7 @@ mod mistral;
 
 use serde_json::{json, Value};
 
-use crate::sampler::json_layout;
+use crate::json::json_layout;
 
 /// One call a model made: the function's name and its arguments (a JSON object).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,12 +29,13 @@ pub use super::layout::positions_from_mask;
 use super::layout::{attention_mask, window_mask, Layout};
 pub use crate::kernels::kernel::{Ops, Result};
 
+pub use crate::routing::{Routes, Routing, RoutingDrift, UNROUTED};
 pub(crate) use attention::softmax;
 pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::{Mixture, Routes, Routing, RoutingDrift, UNROUTED};
+pub use experts::Mixture;
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;

@@ -314,7 +314,7 @@ fn unread(name: &str) -> &'static str {
 ///
 /// With native tools offered (`<|ToolSchema parser=…|>`) it runs every call of the turn, read in the
 /// offered format, and appends one `tool` message per call; a turn without a call is the model's
-/// answer (its body is skipped). See [`native`].
+/// answer (its body is skipped); see `tools/native.rs`.
 pub struct ToolExecutor {
     tools: Arc<Tools>,
     variable: String,
