@@ -9,6 +9,7 @@ to check, so that this script states no expectation of its own beyond what it mu
 
 import json
 import math
+import os
 import sys
 
 import tinker
@@ -156,6 +157,15 @@ if phase == "train":
         prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=PARAMS
     ).result().sequences[0].tokens
     out["trained_sample"] = service.create_sampling_client(model_path=trained_sampler).sample(
+        prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=PARAMS
+    ).result().sequences[0].tokens
+    # As many newer snapshots as the server keeps (SNAPSHOTS_KEPT, from the Rust side): the first is
+    # dropped, the newest samples.
+    newer = [tc.save_weights_and_get_sampling_client().result() for _ in range(int(os.environ["SNAPSHOTS_KEPT"]))]
+    out["dropped_snapshot"] = error_of(lambda: snapshot.sample(
+        prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=PARAMS
+    ).result())
+    out["newest_snapshot_sample"] = newer[-1].sample(
         prompt=types.ModelInput.from_ints(PROMPT), num_samples=1, sampling_params=PARAMS
     ).result().sequences[0].tokens
     tc.forward_backward(sl, "cross_entropy").result()

@@ -52,6 +52,10 @@ fn sdk(python: &Path, phase: &str, base: &str, dir: &Path, before: Option<&Path>
         .args([phase, base, MODEL])
         .arg(&out)
         .args(before)
+        .env(
+            "SNAPSHOTS_KEPT",
+            holo_runtime::engines::tinker::serve::worker::SNAPSHOTS_KEPT.to_string(),
+        )
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("no_proxy", "127.0.0.1,localhost")
         .env_remove("TINKER_BASE_URL");
@@ -285,6 +289,10 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "a step from the same optimizer state",
     );
     assert_eq!(out["snapshot_sample"], out["trained_sample"]);
+    // Snapshots are kept in memory up to a bound: the oldest is dropped, saying why.
+    let dropped = out["dropped_snapshot"]["message"].as_str().unwrap();
+    assert!(dropped.contains("most recent snapshots"), "{dropped}");
+    assert_eq!(out["newest_snapshot_sample"], out["trained_sample"]);
 
     // A restarted server keeps every checkpoint.
     drop(server);
@@ -328,6 +336,10 @@ fn cookbook(python: &Path, module: &str, base: &str, args: &[String], log: PathB
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1")
         .env("HF_DATASETS_OFFLINE", "1")
+        .env(
+            "SNAPSHOTS_KEPT",
+            holo_runtime::engines::tinker::serve::worker::SNAPSHOTS_KEPT.to_string(),
+        )
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("no_proxy", "127.0.0.1,localhost")
         .env_remove("TINKER_BASE_URL")

@@ -694,13 +694,14 @@ async fn save_weights_for_sampler(
                 key,
             )
         }
-        // A snapshot lives in memory for its sampling session, until a restart: a TTL cannot make it
-        // live longer, and the SDK sends none for one.
+        // A snapshot lives in memory for its sampling session, until a restart or until
+        // `SNAPSHOTS_KEPT` newer ones are made: a TTL cannot make it live longer, and the SDK sends
+        // none for one.
         (None, Some(seq)) => {
             if request.ttl_seconds.is_some() {
                 return Err(bad(
-                    "ttl_seconds: a snapshot for a sampling session lives until the server restarts; \
-                     name the checkpoint (path) to give it a TTL",
+                    "ttl_seconds: a snapshot for a sampling session lives in memory, until the server \
+                     restarts or newer snapshots replace it; name the checkpoint (path) to give it a TTL",
                 ));
             }
             let session = format!("{}:sample:{seq}", request.model_id);

@@ -128,16 +128,23 @@ pub struct Worker {
     base: Policy,
     store: Store,
     runs: HashMap<String, Run>,
-    /// Sampling snapshots by session id.
-    snapshots: HashMap<String, (RunInfo, Vec<(String, Tensor)>)>,
+    /// Sampling snapshots, the oldest first; at most [`SNAPSHOTS_KEPT`].
+    snapshots: Vec<Snapshot>,
     /// Sampler models of checkpoints and snapshots, the most recently used last.
     samplers: Vec<(Weights, Model)>,
     /// The seed of the next sample that names none.
     next_seed: u64,
 }
 
+/// A sampling session's weights as they were when it was made: its session id, its run, the adapter.
+type Snapshot = (String, RunInfo, Vec<(String, Tensor)>);
+
 /// Sampler models kept ready at most.
 const SAMPLERS_KEPT: usize = 4;
+
+/// Snapshots (`save_weights_and_get_sampling_client`) kept in memory at most: a training loop makes one
+/// per step and samples from the newest, so older ones are dropped rather than held until a restart.
+pub const SNAPSHOTS_KEPT: usize = 16;
 
 /// A training run: the base model with its adapter, the adapter's optimizer, and the gradients summed
 /// over the `forward_backward` calls since the last `optim_step` (`None` where none flowed).
@@ -184,7 +191,7 @@ impl Worker {
             base,
             store,
             runs: HashMap::new(),
-            snapshots: HashMap::new(),
+            snapshots: Vec::new(),
             samplers: Vec::new(),
             next_seed: seed,
         }
@@ -279,8 +286,8 @@ impl Worker {
             Job::Snapshot { model_id, session } => {
                 let run = self.runs.get(&model_id).ok_or_else(|| unknown(&model_id))?;
                 let adapter = snapshot(&run.vars).map_err(server)?;
-                self.snapshots
-                    .insert(session.clone(), (run.info.clone(), adapter));
+                let info = run.info.clone();
+                self.keep_snapshot(session.clone(), info, adapter);
                 Ok(Outcome::Json(json!({
                     "path": null,
                     "sampling_session_id": session,
@@ -375,10 +382,17 @@ impl Worker {
                 (info, self.store.load(path, &device).map_err(user)?.adapter)
             }
             Weights::Snapshot(session) => {
-                let (info, adapter) = self
+                let (_, info, adapter) = self
                     .snapshots
-                    .get(session)
-                    .ok_or_else(|| user(format!("sampling session `{session}` has no weights")))?;
+                    .iter()
+                    .find(|(kept, ..)| kept == session)
+                    .ok_or_else(|| {
+                        user(format!(
+                            "sampling session `{session}` has no weights: the server keeps the \
+                             {SNAPSHOTS_KEPT} most recent snapshots in memory (save_weights_for_sampler \
+                             with a name keeps weights on disk)"
+                        ))
+                    })?;
                 (info.clone(), adapter.iter().cloned().collect())
             }
         };
@@ -394,6 +408,17 @@ impl Worker {
             self.samplers.remove(0);
         }
         Ok(model)
+    }
+
+    /// Keeps a session's snapshot, dropping the oldest beyond [`SNAPSHOTS_KEPT`] (and its sampler).
+    fn keep_snapshot(&mut self, session: String, info: RunInfo, adapter: Vec<(String, Tensor)>) {
+        self.snapshots.retain(|(kept, ..)| *kept != session);
+        self.snapshots.push((session, info, adapter));
+        while self.snapshots.len() > SNAPSHOTS_KEPT {
+            let (dropped, ..) = self.snapshots.remove(0);
+            self.samplers
+                .retain(|(weights, _)| *weights != Weights::Snapshot(dropped.clone()));
+        }
     }
 
     fn sample(&mut self, sample: &Sample) -> Result<proto::SampleResponse, Failure> {
