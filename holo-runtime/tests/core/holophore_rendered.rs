@@ -14,11 +14,11 @@ use holo_runtime::holophore::{Context, Holophore, Message};
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
-use holo_runtime::sampler::SampleFuture;
-use holo_runtime::{Completion, Prompt, Recorder, Request, Resources, Role, Sampler, Scripted};
+use holo_runtime::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::common::tempdir::Dir;
+use crate::recording::Recording;
 
 const SYSTEM: &str = "You are a helpful assistant.";
 
@@ -388,25 +388,6 @@ fn template_kwargs_are_a_json_object() {
     let plain = Holophore::new(Arc::clone(&tokenizer), Arc::clone(&chatml)).unwrap();
     let with = Holophore::with_template_kwargs(tokenizer, chatml, BTreeMap::new()).unwrap();
     assert_eq!(plain.frames(), with.frames());
-}
-
-/// Wraps a sampler and keeps every request with the completion it got.
-struct Recording<S> {
-    inner: S,
-    seen: Mutex<Vec<(Request, Completion)>>,
-}
-
-impl<S: Sampler> Sampler for Recording<S> {
-    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
-        Box::pin(async move {
-            let results = self.inner.sample(batch).await;
-            let mut seen = self.seen.lock().unwrap();
-            for (request, result) in batch.iter().zip(&results) {
-                seen.push((request.clone(), result.clone().expect("scripted replies")));
-            }
-            results
-        })
-    }
 }
 
 #[test]

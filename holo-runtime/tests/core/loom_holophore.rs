@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::recording::Recording;
 use holo_runtime::chat::{ChatTemplate, RenderOptions};
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::{self, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord};
-use holo_runtime::sampler::SampleFuture;
-use holo_runtime::{ChatMessage, Completion, Prompt, Request, Resources, Sampler, Scripted};
+use holo_runtime::{ChatMessage, Completion, Prompt, Request, Resources, Scripted};
 use tokenizers::Tokenizer;
 
 const TOOL_CALL: &str = r#"<tool>{"name": "calculator", "args": {"expression": "17 * 23"}}</tool>"#;
@@ -37,25 +37,6 @@ fn rows(file: &str) -> Vec<(usize, Row)> {
         .map(|line| serde_json::from_str(line).unwrap())
         .enumerate()
         .collect()
-}
-
-/// Wraps a sampler and keeps every request with the completion it got.
-struct Recording<S> {
-    inner: S,
-    seen: Mutex<Vec<(Request, Completion)>>,
-}
-
-impl<S: Sampler> Sampler for Recording<S> {
-    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
-        Box::pin(async move {
-            let results = self.inner.sample(batch).await;
-            let mut seen = self.seen.lock().unwrap();
-            for (request, result) in batch.iter().zip(&results) {
-                seen.push((request.clone(), result.clone().expect("scripted replies")));
-            }
-            results
-        })
-    }
 }
 
 fn run(

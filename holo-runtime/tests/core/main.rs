@@ -15,4 +15,5 @@ mod loom;
 mod loom_holophore;
 mod native_tools;
 mod openai;
+mod recording;
 mod sandbox;

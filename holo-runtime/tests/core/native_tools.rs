@@ -11,13 +11,13 @@ use holo_runtime::holophore::{Context, Holophore, ToolTurn};
 use holo_runtime::holotypes::{self, ToolStats, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
-use holo_runtime::sampler::SampleFuture;
 use holo_runtime::tools::ToolFormat;
-use holo_runtime::{Completion, Prompt, Recorder, Request, Resources, Role, Sampler, Scripted};
+use holo_runtime::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::common::tempdir::Dir;
+use crate::recording::Recording;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -199,25 +199,6 @@ fn offering_tools_says_why_it_cannot() {
     let error = late.offer_tools(&tools, None).unwrap_err();
     assert!(error.contains("before the model's first turn"), "{error}");
     assert_eq!(late.tool_format(), None);
-}
-
-/// Wraps a sampler and keeps every request with the completion it got.
-struct Recording<S> {
-    inner: S,
-    seen: Mutex<Vec<(Request, Completion)>>,
-}
-
-impl<S: Sampler> Sampler for Recording<S> {
-    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
-        Box::pin(async move {
-            let results = self.inner.sample(batch).await;
-            let mut seen = self.seen.lock().unwrap();
-            for (request, result) in batch.iter().zip(&results) {
-                seen.push((request.clone(), result.clone().expect("scripted replies")));
-            }
-            results
-        })
-    }
 }
 
 /// A native-tool holoware: the calculator offered to the template, a tool loop, a math answer.
