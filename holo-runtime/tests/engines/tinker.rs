@@ -138,9 +138,11 @@ fn base64(text: &str) -> Vec<u8> {
 /// before it.
 type Override = dyn Fn(&Seen, usize) -> Option<Answer> + Send + Sync;
 
-/// A stub of the recorded service: each operation gets the next recorded answer of its endpoint, and
-/// `retrieve_future` the recorded result of the request id it asks for (the operations' answers carry
-/// the recorded ids). Heartbeats are answered; anything else unrecorded is an HTTP 500.
+/// A stub of the recorded service: each operation gets the next recorded answer of its endpoint (a
+/// sampling request the answer to the recorded request with its body, whatever the order the
+/// concurrent requests arrive in), and `retrieve_future` the recorded result of the request id it asks
+/// for (the operations' answers carry the recorded ids). Heartbeats are answered; anything else
+/// unrecorded is an HTTP 500.
 async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let recorded = exchanges(name);
     let mut queues: HashMap<String, VecDeque<Exchange>> = HashMap::new();
@@ -183,12 +185,18 @@ async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>
                 None => json(404, json!({"detail": "Future not found"})),
             };
         }
-        match queues
-            .lock()
-            .unwrap()
-            .get_mut(&request.path)
-            .and_then(VecDeque::pop_front)
-        {
+        let mut queues = queues.lock().unwrap();
+        let queue = queues.get_mut(&request.path);
+        let recorded = match queue {
+            Some(queue) if request.path == "/api/v1/asample" => queue
+                .iter()
+                .position(|exchange| exchange.request == request.body)
+                .and_then(|at| queue.remove(at))
+                .or_else(|| queue.pop_front()),
+            Some(queue) => queue.pop_front(),
+            None => None,
+        };
+        match recorded {
             Some(exchange) => exchange.answer(),
             None => json(
                 500,
@@ -566,11 +574,10 @@ fn metrics_but_times(run: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// A service that fails each kind of request twice (HTTP 500, 503, 429 and 502 in turn: the
-/// session, a model's creation and a result's retrieval, sampling, forward_backward, optim_step,
-/// saving) before answering it is ridden out as the SDK rides it out: the run's metrics are the
-/// unfaulted run's, and a retried training request carries the same `seq_id`, so the service applies
-/// it once.
+/// A service that fails each kind of request twice (HTTP 500, 503, 429 and 502 in turn: the session,
+/// a model's creation and a result's retrieval, sampling, forward_backward, optim_step, saving) before
+/// answering it is ridden out as the SDK rides it out: the run's metrics are the unfaulted run's, and
+/// a retried training request carries the same `seq_id`, so the service applies it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_failures_are_retried_and_the_run_is_the_unfaulted_one() {
     let (url, _) = replay("exchanges.jsonl", no_override()).await;
@@ -606,7 +613,11 @@ async fn transient_failures_are_retried_and_the_run_is_the_unfaulted_one() {
     for path in FAULTED {
         let asked = seen.iter().filter(|r| r.path == path).count();
         let answered = recorded.iter().filter(|e| e.path == path).count();
-        assert_eq!(asked, answered + 2, "{path}: two failures, then the recording");
+        assert_eq!(
+            asked,
+            answered + 2,
+            "{path}: two failures, then the recording"
+        );
     }
     // The first forward_backward, as tried three times: the same bytes, so the same seq_id.
     let tries: Vec<&Vec<u8>> = seen
@@ -664,7 +675,10 @@ async fn a_service_that_keeps_failing_stops_the_run_at_the_retry_deadline_naming
         "{said}"
     );
     // The deadline, the run's start and its first rollouts: well under a minute of a debug build.
-    assert!(elapsed.as_secs_f64() < RETRY_DEADLINE_SECS + 60.0, "{elapsed:?}");
+    assert!(
+        elapsed.as_secs_f64() < RETRY_DEADLINE_SECS + 60.0,
+        "{elapsed:?}"
+    );
     assert!(!run.join("checkpoint-1").exists());
 }
 
@@ -1125,7 +1139,10 @@ async fn a_resume_prunes_checkpoints_beyond_the_limit_from_the_folder_and_the_se
     assert_eq!(checkpoints(&service.run), [false, false, true, true]);
     let deleted = service.deleted()[before..].to_vec();
     for checkpoint in &recorded {
-        for (key, kind) in [("weights", "weights"), ("sampler_weights", "sampler_weights")] {
+        for (key, kind) in [
+            ("weights", "weights"),
+            ("sampler_weights", "sampler_weights"),
+        ] {
             let path = checkpoint[key].as_str().unwrap();
             let name = path.rsplit('/').next().unwrap();
             let run = path

@@ -122,9 +122,9 @@ impl Waits {
     /// computes it: the server's `Retry-After` when it names at most 60 s, else `retry_delay` doubled
     /// per retry up to `retry_delay_max`.
     fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
-        if let Some(asked) = retry_after.filter(|asked| {
-            !asked.is_zero() && *asked <= Duration::from_secs(60)
-        }) {
+        if let Some(asked) =
+            retry_after.filter(|asked| !asked.is_zero() && *asked <= Duration::from_secs(60))
+        {
             return asked;
         }
         self.retry_delay
@@ -377,7 +377,12 @@ impl Client {
         })
         .expect("the request types serialize");
         let reply = self
-            .post(operation, "session_heartbeat", Body::Json(body), Tries::Once)
+            .post(
+                operation,
+                "session_heartbeat",
+                Body::Json(body),
+                Tries::Once,
+            )
             .await?;
         let _: serde_json::Value = self.json(operation, &reply)?;
         Ok(())
