@@ -21,8 +21,9 @@
 # |           | on JAX), built from Debian 13's CPython 3.13    |                                                |
 # |           | unpacked in ~/.cache/holo-engines/python3.13    |                                                |
 #
-# Needs python3.11 with venv and pip, apt-get and dpkg-deb, PyPI and Debian's mirror. The tests find each component where this
-# puts it (tests/common/components.rs); under CI=true a test whose component is missing fails.
+# Needs python3.11 with venv and pip, apt-get and dpkg-deb, PyPI and Debian's mirror. The tests find each
+# component where this puts it (tests/common/components.rs); under CI=true a test whose component is missing
+# fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
@@ -119,8 +120,8 @@ prepare_tinker() {
     log "tinker: ready ($((SECONDS - t0)) s)"
 }
 
-# Debian 13's CPython 3.13 and the libraries it links, glibc 2.41 among them, unpacked under $1 (no dpkg,
-# nothing outside $1 changes): Debian 12's 3.11 is too old for SkyRL, and the registries reached here offer
+# Debian 13's CPython 3.13 and the libraries it links, glibc 2.41 among them, unpacked under $1 (not
+# installed: nothing outside $1 changes): Debian 12's 3.11 is too old for SkyRL, and the registries reached here offer
 # no other interpreter (the portable builds on npm download from GitHub at install time). The binary is
 # pointed at its own glibc's loader and libraries with patchelf (Debian 12's: the trixie build needs that
 # glibc), so nothing outside it needs LD_LIBRARY_PATH and the programs it starts load the system's libc.
@@ -176,8 +177,8 @@ prepare_skyrl() {
     prepare_trixie_python "$root"
     # venv_from builds with $PYTHON: this one, for this call.
     local PYTHON="$root/usr/bin/python3.13"
-    venv_from "$ENGINES/skyrl-venv" .holo-prepared "$(cat "$root/.holo-prepared") skyrl[tinker,jax]==0.4.0 aiohttp uv" \
-        'skyrl[tinker,jax]==0.4.0' aiohttp uv
+    local packages=('skyrl[tinker,jax]==0.4.0' aiohttp uv)
+    venv_from "$ENGINES/skyrl-venv" .holo-prepared "$(cat "$root/.holo-prepared") ${packages[*]}" "${packages[@]}"
     "$ENGINES/skyrl-venv/bin/python" -c 'import skyrl.tinker.api, jax, tinker'
     log "skyrl: ready ($((SECONDS - t0)) s)"
 }

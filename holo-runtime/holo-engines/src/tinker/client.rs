@@ -288,7 +288,7 @@ impl Reply {
     }
 }
 
-/// A call's transient failures so far, and whether it may try again.
+/// A call's run of transient failures: when the first came, and how many retries followed it.
 struct Retrying {
     started: Instant,
     retries: u32,
