@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | skyrl ...]   # all: every one but skyrl
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | skyrl ...]   # all: every one
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -17,10 +17,13 @@
 # | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
 # |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
 # |           | the peers venv)                                 |                                                |
-# | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
+# | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0   | tests/engines/tinker.rs                        |
+# |           | on JAX), built from Debian 13's CPython 3.13    |                                                |
+# |           | unpacked in ~/.cache/holo-engines/python3.13    |                                                |
 #
-# Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
-# puts it (tests/common/components.rs); under CI=true a test whose component is missing fails.
+# Needs python3.11 with venv and pip, apt-get and dpkg-deb, PyPI and Debian's mirror. The tests find each
+# component where this puts it (tests/common/components.rs); under CI=true a test whose component is missing
+# fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
@@ -117,19 +120,73 @@ prepare_tinker() {
     log "tinker: ready ($((SECONDS - t0)) s)"
 }
 
+# Debian 13's CPython 3.13 and the libraries it links, glibc 2.41 among them, unpacked under $1 (not
+# installed: nothing outside $1 changes): Debian 12's 3.11 is too old for SkyRL, and the registries reached here offer
+# no other interpreter (the portable builds on npm download from GitHub at install time). The binary is
+# pointed at its own glibc's loader and libraries with patchelf (Debian 12's: the trixie build needs that
+# glibc), so nothing outside it needs LD_LIBRARY_PATH and the programs it starts load the system's libc.
+# Pinned to upstream 3.13.5, trixie's CPython; the Debian revisions installed are in $1/.holo-prepared,
+# which the venvs built from it are stamped with, so a new revision rebuilds them.
+TRIXIE_PYTHON=3.13.5
+TRIXIE_PACKAGES="libc6 libgcc-s1 libstdc++6 libcrypt1 libbz2-1.0 liblzma5 libzstd1 zlib1g libssl3t64 libexpat1
+    libffi8 libtinfo6 libncursesw6 libreadline8t64 libsqlite3-0 libuuid1 libdb5.3t64 libpython3.13-minimal
+    libpython3.13-stdlib python3.13-minimal python3.13 python3.13-venv python3-pip-whl python3-setuptools-whl"
+prepare_trixie_python() {
+    local root="$1" python="$1/usr/bin/python3.13" libs="$1/usr/lib/x86_64-linux-gnu"
+    local check="import sys, ssl, sqlite3, ctypes, venv, lzma, bz2, zlib, hashlib, ensurepip
+assert sys.version_info[:3] == tuple(map(int, '$TRIXIE_PYTHON'.split('.'))), sys.version"
+    if [ -f "$root/.holo-prepared" ] && "$python" -c "$check" 2>/dev/null; then
+        return 0
+    fi
+    log "python $TRIXIE_PYTHON: downloading Debian 13's packages into $root"
+    local apt="$root.apt"
+    rm -rf "$root" "$apt"
+    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root"
+    printf 'deb [signed-by=%s] http://deb.debian.org/debian %s main\n' \
+        /usr/share/keyrings/debian-archive-keyring.gpg trixie /usr/share/keyrings/debian-archive-keyring.gpg bookworm \
+        > "$apt/sources.list"
+    : > "$apt/status"
+    local options=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::Status=$apt/status"
+        -o APT::Sandbox::User=root -o Acquire::Languages=none)
+    apt-get "${options[@]}" -qq update
+    # shellcheck disable=SC2086 # the list is words
+    (cd "$apt/debs" && apt-get "${options[@]}" -qq download $(printf '%s/trixie ' $TRIXIE_PACKAGES) patchelf/bookworm)
+    local deb
+    for deb in "$apt"/debs/*.deb; do
+        case "$deb" in
+            */patchelf_*) dpkg-deb -x "$deb" "$apt/patchelf" ;;
+            *) dpkg-deb -x "$deb" "$root" ;;
+        esac
+    done
+    "$apt/patchelf/usr/bin/patchelf" --set-interpreter "$libs/ld-linux-x86-64.so.2" --force-rpath \
+        --set-rpath "$libs" "$python"
+    # Debian's ensurepip takes pip's wheel from /usr/share/python-wheels, Debian 12's there (an older pip,
+    # which fails): point it at the one unpacked beside it.
+    sed -i "s|'WHEEL_PKG_DIR': '/usr/share/python-wheels/'|'WHEEL_PKG_DIR': '$root/usr/share/python-wheels/'|" \
+        "$root"/usr/lib/python3.13/_sysconfigdata_*.py
+    "$python" -c "$check"
+    (cd "$apt/debs" && ls -- *.deb | grep -v '^patchelf_' | tr '\n' ' ') > "$root/.holo-prepared"
+    rm -rf "$apt"
+}
+
 prepare_skyrl() {
-    local t0=$SECONDS
-    # SkyRL 0.4.0 needs Python >= 3.12 (PYTHON=python3.12 bash scripts/prepare.sh skyrl). On Debian 12's 3.11,
-    # pip backtracks through years of its dependencies' releases without an end, so `all` leaves it out and
-    # tests/engines/tinker.rs's run against SkyRL's server is an ignored test until CI has that Python.
-    engine_venv "$ENGINES/skyrl-venv" 'skyrl[tinker,jax]==0.4.0' aiohttp uv
+    local t0=$SECONDS root="$ENGINES/python3.13"
+    # SkyRL 0.4.0 needs Python >= 3.12; on Debian 12's 3.11 pip backtracks through years of its
+    # dependencies' releases without an end.
+    prepare_trixie_python "$root"
+    # venv_from builds with $PYTHON: this one, for this call.
+    local PYTHON="$root/usr/bin/python3.13"
+    local packages=('skyrl[tinker,jax]==0.4.0' aiohttp uv)
+    venv_from "$ENGINES/skyrl-venv" .holo-prepared "$(cat "$root/.holo-prepared") ${packages[*]}" "${packages[@]}"
+    "$ENGINES/skyrl-venv/bin/python" -c 'import skyrl.tinker.api, jax, tinker'
     log "skyrl: ready ($((SECONDS - t0)) s)"
 }
 
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker; prepare_skyrl ;;
         peers | smollm2 | chromium | gym | tinker | skyrl) "prepare_$component" ;;
         *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, skyrl)" >&2; exit 2 ;;
     esac

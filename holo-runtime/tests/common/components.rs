@@ -25,7 +25,7 @@ pub enum Component {
     Gym,
     /// The `tinker` SDK 0.38.0's venv (the client `holo tinker-serve` answers).
     Tinker,
-    /// SkyRL 0.4.0's venv (its Tinker server on JAX).
+    /// SkyRL 0.4.0's venv (its Tinker server on JAX), built from Debian 13's CPython 3.13.
     Skyrl,
     /// Linux user namespaces, which the sandbox runs code in.
     Sandbox,

@@ -138,9 +138,11 @@ fn base64(text: &str) -> Vec<u8> {
 /// before it.
 type Override = dyn Fn(&Seen, usize) -> Option<Answer> + Send + Sync;
 
-/// A stub of the recorded service: each operation gets the next recorded answer of its endpoint, and
-/// `retrieve_future` the recorded result of the request id it asks for (the operations' answers carry
-/// the recorded ids). Heartbeats are answered; anything else unrecorded is an HTTP 500.
+/// A stub of the recorded service: each operation gets the next recorded answer of its endpoint (a
+/// sampling request the answer to the recorded request with its body, whatever the order the
+/// concurrent requests arrive in), and `retrieve_future` the recorded result of the request id it asks
+/// for (the operations' answers carry the recorded ids). Heartbeats are answered; anything else
+/// unrecorded is an HTTP 500.
 async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let recorded = exchanges(name);
     let mut queues: HashMap<String, VecDeque<Exchange>> = HashMap::new();
@@ -183,12 +185,18 @@ async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>
                 None => json(404, json!({"detail": "Future not found"})),
             };
         }
-        match queues
-            .lock()
-            .unwrap()
-            .get_mut(&request.path)
-            .and_then(VecDeque::pop_front)
-        {
+        let mut queues = queues.lock().unwrap();
+        let queue = queues.get_mut(&request.path);
+        let recorded = match queue {
+            Some(queue) if request.path == "/api/v1/asample" => queue
+                .iter()
+                .position(|exchange| exchange.request == request.body)
+                .and_then(|at| queue.remove(at))
+                .or_else(|| queue.pop_front()),
+            Some(queue) => queue.pop_front(),
+            None => None,
+        };
+        match recorded {
             Some(exchange) => exchange.answer(),
             None => json(
                 500,
@@ -202,6 +210,11 @@ async fn replay(name: &str, fail: Box<Override>) -> (String, Arc<Mutex<Vec<Seen>
 fn no_override() -> Box<Override> {
     Box::new(|_, _| None)
 }
+
+/// How long the tests' runs retry a transient failure (`HOLO_TINKER_RETRY_DEADLINE`; the default is the
+/// SDK's 5 minutes): long enough for the SDK's first three waits (0.5 + 1 + 2 s), short enough that a
+/// service failing for good stops the test's run in seconds.
+const RETRY_DEADLINE_SECS: f64 = 4.0;
 
 /// `holo train --backend tinker` on the fixtures against `url`, into `out`, with `key` as the API key.
 async fn holo_train(url: &str, out: &Path, key: &str, extra: &[&str]) -> Output {
@@ -250,6 +263,10 @@ async fn holo_train_with(
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         crate::common::holo_command(&args)
             .env("TINKER_API_KEY", key)
+            .env(
+                "HOLO_TINKER_RETRY_DEADLINE",
+                RETRY_DEADLINE_SECS.to_string(),
+            )
             .output()
             .unwrap()
     })
@@ -523,7 +540,7 @@ async fn a_bad_api_key_is_named() {
     );
 }
 
-/// Nothing listening at --base-url: after its reconnections the run stops naming the URL.
+/// Nothing listening at --base-url: after its retries the run stops naming the URL and the request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_that_is_down_is_named() {
     let port = crate::common::process::free_port();
@@ -538,6 +555,131 @@ async fn a_service_that_is_down_is_named() {
         )),
         "{said}"
     );
+    assert!(
+        said.contains("at POST /api/v1/create_session, each a transient failure"),
+        "{said}"
+    );
+}
+
+/// The metrics of a run, less the seconds its phases took.
+fn metrics_but_times(run: &Path) -> Vec<Value> {
+    metrics(run)
+        .into_iter()
+        .map(|mut step| {
+            step.as_object_mut()
+                .unwrap()
+                .retain(|key, _| !key.starts_with("time/") && !key.ends_with("_time"));
+            step
+        })
+        .collect()
+}
+
+/// A service that fails each kind of request twice (HTTP 500, 503, 429 and 502 in turn: the session,
+/// a model's creation and a result's retrieval, sampling, forward_backward, optim_step, saving) before
+/// answering it is ridden out as the SDK rides it out: the run's metrics are the unfaulted run's, and
+/// a retried training request carries the same `seq_id`, so the service applies it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_retried_and_the_run_is_the_unfaulted_one() {
+    let (url, _) = replay("exchanges.jsonl", no_override()).await;
+    let dir = crate::common::tempdir::Dir::new("tinker-transient");
+    let unfaulted = dir.path().join("unfaulted");
+    let output = holo_train(&url, &unfaulted, "tml-test", &[]).await;
+    assert!(output.status.success(), "{}", text(&output));
+
+    const FAULTED: [&str; 7] = [
+        "/api/v1/create_session",
+        "/api/v1/create_model",
+        "/api/v1/retrieve_future",
+        "/api/v1/asample",
+        "/api/v1/forward_backward",
+        "/api/v1/optim_step",
+        "/api/v1/save_weights",
+    ];
+    let transient: Box<Override> = Box::new(|request, count| {
+        (FAULTED.contains(&request.path.as_str()) && count < 2).then(|| Answer {
+            status: [500, 503, 429, 502][(count + request.path.len()) % 4],
+            content_type: "application/json".into(),
+            body: br#"{"detail":"the service is busy"}"#.to_vec(),
+        })
+    });
+    let (url, seen) = replay("exchanges.jsonl", transient).await;
+    let faulted = dir.path().join("faulted");
+    let output = holo_train(&url, &faulted, "tml-test", &[]).await;
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(metrics_but_times(&faulted), metrics_but_times(&unfaulted));
+
+    let seen = seen.lock().unwrap();
+    let recorded = exchanges("exchanges.jsonl");
+    for path in FAULTED {
+        let asked = seen.iter().filter(|r| r.path == path).count();
+        let answered = recorded.iter().filter(|e| e.path == path).count();
+        assert_eq!(
+            asked,
+            answered + 2,
+            "{path}: two failures, then the recording"
+        );
+    }
+    // The first forward_backward, as tried three times: the same bytes, so the same seq_id.
+    let tries: Vec<&Vec<u8>> = seen
+        .iter()
+        .filter(|r| r.path == "/api/v1/forward_backward")
+        .take(3)
+        .map(|r| &r.raw)
+        .collect();
+    assert!(
+        tries.iter().all(|raw| *raw == tries[0]),
+        "a retried forward_backward is the same request"
+    );
+}
+
+/// A service that answers forward_backward with HTTP 500 for good: the run stops once the retry
+/// deadline has passed, naming the service, the operation, the status, the request, the tries and
+/// the deadline; nothing was saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_keeps_failing_stops_the_run_at_the_retry_deadline_naming_the_fault() {
+    let failing: Box<Override> = Box::new(|request, _| {
+        (request.path == "/api/v1/forward_backward").then(|| Answer {
+            status: 500,
+            content_type: "application/json".into(),
+            body: br#"{"detail":"the trainer is down"}"#.to_vec(),
+        })
+    });
+    let (url, seen) = replay("exchanges.jsonl", failing).await;
+    let dir = crate::common::tempdir::Dir::new("tinker-failing");
+    let run = dir.path().join("run");
+    let started = std::time::Instant::now();
+    let output = holo_train(&url, &run, "tml-test", &[]).await;
+    let elapsed = started.elapsed();
+    let said = text(&output);
+    assert!(!output.status.success(), "{said}");
+    let tries = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "/api/v1/forward_backward")
+        .count();
+    // 0.5, 1 and 2 s apart, then the 0.5 s left of the deadline: five tries.
+    assert_eq!(tries, 5, "{said}");
+    assert!(
+        said.contains(&format!(
+            "the Tinker service at {url} answered forward_backward (4 datums, importance_sampling) \
+             with HTTP 500: the trainer is down ({tries} tries over 4."
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(
+            " s at POST /api/v1/forward_backward, each a transient failure; gave up after the retry \
+             deadline of 4 s (HOLO_TINKER_RETRY_DEADLINE sets it))"
+        ),
+        "{said}"
+    );
+    // The deadline, the run's start and its first rollouts: well under a minute of a debug build.
+    assert!(
+        elapsed.as_secs_f64() < RETRY_DEADLINE_SECS + 60.0,
+        "{elapsed:?}"
+    );
+    assert!(!run.join("checkpoint-1").exists());
 }
 
 /// A Tinker service of the test's own, for the guard rails: it keeps models, saved weights and
@@ -926,7 +1068,8 @@ async fn a_collapse_on_the_service_is_rolled_back_to_the_last_good_checkpoint() 
 
 /// `save_total_limit` prunes the service's storage with the run folder: a checkpoint's weights and
 /// sampler weights go with its folder, and sampler weights no checkpoint records go once the sampler
-/// has newer ones. A deletion the service refuses is a warning; the run goes on.
+/// has newer ones. A deletion the service keeps refusing (HTTP 500, retried until the deadline) is a
+/// warning; the run goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pruned_checkpoints_are_deleted_from_the_service() {
     let refused = "tinker://model_0/weights/checkpoint-2";
@@ -943,8 +1086,11 @@ async fn pruned_checkpoints_are_deleted_from_the_service() {
         .map(|step| service.run.join(format!("checkpoint-{step}")).exists())
         .collect();
     assert_eq!(checkpoints, [false, false, true, true]);
+    let mut deleted = service.deleted();
+    let asked = deleted.len();
+    deleted.dedup();
     assert_eq!(
-        service.deleted(),
+        deleted,
         [
             "model_0/checkpoints/sampler_weights/sampler-step-0",
             "model_0/checkpoints/weights/checkpoint-1",
@@ -953,13 +1099,61 @@ async fn pruned_checkpoints_are_deleted_from_the_service() {
             "model_0/checkpoints/sampler_weights/sampler-step-2",
         ]
     );
+    // The refused deletion, tried until the deadline: 0.5, 1 and 2 s apart, then at 4 s.
+    assert_eq!(asked - deleted.len(), 4, "{:?}", service.deleted());
     assert!(
         said.contains(&format!(
-            "warning: the Tinker service at {} answered deleting `{refused}` with HTTP 500: storage is read-only; it stays on the service",
+            "warning: the Tinker service at {} answered deleting `{refused}` with HTTP 500: storage is read-only (5 tries over",
             service.url
         )),
         "{said}"
     );
+    assert!(said.contains("; it stays on the service"), "{said}");
+}
+
+/// A run killed between a save and the pruning that follows it leaves more checkpoints than
+/// `save_total_limit`: its resume removes the oldest from the run folder and their weights from the
+/// service, as a resume of a local run removes them from its folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_prunes_checkpoints_beyond_the_limit_from_the_folder_and_the_service() {
+    let service = Collapsing::new("tinker-prune-resume", f64::INFINITY, None, "").await;
+    let (output, said) = service.train(&[]).await;
+    assert!(output.status.success(), "{said}");
+    let checkpoints = |run: &Path| -> Vec<bool> {
+        (1..=4)
+            .map(|step| run.join(format!("checkpoint-{step}")).exists())
+            .collect()
+    };
+    assert_eq!(checkpoints(&service.run), [true; 4]);
+    let recorded: Vec<Value> = (1..=2)
+        .map(|step| service_checkpoint(&service.run, step))
+        .collect();
+
+    // The folder a kill before the pruning leaves, resumed with the limit (a key a resume may change).
+    let config = service.dir.path().join("train.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}save_total_limit = 2\n")).unwrap();
+    let before = service.deleted().len();
+    let (output, said) = service.train(&["--resume"]).await;
+    assert!(output.status.success(), "{said}");
+    assert_eq!(checkpoints(&service.run), [false, false, true, true]);
+    let deleted = service.deleted()[before..].to_vec();
+    for checkpoint in &recorded {
+        for (key, kind) in [
+            ("weights", "weights"),
+            ("sampler_weights", "sampler_weights"),
+        ] {
+            let path = checkpoint[key].as_str().unwrap();
+            let name = path.rsplit('/').next().unwrap();
+            let run = path
+                .trim_start_matches("tinker://")
+                .split('/')
+                .next()
+                .unwrap();
+            let expected = format!("{run}/checkpoints/{kind}/{name}");
+            assert!(deleted.contains(&expected), "{expected} in {deleted:?}");
+        }
+    }
 }
 
 /// A trip after `max_rollbacks` rollbacks stops the run, the folder back at its last good checkpoint.
@@ -1036,10 +1230,9 @@ impl Drop for Server {
 
 /// `holo train --backend tinker` against SkyRL 0.4.0's own server (JAX on the CPU, a tiny random Qwen3
 /// with the fixtures' tokenizer): two steps reach a reward and a loss, and `--resume` from
-/// `checkpoint-1` loads it into a new model on the service and trains step 2 again.
+/// `checkpoint-1` loads it into a new model on the service and trains step 2 again. SkyRL's venv
+/// (`bash scripts/prepare.sh skyrl`) runs on Debian 13's CPython 3.13, unpacked beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs SkyRL 0.4.0's venv, which needs Python >= 3.12 (CI's Debian 12 has 3.11): \
-            PYTHON=python3.12 bash scripts/prepare.sh skyrl, then --ignored"]
 async fn trains_on_skyrl_and_resumes() {
     use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};

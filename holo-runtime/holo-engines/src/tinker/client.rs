@@ -11,11 +11,18 @@
 //! - **Sequence numbers**: the training operations of a model carry increasing `seq_id`s; the server
 //!   answers a repeated `(model_id, seq_id)` with the first request's future, so a request tried again
 //!   after a lost connection is not applied twice.
-//! - **Connections**: a refused or dropped connection is tried again [`Waits::reconnects`] times, 1, 2,
-//!   4… s apart; then the operation fails naming the URL. A server that restarted has forgotten the
-//!   session, the model and its futures (SkyRL keeps them in its database; started on a fresh one, it
-//!   answers 404): that is an error too, never a silent new model. What was checkpointed stays at its
-//!   `tinker://` path.
+//! - **Transient failures** are retried as the SDK retries them (its `_base_client.py` and
+//!   `InternalClientHolder.execute_with_retries`): a refused, reset or timed-out connection, and HTTP
+//!   408, 409, 429 and 5xx (unless the answer's `x-should-retry` says `false`), up to [`Waits::retries`]
+//!   times, 0.5, 1, 2… s apart up to 10 s (a `Retry-After` of at most 60 s is waited instead), and
+//!   none after [`Waits::retry_deadline`] since the call's first failure; then the call fails naming the
+//!   request, the tries and the time ([`TinkerError::GaveUp`]). A retried operation carries the same
+//!   `seq_id`, so the service applies it once. Heartbeats are not retried (the SDK sends them with
+//!   `max_retries=0`; the next one follows 10 s later). The SDK's jitter (up to a quarter of each
+//!   wait) is left out: it spreads many clients' retries, and a run is one client. A server that
+//!   restarted has forgotten the session, the model and its futures (SkyRL keeps them in its
+//!   database; started on a fresh one, it answers 404): that is an error, never retried and never a
+//!   silent new model. What was checkpointed stays at its `tinker://` path.
 //!
 //! Every error names the service's URL and the operation ([`TinkerError`]).
 
@@ -31,6 +38,9 @@ use super::wire::{self, Datum, ForwardBackwardResult, LossFn, SampledSequence};
 
 /// The environment variable that holds the API key.
 pub const API_KEY_VARIABLE: &str = "TINKER_API_KEY";
+
+/// The environment variable that sets [`Waits::retry_deadline`], in seconds.
+pub const RETRY_DEADLINE_VARIABLE: &str = "HOLO_TINKER_RETRY_DEADLINE";
 
 const PROTOBUF: &str = "application/x-protobuf";
 
@@ -64,10 +74,15 @@ pub struct Waits {
     pub result: Duration,
     /// Any other request.
     pub request: Duration,
-    /// Tries again after a failed connection.
-    pub reconnects: u32,
-    /// The wait before the first of them; doubles with each.
-    pub reconnect_delay: Duration,
+    /// Tries again after a transient failure (the SDK's `DEFAULT_MAX_RETRIES`).
+    pub retries: u32,
+    /// The wait before the first of them (the SDK's `INITIAL_RETRY_DELAY`); doubles with each, up to
+    /// `retry_delay_max` (its `MAX_RETRY_DELAY`).
+    pub retry_delay: Duration,
+    pub retry_delay_max: Duration,
+    /// No retry starts this long after a call's first failure (the SDK's `execute_with_retries`
+    /// stops 5 minutes after its first try); `HOLO_TINKER_RETRY_DEADLINE` sets it ([`Waits::from_env`]).
+    pub retry_deadline: Duration,
 }
 
 impl Default for Waits {
@@ -76,9 +91,45 @@ impl Default for Waits {
             poll: Duration::from_secs(60),
             result: Duration::from_secs(3600),
             request: Duration::from_secs(120),
-            reconnects: 3,
-            reconnect_delay: Duration::from_secs(1),
+            retries: 10,
+            retry_delay: Duration::from_millis(500),
+            retry_delay_max: Duration::from_secs(10),
+            retry_deadline: Duration::from_secs(300),
         }
+    }
+}
+
+impl Waits {
+    /// The defaults, with the retry deadline `HOLO_TINKER_RETRY_DEADLINE` names in seconds, if set.
+    pub fn from_env() -> Result<Waits, String> {
+        let mut waits = Waits::default();
+        if let Some(value) = std::env::var_os(RETRY_DEADLINE_VARIABLE) {
+            let text = value.to_string_lossy();
+            let seconds: f64 = text
+                .trim()
+                .parse()
+                .ok()
+                .filter(|seconds: &f64| seconds.is_finite() && *seconds >= 0.0)
+                .ok_or_else(|| {
+                    format!("{RETRY_DEADLINE_VARIABLE} is `{text}`, not a number of seconds")
+                })?;
+            waits.retry_deadline = Duration::from_secs_f64(seconds);
+        }
+        Ok(waits)
+    }
+
+    /// The wait before retry `retry` (0 for the first), as the SDK's `_calculate_retry_timeout`
+    /// computes it: the server's `Retry-After` when it names at most 60 s, else `retry_delay` doubled
+    /// per retry up to `retry_delay_max`.
+    fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(asked) =
+            retry_after.filter(|asked| !asked.is_zero() && *asked <= Duration::from_secs(60))
+        {
+            return asked;
+        }
+        self.retry_delay
+            .saturating_mul(2u32.saturating_pow(retry.min(31)))
+            .min(self.retry_delay_max)
     }
 }
 
@@ -115,6 +166,17 @@ pub enum TinkerError {
         url: String,
         operation: String,
         waited: Duration,
+    },
+    /// Every try of `request` (`POST /api/v1/…`) failed transiently, until the retries
+    /// ([`Waits::retries`]) or their deadline ([`Waits::retry_deadline`]) ran out; `last` is the last
+    /// failure ([`TinkerError::Status`] or [`TinkerError::Unreachable`]).
+    GaveUp {
+        request: String,
+        tries: u32,
+        waited: Duration,
+        /// Which ran out, in words.
+        limit: String,
+        last: Box<TinkerError>,
     },
 }
 
@@ -173,6 +235,17 @@ impl fmt::Display for TinkerError {
                 "the Tinker service at {url} gave no result for {operation} in {} s",
                 waited.as_secs()
             ),
+            TinkerError::GaveUp {
+                request,
+                tries,
+                waited,
+                limit,
+                last,
+            } => write!(
+                f,
+                "{last} ({tries} tries over {:.1} s at {request}, each a transient failure; gave up after {limit})",
+                waited.as_secs_f64()
+            ),
         }
     }
 }
@@ -183,6 +256,42 @@ impl std::error::Error for TinkerError {}
 enum Body {
     Json(Vec<u8>),
     Protobuf(Vec<u8>),
+}
+
+/// Whether a request is tried again after a transient failure.
+#[derive(Clone, Copy, PartialEq)]
+enum Tries {
+    /// As the SDK retries its operations ([`Waits::retries`], [`Waits::retry_deadline`]).
+    Retried,
+    /// Once: what the SDK sends with `max_retries=0` and no retrying around it.
+    Once,
+}
+
+/// A request's answer.
+struct Reply {
+    status: reqwest::StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+    /// The server's `x-should-retry`, which overrules the status (the SDK obeys it).
+    should_retry: Option<bool>,
+    /// The server's `retry-after-ms` or `retry-after` (in seconds).
+    retry_after: Option<Duration>,
+}
+
+impl Reply {
+    /// A failure worth trying again: the SDK's `_should_retry`.
+    fn transient(&self) -> bool {
+        !self.status.is_success()
+            && self.should_retry.unwrap_or(
+                matches!(self.status.as_u16(), 408 | 409 | 429) || self.status.is_server_error(),
+            )
+    }
+}
+
+/// A call's run of transient failures: when the first came, and how many retries followed it.
+struct Retrying {
+    started: Instant,
+    retries: u32,
 }
 
 /// What a future's result is read as.
@@ -259,17 +368,23 @@ impl Client {
     }
 
     /// `session_heartbeat`: keeps the session alive (the SDK sends one every 10 s).
+    /// Sent once: a failed heartbeat is not retried (the next comes 10 s later).
     pub async fn heartbeat(&self, session_id: &str) -> Result<(), TinkerError> {
-        let _: serde_json::Value = self
-            .call(
+        let operation = "session_heartbeat";
+        let body = serde_json::to_vec(&wire::SessionHeartbeatRequest {
+            session_id: session_id.into(),
+            kind: "session_heartbeat".into(),
+        })
+        .expect("the request types serialize");
+        let reply = self
+            .post(
+                operation,
                 "session_heartbeat",
-                "session_heartbeat",
-                &wire::SessionHeartbeatRequest {
-                    session_id: session_id.into(),
-                    kind: "session_heartbeat".into(),
-                },
+                Body::Json(body),
+                Tries::Once,
             )
             .await?;
+        let _: serde_json::Value = self.json(operation, &reply)?;
         Ok(())
     }
 
@@ -435,9 +550,14 @@ impl Client {
             "{}/api/v1/training_runs/{run}/checkpoints/{kind}/{name}",
             self.base
         );
-        let (status, _, body) = self.request(&operation, || self.http.delete(&url)).await?;
-        if !status.is_success() && status != reqwest::StatusCode::NOT_FOUND {
-            return Err(self.status(&operation, status.as_u16(), &body));
+        let reply = self
+            .request(&operation, "DELETE", &url, Tries::Retried, || {
+                self.http.delete(&url)
+            })
+            .await?;
+        // Gone already, or by a try whose answer was lost.
+        if !reply.status.is_success() && reply.status != reqwest::StatusCode::NOT_FOUND {
+            return Err(self.status(&operation, reply.status.as_u16(), &reply.body));
         }
         Ok(())
     }
@@ -500,41 +620,56 @@ impl Client {
         self.json(operation, &bytes)
     }
 
-    /// POSTs `body` to `/api/v1/<endpoint>`; tries again after a failed connection. Returns the body
-    /// of a success.
+    /// POSTs `body` to `/api/v1/<endpoint>`, retried ([`Tries::Retried`]). Returns the body of a
+    /// success.
     async fn send(
         &self,
         operation: &str,
         endpoint: &str,
         body: Body,
     ) -> Result<Vec<u8>, TinkerError> {
+        self.post(operation, endpoint, body, Tries::Retried).await
+    }
+
+    /// POSTs `body` to `/api/v1/<endpoint>`, tried as `tries` says. Returns the body of a success.
+    async fn post(
+        &self,
+        operation: &str,
+        endpoint: &str,
+        body: Body,
+        tries: Tries,
+    ) -> Result<Vec<u8>, TinkerError> {
         let url = format!("{}/api/v1/{endpoint}", self.base);
         let (content_type, bytes) = match body {
             Body::Json(bytes) => ("application/json", bytes),
             Body::Protobuf(bytes) => (PROTOBUF, bytes),
         };
-        let (status, _, body) = self
-            .request(operation, || {
+        let reply = self
+            .request(operation, "POST", &url, tries, || {
                 self.http
                     .post(&url)
                     .header(CONTENT_TYPE, content_type)
                     .body(bytes.clone())
             })
             .await?;
-        if !status.is_success() {
-            return Err(self.status(operation, status.as_u16(), &body));
+        if !reply.status.is_success() {
+            return Err(self.status(operation, reply.status.as_u16(), &reply.body));
         }
-        Ok(body)
+        Ok(reply.body)
     }
 
-    /// Sends the request `build` makes, with the key, asking for JSON; builds and sends it again after
-    /// a failed connection, up to [`Waits::reconnects`] times.
+    /// Sends the `method` request to `url` that `build` makes, with the key, asking for JSON; with
+    /// [`Tries::Retried`], builds and sends it again after each transient failure until
+    /// [`Client::next_try`] says no more ([`TinkerError::GaveUp`]).
     async fn request(
         &self,
         operation: &str,
+        method: &str,
+        url: &str,
+        tries: Tries,
         build: impl Fn() -> reqwest::RequestBuilder,
-    ) -> Result<(reqwest::StatusCode, String, Vec<u8>), TinkerError> {
-        let mut reconnects = 0;
+    ) -> Result<Reply, TinkerError> {
+        let mut retrying: Option<Retrying> = None;
         loop {
             let sent = build()
                 .header("X-API-Key", &self.key)
@@ -542,22 +677,72 @@ impl Client {
                 .timeout(self.waits.request)
                 .send()
                 .await;
-            match self.answer(operation, sent).await {
-                Err(TinkerError::Unreachable { .. }) if reconnects < self.waits.reconnects => {
-                    tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
-                    reconnects += 1;
+            let (failure, retry_after) = match self.answer(operation, sent).await {
+                Ok(reply) if tries == Tries::Retried && reply.transient() => (
+                    self.status(operation, reply.status.as_u16(), &reply.body),
+                    reply.retry_after,
+                ),
+                Err(error @ TinkerError::Unreachable { .. }) if tries == Tries::Retried => {
+                    (error, None)
                 }
                 other => return other,
-            }
+            };
+            let request = format!("{method} {}", url.strip_prefix(&self.base).unwrap_or(url));
+            let wait = self.next_try(&mut retrying, failure, &request, retry_after)?;
+            tokio::time::sleep(wait).await;
         }
     }
 
-    /// The status, content type and body of a sent request.
+    /// After a transient `failure` of `request`: how long to wait before trying again, or
+    /// [`TinkerError::GaveUp`] when the retries or their deadline have run out (`retrying` counts
+    /// them from the call's first failure).
+    fn next_try(
+        &self,
+        retrying: &mut Option<Retrying>,
+        failure: TinkerError,
+        request: &str,
+        retry_after: Option<Duration>,
+    ) -> Result<Duration, TinkerError> {
+        // From the first failure, not the first try: a slow first answer (a long forward_backward
+        // upload) leaves the retries their whole deadline.
+        let state = retrying.get_or_insert_with(|| Retrying {
+            started: Instant::now(),
+            retries: 0,
+        });
+        let waited = state.started.elapsed();
+        let limit = if state.retries >= self.waits.retries {
+            Some(format!("the SDK's {} retries", self.waits.retries))
+        } else if waited >= self.waits.retry_deadline {
+            Some(format!(
+                "the retry deadline of {} s ({RETRY_DEADLINE_VARIABLE} sets it)",
+                self.waits.retry_deadline.as_secs_f64()
+            ))
+        } else {
+            None
+        };
+        if let Some(limit) = limit {
+            return Err(TinkerError::GaveUp {
+                request: request.to_string(),
+                tries: state.retries + 1,
+                waited,
+                limit,
+                last: Box::new(failure),
+            });
+        }
+        let wait = self
+            .waits
+            .backoff(state.retries, retry_after)
+            .min(self.waits.retry_deadline - waited);
+        state.retries += 1;
+        Ok(wait)
+    }
+
+    /// The answer to a sent request.
     async fn answer(
         &self,
         operation: &str,
         sent: reqwest::Result<reqwest::Response>,
-    ) -> Result<(reqwest::StatusCode, String, Vec<u8>), TinkerError> {
+    ) -> Result<Reply, TinkerError> {
         let unreachable = |error: reqwest::Error| TinkerError::Unreachable {
             url: self.base.clone(),
             operation: operation.to_string(),
@@ -565,14 +750,37 @@ impl Client {
         };
         let response = sent.map_err(unreachable)?;
         let status = response.status();
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string)
+        };
+        let content_type = header(CONTENT_TYPE.as_str()).unwrap_or_default();
+        let should_retry = match header("x-should-retry").as_deref() {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        };
+        let seconds = |text: String, scale: f64| {
+            text.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|value| value.is_finite() && *value >= 0.0)
+                .map(|value| Duration::from_secs_f64(value * scale))
+        };
+        let retry_after = header("retry-after-ms")
+            .and_then(|ms| seconds(ms, 1e-3))
+            .or_else(|| header("retry-after").and_then(|s| seconds(s, 1.0)));
         let body = response.bytes().await.map_err(unreachable)?;
-        Ok((status, content_type, body.to_vec()))
+        Ok(Reply {
+            status,
+            content_type,
+            body: body.to_vec(),
+            should_retry,
+            retry_after,
+        })
     }
 
     /// Asks for `future`'s result until it comes, fails, or [`Waits::result`] passes.
@@ -592,7 +800,9 @@ impl Client {
             Expect::Protobuf => PROTOBUF,
         };
         let started = Instant::now();
-        let mut reconnects = 0;
+        // Transient failures in a row; any answer that is not one ends the run of them, as in the SDK.
+        let mut retrying: Option<Retrying> = None;
+        let request = "POST /api/v1/retrieve_future";
         loop {
             let left = self.waits.result.saturating_sub(started.elapsed());
             if left.is_zero() {
@@ -612,31 +822,40 @@ impl Client {
                 .body(body.clone())
                 .send()
                 .await;
-            let (status, content_type, bytes) = match sent {
+            let reply = match sent {
                 // The server held the request longer than one poll: ask again.
                 Err(error) if error.is_timeout() => continue,
                 sent => match self.answer(operation, sent).await {
-                    Ok(answer) => answer,
-                    Err(TinkerError::Unreachable { .. }) if reconnects < self.waits.reconnects => {
-                        tokio::time::sleep(self.waits.reconnect_delay * 2u32.pow(reconnects)).await;
-                        reconnects += 1;
+                    Ok(reply) => reply,
+                    Err(error @ TinkerError::Unreachable { .. }) => {
+                        let wait = self.next_try(&mut retrying, error, request, None)?;
+                        tokio::time::sleep(wait.min(left)).await;
                         continue;
                     }
                     Err(error) => return Err(error),
                 },
             };
-            reconnects = 0;
+            let (status, content_type, bytes) = (reply.status, &reply.content_type, &reply.body);
             match status.as_u16() {
                 // SkyRL's answer when the result is not ready within its own wait.
-                408 => continue,
+                408 => {
+                    retrying = None;
+                    continue;
+                }
                 // SkyRL's answer for a request that failed on the service.
-                400 => return Err(self.failed(operation, detail(&bytes))),
-                code if !status.is_success() => return Err(self.status(operation, code, &bytes)),
-                _ => {}
+                400 => return Err(self.failed(operation, detail(bytes))),
+                code if reply.transient() => {
+                    let failure = self.status(operation, code, bytes);
+                    let wait = self.next_try(&mut retrying, failure, request, reply.retry_after)?;
+                    tokio::time::sleep(wait.min(left)).await;
+                    continue;
+                }
+                code if !status.is_success() => return Err(self.status(operation, code, bytes)),
+                _ => retrying = None,
             }
             if content_type.starts_with(PROTOBUF) {
                 if expect == Expect::Protobuf {
-                    return Ok(bytes);
+                    return Ok(reply.body);
                 }
                 return Err(self.malformed(
                     operation,
@@ -644,7 +863,7 @@ impl Client {
                 ));
             }
             // The hosted service's JSON statuses.
-            if let Ok(status) = serde_json::from_slice::<wire::FutureStatus>(&bytes) {
+            if let Ok(status) = serde_json::from_slice::<wire::FutureStatus>(bytes) {
                 if status.kind.as_deref() == Some("try_again") {
                     continue;
                 }
@@ -660,11 +879,11 @@ impl Client {
                     operation,
                     format!(
                         "JSON where a protobuf result was asked for: {}",
-                        shortened(&String::from_utf8_lossy(&bytes))
+                        shortened(&String::from_utf8_lossy(bytes))
                     ),
                 ));
             }
-            return Ok(bytes);
+            return Ok(reply.body);
         }
     }
 
@@ -718,7 +937,44 @@ fn detail(body: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::checkpoint_parts;
+    use super::{checkpoint_parts, Reply, Waits};
+    use std::time::Duration;
+
+    #[test]
+    fn retries_wait_as_the_sdk_waits() {
+        let waits = Waits::default();
+        let seconds: Vec<f64> = (0..8)
+            .map(|retry| waits.backoff(retry, None).as_secs_f64())
+            .collect();
+        assert_eq!(seconds, [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]);
+        let asked = Duration::from_secs(3);
+        assert_eq!(waits.backoff(5, Some(asked)), asked);
+        // A Retry-After of nothing or of more than a minute is not what the SDK waits.
+        for ignored in [Duration::ZERO, Duration::from_secs(61)] {
+            assert_eq!(waits.backoff(0, Some(ignored)), waits.retry_delay);
+        }
+    }
+
+    #[test]
+    fn transient_answers_are_the_ones_the_sdk_retries() {
+        let reply = |status: u16, should_retry: Option<bool>| Reply {
+            status: reqwest::StatusCode::from_u16(status).unwrap(),
+            content_type: String::new(),
+            body: Vec::new(),
+            should_retry,
+            retry_after: None,
+        };
+        for status in [408, 409, 429, 500, 502, 503, 504] {
+            assert!(reply(status, None).transient(), "{status}");
+        }
+        for status in [200, 204, 400, 401, 403, 404, 410, 422] {
+            assert!(!reply(status, None).transient(), "{status}");
+        }
+        // The server's x-should-retry overrules the status, for errors only.
+        assert!(!reply(503, Some(false)).transient());
+        assert!(reply(400, Some(true)).transient());
+        assert!(!reply(200, Some(true)).transient());
+    }
 
     #[test]
     fn a_checkpoint_path_names_its_run_and_its_name_in_both_services_forms() {

@@ -223,6 +223,10 @@ pub struct Tinker {
     remote: Remote,
     /// The service's side of the checkpoint a resumed run continues from, until [`Backend::start`].
     resumed: Option<ServiceCheckpoint>,
+    /// The service's side of checkpoints beyond `save_total_limit` that a resume removed from the run
+    /// folder (a kill between a save and its pruning leaves them), deleted from the service by
+    /// [`Backend::start`], which has the runtime.
+    pruned: Vec<ServiceCheckpoint>,
     /// The service's log-probabilities of the sampled tokens minus the sampler's, over the step.
     differences: Vec<f64>,
 }
@@ -306,6 +310,7 @@ impl Tinker {
                 recorded: BTreeSet::new(),
             },
             resumed: None,
+            pruned: Vec::new(),
             differences: Vec::new(),
         };
         Trainer::with_backend(source, backend, holophore, config, options)
@@ -394,6 +399,22 @@ impl Tinker {
             .collect())
     }
 
+    /// Removes the checkpoints beyond the newest `keep` from the run folder (all are kept without a
+    /// limit); returns what they kept on the service.
+    fn prune(run: &RunDir, keep: Option<usize>) -> Result<Vec<ServiceCheckpoint>, TrainError> {
+        let Some(keep) = keep else {
+            return Ok(Vec::new());
+        };
+        let checkpoints = Tinker::service_checkpoints(run)?;
+        let surplus = checkpoints.len().saturating_sub(keep);
+        let mut removed = Vec::new();
+        for (step, service) in checkpoints.into_iter().take(surplus) {
+            run.remove_checkpoint(step, &run.checkpoint(step))?;
+            removed.extend(service);
+        }
+        Ok(removed)
+    }
+
     /// Deletes a checkpoint the run no longer keeps from the service: its weights, and its sampler
     /// weights unless the sampler is using them.
     fn discard(&mut self, runtime: &Runtime, service: Option<&ServiceCheckpoint>) {
@@ -444,23 +465,30 @@ impl Backend for Tinker {
         self.sampler.take_error()
     }
 
+    /// Opens the run folder; a resume removes the checkpoints beyond `save_total_limit` that a kill
+    /// left, as the local trainer's does ([`Backend::start`] deletes them from the service).
     fn open(
         &mut self,
         run: &RunDir,
         resume: bool,
         config: &GrpoConfig,
     ) -> Result<Opened, TrainError> {
-        run::open_with(
+        let opened = run::open_with(
             run,
             resume,
             config,
             |_| Ok(()),
             |newest| self.resume_from(newest, config),
-        )
+        )?;
+        if opened.resumed {
+            self.pruned = Tinker::prune(run, config.training.save_total_limit)?;
+        }
+        Ok(opened)
     }
 
     /// A new session on the service with a model in it (the resumed checkpoint's, or a fresh LoRA),
-    /// and its heartbeats until the runtime ends.
+    /// and its heartbeats until the runtime ends; then the weights of the checkpoints the resume
+    /// pruned are deleted from the service.
     fn start(&mut self, runtime: &Runtime, state: &TrainerState) -> Result<(), TrainError> {
         let resumed = self.resumed.take();
         runtime
@@ -474,6 +502,9 @@ impl Backend for Tinker {
                 self.open_model(resumed.as_ref(), state.global_step).await
             })
             .map_err(TrainError::Source)?;
+        for pruned in std::mem::take(&mut self.pruned) {
+            self.discard(runtime, Some(&pruned));
+        }
         let (client, session) = (self.tinker.client.clone(), self.remote.session_id.clone());
         runtime.spawn(async move {
             loop {
@@ -695,15 +726,8 @@ impl Backend for Tinker {
             run.remove_checkpoint(step, &target)?;
         }
         std::fs::rename(&staging, &target)?;
-        if let Some(keep) = config.training.save_total_limit {
-            let checkpoints = Tinker::service_checkpoints(run)?;
-            for (step, old) in checkpoints
-                .iter()
-                .take(checkpoints.len().saturating_sub(keep))
-            {
-                run.remove_checkpoint(*step, &run.checkpoint(*step))?;
-                self.discard(runtime, old.as_ref());
-            }
+        for old in Tinker::prune(run, config.training.save_total_limit)? {
+            self.discard(runtime, Some(&old));
         }
         Ok(target)
     }

@@ -298,7 +298,11 @@ fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         Ok(key) => key,
         Err(message) => return usage(message),
     };
-    let client = match tinker::client::Client::new(url, &key, Default::default()) {
+    let waits = match tinker::client::Waits::from_env() {
+        Ok(waits) => waits,
+        Err(message) => return usage(message),
+    };
+    let client = match tinker::client::Client::new(url, &key, waits) {
         Ok(client) => client,
         Err(message) => return usage(format!("--base-url: {message}")),
     };
