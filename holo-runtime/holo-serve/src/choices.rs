@@ -91,6 +91,54 @@ impl<'a> Choice<'a> {
         )
     }
 
+    /// The `logprobs` block of a choice that echoes its prompt: the prompt's tokens, then the
+    /// completion's. The prompt's first token has no log-probability: `null` in `token_logprobs` and
+    /// `top_logprobs`, as vLLM and OpenAI write it; `text_offset`s count from the start of the prompt.
+    pub(super) fn echo_logprobs(
+        &self,
+        state: &AppState,
+        common: &Common,
+        prompt: &[u32],
+        scored: &PromptLogprobs,
+    ) -> Value {
+        let completion = self.completion;
+        let tokens: Vec<u32> = prompt.iter().chain(&completion.tokens).copied().collect();
+        let pieces: Vec<Vec<u8>> = tokens.iter().map(|&id| state.vocab.bytes(id)).collect();
+        let names: Vec<String> = tokens
+            .iter()
+            .map(|&id| token_name(state, common, id))
+            .collect();
+        let logprobs: Vec<f32> = scored
+            .logprobs
+            .iter()
+            .chain(&completion.logprobs)
+            .copied()
+            .collect();
+        let token_logprobs: Vec<Value> = std::iter::once(Value::Null)
+            .chain(logprobs.iter().map(|&lp| logprob(lp)))
+            .collect();
+        // The completion's alternatives: as in a choice that does not echo (null when the sampler
+        // reported none it was asked for).
+        let reported = completion.top_logprobs.len() == completion.tokens.len();
+        let top_logprobs = if common.params.top_logprobs == 0 || reported {
+            let top = scored.top.iter().chain(&completion.top_logprobs);
+            let positions = tokens[1..]
+                .iter()
+                .zip(&logprobs)
+                .zip(top.map(Vec::as_slice).chain(std::iter::repeat(&[][..])))
+                .map(|((&id, &lp), top)| top_entries(state, common, (id, lp), top));
+            Value::Array(std::iter::once(Value::Null).chain(positions).collect())
+        } else {
+            Value::Null
+        };
+        json!({
+            "tokens": names,
+            "token_logprobs": token_logprobs,
+            "text_offset": text_offsets(&pieces),
+            "top_logprobs": top_logprobs,
+        })
+    }
+
     pub(super) fn chat_logprobs(&self, state: &AppState, common: &Common) -> Value {
         if !self.has_logprobs() {
             return Value::Null;
@@ -144,13 +192,7 @@ pub(super) fn completion_logprobs(
         let positions: Vec<Value> = (from..tokens.len())
             .map(|i| {
                 let top = if reported { top[i].as_slice() } else { &[] };
-                let mut entries = Map::new();
-                for (id, lp) in alternatives((tokens[i], logprobs[i]), top) {
-                    entries
-                        .entry(token_name(state, common, id))
-                        .or_insert_with(|| logprob(lp));
-                }
-                Value::Object(entries)
+                top_entries(state, common, (tokens[i], logprobs[i]), top)
             })
             .collect();
         Value::Array(positions)
@@ -163,6 +205,18 @@ pub(super) fn completion_logprobs(
         "text_offset": text_offset,
         "top_logprobs": top_logprobs,
     })
+}
+
+/// A position's `top_logprobs` entry: `{token: logprob}` of its token and its most likely alternatives
+/// (`top`), the token first.
+fn top_entries(state: &AppState, common: &Common, token: (u32, f32), top: &[(u32, f32)]) -> Value {
+    let mut entries = Map::new();
+    for (id, lp) in alternatives(token, top) {
+        entries
+            .entry(token_name(state, common, id))
+            .or_insert_with(|| logprob(lp));
+    }
+    Value::Object(entries)
 }
 
 /// A chat `logprobs` block for `tokens` (`logprobs` are theirs, and `top` their most likely alternatives,

@@ -175,6 +175,9 @@ impl Streamer {
                     self.choices[choice].push(&self.state, &self.common, token, logprob, top);
                     touched.insert(choice);
                 }
+                // Only a request that echoes its prompt asks for its log-probabilities, and those
+                // are not streamed (`echo` with `stream` is a 400).
+                Event::Prompt { .. } => {}
                 Event::Done { choice, result } => {
                     let finished = result
                         .map_err(ApiError::from_sampler)

@@ -25,6 +25,8 @@ pub enum Component {
     Gym,
     /// The `tinker` SDK 0.38.0's venv (the client `holo tinker-serve` answers).
     Tinker,
+    /// lm-evaluation-harness 0.4.13's venv (torch and transformers from the peers' venv).
+    LmEval,
     /// SkyRL 0.4.0's venv (its Tinker server on JAX).
     Skyrl,
     /// Linux user namespaces, which the sandbox runs code in.
@@ -43,6 +45,7 @@ impl Component {
             Component::Chromium => "Chromium",
             Component::Gym => "NeMo Gym 0.7.0's venv",
             Component::Tinker => "the tinker SDK 0.38.0's venv",
+            Component::LmEval => "lm-evaluation-harness 0.4.13's venv",
             Component::Skyrl => "SkyRL 0.4.0's venv",
             Component::Sandbox => "the sandbox (user namespaces)",
             Component::Tmpfs => "a small tmpfs (mount -t tmpfs)",
@@ -58,6 +61,7 @@ impl Component {
             Component::Chromium => "bash scripts/prepare.sh chromium",
             Component::Gym => "bash scripts/prepare.sh gym",
             Component::Tinker => "bash scripts/prepare.sh tinker",
+            Component::LmEval => "bash scripts/prepare.sh lmeval",
             Component::Skyrl => "bash scripts/prepare.sh skyrl",
             Component::Sandbox => {
                 "a Linux kernel that lets unprivileged processes create user namespaces \
@@ -236,6 +240,16 @@ pub fn tinker() -> Option<PathBuf> {
         "HOLO_TINKER_VENV",
         ".cache/holo-engines/tinker-venv",
         &["bin/python", "bin/tinker"],
+    )
+}
+
+/// lm-evaluation-harness' venv (`HOLO_LMEVAL_VENV`, or `~/.cache/holo-engines/lmeval-venv`).
+pub fn lm_eval() -> Option<PathBuf> {
+    folder(
+        Component::LmEval,
+        "HOLO_LMEVAL_VENV",
+        ".cache/holo-engines/lmeval-venv",
+        &["bin/python", "bin/lm_eval"],
     )
 }
 

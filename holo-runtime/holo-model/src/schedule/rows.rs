@@ -1,5 +1,6 @@
 //! The batch's rows, running and being prefilled: what the engine holds and the batch's passes advance.
 
+use super::score::PromptScores;
 use crate::model::KvCache;
 use crate::sample::Row;
 
@@ -28,4 +29,7 @@ pub(super) struct Prefill {
     /// Per slot, when some row records routes: the experts of each prompt position computed so far
     /// (empty where not computed: padding, or a prefix the cache held).
     pub(super) routes: Option<Vec<Vec<Vec<u32>>>>,
+    /// Per slot, when its rows asked for their prompt's log-probabilities: those of the chunks run so
+    /// far.
+    pub(super) scores: Vec<Option<PromptScores>>,
 }

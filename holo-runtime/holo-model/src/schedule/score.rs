@@ -1,0 +1,78 @@
+//! Prompt log-probabilities: every prompt position's logits, a chunk of the prefill at a time, turned
+//! into the next prompt token's log-probability and the most likely tokens there (vLLM's
+//! `prompt_logprobs`, what `echo` with `logprobs` reports). Only slots whose rows ask pay for them.
+
+use candle_core::{DType, Tensor};
+
+use super::engine::Engine;
+use super::rows::Prefill;
+use crate::model::Result;
+use crate::sample::{log_sum_exp, most_likely};
+
+/// Prompt positions whose logits are computed at once: the f32 logits held at a time are this many
+/// rows of the vocabulary, however long the prompt or the chunk.
+const POSITIONS_AT_ONCE: usize = 64;
+
+/// A slot's prompt log-probabilities so far.
+pub(super) struct PromptScores {
+    /// The most likely tokens to keep per position.
+    pub(super) top: usize,
+    /// Of prompt tokens 1, 2, … given the tokens before each.
+    pub(super) logprobs: Vec<f32>,
+    /// The `top` most likely tokens at each of those positions, most likely first.
+    pub(super) top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+impl PromptScores {
+    pub(super) fn new(top: usize) -> Self {
+        PromptScores {
+            top,
+            logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+        }
+    }
+}
+
+impl Engine<'_> {
+    /// Scores the prompt tokens that the chunk just run (`hidden`: `[slots, columns, hidden]`, from
+    /// column `prefill.done`) predicts, for the slots that keep scores. A scored slot read no prefix
+    /// from the cache, so its prompt is its `width` columns after its padding; the logits of column `c`
+    /// score the token in column `c + 1`, and the last column's are the first sampled token's.
+    pub(super) fn score_chunk(
+        &self,
+        prefill: &mut Prefill,
+        hidden: &Tensor,
+        columns: usize,
+    ) -> Result<()> {
+        let (start, width) = (prefill.done, prefill.width);
+        let end = (start + columns).min(width - 1);
+        for (slot, scores) in prefill.scores.iter_mut().enumerate() {
+            let Some(scores) = scores.as_mut() else {
+                continue;
+            };
+            let mask = &prefill.masks[slot][prefill.cached_width..];
+            let padding = mask.iter().take_while(|&&m| m == 0).count();
+            let ids = &prefill.ids[slot * width..(slot + 1) * width];
+            let mut column = start.max(padding);
+            while column < end {
+                let count = (end - column).min(POSITIONS_AT_ONCE);
+                let states = hidden.get(slot)?.narrow(0, column - start, count)?;
+                let logits = self
+                    .model
+                    .logits(&states, self.ops())?
+                    .to_dtype(DType::F32)?
+                    .to_vec2::<f32>()?;
+                for (offset, row) in logits.iter().enumerate() {
+                    let next = ids[column + offset + 1] as usize;
+                    let normaliser = log_sum_exp(row);
+                    scores.logprobs.push(row[next] - normaliser);
+                    scores
+                        .top_logprobs
+                        .push(most_likely(row, scores.top, normaliser));
+                }
+                column += count;
+            }
+        }
+        Ok(())
+    }
+}
