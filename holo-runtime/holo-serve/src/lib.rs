@@ -873,7 +873,10 @@ impl AppState {
         tally: &Tally,
     ) -> Result<Vec<Completion>, ApiError> {
         let answers = self.generate_scored(requests, tally).await?;
-        Ok(answers.into_iter().map(|(completion, _)| completion).collect())
+        Ok(answers
+            .into_iter()
+            .map(|(completion, _)| completion)
+            .collect())
     }
 
     /// [`AppState::generate`], with each sample's prompt log-probabilities when it asked for them
@@ -900,7 +903,10 @@ impl AppState {
                         missing -= 1;
                     }
                 }
-                Some(Event::Prompt { choice, scored: got }) => scored[choice] = Some(got),
+                Some(Event::Prompt {
+                    choice,
+                    scored: got,
+                }) => scored[choice] = Some(got),
                 Some(Event::Token { .. }) => {}
                 None => break,
             }
@@ -910,9 +916,11 @@ impl AppState {
             .zip(scored)
             .zip(asked)
             .map(|((result, scored), asked)| match (result, scored) {
-                (Some(Ok(_)), None) if asked => Err(ApiError::from_sampler(
-                    SamplerError::Malformed("the sampler reported no prompt log-probabilities".into()),
-                )),
+                (Some(Ok(_)), None) if asked => {
+                    Err(ApiError::from_sampler(SamplerError::Malformed(
+                        "the sampler reported no prompt log-probabilities".into(),
+                    )))
+                }
                 (Some(result), scored) => result
                     .map(|completion| (completion, scored))
                     .map_err(ApiError::from_sampler),

@@ -91,10 +91,7 @@ impl Client {
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
-    logits
-        .iter()
-        .map(|&x| x as f64 - max - sum.ln())
-        .collect()
+    logits.iter().map(|&x| x as f64 - max - sum.ln()).collect()
 }
 
 /// The model's log-probability of every token of `sequence` after the first, given the tokens before
@@ -141,7 +138,10 @@ fn assert_scored(choice: &Value, sequence: &[u32], k: usize) {
             .map(|lp| lp.as_f64().unwrap())
             .fold(f64::NEG_INFINITY, f64::max);
         if k > 0 {
-            assert!((entry_best - best[position - 1]).abs() < 1e-4, "position {position}");
+            assert!(
+                (entry_best - best[position - 1]).abs() < 1e-4,
+                "position {position}"
+            );
         }
     }
     let offsets = logprobs["text_offset"].as_array().unwrap();
@@ -192,8 +192,10 @@ async fn echo_scores_prompts(server: ServerHandle) {
     // The same prompt as token ids, twice in one batch beside a shorter one: each scored alone.
     let shorter = &prompt[..5];
     let batch = client
-        .complete(json!({"prompt": [prompt, shorter, prompt], "echo": true, "logprobs": 1,
-                         "max_tokens": 0}))
+        .complete(
+            json!({"prompt": [prompt, shorter, prompt], "echo": true, "logprobs": 1,
+                         "max_tokens": 0}),
+        )
         .await;
     let choices = batch["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 3);
@@ -208,10 +210,17 @@ async fn echo_scores_prompts(server: ServerHandle) {
 
     // lm-evaluation-harness' request: one greedy token after the echoed prompt.
     let generated = client
-        .complete(json!({"prompt": [text, "Hello"], "echo": true, "logprobs": 2, "max_tokens": 3,
-                         "temperature": 0, "ignore_eos": true, "return_token_ids": true}))
+        .complete(
+            json!({"prompt": [text, "Hello"], "echo": true, "logprobs": 2, "max_tokens": 3,
+                         "temperature": 0, "ignore_eos": true, "return_token_ids": true}),
+        )
         .await;
-    for (choice, prompt_text) in generated["choices"].as_array().unwrap().iter().zip([text, "Hello"]) {
+    for (choice, prompt_text) in generated["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip([text, "Hello"])
+    {
         let sampled = ids(&choice["token_ids"]);
         assert_eq!(sampled.len(), 3, "{choice:#}");
         let mut sequence = tokenizer_ids(prompt_text);
@@ -277,8 +286,10 @@ async fn n_samples_share_one_prefill() {
     // Scored: the prompt runs whole, once for the 4 choices, which all report its log-probabilities.
     let before = client.prefilled().await;
     let scored = client
-        .complete(json!({"prompt": prompt, "n": 4, "max_tokens": 2, "echo": true, "logprobs": 0,
-                         "seed": 9}))
+        .complete(
+            json!({"prompt": prompt, "n": 4, "max_tokens": 2, "echo": true, "logprobs": 0,
+                         "seed": 9}),
+        )
         .await;
     assert_eq!(client.prefilled().await - before, length);
     let choices = scored["choices"].as_array().unwrap();

@@ -105,7 +105,8 @@ impl Evaluation {
 
 /// The model arguments of lm-eval's API models against `base`.
 fn served_args(model: &str, base: &str, endpoint: &str, tokenizer: bool) -> String {
-    let mut args = format!("model={model},base_url={base}/v1/{endpoint},max_retries=1,num_concurrent=2");
+    let mut args =
+        format!("model={model},base_url={base}/v1/{endpoint},max_retries=1,num_concurrent=2");
     if tokenizer {
         args += &format!(
             ",tokenizer_backend=huggingface,tokenizer={}",
@@ -135,13 +136,14 @@ async fn lm_eval_local_completions_matches_its_hf_model() {
     let mut hf = strings(&["--model", "hf", "--device", "cpu", "--model_args"]);
     hf.push(hf_args);
     hf.extend(strings(&tasks));
-    let mut served = strings(&["--model", "local-completions", "--batch_size", "4", "--model_args"]);
-    served.push(served_args(
-        MODEL,
-        &server.base_url(),
-        "completions",
-        true,
-    ));
+    let mut served = strings(&[
+        "--model",
+        "local-completions",
+        "--batch_size",
+        "4",
+        "--model_args",
+    ]);
+    served.push(served_args(MODEL, &server.base_url(), "completions", true));
     served.extend(strings(&tasks));
     let (hf, served) = tokio::join!(
         evaluate(&venv, &out, "hf", hf),
@@ -159,22 +161,25 @@ async fn lm_eval_local_completions_matches_its_hf_model() {
             let number = |value: &Value| value[0].as_str().unwrap().parse::<f64>().unwrap();
             let gap = (number(hf_choice) - number(served_choice)).abs();
             largest = largest.max(gap);
-            assert!(gap < 1e-4, "doc {doc}: hf {hf_choice} against the server's {served_choice}");
+            assert!(
+                gap < 1e-4,
+                "doc {doc}: hf {hf_choice} against the server's {served_choice}"
+            );
             assert_eq!(hf_choice[1], served_choice[1], "doc {doc}: is_greedy");
         }
     }
     eprintln!("lm-eval log-likelihoods: largest |hf - served| = {largest:.3e}");
     for metric in ["acc,none", "acc_norm,none"] {
         assert_eq!(
-            hf.results["holo_choice"][metric],
-            served.results["holo_choice"][metric],
+            hf.results["holo_choice"][metric], served.results["holo_choice"][metric],
             "{metric}"
         );
     }
     assert_eq!(hf.task("holo_generate"), served.task("holo_generate"));
-    assert!(hf.task("holo_generate").iter().all(|resps| resps[0]
-        .as_str()
-        .is_some_and(|text| !text.is_empty())));
+    assert!(hf
+        .task("holo_generate")
+        .iter()
+        .all(|resps| resps[0].as_str().is_some_and(|text| !text.is_empty())));
     server.shutdown().await.unwrap();
 }
 
@@ -189,7 +194,10 @@ async fn lm_eval_local_chat_completions_matches_its_hf_model() {
     let out = Dir::new("lm-eval-chat");
     let tasks = ["--tasks", "holo_generate", "--apply_chat_template"];
     let mut hf = strings(&["--model", "hf", "--device", "cpu", "--model_args"]);
-    hf.push(format!("pretrained={},dtype=float32", qwen2_dir().display()));
+    hf.push(format!(
+        "pretrained={},dtype=float32",
+        qwen2_dir().display()
+    ));
     hf.extend(strings(&tasks));
     let mut served = strings(&["--model", "local-chat-completions", "--model_args"]);
     served.push(served_args(
@@ -205,5 +213,9 @@ async fn lm_eval_local_chat_completions_matches_its_hf_model() {
     );
     assert_eq!(hf.task("holo_generate").len(), 6);
     assert_eq!(hf.task("holo_generate"), served.task("holo_generate"));
+    assert!(hf
+        .task("holo_generate")
+        .iter()
+        .any(|resps| resps[0].as_str().is_some_and(|text| !text.is_empty())));
     server.shutdown().await.unwrap();
 }

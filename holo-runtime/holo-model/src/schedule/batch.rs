@@ -367,7 +367,12 @@ impl Engine<'_> {
         self.prefilled += prefill
             .masks
             .iter()
-            .map(|mask| mask[seen..seen + columns].iter().filter(|&&m| m == 1).count())
+            .map(|mask| {
+                mask[seen..seen + columns]
+                    .iter()
+                    .filter(|&&m| m == 1)
+                    .count()
+            })
             .sum::<usize>();
         let scored = self.score_chunk(&mut prefill, hidden, columns);
         prefill.done += columns;
