@@ -15,13 +15,6 @@ pub(super) async fn complete(
     let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
     common.params.top_logprobs = logprobs.unwrap_or(0) as u32;
     if common.echo {
-        if common.stream.is_some() {
-            return Err(ApiError::invalid(
-                "echo",
-                "`echo` with `stream` is not supported: ask for the answer whole (`stream`: false)",
-            )
-            .code("unsupported_parameter"));
-        }
         // As vLLM: the prompt's log-probabilities come with as many alternatives as the completion's.
         common.params.prompt_logprobs = logprobs.map(|k| k as u32);
     }
@@ -67,6 +60,10 @@ pub(super) async fn complete(
         }
     }
     tally.prompt_tokens(prompts.iter().map(Vec::len).sum());
+    let echoed = match common.echo {
+        true => echoed(state, prompt, &prompts),
+        false => Vec::new(),
+    };
     if let Some(options) = common.stream {
         let events = state.submit(requests, true, tally)?;
         let endpoint = stream::Endpoint::Completions {
@@ -79,13 +76,10 @@ pub(super) async fn complete(
             common,
             options,
             prompts,
+            echoed,
             events,
         ));
     }
-    let echoed = match common.echo {
-        true => echoed(state, prompt, &prompts),
-        false => Vec::new(),
-    };
     let answers = state.generate_scored(requests, tally).await?;
     let mut choices = Vec::with_capacity(answers.len());
     let mut completion_tokens = 0;

@@ -143,7 +143,8 @@
 //!   needs for log-likelihoods. The sampler is asked for [`SampleParams::prompt_logprobs`]: the local
 //!   model runs such a prompt whole (the prefix cache unread, as vLLM does) and turns every position's
 //!   logits into these, a few positions at a time; the `n` samples of the prompt share that one prefill.
-//!   Samplers that cannot score a prompt (the `openai` one) refuse it. Not with `stream` (a 400).
+//!   Samplers that cannot score a prompt (the `openai` one) refuse it. Streamed, a choice's first chunk
+//!   is its prompt (with its `logprobs`), then its completion's chunks follow with offsets that run on.
 //!
 //! `POST /v1/chat/completions`:
 //! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
@@ -182,7 +183,7 @@
 //! (`text_completion`, or `chat.completion.chunk`), `created`, `model` and one choice:
 //! - completions: `{"index", "text", "logprobs", "finish_reason", "stop_reason"}`, `text` and `logprobs`
 //!   holding what is new since the choice's last chunk (`text_offset` counts from the start of the
-//!   choice's text);
+//!   choice's text); with `echo`, the choice's first chunk holds its prompt;
 //! - chat: first `{"index", "delta": {"role": "assistant", "content": ""}}` for every choice, then
 //!   `{"index", "delta": {"content"}, "logprobs": {"content": [...]}, "finish_reason", "stop_reason"}`.
 //!
@@ -294,7 +295,7 @@
 //! | case | status | `type` | `code` |
 //! |---|---|---|---|
 //! | body not JSON (the message has serde's line and column), not an object, a field of the wrong type or range (`param` names it) | 400 | `invalid_request_error` | `invalid_json`, `invalid_value`, `missing_field` |
-//! | a refused field, `echo: true` on chat or with `stream` | 400 | `invalid_request_error` | `unsupported_parameter` |
+//! | a refused field, `echo: true` on chat | 400 | `invalid_request_error` | `unsupported_parameter` |
 //! | the prompt does not fit `max_model_len` | 400 | `invalid_request_error` | `context_length_exceeded` |
 //! | the chat template fails | 400 | `invalid_request_error` | `chat_template_error` |
 //! | unknown `model` | 404 | `invalid_request_error` | `model_not_found` |

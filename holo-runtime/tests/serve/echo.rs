@@ -306,17 +306,50 @@ async fn n_samples_share_one_prefill() {
     server.shutdown().await.unwrap();
 }
 
-/// What `echo` cannot do is a 400 naming it: streamed, on chat, and `max_tokens: 0` without it.
+/// Streamed, a choice that echoes its prompt opens with it (its log-probabilities too when asked), and
+/// its chunks joined are the choice not streamed: text, tokens, log-probabilities and offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_echo_joins_to_the_answer_not_streamed() {
+    let server = start_qwen2().await;
+    let client = Client::new(&server);
+    for logprobs in [json!(2), Value::Null] {
+        for max_tokens in [0, 3] {
+            let body = json!({"prompt": ["The quick brown fox", "Hello"], "echo": true, "n": 2,
+                              "logprobs": logprobs, "max_tokens": max_tokens, "temperature": 0,
+                              "ignore_eos": true});
+            let whole = client.complete(body.clone()).await;
+            let mut streamed = body;
+            streamed["stream"] = json!(true);
+            let response = client
+                .http
+                .post(format!("{}/v1/completions", client.base))
+                .header("content-type", "application/json")
+                .body(streamed.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            let chunks = sse_payloads(&response.text().await.unwrap());
+            for (index, choice) in whole["choices"].as_array().unwrap().iter().enumerate() {
+                let joined = join_choice(&chunks, index, false);
+                assert_eq!(joined["text"], choice["text"], "{logprobs} {max_tokens}");
+                assert_eq!(
+                    joined["logprobs"], choice["logprobs"],
+                    "{logprobs} {max_tokens}"
+                );
+                assert_eq!(joined["finish_reason"], choice["finish_reason"]);
+            }
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// What `echo` cannot do is a 400 naming it: on chat, and `max_tokens: 0` without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_refuses_what_it_cannot_do() {
     let server = start_qwen2().await;
     let client = Client::new(&server);
     for (path, body, param) in [
-        (
-            "/v1/completions",
-            json!({"prompt": "x", "echo": true, "stream": true}),
-            "echo",
-        ),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "echo": true}),

@@ -663,10 +663,10 @@ async fn request_errors() {
             "has 129 strings",
         ),
         (
-            "/v1/completions",
-            json!({"prompt": "x", "echo": true, "stream": true}),
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
             "echo",
-            "`echo` with `stream`",
+            "`echo` is not supported on /v1/chat/completions",
         ),
         (
             "/v1/completions",
