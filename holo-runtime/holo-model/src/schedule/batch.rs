@@ -15,7 +15,7 @@ use crate::model::{KvCache, Result, Routing, Segment};
 use crate::sample::{finish_text, record, step, Drawn, GenerationParams, Row};
 
 /// The smallest vocabulary whose rows are sampled in parallel.
-const PARALLEL_VOCAB: usize = 16_384;
+pub(super) const PARALLEL_VOCAB: usize = 16_384;
 
 /// A step's last-position logits (f32), where the engine's [`Draws`] take them.
 enum Logits {

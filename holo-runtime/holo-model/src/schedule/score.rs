@@ -3,7 +3,9 @@
 //! `prompt_logprobs`, what `echo` with `logprobs` reports). Only slots whose rows ask pay for them.
 
 use candle_core::{DType, Tensor};
+use rayon::prelude::*;
 
+use super::batch::PARALLEL_VOCAB;
 use super::engine::Engine;
 use super::rows::Prefill;
 use crate::model::Result;
@@ -45,6 +47,7 @@ impl Engine<'_> {
         columns: usize,
     ) -> Result<()> {
         let (start, width) = (prefill.done, prefill.width);
+        let vocab = self.model.config.vocab_size;
         let end = (start + columns).min(width - 1);
         for (slot, scores) in prefill.scores.iter_mut().enumerate() {
             let Some(scores) = scores.as_mut() else {
@@ -62,13 +65,25 @@ impl Engine<'_> {
                     .logits(&states, self.ops())?
                     .to_dtype(DType::F32)?
                     .to_vec2::<f32>()?;
-                for (offset, row) in logits.iter().enumerate() {
+                let top = scores.top;
+                let score = |(offset, row): (usize, &Vec<f32>)| {
                     let next = ids[column + offset + 1] as usize;
                     let normaliser = log_sum_exp(row);
-                    scores.logprobs.push(row[next] - normaliser);
-                    scores
-                        .top_logprobs
-                        .push(most_likely(row, scores.top, normaliser));
+                    let alternatives = match top {
+                        0 => Vec::new(),
+                        k => most_likely(row, k, normaliser),
+                    };
+                    (row[next] - normaliser, alternatives)
+                };
+                // Over a large vocabulary, the softmax and the search for the most likely tokens
+                // are worth sharing out, as sampling does.
+                let positions: Vec<(f32, Vec<(u32, f32)>)> = match vocab >= PARALLEL_VOCAB {
+                    true => logits.par_iter().enumerate().map(score).collect(),
+                    false => logits.iter().enumerate().map(score).collect(),
+                };
+                for (logprob, alternatives) in positions {
+                    scores.logprobs.push(logprob);
+                    scores.top_logprobs.push(alternatives);
                 }
                 column += count;
             }
