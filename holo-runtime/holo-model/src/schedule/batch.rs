@@ -7,8 +7,7 @@ use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
 use super::engine::Engine;
-use super::rows::{Live, Prefill};
-use super::score::PromptScores;
+use super::rows::{Live, Prefill, PromptScores};
 use crate::dispatch::Draws;
 use crate::draw::{draw, Ask};
 use crate::model::{KvCache, Result, Routing, Segment};

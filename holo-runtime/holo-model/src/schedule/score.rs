@@ -15,26 +15,6 @@ use crate::sample::{log_sum_exp, most_likely};
 /// rows of the vocabulary, however long the prompt or the chunk.
 const POSITIONS_AT_ONCE: usize = 64;
 
-/// A slot's prompt log-probabilities so far.
-pub(super) struct PromptScores {
-    /// The most likely tokens to keep per position.
-    pub(super) top: usize,
-    /// Of prompt tokens 1, 2, … given the tokens before each.
-    pub(super) logprobs: Vec<f32>,
-    /// The `top` most likely tokens at each of those positions, most likely first.
-    pub(super) top_logprobs: Vec<Vec<(u32, f32)>>,
-}
-
-impl PromptScores {
-    pub(super) fn new(top: usize) -> Self {
-        PromptScores {
-            top,
-            logprobs: Vec::new(),
-            top_logprobs: Vec::new(),
-        }
-    }
-}
-
 impl Engine<'_> {
     /// Scores the prompt tokens that the chunk just run (`hidden`: `[slots, columns, hidden]`, from
     /// column `prefill.done`) predicts, for the slots that keep scores. A scored slot read no prefix
