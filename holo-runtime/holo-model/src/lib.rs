@@ -414,6 +414,7 @@ impl LocalModel {
             stop_token_ids: params.stop_token_ids.clone(),
             ignore_eos: params.ignore_eos,
             record_routes: self.inner.options.record_routes && self.config().experts.is_some(),
+            prompt_logprobs: params.prompt_logprobs.map(|k| k as usize),
         })
     }
 

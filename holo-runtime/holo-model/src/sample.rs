@@ -51,6 +51,10 @@ pub struct GenerationParams {
     /// Record the experts a mixture-of-experts model routes each token through
     /// ([`Generation::routes`]), for routing replay in training.
     pub record_routes: bool,
+    /// With `Some(k)`: score the prompt, every token after the first with the `k` most likely tokens at
+    /// its position (see [`holo_core::TokenSink::prompt_logprobs`]). The prompt then runs whole, the
+    /// prefix cache unread (as vLLM does), and `max_tokens` may be 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for GenerationParams {
@@ -69,6 +73,7 @@ impl Default for GenerationParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             record_routes: false,
+            prompt_logprobs: None,
         }
     }
 }
@@ -409,7 +414,7 @@ pub(super) fn record(
 
 /// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals),
 /// leaving out tokens a constraint masked (`-inf`), which the row could not draw.
-fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
+pub(super) fn most_likely(logits: &[f32], k: usize, normaliser: f32) -> Vec<(u32, f32)> {
     let by_logit = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
@@ -486,7 +491,7 @@ fn decode(tokenizer: &Tokenizer, tokens: &[u32]) -> Result<String> {
 }
 
 /// `log Σ exp(x)`, the normaliser of the policy's log-probabilities at temperature 1.
-fn log_sum_exp(logits: &[f32]) -> f32 {
+pub(super) fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
     sum.ln() as f32 + max

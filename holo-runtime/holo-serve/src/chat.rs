@@ -220,6 +220,7 @@ pub(super) async fn chat(
             common,
             options,
             vec![prompt_ids],
+            Vec::new(),
             events,
         ));
     }

@@ -87,7 +87,26 @@ impl<'a> Choice<'a> {
             &completion.tokens,
             &completion.logprobs,
             &completion.top_logprobs,
-            0,
+            (0, 0),
+        )
+    }
+
+    /// The `logprobs` block of a choice that echoes its prompt (see [`echo_logprobs`]).
+    pub(super) fn echo_logprobs(
+        &self,
+        state: &AppState,
+        common: &Common,
+        prompt: &[u32],
+        scored: &PromptLogprobs,
+    ) -> Value {
+        let completion = self.completion;
+        echo_logprobs(
+            state,
+            common,
+            (prompt, scored),
+            &completion.tokens,
+            &completion.logprobs,
+            &completion.top_logprobs,
         )
     }
 
@@ -119,19 +138,72 @@ fn alternatives(sampled: (u32, f32), top: &[(u32, f32)]) -> impl Iterator<Item =
     std::iter::once(sampled).chain(top.iter().copied().filter(move |(id, _)| *id != sampled.0))
 }
 
+/// The `logprobs` block of a choice that echoes its prompt: the prompt's tokens (`prompt`, with the
+/// log-probabilities the sampler scored it with), then the completion's (`tokens`, `logprobs`, and `top`
+/// as in [`completion_logprobs`]; none for a streamed choice's first chunk). The prompt's first token
+/// has no log-probability: `null` in `token_logprobs` and `top_logprobs`, as vLLM and OpenAI write it;
+/// `text_offset`s count from the start of the prompt.
+pub(super) fn echo_logprobs(
+    state: &AppState,
+    common: &Common,
+    (prompt, scored): (&[u32], &PromptLogprobs),
+    tokens: &[u32],
+    logprobs: &[f32],
+    top: &[Vec<(u32, f32)>],
+) -> Value {
+    let all: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+    let pieces: Vec<Vec<u8>> = all.iter().map(|&id| state.vocab.bytes(id)).collect();
+    let names: Vec<String> = all
+        .iter()
+        .map(|&id| token_name(state, common, id))
+        .collect();
+    let scores: Vec<f32> = scored.logprobs.iter().chain(logprobs).copied().collect();
+    let token_logprobs: Vec<Value> = std::iter::once(Value::Null)
+        .chain(scores.iter().map(|&lp| logprob(lp)))
+        .collect();
+    // The completion's alternatives: as in a choice that does not echo (null when the sampler
+    // reported none it was asked for).
+    let reported = top.len() == tokens.len();
+    let top_logprobs = if common.params.top_logprobs == 0 || reported {
+        let alternatives = scored.top.iter().chain(top);
+        let positions = all[1..]
+            .iter()
+            .zip(&scores)
+            .zip(
+                alternatives
+                    .map(Vec::as_slice)
+                    .chain(std::iter::repeat(&[][..])),
+            )
+            .map(|((&id, &lp), top)| top_entries(state, common, (id, lp), top));
+        Value::Array(std::iter::once(Value::Null).chain(positions).collect())
+    } else {
+        Value::Null
+    };
+    json!({
+        "tokens": names,
+        "token_logprobs": token_logprobs,
+        "text_offset": text_offsets(&pieces),
+        "top_logprobs": top_logprobs,
+    })
+}
+
 /// A completions `logprobs` block for the tokens `tokens[from..]` of a choice whose tokens so far are
 /// `tokens` (`logprobs` are theirs, and `top` their most likely alternatives, empty when the sampler
-/// reported none); `text_offset` counts from the start of the choice's text.
+/// reported none); `text_offset` counts from the start of the choice's text, where the completion
+/// starts at character `start` (after an echoed prompt; 0 otherwise).
 pub(super) fn completion_logprobs(
     state: &AppState,
     common: &Common,
     tokens: &[u32],
     logprobs: &[f32],
     top: &[Vec<(u32, f32)>],
-    from: usize,
+    (from, start): (usize, usize),
 ) -> Value {
     let pieces: Vec<Vec<u8>> = tokens.iter().map(|&id| state.vocab.bytes(id)).collect();
-    let text_offset = &text_offsets(&pieces)[from..];
+    let text_offset: Vec<usize> = text_offsets(&pieces)[from..]
+        .iter()
+        .map(|offset| offset + start)
+        .collect();
     let names: Vec<String> = tokens[from..]
         .iter()
         .map(|&id| token_name(state, common, id))
@@ -144,13 +216,7 @@ pub(super) fn completion_logprobs(
         let positions: Vec<Value> = (from..tokens.len())
             .map(|i| {
                 let top = if reported { top[i].as_slice() } else { &[] };
-                let mut entries = Map::new();
-                for (id, lp) in alternatives((tokens[i], logprobs[i]), top) {
-                    entries
-                        .entry(token_name(state, common, id))
-                        .or_insert_with(|| logprob(lp));
-                }
-                Value::Object(entries)
+                top_entries(state, common, (tokens[i], logprobs[i]), top)
             })
             .collect();
         Value::Array(positions)
@@ -163,6 +229,18 @@ pub(super) fn completion_logprobs(
         "text_offset": text_offset,
         "top_logprobs": top_logprobs,
     })
+}
+
+/// A position's `top_logprobs` entry: `{token: logprob}` of its token and its most likely alternatives
+/// (`top`), the token first.
+fn top_entries(state: &AppState, common: &Common, token: (u32, f32), top: &[(u32, f32)]) -> Value {
+    let mut entries = Map::new();
+    for (id, lp) in alternatives(token, top) {
+        entries
+            .entry(token_name(state, common, id))
+            .or_insert_with(|| logprob(lp));
+    }
+    Value::Object(entries)
 }
 
 /// A chat `logprobs` block for `tokens` (`logprobs` are theirs, and `top` their most likely alternatives,

@@ -14,6 +14,10 @@ pub(super) async fn complete(
     state.check_sampling(&common)?;
     let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
     common.params.top_logprobs = logprobs.unwrap_or(0) as u32;
+    if common.echo {
+        // As vLLM: the prompt's log-probabilities come with as many alternatives as the completion's.
+        common.params.prompt_logprobs = logprobs.map(|k| k as u32);
+    }
     let Some(prompt) = fields.get("prompt") else {
         return Err(ApiError::invalid("prompt", "`prompt` is required").code("missing_field"));
     };
@@ -56,6 +60,10 @@ pub(super) async fn complete(
         }
     }
     tally.prompt_tokens(prompts.iter().map(Vec::len).sum());
+    let echoed = match common.echo {
+        true => echoed(state, prompt, &prompts),
+        false => Vec::new(),
+    };
     if let Some(options) = common.stream {
         let events = state.submit(requests, true, tally)?;
         let endpoint = stream::Endpoint::Completions {
@@ -68,23 +76,37 @@ pub(super) async fn complete(
             common,
             options,
             prompts,
+            echoed,
             events,
         ));
     }
-    let completions = state.generate(requests, tally).await?;
-    let mut choices = Vec::with_capacity(completions.len());
+    let answers = state.generate_scored(requests, tally).await?;
+    let mut choices = Vec::with_capacity(answers.len());
     let mut completion_tokens = 0;
-    for (index, completion) in completions.iter().enumerate() {
+    for (index, (completion, scored)) in answers.iter().enumerate() {
         let prompt_ids = &prompts[index / common.n as usize];
         let out = Choice::new(state, completion, &common)?;
         completion_tokens += out.token_count;
+        let (text, logprobs) = match echoed.get(index / common.n as usize) {
+            None => (
+                out.text.clone(),
+                match logprobs {
+                    Some(_) => out.completion_logprobs(state, &common),
+                    None => Value::Null,
+                },
+            ),
+            Some(echoed) => (
+                format!("{echoed}{}", out.text),
+                match scored {
+                    Some(scored) => out.echo_logprobs(state, &common, prompt_ids, scored),
+                    None => Value::Null,
+                },
+            ),
+        };
         let mut choice = json!({
             "index": index,
-            "text": out.text,
-            "logprobs": match logprobs {
-                Some(_) => out.completion_logprobs(state, &common),
-                None => Value::Null,
-            },
+            "text": text,
+            "logprobs": logprobs,
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
         });
@@ -115,6 +137,26 @@ pub(super) fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     })
+}
+
+/// The text each prompt of a completions request echoes (`echo`): a prompt given as text is itself, one
+/// given as token ids their tokens' text, special tokens included (as vLLM decodes them), where the
+/// echoed `text_offset`s count.
+fn echoed(state: &AppState, prompt: &Value, ids: &[Vec<u32>]) -> Vec<String> {
+    match prompt {
+        Value::String(text) => vec![text.clone()],
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .iter()
+            .map(|item| item.as_str().unwrap_or_default().to_string())
+            .collect(),
+        _ => ids
+            .iter()
+            .map(|ids| {
+                let bytes: Vec<u8> = ids.iter().flat_map(|&id| state.vocab.bytes(id)).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .collect(),
+    }
 }
 
 /// The prompts of a completions request as token ids.

@@ -108,6 +108,8 @@ impl Fields<'_> {
 
 /// What both endpoints share.
 pub(super) struct Common {
+    /// Completions only: each choice's text (and `logprobs`) starts with its prompt's.
+    pub(super) echo: bool,
     /// `Some` when the answer is streamed.
     pub(super) stream: Option<StreamOptions>,
     pub(super) n: u32,
@@ -140,7 +142,10 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             .code("unsupported_parameter"));
         }
     }
-    let max_tokens = fields.integer("max_tokens", 1, u64::from(u32::MAX))?;
+    // A completion that echoes its prompt may sample nothing after it: a request that only scores the
+    // prompt (lm-evaluation-harness' log-likelihoods).
+    let echo = !chat && fields.bool("echo", false)?;
+    let max_tokens = fields.integer("max_tokens", u64::from(!echo), u64::from(u32::MAX))?;
     let max_tokens = if chat {
         fields
             .integer("max_completion_tokens", 1, u64::from(u32::MAX))?
@@ -249,6 +254,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
     let constraint = structured::constraint(fields)?;
     let constraint_key = constraint.as_ref().map(|(key, _)| *key);
     Ok(Common {
+        echo,
         constraint_key,
         tool_format: None,
         stream,
@@ -267,6 +273,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             min_tokens,
             stop_token_ids,
             ignore_eos,
+            prompt_logprobs: None,
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,
@@ -388,10 +395,14 @@ pub(super) fn stream_options(fields: &Fields) -> Result<Option<StreamOptions>, A
 }
 
 /// Fields the server cannot honour, refused unless neutral (`tools` and `tool_choice` only on
-/// `/v1/completions`: chat reads them).
+/// `/v1/completions`, and `echo` only on chat: the other endpoint reads them).
 pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiError> {
     for (key, value) in fields.0 {
-        if value.is_null() || (chat && matches!(key.as_str(), "tools" | "tool_choice")) {
+        let read = match chat {
+            true => matches!(key.as_str(), "tools" | "tool_choice"),
+            false => key == "echo",
+        };
+        if value.is_null() || read {
             continue;
         }
         let neutral = match key.as_str() {
@@ -409,8 +420,8 @@ pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiE
         };
         if !neutral {
             let message = match key.as_str() {
-                "echo" => "`echo` is not supported: the server returns the completion only; set `echo` to \
-                           false"
+                "echo" => "`echo` is not supported on /v1/chat/completions: the answer is the reply only; \
+                           set `echo` to false"
                     .to_string(),
                 "tools" | "tool_choice" => format!(
                     "`{key}` is not supported on /v1/completions: tools are for /v1/chat/completions"

@@ -64,8 +64,10 @@
 //! summaries `holo_request_queue_seconds` and `holo_request_duration_seconds` (`_sum`, `_count`), and the
 //! gauge `holo_open_connections`. With the local model ([`ServedModel::local`]), also the gauges
 //! `holo_num_requests_waiting`, `holo_num_requests_running` (sequences, as vLLM's), `holo_kv_cache_bytes`
-//! and `holo_generation_tokens_per_second` (over the scheduler's last second of work), and the counter
-//! `holo_scheduler_generated_tokens_total` (requests in flight included).
+//! and `holo_generation_tokens_per_second` (over the scheduler's last second of work), and the counters
+//! `holo_scheduler_generated_tokens_total` (requests in flight included) and
+//! `holo_scheduler_prefilled_tokens_total` (prompt tokens the model ran: the `n` samples of a prompt
+//! share one prefill, and a prefix the cache holds is not run again).
 //!
 //! # Request fields
 //!
@@ -76,7 +78,7 @@
 //! Both endpoints:
 //! - `model`: must be the served id ([`ServedModel::id`]) when given; another id is a 404 `model_not_found`
 //!   (OpenAI's and vLLM's status for an unknown model). Omitted: the served model.
-//! - `max_tokens` (≥ 1); chat also `max_completion_tokens`, which wins over `max_tokens`. Default: 16 on
+//! - `max_tokens` (≥ 1; 0 on completions with `echo`); chat also `max_completion_tokens`, which wins over `max_tokens`. Default: 16 on
 //!   completions (OpenAI's and vLLM's default); on chat, the rest of the context
 //!   (`max_model_len - prompt tokens`) when [`ServedModel::max_model_len`] is known, else the sampler's
 //!   default. With a known `max_model_len`, a prompt plus `max_tokens` longer than it is a 400.
@@ -93,7 +95,9 @@
 //!   (splitmix64, 63 bits), so `n` samples differ, the same request always gives the same choices, and
 //!   every prompt of a request gets the same seeds. Without `seed`, each sample gets a fresh seed from the
 //!   server's own generator (so `n` samples differ whatever the sampler does with an unseeded request).
-//! - `n` (1 to 128): samples per prompt; each is one request of the batch.
+//! - `n` (1 to 128): samples per prompt; each is one request of the batch. The local model prefills a
+//!   prompt once for all its samples admitted together (up to its `max_num_seqs`; the counter
+//!   `holo_scheduler_prefilled_tokens_total` shows it). `best_of` other than `n` is refused.
 //! - `return_tokens_as_token_ids` (vLLM): logprob tokens are written `"token_id:N"` instead of their text.
 //! - `return_token_ids` (vLLM): each choice carries `token_ids` (the sampled ids); completions choices also
 //!   carry `prompt_token_ids`, chat answers carry a top-level `prompt_token_ids`.
@@ -129,7 +133,18 @@
 //!   The local model's log-probabilities, the sampled token's and the alternatives', are those of the
 //!   model's own distribution (the softmax of its logits at temperature 1, before `temperature`,
 //!   `top_p` and `top_k`), as vLLM's default `logprobs_mode` (`raw_logprobs`) reports them.
-//! - `echo` must be false (the server returns the completion only).
+//! - `echo: true`: each choice's `text` starts with its prompt (a prompt given as text is itself, one given
+//!   as token ids its tokens' text), and with `logprobs` the choice's `logprobs` cover the prompt's tokens
+//!   then the completion's: the prompt's first token has `null` in `token_logprobs` and `top_logprobs`
+//!   (nothing precedes it), every other prompt token its log-probability given the tokens before it and
+//!   its position's `logprobs` most likely tokens, and `text_offset`s run on from the prompt into the
+//!   completion (vLLM's behaviour, and OpenAI's). `max_tokens: 0` then only scores the prompt (no token
+//!   is sampled, `finish_reason` `"length"`), which is what lm-evaluation-harness' `local-completions`
+//!   needs for log-likelihoods. The sampler is asked for [`SampleParams::prompt_logprobs`]: the local
+//!   model runs such a prompt whole (the prefix cache unread, as vLLM does) and turns every position's
+//!   logits into these, a few positions at a time; the `n` samples of the prompt share that one prefill.
+//!   Samplers that cannot score a prompt (the `openai` one) refuse it. Streamed, a choice's first chunk
+//!   is its prompt (with its `logprobs`), then its completion's chunks follow with offsets that run on.
 //!
 //! `POST /v1/chat/completions`:
 //! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
@@ -168,7 +183,7 @@
 //! (`text_completion`, or `chat.completion.chunk`), `created`, `model` and one choice:
 //! - completions: `{"index", "text", "logprobs", "finish_reason", "stop_reason"}`, `text` and `logprobs`
 //!   holding what is new since the choice's last chunk (`text_offset` counts from the start of the
-//!   choice's text);
+//!   choice's text); with `echo`, the choice's first chunk holds its prompt;
 //! - chat: first `{"index", "delta": {"role": "assistant", "content": ""}}` for every choice, then
 //!   `{"index", "delta": {"content"}, "logprobs": {"content": [...]}, "finish_reason", "stop_reason"}`.
 //!
@@ -253,7 +268,8 @@
 //!
 //! ## Refused fields
 //!
-//! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: `echo` (`false`), `suffix`
+//! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: on `/v1/chat/completions`
+//! `echo` (`false`), `suffix`
 //! (`""`), `best_of` (equal to `n`), `presence_penalty`, `frequency_penalty`, `min_p` (`0`),
 //! `repetition_penalty` (`1`), `bad_words` (`[]`), on `/v1/completions` `tools` (`[]`) and `tool_choice`
 //! (`"none"`), `prompt_logprobs`, `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds`
@@ -279,7 +295,7 @@
 //! | case | status | `type` | `code` |
 //! |---|---|---|---|
 //! | body not JSON (the message has serde's line and column), not an object, a field of the wrong type or range (`param` names it) | 400 | `invalid_request_error` | `invalid_json`, `invalid_value`, `missing_field` |
-//! | a refused field, `echo: true` | 400 | `invalid_request_error` | `unsupported_parameter` |
+//! | a refused field, `echo: true` on chat | 400 | `invalid_request_error` | `unsupported_parameter` |
 //! | the prompt does not fit `max_model_len` | 400 | `invalid_request_error` | `context_length_exceeded` |
 //! | the chat template fails | 400 | `invalid_request_error` | `chat_template_error` |
 //! | unknown `model` | 404 | `invalid_request_error` | `model_not_found` |
@@ -857,10 +873,29 @@ impl AppState {
         requests: Vec<Request>,
         tally: &Tally,
     ) -> Result<Vec<Completion>, ApiError> {
+        let answers = self.generate_scored(requests, tally).await?;
+        Ok(answers
+            .into_iter()
+            .map(|(completion, _)| completion)
+            .collect())
+    }
+
+    /// [`AppState::generate`], with each sample's prompt log-probabilities when it asked for them
+    /// ([`SampleParams::prompt_logprobs`]); a sampler that did not report them asked fails the request.
+    async fn generate_scored(
+        &self,
+        requests: Vec<Request>,
+        tally: &Tally,
+    ) -> Result<Vec<(Completion, Option<PromptLogprobs>)>, ApiError> {
         let count = requests.len();
+        let asked: Vec<bool> = requests
+            .iter()
+            .map(|request| request.params.prompt_logprobs.is_some())
+            .collect();
         let mut events = self.submit(requests, false, tally)?;
         let mut results: Vec<Option<Result<Completion, SamplerError>>> =
             (0..count).map(|_| None).collect();
+        let mut scored: Vec<Option<PromptLogprobs>> = vec![None; count];
         let mut missing = count;
         while missing > 0 {
             match events.recv().await {
@@ -869,15 +904,28 @@ impl AppState {
                         missing -= 1;
                     }
                 }
+                Some(Event::Prompt {
+                    choice,
+                    scored: got,
+                }) => scored[choice] = Some(got),
                 Some(Event::Token { .. }) => {}
                 None => break,
             }
         }
         results
             .into_iter()
-            .map(|result| match result {
-                Some(result) => result.map_err(ApiError::from_sampler),
-                None => Err(ApiError::from_sampler(SamplerError::Unavailable(
+            .zip(scored)
+            .zip(asked)
+            .map(|((result, scored), asked)| match (result, scored) {
+                (Some(Ok(_)), None) if asked => {
+                    Err(ApiError::from_sampler(SamplerError::Malformed(
+                        "the sampler reported no prompt log-probabilities".into(),
+                    )))
+                }
+                (Some(result), scored) => result
+                    .map(|completion| (completion, scored))
+                    .map_err(ApiError::from_sampler),
+                (None, _) => Err(ApiError::from_sampler(SamplerError::Unavailable(
                     "the sampler stopped before answering".into(),
                 ))),
             })

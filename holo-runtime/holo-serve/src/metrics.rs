@@ -86,6 +86,13 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             stats.generated_tokens() as f64,
         );
         page.single(
+            "holo_scheduler_prefilled_tokens_total",
+            "counter",
+            "Prompt tokens the model has run: a prompt prefilled once for the n samples of a request \
+             counts once, tokens read from the prefix cache not at all.",
+            stats.prefilled_tokens() as f64,
+        );
+        page.single(
             "holo_generation_tokens_per_second",
             "gauge",
             "Tokens sampled per second over the scheduler's last second of work (0 when idle).",

@@ -28,10 +28,24 @@ pub(super) enum Event {
         /// The most likely alternatives, when asked for and the sampler reports them.
         top: Vec<(u32, f32)>,
     },
+    /// The prompt's log-probabilities, for a request that asked for them (`echo` with `logprobs`),
+    /// before its first token.
+    Prompt {
+        choice: usize,
+        scored: PromptLogprobs,
+    },
     Done {
         choice: usize,
         result: Result<Completion, SamplerError>,
     },
+}
+
+/// A prompt's log-probabilities as the sampler reported them ([`TokenSink::prompt_logprobs`]): of
+/// every token after the first, and the most likely tokens at each of those positions.
+#[derive(Debug, Clone, Default)]
+pub(super) struct PromptLogprobs {
+    pub(super) logprobs: Vec<f32>,
+    pub(super) top: Vec<Vec<(u32, f32)>>,
 }
 
 /// A request's outlet as the sampler's [`TokenSink`]: a request whose client has gone (its receiver
@@ -64,6 +78,14 @@ impl TokenSink for Outlet {
 
     fn started(&self, _choice: usize) {
         self.tally.started();
+    }
+
+    fn prompt_logprobs(&self, choice: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+        let scored = PromptLogprobs {
+            logprobs: logprobs.to_vec(),
+            top: top.to_vec(),
+        };
+        let _ = self.events.send(Event::Prompt { choice, scored });
     }
 }
 

@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{
-    calls_json, chat_logprobs, completion_logprobs, unix_time, usage, ApiError, AppState, Choice,
-    Common, Event, StreamOptions, Tally,
+    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
+    AppState, Choice, Common, Event, PromptLogprobs, StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
@@ -31,7 +31,9 @@ pub(super) enum Endpoint {
     Chat { logprobs: bool },
 }
 
-/// The streamed answer to a request whose jobs report on `events`; choice `i` samples `prompts[i / n]`.
+/// The streamed answer to a request whose jobs report on `events`; choice `i` samples `prompts[i / n]`,
+/// and with `echo` (completions) first sends `echoed[i / n]`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn respond(
     state: Arc<AppState>,
     tally: &Tally,
@@ -39,6 +41,7 @@ pub(super) fn respond(
     common: Common,
     options: StreamOptions,
     prompts: Vec<Vec<u32>>,
+    echoed: Vec<String>,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Response {
     let id = state.response_id(
@@ -70,6 +73,7 @@ pub(super) fn respond(
         common,
         options,
         prompts,
+        echoed,
         events,
     };
     let stream = futures_util::stream::unfold(streamer, |mut streamer| async move {
@@ -97,6 +101,8 @@ struct Streamer {
     common: Common,
     options: StreamOptions,
     prompts: Vec<Vec<u32>>,
+    /// Per prompt, with `echo`, the text its choices start with.
+    echoed: Vec<String>,
     events: mpsc::UnboundedReceiver<Event>,
 }
 
@@ -127,6 +133,10 @@ struct ChoiceStream {
     sent_tokens: usize,
     /// A chunk of this choice has been sent (`prompt_token_ids` go with the first).
     opened: bool,
+    /// The character where the completion starts in the choice's text: after its echoed prompt.
+    start: usize,
+    /// The echoed prompt has been sent.
+    echo_sent: bool,
     /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
     finish: Option<(&'static str, Value, usize)>,
     /// The tool calls read from the completion, sent after its text and before its finish.
@@ -175,8 +185,19 @@ impl Streamer {
                     self.choices[choice].push(&self.state, &self.common, token, logprob, top);
                     touched.insert(choice);
                 }
+                Event::Prompt { choice, scored } => {
+                    let chunk = self.echo_chunk(choice, Some(&scored));
+                    self.queue.push_back(data(&chunk));
+                }
                 Event::Done { choice, result } => {
+                    let unscored = self.common.echo && !self.choices[choice].echo_sent;
                     let finished = result
+                        .and_then(|completion| match unscored {
+                            true => Err(SamplerError::Malformed(
+                                "the sampler reported no prompt log-probabilities".into(),
+                            )),
+                            false => Ok(completion),
+                        })
                         .map_err(ApiError::from_sampler)
                         .and_then(|completion| {
                             self.choices[choice].finish(&self.state, &self.common, completion)
@@ -224,8 +245,15 @@ impl Streamer {
         }
     }
 
-    /// Chat answers open every choice with the assistant's role, as OpenAI's do.
+    /// Chat answers open every choice with the assistant's role, as OpenAI's do; completions that echo
+    /// their prompt without its log-probabilities open with the prompt (with them, it waits for them).
     fn open(&mut self) {
+        if self.common.echo && self.common.params.prompt_logprobs.is_none() {
+            for index in 0..self.choices.len() {
+                let chunk = self.echo_chunk(index, None);
+                self.queue.push_back(data(&chunk));
+            }
+        }
         if let Endpoint::Chat { .. } = self.endpoint {
             for index in 0..self.choices.len() {
                 let mut choice = json!({
@@ -246,6 +274,39 @@ impl Streamer {
                 self.choices[index].opened = true;
             }
         }
+    }
+
+    /// Choice `index`'s echoed prompt, its first chunk: the prompt's text and, when the sampler scored
+    /// it, its `logprobs` (see [`echo_logprobs`]).
+    fn echo_chunk(&mut self, index: usize, scored: Option<&PromptLogprobs>) -> Value {
+        let common = &self.common;
+        let prompt = &self.prompts[index / common.n as usize];
+        let logprobs = match scored {
+            Some(scored) => echo_logprobs(&self.state, common, (prompt, scored), &[], &[], &[]),
+            None => Value::Null,
+        };
+        let mut out = json!({
+            "index": index,
+            "text": self.echoed[index / common.n as usize],
+            "logprobs": logprobs,
+            "finish_reason": null,
+            "stop_reason": null,
+        });
+        if common.return_token_ids {
+            out["token_ids"] = json!([]);
+            out["prompt_token_ids"] = json!(prompt);
+        }
+        let bytes: Vec<u8> = prompt
+            .iter()
+            .flat_map(|&id| self.state.vocab.bytes(id))
+            .collect();
+        let choice = &mut self.choices[index];
+        choice.start = String::from_utf8_lossy(&bytes).chars().count();
+        choice.opened = true;
+        choice.echo_sent = true;
+        let mut chunk = self.envelope(vec![out]);
+        self.usage_so_far(&mut chunk, index);
+        chunk
     }
 
     /// The chunk that sends what choice `index` has not sent yet, if it has anything.
@@ -274,7 +335,7 @@ impl Streamer {
                     &choice.tokens[..tokens.end],
                     &choice.logprobs[..tokens.end],
                     choice.top.get(..tokens.end).unwrap_or(&[]),
-                    tokens.start,
+                    (tokens.start, choice.start),
                 ),
                 Endpoint::Chat { .. } => chat_logprobs(
                     &self.state,

@@ -21,6 +21,8 @@ pub enum Component {
     SmolLm2Folder,
     /// A headless Chromium on `PATH`.
     Chromium,
+    /// lm-evaluation-harness 0.4.13's venv (torch and transformers from the peers' venv).
+    LmEval,
     /// NeMo Gym 0.7.0's venv.
     Gym,
     /// The `tinker` SDK 0.38.0's venv (the client `holo tinker-serve` answers).
@@ -41,6 +43,7 @@ impl Component {
             Component::SmolLm2Gguf => "the SmolLM2-135M GGUF file",
             Component::SmolLm2Folder => "SmolLM2-135M as a Hugging Face folder",
             Component::Chromium => "Chromium",
+            Component::LmEval => "lm-evaluation-harness 0.4.13's venv",
             Component::Gym => "NeMo Gym 0.7.0's venv",
             Component::Tinker => "the tinker SDK 0.38.0's venv",
             Component::Skyrl => "SkyRL 0.4.0's venv",
@@ -56,6 +59,7 @@ impl Component {
             Component::SmolLm2Gguf => "bash scripts/prepare.sh smollm2",
             Component::SmolLm2Folder => "bash scripts/prepare.sh smollm2",
             Component::Chromium => "bash scripts/prepare.sh chromium",
+            Component::LmEval => "bash scripts/prepare.sh lmeval",
             Component::Gym => "bash scripts/prepare.sh gym",
             Component::Tinker => "bash scripts/prepare.sh tinker",
             Component::Skyrl => "bash scripts/prepare.sh skyrl",
@@ -217,6 +221,16 @@ pub fn chromium() -> Option<PathBuf> {
         Component::Chromium.missing("no `chromium` on PATH");
     }
     found
+}
+
+/// lm-evaluation-harness' venv (`HOLO_LMEVAL_VENV`, or `~/.cache/holo-engines/lmeval-venv`).
+pub fn lm_eval() -> Option<PathBuf> {
+    folder(
+        Component::LmEval,
+        "HOLO_LMEVAL_VENV",
+        ".cache/holo-engines/lmeval-venv",
+        &["bin/python", "bin/lm_eval"],
+    )
 }
 
 /// NeMo Gym's venv (`HOLO_GYM_VENV`, or `~/.cache/holo-engines/gym-venv`).

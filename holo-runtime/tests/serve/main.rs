@@ -9,6 +9,8 @@ mod cli;
 mod common;
 mod concurrency;
 mod connections;
+mod echo;
+mod lm_eval;
 mod openai_sampler;
 mod python_client;
 mod raw_json;

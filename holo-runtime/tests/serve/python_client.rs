@@ -39,7 +39,8 @@ try:
 except openai.APIError as error:
     out["stream_error"] = {"message": error.message}
 try:
-    client.completions.create(model=sys.argv[2], prompt="x", echo=True)
+    client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "x"}],
+                                   extra_body={"echo": True})
     out["echo_error"] = None
 except openai.BadRequestError as error:
     out["echo_error"] = {"status": error.status_code, "body": error.body}

@@ -316,6 +316,59 @@ async fn completions_logprobs() {
     );
 }
 
+/// `echo` prepends each prompt to its choices' text, whatever sampler answers; with `logprobs` it needs
+/// the prompt's log-probabilities, which a sampler that cannot score a prompt (this one) refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_echo() {
+    let f = start().await;
+    let answer = f
+        .ok(
+            "/v1/completions",
+            json!({"prompt": ["Hé, 日本", "ok"], "echo": true, "n": 2, "max_tokens": 1}),
+        )
+        .await;
+    let texts: Vec<&str> = answer["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|choice| choice["text"].as_str().unwrap())
+        .collect();
+    let first = |text: &str| tokenizer().decode(&encode(text)[..1], false).unwrap();
+    let echoed = |text: &str| format!("{text}{}", first(text));
+    assert_eq!(
+        texts,
+        [
+            echoed("Hé, 日本").as_str(),
+            &echoed("Hé, 日本"),
+            &echoed("ok"),
+            &echoed("ok")
+        ]
+    );
+    // Token ids echo as their tokens' text.
+    let ids = encode("ok");
+    let answer = f
+        .ok(
+            "/v1/completions",
+            json!({"prompt": ids, "echo": true, "max_tokens": 0}),
+        )
+        .await;
+    assert_eq!(answer["choices"][0]["text"], "ok");
+    assert_eq!(answer["usage"]["completion_tokens"], 0);
+    let error = f
+        .fails(
+            "/v1/completions",
+            json!({"prompt": "x", "echo": true, "logprobs": 1}),
+            400,
+        )
+        .await;
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("prompt_logprobs")),
+        "{error:#}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completions() {
     let f = start().await;
@@ -610,10 +663,10 @@ async fn request_errors() {
             "has 129 strings",
         ),
         (
-            "/v1/completions",
-            json!({"prompt": "x", "echo": true}),
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
             "echo",
-            "echo",
+            "`echo` is not supported on /v1/chat/completions",
         ),
         (
             "/v1/completions",

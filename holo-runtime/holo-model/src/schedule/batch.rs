@@ -7,14 +7,14 @@ use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
 use super::engine::Engine;
-use super::rows::{Live, Prefill};
+use super::rows::{Live, Prefill, PromptScores};
 use crate::dispatch::Draws;
 use crate::draw::{draw, Ask};
 use crate::model::{KvCache, Result, Routing, Segment};
 use crate::sample::{finish_text, record, step, Drawn, GenerationParams, Row};
 
 /// The smallest vocabulary whose rows are sampled in parallel.
-const PARALLEL_VOCAB: usize = 16_384;
+pub(super) const PARALLEL_VOCAB: usize = 16_384;
 
 /// A step's last-position logits (f32), where the engine's [`Draws`] take them.
 enum Logits {
@@ -96,30 +96,36 @@ impl Engine<'_> {
         &mut self,
         chosen: Vec<(u64, usize, Vec<u32>, GenerationParams)>,
     ) -> std::result::Result<Prefill, (Vec<Live>, candle_core::Error)> {
-        let mut slot_of: HashMap<Vec<u32>, usize> = HashMap::new();
+        // A slot per distinct prompt and scoring: a scored prompt runs whole, so it shares no slot with
+        // the same prompt read from the prefix cache.
+        let mut slot_of: HashMap<(Vec<u32>, Option<usize>), usize> = HashMap::new();
         let mut slots = Vec::with_capacity(chosen.len());
         let mut live = Vec::with_capacity(chosen.len());
         let mut reused = Vec::new();
         let mut prompts: Vec<Vec<u32>> = Vec::new();
+        let mut scores = Vec::new();
         let mut failure = None;
         for (group, index, prompt, params) in chosen {
-            let slot = match slot_of.get(&prompt) {
+            let key = (prompt, params.prompt_logprobs);
+            let slot = match slot_of.get(&key) {
                 Some(&slot) => slot,
                 None => {
                     let slot = prompts.len();
-                    let found = match self.prefix {
-                        Some(prefix) => prefix.lookup(&prompt).unwrap_or_else(|error| {
+                    let found = match (self.prefix, key.1) {
+                        (Some(prefix), None) => prefix.lookup(&key.0).unwrap_or_else(|error| {
                             failure.get_or_insert(error);
                             None
                         }),
-                        None => None,
+                        _ => None,
                     };
                     reused.push(found);
-                    prompts.push(prompt.clone());
-                    slot_of.insert(prompt.clone(), slot);
+                    scores.push(key.1.map(PromptScores::new));
+                    prompts.push(key.0.clone());
+                    slot_of.insert(key.clone(), slot);
                     slot
                 }
             };
+            let prompt = key.0;
             slots.push(slot);
             live.push(Live {
                 group,
@@ -183,6 +189,7 @@ impl Engine<'_> {
             done: 0,
             cache,
             routes,
+            scores,
         })
     }
 
@@ -354,10 +361,25 @@ impl Engine<'_> {
     /// Counts the chunk the prefill ran; after its last, its sequences sample from the hidden states
     /// `[slots, columns, hidden]` and join the batch.
     fn finish_chunk(&mut self, hidden: &Tensor, columns: usize) -> Result<()> {
-        let prefill = self.prefill.as_mut().expect("a prefill ran");
+        let mut prefill = self.prefill.take().expect("a prefill ran");
+        let seen = prefill.cached_width + prefill.done;
+        self.prefilled += prefill
+            .masks
+            .iter()
+            .map(|mask| {
+                mask[seen..seen + columns]
+                    .iter()
+                    .filter(|&&m| m == 1)
+                    .count()
+            })
+            .sum::<usize>();
+        let scored = self.score_chunk(&mut prefill, hidden, columns);
         prefill.done += columns;
-        if prefill.done < prefill.width {
-            return Ok(());
+        let complete = prefill.done == prefill.width;
+        if !complete || scored.is_err() {
+            // A failed pass fails the rows the engine holds: this one's too.
+            self.prefill = Some(prefill);
+            return scored;
         }
         let Prefill {
             mut live,
@@ -365,8 +387,22 @@ impl Engine<'_> {
             masks,
             mut cache,
             routes,
+            scores,
             ..
-        } = self.prefill.take().expect("checked");
+        } = prefill;
+        for (live, &slot) in live.iter().zip(&slots) {
+            if let Some(scores) = &scores[slot] {
+                let group = self
+                    .groups
+                    .get_mut(&live.group)
+                    .expect("a live row's group");
+                group.listener.prompt_logprobs(
+                    live.row.index,
+                    &scores.logprobs,
+                    &scores.top_logprobs,
+                );
+            }
+        }
         if let Some(routes) = &routes {
             for (live, &slot) in live.iter_mut().zip(&slots) {
                 if live.row.params.record_routes {

@@ -55,6 +55,9 @@ pub(crate) struct Engine<'a> {
     pub(super) prefill: Option<Prefill>,
     /// Where tokens are drawn: the model's device decides ([`dispatch::draws`]).
     pub(super) draws: Draws,
+    /// Prompt tokens run through the model since the scheduler last took the count (padding and
+    /// cached tokens are not run).
+    pub(crate) prefilled: usize,
 }
 
 impl<'a> Engine<'a> {
@@ -79,6 +82,7 @@ impl<'a> Engine<'a> {
             cache: KvCache::new(&model.config),
             prefill: None,
             draws: dispatch::draws(model.device().location()),
+            prefilled: 0,
         }
     }
 
@@ -329,7 +333,9 @@ impl<'a> Engine<'a> {
                     prompt,
                     params,
                 } => {
-                    if params.max_tokens == 0 || !group.listener.wanted(*index) {
+                    // A prompt to score runs even when nothing is sampled after it.
+                    let idle = params.max_tokens == 0 && params.prompt_logprobs.is_none();
+                    if idle || !group.listener.wanted(*index) {
                         let (index, prompt, params) = pop_new(&mut group.waiting);
                         group.end(index, Ok(Row::new(index, prompt, params).generation));
                         continue;

@@ -17,6 +17,8 @@
 //!    new tokens (with linear-attention layers, only prompts that extend a whole cached sequence: a
 //!    state holds the sequence's last token, not its prefixes), and identical prompts admitted together
 //!    (the `G` rollouts of a GRPO group) run once.
+//!    A sequence that asks for its prompt's log-probabilities reads no prefix from the cache: its prompt
+//!    runs whole, and each chunk's hidden states are turned into them (see `score`).
 //! 3. **Chunked prefill**: a prefill runs at most `max_num_batched_tokens` tokens a step, so a long
 //!    prompt does not stall the decoding of the others; when its last chunk has run, its sequences
 //!    sample their first token and join the running batch.
@@ -33,6 +35,7 @@
 mod batch;
 mod engine;
 mod rows;
+mod score;
 mod thread;
 
 pub(crate) use engine::Engine;
@@ -81,6 +84,11 @@ pub(crate) trait Listener {
     /// Sequence `index` joins a prefill: it has left the queue.
     fn started(&mut self, index: usize) {
         let _ = index;
+    }
+    /// Sequence `index`, which asked for [`GenerationParams::prompt_logprobs`](crate::GenerationParams),
+    /// has its prompt scored (see [`holo_core::TokenSink::prompt_logprobs`]).
+    fn prompt_logprobs(&mut self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+        let _ = (index, logprobs, top);
     }
 }
 

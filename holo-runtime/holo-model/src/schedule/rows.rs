@@ -28,4 +28,27 @@ pub(super) struct Prefill {
     /// Per slot, when some row records routes: the experts of each prompt position computed so far
     /// (empty where not computed: padding, or a prefix the cache held).
     pub(super) routes: Option<Vec<Vec<Vec<u32>>>>,
+    /// Per slot, when its rows asked for their prompt's log-probabilities: those of the chunks run so
+    /// far.
+    pub(super) scores: Vec<Option<PromptScores>>,
+}
+
+/// A slot's prompt log-probabilities so far.
+pub(super) struct PromptScores {
+    /// The most likely tokens to keep per position.
+    pub(super) top: usize,
+    /// Of prompt tokens 1, 2, … given the tokens before each.
+    pub(super) logprobs: Vec<f32>,
+    /// The `top` most likely tokens at each of those positions, most likely first.
+    pub(super) top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+impl PromptScores {
+    pub(super) fn new(top: usize) -> Self {
+        PromptScores {
+            top,
+            logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+        }
+    }
 }

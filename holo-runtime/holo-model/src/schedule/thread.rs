@@ -22,6 +22,7 @@ pub struct SchedulerStats {
     running: AtomicUsize,
     kv_bytes: AtomicUsize,
     generated: AtomicUsize,
+    prefilled: AtomicUsize,
     /// Tokens per second over the last measured window, as `f64` bits.
     rate: AtomicU64,
 }
@@ -45,6 +46,12 @@ impl SchedulerStats {
     /// Tokens sampled since the scheduler started.
     pub fn generated_tokens(&self) -> usize {
         self.generated.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens run through the model since the scheduler started: identical prompts prefilled
+    /// together (the `n` samples of a request) count once, and tokens the prefix cache held not at all.
+    pub fn prefilled_tokens(&self) -> usize {
+        self.prefilled.load(Ordering::Relaxed)
     }
 
     /// Tokens sampled per second over the engine's last second (or a little more) of steps; 0 once it is
@@ -110,6 +117,11 @@ impl Listener for SinkListener {
 
     fn started(&mut self, index: usize) {
         self.sink.started(self.indices[index]);
+    }
+
+    fn prompt_logprobs(&mut self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+        self.sink
+            .prompt_logprobs(self.indices[index], logprobs, top);
     }
 }
 
@@ -236,6 +248,9 @@ fn run(
         stats.waiting.store(engine.waiting(), Ordering::Relaxed);
         stats.running.store(engine.running(), Ordering::Relaxed);
         stats.kv_bytes.store(engine.kv_bytes(), Ordering::Relaxed);
+        stats
+            .prefilled
+            .fetch_add(std::mem::take(&mut engine.prefilled), Ordering::Relaxed);
         rate.step(stats);
         for (id, results) in ended {
             if let Some(done) = waiting_for.remove(&id) {
