@@ -571,6 +571,33 @@ fn tool_record(message: &serde_json::Map<String, Value>) -> Option<ToolRecord> {
 mod tests {
     use super::*;
 
+    /// An environment's OpenAI messages keep their tool calls (arguments sent as JSON text read back
+    /// into objects) and their tool results' function names in the records.
+    #[test]
+    fn openai_tool_messages_become_tool_records() {
+        let object = |value: Value| value.as_object().unwrap().clone();
+        let calling = object(json!({"role": "assistant", "content": " ", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2}"}}
+        ]}));
+        assert_eq!(
+            tool_record(&calling),
+            Some(ToolRecord::ToolCalls {
+                content: None,
+                calls: vec![ToolCallRecord {
+                    name: "add".into(),
+                    arguments: json!({"a": 2}),
+                }],
+            })
+        );
+        let result = object(json!({"role": "tool", "name": "add", "content": "4"}));
+        assert_eq!(
+            tool_record(&result),
+            Some(ToolRecord::Result { name: "add".into() })
+        );
+        let plain = object(json!({"role": "assistant", "content": "4"}));
+        assert_eq!(tool_record(&plain), None);
+    }
+
     fn group() -> ScoredData {
         ScoredData {
             tokens: vec![vec![5, 6, 7, 8], vec![5, 6, 9, 3]],
