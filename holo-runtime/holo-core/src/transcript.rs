@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
-use crate::tools::{ToolFormat, ToolReply};
+use crate::tools::{ToolFormat, ToolReply, ToolTurn};
 use crate::Role;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -11,6 +11,9 @@ pub struct Message {
     pub role: Role,
     /// The message's text with each sampled part marked.
     pub parts: Vec<Part>,
+    /// What the message is to native tool calls: the calls an assistant message made, or the
+    /// function a tool's result answers (a `user` message here, the side of the conversation it is on).
+    pub tool: Option<ToolTurn>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +26,8 @@ pub enum Part {
 pub struct Context {
     pub trained: bool,
     pub messages: Vec<Message>,
+    /// The tools offered to the model's chat template in this context (OpenAI's `tools` entries).
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// Everything one rollout produced.
@@ -37,6 +42,8 @@ pub struct Transcript {
     pending: Option<Role>,
     /// The format of the native tool calls offered, if any.
     tool_format: Option<ToolFormat>,
+    /// The tools offered last: the contexts begun after the offer have them too.
+    tools: Vec<serde_json::Value>,
 }
 
 impl Transcript {
@@ -47,6 +54,7 @@ impl Transcript {
             self.contexts.push(Context {
                 trained: true,
                 messages: Vec::new(),
+                tools: self.tools.clone(),
             });
         }
         let context = self.contexts.last_mut().expect("a context exists");
@@ -59,6 +67,7 @@ impl Transcript {
             context.messages.push(Message {
                 role,
                 parts: Vec::new(),
+                tool: None,
             });
         }
         context.messages.last_mut().expect("a message exists")
@@ -71,6 +80,7 @@ impl Recorder for Transcript {
         self.contexts.push(Context {
             trained,
             messages: Vec::new(),
+            tools: self.tools.clone(),
         });
     }
 
@@ -107,7 +117,7 @@ impl Recorder for Transcript {
     /// Text keeps no chat template: the format must be named, and the tools are not shown.
     fn offer_tools(
         &mut self,
-        _tools: &[serde_json::Value],
+        tools: &[serde_json::Value],
         format: Option<ToolFormat>,
     ) -> Result<ToolFormat, String> {
         let format = format.ok_or(
@@ -115,6 +125,10 @@ impl Recorder for Transcript {
              (hermes, llama3_json or mistral), or give the model",
         )?;
         self.tool_format = Some(format);
+        self.tools = tools.to_vec();
+        if let Some(context) = self.contexts.last_mut() {
+            context.tools = self.tools.clone();
+        }
         Ok(format)
     }
 
@@ -122,13 +136,29 @@ impl Recorder for Transcript {
         self.tool_format
     }
 
-    /// The text view keeps the reply as it was sampled, calls included.
-    fn tool_calls(&mut self, _reply: &ToolReply) {}
+    /// The text keeps the reply as it was sampled, calls included; the message is marked with them.
+    fn tool_calls(&mut self, reply: &ToolReply) {
+        let assistant = self.contexts.last_mut().and_then(|context| {
+            context
+                .messages
+                .iter_mut()
+                .rev()
+                .find(|message| message.role == Role::Assistant)
+        });
+        if let Some(message) = assistant {
+            message.tool = Some(ToolTurn::Calls(reply.clone()));
+        }
+    }
 
-    /// The text view shows a tool message as a user message (it has no tool role).
-    fn tool_result(&mut self, _name: &str, content: &str) {
+    /// The text shows a tool message as a user message (it has no tool role), marked with the
+    /// function it answers.
+    fn tool_result(&mut self, name: &str, content: &str) {
         self.begin_message(Role::User);
-        self.text(content);
+        let message = self.message();
+        message.parts.push(Part::Prompt(content.to_string()));
+        message.tool = Some(ToolTurn::Result {
+            name: name.to_string(),
+        });
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {

@@ -18,7 +18,8 @@
 //!   `<|im_end|>`, `pad_token` `<|endoftext|>`, no BOS) and `generation_config.json` (EOS ids of
 //!   `<|im_end|>` and `<|endoftext|>`).
 //!
-//! Presets (the vocabulary is always the offline tokenizer's, 512 ids, whatever the preset):
+//! Presets (the vocabulary is the offline tokenizer's, 512 ids, whatever the preset, unless `--vocab`
+//! pads it with added tokens to a real family's size):
 //!
 //! | preset | arch        | hidden | intermediate | layers | heads / kv heads × head dim | tied | rope θ |
 //! |--------|-------------|--------|--------------|--------|-----------------------------|------|--------|
@@ -157,6 +158,10 @@ pub struct InitOptions {
     pub seed: u64,
     /// Write into a folder that is not empty, replacing the files this writes (others are left).
     pub force: bool,
+    /// The vocabulary's size when larger than the offline tokenizer's 512 ids: the tokenizer is padded
+    /// with added tokens `<|extra_N|>` up to it (the embeddings and output head grow to match), so a
+    /// benchmark meets a real family's output-head and log-softmax costs (Qwen: 151,936).
+    pub vocab: Option<usize>,
 }
 
 /// Why no model folder was written.
@@ -582,7 +587,10 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
 pub fn init_model(dir: &Path, options: &InitOptions) -> Result<InitSummary, InitError> {
     prepare_dir(dir, options.force)?;
 
-    let tokenizer = build_tokenizer()?;
+    let mut tokenizer = build_tokenizer()?;
+    if let Some(vocab) = options.vocab {
+        pad_vocabulary(&mut tokenizer, vocab)?;
+    }
     let id = |token: &str| {
         tokenizer
             .token_to_id(token)
@@ -723,6 +731,26 @@ fn tokenizer_config(tokenizer: &Tokenizer, config: &ModelConfig) -> Value {
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": null,
     })
+}
+
+/// Pads `tokenizer` with added tokens `<|extra_N|>` (not special: they decode to their text) until it
+/// has `vocab` ids; refuses a `vocab` below its size.
+fn pad_vocabulary(tokenizer: &mut Tokenizer, vocab: usize) -> Result<(), InitError> {
+    let size = tokenizer.get_vocab_size(true);
+    if vocab < size {
+        return Err(InitError::Usage(format!(
+            "--vocab {vocab}: the offline tokenizer already has {size} ids; give {size} or more"
+        )));
+    }
+    tokenizer
+        .add_tokens((0..vocab - size).map(|n| AddedToken::from(format!("<|extra_{n}|>"), false)))
+        .map_err(|error| InitError::Tokenizer(error.to_string()))?;
+    match tokenizer.get_vocab_size(true) {
+        padded if padded == vocab => Ok(()),
+        padded => Err(InitError::Tokenizer(format!(
+            "padding the vocabulary to {vocab} gave {padded} ids"
+        ))),
+    }
 }
 
 /// The offline Qwen2-style byte-level BPE tokenizer (see the module documentation).

@@ -5,7 +5,7 @@
 //!   `adapter_model.safetensors` + `adapter_config.json` (LoRA, PEFT's layout);
 //! - `value_model.safetensors` (PPO): the value model's trained weights (or adapters) and its head
 //!   `score.weight`;
-//! - `optimizer.safetensors`: AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`; the value
+//! - `optimizer.safetensors` (unless `save_only_model`): AdamW's moments (`<weight>.exp_avg`, `<weight>.exp_avg_sq`; the value
 //!   model's under `value_model.<weight>`) and the f32 master copies of bf16 weights (`<weight>.master`);
 //! - `trainer_state.json`: the step, the generations drawn (the data position and every seed derive from
 //!   it), the tokens seen, the generation batch still being trained on when `num_iterations` or
@@ -185,7 +185,7 @@ pub fn save(
     run: &RunDir,
     weights: &Weights<'_>,
     critic: Option<&[(String, Var)]>,
-    optimizer: Vec<(String, StateTensor<'_>)>,
+    optimizer: Option<Vec<(String, StateTensor<'_>)>>,
     state: &TrainerState,
     config: &impl TrainingConfig,
     keep: Option<usize>,
@@ -230,8 +230,10 @@ pub fn save(
         )?;
         super::kill::point("checkpoint:critic");
     }
-    save_tensors(&staging.join("optimizer.safetensors"), optimizer)?;
-    super::kill::point("checkpoint:optimizer");
+    if let Some(optimizer) = optimizer {
+        save_tensors(&staging.join(OPTIMIZER_FILE), optimizer)?;
+        super::kill::point("checkpoint:optimizer");
+    }
     write_synced(&staging.join("config.toml"), config.to_toml().as_bytes())?;
     let state_text = serde_json::to_string(state).map_err(other)?;
     write_synced(&staging.join("trainer_state.json"), state_text.as_bytes())?;
@@ -254,10 +256,14 @@ pub struct Loaded<C> {
     pub config: C,
     /// The trained tensors by name (weights or adapters).
     pub weights: HashMap<String, Tensor>,
-    pub optimizer: HashMap<String, Tensor>,
+    /// The optimizer's state; `None` in a checkpoint saved with `save_only_model`.
+    pub optimizer: Option<HashMap<String, Tensor>>,
     /// PPO's value model (its trained tensors by name), when the run has one.
     pub critic: Option<HashMap<String, Tensor>>,
 }
+
+/// The file of a checkpoint that holds the optimizer's state.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// The file of a checkpoint that holds PPO's value model.
 pub const CRITIC_FILE: &str = "value_model.safetensors";
@@ -353,7 +359,11 @@ pub fn load<C: serde::de::DeserializeOwned>(dir: &Path) -> Result<Loaded<C>, Str
     } else {
         tensors("model.safetensors")?
     };
-    let optimizer = tensors("optimizer.safetensors")?;
+    let optimizer = if dir.join(OPTIMIZER_FILE).is_file() {
+        Some(tensors(OPTIMIZER_FILE)?)
+    } else {
+        None
+    };
     let critic = if dir.join(CRITIC_FILE).is_file() {
         Some(tensors(CRITIC_FILE)?)
     } else {

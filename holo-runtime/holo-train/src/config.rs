@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use super::options::{error, shared_allowed_values};
-pub use super::options::{ConfigError, Inert, LrSchedulerType, TrainingArguments, TrainingConfig};
+pub use super::options::{
+    ConfigError, Inert, LrSchedulerType, SaveStrategy, TrainingArguments, TrainingConfig,
+};
 
 /// Chat-template arguments (TRL's `chat_template_kwargs`): a JSON object, from a TOML table or from JSON
 /// text (a command-line flag). Anything but an object is refused, as is `null` (TOML cannot write it; leave
@@ -639,6 +641,18 @@ impl GrpoConfig {
         if !(self.rollback_lr_factor > 0.0 && self.rollback_lr_factor <= 1.0) {
             return Err(error("rollback_lr_factor", "must be in (0, 1]"));
         }
+        if self.rolls_back() && self.training.save_strategy == SaveStrategy::No {
+            return Err(error(
+                "save_strategy",
+                "must be \"steps\" with rollback_kl or rollback_reward_drop: a rollback restores a checkpoint",
+            ));
+        }
+        if self.rolls_back() && self.training.save_only_model {
+            return Err(error(
+                "save_only_model",
+                "must be false with rollback_kl or rollback_reward_drop: a rollback restores a checkpoint's optimizer state with its weights",
+            ));
+        }
         if self.rolls_back() && self.training.save_total_limit == Some(1) {
             return Err(error(
                 "save_total_limit",
@@ -676,6 +690,8 @@ impl TrainingConfig for GrpoConfig {
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
         "save_total_limit",
+        "save_strategy",
+        "save_only_model",
         "log_completions",
         "num_completions_to_print",
     ];

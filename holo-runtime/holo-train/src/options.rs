@@ -86,6 +86,12 @@ pub struct TrainingArguments {
     pub save_steps: u64,
     /// Keep only the newest this many checkpoints.
     pub save_total_limit: Option<usize>,
+    /// When checkpoints are written (transformers' `save_strategy`): `steps`, every `save_steps` and at
+    /// the end; or `no`, none (the run leaves its metrics and plots, not its weights).
+    pub save_strategy: SaveStrategy,
+    /// Checkpoints hold the weights (or adapters) without the optimizer's state (transformers'
+    /// `save_only_model`): a third of a full fine-tuning checkpoint's size, but no run resumes from them.
+    pub save_only_model: bool,
     /// Examples (GRPO: completions) per micro-batch, one forward and backward pass.
     pub per_device_train_batch_size: usize,
     /// Micro-batches whose gradients one optimizer step sums.
@@ -126,6 +132,8 @@ impl Default for TrainingArguments {
             seed: 42,
             save_steps: 500,
             save_total_limit: None,
+            save_strategy: SaveStrategy::Steps,
+            save_only_model: false,
             per_device_train_batch_size: 8,
             gradient_accumulation_steps: 1,
             learning_rate: 5e-5,
@@ -154,6 +162,8 @@ impl TrainingArguments {
         "seed",
         "save_steps",
         "save_total_limit",
+        "save_strategy",
+        "save_only_model",
         "per_device_train_batch_size",
         "gradient_accumulation_steps",
         "learning_rate",
@@ -220,6 +230,12 @@ impl TrainingArguments {
     /// The shared options that change nothing here: LoRA's without LoRA.
     pub fn inert(&self) -> Vec<Inert> {
         let mut inert = Vec::new();
+        if self.save_strategy == SaveStrategy::No {
+            inert.push(Inert {
+                keys: &["save_steps", "save_total_limit", "save_only_model"],
+                reason: "with `save_strategy = \"no\"` no checkpoint is written",
+            });
+        }
         if !self.use_peft {
             inert.push(Inert {
                 keys: &["lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"],
@@ -361,7 +377,25 @@ pub(crate) fn error(key: &str, message: impl Into<String>) -> ConfigError {
 pub(crate) fn shared_allowed_values(key: &str) -> Option<&'static [&'static str]> {
     match key {
         "lr_scheduler_type" => Some(&["linear", "cosine", "constant", "constant_with_warmup"]),
+        "save_strategy" => Some(&["steps", "no"]),
         _ => None,
+    }
+}
+
+/// When checkpoints are written (transformers' `save_strategy`; its `epoch` and `best` are not offered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaveStrategy {
+    /// Every `save_steps` steps and at the last one.
+    Steps,
+    /// Never.
+    No,
+}
+
+impl TrainingArguments {
+    /// Whether a checkpoint is written after `step` (`last`: the run's last step, or a stop).
+    pub fn saves_after(&self, step: u64, last: bool) -> bool {
+        self.save_strategy == SaveStrategy::Steps && (step.is_multiple_of(self.save_steps) || last)
     }
 }
 

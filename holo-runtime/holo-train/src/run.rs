@@ -222,11 +222,12 @@ impl Trainable {
             },
             None => Weights::Full(&self.vars),
         };
+        let training = config.training();
         Ok(checkpoint::save(
             run,
             &weights,
             self.critic.as_ref().map(|critic| critic.vars.as_slice()),
-            self.optimizer.state(),
+            (!training.save_only_model).then(|| self.optimizer.state()),
             state,
             config,
             config.training().save_total_limit,
@@ -342,10 +343,17 @@ pub fn restore<C: TrainingConfig>(
         })?;
         checkpoint::restore(&critic.vars, saved).map_err(TrainError::Input)?;
     }
-    trainable.optimizer.load_state(
-        config.optimizer_steps(loaded.state.global_step),
-        &loaded.optimizer,
-    )?;
+    let optimizer = loaded.optimizer.as_ref().ok_or_else(|| {
+        TrainError::Input(format!(
+            "{}: the checkpoint holds the weights without the optimizer's state (it was saved with \
+             `save_only_model = true`), so the run cannot go on exactly from it; start a new run from \
+             its weights instead",
+            checkpoint_dir.display()
+        ))
+    })?;
+    trainable
+        .optimizer
+        .load_state(config.optimizer_steps(loaded.state.global_step), optimizer)?;
     Ok(loaded.state)
 }
 

@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor};
 
 use super::batch::{Completion, Sequence};
 use super::pack::{pack, Packed};
-use holo_model::head::{column, target_scores};
+use holo_model::head::column;
 use holo_model::model::RoutingDrift;
 use holo_model::{Model, Ops};
 
@@ -53,8 +53,7 @@ pub fn head(
     temperature: f64,
     entropy_gradient: bool,
 ) -> Result<Head> {
-    let logits = model.logits(&pick(hidden, packed)?, Ops::Differentiable)?;
-    let scores = target_scores(&logits, &packed.targets, temperature)?;
+    let scores = model.head_scores(&pick(hidden, packed)?, &packed.targets, temperature)?;
     let scores_column = |index| scores.narrow(1, index, 1)?.squeeze(1);
     let entropies = scores_column(column::ENTROPY)?;
     Ok(Head {
@@ -188,5 +187,68 @@ pub fn backward_sequences(
         )?)?;
         let grads = value.backward()?;
         Ok((value.detach(), grads))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use super::*;
+    use holo_model::config::Arch;
+    use holo_model::testing::{config, max_difference, random_model};
+
+    fn sequence(ids: &[u32], trained: std::ops::Range<usize>) -> Sequence {
+        Sequence {
+            ids: ids.to_vec(),
+            trained: trained.collect(),
+            sampling_logprobs: Vec::new(),
+            routes: None,
+        }
+    }
+
+    /// The training head in blocks (a budget of three rows of logits) gives the loss and every
+    /// weight's gradient of the whole head, with the graph kept and with layers recomputed, the
+    /// entropy's gradient included.
+    #[test]
+    fn a_head_in_blocks_trains_as_the_whole_head() {
+        let sequences = [
+            sequence(&[5, 6, 7, 8, 9, 10, 11, 12, 13], 6..9),
+            sequence(&[5, 6, 7, 8, 9, 10, 14, 15], 5..8),
+            sequence(&[20, 21, 22, 23, 24], 2..5),
+        ];
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let base = random_model(&config(Arch::Qwen2), DType::F64);
+        let vocab = base.config.vocab_size;
+        let (whole, vars) = base.trainable().unwrap();
+        let blocked = whole.clone().with_head_budget(3 * vocab);
+        let loss = |head: &Head| {
+            let weights =
+                Tensor::arange(0u32, head.logprobs.dim(0)? as u32, head.logprobs.device())?
+                    .to_dtype(DType::F64)?
+                    .affine(0.3, -1.0)?;
+            head.logprobs.mul(&weights)?.sum_all()? - (head.entropies.sum_all()? * 0.1)?
+        };
+        for recompute in [false, true] {
+            let (a, grads_a) =
+                backward_sequences(&whole, &sequences, 0.9, recompute, true, loss).unwrap();
+            let (b, grads_b) =
+                backward_sequences(&blocked, &sequences, 0.9, recompute, true, loss).unwrap();
+            assert!(
+                max_difference(&a, &b) < 1e-12,
+                "recompute {recompute}: loss"
+            );
+            for (name, var) in &vars {
+                let (x, y) = (
+                    grads_a.get(var.as_tensor()).unwrap(),
+                    grads_b.get(var.as_tensor()).unwrap(),
+                );
+                assert!(
+                    max_difference(x, y) < 1e-10,
+                    "recompute {recompute}: {name} differs by {}",
+                    max_difference(x, y)
+                );
+            }
+        }
     }
 }

@@ -274,6 +274,7 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
             preset: options.preset,
             seed: options.seed,
             force: false,
+            vocab: None,
         },
     )
     .map_err(|error| failed(error.to_string()))?;

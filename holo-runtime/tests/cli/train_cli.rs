@@ -825,3 +825,85 @@ fn a_run_without_learning_signal_says_so_and_stops_when_asked() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `save_strategy = "no"` writes no checkpoint (and refuses the options it makes inert);
+/// `save_only_model = true` writes checkpoints without the optimizer's state, which `holo export` reads
+/// and `--resume` refuses by name; the guard rails' rollback, which restores a checkpoint, refuses both.
+#[test]
+fn save_strategy_no_and_save_only_model_write_what_they_say() {
+    let dir = scratch("save-options");
+    let checkpoints = |out: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("checkpoint-"))
+            .collect();
+        names.sort();
+        names
+    };
+
+    let none = dir.join("none");
+    let mut args = tiny_grpo("short.hol", &none, 2, &["--save-strategy", "no"]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("save_total_limit") && stderr.contains("no checkpoint is written"),
+        "{stderr}"
+    );
+    let limit = args
+        .iter()
+        .position(|arg| arg == "--save-total-limit")
+        .unwrap();
+    args.drain(limit..limit + 2);
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(metrics(&none).len(), 2);
+    assert!(checkpoints(&none).is_empty(), "{:?}", checkpoints(&none));
+    args.extend(["--save-steps".into(), "1".into()]);
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("save_steps") && stderr.contains("no checkpoint is written"),
+        "{stderr}"
+    );
+
+    let light = dir.join("light");
+    let args = train_args(&light, 2)
+        .into_iter()
+        .chain(["--save-only-model".into(), "true".into()])
+        .collect::<Vec<String>>();
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(checkpoints(&light), ["checkpoint-1", "checkpoint-2"]);
+    for checkpoint in checkpoints(&light) {
+        let folder = light.join(&checkpoint);
+        assert!(folder.join("model.safetensors").is_file());
+        assert!(
+            !folder.join("optimizer.safetensors").exists(),
+            "{checkpoint}"
+        );
+    }
+    let exported = dir.join("exported");
+    let output = run(&[
+        "export".into(),
+        light.to_str().unwrap().into(),
+        "--out".into(),
+        exported.to_str().unwrap().into(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(exported.join("model.safetensors").is_file());
+    let mut resumed = args.clone();
+    resumed.push("--resume".into());
+    let (code, stderr) = stderr_of(&resumed);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("checkpoint-2") && stderr.contains("save_only_model = true"),
+        "{stderr}"
+    );
+
+    let mut args = train_args(&dir.join("rollback"), 2);
+    args.extend(["--save-only-model", "true", "--rollback-kl", "1.0"].map(String::from));
+    let (code, stderr) = stderr_of(&args);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("save_only_model"), "{stderr}");
+}

@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use holo_runtime::chat::{template_kwargs, ChatTemplate};
+use holo_runtime::chat::{json_value, template_kwargs, ChatTemplate, RenderOptions};
+use holo_runtime::export;
 use holo_runtime::holophore::{Context, Holophore, ToolTurn};
 use holo_runtime::holotypes::{self, ToolStats, Tools};
 use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, ToolCallRecord, ToolRecord};
 use holo_runtime::tools::ToolFormat;
 use holo_runtime::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use serde_json::Value;
@@ -320,6 +321,65 @@ fn a_native_tool_rollout_through_the_loom_trains_exactly_what_was_sampled() {
     assert_eq!(record.rewards.get("math_answer"), Some(&1.0));
     let counts = stats.counts();
     assert_eq!((counts.calls, counts.failed, counts.timed_out), (4, 3, 0));
+
+    // The record keeps what each message was to the tools: the first turn's call, its result.
+    let context = &record.contexts[0];
+    assert_eq!(context.tools.len(), 1);
+    assert_eq!(context.tools[0]["function"]["name"], "calculator");
+    let turns: Vec<&ToolRecord> = context
+        .messages
+        .iter()
+        .filter_map(|message| message.tool.as_ref())
+        .collect();
+    assert_eq!(
+        turns[..2],
+        [
+            &ToolRecord::ToolCalls {
+                content: Some("<think>\nMultiply.\n</think>\n\n".into()),
+                calls: vec![ToolCallRecord {
+                    name: "calculator".into(),
+                    arguments: serde_json::json!({"expression": "17 * 23"}),
+                }],
+            },
+            &ToolRecord::Result {
+                name: "calculator".into()
+            },
+        ]
+    );
+    let results = turns
+        .iter()
+        .filter(|turn| matches!(turn, ToolRecord::Result { .. }))
+        .count();
+    assert_eq!(results, 4);
+    // Exported as TRL's conversational tool format (`tool_calls`, `tool` messages, a `tools` column),
+    // the conversation renders through the model's template to exactly the tokens it was trained on.
+    let conversation = export::conversation(context).unwrap();
+    let messages: Vec<_> = conversation
+        .prompt
+        .iter()
+        .chain(&conversation.completion)
+        .map(|message| serde_json::to_value(message).unwrap())
+        .collect();
+    assert!(messages
+        .iter()
+        .any(|message| message["role"] == "tool" && message["name"] == "calculator"));
+    let values = |values: &[Value]| {
+        values
+            .iter()
+            .map(|value| json_value(&value.to_string()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let rendered = ChatTemplate::from_dir(dir.path())
+        .unwrap()
+        .render_values(
+            values(&messages),
+            &RenderOptions {
+                tools: Some(values(&conversation.tools)),
+                ..RenderOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(rendered, decode(tok, &tokens.ids));
 }
 
 #[test]

@@ -25,6 +25,9 @@ pub struct DpoExample {
     pub prompt: Vec<ChatMessage>,
     pub chosen: Vec<ChatMessage>,
     pub rejected: Vec<ChatMessage>,
+    /// The tools offered (TRL's `tools` column, which `DPOTrainer` hands to the chat template).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
     #[serde(flatten)]
     pub tokens: Option<DpoTokens>,
 }
@@ -171,7 +174,7 @@ fn same_prompt(a: &Conversation, b: &Conversation) -> bool {
         (Some(a), Some(b)) => a.prompt_ids() == b.prompt_ids(),
         _ => true,
     };
-    a.prompt == b.prompt && tokens_agree
+    a.prompt == b.prompt && a.tools == b.tools && tokens_agree
 }
 
 fn example(chosen: &Candidate, rejected: &Candidate, tokens: bool) -> Result<DpoExample, String> {
@@ -200,6 +203,7 @@ fn example(chosen: &Candidate, rejected: &Candidate, tokens: bool) -> Result<Dpo
         prompt: chosen.conversation.prompt.clone(),
         chosen: chosen.conversation.completion.clone(),
         rejected: rejected.conversation.completion.clone(),
+        tools: chosen.conversation.tools.clone(),
         tokens,
     })
 }

@@ -15,6 +15,7 @@ pub fn message(role: Role, parts: &[(&str, bool)]) -> MessageRecord {
                 sampled,
             })
             .collect(),
+        tool: None,
     }
 }
 
@@ -33,6 +34,7 @@ pub fn record(row: usize, rollout: usize, reward: f64, answer: &str) -> RolloutR
                 message(Role::Assistant, &[(answer, true)]),
             ],
             tokens: None,
+            tools: Vec::new(),
         }],
         rewards: Default::default(),
         weights: Default::default(),

@@ -23,8 +23,9 @@ pub mod sft;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::loom::{ContextRecord, RolloutRecord};
-use crate::sampler::ChatMessage;
+use serde::Serialize;
+
+use crate::loom::{ContextRecord, MessageRecord, RolloutRecord, ToolRecord};
 
 /// A rollout record and the 1-based line of the file it was read from (for messages).
 #[derive(Debug, Clone, PartialEq)]
@@ -108,11 +109,67 @@ pub fn parse_rollouts(text: &str) -> (Vec<Rollout>, Vec<BadLine>) {
     (rollouts, bad_lines)
 }
 
+/// A message as TRL's conversational datasets hold it (and as chat templates take it): `role`
+/// (`system`, `user`, `assistant` or `tool`) and `content`; an assistant turn that made native tool
+/// calls has its text before the calls as `content` and the calls as `tool_calls` (OpenAI's shape, each
+/// call's `arguments` an object); a tool's result has role `tool` and the function's `name`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    pub role: &'static str,
+    pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl From<&MessageRecord> for ChatMessage {
+    fn from(message: &MessageRecord) -> Self {
+        let text: String = message
+            .parts
+            .iter()
+            .map(|part| part.text.as_str())
+            .collect();
+        match &message.tool {
+            None => ChatMessage {
+                role: message.role.name(),
+                content: text,
+                tool_calls: None,
+                name: None,
+            },
+            Some(ToolRecord::ToolCalls { content, calls }) => ChatMessage {
+                role: "assistant",
+                content: content.clone().unwrap_or_default(),
+                tool_calls: Some(
+                    calls
+                        .iter()
+                        .map(|call| {
+                            serde_json::json!({
+                                "type": "function",
+                                "function": {"name": call.name, "arguments": call.arguments},
+                            })
+                        })
+                        .collect(),
+                ),
+                name: None,
+            },
+            Some(ToolRecord::Result { name }) => ChatMessage {
+                role: "tool",
+                content: text,
+                tool_calls: None,
+                name: Some(name.clone()),
+            },
+        }
+    }
+}
+
 /// A context split at its first sampled message (see the [module documentation](self)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conversation {
     pub prompt: Vec<ChatMessage>,
     pub completion: Vec<ChatMessage>,
+    /// The tools offered to the model in the context (TRL's `tools` column), empty when none were.
+    pub tools: Vec<serde_json::Value>,
     /// The context's token ids and loss mask, when it was recorded with a tokenizer.
     pub tokens: Option<Tokens>,
 }
@@ -175,6 +232,7 @@ pub fn conversation(context: &ContextRecord) -> Option<Conversation> {
     Some(Conversation {
         prompt,
         completion,
+        tools: context.tools.clone(),
         tokens,
     })
 }
@@ -216,19 +274,63 @@ mod tests {
                 retokenized: false,
                 routes: None,
             }),
+            tools: Vec::new(),
         };
         let split = conversation(&context).unwrap();
         let roles = |messages: &[ChatMessage]| messages.iter().map(|m| m.role).collect::<Vec<_>>();
-        assert_eq!(roles(&split.prompt), [Role::System, Role::User]);
-        assert_eq!(
-            roles(&split.completion),
-            [Role::Assistant, Role::User, Role::Assistant]
-        );
+        assert_eq!(roles(&split.prompt), ["system", "user"]);
+        assert_eq!(roles(&split.completion), ["assistant", "user", "assistant"]);
         assert_eq!(split.completion[0].content, "<tool>17*23</tool>");
         let tokens = split.tokens.unwrap();
         assert_eq!(tokens.prompt_ids(), [1, 2]);
         assert_eq!(tokens.completion_ids(), [3, 4, 5, 6]);
         assert_eq!(tokens.completion_loss_mask(), [1, 0, 1, 1]);
+    }
+
+    /// Native tool calls leave the records as TRL's conversational tool format: the assistant turn's
+    /// text before its calls and `tool_calls`, the result as a `tool` message naming its function, and
+    /// the tools offered beside the messages.
+    #[test]
+    fn native_tool_calls_export_as_tool_calls_and_tool_messages() {
+        let tool =
+            serde_json::json!({"type": "function", "function": {"name": "add", "parameters": {}}});
+        let mut calling = message(
+            Role::Assistant,
+            &[("Adding.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call>", true)],
+        );
+        calling.tool = Some(ToolRecord::ToolCalls {
+            content: Some("Adding.".into()),
+            calls: vec![crate::loom::ToolCallRecord {
+                name: "add".into(),
+                arguments: serde_json::json!({"a": 2}),
+            }],
+        });
+        let mut result = message(Role::User, &[("4", false)]);
+        result.tool = Some(ToolRecord::Result { name: "add".into() });
+        let context = ContextRecord {
+            trained: true,
+            messages: vec![
+                message(Role::User, &[("2+2?", false)]),
+                calling,
+                result,
+                message(Role::Assistant, &[("4", true)]),
+            ],
+            tokens: None,
+            tools: vec![tool.clone()],
+        };
+        let split = conversation(&context).unwrap();
+        assert_eq!(split.tools, [tool]);
+        let completion = serde_json::to_value(&split.completion).unwrap();
+        assert_eq!(
+            completion,
+            serde_json::json!([
+                {"role": "assistant", "content": "Adding.", "tool_calls": [
+                    {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}
+                ]},
+                {"role": "tool", "content": "4", "name": "add"},
+                {"role": "assistant", "content": "4"},
+            ])
+        );
     }
 
     #[test]

@@ -27,12 +27,17 @@ pub struct SftOptions {
 pub enum SftExample {
     Messages {
         messages: Vec<ChatMessage>,
+        /// The tools offered (TRL's `tools` column, which `SFTTrainer` hands to the chat template).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tools: Vec<serde_json::Value>,
         #[serde(flatten)]
         tokens: Option<SftTokens>,
     },
     PromptCompletion {
         prompt: Vec<ChatMessage>,
         completion: Vec<ChatMessage>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tools: Vec<serde_json::Value>,
         #[serde(flatten)]
         tokens: Option<SftTokens>,
     },
@@ -132,12 +137,17 @@ pub fn example(
         SftExample::PromptCompletion {
             prompt: conversation.prompt,
             completion: conversation.completion,
+            tools: conversation.tools,
             tokens,
         }
     } else {
         let mut messages = conversation.prompt;
         messages.extend(conversation.completion);
-        SftExample::Messages { messages, tokens }
+        SftExample::Messages {
+            messages,
+            tools: conversation.tools,
+            tokens,
+        }
     })
 }
 

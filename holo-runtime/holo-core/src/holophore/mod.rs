@@ -117,7 +117,7 @@ use crate::Role;
 
 mod tools;
 
-pub use tools::ToolTurn;
+pub use crate::tools::ToolTurn;
 
 const ROLES: [Role; 3] = [Role::System, Role::User, Role::Assistant];
 

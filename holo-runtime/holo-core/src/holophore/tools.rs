@@ -7,18 +7,8 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::{Holophore, Message, Rendering};
-use crate::tools::{ToolFormat, ToolReply};
+use crate::tools::{ToolFormat, ToolReply, ToolTurn};
 use crate::Role;
-
-/// What a message is to native tool calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolTurn {
-    /// An assistant message that made calls: the template renders it with the reply's content (the
-    /// text before the calls) and its calls as `tool_calls`.
-    Calls(ToolReply),
-    /// A `tool` message: the result of a call of the function `name`.
-    Result { name: String },
-}
 
 /// A message as chat templates take it: `role` and `content`, with `tool_calls` for an assistant
 /// turn that made calls (each call's `arguments` an object, which templates write with `tojson`, as

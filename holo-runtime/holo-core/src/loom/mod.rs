@@ -172,7 +172,7 @@ mod summary;
 
 pub use record::{
     ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
-    Stage, Timing, TokensRecord,
+    Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
 };
 pub use sink::{Jsonl, Sink};
 use summary::Stats;
@@ -827,6 +827,7 @@ fn context_records(transcript: &Transcript, pieces: Vec<Piece>) -> Vec<ContextRe
         MessageRecord {
             role: message.role,
             parts,
+            tool: message.tool.as_ref().map(ToolRecord::from),
         }
     };
     let whole = |context: &crate::transcript::Context, tokens: Option<TokensRecord>| {
@@ -834,6 +835,7 @@ fn context_records(transcript: &Transcript, pieces: Vec<Piece>) -> Vec<ContextRe
         ContextRecord {
             trained: context.trained,
             tokens,
+            tools: context.tools.clone(),
             messages: context
                 .messages
                 .iter()
@@ -886,6 +888,7 @@ fn context_records(transcript: &Transcript, pieces: Vec<Piece>) -> Vec<ContextRe
             ContextRecord {
                 trained: context.trained,
                 tokens: Some(piece.tokens),
+                tools: context.tools.clone(),
                 messages,
             }
         })

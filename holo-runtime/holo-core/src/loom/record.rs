@@ -54,6 +54,10 @@ impl RolloutRecord {
 pub struct ContextRecord {
     pub trained: bool,
     pub messages: Vec<MessageRecord>,
+    /// The tools offered to the model's chat template (OpenAI's `tools` entries), when the holoware
+    /// offered native tools (`<|ToolSchema|>`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
     /// The context in token space, when the Loom records with a [`Holophore`](crate::holophore::Holophore)
     /// ([`Loom::with_holophore`](super::Loom::with_holophore)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +88,51 @@ pub struct TokensRecord {
 pub struct MessageRecord {
     pub role: Role,
     pub parts: Vec<PartRecord>,
+    /// Native tool calls: the calls an assistant message made, or the function a tool's result answers
+    /// (its `role` is `user`, the side of the conversation it is on; exports write it as `tool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<ToolRecord>,
+}
+
+/// What a message is to native tool calls, in a record: `{"tool_calls": {"content", "calls"}}` for an
+/// assistant message that made calls, `{"result": {"name"}}` for a tool's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolRecord {
+    /// The calls an assistant message made, in order, and its text before them (`None` when there was
+    /// none but whitespace): what the chat template renders the turn from.
+    ToolCalls {
+        content: Option<String>,
+        calls: Vec<ToolCallRecord>,
+    },
+    /// The result of a call of the function `name`.
+    Result { name: String },
+}
+
+/// One call: the function's name and its arguments (a JSON object).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl From<&crate::tools::ToolTurn> for ToolRecord {
+    fn from(turn: &crate::tools::ToolTurn) -> Self {
+        match turn {
+            crate::tools::ToolTurn::Calls(reply) => ToolRecord::ToolCalls {
+                content: reply.content.clone(),
+                calls: reply
+                    .calls
+                    .iter()
+                    .map(|call| ToolCallRecord {
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                    })
+                    .collect(),
+            },
+            crate::tools::ToolTurn::Result { name } => ToolRecord::Result { name: name.clone() },
+        }
+    }
 }
 
 /// The message as a chat request sends it: its parts' text joined.

@@ -24,6 +24,16 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
+/// What a message is to native tool calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolTurn {
+    /// An assistant message that made calls: the template renders it with the reply's content (the
+    /// text before the calls) and its calls as `tool_calls`.
+    Calls(ToolReply),
+    /// A `tool` message: the result of a call of the function `name`.
+    Result { name: String },
+}
+
 /// A reply read in a tool-call format: the text before the calls (`None` when there is none but
 /// whitespace) and the calls.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,7 @@ use super::api::{reply, Api, ApiError, Info, Registration, Retry, ScoredData, MA
 use holo_core::interpreter::Row;
 use holo_core::loom::{
     ContextRecord, MessageRecord, PartRecord, RolloutRecord, RolloutSource, TokensRecord,
+    ToolCallRecord, ToolRecord,
 };
 use holo_core::machine::Rollout;
 use holo_core::Role;
@@ -392,6 +393,7 @@ pub fn records(
                                 text,
                                 sampled: role == Role::Assistant,
                             }],
+                            tool: tool_record(message),
                         }
                     })
                     .collect()
@@ -407,6 +409,7 @@ pub fn records(
             contexts: vec![ContextRecord {
                 trained: true,
                 messages,
+                tools: Vec::new(),
                 tokens: Some(TokensRecord {
                     ids: tokens.iter().map(|&id| id as u32).collect(),
                     loss_mask: trained.iter().map(|&trained| u8::from(trained)).collect(),
@@ -519,9 +522,81 @@ impl RolloutSource for NoHoloware {
     }
 }
 
+/// What an OpenAI message an environment sent is to tool calls: an assistant message's `tool_calls`
+/// (arguments given as JSON text are read back into objects), or a `tool` message's function `name`.
+fn tool_record(message: &serde_json::Map<String, Value>) -> Option<ToolRecord> {
+    match message.get("role").and_then(Value::as_str) {
+        Some("tool") => Some(ToolRecord::Result {
+            name: message
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        }),
+        Some("assistant") => {
+            let calls = message.get("tool_calls")?.as_array()?;
+            Some(ToolRecord::ToolCalls {
+                content: message
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .filter(|text| !text.trim().is_empty())
+                    .map(str::to_string),
+                calls: calls
+                    .iter()
+                    .map(|call| {
+                        let function = call.get("function").unwrap_or(call);
+                        let arguments = match function.get("arguments") {
+                            Some(Value::String(text)) => serde_json::from_str(text)
+                                .unwrap_or_else(|_| Value::String(text.clone())),
+                            Some(other) => other.clone(),
+                            None => json!({}),
+                        };
+                        ToolCallRecord {
+                            name: function
+                                .get("name")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_string(),
+                            arguments,
+                        }
+                    })
+                    .collect(),
+            })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An environment's OpenAI messages keep their tool calls (arguments sent as JSON text read back
+    /// into objects) and their tool results' function names in the records.
+    #[test]
+    fn openai_tool_messages_become_tool_records() {
+        let object = |value: Value| value.as_object().unwrap().clone();
+        let calling = object(json!({"role": "assistant", "content": " ", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2}"}}
+        ]}));
+        assert_eq!(
+            tool_record(&calling),
+            Some(ToolRecord::ToolCalls {
+                content: None,
+                calls: vec![ToolCallRecord {
+                    name: "add".into(),
+                    arguments: json!({"a": 2}),
+                }],
+            })
+        );
+        let result = object(json!({"role": "tool", "name": "add", "content": "4"}));
+        assert_eq!(
+            tool_record(&result),
+            Some(ToolRecord::Result { name: "add".into() })
+        );
+        let plain = object(json!({"role": "assistant", "content": "4"}));
+        assert_eq!(tool_record(&plain), None);
+    }
 
     fn group() -> ScoredData {
         ScoredData {

@@ -701,14 +701,17 @@ mod tests {
         };
         ContextRecord {
             trained: true,
+            tools: Vec::new(),
             messages: vec![
                 MessageRecord {
                     role: Role::User,
                     parts: vec![part("q", false)],
+                    tool: None,
                 },
                 MessageRecord {
                     role: Role::Assistant,
                     parts: vec![part("a", true), part("b", true)],
+                    tool: None,
                 },
             ],
             tokens: Some(TokensRecord {

@@ -265,22 +265,27 @@ mod tests {
     fn two_turns() -> ContextRecord {
         ContextRecord {
             trained: true,
+            tools: Vec::new(),
             messages: vec![
                 MessageRecord {
                     role: Role::User,
                     parts: vec![part("q", false)],
+                    tool: None,
                 },
                 MessageRecord {
                     role: Role::Assistant,
                     parts: vec![part("a", true)],
+                    tool: None,
                 },
                 MessageRecord {
                     role: Role::User,
                     parts: vec![part("sure?", false)],
+                    tool: None,
                 },
                 MessageRecord {
                     role: Role::Assistant,
                     parts: vec![part("", false), part("b", true)],
+                    tool: None,
                 },
             ],
             tokens: Some(TokensRecord {

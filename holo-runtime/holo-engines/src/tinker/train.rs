@@ -98,6 +98,13 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "cannot run (the service neither reports nor replays its routing)",
         );
     }
+    if config.training.save_only_model {
+        return refuse(
+            "save_only_model",
+            "does nothing (the service saves the weights with the optimizer's state, and the run \
+             folder holds only their paths)",
+        );
+    }
     if config.beta != 0.0 {
         return refuse(
             "beta",

@@ -136,17 +136,44 @@ impl CustomOp2 for TargetScores {
             &TargetScoresBackward {
                 temperature: self.temperature,
                 targets: targets.to_vec1::<u32>()?,
+                first: 0,
             },
         )?;
         Ok((Some(grad), None))
     }
 }
 
+/// The gradient of a block of logits `[N, C]`, the vocabulary's columns `first..first + C` (f32 or f64,
+/// CPU), from the scores [`target_scores`] gave for the whole rows and the scores' gradient `[N, 4]`:
+/// what the fused op's backward computes, for a caller that recomputes the logits a block at a time
+/// instead of keeping them (the chunked output head). Each entry needs only its own logit and its row's
+/// scores (normalizer, entropy), so any block of columns can be done alone.
+pub(crate) fn logits_gradient(
+    logits: &Tensor,
+    first: usize,
+    targets: &[u32],
+    scores: &Tensor,
+    grad_scores: &Tensor,
+    temperature: f64,
+) -> Result<Tensor> {
+    logits.contiguous()?.apply_op3_no_bwd(
+        &scores.contiguous()?,
+        &grad_scores.contiguous()?,
+        &TargetScoresBackward {
+            temperature,
+            targets: targets.to_vec(),
+            first,
+        },
+    )
+}
+
 /// The logits' gradient: `(g_lp · (onehot − p) − g_H · p · (log p + H)) / temperature` per row, from the
-/// logits, the forward's scores (normalizer and entropy) and the scores' gradient.
+/// logits, the forward's scores (normalizer and entropy) and the scores' gradient. The logits may be a
+/// block of the vocabulary's columns, starting at `first`.
 struct TargetScoresBackward {
     temperature: f64,
     targets: Vec<u32>,
+    first: usize,
 }
 
 impl CustomOp3 for TargetScoresBackward {
@@ -176,7 +203,7 @@ impl CustomOp3 for TargetScoresBackward {
         let gradient = match logits.dtype() {
             DType::F32 => CpuStorage::F32(backward(
                 contiguous(logits, logits_layout, WHAT)?,
-                vocab,
+                (vocab, self.first),
                 &self.targets,
                 contiguous(scores, scores_layout, WHAT)?,
                 contiguous(grad, grad_layout, WHAT)?,
@@ -184,7 +211,7 @@ impl CustomOp3 for TargetScoresBackward {
             )),
             DType::F64 => CpuStorage::F64(backward(
                 contiguous(logits, logits_layout, WHAT)?,
-                vocab,
+                (vocab, self.first),
                 &self.targets,
                 contiguous(scores, scores_layout, WHAT)?,
                 contiguous(grad, grad_layout, WHAT)?,
@@ -224,9 +251,10 @@ fn forward<T: Real>(logits: &[T], vocab: usize, targets: &[u32], temperature: T)
     Ok(scores)
 }
 
+/// `(vocab, first)`: the block's width and its first column in the vocabulary.
 fn backward<T: Real>(
     logits: &[T],
-    vocab: usize,
+    (vocab, first): (usize, usize),
     targets: &[u32],
     scores: &[T],
     grad: &[T],
@@ -257,7 +285,12 @@ fn backward<T: Real>(
                 *out = -(g_logprob * p + g_entropy * entropy_term) / temperature;
             }
         }
-        gradient[target as usize] += g_logprob / temperature;
+        if let Some(column) = (target as usize)
+            .checked_sub(first)
+            .filter(|&column| column < vocab)
+        {
+            gradient[column] += g_logprob / temperature;
+        }
     });
     gradient
 }

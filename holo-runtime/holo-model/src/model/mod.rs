@@ -18,6 +18,7 @@ mod experts;
 mod layer;
 mod linear;
 mod norm;
+mod output;
 mod rotary;
 
 use candle_core::{DType, Device, Tensor, Var, D};
@@ -43,6 +44,7 @@ pub use linear::{
     targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
 };
 pub use norm::RmsNorm;
+pub use output::LOGITS_BUDGET;
 pub(crate) use rotary::apply_rope;
 use rotary::Rope;
 
@@ -59,6 +61,8 @@ pub struct Model {
     /// The windowed layers' RoPE, when it is not the others'
     /// ([`crate::config::Variant::local_rope`]).
     local_rope: Option<Rope>,
+    /// How many elements of logits the training head holds at once ([`Model::with_head_budget`]).
+    head_budget: usize,
 }
 
 impl Model {
@@ -104,6 +108,7 @@ impl Model {
                 .as_ref()
                 .map(|(theta, scaling)| rope(*theta, scaling))
                 .transpose()?,
+            head_budget: LOGITS_BUDGET,
         };
         if model.embed_tokens.dtype() == DType::BF16 && model.device().is_cpu() {
             // bf16 weights with f32 arithmetic (see `bf16`): the vectors (norms, biases) and the
@@ -732,17 +737,7 @@ impl Model {
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let linear = Linear {
-            weight: head.clone(),
-            bias: None,
-            lora: None,
-        };
-        let logits = linear.forward(hidden, ops)?;
-        match logits.dtype() {
-            DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
-            _ => Ok(logits),
-        }
+        output::project(hidden, self.head_weight(), ops)
     }
 
     /// Log-probability of each next token, `[B, T - 1]` (f32, or f64 for an f64 model): entry `t` is `log p(ids[t + 1] | ids[..=t])`,
@@ -774,9 +769,9 @@ impl Model {
         let batch = input_ids.dim(0)?;
         let hidden = hidden.narrow(1, 0, len - 1)?;
         let hidden = hidden.reshape((batch * (len - 1), hidden.dim(2)?))?;
-        let logits = self.logits(&hidden, Ops::Differentiable)?;
         let targets = input_ids.narrow(1, 1, len - 1)?.flatten_all()?;
-        let picked = crate::kernels::head::target_scores(&logits, &targets, 1.0)?
+        let picked = self
+            .head_scores(&hidden, &targets, 1.0)?
             .narrow(1, crate::kernels::head::column::LOGPROB, 1)?
             .reshape((batch, len - 1))?;
         let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;

@@ -105,7 +105,12 @@ impl TrainingConfig for SftConfig {
         "eos_token",
         "lora_target_modules",
     ];
-    const RESUMABLE_KEYS: &'static [&'static str] = &["save_steps", "save_total_limit"];
+    const RESUMABLE_KEYS: &'static [&'static str] = &[
+        "save_steps",
+        "save_total_limit",
+        "save_strategy",
+        "save_only_model",
+    ];
 
     fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
         match key {

@@ -204,7 +204,7 @@ impl SftTrainer {
                 window.loss, metrics["mean_token_accuracy"]
             ));
             progress.set_position(step);
-            if step % config.training.save_steps == 0 || step == total {
+            if config.training.saves_after(step, step == total) {
                 let saved = self.trained.save(&self.run, &state, &config)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));

@@ -315,7 +315,10 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                     .map_or(String::new(), |kl| format!(", kl {kl:.4}")),
             ));
             progress.set_position(step);
-            if step.is_multiple_of(config.training.save_steps) || last_step || state.guard.stopped {
+            if config
+                .training
+                .saves_after(step, last_step || state.guard.stopped)
+            {
                 let saved = self.save(runtime, state)?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));

@@ -20,6 +20,11 @@ pub struct InitModelArgs {
     /// Seeds the weights; the same seed writes the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The vocabulary's size: the offline tokenizer's 512 ids padded with added tokens `<|extra_N|>`
+    /// up to it, for benchmarks at a real family's vocabulary (Qwen2.5 and Qwen3: 151936; Llama 3:
+    /// 128256; SmolLM2: 49152; Gemma 3: 262144).
+    #[arg(long)]
+    pub vocab: Option<usize>,
     /// Write into a folder that is not empty, replacing the model files in it.
     #[arg(long)]
     pub force: bool,
@@ -32,6 +37,7 @@ pub fn run(args: InitModelArgs) -> ExitCode {
         arch,
         preset,
         seed,
+        vocab,
         force,
         out_dir,
     } = args;
@@ -40,6 +46,7 @@ pub fn run(args: InitModelArgs) -> ExitCode {
         preset,
         seed,
         force,
+        vocab,
     };
     match init::init_model(&out_dir, &options) {
         Ok(summary) => {

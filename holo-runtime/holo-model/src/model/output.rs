@@ -1,0 +1,343 @@
+//! The output head in training: the scores of the trained tokens (log-probability, entropy, top-1; see
+//! [`crate::head`]) from the final hidden states, without the whole `[tokens, vocabulary]` logits when
+//! those are large.
+//!
+//! Why: at a real vocabulary the logits, not the model, are what runs out of memory. A micro-batch of
+//! 8 completions of 256 tokens under Qwen's 151,936-token vocabulary has 1.2 GB of f32 logits, and the
+//! backward as much again for their gradient (TRL's and verl's users meet this as "OOM at the loss").
+//! Above [`LOGITS_BUDGET`] elements the forward computes the logits a block of rows at a time and keeps
+//! only each row's four scores; the backward recomputes them a block of vocabulary columns at a time
+//! (every entry of the logits' gradient needs only its own logit and its row's normalizer and entropy)
+//! and turns each block into its rows of the head's gradient and its share of the hidden states'.
+//! The price is one more head product, as Liger-Kernel's fused linear cross-entropy pays it; below the
+//! budget nothing is recomputed and the logits are computed whole, as before.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
+
+use super::{Linear, Model, Ops, Result};
+use crate::kernels::head::{column, logits_gradient, target_scores};
+use crate::kernels::kernel::contiguous;
+use crate::kernels::matrix::multiply;
+
+/// How many elements of logits (f32: 4 bytes each) the training head holds at once: 256 MiB.
+pub const LOGITS_BUDGET: usize = 64 << 20;
+
+impl Model {
+    /// [`target_scores`] of the logits of `hidden` `[N, hidden]` (f32 or f64, see [`Model::logits`])
+    /// for `targets` `[N]`, at `temperature`: `[N, 4]`, differentiable with respect to `hidden` and
+    /// to the head's weight when it is trained. Beyond [`LOGITS_BUDGET`] on the CPU the logits are never
+    /// whole (this module's doc says how; [`Model::with_head_budget`] sets the budget).
+    pub fn head_scores(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        temperature: f64,
+    ) -> Result<Tensor> {
+        scores_within(
+            hidden,
+            self.head_weight(),
+            targets,
+            temperature,
+            self.head_budget,
+        )
+    }
+
+    /// The model whose training head holds at most about `elements` logits at once (default
+    /// [`LOGITS_BUDGET`]); the models made from it ([`Model::trainable`], [`Model::with_lora`],
+    /// [`Model::detached`]) keep it.
+    pub fn with_head_budget(mut self, elements: usize) -> Self {
+        self.head_budget = elements.max(1);
+        self
+    }
+
+    /// The output projection's weight `[vocab, hidden]`: `lm_head`, or the embeddings it is tied to.
+    pub(crate) fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+}
+
+/// The logits of `hidden` `[N, hidden]` under the output projection `weight` `[V, hidden]`, in f32 (f64
+/// for an f64 model): half-precision products are widened after the product, as `Model::logits` does.
+pub(crate) fn project(hidden: &Tensor, weight: &Tensor, ops: Ops) -> Result<Tensor> {
+    let linear = Linear {
+        weight: weight.clone(),
+        bias: None,
+        lora: None,
+    };
+    let logits = linear.forward(hidden, ops)?;
+    match logits.dtype() {
+        DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
+        _ => Ok(logits),
+    }
+}
+
+/// [`Model::head_scores`] holding at most about `budget` elements of logits at once.
+pub(crate) fn scores_within(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    budget: usize,
+) -> Result<Tensor> {
+    let (rows, vocab) = (hidden.dim(0)?, weight.dim(0)?);
+    if rows.saturating_mul(vocab) <= budget || !hidden.device().is_cpu() {
+        return target_scores(
+            &project(hidden, weight, Ops::Differentiable)?,
+            targets,
+            temperature,
+        );
+    }
+    let targets = targets.to_dtype(DType::U32)?;
+    let (hidden_values, weight_values) = (hidden.detach(), weight.detach());
+    let block = (budget / vocab).max(1);
+    let mut scores = Vec::with_capacity(rows.div_ceil(block));
+    for start in (0..rows).step_by(block) {
+        let len = block.min(rows - start);
+        let logits = project(
+            &hidden_values.narrow(0, start, len)?,
+            &weight_values,
+            Ops::Differentiable,
+        )?;
+        scores.push(target_scores(
+            &logits,
+            &targets.narrow(0, start, len)?,
+            temperature,
+        )?);
+    }
+    let scores = Tensor::cat(&scores, 0)?;
+    if !hidden.track_op() && !weight.track_op() {
+        return Ok(scores);
+    }
+    hidden.apply_op3(
+        weight,
+        &scores,
+        ChunkedHead {
+            targets: targets.to_vec1()?,
+            temperature,
+            budget,
+        },
+    )
+}
+
+/// The scores of [`scores_within`] as an operation of the hidden states and the head's weight: its
+/// forward hands on the scores computed block by block (its third operand), its backward recomputes
+/// the logits a block of columns at a time.
+struct ChunkedHead {
+    targets: Vec<u32>,
+    temperature: f64,
+    budget: usize,
+}
+
+impl CustomOp3 for ChunkedHead {
+    fn name(&self) -> &'static str {
+        "chunked-head"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _hidden: &CpuStorage,
+        _hidden_layout: &Layout,
+        _weight: &CpuStorage,
+        _weight_layout: &Layout,
+        scores: &CpuStorage,
+        scores_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        const WHAT: &str = "chunked-head";
+        let copy = match scores.dtype() {
+            DType::F32 => CpuStorage::F32(contiguous::<f32>(scores, scores_layout, WHAT)?.to_vec()),
+            DType::F64 => CpuStorage::F64(contiguous::<f64>(scores, scores_layout, WHAT)?.to_vec()),
+            other => candle_core::bail!("{WHAT}: scores are {other:?}"),
+        };
+        Ok((copy, scores_layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        scores: &Tensor,
+        _result: &Tensor,
+        grad_scores: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let trained = weight.track_op();
+        let (hidden, weight) = (hidden.detach().contiguous()?, weight.detach());
+        let (rows, vocab) = (hidden.dim(0)?, weight.dim(0)?);
+        let (scores, grad_scores) = (scores.contiguous()?, grad_scores.contiguous()?);
+        // The top-1 and normalizer columns carry no gradient; the kernel reads only the others.
+        debug_assert!(column::LOGPROB < column::COUNT && column::ENTROPY < column::COUNT);
+        let columns = (self.budget / rows.max(1)).max(1);
+        let mut grad_hidden: Option<Tensor> = None;
+        let mut grad_weight = Vec::with_capacity(if trained { vocab.div_ceil(columns) } else { 0 });
+        for first in (0..vocab).step_by(columns) {
+            let width = columns.min(vocab - first);
+            let block = weight.narrow(0, first, width)?;
+            let logits = project(&hidden, &block, Ops::Differentiable)?;
+            let grad_logits = logits_gradient(
+                &logits,
+                first,
+                &self.targets,
+                &scores,
+                &grad_scores,
+                self.temperature,
+            )?;
+            drop(logits);
+            // The products run in the weight's type, as the whole head's backward runs them.
+            let grad_logits = grad_logits.to_dtype(block.dtype())?;
+            let share = multiply(&grad_logits, &block.contiguous()?)?.to_dtype(scores.dtype())?;
+            grad_hidden = Some(match grad_hidden {
+                Some(sum) => (sum + share)?,
+                None => share,
+            });
+            if trained {
+                grad_weight.push(multiply(&grad_logits.t()?, &hidden)?);
+            }
+        }
+        let grad_hidden = match grad_hidden {
+            Some(grad) => grad.to_dtype(hidden.dtype())?,
+            None => hidden.zeros_like()?,
+        };
+        let grad_weight = if trained {
+            Some(Tensor::cat(&grad_weight, 0)?)
+        } else {
+            None
+        };
+        Ok((Some(grad_hidden), grad_weight, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+    use crate::testing::{max_difference, sines};
+
+    /// `Σ a · logprob + Σ b · entropy`, with seeded weights per row (the top-1 column must carry none).
+    fn loss(scores: &Tensor) -> Tensor {
+        let rows = scores.dim(0).unwrap();
+        let weights = sines((rows, column::COUNT), 0.61, scores.dtype())
+            .broadcast_mul(
+                &Tensor::new(&[1.0f64, 0.5, 7.0, 0.0], &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(scores.dtype())
+                    .unwrap(),
+            )
+            .unwrap();
+        (scores * weights).unwrap().sum_all().unwrap()
+    }
+
+    fn targets(rows: usize, vocab: usize) -> Tensor {
+        let ids: Vec<u32> = (0..rows).map(|i| ((i * 37 + 11) % vocab) as u32).collect();
+        Tensor::new(ids.as_slice(), &Device::Cpu).unwrap()
+    }
+
+    /// Scores and both gradients in blocks (rows in the forward, columns in the backward, with uneven
+    /// last blocks) equal those of the whole logits, in f64 and f32, the head trained or frozen, at two
+    /// temperatures.
+    #[test]
+    fn blocks_give_the_whole_heads_scores_and_gradients() {
+        let (rows, hidden_size, vocab) = (23, 16, 101);
+        for dtype in [DType::F64, DType::F32] {
+            let tolerance = if dtype == DType::F64 { 1e-12 } else { 2e-5 };
+            for temperature in [1.0, 0.7] {
+                for trained in [true, false] {
+                    let hidden =
+                        Var::from_tensor(&sines((rows, hidden_size), 0.37, dtype)).unwrap();
+                    let weight =
+                        Var::from_tensor(&sines((vocab, hidden_size), 0.11, dtype)).unwrap();
+                    let weight_tensor = if trained {
+                        weight.as_tensor().clone()
+                    } else {
+                        weight.as_tensor().detach()
+                    };
+                    let targets = targets(rows, vocab);
+                    let whole = scores_within(
+                        hidden.as_tensor(),
+                        &weight_tensor,
+                        &targets,
+                        temperature,
+                        usize::MAX,
+                    )
+                    .unwrap();
+                    // 7 · 101 elements: blocks of 7 rows forward, of 30 columns backward.
+                    let blocked = scores_within(
+                        hidden.as_tensor(),
+                        &weight_tensor,
+                        &targets,
+                        temperature,
+                        7 * vocab + 3,
+                    )
+                    .unwrap();
+                    assert!(max_difference(&whole, &blocked) <= tolerance);
+                    let whole_grads = loss(&whole).backward().unwrap();
+                    let blocked_grads = loss(&blocked).backward().unwrap();
+                    let grad = |grads: &candle_core::backprop::GradStore, var: &Var| {
+                        grads.get(var.as_tensor()).cloned()
+                    };
+                    let (a, b) = (
+                        grad(&whole_grads, &hidden).unwrap(),
+                        grad(&blocked_grads, &hidden).unwrap(),
+                    );
+                    assert!(
+                        max_difference(&a, &b) <= tolerance,
+                        "{dtype:?} t={temperature} hidden: {}",
+                        max_difference(&a, &b)
+                    );
+                    match (grad(&whole_grads, &weight), grad(&blocked_grads, &weight)) {
+                        (Some(a), Some(b)) => {
+                            assert!(trained);
+                            assert!(
+                                max_difference(&a, &b) <= tolerance,
+                                "{dtype:?} t={temperature} weight: {}",
+                                max_difference(&a, &b)
+                            );
+                        }
+                        (None, None) => assert!(!trained),
+                        other => panic!("weight gradients differ in presence: {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A bf16 head: the blocks' products run in bf16 as the whole head's do; results agree to bf16's
+    /// precision.
+    #[test]
+    fn a_half_precision_head_in_blocks() {
+        let (rows, hidden_size, vocab) = (9, 16, 64);
+        let hidden = Var::from_tensor(&sines((rows, hidden_size), 0.37, DType::BF16)).unwrap();
+        let weight = Var::from_tensor(&sines((vocab, hidden_size), 0.11, DType::BF16)).unwrap();
+        let targets = targets(rows, vocab);
+        let score = |budget| {
+            scores_within(
+                hidden.as_tensor(),
+                weight.as_tensor(),
+                &targets,
+                1.0,
+                budget,
+            )
+            .unwrap()
+        };
+        let (whole, blocked) = (score(usize::MAX), score(2 * vocab));
+        assert_eq!(blocked.dtype(), DType::F32);
+        assert!(max_difference(&whole, &blocked) <= 1e-6);
+        let (a, b) = (
+            loss(&whole).backward().unwrap(),
+            loss(&blocked).backward().unwrap(),
+        );
+        for var in [&hidden, &weight] {
+            let (x, y) = (
+                a.get(var.as_tensor())
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap(),
+                b.get(var.as_tensor())
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap(),
+            );
+            assert!(max_difference(&x, &y) <= 2e-2 * crate::testing::max_abs(&x).max(1.0));
+        }
+    }
+}
