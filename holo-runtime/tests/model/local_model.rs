@@ -11,7 +11,8 @@ use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
 use holo_runtime::local::testing::random_model_seeded;
 use holo_runtime::local::{
-    Arch, Experts, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling, Variant,
+    Arch, ClampedSwiGlu, Experts, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling,
+    Variant,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,8 +22,10 @@ use rand_chacha::ChaCha8Rng;
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
 /// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads,
-/// Qwen3.5's linear attention, Qwen3-MoE's experts (on the second layer; a dense MLP on the first).
-const ARCHS: [Arch; 12] = holo_runtime::local::init::ARCHS;
+/// Qwen3.5's linear attention, Qwen3-MoE's experts (on the second layer; a dense MLP on the first),
+/// gpt-oss's sinks, biases, YaRN, window on the first layer and clamped experts with biases on both
+/// (the clamp at 0.05, where these activations reach it).
+const ARCHS: [Arch; 13] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -48,11 +51,19 @@ fn config(arch: Arch) -> ModelConfig {
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 16,
             },
+            Arch::GptOss => RopeScaling::Yarn {
+                factor: 4.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 16,
+                truncate: false,
+                attention_factor: 1.1,
+            },
             _ => RopeScaling::None,
         },
         tie_word_embeddings: arch == Arch::Qwen2,
-        qkv_bias: arch == Arch::Qwen2,
-        o_bias: false,
+        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::GptOss),
+        o_bias: arch == Arch::GptOss,
         mlp_bias: false,
         variant: Variant {
             rotary_dim: matches!(arch, Arch::Phi3 | Arch::Qwen3_5).then_some(2),
@@ -62,12 +73,14 @@ fn config(arch: Arch) -> ModelConfig {
             .map(|layer| LayerSpec {
                 window: match arch {
                     Arch::Mistral => Some(3),
-                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 if layer == 0 => Some(3),
+                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 | Arch::GptOss if layer == 0 => {
+                        Some(3)
+                    }
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,
                 linear: arch == Arch::Qwen3_5 && layer == 0,
-                experts: arch == Arch::Qwen3Moe && layer == 1,
+                experts: (arch == Arch::Qwen3Moe && layer == 1) || arch == Arch::GptOss,
             })
             .collect(),
         linear_attention: (arch == Arch::Qwen3_5).then_some(LinearAttention {
@@ -77,14 +90,30 @@ fn config(arch: Arch) -> ModelConfig {
             value_head_dim: 3,
             conv_kernel: 4,
         }),
-        experts: (arch == Arch::Qwen3Moe).then_some(Experts {
-            count: 5,
-            per_token: 2,
-            intermediate_size: 7,
-            normalize: false,
-            aux_loss_coef: 0.001,
-            aux_loss: false,
-        }),
+        experts: (arch == Arch::Qwen3Moe)
+            .then_some(Experts {
+                count: 5,
+                per_token: 2,
+                intermediate_size: 7,
+                normalize: false,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+                softmax_over_chosen: false,
+                clamped: None,
+            })
+            .or((arch == Arch::GptOss).then_some(Experts {
+                count: 5,
+                per_token: 2,
+                intermediate_size: 7,
+                normalize: false,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+                softmax_over_chosen: true,
+                clamped: Some(ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: 0.05,
+                }),
+            })),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
@@ -941,7 +970,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
         // A mixture of experts takes adapters on its attention only: PEFT reads the MLP's names as
         // every expert's.
         let lora = match arch {
-            Arch::Qwen3Moe => {
+            Arch::Qwen3Moe | Arch::GptOss => {
                 let error = base.with_lora(&all).unwrap_err().to_string();
                 assert!(error.contains("mixture-of-experts"), "{error}");
                 LoraConfig {

@@ -15,13 +15,15 @@ use super::kernel::Result;
 
 /// Softmax attention of `q` `[B, H, T, D]` over `k` and `v` `[B, KV, S, D]` (query head `h` reads key
 /// head `h / (H / KV)`) under the additive `mask` `[B, 1, T, S]` (−∞ hides a key), with scores scaled by
-/// `scale`: `[B, T, H · D]`. CPU, f32.
+/// `scale`: `[B, T, H · D]`. CPU, f32. With `sinks` `[H]`, head `h`'s sink joins each of its rows in
+/// the softmax and takes its share of the weight to nothing (gpt-oss).
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Tensor,
     scale: f64,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (batch, heads, len, dim) = q.dims4()?;
     let (_, kv_heads, keys, _) = k.dims4()?;
@@ -41,6 +43,10 @@ pub(crate) fn attention(
         );
     }
     let group = heads / kv_heads;
+    let sinks = match sinks {
+        Some(sinks) => Some(sinks.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+        None => None,
+    };
     let (q, mask) = (q.contiguous()?, mask.contiguous()?);
     let rows_of = |t: &Tensor| -> Result<Tensor> {
         // Rows of `D` values must be contiguous; the cache's views are, with their own strides above.
@@ -82,7 +88,11 @@ pub(crate) fn attention(
             max = max.max(score);
             scores.push((s, score));
         }
-        let mut total = 0f32;
+        let sink = sinks.as_ref().map(|sinks| sinks[h]);
+        if let Some(sink) = sink {
+            max = max.max(sink);
+        }
+        let mut total = sink.map_or(0.0, |sink| (sink - max).exp());
         for (_, score) in &mut scores {
             *score = (*score - max).exp();
             total += *score;

@@ -23,7 +23,9 @@ mod rotary;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
 
-use super::config::{Activation, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling};
+use super::config::{
+    Activation, ClampedSwiGlu, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling,
+};
 use super::dispatch::{self, Operands, Product};
 pub use super::layout::positions_from_mask;
 use super::layout::{attention_mask, window_mask, Layout};
@@ -35,7 +37,7 @@ pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::Mixture;
+pub use experts::{checkpoint_tensors, Mixture};
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
@@ -188,15 +190,20 @@ impl Model {
                 o_proj,
                 q_norm,
                 k_norm,
+                sinks,
                 ..
             }) => {
                 let mut linears = qkv.named_mut();
                 linears.push(("o_proj", o_proj));
-                let norms = [("q_norm.weight", q_norm), ("k_norm.weight", k_norm)]
-                    .into_iter()
-                    .filter_map(|(name, norm)| Some((name, &mut norm.as_mut()?.weight)))
-                    .collect();
-                (linears, norms)
+                let mut others: Vec<(&str, &mut Tensor)> =
+                    [("q_norm.weight", q_norm), ("k_norm.weight", k_norm)]
+                        .into_iter()
+                        .filter_map(|(name, norm)| Some((name, &mut norm.as_mut()?.weight)))
+                        .collect();
+                if let Some(sinks) = sinks {
+                    others.push(("sinks", sinks));
+                }
+                (linears, others)
             }
             Mixer::Linear(linear) => {
                 let (linears, others) = linear.parts_mut();
@@ -786,7 +793,7 @@ impl Model {
 
 /// Whether LoRA can adapt the projection `name` (in its layer): not a mixture's router or experts.
 fn adaptable(name: &str) -> bool {
-    name != "mlp.gate" && !name.starts_with("mlp.experts.")
+    name != "mlp.gate" && name != "mlp.router" && !name.starts_with("mlp.experts.")
 }
 
 /// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each
