@@ -344,6 +344,17 @@ impl Model {
                 }
             }
         }
+        if self.config.experts.is_some() {
+            if let Some(mlp) = config.targets.iter().find(|target| {
+                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
+            }) {
+                candle_core::bail!(
+                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
+                     that name, and the experts take no adapters here; target the attention projections \
+                     (q_proj, k_proj, v_proj, o_proj)"
+                );
+            }
+        }
         if let Some(unknown) = config.targets.iter().find(|&target| {
             !names
                 .iter()
@@ -361,17 +372,6 @@ impl Model {
                 self.config.arch,
                 names.join(", ")
             );
-        }
-        if self.config.experts.is_some() {
-            if let Some(mlp) = config.targets.iter().find(|target| {
-                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
-            }) {
-                candle_core::bail!(
-                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
-                     that name, and the experts take no adapters here; target the attention projections \
-                     (q_proj, k_proj, v_proj, o_proj)"
-                );
-            }
         }
         self.sampling_only()?;
         let mut model = self.detached();
