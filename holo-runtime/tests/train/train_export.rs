@@ -6,7 +6,7 @@
 //! Each fixture model (Qwen2: q/k/v biases, tied embeddings; Llama: untied LM head; Qwen3: q/k norms,
 //! heads wider than hidden / heads; Mistral and Ministral: sliding windows; SmolLM3: a layer without
 //! RoPE; OLMo 2 and 3: norms after attention and the MLP; Gemma 3: offset norms, GeGLU, scaled
-//! embeddings) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
+//! embeddings; Qwen3-MoE and gpt-oss: experts, gpt-oss's stacked in the export) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
 //! the advantages are zero; `--entropy-coef` gives the weights a gradient all the same.
 
 use std::collections::{BTreeSet, HashMap};
@@ -17,8 +17,8 @@ use std::process::{Command, Output};
 use crate::common::holo_command;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::LoraConfig;
-use holo_runtime::local::Model;
+use holo_runtime::local::model::{checkpoint_tensors, LoraConfig};
+use holo_runtime::local::{Model, ModelConfig};
 use serde_json::{json, Value};
 
 /// What our model loaded from an export may differ from the trained one by (the merged matrix product
@@ -32,7 +32,7 @@ const LORA_TARGETS: [&str; 3] = ["q_proj", "v_proj", "down_proj"];
 /// names PEFT takes to mean the experts (which take no adapters here, see `Model::with_lora`).
 fn lora_targets(model: &str) -> &'static [&'static str] {
     match model {
-        "qwen3_moe" => &LORA_TARGETS[..2],
+        "qwen3_moe" | "gpt_oss" => &LORA_TARGETS[..2],
         _ => &LORA_TARGETS,
     }
 }
@@ -203,10 +203,17 @@ fn write_logits(path: &Path, sequences: &[Vec<u32>], logits: &[Vec<Vec<f32>>]) {
     fs::write(path, text).unwrap();
 }
 
-/// (i) A full fine-tuning export holds exactly the checkpoint's weights, under the base's names.
+/// (i) A full fine-tuning export holds exactly the checkpoint's weights, under the base's names (the
+/// checkpoint's, as the trainer holds them, laid out as the family's checkpoints: gpt-oss's experts
+/// stacked).
 fn check_full_weights(base_dir: &Path, checkpoint: &Path, out: &Path) {
     let base = tensors(&base_dir.join("model.safetensors"));
+    let config = ModelConfig::from_file(&base_dir.join("config.json")).unwrap();
     let saved = tensors(&checkpoint.join("model.safetensors"));
+    let saved: HashMap<String, Tensor> = checkpoint_tensors(&config, saved.into_iter().collect())
+        .unwrap()
+        .into_iter()
+        .collect();
     let exported = tensors(&out.join("model.safetensors"));
     assert_eq!(keys(&exported), keys(&base), "{}", out.display());
     assert_eq!(keys(&saved), keys(&base), "every weight is trained");
