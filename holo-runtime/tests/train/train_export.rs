@@ -472,10 +472,9 @@ fn python_check(cases: &[Case]) {
     assert!(output.status.success(), "{stdout}\n{stderr}");
 }
 
-#[test]
-fn exports_load_with_the_trained_weights_and_logits() {
-    let work = crate::common::tempdir::Dir::new("runs");
-    let data = work.path().join("rows.jsonl");
+/// The training rows, written into `work`.
+fn rows(work: &Path) -> PathBuf {
+    let data = work.join("rows.jsonl");
     let rows: String = (1..=16)
         .map(|i| {
             format!(
@@ -485,6 +484,13 @@ fn exports_load_with_the_trained_weights_and_logits() {
         })
         .collect();
     fs::write(&data, rows).unwrap();
+    data
+}
+
+#[test]
+fn exports_load_with_the_trained_weights_and_logits() {
+    let work = crate::common::tempdir::Dir::new("runs");
+    let data = rows(work.path());
 
     let mut cases = Vec::new();
     for model in crate::common::MODEL_FAMILIES {
@@ -504,4 +510,49 @@ fn exports_load_with_the_trained_weights_and_logits() {
     assert!(stderr.contains("no checkpoint-7"), "{stderr}");
 
     python_check(&cases);
+}
+
+/// A gpt-oss base with MXFP4 experts (`gpt_oss/mxfp4`) exports them dequantized, in transformers' stacks:
+/// its config without `quantization_config`, no blocks or scales, the trained model's logits, which
+/// transformers gives too.
+#[test]
+fn an_mxfp4_base_exports_its_experts_dequantized() {
+    let work = crate::common::tempdir::Dir::new("runs-mxfp4");
+    let data = rows(work.path());
+    let base_dir = fixture("gpt_oss").join("mxfp4");
+    let run_dir = work.path().join("run");
+    train(&base_dir, &data, &run_dir, None);
+    let out = work.path().join("export");
+    let exported = export(&run_dir, &out, None);
+    assert!(exported.status.success(), "{exported:?}");
+
+    let config: Value =
+        serde_json::from_str(&fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization_config").is_none(), "{config}");
+    let names = keys(&tensors(&out.join("model.safetensors")))
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert!(names.contains(&"model.layers.0.mlp.experts.gate_up_proj".to_string()));
+    assert!(!names
+        .iter()
+        .any(|name| name.ends_with("_blocks") || name.ends_with("_scales")));
+
+    let base = load(&base_dir);
+    let sequences = sequences(base.config.vocab_size);
+    let expected = logits(
+        &trained(&base, &run_dir.join("checkpoint-2"), None),
+        &sequences,
+    );
+    let diff = max_logit_diff(&logits(&load(&out), &sequences), &expected);
+    assert_eq!(diff, 0.0, "the export's logits are the trained model's");
+    assert!(max_logit_diff(&logits(&base, &sequences), &expected) > 1e-3);
+    let logits_file = work.path().join("logits.json");
+    write_logits(&logits_file, &sequences, &expected);
+    python_check(&[Case {
+        label: "gpt_oss-mxfp4-full".into(),
+        out,
+        base: base_dir,
+        logits: logits_file,
+    }]);
 }
