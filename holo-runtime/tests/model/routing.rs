@@ -352,7 +352,13 @@ fn replaying_changes_nothing_and_other_choices_change_the_output(family: &str) {
 /// routes removes those jumps: what is left is the arithmetic's own difference.
 #[test]
 fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
-    let (model, tokenizer) = moe("qwen3_moe");
+    for family in FAMILIES {
+        replay_brings_the_trainers_logprobs_to_the_samplers(family);
+    }
+}
+
+fn replay_brings_the_trainers_logprobs_to_the_samplers(family: &str) {
+    let (model, tokenizer) = moe(family);
     let sampler = model.to_dtype(DType::BF16).unwrap();
     let mut own_deltas = Vec::new();
     let mut replay_deltas = Vec::new();
@@ -388,7 +394,7 @@ fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
     let (own_mean, own_max) = stats(&own_deltas);
     let (replay_mean, replay_max) = stats(&replay_deltas);
     println!(
-        "bf16 sampler vs f32 trainer over {} sampled tokens: |Δ log p| mean {own_mean:.3e} max \
+        "{family}: bf16 sampler vs f32 trainer over {} sampled tokens: |Δ log p| mean {own_mean:.3e} max \
          {own_max:.3e} with the trainer's own routing; mean {replay_mean:.3e} max {replay_max:.3e} \
          with routing replay; the trainer's routers differ on {differ} of {compared} replayed \
          token × layer choices",
@@ -396,10 +402,11 @@ fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
     );
     assert!(
         differ > 0,
-        "the sampler's arithmetic never changed a routing: nothing was tested"
+        "{family}: the sampler's arithmetic never changed a routing: nothing was tested"
     );
     assert!(
         replay_max * 4.0 < own_max && replay_mean < own_mean,
-        "replay: mean {replay_mean} max {replay_max}; own routing: mean {own_mean} max {own_max}"
+        "{family}: replay: mean {replay_mean} max {replay_max}; own routing: mean {own_mean} max \
+         {own_max}"
     );
 }
