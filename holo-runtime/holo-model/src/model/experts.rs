@@ -94,7 +94,8 @@ impl Mixture {
         })
     }
 
-    /// The router's module name in the layer's `mlp`.
+    /// The router's module name in the layer's `mlp`: gpt-oss's (the family whose experts are clamped)
+    /// is `router`, Qwen3-MoE's `gate`.
     pub(crate) fn router_name(&self) -> &'static str {
         match self
             .experts
