@@ -183,8 +183,10 @@ pub fn load_model_with(
         })?;
     }
     let tensors = text_tower_tensors(tensors);
-    let mut tensors =
-        crate::mxfp4::dequantize_all(tensors, dtype).map_err(|error| LoadError::Weights {
+    // MXFP4 experts dequantized, then gpt-oss's stacks split into the experts the model holds.
+    let mut tensors = crate::mxfp4::dequantize_all(tensors, dtype)
+        .and_then(|tensors| crate::model::held_tensors(&config, tensors))
+        .map_err(|error| LoadError::Weights {
             file: files[0].clone(),
             message: error.to_string(),
         })?;

@@ -195,46 +195,122 @@ fn top_k(rows: &[Vec<f64>], k: usize) -> Vec<u32> {
     chosen
 }
 
-/// gpt-oss's experts as transformers holds them (`gate_up_proj` `[E, hidden, 2·inner]`, each expert's
-/// gate and up columns interleaved, gate first; `gate_up_proj_bias` `[E, 2·inner]`; `down_proj`
-/// `[E, inner, hidden]`; `down_proj_bias` `[E, hidden]`, all multiplied from the left), one [`Mlp`]
-/// per expert with its own contiguous `[out, in]` weights, so that each expert's product reads only
-/// its own and trains only its own.
+/// gpt-oss's experts: one [`Mlp`] per expert, with biases and the clamped SwiGLU, from the per-expert
+/// tensors [`held_tensors`] splits a checkpoint's stacks into (what a folder loads through), or from
+/// transformers' stacks themselves.
 fn interleaved(vb: VarBuilder, config: &ModelConfig, clamped: ClampedSwiGlu) -> Result<Vec<Mlp>> {
     let Some(sizes) = config.experts else {
         candle_core::bail!("gpt-oss experts without sizes");
     };
     let (count, hidden, inner) = (sizes.count, config.hidden_size, sizes.intermediate_size);
-    let gate_up = vb.get((count, hidden, 2 * inner), "gate_up_proj")?;
-    let gate_up_bias = vb.get((count, 2 * inner), "gate_up_proj_bias")?;
-    let down = vb.get((count, inner, hidden), "down_proj")?;
-    let down_bias = vb.get((count, hidden), "down_proj_bias")?;
+    let linear = |weight: Tensor, bias: Tensor| Linear {
+        weight,
+        bias: Some(bias),
+        lora: None,
+    };
+    let mlp = |[gate, gate_bias, up, up_bias, down, down_bias]: [Tensor; 6]| Mlp {
+        gate_up: Split::of(
+            vec![("gate_proj", inner), ("up_proj", inner)],
+            vec![linear(gate, gate_bias), linear(up, up_bias)],
+        ),
+        down_proj: linear(down, down_bias),
+        activation: config.variant.activation,
+        clamped: Some(clamped),
+    };
+    if vb.contains_tensor("gate_up_proj") {
+        let stacks = [
+            vb.get((count, hidden, 2 * inner), "gate_up_proj")?,
+            vb.get((count, 2 * inner), "gate_up_proj_bias")?,
+            vb.get((count, inner, hidden), "down_proj")?,
+            vb.get((count, hidden), "down_proj_bias")?,
+        ];
+        return (0..count).map(|e| Ok(mlp(unstack(&stacks, e)?))).collect();
+    }
     (0..count)
         .map(|e| {
-            let pairs = gate_up.get(e)?.reshape((hidden, inner, 2))?;
-            let biases = gate_up_bias.get(e)?.reshape((inner, 2))?;
-            let half = |which: usize| -> Result<Linear> {
-                Ok(Linear {
-                    weight: pairs.narrow(2, which, 1)?.squeeze(2)?.t()?.contiguous()?,
-                    bias: Some(biases.narrow(1, which, 1)?.squeeze(1)?.contiguous()?),
-                    lora: None,
-                })
-            };
-            Ok(Mlp {
-                gate_up: Split::of(
-                    vec![("gate_proj", inner), ("up_proj", inner)],
-                    vec![half(0)?, half(1)?],
-                ),
-                down_proj: Linear {
-                    weight: down.get(e)?.t()?.contiguous()?,
-                    bias: Some(down_bias.get(e)?.contiguous()?),
-                    lora: None,
-                },
-                activation: config.variant.activation,
-                clamped: Some(clamped),
-            })
+            let vb = vb.pp(e.to_string());
+            let part = |name: &str, shape: &[usize]| vb.get(shape, name);
+            Ok(mlp([
+                part("gate_proj.weight", &[inner, hidden])?,
+                part("gate_proj.bias", &[inner])?,
+                part("up_proj.weight", &[inner, hidden])?,
+                part("up_proj.bias", &[inner])?,
+                part("down_proj.weight", &[hidden, inner])?,
+                part("down_proj.bias", &[hidden])?,
+            ]))
         })
         .collect()
+}
+
+/// Expert `e` of transformers' stacks (`gate_up_proj` `[E, hidden, 2·inner]`, each expert's gate and up
+/// columns interleaved, gate first; `gate_up_proj_bias` `[E, 2·inner]`; `down_proj`
+/// `[E, inner, hidden]`; `down_proj_bias` `[E, hidden]`, all multiplied from the left) as contiguous
+/// `[out, in]` weights and their biases: gate, up, down. Each expert's product then reads only its own
+/// weights, and trains only its own.
+fn unstack(
+    [gate_up, gate_up_bias, down, down_bias]: &[Tensor; 4],
+    e: usize,
+) -> Result<[Tensor; 6]> {
+    let (hidden, columns) = gate_up.get(e)?.dims2()?;
+    let pairs = gate_up.get(e)?.reshape((hidden, columns / 2, 2))?;
+    let biases = gate_up_bias.get(e)?.reshape((columns / 2, 2))?;
+    let weight = |which: usize| pairs.narrow(2, which, 1)?.squeeze(2)?.t()?.contiguous();
+    let bias = |which: usize| biases.narrow(1, which, 1)?.squeeze(1)?.contiguous();
+    Ok([
+        weight(0)?,
+        bias(0)?,
+        weight(1)?,
+        bias(1)?,
+        down.get(e)?.t()?.contiguous()?,
+        down_bias.get(e)?.contiguous()?,
+    ])
+}
+
+/// A checkpoint's tensors with gpt-oss's expert stacks split into the per-expert tensors the model
+/// holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back), a layer at a
+/// time, so that loading never holds a layer's experts twice over more than one layer. Other families'
+/// tensors come back as they are.
+pub fn held_tensors(
+    config: &ModelConfig,
+    mut tensors: HashMap<String, Tensor>,
+) -> Result<HashMap<String, Tensor>> {
+    if config.arch != Arch::GptOss {
+        return Ok(tensors);
+    }
+    let layers: Vec<String> = tensors
+        .keys()
+        .filter_map(|name| name.strip_suffix(".mlp.experts.gate_up_proj"))
+        .map(str::to_string)
+        .collect();
+    for layer in layers {
+        let mut take = |name: &str| -> Result<Tensor> {
+            let name = format!("{layer}.mlp.experts.{name}");
+            tensors
+                .remove(&name)
+                .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))
+        };
+        let stacks = [
+            take("gate_up_proj")?,
+            take("gate_up_proj_bias")?,
+            take("down_proj")?,
+            take("down_proj_bias")?,
+        ];
+        for e in 0..stacks[0].dim(0)? {
+            let parts = unstack(&stacks, e)?;
+            let names = [
+                "gate_proj.weight",
+                "gate_proj.bias",
+                "up_proj.weight",
+                "up_proj.bias",
+                "down_proj.weight",
+                "down_proj.bias",
+            ];
+            for (name, tensor) in names.into_iter().zip(parts) {
+                tensors.insert(format!("{layer}.mlp.experts.{e}.{name}"), tensor);
+            }
+        }
+    }
+    Ok(tensors)
 }
 
 /// Tensors named as the model holds them (`named_weights`, a trainer's variables or their gradients)
