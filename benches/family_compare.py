@@ -36,7 +36,9 @@ Families (`--families`; the default is the ones whose real size fits a 2-core, 2
     gemma3_text (gemma-3-1b, 262,144), olmo2 (OLMo-2-1B, 100,278), smollm3 (SmolLM3-3B, 128,256),
     qwen3_5_text (Qwen3.5-0.8B's decoder, 248,320; transformers runs its pure-torch delta rule, as on any
     machine without the fla kernels), qwen3_moe (two of Qwen3-30B-A3B's 48 layers: 128 experts of 768, 8 per
-    token; 151,936), mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072), olmo3 (Olmo-3-7B,
+    token; 151,936), gpt_oss (two of gpt-oss-20b's 24 layers: 32 experts of 2,880, 4 per token, sinks, a
+    128-position window on the first; 201,088; transformers' eager attention, it has no sdpa path for sinks),
+    mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072), olmo3 (Olmo-3-7B,
     100,278).
 
 The 7-8B ones need ~30 GiB in f32 and are refused unless `--allow-big` is given.
@@ -80,19 +82,22 @@ FAMILIES = {
     "olmo3": ("Olmo-3-7B", 100_278, False),
     "qwen3_5_text": ("Qwen3.5-0.8B", 248_320, True),
     "qwen3_moe": ("two of Qwen3-30B-A3B's 48 layers", 151_936, True),
+    "gpt_oss": ("two of gpt-oss-20b's 24 layers", 201_088, True),
 }
 
 PYTHON_SIDE = textwrap.dedent(
     """
     import json, statistics, sys, time
     import torch
-    from transformers import AutoModelForCausalLM, set_seed
+    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
     folder, batch, prompt_len, new, repeats, threads, seed, dtype = sys.argv[1:9]
     batch, prompt_len, new, repeats, threads, seed = map(int, (batch, prompt_len, new, repeats, threads, seed))
     torch.set_num_threads(threads)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    # gpt-oss's sinks have no sdpa path in transformers: its eager attention.
+    attention = "eager" if AutoConfig.from_pretrained(folder).model_type == "gpt_oss" else "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention).eval()
     load_s = time.perf_counter() - start
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator)

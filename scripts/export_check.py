@@ -91,7 +91,7 @@ def load_causal_lm(path: str):
     if config.model_type == "qwen3_5_text":
         loader = float64_qwen3_5().Qwen3_5ForCausalLM
     # A mixture's experts by the plain loop: the grouped products take no float64.
-    experts = {"experts_implementation": "eager"} if config.model_type == "qwen3_moe" else {}
+    experts = {"experts_implementation": "eager"} if config.model_type in ("qwen3_moe", "gpt_oss") else {}
     model, info = loader.from_pretrained(
         path,
         config=config,

@@ -37,6 +37,15 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
   (`mlp_only_layers` [1]), untied embeddings; saved as transformers 5 saves it, one module per expert
   (`mlp.experts.{e}.gate_proj`, ...). The seed is also moved on when some token's third and fourth expert are
   within 1e-3 in probability (a near-tie in routing would make parity flaky, as a greedy one would);
+- `gpt_oss/`: GptOssForCausalLM, three layers (windowed at 4 positions, full, windowed), 4 heads over 2 of 16
+  with q/k/v/o biases and attention sinks, YaRN (factor 8 over an original 64 positions, beta_fast 32,
+  beta_slow 1, not truncated: with head_dim 16 the ramp keeps, blends and divides frequencies; attention
+  factor 0.1 ln 8 + 1), 4 experts of 32 with 2 per token (softmax over the chosen logits), biases, gate and up
+  interleaved (`gate_up_proj` [E, H, 2I]), the clamped SwiGLU at `swiglu_limit` 1.5 (so that the clamps bite
+  on unit-scale activations), untied embeddings; the routing margin checked as qwen3_moe's. Beside it,
+  `gpt_oss/mxfp4/`: the same model with its experts quantized to MXFP4 by `quantize_mxfp4` (OpenAI's
+  `*_blocks`/`*_scales` layout, `quantization_config.quant_method` "mxfp4"), and `dequantized.safetensors`,
+  those experts as transformers' `convert_moe_packed_tensors` dequantizes them (f32);
 
 each with the 512-token byte-level BPE tokenizer of `../shared/peers/build_tiny_qwen2.py` (replicated here, same
 corpus and seed, so `tokenizer.json` is identical to the peers' tiny-qwen2 one) and an `expected.json`.
@@ -117,6 +126,8 @@ from transformers import (
     Qwen3_5TextConfig,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Olmo2Config,
@@ -430,6 +441,32 @@ def qwen3_moe_model() -> torch.nn.Module:
     return Qwen3MoeForCausalLM(config)
 
 
+def gpt_oss_model() -> torch.nn.Module:
+    # Windowed, full, windowed; sinks, biases and YaRN; clamps that bite at unit-scale activations.
+    config = GptOssConfig(
+        **{**COMMON, "num_hidden_layers": 3, "intermediate_size": 32},
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        swiglu_limit=1.5,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150_000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+    )
+    return GptOssForCausalLM(config)
+
+
 MODELS = {
     "qwen2": qwen2_model,
     "llama": llama_model,
@@ -443,13 +480,14 @@ MODELS = {
     "phi3": phi3_model,
     "qwen3_5": qwen3_5_model,
     "qwen3_moe": qwen3_moe_model,
+    "gpt_oss": gpt_oss_model,
 }
 
 PERTURBATION = (
     "from normal(0, 0.02): linear weights rescaled to std 1/sqrt(fan_in), embeddings and lm_head to std 0.1, "
     "layer RMSNorm weights uniform [0.5, 1.5], final norm weights uniform [1.5, 4.5], biases normal(0, 0.1); "
     "Gated DeltaNet: conv1d weights normal(0, 1/sqrt(kernel)), dt_bias normal(0, 1), A_log as initialised; "
-    "experts' matrices as linear weights"
+    "experts' matrices as linear weights; gpt-oss: attention sinks normal(0, 1), experts' biases as biases"
 )
 
 
@@ -460,8 +498,10 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             param.copy_(torch.rand(param.shape, generator=generator) * 3.0 + 1.5)
         elif name.endswith("norm.weight"):
             param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "_proj_bias")):
             param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        elif name.endswith("self_attn.sinks"):
+            param.copy_(torch.randn(param.shape, generator=generator))
         elif name.endswith("conv1d.weight"):
             param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[-1]))
         elif name.endswith("dt_bias"):
@@ -472,6 +512,8 @@ def perturb(model: torch.nn.Module, generator: torch.Generator) -> None:
             param.mul_(0.1 / 0.02)
         elif param.dim() == 2:
             param.mul_(1.0 / (0.02 * math.sqrt(param.shape[1])))
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "GptOss" in type(model).__name__:
+            param.mul_(1.0 / (0.02 * math.sqrt(param.shape[1])))  # [experts, in, out]
         elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # [experts, out, in]
             param.mul_(1.0 / (0.02 * math.sqrt(param.shape[2])))
         else:
@@ -645,6 +687,55 @@ def exact_logits(folder: Path, ids: list) -> dict:
     return {"dtype": "float64", "ids": ids, "logits": logits.tolist()}
 
 
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenAI's MXFP4 layout of `weight` [E, rows, cols] (cols a multiple of 32): blocks [E, rows, cols / 32, 16]
+    (two 4-bit E2M1 codes a byte, the even column in the low nibble) and scales [E, rows, cols / 32] (each block's
+    power of two biased by 127): the smallest power that brings the block's largest magnitude to at most 6, each
+    value rounded to the nearest code."""
+    from transformers.integrations.mxfp4 import FP4_VALUES
+
+    codes = torch.tensor(FP4_VALUES[:8], dtype=torch.float32)
+    experts, rows, cols = weight.shape
+    groups = weight.reshape(experts, rows, cols // 32, 32).float()
+    largest = groups.abs().amax(-1).clamp_min(2.0 ** -120)
+    exponent = torch.ceil(torch.log2(largest / 6.0))
+    scaled = groups / torch.exp2(exponent)[..., None]
+    index = (scaled.abs()[..., None] - codes).abs().argmin(-1)
+    index = torch.where(scaled < 0, index + 8, index).to(torch.uint8)
+    blocks = index[..., 0::2] | (index[..., 1::2] << 4)
+    scales = (exponent + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def write_mxfp4(folder: Path, model) -> None:
+    """`folder/mxfp4/`: the model with its experts' matrices in MXFP4 (biases, attention and the rest as they are),
+    and `dequantized.safetensors`: those matrices as transformers' `convert_moe_packed_tensors` reads them back."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    out = folder / "mxfp4"
+    out.mkdir()
+    tensors = load_file(folder / "model.safetensors")
+    dequantized = {}
+    for name in [name for name in tensors if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        # Stored transposed: blocks run along the input dimension of [E, out, in].
+        blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2).contiguous())
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+        dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).contiguous()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    save_file(dequantized, out / "dequantized.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for file in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(folder / file, out / file)
+    # Tiny values round to zero and every code occurs: the quantization is not trivial.
+    for name, weight in dequantized.items():
+        original = model.state_dict()[name]
+        assert 0 < (weight - original).abs().max() < original.abs().max(), name
+
+
 def versions() -> dict:
     return {
         "python": platform.python_version(),
@@ -673,7 +764,10 @@ def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) ->
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder, save_jinja_files=False)  # chat_template stays in tokenizer_config.json
 
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    # gpt-oss's experts as its eager loop computes them (the grouped products are another implementation).
+    experts = {"experts_implementation": "eager"} if name == "gpt_oss" else {}
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                    **experts).eval()
     rtok = AutoTokenizer.from_pretrained(folder)
     state, original = reloaded.state_dict(), model.state_dict()
     assert all(torch.equal(state[key], original[key]) for key in original), "reloaded weights differ"
@@ -692,6 +786,8 @@ def write_seed(name: str, out: Path, tok: PreTrainedTokenizerFast, seed: int) ->
     }
     if name == "qwen3_5":
         data["exact"] = exact_logits(folder, data["prompts"][-1]["ids"])
+    if name == "gpt_oss":
+        write_mxfp4(folder, reloaded)
     with open(folder / "expected.json", "w") as f:
         json.dump(data, f, separators=(",", ":"))
         f.write("\n")
@@ -711,12 +807,13 @@ def main() -> None:
     for name in args.only or MODELS:
         data = write_model(name, args.out, tok)
         folder = args.out / name
-        sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        sizes = {str(p.relative_to(folder)): p.stat().st_size for p in files}
         print(f"{name}: {data['model']['class']}, {data['model']['parameters']} parameters, "
               f"greedy margins {[p['greedy_margin'] for p in data['prompts']]}, "
               f"batch drift {data['batch']['max_abs_diff_to_unbatched']}, files {sizes}")
-        for p in sorted(folder.iterdir()):
-            print(f"  {hashlib.sha256(p.read_bytes()).hexdigest()}  {name}/{p.name}")
+        for p in files:
+            print(f"  {hashlib.sha256(p.read_bytes()).hexdigest()}  {name}/{p.relative_to(folder)}")
     print("versions:", versions(), file=sys.stderr)
 
 

@@ -13,7 +13,7 @@ use common::json::{floats, ids, max_diff};
 use common::logits::{sequence_logits, sequence_logits_f64};
 use common::MODEL_FAMILIES as FAMILIES;
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
-use holo_runtime::local::model::{positions_from_mask, PROJECTIONS};
+use holo_runtime::local::model::{checkpoint_tensors, positions_from_mask, PROJECTIONS};
 use holo_runtime::local::{files, LocalModel, LocalOptions, Ops};
 use holo_runtime::{Finish, Prompt, Request, SampleParams, Sampler};
 use serde_json::Value;
@@ -529,17 +529,20 @@ fn gradients_match_transformers() {
                 1e-5,
                 1.0,
             );
-            let ours: Vec<(String, Vec<f32>)> = vars
+            let ours: Vec<(String, Tensor)> = vars
                 .iter()
                 .map(|(param, var)| {
                     let grad = grads
                         .get(var.as_tensor())
                         .unwrap_or_else(|| panic!("{what}: no gradient for {param}"));
-                    (
-                        param.clone(),
-                        grad.flatten_all().unwrap().to_vec1().unwrap(),
-                    )
+                    (param.clone(), grad.clone())
                 })
+                .collect();
+            // gpt-oss's per-expert gradients stacked as transformers holds its experts.
+            let ours: Vec<(String, Vec<f32>)> = checkpoint_tensors(&model.config, ours)
+                .unwrap()
+                .into_iter()
+                .map(|(param, grad)| (param, grad.flatten_all().unwrap().to_vec1().unwrap()))
                 .collect();
             let ours = fuse_experts(ours);
             assert_eq!(ours.len(), weights.len(), "{what}: the weights trained");
@@ -850,4 +853,170 @@ fn qwen3_5_in_float64_matches_transformers_in_float64() {
     }
     println!("qwen3_5 float64 logits: max |Δ| {worst:e}");
     assert!(worst < 1e-6, "float64 logits differ by {worst}");
+}
+
+/// gpt-oss's MXFP4 experts (`gpt_oss/mxfp4/`, the fixture's quantized by `quantize_mxfp4`) load as
+/// exactly the values transformers' `convert_moe_packed_tensors` dequantizes them to, in transformers'
+/// layout; every other weight is the unquantized fixture's.
+#[test]
+fn gpt_oss_mxfp4_experts_are_transformers_dequantized_values() {
+    let folder = fixture("gpt_oss").join("mxfp4");
+    let stacked = |dir: &Path| -> HashMap<String, Tensor> {
+        let model = files::load_model(dir, DType::F32, &Device::Cpu).unwrap();
+        checkpoint_tensors(&model.config, model.named_weights())
+            .unwrap()
+            .into_iter()
+            .collect()
+    };
+    let (quantized, plain) = (stacked(&folder), stacked(&fixture("gpt_oss")));
+    let dequantized =
+        candle_core::safetensors::load(folder.join("dequantized.safetensors"), &Device::Cpu)
+            .unwrap();
+    assert_eq!(dequantized.len(), 6, "two stacks in each of three layers");
+    assert_eq!(quantized.len(), plain.len());
+    let bits = |tensor: &Tensor| -> Vec<u32> {
+        let values: Vec<f32> = tensor.flatten_all().unwrap().to_vec1().unwrap();
+        values.iter().map(|value| value.to_bits()).collect()
+    };
+    for (name, tensor) in &quantized {
+        let expected = dequantized.get(name).unwrap_or(&plain[name]);
+        assert_eq!(tensor.dims(), expected.dims(), "{name}");
+        assert!(bits(tensor) == bits(expected), "{name} differs");
+    }
+    for name in dequantized.keys() {
+        assert!(
+            max_diff(
+                &quantized[name].flatten_all().unwrap().to_vec1().unwrap(),
+                &plain[name].flatten_all().unwrap().to_vec1().unwrap()
+            ) > 0.0,
+            "{name}: quantization left the weights as they were"
+        );
+    }
+}
+
+/// gpt-oss's `config.json`: the fixture's values read, `GptOssConfig`'s defaults where keys are absent,
+/// the config written back read the same, and bad values refused naming their key.
+#[test]
+fn gpt_oss_config_reads_its_keys_and_refuses_bad_values_by_name() {
+    use holo_runtime::local::{ClampedSwiGlu, ModelConfig, RopeScaling};
+
+    let text = std::fs::read_to_string(fixture("gpt_oss").join("config.json")).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let config = ModelConfig::from_json(&json).unwrap();
+    let experts = config.experts.unwrap();
+    assert_eq!(
+        (experts.count, experts.per_token, experts.intermediate_size),
+        (4, 2, 32)
+    );
+    assert!(experts.softmax_over_chosen && !experts.normalize);
+    assert_eq!(
+        experts.clamped,
+        Some(ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 1.5
+        })
+    );
+    let windows: Vec<Option<usize>> = config.layers.iter().map(|layer| layer.window).collect();
+    assert_eq!(windows, [Some(4), None, Some(4)]);
+    assert!(config.layers.iter().all(|layer| layer.experts));
+    assert!(config.qkv_bias && config.o_bias && config.variant.attention_sinks);
+    assert_eq!(
+        config.rope_scaling,
+        RopeScaling::Yarn {
+            factor: 8.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 64,
+            truncate: false,
+            attention_factor: 0.1 * 8f64.ln() + 1.0,
+        }
+    );
+    assert_eq!(config.rope_theta, 150_000.0);
+    assert_eq!(ModelConfig::from_json(&config.to_json()).unwrap(), config);
+
+    // `GptOssConfig`'s defaults.
+    let mut bare = json.clone();
+    for key in [
+        "rope_parameters",
+        "sliding_window",
+        "layer_types",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "swiglu_limit",
+        "swiglu_alpha",
+        "head_dim",
+        "attention_bias",
+        "rms_norm_eps",
+    ] {
+        bare.as_object_mut().unwrap().remove(key);
+    }
+    let defaults = ModelConfig::from_json(&bare).unwrap();
+    let experts = defaults.experts.unwrap();
+    assert_eq!((experts.count, experts.per_token), (128, 4));
+    assert_eq!(experts.clamped.unwrap().limit, 7.0);
+    let windows: Vec<Option<usize>> = defaults.layers.iter().map(|layer| layer.window).collect();
+    assert_eq!(windows, [Some(128), None, Some(128)]);
+    assert_eq!((defaults.head_dim, defaults.rms_norm_eps), (64, 1e-5));
+    assert!(defaults.qkv_bias && defaults.o_bias);
+    assert_eq!(
+        defaults.rope_scaling,
+        RopeScaling::Yarn {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 4096,
+            truncate: false,
+            attention_factor: 0.1 * 32f64.ln() + 1.0,
+        }
+    );
+
+    let refused = |edit: &dyn Fn(&mut Value), says: &str| {
+        let mut edited = json.clone();
+        edit(&mut edited);
+        let error = ModelConfig::from_json(&edited).unwrap_err().to_string();
+        assert!(error.contains(says), "{says}: {error}");
+    };
+    refused(
+        &|json| json["swiglu_limit"] = (-1.0).into(),
+        "`swiglu_limit`",
+    );
+    refused(&|json| json["swiglu_alpha"] = "x".into(), "`swiglu_alpha`");
+    refused(
+        &|json| json["num_experts_per_tok"] = 5.into(),
+        "`num_experts_per_tok`",
+    );
+    refused(
+        &|json| json["num_local_experts"] = 0.into(),
+        "`num_local_experts`",
+    );
+    refused(
+        &|json| json["layer_types"][1] = "linear_attention".into(),
+        "`layer_types[1]`",
+    );
+    refused(
+        &|json| {
+            json["rope_parameters"]
+                .as_object_mut()
+                .unwrap()
+                .remove("factor");
+        },
+        "`factor`",
+    );
+    refused(
+        &|json| json["rope_parameters"]["truncate"] = 1.into(),
+        "`truncate`",
+    );
+    refused(
+        &|json| json["quantization_config"] = serde_json::json!({"quant_method": "gptq"}),
+        "`quantization_config` (gptq)",
+    );
+    // MXFP4 is gpt-oss's own: another family's config with it is refused.
+    let qwen: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("qwen3_moe").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let mut quantized = qwen.clone();
+    quantized["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    let error = ModelConfig::from_json(&quantized).unwrap_err().to_string();
+    assert!(error.contains("`quantization_config` (mxfp4)"), "{error}");
 }

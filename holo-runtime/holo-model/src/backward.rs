@@ -35,7 +35,7 @@ impl DecoderLayer {
             && self
                 .mixer
                 .attention()
-                .is_some_and(|attention| !attention.gated)
+                .is_some_and(|attention| !attention.gated && attention.sinks.is_none())
             && matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()

@@ -11,6 +11,9 @@ use serde_json::Value;
 
 use holo_core::chat::folder::{eos_token_ids, read_json};
 
+mod rope;
+use rope::{rope_json, ropes, rotary_dim, states_rotary_factor};
+
 /// The decoder architectures this runtime implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,6 +38,10 @@ pub enum Arch {
     /// place of the MLP ([`ModelConfig::experts`]).
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
+    /// OpenAI's gpt-oss: attention with biases and a learned sink per head, sliding and full layers
+    /// alternating, YaRN RoPE, and a mixture of clamped-SwiGLU experts with biases on every layer.
+    #[serde(rename = "gpt_oss")]
+    GptOss,
 }
 
 impl Arch {
@@ -52,6 +59,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Qwen3_5 => "qwen3_5_text",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::GptOss => "gpt_oss",
         }
     }
 
@@ -69,6 +77,7 @@ impl Arch {
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Qwen3_5 => "Qwen3_5ForCausalLM",
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Arch::GptOss => "GptOssForCausalLM",
         }
     }
 }
@@ -162,6 +171,9 @@ pub struct Variant {
     /// Attention's output multiplied by a sigmoid gate before `o_proj`, the gate projected with the
     /// queries (`q_proj` twice as wide, each head's query then its gate): Qwen3.5.
     pub attention_gate: bool,
+    /// A learned logit per head (`self_attn.sinks`) joins each row of scores in the softmax, and its
+    /// weight is dropped after: attention may give part of its mass to nothing (gpt-oss).
+    pub attention_sinks: bool,
 }
 
 impl Variant {
@@ -197,6 +209,10 @@ impl Variant {
                 attention_gate: true,
                 ..Variant::default()
             },
+            Arch::GptOss => Variant {
+                attention_sinks: true,
+                ..Variant::default()
+            },
             Arch::Qwen2 | Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3 => {
                 Variant::default()
             }
@@ -217,6 +233,7 @@ impl Default for Variant {
             fused_projections: false,
             rotary_dim: None,
             attention_gate: false,
+            attention_sinks: false,
         }
     }
 }
@@ -243,6 +260,18 @@ pub enum RopeScaling {
         short_factor: Vec<f64>,
         long_factor: Vec<f64>,
         original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+    /// YaRN (`_compute_yarn_parameters`): each frequency blended between itself and itself divided by
+    /// `factor`, by a ramp over the dimensions between the corrections of `beta_fast` and `beta_slow`
+    /// rotations in `original_max_position_embeddings` (rounded outwards with `truncate`); cos and sin
+    /// multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max_position_embeddings: usize,
+        truncate: bool,
         attention_factor: f64,
     },
 }
@@ -283,6 +312,21 @@ pub struct Experts {
     pub aux_loss_coef: f64,
     /// `output_router_logits`: whether training adds the load-balancing loss.
     pub aux_loss: bool,
+    /// The weights are the softmax of the chosen experts' logits (top-k first, as gpt-oss routes),
+    /// rather than the softmax over all experts at the chosen ones.
+    pub softmax_over_chosen: bool,
+    /// gpt-oss's experts: biases, gate and up interleaved in one product, the clamped SwiGLU.
+    pub clamped: Option<ClampedSwiGlu>,
+}
+
+/// gpt-oss's expert activation: `gate` clamped above at `limit`, `up` to `[-limit, limit]`, then
+/// `(up + 1) · gate · σ(alpha · gate)` (`GptOssExperts._apply_gate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedSwiGlu {
+    /// `swiglu_alpha`.
+    pub alpha: f64,
+    /// `swiglu_limit`.
+    pub limit: f64,
 }
 
 /// What the model code needs from `config.json`.
@@ -361,6 +405,7 @@ impl ModelConfig {
             "phi3" => Arch::Phi3,
             "qwen3_5_text" => Arch::Qwen3_5,
             "qwen3_moe" => Arch::Qwen3Moe,
+            "gpt_oss" => Arch::GptOss,
             _ => {
                 let named = if architectures.is_empty() {
                     format!("model_type {model_type:?}")
@@ -412,6 +457,7 @@ impl ModelConfig {
             // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
             None if matches!(arch, Arch::Gemma3 | Arch::Qwen3_5) => 256,
+            None if arch == Arch::GptOss => 64,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(ConfigError(format!(
@@ -427,7 +473,7 @@ impl ModelConfig {
                 "`head_dim` ({head_dim}) must be even for RoPE"
             )));
         }
-        refuse_unimplemented_keys(json)?;
+        refuse_unimplemented_keys(arch, json)?;
 
         let ((rope_theta, rope_scaling), local_rope) = ropes(arch, json)?;
         let family = Variant::of(arch);
@@ -468,6 +514,10 @@ impl ModelConfig {
         let (qkv_bias, o_bias) = match arch {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 | Arch::Qwen3Moe => (keys.flag("attention_bias", false)?, false),
+            Arch::GptOss => {
+                let bias = keys.flag("attention_bias", true)?;
+                (bias, bias)
+            }
             Arch::Mistral | Arch::Ministral | Arch::Phi3 => (false, false),
             Arch::Llama
             | Arch::SmolLm3
@@ -493,7 +543,7 @@ impl ModelConfig {
             ));
         }
         let experts = match layers.iter().any(|layer| layer.experts) {
-            true => Some(experts(&keys)?),
+            true => Some(experts(arch, &keys)?),
             false => None,
         };
         let config = ModelConfig {
@@ -509,7 +559,7 @@ impl ModelConfig {
                 .optional_usize("max_position_embeddings")?
                 .unwrap_or(4096),
             rms_norm_eps: keys.optional_f64("rms_norm_eps")?.unwrap_or(match arch {
-                Arch::Olmo2 | Arch::Olmo3 | Arch::Phi3 => 1e-5,
+                Arch::Olmo2 | Arch::Olmo3 | Arch::Phi3 | Arch::GptOss => 1e-5,
                 _ => 1e-6,
             }),
             rope_theta,
@@ -572,11 +622,14 @@ impl ModelConfig {
             object.remove("hidden_act");
             object.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
         }
-        if self.arch == Arch::Qwen3_5 {
-            // transformers 5's `rope_parameters`, which carries the rotated fraction.
+        if matches!(self.arch, Arch::Qwen3_5 | Arch::GptOss) {
+            // transformers 5's `rope_parameters`, which carries the rotated fraction (and stands for
+            // gpt-oss's default YaRN, which a missing one would bring back).
             let mut rope = rope_json(&(self.rope_theta, self.rope_scaling.clone()));
-            let rotated = self.variant.rotary_dim.unwrap_or(self.head_dim);
-            rope["partial_rotary_factor"] = (rotated as f64 / self.head_dim as f64).into();
+            if self.arch == Arch::Qwen3_5 {
+                let rotated = self.variant.rotary_dim.unwrap_or(self.head_dim);
+                rope["partial_rotary_factor"] = (rotated as f64 / self.head_dim as f64).into();
+            }
             object.remove("rope_theta");
             object.insert("rope_parameters".into(), rope);
         } else if matches!(self.arch, Arch::Gemma3 | Arch::Olmo3) {
@@ -615,6 +668,25 @@ impl ModelConfig {
             })
             .collect();
         match self.arch {
+            Arch::GptOss => {
+                object.insert("attention_bias".into(), self.qkv_bias.into());
+                object.insert("sliding_window".into(), window.into());
+                object.insert("layer_types".into(), layer_types.into());
+                if let Some(experts) = self.experts {
+                    for (key, value) in [
+                        ("num_local_experts", Value::from(experts.count)),
+                        ("num_experts_per_tok", experts.per_token.into()),
+                        ("router_aux_loss_coef", experts.aux_loss_coef.into()),
+                        ("output_router_logits", experts.aux_loss.into()),
+                    ] {
+                        object.insert(key.into(), value);
+                    }
+                    if let Some(clamped) = experts.clamped {
+                        object.insert("swiglu_alpha".into(), clamped.alpha.into());
+                        object.insert("swiglu_limit".into(), clamped.limit.into());
+                    }
+                }
+            }
             Arch::Qwen3Moe => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
                 object.insert("use_sliding_window".into(), window.is_some().into());
@@ -777,17 +849,22 @@ pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), q
      (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
      and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B), phi3 \
      (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini), qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
-     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints) and qwen3_moe \
-     (Qwen3MoeForCausalLM: Qwen3's mixtures of experts, 30B-A3B, 235B-A22B)";
+     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints), qwen3_moe \
+     (Qwen3MoeForCausalLM: Qwen3's mixtures of experts, 30B-A3B, 235B-A22B) and gpt_oss \
+     (GptOssForCausalLM: gpt-oss-20b, gpt-oss-120b, bf16 or MXFP4 experts)";
 
 /// Keys that change what the model computes in ways this runtime does not implement: refused by name
 /// rather than loaded into a model that would silently compute something else.
-fn refuse_unimplemented_keys(json: &Value) -> Result<(), ConfigError> {
+fn refuse_unimplemented_keys(arch: Arch, json: &Value) -> Result<(), ConfigError> {
     if let Some(quantization) = json.get("quantization_config").filter(|v| !v.is_null()) {
         let method = quantization
             .get("quant_method")
             .and_then(Value::as_str)
             .unwrap_or("unnamed");
+        // gpt-oss ships its experts in MXFP4, dequantized at load (`crate::mxfp4`).
+        if arch == Arch::GptOss && method == "mxfp4" {
+            return Ok(());
+        }
         return Err(ConfigError(format!(
             "`quantization_config` ({method}) is not supported: load the unquantized checkpoint, or a \
              GGUF file of it"
@@ -858,6 +935,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             | Arch::Ministral
             | Arch::Olmo3
             | Arch::Gemma3 => Some(4096),
+            Arch::GptOss => Some(128),
             _ => None,
         },
         Some(Value::Null) => None,
@@ -936,6 +1014,8 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             Arch::SmolLm3 => rope.iter().map(|&rope| !rope).collect(),
             Arch::Mistral | Arch::Ministral | Arch::Phi3 | Arch::Qwen3Moe => vec![true; count],
             Arch::Olmo3 => (0..count).map(|layer| (layer + 1) % 4 != 0).collect(),
+            // Sliding, full, sliding, … (`GptOssConfig.__post_init__`).
+            Arch::GptOss => (0..count).map(|layer| layer % 2 == 0).collect(),
             Arch::Gemma3 => {
                 let pattern = integer("sliding_window_pattern", 6)?.max(1);
                 (0..count).map(|layer| (layer + 1) % pattern != 0).collect()
@@ -971,7 +1051,13 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
 /// Which layers have a mixture of experts, as `Qwen3MoeDecoderLayer` decides: every
 /// `decoder_sparse_step`-th layer that `mlp_only_layers` does not name, when there are experts.
 fn expert_layers(arch: Arch, keys: &Keys, count: usize) -> Result<Vec<bool>, ConfigError> {
-    if arch != Arch::Qwen3Moe || expert_count(keys)? == 0 {
+    if arch == Arch::GptOss {
+        if expert_count(arch, keys)? == 0 {
+            return Err(ConfigError("`num_local_experts` must be at least 1".into()));
+        }
+        return Ok(vec![true; count]);
+    }
+    if arch != Arch::Qwen3Moe || expert_count(arch, keys)? == 0 {
         return Ok(vec![false; count]);
     }
     let step = match keys.optional_usize("decoder_sparse_step")?.unwrap_or(1) {
@@ -1004,17 +1090,26 @@ fn expert_layers(arch: Arch, keys: &Keys, count: usize) -> Result<Vec<bool>, Con
         .collect())
 }
 
-/// `num_experts`, or `num_local_experts` as transformers 5 writes it (0 when neither is given).
-fn expert_count(keys: &Keys) -> Result<usize, ConfigError> {
+/// `num_experts`, or `num_local_experts` as transformers 5 writes it (when neither is given, 0, or
+/// gpt-oss's 128).
+fn expert_count(arch: Arch, keys: &Keys) -> Result<usize, ConfigError> {
+    let default = match arch {
+        Arch::GptOss => 128,
+        _ => 0,
+    };
     match keys.optional_usize("num_experts")? {
         Some(count) => Ok(count),
-        None => Ok(keys.optional_usize("num_local_experts")?.unwrap_or(0)),
+        None => Ok(keys.optional_usize("num_local_experts")?.unwrap_or(default)),
     }
 }
 
-/// The mixture's sizes and routing, with `Qwen3MoeConfig`'s defaults.
-fn experts(keys: &Keys) -> Result<Experts, ConfigError> {
-    let count = expert_count(keys)?;
+/// The mixture's sizes and routing, with `Qwen3MoeConfig`'s defaults (`GptOssConfig`'s for gpt-oss,
+/// whose experts are `intermediate_size` wide).
+fn experts(arch: Arch, keys: &Keys) -> Result<Experts, ConfigError> {
+    let count = expert_count(arch, keys)?;
+    if arch == Arch::GptOss {
+        return oss_experts(keys, count);
+    }
     let per_token = keys.optional_usize("num_experts_per_tok")?.unwrap_or(8);
     if per_token == 0 || per_token > count {
         return Err(ConfigError(format!(
@@ -1036,6 +1131,45 @@ fn experts(keys: &Keys) -> Result<Experts, ConfigError> {
         normalize: keys.flag("norm_topk_prob", false)?,
         aux_loss_coef: keys.optional_f64("router_aux_loss_coef")?.unwrap_or(0.001),
         aux_loss: keys.flag("output_router_logits", false)?,
+        softmax_over_chosen: false,
+        clamped: None,
+    })
+}
+
+/// gpt-oss's experts (`GptOssConfig`'s keys and defaults): `num_local_experts` of `intermediate_size`,
+/// `num_experts_per_tok` per token weighted by the softmax of their logits, the SwiGLU clamped at
+/// `swiglu_limit`.
+fn oss_experts(keys: &Keys, count: usize) -> Result<Experts, ConfigError> {
+    let per_token = keys.optional_usize("num_experts_per_tok")?.unwrap_or(4);
+    if per_token == 0 || per_token > count {
+        return Err(ConfigError(format!(
+            "`num_experts_per_tok` ({per_token}) must be between 1 and the number of experts ({count})"
+        )));
+    }
+    let intermediate_size = keys.usize("intermediate_size")?;
+    if intermediate_size == 0 {
+        return Err(ConfigError("`intermediate_size` must be at least 1".into()));
+    }
+    let positive = |key: &str, default: f64| -> Result<f64, ConfigError> {
+        match keys.optional_f64(key)?.unwrap_or(default) {
+            value if value > 0.0 && value.is_finite() => Ok(value),
+            value => Err(ConfigError(format!(
+                "`{key}` must be a positive number, found {value}"
+            ))),
+        }
+    };
+    Ok(Experts {
+        count,
+        per_token,
+        intermediate_size,
+        normalize: false,
+        aux_loss_coef: keys.optional_f64("router_aux_loss_coef")?.unwrap_or(0.001),
+        aux_loss: keys.flag("output_router_logits", false)?,
+        softmax_over_chosen: true,
+        clamped: Some(ClampedSwiGlu {
+            alpha: positive("swiglu_alpha", 1.702)?,
+            limit: positive("swiglu_limit", 7.0)?,
+        }),
     })
 }
 
@@ -1067,227 +1201,4 @@ fn linear_attention(keys: &Keys) -> Result<LinearAttention, ConfigError> {
         )));
     }
     Ok(sizes)
-}
-
-/// Whether `partial_rotary_factor` is given (top-level or in `rope_parameters`).
-fn states_rotary_factor(json: &Value) -> bool {
-    let given = |value: Option<&Value>| value.is_some_and(|value| !value.is_null());
-    given(json.get("partial_rotary_factor"))
-        || given(
-            json.get("rope_parameters")
-                .and_then(|parameters| parameters.get("partial_rotary_factor")),
-        )
-}
-
-/// A RoPE: its base and scaling.
-type Rope = (f64, RopeScaling);
-
-/// How many of each head's dimensions RoPE rotates: `partial_rotary_factor` (top-level or in
-/// `rope_parameters`) × `head_dim`, `None` for all of them.
-fn rotary_dim(json: &Value, head_dim: usize) -> Result<Option<usize>, ConfigError> {
-    let factor = json
-        .get("rope_parameters")
-        .and_then(|parameters| parameters.get("partial_rotary_factor"))
-        .or_else(|| json.get("partial_rotary_factor"))
-        .filter(|value| !value.is_null());
-    let Some(factor) = factor else {
-        return Ok(None);
-    };
-    let factor = factor
-        .as_f64()
-        .filter(|f| *f > 0.0 && *f <= 1.0)
-        .ok_or_else(|| {
-            ConfigError(format!(
-                "`partial_rotary_factor` must be a number in (0, 1], found {factor}"
-            ))
-        })?;
-    let dim = (head_dim as f64 * factor) as usize;
-    if !dim.is_multiple_of(2) || dim == 0 {
-        return Err(ConfigError(format!(
-            "`partial_rotary_factor` {factor} rotates {dim} of {head_dim} dimensions: RoPE needs an even number"
-        )));
-    }
-    Ok((dim != head_dim).then_some(dim))
-}
-
-/// A RoPE as transformers 5 writes it in `rope_parameters`.
-fn rope_json((theta, scaling): &Rope) -> Value {
-    let mut json = match scaling {
-        RopeScaling::LongRope {
-            short_factor,
-            long_factor,
-            original_max_position_embeddings,
-            attention_factor,
-        } => serde_json::json!({
-            "rope_type": "longrope",
-            "short_factor": short_factor,
-            "long_factor": long_factor,
-            "original_max_position_embeddings": original_max_position_embeddings,
-            "attention_factor": attention_factor,
-        }),
-        RopeScaling::None => serde_json::json!({"rope_type": "default"}),
-        RopeScaling::Linear { factor } => {
-            serde_json::json!({"rope_type": "linear", "factor": factor})
-        }
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => serde_json::json!({
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": low_freq_factor,
-            "high_freq_factor": high_freq_factor,
-            "original_max_position_embeddings": original_max_position_embeddings,
-        }),
-    };
-    json["rope_theta"] = (*theta).into();
-    json
-}
-
-/// The RoPE of the full-attention layers and, when it differs, of the windowed ones. transformers 5
-/// folds base and scaling into `rope_parameters`, per layer type for Gemma 3 and OLMo 3
-/// (`full_attention`, `sliding_attention`); transformers 4 keeps `rope_theta` and `rope_scaling` apart,
-/// with Gemma 3's `rope_local_base_freq` beside them. Missing bases default as transformers' config
-/// classes default them.
-fn ropes(arch: Arch, json: &Value) -> Result<(Rope, Option<Rope>), ConfigError> {
-    let (global_default, local_default) = match arch {
-        Arch::Gemma3 => (1_000_000.0, 10_000.0),
-        Arch::Olmo3 => (500_000.0, 500_000.0),
-        _ => (10_000.0, 10_000.0),
-    };
-    let number = |value: Option<&Value>, key: &str, default: f64| -> Result<f64, ConfigError> {
-        match value.filter(|value| !value.is_null()) {
-            None => Ok(default),
-            Some(value) => value
-                .as_f64()
-                .ok_or_else(|| ConfigError(format!("`{key}` must be a number, found {value}"))),
-        }
-    };
-    let parameters = json.get("rope_parameters").filter(|value| !value.is_null());
-    let per_type = parameters.filter(|parameters| {
-        parameters.get("full_attention").is_some() || parameters.get("sliding_attention").is_some()
-    });
-    if let Some(per_type) = per_type {
-        let rope = |kind: &str, default: f64| -> Result<Rope, ConfigError> {
-            match per_type.get(kind).filter(|value| !value.is_null()) {
-                None => Ok((default, RopeScaling::None)),
-                Some(parameters) => Ok((
-                    number(
-                        parameters.get("rope_theta"),
-                        &format!("rope_parameters.{kind}.rope_theta"),
-                        default,
-                    )?,
-                    rope_scaling(parameters, json)?,
-                )),
-            }
-        };
-        let global = rope("full_attention", global_default)?;
-        let local = rope("sliding_attention", local_default)?;
-        return Ok((global.clone(), (local != global).then_some(local)));
-    }
-    let theta = match parameters.and_then(|parameters| parameters.get("rope_theta")) {
-        Some(theta) => number(Some(theta), "rope_parameters.rope_theta", global_default)?,
-        None => number(json.get("rope_theta"), "rope_theta", global_default)?,
-    };
-    let scaling = match parameters.or(json.get("rope_scaling").filter(|value| !value.is_null())) {
-        None => RopeScaling::None,
-        Some(scaling) => rope_scaling(scaling, json)?,
-    };
-    let local = match arch {
-        Arch::Gemma3 => Some((
-            number(
-                json.get("rope_local_base_freq"),
-                "rope_local_base_freq",
-                local_default,
-            )?,
-            RopeScaling::None,
-        )),
-        // transformers 5 reads a transformers 4 `rope_theta` into the full-attention layers only.
-        Arch::Olmo3 => Some((local_default, RopeScaling::None)),
-        _ => None,
-    };
-    let global = (theta, scaling);
-    Ok((global.clone(), local.filter(|local| *local != global)))
-}
-
-fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {
-    let kind = scaling
-        .get("rope_type")
-        .or_else(|| scaling.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let number = |key: &str| -> Result<f64, ConfigError> {
-        scaling
-            .get(key)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| ConfigError(format!("rope scaling {kind:?} needs a numeric `{key}`")))
-    };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
-            factor: number("factor")?,
-        }),
-        "llama3" => Ok(RopeScaling::Llama3 {
-            factor: number("factor")?,
-            low_freq_factor: number("low_freq_factor")?,
-            high_freq_factor: number("high_freq_factor")?,
-            original_max_position_embeddings: scaling
-                .get("original_max_position_embeddings")
-                .or_else(|| config.get("original_max_position_embeddings"))
-                .and_then(Value::as_u64)
-                .ok_or_else(|| {
-                    ConfigError(
-                        "rope scaling \"llama3\" needs `original_max_position_embeddings`".into(),
-                    )
-                })? as usize,
-        }),
-        "longrope" | "su" => {
-            let factors = |key: &str| -> Result<Vec<f64>, ConfigError> {
-                scaling
-                    .get(key)
-                    .and_then(Value::as_array)
-                    .and_then(|values| values.iter().map(Value::as_f64).collect())
-                    .ok_or_else(|| {
-                        ConfigError(format!(
-                            "rope scaling \"longrope\" needs a list of numbers `{key}`"
-                        ))
-                    })
-            };
-            let original = scaling
-                .get("original_max_position_embeddings")
-                .or_else(|| config.get("original_max_position_embeddings"))
-                .and_then(Value::as_u64)
-                .ok_or_else(|| {
-                    ConfigError(
-                        "rope scaling \"longrope\" needs `original_max_position_embeddings`".into(),
-                    )
-                })? as usize;
-            // transformers' `_compute_longrope_parameters`: the factor is the context's growth, and
-            // the attention factor, unless given, √(1 + ln factor / ln original).
-            let max_positions = config
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .unwrap_or(original as u64) as f64;
-            let factor = scaling
-                .get("factor")
-                .and_then(Value::as_f64)
-                .unwrap_or(max_positions / original as f64);
-            let attention_factor = match scaling.get("attention_factor").and_then(Value::as_f64) {
-                Some(given) => given,
-                None if factor <= 1.0 => 1.0,
-                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
-            };
-            Ok(RopeScaling::LongRope {
-                short_factor: factors("short_factor")?,
-                long_factor: factors("long_factor")?,
-                original_max_position_embeddings: original,
-                attention_factor,
-            })
-        }
-        other => Err(ConfigError(format!(
-            "unsupported rope scaling type {other:?}; supported: default, linear, llama3, longrope"
-        ))),
-    }
 }

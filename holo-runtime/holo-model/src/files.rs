@@ -140,7 +140,11 @@ fn read_safetensors(
         let tensor = safetensors::tensor::TensorView::new(info.dtype, info.shape, &buffer)
             .map_err(|error| format!("tensor {name}: {error}"))?
             .load(device)
-            .and_then(|tensor| tensor.to_dtype(dtype))
+            // Bytes are MXFP4 blocks and scales (`crate::mxfp4`), dequantized once all are read.
+            .and_then(|tensor| match tensor.dtype() {
+                DType::U8 => Ok(tensor),
+                _ => tensor.to_dtype(dtype),
+            })
             .map_err(|error| format!("tensor {name}: {error}"))?;
         tensors.insert(name, tensor);
     }
@@ -178,7 +182,14 @@ pub fn load_model_with(
             }
         })?;
     }
-    let mut tensors = text_tower_tensors(tensors);
+    let tensors = text_tower_tensors(tensors);
+    // MXFP4 experts dequantized, then gpt-oss's stacks split into the experts the model holds.
+    let mut tensors = crate::mxfp4::dequantize_all(tensors, dtype)
+        .and_then(|tensors| crate::model::held_tensors(&config, tensors))
+        .map_err(|error| LoadError::Weights {
+            file: files[0].clone(),
+            message: error.to_string(),
+        })?;
     let found = extra
         .iter()
         .filter_map(|name| Some((name.to_string(), tensors.remove(*name)?)))

@@ -230,6 +230,12 @@ impl Gguf {
             "llama" => Ok((Arch::Llama, name)),
             "olmo2" => Ok((Arch::Olmo2, name)),
             "gemma3" => Ok((Arch::Gemma3, name)),
+            "gpt-oss" => Err(self.config_error(
+                "gpt-oss GGUF files are not supported (llama.cpp's MXFP4 tensor type and its \
+                 gpt-oss tensor names are not read here): load the Hugging Face folder, whose MXFP4 \
+                 experts are dequantized at load"
+                    .into(),
+            )),
             other => Err(self.config_error(format!(
                 "unsupported architecture {other:?} (`general.architecture`); supported: {ARCHITECTURES}"
             ))),
@@ -375,6 +381,8 @@ impl Gguf {
                     normalize: self.bool_key(&key("expert_weights_norm"))?.unwrap_or(true),
                     aux_loss_coef: 0.001,
                     aux_loss: false,
+                    softmax_over_chosen: false,
+                    clamped: None,
                 }),
                 _ => None,
             },

@@ -33,6 +33,7 @@
 //! | tiny   | phi3        | 64     | 128          | 2      | 4 / 2 × 16 (8 rotated)      | no   | 1e4    |
 //! | tiny   | qwen3_5_text | 64    | 128          | 2      | 4 / 2 × 32 (8 rotated)      | yes  | 1e7    |
 //! | tiny   | qwen3_moe   | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 32            | no   | 1e6    |
+//! | tiny   | gpt_oss     | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 16            | no   | 1.5e5, YaRN ×32 |
 //!
 //! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
 //! every layer (mistral) or every other one (ministral, olmo3, gemma3_text), RoPE left out of smollm3's
@@ -41,8 +42,11 @@
 //! (`preset_config`), with their windows and RoPE layouts, except the vocabulary: theirs are 32k–262k
 //! ids, ours 512, so the embedding and the LM head are far smaller than the real models'; the decoder
 //! layers, which dominate the cost per token, are the same. `qwen3_moe`'s `small` is two of
-//! Qwen3-30B-A3B's 48 layers (128 experts of 768, 8 per token): the real model does not fit. Norms
-//! start as the identity (ones, or zeros for Gemma's `1 + w`).
+//! Qwen3-30B-A3B's 48 layers (128 experts of 768, 8 per token): the real model does not fit;
+//! `gpt_oss`'s `small` is two of gpt-oss-20b's 24 (a windowed layer of 128 positions and a full one,
+//! 32 experts of 2880, 4 per token), its tiny model windows every other layer at 8 positions; both
+//! have attention biases, sinks and gpt-oss's YaRN. Norms start as the identity (ones, or zeros for
+//! Gemma's `1 + w`).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -64,8 +68,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use super::config::{
-    Arch, Experts, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm, RopeScaling,
-    Variant,
+    Arch, ClampedSwiGlu, Experts, LayerSpec, LinearAttention, ModelConfig, NormPlacement, QkNorm,
+    RopeScaling, Variant,
 };
 
 /// The special tokens, in Qwen2.5's order; they take the last three ids.
@@ -120,7 +124,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 12] = [
+pub const ARCHS: [Arch; 13] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -133,6 +137,7 @@ pub const ARCHS: [Arch; 12] = [
     Arch::Phi3,
     Arch::Qwen3_5,
     Arch::Qwen3Moe,
+    Arch::GptOss,
 ];
 
 /// A family by its `model_type` (`qwen2`, `qwen3`, `llama`, …), for command-line parsers.
@@ -328,6 +333,12 @@ pub fn preset_config(
             // of 768 with 8 per token (1.2 B parameters, 4.8 GB in f32; the real model's 48 would be
             // 29 B). Each layer computes per token what the real model's do.
             (Arch::Qwen3Moe, Preset::Small) => (2048, 6144, 2, 32, 4, 128, 40960, 1e6, 1e-6, false),
+            // The intermediate size is each expert's.
+            (Arch::GptOss, Preset::Tiny) => (64, 32, 2, 4, 2, 16, 131072, 1.5e5, 1e-5, false),
+            // Two of gpt-oss-20b's 24 decoder layers (a windowed one, then a full one): 2880 wide,
+            // 64 heads over 8 of 64, 32 experts of 2880 with 4 per token (1.6 B parameters beside the
+            // embeddings; the real model's 24 would be 21 B).
+            (Arch::GptOss, Preset::Small) => (2880, 2880, 2, 64, 8, 64, 131072, 1.5e5, 1e-5, false),
         };
     // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
     // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
@@ -337,6 +348,7 @@ pub fn preset_config(
         _ if tiny => 8,
         Arch::Olmo3 => 4096,
         Arch::Gemma3 => 512,
+        Arch::GptOss => 128,
         _ => 32768,
     };
     let layer_specs = (0..layers)
@@ -346,6 +358,7 @@ pub fn preset_config(
                 Arch::Ministral => layer % 2 == 0,
                 Arch::Olmo3 => (layer + 1) % if tiny { 2 } else { 4 } != 0,
                 Arch::Gemma3 => (layer + 1) % if tiny { 2 } else { 6 } != 0,
+                Arch::GptOss => layer % 2 == 0,
                 _ => false,
             };
             LayerSpec {
@@ -353,7 +366,7 @@ pub fn preset_config(
                 rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
                 // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
                 linear: arch == Arch::Qwen3_5 && (layer + 1) % if tiny { 2 } else { 4 } != 0,
-                experts: arch == Arch::Qwen3Moe,
+                experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss),
             }
         })
         .collect();
@@ -380,32 +393,62 @@ pub fn preset_config(
         max_position_embeddings: max_positions,
         rms_norm_eps: eps,
         rope_theta: theta,
-        rope_scaling: RopeScaling::None,
+        // gpt-oss's YaRN (32 times its 4,096 positions).
+        rope_scaling: match arch {
+            Arch::GptOss => RopeScaling::Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                truncate: false,
+                attention_factor: 0.1 * 32f64.ln() + 1.0,
+            },
+            _ => RopeScaling::None,
+        },
         tie_word_embeddings: tied,
-        qkv_bias: arch == Arch::Qwen2,
-        o_bias: false,
+        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::GptOss),
+        o_bias: arch == Arch::GptOss,
         mlp_bias: false,
         variant,
         layers: layer_specs,
-        experts: (arch == Arch::Qwen3Moe).then_some(match tiny {
-            // Four experts of 32, two per token, renormalised.
-            true => Experts {
-                count: 4,
-                per_token: 2,
-                intermediate_size: 32,
-                normalize: true,
+        experts: (arch == Arch::Qwen3Moe)
+            .then_some(match tiny {
+                // Four experts of 32, two per token, renormalised.
+                true => Experts {
+                    count: 4,
+                    per_token: 2,
+                    intermediate_size: 32,
+                    normalize: true,
+                    aux_loss_coef: 0.001,
+                    aux_loss: false,
+                    softmax_over_chosen: false,
+                    clamped: None,
+                },
+                false => Experts {
+                    count: 128,
+                    per_token: 8,
+                    intermediate_size: 768,
+                    normalize: true,
+                    aux_loss_coef: 0.001,
+                    aux_loss: false,
+                    softmax_over_chosen: false,
+                    clamped: None,
+                },
+            })
+            .or((arch == Arch::GptOss).then_some(Experts {
+                // The tiny model: four experts, two per token; `small`: gpt-oss-20b's 32, four per token.
+                count: if tiny { 4 } else { 32 },
+                per_token: if tiny { 2 } else { 4 },
+                intermediate_size: intermediate,
+                normalize: false,
                 aux_loss_coef: 0.001,
                 aux_loss: false,
-            },
-            false => Experts {
-                count: 128,
-                per_token: 8,
-                intermediate_size: 768,
-                normalize: true,
-                aux_loss_coef: 0.001,
-                aux_loss: false,
-            },
-        }),
+                softmax_over_chosen: true,
+                clamped: Some(ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: 7.0,
+                }),
+            })),
         linear_attention: (arch == Arch::Qwen3_5).then_some(match tiny {
             true => LinearAttention {
                 key_heads: 2,
@@ -499,7 +542,33 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             }
         }
 
-        if let (true, Some(experts)) = (spec.experts, config.experts) {
+        if let (true, Some(experts), Arch::GptOss) = (spec.experts, config.experts, config.arch) {
+            // transformers' stacks, multiplied from the left: gate and up interleaved by column.
+            let (count, inner) = (experts.count, experts.intermediate_size);
+            linear("mlp.router", count, hidden, true);
+            extra.extend([
+                (
+                    "mlp.experts.gate_up_proj",
+                    vec![count, hidden, 2 * inner],
+                    Init::Normal,
+                ),
+                (
+                    "mlp.experts.gate_up_proj_bias",
+                    vec![count, 2 * inner],
+                    Init::Zeros,
+                ),
+                (
+                    "mlp.experts.down_proj",
+                    vec![count, inner, hidden],
+                    Init::Normal,
+                ),
+                (
+                    "mlp.experts.down_proj_bias",
+                    vec![count, hidden],
+                    Init::Zeros,
+                ),
+            ]);
+        } else if let (true, Some(experts)) = (spec.experts, config.experts) {
             linear("mlp.gate", experts.count, hidden, false);
             let inner = experts.intermediate_size;
             for e in 0..experts.count {
@@ -520,6 +589,13 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
         }
         if !spec.experts {
             linear("mlp.down_proj", hidden, intermediate, config.mlp_bias);
+        }
+        if config.variant.attention_sinks {
+            extra.push((
+                "self_attn.sinks",
+                vec![config.num_attention_heads],
+                Init::Normal,
+            ));
         }
         for (name, shape, init) in extra {
             specs.push(ParamSpec::new(format!("{prefix}.{name}"), shape, init));

@@ -21,6 +21,7 @@ pub mod init;
 mod kernels;
 pub mod layout;
 pub mod model;
+pub mod mxfp4;
 mod recompute;
 mod routing;
 pub mod sample;
@@ -39,8 +40,8 @@ use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
 pub use config::{
-    Activation, Arch, ConfigError, Experts, LayerSpec, LinearAttention, ModelConfig, NormPlacement,
-    QkNorm, RopeScaling, Variant,
+    Activation, Arch, ClampedSwiGlu, ConfigError, Experts, LayerSpec, LinearAttention, ModelConfig,
+    NormPlacement, QkNorm, RopeScaling, Variant,
 };
 pub use constrain::{Grammar, Grammars};
 pub use files::LoadError;

@@ -107,11 +107,7 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
         }
         (weights, None)
     };
-    checkpoint::save_tensors(
-        &out.join("model.safetensors"),
-        weights.into_iter().collect(),
-    )
-    .map_err(|error| format!("writing model.safetensors: {error}"))?;
+    save_weights(out, &base, weights)?;
     Ok(Exported {
         step,
         model_dir: out.to_path_buf(),
@@ -130,11 +126,14 @@ fn base_folder(model: &Path, out: &Path) -> Result<Model, String> {
     } else {
         // A multimodal checkpoint's text tower is exported as the text model it trained: its own
         // config, since the tensors written are the text model's.
-        let tower = fs::read_to_string(model.join("config.json"))
+        let json: Option<serde_json::Value> = fs::read_to_string(model.join("config.json"))
             .ok()
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .is_some_and(|json| holo_model::config::is_text_tower(&json));
-        if tower {
+            .and_then(|text| serde_json::from_str(&text).ok());
+        // gpt-oss's MXFP4 experts are written dequantized: its config, without the quantization.
+        let own_config = json.as_ref().is_some_and(|json| {
+            holo_model::config::is_text_tower(json) || json.get("quantization_config").is_some()
+        });
+        if own_config {
             let config = serde_json::to_string_pretty(&base.config.to_json())
                 .map_err(|error| format!("writing config.json: {error}"))?;
             fs::write(out.join("config.json"), config)
@@ -142,7 +141,7 @@ fn base_folder(model: &Path, out: &Path) -> Result<Model, String> {
         }
         for file in COPIED {
             let source = model.join(file);
-            if tower && file == "config.json" {
+            if own_config && file == "config.json" {
                 continue;
             }
             if source.is_file() {
@@ -200,11 +199,17 @@ pub fn merge_adapter(adapter: &Path, base: &Path, out: &Path) -> Result<(), Stri
             base.display()
         )
     })?;
-    checkpoint::save_tensors(
-        &out.join("model.safetensors"),
-        weights.into_iter().collect(),
-    )
-    .map_err(|error| format!("writing model.safetensors: {error}"))
+    save_weights(out, &model, weights)
+}
+
+/// Writes `out/model.safetensors`: `weights` (named as `model` holds them) under the names and layouts
+/// of the family's checkpoints (gpt-oss's experts stacked, [`holo_model::model::checkpoint_tensors`]).
+fn save_weights(out: &Path, model: &Model, weights: HashMap<String, Tensor>) -> Result<(), String> {
+    let weights =
+        holo_model::model::checkpoint_tensors(&model.config, weights.into_iter().collect())
+            .map_err(|error| format!("laying out the weights: {error}"))?;
+    checkpoint::save_tensors(&out.join("model.safetensors"), weights)
+        .map_err(|error| format!("writing model.safetensors: {error}"))
 }
 
 /// A GGUF base has no files to copy: its config, tokenizer and chat template are written from what the

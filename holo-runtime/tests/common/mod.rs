@@ -25,7 +25,7 @@ pub fn repo() -> PathBuf {
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
-pub const MODEL_FAMILIES: [&str; 12] = [
+pub const MODEL_FAMILIES: [&str; 13] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -38,6 +38,7 @@ pub const MODEL_FAMILIES: [&str; 12] = [
     "phi3",
     "qwen3_5",
     "qwen3_moe",
+    "gpt_oss",
 ];
 
 /// `holo ARGS`, run from the workspace root.

@@ -8,10 +8,13 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
 use holo_runtime::local::init::parameter_specs;
-use holo_runtime::local::model::{positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS};
+use holo_runtime::local::model::{
+    checkpoint_tensors, positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS,
+};
 use holo_runtime::local::testing::random_model_seeded;
 use holo_runtime::local::{
-    Arch, Experts, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling, Variant,
+    Arch, ClampedSwiGlu, Experts, LayerSpec, LinearAttention, Model, ModelConfig, Ops, RopeScaling,
+    Variant,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,8 +24,10 @@ use rand_chacha::ChaCha8Rng;
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
 /// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads,
-/// Qwen3.5's linear attention, Qwen3-MoE's experts (on the second layer; a dense MLP on the first).
-const ARCHS: [Arch; 12] = holo_runtime::local::init::ARCHS;
+/// Qwen3.5's linear attention, Qwen3-MoE's experts (on the second layer; a dense MLP on the first),
+/// gpt-oss's sinks, biases, YaRN, window on the first layer and clamped experts with biases on both
+/// (the clamp at 2, which some of these activations reach).
+const ARCHS: [Arch; 13] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -48,11 +53,19 @@ fn config(arch: Arch) -> ModelConfig {
                 high_freq_factor: 4.0,
                 original_max_position_embeddings: 16,
             },
+            Arch::GptOss => RopeScaling::Yarn {
+                factor: 4.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 16,
+                truncate: false,
+                attention_factor: 1.1,
+            },
             _ => RopeScaling::None,
         },
         tie_word_embeddings: arch == Arch::Qwen2,
-        qkv_bias: arch == Arch::Qwen2,
-        o_bias: false,
+        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::GptOss),
+        o_bias: arch == Arch::GptOss,
         mlp_bias: false,
         variant: Variant {
             rotary_dim: matches!(arch, Arch::Phi3 | Arch::Qwen3_5).then_some(2),
@@ -62,12 +75,14 @@ fn config(arch: Arch) -> ModelConfig {
             .map(|layer| LayerSpec {
                 window: match arch {
                     Arch::Mistral => Some(3),
-                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 if layer == 0 => Some(3),
+                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 | Arch::GptOss if layer == 0 => {
+                        Some(3)
+                    }
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,
                 linear: arch == Arch::Qwen3_5 && layer == 0,
-                experts: arch == Arch::Qwen3Moe && layer == 1,
+                experts: (arch == Arch::Qwen3Moe && layer == 1) || arch == Arch::GptOss,
             })
             .collect(),
         linear_attention: (arch == Arch::Qwen3_5).then_some(LinearAttention {
@@ -77,14 +92,30 @@ fn config(arch: Arch) -> ModelConfig {
             value_head_dim: 3,
             conv_kernel: 4,
         }),
-        experts: (arch == Arch::Qwen3Moe).then_some(Experts {
-            count: 5,
-            per_token: 2,
-            intermediate_size: 7,
-            normalize: false,
-            aux_loss_coef: 0.001,
-            aux_loss: false,
-        }),
+        experts: (arch == Arch::Qwen3Moe)
+            .then_some(Experts {
+                count: 5,
+                per_token: 2,
+                intermediate_size: 7,
+                normalize: false,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+                softmax_over_chosen: false,
+                clamped: None,
+            })
+            .or((arch == Arch::GptOss).then_some(Experts {
+                count: 5,
+                per_token: 2,
+                intermediate_size: 7,
+                normalize: false,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+                softmax_over_chosen: true,
+                clamped: Some(ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: 2.0,
+                }),
+            })),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }
@@ -136,13 +167,28 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
 }
 
-/// Every Var got a finite, non-zero gradient.
+/// Every Var got a finite, non-zero gradient; an expert may get none, or zeros, when no real token
+/// went to it (its padding tokens' outputs do not reach the loss), but in each mixture layer some
+/// expert gets one.
 fn assert_every_var_has_a_gradient(
     vars: &[(String, candle_core::Var)],
     grads: &candle_core::backprop::GradStore,
     label: &str,
 ) {
+    let mut trained_experts = std::collections::BTreeMap::<&str, bool>::new();
     for (name, var) in vars {
+        if let Some((layer, _)) = name.split_once(".mlp.experts.") {
+            let trained = grads.get(var.as_tensor()).is_some_and(|grad| {
+                let norm = grad.sqr().unwrap().sum_all().unwrap();
+                norm.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap()
+                    > 0.0
+            });
+            *trained_experts.entry(layer).or_default() |= trained;
+            continue;
+        }
         let grad = grads
             .get(var.as_tensor())
             .unwrap_or_else(|| panic!("{label}: no gradient for {name}"));
@@ -157,6 +203,9 @@ fn assert_every_var_has_a_gradient(
             norm.is_finite() && norm > 0.0,
             "{label}: {name} gradient norm {norm}"
         );
+    }
+    for (layer, trained) in trained_experts {
+        assert!(trained, "{label}: no expert of {layer} got a gradient");
     }
 }
 
@@ -173,11 +222,23 @@ fn every_weight_receives_a_gradient() {
             .unwrap();
         let loss = logprobs.sum_all().unwrap();
         let grads = loss.backward().unwrap();
-        assert_eq!(
-            vars.len(),
-            parameter_specs(&config).len(),
-            "{arch}: one Var per weight"
-        );
+        // One Var per weight: gpt-oss's experts, held one by one, stack into the checkpoint's.
+        let trained = vars
+            .iter()
+            .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+            .collect();
+        let mut stacked: Vec<String> = checkpoint_tensors(&config, trained)
+            .unwrap()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let mut specs: Vec<String> = parameter_specs(&config)
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect();
+        stacked.sort();
+        specs.sort();
+        assert_eq!(stacked, specs, "{arch}: one Var per weight");
         assert_every_var_has_a_gradient(&vars, &grads, &arch.to_string());
     }
 }
@@ -941,7 +1002,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
         // A mixture of experts takes adapters on its attention only: PEFT reads the MLP's names as
         // every expert's.
         let lora = match arch {
-            Arch::Qwen3Moe => {
+            Arch::Qwen3Moe | Arch::GptOss => {
                 let error = base.with_lora(&all).unwrap_err().to_string();
                 assert!(error.contains("mixture-of-experts"), "{error}");
                 LoraConfig {
@@ -1098,21 +1159,16 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
         let model = random_model_seeded(&config, 5, DType::BF16);
         assert_eq!(model.dtype(), DType::F32, "{arch}: f32 arithmetic");
         assert_eq!(model.embed_tokens.dtype(), DType::BF16);
-        assert_eq!(
-            model.layers[0]
-                .mlp
-                .dense()
-                .unwrap()
-                .down_proj
-                .weight
-                .dtype(),
-            DType::BF16
-        );
+        let (_, down_proj) = Model::linears(&model.layers[0])
+            .into_iter()
+            .find(|(name, _)| name.ends_with("down_proj"))
+            .unwrap();
+        assert_eq!(down_proj.weight.dtype(), DType::BF16, "{arch}");
         assert_eq!(model.norm.weight.dtype(), DType::F32);
 
         // The same rounded weights held in f32 are the exact reference.
-        let rounded: HashMap<String, Tensor> = model
-            .named_weights()
+        let rounded: HashMap<String, Tensor> = checkpoint_tensors(&config, model.named_weights())
+            .unwrap()
             .into_iter()
             .map(|(name, tensor)| (name, tensor.to_dtype(DType::F32).unwrap()))
             .collect();

@@ -13,8 +13,17 @@ use holo_runtime::sampler::{Prompt, Request, SampleParams};
 
 use crate::common;
 
-fn moe() -> (Model, tokenizers::Tokenizer) {
-    let dir = common::repo().join("holo-runtime/tests/fixtures/models/qwen3_moe");
+/// The mixture-of-experts fixtures: Qwen3-MoE's softmax then top-k, gpt-oss's top-k then softmax.
+const FAMILIES: [&str; 2] = ["qwen3_moe", "gpt_oss"];
+
+fn fixture(family: &str) -> std::path::PathBuf {
+    common::repo()
+        .join("holo-runtime/tests/fixtures/models")
+        .join(family)
+}
+
+fn moe(family: &str) -> (Model, tokenizers::Tokenizer) {
+    let dir = fixture(family);
     let model = files::load_model(&dir, DType::F32, &Device::Cpu).unwrap();
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     (model, tokenizer)
@@ -167,7 +176,13 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn the_sampler_records_the_routes_a_training_pass_takes() {
-    let (model, tokenizer) = moe();
+    for family in FAMILIES {
+        sampler_records_the_routes_a_training_pass_takes(family);
+    }
+}
+
+fn sampler_records_the_routes_a_training_pass_takes(family: &str) {
+    let (model, tokenizer) = moe(family);
     let generations = sample(&model, &tokenizer, 0.0, 0);
     let experts = model.config.experts.unwrap();
     let mixtures = model.config.layers.iter().filter(|l| l.experts).count();
@@ -180,11 +195,16 @@ fn the_sampler_records_the_routes_a_training_pass_takes() {
         // Every token the sampler read: the prompt, then each sampled token but the last.
         assert_eq!(generation.routes.len(), sequence.len() - 1, "row {row}");
         for (position, recorded) in generation.routes.iter().enumerate() {
-            assert_eq!(recorded.len(), mixtures * experts.per_token, "row {row}");
+            assert_eq!(
+                recorded.len(),
+                mixtures * experts.per_token,
+                "{family} row {row}"
+            );
             assert_eq!(
                 recorded,
                 &taken[row * width + position],
-                "row {row}, position {position}: the sampler routed otherwise than the training pass"
+                "{family} row {row}, position {position}: the sampler routed otherwise than the \
+                 training pass"
             );
         }
     }
@@ -210,7 +230,13 @@ fn the_sampler_records_the_routes_a_training_pass_takes() {
 /// training pass over its tokens routes.
 #[test]
 fn the_schedulers_chunked_prefill_and_joining_rows_record_every_token() {
-    let dir = common::repo().join("holo-runtime/tests/fixtures/models/qwen3_moe");
+    for family in FAMILIES {
+        scheduler_records_every_token(family);
+    }
+}
+
+fn scheduler_records_every_token(family: &str) {
+    let dir = fixture(family);
     let options = LocalOptions {
         limits: Limits {
             max_num_seqs: 2,
@@ -221,7 +247,7 @@ fn the_schedulers_chunked_prefill_and_joining_rows_record_every_token() {
         ..LocalOptions::default()
     };
     let sampler = LocalModel::load(&dir, options).unwrap();
-    let (model, _) = moe();
+    let (model, _) = moe(family);
     let requests: Vec<Request> = prompts()
         .into_iter()
         .enumerate()
@@ -250,22 +276,33 @@ fn the_schedulers_chunked_prefill_and_joining_rows_record_every_token() {
         let routing = Arc::new(Routing::record());
         routed(&model, &ids, &mask, &routing);
         let taken = routing.taken().per_token(sequence.len() - 1);
-        assert_eq!(completion.routes, taken, "row {row}");
+        assert_eq!(completion.routes, taken, "{family} row {row}");
     }
 }
 
 #[test]
 fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_the_output() {
-    let (model, tokenizer) = moe();
+    for family in FAMILIES {
+        replaying_changes_nothing_and_other_choices_change_the_output(family);
+    }
+}
+
+fn replaying_changes_nothing_and_other_choices_change_the_output(family: &str) {
+    let (model, tokenizer) = moe(family);
+    let mixtures = model.config.layers.iter().filter(|l| l.experts).count();
     let (_, ids, mask) = rows(&sample(&model, &tokenizer, 0.0, 0));
     let recorded = Arc::new(Routing::record());
     let own = routed(&model, &ids, &mask, &recorded);
     let taken = recorded.taken();
     let replaying = Arc::new(Routing::replay(taken.clone()));
     let replayed = routed(&model, &ids, &mask, &replaying);
-    assert_eq!(max_abs_diff(&own, &replayed), 0.0);
+    assert_eq!(max_abs_diff(&own, &replayed), 0.0, "{family}");
     let drift = replaying.drift();
-    assert_eq!((drift.differ, drift.compared), (0, 2 * ids.elem_count()));
+    assert_eq!(
+        (drift.differ, drift.compared),
+        (0, mixtures * ids.elem_count()),
+        "{family}"
+    );
 
     // Every token but the first sent to other experts in the first mixture layer (the next ids round
     // the circle); the first token left to its router there.
@@ -279,14 +316,14 @@ fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_th
     let replaying = Arc::new(Routing::replay(other));
     let moved = routed(&model, &ids, &mask, &replaying);
     let change = max_abs_diff(&own, &moved);
-    assert!(change > 1e-3, "{change}");
+    assert!(change > 1e-3, "{family}: {change}");
     let drift = replaying.drift();
     assert_eq!(
         drift.compared,
-        2 * ids.elem_count() - 1,
-        "the unrouted token is not compared"
+        mixtures * ids.elem_count() - 1,
+        "{family}: the unrouted token is not compared"
     );
-    assert!(drift.differ >= ids.elem_count() - 1, "{drift:?}");
+    assert!(drift.differ >= ids.elem_count() - 1, "{family}: {drift:?}");
     assert_eq!(
         replaying.taken().0[0][..k],
         taken.0[0][..k],
@@ -306,7 +343,7 @@ fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_th
         )
         .unwrap_err()
         .to_string();
-    assert!(error.contains("layer 0"), "{error}");
+    assert!(error.contains("layer 0"), "{family}: {error}");
 }
 
 /// A sampler whose arithmetic differs from the trainer's (bf16 here, as an inference engine's kernels
@@ -315,7 +352,13 @@ fn replaying_the_routers_own_choices_changes_nothing_and_other_choices_change_th
 /// routes removes those jumps: what is left is the arithmetic's own difference.
 #[test]
 fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
-    let (model, tokenizer) = moe();
+    for family in FAMILIES {
+        replay_brings_the_trainers_logprobs_to_the_samplers(family);
+    }
+}
+
+fn replay_brings_the_trainers_logprobs_to_the_samplers(family: &str) {
+    let (model, tokenizer) = moe(family);
     let sampler = model.to_dtype(DType::BF16).unwrap();
     let mut own_deltas = Vec::new();
     let mut replay_deltas = Vec::new();
@@ -351,7 +394,7 @@ fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
     let (own_mean, own_max) = stats(&own_deltas);
     let (replay_mean, replay_max) = stats(&replay_deltas);
     println!(
-        "bf16 sampler vs f32 trainer over {} sampled tokens: |Δ log p| mean {own_mean:.3e} max \
+        "{family}: bf16 sampler vs f32 trainer over {} sampled tokens: |Δ log p| mean {own_mean:.3e} max \
          {own_max:.3e} with the trainer's own routing; mean {replay_mean:.3e} max {replay_max:.3e} \
          with routing replay; the trainer's routers differ on {differ} of {compared} replayed \
          token × layer choices",
@@ -359,10 +402,11 @@ fn routing_replay_brings_the_trainers_logprobs_to_the_samplers() {
     );
     assert!(
         differ > 0,
-        "the sampler's arithmetic never changed a routing: nothing was tested"
+        "{family}: the sampler's arithmetic never changed a routing: nothing was tested"
     );
     assert!(
         replay_max * 4.0 < own_max && replay_mean < own_mean,
-        "replay: mean {replay_mean} max {replay_max}; own routing: mean {own_mean} max {own_max}"
+        "{family}: replay: mean {replay_mean} max {replay_max}; own routing: mean {own_mean} max \
+         {own_max}"
     );
 }

@@ -6,7 +6,7 @@
 //! Each fixture model (Qwen2: q/k/v biases, tied embeddings; Llama: untied LM head; Qwen3: q/k norms,
 //! heads wider than hidden / heads; Mistral and Ministral: sliding windows; SmolLM3: a layer without
 //! RoPE; OLMo 2 and 3: norms after attention and the MLP; Gemma 3: offset norms, GeGLU, scaled
-//! embeddings) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
+//! embeddings; Qwen3-MoE and gpt-oss: experts, gpt-oss's stacked in the export) is trained for two steps by the real `holo train`, with full fine-tuning and with LoRA. Every row gets the same reward, so
 //! the advantages are zero; `--entropy-coef` gives the weights a gradient all the same.
 
 use std::collections::{BTreeSet, HashMap};
@@ -17,8 +17,8 @@ use std::process::{Command, Output};
 use crate::common::holo_command;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::LoraConfig;
-use holo_runtime::local::Model;
+use holo_runtime::local::model::{checkpoint_tensors, LoraConfig};
+use holo_runtime::local::{Model, ModelConfig};
 use serde_json::{json, Value};
 
 /// What our model loaded from an export may differ from the trained one by (the merged matrix product
@@ -32,7 +32,7 @@ const LORA_TARGETS: [&str; 3] = ["q_proj", "v_proj", "down_proj"];
 /// names PEFT takes to mean the experts (which take no adapters here, see `Model::with_lora`).
 fn lora_targets(model: &str) -> &'static [&'static str] {
     match model {
-        "qwen3_moe" => &LORA_TARGETS[..2],
+        "qwen3_moe" | "gpt_oss" => &LORA_TARGETS[..2],
         _ => &LORA_TARGETS,
     }
 }
@@ -203,10 +203,17 @@ fn write_logits(path: &Path, sequences: &[Vec<u32>], logits: &[Vec<Vec<f32>>]) {
     fs::write(path, text).unwrap();
 }
 
-/// (i) A full fine-tuning export holds exactly the checkpoint's weights, under the base's names.
+/// (i) A full fine-tuning export holds exactly the checkpoint's weights, under the base's names (the
+/// checkpoint's, as the trainer holds them, laid out as the family's checkpoints: gpt-oss's experts
+/// stacked).
 fn check_full_weights(base_dir: &Path, checkpoint: &Path, out: &Path) {
     let base = tensors(&base_dir.join("model.safetensors"));
+    let config = ModelConfig::from_file(&base_dir.join("config.json")).unwrap();
     let saved = tensors(&checkpoint.join("model.safetensors"));
+    let saved: HashMap<String, Tensor> = checkpoint_tensors(&config, saved.into_iter().collect())
+        .unwrap()
+        .into_iter()
+        .collect();
     let exported = tensors(&out.join("model.safetensors"));
     assert_eq!(keys(&exported), keys(&base), "{}", out.display());
     assert_eq!(keys(&saved), keys(&base), "every weight is trained");
@@ -465,10 +472,9 @@ fn python_check(cases: &[Case]) {
     assert!(output.status.success(), "{stdout}\n{stderr}");
 }
 
-#[test]
-fn exports_load_with_the_trained_weights_and_logits() {
-    let work = crate::common::tempdir::Dir::new("runs");
-    let data = work.path().join("rows.jsonl");
+/// The training rows, written into `work`.
+fn rows(work: &Path) -> PathBuf {
+    let data = work.join("rows.jsonl");
     let rows: String = (1..=16)
         .map(|i| {
             format!(
@@ -478,6 +484,13 @@ fn exports_load_with_the_trained_weights_and_logits() {
         })
         .collect();
     fs::write(&data, rows).unwrap();
+    data
+}
+
+#[test]
+fn exports_load_with_the_trained_weights_and_logits() {
+    let work = crate::common::tempdir::Dir::new("runs");
+    let data = rows(work.path());
 
     let mut cases = Vec::new();
     for model in crate::common::MODEL_FAMILIES {
@@ -497,4 +510,49 @@ fn exports_load_with_the_trained_weights_and_logits() {
     assert!(stderr.contains("no checkpoint-7"), "{stderr}");
 
     python_check(&cases);
+}
+
+/// A gpt-oss base with MXFP4 experts (`gpt_oss/mxfp4`) exports them dequantized, in transformers' stacks:
+/// its config without `quantization_config`, no blocks or scales, the trained model's logits, which
+/// transformers gives too.
+#[test]
+fn an_mxfp4_base_exports_its_experts_dequantized() {
+    let work = crate::common::tempdir::Dir::new("runs-mxfp4");
+    let data = rows(work.path());
+    let base_dir = fixture("gpt_oss").join("mxfp4");
+    let run_dir = work.path().join("run");
+    train(&base_dir, &data, &run_dir, None);
+    let out = work.path().join("export");
+    let exported = export(&run_dir, &out, None);
+    assert!(exported.status.success(), "{exported:?}");
+
+    let config: Value =
+        serde_json::from_str(&fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization_config").is_none(), "{config}");
+    let names = keys(&tensors(&out.join("model.safetensors")))
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert!(names.contains(&"model.layers.0.mlp.experts.gate_up_proj".to_string()));
+    assert!(!names
+        .iter()
+        .any(|name| name.ends_with("_blocks") || name.ends_with("_scales")));
+
+    let base = load(&base_dir);
+    let sequences = sequences(base.config.vocab_size);
+    let expected = logits(
+        &trained(&base, &run_dir.join("checkpoint-2"), None),
+        &sequences,
+    );
+    let diff = max_logit_diff(&logits(&load(&out), &sequences), &expected);
+    assert_eq!(diff, 0.0, "the export's logits are the trained model's");
+    assert!(max_logit_diff(&logits(&base, &sequences), &expected) > 1e-3);
+    let logits_file = work.path().join("logits.json");
+    write_logits(&logits_file, &sequences, &expected);
+    python_check(&[Case {
+        label: "gpt_oss-mxfp4-full".into(),
+        out,
+        base: base_dir,
+        logits: logits_file,
+    }]);
 }

@@ -15,13 +15,15 @@ use super::kernel::Result;
 
 /// Softmax attention of `q` `[B, H, T, D]` over `k` and `v` `[B, KV, S, D]` (query head `h` reads key
 /// head `h / (H / KV)`) under the additive `mask` `[B, 1, T, S]` (−∞ hides a key), with scores scaled by
-/// `scale`: `[B, T, H · D]`. CPU, f32.
+/// `scale`: `[B, T, H · D]`. CPU, f32. With `sinks` `[H]`, head `h`'s sink joins each of its rows in
+/// the softmax and takes its share of the weight to nothing (gpt-oss).
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Tensor,
     scale: f64,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (batch, heads, len, dim) = q.dims4()?;
     let (_, kv_heads, keys, _) = k.dims4()?;
@@ -41,6 +43,10 @@ pub(crate) fn attention(
         );
     }
     let group = heads / kv_heads;
+    let sinks = match sinks {
+        Some(sinks) => Some(sinks.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+        None => None,
+    };
     let (q, mask) = (q.contiguous()?, mask.contiguous()?);
     let rows_of = |t: &Tensor| -> Result<Tensor> {
         // Rows of `D` values must be contiguous; the cache's views are, with their own strides above.
@@ -82,7 +88,11 @@ pub(crate) fn attention(
             max = max.max(score);
             scores.push((s, score));
         }
-        let mut total = 0f32;
+        let sink = sinks.as_ref().map(|sinks| sinks[h]);
+        if let Some(sink) = sink {
+            max = max.max(sink);
+        }
+        let mut total = sink.map_or(0.0, |sink| (sink - max).exp());
         for (_, score) in &mut scores {
             *score = (*score - max).exp();
             total += *score;
@@ -193,9 +203,75 @@ mod tests {
         let mask = mask(batch, len, keys, |b, t, s| {
             (b == 1 && s < 2) || s > keys - len + t
         });
-        let ours = attention(&q, &k, &v, &mask, 0.3).unwrap();
+        let ours = attention(&q, &k, &v, &mask, 0.3, None).unwrap();
         let theirs = reference(&q, &k, &v, &mask, 0.3);
         assert!(max_difference(&ours, &theirs) < 1e-5);
+    }
+
+    /// With a sink per head, a key of score `sink` and value zero joins each row: the reference over keys
+    /// with one more column, whose value is zero and whose score the mask sets to the sink.
+    #[test]
+    fn sinks_take_their_share_of_the_weight() {
+        let (batch, heads, kv_heads, len, keys, dim) = (2, 4, 2, 3, 7, 20);
+        let q = sines((batch, heads, len, dim), 0.37, DType::F32);
+        let k = sines((batch, kv_heads, keys, dim), 0.11, DType::F32);
+        let v = sines((batch, kv_heads, keys, dim), 0.53, DType::F32);
+        let hidden = |b: usize, t: usize, s: usize| (b == 1 && s < 2) || s > keys - len + t;
+        let sinks = Tensor::new(&[0.5f32, -1.0, 2.0, 0.0], &Device::Cpu).unwrap();
+        let ours = attention(
+            &q,
+            &k,
+            &v,
+            &mask(batch, len, keys, hidden),
+            0.3,
+            Some(&sinks),
+        )
+        .unwrap();
+        // The extra key: zero, so that its score is the mask's entry, which is the head's sink; the
+        // reference's mask has one head, so each head is computed alone.
+        let zero_key = Tensor::zeros((batch, kv_heads, 1, dim), DType::F32, &Device::Cpu).unwrap();
+        let k_sunk = Tensor::cat(&[&k, &zero_key], 2).unwrap();
+        let v_sunk = Tensor::cat(&[&v, &zero_key], 2).unwrap();
+        let group = heads / kv_heads;
+        let per_head: Vec<Tensor> = (0..heads)
+            .map(|h| {
+                let sink = sinks.get(h).unwrap().to_scalar::<f32>().unwrap();
+                let values: Vec<f32> = (0..batch * len * (keys + 1))
+                    .map(|i| {
+                        let (b, t, s) = (
+                            i / (len * (keys + 1)),
+                            (i / (keys + 1)) % len,
+                            i % (keys + 1),
+                        );
+                        match s == keys {
+                            true => sink,
+                            false if hidden(b, t, s) => f32::NEG_INFINITY,
+                            false => 0.0,
+                        }
+                    })
+                    .collect();
+                let mask =
+                    Tensor::from_vec(values, (batch, 1, len, keys + 1), &Device::Cpu).unwrap();
+                let kv = |t: &Tensor| t.narrow(1, h / group, 1).unwrap();
+                reference(
+                    &q.narrow(1, h, 1).unwrap(),
+                    &kv(&k_sunk),
+                    &kv(&v_sunk),
+                    &mask,
+                    0.3,
+                )
+            })
+            .collect();
+        let theirs = Tensor::stack(&per_head, 2)
+            .unwrap()
+            .reshape((batch, len, heads * dim))
+            .unwrap();
+        assert!(max_difference(&ours, &theirs) < 1e-5);
+        let without = attention(&q, &k, &v, &mask(batch, len, keys, hidden), 0.3, None).unwrap();
+        assert!(
+            max_difference(&ours, &without) > 1e-2,
+            "the sinks changed nothing"
+        );
     }
 
     /// A row's output is the same, bit for bit, alone or in a batch where other rows are longer, its
@@ -206,7 +282,7 @@ mod tests {
         let q = sines((1, heads, 1, dim), 0.29, DType::F32);
         let k = sines((1, kv_heads, own, dim), 0.17, DType::F32);
         let v = sines((1, kv_heads, own, dim), 0.41, DType::F32);
-        let alone = attention(&q, &k, &v, &mask(1, 1, own, |_, _, _| false), 0.25).unwrap();
+        let alone = attention(&q, &k, &v, &mask(1, 1, own, |_, _, _| false), 0.25, None).unwrap();
 
         // In a batch of 3 with 9 key columns: row 1 is ours, padded by 3 columns on the left and 1 on
         // the right, inside buffers of 12 columns.
@@ -233,7 +309,7 @@ mod tests {
         let batch_mask = mask(batch, 1, columns, |b, _, s| {
             b == 1 && !(3..3 + own).contains(&s)
         });
-        let batched = attention(&q_batch, &k_batch, &v_batch, &batch_mask, 0.25).unwrap();
+        let batched = attention(&q_batch, &k_batch, &v_batch, &batch_mask, 0.25, None).unwrap();
         let ours = batched.narrow(0, 1, 1).unwrap();
         assert_eq!(
             ours.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
@@ -248,7 +324,7 @@ mod tests {
     fn refuses_other_types() {
         let q = Tensor::zeros((1, 1, 1, 4), DType::F64, &Device::Cpu).unwrap();
         let mask = Tensor::zeros((1, 1, 1, 1), DType::F64, &Device::Cpu).unwrap();
-        let error = attention(&q, &q, &q, &mask, 1.0).unwrap_err();
+        let error = attention(&q, &q, &q, &mask, 1.0, None).unwrap_err();
         assert!(error.to_string().contains("CPU in f32"), "{error}");
     }
 }

@@ -40,6 +40,9 @@ pub struct Attention {
     /// The output is multiplied by the sigmoid of a gate projected with the queries
     /// ([`crate::config::Variant::attention_gate`]).
     pub(crate) gated: bool,
+    /// A logit per head (`sinks` `[heads]`) joined to each row of scores in the softmax, its weight
+    /// dropped after ([`crate::config::Variant::attention_sinks`]).
+    pub sinks: Option<Tensor>,
 }
 
 impl Attention {
@@ -86,6 +89,11 @@ impl Attention {
             kv_heads,
             head_dim,
             gated,
+            sinks: config
+                .variant
+                .attention_sinks
+                .then(|| vb.get(heads, "sinks"))
+                .transpose()?,
         })
     }
 
@@ -196,7 +204,14 @@ impl Attention {
             && q.dtype() == DType::F32
             && crate::kernels::kernel::takes(&q, &[&k, &v, mask]);
         if ops == Ops::Invariant || decoding {
-            return crate::kernels::invariant::attention(&q, &k, &v, mask, scale);
+            return crate::kernels::invariant::attention(
+                &q,
+                &k,
+                &v,
+                mask,
+                scale,
+                self.sinks.as_ref(),
+            );
         }
         let keys = k.dim(2)?;
         // Query head h reads key head h / group: grouping the query heads of one key head along the
@@ -208,7 +223,22 @@ impl Attention {
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((batch, self.heads, len, keys))?
             .broadcast_add(mask)?;
-        let weights = softmax(&scores, ops)?.reshape((batch, self.kv_heads, group * len, keys))?;
+        let weights = match &self.sinks {
+            None => softmax(&scores, ops)?,
+            // Each row's sink as one more key, whose weight is then dropped (transformers'
+            // `eager_attention_forward` of gpt-oss).
+            Some(sinks) => {
+                let sinks = sinks
+                    .to_dtype(scores.dtype())?
+                    .reshape((1, self.heads, 1, 1))?
+                    .broadcast_as((batch, self.heads, len, 1))?;
+                let joined = Tensor::cat(&[&scores, &sinks], 3)?;
+                softmax(&joined, ops)?.narrow(3, 0, keys)?
+            }
+        };
+        let weights = weights
+            .contiguous()?
+            .reshape((batch, self.kv_heads, group * len, keys))?;
         weights
             .matmul(&v)?
             .reshape((batch, self.heads, len, self.head_dim))?

@@ -1,24 +1,32 @@
-//! A mixture of experts in place of the MLP (`qwen3_moe`'s sparse blocks): a router scores every
-//! expert for each token, the `per_token` best run on it, and the layer's output is their SwiGLU
+//! A mixture of experts in place of the MLP (`qwen3_moe`'s sparse blocks, `gpt_oss`'s): a router scores
+//! every expert for each token, the `per_token` best run on it, and the layer's output is their SwiGLU
 //! outputs weighted by the router's softmax at them (renormalised over the chosen ones where the config
-//! says so), as `Qwen3MoeSparseMoeBlock` computes it.
+//! says so), as `Qwen3MoeSparseMoeBlock` computes it; or, for gpt-oss, by the softmax of the chosen
+//! experts' logits (`GptOssTopKRouter`), the experts' clamped SwiGLU with biases.
 //!
 //! The experts run grouped: each expert's tokens are gathered into one matrix product, never a dense
 //! loop of every expert over every token. The choice itself is made on the host (a top-k of each
 //! token's probabilities) and can be replaced by a recorded one ([`Routing`]): routing replay, so that
 //! a trainer computes the log-probabilities of sampled tokens through the experts the sampler used.
 
+use std::collections::HashMap;
+
 use super::*;
+use crate::config::{Arch, ClampedSwiGlu};
 use crate::routing::Routing;
 
 #[derive(Debug, Clone)]
 pub struct Mixture {
-    /// The router (`mlp.gate`): one logit per expert, `[experts, hidden]`.
+    /// The router (`mlp.gate`; gpt-oss's `mlp.router`, with a bias): one logit per expert,
+    /// `[experts, hidden]`.
     pub router: Linear,
-    /// The experts (`mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`).
+    /// The experts (`mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`; gpt-oss's, with biases, are
+    /// held so too and stacked as transformers names them in [`checkpoint_tensors`]).
     pub experts: Vec<Mlp>,
     pub(crate) per_token: usize,
     pub(crate) normalize: bool,
+    /// The weights are the softmax of the chosen experts' logits ([`crate::config::Experts`]).
+    pub(crate) softmax_over_chosen: bool,
     /// The layer's index, under which [`Routing`] records and replays its choices.
     pub(crate) layer: usize,
 }
@@ -32,6 +40,16 @@ impl Mixture {
             candle_core::bail!("layer {layer} has experts but the config gives no expert sizes");
         };
         let (hidden, inner) = (config.hidden_size, sizes.intermediate_size);
+        if let Some(clamped) = sizes.clamped {
+            return Ok(Mixture {
+                router: Linear::load(vb.pp("router"), hidden, sizes.count, true)?,
+                experts: interleaved(vb.pp("experts"), config, clamped)?,
+                per_token: sizes.per_token,
+                normalize: sizes.normalize,
+                softmax_over_chosen: sizes.softmax_over_chosen,
+                layer,
+            });
+        }
         let router = Linear::load(vb.pp("gate"), hidden, sizes.count, false)?;
         let experts = vb.pp("experts");
         let experts = if experts.contains_tensor("gate_up_proj") {
@@ -57,6 +75,7 @@ impl Mixture {
                         ),
                         down_proj: linear(down.get(e)?)?,
                         activation: config.variant.activation,
+                        clamped: None,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
@@ -70,8 +89,22 @@ impl Mixture {
             experts,
             per_token: sizes.per_token,
             normalize: sizes.normalize,
+            softmax_over_chosen: sizes.softmax_over_chosen,
             layer,
         })
+    }
+
+    /// The router's module name in the layer's `mlp`: gpt-oss's (the family whose experts are clamped)
+    /// is `router`, Qwen3-MoE's `gate`.
+    pub(crate) fn router_name(&self) -> &'static str {
+        match self
+            .experts
+            .first()
+            .is_some_and(|expert| expert.clamped.is_some())
+        {
+            true => "router",
+            false => "gate",
+        }
     }
 
     /// The output `[.., hidden]` for `xs` `[.., hidden]`: each token through its chosen experts (by the
@@ -92,8 +125,12 @@ impl Mixture {
             DType::F64 => logits,
             _ => logits.to_dtype(DType::F32)?,
         };
-        let probabilities = softmax(&logits, ops)?;
-        let own = top_k(&probabilities.to_dtype(DType::F64)?.to_vec2::<f64>()?, k);
+        // gpt-oss chooses by the logits themselves (the same order, without the softmax's rounding).
+        let scores = match self.softmax_over_chosen {
+            true => logits.clone(),
+            false => softmax(&logits, ops)?,
+        };
+        let own = top_k(&scores.to_dtype(DType::F64)?.to_vec2::<f64>()?, k);
         let chosen = match routing {
             Some(routing) => routing.choose(self.layer, own, k)?,
             None => own,
@@ -107,7 +144,10 @@ impl Mixture {
         }
 
         let index = Tensor::from_vec(chosen.clone(), (tokens, k), xs.device())?;
-        let mut weights = probabilities.gather(&index, 1)?;
+        let mut weights = match self.softmax_over_chosen {
+            true => softmax(&logits.gather(&index, 1)?, ops)?,
+            false => scores.gather(&index, 1)?,
+        };
         if self.normalize {
             weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
         }
@@ -153,4 +193,201 @@ fn top_k(rows: &[Vec<f64>], k: usize) -> Vec<u32> {
         chosen.extend_from_slice(&order[..k]);
     }
     chosen
+}
+
+/// gpt-oss's experts: one [`Mlp`] per expert, with biases and the clamped SwiGLU, from the per-expert
+/// tensors [`held_tensors`] splits a checkpoint's stacks into (what a folder loads through), or from
+/// transformers' stacks themselves.
+fn interleaved(vb: VarBuilder, config: &ModelConfig, clamped: ClampedSwiGlu) -> Result<Vec<Mlp>> {
+    let Some(sizes) = config.experts else {
+        candle_core::bail!("gpt-oss experts without sizes");
+    };
+    let (count, hidden, inner) = (sizes.count, config.hidden_size, sizes.intermediate_size);
+    let linear = |weight: Tensor, bias: Tensor| Linear {
+        weight,
+        bias: Some(bias),
+        lora: None,
+    };
+    let mlp = |[gate, gate_bias, up, up_bias, down, down_bias]: [Tensor; 6]| Mlp {
+        gate_up: Split::of(
+            vec![("gate_proj", inner), ("up_proj", inner)],
+            vec![linear(gate, gate_bias), linear(up, up_bias)],
+        ),
+        down_proj: linear(down, down_bias),
+        activation: config.variant.activation,
+        clamped: Some(clamped),
+    };
+    if vb.contains_tensor("gate_up_proj") {
+        let stacks = [
+            vb.get((count, hidden, 2 * inner), "gate_up_proj")?,
+            vb.get((count, 2 * inner), "gate_up_proj_bias")?,
+            vb.get((count, inner, hidden), "down_proj")?,
+            vb.get((count, hidden), "down_proj_bias")?,
+        ];
+        return (0..count).map(|e| Ok(mlp(unstack(&stacks, e)?))).collect();
+    }
+    (0..count)
+        .map(|e| {
+            let vb = vb.pp(e.to_string());
+            let part = |name: &str, shape: &[usize]| vb.get(shape, name);
+            Ok(mlp([
+                part("gate_proj.weight", &[inner, hidden])?,
+                part("gate_proj.bias", &[inner])?,
+                part("up_proj.weight", &[inner, hidden])?,
+                part("up_proj.bias", &[inner])?,
+                part("down_proj.weight", &[hidden, inner])?,
+                part("down_proj.bias", &[hidden])?,
+            ]))
+        })
+        .collect()
+}
+
+/// Expert `e` of transformers' stacks (`gate_up_proj` `[E, hidden, 2·inner]`, each expert's gate and up
+/// columns interleaved, gate first; `gate_up_proj_bias` `[E, 2·inner]`; `down_proj`
+/// `[E, inner, hidden]`; `down_proj_bias` `[E, hidden]`, all multiplied from the left) as contiguous
+/// `[out, in]` weights and their biases: gate, up, down. Each expert's product then reads only its own
+/// weights, and trains only its own.
+fn unstack(
+    [gate_up, gate_up_bias, down, down_bias]: &[Tensor; 4],
+    e: usize,
+) -> Result<[Tensor; 6]> {
+    let (hidden, columns) = gate_up.get(e)?.dims2()?;
+    let pairs = gate_up.get(e)?.reshape((hidden, columns / 2, 2))?;
+    let biases = gate_up_bias.get(e)?.reshape((columns / 2, 2))?;
+    let weight = |which: usize| pairs.narrow(2, which, 1)?.squeeze(2)?.t()?.contiguous();
+    let bias = |which: usize| biases.narrow(1, which, 1)?.squeeze(1)?.contiguous();
+    Ok([
+        weight(0)?,
+        bias(0)?,
+        weight(1)?,
+        bias(1)?,
+        down.get(e)?.t()?.contiguous()?,
+        down_bias.get(e)?.contiguous()?,
+    ])
+}
+
+/// A checkpoint's tensors with gpt-oss's expert stacks split into the per-expert tensors the model
+/// holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back), a layer at a
+/// time, so that loading never holds a layer's experts twice over more than one layer. Other families'
+/// tensors come back as they are.
+pub fn held_tensors(
+    config: &ModelConfig,
+    mut tensors: HashMap<String, Tensor>,
+) -> Result<HashMap<String, Tensor>> {
+    if config.arch != Arch::GptOss {
+        return Ok(tensors);
+    }
+    let layers: Vec<String> = tensors
+        .keys()
+        .filter_map(|name| name.strip_suffix(".mlp.experts.gate_up_proj"))
+        .map(str::to_string)
+        .collect();
+    for layer in layers {
+        let mut take = |name: &str| -> Result<Tensor> {
+            let name = format!("{layer}.mlp.experts.{name}");
+            tensors
+                .remove(&name)
+                .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))
+        };
+        let stacks = [
+            take("gate_up_proj")?,
+            take("gate_up_proj_bias")?,
+            take("down_proj")?,
+            take("down_proj_bias")?,
+        ];
+        for e in 0..stacks[0].dim(0)? {
+            let parts = unstack(&stacks, e)?;
+            let names = [
+                "gate_proj.weight",
+                "gate_proj.bias",
+                "up_proj.weight",
+                "up_proj.bias",
+                "down_proj.weight",
+                "down_proj.bias",
+            ];
+            for (name, tensor) in names.into_iter().zip(parts) {
+                tensors.insert(format!("{layer}.mlp.experts.{e}.{name}"), tensor);
+            }
+        }
+    }
+    Ok(tensors)
+}
+
+/// Tensors named as the model holds them (`named_weights`, a trainer's variables or their gradients)
+/// under the names and layouts of the family's checkpoints: gpt-oss's per-expert
+/// `mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}` stacked into transformers'
+/// `mlp.experts.gate_up_proj` (gate and up interleaved), `gate_up_proj_bias`, `down_proj` and
+/// `down_proj_bias`. Other families' tensors, and gpt-oss's others, come back as they are.
+pub fn checkpoint_tensors(
+    config: &ModelConfig,
+    named: Vec<(String, Tensor)>,
+) -> Result<Vec<(String, Tensor)>> {
+    if config.arch != Arch::GptOss {
+        return Ok(named);
+    }
+    let mut out = Vec::with_capacity(named.len());
+    // (layer prefix) → expert → (part name → tensor).
+    let mut layers: std::collections::BTreeMap<String, HashMap<usize, HashMap<String, Tensor>>> =
+        Default::default();
+    for (name, tensor) in named {
+        let split = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
+            let (e, part) = rest.split_once('.')?;
+            Some((
+                layer.to_string(),
+                e.parse::<usize>().ok()?,
+                part.to_string(),
+            ))
+        });
+        match split {
+            Some((layer, e, part)) => {
+                layers
+                    .entry(layer)
+                    .or_default()
+                    .entry(e)
+                    .or_default()
+                    .insert(part, tensor);
+            }
+            None => out.push((name, tensor)),
+        }
+    }
+    for (layer, experts) in layers {
+        let mut parts: [Vec<Tensor>; 4] = Default::default();
+        for e in 0..experts.len() {
+            let Some(expert) = experts.get(&e) else {
+                candle_core::bail!("{layer}: expert {e} of {} is missing", experts.len());
+            };
+            let part = |name: &str| -> Result<&Tensor> {
+                expert.get(name).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("{layer}.mlp.experts.{e}: no {name}"))
+                })
+            };
+            // Columns gate₀ up₀ gate₁ up₁ …: the `[inner, 2]` pairs of the transposed weights.
+            let pair = |gate: &Tensor, up: &Tensor, axis: usize| -> Result<Tensor> {
+                Tensor::stack(&[gate, up], axis + 1)?.flatten(axis, axis + 1)
+            };
+            parts[0].push(pair(
+                &part("gate_proj.weight")?.t()?,
+                &part("up_proj.weight")?.t()?,
+                1,
+            )?);
+            parts[1].push(pair(part("gate_proj.bias")?, part("up_proj.bias")?, 0)?);
+            parts[2].push(part("down_proj.weight")?.t()?.contiguous()?);
+            parts[3].push(part("down_proj.bias")?.clone());
+        }
+        for (name, stack) in [
+            "gate_up_proj",
+            "gate_up_proj_bias",
+            "down_proj",
+            "down_proj_bias",
+        ]
+        .into_iter()
+        .zip(parts)
+        {
+            out.push((
+                format!("{layer}.mlp.experts.{name}"),
+                Tensor::stack(&stack, 0)?,
+            ));
+        }
+    }
+    Ok(out)
 }

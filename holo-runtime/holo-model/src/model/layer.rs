@@ -8,6 +8,8 @@ pub struct Mlp {
     pub gate_up: Split,
     pub down_proj: Linear,
     pub(crate) activation: Activation,
+    /// gpt-oss's experts: the clamped SwiGLU in place of `activation(gate) · up`.
+    pub(crate) clamped: Option<ClampedSwiGlu>,
 }
 
 impl Mlp {
@@ -24,6 +26,7 @@ impl Mlp {
             )?,
             down_proj: Linear::load(vb.pp("down_proj"), inner, hidden, bias)?,
             activation: config.variant.activation,
+            clamped: None,
         })
     }
 
@@ -33,8 +36,21 @@ impl Mlp {
             .forward(xs, ops)?
             .try_into()
             .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
-        let gate = self.activate(&gate, ops)?;
-        self.down_proj.forward(&(gate * up)?, ops)
+        let gated = match self.clamped {
+            Some(clamped) => Self::clamped(clamped, &gate, &up)?,
+            None => (self.activate(&gate, ops)? * up)?,
+        };
+        self.down_proj.forward(&gated, ops)
+    }
+
+    /// gpt-oss's `(up + 1) · gate · σ(alpha · gate)`, `gate` clamped above at the limit and `up` on
+    /// both sides (`GptOssExperts._apply_gate`).
+    fn clamped(clamped: ClampedSwiGlu, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let limit = clamped.limit;
+        let gate = gate.minimum(limit)?;
+        let up = up.clamp(-limit, limit)?;
+        let glu = (&gate * super::delta::sigmoid(&(&gate * clamped.alpha)?)?)?;
+        (up + 1.0)? * glu
     }
 
     /// The gate's activation.
@@ -99,7 +115,7 @@ impl FeedForward {
         match self {
             FeedForward::Dense(mlp) => mlp_named(mlp, ""),
             FeedForward::Experts(mixture) => {
-                let mut named = vec![("gate".to_string(), &mixture.router)];
+                let mut named = vec![(mixture.router_name().to_string(), &mixture.router)];
                 for (e, expert) in mixture.experts.iter().enumerate() {
                     named.extend(mlp_named(expert, &format!("experts.{e}.")));
                 }
@@ -124,7 +140,8 @@ impl FeedForward {
         match self {
             FeedForward::Dense(mlp) => mlp_named(mlp, ""),
             FeedForward::Experts(mixture) => {
-                let mut named = vec![("gate".to_string(), &mut mixture.router)];
+                let router = mixture.router_name().to_string();
+                let mut named = vec![(router, &mut mixture.router)];
                 for (e, expert) in mixture.experts.iter_mut().enumerate() {
                     named.extend(mlp_named(expert, &format!("experts.{e}.")));
                 }

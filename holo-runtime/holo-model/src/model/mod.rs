@@ -24,7 +24,9 @@ mod rotary;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarBuilder;
 
-use super::config::{Activation, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling};
+use super::config::{
+    Activation, ClampedSwiGlu, LayerSpec, ModelConfig, NormPlacement, QkNorm, RopeScaling,
+};
 use super::dispatch::{self, Operands, Product};
 pub use super::layout::positions_from_mask;
 use super::layout::{attention_mask, window_mask, Layout};
@@ -36,7 +38,7 @@ pub use attention::Attention;
 pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::Mixture;
+pub use experts::{checkpoint_tensors, held_tensors, Mixture};
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
@@ -193,15 +195,20 @@ impl Model {
                 o_proj,
                 q_norm,
                 k_norm,
+                sinks,
                 ..
             }) => {
                 let mut linears = qkv.named_mut();
                 linears.push(("o_proj", o_proj));
-                let norms = [("q_norm.weight", q_norm), ("k_norm.weight", k_norm)]
-                    .into_iter()
-                    .filter_map(|(name, norm)| Some((name, &mut norm.as_mut()?.weight)))
-                    .collect();
-                (linears, norms)
+                let mut others: Vec<(&str, &mut Tensor)> =
+                    [("q_norm.weight", q_norm), ("k_norm.weight", k_norm)]
+                        .into_iter()
+                        .filter_map(|(name, norm)| Some((name, &mut norm.as_mut()?.weight)))
+                        .collect();
+                if let Some(sinks) = sinks {
+                    others.push(("sinks", sinks));
+                }
+                (linears, others)
             }
             Mixer::Linear(linear) => {
                 let (linears, others) = linear.parts_mut();
@@ -342,6 +349,17 @@ impl Model {
                 }
             }
         }
+        if self.config.experts.is_some() {
+            if let Some(mlp) = config.targets.iter().find(|target| {
+                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
+            }) {
+                candle_core::bail!(
+                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
+                     that name, and the experts take no adapters here; target the attention projections \
+                     (q_proj, k_proj, v_proj, o_proj)"
+                );
+            }
+        }
         if let Some(unknown) = config.targets.iter().find(|&target| {
             !names
                 .iter()
@@ -359,17 +377,6 @@ impl Model {
                 self.config.arch,
                 names.join(", ")
             );
-        }
-        if self.config.experts.is_some() {
-            if let Some(mlp) = config.targets.iter().find(|target| {
-                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
-            }) {
-                candle_core::bail!(
-                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
-                     that name, and the experts take no adapters here; target the attention projections \
-                     (q_proj, k_proj, v_proj, o_proj)"
-                );
-            }
         }
         self.sampling_only()?;
         let mut model = self.detached();
@@ -781,7 +788,7 @@ impl Model {
 
 /// Whether LoRA can adapt the projection `name` (in its layer): not a mixture's router or experts.
 fn adaptable(name: &str) -> bool {
-    name != "mlp.gate" && !name.starts_with("mlp.experts.")
+    name != "mlp.gate" && name != "mlp.router" && !name.starts_with("mlp.experts.")
 }
 
 /// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each

@@ -1,4 +1,4 @@
-//! Rotary position embeddings: inverse frequencies (default, linear, llama3, LongRoPE), per-row
+//! Rotary position embeddings: inverse frequencies (default, linear, llama3, LongRoPE, YaRN), per-row
 //! tables, and the rotation (of whole heads, or of their first dimensions for a partial rotary
 //! embedding).
 
@@ -13,6 +13,21 @@ pub(super) fn inverse_frequencies(dim: usize, theta: f64, scaling: &RopeScaling)
         .collect();
     match *scaling {
         RopeScaling::None => base,
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max_position_embeddings,
+            truncate,
+            ..
+        } => yarn(
+            dim,
+            theta,
+            factor,
+            (beta_fast, beta_slow),
+            original_max_position_embeddings,
+            truncate,
+        ),
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f32).collect(),
         // The short factors; `Rope::long` holds the long ones.
         RopeScaling::LongRope {
@@ -54,12 +69,50 @@ pub(super) fn inverse_frequencies(dim: usize, theta: f64, scaling: &RopeScaling)
     }
 }
 
+/// YaRN's inverse frequencies in f32, operation by operation as `_compute_yarn_parameters` computes
+/// them: each blended between extrapolation (`1 / pos`) and interpolation (`1 / (factor · pos)`) by a
+/// linear ramp over the dimensions between the corrections of `beta_fast` and `beta_slow` rotations.
+fn yarn(
+    dim: usize,
+    theta: f64,
+    factor: f64,
+    (beta_fast, beta_slow): (f64, f64),
+    original: usize,
+    truncate: bool,
+) -> Vec<f32> {
+    let correction = |rotations: f64| {
+        dim as f64 * (original as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+    if low == high {
+        // transformers' guard against a zero-width ramp.
+        high += 0.001;
+    }
+    (0..dim)
+        .step_by(2)
+        .enumerate()
+        .map(|(i, d)| {
+            let position_frequency = (theta as f32).powf(d as f32 / dim as f32);
+            let extrapolation = 1.0 / position_frequency;
+            let interpolation = 1.0 / (factor as f32 * position_frequency);
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let kept = 1.0 - ramp;
+            interpolation * (1.0 - kept) + extrapolation * kept
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Rope {
     inverse_frequencies: Tensor,
     /// LongRoPE's frequencies past `original_max_position_embeddings`, and that length.
     long: Option<(Tensor, usize)>,
-    /// What cos and sin are multiplied by (LongRoPE's attention factor; 1 otherwise).
+    /// What cos and sin are multiplied by (LongRoPE's and YaRN's attention factor; 1 otherwise).
     attention_factor: f64,
 }
 
@@ -97,6 +150,9 @@ impl Rope {
                     *attention_factor,
                 )
             }
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => (None, *attention_factor),
             _ => (None, 1.0),
         };
         Ok(Rope {

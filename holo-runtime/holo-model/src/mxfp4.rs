@@ -1,0 +1,76 @@
+//! MXFP4 weights as OpenAI ships gpt-oss's experts (`quantization_config.quant_method = "mxfp4"`):
+//! `{name}_blocks` `[.., rows, G, 16]` bytes each holding two 4-bit values (low nibble first), and
+//! `{name}_scales` `[.., rows, G]` one power of two per block of 32 values (a byte biased by 127).
+//! Dequantized at load into `{name}`, value for value as transformers' `convert_moe_packed_tensors`
+//! does (the products of a 4-bit value and a power of two are exact), then transposed as it transposes
+//! them: `gate_up_proj` `[E, hidden, 2·inner]`, `down_proj` `[E, inner, hidden]`.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+
+use crate::kernels::kernel::Result;
+
+/// The sixteen values of a 4-bit E2M1 code (`FP4_VALUES`).
+const VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// `tensors` with every `{name}_blocks` and `{name}_scales` pair replaced by `{name}` in `dtype`; a
+/// blocks tensor without its scales (or the reverse) is an error naming it.
+pub fn dequantize_all(
+    mut tensors: HashMap<String, Tensor>,
+    dtype: DType,
+) -> Result<HashMap<String, Tensor>> {
+    let names: Vec<String> = tensors
+        .keys()
+        .filter_map(|name| name.strip_suffix("_blocks").map(str::to_string))
+        .collect();
+    for name in names {
+        let blocks = tensors.remove(&format!("{name}_blocks")).expect("listed");
+        let Some(scales) = tensors.remove(&format!("{name}_scales")) else {
+            candle_core::bail!("MXFP4 tensor {name}_blocks has no {name}_scales");
+        };
+        tensors.insert(name, dequantize(&blocks, &scales)?.to_dtype(dtype)?);
+    }
+    if let Some(scales) = tensors.keys().find(|name| name.ends_with("_scales")) {
+        candle_core::bail!("MXFP4 tensor {scales} has no blocks beside it");
+    }
+    Ok(tensors)
+}
+
+/// One pair in f32: `blocks` `[E, rows, G, B]` and `scales` `[E, rows, G]` (u8) to `[E, G·B·2, rows]`.
+pub fn dequantize(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
+    if blocks.dtype() != DType::U8 || scales.dtype() != DType::U8 {
+        candle_core::bail!(
+            "MXFP4 blocks and scales are bytes, found {:?} and {:?}",
+            blocks.dtype(),
+            scales.dtype()
+        );
+    }
+    let dims = blocks.dims().to_vec();
+    if dims.len() != 4 || scales.dims() != &dims[..3] {
+        candle_core::bail!(
+            "MXFP4 blocks {:?} do not match scales {:?} (expected [E, rows, G, B] and [E, rows, G])",
+            blocks.dims(),
+            scales.dims()
+        );
+    }
+    let (experts, rows, groups, bytes) = (dims[0], dims[1], dims[2], dims[3]);
+    let device = blocks.device().clone();
+    let blocks = blocks.flatten_all()?.to_vec1::<u8>()?;
+    let scales = scales.flatten_all()?.to_vec1::<u8>()?;
+    let mut out = Vec::with_capacity(blocks.len() * 2);
+    for (block, &scale) in blocks.chunks_exact(bytes).zip(&scales) {
+        // A power of two in f64 (2^-127 is below f32's normal range); the products are exact in f32.
+        let power = 2f64.powi(scale as i32 - 127);
+        for &byte in block {
+            out.push((VALUES[(byte & 0x0F) as usize] as f64 * power) as f32);
+            out.push((VALUES[(byte >> 4) as usize] as f64 * power) as f32);
+        }
+    }
+    let columns = groups * bytes * 2;
+    Tensor::from_vec(out, (experts, rows, columns), &device)?
+        .transpose(1, 2)?
+        .contiguous()
+}
