@@ -326,7 +326,7 @@ impl Forest {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use candle_core::{DType, Device, IndexOp, Tensor};
     use rand::{Rng, SeedableRng};
 
@@ -336,7 +336,8 @@ mod tests {
     use holo_model::testing::{config, max_abs, max_difference, random_model};
     use holo_model::Ops;
 
-    fn sequence(ids: &[u32], trained: std::ops::Range<usize>) -> Sequence {
+    /// A sequence of `ids` trained at the positions `trained`, without sampling log-probabilities.
+    pub(crate) fn sequence(ids: &[u32], trained: std::ops::Range<usize>) -> Sequence {
         Sequence {
             ids: ids.to_vec(),
             trained: trained.collect(),

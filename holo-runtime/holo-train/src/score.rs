@@ -195,17 +195,9 @@ mod tests {
     use candle_core::DType;
 
     use super::*;
+    use crate::pack::tests::sequence;
     use holo_model::config::Arch;
     use holo_model::testing::{config, max_difference, random_model};
-
-    fn sequence(ids: &[u32], trained: std::ops::Range<usize>) -> Sequence {
-        Sequence {
-            ids: ids.to_vec(),
-            trained: trained.collect(),
-            sampling_logprobs: Vec::new(),
-            routes: None,
-        }
-    }
 
     /// The training head in blocks (a budget of three rows of logits) gives the loss and every
     /// weight's gradient of the whole head, with the graph kept and with layers recomputed, the
