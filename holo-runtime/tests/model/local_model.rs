@@ -1105,6 +1105,8 @@ fn bf16_weights_compute_in_f32_on_the_cpu() {
                 .unwrap()
                 .down_proj
                 .weight
+                .dense()
+                .unwrap()
                 .dtype(),
             DType::BF16
         );

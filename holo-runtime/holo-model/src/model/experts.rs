@@ -38,11 +38,7 @@ impl Mixture {
             let gate_up = experts.get((sizes.count, 2 * inner, hidden), "gate_up_proj")?;
             let down = experts.get((sizes.count, hidden, inner), "down_proj")?;
             let linear = |weight: Tensor| -> Result<Linear> {
-                Ok(Linear {
-                    weight: weight.contiguous()?,
-                    bias: None,
-                    lora: None,
-                })
+                Ok(Linear::dense(weight.contiguous()?))
             };
             (0..sizes.count)
                 .map(|e| {

@@ -40,7 +40,7 @@ use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{
-    targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
+    targets, Dropout, Linear, Lora, LoraConfig, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS,
 };
 pub use norm::RmsNorm;
 pub(crate) use rotary::apply_rope;
@@ -126,9 +126,17 @@ impl Model {
         self.norm.weight.dtype()
     }
 
-    /// bf16 matrices with f32 arithmetic: a sampling precision, with no backward through the matrix
-    /// products.
+    /// bf16 matrices with f32 arithmetic, or a GGUF file's quantized blocks: sampling precisions, with
+    /// no backward through the matrix products.
     fn sampling_only(&self) -> Result<()> {
+        let quantized = self.layers.iter().find_map(|layer| {
+            Self::linears(layer)
+                .into_iter()
+                .find_map(|(_, linear)| linear.weight.dense().err())
+        });
+        if let Some(error) = quantized {
+            return Err(error);
+        }
         if self.embed_tokens.dtype() != self.dtype() {
             candle_core::bail!(
                 "this model holds bf16 weights for f32 arithmetic on the CPU, which only samples; load it in f32 to train"
@@ -167,7 +175,7 @@ impl Model {
             .collect()
     }
 
-    fn linears_mut<'a>(
+    pub(crate) fn linears_mut<'a>(
         mixer: &'a mut Mixer,
         mlp: &'a mut FeedForward,
     ) -> Vec<(String, &'a mut Linear)> {
@@ -218,6 +226,8 @@ impl Model {
     }
 
     /// Every base weight with its Hugging Face name, in checkpoint order: the one list of the weights.
+    /// Projections kept as a GGUF file's blocks are not tensors and are left out: such a model only
+    /// samples ([`Model::trainable`] and [`Model::with_lora`] refuse it).
     fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut named = vec![(
             "model.embed_tokens.weight".to_string(),
@@ -236,10 +246,9 @@ impl Model {
             } = layer;
             let (linears, others) = Self::parts_mut(mixer, mlp);
             for (name, linear) in linears {
-                named.push((
-                    format!("model.layers.{i}.{name}.weight"),
-                    &mut linear.weight,
-                ));
+                if let Weight::Dense(weight) = &mut linear.weight {
+                    named.push((format!("model.layers.{i}.{name}.weight"), weight));
+                }
                 if let Some(bias) = &mut linear.bias {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
                 }
@@ -378,7 +387,7 @@ impl Model {
                 if !adaptable(&name) || !targets(&config.targets, short) {
                     continue;
                 }
-                let (out_dim, in_dim) = linear.weight.dims2()?;
+                let (out_dim, in_dim) = linear.weight.dense()?.dims2()?;
                 let bound = 1.0 / (in_dim as f64).sqrt();
                 let a: Vec<f32> = (0..config.rank * in_dim)
                     .map(|_| rng.random_range(-bound..bound) as f32)
@@ -733,12 +742,7 @@ impl Model {
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let linear = Linear {
-            weight: head.clone(),
-            bias: None,
-            lora: None,
-        };
-        let logits = linear.forward(hidden, ops)?;
+        let logits = Linear::dense(head.clone()).forward(hidden, ops)?;
         match logits.dtype() {
             DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
             _ => Ok(logits),

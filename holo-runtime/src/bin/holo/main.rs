@@ -163,6 +163,12 @@ struct LocalArgs {
     /// only). Default: bf16 on CUDA, f32 elsewhere.
     #[arg(long)]
     dtype: Option<String>,
+    /// Expand a `.gguf` file's quantized matrices to --dtype at load. By default, on the CPU, the
+    /// layers' projections stay in the file's blocks (Q8_0, Q4_K, …) and are multiplied as they are, as
+    /// llama.cpp does: a decoding step reads 4–7× fewer bytes than in f32, and each row of activations is
+    /// rounded to 8 bits per block on the way. Batch-invariant sampling needs this flag.
+    #[arg(long)]
+    dequantize: bool,
 }
 
 #[cfg(feature = "local")]
@@ -180,6 +186,7 @@ impl LocalArgs {
                     max_num_seqs,
                     ..Limits::default()
                 },
+                quantized: !self.dequantize,
                 ..LocalOptions::default()
             }),
             Err(message) => {
