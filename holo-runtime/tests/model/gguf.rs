@@ -624,13 +624,21 @@ fn quantized_ggufs_sample_from_their_blocks() {
         eprintln!("{name} {dtype:?}: blocks against dequantized, max |Δlogit| {diff:e} (max |logit| {scale})");
         // Measured: 2.2% (qwen2 Q8_0) to 2.8% (llama Q5_1) of the largest logit; rounding the weights
         // through Q8_0 moved them 3.0%.
-        assert!(diff > 0.0 && diff < 0.05 * scale, "{name} {dtype:?}: {diff}");
+        assert!(
+            diff > 0.0 && diff < 0.05 * scale,
+            "{name} {dtype:?}: {diff}"
+        );
 
         let refusal = kept.trainable().unwrap_err().to_string();
         assert!(refusal.contains("--dequantize"), "{refusal}");
         let sampler = LocalModel::load(&file, LocalOptions::default()).unwrap();
         assert!(matches!(
-            sampler.model().layers[0].mlp.dense().unwrap().down_proj.weight,
+            sampler.model().layers[0]
+                .mlp
+                .dense()
+                .unwrap()
+                .down_proj
+                .weight,
             Weight::Quantized(_)
         ));
         let options = LocalOptions {
@@ -643,7 +651,10 @@ fn quantized_ggufs_sample_from_their_blocks() {
         assert_eq!(compare_models(&dense, &policy.model), 0.0);
         let mut invariant = LocalOptions::default();
         invariant.limits.batch_invariant = true;
-        let refusal = LocalModel::load(&file, invariant).err().unwrap().to_string();
+        let refusal = LocalModel::load(&file, invariant)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(refusal.contains("--dequantize"), "{refusal}");
         std::fs::remove_file(&file).unwrap();
     }
@@ -882,7 +893,8 @@ fn smollm2_blocks_against_dequantized() {
     };
     let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
     let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
-    let (mut worst, mut sum, mut count, mut agreed, mut greedy_total) = (0.0f32, 0.0f64, 0usize, 0, 0);
+    let (mut worst, mut sum, mut count, mut agreed, mut greedy_total) =
+        (0.0f32, 0.0f64, 0usize, 0, 0);
     for prompt in reference["prompts"].as_array().unwrap() {
         let sequence: Vec<u32> = ids(&prompt["ids"])
             .iter()
@@ -918,5 +930,8 @@ fn smollm2_blocks_against_dequantized() {
     // Measured: max 2.29, mean 0.223 on logits of magnitude 10–20, the argmax the same at 187 of 197
     // positions (the 30 layers compound each one's rounding of its activations).
     assert!(worst < 4.0 && mean < 0.4, "max {worst}, mean {mean}");
-    assert!(agreed * 10 >= greedy_total * 9, "{agreed} of {greedy_total}");
+    assert!(
+        agreed * 10 >= greedy_total * 9,
+        "{agreed} of {greedy_total}"
+    );
 }

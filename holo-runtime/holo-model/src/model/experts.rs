@@ -37,9 +37,8 @@ impl Mixture {
         let experts = if experts.contains_tensor("gate_up_proj") {
             let gate_up = experts.get((sizes.count, 2 * inner, hidden), "gate_up_proj")?;
             let down = experts.get((sizes.count, hidden, inner), "down_proj")?;
-            let linear = |weight: Tensor| -> Result<Linear> {
-                Ok(Linear::dense(weight.contiguous()?))
-            };
+            let linear =
+                |weight: Tensor| -> Result<Linear> { Ok(Linear::dense(weight.contiguous()?)) };
             (0..sizes.count)
                 .map(|e| {
                     let gate_up = gate_up.get(e)?;

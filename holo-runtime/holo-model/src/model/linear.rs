@@ -427,14 +427,21 @@ mod tests {
                 bias: None,
                 lora: None,
             };
-            assert!(quantized.weight.bytes() < dense.weight.bytes() / 3, "{dtype:?}");
+            assert!(
+                quantized.weight.bytes() < dense.weight.bytes() / 3,
+                "{dtype:?}"
+            );
             for rows in [1, 3, 8, 40] {
                 let xs = sines((1, rows, inputs), 0.11, DType::F32);
                 let expected = dense.forward(&xs, Ops::Fast).unwrap();
                 let got = quantized.forward(&xs, Ops::Fast).unwrap();
                 assert_eq!(got.dims(), [1, rows, out]);
                 let dequantized = dense.weight.dense().unwrap();
-                let bound = xs.abs().unwrap().broadcast_matmul(&dequantized.abs().unwrap().t().unwrap()).unwrap();
+                let bound = xs
+                    .abs()
+                    .unwrap()
+                    .broadcast_matmul(&dequantized.abs().unwrap().t().unwrap())
+                    .unwrap();
                 let (difference, scale) = (max_difference(&got, &expected), max_abs(&bound));
                 assert!(
                     difference > 0.0 && difference < scale / (4.0 * 254.0),
