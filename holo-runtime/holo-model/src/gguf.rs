@@ -17,8 +17,9 @@
 //!   quantized ones: dequantized to f32 and then converted to the requested dtype (what training needs),
 //!   or, for the projections of the layers (attention's q, k, v and output, the MLP's gate, up and down),
 //!   kept as the file's blocks and multiplied as they are ([`Weight::Quantized`]), which is what sampling
-//!   on the CPU reads 4–7× fewer bytes with; the embeddings, the output head, norms and a mixture's
-//!   experts are dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
+//!   on the CPU reads 4–7× fewer bytes with, and the output head's (or the tied embeddings') blocks
+//!   kept beside the dequantized tensor for the logits; the embeddings, norms and a mixture's experts are
+//!   dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
 //!   rotary layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
 //!   permuted), rows of blocks alike;
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
@@ -46,7 +47,7 @@ use tokenizers::Tokenizer;
 
 use super::config::{Arch, ConfigError, Experts, LayerSpec, ModelConfig, RopeScaling, Variant};
 use super::error::LoadError;
-use super::model::{Model, Weight};
+use super::model::{Linear, Model, Weight};
 use holo_core::chat::folder::FolderError;
 use holo_core::chat::ChatTemplate;
 
@@ -527,6 +528,11 @@ impl Gguf {
         let mut tensors = HashMap::new();
         // The blocks kept, by Hugging Face name, until the model takes them.
         let mut kept: HashMap<String, QTensor> = HashMap::new();
+        let head_name = match config.tie_word_embeddings {
+            true => "token_embd.weight",
+            false => "output.weight",
+        };
+        let mut head_blocks = None;
         for name in names {
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
                 self.weights_error(format!(
@@ -562,6 +568,9 @@ impl Gguf {
                 continue;
             }
             let mut tensor = quantized.dequantize(&Device::Cpu).map_err(fail)?;
+            if blocks == Blocks::Keep && name == head_name && keeps_type(info) {
+                head_blocks = Some(quantized);
+            }
             if config.variant.norm_offset && name.ends_with("norm.weight") {
                 // llama.cpp stores Gemma's `1 + w`; transformers' GGUF loader takes the one back off.
                 tensor = tensor.affine(1.0, -1.0).map_err(fail)?;
@@ -610,6 +619,11 @@ impl Gguf {
                 }
             }
         }
+        model.quantized_head = head_blocks.map(|blocks| Linear {
+            weight: Weight::Quantized(Arc::new(blocks)),
+            bias: None,
+            lora: None,
+        });
         // Every stand-in must have been replaced: one left would multiply by zeros.
         if let Some(name) = kept.keys().next() {
             return Err(self.weights_error(format!(
@@ -872,8 +886,12 @@ fn keeps(name: &str, info: &TensorInfo) -> bool {
         .strip_prefix("blk.")
         .and_then(|rest| rest.split_once('.'))
         .and_then(|(_, rest)| rest.strip_suffix(".weight"));
-    module.is_some_and(|module| PROJECTIONS.contains(&module))
-        && info.shape.rank() == 2
+    module.is_some_and(|module| PROJECTIONS.contains(&module)) && keeps_type(info)
+}
+
+/// Whether the tensor is a matrix of quantized blocks.
+fn keeps_type(info: &TensorInfo) -> bool {
+    info.shape.rank() == 2
         && !matches!(
             info.ggml_dtype,
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16

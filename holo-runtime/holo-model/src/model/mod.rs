@@ -55,6 +55,10 @@ pub struct Model {
     pub norm: RmsNorm,
     /// `None` when the output projection is tied to `embed_tokens`.
     pub lm_head: Option<Tensor>,
+    /// The output projection as a GGUF file's quantized blocks ([`Weight::Quantized`]), which the logits
+    /// are computed with instead of the dense head: a sampling-only model, whose dense head stays for
+    /// the embeddings (when tied) and the list of weights.
+    pub(crate) quantized_head: Option<Linear>,
     rope: Rope,
     /// The windowed layers' RoPE, when it is not the others'
     /// ([`crate::config::Variant::local_rope`]).
@@ -97,6 +101,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            quantized_head: None,
             rope: rope(config.rope_theta, &config.rope_scaling)?,
             local_rope: config
                 .variant
@@ -129,11 +134,13 @@ impl Model {
     /// bf16 matrices with f32 arithmetic, or a GGUF file's quantized blocks: sampling precisions, with
     /// no backward through the matrix products.
     fn sampling_only(&self) -> Result<()> {
-        let quantized = self.layers.iter().find_map(|layer| {
-            Self::linears(layer)
-                .into_iter()
-                .find_map(|(_, linear)| linear.weight.dense().err())
-        });
+        let quantized = self
+            .layers
+            .iter()
+            .flat_map(Self::linears)
+            .map(|(_, linear)| linear)
+            .chain(&self.quantized_head)
+            .find_map(|linear| linear.weight.dense().err());
         if let Some(error) = quantized {
             return Err(error);
         }
@@ -742,7 +749,10 @@ impl Model {
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let logits = Linear::dense(head.clone()).forward(hidden, ops)?;
+        let logits = match &self.quantized_head {
+            Some(blocks) => blocks.forward(hidden, ops)?,
+            None => Linear::dense(head.clone()).forward(hidden, ops)?,
+        };
         match logits.dtype() {
             DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
             _ => Ok(logits),
