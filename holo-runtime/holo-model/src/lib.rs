@@ -77,8 +77,9 @@ pub struct LocalOptions {
     /// ([`Completion::routes`]), for routing replay in training.
     pub record_routes: bool,
     /// Keep a GGUF file's quantized projections as its blocks ([`gguf::Blocks::Keep`]) when the model
-    /// runs on the CPU: decoding reads the blocks' bytes instead of `dtype`'s. Off, or on another
-    /// device, every tensor is dequantized to `dtype`. No effect on a model folder.
+    /// runs on the CPU: decoding reads the blocks' bytes instead of `dtype`'s, faster at one sequence
+    /// and slower from eight (candle's products of several rows of blocks; `benches/README.md`). Off (the
+    /// default), or on another device, every tensor is dequantized to `dtype`. No effect on a model folder.
     pub quantized: bool,
 }
 
@@ -93,7 +94,7 @@ impl Default for LocalOptions {
             seed: 0,
             prefix_cache_tokens: 16_384,
             record_routes: false,
-            quantized: true,
+            quantized: false,
         }
     }
 }
@@ -245,7 +246,7 @@ impl LocalModel {
             if options.limits.batch_invariant {
                 return Err(LoadError::Config(config::ConfigError(format!(
                     "{}: batch-invariant sampling multiplies dense weights row by row; load the GGUF \
-                     file dequantized (`--dequantize`)",
+                     file dequantized (without `--quantized`)",
                     dir.display()
                 ))));
             }

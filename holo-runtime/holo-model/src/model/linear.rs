@@ -43,7 +43,7 @@ impl Weight {
             Weight::Dense(tensor) => Ok(tensor),
             Weight::Quantized(blocks) => candle_core::bail!(
                 "a {:?} projection kept as the GGUF file's blocks only samples; load the file \
-                 dequantized (`--dequantize`) to train or export it",
+                 dequantized (without `--quantized`) to train or export it",
                 blocks.dtype()
             ),
         }
@@ -455,6 +455,6 @@ mod tests {
     fn quantized_blocks_refuse_to_be_trained() {
         let blocks = QTensor::quantize(&sines((4, 32), 0.3, DType::F32), GgmlDType::Q8_0).unwrap();
         let error = Weight::Quantized(Arc::new(blocks)).dense().unwrap_err();
-        assert!(error.to_string().contains("--dequantize"), "{error}");
+        assert!(error.to_string().contains("--quantized"), "{error}");
     }
 }

@@ -745,6 +745,25 @@ impl Model {
         })
     }
 
+    /// The bytes of weights one decoding step reads, but for norms, biases and a mixture's experts: the
+    /// layers' projections and the output head (its blocks when kept).
+    pub fn decoding_bytes(&self) -> usize {
+        let head = match &self.quantized_head {
+            Some(blocks) => blocks.weight.bytes(),
+            None => {
+                let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+                head.elem_count() * head.dtype().size_in_bytes()
+            }
+        };
+        let projections: usize = self
+            .layers
+            .iter()
+            .flat_map(Self::linears)
+            .map(|(_, linear)| linear.weight.bytes())
+            .sum();
+        projections + head
+    }
+
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
