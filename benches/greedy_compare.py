@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Greedy continuations of one GGUF file from `holo serve` (its quantized blocks, and `--dequantize`) and from
+"""Greedy continuations of one GGUF file from `holo serve` (its quantized blocks with `--quantized`, and f32) and from
 llama.cpp's `llama-server`, side by side: how often the three agree.
 
     python3 benches/greedy_compare.py --model MODEL.gguf [--holo target/release/holo] [--llama-server PATH]
@@ -8,8 +8,8 @@ llama.cpp's `llama-server`, side by side: how often the three agree.
 Each server in turn gets the same plain-text prompts with temperature 0 (greedy). Printed: per pair of
 servers, how many continuations are identical, and the mean length of their common prefix in characters
 against the mean length of a continuation. holo's blocks and llama.cpp both round each row of activations
-to 8 bits per block before multiplying quantized weights; `--dequantize` multiplies f32 weights by f32
-activations. Standard library only; reuses `serve_compare.py`'s server start-up.
+to 8 bits per block before multiplying quantized weights; without `--quantized` holo multiplies f32
+weights by f32 activations. Standard library only; reuses `serve_compare.py`'s server start-up.
 """
 
 import argparse
@@ -65,10 +65,9 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
     runs = {
-        "holo blocks": continuations(lambda port: start_holo(args.holo, args.model, port, 1, []),
+        "holo blocks": continuations(lambda port: start_holo(args.holo, args.model, port, 1, ["--quantized"]),
                                      args.max_tokens),
-        "holo f32": continuations(lambda port: start_holo(args.holo, args.model, port, 1, ["--dequantize"]),
-                                  args.max_tokens),
+        "holo f32": continuations(lambda port: start_holo(args.holo, args.model, port, 1, []), args.max_tokens),
     }
     if args.llama_server:
         runs["llama.cpp"] = continuations(lambda port: start_llama(args.llama_server, args.model, port, 1),
