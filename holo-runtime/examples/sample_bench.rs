@@ -2,12 +2,16 @@
 //!
 //!     cargo run --release -p holo-runtime --example sample_bench -- MODEL_DIR \
 //!         [--batch 8] [--prompt-len 16] [--new 32] [--repeats 3] [--seed 0] [--dtype f32|f16|bf16]
-//!         [--device cpu|cuda|cuda:N]
+//!         [--device cpu|cuda|cuda:N] [--quantized]
 //!
 //! Random prompt ids (seeded), temperature 1, no top-k/top-p, no end-of-turn: every row samples exactly
 //! `--new` tokens, as transformers' `generate(min_new_tokens=new)` does on the Python side. Prints one
 //! JSON object: the run times, new tokens per second (median and best) and the prefill time. On a GPU the
 //! sampled tokens come back to the host at every step, so each timed run ends with the device's work.
+//!
+//! With `--quantized`, a `.gguf` file's quantized projections stay in their blocks on the CPU, as `holo
+//! serve --quantized` keeps them. `weight_bytes_per_token` is what one decoding step reads of the
+//! layers' projections and the output head (the bulk of the weights; norms and biases are left out).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,7 +20,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::generate::{generate, GenerationParams, Stopping};
 use holo_runtime::local::model::positions_from_mask;
-use holo_runtime::local::{files, parse_device, Ops};
+use holo_runtime::local::{files, gguf, parse_device, Ops};
 use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
@@ -25,6 +29,7 @@ fn main() -> ExitCode {
     let mut dir = None;
     let mut dtype = DType::F32;
     let mut device = Device::Cpu;
+    let mut quantized = false;
     let (mut batch, mut prompt_len, mut new, mut repeats, mut seed) =
         (8usize, 16usize, 32usize, 3usize, 0u64);
     while let Some(arg) = args.next() {
@@ -43,6 +48,7 @@ fn main() -> ExitCode {
             "--new" => new = value("--new"),
             "--repeats" => repeats = value("--repeats").max(1),
             "--seed" => seed = value("--seed") as u64,
+            "--quantized" => quantized = true,
             "--dtype" => {
                 dtype = match args.next().as_deref() {
                     Some("f32") => DType::F32,
@@ -72,11 +78,15 @@ fn main() -> ExitCode {
         }
     }
     let Some(dir) = dir else {
-        eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N] [--dtype T] [--device D]");
+        eprintln!("usage: sample_bench MODEL_DIR [--batch N] [--prompt-len N] [--new N] [--repeats N] [--seed N] [--dtype T] [--device D] [--quantized]");
         return ExitCode::from(2);
     };
-    let loaded = files::load_model(&dir, dtype, &device)
-        .and_then(|model| Ok((model, files::load_tokenizer(&dir)?)));
+    let quantized = quantized && device.is_cpu() && gguf::is_gguf(&dir);
+    let loaded = match quantized {
+        true => gguf::load_quantized(&dir, dtype, &device),
+        false => files::load_model(&dir, dtype, &device),
+    }
+    .and_then(|model| Ok((model, files::load_tokenizer(&dir)?)));
     let (model, tokenizer) = match loaded {
         Ok(loaded) => loaded,
         Err(error) => {
@@ -156,6 +166,8 @@ fn main() -> ExitCode {
             "prefill_s": prefill,
             "device": format!("{:?}", device.location()),
             "dtype": format!("{dtype:?}"),
+            "quantized": quantized,
+            "weight_bytes_per_token": model.decoding_bytes(),
         })
     );
     ExitCode::SUCCESS

@@ -39,7 +39,7 @@ impl DecoderLayer {
             && matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()
-                .all(|(_, linear)| linear.weight.dtype() == dtype)
+                .all(|(_, linear)| linear.weight.dense().is_ok_and(|w| w.dtype() == dtype))
     }
 
     /// The gradient at this layer's input `xs` `[B, T, hidden]` for `upstream`, the gradient at its
@@ -368,8 +368,8 @@ fn linear_backward(
     dy: &Tensor,
     grads: &mut GradStore,
 ) -> Result<Tensor> {
-    let dx = multiply(dy, &linear.weight)?;
-    accumulate(grads, &trained.weight, || multiply(&dy.t()?, xs))?;
+    let dx = multiply(dy, linear.weight.dense()?)?;
+    accumulate(grads, trained.weight.dense()?, || multiply(&dy.t()?, xs))?;
     if let Some(bias) = &trained.bias {
         accumulate(grads, bias, || row_sum(dy, None))?;
     }

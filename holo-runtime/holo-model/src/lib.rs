@@ -77,6 +77,11 @@ pub struct LocalOptions {
     /// Record the experts a mixture-of-experts model routes every token through, with each completion
     /// ([`Completion::routes`]), for routing replay in training.
     pub record_routes: bool,
+    /// Keep a GGUF file's quantized projections as its blocks ([`gguf::Blocks::Keep`]) when the model
+    /// runs on the CPU: decoding reads the blocks' bytes instead of `dtype`'s, faster at one sequence
+    /// and slower from eight (candle's products of several rows of blocks; `benches/README.md`). Off (the
+    /// default), or on another device, every tensor is dequantized to `dtype`. No effect on a model folder.
+    pub quantized: bool,
 }
 
 impl Default for LocalOptions {
@@ -90,6 +95,7 @@ impl Default for LocalOptions {
             seed: 0,
             prefix_cache_tokens: 16_384,
             record_routes: false,
+            quantized: false,
         }
     }
 }
@@ -237,7 +243,18 @@ impl std::fmt::Debug for LocalModel {
 impl LocalModel {
     pub fn load(dir: impl AsRef<Path>, options: LocalOptions) -> Result<Self, LoadError> {
         let dir = dir.as_ref();
-        let model = files::load_model(dir, options.dtype, &options.device)?;
+        let model = if options.quantized && options.device.is_cpu() && gguf::is_gguf(dir) {
+            if options.limits.batch_invariant {
+                return Err(LoadError::Config(config::ConfigError(format!(
+                    "{}: batch-invariant sampling multiplies dense weights row by row; load the GGUF \
+                     file dequantized (without `--quantized`)",
+                    dir.display()
+                ))));
+            }
+            gguf::load_quantized(dir, options.dtype, &options.device)?
+        } else {
+            files::load_model(dir, options.dtype, &options.device)?
+        };
         let tokenizer = files::load_tokenizer(dir)?;
         let template = files::load_template(dir)?;
         let end_of_turn = files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)?;

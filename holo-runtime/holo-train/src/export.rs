@@ -356,7 +356,7 @@ fn merged(
                 let delta = (adapter.b.matmul(&adapter.a)? * adapter.scale)?;
                 merged.insert(
                     format!("model.layers.{i}.{name}.weight"),
-                    (&linear.weight + delta)?,
+                    (linear.weight.dense()? + delta)?,
                 );
             }
         }

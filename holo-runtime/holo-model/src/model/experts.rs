@@ -55,13 +55,8 @@ impl Mixture {
         let experts = if experts.contains_tensor("gate_up_proj") {
             let gate_up = experts.get((sizes.count, 2 * inner, hidden), "gate_up_proj")?;
             let down = experts.get((sizes.count, hidden, inner), "down_proj")?;
-            let linear = |weight: Tensor| -> Result<Linear> {
-                Ok(Linear {
-                    weight: weight.contiguous()?,
-                    bias: None,
-                    lora: None,
-                })
-            };
+            let linear =
+                |weight: Tensor| -> Result<Linear> { Ok(Linear::dense(weight.contiguous()?)) };
             (0..sizes.count)
                 .map(|e| {
                     let gate_up = gate_up.get(e)?;
@@ -204,9 +199,8 @@ fn interleaved(vb: VarBuilder, config: &ModelConfig, clamped: ClampedSwiGlu) -> 
     };
     let (count, hidden, inner) = (sizes.count, config.hidden_size, sizes.intermediate_size);
     let linear = |weight: Tensor, bias: Tensor| Linear {
-        weight,
         bias: Some(bias),
-        lora: None,
+        ..Linear::dense(weight)
     };
     let mlp = |[gate, gate_bias, up, up_bias, down, down_bias]: [Tensor; 6]| Mlp {
         gate_up: Split::of(

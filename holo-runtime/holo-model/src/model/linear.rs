@@ -1,15 +1,69 @@
-//! Projections: [`Linear`] with its optional LoRA adapter ([`Lora`], [`Dropout`], [`LoraConfig`]),
-//! and [`Split`], the projections of one input that a layer uses apart (q/k/v, gate/up), one matrix per
-//! part or fused as Phi-3 keeps them.
+//! Projections: [`Linear`] with its [`Weight`] (dense, or a GGUF file's quantized blocks) and its
+//! optional LoRA adapter ([`Lora`], [`Dropout`], [`LoraConfig`]), and [`Split`], the projections of one
+//! input that a layer uses apart (q/k/v, gate/up), one matrix per part or fused as Phi-3 keeps them.
+
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
 
 use super::*;
 
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub weight: Tensor,
+    pub weight: Weight,
     pub bias: Option<Tensor>,
     /// A low-rank update added to the output, trained while `weight` stays frozen.
     pub lora: Option<Lora>,
+}
+
+/// A projection's matrix `[out, in]`.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// A tensor of the model's type: what every path multiplies, and what training updates.
+    Dense(Tensor),
+    /// A GGUF file's blocks (Q8_0, Q4_0, Q4_K, Q6_K, …) as the file holds them, on the CPU. ggml's
+    /// kernels (candle's port) multiply them: each row of activations is quantized to 8 bits per block
+    /// and the weights are dequantized in registers, so a decoding step reads the blocks' bytes (Q8_0:
+    /// 1.06 bytes a weight, Q4_K: 0.56) instead of f32's 4. Sampling only: no backward, no training.
+    Quantized(Arc<QTensor>),
+}
+
+impl Weight {
+    /// `[out, in]`.
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Weight::Dense(tensor) => tensor.dims(),
+            Weight::Quantized(blocks) => blocks.shape().dims(),
+        }
+    }
+
+    /// The dense tensor; an error for quantized blocks, which only sample.
+    pub fn dense(&self) -> Result<&Tensor> {
+        match self {
+            Weight::Dense(tensor) => Ok(tensor),
+            Weight::Quantized(blocks) => candle_core::bail!(
+                "a {:?} projection kept as the GGUF file's blocks only samples; load the file \
+                 dequantized (without `--quantized`) to train or export it",
+                blocks.dtype()
+            ),
+        }
+    }
+
+    /// The bytes a product reads: the tensor's, or the blocks'.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weight::Dense(tensor) => tensor.elem_count() * tensor.dtype().size_in_bytes(),
+            Weight::Quantized(blocks) => blocks.storage_size_in_bytes(),
+        }
+    }
+
+    /// The same weight, not tracked by autograd (blocks never are).
+    pub(super) fn detach(&self) -> Weight {
+        match self {
+            Weight::Dense(tensor) => Weight::Dense(tensor.detach()),
+            Weight::Quantized(blocks) => Weight::Quantized(Arc::clone(blocks)),
+        }
+    }
 }
 
 /// LoRA (Hu et al., 2021) as PEFT implements it: `y += scale · dropout(x) Aᵀ Bᵀ`, `A` `[rank, in]`,
@@ -129,10 +183,19 @@ impl Linear {
             None
         };
         Ok(Linear {
-            weight,
+            weight: Weight::Dense(weight),
             bias,
             lora: None,
         })
+    }
+
+    /// A projection without bias or adapter over the dense `weight` `[out, in]`.
+    pub fn dense(weight: Tensor) -> Self {
+        Linear {
+            weight: Weight::Dense(weight),
+            bias: None,
+            lora: None,
+        }
     }
 
     /// `xs` is `[.., in]`; the leading dimensions are flattened into one matrix product. With
@@ -151,10 +214,14 @@ impl Linear {
         let (leading, in_dim) = dims.split_at(dims.len() - 1);
         let rows: usize = leading.iter().product();
         let flat = xs.reshape((rows, in_dim[0]))?;
-        let ys = match dispatch::product(ops, &Operands::of(&flat, &self.weight)) {
-            Product::Skinny => crate::kernels::skinny::matmul(&flat, &self.weight)?,
-            Product::Weight => crate::kernels::product::matmul(&flat, &self.weight, ops)?,
-            Product::Candle => flat.matmul(&self.weight.t()?)?,
+        let ys = match &self.weight {
+            // The blocks have no backward: a model holding them refuses to train (`sampling_only`).
+            Weight::Quantized(blocks) => flat.contiguous()?.apply_op1_no_bwd(blocks.as_ref())?,
+            Weight::Dense(weight) => match dispatch::product(ops, &Operands::of(&flat, weight)) {
+                Product::Skinny => crate::kernels::skinny::matmul(&flat, weight)?,
+                Product::Weight => crate::kernels::product::matmul(&flat, weight, ops)?,
+                Product::Candle => flat.matmul(&weight.t()?)?,
+            },
         };
         let ys = match &self.bias {
             Some(bias) => ys.broadcast_add(bias)?,
@@ -170,7 +237,7 @@ impl Linear {
             _ => ys,
         };
         let mut out_dims = leading.to_vec();
-        out_dims.push(self.weight.dim(0)?);
+        out_dims.push(self.weight.dims()[0]);
         Ok((ys.reshape(out_dims)?, adapter))
     }
 
@@ -324,5 +391,70 @@ impl Split {
             Some(_) => Ok(vec![Tensor::cat(&grads, D::Minus1)?]),
             None => Ok(grads),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::GgmlDType;
+
+    use super::*;
+    use crate::testing::{max_abs, max_difference, sines};
+
+    /// A projection over quantized blocks computes what the same blocks dequantized compute, up to the
+    /// rounding of the activations to 8 bits per block (at most 1/254 of a block's largest value, so an
+    /// output moves by at most that fraction of `|x| · |w|ᵀ`; these errors partly cancel, and the limit
+    /// is a quarter of that bound, twice the largest difference measured, while a wrong product misses
+    /// by the outputs' own size, 15 times the limit), for each type llama.cpp quantizes models to, at
+    /// decoding's few rows and at prefill's many.
+    #[test]
+    fn quantized_blocks_multiply_as_their_dequantized_matrix() {
+        let (out, inputs) = (48, 512);
+        let weight = sines((out, inputs), 0.37, DType::F32);
+        for dtype in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let blocks = QTensor::quantize(&weight, dtype).unwrap();
+            let dense = Linear::dense(blocks.dequantize(&Device::Cpu).unwrap());
+            let quantized = Linear {
+                weight: Weight::Quantized(Arc::new(blocks)),
+                bias: None,
+                lora: None,
+            };
+            assert!(
+                quantized.weight.bytes() < dense.weight.bytes() / 3,
+                "{dtype:?}"
+            );
+            for rows in [1, 3, 8, 40] {
+                let xs = sines((1, rows, inputs), 0.11, DType::F32);
+                let expected = dense.forward(&xs, Ops::Fast).unwrap();
+                let got = quantized.forward(&xs, Ops::Fast).unwrap();
+                assert_eq!(got.dims(), [1, rows, out]);
+                let dequantized = dense.weight.dense().unwrap();
+                let bound = xs
+                    .abs()
+                    .unwrap()
+                    .broadcast_matmul(&dequantized.abs().unwrap().t().unwrap())
+                    .unwrap();
+                let (difference, scale) = (max_difference(&got, &expected), max_abs(&bound));
+                assert!(
+                    difference > 0.0 && difference < scale / (4.0 * 254.0),
+                    "{dtype:?} rows {rows}: max |Δ| {difference} of {scale}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_blocks_refuse_to_be_trained() {
+        let blocks = QTensor::quantize(&sines((4, 32), 0.3, DType::F32), GgmlDType::Q8_0).unwrap();
+        let error = Weight::Quantized(Arc::new(blocks)).dense().unwrap_err();
+        assert!(error.to_string().contains("--quantized"), "{error}");
     }
 }

@@ -43,7 +43,7 @@ use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{
-    targets, Dropout, Linear, Lora, LoraConfig, Split, FUSED_PROJECTIONS, PROJECTIONS,
+    targets, Dropout, Linear, Lora, LoraConfig, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS,
 };
 pub use norm::RmsNorm;
 pub use output::LOGITS_BUDGET;
@@ -59,6 +59,10 @@ pub struct Model {
     pub norm: RmsNorm,
     /// `None` when the output projection is tied to `embed_tokens`.
     pub lm_head: Option<Tensor>,
+    /// The output projection as a GGUF file's quantized blocks ([`Weight::Quantized`]), which the logits
+    /// are computed with instead of the dense head: a sampling-only model, whose dense head stays for
+    /// the embeddings (when tied) and the list of weights.
+    pub(crate) quantized_head: Option<Linear>,
     rope: Rope,
     /// The windowed layers' RoPE, when it is not the others'
     /// ([`crate::config::Variant::local_rope`]).
@@ -103,6 +107,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            quantized_head: None,
             rope: rope(config.rope_theta, &config.rope_scaling)?,
             local_rope: config
                 .variant
@@ -133,9 +138,19 @@ impl Model {
         self.norm.weight.dtype()
     }
 
-    /// bf16 matrices with f32 arithmetic: a sampling precision, with no backward through the matrix
-    /// products.
+    /// bf16 matrices with f32 arithmetic, or a GGUF file's quantized blocks: sampling precisions, with
+    /// no backward through the matrix products.
     fn sampling_only(&self) -> Result<()> {
+        let quantized = self
+            .layers
+            .iter()
+            .flat_map(Self::linears)
+            .map(|(_, linear)| linear)
+            .chain(&self.quantized_head)
+            .find_map(|linear| linear.weight.dense().err());
+        if let Some(error) = quantized {
+            return Err(error);
+        }
         if self.embed_tokens.dtype() != self.dtype() {
             candle_core::bail!(
                 "this model holds bf16 weights for f32 arithmetic on the CPU, which only samples; load it in f32 to train"
@@ -174,7 +189,7 @@ impl Model {
             .collect()
     }
 
-    fn linears_mut<'a>(
+    pub(crate) fn linears_mut<'a>(
         mixer: &'a mut Mixer,
         mlp: &'a mut FeedForward,
     ) -> Vec<(String, &'a mut Linear)> {
@@ -230,6 +245,8 @@ impl Model {
     }
 
     /// Every base weight with its Hugging Face name, in checkpoint order: the one list of the weights.
+    /// Projections kept as a GGUF file's blocks are not tensors and are left out: such a model only
+    /// samples ([`Model::trainable`] and [`Model::with_lora`] refuse it).
     fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut named = vec![(
             "model.embed_tokens.weight".to_string(),
@@ -248,10 +265,9 @@ impl Model {
             } = layer;
             let (linears, others) = Self::parts_mut(mixer, mlp);
             for (name, linear) in linears {
-                named.push((
-                    format!("model.layers.{i}.{name}.weight"),
-                    &mut linear.weight,
-                ));
+                if let Weight::Dense(weight) = &mut linear.weight {
+                    named.push((format!("model.layers.{i}.{name}.weight"), weight));
+                }
                 if let Some(bias) = &mut linear.bias {
                     named.push((format!("model.layers.{i}.{name}.bias"), bias));
                 }
@@ -390,7 +406,7 @@ impl Model {
                 if !adaptable(&name) || !targets(&config.targets, short) {
                     continue;
                 }
-                let (out_dim, in_dim) = linear.weight.dims2()?;
+                let (out_dim, in_dim) = linear.weight.dense()?.dims2()?;
                 let bound = 1.0 / (in_dim as f64).sqrt();
                 let a: Vec<f32> = (0..config.rank * in_dim)
                     .map(|_| rng.random_range(-bound..bound) as f32)
@@ -741,10 +757,32 @@ impl Model {
         })
     }
 
+    /// The bytes of weights one decoding step reads, but for norms, biases and a mixture's experts: the
+    /// layers' projections and the output head (its blocks when kept).
+    pub fn decoding_bytes(&self) -> usize {
+        let head = match &self.quantized_head {
+            Some(blocks) => blocks.weight.bytes(),
+            None => {
+                let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+                head.elem_count() * head.dtype().size_in_bytes()
+            }
+        };
+        let projections: usize = self
+            .layers
+            .iter()
+            .flat_map(Self::linears)
+            .map(|(_, linear)| linear.weight.bytes())
+            .sum();
+        projections + head
+    }
+
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
     /// [`Ops::Differentiable`]).
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
-        output::project(hidden, self.head_weight(), ops)
+        match &self.quantized_head {
+            Some(blocks) => output::widened(blocks.forward(hidden, ops)?),
+            None => output::project(hidden, self.head_weight(), ops),
+        }
     }
 
     /// Log-probability of each next token, `[B, T - 1]` (f32, or f64 for an f64 model): entry `t` is `log p(ids[t + 1] | ids[..=t])`,

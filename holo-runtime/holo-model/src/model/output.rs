@@ -60,12 +60,11 @@ impl Model {
 /// The logits of `hidden` `[N, hidden]` under the output projection `weight` `[V, hidden]`, in f32 (f64
 /// for an f64 model): half-precision products are widened after the product, as `Model::logits` does.
 pub(crate) fn project(hidden: &Tensor, weight: &Tensor, ops: Ops) -> Result<Tensor> {
-    let linear = Linear {
-        weight: weight.clone(),
-        bias: None,
-        lora: None,
-    };
-    let logits = linear.forward(hidden, ops)?;
+    widened(Linear::dense(weight.clone()).forward(hidden, ops)?)
+}
+
+/// Half-precision logits in f32; f32 and f64 ones as they are.
+pub(crate) fn widened(logits: Tensor) -> Result<Tensor> {
     match logits.dtype() {
         DType::F16 | DType::BF16 => logits.to_dtype(DType::F32),
         _ => Ok(logits),

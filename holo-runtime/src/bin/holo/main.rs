@@ -163,6 +163,13 @@ struct LocalArgs {
     /// only). Default: bf16 on CUDA, f32 elsewhere.
     #[arg(long)]
     dtype: Option<String>,
+    /// Keep a `.gguf` file's quantized projections (Q4_0, Q8_0, k-quants) in the file's blocks on the
+    /// CPU and multiply them as they are, as llama.cpp does: a decoding step reads 4–7× fewer bytes than
+    /// in f32, each row of activations rounded to 8 bits per block. Faster for one sequence at a time,
+    /// slower from about eight (benches/README.md). Without it every tensor is expanded to --dtype. Not
+    /// with --batch-invariant.
+    #[arg(long)]
+    quantized: bool,
 }
 
 #[cfg(feature = "local")]
@@ -180,6 +187,7 @@ impl LocalArgs {
                     max_num_seqs,
                     ..Limits::default()
                 },
+                quantized: self.quantized,
                 ..LocalOptions::default()
             }),
             Err(message) => {
