@@ -57,9 +57,10 @@ impl Engine<'_> {
                 };
                 // Over a large vocabulary, the softmax and the search for the most likely tokens
                 // are worth sharing out, as sampling does.
-                let positions: Vec<(f32, Vec<(u32, f32)>)> = match vocab >= PARALLEL_VOCAB {
-                    true => logits.par_iter().enumerate().map(score).collect(),
-                    false => logits.iter().enumerate().map(score).collect(),
+                let positions: Vec<(f32, Vec<(u32, f32)>)> = if vocab >= PARALLEL_VOCAB {
+                    logits.par_iter().enumerate().map(score).collect()
+                } else {
+                    logits.iter().enumerate().map(score).collect()
                 };
                 for (logprob, alternatives) in positions {
                     scores.logprobs.push(logprob);
