@@ -48,17 +48,14 @@ impl Client {
     }
 
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap())
+        send_json(
+            &self.http,
+            &self.base,
+            reqwest::Method::POST,
+            path,
+            Some(body.to_string()),
+        )
+        .await
     }
 
     /// A completions request that must succeed.

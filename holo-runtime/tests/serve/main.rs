@@ -285,6 +285,28 @@ async fn start() -> Fixture {
     start_with(ServeConfig::default(), None, Duration::ZERO).await
 }
 
+/// A request to the server at `base` (a JSON `body` when given): the status and the JSON answer.
+async fn send_json(
+    client: &reqwest::Client,
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<String>,
+) -> (u16, Value) {
+    let mut request = client.request(method, format!("{base}{path}"));
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let value = serde_json::from_str(&text)
+        .unwrap_or_else(|error| panic!("{path}: not JSON ({error}): {text:?}"));
+    (status, value)
+}
+
 impl Fixture {
     async fn send(
         &self,
@@ -292,18 +314,7 @@ impl Fixture {
         path: &str,
         body: Option<String>,
     ) -> (u16, Value) {
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        let value = serde_json::from_str(&text)
-            .unwrap_or_else(|error| panic!("{path}: not JSON ({error}): {text:?}"));
-        (status, value)
+        send_json(&self.client, &self.base, method, path, body).await
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {
