@@ -12,6 +12,7 @@ use serde_json::Value;
 use holo_core::chat::folder::{eos_token_ids, read_json};
 
 mod rope;
+pub(crate) use rope::gpt_oss_yarn;
 use rope::{rope_json, ropes, rotary_dim, states_rotary_factor};
 
 /// The decoder architectures this runtime implements.

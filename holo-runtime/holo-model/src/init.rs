@@ -393,16 +393,8 @@ pub fn preset_config(
         max_position_embeddings: max_positions,
         rms_norm_eps: eps,
         rope_theta: theta,
-        // gpt-oss's YaRN (32 times its 4,096 positions).
         rope_scaling: match arch {
-            Arch::GptOss => RopeScaling::Yarn {
-                factor: 32.0,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                original_max_position_embeddings: 4096,
-                truncate: false,
-                attention_factor: 0.1 * 32f64.ln() + 1.0,
-            },
+            Arch::GptOss => crate::config::gpt_oss_yarn(),
             _ => RopeScaling::None,
         },
         tie_word_embeddings: tied,
@@ -411,44 +403,31 @@ pub fn preset_config(
         mlp_bias: false,
         variant,
         layers: layer_specs,
-        experts: (arch == Arch::Qwen3Moe)
-            .then_some(match tiny {
-                // Four experts of 32, two per token, renormalised.
-                true => Experts {
-                    count: 4,
-                    per_token: 2,
-                    intermediate_size: 32,
-                    normalize: true,
-                    aux_loss_coef: 0.001,
-                    aux_loss: false,
-                    softmax_over_chosen: false,
-                    clamped: None,
-                },
-                false => Experts {
-                    count: 128,
-                    per_token: 8,
-                    intermediate_size: 768,
-                    normalize: true,
-                    aux_loss_coef: 0.001,
-                    aux_loss: false,
-                    softmax_over_chosen: false,
-                    clamped: None,
-                },
-            })
-            .or((arch == Arch::GptOss).then_some(Experts {
-                // The tiny model: four experts, two per token; `small`: gpt-oss-20b's 32, four per token.
-                count: if tiny { 4 } else { 32 },
-                per_token: if tiny { 2 } else { 4 },
-                intermediate_size: intermediate,
-                normalize: false,
+        // Qwen3-MoE: `tiny` four experts of 32, two per token, renormalised; `small` two of Qwen3-30B-A3B's
+        // layers, 128 experts of 768, eight per token. gpt-oss: `tiny` four experts, two per token;
+        // `small` gpt-oss-20b's 32, four per token, with its clamped SwiGLU.
+        experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss).then(|| {
+            let gpt_oss = arch == Arch::GptOss;
+            let (count, per_token, intermediate_size) = match (gpt_oss, tiny) {
+                (false, true) => (4, 2, 32),
+                (false, false) => (128, 8, 768),
+                (true, true) => (4, 2, intermediate),
+                (true, false) => (32, 4, intermediate),
+            };
+            Experts {
+                count,
+                per_token,
+                intermediate_size,
+                normalize: !gpt_oss,
                 aux_loss_coef: 0.001,
                 aux_loss: false,
-                softmax_over_chosen: true,
-                clamped: Some(ClampedSwiGlu {
+                softmax_over_chosen: gpt_oss,
+                clamped: gpt_oss.then_some(ClampedSwiGlu {
                     alpha: 1.702,
                     limit: 7.0,
                 }),
-            })),
+            }
+        }),
         linear_attention: (arch == Arch::Qwen3_5).then_some(match tiny {
             true => LinearAttention {
                 key_heads: 2,

@@ -24,6 +24,7 @@ use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{self, load_model};
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::model::Weight;
+use holo_runtime::local::testing::max_difference;
 use holo_runtime::local::{
     Arch, LocalModel, LocalOptions, Model, ModelConfig, QkNorm, RopeScaling,
 };
@@ -606,14 +607,7 @@ fn quantized_ggufs_sample_from_their_blocks() {
                 assert_eq!(blocks.dtype(), dtype);
                 let dequantized = blocks.dequantize(&Device::Cpu).unwrap();
                 let expected = dense.weight.dense().unwrap();
-                let difference = (&dequantized - expected)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let difference = max_difference(&dequantized, expected);
                 assert_eq!(difference, 0.0, "{name} {dtype:?}: {module}");
             }
         }

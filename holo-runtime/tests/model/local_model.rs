@@ -92,30 +92,19 @@ fn config(arch: Arch) -> ModelConfig {
             value_head_dim: 3,
             conv_kernel: 4,
         }),
-        experts: (arch == Arch::Qwen3Moe)
-            .then_some(Experts {
-                count: 5,
-                per_token: 2,
-                intermediate_size: 7,
-                normalize: false,
-                aux_loss_coef: 0.001,
-                aux_loss: false,
-                softmax_over_chosen: false,
-                clamped: None,
-            })
-            .or((arch == Arch::GptOss).then_some(Experts {
-                count: 5,
-                per_token: 2,
-                intermediate_size: 7,
-                normalize: false,
-                aux_loss_coef: 0.001,
-                aux_loss: false,
-                softmax_over_chosen: true,
-                clamped: Some(ClampedSwiGlu {
-                    alpha: 1.702,
-                    limit: 2.0,
-                }),
-            })),
+        experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss).then(|| Experts {
+            count: 5,
+            per_token: 2,
+            intermediate_size: 7,
+            normalize: false,
+            aux_loss_coef: 0.001,
+            aux_loss: false,
+            softmax_over_chosen: arch == Arch::GptOss,
+            clamped: (arch == Arch::GptOss).then_some(ClampedSwiGlu {
+                alpha: 1.702,
+                limit: 2.0,
+            }),
+        }),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
     }

@@ -243,18 +243,7 @@ pub(super) fn ropes(arch: Arch, json: &Value) -> Result<(Rope, Option<Rope>), Co
         None => number(json.get("rope_theta"), "rope_theta", global_default)?,
     };
     let scaling = match parameters.or(json.get("rope_scaling").filter(|value| !value.is_null())) {
-        // `GptOssConfig.__post_init__`'s RoPE when the config states none.
-        None if arch == Arch::GptOss => rope_scaling(
-            &serde_json::json!({
-                "rope_type": "yarn",
-                "factor": 32.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": false,
-                "original_max_position_embeddings": 4096,
-            }),
-            json,
-        )?,
+        None if arch == Arch::GptOss => gpt_oss_yarn(),
         None => RopeScaling::None,
         Some(scaling) => rope_scaling(scaling, json)?,
     };
@@ -273,6 +262,21 @@ pub(super) fn ropes(arch: Arch, json: &Value) -> Result<(Rope, Option<Rope>), Co
     };
     let global = (theta, scaling);
     Ok((global.clone(), local.filter(|local| *local != global)))
+}
+
+/// gpt-oss's RoPE when its config states none (`GptOssConfig.__post_init__`): YaRN over 32 times its
+/// 4,096 original positions.
+pub(crate) fn gpt_oss_yarn() -> RopeScaling {
+    let scaling = serde_json::json!({
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": false,
+        "original_max_position_embeddings": 4096,
+    });
+    // Every key yarn reads is in `scaling`, so no model config is consulted.
+    rope_scaling(&scaling, &Value::Null).expect("gpt-oss's default YaRN is well-formed")
 }
 
 fn rope_scaling(scaling: &Value, config: &Value) -> Result<RopeScaling, ConfigError> {
