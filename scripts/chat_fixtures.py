@@ -7,7 +7,7 @@ Regenerate the expected renderings (from the repository root; torch is not neede
     /tmp/chat-fixtures-venv/bin/pip install transformers jinja2
     /tmp/chat-fixtures-venv/bin/python scripts/chat_fixtures.py
 
-then run `cargo test -p holo-runtime --test core chat_templates::`. The script loads every model folder under
+then run `cargo test -p holo-core --test core chat_templates::`. The script loads every model folder under
 `holo-runtime/tests/fixtures/chat/models/` with `AutoTokenizer.from_pretrained(folder)` (a copy of the folder in a
 temporary directory, with a tiny word-level `tokenizer.json` added: transformers needs one to build a tokenizer,
 and `apply_chat_template(..., tokenize=False)` never uses its vocabulary), renders every conversation in `CASES`

@@ -24,7 +24,7 @@
 # |           | unpacked in ~/.cache/holo-engines/python3.13    |                                                |
 #
 # Needs python3.11 with venv and pip, apt-get and dpkg-deb, PyPI and Debian's mirror. The tests find each
-# component where this puts it (tests/common/components.rs); under CI=true a test whose component is missing
+# component where this puts it (holo-runtime/tests/support/components.rs); under CI=true a test whose component is missing
 # fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -3,7 +3,7 @@
 //! are. With this table `holoc check` and the macros reject `<|MathAnswer weight=abc|>` where it is
 //! written, instead of every rollout failing when the runtime constructs the holotype.
 //!
-//! The runtime's constructors are the truth: a test in holo-runtime (`tests/core/holotypes.rs`) constructs
+//! The runtime's constructors are the truth: a test in holo-core (`tests/core/holotypes.rs`) constructs
 //! every built-in with a range of values for every parameter and positional argument, and requires the
 //! checker to accept exactly what the constructor accepts.
 

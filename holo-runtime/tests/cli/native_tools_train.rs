@@ -1,7 +1,7 @@
 //! `holo train` on the native-tool holoware `hol/tool_native.hol` with the Qwen3 model fixture given
 //! Qwen3's real chat template (the fixture's own is a bare ChatML, which renders no tools): the tools
 //! reach the template, and every context is trained on exactly the tokens the model sampled in it. A model of random weights writes no well-formed call, so the tool
-//! loop's calls and results are covered by tests/core/native_tools.rs, through the Loom.
+//! loop's calls and results are covered by holo-core's tests/core/native_tools.rs, through the Loom.
 
 use crate::common::{fixture, holo_command, repo, run_metrics};
 use holo_runtime::loom::RolloutRecord;

@@ -3,8 +3,8 @@
 //! daemon, an infinite loop) completes all its steps, keeps its checkpoints, and reports the failures
 //! as `tools/failed` and `tools/timed_out`.
 //!
-//! Like tests/core/sandbox.rs, the machine-wide programs run only after a harmless probe through the same
-//! `run_python` path proved the isolation (own PID namespace, unprivileged uid, limits in force).
+//! Like holo-core's tests/core/sandbox.rs, the machine-wide programs run only after a harmless probe
+//! through the same `run_python` path proved the isolation (own PID namespace, unprivileged uid, limits in force).
 
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ fn a_run_full_of_hostile_programs_completes() {
     let out = run.path().join("run");
     let marker = format!("holo-hostile-train-{}", std::process::id());
     // 3 steps of 2 rows use rows 0 to 5 (no shuffling): every program runs. (Killing the parent is
-    // tests/core/sandbox.rs's.)
+    // holo-core's tests/core/sandbox.rs's.)
     let programs = [
         "x = bytearray(1 << 33)".to_string(),
         "import os\nos.kill(-1, 9)".to_string(),

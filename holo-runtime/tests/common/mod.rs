@@ -1,27 +1,19 @@
-//! Helpers shared by the integration tests; a test file takes them with `mod common;`.
+//! Helpers shared by the facade's integration tests; a test binary takes them with
+//! `#[path = "../common/mod.rs"] mod common;`. What does not need the facade (the `holo` binary, the
+//! trainer) is in `tests/support/`, which the layers' own test binaries share too.
 #![allow(dead_code)]
 
-pub mod components;
-pub mod http;
-pub mod json;
+#[path = "../support/mod.rs"]
+mod support;
+pub use support::*;
+
 #[cfg(feature = "local")]
 pub mod logits;
-pub mod parity;
-pub mod process;
-pub mod rollout;
 #[cfg(feature = "local")]
 pub mod served;
-#[cfg(feature = "local")]
-pub mod student;
-pub mod tempdir;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// The workspace root, where `hol/` and `examples/` are.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
@@ -46,16 +38,6 @@ pub fn holo_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));
     command.args(args).current_dir(repo());
     command
-}
-
-/// A committed fixture's path (`relative` to `holo-runtime/tests/fixtures`), as a command line takes it.
-pub fn fixture(relative: &str) -> String {
-    repo()
-        .join("holo-runtime/tests/fixtures")
-        .join(relative)
-        .to_str()
-        .unwrap()
-        .to_string()
 }
 
 /// `holo train HOLOWARE --model <the committed tiny Qwen2> --data DATA --out OUT`, the fixtures named

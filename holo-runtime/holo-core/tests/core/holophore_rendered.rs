@@ -6,15 +6,15 @@
 //! tokenize=True)` does, and every recorded context with what a scripted sampler was fed.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use holo_runtime::chat::{parse_template_kwargs, ChatTemplate};
-use holo_runtime::holophore::{Context, Holophore, Message};
-use holo_runtime::holotypes;
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
-use holo_runtime::{Completion, Prompt, Recorder, Resources, Role, Scripted};
+use holo_core::chat::{parse_template_kwargs, ChatTemplate};
+use holo_core::holophore::{Context, Holophore, Message};
+use holo_core::holotypes;
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_core::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::common::tempdir::Dir;
@@ -23,7 +23,7 @@ use crate::recording::Recording;
 const SYSTEM: &str = "You are a helpful assistant.";
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    crate::common::fixtures()
 }
 
 /// The byte-level BPE tokenizer of the Holophore fixtures (ChatML's special tokens) with the tokens the

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use holo_runtime::openai::{OpenAi, OpenAiConfig};
-use holo_runtime::{
+use holo_core::openai::{OpenAi, OpenAiConfig};
+use holo_core::{
     ChatMessage, Completion, Finish, Prompt, Request, Role, SampleParams, Sampler, SamplerError,
 };
 use serde_json::{json, Value};

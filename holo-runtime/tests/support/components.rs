@@ -265,7 +265,7 @@ pub fn skyrl() -> Option<PathBuf> {
 
 /// Whether the sandbox works here; if not, [`Component::missing`] says why.
 pub fn sandbox() -> bool {
-    match holo_runtime::sandbox::available() {
+    match holo_core::sandbox::available() {
         Ok(()) => true,
         Err(reason) => {
             Component::Sandbox.missing(&format!("this machine cannot sandbox ({reason})"));

@@ -3,16 +3,16 @@
 //! and the unsandboxed path (`run_python_unsandboxed`: temporary directories, process-group kills).
 //! What the sandbox stops is in `tests/core/sandbox.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use holo_runtime::holotypes::{
+use holo_core::holotypes::{
     self, network_isolation, run_python, run_python_unsandboxed, Outcome, PythonConfig,
 };
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::sandbox::Limits;
-use holo_runtime::{Resources, Transcript};
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::sandbox::Limits;
+use holo_core::{Resources, Transcript};
 
 use crate::common::components::Component;
 use serde_json::json;
@@ -27,7 +27,7 @@ fn config(timeout_secs: f64) -> PythonConfig {
     }
 }
 
-fn python(code: &str) -> holo_runtime::holotypes::Execution {
+fn python(code: &str) -> holo_core::holotypes::Execution {
     run_python(code, &config(20.0))
 }
 
@@ -315,7 +315,7 @@ fn bad_arguments_fail_the_machine() {
 
 #[test]
 fn codemath_runs_with_the_builtins() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hol/codemath.hol");
+    let path = crate::common::repo().join("hol/codemath.hol");
     let source = std::fs::read_to_string(path).unwrap();
     let transcript = run(
         &source,

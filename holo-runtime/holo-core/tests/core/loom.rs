@@ -3,19 +3,19 @@
 //! with their rollout, and JSONL written as rollouts finish.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use holo_runtime::holotypes::{self, Tools};
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{
+use holo_core::holotypes::{self, Tools};
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::loom::{
     request_seed, rollout_seed, Jsonl, Loom, LoomConfig, RolloutRecord, RolloutSource, Stage,
     Summary,
 };
-use holo_runtime::sampler::SampleFuture;
-use holo_runtime::{
+use holo_core::sampler::SampleFuture;
+use holo_core::{
     Completion, Finish, Prompt, Recorder, Request, Resources, Role, Rollout, RolloutError,
     SampleRequest, Sampler, SamplerError, Scripted, Step,
 };
@@ -24,7 +24,7 @@ const TOOL_CALL: &str = r#"<tool>{"name": "calculator", "args": {"expression": "
 const ANSWER: &str = "<answer>391</answer>";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    crate::common::repo()
 }
 
 fn tool_hol() -> Arc<Holoware> {
@@ -52,7 +52,7 @@ fn arithmetic() -> Vec<(usize, Row)> {
         .collect()
 }
 
-fn loom(config: LoomConfig) -> Loom<holo_runtime::loom::Interpreted> {
+fn loom(config: LoomConfig) -> Loom<holo_core::loom::Interpreted> {
     Loom::interpreted(tool_hol(), calculator(), config)
 }
 
@@ -161,7 +161,7 @@ fn run<S: RolloutSource>(
     block_on(loom.run(rows, sampler, &mut Jsonl(out.clone()))).unwrap()
 }
 
-fn chat(request: &Request) -> &[holo_runtime::ChatMessage] {
+fn chat(request: &Request) -> &[holo_core::ChatMessage] {
     match &request.prompt {
         Prompt::Chat(messages) => messages,
         other => panic!("expected a chat prompt, got {other:?}"),
@@ -693,7 +693,7 @@ fn boxed_rollouts_from_a_closure_with_start_failures_and_panics() {
     assert_eq!(summary.mean_reward, Some(1.0));
 }
 
-/// `cargo test --release -p holo-runtime --test core loom:: -- --ignored --nocapture throughput`
+/// `cargo test --release -p holo-core --test core loom:: -- --ignored --nocapture throughput`
 ///
 /// 10,000 rollouts of tool.hol (2,500 rows × 4) through the Loom, JSONL to a file, against the same
 /// rollouts driven by hand one at a time with nothing written; once with the tool turn (each calculator
@@ -736,7 +736,7 @@ fn throughput_10k_rollouts_of_tool_hol() {
         for (_, row) in &rows {
             for _ in 0..4 {
                 let mut sampler = Scripted::new(replies.clone());
-                let mut transcript = holo_runtime::Transcript::default();
+                let mut transcript = holo_core::Transcript::default();
                 let mut rollout = holoware.start_with(row, &resources).unwrap();
                 while let Step::Sample(request) = rollout.step(&mut transcript).unwrap() {
                     let completion = sampler.complete(&request).unwrap();
@@ -759,7 +759,7 @@ fn throughput_10k_rollouts_of_tool_hol() {
 
 #[test]
 fn scripted_as_a_sampler_answers_by_turn() {
-    use holo_runtime::{ChatMessage, Finish, SampleParams};
+    use holo_core::{ChatMessage, Finish, SampleParams};
     let message = |role, content: &str| ChatMessage {
         role,
         content: content.into(),
@@ -888,7 +888,7 @@ fn resume_runs_only_what_was_not_done_and_summarizes_everything() {
     other_seed.seed ^= 1;
     assert!(refused(vec![other_seed]).contains("another run seed"));
     let mut failed = all[0].clone();
-    failed.error = Some(holo_runtime::loom::Failure {
+    failed.error = Some(holo_core::loom::Failure {
         stage: Stage::Sampler,
         message: "timeout".into(),
     });
@@ -911,22 +911,22 @@ struct Meeting {
 /// meet.
 struct Gate(Arc<Meeting>);
 
-impl holo_runtime::Holotype for Gate {
+impl holo_core::Holotype for Gate {
     const BLOCKS: bool = true;
     const PARAMS: &'static [&'static str] = &[];
 
-    fn new(args: &holo_runtime::Args) -> Result<Self, holo_runtime::HolotypeError> {
+    fn new(args: &holo_core::Args) -> Result<Self, holo_core::HolotypeError> {
         let meeting = args
             .resources
             .get::<Meeting>()
-            .ok_or_else(|| holo_runtime::HolotypeError::new("no Meeting in the resources"))?;
+            .ok_or_else(|| holo_core::HolotypeError::new("no Meeting in the resources"))?;
         Ok(Gate(meeting))
     }
 
     fn enter(
         &mut self,
-        _cx: &mut holo_runtime::Cx<'_>,
-    ) -> Result<holo_runtime::Enter, holo_runtime::HolotypeError> {
+        _cx: &mut holo_core::Cx<'_>,
+    ) -> Result<holo_core::Enter, holo_core::HolotypeError> {
         let meeting = &self.0;
         let deadline = Instant::now() + std::time::Duration::from_secs(30);
         let mut inside = meeting.inside.lock().unwrap();
@@ -935,14 +935,14 @@ impl holo_runtime::Holotype for Gate {
         while *inside < meeting.expected {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(holo_runtime::HolotypeError::new(format!(
+                return Err(holo_core::HolotypeError::new(format!(
                     "after 30 s only {} of {} rollouts were inside their blocking step at once",
                     *inside, meeting.expected
                 )));
             }
             inside = meeting.changed.wait_timeout(inside, left).unwrap().0;
         }
-        Ok(holo_runtime::Enter::Run)
+        Ok(holo_core::Enter::Run)
     }
 }
 

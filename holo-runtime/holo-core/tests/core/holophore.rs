@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use holo_runtime::chat::ChatTemplate;
-use holo_runtime::holophore::{FragmentKind, Holophore, HolophoreError, Message};
-use holo_runtime::{Completion, Recorder, Role};
+use holo_core::chat::ChatTemplate;
+use holo_core::holophore::{FragmentKind, Holophore, HolophoreError, Message};
+use holo_core::{Completion, Recorder, Role};
 use proptest::prelude::*;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/holophore")
+    crate::common::fixtures().join("holophore")
 }
 
 fn tokenizer() -> Arc<Tokenizer> {

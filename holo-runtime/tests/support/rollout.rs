@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use holo_runtime::holotypes;
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::{Resources, Rollout, RolloutError, Scripted, Step, Transcript};
+use holo_core::holotypes;
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::{Resources, Rollout, RolloutError, Scripted, Step, Transcript};
 
 /// Runs `source` on `row` (a JSON object) with `resources`, answering each sample with the next of
 /// `replies`; the transcript, or the rollout's error.

@@ -3,17 +3,17 @@
 //! through it all. Renderings are compared with transformers' (`tests/fixtures/chat/tool_calls.json`,
 //! written by `scripts/tool_call_fixtures.py` with the real templates of `tests/fixtures/chat/models/`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use holo_runtime::chat::{json_value, template_kwargs, ChatTemplate, RenderOptions};
-use holo_runtime::export;
-use holo_runtime::holophore::{Context, Holophore, ToolTurn};
-use holo_runtime::holotypes::{self, ToolStats, Tools};
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord, ToolCallRecord, ToolRecord};
-use holo_runtime::tools::ToolFormat;
-use holo_runtime::{Completion, Prompt, Recorder, Resources, Role, Scripted};
+use holo_core::chat::{json_value, template_kwargs, ChatTemplate, RenderOptions};
+use holo_core::export;
+use holo_core::holophore::{Context, Holophore, ToolTurn};
+use holo_core::holotypes::{self, ToolStats, Tools};
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::loom::{Loom, LoomConfig, RolloutRecord, ToolCallRecord, ToolRecord};
+use holo_core::tools::ToolFormat;
+use holo_core::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
@@ -21,7 +21,7 @@ use crate::common::tempdir::Dir;
 use crate::recording::Recording;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    crate::common::fixtures()
 }
 
 fn tool_calls_fixture() -> Value {
@@ -412,8 +412,8 @@ fn a_sampler_of_chat_messages_refuses_native_tools() {
 /// view shows each result as a user message, the next turn as the assistant's.
 #[test]
 fn a_text_transcript_takes_native_tools_with_the_format_named() {
-    use holo_runtime::transcript::Part;
-    use holo_runtime::{Rollout, Step, Transcript};
+    use holo_core::transcript::Part;
+    use holo_core::{Rollout, Step, Transcript};
 
     let named = NATIVE_HOL.replace("parser=auto", "parser=hermes");
     let registry = Arc::new(holotypes::registry());

@@ -2,8 +2,8 @@
 
 use std::sync::Mutex;
 
-use holo_runtime::sampler::SampleFuture;
-use holo_runtime::{Completion, Request, Sampler};
+use holo_core::sampler::SampleFuture;
+use holo_core::{Completion, Request, Sampler};
 
 /// Wraps a sampler and keeps every request with the completion it got.
 pub struct Recording<S> {

@@ -3,27 +3,27 @@
 //! `hol/qa.hol` with the tokenized scripted sampler: token prompts, token-exact records, masks that cover
 //! exactly the sampled tokens.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crate::recording::Recording;
-use holo_runtime::chat::{ChatTemplate, RenderOptions};
-use holo_runtime::holophore::Holophore;
-use holo_runtime::holotypes::{self, Tools};
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord};
-use holo_runtime::{ChatMessage, Completion, Prompt, Request, Resources, Scripted};
+use holo_core::chat::{ChatTemplate, RenderOptions};
+use holo_core::holophore::Holophore;
+use holo_core::holotypes::{self, Tools};
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::loom::{Jsonl, Loom, LoomConfig, RolloutRecord};
+use holo_core::{ChatMessage, Completion, Prompt, Request, Resources, Scripted};
 use tokenizers::Tokenizer;
 
 const TOOL_CALL: &str = r#"<tool>{"name": "calculator", "args": {"expression": "17 * 23"}}</tool>"#;
 const ANSWER: &str = "<reasoning>17 * 23 = 391.</reasoning>\n<answer>391</answer>";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    crate::common::repo()
 }
 
 fn model() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/holophore")
+    crate::common::fixtures().join("holophore")
 }
 
 fn holophore() -> Holophore {
@@ -269,7 +269,7 @@ fn without_a_holophore_records_have_no_tokens() {
 
 /// Rollouts/s of the Loom over 10k rollouts of `tool.hol` (tool call + answer) with the tokenized scripted
 /// sampler, recording with and without the holophore (the fixture's tiny tokenizer). A measurement, not a
-/// test: `cargo test --release -p holo-runtime --test core loom_holophore:: -- --ignored --nocapture`.
+/// test: `cargo test --release -p holo-core --test core loom_holophore:: -- --ignored --nocapture`.
 #[test]
 #[ignore = "a measurement: run it by hand"]
 fn throughput_with_and_without_the_holophore() {

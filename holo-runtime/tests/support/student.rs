@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use holo_runtime::interpreter::{Holoware, Row};
-use holo_runtime::loom::Interpreted;
-use holo_runtime::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
-use holo_runtime::{holotypes, Completion, Finish, Resources};
+use holo_core::interpreter::{Holoware, Row};
+use holo_core::loom::Interpreted;
+use holo_core::sampler::{Prompt, Request, SampleFuture, Sampler, SamplerError};
+use holo_core::{holotypes, Completion, Finish, Resources};
 use tokenizers::Tokenizer;
 
 use super::repo;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use holo_runtime::holotypes::{self, last_number, numbers_equal, Tools};
-use holo_runtime::{Resources, Transcript};
+use holo_core::holotypes::{self, last_number, numbers_equal, Tools};
+use holo_core::{Resources, Transcript};
 use serde_json::json;
 
 use crate::common::rollout::run;
@@ -359,7 +359,7 @@ fn math_answer_reads_the_last_number_of_an_untagged_reply_when_asked() {
 /// and where they are; a file without an answer check has none.
 #[test]
 fn pass_at_k_counts_the_answer_check_the_file_names() {
-    use holo_runtime::interpreter::Holoware;
+    use holo_core::interpreter::Holoware;
     let load = |tags: &str| {
         let source = format!("<|o_o|>\nQ\n<|@_@:answer|>\n<|@_@:retry|>\n{tags}");
         Holoware::load(
@@ -460,8 +460,8 @@ fn builtins_match_the_checker_table() {
         let expected: Vec<String> = params.iter().map(|param| param.to_string()).collect();
         assert_eq!(table[name].as_ref().unwrap(), &expected, "{name}");
     };
-    use holo_runtime::holotypes::*;
-    use holo_runtime::Holotype;
+    use holo_core::holotypes::*;
+    use holo_core::Holotype;
     check("ToolRunner", ToolRunner::PARAMS);
     check("ToolSchema", ToolSchema::PARAMS);
     check("ToolExecutor", ToolExecutor::PARAMS);
@@ -483,8 +483,8 @@ fn builtins_match_the_checker_table() {
 /// the holotype (`Holoware::check_holotypes`) fails.
 #[test]
 fn the_checker_refuses_exactly_the_arguments_the_constructors_refuse() {
-    use holo_runtime::holotypes::{CodeSandbox, ReflectionMemory};
-    use holo_runtime::interpreter::Holoware;
+    use holo_core::holotypes::{CodeSandbox, ReflectionMemory};
+    use holo_core::interpreter::Holoware;
     use holoc::builtins::{Positional, BUILTINS};
 
     let mut resources = calculator();

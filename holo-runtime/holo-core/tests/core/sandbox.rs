@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use holo_runtime::Resources;
+use holo_core::Resources;
 use serde_json::json;
 
 /// The `<output>` texts of a transcript, in order.

@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use chrono::NaiveDateTime;
-use holo_runtime::chat::{json_value, ChatTemplate, ChatTemplateError, RenderOptions, Value};
-use holo_runtime::{ChatMessage, Role};
+use holo_core::chat::{json_value, ChatTemplate, ChatTemplateError, RenderOptions, Value};
+use holo_core::{ChatMessage, Role};
 
 use crate::common::tempdir::Dir;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat")
+    crate::common::fixtures().join("chat")
 }
 
 fn load_json(path: &Path) -> Value {
