@@ -275,8 +275,11 @@ fn losses_metrics_and_gradients_match_trl() {
                     &model,
                     &chosen,
                     config.temperature,
-                    recompute,
-                    config.entropy_coef != 0.0,
+                    score::Pass {
+                        recompute,
+                        entropy_gradient: config.entropy_coef != 0.0,
+                        balance: 0.0,
+                    },
                     |head| {
                         let (logprobs, entropies) = (&head.logprobs, &head.entropies);
                         scored = Some((logprobs.to_vec1::<f32>()?, entropies.to_vec1::<f32>()?));

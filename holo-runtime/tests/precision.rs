@@ -367,10 +367,11 @@ fn bf16_log_probabilities_and_gradients_stay_near_f32() {
     );
     let gradients = |model: &holo_runtime::local::model::Model| {
         let (trained, vars) = model.trainable().unwrap();
-        let (_, store) = score::backward_sequences(&trained, &refs, 1.0, false, false, |head| {
-            head.logprobs.mean_all()
-        })
-        .unwrap();
+        let (_, store) =
+            score::backward_sequences(&trained, &refs, 1.0, score::Pass::default(), |head| {
+                head.logprobs.mean_all()
+            })
+            .unwrap();
         vars.iter()
             .map(|(name, var)| {
                 let grad = store.get(var.as_tensor()).unwrap();

@@ -12,6 +12,7 @@ use candle_core::{DType, Tensor};
 use holo_runtime::chat::ChatTemplate;
 use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::train::batch::Sequence;
+use holo_runtime::train::score;
 use holo_runtime::train::sft::{loss, SftConfig, SftLossType, Tokenizing};
 use serde_json::Value;
 
@@ -132,9 +133,17 @@ fn tokenization_losses_metrics_and_gradients_match_trl() {
                     .iter()
                     .map(|&i| &sequences[i as usize])
                     .collect();
-                let computed =
-                    loss::micro_batch(&model, &batch, num_items, config.loss_type, recompute)
-                        .unwrap();
+                let computed = loss::micro_batch(
+                    &model,
+                    &batch,
+                    num_items,
+                    config.loss_type,
+                    score::Pass {
+                        recompute,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 let what = format!("{name} (recompute {recompute})");
                 close(
                     &format!("{what}: loss"),

@@ -25,6 +25,9 @@ pub struct Layout {
     /// The routing of a mixture-of-experts model's pass: replayed choices, and the record of those
     /// made (see [`crate::routing::Routing`]); `None` routes by the routers.
     pub routing: Option<std::sync::Arc<crate::routing::Routing>>,
+    /// Where a mixture-of-experts model's layers leave their share of the load-balancing loss
+    /// ([`crate::balance::Balance`]); `None` computes none.
+    pub balance: Option<std::sync::Arc<crate::balance::Balance>>,
 }
 
 impl Layout {
@@ -32,6 +35,14 @@ impl Layout {
     pub fn with_routing(self, routing: std::sync::Arc<crate::routing::Routing>) -> Layout {
         Layout {
             routing: Some(routing),
+            ..self
+        }
+    }
+
+    /// This layout with its mixture layers' load-balancing loss gathered in `balance`.
+    pub fn with_balance(self, balance: std::sync::Arc<crate::balance::Balance>) -> Layout {
+        Layout {
+            balance: Some(balance),
             ..self
         }
     }
@@ -45,6 +56,7 @@ impl Layout {
             mask: attention_mask(key_mask, batch, 0, len, candle_core::DType::F32)?,
             real: Some(key_mask.to_dtype(DType::U8)?),
             routing: None,
+            balance: None,
         })
     }
 
@@ -79,6 +91,7 @@ impl Layout {
             mask: Tensor::from_vec(mask, (batch, 1, width, width), device)?,
             real: None,
             routing: None,
+            balance: None,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! `RAYON_NUM_THREADS`, candle reads `/proc/cpuinfo` at every matrix product.
 
 mod backward;
+pub mod balance;
 pub mod config;
 mod constrain;
 pub mod dispatch;

@@ -13,6 +13,10 @@
 //!
 //! The gradients are those of the whole-graph backward, summed in a different order: they agree to
 //! rounding.
+//!
+//! A layout with a [`crate::balance::Balance`] adds the load-balancing loss: its value to the loss's
+//! (from the first forward, which gives every layer's expert counts), and each mixture layer's term to
+//! that layer's recomputed segment.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
@@ -42,7 +46,8 @@ impl Model {
     /// trained positions, at its sampling temperature), with the tokens laid out by `layout` (padded
     /// rows, or trees of sequences that share prefixes; see [`Layout`]). The loss may also read
     /// variables of its own (`head`, a value model's head, say): their gradients are returned with the
-    /// model's.
+    /// model's. With [`Layout::balance`], the load-balancing loss times its coefficient is added to
+    /// the loss and its gradients to the layers'.
     pub fn backward_recomputed_with_head(
         &self,
         input_ids: &Tensor,
@@ -66,9 +71,21 @@ impl Model {
             xs = output;
         }
 
+        // The whole pass's expert counts, which every layer's term needs.
+        let balance = layout.balance.as_deref();
+        let totals = balance.map(|balance| balance.totals());
+
         let top = Var::from_tensor(&xs)?;
         let hidden = self.norm.forward(top.as_tensor(), Ops::Differentiable)?;
-        let value = loss(&hidden)?;
+        let mut value = loss(&hidden)?;
+        if let Some(weighted) = balance
+            .map(|balance| balance.weighted())
+            .transpose()?
+            .flatten()
+        {
+            let dtype = value.dtype();
+            value = (value + weighted.to_dtype(dtype)?)?;
+        }
         let variables = self.variables();
         let mut grads = GradStore::default();
         let top_segment = value.backward()?;
@@ -77,14 +94,21 @@ impl Model {
         let mut upstream = gradient_at(&top_segment, &top)?;
         drop(top_segment);
 
-        for (layer, input) in self.layers.iter().zip(inputs).rev() {
+        for (index, (layer, input)) in self.layers.iter().zip(inputs).enumerate().rev() {
             if layer.has_backward() {
                 upstream = layer.backward(&input, &frame, &upstream, &mut grads)?;
                 continue;
             }
             let input = Var::from_tensor(&input)?;
             let output = layer.forward(input.as_tensor(), &frame, None, Ops::Differentiable)?;
-            let segment = (output * &upstream)?.sum_all()?.backward()?;
+            let mut objective = (output * &upstream)?.sum_all()?;
+            if let (Some(balance), Some(totals)) = (balance, &totals) {
+                // The forward just now left this layer's probabilities, with their graph.
+                if let Some(term) = balance.weighted_term(index, totals)? {
+                    objective = (objective + term.to_dtype(upstream.dtype())?)?;
+                }
+            }
+            let segment = objective.backward()?;
             gather(&mut grads, &segment, &variables)?;
             upstream = gradient_at(&segment, &input)?;
         }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use super::options::{error, shared_allowed_values};
+pub(crate) use super::options::{check_router_aux_loss_coef, error, shared_allowed_values};
 pub use super::options::{
     ConfigError, Inert, LrSchedulerType, SaveStrategy, TrainingArguments, TrainingConfig,
 };
@@ -189,6 +189,11 @@ pub struct GrpoConfig {
     /// sampled tokens are those of the experts that sampled them. `routing/replay_differ` reports how
     /// often the trainer's own router would have chosen otherwise.
     pub routing_replay: bool,
+    /// The load-balancing loss of a mixture-of-experts model (transformers' `aux_loss`), added to the
+    /// loss with this weight, divided by the micro-batches of a step, as TRL adds it
+    /// (`router_aux_loss_coef`). Unset takes the model config's `router_aux_loss_coef` (0.001 for
+    /// Qwen3-MoE and gpt-oss); 0 adds none; set on a model without experts, the run is refused.
+    pub router_aux_loss_coef: Option<f64>,
 
     // --- Sampling ---
     pub temperature: f64,
@@ -431,6 +436,7 @@ impl Default for GrpoConfig {
             max_completion_length: 512,
             gradient_checkpointing: true,
             routing_replay: false,
+            router_aux_loss_coef: None,
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
@@ -686,6 +692,7 @@ impl TrainingConfig for GrpoConfig {
         "rollback_reward_drop",
         "missing_eos_penalty",
         "value_model",
+        "router_aux_loss_coef",
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
@@ -702,6 +709,10 @@ impl TrainingConfig for GrpoConfig {
 
     fn training(&self) -> &TrainingArguments {
         &self.training
+    }
+
+    fn router_aux_loss_coef(&self) -> Option<f64> {
+        self.router_aux_loss_coef
     }
 
     fn inert(&self) -> Vec<Inert> {
@@ -822,6 +833,7 @@ impl TrainingConfig for GrpoConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.training.validate()?;
         self.validate_schedule()?;
+        check_router_aux_loss_coef(self.router_aux_loss_coef)?;
         self.sandbox
             .limits()
             .map_err(|message| error("sandbox", message))?;

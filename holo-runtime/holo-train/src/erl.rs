@@ -284,7 +284,10 @@ pub fn internalization_step(
         &sequences,
         total,
         SftLossType::Nll,
-        config.gradient_checkpointing,
+        crate::score::Pass {
+            recompute: config.gradient_checkpointing,
+            ..Default::default()
+        },
     )?;
     let coef = config.internalization_coef;
     let tokens: usize = sequences.iter().map(|s| s.trained.len()).sum();

@@ -29,6 +29,11 @@ pub trait TrainingConfig:
     /// The options every trainer has.
     fn training(&self) -> &TrainingArguments;
 
+    /// TRL's `router_aux_loss_coef`, where the trainer has it (unset: the model config's).
+    fn router_aux_loss_coef(&self) -> Option<f64> {
+        None
+    }
+
     /// Options that change nothing in this configuration, in groups with the reason: a user who sets
     /// one (`--lora-r 8` without `--use-peft true`) is told so before any work, instead of a run that
     /// silently does something else than asked ([`ConfigBuilder::build`](super::builder::ConfigBuilder::build)).
@@ -370,6 +375,17 @@ pub(crate) fn error(key: &str, message: impl Into<String>) -> ConfigError {
         key: Some(key.to_string()),
         origin: None,
         message: message.into(),
+    }
+}
+
+/// `router_aux_loss_coef`, where set, is a weight: finite and not negative.
+pub(crate) fn check_router_aux_loss_coef(value: Option<f64>) -> Result<(), ConfigError> {
+    match value {
+        Some(coef) if !coef.is_finite() || coef < 0.0 => Err(error(
+            "router_aux_loss_coef",
+            format!("must be a finite number ≥ 0 (0 adds no load-balancing loss), not {coef}"),
+        )),
+        _ => Ok(()),
     }
 }
 

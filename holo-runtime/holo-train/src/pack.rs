@@ -35,6 +35,10 @@ pub struct Packed {
     /// `[N]` (u32): the trained tokens.
     pub targets: Tensor,
     pub tokens: usize,
+    /// Per cell of `ids` (row-major): how many sequences hold that token (a tree's shared prefix, several;
+    /// padding, none). The load-balancing loss weighs tokens so, as it would weigh them in one padded
+    /// row per sequence.
+    pub holders: Vec<f64>,
 }
 
 /// Lays out `sequences` for one pass through `model`: their trained tokens in order (sequence by
@@ -115,6 +119,7 @@ fn padded(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
             targets.push(sequence.ids[position]);
         }
     }
+    let holders = mask.iter().map(|&real| f64::from(real)).collect();
     let mask = Tensor::from_vec(mask, (rows_count, width), device)?;
     let layout = replayed(
         Layout::causal(&mask)?,
@@ -123,15 +128,22 @@ fn padded(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         |s, position| s * width + position,
         &model.config,
     )?;
-    finish(ids, (rows_count, width), layout, rows, targets, device)
+    finish(
+        ids,
+        (rows_count, width),
+        layout,
+        (rows, targets),
+        holders,
+        device,
+    )
 }
 
 fn finish(
     ids: Vec<u32>,
     shape: (usize, usize),
     layout: Layout,
-    rows: Vec<u32>,
-    targets: Vec<u32>,
+    (rows, targets): (Vec<u32>, Vec<u32>),
+    holders: Vec<f64>,
     device: &Device,
 ) -> Result<Packed> {
     let tokens = rows.len();
@@ -141,6 +153,7 @@ fn finish(
         rows: Tensor::from_vec(rows, tokens, device)?,
         targets: Tensor::from_vec(targets, tokens, device)?,
         tokens,
+        holders,
     })
 }
 
@@ -314,14 +327,28 @@ impl Forest {
         }
         let parents: Vec<Vec<Option<usize>>> = self.trees.into_iter().map(|t| t.parents).collect();
         let places = &self.places;
+        let place = |s: usize, position: usize| places[s].0 * width + places[s].1[position];
+        let mut holders = vec![0.0; parents.len() * width];
+        for (s, sequence) in sequences.iter().enumerate() {
+            for position in 0..sequence.ids.len() {
+                holders[place(s, position)] += 1.0;
+            }
+        }
         let layout = replayed(
             Layout::trees(&parents, device)?,
             sequences,
             parents.len() * width,
-            |s, position| places[s].0 * width + places[s].1[position],
+            place,
             &model.config,
         )?;
-        finish(ids, (parents.len(), width), layout, rows, targets, device)
+        finish(
+            ids,
+            (parents.len(), width),
+            layout,
+            (rows, targets),
+            holders,
+            device,
+        )
     }
 }
 

@@ -90,6 +90,9 @@ pub struct Trainable {
     pub model_dir: PathBuf,
     /// PPO's value model, trained by the same optimizer ([`Trainable::with_critic`]).
     pub critic: Option<Critic>,
+    /// The load-balancing loss's weight for a mixture-of-experts model (`router_aux_loss_coef`, or the
+    /// model config's); 0 without experts.
+    pub router_aux_loss_coef: f64,
 }
 
 /// The modules that LoRA adapters `vars` (PEFT's names) adapt, by their short names, in module order.
@@ -112,14 +115,19 @@ impl Trainable {
     /// The weights of `base` (loaded from `dir`) that `config` trains: every weight, or LoRA adapters when
     /// `use_peft`.
     pub fn new(base: &Model, dir: &Path, config: &impl TrainingConfig) -> Result<Self, TrainError> {
-        if base.config.experts.is_some_and(|experts| experts.aux_loss) {
-            return Err(TrainError::Input(format!(
-                "`output_router_logits: true` in `{}`'s config.json asks for the load-balancing loss, \
-                 which holo train does not add yet; set it to false (as Qwen3-MoE checkpoints ship) to \
-                 train without it",
+        // As TRL: the option, or the model config's own coefficient; `output_router_logits` is not
+        // read (TRL turns it on for training whenever the coefficient is not 0).
+        let router_aux_loss_coef = match (base.config.experts, config.router_aux_loss_coef()) {
+            (Some(experts), coef) => coef.unwrap_or(experts.aux_loss_coef),
+            (None, Some(coef)) if coef != 0.0 => {
+                return Err(TrainError::Input(format!(
+                "`router_aux_loss_coef` is {coef}, but `{}` is not a mixture-of-experts model, so \
+                     there is no load-balancing loss to weigh; leave it unset",
                 dir.display()
-            )));
-        }
+            )))
+            }
+            (None, _) => 0.0,
+        };
         let model_dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let (model, vars, adapter_config) = match config.training().lora() {
             Some(lora) => {
@@ -144,6 +152,7 @@ impl Trainable {
             adapter_config,
             model_dir,
             critic: None,
+            router_aux_loss_coef,
         })
     }
 

@@ -5,11 +5,14 @@
 //! those go through the output projection, divided by the sampling temperature as TRL's fused head
 //! does: the logits of prompts and tool output are never built.
 
+use std::sync::Arc;
+
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor};
 
 use super::batch::{Completion, Sequence};
 use super::pack::{pack, Packed};
+use holo_model::balance::Balance;
 use holo_model::head::column;
 use holo_model::model::RoutingDrift;
 use holo_model::{Model, Ops};
@@ -33,6 +36,9 @@ pub struct Head {
     /// Under routing replay (the sequences carry the sampler's routes): how often the trainer's own
     /// routers would have chosen other experts for the replayed tokens.
     pub routing: Option<RoutingDrift>,
+    /// For a mixture-of-experts model trained with the load-balancing loss: its value over the pass
+    /// (transformers' `aux_loss`, before `router_aux_loss_coef`).
+    pub balance: Option<f64>,
 }
 
 /// The final hidden states `[N, hidden]` of the positions that predict `packed`'s trained tokens, from
@@ -69,6 +75,10 @@ pub fn head(
             .routing
             .as_ref()
             .map(|routing| routing.drift()),
+        balance: match &packed.layout.balance {
+            Some(balance) => balance.value()?,
+            None => None,
+        },
     })
 }
 
@@ -131,24 +141,29 @@ pub fn final_hidden(model: &Model, packed: &Packed, ops: Ops) -> Result<Tensor> 
     model.forward_hidden_in(&packed.ids, &packed.layout, ops)
 }
 
-/// The gradients of `loss(head)` over `completions`' trained tokens (see [`head`]), with the whole graph
-/// kept or (`recompute`) one layer's at a time; returns the loss's value and the gradients.
+/// How a backward pass runs: with the whole graph kept or one layer's at a time, with the entropy's
+/// gradient or not, with the load-balancing loss or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pass {
+    /// Activation recomputation: one layer's graph alive at a time.
+    pub recompute: bool,
+    /// The entropies of [`Head`] carry their gradient (for an entropy bonus).
+    pub entropy_gradient: bool,
+    /// For a mixture-of-experts model, what the load-balancing loss is added to the loss with
+    /// (`router_aux_loss_coef` over the micro-batches it is summed over); 0 adds none.
+    pub balance: f64,
+}
+
+/// The gradients of `loss(head)` over `completions`' trained tokens (see [`head`]), plus the
+/// load-balancing loss where `pass` asks for it; returns the loss's value and the gradients.
 pub fn backward(
     model: &Model,
     completions: &[Completion],
     temperature: f64,
-    recompute: bool,
-    entropy_gradient: bool,
+    pass: Pass,
     loss: impl FnOnce(&Head) -> Result<Tensor>,
 ) -> Result<(Tensor, GradStore)> {
-    backward_sequences(
-        model,
-        &sequences(completions),
-        temperature,
-        recompute,
-        entropy_gradient,
-        loss,
-    )
+    backward_sequences(model, &sequences(completions), temperature, pass, loss)
 }
 
 /// [`backward`] over sequences.
@@ -156,11 +171,19 @@ pub fn backward_sequences(
     model: &Model,
     sequences: &[&Sequence],
     temperature: f64,
-    recompute: bool,
-    entropy_gradient: bool,
+    pass: Pass,
     loss: impl FnOnce(&Head) -> Result<Tensor>,
 ) -> Result<(Tensor, GradStore)> {
-    let packed = pack(sequences, model)?;
+    let Pass {
+        recompute,
+        entropy_gradient,
+        balance,
+    } = pass;
+    let mut packed = pack(sequences, model)?;
+    if balance != 0.0 && model.config.experts.is_some() {
+        // The model's pass adds it where it recomputes; with the graph kept, it is added below.
+        packed.layout.balance = Some(Arc::new(Balance::new(packed.holders.clone(), balance)));
+    }
     if packed.tokens == 0 {
         // Nothing trained in this micro-batch: no gradient, as TRL's zero loss gives.
         let zero = Tensor::zeros((), model.logits_dtype(), model.device())?;
@@ -178,13 +201,19 @@ pub fn backward_sequences(
         })
     } else {
         let hidden = final_hidden(model, &packed, Ops::Differentiable)?;
-        let value = loss(&head(
+        let mut value = loss(&head(
             model,
             &hidden,
             &packed,
             temperature,
             entropy_gradient,
         )?)?;
+        if let Some(balance) = &packed.layout.balance {
+            if let Some(weighted) = balance.weighted()? {
+                let dtype = value.dtype();
+                value = (value + weighted.to_dtype(dtype)?)?;
+            }
+        }
         let grads = value.backward()?;
         Ok((value.detach(), grads))
     }
@@ -221,11 +250,16 @@ mod tests {
                     .affine(0.3, -1.0)?;
             head.logprobs.mul(&weights)?.sum_all()? - (head.entropies.sum_all()? * 0.1)?
         };
+        let pass = |recompute| Pass {
+            recompute,
+            entropy_gradient: true,
+            balance: 0.0,
+        };
         for recompute in [false, true] {
             let (a, grads_a) =
-                backward_sequences(&whole, &sequences, 0.9, recompute, true, loss).unwrap();
+                backward_sequences(&whole, &sequences, 0.9, pass(recompute), loss).unwrap();
             let (b, grads_b) =
-                backward_sequences(&blocked, &sequences, 0.9, recompute, true, loss).unwrap();
+                backward_sequences(&blocked, &sequences, 0.9, pass(recompute), loss).unwrap();
             assert!(
                 max_difference(&a, &b) < 1e-12,
                 "recompute {recompute}: loss"

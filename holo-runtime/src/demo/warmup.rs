@@ -163,8 +163,14 @@ pub fn train(
         }
         let sequences: Vec<&Sequence> = sequences.iter().collect();
         let tokens = sequences.iter().map(|s| s.trained.len()).sum();
-        let micro = loss::micro_batch(&trained.model, &sequences, tokens, SftLossType::Nll, false)
-            .map_err(fail)?;
+        let micro = loss::micro_batch(
+            &trained.model,
+            &sequences,
+            tokens,
+            SftLossType::Nll,
+            Default::default(),
+        )
+        .map_err(fail)?;
         let mut grads = trained.no_grads();
         trained.accumulate(&mut grads, &micro.grads).map_err(fail)?;
         trained

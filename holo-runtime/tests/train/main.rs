@@ -6,6 +6,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(feature = "local")]
+mod balance;
 mod curriculum;
 mod erl;
 mod guard;

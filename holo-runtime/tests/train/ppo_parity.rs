@@ -204,7 +204,7 @@ fn losses_and_gradients_match_trl() {
                     returns: gather(&returns),
                     mask: vec![1.0; picked.iter().map(|&i| responses[i].len()).sum()],
                 };
-                let step = micro_step(&model, &critic, &config, &batch).unwrap();
+                let step = micro_step(&model, &critic, &config, 0.0, &batch).unwrap();
                 let stats: BTreeMap<&str, f64> = step.stats.iter().copied().collect();
                 let at = format!("{what}, rows {picked:?}");
                 // The policy loss averages `−A · ratio` over whitened advantages, whose terms cancel

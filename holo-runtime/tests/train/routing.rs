@@ -102,6 +102,12 @@ fn holo_train_replays_the_samplers_routes() {
     assert_eq!(steps.len(), 2, "routing/replay_differ at each step");
     for step in steps {
         assert_eq!(step["routing/replay_differ"].as_f64(), Some(0.0), "{step}");
+        // The load-balancing loss, added with the config's `router_aux_loss_coef` (0.001) as TRL
+        // adds it (3, the experts per token, when the routers spread tokens evenly).
+        let aux = step["aux_loss"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no aux_loss: {step}"));
+        assert!(aux.is_finite() && aux > 0.0, "{step}");
     }
 
     // A dense model has nothing to replay.
@@ -111,5 +117,44 @@ fn holo_train_replays_the_samplers_routes() {
     assert!(
         stderr.contains("`routing_replay`") && stderr.contains("no mixture of experts"),
         "{stderr}"
+    );
+}
+
+/// `router_aux_loss_coef` on a model without experts is refused before training, as TRL refuses it.
+#[test]
+fn a_load_balancing_coefficient_for_a_dense_model_is_refused() {
+    let work = Dir::new("balance-dense");
+    let data = work.path().join("rows.jsonl");
+    fs::write(
+        &data,
+        "{\"question\": \"What is 1+4?\", \"expected\": \"5\"}\n",
+    )
+    .unwrap();
+    let out = work.path().join("run");
+    let output = holo_command(&[
+        "train",
+        "hol/qa.hol",
+        "--model",
+        &fixture("qwen3"),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--max-steps",
+        "1",
+        "--router-aux-loss-coef",
+        "0.01",
+    ])
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("`router_aux_loss_coef`") && stderr.contains("not a mixture-of-experts"),
+        "{stderr}"
+    );
+    assert!(
+        !out.join("metrics.jsonl").exists(),
+        "refused before training"
     );
 }

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::balance::Balance;
 use crate::config::{Arch, ClampedSwiGlu};
 use crate::routing::Routing;
 
@@ -103,12 +104,14 @@ impl Mixture {
     }
 
     /// The output `[.., hidden]` for `xs` `[.., hidden]`: each token through its chosen experts (by the
-    /// router, or replayed from `routing`), which `routing` records.
+    /// router, or replayed from `routing`), which `routing` records. The router's probabilities and
+    /// own choice go to `balance`, if given.
     pub(crate) fn forward(
         &self,
         xs: &Tensor,
         ops: Ops,
         routing: Option<&Routing>,
+        balance: Option<&Balance>,
     ) -> Result<Tensor> {
         let hidden = xs.dim(D::Minus1)?;
         let flat = xs.reshape(((), hidden))?;
@@ -126,6 +129,15 @@ impl Mixture {
             false => softmax(&logits, ops)?,
         };
         let own = top_k(&scores.to_dtype(DType::F64)?.to_vec2::<f64>()?, k);
+        if let Some(balance) = balance {
+            // transformers' loss takes the softmax over every expert, gpt-oss's included, and the
+            // top-k of it: the order of the logits, so `own` is that choice for both.
+            let probabilities = match self.softmax_over_chosen {
+                true => softmax(&logits, ops)?,
+                false => scores.clone(),
+            };
+            balance.observe(self.layer, &probabilities, &own, k)?;
+        }
         let chosen = match routing {
             Some(routing) => routing.choose(self.layer, own, k)?,
             None => own,

@@ -1,6 +1,7 @@
 //! A decoder layer: its norms by role, attention, the MLP and the residuals.
 
 use super::*;
+use crate::balance::Balance;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -92,10 +93,11 @@ impl FeedForward {
         xs: &Tensor,
         ops: Ops,
         routing: Option<&Routing>,
+        balance: Option<&Balance>,
     ) -> Result<Tensor> {
         match self {
             FeedForward::Dense(mlp) => mlp.forward(xs, ops),
-            FeedForward::Experts(mixture) => mixture.forward(xs, ops, routing),
+            FeedForward::Experts(mixture) => mixture.forward(xs, ops, routing, balance),
         }
     }
 
@@ -311,24 +313,31 @@ impl DecoderLayer {
             )?,
             Mixer::Linear(linear) => linear.forward(&normed, frame.real()?, cache, ops)?,
         };
-        self.finish(xs, &mixed, ops, frame.routing.as_deref())
+        self.finish(
+            xs,
+            &mixed,
+            ops,
+            frame.routing.as_deref(),
+            frame.balance.as_deref(),
+        )
     }
 
     /// The rest of the layer after attention: `attended` (after `o_proj`) normalised where the family
     /// does, added to the input `xs`, then the MLP (experts routed by `routing`, if given) and its
-    /// residual.
+    /// residual; a mixture's router probabilities go to `balance`, if given.
     pub(crate) fn finish(
         &self,
         xs: &Tensor,
         attended: &Tensor,
         ops: Ops,
         routing: Option<&Routing>,
+        balance: Option<&Balance>,
     ) -> Result<Tensor> {
         let norms = self.norms();
         let xs = (xs + norm(norms.attention_output, attended, ops)?)?;
         let mlp = self
             .mlp
-            .forward(&norm(norms.mlp_input, &xs, ops)?, ops, routing)?;
+            .forward(&norm(norms.mlp_input, &xs, ops)?, ops, routing, balance)?;
         xs + norm(norms.mlp_output, &mlp, ops)?
     }
 }

@@ -591,7 +591,7 @@ impl Model {
                     linear.output(&Tensor::cat(&cores, 0)?, &projected[1], ops)?
                 }
             };
-            xs = layer.finish(&xs, &mixed, ops, routing)?;
+            xs = layer.finish(&xs, &mixed, ops, routing, None)?;
         }
         let xs = self.norm.forward(&xs, ops)?;
         let mut offset = 0;
@@ -732,6 +732,7 @@ impl Model {
             mask,
             real,
             routing: None,
+            balance: None,
             windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
@@ -753,6 +754,7 @@ impl Model {
         )?;
         Ok(Frame {
             routing: layout.routing.clone(),
+            balance: layout.balance.clone(),
             ..frame
         })
     }
@@ -840,6 +842,8 @@ pub(crate) struct Frame {
     /// How the mixture layers route, and where they record it ([`Layout::routing`]); `None` routes by
     /// the routers without a record.
     pub(crate) routing: Option<std::sync::Arc<Routing>>,
+    /// Where the mixture layers leave their share of the load-balancing loss ([`Layout::balance`]).
+    pub(crate) balance: Option<std::sync::Arc<crate::balance::Balance>>,
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
     /// The windowed layers' tables, when their RoPE is their own.

@@ -148,7 +148,13 @@ pub(crate) fn update(
                     .critic
                     .as_ref()
                     .expect("a PPO run's Trainable has a value model");
-                let step = micro_step(&trained.model, critic, config, &batch)?;
+                let step = micro_step(
+                    &trained.model,
+                    critic,
+                    config,
+                    trained.router_aux_loss_coef,
+                    &batch,
+                )?;
                 trained.accumulate(&mut grads, &step.policy_grads)?;
                 trained.accumulate(&mut grads, &step.value_grads)?;
                 losses.push(step.loss);
@@ -304,11 +310,13 @@ pub struct MicroStep {
 }
 
 /// The gradients of `(pg_loss + vf_coef · vf_loss) / gradient_accumulation_steps` of `batch` for the
-/// policy `model` and the value model `critic` (two backward passes: the two losses share no weight).
+/// policy `model` and the value model `critic` (two backward passes: the two losses share no weight),
+/// the policy's with a mixture-of-experts model's load-balancing loss times `router_aux_loss_coef`.
 pub fn micro_step(
     model: &Model,
     critic: &Critic,
     config: &GrpoConfig,
+    router_aux_loss_coef: f64,
     batch: &MicroBatch<'_>,
 ) -> candle_core::Result<MicroStep> {
     let device = model.device();
@@ -324,13 +332,13 @@ pub fn micro_step(
     };
     let scale = 1.0 / config.training.gradient_accumulation_steps as f64;
     let mut stats = Vec::new();
-    let (policy_value, policy_grads) = score::backward_sequences(
-        model,
-        &batch.sequences,
-        config.temperature,
-        config.gradient_checkpointing,
-        false,
-        |head| {
+    let pass = score::Pass {
+        recompute: config.gradient_checkpointing,
+        entropy_gradient: false,
+        balance: router_aux_loss_coef * scale,
+    };
+    let (policy_value, policy_grads) =
+        score::backward_sequences(model, &batch.sequences, config.temperature, pass, |head| {
             let policy = loss::policy_loss(
                 &head.logprobs,
                 &old_logprobs,
@@ -349,8 +357,7 @@ pub fn micro_step(
                 ("val/ratio", policy.ratio),
             ]);
             policy.loss * scale
-        },
-    )?;
+        })?;
     let (value_value, value_grads) =
         critic.backward(&batch.sequences, config.gradient_checkpointing, |values| {
             let value =

@@ -4,7 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{error, shared_allowed_values, ConfigError, TrainingArguments, TrainingConfig};
+use crate::config::{
+    check_router_aux_loss_coef, error, shared_allowed_values, ConfigError, TrainingArguments,
+    TrainingConfig,
+};
 
 /// Which end of a sequence longer than `max_length` is kept (TRL's `truncation_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +43,11 @@ pub struct SftConfig {
     // --- Batches ---
     /// Activation recomputation: one layer's activations alive at a time in the backward pass.
     pub gradient_checkpointing: bool,
+    /// The load-balancing loss of a mixture-of-experts model (transformers' `aux_loss`), added to the
+    /// loss with this weight, divided by the micro-batches of a step, as TRL adds it
+    /// (`router_aux_loss_coef`). Unset takes the model config's `router_aux_loss_coef` (0.001 for
+    /// Qwen3-MoE and gpt-oss); 0 adds none; set on a model without experts, the run is refused.
+    pub router_aux_loss_coef: Option<f64>,
 
     // --- The data ---
     /// The most tokens of an example (longer ones are cut); unset keeps every token.
@@ -78,6 +86,7 @@ impl Default for SftConfig {
             training: sft_training_defaults(),
             data_seed: None,
             gradient_checkpointing: false,
+            router_aux_loss_coef: None,
             max_length: Some(1024),
             truncation_mode: TruncationMode::KeepStart,
             completion_only_loss: None,
@@ -104,6 +113,7 @@ impl TrainingConfig for SftConfig {
         "completion_only_loss",
         "eos_token",
         "lora_target_modules",
+        "router_aux_loss_coef",
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
@@ -122,6 +132,7 @@ impl TrainingConfig for SftConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.training.validate()?;
+        check_router_aux_loss_coef(self.router_aux_loss_coef)?;
         if self.max_length == Some(0) {
             return Err(error(
                 "max_length",
@@ -139,6 +150,10 @@ impl TrainingConfig for SftConfig {
 
     fn training(&self) -> &TrainingArguments {
         &self.training
+    }
+
+    fn router_aux_loss_coef(&self) -> Option<f64> {
+        self.router_aux_loss_coef
     }
 }
 

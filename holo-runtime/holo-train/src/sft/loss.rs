@@ -24,33 +24,35 @@ pub struct MicroBatch {
     pub metrics: BTreeMap<String, f64>,
 }
 
-/// The loss of `sequences` (one micro-batch) and its gradients, with the whole graph kept or
-/// (`recompute`) one layer's at a time.
+/// The loss of `sequences` (one micro-batch) and its gradients, the backward run as `pass` says (the
+/// load-balancing loss of a mixture-of-experts model added there).
 pub fn micro_batch(
     model: &Model,
     sequences: &[&Sequence],
     num_items_in_batch: usize,
     loss_type: SftLossType,
-    recompute: bool,
+    pass: score::Pass,
 ) -> candle_core::Result<MicroBatch> {
     let mut metrics = BTreeMap::from([
         ("entropy".to_string(), 0.0),
         ("mean_token_accuracy".to_string(), 0.0),
     ]);
-    let (value, grads) =
-        score::backward_sequences(model, sequences, 1.0, recompute, false, |head| {
-            let nll = head.logprobs.neg()?;
-            let per_token = match loss_type {
-                SftLossType::Nll => nll,
-                SftLossType::Dft => (nll * head.logprobs.exp()?.detach())?,
-            };
-            let scalar = |tensor: Tensor| -> candle_core::Result<f64> {
-                tensor.to_dtype(DType::F64)?.to_scalar::<f64>()
-            };
-            metrics.insert("entropy".into(), scalar(head.entropies.mean_all()?)?);
-            metrics.insert("mean_token_accuracy".into(), scalar(head.top1.mean_all()?)?);
-            per_token.sum_all()? / num_items_in_batch.max(1) as f64
-        })?;
+    let (value, grads) = score::backward_sequences(model, sequences, 1.0, pass, |head| {
+        let nll = head.logprobs.neg()?;
+        let per_token = match loss_type {
+            SftLossType::Nll => nll,
+            SftLossType::Dft => (nll * head.logprobs.exp()?.detach())?,
+        };
+        let scalar = |tensor: Tensor| -> candle_core::Result<f64> {
+            tensor.to_dtype(DType::F64)?.to_scalar::<f64>()
+        };
+        metrics.insert("entropy".into(), scalar(head.entropies.mean_all()?)?);
+        metrics.insert("mean_token_accuracy".into(), scalar(head.top1.mean_all()?)?);
+        if let Some(balance) = head.balance {
+            metrics.insert("aux_loss".into(), balance);
+        }
+        per_token.sum_all()? / num_items_in_batch.max(1) as f64
+    })?;
     let loss = value.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     Ok(MicroBatch {
         loss,

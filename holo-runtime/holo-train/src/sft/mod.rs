@@ -35,6 +35,7 @@ use super::batch::Sequence;
 use super::checkpoint::RunDir;
 use super::config::TrainingConfig;
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
+use super::score;
 
 /// Seed salts (the GRPO trainer's), so that data order and dropout draw independent streams.
 const DATA: u64 = 1;
@@ -168,12 +169,18 @@ impl SftTrainer {
                 self.trained.model.set_dropout_seed(
                     mix(mix(config.training.seed ^ DROPOUT) ^ state.micro_step) | 1,
                 );
+                let pass = score::Pass {
+                    recompute: config.gradient_checkpointing,
+                    entropy_gradient: false,
+                    // TRL averages the auxiliary loss over the step's micro-batches.
+                    balance: self.trained.router_aux_loss_coef / batches.len() as f64,
+                };
                 let micro = loss::micro_batch(
                     &self.trained.model,
                     batch,
                     num_items_in_batch,
                     config.loss_type,
-                    config.gradient_checkpointing,
+                    pass,
                 )?;
                 window.loss += micro.loss;
                 window.extend(micro.metrics);

@@ -141,12 +141,18 @@ impl Local {
         let second_tokens: usize = second.iter().map(Completion::len).sum();
         let correction = self.corrects_sampler(config);
         let mut metrics = BTreeMap::new();
+        let pass = score::Pass {
+            recompute: config.gradient_checkpointing,
+            entropy_gradient: config.entropy_coef != 0.0,
+            // TRL divides the auxiliary loss by the accumulation steps, as the policy loss is scaled.
+            balance: self.trained.router_aux_loss_coef
+                / config.training.gradient_accumulation_steps as f64,
+        };
         let (value, grads) = score::backward(
             &self.trained.model,
             &completions,
             config.temperature,
-            config.gradient_checkpointing,
-            config.entropy_coef != 0.0,
+            pass,
             |head| {
                 let mut total: Option<Tensor> = None;
                 for (part, offset, tokens, items, weight, prefix) in [
@@ -188,6 +194,9 @@ impl Local {
                 }
                 if let Some(drift) = head.routing {
                     metrics.insert("routing/replay_differ".into(), drift.fraction());
+                }
+                if let Some(balance) = head.balance {
+                    metrics.insert("aux_loss".into(), balance);
                 }
                 match total {
                     Some(total) => Ok(total),
