@@ -164,6 +164,7 @@ holowares! {
     ok_body_starts_with_anything => "../holoc/tests/inputs/ok/body_starts_with_anything.hol",
     ok_byte_order_mark => "../holoc/tests/inputs/ok/byte_order_mark.hol",
     ok_carriage_return_at_eof => "../holoc/tests/inputs/ok/carriage_return_at_eof.hol",
+    ok_context_template_arguments => "../holoc/tests/inputs/ok/context_template_arguments.hol",
     ok_contexts => "../holoc/tests/inputs/ok/contexts.hol",
     ok_crlf => "../holoc/tests/inputs/ok/crlf.hol",
     ok_empty => "../holoc/tests/inputs/ok/empty.hol",

@@ -16,7 +16,7 @@
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
-use crate::ir::{ArgValue, HolotypeInstance, OpKind, Program, Role, Source};
+use crate::ir::{ArgValue, HolotypeInstance, OpKind, Program, Role, Source, TemplateValue};
 use crate::span;
 
 /// How to emit one holoware.
@@ -573,11 +573,36 @@ impl Generator<'_> {
         let next = self.next_state(index);
         let location = self.location(at);
         let body = match op {
-            OpKind::Context { trained } => quote! {
+            OpKind::Context { trained, template } if template.is_empty() => quote! {
                 recorder.begin_context(#trained);
                 self.role = ::core::option::Option::None;
                 self.state = #next;
             },
+            OpKind::Context { trained, template } => {
+                let arguments = template.iter().map(|argument| {
+                    let name = &argument.name;
+                    let value = match &argument.value {
+                        TemplateValue::Bool(value) => {
+                            quote! { ::holo_runtime::TemplateArg::Bool(#value) }
+                        }
+                        TemplateValue::Number(value) => {
+                            quote! { ::holo_runtime::TemplateArg::Number(#value) }
+                        }
+                        TemplateValue::Text(text) => {
+                            quote! { ::holo_runtime::TemplateArg::Text(#text) }
+                        }
+                    };
+                    quote! { (#name, #value) }
+                });
+                quote! {
+                    recorder.begin_context(#trained);
+                    recorder
+                        .template_arguments(&[#(#arguments),*])
+                        .map_err(|error| ::holo_runtime::RolloutError::Template { location: #location, error })?;
+                    self.role = ::core::option::Option::None;
+                    self.state = #next;
+                }
+            }
             OpKind::Role { role } => {
                 let role = role_tokens(*role);
                 quote! {
@@ -726,8 +751,8 @@ fn arg_value(value: &ArgValue) -> TokenStream {
 /// One line on an op, for the `State` docs.
 fn describe(op: &OpKind, program: &Program) -> String {
     match op {
-        OpKind::Context { trained: true } => "start a trained context".to_string(),
-        OpKind::Context { trained: false } => "start an untrained context".to_string(),
+        OpKind::Context { trained: true, .. } => "start a trained context".to_string(),
+        OpKind::Context { trained: false, .. } => "start an untrained context".to_string(),
         OpKind::Role { role } => format!("start a {} message", role.name()),
         OpKind::Text { text } => {
             let shown: String = text.chars().take(40).collect();

@@ -177,9 +177,11 @@ codes! {
         "Each argument may be given once per tag, except a sampler's `stop`, which may be repeated to give \
          several stop strings.";
     UnexpectedArguments = "H0018", Error, "this tag takes no arguments",
-        "Context markers (`+++`, `===` and its aliases), role switches (`o_o`, `x_x` and a bare `@_@`), \
-         closing tags and variables take no arguments. Arguments on `@_@` make it a sampler; a binding, a \
-         fence or generation arguments on `o_o` or `x_x` are H0010.";
+        "Role switches (`o_o`, `x_x` and a bare `@_@`), closing tags and variables take no arguments. \
+         Arguments on `@_@` make it a sampler; a binding, a fence or generation arguments on `o_o` or \
+         `x_x` are H0010. Context markers (`+++`, `===` and its aliases) take only the chat template's \
+         arguments for their context, `name=value` with a finite number, `true`/`false` or text \
+         (`<|+++ enable_thinking=false|>`): a bare value or a fence on one is H0018.";
     InvalidVariable = "H0019", Error, "invalid variable name",
         "A variable name is an identifier that starts with a lowercase letter or `_`. Names that start with \
          an uppercase letter are holotypes.";

@@ -85,11 +85,42 @@ pub struct Op {
     pub span: Span,
 }
 
+/// A chat template argument of a context (transformers' `apply_chat_template(**kwargs)`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateArgument {
+    pub name: String,
+    pub value: TemplateValue,
+}
+
+/// A template argument's value: `true`/`false`, a number, or text (a quoted string or another word).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TemplateValue {
+    Bool(bool),
+    Number(f64),
+    Text(String),
+}
+
+impl std::fmt::Display for TemplateValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateValue::Bool(value) => write!(f, "{value}"),
+            TemplateValue::Number(value) => write!(f, "{value}"),
+            TemplateValue::Text(text) => write!(f, "{text:?}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum OpKind {
-    /// Start a new context; trained contexts contribute their sampled tokens to the loss.
-    Context { trained: bool },
+    /// Start a new context; trained contexts contribute their sampled tokens to the loss. `template`:
+    /// the chat template's arguments for this context (`<|+++ enable_thinking=false|>`), as written.
+    Context {
+        trained: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        template: Vec<TemplateArgument>,
+    },
     /// Start a new message of `role`.
     Role { role: Role },
     /// Append literal text to the current message.
@@ -157,11 +188,17 @@ impl fmt::Display for Program {
             let at = format!("{}:{}", op.span.start.line, op.span.start.col);
             write!(f, "{index:>4} {at:>7}  ")?;
             match &op.kind {
-                OpKind::Context { trained } => writeln!(
-                    f,
-                    "context {}",
-                    if *trained { "trained" } else { "untrained" }
-                )?,
+                OpKind::Context { trained, template } => {
+                    let arguments: String = template
+                        .iter()
+                        .map(|argument| format!(" {}={}", argument.name, argument.value))
+                        .collect();
+                    writeln!(
+                        f,
+                        "context {}{arguments}",
+                        if *trained { "trained" } else { "untrained" }
+                    )?
+                }
                 OpKind::Role { role } => writeln!(f, "role {}", role.name())?,
                 OpKind::Text { text } => writeln!(f, "text {text:?}")?,
                 OpKind::Insert { alternatives } => {

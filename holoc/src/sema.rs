@@ -11,6 +11,7 @@ use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
     ArgValue, Binding, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
+    TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
@@ -236,7 +237,13 @@ impl Lowering<'_> {
                 start: span.start,
                 end: span.start,
             };
-            self.push(OpKind::Context { trained: true }, at);
+            self.push(
+                OpKind::Context {
+                    trained: true,
+                    template: Vec::new(),
+                },
+                at,
+            );
         }
     }
 
@@ -293,16 +300,13 @@ impl Lowering<'_> {
     fn tag(&mut self, tag: &Tag, span: Span) {
         match &tag.head {
             Head::Context(marker) => {
-                self.no_arguments(
-                    tag,
-                    "a context marker",
-                    &format!("<|{}|>", marker.node.marker),
-                );
+                let template = self.template_arguments(tag, marker.node.marker);
                 self.in_context = true;
                 self.role = Some(Role::System);
                 self.boundary(
                     OpKind::Context {
                         trained: marker.node.trained(),
+                        template,
                     },
                     span,
                 );
@@ -312,6 +316,63 @@ impl Lowering<'_> {
             Head::Value(alternatives) => self.insert(tag, alternatives, span),
             Head::Close(_) => unreachable!("the parser attaches closing tags to bodies"),
         }
+    }
+
+    /// A context marker's arguments: the chat template's, `name=value` each, once each.
+    fn template_arguments(&mut self, tag: &Tag, marker: &str) -> Vec<TemplateArgument> {
+        let mut arguments = Vec::new();
+        let mut seen: HashMap<String, Span> = HashMap::new();
+        for arg in &tag.args {
+            let Arg::Keyword { name, value } = &arg.node else {
+                self.error(
+                    Diagnostic::new(
+                        Code::UnexpectedArguments,
+                        "a context marker takes only chat template arguments",
+                        arg.span,
+                        "not `name=value`",
+                    )
+                    .with_help(format!(
+                        "write `<|{marker} enable_thinking=false|>`, or `<|{marker}|>`"
+                    )),
+                );
+                continue;
+            };
+            if let Some(first) = seen.insert(name.node.clone(), name.span) {
+                self.error(
+                    Diagnostic::new(
+                        Code::DuplicateArgument,
+                        format!("`{}` is given twice", name.node),
+                        name.span,
+                        "given again here",
+                    )
+                    .with_secondary(first, "first given here")
+                    .with_help("keep one of them"),
+                );
+                continue;
+            }
+            let value = match &value.node {
+                Value::Word(word) if word == "true" => TemplateValue::Bool(true),
+                Value::Word(word) if word == "false" => TemplateValue::Bool(false),
+                Value::Number(number) => match number.parse::<f64>() {
+                    Ok(number) if number.is_finite() => TemplateValue::Number(number),
+                    _ => {
+                        self.error(Diagnostic::new(
+                            Code::UnexpectedArguments,
+                            format!("`{number}` is not a finite number"),
+                            value.span,
+                            "a template argument's number",
+                        ));
+                        continue;
+                    }
+                },
+                Value::Word(text) | Value::Str(text) => TemplateValue::Text(text.clone()),
+            };
+            arguments.push(TemplateArgument {
+                name: name.node.clone(),
+                value,
+            });
+        }
+        arguments
     }
 
     fn no_arguments(&mut self, tag: &Tag, what: &str, written: &str) {

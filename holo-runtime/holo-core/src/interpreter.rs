@@ -9,12 +9,14 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use holoc::ir::{OpKind, Program, Source};
+use holoc::ir::{OpKind, Program, Source, TemplateValue};
 use holoc::report::SourceFile;
 use holoc::Options;
 
 use crate::holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
-use crate::machine::{Completion, Recorder, Rollout, RolloutError, SampleRequest, Step};
+use crate::machine::{
+    Completion, Recorder, Rollout, RolloutError, SampleRequest, Step, TemplateArg,
+};
 use crate::resources::Resources;
 use crate::Role;
 
@@ -628,8 +630,27 @@ impl Rollout for Interpreter {
         while let Some(op) = ops.get(self.pc) {
             let next = self.pc + 1;
             match &op.kind {
-                OpKind::Context { trained } => {
+                OpKind::Context { trained, template } => {
                     recorder.begin_context(*trained);
+                    if !template.is_empty() {
+                        let arguments: Vec<(&str, TemplateArg<'_>)> = template
+                            .iter()
+                            .map(|argument| {
+                                let value = match &argument.value {
+                                    TemplateValue::Bool(value) => TemplateArg::Bool(*value),
+                                    TemplateValue::Number(value) => TemplateArg::Number(*value),
+                                    TemplateValue::Text(text) => TemplateArg::Text(text),
+                                };
+                                (argument.name.as_str(), value)
+                            })
+                            .collect();
+                        recorder.template_arguments(&arguments).map_err(|error| {
+                            RolloutError::Template {
+                                location: holoware.locations[self.pc],
+                                error,
+                            }
+                        })?;
+                    }
                     self.role = None;
                     self.pc = next;
                 }

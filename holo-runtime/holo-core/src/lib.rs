@@ -38,7 +38,7 @@ pub use holo_sandbox as sandbox;
 pub use holoc::ir::{ArgValue, Role};
 pub use holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 pub use machine::{
-    Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step,
+    Completion, Finish, Machine, Recorder, Rollout, RolloutError, SampleRequest, Step, TemplateArg,
 };
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;

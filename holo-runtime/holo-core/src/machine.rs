@@ -97,11 +97,28 @@ pub enum Finish {
     Length,
 }
 
+/// A chat template argument's value, as a context marker gives it (`<|+++ enable_thinking=false|>`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TemplateArg<'a> {
+    Bool(bool),
+    Number(f64),
+    Text(&'a str),
+}
+
 /// Receives what a rollout produces, in order. The runtime's holophore implements it in token space;
 /// [`crate::Transcript`] keeps it as text.
 pub trait Recorder {
     /// A new context starts; `trained` contexts contribute their sampled tokens to the loss.
     fn begin_context(&mut self, trained: bool);
+    /// The chat template's arguments for the context just begun (its marker's, `enable_thinking=false`),
+    /// over the run's own (`chat_template_kwargs`): called right after [`Recorder::begin_context`] when
+    /// the marker has some. An error says why they cannot be applied (a sampler of chat messages, which
+    /// this recorder renders no template for), and fails the rollout. A recorder that renders no
+    /// template and sends none (a transcript) has nothing to apply them to.
+    fn template_arguments(&mut self, arguments: &[(&str, TemplateArg<'_>)]) -> Result<(), String> {
+        let _ = arguments;
+        Ok(())
+    }
     /// Content from now on goes to a new message of `role`. A message that receives no content before
     /// the next `begin_message` or `begin_context` is not part of the rollout (for example the user turn
     /// a tool loop opens after the model has answered), so a recorder creates it on its first content.
@@ -192,6 +209,11 @@ pub enum RolloutError {
     },
     /// `step` was called while a completion was awaited, or `resume` without a pending request.
     Protocol(&'static str),
+    /// A context's chat template arguments could not be applied ([`Recorder::template_arguments`]).
+    Template {
+        location: &'static str,
+        error: String,
+    },
 }
 
 impl fmt::Display for RolloutError {
@@ -207,6 +229,12 @@ impl fmt::Display for RolloutError {
                 alternatives.join("|")
             ),
             RolloutError::Protocol(message) => write!(f, "machine protocol: {message}"),
+            RolloutError::Template { location, error } => {
+                write!(
+                    f,
+                    "{location}: the context's chat template arguments: {error}"
+                )
+            }
         }
     }
 }

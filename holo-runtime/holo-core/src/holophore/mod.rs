@@ -110,11 +110,14 @@ use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
-use crate::machine::{feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder};
+use crate::machine::{
+    feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder, TemplateArg,
+};
 use crate::sampler::ChatMessage;
 use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;
 
+mod arguments;
 mod tools;
 
 pub use crate::tools::ToolTurn;
@@ -367,6 +370,9 @@ pub struct Holophore {
     errors: Vec<String>,
     /// The format of the native tool calls offered ([`Recorder::offer_tools`]), if any.
     tool_format: Option<ToolFormat>,
+    /// While a context renders with template arguments of its own ([`Recorder::template_arguments`]):
+    /// the run's rendering and frames, which the next context goes back to.
+    restore: Option<(Arc<Rendering>, Option<Arc<Frames>>)>,
 }
 
 impl fmt::Debug for Holophore {
@@ -703,6 +709,7 @@ impl Holophore {
             feedback: Vec::new(),
             errors: Vec::new(),
             tool_format: None,
+            restore: None,
         })
     }
 
@@ -747,6 +754,7 @@ impl Holophore {
             feedback: Vec::new(),
             errors: Vec::new(),
             tool_format: None,
+            restore: None,
         }
     }
 
@@ -1080,6 +1088,7 @@ impl Holophore {
 impl Recorder for Holophore {
     fn begin_context(&mut self, trained: bool) {
         self.close_context();
+        self.restore_rendering();
         self.pending = None;
         self.contexts.push(Context::new(trained, self.sources, 0));
         self.sources += 1;
@@ -1169,6 +1178,10 @@ impl Recorder for Holophore {
             trainable: context.trained,
             logprobs,
         });
+    }
+
+    fn template_arguments(&mut self, arguments: &[(&str, TemplateArg<'_>)]) -> Result<(), String> {
+        self.apply_template_arguments(arguments)
     }
 
     fn offer_tools(

@@ -97,7 +97,13 @@ impl Holophore {
             );
         }
         let header = self.assistant_header();
-        let tools = tools.iter().map(template_value).collect();
+        let tools: Vec<minijinja::Value> = tools.iter().map(template_value).collect();
+        // Tools stay from now on: a context with template arguments of its own goes back to the run's
+        // rendering with them too.
+        if let Some((rendering, frames)) = &mut self.restore {
+            *rendering = Arc::new(rendering.with_tools(tools.clone(), header.clone()));
+            *frames = None;
+        }
         self.rendering = Arc::new(self.rendering.with_tools(tools, header));
         self.frames = None;
         if let Some(context) = self.contexts.last_mut().filter(|context| !context.closed) {

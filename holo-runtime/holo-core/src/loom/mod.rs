@@ -159,7 +159,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::holophore::Holophore;
 use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::{Holoware, Row};
-use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step};
+use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step, TemplateArg};
 use crate::resources::Resources;
 use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
 use crate::tools::{ToolFormat, ToolReply};
@@ -963,6 +963,20 @@ impl Recorder for Prompted {
         if let Some(holophore) = &mut self.holophore {
             holophore.begin_context(trained);
         }
+    }
+
+    /// A context's own template arguments need the model's chat template and token prompts: a
+    /// sampler of chat messages renders with the server's.
+    fn template_arguments(&mut self, arguments: &[(&str, TemplateArg<'_>)]) -> Result<(), String> {
+        let Some(holophore) = &mut self.holophore else {
+            return Err(
+                "chat template arguments on a context need the model's chat template and \
+                 token prompts: this sampler takes chat messages, rendered by the server with its \
+                 own arguments (give them to the server, e.g. vLLM's `chat_template_kwargs`)"
+                    .into(),
+            );
+        };
+        holophore.template_arguments(arguments)
     }
 
     fn begin_message(&mut self, role: Role) {

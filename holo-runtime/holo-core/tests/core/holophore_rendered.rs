@@ -481,3 +481,109 @@ fn the_loom_records_each_split_context_as_the_model_saw_it() {
     assert!(!record.contexts[1].messages[2].parts[0].sampled);
     assert_eq!(record.sampled().collect::<Vec<_>>(), replies);
 }
+
+/// The Loom with the Qwen3 folder of [`the_loom_records_each_split_context_as_the_model_saw_it`] on
+/// `source`, sampled by the tokenized scripted sampler with `replies`: the requests it saw, and the
+/// record.
+fn loom_on(
+    source: &str,
+    replies: &[&str],
+    tokens: bool,
+) -> (Vec<(holo_core::Request, Completion)>, RolloutRecord) {
+    let dir = Dir::new("qwen3-arguments");
+    tokenizer("qwen3")
+        .save(dir.join("tokenizer.json"), false)
+        .unwrap();
+    std::fs::copy(
+        fixtures().join("chat/models/qwen3/tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let hol = dir.join("contexts.hol");
+    std::fs::write(&hol, source).unwrap();
+    let holophore = Holophore::from_dir(dir.path()).unwrap();
+    let holoware = Arc::new(Holoware::open(&hol, Arc::new(holotypes::registry())).unwrap());
+    let config = LoomConfig {
+        rollouts_per_row: 1,
+        timing: false,
+        ..LoomConfig::default()
+    };
+    let mut loom = Loom::interpreted(holoware, Resources::default(), config);
+    let scripted = Scripted::new(replies.iter().copied());
+    let sampler = Recording {
+        inner: if tokens {
+            loom = loom.with_holophore(holophore.fork());
+            scripted.tokenized(&holophore)
+        } else {
+            scripted
+        },
+        seen: Mutex::new(Vec::new()),
+    };
+    let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
+    let mut records: Vec<RolloutRecord> = Vec::new();
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
+        .unwrap();
+    (sampler.seen.into_inner().unwrap(), records.remove(0))
+}
+
+/// A context marker's template arguments (`<|+++ enable_thinking=false|>`) render that context as
+/// transformers renders the conversation with them; the next context, without arguments, renders
+/// with the run's (thinking on: no empty think block).
+#[test]
+fn a_context_markers_template_arguments_render_that_context() {
+    let source = "<|+++ enable_thinking=false|>\n<|x_x|>\nYou are a helpful assistant.\n\n<|o_o|>\n<|question|>\n\n<|@_@:first|>\n\n<|o_o|>\nAnd 3+3?\n\n<|@_@:second|>\n\n<|+++|>\n<|x_x|>\nYou are a helpful assistant.\n\n<|o_o|>\n<|question|>\n\n<|@_@:third|>\n";
+    let (seen, record) = loom_on(source, &["4", "6", "<think>\nAdd.\n</think>\n\n4"], true);
+    assert!(record.error.is_none(), "{:?}", record.error);
+    assert_eq!(seen.len(), 3);
+    let tok = tokenizer("qwen3");
+    let prompt = |i: usize| -> Vec<u32> {
+        let Prompt::Tokens(prompt) = &seen[i].0.prompt else {
+            panic!("a token prompt")
+        };
+        prompt.clone()
+    };
+    assert!(tok
+        .decode(&prompt(0), false)
+        .unwrap()
+        .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert_eq!(
+        prompt(1),
+        encode(&tok, &expected("qwen3", "no_thinking_multi_turn"))
+    );
+    let third = tok.decode(&prompt(2), false).unwrap();
+    assert!(
+        third.ends_with("<|im_start|>assistant\n") && !third.contains("</think>"),
+        "{third:?}"
+    );
+    // Each context trains on what it sampled: the first context's two turns split where Qwen3 drops
+    // the earlier empty think block, then the third context.
+    assert_eq!(record.contexts.len(), 3);
+    for (context, (request, completion)) in record.contexts.iter().zip(&seen) {
+        let Prompt::Tokens(fed) = &request.prompt else {
+            unreachable!()
+        };
+        let tokens = context.tokens.as_ref().expect("token records");
+        assert_eq!(tokens.ids[..fed.len()], fed[..]);
+        assert_eq!(
+            tokens.ids[fed.len()..fed.len() + completion.tokens.len()],
+            completion.tokens[..]
+        );
+    }
+}
+
+/// With a sampler of chat messages there is no template here to give the arguments to: the rollout
+/// fails at the marker, naming it, rather than sampling without them.
+#[test]
+fn template_arguments_with_a_chat_sampler_fail_the_rollout() {
+    let source = "<|+++ enable_thinking=false|>\n<|o_o|>\n<|question|>\n\n<|@_@:answer|>\n";
+    let (seen, record) = loom_on(source, &["4"], false);
+    assert!(seen.is_empty(), "nothing is sampled");
+    let error = record.error.expect("the rollout fails").message;
+    assert!(
+        error.contains("contexts.hol:1:1") && error.contains("chat template arguments"),
+        "{error}"
+    );
+}
