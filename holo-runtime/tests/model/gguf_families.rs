@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 
 use crate::common::json::max_diff;
 use crate::common::logits::sequence_logits;
-use candle_core::quantized::gguf_file;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::{LocalModel, LocalOptions, RopeScaling};
+use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::model::Weight;
+use holo_runtime::local::{LocalModel, LocalOptions, Model, RopeScaling};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -113,42 +115,97 @@ fn phi3_olmo3_and_smollm3_ggufs_are_their_folders_models() {
     }
 }
 
-#[test]
-fn an_olmo3_gguf_without_its_window_pattern_is_refused_by_key() {
-    let source = fixture("gguf/olmo3.gguf");
-    let mut reader = std::fs::File::open(&source).unwrap();
+/// `source` written again into `out` with the metadata `dropped` left out and the two-dimensional
+/// tensors in `matrices`.
+fn rewrite(source: &Path, out: &Path, dropped: &str, matrices: GgmlDType) {
+    let mut reader = std::fs::File::open(source).unwrap();
     let content = gguf_file::Content::read(&mut reader).unwrap();
     let metadata: Vec<(&str, &gguf_file::Value)> = content
         .metadata
         .iter()
-        .filter(|(key, _)| *key != "olmo2.attention.sliding_window_pattern")
+        .filter(|(key, _)| *key != dropped)
         .map(|(key, value)| (key.as_str(), value))
         .collect();
-    let tensors: Vec<(String, candle_core::quantized::QTensor)> = content
+    let tensors: Vec<(String, QTensor)> = content
         .tensor_infos
         .keys()
         .map(|name| {
             let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            let tensor = match tensor.shape().rank() {
+                2 => {
+                    QTensor::quantize(&tensor.dequantize(&Device::Cpu).unwrap(), matrices).unwrap()
+                }
+                _ => tensor,
+            };
             (name.clone(), tensor)
         })
         .collect();
-    let tensors: Vec<(&str, &candle_core::quantized::QTensor)> = tensors
+    let tensors: Vec<(&str, &QTensor)> = tensors
         .iter()
         .map(|(name, tensor)| (name.as_str(), tensor))
         .collect();
-    let scratch = crate::common::tempdir::Dir::new("gguf-olmo3-pattern");
-    let file = scratch.join("olmo3.gguf");
     gguf_file::write(
-        &mut std::fs::File::create(&file).unwrap(),
+        &mut std::fs::File::create(out).unwrap(),
         &metadata,
         &tensors,
     )
     .unwrap();
+}
+
+#[test]
+fn an_olmo3_gguf_without_its_window_pattern_is_refused_by_key() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-olmo3-pattern");
+    let file = scratch.join("olmo3.gguf");
+    let key = "olmo2.attention.sliding_window_pattern";
+    rewrite(&fixture("gguf/olmo3.gguf"), &file, key, GgmlDType::F32);
     let error = load_model(&file, DType::F32, &Device::Cpu)
         .unwrap_err()
         .to_string();
+    assert!(error.contains(key), "{error}");
+}
+
+/// Phi-3's fused `attn_qkv` and `ffn_up` in Q8_0 stay in their blocks for sampling
+/// (`--quantized`), as the other projections do, and give the dequantized file's logits but for the
+/// activations' rounding to 8 bits.
+#[test]
+fn a_q8_0_phi3_gguf_keeps_its_fused_projections_in_blocks() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-phi3-q8_0");
+    let file = scratch.join("phi3.gguf");
+    rewrite(&fixture("gguf/phi3.gguf"), &file, "", GgmlDType::Q8_0);
+    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    for layer in &kept.layers {
+        let linears = Model::linears(layer);
+        let names: Vec<&str> = linears.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "self_attn.qkv_proj",
+                "self_attn.o_proj",
+                "mlp.gate_up_proj",
+                "mlp.down_proj"
+            ]
+        );
+        for (name, linear) in linears {
+            assert!(
+                matches!(linear.weight, Weight::Quantized(_)),
+                "{name} was dequantized"
+            );
+        }
+    }
+    let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
+    let (a, b) = (
+        sequence_logits(&dense, &sequence),
+        sequence_logits(&kept, &sequence),
+    );
+    let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let difference = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| max_diff(a, b))
+        .fold(0.0, f32::max);
     assert!(
-        error.contains("olmo2.attention.sliding_window_pattern"),
-        "{error}"
+        difference <= 0.05 * largest,
+        "max |Δlogit| {difference} of {largest}"
     );
 }
