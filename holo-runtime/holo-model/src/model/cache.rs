@@ -503,6 +503,8 @@ impl KvCache {
     /// further than `window - 1` positions. `key_masks` are the rows' masks over [`KvCache::len`]
     /// columns. Nothing is dropped before [`trim_block`] columns are droppable; what is dropped is freed.
     pub fn trim(&mut self, key_masks: &[&[u8]]) -> Result<()> {
+        // The rows' masks are read once per window size, not once per layer.
+        let mut droppable_by_window: Vec<(usize, usize)> = Vec::new();
         for layer in &mut self.layers {
             let Some(window) = layer.window else {
                 continue;
@@ -510,11 +512,18 @@ impl KvCache {
             if layer.keys_values.is_none() || key_masks.is_empty() {
                 continue;
             }
-            let droppable = key_masks
-                .iter()
-                .map(|mask| unreadable(mask, window))
-                .min()
-                .unwrap_or(0);
+            let droppable = match droppable_by_window.iter().find(|(w, _)| *w == window) {
+                Some(&(_, droppable)) => droppable,
+                None => {
+                    let droppable = key_masks
+                        .iter()
+                        .map(|mask| unreadable(mask, window))
+                        .min()
+                        .unwrap_or(0);
+                    droppable_by_window.push((window, droppable));
+                    droppable
+                }
+            };
             let block = trim_block(window);
             if droppable >= layer.front + block {
                 layer.drop_until(droppable, block)?;
@@ -634,5 +643,33 @@ mod tests {
             .unwrap();
         assert!(k.track_op() && cache.room.is_none(), "a graph is kept");
         assert_eq!(k.dtype(), DType::F32);
+    }
+
+    /// A row's leading columns that its window no longer reads: padding, and real columns at least
+    /// `window` positions before its next query, up to the first column it still reads.
+    #[test]
+    fn a_row_cannot_read_what_its_window_left_behind() {
+        // Positions 0, 1, 2, padding, 3, 4; the next query is at 5 and reads 3 and 4 with a window of 3.
+        let mask = [0, 0, 1, 1, 1, 0, 1, 1];
+        assert_eq!(unreadable(&mask, 3), 6);
+        assert_eq!(unreadable(&mask, 1), 8);
+        assert_eq!(unreadable(&mask, 5), 3);
+        assert_eq!(unreadable(&mask, 6), 2);
+        assert_eq!(unreadable(&[1, 1], 8), 0);
+        // Kept positions 4.. of 10: a prompt sharing `length` of them reads back to `length + 1 - 3`.
+        let kept = LayerSequence::KeysValues {
+            keys: columns(1, 6, 0),
+            values: columns(1, 6, 0),
+            skipped: 4,
+            window: Some(3),
+        };
+        assert!(kept.starts(10, 10) && kept.starts(6, 10));
+        assert!(!kept.starts(5, 10), "position 3 was dropped");
+        let prefix = kept.prefix(6, 10).unwrap().unwrap();
+        let LayerSequence::KeysValues { keys, skipped, .. } = prefix else {
+            panic!("keys and values")
+        };
+        assert_eq!((keys.dim(2).unwrap(), skipped), (2, 4));
+        assert!(kept.prefix(5, 10).unwrap().is_none());
     }
 }
