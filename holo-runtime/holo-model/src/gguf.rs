@@ -1,14 +1,22 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `llama`, `olmo2` or `gemma3`) and
-//!   the `<arch>.*`
-//!   keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `llama`, `smollm3`, `olmo2`,
+//!   `gemma3` or `phi3`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
-//!   embedding's, and the embeddings are tied when there is no `output.weight`; Gemma 3's windows come
+//!   embedding's, and the embeddings are tied when there is no `output.weight`; the windowed layers'
+//!   RoPE base from `rope.freq_base_swa` when given. Per family, what llama.cpp's converter writes:
+//!   Gemma 3's windows come
 //!   from `gemma3.attention.sliding_window` over llama.cpp's fixed pattern (each sixth layer global), and
-//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; Qwen3-MoE's experts from
+//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; OLMo 3 is written as `olmo2`
+//!   with `attention.sliding_window` and one `attention.sliding_window_pattern` flag per layer (an OLMo 2
+//!   file has no window); SmolLM3's layers without RoPE are llama.cpp's fixed every fourth
+//!   (`n_no_rope_layer_step`: no key says otherwise, so a checkpoint with another pattern has no GGUF
+//!   form); Phi-3's `attn_qkv` and `ffn_up` hold the fused `qkv_proj` and `gate_up_proj`, RoPE rotates
+//!   `rope.dimension_count` of each head, LongRoPE's factors are the tensors `rope_factors_long` and
+//!   `rope_factors_short` (with `rope.scaling.original_context_length` and `rope.scaling.attn_factor`),
+//!   and `attention.sliding_window`, when not 0, windows every layer; Qwen3-MoE's experts from
 //!   `expert_count`, `expert_used_count` and `expert_feed_forward_length`, renormalised over the chosen
 //!   ones as llama.cpp's graph does (`expert_weights_norm` when given), on the layers that have a router
 //!   (`ffn_gate_inp`), whose `ffn_{gate,up,down}_exps` hold every expert's matrix;
@@ -72,8 +80,10 @@ pub enum Blocks {
     Keep,
 }
 
-/// llama.cpp's names of the layers' projections, whose quantized blocks [`Blocks::Keep`] keeps.
-const PROJECTIONS: [&str; 7] = [
+/// llama.cpp's names of the layers' projections, whose quantized blocks [`Blocks::Keep`] keeps (Phi-3's
+/// `attn_qkv` and `ffn_up` hold its fused projections).
+const PROJECTIONS: [&str; 8] = [
+    "attn_qkv",
     "attn_q",
     "attn_k",
     "attn_v",
@@ -84,7 +94,12 @@ const PROJECTIONS: [&str; 7] = [
 ];
 
 /// The `general.architecture` values this runtime implements.
-const ARCHITECTURES: &str = "qwen2, qwen3, qwen3moe, llama, olmo2, gemma3";
+const ARCHITECTURES: &str =
+    "qwen2, qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3";
+
+/// llama.cpp's SmolLM3 graph leaves RoPE out of every layer `l` with `(l + 1) % 4 == 0`
+/// (`n_no_rope_layer_step`), a constant of its code rather than a key of the file.
+const SMOLLM3_NO_ROPE_STEP: usize = 4;
 
 /// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -258,8 +273,14 @@ impl Gguf {
             "qwen3" => Ok((Arch::Qwen3, name)),
             "qwen3moe" => Ok((Arch::Qwen3Moe, name)),
             "llama" => Ok((Arch::Llama, name)),
+            "smollm3" => Ok((Arch::SmolLm3, name)),
+            // llama.cpp writes OLMo 3 as OLMo 2 with windows.
+            "olmo2" if self.u64_key("olmo2.attention.sliding_window")?.unwrap_or(0) > 0 => {
+                Ok((Arch::Olmo3, name))
+            }
             "olmo2" => Ok((Arch::Olmo2, name)),
             "gemma3" => Ok((Arch::Gemma3, name)),
+            "phi3" => Ok((Arch::Phi3, name)),
             "gpt-oss" => Err(self.config_error(
                 "gpt-oss GGUF files are not supported (llama.cpp's MXFP4 tensor type and its \
                  gpt-oss tensor names are not read here): load the Hugging Face folder, whose MXFP4 \
@@ -316,15 +337,26 @@ impl Gguf {
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(self.config_error(format!("head dimension {head_dim} must be even")));
         }
-        if let Some(rotary) = self.u64_key(&key("rope.dimension_count"))? {
-            if rotary as usize != head_dim {
+        let rotary_dim = match self.u64_key(&key("rope.dimension_count"))? {
+            Some(rotary) if rotary as usize == head_dim => None,
+            // Phi-3 (Phi-4-mini) rotates the first part of each head.
+            Some(rotary)
+                if arch == Arch::Phi3
+                    && rotary > 0
+                    && rotary % 2 == 0
+                    && (rotary as usize) < head_dim =>
+            {
+                Some(rotary as usize)
+            }
+            Some(rotary) => {
                 return Err(self.config_error(format!(
                     "`{}` is {rotary}, but the heads have {head_dim} dimensions: partial rotary \
-                     embeddings are not supported",
+                     embeddings are supported for phi3 only (an even part of the head)",
                     key("rope.dimension_count")
-                )));
+                )))
             }
-        }
+            None => None,
+        };
         if self.has_tensor("rope_freqs.weight") {
             return Err(self.config_error(
                 "tensor rope_freqs.weight (llama.cpp's per-frequency RoPE factors, Llama 3.1 rope \
@@ -333,6 +365,7 @@ impl Gguf {
             ));
         }
         let rope_scaling = match self.str_key(&key("rope.scaling.type"))? {
+            None | Some("none") if arch == Arch::Phi3 => self.long_rope(name)?,
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: self.f64_key(&key("rope.scaling.factor"))?.ok_or_else(|| {
@@ -361,6 +394,11 @@ impl Gguf {
         };
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
+            Arch::Phi3 => (
+                self.has_tensor("blk.0.attn_qkv.bias"),
+                self.has_tensor("blk.0.attn_output.bias"),
+                self.has_tensor("blk.0.ffn_up.bias"),
+            ),
             Arch::Qwen3 => (self.has_tensor("blk.0.attn_q.bias"), false, false),
             _ => (
                 self.has_tensor("blk.0.attn_q.bias"),
@@ -399,6 +437,11 @@ impl Gguf {
             variant: Variant {
                 // llama.cpp scales Gemma 3's queries by 1/√head_dim (all but the 27B model).
                 query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+                local_rope: match self.f64_key(&key("rope.freq_base_swa"))? {
+                    Some(base) => Some((base, RopeScaling::None)),
+                    None => Variant::of(arch).local_rope,
+                },
+                rotary_dim,
                 ..Variant::of(arch)
             },
             layers: self.layer_specs(arch, name, block_count)?,
@@ -425,8 +468,10 @@ impl Gguf {
         Ok(config)
     }
 
-    /// Each layer's window: Gemma 3's every layer but each sixth slides over
-    /// `gemma3.attention.sliding_window` positions (llama.cpp's fixed pattern); the others attend fully.
+    /// Each layer's window and RoPE: Gemma 3's every layer but each sixth slides over
+    /// `gemma3.attention.sliding_window` positions (llama.cpp's fixed pattern); OLMo 3's layers that
+    /// `attention.sliding_window_pattern` flags; Phi-3's every layer when its window is not 0; SmolLM3's
+    /// every fourth layer has no RoPE. The others attend fully, with RoPE.
     fn layer_specs(
         &self,
         arch: Arch,
@@ -441,22 +486,104 @@ impl Gguf {
                 })
                 .collect());
         }
-        if arch != Arch::Gemma3 {
-            return Ok(vec![LayerSpec::FULL; count]);
-        }
         let key = format!("{name}.attention.sliding_window");
-        let window = self
-            .u64_key(&key)?
-            .ok_or_else(|| self.config_error(format!("missing metadata `{key}`")))?
-            as usize;
-        Ok((0..count)
-            .map(|layer| LayerSpec {
-                window: ((layer + 1) % 6 != 0).then_some(window),
-                rope: true,
-                linear: false,
-                experts: false,
+        let window = self.u64_key(&key)?.map(|window| window as usize);
+        let windowed: Vec<bool> = match arch {
+            Arch::Gemma3 | Arch::Olmo3 if window.is_none() => {
+                return Err(self.config_error(format!("missing metadata `{key}`")))
+            }
+            Arch::Gemma3 => (0..count).map(|layer| (layer + 1) % 6 != 0).collect(),
+            Arch::Olmo3 => self.window_pattern(name, count)?,
+            Arch::Phi3 => vec![window.unwrap_or(0) > 0; count],
+            _ => vec![false; count],
+        };
+        Ok(windowed
+            .into_iter()
+            .enumerate()
+            .map(|(layer, windowed)| LayerSpec {
+                window: window.filter(|_| windowed),
+                rope: arch != Arch::SmolLm3 || (layer + 1) % SMOLLM3_NO_ROPE_STEP != 0,
+                ..LayerSpec::FULL
             })
             .collect())
+    }
+
+    /// Which layers `<arch>.attention.sliding_window_pattern` windows: one flag per layer, or, as
+    /// llama.cpp's `set_swa_pattern` reads a number `n`, every layer but each `n`-th.
+    fn window_pattern(&self, name: &str, count: usize) -> Result<Vec<bool>, LoadError> {
+        let key = format!("{name}.attention.sliding_window_pattern");
+        match self.value(&key) {
+            None => Err(self.config_error(format!(
+                "missing metadata `{key}` (which layers `{name}.attention.sliding_window` windows)"
+            ))),
+            Some(Value::Array(flags)) => {
+                let flags = flags
+                    .iter()
+                    .map(|flag| match flag {
+                        Value::Bool(flag) => Some(*flag),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<bool>>>();
+                match flags {
+                    Some(flags) if flags.len() == count => Ok(flags),
+                    _ => Err(self.config_error(format!(
+                        "metadata `{key}` must be {count} true or false flags, one per layer"
+                    ))),
+                }
+            }
+            Some(_) => {
+                let period = self.required_usize(&key)?;
+                Ok((0..count)
+                    .map(|layer| period == 0 || layer % period < period - 1)
+                    .collect())
+            }
+        }
+    }
+
+    /// Phi-3's LongRoPE, when the file has its factors (`rope_factors_long` and `rope_factors_short`,
+    /// one per rotated pair): transformers' `longrope` with the original context length and attention
+    /// factor of the metadata.
+    fn long_rope(&self, name: &str) -> Result<RopeScaling, LoadError> {
+        let (long, short) = ("rope_factors_long.weight", "rope_factors_short.weight");
+        match (self.has_tensor(long), self.has_tensor(short)) {
+            (false, false) => return Ok(RopeScaling::None),
+            (true, true) => {}
+            _ => {
+                return Err(
+                    self.weights_error(format!("one of {long} and {short} without the other"))
+                )
+            }
+        }
+        let key = format!("{name}.rope.scaling.original_context_length");
+        let original = self.required_usize(&key)?;
+        let context = self.required_usize(&format!("{name}.context_length"))?;
+        let factor = context as f64 / original as f64;
+        let attention_factor = match self.f64_key(&format!("{name}.rope.scaling.attn_factor"))? {
+            Some(given) => given,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+        };
+        Ok(RopeScaling::LongRope {
+            short_factor: self.vector(short)?,
+            long_factor: self.vector(long)?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        })
+    }
+
+    /// The values of the one-dimensional tensor `name`, read from the file.
+    fn vector(&self, name: &str) -> Result<Vec<f64>, LoadError> {
+        let fail =
+            |error: candle_core::Error| self.weights_error(format!("tensor {name}: {error}"));
+        let mut reader = BufReader::new(
+            File::open(&self.path)
+                .map_err(|error| self.weights_error(format!("cannot open: {error}")))?,
+        );
+        self.content.tensor_infos[name]
+            .read(&mut reader, self.content.tensor_data_offset, &Device::Cpu)
+            .and_then(|tensor| tensor.dequantize(&Device::Cpu))
+            .and_then(|tensor| tensor.flatten_all()?.to_dtype(DType::F64)?.to_vec1())
+            .map_err(fail)
     }
 
     fn weights_error(&self, message: String) -> LoadError {
@@ -493,6 +620,8 @@ impl Gguf {
             "ffn_norm" => "post_attention_layernorm",
             "post_attention_norm" => "post_attention_layernorm",
             "post_ffw_norm" => "post_feedforward_layernorm",
+            // Phi-3's queries, keys and values, side by side.
+            "attn_qkv" if arch == Arch::Phi3 => "self_attn.qkv_proj",
             "attn_q" => "self_attn.q_proj",
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
@@ -500,6 +629,8 @@ impl Gguf {
             "attn_q_norm" => "self_attn.q_norm",
             "attn_k_norm" => "self_attn.k_norm",
             "ffn_gate" => "mlp.gate_proj",
+            // Phi-3's gate and up projections, side by side.
+            "ffn_up" if arch == Arch::Phi3 => "mlp.gate_up_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
             // A mixture's router, and its experts' matrices stacked `[experts, out, in]`: gate and up
@@ -542,6 +673,10 @@ impl Gguf {
         };
         let mut head_blocks = None;
         for name in names {
+            if name.starts_with("rope_factors_") && config.arch == Arch::Phi3 {
+                // LongRoPE's factors, in the config already.
+                continue;
+            }
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
                 self.weights_error(format!(
                     "tensor {name}: not a tensor of a {} model",
@@ -915,10 +1050,10 @@ fn keeps_type(info: &TensorInfo) -> bool {
         )
 }
 
-/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (a Llama model's `attn_q` and
-/// `attn_k`), or `None`.
+/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (a Llama or SmolLM3 model's
+/// `attn_q` and `attn_k`), or `None`.
 fn rotary_heads(config: &ModelConfig, name: &str) -> Option<usize> {
-    if config.arch != Arch::Llama {
+    if !matches!(config.arch, Arch::Llama | Arch::SmolLm3) {
         None
     } else if name.contains(".attn_q.") {
         Some(config.num_attention_heads)

@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use tokenizers::Tokenizer;
 
 use super::constrain::{Constrained, Grammar};
-use super::model::{reusable_in_part, Result, SequenceCache};
+use super::model::{starts, Result, SequenceCache};
 use holo_core::machine::Finish;
 use holo_core::stop::{first_stop, StopMatcher, StreamedText};
 
@@ -242,7 +242,9 @@ impl PrefixCache {
                     .count()
                     .min(prompt.len().saturating_sub(1));
                 // A state holds its whole sequence: such an entry starts only a prompt that extends it.
-                let usable = common == entry.tokens.len() || reusable_in_part(&entry.layers);
+                // A windowed layer that dropped the sequence's first positions starts only a prompt
+                // whose window does not reach back to them.
+                let usable = starts(&entry.layers, common, entry.tokens.len());
                 (i, if usable { common } else { 0 })
             })
             .max_by_key(|&(_, length)| length);
@@ -256,7 +258,7 @@ impl PrefixCache {
             .iter()
             .map(|layer| {
                 layer.prefix(length, whole)?.ok_or_else(|| {
-                    candle_core::Error::Msg("a state cached for a part of its sequence".into())
+                    candle_core::Error::Msg("a cached layer cannot start this prompt".into())
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -9,6 +9,8 @@ mod common;
 #[cfg(feature = "local")]
 mod gguf;
 #[cfg(feature = "local")]
+mod gguf_families;
+#[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
 mod local_model;

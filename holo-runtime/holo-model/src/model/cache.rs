@@ -1,5 +1,9 @@
 //! Keys and values: per layer ([`LayerCache`], written in place while decoding) and per batch
 //! ([`KvCache`]: rows prefilled from earlier sequences, selected, appended, trimmed).
+//!
+//! A batch's rows share one axis of columns, right-aligned. A layer with an attention window keeps
+//! only the columns some row can still read ([`KvCache::trim`]): its first [`LayerCache::front`]
+//! columns are gone, so a long sequence holds about `window` columns there instead of all of them.
 
 use super::*;
 
@@ -17,6 +21,11 @@ pub struct LayerCache {
     /// at every step, for every layer. Only this cache writes into them; a clone starts without.
     /// [`KvCache::capacity`] counts them.
     room: Option<(Tensor, Tensor)>,
+    /// The layer's attention window ([`crate::config::LayerSpec::window`]).
+    window: Option<usize>,
+    /// Leading columns of the batch that this layer no longer holds: no row can read them through its
+    /// window any more ([`KvCache::trim`]). The first held column is the batch's column `front`.
+    front: usize,
 }
 
 impl Clone for LayerCache {
@@ -25,11 +34,57 @@ impl Clone for LayerCache {
             keys_values: self.keys_values.clone(),
             state: self.state.clone(),
             room: None,
+            window: self.window,
+            front: self.front,
         }
     }
 }
 
 impl LayerCache {
+    /// Leading columns of the batch this layer no longer holds (see [`KvCache::trim`]): a mask over the
+    /// batch's columns is narrowed past them for this layer.
+    pub(crate) fn front(&self) -> usize {
+        self.front
+    }
+
+    /// Columns held per row.
+    fn held(&self) -> usize {
+        self.keys_values
+            .as_ref()
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    /// Drops the held columns before the batch's column `front` and frees them: what is kept is copied
+    /// into buffers of its own, with room for `room` more columns.
+    fn drop_until(&mut self, front: usize, room: usize) -> Result<()> {
+        let Some((k, v)) = self.keys_values.take() else {
+            self.front = front;
+            return Ok(());
+        };
+        let kept = k.dim(2)? - (front - self.front);
+        let (k, v) = (
+            k.narrow(2, front - self.front, kept)?,
+            v.narrow(2, front - self.front, kept)?,
+        );
+        self.front = front;
+        if self.room.is_none() {
+            // Concatenating caches (a graph, a GPU) hold no buffers: a copy frees the dropped columns.
+            self.set(Some((k.contiguous()?, v.contiguous()?)));
+            return Ok(());
+        }
+        let capacity = (kept + room).next_multiple_of(16);
+        let copy = |t: &Tensor| -> Result<Tensor> {
+            let (batch, heads, _, dim) = t.dims4()?;
+            let buffer = Tensor::zeros((batch, heads, capacity, dim), t.dtype(), t.device())?;
+            buffer.slice_set(&t.contiguous()?, 2, 0)?;
+            Ok(buffer)
+        };
+        let (room_k, room_v) = (copy(&k)?, copy(&v)?);
+        self.keys_values = Some((room_k.narrow(2, 0, kept)?, room_v.narrow(2, 0, kept)?));
+        self.room = Some((room_k, room_v));
+        Ok(())
+    }
+
     pub(super) fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
         let joined = match self.keys_values.take() {
             None => (k.contiguous()?, v.contiguous()?),
@@ -113,37 +168,68 @@ impl LayerCache {
 /// What one layer keeps of one sequence.
 #[derive(Debug, Clone)]
 pub enum LayerSequence {
-    /// Keys and values `[1, kv_heads, n, head_dim]`.
-    KeysValues(Tensor, Tensor),
+    /// Keys and values `[1, kv_heads, n - skipped, head_dim]` of the sequence's positions
+    /// `skipped..n`: a layer with a `window` drops the first positions once no later query reads them
+    /// ([`KvCache::trim`]); a layer without keeps them all (`skipped` 0).
+    KeysValues {
+        keys: Tensor,
+        values: Tensor,
+        skipped: usize,
+        window: Option<usize>,
+    },
     /// A linear-attention layer's states after the sequence's last token (see [`LayerCache`]), with one
     /// row.
     State(Tensor, Tensor),
 }
 
 impl LayerSequence {
-    /// What the layer keeps of the sequence's first `length` of its `whole` tokens: keys and values for
-    /// any prefix, a state only for the whole sequence (`None` otherwise).
+    /// Whether the layer can start a prompt that shares the first `length` of the sequence's `whole`
+    /// tokens: a state only when it shares them all; keys and values when they hold every position the
+    /// prompt's first new token (at position `length`) reads, `length + 1 - window ..` for a window.
+    pub fn starts(&self, length: usize, whole: usize) -> bool {
+        match self {
+            LayerSequence::KeysValues {
+                skipped, window, ..
+            } => *skipped == 0 || window.is_some_and(|window| length + 1 >= skipped + window),
+            LayerSequence::State(..) => length == whole,
+        }
+    }
+
+    /// What the layer keeps of the sequence's first `length` of its `whole` tokens; `None` when it
+    /// cannot start such a prompt ([`LayerSequence::starts`]).
     pub fn prefix(&self, length: usize, whole: usize) -> Result<Option<LayerSequence>> {
-        Ok(match self {
-            LayerSequence::KeysValues(k, v) => Some(LayerSequence::KeysValues(
-                k.narrow(2, 0, length)?,
-                v.narrow(2, 0, length)?,
-            )),
-            LayerSequence::State(..) if length == whole => Some(self.clone()),
-            LayerSequence::State(..) => None,
-        })
+        if !self.starts(length, whole) {
+            return Ok(None);
+        }
+        Ok(Some(match self {
+            LayerSequence::KeysValues {
+                keys,
+                values,
+                skipped,
+                window,
+            } => {
+                // A windowed layer's first new query reads no position before `length + 1 - window`.
+                let kept = length - skipped;
+                LayerSequence::KeysValues {
+                    keys: keys.narrow(2, 0, kept)?,
+                    values: values.narrow(2, 0, kept)?,
+                    skipped: *skipped,
+                    window: *window,
+                }
+            }
+            LayerSequence::State(..) => self.clone(),
+        }))
     }
 }
 
 /// What each layer keeps of one sequence.
 pub type SequenceCache = Vec<LayerSequence>;
 
-/// Whether a sequence's cache can start a longer prompt that shares only a part of it: not when a
-/// layer keeps a state, which holds the whole sequence.
-pub fn reusable_in_part(layers: &SequenceCache) -> bool {
-    layers
-        .iter()
-        .all(|layer| matches!(layer, LayerSequence::KeysValues(..)))
+/// Whether a sequence's cache can start a prompt that shares its first `length` of `whole` tokens:
+/// not a part of it when a layer keeps a state (which holds the whole sequence), nor a part whose
+/// window reaches back into positions a windowed layer dropped.
+pub fn starts(layers: &SequenceCache, length: usize, whole: usize) -> bool {
+    layers.iter().all(|layer| layer.starts(length, whole))
 }
 
 /// One batch of [`Model::forward_segments`]: token ids and positions `[B, T]`, the key mask over its
@@ -161,19 +247,36 @@ pub struct KvCache {
     pub(super) layers: Vec<LayerCache>,
 }
 
+/// Columns a windowed layer lets go of at once: what [`KvCache::trim`] drops is copied out of the
+/// buffers, so it waits for an eighth of the window (at most 64 columns) to be droppable, which costs a
+/// copy of the window every `window / 8` steps and holds at most that many columns more.
+pub fn trim_block(window: usize) -> usize {
+    (window / 8).clamp(1, 64)
+}
+
 impl KvCache {
     pub fn new(config: &ModelConfig) -> Self {
         KvCache {
-            layers: vec![LayerCache::default(); config.num_hidden_layers],
+            layers: config
+                .layers
+                .iter()
+                .map(|spec| LayerCache {
+                    window: spec.window.filter(|_| !spec.linear),
+                    ..LayerCache::default()
+                })
+                .collect(),
         }
     }
 
-    /// Columns allocated per row: [`KvCache::len`] and the spare columns that decoding steps write into.
+    /// Columns allocated per row, in the layer that allocates the most: [`KvCache::len`] and the spare
+    /// columns that decoding steps write into, less what windowed layers dropped.
     pub fn capacity(&self) -> usize {
         self.layers
             .iter()
-            .find_map(|layer| layer.room.as_ref().or(layer.keys_values.as_ref()))
-            .map_or(0, |(keys, _)| keys.dim(2).unwrap_or(0))
+            .filter_map(|layer| layer.room.as_ref().or(layer.keys_values.as_ref()))
+            .map(|(keys, _)| keys.dim(2).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Bytes the cache holds: keys and values with their spare columns, and linear-attention states.
@@ -196,12 +299,19 @@ impl KvCache {
             .sum()
     }
 
-    /// Cached positions (columns), counted by the attention layers' keys.
+    /// Columns each attention layer holds per row (0 for a linear-attention layer): a windowed layer's
+    /// stay within its window and [`trim_block`] once trimmed, however long the rows.
+    pub fn held(&self) -> Vec<usize> {
+        self.layers.iter().map(LayerCache::held).collect()
+    }
+
+    /// Cached positions (columns), counted by the attention layers' keys (with the columns windowed
+    /// layers dropped).
     pub fn len(&self) -> usize {
         self.layers
             .iter()
-            .find_map(|layer| layer.keys_values.as_ref())
-            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+            .find(|layer| layer.keys_values.is_some())
+            .map_or(0, |layer| layer.front + layer.held())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -210,7 +320,9 @@ impl KvCache {
 
     /// Starts the cache from earlier sequences: row `b` gets `reused[b]`'s keys and values (each layer
     /// `[1, kv_heads, n, head_dim]`), right-aligned in `width` columns (zeros before, masked by the caller),
-    /// or only zeros; a linear-attention layer gets the sequence's states, or zero states.
+    /// or only zeros; a linear-attention layer gets the sequence's states, or zero states. A windowed
+    /// layer starts at the first column a row holds: a row that dropped positions
+    /// ([`LayerSequence::KeysValues`]'s `skipped`) gets zeros in their place, which its window hides.
     pub fn prefill(
         &mut self,
         reused: &[Option<(usize, SequenceCache)>],
@@ -225,7 +337,7 @@ impl KvCache {
                 for row in reused {
                     let (conv, rule) = match row.as_ref().map(|(_, layers)| &layers[l]) {
                         Some(LayerSequence::State(conv, rule)) => (conv.clone(), rule.clone()),
-                        Some(LayerSequence::KeysValues(..)) => {
+                        Some(LayerSequence::KeysValues { .. }) => {
                             candle_core::bail!(
                                 "keys and values cached for linear-attention layer {l}"
                             )
@@ -238,21 +350,40 @@ impl KvCache {
                 layer.state = Some((Tensor::cat(&convs, 0)?, Tensor::cat(&rules, 0)?));
                 continue;
             }
-            let mut keys = Vec::with_capacity(reused.len());
-            let mut values = Vec::with_capacity(reused.len());
+            // Each row's first held column: its padding, then the positions its layer dropped, come
+            // before it.
+            let mut rows = Vec::with_capacity(reused.len());
             for row in reused {
-                let (length, k, v) = match row {
+                rows.push(match row {
                     Some((length, layers)) => match &layers[l] {
-                        LayerSequence::KeysValues(k, v) => (*length, Some(k), Some(v)),
+                        LayerSequence::KeysValues {
+                            keys,
+                            values,
+                            skipped,
+                            ..
+                        } => Some((width - length + skipped, keys, values)),
                         LayerSequence::State(..) => {
                             candle_core::bail!("a state cached for attention layer {l}")
                         }
                     },
-                    None => (0, None, None),
+                    None => None,
+                });
+            }
+            let front = rows
+                .iter()
+                .map(|row| row.as_ref().map_or(width, |(first, ..)| *first))
+                .min()
+                .unwrap_or(width);
+            let mut keys = Vec::with_capacity(rows.len());
+            let mut values = Vec::with_capacity(rows.len());
+            for row in rows {
+                let (first, k, v) = match row {
+                    Some((first, k, v)) => (first, Some(k), Some(v)),
+                    None => (width, None, None),
                 };
-                let zeros = Tensor::zeros(shape(width - length), model.dtype(), model.device())?;
+                let zeros = Tensor::zeros(shape(first - front), model.dtype(), model.device())?;
                 let aligned = |part: Option<&Tensor>| match part {
-                    Some(part) if length < width => Tensor::cat(&[&zeros, part], 2),
+                    Some(part) if first > front => Tensor::cat(&[&zeros, part], 2),
                     Some(part) => Ok(part.clone()),
                     None => Ok(zeros.clone()),
                 };
@@ -260,16 +391,15 @@ impl KvCache {
                 values.push(aligned(v)?);
             }
             layer.set(Some((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?)));
+            layer.front = front;
         }
         Ok(())
     }
 
     /// Row `row`'s keys and values at the columns its `key_mask` marks real, per layer
-    /// `[1, kv_heads, n, head_dim]`, and its states in linear-attention layers.
+    /// `[1, kv_heads, n, head_dim]` (less the positions a windowed layer dropped), and its states in
+    /// linear-attention layers.
     pub fn row(&self, row: usize, key_mask: &[u8]) -> Result<SequenceCache> {
-        let columns: Vec<u32> = (0..key_mask.len() as u32)
-            .filter(|&column| key_mask[column as usize] != 0)
-            .collect();
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             if let Some((conv, rule)) = &layer.state {
@@ -282,6 +412,11 @@ impl KvCache {
             let Some((k, v)) = &layer.keys_values else {
                 candle_core::bail!("the cache holds nothing yet");
             };
+            let skipped = key_mask[..layer.front].iter().filter(|&&m| m != 0).count();
+            let columns: Vec<u32> = (layer.front..key_mask.len())
+                .filter(|&column| key_mask[column] != 0)
+                .map(|column| (column - layer.front) as u32)
+                .collect();
             let columns = Tensor::new(columns.as_slice(), k.device())?;
             let pick = |t: &Tensor| -> Result<Tensor> {
                 t.narrow(0, row, 1)?
@@ -289,15 +424,22 @@ impl KvCache {
                     .index_select(&columns, 2)?
                     .contiguous()
             };
-            layers.push(LayerSequence::KeysValues(pick(k)?, pick(v)?));
+            layers.push(LayerSequence::KeysValues {
+                keys: pick(k)?,
+                values: pick(v)?,
+                skipped,
+                window: layer.window,
+            });
         }
         Ok(layers)
     }
 
     /// Adds `other`'s rows after this cache's, right-aligned: the narrower of the two gets zero columns in
-    /// front (which the callers' key masks must mark as padding).
+    /// front (which the callers' key masks must mark as padding), and in a windowed layer the side that
+    /// dropped more gets zeros where it dropped them (which the windows hide).
     pub fn append_rows(&mut self, other: KvCache) -> Result<()> {
         let (width, other_width) = (self.len(), other.len());
+        let width_joined = width.max(other_width);
         for (layer, other) in self.layers.iter_mut().zip(other.layers) {
             layer.state = match (layer.state.take(), other.state) {
                 (Some((conv, rule)), Some((other_conv, other_rule))) => Some((
@@ -306,11 +448,15 @@ impl KvCache {
                 )),
                 (ours, theirs) => ours.or(theirs),
             };
-            let joined = match (layer.keys_values.take(), other.keys_values) {
-                (None, theirs) => theirs,
-                (ours, None) => ours,
+            // Each side's first held column in the joined columns.
+            let first = layer.front + width_joined - width;
+            let other_first = other.front + width_joined - other_width;
+            let front = first.min(other_first);
+            let (joined, front) = match (layer.keys_values.take(), other.keys_values) {
+                (None, theirs) => (theirs, other.front),
+                (ours, None) => (ours, layer.front),
                 (Some((k, v)), Some((other_k, other_v))) => {
-                    let front = |t: Tensor, n: usize| -> Result<Tensor> {
+                    let ahead = |t: Tensor, n: usize| -> Result<Tensor> {
                         if n == 0 {
                             return Ok(t);
                         }
@@ -318,15 +464,16 @@ impl KvCache {
                         let zeros = Tensor::zeros((b, heads, n, dim), t.dtype(), t.device())?;
                         Tensor::cat(&[&zeros, &t], 2)
                     };
-                    let pad = other_width.saturating_sub(width);
-                    let other_pad = width.saturating_sub(other_width);
-                    Some((
-                        Tensor::cat(&[front(k, pad)?, front(other_k, other_pad)?], 0)?,
-                        Tensor::cat(&[front(v, pad)?, front(other_v, other_pad)?], 0)?,
-                    ))
+                    let (pad, other_pad) = (first - front, other_first - front);
+                    let joined = (
+                        Tensor::cat(&[ahead(k, pad)?, ahead(other_k, other_pad)?], 0)?,
+                        Tensor::cat(&[ahead(v, pad)?, ahead(other_v, other_pad)?], 0)?,
+                    );
+                    (Some(joined), front)
                 }
             };
             layer.set(joined);
+            layer.front = front;
         }
         Ok(())
     }
@@ -338,11 +485,48 @@ impl KvCache {
         }
         for layer in &mut self.layers {
             if let Some((k, v)) = layer.keys_values.take() {
-                let kept = k.dim(2)? - columns;
+                // A windowed layer may have dropped some of them already.
+                let dropped = columns.saturating_sub(layer.front);
+                let kept = k.dim(2)? - dropped;
                 layer.set(Some((
-                    k.narrow(2, columns, kept)?,
-                    v.narrow(2, columns, kept)?,
+                    k.narrow(2, dropped, kept)?,
+                    v.narrow(2, dropped, kept)?,
                 )));
+                layer.front = layer.front.saturating_sub(columns);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets each windowed layer drop the leading columns that no row can read any more: before every
+    /// row's queries to come, which start at the position after its last real column, go back no
+    /// further than `window - 1` positions. `key_masks` are the rows' masks over [`KvCache::len`]
+    /// columns. Nothing is dropped before [`trim_block`] columns are droppable; what is dropped is freed.
+    pub fn trim(&mut self, key_masks: &[&[u8]]) -> Result<()> {
+        // The rows' masks are read once per window size, not once per layer.
+        let mut droppable_by_window: Vec<(usize, usize)> = Vec::new();
+        for layer in &mut self.layers {
+            let Some(window) = layer.window else {
+                continue;
+            };
+            if layer.keys_values.is_none() || key_masks.is_empty() {
+                continue;
+            }
+            let droppable = match droppable_by_window.iter().find(|(w, _)| *w == window) {
+                Some(&(_, droppable)) => droppable,
+                None => {
+                    let droppable = key_masks
+                        .iter()
+                        .map(|mask| unreadable(mask, window))
+                        .min()
+                        .unwrap_or(0);
+                    droppable_by_window.push((window, droppable));
+                    droppable
+                }
+            };
+            let block = trim_block(window);
+            if droppable >= layer.front + block {
+                layer.drop_until(droppable, block)?;
             }
         }
         Ok(())
@@ -355,6 +539,24 @@ impl KvCache {
         }
         Ok(())
     }
+}
+
+/// The leading columns of a row's `key_mask` that its next queries cannot read through a `window`:
+/// padding, and real columns `window` or more positions before the next position (the count of real
+/// columns), as [`crate::layout::window_mask`] hides them.
+fn unreadable(key_mask: &[u8], window: usize) -> usize {
+    let next = key_mask.iter().filter(|&&m| m != 0).count();
+    let mut position = 0;
+    key_mask
+        .iter()
+        .take_while(|&&m| {
+            if m == 0 {
+                return true;
+            }
+            position += 1;
+            position - 1 + window <= next
+        })
+        .count()
 }
 
 #[cfg(test)]
@@ -441,5 +643,33 @@ mod tests {
             .unwrap();
         assert!(k.track_op() && cache.room.is_none(), "a graph is kept");
         assert_eq!(k.dtype(), DType::F32);
+    }
+
+    /// A row's leading columns that its window no longer reads: padding, and real columns at least
+    /// `window` positions before its next query, up to the first column it still reads.
+    #[test]
+    fn a_row_cannot_read_what_its_window_left_behind() {
+        // Positions 0, 1, 2, padding, 3, 4; the next query is at 5 and reads 3 and 4 with a window of 3.
+        let mask = [0, 0, 1, 1, 1, 0, 1, 1];
+        assert_eq!(unreadable(&mask, 3), 6);
+        assert_eq!(unreadable(&mask, 1), 8);
+        assert_eq!(unreadable(&mask, 5), 3);
+        assert_eq!(unreadable(&mask, 6), 2);
+        assert_eq!(unreadable(&[1, 1], 8), 0);
+        // Kept positions 4.. of 10: a prompt sharing `length` of them reads back to `length + 1 - 3`.
+        let kept = LayerSequence::KeysValues {
+            keys: columns(1, 6, 0),
+            values: columns(1, 6, 0),
+            skipped: 4,
+            window: Some(3),
+        };
+        assert!(kept.starts(10, 10) && kept.starts(6, 10));
+        assert!(!kept.starts(5, 10), "position 3 was dropped");
+        let prefix = kept.prefix(6, 10).unwrap().unwrap();
+        let LayerSequence::KeysValues { keys, skipped, .. } = prefix else {
+            panic!("keys and values")
+        };
+        assert_eq!((keys.dim(2).unwrap(), skipped), (2, 4));
+        assert!(kept.prefix(5, 10).unwrap().is_none());
     }
 }

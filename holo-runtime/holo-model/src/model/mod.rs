@@ -35,7 +35,7 @@ pub use crate::kernels::kernel::{Ops, Result};
 pub use crate::routing::{Routes, Routing, RoutingDrift, UNROUTED};
 pub(crate) use attention::softmax;
 pub use attention::Attention;
-pub use cache::{reusable_in_part, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
+pub use cache::{starts, trim_block, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
 pub use experts::{checkpoint_tensors, held_tensors, Mixture};

@@ -255,6 +255,23 @@ impl Engine<'_> {
             let hidden = hidden.next().expect("one output per segment");
             self.finish_chunk(&hidden, columns)?;
         }
+        self.trim_windows()
+    }
+
+    /// Lets the windowed layers of the running batch's cache, and of the prefill's, drop the columns no
+    /// row can read any more ([`KvCache::trim`]): a long sequence holds about a window of keys there.
+    fn trim_windows(&mut self) -> Result<()> {
+        let masks: Vec<&[u8]> = self
+            .running
+            .iter()
+            .map(|live| live.row.key_mask.as_slice())
+            .collect();
+        self.cache.trim(&masks)?;
+        if let Some(prefill) = self.prefill.as_mut() {
+            let seen = prefill.cached_width + prefill.done;
+            let masks: Vec<&[u8]> = prefill.masks.iter().map(|mask| &mask[..seen]).collect();
+            prefill.cache.trim(&masks)?;
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use super::rows::{Live, Prefill};
 use super::{Limits, Listener, Results};
 use crate::dispatch::{self, Draws};
-use crate::model::{state_dtype, KvCache, Model, Ops, SequenceCache};
+use crate::model::{state_dtype, trim_block, KvCache, Model, Ops, SequenceCache};
 use crate::sample::{Generation, GenerationParams, PrefixCache, Row, Stopping};
 
 enum Waiting {
@@ -162,15 +162,20 @@ impl<'a> Engine<'a> {
                 .map_or(0, |prefill| prefill.cache.bytes())
     }
 
-    /// Keys and values of one column, over the attention layers (what admission projects per column).
-    fn kv_bytes_per_token(&self) -> usize {
-        let config = &self.model.config;
-        let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
-        attention_layers
-            * 2
-            * config.num_key_value_heads
-            * config.head_dim
-            * self.model.dtype().size_in_bytes()
+    /// Keys and values of `columns` columns of one row, over the attention layers (what admission
+    /// projects per row): a windowed layer holds no more than its window and a [`trim_block`] of them.
+    fn kv_bytes_per_row(model: &Model, columns: usize) -> usize {
+        let config = &model.config;
+        let held: usize = config
+            .layers
+            .iter()
+            .filter(|layer| !layer.linear)
+            .map(|layer| match layer.window {
+                Some(window) => columns.min(window + trim_block(window)),
+                None => columns,
+            })
+            .sum();
+        held * 2 * config.num_key_value_heads * config.head_dim * model.dtype().size_in_bytes()
     }
 
     /// The states one sequence keeps in the linear-attention layers, whatever its length: the
@@ -294,7 +299,7 @@ impl<'a> Engine<'a> {
     }
 
     fn admit(&mut self) {
-        let (per_token, per_row) = (self.kv_bytes_per_token(), self.state_bytes_per_row());
+        let (model, per_row) = (self.model, self.state_bytes_per_row());
         let mut chosen: Vec<(u64, usize, Vec<u32>, GenerationParams)> = Vec::new();
         let mut distinct = HashSet::new();
         let mut width = 0;
@@ -308,7 +313,8 @@ impl<'a> Engine<'a> {
             {
                 Waiting::Paused { row, .. } => {
                     let columns = self.cache.len().max(row.fed.len());
-                    let projected = (self.running.len() + 1) * (columns * per_token + per_row);
+                    let projected = (self.running.len() + 1)
+                        * (Self::kv_bytes_per_row(model, columns) + per_row);
                     if !self.running.is_empty() && projected > self.limits.kv_budget_bytes {
                         break;
                     }
@@ -348,7 +354,8 @@ impl<'a> Engine<'a> {
                         break;
                     }
                     let projected = (self.running.len() + chosen.len() + 1)
-                        * (self.cache.len().max(new_width) * per_token + per_row);
+                        * (Self::kv_bytes_per_row(model, self.cache.len().max(new_width))
+                            + per_row);
                     if (!self.running.is_empty() || !chosen.is_empty())
                         && projected > self.limits.kv_budget_bytes
                     {
@@ -436,6 +443,8 @@ mod tests {
     use candle_core::DType;
 
     use super::*;
+    use std::collections::HashMap;
+
     use crate::config::Arch;
     use crate::init::{preset_config, Preset};
     use crate::sample::Stopping;
@@ -484,13 +493,177 @@ mod tests {
             engine.step();
             let (rows, columns) = (engine.running.len(), engine.cache.capacity());
             let projected =
-                rows * (columns * engine.kv_bytes_per_token() + engine.state_bytes_per_row());
+                rows * (Engine::kv_bytes_per_row(&model, columns) + engine.state_bytes_per_row());
             assert_eq!(projected, engine.kv_bytes(), "{arch}");
             assert_eq!(
                 engine.state_bytes_per_row() > 0,
                 arch == Arch::Qwen3_5,
                 "{arch}: states per sequence"
             );
+        }
+    }
+
+    /// The log-probabilities `[positions][vocab]` of the whole sequence, by the forward pass without a
+    /// cache (what the cached steps must match).
+    fn full_forward(model: &Model, sequence: &[u32]) -> Vec<Vec<f32>> {
+        let device = model.device();
+        let input = Tensor::new(sequence, device).unwrap().unsqueeze(0).unwrap();
+        let mask = Tensor::ones((1, sequence.len()), DType::U8, device).unwrap();
+        let positions = crate::model::positions_from_mask(&mask).unwrap();
+        let hidden = model
+            .forward_hidden(&input, &positions, &mask, None, Ops::Fast)
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+        let logits = model.logits(&hidden, Ops::Fast).unwrap();
+        candle_nn::ops::log_softmax(&logits, 1)
+            .unwrap()
+            .to_vec2()
+            .unwrap()
+    }
+
+    /// Each sampled token is the full forward's greedy choice after the prompt and the tokens before
+    /// it, with its log-probability.
+    fn check_against_full_forward(
+        model: &Model,
+        prompt: &[u32],
+        generation: &Generation,
+        what: &str,
+    ) {
+        let sequence = [prompt, &generation.tokens].concat();
+        let full = full_forward(model, &sequence);
+        for (i, (&token, &logprob)) in generation
+            .tokens
+            .iter()
+            .zip(&generation.logprobs)
+            .enumerate()
+        {
+            let row = &full[prompt.len() - 1 + i];
+            let greedy = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap();
+            assert_eq!(token as usize, greedy, "{what}: token {i}");
+            let difference = (row[token as usize] - logprob).abs();
+            assert!(
+                difference < 1e-4,
+                "{what}: token {i}: |Δ logprob| {difference}"
+            );
+        }
+    }
+
+    /// Past their window, the windowed layers of Gemma 3, Mistral and gpt-oss models hold a bounded
+    /// number of columns while the global layers hold every one, and the tokens and log-probabilities
+    /// are the full forward's: for rows of different lengths decoding together, for a row paused and
+    /// resumed from its trimmed keys, and for next turns read from the prefix cache (one extending a
+    /// trimmed sequence, which it reuses, and one sharing only its start, which it must not).
+    #[test]
+    fn windowed_layers_keep_only_what_they_read() {
+        for arch in [Arch::Gemma3, Arch::Mistral, Arch::GptOss] {
+            let config = preset_config(arch, Preset::Tiny, 300, 1, 2);
+            let model = random_model(&config, DType::F32);
+            let windows: Vec<Option<usize>> =
+                config.layers.iter().map(|layer| layer.window).collect();
+            assert!(
+                windows.iter().any(Option::is_some),
+                "{arch}: a windowed layer"
+            );
+            let tokenizer = crate::init::build_tokenizer().unwrap();
+            let stopping = Stopping {
+                eos: &[],
+                tokenizer: &tokenizer,
+            };
+            let prefix = PrefixCache::new(100_000);
+            // Two places: a second submission pauses one of the first's rows.
+            let limits = Limits {
+                max_num_seqs: 2,
+                ..Limits::default()
+            };
+            let mut engine = Engine::new(&model, stopping, Some(&prefix), limits);
+            let greedy = |max_tokens| GenerationParams {
+                max_tokens,
+                temperature: 0.0,
+                ..Default::default()
+            };
+            let first: Vec<Vec<u32>> = vec![(3..8).collect(), (10..31).collect()];
+            let second: Vec<u32> = (40..53).collect();
+            let mut results = HashMap::new();
+            let first_id = engine.submit(
+                first.iter().map(|p| (p.clone(), greedy(50))).collect(),
+                Box::new(Quiet),
+            );
+            let mut steps = 0;
+            let mut paused = false;
+            while results.len() < 2 {
+                if steps == 30 {
+                    engine.submit(vec![(second.clone(), greedy(40))], Box::new(Quiet));
+                }
+                results.extend(engine.step());
+                paused |= engine.groups.values().any(|group| {
+                    group
+                        .waiting
+                        .iter()
+                        .any(|w| matches!(w, Waiting::Paused { .. }))
+                });
+                let (columns, held) = (engine.cache.len(), engine.cache.held());
+                for (l, window) in windows.iter().enumerate() {
+                    if engine.running.is_empty() {
+                        continue;
+                    }
+                    match window {
+                        Some(window) => assert!(
+                            held[l] < window + trim_block(*window),
+                            "{arch} step {steps}: layer {l} holds {} of {columns} columns",
+                            held[l]
+                        ),
+                        None => assert_eq!(held[l], columns, "{arch}: global layer {l}"),
+                    }
+                }
+                steps += 1;
+                assert!(steps < 500, "{arch}: the rows end");
+            }
+            assert!(paused, "{arch}: a row was paused");
+            assert!(
+                engine.cache.len() > 60 || steps > 60,
+                "{arch}: rows past the window"
+            );
+            let generations = |id: u64, results: &HashMap<u64, Results>| -> Vec<Generation> {
+                results[&id].iter().map(|r| r.clone().unwrap()).collect()
+            };
+            let firsts = generations(first_id, &results);
+            for (i, (prompt, generation)) in first.iter().zip(&firsts).enumerate() {
+                assert_eq!(generation.tokens.len(), 50);
+                check_against_full_forward(&model, prompt, generation, &format!("{arch} row {i}"));
+            }
+            let second_result = results
+                .iter()
+                .find(|(&id, _)| id != first_id)
+                .map(|(_, r)| r[0].clone().unwrap())
+                .unwrap();
+            check_against_full_forward(&model, &second, &second_result, &format!("{arch} second"));
+
+            // The next turn of the long row extends its whole (trimmed) sequence: read from the cache.
+            let sequence = [first[1].clone(), firsts[1].tokens.clone()].concat();
+            let next_turn = [&sequence[..], &[7, 8, 9]].concat();
+            // Another prompt shares only the long row's first tokens, whose keys the windowed layers
+            // dropped: it runs whole.
+            let elsewhere = [&first[1][..12], &[5, 6]].concat();
+            for (prompt, reused) in [(next_turn, sequence.len() - 1), (elsewhere, 0)] {
+                let before = prefix.reused_tokens();
+                let mut engine = Engine::new(&model, stopping, Some(&prefix), Limits::default());
+                let id = engine.submit(vec![(prompt.clone(), greedy(20))], Box::new(Quiet));
+                let mut done = Vec::new();
+                while done.is_empty() {
+                    done = engine.step();
+                }
+                assert_eq!(done[0].0, id);
+                let generation = done[0].1[0].clone().unwrap();
+                assert_eq!(
+                    prefix.reused_tokens() - before,
+                    reused,
+                    "{arch}: tokens reused"
+                );
+                check_against_full_forward(&model, &prompt, &generation, &format!("{arch} turn"));
+            }
         }
     }
 }

@@ -53,8 +53,9 @@ pub struct Limits {
     /// prefilled over several steps.
     pub max_num_batched_tokens: usize,
     /// Keys and values of the batch, in bytes, beyond which no sequence is admitted (one always is when
-    /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill, and the states
-    /// each sequence keeps in linear-attention layers; the cache
+    /// nothing runs); `usize::MAX` for none. Admission counts the columns sequences fill (no more than a
+    /// window and a [`trim_block`](crate::model::trim_block) of them in a windowed layer, which lets go
+    /// of the rest), and the states each sequence keeps in linear-attention layers; the cache
     /// allocates up to an eighth more (and 16 columns) for the steps to come to write into.
     pub kv_budget_bytes: usize,
     /// Batch-invariant sampling: a sequence's tokens and log-probabilities are the same, bit for bit,

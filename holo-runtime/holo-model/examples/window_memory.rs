@@ -1,0 +1,124 @@
+//! The keys and values one long sequence holds in the scheduler's cache, for a model with windowed
+//! layers (the figure in `docs/architecture.md`'s invariant on windows).
+//!
+//!     cargo run -p holo-model --example window_memory -- \
+//!         [--arch gemma3_text] [--tokens 4096] [--new 64] [--dtype f32|bf16]
+//!
+//! Writes `holo init-model --arch ARCH --preset small` (the family's real layer shapes and windows:
+//! Gemma 3 270M's 18 layers, five of six sliding over 512 positions) into a temporary folder, samples
+//! one sequence of `--tokens` tokens (a random prompt, then `--new` sampled tokens), and prints one JSON
+//! object: the cache's bytes after the last step (what the scheduler reports as `kv_bytes`), and what
+//! the same columns would take if every layer kept them all.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use holo_core::{Prompt, Request, SampleParams};
+use holo_model::init::{init_model, parse_arch, InitOptions, Preset};
+use holo_model::{parse_dtype, LocalModel, LocalOptions};
+use rand::{Rng, SeedableRng};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (mut arch, mut tokens, mut new, mut dtype) = ("gemma3_text".to_string(), 4096, 64, None);
+    while let Some(arg) = args.next() {
+        let value = args.next().unwrap_or_default();
+        match arg.as_str() {
+            "--arch" => arch = value,
+            "--tokens" => tokens = value.parse().unwrap_or(0),
+            "--new" => new = value.parse().unwrap_or(0),
+            "--dtype" => dtype = Some(value),
+            other => {
+                eprintln!("error: unknown argument {other}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if new == 0 || tokens <= new {
+        eprintln!("error: --tokens must be larger than --new, and --new positive");
+        return ExitCode::from(2);
+    }
+    match run(&arch, tokens, new, dtype.as_deref()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(arch: &str, tokens: usize, new: usize, dtype: Option<&str>) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("holo-window-memory-{}", std::process::id()));
+    let options = InitOptions {
+        arch: parse_arch(arch)?,
+        preset: Preset::Small,
+        seed: 0,
+        force: true,
+        vocab: None,
+    };
+    init_model(&dir, &options).map_err(|error| error.to_string())?;
+    let device = candle_core::Device::Cpu;
+    let model = LocalModel::load(
+        &dir,
+        LocalOptions {
+            dtype: parse_dtype(dtype, &device)?,
+            ..LocalOptions::default()
+        },
+    );
+    std::fs::remove_dir_all(&dir).map_err(|error| error.to_string())?;
+    let model = model.map_err(|error| error.to_string())?;
+    let config = model.config().clone();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let prompt: Vec<u32> = (0..tokens - new)
+        .map(|_| rng.random_range(3..config.vocab_size as u32))
+        .collect();
+    let request = Request {
+        prompt: Prompt::Tokens(prompt),
+        params: SampleParams {
+            max_tokens: Some(new as u32),
+            ignore_eos: true,
+            seed: Some(0),
+            ..SampleParams::default()
+        },
+    };
+    // The scheduler publishes the cache's bytes after each step; the sink reads them at each token
+    // (after the step before), so the last token's reading is the cache after `tokens - 1` positions.
+    let stats = model.scheduler_stats();
+    let (last, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let sink = {
+        let (stats, last, peak) = (Arc::clone(&stats), Arc::clone(&last), Arc::clone(&peak));
+        Arc::new(move |_: usize, _: u32, _: f32| {
+            last.store(stats.kv_bytes(), Ordering::Relaxed);
+            peak.fetch_max(stats.kv_bytes(), Ordering::Relaxed);
+            true
+        })
+    };
+    let started = std::time::Instant::now();
+    let completion = model
+        .sample_blocking_streaming(&[request], sink)
+        .pop()
+        .expect("one result")
+        .map_err(|error| error.to_string())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
+    let windows: Vec<Option<usize>> = config.layers.iter().map(|layer| layer.window).collect();
+    let column_bytes =
+        2 * config.num_key_value_heads * config.head_dim * model.model().dtype().size_in_bytes();
+    let columns = tokens - 1;
+    println!(
+        "{}",
+        serde_json::json!({
+            "arch": arch,
+            "layers": attention_layers,
+            "windows": windows,
+            "tokens": tokens,
+            "sampled": completion.tokens.len(),
+            "kv_bytes_last_step": last.load(Ordering::Relaxed),
+            "kv_bytes_peak_while_decoding": peak.load(Ordering::Relaxed),
+            "every_layer_every_column_bytes": attention_layers * columns * column_bytes,
+            "seconds": seconds,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! GGUF files of the families llama.cpp writes with more than Llama's parts — Phi-3 (fused projections,
+//! partial RoPE, LongRoPE's factors), OLMo 3 (norms after attention and MLP, windows with their own RoPE
+//! base) and SmolLM3 (layers without RoPE) — as gguf-py's writer wrote them from the committed
+//! fixtures with llama.cpp's tensor names and keys (`scripts/gguf_families.py`), each loaded to its
+//! folder's model.
+//!
+//!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py
+//!     cargo test -p holo-runtime --test model gguf_families
+
+use std::path::{Path, PathBuf};
+
+use crate::common::json::max_diff;
+use crate::common::logits::sequence_logits;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device};
+use holo_runtime::local::files::load_model;
+use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::model::Weight;
+use holo_runtime::local::{LocalModel, LocalOptions, Model, RopeScaling};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// Each file and the folder it was written from: SmolLM3's is the four-layer model the script made,
+/// whose fourth layer has no RoPE as llama.cpp's graph assumes.
+const FILES: [(&str, &str); 3] = [
+    ("gguf/phi3.gguf", "phi3"),
+    ("gguf/olmo3.gguf", "olmo3"),
+    ("gguf/smollm3.gguf", "gguf/smollm3"),
+];
+
+#[test]
+fn phi3_olmo3_and_smollm3_ggufs_are_their_folders_models() {
+    // Past the fixtures' windows (4 positions), and past Phi-3's original context (64), where
+    // LongRoPE takes its long factors.
+    let long: Vec<u32> = (0..80).map(|i| (i * 37 % 500) as u32).collect();
+    let sequences: [&[u32]; 3] = [
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+        &[509, 100, 200, 300, 7],
+        &long,
+    ];
+    for (file, folder) in FILES {
+        let from_folder = load_model(&fixture(folder), DType::F32, &Device::Cpu).unwrap();
+        let from_file = load_model(&fixture(file), DType::F32, &Device::Cpu)
+            .unwrap_or_else(|error| panic!("{file}: {error}"));
+        let (ours, theirs) = (&from_file.config, &from_folder.config);
+        assert_eq!(ours.arch, theirs.arch, "{file}");
+        assert_eq!(
+            ours.layers, theirs.layers,
+            "{file}: windows and RoPE per layer"
+        );
+        assert_eq!(ours.variant, theirs.variant, "{file}");
+        match (&ours.rope_scaling, &theirs.rope_scaling) {
+            // The file holds LongRoPE's attention factor in f32.
+            (
+                RopeScaling::LongRope {
+                    short_factor,
+                    long_factor,
+                    original_max_position_embeddings,
+                    attention_factor,
+                },
+                RopeScaling::LongRope {
+                    short_factor: short,
+                    long_factor: long,
+                    original_max_position_embeddings: original,
+                    attention_factor: factor,
+                },
+            ) => {
+                assert_eq!(
+                    (short_factor, long_factor, original_max_position_embeddings),
+                    (short, long, original),
+                    "{file}"
+                );
+                assert!((attention_factor - factor).abs() < 1e-6, "{file}");
+            }
+            (ours, theirs) => assert_eq!(ours, theirs, "{file}"),
+        }
+        for sequence in sequences {
+            let (a, b) = (
+                sequence_logits(&from_folder, sequence),
+                sequence_logits(&from_file, sequence),
+            );
+            let difference = a
+                .iter()
+                .zip(&b)
+                .map(|(a, b)| max_diff(a, b))
+                .fold(0.0, f32::max);
+            assert!(
+                difference <= 1e-4,
+                "{file}, {} tokens: max |Δlogit| {difference}",
+                sequence.len()
+            );
+        }
+        // What sets each apart came through the file's keys.
+        match folder {
+            "phi3" => {
+                assert!(ours.variant.fused_projections && ours.variant.rotary_dim == Some(8));
+                assert!(matches!(ours.rope_scaling, RopeScaling::LongRope { .. }));
+            }
+            "olmo3" => assert_eq!(
+                ours.layers.iter().map(|l| l.window).collect::<Vec<_>>(),
+                [Some(4), None]
+            ),
+            _ => assert_eq!(
+                ours.layers.iter().map(|l| l.rope).collect::<Vec<_>>(),
+                [true, true, true, false]
+            ),
+        }
+        // The whole sampler loads the file as `--model file.gguf` does.
+        LocalModel::load(fixture(file), LocalOptions::default())
+            .unwrap_or_else(|error| panic!("{file}: {error}"));
+    }
+}
+
+/// `source` written again into `out` with the metadata `dropped` left out and the two-dimensional
+/// tensors in `matrices`.
+fn rewrite(source: &Path, out: &Path, dropped: &str, matrices: GgmlDType) {
+    let mut reader = std::fs::File::open(source).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .filter(|(key, _)| *key != dropped)
+        .map(|(key, value)| (key.as_str(), value))
+        .collect();
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            let tensor = match tensor.shape().rank() {
+                2 => {
+                    QTensor::quantize(&tensor.dequantize(&Device::Cpu).unwrap(), matrices).unwrap()
+                }
+                _ => tensor,
+            };
+            (name.clone(), tensor)
+        })
+        .collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors
+        .iter()
+        .map(|(name, tensor)| (name.as_str(), tensor))
+        .collect();
+    gguf_file::write(
+        &mut std::fs::File::create(out).unwrap(),
+        &metadata,
+        &tensors,
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_olmo3_gguf_without_its_window_pattern_is_refused_by_key() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-olmo3-pattern");
+    let file = scratch.join("olmo3.gguf");
+    let key = "olmo2.attention.sliding_window_pattern";
+    rewrite(&fixture("gguf/olmo3.gguf"), &file, key, GgmlDType::F32);
+    let error = load_model(&file, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains(key), "{error}");
+}
+
+/// Phi-3's fused `attn_qkv` and `ffn_up` in Q8_0 stay in their blocks for sampling
+/// (`--quantized`), as the other projections do, and give the dequantized file's logits but for the
+/// activations' rounding to 8 bits.
+#[test]
+fn a_q8_0_phi3_gguf_keeps_its_fused_projections_in_blocks() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-phi3-q8_0");
+    let file = scratch.join("phi3.gguf");
+    rewrite(&fixture("gguf/phi3.gguf"), &file, "", GgmlDType::Q8_0);
+    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    for layer in &kept.layers {
+        let linears = Model::linears(layer);
+        let names: Vec<&str> = linears.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "self_attn.qkv_proj",
+                "self_attn.o_proj",
+                "mlp.gate_up_proj",
+                "mlp.down_proj"
+            ]
+        );
+        for (name, linear) in linears {
+            assert!(
+                matches!(linear.weight, Weight::Quantized(_)),
+                "{name} was dequantized"
+            );
+        }
+    }
+    let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
+    let (a, b) = (
+        sequence_logits(&dense, &sequence),
+        sequence_logits(&kept, &sequence),
+    );
+    let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let difference = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| max_diff(a, b))
+        .fold(0.0, f32::max);
+    assert!(
+        difference <= 0.05 * largest,
+        "max |Δlogit| {difference} of {largest}"
+    );
+}
