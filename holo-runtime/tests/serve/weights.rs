@@ -7,6 +7,24 @@ use super::*;
 #[cfg(feature = "cli")]
 use common::served::{tiny_model, Served};
 
+/// The `openai` package against a server with the adapter `policy` loaded: `/v1/models` (id, parent,
+/// version) and a scoring request on the adapter with its raw response's version header.
+#[cfg(feature = "cli")]
+const PYTHON_ADAPTER: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+out = {"models": [[m.id, m.model_dump().get("parent"), m.model_dump().get("weight_version")]
+                  for m in client.models.list().data]}
+raw = client.completions.with_raw_response.create(
+    model="policy", prompt=json.loads(sys.argv[3]), max_tokens=0, echo=True, logprobs=0
+)
+out["header"] = raw.headers.get("x-holo-weight-version")
+out["completion"] = raw.parse().model_dump()
+print(json.dumps(out))
+"#;
+
 /// Writes a PEFT adapter folder for the model folder `base`: rank `rank` on `targets`, `A` as PEFT
 /// draws it and `B` drawn at random (not PEFT's zeros), so that the adapter changes the model.
 #[cfg(feature = "cli")]
@@ -210,6 +228,27 @@ async fn adapters_and_weights_load_while_serving_with_versions() {
     let (reloaded, version) = server.score("policy", &probe).await;
     assert_eq!(version, 2);
     assert!(max_difference(&adapted, &reloaded) > 1e-2);
+    // The official `openai` client names the adapter as its model and sees its parent and version.
+    let probe_json = serde_json::to_string(&probe).unwrap();
+    if let Some(out) =
+        super::python_client::run_python(&["openai"], PYTHON_ADAPTER, &served.base, &[&probe_json])
+            .await
+    {
+        assert_eq!(
+            out["models"],
+            json!([["tiny", null, 0], ["policy", "tiny", 2]])
+        );
+        assert_eq!(out["header"], "2");
+        assert_eq!(out["completion"]["model"], "policy");
+        assert_eq!(out["completion"]["weight_version"], 2);
+        let logprobs: Vec<f32> = out["completion"]["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()[1..]
+            .iter()
+            .map(|value| value.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(logprobs, reloaded);
+    }
 
     // Refusals name their cause and change nothing.
     let refused = |status: u16, kind: &'static str, says: &'static str| {
