@@ -307,6 +307,34 @@ async fn adapters_and_weights_load_while_serving_with_versions() {
     assert_eq!(status, 404, "{answer:#}");
     assert_eq!(answer["error"]["code"], "model_not_found");
 
+    // Greedy replies on the base, then on the adapter: the adapter's must not reuse the keys and
+    // values the base cached for the same prompt (checked against the merged model below).
+    let generate = |model: &'static str| {
+        let server = &server;
+        async move {
+            let (status, _, answer) = server
+                .post(
+                    "/v1/completions",
+                    json!({
+                        "model": model, "prompt": [5, 17, 3, 42], "max_tokens": 8, "temperature": 0.0,
+                        "ignore_eos": true, "return_token_ids": true, "logprobs": 0,
+                    }),
+                )
+                .await;
+            assert_eq!(status, 200, "{answer:#}");
+            let choice = &answer["choices"][0];
+            let logprobs: Vec<f32> = choice["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|value| value.as_f64().unwrap() as f32)
+                .collect();
+            (choice["token_ids"].clone(), logprobs)
+        }
+    };
+    generate("tiny").await;
+    let (adapter_tokens, adapter_logprobs) = generate("policy").await;
+
     // The adapter merged into the base, loaded as full weights: the base now gives what the adapter
     // gave, to rounding, under version 1.
     let merged = dir.join("merged");
@@ -324,6 +352,9 @@ async fn adapters_and_weights_load_while_serving_with_versions() {
         gap <= 1e-4,
         "merged weights {replaced:?} vs the adapter {reloaded:?}: {gap}"
     );
+    let (merged_tokens, merged_logprobs) = generate("tiny").await;
+    assert_eq!(merged_tokens, adapter_tokens);
+    assert!(max_difference(&merged_logprobs, &adapter_logprobs) <= 1e-4);
     // A file of other shapes is refused by tensor name, and the weights stay.
     let other = dir.join("other.safetensors");
     let mut tensors =
