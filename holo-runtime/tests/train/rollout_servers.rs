@@ -272,3 +272,41 @@ fn reqwest_get(url: &str) -> Value {
         serde_json::from_str(&response.text().await.unwrap()).unwrap()
     })
 }
+
+/// A LoRA run killed after its second step and resumed on the same server (which still holds its
+/// adapter) pushes the restored weights before its next step and goes on verifying.
+#[test]
+fn a_resumed_run_pushes_its_restored_weights_first() {
+    let server = serve();
+    let out = scratch("resume");
+    let mut args = tiny_grpo(
+        "short.hol",
+        &out,
+        3,
+        &["--use-peft", "--lora-r", "4", "--save-steps", "1"],
+    );
+    args.extend(["--vllm-server-base-url".to_string(), server.base.clone()]);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let killed = holo_command(&args)
+        .env("HOLO_KILL_AT", "checkpoint:renamed@2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&killed.stderr);
+    assert!(
+        stderr.contains("HOLO_KILL_AT: killed at checkpoint:renamed"),
+        "{stderr}"
+    );
+    args.push("--resume");
+    let output = holo_command(&args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    let last = metrics.iter().rfind(|m| m.get("loss").is_some()).unwrap();
+    assert_eq!(last["step"], 3, "{last:#}");
+    // Versions 1 to 3 by the killed run, 4 the resumed run's restored weights, 5 its step 3.
+    assert_eq!(last["sync/weight_version"], 5.0, "{last:#}");
+    assert!(last["sync/mismatch"].as_f64().unwrap() <= 1e-4, "{last:#}");
+}

@@ -323,7 +323,9 @@ impl WeightSync {
                 json!({
                     "lora_name": server.model,
                     "lora_path": path,
-                    "load_inplace": server.previous.is_some(),
+                    // Also on the first push: a server that kept the adapter of an earlier run (or of
+                    // this one before a resume) has the name loaded already.
+                    "load_inplace": true,
                 }),
                 format!("loading step {step}'s adapter"),
             )
