@@ -1,7 +1,7 @@
 //! `holo train --vllm-server-base-url`: rollouts sampled by `holo serve` child processes while the
 //! weights train in process, pushed after every step and verified with a probe. A sync that leaves the
-//! served weights as they were, and a server that dies mid-run, stop the run with an error that names
-//! the cause.
+//! served weights as they were stops the run with an error that names the cause; so does a server that
+//! dies mid-run when it is the only one, while beside another it is dropped from the pool.
 #![cfg(feature = "cli")]
 
 use std::path::{Path, PathBuf};
@@ -51,6 +51,9 @@ enum Fault {
     /// Kills the server behind it at the second load (the first step's push): a server that dies
     /// mid-run.
     KillAtLoad,
+    /// Kills the server behind it at the first rollout it is asked for: a server that dies while it
+    /// samples.
+    KillAtRollout,
 }
 
 /// An HTTP proxy in front of a `holo serve` child, on its own thread, that injects `fault`.
@@ -96,6 +99,11 @@ impl Proxy {
                     let (served, loads) = (Arc::clone(&served), Arc::clone(&counted));
                     tokio::spawn(async move {
                         while let Some(request) = read_request(&mut stream).await {
+                            let rollout = request.path == "/v1/completions"
+                                && request.body["max_tokens"] != 0;
+                            if rollout && matches!(fault, Fault::KillAtRollout) {
+                                drop(served.lock().unwrap().take());
+                            }
                             if request.path == "/v1/load_lora_adapter"
                                 || request.path == "/update_weights_from_disk"
                             {
@@ -240,20 +248,80 @@ fn a_no_op_sync_stops_the_run_at_the_first_step() {
     assert_eq!(proxy.loads.load(Ordering::SeqCst), 2);
 }
 
-/// A server that dies mid-run (at the first step's push) stops the run once the deadline has passed,
-/// naming the server and what the trainer waited for.
+/// A server that dies mid-run (at the first step's push): alone, it stops the run once the deadline
+/// has passed, naming the server and what the trainer waited for; beside another, it is dropped from
+/// the pool and the run goes on on the other, every later push verified there.
 #[test]
-fn a_server_that_dies_mid_run_stops_it_with_the_cause() {
+fn a_server_that_dies_mid_run_stops_it_alone_and_is_dropped_beside_another() {
+    let lora = ["--use-peft", "--lora-r", "4"];
     let proxy = Proxy::start(serve(), Fault::KillAtLoad);
     let out = scratch("dead");
-    let output = train_on(&[&proxy.url], &out, &["--use-peft", "--lora-r", "4"]);
+    let output = train_on(&[&proxy.url], &out, &lora);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     assert!(
-        stderr.contains(&format!("weight sync: {}", proxy.url))
-            && stderr.contains("loading step 1's adapter"),
+        stderr.contains(&format!("weight sync: {} is unreachable", proxy.url))
+            && stderr.contains("loading step 1's adapter, for 5 s"),
         "{stderr}"
     );
+
+    let proxy = Proxy::start(serve(), Fault::KillAtLoad);
+    let other = serve();
+    let out = scratch("dead-pool");
+    let output = train_on(&[&proxy.url, &other.base], &out, &lora);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: rollout server {} dropped from the pool (1 left)",
+            proxy.url
+        )),
+        "{stderr}"
+    );
+    let metrics = run_metrics(&out);
+    let steps: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    assert_eq!(steps.len(), 2, "{metrics:#?}");
+    for (i, step) in steps.iter().enumerate() {
+        assert_eq!(step["sync/servers"], 1.0, "{step:#}");
+        assert_eq!(step["sync/weight_version"], (i + 2) as f64, "{step:#}");
+        assert!(step["sync/mismatch"].as_f64().unwrap() <= 1e-4, "{step:#}");
+    }
+}
+
+/// A server that dies while it samples is dropped from the pool, and the requests it failed are
+/// sampled by the other: every rollout of the step is there, none failed.
+#[test]
+fn rollouts_of_a_server_that_dies_go_to_the_others() {
+    let proxy = Proxy::start(serve(), Fault::KillAtRollout);
+    let other = serve();
+    let out = scratch("requeue");
+    let output = train_on(
+        &[&proxy.url, &other.base],
+        &out,
+        &["--use-peft", "--lora-r", "4"],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: rollout server {} dropped from the pool (1 left)",
+            proxy.url
+        )),
+        "{stderr}"
+    );
+    let records: Vec<Value> = std::fs::read_to_string(out.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    for step in [1, 2] {
+        let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == step).collect();
+        assert_eq!(of_step.len(), 8, "step {step}");
+        assert!(of_step.iter().all(|r| r["error"].is_null()), "{of_step:#?}");
+    }
+    let metrics = run_metrics(&out);
+    let last = metrics.iter().rfind(|m| m.get("loss").is_some()).unwrap();
+    assert_eq!(last["sync/servers"], 1.0, "{last:#}");
 }
 
 fn reqwest_get(url: &str) -> Value {

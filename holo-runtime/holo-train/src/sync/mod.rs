@@ -15,12 +15,16 @@
 //! A server that reports weight versions (`x-holo-weight-version`, `holo serve`'s) must also score the
 //! probe with the version its load answered. Otherwise the run stops with [`TrainError::Source`] naming
 //! the server, the step and the cause, with the numbers. Every request has a deadline and says what it
-//! waited for; a server that refuses connections is retried until the deadline, then reported
-//! unreachable.
+//! waited for; a connection refused, reset or cut short is retried until the deadline. A server still
+//! unreachable then is dropped from the pool ([`Servers`]: the sampler sends it nothing more) while
+//! another is left, and the run stops, naming it, when it was the last. The sampler ([`RoundRobin`])
+//! drops a server the same way when it fails requests and no longer answers `GET /health`, and sends
+//! those requests to the others.
 
 mod pool;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
@@ -30,7 +34,7 @@ use crate::checkpoint::{self, Weights};
 use crate::error::TrainError;
 use holo_core::openai::{OpenAi, OpenAiConfig};
 use holo_model::{Model, Ops};
-pub use pool::RoundRobin;
+pub use pool::{RoundRobin, Servers};
 
 /// Below this, a change of the trainer's probe log-probabilities may round away on a server: the
 /// no-op check applies only above it.
@@ -74,7 +78,25 @@ pub struct Pushed {
     pub change: f32,
     /// The weight version the servers report (the first one's), when they do.
     pub version: Option<u64>,
+    /// The servers that took the push (those that could not be reached are dropped).
+    pub servers: usize,
     pub seconds: f64,
+}
+
+/// Why a request to a server failed: the server is gone (it cannot be reached within the deadline),
+/// or it answered what stops the run.
+enum Failure {
+    Gone(String),
+    Stop(TrainError),
+}
+
+impl Failure {
+    fn into_error(self) -> TrainError {
+        match self {
+            Failure::Gone(message) => TrainError::Source(message),
+            Failure::Stop(error) => error,
+        }
+    }
 }
 
 /// One server as the sync sees it.
@@ -92,6 +114,8 @@ pub struct WeightSync {
     dir: PathBuf,
     client: reqwest::Client,
     servers: Vec<Server>,
+    /// Which servers are still in the pool (shared with the sampler, [`WeightSync::sampler`]).
+    pool: Arc<Servers>,
     lora: bool,
     probe: Vec<u32>,
     /// The trainer's probe at the previous push.
@@ -126,6 +150,7 @@ impl WeightSync {
             dir,
             client,
             servers: Vec::new(),
+            pool: Arc::new(Servers::new(Vec::new())),
             lora,
             probe,
             previous: None,
@@ -142,7 +167,8 @@ impl WeightSync {
             } else {
                 let (_, _, models) = sync
                     .request(&url, "GET", "/v1/models", None, "the served models")
-                    .await?;
+                    .await
+                    .map_err(Failure::into_error)?;
                 models["data"][0]["id"]
                     .as_str()
                     .ok_or_else(|| {
@@ -158,22 +184,40 @@ impl WeightSync {
                 previous: None,
             });
         }
+        let urls = sync
+            .servers
+            .iter()
+            .map(|server| server.url.clone())
+            .collect();
+        sync.pool = Arc::new(Servers::new(urls));
         Ok(sync)
     }
 
-    /// The samplers of the servers, one per server, for [`RoundRobin`].
-    pub fn samplers(&self) -> Result<Vec<OpenAi>, TrainError> {
-        self.servers
+    /// The sampler of the rollouts: the servers round-robin, each one dropped from the pool (for the
+    /// sync too) when it no longer answers. With several servers each tries a failed request twice,
+    /// not six times, before the pool asks whether the server is still there.
+    pub fn sampler(&self) -> Result<RoundRobin, TrainError> {
+        let several = self.servers.len() > 1;
+        let samplers = self
+            .servers
             .iter()
             .map(|server| {
+                let defaults = OpenAiConfig::new(&server.url, &server.model);
                 OpenAi::new(OpenAiConfig {
                     proxy_from_env: false,
                     request_timeout: self.options.timeout,
-                    ..OpenAiConfig::new(&server.url, &server.model)
+                    max_retries: if several { 2 } else { defaults.max_retries },
+                    ..defaults
                 })
                 .map_err(|error| TrainError::Input(format!("weight sync: {}: {error}", server.url)))
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RoundRobin::new(
+            samplers,
+            Arc::clone(&self.pool),
+            self.client.clone(),
+            self.options.timeout,
+        ))
     }
 
     /// Pushes `weights` (those of `model`, after optimizer step `step`; 0 before the first) to every
@@ -198,60 +242,90 @@ impl WeightSync {
             mismatch: 0.0,
             change: 0.0,
             version: None,
+            servers: 0,
             seconds: 0.0,
         };
         for index in 0..self.servers.len() {
-            let loaded = self.load(index, &path, step).await?;
-            let (scored, version) = self.score(index, step).await?;
-            let server = &self.servers[index];
-            let at = format!("{} after step {step}", server.url);
-            if let (Some(loaded), Some(version)) = (loaded, version) {
-                if version != loaded {
-                    return Err(TrainError::Source(format!(
-                        "weight sync: {at}: the load answered version {loaded}, but the probe was scored \
-                         with version {version}"
-                    )));
+            if !self.pool.alive(index) {
+                continue;
+            }
+            match self.push_to(index, &path, step, &own, moved).await {
+                Ok((mismatch, change, version)) => {
+                    pushed.mismatch = pushed.mismatch.max(mismatch);
+                    pushed.change = pushed.change.max(change.unwrap_or(0.0));
+                    pushed.version = pushed.version.or(version);
                 }
-            }
-            if scored.len() != own.len() {
-                return Err(TrainError::Source(format!(
-                    "weight sync: {at}: the probe of {} tokens came back with {} log-probabilities",
-                    self.probe.len(),
-                    scored.len() + 1
-                )));
-            }
-            if let Some(previous) = &server.previous {
-                let change = max_difference(previous, &scored);
-                if change == 0.0 && moved > NOISE {
-                    return Err(TrainError::Source(format!(
-                        "weight sync: no-op sync at {at}: the server scores the probe exactly as before \
-                         the push ({}), while the trained weights moved its log-probabilities by up to \
-                         {moved:.3e}; the server did not take the new weights (`{}`)",
-                        numbers(&scored),
-                        server.model
-                    )));
+                Err(Failure::Gone(message)) if self.pool.live().len() > 1 => {
+                    self.pool.drop_server(index, &message);
                 }
-                pushed.change = pushed.change.max(change);
+                Err(Failure::Gone(message)) => return Err(TrainError::Source(message)),
+                Err(Failure::Stop(error)) => return Err(error),
             }
-            let mismatch = max_difference(&own, &scored);
-            // NaN (a server answering garbage) fails too.
-            if mismatch.is_nan() || mismatch > self.options.tolerance {
-                return Err(TrainError::Source(format!(
-                    "weight sync: mismatch at {at}: the server's probe log-probabilities differ from the \
-                     trainer's by up to {mismatch:.3e} (tolerance {:.1e}); server {}, trainer {}",
-                    self.options.tolerance,
-                    numbers(&scored),
-                    numbers(&own)
-                )));
-            }
-            pushed.mismatch = pushed.mismatch.max(mismatch);
-            pushed.version = pushed.version.or(version);
-            self.servers[index].previous = Some(scored);
         }
+        pushed.servers = self.pool.live().len();
         self.previous = Some(own);
         self.pushes += 1;
         pushed.seconds = started.elapsed().as_secs_f64();
         Ok(Some(pushed))
+    }
+
+    /// Loads the weights at `path` on server `index` and verifies them with the probe against the
+    /// trainer's `own` (which moved by `moved` since the previous push): the mismatch, the change since
+    /// the previous push (none on the first) and the version the server reports.
+    async fn push_to(
+        &mut self,
+        index: usize,
+        path: &std::path::Path,
+        step: u64,
+        own: &[f32],
+        moved: f32,
+    ) -> Result<(f32, Option<f32>, Option<u64>), Failure> {
+        let loaded = self.load(index, path, step).await?;
+        let (scored, version) = self.score(index, step).await?;
+        let server = &self.servers[index];
+        let at = format!("{} after step {step}", server.url);
+        let stop = |message: String| Failure::Stop(TrainError::Source(message));
+        if let (Some(loaded), Some(version)) = (loaded, version) {
+            if version != loaded {
+                return Err(stop(format!(
+                    "weight sync: {at}: the load answered version {loaded}, but the probe was scored \
+                     with version {version}"
+                )));
+            }
+        }
+        if scored.len() != own.len() {
+            return Err(stop(format!(
+                "weight sync: {at}: the probe of {} tokens came back with {} log-probabilities",
+                self.probe.len(),
+                scored.len() + 1
+            )));
+        }
+        let change = server
+            .previous
+            .as_ref()
+            .map(|previous| max_difference(previous, &scored));
+        if change == Some(0.0) && moved > NOISE {
+            return Err(stop(format!(
+                "weight sync: no-op sync at {at}: the server scores the probe exactly as before the \
+                 push ({}), while the trained weights moved its log-probabilities by up to \
+                 {moved:.3e}; the server did not take the new weights (`{}`)",
+                numbers(&scored),
+                server.model
+            )));
+        }
+        let mismatch = max_difference(own, &scored);
+        // NaN (a server answering garbage) fails too.
+        if mismatch.is_nan() || mismatch > self.options.tolerance {
+            return Err(stop(format!(
+                "weight sync: mismatch at {at}: the server's probe log-probabilities differ from the \
+                 trainer's by up to {mismatch:.3e} (tolerance {:.1e}); server {}, trainer {}",
+                self.options.tolerance,
+                numbers(&scored),
+                numbers(own)
+            )));
+        }
+        self.servers[index].previous = Some(scored);
+        Ok((mismatch, change, version))
     }
 
     /// The trainer's log-probabilities of the probe's tokens after the first: a sampling pass, as the
@@ -314,7 +388,7 @@ impl WeightSync {
         index: usize,
         path: &std::path::Path,
         step: u64,
-    ) -> Result<Option<u64>, TrainError> {
+    ) -> Result<Option<u64>, Failure> {
         let server = &self.servers[index];
         let path = path.display().to_string();
         let (route, body, what) = if self.lora {
@@ -340,17 +414,17 @@ impl WeightSync {
             .request(&server.url, "POST", route, Some(body), &what)
             .await?;
         if status != 200 {
-            return Err(TrainError::Source(format!(
+            return Err(Failure::Stop(TrainError::Source(format!(
                 "weight sync: POST {}{route} ({what}) answered {status}: {answer}",
                 server.url
-            )));
+            ))));
         }
         Ok(version)
     }
 
     /// Server `index`'s log-probabilities of the probe's tokens after the first, and the version it
     /// scored them with, when it says.
-    async fn score(&self, index: usize, step: u64) -> Result<(Vec<f32>, Option<u64>), TrainError> {
+    async fn score(&self, index: usize, step: u64) -> Result<(Vec<f32>, Option<u64>), Failure> {
         let server = &self.servers[index];
         let body = json!({
             "model": server.model,
@@ -373,18 +447,18 @@ impl WeightSync {
             _ => None,
         };
         let scored = scored.ok_or_else(|| {
-            TrainError::Source(format!(
+            Failure::Stop(TrainError::Source(format!(
                 "weight sync: POST {}/v1/completions ({what}) answered {status} without the prompt's \
                  log-probabilities: {answer}",
                 server.url
-            ))
+            )))
         })?;
         Ok((scored, version))
     }
 
     /// One request to a server, within the deadline: its status, its weight version header and its
-    /// body (JSON, or a JSON string of a text answer). A refused connection is retried until the
-    /// deadline.
+    /// body (JSON, or a JSON string of a text answer). A connection refused, reset or cut short is
+    /// retried until the deadline; then the server is [`Failure::Gone`].
     async fn request(
         &self,
         url: &str,
@@ -392,7 +466,7 @@ impl WeightSync {
         route: &str,
         body: Option<Value>,
         what: &str,
-    ) -> Result<(u16, Option<u64>, Value), TrainError> {
+    ) -> Result<(u16, Option<u64>, Value), Failure> {
         let deadline = Instant::now() + self.options.timeout;
         let mut backoff = Duration::from_millis(50);
         let seconds = self.options.timeout.as_secs_f64();
@@ -415,24 +489,24 @@ impl WeightSync {
                         .headers()
                         .get("x-holo-weight-version")
                         .and_then(|value| value.to_str().ok()?.parse().ok());
-                    let text = response.text().await.map_err(|error| {
-                        TrainError::Source(format!(
-                            "weight sync: {method} {url}{route} ({what}): reading the answer: {error}"
-                        ))
-                    })?;
-                    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                    return Ok((status, version, value));
+                    match response.text().await {
+                        Ok(text) => {
+                            let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                            return Ok((status, version, value));
+                        }
+                        Err(error) => error,
+                    }
                 }
                 Err(error) => error,
             };
             if error.is_timeout() {
-                return Err(TrainError::Source(format!(
+                return Err(Failure::Gone(format!(
                     "weight sync: {method} {url}{route} ({what}) got no answer within {seconds} s \
                      (`vllm_server_timeout`)"
                 )));
             }
-            if !error.is_connect() || Instant::now() + backoff >= deadline {
-                return Err(TrainError::Source(format!(
+            if Instant::now() + backoff >= deadline {
+                return Err(Failure::Gone(format!(
                     "weight sync: {url} is unreachable ({method} {route}, {what}, for {seconds} s): {error}"
                 )));
             }

@@ -19,7 +19,7 @@ use crate::correction::importance_sampling;
 use crate::error::TrainError;
 use crate::run::{self, mix, Opened, Policy, Trainable, Window};
 use crate::state::{Buffer, TrainerState};
-use crate::sync::{RoundRobin, SyncOptions, WeightSync};
+use crate::sync::{SyncOptions, WeightSync};
 use crate::{erl, loss, ppo, score};
 use holo_core::holophore::Holophore;
 use holo_core::sampler::Sampler;
@@ -149,6 +149,7 @@ impl Local {
             let mut metrics = BTreeMap::from([
                 ("sync/mismatch".to_string(), f64::from(pushed.mismatch)),
                 ("sync/change".to_string(), f64::from(pushed.change)),
+                ("sync/servers".to_string(), pushed.servers as f64),
             ]);
             if let Some(version) = pushed.version {
                 metrics.insert("sync/weight_version".into(), version as f64);
@@ -285,8 +286,10 @@ impl Backend for Local {
             lora,
             model.config.vocab_size,
         ))?;
-        let pool = RoundRobin::new(sync.samplers()?);
-        self.external = Some((Box::new(pool), Some(model.config.max_position_embeddings)));
+        self.external = Some((
+            Box::new(sync.sampler()?),
+            Some(model.config.max_position_embeddings),
+        ));
         self.sync = Some(sync);
         self.push(runtime, state.global_step, None)
     }
