@@ -30,6 +30,7 @@ pub mod schedule;
 #[doc(hidden)]
 pub mod testing;
 pub mod threads;
+pub mod update;
 
 pub use kernels::head;
 

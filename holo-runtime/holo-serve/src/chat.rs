@@ -19,7 +19,7 @@ pub(super) async fn chat(
     let raw = body_bytes(body)?;
     let map = parse_object(&raw)?;
     let fields = Fields(&map);
-    state.check_model(&fields)?;
+    let target = state.target(&fields, tally)?;
     let mut common = common(&fields, true)?;
     let tool_request = tool_request(state, &fields)?;
     if let Some(request) = &tool_request {
@@ -211,11 +211,12 @@ pub(super) async fn chat(
         .collect();
     tally.prompt_tokens(prompt_ids.len());
     if let Some(options) = common.stream {
-        let events = state.submit(requests, true, tally)?;
+        let events = state.submit(&target, requests, true, tally)?;
         let endpoint = stream::Endpoint::Chat { logprobs };
         return Ok(stream::respond(
             Arc::clone(state),
             tally,
+            &target,
             endpoint,
             common,
             options,
@@ -224,7 +225,7 @@ pub(super) async fn chat(
             events,
         ));
     }
-    let completions = state.generate(requests, tally).await?;
+    let completions = state.generate(&target, requests, tally).await?;
     let mut choices = Vec::with_capacity(completions.len());
     let mut completion_tokens = 0;
     for (index, completion) in completions.iter().enumerate() {
@@ -255,7 +256,8 @@ pub(super) async fn chat(
         "id": state.response_id("chatcmpl", tally),
         "object": "chat.completion",
         "created": unix_time(),
-        "model": state.id,
+        "model": target.name,
+        "weight_version": target.version,
         "choices": choices,
         "usage": usage(prompt_ids.len(), completion_tokens),
     });

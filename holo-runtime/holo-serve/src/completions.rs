@@ -9,7 +9,7 @@ pub(super) async fn complete(
 ) -> Result<Response, ApiError> {
     let map = parse_object(&body_bytes(body)?)?;
     let fields = Fields(&map);
-    state.check_model(&fields)?;
+    let target = state.target(&fields, tally)?;
     let mut common = common(&fields, false)?;
     state.check_sampling(&common)?;
     let logprobs = fields.integer("logprobs", 0, MAX_LOGPROBS)?;
@@ -65,13 +65,14 @@ pub(super) async fn complete(
         false => Vec::new(),
     };
     if let Some(options) = common.stream {
-        let events = state.submit(requests, true, tally)?;
+        let events = state.submit(&target, requests, true, tally)?;
         let endpoint = stream::Endpoint::Completions {
             logprobs: logprobs.is_some(),
         };
         return Ok(stream::respond(
             Arc::clone(state),
             tally,
+            &target,
             endpoint,
             common,
             options,
@@ -80,7 +81,7 @@ pub(super) async fn complete(
             events,
         ));
     }
-    let answers = state.generate_scored(requests, tally).await?;
+    let answers = state.generate_scored(&target, requests, tally).await?;
     let mut choices = Vec::with_capacity(answers.len());
     let mut completion_tokens = 0;
     for (index, (completion, scored)) in answers.iter().enumerate() {
@@ -121,7 +122,8 @@ pub(super) async fn complete(
         "id": state.response_id("cmpl", tally),
         "object": "text_completion",
         "created": unix_time(),
-        "model": state.id,
+        "model": target.name,
+        "weight_version": target.version,
         "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }))

@@ -27,10 +27,12 @@
 //! |---|---|
 //! | `GET /health` | `200 {"status": "ok"}` |
 //! | `GET /metrics` | Prometheus text: requests by status, prompt and generation tokens, queue and request times, open connections; with the local model, its queue, batch, keys-and-values bytes, tokens sampled and tokens per second (see [`metrics`](self#metrics)) |
-//! | `GET /v1/models` | `{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "holo", "root", "parent": null, "max_model_len"}]}` |
+//! | `GET /v1/models` | `{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "holo", "root", "parent": null, "max_model_len", "weight_version"}]}`, then the loaded adapters (`parent`: the served id, `root`: their path) |
 //! | `GET /v1/models/{id}` | that model object, or 404 |
 //! | `POST /v1/completions` | a `text_completion` (below) |
 //! | `POST /v1/chat/completions` | a `chat.completion` (below) |
+//! | `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` | vLLM's: a LoRA adapter loaded or unloaded by name (see *Weight updates*) |
+//! | `POST /update_weights_from_disk` | SGLang's: the base weights replaced from safetensors (see *Weight updates*) |
 //! | anything else | 404 (unknown route) or 405 (wrong method), as an OpenAI error |
 //!
 //! Every prompt reaches the sampler as [`Prompt::Tokens`]: the server tokenizes, the sampler never sees text.
@@ -76,8 +78,8 @@
 //! *Refused fields*).
 //!
 //! Both endpoints:
-//! - `model`: must be the served id ([`ServedModel::id`]) when given; another id is a 404 `model_not_found`
-//!   (OpenAI's and vLLM's status for an unknown model). Omitted: the served model.
+//! - `model`: the served id ([`ServedModel::id`]) or a loaded adapter's name when given; another id is a
+//!   404 `model_not_found` (OpenAI's and vLLM's status for an unknown model). Omitted: the served model.
 //! - `max_tokens` (≥ 1; 0 on completions with `echo`); chat also `max_completion_tokens`, which wins over `max_tokens`. Default: 16 on
 //!   completions (OpenAI's and vLLM's default); on chat, the rest of the context
 //!   (`max_model_len - prompt tokens`) when [`ServedModel::max_model_len`] is known, else the sampler's
@@ -166,7 +168,8 @@
 //!   `"tool_calls"`.
 //! - `tools`, `tool_choice`, `parallel_tool_calls`: see *Tools*.
 //!
-//! Both answers carry `id`, `object`, `created`, `model`, `choices` (prompt-major: prompt `p`, sample `j`
+//! Both answers carry `id`, `object`, `created`, `model` (the id or adapter the request named),
+//! `weight_version` (see *Weight updates*), `choices` (prompt-major: prompt `p`, sample `j`
 //! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out,
 //! `"tool_calls"` when the reply's tool calls were read (chat), else `"stop"`) and `stop_reason`, and
 //! `usage {prompt_tokens, completion_tokens, total_tokens}` (each prompt's tokens counted once, every
@@ -288,6 +291,44 @@
 //! 500 and the server goes on. A sampler whose queue is full ([`SamplerError::Overloaded`]) answers 429
 //! with `Retry-After`.
 //!
+//! # Weight updates
+//!
+//! A local model served with [`ServedModel::local_with_updates`] (what `holo serve` does) takes new
+//! weights while it serves, so that a trainer can sample its latest policy here:
+//!
+//! - `POST /v1/load_lora_adapter` `{"lora_name", "lora_path", "load_inplace"}` (vLLM's route and body): the
+//!   PEFT adapter folder at `lora_path` (`adapter_config.json` and `adapter_model.safetensors`, as `holo
+//!   export` and the trainer's LoRA checkpoints write them) is put on the base weights now served; requests
+//!   whose `model` is `lora_name` sample with it. `200` with vLLM's plain-text `Success: LoRA adapter
+//!   'NAME' added successfully.` A name already loaded is vLLM's 400 unless `load_inplace` is `true`, which
+//!   replaces it. Refused as vLLM refuses: a missing name or path (400 `InvalidUserInput`), a path without
+//!   the two files (404 `NotFoundError`), an adapter that does not fit (400 `BadRequestError`, naming the
+//!   cause: a target module the model lacks, a tensor whose shape is not the config's `r`, a tensor the
+//!   config does not describe, DoRA, biases, `modules_to_save`, a regular expression as
+//!   `target_modules`). rsLoRA's scaling is honoured.
+//! - `POST /v1/unload_lora_adapter` `{"lora_name"}`: `200` `Success: LoRA adapter 'NAME' removed
+//!   successfully.`, or 404 `NotFoundError` `The lora adapter 'NAME' cannot be found.`
+//! - `POST /update_weights_from_disk` `{"model_path"}` (SGLang's route and body; vLLM has no HTTP route for
+//!   it outside its development mode's `/collective_rpc`): the base weights replaced by those of a
+//!   `.safetensors` file or a model folder (its `model*.safetensors` files) of the same architecture. Every
+//!   tensor must be the served model's, by name and shape; a missing, extra or reshaped one is a 400
+//!   `{"success": false, "message"}` naming it, and nothing changes. `200 {"success": true, "message",
+//!   "weight_version"}`. Adapters loaded before keep the base they were loaded on.
+//!
+//! Each set of weights (the base, each adapter) samples as its own local model, with its own scheduler
+//! and prefix cache: keys and values computed under one set are never read under another, and a request
+//! samples to its end with the weights it started with (a load only changes what later requests get).
+//! Sequences of different adapters are therefore not batched together. Adapters run unmerged, as the
+//! trainer runs them, so their log-probabilities are the trainer's to rounding. A server of another
+//! sampler refuses these routes (400).
+//!
+//! **Versions.** The base weights are version 0, then one more per replacement; an adapter is version 1
+//! when its name is first loaded, then one more per load under that name (unloading does not reset it).
+//! Every answer of `/v1/completions` and `/v1/chat/completions` that named its weights carries the
+//! version they sampled with in the header `x-holo-weight-version` ([`WEIGHT_VERSION_HEADER`]) and in the
+//! body's `weight_version` (each streamed chunk's too); the load routes answer with the new version in
+//! the header; `/v1/models` lists each model's; `/metrics` has the gauge `holo_weight_version{model}`.
+//!
 //! # Errors
 //!
 //! Every error is `{"error": {"message", "type", "param", "code"}}`:
@@ -351,6 +392,7 @@ mod sampling;
 mod stream;
 mod structured;
 mod tools;
+mod weights;
 
 use chat::*;
 use choices::*;
@@ -361,6 +403,8 @@ use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
 use sampling::*;
 use tools::*;
+use weights::{Target, Weights};
+pub use weights::{Updatable, WEIGHT_VERSION_HEADER};
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
 /// template that turn requests into token prompts and sampled tokens into logprob entries.
@@ -381,6 +425,9 @@ pub struct ServedModel {
     /// The format the model writes tool calls in (`holo serve --tool-call-parser`); `None` takes the
     /// one the chat template renders them in ([`ToolFormat::detect`]), if it says.
     pub tool_parser: Option<ToolFormat>,
+    /// What new weights are built from, when the server takes them (see *Weight updates*); `None`
+    /// refuses the update routes.
+    pub updatable: Option<Updatable>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -422,6 +469,7 @@ impl ServedModel {
             scheduler: None,
             grammars: None,
             tool_parser: None,
+            updatable: None,
         }
     }
 
@@ -436,7 +484,25 @@ impl ServedModel {
             scheduler: Some(model.scheduler_stats()),
             grammars: Some(model.grammars().clone()),
             tool_parser: None,
+            updatable: None,
             sampler: Arc::new(model),
+        }
+    }
+
+    /// [`ServedModel::local`] taking new weights while it serves (see *Weight updates*): LoRA adapters
+    /// and full weights are built over `model` and sampled with `options` (those `model` was loaded
+    /// with).
+    pub fn local_with_updates(
+        id: impl Into<String>,
+        model: holo_model::LocalModel,
+        options: holo_model::LocalOptions,
+    ) -> Self {
+        ServedModel {
+            updatable: Some(Updatable {
+                model: model.clone(),
+                options,
+            }),
+            ..ServedModel::local(id, model)
         }
     }
 
@@ -516,7 +582,6 @@ pub struct Server {
     addr: SocketAddr,
     state: Arc<AppState>,
     jobs: mpsc::UnboundedReceiver<Job>,
-    sampler: Arc<dyn Sampler>,
     config: ServeConfig,
 }
 
@@ -548,6 +613,7 @@ impl Server {
             scheduler,
             grammars,
             tool_parser,
+            updatable,
         } = model;
         let sources: String = template
             .template_names()
@@ -576,6 +642,7 @@ impl Server {
                     .saturating_mul(4)
             }),
             vocab,
+            weights: Weights::new(id.clone(), sampler, updatable),
             id,
             tokenizer,
             template,
@@ -598,7 +665,6 @@ impl Server {
             addr,
             state,
             jobs,
-            sampler,
             config,
         })
     }
@@ -623,11 +689,10 @@ impl Server {
             listener,
             state,
             jobs,
-            sampler,
             config,
             ..
         } = self;
-        let dispatcher = tokio::spawn(dispatch(jobs, sampler));
+        let dispatcher = tokio::spawn(dispatch(jobs));
         let app = router(Arc::clone(&state), config.max_body_bytes);
         let result = listen::serve(listener, app, state, shutdown).await;
         // The router (and with it every job sender) is gone: the dispatcher waits for the samples in
@@ -693,7 +758,10 @@ impl Drop for ServerHandle {
 // State and routes
 
 struct AppState {
+    /// The base model's name.
     id: String,
+    /// The weights requests can name, and their versions.
+    weights: Weights,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     max_model_len: Option<u32>,
@@ -743,36 +811,22 @@ impl AppState {
         }
     }
 
-    fn model_object(&self) -> Value {
-        json!({
-            "id": self.id,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "holo",
-            "root": self.id,
-            "parent": null,
-            "max_model_len": self.max_model_len,
-        })
-    }
-
-    fn check_model(&self, fields: &Fields) -> Result<(), ApiError> {
-        match fields.get("model") {
-            None => Ok(()),
-            Some(Value::String(model)) if *model == self.id => Ok(()),
-            Some(Value::String(model)) => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "The model `{model}` does not exist; this server serves `{}`.",
-                    self.id
-                ),
-            )
-            .param("model")
-            .code("model_not_found")),
-            Some(other) => Err(ApiError::invalid(
-                "model",
-                format!("`model` must be a string, got {}", describe(other)),
-            )),
-        }
+    /// The weights the request's `model` names (the base when absent); the answer will report their
+    /// version.
+    fn target(&self, fields: &Fields, tally: &Tally) -> Result<Target, ApiError> {
+        let model = match fields.get("model") {
+            None => None,
+            Some(Value::String(model)) => Some(model.as_str()),
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!("`model` must be a string, got {}", describe(other)),
+                ))
+            }
+        };
+        let target = self.weights.target(model)?;
+        tally.weight_version(target.version);
+        Ok(target)
     }
 
     /// The ids of `text`; a text too long to fit the context in any tokenization is refused before
@@ -849,6 +903,7 @@ impl AppState {
     /// Sends the request's samples to the sampler; sample `i` is choice `i` of the events.
     fn submit(
         &self,
+        target: &Target,
         requests: Vec<Request>,
         stream: bool,
         tally: &Tally,
@@ -859,21 +914,29 @@ impl AppState {
             stream,
             tally: tally.clone(),
         };
-        self.jobs.send(Job { requests, outlet }).map_err(|_| {
-            ApiError::from_sampler(SamplerError::Unavailable(
-                "the server is shutting down".into(),
-            ))
-        })?;
+        let sampler = Arc::clone(&target.sampler);
+        self.jobs
+            .send(Job {
+                requests,
+                outlet,
+                sampler,
+            })
+            .map_err(|_| {
+                ApiError::from_sampler(SamplerError::Unavailable(
+                    "the server is shutting down".into(),
+                ))
+            })?;
         Ok(receiver)
     }
 
     /// Sends the request's samples to the sampler, then waits for all of them.
     async fn generate(
         &self,
+        target: &Target,
         requests: Vec<Request>,
         tally: &Tally,
     ) -> Result<Vec<Completion>, ApiError> {
-        let answers = self.generate_scored(requests, tally).await?;
+        let answers = self.generate_scored(target, requests, tally).await?;
         Ok(answers
             .into_iter()
             .map(|(completion, _)| completion)
@@ -884,6 +947,7 @@ impl AppState {
     /// ([`SampleParams::prompt_logprobs`]); a sampler that did not report them asked fails the request.
     async fn generate_scored(
         &self,
+        target: &Target,
         requests: Vec<Request>,
         tally: &Tally,
     ) -> Result<Vec<(Completion, Option<PromptLogprobs>)>, ApiError> {
@@ -892,7 +956,7 @@ impl AppState {
             .iter()
             .map(|request| request.params.prompt_logprobs.is_some())
             .collect();
-        let mut events = self.submit(requests, false, tally)?;
+        let mut events = self.submit(target, requests, false, tally)?;
         let mut results: Vec<Option<Result<Completion, SamplerError>>> =
             (0..count).map(|_| None).collect();
         let mut scored: Vec<Option<PromptLogprobs>> = vec![None; count];
@@ -976,6 +1040,15 @@ fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/models/{*id}", get(one_model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/load_lora_adapter", post(weights::load_lora_adapter))
+        .route(
+            "/v1/unload_lora_adapter",
+            post(weights::unload_lora_adapter),
+        )
+        .route(
+            "/update_weights_from_disk",
+            post(weights::update_weights_from_disk),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -987,14 +1060,22 @@ async fn health() -> Response {
 }
 
 async fn list_models(State(state): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [state.model_object()]})).into_response()
+    let data = state
+        .weights
+        .model_objects(state.created, state.max_model_len);
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn one_model(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> Response {
-    if id == state.id {
-        Json(state.model_object()).into_response()
-    } else {
-        ApiError::new(
+    let objects = state
+        .weights
+        .model_objects(state.created, state.max_model_len);
+    match objects
+        .into_iter()
+        .find(|object| object["id"] == id.as_str())
+    {
+        Some(object) => Json(object).into_response(),
+        None => ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "The model `{id}` does not exist; this server serves `{}`.",
@@ -1002,7 +1083,7 @@ async fn one_model(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<Stri
             ),
         )
         .code("model_not_found")
-        .into_response()
+        .into_response(),
     }
 }
 
@@ -1011,7 +1092,8 @@ async fn not_found(method: Method, uri: Uri) -> Response {
         StatusCode::NOT_FOUND,
         format!(
             "no route {method} {}; routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions, \
-             POST /v1/chat/completions",
+             POST /v1/chat/completions, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, \
+             POST /update_weights_from_disk",
             uri.path()
         ),
     )
@@ -1033,9 +1115,10 @@ async fn completions(
     Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    complete(&state, &tally, body)
+    let response = complete(&state, &tally, body)
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    versioned(response, &tally)
 }
 
 async fn chat_completions(
@@ -1043,9 +1126,18 @@ async fn chat_completions(
     Extension(tally): Extension<Tally>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    chat(&state, &tally, body)
+    let response = chat(&state, &tally, body)
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    versioned(response, &tally)
+}
+
+/// The answer with the version of the weights it sampled with, once the request named them.
+fn versioned(mut response: Response, tally: &Tally) -> Response {
+    if let Some(version) = tally.weight_versioned() {
+        weights::set_version(&mut response, version);
+    }
+    response
 }
 
 // ---------------------------------------------------------------------------------------------------

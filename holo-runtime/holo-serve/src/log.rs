@@ -32,6 +32,8 @@ struct Fill {
     prompt_tokens: AtomicUsize,
     completion_tokens: AtomicUsize,
     started: OnceLock<Instant>,
+    /// The version of the weights the request named.
+    weight_version: OnceLock<u64>,
     /// The request body's `content-length`, when given.
     body_bytes: u64,
 }
@@ -46,6 +48,7 @@ impl Tally {
             prompt_tokens: AtomicUsize::new(0),
             completion_tokens: AtomicUsize::new(0),
             started: OnceLock::new(),
+            weight_version: OnceLock::new(),
             body_bytes: request
                 .headers()
                 .get(axum::http::header::CONTENT_LENGTH)
@@ -65,6 +68,16 @@ impl Tally {
 
     pub(super) fn add_completion_tokens(&self, count: usize) {
         self.0.completion_tokens.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// The request samples with weights of this version.
+    pub(super) fn weight_version(&self, version: u64) {
+        let _ = self.0.weight_version.set(version);
+    }
+
+    /// The version of the weights the request samples with, once it named them.
+    pub(super) fn weight_versioned(&self) -> Option<u64> {
+        self.0.weight_version.get().copied()
     }
 
     /// The sampler has started one of the request's samples (the first call counts).

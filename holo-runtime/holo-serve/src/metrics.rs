@@ -60,7 +60,25 @@ pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         "HTTP connections open now.",
         state.connections.open() as f64,
     );
-    if let Some(stats) = &state.scheduler {
+    page.family(
+        "holo_weight_version",
+        "gauge",
+        "The version of the weights each served model samples with (the base: 0, then one more per \
+         replacement; an adapter: its loads under that name).",
+    );
+    for (model, version) in state.weights.versions() {
+        let model = model.replace('\\', "\\\\").replace('"', "\\\"");
+        page.sample(
+            "holo_weight_version",
+            &format!("{{model=\"{model}\"}}"),
+            version as f64,
+        );
+    }
+    let scheduler = state
+        .weights
+        .scheduler()
+        .or_else(|| state.scheduler.clone());
+    if let Some(stats) = &scheduler {
         page.single(
             "holo_num_requests_waiting",
             "gauge",

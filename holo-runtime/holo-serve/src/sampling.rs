@@ -6,6 +6,8 @@ use super::*;
 pub(super) struct Job {
     pub(super) requests: Vec<Request>,
     pub(super) outlet: Outlet,
+    /// The weights the request named: it samples to its end with them, whatever is loaded meanwhile.
+    pub(super) sampler: Arc<dyn Sampler>,
 }
 
 /// Where a request's events go.
@@ -91,14 +93,14 @@ impl TokenSink for Outlet {
 
 /// Starts a sampler call for every job as it arrives; ends when the job senders are gone and every call
 /// has answered.
-pub(super) async fn dispatch(mut jobs: mpsc::UnboundedReceiver<Job>, sampler: Arc<dyn Sampler>) {
+pub(super) async fn dispatch(mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut calls = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             job = jobs.recv() => match job {
                 Some(job) if job.outlet.events.is_closed() => {}
                 Some(job) => {
-                    calls.spawn(sample(job, Arc::clone(&sampler)));
+                    calls.spawn(sample(job));
                 }
                 None => break,
             },
@@ -109,8 +111,12 @@ pub(super) async fn dispatch(mut jobs: mpsc::UnboundedReceiver<Job>, sampler: Ar
 }
 
 /// One job's sampler call; every choice hears of its result.
-pub(super) async fn sample(job: Job, sampler: Arc<dyn Sampler>) {
-    let Job { requests, outlet } = job;
+pub(super) async fn sample(job: Job) {
+    let Job {
+        requests,
+        outlet,
+        sampler,
+    } = job;
     let count = requests.len();
     let sink: Arc<dyn TokenSink> = Arc::new(outlet.clone());
     let runtime = tokio::runtime::Handle::current();

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::weights::Target;
 use super::{
     calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
     AppState, Choice, Common, Event, PromptLogprobs, StreamOptions, Tally,
@@ -37,6 +38,7 @@ pub(super) enum Endpoint {
 pub(super) fn respond(
     state: Arc<AppState>,
     tally: &Tally,
+    target: &Target,
     endpoint: Endpoint,
     common: Common,
     options: StreamOptions,
@@ -65,6 +67,8 @@ pub(super) fn respond(
                 })
                 .collect()
         },
+        model: target.name.clone(),
+        weight_version: target.version,
         queue: VecDeque::new(),
         opened: false,
         ended: false,
@@ -91,6 +95,9 @@ struct Streamer {
     id: String,
     created: u64,
     choices: Vec<ChoiceStream>,
+    /// The weights the request named, and their version.
+    model: String,
+    weight_version: u64,
     /// Events written but not yet sent.
     queue: VecDeque<Sse>,
     opened: bool,
@@ -428,7 +435,8 @@ impl Streamer {
             "id": self.id,
             "object": object,
             "created": self.created,
-            "model": self.state.id,
+            "model": self.model,
+            "weight_version": self.weight_version,
             "choices": choices,
         });
         if self.options.include_usage {

@@ -92,7 +92,7 @@ pub fn export(run_dir: &Path, step: Option<u64>, out: &Path) -> Result<Exported,
                     .map_err(|error| format!("{file}: {error}"))?;
             }
         }
-        let lora = adapter_lora(&dir.join("adapter_config.json"))?;
+        let lora = holo_model::update::adapter_config(&dir.join("adapter_config.json"))?;
         let merged = merged(&base, &lora, &loaded.weights).map_err(|error| error.to_string())?;
         (merged, Some(adapter_dir))
     } else {
@@ -190,7 +190,7 @@ pub fn merge_adapter(adapter: &Path, base: &Path, out: &Path) -> Result<(), Stri
     let tensors = adapter.join("adapter_model.safetensors");
     let adapters = candle_core::safetensors::load(&tensors, &Device::Cpu)
         .map_err(|error| format!("`{}`: {error}", tensors.display()))?;
-    let lora = adapter_lora(&adapter.join("adapter_config.json"))?;
+    let lora = holo_model::update::adapter_config(&adapter.join("adapter_config.json"))?;
     let model = base_folder(base, out)?;
     let weights = merged(&model, &lora, &adapters).map_err(|error| {
         format!(
@@ -242,96 +242,6 @@ fn write_model_files(gguf_file: &Path, base: &Model, out: &Path) -> Result<(), S
         }
     }
     Ok(())
-}
-
-/// The shape of a checkpoint's adapters, from its PEFT `adapter_config.json`.
-fn adapter_lora(path: &Path) -> Result<LoraConfig, String> {
-    let name = path.display();
-    let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
-    let config: serde_json::Value =
-        serde_json::from_str(&text).map_err(|error| format!("`{name}`: {error}"))?;
-    let field = |key: &str| {
-        config
-            .get(key)
-            .ok_or_else(|| format!("`{name}` has no `{key}`"))
-    };
-    // What PEFT can write and a plain `W + scale · B A` merge cannot honour. PEFT writes these keys
-    // with `null`, `false`, `{}` or `[]` when they are unused.
-    let set = |key: &str| {
-        config.get(key).is_some_and(|value| match value {
-            serde_json::Value::Null | serde_json::Value::Bool(false) => false,
-            serde_json::Value::Object(object) => !object.is_empty(),
-            serde_json::Value::Array(array) => !array.is_empty(),
-            _ => true,
-        })
-    };
-    for key in [
-        "use_dora",
-        "modules_to_save",
-        "layers_to_transform",
-        "rank_pattern",
-        "alpha_pattern",
-    ] {
-        if set(key) {
-            return Err(format!("`{name}`: `{key}` is not supported"));
-        }
-    }
-    if let Some(bias) = config.get("bias").and_then(serde_json::Value::as_str) {
-        if bias != "none" {
-            return Err(format!(
-                "`{name}`: `bias` \"{bias}\" is not supported (only \"none\")"
-            ));
-        }
-    }
-    if let Some(peft_type) = config.get("peft_type").and_then(serde_json::Value::as_str) {
-        if peft_type != "LORA" {
-            return Err(format!("`{name}`: `peft_type` {peft_type} is not LoRA"));
-        }
-    }
-    let rank = field("r")?
-        .as_u64()
-        .filter(|&rank| rank > 0)
-        .ok_or_else(|| format!("`{name}`: `r` is not a whole number above 0"))?;
-    let alpha = field("lora_alpha")?
-        .as_f64()
-        .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
-    // rsLoRA scales by alpha / √r where LoRA scales by alpha / r: the same as LoRA with alpha · √r.
-    let alpha = if set("use_rslora") {
-        alpha * (rank as f64).sqrt()
-    } else {
-        alpha
-    };
-    let targets = match field("target_modules")? {
-        // PEFT's shorthand for every linear layer but the output head.
-        serde_json::Value::String(target) if target == "all-linear" => [
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-        ]
-        .map(str::to_string)
-        .to_vec(),
-        // Any other string is a regular expression over PEFT's module names.
-        serde_json::Value::String(target) => {
-            return Err(format!(
-                "`{name}`: `target_modules` \"{target}\" is a regular expression; only a list of module names (or \"all-linear\") is supported"
-            ))
-        }
-        targets => targets
-            .as_array()
-            .and_then(|targets| {
-                targets
-                    .iter()
-                    .map(|target| target.as_str().map(str::to_string))
-                    .collect::<Option<Vec<String>>>()
-            })
-            .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?,
-    };
-    Ok(LoraConfig {
-        rank: rank as usize,
-        alpha,
-        targets,
-        // The adapters are restored from the checkpoint: their initialization does not matter.
-        seed: 0,
-        dropout: 0.0,
-    })
 }
 
 /// The base weights with the checkpoint's adapters merged into their projections.

@@ -62,6 +62,7 @@ mod sampling;
 pub mod score;
 pub mod sft;
 pub mod state;
+pub mod sync;
 mod trainer;
 
 pub use builder::ConfigBuilder;

@@ -216,6 +216,18 @@ impl Trainable {
         Ok((grad_norm, learning_rate))
     }
 
+    /// The trained weights as a checkpoint writes them: every weight, or LoRA adapters with PEFT's
+    /// `adapter_config.json`.
+    pub fn weights(&self) -> Weights<'_> {
+        match &self.adapter_config {
+            Some(adapter_config) => Weights::Adapters {
+                vars: &self.vars,
+                adapter_config: adapter_config.clone(),
+            },
+            None => Weights::Full(&self.vars),
+        }
+    }
+
     /// Writes the checkpoint of `state` (weights or adapters, the optimizer's moments, the state and the
     /// configuration), keeping the newest `save_total_limit`.
     pub fn save(
@@ -224,13 +236,7 @@ impl Trainable {
         state: &TrainerState,
         config: &impl TrainingConfig,
     ) -> Result<PathBuf, TrainError> {
-        let weights = match &self.adapter_config {
-            Some(adapter_config) => Weights::Adapters {
-                vars: &self.vars,
-                adapter_config: adapter_config.clone(),
-            },
-            None => Weights::Full(&self.vars),
-        };
+        let weights = self.weights();
         let training = config.training();
         Ok(checkpoint::save(
             run,

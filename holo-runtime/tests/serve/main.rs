@@ -17,6 +17,7 @@ mod raw_json;
 mod streaming;
 mod structured;
 mod tools;
+mod weights;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

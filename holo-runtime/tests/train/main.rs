@@ -13,6 +13,8 @@ mod erl;
 mod guard;
 mod ppo_parity;
 #[cfg(feature = "local")]
+mod rollout_servers;
+#[cfg(feature = "local")]
 mod routing;
 #[cfg(feature = "local")]
 mod train_export;

@@ -13,12 +13,13 @@ use tokio::runtime::Runtime;
 use super::backend::{Backend, Update};
 use super::DROPOUT;
 use crate::batch::Completion;
-use crate::checkpoint::RunDir;
+use crate::checkpoint::{RunDir, Weights};
 use crate::config::{Algorithm, GrpoConfig, LossType};
 use crate::correction::importance_sampling;
 use crate::error::TrainError;
 use crate::run::{self, mix, Opened, Policy, Trainable, Window};
 use crate::state::{Buffer, TrainerState};
+use crate::sync::{SyncOptions, WeightSync};
 use crate::{erl, loss, ppo, score};
 use holo_core::holophore::Holophore;
 use holo_core::sampler::Sampler;
@@ -35,6 +36,11 @@ pub struct Local {
     pub(super) external: Option<(Box<dyn Sampler>, Option<usize>)>,
     /// Whether the generation batches come from a feed (another process's sampler).
     pub(super) fed: bool,
+    /// Servers to sample on and push the weights to, with the folder pushed weights are written to,
+    /// until [`Backend::start`] connects to them ([`super::Trainer::with_rollout_servers`]).
+    pub(super) rollout: Option<(SyncOptions, PathBuf)>,
+    /// The connected servers' sync: a push after every optimizer step and every restore.
+    sync: Option<WeightSync>,
     /// The gradients the step's micro-batches added up so far.
     grads: Option<Vec<Option<Tensor>>>,
 }
@@ -96,6 +102,8 @@ impl Local {
             sampler,
             external: None,
             fed: false,
+            rollout: None,
+            sync: None,
             grads: None,
         };
         Ok((local, holophore))
@@ -114,8 +122,42 @@ impl Local {
     /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The
     /// in-process sampler is the trained f32 model itself: like TRL without vLLM, it needs none; a
     /// caller's sampler or a feed's is another process's.
+    /// Whether the rollouts are sampled elsewhere than by the trained model in process.
+    fn samples_elsewhere(&self) -> bool {
+        self.external.is_some() || self.fed || self.rollout.is_some() || self.sync.is_some()
+    }
+
     fn corrects_sampler(&self, config: &GrpoConfig) -> bool {
-        (self.external.is_some() || self.fed) && config.vllm_importance_sampling_correction
+        self.samples_elsewhere() && config.vllm_importance_sampling_correction
+    }
+
+    /// Pushes the trained weights to the rollout servers, if any (see [`crate::sync`]), into the
+    /// step's metrics.
+    fn push(
+        &mut self,
+        runtime: &Runtime,
+        step: u64,
+        window: Option<&mut Window>,
+    ) -> Result<(), TrainError> {
+        let Some(sync) = &mut self.sync else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let weights = self.trained.weights();
+        let pushed = runtime.block_on(sync.push(&self.trained.model, &weights, step))?;
+        if let (Some(window), Some(pushed)) = (window, pushed) {
+            let mut metrics = BTreeMap::from([
+                ("sync/mismatch".to_string(), f64::from(pushed.mismatch)),
+                ("sync/change".to_string(), f64::from(pushed.change)),
+                ("sync/servers".to_string(), pushed.servers as f64),
+            ]);
+            if let Some(version) = pushed.version {
+                metrics.insert("sync/weight_version".into(), version as f64);
+            }
+            window.extend(metrics);
+            window.time("sync", started);
+        }
+        Ok(())
     }
 
     /// Loss and gradients of one micro-batch: one loss, or (ERL's `erl_algorithm = 2`) the first loss
@@ -213,7 +255,7 @@ impl Local {
 
 impl Backend for Local {
     fn check(&self, config: &GrpoConfig) -> Result<(), TrainError> {
-        if config.routing_replay && (self.external.is_some() || self.fed) {
+        if config.routing_replay && self.samples_elsewhere() {
             return Err(TrainError::Input(
                 "`routing_replay`: only the in-process sampler records the experts it routes \
                  tokens through; this run samples elsewhere"
@@ -239,6 +281,26 @@ impl Backend for Local {
                 Some(self.trained.model.config.max_position_embeddings),
             ),
         }
+    }
+
+    fn start(&mut self, runtime: &Runtime, state: &TrainerState) -> Result<(), TrainError> {
+        let Some((options, dir)) = self.rollout.take() else {
+            return Ok(());
+        };
+        let model = &self.trained.model;
+        let lora = matches!(self.trained.weights(), Weights::Adapters { .. });
+        let sync = runtime.block_on(WeightSync::connect(
+            options,
+            dir,
+            lora,
+            model.config.vocab_size,
+        ))?;
+        self.external = Some((
+            Box::new(sync.sampler()?),
+            Some(model.config.max_position_embeddings),
+        ));
+        self.sync = Some(sync);
+        self.push(runtime, state.global_step, None)
     }
 
     fn open(
@@ -336,11 +398,11 @@ impl Backend for Local {
 
     fn optimizer_step(
         &mut self,
-        _runtime: &Runtime,
+        runtime: &Runtime,
         config: &GrpoConfig,
         state: &TrainerState,
         total: u64,
-        _window: &mut Window,
+        window: &mut Window,
     ) -> Result<Update, TrainError> {
         let grads = match self.grads.take() {
             Some(grads) => grads,
@@ -355,6 +417,7 @@ impl Backend for Local {
         )?;
         // The sampler shares the weights; its cached prefixes belong to the old ones.
         self.sampler.prefix_cache().clear();
+        self.push(runtime, state.global_step + 1, Some(window))?;
         Ok(Update {
             learning_rate,
             grad_norm: Some(grad_norm),
@@ -399,13 +462,14 @@ impl Backend for Local {
 
     fn restore(
         &mut self,
-        _runtime: &Runtime,
+        runtime: &Runtime,
         run: &RunDir,
         dir: &Path,
         config: &GrpoConfig,
     ) -> Result<TrainerState, TrainError> {
         let state = run::restore(dir, config, &mut self.trained, &run.path)?;
         self.sampler.prefix_cache().clear();
+        self.push(runtime, state.global_step, None)?;
         Ok(state)
     }
 }

@@ -84,6 +84,19 @@ impl<S: RolloutSource> Trainer<S, Local> {
         self
     }
 
+    /// Samples rollouts on the OpenAI-compatible servers of `options` (round-robin, [`RoundRobin`]) while
+    /// the weights train here, pushing them to every server after each optimizer step and verifying the
+    /// push with a probe ([`crate::sync`]: a LoRA run's adapter by vLLM's `load_lora_adapter`, a full
+    /// fine-tuning's weights by `update_weights_from_disk`, both of which `holo serve` answers). The
+    /// servers' log-probabilities are corrected for as [`Trainer::with_sampler`]'s are. Pushed weights
+    /// are written under `RUN_DIR/sync/`, which the servers must be able to read.
+    ///
+    /// [`RoundRobin`]: crate::sync::RoundRobin
+    pub fn with_rollout_servers(mut self, options: crate::sync::SyncOptions) -> Self {
+        self.backend.rollout = Some((options, self.run.path.join("sync")));
+        self
+    }
+
     /// Trains on the batches of `feed` (an Atropos API) instead of rolling out itself: `train` needs no
     /// training rows then, and the sampler's log-probabilities are corrected for as an external
     /// sampler's are ([`Trainer::with_sampler`]).

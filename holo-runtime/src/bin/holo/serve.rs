@@ -169,7 +169,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
     let config = connections.config();
-    let model = match LocalModel::load(model_dir, options) {
+    let model = match LocalModel::load(model_dir, options.clone()) {
         Ok(model) => model,
         Err(error) => {
             eprintln!("error: {error}");
@@ -180,7 +180,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
     let served = ServedModel {
         tool_parser: tool_call_parser,
-        ..ServedModel::local(id.clone(), model)
+        ..ServedModel::local_with_updates(id.clone(), model, options)
     };
     let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,

@@ -12,6 +12,7 @@ use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::report::plot;
+use holo_runtime::train::sync::SyncOptions;
 use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
@@ -85,6 +86,21 @@ pub struct TrainArgs {
     /// naming the file.
     #[arg(long, requires = "resume")]
     pub allow_changes: bool,
+    /// Sample the rollouts on this OpenAI-compatible server (`holo serve`, vLLM) instead of in process,
+    /// pushing the trained weights to it after every optimizer step and verifying them there with a
+    /// probe (TRL's `vllm_mode = "server"` with `vllm_server_base_url`). Repeat it for several servers,
+    /// which take the requests in turn. A LoRA run loads its adapter as `holo-policy`; a full
+    /// fine-tuning replaces the served weights. The servers read the pushed weights from RUN_DIR/sync.
+    #[arg(long = "vllm-server-base-url", value_name = "URL")]
+    pub vllm_server_base_url: Vec<String>,
+    /// Seconds every request to a rollout server may take, retries of a refused connection included
+    /// (TRL's `vllm_server_timeout`).
+    #[arg(long, default_value_t = 240.0, value_parser = crate::positive_seconds)]
+    pub vllm_server_timeout: f64,
+    /// The largest difference allowed between a rollout server's log-probabilities of the sync probe and
+    /// the trainer's own (raise it for a bf16 server).
+    #[arg(long, default_value_t = 1e-3)]
+    pub weight_sync_tolerance: f32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -129,6 +145,11 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     let atropos = args.rollouts == RolloutsFrom::Atropos;
     if args.backend == Backend::Tinker {
         return train_on_tinker(args, config);
+    }
+    if atropos && !args.vllm_server_base_url.is_empty() {
+        return usage(
+            "--vllm-server-base-url: not with --rollouts atropos (the environments sample)",
+        );
     }
     for (given, flag) in [
         (args.base_url.is_some(), "--base-url"),
@@ -252,6 +273,13 @@ fn train<S: RolloutSource>(
     if let Some(feed) = feed {
         trainer = trainer.with_feed(Box::new(feed));
     }
+    if !args.vllm_server_base_url.is_empty() {
+        trainer = trainer.with_rollout_servers(SyncOptions {
+            timeout: std::time::Duration::from_secs_f64(args.vllm_server_timeout),
+            tolerance: args.weight_sync_tolerance,
+            ..SyncOptions::new(args.vllm_server_base_url.clone())
+        });
+    }
     let total = trainer.total_steps(rows.len());
     match (&args.api, &args.file) {
         (Some(url), _) if args.rollouts == RolloutsFrom::Atropos => eprintln!(
@@ -277,6 +305,9 @@ fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
     }
     if args.dtype.is_some() {
         return usage("--dtype: with --backend tinker the service trains in its own precision");
+    }
+    if !args.vllm_server_base_url.is_empty() {
+        return usage("--vllm-server-base-url: not with --backend tinker (the service samples)");
     }
     let (Some(file), Some(data)) = (&args.file, &args.data) else {
         return usage("--backend tinker needs FILE, the holoware, and --data, its rows");

@@ -1,0 +1,276 @@
+//! New weights for a loaded model, read from files: a PEFT LoRA adapter folder ([`with_adapter`]) or
+//! full weights in safetensors ([`with_weights`]). Each returns a new [`Model`] and leaves the base as it
+//! is, so whoever samples the base goes on sampling it; every mismatch is refused, naming the key or
+//! tensor, before anything is built. `holo serve`'s weight updates and `holo export`'s merge read
+//! adapters here.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+
+use crate::model::{LoraConfig, Model};
+
+/// The shape of a PEFT adapter from its `adapter_config.json`: rank, alpha (rsLoRA's `alpha / √r` as
+/// LoRA's `alpha · √r / r`) and target modules. PEFT settings a plain `W x + scale · B A x` cannot
+/// honour (DoRA, biases, `modules_to_save`, per-layer patterns, regular expressions as targets) are
+/// refused, naming the key.
+pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
+    let name = path.display();
+    let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
+    let config: Value =
+        serde_json::from_str(&text).map_err(|error| format!("`{name}`: {error}"))?;
+    let field = |key: &str| {
+        config
+            .get(key)
+            .ok_or_else(|| format!("`{name}` has no `{key}`"))
+    };
+    // PEFT writes these keys with `null`, `false`, `{}` or `[]` when they are unused.
+    let set = |key: &str| {
+        config.get(key).is_some_and(|value| match value {
+            Value::Null | Value::Bool(false) => false,
+            Value::Object(object) => !object.is_empty(),
+            Value::Array(array) => !array.is_empty(),
+            _ => true,
+        })
+    };
+    for key in [
+        "use_dora",
+        "modules_to_save",
+        "layers_to_transform",
+        "rank_pattern",
+        "alpha_pattern",
+    ] {
+        if set(key) {
+            return Err(format!("`{name}`: `{key}` is not supported"));
+        }
+    }
+    if let Some(bias) = config.get("bias").and_then(Value::as_str) {
+        if bias != "none" {
+            return Err(format!(
+                "`{name}`: `bias` \"{bias}\" is not supported (only \"none\")"
+            ));
+        }
+    }
+    if let Some(peft_type) = config.get("peft_type").and_then(Value::as_str) {
+        if peft_type != "LORA" {
+            return Err(format!("`{name}`: `peft_type` {peft_type} is not LoRA"));
+        }
+    }
+    let rank = field("r")?
+        .as_u64()
+        .filter(|&rank| rank > 0)
+        .ok_or_else(|| format!("`{name}`: `r` is not a whole number above 0"))?;
+    let alpha = field("lora_alpha")?
+        .as_f64()
+        .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
+    // rsLoRA scales by alpha / √r where LoRA scales by alpha / r: the same as LoRA with alpha · √r.
+    let alpha = if set("use_rslora") {
+        alpha * (rank as f64).sqrt()
+    } else {
+        alpha
+    };
+    let targets = match field("target_modules")? {
+        // PEFT's shorthand for every linear layer but the output head.
+        Value::String(target) if target == "all-linear" => crate::model::PROJECTIONS
+            .map(str::to_string)
+            .to_vec(),
+        // Any other string is a regular expression over PEFT's module names.
+        Value::String(target) => {
+            return Err(format!(
+                "`{name}`: `target_modules` \"{target}\" is a regular expression; only a list of module names (or \"all-linear\") is supported"
+            ))
+        }
+        targets => targets
+            .as_array()
+            .and_then(|targets| {
+                targets
+                    .iter()
+                    .map(|target| target.as_str().map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+            })
+            .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?,
+    };
+    Ok(LoraConfig {
+        rank: rank as usize,
+        alpha,
+        targets,
+        // The adapters are read from the files: their initialization does not matter.
+        seed: 0,
+        dropout: 0.0,
+    })
+}
+
+/// `base` with the PEFT adapter of the folder `dir` (`adapter_config.json`,
+/// `adapter_model.safetensors`) on its projections, unmerged: each adapted projection computes
+/// `W x + scale · B (A x)`, as the trainer's LoRA model does, so a server sampling it reports the
+/// trainer's log-probabilities to rounding. A tensor the config does not describe (a module this model
+/// lacks, a rank other than `r`) or one it lacks is refused by name.
+pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
+    let config_file = dir.join("adapter_config.json");
+    let tensors_file = dir.join("adapter_model.safetensors");
+    for file in [&config_file, &tensors_file] {
+        if !file.is_file() {
+            return Err(format!(
+                "`{}` is not a PEFT adapter folder: it has no {}",
+                dir.display(),
+                file.file_name().unwrap_or_default().to_string_lossy()
+            ));
+        }
+    }
+    let lora = adapter_config(&config_file)?;
+    let tensors = candle_core::safetensors::load(&tensors_file, &Device::Cpu)
+        .map_err(|error| format!("`{}`: {error}", tensors_file.display()))?;
+    let (adapted, vars) = base.with_lora(&lora).map_err(|error| {
+        let message = error.to_string();
+        if message.contains("which only samples") {
+            "adapters run in the arithmetic of the weights' type, and this model keeps bf16 weights \
+             for f32 arithmetic on the CPU; serve it with `--dtype f32`"
+                .to_string()
+        } else {
+            format!("`{}`: {message}", config_file.display())
+        }
+    })?;
+    if let Some(unused) = tensors
+        .keys()
+        .find(|name| !vars.iter().any(|(var, _)| var == *name))
+    {
+        return Err(format!(
+            "`{}` holds {unused}, which belongs to no projection that `target_modules` {:?} adapts on \
+             this {} model",
+            tensors_file.display(),
+            lora.targets,
+            base.config.arch
+        ));
+    }
+    for (name, var) in &vars {
+        let tensor = tensors.get(name).ok_or_else(|| {
+            format!(
+                "`{}` has no tensor {name}, which `target_modules` {:?} asks for",
+                tensors_file.display(),
+                lora.targets
+            )
+        })?;
+        if tensor.dims() != var.dims() {
+            return Err(format!(
+                "{name} has shape {:?} in `{}`, but `r` = {} on this model gives {:?}",
+                tensor.dims(),
+                tensors_file.display(),
+                lora.rank,
+                var.dims()
+            ));
+        }
+        tensor
+            .to_device(var.device())
+            .and_then(|tensor| tensor.to_dtype(var.dtype()))
+            .and_then(|tensor| var.set(&tensor))
+            .map_err(|error| format!("{name}: {error}"))?;
+    }
+    Ok(adapted.detached())
+}
+
+/// A model of `base`'s architecture with the weights of `path`: a `.safetensors` file, or a model folder
+/// (its `model*.safetensors` files, shards included; a checkpoint's optimizer state beside them is not
+/// read). The tensors must be
+/// exactly `base`'s, by name and shape (a missing, extra or reshaped one is refused by name before
+/// anything is built); they are converted to `base`'s type and device.
+pub fn with_weights(base: &Model, path: &Path) -> Result<Model, String> {
+    let files = safetensors_files(path)?;
+    let device = base.device().clone();
+    let dtype = base.embed_tokens.dtype();
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for file in &files {
+        let read = candle_core::safetensors::load(file, &Device::Cpu)
+            .map_err(|error| format!("`{}`: {error}", file.display()))?;
+        tensors.extend(read);
+    }
+    let tensors = crate::mxfp4::dequantize_all(tensors, dtype)
+        .and_then(|tensors| crate::model::held_tensors(&base.config, tensors))
+        .map_err(|error| format!("`{}`: {error}", path.display()))?;
+    let expected: HashMap<String, Vec<usize>> = base
+        .named_weights()
+        .into_iter()
+        .map(|(name, tensor)| (name, tensor.dims().to_vec()))
+        .collect();
+    let mut missing: Vec<&String> = expected
+        .keys()
+        .filter(|name| !tensors.contains_key(*name))
+        .collect();
+    missing.sort();
+    if let Some(name) = missing.first() {
+        return Err(format!(
+            "`{}` has no tensor {name} ({} of the model's {} tensors are missing)",
+            path.display(),
+            missing.len(),
+            expected.len()
+        ));
+    }
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    for name in names {
+        let tensor = &tensors[name];
+        match expected.get(name) {
+            None => {
+                return Err(format!(
+                    "`{}` holds {name}, which this {} model does not have",
+                    path.display(),
+                    base.config.arch
+                ))
+            }
+            Some(shape) if shape.as_slice() != tensor.dims() => {
+                return Err(format!(
+                    "{name} has shape {:?} in `{}`, {shape:?} in the served model",
+                    tensor.dims(),
+                    path.display()
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if base
+        .layers
+        .iter()
+        .flat_map(Model::linears)
+        .any(|(_, linear)| linear.weight.dense().is_err())
+    {
+        return Err(
+            "this model samples a GGUF file's quantized blocks; new weights need dense ones".into(),
+        );
+    }
+    let tensors = tensors
+        .into_iter()
+        .map(|(name, tensor)| Ok((name, tensor.to_dtype(dtype)?.to_device(&device)?)))
+        .collect::<candle_core::Result<HashMap<_, _>>>()
+        .map_err(|error| error.to_string())?;
+    Model::load(
+        VarBuilder::from_tensors(tensors, dtype, &device),
+        &base.config,
+    )
+    .map_err(|error| format!("`{}`: {error}", path.display()))
+}
+
+/// The weight files of `path`: itself, or a folder's `model*.safetensors` files, by name.
+fn safetensors_files(path: &Path) -> Result<Vec<PathBuf>, String> {
+    if path.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = fs::read_dir(path).map_err(|error| format!("`{}`: {error}", path.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|file| {
+            let name = file.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("model") && name.ends_with(".safetensors")
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!(
+            "`{}` holds no model*.safetensors file",
+            path.display()
+        ));
+    }
+    Ok(files)
+}

@@ -1,0 +1,162 @@
+//! Rollouts sampled on several OpenAI-compatible servers, round-robin, with the servers that die
+//! dropped and their requests sent to the others.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use holo_core::machine::Completion;
+use holo_core::openai::OpenAi;
+use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
+
+/// The rollout servers and which of them are still in the pool, shared by the sampler
+/// ([`RoundRobin`]) and the weight sync ([`super::WeightSync`]): a server either finds unreachable is
+/// dropped for both.
+pub struct Servers {
+    urls: Vec<String>,
+    alive: Vec<AtomicBool>,
+}
+
+impl Servers {
+    pub fn new(urls: Vec<String>) -> Self {
+        let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
+        Servers { urls, alive }
+    }
+
+    pub fn alive(&self, index: usize) -> bool {
+        self.alive[index].load(Ordering::SeqCst)
+    }
+
+    /// The servers still in the pool, by index.
+    pub fn live(&self) -> Vec<usize> {
+        (0..self.urls.len())
+            .filter(|&index| self.alive(index))
+            .collect()
+    }
+
+    /// Drops server `index` from the pool, saying so on stderr (once) with `why`.
+    pub fn drop_server(&self, index: usize, why: &str) {
+        if self.alive[index].swap(false, Ordering::SeqCst) {
+            eprintln!(
+                "warning: rollout server {} dropped from the pool ({} left): {why}",
+                self.urls[index],
+                self.live().len()
+            );
+        }
+    }
+}
+
+/// A [`Sampler`] over several servers holding the same weights: the requests of a batch go to the
+/// servers in the pool in turn, all servers at once. A request that a server fails as unavailable
+/// (after its own retries) while the server no longer answers `GET /health` within `health_timeout`
+/// drops the server from the pool and goes to the next one, so no rollout is lost while a server is
+/// left; a request a healthy server fails keeps its error. A request keeps its seed wherever it goes,
+/// so which server samples it does not change what it samples beyond the last bits of a server's
+/// arithmetic.
+pub struct RoundRobin {
+    samplers: Vec<Arc<OpenAi>>,
+    servers: Arc<Servers>,
+    client: reqwest::Client,
+    health_timeout: Duration,
+    next: AtomicUsize,
+}
+
+impl RoundRobin {
+    /// One sampler per server of `servers`, in order.
+    pub fn new(
+        samplers: Vec<OpenAi>,
+        servers: Arc<Servers>,
+        client: reqwest::Client,
+        health_timeout: Duration,
+    ) -> Self {
+        assert_eq!(samplers.len(), servers.urls.len(), "one sampler per server");
+        RoundRobin {
+            samplers: samplers.into_iter().map(Arc::new).collect(),
+            servers,
+            client,
+            health_timeout,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether server `index` answers `GET /health` with 200 in time.
+    async fn healthy(&self, index: usize) -> bool {
+        let url = format!("{}/health", self.servers.urls[index]);
+        let answer = self
+            .client
+            .get(url)
+            .timeout(self.health_timeout)
+            .send()
+            .await;
+        answer.is_ok_and(|response| response.status().is_success())
+    }
+}
+
+impl Sampler for RoundRobin {
+    fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
+        Box::pin(async move {
+            let mut results: Vec<Option<Result<Completion, SamplerError>>> =
+                vec![None; batch.len()];
+            let mut pending: Vec<usize> = (0..batch.len()).collect();
+            while !pending.is_empty() {
+                let live = self.servers.live();
+                if live.is_empty() {
+                    for index in pending {
+                        results[index] = Some(Err(SamplerError::Unavailable(
+                            "every rollout server was dropped from the pool".into(),
+                        )));
+                    }
+                    break;
+                }
+                let first = self.next.fetch_add(pending.len(), Ordering::Relaxed);
+                let mut shares: Vec<(Vec<usize>, Vec<Request>)> =
+                    vec![(Vec::new(), Vec::new()); live.len()];
+                for (k, &index) in pending.iter().enumerate() {
+                    let share = &mut shares[(first + k) % live.len()];
+                    share.0.push(index);
+                    share.1.push(batch[index].clone());
+                }
+                let mut calls = tokio::task::JoinSet::new();
+                for (&server, (indices, requests)) in live.iter().zip(shares) {
+                    if requests.is_empty() {
+                        continue;
+                    }
+                    let sampler = Arc::clone(&self.samplers[server]);
+                    calls.spawn(async move { (server, indices, sampler.sample(&requests).await) });
+                }
+                let mut failed: Vec<(usize, usize, SamplerError)> = Vec::new();
+                while let Some(joined) = calls.join_next().await {
+                    let Ok((server, indices, answers)) = joined else {
+                        // A call cannot panic short of a bug in the sampler: its requests fail.
+                        continue;
+                    };
+                    for (index, answer) in indices.into_iter().zip(answers) {
+                        match answer {
+                            Err(SamplerError::Unavailable(message)) => {
+                                failed.push((server, index, SamplerError::Unavailable(message)))
+                            }
+                            answer => results[index] = Some(answer),
+                        }
+                    }
+                }
+                pending = Vec::new();
+                for (server, index, error) in failed {
+                    if self.servers.alive(server) && self.healthy(server).await {
+                        results[index] = Some(Err(error));
+                    } else {
+                        self.servers.drop_server(server, &error.to_string());
+                        pending.push(index);
+                    }
+                }
+            }
+            results
+                .into_iter()
+                .map(|result| {
+                    result.unwrap_or_else(|| {
+                        Err(SamplerError::Malformed("a server's call failed".into()))
+                    })
+                })
+                .collect()
+        })
+    }
+}
