@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use holo_runtime::train::report::plot;
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
-use holo_runtime::train::{RunOptions, TrainError};
+use holo_runtime::train::{plan, RunOptions, TrainError};
 
 use super::options::{self, Options};
 use super::{EXIT_FAILURES, EXIT_USAGE};
@@ -52,6 +52,9 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
+    if let Err(message) = plan_memory(&args, &config) {
+        return usage(message);
+    }
     let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
@@ -133,6 +136,28 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Err(message) => eprintln!("warning: no plots: {message}"),
     }
     ExitCode::SUCCESS
+}
+
+/// The run's memory plan, printed, written to the run folder and checked before the weights are
+/// loaded (`holo_runtime::train::plan`).
+fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<(), String> {
+    let device = holo_runtime::local::parse_device(&args.device)?;
+    let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
+    let training = &config.training;
+    if !device.is_cpu() {
+        eprintln!(
+            "note: the memory plan counts host memory; on {} it is not checked",
+            args.device
+        );
+        return Ok(());
+    }
+    plan::before_loading(
+        &args.model,
+        training.memory_check,
+        training.memory_limit,
+        &args.out,
+        |sizes, tokenizer_bytes| plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes),
+    )
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {

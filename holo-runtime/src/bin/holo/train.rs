@@ -12,7 +12,7 @@ use holo_runtime::interpreter::{read_rows, Holoware, Row};
 use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::report::plot;
-use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::{plan, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
 use super::{load, EXIT_FAILURES, EXIT_USAGE};
@@ -169,6 +169,9 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         },
         _ => Vec::new(),
     };
+    if let Err(message) = plan_memory(&args, &config, &rows) {
+        return usage(message);
+    }
     let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
@@ -229,6 +232,31 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     };
     train(
         source, policy, config, options, provenance, feed, &args, &rows, &eval_rows,
+    )
+}
+
+/// The run's memory plan, printed, written to the run folder and checked before the weights are
+/// loaded (`holo_runtime::train::plan`); prompts are bounded by the longest training row.
+fn plan_memory(args: &TrainArgs, config: &GrpoConfig, rows: &[(usize, Row)]) -> Result<(), String> {
+    let device = holo_runtime::local::parse_device(&args.device)?;
+    let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
+    let training = &config.training;
+    if !device.is_cpu() {
+        eprintln!(
+            "note: the memory plan counts host memory; on {} it is not checked",
+            args.device
+        );
+        return Ok(());
+    }
+    let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
+    plan::before_loading(
+        &args.model,
+        training.memory_check,
+        training.memory_limit,
+        &args.out,
+        |sizes, tokenizer_bytes| {
+            plan::Inputs::grpo(sizes, config, dtype, prompt_tokens, tokenizer_bytes)
+        },
     )
 }
 
