@@ -109,11 +109,19 @@ impl Inputs {
         }
     }
 
-    /// An SFT run of `config`: sequences of `max_length` tokens (TRL's default 1024 when unset), every
-    /// token trained; nothing sampled.
-    pub fn sft(sizes: Sizes, config: &SftConfig, dtype: DType, tokenizer_bytes: u64) -> Inputs {
+    /// An SFT run of `config` on examples of at most `example_tokens` tokens: sequences of that many
+    /// tokens or `max_length`, whichever is less, every token trained; nothing sampled.
+    pub fn sft(
+        sizes: Sizes,
+        config: &SftConfig,
+        dtype: DType,
+        tokenizer_bytes: u64,
+        example_tokens: usize,
+    ) -> Inputs {
         let training = &config.training;
-        let length = config.max_length.unwrap_or(1024);
+        let length = config
+            .max_length
+            .map_or(example_tokens, |max| max.min(example_tokens));
         Inputs {
             sizes,
             dtype_bytes: dtype.size_in_bytes() as u64,
@@ -147,6 +155,17 @@ pub fn prompt_tokens<'a>(rows: impl IntoIterator<Item = &'a holo_core::interpret
         .max()
         .unwrap_or(0)
         + TEMPLATE_TOKENS
+}
+
+/// The tokens of the longest example of the JSONL file at `path`, bounded from above as
+/// [`prompt_tokens`] bounds a prompt: its line's bytes (text or token ids) and [`TEMPLATE_TOKENS`].
+pub fn example_tokens(path: &Path) -> std::io::Result<usize> {
+    use std::io::BufRead;
+    let mut longest = 0;
+    for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
+        longest = longest.max(line?.len());
+    }
+    Ok(longest + TEMPLATE_TOKENS)
 }
 
 /// The terms of a plan, in the order the table shows them.
@@ -522,5 +541,31 @@ pub(crate) mod tests {
         };
         let rows = [row("What is 1+2?"), row("Hi")];
         assert_eq!(prompt_tokens(&rows), 12 + 2 + TEMPLATE_TOKENS);
+    }
+
+    /// An SFT example is bounded by its line, and `max_length` truncates it.
+    #[test]
+    fn an_example_is_bounded_by_its_line_and_max_length() {
+        let path =
+            std::env::temp_dir().join(format!("holo-plan-examples-{}.jsonl", std::process::id()));
+        std::fs::write(&path, "{\"text\": \"ab\"}\n{\"text\": \"a longer one\"}\n").unwrap();
+        let longest = example_tokens(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(longest, 24 + TEMPLATE_TOKENS);
+        let sizes = inputs().sizes;
+        let mut config = SftConfig::default();
+        assert_eq!(config.max_length, Some(1024));
+        let sft = Inputs::sft(sizes.clone(), &config, DType::F32, 0, longest);
+        assert_eq!(
+            (
+                sft.completion_tokens,
+                sft.trained_tokens,
+                sft.generation_batch
+            ),
+            (40, 40, 0)
+        );
+        config.max_length = Some(30);
+        let sft = Inputs::sft(sizes, &config, DType::F32, 0, longest);
+        assert_eq!(sft.trained_tokens, 30);
     }
 }

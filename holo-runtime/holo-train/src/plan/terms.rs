@@ -17,18 +17,18 @@ pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
 
 /// The values one token keeps per decoder layer while autograd holds the training pass's graph, per
 /// `hidden`, per key/value width and per `intermediate` element, counted from the differentiable forward
-/// (`DecoderLayer::forward` with `Ops::Differentiable`): the input, the RMSNorm's square, normalised and
-/// scaled tensors (3), the query projection and its bias (2), RoPE on the queries (the two halves
-/// rotated, the products with the cosines and sines, their sum: 5), the keys and values repeated to
-/// every head (2), the attention's output, its transpose and `o_proj` (3), the residual (1), the second
-/// norm (3), `down_proj` and the residual (2): 22 × hidden; the keys' and values' projections, biases and
-/// RoPE: 9 × kv width; `gate_proj`, `up_proj`, the SiLU's sigmoid and product, the gated product: 5 ×
-/// intermediate.
-pub const GRAPH_VALUES: (u64, u64, u64) = (22, 9, 5);
+/// (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the attention's softmax are single
+/// operations on the CPU, `kernels/rope.rs` and `kernels/softmax.rs`): the input, the RMSNorm's square,
+/// normalised and scaled tensors (3), the query projection and its bias (2), the rotated queries (1), the
+/// keys and values repeated to every head (2), the attention's output, its transpose and `o_proj` (3), the
+/// residual (1), the second norm (3), `down_proj` and the residual (2): 18 × hidden; the keys' and values'
+/// projections and biases, the rotated keys: 5 × kv width; `gate_proj`, `up_proj`, the SiLU and the gated
+/// product: 4 × intermediate.
+pub const GRAPH_VALUES: (u64, u64, u64) = (18, 5, 4);
 
 /// The values of one (query, key) pair of one head kept by the graph: the scores, scaled, masked, and
-/// softmax's exponentials, normaliser and result.
-pub const GRAPH_PAIR_VALUES: u64 = 6;
+/// the softmax's result.
+pub const GRAPH_PAIR_VALUES: u64 = 4;
 
 /// The sizes every term is computed from.
 struct Widths {
@@ -166,8 +166,9 @@ fn trained_tokens(inputs: &Inputs) -> u64 {
 /// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
 /// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
 /// operation's block of logits and its gradient at a time, and (when the head is trained) the head's
-/// gradient in blocks, concatenated once. A tied head's gradient is summed with the embeddings': one
-/// more embedding-sized tensor.
+/// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
+/// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
+/// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more.
 pub fn head(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let logits = trained_tokens(inputs) * w.vocab;
@@ -182,6 +183,7 @@ pub fn head(inputs: &Inputs) -> u64 {
     let mut bytes = copies * held * 4 + narrow;
     if inputs.lora.is_none() {
         let head_gradient = w.vocab * w.hidden * inputs.dtype_bytes;
+        bytes += 2 * head_gradient;
         if logits > held {
             bytes += head_gradient;
         }
@@ -250,13 +252,13 @@ mod tests {
         assert_eq!(gradients(&run), parameters * 4);
         assert_eq!(optimizer(&run), parameters * 8);
         assert_eq!(update(&run), 0);
-        // 2 rows of 10 + 6 tokens; per token and layer 22 × 64 + 9 × 32 + 5 × 128 = 2,336 values;
-        // per layer 6 × 4 heads × 2 rows × 16² pairs.
-        let layer = 32 * 2_336 + 6 * 4 * 2 * 256;
+        // 2 rows of 10 + 6 tokens; per token and layer 18 × 64 + 5 × 32 + 4 × 128 = 1,824 values;
+        // per layer 4 × 4 heads × 2 rows × 16² pairs.
+        let layer = 32 * 1_824 + 4 * 4 * 2 * 256;
         assert_eq!(activations(&run), (2 * layer + 4 * 32 * 64) * 4);
-        // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3), and the tied
-        // head's summed gradient.
-        assert_eq!(head(&run), 4 * 12 * 512 * 4 + 512 * 64 * 4);
+        // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
+        // gradient built (2) and the tied head's summed into it.
+        assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
         // 8 sequences × 32 columns (16 + 2, rounded up to 16) × key and value × 2 layers × 32.
         assert_eq!(cache(&run), 8 * 32 * 2 * 2 * 32 * 4);
         assert_eq!(
@@ -302,7 +304,7 @@ mod tests {
         assert_eq!(update(&run), 7 * 32_768 * 4);
         assert_eq!(
             head(&run),
-            4 * 12 * 512 * 4 + 2 * 12 * 512 * 2 + 512 * 64 * 2
+            4 * 12 * 512 * 4 + 2 * 12 * 512 * 2 + 3 * 512 * 64 * 2
         );
     }
 
@@ -312,6 +314,6 @@ mod tests {
     fn the_head_holds_its_budget_beyond_it() {
         let mut run = inputs();
         run.head_budget = 1_000;
-        assert_eq!(head(&run), 2 * 1_000 * 4 + 2 * 512 * 64 * 4);
+        assert_eq!(head(&run), 2 * 1_000 * 4 + 4 * 512 * 64 * 4);
     }
 }
