@@ -8,7 +8,7 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use super::plan::{MemoryCheck, MEMORY_CHECK_VALUES};
+pub use super::plan::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
 
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.

@@ -41,7 +41,9 @@ fn train(out: &Path, batch: usize, extra: &[&str]) -> std::process::Output {
 fn peak(out: &Path) -> u64 {
     let text = std::fs::read_to_string(out.join("memory_plan.json")).unwrap();
     let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(plan["peak"]["phase"], "training", "{plan}");
+    // The micro-batch's phases: the head's backward, or a recomputed layer's.
+    let phase = plan["peak"]["phase"].as_str().unwrap();
+    assert!(["training", "backward"].contains(&phase), "{plan}");
     plan["peak"]["bytes"].as_u64().unwrap()
 }
 
@@ -73,7 +75,10 @@ fn a_run_that_cannot_fit_is_refused_naming_the_batch_that_fits() {
         stderr.contains("error: memory plan: `--per-device-train-batch-size 2` fits; 8 needs"),
         "{stderr}"
     );
-    assert!(stderr.contains("(training: "), "{stderr}");
+    assert!(
+        stderr.contains("(training: ") || stderr.contains("(backward: "),
+        "{stderr}"
+    );
     assert!(stderr.contains("memory_check = \"warn\""), "{stderr}");
     // Refused before loading: the plan is there, nothing of a run.
     assert!(peak(&refused) > two);

@@ -66,7 +66,7 @@ struct Knob {
 
 const MICRO_BATCH: Knob = Knob {
     key: "per_device_train_batch_size",
-    terms: &["activations", "head", "scoring"],
+    terms: &["activations", "head", "layer", "scoring"],
     get: |inputs| inputs.micro_batch,
     set: |inputs, value| inputs.micro_batch = value,
     step: |_| 1,
@@ -99,7 +99,7 @@ pub fn check(inputs: &Inputs, available: u64) -> Result<(), Overflow> {
         return Ok(());
     }
     let knob = match phase {
-        "training" | "scoring" => Some(MICRO_BATCH),
+        "training" | "backward" | "scoring" => Some(MICRO_BATCH),
         "generation" => Some(GENERATION_BATCH),
         _ => None,
     };

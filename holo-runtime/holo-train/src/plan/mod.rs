@@ -6,7 +6,8 @@
 //!
 //! A run passes through phases that hold different things: loading (the base and the trained copy),
 //! generation (the sampler's keys and values), scoring (old and reference log-probabilities),
-//! training (a micro-batch's activations, the head's logits, the gradients) and the optimizer's update.
+//! training (a micro-batch's activations, the head's logits, the gradients), under recomputation the
+//! backward of the layers one at a time (after the head's), and the optimizer's update.
 //! From the second step on, AdamW's state lives through all of them, so each phase after loading counts
 //! it: the plan is the run's steady state, whose peak is the largest phase. [`terms`] says how each
 //! term follows from the code; `benches/memory_plan.py` measures the prediction against peak RSS.
@@ -168,8 +169,11 @@ pub fn example_tokens(path: &Path) -> std::io::Result<usize> {
     Ok(longest + TEMPLATE_TOKENS)
 }
 
+/// A term: its name, its bytes for a run, and what it is.
+type TermOf = (&'static str, fn(&Inputs) -> u64, &'static str);
+
 /// The terms of a plan, in the order the table shows them.
-const TERMS: [(&str, fn(&Inputs) -> u64, &str); 14] = [
+const TERMS: [TermOf; 15] = [
     (
         "runtime",
         |_| terms::RUNTIME,
@@ -222,13 +226,14 @@ const TERMS: [(&str, fn(&Inputs) -> u64, &str); 14] = [
     (
         "activations",
         terms::activations,
-        "one micro-batch's forward and backward",
+        "a micro-batch's activations kept through its backward",
     ),
     (
         "head",
         terms::head,
         "the output head's logits and gradients",
     ),
+    ("layer", terms::layer, "one recomputed layer's backward"),
     ("update", terms::update, "an optimizer step's temporaries"),
     ("kv cache", terms::cache, "the sampler's keys and values"),
     (
@@ -244,7 +249,7 @@ const TERMS: [(&str, fn(&Inputs) -> u64, &str); 14] = [
 ];
 
 /// The phases of a run and the terms each holds.
-const PHASES: [(&str, &[&str]); 5] = [
+const PHASES: [(&str, &[&str]); 6] = [
     // The reference is the base itself, which the loading copy counts.
     (
         "loading",
@@ -287,6 +292,20 @@ const PHASES: [(&str, &[&str]); 5] = [
             "gradients",
             "activations",
             "head",
+        ],
+    ),
+    (
+        "backward",
+        &[
+            "runtime",
+            "tokenizer",
+            "weights",
+            "reference",
+            "critic",
+            "optimizer",
+            "gradients",
+            "activations",
+            "layer",
         ],
     ),
     (

@@ -134,26 +134,41 @@ fn rows(inputs: &Inputs) -> (u64, u64) {
     )
 }
 
-/// The activations of one micro-batch's forward and backward. With the graph kept, every layer's
-/// [`GRAPH_VALUES`] per token and [`GRAPH_PAIR_VALUES`] per (query, key) pair and head, in the weights'
-/// type. With recomputation (`gradient_checkpointing`), each layer's input for every layer, and one
-/// layer's values and their gradients at a time (`Model::backward_recomputed_with_head`).
+/// One decoder layer's graph for one micro-batch: [`GRAPH_VALUES`] per token and [`GRAPH_PAIR_VALUES`]
+/// per (query, key) pair and head, as values.
+fn layer_values(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    let (count, width) = rows(inputs);
+    let (per_hidden, per_kv, per_inner) = GRAPH_VALUES;
+    let per_token = per_hidden * w.hidden + per_kv * w.kv + per_inner * w.inner;
+    count * width * per_token + GRAPH_PAIR_VALUES * w.heads * count * width * width
+}
+
+/// The activations one micro-batch keeps through its backward, in the weights' type: with the graph
+/// kept, every layer's; with recomputation (`gradient_checkpointing`), each layer's input
+/// (`Model::backward_recomputed_with_head`). Both keep the embeddings, the final norm and the trained
+/// positions' hidden states.
 pub fn activations(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let (count, width) = rows(inputs);
     let tokens = count * width;
-    let (per_hidden, per_kv, per_inner) = GRAPH_VALUES;
-    let layer_token = per_hidden * w.hidden + per_kv * w.kv + per_inner * w.inner;
-    let layer_pairs = GRAPH_PAIR_VALUES * w.heads * count * width * width;
-    let layer = tokens * layer_token + layer_pairs;
     let values = if inputs.recompute {
-        tokens * w.layers * w.hidden + 2 * layer
+        tokens * w.layers * w.hidden
     } else {
-        w.layers * layer
+        w.layers * layer_values(inputs)
     };
-    // Embeddings, the final norm and the trained positions' hidden states.
-    let edges = 4 * tokens * w.hidden;
-    (values + edges) * inputs.dtype_bytes
+    (values + 4 * tokens * w.hidden) * inputs.dtype_bytes
+}
+
+/// Under recomputation, the one layer recomputed at a time in the backward, its values and their
+/// gradients: alive after the head's backward is done, so the plan counts it in a phase of its own
+/// ("backward") beside the activations, not beside the head.
+pub fn layer(inputs: &Inputs) -> u64 {
+    if inputs.recompute {
+        2 * layer_values(inputs) * inputs.dtype_bytes
+    } else {
+        0
+    }
 }
 
 /// The trained tokens of one micro-batch.
@@ -254,8 +269,9 @@ mod tests {
         assert_eq!(update(&run), 0);
         // 2 rows of 10 + 6 tokens; per token and layer 18 × 64 + 5 × 32 + 4 × 128 = 1,824 values;
         // per layer 4 × 4 heads × 2 rows × 16² pairs.
-        let layer = 32 * 1_824 + 4 * 4 * 2 * 256;
-        assert_eq!(activations(&run), (2 * layer + 4 * 32 * 64) * 4);
+        let values = 32 * 1_824 + 4 * 4 * 2 * 256;
+        assert_eq!(activations(&run), (2 * values + 4 * 32 * 64) * 4);
+        assert_eq!(layer(&run), 0);
         // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
         // gradient built (2) and the tied head's summed into it.
         assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
@@ -268,10 +284,8 @@ mod tests {
         assert_eq!(scoring(&run), 0);
 
         run.recompute = true;
-        assert_eq!(
-            activations(&run),
-            (32 * 2 * 64 + 2 * layer + 4 * 32 * 64) * 4
-        );
+        assert_eq!(activations(&run), (32 * 2 * 64 + 4 * 32 * 64) * 4);
+        assert_eq!(layer(&run), 2 * values * 4);
         run.reference = true;
         run.scores = true;
         assert_eq!(reference(&run), parameters * 4);
