@@ -449,6 +449,7 @@ mod tests {
         let every = TrainingArguments {
             save_total_limit: Some(2),
             lora_target_modules: Some(vec!["q_proj".into()]),
+            memory_limit: Some(8.0),
             ..TrainingArguments::default()
         };
         let table = toml::Table::try_from(&every).unwrap();
