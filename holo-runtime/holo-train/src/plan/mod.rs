@@ -29,7 +29,7 @@ use self::limit::{Available, GIB};
 pub use self::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
 pub use self::model::Sizes;
 use super::config::{Algorithm, GrpoConfig};
-use super::sft::SftConfig;
+use super::sft::config::SftConfig;
 use holo_model::model::{LoraConfig, LOGITS_BUDGET};
 
 /// Tokens a chat template adds around a prompt's text (role markers, the generation prompt), counted
@@ -435,24 +435,41 @@ pub fn gib(bytes: u64) -> String {
     }
 }
 
-/// The plan of a run before its weights are loaded: printed on stderr, written to `out/memory_plan.json`,
-/// and checked against the memory available under `check`; an error to refuse the run with. A model
-/// given as one file (GGUF) has no `config.json` to plan from: the plan is skipped with a note.
+/// A plan to write into the run folder once the run has opened it (`Trainer::with_memory_plan`,
+/// `SftTrainer::with_memory_plan`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned(serde_json::Value);
+
+impl Planned {
+    /// Writes `dir/memory_plan.json`.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let text = serde_json::to_string_pretty(&self.0).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("memory_plan.json"), text + "\n")
+    }
+}
+
+/// The plan of a run before its weights are loaded: printed on stderr and checked against the memory
+/// available under `check`. A run that fits (or runs anyway) gets the plan to write into its folder
+/// when it opens it; one refused gets the message, and its plan is written to `out` at once, for the
+/// figures behind the refusal, unless `out` holds another run that this one (not `resume`) would not
+/// start over (that run keeps its plan). A model given as one file (GGUF) has no `config.json` to plan
+/// from: the plan is skipped with a note.
 pub fn before_loading(
     model: &Path,
     check: MemoryCheck,
     limit_gib: Option<f64>,
-    out: &Path,
+    (out, resume): (&Path, bool),
     inputs: impl FnOnce(Sizes, u64) -> Inputs,
-) -> Result<(), String> {
+) -> Result<Option<Planned>, String> {
     if check == MemoryCheck::Off {
-        return Ok(());
+        return Ok(None);
     }
     if !model.is_dir() {
         eprintln!(
             "note: no memory plan for a model file without config.json (`memory_check` skipped)"
         );
-        return Ok(());
+        return Ok(None);
     }
     let sizes = Sizes::read(model)?;
     let tokenizer_bytes = std::fs::metadata(model.join("tokenizer.json")).map_or(0, |m| m.len());
@@ -460,33 +477,32 @@ pub fn before_loading(
     let plan = Plan::of(&inputs);
     let available = limit::available(limit_gib);
     eprintln!("{}", plan.table(available.as_ref()));
-    std::fs::create_dir_all(out)
-        .and_then(|()| {
-            let text = serde_json::to_string_pretty(&plan.json(&inputs, available.as_ref()))
-                .map_err(std::io::Error::other)?;
-            std::fs::write(out.join("memory_plan.json"), text + "\n")
-        })
-        .map_err(|error| {
-            format!(
-                "writing {}: {error}",
-                out.join("memory_plan.json").display()
-            )
-        })?;
+    let planned = Planned(plan.json(&inputs, available.as_ref()));
     let Some(available) = available else {
         eprintln!(
             "note: the memory available could not be read; set `memory_limit` to check the plan"
         );
-        return Ok(());
+        return Ok(Some(planned));
     };
     match fit::check(&inputs, available.bytes) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(Some(planned)),
         Err(overflow) if check == MemoryCheck::Warn => {
             eprintln!("warning: {overflow} (memory_check = \"warn\": running anyway)");
-            Ok(())
+            Ok(Some(planned))
         }
-        Err(overflow) => Err(format!(
-            "{overflow}; set memory_check = \"warn\" (or \"off\") to run anyway"
-        )),
+        Err(overflow) => {
+            if resume || !out.join(super::metrics::METRICS_FILE).exists() {
+                planned.write(out).map_err(|error| {
+                    format!(
+                        "writing {}: {error}",
+                        out.join("memory_plan.json").display()
+                    )
+                })?;
+            }
+            Err(format!(
+                "{overflow}; set memory_check = \"warn\" (or \"off\") to run anyway"
+            ))
+        }
     }
 }
 

@@ -52,9 +52,10 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
-    if let Err(message) = plan_memory(&args, &config) {
-        return usage(message);
-    }
+    let planned = match plan_memory(&args, &config) {
+        Ok(planned) => planned,
+        Err(message) => return usage(message),
+    };
     let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
@@ -85,7 +86,7 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         progress: true,
     };
     let mut trainer = match SftTrainer::new(policy, config, options) {
-        Ok(trainer) => trainer,
+        Ok(trainer) => trainer.with_memory_plan(planned),
         Err(error) => return usage(error),
     };
     let plan = trainer.plan(examples.len());
@@ -140,7 +141,7 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
 
 /// The run's memory plan, printed, written to the run folder and checked before the weights are
 /// loaded (`holo_runtime::train::plan`); examples are bounded by the data file's longest line.
-fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<(), String> {
+fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planned>, String> {
     let device = holo_runtime::local::parse_device(&args.device)?;
     let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
     let training = &config.training;
@@ -149,7 +150,7 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<(), String> {
             "note: the memory plan counts host memory; on {} it is not checked",
             args.device
         );
-        return Ok(());
+        return Ok(None);
     }
     let example_tokens = plan::example_tokens(&args.file)
         .map_err(|error| format!("cannot read `{}`: {error}", args.file.display()))?;
@@ -157,7 +158,7 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<(), String> {
         &args.model,
         training.memory_check,
         training.memory_limit,
-        &args.out,
+        (&args.out, args.resume),
         |sizes, tokenizer_bytes| {
             plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, example_tokens)
         },
