@@ -110,24 +110,23 @@ impl Inputs {
         }
     }
 
-    /// An SFT run of `config` on examples of at most `example_tokens` tokens: sequences of that many
-    /// tokens or `max_length`, whichever is less, every token trained; nothing sampled.
+    /// An SFT run of `config` on `(count, tokens)` examples of at most `tokens` tokens: micro-batches of
+    /// at most `count` sequences of that many tokens or `max_length`, whichever is less, every token
+    /// trained; nothing sampled.
     pub fn sft(
         sizes: Sizes,
         config: &SftConfig,
         dtype: DType,
         tokenizer_bytes: u64,
-        example_tokens: usize,
+        (count, tokens): (usize, usize),
     ) -> Inputs {
         let training = &config.training;
-        let length = config
-            .max_length
-            .map_or(example_tokens, |max| max.min(example_tokens));
+        let length = config.max_length.map_or(tokens, |max| max.min(tokens));
         Inputs {
             sizes,
             dtype_bytes: dtype.size_in_bytes() as u64,
             lora: training.lora(),
-            micro_batch: training.per_device_train_batch_size,
+            micro_batch: training.per_device_train_batch_size.min(count.max(1)),
             accumulation: training.gradient_accumulation_steps,
             generation_batch: 0,
             group: 1,
@@ -158,15 +157,20 @@ pub fn prompt_tokens<'a>(rows: impl IntoIterator<Item = &'a holo_core::interpret
         + TEMPLATE_TOKENS
 }
 
-/// The tokens of the longest example of the JSONL file at `path`, bounded from above as
-/// [`prompt_tokens`] bounds a prompt: its line's bytes (text or token ids) and [`TEMPLATE_TOKENS`].
-pub fn example_tokens(path: &Path) -> std::io::Result<usize> {
+/// The examples of the JSONL file at `path` (its lines that are not blank) and the tokens of the longest,
+/// bounded from above as [`prompt_tokens`] bounds a prompt: its line's bytes (text or token ids) and
+/// [`TEMPLATE_TOKENS`].
+pub fn example_tokens(path: &Path) -> std::io::Result<(usize, usize)> {
     use std::io::BufRead;
-    let mut longest = 0;
+    let (mut count, mut longest) = (0, 0);
     for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
-        longest = longest.max(line?.len());
+        let line = line?;
+        if !line.trim().is_empty() {
+            count += 1;
+            longest = longest.max(line.len());
+        }
     }
-    Ok(longest + TEMPLATE_TOKENS)
+    Ok((count, longest + TEMPLATE_TOKENS))
 }
 
 /// A term: its name, its bytes for a run, and what it is.
@@ -578,15 +582,20 @@ pub(crate) mod tests {
         assert_eq!(prompt_tokens(&rows), 12 + 2 + TEMPLATE_TOKENS);
     }
 
-    /// An SFT example is bounded by its line, and `max_length` truncates it.
+    /// An SFT example is bounded by its line, `max_length` truncates it, and a micro-batch holds no
+    /// more examples than there are.
     #[test]
     fn an_example_is_bounded_by_its_line_and_max_length() {
         let path =
             std::env::temp_dir().join(format!("holo-plan-examples-{}.jsonl", std::process::id()));
-        std::fs::write(&path, "{\"text\": \"ab\"}\n{\"text\": \"a longer one\"}\n").unwrap();
+        std::fs::write(
+            &path,
+            "{\"text\": \"ab\"}\n\n{\"text\": \"a longer one\"}\n",
+        )
+        .unwrap();
         let longest = example_tokens(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(longest, 24 + TEMPLATE_TOKENS);
+        assert_eq!(longest, (2, 24 + TEMPLATE_TOKENS));
         let sizes = inputs().sizes;
         let mut config = SftConfig::default();
         assert_eq!(config.max_length, Some(1024));
@@ -599,6 +608,8 @@ pub(crate) mod tests {
             ),
             (40, 40, 0)
         );
+        // Two examples: micro-batches of 8 hold 2.
+        assert_eq!(sft.micro_batch, 2);
         config.max_length = Some(30);
         let sft = Inputs::sft(sizes, &config, DType::F32, 0, longest);
         assert_eq!(sft.trained_tokens, 30);

@@ -140,7 +140,7 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
 }
 
 /// The run's memory plan, printed, written to the run folder and checked before the weights are
-/// loaded (`holo_runtime::train::plan`); examples are bounded by the data file's longest line.
+/// loaded (`holo_runtime::train::plan`); examples are bounded by the data file's lines.
 fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planned>, String> {
     let device = holo_runtime::local::parse_device(&args.device)?;
     let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
@@ -152,16 +152,14 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planne
         );
         return Ok(None);
     }
-    let example_tokens = plan::example_tokens(&args.file)
+    let examples = plan::example_tokens(&args.file)
         .map_err(|error| format!("cannot read `{}`: {error}", args.file.display()))?;
     plan::before_loading(
         &args.model,
         training.memory_check,
         training.memory_limit,
         (&args.out, args.resume),
-        |sizes, tokenizer_bytes| {
-            plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, example_tokens)
-        },
+        |sizes, tokenizer_bytes| plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, examples),
     )
 }
 
