@@ -673,6 +673,7 @@ impl TrainingConfig for GrpoConfig {
     const NAME: &'static str = "GRPOConfig";
     const UNSET_KEYS: &'static [&'static str] = &[
         "data_seed",
+        "memory_limit",
         "save_total_limit",
         "eval_steps",
         "num_completions_to_print",
@@ -696,6 +697,8 @@ impl TrainingConfig for GrpoConfig {
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
+        "memory_check",
+        "memory_limit",
         "save_total_limit",
         "save_strategy",
         "save_only_model",

@@ -53,6 +53,7 @@ pub mod metrics;
 pub mod optim;
 pub mod options;
 pub mod pack;
+pub mod plan;
 pub mod ppo;
 pub mod provenance;
 pub mod report;

@@ -8,6 +8,8 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+pub use super::plan::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
+
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.
 pub trait TrainingConfig:
@@ -125,6 +127,13 @@ pub struct TrainingArguments {
     /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
     /// unset.
     pub lora_target_modules: Option<Vec<String>>,
+
+    // --- Memory plan (holo's own: `plan/`) ---
+    /// What a run whose predicted peak memory exceeds the memory available does: `refuse` (before
+    /// loading the weights), `warn`, or `off` (no plan).
+    pub memory_check: MemoryCheck,
+    /// The memory available to the run, in GiB, instead of the cgroup's limit or `MemAvailable`.
+    pub memory_limit: Option<f64>,
 }
 
 impl Default for TrainingArguments {
@@ -155,6 +164,8 @@ impl Default for TrainingArguments {
             lora_alpha: 32.0,
             lora_dropout: 0.05,
             lora_target_modules: None,
+            memory_check: MemoryCheck::Refuse,
+            memory_limit: None,
         }
     }
 }
@@ -185,6 +196,8 @@ impl TrainingArguments {
         "lora_alpha",
         "lora_dropout",
         "lora_target_modules",
+        "memory_check",
+        "memory_limit",
     ];
 
     /// The keys a trainer's configuration flattens: its entries of [`TrainingArguments::KEYS`] over
@@ -241,6 +254,12 @@ impl TrainingArguments {
                 reason: "with `save_strategy = \"no\"` no checkpoint is written",
             });
         }
+        if self.memory_check == MemoryCheck::Off {
+            inert.push(Inert {
+                keys: &["memory_limit"],
+                reason: "with `memory_check = \"off\"` no memory plan is checked",
+            });
+        }
         if !self.use_peft {
             inert.push(Inert {
                 keys: &["lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"],
@@ -294,6 +313,11 @@ impl TrainingArguments {
         ] {
             if !value.is_finite() {
                 return Err(error(key, "must be a finite number"));
+            }
+        }
+        if let Some(limit) = self.memory_limit {
+            if !(limit > 0.0 && limit.is_finite()) {
+                return Err(error("memory_limit", "must be a positive number of GiB"));
             }
         }
         if self.learning_rate < 0.0 {
@@ -394,6 +418,7 @@ pub(crate) fn shared_allowed_values(key: &str) -> Option<&'static [&'static str]
     match key {
         "lr_scheduler_type" => Some(&["linear", "cosine", "constant", "constant_with_warmup"]),
         "save_strategy" => Some(&["steps", "no"]),
+        "memory_check" => Some(MEMORY_CHECK_VALUES),
         _ => None,
     }
 }
@@ -440,6 +465,7 @@ mod tests {
         let every = TrainingArguments {
             save_total_limit: Some(2),
             lora_target_modules: Some(vec!["q_proj".into()]),
+            memory_limit: Some(8.0),
             ..TrainingArguments::default()
         };
         let table = toml::Table::try_from(&every).unwrap();

@@ -13,6 +13,7 @@ mod holo_cli;
 mod holo_dry_model;
 #[cfg(feature = "local")]
 mod holo_local;
+mod memory_plan;
 mod native_tools_train;
 mod sandbox_train;
 mod sft_cli;

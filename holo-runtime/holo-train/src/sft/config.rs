@@ -109,6 +109,7 @@ impl TrainingConfig for SftConfig {
     const NAME: &'static str = "SFTConfig";
     const UNSET_KEYS: &'static [&'static str] = &[
         "data_seed",
+        "memory_limit",
         "save_total_limit",
         "completion_only_loss",
         "eos_token",
@@ -117,6 +118,8 @@ impl TrainingConfig for SftConfig {
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[
         "save_steps",
+        "memory_check",
+        "memory_limit",
         "save_total_limit",
         "save_strategy",
         "save_only_model",

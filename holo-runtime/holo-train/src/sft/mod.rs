@@ -34,6 +34,7 @@ pub use data::{Dataset, Example, Tokenizing};
 use super::batch::Sequence;
 use super::checkpoint::RunDir;
 use super::config::TrainingConfig;
+use super::plan::Planned;
 use super::run::{self, mix, Policy, RunOptions, TrainError, Trainable, Window};
 use super::score;
 
@@ -67,6 +68,8 @@ pub struct SftTrainer {
     trained: Trainable,
     run: RunDir,
     options: RunOptions,
+    /// The memory plan to write into the run folder once it is opened.
+    memory_plan: Option<Planned>,
 }
 
 impl SftTrainer {
@@ -81,7 +84,15 @@ impl SftTrainer {
             trained,
             run: RunDir::new(options.out.clone()),
             options,
+            memory_plan: None,
         })
+    }
+
+    /// Writes `plan` (the memory plan made before loading, [`crate::plan::before_loading`]) as
+    /// `RUN_DIR/memory_plan.json` once the run folder is opened.
+    pub fn with_memory_plan(mut self, plan: Option<Planned>) -> Self {
+        self.memory_plan = plan;
+        self
     }
 
     pub fn config(&self) -> &SftConfig {
@@ -142,6 +153,9 @@ impl SftTrainer {
         let total = plan.total_steps;
         let sequences: Vec<Sequence> = examples.iter().map(Example::sequence).collect();
         let opened = run::open(&self.run, self.options.resume, &config, &mut self.trained)?;
+        if let Some(plan) = &self.memory_plan {
+            plan.write(&self.run.path)?;
+        }
         let (mut state, mut metrics_log) = (opened.state, opened.metrics);
         let progress = run::progress_bar(self.options.progress, total, "step");
         progress.set_position(state.global_step);

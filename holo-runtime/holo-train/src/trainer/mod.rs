@@ -23,6 +23,7 @@ use super::curriculum::Stream;
 use super::feed::Feed;
 use super::guard;
 use super::metrics::MetricsLog;
+use super::plan::Planned;
 use super::provenance::{self, Provenance};
 use super::rollouts::{self, Failures};
 use super::run::{self, Policy, RunOptions, TrainError, Window};
@@ -58,6 +59,8 @@ pub struct Trainer<S, B = Local> {
     /// The last reply of the latest generation's first completed rollout: what the no-signal warning
     /// shows.
     example: Option<String>,
+    /// The memory plan to write into the run folder once it is opened ([`Trainer::with_memory_plan`]).
+    memory_plan: Option<Planned>,
 }
 
 impl<S: RolloutSource> Trainer<S, Local> {
@@ -146,6 +149,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             feed: None,
             failures: Failures::default(),
             example: None,
+            memory_plan: None,
         })
     }
 
@@ -154,6 +158,13 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     /// is recorded with the step it was made at).
     pub fn with_provenance(mut self, provenance: Provenance, allow_changes: bool) -> Self {
         self.provenance = Some((provenance, allow_changes));
+        self
+    }
+
+    /// Writes `plan` (the memory plan made before loading, [`super::plan::before_loading`]) as
+    /// `RUN_DIR/memory_plan.json` once the run folder is opened.
+    pub fn with_memory_plan(mut self, plan: Option<Planned>) -> Self {
+        self.memory_plan = plan;
         self
     }
 
@@ -428,6 +439,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let opened = self
             .backend
             .open(&self.run, self.options.resume, &self.config)?;
+        if let Some(plan) = &self.memory_plan {
+            plan.write(&self.run.path)?;
+        }
         // A resume that found no checkpoint started the run over: from here on it is a new run, which
         // evaluates at step 0 and saves its starting weights as a new run does.
         self.options.resume = opened.resumed;

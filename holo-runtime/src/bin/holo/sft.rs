@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use holo_runtime::train::report::plot;
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
-use holo_runtime::train::{RunOptions, TrainError};
+use holo_runtime::train::{plan, RunOptions, TrainError};
 
 use super::options::{self, Options};
 use super::{EXIT_FAILURES, EXIT_USAGE};
@@ -52,6 +52,10 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
+    let planned = match plan_memory(&args, &config) {
+        Ok(planned) => planned,
+        Err(message) => return usage(message),
+    };
     let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
@@ -82,7 +86,7 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         progress: true,
     };
     let mut trainer = match SftTrainer::new(policy, config, options) {
-        Ok(trainer) => trainer,
+        Ok(trainer) => trainer.with_memory_plan(planned),
         Err(error) => return usage(error),
     };
     let plan = trainer.plan(examples.len());
@@ -133,6 +137,30 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Err(message) => eprintln!("warning: no plots: {message}"),
     }
     ExitCode::SUCCESS
+}
+
+/// The run's memory plan, printed, written to the run folder and checked before the weights are
+/// loaded (`holo_runtime::train::plan`); examples are bounded by the data file's lines.
+fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planned>, String> {
+    let device = holo_runtime::local::parse_device(&args.device)?;
+    let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
+    let training = &config.training;
+    if !device.is_cpu() {
+        eprintln!(
+            "note: the memory plan counts host memory; on {} it is not checked",
+            args.device
+        );
+        return Ok(None);
+    }
+    let examples = plan::example_tokens(&args.file)
+        .map_err(|error| format!("cannot read `{}`: {error}", args.file.display()))?;
+    plan::before_loading(
+        &args.model,
+        training.memory_check,
+        training.memory_limit,
+        (&args.out, args.resume),
+        |sizes, tokenizer_bytes| plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, examples),
+    )
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {

@@ -13,7 +13,7 @@ use holo_runtime::loom::{Interpreted, RolloutSource};
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::report::plot;
 use holo_runtime::train::sync::SyncOptions;
-use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::{plan, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
 
 use super::options::{self, Options};
 use super::{load, EXIT_FAILURES, EXIT_USAGE};
@@ -190,6 +190,10 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         },
         _ => Vec::new(),
     };
+    let planned = match plan_memory(&args, &config, &rows) {
+        Ok(planned) => planned,
+        Err(message) => return usage(message),
+    };
     let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
@@ -237,7 +241,7 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
             policy,
             config,
             options,
-            provenance,
+            (provenance, planned),
             feed,
             &args,
             &rows,
@@ -249,25 +253,64 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Err(code) => return code,
     };
     train(
-        source, policy, config, options, provenance, feed, &args, &rows, &eval_rows,
+        source,
+        policy,
+        config,
+        options,
+        (provenance, planned),
+        feed,
+        &args,
+        &rows,
+        &eval_rows,
     )
 }
 
-/// The run, its report and its plots.
+/// The run's memory plan, printed, written to the run folder and checked before the weights are
+/// loaded (`holo_runtime::train::plan`); prompts are bounded by the longest training row.
+fn plan_memory(
+    args: &TrainArgs,
+    config: &GrpoConfig,
+    rows: &[(usize, Row)],
+) -> Result<Option<plan::Planned>, String> {
+    let device = holo_runtime::local::parse_device(&args.device)?;
+    let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
+    let training = &config.training;
+    if !device.is_cpu() {
+        eprintln!(
+            "note: the memory plan counts host memory; on {} it is not checked",
+            args.device
+        );
+        return Ok(None);
+    }
+    let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
+    plan::before_loading(
+        &args.model,
+        training.memory_check,
+        training.memory_limit,
+        (&args.out, args.resume),
+        |sizes, tokenizer_bytes| {
+            plan::Inputs::grpo(sizes, config, dtype, prompt_tokens, tokenizer_bytes)
+        },
+    )
+}
+
+/// The run (with its provenance and its memory plan to write), its report and its plots.
 #[allow(clippy::too_many_arguments)]
 fn train<S: RolloutSource>(
     source: S,
     policy: Policy,
     config: GrpoConfig,
     options: RunOptions,
-    provenance: Provenance,
+    (provenance, planned): (Provenance, Option<plan::Planned>),
     feed: Option<AtroposFeed>,
     args: &TrainArgs,
     rows: &[(usize, Row)],
     eval_rows: &[(usize, Row)],
 ) -> ExitCode {
     let mut trainer = match Trainer::new(source, policy, config, options) {
-        Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
+        Ok(trainer) => trainer
+            .with_provenance(provenance, args.allow_changes)
+            .with_memory_plan(planned),
         Err(error) => return usage(error),
     };
     if let Some(feed) = feed {

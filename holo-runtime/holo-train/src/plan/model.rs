@@ -1,0 +1,185 @@
+//! The sizes a memory plan needs of a model, read before its weights: the shapes from `config.json`
+//! ([`ModelConfig`]) and the parameter counts from the safetensors files' headers (the exact count of
+//! any family the loader reads, experts and fused projections included), or from the shapes for a
+//! folder whose weights are elsewhere (a GGUF file).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use holo_model::config::ModelConfig;
+use holo_model::model::{LoraConfig, FUSED_PROJECTIONS};
+
+/// A model's sizes, in elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizes {
+    pub config: ModelConfig,
+    /// Every weight.
+    pub parameters: u64,
+    /// Each weight's name and element count (empty when read from the shapes alone).
+    pub tensors: Vec<(String, u64)>,
+}
+
+impl Sizes {
+    /// The sizes of the model folder or GGUF file `path`, reading `config.json` and the safetensors
+    /// headers only.
+    pub fn read(path: &Path) -> Result<Sizes, String> {
+        let fail = |error: String| format!("--model `{}`: {error}", path.display());
+        if path.is_file() {
+            return Err(fail(
+                "a memory plan reads a model folder's config.json; set `memory_check = \"off\"` \
+                 to train from a single file"
+                    .into(),
+            ));
+        }
+        let config = ModelConfig::from_file(&path.join("config.json"))
+            .map_err(|error| fail(error.to_string()))?;
+        let mut tensors = Vec::new();
+        for file in safetensors_files(path).map_err(fail)? {
+            tensors.extend(header_sizes(&file).map_err(fail)?);
+        }
+        Ok(if tensors.is_empty() {
+            Sizes::of_config(config)
+        } else {
+            Sizes {
+                parameters: tensors.iter().map(|(_, count)| count).sum(),
+                config,
+                tensors,
+            }
+        })
+    }
+
+    /// The sizes a dense decoder of `config`'s shapes has (no per-tensor list): embeddings, each
+    /// layer's projections (an expert's MLP per expert) and norms, the final norm, and the head
+    /// unless tied.
+    pub fn of_config(config: ModelConfig) -> Sizes {
+        let c = &config;
+        let (hidden, vocab) = (c.hidden_size as u64, c.vocab_size as u64);
+        let queries = (c.num_attention_heads * c.head_dim) as u64;
+        let keys = (c.num_key_value_heads * c.head_dim) as u64;
+        let biases =
+            if c.qkv_bias { queries + 2 * keys } else { 0 } + if c.o_bias { hidden } else { 0 };
+        let attention = hidden * (queries + 2 * keys) + queries * hidden + biases;
+        let mlp = match &c.experts {
+            Some(experts) => {
+                experts.count as u64 * 3 * hidden * experts.intermediate_size as u64
+                    + experts.count as u64 * hidden
+            }
+            None => 3 * hidden * c.intermediate_size as u64,
+        };
+        let layer = attention + mlp + 2 * hidden;
+        let head = if c.tie_word_embeddings {
+            0
+        } else {
+            vocab * hidden
+        };
+        Sizes {
+            parameters: vocab * hidden + c.num_hidden_layers as u64 * layer + hidden + head,
+            config,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// The embeddings' elements (`vocab × hidden`), which the output head shares when tied.
+    pub fn embedding(&self) -> u64 {
+        (self.config.vocab_size * self.config.hidden_size) as u64
+    }
+
+    /// The largest weight's elements.
+    pub fn largest(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|(_, count)| *count)
+            .max()
+            .unwrap_or_else(|| self.embedding())
+    }
+
+    /// The elements of LoRA's adapters: `rank × (in + out)` for every projection `lora` targets (a
+    /// fused projection when any of its parts is named, as the loader adapts it).
+    pub fn adapters(&self, lora: &LoraConfig) -> u64 {
+        let c = &self.config;
+        let hidden = c.hidden_size as u64;
+        let queries = (c.num_attention_heads * c.head_dim) as u64;
+        let keys = (c.num_key_value_heads * c.head_dim) as u64;
+        let inner = c.intermediate_size as u64;
+        let targeted = |short: &str| {
+            lora.targets.iter().any(|target| target == short)
+                || FUSED_PROJECTIONS.iter().any(|(fused, parts)| {
+                    *fused == short && lora.targets.iter().any(|t| parts.contains(&t.as_str()))
+                })
+        };
+        let fused = c.variant.fused_projections;
+        // (name, inputs, outputs) of one layer's projections, as the loader names them.
+        let projections: Vec<(&str, u64, u64)> = if fused {
+            vec![
+                ("qkv_proj", hidden, queries + 2 * keys),
+                ("o_proj", queries, hidden),
+                ("gate_up_proj", hidden, 2 * inner),
+                ("down_proj", inner, hidden),
+            ]
+        } else {
+            let mut projections = vec![
+                ("q_proj", hidden, queries),
+                ("k_proj", hidden, keys),
+                ("v_proj", hidden, keys),
+                ("o_proj", queries, hidden),
+            ];
+            // Experts take no adapters (`Model::with_lora` refuses MLP targets on a mixture).
+            if c.experts.is_none() {
+                projections.extend([
+                    ("gate_proj", hidden, inner),
+                    ("up_proj", hidden, inner),
+                    ("down_proj", inner, hidden),
+                ]);
+            }
+            projections
+        };
+        let per_layer: u64 = projections
+            .iter()
+            .filter(|(name, _, _)| targeted(name))
+            .map(|(_, inputs, outputs)| lora.rank as u64 * (inputs + outputs))
+            .sum();
+        per_layer * c.num_hidden_layers as u64
+    }
+}
+
+/// The safetensors files of a model folder, in name order.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|error| format!("cannot read: {error}"))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Each tensor's name and element count from a safetensors file's header (its first 8 bytes give the
+/// header's length; the tensors' data is not read).
+fn header_sizes(file: &Path) -> Result<Vec<(String, u64)>, String> {
+    let name = file.display();
+    let mut reader = std::fs::File::open(file).map_err(|error| format!("{name}: {error}"))?;
+    let mut length = [0u8; 8];
+    reader
+        .read_exact(&mut length)
+        .map_err(|_| format!("{name}: not a safetensors file"))?;
+    let length = u64::from_le_bytes(length);
+    if length > 100 << 20 {
+        return Err(format!("{name}: a header of {length} bytes"));
+    }
+    let mut header = vec![0u8; length as usize];
+    reader
+        .read_exact(&mut header)
+        .map_err(|error| format!("{name}: {error}"))?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|error| format!("{name}: {error}"))?;
+    Ok(header
+        .into_iter()
+        .filter(|(tensor, _)| tensor != "__metadata__")
+        .map(|(tensor, info)| {
+            let count = info["shape"]
+                .as_array()
+                .map_or(0, |shape| shape.iter().filter_map(|d| d.as_u64()).product());
+            (tensor, count)
+        })
+        .collect())
+}

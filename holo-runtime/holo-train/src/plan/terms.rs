@@ -1,0 +1,333 @@
+//! Each term of a memory plan in bytes, from what the code allocates. The counts of values per token
+//! are read off the passes as written (see each function); [`RUNTIME`] and [`GRAPH_VALUES`]'s
+//! coefficients were then checked against measured peaks (`benches/memory_plan.py`).
+
+use super::Inputs;
+
+/// What `holo` holds besides the model: the binary, the Tokio and candle thread pools and their stacks,
+/// the holoware, the rows, the records and the plots at the end. Measured: a `tiny` model's whole run
+/// (0.1M parameters, 512 tokens) peaks at 77 MiB.
+pub const RUNTIME: u64 = 72 << 20;
+
+/// Bytes the tokenizers hold per byte of `tokenizer.json`: the policy's and the Holophore's copy
+/// (`Local::new` clones it), each its vocabulary's maps, merges and the added tokens' trie, about
+/// 1.7 to 3 times the file (measured with the `tokenizers` package on `init-model --vocab 151936`'s
+/// 28 MiB file: 50 MiB resident, 102 MiB at the peak of parsing).
+pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
+
+/// The values one token keeps per decoder layer while autograd holds the training pass's graph, per
+/// `hidden`, per key/value width and per `intermediate` element, counted from the differentiable forward
+/// (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the attention's softmax are single
+/// operations on the CPU, `kernels/rope.rs` and `kernels/softmax.rs`): the input, the RMSNorm's square,
+/// normalised and scaled tensors (3), the query projection and its bias (2), the rotated queries (1), the
+/// keys and values repeated to every head (2), the attention's output, its transpose and `o_proj` (3), the
+/// residual (1), the second norm (3), `down_proj` and the residual (2): 18 × hidden; the keys' and values'
+/// projections and biases, the rotated keys: 5 × kv width; `gate_proj`, `up_proj`, the SiLU and the gated
+/// product: 4 × intermediate.
+pub const GRAPH_VALUES: (u64, u64, u64) = (18, 5, 4);
+
+/// The values of one (query, key) pair of one head kept by the graph: the scores, scaled, masked, and
+/// the softmax's result.
+pub const GRAPH_PAIR_VALUES: u64 = 4;
+
+/// The sizes every term is computed from.
+struct Widths {
+    hidden: u64,
+    kv: u64,
+    inner: u64,
+    heads: u64,
+    layers: u64,
+    vocab: u64,
+}
+
+fn widths(inputs: &Inputs) -> Widths {
+    let c = &inputs.sizes.config;
+    Widths {
+        hidden: c.hidden_size as u64,
+        kv: (c.num_key_value_heads * c.head_dim) as u64,
+        // A mixture's token goes through its chosen experts' MLPs.
+        inner: match &c.experts {
+            Some(experts) => (experts.per_token * experts.intermediate_size) as u64,
+            None => c.intermediate_size as u64,
+        },
+        heads: c.num_attention_heads as u64,
+        layers: c.num_hidden_layers as u64,
+        vocab: c.vocab_size as u64,
+    }
+}
+
+/// The weights, in the training type.
+pub fn weights(inputs: &Inputs) -> u64 {
+    inputs.sizes.parameters * inputs.dtype_bytes
+}
+
+/// The frozen reference of a run with `beta` > 0: the base weights kept beside the trained copy
+/// (`Trainable::new` copies every weight into a `Var`; the reference is the base itself). LoRA's base is
+/// shared by the trained model and the reference: nothing more.
+pub fn reference(inputs: &Inputs) -> u64 {
+    if inputs.reference && inputs.lora.is_none() {
+        weights(inputs)
+    } else {
+        0
+    }
+}
+
+/// The elements trained: every weight, or the adapters.
+pub fn trained(inputs: &Inputs) -> u64 {
+    match &inputs.lora {
+        Some(lora) => inputs.sizes.adapters(lora),
+        None => inputs.sizes.parameters,
+    }
+}
+
+/// The bytes of one trained element: the weights' type, or f32 for adapters over a half-precision base
+/// (`dispatch::adapter_dtype`).
+fn trained_bytes(inputs: &Inputs) -> u64 {
+    match inputs.lora {
+        Some(_) => inputs.dtype_bytes.max(4),
+        None => inputs.dtype_bytes,
+    }
+}
+
+/// The gradients of the trained elements, in their type; with several micro-batches a step holds their
+/// sum and the next micro-batch's gradients at once (`Trainable::accumulate`).
+pub fn gradients(inputs: &Inputs) -> u64 {
+    let once = trained(inputs) * trained_bytes(inputs);
+    if inputs.accumulation > 1 {
+        2 * once
+    } else {
+        once
+    }
+}
+
+/// AdamW's state: two f32 moments per trained element, and an f32 master copy of each narrower weight
+/// (`optim.rs`). It is created by the first step and lives for the rest of the run.
+pub fn optimizer(inputs: &Inputs) -> u64 {
+    let elements = trained(inputs);
+    let masters = if trained_bytes(inputs) < 4 {
+        elements * 4
+    } else {
+        0
+    };
+    2 * elements * 4 + masters
+}
+
+/// The one-tensor-at-a-time temporaries of an optimizer step: none for f32 on the CPU (updated in place,
+/// `update_host`); for narrower weights the gradient widened to f32 and candle's update (moments,
+/// square root, quotient, decayed weight: 6 tensors) of the largest trained weight.
+pub fn update(inputs: &Inputs) -> u64 {
+    if trained_bytes(inputs) >= 4 {
+        return 0;
+    }
+    let largest = match &inputs.lora {
+        Some(_) => 0,
+        None => inputs.sizes.largest(),
+    };
+    7 * largest * 4
+}
+
+/// The tokens of one micro-batch's pass: its sequences as padded rows of prompt and completion.
+fn rows(inputs: &Inputs) -> (u64, u64) {
+    (
+        inputs.micro_batch as u64,
+        (inputs.prompt_tokens + inputs.completion_tokens) as u64,
+    )
+}
+
+/// One decoder layer's graph for one micro-batch: [`GRAPH_VALUES`] per token and [`GRAPH_PAIR_VALUES`]
+/// per (query, key) pair and head, as values.
+fn layer_values(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    let (count, width) = rows(inputs);
+    let (per_hidden, per_kv, per_inner) = GRAPH_VALUES;
+    let per_token = per_hidden * w.hidden + per_kv * w.kv + per_inner * w.inner;
+    count * width * per_token + GRAPH_PAIR_VALUES * w.heads * count * width * width
+}
+
+/// The activations one micro-batch keeps through its backward, in the weights' type: with the graph
+/// kept, every layer's; with recomputation (`gradient_checkpointing`), each layer's input
+/// (`Model::backward_recomputed_with_head`). Both keep the embeddings, the final norm and the trained
+/// positions' hidden states.
+pub fn activations(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    let (count, width) = rows(inputs);
+    let tokens = count * width;
+    let values = if inputs.recompute {
+        tokens * w.layers * w.hidden
+    } else {
+        w.layers * layer_values(inputs)
+    };
+    (values + 4 * tokens * w.hidden) * inputs.dtype_bytes
+}
+
+/// Under recomputation, the one layer recomputed at a time in the backward, its values and their
+/// gradients: alive after the head's backward is done, so the plan counts it in a phase of its own
+/// ("backward") beside the activations, not beside the head.
+pub fn layer(inputs: &Inputs) -> u64 {
+    if inputs.recompute {
+        2 * layer_values(inputs) * inputs.dtype_bytes
+    } else {
+        0
+    }
+}
+
+/// The trained tokens of one micro-batch.
+fn trained_tokens(inputs: &Inputs) -> u64 {
+    (inputs.micro_batch * inputs.trained_tokens) as u64
+}
+
+/// The output head of one micro-batch (`model/output.rs`): below [`Inputs::head_budget`] elements, the
+/// whole logits in f32 held by the graph, and in the backward the logits' gradient as candle's autograd
+/// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
+/// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
+/// operation's block of logits and its gradient at a time, and (when the head is trained) the head's
+/// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
+/// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
+/// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more.
+pub fn head(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    let logits = trained_tokens(inputs) * w.vocab;
+    let held = logits.min(inputs.head_budget as u64);
+    let narrow = if inputs.dtype_bytes < 4 {
+        2 * held * inputs.dtype_bytes
+    } else {
+        0
+    };
+    // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block and its gradient.
+    let copies = if logits > held { 2 } else { 4 };
+    let mut bytes = copies * held * 4 + narrow;
+    if inputs.lora.is_none() {
+        let head_gradient = w.vocab * w.hidden * inputs.dtype_bytes;
+        bytes += 2 * head_gradient;
+        if logits > held {
+            bytes += head_gradient;
+        }
+        if inputs.sizes.config.tie_word_embeddings {
+            bytes += head_gradient;
+        }
+    }
+    bytes
+}
+
+/// The sampler's keys and values for the whole generation batch at full length: per token, a key and a
+/// value of every layer's key/value heads in the weights' type, with the eighth more (and 16 columns)
+/// each sequence's cache keeps for the steps to come (`model/cache.rs`).
+pub fn cache(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    let length = (inputs.prompt_tokens + inputs.completion_tokens) as u64;
+    let columns = (length + length / 8).next_multiple_of(16);
+    inputs.generation_batch as u64 * columns * 2 * w.layers * w.kv * inputs.dtype_bytes
+}
+
+/// What a decoding step and a prefill chunk hold beside the cache: the batch's logits in f32 with the
+/// sampler's probabilities, and one layer's activations of the prefill (at most the scheduler's 2,048
+/// tokens a step).
+pub fn sampling(inputs: &Inputs) -> u64 {
+    if inputs.generation_batch == 0 {
+        return 0;
+    }
+    let w = widths(inputs);
+    let logits = 3 * inputs.generation_batch as u64 * w.vocab * 4;
+    let prefill = (inputs.generation_batch * inputs.prompt_tokens).min(2048) as u64;
+    let layer = prefill * (4 * w.hidden + 3 * w.inner) * inputs.dtype_bytes;
+    logits + layer
+}
+
+/// The log-probabilities of the old policy or the reference (`score::sequence_logprobs`): a forward
+/// without graph, one layer's activations at a time, and the head's logits without gradient.
+pub fn scoring(inputs: &Inputs) -> u64 {
+    if !inputs.scores {
+        return 0;
+    }
+    let w = widths(inputs);
+    let (count, width) = rows(inputs);
+    let tokens = count * width;
+    let layer = tokens * (4 * w.hidden + 3 * w.inner) + 3 * w.heads * count * width * width;
+    let logits = (trained_tokens(inputs) * w.vocab).min(inputs.head_budget as u64);
+    layer * inputs.dtype_bytes + logits * 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::inputs;
+
+    /// The tiny Qwen2 shapes (`testing::config`-like: hidden 64, intermediate 128, 2 layers, 4 heads, 2
+    /// key/value heads × 16, vocabulary 512, tied), counted by hand.
+    #[test]
+    fn each_term_is_its_hand_count() {
+        let mut run = inputs();
+        // 512 × 64 embeddings + 2 layers × (64 × (64 + 2 × 32) + 64 × 64 + 3 × 64 × 128, the q, k and v
+        // biases 64 + 2 × 32, the norms 2 × 64) + the final norm 64.
+        let parameters = 32_768 + 2 * (8_192 + 4_096 + 24_576 + 128 + 128) + 64;
+        assert_eq!(parameters, 107_072);
+        assert_eq!(run.sizes.parameters, parameters);
+        assert_eq!(weights(&run), parameters * 4);
+        assert_eq!(reference(&run), 0);
+        assert_eq!(gradients(&run), parameters * 4);
+        assert_eq!(optimizer(&run), parameters * 8);
+        assert_eq!(update(&run), 0);
+        // 2 rows of 10 + 6 tokens; per token and layer 18 × 64 + 5 × 32 + 4 × 128 = 1,824 values;
+        // per layer 4 × 4 heads × 2 rows × 16² pairs.
+        let values = 32 * 1_824 + 4 * 4 * 2 * 256;
+        assert_eq!(activations(&run), (2 * values + 4 * 32 * 64) * 4);
+        assert_eq!(layer(&run), 0);
+        // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
+        // gradient built (2) and the tied head's summed into it.
+        assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
+        // 8 sequences × 32 columns (16 + 2, rounded up to 16) × key and value × 2 layers × 32.
+        assert_eq!(cache(&run), 8 * 32 * 2 * 2 * 32 * 4);
+        assert_eq!(
+            sampling(&run),
+            3 * 8 * 512 * 4 + 80 * (4 * 64 + 3 * 128) * 4
+        );
+        assert_eq!(scoring(&run), 0);
+
+        run.recompute = true;
+        assert_eq!(activations(&run), (32 * 2 * 64 + 4 * 32 * 64) * 4);
+        assert_eq!(layer(&run), 2 * values * 4);
+        run.reference = true;
+        run.scores = true;
+        assert_eq!(reference(&run), parameters * 4);
+        assert_eq!(
+            scoring(&run),
+            (32 * (4 * 64 + 3 * 128) + 3 * 4 * 2 * 256) * 4 + 12 * 512 * 4
+        );
+        run.accumulation = 2;
+        assert_eq!(gradients(&run), 2 * parameters * 4);
+
+        // LoRA of rank 4 on q_proj and v_proj: 2 layers × 4 × ((64 + 64) + (64 + 32)); its base is the
+        // reference, its head frozen.
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+            ..Default::default()
+        });
+        let adapters = 2 * 4 * (128 + 96);
+        assert_eq!(trained(&run), adapters);
+        assert_eq!(reference(&run), 0);
+        assert_eq!(optimizer(&run), adapters * 8);
+        assert_eq!(head(&run), 4 * 12 * 512 * 4);
+
+        // bf16: masters, the widened update of the largest weight (the embeddings), half-precision
+        // logits beside the f32 ones.
+        run.lora = None;
+        run.accumulation = 1;
+        run.dtype_bytes = 2;
+        assert_eq!(optimizer(&run), parameters * 12);
+        assert_eq!(update(&run), 7 * 32_768 * 4);
+        assert_eq!(
+            head(&run),
+            4 * 12 * 512 * 4 + 2 * 12 * 512 * 2 + 3 * 512 * 64 * 2
+        );
+    }
+
+    /// Beyond the head's budget only a block of logits is held, and a trained head's gradient is
+    /// concatenated from its blocks once.
+    #[test]
+    fn the_head_holds_its_budget_beyond_it() {
+        let mut run = inputs();
+        run.head_budget = 1_000;
+        assert_eq!(head(&run), 2 * 1_000 * 4 + 4 * 512 * 64 * 4);
+    }
+}
