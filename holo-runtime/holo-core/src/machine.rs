@@ -84,6 +84,9 @@ pub struct Completion {
     /// did not compute the token. Empty otherwise. A trainer with routing replay computes the sampled
     /// tokens' log-probabilities through the same experts.
     pub routes: Vec<Vec<u32>>,
+    /// The version of the weights that sampled it, when the sampler says: a server's `weight_version`
+    /// (`holo serve`'s, SGLang's), or a trainer's in-process sampler's count of optimizer steps taken.
+    pub weight_version: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -779,6 +779,7 @@ fn parse_answer(
         top_logprobs: Vec::new(),
         finish,
         routes: Vec::new(),
+        weight_version: answer.get("weight_version").and_then(Value::as_u64),
     })
 }
 

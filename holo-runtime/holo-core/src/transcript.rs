@@ -19,7 +19,9 @@ pub struct Message {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part {
     Prompt(String),
-    Sampled(String),
+    /// What the model wrote, and the version of the weights that wrote it when the sampler said
+    /// ([`Completion::weight_version`]).
+    Sampled(String, Option<u64>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +113,10 @@ impl Recorder for Transcript {
             self.pending = Some(Role::Assistant);
         }
         let message = self.message();
-        message.parts.push(Part::Sampled(completion.text.clone()));
+        message.parts.push(Part::Sampled(
+            completion.text.clone(),
+            completion.weight_version,
+        ));
     }
 
     /// Text keeps no chat template: the format must be named, and the tools are not shown.
@@ -213,7 +218,9 @@ impl Transcript {
                 for part in &message.parts {
                     match part {
                         Part::Prompt(text) => out.push_str(text),
-                        Part::Sampled(text) => out.push_str(&format!("{highlight}{text}\x1b[0m")),
+                        Part::Sampled(text, _) => {
+                            out.push_str(&format!("{highlight}{text}\x1b[0m"))
+                        }
                     }
                 }
                 out.push('\n');
@@ -246,7 +253,7 @@ impl fmt::Display for Transcript {
                 for part in &message.parts {
                     match part {
                         Part::Prompt(text) => f.write_str(text)?,
-                        Part::Sampled(text) => write!(f, "⟦{text}⟧")?,
+                        Part::Sampled(text, _) => write!(f, "⟦{text}⟧")?,
                     }
                 }
                 writeln!(f)?;

@@ -209,6 +209,9 @@ pub fn parse_training_dtype(name: Option<&str>, device: &Device) -> Result<DType
     }
 }
 
+/// [`Inner::weight_version`] before any is set.
+const UNVERSIONED: u64 = u64::MAX;
+
 /// What the scheduler's thread shares with the model's handles.
 struct Core {
     model: Model,
@@ -223,6 +226,8 @@ struct Inner {
     grammars: Grammars,
     options: LocalOptions,
     unseeded: AtomicU64,
+    /// [`LocalModel::set_weight_version`]'s, [`UNVERSIONED`] until set.
+    weight_version: AtomicU64,
     /// Started by the first sample.
     scheduler: OnceLock<schedule::Scheduler>,
 }
@@ -288,6 +293,7 @@ impl LocalModel {
                 template,
                 options,
                 unseeded: AtomicU64::new(0),
+                weight_version: AtomicU64::new(UNVERSIONED),
                 scheduler: OnceLock::new(),
             }),
         }
@@ -295,6 +301,21 @@ impl LocalModel {
 
     pub fn model(&self) -> &Model {
         &self.inner.core.model
+    }
+
+    /// Marks what this model samples from now on with `version` ([`Completion::weight_version`]): a
+    /// trainer whose in-process sampler shares the trained weights sets its count of optimizer steps
+    /// after each one, so that every rollout says which weights sampled it.
+    pub fn set_weight_version(&self, version: u64) {
+        self.inner.weight_version.store(version, Ordering::Relaxed);
+    }
+
+    /// The version set by [`LocalModel::set_weight_version`], if any.
+    pub fn weight_version(&self) -> Option<u64> {
+        match self.inner.weight_version.load(Ordering::Relaxed) {
+            UNVERSIONED => None,
+            version => Some(version),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -465,9 +486,10 @@ impl LocalModel {
         batch: &[Request],
         sink: Arc<dyn TokenSink>,
     ) -> Vec<Result<Completion, SamplerError>> {
+        let version = self.weight_version();
         let (results, queued) = self.submit(batch, sink);
         let generations = queued.map(|(indices, receiver)| (indices, receiver.blocking_recv()));
-        collect(results, generations)
+        collect(results, generations, version)
     }
 
     /// Prepares the requests and queues those that can run; the others' errors are in the results.
@@ -523,6 +545,7 @@ fn collect(
         Vec<usize>,
         Result<schedule::Results, tokio::sync::oneshot::error::RecvError>,
     )>,
+    weight_version: Option<u64>,
 ) -> Vec<Result<Completion, SamplerError>> {
     if let Some((indices, generations)) = generations {
         match generations {
@@ -536,6 +559,7 @@ fn collect(
                             top_logprobs: generation.top_logprobs,
                             finish: generation.finish,
                             routes: generation.routes,
+                            weight_version,
                         }),
                         Err(error) => Err(SamplerError::Unavailable(format!(
                             "local model failed: {error}"
@@ -568,13 +592,16 @@ impl Sampler for LocalModel {
         batch: &'a [Request],
         sink: Arc<dyn TokenSink>,
     ) -> SampleFuture<'a> {
+        // The weights a sample request starts on are the ones that sample it: a trainer steps only
+        // between generations.
+        let version = self.weight_version();
         let (results, queued) = self.submit(batch, sink);
         Box::pin(async move {
             let generations = match queued {
                 Some((indices, receiver)) => Some((indices, receiver.await)),
                 None => None,
             };
-            collect(results, generations)
+            collect(results, generations, version)
         })
     }
 }

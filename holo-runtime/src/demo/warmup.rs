@@ -60,6 +60,7 @@ pub fn sequence(
         top_logprobs: Vec::new(),
         finish: Finish::EndOfTurn,
         routes: Vec::new(),
+        weight_version: None,
     };
     rollout
         .resume(completion, &mut recorder)

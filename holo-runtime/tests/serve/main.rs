@@ -183,6 +183,7 @@ impl Echo {
             top_logprobs,
             finish,
             routes: Vec::new(),
+            weight_version: None,
         })
     }
 

@@ -215,6 +215,27 @@ fn a_run_samples_on_servers_and_verifies_every_push() {
                 "{name}: sampler and trainer differ: {step:#}"
             );
         }
+        // Each sampled part says which push sampled it: step n's rollouts, version n.
+        for line in std::fs::read_to_string(out.join("rollouts.jsonl"))
+            .unwrap()
+            .lines()
+        {
+            let rollout: Value = serde_json::from_str(line).unwrap();
+            let step = rollout["step"].as_u64().unwrap();
+            for context in rollout["contexts"].as_array().unwrap() {
+                for message in context["messages"].as_array().unwrap() {
+                    for part in message["parts"].as_array().unwrap() {
+                        if part["sampled"] == true {
+                            assert_eq!(
+                                part["weight_version"].as_u64(),
+                                Some(step),
+                                "{name}: {part}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
         // Both servers sampled: each holds the last push.
         for server in [&first, &second] {
             let models = reqwest_get(&format!("{}/v1/models", server.base));

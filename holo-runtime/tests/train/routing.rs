@@ -78,6 +78,20 @@ fn holo_train_replays_the_samplers_routes() {
     let width = 2 * 3;
     let mut recorded = 0;
     for rollout in lines(&run.join("rollouts.jsonl")) {
+        // The in-process sampler's rollouts of step n were sampled by the weights of n − 1 updates.
+        let version = rollout["step"].as_u64().unwrap() - 1;
+        let sampled: Vec<&Value> = rollout["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|context| context["messages"].as_array().unwrap())
+            .flat_map(|message| message["parts"].as_array().unwrap())
+            .filter(|part| part["sampled"] == true)
+            .collect();
+        assert!(!sampled.is_empty());
+        for part in sampled {
+            assert_eq!(part["weight_version"].as_u64(), Some(version), "{part}");
+        }
         for context in rollout["contexts"].as_array().unwrap() {
             let tokens = &context["tokens"];
             let ids = tokens["ids"].as_array().unwrap();

@@ -13,6 +13,7 @@ pub fn message(role: Role, parts: &[(&str, bool)]) -> MessageRecord {
             .map(|&(text, sampled)| PartRecord {
                 text: text.to_string(),
                 sampled,
+                weight_version: None,
             })
             .collect(),
         tool: None,

@@ -814,11 +814,14 @@ fn context_records(transcript: &Transcript, pieces: Vec<Piece>) -> Vec<ContextRe
                 Part::Prompt(text) => parts.push(PartRecord {
                     text: text.clone(),
                     sampled: false,
+                    weight_version: None,
                 }),
-                Part::Sampled(text) => {
+                Part::Sampled(text, weight_version) => {
+                    let ours = *sampled >= completions.start;
                     parts.push(PartRecord {
                         text: text.clone(),
-                        sampled: *sampled >= completions.start,
+                        sampled: ours,
+                        weight_version: weight_version.filter(|_| ours),
                     });
                     *sampled += 1;
                 }
@@ -948,7 +951,7 @@ impl Prompted {
                     .parts
                     .iter()
                     .map(|part| match part {
-                        Part::Prompt(text) | Part::Sampled(text) => text.as_str(),
+                        Part::Prompt(text) | Part::Sampled(text, _) => text.as_str(),
                     })
                     .collect(),
             })

@@ -154,6 +154,10 @@ pub struct PartRecord {
     pub text: String,
     /// Written by the model (what training learns from in a trained context).
     pub sampled: bool,
+    /// A sampled part: the version of the weights that sampled it, when the sampler said
+    /// ([`crate::Completion::weight_version`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<u64>,
 }
 
 /// Why a rollout failed.

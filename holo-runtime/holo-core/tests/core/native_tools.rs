@@ -448,7 +448,7 @@ fn a_text_transcript_takes_native_tools_with_the_format_named() {
     assert_eq!(messages[3].parts, [Part::Prompt("391".into())]);
     assert_eq!(
         messages[4].parts,
-        [Part::Sampled("<answer>391</answer>".into())]
+        [Part::Sampled("<answer>391</answer>".into(), None)]
     );
     assert_eq!(transcript.reward(), 1.0);
     // `auto` needs a template.

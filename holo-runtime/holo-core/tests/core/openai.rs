@@ -410,6 +410,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
             routes: Vec::new(),
+            weight_version: None,
         }
     );
 }
@@ -501,6 +502,7 @@ async fn chat_continues_a_final_assistant_message() {
             top_logprobs: Vec::new(),
             finish: Finish::Stop("</answer>".into()),
             routes: Vec::new(),
+            weight_version: None,
         }
     );
 }

@@ -392,6 +392,7 @@ pub fn records(
                             parts: vec![PartRecord {
                                 text,
                                 sampled: role == Role::Assistant,
+                                weight_version: None,
                             }],
                             tool: tool_record(message),
                         }

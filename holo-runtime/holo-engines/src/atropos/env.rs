@@ -698,6 +698,7 @@ mod tests {
         let part = |text: &str, sampled| PartRecord {
             text: text.into(),
             sampled,
+            weight_version: None,
         };
         ContextRecord {
             trained: true,

@@ -237,6 +237,7 @@ mod tests {
         PartRecord {
             text: text.into(),
             sampled,
+            weight_version: None,
         }
     }
 

@@ -284,6 +284,8 @@ impl Backend for Local {
     }
 
     fn start(&mut self, runtime: &Runtime, state: &TrainerState) -> Result<(), TrainError> {
+        // The in-process sampler's rollouts say which weights sampled them: the optimizer steps taken.
+        self.sampler.set_weight_version(state.global_step);
         let Some((options, dir)) = self.rollout.take() else {
             return Ok(());
         };
@@ -417,6 +419,7 @@ impl Backend for Local {
         )?;
         // The sampler shares the weights; its cached prefixes belong to the old ones.
         self.sampler.prefix_cache().clear();
+        self.sampler.set_weight_version(state.global_step + 1);
         self.push(runtime, state.global_step + 1, Some(window))?;
         Ok(Update {
             learning_rate,
@@ -442,6 +445,7 @@ impl Backend for Local {
             state.guard.lr_factor,
         )?;
         self.sampler.prefix_cache().clear();
+        self.sampler.set_weight_version(state.global_step + 1);
         window.loss += outcome.loss;
         window.extend(outcome.metrics);
         Ok(Update {
@@ -469,6 +473,7 @@ impl Backend for Local {
     ) -> Result<TrainerState, TrainError> {
         let state = run::restore(dir, config, &mut self.trained, &run.path)?;
         self.sampler.prefix_cache().clear();
+        self.sampler.set_weight_version(state.global_step);
         self.push(runtime, state.global_step, None)?;
         Ok(state)
     }
