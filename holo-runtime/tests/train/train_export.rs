@@ -181,6 +181,7 @@ fn trained(base: &Model, checkpoint: &Path, lora: Option<&[&str]>) -> Model {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             seed: SEED,
             dropout: 0.0,
+            parameters: Vec::new(),
         };
         let (model, vars) = base.with_lora(&config).unwrap();
         (model, vars, "adapter_model.safetensors")
