@@ -3,9 +3,13 @@
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero). The trainer's adapters take
 //! PEFT's tensor names, one for one; the logits match PEFT's in the trainer's model, through the served
 //! adapter folder, with the experts merged and on the f32 sampling path, and the loss and every LoRA weight's gradient match with
-//! the whole graph kept and with layers recomputed.
+//! the whole graph kept and with layers recomputed. A `holo train` run with `--lora-target-parameters`
+//! writes a checkpoint PEFT loads to the trained model's logits, and `holo export` merges the experts'
+//! adapters into the weights transformers loads.
 
 use std::collections::HashMap;
+use std::fs;
+use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
@@ -13,6 +17,9 @@ use holo_runtime::local::model::{positions_from_mask, Model, Ops};
 use holo_runtime::local::update::{adapter_config, with_adapter};
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::score::{self, Pass};
+use serde_json::{json, Value};
+
+use crate::common::holo_command;
 
 /// The loss's weight on `Σ log p(trained tokens)`, as the script's.
 const LOGPROB_WEIGHT: f64 = 0.1;
@@ -158,4 +165,160 @@ fn qwen3_moe_expert_lora_is_peft_s() {
 #[test]
 fn gpt_oss_expert_lora_is_peft_s() {
     check("gpt_oss");
+}
+
+/// `holo train` on the Qwen3-MoE fixture with adapters on both expert stacks and `q_proj`: the
+/// checkpoint's `adapter_config.json` records the stacks as `target_parameters` (not as modules), its
+/// expert adapters have moved; the adapter folder served here and `holo export`'s merged folder give the
+/// same logits, and PEFT (`PeftModel.from_pretrained`) and transformers give them too
+/// (`scripts/export_check.py`).
+#[test]
+fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
+    let work = crate::common::tempdir::Dir::new("moe-lora");
+    let data = work.path().join("rows.jsonl");
+    let rows: String = (1..=8)
+        .map(|i| {
+            format!(
+                "{}\n",
+                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()})
+            )
+        })
+        .collect();
+    fs::write(&data, rows).unwrap();
+    let base_dir = crate::common::fixtures().join("models").join("qwen3_moe");
+    let run_dir = work.path().join("run");
+    let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
+    let parameters = serde_json::to_string(&stacks).unwrap();
+    let output = holo_command(&[
+        "train",
+        "hol/qa.hol",
+        "--model",
+        base_dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        run_dir.to_str().unwrap(),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "4",
+        "--per-device-train-batch-size",
+        "8",
+        "--max-completion-length",
+        "8",
+        "--learning-rate",
+        "0.01",
+        "--entropy-coef",
+        "0.1",
+        "--use-peft",
+        "true",
+        "--lora-r",
+        "2",
+        "--lora-alpha",
+        "4",
+        "--lora-dropout",
+        "0",
+        "--lora-target-modules",
+        "[\"q_proj\"]",
+        "--lora-target-parameters",
+        &parameters,
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+
+    let checkpoint = run_dir.join("checkpoint-2");
+    let config: Value =
+        serde_json::from_str(&fs::read_to_string(checkpoint.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["target_modules"], json!(["q_proj"]), "{config}");
+    assert_eq!(config["target_parameters"], json!(stacks), "{config}");
+    let adapters =
+        candle_core::safetensors::load(checkpoint.join("adapter_model.safetensors"), &Device::Cpu)
+            .unwrap();
+    let moved = adapters
+        .iter()
+        .filter(|(name, _)| name.contains(".mlp.experts.") && name.contains("lora_B"))
+        .map(|(_, b)| {
+            b.abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        })
+        .fold(0.0f32, f32::max);
+    assert!(moved > 1e-4, "training left the experts' B at {moved}");
+
+    let export_dir = work.path().join("export");
+    let exported = holo_command(&[
+        "export",
+        run_dir.to_str().unwrap(),
+        "--out",
+        export_dir.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(exported.status.success(), "{exported:?}");
+
+    let base = load_model(&base_dir, DType::F32, &Device::Cpu).unwrap();
+    let adapted = with_adapter(&base, &checkpoint).unwrap();
+    let merged = load_model(&export_dir, DType::F32, &Device::Cpu).unwrap();
+    let sequences: Vec<Vec<u32>> = vec![
+        vec![7],
+        vec![5, 17, 33, 2, 90, 41],
+        vec![400, 3, 58, 121, 9, 260, 12, 8],
+    ];
+    let logits: Vec<_> = sequences
+        .iter()
+        .map(|ids| crate::common::logits::sequence_logits(&adapted, ids))
+        .collect();
+    let largest_difference = |model: &Model| {
+        sequences
+            .iter()
+            .zip(&logits)
+            .flat_map(|(ids, ours)| {
+                let theirs = crate::common::logits::sequence_logits(model, ids);
+                ours.iter()
+                    .flatten()
+                    .zip(theirs.into_iter().flatten())
+                    .map(|(a, b)| (a - b).abs())
+                    .collect::<Vec<_>>()
+            })
+            .fold(0.0f32, f32::max)
+    };
+    let difference = largest_difference(&merged);
+    assert!(
+        difference < 1e-4,
+        "the export's logits differ by {difference}"
+    );
+    assert!(
+        largest_difference(&base) > 1e-3,
+        "the adapters change the logits"
+    );
+
+    let Some(python) =
+        crate::common::components::peers(&["torch", "transformers", "peft", "safetensors"])
+    else {
+        return;
+    };
+    let logits_file = work.path().join("logits.json");
+    fs::write(
+        &logits_file,
+        json!({"sequences": sequences, "logits": logits}).to_string(),
+    )
+    .unwrap();
+    let output = Command::new(python)
+        .arg(crate::common::repo().join("scripts/export_check.py"))
+        .args([&export_dir, &base_dir, &logits_file])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("{output:?}"));
+    println!("transformers/PEFT {result}");
+    assert_eq!(result["ok"], true, "{result}");
+    assert_eq!(result["lora"], true, "{result}");
 }
