@@ -322,3 +322,50 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
     assert_eq!(result["ok"], true, "{result}");
     assert_eq!(result["lora"], true, "{result}");
 }
+
+/// `lora_target_parameters` refused by key: a name that is no expert stack, LoRA dropout beside it
+/// (PEFT's `ParamWrapper` takes none), and a model without experts.
+#[test]
+fn bad_target_parameters_are_refused_by_name() {
+    let work = crate::common::tempdir::Dir::new("moe-lora-refused");
+    let data = work.path().join("rows.jsonl");
+    fs::write(
+        &data,
+        "{\"question\": \"What is 1+4?\", \"expected\": \"5\"}\n",
+    )
+    .unwrap();
+    let models = crate::common::fixtures().join("models");
+    let refusal = |model: &str, parameters: &str, dropout: &str| {
+        let output = holo_command(&[
+            "train",
+            "hol/qa.hol",
+            "--model",
+            models.join(model).to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            work.path().join("run").to_str().unwrap(),
+            "--max-steps",
+            "1",
+            "--use-peft",
+            "true",
+            "--lora-dropout",
+            dropout,
+            "--lora-target-parameters",
+            parameters,
+        ])
+        .output()
+        .unwrap();
+        assert!(!output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let stderr = refusal("qwen3_moe", "[\"mlp.experts.up_proj\"]", "0");
+    assert!(
+        stderr.contains("lora_target_parameters") && stderr.contains("mlp.experts.gate_up_proj"),
+        "{stderr}"
+    );
+    let stderr = refusal("qwen3_moe", "[\"mlp.experts.down_proj\"]", "0.05");
+    assert!(stderr.contains("lora_dropout"), "{stderr}");
+    let stderr = refusal("qwen2", "[\"mlp.experts.down_proj\"]", "0");
+    assert!(stderr.contains("has no experts"), "{stderr}");
+}
