@@ -479,6 +479,7 @@ mod tests {
         let every = TrainingArguments {
             save_total_limit: Some(2),
             lora_target_modules: Some(vec!["q_proj".into()]),
+            lora_target_parameters: Some(vec!["mlp.experts.down_proj".into()]),
             ..TrainingArguments::default()
         };
         let table = toml::Table::try_from(&every).unwrap();
