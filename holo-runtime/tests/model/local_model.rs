@@ -991,7 +991,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
             targets: PROJECTIONS.map(String::from).to_vec(),
             ..LoraConfig::default()
         };
-        // A mixture of experts takes adapters on its attention only: PEFT reads the MLP's names as
+        // A mixture of experts takes module targets on its attention only: PEFT reads the MLP's names as
         // every expert's.
         let lora = match arch {
             Arch::Qwen3Moe | Arch::GptOss => {

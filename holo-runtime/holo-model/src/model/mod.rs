@@ -407,8 +407,8 @@ impl Model {
         }) {
             let experts = match self.config.experts {
                 Some(_) => {
-                    " (a mixture's router and experts take no adapters: PEFT cannot load adapters on \
-                     transformers 5's fused experts)"
+                    " (a mixture's router takes no adapter; its experts take them as target \
+                     parameters: mlp.experts.gate_up_proj, mlp.experts.down_proj)"
                 }
                 None => "",
             };
