@@ -991,8 +991,8 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
             targets: PROJECTIONS.map(String::from).to_vec(),
             ..LoraConfig::default()
         };
-        // A mixture of experts takes module targets on its attention only: PEFT reads the MLP's names as
-        // every expert's.
+        // A mixture of experts takes module targets on its attention only: PEFT reads the MLP's
+        // names as every expert's.
         let lora = match arch {
             Arch::Qwen3Moe | Arch::GptOss => {
                 let error = base.with_lora(&all).unwrap_err().to_string();
