@@ -167,14 +167,13 @@ fn gpt_oss_expert_lora_is_peft_s() {
     check("gpt_oss");
 }
 
-/// `holo train` on the Qwen3-MoE fixture with adapters on both expert stacks and `q_proj`: the
+/// `holo train` on a mixture-of-experts fixture with adapters on both expert stacks and `q_proj`: the
 /// checkpoint's `adapter_config.json` records the stacks as `target_parameters` (not as modules), its
 /// expert adapters have moved; the adapter folder served here and `holo export`'s merged folder give the
 /// same logits, and PEFT (`PeftModel.from_pretrained`) and transformers give them too
 /// (`scripts/export_check.py`).
-#[test]
-fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
-    let work = crate::common::tempdir::Dir::new("moe-lora");
+fn train_and_export(name: &str) {
+    let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
     let data = work.path().join("rows.jsonl");
     let rows: String = (1..=8)
         .map(|i| {
@@ -185,7 +184,7 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
         })
         .collect();
     fs::write(&data, rows).unwrap();
-    let base_dir = crate::common::fixtures().join("models").join("qwen3_moe");
+    let base_dir = crate::common::fixtures().join("models").join(name);
     let run_dir = work.path().join("run");
     let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
     let parameters = serde_json::to_string(&stacks).unwrap();
@@ -225,7 +224,7 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
     ])
     .output()
     .unwrap();
-    assert!(output.status.success(), "{output:?}");
+    assert!(output.status.success(), "{name}: {output:?}");
 
     let checkpoint = run_dir.join("checkpoint-2");
     let config: Value =
@@ -248,7 +247,10 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
                 .unwrap()
         })
         .fold(0.0f32, f32::max);
-    assert!(moved > 1e-4, "training left the experts' B at {moved}");
+    assert!(
+        moved > 1e-4,
+        "{name}: training left the experts' B at {moved}"
+    );
 
     let export_dir = work.path().join("export");
     let exported = holo_command(&[
@@ -259,7 +261,7 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
     ])
     .output()
     .unwrap();
-    assert!(exported.status.success(), "{exported:?}");
+    assert!(exported.status.success(), "{name}: {exported:?}");
 
     let base = load_model(&base_dir, DType::F32, &Device::Cpu).unwrap();
     let adapted = with_adapter(&base, &checkpoint).unwrap();
@@ -290,11 +292,11 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
     let difference = largest_difference(&merged);
     assert!(
         difference < 1e-4,
-        "the export's logits differ by {difference}"
+        "{name}: the export's logits differ by {difference}"
     );
     assert!(
         largest_difference(&base) > 1e-3,
-        "the adapters change the logits"
+        "{name}: the adapters change the logits"
     );
 
     let Some(python) =
@@ -318,9 +320,19 @@ fn holo_train_adapts_the_experts_in_a_checkpoint_peft_loads() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let result: Value =
         serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("{output:?}"));
-    println!("transformers/PEFT {result}");
-    assert_eq!(result["ok"], true, "{result}");
-    assert_eq!(result["lora"], true, "{result}");
+    println!("{name}: transformers/PEFT {result}");
+    assert_eq!(result["ok"], true, "{name}: {result}");
+    assert_eq!(result["lora"], true, "{name}: {result}");
+}
+
+#[test]
+fn qwen3_moe_trains_expert_adapters_peft_loads() {
+    train_and_export("qwen3_moe");
+}
+
+#[test]
+fn gpt_oss_trains_expert_adapters_peft_loads() {
+    train_and_export("gpt_oss");
 }
 
 /// `lora_target_parameters` refused by key: a name that is no expert stack, LoRA dropout beside it
