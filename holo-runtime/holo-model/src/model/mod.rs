@@ -347,7 +347,8 @@ impl Model {
         Ok(model)
     }
 
-    /// A copy with LoRA adapters on the target projections of every layer and its base weights frozen
+    /// A copy with LoRA adapters on the target projections of every layer, and on the target expert
+    /// stacks of every mixture ([`ExpertLora`], `config.parameters`), and its base weights frozen
     /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
     /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero; both in f32 over a bf16 or f16 base
     /// ([`dispatch::adapter_dtype`]).
