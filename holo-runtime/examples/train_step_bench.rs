@@ -92,6 +92,7 @@ fn main() -> ExitCode {
             targets: PROJECTIONS.map(String::from).to_vec(),
             seed: settings.seed,
             dropout: 0.0,
+            parameters: Vec::new(),
         }),
         None => base.trainable(),
     }

@@ -671,6 +671,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                     targets: PROJECTIONS.map(String::from).to_vec(),
                     seed: 0,
                     dropout: 0.0,
+                    parameters: Vec::new(),
                 })
                 .unwrap()
         } else {

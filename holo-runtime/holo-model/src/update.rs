@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::model::{LoraConfig, Model};
 
 /// The shape of a PEFT adapter from its `adapter_config.json`: rank, alpha (rsLoRA's `alpha / √r` as
-/// LoRA's `alpha · √r / r`) and target modules. PEFT settings a plain `W x + scale · B A x` cannot
+/// LoRA's `alpha · √r / r`), target modules and target parameters (expert stacks). PEFT settings a plain `W x + scale · B A x` cannot
 /// honour (DoRA, biases, `modules_to_save`, per-layer patterns, regular expressions as targets) are
 /// refused, naming the key.
 pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
@@ -94,6 +94,19 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
             })
             .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?,
     };
+    // PEFT's adapters on parameters (a mixture's expert stacks); absent before PEFT 0.17.
+    let parameters = match config.get("target_parameters") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(parameters) => parameters
+            .as_array()
+            .and_then(|parameters| {
+                parameters
+                    .iter()
+                    .map(|target| target.as_str().map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+            })
+            .ok_or_else(|| format!("`{name}`: `target_parameters` is not a list of names"))?,
+    };
     Ok(LoraConfig {
         rank: rank as usize,
         alpha,
@@ -101,6 +114,7 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
         // The adapters are read from the files: their initialization does not matter.
         seed: 0,
         dropout: 0.0,
+        parameters,
     })
 }
 
@@ -139,10 +153,11 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
         .find(|name| !vars.iter().any(|(var, _)| var == *name))
     {
         return Err(format!(
-            "`{}` holds {unused}, which belongs to no projection that `target_modules` {:?} adapts on \
-             this {} model",
+            "`{}` holds {unused}, which belongs to no projection that `target_modules` {:?} (and \
+             `target_parameters` {:?}) adapts on this {} model",
             tensors_file.display(),
             lora.targets,
+            lora.parameters,
             base.config.arch
         ));
     }

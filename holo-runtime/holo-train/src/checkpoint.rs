@@ -411,6 +411,7 @@ pub fn adapter_config(config: &impl TrainingConfig, base: &str) -> serde_json::V
         "lora_alpha": config.lora_alpha,
         "lora_dropout": config.lora_dropout,
         "target_modules": config.lora_targets(),
+        "target_parameters": config.lora_target_parameters,
         "bias": "none",
         "fan_in_fan_out": false,
         "inference_mode": true,

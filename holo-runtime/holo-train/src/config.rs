@@ -687,6 +687,7 @@ impl TrainingConfig for GrpoConfig {
         "off_policy_mask_threshold",
         "vllm_importance_sampling_clip_min",
         "lora_target_modules",
+        "lora_target_parameters",
         "difficulty_column",
         "early_stopping_patience",
         "rollback_kl",

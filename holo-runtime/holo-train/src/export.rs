@@ -259,6 +259,8 @@ fn merged(
     {
         candle_core::bail!("the adapters' tensor {unused} belongs to no adapted projection");
     }
+    // The experts' adapters merge into their matrices; the projections' below.
+    let adapted = adapted.with_experts_merged()?;
     let mut merged: HashMap<String, Tensor> = adapted.named_weights().into_iter().collect();
     for (i, layer) in adapted.layers.iter().enumerate() {
         for (name, linear) in Model::linears(layer) {

@@ -127,6 +127,9 @@ pub struct TrainingArguments {
     /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
     /// unset.
     pub lora_target_modules: Option<Vec<String>>,
+    /// Expert stacks that get adapters (PEFT's `target_parameters`): `mlp.experts.gate_up_proj`,
+    /// `mlp.experts.down_proj`, on a mixture-of-experts model; none when unset.
+    pub lora_target_parameters: Option<Vec<String>>,
 
     // --- Memory plan (holo's own: `plan/`) ---
     /// What a run whose predicted peak memory exceeds the memory available does: `refuse` (before
@@ -164,6 +167,7 @@ impl Default for TrainingArguments {
             lora_alpha: 32.0,
             lora_dropout: 0.05,
             lora_target_modules: None,
+            lora_target_parameters: None,
             memory_check: MemoryCheck::Refuse,
             memory_limit: None,
         }
@@ -196,6 +200,7 @@ impl TrainingArguments {
         "lora_alpha",
         "lora_dropout",
         "lora_target_modules",
+        "lora_target_parameters",
         "memory_check",
         "memory_limit",
     ];
@@ -242,6 +247,7 @@ impl TrainingArguments {
             targets: self.lora_targets(),
             seed: self.seed,
             dropout: self.lora_dropout,
+            parameters: self.lora_target_parameters.clone().unwrap_or_default(),
         })
     }
 
@@ -262,7 +268,13 @@ impl TrainingArguments {
         }
         if !self.use_peft {
             inert.push(Inert {
-                keys: &["lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"],
+                keys: &[
+                    "lora_r",
+                    "lora_alpha",
+                    "lora_dropout",
+                    "lora_target_modules",
+                    "lora_target_parameters",
+                ],
                 reason: "LoRA's options do nothing without `use_peft = true` (every weight is trained); set \
                          use_peft to train adapters",
             });
@@ -366,6 +378,33 @@ impl TrainingArguments {
                 ));
             }
         }
+        if let Some(parameters) = &self.lora_target_parameters {
+            let stacks = holo_model::model::ExpertStack::ALL.map(|stack| stack.name());
+            if parameters.is_empty() {
+                return Err(error("lora_target_parameters", "names no parameter"));
+            }
+            if let Some(unknown) = parameters
+                .iter()
+                .find(|target| holo_model::model::ExpertStack::named(target).is_none())
+            {
+                return Err(error(
+                    "lora_target_parameters",
+                    format!(
+                        "{unknown:?} is not an expert stack; allowed values: {}",
+                        stacks.map(|name| format!("mlp.experts.{name}")).join(", ")
+                    ),
+                ));
+            }
+            // PEFT's `ParamWrapper` refuses dropout: its input is the parameter's product's, not the
+            // module's.
+            if self.use_peft && self.lora_dropout != 0.0 {
+                return Err(error(
+                    "lora_dropout",
+                    "must be 0 with lora_target_parameters (PEFT's adapters on parameters take no \
+                     dropout)",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -465,6 +504,7 @@ mod tests {
         let every = TrainingArguments {
             save_total_limit: Some(2),
             lora_target_modules: Some(vec!["q_proj".into()]),
+            lora_target_parameters: Some(vec!["mlp.experts.down_proj".into()]),
             memory_limit: Some(8.0),
             ..TrainingArguments::default()
         };

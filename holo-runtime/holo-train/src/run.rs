@@ -100,6 +100,10 @@ fn adapted_modules(vars: &[(String, Var)]) -> Vec<String> {
     let mut modules: Vec<String> = Vec::new();
     for (name, _) in vars {
         let module = name.split(".lora_").next().unwrap_or(name);
+        // The experts' adapters are PEFT's `target_parameters`, not modules.
+        if module.contains(".mlp.experts") {
+            continue;
+        }
         let short = module.rsplit('.').next().unwrap_or(module).to_string();
         if !modules.contains(&short) {
             modules.push(short);

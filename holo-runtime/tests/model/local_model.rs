@@ -833,6 +833,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
         targets: ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec(),
         seed: 1,
         dropout: 0.0,
+        parameters: Vec::new(),
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     assert_eq!(vars.len(), 2 * 3 * config.num_hidden_layers);
@@ -909,6 +910,7 @@ fn lora_adapts_the_linear_attention_projections() {
         targets: targets.map(String::from).to_vec(),
         seed: 1,
         dropout: 0.0,
+        parameters: Vec::new(),
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     // Layer 0 is linear attention (five projections), layer 1 attention (q_proj).
@@ -946,6 +948,7 @@ fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
         targets: ["q_proj", "down_proj"].map(String::from).to_vec(),
         seed: 1,
         dropout: 0.1,
+        parameters: Vec::new(),
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     for (name, var) in &vars {
@@ -988,8 +991,8 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
             targets: PROJECTIONS.map(String::from).to_vec(),
             ..LoraConfig::default()
         };
-        // A mixture of experts takes adapters on its attention only: PEFT reads the MLP's names as
-        // every expert's.
+        // A mixture of experts takes module targets on its attention only: PEFT reads the MLP's
+        // names as every expert's.
         let lora = match arch {
             Arch::Qwen3Moe | Arch::GptOss => {
                 let error = base.with_lora(&all).unwrap_err().to_string();

@@ -44,6 +44,7 @@ fn write_adapter(base: &Path, out: &Path, rank: usize, targets: &[&str], seed: u
         targets: targets.iter().map(|target| target.to_string()).collect(),
         seed,
         dropout: 0.0,
+        parameters: Vec::new(),
     };
     let (_, vars) = model.with_lora(&config).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -11,6 +11,8 @@ mod balance;
 mod curriculum;
 mod erl;
 mod guard;
+#[cfg(feature = "local")]
+mod moe_lora;
 mod ppo_parity;
 #[cfg(feature = "local")]
 mod rollout_servers;

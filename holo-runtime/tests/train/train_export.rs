@@ -29,7 +29,7 @@ const LORA_ALPHA: f64 = 8.0;
 const LORA_TARGETS: [&str; 3] = ["q_proj", "v_proj", "down_proj"];
 
 /// The LoRA targets of a fixture: the attention's alone for a mixture of experts, whose MLP projection
-/// names PEFT takes to mean the experts (which take no adapters here, see `Model::with_lora`).
+/// names PEFT takes to mean the experts (adapted here only as target parameters, see `moe_lora.rs`).
 fn lora_targets(model: &str) -> &'static [&'static str] {
     match model {
         "qwen3_moe" | "gpt_oss" => &LORA_TARGETS[..2],
@@ -181,6 +181,7 @@ fn trained(base: &Model, checkpoint: &Path, lora: Option<&[&str]>) -> Model {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             seed: SEED,
             dropout: 0.0,
+            parameters: Vec::new(),
         };
         let (model, vars) = base.with_lora(&config).unwrap();
         (model, vars, "adapter_model.safetensors")
@@ -260,7 +261,7 @@ fn check_merged_weights(
     // A fused model's adapted modules are the fused ones its targets name (Phi-3's `qkv_proj`).
     let base = tensors(&base_dir.join("model.safetensors"));
     let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
-    // A mixture's experts take no adapters (see `Model::with_lora`).
+    // A mixture's experts take no module targets (this run names none of its stacks).
     let adapted = |module: &str| {
         let short = module.rsplit('.').next().unwrap_or(module);
         !module.contains(".mlp.experts.") && holo_runtime::local::model::targets(&targets, short)

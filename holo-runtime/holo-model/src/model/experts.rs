@@ -8,6 +8,10 @@
 //! loop of every expert over every token. The choice itself is made on the host (a top-k of each
 //! token's probabilities) and can be replaced by a recorded one ([`Routing`]): routing replay, so that
 //! a trainer computes the log-probabilities of sampled tokens through the experts the sampler used.
+//!
+//! LoRA reaches the experts as PEFT's `target_parameters` do ([`ExpertLora`]): one low-rank update per
+//! expert on transformers 5's stacked `experts.gate_up_proj` and `experts.down_proj`, applied unmerged
+//! on every path (sampling included, as the projections' adapters are), merged only by `holo export`.
 
 use std::collections::HashMap;
 
@@ -30,6 +34,84 @@ pub struct Mixture {
     pub(crate) softmax_over_chosen: bool,
     /// The layer's index, under which [`Routing`] records and replays its choices.
     pub(crate) layer: usize,
+    /// LoRA on the expert stacks ([`Model::with_lora`]'s `parameters`), in [`ExpertStack::ALL`]'s order.
+    pub adapters: Vec<ExpertLora>,
+}
+
+/// A stack of the experts' matrices that LoRA can target by its parameter name in transformers 5's
+/// experts module (PEFT's `target_parameters`, e.g. `mlp.experts.gate_up_proj`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertStack {
+    /// `gate_up_proj`: hidden → the gate's and up projection's outputs side by side (Qwen3-MoE: gate
+    /// rows then up rows; gpt-oss: interleaved, gate first).
+    GateUp,
+    /// `down_proj`: inner → hidden.
+    Down,
+}
+
+impl ExpertStack {
+    /// In the order of the experts module's parameters, which is the order PEFT wraps them in: with
+    /// both targeted, `gate_up_proj`'s wrapper is the inner one (`experts.base_layer.lora_A`).
+    pub const ALL: [ExpertStack; 2] = [ExpertStack::GateUp, ExpertStack::Down];
+
+    /// The parameter's name in the experts module.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertStack::GateUp => "gate_up_proj",
+            ExpertStack::Down => "down_proj",
+        }
+    }
+
+    /// The stack a PEFT `target_parameters` entry names: the parameter's name, alone or under
+    /// `experts.`/`mlp.experts.` (PEFT matches a parameter's full name or any dotted suffix of it).
+    pub fn named(target: &str) -> Option<ExpertStack> {
+        ExpertStack::ALL.into_iter().find(|stack| {
+            let full = format!("mlp.experts.{}", stack.name());
+            full == target || full.ends_with(&format!(".{target}"))
+        })
+    }
+}
+
+/// LoRA on one stack of expert matrices as PEFT's `ParamWrapper` holds it: one `A` `[experts · rank,
+/// in]` whose rows `e·rank ..` are expert `e`'s, and one `B` `[out, rank · experts]` whose columns
+/// `j·experts + e` are expert `e`'s (PEFT reshapes `B` to `[out, rank, experts]`). Expert `e`'s matrix,
+/// taken as `[out, in]`, gains `scale · Bₑ Aₑ` (`in`/`out` are the projection's whichever way the family
+/// stores the stack); its bias is untouched.
+#[derive(Debug, Clone)]
+pub struct ExpertLora {
+    pub stack: ExpertStack,
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+impl ExpertLora {
+    /// Expert `e`'s `Aₑ` `[rank, in]` and `Bₑ` `[out, rank]` of `experts`.
+    fn factors(&self, e: usize, experts: usize) -> Result<(Tensor, Tensor)> {
+        let rank = self.a.dim(0)? / experts;
+        let out = self.b.dim(0)?;
+        let a = self.a.narrow(0, e * rank, rank)?;
+        let b = self
+            .b
+            .reshape((out, rank, experts))?
+            .narrow(2, e, 1)?
+            .squeeze(2)?
+            .contiguous()?;
+        Ok((a, b))
+    }
+
+    /// `scale · (xs Aₑᵀ) Bₑᵀ` for `xs` `[rows, in]`, in the adapter's type and returned in `xs`'s.
+    fn update(&self, xs: &Tensor, e: usize, experts: usize) -> Result<Tensor> {
+        let (a, b) = self.factors(e, experts)?;
+        let low = xs.to_dtype(a.dtype())?.matmul(&a.t()?)?;
+        (low.matmul(&b.t()?)? * self.scale)?.to_dtype(xs.dtype())
+    }
+
+    /// `scale · Bₑ Aₑ` `[out, in]`: what merging adds to expert `e`'s matrix.
+    fn delta(&self, e: usize, experts: usize) -> Result<Tensor> {
+        let (a, b) = self.factors(e, experts)?;
+        b.matmul(&a)? * self.scale
+    }
 }
 
 impl Mixture {
@@ -49,6 +131,7 @@ impl Mixture {
                 normalize: sizes.normalize,
                 softmax_over_chosen: sizes.softmax_over_chosen,
                 layer,
+                adapters: Vec::new(),
             });
         }
         let router = Linear::load(vb.pp("gate"), hidden, sizes.count, false)?;
@@ -87,6 +170,7 @@ impl Mixture {
             normalize: sizes.normalize,
             softmax_over_chosen: sizes.softmax_over_chosen,
             layer,
+            adapters: Vec::new(),
         })
     }
 
@@ -167,14 +251,14 @@ impl Mixture {
         }
         let mut outputs = Vec::new();
         let mut rows = Vec::with_capacity(tokens * k);
-        for (expert, slots) in self.experts.iter().zip(&slots) {
+        for (expert, slots) in slots.iter().enumerate() {
             if slots.is_empty() {
                 continue;
             }
             let tokens_of: Vec<u32> = slots.iter().map(|&slot| slot / k as u32).collect();
             let at = Tensor::from_vec(tokens_of.clone(), tokens_of.len(), xs.device())?;
             let slot_at = Tensor::from_vec(slots.clone(), slots.len(), xs.device())?;
-            let output = expert.forward(&flat.index_select(&at, 0)?, ops)?;
+            let output = self.expert_forward(expert, &flat.index_select(&at, 0)?, ops)?;
             let weight = weights.index_select(&slot_at, 0)?.unsqueeze(1)?;
             outputs.push(output.broadcast_mul(&weight)?);
             rows.extend(tokens_of);
@@ -186,6 +270,86 @@ impl Mixture {
             .zeros_like()?
             .index_add(&rows, &Tensor::cat(&outputs, 0)?, 0)?;
         summed.reshape(xs.shape())
+    }
+
+    /// Expert `e`'s output for its tokens `xs` `[rows, hidden]`, through its adapters if it has any.
+    fn expert_forward(&self, e: usize, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        let expert = &self.experts[e];
+        if self.adapters.is_empty() {
+            return expert.forward(xs, ops);
+        }
+        let count = self.experts.len();
+        let [mut gate, mut up]: [Tensor; 2] = expert
+            .gate_up
+            .forward(xs, ops)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
+        if let Some(lora) = self.adapter(ExpertStack::GateUp) {
+            let [gate_update, up_update] = self.halves(&lora.update(xs, e, count)?, 1)?;
+            gate = (gate + gate_update)?;
+            up = (up + up_update)?;
+        }
+        let gated = expert.gated(&gate, &up, ops)?;
+        let output = expert.down_proj.forward(&gated, ops)?;
+        match self.adapter(ExpertStack::Down) {
+            Some(lora) => output + lora.update(&gated, e, count)?,
+            None => Ok(output),
+        }
+    }
+
+    fn adapter(&self, stack: ExpertStack) -> Option<&ExpertLora> {
+        self.adapters.iter().find(|lora| lora.stack == stack)
+    }
+
+    /// The gate's and the up projection's halves of `fused` along `axis` (its `2·inner` side):
+    /// interleaved for gpt-oss (the family whose experts are clamped), gate then up for Qwen3-MoE.
+    fn halves(&self, fused: &Tensor, axis: usize) -> Result<[Tensor; 2]> {
+        let inner = fused.dim(axis)? / 2;
+        let interleaved = self.experts.first().is_some_and(|e| e.clamped.is_some());
+        let half = |which: usize| -> Result<Tensor> {
+            match interleaved {
+                true => {
+                    let mut dims = fused.dims().to_vec();
+                    dims[axis] = inner;
+                    dims.insert(axis + 1, 2);
+                    fused
+                        .reshape(dims)?
+                        .narrow(axis + 1, which, 1)?
+                        .squeeze(axis + 1)?
+                        .contiguous()
+                }
+                false => fused.narrow(axis, which * inner, inner)?.contiguous(),
+            }
+        };
+        Ok([half(0)?, half(1)?])
+    }
+
+    /// The same mixture with its adapters' updates added to the experts' matrices and no adapters:
+    /// what `holo export` writes for an adapted model.
+    pub fn merged(&self) -> Result<Mixture> {
+        let mut merged = self.clone();
+        merged.adapters.clear();
+        let count = self.experts.len();
+        for (e, expert) in merged.experts.iter_mut().enumerate() {
+            for lora in &self.adapters {
+                let delta = lora.delta(e, count)?;
+                let add = |linear: &mut Linear, delta: Tensor| -> Result<()> {
+                    let weight = linear.weight.dense()?;
+                    linear.weight = Weight::Dense((weight + delta.to_dtype(weight.dtype())?)?);
+                    Ok(())
+                };
+                match lora.stack {
+                    ExpertStack::GateUp => {
+                        let [gate, up] = self.halves(&delta, 0)?;
+                        for (linear, delta) in expert.gate_up.linears.iter_mut().zip([gate, up]) {
+                            add(linear, delta)?;
+                        }
+                    }
+                    ExpertStack::Down => add(&mut expert.down_proj, delta)?,
+                }
+            }
+        }
+        Ok(merged)
     }
 }
 

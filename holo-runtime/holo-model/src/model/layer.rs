@@ -37,11 +37,15 @@ impl Mlp {
             .forward(xs, ops)?
             .try_into()
             .map_err(|_| candle_core::Error::Msg("two projections".into()))?;
-        let gated = match self.clamped {
-            Some(clamped) => Self::clamped(clamped, &gate, &up)?,
-            None => (self.activate(&gate, ops)? * up)?,
-        };
-        self.down_proj.forward(&gated, ops)
+        self.down_proj.forward(&self.gated(&gate, &up, ops)?, ops)
+    }
+
+    /// The down projection's input from the gate's and up projection's outputs.
+    pub(crate) fn gated(&self, gate: &Tensor, up: &Tensor, ops: Ops) -> Result<Tensor> {
+        match self.clamped {
+            Some(clamped) => Self::clamped(clamped, gate, up),
+            None => self.activate(gate, ops)? * up,
+        }
     }
 
     /// gpt-oss's `(up + 1) · gate · σ(alpha · gate)`, `gate` clamped above at the limit and `up` on
@@ -228,6 +232,12 @@ impl DecoderLayer {
             linear.weight = linear.weight.detach();
             linear.bias = linear.bias.as_ref().map(Tensor::detach);
             if let Some(lora) = &mut linear.lora {
+                lora.a = lora.a.detach();
+                lora.b = lora.b.detach();
+            }
+        }
+        if let FeedForward::Experts(mixture) = &mut layer.mlp {
+            for lora in &mut mixture.adapters {
                 lora.a = lora.a.detach();
                 lora.b = lora.b.detach();
             }

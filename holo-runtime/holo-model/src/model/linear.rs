@@ -130,6 +130,9 @@ pub struct LoraConfig {
     pub seed: u64,
     /// Dropout on the adapters' input in training passes (see [`Dropout`]); 0 for none.
     pub dropout: f64,
+    /// Expert stacks adapted as PEFT's `target_parameters` (`mlp.experts.gate_up_proj`,
+    /// `mlp.experts.down_proj`; see [`super::ExpertStack::named`]); mixture-of-experts models only.
+    pub parameters: Vec<String>,
 }
 
 impl Default for LoraConfig {
@@ -142,6 +145,7 @@ impl Default for LoraConfig {
                 .to_vec(),
             seed: 0,
             dropout: 0.0,
+            parameters: Vec::new(),
         }
     }
 }

@@ -38,7 +38,7 @@ pub use attention::Attention;
 pub use cache::{starts, trim_block, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::{checkpoint_tensors, held_tensors, Mixture};
+pub use experts::{checkpoint_tensors, held_tensors, ExpertLora, ExpertStack, Mixture};
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
@@ -320,6 +320,13 @@ impl Model {
                     named.push((format!("{prefix}.lora_B.weight"), &lora.b));
                 }
             }
+            if let FeedForward::Experts(mixture) = &layer.mlp {
+                let prefixes = expert_prefixes(i, mixture.adapters.len());
+                for (lora, prefix) in mixture.adapters.iter().zip(prefixes) {
+                    named.push((format!("{prefix}.lora_A.weight"), &lora.a));
+                    named.push((format!("{prefix}.lora_B.weight"), &lora.b));
+                }
+            }
         }
         named
     }
@@ -340,7 +347,8 @@ impl Model {
         Ok(model)
     }
 
-    /// A copy with LoRA adapters on the target projections of every layer and its base weights frozen
+    /// A copy with LoRA adapters on the target projections of every layer, and on the target expert
+    /// stacks of every mixture ([`ExpertLora`], `config.parameters`), and its base weights frozen
     /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
     /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero; both in f32 over a bf16 or f16 base
     /// ([`dispatch::adapter_dtype`]).
@@ -370,11 +378,28 @@ impl Model {
                 ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
             }) {
                 candle_core::bail!(
-                    "LoRA target {mlp:?} on a mixture-of-experts model: PEFT adapts every expert under \
-                     that name, and the experts take no adapters here; target the attention projections \
-                     (q_proj, k_proj, v_proj, o_proj)"
+                    "LoRA target module {mlp:?} on a mixture-of-experts model: PEFT adapts every expert \
+                     under that name; adapt the experts with target parameters \
+                     (mlp.experts.gate_up_proj, mlp.experts.down_proj) and the attention with target \
+                     modules (q_proj, k_proj, v_proj, o_proj)"
                 );
             }
+        }
+        let stacks = expert_stacks(&config.parameters)?;
+        if !stacks.is_empty() && self.config.experts.is_none() {
+            candle_core::bail!(
+                "LoRA target parameters {:?}: this {} model has no experts; they adapt a \
+                 mixture-of-experts model's expert stacks",
+                config.parameters,
+                self.config.arch
+            );
+        }
+        if !stacks.is_empty() && config.dropout > 0.0 {
+            candle_core::bail!(
+                "LoRA dropout {} with target parameters: PEFT's adapters on parameters take no dropout \
+                 (the input of a parameter's product is not the module's); set it to 0",
+                config.dropout
+            );
         }
         if let Some(unknown) = config.targets.iter().find(|&target| {
             !names
@@ -383,8 +408,8 @@ impl Model {
         }) {
             let experts = match self.config.experts {
                 Some(_) => {
-                    " (a mixture's router and experts take no adapters: PEFT cannot load adapters on \
-                     transformers 5's fused experts)"
+                    " (a mixture's router takes no adapter; its experts take them as target \
+                     parameters: mlp.experts.gate_up_proj, mlp.experts.down_proj)"
                 }
                 None => "",
             };
@@ -429,8 +454,53 @@ impl Model {
                 vars.push((format!("{prefix}.lora_A.weight"), a));
                 vars.push((format!("{prefix}.lora_B.weight"), b));
             }
+            let FeedForward::Experts(mixture) = &mut layer.mlp else {
+                continue;
+            };
+            let count = mixture.experts.len();
+            let Some(expert) = mixture.experts.first() else {
+                continue;
+            };
+            let (hidden, inner) = expert.down_proj.weight.dense()?.dims2()?;
+            let prefixes = expert_prefixes(i, stacks.len());
+            for (&stack, prefix) in stacks.iter().zip(prefixes) {
+                let (in_dim, out_dim) = match stack {
+                    ExpertStack::GateUp => (hidden, 2 * inner),
+                    ExpertStack::Down => (inner, hidden),
+                };
+                // PEFT's `nn.Linear(in, rank · experts)` for A: Kaiming-uniform, bound 1/sqrt(in).
+                let bound = 1.0 / (in_dim as f64).sqrt();
+                let a: Vec<f32> = (0..count * config.rank * in_dim)
+                    .map(|_| rng.random_range(-bound..bound) as f32)
+                    .collect();
+                let a = Var::from_tensor(
+                    &Tensor::from_vec(a, (count * config.rank, in_dim), &device)?
+                        .to_dtype(dtype)?,
+                )?;
+                let b = Var::zeros((out_dim, config.rank * count), dtype, &device)?;
+                mixture.adapters.push(ExpertLora {
+                    stack,
+                    a: a.as_tensor().clone(),
+                    b: b.as_tensor().clone(),
+                    scale: config.alpha / config.rank as f64,
+                });
+                vars.push((format!("{prefix}.lora_A.weight"), a));
+                vars.push((format!("{prefix}.lora_B.weight"), b));
+            }
         }
         Ok((model, vars))
+    }
+
+    /// A copy whose experts carry their LoRA updates in their matrices and no adapters (the other
+    /// projections' adapters stay): the experts' part of merging an adapted model.
+    pub fn with_experts_merged(&self) -> Result<Model> {
+        let mut model = self.clone();
+        for layer in &mut model.layers {
+            if let FeedForward::Experts(mixture) = &mut layer.mlp {
+                *mixture = mixture.merged()?;
+            }
+        }
+        Ok(model)
     }
 
     /// Whether an adapter drops its inputs (LoRA dropout above 0) in differentiable passes whose seed
@@ -824,6 +894,43 @@ impl Model {
         let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
         picked * real
     }
+}
+
+/// The expert stacks PEFT `target_parameters` name, in [`ExpertStack::ALL`]'s order; an error names an
+/// entry that is no expert stack.
+fn expert_stacks(parameters: &[String]) -> Result<Vec<ExpertStack>> {
+    if let Some(unknown) = parameters
+        .iter()
+        .find(|target| ExpertStack::named(target).is_none())
+    {
+        candle_core::bail!(
+            "unknown LoRA target parameter {unknown:?}; the expert stacks are \
+             mlp.experts.gate_up_proj and mlp.experts.down_proj"
+        );
+    }
+    Ok(ExpertStack::ALL
+        .into_iter()
+        .filter(|stack| {
+            parameters
+                .iter()
+                .any(|target| ExpertStack::named(target) == Some(*stack))
+        })
+        .collect())
+}
+
+/// PEFT's module names of layer `layer`'s `adapted` expert adapters, in [`ExpertStack::ALL`]'s order.
+/// PEFT wraps the module once per parameter, the first parameter innermost, so each earlier adapter
+/// sits one `base_layer` deeper: `mlp.experts.base_layer` (`gate_up_proj`) and `mlp.experts`
+/// (`down_proj`) for both.
+fn expert_prefixes(layer: usize, adapted: usize) -> Vec<String> {
+    (0..adapted)
+        .map(|k| {
+            format!(
+                "base_model.model.model.layers.{layer}.mlp.experts{}",
+                ".base_layer".repeat(adapted - 1 - k)
+            )
+        })
+        .collect()
 }
 
 /// Whether LoRA can adapt the projection `name` (in its layer): not a mixture's router or experts.

@@ -114,6 +114,7 @@ impl TrainingConfig for SftConfig {
         "completion_only_loss",
         "eos_token",
         "lora_target_modules",
+        "lora_target_parameters",
         "router_aux_loss_coef",
     ];
     const RESUMABLE_KEYS: &'static [&'static str] = &[

@@ -174,6 +174,8 @@ pub fn lora_config(info: &RunInfo) -> LoraConfig {
         targets: info.targets.clone(),
         seed: info.seed,
         dropout: 0.0,
+        // Tinker's LoRA config names no expert stacks.
+        parameters: Vec::new(),
     }
 }
 

@@ -1,0 +1,383 @@
+//! LoRA on the experts of mixture-of-experts models against PEFT 0.21's `target_parameters`
+//! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
+//! adapter folder (both expert stacks and `q_proj`, every A and B nonzero). The trainer's adapters take
+//! PEFT's tensor names, one for one; the logits match PEFT's in the trainer's model, through the served
+//! adapter folder, with the experts merged and on the f32 sampling path, and the loss and every LoRA weight's gradient match with
+//! the whole graph kept and with layers recomputed. A `holo train` run with `--lora-target-parameters`
+//! writes a checkpoint PEFT loads to the trained model's logits, and `holo export` merges the experts'
+//! adapters into the weights transformers loads.
+
+use std::collections::HashMap;
+use std::fs;
+use std::process::Command;
+
+use candle_core::{DType, Device, Tensor};
+use holo_runtime::local::files::load_model;
+use holo_runtime::local::model::{positions_from_mask, Model, Ops};
+use holo_runtime::local::update::{adapter_config, with_adapter};
+use holo_runtime::train::batch::Sequence;
+use holo_runtime::train::score::{self, Pass};
+use serde_json::{json, Value};
+
+use crate::common::holo_command;
+
+/// The loss's weight on `Σ log p(trained tokens)`, as the script's.
+const LOGPROB_WEIGHT: f64 = 0.1;
+
+/// The largest `|a - b|` over the largest `|b|`.
+fn relative(a: &Tensor, b: &Tensor) -> f64 {
+    let scale = b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    let difference = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+    difference.to_scalar::<f64>().unwrap() / scale
+}
+
+/// The logits `[T, vocab]` of `ids` (f64 for f64 models).
+fn logits(model: &Model, ids: &[u32], ops: Ops) -> Tensor {
+    let input = Tensor::new(ids, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, ids.len()), DType::U8, &Device::Cpu).unwrap();
+    let positions = positions_from_mask(&mask).unwrap();
+    let hidden = model
+        .forward_hidden(&input, &positions, &mask, None, ops)
+        .unwrap();
+    let logits = model.logits(&hidden, ops).unwrap().squeeze(0).unwrap();
+    logits.to_dtype(DType::F64).unwrap()
+}
+
+fn check(name: &str) {
+    let folder = crate::common::fixtures().join("models").join(name);
+    let adapter = folder.join("moe_lora");
+    let load = |file: &str| candle_core::safetensors::load(adapter.join(file), &Device::Cpu);
+    let expected: HashMap<String, Tensor> = load("expected.safetensors").unwrap();
+    let peft: HashMap<String, Tensor> = load("adapter_model.safetensors").unwrap();
+    let lora = adapter_config(&adapter.join("adapter_config.json")).unwrap();
+    // PEFT keeps them as a set: their order in the file varies.
+    let mut parameters = lora.parameters.clone();
+    parameters.sort();
+    assert_eq!(
+        parameters,
+        ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"],
+        "{name}: target_parameters read"
+    );
+    let base = load_model(&folder, DType::F64, &Device::Cpu).expect("fixture model");
+    let (model, vars) = base.with_lora(&lora).unwrap();
+
+    // The adapters are PEFT's tensors, under PEFT's names and shapes, every one.
+    let mut ours: Vec<&str> = vars.iter().map(|(name, _)| name.as_str()).collect();
+    let mut theirs: Vec<&str> = peft.keys().map(String::as_str).collect();
+    ours.sort();
+    theirs.sort();
+    assert_eq!(ours, theirs, "{name}: adapter tensor names");
+    for (weight, var) in &vars {
+        var.set(&peft[weight]).unwrap();
+    }
+
+    let ids: Vec<Vec<u32>> = {
+        let rows: Vec<Vec<i64>> = expected["input_ids"].to_vec2().unwrap();
+        let lengths: Vec<i64> = expected["lengths"].to_vec1().unwrap();
+        rows.iter()
+            .zip(&lengths)
+            .map(|(row, &length)| row[..length as usize].iter().map(|&id| id as u32).collect())
+            .collect()
+    };
+    let want = &expected["logits"];
+    let served = with_adapter(&base, &adapter).unwrap();
+    let merged = model.with_experts_merged().unwrap();
+    for (path, adapted) in [
+        ("trained", &model),
+        ("served", &served),
+        ("experts merged", &merged),
+    ] {
+        let difference = relative(&logits(adapted, &ids[0], Ops::Differentiable), want);
+        assert!(
+            difference < 1e-5,
+            "{name}, {path}: logits differ from PEFT's by {difference:e} of the largest"
+        );
+    }
+    assert!(
+        relative(&logits(&base, &ids[0], Ops::Differentiable), want) > 1e-2,
+        "{name}: the adapters change the logits"
+    );
+    // The sampler's path: f32 weights and kernels, the adapter folder served as it is.
+    let base32 = load_model(&folder, DType::F32, &Device::Cpu).expect("fixture model");
+    let served32 = with_adapter(&base32, &adapter).unwrap();
+    let difference = relative(&logits(&served32, &ids[0], Ops::Fast), want);
+    assert!(
+        difference < 1e-4,
+        "{name}: f32 sampled logits differ from PEFT's by {difference:e} of the largest"
+    );
+
+    let firsts: Vec<i64> = expected["first_trained"].to_vec1().unwrap();
+    let sequences: Vec<Sequence> = ids
+        .iter()
+        .zip(&firsts)
+        .map(|(ids, &first)| Sequence {
+            trained: (first as usize..ids.len()).collect(),
+            sampling_logprobs: vec![f32::NAN; ids.len() - first as usize],
+            ids: ids.clone(),
+            routes: None,
+        })
+        .collect();
+    let refs: Vec<&Sequence> = sequences.iter().collect();
+    let expected_loss = expected["loss"].to_vec1::<f64>().unwrap()[0];
+    for recompute in [false, true] {
+        let pass = Pass {
+            recompute,
+            entropy_gradient: false,
+            balance: 0.0,
+        };
+        let (value, grads) = score::backward_sequences(&model, &refs, 1.0, pass, |head| {
+            head.logprobs.sum_all()? * LOGPROB_WEIGHT
+        })
+        .unwrap();
+        let value = value.to_scalar::<f64>().unwrap();
+        assert!(
+            (value - expected_loss).abs() < 1e-6 * expected_loss.abs(),
+            "{name}, recompute {recompute}: loss {value}, PEFT {expected_loss}"
+        );
+        for (weight, var) in &vars {
+            let grad = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient of {weight}"));
+            let difference = relative(grad, &expected[&format!("grad.{weight}")]);
+            assert!(
+                difference < 1e-5,
+                "{name}, recompute {recompute}: ∇{weight} differs from PEFT's by {difference:e} of \
+                 the largest"
+            );
+        }
+    }
+}
+
+#[test]
+fn qwen3_moe_expert_lora_is_peft_s() {
+    check("qwen3_moe");
+}
+
+#[test]
+fn gpt_oss_expert_lora_is_peft_s() {
+    check("gpt_oss");
+}
+
+/// `holo train` on a mixture-of-experts fixture with adapters on both expert stacks and `q_proj`: the
+/// checkpoint's `adapter_config.json` records the stacks as `target_parameters` (not as modules), its
+/// expert adapters have moved; the adapter folder served here and `holo export`'s merged folder give the
+/// same logits, and PEFT (`PeftModel.from_pretrained`) and transformers give them too
+/// (`scripts/export_check.py`).
+fn train_and_export(name: &str) {
+    let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
+    let data = work.path().join("rows.jsonl");
+    let rows: String = (1..=8)
+        .map(|i| {
+            format!(
+                "{}\n",
+                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()})
+            )
+        })
+        .collect();
+    fs::write(&data, rows).unwrap();
+    let base_dir = crate::common::fixtures().join("models").join(name);
+    let run_dir = work.path().join("run");
+    let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
+    let parameters = serde_json::to_string(&stacks).unwrap();
+    let output = holo_command(&[
+        "train",
+        "hol/qa.hol",
+        "--model",
+        base_dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        run_dir.to_str().unwrap(),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "4",
+        "--per-device-train-batch-size",
+        "8",
+        "--max-completion-length",
+        "8",
+        "--learning-rate",
+        "0.01",
+        "--entropy-coef",
+        "0.1",
+        "--use-peft",
+        "true",
+        "--lora-r",
+        "2",
+        "--lora-alpha",
+        "4",
+        "--lora-dropout",
+        "0",
+        "--lora-target-modules",
+        "[\"q_proj\"]",
+        "--lora-target-parameters",
+        &parameters,
+    ])
+    .output()
+    .unwrap();
+    assert!(output.status.success(), "{name}: {output:?}");
+
+    let checkpoint = run_dir.join("checkpoint-2");
+    let config: Value =
+        serde_json::from_str(&fs::read_to_string(checkpoint.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["target_modules"], json!(["q_proj"]), "{config}");
+    assert_eq!(config["target_parameters"], json!(stacks), "{config}");
+    let adapters =
+        candle_core::safetensors::load(checkpoint.join("adapter_model.safetensors"), &Device::Cpu)
+            .unwrap();
+    let moved = adapters
+        .iter()
+        .filter(|(name, _)| name.contains(".mlp.experts.") && name.contains("lora_B"))
+        .map(|(_, b)| {
+            b.abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        })
+        .fold(0.0f32, f32::max);
+    assert!(
+        moved > 1e-4,
+        "{name}: training left the experts' B at {moved}"
+    );
+
+    let export_dir = work.path().join("export");
+    let exported = holo_command(&[
+        "export",
+        run_dir.to_str().unwrap(),
+        "--out",
+        export_dir.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(exported.status.success(), "{name}: {exported:?}");
+
+    let base = load_model(&base_dir, DType::F32, &Device::Cpu).unwrap();
+    let adapted = with_adapter(&base, &checkpoint).unwrap();
+    let merged = load_model(&export_dir, DType::F32, &Device::Cpu).unwrap();
+    let sequences: Vec<Vec<u32>> = vec![
+        vec![7],
+        vec![5, 17, 33, 2, 90, 41],
+        vec![400, 3, 58, 121, 9, 260, 12, 8],
+    ];
+    let logits: Vec<_> = sequences
+        .iter()
+        .map(|ids| crate::common::logits::sequence_logits(&adapted, ids))
+        .collect();
+    let largest_difference = |model: &Model| {
+        sequences
+            .iter()
+            .zip(&logits)
+            .flat_map(|(ids, ours)| {
+                let theirs = crate::common::logits::sequence_logits(model, ids);
+                ours.iter()
+                    .flatten()
+                    .zip(theirs.into_iter().flatten())
+                    .map(|(a, b)| (a - b).abs())
+                    .collect::<Vec<_>>()
+            })
+            .fold(0.0f32, f32::max)
+    };
+    let difference = largest_difference(&merged);
+    assert!(
+        difference < 1e-4,
+        "{name}: the export's logits differ by {difference}"
+    );
+    assert!(
+        largest_difference(&base) > 1e-3,
+        "{name}: the adapters change the logits"
+    );
+
+    let Some(python) =
+        crate::common::components::peers(&["torch", "transformers", "peft", "safetensors"])
+    else {
+        return;
+    };
+    let logits_file = work.path().join("logits.json");
+    fs::write(
+        &logits_file,
+        json!({"sequences": sequences, "logits": logits}).to_string(),
+    )
+    .unwrap();
+    let output = Command::new(python)
+        .arg(crate::common::repo().join("scripts/export_check.py"))
+        .args([&export_dir, &base_dir, &logits_file])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("{output:?}"));
+    println!("{name}: transformers/PEFT {result}");
+    assert_eq!(result["ok"], true, "{name}: {result}");
+    assert_eq!(result["lora"], true, "{name}: {result}");
+}
+
+#[test]
+fn qwen3_moe_trains_expert_adapters_peft_loads() {
+    train_and_export("qwen3_moe");
+}
+
+#[test]
+fn gpt_oss_trains_expert_adapters_peft_loads() {
+    train_and_export("gpt_oss");
+}
+
+/// `lora_target_parameters` refused by key: a name that is no expert stack, LoRA dropout beside it
+/// (PEFT's `ParamWrapper` takes none), and a model without experts.
+#[test]
+fn bad_target_parameters_are_refused_by_name() {
+    let work = crate::common::tempdir::Dir::new("moe-lora-refused");
+    let data = work.path().join("rows.jsonl");
+    fs::write(
+        &data,
+        "{\"question\": \"What is 1+4?\", \"expected\": \"5\"}\n",
+    )
+    .unwrap();
+    let models = crate::common::fixtures().join("models");
+    let refusal = |model: &str, parameters: &str, dropout: &str| {
+        let output = holo_command(&[
+            "train",
+            "hol/qa.hol",
+            "--model",
+            models.join(model).to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            work.path().join("run").to_str().unwrap(),
+            "--max-steps",
+            "1",
+            "--use-peft",
+            "true",
+            "--lora-dropout",
+            dropout,
+            "--lora-target-parameters",
+            parameters,
+        ])
+        .output()
+        .unwrap();
+        assert!(!output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let stderr = refusal("qwen3_moe", "[\"mlp.experts.up_proj\"]", "0");
+    assert!(
+        stderr.contains("lora_target_parameters") && stderr.contains("mlp.experts.gate_up_proj"),
+        "{stderr}"
+    );
+    let stderr = refusal("qwen3_moe", "[\"mlp.experts.down_proj\"]", "0.05");
+    assert!(stderr.contains("lora_dropout"), "{stderr}");
+    let stderr = refusal("qwen2", "[\"mlp.experts.down_proj\"]", "0");
+    assert!(stderr.contains("has no experts"), "{stderr}");
+}

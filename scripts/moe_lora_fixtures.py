@@ -1,0 +1,100 @@
+"""LoRA on the experts of the committed mixture-of-experts fixtures as PEFT computes it, for
+holo-runtime/tests/train/moe_lora.rs: `tests/fixtures/models/NAME/moe_lora/`.
+
+PEFT 0.21 adapts transformers 5's stacked expert parameters with `target_parameters` (its
+`ParamWrapper`: one low-rank update per expert on `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`).
+The adapter here targets both stacks and `q_proj`, with every A and B set to deterministic nonzero values
+(a B of zeros would hide a wrong update); `save_pretrained` writes the folder as PEFT lays it out
+(`adapter_config.json`, `adapter_model.safetensors` in float64). The model runs in float64 over three
+right-padded sequences (two sharing a prefix, as scripts/balance_fixtures.py); `expected.safetensors`
+records the sequences (`input_ids`, `lengths`, `first_trained`), the first one's logits and, for the loss `0.1 · Σ log p(trained tokens)`, its value and the
+gradient of every LoRA weight under the saved names (`grad.` + name).
+
+Run from the repository root with the peers' venv:
+    ~/.cache/holo-peers/venv/bin/python scripts/moe_lora_fixtures.py
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+FIXTURES = Path("holo-runtime/tests/fixtures/models")
+LOGPROB_WEIGHT = 0.1
+RANK, ALPHA = 2, 3
+TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+# (ids, first trained position): the first two share their first seven tokens.
+SEQUENCES = [
+    ([5, 17, 33, 2, 90, 41, 7, 300, 12, 8, 77, 150], 7),
+    ([5, 17, 33, 2, 90, 41, 7, 61, 222, 19], 7),
+    ([400, 3, 58, 121, 9, 260], 3),
+]
+
+
+def load(folder: Path):
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+    )
+
+
+def record(name: str) -> None:
+    folder = FIXTURES / name
+    config = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        lora_dropout=0.0,
+        target_modules=["q_proj"],
+        target_parameters=TARGET_PARAMETERS,
+    )
+    model = get_peft_model(load(folder), config)
+    with torch.no_grad():
+        for k, (weight, parameter) in enumerate(
+            sorted((n, p) for n, p in model.named_parameters() if ".lora_" in n)
+        ):
+            steps = torch.arange(parameter.numel(), dtype=torch.float64)
+            parameter.copy_((0.3 * torch.sin(0.37 * steps + k)).reshape(parameter.shape))
+    width = max(len(ids) for ids, _ in SEQUENCES)
+    input_ids = torch.zeros((len(SEQUENCES), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(SEQUENCES), width), dtype=torch.long)
+    for row, (ids, _) in enumerate(SEQUENCES):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logprobs = torch.log_softmax(logits, dim=-1)
+    trained = [
+        logprobs[row, position - 1, ids[position]]
+        for row, (ids, first) in enumerate(SEQUENCES)
+        for position in range(first, len(ids))
+    ]
+    loss = LOGPROB_WEIGHT * torch.stack(trained).sum()
+    loss.backward()
+    expected = {
+        "input_ids": input_ids,
+        "lengths": attention_mask.sum(dim=1),
+        "first_trained": torch.tensor([first for _, first in SEQUENCES]),
+        "logits": logits[0].detach().contiguous(),
+        "loss": loss.detach().reshape(1),
+    }
+    for weight, parameter in model.named_parameters():
+        if ".lora_" in weight:
+            expected["grad." + weight.replace(".default", "")] = parameter.grad.contiguous()
+    out = folder / "moe_lora"
+    model.save_pretrained(out)
+    # PEFT writes a model card template beside the adapter; the fixture needs none.
+    (out / "README.md").unlink()
+    save_file(expected, out / "expected.safetensors")
+    with torch.no_grad(), model.disable_adapter():
+        base = model(input_ids=input_ids[:1]).logits[0]
+    print(
+        f"{name}: loss {loss.item():.6f}, max |Δlogit| from the base {(base - logits[0]).abs().max():.3f}, "
+        f"{sum(key.startswith('grad.') for key in expected)} gradients",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    for name in ("qwen3_moe", "gpt_oss"):
+        record(name)
