@@ -388,6 +388,7 @@ mod fields;
 mod listen;
 mod log;
 mod metrics;
+mod reasoning;
 mod sampling;
 mod stream;
 mod structured;
@@ -401,6 +402,8 @@ use error::*;
 use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
+use reasoning::Reading;
+pub use reasoning::ReasoningParser;
 use sampling::*;
 use tools::*;
 use weights::{Target, Weights};
@@ -425,6 +428,10 @@ pub struct ServedModel {
     /// The format the model writes tool calls in (`holo serve --tool-call-parser`); `None` takes the
     /// one the chat template renders them in ([`ToolFormat::detect`]), if it says.
     pub tool_parser: Option<ToolFormat>,
+    /// How the model marks its reasoning (`holo serve --reasoning-parser`): with one, a chat reply's
+    /// reasoning is split out of its `content` into `reasoning` (see *Reasoning*); `None` leaves
+    /// replies whole.
+    pub reasoning_parser: Option<ReasoningParser>,
     /// What new weights are built from, when the server takes them (see *Weight updates*); `None`
     /// refuses the update routes.
     pub updatable: Option<Updatable>,
@@ -469,6 +476,7 @@ impl ServedModel {
             scheduler: None,
             grammars: None,
             tool_parser: None,
+            reasoning_parser: None,
             updatable: None,
         }
     }
@@ -484,6 +492,7 @@ impl ServedModel {
             scheduler: Some(model.scheduler_stats()),
             grammars: Some(model.grammars().clone()),
             tool_parser: None,
+            reasoning_parser: None,
             updatable: None,
             sampler: Arc::new(model),
         }
@@ -613,6 +622,7 @@ impl Server {
             scheduler,
             grammars,
             tool_parser,
+            reasoning_parser,
             updatable,
         } = model;
         let sources: String = template
@@ -658,6 +668,7 @@ impl Server {
             grammars,
             tool_format,
             template_takes_tools,
+            reasoning_parser,
             config: config.clone(),
         });
         Ok(Server {
@@ -783,6 +794,7 @@ struct AppState {
     tool_format: Option<ToolFormat>,
     /// Whether the chat template mentions `tools` at all (if not, tools given to it would vanish).
     template_takes_tools: bool,
+    reasoning_parser: Option<ReasoningParser>,
     config: ServeConfig,
 }
 
@@ -929,22 +941,9 @@ impl AppState {
         Ok(receiver)
     }
 
-    /// Sends the request's samples to the sampler, then waits for all of them.
-    async fn generate(
-        &self,
-        target: &Target,
-        requests: Vec<Request>,
-        tally: &Tally,
-    ) -> Result<Vec<Completion>, ApiError> {
-        let answers = self.generate_scored(target, requests, tally).await?;
-        Ok(answers
-            .into_iter()
-            .map(|(completion, _)| completion)
-            .collect())
-    }
-
-    /// [`AppState::generate`], with each sample's prompt log-probabilities when it asked for them
-    /// ([`SampleParams::prompt_logprobs`]); a sampler that did not report them asked fails the request.
+    /// Sends the request's samples to the sampler, then waits for all of them: each sample's result,
+    /// with its prompt log-probabilities when it asked for them ([`SampleParams::prompt_logprobs`]); a
+    /// sampler that did not report them asked fails the request.
     async fn generate_scored(
         &self,
         target: &Target,

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::weights::Target;
 use super::{
     calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
-    AppState, Choice, Common, Event, PromptLogprobs, StreamOptions, Tally,
+    AppState, Choice, Common, Event, PromptLogprobs, Reading, StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
@@ -63,6 +63,7 @@ pub(super) fn respond(
             (0..count)
                 .map(|_| ChoiceStream {
                     matcher: matcher.clone(),
+                    reading: common.reading,
                     ..ChoiceStream::default()
                 })
                 .collect()
@@ -123,8 +124,14 @@ struct ChoiceStream {
     top: Vec<Vec<(u32, f32)>>,
     /// The text decoded so far.
     decoded: StreamedText,
-    /// The completion's text, once it has arrived.
+    /// The completion's text (its content, with a reasoning parser), once it has arrived.
     completed: Option<String>,
+    /// With a reasoning parser: how the reply splits, and its reasoning once the completion has
+    /// arrived.
+    reading: Option<Reading>,
+    completed_reasoning: Option<String>,
+    /// Bytes of the reasoning sent.
+    sent_reasoning: usize,
     /// Bytes of `text` searched for stop strings.
     searched: usize,
     /// The stop strings' automaton, fed the decoded text as it grows, so that a piece costs its own
@@ -320,18 +327,24 @@ impl Streamer {
     fn chunk(&mut self, index: usize) -> Option<Value> {
         let common = &self.common;
         let choice = &self.choices[index];
-        let text = &choice.text()[choice.sent_text..choice.releasable.max(choice.sent_text)];
+        let (reasoning, text) = choice.available();
+        let reasoning = &reasoning[choice.sent_reasoning.min(reasoning.len())..];
+        let text = &text[choice.sent_text.min(text.len())..];
+        // As vLLM: with the reasoning left out, so are the per-token details that would show it.
+        let hidden = choice.reading.is_some() && !common.include_reasoning;
+        let shown_reasoning = if hidden { "" } else { reasoning };
         let tokens = choice.sent_tokens..choice.tokens.len();
         let wants_logprobs = match self.endpoint {
-            Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
+            Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs && !hidden,
         };
+        let return_token_ids = common.return_token_ids && !hidden;
         let has_logprobs = choice.logprobs.len() >= tokens.end;
         // A choice with tool calls sends its text, then its calls, then its finish.
         let finishing = choice.finish.is_some()
             && !choice.finish_sent
             && (choice.tool_calls.is_empty() || choice.calls_sent);
-        let per_token = (wants_logprobs || common.return_token_ids) && !tokens.is_empty();
-        if text.is_empty() && !per_token && !finishing {
+        let per_token = (wants_logprobs || return_token_ids) && !tokens.is_empty();
+        if text.is_empty() && shown_reasoning.is_empty() && !per_token && !finishing {
             return None;
         }
         let logprobs = if wants_logprobs && has_logprobs && !tokens.is_empty() {
@@ -369,23 +382,35 @@ impl Streamer {
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }),
-            Endpoint::Chat { .. } => json!({
-                "index": index,
-                "delta": if text.is_empty() && finishing { json!({}) } else { json!({"content": text}) },
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }),
+            Endpoint::Chat { .. } => {
+                // vLLM's deltas: the reasoning, then the content, each when there is some.
+                let mut delta = Map::new();
+                if !shown_reasoning.is_empty() {
+                    delta.insert("reasoning".into(), json!(shown_reasoning));
+                }
+                if !text.is_empty() || (delta.is_empty() && !finishing) {
+                    delta.insert("content".into(), json!(text));
+                }
+                json!({
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                    "stop_reason": stop_reason,
+                })
+            }
         };
-        if common.return_token_ids {
+        if return_token_ids {
             out["token_ids"] = json!(choice.tokens[tokens.clone()]);
             if !choice.opened {
                 out["prompt_token_ids"] = json!(self.prompts[index / common.n as usize]);
             }
         }
         let sent_text = choice.sent_text + text.len();
+        let sent_reasoning = choice.sent_reasoning + reasoning.len();
         let choice = &mut self.choices[index];
         choice.sent_text = sent_text;
+        choice.sent_reasoning = sent_reasoning;
         choice.sent_tokens = tokens.end;
         choice.opened = true;
         choice.finish_sent |= finishing;
@@ -473,6 +498,22 @@ impl ChoiceStream {
             .unwrap_or_else(|| self.decoded.text())
     }
 
+    /// The reasoning and the content that may be sent by now (each grows as a prefix of itself): the
+    /// releasable text split by the reasoning parser (its settled parts while the reply is written),
+    /// or without one all of it as content.
+    fn available(&self) -> (&str, &str) {
+        let text = &self.text()[..self.releasable.max(self.sent_text)];
+        match (self.reading, &self.completed) {
+            (None, _) => ("", text),
+            (Some(_), Some(_)) => (self.completed_reasoning.as_deref().unwrap_or(""), text),
+            (Some(reading), None) => {
+                let parts = reading.settled(text);
+                let part = |range: Option<std::ops::Range<usize>>| range.map_or("", |r| &text[r]);
+                (part(parts.reasoning), part(parts.content))
+            }
+        }
+    }
+
     fn push(
         &mut self,
         state: &AppState,
@@ -509,10 +550,18 @@ impl ChoiceStream {
         // What may start a tool call waits for the completion, which says whether it is one. A format
         // whose marker is a special token (Mistral's `[TOOL_CALLS]`) has it nowhere in this text, which
         // is decoded without them: all of it waits.
+        // With a reasoning parser only the content is read for calls: the reasoning never waits.
+        let content = match self.reading {
+            None => 0,
+            Some(reading) => reading
+                .settled(text)
+                .content
+                .map_or(text.len(), |content| content.start),
+        };
         let callable = match common.tool_format {
             None => text.len(),
-            Some(format) if format.reads_special_tokens() => 0,
-            Some(format) => format.held_from(text),
+            Some(format) if format.reads_special_tokens() => content,
+            Some(format) => content + format.held_from(&text[content..]),
         };
         let Some(longest) = stops.iter().map(String::len).max() else {
             self.releasable = self.releasable.max(callable);
@@ -566,11 +615,18 @@ impl ChoiceStream {
         }
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.
-        if choice.text.starts_with(&self.text()[..self.sent_text]) {
+        let (reasoning, content) = self.available();
+        let sent_reasoning = reasoning[..self.sent_reasoning.min(reasoning.len())].to_string();
+        let sent_content = content[..self.sent_text.min(content.len())].to_string();
+        let final_reasoning = choice.reasoning.unwrap_or_default();
+        if choice.text.starts_with(&sent_content) && final_reasoning.starts_with(&sent_reasoning) {
             self.releasable = choice.text.len();
             self.completed = Some(choice.text);
+            self.completed_reasoning = Some(final_reasoning);
         } else {
             self.releasable = self.sent_text;
+            self.completed = Some(sent_content);
+            self.completed_reasoning = Some(sent_reasoning);
         }
         self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
         self.tool_calls = choice.tool_calls;

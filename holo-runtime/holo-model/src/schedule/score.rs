@@ -1,5 +1,5 @@
 //! Prompt log-probabilities: every prompt position's logits, a chunk of the prefill at a time, turned
-//! into the next prompt token's log-probability and the most likely tokens there (vLLM's
+//! into the next prompt token's log-probability, its rank, and the most likely tokens there (vLLM's
 //! `prompt_logprobs`, what `echo` with `logprobs` reports). Only slots whose rows ask pay for them.
 
 use candle_core::{DType, Tensor};
@@ -53,17 +53,20 @@ impl Engine<'_> {
                         0 => Vec::new(),
                         k => most_likely(row, k, normaliser),
                     };
-                    (row[next] - normaliser, alternatives)
+                    // vLLM's rank: the tokens at least as likely, the token itself included.
+                    let rank = row.iter().filter(|&&logit| logit >= row[next]).count() as u32;
+                    (row[next] - normaliser, rank, alternatives)
                 };
                 // Over a large vocabulary, the softmax and the search for the most likely tokens
                 // are worth sharing out, as sampling does.
-                let positions: Vec<(f32, Vec<(u32, f32)>)> = if vocab >= PARALLEL_VOCAB {
+                let positions: Vec<(f32, u32, Vec<(u32, f32)>)> = if vocab >= PARALLEL_VOCAB {
                     logits.par_iter().enumerate().map(score).collect()
                 } else {
                     logits.iter().enumerate().map(score).collect()
                 };
-                for (logprob, alternatives) in positions {
+                for (logprob, rank, alternatives) in positions {
                     scores.logprobs.push(logprob);
+                    scores.ranks.push(rank);
                     scores.top_logprobs.push(alternatives);
                 }
                 column += count;
