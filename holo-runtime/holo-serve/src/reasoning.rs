@@ -75,11 +75,11 @@ impl Parts {
 }
 
 impl Reading {
-    /// A whole reply's parts, as vLLM's `extract_reasoning` reads them: text up to the first `<think>`
-    /// is dropped; what comes before `</think>` is the reasoning (possibly empty) and what follows it
-    /// the content (none when empty); a reply with no `</think>` was cut inside its reasoning, which
-    /// is all of it (no content). A model that does not think (Qwen3 with `enable_thinking: false`)
-    /// has only content.
+    /// A whole reply's parts, as vLLM's `extract_reasoning` reads them: a `<think>` that opens the reply
+    /// (after whitespace) is skipped; what comes before `</think>` is the reasoning (possibly empty) and
+    /// what follows it the content (none when empty); a reply with no `</think>` was cut inside its
+    /// reasoning, which is all of it (no content). A model that does not think (Qwen3 with
+    /// `enable_thinking: false`) has only content.
     pub(super) fn parts(self, text: &str) -> Parts {
         if !self.thinking {
             return Parts {
@@ -87,7 +87,7 @@ impl Reading {
                 content: Some(0..text.len()),
             };
         }
-        let start = text.find(START).map_or(0, |at| at + START.len());
+        let start = opening(text).unwrap_or(0);
         match text[start..].find(END) {
             Some(at) => {
                 let end = start + at;
@@ -104,28 +104,38 @@ impl Reading {
         }
     }
 
-    /// The parts of a reply still being written (`text`, so far) that can be sent now: the reasoning
-    /// less a tail that may begin a marker, and the content once `</think>` has come (all of it from
-    /// there). Text before a `<think>` still to come may already be sent as reasoning, as vLLM's
-    /// streaming sends it.
+    /// The parts of a reply still being written (`text`, so far) that can be sent now: nothing while
+    /// it may still open with `<think>`, then the reasoning less a tail that may begin `</think>`, and
+    /// the content once `</think>` has come (all of it from there). Each part only grows as the text
+    /// does, and ends as [`Reading::parts`] of the whole reply.
     pub(super) fn settled(self, text: &str) -> Parts {
         if !self.thinking {
             return self.parts(text);
         }
-        let opened = text.find(START);
-        let start = opened.map_or(0, |at| at + START.len());
+        let Some(start) = opening(text) else {
+            return Parts {
+                reasoning: Some(0..0),
+                content: None,
+            };
+        };
         if text[start..].contains(END) {
             return self.parts(text);
         }
-        let mut end = text.len() - partial_marker(&text[start..], END);
-        if opened.is_none() {
-            end = end.min(text.len() - partial_marker(text, START));
-        }
         Parts {
-            reasoning: Some(start..end.max(start)),
+            reasoning: Some(start..text.len() - partial_marker(&text[start..], END)),
             content: None,
         }
     }
+}
+
+/// Where the reasoning of a reply that starts with `text` begins: after the `<think>` that opens it
+/// (after whitespace), else at its start; `None` while `text` may still open with one.
+fn opening(text: &str) -> Option<usize> {
+    let trimmed = text.trim_start();
+    if let Some(rest) = trimmed.strip_prefix(START) {
+        return Some(text.len() - rest.len());
+    }
+    (!START.starts_with(trimmed)).then_some(0)
 }
 
 /// The length of the longest tail of `text` that is a proper beginning of `marker`.
@@ -165,11 +175,17 @@ mod tests {
         // Nothing after the reasoning: no content; nothing in it: empty reasoning.
         assert_eq!(split("Add them.</think>"), (some("Add them."), None));
         assert_eq!(split("</think>Four."), (some(""), some("Four.")));
-        // Text before `<think>` is dropped, as vLLM drops it; a second `</think>` is content.
+        // Only a `<think>` that opens the reply is a marker; a second `</think>` is content.
         assert_eq!(
-            split("x<think>a</think>b</think>c"),
+            split(" \n<think>a</think>b</think>c"),
             (some("a"), some("b</think>c"))
         );
+        assert_eq!(
+            split("x<think>a</think>b"),
+            (some("x<think>a"), some("b"))
+        );
+        // A reply that is only the start of `<think>` is reasoning.
+        assert_eq!(split("<thi"), (some("<thi"), None));
     }
 
     #[test]
@@ -206,6 +222,8 @@ mod tests {
             "<think>\nAdd them.\n</think>\n\nFour.",
             "Add them.</think>Four.",
             "Add <them>.</think></thin",
+            "\n<think>a <think> b</think>",
+            "x<think>a</think>b",
             "Add th",
             "</think>",
             "<think></think>",
@@ -224,10 +242,7 @@ mod tests {
                     let c = c.unwrap_or_default();
                     assert!(r.starts_with(&reasoning), "{reply:?} at {cut}: {r:?}");
                     assert!(c.starts_with(&content), "{reply:?} at {cut}: {c:?}");
-                    assert!(
-                        !r.contains(END) && !r.ends_with('<'),
-                        "{reply:?} at {cut}: {r:?}"
-                    );
+                    assert!(!r.contains(END), "{reply:?} at {cut}: {r:?}");
                     reasoning = r;
                     content = c;
                 }
