@@ -241,7 +241,9 @@ pub(super) async fn chat(
     for (index, (completion, _)) in answers.iter().enumerate() {
         let out = Choice::new(state, completion, &common)?;
         completion_tokens += out.token_count;
-        let content = match out.has_content && !(out.text.is_empty() && !out.tool_calls.is_empty()) {
+        // No content: none after the reasoning, or only calls.
+        let calls_only = out.text.is_empty() && !out.tool_calls.is_empty();
+        let content = match out.has_content && !calls_only {
             true => json!(out.text),
             false => Value::Null,
         };

@@ -183,7 +183,10 @@ pub(super) fn echo_logprobs(
     let top_logprobs = if common.params.top_logprobs == 0 || reported {
         // The prompt may have been scored with more alternatives, for `prompt_logprobs`.
         let k = common.params.top_logprobs as usize;
-        let prompt_top = scored.top.iter().map(|top| top[..top.len().min(k)].to_vec());
+        let prompt_top = scored
+            .top
+            .iter()
+            .map(|top| top[..top.len().min(k)].to_vec());
         let alternatives = prompt_top.chain(top.iter().cloned());
         let positions = all[1..]
             .iter()

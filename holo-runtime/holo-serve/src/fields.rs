@@ -446,9 +446,7 @@ pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiE
             "repetition_penalty" => value.as_f64() == Some(1.0),
             "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" => value.as_str() == Some("none"),
-            "guided_whitespace_pattern"
-            | "logits_processors"
-            | "prompt_embeds" => false,
+            "guided_whitespace_pattern" | "logits_processors" | "prompt_embeds" => false,
             _ => true,
         };
         if !neutral {

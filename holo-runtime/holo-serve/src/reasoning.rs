@@ -48,7 +48,9 @@ impl ReasoningParser {
                     Value::Array(items) => items.is_empty(),
                     Value::Object(map) => map.is_empty(),
                 });
-        Reading { thinking: !disabled }
+        Reading {
+            thinking: !disabled,
+        }
     }
 }
 
@@ -168,7 +170,10 @@ mod tests {
             (some("\nAdd them.\n"), some("\n\nFour."))
         );
         // The template wrote `<think>` into the prompt: only `</think>` is in the reply.
-        assert_eq!(split("Add them.</think>Four."), (some("Add them."), some("Four.")));
+        assert_eq!(
+            split("Add them.</think>Four."),
+            (some("Add them."), some("Four."))
+        );
         // Cut inside the reasoning: all of it is reasoning, no content.
         assert_eq!(split("<think>Add th"), (some("Add th"), None));
         assert_eq!(split("Add th"), (some("Add th"), None));
@@ -180,10 +185,7 @@ mod tests {
             split(" \n<think>a</think>b</think>c"),
             (some("a"), some("b</think>c"))
         );
-        assert_eq!(
-            split("x<think>a</think>b"),
-            (some("x<think>a"), some("b"))
-        );
+        assert_eq!(split("x<think>a</think>b"), (some("x<think>a"), some("b")));
         // A reply that is only the start of `<think>` is reasoning.
         assert_eq!(split("<thi"), (some("<thi"), None));
     }
@@ -193,7 +195,11 @@ mod tests {
         let off = ReasoningParser::Qwen3.reading(Some(&json!({"enable_thinking": false})));
         assert_eq!(off, Reading { thinking: false });
         assert_eq!(off.parts("Four.").of("Four."), (None, some("Four.")));
-        for on in [None, Some(json!({})), Some(json!({"enable_thinking": true}))] {
+        for on in [
+            None,
+            Some(json!({})),
+            Some(json!({"enable_thinking": true})),
+        ] {
             assert_eq!(ReasoningParser::Qwen3.reading(on.as_ref()), THINKING);
         }
         // DeepSeek-R1's template has no switch.

@@ -44,7 +44,11 @@ fn assert_prompt_logprobs(scored: &Value, prompt: &[u32], k: usize) {
         let entries = positions[position].as_object().unwrap();
         let token = prompt[position];
         let (first, _) = entries.iter().next().unwrap();
-        assert_eq!(first, &token.to_string(), "position {position}: {entries:?}");
+        assert_eq!(
+            first,
+            &token.to_string(),
+            "position {position}: {entries:?}"
+        );
         let in_top = entries.len() == k;
         assert!(entries.len() == k + 1 || in_top, "{entries:?}");
         let mut top_ranks = Vec::new();
@@ -133,11 +137,7 @@ async fn prompt_logprobs_are_the_model_s_with_true_ranks() {
         assert!((1..=2).contains(&count), "{entries}");
     }
     // Without the field, no `prompt_logprobs`.
-    let (_, answer) = post(
-        "/v1/completions",
-        json!({"prompt": text, "max_tokens": 1}),
-    )
-    .await;
+    let (_, answer) = post("/v1/completions", json!({"prompt": text, "max_tokens": 1})).await;
     assert!(answer["choices"][0].get("prompt_logprobs").is_none());
 
     // Chat: once, beside the choices, for the rendered prompt.
@@ -172,7 +172,10 @@ async fn prompt_logprobs_are_the_model_s_with_true_ranks() {
     let streamed = http
         .post(format!("{}/v1/completions", server.base_url()))
         .header("content-type", "application/json")
-        .body(json!({"prompt": text, "prompt_logprobs": 0, "stream": true, "max_tokens": 2}).to_string())
+        .body(
+            json!({"prompt": text, "prompt_logprobs": 0, "stream": true, "max_tokens": 2})
+                .to_string(),
+        )
         .send()
         .await
         .unwrap();

@@ -21,7 +21,12 @@ impl Replier {
     fn reply(&self, request: &Request, sink: &dyn TokenSink, index: usize) -> Completion {
         let prompt = self.tokenizer.decode(&prompt_ids(request), false).unwrap();
         let script = &prompt[prompt.rfind("REPLY:").expect("a REPLY: in the prompt") + 6..];
-        let mut tokens = self.tokenizer.encode(script, false).unwrap().get_ids().to_vec();
+        let mut tokens = self
+            .tokenizer
+            .encode(script, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let mut finish = Finish::EndOfTurn;
         if let Some(max) = request.params.max_tokens {
             if tokens.len() > max as usize {
@@ -163,6 +168,31 @@ fn some(text: &str) -> Option<String> {
     Some(text.to_string())
 }
 
+/// A reply, the request's other fields, and the reasoning, content and finish reason its answer has.
+struct Case {
+    reply: &'static str,
+    extra: Value,
+    reasoning: Option<String>,
+    content: Option<String>,
+    finish: &'static str,
+}
+
+impl Case {
+    fn new(
+        reply: &'static str,
+        extra: Value,
+        (reasoning, content): (Option<&str>, Option<&str>),
+    ) -> Self {
+        Case {
+            reply,
+            extra,
+            reasoning: reasoning.map(str::to_string),
+            content: content.map(str::to_string),
+            finish: "stop",
+        }
+    }
+}
+
 /// Whole and streamed, each reply's reasoning and content are vLLM's: the text between the markers
 /// (the opening one in the reply or not), then the rest; cut before `</think>` all of it is reasoning.
 /// Streamed, the reasoning comes before any content, and the deltas join into the whole answer's.
@@ -176,68 +206,70 @@ async fn reasoning_is_split_from_content_as_vllm_splits_it() {
     );
     let server = start_replier(Some(ReasoningParser::Qwen3)).await;
     let client = Client::new(&server);
-    let cases: [(&str, Value, Option<String>, Option<String>, &str); 6] = [
-        (
+    let cases = [
+        Case::new(
             "<think>\nAdd two and two.\n</think>\n\nFour.",
             json!({}),
-            some("\nAdd two and two.\n"),
-            some("\n\nFour."),
-            "stop",
+            (Some("\nAdd two and two.\n"), Some("\n\nFour.")),
         ),
-        (
+        Case::new(
             "Add two and two.</think>Four.",
             json!({}),
-            some("Add two and two."),
-            some("Four."),
-            "stop",
+            (Some("Add two and two."), Some("Four.")),
         ),
-        // Cut inside the reasoning, even in the middle of `</think>`.
-        (
-            "Add two and two.</think>Four.",
-            json!({"max_tokens": 10}),
-            None,
-            None,
-            "length",
-        ),
-        ("Add two.</think>", json!({}), some("Add two."), None, "stop"),
+        // Cut inside the reasoning, in the middle of `</think>` (its first 10 tokens): all reasoning.
+        Case {
+            finish: "length",
+            ..Case::new(
+                "Add two and two.</think>Four.",
+                json!({"max_tokens": 10}),
+                (Some("Add two and two.</think"), None),
+            )
+        },
+        Case::new("Add two.</think>", json!({}), (Some("Add two."), None)),
         // Without thinking, every reply is content.
-        (
+        Case::new(
             "Four, <think>a</think>.",
             json!({"chat_template_kwargs": {"enable_thinking": false}}),
-            None,
-            some("Four, <think>a</think>."),
-            "stop",
+            (None, Some("Four, <think>a</think>.")),
         ),
         // Asked without reasoning: it is left out.
-        (
+        Case::new(
             "Add.</think>Four.",
             json!({"include_reasoning": false}),
-            None,
-            some("Four."),
-            "stop",
+            (None, Some("Four.")),
         ),
     ];
-    for (reply, extra, reasoning, content, finish) in cases {
-        let (reasoning, content) = match finish {
-            // The reply's first 10 tokens, all reasoning, cut inside `</think>`.
-            "length" => {
-                let ids = tokenizer().encode(reply, false).unwrap().get_ids()[..10].to_vec();
-                let text = tokenizer().decode(&ids, true).unwrap();
-                assert!(text.ends_with("</think"), "{text:?}");
-                (Some(text), None)
-            }
-            _ => (reasoning, content),
-        };
+    for Case {
+        reply,
+        extra,
+        reasoning,
+        content,
+        finish,
+    } in cases
+    {
         let answer = client.chat(reply, extra.clone()).await;
         let choice = &answer["choices"][0];
         let message = &choice["message"];
-        assert_eq!(message["reasoning"], json!(reasoning), "{reply:?} {extra}: {answer:#}");
-        assert_eq!(message["content"], json!(content), "{reply:?} {extra}: {answer:#}");
+        assert_eq!(
+            message["reasoning"],
+            json!(reasoning),
+            "{reply:?} {extra}: {answer:#}"
+        );
+        assert_eq!(
+            message["content"],
+            json!(content),
+            "{reply:?} {extra}: {answer:#}"
+        );
         assert_eq!(choice["finish_reason"], finish);
 
         let chunks = client.chat_streamed(reply, extra.clone()).await;
         let streamed = joined(&chunks);
-        assert_eq!(streamed, (reasoning.clone(), content.clone()), "{chunks:#?}");
+        assert_eq!(
+            streamed,
+            (reasoning.clone(), content.clone()),
+            "{chunks:#?}"
+        );
         assert_eq!(chunks.last().unwrap()["finish_reason"], finish);
     }
     // `deepseek_r1` has no switch: a reply without `</think>` is reasoning whatever the kwargs say.
@@ -345,7 +377,10 @@ async fn the_openai_client_reads_the_reasoning() {
         .iter()
         .filter_map(|delta| delta["content"].as_str())
         .collect();
-    assert_eq!((reasoning.as_str(), content.as_str()), ("Two and two.", "Four."));
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        ("Two and two.", "Four.")
+    );
 }
 
 /// `holo serve --reasoning-parser qwen3` on the random tiny Qwen3 with Qwen3's own template: random

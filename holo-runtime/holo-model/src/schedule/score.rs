@@ -15,6 +15,13 @@ use crate::sample::{log_sum_exp, most_likely};
 /// rows of the vocabulary, however long the prompt or the chunk.
 const POSITIONS_AT_ONCE: usize = 64;
 
+/// One prompt position's score: its token's log-probability and rank, and the most likely tokens.
+struct Scored {
+    logprob: f32,
+    rank: u32,
+    alternatives: Vec<(u32, f32)>,
+}
+
 impl Engine<'_> {
     /// Scores the prompt tokens that the chunk just run (`hidden`: `[slots, columns, hidden]`, from
     /// column `prefill.done`) predicts, for the slots that keep scores. A scored slot read no prefix
@@ -55,19 +62,23 @@ impl Engine<'_> {
                     };
                     // vLLM's rank: the tokens at least as likely, the token itself included.
                     let rank = row.iter().filter(|&&logit| logit >= row[next]).count() as u32;
-                    (row[next] - normaliser, rank, alternatives)
+                    Scored {
+                        logprob: row[next] - normaliser,
+                        rank,
+                        alternatives,
+                    }
                 };
                 // Over a large vocabulary, the softmax and the search for the most likely tokens
                 // are worth sharing out, as sampling does.
-                let positions: Vec<(f32, u32, Vec<(u32, f32)>)> = if vocab >= PARALLEL_VOCAB {
+                let positions: Vec<Scored> = if vocab >= PARALLEL_VOCAB {
                     logits.par_iter().enumerate().map(score).collect()
                 } else {
                     logits.iter().enumerate().map(score).collect()
                 };
-                for (logprob, rank, alternatives) in positions {
-                    scores.logprobs.push(logprob);
-                    scores.ranks.push(rank);
-                    scores.top_logprobs.push(alternatives);
+                for scored in positions {
+                    scores.logprobs.push(scored.logprob);
+                    scores.ranks.push(scored.rank);
+                    scores.top_logprobs.push(scored.alternatives);
                 }
                 column += count;
             }
