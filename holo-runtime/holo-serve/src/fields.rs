@@ -266,7 +266,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
         constraint_key,
         tool_format: None,
         reading: None,
-        include_reasoning: fields.bool("include_reasoning", true)?,
+        include_reasoning: !chat || fields.bool("include_reasoning", true)?,
         prompt_logprobs,
         stream,
         n,

@@ -331,7 +331,7 @@ impl Streamer {
         let reasoning = &reasoning[choice.sent_reasoning.min(reasoning.len())..];
         let text = &text[choice.sent_text.min(text.len())..];
         // As vLLM: with the reasoning left out, so are the per-token details that would show it.
-        let hidden = choice.reading.is_some() && !common.include_reasoning;
+        let hidden = self.state.reasoning_parser.is_some() && !common.include_reasoning;
         let shown_reasoning = if hidden { "" } else { reasoning };
         let tokens = choice.sent_tokens..choice.tokens.len();
         let wants_logprobs = match self.endpoint {
