@@ -46,48 +46,68 @@ pub(super) fn respond(
     echoed: Vec<String>,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Response {
-    let id = state.response_id(
-        match endpoint {
-            Endpoint::Completions { .. } => "cmpl",
-            Endpoint::Chat { .. } => "chatcmpl",
-        },
-        tally,
+    let streamer = Streamer::new(
+        state, tally, target, endpoint, common, options, prompts, echoed, events,
     );
-    let count = prompts.len() * common.n as usize;
-    let streamer = Streamer {
-        id,
-        created: unix_time(),
-        choices: {
-            // One automaton for the request's stop strings; each choice carries its own state in it.
-            let matcher = StopMatcher::new(&common.params.stop);
-            (0..count)
-                .map(|_| ChoiceStream {
-                    matcher: matcher.clone(),
-                    reading: common.reading,
-                    ..ChoiceStream::default()
-                })
-                .collect()
-        },
-        model: target.name.clone(),
-        weight_version: target.version,
-        queue: VecDeque::new(),
-        opened: false,
-        ended: false,
-        state,
-        endpoint,
-        common,
-        options,
-        prompts,
-        echoed,
-        events,
-    };
     let stream = futures_util::stream::unfold(streamer, |mut streamer| async move {
-        let event = streamer.next().await?;
-        Some((Ok::<_, Infallible>(event), streamer))
+        let payload = streamer.next().await?;
+        Some((Ok::<_, Infallible>(Sse::default().data(payload)), streamer))
     });
     axum::response::Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+impl Streamer {
+    /// The state of a streamed answer whose choices are described as for [`respond`].
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        state: Arc<AppState>,
+        tally: &Tally,
+        target: &Target,
+        endpoint: Endpoint,
+        common: Common,
+        options: StreamOptions,
+        prompts: Vec<Vec<u32>>,
+        echoed: Vec<String>,
+        events: mpsc::UnboundedReceiver<Event>,
+    ) -> Self {
+        let id = state.response_id(
+            match endpoint {
+                Endpoint::Completions { .. } => "cmpl",
+                Endpoint::Chat { .. } => "chatcmpl",
+            },
+            tally,
+        );
+        let count = prompts.len() * common.n as usize;
+        Streamer {
+            id,
+            created: unix_time(),
+            choices: {
+                // One automaton for the request's stop strings; each choice carries its own state in it.
+                let matcher = StopMatcher::new(&common.params.stop);
+                (0..count)
+                    .map(|_| ChoiceStream {
+                        matcher: matcher.clone(),
+                        reading: common.reading,
+                        ..ChoiceStream::default()
+                    })
+                    .collect()
+            },
+            model: target.name.clone(),
+            weight_version: target.version,
+            queue: VecDeque::new(),
+            opened: false,
+            ended: false,
+            state,
+            endpoint,
+            common,
+            options,
+            prompts,
+            echoed,
+            events,
+        }
+    }
 }
 
 /// The state of one streamed answer. Dropping it (the client went away) drops the event receiver, which
@@ -99,8 +119,8 @@ struct Streamer {
     /// The weights the request named, and their version.
     model: String,
     weight_version: u64,
-    /// Events written but not yet sent.
-    queue: VecDeque<Sse>,
+    /// Events written but not yet sent (their `data`).
+    queue: VecDeque<String>,
     opened: bool,
     /// `[DONE]` is queued: nothing follows.
     ended: bool,
@@ -160,8 +180,8 @@ struct ChoiceStream {
 }
 
 impl Streamer {
-    /// The next event to send; `None` after `[DONE]`.
-    async fn next(&mut self) -> Option<Sse> {
+    /// The next event's `data` to send; `None` after `[DONE]`.
+    async fn next(&mut self) -> Option<String> {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 return Some(event);
@@ -485,7 +505,7 @@ impl Streamer {
     }
 
     fn end(&mut self) {
-        self.queue.push_back(Sse::default().data("[DONE]"));
+        self.queue.push_back("[DONE]".into());
         self.ended = true;
     }
 }
@@ -634,6 +654,132 @@ impl ChoiceStream {
     }
 }
 
-fn data(chunk: &Value) -> Sse {
-    Sse::default().data(chunk.to_string())
+fn data(chunk: &Value) -> String {
+    chunk.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::{common, Fields};
+    use crate::reasoning::ReasoningParser;
+    use crate::{ServeConfig, ServedModel, Server};
+    use holo_core::chat::ChatTemplate;
+    use holo_core::machine::Finish;
+    use holo_core::sampler::{Request, SampleFuture, Sampler};
+    use tokenizers::Tokenizer;
+
+    /// A sampler never asked: the test reports the tokens itself.
+    struct Unasked;
+
+    impl Sampler for Unasked {
+        fn sample<'a>(&'a self, _batch: &'a [Request]) -> SampleFuture<'a> {
+            Box::pin(async { unreachable!("the test reports the tokens itself") })
+        }
+    }
+
+    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
+    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
+    #[tokio::test]
+    async fn reasoning_streams_a_token_at_a_time() {
+        let tokenizer = Tokenizer::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/holophore/tokenizer.json"
+        ))
+        .unwrap();
+        let reply = "Add two.</think>Four.";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
+        let mut model = ServedModel::new(
+            "m",
+            Arc::new(Unasked),
+            tokenizer.clone(),
+            ChatTemplate::chatml(),
+        );
+        model.reasoning_parser = Some(ReasoningParser::Qwen3);
+        let server = Server::bind("127.0.0.1:0", model, ServeConfig::default())
+            .await
+            .unwrap();
+        let state = Arc::clone(&server.state);
+        let tally = Tally::new(&axum::http::Request::new(()));
+        let body = serde_json::Map::from_iter([("stream".to_string(), json!(true))]);
+        let fields = Fields(&body);
+        let target = state.target(&fields, &tally).unwrap();
+        let mut asked = common(&fields, true).unwrap();
+        asked.reading = Some(ReasoningParser::Qwen3.reading(None));
+        let options = asked.stream.unwrap();
+        let (sender, events) = mpsc::unbounded_channel();
+        let mut streamer = Streamer::new(
+            state,
+            &tally,
+            &target,
+            Endpoint::Chat { logprobs: false },
+            asked,
+            options,
+            vec![vec![1]],
+            Vec::new(),
+            events,
+        );
+        let role = streamer.next().await.unwrap();
+        assert!(role.contains("\"role\":\"assistant\""), "{role}");
+        // After each token, the delta it released (none while a marker may be starting).
+        let mut deltas = Vec::new();
+        for &token in &tokens {
+            let event = Event::Token {
+                choice: 0,
+                token,
+                logprob: -1.0,
+                top: Vec::new(),
+            };
+            sender.send(event).unwrap();
+            streamer.advance().await;
+            let chunk: Option<Value> = streamer
+                .queue
+                .pop_front()
+                .map(|payload| serde_json::from_str(&payload).unwrap());
+            assert!(streamer.queue.is_empty());
+            deltas.push(chunk.map(|chunk| chunk["choices"][0]["delta"].clone()));
+        }
+        let reasoning = |text: &str| Some(json!({"reasoning": text}));
+        let content = |text: &str| Some(json!({"content": text}));
+        assert_eq!(
+            deltas,
+            [
+                reasoning("A"),
+                reasoning("dd"),
+                reasoning(" two"),
+                reasoning("."),
+                // `</`, `think` and `>`: the marker, held until whole, then dropped.
+                None,
+                None,
+                None,
+                content("F"),
+                content("our"),
+                content("."),
+            ]
+        );
+        let completion = Completion {
+            text: reply.into(),
+            tokens: tokens.clone(),
+            logprobs: vec![-1.0; tokens.len()],
+            top_logprobs: Vec::new(),
+            finish: Finish::EndOfTurn,
+            routes: Vec::new(),
+        };
+        sender
+            .send(Event::Done {
+                choice: 0,
+                result: Ok(completion),
+            })
+            .unwrap();
+        streamer.advance().await;
+        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+    }
 }
