@@ -44,7 +44,8 @@ pub(super) async fn chat(
             .reasoning_parser
             .map(|parser| parser.reading(fields.get("chat_template_kwargs")));
     }
-    common.params.prompt_logprobs = common.prompt_logprobs;
+    // Streams carry no prompt log-probabilities (vLLM's neither): a streamed 0 asks for nothing.
+    common.params.prompt_logprobs = common.prompt_logprobs.filter(|_| common.stream.is_none());
     state.check_sampling(&common)?;
     let logprobs = fields.bool("logprobs", false)?;
     let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;

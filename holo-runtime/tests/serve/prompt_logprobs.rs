@@ -168,20 +168,38 @@ async fn prompt_logprobs_are_the_model_s_with_true_ranks() {
             "{error:#}"
         );
     }
-    // Streamed with no alternatives asked for: accepted, as vLLM accepts it (and sends none).
-    let streamed = http
-        .post(format!("{}/v1/completions", server.base_url()))
-        .header("content-type", "application/json")
-        .body(
-            json!({"prompt": text, "prompt_logprobs": 0, "stream": true, "max_tokens": 2})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(streamed.status(), 200);
-    let chunks = sse_payloads(&streamed.text().await.unwrap());
-    assert!(chunks
-        .iter()
-        .all(|chunk| chunk["choices"][0].get("prompt_logprobs").is_none()));
+    // Streamed with no alternatives asked for: accepted, as vLLM accepts it (and sends none), on
+    // both endpoints.
+    for (path, body) in [
+        ("/v1/completions", json!({"prompt": text})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": text}]}),
+        ),
+    ] {
+        let mut body = body;
+        body["prompt_logprobs"] = json!(0);
+        body["stream"] = json!(true);
+        body["max_tokens"] = json!(2);
+        let streamed = http
+            .post(format!("{}{path}", server.base_url()))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(streamed.status(), 200);
+        let chunks = sse_payloads(&streamed.text().await.unwrap());
+        for chunk in &chunks {
+            assert!(chunk.get("prompt_logprobs").is_none(), "{chunk}");
+            for choice in chunk["choices"].as_array().unwrap() {
+                assert!(choice.get("prompt_logprobs").is_none(), "{chunk}");
+                // A chat stream's chunks are deltas: no echoed prompt.
+                assert!(
+                    choice.get("text").is_none() || path == "/v1/completions",
+                    "{chunk}"
+                );
+            }
+        }
+    }
 }
