@@ -207,11 +207,19 @@ pub trait TokenSink: Send + Sync {
     }
 
     /// Request `index`, which asked for [`SampleParams::prompt_logprobs`] = k, has scored its prompt:
-    /// `logprobs[i]` is the log-probability of prompt token `i + 1` given the tokens before it, and
-    /// `top[i]` the k most likely tokens at that position with theirs, most likely first (the
-    /// model's own distribution, at temperature 1). Told once, before the request's first token.
-    fn prompt_logprobs(&self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
-        let _ = (index, logprobs, top);
+    /// `logprobs[i]` is the log-probability of prompt token `i + 1` given the tokens before it,
+    /// `ranks[i]` its rank there (how many tokens are at least as likely, itself included: 1 is the
+    /// most likely, as vLLM counts), and `top[i]` the k most likely tokens at that position with
+    /// theirs, most likely first (the model's own distribution, at temperature 1). Told once, before
+    /// the request's first token.
+    fn prompt_logprobs(
+        &self,
+        index: usize,
+        logprobs: &[f32],
+        ranks: &[u32],
+        top: &[Vec<(u32, f32)>],
+    ) {
+        let _ = (index, logprobs, ranks, top);
     }
 }
 

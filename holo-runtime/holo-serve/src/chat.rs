@@ -37,6 +37,15 @@ pub(super) async fn chat(
         }
         common.tool_format = request.format;
     }
+    // A constrained reply (structured output, a forced tool call) is held to its language from its
+    // first token, so it has no reasoning to split out.
+    if common.params.constraint.is_none() {
+        common.reading = state
+            .reasoning_parser
+            .map(|parser| parser.reading(fields.get("chat_template_kwargs")));
+    }
+    // Streams carry no prompt log-probabilities (vLLM's neither): a streamed 0 asks for nothing.
+    common.params.prompt_logprobs = common.prompt_logprobs.filter(|_| common.stream.is_none());
     state.check_sampling(&common)?;
     let logprobs = fields.bool("logprobs", false)?;
     let top_logprobs = fields.integer("top_logprobs", 0, MAX_LOGPROBS)?;
@@ -225,29 +234,41 @@ pub(super) async fn chat(
             events,
         ));
     }
-    let completions = state.generate(&target, requests, tally).await?;
-    let mut choices = Vec::with_capacity(completions.len());
+    let answers = state.generate_scored(&target, requests, tally).await?;
+    // As vLLM: with the reasoning left out, so are the per-token details that would show it.
+    let hidden = state.reasoning_parser.is_some() && !common.include_reasoning;
+    let mut choices = Vec::with_capacity(answers.len());
     let mut completion_tokens = 0;
-    for (index, completion) in completions.iter().enumerate() {
+    for (index, (completion, _)) in answers.iter().enumerate() {
         let out = Choice::new(state, completion, &common)?;
         completion_tokens += out.token_count;
-        let message = if out.tool_calls.is_empty() {
-            json!({"role": "assistant", "content": out.text})
-        } else {
-            json!({
-                "role": "assistant",
-                "content": if out.text.is_empty() { Value::Null } else { json!(out.text) },
-                "tool_calls": calls_json(state, &out.tool_calls),
-            })
+        // No content: none after the reasoning, or only calls.
+        let calls_only = out.text.is_empty() && !out.tool_calls.is_empty();
+        let content = match out.has_content && !calls_only {
+            true => json!(out.text),
+            false => Value::Null,
         };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !out.tool_calls.is_empty() {
+            message["tool_calls"] = json!(calls_json(state, &out.tool_calls));
+        }
+        if state.reasoning_parser.is_some() {
+            message["reasoning"] = match common.include_reasoning {
+                true => json!(out.reasoning),
+                false => Value::Null,
+            };
+        }
         let mut choice = json!({
             "index": index,
             "message": message,
-            "logprobs": if logprobs { out.chat_logprobs(state, &common) } else { Value::Null },
+            "logprobs": match logprobs && !hidden {
+                true => out.chat_logprobs(state, &common),
+                false => Value::Null,
+            },
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
         });
-        if common.return_token_ids {
+        if common.return_token_ids && !hidden {
             choice["token_ids"] = json!(completion.tokens);
         }
         choices.push(choice);
@@ -263,6 +284,10 @@ pub(super) async fn chat(
     });
     if common.return_token_ids {
         answer["prompt_token_ids"] = json!(prompt_ids);
+    }
+    // vLLM's chat answers carry the prompt's log-probabilities once, beside the choices.
+    if let (Some(k), Some((_, Some(scored)))) = (common.prompt_logprobs, answers.first()) {
+        answer["prompt_logprobs"] = prompt_logprobs(state, &prompt_ids, scored, k as usize)?;
     }
     Ok(Json(answer).into_response())
 }

@@ -12,6 +12,12 @@ pub(super) struct Choice<'a> {
     /// The calls read from the reply when the request's tools are read ([`Common::tool_format`]);
     /// `text` is then the reply's content before them.
     pub(super) tool_calls: Vec<holo_core::tools::ToolCall>,
+    /// With a reasoning parser ([`Common::reading`]): the reply's reasoning, split out of `text`,
+    /// which is then its content (from which tool calls are read).
+    pub(super) reasoning: Option<String>,
+    /// Whether the reply has content (not when a reasoning parser found none: the reply was cut
+    /// inside its reasoning, or ended with it).
+    pub(super) has_content: bool,
 }
 
 impl<'a> Choice<'a> {
@@ -43,10 +49,18 @@ impl<'a> Choice<'a> {
             }
         };
         let mut finish_reason = finish_reason;
+        let mut reasoning = None;
+        let mut has_content = true;
+        if let Some(reading) = common.reading {
+            let (thought, content) = reading.parts(&text).of(&text);
+            reasoning = thought;
+            has_content = content.is_some();
+            text = content.unwrap_or_default();
+        }
         let mut tool_calls = Vec::new();
         if let Some(reply) = common
             .tool_format
-            .and_then(|format| read_reply(state, format, completion, &text))
+            .and_then(|format| read_reply(state, format, common.reading, completion, &text))
         {
             text = reply.content.unwrap_or_default();
             tool_calls = reply.calls;
@@ -68,6 +82,8 @@ impl<'a> Choice<'a> {
             stop_reason,
             token_count,
             tool_calls,
+            reasoning,
+            has_content,
         })
     }
 
@@ -165,16 +181,18 @@ pub(super) fn echo_logprobs(
     // reported none it was asked for).
     let reported = top.len() == tokens.len();
     let top_logprobs = if common.params.top_logprobs == 0 || reported {
-        let alternatives = scored.top.iter().chain(top);
+        // The prompt may have been scored with more alternatives, for `prompt_logprobs`.
+        let k = common.params.top_logprobs as usize;
+        let prompt_top = scored
+            .top
+            .iter()
+            .map(|top| top[..top.len().min(k)].to_vec());
+        let alternatives = prompt_top.chain(top.iter().cloned());
         let positions = all[1..]
             .iter()
             .zip(&scores)
-            .zip(
-                alternatives
-                    .map(Vec::as_slice)
-                    .chain(std::iter::repeat(&[][..])),
-            )
-            .map(|((&id, &lp), top)| top_entries(state, common, (id, lp), top));
+            .zip(alternatives.chain(std::iter::repeat(Vec::new())))
+            .map(|((&id, &lp), top)| top_entries(state, common, (id, lp), &top));
         Value::Array(std::iter::once(Value::Null).chain(positions).collect())
     } else {
         Value::Null
@@ -185,6 +203,50 @@ pub(super) fn echo_logprobs(
         "text_offset": text_offsets(&pieces),
         "top_logprobs": top_logprobs,
     })
+}
+
+/// vLLM's `prompt_logprobs` of a prompt scored by the sampler: `null` for its first token, then per
+/// token `{"id": {"logprob", "rank", "decoded_token"}}`, the prompt's token first (its rank in the
+/// model's distribution), then the `k` most likely (ranks 1 to k; the prompt's token once).
+pub(super) fn prompt_logprobs(
+    state: &AppState,
+    prompt: &[u32],
+    scored: &PromptLogprobs,
+    k: usize,
+) -> Result<Value, ApiError> {
+    let count = prompt.len().saturating_sub(1);
+    if scored.logprobs.len() != count || scored.ranks.len() != count {
+        return Err(ApiError::from_sampler(SamplerError::Malformed(format!(
+            "the sampler scored {} positions with {} ranks for a prompt of {} tokens",
+            scored.logprobs.len(),
+            scored.ranks.len(),
+            prompt.len()
+        ))));
+    }
+    let entry = |id: u32, lp: f32, rank: usize| {
+        json!({
+            "logprob": logprob(lp),
+            "rank": rank,
+            "decoded_token": String::from_utf8_lossy(&state.vocab.bytes(id)),
+        })
+    };
+    let mut positions = Vec::with_capacity(prompt.len());
+    positions.push(Value::Null);
+    for (i, &id) in prompt[1..].iter().enumerate() {
+        let mut entries = Map::new();
+        entries.insert(
+            id.to_string(),
+            entry(id, scored.logprobs[i], scored.ranks[i] as usize),
+        );
+        let top = scored.top.get(i).map_or(&[][..], Vec::as_slice);
+        for (rank, &(other, lp)) in top.iter().take(k).enumerate() {
+            entries
+                .entry(other.to_string())
+                .or_insert_with(|| entry(other, lp, rank + 1));
+        }
+        positions.push(Value::Object(entries));
+    }
+    Ok(Value::Array(positions))
 }
 
 /// A completions `logprobs` block for the tokens `tokens[from..]` of a choice whose tokens so far are

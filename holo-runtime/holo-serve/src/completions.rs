@@ -18,6 +18,10 @@ pub(super) async fn complete(
         // As vLLM: the prompt's log-probabilities come with as many alternatives as the completion's.
         common.params.prompt_logprobs = logprobs.map(|k| k as u32);
     }
+    if let Some(k) = common.prompt_logprobs.filter(|_| common.stream.is_none()) {
+        // One scoring serves both: with the more alternatives of the two.
+        common.params.prompt_logprobs = Some(common.params.prompt_logprobs.map_or(k, |e| e.max(k)));
+    }
     let Some(prompt) = fields.get("prompt") else {
         return Err(ApiError::invalid("prompt", "`prompt` is required").code("missing_field"));
     };
@@ -114,6 +118,9 @@ pub(super) async fn complete(
         if common.return_token_ids {
             choice["token_ids"] = json!(completion.tokens);
             choice["prompt_token_ids"] = json!(prompt_ids);
+        }
+        if let (Some(k), Some(scored)) = (common.prompt_logprobs, scored) {
+            choice["prompt_logprobs"] = prompt_logprobs(state, prompt_ids, scored, k as usize)?;
         }
         choices.push(choice);
     }

@@ -124,6 +124,13 @@ pub(super) struct Common {
     /// The format the reply's tool calls are read in (chat requests with tools, unless `tool_choice`
     /// is `"none"`).
     pub(super) tool_format: Option<holo_core::tools::ToolFormat>,
+    /// How a chat reply's reasoning is split from its content (`holo serve --reasoning-parser`).
+    pub(super) reading: Option<Reading>,
+    /// vLLM's `include_reasoning` (default true): false leaves the reasoning out of the answer.
+    pub(super) include_reasoning: bool,
+    /// vLLM's `prompt_logprobs`: the most likely tokens to report at each prompt position beside the
+    /// prompt's own token.
+    pub(super) prompt_logprobs: Option<u32>,
 }
 
 pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
@@ -253,10 +260,14 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
     let ignore_eos = fields.bool("ignore_eos", false)?;
     let constraint = structured::constraint(fields)?;
     let constraint_key = constraint.as_ref().map(|(key, _)| *key);
+    let prompt_logprobs = prompt_logprobs(fields, stream.is_some())?;
     Ok(Common {
         echo,
         constraint_key,
         tool_format: None,
+        reading: None,
+        include_reasoning: !chat || fields.bool("include_reasoning", true)?,
+        prompt_logprobs,
         stream,
         n,
         seed,
@@ -280,6 +291,29 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
         return_token_ids: fields.bool("return_token_ids", false)?,
         add_special_tokens: fields.bool("add_special_tokens", !chat)?,
     })
+}
+
+/// vLLM's `prompt_logprobs`: 0 to [`MAX_LOGPROBS`] (vLLM's `-1`, the whole vocabulary, is beyond its
+/// default `max_logprobs` too); not with `stream` unless 0, as vLLM refuses it.
+fn prompt_logprobs(fields: &Fields, stream: bool) -> Result<Option<u32>, ApiError> {
+    let key = "prompt_logprobs";
+    if fields.get(key).and_then(Value::as_i64) == Some(-1) {
+        return Err(ApiError::invalid(
+            key,
+            format!(
+                "`{key}` -1 asks for the whole vocabulary at every position; this server reports at most \
+                 {MAX_LOGPROBS} (vLLM's default `max_logprobs`)"
+            ),
+        ));
+    }
+    let k = fields.integer(key, 0, MAX_LOGPROBS)?.map(|k| k as u32);
+    if stream && k.is_some_and(|k| k > 0) {
+        return Err(ApiError::invalid(
+            key,
+            "`prompt_logprobs` are not available when `stream` is true",
+        ));
+    }
+    Ok(k)
 }
 
 /// OpenAI's `logit_bias`: `{"token id": bias}`, each bias from -100 to 100, in token-id order.
@@ -412,10 +446,7 @@ pub(super) fn refuse_unsupported(fields: &Fields, chat: bool) -> Result<(), ApiE
             "repetition_penalty" => value.as_f64() == Some(1.0),
             "bad_words" | "tools" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" => value.as_str() == Some("none"),
-            "prompt_logprobs"
-            | "guided_whitespace_pattern"
-            | "logits_processors"
-            | "prompt_embeds" => false,
+            "guided_whitespace_pattern" | "logits_processors" | "prompt_embeds" => false,
             _ => true,
         };
         if !neutral {

@@ -147,6 +147,15 @@
 //!   logits into these, a few positions at a time; the `n` samples of the prompt share that one prefill.
 //!   Samplers that cannot score a prompt (the `openai` one) refuse it. Streamed, a choice's first chunk
 //!   is its prompt (with its `logprobs`), then its completion's chunks follow with offsets that run on.
+//! - `prompt_logprobs` (vLLM's; 0 to 20; also on chat): each choice's `prompt_logprobs` is, for its
+//!   prompt, `null` (the first token) then per token `{"ID": {"logprob", "rank", "decoded_token"}, …}`:
+//!   the prompt's token first, with its rank in the model's distribution (how many tokens are at least
+//!   as likely, itself included: 1 is the most likely, as vLLM counts), then the `prompt_logprobs` most
+//!   likely tokens with ranks 1, 2, … (the prompt's token once). Log-probabilities are the model's at
+//!   temperature 1, `-inf` as `-9999.0`; `decoded_token` is the token's own text. With `echo` and
+//!   `logprobs` too, the prompt is scored once and each block keeps its own number of alternatives.
+//!   Refused with `stream` unless 0 (vLLM sends none in streams); `-1` (the whole vocabulary) is
+//!   refused, as is any count beyond vLLM's default `max_logprobs`.
 //!
 //! `POST /v1/chat/completions`:
 //! - `messages` (required, not empty): objects with a string `role` and a `content` that is a string,
@@ -167,6 +176,9 @@
 //!   *Tools*) `{"role": "assistant", "content": text or null, "tool_calls": [...]}` and `finish_reason`
 //!   `"tool_calls"`.
 //! - `tools`, `tool_choice`, `parallel_tool_calls`: see *Tools*.
+//! - `prompt_logprobs` (vLLM's, not streamed): as on completions, once for the rendered conversation,
+//!   as the answer's top-level `prompt_logprobs`.
+//! - `include_reasoning` (vLLM's; default `true`): see *Reasoning*.
 //!
 //! Both answers carry `id`, `object`, `created`, `model` (the id or adapter the request named),
 //! `weight_version` (see *Weight updates*), `choices` (prompt-major: prompt `p`, sample `j`
@@ -269,13 +281,41 @@
 //!   `content`) pass as they are. Arguments that are not the JSON of an object are a 400 naming the
 //!   message.
 //!
+//! ## Reasoning
+//!
+//! With [`ServedModel::reasoning_parser`] (`holo serve --reasoning-parser`, vLLM's names: `qwen3`,
+//! `deepseek_r1`), a chat reply's reasoning is split out of its content as vLLM's parsers split it, and
+//! the message carries it as `reasoning` (current vLLM's field; its older `reasoning_content` is not
+//! written), `null` when there is none:
+//! - the text before `</think>` is the reasoning (from after the `<think>` that opens the reply, when
+//!   it opens with one), the text after it the content (`null` when empty). Qwen3's templates put
+//!   `<think>` into the prompt, so its replies hold only `</think>`;
+//! - a reply with no `</think>` was cut inside its reasoning: all of it is reasoning, `content` is
+//!   `null`;
+//! - `qwen3` with `chat_template_kwargs.enable_thinking` false (the template writes an empty think block
+//!   into the prompt): every reply is content;
+//! - tool calls are read from the content only (a call written inside the reasoning is not one);
+//! - a constrained reply (structured output, `tool_choice` `required` or a named function) is held to
+//!   its language from its first token, so it is all content (vLLM instead starts the grammar after
+//!   `</think>`);
+//! - `include_reasoning: false` leaves the reasoning out (`null`), and with it the per-token
+//!   `logprobs` and `token_ids` that would show it, as vLLM does.
+//!
+//! Streamed, each chunk's `delta` holds the reasoning new since the last chunk as `reasoning` and the
+//! content as `content`: the reasoning comes first, a tail that may begin a marker waits for the next
+//! token (so `</think>` cut across tokens never shows), and the content follows once `</think>` has
+//! come. Joined, a choice's deltas are the non-streamed reasoning and content. The markers are read in
+//! the text, so a tokenizer that spells them with several tokens works as one with a token each; one
+//! that makes them special tokens (skipped in the text) does not. Without a parser, replies are left
+//! whole and messages have no `reasoning`.
+//!
 //! ## Refused fields
 //!
 //! Refused with a 400 `unsupported_parameter` unless absent, `null` or neutral: on `/v1/chat/completions`
 //! `echo` (`false`), `suffix`
 //! (`""`), `best_of` (equal to `n`), `presence_penalty`, `frequency_penalty`, `min_p` (`0`),
 //! `repetition_penalty` (`1`), `bad_words` (`[]`), on `/v1/completions` `tools` (`[]`) and `tool_choice`
-//! (`"none"`), `prompt_logprobs`, `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds`
+//! (`"none"`), `guided_whitespace_pattern`, `logits_processors`, `prompt_embeds`
 //! (anything but `null`).
 //!
 //! # Sampling
@@ -388,6 +428,7 @@ mod fields;
 mod listen;
 mod log;
 mod metrics;
+mod reasoning;
 mod sampling;
 mod stream;
 mod structured;
@@ -401,6 +442,8 @@ use error::*;
 use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
+use reasoning::Reading;
+pub use reasoning::ReasoningParser;
 use sampling::*;
 use tools::*;
 use weights::{Target, Weights};
@@ -425,6 +468,10 @@ pub struct ServedModel {
     /// The format the model writes tool calls in (`holo serve --tool-call-parser`); `None` takes the
     /// one the chat template renders them in ([`ToolFormat::detect`]), if it says.
     pub tool_parser: Option<ToolFormat>,
+    /// How the model marks its reasoning (`holo serve --reasoning-parser`): with one, a chat reply's
+    /// reasoning is split out of its `content` into `reasoning` (see *Reasoning*); `None` leaves
+    /// replies whole.
+    pub reasoning_parser: Option<ReasoningParser>,
     /// What new weights are built from, when the server takes them (see *Weight updates*); `None`
     /// refuses the update routes.
     pub updatable: Option<Updatable>,
@@ -469,6 +516,7 @@ impl ServedModel {
             scheduler: None,
             grammars: None,
             tool_parser: None,
+            reasoning_parser: None,
             updatable: None,
         }
     }
@@ -484,6 +532,7 @@ impl ServedModel {
             scheduler: Some(model.scheduler_stats()),
             grammars: Some(model.grammars().clone()),
             tool_parser: None,
+            reasoning_parser: None,
             updatable: None,
             sampler: Arc::new(model),
         }
@@ -613,6 +662,7 @@ impl Server {
             scheduler,
             grammars,
             tool_parser,
+            reasoning_parser,
             updatable,
         } = model;
         let sources: String = template
@@ -658,6 +708,7 @@ impl Server {
             grammars,
             tool_format,
             template_takes_tools,
+            reasoning_parser,
             config: config.clone(),
         });
         Ok(Server {
@@ -783,6 +834,7 @@ struct AppState {
     tool_format: Option<ToolFormat>,
     /// Whether the chat template mentions `tools` at all (if not, tools given to it would vanish).
     template_takes_tools: bool,
+    reasoning_parser: Option<ReasoningParser>,
     config: ServeConfig,
 }
 
@@ -929,22 +981,9 @@ impl AppState {
         Ok(receiver)
     }
 
-    /// Sends the request's samples to the sampler, then waits for all of them.
-    async fn generate(
-        &self,
-        target: &Target,
-        requests: Vec<Request>,
-        tally: &Tally,
-    ) -> Result<Vec<Completion>, ApiError> {
-        let answers = self.generate_scored(target, requests, tally).await?;
-        Ok(answers
-            .into_iter()
-            .map(|(completion, _)| completion)
-            .collect())
-    }
-
-    /// [`AppState::generate`], with each sample's prompt log-probabilities when it asked for them
-    /// ([`SampleParams::prompt_logprobs`]); a sampler that did not report them asked fails the request.
+    /// Sends the request's samples to the sampler, then waits for all of them: each sample's result,
+    /// with its prompt log-probabilities when it asked for them ([`SampleParams::prompt_logprobs`]); a
+    /// sampler that did not report them asked fails the request.
     async fn generate_scored(
         &self,
         target: &Target,

@@ -43,10 +43,11 @@ pub(super) enum Event {
 }
 
 /// A prompt's log-probabilities as the sampler reported them ([`TokenSink::prompt_logprobs`]): of
-/// every token after the first, and the most likely tokens at each of those positions.
+/// every token after the first, their ranks, and the most likely tokens at each of those positions.
 #[derive(Debug, Clone, Default)]
 pub(super) struct PromptLogprobs {
     pub(super) logprobs: Vec<f32>,
+    pub(super) ranks: Vec<u32>,
     pub(super) top: Vec<Vec<(u32, f32)>>,
 }
 
@@ -82,9 +83,16 @@ impl TokenSink for Outlet {
         self.tally.started();
     }
 
-    fn prompt_logprobs(&self, choice: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+    fn prompt_logprobs(
+        &self,
+        choice: usize,
+        logprobs: &[f32],
+        ranks: &[u32],
+        top: &[Vec<(u32, f32)>],
+    ) {
         let scored = PromptLogprobs {
             logprobs: logprobs.to_vec(),
+            ranks: ranks.to_vec(),
             top: top.to_vec(),
         };
         let _ = self.events.send(Event::Prompt { choice, scored });

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::weights::Target;
 use super::{
     calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
-    AppState, Choice, Common, Event, PromptLogprobs, StreamOptions, Tally,
+    AppState, Choice, Common, Event, PromptLogprobs, Reading, StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
@@ -46,47 +46,68 @@ pub(super) fn respond(
     echoed: Vec<String>,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Response {
-    let id = state.response_id(
-        match endpoint {
-            Endpoint::Completions { .. } => "cmpl",
-            Endpoint::Chat { .. } => "chatcmpl",
-        },
-        tally,
+    let streamer = Streamer::new(
+        state, tally, target, endpoint, common, options, prompts, echoed, events,
     );
-    let count = prompts.len() * common.n as usize;
-    let streamer = Streamer {
-        id,
-        created: unix_time(),
-        choices: {
-            // One automaton for the request's stop strings; each choice carries its own state in it.
-            let matcher = StopMatcher::new(&common.params.stop);
-            (0..count)
-                .map(|_| ChoiceStream {
-                    matcher: matcher.clone(),
-                    ..ChoiceStream::default()
-                })
-                .collect()
-        },
-        model: target.name.clone(),
-        weight_version: target.version,
-        queue: VecDeque::new(),
-        opened: false,
-        ended: false,
-        state,
-        endpoint,
-        common,
-        options,
-        prompts,
-        echoed,
-        events,
-    };
     let stream = futures_util::stream::unfold(streamer, |mut streamer| async move {
-        let event = streamer.next().await?;
-        Some((Ok::<_, Infallible>(event), streamer))
+        let payload = streamer.next().await?;
+        Some((Ok::<_, Infallible>(Sse::default().data(payload)), streamer))
     });
     axum::response::Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+impl Streamer {
+    /// The state of a streamed answer whose choices are described as for [`respond`].
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        state: Arc<AppState>,
+        tally: &Tally,
+        target: &Target,
+        endpoint: Endpoint,
+        common: Common,
+        options: StreamOptions,
+        prompts: Vec<Vec<u32>>,
+        echoed: Vec<String>,
+        events: mpsc::UnboundedReceiver<Event>,
+    ) -> Self {
+        let id = state.response_id(
+            match endpoint {
+                Endpoint::Completions { .. } => "cmpl",
+                Endpoint::Chat { .. } => "chatcmpl",
+            },
+            tally,
+        );
+        let count = prompts.len() * common.n as usize;
+        Streamer {
+            id,
+            created: unix_time(),
+            choices: {
+                // One automaton for the request's stop strings; each choice carries its own state in it.
+                let matcher = StopMatcher::new(&common.params.stop);
+                (0..count)
+                    .map(|_| ChoiceStream {
+                        matcher: matcher.clone(),
+                        reading: common.reading,
+                        ..ChoiceStream::default()
+                    })
+                    .collect()
+            },
+            model: target.name.clone(),
+            weight_version: target.version,
+            queue: VecDeque::new(),
+            opened: false,
+            ended: false,
+            state,
+            endpoint,
+            common,
+            options,
+            prompts,
+            echoed,
+            events,
+        }
+    }
 }
 
 /// The state of one streamed answer. Dropping it (the client went away) drops the event receiver, which
@@ -98,8 +119,8 @@ struct Streamer {
     /// The weights the request named, and their version.
     model: String,
     weight_version: u64,
-    /// Events written but not yet sent.
-    queue: VecDeque<Sse>,
+    /// Events written but not yet sent (their `data`).
+    queue: VecDeque<String>,
     opened: bool,
     /// `[DONE]` is queued: nothing follows.
     ended: bool,
@@ -123,8 +144,14 @@ struct ChoiceStream {
     top: Vec<Vec<(u32, f32)>>,
     /// The text decoded so far.
     decoded: StreamedText,
-    /// The completion's text, once it has arrived.
+    /// The completion's text (its content, with a reasoning parser), once it has arrived.
     completed: Option<String>,
+    /// With a reasoning parser: how the reply splits, and its reasoning once the completion has
+    /// arrived.
+    reading: Option<Reading>,
+    completed_reasoning: Option<String>,
+    /// Bytes of the reasoning sent.
+    sent_reasoning: usize,
     /// Bytes of `text` searched for stop strings.
     searched: usize,
     /// The stop strings' automaton, fed the decoded text as it grows, so that a piece costs its own
@@ -153,8 +180,8 @@ struct ChoiceStream {
 }
 
 impl Streamer {
-    /// The next event to send; `None` after `[DONE]`.
-    async fn next(&mut self) -> Option<Sse> {
+    /// The next event's `data` to send; `None` after `[DONE]`.
+    async fn next(&mut self) -> Option<String> {
         loop {
             if let Some(event) = self.queue.pop_front() {
                 return Some(event);
@@ -320,18 +347,24 @@ impl Streamer {
     fn chunk(&mut self, index: usize) -> Option<Value> {
         let common = &self.common;
         let choice = &self.choices[index];
-        let text = &choice.text()[choice.sent_text..choice.releasable.max(choice.sent_text)];
+        let (reasoning, text) = choice.available();
+        let reasoning = &reasoning[choice.sent_reasoning.min(reasoning.len())..];
+        let text = &text[choice.sent_text.min(text.len())..];
+        // As vLLM: with the reasoning left out, so are the per-token details that would show it.
+        let hidden = self.state.reasoning_parser.is_some() && !common.include_reasoning;
+        let shown_reasoning = if hidden { "" } else { reasoning };
         let tokens = choice.sent_tokens..choice.tokens.len();
         let wants_logprobs = match self.endpoint {
-            Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs,
+            Endpoint::Completions { logprobs } | Endpoint::Chat { logprobs } => logprobs && !hidden,
         };
+        let return_token_ids = common.return_token_ids && !hidden;
         let has_logprobs = choice.logprobs.len() >= tokens.end;
         // A choice with tool calls sends its text, then its calls, then its finish.
         let finishing = choice.finish.is_some()
             && !choice.finish_sent
             && (choice.tool_calls.is_empty() || choice.calls_sent);
-        let per_token = (wants_logprobs || common.return_token_ids) && !tokens.is_empty();
-        if text.is_empty() && !per_token && !finishing {
+        let per_token = (wants_logprobs || return_token_ids) && !tokens.is_empty();
+        if text.is_empty() && shown_reasoning.is_empty() && !per_token && !finishing {
             return None;
         }
         let logprobs = if wants_logprobs && has_logprobs && !tokens.is_empty() {
@@ -369,23 +402,35 @@ impl Streamer {
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }),
-            Endpoint::Chat { .. } => json!({
-                "index": index,
-                "delta": if text.is_empty() && finishing { json!({}) } else { json!({"content": text}) },
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }),
+            Endpoint::Chat { .. } => {
+                // vLLM's deltas: the reasoning, then the content, each when there is some.
+                let mut delta = Map::new();
+                if !shown_reasoning.is_empty() {
+                    delta.insert("reasoning".into(), json!(shown_reasoning));
+                }
+                if !text.is_empty() || (delta.is_empty() && !finishing) {
+                    delta.insert("content".into(), json!(text));
+                }
+                json!({
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                    "stop_reason": stop_reason,
+                })
+            }
         };
-        if common.return_token_ids {
+        if return_token_ids {
             out["token_ids"] = json!(choice.tokens[tokens.clone()]);
             if !choice.opened {
                 out["prompt_token_ids"] = json!(self.prompts[index / common.n as usize]);
             }
         }
         let sent_text = choice.sent_text + text.len();
+        let sent_reasoning = choice.sent_reasoning + reasoning.len();
         let choice = &mut self.choices[index];
         choice.sent_text = sent_text;
+        choice.sent_reasoning = sent_reasoning;
         choice.sent_tokens = tokens.end;
         choice.opened = true;
         choice.finish_sent |= finishing;
@@ -460,7 +505,7 @@ impl Streamer {
     }
 
     fn end(&mut self) {
-        self.queue.push_back(Sse::default().data("[DONE]"));
+        self.queue.push_back("[DONE]".into());
         self.ended = true;
     }
 }
@@ -471,6 +516,22 @@ impl ChoiceStream {
         self.completed
             .as_deref()
             .unwrap_or_else(|| self.decoded.text())
+    }
+
+    /// The reasoning and the content that may be sent by now (each grows as a prefix of itself): the
+    /// releasable text split by the reasoning parser (its settled parts while the reply is written),
+    /// or without one all of it as content.
+    fn available(&self) -> (&str, &str) {
+        let text = &self.text()[..self.releasable.max(self.sent_text)];
+        match (self.reading, &self.completed) {
+            (None, _) => ("", text),
+            (Some(_), Some(_)) => (self.completed_reasoning.as_deref().unwrap_or(""), text),
+            (Some(reading), None) => {
+                let parts = reading.settled(text);
+                let part = |range: Option<std::ops::Range<usize>>| range.map_or("", |r| &text[r]);
+                (part(parts.reasoning), part(parts.content))
+            }
+        }
     }
 
     fn push(
@@ -509,10 +570,18 @@ impl ChoiceStream {
         // What may start a tool call waits for the completion, which says whether it is one. A format
         // whose marker is a special token (Mistral's `[TOOL_CALLS]`) has it nowhere in this text, which
         // is decoded without them: all of it waits.
+        // With a reasoning parser only the content is read for calls: the reasoning never waits.
+        let content = match self.reading {
+            None => 0,
+            Some(reading) => reading
+                .settled(text)
+                .content
+                .map_or(text.len(), |content| content.start),
+        };
         let callable = match common.tool_format {
             None => text.len(),
-            Some(format) if format.reads_special_tokens() => 0,
-            Some(format) => format.held_from(text),
+            Some(format) if format.reads_special_tokens() => content,
+            Some(format) => content + format.held_from(&text[content..]),
         };
         let Some(longest) = stops.iter().map(String::len).max() else {
             self.releasable = self.releasable.max(callable);
@@ -566,11 +635,18 @@ impl ChoiceStream {
         }
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.
-        if choice.text.starts_with(&self.text()[..self.sent_text]) {
+        let (reasoning, content) = self.available();
+        let sent_reasoning = reasoning[..self.sent_reasoning.min(reasoning.len())].to_string();
+        let sent_content = content[..self.sent_text.min(content.len())].to_string();
+        let final_reasoning = choice.reasoning.unwrap_or_default();
+        if choice.text.starts_with(&sent_content) && final_reasoning.starts_with(&sent_reasoning) {
             self.releasable = choice.text.len();
             self.completed = Some(choice.text);
+            self.completed_reasoning = Some(final_reasoning);
         } else {
             self.releasable = self.sent_text;
+            self.completed = Some(sent_content);
+            self.completed_reasoning = Some(sent_reasoning);
         }
         self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
         self.tool_calls = choice.tool_calls;
@@ -578,6 +654,132 @@ impl ChoiceStream {
     }
 }
 
-fn data(chunk: &Value) -> Sse {
-    Sse::default().data(chunk.to_string())
+fn data(chunk: &Value) -> String {
+    chunk.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::{common, Fields};
+    use crate::reasoning::ReasoningParser;
+    use crate::{ServeConfig, ServedModel, Server};
+    use holo_core::chat::ChatTemplate;
+    use holo_core::machine::Finish;
+    use holo_core::sampler::{Request, SampleFuture, Sampler};
+    use tokenizers::Tokenizer;
+
+    /// A sampler never asked: the test reports the tokens itself.
+    struct Unasked;
+
+    impl Sampler for Unasked {
+        fn sample<'a>(&'a self, _batch: &'a [Request]) -> SampleFuture<'a> {
+            Box::pin(async { unreachable!("the test reports the tokens itself") })
+        }
+    }
+
+    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
+    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
+    #[tokio::test]
+    async fn reasoning_streams_a_token_at_a_time() {
+        let tokenizer = Tokenizer::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/holophore/tokenizer.json"
+        ))
+        .unwrap();
+        let reply = "Add two.</think>Four.";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
+        let mut model = ServedModel::new(
+            "m",
+            Arc::new(Unasked),
+            tokenizer.clone(),
+            ChatTemplate::chatml(),
+        );
+        model.reasoning_parser = Some(ReasoningParser::Qwen3);
+        let server = Server::bind("127.0.0.1:0", model, ServeConfig::default())
+            .await
+            .unwrap();
+        let state = Arc::clone(&server.state);
+        let tally = Tally::new(&axum::http::Request::new(()));
+        let body = serde_json::Map::from_iter([("stream".to_string(), json!(true))]);
+        let fields = Fields(&body);
+        let target = state.target(&fields, &tally).unwrap();
+        let mut asked = common(&fields, true).unwrap();
+        asked.reading = Some(ReasoningParser::Qwen3.reading(None));
+        let options = asked.stream.unwrap();
+        let (sender, events) = mpsc::unbounded_channel();
+        let mut streamer = Streamer::new(
+            state,
+            &tally,
+            &target,
+            Endpoint::Chat { logprobs: false },
+            asked,
+            options,
+            vec![vec![1]],
+            Vec::new(),
+            events,
+        );
+        let role = streamer.next().await.unwrap();
+        assert!(role.contains("\"role\":\"assistant\""), "{role}");
+        // After each token, the delta it released (none while a marker may be starting).
+        let mut deltas = Vec::new();
+        for &token in &tokens {
+            let event = Event::Token {
+                choice: 0,
+                token,
+                logprob: -1.0,
+                top: Vec::new(),
+            };
+            sender.send(event).unwrap();
+            streamer.advance().await;
+            let chunk: Option<Value> = streamer
+                .queue
+                .pop_front()
+                .map(|payload| serde_json::from_str(&payload).unwrap());
+            assert!(streamer.queue.is_empty());
+            deltas.push(chunk.map(|chunk| chunk["choices"][0]["delta"].clone()));
+        }
+        let reasoning = |text: &str| Some(json!({"reasoning": text}));
+        let content = |text: &str| Some(json!({"content": text}));
+        assert_eq!(
+            deltas,
+            [
+                reasoning("A"),
+                reasoning("dd"),
+                reasoning(" two"),
+                reasoning("."),
+                // `</`, `think` and `>`: the marker, held until whole, then dropped.
+                None,
+                None,
+                None,
+                content("F"),
+                content("our"),
+                content("."),
+            ]
+        );
+        let completion = Completion {
+            text: reply.into(),
+            tokens: tokens.clone(),
+            logprobs: vec![-1.0; tokens.len()],
+            top_logprobs: Vec::new(),
+            finish: Finish::EndOfTurn,
+            routes: Vec::new(),
+        };
+        sender
+            .send(Event::Done {
+                choice: 0,
+                result: Ok(completion),
+            })
+            .unwrap();
+        streamer.advance().await;
+        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+    }
 }

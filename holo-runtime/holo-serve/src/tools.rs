@@ -309,11 +309,13 @@ pub(super) fn history_calls(calls: &Value, index: usize) -> Result<minijinja::Va
     template_value(&Value::Array(ready), "messages")
 }
 
-/// The tool calls of a reply, read in `format` from the completion: its text, or for a format whose
-/// marker is a special token its decoding with special tokens (less the end-of-turn token).
+/// The tool calls of a reply, read in `format` from the completion: its text (its content, with a
+/// reasoning parser), or for a format whose marker is a special token its decoding with special tokens
+/// (less the end-of-turn token; its content part with a reasoning parser).
 pub(super) fn read_reply(
     state: &AppState,
     format: ToolFormat,
+    reading: Option<Reading>,
     completion: &Completion,
     text: &str,
 ) -> Option<holo_core::tools::ToolReply> {
@@ -333,7 +335,10 @@ pub(super) fn read_reply(
         }
     }
     let decoded = state.tokenizer.decode(tokens, false).ok()?;
-    format.parse(&decoded)
+    match reading {
+        Some(reading) => format.parse(&reading.parts(&decoded).of(&decoded).1?),
+        None => format.parse(&decoded),
+    }
 }
 
 /// Calls as OpenAI's `tool_calls`, each with a fresh id.

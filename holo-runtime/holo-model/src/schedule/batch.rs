@@ -416,6 +416,7 @@ impl Engine<'_> {
                 group.listener.prompt_logprobs(
                     live.row.index,
                     &scores.logprobs,
+                    &scores.ranks,
                     &scores.top_logprobs,
                 );
             }

@@ -88,8 +88,14 @@ pub(crate) trait Listener {
     }
     /// Sequence `index`, which asked for [`GenerationParams::prompt_logprobs`](crate::GenerationParams),
     /// has its prompt scored (see [`holo_core::TokenSink::prompt_logprobs`]).
-    fn prompt_logprobs(&mut self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
-        let _ = (index, logprobs, top);
+    fn prompt_logprobs(
+        &mut self,
+        index: usize,
+        logprobs: &[f32],
+        ranks: &[u32],
+        top: &[Vec<(u32, f32)>],
+    ) {
+        let _ = (index, logprobs, ranks, top);
     }
 }
 

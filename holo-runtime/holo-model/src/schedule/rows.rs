@@ -39,6 +39,8 @@ pub(super) struct PromptScores {
     pub(super) top: usize,
     /// Of prompt tokens 1, 2, … given the tokens before each.
     pub(super) logprobs: Vec<f32>,
+    /// The rank of each of those tokens in its position's distribution (1: the most likely).
+    pub(super) ranks: Vec<u32>,
     /// The `top` most likely tokens at each of those positions, most likely first.
     pub(super) top_logprobs: Vec<Vec<(u32, f32)>>,
 }
@@ -48,6 +50,7 @@ impl PromptScores {
         PromptScores {
             top,
             logprobs: Vec::new(),
+            ranks: Vec::new(),
             top_logprobs: Vec::new(),
         }
     }

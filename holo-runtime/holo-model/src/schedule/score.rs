@@ -1,5 +1,5 @@
 //! Prompt log-probabilities: every prompt position's logits, a chunk of the prefill at a time, turned
-//! into the next prompt token's log-probability and the most likely tokens there (vLLM's
+//! into the next prompt token's log-probability, its rank, and the most likely tokens there (vLLM's
 //! `prompt_logprobs`, what `echo` with `logprobs` reports). Only slots whose rows ask pay for them.
 
 use candle_core::{DType, Tensor};
@@ -14,6 +14,13 @@ use crate::sample::{log_sum_exp, most_likely};
 /// Prompt positions whose logits are computed at once: the f32 logits held at a time are this many
 /// rows of the vocabulary, however long the prompt or the chunk.
 const POSITIONS_AT_ONCE: usize = 64;
+
+/// One prompt position's score: its token's log-probability and rank, and the most likely tokens.
+struct Scored {
+    logprob: f32,
+    rank: u32,
+    alternatives: Vec<(u32, f32)>,
+}
 
 impl Engine<'_> {
     /// Scores the prompt tokens that the chunk just run (`hidden`: `[slots, columns, hidden]`, from
@@ -53,18 +60,25 @@ impl Engine<'_> {
                         0 => Vec::new(),
                         k => most_likely(row, k, normaliser),
                     };
-                    (row[next] - normaliser, alternatives)
+                    // vLLM's rank: the tokens at least as likely, the token itself included.
+                    let rank = row.iter().filter(|&&logit| logit >= row[next]).count() as u32;
+                    Scored {
+                        logprob: row[next] - normaliser,
+                        rank,
+                        alternatives,
+                    }
                 };
                 // Over a large vocabulary, the softmax and the search for the most likely tokens
                 // are worth sharing out, as sampling does.
-                let positions: Vec<(f32, Vec<(u32, f32)>)> = if vocab >= PARALLEL_VOCAB {
+                let positions: Vec<Scored> = if vocab >= PARALLEL_VOCAB {
                     logits.par_iter().enumerate().map(score).collect()
                 } else {
                     logits.iter().enumerate().map(score).collect()
                 };
-                for (logprob, alternatives) in positions {
-                    scores.logprobs.push(logprob);
-                    scores.top_logprobs.push(alternatives);
+                for scored in positions {
+                    scores.logprobs.push(scored.logprob);
+                    scores.ranks.push(scored.rank);
+                    scores.top_logprobs.push(scored.alternatives);
                 }
                 column += count;
             }

@@ -119,9 +119,15 @@ impl Listener for SinkListener {
         self.sink.started(self.indices[index]);
     }
 
-    fn prompt_logprobs(&mut self, index: usize, logprobs: &[f32], top: &[Vec<(u32, f32)>]) {
+    fn prompt_logprobs(
+        &mut self,
+        index: usize,
+        logprobs: &[f32],
+        ranks: &[u32],
+        top: &[Vec<(u32, f32)>],
+    ) {
         self.sink
-            .prompt_logprobs(self.indices[index], logprobs, top);
+            .prompt_logprobs(self.indices[index], logprobs, ranks, top);
     }
 }
 

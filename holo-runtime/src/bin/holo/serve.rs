@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use holo_runtime::serve::ReasoningParser;
 use holo_runtime::tools::ToolFormat;
 
 use crate::{LocalArgs, EXIT_FAILURES, EXIT_USAGE};
@@ -88,6 +89,11 @@ pub struct ServeArgs {
     /// tool calls in, when it says; without one, requests with `tools` are refused.
     #[arg(long, value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolFormat>,
+    /// How the model marks its reasoning, by vLLM's parser names: `qwen3`, `deepseek_r1`. Chat
+    /// replies then carry the text between the think markers as `reasoning`, apart from `content`.
+    /// Default: none (replies are left whole).
+    #[arg(long, value_parser = reasoning_parser)]
+    pub reasoning_parser: Option<ReasoningParser>,
     #[command(flatten)]
     pub local: LocalArgs,
 }
@@ -97,6 +103,19 @@ fn tool_call_parser(name: &str) -> Result<ToolFormat, String> {
         let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
         format!(
             "unknown tool-call parser `{name}`; known: {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
+    ReasoningParser::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ReasoningParser::NAMES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
+        format!(
+            "unknown reasoning parser `{name}`; known: {}",
             names.join(", ")
         )
     })
@@ -150,6 +169,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         connections,
         served_model_name,
         tool_call_parser,
+        reasoning_parser,
         local,
     } = args;
     let (model_dir, host) = (model_dir.as_path(), host.as_str());
@@ -180,6 +200,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     let id = served_model_name.unwrap_or_else(|| model_dir.display().to_string());
     let served = ServedModel {
         tool_parser: tool_call_parser,
+        reasoning_parser,
         ..ServedModel::local_with_updates(id.clone(), model, options)
     };
     let runtime = match crate::server_runtime() {
