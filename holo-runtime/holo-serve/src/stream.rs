@@ -769,6 +769,7 @@ mod tests {
             top_logprobs: Vec::new(),
             finish: Finish::EndOfTurn,
             routes: Vec::new(),
+            weight_version: None,
         };
         sender
             .send(Event::Done {

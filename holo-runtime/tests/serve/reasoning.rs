@@ -44,6 +44,7 @@ impl Replier {
             top_logprobs: Vec::new(),
             finish,
             routes: Vec::new(),
+            weight_version: None,
         }
     }
 }
