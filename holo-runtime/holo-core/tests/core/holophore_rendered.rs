@@ -390,11 +390,10 @@ fn template_kwargs_are_a_json_object() {
     assert_eq!(plain.frames(), with.frames());
 }
 
-#[test]
-fn the_loom_records_each_split_context_as_the_model_saw_it() {
-    // A Qwen3 model folder (the fixture tokenizer with `<think>` tokens, Qwen3's tokenizer_config.json)
-    // and a two-turn holoware, sampled by the tokenized scripted sampler.
-    let dir = Dir::new("qwen3-folder");
+/// A Qwen3 model folder for the Loom: the fixture tokenizer with `<think>` tokens and Qwen3's
+/// tokenizer_config.json.
+fn qwen3_folder(label: &str) -> Dir {
+    let dir = Dir::new(label);
     tokenizer("qwen3")
         .save(dir.join("tokenizer.json"), false)
         .unwrap();
@@ -403,6 +402,13 @@ fn the_loom_records_each_split_context_as_the_model_saw_it() {
         dir.join("tokenizer_config.json"),
     )
     .unwrap();
+    dir
+}
+
+#[test]
+fn the_loom_records_each_split_context_as_the_model_saw_it() {
+    // A two-turn holoware on the Qwen3 folder, sampled by the tokenized scripted sampler.
+    let dir = qwen3_folder("qwen3-folder");
     let hol = dir.join("two_turns.hol");
     std::fs::write(
         &hol,
@@ -482,23 +488,15 @@ fn the_loom_records_each_split_context_as_the_model_saw_it() {
     assert_eq!(record.sampled().collect::<Vec<_>>(), replies);
 }
 
-/// The Loom with the Qwen3 folder of [`the_loom_records_each_split_context_as_the_model_saw_it`] on
-/// `source`, sampled by the tokenized scripted sampler with `replies`: the requests it saw, and the
-/// record.
+/// The Loom on [`qwen3_folder`] running `source`, sampled by the scripted sampler with `replies`
+/// (tokenized by the folder's Holophore when `tokens`, else as chat messages): the requests it saw,
+/// and the record.
 fn loom_on(
     source: &str,
     replies: &[&str],
     tokens: bool,
 ) -> (Vec<(holo_core::Request, Completion)>, RolloutRecord) {
-    let dir = Dir::new("qwen3-arguments");
-    tokenizer("qwen3")
-        .save(dir.join("tokenizer.json"), false)
-        .unwrap();
-    std::fs::copy(
-        fixtures().join("chat/models/qwen3/tokenizer_config.json"),
-        dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
+    let dir = qwen3_folder("qwen3-arguments");
     let hol = dir.join("contexts.hol");
     std::fs::write(&hol, source).unwrap();
     let holophore = Holophore::from_dir(dir.path()).unwrap();

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use holo_model::config::ModelConfig;
-use holo_model::model::{LoraConfig, FUSED_PROJECTIONS};
+use holo_model::model::{ExpertStack, LoraConfig, FUSED_PROJECTIONS};
 
 /// A model's sizes, in elements.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +123,8 @@ impl Sizes {
                 ("v_proj", hidden, keys),
                 ("o_proj", queries, hidden),
             ];
-            // Experts take no adapters (`Model::with_lora` refuses MLP targets on a mixture).
+            // Experts take no adapters by module name (`Model::with_lora` refuses MLP targets on a
+            // mixture): theirs are `lora_target_parameters`' ([`Sizes::expert_adapters`]).
             if c.experts.is_none() {
                 projections.extend([
                     ("gate_proj", hidden, inner),
@@ -138,7 +139,28 @@ impl Sizes {
             .filter(|(name, _, _)| targeted(name))
             .map(|(_, inputs, outputs)| lora.rank as u64 * (inputs + outputs))
             .sum();
-        per_layer * c.num_hidden_layers as u64
+        per_layer * c.num_hidden_layers as u64 + self.expert_adapters(lora)
+    }
+
+    /// The elements of the expert stacks' adapters (`lora_target_parameters`): per mixture layer and
+    /// stack, `rank × experts × (in + out)` (PEFT's `A` `[E·r, in]` and `B` `[out, r·E]`).
+    fn expert_adapters(&self, lora: &LoraConfig) -> u64 {
+        let c = &self.config;
+        let Some(experts) = c.experts else {
+            return 0;
+        };
+        let (hidden, inner) = (c.hidden_size as u64, experts.intermediate_size as u64);
+        let per_layer: u64 = lora
+            .parameters
+            .iter()
+            .filter_map(|target| ExpertStack::named(target))
+            .map(|stack| match stack {
+                ExpertStack::GateUp => hidden + 2 * inner,
+                ExpertStack::Down => inner + hidden,
+            })
+            .sum();
+        let mixtures = c.layers.iter().filter(|layer| layer.experts).count() as u64;
+        per_layer * lora.rank as u64 * experts.count as u64 * mixtures
     }
 }
 
@@ -182,4 +204,56 @@ fn header_sizes(file: &Path) -> Result<Vec<(String, u64)>, String> {
             (tensor, count)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use holo_model::config::{Arch, Experts, LayerSpec};
+
+    /// The mixture's expert adapters, by hand: two mixture layers of 4 experts around a dense one,
+    /// both stacks at rank 4; the dense layer has none, and adapting only attention counts only
+    /// attention.
+    #[test]
+    fn expert_adapters_are_counted_per_mixture_layer_and_stack() {
+        let mut config = holo_model::testing::config(Arch::Qwen3Moe);
+        let experts = Experts {
+            count: 4,
+            per_token: 2,
+            intermediate_size: 8,
+            normalize: true,
+            aux_loss_coef: 0.001,
+            aux_loss: false,
+            softmax_over_chosen: false,
+            clamped: None,
+        };
+        config.experts = Some(experts);
+        let dense = config.layers[0];
+        let mixture = LayerSpec {
+            experts: true,
+            ..dense
+        };
+        config.layers = vec![mixture, dense, mixture];
+        config.num_hidden_layers = 3;
+        let mixtures = 2;
+        let (hidden, inner) = (config.hidden_size as u64, experts.intermediate_size as u64);
+        let sizes = Sizes::of_config(config);
+        let attention_only = LoraConfig {
+            rank: 4,
+            targets: vec!["q_proj".into()],
+            ..LoraConfig::default()
+        };
+        let with_experts = LoraConfig {
+            parameters: vec![
+                "mlp.experts.gate_up_proj".into(),
+                "mlp.experts.down_proj".into(),
+            ],
+            ..attention_only.clone()
+        };
+        let per_stack_pair = (hidden + 2 * inner) + (inner + hidden);
+        assert_eq!(
+            sizes.adapters(&with_experts) - sizes.adapters(&attention_only),
+            4 * experts.count as u64 * per_stack_pair * mixtures
+        );
+    }
 }
