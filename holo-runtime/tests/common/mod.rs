@@ -40,6 +40,53 @@ pub fn holo_command(args: &[&str]) -> Command {
     command
 }
 
+/// `count` rows of `hol/qa.hol` ("What is i+4?", i = 1 … count), written to `dir/rows.jsonl`.
+pub fn qa_rows(dir: &Path, count: usize) -> std::path::PathBuf {
+    let data = dir.join("rows.jsonl");
+    let rows: String = (1..=count)
+        .map(|i| {
+            let row = serde_json::json!({
+                "question": format!("What is {i}+4?"),
+                "expected": (i + 4).to_string(),
+            });
+            format!("{row}\n")
+        })
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    data
+}
+
+/// `holo train hol/qa.hol --model MODEL --data DATA --out OUT` for `steps` steps of 4 rollouts per
+/// prompt in batches of 8, 8 completion tokens: the small runs of the mixture-of-experts and export
+/// tests; the caller adds its options.
+pub fn qa_train(model: &Path, data: &Path, out: &Path, steps: u32) -> Vec<String> {
+    let mut args: Vec<String> = ["train", "hol/qa.hol", "--model"]
+        .map(String::from)
+        .to_vec();
+    args.push(model.to_str().unwrap().into());
+    args.extend(["--data".into(), data.to_str().unwrap().into()]);
+    args.extend(["--out".into(), out.to_str().unwrap().into()]);
+    args.extend(["--max-steps".to_string(), steps.to_string()]);
+    args.extend(
+        [
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "8",
+            "--max-completion-length",
+            "8",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// `holo ARGS` run to its end, arguments as [`qa_train`] and [`tiny_train`] give them.
+pub fn holo_output(args: &[String]) -> std::process::Output {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    holo_command(&args).output().unwrap()
+}
+
 /// `holo train HOLOWARE --model <the committed tiny Qwen2> --data DATA --out OUT`, the fixtures named
 /// `relative` to `tests/fixtures`: how every end-to-end training command of the tests starts; the
 /// caller adds its budget and options.

@@ -19,7 +19,7 @@ use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::score::{self, Pass};
 use serde_json::{json, Value};
 
-use crate::common::holo_command;
+use crate::common::{holo_command, holo_output, qa_rows, qa_train};
 
 /// The loss's weight on `Σ log p(trained tokens)`, as the script's.
 const LOGPROB_WEIGHT: f64 = 0.1;
@@ -174,56 +174,34 @@ fn gpt_oss_expert_lora_is_peft_s() {
 /// (`scripts/export_check.py`).
 fn train_and_export(name: &str) {
     let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
-    let data = work.path().join("rows.jsonl");
-    let rows: String = (1..=8)
-        .map(|i| {
-            format!(
-                "{}\n",
-                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()})
-            )
-        })
-        .collect();
-    fs::write(&data, rows).unwrap();
+    let data = qa_rows(work.path(), 8);
     let base_dir = crate::common::fixtures().join("models").join(name);
     let run_dir = work.path().join("run");
     let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
     let parameters = serde_json::to_string(&stacks).unwrap();
-    let output = holo_command(&[
-        "train",
-        "hol/qa.hol",
-        "--model",
-        base_dir.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        run_dir.to_str().unwrap(),
-        "--max-steps",
-        "2",
-        "--num-generations",
-        "4",
-        "--per-device-train-batch-size",
-        "8",
-        "--max-completion-length",
-        "8",
-        "--learning-rate",
-        "0.01",
-        "--entropy-coef",
-        "0.1",
-        "--use-peft",
-        "true",
-        "--lora-r",
-        "2",
-        "--lora-alpha",
-        "4",
-        "--lora-dropout",
-        "0",
-        "--lora-target-modules",
-        "[\"q_proj\"]",
-        "--lora-target-parameters",
-        &parameters,
-    ])
-    .output()
-    .unwrap();
+    let mut args = qa_train(&base_dir, &data, &run_dir, 2);
+    args.extend(
+        [
+            "--learning-rate",
+            "0.01",
+            "--entropy-coef",
+            "0.1",
+            "--use-peft",
+            "true",
+            "--lora-r",
+            "2",
+            "--lora-alpha",
+            "4",
+            "--lora-dropout",
+            "0",
+            "--lora-target-modules",
+            "[\"q_proj\"]",
+            "--lora-target-parameters",
+            &parameters,
+        ]
+        .map(String::from),
+    );
+    let output = holo_output(&args);
     assert!(output.status.success(), "{name}: {output:?}");
 
     let checkpoint = run_dir.join("checkpoint-2");
@@ -340,34 +318,22 @@ fn gpt_oss_trains_expert_adapters_peft_loads() {
 #[test]
 fn bad_target_parameters_are_refused_by_name() {
     let work = crate::common::tempdir::Dir::new("moe-lora-refused");
-    let data = work.path().join("rows.jsonl");
-    fs::write(
-        &data,
-        "{\"question\": \"What is 1+4?\", \"expected\": \"5\"}\n",
-    )
-    .unwrap();
+    let data = qa_rows(work.path(), 1);
     let models = crate::common::fixtures().join("models");
     let refusal = |model: &str, parameters: &str, dropout: &str| {
-        let output = holo_command(&[
-            "train",
-            "hol/qa.hol",
-            "--model",
-            models.join(model).to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--out",
-            work.path().join("run").to_str().unwrap(),
-            "--max-steps",
-            "1",
-            "--use-peft",
-            "true",
-            "--lora-dropout",
-            dropout,
-            "--lora-target-parameters",
-            parameters,
-        ])
-        .output()
-        .unwrap();
+        let mut args = qa_train(&models.join(model), &data, &work.path().join("run"), 1);
+        args.extend(
+            [
+                "--use-peft",
+                "true",
+                "--lora-dropout",
+                dropout,
+                "--lora-target-parameters",
+                parameters,
+            ]
+            .map(String::from),
+        );
+        let output = holo_output(&args);
         assert!(!output.status.success(), "{output:?}");
         String::from_utf8_lossy(&output.stderr).to_string()
     };

@@ -3,19 +3,15 @@
 //! is refused where there is nothing to replay.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::common::holo_command;
 use crate::common::tempdir::Dir;
+use crate::common::{fixtures, holo_output, qa_rows, qa_train};
 
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-        .display()
-        .to_string()
+fn fixture(name: &str) -> PathBuf {
+    fixtures().join("models").join(name)
 }
 
 fn lines(path: &Path) -> Vec<Value> {
@@ -26,45 +22,16 @@ fn lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn train(model: &str, data: &Path, out: &Path) -> std::process::Output {
-    holo_command(&[
-        "train",
-        "hol/qa.hol",
-        "--model",
-        model,
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--max-steps",
-        "2",
-        "--num-generations",
-        "4",
-        "--per-device-train-batch-size",
-        "8",
-        "--max-completion-length",
-        "8",
-        "--entropy-coef",
-        "0.1",
-        "--routing-replay",
-        "true",
-    ])
-    .output()
-    .unwrap()
+fn train(model: &Path, data: &Path, out: &Path) -> std::process::Output {
+    let mut args = qa_train(model, data, out, 2);
+    args.extend(["--entropy-coef", "0.1", "--routing-replay", "true"].map(String::from));
+    holo_output(&args)
 }
 
 #[test]
 fn holo_train_replays_the_samplers_routes() {
     let work = Dir::new("routing");
-    let data = work.path().join("rows.jsonl");
-    let rows: String = (1..=8)
-        .map(|i| {
-            let row =
-                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()});
-            format!("{row}\n")
-        })
-        .collect();
-    fs::write(&data, rows).unwrap();
+    let data = qa_rows(work.path(), 8);
 
     let run = work.path().join("run");
     let output = train(&fixture("qwen3_moe"), &data, &run);
@@ -138,29 +105,11 @@ fn holo_train_replays_the_samplers_routes() {
 #[test]
 fn a_load_balancing_coefficient_for_a_dense_model_is_refused() {
     let work = Dir::new("balance-dense");
-    let data = work.path().join("rows.jsonl");
-    fs::write(
-        &data,
-        "{\"question\": \"What is 1+4?\", \"expected\": \"5\"}\n",
-    )
-    .unwrap();
+    let data = qa_rows(work.path(), 1);
     let out = work.path().join("run");
-    let output = holo_command(&[
-        "train",
-        "hol/qa.hol",
-        "--model",
-        &fixture("qwen3"),
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--max-steps",
-        "1",
-        "--router-aux-loss-coef",
-        "0.01",
-    ])
-    .output()
-    .unwrap();
+    let mut args = qa_train(&fixture("qwen3"), &data, &out, 1);
+    args.extend(["--router-aux-loss-coef", "0.01"].map(String::from));
+    let output = holo_output(&args);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

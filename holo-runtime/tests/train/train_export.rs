@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::holo_command;
+use crate::common::{holo_command, qa_rows, qa_train};
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::model::{checkpoint_tensors, LoraConfig};
@@ -61,43 +61,35 @@ fn run(mut command: Command) -> Output {
 fn train(base: &Path, data: &Path, out: &Path, lora: Option<&[&str]>) {
     let targets = serde_json::to_string(&lora.unwrap_or_default()).unwrap();
     let (r, alpha) = (LORA_R.to_string(), LORA_ALPHA.to_string());
-    let mut args = vec![
-        "train",
-        "hol/qa.hol",
-        "--model",
-        base.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--max-steps",
-        "2",
-        "--num-generations",
-        "4",
-        "--per-device-train-batch-size",
-        "8",
-        "--max-completion-length",
-        "8",
-        "--learning-rate",
-        "0.01",
-        "--entropy-coef",
-        "0.1",
-        "--save-steps",
-        "1",
-    ];
+    let mut args = qa_train(base, data, out, 2);
+    args.extend(
+        [
+            "--learning-rate",
+            "0.01",
+            "--entropy-coef",
+            "0.1",
+            "--save-steps",
+            "1",
+        ]
+        .map(String::from),
+    );
     if lora.is_some() {
-        args.extend([
-            "--use-peft",
-            "--lora-r",
-            &r,
-            "--lora-alpha",
-            &alpha,
-            "--lora-dropout",
-            "0",
-            "--lora-target-modules",
-            &targets,
-        ]);
+        args.extend(
+            [
+                "--use-peft",
+                "--lora-r",
+                &r,
+                "--lora-alpha",
+                &alpha,
+                "--lora-dropout",
+                "0",
+                "--lora-target-modules",
+                &targets,
+            ]
+            .map(String::from),
+        );
     }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run(holo_command(&args));
 }
 
@@ -473,25 +465,10 @@ fn python_check(cases: &[Case]) {
     assert!(output.status.success(), "{stdout}\n{stderr}");
 }
 
-/// The training rows, written into `work`.
-fn rows(work: &Path) -> PathBuf {
-    let data = work.join("rows.jsonl");
-    let rows: String = (1..=16)
-        .map(|i| {
-            format!(
-                "{}\n",
-                json!({"question": format!("What is {i}+4?"), "expected": (i + 4).to_string()})
-            )
-        })
-        .collect();
-    fs::write(&data, rows).unwrap();
-    data
-}
-
 #[test]
 fn exports_load_with_the_trained_weights_and_logits() {
     let work = crate::common::tempdir::Dir::new("runs");
-    let data = rows(work.path());
+    let data = qa_rows(work.path(), 16);
 
     let mut cases = Vec::new();
     for model in crate::common::MODEL_FAMILIES {
@@ -519,7 +496,7 @@ fn exports_load_with_the_trained_weights_and_logits() {
 #[test]
 fn an_mxfp4_base_exports_its_experts_dequantized() {
     let work = crate::common::tempdir::Dir::new("runs-mxfp4");
-    let data = rows(work.path());
+    let data = qa_rows(work.path(), 16);
     let base_dir = fixture("gpt_oss").join("mxfp4");
     let run_dir = work.path().join("run");
     train(&base_dir, &data, &run_dir, None);
