@@ -373,6 +373,15 @@ impl Inner {
                 "the openai sampler cannot report prompt log-probabilities".into(),
             ));
         }
+        if request.params.chat_template_kwargs.is_some()
+            && !matches!(request.prompt, Prompt::Chat(_))
+        {
+            return Err(SamplerError::Rejected(
+                "chat template arguments come with chat prompts only: a token or text prompt is \
+                 rendered already"
+                    .into(),
+            ));
+        }
         let (url, body) = self.body(request);
         let body = serde_json::to_vec(&body).map_err(|error| {
             SamplerError::Rejected(format!("cannot encode the request: {error}"))
@@ -525,8 +534,17 @@ impl Inner {
                     body.insert("continue_final_message".into(), json!(true));
                     body.insert("add_generation_prompt".into(), json!(false));
                 }
-                if let Some(kwargs) = &self.config.chat_template_kwargs {
-                    body.insert("chat_template_kwargs".into(), Value::Object(kwargs.clone()));
+                // The request's own (a context's) over the sampler's.
+                let mut kwargs = self.config.chat_template_kwargs.clone().unwrap_or_default();
+                kwargs.extend(
+                    request
+                        .params
+                        .chat_template_kwargs
+                        .clone()
+                        .unwrap_or_default(),
+                );
+                if !kwargs.is_empty() {
+                    body.insert("chat_template_kwargs".into(), Value::Object(kwargs));
                 }
                 self.chat_url.clone()
             }

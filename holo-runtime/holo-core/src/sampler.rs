@@ -61,13 +61,19 @@ pub struct SampleParams {
     /// ([`TokenSink::prompt_logprobs`]) before the completion's first token (vLLM's `prompt_logprobs`;
     /// what `echo` with `logprobs` returns). `max_tokens` may then be 0: the prompt is only scored.
     pub prompt_logprobs: Option<u32>,
+    /// Chat-template arguments for a chat prompt ([`Prompt::Chat`]), over the sampler's own (vLLM's
+    /// `chat_template_kwargs`): a context's own (`<|+++ enable_thinking=false|>`) when the sampler
+    /// renders the conversation. A token or text prompt is rendered already: a sampler refuses them
+    /// there.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl SampleParams {
     /// The first parameter set here that shapes the draw or the ending beyond temperature, top-p, top-k,
     /// stop strings and length (`constraint`, `logit_bias`, `min_tokens`, `stop_token_ids`,
-    /// `ignore_eos`), or asks for more than the completion (`prompt_logprobs`), by its request name:
-    /// what a sampler that cannot honour it refuses.
+    /// `ignore_eos`), asks for more than the completion (`prompt_logprobs`), or renders the prompt
+    /// otherwise (`chat_template_kwargs`), by its request name: what a sampler that cannot honour it
+    /// refuses.
     pub fn beyond_sampling(&self) -> Option<&'static str> {
         if self.prompt_logprobs.is_some() {
             Some("prompt_logprobs")
@@ -81,6 +87,8 @@ impl SampleParams {
             Some("stop_token_ids")
         } else if self.ignore_eos {
             Some("ignore_eos")
+        } else if self.chat_template_kwargs.is_some() {
+            Some("chat_template_kwargs")
         } else {
             None
         }

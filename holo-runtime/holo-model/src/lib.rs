@@ -351,6 +351,24 @@ impl LocalModel {
     /// tokenizer adds, such as BOS, included), a chat is rendered with the model's template and its
     /// generation prompt.
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, SamplerError> {
+        self.ids_of(prompt, None)
+    }
+
+    /// The token ids a request samples from: [`LocalModel::prompt_ids`], a chat rendered with the
+    /// request's [`SampleParams::chat_template_kwargs`](holo_core::SampleParams) (refused with other
+    /// prompts, which are rendered already).
+    pub fn request_ids(&self, request: &Request) -> Result<Vec<u32>, SamplerError> {
+        self.ids_of(
+            &request.prompt,
+            request.params.chat_template_kwargs.as_ref(),
+        )
+    }
+
+    fn ids_of(
+        &self,
+        prompt: &Prompt,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Vec<u32>, SamplerError> {
         let encode = |text: &str, special: bool| {
             self.inner
                 .core
@@ -362,16 +380,31 @@ impl LocalModel {
                 })
         };
         let ids = match prompt {
-            Prompt::Tokens(ids) => ids.clone(),
-            Prompt::Text(text) => encode(text, true)?,
             Prompt::Chat(messages) => {
+                let options = RenderOptions {
+                    variables: match kwargs {
+                        Some(kwargs) => holo_core::chat::template_kwargs(
+                            &serde_json::Value::Object(kwargs.clone()),
+                        )
+                        .map_err(SamplerError::Rejected)?,
+                        None => Default::default(),
+                    },
+                    ..RenderOptions::generation()
+                };
                 let text = self
                     .inner
                     .template
-                    .render(messages, &RenderOptions::generation())
+                    .render(messages, &options)
                     .map_err(|error| SamplerError::Rejected(error.to_string()))?;
                 encode(&text, false)?
             }
+            _ if kwargs.is_some() => return Err(SamplerError::Rejected(
+                "chat template arguments come with chat prompts only: a token or text prompt is \
+                     rendered already"
+                    .into(),
+            )),
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Text(text) => encode(text, true)?,
         };
         let vocab = self.config().vocab_size as u32;
         if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
@@ -510,7 +543,7 @@ impl LocalModel {
         let mut sequences = Vec::new();
         for (i, request) in batch.iter().enumerate() {
             let prepared = self
-                .prompt_ids(&request.prompt)
+                .request_ids(request)
                 .and_then(|ids| Ok((self.params(request, ids.len())?, ids)));
             match prepared {
                 Ok((params, ids)) => {

@@ -285,6 +285,8 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
             stop_token_ids,
             ignore_eos,
             prompt_logprobs: None,
+            // The server renders chats itself, with the request's `chat_template_kwargs`.
+            chat_template_kwargs: None,
         },
         include_stop: fields.bool("include_stop_str_in_output", false)?,
         token_ids_as_tokens: fields.bool("return_tokens_as_token_ids", false)?,

@@ -20,3 +20,5 @@ mod real_checkpoint;
 mod routing;
 #[cfg(feature = "local")]
 mod schedule;
+#[cfg(feature = "local")]
+mod template_kwargs;

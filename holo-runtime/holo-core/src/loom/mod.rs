@@ -715,6 +715,7 @@ impl Active {
                 stop: sample.stop,
                 seed: Some(request_seed(self.seed, self.samples)),
                 top_logprobs: 0,
+                chat_template_kwargs: self.recorder.template_kwargs.clone(),
                 ..SampleParams::default()
             },
         }
@@ -903,6 +904,9 @@ struct Prompted {
     transcript: Transcript,
     pending: Option<Role>,
     holophore: Option<Holophore>,
+    /// Without a holophore: the current context's own template arguments, which its chat requests
+    /// carry for the sampler to render with.
+    template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Prompted {
@@ -962,24 +966,37 @@ impl Prompted {
 impl Recorder for Prompted {
     fn begin_context(&mut self, trained: bool) {
         self.pending = None;
+        self.template_kwargs = None;
         self.transcript.begin_context(trained);
         if let Some(holophore) = &mut self.holophore {
             holophore.begin_context(trained);
         }
     }
 
-    /// A context's own template arguments need the model's chat template and token prompts: a
-    /// sampler of chat messages renders with the server's.
+    /// A context's own template arguments: the holophore renders with them, or, for a sampler of
+    /// chat messages, each request of the context carries them (`chat_template_kwargs`).
     fn template_arguments(&mut self, arguments: &[(&str, TemplateArg<'_>)]) -> Result<(), String> {
-        let Some(holophore) = &mut self.holophore else {
-            return Err(
-                "chat template arguments on a context need the model's chat template and \
-                 token prompts: this sampler takes chat messages, rendered by the server with its \
-                 own arguments (give them to the server, e.g. vLLM's `chat_template_kwargs`)"
-                    .into(),
-            );
-        };
-        holophore.template_arguments(arguments)
+        if let Some(holophore) = &mut self.holophore {
+            return holophore.template_arguments(arguments);
+        }
+        let kwargs = arguments
+            .iter()
+            .map(|&(name, argument)| {
+                let value = match argument {
+                    TemplateArg::Bool(value) => serde_json::Value::from(value),
+                    TemplateArg::Number(value)
+                        if value.fract() == 0.0 && value.abs() < 9_007_199_254_740_992.0 =>
+                    {
+                        serde_json::Value::from(value as i64)
+                    }
+                    TemplateArg::Number(value) => serde_json::Value::from(value),
+                    TemplateArg::Text(text) => serde_json::Value::from(text),
+                };
+                (name.to_string(), value)
+            })
+            .collect();
+        self.template_kwargs = Some(kwargs);
+        Ok(())
     }
 
     fn begin_message(&mut self, role: Role) {

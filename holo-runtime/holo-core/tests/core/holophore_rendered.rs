@@ -14,7 +14,8 @@ use holo_core::holophore::{Context, Holophore, Message};
 use holo_core::holotypes;
 use holo_core::interpreter::{Holoware, Row};
 use holo_core::loom::{Loom, LoomConfig, RolloutRecord};
-use holo_core::{Completion, Prompt, Recorder, Resources, Role, Scripted};
+use holo_core::sampler::SampleFuture;
+use holo_core::{Completion, Prompt, Recorder, Resources, Role, Sampler, Scripted};
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::common::tempdir::Dir;
@@ -488,13 +489,11 @@ fn the_loom_records_each_split_context_as_the_model_saw_it() {
     assert_eq!(record.sampled().collect::<Vec<_>>(), replies);
 }
 
-/// The Loom on [`qwen3_folder`] running `source`, sampled by the scripted sampler with `replies`
-/// (tokenized by the folder's Holophore when `tokens`, else as chat messages): the requests it saw,
-/// and the record.
+/// The Loom on [`qwen3_folder`] running `source`, sampled by the scripted sampler with `replies`,
+/// tokenized by the folder's Holophore: the requests it saw, and the record.
 fn loom_on(
     source: &str,
     replies: &[&str],
-    tokens: bool,
 ) -> (Vec<(holo_core::Request, Completion)>, RolloutRecord) {
     let dir = qwen3_folder("qwen3-arguments");
     let hol = dir.join("contexts.hol");
@@ -506,15 +505,10 @@ fn loom_on(
         timing: false,
         ..LoomConfig::default()
     };
-    let mut loom = Loom::interpreted(holoware, Resources::default(), config);
-    let scripted = Scripted::new(replies.iter().copied());
+    let loom =
+        Loom::interpreted(holoware, Resources::default(), config).with_holophore(holophore.fork());
     let sampler = Recording {
-        inner: if tokens {
-            loom = loom.with_holophore(holophore.fork());
-            scripted.tokenized(&holophore)
-        } else {
-            scripted
-        },
+        inner: Scripted::new(replies.iter().copied()).tokenized(&holophore),
         seen: Mutex::new(Vec::new()),
     };
     let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
@@ -533,7 +527,7 @@ fn loom_on(
 #[test]
 fn a_context_markers_template_arguments_render_that_context() {
     let source = "<|+++ enable_thinking=false|>\n<|x_x|>\nYou are a helpful assistant.\n\n<|o_o|>\n<|question|>\n\n<|@_@:first|>\n\n<|o_o|>\nAnd 3+3?\n\n<|@_@:second|>\n\n<|+++|>\n<|x_x|>\nYou are a helpful assistant.\n\n<|o_o|>\n<|question|>\n\n<|@_@:third|>\n";
-    let (seen, record) = loom_on(source, &["4", "6", "<think>\nAdd.\n</think>\n\n4"], true);
+    let (seen, record) = loom_on(source, &["4", "6", "<think>\nAdd.\n</think>\n\n4"]);
     assert!(record.error.is_none(), "{:?}", record.error);
     assert_eq!(seen.len(), 3);
     let tok = tokenizer("qwen3");
@@ -572,16 +566,62 @@ fn a_context_markers_template_arguments_render_that_context() {
     }
 }
 
-/// With a sampler of chat messages there is no template here to give the arguments to: the rollout
-/// fails at the marker, naming it, rather than sampling without them.
+/// A sampler of chat messages that answers "4" and keeps every request.
+struct Chats(Mutex<Vec<holo_core::Request>>);
+
+impl Sampler for Chats {
+    fn sample<'a>(&'a self, batch: &'a [holo_core::Request]) -> SampleFuture<'a> {
+        Box::pin(async move {
+            self.0.lock().unwrap().extend(batch.iter().cloned());
+            batch
+                .iter()
+                .map(|_| {
+                    Ok(Completion {
+                        text: "4".into(),
+                        ..Default::default()
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+/// With a sampler of chat messages (a server renders them), a context's template arguments go with
+/// each of its requests as `chat_template_kwargs`; the next context's requests carry none.
 #[test]
-fn template_arguments_with_a_chat_sampler_fail_the_rollout() {
-    let source = "<|+++ enable_thinking=false|>\n<|o_o|>\n<|question|>\n\n<|@_@:answer|>\n";
-    let (seen, record) = loom_on(source, &["4"], false);
-    assert!(seen.is_empty(), "nothing is sampled");
-    let error = record.error.expect("the rollout fails").message;
-    assert!(
-        error.contains("contexts.hol:1:1") && error.contains("chat template arguments"),
-        "{error}"
-    );
+fn template_arguments_go_to_a_chat_sampler_with_the_contexts_requests() {
+    let source = "<|+++ enable_thinking=false depth=2|>\n<|o_o|>\n<|question|>\n\n<|@_@:first|>\n\n<|o_o|>\nAgain.\n\n<|@_@:second|>\n\n<|+++|>\n<|o_o|>\n<|question|>\n\n<|@_@:third|>\n";
+    let dir = Dir::new("chat-arguments");
+    let hol = dir.join("contexts.hol");
+    std::fs::write(&hol, source).unwrap();
+    let holoware = Arc::new(Holoware::open(&hol, Arc::new(holotypes::registry())).unwrap());
+    let config = LoomConfig {
+        rollouts_per_row: 1,
+        timing: false,
+        ..LoomConfig::default()
+    };
+    let loom = Loom::interpreted(holoware, Resources::default(), config);
+    let sampler = Chats(Mutex::new(Vec::new()));
+    let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
+    let mut records: Vec<RolloutRecord> = Vec::new();
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
+        .unwrap();
+    assert!(records[0].error.is_none(), "{:?}", records[0].error);
+    let requests = sampler.0.into_inner().unwrap();
+    let kwargs: Vec<Option<serde_json::Value>> = requests
+        .iter()
+        .map(|request| {
+            assert!(matches!(request.prompt, Prompt::Chat(_)));
+            request
+                .params
+                .chat_template_kwargs
+                .clone()
+                .map(serde_json::Value::Object)
+        })
+        .collect();
+    let own = serde_json::json!({"enable_thinking": false, "depth": 2});
+    assert_eq!(kwargs, [Some(own.clone()), Some(own), None]);
 }

@@ -542,12 +542,29 @@ async fn chat_template_kwargs_go_with_chat_requests_only() {
         }]),
         params: SampleParams::default(),
     };
-    one(&sampler, chat).await.unwrap();
+    one(&sampler, chat.clone()).await.unwrap();
     one(&sampler, text("Q")).await.unwrap();
+    // A request's own (a context's `<|+++ enable_thinking=true depth=2|>`) over the sampler's.
+    let own = json!({"enable_thinking": true, "depth": 2});
+    let with_own = |prompt| Request {
+        prompt,
+        params: SampleParams {
+            chat_template_kwargs: own.as_object().cloned(),
+            ..SampleParams::default()
+        },
+    };
+    one(&sampler, with_own(chat.prompt.clone())).await.unwrap();
+    let refused = one(&sampler, with_own(Prompt::Text("Q".into()))).await;
+    assert!(
+        matches!(&refused, Err(SamplerError::Rejected(message)) if message.contains("chat prompts only")),
+        "{refused:?}"
+    );
     let seen = server.seen();
+    assert_eq!(seen.len(), 3, "the refused request is not sent");
     assert_eq!(seen[0].body["chat_template_kwargs"], kwargs);
     // A text or token prompt is rendered already: nothing to pass.
     assert!(seen[1].body.get("chat_template_kwargs").is_none());
+    assert_eq!(seen[2].body["chat_template_kwargs"], own);
 }
 
 #[tokio::test]
