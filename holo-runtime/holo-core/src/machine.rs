@@ -108,6 +108,23 @@ pub enum TemplateArg<'a> {
     Text(&'a str),
 }
 
+impl TemplateArg<'_> {
+    /// The value as JSON, as Python would pass it to a template: a whole number as an integer (`2`,
+    /// not `2.0`).
+    pub fn json(self) -> serde_json::Value {
+        match self {
+            TemplateArg::Bool(value) => value.into(),
+            TemplateArg::Number(value)
+                if value.fract() == 0.0 && value.abs() < 9_007_199_254_740_992.0 =>
+            {
+                (value as i64).into()
+            }
+            TemplateArg::Number(value) => value.into(),
+            TemplateArg::Text(text) => text.into(),
+        }
+    }
+}
+
 /// Receives what a rollout produces, in order. The runtime's holophore implements it in token space;
 /// [`crate::Transcript`] keeps it as text.
 pub trait Recorder {

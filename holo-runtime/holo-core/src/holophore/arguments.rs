@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use minijinja::Value;
 
+use super::tools::template_value;
 use super::{Holophore, Rendering};
 use crate::machine::TemplateArg;
 
@@ -23,20 +24,6 @@ impl Rendering {
             closing: with(&self.closing),
             header: self.header.clone(),
         }
-    }
-}
-
-/// A template argument as the template sees it: a whole number as an integer (as Python passes `2`).
-fn value(argument: TemplateArg<'_>) -> Value {
-    match argument {
-        TemplateArg::Bool(value) => Value::from(value),
-        TemplateArg::Number(value)
-            if value.fract() == 0.0 && value.abs() < 9_007_199_254_740_992.0 =>
-        {
-            Value::from(value as i64)
-        }
-        TemplateArg::Number(value) => Value::from(value),
-        TemplateArg::Text(text) => Value::from(text),
     }
 }
 
@@ -60,7 +47,7 @@ impl Holophore {
             .get_or_insert_with(|| (Arc::clone(&self.rendering), self.frames.clone()));
         let mut variables = base.generation.variables.clone();
         for &(name, argument) in arguments {
-            variables.insert(name.to_string(), value(argument));
+            variables.insert(name.to_string(), template_value(&argument.json()));
         }
         let mut rendering = base.with_variables(&variables);
         if rendering.header.is_empty() {

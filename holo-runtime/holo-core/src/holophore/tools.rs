@@ -34,7 +34,7 @@ pub(super) fn message_value(message: &Message) -> minijinja::Value {
 }
 
 /// A JSON value as a template value, keeping the key order of objects (as Python dicts do).
-fn template_value(value: &serde_json::Value) -> minijinja::Value {
+pub(super) fn template_value(value: &serde_json::Value) -> minijinja::Value {
     use serde::Deserialize;
     minijinja::Value::deserialize(value).expect("every JSON value is a template value")
 }

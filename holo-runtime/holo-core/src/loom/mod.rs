@@ -981,19 +981,7 @@ impl Recorder for Prompted {
         }
         let kwargs = arguments
             .iter()
-            .map(|&(name, argument)| {
-                let value = match argument {
-                    TemplateArg::Bool(value) => serde_json::Value::from(value),
-                    TemplateArg::Number(value)
-                        if value.fract() == 0.0 && value.abs() < 9_007_199_254_740_992.0 =>
-                    {
-                        serde_json::Value::from(value as i64)
-                    }
-                    TemplateArg::Number(value) => serde_json::Value::from(value),
-                    TemplateArg::Text(text) => serde_json::Value::from(text),
-                };
-                (name.to_string(), value)
-            })
+            .map(|&(name, argument)| (name.to_string(), argument.json()))
             .collect();
         self.template_kwargs = Some(kwargs);
         Ok(())
