@@ -338,16 +338,7 @@ impl Lowering<'_> {
                 continue;
             };
             if let Some(first) = seen.insert(name.node.clone(), name.span) {
-                self.error(
-                    Diagnostic::new(
-                        Code::DuplicateArgument,
-                        format!("`{}` is given twice", name.node),
-                        name.span,
-                        "given again here",
-                    )
-                    .with_secondary(first, "first given here")
-                    .with_help("keep one of them"),
-                );
+                self.given_twice(&name.node, name.span, first);
                 continue;
             }
             let value = match &value.node {
@@ -373,6 +364,20 @@ impl Lowering<'_> {
             });
         }
         arguments
+    }
+
+    /// H0017: argument `name` given again at `again`, first at `first`.
+    fn given_twice(&mut self, name: &str, again: Span, first: Span) {
+        self.error(
+            Diagnostic::new(
+                Code::DuplicateArgument,
+                format!("`{name}` is given twice"),
+                again,
+                "given again here",
+            )
+            .with_secondary(first, "first given here")
+            .with_help("keep one of them"),
+        );
     }
 
     fn no_arguments(&mut self, tag: &Tag, what: &str, written: &str) {
@@ -568,16 +573,7 @@ impl Lowering<'_> {
                     };
                     if *known != "stop" {
                         if let Some(first) = seen.insert(known, name.span) {
-                            self.error(
-                                Diagnostic::new(
-                                    Code::DuplicateArgument,
-                                    format!("`{known}` is given twice"),
-                                    name.span,
-                                    "given again here",
-                                )
-                                .with_secondary(first, "first given here")
-                                .with_help("keep one of them"),
-                            );
+                            self.given_twice(known, name.span, first);
                             continue;
                         }
                     }
@@ -712,16 +708,7 @@ impl Lowering<'_> {
                         }
                     }
                     if let Some(first) = seen.insert(&key.node, key.span) {
-                        self.error(
-                            Diagnostic::new(
-                                Code::DuplicateArgument,
-                                format!("`{}` is given twice", key.node),
-                                key.span,
-                                "given again here",
-                            )
-                            .with_secondary(first, "first given here")
-                            .with_help("keep one of them"),
-                        );
+                        self.given_twice(&key.node, key.span, first);
                         continue;
                     }
                     args.push(HolotypeArg {

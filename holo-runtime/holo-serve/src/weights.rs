@@ -185,6 +185,35 @@ impl Weights {
     }
 }
 
+/// Why new weights were not built ([`Weights::rebuilt`]).
+enum Rebuild {
+    /// This server's sampler takes no new weights (it is not a local model).
+    Fixed(String),
+    /// The weights do not fit the model (missing files, other shapes, unknown targets).
+    Refused(String),
+    /// The building thread failed (a panic).
+    Failed(String),
+}
+
+impl Weights {
+    /// A copy of the served base with the weights `build` makes from the base model's, built on a
+    /// blocking thread (reading files and copying tensors must not stall the server's async threads).
+    async fn rebuilt(
+        &self,
+        build: impl FnOnce(&holo_model::Model) -> Result<holo_model::Model, String> + Send + 'static,
+    ) -> Result<LocalModel, Rebuild> {
+        let (base, options) = self.updatable().map_err(Rebuild::Fixed)?;
+        let built = tokio::task::spawn_blocking(move || {
+            build(base.model()).map(|model| copy(&base, model, options))
+        })
+        .await;
+        match built {
+            Ok(built) => built.map_err(Rebuild::Refused),
+            Err(error) => Err(Rebuild::Failed(error.to_string())),
+        }
+    }
+}
+
 /// A model sampling `model` with `base`'s tokenizer, template and end-of-turn tokens.
 fn copy(base: &LocalModel, model: holo_model::Model, options: LocalOptions) -> LocalModel {
     LocalModel::new(
@@ -285,25 +314,22 @@ pub(super) async fn load_lora_adapter(
             ),
         );
     }
-    let (base, options) = match weights.updatable() {
-        Ok(updatable) => updatable,
-        Err(message) => return vllm_error(StatusCode::BAD_REQUEST, "BadRequestError", message),
-    };
-    let built = tokio::task::spawn_blocking(move || {
-        holo_model::update::with_adapter(base.model(), &dir)
-            .map(|model| copy(&base, model, options))
-    })
-    .await;
+    let built = weights
+        .rebuilt(move |base| holo_model::update::with_adapter(base, &dir))
+        .await;
     let model = match built {
-        Ok(Ok(model)) => model,
-        Ok(Err(message)) => {
+        Ok(model) => model,
+        Err(Rebuild::Fixed(message)) => {
+            return vllm_error(StatusCode::BAD_REQUEST, "BadRequestError", message)
+        }
+        Err(Rebuild::Refused(message)) => {
             return vllm_error(
                 StatusCode::BAD_REQUEST,
                 "BadRequestError",
                 format!("Cannot load the LoRA adapter '{name}' from {path}: {message}"),
             )
         }
-        Err(error) => {
+        Err(Rebuild::Failed(error)) => {
             return vllm_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
@@ -391,25 +417,20 @@ pub(super) async fn update_weights_from_disk(
     };
     let weights = &state.weights;
     let _updating = weights.updating.lock().await;
-    let (base, options) = match weights.updatable() {
-        Ok(updatable) => updatable,
-        Err(message) => return refuse(StatusCode::BAD_REQUEST, message),
-    };
     let file = PathBuf::from(&path);
-    let built = tokio::task::spawn_blocking(move || {
-        holo_model::update::with_weights(base.model(), &file)
-            .map(|model| copy(&base, model, options))
-    })
-    .await;
+    let built = weights
+        .rebuilt(move |base| holo_model::update::with_weights(base, &file))
+        .await;
     let model = match built {
-        Ok(Ok(model)) => model,
-        Ok(Err(message)) => {
+        Ok(model) => model,
+        Err(Rebuild::Fixed(message)) => return refuse(StatusCode::BAD_REQUEST, message),
+        Err(Rebuild::Refused(message)) => {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 format!("Cannot update the weights from {path}: {message}"),
             )
         }
-        Err(error) => {
+        Err(Rebuild::Failed(error)) => {
             return refuse(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("updating the weights failed: {error}"),

@@ -33,31 +33,7 @@ async fn start_qwen2_with(limits: Limits) -> ServerHandle {
     .spawn()
 }
 
-/// A client of one server.
-struct Client {
-    base: String,
-    http: reqwest::Client,
-}
-
 impl Client {
-    fn new(server: &ServerHandle) -> Self {
-        Client {
-            base: server.base_url(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        send_json(
-            &self.http,
-            &self.base,
-            reqwest::Method::POST,
-            path,
-            Some(body.to_string()),
-        )
-        .await
-    }
-
     /// A completions request that must succeed.
     async fn complete(&self, body: Value) -> Value {
         let (status, answer) = self.post("/v1/completions", body).await;

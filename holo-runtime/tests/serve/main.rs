@@ -311,6 +311,33 @@ async fn send_json(
     (status, value)
 }
 
+/// A client of one spawned server (tests add their own requests in `impl Client` blocks).
+struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    fn new(server: &ServerHandle) -> Self {
+        Client {
+            base: server.base_url(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        }
+    }
+
+    /// A JSON `body` posted to `path`: the status and the JSON answer.
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        send_json(
+            &self.http,
+            &self.base,
+            reqwest::Method::POST,
+            path,
+            Some(body.to_string()),
+        )
+        .await
+    }
+}
+
 impl Fixture {
     async fn send(
         &self,

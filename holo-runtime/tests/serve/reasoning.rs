@@ -90,33 +90,14 @@ async fn start_replier(parser: Option<ReasoningParser>) -> ServerHandle {
         .spawn()
 }
 
-struct Client {
-    base: String,
-    http: reqwest::Client,
-}
-
 impl Client {
-    fn new(server: &ServerHandle) -> Self {
-        Client {
-            base: server.base_url(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        }
-    }
-
     /// A chat request whose reply is `reply`, with `extra` fields: the answer.
     async fn chat(&self, reply: &str, extra: Value) -> Value {
         let mut body = json!({"messages": [{"role": "user", "content": format!("REPLY:{reply}")}]});
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
-        let (status, answer) = send_json(
-            &self.http,
-            &self.base,
-            reqwest::Method::POST,
-            "/v1/chat/completions",
-            Some(body.to_string()),
-        )
-        .await;
+        let (status, answer) = self.post("/v1/chat/completions", body).await;
         assert_eq!(status, 200, "{answer:#}");
         answer
     }

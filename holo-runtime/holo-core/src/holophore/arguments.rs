@@ -17,13 +17,7 @@ impl Rendering {
             variables: variables.clone(),
             ..options.clone()
         };
-        Rendering {
-            template: Arc::clone(&self.template),
-            generation: with(&self.generation),
-            continuation: with(&self.continuation),
-            closing: with(&self.closing),
-            header: self.header.clone(),
-        }
+        self.changed(with, self.header.clone())
     }
 }
 

@@ -424,6 +424,22 @@ impl Rendering {
         }
     }
 
+    /// The same rendering with each of its options changed by `change`, and `header` as the assistant
+    /// header (native tools, a context's own template arguments).
+    fn changed(
+        &self,
+        change: impl Fn(&RenderOptions) -> RenderOptions,
+        header: Vec<u32>,
+    ) -> Rendering {
+        Rendering {
+            template: Arc::clone(&self.template),
+            generation: change(&self.generation),
+            continuation: change(&self.continuation),
+            closing: change(&self.closing),
+            header,
+        }
+    }
+
     fn render(&self, messages: &[Message], options: &RenderOptions) -> Result<String, String> {
         let values = messages.iter().map(tools::message_value).collect();
         self.template

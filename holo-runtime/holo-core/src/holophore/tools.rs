@@ -46,13 +46,7 @@ impl Rendering {
             tools: Some(tools.clone()),
             ..options.clone()
         };
-        Rendering {
-            template: Arc::clone(&self.template),
-            generation: with(&self.generation),
-            continuation: with(&self.continuation),
-            closing: with(&self.closing),
-            header,
-        }
+        self.changed(with, header)
     }
 }
 

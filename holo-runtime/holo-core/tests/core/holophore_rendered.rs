@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use holo_core::chat::{parse_template_kwargs, ChatTemplate};
 use holo_core::holophore::{Context, Holophore, Message};
 use holo_core::holotypes;
-use holo_core::interpreter::{Holoware, Row};
+use holo_core::interpreter::Holoware;
 use holo_core::loom::{Loom, LoomConfig, RolloutRecord};
 use holo_core::sampler::SampleFuture;
 use holo_core::{Completion, Prompt, Recorder, Resources, Role, Sampler, Scripted};
@@ -436,15 +436,9 @@ fn the_loom_records_each_split_context_as_the_model_saw_it() {
         inner: Scripted::new(replies).tokenized(&holophore),
         seen: Mutex::new(Vec::new()),
     };
-    let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    let summary = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
-        .unwrap();
+    let (summary, record) =
+        crate::recording::run_row(&loom, r#"{"question": "What is 2+2?"}"#, &sampler);
     assert_eq!(summary.failed, 0, "{summary:?}");
-    let record = &records[0];
     assert!(record.error.is_none(), "{:?}", record.error);
     let seen = sampler.seen.into_inner().unwrap();
     assert_eq!(seen.len(), 2);
@@ -511,14 +505,8 @@ fn loom_on(
         inner: Scripted::new(replies.iter().copied()).tokenized(&holophore),
         seen: Mutex::new(Vec::new()),
     };
-    let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
-        .unwrap();
-    (sampler.seen.into_inner().unwrap(), records.remove(0))
+    let (_, record) = crate::recording::run_row(&loom, r#"{"question": "What is 2+2?"}"#, &sampler);
+    (sampler.seen.into_inner().unwrap(), record)
 }
 
 /// A context marker's template arguments (`<|+++ enable_thinking=false|>`) render that context as
@@ -602,14 +590,8 @@ fn template_arguments_go_to_a_chat_sampler_with_the_contexts_requests() {
     };
     let loom = Loom::interpreted(holoware, Resources::default(), config);
     let sampler = Chats(Mutex::new(Vec::new()));
-    let row: Row = serde_json::from_str(r#"{"question": "What is 2+2?"}"#).unwrap();
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
-        .unwrap();
-    assert!(records[0].error.is_none(), "{:?}", records[0].error);
+    let (_, record) = crate::recording::run_row(&loom, r#"{"question": "What is 2+2?"}"#, &sampler);
+    assert!(record.error.is_none(), "{:?}", record.error);
     let requests = sampler.0.into_inner().unwrap();
     let kwargs: Vec<Option<serde_json::Value>> = requests
         .iter()

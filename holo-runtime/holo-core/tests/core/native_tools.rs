@@ -11,7 +11,7 @@ use holo_core::export;
 use holo_core::holophore::{Context, Holophore, ToolTurn};
 use holo_core::holotypes::{self, ToolStats, Tools};
 use holo_core::interpreter::{Holoware, Row};
-use holo_core::loom::{Loom, LoomConfig, RolloutRecord, ToolCallRecord, ToolRecord};
+use holo_core::loom::{Loom, LoomConfig, ToolCallRecord, ToolRecord};
 use holo_core::tools::ToolFormat;
 use holo_core::{Completion, Prompt, Recorder, Resources, Role, Scripted};
 use serde_json::Value;
@@ -258,16 +258,12 @@ fn a_native_tool_rollout_through_the_loom_trains_exactly_what_was_sampled() {
         inner: Scripted::new(replies.clone()).tokenized(&holophore),
         seen: Mutex::new(Vec::new()),
     };
-    let row: Row =
-        serde_json::from_str(r#"{"question": "What is 17 * 23?", "expected": "391"}"#).unwrap();
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    let summary = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
-        .unwrap();
+    let (summary, record) = crate::recording::run_row(
+        &loom,
+        r#"{"question": "What is 17 * 23?", "expected": "391"}"#,
+        &sampler,
+    );
     assert_eq!(summary.failed, 0, "{summary:?}");
-    let record = &records[0];
     assert!(record.error.is_none(), "{:?}", record.error);
     let seen = sampler.seen.into_inner().unwrap();
     assert_eq!(seen.len(), replies.len());
@@ -392,14 +388,9 @@ fn a_sampler_of_chat_messages_refuses_native_tools() {
     resources.insert(Tools::new().with_calculator());
     let loom = Loom::interpreted(holoware, resources, LoomConfig::default());
     let sampler = Scripted::new(["<answer>1</answer>"]);
-    let row: Row = serde_json::from_str(r#"{"question": "1?", "expected": "1"}"#).unwrap();
-    let mut records: Vec<RolloutRecord> = Vec::new();
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(loom.run(&[(0, row)], &sampler, &mut records))
-        .unwrap();
-    let error = records[0].error.as_ref().expect("the rollout fails");
+    let (_, record) =
+        crate::recording::run_row(&loom, r#"{"question": "1?", "expected": "1"}"#, &sampler);
+    let error = record.error.as_ref().expect("the rollout fails");
     let message = format!("{error:?}");
     assert!(message.contains("native.hol:3:"), "{message}");
     assert!(
