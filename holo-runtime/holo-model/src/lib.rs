@@ -215,7 +215,8 @@ const UNVERSIONED: u64 = u64::MAX;
 /// What the scheduler's thread shares with the model's handles.
 struct Core {
     model: Model,
-    tokenizer: Tokenizer,
+    /// Shared with [`LocalModel::with_model`]'s copies: at a real vocabulary a tokenizer is tens of MiB.
+    tokenizer: Arc<Tokenizer>,
     end_of_turn: Vec<u32>,
     prefix: PrefixCache,
 }
@@ -281,6 +282,49 @@ impl LocalModel {
             model.config.vocab_size,
             end_of_turn.clone(),
         );
+        Self::assembled(
+            model,
+            Arc::new(tokenizer),
+            template,
+            end_of_turn,
+            grammars,
+            options,
+        )
+    }
+
+    /// A sampler of `model` (this one's architecture with other weights: a trainer's
+    /// [`Model::snapshot`]) within `limits`, sharing this one's tokenizer, template, end-of-turn tokens,
+    /// grammars and other options, with a scheduler and an empty prefix cache of its own, so that no key
+    /// or value cached under other weights is ever read; unversioned until
+    /// [`LocalModel::set_weight_version`].
+    pub fn with_model(&self, model: Model, limits: Limits) -> LocalModel {
+        let core = &self.inner.core;
+        Self::assembled(
+            model,
+            Arc::clone(&core.tokenizer),
+            self.inner.template.clone(),
+            core.end_of_turn.clone(),
+            self.inner.grammars.clone(),
+            LocalOptions {
+                limits,
+                ..self.inner.options.clone()
+            },
+        )
+    }
+
+    /// The scheduler's limits.
+    pub fn limits(&self) -> Limits {
+        self.inner.options.limits
+    }
+
+    fn assembled(
+        model: Model,
+        tokenizer: Arc<Tokenizer>,
+        template: ChatTemplate,
+        end_of_turn: Vec<u32>,
+        grammars: Grammars,
+        options: LocalOptions,
+    ) -> Self {
         LocalModel {
             inner: Arc::new(Inner {
                 grammars,

@@ -183,6 +183,14 @@ pub struct GrpoConfig {
     pub max_completion_length: usize,
     /// Activation recomputation: one layer's activations alive at a time in the backward pass (`--recompute`).
     pub gradient_checkpointing: bool,
+    /// Bounded staleness (asynchronous GRPO): the generations sampled ahead of the one being trained,
+    /// on a thread of their own, by a snapshot of the weights as they were when each was started (or by
+    /// the rollout servers). A generation is started when the one `k` before it is taken up, so the
+    /// weights that sample it are at most `k` generations older than those that train on it (`k`
+    /// optimizer steps under TRL's default `steps_per_generation = gradient_accumulation_steps`); no
+    /// generation is ever discarded. The sampler's log-probabilities are corrected for as a server's are
+    /// (`vllm_importance_sampling_correction`). 0 is the synchronous loop.
+    pub max_off_policy_steps: u64,
     /// Routing replay for mixture-of-experts models: the in-process sampler records the experts each
     /// token was routed to, and the trainer's passes route the same tokens through the same experts
     /// (the router's weights still computed and trained), so that the trained log-probabilities of
@@ -435,6 +443,7 @@ impl Default for GrpoConfig {
             num_iterations: 1,
             max_completion_length: 512,
             gradient_checkpointing: true,
+            max_off_policy_steps: 0,
             routing_replay: false,
             router_aux_loss_coef: None,
             temperature: 1.0,
@@ -598,6 +607,23 @@ impl GrpoConfig {
                 "max_num_gen_batches",
                 "must be at least 1 (the first draw counts)",
             ));
+        }
+        if self.max_off_policy_steps > 0 {
+            let refused = if self.algorithm == Algorithm::Ppo {
+                Some("PPO's value model trains on each generation as it is sampled")
+            } else if self.erl {
+                Some("ERL's second attempts read a reflection memory that each generation's training commits")
+            } else if self.rolls_back() {
+                Some("a rollback would have to discard the generations sampled ahead of it")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                return Err(error(
+                    "max_off_policy_steps",
+                    format!("must be 0 here (synchronous): {why}"),
+                ));
+            }
         }
         if self.dynamic_sampling && self.erl {
             return Err(error(

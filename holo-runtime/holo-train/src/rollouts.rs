@@ -48,12 +48,11 @@ impl<S: RolloutSource> RolloutSource for Borrowed<'_, S> {
 }
 
 /// Rollouts of a trainer's rows: through the Loom, recorded by a fork of `holophore`, sampled by
-/// `sampler` (already the training sampler), appended to a file of the run folder.
+/// `sampler` (already the training sampler); [`append`] writes them to the run folder.
 pub struct Rollouts<'a, S> {
     pub source: &'a S,
     pub holophore: &'a Holophore,
     pub sampler: &'a dyn Sampler,
-    pub run: &'a RunDir,
 }
 
 /// What a run does with failed rollouts. A failed rollout has no reward and trains nothing; the
@@ -158,16 +157,13 @@ pub fn check_rows<S: RolloutSource>(
 }
 
 impl<S: RolloutSource> Rollouts<'_, S> {
-    /// Runs `G` rollouts of each row, appends them (with `step`) to `file` in the run folder, and
-    /// returns them grouped: row by row, rollouts in order.
+    /// Runs `G` rollouts of each row, and returns them grouped: row by row, rollouts in order.
     pub fn run(
         &self,
         runtime: &tokio::runtime::Runtime,
         rows: &[(usize, Row)],
         group: usize,
         seed: u64,
-        step: u64,
-        file: &str,
     ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
         let loom = Loom::new(
             Borrowed(self.source),
@@ -189,20 +185,30 @@ impl<S: RolloutSource> Rollouts<'_, S> {
             .map(|(position, (index, _))| (*index, position))
             .collect();
         records.sort_by_key(|record| (position[&record.row_index], record.rollout_index));
-        let mut out = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(self.run.path.join(file))?;
-        let mut lines = Vec::new();
-        for record in &mut records {
-            record.step = Some(step);
-            serde_json::to_writer(&mut lines, record).map_err(io::Error::other)?;
-            lines.push(b'\n');
-        }
-        out.write_all(&lines)?;
-        out.flush()?;
         Ok((records, summary))
     }
+}
+
+/// Appends `records` to `file` in the run folder, each marked with `step`.
+pub fn append(
+    run: &RunDir,
+    file: &str,
+    step: u64,
+    records: &mut [RolloutRecord],
+) -> Result<(), TrainError> {
+    let mut out = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(run.path.join(file))?;
+    let mut lines = Vec::new();
+    for record in records {
+        record.step = Some(step);
+        serde_json::to_writer(&mut lines, record).map_err(io::Error::other)?;
+        lines.push(b'\n');
+    }
+    out.write_all(&lines)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The metrics of an evaluation's rollouts: `eval/reward`, `eval/pass@k`, each component's mean, the

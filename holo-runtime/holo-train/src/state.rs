@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::{Completion, Sequence};
 use holo_core::holotypes::Reflection;
+use holo_core::loom::RolloutRecord;
 
 /// What `trainer_state.json` holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -36,6 +37,57 @@ pub struct TrainerState {
     /// Early stopping's and rollback's state.
     #[serde(default)]
     pub guard: GuardState,
+    /// Under `max_off_policy_steps`, the generations drawn ahead of the step, oldest first: a checkpoint
+    /// waits for those being sampled and keeps them, so that a resumed run trains on the rollouts the
+    /// uninterrupted one would have (they were sampled by weights the checkpoint no longer holds). The
+    /// drawing fields above (`generations`, `data_position`, `curriculum`) are then where the newest
+    /// of them left the data stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<Drawn>,
+}
+
+/// A generation's rollouts as drawn, before the trainer rewards and scores them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Drawn {
+    /// The generation's groups, row by row, rollouts in order.
+    pub records: Vec<RolloutRecord>,
+    /// Rollouts drawn but not trained (dynamic sampling's dropped groups beyond those that complete
+    /// the batch): recorded in the rollouts file with the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unused: Vec<RolloutRecord>,
+    /// The draw's metrics: the curriculum's, dynamic sampling's and the tools' counts.
+    pub metrics: BTreeMap<String, f64>,
+    /// The generation number its draws started at: the seed of its shuffle.
+    pub generation: u64,
+    /// Where the data stream stood after this generation was drawn.
+    pub position: Position,
+}
+
+/// Where the data stream stands: what drawing a generation advances.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    pub generations: u64,
+    pub data_position: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curriculum: Option<CurriculumState>,
+}
+
+impl TrainerState {
+    /// Where this state's data stream stands.
+    pub fn position(&self) -> Position {
+        Position {
+            generations: self.generations,
+            data_position: self.data_position,
+            curriculum: self.curriculum.clone(),
+        }
+    }
+
+    /// Moves this state's data stream to `position`.
+    pub fn set_position(&mut self, position: Position) {
+        self.generations = position.generations;
+        self.data_position = position.data_position;
+        self.curriculum = position.curriculum;
+    }
 }
 
 /// A generation batch, shuffled and ready to be split into micro-batches.

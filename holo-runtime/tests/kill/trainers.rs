@@ -54,6 +54,28 @@ fn grpo_killed_at_any_moment_resumes_to_the_same_run() {
     });
 }
 
+/// Asynchronous GRPO: a checkpoint keeps the generation drawn ahead of it, sampled by weights it no
+/// longer holds; the resumed run trains on it.
+#[test]
+fn grpo_ahead_killed_at_any_moment_resumes_to_the_same_run() {
+    trials(&Recipe {
+        name: "grpo-ahead",
+        args: |out| {
+            train_args(
+                "short.hol",
+                out,
+                &["--max-off-policy-steps", "1", "--save-steps", "1"],
+            )
+        },
+        steps: 6,
+        save_steps: 1,
+        keep: 2,
+        save_points: SAVE_POINTS,
+        resume_points: RL_RESUME_POINTS,
+        rollouts: true,
+    });
+}
+
 #[test]
 fn ppo_killed_at_any_moment_resumes_to_the_same_run() {
     trials(&Recipe {

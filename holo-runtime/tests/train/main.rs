@@ -7,6 +7,8 @@
 mod common;
 
 #[cfg(feature = "local")]
+mod ahead;
+#[cfg(feature = "local")]
 mod balance;
 mod curriculum;
 mod erl;

@@ -250,6 +250,52 @@ fn a_run_samples_on_servers_and_verifies_every_push() {
     }
 }
 
+/// Asynchronous GRPO on a server: the generation of step n + 1 is sampled while step n trains, every
+/// push is still verified, and each sampled part's version is one the server held while its
+/// generation was drawn (pushes 1 to n for step n + 1's), the correction weighing the difference.
+#[test]
+fn a_run_samples_ahead_on_a_server_while_it_trains() {
+    let server = serve();
+    let out = scratch("ahead");
+    let output = train_on(&[&server.base], &out, &["--max-off-policy-steps", "1"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    let steps: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    assert_eq!(steps.len(), 2, "{metrics:#?}");
+    for (i, step) in steps.iter().enumerate() {
+        assert_eq!(step["sync/weight_version"], (i + 2) as f64, "{step:#}");
+        assert!(step["sync/mismatch"].as_f64().unwrap() <= 1e-4, "{step:#}");
+        assert!(
+            step.get("sampling/importance_sampling_ratio/mean")
+                .is_some(),
+            "{step:#}"
+        );
+    }
+    for line in std::fs::read_to_string(out.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let rollout: Value = serde_json::from_str(line).unwrap();
+        let step = rollout["step"].as_u64().unwrap();
+        for context in rollout["contexts"].as_array().unwrap() {
+            for message in context["messages"].as_array().unwrap() {
+                for part in message["parts"].as_array().unwrap() {
+                    if part["sampled"] == true {
+                        // Both generations start on the first push; the second may end on the next.
+                        let version = part["weight_version"].as_u64().unwrap();
+                        assert!((1..=step).contains(&version), "step {step}: {part}");
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(out);
+}
+
 /// A push the server silently does not take is caught at the first step, naming the cause.
 #[test]
 fn a_no_op_sync_stops_the_run_at_the_first_step() {

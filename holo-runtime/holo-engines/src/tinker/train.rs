@@ -98,6 +98,12 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "cannot run (the service neither reports nor replays its routing)",
         );
     }
+    if config.max_off_policy_steps > 0 {
+        return refuse(
+            "max_off_policy_steps",
+            "must be 0 (the service's sampling client samples between the steps)",
+        );
+    }
     if config.training.save_only_model {
         return refuse(
             "save_only_model",

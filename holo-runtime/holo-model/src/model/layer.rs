@@ -213,6 +213,16 @@ impl DecoderLayer {
     /// A copy whose weights, biases, norms and adapters share this layer's storage but are not tracked
     /// by autograd.
     pub(crate) fn detached(&self) -> DecoderLayer {
+        let Ok(layer) =
+            self.map_tensors(&mut |tensor| Ok::<_, std::convert::Infallible>(tensor.detach()));
+        layer
+    }
+
+    /// A copy with `f(tensor)` in place of every weight, bias, norm and adapter tensor.
+    pub(crate) fn map_tensors<E>(
+        &self,
+        f: &mut impl FnMut(&Tensor) -> std::result::Result<Tensor, E>,
+    ) -> std::result::Result<DecoderLayer, E> {
         let mut layer = self.clone();
         for norm in [
             layer.input_layernorm.as_mut(),
@@ -223,26 +233,26 @@ impl DecoderLayer {
         .into_iter()
         .flatten()
         {
-            norm.weight = norm.weight.detach();
+            norm.weight = f(&norm.weight)?;
         }
         for (_, tensor) in Model::parts_mut(&mut layer.mixer, &mut layer.mlp).1 {
-            *tensor = tensor.detach();
+            *tensor = f(tensor)?;
         }
         for (_, linear) in Model::linears_mut(&mut layer.mixer, &mut layer.mlp) {
-            linear.weight = linear.weight.detach();
-            linear.bias = linear.bias.as_ref().map(Tensor::detach);
+            linear.weight = linear.weight.map_dense(f)?;
+            linear.bias = linear.bias.as_ref().map(&mut *f).transpose()?;
             if let Some(lora) = &mut linear.lora {
-                lora.a = lora.a.detach();
-                lora.b = lora.b.detach();
+                lora.a = f(&lora.a)?;
+                lora.b = f(&lora.b)?;
             }
         }
         if let FeedForward::Experts(mixture) = &mut layer.mlp {
             for lora in &mut mixture.adapters {
-                lora.a = lora.a.detach();
-                lora.b = lora.b.detach();
+                lora.a = f(&lora.a)?;
+                lora.b = f(&lora.b)?;
             }
         }
-        layer
+        Ok(layer)
     }
 
     /// The layer's norms by what they normalise, as its family places them.

@@ -57,12 +57,15 @@ impl Weight {
         }
     }
 
-    /// The same weight, not tracked by autograd (blocks never are).
-    pub(super) fn detach(&self) -> Weight {
-        match self {
-            Weight::Dense(tensor) => Weight::Dense(tensor.detach()),
+    /// This weight with `f(tensor)` in place of a dense tensor; blocks are shared as they are.
+    pub(super) fn map_dense<E>(
+        &self,
+        f: &mut impl FnMut(&Tensor) -> std::result::Result<Tensor, E>,
+    ) -> std::result::Result<Weight, E> {
+        Ok(match self {
+            Weight::Dense(tensor) => Weight::Dense(f(tensor)?),
             Weight::Quantized(blocks) => Weight::Quantized(Arc::clone(blocks)),
-        }
+        })
     }
 }
 

@@ -21,7 +21,9 @@ mod norm;
 mod output;
 mod rotary;
 
-use candle_core::{DType, Device, Tensor, Var, D};
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, TensorId, Var, D};
 use candle_nn::VarBuilder;
 
 use super::config::{
@@ -547,14 +549,44 @@ impl Model {
     /// A copy sharing the weights' storage but not tracked by autograd: what sampling runs on, so the
     /// KV cache does not keep a graph alive. Optimizer updates to the [`Var`]s are visible through it.
     pub fn detached(&self) -> Model {
-        let mut model = self.clone();
-        model.embed_tokens = model.embed_tokens.detach();
-        model.norm.weight = model.norm.weight.detach();
-        model.lm_head = model.lm_head.as_ref().map(Tensor::detach);
-        for layer in &mut model.layers {
-            *layer = layer.detached();
-        }
+        let Ok(model) =
+            self.map_tensors(&mut |tensor| Ok::<_, std::convert::Infallible>(tensor.detach()));
         model
+    }
+
+    /// A copy of the weights as they are now: the trained tensors ([`Var`]s: every weight in full
+    /// fine-tuning, the adapters under LoRA) copied into storage of their own, the frozen ones shared;
+    /// none tracked by autograd. What a trainer's rollouts sample from while its optimizer goes on
+    /// updating the [`Var`]s (`max_off_policy_steps`). A tensor used twice (tied embeddings) is copied
+    /// once.
+    pub fn snapshot(&self) -> Result<Model> {
+        let mut copies: HashMap<TensorId, Tensor> = HashMap::new();
+        self.map_tensors(&mut |tensor| {
+            if !tensor.is_variable() {
+                return Ok(tensor.detach());
+            }
+            if let Some(copy) = copies.get(&tensor.id()) {
+                return Ok(copy.clone());
+            }
+            let copy = tensor.copy()?.detach();
+            copies.insert(tensor.id(), copy.clone());
+            Ok(copy)
+        })
+    }
+
+    /// A copy with `f(tensor)` in place of every tensor: embeddings, head, norms, and every layer's.
+    fn map_tensors<E>(
+        &self,
+        f: &mut impl FnMut(&Tensor) -> std::result::Result<Tensor, E>,
+    ) -> std::result::Result<Model, E> {
+        let mut model = self.clone();
+        model.embed_tokens = f(&model.embed_tokens)?;
+        model.norm.weight = f(&model.norm.weight)?;
+        model.lm_head = model.lm_head.as_ref().map(&mut *f).transpose()?;
+        for layer in &mut model.layers {
+            *layer = layer.map_tensors(f)?;
+        }
+        Ok(model)
     }
 
     /// Hidden states `[B, T, hidden]` of `input_ids` `[B, T]` (u32) at `positions` `[B, T]` (u32, each
@@ -985,5 +1017,72 @@ impl Frame {
             (Some((cos, sin)), Some(_)) => Some((cos, sin)),
             _ => Some((&self.cos, &self.sin)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use crate::config::Arch;
+    use crate::model::LoraConfig;
+    use crate::testing::{config, max_difference, random_model};
+
+    /// Every trained tensor moved by one, as an optimizer step moves them.
+    fn step(vars: &[(String, candle_core::Var)]) {
+        for (_, var) in vars {
+            var.set(&(var.as_tensor() + 1.0).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_weights_of_its_time_while_the_trained_ones_move() {
+        let base = random_model(&config(Arch::Qwen2), DType::F32);
+        let (trained, vars) = base.trainable().unwrap();
+        let snapshot = trained.snapshot().unwrap();
+        step(&vars);
+        let kept = snapshot.named_weights();
+        assert_eq!(kept.len(), base.named_weights().len());
+        for (((name, now), (_, kept)), (_, first)) in trained
+            .named_weights()
+            .iter()
+            .zip(&kept)
+            .zip(base.named_weights())
+        {
+            assert_eq!(max_difference(kept, &first), 0.0, "{name}");
+            assert!((max_difference(now, &first) - 1.0).abs() < 1e-5, "{name}");
+        }
+
+        // LoRA: the adapters are copied; the frozen base is shared, not copied.
+        let lora = LoraConfig {
+            seed: 3,
+            ..LoraConfig::default()
+        };
+        let (adapted, vars) = base.with_lora(&lora).unwrap();
+        let first: Vec<_> = adapted
+            .named_adapters()
+            .into_iter()
+            .map(|(name, tensor)| (name, tensor.copy().unwrap()))
+            .collect();
+        let snapshot = adapted.snapshot().unwrap();
+        step(&vars);
+        for ((name, kept), (_, first)) in snapshot.named_adapters().into_iter().zip(&first) {
+            assert_eq!(max_difference(kept, first), 0.0, "{name}");
+        }
+        for ((name, now), (_, first)) in adapted.named_adapters().into_iter().zip(&first) {
+            assert!((max_difference(now, first) - 1.0).abs() < 1e-5, "{name}");
+        }
+        let shared = |model: &super::Model| {
+            model
+                .named_weights()
+                .into_iter()
+                .map(|(_, tensor)| {
+                    let (storage, _) = tensor.storage_and_layout();
+                    format!("{:p}", &*storage)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shared(&snapshot), shared(&base));
+        assert!(!snapshot.named_weights()[0].1.is_variable());
     }
 }

@@ -68,6 +68,8 @@ pub struct Inputs {
     pub critic: bool,
     /// The training head's logits held at once (`LOGITS_BUDGET`).
     pub head_budget: usize,
+    /// `max_off_policy_steps`: generations drawn ahead of the steps, by snapshots of the weights.
+    pub ahead: u64,
     /// Bytes of the model folder's `tokenizer.json`.
     pub tokenizer_bytes: u64,
 }
@@ -106,6 +108,7 @@ impl Inputs {
                 || config.algorithm == Algorithm::Ppo,
             critic: config.algorithm == Algorithm::Ppo,
             head_budget: LOGITS_BUDGET,
+            ahead: config.max_off_policy_steps,
             tokenizer_bytes,
         }
     }
@@ -138,6 +141,7 @@ impl Inputs {
             scores: false,
             critic: false,
             head_budget: LOGITS_BUDGET,
+            ahead: 0,
             tokenizer_bytes,
         }
     }
@@ -177,7 +181,7 @@ pub fn example_tokens(path: &Path) -> std::io::Result<(usize, usize)> {
 type TermOf = (&'static str, fn(&Inputs) -> u64, &'static str);
 
 /// The terms of a plan, in the order the table shows them.
-const TERMS: [TermOf; 15] = [
+const TERMS: [TermOf; 17] = [
     (
         "runtime",
         |_| terms::RUNTIME,
@@ -250,6 +254,16 @@ const TERMS: [TermOf; 15] = [
         terms::scoring,
         "old and reference log-probabilities",
     ),
+    (
+        "snapshots",
+        terms::snapshots,
+        "the weights the generations drawn ahead sample with",
+    ),
+    (
+        "drawing",
+        terms::drawing,
+        "the sampler drawing ahead while the steps train",
+    ),
 ];
 
 /// The phases of a run and the terms each holds.
@@ -270,6 +284,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "optimizer",
             "kv cache",
             "sampling",
+            "snapshots",
         ],
     ),
     (
@@ -282,6 +297,8 @@ const PHASES: [(&str, &[&str]); 6] = [
             "critic",
             "optimizer",
             "scoring",
+            "snapshots",
+            "drawing",
         ],
     ),
     (
@@ -296,6 +313,8 @@ const PHASES: [(&str, &[&str]); 6] = [
             "gradients",
             "activations",
             "head",
+            "snapshots",
+            "drawing",
         ],
     ),
     (
@@ -310,6 +329,8 @@ const PHASES: [(&str, &[&str]); 6] = [
             "gradients",
             "activations",
             "layer",
+            "snapshots",
+            "drawing",
         ],
     ),
     (
@@ -323,6 +344,8 @@ const PHASES: [(&str, &[&str]); 6] = [
             "optimizer",
             "gradients",
             "update",
+            "snapshots",
+            "drawing",
         ],
     ),
 ];
@@ -545,6 +568,7 @@ pub(crate) mod tests {
             scores: false,
             critic: false,
             head_budget: LOGITS_BUDGET,
+            ahead: 0,
             tokenizer_bytes: 0,
         }
     }

@@ -80,6 +80,25 @@ pub fn trained(inputs: &Inputs) -> u64 {
     }
 }
 
+/// Under `max_off_policy_steps = k`, the snapshots of the trained weights (the adapters under LoRA)
+/// that the generations drawn ahead sample with: one per generation started and not yet drawn, at most
+/// `k + 1`.
+pub fn snapshots(inputs: &Inputs) -> u64 {
+    match inputs.ahead {
+        0 => 0,
+        k => (k + 1) * trained(inputs) * trained_bytes(inputs),
+    }
+}
+
+/// Under `max_off_policy_steps`, the keys, values and decoding buffers of the thread that draws ahead,
+/// alive while the steps score and train.
+pub fn drawing(inputs: &Inputs) -> u64 {
+    match inputs.ahead {
+        0 => 0,
+        _ => cache(inputs) + sampling(inputs),
+    }
+}
+
 /// The bytes of one trained element: the weights' type, or f32 for adapters over a half-precision base
 /// (`dispatch::adapter_dtype`).
 fn trained_bytes(inputs: &Inputs) -> u64 {
@@ -282,6 +301,13 @@ mod tests {
             3 * 8 * 512 * 4 + 80 * (4 * 64 + 3 * 128) * 4
         );
         assert_eq!(scoring(&run), 0);
+        assert_eq!((snapshots(&run), drawing(&run)), (0, 0));
+        // Two generations drawn ahead: three copies of the weights at most, and the sampler beside
+        // the steps.
+        run.ahead = 2;
+        assert_eq!(snapshots(&run), 3 * parameters * 4);
+        assert_eq!(drawing(&run), cache(&run) + sampling(&run));
+        run.ahead = 0;
 
         run.recompute = true;
         assert_eq!(activations(&run), (32 * 2 * 64 + 4 * 32 * 64) * 4);
@@ -305,6 +331,9 @@ mod tests {
         });
         let adapters = 2 * 4 * (128 + 96);
         assert_eq!(trained(&run), adapters);
+        run.ahead = 1;
+        assert_eq!(snapshots(&run), 2 * adapters * 4);
+        run.ahead = 0;
         assert_eq!(reference(&run), 0);
         assert_eq!(optimizer(&run), adapters * 8);
         assert_eq!(head(&run), 4 * 12 * 512 * 4);

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::runtime::Runtime;
 
@@ -47,6 +48,17 @@ pub trait Backend {
 
     /// The sampler of the run's rollouts, and its model's context length when known.
     fn sampler(&self) -> (&dyn Sampler, Option<usize>);
+
+    /// A sampler of the weights as they are now, which the steps that follow leave as they are, marked
+    /// with weight `version` (the optimizer steps taken): what generations drawn ahead of the steps
+    /// sample with (`max_off_policy_steps`); with its model's context length when known. A backend
+    /// that samples only between its steps refuses.
+    fn snapshot(&mut self, _version: u64) -> Result<(Arc<dyn Sampler>, Option<usize>), TrainError> {
+        Err(TrainError::Input(
+            "`max_off_policy_steps`: this backend samples only between its steps; set it to 0"
+                .into(),
+        ))
+    }
 
     /// An error the sampler kept instead of failing a rollout (a service gone): it stops the run.
     fn sampler_error(&self) -> Option<String> {

@@ -9,25 +9,29 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::backend::Backend;
-use super::{Trainer, EVAL, SAMPLING, SHUFFLE};
+use super::{Trainer, EVAL, EVAL_FILE, SAMPLING, SHUFFLE, TRAINING_FILE};
 use crate::advantages::{self, nanmean};
 use crate::batch;
+use crate::checkpoint::RunDir;
 use crate::config::Algorithm;
+use crate::config::GrpoConfig;
 use crate::curriculum::Stream;
 use crate::erl;
 use crate::error::TrainError;
 use crate::feed::Given;
 use crate::metrics::{completion_metrics, print_completions};
-use crate::rollouts::{evaluation_metrics, Rollouts};
+use crate::rollouts::{self, evaluation_metrics, Failures, Rollouts};
 use crate::run::mix;
 use crate::sampling::Training;
-use crate::state::{Buffer, TrainerState};
+use crate::state::{Buffer, Drawn, TrainerState};
+use holo_core::holophore::Holophore;
 use holo_core::interpreter::Row;
-use holo_core::loom::{RolloutRecord, RolloutSource, Summary};
+use holo_core::loom::{RolloutRecord, RolloutSource};
+use holo_core::sampler::Sampler;
 
 impl<S: RolloutSource, B: Backend> Trainer<S, B> {
-    /// One generation batch: rollouts, rewards, advantages, and what the backend adds for the loss
-    /// ([`Backend::score`]), shuffled. Returns it with the metrics TRL logs at generation.
+    /// One generation batch, drawn now: from the feed, or rollouts through the Loom with the backend's
+    /// sampler ([`Drawer::draw`]); then [`Trainer::take_up`].
     pub(super) fn generate(
         &mut self,
         runtime: &tokio::runtime::Runtime,
@@ -36,25 +40,70 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         step: u64,
         progress: &ProgressBar,
     ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
+        if let Some(feed) = self.feed.as_mut() {
+            let fed = feed.next(runtime, step)?;
+            let drawn = Drawn {
+                records: fed.records,
+                metrics: fed.metrics,
+                generation: state.generations,
+                ..Drawn::default()
+            };
+            return self.take_up(drawn, fed.groups, fed.advantages, state, step);
+        }
+        let (sampler, context) = self.backend.sampler();
+        let drawn = self
+            .drawer(stream)
+            .draw(runtime, sampler, context, state, step, progress)?;
+        if let Some(error) = self.backend.sampler_error() {
+            return Err(TrainError::Source(error));
+        }
+        self.record(drawn, state, step)
+    }
+
+    /// A generation drawn by the trainer itself (now, or ahead of this step): its rollouts appended to
+    /// the run's rollouts file with the `step` that trains them, then [`Trainer::take_up`].
+    pub(super) fn record(
+        &mut self,
+        mut drawn: Drawn,
+        state: &mut TrainerState,
+        step: u64,
+    ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
+        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.records)?;
+        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.unused)?;
+        self.take_up(drawn, Vec::new(), Vec::new(), state, step)
+    }
+
+    /// What drawing a generation reads of this trainer.
+    pub(super) fn drawer<'a>(&'a self, stream: &'a Stream<'a>) -> Drawer<'a, S> {
+        Drawer {
+            source: &*self.source,
+            holophore: &self.holophore,
+            config: &self.config,
+            failures: &self.failures,
+            run: &self.run,
+            stream,
+        }
+    }
+
+    /// A generation batch taken up for training: rewards, advantages (normalized within `groups`, or
+    /// `num_generations`, unless `given`), and what the backend adds for the loss
+    /// ([`Backend::score`]), shuffled. Returns it with the metrics TRL logs at generation.
+    fn take_up(
+        &mut self,
+        drawn: Drawn,
+        groups: Vec<usize>,
+        given: Vec<Option<Given>>,
+        state: &mut TrainerState,
+        step: u64,
+    ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
         let config = self.config.clone();
         let group = config.num_generations;
-        let generation = state.generations;
-        let stats = self.source.tool_stats();
-        let tools_before = stats.as_ref().map(|stats| stats.counts());
-        let (records, mut metrics, groups, given) = match self.feed.as_mut() {
-            Some(feed) => {
-                let fed = feed.next(runtime, step)?;
-                (fed.records, fed.metrics, fed.groups, fed.advantages)
-            }
-            None => {
-                let (records, metrics) = self.draw(runtime, stream, state, step, progress)?;
-                (records, metrics, Vec::new(), Vec::new())
-            }
-        };
-        let tools = stats
-            .zip(tools_before)
-            .map(|(stats, before)| stats.counts() - before);
-
+        let Drawn {
+            records,
+            mut metrics,
+            generation,
+            ..
+        } = drawn;
         let rewards = batch::rewards(&records, config.reward_weights.as_ref());
         let mut scored = if groups.is_empty() {
             advantages::advantages(
@@ -105,17 +154,20 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         };
         if let Some(memory) = self.source.reflection_memory() {
             // What this generation's rollouts remembered becomes visible to the next one.
-            memory.commit();
+            let remembered = memory.commit();
+            if remembered > 0 && config.max_off_policy_steps > 0 {
+                // The generations drawn meanwhile read the memory before this commit.
+                return Err(TrainError::Input(format!(
+                    "`max_off_policy_steps` is {}, but the rollouts remember reflections (ERL's \
+                     holotypes), which the generations drawn ahead would read out of order; set it \
+                     to 0 (synchronous)",
+                    config.max_off_policy_steps
+                )));
+            }
             metrics.insert("erl/memory_size".into(), memory.len() as f64);
         }
         completion_metrics(&records, &completions, &mut metrics);
-        if let Some(tools) = tools {
-            // Counts over the generation: code runs, those that failed (an exception, a limit, a
-            // timeout, code that could not run), and those stopped at the timeout.
-            metrics.insert("tools/calls".into(), tools.calls as f64);
-            metrics.insert("tools/failed".into(), tools.failed as f64);
-            metrics.insert("tools/timed_out".into(), tools.timed_out as f64);
-        }
+        staleness_metrics(&records, step, &mut metrics);
         state.num_input_tokens_seen += completions
             .iter()
             .flat_map(|c| &c.sequences)
@@ -167,22 +219,40 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             metrics,
         ))
     }
+}
 
+/// What drawing a generation's rollouts reads: borrowed from the [`Trainer`] when it draws between its
+/// steps, or by the thread that draws ahead of them (`max_off_policy_steps`, [`super::ahead`]).
+pub(super) struct Drawer<'a, S> {
+    pub(super) source: &'a S,
+    pub(super) holophore: &'a Holophore,
+    pub(super) config: &'a GrpoConfig,
+    pub(super) failures: &'a Failures,
+    pub(super) run: &'a RunDir,
+    pub(super) stream: &'a Stream<'a>,
+}
+
+impl<S: RolloutSource> Drawer<'_, S> {
     /// The rollouts of one generation batch, grouped: `prompts_per_generation` rows of the stream, `G`
     /// rollouts each. Under `dynamic_sampling` (DAPO), groups whose rewards are all equal are dropped and
     /// the stream's next rows drawn in their place, up to `max_num_gen_batches` draws in all; a batch
     /// still short is completed with dropped groups, first dropped first. Each draw takes a generation
     /// number of its own (its sampling seed). The curriculum takes every group's mean reward, and may
     /// move to its next level for the next batch.
-    fn draw(
+    pub(super) fn draw(
         &self,
         runtime: &tokio::runtime::Runtime,
-        stream: &Stream<'_>,
+        sampler: &dyn Sampler,
+        context: Option<usize>,
         state: &mut TrainerState,
         step: u64,
         progress: &ProgressBar,
-    ) -> Result<(Vec<RolloutRecord>, BTreeMap<String, f64>), TrainError> {
-        let config = &self.config;
+    ) -> Result<Drawn, TrainError> {
+        let (config, stream) = (self.config, self.stream);
+        let sampler = Training::new(sampler, config, context);
+        let generation = state.generations;
+        let stats = self.source.tool_stats();
+        let tools_before = stats.as_ref().map(|stats| stats.counts());
         let (group, wanted) = (config.num_generations, config.prompts_per_generation());
         let draws_allowed = if config.dynamic_sampling {
             config.max_num_gen_batches
@@ -208,15 +278,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             let seed = mix(mix(config.training.seed ^ SAMPLING) ^ state.generations);
             state.generations += 1;
             draws += 1;
-            let (records, _) = self.rollouts(
-                runtime,
-                &rows,
-                group,
-                seed,
-                step,
-                "rollouts.jsonl",
-                progress,
-            )?;
+            let records = self.rollouts(runtime, &sampler, &rows, group, seed, step, progress)?;
             let totals = advantages::weighted_totals(&batch::rewards(
                 &records,
                 config.reward_weights.as_ref(),
@@ -244,7 +306,8 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 ));
             }
         }
-        kept.extend(dropped.into_iter().take(short).flatten());
+        let mut dropped = dropped.into_iter();
+        kept.extend(dropped.by_ref().take(short).flatten());
         if let Some(curriculum) = state.curriculum.as_mut() {
             let (mean, advance) = stream.observe(curriculum, &group_means);
             metrics.insert("curriculum/mean_reward".into(), mean);
@@ -252,39 +315,54 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 progress.suspend(|| eprintln!("{advance} (after step {step})"));
             }
         }
-        Ok((kept, metrics))
+        if let Some(tools) = stats
+            .zip(tools_before)
+            .map(|(stats, before)| stats.counts() - before)
+        {
+            // Counts over the generation: code runs, those that failed (an exception, a limit, a
+            // timeout, code that could not run), and those stopped at the timeout.
+            metrics.insert("tools/calls".into(), tools.calls as f64);
+            metrics.insert("tools/failed".into(), tools.failed as f64);
+            metrics.insert("tools/timed_out".into(), tools.timed_out as f64);
+        }
+        Ok(Drawn {
+            records: kept,
+            unused: dropped.flatten().collect(),
+            metrics,
+            generation,
+            position: state.position(),
+        })
     }
 
-    /// Runs `G` rollouts of each row through the Loom with the backend's sampler, appends them (with
-    /// `step`) to `file` in the run folder, and returns them grouped: row by row, rollouts in order.
-    /// An error the sampler kept, and a batch in which every rollout failed, stop the run.
+    /// Runs `G` rollouts of each row through the Loom with `sampler`, and returns them grouped: row by
+    /// row, rollouts in order. A batch in which every rollout failed stops the run, its rollouts
+    /// appended to the rollouts file first (the error points there).
     #[allow(clippy::too_many_arguments)]
     fn rollouts(
         &self,
         runtime: &tokio::runtime::Runtime,
+        sampler: &dyn Sampler,
         rows: &[(usize, Row)],
         group: usize,
         seed: u64,
         step: u64,
-        file: &str,
         progress: &ProgressBar,
-    ) -> Result<(Vec<RolloutRecord>, Summary), TrainError> {
-        let (sampler, context) = self.backend.sampler();
-        let sampler = Training::new(sampler, &self.config, context);
+    ) -> Result<Vec<RolloutRecord>, TrainError> {
         let rollouts = Rollouts {
-            source: &self.source,
-            holophore: &self.holophore,
-            sampler: &sampler,
-            run: &self.run,
+            source: self.source,
+            holophore: self.holophore,
+            sampler,
         };
-        let (records, summary) = rollouts.run(runtime, rows, group, seed, step, file)?;
-        if let Some(error) = self.backend.sampler_error() {
-            return Err(TrainError::Source(error));
+        let (mut records, _) = rollouts.run(runtime, rows, group, seed)?;
+        if let Err(error) = self.failures.check(&records, step, TRAINING_FILE, progress) {
+            rollouts::append(self.run, TRAINING_FILE, step, &mut records)?;
+            return Err(error);
         }
-        self.failures.check(&records, step, file, progress)?;
-        Ok((records, summary))
+        Ok(records)
     }
+}
 
+impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     /// Rollouts of the held-out rows with the current weights (the same seed at every evaluation, so
     /// that only the weights change): `eval/reward`, `eval/pass@1`, `eval/pass@G`, each component's mean.
     pub(super) fn evaluate(
@@ -296,20 +374,44 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     ) -> Result<BTreeMap<String, f64>, TrainError> {
         let group = self.config.num_generations_eval();
         let seed = mix(self.config.training.seed ^ EVAL);
-        let (records, summary) = self.rollouts(
-            runtime,
-            rows,
-            group,
-            seed,
-            step,
-            "eval_rollouts.jsonl",
-            progress,
-        )?;
+        let (sampler, context) = self.backend.sampler();
+        let rollouts = Rollouts {
+            source: &*self.source,
+            holophore: &self.holophore,
+            sampler: &Training::new(sampler, &self.config, context),
+        };
+        let (mut records, summary) = rollouts.run(runtime, rows, group, seed)?;
+        rollouts::append(&self.run, EVAL_FILE, step, &mut records)?;
+        if let Some(error) = self.backend.sampler_error() {
+            return Err(TrainError::Source(error));
+        }
+        self.failures.check(&records, step, EVAL_FILE, progress)?;
         if let Some(memory) = self.source.reflection_memory() {
             // Held-out rows must not teach the run: what their rollouts remembered is dropped.
             memory.discard_pending();
         }
         Ok(evaluation_metrics(&records, &summary))
+    }
+}
+
+/// How far behind the weights that train on `records` at `step` (those after `step - 1` optimizer
+/// steps) were the weights that sampled them, in optimizer steps, over the sampled parts that say
+/// ([`PartRecord::weight_version`](holo_core::loom::PartRecord)): `async/staleness` (mean) and
+/// `async/staleness_max`. A server whose weights are newer than the trainer's counts 0.
+fn staleness_metrics(records: &[RolloutRecord], step: u64, metrics: &mut BTreeMap<String, f64>) {
+    let trained = step.saturating_sub(1);
+    let behind: Vec<f64> = records
+        .iter()
+        .flat_map(|record| &record.contexts)
+        .flat_map(|context| &context.messages)
+        .flat_map(|message| &message.parts)
+        .filter(|part| part.sampled)
+        .filter_map(|part| part.weight_version)
+        .map(|version| trained.saturating_sub(version) as f64)
+        .collect();
+    if let Some(max) = behind.iter().copied().reduce(f64::max) {
+        metrics.insert("async/staleness".into(), nanmean(behind.iter().copied()));
+        metrics.insert("async/staleness_max".into(), max);
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use tokio::runtime::Runtime;
 
 use super::backend::{Backend, Update};
@@ -33,7 +33,7 @@ pub struct Local {
     reference: Option<Model>,
     sampler: LocalModel,
     /// A sampler of the caller's instead of `sampler`, and its model's context when known.
-    pub(super) external: Option<(Box<dyn Sampler>, Option<usize>)>,
+    pub(super) external: Option<(Arc<dyn Sampler>, Option<usize>)>,
     /// Whether the generation batches come from a feed (another process's sampler).
     pub(super) fed: bool,
     /// Servers to sample on and push the weights to, with the folder pushed weights are written to,
@@ -119,16 +119,18 @@ impl Local {
         &self.trained.vars
     }
 
-    /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The
-    /// in-process sampler is the trained f32 model itself: like TRL without vLLM, it needs none; a
-    /// caller's sampler or a feed's is another process's.
     /// Whether the rollouts are sampled elsewhere than by the trained model in process.
     fn samples_elsewhere(&self) -> bool {
         self.external.is_some() || self.fed || self.rollout.is_some() || self.sync.is_some()
     }
 
+    /// Whether the sampler's log-probabilities need TRL's importance-sampling correction. The
+    /// in-process sampler is the trained f32 model itself: like TRL without vLLM, it needs none,
+    /// unless it samples ahead of the steps (`max_off_policy_steps`) with weights they have since
+    /// changed; a caller's sampler or a feed's is another process's.
     fn corrects_sampler(&self, config: &GrpoConfig) -> bool {
-        self.samples_elsewhere() && config.vllm_importance_sampling_correction
+        (self.samples_elsewhere() || config.max_off_policy_steps > 0)
+            && config.vllm_importance_sampling_correction
     }
 
     /// Pushes the trained weights to the rollout servers, if any (see [`crate::sync`]), into the
@@ -283,6 +285,30 @@ impl Backend for Local {
         }
     }
 
+    fn snapshot(&mut self, version: u64) -> Result<(Arc<dyn Sampler>, Option<usize>), TrainError> {
+        if let Some((sampler, context)) = &self.external {
+            // Its weights are its own (the rollout servers take each step's after it).
+            return Ok((Arc::clone(sampler), *context));
+        }
+        // The trained tensors copied (every weight, or the adapters): a sampler of their own with
+        // this one's tokenizer and options. Its log-probabilities enter the loss (the correction), so
+        // it samples batch-invariantly where it can (the CPU, f32 or bf16): a sequence's numbers then
+        // do not depend on which others the scheduler's timing batched with it, and a resumed run
+        // samples what the uninterrupted one did, to the bit.
+        let model = &self.trained.model;
+        let limits = Limits {
+            batch_invariant: model.device().is_cpu()
+                && matches!(model.dtype(), DType::F32 | DType::BF16),
+            ..self.sampler.limits()
+        };
+        let sampler = self.sampler.with_model(model.snapshot()?, limits);
+        sampler.set_weight_version(version);
+        Ok((
+            Arc::new(sampler),
+            Some(self.trained.model.config.max_position_embeddings),
+        ))
+    }
+
     fn start(&mut self, runtime: &Runtime, state: &TrainerState) -> Result<(), TrainError> {
         // The in-process sampler's rollouts say which weights sampled them: the optimizer steps taken.
         self.sampler.set_weight_version(state.global_step);
@@ -298,7 +324,7 @@ impl Backend for Local {
             model.config.vocab_size,
         ))?;
         self.external = Some((
-            Box::new(sync.sampler()?),
+            Arc::new(sync.sampler()?),
             Some(model.config.max_position_embeddings),
         ));
         self.sync = Some(sync);

@@ -3,18 +3,21 @@
 //! One loop for every backend ([`Backend`]): the weights live in process ([`Local`]) or on a Tinker
 //! service (`holo_engines::tinker::train`), and the loop is the same.
 
+mod ahead;
 mod backend;
 mod generation;
 mod local;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Var;
 use indicatif::ProgressBar;
 use tokio::runtime::Runtime;
 
+use self::ahead::Ahead;
 pub use self::backend::{Backend, Update};
 pub use self::local::Local;
 use super::checkpoint::{RunDir, TrainerState};
@@ -41,10 +44,15 @@ const SHUFFLE: u64 = 3;
 const EVAL: u64 = 4;
 const DROPOUT: u64 = 5;
 
+/// The run folder's files of training and evaluation rollouts.
+const TRAINING_FILE: &str = "rollouts.jsonl";
+const EVAL_FILE: &str = "eval_rollouts.jsonl";
+
 /// GRPO (or PPO) training of a policy on rollouts from a [`RolloutSource`]: by default a local model
 /// ([`Local`]), or the weights of any other [`Backend`]; see the [crate documentation](crate).
 pub struct Trainer<S, B = Local> {
-    source: S,
+    /// Shared with the thread that draws generations ahead of the steps (`max_off_policy_steps`).
+    source: Arc<S>,
     config: GrpoConfig,
     /// Where the weights are trained.
     backend: B,
@@ -55,7 +63,7 @@ pub struct Trainer<S, B = Local> {
     options: RunOptions,
     /// Where generation batches come from instead of the Loom ([`Trainer::with_feed`]).
     feed: Option<Box<dyn Feed>>,
-    failures: Failures,
+    failures: Arc<Failures>,
     /// The last reply of the latest generation's first completed rollout: what the no-signal warning
     /// shows.
     example: Option<String>,
@@ -83,7 +91,7 @@ impl<S: RolloutSource> Trainer<S, Local> {
     /// corrected for as TRL corrects vLLM's (`vllm_importance_sampling_correction` and its mode and
     /// bounds); `context` is its model's context length, when known.
     pub fn with_sampler(mut self, sampler: Box<dyn Sampler>, context: Option<usize>) -> Self {
-        self.backend.external = Some((sampler, context));
+        self.backend.external = Some((Arc::from(sampler), context));
         self
     }
 
@@ -139,7 +147,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             });
         }
         Ok(Trainer {
-            source,
+            source: Arc::new(source),
             config,
             backend,
             provenance: None,
@@ -147,7 +155,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             run: RunDir::new(options.out.clone()),
             options,
             feed: None,
-            failures: Failures::default(),
+            failures: Arc::default(),
             example: None,
             memory_plan: None,
         })
@@ -198,12 +206,20 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let config = self.config.clone();
         self.backend.check(&config)?;
         let prompts = self.feed.is_none().then(|| config.prompts_per_generation());
-        rollouts::check_rows(&self.source, rows, eval_rows, prompts)?;
+        rollouts::check_rows(&*self.source, rows, eval_rows, prompts)?;
         let total = self.total_steps(rows.len());
         let stream = Stream::new(rows, &config).map_err(TrainError::Input)?;
         guard::check_eval_rows(&config, eval_rows.len())?;
         let runtime = self.backend.runtime()?;
         let (mut state, mut metrics_log) = self.open_run(&stream)?;
+        if config.max_off_policy_steps == 0 && !state.ahead.is_empty() {
+            return Err(TrainError::Input(format!(
+                "--resume: the checkpoint at step {} keeps {} generations drawn ahead of its steps; \
+                 resume with the `max_off_policy_steps` it was made with",
+                state.global_step,
+                state.ahead.len()
+            )));
+        }
         self.backend.start(&runtime, &state)?;
 
         let progress = run::progress_bar(self.options.progress, total, "step");
@@ -217,17 +233,42 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             stopped_by: None,
             rollbacks: 0,
         };
-        let outcome = self.steps(
-            &runtime,
-            &stream,
-            rows,
-            eval_rows,
-            total,
-            &mut state,
-            &mut metrics_log,
-            &mut summary,
-            &progress,
-        );
+        if config.max_off_policy_steps > 0 {
+            self.check_ahead()?;
+        }
+        // What the thread drawing ahead of the steps reads, shared with it and not borrowed from the
+        // trainer, which the steps change.
+        let source = Arc::clone(&self.source);
+        let (holophore, failures) = (self.holophore.fork(), Arc::clone(&self.failures));
+        let (run, drawing) = (self.run.clone(), config.clone());
+        let outcome = std::thread::scope(|scope| {
+            let mut ahead = match config.max_off_policy_steps {
+                0 => None,
+                _ => {
+                    let drawer = generation::Drawer {
+                        source: &*source,
+                        holophore: &holophore,
+                        config: &drawing,
+                        failures: &failures,
+                        run: &run,
+                        stream: &stream,
+                    };
+                    Some(Ahead::start(scope, drawer, &mut state, &progress)?)
+                }
+            };
+            self.steps(
+                &runtime,
+                &stream,
+                rows,
+                eval_rows,
+                total,
+                &mut state,
+                &mut metrics_log,
+                &mut summary,
+                &progress,
+                ahead.as_mut(),
+            )
+        });
         progress.finish_and_clear();
         summary.stopped_early = state.guard.stopped;
         summary.stopped_by = state
@@ -252,6 +293,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         metrics_log: &mut MetricsLog,
         summary: &mut TrainSummary,
         progress: &ProgressBar,
+        mut ahead: Option<&mut Ahead>,
     ) -> Result<(), TrainError> {
         let config = self.config.clone();
         let fresh = state.global_step == 0 && !self.options.resume;
@@ -263,16 +305,22 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         }
         if config.rolls_back() && fresh {
             // The starting weights: what a trip before the first saved checkpoint returns to.
-            self.save(runtime, state)?;
+            self.save(runtime, state, None)?;
         }
         while state.global_step < total && !state.guard.stopped {
             let started = Instant::now();
             let step = state.global_step + 1;
             let mut window = Window::default();
             let update = match config.algorithm {
-                Algorithm::Grpo => {
-                    self.grpo_step(runtime, stream, state, total, progress, &mut window)?
-                }
+                Algorithm::Grpo => self.grpo_step(
+                    runtime,
+                    stream,
+                    state,
+                    total,
+                    progress,
+                    &mut window,
+                    ahead.as_deref_mut(),
+                )?,
                 Algorithm::Ppo => {
                     let generating = Instant::now();
                     let (buffer, generated) =
@@ -343,7 +391,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 .training
                 .saves_after(step, last_step || state.guard.stopped)
             {
-                let saved = self.save(runtime, state)?;
+                let saved = self.save(runtime, state, ahead.as_deref_mut())?;
                 if self.options.progress {
                     progress.suspend(|| eprintln!("saved {}", saved.display()));
                 }
@@ -355,7 +403,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     }
 
     /// One GRPO optimizer step: `gradient_accumulation_steps` micro-batches of the current generation
-    /// batch (generating the next one when it is used up), then the update.
+    /// batch (generating the next one when it is used up, or taking it from those drawn `ahead`), then
+    /// the update.
+    #[allow(clippy::too_many_arguments)]
     fn grpo_step(
         &mut self,
         runtime: &Runtime,
@@ -364,6 +414,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         total: u64,
         progress: &ProgressBar,
         window: &mut Window,
+        mut ahead: Option<&mut Ahead>,
     ) -> Result<Update, TrainError> {
         let config = self.config.clone();
         let step = state.global_step + 1;
@@ -371,7 +422,17 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         for _ in 0..config.training.gradient_accumulation_steps {
             if state.micro_step.is_multiple_of(generate_every) || state.buffer.is_none() {
                 let started = Instant::now();
-                let (buffer, generated) = self.generate(runtime, stream, state, step, progress)?;
+                let (buffer, generated) = match ahead.as_deref_mut() {
+                    Some(ahead) => {
+                        let accumulation = config.training.gradient_accumulation_steps as u64;
+                        let drawn =
+                            ahead.next(&mut self.backend, state, generate_every, accumulation)?;
+                        // The trainer's stream stands where this generation left it.
+                        state.set_position(drawn.position.clone());
+                        self.record(drawn, state, step)?
+                    }
+                    None => self.generate(runtime, stream, state, step, progress)?,
+                };
                 window.time("generation", started);
                 window.extend(generated);
                 state.buffer = Some(buffer);
@@ -393,6 +454,18 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             .optimizer_step(runtime, &config, state, total, window)?;
         window.time("optimizer", started);
         Ok(update)
+    }
+
+    /// Refuses, before any work, what cannot draw generations ahead of the steps.
+    fn check_ahead(&self) -> Result<(), TrainError> {
+        match self.feed {
+            Some(_) => Err(TrainError::Input(format!(
+                "`max_off_policy_steps` is {}, but the generations come from a feed, which paces \
+                 them itself; set it to 0 (synchronous)",
+                self.config.max_off_policy_steps
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Answers a trip of the guard rails ([`guard::rewind`]): the run folder back at its last good
@@ -422,7 +495,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
                 metrics_log,
                 |dir| {
                     let state = backend.restore(runtime, run, dir, config)?;
-                    after_restore(run, source, &state)?;
+                    after_restore(run, &**source, &state)?;
                     Ok(state)
                 },
             )
@@ -462,7 +535,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             }
         }
         if opened.resumed {
-            after_restore(&self.run, &self.source, &state)?;
+            after_restore(&self.run, &*self.source, &state)?;
             stream.check_resumed(&state).map_err(TrainError::Input)?;
             guard::keep_events(&self.run, state.guard.rollbacks)?;
         } else {
@@ -507,16 +580,31 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         }
     }
 
-    /// Writes a checkpoint of `state`, with ERL's memory as it is now.
-    fn save(&mut self, runtime: &Runtime, state: &mut TrainerState) -> Result<PathBuf, TrainError> {
+    /// Writes a checkpoint of `state`, with ERL's memory as it is now, and the generations drawn
+    /// `ahead` of it (once drawn).
+    fn save(
+        &mut self,
+        runtime: &Runtime,
+        state: &mut TrainerState,
+        ahead: Option<&mut Ahead>,
+    ) -> Result<PathBuf, TrainError> {
         state.memory = self
             .source
             .reflection_memory()
             .map(|memory| memory.entries())
             .unwrap_or_default();
         let checkpoint = self.run.checkpoint(state.global_step);
+        let kept = match ahead {
+            Some(ahead) => Some(ahead.settled(state)?),
+            None => None,
+        };
         self.backend
-            .save(runtime, &self.run, state, &self.config)
+            .save(
+                runtime,
+                &self.run,
+                kept.as_ref().unwrap_or(state),
+                &self.config,
+            )
             .map_err(|error| match error {
                 // Name what was being written: "No space left on device" alone does not say where.
                 TrainError::Io(error) => TrainError::Io(std::io::Error::new(
