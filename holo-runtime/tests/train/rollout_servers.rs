@@ -54,6 +54,10 @@ enum Fault {
     /// Kills the server behind it at the first rollout it is asked for: a server that dies while it
     /// samples.
     KillAtRollout,
+    /// Kills the server behind it at the second load, as [`Fault::KillAtLoad`] does, and starts a new
+    /// one behind the same address when it is next asked for `GET /health`: a server restarted after
+    /// it was dropped from the pool.
+    RestartAtLoad,
 }
 
 /// An HTTP proxy in front of a `holo serve` child, on its own thread, that injects `fault`.
@@ -75,7 +79,9 @@ impl Proxy {
         let (sender, receiver) = std::sync::mpsc::channel();
         let loads = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&loads);
-        let backend = served.base.clone();
+        let backend = Arc::new(Mutex::new(served.base.clone()));
+        // `Fault::RestartAtLoad`'s new server, starting while the old one is down.
+        let restarted: Arc<Mutex<Option<std::thread::JoinHandle<Served>>>> = Arc::default();
         let served = Arc::new(Mutex::new(Some(served)));
         let kept = Arc::clone(&served);
         std::thread::spawn(move || {
@@ -95,14 +101,30 @@ impl Proxy {
                     let Ok((mut stream, _)) = listener.accept().await else {
                         return;
                     };
-                    let (client, backend) = (client.clone(), backend.clone());
+                    let (client, backend) = (client.clone(), Arc::clone(&backend));
                     let (served, loads) = (Arc::clone(&served), Arc::clone(&counted));
+                    let restarted = Arc::clone(&restarted);
                     tokio::spawn(async move {
                         while let Some(request) = read_request(&mut stream).await {
                             let rollout = request.path == "/v1/completions"
                                 && request.body["max_tokens"] != 0;
                             if rollout && matches!(fault, Fault::KillAtRollout) {
                                 drop(served.lock().unwrap().take());
+                            }
+                            let restarting = restarted.lock().unwrap().take();
+                            if let Some(restarting) = restarting {
+                                if request.path != "/health" {
+                                    // Still down: the load's retries fail until the pool drops it.
+                                    *restarted.lock().unwrap() = Some(restarting);
+                                    return;
+                                }
+                                // Back at the first health check (its server started at the kill).
+                                let started =
+                                    tokio::task::spawn_blocking(|| restarting.join().unwrap())
+                                        .await
+                                        .unwrap();
+                                *backend.lock().unwrap() = started.base.clone();
+                                *served.lock().unwrap() = Some(started);
                             }
                             if request.path == "/v1/load_lora_adapter"
                                 || request.path == "/update_weights_from_disk"
@@ -119,6 +141,12 @@ impl Proxy {
                                         let _ = stream.write_all(body.as_bytes()).await;
                                         continue;
                                     }
+                                    Fault::RestartAtLoad if load == 1 => {
+                                        drop(served.lock().unwrap().take());
+                                        *restarted.lock().unwrap() =
+                                            Some(std::thread::spawn(serve));
+                                        return;
+                                    }
                                     Fault::KillAtLoad if load > 0 => {
                                         // Dropping the child kills it (and waits for it).
                                         drop(served.lock().unwrap().take());
@@ -129,7 +157,7 @@ impl Proxy {
                             let forwarded = client
                                 .request(
                                     request.method.parse().unwrap(),
-                                    format!("{backend}{}", request.path),
+                                    format!("{}{}", backend.lock().unwrap(), request.path),
                                 )
                                 .header("content-type", "application/json")
                                 .body(request.raw.clone())
@@ -353,6 +381,51 @@ fn a_server_that_dies_mid_run_stops_it_alone_and_is_dropped_beside_another() {
         assert_eq!(step["sync/weight_version"], (i + 2) as f64, "{step:#}");
         assert!(step["sync/mismatch"].as_f64().unwrap() <= 1e-4, "{step:#}");
     }
+}
+
+/// A server dropped from the pool that answers again (restarted, with the base weights) is pushed the
+/// current weights at the next step, verified, and samples again from then on.
+#[test]
+fn a_dropped_server_that_comes_back_rejoins_the_pool() {
+    let proxy = Proxy::start(serve(), Fault::RestartAtLoad);
+    let other = serve();
+    let out = scratch("rejoin");
+    let mut args = tiny_grpo("short.hol", &out, 3, &["--use-peft", "--lora-r", "4"]);
+    for server in [&proxy.url, &other.base] {
+        args.extend(["--vllm-server-base-url".to_string(), server.to_string()]);
+    }
+    args.extend(["--vllm-server-timeout".to_string(), "5".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = holo_command(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    for said in [
+        format!(
+            "rollout server {} dropped from the pool (1 left)",
+            proxy.url
+        ),
+        format!("rollout server {} is back in the pool (2 in it)", proxy.url),
+    ] {
+        assert!(stderr.contains(&said), "{said}: {stderr}");
+    }
+    let metrics = run_metrics(&out);
+    let servers: Vec<f64> = metrics
+        .iter()
+        .filter(|m| m.get("loss").is_some())
+        .map(|m| m["sync/servers"].as_f64().unwrap())
+        .collect();
+    assert_eq!(servers, [1.0, 2.0, 2.0], "{metrics:#?}");
+    // The restarted server took the adapter at step 2's push.
+    let restarted = proxy.served.lock().unwrap();
+    let models = reqwest_get(&format!("{}/v1/models", restarted.as_ref().unwrap().base));
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|model| model["id"] == "holo-policy"),
+        "{models:#}"
+    );
 }
 
 /// A server that dies while it samples is dropped from the pool, and the requests it failed are

@@ -19,7 +19,8 @@
 //! unreachable then is dropped from the pool ([`Servers`]: the sampler sends it nothing more) while
 //! another is left, and the run stops, naming it, when it was the last. The sampler ([`RoundRobin`])
 //! drops a server the same way when it fails requests and no longer answers `GET /health`, and sends
-//! those requests to the others.
+//! those requests to the others. At every push a dropped server that answers `GET /health` again is
+//! pushed to and verified like the others, and back in the pool if that succeeds.
 
 mod pool;
 
@@ -39,6 +40,9 @@ pub use pool::{RoundRobin, Servers};
 /// Below this, a change of the trainer's probe log-probabilities may round away on a server: the
 /// no-op check applies only above it.
 pub const NOISE: f32 = 1e-5;
+
+/// How long a dropped server has to answer `GET /health` at a push for it to be tried again.
+const REJOIN_HEALTH: Duration = Duration::from_secs(5);
 
 /// How the trainer pushes its weights and to which servers (`holo train --vllm-server-base-url`).
 #[derive(Debug, Clone, PartialEq)]
@@ -247,6 +251,7 @@ impl WeightSync {
         };
         for index in 0..self.servers.len() {
             if !self.pool.alive(index) {
+                self.rejoin(index, &path, step, &own).await;
                 continue;
             }
             match self.push_to(index, &path, step, &own, moved).await {
@@ -267,6 +272,25 @@ impl WeightSync {
         self.pushes += 1;
         pushed.seconds = started.elapsed().as_secs_f64();
         Ok(Some(pushed))
+    }
+
+    /// Takes dropped server `index` back into the pool when it answers `GET /health` again (within
+    /// [`REJOIN_HEALTH`]) and this push's weights load and verify there as on any server; the no-op
+    /// check starts over, since a server that came back may have been restarted. A server that still
+    /// fails stays out of the pool, with a warning when it answered but its push did not verify.
+    async fn rejoin(&mut self, index: usize, path: &std::path::Path, step: u64, own: &[f32]) {
+        if !self.pool.healthy(&self.client, index, REJOIN_HEALTH).await {
+            return;
+        }
+        self.servers[index].previous = None;
+        match self.push_to(index, path, step, own, 0.0).await {
+            Ok(_) => self.pool.rejoin(index),
+            Err(Failure::Gone(_)) => {}
+            Err(Failure::Stop(error)) => eprintln!(
+                "warning: rollout server {} answers again but stays out of the pool: {error}",
+                self.servers[index].url
+            ),
+        }
     }
 
     /// Loads the weights at `path` on server `index` and verifies them with the probe against the

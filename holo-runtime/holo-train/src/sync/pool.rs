@@ -34,6 +34,29 @@ impl Servers {
             .collect()
     }
 
+    /// Takes server `index`, dropped before, back into the pool, saying so on stderr.
+    pub fn rejoin(&self, index: usize) {
+        if !self.alive[index].swap(true, Ordering::SeqCst) {
+            eprintln!(
+                "note: rollout server {} is back in the pool ({} in it)",
+                self.urls[index],
+                self.live().len()
+            );
+        }
+    }
+
+    /// Whether server `index` answers `GET /health` with 200 within `deadline`.
+    pub async fn healthy(
+        &self,
+        client: &reqwest::Client,
+        index: usize,
+        deadline: Duration,
+    ) -> bool {
+        let url = format!("{}/health", self.urls[index]);
+        let answer = client.get(url).timeout(deadline).send().await;
+        answer.is_ok_and(|response| response.status().is_success())
+    }
+
     /// Drops server `index` from the pool, saying so on stderr (once) with `why`.
     pub fn drop_server(&self, index: usize, why: &str) {
         if self.alive[index].swap(false, Ordering::SeqCst) {
@@ -77,18 +100,6 @@ impl RoundRobin {
             health_timeout,
             next: AtomicUsize::new(0),
         }
-    }
-
-    /// Whether server `index` answers `GET /health` with 200 in time.
-    async fn healthy(&self, index: usize) -> bool {
-        let url = format!("{}/health", self.servers.urls[index]);
-        let answer = self
-            .client
-            .get(url)
-            .timeout(self.health_timeout)
-            .send()
-            .await;
-        answer.is_ok_and(|response| response.status().is_success())
     }
 }
 
@@ -141,7 +152,12 @@ impl Sampler for RoundRobin {
                 }
                 pending = Vec::new();
                 for (server, index, error) in failed {
-                    if self.servers.alive(server) && self.healthy(server).await {
+                    if self.servers.alive(server)
+                        && self
+                            .servers
+                            .healthy(&self.client, server, self.health_timeout)
+                            .await
+                    {
                         results[index] = Some(Err(error));
                     } else {
                         self.servers.drop_server(server, &error.to_string());
