@@ -391,7 +391,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -442,8 +442,8 @@ use error::*;
 use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
-use reasoning::Reading;
 pub use reasoning::ReasoningParser;
+use reasoning::{Harmony, Reading};
 use sampling::*;
 use tools::*;
 use weights::{Target, Weights};

@@ -7,6 +7,7 @@
 //! complete answer would cut. When the sampler's completion arrives, its own text (cut as in a
 //! non-streamed answer) ends the choice: the concatenated deltas equal the non-streamed text.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +19,9 @@ use tokio::sync::mpsc;
 
 use super::weights::Target;
 use super::{
-    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
-    AppState, Choice, Common, Event, PromptLogprobs, Reading, StreamOptions, Tally,
+    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, reasoning_tokens, unix_time,
+    usage, ApiError, AppState, Choice, Common, Event, Harmony, PromptLogprobs, Reading,
+    StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
@@ -90,6 +92,9 @@ impl Streamer {
                     .map(|_| ChoiceStream {
                         matcher: matcher.clone(),
                         reading: common.reading,
+                        harmony: common.harmony,
+                        // Stop strings cut the reply's text, which harmony's channels do not show.
+                        harmony_waits: !common.params.stop.is_empty(),
                         ..ChoiceStream::default()
                     })
                     .collect()
@@ -150,6 +155,12 @@ struct ChoiceStream {
     /// arrived.
     reading: Option<Reading>,
     completed_reasoning: Option<String>,
+    /// With harmony's reading: how the reply splits, and the reply so far decoded with special
+    /// tokens (its bytes: a token may end inside a character).
+    harmony: Option<Harmony>,
+    special: Vec<u8>,
+    /// With harmony's reading and stop strings: nothing is sent before the completion.
+    harmony_waits: bool,
     /// Bytes of the reasoning sent.
     sent_reasoning: usize,
     /// Bytes of `text` searched for stop strings.
@@ -171,8 +182,9 @@ struct ChoiceStream {
     start: usize,
     /// The echoed prompt has been sent.
     echo_sent: bool,
-    /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
-    finish: Option<(&'static str, Value, usize)>,
+    /// `finish_reason`, `stop_reason`, the token count and (with a reasoning parser) the reasoning
+    /// tokens, once the completion has arrived.
+    finish: Option<(&'static str, Value, usize, Option<usize>)>,
     /// The tool calls read from the completion, sent after its text and before its finish.
     tool_calls: Vec<ToolCall>,
     calls_sent: bool,
@@ -266,13 +278,17 @@ impl Streamer {
         if self.choices.iter().all(|choice| choice.finish_sent) {
             if self.options.include_usage {
                 let prompt_tokens = self.prompts.iter().map(Vec::len).sum();
-                let completion_tokens = self
+                let finished = self
                     .choices
                     .iter()
-                    .filter_map(|choice| choice.finish.as_ref().map(|finish| finish.2))
-                    .sum();
+                    .filter_map(|choice| choice.finish.as_ref());
+                let completion_tokens = finished.clone().map(|finish| finish.2).sum();
+                let reasoning_tokens = self
+                    .state
+                    .reasoning_parser
+                    .map(|_| finished.filter_map(|finish| finish.3).sum());
                 let mut chunk = self.envelope(Vec::new());
-                chunk["usage"] = usage(prompt_tokens, completion_tokens);
+                chunk["usage"] = usage(prompt_tokens, completion_tokens, reasoning_tokens);
                 self.queue.push_back(data(&chunk));
             }
             self.end();
@@ -389,7 +405,7 @@ impl Streamer {
             Value::Null
         };
         let (finish_reason, stop_reason) = match (&choice.finish, finishing) {
-            (Some((finish_reason, stop_reason, _)), true) => {
+            (Some((finish_reason, stop_reason, ..)), true) => {
                 (json!(finish_reason), stop_reason.clone())
             }
             _ => (Value::Null, Value::Null),
@@ -494,7 +510,12 @@ impl Streamer {
     fn usage_so_far(&self, chunk: &mut Value, index: usize) {
         if self.options.include_usage && self.options.continuous_usage_stats {
             let prompt = &self.prompts[index / self.common.n as usize];
-            chunk["usage"] = usage(prompt.len(), self.choices[index].tokens.len());
+            let tokens = &self.choices[index].tokens;
+            let reasoning = self
+                .state
+                .reasoning_parser
+                .map(|_| reasoning_tokens(&self.state, &self.common, tokens));
+            chunk["usage"] = usage(prompt.len(), tokens.len(), reasoning);
         }
     }
 
@@ -520,17 +541,41 @@ impl ChoiceStream {
 
     /// The reasoning and the content that may be sent by now (each grows as a prefix of itself): the
     /// releasable text split by the reasoning parser (its settled parts while the reply is written),
-    /// or without one all of it as content.
-    fn available(&self) -> (&str, &str) {
+    /// the channels of the reply so far with harmony's reading, or without either all of it as
+    /// content.
+    fn available(&self) -> (Cow<'_, str>, Cow<'_, str>) {
+        if let (Some(harmony), None) = (self.harmony, &self.completed) {
+            if self.harmony_waits {
+                return (Cow::Borrowed(""), Cow::Borrowed(""));
+            }
+            // A token that ends inside a character waits for the rest of it.
+            let valid = match std::str::from_utf8(&self.special) {
+                Ok(reply) => reply,
+                Err(error) => std::str::from_utf8(&self.special[..error.valid_up_to()])
+                    .expect("valid up to there"),
+            };
+            let (reasoning, content) = harmony.parts(valid, true);
+            return (
+                Cow::Owned(reasoning.unwrap_or_default()),
+                Cow::Owned(content.unwrap_or_default()),
+            );
+        }
         let text = &self.text()[..self.releasable.max(self.sent_text)];
+        let split = self.reading.is_some() || self.harmony.is_some();
         match (self.reading, &self.completed) {
-            (None, _) => ("", text),
-            (Some(_), Some(_)) => (self.completed_reasoning.as_deref().unwrap_or(""), text),
             (Some(reading), None) => {
                 let parts = reading.settled(text);
                 let part = |range: Option<std::ops::Range<usize>>| range.map_or("", |r| &text[r]);
-                (part(parts.reasoning), part(parts.content))
+                (
+                    Cow::Borrowed(part(parts.reasoning)),
+                    Cow::Borrowed(part(parts.content)),
+                )
             }
+            (_, Some(_)) if split => (
+                Cow::Borrowed(self.completed_reasoning.as_deref().unwrap_or("")),
+                Cow::Borrowed(text),
+            ),
+            _ => (Cow::Borrowed(""), Cow::Borrowed(text)),
         }
     }
 
@@ -546,6 +591,9 @@ impl ChoiceStream {
         self.logprobs.push(logprob);
         if !top.is_empty() {
             self.top.push(top);
+        }
+        if self.harmony.is_some() {
+            self.special.extend(state.vocab.bytes(token));
         }
         if self.held || self.finish.is_some() {
             return;
@@ -648,7 +696,12 @@ impl ChoiceStream {
             self.completed = Some(sent_content);
             self.completed_reasoning = Some(sent_reasoning);
         }
-        self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
+        self.finish = Some((
+            choice.finish_reason,
+            choice.stop_reason,
+            choice.token_count,
+            choice.reasoning_tokens,
+        ));
         self.tool_calls = choice.tool_calls;
         Ok(())
     }
