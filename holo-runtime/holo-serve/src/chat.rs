@@ -37,18 +37,30 @@ pub(super) async fn chat(
         }
         common.tool_format = request.format;
     }
-    // A constrained reply (structured output, a forced tool call) is held to its language from its
-    // first token, so it has no reasoning to split out; a forced harmony call is a harmony message,
-    // read by its channels.
+    // A constrained reply (a forced tool call, structured output with harmony's reading or a Lark
+    // grammar of the client's) is held to its language from its first token, so it has no reasoning
+    // to split out; a forced harmony call is a harmony message, read by its channels. Other structured
+    // output starts after the reasoning (as vLLM starts it), when the model thinks.
     let gpt_oss = state.reasoning_parser == Some(ReasoningParser::GptOss);
     if gpt_oss || state.tool_format == Some(ToolFormat::Harmony) {
         if common.params.constraint.is_none() || common.constraint_key == Some("tool_choice") {
             common.harmony = Some(Harmony { reasoning: gpt_oss });
         }
-    } else if common.params.constraint.is_none() {
-        common.reading = state
-            .reasoning_parser
-            .and_then(|parser| parser.reading(fields.get("chat_template_kwargs")));
+    } else if let Some(reading) = state
+        .reasoning_parser
+        .and_then(|parser| parser.reading(fields.get("chat_template_kwargs")))
+    {
+        match (&common.params.constraint, common.constraint_key) {
+            (None, _) => common.reading = Some(reading),
+            (Some(_), Some("tool_choice")) => {}
+            (Some(_), _) if !reading.thinking => common.reading = Some(reading),
+            (Some(constraint), _) => {
+                if let Some(after) = structured::after_reasoning(constraint, reasoning::END) {
+                    common.params.constraint = Some(after);
+                    common.reading = Some(reading);
+                }
+            }
+        }
     }
     // Streams carry no prompt log-probabilities (vLLM's neither): a streamed 0 asks for nothing.
     common.params.prompt_logprobs = common.prompt_logprobs.filter(|_| common.stream.is_none());

@@ -9,7 +9,7 @@ use holo_core::tools::harmony::{self, Message};
 use serde_json::Value;
 
 const START: &str = "<think>";
-const END: &str = "</think>";
+pub(super) const END: &str = "</think>";
 
 /// How a model marks its reasoning, by vLLM's `--reasoning-parser` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -763,7 +763,7 @@ mod tests {
         let fields = Fields(&body);
         let target = state.target(&fields, &tally).unwrap();
         let mut asked = common(&fields, true).unwrap();
-        asked.reading = Some(ReasoningParser::Qwen3.reading(None));
+        asked.reading = ReasoningParser::Qwen3.reading(None);
         let options = asked.stream.unwrap();
         let (sender, events) = mpsc::unbounded_channel();
         let mut streamer = Streamer::new(

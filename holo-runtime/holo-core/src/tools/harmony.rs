@@ -331,6 +331,35 @@ mod tests {
         Some(text.to_string())
     }
 
+    /// `tests/fixtures/chat/harmony.json` (`scripts/harmony_fixtures.py`): replies rendered by
+    /// openai-harmony and the messages its parser reads from their tokens.
+    #[test]
+    fn messages_are_read_as_openai_harmony_reads_them() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/chat/harmony.json"
+        );
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(cases.len() >= 10);
+        for case in cases {
+            let reply = case["reply"].as_str().unwrap();
+            let ours: Vec<Value> = messages(reply)
+                .into_iter()
+                .map(|message| {
+                    serde_json::json!({
+                        "role": message.role,
+                        "channel": message.channel,
+                        "recipient": message.recipient,
+                        "content_type": message.content_type,
+                        "text": &reply[message.content],
+                    })
+                })
+                .collect();
+            assert_eq!(Value::Array(ours), case["messages"], "{}", case["name"]);
+        }
+    }
+
     #[test]
     fn channels_recipients_and_content_types_are_read_from_headers() {
         let reply = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary \
