@@ -20,7 +20,8 @@ pub enum ReasoningParser {
     Qwen3,
     /// DeepSeek-R1 (`deepseek_r1`): `<think>…</think>`, the opening marker optional.
     DeepSeekR1,
-    /// gpt-oss (`openai_gptoss`): harmony's `analysis` channel (see [`Harmony`]).
+    /// gpt-oss (`openai_gptoss`): harmony's `analysis` channel, the reply read by its channels (see
+    /// [`holo_core::tools::harmony`]).
     GptOss,
 }
 

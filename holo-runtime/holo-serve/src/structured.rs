@@ -321,7 +321,9 @@ mod tests {
         let grammars = holo_model::Grammars::new(tokenizer, size, vec![0]);
         for constraint in [
             Constraint::JsonObject,
-            Constraint::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "integer"}}})),
+            Constraint::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+            ),
             Constraint::Regex(r"(yes|no)/[0-9]+\/x".into()),
             Constraint::Choice(vec!["red".into(), "a \"blue\" one".into()]),
         ] {

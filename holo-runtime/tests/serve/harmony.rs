@@ -28,7 +28,10 @@ const MARKERS: [&str; 7] = [
 fn harmony_tokenizer() -> Tokenizer {
     let mut tokenizer = tokenizer();
     let markers = MARKERS.map(|marker| AddedToken::from(marker, true));
-    assert_eq!(tokenizer.add_special_tokens(markers).unwrap(), MARKERS.len());
+    assert_eq!(
+        tokenizer.add_special_tokens(markers).unwrap(),
+        MARKERS.len()
+    );
     tokenizer
 }
 
@@ -80,13 +83,23 @@ async fn replies_are_read_by_their_channels_as_vllm_reads_them() {
         let calls = expected["tool_calls"].as_array().unwrap();
         let well_formed = calls.iter().all(|call| !call["arguments"].is_null());
         let calls: &[Value] = if well_formed { calls } else { &[] };
-        let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+        let finish = if calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
 
         let answer = client.chat(reply, tools()).await;
         let choice = &answer["choices"][0];
         let message = &choice["message"];
-        assert_eq!(message["reasoning"], expected["reasoning"], "{name}: {answer:#}");
-        assert_eq!(message["content"], expected["content"], "{name}: {answer:#}");
+        assert_eq!(
+            message["reasoning"], expected["reasoning"],
+            "{name}: {answer:#}"
+        );
+        assert_eq!(
+            message["content"], expected["content"],
+            "{name}: {answer:#}"
+        );
         assert_eq!(choice["finish_reason"], finish, "{name}: {answer:#}");
         let read: Vec<Value> = message["tool_calls"]
             .as_array()
@@ -101,8 +114,7 @@ async fn replies_are_read_by_their_channels_as_vllm_reads_them() {
         assert_eq!(read, calls, "{name}: {answer:#}");
         let counted = reasoning_tokens(&tokenizer, case["messages"].as_array().unwrap());
         assert_eq!(
-            answer["usage"]["completion_tokens_details"]["reasoning_tokens"],
-            counted,
+            answer["usage"]["completion_tokens_details"]["reasoning_tokens"], counted,
             "{name}: {answer:#}"
         );
 
@@ -114,7 +126,10 @@ async fn replies_are_read_by_their_channels_as_vllm_reads_them() {
             "{name}: {chunks:#?}"
         );
         let mut streamed: Vec<Value> = Vec::new();
-        for delta in chunks.iter().filter_map(|chunk| chunk["delta"]["tool_calls"].as_array()) {
+        for delta in chunks
+            .iter()
+            .filter_map(|chunk| chunk["delta"]["tool_calls"].as_array())
+        {
             for piece in delta {
                 let index = piece["index"].as_u64().unwrap() as usize;
                 if index == streamed.len() {
@@ -208,7 +223,10 @@ async fn streamed_usage_counts_the_reasoning_tokens() {
                 .unwrap()
         })
         .collect();
-    assert!(counts.windows(2).all(|pair| pair[0] <= pair[1]), "{counts:?}");
+    assert!(
+        counts.windows(2).all(|pair| pair[0] <= pair[1]),
+        "{counts:?}"
+    );
     assert_eq!(counts[0], 0);
     assert_eq!(*counts.last().unwrap(), counted as u64, "{chunks:#?}");
 }

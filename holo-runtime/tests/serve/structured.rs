@@ -276,7 +276,8 @@ const THINK_END: u32 = 508;
 
 fn respell_think_end(dir: &Path) {
     let path = dir.join("tokenizer.json");
-    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let model = &mut tokenizer["model"];
     let vocab = model["vocab"].as_object_mut().unwrap();
     assert_eq!(vocab.remove("Ġcarry"), Some(json!(THINK_END)));
@@ -293,7 +294,8 @@ fn respell_think_end(dir: &Path) {
 /// its first token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_structured_reply_starts_after_the_reasoning() {
-    let (server, _base, _dir) = start_qwen3_with(Some(ReasoningParser::Qwen3), respell_think_end).await;
+    let (server, _base, _dir) =
+        start_qwen3_with(Some(ReasoningParser::Qwen3), respell_think_end).await;
     let client = Client::new(&server);
     let schema = json!({
         "type": "object",
@@ -316,7 +318,9 @@ async fn a_structured_reply_starts_after_the_reasoning() {
         assert_eq!(status, 200, "{answer:#}");
         let choice = &answer["choices"][0];
         assert_eq!(choice["finish_reason"], "stop", "{answer:#}");
-        let reasoning = choice["message"]["reasoning"].as_str().expect("a reasoning");
+        let reasoning = choice["message"]["reasoning"]
+            .as_str()
+            .expect("a reasoning");
         let content = choice["message"]["content"].as_str().expect("a content");
         let value: Value = serde_json::from_str(content.trim_start()).unwrap();
         let object = value.as_object().unwrap();
@@ -328,12 +332,14 @@ async fn a_structured_reply_starts_after_the_reasoning() {
         assert!(!reasoning.contains("</think>"), "{answer:#}");
         reasoned += usize::from(end > 0 && !reasoning.trim().is_empty());
         assert_eq!(
-            answer["usage"]["completion_tokens_details"]["reasoning_tokens"],
-            end,
+            answer["usage"]["completion_tokens_details"]["reasoning_tokens"], end,
             "{answer:#}"
         );
     }
-    assert!(reasoned >= 2, "only {reasoned} of 6 replies reasoned before answering");
+    assert!(
+        reasoned >= 2,
+        "only {reasoned} of 6 replies reasoned before answering"
+    );
 
     // Without thinking (the template writes an empty think block) the reply is the JSON alone.
     let body = json!({

@@ -302,16 +302,17 @@ pub fn unsettled(reply: &str, messages: &[Message]) -> usize {
 mod tests {
     use super::*;
 
-    fn read(
-        reply: &str,
-    ) -> Vec<(
+    /// A message as role, channel, recipient, content type, content and whether it ended.
+    type Read = (
         String,
         Option<String>,
         Option<String>,
         Option<String>,
         String,
         bool,
-    )> {
+    );
+
+    fn read(reply: &str) -> Vec<Read> {
         messages(reply)
             .into_iter()
             .map(|message| {
