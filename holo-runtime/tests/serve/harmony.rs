@@ -8,6 +8,7 @@
 
 use super::python_client::run_python;
 use super::reasoning::{joined, serve_replier};
+use super::structured::{respell, start_qwen3_with};
 use super::*;
 use holo_runtime::serve::ReasoningParser;
 use holo_runtime::tools::ToolFormat;
@@ -294,4 +295,57 @@ async fn the_openai_client_reads_a_harmony_call() {
     assert_eq!(out["streamed_reasoning"], expected["reasoning"]);
     assert_eq!(out["streamed_calls"], expected["tool_calls"]);
     assert_eq!(out["streamed_reasoning_tokens"], counted);
+}
+
+/// `tool_choice` `required` or a named function holds a reply to one call in harmony's format (a
+/// grammar that names harmony's markers by token id): the random tiny Qwen3, its tokenizer given
+/// harmony's markers as tokens of their own, calls as told, and the call reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_calls_are_written_in_harmony_s_format() {
+    let markers: Vec<(u32, &str)> = (500..).zip(MARKERS).collect();
+    let (server, _base, _dir) = start_qwen3_with(
+        |dir| respell(dir, &markers),
+        |served| {
+            served.tool_parser = Some(ToolFormat::Harmony);
+            served.reasoning_parser = Some(ReasoningParser::GptOss);
+        },
+    )
+    .await;
+    let client = Client::new(&server);
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}},
+            "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "ping"}},
+    ]);
+    let named = json!({"type": "function", "function": {"name": "ping"}});
+    for (tool_choice, names) in [
+        (json!("required"), &["get_weather", "ping"][..]),
+        (named, &["ping"][..]),
+    ] {
+        for seed in 0..3 {
+            let body = json!({
+                "messages": [{"role": "user", "content": "Call a tool."}],
+                "tools": tools, "tool_choice": tool_choice, "seed": seed, "max_tokens": 200,
+            });
+            let (status, answer) = client.post("/v1/chat/completions", body).await;
+            assert_eq!(status, 200, "{answer:#}");
+            let choice = &answer["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{answer:#}");
+            let calls = choice["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{answer:#}");
+            let name = calls[0]["function"]["name"].as_str().unwrap();
+            assert!(names.contains(&name), "{answer:#}");
+            let arguments: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            match name {
+                "get_weather" => {
+                    assert!(["Paris", "Lima"].contains(&arguments["city"].as_str().unwrap()))
+                }
+                _ => assert_eq!(arguments, json!({})),
+            }
+            assert_eq!(choice["message"]["content"], Value::Null, "{answer:#}");
+            assert_eq!(choice["message"]["reasoning"], Value::Null, "{answer:#}");
+        }
+    }
 }

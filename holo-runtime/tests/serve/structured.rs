@@ -12,13 +12,13 @@ use holo_runtime::serve::ReasoningParser;
 /// context of 4096 positions (the fixture's 512 do not hold Qwen3's tool prompt in a 512-token
 /// vocabulary); the folder lives as long as the server.
 pub(super) async fn start_qwen3() -> (ServerHandle, String, crate::common::tempdir::Dir) {
-    start_qwen3_with(None, |_| {}).await
+    start_qwen3_with(|_| {}, |_| {}).await
 }
 
-/// The same with a reasoning parser, its folder changed by `change` before it loads.
-async fn start_qwen3_with(
-    parser: Option<ReasoningParser>,
+/// The same, its folder changed by `change` before it loads and the served model by `serve`.
+pub(super) async fn start_qwen3_with(
     change: impl FnOnce(&Path),
+    serve: impl FnOnce(&mut ServedModel),
 ) -> (ServerHandle, String, crate::common::tempdir::Dir) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
     let dir = crate::common::tempdir::Dir::new("serve-qwen3");
@@ -34,11 +34,11 @@ async fn start_qwen3_with(
     std::fs::write(&config_file, config.to_string()).unwrap();
     let model = LocalModel::load(dir.path(), LocalOptions::default()).unwrap();
     let mut served = ServedModel::local(MODEL, model);
-    served.reasoning_parser = parser;
     served.template = ChatTemplate::from_dir(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/models/qwen3"),
     )
     .unwrap();
+    serve(&mut served);
     let server = Server::bind("127.0.0.1:0", served, ServeConfig::default())
         .await
         .unwrap()
@@ -271,19 +271,35 @@ async fn biases_and_ending_parameters_reach_the_local_model() {
 }
 
 /// The tiny Qwen3's token that spells `</think>` (as Qwen3's own vocabulary has it, one token): its
-/// token 508 (`Ġcarry`), respelled, and the merge that made it dropped.
+/// token 508 (`Ġcarry`), respelled (see [`respell`]).
 const THINK_END: u32 = 508;
 
-fn respell_think_end(dir: &Path) {
+/// The tokenizer of the model folder `dir` with each token of `spellings` (an id of its BPE
+/// vocabulary) spelled anew, and the merge that made it dropped: the model writes the new text with
+/// that one token, and no text is cut into it.
+pub(super) fn respell(dir: &Path, spellings: &[(u32, &str)]) {
     let path = dir.join("tokenizer.json");
     let mut tokenizer: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let model = &mut tokenizer["model"];
     let vocab = model["vocab"].as_object_mut().unwrap();
-    assert_eq!(vocab.remove("Ġcarry"), Some(json!(THINK_END)));
-    vocab.insert("</think>".into(), json!(THINK_END));
+    let mut olds = Vec::new();
+    for &(id, spelling) in spellings {
+        let old = vocab
+            .iter()
+            .find(|(_, known)| **known == json!(id))
+            .map(|(old, _)| old.clone())
+            .unwrap();
+        vocab.remove(&old);
+        vocab.insert(spelling.into(), json!(id));
+        olds.push(old);
+    }
     let merges = model["merges"].as_array_mut().unwrap();
-    merges.retain(|merge| *merge != json!(["Ġc", "arry"]));
+    merges.retain(|merge| {
+        let parts = merge.as_array().unwrap().iter();
+        let made: String = parts.map(|part| part.as_str().unwrap()).collect();
+        !olds.contains(&made)
+    });
     std::fs::write(&path, tokenizer.to_string()).unwrap();
 }
 
@@ -294,8 +310,11 @@ fn respell_think_end(dir: &Path) {
 /// its first token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_structured_reply_starts_after_the_reasoning() {
-    let (server, _base, _dir) =
-        start_qwen3_with(Some(ReasoningParser::Qwen3), respell_think_end).await;
+    let (server, _base, _dir) = start_qwen3_with(
+        |dir| respell(dir, &[(THINK_END, "</think>")]),
+        |served| served.reasoning_parser = Some(ReasoningParser::Qwen3),
+    )
+    .await;
     let client = Client::new(&server);
     let schema = json!({
         "type": "object",

@@ -548,5 +548,26 @@ mod tests {
             "{mistral}"
         );
         assert!(ToolFormat::Hermes.grammar(&[], true, |_| None).is_err());
+        // Harmony: one call (`<|call|>` ends the turn), its markers by id, one alternative per function.
+        let missing = ToolFormat::Harmony.grammar(&functions, true, |_| None);
+        assert!(missing.unwrap_err().contains("<|channel|>"));
+        let ids = ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"];
+        let harmony = ToolFormat::Harmony
+            .grammar(&functions, true, |name| {
+                ids.iter()
+                    .position(|id| *id == name)
+                    .map(|at| at as u32 + 1)
+            })
+            .unwrap();
+        assert!(
+            harmony.starts_with(
+                "start: <[1]> \"commentary to=functions.f \" <[2]> \"json\" <[3]> %json {"
+            ),
+            "{harmony}"
+        );
+        assert!(
+            harmony.contains("} <[4]>\n     | <[1]> \"commentary to=functions.g \""),
+            "{harmony}"
+        );
     }
 }
