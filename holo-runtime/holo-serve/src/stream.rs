@@ -731,29 +731,23 @@ mod tests {
         }
     }
 
-    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
-    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
-    #[tokio::test]
-    async fn reasoning_streams_a_token_at_a_time() {
-        let tokenizer = Tokenizer::from_file(concat!(
+    fn fixture_tokenizer() -> Tokenizer {
+        Tokenizer::from_file(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/holophore/tokenizer.json"
         ))
-        .unwrap();
-        let reply = "Add two.</think>Four.";
-        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
-        let pieces: Vec<String> = tokens
-            .iter()
-            .map(|&id| tokenizer.decode(&[id], false).unwrap())
-            .collect();
-        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
-        let mut model = ServedModel::new(
-            "m",
-            Arc::new(Unasked),
-            tokenizer.clone(),
-            ChatTemplate::chatml(),
-        );
-        model.reasoning_parser = Some(ReasoningParser::Qwen3);
+        .unwrap()
+    }
+
+    /// A chat stream of one choice over `tokenizer` with the reasoning parser `parser`, read as
+    /// `read` says, and the sender its tokens go through; its role chunk already taken.
+    async fn chat_stream(
+        tokenizer: Tokenizer,
+        parser: ReasoningParser,
+        read: impl FnOnce(&mut Common),
+    ) -> (Streamer, mpsc::UnboundedSender<Event>) {
+        let mut model = ServedModel::new("m", Arc::new(Unasked), tokenizer, ChatTemplate::chatml());
+        model.reasoning_parser = Some(parser);
         let server = Server::bind("127.0.0.1:0", model, ServeConfig::default())
             .await
             .unwrap();
@@ -763,7 +757,7 @@ mod tests {
         let fields = Fields(&body);
         let target = state.target(&fields, &tally).unwrap();
         let mut asked = common(&fields, true).unwrap();
-        asked.reading = ReasoningParser::Qwen3.reading(None);
+        read(&mut asked);
         let options = asked.stream.unwrap();
         let (sender, events) = mpsc::unbounded_channel();
         let mut streamer = Streamer::new(
@@ -779,9 +773,17 @@ mod tests {
         );
         let role = streamer.next().await.unwrap();
         assert!(role.contains("\"role\":\"assistant\""), "{role}");
-        // After each token, the delta it released (none while a marker may be starting).
+        (streamer, sender)
+    }
+
+    /// After each of `tokens`, the delta it released (`None`: no chunk).
+    async fn deltas_token_by_token(
+        streamer: &mut Streamer,
+        sender: &mpsc::UnboundedSender<Event>,
+        tokens: &[u32],
+    ) -> Vec<Option<Value>> {
         let mut deltas = Vec::new();
-        for &token in &tokens {
+        for &token in tokens {
             let event = Event::Token {
                 choice: 0,
                 token,
@@ -797,8 +799,64 @@ mod tests {
             assert!(streamer.queue.is_empty());
             deltas.push(chunk.map(|chunk| chunk["choices"][0]["delta"].clone()));
         }
-        let reasoning = |text: &str| Some(json!({"reasoning": text}));
-        let content = |text: &str| Some(json!({"content": text}));
+        deltas
+    }
+
+    /// Ends the stream with `text` and `tokens` as its completion: the last chunk's `delta` and
+    /// `finish_reason`.
+    async fn finished(
+        streamer: &mut Streamer,
+        sender: &mpsc::UnboundedSender<Event>,
+        text: &str,
+        tokens: &[u32],
+    ) -> (Value, Value) {
+        let completion = Completion {
+            text: text.into(),
+            tokens: tokens.to_vec(),
+            logprobs: vec![-1.0; tokens.len()],
+            top_logprobs: Vec::new(),
+            finish: Finish::EndOfTurn,
+            routes: Vec::new(),
+            weight_version: None,
+        };
+        sender
+            .send(Event::Done {
+                choice: 0,
+                result: Ok(completion),
+            })
+            .unwrap();
+        streamer.advance().await;
+        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
+        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+        let choice = &last["choices"][0];
+        (choice["delta"].clone(), choice["finish_reason"].clone())
+    }
+
+    fn reasoning(text: &str) -> Option<Value> {
+        Some(json!({"reasoning": text}))
+    }
+
+    fn content(text: &str) -> Option<Value> {
+        Some(json!({"content": text}))
+    }
+
+    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
+    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
+    #[tokio::test]
+    async fn reasoning_streams_a_token_at_a_time() {
+        let tokenizer = fixture_tokenizer();
+        let reply = "Add two.</think>Four.";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
+        let (mut streamer, sender) = chat_stream(tokenizer, ReasoningParser::Qwen3, |asked| {
+            asked.reading = ReasoningParser::Qwen3.reading(None)
+        })
+        .await;
+        let deltas = deltas_token_by_token(&mut streamer, &sender, &tokens).await;
         assert_eq!(
             deltas,
             [
@@ -815,25 +873,61 @@ mod tests {
                 content("."),
             ]
         );
-        let completion = Completion {
-            text: reply.into(),
-            tokens: tokens.clone(),
-            logprobs: vec![-1.0; tokens.len()],
-            top_logprobs: Vec::new(),
-            finish: Finish::EndOfTurn,
-            routes: Vec::new(),
-            weight_version: None,
-        };
-        sender
-            .send(Event::Done {
-                choice: 0,
-                result: Ok(completion),
-            })
+        let last = finished(&mut streamer, &sender, reply, &tokens).await;
+        assert_eq!(last, (json!({}), json!("stop")));
+    }
+
+    /// A gpt-oss reply streamed a token at a time (harmony's markers special tokens, which the text
+    /// lacks): its analysis as reasoning, its final message as content, vLLM's deltas, and nothing for
+    /// the markers and header words.
+    #[tokio::test]
+    async fn harmony_streams_a_token_at_a_time() {
+        let mut tokenizer = fixture_tokenizer();
+        let markers = [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|return|>",
+        ];
+        tokenizer
+            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
             .unwrap();
-        streamer.advance().await;
-        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
-        assert_eq!(last["choices"][0]["delta"], json!({}));
-        assert_eq!(last["choices"][0]["finish_reason"], "stop");
-        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+        let reply =
+            "<|channel|>analysis<|message|>Add two.<|end|><|start|>assistant<|channel|>final\
+                     <|message|>Four.<|return|>";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        let (mut streamer, sender) =
+            chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
+                asked.harmony = Some(Harmony { reasoning: true })
+            })
+            .await;
+        let deltas = deltas_token_by_token(&mut streamer, &sender, &tokens).await;
+        let shown: Vec<(&str, Option<Value>)> = pieces
+            .iter()
+            .map(String::as_str)
+            .zip(deltas)
+            .filter(|(_, delta)| delta.is_some())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("A", reasoning("A")),
+                ("dd", reasoning("dd")),
+                (" two", reasoning(" two")),
+                (".", reasoning(".")),
+                ("F", content("F")),
+                ("our", content("our")),
+                (".", content(".")),
+            ],
+            "{pieces:?}"
+        );
+        let text = tokenizer.decode(&tokens, true).unwrap();
+        let last = finished(&mut streamer, &sender, &text, &tokens).await;
+        assert_eq!(last, (json!({}), json!("stop")));
     }
 }
