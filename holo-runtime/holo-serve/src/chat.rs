@@ -37,12 +37,30 @@ pub(super) async fn chat(
         }
         common.tool_format = request.format;
     }
-    // A constrained reply (structured output, a forced tool call) is held to its language from its
-    // first token, so it has no reasoning to split out.
-    if common.params.constraint.is_none() {
-        common.reading = state
-            .reasoning_parser
-            .map(|parser| parser.reading(fields.get("chat_template_kwargs")));
+    // A constrained reply (a forced tool call, structured output with harmony's reading or a Lark
+    // grammar of the client's) is held to its language from its first token, so it has no reasoning
+    // to split out; a forced harmony call is a harmony message, read by its channels. Other structured
+    // output starts after the reasoning (as vLLM starts it), when the model thinks.
+    let gpt_oss = state.reasoning_parser == Some(ReasoningParser::GptOss);
+    if gpt_oss || state.tool_format == Some(ToolFormat::Harmony) {
+        if common.params.constraint.is_none() || common.constraint_key == Some("tool_choice") {
+            common.harmony = Some(Harmony { reasoning: gpt_oss });
+        }
+    } else if let Some(reading) = state
+        .reasoning_parser
+        .and_then(|parser| parser.reading(fields.get("chat_template_kwargs")))
+    {
+        match (&common.params.constraint, common.constraint_key) {
+            (None, _) => common.reading = Some(reading),
+            (Some(_), Some("tool_choice")) => {}
+            (Some(_), _) if !reading.thinking => common.reading = Some(reading),
+            (Some(constraint), _) => {
+                if let Some(after) = structured::after_reasoning(constraint, reasoning::END) {
+                    common.params.constraint = Some(after);
+                    common.reading = Some(reading);
+                }
+            }
+        }
     }
     // Streams carry no prompt log-probabilities (vLLM's neither): a streamed 0 asks for nothing.
     common.params.prompt_logprobs = common.prompt_logprobs.filter(|_| common.stream.is_none());
@@ -239,9 +257,13 @@ pub(super) async fn chat(
     let hidden = state.reasoning_parser.is_some() && !common.include_reasoning;
     let mut choices = Vec::with_capacity(answers.len());
     let mut completion_tokens = 0;
+    let mut reasoning_tokens = state.reasoning_parser.map(|_| 0);
     for (index, (completion, _)) in answers.iter().enumerate() {
         let out = Choice::new(state, completion, &common)?;
         completion_tokens += out.token_count;
+        if let (Some(sum), Some(count)) = (&mut reasoning_tokens, out.reasoning_tokens) {
+            *sum += count;
+        }
         // No content: none after the reasoning, or only calls.
         let calls_only = out.text.is_empty() && !out.tool_calls.is_empty();
         let content = match out.has_content && !calls_only {
@@ -280,7 +302,7 @@ pub(super) async fn chat(
         "model": target.name,
         "weight_version": target.version,
         "choices": choices,
-        "usage": usage(prompt_ids.len(), completion_tokens),
+        "usage": usage(prompt_ids.len(), completion_tokens, reasoning_tokens),
     });
     if common.return_token_ids {
         answer["prompt_token_ids"] = json!(prompt_ids);

@@ -18,6 +18,8 @@ pub(super) struct Choice<'a> {
     /// Whether the reply has content (not when a reasoning parser found none: the reply was cut
     /// inside its reasoning, or ended with it).
     pub(super) has_content: bool,
+    /// With a reasoning parser, how many of its tokens are reasoning (see [`reasoning_tokens`]).
+    pub(super) reasoning_tokens: Option<usize>,
 }
 
 impl<'a> Choice<'a> {
@@ -51,20 +53,43 @@ impl<'a> Choice<'a> {
         let mut finish_reason = finish_reason;
         let mut reasoning = None;
         let mut has_content = true;
-        if let Some(reading) = common.reading {
-            let (thought, content) = reading.parts(&text).of(&text);
-            reasoning = thought;
-            has_content = content.is_some();
-            text = content.unwrap_or_default();
-        }
         let mut tool_calls = Vec::new();
-        if let Some(reply) = common
-            .tool_format
-            .and_then(|format| read_reply(state, format, common.reading, completion, &text))
-        {
-            text = reply.content.unwrap_or_default();
-            tool_calls = reply.calls;
-            finish_reason = "tool_calls";
+        match (common.harmony, common.reading) {
+            (Some(harmony), _) => {
+                // A sampler that reports no tokens leaves only its text, which has no markers: all of
+                // it is content.
+                if !completion.tokens.is_empty() {
+                    let (reply, _) = state.vocab.decoding(&completion.tokens, true);
+                    let (thought, content) = harmony.parts(&reply, false);
+                    reasoning = thought;
+                    has_content = content.is_some();
+                    text = content.unwrap_or_default();
+                    let calls = common
+                        .tool_format
+                        .filter(|&format| format == ToolFormat::Harmony)
+                        .and_then(|format| format.parse(&reply));
+                    if let Some(reply) = calls {
+                        tool_calls = reply.calls;
+                        finish_reason = "tool_calls";
+                    }
+                }
+            }
+            (None, reading) => {
+                if let Some(reading) = reading {
+                    let (thought, content) = reading.parts(&text).of(&text);
+                    reasoning = thought;
+                    has_content = content.is_some();
+                    text = content.unwrap_or_default();
+                }
+                if let Some(reply) = common
+                    .tool_format
+                    .and_then(|format| read_reply(state, format, reading, completion, &text))
+                {
+                    text = reply.content.unwrap_or_default();
+                    tool_calls = reply.calls;
+                    finish_reason = "tool_calls";
+                }
+            }
         }
         let token_count = if completion.tokens.is_empty() {
             state
@@ -84,6 +109,9 @@ impl<'a> Choice<'a> {
             tool_calls,
             reasoning,
             has_content,
+            reasoning_tokens: state
+                .reasoning_parser
+                .map(|_| reasoning_tokens(state, common, &completion.tokens)),
         })
     }
 
@@ -137,6 +165,23 @@ impl<'a> Choice<'a> {
             &self.completion.logprobs,
             &self.completion.top_logprobs,
         )
+    }
+}
+
+/// How many of a reply's tokens (`tokens`, so far) are reasoning, as the request's reading counts
+/// them (see [`Reading::reasoning_tokens`], [`Harmony::reasoning_tokens`]): 0 when its replies are not
+/// split (a constrained reply) or the sampler reported no tokens.
+pub(super) fn reasoning_tokens(state: &AppState, common: &Common, tokens: &[u32]) -> usize {
+    match (common.harmony, common.reading) {
+        (Some(_), _) => {
+            let (reply, ends) = state.vocab.decoding(tokens, true);
+            Harmony::reasoning_tokens(&reply, &ends)
+        }
+        (None, Some(reading)) => {
+            let (text, ends) = state.vocab.decoding(tokens, false);
+            reading.reasoning_tokens(&text, &ends)
+        }
+        (None, None) => 0,
     }
 }
 
@@ -403,6 +448,8 @@ pub(super) struct Vocab {
     pub(super) spelling: Spelling,
     /// Added tokens (`<|im_end|>`, ...) are stored as their text.
     pub(super) added: HashMap<u32, String>,
+    /// The added tokens that are special: a decoding without special tokens skips them.
+    pub(super) special: HashSet<u32>,
     /// Ids below this are in the vocabulary.
     pub(super) size: u32,
 }
@@ -423,8 +470,13 @@ impl Vocab {
         } else {
             Spelling::Decoder
         };
-        let added: HashMap<u32, String> = tokenizer
-            .get_added_tokens_decoder()
+        let decoder = tokenizer.get_added_tokens_decoder();
+        let special: HashSet<u32> = decoder
+            .iter()
+            .filter(|(_, token)| token.special)
+            .map(|(&id, _)| id)
+            .collect();
+        let added: HashMap<u32, String> = decoder
             .into_iter()
             .map(|(id, token)| (id, token.content))
             .collect();
@@ -438,8 +490,42 @@ impl Vocab {
             tokenizer: tokenizer.clone(),
             spelling,
             added,
+            special,
             size,
         }
+    }
+
+    /// The decoding of `tokens`, with their special tokens or without, and where each token's text
+    /// ends in it (bytes): the tokens' own bytes joined, invalid UTF-8 replaced as `from_utf8_lossy`
+    /// replaces it (a token that ends inside such a run ends where its replacement starts).
+    pub(super) fn decoding(&self, tokens: &[u32], special: bool) -> (String, Vec<usize>) {
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(tokens.len());
+        for &id in tokens {
+            if special || !self.special.contains(&id) {
+                bytes.extend(self.bytes(id));
+            }
+            ends.push(bytes.len());
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if text.len() != bytes.len() {
+            // Where each byte of `bytes` lands in `text`, and its end.
+            let mut landing = Vec::with_capacity(bytes.len() + 1);
+            let mut at = 0;
+            for chunk in bytes.utf8_chunks() {
+                landing.extend(at..at + chunk.valid().len());
+                at += chunk.valid().len();
+                if !chunk.invalid().is_empty() {
+                    landing.extend(std::iter::repeat_n(at, chunk.invalid().len()));
+                    at += char::REPLACEMENT_CHARACTER.len_utf8();
+                }
+            }
+            landing.push(at);
+            for end in &mut ends {
+                *end = landing[*end];
+            }
+        }
+        (text, ends)
     }
 
     pub(super) fn bytes(&self, id: u32) -> Vec<u8> {

@@ -132,7 +132,7 @@ pub(super) async fn complete(
         "model": target.name,
         "weight_version": target.version,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, None),
     }))
     .into_response())
 }
@@ -140,12 +140,22 @@ pub(super) async fn complete(
 /// The most samples (prompts × `n`) one completions request may ask for.
 pub(super) const MAX_SAMPLES: usize = 4096;
 
-pub(super) fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({
+/// An answer's `usage`; with a reasoning parser (`reasoning_tokens`), vLLM's
+/// `completion_tokens_details.reasoning_tokens` too.
+pub(super) fn usage(
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    reasoning_tokens: Option<usize>,
+) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-    })
+    });
+    if let Some(reasoning_tokens) = reasoning_tokens {
+        usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning_tokens});
+    }
+    usage
 }
 
 /// The text each prompt of a completions request echoes (`echo`): a prompt given as text is itself, one

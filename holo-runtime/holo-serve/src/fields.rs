@@ -126,6 +126,8 @@ pub(super) struct Common {
     pub(super) tool_format: Option<holo_core::tools::ToolFormat>,
     /// How a chat reply's reasoning is split from its content (`holo serve --reasoning-parser`).
     pub(super) reading: Option<Reading>,
+    /// How a gpt-oss reply is read by its harmony channels (instead of `reading`).
+    pub(super) harmony: Option<Harmony>,
     /// vLLM's `include_reasoning` (default true): false leaves the reasoning out of the answer.
     pub(super) include_reasoning: bool,
     /// vLLM's `prompt_logprobs`: the most likely tokens to report at each prompt position beside the
@@ -266,6 +268,7 @@ pub(super) fn common(fields: &Fields, chat: bool) -> Result<Common, ApiError> {
         constraint_key,
         tool_format: None,
         reading: None,
+        harmony: None,
         include_reasoning: !chat || fields.bool("include_reasoning", true)?,
         prompt_logprobs,
         stream,

@@ -185,7 +185,8 @@
 //! is choice `p * n + j`) with `index`, `finish_reason` (`"length"` when `max_tokens` ran out,
 //! `"tool_calls"` when the reply's tool calls were read (chat), else `"stop"`) and `stop_reason`, and
 //! `usage {prompt_tokens, completion_tokens, total_tokens}` (each prompt's tokens counted once, every
-//! choice's sampled tokens).
+//! choice's sampled tokens); with a reasoning parser on chat, also vLLM's `completion_tokens_details:
+//! {reasoning_tokens}` (see *Reasoning*).
 //!
 //! A choice's `logprobs` is `null` when not asked for, or when the sampler reported no token ids or no
 //! log-probabilities for it. A log-probability of `-inf` is written as `-9999.0` (vLLM's convention; JSON
@@ -255,9 +256,10 @@
 //! does: the model sees them as it was trained to. A template that never mentions `tools` refuses them (a
 //! 400: they would not reach the model). The model's reply is read in its family's call format
 //! ([`holo_core::tools::ToolFormat`]): `hermes` (Qwen 2.5 and 3, Hermes: `<tool_call>{json}</tool_call>`),
-//! `llama3_json` (Llama 3.1 to 3.3), `mistral` (`[TOOL_CALLS]`), taken from the template's markers or
-//! named by `holo serve --tool-call-parser` ([`ServedModel::tool_parser`]); tools with neither are a
-//! 400 that says to name one.
+//! `llama3_json` (Llama 3.1 to 3.3), `mistral` (`[TOOL_CALLS]`), `openai` (gpt-oss's harmony format: a
+//! call is a message to `functions.NAME`, see *Reasoning*), taken from the template's markers or named
+//! by `holo serve --tool-call-parser` ([`ServedModel::tool_parser`]); tools with neither are a 400 that
+//! says to name one.
 //!
 //! - `tool_choice`: `"auto"` (the default with tools: the reply is read for calls), `"none"` (tools are
 //!   rendered, the reply is text), `"required"` (the reply is one call or more, or exactly one with
@@ -268,7 +270,9 @@
 //! - A reply that holds calls becomes `message.tool_calls`: `[{"id": "call_…", "type": "function",
 //!   "function": {"name", "arguments"}}]` (`arguments` is the JSON text of an object), `content` the text
 //!   before the calls (`null` when none), `finish_reason` `"tool_calls"`. A reply in which what starts a
-//!   call is not a well-formed one is returned as text, as vLLM's parsers return it.
+//!   call is not a well-formed one is returned as text, as vLLM's parsers return it (with `openai`, a
+//!   call whose arguments are not the JSON of an object leaves the reply without calls, where vLLM
+//!   passes their text on).
 //! - Streamed, text that may start a call is held back until the reply is done (with `mistral`, whose
 //!   marker is a special token that streamed text does not show, all of it); a reply with calls
 //!   then sends, as OpenAI does, per call a chunk with `delta.tool_calls: [{"index", "id", "type",
@@ -284,9 +288,9 @@
 //! ## Reasoning
 //!
 //! With [`ServedModel::reasoning_parser`] (`holo serve --reasoning-parser`, vLLM's names: `qwen3`,
-//! `deepseek_r1`), a chat reply's reasoning is split out of its content as vLLM's parsers split it, and
-//! the message carries it as `reasoning` (current vLLM's field; its older `reasoning_content` is not
-//! written), `null` when there is none:
+//! `deepseek_r1`, `openai_gptoss`), a chat reply's reasoning is split out of its content as vLLM's
+//! parsers split it, and the message carries it as `reasoning` (current vLLM's field; its older
+//! `reasoning_content` is not written), `null` when there is none:
 //! - the text before `</think>` is the reasoning (from after the `<think>` that opens the reply, when
 //!   it opens with one), the text after it the content (`null` when empty). Qwen3's templates put
 //!   `<think>` into the prompt, so its replies hold only `</think>`;
@@ -295,9 +299,12 @@
 //! - `qwen3` with `chat_template_kwargs.enable_thinking` false (the template writes an empty think block
 //!   into the prompt): every reply is content;
 //! - tool calls are read from the content only (a call written inside the reasoning is not one);
-//! - a constrained reply (structured output, `tool_choice` `required` or a named function) is held to
-//!   its language from its first token, so it is all content (vLLM instead starts the grammar after
-//!   `</think>`);
+//! - structured output (`response_format`, `guided_json`, `guided_regex`, `guided_choice`) starts
+//!   after the reasoning, as vLLM starts its grammar: the reply is any text up to and with `</think>`
+//!   (llguidance's lazy lexeme), up to four whitespace characters, then a sentence of the constraint,
+//!   which is the content. Without thinking (`enable_thinking: false`), and for a client's Lark grammar
+//!   (`guided_grammar`, which cannot be nested in another) or a forced tool call, the grammar holds the
+//!   reply from its first token: it is all content;
 //! - `include_reasoning: false` leaves the reasoning out (`null`), and with it the per-token
 //!   `logprobs` and `token_ids` that would show it, as vLLM does.
 //!
@@ -308,6 +315,30 @@
 //! the text, so a tokenizer that spells them with several tokens works as one with a token each; one
 //! that makes them special tokens (skipped in the text) does not. Without a parser, replies are left
 //! whole and messages have no `reasoning`.
+//!
+//! `openai_gptoss` reads a gpt-oss reply in OpenAI's harmony format by its channels, as vLLM does
+//! (openai-harmony's parser, then vLLM's sorting; [`holo_core::tools::harmony`]), from the reply's
+//! tokens decoded with their special tokens (`<|channel|>`, `<|message|>`, `<|end|>`, `<|call|>`,
+//! `<|return|>`, which the text lacks): its `analysis` messages are the reasoning; its `final`
+//! messages and preambles (`commentary` to no one) the content; with tools and the `openai` tool-call
+//! parser, its messages to `functions.NAME` (on any channel) the tool calls; each kind's non-empty
+//! messages joined with newlines; a reply cut inside a message ends it there. The same reading, less
+//! the reasoning (vLLM drops the analysis), applies with only `--tool-call-parser openai` or a template
+//! that writes harmony's calls. Streamed, the deltas are the channels of the reply so far (a tail that
+//! may begin an end marker waits; the header words never show), so joined they are the non-streamed
+//! reasoning and content (where vLLM's deltas leave out the newline between two messages); tool calls
+//! follow the content whole, as with the other formats, where vLLM streams their arguments as they come.
+//! With stop strings, which cut the text and not the channels, a choice sends nothing before it
+//! ends. Structured output other than a forced call holds the reply from its first token, so it is all
+//! content (vLLM starts it after the analysis). A sampler that reports no tokens leaves its text as the
+//! content.
+//!
+//! With a reasoning parser, `usage.completion_tokens_details.reasoning_tokens` counts the reasoning's
+//! tokens as vLLM counts them, summed over the choices: with `qwen3` and `deepseek_r1` the tokens that
+//! end before `</think>` (all of a reply cut inside its reasoning, none without thinking); with
+//! `openai_gptoss` those after which harmony's parser is inside the content of an `analysis` message or
+//! of a call (`commentary` to a recipient), from its `<|message|>` to its last token. Streamed, the
+//! last usage chunk has them, and with `continuous_usage_stats` every chunk those so far.
 //!
 //! ## Refused fields
 //!
@@ -391,7 +422,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -442,8 +473,8 @@ use error::*;
 use fields::*;
 use listen::{BodyTimeout, Connections};
 use log::{Counters, Tally};
-use reasoning::Reading;
 pub use reasoning::ReasoningParser;
+use reasoning::{Harmony, Reading};
 use sampling::*;
 use tools::*;
 use weights::{Target, Weights};

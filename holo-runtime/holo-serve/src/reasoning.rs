@@ -1,12 +1,15 @@
 //! Reasoning output (`holo serve --reasoning-parser`): the text a model writes between its think markers
-//! is its `reasoning`, split out of the chat reply's `content` as vLLM's reasoning parsers split it.
+//! is its `reasoning`, split out of the chat reply's `content` as vLLM's reasoning parsers split it; a
+//! gpt-oss reply's `analysis` channel is its reasoning, read by harmony's channels ([`Harmony`]). Each
+//! reply's `reasoning_tokens` are counted as vLLM counts them.
 
 use std::ops::Range;
 
+use holo_core::tools::harmony::{self, Message};
 use serde_json::Value;
 
 const START: &str = "<think>";
-const END: &str = "</think>";
+pub(super) const END: &str = "</think>";
 
 /// How a model marks its reasoning, by vLLM's `--reasoning-parser` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +20,9 @@ pub enum ReasoningParser {
     Qwen3,
     /// DeepSeek-R1 (`deepseek_r1`): `<think>…</think>`, the opening marker optional.
     DeepSeekR1,
+    /// gpt-oss (`openai_gptoss`): harmony's `analysis` channel, the reply read by its channels (see
+    /// [`holo_core::tools::harmony`]).
+    GptOss,
 }
 
 impl ReasoningParser {
@@ -24,6 +30,7 @@ impl ReasoningParser {
     pub const NAMES: &'static [(&'static str, ReasoningParser)] = &[
         ("qwen3", ReasoningParser::Qwen3),
         ("deepseek_r1", ReasoningParser::DeepSeekR1),
+        ("openai_gptoss", ReasoningParser::GptOss),
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -33,8 +40,12 @@ impl ReasoningParser {
             .map(|&(_, parser)| parser)
     }
 
-    /// How one chat request's reply is read, given its `chat_template_kwargs`.
-    pub(super) fn reading(self, kwargs: Option<&Value>) -> Reading {
+    /// How one chat request's reply is read between think markers, given its `chat_template_kwargs`;
+    /// `None` for gpt-oss, whose replies are read by their channels.
+    pub(super) fn reading(self, kwargs: Option<&Value>) -> Option<Reading> {
+        if self == ReasoningParser::GptOss {
+            return None;
+        }
         // Qwen3 reads `enable_thinking` as Python does (any false value turns it off); DeepSeek-R1's
         // template has no such switch.
         let disabled = self == ReasoningParser::Qwen3
@@ -48,9 +59,9 @@ impl ReasoningParser {
                     Value::Array(items) => items.is_empty(),
                     Value::Object(map) => map.is_empty(),
                 });
-        Reading {
+        Some(Reading {
             thinking: !disabled,
-        }
+        })
     }
 }
 
@@ -140,6 +151,73 @@ fn opening(text: &str) -> Option<usize> {
     (!START.starts_with(trimmed)).then_some(0)
 }
 
+impl Reading {
+    /// How many of a reply's tokens are reasoning: those that end before its `</think>` (all of a
+    /// reply cut inside its reasoning; none when the model does not think). `text` is the reply's
+    /// decoding without special tokens and `ends` where each token's text ends in it.
+    pub(super) fn reasoning_tokens(self, text: &str, ends: &[usize]) -> usize {
+        match self.parts(text).reasoning {
+            Some(reasoning) => ends.iter().filter(|&&end| end <= reasoning.end).count(),
+            None => 0,
+        }
+    }
+}
+
+/// How a gpt-oss reply is read (vLLM's harmony reading, with `--reasoning-parser openai_gptoss` or
+/// `--tool-call-parser openai`): by the channels of its messages, from its decoding with special
+/// tokens. Its `final` messages and preambles (`commentary` to no one) are the content; its `analysis`
+/// messages the reasoning, reported with the reasoning parser only (vLLM drops them otherwise); its
+/// messages to `functions.NAME` the tool calls (read by [`ToolFormat::Harmony`](
+/// holo_core::tools::ToolFormat::Harmony)). Several messages of a kind are joined with newlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Harmony {
+    /// Whether the `analysis` messages are reported as `reasoning`.
+    pub(super) reasoning: bool,
+}
+
+impl Harmony {
+    /// A reply's reasoning and content, from its decoding with special tokens (`reply`); with
+    /// `streaming`, less a tail of the last message that may still grow into a marker.
+    pub(super) fn parts(self, reply: &str, streaming: bool) -> (Option<String>, Option<String>) {
+        let mut messages = harmony::messages(reply);
+        if streaming {
+            let unsettled = harmony::unsettled(reply, &messages);
+            if let Some(last) = messages.last_mut() {
+                last.content.end -= unsettled;
+            }
+        }
+        let reasoning = match self.reasoning {
+            true => harmony::reasoning(reply, &messages),
+            false => None,
+        };
+        (reasoning, harmony::content(reply, &messages))
+    }
+
+    /// How many of a reply's tokens are reasoning, as vLLM counts them: those after which harmony's
+    /// parser is inside the content of a message on `analysis`, or on `commentary` to a recipient
+    /// (a call): from the `<|message|>` that opens it to its last token before the end marker.
+    /// `reply` is its decoding with special tokens and `ends` where each token's text ends in it.
+    pub(super) fn reasoning_tokens(reply: &str, ends: &[usize]) -> usize {
+        let counted = |message: &Message| match message.channel.as_deref() {
+            Some("analysis") => true,
+            Some("commentary") => message.recipient.is_some(),
+            _ => false,
+        };
+        let spans: Vec<Range<usize>> = harmony::messages(reply)
+            .into_iter()
+            .filter(counted)
+            .map(|message| message.content.start..message.content.end)
+            .collect();
+        ends.iter()
+            .filter(|&&end| {
+                spans
+                    .iter()
+                    .any(|span| span.start <= end && end <= span.end)
+            })
+            .count()
+    }
+}
+
 /// The length of the longest tail of `text` that is a proper beginning of `marker`.
 fn partial_marker(text: &str, marker: &str) -> usize {
     (1..marker.len())
@@ -192,7 +270,9 @@ mod tests {
 
     #[test]
     fn qwen3_without_thinking_has_only_content() {
-        let off = ReasoningParser::Qwen3.reading(Some(&json!({"enable_thinking": false})));
+        let off = ReasoningParser::Qwen3
+            .reading(Some(&json!({"enable_thinking": false})))
+            .unwrap();
         assert_eq!(off, Reading { thinking: false });
         assert_eq!(off.parts("Four.").of("Four."), (None, some("Four.")));
         for on in [
@@ -200,11 +280,15 @@ mod tests {
             Some(json!({})),
             Some(json!({"enable_thinking": true})),
         ] {
-            assert_eq!(ReasoningParser::Qwen3.reading(on.as_ref()), THINKING);
+            assert_eq!(ReasoningParser::Qwen3.reading(on.as_ref()), Some(THINKING));
         }
         // DeepSeek-R1's template has no switch.
         let kwargs = json!({"enable_thinking": false});
-        assert_eq!(ReasoningParser::DeepSeekR1.reading(Some(&kwargs)), THINKING);
+        assert_eq!(
+            ReasoningParser::DeepSeekR1.reading(Some(&kwargs)),
+            Some(THINKING)
+        );
+        assert_eq!(ReasoningParser::GptOss.reading(Some(&kwargs)), None);
     }
 
     #[test]
@@ -216,6 +300,10 @@ mod tests {
         assert_eq!(
             ReasoningParser::from_name("deepseek_r1"),
             Some(ReasoningParser::DeepSeekR1)
+        );
+        assert_eq!(
+            ReasoningParser::from_name("openai_gptoss"),
+            Some(ReasoningParser::GptOss)
         );
         assert_eq!(ReasoningParser::from_name("qwen"), None);
     }
@@ -257,5 +345,64 @@ mod tests {
                 assert_eq!(content, whole.1.unwrap_or_default(), "{reply:?}");
             }
         }
+    }
+
+    /// Token ends of a reply cut into `pieces`.
+    fn ends(pieces: &[&str]) -> (String, Vec<usize>) {
+        let mut text = String::new();
+        let ends = pieces
+            .iter()
+            .map(|piece| {
+                text.push_str(piece);
+                text.len()
+            })
+            .collect();
+        (text, ends)
+    }
+
+    #[test]
+    fn reasoning_tokens_are_those_before_the_end_of_reasoning() {
+        let (text, at) = ends(&["<think>", "Add", " them", "</", "think>", "Four", "."]);
+        assert_eq!(THINKING.reasoning_tokens(&text, &at), 3);
+        let (text, at) = ends(&["Add", " th"]);
+        assert_eq!(THINKING.reasoning_tokens(&text, &at), 2);
+        assert_eq!(Reading { thinking: false }.reasoning_tokens(&text, &at), 0);
+    }
+
+    #[test]
+    fn harmony_counts_analysis_and_calls_from_their_message_marker() {
+        let (reply, at) = ends(&[
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "Think",
+            " hard",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            " to=functions.f",
+            "<|message|>",
+            "{}",
+            "<|call|>",
+        ]);
+        // `<|message|>`, `Think`, ` hard`; `<|message|>`, `{}`.
+        assert_eq!(Harmony::reasoning_tokens(&reply, &at), 5);
+        let (reply, at) = ends(&["<|channel|>", "final", "<|message|>", "Hi", "<|return|>"]);
+        assert_eq!(Harmony::reasoning_tokens(&reply, &at), 0);
+    }
+
+    #[test]
+    fn harmony_parts_are_the_channels_joined() {
+        let reply = "<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>analysis\
+                     <|message|>B<|end|><|start|>assistant<|channel|>final<|message|>C<|ret";
+        let on = Harmony { reasoning: true };
+        assert_eq!(on.parts(reply, false), (some("A\nB"), some("C<|ret")));
+        assert_eq!(on.parts(reply, true), (some("A\nB"), some("C")));
+        assert_eq!(
+            Harmony { reasoning: false }.parts(reply, true),
+            (None, some("C"))
+        );
     }
 }

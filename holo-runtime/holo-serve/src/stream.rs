@@ -7,6 +7,7 @@
 //! complete answer would cut. When the sampler's completion arrives, its own text (cut as in a
 //! non-streamed answer) ends the choice: the concatenated deltas equal the non-streamed text.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +19,9 @@ use tokio::sync::mpsc;
 
 use super::weights::Target;
 use super::{
-    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, unix_time, usage, ApiError,
-    AppState, Choice, Common, Event, PromptLogprobs, Reading, StreamOptions, Tally,
+    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, reasoning_tokens, unix_time,
+    usage, ApiError, AppState, Choice, Common, Event, Harmony, PromptLogprobs, Reading,
+    StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
@@ -90,6 +92,9 @@ impl Streamer {
                     .map(|_| ChoiceStream {
                         matcher: matcher.clone(),
                         reading: common.reading,
+                        harmony: common.harmony,
+                        // Stop strings cut the reply's text, which harmony's channels do not show.
+                        harmony_waits: !common.params.stop.is_empty(),
                         ..ChoiceStream::default()
                     })
                     .collect()
@@ -150,6 +155,12 @@ struct ChoiceStream {
     /// arrived.
     reading: Option<Reading>,
     completed_reasoning: Option<String>,
+    /// With harmony's reading: how the reply splits, and the reply so far decoded with special
+    /// tokens (its bytes: a token may end inside a character).
+    harmony: Option<Harmony>,
+    special: Vec<u8>,
+    /// With harmony's reading and stop strings: nothing is sent before the completion.
+    harmony_waits: bool,
     /// Bytes of the reasoning sent.
     sent_reasoning: usize,
     /// Bytes of `text` searched for stop strings.
@@ -171,8 +182,9 @@ struct ChoiceStream {
     start: usize,
     /// The echoed prompt has been sent.
     echo_sent: bool,
-    /// `finish_reason`, `stop_reason` and the token count, once the completion has arrived.
-    finish: Option<(&'static str, Value, usize)>,
+    /// `finish_reason`, `stop_reason`, the token count and (with a reasoning parser) the reasoning
+    /// tokens, once the completion has arrived.
+    finish: Option<(&'static str, Value, usize, Option<usize>)>,
     /// The tool calls read from the completion, sent after its text and before its finish.
     tool_calls: Vec<ToolCall>,
     calls_sent: bool,
@@ -266,13 +278,17 @@ impl Streamer {
         if self.choices.iter().all(|choice| choice.finish_sent) {
             if self.options.include_usage {
                 let prompt_tokens = self.prompts.iter().map(Vec::len).sum();
-                let completion_tokens = self
+                let finished = self
                     .choices
                     .iter()
-                    .filter_map(|choice| choice.finish.as_ref().map(|finish| finish.2))
-                    .sum();
+                    .filter_map(|choice| choice.finish.as_ref());
+                let completion_tokens = finished.clone().map(|finish| finish.2).sum();
+                let reasoning_tokens = self
+                    .state
+                    .reasoning_parser
+                    .map(|_| finished.filter_map(|finish| finish.3).sum());
                 let mut chunk = self.envelope(Vec::new());
-                chunk["usage"] = usage(prompt_tokens, completion_tokens);
+                chunk["usage"] = usage(prompt_tokens, completion_tokens, reasoning_tokens);
                 self.queue.push_back(data(&chunk));
             }
             self.end();
@@ -389,7 +405,7 @@ impl Streamer {
             Value::Null
         };
         let (finish_reason, stop_reason) = match (&choice.finish, finishing) {
-            (Some((finish_reason, stop_reason, _)), true) => {
+            (Some((finish_reason, stop_reason, ..)), true) => {
                 (json!(finish_reason), stop_reason.clone())
             }
             _ => (Value::Null, Value::Null),
@@ -494,7 +510,12 @@ impl Streamer {
     fn usage_so_far(&self, chunk: &mut Value, index: usize) {
         if self.options.include_usage && self.options.continuous_usage_stats {
             let prompt = &self.prompts[index / self.common.n as usize];
-            chunk["usage"] = usage(prompt.len(), self.choices[index].tokens.len());
+            let tokens = &self.choices[index].tokens;
+            let reasoning = self
+                .state
+                .reasoning_parser
+                .map(|_| reasoning_tokens(&self.state, &self.common, tokens));
+            chunk["usage"] = usage(prompt.len(), tokens.len(), reasoning);
         }
     }
 
@@ -520,17 +541,41 @@ impl ChoiceStream {
 
     /// The reasoning and the content that may be sent by now (each grows as a prefix of itself): the
     /// releasable text split by the reasoning parser (its settled parts while the reply is written),
-    /// or without one all of it as content.
-    fn available(&self) -> (&str, &str) {
+    /// the channels of the reply so far with harmony's reading, or without either all of it as
+    /// content.
+    fn available(&self) -> (Cow<'_, str>, Cow<'_, str>) {
+        if let (Some(harmony), None) = (self.harmony, &self.completed) {
+            if self.harmony_waits {
+                return (Cow::Borrowed(""), Cow::Borrowed(""));
+            }
+            // A token that ends inside a character waits for the rest of it.
+            let valid = match std::str::from_utf8(&self.special) {
+                Ok(reply) => reply,
+                Err(error) => std::str::from_utf8(&self.special[..error.valid_up_to()])
+                    .expect("valid up to there"),
+            };
+            let (reasoning, content) = harmony.parts(valid, true);
+            return (
+                Cow::Owned(reasoning.unwrap_or_default()),
+                Cow::Owned(content.unwrap_or_default()),
+            );
+        }
         let text = &self.text()[..self.releasable.max(self.sent_text)];
+        let split = self.reading.is_some() || self.harmony.is_some();
         match (self.reading, &self.completed) {
-            (None, _) => ("", text),
-            (Some(_), Some(_)) => (self.completed_reasoning.as_deref().unwrap_or(""), text),
             (Some(reading), None) => {
                 let parts = reading.settled(text);
                 let part = |range: Option<std::ops::Range<usize>>| range.map_or("", |r| &text[r]);
-                (part(parts.reasoning), part(parts.content))
+                (
+                    Cow::Borrowed(part(parts.reasoning)),
+                    Cow::Borrowed(part(parts.content)),
+                )
             }
+            (_, Some(_)) if split => (
+                Cow::Borrowed(self.completed_reasoning.as_deref().unwrap_or("")),
+                Cow::Borrowed(text),
+            ),
+            _ => (Cow::Borrowed(""), Cow::Borrowed(text)),
         }
     }
 
@@ -546,6 +591,9 @@ impl ChoiceStream {
         self.logprobs.push(logprob);
         if !top.is_empty() {
             self.top.push(top);
+        }
+        if self.harmony.is_some() {
+            self.special.extend(state.vocab.bytes(token));
         }
         if self.held || self.finish.is_some() {
             return;
@@ -648,7 +696,12 @@ impl ChoiceStream {
             self.completed = Some(sent_content);
             self.completed_reasoning = Some(sent_reasoning);
         }
-        self.finish = Some((choice.finish_reason, choice.stop_reason, choice.token_count));
+        self.finish = Some((
+            choice.finish_reason,
+            choice.stop_reason,
+            choice.token_count,
+            choice.reasoning_tokens,
+        ));
         self.tool_calls = choice.tool_calls;
         Ok(())
     }
@@ -678,29 +731,23 @@ mod tests {
         }
     }
 
-    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
-    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
-    #[tokio::test]
-    async fn reasoning_streams_a_token_at_a_time() {
-        let tokenizer = Tokenizer::from_file(concat!(
+    fn fixture_tokenizer() -> Tokenizer {
+        Tokenizer::from_file(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/holophore/tokenizer.json"
         ))
-        .unwrap();
-        let reply = "Add two.</think>Four.";
-        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
-        let pieces: Vec<String> = tokens
-            .iter()
-            .map(|&id| tokenizer.decode(&[id], false).unwrap())
-            .collect();
-        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
-        let mut model = ServedModel::new(
-            "m",
-            Arc::new(Unasked),
-            tokenizer.clone(),
-            ChatTemplate::chatml(),
-        );
-        model.reasoning_parser = Some(ReasoningParser::Qwen3);
+        .unwrap()
+    }
+
+    /// A chat stream of one choice over `tokenizer` with the reasoning parser `parser`, read as
+    /// `read` says, and the sender its tokens go through; its role chunk already taken.
+    async fn chat_stream(
+        tokenizer: Tokenizer,
+        parser: ReasoningParser,
+        read: impl FnOnce(&mut Common),
+    ) -> (Streamer, mpsc::UnboundedSender<Event>) {
+        let mut model = ServedModel::new("m", Arc::new(Unasked), tokenizer, ChatTemplate::chatml());
+        model.reasoning_parser = Some(parser);
         let server = Server::bind("127.0.0.1:0", model, ServeConfig::default())
             .await
             .unwrap();
@@ -710,7 +757,7 @@ mod tests {
         let fields = Fields(&body);
         let target = state.target(&fields, &tally).unwrap();
         let mut asked = common(&fields, true).unwrap();
-        asked.reading = Some(ReasoningParser::Qwen3.reading(None));
+        read(&mut asked);
         let options = asked.stream.unwrap();
         let (sender, events) = mpsc::unbounded_channel();
         let mut streamer = Streamer::new(
@@ -726,9 +773,17 @@ mod tests {
         );
         let role = streamer.next().await.unwrap();
         assert!(role.contains("\"role\":\"assistant\""), "{role}");
-        // After each token, the delta it released (none while a marker may be starting).
+        (streamer, sender)
+    }
+
+    /// After each of `tokens`, the delta it released (`None`: no chunk).
+    async fn deltas_token_by_token(
+        streamer: &mut Streamer,
+        sender: &mpsc::UnboundedSender<Event>,
+        tokens: &[u32],
+    ) -> Vec<Option<Value>> {
         let mut deltas = Vec::new();
-        for &token in &tokens {
+        for &token in tokens {
             let event = Event::Token {
                 choice: 0,
                 token,
@@ -744,8 +799,64 @@ mod tests {
             assert!(streamer.queue.is_empty());
             deltas.push(chunk.map(|chunk| chunk["choices"][0]["delta"].clone()));
         }
-        let reasoning = |text: &str| Some(json!({"reasoning": text}));
-        let content = |text: &str| Some(json!({"content": text}));
+        deltas
+    }
+
+    /// Ends the stream with `text` and `tokens` as its completion: the last chunk's `delta` and
+    /// `finish_reason`.
+    async fn finished(
+        streamer: &mut Streamer,
+        sender: &mpsc::UnboundedSender<Event>,
+        text: &str,
+        tokens: &[u32],
+    ) -> (Value, Value) {
+        let completion = Completion {
+            text: text.into(),
+            tokens: tokens.to_vec(),
+            logprobs: vec![-1.0; tokens.len()],
+            top_logprobs: Vec::new(),
+            finish: Finish::EndOfTurn,
+            routes: Vec::new(),
+            weight_version: None,
+        };
+        sender
+            .send(Event::Done {
+                choice: 0,
+                result: Ok(completion),
+            })
+            .unwrap();
+        streamer.advance().await;
+        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
+        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+        let choice = &last["choices"][0];
+        (choice["delta"].clone(), choice["finish_reason"].clone())
+    }
+
+    fn reasoning(text: &str) -> Option<Value> {
+        Some(json!({"reasoning": text}))
+    }
+
+    fn content(text: &str) -> Option<Value> {
+        Some(json!({"content": text}))
+    }
+
+    /// Streamed a token at a time, with `</think>` spelled by three tokens, each chunk sends what is
+    /// settled: reasoning while the marker may still be coming, never a piece of it, then the content.
+    #[tokio::test]
+    async fn reasoning_streams_a_token_at_a_time() {
+        let tokenizer = fixture_tokenizer();
+        let reply = "Add two.</think>Four.";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        assert_eq!(pieces[4..7], ["</", "think", ">"], "{pieces:?}");
+        let (mut streamer, sender) = chat_stream(tokenizer, ReasoningParser::Qwen3, |asked| {
+            asked.reading = ReasoningParser::Qwen3.reading(None)
+        })
+        .await;
+        let deltas = deltas_token_by_token(&mut streamer, &sender, &tokens).await;
         assert_eq!(
             deltas,
             [
@@ -762,25 +873,61 @@ mod tests {
                 content("."),
             ]
         );
-        let completion = Completion {
-            text: reply.into(),
-            tokens: tokens.clone(),
-            logprobs: vec![-1.0; tokens.len()],
-            top_logprobs: Vec::new(),
-            finish: Finish::EndOfTurn,
-            routes: Vec::new(),
-            weight_version: None,
-        };
-        sender
-            .send(Event::Done {
-                choice: 0,
-                result: Ok(completion),
-            })
+        let last = finished(&mut streamer, &sender, reply, &tokens).await;
+        assert_eq!(last, (json!({}), json!("stop")));
+    }
+
+    /// A gpt-oss reply streamed a token at a time (harmony's markers special tokens, which the text
+    /// lacks): its analysis as reasoning, its final message as content, vLLM's deltas, and nothing for
+    /// the markers and header words.
+    #[tokio::test]
+    async fn harmony_streams_a_token_at_a_time() {
+        let mut tokenizer = fixture_tokenizer();
+        let markers = [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|return|>",
+        ];
+        tokenizer
+            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
             .unwrap();
-        streamer.advance().await;
-        let last: Value = serde_json::from_str(&streamer.queue.pop_front().unwrap()).unwrap();
-        assert_eq!(last["choices"][0]["delta"], json!({}));
-        assert_eq!(last["choices"][0]["finish_reason"], "stop");
-        assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
+        let reply =
+            "<|channel|>analysis<|message|>Add two.<|end|><|start|>assistant<|channel|>final\
+                     <|message|>Four.<|return|>";
+        let tokens = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap())
+            .collect();
+        let (mut streamer, sender) =
+            chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
+                asked.harmony = Some(Harmony { reasoning: true })
+            })
+            .await;
+        let deltas = deltas_token_by_token(&mut streamer, &sender, &tokens).await;
+        let shown: Vec<(&str, Option<Value>)> = pieces
+            .iter()
+            .map(String::as_str)
+            .zip(deltas)
+            .filter(|(_, delta)| delta.is_some())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("A", reasoning("A")),
+                ("dd", reasoning("dd")),
+                (" two", reasoning(" two")),
+                (".", reasoning(".")),
+                ("F", content("F")),
+                ("our", content("our")),
+                (".", content(".")),
+            ],
+            "{pieces:?}"
+        );
+        let text = tokenizer.decode(&tokens, true).unwrap();
+        let last = finished(&mut streamer, &sender, &text, &tokens).await;
+        assert_eq!(last, (json!({}), json!("stop")));
     }
 }

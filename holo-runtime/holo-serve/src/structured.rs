@@ -3,6 +3,7 @@
 //! model's grammars before any sampling.
 
 use super::*;
+use holo_core::json::json_layout;
 use holo_core::Constraint;
 
 /// The request keys that ask for a constraint, in the order they are read.
@@ -35,6 +36,47 @@ pub(super) fn constraint(fields: &Fields) -> Result<Option<(&'static str, Constr
         found = Some((key, constraint));
     }
     Ok(found)
+}
+
+/// `constraint` held only after a reasoning that ends with `end` (`</think>`), as vLLM starts a
+/// structured reply's grammar once the reasoning has ended: a Lark grammar whose sentences are any
+/// text up to and with `end` (llguidance's lazy lexeme), up to four whitespace characters (Qwen3
+/// writes two newlines; unbounded, a model that keeps choosing whitespace never answers), then a
+/// sentence of `constraint`. `None` for a Lark grammar of the client's, which cannot be nested in
+/// another.
+pub(super) fn after_reasoning(constraint: &Constraint, end: &str) -> Option<Constraint> {
+    let body = match constraint {
+        Constraint::JsonObject => format!("%json {}", json_layout(json!({"type": "object"}))),
+        Constraint::JsonSchema(schema) => format!("%json {}", json_layout(schema.clone())),
+        Constraint::Regex(regex) => format!("/{}/", slashes_escaped(regex)),
+        Constraint::Choice(choices) => choices
+            .iter()
+            .map(|choice| Value::String(choice.clone()).to_string())
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Constraint::Lark(_) => return None,
+    };
+    let end = Value::String(end.to_string());
+    Some(Constraint::Lark(format!(
+        "start: reasoning body | reasoning SPACE body\n\
+         reasoning[suffix={end}]: /(?s:.*)/\n\
+         SPACE: /[ \\t\\r\\n]{{1,4}}/\n\
+         body: {body}\n"
+    )))
+}
+
+/// A regular expression as a Lark `/…/` literal's body: its unescaped slashes escaped.
+fn slashes_escaped(regex: &str) -> String {
+    let mut escaped = String::with_capacity(regex.len());
+    let mut escaping = false;
+    for c in regex.chars() {
+        if c == '/' && !escaping {
+            escaped.push('\\');
+        }
+        escaping = c == '\\' && !escaping;
+        escaped.push(c);
+    }
+    escaped
 }
 
 fn read(key: &'static str, value: &Value) -> Result<Option<Constraint>, ApiError> {
@@ -259,5 +301,41 @@ fn unknown_keys(path: &str, object: &Map<String, Value>, allowed: &[&str]) -> Re
         )
         .code("unsupported_parameter")),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every constraint but a client's Lark grammar nests after the reasoning in a grammar
+    /// llguidance compiles; a regex's slashes, escaped or not, keep their meaning.
+    #[test]
+    fn constraints_nest_after_the_reasoning() {
+        let tokenizer = Tokenizer::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/holophore/tokenizer.json"
+        ))
+        .unwrap();
+        let size = tokenizer.get_vocab_size(true);
+        let grammars = holo_model::Grammars::new(tokenizer, size, vec![0]);
+        for constraint in [
+            Constraint::JsonObject,
+            Constraint::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+            ),
+            Constraint::Regex(r"(yes|no)/[0-9]+\/x".into()),
+            Constraint::Choice(vec!["red".into(), "a \"blue\" one".into()]),
+        ] {
+            let nested = after_reasoning(&constraint, "</think>").unwrap();
+            if let Err(error) = grammars.compile(&nested) {
+                panic!("{constraint:?}: {error}\n{nested:?}");
+            }
+        }
+        assert_eq!(slashes_escaped(r"a/b\/c\\/d"), r"a\/b\/c\\\/d");
+        assert_eq!(
+            after_reasoning(&Constraint::Lark("start: \"x\"".into()), "</think>"),
+            None
+        );
     }
 }

@@ -10,6 +10,7 @@ mod common;
 mod concurrency;
 mod connections;
 mod echo;
+mod harmony;
 mod lm_eval;
 mod openai_sampler;
 mod prompt_logprobs;

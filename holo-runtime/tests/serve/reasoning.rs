@@ -69,9 +69,18 @@ impl Sampler for Replier {
     }
 }
 
-/// A server of the replier with `parser`; its template writes the messages' contents one after
-/// the other (and takes `tools`, which it does not show).
+/// A server of the replier with `parser` and Hermes' tool calls; its template writes the messages'
+/// contents one after the other (and takes `tools`, which it does not show).
 async fn start_replier(parser: Option<ReasoningParser>) -> ServerHandle {
+    serve_replier(tokenizer(), parser, ToolFormat::Hermes).await
+}
+
+/// The same with `tokenizer` and the tool calls of `format`.
+pub(super) async fn serve_replier(
+    tokenizer: Tokenizer,
+    parser: Option<ReasoningParser>,
+    format: ToolFormat,
+) -> ServerHandle {
     let template = ChatTemplate::from_source(
         "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{% endif %}",
         "replier.jinja",
@@ -79,11 +88,11 @@ async fn start_replier(parser: Option<ReasoningParser>) -> ServerHandle {
     )
     .unwrap();
     let replier = Arc::new(Replier {
-        tokenizer: tokenizer(),
+        tokenizer: tokenizer.clone(),
     });
-    let mut model = ServedModel::new(MODEL, replier, tokenizer(), template);
+    let mut model = ServedModel::new(MODEL, replier, tokenizer, template);
     model.reasoning_parser = parser;
-    model.tool_parser = Some(ToolFormat::Hermes);
+    model.tool_parser = Some(format);
     Server::bind("127.0.0.1:0", model, ServeConfig::default())
         .await
         .unwrap()
@@ -92,7 +101,7 @@ async fn start_replier(parser: Option<ReasoningParser>) -> ServerHandle {
 
 impl Client {
     /// A chat request whose reply is `reply`, with `extra` fields: the answer.
-    async fn chat(&self, reply: &str, extra: Value) -> Value {
+    pub(super) async fn chat(&self, reply: &str, extra: Value) -> Value {
         let mut body = json!({"messages": [{"role": "user", "content": format!("REPLY:{reply}")}]});
         body.as_object_mut()
             .unwrap()
@@ -103,7 +112,7 @@ impl Client {
     }
 
     /// The same, streamed: its chunks' choices.
-    async fn chat_streamed(&self, reply: &str, extra: Value) -> Vec<Value> {
+    pub(super) async fn chat_streamed(&self, reply: &str, extra: Value) -> Vec<Value> {
         let mut body = json!({"stream": true, "messages": [{"role": "user", "content": format!("REPLY:{reply}")}]});
         body.as_object_mut()
             .unwrap()
@@ -127,7 +136,7 @@ impl Client {
 
 /// A streamed choice's reasoning and content, each joined (`None` when no delta had it), after
 /// checking that no reasoning follows content.
-fn joined(choices: &[Value]) -> (Option<String>, Option<String>) {
+pub(super) fn joined(choices: &[Value]) -> (Option<String>, Option<String>) {
     let mut reasoning: Option<String> = None;
     let mut content: Option<String> = None;
     for choice in choices {

@@ -6,17 +6,27 @@
 use super::python_client::run_python;
 use super::*;
 use holo_runtime::local::{LocalModel, LocalOptions};
+use holo_runtime::serve::ReasoningParser;
 
 /// The random Qwen3 served in process under [`MODEL`], with the chat template of the real Qwen3 and a
 /// context of 4096 positions (the fixture's 512 do not hold Qwen3's tool prompt in a 512-token
 /// vocabulary); the folder lives as long as the server.
 pub(super) async fn start_qwen3() -> (ServerHandle, String, crate::common::tempdir::Dir) {
+    start_qwen3_with(|_| {}, |_| {}).await
+}
+
+/// The same, its folder changed by `change` before it loads and the served model by `serve`.
+pub(super) async fn start_qwen3_with(
+    change: impl FnOnce(&Path),
+    serve: impl FnOnce(&mut ServedModel),
+) -> (ServerHandle, String, crate::common::tempdir::Dir) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
     let dir = crate::common::tempdir::Dir::new("serve-qwen3");
     for entry in std::fs::read_dir(&fixture).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
     }
+    change(dir.path());
     let config_file = dir.path().join("config.json");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
@@ -28,6 +38,7 @@ pub(super) async fn start_qwen3() -> (ServerHandle, String, crate::common::tempd
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/models/qwen3"),
     )
     .unwrap();
+    serve(&mut served);
     let server = Server::bind("127.0.0.1:0", served, ServeConfig::default())
         .await
         .unwrap()
@@ -257,4 +268,110 @@ async fn biases_and_ending_parameters_reach_the_local_model() {
     assert_eq!(out["ignore_eos"]["finish"], "length");
     assert_eq!(out["outside"]["status"], 400);
     assert_eq!(out["outside"]["body"]["param"], "logit_bias");
+}
+
+/// The tiny Qwen3's token that spells `</think>` (as Qwen3's own vocabulary has it, one token): its
+/// token 508 (`Ġcarry`), respelled (see [`respell`]).
+const THINK_END: u32 = 508;
+
+/// The tokenizer of the model folder `dir` with each token of `spellings` (an id of its BPE
+/// vocabulary) spelled anew, and the merge that made it dropped: the model writes the new text with
+/// that one token, and no text is cut into it.
+pub(super) fn respell(dir: &Path, spellings: &[(u32, &str)]) {
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let model = &mut tokenizer["model"];
+    let vocab = model["vocab"].as_object_mut().unwrap();
+    let mut olds = Vec::new();
+    for &(id, spelling) in spellings {
+        let old = vocab
+            .iter()
+            .find(|(_, known)| **known == json!(id))
+            .map(|(old, _)| old.clone())
+            .unwrap();
+        vocab.remove(&old);
+        vocab.insert(spelling.into(), json!(id));
+        olds.push(old);
+    }
+    let merges = model["merges"].as_array_mut().unwrap();
+    merges.retain(|merge| {
+        let parts = merge.as_array().unwrap().iter();
+        let made: String = parts.map(|part| part.as_str().unwrap()).collect();
+        !olds.contains(&made)
+    });
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+}
+
+/// With `--reasoning-parser qwen3`, a structured reply's grammar starts after `</think>`, as vLLM
+/// starts it: the random tiny Qwen3 (pushed towards `</think>` by a bias, since random weights never
+/// close their thinking) thinks freely, closes its thinking, and answers JSON that validates; the
+/// answer splits into that reasoning and that JSON. Without thinking the grammar holds the reply from
+/// its first token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_reply_starts_after_the_reasoning() {
+    let (server, _base, _dir) = start_qwen3_with(
+        |dir| respell(dir, &[(THINK_END, "</think>")]),
+        |served| served.reasoning_parser = Some(ReasoningParser::Qwen3),
+    )
+    .await;
+    let client = Client::new(&server);
+    let schema = json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["ok", "n"],
+        "additionalProperties": false,
+    });
+    let mut reasoned = 0;
+    for seed in 0..6 {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+            "logit_bias": {THINK_END.to_string(): 6},
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 120,
+            "return_token_ids": true,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{answer:#}");
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop", "{answer:#}");
+        let reasoning = choice["message"]["reasoning"]
+            .as_str()
+            .expect("a reasoning");
+        let content = choice["message"]["content"].as_str().expect("a content");
+        let value: Value = serde_json::from_str(content.trim_start()).unwrap();
+        let object = value.as_object().unwrap();
+        assert!(object["ok"].is_boolean() && (0..=9).contains(&object["n"].as_i64().unwrap()));
+        assert_eq!(object.len(), 2, "{content}");
+        // The grammar let the model write what it liked before `</think>`, and then only JSON.
+        let ids = ids(&choice["token_ids"]);
+        let end = ids.iter().position(|&id| id == THINK_END).unwrap();
+        assert!(!reasoning.contains("</think>"), "{answer:#}");
+        reasoned += usize::from(end > 0 && !reasoning.trim().is_empty());
+        assert_eq!(
+            answer["usage"]["completion_tokens_details"]["reasoning_tokens"], end,
+            "{answer:#}"
+        );
+    }
+    assert!(
+        reasoned >= 2,
+        "only {reasoned} of 6 replies reasoned before answering"
+    );
+
+    // Without thinking (the template writes an empty think block) the reply is the JSON alone.
+    let body = json!({
+        "messages": [{"role": "user", "content": "Answer in JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        "chat_template_kwargs": {"enable_thinking": false},
+        "seed": 0,
+        "max_tokens": 40,
+    });
+    let (status, answer) = client.post("/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{answer:#}");
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["reasoning"], Value::Null, "{answer:#}");
+    let value: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
+    assert!(value["ok"].is_boolean(), "{answer:#}");
 }

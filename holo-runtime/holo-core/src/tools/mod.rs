@@ -6,9 +6,11 @@
 //! ([`RenderOptions::tools`](crate::chat::RenderOptions::tools)) and answers in its family's format:
 //! [`ToolFormat::Hermes`] (Qwen 2.5 and 3, Hermes: `<tool_call>{json}</tool_call>`),
 //! [`ToolFormat::Llama3Json`] (Llama 3.1 to 3.3: a bare `{"name", "parameters"}` object), or
-//! [`ToolFormat::Mistral`] (`[TOOL_CALLS][{"name", "arguments"}, …]`). The names are vLLM's
+//! [`ToolFormat::Mistral`] (`[TOOL_CALLS][{"name", "arguments"}, …]`), or [`ToolFormat::Harmony`]
+//! (gpt-oss: messages to `functions.NAME` on harmony's channels). The names are vLLM's
 //! `--tool-call-parser` names.
 
+pub mod harmony;
 mod hermes;
 mod llama;
 mod mistral;
@@ -62,14 +64,21 @@ pub enum ToolFormat {
     /// `[TOOL_CALLS]name[ARGS]{…}` is read too). `[TOOL_CALLS]` is a special token: the reply is read
     /// from its decoding with special tokens.
     Mistral,
+    /// OpenAI's harmony format (gpt-oss, vLLM's `openai` parser): a call is a message to
+    /// `functions.NAME` (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}
+    /// <|call|>`), its content the arguments; the reply's content is its `final` messages and
+    /// preambles (see [`harmony`]). The markers are special tokens: the reply is read from its
+    /// decoding with special tokens.
+    Harmony,
 }
 
 impl ToolFormat {
     /// Every format by its vLLM `--tool-call-parser` name.
-    pub const NAMES: [(&'static str, ToolFormat); 3] = [
+    pub const NAMES: [(&'static str, ToolFormat); 4] = [
         ("hermes", ToolFormat::Hermes),
         ("llama3_json", ToolFormat::Llama3Json),
         ("mistral", ToolFormat::Mistral),
+        ("openai", ToolFormat::Harmony),
     ];
 
     /// The format named `name` (vLLM's names).
@@ -91,7 +100,9 @@ impl ToolFormat {
     /// The format a chat template's source writes its tool calls in, when it says: the markers its
     /// assistant turns are rendered with.
     pub fn detect(source: &str) -> Option<ToolFormat> {
-        if source.contains("<tool_call>") {
+        if source.contains(harmony::CHANNEL) && source.contains(harmony::FUNCTIONS) {
+            Some(ToolFormat::Harmony)
+        } else if source.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
         } else if source.contains("[TOOL_CALLS]") {
             Some(ToolFormat::Mistral)
@@ -106,7 +117,7 @@ impl ToolFormat {
 
     /// Whether replies are read from their decoding with special tokens (the format's marker is one).
     pub fn reads_special_tokens(self) -> bool {
-        self == ToolFormat::Mistral
+        matches!(self, ToolFormat::Mistral | ToolFormat::Harmony)
     }
 
     /// The calls in `text`, or `None` when it holds none: no call starts there, or what starts one is
@@ -116,6 +127,7 @@ impl ToolFormat {
             ToolFormat::Hermes => hermes::parse(text),
             ToolFormat::Llama3Json => llama::parse(text),
             ToolFormat::Mistral => mistral::parse(text),
+            ToolFormat::Harmony => harmony::parse(text),
         }?;
         (!reply.calls.is_empty()).then_some(reply)
     }
@@ -140,13 +152,15 @@ impl ToolFormat {
             ToolFormat::Mistral => text
                 .find(mistral::MARKER)
                 .map(|at| &text[at + mistral::MARKER.len()..]),
+            // A call is a message of its own: its arguments are what may be wrong.
+            ToolFormat::Harmony => return harmony::malformed(text).map_or(Ok(None), Err),
         };
         let Some(payload) = payload else {
             return Ok(None);
         };
         let arguments = match self {
             ToolFormat::Llama3Json => "parameters",
-            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+            ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => "arguments",
         };
         let mut values = serde_json::Deserializer::from_str(payload.trim()).into_iter::<Value>();
         Err(match values.next() {
@@ -168,12 +182,15 @@ impl ToolFormat {
             ToolFormat::Mistral => {
                 marker_from(text, mistral::MARKER).min(whole_reply_from(text, '['))
             }
+            // A call is a message of its own, never in the content's text.
+            ToolFormat::Harmony => text.len(),
         }
     }
 
     /// A Lark grammar (llguidance's) whose sentences are calls of `functions` in this format: one
-    /// call, or with `parallel` one or more. `token_id` finds a special token's id (Mistral's
-    /// `[TOOL_CALLS]`); `None` when the format needs one the tokenizer lacks.
+    /// call, or with `parallel` one or more (harmony's `<|call|>` ends the turn: one call). `token_id`
+    /// finds a special token's id (Mistral's `[TOOL_CALLS]`, harmony's markers); `None` when the
+    /// format needs one the tokenizer lacks.
     pub fn grammar(
         self,
         functions: &[Function],
@@ -183,9 +200,25 @@ impl ToolFormat {
         if functions.is_empty() {
             return Err("no function to call".into());
         }
-        let arguments_key = match self {
-            ToolFormat::Llama3Json => "parameters",
-            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+        // Per format: the arguments' key, what opens the calls, separates them and closes them.
+        let (arguments_key, open, separator, close) = match self {
+            ToolFormat::Hermes => ("arguments", String::new(), "\"\\n\"", String::new()),
+            ToolFormat::Llama3Json => ("parameters", String::new(), "\"; \"", String::new()),
+            ToolFormat::Mistral => {
+                let id = token_id(mistral::MARKER).ok_or_else(|| {
+                    format!(
+                        "the tokenizer has no `{}` token for Mistral's tool calls",
+                        mistral::MARKER
+                    )
+                })?;
+                (
+                    "arguments",
+                    format!("<[{id}]> \"[\" "),
+                    "\", \"",
+                    " \"]\"".to_string(),
+                )
+            }
+            ToolFormat::Harmony => return harmony::grammar(functions, token_id),
         };
         let alternatives: Vec<Value> = functions
             .iter()
@@ -206,28 +239,11 @@ impl ToolFormat {
             _ => json!({"anyOf": alternatives}),
         };
         let call = format!("%json {}", json_layout(schema));
-        let (open, separator, close) = match self {
-            ToolFormat::Hermes => (String::new(), "\"\\n\"".to_string(), String::new()),
-            ToolFormat::Llama3Json => (String::new(), "\"; \"".to_string(), String::new()),
-            ToolFormat::Mistral => {
-                let id = token_id(mistral::MARKER).ok_or_else(|| {
-                    format!(
-                        "the tokenizer has no `{}` token for Mistral's tool calls",
-                        mistral::MARKER
-                    )
-                })?;
-                (
-                    format!("<[{id}]> \"[\" "),
-                    "\", \"".to_string(),
-                    " \"]\"".to_string(),
-                )
-            }
-        };
         let call = match self {
             ToolFormat::Hermes => {
                 format!("\"{}\\n\" {call} \"\\n{}\"", hermes::OPEN, hermes::CLOSE)
             }
-            ToolFormat::Llama3Json | ToolFormat::Mistral => call,
+            _ => call,
         };
         let repeat = if parallel {
             format!(" ({separator} call)*")
@@ -532,5 +548,26 @@ mod tests {
             "{mistral}"
         );
         assert!(ToolFormat::Hermes.grammar(&[], true, |_| None).is_err());
+        // Harmony: one call (`<|call|>` ends the turn), its markers by id, one alternative per function.
+        let missing = ToolFormat::Harmony.grammar(&functions, true, |_| None);
+        assert!(missing.unwrap_err().contains("<|channel|>"));
+        let ids = ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"];
+        let harmony = ToolFormat::Harmony
+            .grammar(&functions, true, |name| {
+                ids.iter()
+                    .position(|id| *id == name)
+                    .map(|at| at as u32 + 1)
+            })
+            .unwrap();
+        assert!(
+            harmony.starts_with(
+                "start: <[1]> \"commentary to=functions.f \" <[2]> \"json\" <[3]> %json {"
+            ),
+            "{harmony}"
+        );
+        assert!(
+            harmony.contains("} <[4]>\n     | <[1]> \"commentary to=functions.g \""),
+            "{harmony}"
+        );
     }
 }

@@ -85,13 +85,15 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// How the model writes tool calls, by vLLM's parser names: `hermes` (Qwen 2.5 and 3, Hermes),
-    /// `llama3_json` (Llama 3.1 to 3.3), `mistral`. Default: the format the chat template renders
-    /// tool calls in, when it says; without one, requests with `tools` are refused.
+    /// `llama3_json` (Llama 3.1 to 3.3), `mistral`, `openai` (gpt-oss's harmony format). Default: the
+    /// format the chat template renders tool calls in, when it says; without one, requests with
+    /// `tools` are refused.
     #[arg(long, value_parser = tool_call_parser)]
     pub tool_call_parser: Option<ToolFormat>,
-    /// How the model marks its reasoning, by vLLM's parser names: `qwen3`, `deepseek_r1`. Chat
-    /// replies then carry the text between the think markers as `reasoning`, apart from `content`.
-    /// Default: none (replies are left whole).
+    /// How the model marks its reasoning, by vLLM's parser names: `qwen3`, `deepseek_r1`,
+    /// `openai_gptoss` (harmony's `analysis` channel). Chat replies then carry the reasoning as
+    /// `reasoning`, apart from `content`, and `usage` its tokens. Default: none (replies are left
+    /// whole; a gpt-oss reply is still read by its channels, its analysis dropped).
     #[arg(long, value_parser = reasoning_parser)]
     pub reasoning_parser: Option<ReasoningParser>,
     #[command(flatten)]

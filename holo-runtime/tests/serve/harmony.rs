@@ -1,0 +1,351 @@
+//! gpt-oss's harmony format (`--reasoning-parser openai_gptoss`, `--tool-call-parser openai`): the
+//! replies of `tests/fixtures/chat/harmony.json`, rendered by openai-harmony
+//! (`scripts/harmony_fixtures.py`), written token by token by a scripted sampler whose tokenizer has
+//! harmony's markers as special tokens (so the reply's text, decoded without them, shows none). Whole
+//! and streamed, and read by the official `openai` client, the answers hold what vLLM's chat API reads
+//! from those replies: the `analysis` channel as `reasoning`, `final` messages and preambles as
+//! `content`, messages to `functions.NAME` as `tool_calls`, and the reasoning tokens in `usage`.
+
+use super::python_client::run_python;
+use super::reasoning::{joined, serve_replier};
+use super::structured::{respell, start_qwen3_with};
+use super::*;
+use holo_runtime::serve::ReasoningParser;
+use holo_runtime::tools::ToolFormat;
+use tokenizers::AddedToken;
+
+/// Harmony's markers, special tokens of gpt-oss's tokenizer.
+const MARKERS: [&str; 7] = [
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+];
+
+/// The fixture's tokenizer with harmony's markers as special tokens.
+fn harmony_tokenizer() -> Tokenizer {
+    let mut tokenizer = tokenizer();
+    let markers = MARKERS.map(|marker| AddedToken::from(marker, true));
+    assert_eq!(
+        tokenizer.add_special_tokens(markers).unwrap(),
+        MARKERS.len()
+    );
+    tokenizer
+}
+
+fn cases() -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/harmony.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixture["cases"].as_array().unwrap().clone()
+}
+
+fn tools() -> Value {
+    json!({"tools": [{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
+}
+
+/// The reasoning tokens vLLM counts in a reply whose messages are `messages` (harmony's reading): per
+/// message on `analysis`, or on `commentary` to a recipient, its `<|message|>` and its text's tokens
+/// (the tokenizer cuts the text between two special tokens on its own).
+fn reasoning_tokens(tokenizer: &Tokenizer, messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .filter(|message| {
+            message["channel"] == "analysis"
+                || (message["channel"] == "commentary" && !message["recipient"].is_null())
+        })
+        .map(|message| {
+            let text = message["text"].as_str().unwrap();
+            1 + tokenizer.encode(text, false).unwrap().get_ids().len()
+        })
+        .sum()
+}
+
+/// Every fixture reply, whole and streamed, answers as vLLM reads it; a call whose arguments are not
+/// JSON is no call (vLLM passes their text on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_are_read_by_their_channels_as_vllm_reads_them() {
+    let tokenizer = harmony_tokenizer();
+    let server = serve_replier(
+        tokenizer.clone(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let client = Client::new(&server);
+    for case in cases() {
+        let name = &case["name"];
+        let reply = case["reply"].as_str().unwrap();
+        let expected = &case["expected"];
+        let calls = expected["tool_calls"].as_array().unwrap();
+        let well_formed = calls.iter().all(|call| !call["arguments"].is_null());
+        let calls: &[Value] = if well_formed { calls } else { &[] };
+        let finish = if calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+
+        let answer = client.chat(reply, tools()).await;
+        let choice = &answer["choices"][0];
+        let message = &choice["message"];
+        assert_eq!(
+            message["reasoning"], expected["reasoning"],
+            "{name}: {answer:#}"
+        );
+        assert_eq!(
+            message["content"], expected["content"],
+            "{name}: {answer:#}"
+        );
+        assert_eq!(choice["finish_reason"], finish, "{name}: {answer:#}");
+        let read: Vec<Value> = message["tool_calls"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .map(|call| {
+                let arguments = call["function"]["arguments"].as_str().unwrap();
+                json!({"name": call["function"]["name"],
+                       "arguments": serde_json::from_str::<Value>(arguments).unwrap()})
+            })
+            .collect();
+        assert_eq!(read, calls, "{name}: {answer:#}");
+        let counted = reasoning_tokens(&tokenizer, case["messages"].as_array().unwrap());
+        assert_eq!(
+            answer["usage"]["completion_tokens_details"]["reasoning_tokens"], counted,
+            "{name}: {answer:#}"
+        );
+
+        let chunks = client.chat_streamed(reply, tools()).await;
+        let text = |key: &str| expected[key].as_str().map(str::to_string);
+        assert_eq!(
+            joined(&chunks),
+            (text("reasoning"), text("content")),
+            "{name}: {chunks:#?}"
+        );
+        let mut streamed: Vec<Value> = Vec::new();
+        for delta in chunks
+            .iter()
+            .filter_map(|chunk| chunk["delta"]["tool_calls"].as_array())
+        {
+            for piece in delta {
+                let index = piece["index"].as_u64().unwrap() as usize;
+                if index == streamed.len() {
+                    streamed.push(json!({"name": piece["function"]["name"], "arguments": ""}));
+                }
+                let arguments = piece["function"]["arguments"].as_str().unwrap_or("");
+                let so_far = streamed[index]["arguments"].as_str().unwrap().to_string();
+                streamed[index]["arguments"] = json!(so_far + arguments);
+            }
+        }
+        let streamed: Vec<Value> = streamed
+            .into_iter()
+            .map(|call| {
+                let arguments = call["arguments"].as_str().unwrap();
+                json!({"name": call["name"], "arguments": serde_json::from_str::<Value>(arguments).unwrap()})
+            })
+            .collect();
+        assert_eq!(streamed, calls, "{name}: {chunks:#?}");
+        assert_eq!(chunks.last().unwrap()["finish_reason"], finish, "{name}");
+        for chunk in &chunks {
+            let delta = chunk["delta"].to_string();
+            assert!(!delta.contains("<|"), "{name}: a marker in {delta}");
+        }
+    }
+}
+
+/// `include_reasoning: false` leaves the analysis out; without the reasoning parser (only
+/// `--tool-call-parser openai`) the analysis is dropped, as vLLM drops it, and `usage` has no details.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analysis_is_reported_with_the_reasoning_parser_only() {
+    let reply = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final\
+                 <|message|>Answer.<|return|>";
+    let server = serve_replier(
+        harmony_tokenizer(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let answer = Client::new(&server)
+        .chat(reply, json!({"include_reasoning": false}))
+        .await;
+    assert_eq!(answer["choices"][0]["message"]["reasoning"], Value::Null);
+    assert_eq!(answer["choices"][0]["message"]["content"], "Answer.");
+
+    let server = serve_replier(harmony_tokenizer(), None, ToolFormat::Harmony).await;
+    let answer = Client::new(&server).chat(reply, json!({})).await;
+    let message = answer["choices"][0]["message"].as_object().unwrap();
+    assert_eq!(message["content"], "Answer.");
+    assert!(!message.contains_key("reasoning"), "{answer:#}");
+    assert!(answer["usage"].get("completion_tokens_details").is_none());
+}
+
+/// Streamed with `include_usage`, the last chunk's `usage` counts the reasoning tokens; with
+/// `continuous_usage_stats`, every chunk counts those so far, never more than the whole reply's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_usage_counts_the_reasoning_tokens() {
+    let tokenizer = harmony_tokenizer();
+    let server = serve_replier(
+        tokenizer.clone(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let client = Client::new(&server);
+    let case = cases()
+        .into_iter()
+        .find(|case| case["name"] == "reasoning_then_call")
+        .unwrap();
+    let counted = reasoning_tokens(&tokenizer, case["messages"].as_array().unwrap());
+    assert!(counted > 2);
+    let reply = case["reply"].as_str().unwrap();
+    let body = json!({
+        "stream": true,
+        "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+        "messages": [{"role": "user", "content": format!("REPLY:{reply}")}],
+    });
+    let response = client
+        .http
+        .post(format!("{}/v1/chat/completions", client.base))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let chunks = sse_payloads(&response.text().await.unwrap());
+    let counts: Vec<u64> = chunks
+        .iter()
+        .map(|chunk| {
+            chunk["usage"]["completion_tokens_details"]["reasoning_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        counts.windows(2).all(|pair| pair[0] <= pair[1]),
+        "{counts:?}"
+    );
+    assert_eq!(counts[0], 0);
+    assert_eq!(*counts.last().unwrap(), counted as u64, "{chunks:#?}");
+}
+
+const CLIENT: &str = r#"
+import json, sys
+from openai import OpenAI
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+model = sys.argv[2]
+messages = [{"role": "user", "content": "REPLY:" + sys.argv[3]}]
+tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+reply = client.chat.completions.create(model=model, messages=messages, tools=tools)
+message = reply.choices[0].message
+calls, reasoning = {}, ""
+stream = client.chat.completions.create(
+    model=model, messages=messages, tools=tools, stream=True, stream_options={"include_usage": True})
+usage = None
+for chunk in stream:
+    usage = chunk.usage or usage
+    for choice in chunk.choices:
+        reasoning += getattr(choice.delta, "reasoning", None) or ""
+        for call in choice.delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+            entry["name"] += call.function.name or ""
+            entry["arguments"] += call.function.arguments or ""
+print(json.dumps({
+    "reasoning": message.reasoning,
+    "content": message.content,
+    "finish_reason": reply.choices[0].finish_reason,
+    "calls": [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in message.tool_calls],
+    "reasoning_tokens": reply.usage.completion_tokens_details.reasoning_tokens,
+    "streamed_reasoning": reasoning,
+    "streamed_calls": [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in calls.values()],
+    "streamed_reasoning_tokens": usage.completion_tokens_details.reasoning_tokens,
+}))
+"#;
+
+/// The official `openai` client reads a gpt-oss call: the reasoning, the call and its arguments, the
+/// reasoning tokens, whole and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_reads_a_harmony_call() {
+    let tokenizer = harmony_tokenizer();
+    let server = serve_replier(
+        tokenizer.clone(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let case = cases()
+        .into_iter()
+        .find(|case| case["name"] == "call_after_the_channel")
+        .unwrap();
+    let reply = case["reply"].as_str().unwrap();
+    let Some(out) = run_python(&["openai"], CLIENT, &server.base_url(), &[reply]).await else {
+        return;
+    };
+    let expected = &case["expected"];
+    let counted = reasoning_tokens(&tokenizer, case["messages"].as_array().unwrap());
+    assert_eq!(out["reasoning"], expected["reasoning"]);
+    assert_eq!(out["content"], Value::Null);
+    assert_eq!(out["finish_reason"], "tool_calls");
+    assert_eq!(out["calls"], expected["tool_calls"]);
+    assert_eq!(out["reasoning_tokens"], counted);
+    assert_eq!(out["streamed_reasoning"], expected["reasoning"]);
+    assert_eq!(out["streamed_calls"], expected["tool_calls"]);
+    assert_eq!(out["streamed_reasoning_tokens"], counted);
+}
+
+/// `tool_choice` `required` or a named function holds a reply to one call in harmony's format (a
+/// grammar that names harmony's markers by token id): the random tiny Qwen3, its tokenizer given
+/// harmony's markers as tokens of their own, calls as told, and the call reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_calls_are_written_in_harmony_s_format() {
+    let markers: Vec<(u32, &str)> = (500..).zip(MARKERS).collect();
+    let (server, _base, _dir) = start_qwen3_with(
+        |dir| respell(dir, &markers),
+        |served| {
+            served.tool_parser = Some(ToolFormat::Harmony);
+            served.reasoning_parser = Some(ReasoningParser::GptOss);
+        },
+    )
+    .await;
+    let client = Client::new(&server);
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}},
+            "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "ping"}},
+    ]);
+    let named = json!({"type": "function", "function": {"name": "ping"}});
+    for (tool_choice, names) in [
+        (json!("required"), &["get_weather", "ping"][..]),
+        (named, &["ping"][..]),
+    ] {
+        for seed in 0..3 {
+            let body = json!({
+                "messages": [{"role": "user", "content": "Call a tool."}],
+                "tools": tools, "tool_choice": tool_choice, "seed": seed, "max_tokens": 200,
+            });
+            let (status, answer) = client.post("/v1/chat/completions", body).await;
+            assert_eq!(status, 200, "{answer:#}");
+            let choice = &answer["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{answer:#}");
+            let calls = choice["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{answer:#}");
+            let name = calls[0]["function"]["name"].as_str().unwrap();
+            assert!(names.contains(&name), "{answer:#}");
+            let arguments: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            match name {
+                "get_weather" => {
+                    assert!(["Paris", "Lima"].contains(&arguments["city"].as_str().unwrap()))
+                }
+                _ => assert_eq!(arguments, json!({})),
+            }
+            assert_eq!(choice["message"]["content"], Value::Null, "{answer:#}");
+            assert_eq!(choice["message"]["reasoning"], Value::Null, "{answer:#}");
+        }
+    }
+}
