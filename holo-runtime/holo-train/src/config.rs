@@ -9,6 +9,7 @@
 //! before any work starts: an unknown key is named with the closest known one, a bad value with the values
 //! the key allows, and the place it came from (the file's line, or the flag).
 
+use holo_core::tools::ToolFormat;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -212,6 +213,11 @@ pub struct GrpoConfig {
     /// as Qwen3's `enable_thinking`: a table in the TOML file, a JSON object on the command line
     /// (`--chat-template-kwargs '{"enable_thinking": false}'`).
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// The format native tool calls are read in where a holoware leaves it open
+    /// (`<|ToolSchema parser=auto|>`), by vLLM's `--tool-call-parser` names: `hermes` or `llama3_json`
+    /// (formats whose calls start with a special token, `mistral` and `openai`, are not read by
+    /// holowares yet). Unset: the format the model's chat template writes.
+    pub tool_call_parser: Option<String>,
 
     // --- The algorithm ---
     /// `grpo` (group-relative advantages, no value model) or `ppo` (a value model and GAE; its options
@@ -450,6 +456,7 @@ impl Default for GrpoConfig {
             top_p: 1.0,
             top_k: 0,
             chat_template_kwargs: None,
+            tool_call_parser: None,
             algorithm: Algorithm::Grpo,
             loss_type: LossType::Dapo,
             importance_sampling_level: ImportanceSamplingLevel::Token,
@@ -538,6 +545,27 @@ fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
 }
 
 impl GrpoConfig {
+    /// The format named by `tool_call_parser`, if set.
+    pub fn tool_format(&self) -> Result<Option<ToolFormat>, ConfigError> {
+        let Some(name) = &self.tool_call_parser else {
+            return Ok(None);
+        };
+        match ToolFormat::from_name(name) {
+            Some(format) if !format.reads_special_tokens() => Ok(Some(format)),
+            Some(_) => Err(error(
+                "tool_call_parser",
+                format!(
+                    "`{name}` calls start with a special token, which the text of a turn lacks: \
+                     holowares do not read them yet (hermes or llama3_json; or text tools)"
+                ),
+            )),
+            None => Err(error(
+                "tool_call_parser",
+                format!("unknown format `{name}`: hermes or llama3_json (vLLM's names)"),
+            )),
+        }
+    }
+
     /// Completions generated at once.
     pub fn generation_batch_size(&self) -> usize {
         self.generation_batch_size
@@ -708,6 +736,7 @@ impl TrainingConfig for GrpoConfig {
         "num_generations_eval",
         "reward_weights",
         "chat_template_kwargs",
+        "tool_call_parser",
         "epsilon_high",
         "delta",
         "off_policy_mask_threshold",
@@ -864,6 +893,7 @@ impl TrainingConfig for GrpoConfig {
         self.training.validate()?;
         self.validate_schedule()?;
         check_router_aux_loss_coef(self.router_aux_loss_coef)?;
+        self.tool_format()?;
         self.sandbox
             .limits()
             .map_err(|message| error("sandbox", message))?;
@@ -1130,4 +1160,32 @@ fn validate_ppo(config: &GrpoConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_call_parser_names_a_format_holowares_read() {
+        let with = |name: &str| GrpoConfig {
+            tool_call_parser: Some(name.into()),
+            ..GrpoConfig::default()
+        };
+        assert_eq!(GrpoConfig::default().tool_format(), Ok(None));
+        assert_eq!(with("hermes").tool_format(), Ok(Some(ToolFormat::Hermes)));
+        assert_eq!(
+            with("llama3_json").tool_format(),
+            Ok(Some(ToolFormat::Llama3Json))
+        );
+        for (name, why) in [
+            ("mistral", "start with a special token"),
+            ("openai", "start with a special token"),
+            ("qwen", "unknown format `qwen`"),
+        ] {
+            let error = with(name).validate().unwrap_err();
+            assert_eq!(error.key.as_deref(), Some("tool_call_parser"), "{name}");
+            assert!(error.message.contains(why), "{name}: {error}");
+        }
+    }
 }

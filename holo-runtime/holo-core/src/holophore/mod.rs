@@ -370,6 +370,8 @@ pub struct Holophore {
     errors: Vec<String>,
     /// The format of the native tool calls offered ([`Recorder::offer_tools`]), if any.
     tool_format: Option<ToolFormat>,
+    /// The format a holoware that leaves it open reads calls in ([`Holophore::with_tool_format`]).
+    default_tool_format: Option<ToolFormat>,
     /// While a context renders with template arguments of its own ([`Recorder::template_arguments`]):
     /// the run's rendering and frames, which the next context goes back to.
     restore: Option<(Arc<Rendering>, Option<Arc<Frames>>)>,
@@ -725,8 +727,17 @@ impl Holophore {
             feedback: Vec::new(),
             errors: Vec::new(),
             tool_format: None,
+            default_tool_format: None,
             restore: None,
         })
+    }
+
+    /// Reads native tool calls in `format` where a holoware leaves the format open
+    /// (`<|ToolSchema parser=auto|>`), instead of the one the chat template writes: a run's
+    /// `tool_call_parser`, as vLLM's `--tool-call-parser` names it for a server.
+    pub fn with_tool_format(mut self, format: ToolFormat) -> Self {
+        self.default_tool_format = Some(format);
+        self
     }
 
     /// A Holophore for a model folder: its `tokenizer.json`, and its chat template and special tokens
@@ -770,6 +781,7 @@ impl Holophore {
             feedback: Vec::new(),
             errors: Vec::new(),
             tool_format: None,
+            default_tool_format: self.default_tool_format,
             restore: None,
         }
     }

@@ -74,7 +74,10 @@ impl Holophore {
                     .into(),
             );
         }
-        let Some(format) = format.or_else(|| ToolFormat::detect(&sources)) else {
+        let Some(format) = format
+            .or(self.default_tool_format)
+            .or_else(|| ToolFormat::detect(&sources))
+        else {
             let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
             return Err(format!(
                 "the model's chat template does not say how the model writes tool calls: name the \

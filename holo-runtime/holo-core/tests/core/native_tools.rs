@@ -3,6 +3,7 @@
 //! through it all. Renderings are compared with transformers' (`tests/fixtures/chat/tool_calls.json`,
 //! written by `scripts/tool_call_fixtures.py` with the real templates of `tests/fixtures/chat/models/`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -200,6 +201,57 @@ fn offering_tools_says_why_it_cannot() {
     let error = late.offer_tools(&tools, None).unwrap_err();
     assert!(error.contains("before the model's first turn"), "{error}");
     assert_eq!(late.tool_format(), None);
+}
+
+/// A run's `tool_call_parser` (`Holophore::with_tool_format`) names the format where the holoware
+/// leaves it open: over a template that does not say, and over the one a template writes; a format the
+/// holoware names still wins.
+#[test]
+fn a_runs_tool_format_reads_calls_where_the_holoware_leaves_it_open() {
+    let tools: Vec<Value> = tool_calls_fixture()["tools"].as_array().unwrap().clone();
+    let tok = Arc::new(tokenizer("qwen3"));
+    let silent = ChatTemplate::from_source(
+        "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n\
+         {{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n\
+         {% endif %}",
+        "silent.jinja",
+        BTreeMap::from([("eos_token".to_string(), "<|im_end|>".to_string())]),
+    )
+    .unwrap();
+    let silent = Arc::new(silent);
+    let offered = |template: &Arc<ChatTemplate>, run: Option<ToolFormat>, named| {
+        let mut holophore = Holophore::new(Arc::clone(&tok), Arc::clone(template)).unwrap();
+        if let Some(format) = run {
+            holophore = holophore.with_tool_format(format);
+        }
+        // Forks (one per rollout) keep the run's format.
+        let mut fork = holophore.fork();
+        fork.begin_context(true);
+        fork.offer_tools(&tools, named)
+    };
+    let error = offered(&silent, None, None).unwrap_err();
+    assert!(
+        error.contains("does not say how the model writes tool calls"),
+        "{error}"
+    );
+    assert_eq!(
+        offered(&silent, Some(ToolFormat::Llama3Json), None),
+        Ok(ToolFormat::Llama3Json)
+    );
+    let qwen3 = Arc::new(ChatTemplate::from_dir(fixtures().join("chat/models/qwen3")).unwrap());
+    assert_eq!(offered(&qwen3, None, None), Ok(ToolFormat::Hermes));
+    assert_eq!(
+        offered(&qwen3, Some(ToolFormat::Llama3Json), None),
+        Ok(ToolFormat::Llama3Json)
+    );
+    assert_eq!(
+        offered(
+            &qwen3,
+            Some(ToolFormat::Llama3Json),
+            Some(ToolFormat::Hermes)
+        ),
+        Ok(ToolFormat::Hermes)
+    );
 }
 
 /// A native-tool holoware: the calculator offered to the template, a tool loop, a math answer.

@@ -301,6 +301,13 @@ impl Tinker {
             .map_err(|error| {
             TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display()))
         })?;
+        let holophore = match config
+            .tool_format()
+            .map_err(|error| TrainError::Input(error.to_string()))?
+        {
+            Some(format) => holophore.with_tool_format(format),
+            None => holophore,
+        };
         let sampler = TinkerSampler::new(
             tinker.client.clone(),
             tokenizer,

@@ -78,6 +78,13 @@ impl Local {
         .map_err(|error| {
             TrainError::Input(format!("--model `{}`: {error}", policy.dir.display()))
         })?;
+        let holophore = match config
+            .tool_format()
+            .map_err(|error| TrainError::Input(error.to_string()))?
+        {
+            Some(format) => holophore.with_tool_format(format),
+            None => holophore,
+        };
         let model = &trained.model;
         let sampler = LocalModel::new(
             model.detached(),
