@@ -834,6 +834,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
         seed: 1,
         dropout: 0.0,
         parameters: Vec::new(),
+        ..Default::default()
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     assert_eq!(vars.len(), 2 * 3 * config.num_hidden_layers);
@@ -911,6 +912,7 @@ fn lora_adapts_the_linear_attention_projections() {
         seed: 1,
         dropout: 0.0,
         parameters: Vec::new(),
+        ..Default::default()
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     // Layer 0 is linear attention (five projections), layer 1 attention (q_proj).
@@ -949,6 +951,7 @@ fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
         seed: 1,
         dropout: 0.1,
         parameters: Vec::new(),
+        ..Default::default()
     };
     let (adapted, vars) = base.with_lora(&lora).unwrap();
     for (name, var) in &vars {

@@ -45,6 +45,7 @@ fn write_adapter(base: &Path, out: &Path, rank: usize, targets: &[&str], seed: u
         seed,
         dropout: 0.0,
         parameters: Vec::new(),
+        ..Default::default()
     };
     let (_, vars) = model.with_lora(&config).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
