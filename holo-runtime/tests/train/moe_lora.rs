@@ -301,18 +301,16 @@ fn want_adapters(case: &Value) -> std::collections::BTreeMap<&str, Vec<usize>> {
         .collect()
 }
 
-/// `holo train` on a mixture-of-experts fixture with adapters on both expert stacks and `q_proj`: the
-/// checkpoint's `adapter_config.json` records the stacks as `target_parameters` (not as modules), its
-/// expert adapters have moved; the adapter folder served here and `holo export`'s merged folder give the
-/// same logits, and PEFT (`PeftModel.from_pretrained`) and transformers give them too
-/// (`scripts/export_check.py`).
-fn train_and_export(name: &str) {
+/// `holo train` on a mixture-of-experts fixture with the LoRA options `lora` (dropout 0, rank 2, alpha
+/// 4 beside them): the checkpoint's `adapter_config.json` holds `expected`'s keys as PEFT resolves them
+/// (expert stacks and routers as `target_parameters`, not modules), its expert adapters have moved; the
+/// adapter folder served here and `holo export`'s merged folder give the same logits, and PEFT
+/// (`PeftModel.from_pretrained`) and transformers give them too (`scripts/export_check.py`).
+fn train_and_export(name: &str, lora: &[&str], expected: Value) {
     let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
     let data = qa_rows(work.path(), 8);
     let base_dir = crate::common::fixtures().join("models").join(name);
     let run_dir = work.path().join("run");
-    let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
-    let parameters = serde_json::to_string(&stacks).unwrap();
     let mut args = qa_train(&base_dir, &data, &run_dir, 2);
     args.extend(
         [
@@ -328,11 +326,9 @@ fn train_and_export(name: &str) {
             "4",
             "--lora-dropout",
             "0",
-            "--lora-target-modules",
-            "[\"q_proj\"]",
-            "--lora-target-parameters",
-            &parameters,
         ]
+        .into_iter()
+        .chain(lora.iter().copied())
         .map(String::from),
     );
     let output = holo_output(&args);
@@ -342,8 +338,9 @@ fn train_and_export(name: &str) {
     let config: Value =
         serde_json::from_str(&fs::read_to_string(checkpoint.join("adapter_config.json")).unwrap())
             .unwrap();
-    assert_eq!(config["target_modules"], json!(["q_proj"]), "{config}");
-    assert_eq!(config["target_parameters"], json!(stacks), "{config}");
+    for (key, value) in expected.as_object().unwrap() {
+        assert_eq!(&config[key], value, "{name}: {key} in {config}");
+    }
     let adapters =
         candle_core::safetensors::load(checkpoint.join("adapter_model.safetensors"), &Device::Cpu)
             .unwrap();
@@ -437,14 +434,50 @@ fn train_and_export(name: &str) {
     assert_eq!(result["lora"], true, "{name}: {result}");
 }
 
+const STACK_OPTIONS: [&str; 4] = [
+    "--lora-target-modules",
+    "[\"q_proj\"]",
+    "--lora-target-parameters",
+    "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]",
+];
+
+fn stacks_config() -> Value {
+    json!({
+        "target_modules": ["q_proj"],
+        "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    })
+}
+
 #[test]
 fn qwen3_moe_trains_expert_adapters_peft_loads() {
-    train_and_export("qwen3_moe");
+    train_and_export("qwen3_moe", &STACK_OPTIONS, stacks_config());
 }
 
 #[test]
 fn gpt_oss_trains_expert_adapters_peft_loads() {
-    train_and_export("gpt_oss");
+    train_and_export("gpt_oss", &STACK_OPTIONS, stacks_config());
+}
+
+/// `--lora-target-modules all-linear` on Qwen3-MoE with a rank pattern from the command line: the
+/// checkpoint says what PEFT's conversion says (the router and both stacks as parameters, the fused
+/// stack's rank and alpha doubled after the user's pattern), and PEFT loads it to our logits.
+#[test]
+fn qwen3_moe_all_linear_trains_as_peft_converts_it() {
+    train_and_export(
+        "qwen3_moe",
+        &[
+            "--lora-target-modules",
+            "[\"all-linear\"]",
+            "--lora-rank-pattern",
+            "{\"self_attn.o_proj\" = 3}",
+        ],
+        json!({
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            "target_parameters": ["gate_up_proj", "down_proj", "gate.weight"],
+            "rank_pattern": {"self_attn.o_proj": 3, ".*\\.gate_up_proj": 4},
+            "alpha_pattern": {".*\\.gate_up_proj": 8.0},
+        }),
+    );
 }
 
 /// `lora_target_parameters` refused by key: a name that is no expert stack, LoRA dropout beside it
