@@ -634,6 +634,93 @@ mod tests {
         );
     }
     #[test]
+    fn rank_and_alpha_patterns_are_read_as_peft_s_and_checked() {
+        let lora = |flags: &[(&str, &str)]| {
+            flags
+                .iter()
+                .fold(
+                    ConfigBuilder::<GrpoConfig>::default().set("--use-peft", "true"),
+                    |builder, (flag, value)| builder.set(flag, value),
+                )
+                .build()
+        };
+        let config = lora(&[
+            ("--lora-target-modules", "[\"all-linear\"]"),
+            (
+                "--lora-rank-pattern",
+                "{\"layers.0.self_attn.q_proj\" = 8, q_proj = 4}",
+            ),
+            ("--lora-alpha-pattern", "{v_proj = 2}"),
+        ])
+        .unwrap()
+        .training
+        .lora()
+        .unwrap();
+        assert!(config.all_linear());
+        assert_eq!(
+            config.size_at("model.layers.0.self_attn.q_proj"),
+            Ok((8, 32.0))
+        );
+        assert_eq!(
+            config.size_at("model.layers.1.self_attn.q_proj"),
+            Ok((4, 32.0))
+        );
+        assert_eq!(
+            config.size_at("model.layers.1.self_attn.v_proj"),
+            Ok((16, 2.0))
+        );
+        for (flag, value, key, message) in [
+            (
+                "--lora-rank-pattern",
+                "{\"(?=q)\" = 4}",
+                "lora_rank_pattern",
+                "(?=q)",
+            ),
+            (
+                "--lora-rank-pattern",
+                "{q_proj = 0}",
+                "lora_rank_pattern",
+                "at least 1",
+            ),
+            (
+                "--lora-alpha-pattern",
+                "{q_proj = \"x\"}",
+                "lora_alpha_pattern",
+                "expected",
+            ),
+            (
+                "--lora-target-modules",
+                "[\"all-linear\", \"q_proj\"]",
+                "lora_target_modules",
+                "stands alone",
+            ),
+            (
+                "--lora-target-modules",
+                "[\"self_attn.qq_proj\"]",
+                "lora_target_modules",
+                "qq_proj",
+            ),
+            (
+                "--lora-target-parameters",
+                "[\"weight\"]",
+                "lora_target_parameters",
+                "mlp.gate.weight",
+            ),
+        ] {
+            let error = lora(&[(flag, value)]).unwrap_err();
+            assert_eq!(error.key.as_deref(), Some(key), "{error}");
+            assert!(error.message.contains(message), "{error}");
+        }
+        // PEFT's module names as suffixes, and the routers as target parameters.
+        lora(&[
+            ("--lora-target-modules", "[\"self_attn.q_proj\", \"gate\"]"),
+            ("--lora-target-parameters", "[\"mlp.router.weight\"]"),
+            ("--lora-dropout", "0"),
+        ])
+        .unwrap();
+    }
+
+    #[test]
     fn options_that_change_nothing_are_refused_where_they_were_written() {
         // `holo train --lora-r 8` without `--use-peft true` trained every weight without a word.
         let error = ConfigBuilder::<GrpoConfig>::default()
