@@ -182,13 +182,15 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
             )
         })?;
         if tensor.dims() != var.dims() {
+            let patterns = match lora.rank_pattern.is_empty() {
+                true => String::new(),
+                false => format!(" with `rank_pattern` {:?}", lora.rank_pattern.entries()),
+            };
             return Err(format!(
-                "{name} has shape {:?} in `{}`, but `r` = {} and `rank_pattern` {:?} on this model \
-                 give {:?}",
+                "{name} has shape {:?} in `{}`, but `r` = {}{patterns} on this model gives {:?}",
                 tensor.dims(),
                 tensors_file.display(),
                 lora.rank,
-                lora.rank_pattern.entries(),
                 var.dims()
             ));
         }
