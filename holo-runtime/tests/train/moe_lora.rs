@@ -283,6 +283,24 @@ fn target_modules_wrap_what_peft_wraps() {
             .collect();
         let theirs: std::collections::BTreeMap<&str, Vec<usize>> = want_adapters(case);
         assert_eq!(ours, theirs, "{label}: adapters");
+        // The configuration PEFT resolved, as its `adapter_config.json` holds it (gpt-oss's
+        // `all-linear` as full module names), wraps the same again.
+        let written = LoraConfig {
+            targets: strings(&want["target_modules"]),
+            parameters: strings(&want["target_parameters"]),
+            rank_pattern: serde_json::from_value(want["rank_pattern"].clone()).unwrap(),
+            alpha_pattern: serde_json::from_value(want["alpha_pattern"].clone()).unwrap(),
+            ..lora
+        };
+        let (_, vars) = base.with_lora(&written).unwrap();
+        let again: std::collections::BTreeMap<&str, Vec<usize>> = vars
+            .iter()
+            .map(|(name, var)| (name.as_str(), var.dims().to_vec()))
+            .collect();
+        assert_eq!(
+            again, theirs,
+            "{label}: adapters from PEFT's resolved configuration"
+        );
     }
 }
 
