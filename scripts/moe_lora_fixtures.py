@@ -1,5 +1,10 @@
 """LoRA on the experts of the committed mixture-of-experts fixtures as PEFT computes it, for
-holo-runtime/tests/train/moe_lora.rs: `tests/fixtures/models/NAME/moe_lora/`.
+holo-runtime/tests/train/moe_lora.rs: `tests/fixtures/models/NAME/moe_lora/`, and two more adapters of
+the same kind: `qwen3_moe/moe_lora_all_linear/` (`target_modules="all-linear"`, which PEFT turns into the
+router's and both stacks' `target_parameters` with a `rank_pattern` on the fused stack) and
+`qwen3/lora_pattern/` (a dense model with `rank_pattern` and `alpha_pattern`). `peft_targets.json` in
+`tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures: its
+resolved configuration and each adapter tensor's name and shape, or its error.
 
 PEFT 0.21 adapts transformers 5's stacked expert parameters with `target_parameters` (its
 `ParamWrapper`: one low-rank update per expert on `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`).
@@ -14,6 +19,7 @@ Run from the repository root with the peers' venv:
     ~/.cache/holo-peers/venv/bin/python scripts/moe_lora_fixtures.py
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -40,15 +46,9 @@ def load(folder: Path):
     )
 
 
-def record(name: str) -> None:
+def record(name: str, adapter: str, **targets) -> None:
     folder = FIXTURES / name
-    config = LoraConfig(
-        r=RANK,
-        lora_alpha=ALPHA,
-        lora_dropout=0.0,
-        target_modules=["q_proj"],
-        target_parameters=TARGET_PARAMETERS,
-    )
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, **targets)
     model = get_peft_model(load(folder), config)
     with torch.no_grad():
         for k, (weight, parameter) in enumerate(
@@ -81,7 +81,7 @@ def record(name: str) -> None:
     for weight, parameter in model.named_parameters():
         if ".lora_" in weight:
             expected["grad." + weight.replace(".default", "")] = parameter.grad.contiguous()
-    out = folder / "moe_lora"
+    out = folder / adapter
     model.save_pretrained(out)
     # PEFT writes a model card template beside the adapter; the fixture needs none.
     (out / "README.md").unlink()
@@ -89,12 +89,69 @@ def record(name: str) -> None:
     with torch.no_grad(), model.disable_adapter():
         base = model(input_ids=input_ids[:1]).logits[0]
     print(
-        f"{name}: loss {loss.item():.6f}, max |Δlogit| from the base {(base - logits[0]).abs().max():.3f}, "
+        f"{name}/{adapter}: loss {loss.item():.6f}, max |Δlogit| from the base {(base - logits[0]).abs().max():.3f}, "
         f"{sum(key.startswith('grad.') for key in expected)} gradients",
         file=sys.stderr,
     )
 
 
+# (model, target_modules, other LoraConfig arguments) whose wrapping peft_targets.json records.
+TARGET_CASES = [
+    ("qwen3_moe", "all-linear", {}),
+    ("qwen3_moe", ["q_proj", "gate_proj", "up_proj", "down_proj"], {}),
+    ("qwen3_moe", ["self_attn.v_proj", "mlp.gate"], {}),
+    ("qwen3_moe", ["down_proj"], {}),
+    ("qwen3_moe", ["gate_proj"], {}),
+    (
+        "qwen3_moe",
+        ["q_proj", "gate_proj", "up_proj"],
+        {"rank_pattern": {"layers.0.mlp.experts.gate_up_proj": 3, "q_proj": 5}, "alpha_pattern": {"q_proj": 7}},
+    ),
+    ("gpt_oss", "all-linear", {}),
+    ("gpt_oss", ["q_proj"], {"target_parameters": ["mlp.router.weight", "gate_up_proj"]}),
+]
+
+
+def targets() -> None:
+    cases = []
+    for name, target_modules, other in TARGET_CASES:
+        case = {"model": name, "target_modules": target_modules, **other}
+        try:
+            model = get_peft_model(
+                load(FIXTURES / name),
+                LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=target_modules, **other),
+            )
+        except ValueError as error:
+            case["error"] = str(error)
+            cases.append(case)
+            continue
+        config = model.peft_config["default"]
+        case["resolved"] = {
+            "target_modules": sorted(config.target_modules or []),
+            "target_parameters": sorted(config.target_parameters or []),
+            "rank_pattern": config.rank_pattern,
+            "alpha_pattern": config.alpha_pattern,
+        }
+        case["adapters"] = {
+            weight.replace(".default", ""): list(parameter.shape)
+            for weight, parameter in model.named_parameters()
+            if ".lora_" in weight
+        }
+        cases.append(case)
+    out = Path("holo-runtime/tests/fixtures/train/peft_targets.json")
+    out.write_text(json.dumps(cases, indent=1) + "\n")
+    print(f"{out}: {len(cases)} cases", file=sys.stderr)
+
+
 if __name__ == "__main__":
     for name in ("qwen3_moe", "gpt_oss"):
-        record(name)
+        record(name, "moe_lora", target_modules=["q_proj"], target_parameters=TARGET_PARAMETERS)
+    record("qwen3_moe", "moe_lora_all_linear", target_modules="all-linear")
+    record(
+        "qwen3",
+        "lora_pattern",
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        rank_pattern={"model.layers.1.mlp.down_proj": 4, "q_proj": 3},
+        alpha_pattern={"v_proj": 5, "down_proj": 1.5},
+    )
+    targets()

@@ -93,6 +93,7 @@ fn main() -> ExitCode {
             seed: settings.seed,
             dropout: 0.0,
             parameters: Vec::new(),
+            ..Default::default()
         }),
         None => base.trainable(),
     }

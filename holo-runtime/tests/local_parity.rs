@@ -672,6 +672,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                     seed: 0,
                     dropout: 0.0,
                     parameters: Vec::new(),
+                    ..Default::default()
                 })
                 .unwrap()
         } else {

@@ -23,6 +23,7 @@ mod kernels;
 pub mod layout;
 pub mod model;
 pub mod mxfp4;
+pub mod peft;
 mod recompute;
 mod routing;
 pub mod sample;

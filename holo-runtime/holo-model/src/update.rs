@@ -12,12 +12,13 @@ use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use crate::model::{LoraConfig, Model};
+use crate::model::{LoraConfig, Model, Pattern};
 
 /// The shape of a PEFT adapter from its `adapter_config.json`: rank, alpha (rsLoRA's `alpha / √r` as
-/// LoRA's `alpha · √r / r`), target modules and target parameters (expert stacks). PEFT settings a plain `W x + scale · B A x` cannot
-/// honour (DoRA, biases, `modules_to_save`, per-layer patterns, regular expressions as targets) are
-/// refused, naming the key.
+/// LoRA's `alpha · √r / r`), target modules, target parameters (expert stacks, routers) and the rank
+/// and alpha patterns, in the file's order. PEFT settings a plain `W x + scale · B A x` cannot honour
+/// (DoRA, biases, `modules_to_save`, `layers_to_transform`, regular expressions as targets, rsLoRA
+/// beside patterns) are refused, naming the key.
 pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
     let name = path.display();
     let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
@@ -37,13 +38,7 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
             _ => true,
         })
     };
-    for key in [
-        "use_dora",
-        "modules_to_save",
-        "layers_to_transform",
-        "rank_pattern",
-        "alpha_pattern",
-    ] {
+    for key in ["use_dora", "modules_to_save", "layers_to_transform"] {
         if set(key) {
             return Err(format!("`{name}`: `{key}` is not supported"));
         }
@@ -67,17 +62,32 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
     let alpha = field("lora_alpha")?
         .as_f64()
         .ok_or_else(|| format!("`{name}`: `lora_alpha` is not a number"))?;
+    let pattern = |key: &str| match config.get(key) {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(pattern) => pattern.clone(),
+    };
+    let rank_pattern: Pattern<usize> = serde_json::from_value(pattern("rank_pattern"))
+        .map_err(|error| format!("`{name}`: `rank_pattern` is not a table of ranks: {error}"))?;
+    let alpha_pattern: Pattern<f64> = serde_json::from_value(pattern("alpha_pattern"))
+        .map_err(|error| format!("`{name}`: `alpha_pattern` is not a table of numbers: {error}"))?;
     // rsLoRA scales by alpha / √r where LoRA scales by alpha / r: the same as LoRA with alpha · √r.
     let alpha = if set("use_rslora") {
+        // PEFT refuses the two together as well.
+        if !rank_pattern.is_empty() || !alpha_pattern.is_empty() {
+            return Err(format!(
+                "`{name}`: `use_rslora` beside `rank_pattern` or `alpha_pattern` is not supported"
+            ));
+        }
         alpha * (rank as f64).sqrt()
     } else {
         alpha
     };
     let targets = match field("target_modules")? {
-        // PEFT's shorthand for every linear layer but the output head.
-        Value::String(target) if target == "all-linear" => crate::model::PROJECTIONS
-            .map(str::to_string)
-            .to_vec(),
+        // PEFT's shorthand for every linear layer but the output head, which `Model::with_lora`
+        // resolves as PEFT does.
+        Value::String(target) if target.eq_ignore_ascii_case(crate::model::ALL_LINEAR) => {
+            vec![target.clone()]
+        }
         // Any other string is a regular expression over PEFT's module names.
         Value::String(target) => {
             return Err(format!(
@@ -115,6 +125,8 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
         seed: 0,
         dropout: 0.0,
         parameters,
+        rank_pattern,
+        alpha_pattern,
     })
 }
 
@@ -122,7 +134,7 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
 /// `adapter_model.safetensors`) on its projections, unmerged: each adapted projection computes
 /// `W x + scale · B (A x)`, as the trainer's LoRA model does, so a server sampling it reports the
 /// trainer's log-probabilities to rounding. A tensor the config does not describe (a module this model
-/// lacks, a rank other than `r`) or one it lacks is refused by name.
+/// lacks, a rank other than the config's `r` or pattern gives it) or one it lacks is refused by name.
 pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
     let config_file = dir.join("adapter_config.json");
     let tensors_file = dir.join("adapter_model.safetensors");
@@ -170,8 +182,12 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
             )
         })?;
         if tensor.dims() != var.dims() {
+            let patterns = match lora.rank_pattern.is_empty() {
+                true => String::new(),
+                false => format!(" with `rank_pattern` {:?}", lora.rank_pattern.entries()),
+            };
             return Err(format!(
-                "{name} has shape {:?} in `{}`, but `r` = {} on this model gives {:?}",
+                "{name} has shape {:?} in `{}`, but `r` = {}{patterns} on this model gives {:?}",
                 tensor.dims(),
                 tensors_file.display(),
                 lora.rank,

@@ -374,9 +374,10 @@
 //!   'NAME' added successfully.` A name already loaded is vLLM's 400 unless `load_inplace` is `true`, which
 //!   replaces it. Refused as vLLM refuses: a missing name or path (400 `InvalidUserInput`), a path without
 //!   the two files (404 `NotFoundError`), an adapter that does not fit (400 `BadRequestError`, naming the
-//!   cause: a target module the model lacks, a tensor whose shape is not the config's `r`, a tensor the
-//!   config does not describe, DoRA, biases, `modules_to_save`, a regular expression as
-//!   `target_modules`). rsLoRA's scaling is honoured.
+//!   cause: a target module the model lacks, a tensor whose shape is not the rank the config's `r` or
+//!   `rank_pattern` gives it, a tensor the config does not describe, DoRA, biases, `modules_to_save`, a
+//!   regular expression as `target_modules`). rsLoRA's scaling, PEFT's `rank_pattern` and `alpha_pattern`,
+//!   and `target_parameters` (a mixture's expert stacks and router) are honoured.
 //! - `POST /v1/unload_lora_adapter` `{"lora_name"}`: `200` `Success: LoRA adapter 'NAME' removed
 //!   successfully.`, or 404 `NotFoundError` `The lora adapter 'NAME' cannot be found.`
 //! - `POST /update_weights_from_disk` `{"model_path"}` (SGLang's route and body; vLLM has no HTTP route for

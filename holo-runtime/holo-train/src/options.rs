@@ -9,6 +9,7 @@ use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use super::plan::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
+use holo_model::model::Pattern;
 
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.
@@ -124,12 +125,22 @@ pub struct TrainingArguments {
     pub lora_alpha: f64,
     /// Dropout on the adapters' input in the training passes.
     pub lora_dropout: f64,
-    /// Projections that get adapters; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`) when
-    /// unset.
+    /// Projections that get adapters, matched as PEFT matches a list (a name or a dotted suffix of
+    /// the module's), or `["all-linear"]`; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`)
+    /// when unset. On Qwen3-MoE, PEFT turns `gate_proj` with `up_proj`, `down_proj` and the router's
+    /// `gate` into target parameters (holo-model's `peft` module).
     pub lora_target_modules: Option<Vec<String>>,
-    /// Expert stacks that get adapters (PEFT's `target_parameters`): `mlp.experts.gate_up_proj`,
-    /// `mlp.experts.down_proj`, on a mixture-of-experts model; none when unset.
+    /// Expert stacks and routers that get adapters (PEFT's `target_parameters`):
+    /// `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, `mlp.gate.weight` (gpt-oss:
+    /// `mlp.router.weight`), on a mixture-of-experts model; none when unset.
     pub lora_target_parameters: Option<Vec<String>>,
+    /// PEFT's `rank_pattern`: `{"PATTERN" = RANK}`, the rank of the adapters whose PEFT name
+    /// (`model.layers.0.self_attn.q_proj`) the pattern matches as PEFT matches it (`q_proj` is every
+    /// `…q_proj`), in place of `lora_r`; the first matching key in the table's order wins, and a TOML
+    /// table's keys are read sorted.
+    pub lora_rank_pattern: Pattern<usize>,
+    /// PEFT's `alpha_pattern`: the same for `lora_alpha`.
+    pub lora_alpha_pattern: Pattern<f64>,
 
     // --- Memory plan (holo's own: `plan/`) ---
     /// What a run whose predicted peak memory exceeds the memory available does: `refuse` (before
@@ -168,6 +179,8 @@ impl Default for TrainingArguments {
             lora_dropout: 0.05,
             lora_target_modules: None,
             lora_target_parameters: None,
+            lora_rank_pattern: Pattern::default(),
+            lora_alpha_pattern: Pattern::default(),
             memory_check: MemoryCheck::Refuse,
             memory_limit: None,
         }
@@ -201,6 +214,8 @@ impl TrainingArguments {
         "lora_dropout",
         "lora_target_modules",
         "lora_target_parameters",
+        "lora_rank_pattern",
+        "lora_alpha_pattern",
         "memory_check",
         "memory_limit",
     ];
@@ -248,6 +263,8 @@ impl TrainingArguments {
             seed: self.seed,
             dropout: self.lora_dropout,
             parameters: self.lora_target_parameters.clone().unwrap_or_default(),
+            rank_pattern: self.lora_rank_pattern.clone(),
+            alpha_pattern: self.lora_alpha_pattern.clone(),
         })
     }
 
@@ -274,6 +291,8 @@ impl TrainingArguments {
                     "lora_dropout",
                     "lora_target_modules",
                     "lora_target_parameters",
+                    "lora_rank_pattern",
+                    "lora_alpha_pattern",
                 ],
                 reason: "LoRA's options do nothing without `use_peft = true` (every weight is trained); set \
                          use_peft to train adapters",
@@ -358,21 +377,31 @@ impl TrainingArguments {
         }
         if let Some(targets) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
+            // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE.
             let projections: Vec<&str> = holo_model::model::PROJECTIONS
                 .into_iter()
                 .chain(fused)
+                .chain(["gate"])
                 .collect();
             if targets.is_empty() {
                 return Err(error("lora_target_modules", "names no projection"));
             }
-            if let Some(unknown) = targets
-                .iter()
-                .find(|target| !projections.contains(&target.as_str()))
-            {
+            let all_linear = holo_model::model::ALL_LINEAR;
+            if targets.len() > 1 && targets.iter().any(|t| t.eq_ignore_ascii_case(all_linear)) {
+                return Err(error(
+                    "lora_target_modules",
+                    format!("{all_linear:?} names every projection and stands alone"),
+                ));
+            }
+            // A name, or a dotted suffix of a module's name (`self_attn.q_proj`), as PEFT matches.
+            if let Some(unknown) = targets.iter().find(|target| {
+                let short = target.rsplit('.').next().unwrap_or(target);
+                !target.eq_ignore_ascii_case(all_linear) && !projections.contains(&short)
+            }) {
                 return Err(error(
                     "lora_target_modules",
                     format!(
-                        "{unknown:?} is not a projection; allowed values: {}",
+                        "{unknown:?} is not a projection; allowed values: {all_linear} or {}",
                         projections.join(", ")
                     ),
                 ));
@@ -380,18 +409,25 @@ impl TrainingArguments {
         }
         if let Some(parameters) = &self.lora_target_parameters {
             let stacks = holo_model::model::ExpertStack::ALL.map(|stack| stack.name());
+            let routers = ["mlp.gate.weight", "mlp.router.weight"];
             if parameters.is_empty() {
                 return Err(error("lora_target_parameters", "names no parameter"));
             }
-            if let Some(unknown) = parameters
-                .iter()
-                .find(|target| holo_model::model::ExpertStack::named(target).is_none())
-            {
+            let router = |target: &str| {
+                target.contains('.')
+                    && routers
+                        .iter()
+                        .any(|name| *name == target || name.ends_with(&format!(".{target}")))
+            };
+            if let Some(unknown) = parameters.iter().find(|target| {
+                holo_model::model::ExpertStack::named(target).is_none() && !router(target)
+            }) {
                 return Err(error(
                     "lora_target_parameters",
                     format!(
-                        "{unknown:?} is not an expert stack; allowed values: {}",
-                        stacks.map(|name| format!("mlp.experts.{name}")).join(", ")
+                        "{unknown:?} is not an expert stack or a router; allowed values: {}, {}",
+                        stacks.map(|name| format!("mlp.experts.{name}")).join(", "),
+                        routers.join(", ")
                     ),
                 ));
             }
@@ -404,6 +440,34 @@ impl TrainingArguments {
                      dropout)",
                 ));
             }
+        }
+        for (key, check) in [
+            ("lora_rank_pattern", self.lora_rank_pattern.check()),
+            ("lora_alpha_pattern", self.lora_alpha_pattern.check()),
+        ] {
+            check.map_err(|message| error(key, message))?;
+        }
+        if let Some((key, _)) = self
+            .lora_rank_pattern
+            .entries()
+            .iter()
+            .find(|(_, r)| *r == 0)
+        {
+            return Err(error(
+                "lora_rank_pattern",
+                format!("{key:?}: a rank must be at least 1"),
+            ));
+        }
+        if let Some((key, _)) = self
+            .lora_alpha_pattern
+            .entries()
+            .iter()
+            .find(|(_, alpha)| !alpha.is_finite())
+        {
+            return Err(error(
+                "lora_alpha_pattern",
+                format!("{key:?}: must be a finite number"),
+            ));
         }
         Ok(())
     }
@@ -569,6 +633,93 @@ mod tests {
             "--lr-scheduler-type: `lr_scheduler_type`: \"cubic\" is not one of them; allowed values: linear, cosine, constant, constant_with_warmup"
         );
     }
+    #[test]
+    fn rank_and_alpha_patterns_are_read_as_peft_s_and_checked() {
+        let lora = |flags: &[(&str, &str)]| {
+            flags
+                .iter()
+                .fold(
+                    ConfigBuilder::<GrpoConfig>::default().set("--use-peft", "true"),
+                    |builder, (flag, value)| builder.set(flag, value),
+                )
+                .build()
+        };
+        let config = lora(&[
+            ("--lora-target-modules", "[\"all-linear\"]"),
+            (
+                "--lora-rank-pattern",
+                "{\"layers.0.self_attn.q_proj\" = 8, q_proj = 4}",
+            ),
+            ("--lora-alpha-pattern", "{v_proj = 2}"),
+        ])
+        .unwrap()
+        .training
+        .lora()
+        .unwrap();
+        assert!(config.all_linear());
+        assert_eq!(
+            config.size_at("model.layers.0.self_attn.q_proj"),
+            Ok((8, 32.0))
+        );
+        assert_eq!(
+            config.size_at("model.layers.1.self_attn.q_proj"),
+            Ok((4, 32.0))
+        );
+        assert_eq!(
+            config.size_at("model.layers.1.self_attn.v_proj"),
+            Ok((16, 2.0))
+        );
+        for (flag, value, key, message) in [
+            (
+                "--lora-rank-pattern",
+                "{\"(?=q)\" = 4}",
+                "lora_rank_pattern",
+                "(?=q)",
+            ),
+            (
+                "--lora-rank-pattern",
+                "{q_proj = 0}",
+                "lora_rank_pattern",
+                "at least 1",
+            ),
+            (
+                "--lora-alpha-pattern",
+                "{q_proj = \"x\"}",
+                "lora_alpha_pattern",
+                "expected",
+            ),
+            (
+                "--lora-target-modules",
+                "[\"all-linear\", \"q_proj\"]",
+                "lora_target_modules",
+                "stands alone",
+            ),
+            (
+                "--lora-target-modules",
+                "[\"self_attn.qq_proj\"]",
+                "lora_target_modules",
+                "qq_proj",
+            ),
+            (
+                "--lora-target-parameters",
+                "[\"weight\"]",
+                "lora_target_parameters",
+                "mlp.gate.weight",
+            ),
+        ] {
+            let error = lora(&[(flag, value)]).unwrap_err();
+            assert_eq!(error.key.as_deref(), Some(key), "{error}");
+            assert!(error.message.contains(message), "{error}");
+        }
+        // PEFT's module names as suffixes, and the routers as target parameters.
+        lora(&[
+            ("--lora-target-modules", "[\"self_attn.q_proj\", \"gate\"]"),
+            ("--lora-target-parameters", "[\"mlp.router.weight\"]"),
+            ("--lora-dropout", "0"),
+        ])
+        .unwrap();
+    }
+
     #[test]
     fn options_that_change_nothing_are_refused_where_they_were_written() {
         // `holo train --lora-r 8` without `--use-peft true` trained every weight without a word.

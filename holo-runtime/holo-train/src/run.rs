@@ -100,8 +100,11 @@ fn adapted_modules(vars: &[(String, Var)]) -> Vec<String> {
     let mut modules: Vec<String> = Vec::new();
     for (name, _) in vars {
         let module = name.split(".lora_").next().unwrap_or(name);
-        // The experts' adapters are PEFT's `target_parameters`, not modules.
-        if module.contains(".mlp.experts") {
+        // The experts' and routers' adapters are PEFT's `target_parameters`, not modules.
+        if module.contains(".mlp.experts")
+            || module.ends_with(".mlp.gate")
+            || module.ends_with(".mlp.router")
+        {
             continue;
         }
         let short = module.rsplit('.').next().unwrap_or(module).to_string();
@@ -139,8 +142,16 @@ impl Trainable {
                 let mut adapter =
                     checkpoint::adapter_config(config, &model_dir.display().to_string());
                 // PEFT names the modules adapted, which for a fused model are not the targets asked
-                // for (Phi-3's `qkv_proj` for `q_proj`).
+                // for (Phi-3's `qkv_proj` for `q_proj`), and writes its configuration as it resolved
+                // it: on Qwen3-MoE the experts' and router's module names as target parameters, with
+                // the fused stack's rank and alpha in the patterns.
+                let resolved = base.resolved_lora(&lora)?;
                 adapter["target_modules"] = adapted_modules(&vars).into();
+                if !resolved.parameters.is_empty() {
+                    adapter["target_parameters"] = resolved.parameters.into();
+                }
+                adapter["rank_pattern"] = serde_json::json!(resolved.rank_pattern);
+                adapter["alpha_pattern"] = serde_json::json!(resolved.alpha_pattern);
                 (model, vars, Some(adapter))
             }
             None => {

@@ -45,6 +45,7 @@ fn write_adapter(base: &Path, out: &Path, rank: usize, targets: &[&str], seed: u
         seed,
         dropout: 0.0,
         parameters: Vec::new(),
+        ..Default::default()
     };
     let (_, vars) = model.with_lora(&config).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -299,6 +300,22 @@ async fn adapters_and_weights_load_while_serving_with_versions() {
             )
             .await,
     );
+    // PEFT's `rank_pattern` gives `q_proj` the rank its tensors have: the adapter loads.
+    let mut patterned: Value = serde_json::from_str(&text).unwrap();
+    patterned["r"] = json!(8);
+    patterned["rank_pattern"] = json!({"q_proj": 4});
+    std::fs::write(&config, patterned.to_string()).unwrap();
+    let (status, _, answer) = server
+        .post(
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "patterned", "lora_path": wrong_rank}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
+    let (status, _, answer) = server
+        .post("/v1/unload_lora_adapter", json!({"lora_name": "patterned"}))
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
     let (status, _, answer) = server
         .post(
             "/v1/completions",

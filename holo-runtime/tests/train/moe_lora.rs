@@ -1,11 +1,15 @@
 //! LoRA on the experts of mixture-of-experts models against PEFT 0.21's `target_parameters`
 //! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
-//! adapter folder (both expert stacks and `q_proj`, every A and B nonzero). The trainer's adapters take
-//! PEFT's tensor names, one for one; the logits match PEFT's in the trainer's model, through the served
-//! adapter folder, with the experts merged and on the f32 sampling path, and the loss and every LoRA weight's gradient match with
-//! the whole graph kept and with layers recomputed. A `holo train` run with `--lora-target-parameters`
-//! writes a checkpoint PEFT loads to the trained model's logits, and `holo export` merges the experts'
-//! adapters into the weights transformers loads.
+//! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
+//! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
+//! twice the rank through `rank_pattern`), and a dense Qwen3 with `rank_pattern` and `alpha_pattern`.
+//! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
+//! the trainer's model, through the served adapter folder, with the experts merged and on the f32
+//! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
+//! layers recomputed. What PEFT wraps for other `target_modules` (`peft_targets.json`) is what
+//! `Model::with_lora` wraps. A `holo train` run with `--lora-target-parameters`, or `all-linear` and a
+//! rank pattern, writes a checkpoint PEFT loads to the trained model's logits, and `holo export` merges
+//! the adapters into the weights transformers loads.
 
 use std::collections::HashMap;
 use std::fs;
@@ -13,7 +17,7 @@ use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::{positions_from_mask, Model, Ops};
+use holo_runtime::local::model::{positions_from_mask, LoraConfig, Model, Ops};
 use holo_runtime::local::update::{adapter_config, with_adapter};
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::score::{self, Pass};
@@ -52,30 +56,34 @@ fn logits(model: &Model, ids: &[u32], ops: Ops) -> Tensor {
     logits.to_dtype(DType::F64).unwrap()
 }
 
-fn check(name: &str) {
+/// The fixture model `name` with PEFT's adapter folder `adapter` beside it, whose `target_parameters`
+/// are `parameters`.
+fn check(name: &str, adapter: &str, parameters: &[&str]) {
     let folder = crate::common::fixtures().join("models").join(name);
-    let adapter = folder.join("moe_lora");
+    let adapter = folder.join(adapter);
     let load = |file: &str| candle_core::safetensors::load(adapter.join(file), &Device::Cpu);
     let expected: HashMap<String, Tensor> = load("expected.safetensors").unwrap();
     let peft: HashMap<String, Tensor> = load("adapter_model.safetensors").unwrap();
     let lora = adapter_config(&adapter.join("adapter_config.json")).unwrap();
     // PEFT keeps them as a set: their order in the file varies.
-    let mut parameters = lora.parameters.clone();
-    parameters.sort();
-    assert_eq!(
-        parameters,
-        ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"],
-        "{name}: target_parameters read"
-    );
+    let mut read = lora.parameters.clone();
+    read.sort();
+    assert_eq!(read, parameters, "{name}: target_parameters read");
     let base = load_model(&folder, DType::F64, &Device::Cpu).expect("fixture model");
     let (model, vars) = base.with_lora(&lora).unwrap();
 
     // The adapters are PEFT's tensors, under PEFT's names and shapes, every one.
-    let mut ours: Vec<&str> = vars.iter().map(|(name, _)| name.as_str()).collect();
-    let mut theirs: Vec<&str> = peft.keys().map(String::as_str).collect();
+    let mut ours: Vec<(&str, &[usize])> = vars
+        .iter()
+        .map(|(name, var)| (name.as_str(), var.dims()))
+        .collect();
+    let mut theirs: Vec<(&str, &[usize])> = peft
+        .iter()
+        .map(|(name, tensor)| (name.as_str(), tensor.dims()))
+        .collect();
     ours.sort();
     theirs.sort();
-    assert_eq!(ours, theirs, "{name}: adapter tensor names");
+    assert_eq!(ours, theirs, "{name}: adapter tensor names and shapes");
     for (weight, var) in &vars {
         var.set(&peft[weight]).unwrap();
     }
@@ -91,6 +99,7 @@ fn check(name: &str) {
     let want = &expected["logits"];
     let served = with_adapter(&base, &adapter).unwrap();
     let merged = model.with_experts_merged().unwrap();
+    let mut largest_logits = 0.0f64;
     for (path, adapted) in [
         ("trained", &model),
         ("served", &served),
@@ -101,6 +110,7 @@ fn check(name: &str) {
             difference < 1e-5,
             "{name}, {path}: logits differ from PEFT's by {difference:e} of the largest"
         );
+        largest_logits = largest_logits.max(difference);
     }
     assert!(
         relative(&logits(&base, &ids[0], Ops::Differentiable), want) > 1e-2,
@@ -109,10 +119,10 @@ fn check(name: &str) {
     // The sampler's path: f32 weights and kernels, the adapter folder served as it is.
     let base32 = load_model(&folder, DType::F32, &Device::Cpu).expect("fixture model");
     let served32 = with_adapter(&base32, &adapter).unwrap();
-    let difference = relative(&logits(&served32, &ids[0], Ops::Fast), want);
+    let sampled = relative(&logits(&served32, &ids[0], Ops::Fast), want);
     assert!(
-        difference < 1e-4,
-        "{name}: f32 sampled logits differ from PEFT's by {difference:e} of the largest"
+        sampled < 1e-4,
+        "{name}: f32 sampled logits differ from PEFT's by {sampled:e} of the largest"
     );
 
     let firsts: Vec<i64> = expected["first_trained"].to_vec1().unwrap();
@@ -128,6 +138,7 @@ fn check(name: &str) {
         .collect();
     let refs: Vec<&Sequence> = sequences.iter().collect();
     let expected_loss = expected["loss"].to_vec1::<f64>().unwrap()[0];
+    let mut largest_gradient = 0.0f64;
     for recompute in [false, true] {
         let pass = Pass {
             recompute,
@@ -153,32 +164,181 @@ fn check(name: &str) {
                 "{name}, recompute {recompute}: ∇{weight} differs from PEFT's by {difference:e} of \
                  the largest"
             );
+            largest_gradient = largest_gradient.max(difference);
         }
     }
+    println!(
+        "{name}/{}: relative to the largest, logits {largest_logits:.1e} (f64), {sampled:.1e} (f32 \
+         sampled), {} LoRA gradients {largest_gradient:.1e}",
+        adapter.file_name().unwrap().to_string_lossy(),
+        vars.len()
+    );
 }
+
+const STACKS: [&str; 2] = ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"];
 
 #[test]
 fn qwen3_moe_expert_lora_is_peft_s() {
-    check("qwen3_moe");
+    check("qwen3_moe", "moe_lora", &STACKS);
 }
 
 #[test]
 fn gpt_oss_expert_lora_is_peft_s() {
-    check("gpt_oss");
+    check("gpt_oss", "moe_lora", &STACKS);
 }
 
-/// `holo train` on a mixture-of-experts fixture with adapters on both expert stacks and `q_proj`: the
-/// checkpoint's `adapter_config.json` records the stacks as `target_parameters` (not as modules), its
-/// expert adapters have moved; the adapter folder served here and `holo export`'s merged folder give the
-/// same logits, and PEFT (`PeftModel.from_pretrained`) and transformers give them too
-/// (`scripts/export_check.py`).
-fn train_and_export(name: &str) {
+/// `target_modules="all-linear"` on Qwen3-MoE: PEFT adapts the attention as modules, and the router
+/// (`gate.weight`) and both expert stacks as parameters, `gate_up_proj` at rank `2r` and alpha `2α`.
+#[test]
+fn qwen3_moe_all_linear_lora_is_peft_s() {
+    check(
+        "qwen3_moe",
+        "moe_lora_all_linear",
+        &["down_proj", "gate.weight", "gate_up_proj"],
+    );
+}
+
+/// PEFT's `rank_pattern` and `alpha_pattern` on a dense model: a rank for every `q_proj`, another for
+/// one layer's `down_proj`, alphas by module name.
+#[test]
+fn rank_and_alpha_patterns_are_peft_s() {
+    check("qwen3", "lora_pattern", &[]);
+}
+
+/// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or
+/// `"all-linear"`, target parameters, patterns beside the conversion's) is what `Model::with_lora`
+/// wraps: the resolved configuration, and every adapter tensor by name and shape; PEFT's refusal is
+/// ours.
+#[test]
+fn target_modules_wrap_what_peft_wraps() {
+    let cases: Vec<Value> = serde_json::from_str(
+        &fs::read_to_string(crate::common::fixtures().join("train/peft_targets.json")).unwrap(),
+    )
+    .unwrap();
+    let strings = |value: &Value| -> Vec<String> {
+        match value {
+            Value::String(one) => vec![one.clone()],
+            Value::Null => Vec::new(),
+            many => serde_json::from_value(many.clone()).unwrap(),
+        }
+    };
+    for case in &cases {
+        let name = case["model"].as_str().unwrap();
+        let folder = crate::common::fixtures().join("models").join(name);
+        let base = load_model(&folder, DType::F32, &Device::Cpu).expect("fixture model");
+        let lora = LoraConfig {
+            rank: 2,
+            alpha: 3.0,
+            targets: strings(&case["target_modules"]),
+            parameters: strings(&case["target_parameters"]),
+            rank_pattern: serde_json::from_value(case["rank_pattern"].clone()).unwrap_or_default(),
+            alpha_pattern: serde_json::from_value(case["alpha_pattern"].clone())
+                .unwrap_or_default(),
+            ..LoraConfig::default()
+        };
+        let label = format!("{name} {}", case["target_modules"]);
+        if let Some(error) = case["error"].as_str() {
+            let ours = base.with_lora(&lora).map(drop).unwrap_err().to_string();
+            println!("{label}: PEFT: {error}\n  ours: {ours}");
+            assert!(
+                error.contains("gate_proj without also targeting up_proj")
+                    && ours.contains("gate_proj without also targeting up_proj"),
+                "{label}: {ours}"
+            );
+            continue;
+        }
+        let resolved = base.resolved_lora(&lora).unwrap();
+        let want = &case["resolved"];
+        // PEFT names `"all-linear"`'s modules in full where it converts nothing; the short names
+        // match the same modules.
+        let short = |names: Vec<String>| -> Vec<String> {
+            let mut names: Vec<String> = names
+                .iter()
+                .map(|name| match name.strip_prefix("model.layers.") {
+                    Some(rest) => rest.rsplit('.').next().unwrap().to_string(),
+                    None => name.clone(),
+                })
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        };
+        assert_eq!(
+            short(resolved.targets.clone()),
+            short(strings(&want["target_modules"])),
+            "{label}: target_modules"
+        );
+        let mut parameters = resolved.parameters.clone();
+        parameters.sort();
+        assert_eq!(
+            parameters,
+            strings(&want["target_parameters"]),
+            "{label}: target_parameters"
+        );
+        // In order: PEFT appends the conversion's key after the user's.
+        assert_eq!(
+            resolved.rank_pattern,
+            serde_json::from_value(want["rank_pattern"].clone()).unwrap(),
+            "{label}: rank_pattern"
+        );
+        assert_eq!(
+            resolved.alpha_pattern,
+            serde_json::from_value(want["alpha_pattern"].clone()).unwrap(),
+            "{label}: alpha_pattern"
+        );
+        let (_, vars) = base.with_lora(&lora).unwrap();
+        let ours: std::collections::BTreeMap<&str, Vec<usize>> = vars
+            .iter()
+            .map(|(name, var)| (name.as_str(), var.dims().to_vec()))
+            .collect();
+        let theirs: std::collections::BTreeMap<&str, Vec<usize>> = want_adapters(case);
+        assert_eq!(ours, theirs, "{label}: adapters");
+        // The configuration PEFT resolved, as its `adapter_config.json` holds it (gpt-oss's
+        // `all-linear` as full module names), wraps the same again.
+        let written = LoraConfig {
+            targets: strings(&want["target_modules"]),
+            parameters: strings(&want["target_parameters"]),
+            rank_pattern: serde_json::from_value(want["rank_pattern"].clone()).unwrap(),
+            alpha_pattern: serde_json::from_value(want["alpha_pattern"].clone()).unwrap(),
+            ..lora
+        };
+        let (_, vars) = base.with_lora(&written).unwrap();
+        let again: std::collections::BTreeMap<&str, Vec<usize>> = vars
+            .iter()
+            .map(|(name, var)| (name.as_str(), var.dims().to_vec()))
+            .collect();
+        assert_eq!(
+            again, theirs,
+            "{label}: adapters from PEFT's resolved configuration"
+        );
+    }
+}
+
+/// A case's adapter tensors, by name, with their shapes.
+fn want_adapters(case: &Value) -> std::collections::BTreeMap<&str, Vec<usize>> {
+    case["adapters"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, shape)| {
+            (
+                name.as_str(),
+                serde_json::from_value(shape.clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `holo train` on a mixture-of-experts fixture with the LoRA options `lora` (dropout 0, rank 2, alpha
+/// 4 beside them): the checkpoint's `adapter_config.json` holds `expected`'s keys as PEFT resolves them
+/// (expert stacks and routers as `target_parameters`, not modules), its expert adapters have moved; the
+/// adapter folder served here and `holo export`'s merged folder give the same logits, and PEFT
+/// (`PeftModel.from_pretrained`) and transformers give them too (`scripts/export_check.py`).
+fn train_and_export(name: &str, lora: &[&str], expected: Value) {
     let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
     let data = qa_rows(work.path(), 8);
     let base_dir = crate::common::fixtures().join("models").join(name);
     let run_dir = work.path().join("run");
-    let stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"];
-    let parameters = serde_json::to_string(&stacks).unwrap();
     let mut args = qa_train(&base_dir, &data, &run_dir, 2);
     args.extend(
         [
@@ -194,11 +354,9 @@ fn train_and_export(name: &str) {
             "4",
             "--lora-dropout",
             "0",
-            "--lora-target-modules",
-            "[\"q_proj\"]",
-            "--lora-target-parameters",
-            &parameters,
         ]
+        .into_iter()
+        .chain(lora.iter().copied())
         .map(String::from),
     );
     let output = holo_output(&args);
@@ -208,8 +366,9 @@ fn train_and_export(name: &str) {
     let config: Value =
         serde_json::from_str(&fs::read_to_string(checkpoint.join("adapter_config.json")).unwrap())
             .unwrap();
-    assert_eq!(config["target_modules"], json!(["q_proj"]), "{config}");
-    assert_eq!(config["target_parameters"], json!(stacks), "{config}");
+    for (key, value) in expected.as_object().unwrap() {
+        assert_eq!(&config[key], value, "{name}: {key} in {config}");
+    }
     let adapters =
         candle_core::safetensors::load(checkpoint.join("adapter_model.safetensors"), &Device::Cpu)
             .unwrap();
@@ -303,14 +462,50 @@ fn train_and_export(name: &str) {
     assert_eq!(result["lora"], true, "{name}: {result}");
 }
 
+const STACK_OPTIONS: [&str; 4] = [
+    "--lora-target-modules",
+    "[\"q_proj\"]",
+    "--lora-target-parameters",
+    "[\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]",
+];
+
+fn stacks_config() -> Value {
+    json!({
+        "target_modules": ["q_proj"],
+        "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    })
+}
+
 #[test]
 fn qwen3_moe_trains_expert_adapters_peft_loads() {
-    train_and_export("qwen3_moe");
+    train_and_export("qwen3_moe", &STACK_OPTIONS, stacks_config());
 }
 
 #[test]
 fn gpt_oss_trains_expert_adapters_peft_loads() {
-    train_and_export("gpt_oss");
+    train_and_export("gpt_oss", &STACK_OPTIONS, stacks_config());
+}
+
+/// `--lora-target-modules all-linear` on Qwen3-MoE with a rank pattern from the command line: the
+/// checkpoint says what PEFT's conversion says (the router and both stacks as parameters, the fused
+/// stack's rank and alpha doubled after the user's pattern), and PEFT loads it to our logits.
+#[test]
+fn qwen3_moe_all_linear_trains_as_peft_converts_it() {
+    train_and_export(
+        "qwen3_moe",
+        &[
+            "--lora-target-modules",
+            "[\"all-linear\"]",
+            "--lora-rank-pattern",
+            "{\"self_attn.o_proj\" = 3}",
+        ],
+        json!({
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            "target_parameters": ["gate_up_proj", "down_proj", "gate.weight"],
+            "rank_pattern": {"self_attn.o_proj": 3, ".*\\.gate_up_proj": 4},
+            "alpha_pattern": {".*\\.gate_up_proj": 8.0},
+        }),
+    );
 }
 
 /// `lora_target_parameters` refused by key: a name that is no expert stack, LoRA dropout beside it

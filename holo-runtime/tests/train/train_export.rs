@@ -174,6 +174,7 @@ fn trained(base: &Model, checkpoint: &Path, lora: Option<&[&str]>) -> Model {
             seed: SEED,
             dropout: 0.0,
             parameters: Vec::new(),
+            ..Default::default()
         };
         let (model, vars) = base.with_lora(&config).unwrap();
         (model, vars, "adapter_model.safetensors")

@@ -1,5 +1,5 @@
 //! Projections: [`Linear`] with its [`Weight`] (dense, or a GGUF file's quantized blocks) and its
-//! optional LoRA adapter ([`Lora`], [`Dropout`], [`LoraConfig`]), and [`Split`], the projections of one
+//! optional LoRA adapter ([`Lora`], [`Dropout`]; which projections get one is `crate::peft`'s), and [`Split`], the projections of one
 //! input that a layer uses apart (q/k/v, gate/up), one matrix per part or fused as Phi-3 keeps them.
 
 use std::sync::Arc;
@@ -123,36 +123,6 @@ impl Dropout {
     }
 }
 
-/// Which projections get adapters, and their size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoraConfig {
-    pub rank: usize,
-    pub alpha: f64,
-    /// Projection names: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`.
-    pub targets: Vec<String>,
-    pub seed: u64,
-    /// Dropout on the adapters' input in training passes (see [`Dropout`]); 0 for none.
-    pub dropout: f64,
-    /// Expert stacks adapted as PEFT's `target_parameters` (`mlp.experts.gate_up_proj`,
-    /// `mlp.experts.down_proj`; see [`super::ExpertStack::named`]); mixture-of-experts models only.
-    pub parameters: Vec<String>,
-}
-
-impl Default for LoraConfig {
-    fn default() -> Self {
-        LoraConfig {
-            rank: 8,
-            alpha: 16.0,
-            targets: ["q_proj", "k_proj", "v_proj", "o_proj"]
-                .map(String::from)
-                .to_vec(),
-            seed: 0,
-            dropout: 0.0,
-            parameters: Vec::new(),
-        }
-    }
-}
-
 /// Every projection a LoRA adapter can target, in layer order.
 pub const PROJECTIONS: [&str; 7] = [
     "q_proj",
@@ -170,15 +140,21 @@ pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
     ("gate_up_proj", &["gate_proj", "up_proj"]),
 ];
 
-/// Whether LoRA `targets` name the projection `short` (`q_proj`, …): by its name, or, for a fused
-/// projection, by the name of any of its parts (so the usual targets adapt Phi-3's `qkv_proj`).
-pub fn targets(targets: &[String], short: &str) -> bool {
-    targets.iter().any(|target| {
-        target == short
-            || FUSED_PROJECTIONS
-                .iter()
-                .any(|(fused, parts)| *fused == short && parts.contains(&target.as_str()))
-    })
+/// Whether LoRA `targets` name the projection at `key`, PEFT's name of the module
+/// (`model.layers.0.self_attn.q_proj`): as PEFT matches a list of names, by the name or a dotted
+/// suffix of it (`q_proj`, `self_attn.q_proj`, `layers.0.self_attn.q_proj`); a fused projection also
+/// by its parts' names (so the usual targets adapt Phi-3's `qkv_proj`).
+pub fn targets(targets: &[String], key: &str) -> bool {
+    let named = |key: &str| {
+        targets
+            .iter()
+            .any(|target| key == target || key.ends_with(&format!(".{target}")))
+    };
+    let (module, short) = key.rsplit_once('.').unwrap_or(("", key));
+    named(key)
+        || FUSED_PROJECTIONS.iter().any(|(fused, parts)| {
+            *fused == short && parts.iter().any(|part| named(&format!("{module}.{part}")))
+        })
 }
 
 impl Linear {

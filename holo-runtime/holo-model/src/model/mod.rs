@@ -1,7 +1,8 @@
 //! The decoder every family runs: plain structs per layer, weights named as in Hugging Face
 //! checkpoints. The families differ only by what [`ModelConfig`] says (its `Variant` and `LayerSpec`s):
 //! projections in `linear.rs`, norms in `norm.rs`, RoPE in `rotary.rs`, attention in `attention.rs`, a
-//! layer in `layer.rs`, keys and values in `cache.rs`; the model and its passes here.
+//! layer in `layer.rs`, keys and values in `cache.rs`, LoRA adapters put on in `lora.rs`; the model and
+//! its passes here.
 //!
 //! One set of weights serves two paths. Sampling ([`Ops::Fast`]) uses candle's fused kernels for RMSNorm,
 //! RoPE and softmax, which have no backward. Training ([`Ops::Differentiable`]) builds the same functions
@@ -17,6 +18,7 @@ mod delta;
 mod experts;
 mod layer;
 mod linear;
+mod lora;
 mod norm;
 mod output;
 mod rotary;
@@ -34,6 +36,7 @@ pub use super::layout::positions_from_mask;
 use super::layout::{attention_mask, window_mask, Layout};
 pub use crate::kernels::kernel::{Ops, Result};
 
+pub use crate::peft::{LoraConfig, Pattern, ALL_LINEAR};
 pub use crate::routing::{Routes, Routing, RoutingDrift, UNROUTED};
 pub(crate) use attention::softmax;
 pub use attention::Attention;
@@ -44,9 +47,7 @@ pub use experts::{checkpoint_tensors, held_tensors, ExpertLora, ExpertStack, Mix
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
-pub use linear::{
-    targets, Dropout, Linear, Lora, LoraConfig, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS,
-};
+pub use linear::{targets, Dropout, Linear, Lora, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS};
 pub use norm::RmsNorm;
 pub use output::LOGITS_BUDGET;
 pub(crate) use rotary::apply_rope;
@@ -323,7 +324,7 @@ impl Model {
                 }
             }
             if let FeedForward::Experts(mixture) = &layer.mlp {
-                let prefixes = expert_prefixes(i, mixture.adapters.len());
+                let prefixes = lora::expert_prefixes(i, mixture.adapters.len());
                 for (lora, prefix) in mixture.adapters.iter().zip(prefixes) {
                     named.push((format!("{prefix}.lora_A.weight"), &lora.a));
                     named.push((format!("{prefix}.lora_B.weight"), &lora.b));
@@ -347,150 +348,6 @@ impl Model {
             *weight = f(&name, weight)?;
         }
         Ok(model)
-    }
-
-    /// A copy with LoRA adapters on the target projections of every layer, and on the target expert
-    /// stacks of every mixture ([`ExpertLora`], `config.parameters`), and its base weights frozen
-    /// (detached); returns the adapters' [`Var`]s under PEFT's names. `A` is drawn as PEFT does
-    /// (Kaiming-uniform, bound `1/sqrt(in)`), `B` is zero; both in f32 over a bf16 or f16 base
-    /// ([`dispatch::adapter_dtype`]).
-    pub fn with_lora(&self, config: &LoraConfig) -> Result<(Model, Vec<(String, Var)>)> {
-        use rand::{Rng, SeedableRng};
-
-        if config.rank == 0 {
-            candle_core::bail!("LoRA rank must be at least 1");
-        }
-        if !(0.0..1.0).contains(&config.dropout) {
-            candle_core::bail!("LoRA dropout must be in [0, 1), got {}", config.dropout);
-        }
-        let mut names: Vec<String> = Vec::new();
-        for layer in &self.layers {
-            for (name, _) in Self::linears(layer)
-                .into_iter()
-                .filter(|(name, _)| adaptable(name))
-            {
-                let short = name.rsplit('.').next().unwrap_or(&name).to_string();
-                if !names.contains(&short) {
-                    names.push(short);
-                }
-            }
-        }
-        if self.config.experts.is_some() {
-            if let Some(mlp) = config.targets.iter().find(|target| {
-                ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&target.as_str())
-            }) {
-                candle_core::bail!(
-                    "LoRA target module {mlp:?} on a mixture-of-experts model: PEFT adapts every expert \
-                     under that name; adapt the experts with target parameters \
-                     (mlp.experts.gate_up_proj, mlp.experts.down_proj) and the attention with target \
-                     modules (q_proj, k_proj, v_proj, o_proj)"
-                );
-            }
-        }
-        let stacks = expert_stacks(&config.parameters)?;
-        if !stacks.is_empty() && self.config.experts.is_none() {
-            candle_core::bail!(
-                "LoRA target parameters {:?}: this {} model has no experts; they adapt a \
-                 mixture-of-experts model's expert stacks",
-                config.parameters,
-                self.config.arch
-            );
-        }
-        if !stacks.is_empty() && config.dropout > 0.0 {
-            candle_core::bail!(
-                "LoRA dropout {} with target parameters: PEFT's adapters on parameters take no dropout \
-                 (the input of a parameter's product is not the module's); set it to 0",
-                config.dropout
-            );
-        }
-        if let Some(unknown) = config.targets.iter().find(|&target| {
-            !names
-                .iter()
-                .any(|name| targets(std::slice::from_ref(target), name))
-        }) {
-            let experts = match self.config.experts {
-                Some(_) => {
-                    " (a mixture's router takes no adapter; its experts take them as target \
-                     parameters: mlp.experts.gate_up_proj, mlp.experts.down_proj)"
-                }
-                None => "",
-            };
-            candle_core::bail!(
-                "unknown LoRA target {unknown:?}; the projections of this {} model are {}{experts}",
-                self.config.arch,
-                names.join(", ")
-            );
-        }
-        self.sampling_only()?;
-        let mut model = self.detached();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
-        let (dtype, device) = (dispatch::adapter_dtype(self.dtype()), self.device().clone());
-        let mut vars = Vec::new();
-        let seed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        for (i, layer) in model.layers.iter_mut().enumerate() {
-            for (name, linear) in Self::linears_mut(&mut layer.mixer, &mut layer.mlp) {
-                let short = name.rsplit('.').next().unwrap_or(&name);
-                if !adaptable(&name) || !targets(&config.targets, short) {
-                    continue;
-                }
-                let (out_dim, in_dim) = linear.weight.dense()?.dims2()?;
-                let bound = 1.0 / (in_dim as f64).sqrt();
-                let a: Vec<f32> = (0..config.rank * in_dim)
-                    .map(|_| rng.random_range(-bound..bound) as f32)
-                    .collect();
-                let a = Var::from_tensor(
-                    &Tensor::from_vec(a, (config.rank, in_dim), &device)?.to_dtype(dtype)?,
-                )?;
-                let b = Var::zeros((out_dim, config.rank), dtype, &device)?;
-                let prefix = format!("base_model.model.model.layers.{i}.{name}");
-                linear.lora = Some(Lora {
-                    a: a.as_tensor().clone(),
-                    b: b.as_tensor().clone(),
-                    scale: config.alpha / config.rank as f64,
-                    dropout: (config.dropout > 0.0).then(|| Dropout {
-                        p: config.dropout,
-                        id: vars.len() as u64,
-                        seed: std::sync::Arc::clone(&seed),
-                    }),
-                });
-                vars.push((format!("{prefix}.lora_A.weight"), a));
-                vars.push((format!("{prefix}.lora_B.weight"), b));
-            }
-            let FeedForward::Experts(mixture) = &mut layer.mlp else {
-                continue;
-            };
-            let count = mixture.experts.len();
-            let Some(expert) = mixture.experts.first() else {
-                continue;
-            };
-            let (hidden, inner) = expert.down_proj.weight.dense()?.dims2()?;
-            let prefixes = expert_prefixes(i, stacks.len());
-            for (&stack, prefix) in stacks.iter().zip(prefixes) {
-                let (in_dim, out_dim) = match stack {
-                    ExpertStack::GateUp => (hidden, 2 * inner),
-                    ExpertStack::Down => (inner, hidden),
-                };
-                // PEFT's `nn.Linear(in, rank · experts)` for A: Kaiming-uniform, bound 1/sqrt(in).
-                let bound = 1.0 / (in_dim as f64).sqrt();
-                let a: Vec<f32> = (0..count * config.rank * in_dim)
-                    .map(|_| rng.random_range(-bound..bound) as f32)
-                    .collect();
-                let a = Var::from_tensor(
-                    &Tensor::from_vec(a, (count * config.rank, in_dim), &device)?
-                        .to_dtype(dtype)?,
-                )?;
-                let b = Var::zeros((out_dim, config.rank * count), dtype, &device)?;
-                mixture.adapters.push(ExpertLora {
-                    stack,
-                    a: a.as_tensor().clone(),
-                    b: b.as_tensor().clone(),
-                    scale: config.alpha / config.rank as f64,
-                });
-                vars.push((format!("{prefix}.lora_A.weight"), a));
-                vars.push((format!("{prefix}.lora_B.weight"), b));
-            }
-        }
-        Ok((model, vars))
     }
 
     /// A copy whose experts carry their LoRA updates in their matrices and no adapters (the other
@@ -926,48 +783,6 @@ impl Model {
         let real = key_mask.narrow(1, 1, len - 1)?.to_dtype(picked.dtype())?;
         picked * real
     }
-}
-
-/// The expert stacks PEFT `target_parameters` name, in [`ExpertStack::ALL`]'s order; an error names an
-/// entry that is no expert stack.
-fn expert_stacks(parameters: &[String]) -> Result<Vec<ExpertStack>> {
-    if let Some(unknown) = parameters
-        .iter()
-        .find(|target| ExpertStack::named(target).is_none())
-    {
-        candle_core::bail!(
-            "unknown LoRA target parameter {unknown:?}; the expert stacks are \
-             mlp.experts.gate_up_proj and mlp.experts.down_proj"
-        );
-    }
-    Ok(ExpertStack::ALL
-        .into_iter()
-        .filter(|stack| {
-            parameters
-                .iter()
-                .any(|target| ExpertStack::named(target) == Some(*stack))
-        })
-        .collect())
-}
-
-/// PEFT's module names of layer `layer`'s `adapted` expert adapters, in [`ExpertStack::ALL`]'s order.
-/// PEFT wraps the module once per parameter, the first parameter innermost, so each earlier adapter
-/// sits one `base_layer` deeper: `mlp.experts.base_layer` (`gate_up_proj`) and `mlp.experts`
-/// (`down_proj`) for both.
-fn expert_prefixes(layer: usize, adapted: usize) -> Vec<String> {
-    (0..adapted)
-        .map(|k| {
-            format!(
-                "base_model.model.model.layers.{layer}.mlp.experts{}",
-                ".base_layer".repeat(adapted - 1 - k)
-            )
-        })
-        .collect()
-}
-
-/// Whether LoRA can adapt the projection `name` (in its layer): not a mixture's router or experts.
-fn adaptable(name: &str) -> bool {
-    name != "mlp.gate" && name != "mlp.router" && !name.starts_with("mlp.experts.")
 }
 
 /// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each

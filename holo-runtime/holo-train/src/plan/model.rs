@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use holo_model::config::ModelConfig;
-use holo_model::model::{ExpertStack, LoraConfig, FUSED_PROJECTIONS};
+use holo_model::model::{targets, ExpertStack, LoraConfig};
 
 /// A model's sizes, in elements.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,74 +93,100 @@ impl Sizes {
             .unwrap_or_else(|| self.embedding())
     }
 
-    /// The elements of LoRA's adapters: `rank × (in + out)` for every projection `lora` targets (a
-    /// fused projection when any of its parts is named, as the loader adapts it).
+    /// The elements of LoRA's adapters, `rank × (in + out)` for every projection `lora` targets (a
+    /// fused projection when any of its parts is named, as the loader adapts it), after PEFT's
+    /// resolution (`all-linear`, a fused mixture's module names as target parameters), each at the rank
+    /// its pattern gives; 0 for a configuration the loader will refuse.
     pub fn adapters(&self, lora: &LoraConfig) -> u64 {
         let c = &self.config;
         let hidden = c.hidden_size as u64;
         let queries = (c.num_attention_heads * c.head_dim) as u64;
         let keys = (c.num_key_value_heads * c.head_dim) as u64;
         let inner = c.intermediate_size as u64;
-        let targeted = |short: &str| {
-            lora.targets.iter().any(|target| target == short)
-                || FUSED_PROJECTIONS.iter().any(|(fused, parts)| {
-                    *fused == short && lora.targets.iter().any(|t| parts.contains(&t.as_str()))
-                })
-        };
-        let fused = c.variant.fused_projections;
-        // (name, inputs, outputs) of one layer's projections, as the loader names them.
-        let projections: Vec<(&str, u64, u64)> = if fused {
-            vec![
-                ("qkv_proj", hidden, queries + 2 * keys),
-                ("o_proj", queries, hidden),
-                ("gate_up_proj", hidden, 2 * inner),
-                ("down_proj", inner, hidden),
-            ]
-        } else {
-            let mut projections = vec![
-                ("q_proj", hidden, queries),
-                ("k_proj", hidden, keys),
-                ("v_proj", hidden, keys),
-                ("o_proj", queries, hidden),
-            ];
-            // Experts take no adapters by module name (`Model::with_lora` refuses MLP targets on a
-            // mixture): theirs are `lora_target_parameters`' ([`Sizes::expert_adapters`]).
-            if c.experts.is_none() {
-                projections.extend([
-                    ("gate_proj", hidden, inner),
-                    ("up_proj", hidden, inner),
-                    ("down_proj", inner, hidden),
-                ]);
-            }
+        // (module name in the layer, inputs, outputs) of one layer's projections, as the loader names
+        // them; the MLP's only on a layer without experts (a mixture's are target parameters).
+        let projections = |experts: bool| -> Vec<(&str, u64, u64)> {
+            let mut projections = match c.variant.fused_projections {
+                true => vec![
+                    ("self_attn.qkv_proj", hidden, queries + 2 * keys),
+                    ("self_attn.o_proj", queries, hidden),
+                    ("mlp.gate_up_proj", hidden, 2 * inner),
+                ],
+                false => vec![
+                    ("self_attn.q_proj", hidden, queries),
+                    ("self_attn.k_proj", hidden, keys),
+                    ("self_attn.v_proj", hidden, keys),
+                    ("self_attn.o_proj", queries, hidden),
+                    ("mlp.gate_proj", hidden, inner),
+                    ("mlp.up_proj", hidden, inner),
+                ],
+            };
+            projections.push(("mlp.down_proj", inner, hidden));
+            projections.retain(|(name, _, _)| !experts || !name.starts_with("mlp."));
             projections
         };
-        let per_layer: u64 = projections
+        let names: Vec<String> = projections(false)
             .iter()
-            .filter(|(name, _, _)| targeted(name))
-            .map(|(_, inputs, outputs)| lora.rank as u64 * (inputs + outputs))
-            .sum();
-        per_layer * c.num_hidden_layers as u64 + self.expert_adapters(lora)
+            .map(|(name, _, _)| name.rsplit('.').next().unwrap_or(name).to_string())
+            .collect();
+        let Ok(lora) = lora.resolved(c.arch, &names) else {
+            return 0;
+        };
+        let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
+        let mut elements = 0;
+        for i in 0..c.num_hidden_layers {
+            let experts = c.layers.get(i).is_some_and(|layer| layer.experts);
+            for (name, inputs, outputs) in projections(experts) {
+                let key = format!("model.layers.{i}.{name}");
+                if targets(&lora.targets, &key) {
+                    elements += rank(&key) * (inputs + outputs);
+                }
+            }
+            if experts {
+                elements += self.expert_adapters(&lora, i, &rank);
+            }
+        }
+        elements
     }
 
-    /// The elements of the expert stacks' adapters (`lora_target_parameters`): per mixture layer and
-    /// stack, `rank × experts × (in + out)` (PEFT's `A` `[E·r, in]` and `B` `[out, r·E]`).
-    fn expert_adapters(&self, lora: &LoraConfig) -> u64 {
+    /// The elements of mixture layer `i`'s adapters on target parameters: per expert stack,
+    /// `rank × experts × (in + out)` (PEFT's `A` `[E·r, in]` and `B` `[out, r·E]`), and for the router
+    /// `rank × (hidden + experts)`.
+    fn expert_adapters(&self, lora: &LoraConfig, i: usize, rank: &dyn Fn(&str) -> u64) -> u64 {
         let c = &self.config;
         let Some(experts) = c.experts else {
             return 0;
         };
         let (hidden, inner) = (c.hidden_size as u64, experts.intermediate_size as u64);
-        let per_layer: u64 = lora
-            .parameters
-            .iter()
-            .filter_map(|target| ExpertStack::named(target))
-            .map(|stack| match stack {
-                ExpertStack::GateUp => hidden + 2 * inner,
-                ExpertStack::Down => inner + hidden,
-            })
-            .sum();
-        let mixtures = c.layers.iter().filter(|layer| layer.experts).count() as u64;
-        per_layer * lora.rank as u64 * experts.count as u64 * mixtures
+        let count = experts.count as u64;
+        let router = if experts.clamped.is_some() {
+            "router"
+        } else {
+            "gate"
+        };
+        let mut stacks: Vec<ExpertStack> = Vec::new();
+        let mut elements = 0;
+        for target in &lora.parameters {
+            match ExpertStack::named(target) {
+                Some(stack) if !stacks.contains(&stack) => {
+                    stacks.push(stack);
+                    let sides = match stack {
+                        ExpertStack::GateUp => hidden + 2 * inner,
+                        ExpertStack::Down => inner + hidden,
+                    };
+                    let key = format!("model.layers.{i}.mlp.experts.{}", stack.name());
+                    elements += rank(&key) * count * sides;
+                }
+                Some(_) => {}
+                None => {
+                    let key = format!("model.layers.{i}.mlp.{router}.weight");
+                    if key.ends_with(&format!(".{target}")) {
+                        elements += rank(&key) * (hidden + count);
+                    }
+                }
+            }
+        }
+        elements
     }
 }
 
@@ -254,6 +280,27 @@ mod tests {
         assert_eq!(
             sizes.adapters(&with_experts) - sizes.adapters(&attention_only),
             4 * experts.count as u64 * per_stack_pair * mixtures
+        );
+        // `all-linear` as PEFT converts it on Qwen3-MoE: the attention everywhere, the router and
+        // both stacks on the mixture layers (`gate_up_proj` at twice the rank), and nothing on the
+        // dense layer's MLP; a pattern's rank on one layer's `q_proj`.
+        let c = &sizes.config;
+        let queries = (c.num_attention_heads * c.head_dim) as u64;
+        let kv = (c.num_key_value_heads * c.head_dim) as u64;
+        let attention = 2 * (hidden + queries) + 2 * (hidden + kv);
+        let all_linear = LoraConfig {
+            targets: vec!["all-linear".into()],
+            rank_pattern: [("layers.1.self_attn.q_proj".to_string(), 6)]
+                .into_iter()
+                .collect(),
+            ..attention_only
+        };
+        let count = experts.count as u64;
+        let router = hidden + count;
+        let stacks = 8 * count * (hidden + 2 * inner) + 4 * count * (inner + hidden);
+        assert_eq!(
+            sizes.adapters(&all_linear),
+            4 * attention * 3 + 2 * (hidden + queries) + (4 * router + stacks) * mixtures
         );
     }
 }

@@ -176,6 +176,7 @@ pub fn lora_config(info: &RunInfo) -> LoraConfig {
         dropout: 0.0,
         // Tinker's LoRA config names no expert stacks.
         parameters: Vec::new(),
+        ..Default::default()
     }
 }
 
