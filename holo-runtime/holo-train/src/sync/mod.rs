@@ -103,6 +103,18 @@ impl Failure {
     }
 }
 
+/// A push that verified on one server.
+struct Verified {
+    /// The largest difference between its probe and the trainer's.
+    mismatch: f32,
+    /// The largest change of its probe since the previous push (none on the first).
+    change: Option<f32>,
+    /// The weight version it reports, when it does.
+    version: Option<u64>,
+    /// Its probe log-probabilities.
+    scored: Vec<f32>,
+}
+
 /// One server as the sync sees it.
 struct Server {
     url: String,
@@ -249,23 +261,38 @@ impl WeightSync {
             servers: 0,
             seconds: 0.0,
         };
-        for index in 0..self.servers.len() {
-            if !self.pool.alive(index) {
-                self.rejoin(index, &path, step, &own).await;
-                continue;
-            }
-            match self.push_to(index, &path, step, &own, moved).await {
-                Ok((mismatch, change, version)) => {
-                    pushed.mismatch = pushed.mismatch.max(mismatch);
-                    pushed.change = pushed.change.max(change.unwrap_or(0.0));
-                    pushed.version = pushed.version.or(version);
-                }
+        let dropped: Vec<usize> = (0..self.servers.len())
+            .filter(|&index| !self.pool.alive(index))
+            .collect();
+        // Every server in the pool loads and scores at once: a push takes the slowest server's time,
+        // not the sum.
+        let live = self.pool.live();
+        let results = futures_util::future::join_all(
+            live.iter()
+                .map(|&index| self.push_to(index, &path, step, &own, moved)),
+        )
+        .await;
+        let mut verified = Vec::new();
+        for (index, result) in live.into_iter().zip(results) {
+            match result {
+                Ok(push) => verified.push((index, push)),
                 Err(Failure::Gone(message)) if self.pool.live().len() > 1 => {
                     self.pool.drop_server(index, &message);
                 }
                 Err(Failure::Gone(message)) => return Err(TrainError::Source(message)),
                 Err(Failure::Stop(error)) => return Err(error),
             }
+        }
+        for index in dropped {
+            if let Some(push) = self.rejoin(index, &path, step, &own).await {
+                verified.push((index, push));
+            }
+        }
+        for (index, push) in verified {
+            pushed.mismatch = pushed.mismatch.max(push.mismatch);
+            pushed.change = pushed.change.max(push.change.unwrap_or(0.0));
+            pushed.version = pushed.version.or(push.version);
+            self.servers[index].previous = Some(push.scored);
         }
         pushed.servers = self.pool.live().len();
         self.previous = Some(own);
@@ -275,35 +302,47 @@ impl WeightSync {
     }
 
     /// Takes dropped server `index` back into the pool when it answers `GET /health` again (within
-    /// [`REJOIN_HEALTH`]) and this push's weights load and verify there as on any server; the no-op
-    /// check starts over, since a server that came back may have been restarted. A server that still
-    /// fails stays out of the pool, with a warning when it answered but its push did not verify.
-    async fn rejoin(&mut self, index: usize, path: &std::path::Path, step: u64, own: &[f32]) {
-        if !self.pool.healthy(&self.client, index, REJOIN_HEALTH).await {
-            return;
-        }
-        self.servers[index].previous = None;
-        match self.push_to(index, path, step, own, 0.0).await {
-            Ok(_) => self.pool.rejoin(index),
-            Err(Failure::Gone(_)) => {}
-            Err(Failure::Stop(error)) => eprintln!(
-                "warning: rollout server {} answers again but stays out of the pool: {error}",
-                self.servers[index].url
-            ),
-        }
-    }
-
-    /// Loads the weights at `path` on server `index` and verifies them with the probe against the
-    /// trainer's `own` (which moved by `moved` since the previous push): the mismatch, the change since
-    /// the previous push (none on the first) and the version the server reports.
-    async fn push_to(
+    /// [`REJOIN_HEALTH`]) and this push's weights load and verify there as on any server (returned);
+    /// the no-op check starts over, since a server that came back may have been restarted. A server
+    /// that still fails stays out of the pool, with a warning when it answered but its push did not
+    /// verify. A server dropped by this very push is not tried again until the next.
+    async fn rejoin(
         &mut self,
         index: usize,
         path: &std::path::Path,
         step: u64,
         own: &[f32],
+    ) -> Option<Verified> {
+        if !self.pool.healthy(&self.client, index, REJOIN_HEALTH).await {
+            return None;
+        }
+        self.servers[index].previous = None;
+        match self.push_to(index, path, step, own, 0.0).await {
+            Ok(push) => {
+                self.pool.rejoin(index);
+                Some(push)
+            }
+            Err(Failure::Gone(_)) => None,
+            Err(Failure::Stop(error)) => {
+                eprintln!(
+                    "warning: rollout server {} answers again but stays out of the pool: {error}",
+                    self.servers[index].url
+                );
+                None
+            }
+        }
+    }
+
+    /// Loads the weights at `path` on server `index` and verifies them with the probe against the
+    /// trainer's `own` (which moved by `moved` since the previous push).
+    async fn push_to(
+        &self,
+        index: usize,
+        path: &std::path::Path,
+        step: u64,
+        own: &[f32],
         moved: f32,
-    ) -> Result<(f32, Option<f32>, Option<u64>), Failure> {
+    ) -> Result<Verified, Failure> {
         let loaded = self.load(index, path, step).await?;
         let (scored, version) = self.score(index, step).await?;
         let server = &self.servers[index];
@@ -348,8 +387,12 @@ impl WeightSync {
                 numbers(own)
             )));
         }
-        self.servers[index].previous = Some(scored);
-        Ok((mismatch, change, version))
+        Ok(Verified {
+            mismatch,
+            change,
+            version,
+            scored,
+        })
     }
 
     /// The trainer's log-probabilities of the probe's tokens after the first: a sampling pass, as the
