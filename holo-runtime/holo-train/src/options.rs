@@ -8,7 +8,23 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use super::plan::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
+
+/// What `holo train` and `holo sft` do when the memory plan's peak exceeds the memory available
+/// (`memory_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCheck {
+    /// Refuse the run before loading the weights, naming the term that overflows and the largest value
+    /// of its option that fits.
+    Refuse,
+    /// Print the same message as a warning and run.
+    Warn,
+    /// Neither plan nor check.
+    Off,
+}
+
+/// The values `memory_check` allows.
+pub const MEMORY_CHECK_VALUES: &[&str] = &["refuse", "warn", "off"];
 
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.
@@ -240,6 +256,7 @@ impl TrainingArguments {
     }
 
     /// The adapters to train, when `use_peft`.
+    #[cfg(feature = "local")]
     pub fn lora(&self) -> Option<holo_model::model::LoraConfig> {
         self.use_peft.then(|| holo_model::model::LoraConfig {
             rank: self.lora_r,
@@ -356,6 +373,9 @@ impl TrainingArguments {
         if !(0.0..1.0).contains(&self.lora_dropout) {
             return Err(error("lora_dropout", "must be in [0, 1)"));
         }
+        // The names LoRA can target are the local model's (holo-model's); a build without it trains
+        // only on a Tinker service, which chooses what its adapters train and refuses both keys.
+        #[cfg(feature = "local")]
         if let Some(targets) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
             let projections: Vec<&str> = holo_model::model::PROJECTIONS
@@ -378,6 +398,7 @@ impl TrainingArguments {
                 ));
             }
         }
+        #[cfg(feature = "local")]
         if let Some(parameters) = &self.lora_target_parameters {
             let stacks = holo_model::model::ExpertStack::ALL.map(|stack| stack.name());
             if parameters.is_empty() {

@@ -38,7 +38,6 @@ use holo_core::chat::folder;
 use holo_core::holophore::Holophore;
 use holo_core::loom::RolloutSource;
 use holo_core::sampler::Sampler;
-use holo_model::files as model_files;
 use holo_train::advantages::nanmean;
 use holo_train::batch::Completion;
 use holo_train::checkpoint::{self, RunDir, TrainerState};
@@ -90,6 +89,15 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
         return refuse(
             "use_peft",
             "must be true (the service trains LoRA adapters, never every weight)",
+        );
+    }
+    if config.training.lora_target_modules.is_some()
+        || config.training.lora_target_parameters.is_some()
+    {
+        return refuse(
+            "lora_target_modules",
+            "the service chooses what its adapters train (its LoRA configuration is the rank); \
+             leave lora_target_modules and lora_target_parameters unset",
         );
     }
     if config.routing_replay {
@@ -273,13 +281,12 @@ impl Tinker {
             .map_err(|error| TrainError::Input(error.to_string()))?;
         check_config(&config, tinker.loss).map_err(TrainError::Input)?;
         let dir = &tinker.tokenizer;
-        let fail = |error: model_files::LoadError| {
+        let fail = |error: folder::FolderError| {
             TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display()))
         };
-        let tokenizer: Arc<Tokenizer> = Arc::new(model_files::load_tokenizer(dir).map_err(fail)?);
-        let template = Arc::new(model_files::load_template(dir).map_err(fail)?);
-        let end_of_turn = folder::end_of_turn_ids(dir, &tokenizer, &template)
-            .map_err(|error| fail(error.into()))?;
+        let tokenizer: Arc<Tokenizer> = Arc::new(folder::load_tokenizer(dir).map_err(fail)?);
+        let template = Arc::new(folder::load_template(dir).map_err(fail)?);
+        let end_of_turn = folder::end_of_turn_ids(dir, &tokenizer, &template).map_err(fail)?;
         if end_of_turn.is_empty() {
             return Err(TrainError::Input(format!(
                 "--tokenizer `{}`: no end-of-turn token (eos_token_id in generation_config.json or config.json, or the template's eos_token)",
