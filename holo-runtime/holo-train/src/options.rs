@@ -517,6 +517,7 @@ pub enum LrSchedulerType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "local")]
     use crate::sft::SftConfig;
     use crate::{ConfigBuilder, GrpoConfig};
 
@@ -542,6 +543,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "local")]
     fn each_trainer_keeps_its_own_defaults_under_the_flattened_keys() {
         let grpo: GrpoConfig = toml::from_str("beta = 0.1\nseed = 3").unwrap();
         assert_eq!(grpo.training.learning_rate, 1e-6);
@@ -591,6 +593,23 @@ mod tests {
         );
     }
     #[test]
+    #[cfg(feature = "local")]
+    fn sft_options_that_change_nothing_are_refused_with_their_file_line() {
+        let dir = std::env::temp_dir().join(format!("holo-inert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sft.toml");
+        std::fs::write(&file, "seed = 1\nlora_alpha = 32\n").unwrap();
+        let error = ConfigBuilder::<SftConfig>::default()
+            .file(&file)
+            .unwrap()
+            .build()
+            .unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("lora_alpha"));
+        assert_eq!(error.origin, Some(format!("{}:2", file.display())));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn options_that_change_nothing_are_refused_where_they_were_written() {
         // `holo train --lora-r 8` without `--use-peft true` trained every weight without a word.
         let error = ConfigBuilder::<GrpoConfig>::default()
@@ -609,19 +628,6 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(lora.training.lora_r, 8);
-        // The same in SFT, from a file, named with its line.
-        let dir = std::env::temp_dir().join(format!("holo-inert-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("sft.toml");
-        std::fs::write(&file, "seed = 1\nlora_alpha = 32\n").unwrap();
-        let error = ConfigBuilder::<SftConfig>::default()
-            .file(&file)
-            .unwrap()
-            .build()
-            .unwrap_err();
-        assert_eq!(error.key.as_deref(), Some("lora_alpha"));
-        assert_eq!(error.origin, Some(format!("{}:2", file.display())));
-        std::fs::remove_dir_all(&dir).unwrap();
         // PPO's options under GRPO, a loss's options under another loss, the guard rails' without them.
         for (flag, value, set_too) in [
             ("--vf-coef", "0.2", None),

@@ -8,11 +8,15 @@ mod common;
 
 #[cfg(feature = "local")]
 mod balance;
+#[cfg(feature = "local")]
 mod curriculum;
+#[cfg(feature = "local")]
 mod erl;
+#[cfg(feature = "local")]
 mod guard;
 #[cfg(feature = "local")]
 mod moe_lora;
+#[cfg(feature = "local")]
 mod ppo_parity;
 #[cfg(feature = "local")]
 mod rollout_servers;
@@ -20,6 +24,7 @@ mod rollout_servers;
 mod routing;
 #[cfg(feature = "local")]
 mod train_export;
+#[cfg(feature = "local")]
 mod train_library;
 #[cfg(feature = "local")]
 mod train_metrics;
