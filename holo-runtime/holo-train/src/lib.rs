@@ -90,9 +90,9 @@ pub use config::{
 };
 pub use correction::importance_sampling;
 pub use error::TrainError;
-pub use run::RunOptions;
 #[cfg(feature = "local")]
 pub use run::Policy;
+pub use run::RunOptions;
 pub use state::TrainSummary;
 #[cfg(feature = "local")]
 pub use trainer::Local;

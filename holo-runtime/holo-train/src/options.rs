@@ -8,7 +8,6 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-
 /// What `holo train` and `holo sft` do when the memory plan's peak exceeds the memory available
 /// (`memory_check`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

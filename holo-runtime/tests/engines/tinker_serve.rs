@@ -472,10 +472,7 @@ async fn holo_without_candle_trains_against_holo_tinker_serve() {
         .unwrap();
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{said}");
-    assert!(
-        said.contains("built without the `local` feature"),
-        "{said}"
-    );
+    assert!(said.contains("built without the `local` feature"), "{said}");
     train_against_holo_tinker_serve("tinker-serve-lean-train", holo).await;
 }
 

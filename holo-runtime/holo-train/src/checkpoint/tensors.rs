@@ -178,4 +178,3 @@ pub fn restore(vars: &[(String, Var)], tensors: &HashMap<String, Tensor>) -> Res
     }
     Ok(())
 }
-
