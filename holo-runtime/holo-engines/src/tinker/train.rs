@@ -811,3 +811,28 @@ fn write_synced(path: &Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LoRA's targets are the service's: a run that names them is refused, whichever build checked
+    /// their names (without the `local` feature nothing else does).
+    #[test]
+    fn lora_targets_are_refused() {
+        let mut config = GrpoConfig::default();
+        config.training.use_peft = true;
+        assert_eq!(check_config(&config, LossFn::ImportanceSampling), Ok(()));
+        let mut modules = config.clone();
+        modules.training.lora_target_modules = Some(vec!["q_proj".into()]);
+        let mut parameters = config.clone();
+        parameters.training.lora_target_parameters = Some(vec!["mlp.experts.down_proj".into()]);
+        for config in [modules, parameters] {
+            let refused = check_config(&config, LossFn::ImportanceSampling).unwrap_err();
+            assert!(
+                refused.starts_with("`lora_target_modules`: the service chooses"),
+                "{refused}"
+            );
+        }
+    }
+}

@@ -46,7 +46,7 @@ const EVAL: u64 = 4;
 const DROPOUT: u64 = 5;
 
 /// GRPO (or PPO) training of a policy on rollouts from a [`RolloutSource`]: by default a local model
-/// (`Local`, feature `local`), or the weights of any other [`Backend`]; see the [crate documentation](crate).
+/// ([`Local`]), or the weights of any other [`Backend`]; see the [crate documentation](crate).
 // Without the model in process (feature `local`) there is no default backend to name.
 pub struct Trainer<S, #[cfg(feature = "local")] B = Local, #[cfg(not(feature = "local"))] B> {
     source: S,
