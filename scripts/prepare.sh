@@ -2,7 +2,7 @@
 # Installs what the tests drive beyond the repository, idempotently: a component already in place is checked
 # and left alone (a few seconds in all). `.ci/run` runs it first, and `scripts/test.sh` before the tests.
 #
-#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | lmeval | skyrl ...]   # all: every one
+#     bash scripts/prepare.sh [all | peers | smollm2 | chromium | gym | tinker | lmeval | skyrl | lean ...]   # all: every one
 #
 # | component | where                                           | what uses it                                   |
 # |-----------|-------------------------------------------------|------------------------------------------------|
@@ -23,6 +23,8 @@
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0   | tests/engines/tinker.rs                        |
 # |           | on JAX), built from Debian 13's CPython 3.13    |                                                |
 # |           | unpacked in ~/.cache/holo-engines/python3.13    |                                                |
+# | lean      | TARGET/lean/debug/holo: this repository's holo  | tests/engines/tinker_serve.rs                  |
+# |           | without candle (--features cli,train)           |                                                |
 #
 # Needs python3.11 with venv and pip, apt-get and dpkg-deb, PyPI and Debian's mirror. The tests find each
 # component where this puts it (holo-runtime/tests/support/components.rs); under CI=true a test whose component is missing
@@ -204,11 +206,20 @@ prepare_skyrl() {
     log "skyrl: ready ($((SECONDS - t0)) s)"
 }
 
+# `holo` built from this repository without candle (`--no-default-features --features cli,train`), in its
+# own target folder so that it never replaces the tests' `holo`; cargo rebuilds only what changed.
+prepare_lean() {
+    local t0=$SECONDS target="${CARGO_TARGET_DIR:-$ROOT/target}"
+    cargo build -q --manifest-path "$ROOT/Cargo.toml" -p holo-runtime --no-default-features \
+        --features cli,train --target-dir "$target/lean"
+    log "lean: ready ($((SECONDS - t0)) s)"
+}
+
 [ $# -gt 0 ] || set -- all
 for component in "$@"; do
     case "$component" in
-        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker; prepare_lmeval; prepare_skyrl ;;
-        peers | smollm2 | chromium | gym | tinker | lmeval | skyrl) "prepare_$component" ;;
-        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, lmeval, skyrl)" >&2; exit 2 ;;
+        all) prepare_peers; prepare_smollm2; prepare_chromium; prepare_gym; prepare_tinker; prepare_lmeval; prepare_skyrl; prepare_lean ;;
+        peers | smollm2 | chromium | gym | tinker | lmeval | skyrl | lean) "prepare_$component" ;;
+        *) echo "error: unknown component \`$component\` (all, peers, smollm2, chromium, gym, tinker, lmeval, skyrl, lean)" >&2; exit 2 ;;
     esac
 done

@@ -11,8 +11,9 @@
 //! - [`Recorder`]: where a machine writes what happens (contexts, messages, text, completions, rewards);
 //!   [`Transcript`] is the readable one used by tests and dry runs.
 //! - `local` (feature `local`): Hugging Face and GGUF models in process on candle (`holo-model`);
-//!   `train`: GRPO, PPO, SFT and ERL (`holo-train`); `serve`: the OpenAI-compatible server
-//!   (`holo-serve`); `engines` (feature `engines`): Atropos, NeMo Gym and Tinker (`holo-engines`).
+//!   `train`: GRPO, PPO, SFT and ERL (`holo-train`; feature `train` alone gives its loop without
+//!   candle, for the Tinker backend); `serve`: the OpenAI-compatible server (`holo-serve`); `engines`
+//!   (feature `engines`): Atropos, NeMo Gym and Tinker (`holo-engines`).
 
 #![forbid(unsafe_code)]
 
@@ -26,13 +27,13 @@ pub use holo_engines as engines;
 pub use holo_model as local;
 #[cfg(feature = "local")]
 pub use holo_serve as serve;
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 pub use holo_train as train;
 
 /// What this build of the runtime was made from (`build.rs`): the sources' git commit and whether they
 /// had uncommitted changes, the workspace's `Cargo.lock`, and the crate of the built-in holotypes. A
 /// training run records it in `provenance.json`.
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 pub fn build() -> train::provenance::Build {
     train::provenance::Build::new(
         env!("HOLO_GIT_COMMIT"),

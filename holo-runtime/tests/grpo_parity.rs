@@ -3,6 +3,7 @@
 //! and logged metrics, and the gradients of several weights, on the committed tiny Qwen2 model.
 //! Fixtures: `tests/fixtures/grpo/` (made by `scripts/grpo_fixtures.py`; its README says how each number
 //! was computed).
+#![cfg(feature = "local")]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -4,6 +4,7 @@
 //! losses, candle's autograd for bf16 layers, AdamW over f32 master weights, f32 LoRA over a bf16 base,
 //! checkpoints — is exercised here without a GPU, and its log-probabilities and gradients are held close
 //! to the f32 model's. `HOLO_TEST_DEVICE=cuda:0` runs the same tests on a GPU (`scripts/gpu-check.sh`).
+#![cfg(feature = "local")]
 
 mod common;
 

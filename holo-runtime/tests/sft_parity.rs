@@ -3,6 +3,7 @@
 //! accumulated gradients of several weights, on the committed tiny Qwen2 model. Fixtures:
 //! `tests/fixtures/sft/cases.json` (made by `scripts/sft_fixtures.py`, whose docstring says how each number
 //! was computed).
+#![cfg(feature = "local")]
 
 use holo_runtime::train::TrainingArguments;
 use std::collections::BTreeMap;

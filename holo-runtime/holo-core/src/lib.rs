@@ -25,6 +25,7 @@ pub mod json;
 pub mod loom;
 pub mod machine;
 pub mod openai;
+pub mod peft;
 pub mod resources;
 pub mod sampler;
 pub mod scripted;

@@ -12,11 +12,8 @@
 //! (Qwen3-MoE's `mlp_only_layers`) then keep no MLP adapter, as under PEFT. gpt-oss's experts were
 //! never modules, and PEFT converts nothing for it: its `"all-linear"` is the attention alone.
 
-use serde::de::{MapAccess, Visitor};
-use serde::ser::SerializeMap;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 use crate::config::Arch;
+pub use holo_core::peft::Pattern;
 
 /// Which projections get adapters, and their size.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,121 +147,12 @@ impl LoraConfig {
     }
 }
 
-/// PEFT's `rank_pattern` or `alpha_pattern`: keys (regular expressions) with their values, in order. A
-/// key matches an adapter's name as PEFT's `get_pattern_key` matches it, `(.*\.)?(KEY)$` from the
-/// name's start, so `q_proj` is every `…q_proj`, and `layers.0.self_attn.q_proj` layer 0's; the first
-/// key in order that matches gives the value. Read and written as a map that keeps its order
-/// (`adapter_config.json`'s; a TOML table's keys come sorted).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Pattern<T>(Vec<(String, T)>);
-
-impl<T: Copy> Pattern<T> {
-    /// The entries, in order.
-    pub fn entries(&self) -> &[(String, T)] {
-        &self.0
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Sets `key`'s value: in its place if it is there, last otherwise (as a Python dict).
-    pub fn insert(&mut self, key: &str, value: T) {
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some(entry) => entry.1 = value,
-            None => self.0.push((key.to_string(), value)),
-        }
-    }
-
-    /// The value of the first key that matches `name`.
-    pub fn find(&self, name: &str) -> Result<Option<T>, String> {
-        for (key, value) in &self.0 {
-            if key_regex(key)?.is_match(name) {
-                return Ok(Some(*value));
-            }
-        }
-        Ok(None)
-    }
-
-    /// An error naming the first key that is no regular expression this crate reads (Python's
-    /// look-arounds and back-references are not).
-    pub fn check(&self) -> Result<(), String> {
-        self.0
-            .iter()
-            .try_for_each(|(key, _)| key_regex(key).map(drop))
-    }
-}
-
-impl<T> FromIterator<(String, T)> for Pattern<T> {
-    fn from_iter<I: IntoIterator<Item = (String, T)>>(entries: I) -> Self {
-        Pattern(entries.into_iter().collect())
-    }
-}
-
-/// `get_pattern_key`'s expression for `key`, anchored at both ends.
-fn key_regex(key: &str) -> Result<regex_automata::meta::Regex, String> {
-    regex_automata::meta::Regex::new(&format!(r"^(?:.*\.)?(?:{key})$"))
-        .map_err(|error| format!("the pattern key {key:?} is not a regular expression: {error}"))
-}
-
-impl<T: Serialize> Serialize for Pattern<T> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (key, value) in &self.0 {
-            map.serialize_entry(key, value)?;
-        }
-        map.end()
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Pattern<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Entries<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for Entries<T> {
-            type Value = Pattern<T>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a table of patterns and their values")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry::<String, T>()? {
-                    entries.push(entry);
-                }
-                Ok(Pattern(entries))
-            }
-        }
-        deserializer.deserialize_map(Entries(std::marker::PhantomData))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn names(names: &[&str]) -> Vec<String> {
         names.iter().map(|name| name.to_string()).collect()
-    }
-
-    #[test]
-    fn patterns_match_as_peft_s_get_pattern_key() {
-        let pattern: Pattern<usize> = [
-            ("layers.0.self_attn.q_proj".to_string(), 8),
-            ("q_proj".to_string(), 4),
-            (r".*\.experts\..*".to_string(), 6),
-        ]
-        .into_iter()
-        .collect();
-        let find = |name: &str| pattern.find(name).unwrap();
-        assert_eq!(find("model.layers.0.self_attn.q_proj"), Some(8));
-        assert_eq!(find("model.layers.10.self_attn.q_proj"), Some(4));
-        // A key matches whole dotted segments from the name's end, not any substring.
-        assert_eq!(find("model.layers.1.self_attn.xq_proj"), None);
-        assert_eq!(find("model.layers.1.self_attn.q_proj.extra"), None);
-        assert_eq!(find("model.layers.1.mlp.experts.down_proj"), Some(6));
-        let bad: Pattern<usize> = [("(?=q)".to_string(), 1)].into_iter().collect();
-        assert!(bad.check().unwrap_err().contains("(?=q)"));
     }
 
     #[test]

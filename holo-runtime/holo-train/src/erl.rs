@@ -24,15 +24,16 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::backprop::GradStore;
-use candle_core::Var;
-
 use super::advantages::{self, nanmean, nanstd, Rewards};
 use super::batch::{self, Completion, Sequence};
 use super::config::{GrpoConfig, MultiObjectiveAggregation, ScaleRewards};
-use super::sft::{self, SftLossType};
 use holo_core::loom::RolloutRecord;
-use holo_model::Model;
+#[cfg(feature = "local")]
+use {
+    super::sft::{self, SftLossType},
+    candle_core::{backprop::GradStore, Var},
+    holo_model::Model,
+};
 
 /// The completions and internalized sequences of one generation batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -270,7 +271,9 @@ pub fn separate_advantages(
 /// `internalization_coef` × the summed negative log-likelihood (temperature 1, the SFT loss:
 /// [`sft::loss::micro_batch`]) of their trained tokens over `total`, the trained tokens of all of them,
 /// so that the micro-batches add up to the mean cross-entropy of the generation. Returns the loss, its
-/// gradients (for `vars`) and `erl/internalization_loss`, the micro-batch's mean cross-entropy.
+/// gradients (for `vars`) and `erl/internalization_loss`, the micro-batch's mean cross-entropy. The
+/// local backend's only (feature `local`): the Tinker backend refuses `erl`.
+#[cfg(feature = "local")]
 pub fn internalization_step(
     model: &Model,
     vars: &[(String, Var)],

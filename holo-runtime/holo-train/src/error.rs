@@ -9,7 +9,8 @@ pub enum TrainError {
     Input(String),
     /// Writing the run's files failed.
     Io(io::Error),
-    /// The model failed.
+    /// The model in process failed (feature `local`).
+    #[cfg(feature = "local")]
     Model(candle_core::Error),
     /// The guard rails stopped the run: a rollback condition tripped after `max_rollbacks` rollbacks, or
     /// with no good checkpoint to return to.
@@ -28,6 +29,7 @@ impl std::fmt::Display for TrainError {
         match self {
             TrainError::Input(message) => f.write_str(message),
             TrainError::Io(error) => write!(f, "cannot write the run: {error}"),
+            #[cfg(feature = "local")]
             TrainError::Model(error) => write!(f, "the model failed: {error}"),
             TrainError::Diverged(message) => write!(f, "the run diverged: {message}"),
             TrainError::Source(message) => f.write_str(message),
@@ -44,6 +46,7 @@ impl From<io::Error> for TrainError {
     }
 }
 
+#[cfg(feature = "local")]
 impl From<candle_core::Error> for TrainError {
     fn from(error: candle_core::Error) -> Self {
         TrainError::Model(error)

@@ -14,8 +14,8 @@
 //! 3. **Log-probabilities**: of the weights that sampled (when `num_iterations` > 1 or steps and
 //!    generations are misaligned), and of the frozen reference (when `beta` > 0).
 //! 4. **Micro-batches** of `per_device_train_batch_size` rollouts from the shuffled generation batch: a
-//!    forward pass over each trained context ([`score`]: only the positions that predict a trained token
-//!    reach the output projection), the loss of `loss_type` ([`loss`]), and its backward pass (one layer
+//!    forward pass over each trained context (`score`: only the positions that predict a trained token
+//!    reach the output projection), the loss of `loss_type` (`loss`), and its backward pass (one layer
 //!    at a time under `gradient_checkpointing`). A rollout's advantage applies to every token it sampled in
 //!    a trained context, over all its turns; under `erl` each trained context has its own ([`erl`]), and
 //!    successful second attempts add a cross-entropy under the first attempt's prompt.
@@ -34,6 +34,15 @@
 //!
 //! Every random choice (data order, sampling seeds, shuffles, LoRA's initialization) is a function of
 //! `seed` and the step, so a resumed run repeats the uninterrupted one.
+//!
+//! The loop, its configuration, advantages, metrics, checkpoints' folders and state, guard rails,
+//! curriculum and reports need no model: they are what a remote backend (`holo_engines::tinker`) trains
+//! with. The feature `local` (on by default) adds the model trained in process on candle: the `Local`
+//! backend, the losses on tensors, PPO, SFT, AdamW, the memory plan, the weight sync and `holo export`.
+
+// The documentation links the model's items (`loss`, `ppo`, `checkpoint::save`, …), which a build
+// without `local` leaves out; the default build's `cargo doc` checks every link.
+#![cfg_attr(not(feature = "local"), allow(rustdoc::broken_intra_doc_links))]
 
 pub mod advantages;
 pub mod batch;
@@ -44,25 +53,33 @@ pub mod correction;
 pub mod curriculum;
 pub mod erl;
 mod error;
+#[cfg(feature = "local")]
 pub mod export;
 pub mod feed;
 pub mod guard;
 pub mod kill;
+#[cfg(feature = "local")]
 pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod options;
+#[cfg(feature = "local")]
 pub mod pack;
+#[cfg(feature = "local")]
 pub mod plan;
+#[cfg(feature = "local")]
 pub mod ppo;
 pub mod provenance;
 pub mod report;
 mod rollouts;
 pub mod run;
 mod sampling;
+#[cfg(feature = "local")]
 pub mod score;
+#[cfg(feature = "local")]
 pub mod sft;
 pub mod state;
+#[cfg(feature = "local")]
 pub mod sync;
 mod trainer;
 
@@ -73,6 +90,10 @@ pub use config::{
 };
 pub use correction::importance_sampling;
 pub use error::TrainError;
-pub use run::{Policy, RunOptions};
+#[cfg(feature = "local")]
+pub use run::Policy;
+pub use run::RunOptions;
 pub use state::TrainSummary;
-pub use trainer::{Backend, Local, Trainer, Update};
+#[cfg(feature = "local")]
+pub use trainer::Local;
+pub use trainer::{Backend, Trainer, Update};

@@ -8,8 +8,24 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use super::plan::limit::{MemoryCheck, MEMORY_CHECK_VALUES};
-use holo_model::model::Pattern;
+use holo_core::peft::Pattern;
+
+/// What `holo train` and `holo sft` do when the memory plan's peak exceeds the memory available
+/// (`memory_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCheck {
+    /// Refuse the run before loading the weights, naming the term that overflows and the largest value
+    /// of its option that fits.
+    Refuse,
+    /// Print the same message as a warning and run.
+    Warn,
+    /// Neither plan nor check.
+    Off,
+}
+
+/// The values `memory_check` allows.
+pub const MEMORY_CHECK_VALUES: &[&str] = &["refuse", "warn", "off"];
 
 /// A trainer's options: what the shared [`ConfigBuilder`](super::builder::ConfigBuilder), checkpoints,
 /// the optimizer, the schedule and LoRA need to know of them.
@@ -255,6 +271,7 @@ impl TrainingArguments {
     }
 
     /// The adapters to train, when `use_peft`.
+    #[cfg(feature = "local")]
     pub fn lora(&self) -> Option<holo_model::model::LoraConfig> {
         self.use_peft.then(|| holo_model::model::LoraConfig {
             rank: self.lora_r,
@@ -375,6 +392,9 @@ impl TrainingArguments {
         if !(0.0..1.0).contains(&self.lora_dropout) {
             return Err(error("lora_dropout", "must be in [0, 1)"));
         }
+        // The names LoRA can target are the local model's (holo-model's); a build without it trains
+        // only on a Tinker service, which chooses what its adapters train and refuses both keys.
+        #[cfg(feature = "local")]
         if let Some(targets) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
             // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE.
@@ -407,6 +427,7 @@ impl TrainingArguments {
                 ));
             }
         }
+        #[cfg(feature = "local")]
         if let Some(parameters) = &self.lora_target_parameters {
             let stacks = holo_model::model::ExpertStack::ALL.map(|stack| stack.name());
             let routers = ["mlp.gate.weight", "mlp.router.weight"];
@@ -560,6 +581,7 @@ pub enum LrSchedulerType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "local")]
     use crate::sft::SftConfig;
     use crate::{ConfigBuilder, GrpoConfig};
 
@@ -585,6 +607,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "local")]
     fn each_trainer_keeps_its_own_defaults_under_the_flattened_keys() {
         let grpo: GrpoConfig = toml::from_str("beta = 0.1\nseed = 3").unwrap();
         assert_eq!(grpo.training.learning_rate, 1e-6);
@@ -634,6 +657,7 @@ mod tests {
         );
     }
     #[test]
+    #[cfg(feature = "local")]
     fn rank_and_alpha_patterns_are_read_as_peft_s_and_checked() {
         let lora = |flags: &[(&str, &str)]| {
             flags
@@ -721,6 +745,23 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "local")]
+    fn sft_options_that_change_nothing_are_refused_with_their_file_line() {
+        let dir = std::env::temp_dir().join(format!("holo-inert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sft.toml");
+        std::fs::write(&file, "seed = 1\nlora_alpha = 32\n").unwrap();
+        let error = ConfigBuilder::<SftConfig>::default()
+            .file(&file)
+            .unwrap()
+            .build()
+            .unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("lora_alpha"));
+        assert_eq!(error.origin, Some(format!("{}:2", file.display())));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn options_that_change_nothing_are_refused_where_they_were_written() {
         // `holo train --lora-r 8` without `--use-peft true` trained every weight without a word.
         let error = ConfigBuilder::<GrpoConfig>::default()
@@ -739,19 +780,6 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(lora.training.lora_r, 8);
-        // The same in SFT, from a file, named with its line.
-        let dir = std::env::temp_dir().join(format!("holo-inert-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("sft.toml");
-        std::fs::write(&file, "seed = 1\nlora_alpha = 32\n").unwrap();
-        let error = ConfigBuilder::<SftConfig>::default()
-            .file(&file)
-            .unwrap()
-            .build()
-            .unwrap_err();
-        assert_eq!(error.key.as_deref(), Some("lora_alpha"));
-        assert_eq!(error.origin, Some(format!("{}:2", file.display())));
-        std::fs::remove_dir_all(&dir).unwrap();
         // PPO's options under GRPO, a loss's options under another loss, the guard rails' without them.
         for (flag, value, set_too) in [
             ("--vf-coef", "0.2", None),

@@ -186,6 +186,7 @@ pub fn test_device() -> candle_core::Device {
 
 /// A run folder's metrics.jsonl without the wall-clock figures (`step_time`, `time/*`): what two runs
 /// of the same seed must agree on.
+#[cfg(feature = "train")]
 pub fn run_metrics(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()

@@ -452,7 +452,35 @@ fn tinker_cookbook_loops_run_against_holo_tinker_serve() {
 /// of `tests/engines/tinker.rs`, checkpointed on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_train_runs_against_holo_tinker_serve() {
-    let dir = Dir::new("tinker-serve-train");
+    train_against_holo_tinker_serve("tinker-serve-train", env!("CARGO_BIN_EXE_holo").into()).await;
+}
+
+/// The same run by a `holo` built without candle (`--no-default-features --features cli,train`):
+/// `holo train --backend tinker` needs no model in process. The binary is the one `scripts/prepare.sh
+/// lean` builds; it refuses `--backend local`, which shows it is that build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_without_candle_trains_against_holo_tinker_serve() {
+    let Some(holo) = crate::common::components::lean_holo() else {
+        return;
+    };
+    let dir = Dir::new("tinker-serve-lean");
+    let refused = std::process::Command::new(&holo)
+        .args(["train", "x.hol", "--data", "rows.jsonl", "--model", "m"])
+        .arg("--out")
+        .arg(dir.path().join("local"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(said.contains("built without the `local` feature"), "{said}");
+    train_against_holo_tinker_serve("tinker-serve-lean-train", holo).await;
+}
+
+/// Two steps of `holo train --backend tinker` by the binary `holo` against `holo tinker-serve` (this
+/// build's), in a folder named after `name`: the metrics of both steps, the sampler's log-probabilities
+/// matching the trainer's, the last checkpoint's path on the server.
+async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
+    let dir = Dir::new(name);
     let server = serve(&dir.path().join("store"));
     let fixture = |name: &str| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -484,10 +512,12 @@ async fn holo_train_runs_against_holo_tinker_serve() {
     let log = dir.path().join("train.log");
     let (status, output) = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut process = Process::spawn(
-            crate::common::holo_command(&args).env("TINKER_API_KEY", "tml-holo-test"),
-            log,
-        );
+        let mut command = std::process::Command::new(holo);
+        command
+            .args(&args)
+            .current_dir(crate::common::repo())
+            .env("TINKER_API_KEY", "tml-holo-test");
+        let mut process = Process::spawn(&mut command, log);
         process.finish(Duration::from_secs(300))
     })
     .await

@@ -33,6 +33,9 @@ pub enum Component {
     Sandbox,
     /// Mounting a small tmpfs (`mount -t tmpfs`), to fill a disk on purpose.
     Tmpfs,
+    /// `holo` built from this repository without candle (`--no-default-features --features cli,train`),
+    /// in `TARGET/lean`.
+    LeanHolo,
 }
 
 impl Component {
@@ -49,6 +52,7 @@ impl Component {
             Component::Skyrl => "SkyRL 0.4.0's venv",
             Component::Sandbox => "the sandbox (user namespaces)",
             Component::Tmpfs => "a small tmpfs (mount -t tmpfs)",
+            Component::LeanHolo => "`holo` built without candle",
         }
     }
 
@@ -63,6 +67,7 @@ impl Component {
             Component::Gym => "bash scripts/prepare.sh gym",
             Component::Tinker => "bash scripts/prepare.sh tinker",
             Component::Skyrl => "bash scripts/prepare.sh skyrl",
+            Component::LeanHolo => "bash scripts/prepare.sh lean",
             Component::Sandbox => {
                 "a Linux kernel that lets unprivileged processes create user namespaces \
                  (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); \
@@ -349,4 +354,20 @@ pub fn tmpfs(dir: &Path, kib: u64) -> Option<Tmpfs> {
         dir.display()
     );
     Some(mount)
+}
+
+/// `holo` built without candle (`--no-default-features --features cli,train`), which `scripts/prepare.sh
+/// lean` builds into `TARGET/lean` (beside `TARGET/tmp`, this build's `CARGO_TARGET_TMPDIR`), or `None`
+/// after [`Component::missing`]. It is as new as the last `prepare.sh` (which `scripts/test.sh` runs).
+pub fn lean_holo() -> Option<PathBuf> {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR is TARGET/tmp");
+    let holo = target.join("lean/debug/holo");
+    if holo.is_file() {
+        Some(holo)
+    } else {
+        Component::LeanHolo.missing(&format!("no {}", holo.display()));
+        None
+    }
 }

@@ -10,11 +10,15 @@ mod common;
 mod ahead;
 #[cfg(feature = "local")]
 mod balance;
+#[cfg(feature = "local")]
 mod curriculum;
+#[cfg(feature = "local")]
 mod erl;
+#[cfg(feature = "local")]
 mod guard;
 #[cfg(feature = "local")]
 mod moe_lora;
+#[cfg(feature = "local")]
 mod ppo_parity;
 #[cfg(feature = "local")]
 mod rollout_servers;
@@ -22,6 +26,7 @@ mod rollout_servers;
 mod routing;
 #[cfg(feature = "local")]
 mod train_export;
+#[cfg(feature = "local")]
 mod train_library;
 #[cfg(feature = "local")]
 mod train_metrics;

@@ -38,7 +38,6 @@ use holo_core::chat::folder;
 use holo_core::holophore::Holophore;
 use holo_core::loom::RolloutSource;
 use holo_core::sampler::Sampler;
-use holo_model::files as model_files;
 use holo_train::advantages::nanmean;
 use holo_train::batch::Completion;
 use holo_train::checkpoint::{self, RunDir, TrainerState};
@@ -90,6 +89,15 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
         return refuse(
             "use_peft",
             "must be true (the service trains LoRA adapters, never every weight)",
+        );
+    }
+    if config.training.lora_target_modules.is_some()
+        || config.training.lora_target_parameters.is_some()
+    {
+        return refuse(
+            "lora_target_modules",
+            "the service chooses what its adapters train (its LoRA configuration is the rank); \
+             leave lora_target_modules and lora_target_parameters unset",
         );
     }
     if config.routing_replay {
@@ -279,13 +287,12 @@ impl Tinker {
             .map_err(|error| TrainError::Input(error.to_string()))?;
         check_config(&config, tinker.loss).map_err(TrainError::Input)?;
         let dir = &tinker.tokenizer;
-        let fail = |error: model_files::LoadError| {
+        let fail = |error: folder::FolderError| {
             TrainError::Input(format!("--tokenizer `{}`: {error}", dir.display()))
         };
-        let tokenizer: Arc<Tokenizer> = Arc::new(model_files::load_tokenizer(dir).map_err(fail)?);
-        let template = Arc::new(model_files::load_template(dir).map_err(fail)?);
-        let end_of_turn = folder::end_of_turn_ids(dir, &tokenizer, &template)
-            .map_err(|error| fail(error.into()))?;
+        let tokenizer: Arc<Tokenizer> = Arc::new(folder::load_tokenizer(dir).map_err(fail)?);
+        let template = Arc::new(folder::load_template(dir).map_err(fail)?);
+        let end_of_turn = folder::end_of_turn_ids(dir, &tokenizer, &template).map_err(fail)?;
         if end_of_turn.is_empty() {
             return Err(TrainError::Input(format!(
                 "--tokenizer `{}`: no end-of-turn token (eos_token_id in generation_config.json or config.json, or the template's eos_token)",
@@ -816,4 +823,29 @@ fn write_synced(path: &Path, text: &str) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     file.write_all(text.as_bytes())?;
     file.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LoRA's targets are the service's: a run that names them is refused, whichever build checked
+    /// their names (without the `local` feature nothing else does).
+    #[test]
+    fn lora_targets_are_refused() {
+        let mut config = GrpoConfig::default();
+        config.training.use_peft = true;
+        assert_eq!(check_config(&config, LossFn::ImportanceSampling), Ok(()));
+        let mut modules = config.clone();
+        modules.training.lora_target_modules = Some(vec!["q_proj".into()]);
+        let mut parameters = config.clone();
+        parameters.training.lora_target_parameters = Some(vec!["mlp.experts.down_proj".into()]);
+        for config in [modules, parameters] {
+            let refused = check_config(&config, LossFn::ImportanceSampling).unwrap_err();
+            assert!(
+                refused.starts_with("`lora_target_modules`: the service chooses"),
+                "{refused}"
+            );
+        }
+    }
 }

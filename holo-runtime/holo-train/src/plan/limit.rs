@@ -1,25 +1,8 @@
 //! The memory a run may use: the cgroup's limit less what the cgroup already uses, or the kernel's
 //! `MemAvailable`, whichever is less; or `memory_limit` when the configuration states one. And what the
-//! check does with a plan that exceeds it ([`MemoryCheck`]).
+//! check does with a plan that exceeds it ([`MemoryCheck`], an option of every trainer).
 
-use serde::{Deserialize, Serialize};
-
-/// What `holo train` and `holo sft` do when the memory plan's peak exceeds the memory available
-/// (`memory_check`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MemoryCheck {
-    /// Refuse the run before loading the weights, naming the term that overflows and the largest value
-    /// of its option that fits.
-    Refuse,
-    /// Print the same message as a warning and run.
-    Warn,
-    /// Neither plan nor check.
-    Off,
-}
-
-/// The values `memory_check` allows.
-pub const MEMORY_CHECK_VALUES: &[&str] = &["refuse", "warn", "off"];
+pub use crate::options::{MemoryCheck, MEMORY_CHECK_VALUES};
 
 /// Memory a run may use, and where the figure comes from.
 #[derive(Debug, Clone, PartialEq)]

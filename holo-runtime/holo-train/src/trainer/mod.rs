@@ -6,6 +6,7 @@
 mod ahead;
 mod backend;
 mod generation;
+#[cfg(feature = "local")]
 mod local;
 
 use std::collections::BTreeMap;
@@ -13,12 +14,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::Var;
 use indicatif::ProgressBar;
 use tokio::runtime::Runtime;
 
 use self::ahead::Ahead;
 pub use self::backend::{Backend, Update};
+#[cfg(feature = "local")]
 pub use self::local::Local;
 use super::checkpoint::{RunDir, TrainerState};
 use super::config::{Algorithm, GrpoConfig, TrainingConfig};
@@ -26,22 +27,25 @@ use super::curriculum::Stream;
 use super::feed::Feed;
 use super::guard;
 use super::metrics::MetricsLog;
-use super::plan::Planned;
 use super::provenance::{self, Provenance};
 use super::rollouts::{self, Failures};
-use super::run::{self, Policy, RunOptions, TrainError, Window};
+use super::run::{self, RunOptions, TrainError, Window};
 pub use super::state::TrainSummary;
 use holo_core::holophore::Holophore;
 use holo_core::interpreter::Row;
 use holo_core::loom::RolloutSource;
-use holo_core::sampler::Sampler;
-use holo_model::Model;
+#[cfg(feature = "local")]
+use {
+    super::plan::Planned, super::run::Policy, candle_core::Var, holo_core::sampler::Sampler,
+    holo_model::Model,
+};
 
 /// Seed salts, so that sampling, shuffling and evaluation draw independent streams (the data order's
 /// is [`super::curriculum`]'s).
 const SAMPLING: u64 = 2;
 const SHUFFLE: u64 = 3;
 const EVAL: u64 = 4;
+#[cfg(feature = "local")]
 const DROPOUT: u64 = 5;
 
 /// The run folder's files of training and evaluation rollouts.
@@ -50,7 +54,8 @@ const EVAL_FILE: &str = "eval_rollouts.jsonl";
 
 /// GRPO (or PPO) training of a policy on rollouts from a [`RolloutSource`]: by default a local model
 /// ([`Local`]), or the weights of any other [`Backend`]; see the [crate documentation](crate).
-pub struct Trainer<S, B = Local> {
+// Without the model in process (feature `local`) there is no default backend to name.
+pub struct Trainer<S, #[cfg(feature = "local")] B = Local, #[cfg(not(feature = "local"))] B> {
     /// Shared with the thread that draws generations ahead of the steps (`max_off_policy_steps`).
     source: Arc<S>,
     config: GrpoConfig,
@@ -68,9 +73,11 @@ pub struct Trainer<S, B = Local> {
     /// shows.
     example: Option<String>,
     /// The memory plan to write into the run folder once it is opened ([`Trainer::with_memory_plan`]).
+    #[cfg(feature = "local")]
     memory_plan: Option<Planned>,
 }
 
+#[cfg(feature = "local")]
 impl<S: RolloutSource> Trainer<S, Local> {
     /// Prepares the weights to train (every weight, or LoRA adapters), the reference model when `beta`
     /// > 0, and the in-process sampler sharing the trained weights.
@@ -157,6 +164,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             feed: None,
             failures: Arc::default(),
             example: None,
+            #[cfg(feature = "local")]
             memory_plan: None,
         })
     }
@@ -171,6 +179,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
 
     /// Writes `plan` (the memory plan made before loading, [`super::plan::before_loading`]) as
     /// `RUN_DIR/memory_plan.json` once the run folder is opened.
+    #[cfg(feature = "local")]
     pub fn with_memory_plan(mut self, plan: Option<Planned>) -> Self {
         self.memory_plan = plan;
         self
@@ -512,6 +521,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         let opened = self
             .backend
             .open(&self.run, self.options.resume, &self.config)?;
+        #[cfg(feature = "local")]
         if let Some(plan) = &self.memory_plan {
             plan.write(&self.run.path)?;
         }

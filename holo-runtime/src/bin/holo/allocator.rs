@@ -16,8 +16,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc.h's `mi_option_e` (libmimalloc-sys names no constant for it):
 /// milliseconds before freed memory is returned to the system, −1 for never.
-// Only the commands of the `local` feature (training, serving) keep freed memory.
-#[cfg_attr(not(feature = "local"), allow(dead_code))]
+// Only the training and serving commands (features `train`, `local`) keep freed memory.
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
 const PURGE_DELAY: mi_option_t = 15;
 
 /// Lets `holo_runtime::trim::release` return mimalloc's free memory too.
@@ -30,7 +30,7 @@ pub fn install() {
 
 /// Freed memory stays with the process for reuse instead of being returned after mimalloc's purge delay
 /// (see the module's documentation), unless `MIMALLOC_PURGE_DELAY` says otherwise.
-#[cfg_attr(not(feature = "local"), allow(dead_code))]
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
 pub fn keep_freed_memory() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: setting an option is a store mimalloc reads on its next purge; it is thread-safe.

@@ -17,11 +17,11 @@ mod export_data;
 mod gym;
 #[cfg(feature = "local")]
 mod init_model;
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 mod options;
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 mod plot;
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 mod runs;
 #[cfg(feature = "local")]
 mod serve;
@@ -29,7 +29,7 @@ mod serve;
 mod sft;
 #[cfg(feature = "local")]
 mod tinker_serve;
-#[cfg(feature = "local")]
+#[cfg(feature = "train")]
 mod train;
 mod view;
 
@@ -82,9 +82,10 @@ enum Command {
     #[cfg(feature = "local")]
     Serve(serve::ServeArgs),
     /// Train a local model with GRPO on a .hol environment (TRL's GRPOTrainer semantics and option
-    /// names). Writes metrics.jsonl, TensorBoard events, the rollouts, checkpoints and PNG plots into
-    /// --out; `--resume` continues a run from its newest checkpoint.
-    #[cfg(feature = "local")]
+    /// names), in this process or on a Tinker service (--backend tinker). Writes metrics.jsonl,
+    /// TensorBoard events, the rollouts, checkpoints and PNG plots into --out; `--resume` continues a
+    /// run from its newest checkpoint.
+    #[cfg(feature = "train")]
     #[command(after_long_help = train::options_help())]
     Train(train::TrainArgs),
     /// Supervised fine-tuning of a local model on a JSONL file in TRL's SFT formats (what `holo
@@ -145,10 +146,10 @@ enum Command {
     View(view::ViewArgs),
     /// List the training runs in DIR (or DIR itself): steps, best eval/reward, and what made each run
     /// (holo-runtime's version; the .hol file, data and model with their SHA-256).
-    #[cfg(feature = "local")]
+    #[cfg(feature = "train")]
     Runs(runs::RunsArgs),
     /// Draw a run's metrics.jsonl as PNG curves in RUN_DIR/plots/.
-    #[cfg(feature = "local")]
+    #[cfg(feature = "train")]
     Plot(plot::PlotArgs),
 }
 
@@ -397,9 +398,10 @@ fn main() -> ExitCode {
     allocator::install();
     let args: Vec<String> = std::env::args().collect();
     // The trainers' `--key value` options are split off before clap sees the rest.
-    #[cfg(feature = "local")]
+    #[cfg(feature = "train")]
     let (args, trainer_options) = {
         let split = match args.get(1).map(String::as_str) {
+            #[cfg(feature = "local")]
             Some("sft") => {
                 options::split_options::<holo_runtime::train::sft::SftConfig>(args, "sft")
             }
@@ -422,7 +424,7 @@ fn main() -> ExitCode {
         Command::InitModel(args) => init_model::run(args),
         #[cfg(feature = "local")]
         Command::Serve(args) => serve::run(args),
-        #[cfg(feature = "local")]
+        #[cfg(feature = "train")]
         Command::Train(args) => {
             allocator::keep_freed_memory();
             train::run(args, trainer_options)
@@ -439,9 +441,9 @@ fn main() -> ExitCode {
         }
         #[cfg(feature = "local")]
         Command::Export(args) => export::run(args),
-        #[cfg(feature = "local")]
+        #[cfg(feature = "train")]
         Command::Plot(args) => plot::run(args),
-        #[cfg(feature = "local")]
+        #[cfg(feature = "train")]
         Command::Runs(args) => runs::run(args),
         Command::ExportData(args) => export_data::run(args),
         Command::AtroposEnv(args) => atropos_env::run(args),

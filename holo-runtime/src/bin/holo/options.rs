@@ -114,6 +114,7 @@ pub fn build<C: TrainingConfig>(
 
 /// The model folder `model` loaded for training on `device` (`--device`) in `dtype` (`--dtype`, or the
 /// device's training precision): `holo train`'s and `holo sft`'s policy, or the message for a bad one.
+#[cfg(feature = "local")]
 pub fn training_policy(
     model: &std::path::Path,
     device: &str,

@@ -1,22 +1,19 @@
-//! AdamW, gradient clipping and the learning-rate schedules, as torch and transformers define them.
+//! [`AdamW`] on candle's tensors and [`grad_norm`], the local backend's half of [`super`].
 //!
-//! - [`AdamW`]: `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments, `eps` added after
-//!   the square root), with its moments kept by name so that checkpoints save and restore them. An f32
-//!   weight on the CPU and its moments are updated in place in one parallel pass that reads the gradient
-//!   once (candle's elementwise operations would make a full pass and a new tensor per operation, a dozen
-//!   per weight: 1.9 s of a 0.5B model's step); the result is bit for bit the one of those operations,
-//!   which other devices and types still use. A weight stored in a narrower type than f32 (bf16, the
-//!   precision of training on CUDA) is updated through an f32 master copy with f32 moments, and set to the
-//!   master rounded after each step (mixed precision as DeepSpeed and Megatron keep it): written straight
-//!   into bf16, an update below half the spacing of bf16 values near the weight (`|w| × 2⁻⁹`; 2e-6 for a
-//!   weight of 1e-3) rounded away to nothing, which at TRL's default learning rate (1e-6) was nearly every
-//!   update.
-//! - [`grad_norm`] and [`clip_coefficient`]: `torch.nn.utils.clip_grad_norm_`: the global L2 norm of all
-//!   gradients, and the factor `max_norm / (norm + 1e-6)` they are multiplied by when it is below 1. The
-//!   update applies the factor as it reads each gradient ([`AdamW::step`]'s `grad_scale`), so clipping
-//!   writes no gradient-sized tensor.
-//! - [`learning_rate`]: transformers' `get_scheduler` for `linear`, `cosine`, `constant` and
-//!   `constant_with_warmup`.
+//! `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments, `eps` added after the square
+//! root), with its moments kept by name so that checkpoints save and restore them. An f32 weight on the
+//! CPU and its moments are updated in place in one parallel pass that reads the gradient once (candle's
+//! elementwise operations would make a full pass and a new tensor per operation, a dozen per weight: 1.9 s
+//! of a 0.5B model's step); the result is bit for bit the one of those operations, which other devices
+//! and types still use. A weight stored in a narrower type than f32 (bf16, the precision of training on
+//! CUDA) is updated through an f32 master copy with f32 moments, and set to the master rounded after each
+//! step (mixed precision as DeepSpeed and Megatron keep it): written straight into bf16, an update below
+//! half the spacing of bf16 values near the weight (`|w| × 2⁻⁹`; 2e-6 for a weight of 1e-3) rounded away
+//! to nothing, which at TRL's default learning rate (1e-6) was nearly every update.
+//!
+//! [`grad_norm`] is `torch.nn.utils.clip_grad_norm_`'s global L2 norm of all gradients; the update
+//! applies [`super::clip_coefficient`] as it reads each gradient ([`AdamW::step`]'s `grad_scale`), so
+//! clipping writes no gradient-sized tensor.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -26,7 +23,7 @@ use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
 use rayon::prelude::*;
 use safetensors::View;
 
-use super::config::{LrSchedulerType, TrainingConfig};
+use crate::config::TrainingConfig;
 
 pub type Result<T> = candle_core::Result<T>;
 
@@ -629,49 +626,6 @@ unsafe fn sum_of_squares_avx512(chunk: &[f32]) -> f64 {
     sum_of_squares(chunk)
 }
 
-/// What clipping to `max_norm` multiplies gradients of global norm `norm` by: `max_norm / (norm + 1e-6)`
-/// when that is below 1, else 1 (also for `max_norm` 0, no clipping).
-pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
-    let coefficient = max_norm / (norm + 1e-6);
-    if max_norm > 0.0 && coefficient < 1.0 {
-        coefficient
-    } else {
-        1.0
-    }
-}
-
-/// Warm-up steps: `warmup_steps`, or `warmup_ratio` of `total` rounded up.
-pub fn warmup_steps(config: &impl TrainingConfig, total: u64) -> u64 {
-    let config = config.training();
-    if config.warmup_steps > 0 {
-        config.warmup_steps
-    } else {
-        (config.warmup_ratio * total as f64).ceil() as u64
-    }
-}
-
-/// The learning rate of the optimizer step that follows `completed` steps, out of `total`.
-pub fn learning_rate(config: &impl TrainingConfig, completed: u64, total: u64) -> f64 {
-    let warmup = warmup_steps(config, total);
-    let config = config.training();
-    let step = completed as f64;
-    let base = config.learning_rate;
-    let warming = completed < warmup;
-    let warm = step / warmup.max(1) as f64;
-    let progress = (step - warmup as f64) / total.saturating_sub(warmup).max(1) as f64;
-    base * match config.lr_scheduler_type {
-        LrSchedulerType::Constant => 1.0,
-        LrSchedulerType::ConstantWithWarmup if warming => warm,
-        LrSchedulerType::ConstantWithWarmup => 1.0,
-        LrSchedulerType::Linear if warming => warm,
-        LrSchedulerType::Linear => {
-            ((total as f64 - step) / total.saturating_sub(warmup).max(1) as f64).max(0.0)
-        }
-        LrSchedulerType::Cosine if warming => warm,
-        LrSchedulerType::Cosine => (0.5 * (1.0 + (std::f64::consts::PI * progress).cos())).max(0.0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -802,27 +756,5 @@ mod tests {
             let norm = grad_norm(&[Some(grad.clone())]).unwrap();
             assert_eq!(norm.to_bits(), in_order.to_bits());
         }
-    }
-
-    #[test]
-    fn schedules_follow_transformers() {
-        let config = |kind, warmup| GrpoConfig {
-            training: TrainingArguments {
-                lr_scheduler_type: kind,
-                warmup_steps: warmup,
-                learning_rate: 1.0,
-                ..GrpoConfig::default().training
-            },
-            ..GrpoConfig::default()
-        };
-        let linear = config(LrSchedulerType::Linear, 2);
-        let rates: Vec<f64> = (0..6).map(|s| learning_rate(&linear, s, 6)).collect();
-        assert_eq!(rates, vec![0.0, 0.5, 1.0, 0.75, 0.5, 0.25]);
-        let cosine = config(LrSchedulerType::Cosine, 0);
-        assert!((learning_rate(&cosine, 2, 4) - 0.5).abs() < 1e-12);
-        assert_eq!(learning_rate(&cosine, 0, 4), 1.0);
-        let constant = config(LrSchedulerType::ConstantWithWarmup, 4);
-        assert_eq!(learning_rate(&constant, 1, 10), 0.25);
-        assert_eq!(learning_rate(&constant, 7, 10), 1.0);
     }
 }

@@ -1,28 +1,19 @@
-//! What every trainer's run shares (GRPO's [`Trainer`](super::Trainer), SFT's
-//! [`SftTrainer`](super::sft::SftTrainer)): the model folder it trains ([`Policy`]), the weights it trains
-//! and their optimizer ([`Trainable`]: every weight or LoRA adapters, one optimizer step of clipping, the
-//! schedule and AdamW, checkpoints), the run folder ([`open`]: a new run, or the resumption of one with the
-//! same configuration; [`restore`]: a checkpoint back into the weights), the metrics of a step
-//! ([`Window`]) and the progress bar.
+//! The model folder trained in process ([`Policy`]), the weights a run trains and their optimizer
+//! ([`Trainable`]), and the run folder opened onto them ([`open`], [`restore`]): the candle side of
+//! [`super`], which the local backend and SFT use.
 
-use std::collections::BTreeMap;
-use std::io::{self, IsTerminal};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokenizers::Tokenizer;
 
-use super::advantages::nanmean;
-use super::checkpoint::{self, RunDir, TrainerState, Weights};
-use super::config::TrainingConfig;
-pub use super::error::TrainError;
-use super::export::RunInfo;
-use super::metrics::MetricsLog;
-use super::optim::{self, AdamW};
-use super::ppo::critic::Critic;
+use super::{check_same_config, open_with, Opened, TrainError};
+use crate::checkpoint::{self, RunDir, TrainerState, Weights};
+use crate::config::TrainingConfig;
+use crate::export::RunInfo;
+use crate::optim::{self, AdamW};
+use crate::ppo::critic::Critic;
 use holo_core::chat::ChatTemplate;
 use holo_model::{dispatch, files as model_files, Model};
 
@@ -62,20 +53,6 @@ impl Policy {
         })
     }
 }
-
-/// Where a run writes and how it reports.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// The run folder.
-    pub out: PathBuf,
-    /// Continue the run in `out` from its newest checkpoint.
-    pub resume: bool,
-    /// A progress bar on stderr (drawn only on a terminal).
-    pub progress: bool,
-}
-
-/// The splitmix64 finalizer, for seeds derived from the run seed.
-pub(crate) use holo_core::loom::mix;
 
 /// The weights a run trains (every weight, or LoRA adapters beside the frozen base), and their optimizer.
 pub struct Trainable {
@@ -265,14 +242,6 @@ impl Trainable {
     }
 }
 
-/// A run folder opened by [`open`].
-pub struct Opened {
-    pub state: TrainerState,
-    pub metrics: MetricsLog,
-    /// Whether it continues a run from its newest checkpoint.
-    pub resumed: bool,
-}
-
 /// Opens the run folder: a new run (refusing a folder that holds one; `config.toml` and `run.json` are
 /// written), or, with `resume`, the newest checkpoint of the run in it, made with the same configuration,
 /// whose weights and optimizer state are restored into `trainable`.
@@ -297,59 +266,6 @@ pub fn open<C: TrainingConfig>(
         run.prune(config.training().save_total_limit)?;
     }
     Ok(opened)
-}
-
-/// Opens the run folder for any backend: a new run (refusing a folder that holds one; `config.toml` is
-/// written, then whatever `create` writes into the folder), or with `resume` the newest checkpoint,
-/// which `restore` brings back (refusing one made with another configuration) and whose state it
-/// returns. A resume that finds no checkpoint (the run was killed before its first) starts the run over
-/// as a new one, unless the folder's `config.toml` is another configuration's.
-pub fn open_with<C: TrainingConfig>(
-    run: &RunDir,
-    resume: bool,
-    config: &C,
-    create: impl FnOnce(&Path) -> io::Result<()>,
-    restore: impl FnOnce(&Path) -> Result<TrainerState, TrainError>,
-) -> Result<Opened, TrainError> {
-    let dir = &run.path;
-    std::fs::create_dir_all(dir)?;
-    run.remove_partial()?;
-    let checkpoints = run.checkpoints()?;
-    let Some((_, newest)) = checkpoints.last().filter(|_| resume) else {
-        if resume {
-            // Killed before its first checkpoint, the run has nothing to go on from: it starts over.
-            // A `config.toml` that does not parse was cut short by a kill at the run's very start.
-            let saved = std::fs::read_to_string(dir.join("config.toml"))
-                .ok()
-                .and_then(|text| toml::from_str::<C>(&text).ok());
-            if let Some(saved) = saved {
-                check_same_config(config, &saved, dir)?;
-            }
-            eprintln!(
-                "note: `{}` has no checkpoint yet: --resume starts the run from its first step",
-                dir.display()
-            );
-        } else if !checkpoints.is_empty() || dir.join(super::metrics::METRICS_FILE).exists() {
-            return Err(TrainError::Input(format!(
-                "`{}` already holds a run: pass --resume to continue it, or choose another --out",
-                dir.display()
-            )));
-        }
-        std::fs::write(dir.join("config.toml"), config.to_toml())?;
-        create(dir)?;
-        return Ok(Opened {
-            state: TrainerState::default(),
-            metrics: MetricsLog::create(dir)?,
-            resumed: false,
-        });
-    };
-    let state = restore(newest)?;
-    let step = state.global_step;
-    Ok(Opened {
-        state,
-        metrics: MetricsLog::resume(dir, step)?,
-        resumed: true,
-    })
 }
 
 /// Restores the checkpoint in `checkpoint_dir` of the run in `run_dir` into `trainable` (its weights
@@ -385,78 +301,4 @@ pub fn restore<C: TrainingConfig>(
         .optimizer
         .load_state(config.optimizer_steps(loaded.state.global_step), optimizer)?;
     Ok(loaded.state)
-}
-
-/// Refuses to resume the run in `run_dir`, made with `saved`, with a `config` that would compute otherwise,
-/// naming the first key that differs.
-pub fn check_same_config<C: TrainingConfig>(
-    config: &C,
-    saved: &C,
-    run_dir: &Path,
-) -> Result<(), TrainError> {
-    match config.differs_from(saved) {
-        None => Ok(()),
-        Some((key, saved, now)) => Err(TrainError::Input(format!(
-            "--resume: `{key}` is {now} but the run in `{}` was made with {saved}; resume with the same configuration",
-            run_dir.display()
-        ))),
-    }
-}
-
-/// Metric values gathered over one optimizer step's micro-batches (and generations), averaged as TRL
-/// averages its metric lists at logging; `loss` is the sum of the micro-batches' losses (each already
-/// scaled for the accumulation), as transformers logs it.
-#[derive(Default)]
-pub struct Window {
-    values: BTreeMap<String, Vec<f64>>,
-    /// Seconds spent in each phase of the step (`time/<phase>`), summed over its micro-batches.
-    times: BTreeMap<&'static str, f64>,
-    pub loss: f64,
-}
-
-impl Window {
-    pub fn extend(&mut self, metrics: BTreeMap<String, f64>) {
-        for (name, value) in metrics {
-            self.values.entry(name).or_default().push(value);
-        }
-    }
-
-    /// Adds the time since `started` to the step's `time/<phase>`.
-    pub fn time(&mut self, phase: &'static str, started: Instant) {
-        *self.times.entry(phase).or_default() += started.elapsed().as_secs_f64();
-    }
-
-    /// Each metric's mean over the micro-batches, and each phase's time.
-    pub fn means(&self) -> BTreeMap<String, f64> {
-        self.values
-            .iter()
-            .map(|(name, values)| (name.clone(), nanmean(values.iter().copied())))
-            .chain(
-                self.times
-                    .iter()
-                    .map(|(phase, seconds)| (format!("time/{phase}"), *seconds)),
-            )
-            .collect()
-    }
-}
-
-/// Whether a metric measures wall-clock time (`step_time`, `time/<phase>`): the figures that two runs
-/// of the same seed do not share.
-pub fn is_wall_clock(name: &str) -> bool {
-    name == "step_time" || name.starts_with("time/")
-}
-
-/// A progress bar of `total` `what`s ("step", "warm-up step") on stderr, drawn only when `enabled` and
-/// stderr is a terminal.
-pub fn progress_bar(enabled: bool, total: u64, what: &str) -> ProgressBar {
-    if !enabled || !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(&format!(
-        "{{elapsed_precise}} [{{bar:30}}] {what} {{pos}}/{{len}}, ETA {{eta}}, {{msg}}"
-    )) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }

@@ -1,25 +1,28 @@
-//! `holo train`: GRPO on a `.hol` environment with a local model; options are TRL's `GRPOConfig` names,
-//! from `--config train.toml` and from `--<name-in-kebab-case> VALUE` flags.
+//! `holo train`: GRPO on a `.hol` environment with a local model (`local.rs`) or on a Tinker service
+//! (`tinker.rs`); options are TRL's `GRPOConfig` names, from `--config train.toml` and from
+//! `--<name-in-kebab-case> VALUE` flags.
 
-use std::path::{Path, PathBuf};
+#[cfg(feature = "local")]
+mod local;
+mod tinker;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
-use holo_runtime::engines::tinker;
 use holo_runtime::holotypes::{CodeSandbox, ToolStats};
 use holo_runtime::interpreter::{read_rows, Holoware, Row};
-use holo_runtime::loom::{Interpreted, RolloutSource};
-use holo_runtime::train::provenance::Provenance;
+use holo_runtime::loom::Interpreted;
 use holo_runtime::train::report::plot;
-use holo_runtime::train::sync::SyncOptions;
-use holo_runtime::train::{plan, GrpoConfig, Policy, RunOptions, TrainError, Trainer};
+use holo_runtime::train::{GrpoConfig, TrainError};
 
 use super::options::{self, Options};
-use super::{load, EXIT_FAILURES, EXIT_USAGE};
+use super::{EXIT_FAILURES, EXIT_USAGE};
 
 /// `holo train`'s own arguments (the options are split off before clap sees them).
 #[derive(clap::Args)]
+// Without the `local` feature, the options of the model in process are parsed and refused with it.
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
 pub struct TrainArgs {
     /// The environment (with --rollouts atropos, only to evaluate on --eval-data).
     pub file: Option<PathBuf>,
@@ -142,304 +145,16 @@ pub fn run(args: TrainArgs, options: Options) -> ExitCode {
         Ok(config) => config,
         Err(error) => return usage(error),
     };
-    let atropos = args.rollouts == RolloutsFrom::Atropos;
-    if args.backend == Backend::Tinker {
-        return train_on_tinker(args, config);
-    }
-    if atropos && !args.vllm_server_base_url.is_empty() {
-        return usage(
-            "--vllm-server-base-url: not with --rollouts atropos (the environments sample)",
-        );
-    }
-    for (given, flag) in [
-        (args.base_url.is_some(), "--base-url"),
-        (args.tokenizer.is_some(), "--tokenizer"),
-        (args.loss_fn != TinkerLoss::ImportanceSampling, "--loss-fn"),
-    ] {
-        if given {
-            return usage(format!("{flag}: only with --backend tinker"));
-        }
-    }
-    match (&args.file, &args.data, atropos) {
-        (None, _, false) => return usage("FILE: the holoware to train on (or --rollouts atropos)"),
-        (_, None, false) => return usage("--data: the training rows (or --rollouts atropos)"),
-        (_, Some(_), true) => {
-            return usage("--data: not with --rollouts atropos (the environments decide the data)")
-        }
-        (_, _, false) if args.api.is_some() => return usage("--api: only with --rollouts atropos"),
-        (None, _, true) if args.eval_data.is_some() => {
-            return usage("--eval-data: needs FILE, the holoware to evaluate on")
-        }
-        _ => {}
-    }
-    let holoware = match args.file.as_deref().map(load).transpose() {
-        Ok(holoware) => holoware,
-        Err(code) => return code,
-    };
-    let rows = match (&args.data, &holoware) {
-        (Some(path), Some(holoware)) => match checked_rows(path, holoware) {
-            Ok(rows) => rows,
-            Err(code) => return code,
-        },
-        _ => Vec::new(),
-    };
-    let eval_rows = match (&args.eval_data, &holoware) {
-        (Some(path), Some(holoware)) => match checked_rows(path, holoware) {
-            Ok(rows) => rows,
-            Err(code) => return code,
-        },
-        _ => Vec::new(),
-    };
-    let planned = match plan_memory(&args, &config, &rows) {
-        Ok(planned) => planned,
-        Err(message) => return usage(message),
-    };
-    let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
-        Ok(policy) => policy,
-        Err(message) => return usage(message),
-    };
-    let feed = match &args.api {
-        Some(url) if atropos => {
-            let model = &policy.model.config;
-            match AtroposFeed::new(
-                url,
-                &config,
-                model.vocab_size,
-                model.max_position_embeddings,
-                &args.out,
-                FeedOptions::default(),
-            ) {
-                Ok(feed) => Some(feed),
-                Err(message) => return usage(message),
-            }
-        }
-        _ => None,
-    };
-    let mut inputs = Vec::new();
-    if let Some(file) = &args.file {
-        inputs.push(("holoware", file.as_path()));
-    }
-    if let Some(path) = &args.data {
-        inputs.push(("data", path.as_path()));
-    }
-    if let Some(path) = &args.eval_data {
-        inputs.push(("eval data", path.as_path()));
-    }
-    inputs.push(("model", args.model.as_path()));
-    let provenance = match Provenance::collect(&inputs, holo_runtime::build()) {
-        Ok(provenance) => provenance,
-        Err(message) => return usage(message),
-    };
-    let options = RunOptions {
-        out: args.out.clone(),
-        resume: args.resume,
-        progress: true,
-    };
-    let Some(holoware) = holoware else {
-        return train(
-            NoHoloware,
-            policy,
-            config,
-            options,
-            (provenance, planned),
-            feed,
-            &args,
-            &rows,
-            &[],
-        );
-    };
-    let source = match interpreted(&holoware, &config, &args) {
-        Ok(source) => source,
-        Err(code) => return code,
-    };
-    train(
-        source,
-        policy,
-        config,
-        options,
-        (provenance, planned),
-        feed,
-        &args,
-        &rows,
-        &eval_rows,
-    )
-}
-
-/// The run's memory plan, printed, written to the run folder and checked before the weights are
-/// loaded (`holo_runtime::train::plan`); prompts are bounded by the longest training row.
-fn plan_memory(
-    args: &TrainArgs,
-    config: &GrpoConfig,
-    rows: &[(usize, Row)],
-) -> Result<Option<plan::Planned>, String> {
-    let device = holo_runtime::local::parse_device(&args.device)?;
-    let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
-    let training = &config.training;
-    if !device.is_cpu() {
-        eprintln!(
-            "note: the memory plan counts host memory; on {} it is not checked",
-            args.device
-        );
-        return Ok(None);
-    }
-    let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
-    plan::before_loading(
-        &args.model,
-        training.memory_check,
-        training.memory_limit,
-        (&args.out, args.resume),
-        |sizes, tokenizer_bytes| {
-            plan::Inputs::grpo(sizes, config, dtype, prompt_tokens, tokenizer_bytes)
-        },
-    )
-}
-
-/// The run (with its provenance and its memory plan to write), its report and its plots.
-#[allow(clippy::too_many_arguments)]
-fn train<S: RolloutSource>(
-    source: S,
-    policy: Policy,
-    config: GrpoConfig,
-    options: RunOptions,
-    (provenance, planned): (Provenance, Option<plan::Planned>),
-    feed: Option<AtroposFeed>,
-    args: &TrainArgs,
-    rows: &[(usize, Row)],
-    eval_rows: &[(usize, Row)],
-) -> ExitCode {
-    let mut trainer = match Trainer::new(source, policy, config, options) {
-        Ok(trainer) => trainer
-            .with_provenance(provenance, args.allow_changes)
-            .with_memory_plan(planned),
-        Err(error) => return usage(error),
-    };
-    if let Some(feed) = feed {
-        trainer = trainer.with_feed(Box::new(feed));
-    }
-    if !args.vllm_server_base_url.is_empty() {
-        trainer = trainer.with_rollout_servers(SyncOptions {
-            timeout: std::time::Duration::from_secs_f64(args.vllm_server_timeout),
-            tolerance: args.weight_sync_tolerance,
-            ..SyncOptions::new(args.vllm_server_base_url.clone())
-        });
-    }
-    let total = trainer.total_steps(rows.len());
-    match (&args.api, &args.file) {
-        (Some(url), _) if args.rollouts == RolloutsFrom::Atropos => eprintln!(
-            "training on the batches of the Atropos API at {url} ({} held out) for {total} steps into {}",
-            eval_rows.len(),
-            args.out.display()
-        ),
-        (_, file) => eprintln!(
-            "training {} on {} rows ({} held out) for {total} steps into {}",
-            file.as_deref().unwrap_or(Path::new("?")).display(),
-            rows.len(),
-            eval_rows.len(),
-            args.out.display()
+    match args.backend {
+        Backend::Tinker => tinker::run(args, config),
+        #[cfg(feature = "local")]
+        Backend::Local => local::run(args, config),
+        #[cfg(not(feature = "local"))]
+        Backend::Local => usage(
+            "--backend local: this holo was built without the `local` feature (the model in \
+             process); --backend tinker trains on a Tinker service",
         ),
     }
-    finish(trainer.train(rows, eval_rows), args)
-}
-
-/// `holo train --backend tinker`: the holoware rolled out here, the model trained on the service.
-fn train_on_tinker(args: TrainArgs, config: GrpoConfig) -> ExitCode {
-    if args.rollouts == RolloutsFrom::Atropos {
-        return usage("--rollouts atropos: not with --backend tinker");
-    }
-    if args.dtype.is_some() {
-        return usage("--dtype: with --backend tinker the service trains in its own precision");
-    }
-    if !args.vllm_server_base_url.is_empty() {
-        return usage("--vllm-server-base-url: not with --backend tinker (the service samples)");
-    }
-    let (Some(file), Some(data)) = (&args.file, &args.data) else {
-        return usage("--backend tinker needs FILE, the holoware, and --data, its rows");
-    };
-    let Some(url) = &args.base_url else {
-        return usage("--base-url: the Tinker service");
-    };
-    let tokenizer = match &args.tokenizer {
-        Some(dir) => dir.clone(),
-        None if args.model.is_dir() => args.model.clone(),
-        None => {
-            return usage(format!(
-                "--tokenizer: a folder with the tokenizer and chat template of `{}` (--model is not a folder)",
-                args.model.display()
-            ))
-        }
-    };
-    let key = match tinker::client::api_key_from_env() {
-        Ok(key) => key,
-        Err(message) => return usage(message),
-    };
-    let waits = match tinker::client::Waits::from_env() {
-        Ok(waits) => waits,
-        Err(message) => return usage(message),
-    };
-    let client = match tinker::client::Client::new(url, &key, waits) {
-        Ok(client) => client,
-        Err(message) => return usage(format!("--base-url: {message}")),
-    };
-    let loss = match args.loss_fn {
-        TinkerLoss::ImportanceSampling => tinker::wire::LossFn::ImportanceSampling,
-        TinkerLoss::Ppo => tinker::wire::LossFn::Ppo {
-            low: 1.0 - config.epsilon,
-            high: 1.0 + config.epsilon_high(),
-        },
-    };
-    let holoware = match load(file) {
-        Ok(holoware) => holoware,
-        Err(code) => return code,
-    };
-    let rows = match checked_rows(data, &holoware) {
-        Ok(rows) => rows,
-        Err(code) => return code,
-    };
-    let eval_rows = match &args.eval_data {
-        Some(path) => match checked_rows(path, &holoware) {
-            Ok(rows) => rows,
-            Err(code) => return code,
-        },
-        None => Vec::new(),
-    };
-    let mut inputs = vec![("holoware", file.as_path()), ("data", data.as_path())];
-    if let Some(path) = &args.eval_data {
-        inputs.push(("eval data", path.as_path()));
-    }
-    inputs.push(("tokenizer", tokenizer.as_path()));
-    let provenance = match Provenance::collect(&inputs, holo_runtime::build()) {
-        Ok(provenance) => provenance,
-        Err(message) => return usage(message),
-    };
-    let source = match interpreted(&holoware, &config, &args) {
-        Ok(source) => source,
-        Err(code) => return code,
-    };
-    let options = RunOptions {
-        out: args.out.clone(),
-        resume: args.resume,
-        progress: true,
-    };
-    let service = tinker::train::TinkerOptions {
-        client,
-        base_model: args.model.display().to_string(),
-        tokenizer,
-        loss,
-    };
-    let mut trainer = match tinker::train::Tinker::trainer(source, config, service, options) {
-        Ok(trainer) => trainer.with_provenance(provenance, args.allow_changes),
-        Err(error) => return usage(error),
-    };
-    let total = trainer.total_steps(rows.len());
-    eprintln!(
-        "training {} of the Tinker service at {url} on {} ({} rows, {} held out) for {total} steps into {}",
-        args.model.display(),
-        file.display(),
-        rows.len(),
-        eval_rows.len(),
-        args.out.display()
-    );
-    finish(trainer.train(&rows, &eval_rows), &args)
 }
 
 /// The outcome of a run: its report and plots, or its error.
