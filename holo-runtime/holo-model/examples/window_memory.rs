@@ -2,17 +2,19 @@
 //! layers (the figure in `docs/architecture.md`'s invariant on windows).
 //!
 //!     cargo run -p holo-model --example window_memory -- \
-//!         [--arch gemma3_text] [--tokens 4096] [--new 64] [--dtype f32|bf16]
+//!         [--arch gemma3_text] [--tokens 4096] [--new 64] [--batch 1] [--dtype f32|bf16]
 //!
 //! Writes `holo init-model --arch ARCH --preset small` (the family's real layer shapes and windows:
-//! Gemma 3 270M's 18 layers, five of six sliding over 512 positions) into a temporary folder, samples
-//! one sequence of `--tokens` tokens (a random prompt, then `--new` sampled tokens), and prints one JSON
-//! object: the cache's bytes after the last step (what the scheduler reports as `kv_bytes`), and what
-//! the same columns would take if every layer kept them all.
+//! gemma-3-1b's 26 layers, five of six sliding over 512 positions) into a temporary folder, samples
+//! `--batch` sequences of `--tokens` tokens each (a random prompt, then `--new` sampled tokens), and
+//! prints one JSON object: the cache's bytes after the last step (what the scheduler reports as
+//! `kv_bytes`), what the same columns would take if every layer kept them all, and the decoding rate
+//! at that length (new tokens per second once every row has its first token, so without the prefill).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use holo_core::{Prompt, Request, SampleParams};
 use holo_model::init::{init_model, parse_arch, InitOptions, Preset};
@@ -21,13 +23,15 @@ use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let (mut arch, mut tokens, mut new, mut dtype) = ("gemma3_text".to_string(), 4096, 64, None);
+    let (mut arch, mut tokens, mut new, mut batch, mut dtype) =
+        ("gemma3_text".to_string(), 4096, 64, 1, None);
     while let Some(arg) = args.next() {
         let value = args.next().unwrap_or_default();
         match arg.as_str() {
             "--arch" => arch = value,
             "--tokens" => tokens = value.parse().unwrap_or(0),
             "--new" => new = value.parse().unwrap_or(0),
+            "--batch" => batch = value.parse().unwrap_or(0),
             "--dtype" => dtype = Some(value),
             other => {
                 eprintln!("error: unknown argument {other}");
@@ -35,11 +39,11 @@ fn main() -> ExitCode {
             }
         }
     }
-    if new == 0 || tokens <= new {
-        eprintln!("error: --tokens must be larger than --new, and --new positive");
+    if new < 2 || tokens <= new || batch == 0 {
+        eprintln!("error: --tokens must be larger than --new, --new at least 2, --batch positive");
         return ExitCode::from(2);
     }
-    match run(&arch, tokens, new, dtype.as_deref()) {
+    match run(&arch, tokens, new, batch, dtype.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
@@ -48,7 +52,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(arch: &str, tokens: usize, new: usize, dtype: Option<&str>) -> Result<(), String> {
+fn run(
+    arch: &str,
+    tokens: usize,
+    new: usize,
+    batch: usize,
+    dtype: Option<&str>,
+) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("holo-window-memory-{}", std::process::id()));
     let options = InitOptions {
         arch: parse_arch(arch)?,
@@ -70,37 +80,48 @@ fn run(arch: &str, tokens: usize, new: usize, dtype: Option<&str>) -> Result<(),
     let model = model.map_err(|error| error.to_string())?;
     let config = model.config().clone();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-    let prompt: Vec<u32> = (0..tokens - new)
-        .map(|_| rng.random_range(3..config.vocab_size as u32))
+    let requests: Vec<Request> = (0..batch)
+        .map(|row| Request {
+            prompt: Prompt::Tokens(
+                (0..tokens - new)
+                    .map(|_| rng.random_range(3..config.vocab_size as u32))
+                    .collect(),
+            ),
+            params: SampleParams {
+                max_tokens: Some(new as u32),
+                ignore_eos: true,
+                seed: Some(row as u64),
+                ..SampleParams::default()
+            },
+        })
         .collect();
-    let request = Request {
-        prompt: Prompt::Tokens(prompt),
-        params: SampleParams {
-            max_tokens: Some(new as u32),
-            ignore_eos: true,
-            seed: Some(0),
-            ..SampleParams::default()
-        },
-    };
     // The scheduler publishes the cache's bytes after each step; the sink reads them at each token
     // (after the step before), so the last token's reading is the cache after `tokens - 1` positions.
+    // The decoding rate is timed from the token that gives the last row its first (the prefill is
+    // over) to the last token.
     let stats = model.scheduler_stats();
     let (last, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let times = Arc::new(Mutex::new(Vec::with_capacity(batch * new)));
     let sink = {
         let (stats, last, peak) = (Arc::clone(&stats), Arc::clone(&last), Arc::clone(&peak));
+        let times = Arc::clone(&times);
         Arc::new(move |_: usize, _: u32, _: f32| {
             last.store(stats.kv_bytes(), Ordering::Relaxed);
             peak.fetch_max(stats.kv_bytes(), Ordering::Relaxed);
+            times.lock().expect("no panics").push(Instant::now());
             true
         })
     };
-    let started = std::time::Instant::now();
-    let completion = model
-        .sample_blocking_streaming(&[request], sink)
-        .pop()
-        .expect("one result")
-        .map_err(|error| error.to_string())?;
+    let started = Instant::now();
+    let completions = model.sample_blocking_streaming(&requests, sink);
     let seconds = started.elapsed().as_secs_f64();
+    let mut sampled = 0;
+    for completion in completions {
+        sampled += completion.map_err(|error| error.to_string())?.tokens.len();
+    }
+    let times = times.lock().expect("no panics");
+    let decoding = times[times.len() - 1] - times[batch - 1];
+    let decoded = times.len() - batch;
     let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
     let windows: Vec<Option<usize>> = config.layers.iter().map(|layer| layer.window).collect();
     let column_bytes =
@@ -113,11 +134,13 @@ fn run(arch: &str, tokens: usize, new: usize, dtype: Option<&str>) -> Result<(),
             "layers": attention_layers,
             "windows": windows,
             "tokens": tokens,
-            "sampled": completion.tokens.len(),
+            "batch": batch,
+            "sampled": sampled,
             "kv_bytes_last_step": last.load(Ordering::Relaxed),
             "kv_bytes_peak_while_decoding": peak.load(Ordering::Relaxed),
             "every_layer_every_column_bytes": attention_layers * columns * column_bytes,
             "seconds": seconds,
+            "decode_tokens_per_s": decoded as f64 / decoding.as_secs_f64(),
         })
     );
     Ok(())

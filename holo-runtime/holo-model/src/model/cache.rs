@@ -41,8 +41,8 @@ impl Clone for LayerCache {
 }
 
 impl LayerCache {
-    /// Leading columns of the batch this layer no longer holds (see [`KvCache::trim`]): a mask over the
-    /// batch's columns is narrowed past them for this layer.
+    /// Leading columns of the batch this layer no longer holds (see [`KvCache::trim`]): a pass's mask
+    /// for this layer covers the columns from here on ([`Model::frame`]).
     pub(crate) fn front(&self) -> usize {
         self.front
     }
