@@ -540,7 +540,7 @@ mod tests {
                     ("lora", (adapted, adapters)),
                 ] {
                     let positions = positions_from_mask(&mask).unwrap();
-                    let frame = model.frame(&positions, &mask, None).unwrap();
+                    let frame = model.frame(&positions, &mask, None, None).unwrap();
                     let layer = &model.layers[0];
                     assert!(layer.has_backward());
                     let xs = Tensor::randn(0f64, 1.0, (2, 6, 16), &device)

@@ -189,7 +189,11 @@ pub(crate) fn held_mask(
             let column = cached + t;
             let row = &mut values[(b * len + t) * width..][..width];
             // Keys after the query's column stay hidden.
-            for (s, value) in row.iter_mut().enumerate().take((column + 1).saturating_sub(front)) {
+            for (s, value) in row
+                .iter_mut()
+                .enumerate()
+                .take((column + 1).saturating_sub(front))
+            {
                 let key = front + s;
                 let seen = key == column || real[key] != 0;
                 let near = window.is_none_or(|window| key_positions[s] + window > query as usize);

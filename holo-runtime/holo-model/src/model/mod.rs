@@ -568,7 +568,7 @@ impl Model {
         cache: Option<&mut KvCache>,
         ops: Ops,
     ) -> Result<Tensor> {
-        let frame = self.frame(positions, key_mask, cache.as_deref())?;
+        let frame = self.frame(positions, key_mask, cache.as_deref(), None)?;
         self.hidden(input_ids, &frame, cache, ops)
     }
 
@@ -621,7 +621,12 @@ impl Model {
         let mut embedded = Vec::with_capacity(segments.len());
         for segment in segments.iter() {
             let (batch, len) = segment.input_ids.dims2()?;
-            frames.push(self.frame(&segment.positions, &segment.key_mask, Some(segment.cache))?);
+            frames.push(self.frame(
+                &segment.positions,
+                &segment.key_mask,
+                Some(segment.cache),
+                segment.lengths.as_deref(),
+            )?);
             embedded.push(
                 self.embed(&segment.input_ids)?
                     .reshape((batch * len, self.config.hidden_size))?,
@@ -739,12 +744,16 @@ impl Model {
     /// What every layer of one forward pass shares: the attention masks and the rotary tables. The
     /// pass follows `cache`'s columns, if any; each attention layer's mask covers only the columns it
     /// holds there, and is built once for all the layers with the same window that hold the same
-    /// columns ([`LayerCache::front`]).
+    /// columns ([`LayerCache::front`]). LongRoPE's factors are picked per row after a cache, by
+    /// `lengths` (each row's whole sequence, see [`Segment::lengths`]) or by the row's last position
+    /// here, so that a row's new keys rotate as its cached ones did whatever the other rows' lengths;
+    /// without a cache, by the pass's largest position, as transformers picks them for a batch.
     pub(crate) fn frame(
         &self,
         positions: &Tensor,
         key_mask: &Tensor,
         cache: Option<&KvCache>,
+        lengths: Option<&[usize]>,
     ) -> Result<Frame> {
         let (batch, len) = positions.dims2()?;
         let cached = cache.map_or(0, KvCache::len);
@@ -766,7 +775,14 @@ impl Model {
             if spec.linear || built {
                 continue;
             }
-            let mask = held_mask(&real, &queries, cached, front, spec.window, key_mask.device())?;
+            let mask = held_mask(
+                &real,
+                &queries,
+                cached,
+                front,
+                spec.window,
+                key_mask.device(),
+            )?;
             masks.push(Mask {
                 window: spec.window,
                 front,
@@ -777,7 +793,23 @@ impl Model {
             true => Some(key_mask.narrow(1, cached, len)?.to_dtype(DType::U8)?),
             false => None,
         };
-        self.frame_with(masks, positions, real.as_ref())
+        let lengths = match (lengths, cache) {
+            (Some(lengths), _) => Some(lengths.to_vec()),
+            (None, Some(_)) => Some(
+                queries
+                    .iter()
+                    .map(|row| row.iter().max().map_or(0, |&last| last as usize + 1))
+                    .collect(),
+            ),
+            (None, None) => None,
+        };
+        self.frame_with(masks, positions, lengths.as_deref(), real.as_ref())
+    }
+
+    /// LongRoPE's original context, when the model has LongRoPE: a sequence longer than this rotates
+    /// every position by the long factors, a shorter one by the short factors.
+    pub fn long_rope_context(&self) -> Option<usize> {
+        self.rope.original_context()
     }
 
     /// Whether some layer is a linear-attention layer ([`Mixer::Linear`]): such a model reads sequences,
@@ -786,17 +818,19 @@ impl Model {
         self.config.layers.iter().any(|layer| layer.linear)
     }
 
-    /// The frame of the attention `masks` for queries at `positions` `[B, T]`: with the rotary tables.
+    /// The frame of the attention `masks` for queries at `positions` `[B, T]` in sequences of `lengths`
+    /// (see [`Model::frame`]): with the rotary tables.
     fn frame_with(
         &self,
         masks: Vec<Mask>,
         positions: &Tensor,
+        lengths: Option<&[usize]>,
         real: Option<&Tensor>,
     ) -> Result<Frame> {
-        let (cos, sin) = self.rope.tables(positions)?;
+        let (cos, sin) = self.rope.tables(positions, lengths)?;
         let local = match &self.local_rope {
             Some(rope) => {
-                let (cos, sin) = rope.tables(positions)?;
+                let (cos, sin) = rope.tables(positions, lengths)?;
                 Some((cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?))
             }
             None => None,
@@ -840,7 +874,7 @@ impl Model {
                 mask: mask.to_dtype(self.dtype())?,
             });
         }
-        let frame = self.frame_with(masks, &layout.positions, real)?;
+        let frame = self.frame_with(masks, &layout.positions, None, real)?;
         Ok(Frame {
             routing: layout.routing.clone(),
             balance: layout.balance.clone(),
