@@ -2,10 +2,12 @@
 //! layers (the figure in `docs/architecture.md`'s invariant on windows).
 //!
 //!     cargo run -p holo-model --example window_memory -- \
-//!         [--arch gemma3_text] [--tokens 4096] [--new 64] [--batch 1] [--dtype f32|bf16]
+//!         [--arch gemma3_text] [--preset small|tiny] [--tokens 4096] [--new 64] [--batch 1] \
+//!         [--dtype f32|bf16]
 //!
-//! Writes `holo init-model --arch ARCH --preset small` (the family's real layer shapes and windows:
-//! gemma-3-1b's 26 layers, five of six sliding over 512 positions) into a temporary folder, samples
+//! Writes `holo init-model --arch ARCH --preset PRESET` (`small`: the family's real layer shapes and
+//! windows, gemma-3-1b's 26 layers, five of six sliding over 512 positions; `tiny`: two layers of
+//! width 64, windows of 8, where what a step costs besides the weights shows) into a temporary folder, samples
 //! `--batch` sequences of `--tokens` tokens each (a random prompt, then `--new` sampled tokens), and
 //! prints one JSON object: the cache's bytes after the last step (what the scheduler reports as
 //! `kv_bytes`), what the same columns would take if every layer kept them all, and the decoding rate
@@ -23,12 +25,19 @@ use rand::{Rng, SeedableRng};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let (mut arch, mut tokens, mut new, mut batch, mut dtype) =
-        ("gemma3_text".to_string(), 4096, 64, 1, None);
+    let (mut arch, mut preset, mut tokens, mut new, mut batch, mut dtype) =
+        ("gemma3_text".to_string(), Preset::Small, 4096, 64, 1, None);
     while let Some(arg) = args.next() {
         let value = args.next().unwrap_or_default();
         match arg.as_str() {
             "--arch" => arch = value,
+            "--preset" => match value.parse() {
+                Ok(parsed) => preset = parsed,
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    return ExitCode::from(2);
+                }
+            },
             "--tokens" => tokens = value.parse().unwrap_or(0),
             "--new" => new = value.parse().unwrap_or(0),
             "--batch" => batch = value.parse().unwrap_or(0),
@@ -43,7 +52,7 @@ fn main() -> ExitCode {
         eprintln!("error: --tokens must be larger than --new, --new at least 2, --batch positive");
         return ExitCode::from(2);
     }
-    match run(&arch, tokens, new, batch, dtype.as_deref()) {
+    match run(&arch, preset, tokens, new, batch, dtype.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
@@ -54,6 +63,7 @@ fn main() -> ExitCode {
 
 fn run(
     arch: &str,
+    preset: Preset,
     tokens: usize,
     new: usize,
     batch: usize,
@@ -62,7 +72,7 @@ fn run(
     let dir = std::env::temp_dir().join(format!("holo-window-memory-{}", std::process::id()));
     let options = InitOptions {
         arch: parse_arch(arch)?,
-        preset: Preset::Small,
+        preset,
         seed: 0,
         force: true,
         vocab: None,
@@ -131,6 +141,7 @@ fn run(
         "{}",
         serde_json::json!({
             "arch": arch,
+            "preset": preset.to_string(),
             "layers": attention_layers,
             "windows": windows,
             "tokens": tokens,
