@@ -11,7 +11,9 @@
 //! `--batch` sequences of `--tokens` tokens each (a random prompt, then `--new` sampled tokens), and
 //! prints one JSON object: the cache's bytes after the last step (what the scheduler reports as
 //! `kv_bytes`), what the same columns would take if every layer kept them all, and the decoding rate
-//! at that length (new tokens per second once every row has its first token, so without the prefill).
+//! at that length (new tokens once every row has its first token, so without the prefill): per second
+//! of wall time, and per second of CPU time of all the process's threads (Linux: from
+//! `/proc/self/task/*/schedstat`), which other work on a busy machine moves far less.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,31 +109,48 @@ fn run(
         .collect();
     // The scheduler publishes the cache's bytes after each step; the sink reads them at each token
     // (after the step before), so the last token's reading is the cache after `tokens - 1` positions.
-    // The decoding rate is timed from the token that gives the last row its first (the prefill is
-    // over) to the last token.
+    // The decoding rate counts the tokens after the one that gives the last row its first (every
+    // prompt is prefilled: a batch too wide for one prefill joins a row or a few at a time), up to the
+    // last token.
     let stats = model.scheduler_stats();
     let (last, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let times = Arc::new(Mutex::new(Vec::with_capacity(batch * new)));
+    let decoding = Arc::new(Mutex::new(Decoding {
+        started: vec![false; batch],
+        joined: None,
+        after: 0,
+        last: Instant::now(),
+    }));
     let sink = {
         let (stats, last, peak) = (Arc::clone(&stats), Arc::clone(&last), Arc::clone(&peak));
-        let times = Arc::clone(&times);
-        Arc::new(move |_: usize, _: u32, _: f32| {
+        let decoding = Arc::clone(&decoding);
+        Arc::new(move |row: usize, _: u32, _: f32| {
             last.store(stats.kv_bytes(), Ordering::Relaxed);
             peak.fetch_max(stats.kv_bytes(), Ordering::Relaxed);
-            times.lock().expect("no panics").push(Instant::now());
+            let mut decoding = decoding.lock().expect("no panics");
+            decoding.last = Instant::now();
+            if decoding.joined.is_some() {
+                decoding.after += 1;
+            } else {
+                decoding.started[row] = true;
+                if decoding.started.iter().all(|&started| started) {
+                    decoding.joined = Some((decoding.last, cpu_seconds()));
+                }
+            }
             true
         })
     };
     let started = Instant::now();
     let completions = model.sample_blocking_streaming(&requests, sink);
     let seconds = started.elapsed().as_secs_f64();
+    let end_cpu = cpu_seconds();
     let mut sampled = 0;
     for completion in completions {
         sampled += completion.map_err(|error| error.to_string())?.tokens.len();
     }
-    let times = times.lock().expect("no panics");
-    let decoding = times[times.len() - 1] - times[batch - 1];
-    let decoded = times.len() - batch;
+    let decoding = decoding.lock().expect("no panics");
+    let (joined, joined_cpu) = decoding.joined.ok_or("a row sampled nothing")?;
+    let (decoded, decoding_cpu) = (decoding.after, end_cpu - joined_cpu);
+    let decoding = decoding.last - joined;
     let attention_layers = config.layers.iter().filter(|layer| !layer.linear).count();
     let windows: Vec<Option<usize>> = config.layers.iter().map(|layer| layer.window).collect();
     let column_bytes =
@@ -152,7 +171,31 @@ fn run(
             "every_layer_every_column_bytes": attention_layers * columns * column_bytes,
             "seconds": seconds,
             "decode_tokens_per_s": decoded as f64 / decoding.as_secs_f64(),
+            "decode_cpu_seconds": decoding_cpu,
+            "decode_tokens_per_cpu_s": decoded as f64 / decoding_cpu,
         })
     );
     Ok(())
+}
+
+/// The sampled tokens as the sink sees them: which rows have their first, when the last did (the wall
+/// and CPU clocks), and how many came after it.
+struct Decoding {
+    started: Vec<bool>,
+    joined: Option<(Instant, f64)>,
+    after: usize,
+    last: Instant,
+}
+
+/// CPU seconds the process's threads have run (NaN where `/proc` does not say).
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return f64::NAN;
+    };
+    let nanoseconds: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    nanoseconds as f64 / 1e9
 }

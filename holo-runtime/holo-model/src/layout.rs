@@ -188,17 +188,21 @@ pub(crate) fn held_mask(
         for (t, &query) in queries.iter().enumerate() {
             let column = cached + t;
             let row = &mut values[(b * len + t) * width..][..width];
-            // Keys after the query's column stay hidden.
-            for (s, value) in row
-                .iter_mut()
-                .enumerate()
-                .take((column + 1).saturating_sub(front))
-            {
-                let key = front + s;
-                let seen = key == column || real[key] != 0;
-                let near = window.is_none_or(|window| key_positions[s] + window > query as usize);
-                if seen && near {
+            // Keys after the query's column stay hidden; the real ones up to it and itself are seen.
+            let seen = (column + 1).saturating_sub(front);
+            for (value, &m) in row[..seen].iter_mut().zip(&real[front..]) {
+                if m != 0 {
                     *value = 0.0;
+                }
+            }
+            if column >= front {
+                row[column - front] = 0.0;
+            }
+            if let Some(window) = window {
+                for (value, &key) in row[..seen].iter_mut().zip(&key_positions) {
+                    if key + window <= query as usize {
+                        *value = f32::NEG_INFINITY;
+                    }
                 }
             }
         }
