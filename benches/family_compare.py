@@ -10,7 +10,8 @@
 The measurements that issue 36 asks for, one family after another:
 
 - Model: `holo init-model --arch ARCH --preset small` writes the family's real decoder shapes (Qwen2.5-0.5B,
-  Qwen3-0.6B, SmolLM2-135M, gemma-3-1b, OLMo-2-1B, SmolLM3-3B, Mistral-7B, Ministral-8B, Olmo-3-7B) with a
+  Qwen3-0.6B, SmolLM2-135M, gemma-3-1b, OLMo-2-1B, SmolLM3-3B, Mistral-7B, Ministral-8B, Olmo-3-7B,
+  Phi-4-mini) with a
   512-token vocabulary; this script widens that folder to the real family's vocabulary (FAMILIES below):
   the embedding (and an untied output head) get random rows of the same spread as the first 512, and
   config.json's `vocab_size` is set. The tokenizer gets the new ids as non-special added tokens `zq<id>`
@@ -39,9 +40,9 @@ Families (`--families`; the default is the ones whose real size fits a 2-core, 2
     token; 151,936), gpt_oss (two of gpt-oss-20b's 24 layers: 32 experts of 2,880, 4 per token, sinks, a
     128-position window on the first; 201,088; transformers' eager attention, it has no sdpa path for sinks),
     mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072), olmo3 (Olmo-3-7B,
-    100,278).
+    100,278), phi3 (Phi-4-mini, 200,064; 3.8 B parameters with its tied embedding).
 
-The 7-8B ones need ~30 GiB in f32 and are refused unless `--allow-big` is given.
+The 7-8B ones need ~30 GiB in f32, Phi-4-mini 15 GiB, and are refused unless `--allow-big` is given.
 
 Disk: each model folder is kept until its family is done (gemma3 3.7 GiB, olmo2 5.6 GiB in f32), and
 `holo train` always ends with a checkpoint of the weights and AdamW's moments (about 12 GB at 1 B
@@ -80,6 +81,7 @@ FAMILIES = {
     "mistral": ("Mistral-7B", 32_768, False),
     "ministral": ("Ministral-8B", 131_072, False),
     "olmo3": ("Olmo-3-7B", 100_278, False),
+    "phi3": ("Phi-4-mini", 200_064, False),
     "qwen3_5_text": ("Qwen3.5-0.8B", 248_320, True),
     "qwen3_moe": ("two of Qwen3-30B-A3B's 48 layers", 151_936, True),
     "gpt_oss": ("two of gpt-oss-20b's 24 layers", 201_088, True),
@@ -262,7 +264,8 @@ def main():
     parser.add_argument("--grpo-generations", type=int, default=4)
     parser.add_argument("--grpo-completion", type=int, default=32)
     parser.add_argument("--idle-wait", type=float, default=0, help="grpo_compare.py's --idle-wait")
-    parser.add_argument("--allow-big", action="store_true", help="also the 7-8B families (about 30 GiB in f32)")
+    parser.add_argument("--allow-big", action="store_true",
+                        help="also the 7-8B families (about 30 GiB in f32) and Phi-4-mini (15 GiB)")
     parser.add_argument("--work-dir", default="/tmp/holo-family-bench")
     parser.add_argument("--keep", action="store_true", help="keep the model folders")
     parser.add_argument("--json", help="also write every figure here")

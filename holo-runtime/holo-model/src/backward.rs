@@ -108,7 +108,7 @@ impl DecoderLayer {
         let scale = attention.scale;
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((batch, heads, len, len))?
-            .broadcast_add(frame.mask(self.spec))?;
+            .broadcast_add(frame.mask(self.spec, 0)?)?;
         let weights = softmax(&scores, ops)?.reshape((batch, kv_heads, group * len, len))?;
         let attended = weights
             .matmul(&v)?
@@ -540,7 +540,7 @@ mod tests {
                     ("lora", (adapted, adapters)),
                 ] {
                     let positions = positions_from_mask(&mask).unwrap();
-                    let frame = model.frame(&positions, &mask, 0).unwrap();
+                    let frame = model.frame(&positions, &mask, None, None).unwrap();
                     let layer = &model.layers[0];
                     assert!(layer.has_backward());
                     let xs = Tensor::randn(0f64, 1.0, (2, 6, 16), &device)

@@ -144,6 +144,72 @@ pub(crate) fn attention_mask(
     Tensor::from_vec(values, (batch, 1, len, keys), key_mask.device())?.to_dtype(dtype)
 }
 
+/// The additive mask `[B, 1, T, S - front]` (f32) of `T` queries after `cached` columns, over only the
+/// key columns `front..S` (`S = cached + T`) that a layer of the pass holds ([`crate::model::LayerCache`]):
+/// query `t` (column `cached + t`, at position `positions[b][t]`) sees the real keys (`real[b]`, 1 on
+/// real columns) up to its own column, always itself, and with a `window` only keys fewer than `window`
+/// positions before its own. These are [`attention_mask`]'s columns with [`window_mask`] applied, from
+/// `front` on, without building the columns before it: a decoding step of a long sequence builds a
+/// window's width for a windowed layer, not the whole sequence's.
+pub(crate) fn held_mask(
+    real: &[Vec<u8>],
+    positions: &[Vec<u32>],
+    cached: usize,
+    front: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Tensor> {
+    let (batch, len) = (positions.len(), positions.first().map_or(0, Vec::len));
+    let keys = cached + len;
+    if real.len() != batch || real.iter().any(|row| row.len() != keys) || front > keys {
+        candle_core::bail!(
+            "key mask of {} rows, expected {batch} rows of {keys} columns ({cached} cached + {len} new) \
+             held from column {front}",
+            real.len()
+        );
+    }
+    let width = keys - front;
+    let mut values = vec![f32::NEG_INFINITY; batch * len * width];
+    let mut key_positions = Vec::with_capacity(width);
+    for (b, (real, queries)) in real.iter().zip(positions).enumerate() {
+        // A real key's position counts the real columns before it, padding's is 0 (as
+        // `positions_from_mask` gives them): only the window reads them.
+        if window.is_some() {
+            let mut next = real[..front].iter().filter(|&&m| m != 0).count();
+            key_positions.clear();
+            key_positions.extend(real[front..].iter().map(|&m| match m {
+                0 => 0,
+                _ => {
+                    next += 1;
+                    next - 1
+                }
+            }));
+        }
+        for (t, &query) in queries.iter().enumerate() {
+            let column = cached + t;
+            let row = &mut values[(b * len + t) * width..][..width];
+            // Keys after the query's column stay hidden; the real ones up to it and itself are seen.
+            let seen = (column + 1).saturating_sub(front);
+            for (value, &m) in row[..seen].iter_mut().zip(&real[front..]) {
+                if m != 0 {
+                    *value = 0.0;
+                }
+            }
+            if column >= front {
+                row[column - front] = 0.0;
+            }
+            if let Some(window) = window {
+                for (value, &key) in row[..seen].iter_mut().zip(&key_positions) {
+                    if key + window <= query as usize {
+                        *value = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+    Tensor::from_vec(values, (batch, 1, len, width), device)
+}
+
 /// `mask` `[B, 1, T, S]` (additive) with the keys `window` or more positions before their query hidden
 /// too: sliding-window attention, where a query at position `p` sees keys at `p - window + 1 ..= p`
 /// (transformers' `sliding_window_overlay` over each row's positions). `positions` `[B, T]` are the
@@ -173,9 +239,9 @@ pub(crate) fn window_mask(
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor};
+    use candle_core::{DType, Device, Tensor};
 
-    use super::Layout;
+    use super::{attention_mask, held_mask, positions_from_mask, window_mask, Layout};
 
     fn seen(layout: &Layout) -> Vec<Vec<Vec<u8>>> {
         let mask = layout.mask.squeeze(1).unwrap().to_vec3::<f32>().unwrap();
@@ -235,6 +301,37 @@ mod tests {
         let (trees, causal) = (seen(&trees), seen(&causal));
         assert_eq!(trees[0], causal[0]);
         assert_eq!(trees[1][..2], causal[1][..2]);
+    }
+
+    #[test]
+    fn held_masks_are_the_whole_masks_columns_from_the_front() {
+        // Three new columns after six cached: a left-padded row, and a row with padding between a
+        // reused prefix and its prompt and a padding query.
+        let real = vec![
+            vec![0u8, 0, 1, 1, 1, 1, 1, 1, 1],
+            vec![1, 1, 0, 1, 1, 1, 0, 1, 1],
+        ];
+        let (cached, len) = (6, 3);
+        let key_mask = Tensor::new(real.clone(), &Device::Cpu).unwrap();
+        let key_positions = positions_from_mask(&key_mask).unwrap();
+        let positions = key_positions.narrow(1, cached, len).unwrap();
+        let queries = positions.to_vec2::<u32>().unwrap();
+        let whole = attention_mask(&key_mask, 2, cached, len, DType::F32).unwrap();
+        for window in [None, Some(1), Some(2), Some(4), Some(9)] {
+            let expected = match window {
+                None => whole.clone(),
+                Some(window) => window_mask(&whole, &positions, &key_positions, window).unwrap(),
+            };
+            for front in 0..=cached + len {
+                let held = held_mask(&real, &queries, cached, front, window, &Device::Cpu).unwrap();
+                let expected = expected.narrow(3, front, cached + len - front).unwrap();
+                assert_eq!(
+                    held.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    expected.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    "window {window:?}, front {front}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -227,8 +227,16 @@ impl PrefixCache {
     }
 
     /// The longest cached run of tokens that starts `prompt`, leaving at least its last token to run (its
-    /// logits pick the first sampled token): the length and each layer's keys and values.
-    pub(super) fn lookup(&self, prompt: &[u32]) -> Result<Option<(usize, SequenceCache)>> {
+    /// logits pick the first sampled token): the length and each layer's keys and values. With
+    /// LongRoPE's `long_rope_context` ([`crate::model::Model::long_rope_context`]), only from a sequence
+    /// on the same side of it as `prompt`: a sequence's keys were rotated by the factors of its whole
+    /// length.
+    pub(super) fn lookup(
+        &self,
+        prompt: &[u32],
+        long_rope_context: Option<usize>,
+    ) -> Result<Option<(usize, SequenceCache)>> {
+        let long = |length: usize| long_rope_context.map(|context| length > context);
         let mut entries = self.lock();
         let best = entries
             .iter()
@@ -244,7 +252,8 @@ impl PrefixCache {
                 // A state holds its whole sequence: such an entry starts only a prompt that extends it.
                 // A windowed layer that dropped the sequence's first positions starts only a prompt
                 // whose window does not reach back to them.
-                let usable = starts(&entry.layers, common, entry.tokens.len());
+                let usable = starts(&entry.layers, common, entry.tokens.len())
+                    && long(entry.tokens.len()) == long(prompt.len());
                 (i, if usable { common } else { 0 })
             })
             .max_by_key(|&(_, length)| length);

@@ -400,12 +400,14 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
                 positions: positions_from_mask(&first_mask).unwrap(),
                 key_mask: first_mask.clone(),
                 cache: &mut first_cache,
+                lengths: None,
             },
             Segment {
                 input_ids: second.clone(),
                 positions: positions_from_mask(&second_mask).unwrap(),
                 key_mask: second_mask.clone(),
                 cache: &mut second_cache,
+                lengths: None,
             },
         ];
         let together = model.forward_segments(&mut segments, Ops::Fast).unwrap();
@@ -440,6 +442,7 @@ fn batches_sharing_a_pass_get_what_they_get_alone() {
                     positions: next_positions,
                     key_mask: next_mask,
                     cache: &mut first_cache,
+                    lengths: None,
                 }],
                 Ops::Fast,
             )
@@ -470,6 +473,7 @@ fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others()
                     positions: positions_from_mask(&mask).unwrap(),
                     key_mask: mask.clone(),
                     cache: &mut cache,
+                    lengths: None,
                 }];
                 let prefill = model
                     .forward_segments(&mut segment, Ops::Invariant)
@@ -480,6 +484,7 @@ fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others()
                     positions: Tensor::new(&[[len as u32]], &Device::Cpu).unwrap(),
                     key_mask: Tensor::ones((1, len + 1), DType::U8, &Device::Cpu).unwrap(),
                     cache: &mut cache,
+                    lengths: None,
                 }];
                 let next = model.forward_segments(&mut step, Ops::Invariant).unwrap();
                 (prefill[0].clone(), next[0].clone())
@@ -498,12 +503,14 @@ fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others()
                         positions: positions_from_mask(&pair_mask).unwrap(),
                         key_mask: pair_mask.clone(),
                         cache: &mut pair_cache,
+                        lengths: None,
                     },
                     Segment {
                         input_ids: third,
                         positions: positions_from_mask(&third_mask).unwrap(),
                         key_mask: third_mask.clone(),
                         cache: &mut third_cache,
+                        lengths: None,
                     },
                 ],
                 Ops::Invariant,
@@ -518,12 +525,14 @@ fn batch_invariant_passes_give_a_sequence_the_same_bits_alone_or_beside_others()
                         positions: Tensor::new(&[[4u32], [3]], &Device::Cpu).unwrap(),
                         key_mask: Tensor::cat(&[&pair_mask, &ones(2)], 1).unwrap(),
                         cache: &mut pair_cache,
+                        lengths: None,
                     },
                     Segment {
                         input_ids: Tensor::new(&[[13u32]], &Device::Cpu).unwrap(),
                         positions: Tensor::new(&[[7u32]], &Device::Cpu).unwrap(),
                         key_mask: Tensor::cat(&[&third_mask, &ones(1)], 1).unwrap(),
                         cache: &mut third_cache,
+                        lengths: None,
                     },
                 ],
                 Ops::Invariant,

@@ -15,6 +15,8 @@ mod init_model;
 #[cfg(feature = "local")]
 mod local_model;
 #[cfg(feature = "local")]
+mod longrope;
+#[cfg(feature = "local")]
 mod real_checkpoint;
 #[cfg(feature = "local")]
 mod routing;

@@ -124,8 +124,8 @@ impl Attention {
         }
     }
 
-    /// `xs` `[B, T, hidden]`; `mask` `[B, 1, T, S]` additive (0 or -inf) over the `S` keys, cached keys
-    /// first.
+    /// `xs` `[B, T, hidden]`; `mask` `[B, 1, T, S]` additive (0 or -inf) over the `S` keys the layer
+    /// reads, cached keys first (those `cache` holds, past its [`LayerCache::front`]).
     pub(super) fn forward(
         &self,
         xs: &Tensor,
@@ -192,21 +192,10 @@ impl Attention {
             Some((cos, sin)) => (apply_rope(q, cos, sin, ops)?, apply_rope(k, cos, sin, ops)?),
             None => (q.clone(), k.contiguous()?),
         };
-        let (k, v, mask) = match cache {
-            Some(cache) => {
-                // A windowed layer's cache may start past the mask's first columns: those are keys
-                // no query of the pass reads.
-                let front = cache.front();
-                let (k, v) = cache.append(k, v.contiguous()?)?;
-                let mask = match front {
-                    0 => mask.clone(),
-                    _ => mask.narrow(3, front, k.dim(2)?)?.contiguous()?,
-                };
-                (k, v, mask)
-            }
-            None => (k, v.contiguous()?, mask.clone()),
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v.contiguous()?)?,
+            None => (k, v.contiguous()?),
         };
-        let mask = &mask;
         let scale = self.scale;
         // A decoding step's single query per row visits its own keys faster than the padded products
         // below read every row's padding.

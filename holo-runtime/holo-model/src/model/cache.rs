@@ -41,8 +41,8 @@ impl Clone for LayerCache {
 }
 
 impl LayerCache {
-    /// Leading columns of the batch this layer no longer holds (see [`KvCache::trim`]): a mask over the
-    /// batch's columns is narrowed past them for this layer.
+    /// Leading columns of the batch this layer no longer holds (see [`KvCache::trim`]): a pass's mask
+    /// for this layer covers the columns from here on ([`Model::frame`]).
     pub(crate) fn front(&self) -> usize {
         self.front
     }
@@ -239,6 +239,11 @@ pub struct Segment<'c> {
     pub positions: Tensor,
     pub key_mask: Tensor,
     pub cache: &'c mut KvCache,
+    /// Each row's sequence length as transformers' forward over it would see it, which picks
+    /// LongRoPE's short or long factors ([`Model::long_rope_context`]): a prompt's whole length while
+    /// its chunks are prefilled, since transformers runs it in one pass. `None`: each row's last
+    /// position in this pass, + 1.
+    pub lengths: Option<Vec<usize>>,
 }
 
 /// The key/value cache of a batch, one entry per layer.

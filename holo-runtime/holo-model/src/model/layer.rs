@@ -327,7 +327,7 @@ impl DecoderLayer {
             Mixer::Attention(attention) => attention.forward(
                 &normed,
                 frame.rope(self.spec),
-                frame.mask(self.spec),
+                frame.mask(self.spec, cache.as_ref().map_or(0, |cache| cache.front()))?,
                 cache,
                 ops,
             )?,

@@ -33,7 +33,7 @@ use super::config::{
 };
 use super::dispatch::{self, Operands, Product};
 pub use super::layout::positions_from_mask;
-use super::layout::{attention_mask, window_mask, Layout};
+use super::layout::{held_mask, window_mask, Layout};
 pub use crate::kernels::kernel::{Ops, Result};
 
 pub use crate::peft::{LoraConfig, Pattern, ALL_LINEAR};
@@ -457,8 +457,7 @@ impl Model {
         cache: Option<&mut KvCache>,
         ops: Ops,
     ) -> Result<Tensor> {
-        let cached = cache.as_ref().map_or(0, |cache| cache.len());
-        let frame = self.frame(positions, key_mask, cached)?;
+        let frame = self.frame(positions, key_mask, cache.as_deref(), None)?;
         self.hidden(input_ids, &frame, cache, ops)
     }
 
@@ -511,7 +510,12 @@ impl Model {
         let mut embedded = Vec::with_capacity(segments.len());
         for segment in segments.iter() {
             let (batch, len) = segment.input_ids.dims2()?;
-            frames.push(self.frame(&segment.positions, &segment.key_mask, segment.cache.len())?);
+            frames.push(self.frame(
+                &segment.positions,
+                &segment.key_mask,
+                Some(segment.cache),
+                segment.lengths.as_deref(),
+            )?);
             embedded.push(
                 self.embed(&segment.input_ids)?
                     .reshape((batch * len, self.config.hidden_size))?,
@@ -596,7 +600,7 @@ impl Model {
                 &heads(&k, attention.kv_heads, attention.k_norm.as_ref())?,
                 &heads(&v, attention.kv_heads, None)?,
                 frame.rope(spec),
-                frame.mask(spec),
+                frame.mask(spec, segment.cache.layers[layer].front())?,
                 Some(&mut segment.cache.layers[layer]),
                 ops,
             )?;
@@ -626,21 +630,75 @@ impl Model {
         embedded.to_dtype(self.dtype())
     }
 
-    /// What every layer of one forward pass shares: the attention mask and the rotary tables.
+    /// What every layer of one forward pass shares: the attention masks and the rotary tables. The
+    /// pass follows `cache`'s columns, if any; each attention layer's mask covers only the columns it
+    /// holds there, and is built once for all the layers with the same window that hold the same
+    /// columns ([`LayerCache::front`]). LongRoPE's factors are picked per row after a cache, by
+    /// `lengths` (each row's whole sequence, see [`Segment::lengths`]) or by the row's last position
+    /// here, so that a row's new keys rotate as its cached ones did whatever the other rows' lengths;
+    /// without a cache, by the pass's largest position, as transformers picks them for a batch.
     pub(crate) fn frame(
         &self,
         positions: &Tensor,
         key_mask: &Tensor,
-        cached: usize,
+        cache: Option<&KvCache>,
+        lengths: Option<&[usize]>,
     ) -> Result<Frame> {
         let (batch, len) = positions.dims2()?;
-        let mask = attention_mask(key_mask, batch, cached, len, self.dtype())?;
-        let key_positions = positions_from_mask(key_mask)?;
+        let cached = cache.map_or(0, KvCache::len);
+        let (mask_batch, mask_keys) = key_mask.dims2()?;
+        if (mask_batch, mask_keys) != (batch, cached + len) {
+            candle_core::bail!(
+                "key mask is [{mask_batch}, {mask_keys}], expected [{batch}, {}] ({cached} cached + {len} new)",
+                cached + len
+            );
+        }
+        let real = key_mask.to_dtype(DType::U8)?.to_vec2::<u8>()?;
+        let queries = positions.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+        let mut masks: Vec<Mask> = Vec::new();
+        for (i, spec) in self.config.layers.iter().enumerate() {
+            let front = cache.map_or(0, |cache| cache.layers[i].front());
+            let built = masks
+                .iter()
+                .any(|mask| mask.window == spec.window && mask.front == front);
+            if spec.linear || built {
+                continue;
+            }
+            let mask = held_mask(
+                &real,
+                &queries,
+                cached,
+                front,
+                spec.window,
+                key_mask.device(),
+            )?;
+            masks.push(Mask {
+                window: spec.window,
+                front,
+                mask: mask.to_dtype(self.dtype())?,
+            });
+        }
         let real = match self.has_linear_attention() {
             true => Some(key_mask.narrow(1, cached, len)?.to_dtype(DType::U8)?),
             false => None,
         };
-        self.frame_with(mask, positions, &key_positions, real.as_ref())
+        let lengths = match (lengths, cache) {
+            (Some(lengths), _) => Some(lengths.to_vec()),
+            (None, Some(_)) => Some(
+                queries
+                    .iter()
+                    .map(|row| row.iter().max().map_or(0, |&last| last as usize + 1))
+                    .collect(),
+            ),
+            (None, None) => None,
+        };
+        self.frame_with(masks, positions, lengths.as_deref(), real.as_ref())
+    }
+
+    /// LongRoPE's original context, when the model has LongRoPE: a sequence longer than this rotates
+    /// every position by the long factors, a shorter one by the short factors.
+    pub fn long_rope_context(&self) -> Option<usize> {
+        self.rope.original_context()
     }
 
     /// Whether some layer is a linear-attention layer ([`Mixer::Linear`]): such a model reads sequences,
@@ -649,68 +707,63 @@ impl Model {
         self.config.layers.iter().any(|layer| layer.linear)
     }
 
-    /// The frame of the additive `mask` `[B, 1, T, S]` over keys at `key_positions` `[B, S]`, for
-    /// queries at `positions` `[B, T]`: the rotary tables, and the mask of each attention window the
-    /// layers use.
+    /// The frame of the attention `masks` for queries at `positions` `[B, T]` in sequences of `lengths`
+    /// (see [`Model::frame`]): with the rotary tables.
     fn frame_with(
         &self,
-        mask: Tensor,
+        masks: Vec<Mask>,
         positions: &Tensor,
-        key_positions: &Tensor,
+        lengths: Option<&[usize]>,
         real: Option<&Tensor>,
     ) -> Result<Frame> {
-        let (cos, sin) = self.rope.tables(positions)?;
+        let (cos, sin) = self.rope.tables(positions, lengths)?;
         let local = match &self.local_rope {
             Some(rope) => {
-                let (cos, sin) = rope.tables(positions)?;
+                let (cos, sin) = rope.tables(positions, lengths)?;
                 Some((cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?))
             }
             None => None,
         };
-        let mut windows: Vec<usize> = self
-            .layers
-            .iter()
-            .filter_map(|layer| layer.spec.window)
-            .collect();
-        windows.sort_unstable();
-        windows.dedup();
-        let windowed = windows
-            .into_iter()
-            .map(|window| {
-                Ok((
-                    window,
-                    window_mask(&mask, positions, key_positions, window)?,
-                ))
-            })
-            .collect::<Result<_>>()?;
         let real = match real {
             Some(real) => Some(real.flatten_all()?.to_vec1::<u8>()?),
             None => None,
         };
         Ok(Frame {
-            mask,
+            masks,
             real,
             routing: None,
             balance: None,
-            windowed,
             cos: cos.to_dtype(self.dtype())?,
             sin: sin.to_dtype(self.dtype())?,
             local,
         })
     }
 
-    /// The [`Frame`] of a pass without a cache laid out by `layout`.
+    /// The [`Frame`] of a pass without a cache laid out by `layout`: its mask, and the same with each
+    /// window the layers use.
     pub(crate) fn frame_of(&self, layout: &Layout) -> Result<Frame> {
         let real = match self.has_linear_attention() {
             true => layout.real.as_ref(),
             false => None,
         };
-        let frame = self.frame_with(
-            layout.mask.to_dtype(self.dtype())?,
-            &layout.positions,
-            &layout.positions,
-            real,
-        )?;
+        let mut masks: Vec<Mask> = Vec::new();
+        for spec in &self.config.layers {
+            if spec.linear || masks.iter().any(|mask| mask.window == spec.window) {
+                continue;
+            }
+            let mask = match spec.window {
+                None => layout.mask.clone(),
+                Some(window) => {
+                    window_mask(&layout.mask, &layout.positions, &layout.positions, window)?
+                }
+            };
+            masks.push(Mask {
+                window: spec.window,
+                front: 0,
+                mask: mask.to_dtype(self.dtype())?,
+            });
+        }
+        let frame = self.frame_with(masks, &layout.positions, None, real)?;
         Ok(Frame {
             routing: layout.routing.clone(),
             balance: layout.balance.clone(),
@@ -785,14 +838,13 @@ impl Model {
     }
 }
 
-/// The per-pass inputs of every layer: the additive attention mask `[B, 1, T, S]`, the same for each
-/// attention window the layers use, and the rotary tables `[B, T, head_dim / 2]`.
+/// The per-pass inputs of every layer: the additive attention masks ([`Mask`]) and the rotary tables
+/// `[B, T, head_dim / 2]`.
 pub(crate) struct Frame {
-    pub(crate) mask: Tensor,
+    pub(crate) masks: Vec<Mask>,
     /// Which of the pass's `B · T` tokens are real (not padding), for linear-attention layers; `None` in
     /// a model without them, and for trees of sequences ([`Layout::trees`]), which they cannot read.
     pub(crate) real: Option<Vec<u8>>,
-    pub(crate) windowed: Vec<(usize, Tensor)>,
     /// How the mixture layers route, and where they record it ([`Layout::routing`]); `None` routes by
     /// the routers without a record.
     pub(crate) routing: Option<std::sync::Arc<Routing>>,
@@ -802,6 +854,14 @@ pub(crate) struct Frame {
     pub(crate) sin: Tensor,
     /// The windowed layers' tables, when their RoPE is their own.
     pub(crate) local: Option<(Tensor, Tensor)>,
+}
+
+/// One attention mask of a pass, `[B, 1, T, S - front]` additive (0 or −∞) over the key columns
+/// `front..S` that the layers with this `window` (`None`: global) hold.
+pub(crate) struct Mask {
+    window: Option<usize>,
+    front: usize,
+    mask: Tensor,
 }
 
 impl Frame {
@@ -816,11 +876,19 @@ impl Frame {
         })
     }
 
-    /// The mask of a layer: the window's when it has one.
-    pub(crate) fn mask(&self, spec: LayerSpec) -> &Tensor {
-        spec.window
-            .and_then(|window| self.windowed.iter().find(|(w, _)| *w == window))
-            .map_or(&self.mask, |(_, mask)| mask)
+    /// The mask of a layer with `spec`'s window that holds the pass's key columns from `front` on
+    /// ([`LayerCache::front`]; 0 without a cache).
+    pub(crate) fn mask(&self, spec: LayerSpec, front: usize) -> Result<&Tensor> {
+        self.masks
+            .iter()
+            .find(|mask| mask.window == spec.window && mask.front == front)
+            .map(|mask| &mask.mask)
+            .ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "no attention mask for window {:?} from column {front}",
+                    spec.window
+                ))
+            })
     }
 
     /// The rotary tables of a layer, `None` for a layer without RoPE.

@@ -162,28 +162,47 @@ impl Rope {
         })
     }
 
+    /// LongRoPE's original context: a sequence longer than this takes the long factors.
+    pub(super) fn original_context(&self) -> Option<usize> {
+        self.long.as_ref().map(|(_, original)| *original)
+    }
+
     /// `cos` and `sin` of shape `[B, T, rotated / 2]` for `positions` `[B, T]` (u32). With LongRoPE the
-    /// long frequencies serve a pass whose positions reach past the original context, as transformers'
-    /// `longrope_frequency_update` decides per forward pass.
-    pub(super) fn tables(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        let frequencies = match &self.long {
-            Some((long, original)) => {
+    /// long frequencies serve the rows whose sequence is longer than the original context, as
+    /// transformers' `longrope_frequency_update` decides for each forward pass: row `b`'s sequence is
+    /// `lengths[b]` long, or without `lengths` every row's is the pass's largest position + 1.
+    pub(super) fn tables(
+        &self,
+        positions: &Tensor,
+        lengths: Option<&[usize]>,
+    ) -> Result<(Tensor, Tensor)> {
+        let frequencies = match (&self.long, lengths) {
+            (None, _) => self.inverse_frequencies.reshape((1, 1, ()))?,
+            (Some((long, original)), None) => {
                 let last = positions
                     .max_all()?
                     .to_dtype(DType::U32)?
                     .to_scalar::<u32>()?;
-                if last as usize + 1 > *original {
-                    long
-                } else {
-                    &self.inverse_frequencies
+                match last as usize + 1 > *original {
+                    true => long.reshape((1, 1, ()))?,
+                    false => self.inverse_frequencies.reshape((1, 1, ()))?,
                 }
             }
-            None => &self.inverse_frequencies,
+            (Some((long, original)), Some(lengths)) => {
+                // Row b's frequencies: row 0 (short) or row 1 (long) of the two sets.
+                let both = Tensor::stack(&[&self.inverse_frequencies, long], 0)?;
+                let picks: Vec<u32> = lengths
+                    .iter()
+                    .map(|&length| u32::from(length > *original))
+                    .collect();
+                both.index_select(&Tensor::new(picks.as_slice(), both.device())?, 0)?
+                    .unsqueeze(1)?
+            }
         };
         let angles = positions
             .to_dtype(DType::F32)?
             .unsqueeze(2)?
-            .broadcast_mul(&frequencies.reshape((1, 1, ()))?)?;
+            .broadcast_mul(&frequencies)?;
         let (cos, sin) = (angles.cos()?, angles.sin()?);
         if self.attention_factor == 1.0 {
             return Ok((cos, sin));

@@ -112,10 +112,12 @@ impl Engine<'_> {
                 None => {
                     let slot = prompts.len();
                     let found = match (self.prefix, key.1) {
-                        (Some(prefix), None) => prefix.lookup(&key.0).unwrap_or_else(|error| {
-                            failure.get_or_insert(error);
-                            None
-                        }),
+                        (Some(prefix), None) => prefix
+                            .lookup(&key.0, self.model.long_rope_context())
+                            .unwrap_or_else(|error| {
+                                failure.get_or_insert(error);
+                                None
+                            }),
                         _ => None,
                     };
                     reused.push(found);
@@ -198,6 +200,7 @@ impl Engine<'_> {
     /// after a prefill's last chunk its sequences sample their first token and join the batch.
     pub(super) fn forward_step(&mut self) -> Result<()> {
         let (model, ops) = (self.model, self.ops());
+        self.rerun_past_original_context()?;
         let decoding = match self.running.is_empty() {
             true => None,
             false => Some(self.decode_inputs()?),
@@ -219,9 +222,10 @@ impl Engine<'_> {
                 positions: positions.clone(),
                 key_mask: key_mask.clone(),
                 cache: &mut self.cache,
+                lengths: None,
             });
         }
-        if let (Some(prefill), Some((input_ids, positions, key_mask, _))) =
+        if let (Some(prefill), Some((input_ids, positions, key_mask, lengths, _))) =
             (self.prefill.as_mut(), &chunk)
         {
             segments.push(Segment {
@@ -229,6 +233,7 @@ impl Engine<'_> {
                 positions: positions.clone(),
                 key_mask: key_mask.clone(),
                 cache: &mut prefill.cache,
+                lengths: Some(lengths.clone()),
             });
         }
         if segments.is_empty() {
@@ -244,7 +249,7 @@ impl Engine<'_> {
         if let Some(routing) = routing {
             self.keep_routes(
                 routing.taken().per_token(tokens),
-                chunk.as_ref().map(|c| c.3),
+                chunk.as_ref().map(|c| c.4),
             );
         }
         if decoding.is_some() {
@@ -256,6 +261,69 @@ impl Engine<'_> {
             self.finish_chunk(&hidden, columns)?;
         }
         self.trim_windows()
+    }
+
+    /// LongRoPE: a running row about to feed the first position past the original context runs its
+    /// whole sequence again with the long factors, as transformers' `generate` does at that token
+    /// (Phi-3's `prepare_inputs_for_generation` drops the cache there): its keys and values so far were
+    /// computed with the short factors, and from this token on its logits are those of one forward
+    /// pass over its sequence so far. The row leaves the batch, runs alone (in chunks of
+    /// `max_num_batched_tokens`), samples its next token and joins again.
+    fn rerun_past_original_context(&mut self) -> Result<()> {
+        let Some(original) = self.model.long_rope_context() else {
+            return Ok(());
+        };
+        let crossing = |live: &Live| live.row.fed.len() == original;
+        if !self.running.iter().any(crossing) {
+            return Ok(());
+        }
+        let (model, ops, device) = (self.model, self.ops(), self.model.device());
+        let kept: Vec<u32> = (0..self.running.len() as u32)
+            .filter(|&i| !crossing(&self.running[i as usize]))
+            .collect();
+        let (rerun, running): (Vec<Live>, Vec<Live>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(crossing);
+        self.running = running;
+        match self.running.is_empty() {
+            true => self.cache = KvCache::new(&model.config),
+            false => self
+                .cache
+                .select_rows(&Tensor::new(kept.as_slice(), device)?)?,
+        }
+        self.drop_shared_padding();
+        for mut live in rerun {
+            let token = live.row.unfed();
+            live.row.fed.push(token);
+            let length = live.row.fed.len();
+            let mut cache = KvCache::new(&model.config);
+            let chunk = self.limits.max_num_batched_tokens;
+            let mut last = None;
+            for start in (0..length).step_by(chunk) {
+                let columns = chunk.min(length - start);
+                let ids = live.row.fed[start..start + columns].to_vec();
+                let positions: Vec<u32> = (start as u32..(start + columns) as u32).collect();
+                let mut segment = [Segment {
+                    input_ids: Tensor::from_vec(ids, (1, columns), device)?,
+                    positions: Tensor::from_vec(positions, (1, columns), device)?,
+                    key_mask: Tensor::ones((1, start + columns), DType::U8, device)?,
+                    cache: &mut cache,
+                    lengths: Some(vec![length]),
+                }];
+                let hidden = model.forward_segments(&mut segment, ops)?.pop();
+                cache.trim(&[&vec![1; start + columns]])?;
+                last = hidden.map(|hidden| (hidden, columns));
+            }
+            let (hidden, columns) = last.expect("a sequence has tokens");
+            live.row.key_mask = vec![1; length];
+            self.prefilled += length;
+            let logits = self.last_logits(&hidden, columns)?;
+            let mut live = vec![live];
+            self.sample(&mut live, &[0], &logits)?;
+            let kept = self.retire(live, &mut cache)?;
+            self.join(kept, cache);
+        }
+        Ok(())
     }
 
     /// Lets the windowed layers of the running batch's cache, and of the prefill's, drop the columns no
@@ -333,8 +401,14 @@ impl Engine<'_> {
         ))
     }
 
-    /// The prefill's next chunk: inputs `[slots, columns]`, positions, key mask, and `columns`.
-    fn chunk_inputs(&self, prefill: &Prefill) -> Result<(Tensor, Tensor, Tensor, usize)> {
+    /// The prefill's next chunk: inputs `[slots, columns]`, positions, key mask, each slot's whole
+    /// prompt length (which picks LongRoPE's factors for every chunk, see [`Segment::lengths`]), and
+    /// `columns`.
+    #[allow(clippy::type_complexity)]
+    fn chunk_inputs(
+        &self,
+        prefill: &Prefill,
+    ) -> Result<(Tensor, Tensor, Tensor, Vec<usize>, usize)> {
         let device = self.model.device();
         let slots = prefill.masks.len();
         let chunk = (self.limits.max_num_batched_tokens / slots).max(1);
@@ -352,10 +426,17 @@ impl Engine<'_> {
             .iter()
             .flat_map(|mask| mask[..seen].iter().copied())
             .collect();
+        // A slot's last column is its prompt's last token.
+        let lengths = prefill
+            .positions
+            .chunks(width)
+            .map(|slot| slot[width - 1] as usize + 1)
+            .collect();
         Ok((
             Tensor::from_vec(take(&prefill.ids), (slots, columns), device)?,
             Tensor::from_vec(take(&prefill.positions), (slots, columns), device)?,
             Tensor::from_vec(mask, (slots, seen), device)?,
+            lengths,
             columns,
         ))
     }
