@@ -184,6 +184,30 @@ pub fn test_device() -> candle_core::Device {
         .unwrap_or_else(|error| panic!("HOLO_TEST_DEVICE={name}: {error}"))
 }
 
+/// A run folder's training rollouts (`rollouts.jsonl`), in the file's order.
+pub fn run_rollouts(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The weight versions a rollout record's sampled parts carry, in order (`None` where a part has none).
+pub fn sampled_versions(record: &serde_json::Value) -> Vec<Option<u64>> {
+    let mut versions = Vec::new();
+    for context in record["contexts"].as_array().unwrap() {
+        for message in context["messages"].as_array().unwrap() {
+            for part in message["parts"].as_array().unwrap() {
+                if part["sampled"] == true {
+                    versions.push(part["weight_version"].as_u64());
+                }
+            }
+        }
+    }
+    versions
+}
+
 /// A run folder's metrics.jsonl without the wall-clock figures (`step_time`, `time/*`): what two runs
 /// of the same seed must agree on.
 #[cfg(feature = "train")]

@@ -9,37 +9,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::common::{holo_output, run_metrics, tiny_grpo};
+use crate::common::{holo_output, run_metrics, run_rollouts, sampled_versions, tiny_grpo};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("holo-ahead-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The training rollouts of a run folder, by step.
-fn rollouts(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-/// The weight versions of a rollout's sampled parts.
-fn versions(rollout: &Value) -> Vec<Option<u64>> {
-    let mut versions = Vec::new();
-    for context in rollout["contexts"].as_array().unwrap() {
-        for message in context["messages"].as_array().unwrap() {
-            for part in message["parts"].as_array().unwrap() {
-                if part["sampled"] == true {
-                    versions.push(part["weight_version"].as_u64());
-                }
-            }
-        }
-    }
-    versions
 }
 
 #[test]
@@ -58,13 +34,13 @@ fn generations_drawn_ahead_are_sampled_by_older_weights_and_corrected() {
         );
     }
 
-    let records = rollouts(&ahead);
-    assert_eq!(records.len(), rollouts(&sync).len());
+    let records = run_rollouts(&ahead);
+    assert_eq!(records.len(), run_rollouts(&sync).len());
     for record in &records {
         let step = record["step"].as_u64().unwrap();
         // Step s trains on weights after s - 1 steps; its rollouts were sampled one step before.
         let sampled_by = step.saturating_sub(2);
-        for version in versions(record) {
+        for version in sampled_versions(record) {
             assert_eq!(version, Some(sampled_by), "step {step}: {record}");
         }
     }
@@ -81,7 +57,7 @@ fn generations_drawn_ahead_are_sampled_by_older_weights_and_corrected() {
             })
             .collect()
     };
-    let synchronous = rollouts(&sync);
+    let synchronous = run_rollouts(&sync);
     assert_eq!(rows(&records), rows(&synchronous));
     // Tokens equal; log-probabilities to rounding (the sampler's batches may be composed otherwise).
     let first = |records: &[Value]| -> Vec<(Value, Vec<f64>)> {

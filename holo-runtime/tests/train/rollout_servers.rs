@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use crate::common::http::read_request;
 use crate::common::served::Served;
-use crate::common::{fixture, holo_command, run_metrics, tiny_grpo};
+use crate::common::{
+    fixture, holo_command, run_metrics, run_rollouts, sampled_versions, tiny_grpo,
+};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("holo-sync-{name}-{}", std::process::id()));
@@ -244,24 +246,10 @@ fn a_run_samples_on_servers_and_verifies_every_push() {
             );
         }
         // Each sampled part says which push sampled it: step n's rollouts, version n.
-        for line in std::fs::read_to_string(out.join("rollouts.jsonl"))
-            .unwrap()
-            .lines()
-        {
-            let rollout: Value = serde_json::from_str(line).unwrap();
+        for rollout in run_rollouts(&out) {
             let step = rollout["step"].as_u64().unwrap();
-            for context in rollout["contexts"].as_array().unwrap() {
-                for message in context["messages"].as_array().unwrap() {
-                    for part in message["parts"].as_array().unwrap() {
-                        if part["sampled"] == true {
-                            assert_eq!(
-                                part["weight_version"].as_u64(),
-                                Some(step),
-                                "{name}: {part}"
-                            );
-                        }
-                    }
-                }
+            for version in sampled_versions(&rollout) {
+                assert_eq!(version, Some(step), "{name}: {rollout}");
             }
         }
         // Both servers sampled: each holds the last push.
@@ -303,22 +291,14 @@ fn a_run_samples_ahead_on_a_server_while_it_trains() {
             "{step:#}"
         );
     }
-    for line in std::fs::read_to_string(out.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-    {
-        let rollout: Value = serde_json::from_str(line).unwrap();
+    for rollout in run_rollouts(&out) {
         let step = rollout["step"].as_u64().unwrap();
-        for context in rollout["contexts"].as_array().unwrap() {
-            for message in context["messages"].as_array().unwrap() {
-                for part in message["parts"].as_array().unwrap() {
-                    if part["sampled"] == true {
-                        // Both generations start on the first push; the second may end on the next.
-                        let version = part["weight_version"].as_u64().unwrap();
-                        assert!((1..=step).contains(&version), "step {step}: {part}");
-                    }
-                }
-            }
+        // Both generations start on the first push; the second may end on the next.
+        for version in sampled_versions(&rollout) {
+            assert!(
+                version.is_some_and(|version| (1..=step).contains(&version)),
+                "step {step}: {rollout}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(out);
@@ -449,11 +429,7 @@ fn rollouts_of_a_server_that_dies_go_to_the_others() {
         )),
         "{stderr}"
     );
-    let records: Vec<Value> = std::fs::read_to_string(out.join("rollouts.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let records = run_rollouts(&out);
     for step in [1, 2] {
         let of_step: Vec<&Value> = records.iter().filter(|r| r["step"] == step).collect();
         assert_eq!(of_step.len(), 8, "step {step}");

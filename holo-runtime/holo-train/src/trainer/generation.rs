@@ -51,13 +51,21 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             return self.take_up(drawn, fed.groups, fed.advantages, state, step);
         }
         let (sampler, context) = self.backend.sampler();
-        let drawn = self
+        let mut drawn = self
             .drawer(stream)
             .draw(runtime, sampler, context, state, step, progress)?;
         if let Some(error) = self.backend.sampler_error() {
+            // The rollouts file keeps what the sampler failed.
+            self.append(&mut drawn, step)?;
             return Err(TrainError::Source(error));
         }
         self.record(drawn, state, step)
+    }
+
+    /// Appends a generation's rollouts to the run's rollouts file, with the `step` that trains them.
+    fn append(&self, drawn: &mut Drawn, step: u64) -> Result<(), TrainError> {
+        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.records)?;
+        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.unused)
     }
 
     /// A generation drawn by the trainer itself (now, or ahead of this step): its rollouts appended to
@@ -68,8 +76,7 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
         state: &mut TrainerState,
         step: u64,
     ) -> Result<(Buffer, BTreeMap<String, f64>), TrainError> {
-        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.records)?;
-        rollouts::append(&self.run, TRAINING_FILE, step, &mut drawn.unused)?;
+        self.append(&mut drawn, step)?;
         self.take_up(drawn, Vec::new(), Vec::new(), state, step)
     }
 

@@ -214,6 +214,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
     ) -> Result<TrainSummary, TrainError> {
         let config = self.config.clone();
         self.backend.check(&config)?;
+        if config.max_off_policy_steps > 0 {
+            self.check_ahead()?;
+        }
         let prompts = self.feed.is_none().then(|| config.prompts_per_generation());
         rollouts::check_rows(&*self.source, rows, eval_rows, prompts)?;
         let total = self.total_steps(rows.len());
@@ -242,9 +245,6 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
             stopped_by: None,
             rollbacks: 0,
         };
-        if config.max_off_policy_steps > 0 {
-            self.check_ahead()?;
-        }
         // What the thread drawing ahead of the steps reads, shared with it and not borrowed from the
         // trainer, which the steps change.
         let source = Arc::clone(&self.source);
