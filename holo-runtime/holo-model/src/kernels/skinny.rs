@@ -349,7 +349,7 @@ mod x86 {
             let lines = (next_rows * k * std::mem::size_of::<W>()).div_ceil(LINE);
             let next = Ahead {
                 start: w.as_ptr().add((column + 4).min(n) * k).cast::<i8>(),
-                lines: lines.div_ceil(tiles),
+                lines: lines.div_ceil(tiles.max(1)),
                 total: lines,
             };
             let mut row = 0;
@@ -595,12 +595,14 @@ mod tests {
     use half::bf16;
 
     /// Against candle's f32 product of the same weights (bf16-rounded, and f32), over shapes that
-    /// exercise every tile and tail: rows in groups of 8, 4, 2 and 1, columns not multiples of the
-    /// tiles, `K` not a multiple of 16, and `K` past the L1 bound.
+    /// exercise every tile and tail: no rows, rows in groups of 8, 4, 2 and 1, columns not multiples of
+    /// the tiles (the prefetch of a last, partial group), `K` not a multiple of 16, and `K` past the L1
+    /// bound.
     #[test]
     fn equals_the_f32_product() {
         let device = Device::Cpu;
         for (m, n, k) in [
+            (0, 5, 7),
             (1, 1, 1),
             (3, 5, 7),
             (4, 4, 16),
