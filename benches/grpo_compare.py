@@ -386,6 +386,9 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
                "--loss-type", args.loss_type, "--temperature", repr(args.temperature),
                "--gradient-checkpointing", str(args.gradient_checkpointing).lower(),
                "--lr-scheduler-type", "linear", "--top-p", "1.0", "--top-k", "0",
+               # No checkpoints, as TRL's side (`save_strategy="no"`): at 0.5B shapes the last step's
+               # checkpoint (weights and AdamW's moments, 6 GB) filled a shared disk.
+               "--save-strategy", "no",
                "--device", "cuda:0" if args.device == "cuda" else "cpu"]
     _, holo_rss, holo_wall, holo_other, holo_attempts, holo_gpu = measured(
         "holo", command, env, args, before=lambda: shutil.rmtree(run, ignore_errors=True))

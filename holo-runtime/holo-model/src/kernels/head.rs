@@ -10,7 +10,7 @@
 //! (see [`target_scores`]).
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Shape, Tensor, D};
 
 use super::kernel::Result;
 use super::kernel::{contiguous, for_each_chunk, Real};
@@ -130,14 +130,14 @@ impl CustomOp2 for TargetScores {
         scores: &Tensor,
         grad_scores: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = logits.contiguous()?.apply_op3_no_bwd(
-            &scores.contiguous()?,
-            &grad_scores.contiguous()?,
-            &TargetScoresBackward {
-                temperature: self.temperature,
-                targets: targets.to_vec1::<u32>()?,
-                first: 0,
-            },
+        // The graph's logits stay as they are: the gradient goes into a copy.
+        let grad = logits_gradient(
+            logits.copy()?,
+            0,
+            &targets.to_vec1::<u32>()?,
+            scores,
+            grad_scores,
+            self.temperature,
         )?;
         Ok((Some(grad), None))
     }
@@ -148,15 +148,20 @@ impl CustomOp2 for TargetScores {
 /// what the fused op's backward computes, for a caller that recomputes the logits a block at a time
 /// instead of keeping them (the chunked output head). Each entry needs only its own logit and its row's
 /// scores (normalizer, entropy), so any block of columns can be done alone.
+///
+/// The gradient is written over the logits, which the caller hands over (their storage must be no one
+/// else's): a block is 256 MiB at the head's default budget, and a fresh zeroed buffer for its gradient
+/// cost 4% of the head's backward at Qwen's vocabulary in page faults and filling (`head_bench`).
 pub(crate) fn logits_gradient(
-    logits: &Tensor,
+    logits: Tensor,
     first: usize,
     targets: &[u32],
     scores: &Tensor,
     grad_scores: &Tensor,
     temperature: f64,
 ) -> Result<Tensor> {
-    logits.contiguous()?.apply_op3_no_bwd(
+    let logits = logits.contiguous()?;
+    logits.inplace_op3(
         &scores.contiguous()?,
         &grad_scores.contiguous()?,
         &TargetScoresBackward {
@@ -164,7 +169,8 @@ pub(crate) fn logits_gradient(
             targets: targets.to_vec(),
             first,
         },
-    )
+    )?;
+    Ok(logits)
 }
 
 /// The logits' gradient: `(g_lp · (onehot − p) − g_H · p · (log p + H)) / temperature` per row, from the
@@ -176,20 +182,20 @@ struct TargetScoresBackward {
     first: usize,
 }
 
-impl CustomOp3 for TargetScoresBackward {
+impl InplaceOp3 for TargetScoresBackward {
     fn name(&self) -> &'static str {
         "target-scores-backward"
     }
 
     fn cpu_fwd(
         &self,
-        logits: &CpuStorage,
+        logits: &mut CpuStorage,
         logits_layout: &Layout,
         scores: &CpuStorage,
         scores_layout: &Layout,
         grad: &CpuStorage,
         grad_layout: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    ) -> Result<()> {
         const WHAT: &str = "target-scores-backward";
         let vocab = logits_layout.shape().dims2()?.1;
         if scores.dtype() != logits.dtype() || grad.dtype() != logits.dtype() {
@@ -200,26 +206,29 @@ impl CustomOp3 for TargetScoresBackward {
                 grad.dtype()
             );
         }
-        let gradient = match logits.dtype() {
-            DType::F32 => CpuStorage::F32(backward(
-                contiguous(logits, logits_layout, WHAT)?,
+        let Some((start, end)) = logits_layout.contiguous_offsets() else {
+            candle_core::bail!("{WHAT} of a non-contiguous tensor");
+        };
+        match logits {
+            CpuStorage::F32(values) => backward(
+                &mut values[start..end],
                 (vocab, self.first),
                 &self.targets,
                 contiguous(scores, scores_layout, WHAT)?,
                 contiguous(grad, grad_layout, WHAT)?,
                 self.temperature as f32,
-            )),
-            DType::F64 => CpuStorage::F64(backward(
-                contiguous(logits, logits_layout, WHAT)?,
+            ),
+            CpuStorage::F64(values) => backward(
+                &mut values[start..end],
                 (vocab, self.first),
                 &self.targets,
                 contiguous(scores, scores_layout, WHAT)?,
                 contiguous(grad, grad_layout, WHAT)?,
                 self.temperature,
-            )),
-            other => candle_core::bail!("{WHAT}: logits are {other:?}"),
-        };
-        Ok((gradient, logits_layout.shape().clone()))
+            ),
+            other => candle_core::bail!("{WHAT}: logits are {:?}", other.dtype()),
+        }
+        Ok(())
     }
 }
 
@@ -251,30 +260,29 @@ fn forward<T: Real>(logits: &[T], vocab: usize, targets: &[u32], temperature: T)
     Ok(scores)
 }
 
-/// `(vocab, first)`: the block's width and its first column in the vocabulary.
+/// `(vocab, first)`: the block's width and its first column in the vocabulary. The logits `values` are
+/// replaced by their gradient.
 fn backward<T: Real>(
-    logits: &[T],
+    values: &mut [T],
     (vocab, first): (usize, usize),
     targets: &[u32],
     scores: &[T],
     grad: &[T],
     temperature: T,
-) -> Vec<T> {
-    let mut gradient = vec![T::ZERO; logits.len()];
-    for_each_chunk(&mut gradient, vocab, vocab, |index, gradient| {
-        let row = &logits[index * vocab..][..vocab];
+) {
+    for_each_chunk(values, vocab, vocab, |index, row| {
         let scores = &scores[index * column::COUNT..][..column::COUNT];
         let grad = &grad[index * column::COUNT..][..column::COUNT];
         let target = targets[index];
         let (g_logprob, g_entropy) = (grad[column::LOGPROB], grad[column::ENTROPY]);
         let (normalizer, entropy) = (scores[column::NORMALIZER], scores[column::ENTROPY]);
         if g_entropy == T::ZERO {
-            for (out, &z) in gradient.iter_mut().zip(row) {
-                *out = -g_logprob * (z / temperature - normalizer).exp() / temperature;
+            for value in row.iter_mut() {
+                *value = -g_logprob * (*value / temperature - normalizer).exp() / temperature;
             }
         } else {
-            for (out, &z) in gradient.iter_mut().zip(row) {
-                let logp = z / temperature - normalizer;
+            for value in row.iter_mut() {
+                let logp = *value / temperature - normalizer;
                 let p = logp.exp();
                 // p · log p is 0 where p is (a −∞ logit).
                 let entropy_term = if p == T::ZERO {
@@ -282,17 +290,16 @@ fn backward<T: Real>(
                 } else {
                     p * (logp + entropy)
                 };
-                *out = -(g_logprob * p + g_entropy * entropy_term) / temperature;
+                *value = -(g_logprob * p + g_entropy * entropy_term) / temperature;
             }
         }
         if let Some(column) = (target as usize)
             .checked_sub(first)
             .filter(|&column| column < vocab)
         {
-            gradient[column] += g_logprob / temperature;
+            row[column] += g_logprob / temperature;
         }
     });
-    gradient
 }
 
 #[cfg(test)]
@@ -358,7 +365,13 @@ mod tests {
                     max_difference(&fused, &plain) < tolerance,
                     "{dtype:?} T={temperature}: {fused} vs {plain}"
                 );
+                let before = logits.as_tensor().copy().unwrap();
                 let fused_grad = loss(&fused).backward().unwrap();
+                assert_eq!(
+                    max_difference(logits.as_tensor(), &before),
+                    0.0,
+                    "the backward writes its gradient over a copy, not the graph's logits"
+                );
                 let plain_grad = loss(&plain).backward().unwrap();
                 let (fused_grad, plain_grad) = (
                     fused_grad.get(&logits).unwrap(),

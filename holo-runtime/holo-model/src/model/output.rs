@@ -169,16 +169,14 @@ impl CustomOp3 for ChunkedHead {
         for first in (0..vocab).step_by(columns) {
             let width = columns.min(vocab - first);
             let block = weight.narrow(0, first, width)?;
-            let logits = project(&hidden, &block, Ops::Differentiable)?;
             let grad_logits = logits_gradient(
-                &logits,
+                project(&hidden, &block, Ops::Differentiable)?,
                 first,
                 &self.targets,
                 &scores,
                 &grad_scores,
                 self.temperature,
             )?;
-            drop(logits);
             // The products run in the weight's type, as the whole head's backward runs them.
             let grad_logits = grad_logits.to_dtype(block.dtype())?;
             let share = multiply(&grad_logits, &block.contiguous()?)?.to_dtype(scores.dtype())?;
