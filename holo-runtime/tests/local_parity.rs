@@ -248,12 +248,7 @@ async fn the_sampler_trait_gives_the_same_greedy_tokens() {
 // Loading errors
 
 fn copy_fixture(name: &str) -> common::tempdir::Dir {
-    let dir = common::tempdir::Dir::new(name);
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
-    }
-    dir
+    common::tempdir::Dir::with_files_of(name, &fixture(name))
 }
 
 fn tensors(dir: &Path) -> HashMap<String, Tensor> {

@@ -398,11 +398,7 @@ async fn holo_serve_splits_a_random_qwen3_s_reasoning() {
     );
 
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
-    let dir = crate::common::tempdir::Dir::new("serve-reasoning-qwen3");
-    for entry in std::fs::read_dir(&fixture).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
-    }
+    let dir = crate::common::tempdir::Dir::with_files_of("serve-reasoning-qwen3", &fixture);
     // Qwen3's own template, and room for its prompts.
     let read = |path: &Path| -> Value {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

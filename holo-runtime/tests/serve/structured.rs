@@ -21,11 +21,7 @@ pub(super) async fn start_qwen3_with(
     serve: impl FnOnce(&mut ServedModel),
 ) -> (ServerHandle, String, crate::common::tempdir::Dir) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
-    let dir = crate::common::tempdir::Dir::new("serve-qwen3");
-    for entry in std::fs::read_dir(&fixture).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
-    }
+    let dir = crate::common::tempdir::Dir::with_files_of("serve-qwen3", &fixture);
     change(dir.path());
     let config_file = dir.path().join("config.json");
     let mut config: Value =

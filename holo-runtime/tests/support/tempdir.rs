@@ -19,6 +19,19 @@ impl Dir {
         Dir(path)
     }
 
+    /// A new folder holding a copy of the files of model folder `source` (its sub-folders are other
+    /// tests' fixtures, left out).
+    pub fn with_files_of(label: &str, source: &Path) -> Self {
+        let dir = Dir::new(label);
+        for entry in std::fs::read_dir(source).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+            }
+        }
+        dir
+    }
+
     pub fn path(&self) -> &Path {
         &self.0
     }
