@@ -15,6 +15,7 @@ use holo_runtime::machine::Completion;
 use holo_runtime::sampler::{Prompt, Request, SampleParams};
 use serde_json::Value;
 
+use crate::common::json::{floats, ids};
 use crate::common::repo;
 
 const MODEL: &str = "holo-runtime/tests/fixtures/models/phi3";
@@ -22,24 +23,6 @@ const MODEL: &str = "holo-runtime/tests/fixtures/models/phi3";
 fn expected() -> Value {
     let text = std::fs::read_to_string(repo().join(MODEL).join("longrope.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
 }
 
 fn load(limits: Limits) -> LocalModel {

@@ -5,7 +5,7 @@
 //! generation, sampled by the same weights, is the synchronous run's to the token.
 #![cfg(feature = "cli")]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
