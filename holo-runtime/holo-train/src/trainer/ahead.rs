@@ -99,7 +99,7 @@ impl Ahead {
         })
     }
 
-    /// The next generation to train on, at `step`: first the generations the bound now allows are
+    /// The next generation to train on: first the generations the bound now allows are
     /// started with `backend`'s weights as they are (one in the steady state; `k + 1` at the start),
     /// then the oldest is taken, waiting for it if it is still being drawn. `generate_every` and
     /// `accumulation` (micro-batches per generation and per optimizer step) say which step each new
