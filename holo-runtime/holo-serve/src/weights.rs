@@ -203,8 +203,9 @@ impl Weights {
         build: impl FnOnce(&holo_model::Model) -> Result<holo_model::Model, String> + Send + 'static,
     ) -> Result<LocalModel, Rebuild> {
         let (base, options) = self.updatable().map_err(Rebuild::Fixed)?;
+        // The copy shares the base's tokenizer, template and grammars (`LocalModel::with_model`).
         let built = tokio::task::spawn_blocking(move || {
-            build(base.model()).map(|model| copy(&base, model, options))
+            build(base.model()).map(|model| base.with_model(model, options.limits))
         })
         .await;
         match built {
@@ -212,17 +213,6 @@ impl Weights {
             Err(error) => Err(Rebuild::Failed(error.to_string())),
         }
     }
-}
-
-/// A model sampling `model` with `base`'s tokenizer, template and end-of-turn tokens.
-fn copy(base: &LocalModel, model: holo_model::Model, options: LocalOptions) -> LocalModel {
-    LocalModel::new(
-        model,
-        base.tokenizer().clone(),
-        base.template().clone(),
-        base.end_of_turn().to_vec(),
-        options,
-    )
 }
 
 /// An error in vLLM's shape for its LoRA routes (`type` `InvalidUserInput`, `NotFoundError`,
