@@ -478,8 +478,8 @@ pub use reasoning::ReasoningParser;
 use reasoning::{Harmony, Reading};
 use sampling::*;
 use tools::*;
+pub use weights::WEIGHT_VERSION_HEADER;
 use weights::{Target, Weights};
-pub use weights::{Updatable, WEIGHT_VERSION_HEADER};
 
 /// A model as the server exposes it: the sampler that completes token prompts, and the tokenizer and chat
 /// template that turn requests into token prompts and sampled tokens into logprob entries.
@@ -504,9 +504,9 @@ pub struct ServedModel {
     /// reasoning is split out of its `content` into `reasoning` (see *Reasoning*); `None` leaves
     /// replies whole.
     pub reasoning_parser: Option<ReasoningParser>,
-    /// What new weights are built from, when the server takes them (see *Weight updates*); `None`
-    /// refuses the update routes.
-    pub updatable: Option<Updatable>,
+    /// The local model new weights are built from, when the server takes them (see *Weight
+    /// updates*); `None` refuses the update routes.
+    pub updatable: Option<holo_model::LocalModel>,
 }
 
 impl fmt::Debug for ServedModel {
@@ -571,18 +571,10 @@ impl ServedModel {
     }
 
     /// [`ServedModel::local`] taking new weights while it serves (see *Weight updates*): LoRA adapters
-    /// and full weights are built over `model` and sampled with `options` (those `model` was loaded
-    /// with).
-    pub fn local_with_updates(
-        id: impl Into<String>,
-        model: holo_model::LocalModel,
-        options: holo_model::LocalOptions,
-    ) -> Self {
+    /// and full weights are built over `model` and sampled with its options.
+    pub fn local_with_updates(id: impl Into<String>, model: holo_model::LocalModel) -> Self {
         ServedModel {
-            updatable: Some(Updatable {
-                model: model.clone(),
-                options,
-            }),
+            updatable: Some(model.clone()),
             ..ServedModel::local(id, model)
         }
     }

@@ -17,28 +17,12 @@ use std::path::PathBuf;
 use std::sync::RwLock;
 
 use axum::http::HeaderValue;
-use holo_model::{LocalModel, LocalOptions};
+use holo_model::LocalModel;
 
 use super::*;
 
 /// The header every answer of a sampling route carries: the version of the weights that sampled it.
 pub const WEIGHT_VERSION_HEADER: &str = "x-holo-weight-version";
-
-/// What the server needs to build new weights for a local model: the model it started with and the
-/// options new copies sample with (see [`ServedModel::local_with_updates`]).
-#[derive(Clone)]
-pub struct Updatable {
-    pub model: LocalModel,
-    pub options: LocalOptions,
-}
-
-impl fmt::Debug for Updatable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Updatable")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
 
 /// One set of weights a request can name: the base model or an adapter.
 #[derive(Clone)]
@@ -65,30 +49,28 @@ struct Table {
 /// The served weights and their versions.
 pub(super) struct Weights {
     table: RwLock<Table>,
-    options: Option<LocalOptions>,
     /// Updates one at a time: two loads of one name must not both read its version.
     updating: tokio::sync::Mutex<()>,
 }
 
 impl Weights {
-    pub(super) fn new(id: String, sampler: Arc<dyn Sampler>, updatable: Option<Updatable>) -> Self {
-        let (local, options) = match updatable {
-            Some(Updatable { model, options }) => (Some(model), Some(options)),
-            None => (None, None),
-        };
+    pub(super) fn new(
+        id: String,
+        sampler: Arc<dyn Sampler>,
+        updatable: Option<LocalModel>,
+    ) -> Self {
         Weights {
             table: RwLock::new(Table {
                 base: Target {
                     name: id,
                     sampler,
                     version: 0,
-                    local,
+                    local: updatable,
                     path: None,
                 },
                 adapters: BTreeMap::new(),
                 versions: HashMap::new(),
             }),
-            options,
             updating: tokio::sync::Mutex::new(()),
         }
     }
@@ -171,12 +153,12 @@ impl Weights {
         table.base.local.as_ref().map(LocalModel::scheduler_stats)
     }
 
-    /// The base's local model and the options of new copies, or the refusal of a server that has none.
-    fn updatable(&self) -> Result<(LocalModel, LocalOptions), String> {
-        let table = self.read();
-        match (&table.base.local, &self.options) {
-            (Some(model), Some(options)) => Ok((model.clone(), options.clone())),
-            _ => Err(
+    /// The served base's local model, which new weights are built from, or the refusal of a server
+    /// that has none.
+    fn updatable(&self) -> Result<LocalModel, String> {
+        match &self.read().base.local {
+            Some(model) => Ok(model.clone()),
+            None => Err(
                 "this server's sampler is not a local model that takes new weights (serve a model \
                  folder with `holo serve`)"
                     .into(),
@@ -202,10 +184,10 @@ impl Weights {
         &self,
         build: impl FnOnce(&holo_model::Model) -> Result<holo_model::Model, String> + Send + 'static,
     ) -> Result<LocalModel, Rebuild> {
-        let (base, options) = self.updatable().map_err(Rebuild::Fixed)?;
-        // The copy shares the base's tokenizer, template and grammars (`LocalModel::with_model`).
+        let base = self.updatable().map_err(Rebuild::Fixed)?;
+        // The copy shares the base's tokenizer, template, grammars and limits (`LocalModel::with_model`).
         let built = tokio::task::spawn_blocking(move || {
-            build(base.model()).map(|model| base.with_model(model, options.limits))
+            build(base.model()).map(|model| base.with_model(model, base.limits()))
         })
         .await;
         match built {

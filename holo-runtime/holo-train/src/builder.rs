@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::Path;
 
 use super::config::{error, ConfigError, GrpoConfig, TrainingConfig};
+use super::options::Inert;
 
 /// Where a key's value was written: a file's line or a command-line flag.
 #[derive(Debug, Clone)]
@@ -30,6 +31,9 @@ impl fmt::Display for Origin {
 pub struct ConfigBuilder<C = GrpoConfig> {
     table: toml::Table,
     origins: BTreeMap<String, Origin>,
+    /// Options that do nothing where the configuration is used (a backend that has no use for them),
+    /// refused when set, as the configuration's own [`TrainingConfig::inert`] ones are.
+    unused: &'static [Inert],
     config: std::marker::PhantomData<C>,
 }
 
@@ -38,6 +42,7 @@ impl<C> Default for ConfigBuilder<C> {
         ConfigBuilder {
             table: toml::Table::new(),
             origins: BTreeMap::new(),
+            unused: &[],
             config: std::marker::PhantomData,
         }
     }
@@ -116,6 +121,14 @@ impl<C: TrainingConfig> ConfigBuilder<C> {
         self
     }
 
+    /// Refuses the options of `unused` when the file or a flag sets them, with their reason: what the
+    /// place the configuration goes has no use for (`lora_dropout` under `--backend tinker`, whose
+    /// service chooses it), so that setting them is an error instead of being ignored.
+    pub fn unused(mut self, unused: &'static [Inert]) -> Self {
+        self.unused = unused;
+        self
+    }
+
     /// Whether `flag` (`--num-generations` or `num_generations`) names an option.
     pub fn is_key(flag: &str) -> bool {
         let key = flag.trim_start_matches('-').replace('-', "_");
@@ -158,7 +171,7 @@ impl<C: TrainingConfig> ConfigBuilder<C> {
             }
             error
         })?;
-        for inert in config.inert() {
+        for inert in config.inert().iter().chain(self.unused) {
             if let Some(key) = inert.keys.iter().find(|key| self.table.contains_key(**key)) {
                 let mut error = error(key, format!("has no effect here: {}", inert.reason));
                 error.origin = self.origins.get(*key).map(ToString::to_string);

@@ -540,6 +540,54 @@ async fn a_bad_api_key_is_named() {
     );
 }
 
+/// What the service chooses itself (devices, LoRA's alpha, dropout and patterns, memory, the sampler
+/// correction) is refused before any request when a flag or the file sets it, naming the key and
+/// where it was set, instead of being ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_the_service_chooses_itself_are_refused_before_any_request() {
+    let (url, seen) = replay("exchanges.jsonl", no_override()).await;
+    let dir = crate::common::tempdir::Dir::new("tinker-unused");
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--device", "cpu"],
+            "--device: with --backend tinker the service chooses its devices",
+        ),
+        (
+            &["--lora-alpha", "16"],
+            "`lora_alpha`: the service fixes alpha at 32 whatever the rank",
+        ),
+        (
+            &["--lora-dropout", "0.1"],
+            "--lora-dropout: `lora_dropout`: has no effect here: with --backend tinker the service's LoRA configuration is the rank alone",
+        ),
+        (
+            &["--gradient-checkpointing", "true"],
+            "--gradient-checkpointing: `gradient_checkpointing`: has no effect here: with --backend tinker the model is on the service",
+        ),
+        (
+            &["--memory-limit", "8"],
+            "--memory-limit: `memory_limit`: has no effect here",
+        ),
+        (
+            &["--vllm-importance-sampling-correction", "false"],
+            "--vllm-importance-sampling-correction: `vllm_importance_sampling_correction`: has no effect here: with --backend tinker the service's losses take its sampler's log-probabilities",
+        ),
+    ];
+    for (index, (flags, expected)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("run{index}"));
+        let output = holo_train(&url, &out, "tml-test", flags).await;
+        let said = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {said}");
+        assert!(said.contains(expected), "{flags:?}: {said}");
+        assert!(!out.exists(), "{flags:?} wrote {}", out.display());
+    }
+    // LoRA's alpha at the service's own value is no contradiction.
+    let out = dir.path().join("alpha32");
+    let output = holo_train(&url, &out, "tml-test", &["--lora-alpha", "32"]).await;
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(!seen.lock().unwrap().is_empty());
+}
+
 /// Nothing listening at --base-url: after its retries the run stops naming the URL and the request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_that_is_down_is_named() {

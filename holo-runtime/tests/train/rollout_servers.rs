@@ -4,6 +4,7 @@
 //! dies mid-run when it is the only one, while beside another it is dropped from the pool.
 #![cfg(feature = "cli")]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -245,12 +246,16 @@ fn a_run_samples_on_servers_and_verifies_every_push() {
                 "{name}: sampler and trainer differ: {step:#}"
             );
         }
-        // Each sampled part says which push sampled it: step n's rollouts, version n.
+        // Each sampled part says which weights sampled it, in the trainer's numbering: step n's
+        // rollouts, those after n - 1 steps (the servers' version n, translated).
         for rollout in run_rollouts(&out) {
             let step = rollout["step"].as_u64().unwrap();
             for version in sampled_versions(&rollout) {
-                assert_eq!(version, Some(step), "{name}: {rollout}");
+                assert_eq!(version, Some(step - 1), "{name}: {rollout}");
             }
+        }
+        for step in &steps {
+            assert_eq!(step["async/staleness_max"], 0.0, "{name}: {step:#}");
         }
         // Both servers sampled: each holds the last push.
         for server in [&first, &second] {
@@ -268,7 +273,8 @@ fn a_run_samples_on_servers_and_verifies_every_push() {
 
 /// Asynchronous GRPO on a server: the generation of step n + 1 is sampled while step n trains, every
 /// push is still verified, and each sampled part's version is one the server held while its
-/// generation was drawn (pushes 1 to n for step n + 1's), the correction weighing the difference.
+/// generation was drawn (the weights after 0 to n steps for step n + 1's), which `async/staleness`
+/// counts, the correction weighing the difference.
 #[test]
 fn a_run_samples_ahead_on_a_server_while_it_trains() {
     let server = serve();
@@ -291,15 +297,32 @@ fn a_run_samples_ahead_on_a_server_while_it_trains() {
             "{step:#}"
         );
     }
+    // Both generations start on the starting weights' push (the trainer's version 0); the second may
+    // end on step 1's. Staleness counts, in optimizer steps, how far behind the training weights
+    // (after step - 1 steps) the sampling ones were.
+    let mut behind: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for rollout in run_rollouts(&out) {
         let step = rollout["step"].as_u64().unwrap();
-        // Both generations start on the first push; the second may end on the next.
         for version in sampled_versions(&rollout) {
-            assert!(
-                version.is_some_and(|version| (1..=step).contains(&version)),
-                "step {step}: {rollout}"
-            );
+            let version = version.unwrap_or_else(|| panic!("step {step}: {rollout}"));
+            assert!(version < step, "step {step}: {rollout}");
+            behind.entry(step).or_default().push(step - 1 - version);
         }
+    }
+    assert_eq!(behind.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    assert!(behind[&1].iter().all(|&behind| behind == 0));
+    for (step, metrics) in (1..).zip(&steps) {
+        let counts = &behind[&step];
+        let mean = counts.iter().sum::<u64>() as f64 / counts.len() as f64;
+        let max = *counts.iter().max().unwrap() as f64;
+        assert!(
+            (metrics["async/staleness"].as_f64().unwrap() - mean).abs() < 1e-9,
+            "step {step}: {counts:?} {metrics:#}"
+        );
+        assert_eq!(
+            metrics["async/staleness_max"], max,
+            "step {step}: {metrics:#}"
+        );
     }
     let _ = std::fs::remove_dir_all(out);
 }

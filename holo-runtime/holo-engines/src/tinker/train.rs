@@ -43,7 +43,7 @@ use holo_train::batch::Completion;
 use holo_train::checkpoint::{self, RunDir, TrainerState};
 use holo_train::config::{Algorithm, GrpoConfig, ImportanceSamplingLevel, LossType};
 use holo_train::optim;
-use holo_train::options::TrainingConfig;
+use holo_train::options::{Inert, TrainingConfig};
 use holo_train::run::{self, Opened, RunOptions, TrainError, Window};
 use holo_train::state::Buffer;
 use holo_train::{Backend, Trainer, Update};
@@ -76,6 +76,37 @@ pub struct TinkerOptions {
     pub loss: LossFn,
 }
 
+/// The options a Tinker run has no use for, whatever their values: the run's configuration refuses
+/// them when they are set ([`holo_train::ConfigBuilder::unused`]), instead of ignoring them.
+pub const UNUSED: &[Inert] = &[
+    Inert {
+        keys: &["lora_dropout", "lora_rank_pattern", "lora_alpha_pattern"],
+        reason:
+            "with --backend tinker the service's LoRA configuration is the rank alone (`lora_r`): \
+                 it chooses dropout, alpha and one rank for every module itself",
+    },
+    Inert {
+        keys: &["gradient_checkpointing", "memory_check", "memory_limit"],
+        reason:
+            "with --backend tinker the model is on the service: nothing of it is in memory here",
+    },
+    Inert {
+        keys: &["router_aux_loss_coef"],
+        reason: "with --backend tinker the service's losses have no router load-balancing term",
+    },
+    Inert {
+        keys: &[
+            "vllm_importance_sampling_correction",
+            "vllm_importance_sampling_mode",
+            "vllm_importance_sampling_clip_min",
+            "vllm_importance_sampling_clip_max",
+        ],
+        reason:
+            "with --backend tinker the service's losses take its sampler's log-probabilities as \
+                 the old policy's, so there is no second ratio to correct",
+    },
+];
+
 /// The options a Tinker run cannot honor, named with why; `None` when it can run.
 pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
     let refuse = |key: &str, why: &str| Err(format!("`{key}`: {why} with --backend tinker"));
@@ -98,6 +129,12 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
             "lora_target_modules",
             "the service chooses what its adapters train (its LoRA configuration is the rank); \
              leave lora_target_modules and lora_target_parameters unset",
+        );
+    }
+    if config.training.lora_alpha != wire::LORA_ALPHA {
+        return refuse(
+            "lora_alpha",
+            "the service fixes alpha at 32 whatever the rank; leave lora_alpha unset (or 32)",
         );
     }
     if config.routing_replay {

@@ -50,6 +50,10 @@ pub struct SessionHeartbeatRequest {
     pub kind: String,
 }
 
+/// The LoRA scale's numerator: Tinker fixes `alpha` at 32 whatever the rank ([`LoraConfig`] has no
+/// field for it).
+pub const LORA_ALPHA: f64 = 32.0;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraConfig {
     pub rank: usize,

@@ -251,6 +251,7 @@ impl WeightSync {
             None => f32::INFINITY,
         };
         if moved == 0.0 {
+            self.pool.unchanged(step);
             return Ok(None);
         }
         let path = self.write(weights)?;
@@ -289,6 +290,9 @@ impl WeightSync {
             }
         }
         for (index, push) in verified {
+            if let Some(version) = push.version {
+                self.pool.loaded(index, version, step);
+            }
             pushed.mismatch = pushed.mismatch.max(push.mismatch);
             pushed.change = pushed.change.max(push.change.unwrap_or(0.0));
             pushed.version = pushed.version.or(push.version);
@@ -317,6 +321,7 @@ impl WeightSync {
             return None;
         }
         self.servers[index].previous = None;
+        self.pool.forget(index);
         match self.push_to(index, path, step, own, 0.0).await {
             Ok(push) => {
                 self.pool.rejoin(index);

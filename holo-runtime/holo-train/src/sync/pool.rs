@@ -1,8 +1,9 @@
 //! Rollouts sampled on several OpenAI-compatible servers, round-robin, with the servers that die
 //! dropped and their requests sent to the others.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holo_core::machine::Completion;
@@ -15,12 +16,52 @@ use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
 pub struct Servers {
     urls: Vec<String>,
     alive: Vec<AtomicBool>,
+    /// Per server, the trainer's version of each weight version the server answered a push with:
+    /// a server numbers its own loads (`holo serve` counts an adapter's), the records carry the
+    /// trainer's (optimizer steps taken), so that `async/staleness` is exact on servers too.
+    versions: Vec<Mutex<BTreeMap<u64, u64>>>,
 }
 
 impl Servers {
     pub fn new(urls: Vec<String>) -> Self {
         let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
-        Servers { urls, alive }
+        let versions = urls.iter().map(|_| Mutex::new(BTreeMap::new())).collect();
+        Servers {
+            urls,
+            alive,
+            versions,
+        }
+    }
+
+    fn versions(&self, index: usize) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
+        self.versions[index]
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Server `index` holds the trainer's weights after optimizer step `step` as its version `version`.
+    pub fn loaded(&self, index: usize, version: u64, step: u64) {
+        self.versions(index).insert(version, step);
+    }
+
+    /// The weights after step `step` are those of the last push (it was not pushed): every server's
+    /// newest version stands for that step now.
+    pub fn unchanged(&self, step: u64) {
+        for index in 0..self.urls.len() {
+            if let Some(mut newest) = self.versions(index).last_entry() {
+                *newest.get_mut() = step;
+            }
+        }
+    }
+
+    /// Forgets server `index`'s versions: it may have been restarted, numbering its loads anew.
+    pub fn forget(&self, index: usize) {
+        self.versions(index).clear();
+    }
+
+    /// The trainer's version of server `index`'s weight version `version`, when a push made it.
+    pub fn step_of(&self, index: usize, version: u64) -> Option<u64> {
+        self.versions(index).get(&version).copied()
     }
 
     pub fn alive(&self, index: usize) -> bool {
@@ -75,7 +116,9 @@ impl Servers {
 /// drops the server from the pool and goes to the next one, so no rollout is lost while a server is
 /// left; a request a healthy server fails keeps its error. A request keeps its seed wherever it goes,
 /// so which server samples it does not change what it samples beyond the last bits of a server's
-/// arithmetic.
+/// arithmetic. A completion's `weight_version` is translated from the server's numbering to the
+/// trainer's ([`Servers::step_of`]); a version no push made (weights the trainer did not push) is
+/// left out.
 pub struct RoundRobin {
     samplers: Vec<Arc<OpenAi>>,
     servers: Arc<Servers>,
@@ -146,7 +189,14 @@ impl Sampler for RoundRobin {
                             Err(SamplerError::Unavailable(message)) => {
                                 failed.push((server, index, SamplerError::Unavailable(message)))
                             }
-                            answer => results[index] = Some(answer),
+                            answer => {
+                                results[index] = Some(answer.map(|mut completion| {
+                                    completion.weight_version = completion
+                                        .weight_version
+                                        .and_then(|version| self.servers.step_of(server, version));
+                                    completion
+                                }))
+                            }
                         }
                     }
                 }

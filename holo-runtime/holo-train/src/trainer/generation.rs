@@ -403,8 +403,9 @@ impl<S: RolloutSource, B: Backend> Trainer<S, B> {
 
 /// How far behind the weights that train on `records` at `step` (those after `step - 1` optimizer
 /// steps) were the weights that sampled them, in optimizer steps, over the sampled parts that say
-/// ([`PartRecord::weight_version`](holo_core::loom::PartRecord)): `async/staleness` (mean) and
-/// `async/staleness_max`. A server whose weights are newer than the trainer's counts 0.
+/// ([`PartRecord::weight_version`](holo_core::loom::PartRecord), the trainer's numbering on servers
+/// too: the rollout servers' pool translates theirs): `async/staleness` (mean) and
+/// `async/staleness_max`.
 fn staleness_metrics(records: &[RolloutRecord], step: u64, metrics: &mut BTreeMap<String, f64>) {
     let trained = step.saturating_sub(1);
     let behind: Vec<f64> = records

@@ -2,7 +2,7 @@
 //! flags beside the command's own arguments, over a `--config` TOML file.
 
 use clap::CommandFactory;
-use holo_runtime::train::{ConfigBuilder, ConfigError, TrainingConfig};
+use holo_runtime::train::{ConfigBuilder, ConfigError, Inert, TrainingConfig};
 
 use super::Cli;
 
@@ -93,13 +93,15 @@ pub fn split_options<C: TrainingConfig>(
 }
 
 /// The configuration of `--config FILE` (when given) and the flags, every key checked; `implied`
-/// (`(key, value, cause)`) sets what the file and the flags leave unset.
+/// (`(key, value, cause)`) sets what the file and the flags leave unset, and the keys of `unused` are
+/// refused when set (what the chosen backend has no use for).
 pub fn build<C: TrainingConfig>(
     file: Option<&std::path::Path>,
     options: &Options,
     implied: &[(&str, toml::Value, &str)],
+    unused: &'static [Inert],
 ) -> Result<C, ConfigError> {
-    let mut builder = ConfigBuilder::<C>::default();
+    let mut builder = ConfigBuilder::<C>::default().unused(unused);
     if let Some(path) = file {
         builder = builder.file(path)?;
     }

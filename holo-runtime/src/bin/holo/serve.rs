@@ -191,7 +191,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
     let config = connections.config();
-    let model = match LocalModel::load(model_dir, options.clone()) {
+    let model = match LocalModel::load(model_dir, options) {
         Ok(model) => model,
         Err(error) => {
             eprintln!("error: {error}");
@@ -203,7 +203,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     let served = ServedModel {
         tool_parser: tool_call_parser,
         reasoning_parser,
-        ..ServedModel::local_with_updates(id.clone(), model, options)
+        ..ServedModel::local_with_updates(id.clone(), model)
     };
     let runtime = match crate::server_runtime() {
         Ok(runtime) => runtime,

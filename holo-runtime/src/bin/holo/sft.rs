@@ -48,7 +48,7 @@ pub fn options_help() -> String {
 }
 
 pub fn run(args: SftArgs, options: Options) -> ExitCode {
-    let config: SftConfig = match options::build(args.config.as_deref(), &options, &[]) {
+    let config: SftConfig = match options::build(args.config.as_deref(), &options, &[], &[]) {
         Ok(config) => config,
         Err(error) => return usage(error),
     };

@@ -62,9 +62,6 @@ use futures::{Futures, Outcome, Promise, Retrieved};
 use store::{CheckpointPath, Kind, RunInfo, Store};
 use worker::{Job, Sample, Weights, Worker};
 
-/// The LoRA scale's numerator: Tinker fixes `alpha` at 32 whatever the rank.
-pub const LORA_ALPHA: f64 = 32.0;
-
 /// How the server runs.
 #[derive(Debug, Clone)]
 pub struct TinkerConfig {
@@ -505,7 +502,7 @@ async fn create_model(
     let info = RunInfo {
         base_model: request.base_model,
         rank: lora.rank,
-        alpha: LORA_ALPHA,
+        alpha: super::wire::LORA_ALPHA,
         seed,
         targets,
     };

@@ -66,7 +66,7 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         Ok(planned) => planned,
         Err(message) => return usage(message),
     };
-    let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
+    let policy = match options::training_policy(&args.model, args.device(), args.dtype.as_deref()) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
     };
@@ -144,13 +144,13 @@ fn plan_memory(
     config: &GrpoConfig,
     rows: &[(usize, Row)],
 ) -> Result<Option<plan::Planned>, String> {
-    let device = holo_runtime::local::parse_device(&args.device)?;
+    let device = holo_runtime::local::parse_device(args.device())?;
     let dtype = holo_runtime::local::parse_training_dtype(args.dtype.as_deref(), &device)?;
     let training = &config.training;
     if !device.is_cpu() {
         eprintln!(
             "note: the memory plan counts host memory; on {} it is not checked",
-            args.device
+            args.device()
         );
         return Ok(None);
     }

@@ -72,9 +72,10 @@ pub struct TrainArgs {
     /// killed before its first checkpoint starts over.
     #[arg(long)]
     pub resume: bool,
-    /// cpu, cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that feature).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// cpu (the default), cuda, cuda:N, metal or metal:N (cuda and metal need holo built with that
+    /// feature). Not with --backend tinker, whose service chooses its devices.
+    #[arg(long)]
+    pub device: Option<String>,
     /// The precision the model trains in: f32, or bf16 (weights, gradients and AdamW's moments; LoRA
     /// adapters stay f32). Default: f32 on the CPU, bf16 on CUDA (docs/cuda.md, "Precision").
     #[arg(long)]
@@ -122,6 +123,14 @@ pub enum TinkerLoss {
     Ppo,
 }
 
+impl TrainArgs {
+    /// `--device`, or the CPU.
+    #[cfg(feature = "local")]
+    fn device(&self) -> &str {
+        self.device.as_deref().unwrap_or("cpu")
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RolloutsFrom {
     /// The trainer's own rollouts of FILE through the Loom.
@@ -137,11 +146,15 @@ pub fn options_help() -> String {
 
 pub fn run(args: TrainArgs, options: Options) -> ExitCode {
     // A Tinker service trains LoRA adapters, never every weight: LoRA's options are the run's.
-    let implied: &[(&str, toml::Value, &str)] = match args.backend {
-        Backend::Tinker => &[("use_peft", toml::Value::Boolean(true), "--backend tinker")],
-        Backend::Local => &[],
+    let (implied, unused): (&[(&str, toml::Value, &str)], _) = match args.backend {
+        Backend::Tinker => (
+            &[("use_peft", toml::Value::Boolean(true), "--backend tinker")],
+            holo_runtime::engines::tinker::train::UNUSED,
+        ),
+        Backend::Local => (&[], &[][..]),
     };
-    let config: GrpoConfig = match options::build(args.config.as_deref(), &options, implied) {
+    let config: GrpoConfig = match options::build(args.config.as_deref(), &options, implied, unused)
+    {
         Ok(config) => config,
         Err(error) => return usage(error),
     };

@@ -15,6 +15,9 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
     if args.rollouts == RolloutsFrom::Atropos {
         return usage("--rollouts atropos: not with --backend tinker");
     }
+    if args.device.is_some() {
+        return usage("--device: with --backend tinker the service chooses its devices");
+    }
     if args.dtype.is_some() {
         return usage("--dtype: with --backend tinker the service trains in its own precision");
     }
