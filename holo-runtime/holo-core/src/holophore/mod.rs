@@ -1184,8 +1184,8 @@ impl Recorder for Holophore {
                 }
             }
         }
-        self.last_written = (kind == FragmentKind::Sampled)
-            .then(|| (completion.text.clone(), written.to_vec()));
+        self.last_written =
+            (kind == FragmentKind::Sampled).then(|| (completion.text.clone(), written.to_vec()));
         let decoded = match (self.frames.is_none(), kind) {
             (false, _) => String::new(),
             (true, FragmentKind::Sampled) => self

@@ -239,9 +239,9 @@ pub(super) fn malformed(reply: &str) -> Option<Malformed> {
         let name = message.function()?;
         let arguments = &reply[message.content.clone()];
         let wrong = match serde_json::from_str::<Value>(arguments) {
-            Err(error) => format!(
-                "the arguments of the call of `{name}` are not valid JSON: {error}"
-            ),
+            Err(error) => {
+                format!("the arguments of the call of `{name}` are not valid JSON: {error}")
+            }
             Ok(value) if !value.is_object() => {
                 format!("the arguments of the call of `{name}` must be a JSON object")
             }

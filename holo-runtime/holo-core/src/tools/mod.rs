@@ -155,7 +155,7 @@ impl ToolFormat {
     /// The calls in `text` as a tool loop reads a turn: `Ok(None)` when no call starts there (the model
     /// answered), `Err` saying what is wrong when one starts but is not a well-formed call (bad JSON, no
     /// `name`, arguments that are not an object), for the model to read.
-    pub fn read(self, text: &str) -> Result<Option<ToolReply>, Malformed> {
+    pub fn read(self, text: &str) -> Result<Option<ToolReply>, Box<Malformed>> {
         if let Some(reply) = self.parse(text) {
             return Ok(Some(reply));
         }
@@ -165,7 +165,11 @@ impl ToolFormat {
             ToolFormat::Hermes => match text.find(hermes::OPEN) {
                 Some(at) => {
                     let body = &text[at + hermes::OPEN.len()..];
-                    (at, body.find(hermes::CLOSE).map_or(body, |end| &body[..end]), None)
+                    (
+                        at,
+                        body.find(hermes::CLOSE).map_or(body, |end| &body[..end]),
+                        None,
+                    )
                 }
                 None => return Ok(None),
             },
@@ -191,7 +195,7 @@ impl ToolFormat {
             ToolFormat::Harmony => {
                 return match harmony::malformed(text) {
                     None => Ok(None),
-                    Some(malformed) => Err(malformed),
+                    Some(malformed) => Err(Box::new(malformed)),
                 }
             }
         };
@@ -207,7 +211,7 @@ impl ToolFormat {
                 self.name()
             ),
         };
-        Err(Malformed {
+        Err(Box::new(Malformed {
             message,
             call: ToolCall {
                 name: name.unwrap_or_else(|| self.name().to_string()),
@@ -216,7 +220,7 @@ impl ToolFormat {
             },
             content: content(&text[..at]),
             reasoning: None,
-        })
+        }))
     }
 
     /// Whether the format's templates render a `tool` message only after the call it answers (Mistral's
@@ -348,9 +352,11 @@ fn call_from(value: &Value, argument_keys: &[&str]) -> Option<ToolCall> {
         other => other,
     };
     let id = object.get("id").and_then(Value::as_str).map(str::to_string);
-    arguments
-        .is_object()
-        .then_some(ToolCall { name, arguments, id })
+    arguments.is_object().then_some(ToolCall {
+        name,
+        arguments,
+        id,
+    })
 }
 
 /// `text` unless it is only whitespace.
@@ -573,7 +579,10 @@ mod tests {
             ("f", &json!("{\"a\": "))
         );
         assert_eq!(malformed.reasoning.as_deref(), Some("Hm."));
-        assert!(malformed.message.contains("not valid JSON"), "{malformed:?}");
+        assert!(
+            malformed.message.contains("not valid JSON"),
+            "{malformed:?}"
+        );
     }
 
     #[test]

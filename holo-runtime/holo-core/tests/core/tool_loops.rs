@@ -62,16 +62,25 @@ impl Sampler for Model {
 fn holoware(system: Option<&str>) -> String {
     let start = match system {
         Some(system) => {
-            format!("<|+++|>\n<|x_x|>\n{system}<|ToolSchema parser=auto|>\n\n<|o_o|>\n<|question|>\n\n")
+            format!(
+                "<|+++|>\n<|x_x|>\n{system}<|ToolSchema parser=auto|>\n\n<|o_o|>\n<|question|>\n\n"
+            )
         }
         None => "<|+++|>\n<|o_o|>\n<|question|><|ToolSchema parser=auto|>\n\n".to_string(),
     };
     start + "<|ToolRunner max_turns=6|>\n    <|@_@:turn|>\n    <|ToolExecutor turn|>\n<|MathAnswer var=turn|>\n"
 }
 
-/// Runs `case`'s holoware on its model folder: the record, each request's token prompt with the
-/// completion it got, and the counts of calls.
-fn run(case: &Value) -> (RolloutRecord, Vec<(Vec<u32>, Completion)>, (u64, u64)) {
+/// What a run gave: the record, each request's token prompt with the completion it got, and the counts
+/// of calls (`tools/calls`, `tools/failed`).
+struct Run {
+    record: RolloutRecord,
+    turns: Vec<(Vec<u32>, Completion)>,
+    counts: (u64, u64),
+}
+
+/// Runs `case`'s holoware on its model folder.
+fn run(case: &Value) -> Run {
     let folder = crate::common::fixtures()
         .join("chat/tool_models")
         .join(case["model"].as_str().unwrap());
@@ -122,7 +131,11 @@ fn run(case: &Value) -> (RolloutRecord, Vec<(Vec<u32>, Completion)>, (u64, u64))
         })
         .collect();
     let counts = stats.counts();
-    (record, seen, (counts.calls, counts.failed))
+    Run {
+        record,
+        turns: seen,
+        counts: (counts.calls, counts.failed),
+    }
 }
 
 fn today() -> String {
@@ -147,7 +160,11 @@ fn check(
     // again if the day changed during the run.
     let (record, seen, date) = loop {
         let date = today();
-        let (record, seen, got) = run(case);
+        let Run {
+            record,
+            turns: seen,
+            counts: got,
+        } = run(case);
         if today() == date {
             assert_eq!(got, counts, "{key}: tools/calls, tools/failed");
             break (record, seen, date);
@@ -203,7 +220,11 @@ fn check(
     // The last context's record holds the whole conversation: the calls with their ids and the
     // reasoning harmony writes apart, the results answering them by id, as the fixture's messages.
     let last = record.contexts.last().unwrap();
-    assert_eq!(last.tools, fixture["tools"].as_array().unwrap()[..], "{key}");
+    assert_eq!(
+        last.tools,
+        fixture["tools"].as_array().unwrap()[..],
+        "{key}"
+    );
     let conversation = export::conversation(last).unwrap();
     let messages: Vec<Value> = conversation
         .prompt
@@ -243,10 +264,9 @@ fn mistral_tool_loops_render_as_transformers_renders_them() {
         .chain(&conversation.completion)
         .map(|message| serde_json::to_value(message).unwrap())
         .collect();
-    let template = ChatTemplate::from_dir(
-        crate::common::fixtures().join("chat/tool_models/mistral-nemo"),
-    )
-    .unwrap();
+    let template =
+        ChatTemplate::from_dir(crate::common::fixtures().join("chat/tool_models/mistral-nemo"))
+            .unwrap();
     let rendered = template
         .render_values(
             values(messages),

@@ -599,7 +599,8 @@ mod tests {
                 reasoning: None,
             })
         );
-        let result = object(json!({"role": "tool", "name": "add", "tool_call_id": "c1", "content": "4"}));
+        let result =
+            object(json!({"role": "tool", "name": "add", "tool_call_id": "c1", "content": "4"}));
         assert_eq!(
             tool_record(&result),
             Some(ToolRecord::Result {

@@ -254,7 +254,8 @@ impl Holotype for ToolSchema {
             Some("auto") => Schemas::Native(None),
             Some(name) => {
                 let format = ToolFormat::from_name(name).ok_or_else(|| {
-                    let names: Vec<&str> = ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
+                    let names: Vec<&str> =
+                        ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
                     HolotypeError::new(format!(
                         "argument `parser` must be `auto` or one of {}, found `{name}`",
                         names.join(", ")

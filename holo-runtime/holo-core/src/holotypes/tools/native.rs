@@ -182,7 +182,14 @@ mod tests {
         for turn in &turns {
             let mut cx = Cx::new(&mut transcript, &NoVariables, 0);
             assert_eq!(
-                execute(&tools, Some(&stats), ToolFormat::Hermes, turn, &mut 0, &mut cx),
+                execute(
+                    &tools,
+                    Some(&stats),
+                    ToolFormat::Hermes,
+                    turn,
+                    &mut 0,
+                    &mut cx
+                ),
                 Enter::Run
             );
         }
@@ -202,7 +209,14 @@ mod tests {
         drop(hold);
         let mut cx = Cx::new(&mut transcript, &NoVariables, 0);
         assert_eq!(
-            execute(&tools, Some(&stats), ToolFormat::Hermes, "42.", &mut 0, &mut cx),
+            execute(
+                &tools,
+                Some(&stats),
+                ToolFormat::Hermes,
+                "42.",
+                &mut 0,
+                &mut cx
+            ),
             Enter::Skip
         );
         let results: Vec<String> = transcript.contexts[0]
