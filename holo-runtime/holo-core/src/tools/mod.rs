@@ -455,8 +455,9 @@ mod tests {
         assert_eq!(parsed.calls[1].arguments, json!({"zone": "UTC"}));
     }
 
-    /// No Mistral template that renders tool calls is available offline: these are the two forms
-    /// vLLM's `mistral` parser reads (v3 tokenizers' JSON list, v11's `name[ARGS]`).
+    /// The two forms vLLM's `mistral` parser reads (v3 tokenizers' JSON list, with or without ids,
+    /// v11's `name[ARGS]`), and `name[CALL_ID]id[ARGS]` as Mistral Small 3's templates render history;
+    /// Mistral Nemo's template rendering the list is in `tests/core/tool_loops.rs`.
     #[test]
     fn mistral_replies_parse_in_both_forms() {
         let list = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}, \"id\": \"a1b2c3d4e\"}]";
