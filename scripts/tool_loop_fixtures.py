@@ -11,8 +11,8 @@ where DIR holds llama.cpp's copies of the templates (`vendor/llama.cpp/models/te
 `llama-cpp-python==0.3.36`: `pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`,
 then untar it); without `--templates` the folders already committed are reused.
 
-It writes, under `holo-runtime/tests/fixtures/chat/tool_models/`, one model folder per family: the real chat
-template (Mistral Nemo's in `tokenizer_config.json`, gpt-oss's in `chat_template.jinja`, as the models ship
+It writes, under `holo-runtime/tests/fixtures/chat/tool_models/`, one model folder per template: the real chat
+template (Mistral Nemo's and Mistral Small 3.2's in `tokenizer_config.json`, gpt-oss's in `chat_template.jinja`, as the models ship
 them), the family's markers as special tokens (`added_tokens_decoder`, as the models mark them), and a
 `tokenizer.json`: the Holophore fixtures' byte-level BPE (`tests/fixtures/holophore/tokenizer.json`) with those
 special tokens added. Then `tool_loops.json` beside them: per case, the holoware's conversation turn by turn
@@ -65,6 +65,15 @@ MODELS = {
         "tokenizer_config.json",
         ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
          "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]"],
+        "<s>",
+        "</s>",
+    ),
+    "mistral-small": (
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "tokenizer_config.json",
+        ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+         "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+         "[CALL_ID]", "[ARGS]", "[TOOL_CONTENT]"],
         "<s>",
         "</s>",
     ),
@@ -129,6 +138,30 @@ def cases():
             ("The product is <answer>391</answer>.</s>", None, []),
         ],
     }
+    # Mistral Small 3.2 (v11 tokenizers: a call per `[TOOL_CALLS]`, its arguments after `[ARGS]`): a call
+    # without the `[CALL_ID]` its template writes in history, one with it, a malformed one, the answer.
+    small = {
+        "model": "mistral-small",
+        "system": SYSTEM,
+        "turns": [
+            (
+                '[TOOL_CALLS]calculator[ARGS]{"expression": "17 * 23"}</s>',
+                {"content": "", "calls": [("calculator", {"expression": "17 * 23"}, None)]},
+                ["391"],
+            ),
+            (
+                '[TOOL_CALLS]calculator[CALL_ID]b2c3d4e5f[ARGS]{"expression": "391 / 23"}</s>',
+                {"content": "", "calls": [("calculator", {"expression": "391 / 23"}, "b2c3d4e5f")]},
+                ["17"],
+            ),
+            (
+                '[TOOL_CALLS]calculator[ARGS]{"expression": </s>',
+                {"content": "", "calls": [("calculator", '{"expression":', None)]},
+                ["error: the tool call is not valid JSON: EOF while parsing a value at line 1 column 14"],
+            ),
+            ("The product is <answer>391</answer>.</s>", None, []),
+        ],
+    }
     # gpt-oss: the first call written as the template renders calls (recipient before the channel), the
     # others as gpt-oss writes them (recipient after the channel, `<|constrain|>json`).
     oss_rendered = (
@@ -178,7 +211,7 @@ def cases():
             (oss_answer, None, []),
         ],
     }
-    return {"mistral": mistral, "harmony": harmony}
+    return {"mistral": mistral, "mistral_v11": small, "harmony": harmony}
 
 
 def make_folders(templates: Path | None) -> None:

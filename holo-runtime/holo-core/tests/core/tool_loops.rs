@@ -1,5 +1,5 @@
 //! Native tool loops in the formats whose markers are special tokens: Mistral's `[TOOL_CALLS]` (Mistral
-//! Nemo's template) and gpt-oss's harmony, run through a holoware end to end with a sampler that hands
+//! Nemo's and Mistral Small 3.2's templates) and gpt-oss's harmony, run through a holoware end to end with a sampler that hands
 //! back the tokens a model writes and, as samplers do, their text without the special tokens. Every
 //! prompt is compared token for token with transformers' rendering of the same conversation
 //! (`tests/fixtures/chat/tool_models/tool_loops.json`, written by `scripts/tool_loop_fixtures.py` with the
@@ -279,6 +279,14 @@ fn mistral_tool_loops_render_as_transformers_renders_them() {
     assert_eq!(rendered, tokenizer.decode(&ids, false).unwrap());
 }
 
+/// Mistral Small 3.2 (v11: `[TOOL_CALLS]name[ARGS]{…}`): a call without the `[CALL_ID]` its template
+/// writes in history (it splits), one with it (the context grows), a malformed one (its function read,
+/// its arguments the text written), the answer.
+#[test]
+fn mistral_v11_tool_loops_render_as_transformers_renders_them() {
+    check("mistral_v11", 3, (3, 1));
+}
+
 /// gpt-oss: a call written as the template renders calls (the context grows), one as gpt-oss writes
 /// them (the recipient after the channel: it splits), a malformed call, an unknown tool, the answer
 /// after its reasoning.
@@ -291,6 +299,7 @@ fn harmony_tool_loops_render_as_transformers_renders_them() {
 fn templates_that_write_special_markers_are_told_apart() {
     for (model, format) in [
         ("mistral-nemo", ToolFormat::Mistral),
+        ("mistral-small", ToolFormat::Mistral),
         ("gpt-oss", ToolFormat::Harmony),
     ] {
         let template = ChatTemplate::from_dir(
