@@ -88,6 +88,9 @@ MODELS = {
 }
 
 QUESTION = "What is 17 * 23?"
+# The answer as the record keeps it: the sampler's text (its tokens without their special tokens), or
+# harmony's final message, with its analysis as `thinking`.
+ANSWER = {"answer": "The product is <answer>391</answer>."}
 SYSTEM = "Use the tools when they help. Give the final answer inside <answer> tags."
 
 
@@ -135,7 +138,7 @@ def cases():
                 },
                 ["error: unknown tool `search`; the tools are: calculator", "17"],
             ),
-            ("The product is <answer>391</answer>.</s>", None, []),
+            ("The product is <answer>391</answer>.</s>", ANSWER, []),
         ],
     }
     # Mistral Small 3.2 (v11 tokenizers: a call per `[TOOL_CALLS]`, its arguments after `[ARGS]`): a call
@@ -159,7 +162,7 @@ def cases():
                 {"content": "", "calls": [("calculator", '{"expression":', None)]},
                 ["error: the tool call is not valid JSON: EOF while parsing a value at line 1 column 14"],
             ),
-            ("The product is <answer>391</answer>.</s>", None, []),
+            ("The product is <answer>391</answer>.</s>", ANSWER, []),
         ],
     }
     # gpt-oss: the first call written as the template renders calls (recipient before the channel), the
@@ -208,7 +211,7 @@ def cases():
                 {"content": "", "calls": [("search", {"query": "391"}, None)]},
                 ["error: unknown tool `search`; the tools are: calculator"],
             ),
-            (oss_answer, None, []),
+            (oss_answer, dict(ANSWER, thinking="Done."), []),
         ],
     }
     return {"mistral": mistral, "mistral_v11": small, "harmony": harmony}
@@ -262,8 +265,11 @@ def openai_messages(case):
     number = 0
     for reply, calling, results in case["turns"]:
         before.append([dict(message) for message in messages])
-        if calling is None:
-            messages.append({"role": "assistant", "content": reply})
+        if "answer" in calling:
+            message = {"role": "assistant", "content": calling["answer"]}
+            if "thinking" in calling:
+                message["thinking"] = calling["thinking"]
+            messages.append(message)
             continue
         calls = []
         for name, arguments, written in calling["calls"]:

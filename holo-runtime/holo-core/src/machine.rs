@@ -158,8 +158,10 @@ pub trait Recorder {
     ) -> Result<ToolFormat, String>;
     /// The format of the native tool calls offered, if any.
     fn tool_format(&self) -> Option<ToolFormat>;
-    /// The last assistant message made calls: the template renders it as `reply`'s content and
-    /// `tool_calls` (the sampled tokens stay as they were sampled).
+    /// The last assistant message, read in the tool format: the template renders it as `reply`'s
+    /// content and `tool_calls`, or, without calls, as its content and reasoning (harmony's answer:
+    /// [`ToolTurn::Answer`](crate::tools::ToolTurn::Answer)); the sampled tokens stay as they were
+    /// sampled.
     fn tool_calls(&mut self, reply: &ToolReply);
     /// A `tool` message: the result of the call of function `name` whose id is `id` (or what was wrong
     /// with the call; `id` is `None` when no call was read).

@@ -151,7 +151,7 @@ impl Recorder for Transcript {
                 .find(|message| message.role == Role::Assistant)
         });
         if let Some(message) = assistant {
-            message.tool = Some(ToolTurn::Calls(reply.clone()));
+            message.tool = Some(ToolTurn::from(reply));
         }
     }
 

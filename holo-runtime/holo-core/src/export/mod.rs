@@ -113,8 +113,8 @@ pub fn parse_rollouts(text: &str) -> (Vec<Rollout>, Vec<BadLine>) {
 /// (`system`, `user`, `assistant` or `tool`) and `content`; an assistant turn that made native tool
 /// calls has its text before the calls as `content`, the calls as `tool_calls` (OpenAI's shape, each
 /// call's `arguments` an object, with its `id`) and the reasoning a format writes apart as `thinking`
-/// (gpt-oss's template's name); a tool's result has role `tool`, the function's `name` and the call's
-/// `tool_call_id`.
+/// (gpt-oss's template's name), as harmony's answer has (its `final` messages the content); a tool's
+/// result has role `tool`, the function's `name` and the call's `tool_call_id`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: &'static str,
@@ -169,6 +169,12 @@ impl From<&MessageRecord> for ChatMessage {
                         })
                         .collect(),
                 ),
+                ..plain
+            },
+            Some(ToolRecord::Answer { content, reasoning }) => ChatMessage {
+                role: "assistant",
+                content: content.clone().unwrap_or_default(),
+                thinking: reasoning.clone(),
                 ..plain
             },
             Some(ToolRecord::Result { name, id }) => ChatMessage {

@@ -46,6 +46,16 @@ pub(super) fn message_value(message: &Message) -> minijinja::Value {
             }
             value
         }
+        Some(ToolTurn::Answer { content, reasoning }) => {
+            let mut value = json!({
+                "role": "assistant",
+                "content": content.as_deref().unwrap_or_default(),
+            });
+            if let Some(reasoning) = reasoning {
+                value["thinking"] = json!(reasoning);
+            }
+            value
+        }
         Some(ToolTurn::Result { name, id }) => {
             let mut value = json!({"role": "tool", "name": name, "content": message.content});
             if let Some(id) = id {
@@ -156,7 +166,7 @@ impl Holophore {
                     .find(|message| message.role == Role::Assistant)
             });
         match assistant {
-            Some(message) => message.tool = Some(ToolTurn::Calls(reply.clone())),
+            Some(message) => message.tool = Some(ToolTurn::from(reply)),
             None => self
                 .errors
                 .push("tool calls recorded, but the context has no assistant message".into()),

@@ -96,7 +96,8 @@ pub struct MessageRecord {
 
 /// What a message is to native tool calls, in a record: `{"tool_calls": {"content", "calls"}}` for an
 /// assistant message that made calls (with `reasoning` where the format writes it apart: harmony's
-/// `analysis`), `{"result": {"name", "id"}}` for a tool's result.
+/// `analysis`), `{"result": {"name", "id"}}` for a tool's result, `{"answer": {"content",
+/// "reasoning"}}` for harmony's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolRecord {
@@ -113,6 +114,13 @@ pub enum ToolRecord {
         name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
+    },
+    /// An answer (no call) in a format that writes its content and reasoning apart (harmony's `final`
+    /// and `analysis` messages), which the message's text runs together.
+    Answer {
+        content: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
     },
 }
 
@@ -145,6 +153,10 @@ impl From<&crate::tools::ToolTurn> for ToolRecord {
             crate::tools::ToolTurn::Result { name, id } => ToolRecord::Result {
                 name: name.clone(),
                 id: id.clone(),
+            },
+            crate::tools::ToolTurn::Answer { content, reasoning } => ToolRecord::Answer {
+                content: content.clone(),
+                reasoning: reasoning.clone(),
             },
         }
     }

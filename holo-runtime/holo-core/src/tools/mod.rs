@@ -38,6 +38,25 @@ pub enum ToolTurn {
     /// A `tool` message: the result of a call of the function `name`, whose id is `id` (none when no
     /// call was read).
     Result { name: String, id: Option<String> },
+    /// An assistant message that made no call, in a format that writes its content and reasoning apart
+    /// (harmony's `final` and `analysis` messages): the template renders it from them.
+    Answer {
+        content: Option<String>,
+        reasoning: Option<String>,
+    },
+}
+
+impl From<&ToolReply> for ToolTurn {
+    /// A reply with calls makes calls; one without is an answer.
+    fn from(reply: &ToolReply) -> Self {
+        match reply.calls.is_empty() {
+            true => ToolTurn::Answer {
+                content: reply.content.clone(),
+                reasoning: reply.reasoning.clone(),
+            },
+            false => ToolTurn::Calls(reply.clone()),
+        }
+    }
 }
 
 /// A reply read in a tool-call format: the text before the calls (`None` when there is none but
@@ -221,6 +240,21 @@ impl ToolFormat {
             content: content(&text[..at]),
             reasoning: None,
         }))
+    }
+
+    /// An answer (a turn without calls) as the format writes it apart from its text: harmony's `final`
+    /// messages as its content and `analysis` messages as its reasoning (the text a sampler hands back
+    /// runs the channels' names into them); `None` for the other formats, whose answer is its text.
+    pub fn answer(self, text: &str) -> Option<ToolReply> {
+        if self != ToolFormat::Harmony {
+            return None;
+        }
+        let messages = harmony::messages(text);
+        Some(ToolReply {
+            content: harmony::content(text, &messages),
+            calls: Vec::new(),
+            reasoning: harmony::reasoning(text, &messages),
+        })
     }
 
     /// Whether the format's templates render a `tool` message only after the call it answers (Mistral's

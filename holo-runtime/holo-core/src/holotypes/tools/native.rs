@@ -25,8 +25,16 @@ pub(super) fn execute(
             stats.record(succeeded, timed_out);
         }
     };
-    let mut reply = match format.read(&cx.written(turn)) {
-        Ok(None) => return Enter::Skip,
+    let written = cx.written(turn);
+    let mut reply = match format.read(&written) {
+        Ok(None) => {
+            // The model answered: a format that writes the answer's content and reasoning apart
+            // (harmony) has the message rendered and recorded from them.
+            if let Some(answer) = format.answer(&written) {
+                cx.tool_calls(&answer);
+            }
+            return Enter::Skip;
+        }
         Ok(Some(reply)) => reply,
         Err(malformed) if format.results_follow_calls() => {
             // The template shows a result only after its call: the turn is a call of what could be
