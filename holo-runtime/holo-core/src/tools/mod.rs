@@ -244,12 +244,16 @@ impl ToolFormat {
 
     /// An answer (a turn without calls) as the format writes it apart from its text: harmony's `final`
     /// messages as its content and `analysis` messages as its reasoning (the text a sampler hands back
-    /// runs the channels' names into them); `None` for the other formats, whose answer is its text.
+    /// runs the channels' names into them); `None` for the other formats, whose answer is its text, and
+    /// for a text that holds no harmony message (a sampler's text without its markers).
     pub fn answer(self, text: &str) -> Option<ToolReply> {
         if self != ToolFormat::Harmony {
             return None;
         }
         let messages = harmony::messages(text);
+        if messages.is_empty() {
+            return None;
+        }
         Some(ToolReply {
             content: harmony::content(text, &messages),
             calls: Vec::new(),
@@ -618,6 +622,25 @@ mod tests {
             malformed.message.contains("not valid JSON"),
             "{malformed:?}"
         );
+    }
+
+    #[test]
+    fn harmony_answers_are_read_apart_from_their_text() {
+        let reply = "<|channel|>analysis<|message|>Sum.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>";
+        assert_eq!(
+            ToolFormat::Harmony.answer(reply),
+            Some(ToolReply {
+                content: Some("4".into()),
+                calls: Vec::new(),
+                reasoning: Some("Sum.".into()),
+            })
+        );
+        // Text without harmony's markers, and the other formats, are answered by their text.
+        assert_eq!(
+            ToolFormat::Harmony.answer("analysisSum.assistantfinal4"),
+            None
+        );
+        assert_eq!(ToolFormat::Mistral.answer(reply), None);
     }
 
     #[test]
