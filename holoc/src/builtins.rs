@@ -96,11 +96,10 @@ pub const BUILTINS: &[Builtin] = &[
     },
     Builtin {
         name: "ToolSchema",
-        // vLLM's `--tool-call-parser` names (holo_runtime::tools::ToolFormat::NAMES) that holowares
-        // read (not `mistral`, whose marker is a special token), or `auto`.
+        // vLLM's `--tool-call-parser` names (holo_runtime::tools::ToolFormat::NAMES), or `auto`.
         params: &[param(
             "parser",
-            Accepts::OneOf(&["auto", "hermes", "llama3_json"]),
+            Accepts::OneOf(&["auto", "hermes", "llama3_json", "mistral", "openai"]),
         )],
         positional: Positional::None,
     },

@@ -170,9 +170,18 @@ impl<'a> Cx<'a> {
         self.recorder.tool_calls(reply);
     }
 
-    /// Appends a `tool` message with the result of a call of `name` ([`Recorder::tool_result`]).
-    pub fn tool_result(&mut self, name: &str, content: &str) {
-        self.recorder.tool_result(name, content);
+    /// Appends a `tool` message with the result of a call of `name` whose id is `id`
+    /// ([`Recorder::tool_result`]).
+    pub fn tool_result(&mut self, name: &str, id: Option<&str>, content: &str) {
+        self.recorder.tool_result(name, id, content);
+    }
+
+    /// `text`, a completion's text, as the model wrote it: with the special tokens its sampler's text
+    /// lacks, when the recorder holds its tokens ([`Recorder::written`]); else `text` itself.
+    pub fn written(&self, text: &str) -> String {
+        self.recorder
+            .written(text)
+            .unwrap_or_else(|| text.to_string())
     }
 
     /// Records the reward component `name` of this rollout, with weight 1.

@@ -158,11 +158,21 @@ pub trait Recorder {
     ) -> Result<ToolFormat, String>;
     /// The format of the native tool calls offered, if any.
     fn tool_format(&self) -> Option<ToolFormat>;
-    /// The last assistant message made calls: the template renders it as `reply`'s content and
-    /// `tool_calls` (the sampled tokens stay as they were sampled).
+    /// The last assistant message, read in the tool format: the template renders it as `reply`'s
+    /// content and `tool_calls`, or, without calls, as its content and reasoning (harmony's answer:
+    /// [`ToolTurn::Answer`](crate::tools::ToolTurn::Answer)); the sampled tokens stay as they were
+    /// sampled.
     fn tool_calls(&mut self, reply: &ToolReply);
-    /// A `tool` message: the result of the call of function `name` (or what was wrong with the call).
-    fn tool_result(&mut self, name: &str, content: &str);
+    /// A `tool` message: the result of the call of function `name` whose id is `id` (or what was wrong
+    /// with the call; `id` is `None` when no call was read).
+    fn tool_result(&mut self, name: &str, id: Option<&str>, content: &str);
+    /// The model's last completion as it wrote it, when its text is `text` and the recorder holds its
+    /// tokens: the tokens decoded with their special tokens (Mistral's `[TOOL_CALLS]`, harmony's
+    /// channels, which a sampler's text lacks), less a special end-of-turn token. `None` otherwise.
+    fn written(&self, text: &str) -> Option<String> {
+        let _ = text;
+        None
+    }
     /// A named reward component of the rollout and its weight in the rollout's reward. Recording a
     /// component again replaces its value and weight.
     fn reward(&mut self, name: &str, value: f64, weight: f64);

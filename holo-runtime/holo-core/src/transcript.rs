@@ -127,7 +127,7 @@ impl Recorder for Transcript {
     ) -> Result<ToolFormat, String> {
         let format = format.ok_or(
             "no chat template to read the tool-call format from: name it with `parser=` \
-             (hermes, llama3_json or mistral), or give the model",
+             (hermes, llama3_json, mistral or openai), or give the model",
         )?;
         self.tool_format = Some(format);
         self.tools = tools.to_vec();
@@ -151,18 +151,19 @@ impl Recorder for Transcript {
                 .find(|message| message.role == Role::Assistant)
         });
         if let Some(message) = assistant {
-            message.tool = Some(ToolTurn::Calls(reply.clone()));
+            message.tool = Some(ToolTurn::from(reply));
         }
     }
 
     /// The text shows a tool message as a user message (it has no tool role), marked with the
     /// function it answers.
-    fn tool_result(&mut self, name: &str, content: &str) {
+    fn tool_result(&mut self, name: &str, id: Option<&str>, content: &str) {
         self.begin_message(Role::User);
         let message = self.message();
         message.parts.push(Part::Prompt(content.to_string()));
         message.tool = Some(ToolTurn::Result {
             name: name.to_string(),
+            id: id.map(str::to_string),
         });
     }
 

@@ -278,7 +278,13 @@
 //!   then sends, as OpenAI does, per call a chunk with `delta.tool_calls: [{"index", "id", "type",
 //!   "function": {"name", "arguments": ""}}]` and one with `delta.tool_calls: [{"index", "function":
 //!   {"arguments"}}]` (the whole arguments at once), and a last chunk with an empty `delta` and
-//!   `finish_reason` `"tool_calls"`.
+//!   `finish_reason` `"tool_calls"`. With `openai` (harmony), where a call is a message of its own,
+//!   calls stream as they are written, as vLLM streams them: the opening chunk once the message's
+//!   header is written, then `function.arguments` deltas as its content is written (less a tail that
+//!   may still turn into an end marker), the model's text as it wrote it; a call whose arguments turn
+//!   out not to be the JSON of an object has then been streamed (as vLLM streams it) though the answer
+//!   ends with `finish_reason` `"stop"`, as the whole answer holds no calls. Stop strings, which cut
+//!   the reply's text, hold harmony's calls until the reply is done.
 //! - The history: an assistant message's `tool_calls` reach the template with each call's `arguments`
 //!   as the object its JSON text holds, and its `content: null` as `""` (as vLLM hands them to templates,
 //!   which write arguments with `tojson` and test content as a string); `tool` messages (`tool_call_id`,

@@ -19,14 +19,14 @@ use tokio::sync::mpsc;
 
 use super::weights::Target;
 use super::{
-    calls_json, chat_logprobs, completion_logprobs, echo_logprobs, reasoning_tokens, unix_time,
-    usage, ApiError, AppState, Choice, Common, Event, Harmony, PromptLogprobs, Reading,
+    call_id, calls_json, chat_logprobs, completion_logprobs, echo_logprobs, reasoning_tokens,
+    unix_time, usage, ApiError, AppState, Choice, Common, Event, Harmony, PromptLogprobs, Reading,
     StreamOptions, Tally,
 };
 use holo_core::machine::Completion;
 use holo_core::sampler::SamplerError;
 use holo_core::stop::{first_stop, floor_char_boundary, StopMatcher, StreamedText};
-use holo_core::tools::ToolCall;
+use holo_core::tools::{harmony, ToolCall, ToolFormat};
 
 /// Which endpoint's chunks to write, and whether they carry logprobs.
 pub(super) enum Endpoint {
@@ -188,6 +188,8 @@ struct ChoiceStream {
     /// The tool calls read from the completion, sent after its text and before its finish.
     tool_calls: Vec<ToolCall>,
     calls_sent: bool,
+    /// Harmony's calls streamed as they are written: each one's id and the bytes of its arguments sent.
+    written_calls: Vec<(String, usize)>,
     finish_sent: bool,
 }
 
@@ -264,9 +266,19 @@ impl Streamer {
             if let Some(chunk) = self.chunk(choice) {
                 self.queue.push_back(data(&chunk));
             }
+            let streams_calls = self.streams_calls(choice);
+            if streams_calls && self.choices[choice].finish.is_none() {
+                for chunk in self.written_call_chunks(choice, true) {
+                    self.queue.push_back(data(&chunk));
+                }
+            }
             let stream = &self.choices[choice];
             if stream.finish.is_some() && !stream.tool_calls.is_empty() && !stream.calls_sent {
-                for chunk in self.call_chunks(choice) {
+                let chunks = match streams_calls {
+                    true => self.written_call_chunks(choice, false),
+                    false => self.call_chunks(choice),
+                };
+                for chunk in chunks {
                     self.queue.push_back(data(&chunk));
                 }
                 self.choices[choice].calls_sent = true;
@@ -486,6 +498,58 @@ impl Streamer {
         chunks
     }
 
+    /// Whether choice `index` streams harmony's calls as they are written (vLLM streams their
+    /// arguments): with tools read in harmony's format, and unless stop strings hold the reply back.
+    fn streams_calls(&self, index: usize) -> bool {
+        let choice = &self.choices[index];
+        self.common.tool_format == Some(ToolFormat::Harmony)
+            && choice.harmony.is_some()
+            && !choice.harmony_waits
+    }
+
+    /// Choice `index`'s harmony calls written since the last chunks: per call whose header is written,
+    /// a chunk that opens it (`index`, `id`, `type`, `function.name`, empty `function.arguments`), then
+    /// its arguments as they settle (`streaming`: less a tail that may still grow into an end marker),
+    /// as the model wrote them.
+    fn written_call_chunks(&mut self, index: usize, streaming: bool) -> Vec<Value> {
+        let written = self.choices[index].written(streaming);
+        let mut deltas = Vec::new();
+        for (number, (name, arguments)) in written.into_iter().enumerate() {
+            if number == self.choices[index].written_calls.len() {
+                let id = call_id(&self.state);
+                deltas.push(json!({
+                    "index": number,
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }));
+                self.choices[index].written_calls.push((id, 0));
+            }
+            let sent = &mut self.choices[index].written_calls[number].1;
+            if arguments.len() > *sent {
+                deltas.push(json!({
+                    "index": number,
+                    "function": {"arguments": &arguments[*sent..]},
+                }));
+                *sent = arguments.len();
+            }
+        }
+        deltas
+            .into_iter()
+            .map(|delta| {
+                let choice = json!({
+                    "index": index,
+                    "delta": {"tool_calls": [delta]},
+                    "logprobs": null,
+                    "finish_reason": null,
+                });
+                let mut chunk = self.envelope(vec![choice]);
+                self.usage_so_far(&mut chunk, index);
+                chunk
+            })
+            .collect()
+    }
+
     /// A chunk of this answer holding `choices`.
     fn envelope(&self, choices: Vec<Value>) -> Value {
         let object = match self.endpoint {
@@ -577,6 +641,32 @@ impl ChoiceStream {
             ),
             _ => (Cow::Borrowed(""), Cow::Borrowed(text)),
         }
+    }
+
+    /// With harmony's reading: the calls written so far (the assistant's messages to `functions.NAME`),
+    /// each its function's name and the text of its arguments; with `streaming`, less a tail of the
+    /// last message that may still grow into an end marker.
+    fn written(&self, streaming: bool) -> Vec<(String, String)> {
+        let reply = match std::str::from_utf8(&self.special) {
+            Ok(reply) => reply,
+            Err(error) => std::str::from_utf8(&self.special[..error.valid_up_to()])
+                .expect("valid up to there"),
+        };
+        let mut messages = harmony::messages(reply);
+        if streaming {
+            let unsettled = harmony::unsettled(reply, &messages);
+            if let Some(last) = messages.last_mut() {
+                last.content.end -= unsettled;
+            }
+        }
+        messages
+            .iter()
+            .filter(|message| message.role == "assistant")
+            .filter_map(|message| {
+                let name = message.function()?;
+                Some((name.to_string(), reply[message.content.clone()].to_string()))
+            })
+            .collect()
     }
 
     fn push(
@@ -680,6 +770,13 @@ impl ChoiceStream {
             self.tokens = completion.tokens.clone();
             self.logprobs = completion.logprobs.clone();
             self.top = completion.top_logprobs.clone();
+            if self.harmony.is_some() {
+                self.special = self
+                    .tokens
+                    .iter()
+                    .flat_map(|&token| state.vocab.bytes(token))
+                    .collect();
+            }
         }
         // A sampler whose text is not the decoding of its tokens cannot take back what was sent: the
         // choice then ends with what it streamed.
@@ -929,5 +1026,75 @@ mod tests {
         let text = tokenizer.decode(&tokens, true).unwrap();
         let last = finished(&mut streamer, &sender, &text, &tokens).await;
         assert_eq!(last, (json!({}), json!("stop")));
+    }
+
+    /// A gpt-oss call streamed a token at a time with harmony's tool calls: its analysis as reasoning,
+    /// then, as vLLM streams them, the call opened once its header is written and its arguments as
+    /// they are written, which put together are the arguments the model wrote; then the finish.
+    #[tokio::test]
+    async fn harmony_calls_stream_as_they_are_written() {
+        let mut tokenizer = fixture_tokenizer();
+        let markers = [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|call|>",
+        ];
+        tokenizer
+            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
+            .unwrap();
+        let arguments = "{\"city\": \"Paris\"}";
+        let reply = format!(
+            "<|channel|>analysis<|message|>Look.<|end|><|start|>assistant<|channel|>commentary \
+             to=functions.get_weather <|constrain|>json<|message|>{arguments}<|call|>"
+        );
+        let tokens = tokenizer
+            .encode(reply.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let (mut streamer, sender) =
+            chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
+                asked.harmony = Some(Harmony { reasoning: true });
+                asked.tool_format = Some(ToolFormat::Harmony);
+            })
+            .await;
+        let deltas: Vec<Value> = deltas_token_by_token(&mut streamer, &sender, &tokens)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let reasoning: String = deltas
+            .iter()
+            .filter_map(|delta| delta["reasoning"].as_str())
+            .collect();
+        assert_eq!(reasoning, "Look.");
+        let calls: Vec<&Value> = deltas
+            .iter()
+            .filter_map(|delta| delta["tool_calls"].as_array())
+            .map(|calls| &calls[0])
+            .collect();
+        let opening = calls[0];
+        assert_eq!(opening["index"], 0);
+        assert_eq!(opening["type"], "function");
+        assert_eq!(opening["function"]["name"], "get_weather");
+        assert_eq!(opening["function"]["arguments"], "");
+        assert!(opening["id"].as_str().unwrap().starts_with("call_"));
+        // The arguments came in more than one piece, each after the call was opened.
+        assert!(calls.len() > 2, "{calls:?}");
+        let written: String = calls[1..]
+            .iter()
+            .map(|call| {
+                assert_eq!(call["index"], 0);
+                call["function"]["arguments"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(written, arguments);
+        assert!(deltas.iter().all(|delta| delta.get("content").is_none()));
+        let text = tokenizer.decode(&tokens, true).unwrap();
+        let last = finished(&mut streamer, &sender, &text, &tokens).await;
+        assert_eq!(last, (json!({}), json!("tool_calls")));
     }
 }

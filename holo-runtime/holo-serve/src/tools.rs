@@ -341,13 +341,22 @@ pub(super) fn read_reply(
     }
 }
 
+/// A fresh id for a call, as OpenAI writes them (`call_…`).
+pub(super) fn call_id(state: &AppState) -> String {
+    format!(
+        "call_{:016x}{:08x}",
+        state.fresh_seed(),
+        state.fresh_seed() as u32
+    )
+}
+
 /// Calls as OpenAI's `tool_calls`, each with a fresh id.
 pub(super) fn calls_json(state: &AppState, calls: &[ToolCall]) -> Vec<Value> {
     calls
         .iter()
         .map(|call| {
             json!({
-                "id": format!("call_{:016x}{:08x}", state.fresh_seed(), state.fresh_seed() as u32),
+                "id": call_id(state),
                 "type": "function",
                 "function": {
                     "name": call.name,

@@ -214,9 +214,8 @@ pub struct GrpoConfig {
     /// (`--chat-template-kwargs '{"enable_thinking": false}'`).
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
     /// The format native tool calls are read in where a holoware leaves it open
-    /// (`<|ToolSchema parser=auto|>`), by vLLM's `--tool-call-parser` names: `hermes` or `llama3_json`
-    /// (formats whose calls start with a special token, `mistral` and `openai`, are not read by
-    /// holowares yet). Unset: the format the model's chat template writes.
+    /// (`<|ToolSchema parser=auto|>`), by vLLM's `--tool-call-parser` names: `hermes`, `llama3_json`,
+    /// `mistral` or `openai` (gpt-oss's harmony). Unset: the format the model's chat template writes.
     pub tool_call_parser: Option<String>,
 
     // --- The algorithm ---
@@ -551,17 +550,12 @@ impl GrpoConfig {
             return Ok(None);
         };
         match ToolFormat::from_name(name) {
-            Some(format) if !format.reads_special_tokens() => Ok(Some(format)),
-            Some(_) => Err(error(
-                "tool_call_parser",
-                format!(
-                    "`{name}` calls start with a special token, which the text of a turn lacks: \
-                     holowares do not read them yet (hermes or llama3_json; or text tools)"
-                ),
-            )),
+            Some(format) => Ok(Some(format)),
             None => Err(error(
                 "tool_call_parser",
-                format!("unknown format `{name}`: hermes or llama3_json (vLLM's names)"),
+                format!(
+                    "unknown format `{name}`: hermes, llama3_json, mistral or openai (vLLM's names)"
+                ),
             )),
         }
     }
@@ -1178,14 +1172,10 @@ mod tests {
             with("llama3_json").tool_format(),
             Ok(Some(ToolFormat::Llama3Json))
         );
-        for (name, why) in [
-            ("mistral", "start with a special token"),
-            ("openai", "start with a special token"),
-            ("qwen", "unknown format `qwen`"),
-        ] {
-            let error = with(name).validate().unwrap_err();
-            assert_eq!(error.key.as_deref(), Some("tool_call_parser"), "{name}");
-            assert!(error.message.contains(why), "{name}: {error}");
-        }
+        assert_eq!(with("mistral").tool_format(), Ok(Some(ToolFormat::Mistral)));
+        assert_eq!(with("openai").tool_format(), Ok(Some(ToolFormat::Harmony)));
+        let error = with("qwen").validate().unwrap_err();
+        assert_eq!(error.key.as_deref(), Some("tool_call_parser"));
+        assert!(error.message.contains("unknown format `qwen`"), "{error}");
     }
 }

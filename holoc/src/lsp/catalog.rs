@@ -15,7 +15,7 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
         "ToolSchema",
         "Writes the JSON schemas of the environment's registered tools; with `parser=`, offers them to \
          the model's chat template as `tools` instead (native tool calls).",
-        "`parser` (none: text tools; `auto`: the template's format, or `hermes`, `llama3_json`)",
+        "`parser` (none: text tools; `auto`: the template's format, or `hermes`, `llama3_json`, `mistral`, `openai`)",
     ),
     (
         "ToolExecutor",

@@ -111,16 +111,22 @@ pub fn parse_rollouts(text: &str) -> (Vec<Rollout>, Vec<BadLine>) {
 
 /// A message as TRL's conversational datasets hold it (and as chat templates take it): `role`
 /// (`system`, `user`, `assistant` or `tool`) and `content`; an assistant turn that made native tool
-/// calls has its text before the calls as `content` and the calls as `tool_calls` (OpenAI's shape, each
-/// call's `arguments` an object); a tool's result has role `tool` and the function's `name`.
+/// calls has its text before the calls as `content`, the calls as `tool_calls` (OpenAI's shape, each
+/// call's `arguments` an object, with its `id`) and the reasoning a format writes apart as `thinking`
+/// (gpt-oss's template's name), as harmony's answer has (its `final` messages the content); a tool's
+/// result has role `tool`, the function's `name` and the call's `tool_call_id`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: &'static str,
     pub content: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl From<&MessageRecord> for ChatMessage {
@@ -130,34 +136,52 @@ impl From<&MessageRecord> for ChatMessage {
             .iter()
             .map(|part| part.text.as_str())
             .collect();
+        let plain = ChatMessage {
+            role: message.role.name(),
+            content: text,
+            thinking: None,
+            tool_calls: None,
+            name: None,
+            tool_call_id: None,
+        };
         match &message.tool {
-            None => ChatMessage {
-                role: message.role.name(),
-                content: text,
-                tool_calls: None,
-                name: None,
-            },
-            Some(ToolRecord::ToolCalls { content, calls }) => ChatMessage {
+            None => plain,
+            Some(ToolRecord::ToolCalls {
+                content,
+                calls,
+                reasoning,
+            }) => ChatMessage {
                 role: "assistant",
                 content: content.clone().unwrap_or_default(),
+                thinking: reasoning.clone(),
                 tool_calls: Some(
                     calls
                         .iter()
                         .map(|call| {
-                            serde_json::json!({
+                            let mut value = serde_json::json!({
                                 "type": "function",
                                 "function": {"name": call.name, "arguments": call.arguments},
-                            })
+                            });
+                            if let Some(id) = &call.id {
+                                value["id"] = id.clone().into();
+                            }
+                            value
                         })
                         .collect(),
                 ),
-                name: None,
+                ..plain
             },
-            Some(ToolRecord::Result { name }) => ChatMessage {
+            Some(ToolRecord::Answer { content, reasoning }) => ChatMessage {
+                role: "assistant",
+                content: content.clone().unwrap_or_default(),
+                thinking: reasoning.clone(),
+                ..plain
+            },
+            Some(ToolRecord::Result { name, id }) => ChatMessage {
                 role: "tool",
-                content: text,
-                tool_calls: None,
                 name: Some(name.clone()),
+                tool_call_id: id.clone(),
+                ..plain
             },
         }
     }
@@ -303,10 +327,15 @@ mod tests {
             calls: vec![crate::loom::ToolCallRecord {
                 name: "add".into(),
                 arguments: serde_json::json!({"a": 2}),
+                id: None,
             }],
+            reasoning: None,
         });
         let mut result = message(Role::User, &[("4", false)]);
-        result.tool = Some(ToolRecord::Result { name: "add".into() });
+        result.tool = Some(ToolRecord::Result {
+            name: "add".into(),
+            id: None,
+        });
         let context = ContextRecord {
             trained: true,
             messages: vec![

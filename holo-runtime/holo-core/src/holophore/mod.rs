@@ -68,7 +68,12 @@
 //! [`Recorder::tool_result`] appends a `tool` message ([`ToolTurn::Result`]). Both reach the tokens only
 //! through the next rendering: when it extends what the model saw (the template writes the calls as the
 //! model wrote them), the results are appended as prompt; when it does not (other JSON spacing, Qwen3
-//! dropping an empty think block), the context is split. Tool messages are prompt, never trained.
+//! dropping an empty think block, gpt-oss's template writing a call's recipient before its channel), the
+//! context is split. Tool messages are prompt, never trained. Calls go to the template with their ids
+//! (`tool_calls[].id`, and a result's `tool_call_id`: Mistral's templates write them), and a harmony
+//! reply's reasoning as the calling turn's `thinking` (gpt-oss's template writes it as an `analysis`
+//! message while no final answer follows). [`Recorder::written`] gives the last completion decoded with
+//! its special tokens, where the formats whose markers are special tokens read their calls.
 //!
 //! # Template arguments
 //!
@@ -111,7 +116,7 @@ use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
 use crate::machine::{
-    feedback_of, reward_of, set_feedback, set_reward, Completion, Recorder, TemplateArg,
+    feedback_of, reward_of, set_feedback, set_reward, Completion, Finish, Recorder, TemplateArg,
 };
 use crate::sampler::ChatMessage;
 use crate::tools::{ToolFormat, ToolReply};
@@ -375,6 +380,9 @@ pub struct Holophore {
     /// While a context renders with template arguments of its own ([`Recorder::template_arguments`]):
     /// the run's rendering and frames, which the next context goes back to.
     restore: Option<(Arc<Rendering>, Option<Arc<Frames>>)>,
+    /// The last completion's text and the tokens it stands for, less a special end-of-turn token
+    /// ([`Recorder::written`]).
+    last_written: Option<(String, Vec<u32>)>,
 }
 
 impl fmt::Debug for Holophore {
@@ -729,6 +737,7 @@ impl Holophore {
             tool_format: None,
             default_tool_format: None,
             restore: None,
+            last_written: None,
         })
     }
 
@@ -783,6 +792,7 @@ impl Holophore {
             tool_format: None,
             default_tool_format: self.default_tool_format,
             restore: None,
+            last_written: None,
         }
     }
 
@@ -1166,6 +1176,16 @@ impl Recorder for Holophore {
         };
         let logprobs = (!completion.logprobs.is_empty() && completion.logprobs.len() == ids.len())
             .then(|| completion.logprobs.clone());
+        let mut written = ids.as_slice();
+        if completion.finish == Finish::EndOfTurn {
+            if let Some((last, before)) = written.split_last() {
+                if self.special.contains(last) {
+                    written = before;
+                }
+            }
+        }
+        self.last_written =
+            (kind == FragmentKind::Sampled).then(|| (completion.text.clone(), written.to_vec()));
         let decoded = match (self.frames.is_none(), kind) {
             (false, _) => String::new(),
             (true, FragmentKind::Sampled) => self
@@ -1228,8 +1248,16 @@ impl Recorder for Holophore {
         self.mark_tool_calls(reply);
     }
 
-    fn tool_result(&mut self, name: &str, content: &str) {
-        self.push_tool_result(name, content);
+    fn tool_result(&mut self, name: &str, id: Option<&str>, content: &str) {
+        self.push_tool_result(name, id, content);
+    }
+
+    fn written(&self, text: &str) -> Option<String> {
+        let (written, ids) = self.last_written.as_ref()?;
+        if written != text {
+            return None;
+        }
+        self.tokenizer.decode(ids, false).ok()
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {

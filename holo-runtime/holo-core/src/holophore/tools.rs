@@ -11,23 +11,57 @@ use crate::tools::{ToolFormat, ToolReply, ToolTurn};
 use crate::Role;
 
 /// A message as chat templates take it: `role` and `content`, with `tool_calls` for an assistant
-/// turn that made calls (each call's `arguments` an object, which templates write with `tojson`, as
-/// vLLM hands them) and role `tool` for a call's result.
+/// turn that made calls (each with its `id`, its `arguments` an object, which templates write with
+/// `tojson`, as vLLM hands them; the reasoning a format writes apart as `thinking`, gpt-oss's
+/// template's name for it) and role `tool` for a call's result (with the call's `tool_call_id`).
 pub(super) fn message_value(message: &Message) -> minijinja::Value {
     let value = match &message.tool {
         None => json!({"role": message.role.name(), "content": message.content}),
-        // No text before the calls is an empty content, not `None`: templates such as Qwen3's look
-        // for `</think>` in it.
-        Some(ToolTurn::Calls(reply)) => json!({
-            "role": "assistant",
-            "content": reply.content.as_deref().unwrap_or_default(),
-            "tool_calls": reply.calls.iter().map(|call| json!({
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            })).collect::<Vec<_>>(),
-        }),
-        Some(ToolTurn::Result { name }) => {
-            json!({"role": "tool", "name": name, "content": message.content})
+        Some(ToolTurn::Calls(reply)) => {
+            // No text before the calls is an empty content, not `None`: templates such as Qwen3's
+            // look for `</think>` in it.
+            let mut value = json!({
+                "role": "assistant",
+                "content": reply.content.as_deref().unwrap_or_default(),
+                "tool_calls": reply.calls.iter().map(|call| {
+                    let mut value = json!({
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    });
+                    if let Some(id) = &call.id {
+                        value["id"] = json!(id);
+                    }
+                    value
+                }).collect::<Vec<_>>(),
+            });
+            // gpt-oss's template refuses a calling turn with both: a preamble joins the reasoning,
+            // which it renders as one `analysis` message.
+            match (&reply.reasoning, &reply.content) {
+                (Some(reasoning), Some(content)) => {
+                    value["thinking"] = json!(format!("{reasoning}\n{content}"));
+                    value["content"] = json!("");
+                }
+                (Some(reasoning), None) => value["thinking"] = json!(reasoning),
+                (None, _) => {}
+            }
+            value
+        }
+        Some(ToolTurn::Answer { content, reasoning }) => {
+            let mut value = json!({
+                "role": "assistant",
+                "content": content.as_deref().unwrap_or_default(),
+            });
+            if let Some(reasoning) = reasoning {
+                value["thinking"] = json!(reasoning);
+            }
+            value
+        }
+        Some(ToolTurn::Result { name, id }) => {
+            let mut value = json!({"role": "tool", "name": name, "content": message.content});
+            if let Some(id) = id {
+                value["tool_call_id"] = json!(id);
+            }
+            value
         }
     };
     template_value(&value)
@@ -132,7 +166,7 @@ impl Holophore {
                     .find(|message| message.role == Role::Assistant)
             });
         match assistant {
-            Some(message) => message.tool = Some(ToolTurn::Calls(reply.clone())),
+            Some(message) => message.tool = Some(ToolTurn::from(reply)),
             None => self
                 .errors
                 .push("tool calls recorded, but the context has no assistant message".into()),
@@ -141,7 +175,7 @@ impl Holophore {
 
     /// [`Recorder::tool_result`](crate::Recorder::tool_result): a `tool` message, tokenized as the
     /// template renders it at the next sample request (never trained: it is prompt).
-    pub(super) fn push_tool_result(&mut self, name: &str, content: &str) {
+    pub(super) fn push_tool_result(&mut self, name: &str, id: Option<&str>, content: &str) {
         if self.tool_format.is_none() {
             self.errors.push(format!(
                 "a result of tool `{name}` recorded, but no native tools were offered"
@@ -160,6 +194,7 @@ impl Holophore {
             content: content.to_string(),
             tool: Some(ToolTurn::Result {
                 name: name.to_string(),
+                id: id.map(str::to_string),
             }),
         });
     }

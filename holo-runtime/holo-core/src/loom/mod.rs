@@ -1040,12 +1040,16 @@ impl Recorder for Prompted {
         }
     }
 
-    fn tool_result(&mut self, name: &str, content: &str) {
+    fn tool_result(&mut self, name: &str, id: Option<&str>, content: &str) {
         self.pending = None;
-        self.transcript.tool_result(name, content);
+        self.transcript.tool_result(name, id, content);
         if let Some(holophore) = &mut self.holophore {
-            holophore.tool_result(name, content);
+            holophore.tool_result(name, id, content);
         }
+    }
+
+    fn written(&self, text: &str) -> Option<String> {
+        self.holophore.as_ref()?.written(text)
     }
 
     fn reward(&mut self, name: &str, value: f64, weight: f64) {

@@ -95,7 +95,9 @@ pub struct MessageRecord {
 }
 
 /// What a message is to native tool calls, in a record: `{"tool_calls": {"content", "calls"}}` for an
-/// assistant message that made calls, `{"result": {"name"}}` for a tool's result.
+/// assistant message that made calls (with `reasoning` where the format writes it apart: harmony's
+/// `analysis`), `{"result": {"name", "id"}}` for a tool's result, `{"answer": {"content",
+/// "reasoning"}}` for harmony's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolRecord {
@@ -104,16 +106,32 @@ pub enum ToolRecord {
     ToolCalls {
         content: Option<String>,
         calls: Vec<ToolCallRecord>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
     },
-    /// The result of a call of the function `name`.
-    Result { name: String },
+    /// The result of a call of the function `name`, whose id is `id` (none when no call was read).
+    Result {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+    },
+    /// An answer (no call) in a format that writes its content and reasoning apart (harmony's `final`
+    /// and `analysis` messages), which the message's text runs together.
+    Answer {
+        content: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
+    },
 }
 
-/// One call: the function's name and its arguments (a JSON object).
+/// One call: the function's name, its arguments (a JSON object; the text the model wrote, as a JSON
+/// string, for a call that was not well-formed) and its id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallRecord {
     pub name: String,
     pub arguments: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl From<&crate::tools::ToolTurn> for ToolRecord {
@@ -127,10 +145,19 @@ impl From<&crate::tools::ToolTurn> for ToolRecord {
                     .map(|call| ToolCallRecord {
                         name: call.name.clone(),
                         arguments: call.arguments.clone(),
+                        id: call.id.clone(),
                     })
                     .collect(),
+                reasoning: reply.reasoning.clone(),
             },
-            crate::tools::ToolTurn::Result { name } => ToolRecord::Result { name: name.clone() },
+            crate::tools::ToolTurn::Result { name, id } => ToolRecord::Result {
+                name: name.clone(),
+                id: id.clone(),
+            },
+            crate::tools::ToolTurn::Answer { content, reasoning } => ToolRecord::Answer {
+                content: content.clone(),
+                reasoning: reasoning.clone(),
+            },
         }
     }
 }

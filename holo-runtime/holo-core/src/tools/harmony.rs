@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use serde_json::Value;
 
-use super::{Function, ToolCall, ToolReply};
+use super::{Function, Malformed, ToolCall, ToolReply};
 use crate::json::json_layout;
 
 pub(super) const START: &str = "<|start|>";
@@ -220,30 +220,44 @@ pub(super) fn parse(reply: &str) -> Option<ToolReply> {
             arguments.is_object().then(|| ToolCall {
                 name: name.to_string(),
                 arguments,
+                id: None,
             })
         })
         .collect::<Option<Vec<ToolCall>>>()?;
     Some(ToolReply {
         content: content(reply, &messages),
         calls,
+        reasoning: reasoning(reply, &messages),
     })
 }
 
-/// What is wrong with the first call of `reply` that is not well formed, for the model to read.
-pub(super) fn malformed(reply: &str) -> Option<String> {
+/// The first call of `reply` that is not well formed: what is wrong, for the model to read, and the
+/// call with the text of its arguments.
+pub(super) fn malformed(reply: &str) -> Option<Malformed> {
     let messages = messages(reply);
-    messages.iter().find_map(|message| {
+    let (name, arguments, message) = messages.iter().find_map(|message| {
         let name = message.function()?;
         let arguments = &reply[message.content.clone()];
-        match serde_json::from_str::<Value>(arguments) {
-            Err(error) => Some(format!(
-                "the arguments of the call of `{name}` are not valid JSON: {error}"
-            )),
-            Ok(value) if !value.is_object() => Some(format!(
-                "the arguments of the call of `{name}` must be a JSON object"
-            )),
-            Ok(_) => None,
-        }
+        let wrong = match serde_json::from_str::<Value>(arguments) {
+            Err(error) => {
+                format!("the arguments of the call of `{name}` are not valid JSON: {error}")
+            }
+            Ok(value) if !value.is_object() => {
+                format!("the arguments of the call of `{name}` must be a JSON object")
+            }
+            Ok(_) => return None,
+        };
+        Some((name, arguments, wrong))
+    })?;
+    Some(Malformed {
+        message,
+        call: ToolCall {
+            name: name.to_string(),
+            arguments: Value::String(arguments.to_string()),
+            id: None,
+        },
+        content: content(reply, &messages),
+        reasoning: reasoning(reply, &messages),
     })
 }
 

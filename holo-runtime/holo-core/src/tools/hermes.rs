@@ -24,5 +24,6 @@ pub(super) fn parse(text: &str) -> Option<ToolReply> {
     Some(ToolReply {
         content: content(&text[..first]),
         calls,
+        reasoning: None,
     })
 }

@@ -29,5 +29,6 @@ pub(super) fn parse(text: &str) -> Option<ToolReply> {
     Some(ToolReply {
         content: None,
         calls,
+        reasoning: None,
     })
 }

@@ -19,11 +19,14 @@ use serde_json::{json, Value};
 
 use crate::json::json_layout;
 
-/// One call a model made: the function's name and its arguments (a JSON object).
+/// One call a model made: the function's name, its arguments (a JSON object; for a call that was not
+/// well-formed, the text the model wrote for them, as a JSON string) and its id: the one the model wrote
+/// with it (Mistral's), or the one a tool loop gave it, which its result names (`tool_call_id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
     pub name: String,
     pub arguments: Value,
+    pub id: Option<String>,
 }
 
 /// What a message is to native tool calls.
@@ -32,16 +35,52 @@ pub enum ToolTurn {
     /// An assistant message that made calls: the template renders it with the reply's content (the
     /// text before the calls) and its calls as `tool_calls`.
     Calls(ToolReply),
-    /// A `tool` message: the result of a call of the function `name`.
-    Result { name: String },
+    /// A `tool` message: the result of a call of the function `name`, whose id is `id` (none when no
+    /// call was read).
+    Result { name: String, id: Option<String> },
+    /// An assistant message that made no call, in a format that writes its content and reasoning apart
+    /// (harmony's `final` and `analysis` messages): the template renders it from them.
+    Answer {
+        content: Option<String>,
+        reasoning: Option<String>,
+    },
+}
+
+impl From<&ToolReply> for ToolTurn {
+    /// A reply with calls makes calls; one without is an answer.
+    fn from(reply: &ToolReply) -> Self {
+        match reply.calls.is_empty() {
+            true => ToolTurn::Answer {
+                content: reply.content.clone(),
+                reasoning: reply.reasoning.clone(),
+            },
+            false => ToolTurn::Calls(reply.clone()),
+        }
+    }
 }
 
 /// A reply read in a tool-call format: the text before the calls (`None` when there is none but
-/// whitespace) and the calls.
+/// whitespace; harmony's: its `final` messages and preambles), the calls, and the reasoning a format
+/// writes apart from the content (harmony's `analysis` messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolReply {
     pub content: Option<String>,
     pub calls: Vec<ToolCall>,
+    pub reasoning: Option<String>,
+}
+
+/// A turn that starts a call but holds no well-formed one ([`ToolFormat::read`]): what is wrong, for
+/// the model to read, and the call as far as it could be read, for the formats whose templates show a
+/// result only after a call ([`ToolFormat::results_follow_calls`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub message: String,
+    /// The function's name where it was read (else the format's name), and the text the model wrote
+    /// for the call's arguments, as a JSON string.
+    pub call: ToolCall,
+    /// The text before the call, and the reasoning written apart from it (harmony's).
+    pub content: Option<String>,
+    pub reasoning: Option<String>,
 }
 
 /// A function the model may call: its name and the JSON schema of its arguments.
@@ -135,41 +174,98 @@ impl ToolFormat {
     /// The calls in `text` as a tool loop reads a turn: `Ok(None)` when no call starts there (the model
     /// answered), `Err` saying what is wrong when one starts but is not a well-formed call (bad JSON, no
     /// `name`, arguments that are not an object), for the model to read.
-    pub fn read(self, text: &str) -> Result<Option<ToolReply>, String> {
+    pub fn read(self, text: &str) -> Result<Option<ToolReply>, Box<Malformed>> {
         if let Some(reply) = self.parse(text) {
             return Ok(Some(reply));
         }
-        let payload = match self {
-            ToolFormat::Hermes => text.find(hermes::OPEN).map(|at| {
-                let body = &text[at + hermes::OPEN.len()..];
-                body.find(hermes::CLOSE).map_or(body, |end| &body[..end])
-            }),
+        // Per format: where the call starts, what the model wrote for it, and its function's name
+        // where it can be read without the JSON.
+        let (at, payload, name) = match self {
+            ToolFormat::Hermes => match text.find(hermes::OPEN) {
+                Some(at) => {
+                    let body = &text[at + hermes::OPEN.len()..];
+                    (
+                        at,
+                        body.find(hermes::CLOSE).map_or(body, |end| &body[..end]),
+                        None,
+                    )
+                }
+                None => return Ok(None),
+            },
             ToolFormat::Llama3Json => {
                 let rest = text.trim_start();
                 let rest = rest.strip_prefix(llama::PYTHON_TAG).unwrap_or(rest);
-                rest.trim_start().starts_with('{').then_some(rest)
+                if !rest.trim_start().starts_with('{') {
+                    return Ok(None);
+                }
+                (0, rest, None)
             }
-            ToolFormat::Mistral => text
-                .find(mistral::MARKER)
-                .map(|at| &text[at + mistral::MARKER.len()..]),
+            ToolFormat::Mistral => match text.find(mistral::MARKER) {
+                Some(at) => {
+                    let payload = &text[at + mistral::MARKER.len()..];
+                    match mistral::named(payload) {
+                        Some((name, arguments)) => (at, arguments, Some(name)),
+                        None => (at, payload, None),
+                    }
+                }
+                None => return Ok(None),
+            },
             // A call is a message of its own: its arguments are what may be wrong.
-            ToolFormat::Harmony => return harmony::malformed(text).map_or(Ok(None), Err),
-        };
-        let Some(payload) = payload else {
-            return Ok(None);
+            ToolFormat::Harmony => {
+                return match harmony::malformed(text) {
+                    None => Ok(None),
+                    Some(malformed) => Err(Box::new(malformed)),
+                }
+            }
         };
         let arguments = match self {
             ToolFormat::Llama3Json => "parameters",
             ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => "arguments",
         };
         let mut values = serde_json::Deserializer::from_str(payload.trim()).into_iter::<Value>();
-        Err(match values.next() {
+        let message = match values.next() {
             Some(Err(error)) => format!("the tool call is not valid JSON: {error}"),
             _ => format!(
                 "a tool call in the {} format is a JSON object with a \"name\" string and an \"{arguments}\" object",
                 self.name()
             ),
+        };
+        Err(Box::new(Malformed {
+            message,
+            call: ToolCall {
+                name: name.unwrap_or_else(|| self.name().to_string()),
+                arguments: Value::String(payload.trim().to_string()),
+                id: None,
+            },
+            content: content(&text[..at]),
+            reasoning: None,
+        }))
+    }
+
+    /// An answer (a turn without calls) as the format writes it apart from its text: harmony's `final`
+    /// messages as its content and `analysis` messages as its reasoning (the text a sampler hands back
+    /// runs the channels' names into them); `None` for the other formats, whose answer is its text, and
+    /// for a text that holds no harmony message (a sampler's text without its markers).
+    pub fn answer(self, text: &str) -> Option<ToolReply> {
+        if self != ToolFormat::Harmony {
+            return None;
+        }
+        let messages = harmony::messages(text);
+        if messages.is_empty() {
+            return None;
+        }
+        Some(ToolReply {
+            content: harmony::content(text, &messages),
+            calls: Vec::new(),
+            reasoning: harmony::reasoning(text, &messages),
         })
+    }
+
+    /// Whether the format's templates render a `tool` message only after the call it answers (Mistral's
+    /// by the call's id, harmony's by the last call's function): a tool loop records a malformed call
+    /// as a call ([`Malformed::call`]) so that the template can render what answers it.
+    pub fn results_follow_calls(self) -> bool {
+        matches!(self, ToolFormat::Mistral | ToolFormat::Harmony)
     }
 
     /// Where a streamed reply must stop being sent as content: the byte where a call starts or may
@@ -293,9 +389,12 @@ fn call_from(value: &Value, argument_keys: &[&str]) -> Option<ToolCall> {
         Value::String(text) => serde_json::from_str::<Value>(&text).ok()?,
         other => other,
     };
-    arguments
-        .is_object()
-        .then_some(ToolCall { name, arguments })
+    let id = object.get("id").and_then(Value::as_str).map(str::to_string);
+    arguments.is_object().then_some(ToolCall {
+        name,
+        arguments,
+        id,
+    })
 }
 
 /// `text` unless it is only whitespace.
@@ -323,6 +422,7 @@ mod tests {
             .map(|call| ToolCall {
                 name: call["name"].as_str().unwrap().to_string(),
                 arguments: call["arguments"].clone(),
+                id: None,
             })
             .collect();
         (case["reply"].as_str().unwrap().to_string(), calls)
@@ -383,7 +483,8 @@ mod tests {
             parsed,
             ToolReply {
                 content: None,
-                calls: calls.clone()
+                calls: calls.clone(),
+                reasoning: None,
             }
         );
         let two = format!("<|python_tag|>{reply}; {{\"name\": \"get_time\", \"parameters\": {{\"zone\": \"UTC\"}}}}");
@@ -392,11 +493,12 @@ mod tests {
         assert_eq!(parsed.calls[1].arguments, json!({"zone": "UTC"}));
     }
 
-    /// No Mistral template that renders tool calls is available offline: these are the two forms
-    /// vLLM's `mistral` parser reads (v3 tokenizers' JSON list, v11's `name[ARGS]`).
+    /// The two forms vLLM's `mistral` parser reads (v3 tokenizers' JSON list, with or without ids,
+    /// v11's `name[ARGS]`), and `name[CALL_ID]id[ARGS]` as Mistral Small 3's templates render history;
+    /// Mistral Nemo's template rendering the list is in `tests/core/tool_loops.rs`.
     #[test]
     fn mistral_replies_parse_in_both_forms() {
-        let list = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]";
+        let list = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}, \"id\": \"a1b2c3d4e\"}]";
         let parsed = ToolFormat::Mistral.parse(list).unwrap();
         assert_eq!(parsed.content, None);
         assert_eq!(
@@ -404,19 +506,25 @@ mod tests {
             [
                 ToolCall {
                     name: "get_weather".into(),
-                    arguments: json!({"city": "Paris"})
+                    arguments: json!({"city": "Paris"}),
+                    id: None,
                 },
                 ToolCall {
                     name: "get_time".into(),
-                    arguments: json!({"zone": "UTC"})
+                    arguments: json!({"zone": "UTC"}),
+                    id: Some("a1b2c3d4e".into()),
                 },
             ]
         );
-        let named = "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{\"zone\": \"UTC\"}";
+        let named = "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[CALL_ID]x1y2z3w4v[ARGS]{\"zone\": \"UTC\"}";
         let parsed = ToolFormat::Mistral.parse(named).unwrap();
         assert_eq!(parsed.content.as_deref(), Some("Let me look."));
         assert_eq!(parsed.calls.len(), 2);
         assert_eq!(parsed.calls[0].name, "get_weather");
+        assert_eq!(
+            (parsed.calls[1].name.as_str(), parsed.calls[1].id.as_deref()),
+            ("get_time", Some("x1y2z3w4v"))
+        );
     }
 
     #[test]
@@ -491,9 +599,48 @@ mod tests {
                 "not valid JSON",
             ),
         ] {
-            let error = format.read(text).unwrap_err();
+            let error = format.read(text).unwrap_err().message;
             assert!(error.contains(said), "{format:?} {text}: {error}");
         }
+        // What could be read of a malformed call: its function where the format names it apart from
+        // the JSON, the text of its arguments, the text before it.
+        let malformed = ToolFormat::Mistral
+            .read("Let me see.[TOOL_CALLS]get_weather[ARGS]{\"city\": ")
+            .unwrap_err();
+        assert_eq!(malformed.call.name, "get_weather");
+        assert_eq!(malformed.call.arguments, json!("{\"city\":"));
+        assert_eq!(malformed.content.as_deref(), Some("Let me see."));
+        let malformed = ToolFormat::Harmony
+            .read("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": <|call|>")
+            .unwrap_err();
+        assert_eq!(
+            (malformed.call.name.as_str(), &malformed.call.arguments),
+            ("f", &json!("{\"a\": "))
+        );
+        assert_eq!(malformed.reasoning.as_deref(), Some("Hm."));
+        assert!(
+            malformed.message.contains("not valid JSON"),
+            "{malformed:?}"
+        );
+    }
+
+    #[test]
+    fn harmony_answers_are_read_apart_from_their_text() {
+        let reply = "<|channel|>analysis<|message|>Sum.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>";
+        assert_eq!(
+            ToolFormat::Harmony.answer(reply),
+            Some(ToolReply {
+                content: Some("4".into()),
+                calls: Vec::new(),
+                reasoning: Some("Sum.".into()),
+            })
+        );
+        // Text without harmony's markers, and the other formats, are answered by their text.
+        assert_eq!(
+            ToolFormat::Harmony.answer("analysisSum.assistantfinal4"),
+            None
+        );
+        assert_eq!(ToolFormat::Mistral.answer(reply), None);
     }
 
     #[test]

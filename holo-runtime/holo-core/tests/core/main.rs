@@ -19,3 +19,4 @@ mod native_tools;
 mod openai;
 mod recording;
 mod sandbox;
+mod tool_loops;

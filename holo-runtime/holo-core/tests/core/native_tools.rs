@@ -126,7 +126,7 @@ fn native_tool_loops_render_as_transformers_renders_them() {
         let results = conversation["results"].as_array().unwrap();
         assert_eq!(read.calls.len(), results.len(), "{at}");
         for (call, result) in read.calls.iter().zip(results) {
-            h.tool_result(&call.name, result.as_str().unwrap());
+            h.tool_result(&call.name, None, result.as_str().unwrap());
         }
         h.begin_message(Role::Assistant);
         let second = h.prompt_ids();
@@ -145,7 +145,8 @@ fn native_tool_loops_render_as_transformers_renders_them() {
         assert_eq!(
             tool_message.tool,
             Some(ToolTurn::Result {
-                name: read.calls[0].name.clone()
+                name: read.calls[0].name.clone(),
+                id: None,
             }),
             "{at}"
         );
@@ -379,6 +380,13 @@ fn a_native_tool_rollout_through_the_loom_trains_exactly_what_was_sampled() {
         .iter()
         .filter_map(|message| message.tool.as_ref())
         .collect();
+    // Each call has an id (nine letters and digits, as Mistral's templates need), which its result
+    // names.
+    let id = match turns[0] {
+        ToolRecord::ToolCalls { calls, .. } => calls[0].id.clone().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert!(id.len() == 9 && id.bytes().all(|byte| byte.is_ascii_alphanumeric()));
     assert_eq!(
         turns[..2],
         [
@@ -387,10 +395,13 @@ fn a_native_tool_rollout_through_the_loom_trains_exactly_what_was_sampled() {
                 calls: vec![ToolCallRecord {
                     name: "calculator".into(),
                     arguments: serde_json::json!({"expression": "17 * 23"}),
+                    id: Some(id.clone()),
                 }],
+                reasoning: None,
             },
             &ToolRecord::Result {
-                name: "calculator".into()
+                name: "calculator".into(),
+                id: Some(id),
             },
         ]
     );

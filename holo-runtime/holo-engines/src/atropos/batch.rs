@@ -524,7 +524,8 @@ impl RolloutSource for NoHoloware {
 }
 
 /// What an OpenAI message an environment sent is to tool calls: an assistant message's `tool_calls`
-/// (arguments given as JSON text are read back into objects), or a `tool` message's function `name`.
+/// (arguments given as JSON text are read back into objects) with their ids, or a `tool` message's
+/// function `name` and `tool_call_id`.
 fn tool_record(message: &serde_json::Map<String, Value>) -> Option<ToolRecord> {
     match message.get("role").and_then(Value::as_str) {
         Some("tool") => Some(ToolRecord::Result {
@@ -533,6 +534,10 @@ fn tool_record(message: &serde_json::Map<String, Value>) -> Option<ToolRecord> {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string(),
+            id: message
+                .get("tool_call_id")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         }),
         Some("assistant") => {
             let calls = message.get("tool_calls")?.as_array()?;
@@ -559,9 +564,11 @@ fn tool_record(message: &serde_json::Map<String, Value>) -> Option<ToolRecord> {
                                 .unwrap_or_default()
                                 .to_string(),
                             arguments,
+                            id: call.get("id").and_then(Value::as_str).map(str::to_string),
                         }
                     })
                     .collect(),
+                reasoning: None,
             })
         }
         _ => None,
@@ -587,13 +594,19 @@ mod tests {
                 calls: vec![ToolCallRecord {
                     name: "add".into(),
                     arguments: json!({"a": 2}),
+                    id: Some("c1".into()),
                 }],
+                reasoning: None,
             })
         );
-        let result = object(json!({"role": "tool", "name": "add", "content": "4"}));
+        let result =
+            object(json!({"role": "tool", "name": "add", "tool_call_id": "c1", "content": "4"}));
         assert_eq!(
             tool_record(&result),
-            Some(ToolRecord::Result { name: "add".into() })
+            Some(ToolRecord::Result {
+                name: "add".into(),
+                id: Some("c1".into())
+            })
         );
         let plain = object(json!({"role": "assistant", "content": "4"}));
         assert_eq!(tool_record(&plain), None);

@@ -253,20 +253,14 @@ impl Holotype for ToolSchema {
             None => Schemas::Text,
             Some("auto") => Schemas::Native(None),
             Some(name) => {
-                let format = ToolFormat::from_name(name)
-                    .filter(|format| !format.reads_special_tokens())
-                    .ok_or_else(|| {
-                        let names: Vec<&str> = ToolFormat::NAMES
-                            .iter()
-                            .filter(|(_, format)| !format.reads_special_tokens())
-                            .map(|(name, _)| *name)
-                            .collect();
-                        HolotypeError::new(format!(
-                            "argument `parser` must be `auto` or one of {}, found `{name}`{}",
-                            names.join(", "),
-                            unread(name)
-                        ))
-                    })?;
+                let format = ToolFormat::from_name(name).ok_or_else(|| {
+                    let names: Vec<&str> =
+                        ToolFormat::NAMES.iter().map(|(name, _)| *name).collect();
+                    HolotypeError::new(format!(
+                        "argument `parser` must be `auto` or one of {}, found `{name}`",
+                        names.join(", ")
+                    ))
+                })?;
                 Schemas::Native(Some(format))
             }
         };
@@ -280,31 +274,11 @@ impl Holotype for ToolSchema {
         match self.schemas {
             Schemas::Text => cx.inject(&format!("{}\n", self.tools.schema())),
             Schemas::Native(format) => {
-                let format = cx
-                    .offer_tools(&self.tools.native_schemas(), format)
+                cx.offer_tools(&self.tools.native_schemas(), format)
                     .map_err(HolotypeError::new)?;
-                if format.reads_special_tokens() {
-                    return Err(HolotypeError::new(format!(
-                        "the model's chat template writes tool calls in the {} format{}",
-                        format.name(),
-                        unread(format.name())
-                    )));
-                }
             }
         }
         Ok(Enter::Run)
-    }
-}
-
-/// Why a format whose marker is a special token is refused: a turn's text, as samplers decode it,
-/// lacks the marker, so every call would read as an answer.
-fn unread(name: &str) -> &'static str {
-    match ToolFormat::from_name(name) {
-        Some(format) if format.reads_special_tokens() => {
-            " (its calls start with a special token, which the text of a turn lacks: holowares do not \
-             read them yet; use text tools)"
-        }
-        _ => "",
     }
 }
 
@@ -321,6 +295,8 @@ pub struct ToolExecutor {
     answer: String,
     /// Counts native calls (calls, failed, timed out) when the driver provides it.
     stats: Option<Arc<ToolStats>>,
+    /// The native calls of the rollout so far, which number their ids.
+    calls: u64,
 }
 
 impl Holotype for ToolExecutor {
@@ -335,6 +311,7 @@ impl Holotype for ToolExecutor {
                 .to_string(),
             answer: args.name("answer")?.unwrap_or("answer").to_string(),
             stats: args.resources.get::<ToolStats>(),
+            calls: 0,
         })
     }
 
@@ -346,6 +323,7 @@ impl Holotype for ToolExecutor {
                 self.stats.as_deref(),
                 format,
                 &turn,
+                &mut self.calls,
                 cx,
             ));
         }
@@ -390,7 +368,7 @@ impl Holotype for ToolRunner {
     fn end_pass(&mut self, cx: &mut Cx<'_>) -> Result<Pass, HolotypeError> {
         let turn = cx.var(&self.variable).unwrap_or_default();
         let answered = match cx.tool_format() {
-            Some(format) => matches!(format.read(turn), Ok(None)),
+            Some(format) => matches!(format.read(&cx.written(turn)), Ok(None)),
             None => turn.contains(&format!("<{}>", self.answer)),
         };
         Ok(if answered || cx.pass() >= self.max_turns {
