@@ -1,7 +1,7 @@
 //! `holo tinker-serve` against the other side's own code: the `tinker` SDK 0.38.0 from PyPI
 //! (`tinker_sdk.py`, in the venv `scripts/prepare.sh tinker` makes) trains, samples, checkpoints and
-//! restarts against the server on the tiny Qwen2 fixture; tinker-cookbook's RL and supervised recipes
-//! run unchanged against it; and our own `holo train --backend tinker` runs against it.
+//! restarts against the server on the tiny Qwen2 fixture, and our own `holo train --backend tinker` runs
+//! against it (tinker-cookbook's loops: `cookbook.rs`).
 #![cfg(feature = "cli")]
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use crate::common::tempdir::Dir;
 /// The name the server gives the model.
 const MODEL: &str = "holo/tiny-qwen2";
 
-fn model_dir() -> PathBuf {
+pub(super) fn model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2")
 }
 
@@ -26,7 +26,7 @@ fn serve(store: &Path) -> Served {
 }
 
 /// [`serve`], the model named `name`.
-fn serve_as(store: &Path, name: &str) -> Served {
+pub(super) fn serve_as(store: &Path, name: &str) -> Served {
     let model = model_dir();
     let store = store.display().to_string();
     Served::start(&mut crate::common::holo_command(&[
@@ -321,131 +321,6 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         serde_json::json!([listed[0], listed[2]])
     );
     refused(&again["deleted_sampler"], 404, "does not exist");
-}
-
-/// One of tinker-cookbook's recipes (`python -m MODULE ARGS…`) against `base`, at most five minutes,
-/// offline: the model is named by its folder, whose tokenizer the cookbook loads from disk.
-fn cookbook(python: &Path, module: &str, base: &str, args: &[String], log: PathBuf) {
-    let mut command = std::process::Command::new(python);
-    command
-        .args(["-m", module])
-        .arg(format!("model_name={}", model_dir().display()))
-        .arg(format!("base_url={base}"))
-        .args(args)
-        .env("TINKER_API_KEY", "tml-holo-test")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
-        .env("HF_DATASETS_OFFLINE", "1")
-        .env(
-            "SNAPSHOTS_KEPT",
-            holo_runtime::engines::tinker::serve::worker::SNAPSHOTS_KEPT.to_string(),
-        )
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("TINKER_BASE_URL")
-        .env_remove("WANDB_API_KEY");
-    let mut process = Process::spawn(&mut command, log);
-    let (status, output) = process.finish(Duration::from_secs(300));
-    assert!(status.success(), "{module} failed:\n{output}");
-}
-
-fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-/// tinker-cookbook 0.5.8's own loops, unchanged: `recipes.math_rl.train` (its RL loop, on its synthetic
-/// arithmetic environment: sampling, rewards, `importance_sampling`, checkpoints) for two steps, and
-/// `recipes.chat_sl.train` (its supervised loop) on eight conversations from a JSONL file for six steps,
-/// whose training loss falls.
-#[test]
-fn tinker_cookbook_loops_run_against_holo_tinker_serve() {
-    let Some(venv) = crate::common::components::tinker() else {
-        return;
-    };
-    let python = venv.join("bin/python");
-    let dir = Dir::new("tinker-cookbook");
-    let model = model_dir().display().to_string();
-    let server = serve_as(&dir.path().join("store"), &model);
-    let arg = |key: &str, value: &str| format!("{key}={value}");
-
-    let rl = dir.path().join("rl");
-    cookbook(
-        &python,
-        "tinker_cookbook.recipes.math_rl.train",
-        &server.base,
-        &[
-            arg("env", "arithmetic"),
-            arg("renderer_name", "qwen3"),
-            arg("lora_rank", "8"),
-            arg("group_size", "2"),
-            arg("groups_per_batch", "2"),
-            arg("max_tokens", "8"),
-            arg("max_steps", "2"),
-            arg("eval_every", "0"),
-            arg("save_every", "1"),
-            arg("log_path", rl.to_str().unwrap()),
-            arg("behavior_if_log_dir_exists", "delete"),
-        ],
-        dir.path().join("rl.log"),
-    );
-    let steps = jsonl(&rl.join("metrics.jsonl"));
-    assert_eq!(steps.len(), 2, "{steps:?}");
-    for step in &steps {
-        let reward = step["env/all/reward/total"].as_f64().unwrap();
-        assert!(reward.is_finite(), "{step}");
-    }
-    let saved = jsonl(&rl.join("checkpoints.jsonl"));
-    let state = saved.last().unwrap()["state_path"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        state.starts_with("tinker://") && state.contains("/weights/"),
-        "{state}"
-    );
-
-    let data = dir.path().join("chat.jsonl");
-    let rows: Vec<String> = (0..8)
-        .map(|i| {
-            serde_json::json!({"messages": [
-                {"role": "user", "content": format!("What is {i} plus {i}?")},
-                {"role": "assistant", "content": format!("{i} plus {i} is {}.", 2 * i)},
-            ]})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
-    let sl = dir.path().join("sl");
-    cookbook(
-        &python,
-        "tinker_cookbook.recipes.chat_sl.train",
-        &server.base,
-        &[
-            arg("dataset", data.to_str().unwrap()),
-            arg("renderer_name", "qwen3"),
-            arg("lora_rank", "8"),
-            arg("batch_size", "4"),
-            arg("num_epochs", "3"),
-            arg("learning_rate", "1e-2"),
-            arg("max_length", "256"),
-            arg("eval_every", "0"),
-            arg("infrequent_eval_every", "0"),
-            arg("save_every", "0"),
-            arg("log_path", sl.to_str().unwrap()),
-            arg("behavior_if_log_dir_exists", "delete"),
-        ],
-        dir.path().join("sl.log"),
-    );
-    let nll: Vec<f64> = jsonl(&sl.join("metrics.jsonl"))
-        .iter()
-        .filter_map(|step| step["train_mean_nll"].as_f64())
-        .collect();
-    assert_eq!(nll.len(), 6, "{nll:?}");
-    assert!(nll[5] < 0.5 * nll[0], "train_mean_nll {nll:?}");
 }
 
 /// Our own client against our own server: two steps of `holo train --backend tinker` on the fixtures
