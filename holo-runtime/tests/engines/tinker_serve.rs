@@ -351,42 +351,26 @@ async fn holo_without_candle_trains_against_holo_tinker_serve() {
     train_against_holo_tinker_serve("tinker-serve-lean-train", holo).await;
 }
 
-/// Two steps of `holo train --backend tinker` by the binary `holo` against `holo tinker-serve` (this
-/// build's), in a folder named after `name`: the metrics of both steps, the sampler's log-probabilities
-/// matching the trainer's, the last checkpoint's path on the server.
-async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
-    let dir = Dir::new(name);
-    let server = serve(&dir.path().join("store"));
-    let fixture = |name: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tinker")
-            .join(name)
-            .display()
-            .to_string()
-    };
-    let run = dir.path().join("run");
-    let model = model_dir().display().to_string();
+/// The fixtures of `tests/engines/tinker.rs`.
+fn tinker_fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tinker")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// `holo train` of `short.hol` on the fixtures' rows by the binary `holo` with `args`, its run folder
+/// `run`, at most five minutes; the metrics of its steps.
+async fn holo_train(holo: PathBuf, args: Vec<String>, run: &Path, log: PathBuf) -> Vec<Value> {
     let args = [
-        "train".to_string(),
-        fixture("short.hol"),
-        "--data".into(),
-        fixture("rows.jsonl"),
-        "--backend".into(),
-        "tinker".into(),
-        "--base-url".into(),
-        server.base.clone(),
-        "--model".into(),
-        MODEL.into(),
-        "--tokenizer".into(),
-        model,
-        "--config".into(),
-        fixture("train.toml"),
-        "--out".into(),
-        run.display().to_string(),
-    ];
-    let log = dir.path().join("train.log");
+        vec!["train".to_string(), tinker_fixture("short.hol")],
+        vec!["--data".into(), tinker_fixture("rows.jsonl")],
+        vec!["--out".into(), run.display().to_string()],
+        args,
+    ]
+    .concat();
     let (status, output) = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut command = std::process::Command::new(holo);
         command
             .args(&args)
@@ -398,11 +382,40 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
     .await
     .unwrap();
     assert!(status.success(), "{output}");
-    let steps: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+    std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+        .collect()
+}
+
+/// `holo train --backend tinker`'s arguments against `server` with the configuration `config`.
+fn tinker_args(server: &Served, config: &str) -> Vec<String> {
+    [
+        "--backend",
+        "tinker",
+        "--base-url",
+        &server.base,
+        "--model",
+        MODEL,
+        "--tokenizer",
+        model_dir().to_str().unwrap(),
+        "--config",
+        config,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Two steps of `holo train --backend tinker` by the binary `holo` against `holo tinker-serve` (this
+/// build's), in a folder named after `name`: the metrics of both steps, the sampler's log-probabilities
+/// matching the trainer's, the last checkpoint's path on the server.
+async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
+    let dir = Dir::new(name);
+    let server = serve(&dir.path().join("store"));
+    let run = dir.path().join("run");
+    let args = tinker_args(&server, &tinker_fixture("train.toml"));
+    let steps = holo_train(holo, args, &run, dir.path().join("train.log")).await;
     assert_eq!(steps.len(), 2);
     for step in &steps {
         for key in ["reward", "loss", "grad_norm", "learning_rate"] {
@@ -420,6 +433,78 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
     .unwrap();
     let state = saved.to_string();
     assert!(state.contains("tinker://"), "{state}");
+}
+
+/// The same two GRPO steps of `short.hol` by `holo train --backend local` and by `holo train --backend
+/// tinker` against `holo tinker-serve`, on the same seed: the server draws what the local sampler draws
+/// with each request's seed (`holo` sends it whole, the server having said it takes 63 bits), so the
+/// rollouts, rewards and token counts are the same, and the loss, gradient norm and learning rate too,
+/// to the precision the two paths' arithmetic allows: the Tinker loss weighs each token by the ratio of
+/// the server's log-probability to its sampler's (they differ by up to 5e-6 here), where the local
+/// trainer's ratio is exactly 1; and the sums run in other orders. The second step samples the weights
+/// each path's first step made, so it checks the optimizer's step too. The local run names the
+/// adapters the service trains (the attention and MLP projections, rank 8, alpha 32, no dropout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve() {
+    let dir = Dir::new("tinker-serve-parity");
+    let server = serve(&dir.path().join("store"));
+    let holo = PathBuf::from(env!("CARGO_BIN_EXE_holo"));
+    let config = std::fs::read_to_string(tinker_fixture("train.toml")).unwrap();
+    let local_config = dir.path().join("local.toml");
+    std::fs::write(
+        &local_config,
+        format!(
+            "{config}use_peft = true\nlora_alpha = 32.0\nlora_dropout = 0.0\n\
+             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]\n"
+        ),
+    )
+    .unwrap();
+    let local_args = vec![
+        "--model".to_string(),
+        model_dir().display().to_string(),
+        "--config".into(),
+        local_config.display().to_string(),
+    ];
+    let local = holo_train(
+        holo.clone(),
+        local_args,
+        &dir.path().join("local"),
+        dir.path().join("local.log"),
+    )
+    .await;
+    let args = tinker_args(&server, &tinker_fixture("train.toml"));
+    let tinker = holo_train(
+        holo,
+        args,
+        &dir.path().join("tinker"),
+        dir.path().join("tinker.log"),
+    )
+    .await;
+
+    assert_eq!(local.len(), 2);
+    assert_eq!(tinker.len(), 2);
+    for (local, tinker) in local.iter().zip(&tinker) {
+        // Every metric both paths log but the timings.
+        let mut compared = Vec::new();
+        for (key, value) in local.as_object().unwrap() {
+            let (Some(want), Some(got)) = (value.as_f64(), tinker[key].as_f64()) else {
+                continue;
+            };
+            if key.starts_with("time/") || key == "step_time" {
+                continue;
+            }
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{key}: {got} through holo tinker-serve, {want} locally"
+            );
+            compared.push(key.as_str());
+        }
+        for key in ["reward", "reward_std", "num_tokens", "loss", "grad_norm", "learning_rate"] {
+            assert!(compared.contains(&key), "{key} not in both: {compared:?}");
+        }
+    }
+    // Groups whose rewards differ: the loss and gradient are not 0 for want of a signal.
+    assert!(local[0]["grad_norm"].as_f64().unwrap() > 0.1, "{}", local[0]);
 }
 
 /// The server's own answers over HTTP, without the SDK: strict bodies refused naming the field, with

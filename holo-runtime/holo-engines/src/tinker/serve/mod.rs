@@ -65,6 +65,9 @@ use worker::{Job, Sample, Weights, Worker};
 /// The LoRA scale's numerator: Tinker fixes `alpha` at 32 whatever the rank.
 pub const LORA_ALPHA: f64 = 32.0;
 
+/// The bits of a sampling seed the server draws with (every seed below 2^63, as holo's samplers).
+pub const SAMPLING_SEED_BITS: u32 = 63;
+
 /// How the server runs.
 #[derive(Debug, Clone)]
 pub struct TinkerConfig {
@@ -419,7 +422,14 @@ async fn create_session(
         .lock()
         .expect("not poisoned")
         .insert(session_id.clone());
-    Ok(Json(json!({"type": "create_session", "session_id": session_id})).into_response())
+    // `sampling_seed_bits`, which the SDK ignores, tells holo's client that seeds are taken whole
+    // (`worker::sample_seed`); it sends other services 31 bits.
+    Ok(Json(json!({
+        "type": "create_session",
+        "session_id": session_id,
+        "sampling_seed_bits": SAMPLING_SEED_BITS,
+    }))
+    .into_response())
 }
 
 async fn session_heartbeat(

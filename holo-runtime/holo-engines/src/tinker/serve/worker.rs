@@ -166,6 +166,17 @@ fn server(error: impl std::fmt::Display) -> Failure {
     (error.to_string(), Category::Server)
 }
 
+/// The seed sample `index` of a request seeded with `seed` draws: `holo serve`'s for its `n` samples, so
+/// that a request's first sample draws what the in-process sampler and `holo serve` draw with that seed
+/// (`holo train --backend tinker` then samples what `--backend local` does).
+pub fn sample_seed(seed: u64, index: u64) -> u64 {
+    use holo_core::loom::mix;
+    match index {
+        0 => seed,
+        _ => mix(seed ^ mix(index)) & i64::MAX as u64,
+    }
+}
+
 /// The LoRA configuration of a run's adapter.
 pub fn lora_config(info: &RunInfo) -> LoraConfig {
     LoraConfig {
@@ -445,7 +456,7 @@ impl Worker {
                 top_p: sample.top_p,
                 top_k: sample.top_k,
                 stop: stop.clone(),
-                seed: holo_core::loom::mix(seed.wrapping_add(index as u64)),
+                seed: sample_seed(seed, index as u64),
                 stop_token_ids: stop_token_ids.clone(),
                 top_logprobs: sample.topk,
                 ..GenerationParams::default()
