@@ -62,7 +62,8 @@ const LOOP_MODEL: &str = "Qwen/Qwen3-8B";
 
 /// `rl_loop.py`'s few-shot turn before each question, and its instruction after it.
 const SUFFIX: &str = " Provide a numerical answer without units, written inside \\boxed{}.";
-const SHOT: &str = "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w 6) b 7) e \
+const SHOT: &str =
+    "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w 6) b 7) e \
                     8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}";
 
 /// The questions of both loops' data: each one's answer is 1.
@@ -149,7 +150,14 @@ fn tinker_cookbook_minimal_loops_run_against_holo_tinker_serve() {
         arg("train_on_what", "last_assistant_message"),
     ];
     let module = "tinker_cookbook.recipes.sl_loop";
-    cookbook(&python, module, &server.base, root, &[&common[..], &sl].concat(), "sl.log");
+    cookbook(
+        &python,
+        module,
+        &server.base,
+        root,
+        &[&common[..], &sl].concat(),
+        "sl.log",
+    );
     let nll: Vec<f64> = jsonl(&log.join("metrics.jsonl"))
         .iter()
         .map(|step| step["train_mean_nll"].as_f64().unwrap())
@@ -168,7 +176,14 @@ fn tinker_cookbook_minimal_loops_run_against_holo_tinker_serve() {
         arg("max_steps", sl_batches + RL_STEPS),
     ];
     let module = "tinker_cookbook.recipes.rl_loop";
-    cookbook(&python, module, &server.base, root, &[&common[..], &rl].concat(), "rl.log");
+    cookbook(
+        &python,
+        module,
+        &server.base,
+        root,
+        &[&common[..], &rl].concat(),
+        "rl.log",
+    );
     let steps: Vec<Value> = jsonl(&log.join("metrics.jsonl"))
         .into_iter()
         .filter(|step| step.get("reward/total").is_some())

@@ -499,12 +499,23 @@ async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve()
             );
             compared.push(key.as_str());
         }
-        for key in ["reward", "reward_std", "num_tokens", "loss", "grad_norm", "learning_rate"] {
+        for key in [
+            "reward",
+            "reward_std",
+            "num_tokens",
+            "loss",
+            "grad_norm",
+            "learning_rate",
+        ] {
             assert!(compared.contains(&key), "{key} not in both: {compared:?}");
         }
     }
     // Groups whose rewards differ: the loss and gradient are not 0 for want of a signal.
-    assert!(local[0]["grad_norm"].as_f64().unwrap() > 0.1, "{}", local[0]);
+    assert!(
+        local[0]["grad_norm"].as_f64().unwrap() > 0.1,
+        "{}",
+        local[0]
+    );
 }
 
 /// The server's own answers over HTTP, without the SDK: strict bodies refused naming the field, with
