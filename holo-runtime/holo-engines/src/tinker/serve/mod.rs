@@ -23,7 +23,8 @@
 //! shapes that disagree, a token outside the vocabulary, a base model not served), 404 for an unknown
 //! model, session, sampler, future or checkpoint, 415 for a compressed body. A failure found while
 //! running (a checkpoint that will not load) fails the future: `{"error": message, "category":
-//! "user"|"server"}`, which the SDK raises as `RequestFailedError`.
+//! "user"|"server"}`, which the SDK raises as `RequestFailedError`, without retrying. A device out of
+//! memory during a request's work is `user`: the request is what has to shrink ([`worker`]).
 //!
 //! # What is not served
 //!
