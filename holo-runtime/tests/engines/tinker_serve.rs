@@ -267,6 +267,25 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "first run untouched",
     );
 
+    // Each checkpoint says what its adapter trains: never the unembedding, whatever was asked.
+    fn trains(info: &Value) -> (Option<&str>, Option<u64>, [Option<bool>; 3]) {
+        (
+            info["base_model"].as_str(),
+            info["lora_rank"].as_u64(),
+            [
+                &info["train_attn"],
+                &info["train_mlp"],
+                &info["train_unembed"],
+            ]
+            .map(Value::as_bool),
+        )
+    }
+    let said = out["weights_info"].as_array().unwrap();
+    let all = [Some(true), Some(true), Some(false)];
+    assert_eq!(trains(&said[0]), (Some(MODEL), Some(4), all));
+    let attention = [Some(true), Some(false), Some(false)];
+    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), attention));
+
     // The supervised loop lowers its loss.
     let curve = floats(&out["sl_losses"]);
     let after = out["sl_after"].as_f64().unwrap();

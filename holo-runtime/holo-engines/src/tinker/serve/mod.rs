@@ -30,8 +30,9 @@
 //!
 //! Full fine-tuning (a `create_model` without `lora_config`), an adapter on the unembedding (the SDK's
 //! `train_unembed`, on by default: refused only when it is the only part asked for, and otherwise
-//! reported on stderr, since holo-model adapts the seven attention and MLP projections), custom losses
-//! run on the server, optimizers other than AdamW, top-k prompt and targeted log-probabilities, images.
+//! reported on stderr and as `train_unembed: false` by `weights_info`, since holo-model adapts the seven
+//! attention and MLP projections), custom losses run on the server, optimizers other than AdamW, top-k
+//! prompt and targeted log-probabilities, images.
 //! There is no authentication: the server listens on loopback unless told otherwise.
 
 pub mod futures;
@@ -180,6 +181,7 @@ impl TinkerServer {
             .route("/api/v1/get_server_capabilities", get(capabilities))
             .route("/api/v1/create_model", post(create_model))
             .route("/api/v1/get_info", post(get_info))
+            .route("/api/v1/weights_info", post(weights_info))
             .route("/api/v1/unload_model", post(unload_model))
             .route("/api/v1/forward_backward", post(forward_backward))
             .route("/api/v1/optim_step", post(optim_step))
@@ -501,7 +503,7 @@ async fn create_model(
     if lora.train_unembed {
         eprintln!(
             "note: lora_config.train_unembed is set; holo adapts the attention and MLP projections \
-             only, not the unembedding"
+             only, not the unembedding (weights_info says train_unembed: false)"
         );
     }
     let model_id = format!("{}:train:{}", request.session_id, request.model_seq_id);
@@ -552,6 +554,37 @@ async fn get_info(
     let request: requests::ModelRef = parse(body)?;
     let info = service.check_model(&request.model_id)?;
     Ok(Json(worker::model_info(&request.model_id, &info, &service.arch)).into_response())
+}
+
+/// `weights_info` (`RestClient.get_weights_info_by_tinker_path`, `tinker checkpoint info`): what a
+/// checkpoint's adapter trains, `train_unembed` false whatever `create_model` asked (the unembedding has
+/// no adapter here).
+async fn weights_info(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Reply {
+    let request: requests::WeightsInfo = parse(body)?;
+    let path = service
+        .existing(&request.tinker_path, "tinker_path")
+        .await?;
+    let info = service
+        .on_store(move |store| store.run_info(&path.run))
+        .await?
+        .map_err(missing)?;
+    let trains = |names: &[&str]| {
+        names
+            .iter()
+            .all(|name| info.targets.iter().any(|t| t == name))
+    };
+    Ok(Json(json!({
+        "base_model": info.base_model,
+        "is_lora": true,
+        "lora_rank": info.rank,
+        "train_unembed": false,
+        "train_mlp": trains(&MLP),
+        "train_attn": trains(&ATTENTION),
+    }))
+    .into_response())
 }
 
 async fn unload_model(
