@@ -17,7 +17,7 @@
 # | lmeval    | ~/.cache/holo-engines/lmeval-venv (lm-eval      | tests/serve/lm_eval.rs                         |
 # |           | 0.4.13; torch, transformers from the peers venv)|                                                |
 # | gym       | ~/.cache/holo-engines/gym-venv (nemo-gym 0.7.0) | tests/engines/gym.rs                           |
-# | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs                  |
+# | tinker    | ~/.cache/holo-engines/tinker-venv (the tinker   | tests/engines/tinker_serve.rs, cookbook.rs     |
 # |           | SDK 0.38.0, tinker-cookbook 0.5.8; torch from   |                                                |
 # |           | the peers venv)                                 |                                                |
 # | skyrl     | ~/.cache/holo-engines/skyrl-venv (SkyRL 0.4.0   | tests/engines/tinker.rs                        |
@@ -139,7 +139,8 @@ prepare_tinker() {
     "$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz-holo-peers.pth"
     "$venv/bin/python" -c 'import tinker_cookbook' 2>/dev/null ||
         "$venv/bin/python" -m pip install -q --no-deps tinker-cookbook==0.5.8
-    "$venv/bin/python" -c 'import tinker, torch, tinker_cookbook.rl.train, tinker_cookbook.recipes.math_rl.train'
+    "$venv/bin/python" -c 'import tinker, torch, tinker_cookbook.rl.train, tinker_cookbook.recipes.math_rl.train
+import tinker_cookbook.recipes.rl_loop, tinker_cookbook.recipes.sl_loop'
     log "tinker: ready ($((SECONDS - t0)) s)"
 }
 

@@ -8,6 +8,8 @@ mod common;
 #[cfg(all(feature = "local", feature = "cli"))]
 mod atropos;
 #[cfg(all(feature = "local", feature = "cli"))]
+mod cookbook;
+#[cfg(all(feature = "local", feature = "cli"))]
 mod gym;
 mod tinker;
 #[cfg(all(feature = "local", feature = "cli"))]

@@ -97,6 +97,7 @@ if phase == "train":
     second.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     out["second_moved"] = second.forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
     out["first_after_second"] = tc.forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
+    second_state = second.save_state("second").result().path
 
     # Each RL loss on the same datum with on-policy sampler log-probabilities (the forward's).
     advantages = [0.0] * (len(PROMPT) - 1) + [1.0, -0.5, 2.0, 0.25, -1.0, 0.5][: len(first)]
@@ -150,6 +151,13 @@ if phase == "train":
     expired = tc.save_state("expired", ttl_seconds=0).result().path
     out["expired"] = error_of(lambda: tc.load_state(expired).result())
     out["state_path"] = state_path
+    # What each run's adapter trains, as `tinker checkpoint info` asks (both asked for train_unembed, the
+    # SDK's default).
+    rest = service.create_rest_client()
+    out["weights_info"] = [
+        rest.get_weights_info_by_tinker_path(path).result().model_dump(mode="json")
+        for path in (state_path, second_state)
+    ]
     trained_sampler = tc.save_weights_for_sampler("after-sl").result().path
     out["trained_sampler_path"] = trained_sampler
     snapshot = tc.save_weights_and_get_sampling_client().result()

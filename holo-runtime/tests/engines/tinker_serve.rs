@@ -1,7 +1,7 @@
 //! `holo tinker-serve` against the other side's own code: the `tinker` SDK 0.38.0 from PyPI
 //! (`tinker_sdk.py`, in the venv `scripts/prepare.sh tinker` makes) trains, samples, checkpoints and
-//! restarts against the server on the tiny Qwen2 fixture; tinker-cookbook's RL and supervised recipes
-//! run unchanged against it; and our own `holo train --backend tinker` runs against it.
+//! restarts against the server on the tiny Qwen2 fixture, and our own `holo train --backend tinker` runs
+//! against it (tinker-cookbook's loops: `cookbook.rs`).
 #![cfg(feature = "cli")]
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use crate::common::tempdir::Dir;
 /// The name the server gives the model.
 const MODEL: &str = "holo/tiny-qwen2";
 
-fn model_dir() -> PathBuf {
+pub(super) fn model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2")
 }
 
@@ -26,7 +26,7 @@ fn serve(store: &Path) -> Served {
 }
 
 /// [`serve`], the model named `name`.
-fn serve_as(store: &Path, name: &str) -> Served {
+pub(super) fn serve_as(store: &Path, name: &str) -> Served {
     let model = model_dir();
     let store = store.display().to_string();
     Served::start(&mut crate::common::holo_command(&[
@@ -267,6 +267,25 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "first run untouched",
     );
 
+    // Each checkpoint says what its adapter trains: never the unembedding, whatever was asked.
+    fn trains(info: &Value) -> (Option<&str>, Option<u64>, [Option<bool>; 3]) {
+        (
+            info["base_model"].as_str(),
+            info["lora_rank"].as_u64(),
+            [
+                &info["train_attn"],
+                &info["train_mlp"],
+                &info["train_unembed"],
+            ]
+            .map(Value::as_bool),
+        )
+    }
+    let said = out["weights_info"].as_array().unwrap();
+    let all = [Some(true), Some(true), Some(false)];
+    assert_eq!(trains(&said[0]), (Some(MODEL), Some(4), all));
+    let attention = [Some(true), Some(false), Some(false)];
+    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), attention));
+
     // The supervised loop lowers its loss.
     let curve = floats(&out["sl_losses"]);
     let after = out["sl_after"].as_f64().unwrap();
@@ -323,131 +342,6 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
     refused(&again["deleted_sampler"], 404, "does not exist");
 }
 
-/// One of tinker-cookbook's recipes (`python -m MODULE ARGS…`) against `base`, at most five minutes,
-/// offline: the model is named by its folder, whose tokenizer the cookbook loads from disk.
-fn cookbook(python: &Path, module: &str, base: &str, args: &[String], log: PathBuf) {
-    let mut command = std::process::Command::new(python);
-    command
-        .args(["-m", module])
-        .arg(format!("model_name={}", model_dir().display()))
-        .arg(format!("base_url={base}"))
-        .args(args)
-        .env("TINKER_API_KEY", "tml-holo-test")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
-        .env("HF_DATASETS_OFFLINE", "1")
-        .env(
-            "SNAPSHOTS_KEPT",
-            holo_runtime::engines::tinker::serve::worker::SNAPSHOTS_KEPT.to_string(),
-        )
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("TINKER_BASE_URL")
-        .env_remove("WANDB_API_KEY");
-    let mut process = Process::spawn(&mut command, log);
-    let (status, output) = process.finish(Duration::from_secs(300));
-    assert!(status.success(), "{module} failed:\n{output}");
-}
-
-fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-/// tinker-cookbook 0.5.8's own loops, unchanged: `recipes.math_rl.train` (its RL loop, on its synthetic
-/// arithmetic environment: sampling, rewards, `importance_sampling`, checkpoints) for two steps, and
-/// `recipes.chat_sl.train` (its supervised loop) on eight conversations from a JSONL file for six steps,
-/// whose training loss falls.
-#[test]
-fn tinker_cookbook_loops_run_against_holo_tinker_serve() {
-    let Some(venv) = crate::common::components::tinker() else {
-        return;
-    };
-    let python = venv.join("bin/python");
-    let dir = Dir::new("tinker-cookbook");
-    let model = model_dir().display().to_string();
-    let server = serve_as(&dir.path().join("store"), &model);
-    let arg = |key: &str, value: &str| format!("{key}={value}");
-
-    let rl = dir.path().join("rl");
-    cookbook(
-        &python,
-        "tinker_cookbook.recipes.math_rl.train",
-        &server.base,
-        &[
-            arg("env", "arithmetic"),
-            arg("renderer_name", "qwen3"),
-            arg("lora_rank", "8"),
-            arg("group_size", "2"),
-            arg("groups_per_batch", "2"),
-            arg("max_tokens", "8"),
-            arg("max_steps", "2"),
-            arg("eval_every", "0"),
-            arg("save_every", "1"),
-            arg("log_path", rl.to_str().unwrap()),
-            arg("behavior_if_log_dir_exists", "delete"),
-        ],
-        dir.path().join("rl.log"),
-    );
-    let steps = jsonl(&rl.join("metrics.jsonl"));
-    assert_eq!(steps.len(), 2, "{steps:?}");
-    for step in &steps {
-        let reward = step["env/all/reward/total"].as_f64().unwrap();
-        assert!(reward.is_finite(), "{step}");
-    }
-    let saved = jsonl(&rl.join("checkpoints.jsonl"));
-    let state = saved.last().unwrap()["state_path"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        state.starts_with("tinker://") && state.contains("/weights/"),
-        "{state}"
-    );
-
-    let data = dir.path().join("chat.jsonl");
-    let rows: Vec<String> = (0..8)
-        .map(|i| {
-            serde_json::json!({"messages": [
-                {"role": "user", "content": format!("What is {i} plus {i}?")},
-                {"role": "assistant", "content": format!("{i} plus {i} is {}.", 2 * i)},
-            ]})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
-    let sl = dir.path().join("sl");
-    cookbook(
-        &python,
-        "tinker_cookbook.recipes.chat_sl.train",
-        &server.base,
-        &[
-            arg("dataset", data.to_str().unwrap()),
-            arg("renderer_name", "qwen3"),
-            arg("lora_rank", "8"),
-            arg("batch_size", "4"),
-            arg("num_epochs", "3"),
-            arg("learning_rate", "1e-2"),
-            arg("max_length", "256"),
-            arg("eval_every", "0"),
-            arg("infrequent_eval_every", "0"),
-            arg("save_every", "0"),
-            arg("log_path", sl.to_str().unwrap()),
-            arg("behavior_if_log_dir_exists", "delete"),
-        ],
-        dir.path().join("sl.log"),
-    );
-    let nll: Vec<f64> = jsonl(&sl.join("metrics.jsonl"))
-        .iter()
-        .filter_map(|step| step["train_mean_nll"].as_f64())
-        .collect();
-    assert_eq!(nll.len(), 6, "{nll:?}");
-    assert!(nll[5] < 0.5 * nll[0], "train_mean_nll {nll:?}");
-}
-
 /// Our own client against our own server: two steps of `holo train --backend tinker` on the fixtures
 /// of `tests/engines/tinker.rs`, checkpointed on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,42 +370,26 @@ async fn holo_without_candle_trains_against_holo_tinker_serve() {
     train_against_holo_tinker_serve("tinker-serve-lean-train", holo).await;
 }
 
-/// Two steps of `holo train --backend tinker` by the binary `holo` against `holo tinker-serve` (this
-/// build's), in a folder named after `name`: the metrics of both steps, the sampler's log-probabilities
-/// matching the trainer's, the last checkpoint's path on the server.
-async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
-    let dir = Dir::new(name);
-    let server = serve(&dir.path().join("store"));
-    let fixture = |name: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tinker")
-            .join(name)
-            .display()
-            .to_string()
-    };
-    let run = dir.path().join("run");
-    let model = model_dir().display().to_string();
+/// The fixtures of `tests/engines/tinker.rs`.
+fn tinker_fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tinker")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// `holo train` of `short.hol` on the fixtures' rows by the binary `holo` with `args`, its run folder
+/// `run`, at most five minutes; the metrics of its steps.
+async fn holo_train(holo: PathBuf, args: Vec<String>, run: &Path, log: PathBuf) -> Vec<Value> {
     let args = [
-        "train".to_string(),
-        fixture("short.hol"),
-        "--data".into(),
-        fixture("rows.jsonl"),
-        "--backend".into(),
-        "tinker".into(),
-        "--base-url".into(),
-        server.base.clone(),
-        "--model".into(),
-        MODEL.into(),
-        "--tokenizer".into(),
-        model,
-        "--config".into(),
-        fixture("train.toml"),
-        "--out".into(),
-        run.display().to_string(),
-    ];
-    let log = dir.path().join("train.log");
+        vec!["train".to_string(), tinker_fixture("short.hol")],
+        vec!["--data".into(), tinker_fixture("rows.jsonl")],
+        vec!["--out".into(), run.display().to_string()],
+        args,
+    ]
+    .concat();
     let (status, output) = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut command = std::process::Command::new(holo);
         command
             .args(&args)
@@ -523,11 +401,40 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
     .await
     .unwrap();
     assert!(status.success(), "{output}");
-    let steps: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+    std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+        .collect()
+}
+
+/// `holo train --backend tinker`'s arguments against `server` with the configuration `config`.
+fn tinker_args(server: &Served, config: &str) -> Vec<String> {
+    [
+        "--backend",
+        "tinker",
+        "--base-url",
+        &server.base,
+        "--model",
+        MODEL,
+        "--tokenizer",
+        model_dir().to_str().unwrap(),
+        "--config",
+        config,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Two steps of `holo train --backend tinker` by the binary `holo` against `holo tinker-serve` (this
+/// build's), in a folder named after `name`: the metrics of both steps, the sampler's log-probabilities
+/// matching the trainer's, the last checkpoint's path on the server.
+async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
+    let dir = Dir::new(name);
+    let server = serve(&dir.path().join("store"));
+    let run = dir.path().join("run");
+    let args = tinker_args(&server, &tinker_fixture("train.toml"));
+    let steps = holo_train(holo, args, &run, dir.path().join("train.log")).await;
     assert_eq!(steps.len(), 2);
     for step in &steps {
         for key in ["reward", "loss", "grad_norm", "learning_rate"] {
@@ -545,6 +452,89 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
     .unwrap();
     let state = saved.to_string();
     assert!(state.contains("tinker://"), "{state}");
+}
+
+/// The same two GRPO steps of `short.hol` by `holo train --backend local` and by `holo train --backend
+/// tinker` against `holo tinker-serve`, on the same seed: the server draws what the local sampler draws
+/// with each request's seed (`holo` sends it whole, the server having said it takes 63 bits), so the
+/// rollouts, rewards and token counts are the same, and the loss, gradient norm and learning rate too,
+/// to the precision the two paths' arithmetic allows: the Tinker loss weighs each token by the ratio of
+/// the server's log-probability to its sampler's (they differ by up to 5e-6 here), where the local
+/// trainer's ratio is exactly 1; and the sums run in other orders. The second step samples the weights
+/// each path's first step made, so it checks the optimizer's step too. The local run names the
+/// adapters the service trains (the attention and MLP projections, rank 8, alpha 32, no dropout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve() {
+    let dir = Dir::new("tinker-serve-parity");
+    let server = serve(&dir.path().join("store"));
+    let holo = PathBuf::from(env!("CARGO_BIN_EXE_holo"));
+    let config = std::fs::read_to_string(tinker_fixture("train.toml")).unwrap();
+    let local_config = dir.path().join("local.toml");
+    std::fs::write(
+        &local_config,
+        format!(
+            "{config}use_peft = true\nlora_alpha = 32.0\nlora_dropout = 0.0\n\
+             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]\n"
+        ),
+    )
+    .unwrap();
+    let local_args = vec![
+        "--model".to_string(),
+        model_dir().display().to_string(),
+        "--config".into(),
+        local_config.display().to_string(),
+    ];
+    let local = holo_train(
+        holo.clone(),
+        local_args,
+        &dir.path().join("local"),
+        dir.path().join("local.log"),
+    )
+    .await;
+    let args = tinker_args(&server, &tinker_fixture("train.toml"));
+    let tinker = holo_train(
+        holo,
+        args,
+        &dir.path().join("tinker"),
+        dir.path().join("tinker.log"),
+    )
+    .await;
+
+    assert_eq!(local.len(), 2);
+    assert_eq!(tinker.len(), 2);
+    for (local, tinker) in local.iter().zip(&tinker) {
+        // Every metric both paths log but the timings.
+        let mut compared = Vec::new();
+        for (key, value) in local.as_object().unwrap() {
+            let (Some(want), Some(got)) = (value.as_f64(), tinker[key].as_f64()) else {
+                continue;
+            };
+            if key.starts_with("time/") || key == "step_time" {
+                continue;
+            }
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{key}: {got} through holo tinker-serve, {want} locally"
+            );
+            compared.push(key.as_str());
+        }
+        for key in [
+            "reward",
+            "reward_std",
+            "num_tokens",
+            "loss",
+            "grad_norm",
+            "learning_rate",
+        ] {
+            assert!(compared.contains(&key), "{key} not in both: {compared:?}");
+        }
+    }
+    // Groups whose rewards differ: the loss and gradient are not 0 for want of a signal.
+    assert!(
+        local[0]["grad_norm"].as_f64().unwrap() > 0.1,
+        "{}",
+        local[0]
+    );
 }
 
 /// The server's own answers over HTTP, without the SDK: strict bodies refused naming the field, with

@@ -25,7 +25,7 @@ pub enum Component {
     LmEval,
     /// NeMo Gym 0.7.0's venv.
     Gym,
-    /// The `tinker` SDK 0.38.0's venv (the client `holo tinker-serve` answers).
+    /// The venv of the `tinker` SDK 0.38.0 (the client `holo tinker-serve` answers) and tinker-cookbook 0.5.8.
     Tinker,
     /// SkyRL 0.4.0's venv (its Tinker server on JAX), built from Debian 13's CPython 3.13.
     Skyrl,
@@ -48,7 +48,7 @@ impl Component {
             Component::Chromium => "Chromium",
             Component::LmEval => "lm-evaluation-harness 0.4.13's venv",
             Component::Gym => "NeMo Gym 0.7.0's venv",
-            Component::Tinker => "the tinker SDK 0.38.0's venv",
+            Component::Tinker => "the venv of the tinker SDK 0.38.0 and tinker-cookbook 0.5.8",
             Component::Skyrl => "SkyRL 0.4.0's venv",
             Component::Sandbox => "the sandbox (user namespaces)",
             Component::Tmpfs => "a small tmpfs (mount -t tmpfs)",

@@ -346,8 +346,9 @@ impl Client {
         &self.base
     }
 
-    /// `create_session`: the session every model of the run belongs to.
-    pub async fn create_session(&self) -> Result<String, TinkerError> {
+    /// `create_session`: the session every model of the run belongs to, and how many bits of a
+    /// sampling seed the service draws with (31 unless it says: SkyRL's JAX seeds are 32-bit).
+    pub async fn create_session(&self) -> Result<(String, u32), TinkerError> {
         let operation = "create_session";
         let reply: wire::CreateSessionResponse = self
             .call(
@@ -364,7 +365,7 @@ impl Client {
         if let Some(message) = reply.error_message {
             return Err(self.failed(operation, message));
         }
-        Ok(reply.session_id)
+        Ok((reply.session_id, reply.sampling_seed_bits.unwrap_or(31)))
     }
 
     /// `session_heartbeat`: keeps the session alive (the SDK sends one every 10 s).

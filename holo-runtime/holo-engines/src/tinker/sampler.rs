@@ -8,6 +8,7 @@
 //! whose decoding completes the first stop string, as the local sampler cuts it. Requests run
 //! concurrently; the service batches them.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::join_all;
@@ -27,6 +28,8 @@ pub struct TinkerSampler {
     /// `max_tokens` of a request that has none.
     default_max_tokens: u32,
     weights: Mutex<String>,
+    /// The bits of a request's seed sent: the service's, 31 until [`TinkerSampler::set_seed_bits`].
+    seed_mask: AtomicU64,
     /// The first failure since [`TinkerSampler::take_error`]: the trainer stops on it rather than
     /// train on rollouts the service could not sample.
     error: Mutex<Option<String>>,
@@ -47,8 +50,14 @@ impl TinkerSampler {
             end_of_turn,
             default_max_tokens,
             weights: Mutex::new(weights),
+            seed_mask: AtomicU64::new(seed_mask(31)),
             error: Mutex::new(None),
         }
+    }
+
+    /// Sends the low `bits` bits of each request's seed from now on (at most 63, the seeds' own).
+    pub fn set_seed_bits(&self, bits: u32) {
+        self.seed_mask.store(seed_mask(bits), Ordering::Relaxed);
     }
 
     /// Samples from `weights` from now on.
@@ -81,8 +90,11 @@ impl TinkerSampler {
         }
         let sampling = SamplingParams {
             max_tokens: params.max_tokens.unwrap_or(self.default_max_tokens),
-            // SkyRL draws with JAX, whose seeds are 32-bit: the low 31 bits keep a seed valid everywhere.
-            seed: params.seed.map(|seed| seed & 0x7fff_ffff),
+            // SkyRL draws with JAX, whose seeds are 32-bit: a service that says nothing gets 31 bits;
+            // `holo tinker-serve` takes the whole seed and draws what the local sampler draws with it.
+            seed: params
+                .seed
+                .map(|seed| seed & self.seed_mask.load(Ordering::Relaxed)),
             stop: self.end_of_turn.clone(),
             temperature: params.temperature.unwrap_or(1.0),
             top_k: match params.top_k {
@@ -166,6 +178,11 @@ impl TinkerSampler {
             .get_or_insert_with(|| message.clone());
         SamplerError::Malformed(message)
     }
+}
+
+/// The mask of a seed's low `bits` bits (at most 63).
+fn seed_mask(bits: u32) -> u64 {
+    (i64::MAX as u64) >> (63 - bits.min(63))
 }
 
 impl Sampler for TinkerSampler {

@@ -557,12 +557,14 @@ impl Backend for Tinker {
         let resumed = self.resumed.take();
         runtime
             .block_on(async {
-                self.remote.session_id = self
+                let (session_id, seed_bits) = self
                     .tinker
                     .client
                     .create_session()
                     .await
                     .map_err(|e| e.to_string())?;
+                self.remote.session_id = session_id;
+                self.sampler.set_seed_bits(seed_bits);
                 self.open_model(resumed.as_ref(), state.global_step).await
             })
             .map_err(TrainError::Source)?;

@@ -41,6 +41,9 @@ pub struct CreateSessionResponse {
     pub warning_message: Option<String>,
     #[serde(default)]
     pub error_message: Option<String>,
+    /// How many bits of a sampling seed the service draws with, where it says (`holo tinker-serve`).
+    #[serde(default)]
+    pub sampling_seed_bits: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

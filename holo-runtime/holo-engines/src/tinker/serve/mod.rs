@@ -23,14 +23,16 @@
 //! shapes that disagree, a token outside the vocabulary, a base model not served), 404 for an unknown
 //! model, session, sampler, future or checkpoint, 415 for a compressed body. A failure found while
 //! running (a checkpoint that will not load) fails the future: `{"error": message, "category":
-//! "user"|"server"}`, which the SDK raises as `RequestFailedError`.
+//! "user"|"server"}`, which the SDK raises as `RequestFailedError`, without retrying. A device out of
+//! memory during a request's work is `user`: the request is what has to shrink ([`worker`]).
 //!
 //! # What is not served
 //!
 //! Full fine-tuning (a `create_model` without `lora_config`), an adapter on the unembedding (the SDK's
 //! `train_unembed`, on by default: refused only when it is the only part asked for, and otherwise
-//! reported on stderr, since holo-model adapts the seven attention and MLP projections), custom losses
-//! run on the server, optimizers other than AdamW, top-k prompt and targeted log-probabilities, images.
+//! reported on stderr and as `train_unembed: false` by `weights_info`, since holo-model adapts the seven
+//! attention and MLP projections), custom losses run on the server, optimizers other than AdamW, top-k
+//! prompt and targeted log-probabilities, images.
 //! There is no authentication: the server listens on loopback unless told otherwise.
 
 pub mod futures;
@@ -61,6 +63,9 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 use futures::{Futures, Outcome, Promise, Retrieved};
 use store::{CheckpointPath, Kind, RunInfo, Store};
 use worker::{Job, Sample, Weights, Worker};
+
+/// The bits of a sampling seed the server draws with (every seed below 2^63, as holo's samplers).
+pub const SAMPLING_SEED_BITS: u32 = 63;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -173,6 +178,7 @@ impl TinkerServer {
             .route("/api/v1/get_server_capabilities", get(capabilities))
             .route("/api/v1/create_model", post(create_model))
             .route("/api/v1/get_info", post(get_info))
+            .route("/api/v1/weights_info", post(weights_info))
             .route("/api/v1/unload_model", post(unload_model))
             .route("/api/v1/forward_backward", post(forward_backward))
             .route("/api/v1/optim_step", post(optim_step))
@@ -416,7 +422,14 @@ async fn create_session(
         .lock()
         .expect("not poisoned")
         .insert(session_id.clone());
-    Ok(Json(json!({"type": "create_session", "session_id": session_id})).into_response())
+    // `sampling_seed_bits`, which the SDK ignores, tells holo's client that seeds are taken whole
+    // (`worker::sample_seed`); it sends other services 31 bits.
+    Ok(Json(json!({
+        "type": "create_session",
+        "session_id": session_id,
+        "sampling_seed_bits": SAMPLING_SEED_BITS,
+    }))
+    .into_response())
 }
 
 async fn session_heartbeat(
@@ -487,7 +500,7 @@ async fn create_model(
     if lora.train_unembed {
         eprintln!(
             "note: lora_config.train_unembed is set; holo adapts the attention and MLP projections \
-             only, not the unembedding"
+             only, not the unembedding (weights_info says train_unembed: false)"
         );
     }
     let model_id = format!("{}:train:{}", request.session_id, request.model_seq_id);
@@ -538,6 +551,37 @@ async fn get_info(
     let request: requests::ModelRef = parse(body)?;
     let info = service.check_model(&request.model_id)?;
     Ok(Json(worker::model_info(&request.model_id, &info, &service.arch)).into_response())
+}
+
+/// `weights_info` (`RestClient.get_weights_info_by_tinker_path`, `tinker checkpoint info`): what a
+/// checkpoint's adapter trains, `train_unembed` false whatever `create_model` asked (the unembedding has
+/// no adapter here).
+async fn weights_info(
+    State(service): State<Arc<Service>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Reply {
+    let request: requests::WeightsInfo = parse(body)?;
+    let path = service
+        .existing(&request.tinker_path, "tinker_path")
+        .await?;
+    let info = service
+        .on_store(move |store| store.run_info(&path.run))
+        .await?
+        .map_err(missing)?;
+    let trains = |names: &[&str]| {
+        names
+            .iter()
+            .all(|name| info.targets.iter().any(|t| t == name))
+    };
+    Ok(Json(json!({
+        "base_model": info.base_model,
+        "is_lora": true,
+        "lora_rank": info.rank,
+        "train_unembed": false,
+        "train_mlp": trains(&MLP),
+        "train_attn": trains(&ATTENTION),
+    }))
+    .into_response())
 }
 
 async fn unload_model(

@@ -103,6 +103,13 @@ pub struct ModelRef {
     pub kind: Option<String>,
 }
 
+/// `weights_info`: a checkpoint's `tinker://` path.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsInfo {
+    pub tinker_path: String,
+}
+
 /// The SDK's `AdamParams`, with its defaults.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

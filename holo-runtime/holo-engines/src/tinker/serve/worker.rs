@@ -166,6 +166,41 @@ fn server(error: impl std::fmt::Display) -> Failure {
     (error.to_string(), Category::Server)
 }
 
+/// A failure of the model's work on a request's data (a forward and backward pass, sampling): a device
+/// out of memory is the request's to fix, category `user`, which the SDK raises at once as
+/// `RequestFailedError` instead of sending again what cannot fit; anything else is the server's.
+fn work(error: candle_core::Error) -> Failure {
+    let message = error.to_string();
+    match out_of_memory(&message) {
+        true => user(format!(
+            "out of memory on the device running this request ({message}): send fewer or shorter \
+             sequences at once"
+        )),
+        false => server(message),
+    }
+}
+
+/// Whether `message` is a device's failure to allocate: CUDA's `CUDA_ERROR_OUT_OF_MEMORY` ("out of
+/// memory"), cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED`. (On the CPU an allocation that fails aborts the
+/// process: the SDK then sees the server gone.)
+fn out_of_memory(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    ["out of memory", "out_of_memory", "alloc_failed"]
+        .iter()
+        .any(|sign| message.contains(sign))
+}
+
+/// The seed sample `index` of a request seeded with `seed` draws: `holo serve`'s for its `n` samples, so
+/// that a request's first sample draws what the in-process sampler and `holo serve` draw with that seed
+/// (`holo train --backend tinker` then samples what `--backend local` does).
+pub fn sample_seed(seed: u64, index: u64) -> u64 {
+    use holo_core::loom::mix;
+    match index {
+        0 => seed,
+        _ => mix(seed ^ mix(index)) & i64::MAX as u64,
+    }
+}
+
 /// The LoRA configuration of a run's adapter.
 pub fn lora_config(info: &RunInfo) -> LoraConfig {
     LoraConfig {
@@ -205,7 +240,14 @@ impl Worker {
         for (job, promise) in jobs {
             let outcome = match self.run(job) {
                 Ok(outcome) => outcome,
-                Err((error, category)) => Outcome::Failed { error, category },
+                Err((error, category)) => {
+                    if out_of_memory(&error) {
+                        // The sampler models kept ready are the memory that can go: they are built
+                        // again from their weights when next asked for.
+                        self.samplers.clear();
+                    }
+                    Outcome::Failed { error, category }
+                }
             };
             promise.fulfil(outcome);
         }
@@ -231,7 +273,7 @@ impl Worker {
                     .runs
                     .get_mut(&model_id)
                     .ok_or_else(|| unknown(&model_id))?;
-                let output = forward_backward(run, &data, loss, forward_only).map_err(server)?;
+                let output = forward_backward(run, &data, loss, forward_only).map_err(work)?;
                 Ok(Outcome::Proto(output.encode_to_vec()))
             }
             Job::OptimStep { model_id, params } => {
@@ -445,7 +487,7 @@ impl Worker {
                 top_p: sample.top_p,
                 top_k: sample.top_k,
                 stop: stop.clone(),
-                seed: holo_core::loom::mix(seed.wrapping_add(index as u64)),
+                seed: sample_seed(seed, index as u64),
                 stop_token_ids: stop_token_ids.clone(),
                 top_logprobs: sample.topk,
                 ..GenerationParams::default()
@@ -456,7 +498,7 @@ impl Worker {
             eos: &eos,
             tokenizer: &self.base.tokenizer,
         };
-        let generations = generate(&model, &stopping, &prompts, &params, None).map_err(server)?;
+        let generations = generate(&model, &stopping, &prompts, &params, None).map_err(work)?;
         let sequences = generations
             .into_iter()
             .map(|generation| proto::SampledSequence {
@@ -481,7 +523,7 @@ impl Worker {
                 sampling_logprobs: vec![f32::NAN; sample.prompt.len() - 1],
                 routes: None,
             };
-            let scored = score::sequence_logprobs(&model, &[&sequence], 1.0, 1).map_err(server)?;
+            let scored = score::sequence_logprobs(&model, &[&sequence], 1.0, 1).map_err(work)?;
             let mut values = vec![f32::NAN];
             values.extend(scored.into_iter().flatten());
             if let Some(last) = sample.prompt_logprobs_last_n {
@@ -609,17 +651,22 @@ fn forward_backward(
         .collect::<candle_core::Result<Vec<_>>>()?;
     let per_token = loss.per_token(&logprobs, &inputs)?;
     let total = per_token.sum_all()?;
-    if !forward_only {
-        let grads = total.backward()?;
-        for ((_, var), sum) in run.vars.iter().zip(&mut run.grads) {
-            if let Some(grad) = grads.get(var.as_tensor()) {
-                *sum = Some(match sum.take() {
-                    Some(previous) => (previous + grad)?,
-                    None => grad.clone(),
-                });
-            }
+    // The new sums of the gradients are kept only once the whole answer is made: a failure on the way
+    // (memory) leaves the run's gradients as they were, so the client can send the batch again in parts.
+    let sums = match forward_only {
+        true => None,
+        false => {
+            let grads = total.backward()?;
+            let sums = run.vars.iter().zip(&run.grads).map(|((_, var), sum)| {
+                match (grads.get(var.as_tensor()), sum) {
+                    (Some(grad), Some(previous)) => Ok(Some((previous + grad)?)),
+                    (Some(grad), None) => Ok(Some(grad.clone())),
+                    (None, previous) => Ok(previous.clone()),
+                }
+            });
+            Some(sums.collect::<candle_core::Result<Vec<_>>>()?)
         }
-    }
+    };
     let split = |flat: Vec<f32>| -> Vec<Vec<f32>> {
         let mut rest = flat.as_slice();
         data.iter()
@@ -643,6 +690,9 @@ fn forward_backward(
         num_datums: data.len() as i64,
     };
     let loss_sum = f64::from(total.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+    if let Some(sums) = sums {
+        run.grads = sums;
+    }
     Ok(proto::ForwardBackwardOutput {
         loss_fn_output_type: "ArrayRecord".into(),
         loss_fn_outputs: vec![record],
@@ -664,4 +714,31 @@ pub fn model_info(model_id: &str, info: &RunInfo, arch: &str) -> Value {
         "lora_rank": info.rank,
         "model_name": info.base_model,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device out of memory is the request's to fix (`user`: the SDK raises it rather than send the
+    /// same batch again), named as such; other failures of the work are the server's.
+    #[test]
+    fn out_of_memory_is_the_requests_to_fix() {
+        let cuda = candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+        );
+        let (message, category) = work(cuda);
+        assert_eq!(category, Category::User);
+        assert!(
+            message.starts_with("out of memory on the device"),
+            "{message}"
+        );
+        let cublas = candle_core::Error::Msg("cublas error: CUBLAS_STATUS_ALLOC_FAILED".into());
+        assert_eq!(work(cublas).1, Category::User);
+        let other = candle_core::Error::Msg("shape mismatch in matmul".into());
+        assert_eq!(
+            work(other),
+            ("shape mismatch in matmul".into(), Category::Server)
+        );
+    }
 }
