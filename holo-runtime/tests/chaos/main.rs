@@ -17,6 +17,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(all(feature = "local", feature = "cli"))]
 mod faults;
 mod support;
 

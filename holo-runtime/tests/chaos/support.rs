@@ -27,9 +27,11 @@ pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|arg| arg.to_string()).collect()
 }
 
+#[cfg(feature = "local")]
 pub use crate::common::fixture;
 
 /// `count` rows that differ in their question (`What is I+7?`), written to `DIR/rows.jsonl`.
+#[cfg(feature = "local")]
 pub fn rows(dir: &Path, count: usize) -> PathBuf {
     let path = dir.join("rows.jsonl");
     let text: String = (0..count)
@@ -40,6 +42,7 @@ pub fn rows(dir: &Path, count: usize) -> PathBuf {
 }
 
 /// The question of row `row` of [`rows`], as it appears in a request's prompt.
+#[cfg(feature = "local")]
 pub fn question(row: usize) -> String {
     format!("What is {row}+7?")
 }
@@ -54,6 +57,7 @@ pub fn records(path: &Path) -> Vec<Value> {
 }
 
 /// The records of `records` that completed, by `(row, rollout)`, without their timings.
+#[cfg(feature = "local")]
 pub fn completed(records: &[Value]) -> Vec<((u64, u64), Value)> {
     let mut done: Vec<((u64, u64), Value)> = records
         .iter()
@@ -75,6 +79,7 @@ pub fn completed(records: &[Value]) -> Vec<((u64, u64), Value)> {
 }
 
 /// The error messages of the records that failed.
+#[cfg(feature = "local")]
 pub fn failures(records: &[Value]) -> Vec<String> {
     records
         .iter()
@@ -84,6 +89,7 @@ pub fn failures(records: &[Value]) -> Vec<String> {
 }
 
 /// Sends `signal` to process `pid`.
+#[cfg(feature = "local")]
 pub fn signal(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) on a child of this test, which has not been reaped while the test holds it.
     let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
@@ -116,6 +122,7 @@ pub fn each_seed(seeds: &[u64], case: impl Fn(u64) + Sync) {
 
 /// `holo train` of the short test environment on the committed tiny Qwen2 for `steps` steps into `out`,
 /// a checkpoint after every step, with the run seed `seed` and `extra` options.
+#[cfg(feature = "local")]
 pub fn train_args(out: &Path, steps: u32, seed: u64, extra: &[&str]) -> Vec<String> {
     let mut args = crate::common::tiny_train("train/short.hol", "train/rows.jsonl", out);
     args.extend(strings(&[
@@ -137,6 +144,7 @@ pub fn train_args(out: &Path, steps: u32, seed: u64, extra: &[&str]) -> Vec<Stri
 }
 
 /// The steps of a run folder's complete checkpoints, in order.
+#[cfg(feature = "local")]
 pub fn checkpoints(run: &Path) -> Vec<u64> {
     let mut steps: Vec<u64> = std::fs::read_dir(run)
         .map(|entries| {
@@ -153,6 +161,7 @@ pub fn checkpoints(run: &Path) -> Vec<u64> {
 }
 
 /// Every file under `dir` with its bytes, by path relative to it.
+#[cfg(feature = "local")]
 pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     let mut files = std::collections::BTreeMap::new();
     let mut folders = vec![dir.to_path_buf()];
