@@ -2,7 +2,8 @@
 //! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
 //! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
-//! twice the rank through `rank_pattern`), and a dense Qwen3 with `rank_pattern` and `alpha_pattern`.
+//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, and
+//! LoRA on the output head (`lm_head`) of Qwen3 and of Qwen2, whose head is tied to its embeddings.
 //! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
 //! the trainer's model, through the served adapter folder, with the experts merged and on the f32
 //! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
@@ -77,8 +78,10 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
         .iter()
         .map(|(name, var)| (name.as_str(), var.dims()))
         .collect();
+    // PEFT saves an adapted head's base weight beside its adapter; it is no adapter tensor.
     let mut theirs: Vec<(&str, &[usize])> = peft
         .iter()
+        .filter(|(name, _)| !name.ends_with(".base_layer.weight"))
         .map(|(name, tensor)| (name.as_str(), tensor.dims()))
         .collect();
     ours.sort();
@@ -139,7 +142,10 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
     let refs: Vec<&Sequence> = sequences.iter().collect();
     let expected_loss = expected["loss"].to_vec1::<f64>().unwrap()[0];
     let mut largest_gradient = 0.0f64;
-    for recompute in [false, true] {
+    // The training head in blocks of rows and columns (its chunked backward) as well as whole.
+    let vocab = base.config.vocab_size;
+    let chunked = model.clone().with_head_budget(3 * vocab + 5);
+    for (recompute, model) in [(false, &model), (true, &model), (false, &chunked)] {
         let pass = Pass {
             recompute,
             entropy_gradient: false,
@@ -203,6 +209,19 @@ fn qwen3_moe_all_linear_lora_is_peft_s() {
 #[test]
 fn rank_and_alpha_patterns_are_peft_s() {
     check("qwen3", "lora_pattern", &[]);
+}
+
+/// LoRA on the output head (`lm_head` among the target modules) of an untied Qwen3.
+#[test]
+fn head_lora_is_peft_s() {
+    check("qwen3", "lora_head", &[]);
+}
+
+/// LoRA on the output head of Qwen2, whose head is tied to the embeddings: PEFT adapts the head's
+/// product only, the input embeddings stay the base ones.
+#[test]
+fn tied_head_lora_is_peft_s() {
+    check("qwen2", "lora_head", &[]);
 }
 
 /// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or

@@ -1,6 +1,9 @@
 //! LoRA adapters put on a model ([`Model::with_lora`]) where PEFT 0.21 puts them: the projections a
 //! [`LoraConfig`] targets, the expert stacks and routers it names as target parameters, each at the
-//! rank and alpha its patterns give, under PEFT's tensor names.
+//! rank and alpha its patterns give, under PEFT's tensor names; and on the output head when `lm_head` is
+//! a target module (never under `"all-linear"`, which leaves the head out as PEFT's does). On a model
+//! whose head is tied to its embeddings, the adapter is on the head's product only, as PEFT's wrapped
+//! `lm_head` is: the input embeddings stay the base ones.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -9,6 +12,9 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::config::Arch;
+
+/// PEFT's key of the output head's module, and the target module that names it.
+const HEAD: &str = "lm_head";
 
 /// What a target parameter names in a mixture layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +155,28 @@ impl Model {
                 vars.push((format!("{prefix}.lora_B.weight"), b));
             }
         }
+        if targets(&config.targets, HEAD) {
+            if config.dropout > 0.0 {
+                candle_core::bail!(
+                    "LoRA dropout {} with the target module lm_head: the training head folds the \
+                     head's adapter into its weight, which leaves no input to drop; set it to 0 or \
+                     leave lm_head out",
+                    config.dropout
+                );
+            }
+            let (rank, alpha) = size(HEAD)?;
+            let (vocab, hidden) = model.head_weight().dims2()?;
+            let a = draw(rank, hidden)?;
+            let b = Var::zeros((vocab, rank), dtype, &device)?;
+            model.head_lora = Some(Lora {
+                a: a.as_tensor().clone(),
+                b: b.as_tensor().clone(),
+                scale: alpha / rank as f64,
+                dropout: None,
+            });
+            vars.push((format!("{HEAD_ADAPTER}.lora_A.weight"), a));
+            vars.push((format!("{HEAD_ADAPTER}.lora_B.weight"), b));
+        }
         Ok((model, vars))
     }
 
@@ -164,6 +192,7 @@ impl Model {
                     .filter(|(name, _)| adaptable(name))
                     .map(move |(name, _)| format!("model.layers.{i}.{name}"))
             })
+            .chain([HEAD.to_string()])
             .collect();
         let Some(unknown) = config.targets.iter().find(|&target| {
             !keys
@@ -194,7 +223,8 @@ impl Model {
             );
         }
         candle_core::bail!(
-            "unknown LoRA target {unknown:?}; the projections of this {} model are {}",
+            "unknown LoRA target {unknown:?}; the projections of this {} model are {} (and the \
+             output head, lm_head)",
             self.config.arch,
             self.projection_names().join(", ")
         );

@@ -49,7 +49,7 @@ pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{targets, Dropout, Linear, Lora, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS};
 pub use norm::RmsNorm;
-pub use output::LOGITS_BUDGET;
+pub use output::{HEAD_ADAPTER, LOGITS_BUDGET};
 pub(crate) use rotary::apply_rope;
 use rotary::Rope;
 
@@ -66,6 +66,9 @@ pub struct Model {
     /// are computed with instead of the dense head: a sampling-only model, whose dense head stays for
     /// the embeddings (when tied) and the list of weights.
     pub(crate) quantized_head: Option<Linear>,
+    /// LoRA on the output head (PEFT's `lm_head` target module), on `lm_head` or, when tied, on the
+    /// embeddings' use as the head only: the embeddings of the input are not adapted, as under PEFT.
+    pub head_lora: Option<Lora>,
     rope: Rope,
     /// The windowed layers' RoPE, when it is not the others'
     /// ([`crate::config::Variant::local_rope`]).
@@ -111,6 +114,7 @@ impl Model {
             norm,
             lm_head,
             quantized_head: None,
+            head_lora: None,
             rope: rope(config.rope_theta, &config.rope_scaling)?,
             local_rope: config
                 .variant
@@ -331,6 +335,10 @@ impl Model {
                 }
             }
         }
+        if let Some(lora) = &self.head_lora {
+            named.push((format!("{HEAD_ADAPTER}.lora_A.weight"), &lora.a));
+            named.push((format!("{HEAD_ADAPTER}.lora_B.weight"), &lora.b));
+        }
         named
     }
 
@@ -440,6 +448,10 @@ impl Model {
         model.embed_tokens = f(&model.embed_tokens)?;
         model.norm.weight = f(&model.norm.weight)?;
         model.lm_head = model.lm_head.as_ref().map(&mut *f).transpose()?;
+        if let Some(lora) = &mut model.head_lora {
+            lora.a = f(&lora.a)?;
+            lora.b = f(&lora.b)?;
+        }
         for layer in &mut model.layers {
             *layer = layer.map_tensors(f)?;
         }
@@ -795,7 +807,7 @@ impl Model {
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
         match &self.quantized_head {
             Some(blocks) => output::widened(blocks.forward(hidden, ops)?),
-            None => output::project(hidden, self.head_weight(), ops),
+            None => output::project_adapted(hidden, self.head_weight(), &self.head_lora, ops),
         }
     }
 
