@@ -267,7 +267,7 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "first run untouched",
     );
 
-    // Each checkpoint says what its adapter trains: never the unembedding, whatever was asked.
+    // Each checkpoint says what its adapter trains: the unembedding too, the SDK's default.
     fn trains(info: &Value) -> (Option<&str>, Option<u64>, [Option<bool>; 3]) {
         (
             info["base_model"].as_str(),
@@ -281,10 +281,30 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         )
     }
     let said = out["weights_info"].as_array().unwrap();
-    let all = [Some(true), Some(true), Some(false)];
+    let all = [Some(true), Some(true), Some(true)];
     assert_eq!(trains(&said[0]), (Some(MODEL), Some(4), all));
-    let attention = [Some(true), Some(false), Some(false)];
-    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), attention));
+    let no_mlp = [Some(true), Some(false), Some(true)];
+    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), no_mlp));
+    // The head's adapter (on the fixture's tied embeddings) is in the sampler checkpoints under PEFT's
+    // names, and the training between them moved it.
+    let head = |path: &Value| {
+        let checkpoint = path.as_str().unwrap().strip_prefix("tinker://").unwrap();
+        let file = store.join(checkpoint).join("adapter.safetensors");
+        candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap()
+    };
+    let (initial, trained) = (head(&out["sampler_path"]), head(&out["trained_sampler_path"]));
+    for part in ["lora_A", "lora_B"] {
+        let name = format!("base_model.model.lm_head.{part}.weight");
+        let moved = (&initial[&name] - &trained[&name])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(moved > 1e-4, "{name} moved by {moved}");
+    }
 
     // The supervised loop lowers its loss.
     let curve = floats(&out["sl_losses"]);
