@@ -482,7 +482,8 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
 /// the server's log-probability to its sampler's (they differ by up to 5e-6 here), where the local
 /// trainer's ratio is exactly 1; and the sums run in other orders. The second step samples the weights
 /// each path's first step made, so it checks the optimizer's step too. The local run names the
-/// adapters the service trains (the attention and MLP projections, rank 8, alpha 32, no dropout).
+/// adapters the service trains (the attention and MLP projections and the output head, the SDK's
+/// `train_unembed` being on by default; rank 8, alpha 32, no dropout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve() {
     let dir = Dir::new("tinker-serve-parity");
@@ -494,7 +495,7 @@ async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve()
         &local_config,
         format!(
             "{config}use_peft = true\nlora_alpha = 32.0\nlora_dropout = 0.0\n\
-             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]\n"
+             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\", \"lm_head\"]\n"
         ),
     )
     .unwrap();
