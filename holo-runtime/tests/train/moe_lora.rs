@@ -354,6 +354,12 @@ fn want_adapters(case: &Value) -> std::collections::BTreeMap<&str, Vec<usize>> {
 /// adapter folder served here and `holo export`'s merged folder give the same logits, and PEFT
 /// (`PeftModel.from_pretrained`) and transformers give them too (`scripts/export_check.py`).
 fn train_and_export(name: &str, lora: &[&str], expected: Value) {
+    train_and_export_moving(name, lora, expected, ".mlp.experts.")
+}
+
+/// [`train_and_export`], checking that training moved the `B` of the adapters whose name contains
+/// `part`.
+fn train_and_export_moving(name: &str, lora: &[&str], expected: Value, part: &str) {
     let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
     let data = qa_rows(work.path(), 8);
     let base_dir = crate::common::fixtures().join("models").join(name);
@@ -393,7 +399,7 @@ fn train_and_export(name: &str, lora: &[&str], expected: Value) {
             .unwrap();
     let moved = adapters
         .iter()
-        .filter(|(name, _)| name.contains(".mlp.experts.") && name.contains("lora_B"))
+        .filter(|(name, _)| name.contains(part) && name.contains("lora_B"))
         .map(|(_, b)| {
             b.abs()
                 .unwrap()
@@ -405,7 +411,7 @@ fn train_and_export(name: &str, lora: &[&str], expected: Value) {
         .fold(0.0f32, f32::max);
     assert!(
         moved > 1e-4,
-        "{name}: training left the experts' B at {moved}"
+        "{name}: training left the B of {part:?} at {moved}"
     );
 
     let export_dir = work.path().join("export");
@@ -560,4 +566,18 @@ fn bad_target_parameters_are_refused_by_name() {
     assert!(stderr.contains("lora_dropout"), "{stderr}");
     let stderr = refusal("qwen2", "[\"mlp.experts.down_proj\"]", "0");
     assert!(stderr.contains("has no experts"), "{stderr}");
+}
+
+/// `holo train` with `lm_head` among the target modules on Qwen2, whose head is tied to its embeddings:
+/// the checkpoint names it as PEFT does and its head adapter moved; `holo export` merges it into a head
+/// of its own (the config untied, the input embeddings as they were), and PEFT loads the checkpoint to
+/// the trained model's logits.
+#[test]
+fn tied_head_adapter_trains_and_exports_as_peft_loads_it() {
+    train_and_export_moving(
+        "qwen2",
+        &["--lora-target-modules", "[\"q_proj\", \"lm_head\"]"],
+        json!({"target_modules": ["q_proj", "lm_head"]}),
+        "base_model.model.lm_head.",
+    );
 }
