@@ -313,3 +313,50 @@ pub(super) fn expert_prefixes(layer: usize, adapted: usize) -> Vec<String> {
 fn adaptable(name: &str) -> bool {
     name != "mlp.gate" && name != "mlp.router" && !name.starts_with("mlp.experts.")
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use crate::config::Arch;
+    use crate::model::LoraConfig;
+    use crate::testing::{config, random_model};
+
+    fn lora(targets: &[&str], dropout: f64) -> LoraConfig {
+        LoraConfig {
+            targets: targets.iter().map(|target| target.to_string()).collect(),
+            dropout,
+            ..LoraConfig::default()
+        }
+    }
+
+    /// `lm_head` adapts the output head under PEFT's names and shapes; `"all-linear"` leaves it out, as
+    /// PEFT's does; dropout beside it is refused, naming it.
+    #[test]
+    fn the_head_is_adapted_when_named_only() {
+        let base = random_model(&config(Arch::Qwen2), DType::F32);
+        let (vocab, hidden) = (base.config.vocab_size, base.config.hidden_size);
+        let (model, vars) = base.with_lora(&lora(&["all-linear"], 0.0)).unwrap();
+        assert!(model.head_lora.is_none());
+        assert!(vars.iter().all(|(name, _)| !name.contains("lm_head")));
+        let (model, vars) = base.with_lora(&lora(&["lm_head"], 0.0)).unwrap();
+        assert!(model.head_lora.is_some());
+        let shapes: Vec<(&str, Vec<usize>)> = vars
+            .iter()
+            .map(|(name, var)| (name.as_str(), var.dims().to_vec()))
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                ("base_model.model.lm_head.lora_A.weight", vec![8, hidden]),
+                ("base_model.model.lm_head.lora_B.weight", vec![vocab, 8]),
+            ]
+        );
+        let error = base
+            .with_lora(&lora(&["q_proj", "lm_head"], 0.1))
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("lm_head"), "{error}");
+    }
+}

@@ -948,12 +948,17 @@ mod tests {
             assert!((max_difference(now, &first) - 1.0).abs() < 1e-5, "{name}");
         }
 
-        // LoRA: the adapters are copied; the frozen base is shared, not copied.
+        // LoRA: the adapters are copied, the head's among them; the frozen base is shared, not copied.
         let lora = LoraConfig {
             seed: 3,
+            targets: ["q_proj", "v_proj", "lm_head"].map(String::from).to_vec(),
             ..LoraConfig::default()
         };
         let (adapted, vars) = base.with_lora(&lora).unwrap();
+        assert!(adapted
+            .named_adapters()
+            .iter()
+            .any(|(name, _)| name == "base_model.model.lm_head.lora_B.weight"));
         let first: Vec<_> = adapted
             .named_adapters()
             .into_iter()
