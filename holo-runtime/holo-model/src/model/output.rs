@@ -38,28 +38,28 @@ impl Model {
         targets: &Tensor,
         temperature: f64,
     ) -> Result<Tensor> {
-        scores_within(
-            hidden,
-            &self.trained_head()?,
-            targets,
-            temperature,
-            self.head_budget,
-        )
+        let (hidden, weight) = self.head_operands(hidden)?;
+        scores_within(&hidden, &weight, targets, temperature, self.head_budget)
     }
 
-    /// The head's weight as training uses it: with a head adapter ([`Model::head_lora`]), the effective
-    /// weight `W + scale · B A` `[vocab, hidden]` as a differentiable tensor, whose gradient (which the
-    /// chunked head produces block by block) autograd carries to `A` and `B`. It is one more
-    /// `vocab × hidden` tensor in the adapter's type for the step, and its gradient another: at
-    /// Qwen2.5-0.5B's 151,936 × 896, 545 MB each in f32. The logits equal PEFT's `x Wᵀ + scale · (x Aᵀ) Bᵀ`
-    /// to rounding.
-    fn trained_head(&self) -> Result<Tensor> {
+    /// The training head's operands for `hidden` `[N, hidden]`: the hidden states and the head's
+    /// weight, or with a head adapter ([`Model::head_lora`]) PEFT's `x Wᵀ + scale · (x Aᵀ) Bᵀ` as one
+    /// product `[x, scale · x Aᵀ] [W, B]ᵀ` (in the adapter's type), whose weight gradient the chunked
+    /// head produces block by block and autograd hands on to `B` (its last `rank` columns) and through
+    /// `x Aᵀ` to `A`. `B A` is never formed: the cost is a copy of the head with `rank` more columns,
+    /// and its gradient, for the step (at Qwen2.5-0.5B's 151,936 × 896 in f32, 545 MB each).
+    fn head_operands(&self, hidden: &Tensor) -> Result<(Tensor, Tensor)> {
         let weight = self.head_weight();
         let Some(lora) = &self.head_lora else {
-            return Ok(weight.clone());
+            return Ok((hidden.clone(), weight.clone()));
         };
-        let update = (lora.b.matmul(&lora.a)? * lora.scale)?;
-        weight.to_dtype(update.dtype())? + update
+        let dtype = lora.a.dtype();
+        let hidden = hidden.to_dtype(dtype)?;
+        let low = (hidden.matmul(&lora.a.t()?)? * lora.scale)?;
+        Ok((
+            Tensor::cat(&[&hidden, &low], 1)?,
+            Tensor::cat(&[&weight.to_dtype(dtype)?, &lora.b], 1)?,
+        ))
     }
 
     /// The model whose training head holds at most about `elements` logits at once (default
