@@ -50,7 +50,15 @@ fn main() -> ExitCode {
             }
         }
     }
-    match run(vocab, hidden, tokens, rows, repeats, decode_steps, head_lora) {
+    match run(
+        vocab,
+        hidden,
+        tokens,
+        rows,
+        repeats,
+        decode_steps,
+        head_lora,
+    ) {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
@@ -84,7 +92,11 @@ fn run(
             let head = if rank > 0 { vec!["lm_head"] } else { vec![] };
             base.with_lora(&holo_model::model::LoraConfig {
                 rank: rank.max(1),
-                targets: ["q_proj"].into_iter().chain(head).map(String::from).collect(),
+                targets: ["q_proj"]
+                    .into_iter()
+                    .chain(head)
+                    .map(String::from)
+                    .collect(),
                 ..Default::default()
             })?
         }

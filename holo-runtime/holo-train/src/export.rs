@@ -222,7 +222,8 @@ fn save_weights(out: &Path, model: &Model, weights: HashMap<String, Tensor>) -> 
 fn untie(path: &Path) -> Result<(), String> {
     let fail = |error: &dyn std::fmt::Display| format!("untying `{}`: {error}", path.display());
     let text = fs::read_to_string(path).map_err(|error| fail(&error))?;
-    let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|error| fail(&error))?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| fail(&error))?;
     config["tie_word_embeddings"] = false.into();
     if let Some(text_config) = config.get_mut("text_config").filter(|c| c.is_object()) {
         text_config["tie_word_embeddings"] = false.into();

@@ -740,7 +740,10 @@ mod tests {
         }
         // PEFT's module names as suffixes, and the routers as target parameters.
         lora(&[
-            ("--lora-target-modules", "[\"self_attn.q_proj\", \"gate\", \"lm_head\"]"),
+            (
+                "--lora-target-modules",
+                "[\"self_attn.q_proj\", \"gate\", \"lm_head\"]",
+            ),
             ("--lora-target-parameters", "[\"mlp.router.weight\"]"),
             ("--lora-dropout", "0"),
         ])

@@ -292,7 +292,10 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         let file = store.join(checkpoint).join("adapter.safetensors");
         candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap()
     };
-    let (initial, trained) = (head(&out["sampler_path"]), head(&out["trained_sampler_path"]));
+    let (initial, trained) = (
+        head(&out["sampler_path"]),
+        head(&out["trained_sampler_path"]),
+    );
     for part in ["lora_A", "lora_B"] {
         let name = format!("base_model.model.lm_head.{part}.weight");
         let moved = (&initial[&name] - &trained[&name])
