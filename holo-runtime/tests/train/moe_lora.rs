@@ -151,7 +151,7 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
             entropy_gradient: false,
             balance: 0.0,
         };
-        let (value, grads) = score::backward_sequences(&model, &refs, 1.0, pass, |head| {
+        let (value, grads) = score::backward_sequences(model, &refs, 1.0, pass, |head| {
             head.logprobs.sum_all()? * LOGPROB_WEIGHT
         })
         .unwrap();
