@@ -156,14 +156,6 @@ impl Model {
             }
         }
         if targets(&config.targets, HEAD) {
-            if config.dropout > 0.0 {
-                candle_core::bail!(
-                    "LoRA dropout {} with the target module lm_head: the training head folds the \
-                     head's adapter into its weight, which leaves no input to drop; set it to 0 or \
-                     leave lm_head out",
-                    config.dropout
-                );
-            }
             let (rank, alpha) = size(HEAD)?;
             let (vocab, hidden) = model.head_weight().dims2()?;
             let a = draw(rank, hidden)?;
@@ -172,7 +164,11 @@ impl Model {
                 a: a.as_tensor().clone(),
                 b: b.as_tensor().clone(),
                 scale: alpha / rank as f64,
-                dropout: None,
+                dropout: (config.dropout > 0.0).then(|| Dropout {
+                    p: config.dropout,
+                    id: vars.len() as u64,
+                    seed: Arc::clone(&seed),
+                }),
             });
             vars.push((format!("{HEAD_ADAPTER}.lora_A.weight"), a));
             vars.push((format!("{HEAD_ADAPTER}.lora_B.weight"), b));
@@ -331,7 +327,8 @@ mod tests {
     }
 
     /// `lm_head` adapts the output head under PEFT's names and shapes; `"all-linear"` leaves it out, as
-    /// PEFT's does; dropout beside it is refused, naming it.
+    /// PEFT's does. With dropout, the head's adapter drops its inputs in training passes once the seed
+    /// is set, and only then.
     #[test]
     fn the_head_is_adapted_when_named_only() {
         let base = random_model(&config(Arch::Qwen2), DType::F32);
@@ -352,11 +349,25 @@ mod tests {
                 ("base_model.model.lm_head.lora_B.weight", vec![vocab, 8]),
             ]
         );
-        let error = base
-            .with_lora(&lora(&["q_proj", "lm_head"], 0.1))
-            .map(drop)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("lm_head"), "{error}");
+        let (dropped, _) = base.with_lora(&lora(&["lm_head"], 0.5)).unwrap();
+        assert!(dropped.has_dropout());
+        let hidden_states = crate::testing::sines((5, hidden), 0.3, DType::F32);
+        let targets =
+            candle_core::Tensor::new(&[1u32, 2, 3, 4, 5], hidden_states.device()).unwrap();
+        // `B` is zero when drawn: moved, so that the adapter's input shows in the scores.
+        let b = dropped.head_lora.as_ref().unwrap().b.clone();
+        let moved = crate::testing::sines(b.dims2().unwrap(), 0.7, DType::F32);
+        let dropped = {
+            let mut model = dropped;
+            model.head_lora.as_mut().unwrap().b = moved;
+            model
+        };
+        let scores = |seed| {
+            dropped.set_dropout_seed(seed);
+            dropped.head_scores(&hidden_states, &targets, 1.0).unwrap()
+        };
+        let (off, first, again) = (scores(0), scores(11), scores(11));
+        assert_eq!(crate::testing::max_difference(&first, &again), 0.0);
+        assert!(crate::testing::max_difference(&off, &first) > 1e-3);
     }
 }

@@ -373,7 +373,11 @@ impl Model {
     /// Whether an adapter drops its inputs (LoRA dropout above 0) in differentiable passes whose seed
     /// is set.
     pub fn has_dropout(&self) -> bool {
-        self.layers.iter().any(|layer| {
+        let head = self
+            .head_lora
+            .as_ref()
+            .is_some_and(|lora| lora.dropout.is_some());
+        head || self.layers.iter().any(|layer| {
             Self::linears(layer).iter().any(|(_, linear)| {
                 linear
                     .lora
@@ -386,11 +390,15 @@ impl Model {
     /// Seeds the LoRA dropout masks of the differentiable passes that follow (0 turns dropout off); see
     /// [`Dropout`]. Copies of the model ([`Model::detached`]) share the seed.
     pub fn set_dropout_seed(&self, seed: u64) {
-        let dropout = self.layers.iter().find_map(|layer| {
-            Self::linears(layer)
-                .into_iter()
-                .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
-        });
+        let dropout = self
+            .layers
+            .iter()
+            .find_map(|layer| {
+                Self::linears(layer)
+                    .into_iter()
+                    .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
+            })
+            .or_else(|| self.head_lora.as_ref()?.dropout.as_ref());
         if let Some(dropout) = dropout {
             dropout
                 .seed

@@ -57,7 +57,16 @@ impl Model {
         };
         let dtype = lora.a.dtype();
         let hidden = hidden.to_dtype(dtype)?;
-        let low = (hidden.matmul(&lora.a.t()?)? * lora.scale)?;
+        // The adapter's input after its dropout, as a projection's adapter drops it (`Linear`).
+        let keep = match &lora.dropout {
+            Some(dropout) => dropout.mask(&hidden)?,
+            None => None,
+        };
+        let input = match keep {
+            Some(keep) => (&hidden * keep)?,
+            None => hidden.clone(),
+        };
+        let low = (input.matmul(&lora.a.t()?)? * lora.scale)?;
         Ok((
             Tensor::cat(&[&hidden, &low], 1)?,
             Tensor::cat(&[&weight.to_dtype(dtype)?, &lora.b], 1)?,
