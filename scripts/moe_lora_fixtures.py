@@ -3,7 +3,7 @@ holo-runtime/tests/train/moe_lora.rs: `tests/fixtures/models/NAME/moe_lora/`, an
 the same kind: `qwen3_moe/moe_lora_all_linear/` (`target_modules="all-linear"`, which PEFT turns into the
 router's and both stacks' `target_parameters` with a `rank_pattern` on the fused stack) and
 `qwen3/lora_pattern/` (a dense model with `rank_pattern` and `alpha_pattern`), and `qwen3/lora_head/`,
-`qwen2/lora_head/` (`lm_head` among the target modules: the output head adapted, untied and tied to
+`smollm3/lora_head/` (`lm_head` among the target modules: the output head adapted, untied and tied to
 the embeddings; PEFT's folder then also holds the head's base weight, as `save_pretrained` saves an
 adapted embedding layer's). `peft_targets.json` in
 `tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures: its
@@ -158,7 +158,7 @@ if __name__ == "__main__":
         alpha_pattern={"v_proj": 5, "down_proj": 1.5},
     )
     # LoRA on the output head (`lm_head` as a target module): untied on Qwen3, tied to the embeddings
-    # on Qwen2, where PEFT wraps the head's use of the shared weight only.
+    # on SmolLM3, where PEFT wraps the head's use of the shared weight only.
     record("qwen3", "lora_head", target_modules=["q_proj", "lm_head"])
-    record("qwen2", "lora_head", target_modules=["v_proj", "lm_head"])
+    record("smollm3", "lora_head", target_modules=["v_proj", "lm_head"])
     targets()

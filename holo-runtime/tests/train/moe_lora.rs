@@ -3,7 +3,7 @@
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
 //! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
 //! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, and
-//! LoRA on the output head (`lm_head`) of Qwen3 and of Qwen2, whose head is tied to its embeddings.
+//! LoRA on the output head (`lm_head`) of Qwen3 and of SmolLM3, whose head is tied to its embeddings.
 //! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
 //! the trainer's model, through the served adapter folder, with the experts merged and on the f32
 //! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
@@ -217,11 +217,11 @@ fn head_lora_is_peft_s() {
     check("qwen3", "lora_head", &[]);
 }
 
-/// LoRA on the output head of Qwen2, whose head is tied to the embeddings: PEFT adapts the head's
+/// LoRA on the output head of SmolLM3, whose head is tied to the embeddings: PEFT adapts the head's
 /// product only, the input embeddings stay the base ones.
 #[test]
 fn tied_head_lora_is_peft_s() {
-    check("qwen2", "lora_head", &[]);
+    check("smollm3", "lora_head", &[]);
 }
 
 /// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or
