@@ -6,7 +6,8 @@ router's and both stacks' `target_parameters` with a `rank_pattern` on the fused
 `smollm3/lora_head/` (`lm_head` among the target modules: the output head adapted, untied and tied to
 the embeddings; PEFT's folder then also holds the head's base weight, as `save_pretrained` saves an
 adapted embedding layer's). `peft_targets.json` in
-`tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures: its
+`tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures (and the
+output head on two dense models): its
 resolved configuration and each adapter tensor's name and shape, or its error.
 
 PEFT 0.21 adapts transformers 5's stacked expert parameters with `target_parameters` (its
@@ -112,6 +113,9 @@ TARGET_CASES = [
     ),
     ("gpt_oss", "all-linear", {}),
     ("gpt_oss", ["q_proj"], {"target_parameters": ["mlp.router.weight", "gate_up_proj"]}),
+    # The output head: named, and left out of all-linear (on a model whose head is tied, too).
+    ("qwen3", ["q_proj", "lm_head"], {}),
+    ("smollm3", "all-linear", {}),
 ]
 
 

@@ -225,7 +225,8 @@ fn tied_head_lora_is_peft_s() {
 }
 
 /// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or
-/// `"all-linear"`, target parameters, patterns beside the conversion's) is what `Model::with_lora`
+/// `"all-linear"`, target parameters, patterns beside the conversion's, `lm_head` named, and
+/// `"all-linear"` leaving a tied head out) is what `Model::with_lora`
 /// wraps: the resolved configuration, and every adapter tensor by name and shape; PEFT's refusal is
 /// ours.
 #[test]
