@@ -2,8 +2,12 @@
 holo-runtime/tests/train/moe_lora.rs: `tests/fixtures/models/NAME/moe_lora/`, and two more adapters of
 the same kind: `qwen3_moe/moe_lora_all_linear/` (`target_modules="all-linear"`, which PEFT turns into the
 router's and both stacks' `target_parameters` with a `rank_pattern` on the fused stack) and
-`qwen3/lora_pattern/` (a dense model with `rank_pattern` and `alpha_pattern`). `peft_targets.json` in
-`tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures: its
+`qwen3/lora_pattern/` (a dense model with `rank_pattern` and `alpha_pattern`), and `qwen3/lora_head/`,
+`smollm3/lora_head/` (`lm_head` among the target modules: the output head adapted, untied and tied to
+the embeddings; PEFT's folder then also holds the head's base weight, as `save_pretrained` saves an
+adapted embedding layer's). `peft_targets.json` in
+`tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures (and the
+output head on two dense models): its
 resolved configuration and each adapter tensor's name and shape, or its error.
 
 PEFT 0.21 adapts transformers 5's stacked expert parameters with `target_parameters` (its
@@ -109,6 +113,9 @@ TARGET_CASES = [
     ),
     ("gpt_oss", "all-linear", {}),
     ("gpt_oss", ["q_proj"], {"target_parameters": ["mlp.router.weight", "gate_up_proj"]}),
+    # The output head: named, and left out of all-linear (on a model whose head is tied, too).
+    ("qwen3", ["q_proj", "lm_head"], {}),
+    ("smollm3", "all-linear", {}),
 ]
 
 
@@ -154,4 +161,8 @@ if __name__ == "__main__":
         rank_pattern={"model.layers.1.mlp.down_proj": 4, "q_proj": 3},
         alpha_pattern={"v_proj": 5, "down_proj": 1.5},
     )
+    # LoRA on the output head (`lm_head` as a target module): untied on Qwen3, tied to the embeddings
+    # on SmolLM3, where PEFT wraps the head's use of the shared weight only.
+    record("qwen3", "lora_head", target_modules=["q_proj", "lm_head"])
+    record("smollm3", "lora_head", target_modules=["v_proj", "lm_head"])
     targets()

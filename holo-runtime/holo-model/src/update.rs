@@ -160,8 +160,25 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
             format!("`{}`: {message}", config_file.display())
         }
     })?;
+    // PEFT's `save_pretrained` saves an adapted head's base weight beside its adapter (it treats
+    // `lm_head` as an embedding layer it may have resized): the base model's head serves in its place,
+    // so it need only have the head's shape.
+    let head_base = format!("{}.base_layer.weight", crate::model::HEAD_ADAPTER);
+    let head_adapted = adapted.head_lora.is_some();
+    if let (true, Some(saved)) = (head_adapted, tensors.get(&head_base)) {
+        let (vocab, hidden) = (base.config.vocab_size, base.config.hidden_size);
+        if saved.dims() != [vocab, hidden] {
+            return Err(format!(
+                "`{}` holds {head_base} of shape {:?}: the adapter's head is not this model's \
+                 [{vocab}, {hidden}] (a resized vocabulary is not supported)",
+                tensors_file.display(),
+                saved.dims()
+            ));
+        }
+    }
     if let Some(unused) = tensors
         .keys()
+        .filter(|name| !(head_adapted && **name == head_base))
         .find(|name| !vars.iter().any(|(var, _)| var == *name))
     {
         return Err(format!(

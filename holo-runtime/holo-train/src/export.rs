@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use super::checkpoint::{self, RunDir};
-use holo_model::model::LoraConfig;
+use holo_model::model::{LoraConfig, HEAD_ADAPTER};
 use holo_model::{files as model_files, gguf, Model};
 
 /// The run's facts that outlive the process: where its base model is.
@@ -204,12 +204,32 @@ pub fn merge_adapter(adapter: &Path, base: &Path, out: &Path) -> Result<(), Stri
 
 /// Writes `out/model.safetensors`: `weights` (named as `model` holds them) under the names and layouts
 /// of the family's checkpoints (gpt-oss's experts stacked, [`holo_model::model::checkpoint_tensors`]).
+/// A merged head adapter on a model whose head is tied to its embeddings leaves a head of its own
+/// (`lm_head.weight`): the written config then says `tie_word_embeddings: false`.
 fn save_weights(out: &Path, model: &Model, weights: HashMap<String, Tensor>) -> Result<(), String> {
+    if model.config.tie_word_embeddings && weights.contains_key("lm_head.weight") {
+        untie(&out.join("config.json"))?;
+    }
     let weights =
         holo_model::model::checkpoint_tensors(&model.config, weights.into_iter().collect())
             .map_err(|error| format!("laying out the weights: {error}"))?;
     checkpoint::save_tensors(&out.join("model.safetensors"), weights)
         .map_err(|error| format!("writing model.safetensors: {error}"))
+}
+
+/// Sets `tie_word_embeddings` to false in the config file `path` (and in its `text_config`, where a
+/// multimodal checkpoint keeps the text model's).
+fn untie(path: &Path) -> Result<(), String> {
+    let fail = |error: &dyn std::fmt::Display| format!("untying `{}`: {error}", path.display());
+    let text = fs::read_to_string(path).map_err(|error| fail(&error))?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| fail(&error))?;
+    config["tie_word_embeddings"] = false.into();
+    if let Some(text_config) = config.get_mut("text_config").filter(|c| c.is_object()) {
+        text_config["tie_word_embeddings"] = false.into();
+    }
+    let text = serde_json::to_string_pretty(&config).map_err(|error| fail(&error))?;
+    fs::write(path, text).map_err(|error| fail(&error))
 }
 
 /// A GGUF base has no files to copy: its config, tokenizer and chat template are written from what the
@@ -253,8 +273,11 @@ fn merged(
     let (adapted, vars) = base.with_lora(lora)?;
     checkpoint::restore(&vars, adapters).map_err(candle_core::Error::msg)?;
     // A tensor no adapter took (a module this model does not adapt) would be dropped without a word.
+    // PEFT saves an adapted head's base weight beside its adapter: the base's head is merged instead.
+    let head_base = format!("{HEAD_ADAPTER}.base_layer.weight");
     if let Some(unused) = adapters
         .keys()
+        .filter(|name| !(adapted.head_lora.is_some() && **name == head_base))
         .find(|name| !vars.iter().any(|(var, _)| var == *name))
     {
         candle_core::bail!("the adapters' tensor {unused} belongs to no adapted projection");
@@ -272,6 +295,14 @@ fn merged(
                 );
             }
         }
+    }
+    // The head's adapter merges into a head of its own: tied to the embeddings, the head would carry
+    // the update into the input embeddings too, which the adapter never changed (`save_weights`
+    // unties the exported config).
+    if let Some(adapter) = &adapted.head_lora {
+        let head = adapted.lm_head.as_ref().unwrap_or(&adapted.embed_tokens);
+        let delta = (adapter.b.matmul(&adapter.a)? * adapter.scale)?;
+        merged.insert("lm_head.weight".to_string(), (head + delta)?);
     }
     Ok(merged)
 }

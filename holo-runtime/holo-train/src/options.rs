@@ -144,7 +144,9 @@ pub struct TrainingArguments {
     /// Projections that get adapters, matched as PEFT matches a list (a name or a dotted suffix of
     /// the module's), or `["all-linear"]`; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`)
     /// when unset. On Qwen3-MoE, PEFT turns `gate_proj` with `up_proj`, `down_proj` and the router's
-    /// `gate` into target parameters (holo-model's `peft` module).
+    /// `gate` into target parameters (holo-model's `peft` module). `lm_head` adapts the output head
+    /// (on a model with tied embeddings, the head's use of them only, as PEFT's), which
+    /// `"all-linear"` leaves out as PEFT's does.
     pub lora_target_modules: Option<Vec<String>>,
     /// Expert stacks and routers that get adapters (PEFT's `target_parameters`):
     /// `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, `mlp.gate.weight` (gpt-oss:
@@ -397,11 +399,12 @@ impl TrainingArguments {
         #[cfg(feature = "local")]
         if let Some(targets) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
-            // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE.
+            // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE; `lm_head` is the
+            // output head (never in all-linear, as PEFT's).
             let projections: Vec<&str> = holo_model::model::PROJECTIONS
                 .into_iter()
                 .chain(fused)
-                .chain(["gate"])
+                .chain(["gate", "lm_head"])
                 .collect();
             if targets.is_empty() {
                 return Err(error("lora_target_modules", "names no projection"));
@@ -737,7 +740,10 @@ mod tests {
         }
         // PEFT's module names as suffixes, and the routers as target parameters.
         lora(&[
-            ("--lora-target-modules", "[\"self_attn.q_proj\", \"gate\"]"),
+            (
+                "--lora-target-modules",
+                "[\"self_attn.q_proj\", \"gate\", \"lm_head\"]",
+            ),
             ("--lora-target-parameters", "[\"mlp.router.weight\"]"),
             ("--lora-dropout", "0"),
         ])

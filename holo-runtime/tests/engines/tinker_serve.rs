@@ -267,7 +267,7 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         "first run untouched",
     );
 
-    // Each checkpoint says what its adapter trains: never the unembedding, whatever was asked.
+    // Each checkpoint says what its adapter trains: the unembedding too, the SDK's default.
     fn trains(info: &Value) -> (Option<&str>, Option<u64>, [Option<bool>; 3]) {
         (
             info["base_model"].as_str(),
@@ -281,10 +281,33 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         )
     }
     let said = out["weights_info"].as_array().unwrap();
-    let all = [Some(true), Some(true), Some(false)];
+    let all = [Some(true), Some(true), Some(true)];
     assert_eq!(trains(&said[0]), (Some(MODEL), Some(4), all));
-    let attention = [Some(true), Some(false), Some(false)];
-    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), attention));
+    let no_mlp = [Some(true), Some(false), Some(true)];
+    assert_eq!(trains(&said[1]), (Some(MODEL), Some(2), no_mlp));
+    // The head's adapter (on the fixture's tied embeddings) is in the sampler checkpoints under PEFT's
+    // names, and the training between them moved it.
+    let head = |path: &Value| {
+        let checkpoint = path.as_str().unwrap().strip_prefix("tinker://").unwrap();
+        let file = store.join(checkpoint).join("adapter.safetensors");
+        candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap()
+    };
+    let (initial, trained) = (
+        head(&out["sampler_path"]),
+        head(&out["trained_sampler_path"]),
+    );
+    for part in ["lora_A", "lora_B"] {
+        let name = format!("base_model.model.lm_head.{part}.weight");
+        let moved = (&initial[&name] - &trained[&name])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(moved > 1e-4, "{name} moved by {moved}");
+    }
 
     // The supervised loop lowers its loss.
     let curve = floats(&out["sl_losses"]);
@@ -462,7 +485,8 @@ async fn train_against_holo_tinker_serve(name: &str, holo: PathBuf) {
 /// the server's log-probability to its sampler's (they differ by up to 5e-6 here), where the local
 /// trainer's ratio is exactly 1; and the sums run in other orders. The second step samples the weights
 /// each path's first step made, so it checks the optimizer's step too. The local run names the
-/// adapters the service trains (the attention and MLP projections, rank 8, alpha 32, no dropout).
+/// adapters the service trains (the attention and MLP projections and the output head, the SDK's
+/// `train_unembed` being on by default; rank 8, alpha 32, no dropout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve() {
     let dir = Dir::new("tinker-serve-parity");
@@ -474,7 +498,7 @@ async fn holo_train_takes_the_same_steps_locally_and_against_holo_tinker_serve()
         &local_config,
         format!(
             "{config}use_peft = true\nlora_alpha = 32.0\nlora_dropout = 0.0\n\
-             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]\n"
+             lora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\", \"lm_head\"]\n"
         ),
     )
     .unwrap();

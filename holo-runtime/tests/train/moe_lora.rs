@@ -2,7 +2,8 @@
 //! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
 //! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
-//! twice the rank through `rank_pattern`), and a dense Qwen3 with `rank_pattern` and `alpha_pattern`.
+//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, and
+//! LoRA on the output head (`lm_head`) of Qwen3 and of SmolLM3, whose head is tied to its embeddings.
 //! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
 //! the trainer's model, through the served adapter folder, with the experts merged and on the f32
 //! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
@@ -77,8 +78,10 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
         .iter()
         .map(|(name, var)| (name.as_str(), var.dims()))
         .collect();
+    // PEFT saves an adapted head's base weight beside its adapter; it is no adapter tensor.
     let mut theirs: Vec<(&str, &[usize])> = peft
         .iter()
+        .filter(|(name, _)| !name.ends_with(".base_layer.weight"))
         .map(|(name, tensor)| (name.as_str(), tensor.dims()))
         .collect();
     ours.sort();
@@ -139,13 +142,16 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
     let refs: Vec<&Sequence> = sequences.iter().collect();
     let expected_loss = expected["loss"].to_vec1::<f64>().unwrap()[0];
     let mut largest_gradient = 0.0f64;
-    for recompute in [false, true] {
+    // The training head in blocks of rows and columns (its chunked backward) as well as whole.
+    let vocab = base.config.vocab_size;
+    let chunked = model.clone().with_head_budget(3 * vocab + 5);
+    for (recompute, model) in [(false, &model), (true, &model), (false, &chunked)] {
         let pass = Pass {
             recompute,
             entropy_gradient: false,
             balance: 0.0,
         };
-        let (value, grads) = score::backward_sequences(&model, &refs, 1.0, pass, |head| {
+        let (value, grads) = score::backward_sequences(model, &refs, 1.0, pass, |head| {
             head.logprobs.sum_all()? * LOGPROB_WEIGHT
         })
         .unwrap();
@@ -205,8 +211,22 @@ fn rank_and_alpha_patterns_are_peft_s() {
     check("qwen3", "lora_pattern", &[]);
 }
 
+/// LoRA on the output head (`lm_head` among the target modules) of an untied Qwen3.
+#[test]
+fn head_lora_is_peft_s() {
+    check("qwen3", "lora_head", &[]);
+}
+
+/// LoRA on the output head of SmolLM3, whose head is tied to the embeddings: PEFT adapts the head's
+/// product only, the input embeddings stay the base ones.
+#[test]
+fn tied_head_lora_is_peft_s() {
+    check("smollm3", "lora_head", &[]);
+}
+
 /// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or
-/// `"all-linear"`, target parameters, patterns beside the conversion's) is what `Model::with_lora`
+/// `"all-linear"`, target parameters, patterns beside the conversion's, `lm_head` named, and
+/// `"all-linear"` leaving a tied head out) is what `Model::with_lora`
 /// wraps: the resolved configuration, and every adapter tensor by name and shape; PEFT's refusal is
 /// ours.
 #[test]
@@ -335,6 +355,12 @@ fn want_adapters(case: &Value) -> std::collections::BTreeMap<&str, Vec<usize>> {
 /// adapter folder served here and `holo export`'s merged folder give the same logits, and PEFT
 /// (`PeftModel.from_pretrained`) and transformers give them too (`scripts/export_check.py`).
 fn train_and_export(name: &str, lora: &[&str], expected: Value) {
+    train_and_export_moving(name, lora, expected, ".mlp.experts.")
+}
+
+/// [`train_and_export`], checking that training moved the `B` of the adapters whose name contains
+/// `part`.
+fn train_and_export_moving(name: &str, lora: &[&str], expected: Value, part: &str) {
     let work = crate::common::tempdir::Dir::new(&format!("moe-lora-{name}"));
     let data = qa_rows(work.path(), 8);
     let base_dir = crate::common::fixtures().join("models").join(name);
@@ -374,7 +400,7 @@ fn train_and_export(name: &str, lora: &[&str], expected: Value) {
             .unwrap();
     let moved = adapters
         .iter()
-        .filter(|(name, _)| name.contains(".mlp.experts.") && name.contains("lora_B"))
+        .filter(|(name, _)| name.contains(part) && name.contains("lora_B"))
         .map(|(_, b)| {
             b.abs()
                 .unwrap()
@@ -386,7 +412,7 @@ fn train_and_export(name: &str, lora: &[&str], expected: Value) {
         .fold(0.0f32, f32::max);
     assert!(
         moved > 1e-4,
-        "{name}: training left the experts' B at {moved}"
+        "{name}: training left the B of {part:?} at {moved}"
     );
 
     let export_dir = work.path().join("export");
@@ -541,4 +567,18 @@ fn bad_target_parameters_are_refused_by_name() {
     assert!(stderr.contains("lora_dropout"), "{stderr}");
     let stderr = refusal("qwen2", "[\"mlp.experts.down_proj\"]", "0");
     assert!(stderr.contains("has no experts"), "{stderr}");
+}
+
+/// `holo train` with `lm_head` among the target modules on Qwen2, whose head is tied to its embeddings:
+/// the checkpoint names it as PEFT does and its head adapter moved; `holo export` merges it into a head
+/// of its own (the config untied, the input embeddings as they were), and PEFT loads the checkpoint to
+/// the trained model's logits.
+#[test]
+fn tied_head_adapter_trains_and_exports_as_peft_loads_it() {
+    train_and_export_moving(
+        "qwen2",
+        &["--lora-target-modules", "[\"q_proj\", \"lm_head\"]"],
+        json!({"target_modules": ["q_proj", "lm_head"]}),
+        "base_model.model.lm_head.",
+    );
 }

@@ -1,6 +1,9 @@
 //! LoRA adapters put on a model ([`Model::with_lora`]) where PEFT 0.21 puts them: the projections a
 //! [`LoraConfig`] targets, the expert stacks and routers it names as target parameters, each at the
-//! rank and alpha its patterns give, under PEFT's tensor names.
+//! rank and alpha its patterns give, under PEFT's tensor names; and on the output head when `lm_head` is
+//! a target module (never under `"all-linear"`, which leaves the head out as PEFT's does). On a model
+//! whose head is tied to its embeddings, the adapter is on the head's product only, as PEFT's wrapped
+//! `lm_head` is: the input embeddings stay the base ones.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -9,6 +12,9 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::config::Arch;
+
+/// PEFT's key of the output head's module, and the target module that names it.
+const HEAD: &str = "lm_head";
 
 /// What a target parameter names in a mixture layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +155,24 @@ impl Model {
                 vars.push((format!("{prefix}.lora_B.weight"), b));
             }
         }
+        if targets(&config.targets, HEAD) {
+            let (rank, alpha) = size(HEAD)?;
+            let (vocab, hidden) = model.head_weight().dims2()?;
+            let a = draw(rank, hidden)?;
+            let b = Var::zeros((vocab, rank), dtype, &device)?;
+            model.head_lora = Some(Lora {
+                a: a.as_tensor().clone(),
+                b: b.as_tensor().clone(),
+                scale: alpha / rank as f64,
+                dropout: (config.dropout > 0.0).then(|| Dropout {
+                    p: config.dropout,
+                    id: vars.len() as u64,
+                    seed: Arc::clone(&seed),
+                }),
+            });
+            vars.push((format!("{HEAD_ADAPTER}.lora_A.weight"), a));
+            vars.push((format!("{HEAD_ADAPTER}.lora_B.weight"), b));
+        }
         Ok((model, vars))
     }
 
@@ -164,6 +188,7 @@ impl Model {
                     .filter(|(name, _)| adaptable(name))
                     .map(move |(name, _)| format!("model.layers.{i}.{name}"))
             })
+            .chain([HEAD.to_string()])
             .collect();
         let Some(unknown) = config.targets.iter().find(|&target| {
             !keys
@@ -194,7 +219,8 @@ impl Model {
             );
         }
         candle_core::bail!(
-            "unknown LoRA target {unknown:?}; the projections of this {} model are {}",
+            "unknown LoRA target {unknown:?}; the projections of this {} model are {} (and the \
+             output head, lm_head)",
             self.config.arch,
             self.projection_names().join(", ")
         );
@@ -282,4 +308,66 @@ pub(super) fn expert_prefixes(layer: usize, adapted: usize) -> Vec<String> {
 /// experts.
 fn adaptable(name: &str) -> bool {
     name != "mlp.gate" && name != "mlp.router" && !name.starts_with("mlp.experts.")
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+
+    use crate::config::Arch;
+    use crate::model::LoraConfig;
+    use crate::testing::{config, random_model};
+
+    fn lora(targets: &[&str], dropout: f64) -> LoraConfig {
+        LoraConfig {
+            targets: targets.iter().map(|target| target.to_string()).collect(),
+            dropout,
+            ..LoraConfig::default()
+        }
+    }
+
+    /// `lm_head` adapts the output head under PEFT's names and shapes; `"all-linear"` leaves it out, as
+    /// PEFT's does. With dropout, the head's adapter drops its inputs in training passes once the seed
+    /// is set, and only then.
+    #[test]
+    fn the_head_is_adapted_when_named_only() {
+        let base = random_model(&config(Arch::Qwen2), DType::F32);
+        let (vocab, hidden) = (base.config.vocab_size, base.config.hidden_size);
+        let (model, vars) = base.with_lora(&lora(&["all-linear"], 0.0)).unwrap();
+        assert!(model.head_lora.is_none());
+        assert!(vars.iter().all(|(name, _)| !name.contains("lm_head")));
+        let (model, vars) = base.with_lora(&lora(&["lm_head"], 0.0)).unwrap();
+        assert!(model.head_lora.is_some());
+        let shapes: Vec<(&str, Vec<usize>)> = vars
+            .iter()
+            .map(|(name, var)| (name.as_str(), var.dims().to_vec()))
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                ("base_model.model.lm_head.lora_A.weight", vec![8, hidden]),
+                ("base_model.model.lm_head.lora_B.weight", vec![vocab, 8]),
+            ]
+        );
+        let (dropped, _) = base.with_lora(&lora(&["lm_head"], 0.5)).unwrap();
+        assert!(dropped.has_dropout());
+        let hidden_states = crate::testing::sines((5, hidden), 0.3, DType::F32);
+        let targets =
+            candle_core::Tensor::new(&[1u32, 2, 3, 4, 5], hidden_states.device()).unwrap();
+        // `B` is zero when drawn: moved, so that the adapter's input shows in the scores.
+        let b = dropped.head_lora.as_ref().unwrap().b.clone();
+        let moved = crate::testing::sines(b.dims2().unwrap(), 0.7, DType::F32);
+        let dropped = {
+            let mut model = dropped;
+            model.head_lora.as_mut().unwrap().b = moved;
+            model
+        };
+        let scores = |seed| {
+            dropped.set_dropout_seed(seed);
+            dropped.head_scores(&hidden_states, &targets, 1.0).unwrap()
+        };
+        let (off, first, again) = (scores(0), scores(11), scores(11));
+        assert_eq!(crate::testing::max_difference(&first, &again), 0.0);
+        assert!(crate::testing::max_difference(&off, &first) > 1e-3);
+    }
 }

@@ -49,7 +49,7 @@ pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
 pub use linear::{targets, Dropout, Linear, Lora, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS};
 pub use norm::RmsNorm;
-pub use output::LOGITS_BUDGET;
+pub use output::{HEAD_ADAPTER, LOGITS_BUDGET};
 pub(crate) use rotary::apply_rope;
 use rotary::Rope;
 
@@ -66,6 +66,9 @@ pub struct Model {
     /// are computed with instead of the dense head: a sampling-only model, whose dense head stays for
     /// the embeddings (when tied) and the list of weights.
     pub(crate) quantized_head: Option<Linear>,
+    /// LoRA on the output head (PEFT's `lm_head` target module), on `lm_head` or, when tied, on the
+    /// embeddings' use as the head only: the embeddings of the input are not adapted, as under PEFT.
+    pub head_lora: Option<Lora>,
     rope: Rope,
     /// The windowed layers' RoPE, when it is not the others'
     /// ([`crate::config::Variant::local_rope`]).
@@ -111,6 +114,7 @@ impl Model {
             norm,
             lm_head,
             quantized_head: None,
+            head_lora: None,
             rope: rope(config.rope_theta, &config.rope_scaling)?,
             local_rope: config
                 .variant
@@ -331,6 +335,10 @@ impl Model {
                 }
             }
         }
+        if let Some(lora) = &self.head_lora {
+            named.push((format!("{HEAD_ADAPTER}.lora_A.weight"), &lora.a));
+            named.push((format!("{HEAD_ADAPTER}.lora_B.weight"), &lora.b));
+        }
         named
     }
 
@@ -365,7 +373,11 @@ impl Model {
     /// Whether an adapter drops its inputs (LoRA dropout above 0) in differentiable passes whose seed
     /// is set.
     pub fn has_dropout(&self) -> bool {
-        self.layers.iter().any(|layer| {
+        let head = self
+            .head_lora
+            .as_ref()
+            .is_some_and(|lora| lora.dropout.is_some());
+        head || self.layers.iter().any(|layer| {
             Self::linears(layer).iter().any(|(_, linear)| {
                 linear
                     .lora
@@ -378,11 +390,15 @@ impl Model {
     /// Seeds the LoRA dropout masks of the differentiable passes that follow (0 turns dropout off); see
     /// [`Dropout`]. Copies of the model ([`Model::detached`]) share the seed.
     pub fn set_dropout_seed(&self, seed: u64) {
-        let dropout = self.layers.iter().find_map(|layer| {
-            Self::linears(layer)
-                .into_iter()
-                .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
-        });
+        let dropout = self
+            .layers
+            .iter()
+            .find_map(|layer| {
+                Self::linears(layer)
+                    .into_iter()
+                    .find_map(|(_, linear)| linear.lora.as_ref()?.dropout.as_ref())
+            })
+            .or_else(|| self.head_lora.as_ref()?.dropout.as_ref());
         if let Some(dropout) = dropout {
             dropout
                 .seed
@@ -440,6 +456,10 @@ impl Model {
         model.embed_tokens = f(&model.embed_tokens)?;
         model.norm.weight = f(&model.norm.weight)?;
         model.lm_head = model.lm_head.as_ref().map(&mut *f).transpose()?;
+        if let Some(lora) = &mut model.head_lora {
+            lora.a = f(&lora.a)?;
+            lora.b = f(&lora.b)?;
+        }
         for layer in &mut model.layers {
             *layer = layer.map_tensors(f)?;
         }
@@ -795,7 +815,7 @@ impl Model {
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
         match &self.quantized_head {
             Some(blocks) => output::widened(blocks.forward(hidden, ops)?),
-            None => output::project(hidden, self.head_weight(), ops),
+            None => output::project_adapted(hidden, self.head_weight(), &self.head_lora, ops),
         }
     }
 
@@ -936,12 +956,17 @@ mod tests {
             assert!((max_difference(now, &first) - 1.0).abs() < 1e-5, "{name}");
         }
 
-        // LoRA: the adapters are copied; the frozen base is shared, not copied.
+        // LoRA: the adapters are copied, the head's among them; the frozen base is shared, not copied.
         let lora = LoraConfig {
             seed: 3,
+            targets: ["q_proj", "v_proj", "lm_head"].map(String::from).to_vec(),
             ..LoraConfig::default()
         };
         let (adapted, vars) = base.with_lora(&lora).unwrap();
+        assert!(adapted
+            .named_adapters()
+            .iter()
+            .any(|(name, _)| name == "base_model.model.lm_head.lora_B.weight"));
         let first: Vec<_> = adapted
             .named_adapters()
             .into_iter()

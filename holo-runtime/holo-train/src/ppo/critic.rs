@@ -41,8 +41,11 @@ impl Critic {
             Some(lora) => backbone.with_lora(lora)?,
             None => backbone.trainable()?,
         };
-        // The output projection has no part in a value (tied models train it as the embedding).
-        vars.retain(|(name, _)| name != "lm_head.weight");
+        // The output projection, and an adapter on it, have no part in a value (tied models train it
+        // as the embedding).
+        vars.retain(|(name, _)| {
+            name != "lm_head.weight" && !name.starts_with(holo_model::model::HEAD_ADAPTER)
+        });
         let hidden = model.config.hidden_size;
         let head = match head {
             Some(head) => {

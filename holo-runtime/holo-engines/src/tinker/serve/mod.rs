@@ -28,11 +28,11 @@
 //!
 //! # What is not served
 //!
-//! Full fine-tuning (a `create_model` without `lora_config`), an adapter on the unembedding (the SDK's
-//! `train_unembed`, on by default: refused only when it is the only part asked for, and otherwise
-//! reported on stderr and as `train_unembed: false` by `weights_info`, since holo-model adapts the seven
-//! attention and MLP projections), custom losses run on the server, optimizers other than AdamW, top-k
-//! prompt and targeted log-probabilities, images.
+//! Full fine-tuning (a `create_model` without `lora_config`), custom losses run on the server,
+//! optimizers other than AdamW, top-k prompt and targeted log-probabilities, images. The SDK's
+//! `train_unembed` (on by default) is served: an adapter on the output head (PEFT's `lm_head`; on a
+//! model whose head is tied to its embeddings, on the head's use of them only), saved under PEFT's
+//! `base_model.model.lm_head.lora_{A,B}.weight`.
 //! There is no authentication: the server listens on loopback unless told otherwise.
 
 pub mod futures;
@@ -86,9 +86,10 @@ pub struct TinkerConfig {
     pub device: candle_core::Device,
 }
 
-/// The projections LoRA adapts for the SDK's `train_attn` and `train_mlp`.
+/// The projections LoRA adapts for the SDK's `train_attn`, `train_mlp` and `train_unembed`.
 const ATTENTION: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];
 const MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+const UNEMBED: [&str; 1] = ["lm_head"];
 
 /// What the handlers know; the model itself is the worker's.
 struct Service {
@@ -491,17 +492,13 @@ async fn create_model(
     if lora.train_mlp {
         targets.extend(MLP.map(String::from));
     }
+    if lora.train_unembed {
+        targets.extend(UNEMBED.map(String::from));
+    }
     if targets.is_empty() {
         return Err(bad(
-            "lora_config: train_unembed alone is not served (adapters go on the attention and MLP \
-             projections); set train_attn or train_mlp",
+            "lora_config: train_attn, train_mlp and train_unembed are all false: nothing to train",
         ));
-    }
-    if lora.train_unembed {
-        eprintln!(
-            "note: lora_config.train_unembed is set; holo adapts the attention and MLP projections \
-             only, not the unembedding (weights_info says train_unembed: false)"
-        );
     }
     let model_id = format!("{}:train:{}", request.session_id, request.model_seq_id);
     // The SDK's `seed: None` asks for a random one: the session id is random, and a retried request
@@ -554,8 +551,7 @@ async fn get_info(
 }
 
 /// `weights_info` (`RestClient.get_weights_info_by_tinker_path`, `tinker checkpoint info`): what a
-/// checkpoint's adapter trains, `train_unembed` false whatever `create_model` asked (the unembedding has
-/// no adapter here).
+/// checkpoint's adapter trains.
 async fn weights_info(
     State(service): State<Arc<Service>>,
     body: Result<Bytes, BytesRejection>,
@@ -577,7 +573,7 @@ async fn weights_info(
         "base_model": info.base_model,
         "is_lora": true,
         "lora_rank": info.rank,
-        "train_unembed": false,
+        "train_unembed": trains(&UNEMBED),
         "train_mlp": trains(&MLP),
         "train_attn": trains(&ATTENTION),
     }))
