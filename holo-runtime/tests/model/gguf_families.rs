@@ -16,7 +16,9 @@ use candle_core::{DType, Device};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::model::Weight;
-use holo_runtime::local::{Arch, LayerSpec, LocalModel, LocalOptions, Model, RopeScaling};
+use holo_runtime::local::{
+    Arch, LayerSpec, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling,
+};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
@@ -125,6 +127,13 @@ fn gguf_files_are_their_folders_models_with_transformers_logits() {
                 [true, true, true, false]
             ),
         }
+        // `holo export` writes the file's config as the family's `config.json`: the same layers again.
+        let exported = ModelConfig::from_json(&ours.to_json()).unwrap();
+        assert_eq!(
+            (exported.arch, &exported.layers),
+            (ours.arch, &ours.layers),
+            "{file}: exported config"
+        );
         // The whole sampler loads the file as `--model file.gguf` does.
         LocalModel::load(&path, LocalOptions::default())
             .unwrap_or_else(|error| panic!("{file}: {error}"));
