@@ -21,7 +21,7 @@ otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
                    hidden / heads, `rope.dimension_count`. llama.cpp's converter writes no window for Mistral
                    (its Llama graph has none); this file carries the folder's `sliding_window` under
                    `llama.attention.sliding_window`, gguf-py's key for every architecture's window
-                   (`add_sliding_window`), which is what a Mistral GGUF with a window holds;
+                   (`add_sliding_window`), where this loader looks for a Mistral window;
     ministral.gguf as mistral.gguf, with `layer_types` as `llama.attention.sliding_window_pattern`, one flag
                    per layer (`add_sliding_window_pattern`, as OLMo 3's);
     smollm3.gguf   `smollm3`: Llama's tensors, q / k rows permuted as `LlamaModel.permute` does. llama.cpp
