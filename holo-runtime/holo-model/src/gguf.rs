@@ -11,9 +11,16 @@
 //!   from `gemma3.attention.sliding_window` over llama.cpp's fixed pattern (each sixth layer global), and
 //!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; OLMo 3 is written as `olmo2`
 //!   with `attention.sliding_window` and one `attention.sliding_window_pattern` flag per layer (an OLMo 2
-//!   file has no window); SmolLM3's layers without RoPE are llama.cpp's fixed every fourth
-//!   (`n_no_rope_layer_step`: no key says otherwise, so a checkpoint with another pattern has no GGUF
-//!   form); Phi-3's `attn_qkv` and `ffn_up` hold the fused `qkv_proj` and `gate_up_proj`, RoPE rotates
+//!   file has no window); Mistral is written as `llama`, and llama.cpp's converter writes no window
+//!   for it (its Llama graph attends fully): a `llama` file without `llama.attention.sliding_window`
+//!   attends fully, as llama.cpp runs it (a checkpoint whose `sliding_window` is set, Mistral 7B
+//!   v0.1's 4,096, then differs from transformers past that many positions), and one with that key
+//!   (gguf-py's name for every architecture's window) is Mistral's, every layer windowed as by its
+//!   `sliding_window`, or, with `llama.attention.sliding_window_pattern`, Ministral's, the layers it
+//!   flags windowed as by its `layer_types`; SmolLM3's layers without RoPE are llama.cpp's fixed
+//!   every fourth (`n_no_rope_layer_step`, transformers' default `no_rope_layer_interval` of 4: neither
+//!   llama.cpp nor gguf-py has a key for it, so a checkpoint with another pattern has no GGUF form);
+//!   Phi-3's `attn_qkv` and `ffn_up` hold the fused `qkv_proj` and `gate_up_proj`, RoPE rotates
 //!   `rope.dimension_count` of each head, LongRoPE's factors are the tensors `rope_factors_long` and
 //!   `rope_factors_short` (with `rope.scaling.original_context_length` and `rope.scaling.attn_factor`),
 //!   and `attention.sliding_window`, when not 0, windows every layer; Qwen3-MoE's experts from
@@ -272,6 +279,15 @@ impl Gguf {
             "qwen2" => Ok((Arch::Qwen2, name)),
             "qwen3" => Ok((Arch::Qwen3, name)),
             "qwen3moe" => Ok((Arch::Qwen3Moe, name)),
+            // llama.cpp writes Mistral as Llama, and its converter writes no window for it: a file
+            // that has one (the key every other architecture's window goes under) is Mistral's, or,
+            // with a flag per layer, Ministral's.
+            "llama" if self.u64_key("llama.attention.sliding_window")?.unwrap_or(0) > 0 => {
+                match self.value("llama.attention.sliding_window_pattern") {
+                    Some(_) => Ok((Arch::Ministral, name)),
+                    None => Ok((Arch::Mistral, name)),
+                }
+            }
             "llama" => Ok((Arch::Llama, name)),
             "smollm3" => Ok((Arch::SmolLm3, name)),
             // llama.cpp writes OLMo 3 as OLMo 2 with windows.
@@ -469,9 +485,10 @@ impl Gguf {
     }
 
     /// Each layer's window and RoPE: Gemma 3's every layer but each sixth slides over
-    /// `gemma3.attention.sliding_window` positions (llama.cpp's fixed pattern); OLMo 3's layers that
-    /// `attention.sliding_window_pattern` flags; Phi-3's every layer when its window is not 0; SmolLM3's
-    /// every fourth layer has no RoPE. The others attend fully, with RoPE.
+    /// `gemma3.attention.sliding_window` positions (llama.cpp's fixed pattern); OLMo 3's and Ministral's
+    /// layers that `attention.sliding_window_pattern` flags; Mistral's every layer; Phi-3's every layer
+    /// when its window is not 0; SmolLM3's every fourth layer has no RoPE. The others attend fully, with
+    /// RoPE.
     fn layer_specs(
         &self,
         arch: Arch,
@@ -493,7 +510,9 @@ impl Gguf {
                 return Err(self.config_error(format!("missing metadata `{key}`")))
             }
             Arch::Gemma3 => (0..count).map(|layer| (layer + 1) % 6 != 0).collect(),
-            Arch::Olmo3 => self.window_pattern(name, count)?,
+            Arch::Olmo3 | Arch::Ministral => self.window_pattern(name, count)?,
+            // Mistral's `sliding_window` windows every layer.
+            Arch::Mistral => vec![true; count],
             Arch::Phi3 => vec![window.unwrap_or(0) > 0; count],
             _ => vec![false; count],
         };
@@ -1050,10 +1069,13 @@ fn keeps_type(info: &TensorInfo) -> bool {
         )
 }
 
-/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (a Llama or SmolLM3 model's
-/// `attn_q` and `attn_k`), or `None`.
+/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (the `attn_q` and `attn_k` of a
+/// model written as `llama`, Mistral's and Ministral's included, or as `smollm3`), or `None`.
 fn rotary_heads(config: &ModelConfig, name: &str) -> Option<usize> {
-    if !matches!(config.arch, Arch::Llama | Arch::SmolLm3) {
+    if !matches!(
+        config.arch,
+        Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3
+    ) {
         None
     } else if name.contains(".attn_q.") {
         Some(config.num_attention_heads)

@@ -1,22 +1,25 @@
 //! GGUF files of the families llama.cpp writes with more than Llama's parts — Phi-3 (fused projections,
 //! partial RoPE, LongRoPE's factors), OLMo 3 (norms after attention and MLP, windows with their own RoPE
-//! base) and SmolLM3 (layers without RoPE) — as gguf-py's writer wrote them from the committed
-//! fixtures with llama.cpp's tensor names and keys (`scripts/gguf_families.py`), each loaded to its
-//! folder's model.
+//! base), Mistral and Ministral (written as Llama, with their windows) and SmolLM3 (layers without
+//! RoPE) — as gguf-py's writer wrote them from the committed fixtures with llama.cpp's tensor names and
+//! keys (`scripts/gguf_families.py`), each loaded to its folder's config and to transformers' logits.
 //!
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py
 //!     cargo test -p holo-runtime --test model gguf_families
 
 use std::path::{Path, PathBuf};
 
-use crate::common::json::max_diff;
+use crate::common::json::{floats, ids, max_diff};
 use crate::common::logits::sequence_logits;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::model::Weight;
-use holo_runtime::local::{LocalModel, LocalOptions, Model, RopeScaling};
+use holo_runtime::local::{
+    Arch, LayerSpec, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling,
+};
+use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,27 +27,53 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `gguf/expected.json`: the script's sequences, and transformers' logits of each file's folder.
+fn expected() -> Value {
+    let text = std::fs::read_to_string(fixture("gguf/expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The largest |Δlogit| between `model`'s logits of the expected sequences and transformers' logits of
+/// `file`'s folder, at the positions recorded.
+fn difference_to_transformers(model: &Model, expected: &Value, file: &str) -> f32 {
+    let sequences = expected["sequences"].as_array().unwrap();
+    let recorded = expected["files"][file]["logits"].as_array().unwrap();
+    assert_eq!(sequences.len(), recorded.len(), "{file}");
+    let mut largest = 0f32;
+    for (sequence, recorded) in sequences.iter().zip(recorded) {
+        let ours = sequence_logits(model, &ids(sequence));
+        let positions = recorded["positions"].as_array().unwrap();
+        let theirs = recorded["logits"].as_array().unwrap();
+        assert_eq!(positions.len(), theirs.len(), "{file}");
+        for (position, theirs) in positions.iter().zip(theirs) {
+            let position = position.as_u64().unwrap() as usize;
+            largest = largest.max(max_diff(&ours[position], &floats(theirs)));
+        }
+    }
+    largest
+}
+
 /// Each file and the folder it was written from: SmolLM3's is the four-layer model the script made,
 /// whose fourth layer has no RoPE as llama.cpp's graph assumes.
-const FILES: [(&str, &str); 3] = [
-    ("gguf/phi3.gguf", "phi3"),
-    ("gguf/olmo3.gguf", "olmo3"),
-    ("gguf/smollm3.gguf", "gguf/smollm3"),
+const FILES: [(&str, &str); 5] = [
+    ("phi3.gguf", "phi3"),
+    ("olmo3.gguf", "olmo3"),
+    ("mistral.gguf", "mistral"),
+    ("ministral.gguf", "ministral"),
+    ("smollm3.gguf", "gguf/smollm3"),
 ];
 
 #[test]
-fn phi3_olmo3_and_smollm3_ggufs_are_their_folders_models() {
-    // Past the fixtures' windows (4 positions), and past Phi-3's original context (64), where
-    // LongRoPE takes its long factors.
-    let long: Vec<u32> = (0..80).map(|i| (i * 37 % 500) as u32).collect();
-    let sequences: [&[u32]; 3] = [
-        &[1, 2, 3, 4, 5, 6, 7, 8, 9],
-        &[509, 100, 200, 300, 7],
-        &long,
-    ];
+fn gguf_files_are_their_folders_models_with_transformers_logits() {
+    let expected = expected();
     for (file, folder) in FILES {
+        let path = fixture(&format!("gguf/{file}"));
+        assert_eq!(
+            expected["files"][file]["folder"], folder,
+            "{file}: gguf/expected.json"
+        );
         let from_folder = load_model(&fixture(folder), DType::F32, &Device::Cpu).unwrap();
-        let from_file = load_model(&fixture(file), DType::F32, &Device::Cpu)
+        let from_file = load_model(&path, DType::F32, &Device::Cpu)
             .unwrap_or_else(|error| panic!("{file}: {error}"));
         let (ours, theirs) = (&from_file.config, &from_folder.config);
         assert_eq!(ours.arch, theirs.arch, "{file}");
@@ -78,41 +107,74 @@ fn phi3_olmo3_and_smollm3_ggufs_are_their_folders_models() {
             }
             (ours, theirs) => assert_eq!(ours, theirs, "{file}"),
         }
-        for sequence in sequences {
-            let (a, b) = (
-                sequence_logits(&from_folder, sequence),
-                sequence_logits(&from_file, sequence),
-            );
-            let difference = a
-                .iter()
-                .zip(&b)
-                .map(|(a, b)| max_diff(a, b))
-                .fold(0.0, f32::max);
-            assert!(
-                difference <= 1e-4,
-                "{file}, {} tokens: max |Δlogit| {difference}",
-                sequence.len()
-            );
-        }
+        // Past the windows (4 positions) and past Phi-3's original context (64).
+        let difference = difference_to_transformers(&from_file, &expected, file);
+        assert!(
+            difference <= 1e-4,
+            "{file}: max |Δlogit| {difference} against transformers"
+        );
         // What sets each apart came through the file's keys.
+        let windows: Vec<Option<usize>> = ours.layers.iter().map(|l| l.window).collect();
         match folder {
             "phi3" => {
                 assert!(ours.variant.fused_projections && ours.variant.rotary_dim == Some(8));
                 assert!(matches!(ours.rope_scaling, RopeScaling::LongRope { .. }));
             }
-            "olmo3" => assert_eq!(
-                ours.layers.iter().map(|l| l.window).collect::<Vec<_>>(),
-                [Some(4), None]
-            ),
+            "olmo3" | "ministral" => assert_eq!(windows, [Some(4), None], "{file}"),
+            "mistral" => assert_eq!(windows, [Some(4), Some(4)], "{file}"),
             _ => assert_eq!(
                 ours.layers.iter().map(|l| l.rope).collect::<Vec<_>>(),
                 [true, true, true, false]
             ),
         }
+        // `holo export` writes the file's config as the family's `config.json`: the same layers again.
+        let exported = ModelConfig::from_json(&ours.to_json()).unwrap();
+        assert_eq!(
+            (exported.arch, &exported.layers),
+            (ours.arch, &ours.layers),
+            "{file}: exported config"
+        );
         // The whole sampler loads the file as `--model file.gguf` does.
-        LocalModel::load(fixture(file), LocalOptions::default())
+        LocalModel::load(&path, LocalOptions::default())
             .unwrap_or_else(|error| panic!("{file}: {error}"));
     }
+}
+
+/// A Mistral file without `llama.attention.sliding_window`, as llama.cpp's converter writes every Mistral
+/// checkpoint, is a Llama model that attends fully, as llama.cpp runs it: the windowed model's logits
+/// while the sequence fits the window, not transformers' past it.
+#[test]
+fn a_mistral_gguf_without_its_window_attends_fully() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-mistral-window");
+    let file = scratch.join("mistral.gguf");
+    rewrite(
+        &fixture("gguf/mistral.gguf"),
+        &file,
+        "llama.attention.sliding_window",
+        GgmlDType::F32,
+    );
+    let full = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let windowed = load_model(&fixture("gguf/mistral.gguf"), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(full.config.arch, Arch::Llama);
+    assert!(full
+        .config
+        .layers
+        .iter()
+        .all(|layer| *layer == LayerSpec::FULL));
+    let sequence = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let (a, b) = (
+        sequence_logits(&full, &sequence),
+        sequence_logits(&windowed, &sequence),
+    );
+    for position in 0..4 {
+        let difference = max_diff(&a[position], &b[position]);
+        assert!(difference <= 1e-5, "position {position}: {difference}");
+    }
+    let past = difference_to_transformers(&full, &expected(), "mistral.gguf");
+    assert!(
+        past > 1e-2,
+        "full attention past the window should differ from transformers' windowed logits: {past}"
+    );
 }
 
 /// `source` written again into `out` with the metadata `dropped` left out and the two-dimensional
