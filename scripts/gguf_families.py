@@ -408,7 +408,9 @@ def gpt_oss_expected(folder: Path) -> Path:
                             for v in logits[position].tolist()] for position in positions],
                 "clamp_effect": (logits - unclamped).abs().max().item()})
         prompt = [509, 100, 200, 300, 7]
-        generated = clamped.generate(torch.tensor([prompt]), generation_config=GenerationConfig(
+        # The mask given: generate would otherwise mask the prompt's 509, the pad token, out.
+        generated = clamped.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                     generation_config=GenerationConfig(
             do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=509, bos_token_id=None,
             output_scores=True, return_dict_in_generate=True))
     margins.remove()

@@ -33,7 +33,8 @@ fn power(scale: u8) -> f64 {
     2f64.powi(scale as i32 - 127)
 }
 
-/// ggml's MXFP4 blocks (a whole number of [`BLOCK_BYTES`]) as f32 values, in order.
+/// ggml's MXFP4 blocks (a whole number of [`BLOCK_BYTES`]) as f32 values, in order. Code 8 reads as
+/// -0, as transformers reads it (ggml's integer codes make it +0: the same value in every product).
 pub fn dequantize_ggml(blocks: &[u8]) -> Vec<f32> {
     let mut out = Vec::with_capacity(blocks.len() / BLOCK_BYTES * BLOCK_VALUES);
     for block in blocks.chunks_exact(BLOCK_BYTES) {

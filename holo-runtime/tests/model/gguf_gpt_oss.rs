@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::common::json::ids;
 use crate::common::logits::sequence_logits;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
@@ -29,15 +30,6 @@ fn expected() -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn a_gpt_oss_gguf_with_mxfp4_experts_is_transformers_model() {
     let expected = expected();
@@ -45,11 +37,22 @@ fn a_gpt_oss_gguf_with_mxfp4_experts_is_transformers_model() {
     let config = &model.config;
     // What llama.cpp's keys and constants say, read as transformers' config would have it.
     let folder = ModelConfig::from_file(&fixture("gpt_oss/mxfp4/config.json")).unwrap();
-    assert_eq!(config.layers, folder.layers, "windowed, full, windowed; experts");
-    assert_eq!(config.variant, folder.variant, "attention sinks");
-    assert_eq!(config.rope_scaling, folder.rope_scaling, "YaRN, truncate false");
     assert_eq!(
-        (config.head_dim, config.num_key_value_heads, config.qkv_bias, config.o_bias),
+        config.layers, folder.layers,
+        "windowed, full, windowed; experts"
+    );
+    assert_eq!(config.variant, folder.variant, "attention sinks");
+    assert_eq!(
+        config.rope_scaling, folder.rope_scaling,
+        "YaRN, truncate false"
+    );
+    assert_eq!(
+        (
+            config.head_dim,
+            config.num_key_value_heads,
+            config.qkv_bias,
+            config.o_bias
+        ),
         (folder.head_dim, folder.num_key_value_heads, true, true)
     );
     let experts = config.experts.unwrap();
@@ -98,7 +101,8 @@ fn a_gpt_oss_gguf_with_mxfp4_experts_is_transformers_model() {
 /// script wrote them: a power of two, so exactly); the fused gate/up file is the same model.
 #[test]
 fn gpt_oss_ggufs_hold_the_mxfp4_folders_weights_bit_for_bit() {
-    let weights = |model: &Model| -> HashMap<String, Tensor> { model.named_weights().into_iter().collect() };
+    let weights =
+        |model: &Model| -> HashMap<String, Tensor> { model.named_weights().into_iter().collect() };
     let folder = load_model(&fixture("gpt_oss/mxfp4"), DType::F32, &Device::Cpu).unwrap();
     let folder = weights(&folder);
     let bits = |tensor: &Tensor| -> Vec<u32> {
@@ -115,9 +119,12 @@ fn gpt_oss_ggufs_hold_the_mxfp4_folders_weights_bit_for_bit() {
             let theirs = match name.contains(".experts.")
                 && (name.ends_with("gate_proj.weight") || name.ends_with("up_proj.weight"))
             {
+                // A product, not `* 4.0` (candle's affine adds 0, which turns -0 into +0).
                 true => {
                     scaled += 1;
-                    (theirs * 4.0).unwrap()
+                    theirs
+                        .broadcast_mul(&Tensor::new(4f32, &Device::Cpu).unwrap())
+                        .unwrap()
                 }
                 false => theirs.clone(),
             };

@@ -403,10 +403,16 @@ mod tests {
 
     #[test]
     fn mxfp4_experts_read_beside_candles_types_and_other_types_are_refused_by_name() {
-        let floats: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let floats: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         // Two experts of one block each: scale 2^0 and 2^1, codes 0..15 then 15..0.
         let mut blocks = Vec::new();
-        for (scale, codes) in [(127u8, (0..16).collect::<Vec<u8>>()), (128, (0..16).rev().collect())] {
+        for (scale, codes) in [
+            (127u8, (0..16).collect::<Vec<u8>>()),
+            (128, (0..16).rev().collect()),
+        ] {
             blocks.push(scale);
             // Value i in the low nibble of byte i, value i + 16 in its high nibble.
             blocks.extend((0..16).map(|i| codes[i] | (codes[(i + 8) % 16] << 4)));
@@ -429,7 +435,10 @@ mod tests {
         assert_eq!(norm, [1.5, -2.0]);
 
         let up = &header.tensors["blk.0.ffn_up_exps.weight"];
-        assert_eq!((up.kind, up.shape.dims()), (TensorType::Mxfp4, &[2, 1, 32][..]));
+        assert_eq!(
+            (up.kind, up.shape.dims()),
+            (TensorType::Mxfp4, &[2, 1, 32][..])
+        );
         let experts: Vec<Vec<f32>> = up
             .experts(&mut reader, header.data_offset)
             .unwrap()
@@ -440,7 +449,10 @@ mod tests {
             true => e2m1[code as usize],
             false => -e2m1[code as usize - 8],
         };
-        let first: Vec<f32> = (0..16).chain((0..16).map(|i| (i + 8) % 16)).map(value).collect();
+        let first: Vec<f32> = (0..16)
+            .chain((0..16).map(|i| (i + 8) % 16))
+            .map(value)
+            .collect();
         assert_eq!(experts[0], first);
         let second: Vec<f32> = (0..16u8)
             .rev()
@@ -460,7 +472,10 @@ mod tests {
             error.contains("blk.0.ffn_down_exps.weight") && error.contains("IQ4_NL (20)"),
             "{error}"
         );
-        let error = up.read(&mut reader, header.data_offset).unwrap_err().to_string();
+        let error = up
+            .read(&mut reader, header.data_offset)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("MXFP4 (39)"), "{error}");
     }
 

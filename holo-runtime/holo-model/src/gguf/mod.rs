@@ -498,7 +498,11 @@ impl Gguf {
             Arch::Olmo3 => self.window_pattern(name, count)?,
             Arch::Phi3 => vec![window.unwrap_or(0) > 0; count],
             // llama.cpp's `set_swa_pattern(2)`: windowed, full, windowed, … as `GptOssConfig` has it.
-            Arch::GptOss if self.value(&format!("{name}.attention.sliding_window_pattern")).is_none() => {
+            Arch::GptOss
+                if self
+                    .value(&format!("{name}.attention.sliding_window_pattern"))
+                    .is_none() =>
+            {
                 (0..count).map(|layer| layer % 2 == 0).collect()
             }
             Arch::GptOss => self.window_pattern(name, count)?,
@@ -571,7 +575,10 @@ impl Gguf {
         }
         let original = self.required_usize(&key("original_context_length"))?;
         let beta = |suffix: &str, default: f64| -> Result<f64, LoadError> {
-            Ok(self.f64_key(&key(suffix))?.filter(|beta| *beta != 0.0).unwrap_or(default))
+            Ok(self
+                .f64_key(&key(suffix))?
+                .filter(|beta| *beta != 0.0)
+                .unwrap_or(default))
         };
         let attention_factor = match self.f64_key(&key("yarn_attn_factor"))? {
             Some(given) => given,
@@ -816,7 +823,6 @@ impl Gguf {
         }
         Ok(model)
     }
-
 }
 
 /// A stack of a mixture's expert tensors in a GGUF file (`blk.N.ffn_{gate,up,down,gate_up}_exps`,
