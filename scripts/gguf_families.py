@@ -258,8 +258,9 @@ def gpt_oss_folder(folder: Path) -> Path:
     return folder
 
 
-def gpt_oss_gguf(folder: Path, fused: bool) -> Path:
-    """`GptOssModel` of `convert_hf_to_gguf.py` on an MXFP4 checkpoint, `--fuse-gate-up-exps` when `fused`."""
+def gpt_oss_gguf(folder: Path, fused: bool, out: Path) -> Path:
+    """`GptOssModel` of `convert_hf_to_gguf.py` on the MXFP4 checkpoint `folder`, written to `out`,
+    `--fuse-gate-up-exps` when `fused`."""
     config = json.loads((folder / "config.json").read_text())
     rope = rope_parameters(config)
 
@@ -313,7 +314,6 @@ def gpt_oss_gguf(folder: Path, fused: bool) -> Path:
         elif not part.endswith("_scales"):
             sys.exit(f"gpt_oss: unexpected expert tensor {hf_name}")
 
-    out = OUT / ("gpt_oss-fused.gguf" if fused else "gpt_oss.gguf")
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GPT_OSS])
     add_common(writer, config)
     extra(writer)
@@ -432,7 +432,8 @@ def gpt_oss() -> list[Path]:
 
     with tempfile.TemporaryDirectory() as scratch:
         folder = gpt_oss_folder(Path(scratch))
-        files = [gpt_oss_gguf(folder, fused=False), gpt_oss_gguf(folder, fused=True)]
+        files = [gpt_oss_gguf(folder, fused=False, out=OUT / "gpt_oss.gguf"),
+                 gpt_oss_gguf(folder, fused=True, out=OUT / "gpt_oss-fused.gguf")]
         for path in files:
             check_mxfp4(path, folder)
         return [*files, gpt_oss_expected(folder)]
