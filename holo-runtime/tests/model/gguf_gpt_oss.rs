@@ -13,6 +13,8 @@ use crate::common::json::ids;
 use crate::common::logits::sequence_logits;
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
+use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::model::Weight;
 use holo_runtime::local::{
     ClampedSwiGlu, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling,
 };
@@ -143,6 +145,71 @@ fn a_gpt_oss_gguf_samples_transformers_greedy_tokens() {
     let expected = expected();
     let greedy = &expected["greedy"];
     let model = LocalModel::load(fixture("gguf/gpt_oss.gguf"), LocalOptions::default()).unwrap();
+    let tokens = ids(&greedy["tokens"]);
+    let request = Request {
+        prompt: Prompt::Tokens(ids(&greedy["prompt"])),
+        params: SampleParams {
+            max_tokens: Some(tokens.len() as u32),
+            temperature: Some(0.0),
+            ..SampleParams::default()
+        },
+    };
+    let completion = model
+        .sample_blocking(std::slice::from_ref(&request))
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert_eq!(completion.tokens, tokens);
+}
+
+/// `--quantized` keeps every expert matrix as its MXFP4 blocks and multiplies them as they are: the
+/// logits are the dequantized model's to rounding (the same values, summed in another order), and
+/// greedy decoding gives transformers' tokens.
+#[test]
+fn a_gpt_oss_gguf_samples_from_its_mxfp4_blocks() {
+    let file = fixture("gguf/gpt_oss.gguf");
+    let packed = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let mut kept = 0;
+    for layer in &packed.layers {
+        for (name, linear) in Model::linears(layer) {
+            let expert = name.contains(".experts.");
+            assert_eq!(matches!(linear.weight, Weight::Mxfp4(_)), expert, "{name}");
+            kept += usize::from(expert);
+        }
+    }
+    assert_eq!(
+        kept,
+        3 * 4 * 3,
+        "three layers of four experts: gate, up and down"
+    );
+    let expected = expected();
+    for sequence in expected["sequences"].as_array().unwrap() {
+        let sequence = ids(&sequence["ids"]);
+        let (ours, theirs) = (
+            sequence_logits(&packed, &sequence),
+            sequence_logits(&dense, &sequence),
+        );
+        let worst = ours
+            .iter()
+            .flatten()
+            .zip(theirs.iter().flatten())
+            .fold(0f32, |worst, (a, b)| worst.max((a - b).abs()));
+        assert!(
+            worst <= 1e-4,
+            "{} tokens: max |Δlogit| {worst}",
+            sequence.len()
+        );
+    }
+    let greedy = &expected["greedy"];
+    let model = LocalModel::load(
+        &file,
+        LocalOptions {
+            quantized: true,
+            ..LocalOptions::default()
+        },
+    )
+    .unwrap();
     let tokens = ids(&greedy["tokens"]);
     let request = Request {
         prompt: Prompt::Tokens(ids(&greedy["prompt"])),

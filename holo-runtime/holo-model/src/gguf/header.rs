@@ -105,7 +105,7 @@ impl std::fmt::Display for TensorType {
     }
 }
 
-/// The types [`TensorInfo::read`] and [`TensorInfo::experts`] read, for error messages.
+/// The types [`TensorInfo::read`] and [`TensorInfo::expert`] read, for error messages.
 pub const READ_TYPES: &str =
     "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K … Q6_K, Q8_K, MXFP4";
 
@@ -332,35 +332,45 @@ impl TensorInfo {
         qtensor_from_ggml(dtype, &data, self.shape.dims().to_vec(), &Device::Cpu)
     }
 
-    /// Each of the leading dimension's slices (a mixture's experts, `[experts, …]`) dequantized to f32
-    /// on the CPU, read from the file one at a time: loading holds one expert's values beside the
-    /// model, not the whole stack.
-    pub fn experts<'a, R: Read + Seek>(
-        &'a self,
-        reader: &'a mut R,
+    /// The leading dimension (a mixture's experts, `[experts, …]`) and the shape of each of its slices.
+    pub fn expert_shape(&self) -> Result<(usize, Vec<usize>)> {
+        match self.shape.dims().split_first() {
+            Some((&count, slice)) => Ok((count, slice.to_vec())),
+            None => candle_core::bail!("tensor {} has no dimensions", self.name),
+        }
+    }
+
+    /// Slice `e` of the leading dimension as the file stores it, read on its own: loading holds one
+    /// expert's bytes, not the whole stack's.
+    pub fn expert_bytes<R: Read + Seek>(
+        &self,
+        reader: &mut R,
         data_offset: u64,
-    ) -> Result<impl Iterator<Item = Result<candle_core::Tensor>> + 'a> {
-        let dims = self.shape.dims();
-        let Some((&count, inner)) = dims.split_first() else {
-            candle_core::bail!("tensor {} has no dimensions", self.name);
-        };
-        let inner = inner.to_vec();
-        let each: usize = inner.iter().product();
-        Ok((0..count).map(move |e| {
-            let data = self.bytes(reader, data_offset, e * each, each)?;
-            match self.kind {
-                TensorType::Candle(dtype) => {
-                    qtensor_from_ggml(dtype, &data, inner.clone(), &Device::Cpu)?
-                        .dequantize(&Device::Cpu)
-                }
-                TensorType::Mxfp4 => candle_core::Tensor::from_vec(
-                    mxfp4::dequantize_ggml(&data),
-                    inner.clone(),
-                    &Device::Cpu,
-                ),
-                TensorType::Other(_) => Err(self.unreadable()),
+        e: usize,
+    ) -> Result<Vec<u8>> {
+        let (_, slice) = self.expert_shape()?;
+        let each: usize = slice.iter().product();
+        self.bytes(reader, data_offset, e * each, each)
+    }
+
+    /// Slice `e` of the leading dimension dequantized to f32 on the CPU.
+    pub fn expert<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        data_offset: u64,
+        e: usize,
+    ) -> Result<candle_core::Tensor> {
+        let (_, slice) = self.expert_shape()?;
+        let data = self.expert_bytes(reader, data_offset, e)?;
+        match self.kind {
+            TensorType::Candle(dtype) => {
+                qtensor_from_ggml(dtype, &data, slice, &Device::Cpu)?.dequantize(&Device::Cpu)
             }
-        }))
+            TensorType::Mxfp4 => {
+                candle_core::Tensor::from_vec(mxfp4::dequantize_ggml(&data), slice, &Device::Cpu)
+            }
+            TensorType::Other(_) => Err(self.unreadable()),
+        }
     }
 }
 
@@ -439,10 +449,11 @@ mod tests {
             (up.kind, up.shape.dims()),
             (TensorType::Mxfp4, &[2, 1, 32][..])
         );
-        let experts: Vec<Vec<f32>> = up
-            .experts(&mut reader, header.data_offset)
-            .unwrap()
-            .map(|expert| expert.unwrap().flatten_all().unwrap().to_vec1().unwrap())
+        let experts: Vec<Vec<f32>> = (0..2)
+            .map(|e| {
+                let expert = up.expert(&mut reader, header.data_offset, e).unwrap();
+                expert.flatten_all().unwrap().to_vec1().unwrap()
+            })
             .collect();
         let e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
         let value = |code: u8| match code < 8 {
@@ -462,10 +473,7 @@ mod tests {
         assert_eq!(experts[1], second);
 
         let error = header.tensors["blk.0.ffn_down_exps.weight"]
-            .experts(&mut reader, header.data_offset)
-            .unwrap()
-            .next()
-            .unwrap()
+            .expert(&mut reader, header.data_offset, 0)
             .unwrap_err()
             .to_string();
         assert!(

@@ -41,9 +41,10 @@
 //!   quantized ones: dequantized to f32 and then converted to the requested dtype (what training needs),
 //!   or, for the projections of the layers (attention's q, k, v and output, the MLP's gate, up and down)
 //!   in Q4_0, Q8_0 or a k-quant, kept as the file's blocks and multiplied as they are
-//!   ([`Weight::Quantized`]), which is what sampling on the CPU reads 4–7× fewer bytes with, and the output head's (or the tied embeddings') blocks
-//!   kept beside the dequantized tensor for the logits; the embeddings, norms and a mixture's experts are
-//!   dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
+//!   ([`Weight::Quantized`]), which is what sampling on the CPU reads 4–7× fewer bytes with, and the
+//!   output head's (or the tied embeddings') blocks kept beside the dequantized tensor for the logits;
+//!   a mixture's experts in MXFP4 are kept as their blocks too ([`Weight::Mxfp4`]); the embeddings,
+//!   norms and other experts are dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
 //!   rotary layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
 //!   permuted), rows of blocks alike;
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
@@ -57,6 +58,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use std::borrow::Cow;
@@ -73,6 +75,7 @@ use super::config::{
 };
 use super::error::LoadError;
 use super::model::{Linear, Model, Weight};
+use crate::kernels::mxfp4::Mxfp4Matrix;
 use header::{Header, TensorInfo, TensorType};
 use holo_core::chat::ChatTemplate;
 
@@ -95,8 +98,9 @@ pub struct Gguf {
 pub enum Blocks {
     /// Every tensor dequantized to f32, then converted to the model's type: a model that trains.
     Dequantize,
-    /// The layers' projections kept as the file's blocks ([`Weight::Quantized`], CPU only), the rest
-    /// dequantized: a model that samples, reading the blocks' bytes per token.
+    /// The layers' projections kept as the file's blocks ([`Weight::Quantized`], CPU only), and MXFP4
+    /// experts as theirs ([`Weight::Mxfp4`]), the rest dequantized: a model that samples, reading the
+    /// blocks' bytes per token.
     Keep,
 }
 
@@ -720,7 +724,12 @@ impl Gguf {
         names.sort_by_key(|name| self.header.tensors[*name].offset);
         let mut tensors = HashMap::new();
         // The blocks kept, by Hugging Face name, until the model takes them.
-        let mut kept: HashMap<String, QTensor> = HashMap::new();
+        let mut kept: HashMap<String, Weight> = HashMap::new();
+        // A broadcast zero of the kept weight's shape: the layer loads it in the weight's place, swapped
+        // after, and it holds no memory.
+        let stand_in = |rows: usize, columns: usize| {
+            Tensor::zeros((), dtype, device).and_then(|zero| zero.broadcast_as((rows, columns)))
+        };
         let head_name = match config.tie_word_embeddings {
             true => "token_embd.weight",
             false => "output.weight",
@@ -740,15 +749,38 @@ impl Gguf {
                 ))
             };
             if let Some((layer, stack, kind)) = expert_tensor(name) {
-                let experts = info
-                    .experts(&mut reader, self.header.data_offset)
-                    .map_err(fail)?;
-                for (e, expert) in experts.enumerate() {
-                    let expert = expert
+                let (count, slice) = info.expert_shape().map_err(fail)?;
+                // With [`Blocks::Keep`], MXFP4 matrices stay as their blocks for the sampler's products.
+                let packed = blocks == Blocks::Keep
+                    && info.kind == TensorType::Mxfp4
+                    && kind == "weight"
+                    && slice.len() == 2;
+                for e in 0..count {
+                    let prefix = format!("model.layers.{layer}.mlp.experts.{e}");
+                    let offset = self.header.data_offset;
+                    if packed {
+                        let bytes = info.expert_bytes(&mut reader, offset, e).map_err(fail)?;
+                        let row_bytes = bytes.len() / slice[0];
+                        for (projection, rows) in stack.parts(slice[0]) {
+                            let part = bytes[rows.start * row_bytes..rows.end * row_bytes].to_vec();
+                            let matrix =
+                                Mxfp4Matrix::new(rows.len(), slice[1], part).map_err(fail)?;
+                            let hf = format!("{prefix}.{projection}.weight");
+                            tensors
+                                .insert(hf.clone(), stand_in(rows.len(), slice[1]).map_err(fail)?);
+                            kept.insert(hf, Weight::Mxfp4(Arc::new(matrix)));
+                        }
+                        continue;
+                    }
+                    let expert = info
+                        .expert(&mut reader, offset, e)
                         .and_then(|expert| expert.to_dtype(dtype)?.to_device(device))
                         .map_err(fail)?;
-                    let prefix = format!("model.layers.{layer}.mlp.experts.{e}");
-                    for (projection, part) in stack.split(&expert).map_err(fail)? {
+                    for (projection, rows) in stack.parts(expert.dim(0).map_err(fail)?) {
+                        let part = expert
+                            .narrow(0, rows.start, rows.len())
+                            .and_then(|part| part.contiguous())
+                            .map_err(fail)?;
                         tensors.insert(format!("{prefix}.{projection}.{kind}"), part);
                     }
                 }
@@ -769,14 +801,9 @@ impl Gguf {
                     Some(heads) => unpermute_rotary_blocks(&quantized, heads).map_err(fail)?,
                     None => quantized,
                 };
-                // The layer loads a tensor of the right shape in its place, swapped below: a broadcast
-                // scalar, which holds no memory.
                 let (rows, columns) = quantized.shape().dims2().map_err(fail)?;
-                let stand_in = Tensor::zeros((), dtype, device)
-                    .and_then(|zero| zero.broadcast_as((rows, columns)))
-                    .map_err(fail)?;
-                tensors.insert(hf.clone(), stand_in);
-                kept.insert(hf, quantized);
+                tensors.insert(hf.clone(), stand_in(rows, columns).map_err(fail)?);
+                kept.insert(hf, Weight::Quantized(Arc::new(quantized)));
                 continue;
             }
             let mut tensor = quantized.dequantize(&Device::Cpu).map_err(fail)?;
@@ -805,8 +832,8 @@ impl Gguf {
         })?;
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (name, linear) in Model::linears_mut(&mut layer.mixer, &mut layer.mlp) {
-                if let Some(blocks) = kept.remove(&format!("model.layers.{i}.{name}.weight")) {
-                    linear.weight = Weight::Quantized(Arc::new(blocks));
+                if let Some(weight) = kept.remove(&format!("model.layers.{i}.{name}.weight")) {
+                    linear.weight = weight;
                 }
             }
         }
@@ -837,21 +864,15 @@ enum ExpertStack {
 }
 
 impl ExpertStack {
-    /// One expert's slice of the stack as the projections the model holds (`gate_proj`, `up_proj`,
-    /// `down_proj`): a fused slice splits in half along its outputs.
-    fn split(self, expert: &Tensor) -> candle_core::Result<Vec<(&'static str, Tensor)>> {
-        Ok(match self {
-            ExpertStack::Gate => vec![("gate_proj", expert.clone())],
-            ExpertStack::Up => vec![("up_proj", expert.clone())],
-            ExpertStack::Down => vec![("down_proj", expert.clone())],
-            ExpertStack::GateUp => {
-                let inner = expert.dim(0)? / 2;
-                vec![
-                    ("gate_proj", expert.narrow(0, 0, inner)?.contiguous()?),
-                    ("up_proj", expert.narrow(0, inner, inner)?.contiguous()?),
-                ]
-            }
-        })
+    /// The projections the model holds (`gate_proj`, `up_proj`, `down_proj`) in one expert's slice of
+    /// `rows` outputs, by their rows: a fused slice splits in half.
+    fn parts(self, rows: usize) -> Vec<(&'static str, Range<usize>)> {
+        match self {
+            ExpertStack::Gate => vec![("gate_proj", 0..rows)],
+            ExpertStack::Up => vec![("up_proj", 0..rows)],
+            ExpertStack::Down => vec![("down_proj", 0..rows)],
+            ExpertStack::GateUp => vec![("gate_proj", 0..rows / 2), ("up_proj", rows / 2..rows)],
+        }
     }
 }
 
