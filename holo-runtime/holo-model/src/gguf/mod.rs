@@ -722,13 +722,11 @@ impl Gguf {
         );
         let mut names: Vec<&String> = self.header.tensors.keys().collect();
         names.sort_by_key(|name| self.header.tensors[*name].offset);
-        let mut tensors = HashMap::new();
-        // The blocks kept, by Hugging Face name, until the model takes them.
-        let mut kept: HashMap<String, Weight> = HashMap::new();
-        // A broadcast zero of the kept weight's shape: the layer loads it in the weight's place, swapped
-        // after, and it holds no memory.
-        let stand_in = |rows: usize, columns: usize| {
-            Tensor::zeros((), dtype, device).and_then(|zero| zero.broadcast_as((rows, columns)))
+        let mut target = Target {
+            dtype,
+            device,
+            tensors: HashMap::new(),
+            kept: HashMap::new(),
         };
         let head_name = match config.tie_word_embeddings {
             true => "token_embd.weight",
@@ -748,42 +746,12 @@ impl Gguf {
                     info.shape.dims()
                 ))
             };
-            if let Some((layer, stack, kind)) = expert_tensor(name) {
-                let (count, slice) = info.expert_shape().map_err(fail)?;
+            if let Some(stack) = expert_tensor(name) {
                 // With [`Blocks::Keep`], MXFP4 matrices stay as their blocks for the sampler's products.
-                let packed = blocks == Blocks::Keep
-                    && info.kind == TensorType::Mxfp4
-                    && kind == "weight"
-                    && slice.len() == 2;
-                for e in 0..count {
-                    let prefix = format!("model.layers.{layer}.mlp.experts.{e}");
-                    let offset = self.header.data_offset;
-                    if packed {
-                        let bytes = info.expert_bytes(&mut reader, offset, e).map_err(fail)?;
-                        let row_bytes = bytes.len() / slice[0];
-                        for (projection, rows) in stack.parts(slice[0]) {
-                            let part = bytes[rows.start * row_bytes..rows.end * row_bytes].to_vec();
-                            let matrix =
-                                Mxfp4Matrix::new(rows.len(), slice[1], part).map_err(fail)?;
-                            let hf = format!("{prefix}.{projection}.weight");
-                            tensors
-                                .insert(hf.clone(), stand_in(rows.len(), slice[1]).map_err(fail)?);
-                            kept.insert(hf, Weight::Mxfp4(Arc::new(matrix)));
-                        }
-                        continue;
-                    }
-                    let expert = info
-                        .expert(&mut reader, offset, e)
-                        .and_then(|expert| expert.to_dtype(dtype)?.to_device(device))
-                        .map_err(fail)?;
-                    for (projection, rows) in stack.parts(expert.dim(0).map_err(fail)?) {
-                        let part = expert
-                            .narrow(0, rows.start, rows.len())
-                            .and_then(|part| part.contiguous())
-                            .map_err(fail)?;
-                        tensors.insert(format!("{prefix}.{projection}.{kind}"), part);
-                    }
-                }
+                let keep = blocks == Blocks::Keep && info.kind == TensorType::Mxfp4;
+                target
+                    .experts(info, stack, &mut reader, self.header.data_offset, keep)
+                    .map_err(fail)?;
                 continue;
             }
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
@@ -801,9 +769,9 @@ impl Gguf {
                     Some(heads) => unpermute_rotary_blocks(&quantized, heads).map_err(fail)?,
                     None => quantized,
                 };
-                let (rows, columns) = quantized.shape().dims2().map_err(fail)?;
-                tensors.insert(hf.clone(), stand_in(rows, columns).map_err(fail)?);
-                kept.insert(hf, Weight::Quantized(Arc::new(quantized)));
+                target
+                    .keep(hf, Weight::Quantized(Arc::new(quantized)))
+                    .map_err(fail)?;
                 continue;
             }
             let mut tensor = quantized.dequantize(&Device::Cpu).map_err(fail)?;
@@ -821,8 +789,11 @@ impl Gguf {
                 .to_dtype(dtype)
                 .and_then(|tensor| tensor.to_device(device))
                 .map_err(fail)?;
-            tensors.insert(hf, tensor);
+            target.tensors.insert(hf, tensor);
         }
+        let Target {
+            tensors, mut kept, ..
+        } = target;
         let vb = VarBuilder::from_tensors(tensors, dtype, device);
         let mut model = Model::load(vb, &config).map_err(|error| {
             self.weights_error(format!(
@@ -849,6 +820,65 @@ impl Gguf {
             )));
         }
         Ok(model)
+    }
+}
+
+/// What [`Gguf::model`] gathers for `Model::load`: tensors by Hugging Face name, in the model's type on
+/// its device, and the weights kept as the file's blocks until the model takes them.
+struct Target<'a> {
+    dtype: DType,
+    device: &'a Device,
+    tensors: HashMap<String, Tensor>,
+    kept: HashMap<String, Weight>,
+}
+
+impl Target<'_> {
+    /// Keeps `weight` (blocks) as `name`; the layer loads a broadcast zero of its shape in its place,
+    /// which holds no memory and is swapped for the blocks after.
+    fn keep(&mut self, name: String, weight: Weight) -> candle_core::Result<()> {
+        let stand_in =
+            Tensor::zeros((), self.dtype, self.device)?.broadcast_as(weight.dims().to_vec())?;
+        self.tensors.insert(name.clone(), stand_in);
+        self.kept.insert(name, weight);
+        Ok(())
+    }
+
+    /// A `blk.N.ffn_*_exps` tensor (`[experts, out, in]` weights or `[experts, out]` biases) as each
+    /// expert's projections (`model.layers.N.mlp.experts.E.gate_proj.weight`, …), read one expert at a
+    /// time: dequantized, or with `keep` (an MXFP4 tensor) its matrices kept as their blocks.
+    fn experts<R: std::io::Read + std::io::Seek>(
+        &mut self,
+        info: &TensorInfo,
+        (layer, stack, kind): (usize, ExpertStack, &str),
+        reader: &mut R,
+        data_offset: u64,
+        keep: bool,
+    ) -> candle_core::Result<()> {
+        let (count, slice) = info.expert_shape()?;
+        for e in 0..count {
+            let prefix = format!("model.layers.{layer}.mlp.experts.{e}");
+            if keep && kind == "weight" && slice.len() == 2 {
+                let bytes = info.expert_bytes(reader, data_offset, e)?;
+                let row_bytes = bytes.len() / slice[0];
+                for (projection, rows) in stack.parts(slice[0]) {
+                    let part = bytes[rows.start * row_bytes..rows.end * row_bytes].to_vec();
+                    let matrix = Mxfp4Matrix::new(rows.len(), slice[1], part)?;
+                    let name = format!("{prefix}.{projection}.weight");
+                    self.keep(name, Weight::Mxfp4(Arc::new(matrix)))?;
+                }
+                continue;
+            }
+            let expert = info
+                .expert(reader, data_offset, e)?
+                .to_dtype(self.dtype)?
+                .to_device(self.device)?;
+            for (projection, rows) in stack.parts(expert.dim(0)?) {
+                let part = expert.narrow(0, rows.start, rows.len())?.contiguous()?;
+                self.tensors
+                    .insert(format!("{prefix}.{projection}.{kind}"), part);
+            }
+        }
+        Ok(())
     }
 }
 

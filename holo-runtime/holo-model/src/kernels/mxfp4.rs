@@ -170,6 +170,13 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+impl Out {
+    /// The `i`-th output (a method, so that closures capture the whole `Out`, which is `Sync`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 impl Mxfp4Matrix {
     /// `out` `[m, N]` = `x` `[m, K]` times the matrix transposed, by `plain` or AVX2.
     fn product(&self, x: &[f32], m: usize, plain: bool, out: &mut [f32]) {
@@ -179,7 +186,6 @@ impl Mxfp4Matrix {
         let use_avx2 = !plain && avx2();
         let out = Out(out.as_mut_ptr());
         let task = |task: usize| {
-            let out = out;
             for row in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(n) {
                 let blocks = &self.blocks[row * row_bytes..][..row_bytes];
                 let mut sums = [0f32; MAX_ROWS];
@@ -194,7 +200,7 @@ impl Mxfp4Matrix {
                 row_plain(blocks, x, m, k, &mut sums);
                 for (r, sum) in sums.iter().enumerate().take(m) {
                     // SAFETY: `row` is this task's alone and `r · n + row` lies within `out`.
-                    unsafe { *out.0.add(r * n + row) = *sum };
+                    unsafe { *out.at(r * n + row) = *sum };
                 }
             }
         };
