@@ -29,7 +29,7 @@ pub enum Weight {
     /// 1.06 bytes a weight, Q4_K: 0.56) instead of f32's 4. Sampling only: no backward, no training.
     Quantized(Arc<QTensor>),
     /// A GGUF file's MXFP4 blocks (gpt-oss's experts), multiplied as they are by
-    /// [`Mxfp4Matrix`](crate::kernels::mxfp4::Mxfp4Matrix): exact values, 0.53 bytes a weight.
+    /// [`Mxfp4Matrix`](crate::Mxfp4Matrix): exact values, 0.53 bytes a weight.
     /// Sampling only, on the CPU.
     Mxfp4(Arc<Mxfp4Matrix>),
 }
