@@ -6,8 +6,9 @@
 //! of two: the dequantized matrix's very numbers) and multiplied into every row of `x`; the sums are f32,
 //! in another order than a dense product's, so the two agree to rounding, not to the bit. AVX2 (with a
 //! byte shuffle for the codes) is picked at run time, a plain loop elsewhere. Threads share the weight
-//! rows out, as the skinny kernels do. Past [`MAX_ROWS`] rows of `x` (prefill) the matrix is expanded
-//! to f32 for the call and multiplied by candle, whose blocked product is faster there.
+//! rows out, as the skinny kernels do. Prefill's many rows go [`MAX_ROWS`] at a time: expanding the
+//! whole matrix to f32 for each call and multiplying with candle was 2.5–3× slower on a random gpt-oss
+//! (width 1,024, 16 experts, 8 sequences of 16 tokens).
 //!
 //! No backward: a model holding such a matrix only samples.
 
@@ -16,7 +17,8 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use super::kernel::Result;
 use crate::mxfp4::{dequantize_ggml, BLOCK_BYTES, BLOCK_VALUES};
 
-/// The most rows of `x` multiplied from the blocks: decoding's. More go through the expanded matrix.
+/// The most rows of `x` one pass over the blocks multiplies (the sums stay in as many vector registers'
+/// worth of memory); more rows take several passes.
 pub const MAX_ROWS: usize = 16;
 
 /// Weight rows one task computes.
@@ -75,11 +77,18 @@ impl Mxfp4Matrix {
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
         let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let y = match x.dim(0)? <= MAX_ROWS {
-            true => x.apply_op1_no_bwd(self)?,
-            false => x.matmul(&self.dequantize()?.t()?)?,
-        };
-        y.to_dtype(dtype)
+        let rows = x.dim(0)?;
+        if rows == 0 {
+            return Tensor::zeros((0, self.rows), dtype, x.device());
+        }
+        let parts = (0..rows)
+            .step_by(MAX_ROWS)
+            .map(|start| {
+                x.narrow(0, start, MAX_ROWS.min(rows - start))?
+                    .apply_op1_no_bwd(self)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 0)?.to_dtype(dtype)
     }
 }
 
@@ -264,7 +273,7 @@ mod tests {
         for (rows, columns) in [(40, 64), (300, 256)] {
             let packed = matrix(rows, columns, rows as u64);
             let dense = packed.dequantize().unwrap();
-            for m in [1, 3, MAX_ROWS, MAX_ROWS + 4] {
+            for m in [1, 3, MAX_ROWS, 2 * MAX_ROWS + 4] {
                 let x: Vec<f32> = (0..m * columns)
                     .map(|_| rng.random_range(-1.0..1.0))
                     .collect();
