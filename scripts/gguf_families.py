@@ -3,7 +3,7 @@
 transformers' logits of the folders they come from, for `holo-runtime/tests/model/gguf_families.rs` (each
 file must load to its folder's config and to transformers' logits).
 
-    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py
+    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py [phi3 olmo3 mistral ministral smollm3 gpt_oss]
 
 Written with the `gguf` package (gguf-py, llama.cpp's own writer; in the peers' venv, `pip install gguf`
 otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
@@ -30,14 +30,27 @@ otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
                    `no_rope_layer_interval`. The committed fixture leaves it out of its second of two layers,
                    which a GGUF file cannot say, so the file is made from `smollm3/` (next to it): a
                    `SmolLM3ForCausalLM` of four layers, the fixture's two twice over, saved by transformers
-                   with `no_rope_layers` derived by its config from `no_rope_layer_interval` 4 ([1, 1, 1, 0]).
+                   with `no_rope_layers` derived by its config from `no_rope_layer_interval` 4 ([1, 1, 1, 0]);
+    gpt_oss.gguf   `gpt-oss`, its experts in MXFP4 as `GptOssModel` repacks OpenAI's `*_blocks`/`*_scales`
+                   (`repack_mxfp4`, `transform_nibble_layout`: one E8M0 byte then sixteen bytes whose low
+                   nibbles are the block's first sixteen values and high nibbles its last sixteen), gate and
+                   up split from their interleaved rows into `ffn_gate_exps` / `ffn_up_exps` with their
+                   biases, the router as `ffn_gate_inp`, `attn_sinks`, `post_attention_norm`,
+                   `attention.sliding_window`, `expert_feed_forward_length` and YaRN's type, factor,
+                   original context and betas; gpt_oss-fused.gguf the same with the converter's
+                   `--fuse-gate-up-exps` (`ffn_gate_up_exps`, gate rows then up rows). llama.cpp's graph
+                   clamps the experts' SwiGLU at 7 (`swiglu_oai`, a constant: no key holds it), so the files
+                   are made from `gpt_oss/mxfp4/` with `swiglu_limit` 7 and the gate/up blocks' scales four
+                   times larger (E8M0 exponents + 2, the same codes), so that the clamp still bites (a
+                   folder written to a temporary directory); `gpt_oss.json` holds transformers' logits and
+                   greedy tokens of that model, its experts dequantized by `convert_moe_packed_tensors`.
 
 Tensor names come from gguf-py's `get_tensor_name_map` (llama.cpp's `tensor_mapping.py`); the tokenizer is the
 fixtures' byte-level BPE (`tokenizer.ggml.model` gpt2, its merges, the added tokens as control tokens). Every
-tensor is F32, so the files load to the folders' logits exactly but for the order of sums.
+tensor but gpt-oss's experts is F32, so the files load to the folders' logits exactly but for the order of sums.
 
-`expected.json` beside them: for each file, its folder and transformers' logits (f32, eager attention) of
-SEQUENCES at the positions listed, past the fixtures' windows (4 positions) and past Phi-3's original context
+`expected.json` beside them: for each file but gpt-oss's, its folder and transformers' logits (f32, eager
+attention) of SEQUENCES at the positions listed, past the fixtures' windows (4 positions) and past Phi-3's original context
 (64 positions).
 """
 
@@ -279,21 +292,257 @@ def expected(files: dict) -> dict:
     return out
 
 
+# llama.cpp's `swiglu_oai`: the clamp of gpt-oss's experts, a constant of its graph.
+OAI_SWIGLU_LIMIT = 7.0
+# E8M0 exponents added to the gate/up blocks' scales: the weights times 4, so that the clamp at 7 bites.
+GATE_UP_EXPONENT = 2
+
+
+def transform_nibble_layout(blocks: np.ndarray) -> np.ndarray:
+    """`GptOssModel.transform_nibble_layout`: OpenAI's bytes hold values (2i, 2i + 1) in their (low, high)
+    nibbles; ggml's MXFP4 block holds values (i, i + 16)."""
+    values = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    return (values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
+
+
+def mxfp4_tensor(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """`repack_mxfp4_parts`: each block's scale byte, then its nibbles in ggml's order, `[E, rows, G · 17]`."""
+    packed = np.concatenate([scales[..., None], transform_nibble_layout(blocks)], axis=-1)
+    return packed.reshape(packed.shape[0], packed.shape[1], -1)
+
+
+def gpt_oss_folder(folder: Path) -> Path:
+    """`folder`: `gpt_oss/mxfp4/` with llama.cpp's clamp and the gate/up weights four times larger."""
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+
+    fixture = FIXTURES / "gpt_oss" / "mxfp4"
+    config = json.loads((fixture / "config.json").read_text())
+    config["swiglu_limit"] = OAI_SWIGLU_LIMIT
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = load_torch(str(fixture / "model.safetensors"))
+    for name in [name for name in tensors if name.endswith("gate_up_proj_scales")]:
+        assert int(tensors[name].max()) + GATE_UP_EXPONENT < 255, name
+        tensors[name] = tensors[name] + GATE_UP_EXPONENT
+    save_torch(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        shutil.copy(fixture / name, folder / name)
+    return folder
+
+
+def gpt_oss_gguf(folder: Path, fused: bool, out: Path) -> Path:
+    """`GptOssModel` of `convert_hf_to_gguf.py` on the MXFP4 checkpoint `folder`, written to `out`,
+    `--fuse-gate-up-exps` when `fused`."""
+    config = json.loads((folder / "config.json").read_text())
+    rope = rope_parameters(config)
+
+    def extra(writer: gguf.GGUFWriter) -> None:
+        # `TextModel.set_gguf_parameters`: experts, the explicit head size, YaRN; then `GptOssModel`'s own.
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, config["num_hidden_layers"])
+    plain, experts = {}, []
+    for hf_name, tensor in sorted(tensors.items()):
+        layer_prefix, _, part = hf_name.partition(".mlp.experts.")
+        if not part:
+            # `filter_tensors`: the sinks gain `.weight`.
+            plain[hf_name + ".weight" if hf_name.endswith("sinks") else hf_name] = tensor
+            continue
+        layer = int(layer_prefix.removeprefix("model.layers."))
+        blk = f"blk.{layer}"
+        if part == "down_proj_blocks":
+            scales = tensors[f"{layer_prefix}.mlp.experts.down_proj_scales"]
+            experts.append((f"{blk}.ffn_down_exps.weight", mxfp4_tensor(tensor, scales), True))
+        elif part == "down_proj_bias":
+            experts.append((f"{blk}.ffn_down_exps.bias", tensor.astype(np.float32), False))
+        elif part == "gate_up_proj_blocks":
+            scales = tensors[f"{layer_prefix}.mlp.experts.gate_up_proj_scales"]
+            # Rows interleaved gate, up, gate, up, …
+            gate = mxfp4_tensor(tensor[:, ::2], scales[:, ::2])
+            up = mxfp4_tensor(tensor[:, 1::2], scales[:, 1::2])
+            if fused:
+                experts.append((f"{blk}.ffn_gate_up_exps.weight", np.concatenate([gate, up], axis=1), True))
+            else:
+                experts.append((f"{blk}.ffn_gate_exps.weight", gate, True))
+                experts.append((f"{blk}.ffn_up_exps.weight", up, True))
+        elif part == "gate_up_proj_bias":
+            gate, up = tensor[..., ::2].astype(np.float32), tensor[..., 1::2].astype(np.float32)
+            if fused:
+                experts.append((f"{blk}.ffn_gate_up_exps.bias", np.concatenate([gate, up], axis=-1), False))
+            else:
+                experts.append((f"{blk}.ffn_gate_exps.bias", gate, False))
+                experts.append((f"{blk}.ffn_up_exps.bias", up, False))
+        elif not part.endswith("_scales"):
+            sys.exit(f"gpt_oss: unexpected expert tensor {hf_name}")
+
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GPT_OSS])
+    add_common(writer, config)
+    extra(writer)
+    add_tokenizer(writer, folder, config["vocab_size"])
+    for hf_name, tensor in plain.items():
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            sys.exit(f"gpt_oss: llama.cpp has no name for {hf_name}")
+        writer.add_tensor(gguf_name, tensor.astype(np.float32))
+    for gguf_name, tensor, mxfp4 in experts:
+        if mxfp4:
+            writer.add_tensor(gguf_name, tensor, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        else:
+            writer.add_tensor(gguf_name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def check_mxfp4(path: Path, folder: Path) -> None:
+    """gguf-py's own MXFP4 reading of the written experts is transformers' dequantization of the folder's."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    tensors = load_torch(str(folder / "model.safetensors"))
+    read = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+    for layer in range(json.loads((folder / "config.json").read_text())["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        for stack in ["gate_up_proj", "down_proj"]:
+            # [E, in, out] as transformers holds it.
+            theirs = convert_moe_packed_tensors(tensors[f"{prefix}.{stack}_blocks"],
+                                                tensors[f"{prefix}.{stack}_scales"], dtype=torch.float32).numpy()
+            if stack == "down_proj":
+                ours = [read[f"blk.{layer}.ffn_down_exps.weight"]]
+            elif f"blk.{layer}.ffn_gate_up_exps.weight" in read:
+                ours = [read[f"blk.{layer}.ffn_gate_up_exps.weight"]]
+                theirs = np.concatenate([theirs[..., ::2], theirs[..., 1::2]], axis=-1)
+            else:
+                ours = [read[f"blk.{layer}.ffn_gate_exps.weight"], read[f"blk.{layer}.ffn_up_exps.weight"]]
+                theirs = np.concatenate([theirs[..., ::2], theirs[..., 1::2]], axis=-1)
+            assert all(t.tensor_type == gguf.GGMLQuantizationType.MXFP4 for t in ours), stack
+            values = np.concatenate([gguf.quants.dequantize(t.data, t.tensor_type) for t in ours], axis=1)
+            assert np.array_equal(values, theirs.transpose(0, 2, 1)), (path.name, layer, stack)
+
+
+def gpt_oss_expected(folder: Path) -> Path:
+    """transformers' logits (eager attention and experts) and greedy tokens of `folder`, its experts
+    dequantized; and evidence that llama.cpp's clamp changes them."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+    from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("quantization_config")
+    tensors = load_torch(str(folder / "model.safetensors"))
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith("_blocks"):
+            base = name.removesuffix("_blocks")
+            state[base] = convert_moe_packed_tensors(tensor, tensors[f"{base}_scales"], dtype=torch.float32)
+        elif not name.endswith("_scales"):
+            state[name] = tensor
+
+    def model(limit: float):
+        built = GptOssForCausalLM(GptOssConfig(**{**config, "swiglu_limit": limit}))
+        built.config._attn_implementation = "eager"
+        built.config._experts_implementation = "eager"
+        built.load_state_dict(state, strict=True)
+        return built.to(torch.float32).eval()
+
+    long = [(i * 37) % 500 for i in range(80)]
+    sequences = {"nine": list(range(1, 10)), "five": [509, 100, 200, 300, 7], "long": long}
+    clamped, loose = model(OAI_SWIGLU_LIMIT), model(1e9)
+    out = {"swiglu_limit": OAI_SWIGLU_LIMIT, "sequences": []}
+    # Every token's experts chosen by a clear margin: a near-tie could flip on the order of sums.
+    from model_fixtures import MIN_ROUTING_MARGIN, RoutingMargins
+
+    margins = RoutingMargins(clamped)
+    with torch.no_grad():
+        for name, ids in sequences.items():
+            logits = clamped(torch.tensor([ids])).logits[0]
+            unclamped = loose(torch.tensor([ids])).logits[0]
+            # The long sequence's logits every eighth position and at its last (the file stays small).
+            positions = list(range(len(ids))) if len(ids) < 16 else [*range(0, len(ids), 8), len(ids) - 1]
+            out["sequences"].append({
+                "name": name, "ids": ids, "positions": positions,
+                "logits": [[float(np.format_float_positional(np.float32(v), unique=True, trim="-"))
+                            for v in logits[position].tolist()] for position in positions],
+                "clamp_effect": (logits - unclamped).abs().max().item()})
+        prompt = [509, 100, 200, 300, 7]
+        # The mask given: generate would otherwise mask the prompt's 509, the pad token, out.
+        generated = clamped.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                     generation_config=GenerationConfig(
+            do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=509, bos_token_id=None,
+            output_scores=True, return_dict_in_generate=True))
+    margins.remove()
+    assert margins.smallest > MIN_ROUTING_MARGIN, f"routing near-tie {margins.smallest}"
+    out["routing_margin"] = margins.smallest
+    margin = min((torch.topk(step[0], 2).values[0] - torch.topk(step[0], 2).values[1]).item()
+                 for step in generated.scores)
+    assert margin > 1e-3, f"greedy near-tie {margin}"
+    out["greedy"] = {"prompt": prompt, "tokens": generated.sequences[0, len(prompt):].tolist(), "margin": margin}
+    effect = max(sequence["clamp_effect"] for sequence in out["sequences"])
+    assert effect > 1e-2, f"the clamp at {OAI_SWIGLU_LIMIT} changes the logits by only {effect}"
+    path = OUT / "gpt_oss.json"
+    path.write_text(json.dumps(out) + "\n")
+    return path
+
+
+def gpt_oss() -> list[Path]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = gpt_oss_folder(Path(scratch))
+        files = [gpt_oss_gguf(folder, fused=False, out=OUT / "gpt_oss.gguf"),
+                 gpt_oss_gguf(folder, fused=True, out=OUT / "gpt_oss-fused.gguf")]
+        for path in files:
+            check_mxfp4(path, folder)
+        return [*files, gpt_oss_expected(folder)]
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
-    files = {
-        phi3(): FIXTURES / "phi3",
-        olmo3(): FIXTURES / "olmo3",
-        mistral("mistral"): FIXTURES / "mistral",
-        mistral("ministral"): FIXTURES / "ministral",
-        smollm3(): OUT / "smollm3",
+    only = sys.argv[1:]
+    # Each maker writes its files and returns them with the folder whose transformers logits
+    # `expected.json` records for them (None: gpt-oss records its own, in gpt_oss.json).
+    makers = {
+        "phi3": lambda: {phi3(): FIXTURES / "phi3"},
+        "olmo3": lambda: {olmo3(): FIXTURES / "olmo3"},
+        "mistral": lambda: {mistral("mistral"): FIXTURES / "mistral"},
+        "ministral": lambda: {mistral("ministral"): FIXTURES / "ministral"},
+        "smollm3": lambda: {smollm3(): OUT / "smollm3"},
+        "gpt_oss": lambda: {made: None for made in gpt_oss()},
     }
+    unknown = [name for name in only if name not in makers]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; choose from {sorted(makers)}")
+    files = {}
+    for name, make in makers.items():
+        if not only or name in only:
+            files.update(make())
     for made in files:
         print(f"wrote {made.relative_to(FIXTURES.parent.parent.parent)} ({made.stat().st_size} bytes)")
-    with open(OUT / "expected.json", "w") as f:
-        json.dump(expected({made.name: folder for made, folder in files.items()}), f, separators=(",", ":"))
-        f.write("\n")
+    folders = {made.name: folder for made, folder in files.items() if folder is not None}
+    if folders:
+        # A run that makes some of the files keeps the others' recorded logits.
+        path = OUT / "expected.json"
+        recorded = expected(folders)
+        if only and path.exists():
+            recorded["files"] = {**json.loads(path.read_text())["files"], **recorded["files"]}
+        with open(path, "w") as f:
+            json.dump(recorded, f, separators=(",", ":"))
+            f.write("\n")
 
 
 if __name__ == "__main__":

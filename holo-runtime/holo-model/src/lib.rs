@@ -34,6 +34,7 @@ pub mod threads;
 pub mod update;
 
 pub use kernels::head;
+pub use kernels::mxfp4::Mxfp4Matrix;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,9 +1,15 @@
-//! MXFP4 weights as OpenAI ships gpt-oss's experts (`quantization_config.quant_method = "mxfp4"`):
-//! `{name}_blocks` `[.., rows, G, 16]` bytes each holding two 4-bit values (low nibble first), and
-//! `{name}_scales` `[.., rows, G]` one power of two per block of 32 values (a byte biased by 127).
-//! Dequantized at load into `{name}`, value for value as transformers' `convert_moe_packed_tensors`
-//! does (the products of a 4-bit value and a power of two are exact), then transposed as it transposes
-//! them: `gate_up_proj` `[E, hidden, 2·inner]`, `down_proj` `[E, inner, hidden]`.
+//! MXFP4 weights: blocks of 32 values, each a 4-bit E2M1 code times the block's power of two (an E8M0
+//! byte biased by 127). Two layouts of the same numbers are read:
+//! - OpenAI's, as it ships gpt-oss's experts (`quantization_config.quant_method = "mxfp4"`):
+//!   `{name}_blocks` `[.., rows, G, 16]` bytes each holding two consecutive values (low nibble first),
+//!   and `{name}_scales` `[.., rows, G]`. Dequantized at load into `{name}`, value for value as
+//!   transformers' `convert_moe_packed_tensors` does (the products of a 4-bit value and a power of two
+//!   are exact), then transposed as it transposes them: `gate_up_proj` `[E, hidden, 2·inner]`,
+//!   `down_proj` `[E, inner, hidden]`.
+//! - ggml's (`block_mxfp4`, GGUF type 39), as llama.cpp's converter repacks OpenAI's: 17 bytes a block,
+//!   the scale byte first, then 16 bytes whose low nibbles are values 0–15 and high nibbles values
+//!   16–31 ([`dequantize_ggml`]). ggml multiplies its doubled codes `{0, 1, 2, 3, 4, 6, 8, 12, …}` by
+//!   half the scale (`ggml_e8m0_to_fp32_half`): the same products.
 
 use std::collections::HashMap;
 
@@ -15,6 +21,30 @@ use crate::kernels::kernel::Result;
 const VALUES: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
+
+/// Values in one block.
+pub const BLOCK_VALUES: usize = 32;
+/// Bytes of one of ggml's blocks: the scale, then the codes.
+pub const BLOCK_BYTES: usize = 1 + BLOCK_VALUES / 2;
+
+/// The block's power of two, in f64: 2^-127 is below f32's normal range, and every product of it with a
+/// code is still exact in f32 (a subnormal at worst).
+fn power(scale: u8) -> f64 {
+    2f64.powi(scale as i32 - 127)
+}
+
+/// ggml's MXFP4 blocks (a whole number of [`BLOCK_BYTES`]) as f32 values, in order. Code 8 reads as
+/// -0, as transformers reads it (ggml's integer codes make it +0: the same value in every product).
+pub fn dequantize_ggml(blocks: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(blocks.len() / BLOCK_BYTES * BLOCK_VALUES);
+    for block in blocks.chunks_exact(BLOCK_BYTES) {
+        let (power, codes) = (power(block[0]), &block[1..]);
+        let value = |code: u8| (VALUES[code as usize] as f64 * power) as f32;
+        out.extend(codes.iter().map(|&byte| value(byte & 0x0F)));
+        out.extend(codes.iter().map(|&byte| value(byte >> 4)));
+    }
+    out
+}
 
 /// `tensors` with every `{name}_blocks` and `{name}_scales` pair replaced by `{name}` in `dtype`; a
 /// blocks tensor without its scales (or the reverse) is an error naming it.
@@ -62,8 +92,7 @@ pub fn dequantize(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
     let scales = scales.flatten_all()?.to_vec1::<u8>()?;
     let mut out = Vec::with_capacity(blocks.len() * 2);
     for (block, &scale) in blocks.chunks_exact(bytes).zip(&scales) {
-        // A power of two in f64 (2^-127 is below f32's normal range); the products are exact in f32.
-        let power = 2f64.powi(scale as i32 - 127);
+        let power = power(scale);
         for &byte in block {
             out.push((VALUES[(byte & 0x0F) as usize] as f64 * power) as f32);
             out.push((VALUES[(byte >> 4) as usize] as f64 * power) as f32);

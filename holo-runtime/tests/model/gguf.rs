@@ -722,20 +722,6 @@ fn bad_gguf_files_are_errors_that_name_the_file_and_the_key() {
         "{message}"
     );
 
-    // gpt-oss by name: llama.cpp's MXFP4 tensors are not read here, the Hugging Face folder is.
-    let oss = with(
-        "gpt-oss.gguf",
-        &set("general.architecture", Value::String("gpt-oss".into())),
-        &[],
-    );
-    let message = error(&oss);
-    assert!(
-        message.contains("gpt-oss.gguf")
-            && message.contains("gpt-oss GGUF files are not supported")
-            && message.contains("load the Hugging Face folder"),
-        "{message}"
-    );
-
     let no_width = with(
         "no-width.gguf",
         &|metadata| metadata.retain(|(k, _)| k != "qwen2.embedding_length"),

@@ -11,6 +11,8 @@ mod gguf;
 #[cfg(feature = "local")]
 mod gguf_families;
 #[cfg(feature = "local")]
+mod gguf_gpt_oss;
+#[cfg(feature = "local")]
 mod init_model;
 #[cfg(feature = "local")]
 mod local_model;

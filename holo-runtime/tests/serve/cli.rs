@@ -69,6 +69,88 @@ async fn holo_serve_serves_every_family() {
     }
 }
 
+/// A gpt-oss GGUF file with MXFP4 experts, served by the binary: greedy tokens are transformers' on the
+/// same weights (`gguf/gpt_oss.json`, `scripts/gguf_families.py`), and a chat through the file's own
+/// template comes back as the model sampled in process.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holo_serve_serves_a_gpt_oss_gguf() {
+    use std::process::Command;
+
+    use holo_runtime::local::{LocalModel, LocalOptions};
+
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gguf");
+    let file = fixtures.join("gpt_oss.gguf");
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("gpt_oss.json")).unwrap())
+            .unwrap();
+    let served = Served::start(
+        Command::new(env!("CARGO_BIN_EXE_holo"))
+            .args(["serve", file.to_str().unwrap(), "--port", "0"])
+            .args(["--served-model-name", "gpt-oss"]),
+    );
+    let client = OpenAi::new(OpenAiConfig {
+        proxy_from_env: false,
+        max_retries: 0,
+        api_key_env: "HOLO_SERVE_TEST_NO_SUCH_VAR".into(),
+        ..OpenAiConfig::new(&served.base, "gpt-oss")
+    })
+    .unwrap();
+    let greedy = &expected["greedy"];
+    let tokens = ids(&greedy["tokens"]);
+    let request = Request {
+        prompt: Prompt::Tokens(ids(&greedy["prompt"])),
+        params: SampleParams {
+            max_tokens: Some(tokens.len() as u32),
+            temperature: Some(0.0),
+            ..SampleParams::default()
+        },
+    };
+    let completion = client.sample(&[request]).await.pop().unwrap().unwrap();
+    assert_eq!(completion.tokens, tokens);
+
+    let local = LocalModel::load(&file, LocalOptions::default()).unwrap();
+    let chat = vec![user("What is 2 + 2?")];
+    let text = local
+        .template()
+        .render(&chat, &RenderOptions::generation())
+        .unwrap();
+    let chat_ids = local
+        .tokenizer()
+        .encode(text, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let params = SampleParams {
+        max_tokens: Some(8),
+        temperature: Some(1.0),
+        seed: Some(3),
+        ..SampleParams::default()
+    };
+    let served = client
+        .sample(&[Request {
+            prompt: Prompt::Chat(chat),
+            params: params.clone(),
+        }])
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    let direct = local
+        .sample(&[Request {
+            prompt: Prompt::Tokens(chat_ids),
+            params,
+        }])
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert_eq!(served.tokens, direct.tokens);
+    for (a, b) in served.logprobs.iter().zip(&direct.logprobs) {
+        assert!((a - b).abs() <= 1e-5, "{served:?} vs {direct:?}");
+    }
+}
+
 #[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holo_serve_cli_serves_a_local_model() {

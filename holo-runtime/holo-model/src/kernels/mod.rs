@@ -2,7 +2,8 @@
 //! runs: what they share (`kernel`: the operations' types, reading storages, splitting work over
 //! threads), the fused output head (`head`), rotary embeddings (`rope`) and softmax (`softmax`) with
 //! their backward, matrix products (`matrix`, `product`) and decoding's few-rows products
-//! (`skinny`), and batch-invariant attention (`invariant`). Nothing here knows the decoder: the
+//! (`skinny`), products with MXFP4 blocks as a GGUF file keeps experts (`mxfp4`), and batch-invariant
+//! attention (`invariant`). Nothing here knows the decoder: the
 //! model calls them, never the other way.
 
 pub(crate) mod delta;
@@ -10,6 +11,7 @@ pub mod head;
 pub(crate) mod invariant;
 pub(crate) mod kernel;
 pub(crate) mod matrix;
+pub mod mxfp4;
 pub(crate) mod product;
 pub(crate) mod rope;
 pub(crate) mod skinny;

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 
+use crate::kernels::mxfp4::Mxfp4Matrix;
+
 use super::*;
 
 #[derive(Debug, Clone)]
@@ -26,6 +28,10 @@ pub enum Weight {
     /// and the weights are dequantized in registers, so a decoding step reads the blocks' bytes (Q8_0:
     /// 1.06 bytes a weight, Q4_K: 0.56) instead of f32's 4. Sampling only: no backward, no training.
     Quantized(Arc<QTensor>),
+    /// A GGUF file's MXFP4 blocks (gpt-oss's experts), multiplied as they are by
+    /// [`Mxfp4Matrix`](crate::Mxfp4Matrix): exact values, 0.53 bytes a weight.
+    /// Sampling only, on the CPU.
+    Mxfp4(Arc<Mxfp4Matrix>),
 }
 
 impl Weight {
@@ -34,6 +40,7 @@ impl Weight {
         match self {
             Weight::Dense(tensor) => tensor.dims(),
             Weight::Quantized(blocks) => blocks.shape().dims(),
+            Weight::Mxfp4(matrix) => matrix.dims(),
         }
     }
 
@@ -46,6 +53,10 @@ impl Weight {
                  dequantized (without `--quantized`) to train or export it",
                 blocks.dtype()
             ),
+            Weight::Mxfp4(_) => candle_core::bail!(
+                "an MXFP4 matrix kept as the GGUF file's blocks only samples; load the file \
+                 dequantized (without `--quantized`) to train or export it"
+            ),
         }
     }
 
@@ -54,6 +65,7 @@ impl Weight {
         match self {
             Weight::Dense(tensor) => tensor.elem_count() * tensor.dtype().size_in_bytes(),
             Weight::Quantized(blocks) => blocks.storage_size_in_bytes(),
+            Weight::Mxfp4(matrix) => matrix.bytes(),
         }
     }
 
@@ -65,6 +77,7 @@ impl Weight {
         Ok(match self {
             Weight::Dense(tensor) => Weight::Dense(f(tensor)?),
             Weight::Quantized(blocks) => Weight::Quantized(Arc::clone(blocks)),
+            Weight::Mxfp4(matrix) => Weight::Mxfp4(Arc::clone(matrix)),
         })
     }
 }
@@ -200,6 +213,7 @@ impl Linear {
         let ys = match &self.weight {
             // The blocks have no backward: a model holding them refuses to train (`sampling_only`).
             Weight::Quantized(blocks) => flat.contiguous()?.apply_op1_no_bwd(blocks.as_ref())?,
+            Weight::Mxfp4(matrix) => matrix.matmul(&flat)?,
             Weight::Dense(weight) => match dispatch::product(ops, &Operands::of(&flat, weight)) {
                 Product::Skinny => crate::kernels::skinny::matmul(&flat, weight)?,
                 Product::Weight => crate::kernels::product::matmul(&flat, weight, ops)?,

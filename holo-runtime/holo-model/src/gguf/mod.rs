@@ -26,15 +26,32 @@
 //!   and `attention.sliding_window`, when not 0, windows every layer; Qwen3-MoE's experts from
 //!   `expert_count`, `expert_used_count` and `expert_feed_forward_length`, renormalised over the chosen
 //!   ones as llama.cpp's graph does (`expert_weights_norm` when given), on the layers that have a router
-//!   (`ffn_gate_inp`), whose `ffn_{gate,up,down}_exps` hold every expert's matrix;
+//!   (`ffn_gate_inp`), whose `ffn_{gate,up,down}_exps` hold every expert's matrix; gpt-oss (`gpt-oss`)
+//!   with the same expert keys, the experts' biases (`ffn_*_exps.bias`), the router's (`ffn_gate_inp`,
+//!   with a bias), attention sinks (`attn_sinks`), `post_attention_norm` before the experts,
+//!   `attention.sliding_window` on every other layer from the first (llama.cpp's `set_swa_pattern(2)`,
+//!   or `attention.sliding_window_pattern` when given) and YaRN (see below); its experts' SwiGLU is
+//!   clamped at llama.cpp's constants (alpha 1.702, limit 7: no key holds them). gate and up come split
+//!   (`ffn_gate_exps`, `ffn_up_exps`) or fused as the converter's `--fuse-gate-up-exps` writes them
+//!   (`ffn_gate_up_exps`, gate rows then up rows). YaRN (`rope.scaling.type` `yarn`, any family) takes
+//!   `rope.scaling.factor`, `original_context_length`, `yarn_beta_fast`/`yarn_beta_slow` (32 and 1 when
+//!   absent) and `yarn_attn_factor` (transformers' `0.1 ln factor + 1` when absent); the corrections'
+//!   bounds are rounded as transformers' `truncate` default says, except gpt-oss's, whose checkpoints say
+//!   `truncate: false` (llama.cpp always rounds: its gpt-oss logits differ from transformers' there);
 //! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
-//!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K). [`Blocks`] says what becomes of
+//!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K) and MXFP4 (ggml type 39, what
+//!   gpt-oss files keep their experts in), read by a header reader of this crate ([`header`]) because
+//!   candle's refuses the file at MXFP4; a tensor of any other type is refused by name and type when
+//!   the model reads it. A mixture's experts are read and dequantized one expert at a time into the
+//!   matrices the model holds, so that loading holds one expert's f32 values beside the model, not a
+//!   layer's stack. [`Blocks`] says what becomes of
 //!   quantized ones: dequantized to f32 and then converted to the requested dtype (what training needs),
 //!   or, for the projections of the layers (attention's q, k, v and output, the MLP's gate, up and down)
 //!   in Q4_0, Q8_0 or a k-quant, kept as the file's blocks and multiplied as they are
-//!   ([`Weight::Quantized`]), which is what sampling on the CPU reads 4–7× fewer bytes with, and the output head's (or the tied embeddings') blocks
-//!   kept beside the dequantized tensor for the logits; the embeddings, norms and a mixture's experts are
-//!   dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
+//!   ([`Weight::Quantized`]), which is what sampling on the CPU reads 4–7× fewer bytes with, and the
+//!   output head's (or the tied embeddings') blocks kept beside the dequantized tensor for the logits;
+//!   a mixture's experts in MXFP4 are kept as their blocks too ([`Weight::Mxfp4`]); the embeddings,
+//!   norms and other experts are dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
 //!   rotary layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
 //!   permuted), rows of blocks alike;
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
@@ -45,26 +62,32 @@
 //! - the chat template (`tokenizer.chat_template`, ChatML when absent) with `bos_token`, `eos_token`,
 //!   `unk_token` and `pad_token` from the token ids of the metadata.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
+use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::config::{Arch, ConfigError, Experts, LayerSpec, ModelConfig, RopeScaling, Variant};
+use super::config::{
+    Arch, ClampedSwiGlu, ConfigError, Experts, LayerSpec, ModelConfig, RopeScaling, Variant,
+};
 use super::error::LoadError;
 use super::model::{Linear, Model, Weight};
-use holo_core::chat::folder::FolderError;
+use crate::kernels::mxfp4::Mxfp4Matrix;
+use header::{Header, TensorInfo, TensorType};
 use holo_core::chat::ChatTemplate;
+
+pub mod header;
+mod tokenizer;
 
 /// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.
 pub fn is_gguf(path: &Path) -> bool {
@@ -74,7 +97,7 @@ pub fn is_gguf(path: &Path) -> bool {
 /// A GGUF file's header: its metadata and where its tensors lie.
 pub struct Gguf {
     path: PathBuf,
-    content: Content,
+    header: Header,
 }
 
 /// What [`Gguf::model`] does with a file's quantized tensors.
@@ -82,8 +105,9 @@ pub struct Gguf {
 pub enum Blocks {
     /// Every tensor dequantized to f32, then converted to the model's type: a model that trains.
     Dequantize,
-    /// The layers' projections kept as the file's blocks ([`Weight::Quantized`], CPU only), the rest
-    /// dequantized: a model that samples, reading the blocks' bytes per token.
+    /// The layers' projections kept as the file's blocks ([`Weight::Quantized`], CPU only), and MXFP4
+    /// experts as theirs ([`Weight::Mxfp4`]), the rest dequantized: a model that samples, reading the
+    /// blocks' bytes per token.
     Keep,
 }
 
@@ -102,44 +126,18 @@ const PROJECTIONS: [&str; 8] = [
 
 /// The `general.architecture` values this runtime implements.
 const ARCHITECTURES: &str =
-    "qwen2, qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3";
+    "qwen2, qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3, gpt-oss";
+
+/// llama.cpp's gpt-oss graph clamps the experts' SwiGLU with these (`swiglu_oai` in `build_moe_ffn`),
+/// constants of its code rather than keys of the file; they are also `GptOssConfig`'s defaults.
+const OAI_SWIGLU: ClampedSwiGlu = ClampedSwiGlu {
+    alpha: 1.702,
+    limit: 7.0,
+};
 
 /// llama.cpp's SmolLM3 graph leaves RoPE out of every layer `l` with `(l + 1) % 4 == 0`
 /// (`n_no_rope_layer_step`), a constant of its code rather than a key of the file.
 const SMOLLM3_NO_ROPE_STEP: usize = 4;
-
-/// Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as transformers' `GGUF_PRE_TOKENIZER_SPLITS`.
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-fn split_regex(pre: &str) -> Option<&'static str> {
-    Some(match pre {
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
-        "tekken" => TEKKEN_SPLIT,
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2_SPLIT,
-        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => GPT4O_SPLIT,
-        _ => return None,
-    })
-}
-
-/// GPT-2's byte-to-character table: printable bytes stand for themselves, the others for 256 + n.
-fn bytes_to_unicode() -> [char; 256] {
-    let mut table = ['\0'; 256];
-    let mut extra = 0u32;
-    for byte in 0..=255u8 {
-        let printable = matches!(byte, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-        table[byte as usize] = if printable {
-            char::from(byte)
-        } else {
-            extra += 1;
-            char::from_u32(255 + extra).unwrap_or('\0')
-        };
-    }
-    table
-}
 
 impl Gguf {
     /// Reads the header of `path` (metadata and tensor descriptions, not the tensors).
@@ -154,11 +152,11 @@ impl Gguf {
         let mut reader = BufReader::new(
             File::open(path).map_err(|error| fail(format!("cannot open: {error}")))?,
         );
-        let content = Content::read(&mut reader)
+        let header = Header::read(&mut reader)
             .map_err(|error| fail(format!("not a readable GGUF file: {error}")))?;
         Ok(Gguf {
             path: path.to_path_buf(),
-            content,
+            header,
         })
     }
 
@@ -167,7 +165,7 @@ impl Gguf {
     }
 
     fn value(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.header.metadata.get(key)
     }
 
     fn u64_key(&self, key: &str) -> Result<Option<u64>, LoadError> {
@@ -297,12 +295,7 @@ impl Gguf {
             "olmo2" => Ok((Arch::Olmo2, name)),
             "gemma3" => Ok((Arch::Gemma3, name)),
             "phi3" => Ok((Arch::Phi3, name)),
-            "gpt-oss" => Err(self.config_error(
-                "gpt-oss GGUF files are not supported (llama.cpp's MXFP4 tensor type and its \
-                 gpt-oss tensor names are not read here): load the Hugging Face folder, whose MXFP4 \
-                 experts are dequantized at load"
-                    .into(),
-            )),
+            "gpt-oss" => Ok((Arch::GptOss, name)),
             other => Err(self.config_error(format!(
                 "unsupported architecture {other:?} (`general.architecture`); supported: {ARCHITECTURES}"
             ))),
@@ -310,7 +303,7 @@ impl Gguf {
     }
 
     fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.header.tensors.contains_key(name)
     }
 
     /// The token id stored under `tokenizer.ggml.<key>`.
@@ -388,16 +381,17 @@ impl Gguf {
                     self.config_error(format!("missing metadata `{}`", key("rope.scaling.factor")))
                 })?,
             },
+            Some("yarn") => self.yarn(arch, name)?,
             Some(other) => {
                 return Err(self.config_error(format!(
-                    "unsupported `{}` {other:?}; supported: none, linear",
+                    "unsupported `{}` {other:?}; supported: none, linear, yarn",
                     key("rope.scaling.type")
                 )))
             }
         };
         let embedding = self
-            .content
-            .tensor_infos
+            .header
+            .tensors
             .get("token_embd.weight")
             .ok_or_else(|| self.weights_error("missing tensor token_embd.weight".into()))?;
         let vocab_size = match embedding.shape.dims() {
@@ -473,6 +467,18 @@ impl Gguf {
                     softmax_over_chosen: false,
                     clamped: None,
                 }),
+                // `GptOssTopKRouter`: the softmax of the chosen experts' logits, which llama.cpp's
+                // graph computes too (`SOFTMAX_WEIGHT`).
+                Arch::GptOss => Some(Experts {
+                    count: self.required_usize(&key("expert_count"))?,
+                    per_token: self.required_usize(&key("expert_used_count"))?,
+                    intermediate_size: self.required_usize(&key("expert_feed_forward_length"))?,
+                    normalize: false,
+                    aux_loss_coef: 0.001,
+                    aux_loss: false,
+                    softmax_over_chosen: true,
+                    clamped: Some(OAI_SWIGLU),
+                }),
                 _ => None,
             },
             bos_token_id: self.token_id("bos_token_id")?,
@@ -506,7 +512,7 @@ impl Gguf {
         let key = format!("{name}.attention.sliding_window");
         let window = self.u64_key(&key)?.map(|window| window as usize);
         let windowed: Vec<bool> = match arch {
-            Arch::Gemma3 | Arch::Olmo3 if window.is_none() => {
+            Arch::Gemma3 | Arch::Olmo3 | Arch::GptOss if window.is_none() => {
                 return Err(self.config_error(format!("missing metadata `{key}`")))
             }
             Arch::Gemma3 => (0..count).map(|layer| (layer + 1) % 6 != 0).collect(),
@@ -514,6 +520,15 @@ impl Gguf {
             // Mistral's `sliding_window` windows every layer.
             Arch::Mistral => vec![true; count],
             Arch::Phi3 => vec![window.unwrap_or(0) > 0; count],
+            // llama.cpp's `set_swa_pattern(2)`: windowed, full, windowed, … as `GptOssConfig` has it.
+            Arch::GptOss
+                if self
+                    .value(&format!("{name}.attention.sliding_window_pattern"))
+                    .is_none() =>
+            {
+                (0..count).map(|layer| layer % 2 == 0).collect()
+            }
+            Arch::GptOss => self.window_pattern(name, count)?,
             _ => vec![false; count],
         };
         Ok(windowed
@@ -522,6 +537,7 @@ impl Gguf {
             .map(|(layer, windowed)| LayerSpec {
                 window: window.filter(|_| windowed),
                 rope: arch != Arch::SmolLm3 || (layer + 1) % SMOLLM3_NO_ROPE_STEP != 0,
+                experts: arch == Arch::GptOss,
                 ..LayerSpec::FULL
             })
             .collect())
@@ -557,6 +573,49 @@ impl Gguf {
                     .collect())
             }
         }
+    }
+
+    /// YaRN as `rope.scaling.*` states it, with transformers' defaults where a key is absent (see the
+    /// module's documentation for `truncate`).
+    fn yarn(&self, arch: Arch, name: &str) -> Result<RopeScaling, LoadError> {
+        let key = |suffix: &str| format!("{name}.rope.scaling.{suffix}");
+        if self.value(&key("yarn_log_multiplier")).is_some() {
+            return Err(self.config_error(format!(
+                "`{}` (DeepSeek's YaRN attention scaling) is not supported",
+                key("yarn_log_multiplier")
+            )));
+        }
+        let required = |suffix: &str| -> Result<f64, LoadError> {
+            self.f64_key(&key(suffix))?
+                .ok_or_else(|| self.config_error(format!("missing metadata `{}`", key(suffix))))
+        };
+        let factor = required("factor")?;
+        if !(factor > 0.0 && factor.is_finite()) {
+            return Err(self.config_error(format!(
+                "`{}` must be a positive number, found {factor}",
+                key("factor")
+            )));
+        }
+        let original = self.required_usize(&key("original_context_length"))?;
+        let beta = |suffix: &str, default: f64| -> Result<f64, LoadError> {
+            Ok(self
+                .f64_key(&key(suffix))?
+                .filter(|beta| *beta != 0.0)
+                .unwrap_or(default))
+        };
+        let attention_factor = match self.f64_key(&key("yarn_attn_factor"))? {
+            Some(given) => given,
+            None if factor <= 1.0 => 1.0,
+            None => 0.1 * factor.ln() + 1.0,
+        };
+        Ok(RopeScaling::Yarn {
+            factor,
+            beta_fast: beta("yarn_beta_fast", 32.0)?,
+            beta_slow: beta("yarn_beta_slow", 1.0)?,
+            original_max_position_embeddings: original,
+            truncate: arch != Arch::GptOss,
+            attention_factor,
+        })
     }
 
     /// Phi-3's LongRoPE, when the file has its factors (`rope_factors_long` and `rope_factors_short`,
@@ -598,8 +657,8 @@ impl Gguf {
             File::open(&self.path)
                 .map_err(|error| self.weights_error(format!("cannot open: {error}")))?,
         );
-        self.content.tensor_infos[name]
-            .read(&mut reader, self.content.tensor_data_offset, &Device::Cpu)
+        self.header.tensors[name]
+            .read(&mut reader, self.header.data_offset)
             .and_then(|tensor| tensor.dequantize(&Device::Cpu))
             .and_then(|tensor| tensor.flatten_all()?.to_dtype(DType::F64)?.to_vec1())
             .map_err(fail)
@@ -652,13 +711,12 @@ impl Gguf {
             "ffn_up" if arch == Arch::Phi3 => "mlp.gate_up_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
-            // A mixture's router, and its experts' matrices stacked `[experts, out, in]`: gate and up
-            // are joined into transformers 5's fused `gate_up_proj` once both are read.
+            // A mixture's router (its experts are [`expert_tensor`]'s).
+            "ffn_gate_inp" if arch == Arch::GptOss => "mlp.router",
             "ffn_gate_inp" => "mlp.gate",
-            "ffn_gate_exps" => "mlp.experts.gate_proj",
-            "ffn_up_exps" => "mlp.experts.up_proj",
-            "ffn_down_exps" if kind == "weight" => {
-                return Some(format!("model.layers.{layer}.mlp.experts.down_proj"))
+            // gpt-oss's sinks, a parameter of attention without a `.weight` of its own.
+            "attn_sinks" if kind == "weight" => {
+                return Some(format!("model.layers.{layer}.self_attn.sinks"))
             }
             _ => return None,
         };
@@ -681,11 +739,14 @@ impl Gguf {
             File::open(&self.path)
                 .map_err(|error| self.weights_error(format!("cannot open: {error}")))?,
         );
-        let mut names: Vec<&String> = self.content.tensor_infos.keys().collect();
-        names.sort_by_key(|name| self.content.tensor_infos[*name].offset);
-        let mut tensors = HashMap::new();
-        // The blocks kept, by Hugging Face name, until the model takes them.
-        let mut kept: HashMap<String, QTensor> = HashMap::new();
+        let mut names: Vec<&String> = self.header.tensors.keys().collect();
+        names.sort_by_key(|name| self.header.tensors[*name].offset);
+        let mut target = Target {
+            dtype,
+            device,
+            tensors: HashMap::new(),
+            kept: HashMap::new(),
+        };
         let head_name = match config.tie_word_embeddings {
             true => "token_embd.weight",
             false => "output.weight",
@@ -696,22 +757,30 @@ impl Gguf {
                 // LongRoPE's factors, in the config already.
                 continue;
             }
+            let info = &self.header.tensors[name];
+            let fail = |error: candle_core::Error| {
+                self.weights_error(format!(
+                    "tensor {name} ({}, shape {:?}): {error}",
+                    info.kind,
+                    info.shape.dims()
+                ))
+            };
+            if let Some(stack) = expert_tensor(name) {
+                // With [`Blocks::Keep`], MXFP4 matrices stay as their blocks for the sampler's products.
+                let keep = blocks == Blocks::Keep && info.kind == TensorType::Mxfp4;
+                target
+                    .experts(info, stack, &mut reader, self.header.data_offset, keep)
+                    .map_err(fail)?;
+                continue;
+            }
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
                 self.weights_error(format!(
                     "tensor {name}: not a tensor of a {} model",
                     config.arch
                 ))
             })?;
-            let info = &self.content.tensor_infos[name];
-            let fail = |error: candle_core::Error| {
-                self.weights_error(format!(
-                    "tensor {name} ({:?}, shape {:?}): {error}",
-                    info.ggml_dtype,
-                    info.shape.dims()
-                ))
-            };
             let quantized = info
-                .read(&mut reader, self.content.tensor_data_offset, &Device::Cpu)
+                .read(&mut reader, self.header.data_offset)
                 .map_err(fail)?;
             if blocks == Blocks::Keep && keeps(name, info) {
                 let heads = rotary_heads(&config, name);
@@ -719,14 +788,9 @@ impl Gguf {
                     Some(heads) => unpermute_rotary_blocks(&quantized, heads).map_err(fail)?,
                     None => quantized,
                 };
-                // The layer loads a tensor of the right shape in its place, swapped below: a broadcast
-                // scalar, which holds no memory.
-                let (rows, columns) = quantized.shape().dims2().map_err(fail)?;
-                let stand_in = Tensor::zeros((), dtype, device)
-                    .and_then(|zero| zero.broadcast_as((rows, columns)))
+                target
+                    .keep(hf, Weight::Quantized(Arc::new(quantized)))
                     .map_err(fail)?;
-                tensors.insert(hf.clone(), stand_in);
-                kept.insert(hf, quantized);
                 continue;
             }
             let mut tensor = quantized.dequantize(&Device::Cpu).map_err(fail)?;
@@ -744,29 +808,11 @@ impl Gguf {
                 .to_dtype(dtype)
                 .and_then(|tensor| tensor.to_device(device))
                 .map_err(fail)?;
-            tensors.insert(hf, tensor);
+            target.tensors.insert(hf, tensor);
         }
-        for layer in 0..config.num_hidden_layers {
-            let prefix = format!("model.layers.{layer}.mlp.experts");
-            let gate = tensors.remove(&format!("{prefix}.gate_proj.weight"));
-            let up = tensors.remove(&format!("{prefix}.up_proj.weight"));
-            match (gate, up) {
-                (Some(gate), Some(up)) => {
-                    let fused = Tensor::cat(&[gate, up], 1).map_err(|error| {
-                        self.weights_error(format!(
-                            "blk.{layer}.ffn_gate_exps and ffn_up_exps: {error}"
-                        ))
-                    })?;
-                    tensors.insert(format!("{prefix}.gate_up_proj"), fused);
-                }
-                (None, None) => {}
-                _ => {
-                    return Err(self.weights_error(format!(
-                        "blk.{layer} has one of ffn_gate_exps and ffn_up_exps without the other"
-                    )))
-                }
-            }
-        }
+        let Target {
+            tensors, mut kept, ..
+        } = target;
         let vb = VarBuilder::from_tensors(tensors, dtype, device);
         let mut model = Model::load(vb, &config).map_err(|error| {
             self.weights_error(format!(
@@ -776,8 +822,8 @@ impl Gguf {
         })?;
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (name, linear) in Model::linears_mut(&mut layer.mixer, &mut layer.mlp) {
-                if let Some(blocks) = kept.remove(&format!("model.layers.{i}.{name}.weight")) {
-                    linear.weight = Weight::Quantized(Arc::new(blocks));
+                if let Some(weight) = kept.remove(&format!("model.layers.{i}.{name}.weight")) {
+                    linear.weight = weight;
                 }
             }
         }
@@ -794,232 +840,104 @@ impl Gguf {
         }
         Ok(model)
     }
+}
 
-    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file.
-    pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
-        let fail = |message: String| {
-            LoadError::Folder(FolderError::Tokenizer {
-                file: self.path.clone(),
-                message,
-            })
-        };
-        let model = self
-            .str_key("tokenizer.ggml.model")?
-            .ok_or_else(|| fail("missing metadata `tokenizer.ggml.model`".into()))?;
-        let byte_level = match model {
-            "gpt2" => true,
-            "llama" => false,
-            other => {
-                return Err(fail(format!(
-                    "unsupported tokenizer {other:?} (`tokenizer.ggml.model`); supported: gpt2 \
-                     (byte-level BPE), llama (sentencepiece BPE)"
-                )))
-            }
-        };
-        let tokens = self
-            .strings("tokenizer.ggml.tokens")?
-            .ok_or_else(|| fail("missing metadata `tokenizer.ggml.tokens`".into()))?;
-        let merges = self.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
-            fail(
-                "missing metadata `tokenizer.ggml.merges` (deriving merges from token scores is not \
-                 supported)"
-                    .into(),
-            )
-        })?;
-        let merges: Vec<(&str, &str)> = merges
-            .iter()
-            .map(|merge| {
-                merge
-                    .split_once(' ')
-                    .ok_or_else(|| fail(format!("merge {merge:?} is not two tokens")))
-            })
-            .collect::<Result<_, _>>()?;
-        let token_types = self.token_types()?;
+/// What [`Gguf::model`] gathers for `Model::load`: tensors by Hugging Face name, in the model's type on
+/// its device, and the weights kept as the file's blocks until the model takes them.
+struct Target<'a> {
+    dtype: DType,
+    device: &'a Device,
+    tensors: HashMap<String, Tensor>,
+    kept: HashMap<String, Weight>,
+}
 
-        let spelling = bytes_to_unicode();
-        let alphabet: std::collections::HashSet<char> = spelling.iter().copied().collect();
-        let in_alphabet = |token: &str| token.chars().all(|c| alphabet.contains(&c));
-        let mut vocab = serde_json::Map::new();
-        for (id, token) in tokens.iter().enumerate() {
-            let key = if byte_level && !in_alphabet(token) {
-                token
-                    .bytes()
-                    .map(|byte| spelling[byte as usize])
-                    .collect::<String>()
-            } else {
-                token.to_string()
-            };
-            vocab.insert(key, id.into());
-        }
-        let mut added = Vec::new();
-        let added_token = |id: usize, token: &str, special: bool| {
-            json!({"id": id, "content": token, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": special})
-        };
-        for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
-            // 3: CONTROL; a byte-level vocabulary spells every real token in its alphabet, so a
-            // control token outside it is a mislabel (transformers skips those too).
-            if *kind == 3 && (!byte_level || in_alphabet(token)) {
-                added.push(added_token(id, token, true));
-            }
-        }
-        for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
-            // 4: USER_DEFINED, matched whole in the text but not special.
-            if *kind == 4 && vocab.contains_key(*token) {
-                added.push(added_token(id, token, false));
-            }
-        }
-
-        let add_bos = self
-            .bool_key("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(!byte_level);
-        let add_eos = self
-            .bool_key("tokenizer.ggml.add_eos_token")?
-            .unwrap_or(false);
-        let special = |key: &str| -> Result<Option<(String, u32)>, LoadError> {
-            match self.token_id(key)? {
-                None => Ok(None),
-                Some(id) => tokens
-                    .get(id as usize)
-                    .map(|token| Some((token.to_string(), id)))
-                    .ok_or_else(|| {
-                        fail(format!(
-                            "`tokenizer.ggml.{key}` is {id}, outside the {} tokens",
-                            tokens.len()
-                        ))
-                    }),
-            }
-        };
-        let bos = if add_bos {
-            special("bos_token_id")?
-        } else {
-            None
-        };
-        let eos = if add_eos {
-            special("eos_token_id")?
-        } else {
-            None
-        };
-        let post_processor = template_processing(bos.as_ref(), eos.as_ref());
-
-        let (pre_tokenizer, decoder, model) = if byte_level {
-            let pre = self.str_key("tokenizer.ggml.pre")?.unwrap_or("default");
-            let pre_tokenizer = match split_regex(pre) {
-                Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-                    {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
-                     "invert": false},
-                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
-                     "use_regex": false},
-                ]}),
-                None => json!({"type": "ByteLevel", "add_prefix_space": false,
-                               "trim_offsets": true, "use_regex": true}),
-            };
-            let decoder = json!({"type": "ByteLevel", "add_prefix_space": true,
-                                 "trim_offsets": true, "use_regex": true});
-            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
-                               "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                               "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                               "vocab": vocab, "merges": merges});
-            (pre_tokenizer, decoder, model)
-        } else {
-            let pre_tokenizer = json!({"type": "Metaspace", "replacement": "\u{2581}",
-                                       "prepend_scheme": "first", "split": false});
-            let decoder = json!({"type": "Sequence", "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-            ]});
-            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
-                               "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                               "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                               "vocab": vocab, "merges": merges});
-            (pre_tokenizer, decoder, model)
-        };
-        let json = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": post_processor,
-            "decoder": decoder,
-            "model": model,
-        });
-        json.to_string()
-            .parse::<Tokenizer>()
-            .map_err(|error| fail(format!("cannot build the tokenizer: {error}")))
+impl Target<'_> {
+    /// Keeps `weight` (blocks) as `name`; the layer loads a broadcast zero of its shape in its place,
+    /// which holds no memory and is swapped for the blocks after.
+    fn keep(&mut self, name: String, weight: Weight) -> candle_core::Result<()> {
+        let stand_in =
+            Tensor::zeros((), self.dtype, self.device)?.broadcast_as(weight.dims().to_vec())?;
+        self.tensors.insert(name.clone(), stand_in);
+        self.kept.insert(name, weight);
+        Ok(())
     }
 
-    /// `bos_token`, `eos_token`, `unk_token` and `pad_token` as the chat template sees them.
-    fn special_tokens(&self) -> Result<BTreeMap<String, String>, LoadError> {
-        let tokens = self.strings("tokenizer.ggml.tokens")?.unwrap_or_default();
-        let mut special = BTreeMap::new();
-        for (name, key) in [
-            ("bos_token", "bos_token_id"),
-            ("eos_token", "eos_token_id"),
-            ("unk_token", "unknown_token_id"),
-            ("pad_token", "padding_token_id"),
-        ] {
-            if let Some(token) = self.token_id(key)?.and_then(|id| tokens.get(id as usize)) {
-                special.insert(name.to_string(), token.to_string());
-            }
-        }
-        Ok(special)
-    }
-
-    /// The chat template of `tokenizer.chat_template`, or ChatML when the file has none.
-    pub fn template(&self) -> Result<ChatTemplate, LoadError> {
-        let special = self.special_tokens()?;
-        match self.str_key("tokenizer.chat_template")? {
-            Some(source) => ChatTemplate::from_source(
-                source,
-                format!("{} (tokenizer.chat_template)", self.path.display()),
-                special,
-            ),
-            None => {
-                let chatml = ChatTemplate::chatml();
-                let mut tokens = BTreeMap::new();
-                if let Some(eos) = chatml.special_token("eos_token") {
-                    tokens.insert("eos_token".to_string(), eos.to_string());
+    /// A `blk.N.ffn_*_exps` tensor (`[experts, out, in]` weights or `[experts, out]` biases) as each
+    /// expert's projections (`model.layers.N.mlp.experts.E.gate_proj.weight`, …), read one expert at a
+    /// time: dequantized, or with `keep` (an MXFP4 tensor) its matrices kept as their blocks.
+    fn experts<R: std::io::Read + std::io::Seek>(
+        &mut self,
+        info: &TensorInfo,
+        (layer, stack, kind): (usize, ExpertStack, &str),
+        reader: &mut R,
+        data_offset: u64,
+        keep: bool,
+    ) -> candle_core::Result<()> {
+        let (count, slice) = info.expert_shape()?;
+        for e in 0..count {
+            let prefix = format!("model.layers.{layer}.mlp.experts.{e}");
+            if keep && kind == "weight" && slice.len() == 2 {
+                let bytes = info.expert_bytes(reader, data_offset, e)?;
+                let row_bytes = bytes.len() / slice[0];
+                for (projection, rows) in stack.parts(slice[0]) {
+                    let part = bytes[rows.start * row_bytes..rows.end * row_bytes].to_vec();
+                    let matrix = Mxfp4Matrix::new(rows.len(), slice[1], part)?;
+                    let name = format!("{prefix}.{projection}.weight");
+                    self.keep(name, Weight::Mxfp4(Arc::new(matrix)))?;
                 }
-                tokens.extend(special);
-                chatml.with_special_tokens(tokens)
+                continue;
+            }
+            let expert = info
+                .expert(reader, data_offset, e)?
+                .to_dtype(self.dtype)?
+                .to_device(self.device)?;
+            for (projection, rows) in stack.parts(expert.dim(0)?) {
+                let part = expert.narrow(0, rows.start, rows.len())?.contiguous()?;
+                self.tensors
+                    .insert(format!("{prefix}.{projection}.{kind}"), part);
             }
         }
-        .map_err(|error| LoadError::Folder(FolderError::Template(error)))
+        Ok(())
     }
 }
 
-/// transformers' `TemplateProcessing`: `[bos] $A [eos]`, `[bos] $A [eos] [bos] $B [eos]`.
-fn template_processing(
-    bos: Option<&(String, u32)>,
-    eos: Option<&(String, u32)>,
-) -> serde_json::Value {
-    let special = |token: &(String, u32), type_id: u32| json!({"SpecialToken": {"id": token.0, "type_id": type_id}});
-    let sequence = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
-    let mut single = Vec::new();
-    let mut pair = Vec::new();
-    for (id, type_id) in [("A", 0), ("B", 1)] {
-        let mut part = Vec::new();
-        part.extend(bos.map(|token| special(token, type_id)));
-        part.push(sequence(id, type_id));
-        part.extend(eos.map(|token| special(token, type_id)));
-        if id == "A" {
-            single = part.clone();
+/// A stack of a mixture's expert tensors in a GGUF file (`blk.N.ffn_{gate,up,down,gate_up}_exps`,
+/// `[experts, out, in]` weights and `[experts, out]` biases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExpertStack {
+    Gate,
+    Up,
+    Down,
+    /// The converter's `--fuse-gate-up-exps`: each expert's gate rows, then its up rows.
+    GateUp,
+}
+
+impl ExpertStack {
+    /// The projections the model holds (`gate_proj`, `up_proj`, `down_proj`) in one expert's slice of
+    /// `rows` outputs, by their rows: a fused slice splits in half.
+    fn parts(self, rows: usize) -> Vec<(&'static str, Range<usize>)> {
+        match self {
+            ExpertStack::Gate => vec![("gate_proj", 0..rows)],
+            ExpertStack::Up => vec![("up_proj", 0..rows)],
+            ExpertStack::Down => vec![("down_proj", 0..rows)],
+            ExpertStack::GateUp => vec![("gate_proj", 0..rows / 2), ("up_proj", rows / 2..rows)],
         }
-        pair.extend(part);
     }
-    let mut special_tokens = serde_json::Map::new();
-    for (token, id) in bos.into_iter().chain(eos) {
-        special_tokens.insert(
-            token.clone(),
-            json!({"id": token, "ids": [id], "tokens": [token]}),
-        );
-    }
-    json!({"type": "TemplateProcessing", "single": single, "pair": pair,
-           "special_tokens": special_tokens})
+}
+
+/// The layer, stack and kind (`weight` or `bias`) of a GGUF tensor that holds every expert's matrices
+/// or biases of a layer, or `None` for any other tensor.
+fn expert_tensor(name: &str) -> Option<(usize, ExpertStack, &str)> {
+    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let stack = match module {
+        "ffn_gate_exps" => ExpertStack::Gate,
+        "ffn_up_exps" => ExpertStack::Up,
+        "ffn_down_exps" => ExpertStack::Down,
+        "ffn_gate_up_exps" => ExpertStack::GateUp,
+        _ => return None,
+    };
+    matches!(kind, "weight" | "bias").then_some((layer.parse().ok()?, stack, kind))
 }
 
 /// Undoes llama.cpp's q / k row permutation (transformers' `reverse_permute_weights`): within each
@@ -1058,14 +976,16 @@ fn keeps(name: &str, info: &TensorInfo) -> bool {
 fn keeps_type(info: &TensorInfo) -> bool {
     info.shape.rank() == 2
         && matches!(
-            info.ggml_dtype,
-            GgmlDType::Q4_0
-                | GgmlDType::Q8_0
-                | GgmlDType::Q2K
-                | GgmlDType::Q3K
-                | GgmlDType::Q4K
-                | GgmlDType::Q5K
-                | GgmlDType::Q6K
+            info.kind,
+            TensorType::Candle(
+                GgmlDType::Q4_0
+                    | GgmlDType::Q8_0
+                    | GgmlDType::Q2K
+                    | GgmlDType::Q3K
+                    | GgmlDType::Q4K
+                    | GgmlDType::Q5K
+                    | GgmlDType::Q6K
+            )
         )
 }
 
