@@ -272,8 +272,7 @@ impl Streamer {
                     self.queue.push_back(data(&chunk));
                 }
             }
-            let stream = &self.choices[choice];
-            if stream.finish.is_some() && !stream.tool_calls.is_empty() && !stream.calls_sent {
+            if self.choices[choice].finish.is_some() && self.calls_pending(choice) {
                 let chunks = match streams_calls {
                     true => self.written_call_chunks(choice, false),
                     false => self.call_chunks(choice),
@@ -388,9 +387,8 @@ impl Streamer {
         let return_token_ids = common.return_token_ids && !hidden;
         let has_logprobs = choice.logprobs.len() >= tokens.end;
         // A choice with tool calls sends its text, then its calls, then its finish.
-        let finishing = choice.finish.is_some()
-            && !choice.finish_sent
-            && (choice.tool_calls.is_empty() || choice.calls_sent);
+        let finishing =
+            choice.finish.is_some() && !choice.finish_sent && !self.calls_pending(index);
         let per_token = (wants_logprobs || return_token_ids) && !tokens.is_empty();
         if text.is_empty() && shown_reasoning.is_empty() && !per_token && !finishing {
             return None;
@@ -496,6 +494,14 @@ impl Streamer {
             }
         }
         chunks
+    }
+
+    /// Whether choice `index` has calls still to send before its finish: its answer's calls, or, where
+    /// calls stream as they are written, whatever of them the last tokens wrote (those may arrive with
+    /// the finish, and a call whose arguments are not JSON is streamed although the answer has none).
+    fn calls_pending(&self, index: usize) -> bool {
+        let choice = &self.choices[index];
+        !choice.calls_sent && (!choice.tool_calls.is_empty() || self.streams_calls(index))
     }
 
     /// Whether choice `index` streams harmony's calls as they are written (vLLM streams their
@@ -927,6 +933,79 @@ mod tests {
         assert_eq!(streamer.queue.pop_front().as_deref(), Some("[DONE]"));
         let choice = &last["choices"][0];
         (choice["delta"].clone(), choice["finish_reason"].clone())
+    }
+
+    /// A harmony call whose tokens arrive with the finish, in one batch of events, is streamed all the
+    /// same, before the finish: also when its arguments are not JSON, so that the answer has no calls
+    /// (vLLM streams it too, and the finish stays `stop`).
+    #[tokio::test]
+    async fn harmony_calls_that_arrive_with_the_finish_are_streamed_before_it() {
+        let mut tokenizer = fixture_tokenizer();
+        let markers = ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"];
+        tokenizer
+            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
+            .unwrap();
+        for (arguments, finish) in [
+            ("{\"city\": \"Paris\"}", "tool_calls"),
+            ("{city: Paris}", "stop"),
+        ] {
+            let reply = format!(
+                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                 {arguments}<|call|>"
+            );
+            let tokens = tokenizer
+                .encode(reply.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            let (mut streamer, sender) =
+                chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
+                    asked.harmony = Some(Harmony { reasoning: true });
+                    asked.tool_format = Some(ToolFormat::Harmony);
+                })
+                .await;
+            for &token in &tokens {
+                let event = Event::Token {
+                    choice: 0,
+                    token,
+                    logprob: -1.0,
+                    top: Vec::new(),
+                };
+                sender.send(event).unwrap();
+            }
+            let text = tokenizer.decode(&tokens, true).unwrap();
+            let completion = Completion {
+                text,
+                tokens: tokens.clone(),
+                logprobs: vec![-1.0; tokens.len()],
+                top_logprobs: Vec::new(),
+                finish: Finish::EndOfTurn,
+                routes: Vec::new(),
+                weight_version: None,
+            };
+            let done = Event::Done {
+                choice: 0,
+                result: Ok(completion),
+            };
+            sender.send(done).unwrap();
+            streamer.advance().await;
+            let chunks: Vec<Value> = std::iter::from_fn(|| streamer.queue.pop_front())
+                .take_while(|payload| payload != "[DONE]")
+                .map(|payload| serde_json::from_str(&payload).unwrap())
+                .collect();
+            let choices: Vec<&Value> = chunks.iter().map(|chunk| &chunk["choices"][0]).collect();
+            let calls: Vec<&Value> = choices
+                .iter()
+                .filter_map(|choice| choice["delta"]["tool_calls"].as_array())
+                .map(|calls| &calls[0])
+                .collect();
+            assert_eq!(calls.len(), 2, "{arguments}: {chunks:#?}");
+            assert_eq!(calls[0]["function"]["name"], "get_weather");
+            assert_eq!(calls[1]["function"]["arguments"], arguments);
+            let last = choices.last().unwrap();
+            assert_eq!(last["finish_reason"], finish, "{arguments}: {chunks:#?}");
+            assert!(last["delta"].get("tool_calls").is_none(), "{chunks:#?}");
+        }
     }
 
     fn reasoning(text: &str) -> Option<Value> {
