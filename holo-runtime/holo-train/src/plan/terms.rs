@@ -240,10 +240,9 @@ pub fn head_adapter(inputs: &Inputs) -> u64 {
 /// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
 /// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
 /// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more. A head
-/// adapter's concatenated head ([`head_adapter`]) has its gradient twice at once: in blocks beside their
-/// concatenation (or the product's gradient beside autograd's sum of it, whole), then that sum beside
-/// the gradient autograd's concatenation hands back to the frozen head (`W`'s columns; `B`'s are the
-/// step's).
+/// adapter's concatenated head ([`head_adapter`]) has its gradient twice at once, after the logits'
+/// (in blocks beside their concatenation, or whole the product's beside autograd's sum of it; then that
+/// sum beside the gradient autograd's concatenation hands back to the frozen head, `W`'s columns).
 pub fn head(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let logits = trained_tokens(inputs) * w.vocab;
@@ -254,8 +253,19 @@ pub fn head(inputs: &Inputs) -> u64 {
         0
     };
     // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block and its gradient.
-    let copies = if logits > held { 2 } else { 4 };
-    let mut bytes = copies * held * 4 + narrow;
+    let whole = logits <= held;
+    let copies = if whole { 4 } else { 2 };
+    // A head adapter's concatenated head gets its gradient after the logits' own: whole, the product's
+    // gradient and autograd's sum of it beside the logits and their gradient; in blocks, the blocks of
+    // gradient gathered beside the last block of logits and its gradient, then beside their
+    // concatenation. The larger of the two moments is the head's.
+    let adapted = adapted_head(inputs) * trained_bytes(inputs);
+    let logits_and_adapter = match (adapted, whole) {
+        (0, _) => copies * held * 4,
+        (_, true) => (copies * held * 4).max(2 * held * 4 + 2 * adapted),
+        (_, false) => (copies * held * 4 + adapted).max(2 * adapted),
+    };
+    let mut bytes = logits_and_adapter + narrow;
     if inputs.lora.is_none() {
         let head_gradient = w.vocab * w.hidden * inputs.dtype_bytes;
         bytes += 2 * head_gradient;
@@ -266,7 +276,7 @@ pub fn head(inputs: &Inputs) -> u64 {
             bytes += head_gradient;
         }
     }
-    bytes + 2 * adapted_head(inputs) * trained_bytes(inputs)
+    bytes
 }
 
 /// The sampler's keys and values for the whole generation batch at full length: per token, a key and a
@@ -411,7 +421,20 @@ mod tests {
         // 512 vocabulary rows and 2 × 6 trained tokens, each 64 + 8 wide.
         let operands = (512 + 12) * 72;
         assert_eq!(head_adapter(&run), operands * 4);
-        assert_eq!(head(&run), 4 * 12 * 512 * 4 + 2 * 512 * 72 * 4);
+        // The whole logits and their gradient beside the adapted head's gradient twice, more than the
+        // logits' four copies; in blocks of 1,000 logits, the adapted head's gradient twice, more than
+        // a block and its gradient beside the gradient gathered.
+        let gradient = 512 * 72 * 4;
+        assert_eq!(head(&run), 2 * 12 * 512 * 4 + 2 * gradient);
+        run.head_budget = 1_000;
+        assert_eq!(head(&run), 2 * gradient);
+        // 200 sequences' blocks of 100,000 logits: a block and its gradient beside the gradient
+        // gathered are more.
+        run.micro_batch = 200;
+        run.head_budget = 100_000;
+        assert_eq!(head(&run), 2 * 100_000 * 4 + gradient);
+        run.micro_batch = 2;
+        run.head_budget = holo_model::model::LOGITS_BUDGET;
         assert_eq!(scoring(&run), 0);
         run.scores = true;
         assert_eq!(
@@ -429,7 +452,7 @@ mod tests {
         assert_eq!(head_adapter(&run), operands * 4 + widened);
         assert_eq!(
             head(&run),
-            4 * 12 * 512 * 4 + 2 * 12 * 512 * 2 + 2 * 512 * 72 * 4
+            2 * 12 * 512 * 4 + 2 * gradient + 2 * 12 * 512 * 2
         );
 
         // Without `lm_head` (`all-linear` leaves it out) there is no head adapter.
