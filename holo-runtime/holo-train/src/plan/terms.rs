@@ -461,7 +461,10 @@ mod tests {
             targets: vec!["all-linear".into()],
             ..Default::default()
         });
-        assert_eq!((head_adapter(&run), head(&run) - 4 * 12 * 512 * 4), (0, 2 * 12 * 512 * 2));
+        assert_eq!(
+            (head_adapter(&run), head(&run) - 4 * 12 * 512 * 4),
+            (0, 2 * 12 * 512 * 2)
+        );
     }
 
     /// Beyond the head's budget only a block of logits is held, and a trained head's gradient is
