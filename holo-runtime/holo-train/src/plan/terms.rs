@@ -236,7 +236,8 @@ pub fn head_adapter(inputs: &Inputs) -> u64 {
 /// whole logits in f32 held by the graph, and in the backward the logits' gradient as candle's autograd
 /// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
 /// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
-/// operation's block of logits and its gradient at a time, and (when the head is trained) the head's
+/// operation's block of logits at a time, its gradient written over it (`logits_gradient`, in place),
+/// and (when the head is trained) the head's
 /// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
 /// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
 /// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more. A head
@@ -252,9 +253,10 @@ pub fn head(inputs: &Inputs) -> u64 {
     } else {
         0
     };
-    // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block and its gradient.
+    // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block, then its gradient
+    // in its place.
     let whole = logits <= held;
-    let copies = if whole { 4 } else { 2 };
+    let copies = if whole { 4 } else { 1 };
     // A head adapter's concatenated head gets its gradient after the logits' own: whole, the product's
     // gradient and autograd's sum of it beside the logits and their gradient; in blocks, the blocks of
     // gradient gathered beside the last block of logits and its gradient, then beside their
@@ -423,16 +425,16 @@ mod tests {
         assert_eq!(head_adapter(&run), operands * 4);
         // The whole logits and their gradient beside the adapted head's gradient twice, more than the
         // logits' four copies; in blocks of 1,000 logits, the adapted head's gradient twice, more than
-        // a block and its gradient beside the gradient gathered.
+        // a block's gradient beside the gradient gathered.
         let gradient = 512 * 72 * 4;
         assert_eq!(head(&run), 2 * 12 * 512 * 4 + 2 * gradient);
         run.head_budget = 1_000;
         assert_eq!(head(&run), 2 * gradient);
-        // 200 sequences' blocks of 100,000 logits: a block and its gradient beside the gradient
-        // gathered are more.
+        // 200 sequences' blocks of 200,000 logits: a block's gradient beside the gradient gathered is
+        // more.
         run.micro_batch = 200;
-        run.head_budget = 100_000;
-        assert_eq!(head(&run), 2 * 100_000 * 4 + gradient);
+        run.head_budget = 200_000;
+        assert_eq!(head(&run), 200_000 * 4 + gradient);
         run.micro_batch = 2;
         run.head_budget = holo_model::model::LOGITS_BUDGET;
         assert_eq!(scoring(&run), 0);
@@ -467,12 +469,12 @@ mod tests {
         );
     }
 
-    /// Beyond the head's budget only a block of logits is held, and a trained head's gradient is
-    /// concatenated from its blocks once.
+    /// Beyond the head's budget only a block of logits is held (its gradient written over it), and a
+    /// trained head's gradient is concatenated from its blocks once.
     #[test]
     fn the_head_holds_its_budget_beyond_it() {
         let mut run = inputs();
         run.head_budget = 1_000;
-        assert_eq!(head(&run), 2 * 1_000 * 4 + 4 * 512 * 64 * 4);
+        assert_eq!(head(&run), 1_000 * 4 + 4 * 512 * 64 * 4);
     }
 }
