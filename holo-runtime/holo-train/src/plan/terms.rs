@@ -237,8 +237,7 @@ pub fn head_adapter(inputs: &Inputs) -> u64 {
 /// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
 /// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
 /// operation's block of logits at a time, its gradient written over it (`logits_gradient`, in place),
-/// and (when the head is trained) the head's
-/// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
+/// and (when the head is trained) the head's gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
 /// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
 /// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more. A head
 /// adapter's concatenated head ([`head_adapter`]) has its gradient twice at once, after the logits'
@@ -259,8 +258,8 @@ pub fn head(inputs: &Inputs) -> u64 {
     let copies = if whole { 4 } else { 1 };
     // A head adapter's concatenated head gets its gradient after the logits' own: whole, the product's
     // gradient and autograd's sum of it beside the logits and their gradient; in blocks, the blocks of
-    // gradient gathered beside the last block of logits and its gradient, then beside their
-    // concatenation. The larger of the two moments is the head's.
+    // gradient gathered beside the last block's gradient, then beside their concatenation. The larger
+    // of the two moments is the head's.
     let adapted = adapted_head(inputs) * trained_bytes(inputs);
     let logits_and_adapter = match (adapted, whole) {
         (0, _) => copies * held * 4,
