@@ -11,7 +11,8 @@ Usage: benches/memory_plan.py [--holo PATH] [--work DIR] [--only NAME,...] [--bi
 - runs: `benches/arith.hol` on arithmetic rows, 2 optimizer steps (the second holds AdamW's state through
   generation and training, the steady state the plan predicts), no checkpoint, f32 on the CPU (bf16
   training is CUDA's), full fine-tuning or LoRA, micro-batches of 4 to 16 completions of 32 to 128
-  tokens, recomputation on and off, a reference model (`--beta`), gradient accumulation;
+  tokens, recomputation on and off, a reference model (`--beta`), gradient accumulation, LoRA on the output
+  head (`lm_head`);
 - the plan counts every completion at `max_completion_length`; a random model sometimes ends a completion
   early, so the table shows the mean length sampled.
 
@@ -43,6 +44,7 @@ MODELS = {
 LORA = ["--use-peft", "--lora-r", "16"]
 ALL_LINEAR = ["--use-peft", "--lora-r", "8", "--lora-target-modules",
               '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]']
+HEAD_LORA = LORA + ["--lora-target-modules", '["q_proj","v_proj","lm_head"]']
 KEEP_GRAPH = ["--gradient-checkpointing", "false"]
 
 # (name, model, per-device batch, num_generations, max_completion_length, extra flags)
@@ -52,6 +54,7 @@ GRID = [
     ("tiny 152k B8 C128", "qwen2-tiny-152k", 8, 8, 128, []),
     ("tiny 152k B8 C128 graph", "qwen2-tiny-152k", 8, 8, 128, KEEP_GRAPH),
     ("tiny 152k B8 C128 LoRA", "qwen2-tiny-152k", 8, 8, 128, LORA),
+    ("tiny 152k B8 C128 LoRA head", "qwen2-tiny-152k", 8, 8, 128, HEAD_LORA),
     ("tiny 152k beta", "qwen2-tiny-152k", 4, 4, 32, ["--beta", "0.04"]),
     ("qwen3 tiny 32k B8 C64", "qwen3-tiny-32k", 8, 8, 64, []),
     ("qwen3 tiny 32k B8 C64 LoRA", "qwen3-tiny-32k", 8, 8, 64, LORA),
@@ -67,6 +70,7 @@ GRID = [
     ("135m 49k B4 C32", "llama-135m-49k", 4, 4, 32, []),
     ("135m 49k B8 C128", "llama-135m-49k", 8, 8, 128, []),
     ("135m 49k B8 C128 LoRA", "llama-135m-49k", 8, 8, 128, LORA),
+    ("135m 49k B8 C128 LoRA head", "llama-135m-49k", 8, 8, 128, HEAD_LORA),
     ("135m 49k B8 C128 graph", "llama-135m-49k", 8, 8, 128, KEEP_GRAPH),
     ("135m 49k B16 C128", "llama-135m-49k", 16, 8, 128, []),
 ]

@@ -181,7 +181,7 @@ pub fn example_tokens(path: &Path) -> std::io::Result<(usize, usize)> {
 type TermOf = (&'static str, fn(&Inputs) -> u64, &'static str);
 
 /// The terms of a plan, in the order the table shows them.
-const TERMS: [TermOf; 17] = [
+const TERMS: [TermOf; 18] = [
     (
         "runtime",
         |_| terms::RUNTIME,
@@ -240,6 +240,11 @@ const TERMS: [TermOf; 17] = [
         "head",
         terms::head,
         "the output head's logits and gradients",
+    ),
+    (
+        "head adapter",
+        terms::head_adapter,
+        "the head beside its adapter's columns, [W, B]",
     ),
     ("layer", terms::layer, "one recomputed layer's backward"),
     ("update", terms::update, "an optimizer step's temporaries"),
@@ -313,6 +318,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "gradients",
             "activations",
             "head",
+            "head adapter",
             "snapshots",
             "drawing",
         ],
@@ -329,6 +335,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "gradients",
             "activations",
             "layer",
+            "head adapter",
             "snapshots",
             "drawing",
         ],

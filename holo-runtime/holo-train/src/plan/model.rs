@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use holo_model::config::ModelConfig;
 use holo_model::model::{targets, ExpertStack, LoraConfig};
 
+/// The output head's module name, as LoRA's targets name it.
+const HEAD: &str = "lm_head";
+
 /// A model's sizes, in elements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sizes {
@@ -94,12 +97,16 @@ impl Sizes {
     }
 
     /// The elements of LoRA's adapters, `rank × (in + out)` for every projection `lora` targets (a
-    /// fused projection when any of its parts is named, as the loader adapts it), after PEFT's
-    /// resolution (`all-linear`, a fused mixture's module names as target parameters), each at the rank
-    /// its pattern gives; 0 for a configuration the loader will refuse.
+    /// fused projection when any of its parts is named, as the loader adapts it) and for the output
+    /// head when it names `lm_head`, after PEFT's resolution (`all-linear`, a fused mixture's module
+    /// names as target parameters), each at the rank its pattern gives; 0 for a configuration the
+    /// loader will refuse.
     pub fn adapters(&self, lora: &LoraConfig) -> u64 {
         let c = &self.config;
         let hidden = c.hidden_size as u64;
+        let head = self
+            .head_rank(lora)
+            .map_or(0, |rank| rank * (hidden + c.vocab_size as u64));
         let queries = (c.num_attention_heads * c.head_dim) as u64;
         let keys = (c.num_key_value_heads * c.head_dim) as u64;
         let inner = c.intermediate_size as u64;
@@ -146,7 +153,17 @@ impl Sizes {
                 elements += self.expert_adapters(&lora, i, &rank);
             }
         }
-        elements
+        elements + head
+    }
+
+    /// The rank of the output head's adapter when `lora` names `lm_head` (`Model::with_lora`). PEFT's
+    /// resolution leaves that name as it is and never adds it (`all-linear` is the layers'
+    /// projections), so the configuration as written answers.
+    pub fn head_rank(&self, lora: &LoraConfig) -> Option<u64> {
+        if !targets(&lora.targets, HEAD) {
+            return None;
+        }
+        Some(lora.size_at(HEAD).map_or(lora.rank, |(rank, _)| rank) as u64)
     }
 
     /// The elements of mixture layer `i`'s adapters on target parameters: per expert stack,

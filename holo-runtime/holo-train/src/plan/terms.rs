@@ -195,14 +195,54 @@ fn trained_tokens(inputs: &Inputs) -> u64 {
     (inputs.micro_batch * inputs.trained_tokens) as u64
 }
 
+/// The rank of the output head's adapter, when LoRA trains one (`lm_head` among its targets).
+fn head_rank(inputs: &Inputs) -> Option<u64> {
+    inputs
+        .lora
+        .as_ref()
+        .and_then(|lora| inputs.sizes.head_rank(lora))
+}
+
+/// The elements of the concatenated head a head adapter trains, `[W, B]` `[vocab, hidden + rank]`: its
+/// copy, and each of its gradients, is this many elements of the adapters' type.
+fn adapted_head(inputs: &Inputs) -> u64 {
+    let w = widths(inputs);
+    head_rank(inputs).map_or(0, |rank| w.vocab * (w.hidden + rank))
+}
+
+/// A pass over the output head with its adapter (`Model::head_operands`): PEFT's `x Wᵀ + scale · (x Aᵀ)
+/// Bᵀ` as one product of concatenated operands, the head with `B`'s columns beside it `[W, B]` `[vocab,
+/// hidden + rank]` and the trained tokens' `[x, scale · x Aᵀ]` `[N, hidden + rank]`, in the adapters'
+/// type; over a narrower base, the head's weight and the hidden states widened to f32 first. The head's
+/// graph holds them until the micro-batch's backward returns (under recomputation the loss keeps it
+/// while the layers are recomputed), so the plan counts them in the training and the backward phases;
+/// the old policy's scores make them again ([`scoring`]). Their gradients are the [`head`]'s.
+pub fn head_adapter(inputs: &Inputs) -> u64 {
+    let Some(rank) = head_rank(inputs) else {
+        return 0;
+    };
+    let w = widths(inputs);
+    let bytes = trained_bytes(inputs);
+    let tokens = trained_tokens(inputs);
+    let widened = if inputs.dtype_bytes < bytes {
+        (w.vocab + tokens) * w.hidden * bytes
+    } else {
+        0
+    };
+    (w.vocab + tokens) * (w.hidden + rank) * bytes + widened
+}
+
 /// The output head of one micro-batch (`model/output.rs`): below [`Inputs::head_budget`] elements, the
 /// whole logits in f32 held by the graph, and in the backward the logits' gradient as candle's autograd
 /// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
 /// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
-/// operation's block of logits and its gradient at a time, and (when the head is trained) the head's
-/// gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
+/// operation's block of logits at a time, its gradient written over it (`logits_gradient`, in place),
+/// and (when the head is trained) the head's gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
 /// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
-/// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more.
+/// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more. A head
+/// adapter's concatenated head ([`head_adapter`]) has its gradient twice at once, after the logits'
+/// (in blocks beside their concatenation, or whole the product's beside autograd's sum of it; then that
+/// sum beside the gradient autograd's concatenation hands back to the frozen head, `W`'s columns).
 pub fn head(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let logits = trained_tokens(inputs) * w.vocab;
@@ -212,9 +252,21 @@ pub fn head(inputs: &Inputs) -> u64 {
     } else {
         0
     };
-    // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block and its gradient.
-    let copies = if logits > held { 2 } else { 4 };
-    let mut bytes = copies * held * 4 + narrow;
+    // Whole: the logits, and autograd's zeros, gradient and sum; in blocks: a block, then its gradient
+    // in its place.
+    let whole = logits <= held;
+    let copies = if whole { 4 } else { 1 };
+    // A head adapter's concatenated head gets its gradient after the logits' own: whole, the product's
+    // gradient and autograd's sum of it beside the logits and their gradient; in blocks, the blocks of
+    // gradient gathered beside the last block's gradient, then beside their concatenation. The larger
+    // of the two moments is the head's.
+    let adapted = adapted_head(inputs) * trained_bytes(inputs);
+    let logits_and_adapter = match (adapted, whole) {
+        (0, _) => copies * held * 4,
+        (_, true) => (copies * held * 4).max(2 * held * 4 + 2 * adapted),
+        (_, false) => (copies * held * 4 + adapted).max(2 * adapted),
+    };
+    let mut bytes = logits_and_adapter + narrow;
     if inputs.lora.is_none() {
         let head_gradient = w.vocab * w.hidden * inputs.dtype_bytes;
         bytes += 2 * head_gradient;
@@ -253,7 +305,8 @@ pub fn sampling(inputs: &Inputs) -> u64 {
 }
 
 /// The log-probabilities of the old policy or the reference (`score::sequence_logprobs`): a forward
-/// without graph, one layer's activations at a time, and the head's logits without gradient.
+/// without graph, one layer's activations at a time, and the head's logits without gradient, with a
+/// head adapter's concatenated operands ([`head_adapter`]).
 pub fn scoring(inputs: &Inputs) -> u64 {
     if !inputs.scores {
         return 0;
@@ -263,7 +316,7 @@ pub fn scoring(inputs: &Inputs) -> u64 {
     let tokens = count * width;
     let layer = tokens * (4 * w.hidden + 3 * w.inner) + 3 * w.heads * count * width * width;
     let logits = (trained_tokens(inputs) * w.vocab).min(inputs.head_budget as u64);
-    layer * inputs.dtype_bytes + logits * 4
+    layer * inputs.dtype_bytes + logits * 4 + head_adapter(inputs)
 }
 
 #[cfg(test)]
@@ -351,12 +404,76 @@ mod tests {
         );
     }
 
-    /// Beyond the head's budget only a block of logits is held, and a trained head's gradient is
-    /// concatenated from its blocks once.
+    /// A LoRA adapter on the output head (rank 8 by its pattern, the layers' at 4): its elements are
+    /// trained, a pass holds the concatenated head `[W, B]` and tokens `[x, scale · x Aᵀ]`, the head's
+    /// backward that head's gradient twice, and the old policy's scores make the operands again; over
+    /// a bf16 base the adapters are f32 and the head and hidden states are widened first.
+    #[test]
+    fn a_head_adapter_holds_the_head_beside_its_columns() {
+        let mut run = inputs();
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: vec!["q_proj".into(), "v_proj".into(), "lm_head".into()],
+            rank_pattern: [("lm_head".to_string(), 8)].into_iter().collect(),
+            ..Default::default()
+        });
+        // 2 layers × 4 × ((64 + 64) + (64 + 32)), and 8 × (64 + 512) for the head.
+        assert_eq!(trained(&run), 2 * 4 * (128 + 96) + 8 * (64 + 512));
+        // 512 vocabulary rows and 2 × 6 trained tokens, each 64 + 8 wide.
+        let operands = (512 + 12) * 72;
+        assert_eq!(head_adapter(&run), operands * 4);
+        // The whole logits and their gradient beside the adapted head's gradient twice, more than the
+        // logits' four copies; in blocks of 1,000 logits, the adapted head's gradient twice, more than
+        // a block's gradient beside the gradient gathered.
+        let gradient = 512 * 72 * 4;
+        assert_eq!(head(&run), 2 * 12 * 512 * 4 + 2 * gradient);
+        run.head_budget = 1_000;
+        assert_eq!(head(&run), 2 * gradient);
+        // 200 sequences' blocks of 200,000 logits: a block's gradient beside the gradient gathered is
+        // more.
+        run.micro_batch = 200;
+        run.head_budget = 200_000;
+        assert_eq!(head(&run), 200_000 * 4 + gradient);
+        run.micro_batch = 2;
+        run.head_budget = holo_model::model::LOGITS_BUDGET;
+        assert_eq!(scoring(&run), 0);
+        run.scores = true;
+        assert_eq!(
+            scoring(&run),
+            (32 * (4 * 64 + 3 * 128) + 3 * 4 * 2 * 256) * 4 + 12 * 512 * 4 + operands * 4
+        );
+        let plan = crate::plan::Plan::of(&run);
+        for (phase, held, _) in plan.phases() {
+            let expected = ["training", "backward"].contains(&phase);
+            assert_eq!(held.contains(&"head adapter"), expected, "{phase}");
+        }
+
+        run.dtype_bytes = 2;
+        let widened = (512 + 12) * 64 * 4;
+        assert_eq!(head_adapter(&run), operands * 4 + widened);
+        assert_eq!(
+            head(&run),
+            2 * 12 * 512 * 4 + 2 * gradient + 2 * 12 * 512 * 2
+        );
+
+        // Without `lm_head` (`all-linear` leaves it out) there is no head adapter.
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: vec!["all-linear".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            (head_adapter(&run), head(&run) - 4 * 12 * 512 * 4),
+            (0, 2 * 12 * 512 * 2)
+        );
+    }
+
+    /// Beyond the head's budget only a block of logits is held (its gradient written over it), and a
+    /// trained head's gradient is concatenated from its blocks once.
     #[test]
     fn the_head_holds_its_budget_beyond_it() {
         let mut run = inputs();
         run.head_budget = 1_000;
-        assert_eq!(head(&run), 2 * 1_000 * 4 + 4 * 512 * 64 * 4);
+        assert_eq!(head(&run), 1_000 * 4 + 4 * 512 * 64 * 4);
     }
 }
