@@ -1,7 +1,7 @@
 //! What the chaos cases share: `holo` runs bounded by a deadline, the rows and environment of an
 //! evaluation, the records a run wrote, and signals to processes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -32,7 +32,7 @@ pub use crate::common::fixture;
 
 /// `count` rows that differ in their question (`What is I+7?`), written to `DIR/rows.jsonl`.
 #[cfg(feature = "local")]
-pub fn rows(dir: &Path, count: usize) -> PathBuf {
+pub fn rows(dir: &Path, count: usize) -> std::path::PathBuf {
     let path = dir.join("rows.jsonl");
     let text: String = (0..count)
         .map(|row| format!("{{\"question\": \"What is {row}+7?\"}}\n"))
@@ -162,7 +162,7 @@ pub fn checkpoints(run: &Path) -> Vec<u64> {
 
 /// Every file under `dir` with its bytes, by path relative to it.
 #[cfg(feature = "local")]
-pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
     let mut files = std::collections::BTreeMap::new();
     let mut folders = vec![dir.to_path_buf()];
     while let Some(folder) = folders.pop() {
