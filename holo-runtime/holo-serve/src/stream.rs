@@ -935,6 +935,18 @@ mod tests {
         (choice["delta"].clone(), choice["finish_reason"].clone())
     }
 
+    /// A chat stream reading harmony's channels and tool calls (`--reasoning-parser openai_gptoss
+    /// --tool-call-parser openai`).
+    async fn harmony_tool_stream(
+        tokenizer: &Tokenizer,
+    ) -> (Streamer, mpsc::UnboundedSender<Event>) {
+        chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
+            asked.harmony = Some(Harmony { reasoning: true });
+            asked.tool_format = Some(ToolFormat::Harmony);
+        })
+        .await
+    }
+
     /// A harmony call whose tokens arrive with the finish, in one batch of events, is streamed all the
     /// same, before the finish: also when its arguments are not JSON, so that the answer has no calls
     /// (vLLM streams it too, and the finish stays `stop`).
@@ -958,12 +970,7 @@ mod tests {
                 .unwrap()
                 .get_ids()
                 .to_vec();
-            let (mut streamer, sender) =
-                chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
-                    asked.harmony = Some(Harmony { reasoning: true });
-                    asked.tool_format = Some(ToolFormat::Harmony);
-                })
-                .await;
+            let (mut streamer, sender) = harmony_tool_stream(&tokenizer).await;
             for &token in &tokens {
                 let event = Event::Token {
                     choice: 0,
@@ -1134,12 +1141,7 @@ mod tests {
             .unwrap()
             .get_ids()
             .to_vec();
-        let (mut streamer, sender) =
-            chat_stream(tokenizer.clone(), ReasoningParser::GptOss, |asked| {
-                asked.harmony = Some(Harmony { reasoning: true });
-                asked.tool_format = Some(ToolFormat::Harmony);
-            })
-            .await;
+        let (mut streamer, sender) = harmony_tool_stream(&tokenizer).await;
         let deltas: Vec<Value> = deltas_token_by_token(&mut streamer, &sender, &tokens)
             .await
             .into_iter()
