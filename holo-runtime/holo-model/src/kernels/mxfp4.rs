@@ -198,15 +198,16 @@ impl Mxfp4Matrix {
             for row in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(n) {
                 let blocks = &self.blocks[row * row_bytes..][..row_bytes];
                 let mut sums = [0f32; MAX_ROWS];
-                #[cfg(target_arch = "x86_64")]
+                // `use_avx2` is false but on x86-64 (`avx2`), where the kernel exists.
                 if use_avx2 {
+                    #[cfg(target_arch = "x86_64")]
                     // SAFETY: AVX2 and FMA were detected; the lengths are checked above.
-                    unsafe { row_avx2(blocks, x, m, k, &mut sums) };
+                    unsafe {
+                        row_avx2(blocks, x, m, k, &mut sums)
+                    };
                 } else {
                     row_plain(blocks, x, m, k, &mut sums);
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                row_plain(blocks, x, m, k, &mut sums);
                 for (r, sum) in sums.iter().enumerate().take(m) {
                     // SAFETY: `row` is this task's alone and `r · n + row` lies within `out`.
                     unsafe { *out.at(r * n + row) = *sum };
