@@ -935,6 +935,24 @@ mod tests {
         (choice["delta"].clone(), choice["finish_reason"].clone())
     }
 
+    /// The fixture tokenizer with harmony's markers as special tokens, as gpt-oss's tokenizer has them.
+    fn harmony_tokenizer() -> Tokenizer {
+        let mut tokenizer = fixture_tokenizer();
+        let markers = [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|call|>",
+            "<|return|>",
+        ];
+        tokenizer
+            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
+            .unwrap();
+        tokenizer
+    }
+
     /// A chat stream reading harmony's channels and tool calls (`--reasoning-parser openai_gptoss
     /// --tool-call-parser openai`).
     async fn harmony_tool_stream(
@@ -952,11 +970,7 @@ mod tests {
     /// (vLLM streams it too, and the finish stays `stop`).
     #[tokio::test]
     async fn harmony_calls_that_arrive_with_the_finish_are_streamed_before_it() {
-        let mut tokenizer = fixture_tokenizer();
-        let markers = ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"];
-        tokenizer
-            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
-            .unwrap();
+        let tokenizer = harmony_tokenizer();
         for (arguments, finish) in [
             ("{\"city\": \"Paris\"}", "tool_calls"),
             ("{city: Paris}", "stop"),
@@ -1065,17 +1079,7 @@ mod tests {
     /// the markers and header words.
     #[tokio::test]
     async fn harmony_streams_a_token_at_a_time() {
-        let mut tokenizer = fixture_tokenizer();
-        let markers = [
-            "<|start|>",
-            "<|end|>",
-            "<|message|>",
-            "<|channel|>",
-            "<|return|>",
-        ];
-        tokenizer
-            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
-            .unwrap();
+        let tokenizer = harmony_tokenizer();
         let reply =
             "<|channel|>analysis<|message|>Add two.<|end|><|start|>assistant<|channel|>final\
                      <|message|>Four.<|return|>";
@@ -1119,18 +1123,7 @@ mod tests {
     /// they are written, which put together are the arguments the model wrote; then the finish.
     #[tokio::test]
     async fn harmony_calls_stream_as_they_are_written() {
-        let mut tokenizer = fixture_tokenizer();
-        let markers = [
-            "<|start|>",
-            "<|end|>",
-            "<|message|>",
-            "<|channel|>",
-            "<|constrain|>",
-            "<|call|>",
-        ];
-        tokenizer
-            .add_special_tokens(markers.map(|marker| tokenizers::AddedToken::from(marker, true)))
-            .unwrap();
+        let tokenizer = harmony_tokenizer();
         let arguments = "{\"city\": \"Paris\"}";
         let reply = format!(
             "<|channel|>analysis<|message|>Look.<|end|><|start|>assistant<|channel|>commentary \
