@@ -471,29 +471,26 @@ impl Streamer {
         let calls = calls_json(&self.state, &self.choices[index].tool_calls);
         let mut chunks = Vec::with_capacity(2 * calls.len());
         for (number, call) in calls.into_iter().enumerate() {
-            let opening = json!({
-                "index": number,
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""},
-            });
-            let arguments = json!({
-                "index": number,
-                "function": {"arguments": call["function"]["arguments"]},
-            });
+            let opening = call_opening(number, &call["id"], &call["function"]["name"]);
+            let arguments = call_arguments(number, &call["function"]["arguments"]);
             for delta in [opening, arguments] {
-                let choice = json!({
-                    "index": index,
-                    "delta": {"tool_calls": [delta]},
-                    "logprobs": null,
-                    "finish_reason": null,
-                });
-                let mut chunk = self.envelope(vec![choice]);
-                self.usage_so_far(&mut chunk, index);
-                chunks.push(chunk);
+                chunks.push(self.call_chunk(index, delta));
             }
         }
         chunks
+    }
+
+    /// A chunk of choice `index` carrying one tool call's `delta`.
+    fn call_chunk(&self, index: usize, delta: Value) -> Value {
+        let choice = json!({
+            "index": index,
+            "delta": {"tool_calls": [delta]},
+            "logprobs": null,
+            "finish_reason": null,
+        });
+        let mut chunk = self.envelope(vec![choice]);
+        self.usage_so_far(&mut chunk, index);
+        chunk
     }
 
     /// Whether choice `index` has calls still to send before its finish: its answer's calls, or, where
@@ -523,36 +520,18 @@ impl Streamer {
         for (number, (name, arguments)) in written.into_iter().enumerate() {
             if number == self.choices[index].written_calls.len() {
                 let id = call_id(&self.state);
-                deltas.push(json!({
-                    "index": number,
-                    "id": id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": ""},
-                }));
+                deltas.push(call_opening(number, &json!(id), &json!(name)));
                 self.choices[index].written_calls.push((id, 0));
             }
             let sent = &mut self.choices[index].written_calls[number].1;
             if arguments.len() > *sent {
-                deltas.push(json!({
-                    "index": number,
-                    "function": {"arguments": &arguments[*sent..]},
-                }));
+                deltas.push(call_arguments(number, &json!(&arguments[*sent..])));
                 *sent = arguments.len();
             }
         }
         deltas
             .into_iter()
-            .map(|delta| {
-                let choice = json!({
-                    "index": index,
-                    "delta": {"tool_calls": [delta]},
-                    "logprobs": null,
-                    "finish_reason": null,
-                });
-                let mut chunk = self.envelope(vec![choice]);
-                self.usage_so_far(&mut chunk, index);
-                chunk
-            })
+            .map(|delta| self.call_chunk(index, delta))
             .collect()
     }
 
@@ -812,6 +791,21 @@ impl ChoiceStream {
 
 fn data(chunk: &Value) -> String {
     chunk.to_string()
+}
+
+/// The delta that opens tool call `number`: its id, type and function name, no arguments yet.
+fn call_opening(number: usize, id: &Value, name: &Value) -> Value {
+    json!({
+        "index": number,
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": ""},
+    })
+}
+
+/// A delta of tool call `number`'s arguments.
+fn call_arguments(number: usize, arguments: &Value) -> Value {
+    json!({"index": number, "function": {"arguments": arguments}})
 }
 
 #[cfg(test)]
