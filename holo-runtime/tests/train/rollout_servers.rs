@@ -327,6 +327,69 @@ fn a_run_samples_ahead_on_a_server_while_it_trains() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// A LoRA run sampling ahead loads each push's adapter under a name of its own: a generation drawn
+/// while a push lands keeps the adapter it started with, so every rollout of a step was sampled by one
+/// version (both generations started before any step trained: the starting weights'), and an adapter
+/// nothing samples with any more is unloaded from the server, its folder removed.
+#[test]
+fn a_lora_run_sampling_ahead_loads_each_push_under_its_own_name() {
+    let server = serve();
+    let out = scratch("ahead-lora");
+    let output = train_on(
+        &[&server.base],
+        &out,
+        &["--use-peft", "--lora-r", "4", "--max-off-policy-steps", "1"],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    let steps: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    assert_eq!(steps.len(), 2, "{metrics:#?}");
+    for step in &steps {
+        assert!(step["sync/mismatch"].as_f64().unwrap() <= 1e-4, "{step:#}");
+        assert!(step["sync/change"].as_f64().unwrap() > 0.0, "{step:#}");
+        // Each name is loaded once: the server's count of its loads says nothing.
+        assert!(step.get("sync/weight_version").is_none(), "{step:#}");
+    }
+    let mut versions: BTreeMap<u64, Vec<Option<u64>>> = BTreeMap::new();
+    for rollout in run_rollouts(&out) {
+        let step = rollout["step"].as_u64().unwrap();
+        versions
+            .entry(step)
+            .or_default()
+            .extend(sampled_versions(&rollout));
+    }
+    assert_eq!(versions.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    for (step, sampled) in &versions {
+        assert!(
+            sampled.iter().all(|&version| version == Some(0)),
+            "step {step}: {sampled:?}"
+        );
+    }
+    assert_eq!(steps[1]["async/staleness_max"], 1.0, "{:#}", steps[1]);
+    let models = reqwest_get(&format!("{}/v1/models", server.base));
+    let adapters: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|model| !model["parent"].is_null())
+        .map(|model| model["id"].as_str().unwrap())
+        .collect();
+    // Step 2's push unloads the starting weights' adapter (both generations it sampled are drawn);
+    // step 1's stays while its sampler is the latest one handed out.
+    assert_eq!(adapters, ["holo-policy-1", "holo-policy-2"], "{models:#}");
+    let mut folders: Vec<String> = std::fs::read_dir(out.join("sync"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    assert_eq!(folders, ["push-1", "push-2"]);
+    let _ = std::fs::remove_dir_all(out);
+}
+
 /// A push the server silently does not take is caught at the first step, naming the cause.
 #[test]
 fn a_no_op_sync_stops_the_run_at_the_first_step() {

@@ -1,8 +1,8 @@
 //! The trained weights pushed to inference servers after every optimizer step, and verified there.
 //!
 //! A push writes the weights where the servers can read them (`RUN_DIR/sync/`: a PEFT adapter folder,
-//! or `model.safetensors`), asks each server to load them (vLLM's `POST /v1/load_lora_adapter` with
-//! `load_inplace`, or SGLang's `POST /update_weights_from_disk`, which `holo serve` both answers), then
+//! or `model.safetensors`), asks each server to load them (vLLM's `POST /v1/load_lora_adapter`, or
+//! SGLang's `POST /update_weights_from_disk`, which `holo serve` both answers), then
 //! scores a probe, a few fixed tokens, through the server's `/v1/completions` (`echo`, `logprobs: 0`,
 //! `max_tokens: 0`: each token's log-probability given those before it). The push stands only if
 //! - the server's log-probabilities match the trainer's own of the same tokens within `tolerance`
@@ -21,11 +21,20 @@
 //! drops a server the same way when it fails requests and no longer answers `GET /health`, and sends
 //! those requests to the others. At every push a dropped server that answers `GET /health` again is
 //! pushed to and verified like the others, and back in the pool if that succeeds.
+//!
+//! **Adapter names.** A LoRA adapter is loaded in place under one name ([`SyncOptions::adapter_name`])
+//! while the loop samples only between its steps. When it samples ahead ([`SyncOptions::versioned`]),
+//! each push loads the adapter under a name of its own, `NAME-STEP`, and the sampler of the weights
+//! after step `STEP` names it: a generation drawn while a push lands keeps the weights it started
+//! with for every request it still makes (a multi-turn rollout's later turns, a refill), so each
+//! generation samples one version. A name is unloaded (`POST /v1/unload_lora_adapter`) at the first
+//! push after the last sampler naming it is dropped; its folder under `RUN_DIR/sync/` is kept until
+//! then (vLLM may read an adapter again when it evicts it from its cache).
 
 mod pool;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
@@ -49,8 +58,13 @@ const REJOIN_HEALTH: Duration = Duration::from_secs(5);
 pub struct SyncOptions {
     /// The servers' base URLs, `http://host:port` (a trailing `/v1` is accepted).
     pub servers: Vec<String>,
-    /// The name a LoRA run's adapter is loaded under, which its rollouts then name as their `model`.
+    /// The name a LoRA run's adapter is loaded under, which its rollouts then name as their `model`
+    /// (with `versioned`, the prefix of each push's name).
     pub adapter_name: String,
+    /// Load each push's adapter under a name of its own (`adapter_name-STEP`) instead of in place, so
+    /// that what is being sampled when a push lands keeps its weights (see the [module
+    /// documentation](self)). The trainer sets it when it samples ahead of its steps.
+    pub versioned: bool,
     /// The largest absolute difference allowed between a server's probe log-probabilities and the
     /// trainer's (default 1e-3: f32 on both sides differs by about 1e-5; raise it for a bf16 server).
     pub tolerance: f32,
@@ -66,6 +80,7 @@ impl SyncOptions {
         SyncOptions {
             servers,
             adapter_name: "holo-policy".into(),
+            versioned: false,
             tolerance: 1e-3,
             timeout: Duration::from_secs(240),
             probe: None,
@@ -80,7 +95,8 @@ pub struct Pushed {
     pub mismatch: f32,
     /// The largest change of the servers' probes since the previous push.
     pub change: f32,
-    /// The weight version the servers report (the first one's), when they do.
+    /// The weight version the servers report (the first one's), when they do and the adapter is not
+    /// loaded under a name of its own.
     pub version: Option<u64>,
     /// The servers that took the push (those that could not be reached are dropped).
     pub servers: usize,
@@ -118,10 +134,22 @@ struct Verified {
 /// One server as the sync sees it.
 struct Server {
     url: String,
-    /// What rollouts and the probe name as `model`: the adapter's name, or the served model's id.
+    /// What the latest push loaded and the probe names as `model`: the adapter's name, or the served
+    /// model's id.
     model: String,
     /// The server's probe at the previous push.
     previous: Option<Vec<f32>>,
+}
+
+/// An adapter loaded under a name of its own ([`SyncOptions::versioned`]), until it is unloaded.
+struct Published {
+    name: String,
+    /// Its sampler: the name is unloaded once every copy of it has been dropped.
+    sampler: Weak<RoundRobin>,
+    /// The servers it was loaded on.
+    holders: Vec<usize>,
+    /// The folder it was loaded from.
+    folder: PathBuf,
 }
 
 /// Pushes and verifies the trained weights on every server; see the [module documentation](self).
@@ -137,6 +165,10 @@ pub struct WeightSync {
     /// The trainer's probe at the previous push.
     previous: Option<Vec<f32>>,
     pushes: u64,
+    /// The sampler of the latest push's weights (none before the first push).
+    current: Option<Arc<RoundRobin>>,
+    /// The adapters loaded under names of their own and not yet unloaded, oldest first.
+    published: Vec<Published>,
 }
 
 impl WeightSync {
@@ -171,6 +203,8 @@ impl WeightSync {
             probe,
             previous: None,
             pushes: 0,
+            current: None,
+            published: Vec::new(),
             options,
         };
         for url in sync.options.servers.clone() {
@@ -209,10 +243,17 @@ impl WeightSync {
         Ok(sync)
     }
 
-    /// The sampler of the rollouts: the servers round-robin, each one dropped from the pool (for the
-    /// sync too) when it no longer answers. With several servers each tries a failed request twice,
-    /// not six times, before the pool asks whether the server is still there.
-    pub fn sampler(&self) -> Result<RoundRobin, TrainError> {
+    /// The sampler of the rollouts on the weights of the latest push (none before the first): the
+    /// servers round-robin, each one dropped from the pool (for the sync too) when it no longer
+    /// answers.
+    pub fn sampler(&self) -> Option<Arc<RoundRobin>> {
+        self.current.clone()
+    }
+
+    /// A sampler of the weights the latest push loaded, on `holders` (every server in the pool:
+    /// `None`). With several servers each tries a failed request twice, not six times, before the
+    /// pool asks whether the server is still there.
+    fn round_robin(&self, holders: Option<Vec<usize>>) -> Result<RoundRobin, TrainError> {
         let several = self.servers.len() > 1;
         let samplers = self
             .servers
@@ -230,10 +271,20 @@ impl WeightSync {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RoundRobin::new(
             samplers,
+            self.servers
+                .iter()
+                .map(|server| server.model.clone())
+                .collect(),
+            holders,
             Arc::clone(&self.pool),
             self.client.clone(),
             self.options.timeout,
         ))
+    }
+
+    /// Whether each push loads the adapter under a name of its own.
+    fn versioned(&self) -> bool {
+        self.lora && self.options.versioned
     }
 
     /// Pushes `weights` (those of `model`, after optimizer step `step`; 0 before the first) to every
@@ -254,7 +305,15 @@ impl WeightSync {
             self.pool.unchanged(step);
             return Ok(None);
         }
-        let path = self.write(weights)?;
+        let (folder, path) = self.write(weights)?;
+        let name = self
+            .versioned()
+            .then(|| format!("{}-{step}", self.options.adapter_name));
+        if let Some(name) = &name {
+            for server in &mut self.servers {
+                server.model = name.clone();
+            }
+        }
         let mut pushed = Pushed {
             mismatch: 0.0,
             change: 0.0,
@@ -289,20 +348,81 @@ impl WeightSync {
                 verified.push((index, push));
             }
         }
+        let holders: Vec<usize> = verified.iter().map(|(index, _)| *index).collect();
         for (index, push) in verified {
-            if let Some(version) = push.version {
-                self.pool.loaded(index, version, step);
+            // A server that does not number its weights: only a name loaded once says which weights
+            // sampled (an adapter loaded in place may change while a rollout samples).
+            if push.version.is_some() || self.versioned() {
+                self.pool
+                    .loaded(index, &self.servers[index].model, push.version, step);
             }
             pushed.mismatch = pushed.mismatch.max(push.mismatch);
             pushed.change = pushed.change.max(push.change.unwrap_or(0.0));
-            pushed.version = pushed.version.or(push.version);
+            // Under names of their own every push is its name's first load: no version to report.
+            if name.is_none() {
+                pushed.version = pushed.version.or(push.version);
+            }
             self.servers[index].previous = Some(push.scored);
         }
         pushed.servers = self.pool.live().len();
         self.previous = Some(own);
         self.pushes += 1;
+        if let Some(name) = name {
+            let sampler = Arc::new(self.round_robin(Some(holders.clone()))?);
+            self.published.push(Published {
+                name,
+                sampler: Arc::downgrade(&sampler),
+                holders,
+                folder,
+            });
+            self.current = Some(sampler);
+            self.unload_dropped().await;
+        } else if self.current.is_none() {
+            self.current = Some(Arc::new(self.round_robin(None)?));
+        }
         pushed.seconds = started.elapsed().as_secs_f64();
         Ok(Some(pushed))
+    }
+
+    /// Unloads the adapters loaded under names of their own whose samplers have all been dropped
+    /// (nothing samples with them any more), from the servers in the pool that loaded them, and
+    /// removes their folders. A server that does not unload one keeps it, with a warning: the run
+    /// goes on.
+    async fn unload_dropped(&mut self) {
+        let (dropped, kept): (Vec<Published>, Vec<Published>) = std::mem::take(&mut self.published)
+            .into_iter()
+            .partition(|published| published.sampler.strong_count() == 0);
+        self.published = kept;
+        for published in dropped {
+            let unloads = published
+                .holders
+                .iter()
+                .filter(|&&index| self.pool.alive(index))
+                .map(|&index| self.unload(index, &published.name));
+            futures_util::future::join_all(unloads).await;
+            self.pool.unloaded(&published.name);
+            let _ = std::fs::remove_dir_all(&published.folder);
+        }
+    }
+
+    /// Asks server `index` to unload the adapter `name` (vLLM's `POST /v1/unload_lora_adapter`); a
+    /// name the server no longer has (404) is unloaded already.
+    async fn unload(&self, index: usize, name: &str) {
+        let url = &self.servers[index].url;
+        let what = format!("unloading the adapter `{name}`");
+        let body = json!({ "lora_name": name });
+        let answer = self
+            .request(url, "POST", "/v1/unload_lora_adapter", Some(body), &what)
+            .await;
+        let why = match answer {
+            Ok((200 | 404, _, _)) => return,
+            Ok((status, _, answer)) => format!("it answered {status}: {answer}"),
+            Err(Failure::Gone(message)) => message,
+            Err(Failure::Stop(error)) => error.to_string(),
+        };
+        eprintln!(
+            "warning: rollout server {url} keeps the adapter `{name}` loaded ({what}: {why})"
+        );
     }
 
     /// Takes dropped server `index` back into the pool when it answers `GET /health` again (within
@@ -415,9 +535,10 @@ impl WeightSync {
             .to_vec1()?)
     }
 
-    /// Writes the weights under the sync folder, removing the previous push's; returns the path the
-    /// servers load (the adapter folder, or the safetensors file).
-    fn write(&self, weights: &Weights<'_>) -> Result<PathBuf, TrainError> {
+    /// Writes the weights under the sync folder, removing the previous push's unless its adapter
+    /// stays loaded under its own name; returns the push's folder and the path the servers load
+    /// (the adapter folder, or the safetensors file).
+    fn write(&self, weights: &Weights<'_>) -> Result<(PathBuf, PathBuf), TrainError> {
         let folder = self.dir.join(format!("push-{}", self.pushes));
         if folder.exists() {
             std::fs::remove_dir_all(&folder)?;
@@ -445,13 +566,13 @@ impl WeightSync {
                 file
             }
         };
-        if self.pushes > 0 {
+        if self.pushes > 0 && !self.versioned() {
             let previous = self.dir.join(format!("push-{}", self.pushes - 1));
             if previous.exists() {
                 std::fs::remove_dir_all(previous)?;
             }
         }
-        Ok(path)
+        Ok((folder, path))
     }
 
     /// Asks server `index` to load `path`; the version it answers with, when it says.

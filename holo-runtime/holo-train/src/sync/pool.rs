@@ -1,7 +1,6 @@
 //! Rollouts sampled on several OpenAI-compatible servers, round-robin, with the servers that die
 //! dropped and their requests sent to the others.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,58 +9,84 @@ use holo_core::machine::Completion;
 use holo_core::openai::OpenAi;
 use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
 
-/// The rollout servers and which of them are still in the pool, shared by the sampler
+/// The rollout servers and which of them are still in the pool, shared by the samplers
 /// ([`RoundRobin`]) and the weight sync ([`super::WeightSync`]): a server either finds unreachable is
 /// dropped for both.
 pub struct Servers {
     urls: Vec<String>,
     alive: Vec<AtomicBool>,
-    /// Per server, the trainer's version of each weight version the server answered a push with:
-    /// a server numbers its own loads (`holo serve` counts an adapter's), the records carry the
-    /// trainer's (optimizer steps taken), so that `async/staleness` is exact on servers too.
-    versions: Vec<Mutex<BTreeMap<u64, u64>>>,
+    /// Per server, the weights a push loaded there and the trainer's version of each: a server
+    /// numbers its own loads (`holo serve` counts an adapter name's), the records carry the trainer's
+    /// (optimizer steps taken), so that `async/staleness` is exact on servers too.
+    held: Vec<Mutex<Vec<Held>>>,
+}
+
+/// Weights a push loaded on a server: the name requests give as `model`, the version the server
+/// answered the load with (none from a server that does not say), and the optimizer steps taken by
+/// the trainer's weights they are.
+#[derive(Debug, Clone, PartialEq)]
+struct Held {
+    name: String,
+    version: Option<u64>,
+    step: u64,
 }
 
 impl Servers {
     pub fn new(urls: Vec<String>) -> Self {
         let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
-        let versions = urls.iter().map(|_| Mutex::new(BTreeMap::new())).collect();
-        Servers {
-            urls,
-            alive,
-            versions,
-        }
+        let held = urls.iter().map(|_| Mutex::new(Vec::new())).collect();
+        Servers { urls, alive, held }
     }
 
-    fn versions(&self, index: usize) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
-        self.versions[index]
+    fn held(&self, index: usize) -> std::sync::MutexGuard<'_, Vec<Held>> {
+        self.held[index]
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Server `index` holds the trainer's weights after optimizer step `step` as its version `version`.
-    pub fn loaded(&self, index: usize, version: u64, step: u64) {
-        self.versions(index).insert(version, step);
+    /// Server `index` holds the trainer's weights after optimizer step `step` under `name`, as its
+    /// version `version` (`None`: the server does not number its weights, and `name` is loaded
+    /// only once, so the name alone says which weights sampled).
+    pub fn loaded(&self, index: usize, name: &str, version: Option<u64>, step: u64) {
+        let mut held = self.held(index);
+        held.retain(|held| !(held.name == name && held.version == version));
+        held.push(Held {
+            name: name.to_string(),
+            version,
+            step,
+        });
     }
 
     /// The weights after step `step` are those of the last push (it was not pushed): every server's
-    /// newest version stands for that step now.
+    /// newest weights stand for that step now.
     pub fn unchanged(&self, step: u64) {
         for index in 0..self.urls.len() {
-            if let Some(mut newest) = self.versions(index).last_entry() {
-                *newest.get_mut() = step;
+            if let Some(newest) = self.held(index).last_mut() {
+                newest.step = step;
             }
         }
     }
 
-    /// Forgets server `index`'s versions: it may have been restarted, numbering its loads anew.
+    /// Forgets what server `index` holds: it may have been restarted, numbering its loads anew.
     pub fn forget(&self, index: usize) {
-        self.versions(index).clear();
+        self.held(index).clear();
     }
 
-    /// The trainer's version of server `index`'s weight version `version`, when a push made it.
-    pub fn step_of(&self, index: usize, version: u64) -> Option<u64> {
-        self.versions(index).get(&version).copied()
+    /// Forgets `name` on every server: it was unloaded.
+    pub fn unloaded(&self, name: &str) {
+        for index in 0..self.urls.len() {
+            self.held(index).retain(|held| held.name != name);
+        }
+    }
+
+    /// The trainer's version of the weights server `index` sampled with as `name`, its `version`,
+    /// when a push loaded them.
+    pub fn step_of(&self, index: usize, name: &str, version: Option<u64>) -> Option<u64> {
+        self.held(index)
+            .iter()
+            .rev()
+            .find(|held| held.name == name && held.version == version)
+            .map(|held| held.step)
     }
 
     pub fn alive(&self, index: usize) -> bool {
@@ -121,6 +146,11 @@ impl Servers {
 /// left out.
 pub struct RoundRobin {
     samplers: Vec<Arc<OpenAi>>,
+    /// What each server's requests name as `model`.
+    models: Vec<String>,
+    /// The servers that hold these weights, when not every server in the pool does (an adapter
+    /// loaded under a name of its own: a server that rejoined the pool later lacks it).
+    holders: Option<Vec<usize>>,
     servers: Arc<Servers>,
     client: reqwest::Client,
     health_timeout: Duration,
@@ -128,9 +158,12 @@ pub struct RoundRobin {
 }
 
 impl RoundRobin {
-    /// One sampler per server of `servers`, in order.
+    /// One sampler per server of `servers`, in order, each naming its entry of `models`; only
+    /// `holders` take requests, when given.
     pub fn new(
         samplers: Vec<OpenAi>,
+        models: Vec<String>,
+        holders: Option<Vec<usize>>,
         servers: Arc<Servers>,
         client: reqwest::Client,
         health_timeout: Duration,
@@ -138,11 +171,22 @@ impl RoundRobin {
         assert_eq!(samplers.len(), servers.urls.len(), "one sampler per server");
         RoundRobin {
             samplers: samplers.into_iter().map(Arc::new).collect(),
+            models,
+            holders,
             servers,
             client,
             health_timeout,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// The servers in the pool that hold these weights.
+    fn live(&self) -> Vec<usize> {
+        let mut live = self.servers.live();
+        if let Some(holders) = &self.holders {
+            live.retain(|index| holders.contains(index));
+        }
+        live
     }
 }
 
@@ -153,12 +197,13 @@ impl Sampler for RoundRobin {
                 vec![None; batch.len()];
             let mut pending: Vec<usize> = (0..batch.len()).collect();
             while !pending.is_empty() {
-                let live = self.servers.live();
+                let live = self.live();
                 if live.is_empty() {
                     for index in pending {
-                        results[index] = Some(Err(SamplerError::Unavailable(
-                            "every rollout server was dropped from the pool".into(),
-                        )));
+                        results[index] = Some(Err(SamplerError::Unavailable(format!(
+                            "every rollout server holding `{}` was dropped from the pool",
+                            self.models.first().map_or("", String::as_str)
+                        ))));
                     }
                     break;
                 }
@@ -191,9 +236,11 @@ impl Sampler for RoundRobin {
                             }
                             answer => {
                                 results[index] = Some(answer.map(|mut completion| {
-                                    completion.weight_version = completion
-                                        .weight_version
-                                        .and_then(|version| self.servers.step_of(server, version));
+                                    completion.weight_version = self.servers.step_of(
+                                        server,
+                                        &self.models[server],
+                                        completion.weight_version,
+                                    );
                                     completion
                                 }))
                             }

@@ -154,6 +154,11 @@ impl Local {
         let started = std::time::Instant::now();
         let weights = self.trained.weights();
         let pushed = runtime.block_on(sync.push(&self.trained.model, &weights, step))?;
+        // The next rollouts sample the pushed weights (under their own name, when each push has one).
+        if let Some(sampler) = sync.sampler() {
+            let context = self.trained.model.config.max_position_embeddings;
+            self.external = Some((sampler, Some(context)));
+        }
         if let (Some(window), Some(pushed)) = (window, pushed) {
             let mut metrics = BTreeMap::from([
                 ("sync/mismatch".to_string(), f64::from(pushed.mismatch)),
@@ -330,11 +335,8 @@ impl Backend for Local {
             lora,
             model.config.vocab_size,
         ))?;
-        self.external = Some((
-            Arc::new(sync.sampler()?),
-            Some(model.config.max_position_embeddings),
-        ));
         self.sync = Some(sync);
+        // The first push makes the sampler.
         self.push(runtime, state.global_step, None)
     }
 

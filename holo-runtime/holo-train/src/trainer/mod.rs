@@ -110,7 +110,10 @@ impl<S: RolloutSource> Trainer<S, Local> {
     /// are written under `RUN_DIR/sync/`, which the servers must be able to read.
     ///
     /// [`RoundRobin`]: crate::sync::RoundRobin
-    pub fn with_rollout_servers(mut self, options: crate::sync::SyncOptions) -> Self {
+    /// When the loop samples ahead of its steps (`max_off_policy_steps`), a LoRA adapter is loaded
+    /// under a name of its own at each push ([`crate::sync::SyncOptions::versioned`]).
+    pub fn with_rollout_servers(mut self, mut options: crate::sync::SyncOptions) -> Self {
+        options.versioned |= self.config.max_off_policy_steps > 0;
         self.backend.rollout = Some((options, self.run.path.join("sync")));
         self
     }
