@@ -386,3 +386,113 @@ fn losses_metrics_and_gradients_match_trl() {
     }
     assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
 }
+
+/// `loss_type = "dppo"` against prime-rl's own `default_loss_fn` (through its `compute_loss`, as its
+/// trainer calls it), in f64: the loss and its gradient with respect to every trained token's
+/// log-probability, with prime-rl's defaults and with a trust region tight enough to leave tokens out
+/// (`tests/fixtures/grpo/prime_rl.json`, made by `scripts/prime_rl_fixtures.py` from a prime-rl
+/// checkout).
+#[test]
+fn dppo_loss_is_prime_rl_s() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/prime_rl.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut left_out = Vec::new();
+    for case in fixture["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let number = |key: &str| case["config"][key].as_f64().unwrap();
+        let config = GrpoConfig {
+            loss_type: LossType::Dppo,
+            dppo_mask_high: number("dppo_mask_high"),
+            dppo_mask_low: number("dppo_mask_low"),
+            adv_tau: number("adv_tau"),
+            kl_tau: number("kl_tau"),
+            ..GrpoConfig::default()
+        };
+        let samples = case["samples"].as_array().unwrap();
+        let completions: Vec<Completion> = samples
+            .iter()
+            .map(|sample| {
+                let sampler = f32s(&sample["inference_logprobs"]);
+                let length = sampler.len();
+                Completion {
+                    sequences: vec![Sequence {
+                        ids: vec![1; length + 1],
+                        trained: (1..=length).collect(),
+                        sampling_logprobs: sampler,
+                        routes: None,
+                    }],
+                    advantage: sample["advantage"].as_f64().unwrap() as f32,
+                    token_advantages: None,
+                    mask: if sample["mask"] == true { 1.0 } else { 0.0 },
+                    truncated: false,
+                    old_logprobs: None,
+                    ref_logprobs: None,
+                    is_ratio: None,
+                    second_loss: false,
+                }
+            })
+            .collect();
+        // The sampler's log-probabilities are f32 in a completion: the policy's are those f32 values
+        // moved by prime-rl's difference, so the log-ratios are the fixture's.
+        let logprobs: Vec<f64> = samples
+            .iter()
+            .zip(&completions)
+            .flat_map(|(sample, completion)| {
+                let trainer = floats(&sample["trainer_logprobs"]);
+                let inference = floats(&sample["inference_logprobs"]);
+                let sampler = completion.sampling_logprobs();
+                trainer
+                    .iter()
+                    .zip(inference)
+                    .zip(sampler)
+                    .map(|((t, i), s)| f64::from(s) + (t - i))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let var = candle_core::Var::new(logprobs.as_slice(), &candle_core::Device::Cpu).unwrap();
+        let entropy = Tensor::zeros(logprobs.len(), DType::F64, &candle_core::Device::Cpu).unwrap();
+        let inputs = loss::Inputs {
+            completions: &completions,
+            num_items_in_batch: case["rl_scale"].as_f64().unwrap(),
+            sampler_correction: false,
+        };
+        let computed = loss::compute(&config, &inputs, var.as_tensor(), &entropy).unwrap();
+        let ours = computed.loss.to_scalar::<f64>().unwrap();
+        close(
+            &format!("{name}: loss"),
+            ours,
+            case["loss"].as_f64().unwrap(),
+            1e-9,
+            1e-3,
+        );
+        let gradient: Vec<f64> = computed
+            .loss
+            .backward()
+            .unwrap()
+            .get(&var)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let theirs: Vec<f64> = case["gradients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(floats)
+            .collect();
+        assert_eq!(gradient.len(), theirs.len(), "{name}");
+        for (index, (ours, theirs)) in gradient.iter().zip(&theirs).enumerate() {
+            close(
+                &format!("{name}: gradient {index}"),
+                *ours,
+                *theirs,
+                1e-9,
+                1e-3,
+            );
+        }
+        left_out.push(computed.metrics["dppo/is_masked"]);
+    }
+    // The tight trust region leaves tokens out of the policy term, prime-rl's defaults none here: both
+    // branches of the mask are compared.
+    assert_eq!(left_out[0], 0.0, "{left_out:?}");
+    assert!(left_out[1] > 0.0, "{left_out:?}");
+}

@@ -87,6 +87,11 @@ pub enum LossType {
     Luspo,
     /// Gamma-weighted sequence importance sampling (VESPO).
     Vespo,
+    /// prime-rl's default loss: the policy gradient through the importance ratio to the sampler's own
+    /// log-probabilities, with the tokens whose probability moved past a trust region (DPPO's binary
+    /// total-variation mask, by the advantage's sign) left out, plus a squared log-ratio penalty
+    /// (Kimi K2.5's); token losses summed over the step's trained tokens as `dapo`'s.
+    Dppo,
 }
 
 /// Where importance ratios are taken (TRL's `importance_sampling_level`).
@@ -251,6 +256,15 @@ pub struct GrpoConfig {
     pub vespo_lambda_pos: f64,
     pub vespo_k_neg: f64,
     pub vespo_lambda_neg: f64,
+    /// `dppo`: a token with a positive advantage is left out of the policy term when its probability
+    /// rose above the sampler's by more than this (prime-rl's `dppo_mask_high`)...
+    pub dppo_mask_high: f64,
+    /// ... one with a negative advantage, when it fell below by more than this (`dppo_mask_low`).
+    pub dppo_mask_low: f64,
+    /// `dppo`: the advantages' weight (prime-rl's `adv_tau`).
+    pub adv_tau: f64,
+    /// `dppo`: the weight of the squared log-ratio to the sampler (prime-rl's `kl_tau`).
+    pub kl_tau: f64,
     /// Drop completions with a negative advantage whose mean KL to the sampler exceeds this (off-policy
     /// sequence masking).
     pub off_policy_mask_threshold: Option<f64>,
@@ -511,6 +525,10 @@ impl Default for GrpoConfig {
             vespo_lambda_pos: 3.0,
             vespo_k_neg: 3.0,
             vespo_lambda_neg: 2.0,
+            dppo_mask_high: 0.2,
+            dppo_mask_low: 0.2,
+            adv_tau: 1.0,
+            kl_tau: 1e-3,
             off_policy_mask_threshold: None,
             use_bias_correction_kl: true,
             vllm_importance_sampling_correction: true,
@@ -526,7 +544,7 @@ impl Default for GrpoConfig {
 fn grpo_allowed_values(key: &str) -> Option<&'static [&'static str]> {
     Some(match key {
         "loss_type" => &[
-            "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
+            "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo", "dppo",
         ],
         "importance_sampling_level" => &["token", "sequence"],
         "algorithm" => &["grpo", "ppo"],
@@ -815,7 +833,29 @@ impl TrainingConfig for GrpoConfig {
             "VESPO's options do nothing unless `loss_type = \"vespo\"`",
         );
         add(
-            !self.vllm_importance_sampling_correction,
+            self.loss_type != LossType::Dppo,
+            &["dppo_mask_high", "dppo_mask_low", "adv_tau", "kl_tau"],
+            "prime-rl's options do nothing unless `loss_type = \"dppo\"`",
+        );
+        add(
+            self.loss_type == LossType::Dppo,
+            &[
+                "epsilon",
+                "epsilon_high",
+                "delta",
+                "importance_sampling_level",
+                "vllm_importance_sampling_correction",
+                "vllm_importance_sampling_mode",
+                "vllm_importance_sampling_clip_max",
+                "vllm_importance_sampling_clip_min",
+                "off_policy_mask_threshold",
+            ],
+            "`loss_type = \"dppo\"` takes its token ratios to the sampler's own log-probabilities and \
+             bounds them with `dppo_mask_low`/`dppo_mask_high`: TRL's clipping, sequence-level ratios and \
+             importance-sampling correction do not apply",
+        );
+        add(
+            !self.vllm_importance_sampling_correction && self.loss_type != LossType::Dppo,
             &[
                 "vllm_importance_sampling_mode",
                 "vllm_importance_sampling_clip_max",
@@ -968,6 +1008,16 @@ impl TrainingConfig for GrpoConfig {
             ("vespo_lambda_neg", self.vespo_lambda_neg),
         ] {
             finite(key, value)?;
+        }
+        for (key, value) in [
+            ("dppo_mask_high", self.dppo_mask_high),
+            ("dppo_mask_low", self.dppo_mask_low),
+            ("adv_tau", self.adv_tau),
+            ("kl_tau", self.kl_tau),
+        ] {
+            if !(value >= 0.0 && value.is_finite()) {
+                return Err(error(key, "must be a finite number of at least 0"));
+            }
         }
         if !matches!(self.erl_algorithm, 1 | 2) {
             return Err(error(

@@ -161,12 +161,13 @@ pub fn per_token_kl(logprobs: &Tensor, reference: &Tensor) -> Result<Tensor> {
 }
 
 /// The policy term of each loss type before masking (`per_token_loss` in TRL), with `coef_1` as TRL
-/// leaves it for the clip metrics (capped by `delta` when set).
+/// leaves it for the clip metrics (capped by `delta` when set). `log_ratio` is `log π_θ − log π_old`
+/// per token (for `dppo`, to the sampler's log-probabilities).
 pub fn policy_loss(
     config: &GrpoConfig,
     coef_1: &Level,
     advantages: &Level,
-    logprobs: &Tensor,
+    (logprobs, log_ratio): (&Tensor, &Tensor),
     phi: Option<&Tensor>,
     segments: &Segments,
 ) -> Result<(Level, Level)> {
@@ -229,6 +230,10 @@ pub fn policy_loss(
             let loss = (segments.spread(phi)? * advantage_tokens)?
                 .mul(logprobs)?
                 .neg()?;
+            Ok((Level::Token(loss), coef_1.clone()))
+        }
+        LossType::Dppo => {
+            let loss = dppo_loss(config, log_ratio, logprobs, &advantage_tokens)?;
             Ok((Level::Token(loss), coef_1.clone()))
         }
     }
@@ -302,6 +307,46 @@ pub fn off_policy_mask(
     Tensor::from_vec(keep, segments.completions, logprobs.device())?.to_dtype(logprobs.dtype())
 }
 
+/// prime-rl's trust region for `loss_type = "dppo"` (its DPPO-binary-TV mask), per token, from
+/// `log_ratio` = `log π_θ − log π_sampler` and the policy's `logprobs`: 1 where the token's probability
+/// moved past it in the direction its advantage pushes (`π_θ − π_sampler > dppo_mask_high` for
+/// `A > 0`, `< −dppo_mask_low` otherwise), then the flags of each side alone (rose with `A > 0`, fell
+/// with `A < 0`).
+pub fn dppo_mask(
+    config: &GrpoConfig,
+    log_ratio: &Tensor,
+    logprobs: &Tensor,
+    advantages: &Tensor,
+) -> Result<[Tensor; 3]> {
+    let sampler = (logprobs - log_ratio)?.detach();
+    let difference = (logprobs.detach().exp()? - sampler.exp()?)?;
+    let positive = advantages.gt(0.0)?;
+    let high = difference.gt(config.dppo_mask_high)?;
+    let low = difference.lt(-config.dppo_mask_low)?;
+    let dtype = log_ratio.dtype();
+    Ok([
+        positive.where_cond(&high, &low)?.to_dtype(dtype)?,
+        positive.mul(&high)?.to_dtype(dtype)?,
+        advantages.lt(0.0)?.mul(&low)?.to_dtype(dtype)?,
+    ])
+}
+
+/// prime-rl's default loss per token (`default_loss_fn`: the [`dppo_mask`] trust region and Kimi
+/// K2.5's penalty): `−keep · adv_tau · A · exp(log_ratio) + kl_tau · log_ratio²`, `keep` being 0 where
+/// the mask leaves the token out of the policy term.
+pub fn dppo_loss(
+    config: &GrpoConfig,
+    log_ratio: &Tensor,
+    logprobs: &Tensor,
+    advantages: &Tensor,
+) -> Result<Tensor> {
+    let [masked, _, _] = dppo_mask(config, log_ratio, logprobs, advantages)?;
+    let policy = ((1.0 - masked)? * advantages)?
+        .affine(config.adv_tau, 0.0)?
+        .mul(&log_ratio.exp()?)?;
+    log_ratio.sqr()?.affine(config.kl_tau, 0.0)? - policy
+}
+
 /// The tokens whose entropy is at least the `quantile` of the masked tokens' entropies (linear
 /// interpolation, as `torch.quantile`); `[N]` of 0/1, 0 on masked tokens.
 pub fn high_entropy_mask(entropies: &[f32], mask: &[f32], quantile: f64) -> Vec<f32> {
@@ -351,7 +396,7 @@ pub fn aggregate(
             masked.sum_all()? / count.max(1.0)
         }
         LossType::DrGrpo => masked.sum_all()? / (completions * config.max_completion_length as f64),
-        LossType::Dapo | LossType::Cispo | LossType::Vespo => {
+        LossType::Dapo | LossType::Cispo | LossType::Vespo | LossType::Dppo => {
             // TRL rescales the generation batch's token count to one accumulation window.
             let normalizer = num_items_in_batch.max(1.0)
                 * config.training.gradient_accumulation_steps as f64
@@ -459,16 +504,37 @@ pub fn compute(
     let entropy_mask = (config.top_entropy_quantile < 1.0)
         .then(|| high_entropy_mask(entropies, &mask_values, 1.0 - config.top_entropy_quantile));
 
-    let old = match gather(&|c| c.old_logprobs.as_ref()) {
-        Some(old) => per_token(old)?,
-        None => logprobs.detach(),
+    let old = if config.loss_type == LossType::Dppo {
+        // prime-rl's ratio is to the sampler's own log-probabilities, whatever else scored the tokens.
+        let mut sampling = Vec::with_capacity(segments.tokens);
+        for (index, completion) in inputs.completions.iter().enumerate() {
+            let values = completion.sampling_logprobs();
+            if completion.mask != 0.0 && values.iter().any(|value| value.is_nan()) {
+                candle_core::bail!(
+                    "`loss_type = \"dppo\"` needs the sampler's log-probability of every trained \
+                     token; completion {index}'s sampler gave none for some"
+                );
+            }
+            // A completion trained nowhere weighs nothing; its tokens take the policy's own.
+            sampling.extend(
+                values
+                    .into_iter()
+                    .map(|value| if value.is_nan() { 0.0 } else { value }),
+            );
+        }
+        per_token(sampling)?
+    } else {
+        match gather(&|c| c.old_logprobs.as_ref()) {
+            Some(old) => per_token(old)?,
+            None => logprobs.detach(),
+        }
     };
     let log_ratio = (logprobs - &old)?;
     let log_weights =
         log_importance_weights(&log_ratio, config.importance_sampling_level, &segments)?;
     let coef_1 = log_weights.map(|weights| weights.exp())?;
 
-    let is_ratio = if inputs.sampler_correction {
+    let is_ratio = if inputs.sampler_correction && config.loss_type != LossType::Dppo {
         inputs
             .completions
             .iter()
@@ -528,7 +594,7 @@ pub fn compute(
         config,
         &coef_1,
         &advantages,
-        logprobs,
+        (logprobs, &log_ratio),
         phi.as_ref(),
         &segments,
     )?;
@@ -568,7 +634,7 @@ pub fn compute(
         inputs.num_items_in_batch,
     )?;
     let mut loss = match config.loss_type {
-        LossType::Dapo | LossType::Cispo | LossType::Vespo => policy,
+        LossType::Dapo | LossType::Cispo | LossType::Vespo | LossType::Dppo => policy,
         _ => (policy / config.training.gradient_accumulation_steps as f64)?,
     };
 
@@ -667,6 +733,38 @@ pub fn compute(
                 "vespo/phi_seq_mean".into(),
                 Level::Sequence(phi).global_masked_mean(&segments)?,
             );
+        }
+        LossType::Dppo => {
+            let [masked, rose, fell] =
+                dppo_mask(config, &log_ratio, logprobs, &advantages.tokens(&segments)?)?;
+            let log_ratio = log_ratio.detach();
+            // The sampler-trainer mismatch (k3) over the tokens left out and over those kept.
+            let mismatch = ((log_ratio.exp()? - &log_ratio)? - 1.0)?;
+            let kept = (1.0 - &masked)?;
+            let over = |tokens: &Tensor| -> Result<f64> {
+                let weights = (tokens * &segments.mask)?;
+                let count = weights
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+                let sum = (&mismatch * weights)?
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+                Ok(sum / count.max(1.0))
+            };
+            metrics.insert("dppo/masked_mismatch_kl".into(), over(&masked)?);
+            metrics.insert("dppo/unmasked_mismatch_kl".into(), over(&kept)?);
+            for (key, flags) in [
+                ("dppo/is_masked", masked),
+                ("dppo/is_masked_high", rose),
+                ("dppo/is_masked_low", fell),
+            ] {
+                metrics.insert(
+                    key.into(),
+                    Level::Token(flags).global_masked_mean(&segments)?,
+                );
+            }
         }
         LossType::Sapo => {}
     }

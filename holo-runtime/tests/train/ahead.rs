@@ -150,3 +150,52 @@ fn max_off_policy_steps_is_refused_where_it_cannot_run() {
     }
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// prime-rl's loss (`loss_type = "dppo"`) trains on generations drawn ahead with its ratio to the
+/// sampler's own log-probabilities: the first step's generation was sampled by the weights that train
+/// on it (ratios of 1 to rounding, no mismatch), the later ones by the weights of the step before; and
+/// TRL's correction options are refused beside it, naming why.
+#[test]
+fn prime_rl_s_loss_trains_ahead_with_its_ratio_to_the_sampler() {
+    let out = scratch("dppo");
+    let extra = ["--loss-type", "dppo", "--max-off-policy-steps", "1"];
+    let output = holo_output(&tiny_grpo("short.hol", &out, 3, &extra));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    let trained: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    assert_eq!(trained.len(), 3);
+    for (index, step) in trained.iter().enumerate() {
+        let mismatch = step["dppo/unmasked_mismatch_kl"].as_f64().unwrap();
+        if index == 0 {
+            assert!(mismatch < 1e-9, "{step:#}");
+            assert_eq!(step["dppo/is_masked"], 0.0, "{step:#}");
+        } else {
+            assert!(mismatch > 1e-9, "{step:#}");
+        }
+        for key in [
+            "dppo/is_masked_high",
+            "dppo/is_masked_low",
+            "dppo/masked_mismatch_kl",
+        ] {
+            assert!(step[key].as_f64().is_some(), "{key}: {step:#}");
+        }
+        assert!(step.get("clip_ratio/region_mean").is_none(), "{step:#}");
+    }
+    let refused = holo_output(&tiny_grpo(
+        "short.hol",
+        &out,
+        1,
+        &["--loss-type", "dppo", "--epsilon", "0.3"],
+    ));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("epsilon") && stderr.contains("dppo_mask_low"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}

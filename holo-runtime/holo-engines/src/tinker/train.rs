@@ -182,7 +182,7 @@ pub fn check_config(config: &GrpoConfig, loss: LossFn) -> Result<(), String> {
     ) {
         return refuse(
             "loss_type",
-            "grpo, bnpo, dr_grpo, dapo or luspo (the service computes importance_sampling or ppo; CISPO, SAPO and VESPO are other losses)",
+            "grpo, bnpo, dr_grpo, dapo or luspo (the service computes importance_sampling or ppo; CISPO, SAPO, VESPO and DPPO are other losses)",
         );
     }
     if config.importance_sampling_level != ImportanceSamplingLevel::Token {
