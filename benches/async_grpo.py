@@ -4,10 +4,14 @@ curve, the sampler-trainer mismatch, and whether drawing ahead biases which roll
 
 Usage: benches/async_grpo.py [--holo PATH] [--work DIR] [--ks 0,1,2] [--seeds 3] [--steps 12]
                              [--mode inproc|server] [--arch qwen2] [--preset tiny]
+                             [--hol benches/arith.hol] [--correction on|off] [--learning-rate 5e-4]
+                             [--max-completion-length 96] [--loss-type dapo]
 
 - model: a random folder from `holo init-model --arch ARCH --preset PRESET`;
-- runs: `benches/arith.hol` on arithmetic rows, `--steps` optimizer steps, 2 prompts × 8 completions of up
-  to 96 tokens per step, full fine-tuning, TRL's importance-sampling correction (on by default);
+- runs: `benches/arith.hol` (or `--hol`: `benches/spread.hol` ends each reply at a punctuation token, so a
+  random model's reply lengths spread from 1 token to the limit) on arithmetic rows, `--steps` optimizer
+  steps, 2 prompts × 8 completions of up to `--max-completion-length` (96) tokens per step, full
+  fine-tuning, TRL's importance-sampling correction (`--correction off` leaves it out);
 - `--mode inproc`: the trainer samples in process (k > 0: snapshots of the weights on a thread of their
   own); `--mode server`: the trainer on core 0 (`taskset -c 0`) samples on a `holo serve` on core 1
   (`taskset -c 1`), pushing its weights after every step;
@@ -16,7 +20,8 @@ Usage: benches/async_grpo.py [--holo PATH] [--work DIR] [--ks 0,1,2] [--seeds 3]
   largest importance ratio, the share of ratios corrected, the mean `async/staleness`;
 - per k > 0 and seed: the Kolmogorov-Smirnov distance between the completion lengths trained by that run
   and by the synchronous run of the same seed (every generated rollout is trained: a distance near 0
-  says that drawing ahead does not favour short rollouts).
+  says that drawing ahead does not favour short rollouts), and per run the spread of the lengths (5th
+  and 95th percentiles).
 
 Wall-clock figures on a shared machine move with its load: compare the rows of one invocation only.
 """
@@ -76,13 +81,18 @@ def start_server(holo, model, work):
 
 
 def run(args, model, rows, k, seed):
-    out = os.path.join(args.work, f"{args.mode}-k{k}-seed{seed}")
+    tag = os.path.splitext(os.path.basename(args.hol))[0]
+    out = os.path.join(args.work, f"{args.mode}-{tag}-{args.correction}-k{k}-seed{seed}")
     shutil.rmtree(out, ignore_errors=True)
-    command = [args.holo, "train", HOL, "--model", model, "--data", rows, "--out", out,
+    command = [args.holo, "train", args.hol, "--model", model, "--data", rows, "--out", out,
                "--max-steps", str(args.steps), "--num-generations", "8",
                "--per-device-train-batch-size", "8", "--gradient-accumulation-steps", "2",
-               "--max-completion-length", "96", "--learning-rate", "0.0005", "--temperature", "1.0",
-               "--seed", str(seed), "--max-off-policy-steps", str(k), "--save-strategy", "no"]
+               "--max-completion-length", str(args.max_completion_length),
+               "--learning-rate", str(args.learning_rate), "--temperature", "1.0",
+               "--seed", str(seed), "--max-off-policy-steps", str(k), "--save-strategy", "no",
+               "--loss-type", args.loss_type]
+    if args.correction == "off" and args.loss_type != "dppo":
+        command += ["--vllm-importance-sampling-correction", "false"]
     server = None
     if args.mode == "server":
         server, base = start_server(args.holo, model, args.work)
@@ -102,6 +112,8 @@ def run(args, model, rows, k, seed):
         record = json.loads(line)
         lengths.append(sum(sum(c["tokens"]["loss_mask"]) for c in record["contexts"] if "tokens" in c))
     last = steps[-max(1, len(steps) // 3):]
+    ordered = sorted(lengths)
+    percentile = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0
     mean = lambda values: sum(values) / len(values) if values else float("nan")
     return {
         "k": k,
@@ -112,6 +124,9 @@ def run(args, model, rows, k, seed):
         "max_ratio": max((m.get("sampling/importance_sampling_ratio/max", 1.0) for m in steps), default=1.0),
         "corrected": mean([m.get("sampling/importance_sampling_ratio/corrected_fraction", 0.0) for m in steps]),
         "staleness": mean([m.get("async/staleness", 0.0) for m in steps]),
+        "rollouts": len(lengths),
+        "p5": percentile(0.05),
+        "p95": percentile(0.95),
         "lengths": lengths,
     }
 
@@ -140,6 +155,11 @@ def main():
     parser.add_argument("--mode", choices=["inproc", "server"], default="inproc")
     parser.add_argument("--arch", default="qwen2")
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--hol", default=HOL)
+    parser.add_argument("--correction", choices=["on", "off"], default="on")
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--max-completion-length", type=int, default=96)
+    parser.add_argument("--loss-type", default="dapo")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -154,8 +174,9 @@ def main():
             r = results[-1]
             print(f"{args.mode} k={k} seed={seed}: {r['seconds_per_step']:.3f} s/step, reward "
                   f"{r['reward_last_third']:.3f}, mismatch_kl {r['mismatch_kl']:.2e}, max ratio "
-                  f"{r['max_ratio']:.3f}, corrected {r['corrected']:.3f}, staleness {r['staleness']:.2f}",
-                  flush=True)
+                  f"{r['max_ratio']:.3f}, corrected {r['corrected']:.3f}, staleness {r['staleness']:.2f}, "
+                  f"{r['rollouts']} rollouts, lengths p5 {r['p5']} "
+                  f"p95 {r['p95']}", flush=True)
     print(f"\n| mode | k | s/step (mean of {args.seeds} seeds) | × synchronous | reward, last third "
           f"(min–max) | mismatch KL | max ratio | corrected | KS vs k=0 (max) |")
     print("|---|---|---|---|---|---|---|---|---|")

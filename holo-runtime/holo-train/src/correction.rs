@@ -46,19 +46,7 @@ pub fn importance_sampling(
             })
             .collect();
         if completion.mask != 0.0 {
-            divergences.extend(
-                old.iter()
-                    .zip(&sampling)
-                    .map(|(&old, &sampled)| (old - sampled) as f64)
-                    .filter(|log_ratio| !log_ratio.is_nan())
-                    .map(|log_ratio| log_ratio.exp_m1() - log_ratio),
-            );
-            differences.extend(
-                old.iter()
-                    .zip(&sampling)
-                    .map(|(&old, &sampled)| (old - sampled).abs() as f64)
-                    .filter(|difference| !difference.is_nan()),
-            );
+            mismatch_terms(&old, &sampling, &mut divergences, &mut differences);
         }
         let raw: Vec<f64> = if mode.is_sequence() {
             vec![diffs.iter().sum::<f32>().exp() as f64]
@@ -96,18 +84,7 @@ pub fn importance_sampling(
     let fold = |values: &[f64], f: fn(f64, f64) -> f64, empty: f64| {
         values.iter().copied().reduce(f).unwrap_or(empty)
     };
-    metrics.insert(
-        "sampling/sampling_logp_difference/mean".into(),
-        if differences.is_empty() {
-            0.0
-        } else {
-            nanmean(differences.iter().copied())
-        },
-    );
-    metrics.insert(
-        "sampling/sampling_logp_difference/max".into(),
-        fold(&differences, f64::max, 0.0),
-    );
+    insert_mismatch(metrics, &divergences, &differences);
     metrics.insert(
         "sampling/importance_sampling_ratio/min".into(),
         fold(&ratios, f64::min, 0.0),
@@ -125,18 +102,65 @@ pub fn importance_sampling(
         fold(&ratios, f64::max, 0.0),
     );
     metrics.insert(
+        "sampling/importance_sampling_ratio/corrected_fraction".into(),
+        match counted {
+            0 => 0.0,
+            n => corrected_count as f64 / n as f64,
+        },
+    );
+}
+
+/// The mismatch metrics alone (`sampling/mismatch_kl`, `sampling/sampling_logp_difference/*`), for a
+/// run that does not correct for its sampler: `old` holds the trainer's log-probabilities of each
+/// completion's trained tokens, which the completions do not keep (the loss then takes its ratios
+/// to the policy as it trains, as without the correction).
+pub fn mismatch(completions: &[Completion], old: &[Vec<f32>], metrics: &mut BTreeMap<String, f64>) {
+    let (mut divergences, mut differences) = (Vec::new(), Vec::new());
+    for (completion, old) in completions.iter().zip(old) {
+        if completion.mask != 0.0 {
+            let sampling = completion.sampling_logprobs();
+            mismatch_terms(old, &sampling, &mut divergences, &mut differences);
+        }
+    }
+    insert_mismatch(metrics, &divergences, &differences);
+}
+
+/// Per token with both log-probabilities, the k3 divergence of the sampler's from the trainer's and
+/// their absolute difference.
+fn mismatch_terms(
+    old: &[f32],
+    sampling: &[f32],
+    divergences: &mut Vec<f64>,
+    differences: &mut Vec<f64>,
+) {
+    for (&old, &sampled) in old.iter().zip(sampling) {
+        let log_ratio = (old - sampled) as f64;
+        if !log_ratio.is_nan() {
+            divergences.push(log_ratio.exp_m1() - log_ratio);
+            differences.push(log_ratio.abs());
+        }
+    }
+}
+
+fn insert_mismatch(metrics: &mut BTreeMap<String, f64>, divergences: &[f64], differences: &[f64]) {
+    metrics.insert(
+        "sampling/sampling_logp_difference/mean".into(),
+        if differences.is_empty() {
+            0.0
+        } else {
+            nanmean(differences.iter().copied())
+        },
+    );
+    metrics.insert(
+        "sampling/sampling_logp_difference/max".into(),
+        differences.iter().copied().reduce(f64::max).unwrap_or(0.0),
+    );
+    metrics.insert(
         "sampling/mismatch_kl".into(),
         if divergences.is_empty() {
             0.0
         } else {
             divergences.iter().sum::<f64>() / divergences.len() as f64
-        },
-    );
-    metrics.insert(
-        "sampling/importance_sampling_ratio/corrected_fraction".into(),
-        match counted {
-            0 => 0.0,
-            n => corrected_count as f64 / n as f64,
         },
     );
 }

@@ -199,3 +199,43 @@ fn prime_rl_s_loss_trains_ahead_with_its_ratio_to_the_sampler() {
     );
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// Without the importance-sampling correction a run drawing ahead still measures how far its sampler
+/// was from the weights that train (`sampling/mismatch_kl`, `sampling/sampling_logp_difference/*`),
+/// while nothing is corrected (no ratio metrics).
+#[test]
+fn the_mismatch_is_measured_without_the_correction() {
+    let out = scratch("uncorrected");
+    let extra = [
+        "--max-off-policy-steps",
+        "1",
+        "--vllm-importance-sampling-correction",
+        "false",
+    ];
+    let output = holo_output(&tiny_grpo("short.hol", &out, 3, &extra));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    let trained: Vec<&Value> = metrics.iter().filter(|m| m.get("loss").is_some()).collect();
+    assert_eq!(trained.len(), 3);
+    for (index, step) in trained.iter().enumerate() {
+        let kl = step["sampling/mismatch_kl"].as_f64().unwrap();
+        let difference = step["sampling/sampling_logp_difference/max"]
+            .as_f64()
+            .unwrap();
+        if index == 0 {
+            assert!(kl < 1e-9 && difference <= 1e-4, "{step:#}");
+        } else {
+            assert!(kl > 1e-9 && difference > 1e-4, "{step:#}");
+        }
+        assert!(
+            step.get("sampling/importance_sampling_ratio/mean")
+                .is_none(),
+            "{step:#}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(out);
+}

@@ -136,8 +136,13 @@ impl Local {
     /// unless it samples ahead of the steps (`max_off_policy_steps`) with weights they have since
     /// changed; a caller's sampler or a feed's is another process's.
     fn corrects_sampler(&self, config: &GrpoConfig) -> bool {
-        (self.samples_elsewhere() || config.max_off_policy_steps > 0)
-            && config.vllm_importance_sampling_correction
+        self.sampler_differs(config) && config.vllm_importance_sampling_correction
+    }
+
+    /// Whether the weights that sampled may differ from those that train (another process's, or a
+    /// snapshot drawing ahead).
+    fn sampler_differs(&self, config: &GrpoConfig) -> bool {
+        self.samples_elsewhere() || config.max_off_policy_steps > 0
     }
 
     /// Pushes the trained weights to the rollout servers, if any (see [`crate::sync`]), into the
@@ -382,6 +387,16 @@ impl Backend for Local {
         }
         if correction {
             importance_sampling(config, completions, metrics);
+        } else if self.sampler_differs(config) {
+            // Without the correction the loss takes its ratios to the policy as it trains; the
+            // mismatch with the sampler is still measured, by a pass of its own.
+            let old = score::logprobs(
+                &self.trained.model,
+                completions,
+                config.temperature,
+                batch_size,
+            )?;
+            crate::correction::mismatch(completions, &old, metrics);
         }
         if let Some(reference) = &self.reference {
             let logprobs = score::logprobs(reference, completions, config.temperature, batch_size)?;
