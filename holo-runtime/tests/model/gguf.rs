@@ -553,8 +553,8 @@ fn a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices() {
 }
 
 /// The Llama fixture with its q / k rows permuted as llama.cpp stores them comes back as the same model
-/// (rope scaling off on both sides: llama.cpp keeps Llama 3 scaling as a `rope_freqs` tensor, which is
-/// refused).
+/// (rope scaling off on both sides: llama.cpp keeps Llama 3 scaling as a `rope_freqs` tensor, which
+/// this writer leaves out; `gguf_converted` reads the converter's).
 #[test]
 fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
     let dir = fixture("llama");

@@ -135,6 +135,9 @@ const OAI_SWIGLU: ClampedSwiGlu = ClampedSwiGlu {
     limit: 7.0,
 };
 
+/// llama.cpp's per-frequency RoPE factors (see [`Gguf::rope_freqs`]).
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// llama.cpp's SmolLM3 graph leaves RoPE out of every layer `l` with `(l + 1) % 4 == 0`
 /// (`n_no_rope_layer_step`), a constant of its code rather than a key of the file.
 const SMOLLM3_NO_ROPE_STEP: usize = 4;
@@ -366,15 +369,18 @@ impl Gguf {
             }
             None => None,
         };
-        if self.has_tensor("rope_freqs.weight") {
-            return Err(self.config_error(
-                "tensor rope_freqs.weight (llama.cpp's per-frequency RoPE factors, Llama 3.1 rope \
-                 scaling) is not supported"
-                    .into(),
-            ));
-        }
         let rope_scaling = match self.str_key(&key("rope.scaling.type"))? {
             None | Some("none") if arch == Arch::Phi3 => self.long_rope(name)?,
+            None | Some("none") if self.has_tensor(ROPE_FREQS) => {
+                self.rope_freqs(name, rotary_dim.unwrap_or(head_dim))?
+            }
+            Some(kind) if self.has_tensor(ROPE_FREQS) => {
+                return Err(self.config_error(format!(
+                    "tensor {ROPE_FREQS} (one RoPE factor per frequency) with `{}` {kind:?}: \
+                     two rescalings of the same frequencies",
+                    key("rope.scaling.type")
+                )))
+            }
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: self.f64_key(&key("rope.scaling.factor"))?.ok_or_else(|| {
@@ -649,6 +655,30 @@ impl Gguf {
         })
     }
 
+    /// llama.cpp's `rope_freqs`: one factor per rotated pair that divides its frequency, which the
+    /// converter computes from Llama 3.1's `llama3` rope scaling (`LlamaModel.generate_extra_tensors`)
+    /// and writes instead of its parameters (too few of the factors fall between the bands to recover
+    /// them in general). transformers computes the same frequencies from LongRoPE with these factors as
+    /// both its short and long ones and an attention factor of 1, which is how `holo export` writes the
+    /// model's `config.json`.
+    fn rope_freqs(&self, name: &str, rotated: usize) -> Result<RopeScaling, LoadError> {
+        let factors = self.vector(ROPE_FREQS)?;
+        if factors.len() != rotated / 2 {
+            return Err(self.weights_error(format!(
+                "tensor {ROPE_FREQS} has {} factors, but RoPE rotates {} pairs of each head",
+                factors.len(),
+                rotated / 2
+            )));
+        }
+        Ok(RopeScaling::LongRope {
+            short_factor: factors.clone(),
+            long_factor: factors,
+            original_max_position_embeddings: self
+                .required_usize(&format!("{name}.context_length"))?,
+            attention_factor: 1.0,
+        })
+    }
+
     /// The values of the one-dimensional tensor `name`, read from the file.
     fn vector(&self, name: &str) -> Result<Vec<f64>, LoadError> {
         let fail =
@@ -753,8 +783,10 @@ impl Gguf {
         };
         let mut head_blocks = None;
         for name in names {
-            if name.starts_with("rope_factors_") && config.arch == Arch::Phi3 {
-                // LongRoPE's factors, in the config already.
+            if (name.starts_with("rope_factors_") && config.arch == Arch::Phi3)
+                || name == ROPE_FREQS
+            {
+                // RoPE's factors, in the config already.
                 continue;
             }
             let info = &self.header.tensors[name];
