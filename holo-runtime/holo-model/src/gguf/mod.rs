@@ -23,6 +23,8 @@
 //!   Phi-3's `attn_qkv` and `ffn_up` hold the fused `qkv_proj` and `gate_up_proj`, RoPE rotates
 //!   `rope.dimension_count` of each head, LongRoPE's factors are the tensors `rope_factors_long` and
 //!   `rope_factors_short` (with `rope.scaling.original_context_length` and `rope.scaling.attn_factor`),
+//!   Llama 3.1's rope scaling is the tensor `rope_freqs`, one factor per frequency that divides it,
+//!   read as LongRoPE with those factors short and long and an attention factor of 1,
 //!   and `attention.sliding_window`, when not 0, windows every layer; Qwen3-MoE's experts from
 //!   `expert_count`, `expert_used_count` and `expert_feed_forward_length`, renormalised over the chosen
 //!   ones as llama.cpp's graph does (`expert_weights_norm` when given), on the layers that have a router
