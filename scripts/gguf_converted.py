@@ -21,15 +21,25 @@ that the folder's `tokenizer.json` splits with exactly Qwen 2's regex then byte-
 (what the converter answers for Qwen 2's own tokenizer). Everything else — keys, tensor names, permutations,
 tensor types, the vocabulary, merges, special tokens, the chat template — is the converter's.
 
+Where the converter cannot take a fixture as it is, it converts a copy made in a temporary folder (FAMILIES):
+qwen3_moe without its dense layer (llama.cpp's `qwen3moe` has experts on every layer and cannot name
+`mlp_only_layers`' `mlp.down_proj`), phi3 with `tokenizer_class` `GPT2Tokenizer` as Phi-4-mini's (otherwise it
+wants sentencepiece's `tokenizer.model`), gpt_oss as `gguf_families.py`'s `gpt_oss_folder` makes it (llama.cpp's
+clamp at 7); smollm3 is the committed four-layer `gguf/smollm3/` whose fourth layer has no RoPE (llama.cpp's
+fixed pattern, as `gguf_families.py` explains). Where the file says less than the folder, its logits are those
+of the model llama.cpp reads from it (AS_READ): Gemma 3 without `query_pre_attn_scalar` (queries scaled by
+1/√head_dim) and with every sixth layer global, whatever `layer_types` said; Mistral without its window, a
+Llama that attends fully. The converter refuses outright (REFUSED, recorded in converter.json):
+`MinistralForCausalLM`, and `--fuse-gate-up-exps` for gpt-oss (ignored: written split) and Qwen3-MoE (an
+error); `gguf_families.py` writes those files with gguf-py's writer instead.
+
 Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
 
-    <family>.gguf        `--outtype f32`, from the family's folder (FAMILIES): qwen2, llama, qwen3, qwen3_moe,
-                         gemma3, olmo2, olmo3, phi3, smollm3 (from `gguf/smollm3/`, the four-layer model whose
-                         fourth layer has no RoPE: llama.cpp's fixed SmolLM3 pattern, as `gguf_families.py`
-                         explains), mistral, ministral, qwen3_5 (llama.cpp writes it; holo's GGUF loader does
-                         not read the architecture yet), and gpt_oss from its MXFP4 folder (the experts stay
-                         MXFP4; made as `gguf_families.py`'s `gpt_oss_folder` makes it, llama.cpp's clamp at 7);
-                         gpt_oss-fused.gguf with `--fuse-gate-up-exps`;
+    <family>.gguf        `--outtype f32`: qwen2, llama (Llama 3's rope scaling as the `rope_freqs` tensor),
+                         qwen3, qwen3_moe, gemma3, olmo2, olmo3, phi3, smollm3, mistral, gpt_oss (its experts
+                         stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction layers;
+                         holo's GGUF loader does not read `qwen35` yet, and no logits are recorded for it;
+                         gpt_oss's are `gguf/gpt_oss.json`'s, of the same folder);
     <family>-q8_0.gguf   `--outtype q8_0` for QUANTIZED: the converter's own Q8_0 (llama.cpp's reference
                          quantizer in gguf-py: the 2-D weights in blocks of 32 with an f16 scale, norms and
                          other 1-D tensors f32). The converter writes no k-quant: its `--outtype` is f32, f16,
