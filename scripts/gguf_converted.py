@@ -40,6 +40,7 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
                          stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction layers;
                          holo's GGUF loader does not read `qwen35` yet, and no logits are recorded for it;
                          gpt_oss's are `gguf/gpt_oss.json`'s, of the same folder);
+    qwen2-qkv.gguf, llama-qkv-q8_0.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one `attn_qkv`;
     <family>-q8_0.gguf   `--outtype q8_0` for QUANTIZED: the converter's own Q8_0 (llama.cpp's reference
                          quantizer in gguf-py: the 2-D weights in blocks of 32 with an f16 scale, norms and
                          other 1-D tensors f32). The converter writes no k-quant: its `--outtype` is f32, f16,
@@ -105,8 +106,12 @@ REFUSED = {
     "qwen3_moe --fuse-gate-up-exps": "`Missing MODEL_TENSOR.FFN_GATE_UP_EXP for MODEL_TENSORS of "
                                      "MODEL_ARCH.QWEN3MOE`",
 }
-# The families also converted at q8_0: a fused-projection family and a permuted one.
+# The families also converted at q8_0: a fused-projection family, a permuted one, and one whose heads
+# are wider than hidden / heads (some of its matrices fall back to f16: 144 inputs are no blocks of 32).
 QUANTIZED = ["phi3", "llama", "qwen3"]
+# Files with the layers' q, k and v fused into one `attn_qkv` (`--fuse-qkv`): Qwen2's with its biases, and
+# Llama's permuted q / k rows in Q8_0 blocks.
+FUSED_QKV = {"qwen2": "f32", "llama": "q8_0"}
 # Families whose logits are not recorded here: qwen3_5 (not loaded by holo from GGUF) and gpt_oss (its logits
 # and greedy tokens are gguf/gpt_oss.json's, of the same temporary folder).
 NO_LOGITS = {"qwen3_5", "gpt_oss"}
@@ -315,15 +320,28 @@ def dequantized_state(gguf, path: Path, folder: Path, model) -> dict:
     config = model.config
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     read = {t.name: t for t in reader.tensors}
+    # Where `--fuse-qkv` wrote q, k and v as one `attn_qkv`, their rows in it.
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    fused_rows = {"attn_q": slice(0, q), "attn_k": slice(q, q + kv), "attn_v": slice(q + kv, q + 2 * kv)}
     state = {}
     for hf_name, tensor in model.state_dict().items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None or gguf_name not in read:
-            if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-                continue
+        # `blk.N.attn_q.weight` → `attn_q`, `blk.N.attn_qkv.weight`.
+        parts = (gguf_name or "").split(".")
+        module = parts[2] if len(parts) == 4 else None
+        fused = ".".join([*parts[:2], "attn_qkv", parts[-1]])
+        if gguf_name in read:
+            t = read[gguf_name]
+            values = gguf.quants.dequantize(t.data, t.tensor_type)
+        elif module in fused_rows and fused in read:
+            t = read[fused]
+            values = gguf.quants.dequantize(t.data, t.tensor_type)[fused_rows[module]]
+        elif hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        else:
             sys.exit(f"{path.name}: no tensor for {hf_name} ({gguf_name})")
-        t = read[gguf_name]
-        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tensor.shape).astype(np.float32)
+        values = values.reshape(tensor.shape).astype(np.float32)
         if arch_name in ("llama", "smollm3") and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
             values = unpermute(values, heads)
@@ -414,6 +432,10 @@ def main() -> None:
             runs = [(f"{family}.gguf", "f32", ARGUMENTS.get(family, []))]
             if family in QUANTIZED:
                 runs.append((f"{family}-q8_0.gguf", "q8_0", []))
+            if family in FUSED_QKV:
+                outtype = FUSED_QKV[family]
+                suffix = "" if outtype == "f32" else f"-{outtype}"
+                runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv"]))
             for name, outtype, extra in runs:
                 arguments = run_converter(vendored, site, folder, OUT / name, outtype, extra)
                 arguments[arguments.index("--outfile") + 1] = name

@@ -2,7 +2,8 @@
 //! llama.cpp 0c1e57098) from the committed family fixtures, checked against transformers: each file
 //! loads to its folder's config, gives transformers' logits, and its tokenizer and chat template give
 //! the folder tokenizer's ids. The q8_0 files are checked against transformers run on the file's own
-//! weights dequantized, so they too must match to float rounding.
+//! weights dequantized, so they too must match to float rounding; `-qkv` files have q, k and v fused
+//! into one `attn_qkv` (the converter's `--fuse-qkv`).
 //!
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_converted.py
 //!     cargo test -p holo-runtime --test model gguf_converted
@@ -15,6 +16,7 @@ use candle_core::{DType, Device};
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::model::Weight;
 use holo_runtime::local::{Arch, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value;
@@ -206,10 +208,25 @@ fn converted_ggufs_tokenize_and_template_as_the_folders_tokenizer() {
 /// hand-written Q8_0 files are held to (`gguf::a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices`).
 #[test]
 fn converted_q8_0_ggufs_sample_from_their_blocks_near_their_dequantized_logits() {
-    for file in ["phi3-q8_0.gguf", "llama-q8_0.gguf", "qwen3-q8_0.gguf"] {
+    let files = [
+        "phi3-q8_0.gguf",
+        "llama-q8_0.gguf",
+        "llama-qkv-q8_0.gguf",
+        "qwen3-q8_0.gguf",
+    ];
+    for file in files {
         let path = converted(file);
         let dense = load_model(&path, DType::F32, &Device::Cpu).unwrap();
         let kept = load_quantized(&path, DType::F32, &Device::Cpu).unwrap();
+        // The converter's fused `attn_qkv` (`--fuse-qkv`) split into q, k and v, each kept in blocks.
+        for layer in kept.layers.iter().filter(|_| file.contains("-qkv")) {
+            for (name, linear) in Model::linears(layer) {
+                assert!(
+                    matches!(linear.weight, Weight::Quantized(_)),
+                    "{file}: {name} was dequantized"
+                );
+            }
+        }
         let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
         let (a, b) = (
             sequence_logits(&dense, &sequence),

@@ -55,7 +55,9 @@
 //!   a mixture's experts in MXFP4 are kept as their blocks too ([`Weight::Mxfp4`]); the embeddings,
 //!   norms and other experts are dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
 //!   rotary layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
-//!   permuted), rows of blocks alike;
+//!   permuted), rows of blocks alike; a layer's q, k and v fused into one `attn_qkv` by the converter's
+//!   `--fuse-qkv` (any family but Phi-3, whose `attn_qkv` is its own `qkv_proj`) are split back by rows
+//!   (q's heads, then k's, then v's), weights, biases and blocks alike (`rows.rs`);
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
 //!   byte-level BPE for `gpt2` vocabularies (SmolLM2, Qwen2, Llama 3) with the split regex that
 //!   `tokenizer.ggml.pre` names, sentencepiece-style BPE with byte fallback for `llama` ones; control
@@ -70,11 +72,10 @@ use std::io::BufReader;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
@@ -87,8 +88,12 @@ use super::model::{Linear, Model, Weight};
 use crate::kernels::mxfp4::Mxfp4Matrix;
 use header::{Header, TensorInfo, TensorType};
 use holo_core::chat::ChatTemplate;
+use rows::{
+    block_rows, fused_qkv, qkv_parts, rotary_heads, unpermute_rotary, unpermute_rotary_blocks,
+};
 
 pub mod header;
+mod rows;
 mod tokenizer;
 
 /// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.
@@ -410,6 +415,9 @@ impl Gguf {
                 )))
             }
         };
+        // Separate, or fused by the converter's `--fuse-qkv`.
+        let qkv_bias =
+            self.has_tensor("blk.0.attn_q.bias") || self.has_tensor("blk.0.attn_qkv.bias");
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
             Arch::Phi3 => (
@@ -417,9 +425,9 @@ impl Gguf {
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
-            Arch::Qwen3 => (self.has_tensor("blk.0.attn_q.bias"), false, false),
+            Arch::Qwen3 => (qkv_bias, false, false),
             _ => (
-                self.has_tensor("blk.0.attn_q.bias"),
+                qkv_bias,
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
@@ -807,6 +815,40 @@ impl Gguf {
                     .map_err(fail)?;
                 continue;
             }
+            if let Some((layer, kind)) = fused_qkv(config.arch, name) {
+                let quantized = info
+                    .read(&mut reader, self.header.data_offset)
+                    .map_err(fail)?;
+                let keep = blocks == Blocks::Keep && keeps(name, info);
+                let dense = match keep {
+                    true => None,
+                    false => Some(quantized.dequantize(&Device::Cpu).map_err(fail)?),
+                };
+                for (projection, rows, heads) in qkv_parts(&config) {
+                    let hf = format!("model.layers.{layer}.self_attn.{projection}.{kind}");
+                    let Some(dense) = &dense else {
+                        let part = block_rows(&quantized, rows).map_err(fail)?;
+                        let part = match heads {
+                            Some(heads) => unpermute_rotary_blocks(&part, heads).map_err(fail)?,
+                            None => part,
+                        };
+                        target
+                            .keep(hf, Weight::Quantized(Arc::new(part)))
+                            .map_err(fail)?;
+                        continue;
+                    };
+                    let mut part = dense.narrow(0, rows.start, rows.len()).map_err(fail)?;
+                    if let Some(heads) = heads {
+                        part = unpermute_rotary(&part, heads).map_err(fail)?;
+                    }
+                    let part = part
+                        .to_dtype(dtype)
+                        .and_then(|part| part.to_device(device))
+                        .map_err(fail)?;
+                    target.tensors.insert(hf, part);
+                }
+                continue;
+            }
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
                 self.weights_error(format!(
                     "tensor {name}: not a tensor of a {} model",
@@ -974,25 +1016,6 @@ fn expert_tensor(name: &str) -> Option<(usize, ExpertStack, &str)> {
     matches!(kind, "weight" | "bias").then_some((layer.parse().ok()?, stack, kind))
 }
 
-/// Undoes llama.cpp's q / k row permutation (transformers' `reverse_permute_weights`): within each
-/// head, rows `[0, 2, 4, …, 1, 3, 5, …]` as llama.cpp stores them go back to Hugging Face's
-/// `[0, 1, 2, …]` half-rotation order. Works on weights `[rows, in]` and biases `[rows]`.
-fn unpermute_rotary(tensor: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
-    let dims = tensor.dims().to_vec();
-    let rows = dims[0];
-    if !rows.is_multiple_of(2 * heads) {
-        candle_core::bail!("{rows} rows do not split into {heads} heads of rotary pairs");
-    }
-    let half = rows / heads / 2;
-    let mut shape = vec![heads, half, 2];
-    shape.extend_from_slice(&dims[1..]);
-    tensor
-        .reshape(shape)?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape(dims)
-}
-
 /// Whether [`Blocks::Keep`] keeps the tensor `name` as it is: a layer's projection matrix in a quantized
 /// type.
 fn keeps(name: &str, info: &TensorInfo) -> bool {
@@ -1021,49 +1044,6 @@ fn keeps_type(info: &TensorInfo) -> bool {
                     | GgmlDType::Q6K
             )
         )
-}
-
-/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (the `attn_q` and `attn_k` of a
-/// model written as `llama`, Mistral's and Ministral's included, or as `smollm3`), or `None`.
-fn rotary_heads(config: &ModelConfig, name: &str) -> Option<usize> {
-    if !matches!(
-        config.arch,
-        Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3
-    ) {
-        None
-    } else if name.contains(".attn_q.") {
-        Some(config.num_attention_heads)
-    } else if name.contains(".attn_k.") {
-        Some(config.num_key_value_heads)
-    } else {
-        None
-    }
-}
-
-/// [`unpermute_rotary`] on a matrix of blocks: a row's blocks lie along its inputs, so each row's bytes
-/// move whole.
-fn unpermute_rotary_blocks(blocks: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
-    let (rows, _) = blocks.shape().dims2()?;
-    if !rows.is_multiple_of(2 * heads) {
-        candle_core::bail!("{rows} rows do not split into {heads} heads of rotary pairs");
-    }
-    let half = rows / heads / 2;
-    let bytes = blocks.data()?;
-    let row_bytes = bytes.len() / rows;
-    let mut out = vec![0u8; bytes.len()];
-    for head in 0..heads {
-        for pair in 0..2 {
-            for i in 0..half {
-                // Row `(head, pair, i)` in Hugging Face's order is row `(head, i, pair)` in the file's.
-                let to = head * 2 * half + pair * half + i;
-                let from = head * 2 * half + i * 2 + pair;
-                out[to * row_bytes..(to + 1) * row_bytes]
-                    .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
-            }
-        }
-    }
-    let storage = QStorage::from_data(Cow::Owned(out), &Device::Cpu, blocks.dtype())?;
-    QTensor::new(storage, blocks.shape().clone())
 }
 
 /// [`files::load_model`](super::files::load_model) for a GGUF file: every tensor dequantized.
