@@ -745,11 +745,21 @@ fn bad_gguf_files_are_errors_that_name_the_file_and_the_key() {
         "{message}"
     );
 
-    let unknown = with("unknown.gguf", &|_| {}, &["blk.0.attn_qkv.weight"]);
+    let unknown = with("unknown.gguf", &|_| {}, &["blk.0.ssm_conv1d.weight"]);
     let message = error(&unknown);
     assert!(
         message.contains("unknown.gguf")
-            && message.contains("tensor blk.0.attn_qkv.weight: not a tensor of a qwen2 model"),
+            && message.contains("tensor blk.0.ssm_conv1d.weight: not a tensor of a qwen2 model"),
+        "{message}"
+    );
+
+    // A fused q, k and v (the converter's `--fuse-qkv`) of the wrong height.
+    let short = with("short-qkv.gguf", &|_| {}, &["blk.0.attn_qkv.weight"]);
+    let message = error(&short);
+    assert!(
+        message.contains(
+            "tensor blk.0.attn_qkv.weight has shape [64]: q, k and v fused take 128 rows"
+        ),
         "{message}"
     );
 

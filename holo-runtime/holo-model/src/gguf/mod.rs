@@ -816,6 +816,14 @@ impl Gguf {
                 continue;
             }
             if let Some((layer, kind)) = fused_qkv(config.arch, name) {
+                let parts = qkv_parts(&config);
+                let rows = parts[2].1.end;
+                if info.shape.dims().first() != Some(&rows) {
+                    return Err(self.weights_error(format!(
+                        "tensor {name} has shape {:?}: q, k and v fused take {rows} rows",
+                        info.shape.dims()
+                    )));
+                }
                 let quantized = info
                     .read(&mut reader, self.header.data_offset)
                     .map_err(fail)?;
@@ -824,7 +832,7 @@ impl Gguf {
                     true => None,
                     false => Some(quantized.dequantize(&Device::Cpu).map_err(fail)?),
                 };
-                for (projection, rows, heads) in qkv_parts(&config) {
+                for (projection, rows, heads) in parts {
                     let hf = format!("model.layers.{layer}.self_attn.{projection}.{kind}");
                     let Some(dense) = &dense else {
                         let part = block_rows(&quantized, rows).map_err(fail)?;
