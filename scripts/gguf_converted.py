@@ -295,14 +295,9 @@ def gguf_module(vendored: Path):
     return gguf
 
 
-def permute(weights, heads: int):
-    """`LlamaModel.permute`: each head's rows from the half-split rotary order to llama.cpp's interleaved one."""
-    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
-
-
 def unpermute(weights, heads: int):
-    """The inverse of `permute`."""
+    """The inverse of `LlamaModel.permute`: each head's rows from llama.cpp's interleaved rotary order back to
+    the half-split one."""
     return (weights.reshape(heads, weights.shape[0] // heads // 2, 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
 
