@@ -1,21 +1,17 @@
 #!/usr/bin/env python3
-"""GGUF files of the committed random fixtures, as llama.cpp's `convert_hf_to_gguf.py` writes them, and
-transformers' logits of the folders they come from, for `holo-runtime/tests/model/gguf_families.rs` (each
-file must load to its folder's config and to transformers' logits).
+"""GGUF files that llama.cpp's reader loads but its converter (`convert_hf_to_gguf.py`) does not write from
+the committed random fixtures, written with the `gguf` package (gguf-py, llama.cpp's own writer) as the
+converter would, and transformers' logits of the folders they come from, for
+`holo-runtime/tests/model/gguf_families.rs` and `gguf_gpt_oss.rs`. Every family the converter does write is
+converted by the converter itself in `scripts/gguf_converted.py` (`gguf/converted/`); Phi-3, OLMo 3 and
+SmolLM3 files this script used to write were tensor for tensor and key for key the converter's (but for
+`general.*` and the BOS id), and are gone.
 
-    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py [phi3 olmo3 mistral ministral smollm3 gpt_oss]
+    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py [mistral ministral smollm3 gpt_oss]
 
-Written with the `gguf` package (gguf-py, llama.cpp's own writer; in the peers' venv, `pip install gguf`
-otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
+Written with the `gguf` package (in the peers' venv, `pip install gguf` otherwise) into
+`holo-runtime/tests/fixtures/models/gguf/`:
 
-    phi3.gguf      `phi3`: the fused `attn_qkv` and `ffn_up` (gate then up) as they are, `rope.dimension_count`
-                   the rotated part of a head, LongRoPE's factors as the tensors `rope_factors_long` /
-                   `rope_factors_short` with `rope.scaling.attn_factor` and
-                   `rope.scaling.original_context_length`, `attention.sliding_window` 0 for none
-                   (`Phi3MiniModel`);
-    olmo3.gguf     `olmo2` (llama.cpp writes OLMo 3 as OLMo 2): `attention.sliding_window`, the windowed layers
-                   as `attention.sliding_window_pattern` (one flag per layer, from `layer_types`), the
-                   windowed layers' RoPE base as `rope.freq_base_swa` (`Olmo2Model`, `TextModel`);
     mistral.gguf   `llama` (llama.cpp writes `MistralForCausalLM` as Llama, `LlamaModel`): q / k rows permuted
                    as `LlamaModel.permute` does, `attention.key_length` / `value_length` for heads wider than
                    hidden / heads, `rope.dimension_count`. llama.cpp's converter writes no window for Mistral
@@ -24,13 +20,13 @@ otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
                    (`add_sliding_window`), where this loader looks for a Mistral window;
     ministral.gguf as mistral.gguf, with `layer_types` as `llama.attention.sliding_window_pattern`, one flag
                    per layer (`add_sliding_window_pattern`, as OLMo 3's);
-    smollm3.gguf   `smollm3`: Llama's tensors, q / k rows permuted as `LlamaModel.permute` does. llama.cpp
-                   writes no key for the layers without RoPE (neither does gguf-py 0.19 have one): its graph
-                   leaves RoPE out of every fourth layer (`n_no_rope_layer_step = 4`), transformers' default
+    smollm3/       not a file but the folder `gguf_converted.py` converts: llama.cpp writes no key for the
+                   layers without RoPE (neither does gguf-py 0.19 have one): its graph leaves RoPE out of
+                   every fourth layer (`n_no_rope_layer_step = 4`), transformers' default
                    `no_rope_layer_interval`. The committed fixture leaves it out of its second of two layers,
-                   which a GGUF file cannot say, so the file is made from `smollm3/` (next to it): a
-                   `SmolLM3ForCausalLM` of four layers, the fixture's two twice over, saved by transformers
-                   with `no_rope_layers` derived by its config from `no_rope_layer_interval` 4 ([1, 1, 1, 0]);
+                   which a GGUF file cannot say, so `smollm3/` is a `SmolLM3ForCausalLM` of four layers, the
+                   fixture's two twice over, saved by transformers with `no_rope_layers` derived by its
+                   config from `no_rope_layer_interval` 4 ([1, 1, 1, 0]);
     gpt_oss.gguf   `gpt-oss`, its experts in MXFP4 as `GptOssModel` repacks OpenAI's `*_blocks`/`*_scales`
                    (`repack_mxfp4`, `transform_nibble_layout`: one E8M0 byte then sixteen bytes whose low
                    nibbles are the block's first sixteen values and high nibbles its last sixteen), gate and
@@ -44,14 +40,16 @@ otherwise) into `holo-runtime/tests/fixtures/models/gguf/`:
                    times larger (E8M0 exponents + 2, the same codes), so that the clamp still bites (a
                    folder written to a temporary directory); `gpt_oss.json` holds transformers' logits and
                    greedy tokens of that model, its experts dequantized by `convert_moe_packed_tensors`.
+                   llama.cpp's converter writes gpt_oss.gguf too (`gguf/converted/gpt_oss.gguf`, the same
+                   tensors), but not the fused one: its `GptOssModel` splits gate and up itself, bypassing
+                   `--fuse-gate-up-exps`. `benches/gguf_memory.py` reads this script's gpt_oss.gguf.
 
 Tensor names come from gguf-py's `get_tensor_name_map` (llama.cpp's `tensor_mapping.py`); the tokenizer is the
 fixtures' byte-level BPE (`tokenizer.ggml.model` gpt2, its merges, the added tokens as control tokens). Every
 tensor but gpt-oss's experts is F32, so the files load to the folders' logits exactly but for the order of sums.
 
-`expected.json` beside them: for each file but gpt-oss's, its folder and transformers' logits (f32, eager
-attention) of SEQUENCES at the positions listed, past the fixtures' windows (4 positions) and past Phi-3's original context
-(64 positions).
+`expected.json` beside them: for mistral.gguf and ministral.gguf, its folder and transformers' logits (f32,
+eager attention) of SEQUENCES at the positions listed, past the fixtures' windows (4 positions).
 """
 
 from __future__ import annotations
@@ -78,7 +76,7 @@ OUT = FIXTURES / "gguf"
 # llama.cpp's SmolLM3 graph: RoPE left out where (layer + 1) % 4 == 0, whatever the checkpoint says.
 NO_ROPE_STEP = 4
 # The sequences whose logits the test compares, and at which positions: past the windows of 4, and past
-# Phi-3's original context of 64 (where LongRoPE takes its long factors).
+# 64 positions (gguf_converted.py's, where Phi-3's LongRoPE takes its long factors).
 SEQUENCES = [
     ([1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 8]),
     ([509, 100, 200, 300, 7], [4]),
@@ -167,42 +165,6 @@ def write(name: str, arch: gguf.MODEL_ARCH, folder: Path, config: dict, extra, t
     return out
 
 
-def phi3() -> Path:
-    folder = FIXTURES / "phi3"
-    config = json.loads((folder / "config.json").read_text())
-    rope = rope_parameters(config)
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
-    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads
-    original = rope["original_max_position_embeddings"]
-    scale = config["max_position_embeddings"] / original
-
-    def extra(writer: gguf.GGUFWriter) -> None:
-        writer.add_rope_dimension_count(rope_dims)
-        writer.add_rope_scaling_orig_ctx_len(original)
-        writer.add_sliding_window(config.get("sliding_window") or 0)
-        if rope.get("rope_type") != "longrope":
-            sys.exit("phi3: the fixture is expected to use LongRoPE")
-        attn_factor = (1 + np.log(scale) / np.log(original)) ** 0.5 if scale > 1 else 1.0
-        writer.add_rope_scaling_attn_factors(float(attn_factor))
-
-    extra.tensors = [
-        ("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32)),
-        ("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32)),
-    ]
-    return write("phi3", gguf.MODEL_ARCH.PHI3, folder, config, extra)
-
-
-def olmo3() -> Path:
-    folder = FIXTURES / "olmo3"
-    config = json.loads((folder / "config.json").read_text())
-
-    def extra(writer: gguf.GGUFWriter) -> None:
-        writer.add_sliding_window(config["sliding_window"])
-        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in config["layer_types"]])
-
-    return write("olmo3", gguf.MODEL_ARCH.OLMO2, folder, config, extra)
-
-
 def llama_permuted(config: dict):
     """`LlamaModel.modify_tensors`' q / k permutation, for the architectures llama.cpp writes as Llama."""
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -236,6 +198,7 @@ def mistral(name: str) -> Path:
 
 
 def smollm3() -> Path:
+    """`gguf/smollm3/`, the four-layer folder `gguf_converted.py` converts (see the module's documentation)."""
     fixture = FIXTURES / "smollm3"
     config = json.loads((fixture / "config.json").read_text())
     layers = config["num_hidden_layers"]
@@ -244,7 +207,7 @@ def smollm3() -> Path:
         print(
             f"smollm3: the fixture's no_rope_layers {config['no_rope_layers']} are not llama.cpp's fixed "
             f"pattern {wanted} (RoPE left out of every fourth layer, no GGUF key): a GGUF file cannot hold "
-            "it; writing the four-layer smollm3/ instead"
+            "it; writing the four-layer gguf/smollm3/ for gguf_converted.py"
         )
     # Four layers, the fixture's two twice over; transformers derives which have RoPE from the interval.
     derived = {key: value for key, value in config.items() if key not in ("no_rope_layers", "layer_types")}
@@ -272,8 +235,7 @@ def smollm3() -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
         shutil.copy(fixture / name, folder / name)
-    saved = json.loads((folder / "config.json").read_text())
-    return write("smollm3", gguf.MODEL_ARCH.SMOLLM3, folder, saved, lambda writer: None, llama_permuted(saved))
+    return folder
 
 
 @torch.no_grad()
@@ -515,13 +477,11 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     only = sys.argv[1:]
     # Each maker writes its files and returns them with the folder whose transformers logits
-    # `expected.json` records for them (None: gpt-oss records its own, in gpt_oss.json).
+    # `expected.json` records for them (None: gpt-oss records its own, in gpt_oss.json; smollm3/ is a folder).
     makers = {
-        "phi3": lambda: {phi3(): FIXTURES / "phi3"},
-        "olmo3": lambda: {olmo3(): FIXTURES / "olmo3"},
         "mistral": lambda: {mistral("mistral"): FIXTURES / "mistral"},
         "ministral": lambda: {mistral("ministral"): FIXTURES / "ministral"},
-        "smollm3": lambda: {smollm3(): OUT / "smollm3"},
+        "smollm3": lambda: {smollm3(): None},
         "gpt_oss": lambda: {made: None for made in gpt_oss()},
     }
     unknown = [name for name in only if name not in makers]

@@ -553,8 +553,8 @@ fn a_q8_0_gguf_is_the_model_with_q8_0_rounded_matrices() {
 }
 
 /// The Llama fixture with its q / k rows permuted as llama.cpp stores them comes back as the same model
-/// (rope scaling off on both sides: llama.cpp keeps Llama 3 scaling as a `rope_freqs` tensor, which is
-/// refused).
+/// (rope scaling off on both sides: llama.cpp keeps Llama 3 scaling as a `rope_freqs` tensor, which
+/// this writer leaves out; `gguf_converted` reads the converter's).
 #[test]
 fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
     let dir = fixture("llama");
@@ -745,11 +745,21 @@ fn bad_gguf_files_are_errors_that_name_the_file_and_the_key() {
         "{message}"
     );
 
-    let unknown = with("unknown.gguf", &|_| {}, &["blk.0.attn_qkv.weight"]);
+    let unknown = with("unknown.gguf", &|_| {}, &["blk.0.ssm_conv1d.weight"]);
     let message = error(&unknown);
     assert!(
         message.contains("unknown.gguf")
-            && message.contains("tensor blk.0.attn_qkv.weight: not a tensor of a qwen2 model"),
+            && message.contains("tensor blk.0.ssm_conv1d.weight: not a tensor of a qwen2 model"),
+        "{message}"
+    );
+
+    // A fused q, k and v (the converter's `--fuse-qkv`) of the wrong height.
+    let short = with("short-qkv.gguf", &|_| {}, &["blk.0.attn_qkv.weight"]);
+    let message = error(&short);
+    assert!(
+        message.contains(
+            "tensor blk.0.attn_qkv.weight has shape [64]: q, k and v fused take 128 rows"
+        ),
         "{message}"
     );
 

@@ -1,9 +1,13 @@
 //! gpt-oss GGUF files as llama.cpp's converter writes them — experts in MXFP4 (ggml type 39), which
-//! candle's own reader refuses — loaded to transformers' model of the same weights
-//! (`scripts/gguf_families.py` wrote the files from `gpt_oss/mxfp4/`, with llama.cpp's clamp of 7 and
-//! the gate/up weights four times larger, and `gguf/gpt_oss.json` from transformers).
+//! candle's own reader refuses — loaded to transformers' model of the same weights: `gguf/converted/
+//! gpt_oss.gguf` written by llama.cpp's own `convert_hf_to_gguf.py` (`scripts/gguf_converted.py`), and
+//! `gguf/gpt_oss.gguf` and `gguf/gpt_oss-fused.gguf` by `scripts/gguf_families.py`'s reproduction of it
+//! (the fused gate/up layout, `--fuse-gate-up-exps`, is one llama.cpp's converter does not write for
+//! gpt-oss), all from `gpt_oss/mxfp4/` with llama.cpp's clamp of 7 and the gate/up weights four times
+//! larger; `gguf/gpt_oss.json` holds transformers' logits and greedy tokens of that model.
 //!
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py gpt_oss
+//!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_converted.py gpt_oss
 //!     cargo test -p holo-runtime --test model gguf_gpt_oss
 
 use std::collections::HashMap;
@@ -35,7 +39,12 @@ fn expected() -> Value {
 #[test]
 fn a_gpt_oss_gguf_with_mxfp4_experts_is_transformers_model() {
     let expected = expected();
-    let model = load_model(&fixture("gguf/gpt_oss.gguf"), DType::F32, &Device::Cpu).unwrap();
+    let model = load_model(
+        &fixture("gguf/converted/gpt_oss.gguf"),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     let config = &model.config;
     // What llama.cpp's keys and constants say, read as transformers' config would have it.
     let folder = ModelConfig::from_file(&fixture("gpt_oss/mxfp4/config.json")).unwrap();
@@ -100,7 +109,8 @@ fn a_gpt_oss_gguf_with_mxfp4_experts_is_transformers_model() {
 
 /// Every weight of the file, the experts dequantized from ggml's MXFP4 blocks, is bit for bit the one
 /// a folder of OpenAI's MXFP4 layout loads to (the gate/up weights four times the fixture's, as the
-/// script wrote them: a power of two, so exactly); the fused gate/up file is the same model.
+/// scripts wrote them: a power of two, so exactly); the reproduction and its fused gate/up file are the
+/// converter's model.
 #[test]
 fn gpt_oss_ggufs_hold_the_mxfp4_folders_weights_bit_for_bit() {
     let weights =
@@ -111,7 +121,12 @@ fn gpt_oss_ggufs_hold_the_mxfp4_folders_weights_bit_for_bit() {
         let values: Vec<f32> = tensor.flatten_all().unwrap().to_vec1().unwrap();
         values.iter().map(|value| value.to_bits()).collect()
     };
-    for file in ["gguf/gpt_oss.gguf", "gguf/gpt_oss-fused.gguf"] {
+    let files = [
+        "gguf/converted/gpt_oss.gguf",
+        "gguf/gpt_oss.gguf",
+        "gguf/gpt_oss-fused.gguf",
+    ];
+    for file in files {
         let model = load_model(&fixture(file), DType::F32, &Device::Cpu).unwrap();
         let ours = weights(&model);
         assert_eq!(ours.len(), folder.len(), "{file}");
@@ -144,7 +159,11 @@ fn gpt_oss_ggufs_hold_the_mxfp4_folders_weights_bit_for_bit() {
 fn a_gpt_oss_gguf_samples_transformers_greedy_tokens() {
     let expected = expected();
     let greedy = &expected["greedy"];
-    let model = LocalModel::load(fixture("gguf/gpt_oss.gguf"), LocalOptions::default()).unwrap();
+    let model = LocalModel::load(
+        fixture("gguf/converted/gpt_oss.gguf"),
+        LocalOptions::default(),
+    )
+    .unwrap();
     let tokens = ids(&greedy["tokens"]);
     let request = Request {
         prompt: Prompt::Tokens(ids(&greedy["prompt"])),
@@ -167,7 +186,7 @@ fn a_gpt_oss_gguf_samples_transformers_greedy_tokens() {
 /// greedy decoding gives transformers' tokens.
 #[test]
 fn a_gpt_oss_gguf_samples_from_its_mxfp4_blocks() {
-    let file = fixture("gguf/gpt_oss.gguf");
+    let file = fixture("gguf/converted/gpt_oss.gguf");
     let packed = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
     let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
     let mut kept = 0;

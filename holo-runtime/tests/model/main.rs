@@ -9,6 +9,8 @@ mod common;
 #[cfg(feature = "local")]
 mod gguf;
 #[cfg(feature = "local")]
+mod gguf_converted;
+#[cfg(feature = "local")]
 mod gguf_families;
 #[cfg(feature = "local")]
 mod gguf_gpt_oss;

@@ -23,6 +23,8 @@
 //!   Phi-3's `attn_qkv` and `ffn_up` hold the fused `qkv_proj` and `gate_up_proj`, RoPE rotates
 //!   `rope.dimension_count` of each head, LongRoPE's factors are the tensors `rope_factors_long` and
 //!   `rope_factors_short` (with `rope.scaling.original_context_length` and `rope.scaling.attn_factor`),
+//!   Llama 3.1's rope scaling is the tensor `rope_freqs`, one factor per frequency that divides it,
+//!   read as LongRoPE with those factors short and long and an attention factor of 1,
 //!   and `attention.sliding_window`, when not 0, windows every layer; Qwen3-MoE's experts from
 //!   `expert_count`, `expert_used_count` and `expert_feed_forward_length`, renormalised over the chosen
 //!   ones as llama.cpp's graph does (`expert_weights_norm` when given), on the layers that have a router
@@ -53,7 +55,9 @@
 //!   a mixture's experts in MXFP4 are kept as their blocks too ([`Weight::Mxfp4`]); the embeddings,
 //!   norms and other experts are dequantized either way. llama.cpp stores a Llama model's q and k rows permuted for its
 //!   rotary layout; they are put back in Hugging Face's order as transformers does (Qwen2 files are not
-//!   permuted), rows of blocks alike;
+//!   permuted), rows of blocks alike; a layer's q, k and v fused into one `attn_qkv` by the converter's
+//!   `--fuse-qkv` (any family but Phi-3, whose `attn_qkv` is its own `qkv_proj`) are split back by rows
+//!   (q's heads, then k's, then v's), weights, biases and blocks alike (`rows.rs`);
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
 //!   byte-level BPE for `gpt2` vocabularies (SmolLM2, Qwen2, Llama 3) with the split regex that
 //!   `tokenizer.ggml.pre` names, sentencepiece-style BPE with byte fallback for `llama` ones; control
@@ -68,11 +72,10 @@ use std::io::BufReader;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
@@ -85,8 +88,12 @@ use super::model::{Linear, Model, Weight};
 use crate::kernels::mxfp4::Mxfp4Matrix;
 use header::{Header, TensorInfo, TensorType};
 use holo_core::chat::ChatTemplate;
+use rows::{
+    block_rows, fused_qkv, qkv_parts, rotary_heads, unpermute_rotary, unpermute_rotary_blocks,
+};
 
 pub mod header;
+mod rows;
 mod tokenizer;
 
 /// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.
@@ -134,6 +141,9 @@ const OAI_SWIGLU: ClampedSwiGlu = ClampedSwiGlu {
     alpha: 1.702,
     limit: 7.0,
 };
+
+/// llama.cpp's per-frequency RoPE factors (see [`Gguf::rope_freqs`]).
+const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// llama.cpp's SmolLM3 graph leaves RoPE out of every layer `l` with `(l + 1) % 4 == 0`
 /// (`n_no_rope_layer_step`), a constant of its code rather than a key of the file.
@@ -366,15 +376,18 @@ impl Gguf {
             }
             None => None,
         };
-        if self.has_tensor("rope_freqs.weight") {
-            return Err(self.config_error(
-                "tensor rope_freqs.weight (llama.cpp's per-frequency RoPE factors, Llama 3.1 rope \
-                 scaling) is not supported"
-                    .into(),
-            ));
-        }
         let rope_scaling = match self.str_key(&key("rope.scaling.type"))? {
             None | Some("none") if arch == Arch::Phi3 => self.long_rope(name)?,
+            None | Some("none") if self.has_tensor(ROPE_FREQS) => {
+                self.rope_freqs(name, rotary_dim.unwrap_or(head_dim))?
+            }
+            Some(kind) if self.has_tensor(ROPE_FREQS) => {
+                return Err(self.config_error(format!(
+                    "tensor {ROPE_FREQS} (one RoPE factor per frequency) with `{}` {kind:?}: \
+                     two rescalings of the same frequencies",
+                    key("rope.scaling.type")
+                )))
+            }
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: self.f64_key(&key("rope.scaling.factor"))?.ok_or_else(|| {
@@ -402,6 +415,9 @@ impl Gguf {
                 )))
             }
         };
+        // Separate, or fused by the converter's `--fuse-qkv`.
+        let qkv_bias =
+            self.has_tensor("blk.0.attn_q.bias") || self.has_tensor("blk.0.attn_qkv.bias");
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
             Arch::Phi3 => (
@@ -409,9 +425,9 @@ impl Gguf {
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
-            Arch::Qwen3 => (self.has_tensor("blk.0.attn_q.bias"), false, false),
+            Arch::Qwen3 => (qkv_bias, false, false),
             _ => (
-                self.has_tensor("blk.0.attn_q.bias"),
+                qkv_bias,
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
@@ -649,6 +665,30 @@ impl Gguf {
         })
     }
 
+    /// llama.cpp's `rope_freqs`: one factor per rotated pair that divides its frequency, which the
+    /// converter computes from Llama 3.1's `llama3` rope scaling (`LlamaModel.generate_extra_tensors`)
+    /// and writes instead of its parameters (too few of the factors fall between the bands to recover
+    /// them in general). transformers computes the same frequencies from LongRoPE with these factors as
+    /// both its short and long ones and an attention factor of 1, which is how `holo export` writes the
+    /// model's `config.json`.
+    fn rope_freqs(&self, name: &str, rotated: usize) -> Result<RopeScaling, LoadError> {
+        let factors = self.vector(ROPE_FREQS)?;
+        if factors.len() != rotated / 2 {
+            return Err(self.weights_error(format!(
+                "tensor {ROPE_FREQS} has {} factors, but RoPE rotates {} pairs of each head",
+                factors.len(),
+                rotated / 2
+            )));
+        }
+        Ok(RopeScaling::LongRope {
+            short_factor: factors.clone(),
+            long_factor: factors,
+            original_max_position_embeddings: self
+                .required_usize(&format!("{name}.context_length"))?,
+            attention_factor: 1.0,
+        })
+    }
+
     /// The values of the one-dimensional tensor `name`, read from the file.
     fn vector(&self, name: &str) -> Result<Vec<f64>, LoadError> {
         let fail =
@@ -753,8 +793,10 @@ impl Gguf {
         };
         let mut head_blocks = None;
         for name in names {
-            if name.starts_with("rope_factors_") && config.arch == Arch::Phi3 {
-                // LongRoPE's factors, in the config already.
+            if (name.starts_with("rope_factors_") && config.arch == Arch::Phi3)
+                || name == ROPE_FREQS
+            {
+                // RoPE's factors, in the config already.
                 continue;
             }
             let info = &self.header.tensors[name];
@@ -771,6 +813,48 @@ impl Gguf {
                 target
                     .experts(info, stack, &mut reader, self.header.data_offset, keep)
                     .map_err(fail)?;
+                continue;
+            }
+            if let Some((layer, kind)) = fused_qkv(config.arch, name) {
+                let parts = qkv_parts(&config);
+                let rows = parts[2].1.end;
+                if info.shape.dims().first() != Some(&rows) {
+                    return Err(self.weights_error(format!(
+                        "tensor {name} has shape {:?}: q, k and v fused take {rows} rows",
+                        info.shape.dims()
+                    )));
+                }
+                let quantized = info
+                    .read(&mut reader, self.header.data_offset)
+                    .map_err(fail)?;
+                let keep = blocks == Blocks::Keep && keeps(name, info);
+                let dense = match keep {
+                    true => None,
+                    false => Some(quantized.dequantize(&Device::Cpu).map_err(fail)?),
+                };
+                for (projection, rows, heads) in parts {
+                    let hf = format!("model.layers.{layer}.self_attn.{projection}.{kind}");
+                    let Some(dense) = &dense else {
+                        let part = block_rows(&quantized, rows).map_err(fail)?;
+                        let part = match heads {
+                            Some(heads) => unpermute_rotary_blocks(&part, heads).map_err(fail)?,
+                            None => part,
+                        };
+                        target
+                            .keep(hf, Weight::Quantized(Arc::new(part)))
+                            .map_err(fail)?;
+                        continue;
+                    };
+                    let mut part = dense.narrow(0, rows.start, rows.len()).map_err(fail)?;
+                    if let Some(heads) = heads {
+                        part = unpermute_rotary(&part, heads).map_err(fail)?;
+                    }
+                    let part = part
+                        .to_dtype(dtype)
+                        .and_then(|part| part.to_device(device))
+                        .map_err(fail)?;
+                    target.tensors.insert(hf, part);
+                }
                 continue;
             }
             let hf = Self::hf_name(config.arch, name).ok_or_else(|| {
@@ -940,25 +1024,6 @@ fn expert_tensor(name: &str) -> Option<(usize, ExpertStack, &str)> {
     matches!(kind, "weight" | "bias").then_some((layer.parse().ok()?, stack, kind))
 }
 
-/// Undoes llama.cpp's q / k row permutation (transformers' `reverse_permute_weights`): within each
-/// head, rows `[0, 2, 4, …, 1, 3, 5, …]` as llama.cpp stores them go back to Hugging Face's
-/// `[0, 1, 2, …]` half-rotation order. Works on weights `[rows, in]` and biases `[rows]`.
-fn unpermute_rotary(tensor: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
-    let dims = tensor.dims().to_vec();
-    let rows = dims[0];
-    if !rows.is_multiple_of(2 * heads) {
-        candle_core::bail!("{rows} rows do not split into {heads} heads of rotary pairs");
-    }
-    let half = rows / heads / 2;
-    let mut shape = vec![heads, half, 2];
-    shape.extend_from_slice(&dims[1..]);
-    tensor
-        .reshape(shape)?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape(dims)
-}
-
 /// Whether [`Blocks::Keep`] keeps the tensor `name` as it is: a layer's projection matrix in a quantized
 /// type.
 fn keeps(name: &str, info: &TensorInfo) -> bool {
@@ -987,49 +1052,6 @@ fn keeps_type(info: &TensorInfo) -> bool {
                     | GgmlDType::Q6K
             )
         )
-}
-
-/// The heads whose q / k rows llama.cpp permuted in the tensor `name` (the `attn_q` and `attn_k` of a
-/// model written as `llama`, Mistral's and Ministral's included, or as `smollm3`), or `None`.
-fn rotary_heads(config: &ModelConfig, name: &str) -> Option<usize> {
-    if !matches!(
-        config.arch,
-        Arch::Llama | Arch::Mistral | Arch::Ministral | Arch::SmolLm3
-    ) {
-        None
-    } else if name.contains(".attn_q.") {
-        Some(config.num_attention_heads)
-    } else if name.contains(".attn_k.") {
-        Some(config.num_key_value_heads)
-    } else {
-        None
-    }
-}
-
-/// [`unpermute_rotary`] on a matrix of blocks: a row's blocks lie along its inputs, so each row's bytes
-/// move whole.
-fn unpermute_rotary_blocks(blocks: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
-    let (rows, _) = blocks.shape().dims2()?;
-    if !rows.is_multiple_of(2 * heads) {
-        candle_core::bail!("{rows} rows do not split into {heads} heads of rotary pairs");
-    }
-    let half = rows / heads / 2;
-    let bytes = blocks.data()?;
-    let row_bytes = bytes.len() / rows;
-    let mut out = vec![0u8; bytes.len()];
-    for head in 0..heads {
-        for pair in 0..2 {
-            for i in 0..half {
-                // Row `(head, pair, i)` in Hugging Face's order is row `(head, i, pair)` in the file's.
-                let to = head * 2 * half + pair * half + i;
-                let from = head * 2 * half + i * 2 + pair;
-                out[to * row_bytes..(to + 1) * row_bytes]
-                    .copy_from_slice(&bytes[from * row_bytes..(from + 1) * row_bytes]);
-            }
-        }
-    }
-    let storage = QStorage::from_data(Cow::Owned(out), &Device::Cpu, blocks.dtype())?;
-    QTensor::new(storage, blocks.shape().clone())
 }
 
 /// [`files::load_model`](super::files::load_model) for a GGUF file: every tensor dequantized.
