@@ -209,9 +209,18 @@ mod tests {
         let read = |json: &str| serde_json::from_str::<Targets>(json).unwrap();
         assert_eq!(read(r#""all-linear""#).to_string(), r#""all-linear""#);
         assert!(read(r#""ALL-LINEAR""#).all_linear() && read(r#"["all-linear"]"#).all_linear());
-        assert_eq!(serde_json::to_string(&regex).unwrap(), r#""model\\.layers\\.[01]\\.self_attn\\.(q|k)_proj""#);
-        assert_eq!(read(r#"["q_proj","v_proj"]"#), Targets::names(&["q_proj", "v_proj"]));
+        assert_eq!(
+            serde_json::to_string(&regex).unwrap(),
+            r#""model\\.layers\\.[01]\\.self_attn\\.(q|k)_proj""#
+        );
+        assert_eq!(
+            read(r#"["q_proj","v_proj"]"#),
+            Targets::names(&["q_proj", "v_proj"])
+        );
         let error = Targets::Regex("(?=q)_proj".into()).check().unwrap_err();
-        assert!(error.contains(r#""(?=q)_proj" are not a regular expression"#), "{error}");
+        assert!(
+            error.contains(r#""(?=q)_proj" are not a regular expression"#),
+            "{error}"
+        );
     }
 }

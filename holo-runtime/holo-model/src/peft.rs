@@ -269,14 +269,20 @@ mod tests {
         };
         let layer0 = lora(r"model\.layers\.0\.(self_attn\.q_proj|mlp\.experts\.(gate|up)_proj)");
         let named = layer0.named(Arch::Qwen3Moe, &modules, &parameters);
-        assert_eq!(named.targets, Targets::names(&["q_proj", "gate_proj", "up_proj"]));
+        assert_eq!(
+            named.targets,
+            Targets::names(&["q_proj", "gate_proj", "up_proj"])
+        );
         let resolved = named.resolved(Arch::Qwen3Moe, &[]).unwrap();
         assert_eq!(resolved.targets, Targets::names(&["q_proj"]));
         assert_eq!(resolved.parameters, names(&["gate_up_proj"]));
         // Elsewhere, and where it matches nothing, the expression stays.
         assert_eq!(layer0.named(Arch::Qwen3, &modules, &parameters), layer0);
         let nothing = lora(r".*\.nothing");
-        assert_eq!(nothing.named(Arch::Qwen3Moe, &modules, &parameters), nothing);
+        assert_eq!(
+            nothing.named(Arch::Qwen3Moe, &modules, &parameters),
+            nothing
+        );
         assert_eq!(nothing.resolved(Arch::Qwen3Moe, &[]).unwrap(), nothing);
     }
 

@@ -83,8 +83,10 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
         alpha
     };
     // A list of names, or one string: a regular expression (or "all-linear"), as PEFT reads it.
-    let targets: Targets = serde_json::from_value(field("target_modules")?.clone())
-        .map_err(|_| format!("`{name}`: `target_modules` is neither a list of names nor a string"))?;
+    let targets: Targets =
+        serde_json::from_value(field("target_modules")?.clone()).map_err(|_| {
+            format!("`{name}`: `target_modules` is neither a list of names nor a string")
+        })?;
     targets
         .check()
         .map_err(|error| format!("`{name}`: `target_modules`: {error}"))?;

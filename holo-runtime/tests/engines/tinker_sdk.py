@@ -141,8 +141,9 @@ if phase == "train":
     # A custom loss (forward_backward_custom: the SDK's forward, the loss and its gradient in torch here,
     # then a cross_entropy whose weights are that gradient) against the built-in loss it restates:
     # importance sampling, off-policy. Two clients from the same seed take one step each, with an
-    # epsilon so large that AdamW's first step is linear in the gradient (lr·g/(|g| + eps)), so that
-    # equal weights after the step mean equal gradients, not just equal signs.
+    # epsilon so large that AdamW's first step, lr·g/(|g| + eps), grows with the gradient instead of
+    # being its sign: equal weights after the step mean equal gradients, not just equal signs (by hand,
+    # advantages 1.1 times as large moved the loss after the step from 94.0 to 100.0).
     def custom_importance_sampling(data, logprobs_list):
         loss = sum(
             -(torch.exp(lp - d.loss_fn_inputs["logprobs"].to_torch()) * d.loss_fn_inputs["advantages"].to_torch()).sum()

@@ -261,8 +261,8 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
     );
 
     // A custom loss restating importance sampling, through the SDK's forward_backward_custom: its
-    // loss is the built-in's, and one step from the same adapter leaves the same weights (AdamW's
-    // step made linear in the gradient by its epsilon), which the step moved.
+    // loss is the built-in's, and one step from the same adapter leaves the same weights (AdamW's step
+    // made to grow with the gradient by its epsilon), which the step moved.
     let custom = &out["custom"];
     let metrics = &custom["metrics"];
     close(
@@ -279,7 +279,12 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
     );
     assert!(metrics["surrogate_loss:sum"].is_f64(), "{metrics}");
     let after = floats(&custom["after"]);
-    close(after[0], after[1], 1e-5, "a custom loss's step against the built-in's");
+    close(
+        after[0],
+        after[1],
+        1e-5,
+        "a custom loss's step against the built-in's",
+    );
     let before = custom["before"].as_f64().unwrap();
     assert!((after[0] - before).abs() > 1e-3, "{custom}");
 

@@ -2,8 +2,9 @@
 //! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
 //! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
-//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, and
-//! LoRA on the output head (`lm_head`) of Qwen3 and of SmolLM3, whose head is tied to its embeddings.
+//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, a dense
+//! Qwen3 whose `target_modules` is a regular expression, and LoRA on the output head (`lm_head`) of Qwen3
+//! and of SmolLM3, whose head is tied to its embeddings.
 //! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
 //! the trainer's model, through the served adapter folder, with the experts merged and on the f32
 //! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
@@ -296,15 +297,16 @@ fn target_modules_wrap_what_peft_wraps() {
             names.dedup();
             names
         };
-        match (&resolved.targets, serde_json::from_value(want["target_modules"].clone())) {
-            (Targets::Names(ours), Ok(Targets::Names(theirs))) => {
+        let theirs: Targets = serde_json::from_value(want["target_modules"].clone()).unwrap();
+        match (&resolved.targets, theirs) {
+            (Targets::Names(ours), Targets::Names(theirs)) => {
                 assert_eq!(
                     short(ours.clone()),
                     short(theirs),
                     "{label}: target_modules"
                 )
             }
-            (ours, theirs) => assert_eq!(Ok(ours.clone()), theirs, "{label}: target_modules"),
+            (ours, theirs) => assert_eq!(*ours, theirs, "{label}: target_modules"),
         }
         let mut parameters = resolved.parameters.clone();
         parameters.sort();
@@ -549,6 +551,21 @@ fn qwen3_moe_all_linear_trains_as_peft_converts_it() {
             "rank_pattern": {"self_attn.o_proj": 3, ".*\\.gate_up_proj": 4},
             "alpha_pattern": {".*\\.gate_up_proj": 8.0},
         }),
+    );
+}
+
+/// `--lora-target-modules` given PEFT's regular expression as bare text on a dense Qwen3 (layer 1's
+/// `q_proj` and `k_proj`, every `down_proj`): the checkpoint's `adapter_config.json` holds the string as
+/// PEFT writes it, and PEFT, which adapts what the expression matches, loads it to our logits (an
+/// adapter trained on layer 0's attention would be missing from PEFT's model and change them).
+#[test]
+fn regex_target_modules_train_as_peft_reads_them() {
+    let regex = r"model\.layers\.1\.self_attn\.(q|k)_proj|.*\.down_proj";
+    train_and_export_moving(
+        "qwen3",
+        &["--lora-target-modules", regex],
+        json!({"target_modules": regex}),
+        "layers.1.self_attn.k_proj",
     );
 }
 

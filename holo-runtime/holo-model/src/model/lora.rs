@@ -56,7 +56,10 @@ impl Model {
                 for stack in ExpertStack::ALL {
                     parameters.push(format!("model.layers.{i}.mlp.experts.{}", stack.name()));
                 }
-                parameters.push(format!("model.layers.{i}.mlp.{}.weight", self.router_name()));
+                parameters.push(format!(
+                    "model.layers.{i}.mlp.{}.weight",
+                    self.router_name()
+                ));
             }
         }
         modules.push(HEAD.to_string());
@@ -240,10 +243,11 @@ impl Model {
             }
             Targets::Regex(_) => return Ok(()),
         };
-        let Some(unknown) = names
-            .iter()
-            .find(|&name| !keys.iter().any(|key| targets(&Targets::names(&[name]), key)))
-        else {
+        let Some(unknown) = names.iter().find(|&name| {
+            !keys
+                .iter()
+                .any(|key| targets(&Targets::names(&[name]), key))
+        }) else {
             return Ok(());
         };
         if self.config.experts.is_some()

@@ -38,7 +38,13 @@ pub enum LossFn {
 }
 
 /// The losses served, by the names the SDK sends.
-pub const NAMES: [&str; 5] = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"];
+pub const NAMES: [&str; 5] = [
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+];
 
 const CLIP_KEYS: [&str; 2] = ["clip_low_threshold", "clip_high_threshold"];
 
@@ -114,9 +120,11 @@ impl LossFn {
                 Some(&beta) if beta >= 0.0 => LossFn::Dro { beta },
                 Some(beta) => return Err(format!("loss_fn_config.beta: {beta} is below 0")),
                 None => {
-                    return Err("loss_fn_config: `dro` needs `beta`, the weight of its quadratic \
+                    return Err(
+                        "loss_fn_config: `dro` needs `beta`, the weight of its quadratic \
                                 penalty (Tinker documents no default)"
-                        .into())
+                            .into(),
+                    )
                 }
             },
         })
