@@ -97,11 +97,11 @@ impl LoraConfig {
             }
         }
         for (old, new) in MIXTURE_MODULES {
-            let probed = parameters.iter().filter_map(|key| {
+            let mut probed = parameters.iter().filter_map(|key| {
                 let (container, leaf) = key.rsplit_once('.')?;
                 (leaf == new).then(|| format!("{container}.{old}"))
             });
-            if probed.into_iter().any(|key| regex.matches(&key)) {
+            if probed.any(|key| regex.matches(&key)) {
                 add(old);
             }
         }

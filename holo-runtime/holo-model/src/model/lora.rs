@@ -228,10 +228,9 @@ impl Model {
             Targets::Regex(regex) if !keys.iter().any(|key| config.targets.matches(key)) => {
                 candle_core::bail!(
                     "Target modules {regex:?} not found in the base model: the regular expression \
-                     matches the whole name of no projection of this {} model ({}, and lm_head)",
+                     matches the whole name of none of this {} model's projections ({}, …, {HEAD})",
                     self.config.arch,
-                    keys.first()
-                        .map_or(String::new(), |key| format!("such as {key}"))
+                    keys[0]
                 )
             }
             // PEFT adapts an embedding layer the expression matches; the loader adapts none.
