@@ -3,7 +3,7 @@
 //! a configuration against a model's modules (`holo_model::model::LoraConfig`); the options that carry
 //! them (holo-train's) are read in builds without the model too.
 
-use serde::de::{MapAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -16,7 +16,7 @@ pub const ALL_LINEAR: &str = "all-linear";
 /// `re.fullmatch`: `.*\.(q_proj|v_proj)`, `model\.layers\.[01]\.self_attn\.q_proj`), except
 /// `"all-linear"` in any case, PEFT's shorthand for every linear layer but the output head (also
 /// taken as the list `["all-linear"]`). Read and written as PEFT writes it: a list, or a string.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Targets {
     Names(Vec<String>),
@@ -68,6 +68,34 @@ impl std::fmt::Display for Targets {
             Targets::Names(names) => write!(f, "{names:?}"),
             Targets::Regex(regex) => write!(f, "{regex:?}"),
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for Targets {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = Targets;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a list of module names, or a string (a regular expression, or \"all-linear\")",
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(self, regex: &str) -> Result<Targets, E> {
+                Ok(Targets::Regex(regex.to_string()))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Targets, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = seq.next_element::<String>()? {
+                    names.push(name);
+                }
+                Ok(Targets::Names(names))
+            }
+        }
+        deserializer.deserialize_any(Either)
     }
 }
 
@@ -216,6 +244,13 @@ mod tests {
         assert_eq!(
             read(r#"["q_proj","v_proj"]"#),
             Targets::names(&["q_proj", "v_proj"])
+        );
+        let error = serde_json::from_str::<Targets>("3")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("a list of module names, or a string"),
+            "{error}"
         );
         let error = Targets::Regex("(?=q)_proj".into()).check().unwrap_err();
         assert!(
