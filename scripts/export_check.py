@@ -210,10 +210,13 @@ def check(export_dir: str, base_dir: str, logits_file: str, tolerance: float) ->
         config = peft_model.peft_config["default"]
         result["lora_r"] = config.r
         result["lora_alpha"] = config.lora_alpha
-        result["target_modules"] = sorted(config.target_modules)
+        # A list (PEFT keeps a set), or one string: a regular expression.
+        modules = config.target_modules
+        result["target_modules"] = modules if isinstance(modules, str) else sorted(modules)
         adapter_file = os.path.join(adapter_dir, "adapter_model.safetensors")
         errors.extend(adapter_loaded(peft_model, adapter_file))
-        result["adapter_tensors"] = len(load_file(adapter_file))
+        adapter_names = load_file(adapter_file).keys()
+        result["adapter_tensors"] = len(adapter_names)
         result["peft_max_abs_diff"] = max_logit_diff(peft_model, sequences, expected)
         if not result["peft_max_abs_diff"] <= tolerance:
             errors.append(f"PEFT's logits differ from ours by {result['peft_max_abs_diff']:.3g}")
@@ -221,7 +224,9 @@ def check(export_dir: str, base_dir: str, logits_file: str, tolerance: float) ->
         # An adapted head tied to the embeddings: PEFT's merge writes the head's update into the one
         # shared matrix, the input embeddings included (PEFT warns of it, peft#2777); holo's export gives
         # the head a matrix of its own and keeps the embeddings, which the adapter never changed.
-        tied_head = base.config.get_text_config().tie_word_embeddings and "lm_head" in config.target_modules
+        tied_head = base.config.get_text_config().tie_word_embeddings and any(
+            ".lm_head.lora_" in name for name in adapter_names
+        )
         embeddings = base.get_input_embeddings().weight.detach().clone()
         peft_merged = peft_model.merge_and_unload().state_dict()
         exported = load_file(os.path.join(export_dir, "model.safetensors"))

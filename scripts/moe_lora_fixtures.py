@@ -5,9 +5,10 @@ router's and both stacks' `target_parameters` with a `rank_pattern` on the fused
 `qwen3/lora_pattern/` (a dense model with `rank_pattern` and `alpha_pattern`), and `qwen3/lora_head/`,
 `smollm3/lora_head/` (`lm_head` among the target modules: the output head adapted, untied and tied to
 the embeddings; PEFT's folder then also holds the head's base weight, as `save_pretrained` saves an
-adapted embedding layer's). `peft_targets.json` in
+adapted embedding layer's), and `qwen3/lora_regex/` (`target_modules` a regular expression: layer 1's
+`q_proj` and `k_proj`, every `down_proj`). `peft_targets.json` in
 `tests/fixtures/train/` records what PEFT wraps for several `target_modules` on both mixtures (and the
-output head on two dense models): its
+output head and regular expressions on dense models): its
 resolved configuration and each adapter tensor's name and shape, or its error.
 
 PEFT 0.21 adapts transformers 5's stacked expert parameters with `target_parameters` (its
@@ -116,6 +117,17 @@ TARGET_CASES = [
     # The output head: named, and left out of all-linear (on a model whose head is tied, too).
     ("qwen3", ["q_proj", "lm_head"], {}),
     ("smollm3", "all-linear", {}),
+    # A string is a regular expression the whole module name must match (`re.fullmatch`).
+    ("qwen3", r".*\.(q_proj|v_proj)", {}),
+    ("qwen3", r"model\.layers\.1\.self_attn\.(q|k)_proj", {}),
+    ("qwen3", r".*\.o_proj|lm_head", {}),
+    ("qwen3", "q_proj", {}),
+    ("qwen3", r".*\.nothing_proj", {}),
+    ("gpt_oss", r"model\.layers\.[02]\.self_attn\.(q|o)_proj", {}),
+    # On Qwen3-MoE, PEFT turns the expression into the last parts of the names it matches (the layer
+    # is lost), the experts' transformers-4 names among them, before converting those.
+    ("qwen3_moe", r"model\.layers\.0\.(self_attn\.q_proj|mlp\.experts\.(gate|up)_proj)", {}),
+    ("qwen3_moe", r".*\.mlp\.(gate|experts\.down_proj)", {}),
 ]
 
 
@@ -134,7 +146,11 @@ def targets() -> None:
             continue
         config = model.peft_config["default"]
         case["resolved"] = {
-            "target_modules": sorted(config.target_modules or []),
+            "target_modules": (
+                config.target_modules
+                if isinstance(config.target_modules, str)
+                else sorted(config.target_modules or [])
+            ),
             "target_parameters": sorted(config.target_parameters or []),
             "rank_pattern": config.rank_pattern,
             "alpha_pattern": config.alpha_pattern,
@@ -165,4 +181,5 @@ if __name__ == "__main__":
     # on SmolLM3, where PEFT wraps the head's use of the shared weight only.
     record("qwen3", "lora_head", target_modules=["q_proj", "lm_head"])
     record("smollm3", "lora_head", target_modules=["v_proj", "lm_head"])
+    record("qwen3", "lora_regex", target_modules=r"model\.layers\.1\.self_attn\.(q|k)_proj|.*\.down_proj")
     targets()

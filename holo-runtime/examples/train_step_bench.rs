@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use holo_runtime::local::model::{LoraConfig, PROJECTIONS};
+use holo_runtime::local::model::{LoraConfig, Targets, PROJECTIONS};
 use holo_runtime::local::{files, Model, Ops};
 use rand::{Rng, SeedableRng};
 
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
         Some(rank) => base.with_lora(&LoraConfig {
             rank,
             alpha: 2.0 * rank as f64,
-            targets: PROJECTIONS.map(String::from).to_vec(),
+            targets: Targets::names(&PROJECTIONS),
             seed: settings.seed,
             dropout: 0.0,
             parameters: Vec::new(),

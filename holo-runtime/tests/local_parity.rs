@@ -663,7 +663,7 @@ fn training_through_the_differentiable_forward_changes_what_is_sampled() {
                 .with_lora(&holo_runtime::local::model::LoraConfig {
                     rank: 8,
                     alpha: 16.0,
-                    targets: PROJECTIONS.map(String::from).to_vec(),
+                    targets: holo_runtime::local::model::Targets::names(&PROJECTIONS),
                     seed: 0,
                     dropout: 0.0,
                     parameters: Vec::new(),

@@ -15,6 +15,7 @@ use candle_core::DType;
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::loom::Interpreted;
+use holo_runtime::peft::Targets;
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::config::Algorithm;
 use holo_runtime::train::sft::{SftConfig, SftTrainer, Tokenizing};
@@ -66,7 +67,7 @@ fn config(use_peft: bool) -> GrpoConfig {
             learning_rate: 3e-3,
             save_steps: 1,
             use_peft,
-            lora_target_modules: Some(vec!["q_proj".into(), "v_proj".into(), "up_proj".into()]),
+            lora_target_modules: Some(Targets::names(&["q_proj", "v_proj", "up_proj"])),
             seed: 7,
             ..GrpoConfig::default().training
         },

@@ -92,11 +92,13 @@ fn run(
             let head = if rank > 0 { vec!["lm_head"] } else { vec![] };
             base.with_lora(&holo_model::model::LoraConfig {
                 rank: rank.max(1),
-                targets: ["q_proj"]
-                    .into_iter()
-                    .chain(head)
-                    .map(String::from)
-                    .collect(),
+                targets: holo_model::model::Targets::Names(
+                    ["q_proj"]
+                        .into_iter()
+                        .chain(head)
+                        .map(String::from)
+                        .collect(),
+                ),
                 ..Default::default()
             })?
         }

@@ -489,7 +489,7 @@ mod tests {
 
     use super::*;
     use crate::config::Arch;
-    use crate::model::{positions_from_mask, LoraConfig, PROJECTIONS};
+    use crate::model::{positions_from_mask, LoraConfig, Targets, PROJECTIONS};
     use crate::testing::{config, max_abs, random_model};
 
     /// The layer's gradients, and the input's, against candle's autograd through the differentiable
@@ -517,7 +517,7 @@ mod tests {
             ] {
                 let base = random_model(&config(arch), dtype);
                 let lora = LoraConfig {
-                    targets: PROJECTIONS.map(String::from).to_vec(),
+                    targets: Targets::names(&PROJECTIONS),
                     dropout: 0.3,
                     ..LoraConfig::default()
                 };

@@ -12,13 +12,13 @@ use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use crate::model::{LoraConfig, Model, Pattern};
+use crate::model::{LoraConfig, Model, Pattern, Targets};
 
 /// The shape of a PEFT adapter from its `adapter_config.json`: rank, alpha (rsLoRA's `alpha / √r` as
 /// LoRA's `alpha · √r / r`), target modules, target parameters (expert stacks, routers) and the rank
-/// and alpha patterns, in the file's order. PEFT settings a plain `W x + scale · B A x` cannot honour
-/// (DoRA, biases, `modules_to_save`, `layers_to_transform`, regular expressions as targets, rsLoRA
-/// beside patterns) are refused, naming the key.
+/// and alpha patterns, in the file's order; target modules as a list of names or a regular expression.
+/// PEFT settings a plain `W x + scale · B A x` cannot honour (DoRA, biases, `modules_to_save`,
+/// `layers_to_transform`, rsLoRA beside patterns) are refused, naming the key.
 pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
     let name = path.display();
     let text = fs::read_to_string(path).map_err(|error| format!("`{name}`: {error}"))?;
@@ -82,28 +82,14 @@ pub fn adapter_config(path: &Path) -> Result<LoraConfig, String> {
     } else {
         alpha
     };
-    let targets = match field("target_modules")? {
-        // PEFT's shorthand for every linear layer but the output head, which `Model::with_lora`
-        // resolves as PEFT does.
-        Value::String(target) if target.eq_ignore_ascii_case(crate::model::ALL_LINEAR) => {
-            vec![target.clone()]
-        }
-        // Any other string is a regular expression over PEFT's module names.
-        Value::String(target) => {
-            return Err(format!(
-                "`{name}`: `target_modules` \"{target}\" is a regular expression; only a list of module names (or \"all-linear\") is supported"
-            ))
-        }
-        targets => targets
-            .as_array()
-            .and_then(|targets| {
-                targets
-                    .iter()
-                    .map(|target| target.as_str().map(str::to_string))
-                    .collect::<Option<Vec<String>>>()
-            })
-            .ok_or_else(|| format!("`{name}`: `target_modules` is not a list of names"))?,
-    };
+    // A list of names, or one string: a regular expression (or "all-linear"), as PEFT reads it.
+    let targets: Targets =
+        serde_json::from_value(field("target_modules")?.clone()).map_err(|_| {
+            format!("`{name}`: `target_modules` is neither a list of names nor a string")
+        })?;
+    targets
+        .check()
+        .map_err(|error| format!("`{name}`: `target_modules`: {error}"))?;
     // PEFT's adapters on parameters (a mixture's expert stacks); absent before PEFT 0.17.
     let parameters = match config.get("target_parameters") {
         None | Some(Value::Null) => Vec::new(),
@@ -182,7 +168,7 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
         .find(|name| !vars.iter().any(|(var, _)| var == *name))
     {
         return Err(format!(
-            "`{}` holds {unused}, which belongs to no projection that `target_modules` {:?} (and \
+            "`{}` holds {unused}, which belongs to no projection that `target_modules` {} (and \
              `target_parameters` {:?}) adapts on this {} model",
             tensors_file.display(),
             lora.targets,
@@ -193,7 +179,7 @@ pub fn with_adapter(base: &Model, dir: &Path) -> Result<Model, String> {
     for (name, var) in &vars {
         let tensor = tensors.get(name).ok_or_else(|| {
             format!(
-                "`{}` has no tensor {name}, which `target_modules` {:?} asks for",
+                "`{}` has no tensor {name}, which `target_modules` {} asks for",
                 tensors_file.display(),
                 lora.targets
             )

@@ -382,8 +382,9 @@
 //!   the two files (404 `NotFoundError`), an adapter that does not fit (400 `BadRequestError`, naming the
 //!   cause: a target module the model lacks, a tensor whose shape is not the rank the config's `r` or
 //!   `rank_pattern` gives it, a tensor the config does not describe, DoRA, biases, `modules_to_save`, a
-//!   regular expression as `target_modules`). rsLoRA's scaling, PEFT's `rank_pattern` and `alpha_pattern`,
-//!   and `target_parameters` (a mixture's expert stacks and router) are honoured.
+//!   `target_modules` regular expression that matches no projection). rsLoRA's scaling, PEFT's
+//!   `rank_pattern` and `alpha_pattern`, `target_modules` as a regular expression the whole module name
+//!   must match, and `target_parameters` (a mixture's expert stacks and router) are honoured.
 //! - `POST /v1/unload_lora_adapter` `{"lora_name"}`: `200` `Success: LoRA adapter 'NAME' removed
 //!   successfully.`, or 404 `NotFoundError` `The lora adapter 'NAME' cannot be found.`
 //! - `POST /update_weights_from_disk` `{"model_path"}` (SGLang's route and body; vLLM has no HTTP route for

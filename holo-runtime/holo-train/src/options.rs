@@ -8,7 +8,7 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use holo_core::peft::Pattern;
+use holo_core::peft::{Pattern, Targets};
 
 /// What `holo train` and `holo sft` do when the memory plan's peak exceeds the memory available
 /// (`memory_check`).
@@ -141,13 +141,16 @@ pub struct TrainingArguments {
     pub lora_alpha: f64,
     /// Dropout on the adapters' input in the training passes.
     pub lora_dropout: f64,
-    /// Projections that get adapters, matched as PEFT matches a list (a name or a dotted suffix of
-    /// the module's), or `["all-linear"]`; PEFT's default for Qwen2 and Llama (`q_proj`, `v_proj`)
-    /// when unset. On Qwen3-MoE, PEFT turns `gate_proj` with `up_proj`, `down_proj` and the router's
-    /// `gate` into target parameters (holo-model's `peft` module). `lm_head` adapts the output head
-    /// (on a model with tied embeddings, the head's use of them only, as PEFT's), which
-    /// `"all-linear"` leaves out as PEFT's does.
-    pub lora_target_modules: Option<Vec<String>>,
+    /// Projections that get adapters, as PEFT's `target_modules` takes them: a list of names, matched as
+    /// PEFT matches a list (a name or a dotted suffix of the module's), or `["all-linear"]`; or one
+    /// string, a regular expression the module's whole name must match (`".*\\.(q_proj|v_proj)"`,
+    /// `'model\.layers\.1\.self_attn\.q_proj'`), or `"all-linear"`. PEFT's default for Qwen2 and
+    /// Llama (`q_proj`, `v_proj`) when unset. On Qwen3-MoE, PEFT turns `gate_proj` with `up_proj`,
+    /// `down_proj` and the router's `gate` into target parameters (holo-model's `peft` module), and a
+    /// regular expression first into the names it matches. `lm_head` adapts the output head (on a
+    /// model with tied embeddings, the head's use of them only, as PEFT's), which `"all-linear"`
+    /// leaves out as PEFT's does.
+    pub lora_target_modules: Option<Targets>,
     /// Expert stacks and routers that get adapters (PEFT's `target_parameters`):
     /// `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, `mlp.gate.weight` (gpt-oss:
     /// `mlp.router.weight`), on a mixture-of-experts model; none when unset.
@@ -266,10 +269,10 @@ impl TrainingArguments {
     }
 
     /// LoRA's target projections.
-    pub fn lora_targets(&self) -> Vec<String> {
+    pub fn lora_targets(&self) -> Targets {
         self.lora_target_modules
             .clone()
-            .unwrap_or_else(|| vec!["q_proj".into(), "v_proj".into()])
+            .unwrap_or_else(|| Targets::names(&["q_proj", "v_proj"]))
     }
 
     /// The adapters to train, when `use_peft`.
@@ -396,8 +399,29 @@ impl TrainingArguments {
         }
         // The names LoRA can target are the local model's (holo-model's); a build without it trains
         // only on a Tinker service, which chooses what its adapters train and refuses both keys.
+        // A regular expression: what it matches is known once the model is loaded.
+        if let Some(targets @ Targets::Regex(_)) = &self.lora_target_modules {
+            targets
+                .check()
+                .map_err(|message| error("lora_target_modules", message))?;
+        }
+        // A layer's projection has a dotted name, which its short name alone never matches whole
+        // (`lm_head`, undotted, does): the list was meant.
         #[cfg(feature = "local")]
-        if let Some(targets) = &self.lora_target_modules {
+        if let Some(Targets::Regex(regex)) = &self.lora_target_modules {
+            if holo_model::model::PROJECTIONS.contains(&regex.as_str()) {
+                return Err(error(
+                    "lora_target_modules",
+                    format!(
+                        "the string {regex:?} is a regular expression the whole module name must \
+                         match, as PEFT reads it, and no module is named just that; write \
+                         [\"{regex}\"] for every {regex}, or \".*\\\\.{regex}\""
+                    ),
+                ));
+            }
+        }
+        #[cfg(feature = "local")]
+        if let Some(Targets::Names(targets)) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
             // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE; `lm_head` is the
             // output head (never in all-linear, as PEFT's).
@@ -592,7 +616,7 @@ mod tests {
     fn keys_are_the_fields_in_order() {
         let every = TrainingArguments {
             save_total_limit: Some(2),
-            lora_target_modules: Some(vec!["q_proj".into()]),
+            lora_target_modules: Some(Targets::names(&["q_proj"])),
             lora_target_parameters: Some(vec!["mlp.experts.down_proj".into()]),
             memory_limit: Some(8.0),
             ..TrainingArguments::default()
@@ -728,6 +752,18 @@ mod tests {
                 "qq_proj",
             ),
             (
+                "--lora-target-modules",
+                "q_proj",
+                "lora_target_modules",
+                "write [\"q_proj\"] for every q_proj",
+            ),
+            (
+                "--lora-target-modules",
+                "'(?=q)_proj'",
+                "lora_target_modules",
+                "not a regular expression",
+            ),
+            (
                 "--lora-target-parameters",
                 "[\"weight\"]",
                 "lora_target_parameters",
@@ -748,6 +784,16 @@ mod tests {
             ("--lora-dropout", "0"),
         ])
         .unwrap();
+        // A string is PEFT's regular expression, from a flag (TOML's literal string, or the bare
+        // text) as from a file.
+        for value in [r"'.*\.(q|v)_proj'", r".*\.(q|v)_proj"] {
+            let lora = lora(&[("--lora-target-modules", value)])
+                .unwrap()
+                .training
+                .lora()
+                .unwrap();
+            assert_eq!(lora.targets, Targets::Regex(r".*\.(q|v)_proj".into()));
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ import os
 import sys
 
 import tinker
+import torch
 from tinker import types
 
 phase, base_url, model, out_path = sys.argv[1:5]
@@ -117,10 +118,64 @@ if phase == "train":
         }
     out["advantages"] = advantages
     out["rl"] = losses
+
+    # DRO off-policy (the sampler's log-probabilities moved from the trainer's, so that its quadratic
+    # penalty counts), with the reference computed here as Tinker's documentation writes it.
+    beta = 0.5
+    sampler_logprobs = [lp + 0.2 * ((i % 3) - 1) for i, lp in enumerate(out["forward_logprobs"])]
+    result = tc.forward_backward(
+        [datum(sequence, logprobs=sampler_logprobs, advantages=advantages)], "dro", {"beta": beta}
+    ).result()
+    target_logprobs = torch.tensor(values(result.loss_fn_outputs[0]["logprobs"]), dtype=torch.float64)
+    quadratic_term = (target_logprobs - torch.tensor(sampler_logprobs, dtype=torch.float64)) ** 2
+    dro_objective = target_logprobs * torch.tensor(advantages, dtype=torch.float64) - 0.5 * beta * quadratic_term
+    out["dro"] = {
+        "loss": result.metrics["loss:sum"],
+        "logprobs": target_logprobs.tolist(),
+        "elementwise": values(result.loss_fn_outputs[0]["elementwise_loss"]),
+        "reference": float(-dro_objective.sum()),
+        "reference_elementwise": (-dro_objective).tolist(),
+    }
     out["rl_step"] = tc.optim_step(types.AdamParams(learning_rate=1e-3, grad_clip_norm=1.0)).result().metrics
 
+    # A custom loss (forward_backward_custom: the SDK's forward, the loss and its gradient in torch here,
+    # then a cross_entropy whose weights are that gradient) against the built-in loss it restates:
+    # importance sampling, off-policy. Two clients from the same seed take one step each, with an
+    # epsilon so large that AdamW's first step, lr·g/(|g| + eps), grows with the gradient instead of
+    # being its sign: equal weights after the step mean equal gradients, not just equal signs (by hand,
+    # advantages 1.1 times as large moved the loss after the step from 94.0 to 100.0).
+    def custom_importance_sampling(data, logprobs_list):
+        loss = sum(
+            -(torch.exp(lp - d.loss_fn_inputs["logprobs"].to_torch()) * d.loss_fn_inputs["advantages"].to_torch()).sum()
+            for d, lp in zip(data, logprobs_list, strict=True)
+        )
+        return loss, {"custom:sum": float(loss)}
+
+    off_policy = [datum(sequence, logprobs=sampler_logprobs, advantages=advantages)]
+    linear = types.AdamParams(learning_rate=1.0, eps=100.0)
+    pair = [service.create_lora_training_client(base_model=model, rank=2, seed=7).result() for _ in range(2)]
+    custom = pair[0].forward_backward_custom(off_policy, custom_importance_sampling).result()
+    builtin = pair[1].forward_backward(off_policy, "importance_sampling").result()
+    before = pair[0].forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
+    for client in pair:
+        client.optim_step(linear).result()
+    out["custom"] = {
+        "metrics": custom.metrics,
+        "builtin_loss": builtin.metrics["loss:sum"],
+        "before": before,
+        "after": [
+            client.forward([datum(sequence, weights=weights)], "cross_entropy").result().metrics["loss:sum"]
+            for client in pair
+        ],
+    }
+
     # Refusals.
-    out["unknown_loss"] = error_of(lambda: tc.forward_backward([datum(sequence, weights=weights)], "dro").result())
+    out["unknown_loss"] = error_of(lambda: tc.forward_backward([datum(sequence, weights=weights)], "gspo").result())
+    out["dro_without_beta"] = error_of(
+        lambda: tc.forward_backward(
+            [datum(sequence, logprobs=out["forward_logprobs"], advantages=advantages)], "dro"
+        ).result()
+    )
     out["unknown_setting"] = error_of(
         lambda: tc.forward_backward(
             [datum(sequence, logprobs=out["forward_logprobs"], advantages=advantages)], "ppo", {"beta": 0.1}

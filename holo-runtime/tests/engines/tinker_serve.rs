@@ -230,6 +230,29 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         .map(|(lp, a)| lp * a)
         .sum::<f64>();
     close(rl["cispo"]["loss"].as_f64().unwrap(), cispo, 1e-4, "cispo");
+    // DRO off-policy: its loss and each token's as Tinker's documentation computes them (in the
+    // script, from the returned log-probabilities), which are the forward's.
+    let dro = &out["dro"];
+    for (got, want) in floats(&dro["logprobs"]).iter().zip(&forward) {
+        close(*got, *want, 1e-5, "dro logprobs");
+    }
+    let elementwise = floats(&dro["elementwise"]);
+    let reference = floats(&dro["reference_elementwise"]);
+    assert_eq!((elementwise.len(), reference.len()), (10, 10));
+    for (got, want) in elementwise.iter().zip(&reference) {
+        close(*got, *want, 1e-4, "dro elementwise_loss");
+    }
+    close(
+        dro["loss"].as_f64().unwrap(),
+        dro["reference"].as_f64().unwrap(),
+        1e-4,
+        "dro loss:sum",
+    );
+    // The quadratic penalty counted: without it the loss would be −Σ log p·A, CISPO's on-policy value.
+    assert!(
+        (dro["loss"].as_f64().unwrap() - cispo).abs() > 1e-2,
+        "{dro}"
+    );
     let grad_norm = out["rl_step"]["grad_norm"].as_f64().unwrap();
     assert!(
         grad_norm.is_finite() && grad_norm > 0.0,
@@ -237,8 +260,37 @@ fn the_tinker_sdk_trains_samples_and_restarts() {
         out["rl_step"]
     );
 
+    // A custom loss restating importance sampling, through the SDK's forward_backward_custom: its
+    // loss is the built-in's, and one step from the same adapter leaves the same weights (AdamW's step
+    // made to grow with the gradient by its epsilon), which the step moved.
+    let custom = &out["custom"];
+    let metrics = &custom["metrics"];
+    close(
+        metrics["loss:sum"].as_f64().unwrap(),
+        custom["builtin_loss"].as_f64().unwrap(),
+        1e-4,
+        "custom loss:sum",
+    );
+    close(
+        metrics["custom:sum"].as_f64().unwrap(),
+        metrics["loss:sum"].as_f64().unwrap(),
+        1e-6,
+        "the custom loss's own metric",
+    );
+    assert!(metrics["surrogate_loss:sum"].is_f64(), "{metrics}");
+    let after = floats(&custom["after"]);
+    close(
+        after[0],
+        after[1],
+        1e-5,
+        "a custom loss's step against the built-in's",
+    );
+    let before = custom["before"].as_f64().unwrap();
+    assert!((after[0] - before).abs() > 1e-3, "{custom}");
+
     // Refusals name the cause, with the status the SDK expects.
-    refused(&out["unknown_loss"], 400, "`dro` is not served");
+    refused(&out["unknown_loss"], 400, "`gspo` is not served");
+    refused(&out["dro_without_beta"], 400, "`dro` needs `beta`");
     refused(
         &out["unknown_setting"],
         400,

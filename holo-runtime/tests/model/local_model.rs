@@ -9,7 +9,7 @@ use candle_nn::VarBuilder;
 use holo_runtime::local::generate::{generate, generate_streaming, GenerationParams, Stopping};
 use holo_runtime::local::init::parameter_specs;
 use holo_runtime::local::model::{
-    checkpoint_tensors, positions_from_mask, KvCache, LoraConfig, Segment, PROJECTIONS,
+    checkpoint_tensors, positions_from_mask, KvCache, LoraConfig, Segment, Targets, PROJECTIONS,
 };
 use holo_runtime::local::testing::random_model_seeded;
 use holo_runtime::local::{
@@ -839,7 +839,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     let lora = LoraConfig {
         rank: 4,
         alpha: 8.0,
-        targets: ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec(),
+        targets: Targets::names(&["q_proj", "v_proj", "down_proj"]),
         seed: 1,
         dropout: 0.0,
         parameters: Vec::new(),
@@ -879,7 +879,7 @@ fn lora_adapters_start_as_the_base_model_and_alone_receive_gradients() {
     assert!(max_abs_diff(&before, &moved) > 1e-4);
 
     let unknown = LoraConfig {
-        targets: vec!["qkv".into()],
+        targets: Targets::names(&["qkv"]),
         ..LoraConfig::default()
     };
     let error = base.with_lora(&unknown).unwrap_err().to_string();
@@ -917,7 +917,7 @@ fn lora_adapts_the_linear_attention_projections() {
     let lora = LoraConfig {
         rank: 2,
         alpha: 4.0,
-        targets: targets.map(String::from).to_vec(),
+        targets: Targets::names(&targets),
         seed: 1,
         dropout: 0.0,
         parameters: Vec::new(),
@@ -956,7 +956,7 @@ fn lora_adapters_over_a_half_precision_base_are_f32_and_get_f32_gradients() {
     let lora = LoraConfig {
         rank: 4,
         alpha: 8.0,
-        targets: ["q_proj", "down_proj"].map(String::from).to_vec(),
+        targets: Targets::names(&["q_proj", "down_proj"]),
         seed: 1,
         dropout: 0.1,
         parameters: Vec::new(),
@@ -1000,7 +1000,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
     for arch in ARCHS {
         let base = random_model_seeded(&config(arch), 11, DType::F64);
         let all = LoraConfig {
-            targets: PROJECTIONS.map(String::from).to_vec(),
+            targets: Targets::names(&PROJECTIONS),
             ..LoraConfig::default()
         };
         // A mixture of experts takes module targets on its attention only: PEFT turns Qwen3-MoE's
@@ -1019,7 +1019,7 @@ fn recomputed_gradients_equal_the_whole_graph_backward() {
                     (arch, Ok(_)) => panic!("{arch:?}: MLP module names adapted"),
                 }
                 LoraConfig {
-                    targets: PROJECTIONS[..4].iter().map(|t| t.to_string()).collect(),
+                    targets: Targets::names(&PROJECTIONS[..4]),
                     ..all
                 }
             }
@@ -1113,7 +1113,7 @@ fn lora_dropout_drops_inputs_of_training_passes_only_and_repeats_by_seed() {
     let (input, mask) = ids(&[&[1, 5, 9, 14, 3, 30], &[1, 7, 7, 22]]);
     let base = random_model_seeded(&config(Arch::Qwen2), 3, DType::F32);
     let config = |dropout| LoraConfig {
-        targets: PROJECTIONS.map(String::from).to_vec(),
+        targets: Targets::names(&PROJECTIONS),
         dropout,
         ..LoraConfig::default()
     };

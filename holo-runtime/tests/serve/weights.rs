@@ -29,7 +29,7 @@ print(json.dumps(out))
 /// draws it and `B` drawn at random (not PEFT's zeros), so that the adapter changes the model.
 #[cfg(feature = "cli")]
 fn write_adapter(base: &Path, out: &Path, rank: usize, targets: &[&str], seed: u64) {
-    use holo_runtime::local::model::LoraConfig;
+    use holo_runtime::local::model::{LoraConfig, Targets};
     use rand::{Rng, SeedableRng};
 
     let model = holo_runtime::local::files::load_model(
@@ -41,7 +41,7 @@ fn write_adapter(base: &Path, out: &Path, rank: usize, targets: &[&str], seed: u
     let config = LoraConfig {
         rank,
         alpha: 2.0 * rank as f64,
-        targets: targets.iter().map(|target| target.to_string()).collect(),
+        targets: Targets::names(targets),
         seed,
         dropout: 0.0,
         parameters: Vec::new(),

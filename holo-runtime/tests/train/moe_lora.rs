@@ -2,8 +2,9 @@
 //! (`scripts/moe_lora_fixtures.py`): the committed Qwen3-MoE and gpt-oss fixtures in f64 with PEFT's own
 //! adapter folder (both expert stacks and `q_proj`, every A and B nonzero), Qwen3-MoE's
 //! `target_modules="all-linear"` (the router and both stacks as PEFT converts them, the fused stack at
-//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, and
-//! LoRA on the output head (`lm_head`) of Qwen3 and of SmolLM3, whose head is tied to its embeddings.
+//! twice the rank through `rank_pattern`), a dense Qwen3 with `rank_pattern` and `alpha_pattern`, a dense
+//! Qwen3 whose `target_modules` is a regular expression, and LoRA on the output head (`lm_head`) of Qwen3
+//! and of SmolLM3, whose head is tied to its embeddings.
 //! The trainer's adapters take PEFT's tensor names and shapes, one for one; the logits match PEFT's in
 //! the trainer's model, through the served adapter folder, with the experts merged and on the f32
 //! sampling path, and the loss and every LoRA weight's gradient match with the whole graph kept and with
@@ -18,7 +19,7 @@ use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::{positions_from_mask, LoraConfig, Model, Ops};
+use holo_runtime::local::model::{positions_from_mask, LoraConfig, Model, Ops, Targets};
 use holo_runtime::local::update::{adapter_config, with_adapter};
 use holo_runtime::train::batch::Sequence;
 use holo_runtime::train::score::{self, Pass};
@@ -211,6 +212,13 @@ fn rank_and_alpha_patterns_are_peft_s() {
     check("qwen3", "lora_pattern", &[]);
 }
 
+/// `target_modules` as a regular expression (layer 1's `q_proj` and `k_proj`, every `down_proj`), read
+/// from PEFT's `adapter_config.json`, where PEFT writes the string as it is.
+#[test]
+fn regex_target_modules_are_peft_s() {
+    check("qwen3", "lora_regex", &[]);
+}
+
 /// LoRA on the output head (`lm_head` among the target modules) of an untied Qwen3.
 #[test]
 fn head_lora_is_peft_s() {
@@ -225,10 +233,12 @@ fn tied_head_lora_is_peft_s() {
 }
 
 /// What PEFT 0.21 wraps for each case of `peft_targets.json` (`target_modules` as a list, a suffix or
-/// `"all-linear"`, target parameters, patterns beside the conversion's, `lm_head` named, and
-/// `"all-linear"` leaving a tied head out) is what `Model::with_lora`
-/// wraps: the resolved configuration, and every adapter tensor by name and shape; PEFT's refusal is
-/// ours.
+/// `"all-linear"`, target parameters, patterns beside the conversion's, `lm_head` named,
+/// `"all-linear"` leaving a tied head out, and regular expressions: over the whole name, selecting
+/// layers, naming the head, on gpt-oss, and on Qwen3-MoE turned into names first) is what
+/// `Model::with_lora` wraps: the resolved configuration, and every adapter tensor by name and shape;
+/// PEFT's refusal is ours (a regular expression that matches nothing, a bare `q_proj` among them, in
+/// PEFT's words).
 #[test]
 fn target_modules_wrap_what_peft_wraps() {
     let cases: Vec<Value> = serde_json::from_str(
@@ -249,7 +259,7 @@ fn target_modules_wrap_what_peft_wraps() {
         let lora = LoraConfig {
             rank: 2,
             alpha: 3.0,
-            targets: strings(&case["target_modules"]),
+            targets: serde_json::from_value(case["target_modules"].clone()).unwrap(),
             parameters: strings(&case["target_parameters"]),
             rank_pattern: serde_json::from_value(case["rank_pattern"].clone()).unwrap_or_default(),
             alpha_pattern: serde_json::from_value(case["alpha_pattern"].clone())
@@ -260,9 +270,13 @@ fn target_modules_wrap_what_peft_wraps() {
         if let Some(error) = case["error"].as_str() {
             let ours = base.with_lora(&lora).map(drop).unwrap_err().to_string();
             println!("{label}: PEFT: {error}\n  ours: {ours}");
+            let said = [
+                "gate_proj without also targeting up_proj",
+                "not found in the base model",
+            ];
             assert!(
-                error.contains("gate_proj without also targeting up_proj")
-                    && ours.contains("gate_proj without also targeting up_proj"),
+                said.iter()
+                    .any(|says| error.contains(says) && ours.contains(says)),
                 "{label}: {ours}"
             );
             continue;
@@ -283,11 +297,17 @@ fn target_modules_wrap_what_peft_wraps() {
             names.dedup();
             names
         };
-        assert_eq!(
-            short(resolved.targets.clone()),
-            short(strings(&want["target_modules"])),
-            "{label}: target_modules"
-        );
+        let theirs: Targets = serde_json::from_value(want["target_modules"].clone()).unwrap();
+        match (&resolved.targets, theirs) {
+            (Targets::Names(ours), Targets::Names(theirs)) => {
+                assert_eq!(
+                    short(ours.clone()),
+                    short(theirs),
+                    "{label}: target_modules"
+                )
+            }
+            (ours, theirs) => assert_eq!(*ours, theirs, "{label}: target_modules"),
+        }
         let mut parameters = resolved.parameters.clone();
         parameters.sort();
         assert_eq!(
@@ -316,7 +336,7 @@ fn target_modules_wrap_what_peft_wraps() {
         // The configuration PEFT resolved, as its `adapter_config.json` holds it (gpt-oss's
         // `all-linear` as full module names), wraps the same again.
         let written = LoraConfig {
-            targets: strings(&want["target_modules"]),
+            targets: serde_json::from_value(want["target_modules"].clone()).unwrap(),
             parameters: strings(&want["target_parameters"]),
             rank_pattern: serde_json::from_value(want["rank_pattern"].clone()).unwrap(),
             alpha_pattern: serde_json::from_value(want["alpha_pattern"].clone()).unwrap(),
@@ -531,6 +551,21 @@ fn qwen3_moe_all_linear_trains_as_peft_converts_it() {
             "rank_pattern": {"self_attn.o_proj": 3, ".*\\.gate_up_proj": 4},
             "alpha_pattern": {".*\\.gate_up_proj": 8.0},
         }),
+    );
+}
+
+/// `--lora-target-modules` given PEFT's regular expression as bare text on a dense Qwen3 (layer 1's
+/// `q_proj` and `k_proj`, every `down_proj`): the checkpoint's `adapter_config.json` holds the string as
+/// PEFT writes it, and PEFT, which adapts what the expression matches, loads it to our logits (an
+/// adapter trained on layer 0's attention would be missing from PEFT's model and change them).
+#[test]
+fn regex_target_modules_train_as_peft_reads_them() {
+    let regex = r"model\.layers\.1\.self_attn\.(q|k)_proj|.*\.down_proj";
+    train_and_export_moving(
+        "qwen3",
+        &["--lora-target-modules", regex],
+        json!({"target_modules": regex}),
+        "layers.1.self_attn.k_proj",
     );
 }
 

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use crate::common::{holo_command, qa_rows, qa_train};
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::model::{checkpoint_tensors, LoraConfig};
+use holo_runtime::local::model::{checkpoint_tensors, LoraConfig, Targets};
 use holo_runtime::local::{Model, ModelConfig};
 use serde_json::{json, Value};
 
@@ -170,7 +170,7 @@ fn trained(base: &Model, checkpoint: &Path, lora: Option<&[&str]>) -> Model {
         let config = LoraConfig {
             rank: LORA_R,
             alpha: LORA_ALPHA,
-            targets: targets.iter().map(|t| t.to_string()).collect(),
+            targets: Targets::names(targets),
             seed: SEED,
             dropout: 0.0,
             parameters: Vec::new(),
@@ -253,7 +253,7 @@ fn check_merged_weights(
     assert_eq!(config["lora_alpha"], LORA_ALPHA);
     // A fused model's adapted modules are the fused ones its targets name (Phi-3's `qkv_proj`).
     let base = tensors(&base_dir.join("model.safetensors"));
-    let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+    let targets = Targets::names(targets);
     // A mixture's experts take no module targets (this run names none of its stacks).
     let adapted = |module: &str| {
         let short = module.rsplit('.').next().unwrap_or(module);

@@ -876,7 +876,7 @@ mod tests {
         config.training.use_peft = true;
         assert_eq!(check_config(&config, LossFn::ImportanceSampling), Ok(()));
         let mut modules = config.clone();
-        modules.training.lora_target_modules = Some(vec!["q_proj".into()]);
+        modules.training.lora_target_modules = Some(holo_core::peft::Targets::names(&["q_proj"]));
         let mut parameters = config.clone();
         parameters.training.lora_target_parameters = Some(vec!["mlp.experts.down_proj".into()]);
         for config in [modules, parameters] {

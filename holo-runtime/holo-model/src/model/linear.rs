@@ -155,18 +155,20 @@ pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
 
 /// Whether LoRA `targets` name the projection at `key`, PEFT's name of the module
 /// (`model.layers.0.self_attn.q_proj`): as PEFT matches a list of names, by the name or a dotted
-/// suffix of it (`q_proj`, `self_attn.q_proj`, `layers.0.self_attn.q_proj`); a fused projection also
-/// by its parts' names (so the usual targets adapt Phi-3's `qkv_proj`).
-pub fn targets(targets: &[String], key: &str) -> bool {
-    let named = |key: &str| {
-        targets
-            .iter()
-            .any(|target| key == target || key.ends_with(&format!(".{target}")))
-    };
+/// suffix of it (`q_proj`, `self_attn.q_proj`, `layers.0.self_attn.q_proj`), a fused projection also
+/// by its parts' names (so the usual targets adapt Phi-3's `qkv_proj`); as PEFT matches a regular
+/// expression, by the whole name (Phi-3's `qkv_proj` by its own).
+pub fn targets(targets: &Targets, key: &str) -> bool {
+    if let Targets::Regex(_) = targets {
+        return targets.matches(key);
+    }
     let (module, short) = key.rsplit_once('.').unwrap_or(("", key));
-    named(key)
+    targets.matches(key)
         || FUSED_PROJECTIONS.iter().any(|(fused, parts)| {
-            *fused == short && parts.iter().any(|part| named(&format!("{module}.{part}")))
+            *fused == short
+                && parts
+                    .iter()
+                    .any(|part| targets.matches(&format!("{module}.{part}")))
         })
 }
 

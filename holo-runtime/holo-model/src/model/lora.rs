@@ -16,6 +16,9 @@ use crate::config::Arch;
 /// PEFT's key of the output head's module, and the target module that names it.
 const HEAD: &str = "lm_head";
 
+/// PEFT's key of the input embeddings' module.
+const EMBEDDINGS: &str = "model.embed_tokens";
+
 /// What a target parameter names in a mixture layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Parameter {
@@ -27,12 +30,40 @@ enum Parameter {
 
 impl Model {
     /// `config` as PEFT resolves it on this model ([`LoraConfig::resolved`]): `"all-linear"` as the
-    /// model's projections, and a fused mixture's module names as target parameters. What the adapters
-    /// of [`Model::with_lora`] are, and what `adapter_config.json` says of them.
+    /// model's projections, and a fused mixture's module names (a regular expression's, by
+    /// [`LoraConfig::named`]) as target parameters. What the adapters of [`Model::with_lora`] are, and
+    /// what `adapter_config.json` says of them.
     pub fn resolved_lora(&self, config: &LoraConfig) -> Result<LoraConfig> {
+        let (modules, parameters) = self.peft_names();
         config
+            .named(self.config.arch, &modules, &parameters)
             .resolved(self.config.arch, &self.projection_names())
             .map_err(candle_core::Error::Msg)
+    }
+
+    /// PEFT's names of what LoRA can adapt here: the modules (each layer's projections and router, and
+    /// the output head) and the parameters (a mixture's expert stacks and router weight).
+    fn peft_names(&self) -> (Vec<String>, Vec<String>) {
+        let mut modules = Vec::new();
+        let mut parameters = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, _) in Self::linears(layer) {
+                if !name.starts_with("mlp.experts.") {
+                    modules.push(format!("model.layers.{i}.{name}"));
+                }
+            }
+            if let FeedForward::Experts(_) = &layer.mlp {
+                for stack in ExpertStack::ALL {
+                    parameters.push(format!("model.layers.{i}.mlp.experts.{}", stack.name()));
+                }
+                parameters.push(format!(
+                    "model.layers.{i}.mlp.{}.weight",
+                    self.router_name()
+                ));
+            }
+        }
+        modules.push(HEAD.to_string());
+        (modules, parameters)
     }
 
     /// The short names of the projections LoRA can adapt by module name (not a mixture's router or
@@ -66,8 +97,9 @@ impl Model {
             candle_core::bail!("LoRA rank must be at least 1");
         }
         config
-            .rank_pattern
+            .targets
             .check()
+            .and_then(|()| config.rank_pattern.check())
             .and_then(|()| config.alpha_pattern.check())
             .map_err(candle_core::Error::Msg)?;
         if !(0.0..1.0).contains(&config.dropout) {
@@ -190,10 +222,30 @@ impl Model {
             })
             .chain([HEAD.to_string()])
             .collect();
-        let Some(unknown) = config.targets.iter().find(|&target| {
+        let names = match &config.targets {
+            Targets::Names(names) => names,
+            // PEFT's words when nothing matches.
+            Targets::Regex(regex) if !keys.iter().any(|key| config.targets.matches(key)) => {
+                candle_core::bail!(
+                    "Target modules {regex:?} not found in the base model: the regular expression \
+                     matches the whole name of none of this {} model's projections ({}, …, {HEAD})",
+                    self.config.arch,
+                    keys[0]
+                )
+            }
+            // PEFT adapts an embedding layer the expression matches; the loader adapts none.
+            Targets::Regex(regex) if config.targets.matches(EMBEDDINGS) => {
+                candle_core::bail!(
+                    "the LoRA target modules {regex:?} match the input embeddings \
+                     ({EMBEDDINGS}), which PEFT adapts and this loader does not; leave them out"
+                )
+            }
+            Targets::Regex(_) => return Ok(()),
+        };
+        let Some(unknown) = names.iter().find(|&name| {
             !keys
                 .iter()
-                .any(|key| targets(std::slice::from_ref(target), key))
+                .any(|key| targets(&Targets::names(&[name]), key))
         }) else {
             return Ok(());
         };
@@ -315,12 +367,12 @@ mod tests {
     use candle_core::DType;
 
     use crate::config::Arch;
-    use crate::model::LoraConfig;
+    use crate::model::{LoraConfig, Targets};
     use crate::testing::{config, random_model};
 
     fn lora(targets: &[&str], dropout: f64) -> LoraConfig {
         LoraConfig {
-            targets: targets.iter().map(|target| target.to_string()).collect(),
+            targets: Targets::names(targets),
             dropout,
             ..LoraConfig::default()
         }

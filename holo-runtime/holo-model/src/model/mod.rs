@@ -36,7 +36,7 @@ pub use super::layout::positions_from_mask;
 use super::layout::{held_mask, window_mask, Layout};
 pub use crate::kernels::kernel::{Ops, Result};
 
-pub use crate::peft::{LoraConfig, Pattern, ALL_LINEAR};
+pub use crate::peft::{LoraConfig, Pattern, Targets, ALL_LINEAR};
 pub use crate::routing::{Routes, Routing, RoutingDrift, UNROUTED};
 pub(crate) use attention::softmax;
 pub use attention::Attention;
@@ -928,7 +928,7 @@ mod tests {
     use candle_core::DType;
 
     use crate::config::Arch;
-    use crate::model::LoraConfig;
+    use crate::model::{LoraConfig, Targets};
     use crate::testing::{config, max_difference, random_model};
 
     /// Every trained tensor moved by one, as an optimizer step moves them.
@@ -959,7 +959,7 @@ mod tests {
         // LoRA: the adapters are copied, the head's among them; the frozen base is shared, not copied.
         let lora = LoraConfig {
             seed: 3,
-            targets: ["q_proj", "v_proj", "lm_head"].map(String::from).to_vec(),
+            targets: Targets::names(&["q_proj", "v_proj", "lm_head"]),
             ..LoraConfig::default()
         };
         let (adapted, vars) = base.with_lora(&lora).unwrap();

@@ -253,6 +253,7 @@ fn header_sizes(file: &Path) -> Result<Vec<(String, u64)>, String> {
 mod tests {
     use super::*;
     use holo_model::config::{Arch, Experts, LayerSpec};
+    use holo_model::model::Targets;
 
     /// The mixture's expert adapters, by hand: two mixture layers of 4 experts around a dense one,
     /// both stacks at rank 4; the dense layer has none, and adapting only attention counts only
@@ -283,7 +284,7 @@ mod tests {
         let sizes = Sizes::of_config(config);
         let attention_only = LoraConfig {
             rank: 4,
-            targets: vec!["q_proj".into()],
+            targets: Targets::names(&["q_proj"]),
             ..LoraConfig::default()
         };
         let with_experts = LoraConfig {
@@ -306,7 +307,7 @@ mod tests {
         let kv = (c.num_key_value_heads * c.head_dim) as u64;
         let attention = 2 * (hidden + queries) + 2 * (hidden + kv);
         let all_linear = LoraConfig {
-            targets: vec!["all-linear".into()],
+            targets: Targets::names(&["all-linear"]),
             rank_pattern: [("layers.1.self_attn.q_proj".to_string(), 6)]
                 .into_iter()
                 .collect(),

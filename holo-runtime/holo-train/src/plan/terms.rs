@@ -323,6 +323,7 @@ pub fn scoring(inputs: &Inputs) -> u64 {
 mod tests {
     use super::*;
     use crate::plan::tests::inputs;
+    use holo_model::model::Targets;
 
     /// The tiny Qwen2 shapes (`testing::config`-like: hidden 64, intermediate 128, 2 layers, 4 heads, 2
     /// key/value heads × 16, vocabulary 512, tied), counted by hand.
@@ -379,7 +380,7 @@ mod tests {
         // reference, its head frozen.
         run.lora = Some(holo_model::model::LoraConfig {
             rank: 4,
-            targets: vec!["q_proj".into(), "v_proj".into()],
+            targets: Targets::names(&["q_proj", "v_proj"]),
             ..Default::default()
         });
         let adapters = 2 * 4 * (128 + 96);
@@ -413,7 +414,7 @@ mod tests {
         let mut run = inputs();
         run.lora = Some(holo_model::model::LoraConfig {
             rank: 4,
-            targets: vec!["q_proj".into(), "v_proj".into(), "lm_head".into()],
+            targets: Targets::names(&["q_proj", "v_proj", "lm_head"]),
             rank_pattern: [("lm_head".to_string(), 8)].into_iter().collect(),
             ..Default::default()
         });
@@ -459,7 +460,7 @@ mod tests {
         // Without `lm_head` (`all-linear` leaves it out) there is no head adapter.
         run.lora = Some(holo_model::model::LoraConfig {
             rank: 4,
-            targets: vec!["all-linear".into()],
+            targets: Targets::names(&["all-linear"]),
             ..Default::default()
         });
         assert_eq!(

@@ -15,6 +15,7 @@ use crate::export::RunInfo;
 use crate::optim::{self, AdamW};
 use crate::ppo::critic::Critic;
 use holo_core::chat::ChatTemplate;
+use holo_model::model::Targets;
 use holo_model::{dispatch, files as model_files, Model};
 
 /// A model folder loaded for training: weights in a training precision (by default the device's,
@@ -122,8 +123,13 @@ impl Trainable {
                 // for (Phi-3's `qkv_proj` for `q_proj`), and writes its configuration as it resolved
                 // it: on Qwen3-MoE the experts' and router's module names as target parameters, with
                 // the fused stack's rank and alpha in the patterns.
+                // A regular expression PEFT writes as it is (on a fused mixture it has become the
+                // names it matched).
                 let resolved = base.resolved_lora(&lora)?;
-                adapter["target_modules"] = adapted_modules(&vars).into();
+                adapter["target_modules"] = match &resolved.targets {
+                    Targets::Regex(regex) => regex.clone().into(),
+                    Targets::Names(_) => adapted_modules(&vars).into(),
+                };
                 if !resolved.parameters.is_empty() {
                     adapter["target_parameters"] = resolved.parameters.into();
                 }

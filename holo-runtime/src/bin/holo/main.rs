@@ -121,7 +121,7 @@ enum Command {
     Gym(gym::GymArgs),
     /// The Tinker training API over a local model folder: the `tinker` SDK (tinker-cookbook,
     /// `holo train --backend tinker`) creates LoRA training clients, runs forward_backward with the
-    /// cross_entropy, importance_sampling, ppo and cispo losses, optim_step (AdamW), saves and loads
+    /// cross_entropy, importance_sampling, ppo, cispo and dro losses, optim_step (AdamW), saves and loads
     /// checkpoints (kept in --store across restarts) and samples with log-probabilities. Point the
     /// SDK at it with TINKER_BASE_URL.
     #[cfg(feature = "local")]

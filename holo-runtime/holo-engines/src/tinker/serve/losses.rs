@@ -8,10 +8,13 @@
 //! | `importance_sampling` | `logprobs`, `advantages` | `−(p / q) · A` | — |
 //! | `ppo` | `logprobs`, `advantages` | `−min(r · A, clip(r, lo, hi) · A)`, `r = p / q` | `clip_low_threshold` (0.8), `clip_high_threshold` (1.2) |
 //! | `cispo` | `logprobs`, `advantages` | `−sg(clip(r, lo, hi)) · log p · A` | `clip_low_threshold` (0.0), `clip_high_threshold` (4.0) |
+//! | `dro` | `logprobs`, `advantages` | `−(log p · A − β/2 · (log p − log q)²)` | `beta` (required) |
 //!
-//! `sg` stops the gradient. CISPO's defaults are the one-sided clip tinker-cookbook documents. A KL
-//! penalty against a reference is not a server loss in Tinker: the cookbook folds it into the advantages
-//! before `forward_backward`.
+//! `sg` stops the gradient. CISPO's defaults are the one-sided clip tinker-cookbook documents. DRO is
+//! Direct Reward Optimization (Richemond et al., 2024) as Tinker's documentation writes it; neither the
+//! documentation nor the SDK gives `beta` a default (other servers of the API disagree on one: TuFT
+//! took 1.0, then 0.01), so a request must say it. A KL penalty against a reference is not a server
+//! loss in Tinker: the cookbook folds it into the advantages before `forward_backward`.
 
 use std::collections::BTreeMap;
 
@@ -31,24 +34,33 @@ pub enum LossFn {
     ImportanceSampling,
     Ppo { low: f64, high: f64 },
     Cispo { low: f64, high: f64 },
+    Dro { beta: f64 },
 }
 
 /// The losses served, by the names the SDK sends.
-pub const NAMES: [&str; 4] = ["cross_entropy", "importance_sampling", "ppo", "cispo"];
+pub const NAMES: [&str; 5] = [
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+];
 
 const CLIP_KEYS: [&str; 2] = ["clip_low_threshold", "clip_high_threshold"];
 
+const DRO_KEYS: [&str; 1] = ["beta"];
+
 impl LossFn {
-    /// The loss `name` with `config`; an unknown loss, an unknown key, a text value or thresholds out of
-    /// order are refused, naming them.
+    /// The loss `name` with `config`; an unknown loss, an unknown key, a text value, thresholds out of
+    /// order and a missing or negative `beta` are refused, naming them.
     pub fn parse(
         name: &str,
         config: &BTreeMap<String, Setting>,
     ) -> std::result::Result<Self, String> {
-        let (keys, defaults): (&[&str], (f64, f64)) = match name {
-            "cross_entropy" | "importance_sampling" => (&[], (0.0, 0.0)),
-            "ppo" => (&CLIP_KEYS, (0.8, 1.2)),
-            "cispo" => (&CLIP_KEYS, (0.0, 4.0)),
+        let keys: &[&str] = match name {
+            "cross_entropy" | "importance_sampling" => &[],
+            "ppo" | "cispo" => &CLIP_KEYS,
+            "dro" => &DRO_KEYS,
             other => {
                 return Err(format!(
                     "loss_fn: `{other}` is not served (served: {})",
@@ -82,20 +94,39 @@ impl LossFn {
                 }
             }
         }
-        let low = numbers.get(CLIP_KEYS[0]).copied().unwrap_or(defaults.0);
-        let high = numbers.get(CLIP_KEYS[1]).copied().unwrap_or(defaults.1);
-        let ordered = 0.0 <= low && low <= high;
-        if !keys.is_empty() && !ordered {
-            return Err(format!(
-                "loss_fn_config: clip_low_threshold {low} and clip_high_threshold {high} must satisfy \
-                 0 <= low <= high"
-            ));
-        }
+        let clip = |(low, high): (f64, f64)| {
+            let low = numbers.get(CLIP_KEYS[0]).copied().unwrap_or(low);
+            let high = numbers.get(CLIP_KEYS[1]).copied().unwrap_or(high);
+            match 0.0 <= low && low <= high {
+                true => Ok((low, high)),
+                false => Err(format!(
+                    "loss_fn_config: clip_low_threshold {low} and clip_high_threshold {high} must \
+                     satisfy 0 <= low <= high"
+                )),
+            }
+        };
         Ok(match name {
             "cross_entropy" => LossFn::CrossEntropy,
             "importance_sampling" => LossFn::ImportanceSampling,
-            "ppo" => LossFn::Ppo { low, high },
-            _ => LossFn::Cispo { low, high },
+            "ppo" => {
+                let (low, high) = clip((0.8, 1.2))?;
+                LossFn::Ppo { low, high }
+            }
+            "cispo" => {
+                let (low, high) = clip((0.0, 4.0))?;
+                LossFn::Cispo { low, high }
+            }
+            _ => match numbers.get("beta") {
+                Some(&beta) if beta >= 0.0 => LossFn::Dro { beta },
+                Some(beta) => return Err(format!("loss_fn_config.beta: {beta} is below 0")),
+                None => {
+                    return Err(
+                        "loss_fn_config: `dro` needs `beta`, the weight of its quadratic \
+                                penalty (Tinker documents no default)"
+                            .into(),
+                    )
+                }
+            },
         })
     }
 
@@ -128,8 +159,16 @@ impl LossFn {
                 let weight = ratio.clamp(low, high)?.detach();
                 ((weight * logprobs)? * &inputs[1])?.neg()
             }
+            LossFn::Dro { beta } => dro(logprobs, &inputs[0], &inputs[1], beta),
         }
     }
+}
+
+/// DRO's per-token loss `−(log p · A − β/2 · (log p − log q)²)`, `logprobs` the policy's `log p`,
+/// `sampled` the sampler's `log q`.
+fn dro(logprobs: &Tensor, sampled: &Tensor, advantages: &Tensor, beta: f64) -> Result<Tensor> {
+    let penalty = (logprobs - sampled)?.sqr()?.affine(0.5 * beta, 0.0)?;
+    (logprobs * advantages)?.sub(&penalty)?.neg()
 }
 
 #[cfg(test)]
@@ -174,8 +213,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.contains("takes no settings"), "{error}");
+        assert_eq!(
+            LossFn::parse("dro", &config(&[("beta", Setting::Number(0.05))])),
+            Ok(LossFn::Dro { beta: 0.05 })
+        );
         let error = LossFn::parse("dro", &config(&[])).unwrap_err();
-        assert!(error.contains("`dro` is not served"), "{error}");
+        assert!(error.contains("`dro` needs `beta`"), "{error}");
+        let error = LossFn::parse("dro", &config(&[("beta", Setting::Number(-1.0))])).unwrap_err();
+        assert!(error.contains("beta: -1 is below 0"), "{error}");
+        let error = LossFn::parse(
+            "dro",
+            &config(&[
+                ("beta", Setting::Number(0.1)),
+                ("clip_low_threshold", Setting::Number(0.1)),
+            ]),
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("`clip_low_threshold` is not a setting of `dro` (it takes beta)"),
+            "{error}"
+        );
+        let error = LossFn::parse("gspo", &config(&[])).unwrap_err();
+        assert!(error.contains("`gspo` is not served"), "{error}");
         let error = LossFn::parse(
             "ppo",
             &config(&[("clip_low_threshold", Setting::Text("low".into()))]),
@@ -253,6 +312,23 @@ mod tests {
         close(
             grads.get(policy.as_tensor()).unwrap().to_vec1()?,
             (0..3).map(|i| -weight[i] * a[i] as f64).collect(),
+        );
+
+        // DRO, against its objective and derivative in f64: d/d(log p) of −(log p · A − β/2 · δ²),
+        // δ = log p − log q, is −(A − β · δ).
+        let beta = 0.3;
+        let delta: Vec<f64> = (0..3).map(|i| lp[i] as f64 - q[i] as f64).collect();
+        let loss = LossFn::Dro { beta }.per_token(policy.as_tensor(), &inputs)?;
+        close(
+            loss.to_vec1()?,
+            (0..3)
+                .map(|i| -(lp[i] as f64 * a[i] as f64 - 0.5 * beta * delta[i] * delta[i]))
+                .collect(),
+        );
+        let grads = loss.sum_all()?.backward()?;
+        close(
+            grads.get(policy.as_tensor()).unwrap().to_vec1()?,
+            (0..3).map(|i| -(a[i] as f64 - beta * delta[i])).collect(),
         );
 
         let weights = Tensor::new(&[1.0f32, 0.0, 2.0], &device)?;

@@ -18,7 +18,7 @@ use super::losses::LossFn;
 use super::store::{CheckpointPath, Kind, RunInfo, Store};
 use crate::tinker::proto;
 use holo_model::generate::{generate, Stopping};
-use holo_model::model::LoraConfig;
+use holo_model::model::{LoraConfig, Targets};
 use holo_model::{GenerationParams, Model, Ops};
 use holo_train::batch::Sequence;
 use holo_train::optim::{clip_coefficient, grad_norm, AdamSettings, AdamW};
@@ -206,7 +206,7 @@ pub fn lora_config(info: &RunInfo) -> LoraConfig {
     LoraConfig {
         rank: info.rank,
         alpha: info.alpha,
-        targets: info.targets.clone(),
+        targets: Targets::Names(info.targets.clone()),
         seed: info.seed,
         dropout: 0.0,
         // Tinker's LoRA config names no expert stacks.
