@@ -18,6 +18,7 @@ use crate::machine::{
     Completion, Recorder, Rollout, RolloutError, SampleRequest, Step, TemplateArg,
 };
 use crate::resources::Resources;
+use crate::sampler::Constraint;
 use crate::Role;
 
 /// The object-safe part of [`Holotype`], for holotypes chosen at run time.
@@ -701,6 +702,7 @@ impl Rollout for Interpreter {
                         top_p: sample.top_p,
                         top_k: sample.top_k,
                         stop,
+                        constraint: sample.constraint.as_ref().map(Constraint::from),
                         location: holoware.locations[self.pc],
                     }));
                 }

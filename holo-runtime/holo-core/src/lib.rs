@@ -44,7 +44,7 @@ pub use machine::{
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
 pub use sampler::{
-    ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
+    Allowed, ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
 };
 pub use scripted::Scripted;
 pub use text::Text;
@@ -60,4 +60,9 @@ pub use serde;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::holotype::{assert_holotype, has_param};
+
+    /// A sampler tag's `json_schema=` argument, as holoc checked it.
+    pub fn json_schema(text: &str) -> crate::Constraint {
+        crate::Constraint::from(&holoc::ir::Constraint::JsonSchema(text.to_string()))
+    }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::interpreter::Row;
+use crate::sampler::Constraint;
 use crate::Role;
 
 /// One finished rollout: a line of the JSONL; see the [module documentation](super).
@@ -82,6 +83,21 @@ pub struct TokensRecord {
     /// ([`crate::Completion::routes`]): what routing replay trains through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<Vec<Vec<u32>>>,
+    /// The runs of sampled tokens drawn under a constraint (a sampler tag's `json_schema=`, `regex=`,
+    /// …), in order: the trainer replays each through its constraint to train it under the masked
+    /// distribution the sampler drew from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<Constrained>,
+}
+
+/// Sampled tokens `start..start + len` of a context, drawn under `constraint` from its start: the
+/// tokens the constraint allowed at each of these positions are those its parser allows after the
+/// tokens before them in the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Constrained {
+    pub start: usize,
+    pub len: usize,
+    pub constraint: Constraint,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
