@@ -335,6 +335,7 @@ fn sequences(vocab: usize) -> Vec<Sequence> {
                 trained,
                 sampling_logprobs,
                 routes: None,
+                constraints: Default::default(),
             }
         })
         .collect()

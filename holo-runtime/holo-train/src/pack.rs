@@ -19,6 +19,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::batch::Sequence;
+use holo_core::Allowed;
 use holo_model::model::{Routes, Routing};
 use holo_model::{Layout, Model, ModelConfig};
 
@@ -34,6 +35,9 @@ pub struct Packed {
     pub rows: Tensor,
     /// `[N]` (u32): the trained tokens.
     pub targets: Tensor,
+    /// What a constraint allowed at each trained token (`None` where it was drawn whole); empty when
+    /// no sequence was constrained.
+    pub allowed: Vec<Option<Allowed>>,
     pub tokens: usize,
     /// Per cell of `ids` (row-major): how many sequences hold that token (a tree's shared prefix, several;
     /// padding, none). The load-balancing loss weighs tokens so, as it would weigh them in one padded
@@ -49,10 +53,26 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         .copied()
         .filter(|s| !s.trained.is_empty())
         .collect();
+    let mut packed = laid_out(&sequences, model)?;
+    // Both layouts list the trained tokens sequence by sequence, position by position.
+    if sequences.iter().any(|s| !s.constraints.allowed.is_empty()) {
+        packed.allowed = sequences
+            .iter()
+            .flat_map(|s| match s.constraints.allowed.is_empty() {
+                true => vec![None; s.trained.len()],
+                false => s.constraints.allowed.clone(),
+            })
+            .collect();
+    }
+    Ok(packed)
+}
+
+/// [`pack`]'s layout of `sequences`, each with trained tokens: trees or padded rows.
+fn laid_out(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
     // Linear attention reads each sequence in order: never trees.
     if !model.has_dropout() && !model.has_linear_attention() {
         let costs = Costs::of(&model.config);
-        let forest = Forest::grow(&sequences, &costs);
+        let forest = Forest::grow(sequences, &costs);
         let width = sequences.iter().map(|s| s.ids.len()).max().unwrap_or(0);
         let (trees, rows) = (
             (forest.trees.len(), forest.width()),
@@ -61,10 +81,10 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         if costs.work.rows(trees) < costs.work.rows(rows)
             && costs.memory.rows(trees) <= costs.memory.rows(rows)
         {
-            return forest.pack(&sequences, model);
+            return forest.pack(sequences, model);
         }
     }
-    padded(&sequences, model)
+    padded(sequences, model)
 }
 
 /// `layout` with the sequences' recorded routes replayed, for a mixture-of-experts model when some
@@ -152,6 +172,7 @@ fn finish(
         layout,
         rows: Tensor::from_vec(rows, tokens, device)?,
         targets: Tensor::from_vec(targets, tokens, device)?,
+        allowed: Vec::new(),
         tokens,
         holders,
     })
@@ -370,6 +391,7 @@ pub(crate) mod tests {
             trained: trained.collect(),
             sampling_logprobs: Vec::new(),
             routes: None,
+            constraints: Default::default(),
         }
     }
 

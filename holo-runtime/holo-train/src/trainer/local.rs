@@ -20,7 +20,7 @@ use crate::error::TrainError;
 use crate::run::{self, mix, Opened, Policy, Trainable, Window};
 use crate::state::{Buffer, TrainerState};
 use crate::sync::{SyncOptions, WeightSync};
-use crate::{erl, loss, ppo, score};
+use crate::{erl, loss, ppo, replay, score};
 use holo_core::holophore::Holophore;
 use holo_core::sampler::Sampler;
 use holo_model::{Limits, LocalModel, LocalOptions, Model};
@@ -359,6 +359,7 @@ impl Backend for Local {
         let batch_size = config.training.per_device_train_batch_size;
         let generate_every = config.steps_per_generation() * config.num_iterations;
         let correction = self.corrects_sampler(config);
+        replay::replay(self.sampler.grammars(), completions)?;
         // Log-probabilities of the policy as it sampled: without dropout.
         self.trained.model.set_dropout_seed(0);
         if !config
