@@ -801,7 +801,9 @@ fn constraint(constraint: &Constraint) -> TokenStream {
         }
         Constraint::Choice(choices) => {
             let choices = choices.iter().map(string);
-            quote!(::holo_runtime::Constraint::Choice(::std::vec![#(#choices),*]))
+            quote!(::holo_runtime::Constraint::Choice(
+                ::std::vec![#(#choices),*]
+            ))
         }
         Constraint::Grammar(grammar) => {
             let grammar = string(grammar);

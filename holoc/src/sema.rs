@@ -10,8 +10,8 @@ use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, 
 use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
-    ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
-    TemplateArgument, TemplateValue,
+    ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program,
+    Sample, Source, TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};

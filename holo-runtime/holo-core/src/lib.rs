@@ -44,7 +44,8 @@ pub use machine::{
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
 pub use sampler::{
-    Allowed, ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
+    Allowed, ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError,
+    TokenSink,
 };
 pub use scripted::Scripted;
 pub use text::Text;

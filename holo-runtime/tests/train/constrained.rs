@@ -101,12 +101,18 @@ fn every_constrained_reply_of_a_random_model_validates() {
         let plan = plan.as_object().unwrap();
         assert_eq!(plan.len(), 2, "{plan:?}");
         assert!(["Paris", "Lima", "Oslo"].contains(&plan["city"].as_str().unwrap()));
-        assert!((1..=7).contains(&plan["days"].as_i64().unwrap()), "{plan:?}");
+        assert!(
+            (1..=7).contains(&plan["days"].as_i64().unwrap()),
+            "{plan:?}"
+        );
         assert!(
             (1..=2).contains(&bags.len()) && bags.bytes().all(|b| b.is_ascii_digit()),
             "{bags:?}"
         );
-        assert!(["yes", "no", "not quite"].contains(&sure.as_str()), "{sure:?}");
+        assert!(
+            ["yes", "no", "not quite"].contains(&sure.as_str()),
+            "{sure:?}"
+        );
         // The record says which sampled tokens each constraint drew, for the trainer to replay.
         let tokens = record.contexts[0].tokens.as_ref().unwrap();
         let kinds: Vec<&str> = tokens

@@ -115,10 +115,10 @@ use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
+use crate::loom::Constrained;
 use crate::machine::{
     feedback_of, reward_of, set_feedback, set_reward, Completion, Finish, Recorder, TemplateArg,
 };
-use crate::loom::Constrained;
 use crate::sampler::ChatMessage;
 use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;

@@ -173,8 +173,8 @@ mod sink;
 mod summary;
 
 pub use record::{
-    Constrained, ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
-    Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
+    Constrained, ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord,
+    RowFailure, Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
 };
 pub use sink::{Jsonl, Sink};
 use summary::Stats;

@@ -22,10 +22,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, InplaceOp1, Layout, Shape, Tensor};
 
 use super::{Linear, Lora, Model, Ops, Result};
-use holo_core::Allowed;
 use crate::kernels::head::{logits_gradient, target_scores};
 use crate::kernels::kernel::contiguous;
 use crate::kernels::matrix::multiply;
+use holo_core::Allowed;
 
 /// PEFT's module name of the output head's adapter: its tensors are `{HEAD_ADAPTER}.lora_A.weight`
 /// and `.lora_B.weight`.
@@ -153,10 +153,9 @@ pub(crate) fn scores_within(
 ) -> Result<Tensor> {
     let (rows, vocab) = (hidden.dim(0)?, weight.dim(0)?);
     let allowed = match allowed.iter().any(Option::is_some) {
-        true if allowed.len() != rows => candle_core::bail!(
-            "{} masks for {rows} rows of the head",
-            allowed.len()
-        ),
+        true if allowed.len() != rows => {
+            candle_core::bail!("{} masks for {rows} rows of the head", allowed.len())
+        }
         true => allowed,
         false => &[],
     };
