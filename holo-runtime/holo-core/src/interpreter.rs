@@ -413,6 +413,23 @@ impl Holoware {
         &self.name
     }
 
+    /// Each sampler tag's constraint with the tag's `file.hol:line:col`, in the file's order: what a
+    /// sampler can compile before any rollout, to refuse one there rather than in every rollout.
+    pub fn constraints(&self) -> Vec<(&'static str, Constraint)> {
+        self.program
+            .ops
+            .iter()
+            .zip(&self.locations)
+            .filter_map(|(op, &location)| match &op.kind {
+                OpKind::Sample(sample) => sample
+                    .constraint
+                    .as_ref()
+                    .map(|constraint| (location, Constraint::from(constraint))),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn program(&self) -> &Program {
         &self.program
     }

@@ -422,6 +422,34 @@ pub(crate) mod tests {
             .unwrap()
     }
 
+    /// The constraints' masks come out in the targets' order (here in trees), with `None` at the
+    /// tokens drawn whole; with no mask anywhere there are none.
+    #[test]
+    fn masks_line_up_with_the_targets() {
+        let mut sequences = group();
+        let model = random_model(&config(Arch::Qwen2), DType::F64);
+        let unmasked: Vec<&Sequence> = sequences.iter().collect();
+        assert!(pack(&unmasked, &model).unwrap().allowed.is_empty());
+        // The second completion's first token may only be its target; the fourth's two only token 0.
+        sequences[1].constraints.allowed = vec![Some(Allowed::of(&[11], 64)), None];
+        sequences[3].constraints.allowed = vec![Some(Allowed::of(&[0], 64)); 2];
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let packed = pack(&sequences, &model).unwrap();
+        let targets: Vec<u32> = packed.targets.to_vec1().unwrap();
+        assert_eq!(packed.allowed.len(), targets.len());
+        let masked: Vec<(usize, bool)> = packed
+            .allowed
+            .iter()
+            .enumerate()
+            .filter_map(|(index, allowed)| {
+                let allowed = allowed.as_ref()?;
+                Some((index, allowed.contains(targets[index] as usize)))
+            })
+            .collect();
+        // Trained tokens: the first completion's 3, the second's 2, the third's 4, the fourth's 2.
+        assert_eq!(masked, [(3, true), (9, false), (10, false)]);
+    }
+
     #[test]
     fn a_group_shares_its_prompt_in_one_tree() {
         let sequences = group();

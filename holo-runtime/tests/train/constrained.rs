@@ -87,7 +87,7 @@ fn replies(record: &RolloutRecord) -> Vec<String> {
 
 #[test]
 fn every_constrained_reply_of_a_random_model_validates() {
-    let model = LocalModel::load(&model_dir(), LocalOptions::default()).unwrap();
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
     let records = rollouts(&model);
     assert_eq!(records.len(), 4 * rows().len());
     for record in &records {
@@ -162,7 +162,7 @@ fn ratios(model: &LocalModel, records: &[RolloutRecord], masked: bool) -> (Vec<f
 
 #[test]
 fn an_on_policy_step_on_constrained_tokens_has_ratios_of_one() {
-    let model = LocalModel::load(&model_dir(), LocalOptions::default()).unwrap();
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
     let records = rollouts(&model);
     let (masked, masked_kl) = ratios(&model, &records, true);
     let (whole, whole_kl) = ratios(&model, &records, false);
@@ -206,7 +206,7 @@ fn a_training_run_on_a_constrained_holoware() {
         max_completion_length: 48,
         ..GrpoConfig::default()
     };
-    let sampler = LocalModel::load(&model_dir(), LocalOptions::default()).unwrap();
+    let sampler = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
     let summary = Trainer::new(
         source,
         Policy::load(&model_dir(), &Device::Cpu).unwrap(),

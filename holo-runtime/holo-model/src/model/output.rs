@@ -495,7 +495,7 @@ mod tests {
             .map(|row| {
                 (![2, 5, 9].contains(&row)).then(|| {
                     let mut ids: Vec<u32> = (0..vocab as u32)
-                        .filter(|id| (id * 7 + row as u32) % 5 == 0 && *id != 39)
+                        .filter(|id| (id * 7 + row as u32).is_multiple_of(5) && *id != 39)
                         .collect();
                     ids.push(target_ids[row]);
                     Allowed::of(&ids, vocab)

@@ -126,6 +126,15 @@ impl Local {
         &self.trained.vars
     }
 
+    /// A checkpoint's generation batch in use with its constrained tokens' masks, which are not saved
+    /// with it (each is replayed from its run, [`replay`]).
+    fn replay_buffer(&self, state: &mut TrainerState) -> Result<(), TrainError> {
+        match &mut state.buffer {
+            Some(buffer) => replay::replay(self.sampler.grammars(), &mut buffer.completions),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the rollouts are sampled elsewhere than by the trained model in process.
     fn samples_elsewhere(&self) -> bool {
         self.external.is_some() || self.fed || self.rollout.is_some() || self.sync.is_some()
@@ -344,9 +353,10 @@ impl Backend for Local {
         resume: bool,
         config: &GrpoConfig,
     ) -> Result<Opened, TrainError> {
-        let opened = run::open(run, resume, config, &mut self.trained)?;
+        let mut opened = run::open(run, resume, config, &mut self.trained)?;
         // The sampler shares the weights; its cached prefixes belong to the old ones.
         self.sampler.prefix_cache().clear();
+        self.replay_buffer(&mut opened.state)?;
         Ok(opened)
     }
 
@@ -505,8 +515,9 @@ impl Backend for Local {
         dir: &Path,
         config: &GrpoConfig,
     ) -> Result<TrainerState, TrainError> {
-        let state = run::restore(dir, config, &mut self.trained, &run.path)?;
+        let mut state = run::restore(dir, config, &mut self.trained, &run.path)?;
         self.sampler.prefix_cache().clear();
+        self.replay_buffer(&mut state)?;
         self.sampler.set_weight_version(state.global_step);
         self.push(runtime, state.global_step, None)?;
         Ok(state)
