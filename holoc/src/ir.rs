@@ -187,6 +187,27 @@ pub enum Constraint {
     Grammar(String),
 }
 
+impl Constraint {
+    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>` (the stop
+    /// string that ends the sample): this constraint's text, then the tag, as a Lark grammar. `None` for
+    /// a Lark grammar, whose rules a wrapper cannot safely take in.
+    pub fn fenced(&self, fence: &str) -> Option<Constraint> {
+        let literal = |text: &str| serde_json::Value::from(text).to_string();
+        let inner = match self {
+            Constraint::JsonObject => "%json {\"type\": \"object\"}".to_string(),
+            Constraint::JsonSchema(schema) => format!("%json {schema}"),
+            Constraint::Regex(regex) => format!("/{}/", regex.replace('/', "\\/")),
+            Constraint::Choice(choices) => {
+                let choices: Vec<String> = choices.iter().map(|choice| literal(choice)).collect();
+                format!("({})", choices.join(" | "))
+            }
+            Constraint::Grammar(_) => return None,
+        };
+        let close = literal(&format!("</{fence}>"));
+        Some(Constraint::Grammar(format!("start: {inner} {close}\n")))
+    }
+}
+
 impl fmt::Display for Program {
     /// A readable listing: inputs, bindings, then one line per op.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

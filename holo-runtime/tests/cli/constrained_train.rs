@@ -1,5 +1,5 @@
-//! `holo train` on a holoware whose samplers are held to a JSON schema, a regex and a choice
-//! (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
+//! `holo train` on a holoware whose samplers are held to a JSON schema, a regex, a choice and a regex
+//! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
 //! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
 
 use crate::common::{holo_output, run_metrics, tiny_train};
@@ -49,15 +49,21 @@ fn a_constrained_holoware_trains() {
             .filter(|part| part.sampled)
             .map(|part| part.text.as_str())
             .collect();
-        let [plan, bags, sure] = replies.as_slice() else {
+        let [plan, bags, sure, total] = replies.as_slice() else {
             panic!("{replies:?}")
         };
         let plan: serde_json::Value = serde_json::from_str(plan).unwrap();
         assert!(["Paris", "Lima", "Oslo"].contains(&plan["city"].as_str().unwrap()));
         assert!(bags.parse::<u8>().is_ok(), "{bags:?}");
         assert!(["yes", "no", "not quite"].contains(sure), "{sure:?}");
+        assert!(
+            total
+                .strip_suffix("</answer>")
+                .is_some_and(|digits| digits.parse::<u16>().is_ok()),
+            "{total:?}"
+        );
         let tokens = record.contexts[0].tokens.as_ref().unwrap();
-        assert_eq!(tokens.constraints.len(), 3);
+        assert_eq!(tokens.constraints.len(), 4);
     }
 }
 

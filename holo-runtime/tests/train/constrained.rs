@@ -94,7 +94,7 @@ fn every_constrained_reply_of_a_random_model_validates() {
         assert!(record.error.is_none(), "{:?}", record.error);
         assert!(!record.truncated);
         let replies = replies(record);
-        let [plan, bags, sure] = replies.as_slice() else {
+        let [plan, bags, sure, total] = replies.as_slice() else {
             panic!("{replies:?}")
         };
         let plan: serde_json::Value = serde_json::from_str(plan).unwrap();
@@ -113,6 +113,12 @@ fn every_constrained_reply_of_a_random_model_validates() {
             ["yes", "no", "not quite"].contains(&sure.as_str()),
             "{sure:?}"
         );
+        // In the fence: the digits, then the closing tag that ended the sample.
+        let digits = total.strip_suffix("</answer>").unwrap();
+        assert!(
+            (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{total:?}"
+        );
         // The record says which sampled tokens each constraint drew, for the trainer to replay.
         let tokens = record.contexts[0].tokens.as_ref().unwrap();
         let kinds: Vec<&str> = tokens
@@ -120,7 +126,15 @@ fn every_constrained_reply_of_a_random_model_validates() {
             .iter()
             .map(|run| run.constraint.kind())
             .collect();
-        assert_eq!(kinds, ["a JSON schema", "a regular expression", "a choice"]);
+        assert_eq!(
+            kinds,
+            [
+                "a JSON schema",
+                "a regular expression",
+                "a choice",
+                "a Lark grammar"
+            ]
+        );
         for run in &tokens.constraints {
             assert!(tokens.loss_mask[run.start..run.start + run.len]
                 .iter()
@@ -130,6 +144,23 @@ fn every_constrained_reply_of_a_random_model_validates() {
             tokens.constraints[2].constraint,
             Constraint::Choice(ref choices) if choices.len() == 3
         ));
+    }
+}
+
+/// Every constraint a fence wraps (`holoc`'s `Constraint::fenced`) is a grammar llguidance compiles.
+#[test]
+fn fenced_constraints_compile() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../holoc/tests/inputs/ok/fenced_constraints.hol");
+    let holoware = Holoware::open(&path, Arc::new(holotypes::registry())).unwrap();
+    let constraints = holoware.constraints();
+    assert_eq!(constraints.len(), 4);
+    for (location, constraint) in constraints {
+        assert!(matches!(constraint, Constraint::Lark(_)), "{location}");
+        if let Err(error) = model.grammars().compile(&constraint) {
+            panic!("{location}: {constraint:?}: {error}");
+        }
     }
 }
 
