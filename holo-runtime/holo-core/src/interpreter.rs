@@ -13,12 +13,12 @@ use holoc::ir::{OpKind, Program, Source, TemplateValue};
 use holoc::report::SourceFile;
 use holoc::Options;
 
+use crate::constraint::Constraint;
 use crate::holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 use crate::machine::{
     Completion, Recorder, Rollout, RolloutError, SampleRequest, Step, TemplateArg,
 };
 use crate::resources::Resources;
-use crate::sampler::Constraint;
 use crate::Role;
 
 /// The object-safe part of [`Holotype`], for holotypes chosen at run time.

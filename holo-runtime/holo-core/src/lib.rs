@@ -14,6 +14,7 @@
 //!   can; [`tools`]: the formats in which models write native tool calls.
 
 pub mod chat;
+pub mod constraint;
 mod error;
 pub mod export;
 pub mod holophore;

@@ -6,9 +6,9 @@
 
 use std::fmt;
 
+use crate::constraint::Constraint;
 use crate::error::HolotypeError;
 use crate::resources::Resources;
-use crate::sampler::Constraint;
 use crate::tools::{ToolFormat, ToolReply};
 use crate::Role;
 

@@ -115,7 +115,7 @@ use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
-use crate::loom::Constrained;
+use crate::constraint::Constrained;
 use crate::machine::{
     feedback_of, reward_of, set_feedback, set_reward, Completion, Finish, Recorder, TemplateArg,
 };

@@ -172,9 +172,10 @@ mod record;
 mod sink;
 mod summary;
 
+pub use crate::constraint::Constrained;
 pub use record::{
-    Constrained, ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord,
-    RowFailure, Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
+    ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
+    Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
 };
 pub use sink::{Jsonl, Sink};
 use summary::Stats;

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::Constrained;
 use crate::interpreter::Row;
-use crate::sampler::Constraint;
 use crate::Role;
 
 /// One finished rollout: a line of the JSONL; see the [module documentation](super).
@@ -88,16 +88,6 @@ pub struct TokensRecord {
     /// distribution the sampler drew from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub constraints: Vec<Constrained>,
-}
-
-/// Sampled tokens `start..start + len` of a context, drawn under `constraint` from its start: the
-/// tokens the constraint allowed at each of these positions are those its parser allows after the
-/// tokens before them in the run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Constrained {
-    pub start: usize,
-    pub len: usize,
-    pub constraint: Constraint,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
