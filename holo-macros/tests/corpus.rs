@@ -163,12 +163,14 @@ holowares! {
     ok_bodies => "../holoc/tests/inputs/ok/bodies.hol",
     ok_body_starts_with_anything => "../holoc/tests/inputs/ok/body_starts_with_anything.hol",
     ok_byte_order_mark => "../holoc/tests/inputs/ok/byte_order_mark.hol",
+    ok_constrained_samplers => "../holoc/tests/inputs/ok/constrained_samplers.hol",
     ok_carriage_return_at_eof => "../holoc/tests/inputs/ok/carriage_return_at_eof.hol",
     ok_context_template_arguments => "../holoc/tests/inputs/ok/context_template_arguments.hol",
     ok_contexts => "../holoc/tests/inputs/ok/contexts.hol",
     ok_crlf => "../holoc/tests/inputs/ok/crlf.hol",
     ok_empty => "../holoc/tests/inputs/ok/empty.hol",
     ok_escapes => "../holoc/tests/inputs/ok/escapes.hol",
+    ok_fenced_constraints => "../holoc/tests/inputs/ok/fenced_constraints.hol",
     ok_holotype_without_body => "../holoc/tests/inputs/ok/holotype_without_body.hol",
     ok_implicit_context => "../holoc/tests/inputs/ok/implicit_context.hol",
     ok_inline_tags => "../holoc/tests/inputs/ok/inline_tags.hol",
@@ -183,6 +185,59 @@ holowares! {
     ok_sampler_arguments => "../holoc/tests/inputs/ok/sampler_arguments.hol",
     ok_unicode => "../holoc/tests/inputs/ok/unicode.hol",
     ok_whitespace => "../holoc/tests/inputs/ok/whitespace.hol",
+}
+
+/// A sampler tag's constraint reaches its sample request alike from the compiled machine and from the
+/// interpreter, as the runtime's `Constraint`.
+#[test]
+fn constraints_reach_the_sample_requests() {
+    use holo_runtime::Constraint;
+
+    fn constraints(rollout: &mut dyn Rollout) -> Vec<Option<Constraint>> {
+        let mut transcript = Transcript::default();
+        let mut sampler = Scripted::new((1..=20).map(|i| format!("reply {i}")));
+        let mut constraints = Vec::new();
+        while let Step::Sample(request) = rollout.step(&mut transcript).expect("step") {
+            constraints.push(request.constraint.clone());
+            let completion = sampler.complete(&request).expect("enough replies");
+            rollout.resume(completion, &mut transcript).expect("resume");
+        }
+        constraints
+    }
+    let path = "../holoc/tests/inputs/ok/constrained_samplers.hol";
+    let input: compiled::ok_constrained_samplers::Input =
+        serde_json::from_value(serde_json::json!({})).unwrap();
+    let mut machine = compiled::ok_constrained_samplers::Machine::new(input).unwrap();
+    let compiled = constraints(&mut machine);
+    let holoware = Arc::new(
+        Holoware::open(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path),
+            Arc::new(registry()),
+        )
+        .unwrap(),
+    );
+    let interpreted = constraints(&mut holoware.start(&Row::new()).unwrap());
+    assert_eq!(compiled, interpreted);
+    assert_eq!(
+        compiled,
+        [
+            Some(Constraint::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"rain": {"type": "boolean"}},
+                "required": ["rain"],
+            }))),
+            Some(Constraint::JsonObject),
+            Some(Constraint::Choice(vec![
+                "yes".into(),
+                "no".into(),
+                "not sure".into()
+            ])),
+            Some(Constraint::Regex("[0-9]{1,3}".into())),
+            Some(Constraint::Lark(
+                "start: KEY \"=\" VALUE\nKEY: /[a-z]+/\nVALUE: /[0-9]+/".into()
+            )),
+        ]
+    );
 }
 
 /// A row with none of `<|question|prompt|>` is rejected before the rollout starts, by both.

@@ -189,6 +189,7 @@ fn completions(case: &Value, config: &GrpoConfig) -> Vec<Completion> {
                     trained: (prompt.len()..prompt.len() + completion.len()).collect(),
                     sampling_logprobs: sampling,
                     routes: None,
+                    constraints: Default::default(),
                 }],
                 advantage: c["advantage"].as_f64().unwrap() as f32,
                 token_advantages: None,

@@ -336,6 +336,7 @@ fn sequences(vocab: usize) -> Vec<Sequence> {
                 trained,
                 sampling_logprobs,
                 routes: None,
+                constraints: Default::default(),
             }
         })
         .collect()

@@ -16,7 +16,9 @@
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
-use crate::ir::{ArgValue, HolotypeInstance, OpKind, Program, Role, Source, TemplateValue};
+use crate::ir::{
+    ArgValue, Constraint, HolotypeInstance, OpKind, Program, Role, Source, TemplateValue,
+};
 use crate::span;
 
 /// How to emit one holoware.
@@ -653,6 +655,7 @@ impl Generator<'_> {
                 let temperature = optional(sample.temperature.map(|value| quote!(#value)));
                 let top_p = optional(sample.top_p.map(|value| quote!(#value)));
                 let top_k = optional(sample.top_k.map(|value| quote!(#value)));
+                let constraint = optional(sample.constraint.as_ref().map(constraint));
                 let open = sample.fence.as_ref().map(|fence| {
                     let open = format!("<{fence}>");
                     quote!(recorder.text(#open);)
@@ -674,6 +677,7 @@ impl Generator<'_> {
                         top_p: #top_p,
                         top_k: #top_k,
                         stop: ::std::vec![#(::std::string::String::from(#stops)),*],
+                        constraint: #constraint,
                         location: #location,
                     }));
                 }
@@ -781,6 +785,29 @@ fn describe(op: &OpKind, program: &Program) -> String {
                 "end of a pass through the body of `{}`",
                 program.holotypes[*instance].name
             )
+        }
+    }
+}
+
+/// The runtime's `Constraint` for a sampler tag's constraint.
+fn constraint(constraint: &Constraint) -> TokenStream {
+    let string = |text: &String| quote!(::std::string::String::from(#text));
+    match constraint {
+        Constraint::JsonObject => quote!(::holo_runtime::Constraint::JsonObject),
+        Constraint::JsonSchema(text) => quote!(::holo_runtime::__private::json_schema(#text)),
+        Constraint::Regex(regex) => {
+            let regex = string(regex);
+            quote!(::holo_runtime::Constraint::Regex(#regex))
+        }
+        Constraint::Choice(choices) => {
+            let choices = choices.iter().map(string);
+            quote!(::holo_runtime::Constraint::Choice(
+                ::std::vec![#(#choices),*]
+            ))
+        }
+        Constraint::Grammar(grammar) => {
+            let grammar = string(grammar);
+            quote!(::holo_runtime::Constraint::Lark(#grammar))
         }
     }
 }

@@ -162,6 +162,50 @@ pub struct Sample {
     pub top_p: Option<f64>,
     pub top_k: Option<u32>,
     pub stop: Vec<String>,
+    /// What the sampled text must match (constrained decoding), from the tag's `json`, `json_schema`,
+    /// `regex`, `choice` or `grammar` argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+}
+
+/// A sampler's constraint as written; the runtime turns it into its `Constraint` and the sampler
+/// enforces it token by token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// `json=object`: any JSON object.
+    JsonObject,
+    /// `json_schema="{...}"`: JSON valid under the schema, held as the JSON text the tag gave (checked
+    /// to parse as a JSON object or boolean).
+    JsonSchema(String),
+    /// `regex="..."`: text the regular expression matches whole (checked to parse).
+    Regex(String),
+    /// `choice=a choice=b`: one of these texts exactly.
+    Choice(Vec<String>),
+    /// `grammar="..."`: a Lark grammar as llguidance reads it (checked when the sampler compiles it,
+    /// before any rollout).
+    Grammar(String),
+}
+
+impl Constraint {
+    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>` (the stop
+    /// string that ends the sample): this constraint's text, then the tag, as a Lark grammar. `None` for
+    /// a Lark grammar, whose rules a wrapper cannot safely take in.
+    pub fn fenced(&self, fence: &str) -> Option<Constraint> {
+        let literal = |text: &str| serde_json::Value::from(text).to_string();
+        let inner = match self {
+            Constraint::JsonObject => "%json {\"type\": \"object\"}".to_string(),
+            Constraint::JsonSchema(schema) => format!("%json {schema}"),
+            Constraint::Regex(regex) => format!("/{}/", regex.replace('/', "\\/")),
+            Constraint::Choice(choices) => {
+                let choices: Vec<String> = choices.iter().map(|choice| literal(choice)).collect();
+                format!("({})", choices.join(" | "))
+            }
+            Constraint::Grammar(_) => return None,
+        };
+        let close = literal(&format!("</{fence}>"));
+        Some(Constraint::Grammar(format!("start: {inner} {close}\n")))
+    }
 }
 
 impl fmt::Display for Program {
@@ -265,6 +309,18 @@ impl fmt::Display for SampleArgs<'_> {
         }
         for stop in &sample.stop {
             write!(f, " stop={stop:?}")?;
+        }
+        match &sample.constraint {
+            None => {}
+            Some(Constraint::JsonObject) => write!(f, " json=object")?,
+            Some(Constraint::JsonSchema(schema)) => write!(f, " json_schema={schema:?}")?,
+            Some(Constraint::Regex(regex)) => write!(f, " regex={regex:?}")?,
+            Some(Constraint::Choice(choices)) => {
+                for choice in choices {
+                    write!(f, " choice={choice:?}")?;
+                }
+            }
+            Some(Constraint::Grammar(grammar)) => write!(f, " grammar={grammar:?}")?,
         }
         Ok(())
     }

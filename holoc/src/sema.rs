@@ -10,14 +10,32 @@ use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, 
 use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
-    ArgValue, Binding, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
-    TemplateArgument, TemplateValue,
+    ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program,
+    Sample, Source, TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
 
 /// The generation arguments a sampler accepts.
-pub const SAMPLER_ARGUMENTS: [&str; 5] = ["max_tokens", "temperature", "top_p", "top_k", "stop"];
+pub const SAMPLER_ARGUMENTS: [&str; 10] = [
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "json",
+    "json_schema",
+    "regex",
+    "choice",
+    "grammar",
+];
+
+/// The sampler arguments that constrain the sampled text; a sampler takes one of them (`choice`
+/// repeated counts as one).
+const CONSTRAINTS: [&str; 5] = ["json", "json_schema", "regex", "choice", "grammar"];
+
+/// The sampler arguments that may be repeated, each giving one more value.
+const REPEATABLE: [&str; 2] = ["stop", "choice"];
 
 /// [`BUILTINS`] in the form [`Options::builtin_holotypes`] takes: each name with its keyword parameters.
 pub fn builtin_holotypes() -> BTreeMap<String, Option<Vec<String>>> {
@@ -496,6 +514,8 @@ impl Lowering<'_> {
         }
         let mut fence_span: Option<Span> = None;
         let mut seen: HashMap<&str, Span> = HashMap::new();
+        // The first constraint argument: its name and where it is.
+        let mut constrained: Option<(&str, Span)> = None;
         for arg in &tag.args {
             match &arg.node {
                 Arg::Fence(name) => {
@@ -571,14 +591,57 @@ impl Lowering<'_> {
                         self.error(diagnostic);
                         continue;
                     };
-                    if *known != "stop" {
+                    if !REPEATABLE.contains(known) {
                         if let Some(first) = seen.insert(known, name.span) {
                             self.given_twice(known, name.span, first);
                             continue;
                         }
                     }
+                    if CONSTRAINTS.contains(known) {
+                        match constrained {
+                            Some((first, span)) if first != *known => {
+                                self.error(
+                                    Diagnostic::new(
+                                        Code::ConflictingConstraints,
+                                        format!(
+                                            "`{known}` and `{first}` both constrain this sampler"
+                                        ),
+                                        arg.span,
+                                        "second constraint",
+                                    )
+                                    .with_secondary(span, "first constraint")
+                                    .with_help(
+                                        "keep one; several forms can be one regex or grammar",
+                                    ),
+                                );
+                                continue;
+                            }
+                            Some(_) => {}
+                            None => constrained = Some((known, arg.span)),
+                        }
+                    }
                     self.sampler_value(&mut sample, known, value);
                 }
+            }
+        }
+        if let (Some((name, span)), Some(fence), Some(fence_span)) =
+            (constrained, &sample.fence, fence_span)
+        {
+            // In a fence the sampled text is the constrained text and then the closing tag.
+            match sample.constraint.as_ref().and_then(|c| c.fenced(fence)) {
+                Some(fenced) => sample.constraint = Some(fenced),
+                None => self.error(
+                    Diagnostic::new(
+                        Code::FencedConstraint,
+                        format!("`{name}` on a sampler fenced by `<>{fence}`"),
+                        span,
+                        "a grammar",
+                    )
+                    .with_secondary(fence_span, "fence")
+                    .with_help(format!(
+                        "drop the fence and spell it in the grammar: start: \"<{fence}>\" ... \"</{fence}>\""
+                    )),
+                ),
             }
         }
         sample
@@ -642,6 +705,61 @@ impl Lowering<'_> {
                     invalid("a non-empty string")
                         .with_help("quote the stop string: stop=\"</answer>\""),
                 ),
+            },
+            "json" => match &value.node {
+                Value::Word(word) if word == "object" => {
+                    sample.constraint = Some(Constraint::JsonObject)
+                }
+                _ => self.error(invalid("`object`").with_help(
+                    "json=object allows any JSON object; json_schema=\"{...}\" gives a schema",
+                )),
+            },
+            "json_schema" => match &value.node {
+                Value::Str(text) => match schema_problem(text) {
+                    None => sample.constraint = Some(Constraint::JsonSchema(text.clone())),
+                    Some(problem) => self.error(
+                        invalid("a JSON schema")
+                            .with_note(problem)
+                            .with_help("single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'"),
+                    ),
+                },
+                _ => self.error(invalid("a quoted JSON schema").with_help(
+                    "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'",
+                )),
+            },
+            "regex" => match &value.node {
+                Value::Str(text) => match regex_syntax::Parser::new().parse(text) {
+                    Ok(_) => sample.constraint = Some(Constraint::Regex(text.clone())),
+                    Err(error) => self.error(
+                        invalid("a regular expression")
+                            .with_note(error.to_string())
+                            .with_help("the whole sampled text must match it: regex=\"(yes|no)\""),
+                    ),
+                },
+                _ => self.error(
+                    invalid("a quoted regular expression")
+                        .with_help("the whole sampled text must match it: regex=\"(yes|no)\""),
+                ),
+            },
+            "choice" => match &value.node {
+                Value::Str(text) | Value::Word(text) | Value::Number(text) if !text.is_empty() => {
+                    match &mut sample.constraint {
+                        Some(Constraint::Choice(choices)) => choices.push(text.clone()),
+                        _ => sample.constraint = Some(Constraint::Choice(vec![text.clone()])),
+                    }
+                }
+                _ => self.error(
+                    invalid("a non-empty text")
+                        .with_help("one text per argument: choice=yes choice=\"not sure\""),
+                ),
+            },
+            "grammar" => match &value.node {
+                Value::Str(text) if !text.trim().is_empty() => {
+                    sample.constraint = Some(Constraint::Grammar(text.clone()))
+                }
+                _ => self.error(invalid("a quoted Lark grammar").with_help(
+                    "a grammar with a `start` rule: grammar=\"start: /[0-9]+/\"",
+                )),
             },
             _ => unreachable!("only known sampler arguments reach here"),
         }
@@ -1105,6 +1223,17 @@ fn arg_value(value: &Value) -> ArgValue {
             Err(_) => parse_float(Some(number))
                 .map_or_else(|| ArgValue::Word(number.clone()), ArgValue::Float),
         },
+    }
+}
+
+/// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
+/// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when
+/// the sampler compiles it, before any rollout.
+fn schema_problem(text: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => None,
+        Ok(_) => Some("a schema is a JSON object or a boolean".into()),
+        Err(error) => Some(format!("not JSON: {error}")),
     }
 }
 

@@ -456,7 +456,18 @@ fn completion_in_tags() {
     let sampler = labels(&client.at("textDocument/completion", uri, 4, 9));
     assert_eq!(
         sampler,
-        ["max_tokens", "temperature", "top_p", "top_k", "stop"]
+        [
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop",
+            "json",
+            "json_schema",
+            "regex",
+            "choice",
+            "grammar"
+        ]
     );
     let binding = labels(&client.at("textDocument/completion", uri, 5, 6));
     assert!(binding.contains(&"query".to_string()), "{binding:?}");

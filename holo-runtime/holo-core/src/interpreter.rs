@@ -13,6 +13,7 @@ use holoc::ir::{OpKind, Program, Source, TemplateValue};
 use holoc::report::SourceFile;
 use holoc::Options;
 
+use crate::constraint::Constraint;
 use crate::holotype::{AnswerCheck, Args, Cx, Enter, Holotype, HolotypeError, Pass, Variables};
 use crate::machine::{
     Completion, Recorder, Rollout, RolloutError, SampleRequest, Step, TemplateArg,
@@ -412,6 +413,23 @@ impl Holoware {
         &self.name
     }
 
+    /// Each sampler tag's constraint with the tag's `file.hol:line:col`, in the file's order: what a
+    /// sampler can compile before any rollout, to refuse one there rather than in every rollout.
+    pub fn constraints(&self) -> Vec<(&'static str, Constraint)> {
+        self.program
+            .ops
+            .iter()
+            .zip(&self.locations)
+            .filter_map(|(op, &location)| match &op.kind {
+                OpKind::Sample(sample) => sample
+                    .constraint
+                    .as_ref()
+                    .map(|constraint| (location, Constraint::from(constraint))),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn program(&self) -> &Program {
         &self.program
     }
@@ -701,6 +719,7 @@ impl Rollout for Interpreter {
                         top_p: sample.top_p,
                         top_k: sample.top_k,
                         stop,
+                        constraint: sample.constraint.as_ref().map(Constraint::from),
                         location: holoware.locations[self.pc],
                     }));
                 }

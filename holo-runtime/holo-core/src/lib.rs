@@ -14,6 +14,7 @@
 //!   can; [`tools`]: the formats in which models write native tool calls.
 
 pub mod chat;
+pub mod constraint;
 mod error;
 pub mod export;
 pub mod holophore;
@@ -44,7 +45,8 @@ pub use machine::{
 pub use openai::{OpenAi, OpenAiConfig};
 pub use resources::Resources;
 pub use sampler::{
-    ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError, TokenSink,
+    Allowed, ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError,
+    TokenSink,
 };
 pub use scripted::Scripted;
 pub use text::Text;
@@ -60,4 +62,9 @@ pub use serde;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::holotype::{assert_holotype, has_param};
+
+    /// A sampler tag's `json_schema=` argument, as holoc checked it.
+    pub fn json_schema(text: &str) -> crate::Constraint {
+        crate::Constraint::from(&holoc::ir::Constraint::JsonSchema(text.to_string()))
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use crate::constraint::Constraint;
 use crate::error::HolotypeError;
 use crate::resources::Resources;
 use crate::tools::{ToolFormat, ToolReply};
@@ -61,6 +62,9 @@ pub struct SampleRequest {
     pub top_k: Option<u32>,
     /// Stop strings: the fence's closing tag first, then the tag's `stop=` arguments.
     pub stop: Vec<String>,
+    /// What the sampled text must match: the tag's `json`, `json_schema`, `regex`, `choice` or
+    /// `grammar` argument.
+    pub constraint: Option<Constraint>,
     /// `file.hol:line:col` of the sampler tag.
     pub location: &'static str,
 }
@@ -87,6 +91,9 @@ pub struct Completion {
     /// The version of the weights that sampled it, when the sampler says: a server's `weight_version`
     /// (`holo serve`'s, SGLang's), or a trainer's in-process sampler's count of optimizer steps taken.
     pub weight_version: Option<u64>,
+    /// The constraint the tokens were drawn under, which the Loom sets from the request: the trainer
+    /// replays the tokens through it to train them under the masked distribution they were drawn from.
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -798,6 +798,7 @@ fn parse_answer(
         finish,
         routes: Vec::new(),
         weight_version: answer.get("weight_version").and_then(Value::as_u64),
+        constraint: None,
     })
 }
 

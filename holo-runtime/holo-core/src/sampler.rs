@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use crate::constraint::{Allowed, Constraint};
 use crate::machine::Completion;
 use crate::Role;
 
@@ -91,38 +92,6 @@ impl SampleParams {
             Some("chat_template_kwargs")
         } else {
             None
-        }
-    }
-}
-
-/// A language the completion must belong to. The local model masks, at every step, the tokens that
-/// cannot continue a sentence of it, and allows its end-of-turn tokens only where a sentence is complete,
-/// so that a completion that ends its turn is always in the language (one cut by `max_tokens` or a stop
-/// string may not be). The log-probabilities it reports are those of the masked distribution.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Constraint {
-    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
-    JsonObject,
-    /// JSON that validates against a JSON schema (OpenAI's `json_schema`, vLLM's `guided_json`).
-    JsonSchema(serde_json::Value),
-    /// Text that the regular expression matches whole (vLLM's `guided_regex`).
-    Regex(String),
-    /// One of these texts exactly (vLLM's `guided_choice`).
-    Choice(Vec<String>),
-    /// A context-free grammar in the Lark syntax that llguidance reads (vLLM's `guided_grammar`):
-    /// its `start` rule, with `%json {schema}` for embedded JSON and `<[id]>` for a token by id.
-    Lark(String),
-}
-
-impl Constraint {
-    /// The name clients know it by, for messages.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Constraint::JsonObject => "a JSON object",
-            Constraint::JsonSchema(_) => "a JSON schema",
-            Constraint::Regex(_) => "a regular expression",
-            Constraint::Choice(_) => "a choice",
-            Constraint::Lark(_) => "a Lark grammar",
         }
     }
 }

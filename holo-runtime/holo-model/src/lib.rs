@@ -639,6 +639,7 @@ fn collect(
                             finish: generation.finish,
                             routes: generation.routes,
                             weight_version,
+                            constraint: None,
                         }),
                         Err(error) => Err(SamplerError::Unavailable(format!(
                             "local model failed: {error}"

@@ -915,6 +915,7 @@ mod tests {
             finish: Finish::EndOfTurn,
             routes: Vec::new(),
             weight_version: None,
+            constraint: None,
         };
         sender
             .send(Event::Done {
@@ -997,6 +998,7 @@ mod tests {
                 finish: Finish::EndOfTurn,
                 routes: Vec::new(),
                 weight_version: None,
+                constraint: None,
             };
             let done = Event::Done {
                 choice: 0,

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use holo_core::loom::{ContextRecord, RolloutRecord};
+use holo_core::loom::{Constrained, ContextRecord, RolloutRecord};
+use holo_core::Allowed;
 
 /// One trained context: its tokens and which of them the model sampled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +30,44 @@ pub struct Sequence {
     /// them (see `routing_replay`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<Vec<Vec<u32>>>,
+    /// The runs of trained tokens the sampler drew under a constraint, and once the trainer has
+    /// replayed them, what it allowed at each trained token: the trained log-probabilities are those
+    /// of the masked distribution there.
+    #[serde(default, skip_serializing_if = "Constraints::is_empty")]
+    pub constraints: Constraints,
+}
+
+/// The constrained runs of a [`Sequence`] ([`TokensRecord::constraints`](holo_core::loom::TokensRecord)).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Constraints {
+    /// Positions in the sequence's `ids` and the constraint each run was drawn under.
+    pub runs: Vec<Constrained>,
+    /// What the constraints allowed at each trained token (aligned with `trained`; `None` at tokens
+    /// drawn whole), once replayed (holo-train's local backend does it); empty before, or when no run
+    /// has a constraint.
+    #[serde(skip)]
+    pub allowed: Vec<Option<Allowed>>,
+}
+
+impl Constraints {
+    /// No run was constrained.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// `allowed` set from each run's masks (`masks[r]`: one per token of run `r`), at the trained
+    /// positions of `trained`.
+    pub fn replayed(&mut self, trained: &[usize], masks: Vec<Vec<Allowed>>) {
+        let mut allowed = vec![None; trained.len()];
+        for (run, masks) in self.runs.iter().zip(masks) {
+            for (offset, mask) in masks.into_iter().enumerate() {
+                if let Ok(index) = trained.binary_search(&(run.start + offset)) {
+                    allowed[index] = Some(mask);
+                }
+            }
+        }
+        self.allowed = allowed;
+    }
 }
 
 /// JSON has no NaN: missing log-probabilities are written as `null`.
@@ -161,6 +200,10 @@ pub fn sequence(context: &ContextRecord) -> Option<Sequence> {
         trained,
         sampling_logprobs,
         routes: tokens.routes.clone(),
+        constraints: Constraints {
+            runs: tokens.constraints.clone(),
+            allowed: Vec::new(),
+        },
     })
 }
 

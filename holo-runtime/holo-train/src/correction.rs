@@ -178,6 +178,7 @@ mod tests {
                 trained: (1..=old.len()).collect(),
                 sampling_logprobs: sampled.to_vec(),
                 routes: None,
+                constraints: Default::default(),
             }],
             advantage: 1.0,
             token_advantages: None,

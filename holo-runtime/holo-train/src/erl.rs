@@ -25,9 +25,9 @@
 use std::collections::BTreeMap;
 
 use super::advantages::{self, nanmean, nanstd, Rewards};
-use super::batch::{self, Completion, Sequence};
+use super::batch::{self, Completion, Constraints, Sequence};
 use super::config::{GrpoConfig, MultiObjectiveAggregation, ScaleRewards};
-use holo_core::loom::RolloutRecord;
+use holo_core::loom::{Constrained, RolloutRecord};
 #[cfg(feature = "local")]
 use {
     super::sft::{self, SftLossType},
@@ -187,6 +187,20 @@ pub fn internalize(first: &Sequence, retry: &Sequence) -> Sequence {
             .collect(),
         sampling_logprobs: retry.sampling_logprobs.clone(),
         routes: None,
+        // The retry's constrained runs, where its tokens now stand (replayed after this).
+        constraints: Constraints {
+            runs: retry
+                .constraints
+                .runs
+                .iter()
+                .filter(|run| run.start >= start)
+                .map(|run| Constrained {
+                    start: run.start - start + prompt,
+                    ..run.clone()
+                })
+                .collect(),
+            allowed: Vec::new(),
+        },
     }
 }
 
@@ -356,12 +370,14 @@ mod tests {
             trained: vec![3, 4, 5],
             sampling_logprobs: vec![-0.1, -0.2, -0.3],
             routes: None,
+            constraints: Default::default(),
         };
         let retry = Sequence {
             ids: vec![1, 7, 7, 7, 3, 20, 21, 99, 5],
             trained: vec![5, 6, 7],
             sampling_logprobs: vec![-1.0, -2.0, -3.0],
             routes: None,
+            constraints: Default::default(),
         };
         let sequence = internalize(&first, &retry);
         assert_eq!(sequence.ids, [1, 2, 3, 20, 21, 99, 5]);

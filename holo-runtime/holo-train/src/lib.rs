@@ -70,6 +70,8 @@ pub mod plan;
 #[cfg(feature = "local")]
 pub mod ppo;
 pub mod provenance;
+#[cfg(feature = "local")]
+pub mod replay;
 pub mod report;
 mod rollouts;
 pub mod run;

@@ -786,6 +786,7 @@ mod tests {
                 trained: (1..=trained).collect(),
                 sampling_logprobs: vec![f32::NAN; trained],
                 routes: None,
+                constraints: Default::default(),
             }],
             advantage,
             token_advantages: tokens,

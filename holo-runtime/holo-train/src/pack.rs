@@ -19,6 +19,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use super::batch::Sequence;
+use holo_core::Allowed;
 use holo_model::model::{Routes, Routing};
 use holo_model::{Layout, Model, ModelConfig};
 
@@ -34,6 +35,9 @@ pub struct Packed {
     pub rows: Tensor,
     /// `[N]` (u32): the trained tokens.
     pub targets: Tensor,
+    /// What a constraint allowed at each trained token (`None` where it was drawn whole); empty when
+    /// no sequence was constrained.
+    pub allowed: Vec<Option<Allowed>>,
     pub tokens: usize,
     /// Per cell of `ids` (row-major): how many sequences hold that token (a tree's shared prefix, several;
     /// padding, none). The load-balancing loss weighs tokens so, as it would weigh them in one padded
@@ -49,10 +53,26 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         .copied()
         .filter(|s| !s.trained.is_empty())
         .collect();
+    let mut packed = laid_out(&sequences, model)?;
+    // Both layouts list the trained tokens sequence by sequence, position by position.
+    if sequences.iter().any(|s| !s.constraints.allowed.is_empty()) {
+        packed.allowed = sequences
+            .iter()
+            .flat_map(|s| match s.constraints.allowed.is_empty() {
+                true => vec![None; s.trained.len()],
+                false => s.constraints.allowed.clone(),
+            })
+            .collect();
+    }
+    Ok(packed)
+}
+
+/// [`pack`]'s layout of `sequences`, each with trained tokens: trees or padded rows.
+fn laid_out(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
     // Linear attention reads each sequence in order: never trees.
     if !model.has_dropout() && !model.has_linear_attention() {
         let costs = Costs::of(&model.config);
-        let forest = Forest::grow(&sequences, &costs);
+        let forest = Forest::grow(sequences, &costs);
         let width = sequences.iter().map(|s| s.ids.len()).max().unwrap_or(0);
         let (trees, rows) = (
             (forest.trees.len(), forest.width()),
@@ -61,10 +81,10 @@ pub fn pack(sequences: &[&Sequence], model: &Model) -> Result<Packed> {
         if costs.work.rows(trees) < costs.work.rows(rows)
             && costs.memory.rows(trees) <= costs.memory.rows(rows)
         {
-            return forest.pack(&sequences, model);
+            return forest.pack(sequences, model);
         }
     }
-    padded(&sequences, model)
+    padded(sequences, model)
 }
 
 /// `layout` with the sequences' recorded routes replayed, for a mixture-of-experts model when some
@@ -152,6 +172,7 @@ fn finish(
         layout,
         rows: Tensor::from_vec(rows, tokens, device)?,
         targets: Tensor::from_vec(targets, tokens, device)?,
+        allowed: Vec::new(),
         tokens,
         holders,
     })
@@ -370,6 +391,7 @@ pub(crate) mod tests {
             trained: trained.collect(),
             sampling_logprobs: Vec::new(),
             routes: None,
+            constraints: Default::default(),
         }
     }
 
@@ -398,6 +420,34 @@ pub(crate) mod tests {
             .unwrap()
             .index_select(&packed.rows, 0)
             .unwrap()
+    }
+
+    /// The constraints' masks come out in the targets' order (here in trees), with `None` at the
+    /// tokens drawn whole; with no mask anywhere there are none.
+    #[test]
+    fn masks_line_up_with_the_targets() {
+        let mut sequences = group();
+        let model = random_model(&config(Arch::Qwen2), DType::F64);
+        let unmasked: Vec<&Sequence> = sequences.iter().collect();
+        assert!(pack(&unmasked, &model).unwrap().allowed.is_empty());
+        // The second completion's first token may only be its target; the fourth's two only token 0.
+        sequences[1].constraints.allowed = vec![Some(Allowed::of(&[11], 64)), None];
+        sequences[3].constraints.allowed = vec![Some(Allowed::of(&[0], 64)); 2];
+        let sequences: Vec<&Sequence> = sequences.iter().collect();
+        let packed = pack(&sequences, &model).unwrap();
+        let targets: Vec<u32> = packed.targets.to_vec1().unwrap();
+        assert_eq!(packed.allowed.len(), targets.len());
+        let masked: Vec<(usize, bool)> = packed
+            .allowed
+            .iter()
+            .enumerate()
+            .filter_map(|(index, allowed)| {
+                let allowed = allowed.as_ref()?;
+                Some((index, allowed.contains(targets[index] as usize)))
+            })
+            .collect();
+        // Trained tokens: the first completion's 3, the second's 2, the third's 4, the fourth's 2.
+        assert_eq!(masked, [(3, true), (9, false), (10, false)]);
     }
 
     #[test]

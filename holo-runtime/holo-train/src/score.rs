@@ -59,7 +59,12 @@ pub fn head(
     temperature: f64,
     entropy_gradient: bool,
 ) -> Result<Head> {
-    let scores = model.head_scores(&pick(hidden, packed)?, &packed.targets, temperature)?;
+    let scores = model.constrained_head_scores(
+        &pick(hidden, packed)?,
+        &packed.targets,
+        temperature,
+        &packed.allowed,
+    )?;
     let scores_column = |index| scores.narrow(1, index, 1)?.squeeze(1);
     let entropies = scores_column(column::ENTROPY)?;
     Ok(Head {

@@ -61,6 +61,7 @@ pub fn sequence(
         finish: Finish::EndOfTurn,
         routes: Vec::new(),
         weight_version: None,
+        constraint: None,
     };
     rollout
         .resume(completion, &mut recorder)
@@ -111,6 +112,7 @@ pub fn sequence(
             ids,
             trained,
             routes: None,
+            constraints: Default::default(),
         },
         rewards,
     })

@@ -7,6 +7,8 @@ mod common;
 
 #[cfg(feature = "local")]
 mod compare_cli;
+#[cfg(feature = "local")]
+mod constrained_train;
 mod demo_cli;
 mod export_data_cli;
 mod holo_cli;

@@ -187,6 +187,7 @@ impl Echo {
             finish,
             routes: Vec::new(),
             weight_version: None,
+            constraint: None,
         })
     }
 

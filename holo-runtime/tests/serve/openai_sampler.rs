@@ -89,6 +89,7 @@ async fn openai_sampler_round_trips_tokens_and_logprobs() {
         // The server also says which weights answered: its own, version 0.
         let expected = Completion {
             weight_version: Some(0),
+            constraint: None,
             ..expected
         };
         assert_eq!(got, expected, "{request:?}");

@@ -45,6 +45,7 @@ impl Replier {
             finish,
             routes: Vec::new(),
             weight_version: None,
+            constraint: None,
         }
     }
 }

@@ -28,6 +28,7 @@ fn check(name: &str) {
                 sampling_logprobs: vec![f32::NAN; ids.len() - first],
                 ids,
                 routes: None,
+                constraints: Default::default(),
             }
         })
         .collect();

@@ -11,6 +11,8 @@ mod ahead;
 #[cfg(feature = "local")]
 mod balance;
 #[cfg(feature = "local")]
+mod constrained;
+#[cfg(feature = "local")]
 mod curriculum;
 #[cfg(feature = "local")]
 mod erl;

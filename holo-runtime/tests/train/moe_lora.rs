@@ -138,6 +138,7 @@ fn check(name: &str, adapter: &str, parameters: &[&str]) {
             sampling_logprobs: vec![f32::NAN; ids.len() - first as usize],
             ids: ids.clone(),
             routes: None,
+            constraints: Default::default(),
         })
         .collect();
     let refs: Vec<&Sequence> = sequences.iter().collect();

@@ -165,6 +165,7 @@ fn losses_and_gradients_match_trl() {
                 sampling_logprobs: vec![f32::NAN; response.len()],
                 ids,
                 routes: None,
+                constraints: Default::default(),
             }
         })
         .collect();
@@ -300,12 +301,14 @@ fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
         trained: vec![4, 5, 9, 10],
         sampling_logprobs: vec![-1.0; 4],
         routes: None,
+        constraints: Default::default(),
     };
     let second = Sequence {
         ids: vec![412, 150, 299, 251, 511],
         trained: vec![3, 4],
         sampling_logprobs: vec![-1.0; 2],
         routes: None,
+        constraints: Default::default(),
     };
     let completion = |sequences: Vec<Sequence>| Completion {
         old_logprobs: Some(vec![-1.0; sequences.iter().map(|s| s.trained.len()).sum()]),

@@ -81,7 +81,7 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
 ];
 
 /// What a sampler's generation arguments mean (docs/holoware.md, section 3.3).
-pub(crate) const SAMPLER_DOCS: [(&str, &str); 5] = [
+pub(crate) const SAMPLER_DOCS: [(&str, &str); 10] = [
     ("max_tokens", "the most tokens to sample: an integer >= 1"),
     (
         "temperature",
@@ -93,6 +93,23 @@ pub(crate) const SAMPLER_DOCS: [(&str, &str); 5] = [
         "sample among the k likeliest tokens: an integer >= 0; 0 disables it",
     ),
     ("stop", "a stop string (repeatable): `stop=\"</tool>\"`"),
+    ("json", "`json=object`: the sampled text is a JSON object"),
+    (
+        "json_schema",
+        "the sampled text is JSON valid under this schema: `json_schema='{\"type\": \"object\"}'`",
+    ),
+    (
+        "regex",
+        "the regular expression matches the whole sampled text: `regex=\"(yes|no)\"`",
+    ),
+    (
+        "choice",
+        "the sampled text is one of these (repeatable): `choice=yes choice=no`",
+    ),
+    (
+        "grammar",
+        "the sampled text is a sentence of this Lark grammar (llguidance's): `grammar=\"start: /[0-9]+/\"`",
+    ),
 ];
 
 /// The keyword parameters of holotype `name`: the crate's own when it implements it, else the built-in's.

@@ -347,6 +347,7 @@ mod tests {
                 loss_mask: mask,
                 retokenized: false,
                 routes: None,
+                constraints: Vec::new(),
             });
             r
         };

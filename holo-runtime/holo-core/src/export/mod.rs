@@ -297,6 +297,7 @@ mod tests {
                 logprobs: vec![0.0; 6],
                 retokenized: false,
                 routes: None,
+                constraints: Vec::new(),
             }),
             tools: Vec::new(),
         };

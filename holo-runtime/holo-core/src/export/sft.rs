@@ -201,6 +201,7 @@ mod tests {
             logprobs: vec![0.0; 3],
             retokenized: false,
             routes: None,
+            constraints: Vec::new(),
         });
         let options = SftOptions {
             tokens: true,

@@ -115,6 +115,7 @@ use minijinja::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatTemplate, ChatTemplateError, RenderOptions};
+use crate::constraint::Constrained;
 use crate::machine::{
     feedback_of, reward_of, set_feedback, set_reward, Completion, Finish, Recorder, TemplateArg,
 };
@@ -230,6 +231,8 @@ pub struct Context {
     /// The experts a mixture-of-experts sampler routed each token through, by position (see
     /// [`Completion::routes`]); shorter than the ids, or empty, where none were recorded.
     routes: Vec<Vec<u32>>,
+    /// The runs of sampled tokens drawn under a constraint ([`Completion::constraint`]), in order.
+    pub constraints: Vec<Constrained>,
 }
 
 impl Context {
@@ -245,6 +248,7 @@ impl Context {
             rendered: String::new(),
             mark: (0, 0),
             routes: Vec::new(),
+            constraints: Vec::new(),
         }
     }
 
@@ -1210,6 +1214,13 @@ impl Recorder for Holophore {
         // The routes cover the prompt the sampler read, which is the context so far, then the sampled
         // tokens it read back.
         let prompt = context.ids().len();
+        if let (FragmentKind::Sampled, Some(constraint)) = (kind, &completion.constraint) {
+            context.constraints.push(Constrained {
+                start: prompt,
+                len: ids.len(),
+                constraint: constraint.clone(),
+            });
+        }
         if kind == FragmentKind::Sampled && completion.routes.len() <= prompt + ids.len() {
             let recorded = completion.routes.iter().enumerate();
             for (position, routes) in recorded.filter(|(_, routes)| !routes.is_empty()) {

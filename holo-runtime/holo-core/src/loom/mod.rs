@@ -161,7 +161,9 @@ use crate::holotypes::{ReflectionMemory, ToolStats};
 use crate::interpreter::{Holoware, Row};
 use crate::machine::{Completion, Finish, Recorder, Rollout, SampleRequest, Step, TemplateArg};
 use crate::resources::Resources;
-use crate::sampler::{ChatMessage, Prompt, Request, SampleParams, Sampler, SamplerError};
+use crate::sampler::{
+    ChatMessage, Constraint, Prompt, Request, SampleParams, Sampler, SamplerError,
+};
 use crate::tools::{ToolFormat, ToolReply};
 use crate::transcript::{Part, Transcript};
 use crate::Role;
@@ -170,6 +172,7 @@ mod record;
 mod sink;
 mod summary;
 
+pub use crate::constraint::Constrained;
 pub use record::{
     ContextRecord, Failure, MessageRecord, PartRecord, RolloutFailure, RolloutRecord, RowFailure,
     Stage, Timing, TokensRecord, ToolCallRecord, ToolRecord,
@@ -479,6 +482,8 @@ impl<S: RolloutSource> Loom<S> {
                     truncated: false,
                     started: Instant::now(),
                     sample_time: Duration::ZERO,
+                    constraint: None,
+                    location: "",
                 };
                 match guard(|| self.source.start(row)) {
                     Ok(rollout) => {
@@ -514,13 +519,20 @@ impl<S: RolloutSource> Loom<S> {
                             active,
                             Some(completion),
                         )?,
-                        Err(error) => run.finish(
-                            active,
-                            Some(Failure {
-                                stage: Stage::Sampler,
-                                message: error.to_string(),
-                            }),
-                        )?,
+                        Err(error) => {
+                            // A constraint the sampler refuses is the tag's: say which.
+                            let message = match (&active.constraint, active.location) {
+                                (Some(_), location) => format!("{location}: {error}"),
+                                (None, _) => error.to_string(),
+                            };
+                            run.finish(
+                                active,
+                                Some(Failure {
+                                    stage: Stage::Sampler,
+                                    message,
+                                }),
+                            )?
+                        }
                     }
                 }
                 Event::Stepped(active, stepped) => {
@@ -624,8 +636,9 @@ fn stepped_to<'s, W: Sink + ?Sized>(
 /// ends: the holotypes' synchronous work, on whatever thread runs it.
 fn work(mut active: Active, completion: Option<Completion>) -> (Active, Stepped) {
     let rollout = active.rollout.as_mut().expect("a started rollout");
-    if let Some(completion) = completion {
+    if let Some(mut completion) = completion {
         active.truncated |= completion.finish == Finish::Length;
+        completion.constraint = active.constraint.take();
         if let Err(message) = guard(|| rollout.resume(completion, &mut active.recorder)) {
             return (active, Stepped::Failed(message));
         }
@@ -700,11 +713,17 @@ struct Active {
     truncated: bool,
     started: Instant,
     sample_time: Duration,
+    /// The constraint of the request in flight, which its completion is recorded with, and its
+    /// sampler tag's `file.hol:line:col`.
+    constraint: Option<Constraint>,
+    location: &'static str,
 }
 
 impl Active {
     /// The request for the rollout's next sample.
     fn request(&mut self, sample: SampleRequest) -> Request {
+        self.constraint = sample.constraint.clone();
+        self.location = sample.location;
         Request {
             prompt: self.recorder.prompt(),
             params: SampleParams {
@@ -713,6 +732,7 @@ impl Active {
                 top_p: sample.top_p,
                 top_k: sample.top_k,
                 stop: sample.stop,
+                constraint: sample.constraint,
                 seed: Some(request_seed(self.seed, self.samples)),
                 top_logprobs: 0,
                 chat_template_kwargs: self.recorder.template_kwargs.clone(),
@@ -936,6 +956,7 @@ impl Prompted {
                     logprobs: context.logprobs(),
                     retokenized: context.retokenized(),
                     routes: context.routes(),
+                    constraints: context.constraints.clone(),
                 },
             })
             .collect()

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::Constrained;
 use crate::interpreter::Row;
 use crate::Role;
 
@@ -82,6 +83,11 @@ pub struct TokensRecord {
     /// ([`crate::Completion::routes`]): what routing replay trains through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<Vec<Vec<u32>>>,
+    /// The runs of sampled tokens drawn under a constraint (a sampler tag's `json_schema=`, `regex=`,
+    /// …), in order: the trainer replays each through its constraint to train it under the masked
+    /// distribution the sampler drew from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<Constrained>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

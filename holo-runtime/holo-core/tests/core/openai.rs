@@ -411,6 +411,7 @@ async fn token_prompt_goes_to_completions_with_every_parameter() {
             finish: Finish::Stop("</answer>".into()),
             routes: Vec::new(),
             weight_version: None,
+            constraint: None,
         }
     );
 }
@@ -503,6 +504,7 @@ async fn chat_continues_a_final_assistant_message() {
             finish: Finish::Stop("</answer>".into()),
             routes: Vec::new(),
             weight_version: None,
+            constraint: None,
         }
     );
 }
@@ -1117,4 +1119,74 @@ async fn the_sampler_works_behind_the_trait_object() {
     assert!(results.is_empty());
     let results = sampler.sample(&[text("x")]).await;
     assert_eq!(results[0].as_ref().unwrap().finish, Finish::EndOfTurn);
+}
+
+/// A holoware's sampler tag constraints reach an OpenAI-compatible server as the fields vLLM reads:
+/// `response_format` for JSON, `guided_regex`, `guided_choice`, `guided_grammar`.
+#[tokio::test]
+async fn sampler_tag_constraints_go_as_vllms_guided_fields() {
+    use holo_core::interpreter::{Holoware, Row};
+    use holo_core::loom::{Loom, LoomConfig, RolloutRecord};
+
+    let server = Server::start(|seen, _| vllm(seen)).await;
+    let sampler = OpenAi::new(config(&server)).unwrap();
+    let holoware = Holoware::load(
+        "constrained.hol",
+        concat!(
+            "<|o_o|>\nGo.\n",
+            "<|@_@:a json=object|>\n",
+            "<|@_@:b json_schema='{\"type\": \"object\", \"required\": [\"x\"]}'|>\n",
+            "<|@_@:c regex='[0-9]+'|>\n",
+            "<|@_@:d choice=yes choice=no|>\n",
+            "<|@_@:e grammar=\"start: /[a-z]+/\"|>\n",
+        )
+        .as_bytes(),
+        Arc::new(holo_core::holotypes::registry()),
+    )
+    .unwrap();
+    let loom = Loom::interpreted(
+        Arc::new(holoware),
+        holo_core::Resources::default(),
+        LoomConfig::default(),
+    );
+    let row: Row = serde_json::from_str("{}").unwrap();
+    let mut records: Vec<RolloutRecord> = Vec::new();
+    let summary = loom.run(&[(0, row)], &sampler, &mut records).await.unwrap();
+    assert_eq!(summary.failed, 0);
+    let fields: Vec<(String, Value)> = server
+        .seen()
+        .iter()
+        .map(|seen| {
+            let body = seen.body.as_object().unwrap();
+            let field = [
+                "response_format",
+                "guided_regex",
+                "guided_choice",
+                "guided_grammar",
+            ]
+            .into_iter()
+            .find(|field| body.contains_key(*field))
+            .unwrap();
+            (field.to_string(), body[field].clone())
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (
+                "response_format".to_string(),
+                json!({"type": "json_object"})
+            ),
+            (
+                "response_format".to_string(),
+                json!({"type": "json_schema", "json_schema": {
+                    "name": "schema", "strict": true,
+                    "schema": {"type": "object", "required": ["x"]},
+                }})
+            ),
+            ("guided_regex".to_string(), json!("[0-9]+")),
+            ("guided_choice".to_string(), json!(["yes", "no"])),
+            ("guided_grammar".to_string(), json!("start: /[a-z]+/")),
+        ]
+    );
 }

@@ -417,6 +417,7 @@ pub fn records(
                     logprobs,
                     retokenized: false,
                     routes: None,
+                    constraints: Vec::new(),
                 }),
             }],
             rewards: BTreeMap::from([(SCORE.to_string(), score)]),

@@ -721,6 +721,7 @@ mod tests {
                 logprobs: vec![0.0, 0.0, logprobs[0], logprobs[1], 0.0, logprobs[2]],
                 retokenized: false,
                 routes: None,
+                constraints: Vec::new(),
             }),
         }
     }

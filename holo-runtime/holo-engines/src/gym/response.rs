@@ -295,6 +295,7 @@ mod tests {
                 logprobs: vec![0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0, 0.0],
                 retokenized: false,
                 routes: None,
+                constraints: Vec::new(),
             }),
         }
     }

@@ -59,6 +59,7 @@ impl Example {
             ids: self.ids.clone(),
             trained,
             routes: None,
+            constraints: Default::default(),
         }
     }
 

@@ -80,14 +80,28 @@ pub trait Backend {
     }
 
     /// Adds what the loss needs besides the rollouts to a new generation batch's `completions`
-    /// (log-probabilities of the weights that sampled, of a reference), before they are shuffled.
+    /// (log-probabilities of the weights that sampled, of a reference, the masks of constrained
+    /// tokens), before they are shuffled. A backend that leaves this as it is cannot train tokens
+    /// drawn under a constraint as the masked distribution they were drawn from, and refuses them.
     fn score(
         &mut self,
         _config: &GrpoConfig,
-        _completions: &mut [Completion],
+        completions: &mut [Completion],
         _metrics: &mut BTreeMap<String, f64>,
     ) -> Result<(), TrainError> {
-        Ok(())
+        match completions
+            .iter()
+            .flat_map(|c| &c.sequences)
+            .find_map(|s| s.constraints.runs.first())
+        {
+            Some(run) => Err(TrainError::Input(format!(
+                "a rollout sampled under {} (a sampler tag's constraint): this backend computes \
+                 log-probabilities over the whole vocabulary, not the masked distribution the \
+                 tokens were drawn from; train it locally or drop the constraint",
+                run.constraint.kind()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The loss and gradients of micro-batch `slot` of `buffer` (of `steps_per_generation`), added to

@@ -20,7 +20,7 @@ use crate::error::TrainError;
 use crate::run::{self, mix, Opened, Policy, Trainable, Window};
 use crate::state::{Buffer, TrainerState};
 use crate::sync::{SyncOptions, WeightSync};
-use crate::{erl, loss, ppo, score};
+use crate::{erl, loss, ppo, replay, score};
 use holo_core::holophore::Holophore;
 use holo_core::sampler::Sampler;
 use holo_model::{Limits, LocalModel, LocalOptions, Model};
@@ -124,6 +124,15 @@ impl Local {
     /// The trained weights or adapters, by name.
     pub fn vars(&self) -> &[(String, Var)] {
         &self.trained.vars
+    }
+
+    /// A checkpoint's generation batch in use with its constrained tokens' masks, which are not saved
+    /// with it (each is replayed from its run, [`replay`]).
+    fn replay_buffer(&self, state: &mut TrainerState) -> Result<(), TrainError> {
+        match &mut state.buffer {
+            Some(buffer) => replay::replay(self.sampler.grammars(), &mut buffer.completions),
+            None => Ok(()),
+        }
     }
 
     /// Whether the rollouts are sampled elsewhere than by the trained model in process.
@@ -351,9 +360,10 @@ impl Backend for Local {
         resume: bool,
         config: &GrpoConfig,
     ) -> Result<Opened, TrainError> {
-        let opened = run::open(run, resume, config, &mut self.trained)?;
+        let mut opened = run::open(run, resume, config, &mut self.trained)?;
         // The sampler shares the weights; its cached prefixes belong to the old ones.
         self.sampler.prefix_cache().clear();
+        self.replay_buffer(&mut opened.state)?;
         Ok(opened)
     }
 
@@ -366,6 +376,7 @@ impl Backend for Local {
         let batch_size = config.training.per_device_train_batch_size;
         let generate_every = config.steps_per_generation() * config.num_iterations;
         let correction = self.corrects_sampler(config);
+        replay::replay(self.sampler.grammars(), completions)?;
         // Log-probabilities of the policy as it sampled: without dropout.
         self.trained.model.set_dropout_seed(0);
         if !config
@@ -521,8 +532,9 @@ impl Backend for Local {
         dir: &Path,
         config: &GrpoConfig,
     ) -> Result<TrainerState, TrainError> {
-        let state = run::restore(dir, config, &mut self.trained, &run.path)?;
+        let mut state = run::restore(dir, config, &mut self.trained, &run.path)?;
         self.sampler.prefix_cache().clear();
+        self.replay_buffer(&mut state)?;
         self.sampler.set_weight_version(state.global_step);
         self.push(runtime, state.global_step, None)?;
         Ok(state)

@@ -522,6 +522,7 @@ impl Worker {
                 trained: (1..sample.prompt.len()).collect(),
                 sampling_logprobs: vec![f32::NAN; sample.prompt.len() - 1],
                 routes: None,
+                constraints: Default::default(),
             };
             let scored = score::sequence_logprobs(&model, &[&sequence], 1.0, 1).map_err(work)?;
             let mut values = vec![f32::NAN];
@@ -627,6 +628,7 @@ fn forward_backward(
                 trained: (1..=datum.input.len()).collect(),
                 sampling_logprobs: vec![f32::NAN; datum.input.len()],
                 routes: None,
+                constraints: Default::default(),
             }
         })
         .collect();

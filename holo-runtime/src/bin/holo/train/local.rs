@@ -6,10 +6,11 @@ use std::process::ExitCode;
 
 use holo_runtime::engines::atropos::batch::{AtroposFeed, FeedOptions, NoHoloware};
 use holo_runtime::interpreter::Row;
+use holo_runtime::local::Grammars;
 use holo_runtime::loom::RolloutSource;
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::sync::SyncOptions;
-use holo_runtime::train::{plan, GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::train::{plan, replay, GrpoConfig, Policy, RunOptions, Trainer};
 
 use super::{checked_rows, finish, interpreted, usage, RolloutsFrom, TinkerLoss, TrainArgs};
 use crate::load;
@@ -70,6 +71,16 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         Ok(policy) => policy,
         Err(message) => return usage(message),
     };
+    if let Some(holoware) = &holoware {
+        let grammars = Grammars::new(
+            policy.tokenizer.clone(),
+            policy.model.config.vocab_size,
+            policy.end_of_turn.clone(),
+        );
+        if let Err(error) = replay::check(holoware, &grammars) {
+            return usage(error);
+        }
+    }
     let feed = match &args.api {
         Some(url) if atropos => {
             let model = &policy.model.config;

@@ -1,0 +1,71 @@
+//! Constrained runs replayed: what each constraint allowed at each token it drew, recomputed by its
+//! parser from the tokens themselves, so that the loss scores them under the masked distribution the
+//! sampler drew them from (the head's masks, [`holo_model::Model::constrained_head_scores`]).
+//!
+//! Replaying costs one parser step per constrained token at each step; recording the masks instead
+//! would cost a bit per vocabulary entry per token in every record (19 KB a token at Qwen's 151,936).
+
+use holo_core::interpreter::Holoware;
+use holo_core::Constraint;
+use holo_model::{Grammar, Grammars};
+
+use super::batch::Completion;
+use super::error::TrainError;
+
+/// Sets each constrained sequence's masks ([`super::batch::Constraints::allowed`]) from its runs,
+/// compiling each distinct constraint once. A constraint the model cannot compile, or a token it does
+/// not allow (a sampler that did not enforce it), is an error that says which.
+pub fn replay(grammars: &Grammars, completions: &mut [Completion]) -> Result<(), TrainError> {
+    let mut compiled: Vec<(Constraint, Grammar)> = Vec::new();
+    for sequence in completions.iter_mut().flat_map(|c| &mut c.sequences) {
+        if sequence.constraints.is_empty() || !sequence.constraints.allowed.is_empty() {
+            continue;
+        }
+        let mut masks = Vec::with_capacity(sequence.constraints.runs.len());
+        for run in &sequence.constraints.runs {
+            let grammar = match compiled.iter().find(|(c, _)| *c == run.constraint) {
+                Some((_, grammar)) => grammar.clone(),
+                None => {
+                    let grammar = grammars.compile(&run.constraint).map_err(|error| {
+                        TrainError::Input(format!(
+                            "cannot compile {}: {error}",
+                            run.constraint.kind()
+                        ))
+                    })?;
+                    compiled.push((run.constraint.clone(), grammar.clone()));
+                    grammar
+                }
+            };
+            let tokens = sequence
+                .ids
+                .get(run.start..run.start + run.len)
+                .ok_or_else(|| {
+                    TrainError::Input(format!(
+                        "a constrained run ends at {} in a sequence of {} tokens",
+                        run.start + run.len,
+                        sequence.ids.len()
+                    ))
+                })?;
+            masks.push(grammar.replay(tokens).map_err(|error| {
+                TrainError::Input(format!("replaying {}: {error}", run.constraint.kind()))
+            })?);
+        }
+        sequence.constraints.replayed(&sequence.trained, masks);
+    }
+    Ok(())
+}
+
+/// Compiles every sampler constraint of `holoware` against the model's vocabulary, before any rollout:
+/// one llguidance refuses (a Lark grammar's mistake, a schema feature it lacks) is an error that names
+/// its tag's `file.hol:line:col`, where the checker could not see it.
+pub fn check(holoware: &Holoware, grammars: &Grammars) -> Result<(), TrainError> {
+    for (location, constraint) in holoware.constraints() {
+        if let Err(error) = grammars.compile(&constraint) {
+            return Err(TrainError::Input(format!(
+                "{location}: the sampler's {} does not compile: {error}",
+                constraint.kind()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! `holo train` on a holoware whose samplers are held to a JSON schema, a regex, a choice and a regex
+//! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
+//! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
+
+use crate::common::{holo_output, run_metrics, tiny_train};
+use holo_runtime::loom::RolloutRecord;
+
+#[test]
+fn a_constrained_holoware_trains() {
+    let run = crate::common::tempdir::Dir::new("constrained-train");
+    let out = run.path().join("run");
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+    args.extend(
+        [
+            "--max-steps",
+            "2",
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "8",
+            "--max-completion-length",
+            "48",
+        ]
+        .map(String::from),
+    );
+    let output = holo_output(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metrics = run_metrics(&out);
+    assert_eq!(metrics.len(), 2);
+    assert!(metrics
+        .iter()
+        .all(|step| step["loss"].as_f64().unwrap().is_finite()));
+    let records: Vec<RolloutRecord> = std::fs::read_to_string(out.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(!records.is_empty());
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies: Vec<&str> = record.contexts[0]
+            .messages
+            .iter()
+            .flat_map(|message| &message.parts)
+            .filter(|part| part.sampled)
+            .map(|part| part.text.as_str())
+            .collect();
+        let [plan, bags, sure, total] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let plan: serde_json::Value = serde_json::from_str(plan).unwrap();
+        assert!(["Paris", "Lima", "Oslo"].contains(&plan["city"].as_str().unwrap()));
+        assert!(bags.parse::<u8>().is_ok(), "{bags:?}");
+        assert!(["yes", "no", "not quite"].contains(sure), "{sure:?}");
+        assert!(
+            total
+                .strip_suffix("</answer>")
+                .is_some_and(|digits| digits.parse::<u16>().is_ok()),
+            "{total:?}"
+        );
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        assert_eq!(tokens.constraints.len(), 4);
+    }
+}
+
+/// A grammar llguidance refuses, which the checker cannot see, stops the run before any rollout, with
+/// the tag's place.
+#[test]
+fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-refused");
+    let holoware = run.path().join("bad.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
+    )
+    .unwrap();
+    let out = run.path().join("run");
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+    args[1] = holoware.to_str().unwrap().into();
+    args.extend(["--max-steps", "1"].map(String::from));
+    let output = holo_output(&args);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("bad.hol:3:1") && stderr.contains("undefined_rule"),
+        "{stderr}"
+    );
+    assert!(!out.join("rollouts.jsonl").exists());
+}

@@ -1,0 +1,264 @@
+//! Constrained decoding in rollouts, trained under the masked distribution: every reply of a random
+//! model held to a JSON schema, a regex or a choice validates; the trainer's log-probabilities of those
+//! tokens are the sampler's (importance ratios of 1, `sampling/mismatch_kl` of 0), which they are not
+//! when the masks are left out of training.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::Device;
+use holo_runtime::holophore::Holophore;
+use holo_runtime::holotypes;
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::local::{LocalModel, LocalOptions};
+use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::train::config::ImportanceSamplingMode;
+use holo_runtime::train::{
+    batch, importance_sampling, replay, score, GrpoConfig, Policy, RunOptions, Trainer,
+    TrainingArguments,
+};
+use holo_runtime::{Constraint, Resources, Rollout};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn model_dir() -> PathBuf {
+    fixtures().join("models/qwen2")
+}
+
+fn holoware() -> Arc<Holoware> {
+    Arc::new(
+        Holoware::open(
+            &fixtures().join("train/constrained.hol"),
+            Arc::new(holotypes::registry()),
+        )
+        .unwrap(),
+    )
+}
+
+fn rows() -> Vec<(usize, Row)> {
+    std::fs::read_to_string(fixtures().join("train/rows.jsonl"))
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, line)| (i, serde_json::from_str(line).unwrap()))
+        .collect()
+}
+
+/// Four rollouts of each row, sampled by `model` at temperature 1 and recorded in token space.
+fn rollouts(model: &LocalModel) -> Vec<RolloutRecord> {
+    let holophore = Holophore::new(
+        Arc::new(model.tokenizer().clone()),
+        Arc::new(model.template().clone()),
+    )
+    .unwrap();
+    let loom = Loom::interpreted(
+        holoware(),
+        Resources::default(),
+        LoomConfig {
+            rollouts_per_row: 4,
+            seed: 11,
+            ..LoomConfig::default()
+        },
+    )
+    .with_holophore(holophore);
+    let mut records: Vec<RolloutRecord> = Vec::new();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(loom.run(&rows(), model, &mut records))
+        .unwrap();
+    records
+}
+
+/// The sampled texts of a record's one context, in order.
+fn replies(record: &RolloutRecord) -> Vec<String> {
+    record.contexts[0]
+        .messages
+        .iter()
+        .flat_map(|message| &message.parts)
+        .filter(|part| part.sampled)
+        .map(|part| part.text.clone())
+        .collect()
+}
+
+#[test]
+fn every_constrained_reply_of_a_random_model_validates() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let records = rollouts(&model);
+    assert_eq!(records.len(), 4 * rows().len());
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        assert!(!record.truncated);
+        let replies = replies(record);
+        let [plan, bags, sure, total] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let plan: serde_json::Value = serde_json::from_str(plan).unwrap();
+        let plan = plan.as_object().unwrap();
+        assert_eq!(plan.len(), 2, "{plan:?}");
+        assert!(["Paris", "Lima", "Oslo"].contains(&plan["city"].as_str().unwrap()));
+        assert!(
+            (1..=7).contains(&plan["days"].as_i64().unwrap()),
+            "{plan:?}"
+        );
+        assert!(
+            (1..=2).contains(&bags.len()) && bags.bytes().all(|b| b.is_ascii_digit()),
+            "{bags:?}"
+        );
+        assert!(
+            ["yes", "no", "not quite"].contains(&sure.as_str()),
+            "{sure:?}"
+        );
+        // In the fence: the digits, then the closing tag that ended the sample.
+        let digits = total.strip_suffix("</answer>").unwrap();
+        assert!(
+            (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{total:?}"
+        );
+        // The record says which sampled tokens each constraint drew, for the trainer to replay.
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        let kinds: Vec<&str> = tokens
+            .constraints
+            .iter()
+            .map(|run| run.constraint.kind())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "a JSON schema",
+                "a regular expression",
+                "a choice",
+                "a Lark grammar"
+            ]
+        );
+        for run in &tokens.constraints {
+            assert!(tokens.loss_mask[run.start..run.start + run.len]
+                .iter()
+                .all(|&mask| mask == 1));
+        }
+        assert!(matches!(
+            tokens.constraints[2].constraint,
+            Constraint::Choice(ref choices) if choices.len() == 3
+        ));
+    }
+}
+
+/// Every constraint a fence wraps (`holoc`'s `Constraint::fenced`) is a grammar llguidance compiles.
+#[test]
+fn fenced_constraints_compile() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../holoc/tests/inputs/ok/fenced_constraints.hol");
+    let holoware = Holoware::open(&path, Arc::new(holotypes::registry())).unwrap();
+    let constraints = holoware.constraints();
+    assert_eq!(constraints.len(), 4);
+    for (location, constraint) in constraints {
+        assert!(matches!(constraint, Constraint::Lark(_)), "{location}");
+        if let Err(error) = model.grammars().compile(&constraint) {
+            panic!("{location}: {constraint:?}: {error}");
+        }
+    }
+}
+
+/// The importance ratios `exp(trainer − sampler)` of one on-policy step's trained tokens, per token,
+/// and `sampling/mismatch_kl`, with the trainer's log-probabilities computed with the constraints'
+/// masks (`masked`) or over the whole vocabulary.
+fn ratios(model: &LocalModel, records: &[RolloutRecord], masked: bool) -> (Vec<f32>, f64) {
+    let mut completions = batch::completions(records, &vec![1.0; records.len()], false);
+    if masked {
+        replay::replay(model.grammars(), &mut completions).unwrap();
+    }
+    let old = score::logprobs(model.model(), &completions, 1.0, 8).unwrap();
+    for (completion, old) in completions.iter_mut().zip(old) {
+        completion.old_logprobs = Some(old);
+    }
+    let config = GrpoConfig {
+        vllm_importance_sampling_mode: ImportanceSamplingMode::TokenTruncate,
+        vllm_importance_sampling_clip_min: None,
+        vllm_importance_sampling_clip_max: Some(1e9),
+        ..GrpoConfig::default()
+    };
+    let mut metrics = BTreeMap::new();
+    importance_sampling(&config, &mut completions, &mut metrics);
+    let ratios = completions
+        .iter()
+        .flat_map(|completion| completion.is_ratio.clone().unwrap())
+        .collect();
+    (ratios, metrics["sampling/mismatch_kl"])
+}
+
+#[test]
+fn an_on_policy_step_on_constrained_tokens_has_ratios_of_one() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let records = rollouts(&model);
+    let (masked, masked_kl) = ratios(&model, &records, true);
+    let (whole, whole_kl) = ratios(&model, &records, false);
+    let farthest = |ratios: &[f32]| {
+        ratios
+            .iter()
+            .map(|ratio| (ratio - 1.0).abs())
+            .fold(0.0f32, f32::max)
+    };
+    // The sampler and the trainer run the same f32 weights by different kernels (a KV cache against
+    // one pass): they agree to rounding.
+    assert!(farthest(&masked) < 1e-4, "{}", farthest(&masked));
+    assert!(masked_kl < 1e-8, "{masked_kl}");
+    // Over the whole vocabulary the trainer gives every constrained token less than the sampler did.
+    assert!(farthest(&whole) > 0.1, "{}", farthest(&whole));
+    assert!(whole_kl > 1e-3, "{whole_kl}");
+}
+
+/// `holo train`'s loop on the constrained holoware, with a sampler of the caller's (an f32 copy of the
+/// policy): the correction's `sampling/mismatch_kl` is 0 on the first, on-policy, step.
+#[test]
+fn a_training_run_on_a_constrained_holoware() {
+    let out = std::env::temp_dir().join(format!("holo-train-constrained-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let holoware = holoware();
+    let resources = Resources::default();
+    let source = move |row: &Row| -> Result<Box<dyn Rollout + Send>, String> {
+        let rollout = holoware
+            .start_with(row, &resources)
+            .map_err(|error| error.to_string())?;
+        Ok(Box::new(rollout))
+    };
+    let config = GrpoConfig {
+        training: TrainingArguments {
+            max_steps: 1,
+            per_device_train_batch_size: 8,
+            learning_rate: 1e-3,
+            ..GrpoConfig::default().training
+        },
+        num_generations: 4,
+        max_completion_length: 48,
+        ..GrpoConfig::default()
+    };
+    let sampler = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let summary = Trainer::new(
+        source,
+        Policy::load(&model_dir(), &Device::Cpu).unwrap(),
+        config,
+        RunOptions {
+            out: out.clone(),
+            resume: false,
+            progress: false,
+        },
+    )
+    .unwrap()
+    .with_sampler(Box::new(sampler), Some(2048))
+    .train(&rows(), &[])
+    .unwrap();
+    assert_eq!(summary.steps, 1);
+    let metrics = &summary.last;
+    assert!(
+        metrics["sampling/mismatch_kl"] < 1e-8,
+        "{}",
+        metrics["sampling/mismatch_kl"]
+    );
+    assert!(metrics["loss"].is_finite());
+    std::fs::remove_dir_all(&out).unwrap();
+}
