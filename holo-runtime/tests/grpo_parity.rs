@@ -421,6 +421,7 @@ fn dppo_loss_is_prime_rl_s() {
                         trained: (1..=length).collect(),
                         sampling_logprobs: sampler,
                         routes: None,
+                        constraints: Default::default(),
                     }],
                     advantage: sample["advantage"].as_f64().unwrap() as f32,
                     token_advantages: None,

@@ -506,23 +506,18 @@ pub fn compute(
 
     let old = if config.loss_type == LossType::Dppo {
         // prime-rl's ratio is to the sampler's own log-probabilities, whatever else scored the tokens.
-        let mut sampling = Vec::with_capacity(segments.tokens);
-        for (index, completion) in inputs.completions.iter().enumerate() {
-            let values = completion.sampling_logprobs();
-            if completion.mask != 0.0 && values.iter().any(|value| value.is_nan()) {
-                candle_core::bail!(
-                    "`loss_type = \"dppo\"` needs the sampler's log-probability of every trained \
-                     token; completion {index}'s sampler gave none for some"
-                );
-            }
-            // A completion trained nowhere weighs nothing; its tokens take the policy's own.
-            sampling.extend(
-                values
-                    .into_iter()
-                    .map(|value| if value.is_nan() { 0.0 } else { value }),
-            );
-        }
-        per_token(sampling)?
+        // A token the sampler gave none (`NaN`: the Holophore also writes a certain token's 0 as none,
+        // a grammar's forced token) is taken as on-policy, its ratio 1, as TRL's correction takes it.
+        let sampling = per_token(
+            inputs
+                .completions
+                .iter()
+                .flat_map(Completion::sampling_logprobs)
+                .collect(),
+        )?;
+        sampling
+            .ne(&sampling)?
+            .where_cond(&logprobs.detach(), &sampling)?
     } else {
         match gather(&|c| c.old_logprobs.as_ref()) {
             Some(old) => per_token(old)?,
