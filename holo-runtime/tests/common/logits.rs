@@ -43,3 +43,21 @@ fn logits(model: &Model, sequence: &[u32], ops: Ops) -> Tensor {
         .to_device(&Device::Cpu)
         .unwrap()
 }
+
+/// How far a model that samples from quantized blocks (`kept`) strays from the same weights
+/// dequantized (`dense`): the largest |Δlogit| over a fixed 20-token sequence, and the largest
+/// |logit| of the dequantized model, which the tests bound it by.
+pub fn blocks_against_dequantized(dense: &Model, kept: &Model) -> (f32, f32) {
+    let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
+    let (a, b) = (
+        sequence_logits(dense, &sequence),
+        sequence_logits(kept, &sequence),
+    );
+    let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let difference = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| super::json::max_diff(a, b))
+        .fold(0.0, f32::max);
+    (difference, largest)
+}

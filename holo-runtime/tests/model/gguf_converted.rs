@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::json::{floats, ids, max_diff};
-use crate::common::logits::sequence_logits;
+use crate::common::logits::{blocks_against_dequantized, sequence_logits};
 use candle_core::{DType, Device};
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
@@ -227,17 +227,7 @@ fn converted_q8_0_ggufs_sample_from_their_blocks_near_their_dequantized_logits()
                 );
             }
         }
-        let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
-        let (a, b) = (
-            sequence_logits(&dense, &sequence),
-            sequence_logits(&kept, &sequence),
-        );
-        let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
-        let difference = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0.0, f32::max);
+        let (difference, largest) = blocks_against_dequantized(&dense, &kept);
         eprintln!("{file}: blocks against dequantized, max |Δlogit| {difference} of {largest}");
         assert!(
             difference > 0.0 && difference <= 0.05 * largest,

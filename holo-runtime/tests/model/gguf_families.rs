@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::json::{floats, ids, max_diff};
-use crate::common::logits::sequence_logits;
+use crate::common::logits::{blocks_against_dequantized, sequence_logits};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device};
 use holo_runtime::local::files::load_model;
@@ -225,17 +225,7 @@ fn a_q8_0_phi3_gguf_keeps_its_fused_projections_in_blocks() {
             );
         }
     }
-    let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
-    let (a, b) = (
-        sequence_logits(&dense, &sequence),
-        sequence_logits(&kept, &sequence),
-    );
-    let largest = a.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
-    let difference = a
-        .iter()
-        .zip(&b)
-        .map(|(a, b)| max_diff(a, b))
-        .fold(0.0, f32::max);
+    let (difference, largest) = blocks_against_dequantized(&dense, &kept);
     assert!(
         difference <= 0.05 * largest,
         "max |Δlogit| {difference} of {largest}"

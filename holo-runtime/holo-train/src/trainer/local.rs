@@ -379,35 +379,33 @@ impl Backend for Local {
         replay::replay(self.sampler.grammars(), completions)?;
         // Log-probabilities of the policy as it sampled: without dropout.
         self.trained.model.set_dropout_seed(0);
-        if !config
+        // The ratios' old log-probabilities where the loss needs them; without the correction, the
+        // mismatch with a sampler whose weights differ is still measured, by the same pass.
+        let keeps_old = !config
             .training
             .gradient_accumulation_steps
             .is_multiple_of(generate_every)
             || correction
-            || config.algorithm == Algorithm::Ppo
-        {
+            || config.algorithm == Algorithm::Ppo;
+        let measures = !correction && self.sampler_differs(config);
+        if keeps_old || measures {
             let old = score::logprobs(
                 &self.trained.model,
                 completions,
                 config.temperature,
                 batch_size,
             )?;
-            for (completion, old) in completions.iter_mut().zip(old) {
-                completion.old_logprobs = Some(old);
+            if measures {
+                crate::correction::mismatch(completions, &old, metrics);
+            }
+            if keeps_old {
+                for (completion, old) in completions.iter_mut().zip(old) {
+                    completion.old_logprobs = Some(old);
+                }
             }
         }
         if correction {
             importance_sampling(config, completions, metrics);
-        } else if self.sampler_differs(config) {
-            // Without the correction the loss takes its ratios to the policy as it trains; the
-            // mismatch with the sampler is still measured, by a pass of its own.
-            let old = score::logprobs(
-                &self.trained.model,
-                completions,
-                config.temperature,
-                batch_size,
-            )?;
-            crate::correction::mismatch(completions, &old, metrics);
         }
         if let Some(reference) = &self.reference {
             let logprobs = score::logprobs(reference, completions, config.temperature, batch_size)?;
