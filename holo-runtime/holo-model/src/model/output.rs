@@ -212,7 +212,8 @@ fn masked(logits: Tensor, first: usize, allowed: &[Option<Allowed>]) -> Result<T
         return Ok(logits);
     }
     let (rows, width) = logits.dims2()?;
-    let mut bias = vec![0f64; rows * width];
+    // In f32 whatever the logits' dtype: 0 and -inf are exact in all of them, at half f64's size.
+    let mut bias = vec![0f32; rows * width];
     mask.apply(&mut bias, width);
     let bias = Tensor::from_vec(bias, (rows, width), logits.device())?.to_dtype(logits.dtype())?;
     logits + bias
