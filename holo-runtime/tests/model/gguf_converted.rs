@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::json::ids;
 use crate::common::logits::{blocks_against_dequantized, sequence_logits, sequence_logits_f64};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::chat::RenderOptions;
 use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
@@ -293,5 +294,102 @@ fn a_converted_qwen3_5_gguf_holds_the_folders_weights() {
             false => 0.0,
         };
         assert!(difference <= bound, "{name}: max |Δ| {difference}");
+    }
+}
+
+/// `source` written again into `out` with the metadata `edit` names set to its value (left out when
+/// `None`), and with `q8_0` its matrices in Q8_0 where their rows are whole blocks of 32 (the
+/// converter's `--outtype q8_0` keeps the others in higher precision too).
+fn rewrite(source: &Path, out: &Path, edit: Option<(&str, Option<gguf_file::Value>)>, q8_0: bool) {
+    let key = edit.as_ref().map(|(key, _)| *key);
+    let mut reader = std::fs::File::open(source).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .filter(|(name, _)| Some(name.as_str()) != key)
+        .map(|(name, value)| (name.as_str(), value))
+        .collect();
+    if let Some((key, Some(value))) = &edit {
+        metadata.push((key, value));
+    }
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            let dims = tensor.shape().dims().to_vec();
+            let tensor = match dims.as_slice() {
+                [_, columns] if q8_0 && columns % 32 == 0 => {
+                    QTensor::quantize(&tensor.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q8_0)
+                        .unwrap()
+                }
+                _ => tensor,
+            };
+            (name.clone(), tensor)
+        })
+        .collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors
+        .iter()
+        .map(|(name, tensor)| (name.as_str(), tensor))
+        .collect();
+    gguf_file::write(
+        &mut std::fs::File::create(out).unwrap(),
+        &metadata,
+        &tensors,
+    )
+    .unwrap();
+}
+
+/// Qwen3.5 in Q8_0 blocks (the converter's file with its matrices quantized; the convolution's kernel
+/// of 4 columns stays f32) sampled from its blocks (`--quantized`): the full attention's gated
+/// `q_proj` (queries and gates, twice the heads' width), k, v and o and every MLP stay in blocks; linear
+/// attention's projections are dequantized, their value heads' rows moved back; the logits stay near
+/// the dequantized model's, within the bound of the converter's own Q8_0 files (above).
+#[test]
+fn a_q8_0_qwen3_5_gguf_samples_from_its_blocks_outside_linear_attention() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-q8_0");
+    let file = scratch.join("qwen3_5-q8_0.gguf");
+    rewrite(&converted("qwen3_5.gguf"), &file, None, true);
+    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    let mut blocks = 0;
+    for layer in &kept.layers {
+        for (name, linear) in Model::linears(layer) {
+            let kept = matches!(linear.weight, Weight::Quantized(_));
+            assert_eq!(kept, !name.starts_with("linear_attn."), "{name}");
+            blocks += usize::from(kept);
+        }
+    }
+    // Three MLPs and one attention's four projections.
+    assert_eq!(blocks, 3 * 3 + 4);
+    let (difference, largest) = blocks_against_dequantized(&dense, &kept);
+    eprintln!("qwen3_5 q8_0: blocks against dequantized, max |Δlogit| {difference} of {largest}");
+    assert!(
+        difference > 0.0 && difference <= 0.05 * largest,
+        "max |Δlogit| {difference} of {largest}"
+    );
+}
+
+/// A `qwen35` file without a size of its linear attention, or with multi-token-prediction layers (the
+/// converter's output without `--no-mtp`, which this runtime does not read), is refused naming the key.
+#[test]
+fn qwen3_5_ggufs_missing_a_size_or_with_prediction_layers_are_refused_by_key() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-keys");
+    let file = scratch.join("qwen3_5.gguf");
+    let edits = [
+        ("qwen35.ssm.inner_size", None),
+        (
+            "qwen35.nextn_predict_layers",
+            Some(gguf_file::Value::U32(1)),
+        ),
+    ];
+    for (key, value) in edits {
+        rewrite(&converted("qwen3_5.gguf"), &file, Some((key, value)), false);
+        let Err(error) = load_model(&file, DType::F32, &Device::Cpu) else {
+            panic!("{key}: the file loaded");
+        };
+        let error = error.to_string();
+        assert!(error.contains(key), "{error}");
     }
 }
