@@ -21,6 +21,7 @@ use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::model::Weight;
 use holo_runtime::local::{Arch, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
+use holo_runtime::sampler::{Prompt, Request, SampleParams};
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value;
 
@@ -294,6 +295,36 @@ fn a_converted_qwen3_5_gguf_holds_the_folders_weights() {
             false => 0.0,
         };
         assert!(difference <= bound, "{name}: max |Δ| {difference}");
+    }
+}
+
+/// The sampler loads Qwen3.5's file as `--model file.gguf` does, and greedy decoding (the linear
+/// layers' states and the attention layer's keys carried from step to step) gives the 12 tokens
+/// transformers generates from the folder for each of its fixture's prompts (`qwen3_5/expected.json`,
+/// whose smallest top-1 margin, 0.009, is far above the file's logit differences).
+#[test]
+fn a_converted_qwen3_5_gguf_samples_the_folders_greedy_tokens() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3_5");
+    let text = std::fs::read_to_string(folder.join("expected.json")).unwrap();
+    let expected: Value = serde_json::from_str(&text).unwrap();
+    let model = LocalModel::load(converted("qwen3_5.gguf"), LocalOptions::default()).unwrap();
+    let prompts = expected["prompts"].as_array().unwrap();
+    let requests: Vec<Request> = prompts
+        .iter()
+        .map(|prompt| Request {
+            prompt: Prompt::Tokens(ids(&prompt["ids"])),
+            params: SampleParams {
+                max_tokens: Some(12),
+                temperature: Some(0.0),
+                ..SampleParams::default()
+            },
+        })
+        .collect();
+    let completions = model.sample_blocking(&requests);
+    assert_eq!(completions.len(), prompts.len());
+    for (prompt, completion) in prompts.iter().zip(completions) {
+        let tokens = completion.unwrap().tokens;
+        assert_eq!(tokens, ids(&prompt["greedy"]), "{}", prompt["name"]);
     }
 }
 
