@@ -39,7 +39,9 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
                          qwen3, qwen3_moe, gemma3, olmo2, olmo3, phi3, smollm3, mistral, gpt_oss (its experts
                          stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction
                          layers); gpt_oss's logits are `gguf/gpt_oss.json`'s, of the same folder;
-    qwen2-qkv.gguf, llama-qkv-q8_0.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one `attn_qkv`;
+    qwen2-qkv.gguf, llama-qkv-q8_0.gguf, qwen3_5-qkv.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one
+                         `attn_qkv` (Qwen3.5's full-attention layer's: its linear layers' `attn_qkv` is
+                         their own `in_proj_qkv` either way);
     <family>-q8_0.gguf   `--outtype q8_0` for QUANTIZED: the converter's own Q8_0 (llama.cpp's reference
                          quantizer in gguf-py: the 2-D weights in blocks of 32 with an f16 scale, norms and
                          other 1-D tensors f32). The converter writes no k-quant: its `--outtype` is f32, f16,
@@ -110,9 +112,10 @@ REFUSED = {
 # The families also converted at q8_0: a fused-projection family, a permuted one, and one whose heads
 # are wider than hidden / heads (some of its matrices fall back to f16: 144 inputs are no blocks of 32).
 QUANTIZED = ["phi3", "llama", "qwen3"]
-# Files with the layers' q, k and v fused into one `attn_qkv` (`--fuse-qkv`): Qwen2's with its biases, and
-# Llama's permuted q / k rows in Q8_0 blocks.
-FUSED_QKV = {"qwen2": "f32", "llama": "q8_0"}
+# Files with the layers' q, k and v fused into one `attn_qkv` (`--fuse-qkv`): Qwen2's with its biases,
+# Llama's permuted q / k rows in Q8_0 blocks, and Qwen3.5's gated queries (each head's queries and gate)
+# beside the linear-attention layers' own `attn_qkv`.
+FUSED_QKV = {"qwen2": "f32", "llama": "q8_0", "qwen3_5": "f32"}
 # Families whose logits are not recorded here: gpt_oss (its logits and greedy tokens are gguf/gpt_oss.json's,
 # of the same temporary folder).
 NO_LOGITS = {"gpt_oss"}
@@ -439,13 +442,14 @@ def main() -> None:
             folder = globals()[relative](Path(scratch)) if made_here else FIXTURES / relative
             # The model transformers runs for the file's logits: the folder's, as llama.cpp reads it.
             reference = as_read(family, folder, Path(scratch))
-            runs = [(f"{family}.gguf", "f32", ARGUMENTS.get(family, []))]
+            arguments = ARGUMENTS.get(family, [])
+            runs = [(f"{family}.gguf", "f32", arguments)]
             if family in QUANTIZED:
-                runs.append((f"{family}-q8_0.gguf", "q8_0", []))
+                runs.append((f"{family}-q8_0.gguf", "q8_0", arguments))
             if family in FUSED_QKV:
                 outtype = FUSED_QKV[family]
                 suffix = "" if outtype == "f32" else f"-{outtype}"
-                runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv"]))
+                runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv", *arguments]))
             for name, outtype, extra in runs:
                 arguments = run_converter(vendored, site, folder, OUT / name, outtype, extra)
                 arguments[arguments.index("--outfile") + 1] = name

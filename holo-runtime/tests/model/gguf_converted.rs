@@ -266,36 +266,44 @@ fn converted_q8_0_ggufs_sample_from_their_blocks_near_their_dequantized_logits()
 /// convolution's value channels and `out_proj`'s columns: the fixture has two value heads per key head,
 /// so a missed or wrong move is a difference), the convolution's squeezed kernel reshaped, exactly;
 /// `A_log` from `ssm_a = -exp(A_log)` and the norms stored as `1 + w` (all but linear attention's own
-/// `norm`) to f32 rounding.
+/// `norm`) to f32 rounding; in `qwen3_5-qkv.gguf` the full attention's fused `attn_qkv` split with the
+/// gated queries twice the heads' width.
 #[test]
-fn a_converted_qwen3_5_gguf_holds_the_folders_weights() {
+fn converted_qwen3_5_ggufs_hold_the_folders_weights() {
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3_5");
     let folder = load_model(&folder, DType::F32, &Device::Cpu).unwrap();
-    let file = load_model(&converted("qwen3_5.gguf"), DType::F32, &Device::Cpu).unwrap();
-    assert!(file.has_linear_attention());
     let theirs: HashMap<String, Tensor> = folder.named_weights().into_iter().collect();
-    let ours = file.named_weights();
-    assert_eq!(ours.len(), theirs.len());
-    for (name, ours) in ours {
-        let theirs = &theirs[&name];
-        assert_eq!(ours.dims(), theirs.dims(), "{name}");
-        let difference = (&ours - theirs)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let offset = name.ends_with("norm.weight") && !name.contains(".linear_attn.");
-        let bound = match offset || name.ends_with(".A_log") {
-            true => 1e-6,
-            false => 0.0,
-        };
-        assert!(difference <= bound, "{name}: max |Δ| {difference}");
+    for file in ["qwen3_5.gguf", "qwen3_5-qkv.gguf"] {
+        let model = load_model(&converted(file), DType::F32, &Device::Cpu).unwrap();
+        assert!(model.has_linear_attention());
+        let ours = model.named_weights();
+        assert_eq!(ours.len(), theirs.len(), "{file}");
+        for (name, ours) in ours {
+            assert_weight_is_the_folders(file, &name, &ours, &theirs[&name]);
+        }
     }
+}
+
+/// [`converted_qwen3_5_ggufs_hold_the_folders_weights`] for one weight.
+fn assert_weight_is_the_folders(file: &str, name: &str, ours: &Tensor, theirs: &Tensor) {
+    assert_eq!(ours.dims(), theirs.dims(), "{file} {name}");
+    let difference = (ours - theirs)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    // The converter's `1 + w` and `-exp(A_log)`, rounded to f32.
+    let offset = name.ends_with("norm.weight") && !name.contains(".linear_attn.");
+    let bound = match offset || name.ends_with(".A_log") {
+        true => 1e-6,
+        false => 0.0,
+    };
+    assert!(difference <= bound, "{file} {name}: max |Δ| {difference}");
 }
 
 /// The sampler loads Qwen3.5's file as `--model file.gguf` does, and greedy decoding (the linear
