@@ -336,30 +336,41 @@ fn a_converted_qwen3_5_gguf_samples_the_folders_greedy_tokens() {
     }
 }
 
-/// `source` written again into `out` with the metadata `edit` names set to its value (left out when
-/// `None`), and with `q8_0` its matrices in Q8_0 where their rows are whole blocks of 32 (the
-/// converter's `--outtype q8_0` keeps the others in higher precision too).
-fn rewrite(source: &Path, out: &Path, edit: Option<(&str, Option<gguf_file::Value>)>, q8_0: bool) {
-    let key = edit.as_ref().map(|(key, _)| *key);
+/// How [`rewrite`] changes a file: metadata set (or, `None`, left out), matrices in Q8_0 where their
+/// rows are whole blocks of 32 (the converter's `--outtype q8_0` keeps the others in higher precision
+/// too), tensors added.
+#[derive(Default)]
+struct Rewrite<'a> {
+    metadata: Vec<(&'a str, Option<gguf_file::Value>)>,
+    q8_0: bool,
+    added: Vec<(String, QTensor)>,
+}
+
+/// `source` written again into `out` as `rewrite` says.
+fn rewrite(source: &Path, out: &Path, rewrite: Rewrite) {
     let mut reader = std::fs::File::open(source).unwrap();
     let content = gguf_file::Content::read(&mut reader).unwrap();
-    let mut metadata: Vec<(&str, &gguf_file::Value)> = content
+    let edited = |name: &str| rewrite.metadata.iter().any(|(key, _)| *key == name);
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
         .metadata
         .iter()
-        .filter(|(name, _)| Some(name.as_str()) != key)
+        .filter(|(name, _)| !edited(name))
         .map(|(name, value)| (name.as_str(), value))
+        .chain(
+            rewrite
+                .metadata
+                .iter()
+                .filter_map(|(key, value)| Some((*key, value.as_ref()?))),
+        )
         .collect();
-    if let Some((key, Some(value))) = &edit {
-        metadata.push((key, value));
-    }
-    let tensors: Vec<(String, QTensor)> = content
+    let mut tensors: Vec<(String, QTensor)> = content
         .tensor_infos
         .keys()
         .map(|name| {
             let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
             let dims = tensor.shape().dims().to_vec();
             let tensor = match dims.as_slice() {
-                [_, columns] if q8_0 && columns % 32 == 0 => {
+                [_, columns] if rewrite.q8_0 && columns % 32 == 0 => {
                     QTensor::quantize(&tensor.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q8_0)
                         .unwrap()
                 }
@@ -368,6 +379,7 @@ fn rewrite(source: &Path, out: &Path, edit: Option<(&str, Option<gguf_file::Valu
             (name.clone(), tensor)
         })
         .collect();
+    tensors.extend(rewrite.added);
     let tensors: Vec<(&str, &QTensor)> = tensors
         .iter()
         .map(|(name, tensor)| (name.as_str(), tensor))
@@ -389,7 +401,11 @@ fn rewrite(source: &Path, out: &Path, edit: Option<(&str, Option<gguf_file::Valu
 fn a_q8_0_qwen3_5_gguf_samples_from_its_blocks_outside_linear_attention() {
     let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-q8_0");
     let file = scratch.join("qwen3_5-q8_0.gguf");
-    rewrite(&converted("qwen3_5.gguf"), &file, None, true);
+    let q8_0 = Rewrite {
+        q8_0: true,
+        ..Rewrite::default()
+    };
+    rewrite(&converted("qwen3_5.gguf"), &file, q8_0);
     let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
     let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
     let mut blocks = 0;
@@ -410,25 +426,86 @@ fn a_q8_0_qwen3_5_gguf_samples_from_its_blocks_outside_linear_attention() {
     );
 }
 
-/// A `qwen35` file without a size of its linear attention, or with multi-token-prediction layers (the
-/// converter's output without `--no-mtp`, which this runtime does not read), is refused naming the key.
+/// A `qwen35` file without a size of its linear attention, or with no block left to the model once its
+/// multi-token-prediction layers are counted out, is refused naming the key.
 #[test]
-fn qwen3_5_ggufs_missing_a_size_or_with_prediction_layers_are_refused_by_key() {
+fn qwen3_5_ggufs_missing_a_size_or_with_only_prediction_layers_are_refused_by_key() {
     let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-keys");
     let file = scratch.join("qwen3_5.gguf");
     let edits = [
         ("qwen35.ssm.inner_size", None),
         (
             "qwen35.nextn_predict_layers",
-            Some(gguf_file::Value::U32(1)),
+            Some(gguf_file::Value::U32(3)),
         ),
     ];
     for (key, value) in edits {
-        rewrite(&converted("qwen3_5.gguf"), &file, Some((key, value)), false);
+        let edit = Rewrite {
+            metadata: vec![(key, value)],
+            ..Rewrite::default()
+        };
+        rewrite(&converted("qwen3_5.gguf"), &file, edit);
         let Err(error) = load_model(&file, DType::F32, &Device::Cpu) else {
             panic!("{key}: the file loaded");
         };
         let error = error.to_string();
         assert!(error.contains(key), "{error}");
     }
+}
+
+/// Converted without `--no-mtp`, a Qwen3.5 checkpoint's multi-token-prediction layer is one more block
+/// after the model's (`block_count`, `nextn_predict_layers`, a last `attention.recurrent_layers` flag
+/// false): a full-attention layer with its `nextn.*` tensors (`eh_proj`, `enorm`, `hnorm`). Such a file
+/// (the converted one with a copy of its attention layer and those tensors as a fourth block) is the
+/// same model: three layers, the same config and the same logits, the fourth block left unread.
+#[test]
+fn a_qwen3_5_gguf_with_a_prediction_layer_is_the_model_without_it() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-mtp");
+    let (source, file) = (converted("qwen3_5.gguf"), scratch.join("qwen3_5-mtp.gguf"));
+    let mut reader = std::fs::File::open(&source).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut added: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .filter_map(|name| Some((name, name.strip_prefix("blk.1.")?)))
+        .map(|(name, module)| {
+            let tensor = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+            (format!("blk.3.{module}"), tensor)
+        })
+        .collect();
+    let hidden = 64;
+    for (module, dims) in [
+        ("eh_proj", vec![hidden, 2 * hidden]),
+        ("enorm", vec![hidden]),
+        ("hnorm", vec![hidden]),
+    ] {
+        let tensor = Tensor::ones(dims, DType::F32, &Device::Cpu).unwrap();
+        let tensor = QTensor::quantize(&tensor, GgmlDType::F32).unwrap();
+        added.push((format!("blk.3.nextn.{module}.weight"), tensor));
+    }
+    let flags = [true, false, true, false].map(gguf_file::Value::Bool);
+    let edit = Rewrite {
+        metadata: vec![
+            ("qwen35.block_count", Some(gguf_file::Value::U32(4))),
+            (
+                "qwen35.nextn_predict_layers",
+                Some(gguf_file::Value::U32(1)),
+            ),
+            (
+                "qwen35.attention.recurrent_layers",
+                Some(gguf_file::Value::Array(flags.to_vec())),
+            ),
+        ],
+        added,
+        ..Rewrite::default()
+    };
+    rewrite(&source, &file, edit);
+    let original = load_model(&source, DType::F32, &Device::Cpu).unwrap();
+    let model = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(model.config, original.config);
+    let sequence: Vec<u32> = (0..20).map(|i| (i * 29 % 500) as u32).collect();
+    assert_eq!(
+        sequence_logits(&model, &sequence),
+        sequence_logits(&original, &sequence)
+    );
 }

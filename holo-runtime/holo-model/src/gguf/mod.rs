@@ -429,20 +429,20 @@ impl Gguf {
                 )))
             }
         };
-        let block_count = self.required_usize(&key("block_count"))?;
-        // llama.cpp counts Qwen3.5's multi-token-prediction layers among the blocks, after the model's.
-        if let Some(extra) = self
-            .u64_key(&key("nextn_predict_layers"))?
-            .filter(|&n| n > 0)
-        {
+        let blocks = self.required_usize(&key("block_count"))?;
+        // llama.cpp counts the multi-token-prediction layers (Qwen3.5's, unless converted with
+        // `--no-mtp`) among the blocks, after the model's; they predict tokens further ahead, which
+        // this runtime does not, so their tensors are left unread (as transformers leaves `mtp.*`).
+        let predictors = self.u64_key(&key("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        let Some(block_count) = blocks.checked_sub(predictors).filter(|&layers| layers > 0) else {
             return Err(self.config_error(format!(
-                "`{}` is {extra}: multi-token-prediction layers are not read; convert the \
-                 checkpoint with `convert_hf_to_gguf.py --no-mtp`",
-                key("nextn_predict_layers")
+                "`{}` ({predictors}) leaves none of the `{}` ({blocks}) blocks to the model",
+                key("nextn_predict_layers"),
+                key("block_count")
             )));
-        }
+        };
         let linear = match arch {
-            Arch::Qwen3_5 => self.recurrent_layers(name, block_count)?,
+            Arch::Qwen3_5 => self.recurrent_layers(name, blocks, block_count)?,
             _ => vec![false; block_count],
         };
         // Attention's biases, on its first layer (Qwen3.5's first is linear attention, whose
@@ -841,6 +841,10 @@ impl Gguf {
                 // RoPE's factors, in the config already.
                 continue;
             }
+            if layer_of(name).is_some_and(|layer| layer >= config.num_hidden_layers) {
+                // A multi-token-prediction layer (`nextn_predict_layers`), which the model does not run.
+                continue;
+            }
             let info = &self.header.tensors[name];
             let fail = |error: candle_core::Error| {
                 self.weights_error(format!(
@@ -1079,6 +1083,11 @@ fn expert_tensor(name: &str) -> Option<(usize, ExpertStack, &str)> {
         _ => return None,
     };
     matches!(kind, "weight" | "bias").then_some((layer.parse().ok()?, stack, kind))
+}
+
+/// The layer of a GGUF tensor `blk.N.…`, or `None` for a tensor outside the layers.
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split_once('.')?.0.parse().ok()
 }
 
 /// Whether [`Blocks::Keep`] keeps the tensor `name` as it is: a layer's projection matrix in a quantized

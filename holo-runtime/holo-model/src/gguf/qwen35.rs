@@ -4,11 +4,12 @@
 //! The linear-attention sizes are `qwen35.ssm.*`: `conv_kernel` (`linear_conv_kernel_dim`), `state_size`
 //! (`linear_key_head_dim`), `group_count` (`linear_num_key_heads`), `time_step_rank`
 //! (`linear_num_value_heads`) and `inner_size` (value heads × `linear_value_head_dim`); which layers are
-//! linear is `attention.recurrent_layers` (one flag per layer) or, without it, every layer but each
-//! `full_attention_interval`-th, as llama.cpp reads them. The rotated part of a head is
-//! `rope.dimension_count`; `rope.dimension_sections` (interleaved multimodal RoPE's split of the
-//! frequencies among a position's time, height and width) changes nothing for text, whose three
-//! positions are the same, and is not read.
+//! linear is `attention.recurrent_layers` (one flag per block) or, without it, every layer but each
+//! `full_attention_interval`-th, as llama.cpp reads them; the `nextn_predict_layers`
+//! multi-token-prediction layers after the model's are counted out of `block_count` and their tensors
+//! left unread. The rotated part of a head is `rope.dimension_count`; `rope.dimension_sections`
+//! (interleaved multimodal RoPE's split of the frequencies among a position's time, height and width)
+//! changes nothing for text, whose three positions are the same, and is not read.
 //!
 //! The tensors of a linear-attention layer are renamed (`attn_qkv` is `in_proj_qkv`, `attn_gate`
 //! `in_proj_z`, `ssm_beta` `in_proj_b`, `ssm_alpha` `in_proj_a`, `ssm_dt.bias` `dt_bias`, `ssm_norm`
@@ -66,11 +67,14 @@ impl Gguf {
         Ok(sizes)
     }
 
-    /// Which of the `count` layers are linear attention: `<name>.attention.recurrent_layers`, or every
-    /// layer but each `<name>.full_attention_interval`-th (4 when absent), as llama.cpp reads them.
+    /// Which of the model's `count` layers are linear attention: `<name>.attention.recurrent_layers`
+    /// (one flag per block of the file's `blocks`, the multi-token-prediction layers after the model's
+    /// included), or every layer but each `<name>.full_attention_interval`-th (4 when absent), as
+    /// llama.cpp reads them.
     pub(super) fn recurrent_layers(
         &self,
         name: &str,
+        blocks: usize,
         count: usize,
     ) -> Result<Vec<bool>, LoadError> {
         let key = format!("{name}.attention.recurrent_layers");
@@ -82,15 +86,16 @@ impl Gguf {
                     _ => None,
                 })
                 .collect::<Option<Vec<bool>>>()
-                .filter(|flags| flags.len() == count)
+                .filter(|flags| flags.len() == blocks)
+                .map(|flags| flags[..count].to_vec())
                 .ok_or_else(|| {
                     self.config_error(format!(
-                        "metadata `{key}` must be {count} true or false flags, one per layer"
+                        "metadata `{key}` must be {blocks} true or false flags, one per block"
                     ))
                 })?,
             Some(_) => {
                 return Err(self.config_error(format!(
-                    "metadata `{key}` must be {count} true or false flags, one per layer"
+                    "metadata `{key}` must be {blocks} true or false flags, one per block"
                 )))
             }
             None => {
