@@ -37,10 +37,11 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
 
     <family>.gguf        `--outtype f32`: qwen2, llama (Llama 3's rope scaling as the `rope_freqs` tensor),
                          qwen3, qwen3_moe, gemma3, olmo2, olmo3, phi3, smollm3, mistral, gpt_oss (its experts
-                         stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction layers;
-                         holo's GGUF loader does not read `qwen35` yet, and no logits are recorded for it;
-                         gpt_oss's are `gguf/gpt_oss.json`'s, of the same folder);
-    qwen2-qkv.gguf, llama-qkv-q8_0.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one `attn_qkv`;
+                         stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction
+                         layers); gpt_oss's logits are `gguf/gpt_oss.json`'s, of the same folder;
+    qwen2-qkv.gguf, llama-qkv-q8_0.gguf, qwen3_5-qkv.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one
+                         `attn_qkv` (Qwen3.5's full-attention layer's: its linear layers' `attn_qkv` is
+                         their own `in_proj_qkv` either way);
     <family>-q8_0.gguf   `--outtype q8_0` for QUANTIZED: the converter's own Q8_0 (llama.cpp's reference
                          quantizer in gguf-py: the 2-D weights in blocks of 32 with an f16 scale, norms and
                          other 1-D tensors f32). The converter writes no k-quant: its `--outtype` is f32, f16,
@@ -48,7 +49,9 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
     converter.json       llama-cpp-python's version, llama.cpp's commit, gguf-py's version, the Python packages,
                          and per file its folder, outtype, the converter's arguments and the file's sha256;
     expected.json        per file, transformers' logits (f32, eager attention) of SEQUENCES at the positions
-                         listed: of the folder for f32 files, and for q8_0 files of the same model with every
+                         listed (Qwen3.5's in float64, `"dtype": "float64"`, from transformers' module with its
+                         float32 casts in Gated DeltaNet made float64: its float32 delta rule drifts 1e-4 from
+                         the float64 result over the 80-token sequence): of the folder for f32 files, and for q8_0 files of the same model with every
                          weight replaced by the file's own weights dequantized (gguf-py's `dequantize`, the
                          q / k rows put back in Hugging Face's order where the converter permuted them), so that
                          holo's dequantized load must match to float rounding, not to a quantization tolerance;
@@ -109,12 +112,13 @@ REFUSED = {
 # The families also converted at q8_0: a fused-projection family, a permuted one, and one whose heads
 # are wider than hidden / heads (some of its matrices fall back to f16: 144 inputs are no blocks of 32).
 QUANTIZED = ["phi3", "llama", "qwen3"]
-# Files with the layers' q, k and v fused into one `attn_qkv` (`--fuse-qkv`): Qwen2's with its biases, and
-# Llama's permuted q / k rows in Q8_0 blocks.
-FUSED_QKV = {"qwen2": "f32", "llama": "q8_0"}
-# Families whose logits are not recorded here: qwen3_5 (not loaded by holo from GGUF) and gpt_oss (its logits
-# and greedy tokens are gguf/gpt_oss.json's, of the same temporary folder).
-NO_LOGITS = {"qwen3_5", "gpt_oss"}
+# Files with the layers' q, k and v fused into one `attn_qkv` (`--fuse-qkv`): Qwen2's with its biases,
+# Llama's permuted q / k rows in Q8_0 blocks, and Qwen3.5's gated queries (each head's queries and gate)
+# beside the linear-attention layers' own `attn_qkv`.
+FUSED_QKV = {"qwen2": "f32", "llama": "q8_0", "qwen3_5": "f32"}
+# Families whose logits are not recorded here: gpt_oss (its logits and greedy tokens are gguf/gpt_oss.json's,
+# of the same temporary folder).
+NO_LOGITS = {"gpt_oss"}
 # As `gguf_families.py`'s: past the fixtures' windows (4 positions) and Phi-3's original context (64).
 SEQUENCES = [
     ([1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 8]),
@@ -344,9 +348,10 @@ def dequantized_state(gguf, path: Path, folder: Path, model) -> dict:
     return state
 
 
-def logits_of(name: str, model) -> list:
-    """`model`'s logits of SEQUENCES at their positions; a mixture's of the sequences on which every token's
-    experts are chosen by a clear margin (a near-tie could flip on the order of sums), the short ones at least."""
+def logits_of(name: str, model, exact: bool = False) -> list:
+    """`model`'s logits of SEQUENCES at their positions (in float64 when `exact`, float32 otherwise); a
+    mixture's of the sequences on which every token's experts are chosen by a clear margin (a near-tie could
+    flip on the order of sums), the short ones at least."""
     import torch
 
     from model_fixtures import MIN_ROUTING_MARGIN, RoutingMargins, f32
@@ -361,26 +366,39 @@ def logits_of(name: str, model) -> list:
                 assert len(ids) > 16, f"{name}: routing near-tie {margins.smallest} on {ids}"
                 print(f"{name}: the {len(ids)}-token sequence left out (routing near-tie {margins.smallest})")
                 continue
-            out.append({"ids": ids, "positions": positions, "logits": f32(row[positions].numpy())})
+            logits = row[positions].tolist() if exact else f32(row[positions].numpy())
+            out.append({"ids": ids, "positions": positions, "logits": logits})
     return out
 
 
 def expected(gguf, files: dict) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from model_fixtures import versions
 
     out = {"versions": versions(), "files": {}}
     for name, (folder, outtype) in files.items():
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                     attn_implementation="eager").eval()
+        config = json.loads((folder / "config.json").read_text())
+        # Qwen3.5 in float64: transformers computes Gated DeltaNet in float32 whatever the model's dtype,
+        # which drifts 1e-4 from the float64 result over SEQUENCES' 80 tokens; `float64_qwen3_5` makes its
+        # casts float64, as `model_fixtures.py`'s `exact` logits do.
+        exact = config["model_type"] == "qwen3_5_text"
+        if exact:
+            from export_check import float64_qwen3_5
+
+            model = float64_qwen3_5().Qwen3_5ForCausalLM.from_pretrained(
+                folder, config=AutoConfig.from_pretrained(folder), dtype=torch.float64,
+                attn_implementation="eager").eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
         if outtype != "f32":
             missing, unexpected = model.load_state_dict(
                 dequantized_state(gguf, OUT / name, folder, model), strict=False)
             assert not unexpected and missing in ([], ["lm_head.weight"]), (name, missing, unexpected)
-        out["files"][name] = {"outtype": outtype, "config": json.loads((folder / "config.json").read_text()),
-                              "logits": logits_of(name, model)}
+        out["files"][name] = {"outtype": outtype, "config": config, **({"dtype": "float64"} if exact else {}),
+                              "logits": logits_of(name, model, exact)}
     tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "qwen2")
     out["texts"] = [{"text": text, "ids": tokenizer.encode(text, add_special_tokens=False)} for text in TEXTS]
     out["chats"] = [{"messages": chat, "ids": tokenizer.apply_chat_template(
@@ -424,13 +442,14 @@ def main() -> None:
             folder = globals()[relative](Path(scratch)) if made_here else FIXTURES / relative
             # The model transformers runs for the file's logits: the folder's, as llama.cpp reads it.
             reference = as_read(family, folder, Path(scratch))
-            runs = [(f"{family}.gguf", "f32", ARGUMENTS.get(family, []))]
+            arguments = ARGUMENTS.get(family, [])
+            runs = [(f"{family}.gguf", "f32", arguments)]
             if family in QUANTIZED:
-                runs.append((f"{family}-q8_0.gguf", "q8_0", []))
+                runs.append((f"{family}-q8_0.gguf", "q8_0", arguments))
             if family in FUSED_QKV:
                 outtype = FUSED_QKV[family]
                 suffix = "" if outtype == "f32" else f"-{outtype}"
-                runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv"]))
+                runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv", *arguments]))
             for name, outtype, extra in runs:
                 arguments = run_converter(vendored, site, folder, OUT / name, outtype, extra)
                 arguments[arguments.index("--outfile") + 1] = name

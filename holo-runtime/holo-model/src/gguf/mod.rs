@@ -1,8 +1,8 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `llama`, `smollm3`, `olmo2`,
-//!   `gemma3` or `phi3`) and the `<arch>.*` keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `llama`, `smollm3`,
+//!   `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`; the windowed layers'
@@ -40,6 +40,8 @@
 //!   absent) and `yarn_attn_factor` (transformers' `0.1 ln factor + 1` when absent); the corrections'
 //!   bounds are rounded as transformers' `truncate` default says, except gpt-oss's, whose checkpoints say
 //!   `truncate: false` (llama.cpp always rounds: its gpt-oss logits differ from transformers' there);
+//!   Qwen3.5's linear attention as `qwen35.rs` reads it (its sizes from `qwen35.ssm.*`, and the
+//!   converter's transformations of its tensors undone);
 //! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
 //!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K) and MXFP4 (ggml type 39, what
 //!   gpt-oss files keep their experts in), read by a header reader of this crate ([`header`]) because
@@ -93,6 +95,7 @@ use rows::{
 };
 
 pub mod header;
+mod qwen35;
 mod rows;
 mod tokenizer;
 
@@ -133,7 +136,7 @@ const PROJECTIONS: [&str; 8] = [
 
 /// The `general.architecture` values this runtime implements.
 const ARCHITECTURES: &str =
-    "qwen2, qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3, gpt-oss";
+    "qwen2, qwen3, qwen3moe, qwen35, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3, gpt-oss";
 
 /// llama.cpp's gpt-oss graph clamps the experts' SwiGLU with these (`swiglu_oai` in `build_moe_ffn`),
 /// constants of its code rather than keys of the file; they are also `GptOssConfig`'s defaults.
@@ -287,6 +290,7 @@ impl Gguf {
             "qwen2" => Ok((Arch::Qwen2, name)),
             "qwen3" => Ok((Arch::Qwen3, name)),
             "qwen3moe" => Ok((Arch::Qwen3Moe, name)),
+            "qwen35" => Ok((Arch::Qwen3_5, name)),
             // llama.cpp writes Mistral as Llama, and its converter writes no window for it: a file
             // that has one (the key every other architecture's window goes under) is Mistral's, or,
             // with a flag per layer, Ministral's.
@@ -356,11 +360,21 @@ impl Gguf {
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(self.config_error(format!("head dimension {head_dim} must be even")));
         }
+        // The model's values are as wide as its keys.
+        if let Some(values) = self.u64_key(&key("attention.value_length"))? {
+            if values as usize != head_dim {
+                return Err(self.config_error(format!(
+                    "`{}` ({values}) differs from the heads' key width ({head_dim}): values as wide \
+                     as keys are supported only",
+                    key("attention.value_length")
+                )));
+            }
+        }
         let rotary_dim = match self.u64_key(&key("rope.dimension_count"))? {
             Some(rotary) if rotary as usize == head_dim => None,
-            // Phi-3 (Phi-4-mini) rotates the first part of each head.
+            // Phi-3 (Phi-4-mini) and Qwen3.5 rotate the first part of each head.
             Some(rotary)
-                if arch == Arch::Phi3
+                if matches!(arch, Arch::Phi3 | Arch::Qwen3_5)
                     && rotary > 0
                     && rotary % 2 == 0
                     && (rotary as usize) < head_dim =>
@@ -370,7 +384,7 @@ impl Gguf {
             Some(rotary) => {
                 return Err(self.config_error(format!(
                     "`{}` is {rotary}, but the heads have {head_dim} dimensions: partial rotary \
-                     embeddings are supported for phi3 only (an even part of the head)",
+                     embeddings are supported for phi3 and qwen35 only (an even part of the head)",
                     key("rope.dimension_count")
                 )))
             }
@@ -415,9 +429,28 @@ impl Gguf {
                 )))
             }
         };
+        let blocks = self.required_usize(&key("block_count"))?;
+        // llama.cpp counts the multi-token-prediction layers (Qwen3.5's, unless converted with
+        // `--no-mtp`) among the blocks, after the model's; they predict tokens further ahead, which
+        // this runtime does not, so their tensors are left unread (as transformers leaves `mtp.*`).
+        let predictors = self.u64_key(&key("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        let Some(block_count) = blocks.checked_sub(predictors).filter(|&layers| layers > 0) else {
+            return Err(self.config_error(format!(
+                "`{}` ({predictors}) leaves none of the `{}` ({blocks}) blocks to the model",
+                key("nextn_predict_layers"),
+                key("block_count")
+            )));
+        };
+        let linear = match arch {
+            Arch::Qwen3_5 => self.recurrent_layers(name, blocks, block_count)?,
+            _ => vec![false; block_count],
+        };
+        // Attention's biases, on its first layer (Qwen3.5's first is linear attention, whose
+        // `attn_qkv` is its own projection).
+        let first = linear.iter().position(|&linear| !linear).unwrap_or(0);
+        let attention_bias = |module: &str| self.has_tensor(&format!("blk.{first}.{module}.bias"));
         // Separate, or fused by the converter's `--fuse-qkv`.
-        let qkv_bias =
-            self.has_tensor("blk.0.attn_q.bias") || self.has_tensor("blk.0.attn_qkv.bias");
+        let qkv_bias = attention_bias("attn_q") || attention_bias("attn_qkv");
         let (qkv_bias, o_bias, mlp_bias) = match arch {
             Arch::Qwen2 => (true, false, false),
             Arch::Phi3 => (
@@ -426,13 +459,14 @@ impl Gguf {
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
             Arch::Qwen3 => (qkv_bias, false, false),
+            // `attention_bias`, on every projection of attention; the MLP has none.
+            Arch::Qwen3_5 => (qkv_bias, attention_bias("attn_output"), false),
             _ => (
                 qkv_bias,
                 self.has_tensor("blk.0.attn_output.bias"),
                 self.has_tensor("blk.0.ffn_up.bias"),
             ),
         };
-        let block_count = self.required_usize(&key("block_count"))?;
         let mut eos_token_ids = Vec::new();
         for name in ["eos_token_id", "eot_token_id", "eom_token_id"] {
             if let Some(id) = self.token_id(name)? {
@@ -470,8 +504,16 @@ impl Gguf {
                 rotary_dim,
                 ..Variant::of(arch)
             },
-            layers: self.layer_specs(arch, name, block_count)?,
-            linear_attention: None,
+            layers: self
+                .layer_specs(arch, name, block_count)?
+                .into_iter()
+                .zip(&linear)
+                .map(|(layer, &linear)| LayerSpec { linear, ..layer })
+                .collect(),
+            linear_attention: match arch {
+                Arch::Qwen3_5 => Some(self.linear_attention(name)?),
+                _ => None,
+            },
             experts: match arch {
                 Arch::Qwen3Moe => Some(Experts {
                     count: self.required_usize(&key("expert_count"))?,
@@ -799,6 +841,10 @@ impl Gguf {
                 // RoPE's factors, in the config already.
                 continue;
             }
+            if layer_of(name).is_some_and(|layer| layer >= config.num_hidden_layers) {
+                // A multi-token-prediction layer (`nextn_predict_layers`), which the model does not run.
+                continue;
+            }
             let info = &self.header.tensors[name];
             let fail = |error: candle_core::Error| {
                 self.weights_error(format!(
@@ -813,6 +859,21 @@ impl Gguf {
                 target
                     .experts(info, stack, &mut reader, self.header.data_offset, keep)
                     .map_err(fail)?;
+                continue;
+            }
+            if let (Some(sizes), Some((layer, hf))) = (
+                &config.linear_attention,
+                qwen35::linear_tensor(&config, name),
+            ) {
+                // Qwen3.5's linear attention, dequantized either way: its value heads' rows move.
+                let tensor = info
+                    .read(&mut reader, self.header.data_offset)
+                    .and_then(|tensor| tensor.dequantize(&Device::Cpu))
+                    .and_then(|tensor| qwen35::restore(sizes, hf, tensor))
+                    .and_then(|tensor| tensor.to_dtype(dtype)?.to_device(device))
+                    .map_err(fail)?;
+                let hf = format!("model.layers.{layer}.linear_attn.{hf}");
+                target.tensors.insert(hf, tensor);
                 continue;
             }
             if let Some((layer, kind)) = fused_qkv(config.arch, name) {
@@ -1022,6 +1083,11 @@ fn expert_tensor(name: &str) -> Option<(usize, ExpertStack, &str)> {
         _ => return None,
     };
     matches!(kind, "weight" | "bias").then_some((layer.parse().ok()?, stack, kind))
+}
+
+/// The layer of a GGUF tensor `blk.N.…`, or `None` for a tensor outside the layers.
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split_once('.')?.0.parse().ok()
 }
 
 /// Whether [`Blocks::Keep`] keeps the tensor `name` as it is: a layer's projection matrix in a quantized

@@ -32,9 +32,11 @@ pub(super) fn fused_qkv(arch: Arch, name: &str) -> Option<(usize, &str)> {
 }
 
 /// A fused `attn_qkv`'s parts, as the converter concatenates them: the projection each is, its rows, and
-/// the heads whose rows were permuted in it ([`rotary_heads`]'s), if any.
+/// the heads whose rows were permuted in it ([`rotary_heads`]'s), if any. A gated attention's `q_proj`
+/// holds each head's gate beside its queries.
 pub(super) fn qkv_parts(config: &ModelConfig) -> [(&'static str, Range<usize>, Option<usize>); 3] {
-    let q = config.num_attention_heads * config.head_dim;
+    let gates = if config.variant.attention_gate { 2 } else { 1 };
+    let q = config.num_attention_heads * config.head_dim * gates;
     let kv = config.num_key_value_heads * config.head_dim;
     let rotary = |heads: usize| permuted(config.arch).then_some(heads);
     [
