@@ -112,7 +112,7 @@ impl Sizes {
         let inner = c.intermediate_size as u64;
         // (module name in the layer, inputs, outputs) of one layer's projections, as the loader names
         // them; the MLP's only on a layer without experts (a mixture's are target parameters).
-        let projections = |experts: bool| -> Vec<(&str, u64, u64)> {
+        let projections = |experts: bool| -> Vec<(&'static str, u64, u64)> {
             let mut projections = match c.variant.fused_projections {
                 true => vec![
                     ("self_attn.qkv_proj", hidden, queries + 2 * keys),
@@ -136,7 +136,11 @@ impl Sizes {
             .iter()
             .map(|(name, _, _)| name.rsplit('.').next().unwrap_or(name).to_string())
             .collect();
-        let Ok(lora) = lora.resolved(c.arch, &names) else {
+        let (modules, parameters) = self.peft_names(&projections);
+        let Ok(lora) = lora
+            .named(c.arch, &modules, &parameters)
+            .resolved(c.arch, &names)
+        else {
             return 0;
         };
         let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
@@ -154,6 +158,36 @@ impl Sizes {
             }
         }
         elements + head
+    }
+
+    /// PEFT's names of what LoRA can adapt, as the loader's `Model::peft_names` lists them: the modules
+    /// (each layer's `projections`, a mixture layer's router, the output head) and the parameters (a
+    /// mixture layer's expert stacks and router weight), which a regular expression is matched against.
+    fn peft_names(
+        &self,
+        projections: &dyn Fn(bool) -> Vec<(&'static str, u64, u64)>,
+    ) -> (Vec<String>, Vec<String>) {
+        let c = &self.config;
+        let router = match c.experts {
+            Some(experts) if experts.clamped.is_some() => "router",
+            _ => "gate",
+        };
+        let (mut modules, mut parameters) = (Vec::new(), Vec::new());
+        for i in 0..c.num_hidden_layers {
+            let experts = c.layers.get(i).is_some_and(|layer| layer.experts);
+            for (name, _, _) in projections(experts) {
+                modules.push(format!("model.layers.{i}.{name}"));
+            }
+            if experts {
+                modules.push(format!("model.layers.{i}.mlp.{router}"));
+                for stack in ExpertStack::ALL {
+                    parameters.push(format!("model.layers.{i}.mlp.experts.{}", stack.name()));
+                }
+                parameters.push(format!("model.layers.{i}.mlp.{router}.weight"));
+            }
+        }
+        modules.push(HEAD.to_string());
+        (modules, parameters)
     }
 
     /// The rank of the output head's adapter when `lora` names `lm_head` (`Model::with_lora`). PEFT's
@@ -311,7 +345,7 @@ mod tests {
             rank_pattern: [("layers.1.self_attn.q_proj".to_string(), 6)]
                 .into_iter()
                 .collect(),
-            ..attention_only
+            ..attention_only.clone()
         };
         let count = experts.count as u64;
         let router = hidden + count;
@@ -320,5 +354,26 @@ mod tests {
             sizes.adapters(&all_linear),
             4 * attention * 3 + 2 * (hidden + queries) + (4 * router + stacks) * mixtures
         );
+        // What the loader's adapters hold, element for element, for names, `all-linear` and regular
+        // expressions (which PEFT, and the loader, turn into the names they match on Qwen3-MoE: the
+        // expert stacks among them).
+        let model = holo_model::testing::random_model(&sizes.config, candle_core::DType::F32);
+        let regex = |pattern: &str| LoraConfig {
+            targets: Targets::Regex(pattern.into()),
+            ..attention_only.clone()
+        };
+        for lora in [
+            attention_only.clone(),
+            with_experts,
+            all_linear,
+            regex(r".*\.(q_proj|v_proj)"),
+            // Two of the expressions `tests/fixtures/train/peft_targets.json` has from PEFT.
+            regex(r"model\.layers\.0\.(self_attn\.q_proj|mlp\.experts\.(gate|up)_proj)"),
+            regex(r".*\.mlp\.(gate|experts\.down_proj)"),
+        ] {
+            let (_, vars) = model.with_lora(&lora).unwrap();
+            let held: usize = vars.iter().map(|(_, var)| var.elem_count()).sum();
+            assert_eq!(sizes.adapters(&lora), held as u64, "{:?}", lora.targets);
+        }
     }
 }
