@@ -1,8 +1,10 @@
 //! `holo train` on a holoware whose samplers are held to a JSON schema, a regex, a choice and a regex
 //! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
 //! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
+//! A constraint the model cannot compile stops `holo train`, `holo eval` and `holo dry` before any
+//! rollout.
 
-use crate::common::{holo_output, run_metrics, tiny_train};
+use crate::common::{fixture, holo_output, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
 
 #[test]
@@ -90,4 +92,45 @@ fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
         "{stderr}"
     );
     assert!(!out.join("rollouts.jsonl").exists());
+}
+
+/// `holo eval` and `holo dry` with the local model compile the holoware's constraints before any rollout,
+/// as `holo train` does: the refused grammar is named at its tag, and no rollout is written.
+#[test]
+fn eval_and_dry_refuse_a_grammar_the_model_cannot_compile_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-refused-eval");
+    let holoware = run.path().join("bad.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
+    )
+    .unwrap();
+    let out = run.path().join("rollouts.jsonl");
+    let local = [
+        "--sampler".to_string(),
+        "local".into(),
+        "--model".into(),
+        fixture("models/qwen2"),
+        "--data".into(),
+        fixture("train/rows.jsonl"),
+    ];
+    let eval = ["eval".to_string(), holoware.to_str().unwrap().into()]
+        .into_iter()
+        .chain(local.clone())
+        .chain(["--out".to_string(), out.to_str().unwrap().into()]);
+    let dry = ["dry".to_string(), holoware.to_str().unwrap().into()]
+        .into_iter()
+        .chain(local);
+    for args in [eval.collect::<Vec<_>>(), dry.collect()] {
+        let output = holo_output(&args);
+        assert_eq!(output.status.code(), Some(2), "{}", args[0]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("bad.hol:3:1") && stderr.contains("undefined_rule"),
+            "{}: {stderr}",
+            args[0]
+        );
+        assert!(output.stdout.is_empty(), "{}", args[0]);
+    }
+    assert!(!out.exists());
 }
