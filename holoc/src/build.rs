@@ -86,7 +86,7 @@ pub fn compile_dir(
             .unwrap_or(&source)
             .display()
             .to_string();
-        let output = crate::compile(&bytes, &options);
+        let output = crate::compile(&bytes, &options.for_file(&source));
         let Some(program) = &output.program else {
             let file = SourceFile::new(&display_name, &output.source);
             for diagnostic in output

@@ -530,7 +530,7 @@ fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
         ExitCode::from(EXIT_USAGE)
     })?;
     let name = file.display().to_string();
-    match Holoware::load(&name, &bytes, Arc::new(holotypes::registry())) {
+    match Holoware::load_file(&name, file, &bytes, Arc::new(holotypes::registry())) {
         Ok(holoware) => Ok(Arc::new(holoware)),
         Err(error) => {
             eprint!("{error}");
