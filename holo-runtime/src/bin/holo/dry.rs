@@ -147,9 +147,8 @@ fn dry(
                 }
                 None => {
                     let mut transcript = Transcript::default();
-                    let outcome =
-                        run_scripted(holoware, &row, &resources, script, &mut transcript)
-                            .map_err(|error| error.to_string());
+                    let outcome = run_scripted(holoware, &row, &resources, script, &mut transcript)
+                        .map_err(|error| error.to_string());
                     (outcome, transcript.reward(), transcript.render(color))
                 }
             };
