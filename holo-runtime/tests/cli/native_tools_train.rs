@@ -1,7 +1,8 @@
-//! `holo train` on the native-tool holoware `hol/tool_native.hol` with the Qwen3 model fixture given
-//! Qwen3's real chat template (the fixture's own is a bare ChatML, which renders no tools): the tools
-//! reach the template, and every context is trained on exactly the tokens the model sampled in it. A model of random weights writes no well-formed call, so the tool
-//! loop's calls and results are covered by holo-core's tests/core/native_tools.rs, through the Loom.
+//! `holo train` on native-tool holowares with the Qwen3 model fixture given Qwen3's real chat template
+//! (the fixture's own is a bare ChatML, which renders no tools). `hol/tool_native.hol`: the tools reach
+//! the template, and every context is trained on exactly the tokens the model sampled in it; a model of
+//! random weights writes no well-formed call by itself. `tests/fixtures/train/tool_calls.hol` holds each
+//! turn to a call with a regex, so the whole loop runs: calls, results as `tool` messages, several turns.
 
 use crate::common::{fixture, holo_command, qwen3_with_tools, run_metrics};
 use holo_runtime::loom::{MessageRecord, RolloutRecord, ToolRecord};
