@@ -217,7 +217,19 @@ fn expand(
             #skeleton
         };
     };
-    codegen::module(program, settings)
+    // The schema files the program holds, watched as the `.hol` file is (an absolute path: the source's
+    // folder joined with the argument).
+    let read = program.read.iter().map(|file| {
+        let file = file.to_string_lossy();
+        quote!(
+            const _: &[u8] = ::core::include_bytes!(#file);
+        )
+    });
+    let module = codegen::module(program, settings);
+    quote! {
+        #module
+        #(#read)*
+    }
 }
 
 /// The scan of a crate, done once per crate in this compiler process.

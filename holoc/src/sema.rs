@@ -121,6 +121,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         binding_index: HashMap::new(),
         holotypes: Vec::new(),
         unresolved: HashSet::new(),
+        read: Vec::new(),
     };
     lowering.nodes(&document.nodes);
     lowering.trim_message_end();
@@ -130,6 +131,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         inputs,
         bindings,
         holotypes,
+        read,
         ..
     } = lowering;
     diagnostics.sort_by_key(|diagnostic| diagnostic.span().start);
@@ -141,6 +143,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         bindings,
         holotypes,
         ops,
+        read,
     };
     (Some(program), diagnostics)
 }
@@ -247,6 +250,8 @@ struct Lowering<'a> {
     binding_index: HashMap<String, usize>,
     holotypes: Vec<HolotypeInstance>,
     unresolved: HashSet<String>,
+    /// The schema files read, for [`Program::read`].
+    read: Vec<PathBuf>,
 }
 
 impl Lowering<'_> {
@@ -800,15 +805,19 @@ impl Lowering<'_> {
 
     /// The text of the schema file at `path`, relative to [`Options::dir`], or why it is not a schema
     /// (no folder to read from, a file that cannot be read, text that is not a JSON schema).
-    fn schema_file(&self, path: &str) -> Result<String, String> {
+    fn schema_file(&mut self, path: &str) -> Result<String, String> {
         let Some(dir) = &self.options.dir else {
             return Err(format!(
                 "`{path}` is relative to the .hol file's folder, and this text comes from no file"
             ));
         };
         // Named as written: the help says what it is relative to.
-        let text = std::fs::read_to_string(dir.join(path))
+        let file = dir.join(path);
+        let text = std::fs::read_to_string(&file)
             .map_err(|error| format!("cannot read `{path}`: {error}"))?;
+        if !self.read.contains(&file) {
+            self.read.push(file);
+        }
         match schema_problem(&text) {
             None => Ok(text),
             Some(problem) => Err(format!("`{path}`: {problem}")),
