@@ -90,7 +90,7 @@ pub fn holoware(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
     let source = input.literal.value();
     let display_name = format!("{module}.hol (inline)");
     let settings = settings(&input, module, display_name, None);
-    expand(source.as_bytes(), &settings, root.as_deref()).into()
+    expand(source.as_bytes(), &settings, root.as_deref(), None).into()
 }
 
 /// The folder `.hol` paths are relative to, and whose crate is scanned for holotypes:
@@ -158,11 +158,17 @@ fn expand_file(input: MacroInput) -> TokenStream {
     });
     let track = path.to_string_lossy().into_owned();
     let settings = settings(&input, module, written, Some(track));
-    expand(&bytes, &settings, Some(&root))
+    expand(&bytes, &settings, Some(&root), Some(&path))
 }
 
-/// Runs the compiler and emits the module, or the errors beside a skeleton.
-fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream {
+/// Runs the compiler and emits the module, or the errors beside a skeleton. `file` is where the bytes
+/// were read, whose folder a `json_schema_file` path is relative to.
+fn expand(
+    bytes: &[u8],
+    settings: &Settings,
+    root: Option<&Path>,
+    file: Option<&Path>,
+) -> TokenStream {
     // Holotypes under a path outside this crate (`holotypes = other_crate`) are beyond the scan: rustc
     // resolves them.
     let local = settings.holotypes.as_ref().is_none_or(|path| {
@@ -178,6 +184,10 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
     } else {
         // The path decides every holotype name, built-in names included.
         Options::default()
+    };
+    let options = match file {
+        Some(file) => options.for_file(file),
+        None => options,
     };
     let output = holoc::compile(bytes, &options);
     let Some(program) = output.program.as_ref() else {
@@ -207,7 +217,19 @@ fn expand(bytes: &[u8], settings: &Settings, root: Option<&Path>) -> TokenStream
             #skeleton
         };
     };
-    codegen::module(program, settings)
+    // The schema files the program holds, watched as the `.hol` file is (an absolute path: the source's
+    // folder joined with the argument).
+    let read = program.read.iter().map(|file| {
+        let file = file.to_string_lossy();
+        quote!(
+            const _: &[u8] = ::core::include_bytes!(#file);
+        )
+    });
+    let module = codegen::module(program, settings);
+    quote! {
+        #module
+        #(#read)*
+    }
 }
 
 /// The scan of a crate, done once per crate in this compiler process.

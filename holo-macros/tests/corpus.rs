@@ -171,6 +171,7 @@ holowares! {
     ok_empty => "../holoc/tests/inputs/ok/empty.hol",
     ok_escapes => "../holoc/tests/inputs/ok/escapes.hol",
     ok_fenced_constraints => "../holoc/tests/inputs/ok/fenced_constraints.hol",
+    ok_json_schema_file => "../holoc/tests/inputs/ok/json_schema_file.hol",
     ok_holotype_without_body => "../holoc/tests/inputs/ok/holotype_without_body.hol",
     ok_implicit_context => "../holoc/tests/inputs/ok/implicit_context.hol",
     ok_inline_tags => "../holoc/tests/inputs/ok/inline_tags.hol",

@@ -38,6 +38,8 @@ pub struct Generated {
     pub source: PathBuf,
     pub output: PathBuf,
     pub module: String,
+    /// The files besides the source that the checker read ([`crate::ir::Program::read`]).
+    pub read: Vec<PathBuf>,
 }
 
 /// Compiles every `*.hol` under `dir` (relative to `CARGO_MANIFEST_DIR`) into
@@ -59,6 +61,9 @@ pub fn compile(dir: impl AsRef<Path>) -> Result<Vec<Generated>, BuildError> {
     );
     for file in &generated {
         println!("cargo:rerun-if-changed={}", file.source.display());
+        for read in &file.read {
+            println!("cargo:rerun-if-changed={}", read.display());
+        }
     }
     Ok(generated)
 }
@@ -86,7 +91,7 @@ pub fn compile_dir(
             .unwrap_or(&source)
             .display()
             .to_string();
-        let output = crate::compile(&bytes, &options);
+        let output = crate::compile(&bytes, &options.for_file(&source));
         let Some(program) = &output.program else {
             let file = SourceFile::new(&display_name, &output.source);
             for diagnostic in output
@@ -120,6 +125,7 @@ pub fn compile_dir(
             source,
             output: path,
             module: module.to_string(),
+            read: program.read.clone(),
         });
     }
     if failures.is_empty() {

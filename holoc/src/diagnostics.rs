@@ -228,8 +228,8 @@ codes! {
          as in `<|Retry first|>` or `<|Retry score=first|>`. Remember needs the variable it remembers and the \
          component that decides: `<|Remember reflection score=second|>`.";
     ConflictingConstraints = "H0031", Error, "sampler has more than one constraint",
-        "A sampler's text can be held to one language: `json=object`, `json_schema=\"...\"`, `regex=\"...\"`, \
-         `choice=...` (repeatable: one text per argument) or `grammar=\"...\"` (Lark). Keep one of them; to \
+        "A sampler's text can be held to one language: `json=object`, `json_schema=\"...\"` (or \
+         `json_schema_file=\"path.json\"`), `regex=\"...\"`, `choice=...` (repeatable: one text per argument) or `grammar=\"...\"` (Lark). Keep one of them; to \
          allow several forms, write them as one regex or grammar.";
     FencedConstraint = "H0032", Error, "grammar on a fenced sampler",
         "A fenced sampler (`<>name`) ends at the closing tag `</name>`, a stop string, and its binding receives \

@@ -30,6 +30,10 @@ pub struct Program {
     /// One entry per holotype tag in the file; ops refer to them by index.
     pub holotypes: Vec<HolotypeInstance>,
     pub ops: Vec<Op>,
+    /// The files the checker read besides the source (a sampler's `json_schema_file`), whose text the
+    /// program holds: a build that embeds the program rebuilds when one changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

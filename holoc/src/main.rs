@@ -165,7 +165,7 @@ fn show(file: &Path, render: impl Fn(&Output) -> Option<String>) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let output = holoc::compile(&bytes, Crates::default().options(file));
+    let output = holoc::compile(&bytes, &Crates::default().options(file).for_file(file));
     let name = file.display().to_string();
     let mut stderr = StandardStream::stderr(stderr_colors());
     let source = report::SourceFile::new(&name, &output.source);
@@ -383,7 +383,7 @@ fn check(format: Format, deny_warnings: bool, show_inputs: bool, paths: &[PathBu
                 continue;
             }
         };
-        let output = holoc::compile(&bytes, crates.options(file));
+        let output = holoc::compile(&bytes, &crates.options(file).for_file(file));
         let source = report::SourceFile::new(&name, &output.source);
         for diagnostic in &output.diagnostics {
             if diagnostic.is_error() {

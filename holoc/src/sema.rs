@@ -5,6 +5,7 @@
 //! first context and trimming layout newlines at message boundaries (docs/holoware.md, "Whitespace").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, Value};
 use crate::builtins::{self, Problem, BUILTINS};
@@ -17,7 +18,7 @@ use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
 
 /// The generation arguments a sampler accepts.
-pub const SAMPLER_ARGUMENTS: [&str; 10] = [
+pub const SAMPLER_ARGUMENTS: [&str; 11] = [
     "max_tokens",
     "temperature",
     "top_p",
@@ -25,6 +26,7 @@ pub const SAMPLER_ARGUMENTS: [&str; 10] = [
     "stop",
     "json",
     "json_schema",
+    "json_schema_file",
     "regex",
     "choice",
     "grammar",
@@ -32,7 +34,14 @@ pub const SAMPLER_ARGUMENTS: [&str; 10] = [
 
 /// The sampler arguments that constrain the sampled text; a sampler takes one of them (`choice`
 /// repeated counts as one).
-const CONSTRAINTS: [&str; 5] = ["json", "json_schema", "regex", "choice", "grammar"];
+const CONSTRAINTS: [&str; 6] = [
+    "json",
+    "json_schema",
+    "json_schema_file",
+    "regex",
+    "choice",
+    "grammar",
+];
 
 /// The sampler arguments that may be repeated, each giving one more value.
 const REPEATABLE: [&str; 2] = ["stop", "choice"];
@@ -64,6 +73,10 @@ pub struct Options {
     /// the checker then checks against [`BUILTINS`] (H0029, H0030). An interpreter's registry may
     /// register other types under those names, and checks its arguments by constructing them instead.
     pub check_builtin_arguments: bool,
+    /// The folder of the file compiled, which a sampler's `json_schema_file` path is relative to; the
+    /// file is read at compile time, so a program embeds the schema itself. `None` for text that comes
+    /// from no file, where such an argument is an error.
+    pub dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -73,6 +86,15 @@ impl Options {
             builtin_holotypes: builtin_holotypes(),
             scan,
             check_builtin_arguments: true,
+            dir: None,
+        }
+    }
+
+    /// These options for the file at `file`: its folder as [`Options::dir`].
+    pub fn for_file(&self, file: &Path) -> Self {
+        Options {
+            dir: file.parent().map(Path::to_path_buf),
+            ..self.clone()
         }
     }
 }
@@ -99,6 +121,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         binding_index: HashMap::new(),
         holotypes: Vec::new(),
         unresolved: HashSet::new(),
+        read: Vec::new(),
     };
     lowering.nodes(&document.nodes);
     lowering.trim_message_end();
@@ -108,6 +131,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         inputs,
         bindings,
         holotypes,
+        read,
         ..
     } = lowering;
     diagnostics.sort_by_key(|diagnostic| diagnostic.span().start);
@@ -119,6 +143,7 @@ pub fn analyze(document: &Document, options: &Options) -> (Option<Program>, Vec<
         bindings,
         holotypes,
         ops,
+        read,
     };
     (Some(program), diagnostics)
 }
@@ -225,6 +250,8 @@ struct Lowering<'a> {
     binding_index: HashMap<String, usize>,
     holotypes: Vec<HolotypeInstance>,
     unresolved: HashSet<String>,
+    /// The schema files read, for [`Program::read`].
+    read: Vec<PathBuf>,
 }
 
 impl Lowering<'_> {
@@ -727,6 +754,17 @@ impl Lowering<'_> {
                     "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'",
                 )),
             },
+            "json_schema_file" => match &value.node {
+                Value::Str(path) if !path.is_empty() => match self.schema_file(path) {
+                    Ok(text) => sample.constraint = Some(Constraint::JsonSchema(text)),
+                    Err(problem) => self.error(
+                        invalid("a file that holds a JSON schema")
+                            .with_note(problem)
+                            .with_help(SCHEMA_FILE_HELP),
+                    ),
+                },
+                _ => self.error(invalid("a quoted path").with_help(SCHEMA_FILE_HELP)),
+            },
             "regex" => match &value.node {
                 Value::Str(text) => match regex_syntax::Parser::new().parse(text) {
                     Ok(_) => sample.constraint = Some(Constraint::Regex(text.clone())),
@@ -762,6 +800,27 @@ impl Lowering<'_> {
                 )),
             },
             _ => unreachable!("only known sampler arguments reach here"),
+        }
+    }
+
+    /// The text of the schema file at `path`, relative to [`Options::dir`], or why it is not a schema
+    /// (no folder to read from, a file that cannot be read, text that is not a JSON schema).
+    fn schema_file(&mut self, path: &str) -> Result<String, String> {
+        let Some(dir) = &self.options.dir else {
+            return Err(format!(
+                "`{path}` is relative to the .hol file's folder, and this text comes from no file"
+            ));
+        };
+        // Named as written: the help says what it is relative to.
+        let file = dir.join(path);
+        let text = std::fs::read_to_string(&file)
+            .map_err(|error| format!("cannot read `{path}`: {error}"))?;
+        if !self.read.contains(&file) {
+            self.read.push(file);
+        }
+        match schema_problem(&text) {
+            None => Ok(text),
+            Some(problem) => Err(format!("`{path}`: {problem}")),
         }
     }
 
@@ -1225,6 +1284,10 @@ fn arg_value(value: &Value) -> ArgValue {
         },
     }
 }
+
+/// How a `json_schema_file` path is written.
+const SCHEMA_FILE_HELP: &str =
+    "a path relative to the .hol file's folder: json_schema_file=\"schemas/plan.json\"";
 
 /// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
 /// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when

@@ -35,6 +35,30 @@ fn writes_one_module_per_file() {
     syn::parse_file(&code).expect("the generated file is valid Rust");
 }
 
+/// A schema read from a file beside the source is in the generated module, and listed as read, for
+/// cargo to rerun the build when it changes.
+#[test]
+fn a_schema_file_is_embedded_and_watched() {
+    let root = scratch("schema");
+    std::fs::write(
+        root.join("hol/plan.hol"),
+        "<|o_o|>\nPlan.\n<|@_@:plan json_schema_file=\"schemas/plan.json\"|>\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("hol/schemas")).unwrap();
+    std::fs::write(
+        root.join("hol/schemas/plan.json"),
+        r#"{"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}}"#,
+    )
+    .unwrap();
+    let out = root.join("out");
+    let generated = holoc::build::compile_dir(&root, "hol".as_ref(), &out).unwrap();
+    assert_eq!(generated[0].read, [root.join("hol/schemas/plan.json")]);
+    let code = std::fs::read_to_string(out.join("plan.rs")).unwrap();
+    assert!(code.contains("json_schema("), "{code}");
+    assert!(code.contains("Lima"), "{code}");
+}
+
 #[test]
 fn reports_every_failing_file() {
     let root = scratch("err");

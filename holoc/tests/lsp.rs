@@ -464,6 +464,7 @@ fn completion_in_tags() {
             "stop",
             "json",
             "json_schema",
+            "json_schema_file",
             "regex",
             "choice",
             "grammar"

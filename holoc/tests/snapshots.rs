@@ -31,7 +31,7 @@ fn compile_file(path: &Path) -> (String, Output) {
         scan.types.insert("Plain".to_string());
         options.scan = Some(scan);
     }
-    (name, compile(&bytes, &options))
+    (name, compile(&bytes, &options.for_file(path)))
 }
 
 fn expanded(path: &Path, output: &Output) -> String {

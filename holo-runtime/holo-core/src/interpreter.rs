@@ -113,6 +113,7 @@ impl Registry {
             // A registry may hold other types under the built-ins' names; `Holoware::check_holotypes`
             // constructs each instance, which checks its arguments whatever the type.
             check_builtin_arguments: false,
+            dir: None,
         }
     }
 }
@@ -313,9 +314,30 @@ impl Holoware {
         })
     }
 
-    /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load.
+    /// Checks `.hol` source; every error (or a holotype the registry lacks) fails the load. The source
+    /// comes from no file, so a `json_schema_file` in it is an error ([`Holoware::load_file`] reads it).
     pub fn load(name: &str, bytes: &[u8], registry: Arc<Registry>) -> Result<Self, LoadError> {
-        let output = holoc::compile(bytes, &registry.options());
+        Self::compile(name, bytes, registry.options(), registry)
+    }
+
+    /// [`Holoware::load`] for the bytes of the file at `file`, whose folder a `json_schema_file` path is
+    /// relative to; `name` is how diagnostics and locations name it.
+    pub fn load_file(
+        name: &str,
+        file: &Path,
+        bytes: &[u8],
+        registry: Arc<Registry>,
+    ) -> Result<Self, LoadError> {
+        Self::compile(name, bytes, registry.options().for_file(file), registry)
+    }
+
+    fn compile(
+        name: &str,
+        bytes: &[u8],
+        options: Options,
+        registry: Arc<Registry>,
+    ) -> Result<Self, LoadError> {
+        let output = holoc::compile(bytes, &options);
         let file = SourceFile::new(name, &output.source);
         let fatal: Vec<String> = output
             .diagnostics
@@ -406,7 +428,7 @@ impl Holoware {
         let bytes = std::fs::read(path).map_err(|error| LoadError {
             message: format!("cannot read `{}`: {error}", path.display()),
         })?;
-        Self::load(&path.display().to_string(), &bytes, registry)
+        Self::load_file(&path.display().to_string(), path, &bytes, registry)
     }
 
     pub fn name(&self) -> &str {

@@ -1,8 +1,10 @@
 //! `holo train` on a holoware whose samplers are held to a JSON schema, a regex, a choice and a regex
 //! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
 //! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
+//! A constraint the model cannot compile stops `holo train`, `holo eval` and `holo dry` before any
+//! rollout. A schema read from a file (`json_schema_file`) holds `holo eval`'s replies.
 
-use crate::common::{holo_output, run_metrics, tiny_train};
+use crate::common::{fixture, holo_output, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
 
 #[test]
@@ -90,4 +92,121 @@ fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
         "{stderr}"
     );
     assert!(!out.join("rollouts.jsonl").exists());
+}
+
+/// `holo eval` and `holo dry` with the local model compile the holoware's constraints before any rollout,
+/// as `holo train` does: the refused grammar is named at its tag, and no rollout is written.
+#[test]
+fn eval_and_dry_refuse_a_grammar_the_model_cannot_compile_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-refused-eval");
+    let holoware = run.path().join("bad.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
+    )
+    .unwrap();
+    let out = run.path().join("rollouts.jsonl");
+    let local = [
+        "--sampler".to_string(),
+        "local".into(),
+        "--model".into(),
+        fixture("models/qwen2"),
+        "--data".into(),
+        fixture("train/rows.jsonl"),
+    ];
+    let eval = ["eval".to_string(), holoware.to_str().unwrap().into()]
+        .into_iter()
+        .chain(local.clone())
+        .chain(["--out".to_string(), out.to_str().unwrap().into()]);
+    let dry = ["dry".to_string(), holoware.to_str().unwrap().into()]
+        .into_iter()
+        .chain(local);
+    for args in [eval.collect::<Vec<_>>(), dry.collect()] {
+        let output = holo_output(&args);
+        assert_eq!(output.status.code(), Some(2), "{}", args[0]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("bad.hol:3:1") && stderr.contains("undefined_rule"),
+            "{}: {stderr}",
+            args[0]
+        );
+        assert!(output.stdout.is_empty(), "{}", args[0]);
+    }
+    assert!(!out.exists());
+}
+
+/// `json_schema_file` (`tests/fixtures/train/schema_file.hol`, its schema in `schemas/trip.json` beside
+/// it): every reply of the random model, sampled by `holo eval`, validates against the file's schema.
+#[test]
+fn replies_validate_against_a_schema_read_from_a_file() {
+    let run = crate::common::tempdir::Dir::new("constrained-schema-file");
+    let out = run.path().join("rollouts.jsonl");
+    let args = [
+        "eval",
+        &fixture("train/schema_file.hol"),
+        "--sampler",
+        "local",
+        "--model",
+        &fixture("models/qwen2"),
+        "--data",
+        &fixture("train/rows.jsonl"),
+        "-n",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from);
+    let output = holo_output(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let records: Vec<RolloutRecord> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(records.len() >= 8, "{}", records.len());
+    let mut cities = std::collections::BTreeSet::new();
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies: Vec<&str> = record.contexts[0]
+            .messages
+            .iter()
+            .flat_map(|message| &message.parts)
+            .filter(|part| part.sampled)
+            .map(|part| part.text.as_str())
+            .collect();
+        let [plan] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        // The schema of schemas/trip.json, checked by hand.
+        let plan: serde_json::Value = serde_json::from_str(plan).unwrap();
+        let fields = plan.as_object().unwrap();
+        assert_eq!(
+            fields.keys().collect::<Vec<_>>(),
+            ["city", "days", "sights"],
+            "{plan}"
+        );
+        let city = plan["city"].as_str().unwrap();
+        assert!(["Paris", "Lima", "Oslo"].contains(&city), "{plan}");
+        cities.insert(city.to_string());
+        assert!(
+            plan["days"]
+                .as_u64()
+                .is_some_and(|days| (1..=9).contains(&days)),
+            "{plan}"
+        );
+        let sights = plan["sights"].as_array().unwrap();
+        assert!(sights.len() <= 2, "{plan}");
+        assert!(
+            sights
+                .iter()
+                .all(|sight| ["museum", "park"].contains(&sight.as_str().unwrap())),
+            "{plan}"
+        );
+    }
+    // Sampled, not forced: the random model's replies differ.
+    assert!(cities.len() > 1, "{cities:?}");
 }

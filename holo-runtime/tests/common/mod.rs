@@ -33,6 +33,35 @@ pub const MODEL_FAMILIES: [&str; 13] = [
     "gpt_oss",
 ];
 
+/// The random Qwen3 fixture given Qwen3's real chat template (the fixture's own is a bare ChatML, which
+/// renders no tools), copied into `dir/qwen3`. `max_positions` replaces the fixture's 512 where a test's
+/// contexts are longer (the template's tool list alone is about 490 tokens of its small vocabulary); a
+/// random model's limit is arbitrary.
+pub fn qwen3_with_tools(dir: &Path, max_positions: Option<u64>) -> std::path::PathBuf {
+    let model = dir.join("qwen3");
+    std::fs::create_dir(&model).unwrap();
+    let tiny = repo().join("holo-runtime/tests/fixtures/models/qwen3");
+    for file in [
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(tiny.join(file), model.join(file)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny.join("config.json")).unwrap()).unwrap();
+    if let Some(positions) = max_positions {
+        config["max_position_embeddings"] = positions.into();
+    }
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        repo().join("holo-runtime/tests/fixtures/chat/models/qwen3/tokenizer_config.json"),
+        model.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    model
+}
+
 /// `holo ARGS`, run from the workspace root.
 pub fn holo_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_holo"));

@@ -1,7 +1,8 @@
 //! Constrained decoding in rollouts, trained under the masked distribution: every reply of a random
 //! model held to a JSON schema, a regex or a choice validates; the trainer's log-probabilities of those
 //! tokens are the sampler's (importance ratios of 1, `sampling/mismatch_kl` of 0), which they are not
-//! when the masks are left out of training.
+//! when the masks are left out of training. The same holds for native tool calls held to their format over
+//! several turns (`train/tool_calls.hol`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,14 +50,25 @@ fn rows() -> Vec<(usize, Row)> {
 
 /// Four rollouts of each row, sampled by `model` at temperature 1 and recorded in token space.
 fn rollouts(model: &LocalModel) -> Vec<RolloutRecord> {
+    loom_rollouts(model, holoware(), Resources::default(), &rows())
+}
+
+/// Four rollouts of each of `rows` of `holoware`, sampled by `model` at temperature 1 and recorded in
+/// token space.
+fn loom_rollouts(
+    model: &LocalModel,
+    holoware: Arc<Holoware>,
+    resources: Resources,
+    rows: &[(usize, Row)],
+) -> Vec<RolloutRecord> {
     let holophore = Holophore::new(
         Arc::new(model.tokenizer().clone()),
         Arc::new(model.template().clone()),
     )
     .unwrap();
     let loom = Loom::interpreted(
-        holoware(),
-        Resources::default(),
+        holoware,
+        resources,
         LoomConfig {
             rollouts_per_row: 4,
             seed: 11,
@@ -69,7 +81,7 @@ fn rollouts(model: &LocalModel) -> Vec<RolloutRecord> {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(loom.run(&rows(), model, &mut records))
+        .block_on(loom.run(rows, model, &mut records))
         .unwrap();
     records
 }
@@ -210,6 +222,58 @@ fn an_on_policy_step_on_constrained_tokens_has_ratios_of_one() {
     // Over the whole vocabulary the trainer gives every constrained token less than the sampler did.
     assert!(farthest(&whole) > 0.1, "{}", farthest(&whole));
     assert!(whole_kl > 1e-3, "{whole_kl}");
+}
+
+/// The held tool calls of `train/tool_calls.hol` (two turns, each a regex's call of the calculator,
+/// its result a `tool` message between them), sampled by the random Qwen3 with Qwen3's template: on
+/// policy, the trainer scores every turn under its masks with ratios of 1 against the sampler, in every
+/// context.
+#[test]
+fn held_tool_calls_on_policy_have_ratios_of_one() {
+    let dir = crate::common::tempdir::Dir::new("constrained-tool-calls");
+    let model_dir = crate::common::qwen3_with_tools(dir.path(), Some(2048));
+    let model = LocalModel::load(&model_dir, LocalOptions::default()).unwrap();
+    let holoware = Arc::new(
+        Holoware::open(
+            &fixtures().join("train/tool_calls.hol"),
+            Arc::new(holotypes::registry()),
+        )
+        .unwrap(),
+    );
+    let mut resources = Resources::default();
+    resources.insert(holotypes::Tools::new().with_calculator());
+    let rows: Vec<(usize, Row)> = ["What is 6*7?", "What is 2+8?"]
+        .iter()
+        .enumerate()
+        .map(|(i, query)| {
+            let row = serde_json::json!({"query": query, "expected": "0"});
+            (i, serde_json::from_value(row).unwrap())
+        })
+        .collect();
+    let records = loom_rollouts(&model, holoware, resources, &rows);
+    assert_eq!(records.len(), 8);
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let runs: usize = record
+            .contexts
+            .iter()
+            .map(|context| context.tokens.as_ref().unwrap().constraints.len())
+            .sum();
+        assert_eq!(runs, 2);
+    }
+    let (masked, masked_kl) = ratios(&model, &records, true);
+    let (whole, _) = ratios(&model, &records, false);
+    let farthest = |ratios: &[f32]| {
+        ratios
+            .iter()
+            .map(|ratio| (ratio - 1.0).abs())
+            .fold(0.0f32, f32::max)
+    };
+    assert!(!masked.is_empty());
+    assert!(farthest(&masked) < 1e-4, "{}", farthest(&masked));
+    assert!(masked_kl < 1e-8, "{masked_kl}");
+    // Without the masks, the calls' forced tokens are far from the sampler's probability of 1.
+    assert!(farthest(&whole) > 0.1, "{}", farthest(&whole));
 }
 
 /// `holo train`'s loop on the constrained holoware, with a sampler of the caller's (an f32 copy of the

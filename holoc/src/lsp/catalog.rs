@@ -81,7 +81,7 @@ pub(crate) const BUILTIN_DOCS: &[(&str, &str, &str)] = &[
 ];
 
 /// What a sampler's generation arguments mean (docs/holoware.md, section 3.3).
-pub(crate) const SAMPLER_DOCS: [(&str, &str); 10] = [
+pub(crate) const SAMPLER_DOCS: [(&str, &str); 11] = [
     ("max_tokens", "the most tokens to sample: an integer >= 1"),
     (
         "temperature",
@@ -97,6 +97,10 @@ pub(crate) const SAMPLER_DOCS: [(&str, &str); 10] = [
     (
         "json_schema",
         "the sampled text is JSON valid under this schema: `json_schema='{\"type\": \"object\"}'`",
+    ),
+    (
+        "json_schema_file",
+        "the sampled text is JSON valid under the schema in this file, read when the file is checked (a path relative to the .hol file's folder): `json_schema_file=\"schemas/plan.json\"`",
     ),
     (
         "regex",

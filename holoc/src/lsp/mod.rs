@@ -308,7 +308,11 @@ impl Server {
     /// Stores and analyses a new text of a document; returns its diagnostics notification.
     fn update(&mut self, uri: lsp::Uri, text: String, rescan: bool) -> Message {
         let path = position::uri_to_path(&uri);
-        let options = self.options(path.as_deref(), rescan).clone();
+        let options = self.options(path.as_deref(), rescan);
+        let options = match path.as_deref() {
+            Some(path) => options.for_file(path),
+            None => options.clone(),
+        };
         let output = crate::compile(text.as_bytes(), &options);
         let last_tree = match &output.document {
             Some(_) => None,

@@ -106,7 +106,7 @@ pub fn run(args: CompareArgs) -> ExitCode {
     }
     let mut policies = Vec::with_capacity(2);
     for (label, model) in [("a", &args.a), ("b", &args.b)] {
-        match policy(label, model, &args) {
+        match policy(label, model, &args, &holoware) {
             Ok(policy) => policies.push(policy),
             Err(code) => return code,
         }
@@ -277,7 +277,12 @@ fn checkpoint(path: &Path) -> Option<(&Path, u64)> {
 
 /// The sampler and holophore of policy `label`; a run folder's newest checkpoint is exported to
 /// `OUT/<label>-model` first.
-fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy, ExitCode> {
+fn policy(
+    label: &'static str,
+    model: &str,
+    args: &CompareArgs,
+    holoware: &Holoware,
+) -> Result<Policy, ExitCode> {
     let mut dir = model.to_string();
     let mut name = model.to_string();
     let path = Path::new(model);
@@ -344,7 +349,7 @@ fn policy(label: &'static str, model: &str, args: &CompareArgs) -> Result<Policy
     };
     let holophore = sampler_args.holophore()?;
     let sampler = sampler_args
-        .sampler(args.concurrency as usize)?
+        .sampler(args.concurrency as usize, holoware)?
         .expect("the local sampler");
     Ok(Policy {
         label,

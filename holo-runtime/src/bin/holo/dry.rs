@@ -39,7 +39,11 @@ pub fn run(args: DryArgs) -> ExitCode {
         color,
         sampler: sampler_args,
     } = args;
-    let sampler = match sampler_args.sampler(128) {
+    let holoware = match load(&file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
+    };
+    let sampler = match sampler_args.sampler(128, &holoware) {
         Ok(sampler) => sampler,
         Err(code) => return code,
     };
@@ -57,7 +61,7 @@ pub fn run(args: DryArgs) -> ExitCode {
         ..CodeSandbox::default()
     };
     dry(
-        &file,
+        &holoware,
         data.as_deref(),
         rollouts,
         &sampler_args.replies,
@@ -71,7 +75,7 @@ pub fn run(args: DryArgs) -> ExitCode {
 // The command's options, one argument each, as `run` has them.
 #[allow(clippy::too_many_arguments)]
 fn dry(
-    file: &Path,
+    holoware: &Arc<Holoware>,
     data: Option<&Path>,
     rollouts: usize,
     replies: &[String],
@@ -80,10 +84,6 @@ fn dry(
     color: bool,
     code: CodeSandbox,
 ) -> ExitCode {
-    let holoware = match load(file) {
-        Ok(holoware) => holoware,
-        Err(exit) => return exit,
-    };
     let rows = match data {
         Some(path) => match read_rows(path) {
             Ok(rows) => rows,
@@ -92,14 +92,14 @@ fn dry(
                 return ExitCode::from(EXIT_USAGE);
             }
         },
-        None => vec![(1, Ok(placeholder_row(&holoware)))],
+        None => vec![(1, Ok(placeholder_row(holoware)))],
     };
     let data_name = data.map_or_else(
         || "placeholder".to_string(),
         |path| path.display().to_string(),
     );
     let mut resources = crate::resources();
-    if let Err(code) = crate::prepare_rollouts(&holoware, &mut resources, code) {
+    if let Err(code) = crate::prepare_rollouts(holoware, &mut resources, code) {
         return code;
     }
     let replies: Vec<String> = if replies.is_empty() {
@@ -135,7 +135,7 @@ fn dry(
                 Some(holophore) => {
                     script = script.tokenized(holophore);
                     let mut tokens = holophore.fork();
-                    let outcome = run_scripted(&holoware, &row, &resources, script, &mut tokens)
+                    let outcome = run_scripted(holoware, &row, &resources, script, &mut tokens)
                         .map_err(|error| error.to_string());
                     tokens.finish();
                     // As the Loom does: a template that failed to render leaves the tokens short.
@@ -147,9 +147,8 @@ fn dry(
                 }
                 None => {
                     let mut transcript = Transcript::default();
-                    let outcome =
-                        run_scripted(&holoware, &row, &resources, script, &mut transcript)
-                            .map_err(|error| error.to_string());
+                    let outcome = run_scripted(holoware, &row, &resources, script, &mut transcript)
+                        .map_err(|error| error.to_string());
                     (outcome, transcript.reward(), transcript.render(color))
                 }
             };
@@ -163,7 +162,7 @@ fn dry(
     }
     if let Some(sampler) = sampler {
         match dry_loom(
-            &holoware,
+            holoware,
             &resources,
             &sampled_rows,
             rollouts,

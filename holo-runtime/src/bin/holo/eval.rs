@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::interpreter::{read_rows, NumberedRow};
+use holo_runtime::interpreter::{read_rows, Holoware, NumberedRow};
 use holo_runtime::loom::{Jsonl, Loom, LoomConfig, RolloutRecord, Summary};
 use holo_runtime::{Sampler, Scripted};
 
@@ -72,7 +72,11 @@ pub fn run(args: EvalArgs) -> ExitCode {
         Some(holophore) => script.tokenized(holophore),
         None => script,
     };
-    let sampler: Box<dyn Sampler> = match sampler_args.sampler(concurrency as usize) {
+    let holoware = match load(&file) {
+        Ok(holoware) => holoware,
+        Err(exit) => return exit,
+    };
+    let sampler: Box<dyn Sampler> = match sampler_args.sampler(concurrency as usize, &holoware) {
         Ok(Some(sampler)) => sampler,
         Ok(None) if sampler_args.replies.is_empty() => {
             Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
@@ -89,7 +93,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
         ..LoomConfig::default()
     };
     eval(
-        &file,
+        holoware,
         &data,
         &*sampler,
         holophore.as_ref(),
@@ -103,7 +107,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
 // The command's options, one argument each, as `run` has them.
 #[allow(clippy::too_many_arguments)]
 fn eval(
-    file: &Path,
+    holoware: Arc<Holoware>,
     datasets: &[PathBuf],
     sampler: &dyn Sampler,
     holophore: Option<&Holophore>,
@@ -112,10 +116,6 @@ fn eval(
     resume: bool,
     code: CodeSandbox,
 ) -> ExitCode {
-    let holoware = match load(file) {
-        Ok(holoware) => holoware,
-        Err(exit) => return exit,
-    };
     let mut datasets_rows = Vec::with_capacity(datasets.len());
     for path in datasets {
         match read_rows(path) {

@@ -304,8 +304,16 @@ impl SamplerArgs {
     }
 
     /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with at
-    /// most `concurrency` sequences decoding together), or `None` for the scripted replies.
-    fn sampler(&self, concurrency: usize) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
+    /// most `concurrency` sequences decoding together), or `None` for the scripted replies. A local
+    /// model compiles every constraint of `holoware` first, as `holo train` does, so that one it refuses
+    /// stops the command before any rollout, naming its tag's `file.hol:line:col`, instead of failing
+    /// each rollout that reaches it (a server compiles them itself; scripted replies are not held to them).
+    #[cfg_attr(not(feature = "local"), allow(unused_variables))]
+    fn sampler(
+        &self,
+        concurrency: usize,
+        holoware: &Holoware,
+    ) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
         if self.sampler != SamplerKind::Scripted && !self.replies.is_empty() {
             eprintln!("error: --reply is for the scripted sampler");
             return Err(ExitCode::from(EXIT_USAGE));
@@ -349,13 +357,17 @@ impl SamplerArgs {
                 use holo_runtime::local::LocalModel;
                 let dir = self.model.clone().unwrap_or_default();
                 let options = self.local.options(concurrency)?;
-                match LocalModel::load(&dir, options) {
-                    Ok(model) => Ok(Some(Box::new(model))),
-                    Err(error) => {
-                        eprintln!("error: --model `{dir}`: {error}");
-                        Err(ExitCode::from(EXIT_USAGE))
-                    }
-                }
+                let model = LocalModel::load(&dir, options).map_err(|error| {
+                    eprintln!("error: --model `{dir}`: {error}");
+                    ExitCode::from(EXIT_USAGE)
+                })?;
+                holo_runtime::train::replay::check(holoware, model.grammars()).map_err(
+                    |error| {
+                        eprintln!("error: {error}");
+                        ExitCode::from(EXIT_USAGE)
+                    },
+                )?;
+                Ok(Some(Box::new(model)))
             }
             #[cfg(not(feature = "local"))]
             SamplerKind::Local => {
@@ -511,7 +523,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
-/// Every input as `<name>`: enough to see the shape of a holoware without data.
 /// Reads and checks a `.hol` file: an unreadable file is a usage error (2), diagnostics a failure (1).
 fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
     let bytes = std::fs::read(file).map_err(|error| {
@@ -519,7 +530,7 @@ fn load(file: &Path) -> Result<Arc<Holoware>, ExitCode> {
         ExitCode::from(EXIT_USAGE)
     })?;
     let name = file.display().to_string();
-    match Holoware::load(&name, &bytes, Arc::new(holotypes::registry())) {
+    match Holoware::load_file(&name, file, &bytes, Arc::new(holotypes::registry())) {
         Ok(holoware) => Ok(Arc::new(holoware)),
         Err(error) => {
             eprint!("{error}");
