@@ -106,6 +106,26 @@ impl Grammars {
     }
 }
 
+impl Grammars {
+    /// Compiles every sampler constraint of `holoware` against the vocabulary, before any rollout: one
+    /// llguidance refuses (a Lark grammar's mistake, a schema feature it lacks) is an error that names
+    /// its tag's `file.hol:line:col`, where holoc's checks could not see it.
+    pub fn check(
+        &self,
+        holoware: &holo_core::interpreter::Holoware,
+    ) -> std::result::Result<(), String> {
+        for (location, constraint) in holoware.constraints() {
+            if let Err(error) = self.compile(&constraint) {
+                return Err(format!(
+                    "{location}: the sampler's {} does not compile: {error}",
+                    constraint.kind()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `text` as a regular expression that matches it alone.
 fn regex_literal(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());

@@ -5,7 +5,6 @@
 //! Replaying costs one parser step per constrained token at each step; recording the masks instead
 //! would cost a bit per vocabulary entry per token in every record (19 KB a token at Qwen's 151,936).
 
-use holo_core::interpreter::Holoware;
 use holo_core::Constraint;
 use holo_model::{Grammar, Grammars};
 
@@ -51,21 +50,6 @@ pub fn replay(grammars: &Grammars, completions: &mut [Completion]) -> Result<(),
             })?);
         }
         sequence.constraints.replayed(&sequence.trained, masks);
-    }
-    Ok(())
-}
-
-/// Compiles every sampler constraint of `holoware` against the model's vocabulary, before any rollout:
-/// one llguidance refuses (a Lark grammar's mistake, a schema feature it lacks) is an error that names
-/// its tag's `file.hol:line:col`, where the checker could not see it.
-pub fn check(holoware: &Holoware, grammars: &Grammars) -> Result<(), TrainError> {
-    for (location, constraint) in holoware.constraints() {
-        if let Err(error) = grammars.compile(&constraint) {
-            return Err(TrainError::Input(format!(
-                "{location}: the sampler's {} does not compile: {error}",
-                constraint.kind()
-            )));
-        }
     }
     Ok(())
 }

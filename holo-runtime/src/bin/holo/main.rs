@@ -361,12 +361,10 @@ impl SamplerArgs {
                     eprintln!("error: --model `{dir}`: {error}");
                     ExitCode::from(EXIT_USAGE)
                 })?;
-                holo_runtime::train::replay::check(holoware, model.grammars()).map_err(
-                    |error| {
-                        eprintln!("error: {error}");
-                        ExitCode::from(EXIT_USAGE)
-                    },
-                )?;
+                model.grammars().check(holoware).map_err(|error| {
+                    eprintln!("error: {error}");
+                    ExitCode::from(EXIT_USAGE)
+                })?;
                 Ok(Some(Box::new(model)))
             }
             #[cfg(not(feature = "local"))]

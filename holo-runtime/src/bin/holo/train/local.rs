@@ -10,7 +10,7 @@ use holo_runtime::local::Grammars;
 use holo_runtime::loom::RolloutSource;
 use holo_runtime::train::provenance::Provenance;
 use holo_runtime::train::sync::SyncOptions;
-use holo_runtime::train::{plan, replay, GrpoConfig, Policy, RunOptions, Trainer};
+use holo_runtime::train::{plan, GrpoConfig, Policy, RunOptions, Trainer};
 
 use super::{checked_rows, finish, interpreted, usage, RolloutsFrom, TinkerLoss, TrainArgs};
 use crate::load;
@@ -77,7 +77,7 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
             policy.model.config.vocab_size,
             policy.end_of_turn.clone(),
         );
-        if let Err(error) = replay::check(holoware, &grammars) {
+        if let Err(error) = grammars.check(holoware) {
             return usage(error);
         }
     }
