@@ -61,3 +61,17 @@ pub fn blocks_against_dequantized(dense: &Model, kept: &Model) -> (f32, f32) {
         .fold(0.0, f32::max);
     (difference, largest)
 }
+
+/// A request for `max_tokens` greedy tokens after `prompt` (temperature 0), as the parity tests
+/// compare a sampler's tokens with transformers' greedy ones.
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> holo_runtime::sampler::Request {
+    use holo_runtime::sampler::{Prompt, Request, SampleParams};
+    Request {
+        prompt: Prompt::Tokens(prompt),
+        params: SampleParams {
+            max_tokens: Some(max_tokens as u32),
+            temperature: Some(0.0),
+            ..SampleParams::default()
+        },
+    }
+}

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::common::json::ids;
-use crate::common::logits::{blocks_against_dequantized, sequence_logits, sequence_logits_f64};
+use crate::common::logits::{
+    blocks_against_dequantized, greedy_request, sequence_logits, sequence_logits_f64,
+};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::chat::RenderOptions;
@@ -21,7 +23,7 @@ use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::model::Weight;
 use holo_runtime::local::{Arch, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling};
-use holo_runtime::sampler::{Prompt, Request, SampleParams};
+use holo_runtime::sampler::Request;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value;
 
@@ -319,14 +321,7 @@ fn a_converted_qwen3_5_gguf_samples_the_folders_greedy_tokens() {
     let prompts = expected["prompts"].as_array().unwrap();
     let requests: Vec<Request> = prompts
         .iter()
-        .map(|prompt| Request {
-            prompt: Prompt::Tokens(ids(&prompt["ids"])),
-            params: SampleParams {
-                max_tokens: Some(12),
-                temperature: Some(0.0),
-                ..SampleParams::default()
-            },
-        })
+        .map(|prompt| greedy_request(ids(&prompt["ids"]), 12))
         .collect();
     let completions = model.sample_blocking(&requests);
     assert_eq!(completions.len(), prompts.len());

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::common::json::ids;
-use crate::common::logits::sequence_logits;
+use crate::common::logits::{greedy_request, sequence_logits};
 use candle_core::{DType, Device, Tensor};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::gguf::load_quantized;
@@ -22,7 +22,6 @@ use holo_runtime::local::model::Weight;
 use holo_runtime::local::{
     ClampedSwiGlu, LocalModel, LocalOptions, Model, ModelConfig, RopeScaling,
 };
-use holo_runtime::sampler::{Prompt, Request, SampleParams};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
@@ -165,14 +164,7 @@ fn a_gpt_oss_gguf_samples_transformers_greedy_tokens() {
     )
     .unwrap();
     let tokens = ids(&greedy["tokens"]);
-    let request = Request {
-        prompt: Prompt::Tokens(ids(&greedy["prompt"])),
-        params: SampleParams {
-            max_tokens: Some(tokens.len() as u32),
-            temperature: Some(0.0),
-            ..SampleParams::default()
-        },
-    };
+    let request = greedy_request(ids(&greedy["prompt"]), tokens.len());
     let completion = model
         .sample_blocking(std::slice::from_ref(&request))
         .pop()
@@ -230,14 +222,7 @@ fn a_gpt_oss_gguf_samples_from_its_mxfp4_blocks() {
     )
     .unwrap();
     let tokens = ids(&greedy["tokens"]);
-    let request = Request {
-        prompt: Prompt::Tokens(ids(&greedy["prompt"])),
-        params: SampleParams {
-            max_tokens: Some(tokens.len() as u32),
-            temperature: Some(0.0),
-            ..SampleParams::default()
-        },
-    };
+    let request = greedy_request(ids(&greedy["prompt"]), tokens.len());
     let completion = model
         .sample_blocking(std::slice::from_ref(&request))
         .pop()

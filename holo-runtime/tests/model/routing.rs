@@ -9,7 +9,7 @@ use holo_runtime::local::files;
 use holo_runtime::local::generate::{generate, Generation, GenerationParams, Stopping};
 use holo_runtime::local::model::{Routes, Routing, UNROUTED};
 use holo_runtime::local::{Layout, Limits, LocalModel, LocalOptions, Model, Ops};
-use holo_runtime::sampler::{Prompt, Request, SampleParams};
+use holo_runtime::sampler::Request;
 
 use crate::common;
 
@@ -251,14 +251,7 @@ fn scheduler_records_every_token(family: &str) {
     let requests: Vec<Request> = prompts()
         .into_iter()
         .enumerate()
-        .map(|(i, prompt)| Request {
-            prompt: Prompt::Tokens(prompt),
-            params: SampleParams {
-                max_tokens: Some(6 + i as u32),
-                temperature: Some(0.0),
-                ..SampleParams::default()
-            },
-        })
+        .map(|(i, prompt)| common::logits::greedy_request(prompt, 6 + i))
         .collect();
     let completions: Vec<_> = sampler
         .sample_blocking(&requests)
