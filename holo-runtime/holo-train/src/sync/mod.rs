@@ -17,7 +17,7 @@
 //! the server, the step and the cause, with the numbers. Every request has a deadline and says what it
 //! waited for; a connection refused, reset or cut short is retried until the deadline. A server still
 //! unreachable then is dropped from the pool ([`Servers`]: the sampler sends it nothing more) while
-//! another is left, and the run stops, naming it, when it was the last. The sampler ([`RoundRobin`])
+//! another is left, and the run stops, naming it, when it was the last. The sampler ([`LeastOutstanding`])
 //! drops a server the same way when it fails requests and no longer answers `GET /health`, and sends
 //! those requests to the others. At every push a dropped server that answers `GET /health` again is
 //! pushed to and verified like the others, and back in the pool if that succeeds.
@@ -44,7 +44,7 @@ use crate::checkpoint::{self, Weights};
 use crate::error::TrainError;
 use holo_core::openai::{OpenAi, OpenAiConfig};
 use holo_model::{Model, Ops};
-pub use pool::{RoundRobin, Servers};
+pub use pool::{LeastOutstanding, Servers};
 
 /// Below this, a change of the trainer's probe log-probabilities may round away on a server: the
 /// no-op check applies only above it.
@@ -145,7 +145,7 @@ struct Server {
 struct Published {
     name: String,
     /// Its sampler: the name is unloaded once every copy of it has been dropped.
-    sampler: Weak<RoundRobin>,
+    sampler: Weak<LeastOutstanding>,
     /// The servers it was loaded on.
     holders: Vec<usize>,
     /// The folder it was loaded from.
@@ -166,7 +166,7 @@ pub struct WeightSync {
     previous: Option<Vec<f32>>,
     pushes: u64,
     /// The sampler of the latest push's weights (none before the first push).
-    current: Option<Arc<RoundRobin>>,
+    current: Option<Arc<LeastOutstanding>>,
     /// The adapters loaded under names of their own and not yet unloaded, oldest first.
     published: Vec<Published>,
 }
@@ -244,16 +244,19 @@ impl WeightSync {
     }
 
     /// The sampler of the rollouts on the weights of the latest push (none before the first): the
-    /// servers round-robin, each one dropped from the pool (for the sync too) when it no longer
+    /// servers, each request to the one with the fewest outstanding, each one dropped from the pool (for the sync too) when it no longer
     /// answers.
-    pub fn sampler(&self) -> Option<Arc<RoundRobin>> {
+    pub fn sampler(&self) -> Option<Arc<LeastOutstanding>> {
         self.current.clone()
     }
 
     /// A sampler of the weights the latest push loaded, on `holders` (every server in the pool:
     /// `None`). With several servers each tries a failed request twice, not six times, before the
     /// pool asks whether the server is still there.
-    fn round_robin(&self, holders: Option<Vec<usize>>) -> Result<RoundRobin, TrainError> {
+    fn least_outstanding(
+        &self,
+        holders: Option<Vec<usize>>,
+    ) -> Result<LeastOutstanding, TrainError> {
         let several = self.servers.len() > 1;
         let samplers = self
             .servers
@@ -269,7 +272,7 @@ impl WeightSync {
                 .map_err(|error| TrainError::Input(format!("weight sync: {}: {error}", server.url)))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(RoundRobin::new(
+        Ok(LeastOutstanding::new(
             samplers,
             self.servers
                 .iter()
@@ -368,7 +371,7 @@ impl WeightSync {
         self.previous = Some(own);
         self.pushes += 1;
         if let Some(name) = name {
-            let sampler = Arc::new(self.round_robin(Some(holders.clone()))?);
+            let sampler = Arc::new(self.least_outstanding(Some(holders.clone()))?);
             self.published.push(Published {
                 name,
                 sampler: Arc::downgrade(&sampler),
@@ -378,7 +381,7 @@ impl WeightSync {
             self.current = Some(sampler);
             self.unload_dropped().await;
         } else if self.current.is_none() {
-            self.current = Some(Arc::new(self.round_robin(None)?));
+            self.current = Some(Arc::new(self.least_outstanding(None)?));
         }
         pushed.seconds = started.elapsed().as_secs_f64();
         Ok(Some(pushed))

@@ -1,5 +1,6 @@
-//! Rollouts sampled on several OpenAI-compatible servers, round-robin, with the servers that die
-//! dropped and their requests sent to the others.
+//! Rollouts sampled on several OpenAI-compatible servers, each request sent to the server with the
+//! fewest requests outstanding, with the servers that die dropped and their requests sent to the
+//! others.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,8 +10,8 @@ use holo_core::machine::Completion;
 use holo_core::openai::OpenAi;
 use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
 
-/// The rollout servers and which of them are still in the pool, shared by the samplers
-/// ([`RoundRobin`]) and the weight sync ([`super::WeightSync`]): a server either finds unreachable is
+/// The rollout servers, which of them are still in the pool and how many requests each has
+/// outstanding, shared by the samplers ([`LeastOutstanding`]) and the weight sync ([`super::WeightSync`]): a server either finds unreachable is
 /// dropped for both.
 pub struct Servers {
     urls: Vec<String>,
@@ -19,6 +20,9 @@ pub struct Servers {
     /// numbers its own loads (`holo serve` counts an adapter name's), the records carry the trainer's
     /// (optimizer steps taken), so that `async/staleness` is exact on servers too.
     held: Vec<Mutex<Vec<Held>>>,
+    /// Per server, the requests sent to it that have not come back, over every sampler (a push's
+    /// sampler and the one before it may both be sampling while a generation drawn ahead ends).
+    outstanding: Vec<AtomicUsize>,
 }
 
 /// Weights a push loaded on a server: the name requests give as `model`, the version the server
@@ -35,7 +39,28 @@ impl Servers {
     pub fn new(urls: Vec<String>) -> Self {
         let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
         let held = urls.iter().map(|_| Mutex::new(Vec::new())).collect();
-        Servers { urls, alive, held }
+        let outstanding = urls.iter().map(|_| AtomicUsize::new(0)).collect();
+        Servers {
+            urls,
+            alive,
+            held,
+            outstanding,
+        }
+    }
+
+    /// The requests sent to server `index` that have not come back yet.
+    pub fn outstanding(&self, index: usize) -> usize {
+        self.outstanding[index].load(Ordering::SeqCst)
+    }
+
+    /// Counts a request sent to server `index` as outstanding until the guard is dropped (its answer
+    /// is back, or the call was given up).
+    fn send(self: &Arc<Self>, index: usize) -> Outstanding {
+        self.outstanding[index].fetch_add(1, Ordering::SeqCst);
+        Outstanding {
+            servers: Arc::clone(self),
+            index,
+        }
     }
 
     fn held(&self, index: usize) -> std::sync::MutexGuard<'_, Vec<Held>> {
@@ -135,16 +160,32 @@ impl Servers {
     }
 }
 
-/// A [`Sampler`] over several servers holding the same weights: the requests of a batch go to the
-/// servers in the pool in turn, all servers at once. A request that a server fails as unavailable
-/// (after its own retries) while the server no longer answers `GET /health` within `health_timeout`
-/// drops the server from the pool and goes to the next one, so no rollout is lost while a server is
-/// left; a request a healthy server fails keeps its error. A request keeps its seed wherever it goes,
-/// so which server samples it does not change what it samples beyond the last bits of a server's
+/// A request counted as outstanding on a server while it lives ([`Servers::send`]).
+struct Outstanding {
+    servers: Arc<Servers>,
+    index: usize,
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.servers.outstanding[self.index].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A [`Sampler`] over several servers holding the same weights: each request goes to the server in
+/// the pool with the fewest requests outstanding (counted over every sampler of the pool), ties taken
+/// in turn, so that a server that answers slowly is sent fewer: a rollout sends its next request when
+/// its last one is back, and a server keeps about as many requests in flight as the others whatever
+/// its speed, instead of an equal share of them that the slowest one finishes last (vLLM's and
+/// SGLang's routers balance the same way). A request that a server fails as unavailable (after its
+/// own retries) while the server no longer answers `GET /health` within `health_timeout` drops the
+/// server from the pool and goes to another one, so no rollout is lost while a server is left; a
+/// request a healthy server fails keeps its error. A request keeps its seed wherever it goes, so
+/// which server samples it does not change what it samples beyond the last bits of a server's
 /// arithmetic. A completion's `weight_version` is translated from the server's numbering to the
 /// trainer's ([`Servers::step_of`]); a version no push made (weights the trainer did not push) is
 /// left out.
-pub struct RoundRobin {
+pub struct LeastOutstanding {
     samplers: Vec<Arc<OpenAi>>,
     /// What each server's requests name as `model`.
     models: Vec<String>,
@@ -154,10 +195,11 @@ pub struct RoundRobin {
     servers: Arc<Servers>,
     client: reqwest::Client,
     health_timeout: Duration,
+    /// Where the turn of the servers tied for fewest outstanding starts, moved on by every request.
     next: AtomicUsize,
 }
 
-impl RoundRobin {
+impl LeastOutstanding {
     /// One sampler per server of `servers`, in order, each naming its entry of `models`; only
     /// `holders` take requests, when given.
     pub fn new(
@@ -169,7 +211,7 @@ impl RoundRobin {
         health_timeout: Duration,
     ) -> Self {
         assert_eq!(samplers.len(), servers.urls.len(), "one sampler per server");
-        RoundRobin {
+        LeastOutstanding {
             samplers: samplers.into_iter().map(Arc::new).collect(),
             models,
             holders,
@@ -188,9 +230,18 @@ impl RoundRobin {
         }
         live
     }
+
+    /// Of `live` (not empty), the server with the fewest requests outstanding; of those tied, the
+    /// first from `turn` on.
+    fn pick(&self, live: &[usize], turn: usize) -> usize {
+        (0..live.len())
+            .map(|k| live[(turn + k) % live.len()])
+            .min_by_key(|&server| self.servers.outstanding(server))
+            .expect("a live server")
+    }
 }
 
-impl Sampler for RoundRobin {
+impl Sampler for LeastOutstanding {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
         Box::pin(async move {
             let mut results: Vec<Option<Result<Completion, SamplerError>>> =
@@ -207,44 +258,42 @@ impl Sampler for RoundRobin {
                     }
                     break;
                 }
-                let first = self.next.fetch_add(pending.len(), Ordering::Relaxed);
-                let mut shares: Vec<(Vec<usize>, Vec<Request>)> =
-                    vec![(Vec::new(), Vec::new()); live.len()];
-                for (k, &index) in pending.iter().enumerate() {
-                    let share = &mut shares[(first + k) % live.len()];
-                    share.0.push(index);
-                    share.1.push(batch[index].clone());
-                }
+                // One call per request, counted outstanding from the moment it is placed, so that
+                // the next request of the batch sees it, until its answer is back.
                 let mut calls = tokio::task::JoinSet::new();
-                for (&server, (indices, requests)) in live.iter().zip(shares) {
-                    if requests.is_empty() {
-                        continue;
-                    }
+                for index in pending {
+                    let turn = self.next.fetch_add(1, Ordering::Relaxed);
+                    let server = self.pick(&live, turn);
+                    let sent = self.servers.send(server);
                     let sampler = Arc::clone(&self.samplers[server]);
-                    calls.spawn(async move { (server, indices, sampler.sample(&requests).await) });
+                    let request = batch[index].clone();
+                    calls.spawn(async move {
+                        let answer = sampler.sample(std::slice::from_ref(&request)).await;
+                        drop(sent);
+                        (server, index, answer)
+                    });
                 }
                 let mut failed: Vec<(usize, usize, SamplerError)> = Vec::new();
                 while let Some(joined) = calls.join_next().await {
-                    let Ok((server, indices, answers)) = joined else {
-                        // A call cannot panic short of a bug in the sampler: its requests fail.
+                    let Ok((server, index, answers)) = joined else {
+                        // A call cannot panic short of a bug in the sampler: its request fails.
                         continue;
                     };
-                    for (index, answer) in indices.into_iter().zip(answers) {
-                        match answer {
-                            Err(SamplerError::Unavailable(message)) => {
-                                failed.push((server, index, SamplerError::Unavailable(message)))
-                            }
-                            answer => {
-                                results[index] = Some(answer.map(|mut completion| {
-                                    completion.weight_version = self.servers.step_of(
-                                        server,
-                                        &self.models[server],
-                                        completion.weight_version,
-                                    );
-                                    completion
-                                }))
-                            }
+                    match answers.into_iter().next() {
+                        Some(Err(SamplerError::Unavailable(message))) => {
+                            failed.push((server, index, SamplerError::Unavailable(message)))
                         }
+                        Some(answer) => {
+                            results[index] = Some(answer.map(|mut completion| {
+                                completion.weight_version = self.servers.step_of(
+                                    server,
+                                    &self.models[server],
+                                    completion.weight_version,
+                                );
+                                completion
+                            }))
+                        }
+                        None => {}
                     }
                 }
                 pending = Vec::new();

@@ -102,16 +102,17 @@ impl<S: RolloutSource> Trainer<S, Local> {
         self
     }
 
-    /// Samples rollouts on the OpenAI-compatible servers of `options` (round-robin, [`RoundRobin`]) while
-    /// the weights train here, pushing them to every server after each optimizer step and verifying the
-    /// push with a probe ([`crate::sync`]: a LoRA run's adapter by vLLM's `load_lora_adapter`, a full
-    /// fine-tuning's weights by `update_weights_from_disk`, both of which `holo serve` answers). The
-    /// servers' log-probabilities are corrected for as [`Trainer::with_sampler`]'s are. Pushed weights
-    /// are written under `RUN_DIR/sync/`, which the servers must be able to read.
-    ///
-    /// [`RoundRobin`]: crate::sync::RoundRobin
+    /// Samples rollouts on the OpenAI-compatible servers of `options` (each request to the one with
+    /// the fewest outstanding, [`LeastOutstanding`]) while the weights train here, pushing them to
+    /// every server after each optimizer step and verifying the push with a probe ([`crate::sync`]: a
+    /// LoRA run's adapter by vLLM's `load_lora_adapter`, a full fine-tuning's weights by
+    /// `update_weights_from_disk`, both of which `holo serve` answers). The servers'
+    /// log-probabilities are corrected for as [`Trainer::with_sampler`]'s are. Pushed weights are
+    /// written under `RUN_DIR/sync/`, which the servers must be able to read.
     /// When the loop samples ahead of its steps (`max_off_policy_steps`), a LoRA adapter is loaded
     /// under a name of its own at each push ([`crate::sync::SyncOptions::versioned`]).
+    ///
+    /// [`LeastOutstanding`]: crate::sync::LeastOutstanding
     pub fn with_rollout_servers(mut self, mut options: crate::sync::SyncOptions) -> Self {
         options.versioned |= self.config.max_off_policy_steps > 0;
         self.backend.rollout = Some((options, self.run.path.join("sync")));

@@ -93,7 +93,7 @@ pub struct TrainArgs {
     /// Sample the rollouts on this OpenAI-compatible server (`holo serve`, vLLM) instead of in process,
     /// pushing the trained weights to it after every optimizer step and verifying them there with a
     /// probe (TRL's `vllm_mode = "server"` with `vllm_server_base_url`). Repeat it for several servers,
-    /// which take the requests in turn. A LoRA run loads its adapter as `holo-policy`; a full
+    /// each request going to the one with the fewest outstanding. A LoRA run loads its adapter as `holo-policy`; a full
     /// fine-tuning replaces the served weights. The servers read the pushed weights from RUN_DIR/sync.
     #[arg(long = "vllm-server-base-url", value_name = "URL")]
     pub vllm_server_base_url: Vec<String>,

@@ -1,0 +1,140 @@
+//! The rollout servers' sampler ([`LeastOutstanding`]) against two fake OpenAI-compatible servers, one
+//! of which holds its requests: requests go to the server with the fewest outstanding, so a slow
+//! server does not hold up the rollouts a fast one could sample.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use holo_runtime::train::sync::{LeastOutstanding, Servers};
+use holo_runtime::{OpenAi, OpenAiConfig, Prompt, Request, SampleParams, Sampler};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::common::http::read_request;
+
+/// How long the test waits for any one event before it fails (nothing here takes more than a few
+/// milliseconds when it works).
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A fake completions server: it answers every request with one token, at once, or, while `hold`
+/// is true, once the test sets it false; each request is counted and announced on `arrived`.
+struct Fake {
+    url: String,
+    answered: Arc<AtomicUsize>,
+}
+
+async fn fake(hold: watch::Receiver<bool>, arrived: mpsc::UnboundedSender<()>) -> Fake {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answered = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&answered);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (mut hold, arrived, counted) = (hold.clone(), arrived.clone(), counted.clone());
+            tokio::spawn(async move {
+                while let Some(request) = read_request(&mut stream).await {
+                    assert_eq!(request.path, "/v1/completions");
+                    let _ = arrived.send(());
+                    if hold.wait_for(|held| !held).await.is_err() {
+                        return;
+                    }
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let body = r#"{"choices":[{"index":0,"text":"x","finish_reason":"length"}]}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Fake { url, answered }
+}
+
+fn request() -> Request {
+    Request {
+        prompt: Prompt::Text("hi".into()),
+        params: SampleParams {
+            max_tokens: Some(1),
+            ..SampleParams::default()
+        },
+    }
+}
+
+/// Samples `batch` within the deadline, every answer a completion.
+async fn sampled(sampler: &LeastOutstanding, batch: &[Request], what: &str) {
+    let answers = tokio::time::timeout(DEADLINE, sampler.sample(batch))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {DEADLINE:?}"));
+    for answer in answers {
+        answer.unwrap_or_else(|error| panic!("{what}: {error}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_server_with_the_fewest_outstanding() {
+    let (release, held) = watch::channel(true);
+    let (_free, free) = watch::channel(false);
+    let (arrived_slow, mut at_slow) = mpsc::unbounded_channel();
+    let (arrived_fast, _at_fast) = mpsc::unbounded_channel();
+    let slow = fake(held, arrived_slow).await;
+    let fast = fake(free, arrived_fast).await;
+    let urls = vec![slow.url.clone(), fast.url.clone()];
+    let servers = Arc::new(Servers::new(urls.clone()));
+    let samplers = urls
+        .iter()
+        .map(|url| OpenAi::new(OpenAiConfig::new(url, "m")).unwrap())
+        .collect();
+    let sampler = Arc::new(LeastOutstanding::new(
+        samplers,
+        vec!["m".into(), "m".into()],
+        None,
+        Arc::clone(&servers),
+        reqwest::Client::new(),
+        Duration::from_secs(5),
+    ));
+
+    // Both idle: the first request goes to the first server, which holds it.
+    let first = tokio::spawn({
+        let sampler = Arc::clone(&sampler);
+        async move { sampled(&sampler, &[request()], "the held request").await }
+    });
+    tokio::time::timeout(DEADLINE, at_slow.recv())
+        .await
+        .expect("the first request reaches the first server")
+        .unwrap();
+    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
+
+    // While it is held, one rollout's requests after another go to the other server: taken in turn,
+    // every second one would wait behind the held one (and this would time out).
+    for turn in 0..6 {
+        sampled(&sampler, &[request()], &format!("request {turn}")).await;
+    }
+    assert_eq!(fast.answered.load(Ordering::SeqCst), 6);
+    assert_eq!(slow.answered.load(Ordering::SeqCst), 0);
+    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
+    assert!(at_slow.try_recv().is_err(), "nothing more was sent to the held server");
+
+    // Released, it answers; a batch then splits evenly between the two idle servers.
+    release.send(false).unwrap();
+    tokio::time::timeout(DEADLINE, first)
+        .await
+        .expect("the held request is answered once released")
+        .unwrap();
+    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+    let batch: Vec<Request> = (0..4).map(|_| request()).collect();
+    sampled(&sampler, &batch, "the batch").await;
+    assert_eq!(slow.answered.load(Ordering::SeqCst), 1 + 2);
+    assert_eq!(fast.answered.load(Ordering::SeqCst), 6 + 2);
+    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+}
