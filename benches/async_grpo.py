@@ -6,6 +6,7 @@ Usage: benches/async_grpo.py [--holo PATH] [--work DIR] [--ks 0,1,2] [--seeds 3]
                              [--mode inproc|server] [--arch qwen2] [--preset tiny]
                              [--hol benches/arith.hol] [--correction on|off] [--learning-rate 5e-4]
                              [--max-completion-length 96] [--loss-type dapo]
+                             [--servers 1] [--slow-delay 0] [--server-concurrency 64]
 
 - model: a random folder from `holo init-model --arch ARCH --preset PRESET`;
 - runs: `benches/arith.hol` (or `--hol`: `benches/spread.hol` ends each reply at a punctuation token, so a
@@ -14,7 +15,11 @@ Usage: benches/async_grpo.py [--holo PATH] [--work DIR] [--ks 0,1,2] [--seeds 3]
   fine-tuning, TRL's importance-sampling correction (`--correction off` leaves it out);
 - `--mode inproc`: the trainer samples in process (k > 0: snapshots of the weights on a thread of their
   own); `--mode server`: the trainer on core 0 (`taskset -c 0`) samples on a `holo serve` on core 1
-  (`taskset -c 1`), pushing its weights after every step;
+  (`taskset -c 1`), pushing its weights after every step; `--servers 2` starts two, both on core 1, each
+  behind a counting proxy, the last one's proxy answering its rollouts one at a time, each `--slow-delay`
+  seconds after the server did (a server that samples one rollout per `--slow-delay` seconds); `--server-concurrency` is the trainer's
+  `--vllm-server-concurrency` (requests a server runs at once; the others wait at the trainer for the
+  first server done with one), and each run reports how many rollout requests each server took;
 - per run: seconds per step after the first (the first loads and compiles nothing, but starts the
   pipeline), the mean reward of the last third of the steps, the mean of `sampling/mismatch_kl`, the
   largest importance ratio, the share of ratios corrected, the mean `async/staleness`;
@@ -27,6 +32,7 @@ Wall-clock figures on a shared machine move with its load: compare the rows of o
 """
 
 import argparse
+import http.server
 import json
 import os
 import random
@@ -34,7 +40,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,9 +88,64 @@ def start_server(holo, model, work):
     sys.exit(f"holo serve did not answer {base}/health within 120 s (see {log.name})")
 
 
+class Proxy:
+    """A proxy in front of `base` on its own threads that counts the rollout requests (completions asking
+    for tokens) it forwards; with a `delay`, it answers them one at a time, each `delay` seconds after
+    the server did: a server that samples one rollout per `delay` seconds, whatever it is sent."""
+
+    def __init__(self, base, delay):
+        self.rollouts = 0
+        self.lock = threading.Lock()
+        self.one_at_a_time = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def forward(self):
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                rollout = False
+                if self.path.endswith("/completions") and body:
+                    rollout = json.loads(body).get("max_tokens") != 0
+                request = urllib.request.Request(base + self.path, data=body, method=self.command,
+                                                 headers={"content-type": "application/json"})
+                if rollout:
+                    with proxy.lock:
+                        proxy.rollouts += 1
+                slow = rollout and delay > 0
+                if slow:
+                    proxy.one_at_a_time.acquire()
+                try:
+                    with urllib.request.urlopen(request, timeout=600) as answer:
+                        status, headers, data = answer.status, answer.headers, answer.read()
+                except urllib.error.HTTPError as error:
+                    status, headers, data = error.code, error.headers, error.read()
+                if slow:
+                    time.sleep(delay)
+                    proxy.one_at_a_time.release()
+                self.send_response(status)
+                for name in ("content-type", "x-holo-weight-version"):
+                    if headers.get(name):
+                        self.send_header(name, headers[name])
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
 def run(args, model, rows, k, seed):
     tag = os.path.splitext(os.path.basename(args.hol))[0]
-    out = os.path.join(args.work, f"{args.mode}-{tag}-{args.correction}-k{k}-seed{seed}")
+    out = os.path.join(args.work, f"{args.mode}{args.servers}-{tag}-{args.correction}-k{k}-seed{seed}")
     shutil.rmtree(out, ignore_errors=True)
     command = [args.holo, "train", args.hol, "--model", model, "--data", rows, "--out", out,
                "--max-steps", str(args.steps), "--num-generations", "8",
@@ -93,16 +156,26 @@ def run(args, model, rows, k, seed):
                "--loss-type", args.loss_type]
     if args.correction == "off" and args.loss_type != "dppo":
         command += ["--vllm-importance-sampling-correction", "false"]
-    server = None
+    servers, proxies = [], []
     if args.mode == "server":
-        server, base = start_server(args.holo, model, args.work)
-        command = ["taskset", "-c", "0"] + command + ["--vllm-server-base-url", base]
+        command = ["taskset", "-c", "0"] + command
+        for index in range(args.servers):
+            server, base = start_server(args.holo, model, args.work)
+            servers.append(server)
+            if args.servers > 1:
+                slow = index == args.servers - 1
+                proxies.append(Proxy(base, args.slow_delay if slow else 0.0))
+                base = proxies[-1].base
+            command += ["--vllm-server-base-url", base]
+        command += ["--vllm-server-concurrency", str(args.server_concurrency)]
     try:
         done = subprocess.run(command, capture_output=True, text=True)
     finally:
-        if server:
+        for server in servers:
             server.kill()
             server.wait()
+        for proxy in proxies:
+            proxy.close()
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)}\n{done.stderr[-3000:]}")
     metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -128,6 +201,7 @@ def run(args, model, rows, k, seed):
         "p5": percentile(0.05),
         "p95": percentile(0.95),
         "lengths": lengths,
+        "rollouts_per_server": [proxy.rollouts for proxy in proxies],
     }
 
 
@@ -160,6 +234,9 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--max-completion-length", type=int, default=96)
     parser.add_argument("--loss-type", default="dapo")
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--slow-delay", type=float, default=0.0)
+    parser.add_argument("--server-concurrency", type=int, default=64)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -176,7 +253,9 @@ def main():
                   f"{r['reward_last_third']:.3f}, mismatch_kl {r['mismatch_kl']:.2e}, max ratio "
                   f"{r['max_ratio']:.3f}, corrected {r['corrected']:.3f}, staleness {r['staleness']:.2f}, "
                   f"{r['rollouts']} rollouts, lengths p5 {r['p5']} "
-                  f"p95 {r['p95']}", flush=True)
+                  f"p95 {r['p95']}"
+                  + (f", rollout requests per server {r['rollouts_per_server']}"
+                     if r["rollouts_per_server"] else ""), flush=True)
     print(f"\n| mode | k | s/step (mean of {args.seeds} seeds) | × synchronous | reward, last third "
           f"(min–max) | mismatch KL | max ratio | corrected | KS vs k=0 (max) |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -1,6 +1,7 @@
 //! The rollout servers' sampler ([`LeastOutstanding`]) against two fake OpenAI-compatible servers, one
-//! of which holds its requests: requests go to the server with the fewest outstanding, so a slow
-//! server does not hold up the rollouts a fast one could sample.
+//! of which holds its requests: requests go to the server with the fewest outstanding, and wait for
+//! room rather than queue on a full server, so a slow server does not hold up the rollouts a fast one
+//! could sample.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -81,16 +82,28 @@ async fn sampled(sampler: &LeastOutstanding, batch: &[Request], what: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_go_to_the_server_with_the_fewest_outstanding() {
+/// Two fake servers, the first holding its requests while `held` is true, under one sampler whose
+/// servers run `capacity` requests at once; requests arriving at each are announced on the receivers.
+struct Pool {
+    slow: Fake,
+    fast: Fake,
+    servers: Arc<Servers>,
+    sampler: Arc<LeastOutstanding>,
+    release: watch::Sender<bool>,
+    at_slow: mpsc::UnboundedReceiver<()>,
+    at_fast: mpsc::UnboundedReceiver<()>,
+    _free: watch::Sender<bool>,
+}
+
+async fn pool(capacity: usize) -> Pool {
     let (release, held) = watch::channel(true);
-    let (_free, free) = watch::channel(false);
-    let (arrived_slow, mut at_slow) = mpsc::unbounded_channel();
-    let (arrived_fast, _at_fast) = mpsc::unbounded_channel();
+    let (free_sender, free) = watch::channel(false);
+    let (arrived_slow, at_slow) = mpsc::unbounded_channel();
+    let (arrived_fast, at_fast) = mpsc::unbounded_channel();
     let slow = fake(held, arrived_slow).await;
     let fast = fake(free, arrived_fast).await;
     let urls = vec![slow.url.clone(), fast.url.clone()];
-    let servers = Arc::new(Servers::new(urls.clone()));
+    let servers = Arc::new(Servers::new(urls.clone(), capacity));
     let samplers = urls
         .iter()
         .map(|url| OpenAi::new(OpenAiConfig::new(url, "m")).unwrap())
@@ -103,16 +116,43 @@ async fn requests_go_to_the_server_with_the_fewest_outstanding() {
         reqwest::Client::new(),
         Duration::from_secs(5),
     ));
+    Pool {
+        slow,
+        fast,
+        servers,
+        sampler,
+        release,
+        at_slow,
+        at_fast,
+        _free: free_sender,
+    }
+}
+
+async fn arrival(at: &mut mpsc::UnboundedReceiver<()>, what: &str) {
+    tokio::time::timeout(DEADLINE, at.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing arrived within {DEADLINE:?}"))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_server_with_the_fewest_outstanding() {
+    let Pool {
+        slow,
+        fast,
+        servers,
+        sampler,
+        release,
+        mut at_slow,
+        ..
+    } = pool(8).await;
 
     // Both idle: the first request goes to the first server, which holds it.
     let first = tokio::spawn({
         let sampler = Arc::clone(&sampler);
         async move { sampled(&sampler, &[request()], "the held request").await }
     });
-    tokio::time::timeout(DEADLINE, at_slow.recv())
-        .await
-        .expect("the first request reaches the first server")
-        .unwrap();
+    arrival(&mut at_slow, "the first request at the first server").await;
     assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
 
     // While it is held, one rollout's requests after another go to the other server: taken in turn,
@@ -123,7 +163,10 @@ async fn requests_go_to_the_server_with_the_fewest_outstanding() {
     assert_eq!(fast.answered.load(Ordering::SeqCst), 6);
     assert_eq!(slow.answered.load(Ordering::SeqCst), 0);
     assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
-    assert!(at_slow.try_recv().is_err(), "nothing more was sent to the held server");
+    assert!(
+        at_slow.try_recv().is_err(),
+        "nothing more was sent to the held server"
+    );
 
     // Released, it answers; a batch then splits evenly between the two idle servers.
     release.send(false).unwrap();
@@ -136,5 +179,45 @@ async fn requests_go_to_the_server_with_the_fewest_outstanding() {
     sampled(&sampler, &batch, "the batch").await;
     assert_eq!(slow.answered.load(Ordering::SeqCst), 1 + 2);
     assert_eq!(fast.answered.load(Ordering::SeqCst), 6 + 2);
+    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waits_for_room_and_goes_to_the_server_done_first() {
+    // One request at a time on each server: of a batch of five, the held server takes one and the
+    // other the four others, one after another. Split on arrival (three and two), the held server's
+    // second would wait behind its first and the other server would see only two or three.
+    let Pool {
+        slow,
+        fast,
+        servers,
+        sampler,
+        release,
+        mut at_slow,
+        mut at_fast,
+        ..
+    } = pool(1).await;
+    let batch = tokio::spawn({
+        let sampler = Arc::clone(&sampler);
+        async move {
+            let batch: Vec<Request> = (0..5).map(|_| request()).collect();
+            sampled(&sampler, &batch, "the batch").await
+        }
+    });
+    arrival(&mut at_slow, "the batch's first request at the held server").await;
+    for turn in 0..4 {
+        arrival(&mut at_fast, &format!("request {turn} of the others")).await;
+    }
+    assert!(
+        at_slow.try_recv().is_err(),
+        "one request on the held server"
+    );
+    release.send(false).unwrap();
+    tokio::time::timeout(DEADLINE, batch)
+        .await
+        .expect("the batch is answered once the held server is released")
+        .unwrap();
+    assert_eq!(slow.answered.load(Ordering::SeqCst), 1);
+    assert_eq!(fast.answered.load(Ordering::SeqCst), 4);
     assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
 }

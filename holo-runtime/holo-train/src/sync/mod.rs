@@ -73,6 +73,10 @@ pub struct SyncOptions {
     pub timeout: Duration,
     /// The probe's tokens (default: 16 ids spread over the vocabulary).
     pub probe: Option<Vec<u32>>,
+    /// Rollout requests a server runs at once at most (default 64, `holo serve`'s `--max-num-seqs`;
+    /// give a vLLM server's `--max-num-seqs`): the others wait at the trainer and go to the first
+    /// server done with one, so a faster server takes more of them ([`LeastOutstanding`]).
+    pub concurrency: usize,
 }
 
 impl SyncOptions {
@@ -84,6 +88,7 @@ impl SyncOptions {
             tolerance: 1e-3,
             timeout: Duration::from_secs(240),
             probe: None,
+            concurrency: 64,
         }
     }
 }
@@ -198,7 +203,7 @@ impl WeightSync {
             dir,
             client,
             servers: Vec::new(),
-            pool: Arc::new(Servers::new(Vec::new())),
+            pool: Arc::new(Servers::new(Vec::new(), options.concurrency)),
             lora,
             probe,
             previous: None,
@@ -239,7 +244,7 @@ impl WeightSync {
             .iter()
             .map(|server| server.url.clone())
             .collect();
-        sync.pool = Arc::new(Servers::new(urls));
+        sync.pool = Arc::new(Servers::new(urls, sync.options.concurrency));
         Ok(sync)
     }
 
@@ -267,6 +272,7 @@ impl WeightSync {
                     proxy_from_env: false,
                     request_timeout: self.options.timeout,
                     max_retries: if several { 2 } else { defaults.max_retries },
+                    max_concurrency: self.options.concurrency.max(1),
                     ..defaults
                 })
                 .map_err(|error| TrainError::Input(format!("weight sync: {}: {error}", server.url)))

@@ -1,10 +1,12 @@
 //! Rollouts sampled on several OpenAI-compatible servers, each request sent to the server with the
-//! fewest requests outstanding, with the servers that die dropped and their requests sent to the
-//! others.
+//! fewest requests outstanding once one has room for it, with the servers that die dropped and their
+//! requests sent to the others.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use holo_core::machine::Completion;
 use holo_core::openai::OpenAi;
@@ -22,7 +24,12 @@ pub struct Servers {
     held: Vec<Mutex<Vec<Held>>>,
     /// Per server, the requests sent to it that have not come back, over every sampler (a push's
     /// sampler and the one before it may both be sampling while a generation drawn ahead ends).
-    outstanding: Vec<AtomicUsize>,
+    outstanding: Mutex<Vec<usize>>,
+    /// The requests a server runs at once at most: the others wait here, not in a server's queue,
+    /// so that they go to whichever server is done with one first.
+    capacity: usize,
+    /// Told when a request comes back or the pool changes: requests waiting for room look again.
+    changed: Notify,
 }
 
 /// Weights a push loaded on a server: the name requests give as `model`, the version the server
@@ -36,30 +43,71 @@ struct Held {
 }
 
 impl Servers {
-    pub fn new(urls: Vec<String>) -> Self {
+    /// The servers at `urls`, each running at most `capacity` requests at once (at least 1).
+    pub fn new(urls: Vec<String>, capacity: usize) -> Self {
         let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
         let held = urls.iter().map(|_| Mutex::new(Vec::new())).collect();
-        let outstanding = urls.iter().map(|_| AtomicUsize::new(0)).collect();
+        let outstanding = Mutex::new(vec![0; urls.len()]);
         Servers {
             urls,
             alive,
             held,
             outstanding,
+            capacity: capacity.max(1),
+            changed: Notify::new(),
         }
     }
 
     /// The requests sent to server `index` that have not come back yet.
     pub fn outstanding(&self, index: usize) -> usize {
-        self.outstanding[index].load(Ordering::SeqCst)
+        self.counts()[index]
     }
 
-    /// Counts a request sent to server `index` as outstanding until the guard is dropped (its answer
-    /// is back, or the call was given up).
-    fn send(self: &Arc<Self>, index: usize) -> Outstanding {
-        self.outstanding[index].fetch_add(1, Ordering::SeqCst);
-        Outstanding {
-            servers: Arc::clone(self),
-            index,
+    /// The requests a server runs at once at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Sends a request to one of `live`: the one with the fewest requests outstanding among those
+    /// with room for one more, of those tied the first from `turn` on; it counts as outstanding
+    /// there until the guard is dropped (its answer is back, or the call was given up). Waits while
+    /// every one is full; `None` when none of `live` is in the pool any more. The wait ends: a slot
+    /// frees when a request comes back, and every request has its deadline.
+    async fn send(self: &Arc<Self>, live: &[usize], turn: usize) -> Option<Outstanding> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so that a slot freed meanwhile wakes this wait.
+            changed.as_mut().enable();
+            let live: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&index| self.alive(index))
+                .collect();
+            if live.is_empty() {
+                return None;
+            }
+            {
+                let mut counts = self.counts();
+                let roomiest = (0..live.len())
+                    .map(|k| live[(turn + k) % live.len()])
+                    .filter(|&index| counts[index] < self.capacity)
+                    .min_by_key(|&index| counts[index]);
+                if let Some(index) = roomiest {
+                    counts[index] += 1;
+                    return Some(Outstanding {
+                        servers: Arc::clone(self),
+                        index,
+                    });
+                }
+            }
+            changed.await;
         }
     }
 
@@ -128,6 +176,7 @@ impl Servers {
     /// Takes server `index`, dropped before, back into the pool, saying so on stderr.
     pub fn rejoin(&self, index: usize) {
         if !self.alive[index].swap(true, Ordering::SeqCst) {
+            self.changed.notify_waiters();
             eprintln!(
                 "note: rollout server {} is back in the pool ({} in it)",
                 self.urls[index],
@@ -151,6 +200,7 @@ impl Servers {
     /// Drops server `index` from the pool, saying so on stderr (once) with `why`.
     pub fn drop_server(&self, index: usize, why: &str) {
         if self.alive[index].swap(false, Ordering::SeqCst) {
+            self.changed.notify_waiters();
             eprintln!(
                 "warning: rollout server {} dropped from the pool ({} left): {why}",
                 self.urls[index],
@@ -168,16 +218,18 @@ struct Outstanding {
 
 impl Drop for Outstanding {
     fn drop(&mut self) {
-        self.servers.outstanding[self.index].fetch_sub(1, Ordering::SeqCst);
+        self.servers.counts()[self.index] -= 1;
+        self.servers.changed.notify_waiters();
     }
 }
 
 /// A [`Sampler`] over several servers holding the same weights: each request goes to the server in
 /// the pool with the fewest requests outstanding (counted over every sampler of the pool), ties taken
-/// in turn, so that a server that answers slowly is sent fewer: a rollout sends its next request when
-/// its last one is back, and a server keeps about as many requests in flight as the others whatever
-/// its speed, instead of an equal share of them that the slowest one finishes last (vLLM's and
-/// SGLang's routers balance the same way). A request that a server fails as unavailable (after its
+/// in turn, among those running fewer than [`Servers::capacity`]; when every server is full it waits
+/// here and goes to the first one done with a request. So a server that answers slowly is sent
+/// fewer, in proportion to its speed, instead of an equal share of the generation that it finishes
+/// last: requests wait at the trainer, where any server can take them, rather than in one server's
+/// queue. A request that a server fails as unavailable (after its
 /// own retries) while the server no longer answers `GET /health` within `health_timeout` drops the
 /// server from the pool and goes to another one, so no rollout is lost while a server is left; a
 /// request a healthy server fails keeps its error. A request keeps its seed wherever it goes, so
@@ -230,15 +282,6 @@ impl LeastOutstanding {
         }
         live
     }
-
-    /// Of `live` (not empty), the server with the fewest requests outstanding; of those tied, the
-    /// first from `turn` on.
-    fn pick(&self, live: &[usize], turn: usize) -> usize {
-        (0..live.len())
-            .map(|k| live[(turn + k) % live.len()])
-            .min_by_key(|&server| self.servers.outstanding(server))
-            .expect("a live server")
-    }
 }
 
 impl Sampler for LeastOutstanding {
@@ -261,10 +304,14 @@ impl Sampler for LeastOutstanding {
                 // One call per request, counted outstanding from the moment it is placed, so that
                 // the next request of the batch sees it, until its answer is back.
                 let mut calls = tokio::task::JoinSet::new();
+                let mut unplaced = Vec::new();
                 for index in pending {
                     let turn = self.next.fetch_add(1, Ordering::Relaxed);
-                    let server = self.pick(&live, turn);
-                    let sent = self.servers.send(server);
+                    let Some(sent) = self.servers.send(&live, turn).await else {
+                        unplaced.push(index);
+                        continue;
+                    };
+                    let server = sent.index;
                     let sampler = Arc::clone(&self.samplers[server]);
                     let request = batch[index].clone();
                     calls.spawn(async move {
@@ -296,7 +343,8 @@ impl Sampler for LeastOutstanding {
                         None => {}
                     }
                 }
-                pending = Vec::new();
+                // Left when the servers it could go to were dropped meanwhile: the loop looks again.
+                pending = unplaced;
                 for (server, index, error) in failed {
                     if self.servers.alive(server)
                         && self

@@ -203,6 +203,7 @@ fn train<S: RolloutSource>(
         trainer = trainer.with_rollout_servers(SyncOptions {
             timeout: std::time::Duration::from_secs_f64(args.vllm_server_timeout),
             tolerance: args.weight_sync_tolerance,
+            concurrency: args.vllm_server_concurrency as usize,
             ..SyncOptions::new(args.vllm_server_base_url.clone())
         });
     }

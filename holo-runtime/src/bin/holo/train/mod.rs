@@ -93,14 +93,19 @@ pub struct TrainArgs {
     /// Sample the rollouts on this OpenAI-compatible server (`holo serve`, vLLM) instead of in process,
     /// pushing the trained weights to it after every optimizer step and verifying them there with a
     /// probe (TRL's `vllm_mode = "server"` with `vllm_server_base_url`). Repeat it for several servers,
-    /// each request going to the one with the fewest outstanding. A LoRA run loads its adapter as `holo-policy`; a full
-    /// fine-tuning replaces the served weights. The servers read the pushed weights from RUN_DIR/sync.
+    /// each request going to the one with the fewest outstanding. A LoRA run loads its adapter as
+    /// `holo-policy`; a full fine-tuning replaces the served weights. The servers read the pushed weights from RUN_DIR/sync.
     #[arg(long = "vllm-server-base-url", value_name = "URL")]
     pub vllm_server_base_url: Vec<String>,
     /// Seconds every request to a rollout server may take, retries of a refused connection included
     /// (TRL's `vllm_server_timeout`).
     #[arg(long, default_value_t = 240.0, value_parser = crate::positive_seconds)]
     pub vllm_server_timeout: f64,
+    /// Rollout requests each server runs at once at most (`holo serve`'s `--max-num-seqs` by default;
+    /// give a vLLM server's). The others wait here and go to the first server done with one, so a
+    /// faster server takes more of them.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub vllm_server_concurrency: u32,
     /// The largest difference allowed between a rollout server's log-probabilities of the sync probe and
     /// the trainer's own (raise it for a bf16 server).
     #[arg(long, default_value_t = 1e-3)]
