@@ -95,6 +95,13 @@ struct Pool {
     _free: watch::Sender<bool>,
 }
 
+impl Pool {
+    /// The requests outstanding on the held server and on the other.
+    fn outstanding(&self) -> (usize, usize) {
+        (self.servers.outstanding(0), self.servers.outstanding(1))
+    }
+}
+
 async fn pool(capacity: usize) -> Pool {
     let (release, held) = watch::channel(true);
     let (free_sender, free) = watch::channel(false);
@@ -135,51 +142,58 @@ async fn arrival(at: &mut mpsc::UnboundedReceiver<()>, what: &str) {
         .unwrap();
 }
 
+/// Samples a batch of `size` requests on a task of its own.
+fn spawn_batch(
+    sampler: &Arc<LeastOutstanding>,
+    size: usize,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let sampler = Arc::clone(sampler);
+    tokio::spawn(async move {
+        let batch: Vec<Request> = (0..size).map(|_| request()).collect();
+        sampled(&sampler, &batch, what).await
+    })
+}
+
+/// Lets the held server answer, and waits for `task`'s requests to be answered.
+async fn release_for(release: &watch::Sender<bool>, task: tokio::task::JoinHandle<()>) {
+    release.send(false).unwrap();
+    tokio::time::timeout(DEADLINE, task)
+        .await
+        .expect("answered once the held server is released")
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_server_with_the_fewest_outstanding() {
-    let Pool {
-        slow,
-        fast,
-        servers,
-        sampler,
-        release,
-        mut at_slow,
-        ..
-    } = pool(8).await;
+    let mut pool = pool(8).await;
 
     // Both idle: the first request goes to the first server, which holds it.
-    let first = tokio::spawn({
-        let sampler = Arc::clone(&sampler);
-        async move { sampled(&sampler, &[request()], "the held request").await }
-    });
-    arrival(&mut at_slow, "the first request at the first server").await;
-    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
+    let first = spawn_batch(&pool.sampler, 1, "the held request");
+    arrival(&mut pool.at_slow, "the first request at the first server").await;
+    assert_eq!(pool.outstanding(), (1, 0));
 
     // While it is held, one rollout's requests after another go to the other server: taken in turn,
     // every second one would wait behind the held one (and this would time out).
     for turn in 0..6 {
-        sampled(&sampler, &[request()], &format!("request {turn}")).await;
+        sampled(&pool.sampler, &[request()], &format!("request {turn}")).await;
     }
-    assert_eq!(fast.answered.load(Ordering::SeqCst), 6);
-    assert_eq!(slow.answered.load(Ordering::SeqCst), 0);
-    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (1, 0));
+    assert_eq!(pool.fast.answered.load(Ordering::SeqCst), 6);
+    assert_eq!(pool.slow.answered.load(Ordering::SeqCst), 0);
+    assert_eq!(pool.outstanding(), (1, 0));
     assert!(
-        at_slow.try_recv().is_err(),
+        pool.at_slow.try_recv().is_err(),
         "nothing more was sent to the held server"
     );
 
     // Released, it answers; a batch then splits evenly between the two idle servers.
-    release.send(false).unwrap();
-    tokio::time::timeout(DEADLINE, first)
-        .await
-        .expect("the held request is answered once released")
-        .unwrap();
-    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+    release_for(&pool.release, first).await;
+    assert_eq!(pool.outstanding(), (0, 0));
     let batch: Vec<Request> = (0..4).map(|_| request()).collect();
-    sampled(&sampler, &batch, "the batch").await;
-    assert_eq!(slow.answered.load(Ordering::SeqCst), 1 + 2);
-    assert_eq!(fast.answered.load(Ordering::SeqCst), 6 + 2);
-    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+    sampled(&pool.sampler, &batch, "the batch").await;
+    assert_eq!(pool.slow.answered.load(Ordering::SeqCst), 1 + 2);
+    assert_eq!(pool.fast.answered.load(Ordering::SeqCst), 6 + 2);
+    assert_eq!(pool.outstanding(), (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,37 +201,22 @@ async fn a_batch_waits_for_room_and_goes_to_the_server_done_first() {
     // One request at a time on each server: of a batch of five, the held server takes one and the
     // other the four others, one after another. Split on arrival (three and two), the held server's
     // second would wait behind its first and the other server would see only two or three.
-    let Pool {
-        slow,
-        fast,
-        servers,
-        sampler,
-        release,
-        mut at_slow,
-        mut at_fast,
-        ..
-    } = pool(1).await;
-    let batch = tokio::spawn({
-        let sampler = Arc::clone(&sampler);
-        async move {
-            let batch: Vec<Request> = (0..5).map(|_| request()).collect();
-            sampled(&sampler, &batch, "the batch").await
-        }
-    });
-    arrival(&mut at_slow, "the batch's first request at the held server").await;
+    let mut pool = pool(1).await;
+    let batch = spawn_batch(&pool.sampler, 5, "the batch");
+    arrival(
+        &mut pool.at_slow,
+        "the batch's first request at the held server",
+    )
+    .await;
     for turn in 0..4 {
-        arrival(&mut at_fast, &format!("request {turn} of the others")).await;
+        arrival(&mut pool.at_fast, &format!("request {turn} of the others")).await;
     }
     assert!(
-        at_slow.try_recv().is_err(),
+        pool.at_slow.try_recv().is_err(),
         "one request on the held server"
     );
-    release.send(false).unwrap();
-    tokio::time::timeout(DEADLINE, batch)
-        .await
-        .expect("the batch is answered once the held server is released")
-        .unwrap();
-    assert_eq!(slow.answered.load(Ordering::SeqCst), 1);
-    assert_eq!(fast.answered.load(Ordering::SeqCst), 4);
-    assert_eq!((servers.outstanding(0), servers.outstanding(1)), (0, 0));
+    release_for(&pool.release, batch).await;
+    assert_eq!(pool.slow.answered.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.fast.answered.load(Ordering::SeqCst), 4);
+    assert_eq!(pool.outstanding(), (0, 0));
 }
