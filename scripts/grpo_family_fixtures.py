@@ -22,8 +22,8 @@ crosses the fixtures' 4-token sliding windows. TRL enables the mixture-of-expert
 itself (their configs have `output_router_logits`; `router_aux_loss_coef` 0.001), added to each micro-batch's
 loss divided by the accumulation steps, and logs it as `aux_loss`.
 
-Gradients: for every parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named in GRAD_PARAMS (what is
-particular to the family, plus the embeddings) also the first entries and the seeded sample of
+Gradients: for every parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named
+in GRAD_PARAMS (what is particular to the family) also the first entries and the seeded sample of
 `fixture_gradients.grad_sample`, as `grpo_fixtures.py` records them.
 """
 
