@@ -22,7 +22,13 @@ crosses the fixtures' 4-token sliding windows. TRL enables the mixture-of-expert
 itself (their configs have `output_router_logits`; `router_aux_loss_coef` 0.001), added to each micro-batch's
 loss divided by the accumulation steps, and logs it as `aux_loss`.
 
-Gradients: for every parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named
+LoRA: one more case, `qwen3_moe_lora`, trains PEFT's adapters of `qwen3_moe/moe_lora/` (committed by
+`scripts/moe_lora_fixtures.py`: rank 2 on `q_proj` and, as `target_parameters`, on both expert stacks, every A
+and B nonzero) with the base frozen: the model TRL gets is `PeftModel.from_pretrained(base, folder,
+is_trainable=True)`, and its gradients are recorded under the names PEFT saves the adapters by
+(`get_peft_model_state_dict`'s: the adapter name `.default` left out), which are ours.
+
+Gradients: for every trained parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named
 in GRAD_PARAMS (what is particular to the family) also the first entries and the seeded sample of
 `fixture_gradients.grad_sample`, as `grpo_fixtures.py` records them.
 """
@@ -32,6 +38,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 import tempfile
+
+from peft import PeftModel
 
 from grpo_fixtures import (
     ROOT,
@@ -53,6 +61,19 @@ CONFIG = dict(
 
 L0, L1 = "model.layers.0.", "model.layers.1."
 EMBED = "model.embed_tokens.weight"
+
+# PEFT's adapters trained in a case of their own: (case name, family, adapter folder in the family's folder,
+# parameters recorded entry by entry, under PEFT's saved names).
+LORA = (
+    "qwen3_moe_lora",
+    "qwen3_moe",
+    "moe_lora",
+    [
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+        "base_model.model.model.layers.0.mlp.experts.lora_A.weight",
+        "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight",
+    ],
+)
 
 # Per family (a folder under MODELS): the parameters whose gradients are recorded entry by entry.
 GRAD_PARAMS = {
@@ -103,27 +124,44 @@ GRAD_PARAMS = {
 }
 
 
-def run_family(family: str, output_dir: str) -> dict:
-    case = Case(family, CONFIG)
+def saved_name(name: str) -> str:
+    """A PEFT model's parameter name as `save_pretrained` writes it (a base model's comes back as it is)."""
+    return name.replace(".default.", ".")
+
+
+def run_family(name: str, family: str, output_dir: str, adapter: str | None = None) -> dict:
+    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given."""
+    case = Case(name, CONFIG)
     warnings = WarningLog()
     TRL_LOGGER.addHandler(warnings)
     try:
         trainer = build_trainer(output_dir, case.num_generations, case.config, model_dir=MODELS / family)
-        record = run_built_case(trainer, case, warnings, grad_params=GRAD_PARAMS[family])
+        grad_params = GRAD_PARAMS[family]
+        if adapter is not None:
+            peft = PeftModel.from_pretrained(trainer.model, MODELS / family / adapter, is_trainable=True)
+            trainer = build_trainer(
+                output_dir, case.num_generations, case.config, model_dir=MODELS / family, model=peft
+            )
+            by_saved = {saved_name(n): n for n, p in trainer.model.named_parameters() if p.requires_grad}
+            grad_params = [by_saved[n] for n in LORA[3]]
+        record = run_built_case(trainer, case, warnings, grad_params=grad_params)
     finally:
         TRL_LOGGER.removeHandler(warnings)
+    record["gradients"] = {saved_name(n): g for n, g in record["gradients"].items()}
     # The gradients accumulated over both micro-batches are still on the parameters.
     record["gradient_norms"] = {
-        name: {
+        saved_name(name): {
             "shape": list(p.shape),
             "l2_norm": p.grad.norm().item(),
             "sum": p.grad.sum().item(),
             "abs_sum": p.grad.abs().sum().item(),
         }
         for name, p in trainer.model.named_parameters()
+        if p.requires_grad
     }
     return {
         "model": str((MODELS / family).relative_to(ROOT)),
+        "adapter": adapter,
         # What TRL adds the load-balancing loss with (before dividing by the accumulation steps); 0 without one.
         "router_aux_loss_coef": trainer.router_aux_loss_coef if trainer.aux_loss_enabled else 0.0,
         **record,
@@ -134,13 +172,15 @@ def main() -> None:
     records = []
     with tempfile.TemporaryDirectory() as output_dir:
         for family in GRAD_PARAMS:
-            record = run_family(family, output_dir)
-            records.append(record)
-            print(f"{family:12s} loss {[m['loss'] for m in record['micro_batches']]}")
+            records.append(run_family(family, family, output_dir))
+        name, family, adapter, _ = LORA
+        records.append(run_family(name, family, output_dir, adapter=adapter))
+        for record in records:
+            print(f"{record['name']:16s} loss {[m['loss'] for m in record['micro_batches']]}")
     versions = {"python": platform.python_version()}
     versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl")})
     write({"versions": versions, "cases": records}, out=OUT)
-    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size} bytes, {len(records)} families)")
+    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size} bytes, {len(records)} cases)")
 
 
 if __name__ == "__main__":

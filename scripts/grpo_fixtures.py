@@ -260,13 +260,18 @@ class WarningLog(logging.Handler):
 TRL_LOGGER = logging.getLogger("trl.trainer.grpo_trainer")
 
 
-def build_trainer(output_dir: str, num_generations: int, config: dict, model_dir: Path = MODEL_DIR) -> GRPOTrainer:
+def build_trainer(
+    output_dir: str, num_generations: int, config: dict, model_dir: Path = MODEL_DIR, model=None
+) -> GRPOTrainer:
+    """A trainer of the model in `model_dir` (its tokenizer too), or of `model` in its place when given (a PEFT
+    model over it)."""
     config = {**BASE_CONFIG, **config}
     config.setdefault("per_device_train_batch_size", len(PROMPTS) * num_generations)
     args = GRPOConfig(
         output_dir=output_dir, use_cpu=True, report_to="none", num_generations=num_generations, **config
     )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     dataset = Dataset.from_dict({"prompt": [tokenizer.decode(p) for p in PROMPTS]})
     return GRPOTrainer(

@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::model::checkpoint_tensors;
+use holo_runtime::local::update::adapter_config;
 use holo_runtime::local::Model;
 use holo_runtime::train::advantages::{advantages, Rewards};
 use holo_runtime::train::batch::{Completion, Sequence};
@@ -264,7 +265,8 @@ fn losses_metrics_and_gradients_match_trl() {
         .collect();
     let mut checked = 0;
     for case in fixtures["cases"].as_array().unwrap() {
-        step_matches_trl(case, &base, &gradient_params, 0.0, 1.0);
+        let (model, vars) = base.trainable().unwrap();
+        step_matches_trl(case, &model, &vars, &gradient_params, 0.0, 1.0);
         checked += 1;
     }
     assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
@@ -279,14 +281,14 @@ fn losses_metrics_and_gradients_match_trl() {
 /// transformers trains the weight as.
 fn step_matches_trl(
     case: &Value,
-    base: &Model,
+    model: &Model,
+    vars: &[(String, Var)],
     gradient_params: &[String],
     router_aux_loss_coef: f64,
     noise: f64,
 ) -> BTreeMap<String, Vec<f32>> {
     let name = case["name"].as_str().unwrap();
     let config = config(case);
-    let (model, vars) = base.trainable().unwrap();
     let all = completions(case, &config);
     let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
     for micro in case["micro_batches"].as_array().unwrap() {
@@ -304,7 +306,7 @@ fn step_matches_trl(
         let mut scored = None;
         for recompute in [false, true] {
             let (value, store) = score::backward(
-                &model,
+                model,
                 &chosen,
                 config.temperature,
                 score::Pass {
@@ -347,7 +349,7 @@ fn step_matches_trl(
             if recompute {
                 continue;
             }
-            for (param, var) in &vars {
+            for (param, var) in vars {
                 if let Some(grad) = store.get(var.as_tensor()) {
                     let sum = match grads.remove(param) {
                         Some(sum) => (sum + grad).unwrap(),
@@ -401,7 +403,7 @@ fn step_matches_trl(
             );
         }
     }
-    let grads = as_transformers_trains(&model, &vars, grads);
+    let grads = as_transformers_trains(model, vars, grads);
     for param in gradient_params {
         let expected = &case["gradients"][param];
         let grad = grads
@@ -418,7 +420,7 @@ fn step_matches_trl(
 /// ([`checkpoint_tensors`]), Qwen3-MoE's stacked ([`fuse_experts`]); flattened.
 fn as_transformers_trains(
     model: &Model,
-    vars: &[(String, candle_core::Var)],
+    vars: &[(String, Var)],
     mut grads: BTreeMap<String, Tensor>,
 ) -> BTreeMap<String, Vec<f32>> {
     let ours: Vec<(String, Tensor)> = vars
@@ -445,14 +447,18 @@ fn as_transformers_trains(
 /// mixture-of-experts families the load-balancing loss TRL adds. Log-probabilities, entropies,
 /// losses and metrics as [`step_matches_trl`] checks them; every parameter's gradient by its shape,
 /// norm and sum, and the family's own parameters (q/k norms, post-norms, fused projections, routers,
-/// experts, sinks, linear attention) entry by entry. Every family runs; the failures are reported
-/// together.
+/// experts, sinks, linear attention) entry by entry. One more case trains PEFT's LoRA adapters of
+/// Qwen3-MoE (`q_proj` and both expert stacks) over the frozen base. Every case runs; the failures
+/// are reported together.
 #[test]
 fn every_family_s_grpo_step_matches_trl() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/families.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let cases = fixture["cases"].as_array().unwrap();
-    let covered: Vec<&str> = cases.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let covered: Vec<&str> = cases
+        .iter()
+        .map(|c| c["model"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
     for family in common::MODEL_FAMILIES {
         // Qwen2's steps are `cases.json`'s, every option included.
         assert!(
@@ -462,7 +468,7 @@ fn every_family_s_grpo_step_matches_trl() {
     }
     let mut failed = Vec::new();
     for case in cases {
-        let family = case["name"].as_str().unwrap();
+        let name = case["name"].as_str().unwrap();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             family_step_matches_trl(case)
         }));
@@ -472,11 +478,11 @@ fn every_family_s_grpo_step_matches_trl() {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|m| m.to_string()))
                 .unwrap_or_default();
-            // The assertions of the step name the family; a panic elsewhere may not.
-            failed.push(if message.starts_with(family) {
+            // The assertions of the step name the case; a panic elsewhere may not.
+            failed.push(if message.starts_with(name) {
                 message
             } else {
-                format!("{family}: {message}")
+                format!("{name}: {message}")
             });
         }
     }
@@ -486,11 +492,31 @@ fn every_family_s_grpo_step_matches_trl() {
 /// [`step_matches_trl`] on a `families.json` case, then every parameter's accumulated gradient by its
 /// size, L2 norm and sum.
 fn family_step_matches_trl(case: &Value) {
-    let family = case["name"].as_str().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(family);
-    let base = load_model(&root, DType::F32, &common::test_device()).expect("fixture model");
+    let name = case["name"].as_str().unwrap();
+    let folder = common::repo().join(case["model"].as_str().unwrap());
+    let base = load_model(&folder, DType::F32, &common::test_device()).expect("fixture model");
+    let (model, vars) = match case["adapter"].as_str() {
+        None => base.trainable().unwrap(),
+        // PEFT's adapters (its saved names are ours) trained over the frozen base, from the values
+        // TRL's step started from.
+        Some(adapter) => {
+            let adapter = folder.join(adapter);
+            let lora = adapter_config(&adapter.join("adapter_config.json")).unwrap();
+            let (model, vars) = base.with_lora(&lora).unwrap();
+            let saved = candle_core::safetensors::load(
+                adapter.join("adapter_model.safetensors"),
+                model.device(),
+            )
+            .unwrap();
+            for (weight, var) in &vars {
+                let value = saved
+                    .get(weight)
+                    .unwrap_or_else(|| panic!("{name}: PEFT saved no {weight}"));
+                var.set(&value.to_dtype(DType::F32).unwrap()).unwrap();
+            }
+            (model, vars)
+        }
+    };
     let detailed: Vec<String> = case["gradients"]
         .as_object()
         .unwrap()
@@ -502,20 +528,24 @@ fn family_step_matches_trl(case: &Value) {
     // result by up to 1e-4 in logits (local_parity.rs, `qwen3_5_in_float64_matches_transformers_in_float64`,
     // where the forwards agree in float64); here its log-probabilities and entropies differ from ours
     // by up to ~2e-5, ten times the other families' float32 noise.
-    let noise = if family == "qwen3_5" { 10.0 } else { 1.0 };
-    let grads = step_matches_trl(case, &base, &detailed, coefficient, noise);
+    let noise = if folder.ends_with("qwen3_5") {
+        10.0
+    } else {
+        1.0
+    };
+    let grads = step_matches_trl(case, &model, &vars, &detailed, coefficient, noise);
     let expected_params = case["gradient_norms"].as_object().unwrap();
     let mut trained: Vec<&String> = expected_params.keys().collect();
     trained.sort();
     assert_eq!(
         grads.keys().collect::<Vec<_>>(),
         trained,
-        "{family}: the weights trained"
+        "{name}: the weights trained"
     );
     for (param, expected) in expected_params {
         let values = &grads[param];
         let size: f64 = floats(&expected["shape"]).iter().product();
-        assert_eq!(values.len(), size as usize, "{family}: ∇{param}'s size");
+        assert_eq!(values.len(), size as usize, "{name}: ∇{param}'s size");
         let norm = values
             .iter()
             .map(|g| (*g as f64).powi(2))
@@ -523,7 +553,7 @@ fn family_step_matches_trl(case: &Value) {
             .sqrt();
         let theirs = expected["l2_norm"].as_f64().unwrap();
         close(
-            &format!("{family}: ‖∇{param}‖"),
+            &format!("{name}: ‖∇{param}‖"),
             norm,
             theirs,
             1e-5 * noise,
@@ -533,7 +563,7 @@ fn family_step_matches_trl(case: &Value) {
         // norm weight's 64 entries, each within 2e-6 of the norm, can move the sum by 1.4e-5 of it).
         let sum: f64 = values.iter().map(|g| *g as f64).sum();
         close(
-            &format!("{family}: Σ∇{param}"),
+            &format!("{name}: Σ∇{param}"),
             sum,
             expected["sum"].as_f64().unwrap(),
             1e-5 * noise,
