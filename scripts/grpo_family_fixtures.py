@@ -47,6 +47,7 @@ from grpo_fixtures import (
     Case,
     WarningLog,
     build_trainer,
+    load_model,
     run_built_case,
     write,
 )
@@ -135,13 +136,14 @@ def run_family(name: str, family: str, output_dir: str, adapter: str | None = No
     warnings = WarningLog()
     TRL_LOGGER.addHandler(warnings)
     try:
-        trainer = build_trainer(output_dir, case.num_generations, case.config, model_dir=MODELS / family)
+        model = load_model(MODELS / family)
+        if adapter is not None:
+            model = PeftModel.from_pretrained(model, MODELS / family / adapter, is_trainable=True)
+        trainer = build_trainer(
+            output_dir, case.num_generations, case.config, model_dir=MODELS / family, model=model
+        )
         grad_params = GRAD_PARAMS[family]
         if adapter is not None:
-            peft = PeftModel.from_pretrained(trainer.model, MODELS / family / adapter, is_trainable=True)
-            trainer = build_trainer(
-                output_dir, case.num_generations, case.config, model_dir=MODELS / family, model=peft
-            )
             by_saved = {saved_name(n): n for n, p in trainer.model.named_parameters() if p.requires_grad}
             grad_params = [by_saved[n] for n in LORA[3]]
         record = run_built_case(trainer, case, warnings, grad_params=grad_params)

@@ -260,6 +260,10 @@ class WarningLog(logging.Handler):
 TRL_LOGGER = logging.getLogger("trl.trainer.grpo_trainer")
 
 
+def load_model(model_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+
+
 def build_trainer(
     output_dir: str, num_generations: int, config: dict, model_dir: Path = MODEL_DIR, model=None
 ) -> GRPOTrainer:
@@ -271,7 +275,7 @@ def build_trainer(
         output_dir=output_dir, use_cpu=True, report_to="none", num_generations=num_generations, **config
     )
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+        model = load_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     dataset = Dataset.from_dict({"prompt": [tokenizer.decode(p) for p in PROMPTS]})
     return GRPOTrainer(
