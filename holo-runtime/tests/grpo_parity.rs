@@ -273,12 +273,12 @@ fn losses_metrics_and_gradients_match_trl() {
 }
 
 /// One case's optimizer step against TRL's (`cases.json` and `families.json` share the layout): each
-/// micro-batch's loss (with the graph kept and with layers recomputed), log-probabilities, entropies and
-/// logged metrics, then the gradients of `gradient_params` accumulated over the micro-batches, entry
-/// by entry. `router_aux_loss_coef` is what TRL adds a mixture-of-experts model's load-balancing loss
+/// micro-batch's loss, log-probabilities, entropies and logged metrics, then the gradients of
+/// `gradient_params` accumulated over the micro-batches, entry by entry; losses and gradients both
+/// with the graph kept and with layers recomputed. `router_aux_loss_coef` is what TRL adds a mixture-of-experts model's load-balancing loss
 /// with (0: none); every tolerance is multiplied by `noise` (1 but for a family whose float32 forward
 /// is noisier). Returns every accumulated gradient (flattened) under the name and layout
-/// transformers trains the weight as.
+/// transformers trains the weight as, with the graph kept and with layers recomputed.
 fn step_matches_trl(
     case: &Value,
     model: &Model,
@@ -286,11 +286,12 @@ fn step_matches_trl(
     gradient_params: &[String],
     router_aux_loss_coef: f64,
     noise: f64,
-) -> BTreeMap<String, Vec<f32>> {
+) -> [BTreeMap<String, Vec<f32>>; 2] {
     let name = case["name"].as_str().unwrap();
     let config = config(case);
     let all = completions(case, &config);
-    let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
+    // Accumulated over the micro-batches: with the graph kept, and with layers recomputed.
+    let mut grads: [BTreeMap<String, Tensor>; 2] = Default::default();
     for micro in case["micro_batches"].as_array().unwrap() {
         let indices: Vec<usize> = floats(&micro["completions"])
             .iter()
@@ -346,9 +347,7 @@ fn step_matches_trl(
                     },
                 term_scale(&chosen),
             );
-            if recompute {
-                continue;
-            }
+            let grads = &mut grads[usize::from(recompute)];
             for (param, var) in vars {
                 if let Some(grad) = store.get(var.as_tensor()) {
                     let sum = match grads.remove(param) {
@@ -403,15 +402,24 @@ fn step_matches_trl(
             );
         }
     }
-    let grads = as_transformers_trains(model, vars, grads);
-    for param in gradient_params {
-        let expected = &case["gradients"][param];
-        let grad = grads
-            .get(param)
-            .unwrap_or_else(|| panic!("{name}: no gradient for {param}"));
-        gradient_matches_within(name, param, grad, expected, 1e-6, 1e-5 * noise);
+    let [kept, recomputed] = grads.map(|grads| as_transformers_trains(model, vars, grads));
+    for (path, grads) in [("", &kept), (" (recomputed)", &recomputed)] {
+        for param in gradient_params {
+            let expected = &case["gradients"][param];
+            let grad = grads
+                .get(param)
+                .unwrap_or_else(|| panic!("{name}{path}: no gradient for {param}"));
+            gradient_matches_within(
+                &format!("{name}{path}"),
+                param,
+                grad,
+                expected,
+                1e-6,
+                1e-5 * noise,
+            );
+        }
     }
-    grads
+    [kept, recomputed]
 }
 
 /// Gradients by our weights' names (a weight no token reached, such as an expert no token was routed
@@ -489,8 +497,8 @@ fn every_family_s_grpo_step_matches_trl() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// [`step_matches_trl`] on a `families.json` case, then every parameter's accumulated gradient by its
-/// size, L2 norm and sum.
+/// [`step_matches_trl`] on a `families.json` case, then every parameter's accumulated gradient (with
+/// the graph kept and with layers recomputed) by its size, L2 norm and sum.
 fn family_step_matches_trl(case: &Value) {
     let name = case["name"].as_str().unwrap();
     let folder = common::repo().join(case["model"].as_str().unwrap());
@@ -533,42 +541,45 @@ fn family_step_matches_trl(case: &Value) {
     } else {
         1.0
     };
-    let grads = step_matches_trl(case, &model, &vars, &detailed, coefficient, noise);
+    let both = step_matches_trl(case, &model, &vars, &detailed, coefficient, noise);
     let expected_params = case["gradient_norms"].as_object().unwrap();
     let mut trained: Vec<&String> = expected_params.keys().collect();
     trained.sort();
-    assert_eq!(
-        grads.keys().collect::<Vec<_>>(),
-        trained,
-        "{name}: the weights trained"
-    );
-    for (param, expected) in expected_params {
-        let values = &grads[param];
-        let size: f64 = floats(&expected["shape"]).iter().product();
-        assert_eq!(values.len(), size as usize, "{name}: ∇{param}'s size");
-        let norm = values
-            .iter()
-            .map(|g| (*g as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let theirs = expected["l2_norm"].as_f64().unwrap();
-        close(
-            &format!("{name}: ‖∇{param}‖"),
-            norm,
-            theirs,
-            1e-5 * noise,
-            1e-6,
+    for (path, grads) in ["", " (recomputed)"].into_iter().zip(&both) {
+        let name = format!("{name}{path}");
+        assert_eq!(
+            grads.keys().collect::<Vec<_>>(),
+            trained,
+            "{name}: the weights trained"
         );
-        // A sum's float32 rounding is relative to the sum of its terms' sizes, not to their norm (a
-        // norm weight's 64 entries, each within 2e-6 of the norm, can move the sum by 1.4e-5 of it).
-        let sum: f64 = values.iter().map(|g| *g as f64).sum();
-        close(
-            &format!("{name}: Σ∇{param}"),
-            sum,
-            expected["sum"].as_f64().unwrap(),
-            1e-5 * noise,
-            expected["abs_sum"].as_f64().unwrap(),
-        );
+        for (param, expected) in expected_params {
+            let values = &grads[param];
+            let size: f64 = floats(&expected["shape"]).iter().product();
+            assert_eq!(values.len(), size as usize, "{name}: ∇{param}'s size");
+            let norm = values
+                .iter()
+                .map(|g| (*g as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let theirs = expected["l2_norm"].as_f64().unwrap();
+            close(
+                &format!("{name}: ‖∇{param}‖"),
+                norm,
+                theirs,
+                1e-5 * noise,
+                1e-6,
+            );
+            // A sum's float32 rounding is relative to the sum of its terms' sizes, not to their norm (a
+            // norm weight's 64 entries, each within 2e-6 of the norm, can move the sum by 1.4e-5 of it).
+            let sum: f64 = values.iter().map(|g| *g as f64).sum();
+            close(
+                &format!("{name}: Σ∇{param}"),
+                sum,
+                expected["sum"].as_f64().unwrap(),
+                1e-5 * noise,
+                expected["abs_sum"].as_f64().unwrap(),
+            );
+        }
     }
 }
 
