@@ -272,13 +272,14 @@ fn losses_metrics_and_gradients_match_trl() {
     assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
 }
 
-/// One case's optimizer step against TRL's (`cases.json` and `families.json` share the layout): each
-/// micro-batch's loss, log-probabilities, entropies and logged metrics, then the gradients of
+/// One case's optimizer step against TRL's (`cases.json` and `families.json` share the layout):
+/// each micro-batch's loss, log-probabilities, entropies and logged metrics, then the gradients of
 /// `gradient_params` accumulated over the micro-batches, entry by entry; losses and gradients both
-/// with the graph kept and with layers recomputed. `router_aux_loss_coef` is what TRL adds a mixture-of-experts model's load-balancing loss
-/// with (0: none); every tolerance is multiplied by `noise` (1 but for a family whose float32 forward
-/// is noisier). Returns every accumulated gradient (flattened) under the name and layout
-/// transformers trains the weight as, with the graph kept and with layers recomputed.
+/// with the graph kept and with layers recomputed. `router_aux_loss_coef` is what TRL adds a
+/// mixture-of-experts model's load-balancing loss with (0: none); every tolerance is multiplied by
+/// `noise` (1 but for a family whose float32 forward is noisier). Returns every accumulated gradient
+/// (flattened) under the name and layout transformers trains the weight as, with the graph kept and
+/// with layers recomputed.
 fn step_matches_trl(
     case: &Value,
     model: &Model,
