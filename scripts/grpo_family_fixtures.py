@@ -130,8 +130,9 @@ def saved_name(name: str) -> str:
     return name.replace(".default.", ".")
 
 
-def run_family(name: str, family: str, output_dir: str, adapter: str | None = None) -> dict:
-    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given."""
+def run_family(name: str, family: str, output_dir: str, grad_params: list[str], adapter: str | None = None) -> dict:
+    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given;
+    `grad_params` (saved names) recorded entry by entry."""
     case = Case(name, CONFIG)
     warnings = WarningLog()
     TRL_LOGGER.addHandler(warnings)
@@ -142,11 +143,8 @@ def run_family(name: str, family: str, output_dir: str, adapter: str | None = No
         trainer = build_trainer(
             output_dir, case.num_generations, case.config, model_dir=MODELS / family, model=model
         )
-        grad_params = GRAD_PARAMS[family]
-        if adapter is not None:
-            by_saved = {saved_name(n): n for n, p in trainer.model.named_parameters() if p.requires_grad}
-            grad_params = [by_saved[n] for n in LORA[3]]
-        record = run_built_case(trainer, case, warnings, grad_params=grad_params)
+        by_saved = {saved_name(n): n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        record = run_built_case(trainer, case, warnings, grad_params=[by_saved[n] for n in grad_params])
     finally:
         TRL_LOGGER.removeHandler(warnings)
     record["gradients"] = {saved_name(n): g for n, g in record["gradients"].items()}
@@ -173,10 +171,10 @@ def run_family(name: str, family: str, output_dir: str, adapter: str | None = No
 def main() -> None:
     records = []
     with tempfile.TemporaryDirectory() as output_dir:
-        for family in GRAD_PARAMS:
-            records.append(run_family(family, family, output_dir))
-        name, family, adapter, _ = LORA
-        records.append(run_family(name, family, output_dir, adapter=adapter))
+        for family, grad_params in GRAD_PARAMS.items():
+            records.append(run_family(family, family, output_dir, grad_params))
+        name, family, adapter, grad_params = LORA
+        records.append(run_family(name, family, output_dir, grad_params, adapter=adapter))
         for record in records:
             print(f"{record['name']:16s} loss {[m['loss'] for m in record['micro_batches']]}")
     versions = {"python": platform.python_version()}
