@@ -260,14 +260,23 @@ class WarningLog(logging.Handler):
 TRL_LOGGER = logging.getLogger("trl.trainer.grpo_trainer")
 
 
-def build_trainer(output_dir: str, num_generations: int, config: dict) -> GRPOTrainer:
+def load_model(model_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+
+
+def build_trainer(
+    output_dir: str, num_generations: int, config: dict, model_dir: Path = MODEL_DIR, model=None
+) -> GRPOTrainer:
+    """A trainer of the model in `model_dir` (its tokenizer too), or of `model` in its place when given (a PEFT
+    model over it)."""
     config = {**BASE_CONFIG, **config}
     config.setdefault("per_device_train_batch_size", len(PROMPTS) * num_generations)
     args = GRPOConfig(
         output_dir=output_dir, use_cpu=True, report_to="none", num_generations=num_generations, **config
     )
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32, attn_implementation="eager")
-    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR, padding_side="left")
+    if model is None:
+        model = load_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     dataset = Dataset.from_dict({"prompt": [tokenizer.decode(p) for p in PROMPTS]})
     return GRPOTrainer(
         model=model, reward_funcs=REWARD_FUNCS, args=args, train_dataset=dataset, processing_class=tokenizer
@@ -341,7 +350,9 @@ def run_case(case: Case, output_dir: str) -> dict:
         TRL_LOGGER.removeHandler(warnings)
 
 
-def run_built_case(trainer: GRPOTrainer, case: Case, warnings: WarningLog) -> dict:
+def run_built_case(
+    trainer: GRPOTrainer, case: Case, warnings: WarningLog, grad_params: list[str] = GRAD_PARAMS
+) -> dict:
     args = trainer.args
     G = case.num_generations
     group_of = [g for g in range(len(PROMPTS)) for _ in range(G)]
@@ -429,7 +440,7 @@ def run_built_case(trainer: GRPOTrainer, case: Case, warnings: WarningLog) -> di
         check_ratios(trainer, micro, logps.detach(), entropies.detach())
 
     params = dict(trainer.model.named_parameters())
-    gradients = {name: grad_record(params[name]) for name in GRAD_PARAMS}
+    gradients = {name: grad_record(params[name]) for name in grad_params}
 
     # The IS ratio TRL computed: (B, T) in the token modes, (B, 1) in the sequence modes.
     is_ratio = None
@@ -564,15 +575,15 @@ def nan_to_null(value):
     return value
 
 
-def write(doc: dict) -> None:
+def write(doc: dict, out: Path = OUT) -> None:
     """JSON with one case per line (compact), the rest indented."""
     cases = doc.pop("cases")
     head = json.dumps(nan_to_null(doc), indent=1, allow_nan=False)
     lines = [json.dumps(nan_to_null(c), separators=(",", ":"), allow_nan=False) for c in cases]
     text = head[:-2] + ',\n "cases": [\n' + ",\n".join(lines) + "\n ]\n}\n"
     json.loads(text)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
 
 
 def main() -> None:

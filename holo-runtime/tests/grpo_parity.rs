@@ -1,15 +1,19 @@
 //! The GRPO trainer's formulas against TRL's own `GRPOTrainer`: advantages and reward metrics, the
 //! importance-sampling correction, the policy's log-probabilities and entropies, every loss type's loss
-//! and logged metrics, and the gradients of several weights, on the committed tiny Qwen2 model.
-//! Fixtures: `tests/fixtures/grpo/` (made by `scripts/grpo_fixtures.py`; its README says how each number
+//! and logged metrics, and the gradients of several weights, on the committed tiny Qwen2 model; one
+//! step on every other family's tiny model. Fixtures: `tests/fixtures/grpo/` (made by
+//! `scripts/grpo_fixtures.py` and `scripts/grpo_family_fixtures.py`; its README says how each number
 //! was computed).
 #![cfg(feature = "local")]
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use holo_runtime::local::files::load_model;
+use holo_runtime::local::model::checkpoint_tensors;
+use holo_runtime::local::update::adapter_config;
+use holo_runtime::local::Model;
 use holo_runtime::train::advantages::{advantages, Rewards};
 use holo_runtime::train::batch::{Completion, Sequence};
 use holo_runtime::train::config::{
@@ -21,7 +25,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::parity::gradient_matches;
+use common::parity::{fuse_experts, gradient_matches_within};
 
 fn fixtures() -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/cases.json");
@@ -261,131 +265,324 @@ fn losses_metrics_and_gradients_match_trl() {
         .collect();
     let mut checked = 0;
     for case in fixtures["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let config = config(case);
         let (model, vars) = base.trainable().unwrap();
-        let all = completions(case, &config);
-        let mut grads: BTreeMap<String, Tensor> = BTreeMap::new();
-        for micro in case["micro_batches"].as_array().unwrap() {
-            let indices: Vec<usize> = floats(&micro["completions"])
-                .iter()
-                .map(|&i| i as usize)
-                .collect();
-            let chosen: Vec<Completion> = indices.iter().map(|&i| all[i].clone()).collect();
-            let inputs = loss::Inputs {
-                completions: &chosen,
-                num_items_in_batch: case["num_items_in_batch"].as_f64().unwrap(),
-                sampler_correction: case["config"]["use_vllm"].as_bool().unwrap(),
-            };
-            let mut metrics = BTreeMap::new();
-            let mut scored = None;
-            for recompute in [false, true] {
-                let (value, store) = score::backward(
-                    &model,
-                    &chosen,
-                    config.temperature,
-                    score::Pass {
-                        recompute,
-                        entropy_gradient: config.entropy_coef != 0.0,
-                        balance: 0.0,
-                    },
-                    |head| {
-                        let (logprobs, entropies) = (&head.logprobs, &head.entropies);
-                        scored = Some((logprobs.to_vec1::<f32>()?, entropies.to_vec1::<f32>()?));
-                        let computed = loss::compute(&config, &inputs, logprobs, entropies)?;
-                        metrics = computed.metrics;
-                        Ok(computed.loss)
-                    },
-                )
-                .unwrap();
-                close(
-                    &format!("{name}: loss (recompute {recompute})"),
-                    value.to_scalar::<f32>().unwrap() as f64,
-                    micro["loss"].as_f64().unwrap(),
-                    // Losses are sums of terms (ratio × advantage, × log-probability for cispo and vespo)
-                    // that partly cancel, so their f32 rounding is relative to the terms, not to the total
-                    // (as small as 8e-4 here): the bound is relative to the larger of the loss and its
-                    // terms' size. The f32 forward already differs from torch's by ~1e-6 relative per
-                    // log-probability, which VESPO's gamma weights (exponentials of summed log-ratios)
-                    // magnify to ~8e-6. Every other loss type agrees within 2e-6.
-                    if config.loss_type == LossType::Vespo {
+        step_matches_trl(case, &model, &vars, &gradient_params, 0.0, 1.0);
+        checked += 1;
+    }
+    assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
+}
+
+/// One case's optimizer step against TRL's (`cases.json` and `families.json` share the layout):
+/// each micro-batch's loss, log-probabilities, entropies and logged metrics, then the gradients of
+/// `gradient_params` accumulated over the micro-batches, entry by entry; losses and gradients both
+/// with the graph kept and with layers recomputed. `router_aux_loss_coef` is what TRL adds a
+/// mixture-of-experts model's load-balancing loss with (0: none); every tolerance is multiplied by
+/// `noise` (1 but for a family whose float32 forward is noisier). Returns every accumulated gradient
+/// (flattened) under the name and layout transformers trains the weight as, with the graph kept and
+/// with layers recomputed.
+fn step_matches_trl(
+    case: &Value,
+    model: &Model,
+    vars: &[(String, Var)],
+    gradient_params: &[String],
+    router_aux_loss_coef: f64,
+    noise: f64,
+) -> [BTreeMap<String, Vec<f32>>; 2] {
+    let name = case["name"].as_str().unwrap();
+    let config = config(case);
+    let all = completions(case, &config);
+    // Accumulated over the micro-batches: with the graph kept, and with layers recomputed.
+    let mut grads: [BTreeMap<String, Tensor>; 2] = Default::default();
+    for micro in case["micro_batches"].as_array().unwrap() {
+        let indices: Vec<usize> = floats(&micro["completions"])
+            .iter()
+            .map(|&i| i as usize)
+            .collect();
+        let chosen: Vec<Completion> = indices.iter().map(|&i| all[i].clone()).collect();
+        let inputs = loss::Inputs {
+            completions: &chosen,
+            num_items_in_batch: case["num_items_in_batch"].as_f64().unwrap(),
+            sampler_correction: case["config"]["use_vllm"].as_bool().unwrap(),
+        };
+        let mut metrics = BTreeMap::new();
+        let mut scored = None;
+        for recompute in [false, true] {
+            let (value, store) = score::backward(
+                model,
+                &chosen,
+                config.temperature,
+                score::Pass {
+                    recompute,
+                    entropy_gradient: config.entropy_coef != 0.0,
+                    // TRL divides the load-balancing loss by the accumulation steps, as the trainer does.
+                    balance: router_aux_loss_coef
+                        / config.training.gradient_accumulation_steps as f64,
+                },
+                |head| {
+                    let (logprobs, entropies) = (&head.logprobs, &head.entropies);
+                    scored = Some((logprobs.to_vec1::<f32>()?, entropies.to_vec1::<f32>()?));
+                    let computed = loss::compute(&config, &inputs, logprobs, entropies)?;
+                    metrics = computed.metrics;
+                    if let Some(balance) = head.balance {
+                        metrics.insert("aux_loss".into(), balance);
+                    }
+                    Ok(computed.loss)
+                },
+            )
+            .unwrap();
+            close(
+                &format!("{name}: loss (recompute {recompute})"),
+                value.to_scalar::<f32>().unwrap() as f64,
+                micro["loss"].as_f64().unwrap(),
+                // Losses are sums of terms (ratio × advantage, × log-probability for cispo and vespo)
+                // that partly cancel, so their f32 rounding is relative to the terms, not to the total
+                // (as small as 8e-4 here): the bound is relative to the larger of the loss and its
+                // terms' size. The f32 forward already differs from torch's by ~1e-6 relative per
+                // log-probability, which VESPO's gamma weights (exponentials of summed log-ratios)
+                // magnify to ~8e-6. Every other loss type agrees within 2e-6.
+                noise
+                    * if config.loss_type == LossType::Vespo {
                         1e-5
                     } else {
                         2e-6
                     },
-                    term_scale(&chosen),
-                );
-                if recompute {
-                    continue;
+                term_scale(&chosen),
+            );
+            let grads = &mut grads[usize::from(recompute)];
+            for (param, var) in vars {
+                if let Some(grad) = store.get(var.as_tensor()) {
+                    let sum = match grads.remove(param) {
+                        Some(sum) => (sum + grad).unwrap(),
+                        None => grad.clone(),
+                    };
+                    grads.insert(param.clone(), sum);
                 }
-                for (param, var) in &vars {
-                    if let Some(grad) = store.get(var.as_tensor()) {
-                        let sum = match grads.remove(param) {
-                            Some(sum) => (sum + grad).unwrap(),
-                            None => grad.clone(),
-                        };
-                        grads.insert(param.clone(), sum);
-                    }
-                }
-            }
-            // The forward: TRL's log-probabilities and entropies of every trained token.
-            let (logprobs, entropies) = scored.unwrap();
-            let mut offset = 0;
-            for &i in &indices {
-                let c = &case["completions"][i];
-                if all[i].mask == 0.0 {
-                    offset += all[i].len();
-                    continue;
-                }
-                for (t, (lp, ent)) in floats(&c["logps"])
-                    .iter()
-                    .zip(floats(&c["entropies"]))
-                    .enumerate()
-                {
-                    close(
-                        &format!("{name}: logprob {i}/{t}"),
-                        logprobs[offset + t] as f64,
-                        *lp,
-                        1e-5,
-                        1.0,
-                    );
-                    close(
-                        &format!("{name}: entropy {i}/{t}"),
-                        entropies[offset + t] as f64,
-                        ent,
-                        1e-5,
-                        1.0,
-                    );
-                }
-                offset += all[i].len();
-            }
-            for (key, theirs) in micro["metrics"].as_object().unwrap() {
-                let ours = metrics
-                    .get(key)
-                    .unwrap_or_else(|| panic!("{name}: we log no {key}"));
-                close(
-                    &format!("{name}: {key}"),
-                    *ours,
-                    theirs.as_f64().unwrap_or(f64::NAN),
-                    1e-5,
-                    1e-3,
-                );
             }
         }
-        for param in &gradient_params {
+        // The forward: TRL's log-probabilities and entropies of every trained token.
+        let (logprobs, entropies) = scored.unwrap();
+        let mut offset = 0;
+        for &i in &indices {
+            let c = &case["completions"][i];
+            if all[i].mask == 0.0 {
+                offset += all[i].len();
+                continue;
+            }
+            for (t, (lp, ent)) in floats(&c["logps"])
+                .iter()
+                .zip(floats(&c["entropies"]))
+                .enumerate()
+            {
+                close(
+                    &format!("{name}: logprob {i}/{t}"),
+                    logprobs[offset + t] as f64,
+                    *lp,
+                    1e-5 * noise,
+                    1.0,
+                );
+                close(
+                    &format!("{name}: entropy {i}/{t}"),
+                    entropies[offset + t] as f64,
+                    ent,
+                    1e-5 * noise,
+                    1.0,
+                );
+            }
+            offset += all[i].len();
+        }
+        for (key, theirs) in micro["metrics"].as_object().unwrap() {
+            let ours = metrics
+                .get(key)
+                .unwrap_or_else(|| panic!("{name}: we log no {key}"));
+            close(
+                &format!("{name}: {key}"),
+                *ours,
+                theirs.as_f64().unwrap_or(f64::NAN),
+                1e-5 * noise,
+                1e-3,
+            );
+        }
+    }
+    let [kept, recomputed] = grads.map(|grads| as_transformers_trains(model, vars, grads));
+    for (path, grads) in [("", &kept), (" (recomputed)", &recomputed)] {
+        for param in gradient_params {
             let expected = &case["gradients"][param];
             let grad = grads
                 .get(param)
-                .unwrap_or_else(|| panic!("{name}: no gradient for {param}"))
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            gradient_matches(name, param, &grad, expected, 1e-6);
+                .unwrap_or_else(|| panic!("{name}{path}: no gradient for {param}"));
+            gradient_matches_within(
+                &format!("{name}{path}"),
+                param,
+                grad,
+                expected,
+                1e-6,
+                1e-5 * noise,
+            );
         }
-        checked += 1;
     }
-    assert_eq!(checked, fixtures["cases"].as_array().unwrap().len());
+    [kept, recomputed]
+}
+
+/// Gradients by our weights' names (a weight no token reached, such as an expert no token was routed
+/// to, has none) as transformers holds them: zero where there is none, as torch's gradient of a
+/// stacked expert tensor is; gpt-oss's experts stacked and interleaved
+/// ([`checkpoint_tensors`]), Qwen3-MoE's stacked ([`fuse_experts`]); flattened.
+fn as_transformers_trains(
+    model: &Model,
+    vars: &[(String, Var)],
+    mut grads: BTreeMap<String, Tensor>,
+) -> BTreeMap<String, Vec<f32>> {
+    let ours: Vec<(String, Tensor)> = vars
+        .iter()
+        .map(|(param, var)| {
+            let grad = grads
+                .remove(param)
+                .unwrap_or_else(|| var.as_tensor().zeros_like().unwrap());
+            (param.clone(), grad)
+        })
+        .collect();
+    let flat = checkpoint_tensors(&model.config, ours)
+        .unwrap()
+        .into_iter()
+        .map(|(param, grad)| (param, grad.flatten_all().unwrap().to_vec1().unwrap()))
+        .collect();
+    fuse_experts(flat).into_iter().collect()
+}
+
+/// One GRPO step on every other family the local runtime trains, against TRL's on the same family
+/// (`tests/fixtures/grpo/families.json`, made by `scripts/grpo_family_fixtures.py`): the family's
+/// committed tiny model, `grpo` with a KL term at temperature 0.7, two micro-batches each holding a
+/// left-padded prompt, sequences longer than the fixtures' sliding windows, and for the
+/// mixture-of-experts families the load-balancing loss TRL adds. Log-probabilities, entropies,
+/// losses and metrics as [`step_matches_trl`] checks them; every parameter's gradient by its shape,
+/// norm and sum, and the family's own parameters (q/k norms, post-norms, fused projections, routers,
+/// experts, sinks, linear attention) entry by entry. One more case trains PEFT's LoRA adapters of
+/// Qwen3-MoE (`q_proj` and both expert stacks) over the frozen base. Every case runs; the failures
+/// are reported together.
+#[test]
+fn every_family_s_grpo_step_matches_trl() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/families.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = fixture["cases"].as_array().unwrap();
+    let covered: Vec<&str> = cases
+        .iter()
+        .map(|c| c["model"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    for family in common::MODEL_FAMILIES {
+        // Qwen2's steps are `cases.json`'s, every option included.
+        assert!(
+            family == "qwen2" || covered.contains(&family),
+            "families.json has no {family}: run scripts/grpo_family_fixtures.py"
+        );
+    }
+    let mut failed = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            family_step_matches_trl(case)
+        }));
+        if let Err(panic) = outcome {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|m| m.to_string()))
+                .unwrap_or_default();
+            // The assertions of the step name the case; a panic elsewhere may not.
+            failed.push(if message.starts_with(name) {
+                message
+            } else {
+                format!("{name}: {message}")
+            });
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// [`step_matches_trl`] on a `families.json` case, then every parameter's accumulated gradient (with
+/// the graph kept and with layers recomputed) by its size, L2 norm and sum.
+fn family_step_matches_trl(case: &Value) {
+    let name = case["name"].as_str().unwrap();
+    let folder = common::repo().join(case["model"].as_str().unwrap());
+    let base = load_model(&folder, DType::F32, &common::test_device()).expect("fixture model");
+    let (model, vars) = match case["adapter"].as_str() {
+        None => base.trainable().unwrap(),
+        // PEFT's adapters (its saved names are ours) trained over the frozen base, from the values
+        // TRL's step started from.
+        Some(adapter) => {
+            let adapter = folder.join(adapter);
+            let lora = adapter_config(&adapter.join("adapter_config.json")).unwrap();
+            let (model, vars) = base.with_lora(&lora).unwrap();
+            let saved = candle_core::safetensors::load(
+                adapter.join("adapter_model.safetensors"),
+                model.device(),
+            )
+            .unwrap();
+            for (weight, var) in &vars {
+                let value = saved
+                    .get(weight)
+                    .unwrap_or_else(|| panic!("{name}: PEFT saved no {weight}"));
+                var.set(&value.to_dtype(DType::F32).unwrap()).unwrap();
+            }
+            (model, vars)
+        }
+    };
+    let detailed: Vec<String> = case["gradients"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let coefficient = case["router_aux_loss_coef"].as_f64().unwrap();
+    // Qwen3.5's float32 Gated DeltaNet: transformers' chunked delta rule drifts from its own float64
+    // result by up to 1e-4 in logits (local_parity.rs,
+    // `qwen3_5_in_float64_matches_transformers_in_float64`, where the forwards agree in float64);
+    // here its log-probabilities differ from ours by up to 5.7e-5 and its entropies by 2.3e-5,
+    // where the other families' stay within 1.3e-5 and 8e-6.
+    let noise = if folder.ends_with("qwen3_5") {
+        10.0
+    } else {
+        1.0
+    };
+    let both = step_matches_trl(case, &model, &vars, &detailed, coefficient, noise);
+    let expected_params = case["gradient_norms"].as_object().unwrap();
+    let mut trained: Vec<&String> = expected_params.keys().collect();
+    trained.sort();
+    for (path, grads) in ["", " (recomputed)"].into_iter().zip(&both) {
+        let name = format!("{name}{path}");
+        assert_eq!(
+            grads.keys().collect::<Vec<_>>(),
+            trained,
+            "{name}: the weights trained"
+        );
+        for (param, expected) in expected_params {
+            let values = &grads[param];
+            let size: f64 = floats(&expected["shape"]).iter().product();
+            assert_eq!(values.len(), size as usize, "{name}: ∇{param}'s size");
+            let norm = values
+                .iter()
+                .map(|g| (*g as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let theirs = expected["l2_norm"].as_f64().unwrap();
+            close(
+                &format!("{name}: ‖∇{param}‖"),
+                norm,
+                theirs,
+                1e-5 * noise,
+                1e-6,
+            );
+            // A sum's float32 rounding is relative to the sum of its terms' sizes, not to their norm (a
+            // norm weight's 64 entries, each within 2e-6 of the norm, can move the sum by 1.4e-5 of it).
+            let sum: f64 = values.iter().map(|g| *g as f64).sum();
+            close(
+                &format!("{name}: Σ∇{param}"),
+                sum,
+                expected["sum"].as_f64().unwrap(),
+                1e-5 * noise,
+                expected["abs_sum"].as_f64().unwrap(),
+            );
+        }
+    }
 }
 
 /// `loss_type = "dppo"` against prime-rl's own `default_loss_fn` (through its `compute_loss`, as its

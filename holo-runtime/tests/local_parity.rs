@@ -539,7 +539,7 @@ fn gradients_match_transformers() {
                 .into_iter()
                 .map(|(param, grad)| (param, grad.flatten_all().unwrap().to_vec1().unwrap()))
                 .collect();
-            let ours = fuse_experts(ours);
+            let ours = common::parity::fuse_experts(ours);
             assert_eq!(ours.len(), weights.len(), "{what}: the weights trained");
             for (param, grad) in &ours {
                 let theirs = weights
@@ -549,52 +549,6 @@ fn gradients_match_transformers() {
             }
         }
     }
-}
-
-/// Per-expert weights (`mlp.experts.{e}.gate_proj.weight`, as checkpoints store them) under the names
-/// transformers 5 trains them as: `mlp.experts.gate_up_proj` `[E, 2I, H]` (each expert's gate rows,
-/// then its up rows) and `mlp.experts.down_proj` `[E, H, I]`; other weights unchanged.
-fn fuse_experts(named: Vec<(String, Vec<f32>)>) -> Vec<(String, Vec<f32>)> {
-    let mut fused: Vec<(String, Vec<f32>)> = Vec::new();
-    // (layer, expert) → each projection's (name, gradient).
-    type Named = Vec<(String, Vec<f32>)>;
-    let mut parts: std::collections::BTreeMap<(String, usize), Named> = Default::default();
-    for (name, values) in named {
-        let expert = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
-            let (e, projection) = rest.split_once('.')?;
-            Some((
-                layer.to_string(),
-                e.parse::<usize>().ok()?,
-                projection.to_string(),
-            ))
-        });
-        match expert {
-            Some((layer, e, projection)) => parts
-                .entry((layer, e))
-                .or_default()
-                .push((projection, values)),
-            None => fused.push((name, values)),
-        }
-    }
-    let mut layers: std::collections::BTreeMap<String, (Vec<f32>, Vec<f32>)> = Default::default();
-    for ((layer, _), projections) in parts {
-        let get = |which: &str| -> &Vec<f32> {
-            &projections
-                .iter()
-                .find(|(name, _)| name == &format!("{which}.weight"))
-                .unwrap_or_else(|| panic!("{layer}: an expert without {which}"))
-                .1
-        };
-        let (gate_up, down) = layers.entry(layer.clone()).or_default();
-        gate_up.extend(get("gate_proj"));
-        gate_up.extend(get("up_proj"));
-        down.extend(get("down_proj"));
-    }
-    for (layer, (gate_up, down)) in layers {
-        fused.push((format!("{layer}.mlp.experts.gate_up_proj"), gate_up));
-        fused.push((format!("{layer}.mlp.experts.down_proj"), down));
-    }
-    fused
 }
 
 #[test]

@@ -17,13 +17,25 @@ pub fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
 /// of the norm, at least of `norm_floor`), its sum, its first entries and the entries at the fixture's
 /// seeded random positions over the whole tensor (`sample`; each entry to 1e-5 of the norm).
 pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value, norm_floor: f64) {
+    gradient_matches_within(what, param, grad, expected, norm_floor, 1e-5);
+}
+
+/// [`gradient_matches`] with `tolerance` in place of its 1e-5.
+pub fn gradient_matches_within(
+    what: &str,
+    param: &str,
+    grad: &[f32],
+    expected: &Value,
+    norm_floor: f64,
+    tolerance: f64,
+) {
     let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
     let theirs_norm = expected["l2_norm"].as_f64().unwrap();
     close(
         &format!("{what}: ‖∇{param}‖"),
         norm,
         theirs_norm,
-        1e-5,
+        tolerance,
         norm_floor,
     );
     let sum: f64 = grad.iter().map(|g| *g as f64).sum();
@@ -32,7 +44,7 @@ pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value,
         &format!("{what}: Σ∇{param}"),
         sum,
         theirs_sum,
-        1e-5,
+        tolerance,
         theirs_norm,
     );
     let head = expected["head"].as_array().expect("an array");
@@ -56,8 +68,54 @@ pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value,
             &format!("{what}: ∇{param}[{j}]"),
             grad[j] as f64,
             theirs,
-            1e-5,
+            tolerance,
             theirs_norm,
         );
     }
+}
+
+/// Per-expert weights (`mlp.experts.{e}.gate_proj.weight`, as checkpoints store them) under the names
+/// transformers 5 trains them as: `mlp.experts.gate_up_proj` `[E, 2I, H]` (each expert's gate rows,
+/// then its up rows) and `mlp.experts.down_proj` `[E, H, I]`; other weights unchanged.
+pub fn fuse_experts(named: Vec<(String, Vec<f32>)>) -> Vec<(String, Vec<f32>)> {
+    let mut fused: Vec<(String, Vec<f32>)> = Vec::new();
+    // (layer, expert) → each projection's (name, gradient).
+    type Named = Vec<(String, Vec<f32>)>;
+    let mut parts: std::collections::BTreeMap<(String, usize), Named> = Default::default();
+    for (name, values) in named {
+        let expert = name.split_once(".mlp.experts.").and_then(|(layer, rest)| {
+            let (e, projection) = rest.split_once('.')?;
+            Some((
+                layer.to_string(),
+                e.parse::<usize>().ok()?,
+                projection.to_string(),
+            ))
+        });
+        match expert {
+            Some((layer, e, projection)) => parts
+                .entry((layer, e))
+                .or_default()
+                .push((projection, values)),
+            None => fused.push((name, values)),
+        }
+    }
+    let mut layers: std::collections::BTreeMap<String, (Vec<f32>, Vec<f32>)> = Default::default();
+    for ((layer, _), projections) in parts {
+        let get = |which: &str| -> &Vec<f32> {
+            &projections
+                .iter()
+                .find(|(name, _)| name == &format!("{which}.weight"))
+                .unwrap_or_else(|| panic!("{layer}: an expert without {which}"))
+                .1
+        };
+        let (gate_up, down) = layers.entry(layer.clone()).or_default();
+        gate_up.extend(get("gate_proj"));
+        gate_up.extend(get("up_proj"));
+        down.extend(get("down_proj"));
+    }
+    for (layer, (gate_up, down)) in layers {
+        fused.push((format!("{layer}.mlp.experts.gate_up_proj"), gate_up));
+        fused.push((format!("{layer}.mlp.experts.down_proj"), down));
+    }
+    fused
 }

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""One GRPO step per model family, computed by TRL's own `GRPOTrainer`, for the Rust trainer's parity test.
+
+Regenerate (from the repository root, offline; needs the Python peers' venv, `bash ../shared/peers/setup.sh`):
+
+    ~/.cache/holo-peers/venv/bin/python scripts/grpo_family_fixtures.py
+
+It writes `holo-runtime/tests/fixtures/grpo/families.json` and nothing else (layout in that folder's README).
+
+`scripts/grpo_fixtures.py` checks every loss type and option on the tiny Qwen2; this script runs one case, the
+same way (its `build_trainer` and `run_built_case`: TRL's `_generate_and_score_completions`, then `_compute_loss`
+and `loss.backward()` per micro-batch, on its fixed rollouts, rewards and old/ref log-prob perturbations), on the
+committed tiny model of every other family the local runtime trains (`holo-runtime/tests/fixtures/models/NAME`).
+What a family changes in the training forward and backward (norm placement, q/k norms, fused projections, sliding
+windows under left padding, layers without RoPE, attention sinks, linear attention, experts and their router's
+load-balancing loss) is what the case exercises; the loss formulas are those of the Qwen2 cases.
+
+The case: `loss_type="grpo"` with `beta=0.04` (the reference-model KL term), `temperature=0.7` (tempered
+log-probs and entropies), two micro-batches of four completions (`gradient_accumulation_steps=2`), each holding
+both prompts (3 and 6 tokens: the shorter left-padded) with completions of 2 to 7 tokens, so every sequence
+crosses the fixtures' 4-token sliding windows. TRL enables the mixture-of-experts families' load-balancing loss
+itself (their configs have `output_router_logits`; `router_aux_loss_coef` 0.001), added to each micro-batch's
+loss divided by the accumulation steps, and logs it as `aux_loss`.
+
+LoRA: one more case, `qwen3_moe_lora`, trains PEFT's adapters of `qwen3_moe/moe_lora/` (committed by
+`scripts/moe_lora_fixtures.py`: rank 2 on `q_proj` and, as `target_parameters`, on both expert stacks, every A
+and B nonzero) with the base frozen: the model TRL gets is `PeftModel.from_pretrained(base, folder,
+is_trainable=True)`, and its gradients are recorded under the names PEFT saves the adapters by
+(`get_peft_model_state_dict`'s: the adapter name `.default` left out), which are ours.
+
+Gradients: for every trained parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named
+in GRAD_PARAMS (what is particular to the family) also the first entries and the seeded sample of
+`fixture_gradients.grad_sample`, as `grpo_fixtures.py` records them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import tempfile
+
+from peft import PeftModel
+
+from grpo_fixtures import (
+    ROOT,
+    TRL_LOGGER,
+    Case,
+    WarningLog,
+    build_trainer,
+    load_model,
+    run_built_case,
+    write,
+)
+
+MODELS = ROOT / "holo-runtime" / "tests" / "fixtures" / "models"
+OUT = ROOT / "holo-runtime" / "tests" / "fixtures" / "grpo" / "families.json"
+
+# The case's GRPOConfig keyword arguments (on top of grpo_fixtures.BASE_CONFIG); each family's case is named after it.
+CONFIG = dict(
+    loss_type="grpo", beta=0.04, temperature=0.7, gradient_accumulation_steps=2, per_device_train_batch_size=4
+)
+
+L0, L1 = "model.layers.0.", "model.layers.1."
+EMBED = "model.embed_tokens.weight"
+
+# PEFT's adapters trained in a case of their own: (case name, family, adapter folder in the family's folder,
+# parameters recorded entry by entry, under PEFT's saved names).
+LORA = (
+    "qwen3_moe_lora",
+    "qwen3_moe",
+    "moe_lora",
+    [
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+        "base_model.model.model.layers.0.mlp.experts.lora_A.weight",
+        "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight",
+    ],
+)
+
+# Per family (a folder under MODELS): the parameters whose gradients are recorded entry by entry.
+GRAD_PARAMS = {
+    "llama": [EMBED, L0 + "self_attn.q_proj.weight", "lm_head.weight"],
+    "mistral": [L0 + "self_attn.q_proj.weight", L1 + "mlp.down_proj.weight", "lm_head.weight"],
+    "ministral": [L0 + "self_attn.k_proj.weight", L1 + "self_attn.q_proj.weight", "lm_head.weight"],
+    "qwen3": [L0 + "self_attn.q_norm.weight", L0 + "self_attn.k_norm.weight", L0 + "self_attn.q_proj.weight"],
+    # Tied embeddings scaled by √hidden; (1 + w) norms around attention and MLP; layer 0 slides, layer 1 is full.
+    "gemma3": [
+        EMBED,
+        L0 + "pre_feedforward_layernorm.weight",
+        L0 + "post_feedforward_layernorm.weight",
+        L0 + "self_attn.q_proj.weight",
+        L1 + "self_attn.k_norm.weight",
+    ],
+    # no_rope_layers [1, 0]: layer 1 has no rotary embedding.
+    "smollm3": [EMBED, L0 + "self_attn.q_proj.weight", L1 + "self_attn.q_proj.weight"],
+    # Norms after attention and MLP (none before), q/k norms over all heads.
+    "olmo2": [
+        L0 + "post_attention_layernorm.weight",
+        L0 + "post_feedforward_layernorm.weight",
+        L0 + "self_attn.q_norm.weight",
+        L0 + "self_attn.k_proj.weight",
+    ],
+    "olmo3": [
+        L0 + "post_attention_layernorm.weight",
+        L0 + "self_attn.q_norm.weight",
+        L0 + "self_attn.k_proj.weight",
+        L1 + "self_attn.q_proj.weight",
+    ],
+    "phi3": [L0 + "self_attn.qkv_proj.weight", L0 + "mlp.gate_up_proj.weight", L1 + "self_attn.qkv_proj.weight"],
+    "qwen3_moe": [L0 + "mlp.gate.weight", L0 + "mlp.experts.gate_up_proj", L0 + "mlp.experts.down_proj"],
+    "gpt_oss": [
+        L0 + "self_attn.sinks",
+        L0 + "mlp.router.weight",
+        L0 + "mlp.router.bias",
+        L0 + "mlp.experts.gate_up_proj",
+        L0 + "mlp.experts.gate_up_proj_bias",
+    ],
+    # Layer 0 is a gated-delta-net (linear attention) layer, layer 1 full attention with an output gate.
+    "qwen3_5": [
+        L0 + "linear_attn.A_log",
+        L0 + "linear_attn.dt_bias",
+        L0 + "linear_attn.conv1d.weight",
+        L0 + "linear_attn.in_proj_qkv.weight",
+        L1 + "self_attn.q_proj.weight",
+    ],
+}
+
+
+def saved_name(name: str) -> str:
+    """A PEFT model's parameter name as `save_pretrained` writes it (a base model's comes back as it is)."""
+    return name.replace(".default.", ".")
+
+
+def run_family(name: str, family: str, output_dir: str, grad_params: list[str], adapter: str | None = None) -> dict:
+    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given;
+    `grad_params` (saved names) recorded entry by entry."""
+    case = Case(name, CONFIG)
+    warnings = WarningLog()
+    TRL_LOGGER.addHandler(warnings)
+    try:
+        model = load_model(MODELS / family)
+        if adapter is not None:
+            model = PeftModel.from_pretrained(model, MODELS / family / adapter, is_trainable=True)
+        trainer = build_trainer(
+            output_dir, case.num_generations, case.config, model_dir=MODELS / family, model=model
+        )
+        by_saved = {saved_name(n): n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        record = run_built_case(trainer, case, warnings, grad_params=[by_saved[n] for n in grad_params])
+    finally:
+        TRL_LOGGER.removeHandler(warnings)
+    record["gradients"] = {saved_name(n): g for n, g in record["gradients"].items()}
+    # The gradients accumulated over both micro-batches are still on the parameters.
+    record["gradient_norms"] = {
+        saved_name(name): {
+            "shape": list(p.shape),
+            "l2_norm": p.grad.norm().item(),
+            "sum": p.grad.sum().item(),
+            "abs_sum": p.grad.abs().sum().item(),
+        }
+        for name, p in trainer.model.named_parameters()
+        if p.requires_grad
+    }
+    return {
+        "model": str((MODELS / family).relative_to(ROOT)),
+        "adapter": adapter,
+        # What TRL adds the load-balancing loss with (before dividing by the accumulation steps); 0 without one.
+        "router_aux_loss_coef": trainer.router_aux_loss_coef if trainer.aux_loss_enabled else 0.0,
+        **record,
+    }
+
+
+def main() -> None:
+    records = []
+    with tempfile.TemporaryDirectory() as output_dir:
+        for family, grad_params in GRAD_PARAMS.items():
+            records.append(run_family(family, family, output_dir, grad_params))
+        name, family, adapter, grad_params = LORA
+        records.append(run_family(name, family, output_dir, grad_params, adapter=adapter))
+        for record in records:
+            print(f"{record['name']:16s} loss {[m['loss'] for m in record['micro_batches']]}")
+    versions = {"python": platform.python_version()}
+    versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl")})
+    write({"versions": versions, "cases": records}, out=OUT)
+    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size} bytes, {len(records)} cases)")
+
+
+if __name__ == "__main__":
+    main()
