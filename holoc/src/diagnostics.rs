@@ -231,11 +231,6 @@ codes! {
         "A sampler's text can be held to one language: `json=object`, `json_schema=\"...\"` (or \
          `json_schema_file=\"path.json\"`), `regex=\"...\"`, `choice=...` (repeatable: one text per argument) or `grammar=\"...\"` (Lark). Keep one of them; to \
          allow several forms, write them as one regex or grammar.";
-    FencedConstraint = "H0032", Error, "grammar on a fenced sampler",
-        "A fenced sampler (`<>name`) ends at the closing tag `</name>`, a stop string, and its binding receives \
-         the text inside. A `json`, `json_schema`, `regex` or `choice` constraint there holds the text inside, \
-         then the tag; a Lark `grammar` cannot be wrapped so: drop the fence and spell the tags in the \
-         grammar, `start: \"<name>\" body \"</name>\"`.";
     UnresolvedHolotype = "H0100", Warning, "unresolved holotype",
         "The holotype is not one of the runtime's built-ins, and the file is not inside a crate (no Cargo.toml \
          with a [package] above it; a virtual workspace root does not count), so no crate could be scanned. The crate build (include_holoware!) \

@@ -192,24 +192,73 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>` (the stop
-    /// string that ends the sample): this constraint's text, then the tag, as a Lark grammar. `None` for
-    /// a Lark grammar, whose rules a wrapper cannot safely take in.
-    pub fn fenced(&self, fence: &str) -> Option<Constraint> {
+    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>`: this
+    /// constraint's text, then the tag, as a Lark grammar. The grammar decides where the text ends, so a
+    /// closing tag inside it (in a JSON string, in a regex's or choice's text, in a grammar's sentence)
+    /// is text and does not end the fence.
+    ///
+    /// A regex or choice becomes one terminal with the tag (llguidance's lexemes are greedy: written as
+    /// two, a regex that can go on with `<`, such as `.*`, would never let the tag start); JSON is a
+    /// nested grammar whose end its own syntax marks; a Lark grammar is nested whole (`%lark { ... }`),
+    /// so its rule names, its `start` included, stay its own.
+    pub fn fenced(&self, fence: &str) -> Constraint {
         let literal = |text: &str| serde_json::Value::from(text).to_string();
-        let inner = match self {
-            Constraint::JsonObject => "%json {\"type\": \"object\"}".to_string(),
-            Constraint::JsonSchema(schema) => format!("%json {schema}"),
-            Constraint::Regex(regex) => format!("/{}/", regex.replace('/', "\\/")),
+        let close = literal(&format!("</{fence}>"));
+        let terminal = |inner: String| format!("start: FENCED\nFENCED: {inner} {close}\n");
+        Constraint::Grammar(match self {
+            Constraint::JsonObject => {
+                let schema = json_layout(serde_json::json!({"type": "object"}));
+                format!("start: %json {schema} {close}\n")
+            }
+            Constraint::JsonSchema(text) => match serde_json::from_str(text) {
+                Ok(schema) => format!("start: %json {} {close}\n", json_layout(schema)),
+                // Checked to parse before it gets here; llguidance says what is wrong otherwise.
+                Err(_) => format!("start: %json {text} {close}\n"),
+            },
+            Constraint::Regex(regex) => terminal(format!("/{}/", lark_regex(regex))),
             Constraint::Choice(choices) => {
                 let choices: Vec<String> = choices.iter().map(|choice| literal(choice)).collect();
-                format!("({})", choices.join(" | "))
+                terminal(format!("({})", choices.join(" | ")))
             }
-            Constraint::Grammar(_) => return None,
-        };
-        let close = literal(&format!("</{fence}>"));
-        Some(Constraint::Grammar(format!("start: {inner} {close}\n")))
+            // The newline before `}` ends a comment on the grammar's last line.
+            Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
+        })
     }
+}
+
+/// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
+/// whitespace) unless it sets its own (llguidance's `x-guidance`): the JSON a constrained reply is held
+/// to. llguidance's default lets whitespace run between any two tokens, and a model that keeps choosing
+/// it never closes its object.
+pub fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "whitespace_flexible": false,
+            })
+        });
+    }
+    schema
+}
+
+/// `regex` as the body of a Lark `/.../` literal: each `/` that is not already escaped gets a
+/// backslash (llguidance reads `\/` as `/`).
+fn lark_regex(regex: &str) -> String {
+    let mut body = String::with_capacity(regex.len());
+    let mut chars = regex.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                body.push(c);
+                body.extend(chars.next());
+            }
+            '/' => body.push_str("\\/"),
+            c => body.push(c),
+        }
+    }
+    body
 }
 
 impl fmt::Display for Program {

@@ -651,25 +651,9 @@ impl Lowering<'_> {
                 }
             }
         }
-        if let (Some((name, span)), Some(fence), Some(fence_span)) =
-            (constrained, &sample.fence, fence_span)
-        {
+        if let (Some(constraint), Some(fence)) = (&sample.constraint, &sample.fence) {
             // In a fence the sampled text is the constrained text and then the closing tag.
-            match sample.constraint.as_ref().and_then(|c| c.fenced(fence)) {
-                Some(fenced) => sample.constraint = Some(fenced),
-                None => self.error(
-                    Diagnostic::new(
-                        Code::FencedConstraint,
-                        format!("`{name}` on a sampler fenced by `<>{fence}`"),
-                        span,
-                        "a grammar",
-                    )
-                    .with_secondary(fence_span, "fence")
-                    .with_help(format!(
-                        "drop the fence and spell it in the grammar: start: \"<{fence}>\" ... \"</{fence}>\""
-                    )),
-                ),
-            }
+            sample.constraint = Some(constraint.fenced(fence));
         }
         sample
     }

@@ -268,6 +268,13 @@ impl Constrained {
             .map_err(|error| candle_core::Error::Msg(format!("constrained decoding: {error}")))
     }
 
+    /// Whether the text so far is a sentence of the grammar (it may go on).
+    pub(super) fn accepts(&mut self) -> Result<bool> {
+        self.matcher
+            .is_accepting()
+            .map_err(|error| candle_core::Error::Msg(format!("constrained decoding: {error}")))
+    }
+
     /// `logits` with every token the grammar does not allow next at `-inf`.
     pub(super) fn mask(&mut self, logits: &[f32]) -> Result<Vec<f32>> {
         let allowed = self.allowed()?;
@@ -322,15 +329,23 @@ mod tests {
         count: u64,
         max_tokens: u32,
     ) -> Vec<Completion> {
+        let params = SampleParams {
+            max_tokens: Some(max_tokens),
+            constraint: Some(constraint),
+            ..SampleParams::default()
+        };
+        replies_with(model, params, count)
+    }
+
+    /// `count` replies with `params`, sampled at temperature 1 with seeds 0, 1, …
+    fn replies_with(model: &LocalModel, params: SampleParams, count: u64) -> Vec<Completion> {
         let requests: Vec<Request> = (0..count)
             .map(|seed| Request {
                 prompt: Prompt::Text("Answer:".into()),
                 params: SampleParams {
-                    max_tokens: Some(max_tokens),
                     temperature: Some(1.0),
                     seed: Some(seed),
-                    constraint: Some(constraint.clone()),
-                    ..SampleParams::default()
+                    ..params.clone()
                 },
             })
             .collect();
@@ -440,6 +455,41 @@ mod tests {
             assert_eq!(completion.tokens, [x, end]);
             assert_eq!(completion.logprobs, [0.0, 0.0]);
             assert_eq!(completion.text, "x");
+        }
+    }
+
+    /// Under a constraint the grammar decides where the text ends: a stop string inside text the
+    /// grammar is still in (the fence's closing tag as a JSON string's content) does not end the row;
+    /// the one the grammar ends with does, and the reply is the whole sentence.
+    #[test]
+    fn a_stop_string_ends_a_constrained_reply_only_where_its_grammar_accepts() {
+        let model = random_local_model();
+        let schema = json_layout(json!({
+            "type": "object",
+            "properties": {"tag": {"enum": ["</answer>"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["tag", "n"],
+            "additionalProperties": false,
+        }));
+        let params = SampleParams {
+            max_tokens: Some(64),
+            stop: vec!["</answer>".into()],
+            constraint: Some(Constraint::Lark(format!(
+                "start: %json {schema} \"</answer>\"\n"
+            ))),
+            ..SampleParams::default()
+        };
+        for completion in replies_with(&model, params, 4) {
+            assert_eq!(
+                completion.finish,
+                Finish::Stop("</answer>".into()),
+                "{completion:?}"
+            );
+            let json = completion.text.strip_suffix("</answer>").unwrap();
+            let reply: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(reply["tag"], "</answer>", "{reply}");
+            // The row's last token ends the text: nothing was sampled past the stop.
+            let decoded = model.tokenizer().decode(&completion.tokens, true).unwrap();
+            assert_eq!(decoded, completion.text);
         }
     }
 
