@@ -169,7 +169,8 @@ codes! {
          (number >= 0), top_p (0 < p <= 1), top_k (integer >= 0) and stop (string, repeatable).";
     InvalidSamplerArgument = "H0015", Error, "invalid value for a sampler argument",
         "max_tokens is an integer >= 1, temperature a number >= 0, top_p a number in (0, 1], top_k an \
-         integer >= 0 (0 disables it), stop a string.";
+         integer >= 0 (0 disables it), stop a string; json_schema a quoted JSON schema (an object or a \
+         boolean) or the name of the variable that holds one, regex a regular expression that parses.";
     PositionalSamplerArgument = "H0016", Error, "positional argument on a sampler",
         "Sampler arguments are written `key=value`; a bare word is not an argument. A fence is written \
          `<>name`.";

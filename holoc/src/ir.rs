@@ -170,6 +170,11 @@ pub struct Sample {
     /// `regex`, `choice` or `grammar` argument.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<Constraint>,
+    /// `json_schema=name`: the variable whose value, when the sampler runs, is the JSON schema the text
+    /// must be valid under (a data row's column, or an earlier sampler's text). The runtime checks it and
+    /// lowers it as the checker lowers a written `json_schema` ([`Constraint::of_schema`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_variable: Option<String>,
 }
 
 /// A sampler's constraint as written; the runtime turns it into its `Constraint` and the sampler
@@ -223,6 +228,33 @@ impl Constraint {
             // The newline before `}` ends a comment on the grammar's last line.
             Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
         })
+    }
+}
+
+impl Constraint {
+    /// The constraint of a `json_schema=name` sampler once `name` holds `schema`: JSON valid under it,
+    /// in a fence followed by the closing tag, as for a schema written in the tag; or why `schema` is
+    /// not a JSON schema ([`schema_problem`]).
+    pub fn of_schema(schema: &str, fence: Option<&str>) -> Result<Constraint, String> {
+        if let Some(problem) = schema_problem(schema) {
+            return Err(problem);
+        }
+        let constraint = Constraint::JsonSchema(schema.to_string());
+        Ok(match fence {
+            Some(fence) => constraint.fenced(fence),
+            None => constraint,
+        })
+    }
+}
+
+/// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
+/// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when
+/// the sampler compiles it.
+pub fn schema_problem(text: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => None,
+        Ok(_) => Some("a schema is a JSON object or a boolean".into()),
+        Err(error) => Some(format!("not JSON: {error}")),
     }
 }
 
@@ -374,6 +406,9 @@ impl fmt::Display for SampleArgs<'_> {
                 }
             }
             Some(Constraint::Grammar(grammar)) => write!(f, " grammar={grammar:?}")?,
+        }
+        if let Some(variable) = &sample.schema_variable {
+            write!(f, " json_schema={variable}")?;
         }
         Ok(())
     }

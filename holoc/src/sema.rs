@@ -11,8 +11,8 @@ use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, 
 use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
-    ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program,
-    Sample, Source, TemplateArgument, TemplateValue,
+    schema_problem, ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op,
+    OpKind, Program, Sample, Source, TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
@@ -734,8 +734,14 @@ impl Lowering<'_> {
                             .with_help("single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'"),
                     ),
                 },
-                _ => self.error(invalid("a quoted JSON schema").with_help(
-                    "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'",
+                // A bare name: the schema is the variable's value when the sampler runs.
+                Value::Word(name) => {
+                    if self.variable(name, value.span, true) {
+                        sample.schema_variable = Some(name.clone());
+                    }
+                }
+                Value::Number(_) => self.error(invalid("a quoted JSON schema or a variable").with_help(
+                    "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'; a bare name reads a variable: json_schema=schema",
                 )),
             },
             "json_schema_file" => match &value.node {
@@ -1272,17 +1278,6 @@ fn arg_value(value: &Value) -> ArgValue {
 /// How a `json_schema_file` path is written.
 const SCHEMA_FILE_HELP: &str =
     "a path relative to the .hol file's folder: json_schema_file=\"schemas/plan.json\"";
-
-/// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
-/// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when
-/// the sampler compiles it, before any rollout.
-fn schema_problem(text: &str) -> Option<String> {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => None,
-        Ok(_) => Some("a schema is a JSON object or a boolean".into()),
-        Err(error) => Some(format!("not JSON: {error}")),
-    }
-}
 
 fn parse_float(number: Option<&str>) -> Option<f64> {
     number?

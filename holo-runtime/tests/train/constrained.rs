@@ -13,7 +13,7 @@ use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::local::{LocalModel, LocalOptions};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::loom::{Interpreted, Loom, LoomConfig, RolloutRecord, RolloutSource};
 use holo_runtime::train::config::ImportanceSamplingMode;
 use holo_runtime::train::{
     batch, importance_sampling, replay, score, GrpoConfig, Policy, RunOptions, Trainer,
@@ -234,6 +234,63 @@ fn fenced_grammars_decide_where_their_fence_ends() {
         "{ratios:?}"
     );
     assert!(kl < 1e-8, "{kl}");
+}
+
+/// A sampler whose schema is each row's `schema` column (`json_schema=schema`), inside a fence.
+const ROW_SCHEMA: &str = "<|+++|>\n<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_schema=schema|>\n";
+
+#[test]
+fn each_row_holds_its_replies_to_its_own_schema() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware = Arc::new(Holoware::load("schema.hol", ROW_SCHEMA.as_bytes(), registry).unwrap());
+    let row = |schema: serde_json::Value| {
+        serde_json::from_value::<Row>(serde_json::json!({"schema": schema})).unwrap()
+    };
+    // A schema as a JSON column or as its text.
+    let rows = [
+        (0, row(serde_json::json!({"enum": ["</answer>", "ok"]}))),
+        (
+            1,
+            row(r#"{"type": "integer", "minimum": 3, "maximum": 5}"#.into()),
+        ),
+        (
+            2,
+            row(serde_json::json!({"$ref": "https://example.com/schema.json"})),
+        ),
+    ];
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources: Resources::default(),
+    };
+    for (_, row) in &rows {
+        source.check(row).unwrap();
+    }
+    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 12);
+    for record in &records {
+        if record.row_index == 2 {
+            // JSON, but no schema llguidance compiles: the request fails, naming the tag.
+            let error = record.error.as_ref().unwrap();
+            assert!(error.message.starts_with("schema.hol:4:1: "), "{error:?}");
+            continue;
+        }
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let json = replies[0].strip_suffix("</answer>").unwrap();
+        let reply: serde_json::Value = serde_json::from_str(json).unwrap();
+        match record.row_index {
+            0 => assert!(reply == "</answer>" || reply == "ok", "{reply}"),
+            _ => assert!((3..=5).contains(&reply.as_i64().unwrap()), "{reply}"),
+        }
+    }
+    // A row whose column is no schema is refused before any rollout of it, naming the tag.
+    let error = source.check(&row(serde_json::json!([1, 2]))).unwrap_err();
+    assert_eq!(
+        error,
+        "schema.hol:4:1: `schema`, the sampler's json_schema, is not a JSON schema: a schema is a JSON \
+         object or a boolean"
+    );
 }
 
 /// The importance ratios `exp(trainer − sampler)` of one on-policy step's trained tokens, per token,
