@@ -229,9 +229,7 @@ impl Constraint {
             Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
         })
     }
-}
 
-impl Constraint {
     /// The constraint of a `json_schema=name` sampler once `name` holds `schema`: JSON valid under it,
     /// in a fence followed by the closing tag, as for a schema written in the tag; or why `schema` is
     /// not a JSON schema ([`schema_problem`]).

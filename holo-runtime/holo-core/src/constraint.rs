@@ -38,9 +38,7 @@ impl Constraint {
             Constraint::Lark(_) => "a Lark grammar",
         }
     }
-}
 
-impl Constraint {
     /// The constraint of a sampler tag's `json_schema=name` ([`holoc::ir::Sample::schema_variable`])
     /// whose variable holds `value` (`None`: no value), inside `fence` when the tag has one: JSON valid
     /// under the schema, lowered as holoc lowers a schema written in the tag; or why it cannot be.
