@@ -736,7 +736,7 @@ impl Lowering<'_> {
                 },
                 // A bare name: the schema is the variable's value when the sampler runs.
                 Value::Word(name) => {
-                    if self.variable(name, value.span, true) {
+                    if self.variable(name, value.span, Use::Schema) {
                         sample.schema_variable = Some(name.clone());
                     }
                 }
@@ -1169,7 +1169,11 @@ impl Lowering<'_> {
                     sources.push(Source::Literal(text.clone()));
                 }
                 Alternative::Variable(name) => {
-                    if self.variable(name, alternative.span, alternatives.len() == 1) {
+                    let used = match alternatives.len() {
+                        1 => Use::Sole,
+                        _ => Use::Alternative,
+                    };
+                    if self.variable(name, alternative.span, used) {
                         sources.push(Source::Variable(name.clone()));
                     }
                 }
@@ -1185,7 +1189,9 @@ impl Lowering<'_> {
     }
 
     /// Checks one variable use; returns whether it is well-formed.
-    fn variable(&mut self, name: &str, span: Span, sole: bool) -> bool {
+    fn variable(&mut self, name: &str, span: Span, used: Use) -> bool {
+        // A sole use needs the variable; one of several alternatives needs one of them.
+        let sole = used != Use::Alternative;
         if name.starts_with(|c: char| c.is_ascii_uppercase()) && ast::is_identifier(name) {
             self.error(
                 Diagnostic::new(
@@ -1252,15 +1258,28 @@ impl Lowering<'_> {
                      have not run",
                 );
             }
-            let help = if sole {
-                format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
-            } else {
-                format!("move the sampler that binds `{name}` before this use")
+            let help = match used {
+                Use::Sole => {
+                    format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
+                }
+                Use::Alternative => format!("move the sampler that binds `{name}` before this use"),
+                Use::Schema => format!(
+                    "move the sampler that binds `{name}` before this one, whose schema it holds"
+                ),
             };
             self.error(diagnostic.with_help(help));
         }
         true
     }
+}
+
+/// How a variable is used: alone in an insert, as one of its alternatives, or as a sampler's schema
+/// (`json_schema=name`), which has no default.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Sole,
+    Alternative,
+    Schema,
 }
 
 fn arg_value(value: &Value) -> ArgValue {
