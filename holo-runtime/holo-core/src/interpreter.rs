@@ -525,11 +525,13 @@ impl Holoware {
         Ok(())
     }
 
-    /// Checks that each sampler's `json_schema=name` whose variable is an input finds a JSON schema in
-    /// `row`, before any rollout of it: an error names the tag's `file.hol:line:col`. (A variable a
-    /// sampler binds is read when the sampler runs.)
-    pub fn check_schemas(&self, row: &Row) -> Result<(), String> {
-        for (op, location) in self.program.ops.iter().zip(&self.locations) {
+    /// The constraints that `row` gives the samplers that read their schema from an input
+    /// (`json_schema=name`), with their tags' `file.hol:line:col`: what a row's rollouts will sample
+    /// under, checked before any of them. An error says which tag's variable holds no JSON schema. (A
+    /// variable a sampler binds is read when the sampler runs.)
+    pub fn row_constraints(&self, row: &Row) -> Result<Vec<(&'static str, Constraint)>, String> {
+        let mut constraints = Vec::new();
+        for (op, &location) in self.program.ops.iter().zip(&self.locations) {
             let OpKind::Sample(sample) = &op.kind else {
                 continue;
             };
@@ -540,10 +542,12 @@ impl Holoware {
                 continue;
             }
             let value = row.get(variable).and_then(column_text);
-            Constraint::of_variable(variable, value.as_deref(), sample.fence.as_deref())
-                .map_err(|error| format!("{location}: {error}"))?;
+            let constraint =
+                Constraint::of_variable(variable, value.as_deref(), sample.fence.as_deref())
+                    .map_err(|error| format!("{location}: {error}"))?;
+            constraints.push((location, constraint));
         }
-        Ok(())
+        Ok(constraints)
     }
 
     /// Starts one rollout on a data row.

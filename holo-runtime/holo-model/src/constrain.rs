@@ -126,6 +126,39 @@ impl Grammars {
     }
 }
 
+impl Grammars {
+    /// [`Grammars::check`] for the schemas that data rows give a holoware's samplers
+    /// (`json_schema=name`, [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)),
+    /// each distinct one compiled once, before any rollout: one that is no schema, or that llguidance
+    /// refuses, is an error naming the row (counted from 1) and the tag's `file.hol:line:col`.
+    pub fn check_rows<'r>(
+        &self,
+        holoware: &holo_core::interpreter::Holoware,
+        rows: impl IntoIterator<Item = &'r holo_core::interpreter::Row>,
+    ) -> std::result::Result<(), String> {
+        let mut compiled: Vec<Constraint> = Vec::new();
+        for (index, row) in rows.into_iter().enumerate() {
+            let row_constraints = holoware
+                .row_constraints(row)
+                .map_err(|error| format!("data row {}: {error}", index + 1))?;
+            for (location, constraint) in row_constraints {
+                if compiled.contains(&constraint) {
+                    continue;
+                }
+                if let Err(error) = self.compile(&constraint) {
+                    return Err(format!(
+                        "data row {}: {location}: the sampler's {} does not compile: {error}",
+                        index + 1,
+                        constraint.kind()
+                    ));
+                }
+                compiled.push(constraint);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `text` as a regular expression that matches it alone.
 fn regex_literal(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
@@ -567,6 +600,45 @@ mod tests {
         assert_eq!(
             (completion.text.as_str(), &completion.finish),
             ("x", &Finish::Length)
+        );
+    }
+
+    /// Schemas from data rows compile before any rollout: one llguidance refuses names its row and tag.
+    #[test]
+    fn schemas_from_rows_compile_before_any_rollout() {
+        use holo_core::interpreter::{Holoware, Row};
+
+        let model = random_local_model();
+        let source = b"<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_schema=schema|>\n";
+        let registry = std::sync::Arc::new(holo_core::holotypes::registry());
+        let holoware = Holoware::load("schema.hol", source, registry).unwrap();
+        let row =
+            |schema: Value| -> Row { serde_json::from_value(json!({"schema": schema})).unwrap() };
+        let good = [
+            row(json!({"type": "integer"})),
+            row(json!({"enum": ["a", "b"]})),
+        ];
+        model.grammars().check_rows(&holoware, &good).unwrap();
+        let refused = row(json!({"$ref": "https://example.com/schema.json"}));
+        let error = model
+            .grammars()
+            .check_rows(&holoware, [&good[0], &refused])
+            .unwrap_err();
+        assert!(
+            error.starts_with(
+                "data row 2: schema.hol:3:1: the sampler's a Lark grammar does not compile"
+            ),
+            "{error}"
+        );
+        let error = model
+            .grammars()
+            .check_rows(&holoware, [&row(json!("[1]"))])
+            .unwrap_err();
+        assert!(
+            error.starts_with(
+                "data row 1: schema.hol:3:1: `schema`, the sampler's json_schema, is not"
+            ),
+            "{error}"
         );
     }
 

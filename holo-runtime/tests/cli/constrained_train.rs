@@ -163,6 +163,43 @@ fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
     assert!(!out.join("rollouts.jsonl").exists());
 }
 
+/// A schema a data row gives (`json_schema=schema`) that llguidance refuses stops `holo train` before
+/// any rollout, naming the row and the tag.
+#[test]
+fn a_row_schema_the_sampler_refuses_stops_the_run_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-row-schema");
+    let holoware = run.path().join("schema.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
+    )
+    .unwrap();
+    let data = run.path().join("rows.jsonl");
+    std::fs::write(
+        &data,
+        concat!(
+            r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
+            "\n",
+            r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let out = run.path().join("run");
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+    args[1] = holoware.to_str().unwrap().into();
+    args[5] = data.to_str().unwrap().into();
+    args.extend(["--max-steps", "1"].map(String::from));
+    let output = holo_output(&args);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--data: data row 2: ") && stderr.contains("schema.hol:3:1: "),
+        "{stderr}"
+    );
+    assert!(!out.join("rollouts.jsonl").exists());
+}
+
 /// `holo eval` and `holo dry` with the local model compile the holoware's constraints before any rollout,
 /// as `holo train` does: the refused grammar is named at its tag, and no rollout is written.
 #[test]

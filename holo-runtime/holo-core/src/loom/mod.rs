@@ -238,7 +238,7 @@ impl RolloutSource for Interpreted {
         self.holoware
             .check_row(row)
             .map_err(|missing| missing.to_string())?;
-        self.holoware.check_schemas(row)
+        self.holoware.row_constraints(row).map(drop)
     }
 
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {
