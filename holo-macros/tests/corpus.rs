@@ -241,6 +241,83 @@ fn constraints_reach_the_sample_requests() {
     );
 }
 
+/// A sampler's `json_schema=name` reads its schema from the variable when it runs, alike in the compiled
+/// machine and the interpreter: a row's column, then an earlier reply inside a fence; a reply that is no
+/// schema ends the rollout with an error at the tag. (Not in the list above, whose rows are no schemas.)
+#[test]
+fn schemas_from_variables_reach_the_sample_requests() {
+    use holo_runtime::{Constraint, RolloutError};
+
+    mod compiled {
+        holo_macros::include_holoware!(
+            ok_schema_variable,
+            "../holoc/tests/inputs/ok/schema_variable.hol",
+            holotypes = crate
+        );
+    }
+
+    fn requests(
+        rollout: &mut dyn Rollout,
+        own: &str,
+    ) -> (Vec<Option<Constraint>>, Result<(), RolloutError>) {
+        let mut transcript = Transcript::default();
+        let mut sampler = Scripted::new(["42", own, "\"x\"</again>"]);
+        let mut constraints = Vec::new();
+        loop {
+            match rollout.step(&mut transcript) {
+                Ok(Step::Sample(request)) => {
+                    constraints.push(request.constraint.clone());
+                    let completion = sampler.complete(&request).expect("enough replies");
+                    rollout.resume(completion, &mut transcript).expect("resume");
+                }
+                Ok(Step::Done) => return (constraints, Ok(())),
+                Err(error) => return (constraints, Err(error)),
+            }
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../holoc/tests/inputs/ok/schema_variable.hol");
+    let holoware = Arc::new(Holoware::open(&path, Arc::new(registry())).unwrap());
+    let row = serde_json::json!({"schema": "{\"type\": \"integer\"}"});
+    for (own, fails) in [("{\"type\": \"string\"}", false), ("not a schema", true)] {
+        let input = serde_json::from_value(row.clone()).unwrap();
+        let mut machine = compiled::ok_schema_variable::Machine::new(input).unwrap();
+        let compiled = requests(&mut machine, own);
+        let row = row.as_object().unwrap().clone();
+        let interpreted = requests(&mut holoware.start(&row).unwrap(), own);
+        assert_eq!(compiled.0, interpreted.0);
+        assert_eq!(
+            compiled.0[0],
+            Some(Constraint::JsonSchema(
+                serde_json::json!({"type": "integer"})
+            ))
+        );
+        match (&compiled.1, &interpreted.1) {
+            (Err(first), Err(second)) if fails => {
+                for error in [first, second] {
+                    let message = error.to_string();
+                    assert!(
+                        message.contains("schema_variable.hol:7:1: `own`, the sampler's json_schema, is not a JSON schema: not JSON"),
+                        "{message}"
+                    );
+                }
+                assert_eq!(compiled.0.len(), 2);
+            }
+            (Ok(()), Ok(())) if !fails => {
+                // In the fence: the schema from the reply, then the closing tag, one Lark grammar.
+                let Some(Constraint::Lark(grammar)) = &compiled.0[2] else {
+                    panic!("{:?}", compiled.0)
+                };
+                assert!(
+                    grammar.contains(r#"{"type":"string""#) && grammar.ends_with("\"</again>\"\n"),
+                    "{grammar}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// A row with none of `<|question|prompt|>` is rejected before the rollout starts, by both.
 #[test]
 fn row_without_any_alternative_is_rejected_up_front() {

@@ -655,7 +655,21 @@ impl Generator<'_> {
                 let temperature = optional(sample.temperature.map(|value| quote!(#value)));
                 let top_p = optional(sample.top_p.map(|value| quote!(#value)));
                 let top_k = optional(sample.top_k.map(|value| quote!(#value)));
-                let constraint = optional(sample.constraint.as_ref().map(constraint));
+                let constraint = match &sample.schema_variable {
+                    // The schema is the variable's value now: read, checked and fenced at each request.
+                    Some(variable) => quote! {
+                        ::core::option::Option::Some({
+                            let view = View { input: &self.input, vars: &self.vars };
+                            ::holo_runtime::__private::schema_of(
+                                ::holo_runtime::Variables::get(&view, #variable),
+                                #variable,
+                                #fence,
+                                #location,
+                            )?
+                        })
+                    },
+                    None => optional(sample.constraint.as_ref().map(constraint)),
+                };
                 let open = sample.fence.as_ref().map(|fence| {
                     let open = format!("<{fence}>");
                     quote!(recorder.text(#open);)

@@ -169,7 +169,8 @@ codes! {
          (number >= 0), top_p (0 < p <= 1), top_k (integer >= 0) and stop (string, repeatable).";
     InvalidSamplerArgument = "H0015", Error, "invalid value for a sampler argument",
         "max_tokens is an integer >= 1, temperature a number >= 0, top_p a number in (0, 1], top_k an \
-         integer >= 0 (0 disables it), stop a string.";
+         integer >= 0 (0 disables it), stop a string; json_schema a quoted JSON schema (an object or a \
+         boolean) or the name of the variable that holds one, regex a regular expression that parses.";
     PositionalSamplerArgument = "H0016", Error, "positional argument on a sampler",
         "Sampler arguments are written `key=value`; a bare word is not an argument. A fence is written \
          `<>name`.";
@@ -231,11 +232,6 @@ codes! {
         "A sampler's text can be held to one language: `json=object`, `json_schema=\"...\"` (or \
          `json_schema_file=\"path.json\"`), `regex=\"...\"`, `choice=...` (repeatable: one text per argument) or `grammar=\"...\"` (Lark). Keep one of them; to \
          allow several forms, write them as one regex or grammar.";
-    FencedConstraint = "H0032", Error, "grammar on a fenced sampler",
-        "A fenced sampler (`<>name`) ends at the closing tag `</name>`, a stop string, and its binding receives \
-         the text inside. A `json`, `json_schema`, `regex` or `choice` constraint there holds the text inside, \
-         then the tag; a Lark `grammar` cannot be wrapped so: drop the fence and spell the tags in the \
-         grammar, `start: \"<name>\" body \"</name>\"`.";
     UnresolvedHolotype = "H0100", Warning, "unresolved holotype",
         "The holotype is not one of the runtime's built-ins, and the file is not inside a crate (no Cargo.toml \
          with a [package] above it; a virtual workspace root does not count), so no crate could be scanned. The crate build (include_holoware!) \

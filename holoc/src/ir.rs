@@ -170,6 +170,11 @@ pub struct Sample {
     /// `regex`, `choice` or `grammar` argument.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<Constraint>,
+    /// `json_schema=name`: the variable whose value, when the sampler runs, is the JSON schema the text
+    /// must be valid under (a data row's column, or an earlier sampler's text). The runtime checks it and
+    /// lowers it as the checker lowers a written `json_schema` ([`Constraint::of_schema`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_variable: Option<String>,
 }
 
 /// A sampler's constraint as written; the runtime turns it into its `Constraint` and the sampler
@@ -192,24 +197,98 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>` (the stop
-    /// string that ends the sample): this constraint's text, then the tag, as a Lark grammar. `None` for
-    /// a Lark grammar, whose rules a wrapper cannot safely take in.
-    pub fn fenced(&self, fence: &str) -> Option<Constraint> {
+    /// The constraint on a fenced sampler's text, which ends with the closing tag `</fence>`: this
+    /// constraint's text, then the tag, as a Lark grammar. The grammar decides where the text ends, so a
+    /// closing tag inside it (in a JSON string, in a regex's or choice's text, in a grammar's sentence)
+    /// is text and does not end the fence.
+    ///
+    /// A regex or choice becomes one terminal with the tag (llguidance's lexemes are greedy: written as
+    /// two, a regex that can go on with `<`, such as `.*`, would never let the tag start); JSON is a
+    /// nested grammar whose end its own syntax marks; a Lark grammar is nested whole (`%lark { ... }`),
+    /// so its rule names, its `start` included, stay its own.
+    pub fn fenced(&self, fence: &str) -> Constraint {
         let literal = |text: &str| serde_json::Value::from(text).to_string();
-        let inner = match self {
-            Constraint::JsonObject => "%json {\"type\": \"object\"}".to_string(),
-            Constraint::JsonSchema(schema) => format!("%json {schema}"),
-            Constraint::Regex(regex) => format!("/{}/", regex.replace('/', "\\/")),
+        let close = literal(&format!("</{fence}>"));
+        let terminal = |inner: String| format!("start: FENCED\nFENCED: {inner} {close}\n");
+        Constraint::Grammar(match self {
+            Constraint::JsonObject => {
+                let schema = json_layout(serde_json::json!({"type": "object"}));
+                format!("start: %json {schema} {close}\n")
+            }
+            Constraint::JsonSchema(text) => match serde_json::from_str(text) {
+                Ok(schema) => format!("start: %json {} {close}\n", json_layout(schema)),
+                // Checked to parse before it gets here; llguidance says what is wrong otherwise.
+                Err(_) => format!("start: %json {text} {close}\n"),
+            },
+            Constraint::Regex(regex) => terminal(format!("/{}/", lark_regex(regex))),
             Constraint::Choice(choices) => {
                 let choices: Vec<String> = choices.iter().map(|choice| literal(choice)).collect();
-                format!("({})", choices.join(" | "))
+                terminal(format!("({})", choices.join(" | ")))
             }
-            Constraint::Grammar(_) => return None,
-        };
-        let close = literal(&format!("</{fence}>"));
-        Some(Constraint::Grammar(format!("start: {inner} {close}\n")))
+            // The newline before `}` ends a comment on the grammar's last line.
+            Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
+        })
     }
+
+    /// The constraint of a `json_schema=name` sampler once `name` holds `schema`: JSON valid under it,
+    /// in a fence followed by the closing tag, as for a schema written in the tag; or why `schema` is
+    /// not a JSON schema ([`schema_problem`]).
+    pub fn of_schema(schema: &str, fence: Option<&str>) -> Result<Constraint, String> {
+        if let Some(problem) = schema_problem(schema) {
+            return Err(problem);
+        }
+        let constraint = Constraint::JsonSchema(schema.to_string());
+        Ok(match fence {
+            Some(fence) => constraint.fenced(fence),
+            None => constraint,
+        })
+    }
+}
+
+/// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
+/// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when
+/// the sampler compiles it.
+pub fn schema_problem(text: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => None,
+        Ok(_) => Some("a schema is a JSON object or a boolean".into()),
+        Err(error) => Some(format!("not JSON: {error}")),
+    }
+}
+
+/// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
+/// whitespace) unless it sets its own (llguidance's `x-guidance`): the JSON a constrained reply is held
+/// to. llguidance's default lets whitespace run between any two tokens, and a model that keeps choosing
+/// it never closes its object.
+pub fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "whitespace_flexible": false,
+            })
+        });
+    }
+    schema
+}
+
+/// `regex` as the body of a Lark `/.../` literal: each `/` that is not already escaped gets a
+/// backslash (llguidance reads `\/` as `/`).
+fn lark_regex(regex: &str) -> String {
+    let mut body = String::with_capacity(regex.len());
+    let mut chars = regex.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                body.push(c);
+                body.extend(chars.next());
+            }
+            '/' => body.push_str("\\/"),
+            c => body.push(c),
+        }
+    }
+    body
 }
 
 impl fmt::Display for Program {
@@ -325,6 +404,9 @@ impl fmt::Display for SampleArgs<'_> {
                 }
             }
             Some(Constraint::Grammar(grammar)) => write!(f, " grammar={grammar:?}")?,
+        }
+        if let Some(variable) = &sample.schema_variable {
+            write!(f, " json_schema={variable}")?;
         }
         Ok(())
     }

@@ -11,8 +11,8 @@ use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, 
 use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
-    ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program,
-    Sample, Source, TemplateArgument, TemplateValue,
+    schema_problem, ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op,
+    OpKind, Program, Sample, Source, TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
@@ -651,25 +651,9 @@ impl Lowering<'_> {
                 }
             }
         }
-        if let (Some((name, span)), Some(fence), Some(fence_span)) =
-            (constrained, &sample.fence, fence_span)
-        {
+        if let (Some(constraint), Some(fence)) = (&sample.constraint, &sample.fence) {
             // In a fence the sampled text is the constrained text and then the closing tag.
-            match sample.constraint.as_ref().and_then(|c| c.fenced(fence)) {
-                Some(fenced) => sample.constraint = Some(fenced),
-                None => self.error(
-                    Diagnostic::new(
-                        Code::FencedConstraint,
-                        format!("`{name}` on a sampler fenced by `<>{fence}`"),
-                        span,
-                        "a grammar",
-                    )
-                    .with_secondary(fence_span, "fence")
-                    .with_help(format!(
-                        "drop the fence and spell it in the grammar: start: \"<{fence}>\" ... \"</{fence}>\""
-                    )),
-                ),
-            }
+            sample.constraint = Some(constraint.fenced(fence));
         }
         sample
     }
@@ -750,8 +734,14 @@ impl Lowering<'_> {
                             .with_help("single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'"),
                     ),
                 },
-                _ => self.error(invalid("a quoted JSON schema").with_help(
-                    "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'",
+                // A bare name: the schema is the variable's value when the sampler runs.
+                Value::Word(name) => {
+                    if self.variable(name, value.span, Use::Schema) {
+                        sample.schema_variable = Some(name.clone());
+                    }
+                }
+                Value::Number(_) => self.error(invalid("a quoted JSON schema or a variable").with_help(
+                    "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'; a bare name reads a variable: json_schema=schema",
                 )),
             },
             "json_schema_file" => match &value.node {
@@ -1179,7 +1169,11 @@ impl Lowering<'_> {
                     sources.push(Source::Literal(text.clone()));
                 }
                 Alternative::Variable(name) => {
-                    if self.variable(name, alternative.span, alternatives.len() == 1) {
+                    let used = match alternatives.len() {
+                        1 => Use::Sole,
+                        _ => Use::Alternative,
+                    };
+                    if self.variable(name, alternative.span, used) {
                         sources.push(Source::Variable(name.clone()));
                     }
                 }
@@ -1195,7 +1189,9 @@ impl Lowering<'_> {
     }
 
     /// Checks one variable use; returns whether it is well-formed.
-    fn variable(&mut self, name: &str, span: Span, sole: bool) -> bool {
+    fn variable(&mut self, name: &str, span: Span, used: Use) -> bool {
+        // A sole use needs the variable; one of several alternatives needs one of them.
+        let sole = used != Use::Alternative;
         if name.starts_with(|c: char| c.is_ascii_uppercase()) && ast::is_identifier(name) {
             self.error(
                 Diagnostic::new(
@@ -1262,15 +1258,28 @@ impl Lowering<'_> {
                      have not run",
                 );
             }
-            let help = if sole {
-                format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
-            } else {
-                format!("move the sampler that binds `{name}` before this use")
+            let help = match used {
+                Use::Sole => {
+                    format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
+                }
+                Use::Alternative => format!("move the sampler that binds `{name}` before this use"),
+                Use::Schema => format!(
+                    "move the sampler that binds `{name}` before this one, whose schema it holds"
+                ),
             };
             self.error(diagnostic.with_help(help));
         }
         true
     }
+}
+
+/// How a variable is used: alone in an insert, as one of its alternatives, or as a sampler's schema
+/// (`json_schema=name`), which has no default.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Sole,
+    Alternative,
+    Schema,
 }
 
 fn arg_value(value: &Value) -> ArgValue {
@@ -1288,17 +1297,6 @@ fn arg_value(value: &Value) -> ArgValue {
 /// How a `json_schema_file` path is written.
 const SCHEMA_FILE_HELP: &str =
     "a path relative to the .hol file's folder: json_schema_file=\"schemas/plan.json\"";
-
-/// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
-/// Schema's two forms). What a sampler cannot compile beyond that (an external `$ref`) is refused when
-/// the sampler compiles it, before any rollout.
-fn schema_problem(text: &str) -> Option<String> {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => None,
-        Ok(_) => Some("a schema is a JSON object or a boolean".into()),
-        Err(error) => Some(format!("not JSON: {error}")),
-    }
-}
 
 fn parse_float(number: Option<&str>) -> Option<f64> {
     number?

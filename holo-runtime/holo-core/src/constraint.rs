@@ -38,6 +38,24 @@ impl Constraint {
             Constraint::Lark(_) => "a Lark grammar",
         }
     }
+
+    /// The constraint of a sampler tag's `json_schema=name` ([`holoc::ir::Sample::schema_variable`])
+    /// whose variable holds `value` (`None`: no value), inside `fence` when the tag has one: JSON valid
+    /// under the schema, lowered as holoc lowers a schema written in the tag; or why it cannot be.
+    pub fn of_variable(
+        variable: &str,
+        value: Option<&str>,
+        fence: Option<&str>,
+    ) -> Result<Constraint, String> {
+        let value = value.ok_or_else(|| {
+            format!("`{variable}`, the sampler's json_schema, has no value: the data row lacks it")
+        })?;
+        holoc::ir::Constraint::of_schema(value, fence)
+            .map(|written| Constraint::from(&written))
+            .map_err(|problem| {
+                format!("`{variable}`, the sampler's json_schema, is not a JSON schema: {problem}")
+            })
+    }
 }
 
 /// The tokens a [`Constraint`] allowed at one position of a completion: a bit per entry of the model's

@@ -525,6 +525,31 @@ impl Holoware {
         Ok(())
     }
 
+    /// The constraints that `row` gives the samplers that read their schema from an input
+    /// (`json_schema=name`), with their tags' `file.hol:line:col`: what a row's rollouts will sample
+    /// under, checked before any of them. An error says which tag's variable holds no JSON schema. (A
+    /// variable a sampler binds is read when the sampler runs.)
+    pub fn row_constraints(&self, row: &Row) -> Result<Vec<(&'static str, Constraint)>, String> {
+        let mut constraints = Vec::new();
+        for (op, &location) in self.program.ops.iter().zip(&self.locations) {
+            let OpKind::Sample(sample) = &op.kind else {
+                continue;
+            };
+            let Some(variable) = &sample.schema_variable else {
+                continue;
+            };
+            if self.binding_names.contains(variable) {
+                continue;
+            }
+            let value = row.get(variable).and_then(column_text);
+            let constraint =
+                Constraint::of_variable(variable, value.as_deref(), sample.fence.as_deref())
+                    .map_err(|error| format!("{location}: {error}"))?;
+            constraints.push((location, constraint));
+        }
+        Ok(constraints)
+    }
+
     /// Starts one rollout on a data row.
     pub fn start(self: &Arc<Self>, row: &Row) -> Result<Interpreter, RolloutError> {
         self.start_with(row, &Resources::default())
@@ -570,14 +595,7 @@ impl Holoware {
         let instances = self.instances(resources)?;
         let inputs = row
             .iter()
-            .filter_map(|(name, value)| {
-                let text = match value {
-                    serde_json::Value::Null => return None,
-                    serde_json::Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                };
-                Some((name.clone(), text))
-            })
+            .filter_map(|(name, value)| Some((name.clone(), column_text(value)?)))
             .collect();
         Ok(Interpreter {
             holoware: Arc::clone(self),
@@ -593,6 +611,15 @@ impl Holoware {
             passes: vec![0; self.program.holotypes.len()],
             instances,
         })
+    }
+}
+
+/// A row's column as a variable's text: a string as it is, other JSON as JSON text; null is absent.
+fn column_text(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(text) => Some(text.clone()),
+        other => Some(other.to_string()),
     }
 }
 
@@ -733,6 +760,14 @@ impl Rollout for Interpreter {
                         .chain(sample.stop.iter().cloned())
                         .collect();
                     let (binding, fence) = holoware.samples[self.pc];
+                    let location = holoware.locations[self.pc];
+                    let constraint = match &sample.schema_variable {
+                        Some(variable) => Some(
+                            Constraint::of_variable(variable, self.variables.get(variable), fence)
+                                .map_err(|error| RolloutError::Schema { location, error })?,
+                        ),
+                        None => sample.constraint.as_ref().map(Constraint::from),
+                    };
                     return Ok(Step::Sample(SampleRequest {
                         binding,
                         fence,
@@ -741,8 +776,8 @@ impl Rollout for Interpreter {
                         top_p: sample.top_p,
                         top_k: sample.top_k,
                         stop,
-                        constraint: sample.constraint.as_ref().map(Constraint::from),
-                        location: holoware.locations[self.pc],
+                        constraint,
+                        location,
                     }));
                 }
                 OpKind::Holotype { instance, body_end } => {

@@ -14,19 +14,5 @@ pub fn kind_of(value: &Value) -> &'static str {
     }
 }
 
-/// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
-/// whitespace) unless it sets its own (llguidance's `x-guidance`): the JSON a constrained reply is held
-/// to. llguidance's default lets whitespace run between any two tokens, and a model that keeps choosing
-/// it never closes its object.
-pub fn json_layout(mut schema: Value) -> Value {
-    if let Some(object) = schema.as_object_mut() {
-        object.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({
-                "item_separator": ", ",
-                "key_separator": ": ",
-                "whitespace_flexible": false,
-            })
-        });
-    }
-    schema
-}
+/// The JSON a constrained reply is held to; holoc's, which lays out a fenced sampler's schema.
+pub use holoc::ir::json_layout;

@@ -67,4 +67,15 @@ pub mod __private {
     pub fn json_schema(text: &str) -> crate::Constraint {
         crate::Constraint::from(&holoc::ir::Constraint::JsonSchema(text.to_string()))
     }
+
+    /// A sampler tag's `json_schema=name`, with the variable's value when the sampler runs.
+    pub fn schema_of(
+        value: Option<&str>,
+        variable: &str,
+        fence: Option<&str>,
+        location: &'static str,
+    ) -> Result<crate::Constraint, crate::RolloutError> {
+        crate::Constraint::of_variable(variable, value, fence)
+            .map_err(|error| crate::RolloutError::Schema { location, error })
+    }
 }

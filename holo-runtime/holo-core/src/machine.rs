@@ -251,6 +251,11 @@ pub enum RolloutError {
         location: &'static str,
         error: String,
     },
+    /// A sampler's `json_schema=name` found no JSON schema in its variable.
+    Schema {
+        location: &'static str,
+        error: String,
+    },
 }
 
 impl fmt::Display for RolloutError {
@@ -266,6 +271,7 @@ impl fmt::Display for RolloutError {
                 alternatives.join("|")
             ),
             RolloutError::Protocol(message) => write!(f, "machine protocol: {message}"),
+            RolloutError::Schema { location, error } => write!(f, "{location}: {error}"),
             RolloutError::Template { location, error } => {
                 write!(
                     f,

@@ -126,6 +126,39 @@ impl Grammars {
     }
 }
 
+impl Grammars {
+    /// [`Grammars::check`] for the schemas that data rows give a holoware's samplers
+    /// (`json_schema=name`, [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)),
+    /// each distinct one compiled once, before any rollout: one that is no schema, or that llguidance
+    /// refuses, is an error naming the row (counted from 1) and the tag's `file.hol:line:col`.
+    pub fn check_rows<'r>(
+        &self,
+        holoware: &holo_core::interpreter::Holoware,
+        rows: impl IntoIterator<Item = &'r holo_core::interpreter::Row>,
+    ) -> std::result::Result<(), String> {
+        let mut compiled: Vec<Constraint> = Vec::new();
+        for (index, row) in rows.into_iter().enumerate() {
+            let row_constraints = holoware
+                .row_constraints(row)
+                .map_err(|error| format!("data row {}: {error}", index + 1))?;
+            for (location, constraint) in row_constraints {
+                if compiled.contains(&constraint) {
+                    continue;
+                }
+                if let Err(error) = self.compile(&constraint) {
+                    return Err(format!(
+                        "data row {}: {location}: the sampler's {} does not compile: {error}",
+                        index + 1,
+                        constraint.kind()
+                    ));
+                }
+                compiled.push(constraint);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `text` as a regular expression that matches it alone.
 fn regex_literal(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
@@ -268,6 +301,13 @@ impl Constrained {
             .map_err(|error| candle_core::Error::Msg(format!("constrained decoding: {error}")))
     }
 
+    /// Whether the text so far is a sentence of the grammar (it may go on).
+    pub(super) fn accepts(&mut self) -> Result<bool> {
+        self.matcher
+            .is_accepting()
+            .map_err(|error| candle_core::Error::Msg(format!("constrained decoding: {error}")))
+    }
+
     /// `logits` with every token the grammar does not allow next at `-inf`.
     pub(super) fn mask(&mut self, logits: &[f32]) -> Result<Vec<f32>> {
         let allowed = self.allowed()?;
@@ -322,15 +362,23 @@ mod tests {
         count: u64,
         max_tokens: u32,
     ) -> Vec<Completion> {
+        let params = SampleParams {
+            max_tokens: Some(max_tokens),
+            constraint: Some(constraint),
+            ..SampleParams::default()
+        };
+        replies_with(model, params, count)
+    }
+
+    /// `count` replies with `params`, sampled at temperature 1 with seeds 0, 1, …
+    fn replies_with(model: &LocalModel, params: SampleParams, count: u64) -> Vec<Completion> {
         let requests: Vec<Request> = (0..count)
             .map(|seed| Request {
                 prompt: Prompt::Text("Answer:".into()),
                 params: SampleParams {
-                    max_tokens: Some(max_tokens),
                     temperature: Some(1.0),
                     seed: Some(seed),
-                    constraint: Some(constraint.clone()),
-                    ..SampleParams::default()
+                    ..params.clone()
                 },
             })
             .collect();
@@ -443,6 +491,41 @@ mod tests {
         }
     }
 
+    /// Under a constraint the grammar decides where the text ends: a stop string inside text the
+    /// grammar is still in (the fence's closing tag as a JSON string's content) does not end the row;
+    /// the one the grammar ends with does, and the reply is the whole sentence.
+    #[test]
+    fn a_stop_string_ends_a_constrained_reply_only_where_its_grammar_accepts() {
+        let model = random_local_model();
+        let schema = json_layout(json!({
+            "type": "object",
+            "properties": {"tag": {"enum": ["</answer>"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["tag", "n"],
+            "additionalProperties": false,
+        }));
+        let params = SampleParams {
+            max_tokens: Some(64),
+            stop: vec!["</answer>".into()],
+            constraint: Some(Constraint::Lark(format!(
+                "start: %json {schema} \"</answer>\"\n"
+            ))),
+            ..SampleParams::default()
+        };
+        for completion in replies_with(&model, params, 4) {
+            assert_eq!(
+                completion.finish,
+                Finish::Stop("</answer>".into()),
+                "{completion:?}"
+            );
+            let json = completion.text.strip_suffix("</answer>").unwrap();
+            let reply: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(reply["tag"], "</answer>", "{reply}");
+            // The row's last token ends the text: nothing was sampled past the stop.
+            let decoded = model.tokenizer().decode(&completion.tokens, true).unwrap();
+            assert_eq!(decoded, completion.text);
+        }
+    }
+
     /// The grammars of `tool_choice: "required"` hold every reply to well-formed calls of the
     /// functions given, in the family's own format.
     #[test]
@@ -517,6 +600,45 @@ mod tests {
         assert_eq!(
             (completion.text.as_str(), &completion.finish),
             ("x", &Finish::Length)
+        );
+    }
+
+    /// Schemas from data rows compile before any rollout: one llguidance refuses names its row and tag.
+    #[test]
+    fn schemas_from_rows_compile_before_any_rollout() {
+        use holo_core::interpreter::{Holoware, Row};
+
+        let model = random_local_model();
+        let source = b"<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_schema=schema|>\n";
+        let registry = std::sync::Arc::new(holo_core::holotypes::registry());
+        let holoware = Holoware::load("schema.hol", source, registry).unwrap();
+        let row =
+            |schema: Value| -> Row { serde_json::from_value(json!({"schema": schema})).unwrap() };
+        let good = [
+            row(json!({"type": "integer"})),
+            row(json!({"enum": ["a", "b"]})),
+        ];
+        model.grammars().check_rows(&holoware, &good).unwrap();
+        let refused = row(json!({"$ref": "https://example.com/schema.json"}));
+        let error = model
+            .grammars()
+            .check_rows(&holoware, [&good[0], &refused])
+            .unwrap_err();
+        assert!(
+            error.starts_with(
+                "data row 2: schema.hol:3:1: the sampler's a Lark grammar does not compile"
+            ),
+            "{error}"
+        );
+        let error = model
+            .grammars()
+            .check_rows(&holoware, [&row(json!("[1]"))])
+            .unwrap_err();
+        assert!(
+            error.starts_with(
+                "data row 1: schema.hol:3:1: `schema`, the sampler's json_schema, is not"
+            ),
+            "{error}"
         );
     }
 

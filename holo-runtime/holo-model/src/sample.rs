@@ -30,7 +30,8 @@ pub struct GenerationParams {
     pub top_p: f64,
     /// Only the `top_k` most likely tokens; 0 keeps all.
     pub top_k: usize,
-    /// Sampling ends after the first of these appears in the decoded text, which keeps it.
+    /// Sampling ends after the first of these appears in the decoded text, which keeps it; under a
+    /// constraint, only where one ends the text and the constraint accepts the text through it.
     pub stop: Vec<String>,
     pub seed: u64,
     /// How many of the most likely tokens to record at each position (see [`Generation::top_logprobs`]).
@@ -410,7 +411,17 @@ pub(super) fn record(
             0 => 0,
             min => decode(stopping.tokenizer, &generation.tokens[..min])?.len(),
         };
-        if let Some((at, stop)) = first_stop(&text, searched, &params.stop) {
+        let found = match row.constrained.as_mut() {
+            None => first_stop(&text, searched, &params.stop),
+            // Under a constraint the grammar decides where the text ends: a stop string ends the row
+            // only where it ends the text and the grammar accepts the text through it, so a fence's
+            // closing tag inside a JSON string the grammar is still in is text, not the end.
+            Some(constrained) => match ending_stop(&text, searched, &params.stop) {
+                Some(found) if constrained.accepts()? => Some(found),
+                _ => None,
+            },
+        };
+        if let Some((at, stop)) = found {
             generation.text = text[..at + stop.len()].to_string();
             generation.finish = Finish::Stop(stop.clone());
             row.done = true;
@@ -421,6 +432,19 @@ pub(super) fn record(
         row.done = true;
     }
     Ok((token, logprob))
+}
+
+/// The stop string that `text` ends with, past its first `searched` bytes, and where it starts.
+fn ending_stop<'s>(
+    text: &str,
+    searched: usize,
+    stops: &'s [String],
+) -> Option<(usize, &'s String)> {
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty() && text.ends_with(stop.as_str()))
+        .map(|stop| (text.len() - stop.len(), stop))
+        .find(|(at, stop)| at + stop.len() > searched)
 }
 
 /// The `k` largest logits as `(token, logit - normaliser)`, largest first (the lower id among equals),

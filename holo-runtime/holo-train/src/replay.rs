@@ -8,15 +8,26 @@
 use holo_core::Constraint;
 use holo_model::{Grammar, Grammars};
 
-use super::batch::Completion;
+use super::batch::{Completion, Sequence};
 use super::error::TrainError;
 
 /// Sets each constrained sequence's masks ([`super::batch::Constraints::allowed`]) from its runs,
 /// compiling each distinct constraint once. A constraint the model cannot compile, or a token it does
 /// not allow (a sampler that did not enforce it), is an error that says which.
 pub fn replay(grammars: &Grammars, completions: &mut [Completion]) -> Result<(), TrainError> {
+    replay_sequences(
+        grammars,
+        completions.iter_mut().flat_map(|c| &mut c.sequences),
+    )
+}
+
+/// [`replay`] on sequences outside a completion (`holo view`'s policy scores).
+pub fn replay_sequences<'a>(
+    grammars: &Grammars,
+    sequences: impl IntoIterator<Item = &'a mut Sequence>,
+) -> Result<(), TrainError> {
     let mut compiled: Vec<(Constraint, Grammar)> = Vec::new();
-    for sequence in completions.iter_mut().flat_map(|c| &mut c.sequences) {
+    for sequence in sequences {
         if sequence.constraints.is_empty() || !sequence.constraints.allowed.is_empty() {
             continue;
         }

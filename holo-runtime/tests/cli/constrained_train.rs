@@ -2,7 +2,8 @@
 //! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
 //! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
 //! A constraint the model cannot compile stops `holo train`, `holo eval` and `holo dry` before any
-//! rollout. A schema read from a file (`json_schema_file`) holds `holo eval`'s replies.
+//! rollout. A schema read from a file (`json_schema_file`) holds `holo eval`'s replies. A run resumed from
+//! a checkpoint trains its constrained tokens on policy, with ratios of 1.
 
 use crate::common::{fixture, holo_output, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
@@ -69,6 +70,74 @@ fn a_constrained_holoware_trains() {
     }
 }
 
+/// A constrained run stopped after its first checkpoint and resumed from it (`--resume`, the second
+/// checkpoint removed, as a run killed before writing it would leave it). With a generation drawn ahead
+/// (`--max-off-policy-steps 1`: the checkpoint keeps it, and the sampler's log-probabilities are
+/// corrected for and measured) and a learning rate of 0 (every generation on policy), the resumed step's
+/// importance ratios against the sampler are 1 only if its constrained tokens' masks were replayed in
+/// training; and the step matches the uninterrupted run's.
+#[test]
+fn a_resumed_constrained_run_trains_on_policy_with_ratios_of_one() {
+    let run = crate::common::tempdir::Dir::new("constrained-resume");
+    let out = run.path().join("run");
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+    args.extend(
+        [
+            "--max-steps",
+            "2",
+            "--save-steps",
+            "1",
+            "--num-generations",
+            "4",
+            "--per-device-train-batch-size",
+            "8",
+            "--max-completion-length",
+            "48",
+            "--max-off-policy-steps",
+            "1",
+            "--learning-rate",
+            "0",
+        ]
+        .map(String::from),
+    );
+    let output = holo_output(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let whole = run_metrics(&out);
+    std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
+    args.push("--resume".into());
+    let output = holo_output(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let resumed = run_metrics(&out);
+    assert_eq!(resumed.len(), 2);
+    let step = &resumed[1];
+    assert_eq!(step["step"], 2);
+    let metric = |name: &str| {
+        step[name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {name} in {step}"))
+    };
+    assert!(metric("sampling/mismatch_kl") < 1e-8, "{step}");
+    for bound in ["min", "max"] {
+        let ratio = metric(&format!("sampling/importance_sampling_ratio/{bound}"));
+        assert!((ratio - 1.0).abs() < 1e-4, "{bound}: {ratio}");
+    }
+    for name in ["loss", "entropy", "reward", "sampling/mismatch_kl"] {
+        let (now, then) = (metric(name), whole[1][name].as_f64().unwrap());
+        assert!(
+            (now - then).abs() < 1e-6,
+            "{name}: {now} resumed, {then} whole"
+        );
+    }
+}
+
 /// A grammar llguidance refuses, which the checker cannot see, stops the run before any rollout, with
 /// the tag's place.
 #[test]
@@ -89,6 +158,43 @@ fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("bad.hol:3:1") && stderr.contains("undefined_rule"),
+        "{stderr}"
+    );
+    assert!(!out.join("rollouts.jsonl").exists());
+}
+
+/// A schema a data row gives (`json_schema=schema`) that llguidance refuses stops `holo train` before
+/// any rollout, naming the row and the tag.
+#[test]
+fn a_row_schema_the_sampler_refuses_stops_the_run_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-row-schema");
+    let holoware = run.path().join("schema.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
+    )
+    .unwrap();
+    let data = run.path().join("rows.jsonl");
+    std::fs::write(
+        &data,
+        concat!(
+            r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
+            "\n",
+            r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let out = run.path().join("run");
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+    args[1] = holoware.to_str().unwrap().into();
+    args[5] = data.to_str().unwrap().into();
+    args.extend(["--max-steps", "1"].map(String::from));
+    let output = holo_output(&args);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--data: data row 2: ") && stderr.contains("schema.hol:3:1: "),
         "{stderr}"
     );
     assert!(!out.join("rollouts.jsonl").exists());

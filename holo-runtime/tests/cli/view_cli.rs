@@ -234,6 +234,61 @@ fn the_policy_log_probabilities_match_the_sampler_where_it_sampled() {
     assert!(moved > 1e-3, "after an update the policy differs: {moved}");
 }
 
+/// Rollouts of a constrained holoware (`train/constrained.hol`, by `holo eval` with the committed model):
+/// under the same model the policy scores its constrained tokens under their masks, replayed as the
+/// trainer replays them, so they equal the sampler's log-probabilities (over the whole vocabulary they
+/// would be lower).
+#[test]
+fn the_policy_scores_constrained_tokens_under_their_masks() {
+    let dir = Dir::new("view-constrained");
+    let rollouts = dir.path().join("rollouts.jsonl");
+    let output = holo(&[
+        "eval",
+        s(&fixtures().join("train/constrained.hol")),
+        "--sampler",
+        "local",
+        "--model",
+        s(&model()),
+        "--data",
+        s(&fixtures().join("train/rows.jsonl")),
+        "-n",
+        "2",
+        "--out",
+        s(&rollouts),
+    ]);
+    assert!(output.status.success(), "holo eval: {}", stderr(&output));
+    let out = dir.path().join("page.html");
+    let data = view(
+        &rollouts,
+        &out,
+        &["--model", s(&model()), "--policy", s(&model())],
+    );
+    let mut compared = 0;
+    for rollout in data["rollouts"].as_array().unwrap() {
+        for (context, policy) in rollout["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(rollout["policy"].as_array().unwrap())
+        {
+            let tokens = &context["tokens"];
+            assert!(!tokens["constraints"].as_array().unwrap().is_empty());
+            let sampled = tokens["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(tokens["loss_mask"].as_array().unwrap())
+                .filter(|(_, bit)| **bit == 1);
+            for (policy, (sampled, _)) in policy.as_array().unwrap().iter().zip(sampled) {
+                let difference = (policy.as_f64().unwrap() - sampled.as_f64().unwrap()).abs();
+                assert!(difference < 1e-4, "{difference}");
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 50, "{compared} tokens compared");
+}
+
 #[test]
 fn a_policy_that_cannot_load_is_a_usage_error_before_anything_is_written() {
     let dir = Dir::new("view-bad-policy");

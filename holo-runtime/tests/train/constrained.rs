@@ -13,7 +13,7 @@ use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::local::{LocalModel, LocalOptions};
-use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
+use holo_runtime::loom::{Interpreted, Loom, LoomConfig, RolloutRecord, RolloutSource};
 use holo_runtime::train::config::ImportanceSamplingMode;
 use holo_runtime::train::{
     batch, importance_sampling, replay, score, GrpoConfig, Policy, RunOptions, Trainer,
@@ -167,13 +167,130 @@ fn fenced_constraints_compile() {
         .join("../holoc/tests/inputs/ok/fenced_constraints.hol");
     let holoware = Holoware::open(&path, Arc::new(holotypes::registry())).unwrap();
     let constraints = holoware.constraints();
-    assert_eq!(constraints.len(), 4);
+    assert_eq!(constraints.len(), 6);
     for (location, constraint) in constraints {
         assert!(matches!(constraint, Constraint::Lark(_)), "{location}");
         if let Err(error) = model.grammars().compile(&constraint) {
             panic!("{location}: {constraint:?}: {error}");
         }
     }
+}
+
+/// Fenced samplers whose constraint decides where the fence ends: a Lark grammar nested in `<>pair`,
+/// and JSON whose one string is `</note>`, the fence's own closing tag, which the stop string `</note>`
+/// would cut after `{"tag": "`. Each binds the text inside its fence, which the last message shows.
+const FENCED: &str = r#"<|+++|>
+<|o_o|>
+A pair, then a note.
+<|@_@:pair <>pair grammar="start: KEY \"=\" VALUE\nKEY: /[a-z]/\nVALUE: /[0-9]{1,2}/ # one or two digits"|>
+<|@_@:note <>note json_schema='{"type": "object", "properties": {"tag": {"enum": ["</note>"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["tag", "n"], "additionalProperties": false}'|>
+<|o_o|>
+<|pair|> and <|note|>
+"#;
+
+#[test]
+fn fenced_grammars_decide_where_their_fence_ends() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware = Arc::new(Holoware::load("fenced.hol", FENCED.as_bytes(), registry).unwrap());
+    let rows = [(0, serde_json::from_str::<Row>("{}").unwrap())];
+    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 4);
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let [pair, note] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let pair = pair.strip_suffix("</pair>").unwrap();
+        let (key, value) = pair.split_once('=').unwrap();
+        assert!(
+            key.len() == 1 && key.as_bytes()[0].is_ascii_lowercase(),
+            "{pair:?}"
+        );
+        assert!(
+            (1..=2).contains(&value.len()) && value.bytes().all(|b| b.is_ascii_digit()),
+            "{pair:?}"
+        );
+        let note = note.strip_suffix("</note>").unwrap();
+        let json: serde_json::Value = serde_json::from_str(note).unwrap();
+        assert_eq!(json["tag"], "</note>", "{note}");
+        // The bindings hold the text inside each fence.
+        let last = record.contexts[0].messages.last().unwrap();
+        let shown: String = last.parts.iter().map(|part| part.text.as_str()).collect();
+        assert_eq!(shown.trim_end(), format!("{pair} and {note}"));
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        let kinds: Vec<&str> = tokens
+            .constraints
+            .iter()
+            .map(|run| run.constraint.kind())
+            .collect();
+        assert_eq!(kinds, ["a Lark grammar", "a Lark grammar"]);
+    }
+    // On policy, the trainer scores both fences' tokens under their masks as the sampler drew them.
+    let (ratios, kl) = ratios(&model, &records, true);
+    assert!(
+        ratios.iter().all(|ratio| (ratio - 1.0).abs() < 1e-4),
+        "{ratios:?}"
+    );
+    assert!(kl < 1e-8, "{kl}");
+}
+
+/// A sampler whose schema is each row's `schema` column (`json_schema=schema`), inside a fence.
+const ROW_SCHEMA: &str = "<|+++|>\n<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_schema=schema|>\n";
+
+#[test]
+fn each_row_holds_its_replies_to_its_own_schema() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware = Arc::new(Holoware::load("schema.hol", ROW_SCHEMA.as_bytes(), registry).unwrap());
+    let row = |schema: serde_json::Value| {
+        serde_json::from_value::<Row>(serde_json::json!({"schema": schema})).unwrap()
+    };
+    // A schema as a JSON column or as its text.
+    let rows = [
+        (0, row(serde_json::json!({"enum": ["</answer>", "ok"]}))),
+        (
+            1,
+            row(r#"{"type": "integer", "minimum": 3, "maximum": 5}"#.into()),
+        ),
+        (
+            2,
+            row(serde_json::json!({"$ref": "https://example.com/schema.json"})),
+        ),
+    ];
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources: Resources::default(),
+    };
+    for (_, row) in &rows {
+        source.check(row).unwrap();
+    }
+    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 12);
+    for record in &records {
+        if record.row_index == 2 {
+            // JSON, but no schema llguidance compiles: the request fails, naming the tag.
+            let error = record.error.as_ref().unwrap();
+            assert!(error.message.starts_with("schema.hol:4:1: "), "{error:?}");
+            continue;
+        }
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let json = replies[0].strip_suffix("</answer>").unwrap();
+        let reply: serde_json::Value = serde_json::from_str(json).unwrap();
+        match record.row_index {
+            0 => assert!(reply == "</answer>" || reply == "ok", "{reply}"),
+            _ => assert!((3..=5).contains(&reply.as_i64().unwrap()), "{reply}"),
+        }
+    }
+    // A row whose column is no schema is refused before any rollout of it, naming the tag.
+    let error = source.check(&row(serde_json::json!([1, 2]))).unwrap_err();
+    assert_eq!(
+        error,
+        "schema.hol:4:1: `schema`, the sampler's json_schema, is not a JSON schema: a schema is a JSON \
+         object or a boolean"
+    );
 }
 
 /// The importance ratios `exp(trainer − sampler)` of one on-policy step's trained tokens, per token,

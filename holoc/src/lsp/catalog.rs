@@ -96,7 +96,7 @@ pub(crate) const SAMPLER_DOCS: [(&str, &str); 11] = [
     ("json", "`json=object`: the sampled text is a JSON object"),
     (
         "json_schema",
-        "the sampled text is JSON valid under this schema: `json_schema='{\"type\": \"object\"}'`",
+        "the sampled text is JSON valid under this schema: `json_schema='{\"type\": \"object\"}'`; a bare name reads the schema from that variable when the sampler runs: `json_schema=schema`",
     ),
     (
         "json_schema_file",

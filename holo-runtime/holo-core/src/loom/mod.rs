@@ -237,7 +237,8 @@ impl RolloutSource for Interpreted {
     fn check(&self, row: &Row) -> Result<(), String> {
         self.holoware
             .check_row(row)
-            .map_err(|missing| missing.to_string())
+            .map_err(|missing| missing.to_string())?;
+        self.holoware.row_constraints(row).map(drop)
     }
 
     fn tool_stats(&self) -> Option<Arc<ToolStats>> {

@@ -173,13 +173,19 @@ fn policy(
         }
         None => run_temperature(source)?,
     };
-    let model = match holo_runtime::train::Policy::load(path, &candle_core::Device::Cpu) {
-        Ok(policy) => policy.model,
+    let policy = match holo_runtime::train::Policy::load(path, &candle_core::Device::Cpu) {
+        Ok(policy) => policy,
         Err(error) => {
             eprintln!("error: --policy: {error}");
             return Err(ExitCode::from(EXIT_USAGE));
         }
     };
+    // Constrained tokens are scored under their masks, as the trainer scores them.
+    let grammars = holo_runtime::local::Grammars::new(
+        policy.tokenizer.clone(),
+        policy.model.config.vocab_size,
+        policy.end_of_turn.clone(),
+    );
     let records: Vec<&holo_runtime::loom::RolloutRecord> = source
         .files
         .iter()
@@ -195,9 +201,14 @@ fn policy(
     ) {
         bar.set_style(style.progress_chars("=> "));
     }
-    let logprobs = view::policy::logprobs(&model, &records, temperature, 16, |done| {
-        bar.set_position(done as u64)
-    });
+    let logprobs = view::policy::logprobs(
+        &policy.model,
+        &grammars,
+        &records,
+        temperature,
+        16,
+        |done| bar.set_position(done as u64),
+    );
     bar.finish_and_clear();
     match logprobs {
         Ok(logprobs) => Ok(view::page::Policy {

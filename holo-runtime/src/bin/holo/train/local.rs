@@ -80,6 +80,12 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         if let Err(error) = grammars.check(holoware) {
             return usage(error);
         }
+        // The schemas the rows give (`json_schema=name`), before any rollout too.
+        for (option, rows) in [("--data", &rows), ("--eval-data", &eval_rows)] {
+            if let Err(error) = grammars.check_rows(holoware, rows.iter().map(|(_, row)| row)) {
+                return usage(format!("{option}: {error}"));
+            }
+        }
     }
     let feed = match &args.api {
         Some(url) if atropos => {
