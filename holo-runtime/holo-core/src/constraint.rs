@@ -61,7 +61,7 @@ impl Constraint {
 /// The tokens a [`Constraint`] allowed at one position of a completion: a bit per entry of the model's
 /// logits. The trainer masks its logits there with it, as the sampler masked them
 /// (holo-model's `Grammar::replay` gives them).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Allowed {
     /// Bit `id % 32` of word `id / 32` is set where token `id` is allowed.
     words: Arc<[u32]>,
@@ -96,6 +96,11 @@ impl Allowed {
             words: words.into(),
             len,
         }
+    }
+
+    /// Whether `self` and `other` share one copy of their bits (a clone, or one interned).
+    pub fn shares_bits(&self, other: &Allowed) -> bool {
+        Arc::ptr_eq(&self.words, &other.words)
     }
 
     /// Whether token `id` is allowed (an id past the set's tokens is not).

@@ -4,8 +4,13 @@
 //!
 //! Replaying costs one parser step per constrained token at each step; recording the masks instead
 //! would cost a bit per vocabulary entry per token in every record (19 KB a token at Qwen's 151,936).
+//! The masks of a generation are kept while it trains, one copy of each distinct set: most positions
+//! of a constrained run allow what others do (every character of a JSON string, every digit of a
+//! number), so a generation holds far fewer copies than it has constrained tokens.
 
-use holo_core::Constraint;
+use std::collections::HashSet;
+
+use holo_core::{Allowed, Constraint};
 use holo_model::{Grammar, Grammars};
 
 use super::batch::{Completion, Sequence};
@@ -27,6 +32,7 @@ pub fn replay_sequences<'a>(
     sequences: impl IntoIterator<Item = &'a mut Sequence>,
 ) -> Result<(), TrainError> {
     let mut compiled: Vec<(Constraint, Grammar)> = Vec::new();
+    let mut distinct: HashSet<Allowed> = HashSet::new();
     for sequence in sequences {
         if sequence.constraints.is_empty() || !sequence.constraints.allowed.is_empty() {
             continue;
@@ -56,9 +62,21 @@ pub fn replay_sequences<'a>(
                         sequence.ids.len()
                     ))
                 })?;
-            masks.push(grammar.replay(tokens).map_err(|error| {
+            let replayed = grammar.replay(tokens).map_err(|error| {
                 TrainError::Input(format!("replaying {}: {error}", run.constraint.kind()))
-            })?);
+            })?;
+            masks.push(
+                replayed
+                    .into_iter()
+                    .map(|mask| match distinct.get(&mask) {
+                        Some(kept) => kept.clone(),
+                        None => {
+                            distinct.insert(mask.clone());
+                            mask
+                        }
+                    })
+                    .collect(),
+            );
         }
         sequence.constraints.replayed(&sequence.trained, masks);
     }

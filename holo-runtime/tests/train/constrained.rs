@@ -341,6 +341,40 @@ fn an_on_policy_step_on_constrained_tokens_has_ratios_of_one() {
     assert!(whole_kl > 1e-3, "{whole_kl}");
 }
 
+/// A generation's replayed masks hold one copy of each distinct set of allowed tokens: at 19 KB a
+/// token at a real vocabulary, a copy per constrained token would weigh on every step.
+#[test]
+fn replayed_masks_keep_one_copy_of_each_distinct_set() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let records = rollouts(&model);
+    let mut completions = batch::completions(&records, &vec![1.0; records.len()], false);
+    replay::replay(model.grammars(), &mut completions).unwrap();
+    let masks: Vec<&holo_runtime::Allowed> = completions
+        .iter()
+        .flat_map(|completion| &completion.sequences)
+        .flat_map(|sequence| sequence.constraints.allowed.iter().flatten())
+        .collect();
+    let mut copies: Vec<&holo_runtime::Allowed> = Vec::new();
+    for mask in &masks {
+        match copies.iter().find(|kept| kept == &mask) {
+            Some(kept) => assert!(kept.shares_bits(mask), "an equal set held twice"),
+            None => copies.push(mask),
+        }
+    }
+    // Most positions allow what others do (the digits of a number, the characters of a string).
+    assert!(
+        copies.len() * 4 < masks.len(),
+        "{} copies for {} constrained tokens",
+        copies.len(),
+        masks.len()
+    );
+    eprintln!(
+        "{} distinct sets for {} constrained tokens",
+        copies.len(),
+        masks.len()
+    );
+}
+
 /// The held tool calls of `train/tool_calls.hol` (two turns, each a regex's call of the calculator,
 /// its result a `tool` message between them), sampled by the random Qwen3 with Qwen3's template: on
 /// policy, the trainer scores every turn under its masks with ratios of 1 against the sampler, in every
