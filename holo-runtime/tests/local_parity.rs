@@ -482,7 +482,11 @@ fn sharded_checkpoints_load_like_single_files() {
 
 /// The gradients of every weight for the mean negative log-likelihood of the left-padded batch's next
 /// tokens (where input and target are both real) match transformers', through autograd over the
-/// differentiable forward and through the recomputed, hand-written backward the trainers run.
+/// differentiable forward and through the recomputed, hand-written backward the trainers run. Qwen3.5's
+/// mixture to 1e-4 of each gradient's norm, the others to 1e-5: both float32 forwards round its last
+/// linear layer's small gradients (`dt_bias`'s norm is 0.006) that far from the float64 values
+/// (transformers' `dt_bias` sum by 6.2e-5 of the norm, this runtime's by 0.9e-5; its convolution's sum
+/// by 1.1e-6 and 1.8e-5), which this runtime in float64 gives to 1e-7 of transformers' float64 forward.
 #[test]
 fn gradients_match_transformers() {
     for name in FAMILIES {
@@ -560,11 +564,12 @@ fn gradients_match_transformers() {
                 .collect();
             let ours = fuse_experts(ours);
             assert_eq!(ours.len(), weights.len(), "{what}: the weights trained");
+            let tolerance = if name == "qwen3_5_moe" { 1e-4 } else { 1e-5 };
             for (param, grad) in &ours {
                 let theirs = weights
                     .get(param.as_str())
                     .unwrap_or_else(|| panic!("{what}: transformers has no weight {param}"));
-                common::parity::gradient_matches(&what, param, grad, theirs, 1e-6);
+                common::parity::gradient_within(&what, param, grad, theirs, 1e-6, tolerance);
             }
         }
     }

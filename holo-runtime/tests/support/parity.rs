@@ -17,13 +17,25 @@ pub fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
 /// of the norm, at least of `norm_floor`), its sum, its first entries and the entries at the fixture's
 /// seeded random positions over the whole tensor (`sample`; each entry to 1e-5 of the norm).
 pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value, norm_floor: f64) {
+    gradient_within(what, param, grad, expected, norm_floor, 1e-5);
+}
+
+/// [`gradient_matches`] with `tolerance` in place of 1e-5.
+pub fn gradient_within(
+    what: &str,
+    param: &str,
+    grad: &[f32],
+    expected: &Value,
+    norm_floor: f64,
+    tolerance: f64,
+) {
     let norm = grad.iter().map(|g| (*g as f64).powi(2)).sum::<f64>().sqrt();
     let theirs_norm = expected["l2_norm"].as_f64().unwrap();
     close(
         &format!("{what}: ‖∇{param}‖"),
         norm,
         theirs_norm,
-        1e-5,
+        tolerance,
         norm_floor,
     );
     let sum: f64 = grad.iter().map(|g| *g as f64).sum();
@@ -32,7 +44,7 @@ pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value,
         &format!("{what}: Σ∇{param}"),
         sum,
         theirs_sum,
-        1e-5,
+        tolerance,
         theirs_norm,
     );
     let head = expected["head"].as_array().expect("an array");
@@ -56,7 +68,7 @@ pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value,
             &format!("{what}: ∇{param}[{j}]"),
             grad[j] as f64,
             theirs,
-            1e-5,
+            tolerance,
             theirs_norm,
         );
     }
