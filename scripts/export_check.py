@@ -92,10 +92,12 @@ def load_causal_lm(path: str):
 
     # float64, so that the reference's own rounding does not count.
     loader, config = AutoModelForCausalLM, AutoConfig.from_pretrained(path)
-    if config.model_type == "qwen3_5_text":
-        loader = float64_qwen3_5().Qwen3_5ForCausalLM
+    if config.model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+        module = float64_qwen3_5(config.model_type.removesuffix("_text"))
+        loader = getattr(module, config.architectures[0])
     # A mixture's experts by the plain loop: the grouped products take no float64.
-    experts = {"experts_implementation": "eager"} if config.model_type in ("qwen3_moe", "gpt_oss") else {}
+    mixtures = ("qwen3_moe", "gpt_oss", "qwen3_5_moe_text")
+    experts = {"experts_implementation": "eager"} if config.model_type in mixtures else {}
     model, info = loader.from_pretrained(
         path,
         config=config,
