@@ -1,8 +1,8 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `qwen35moe`, `llama`, `smollm3`,
-//!   `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `qwen35moe`, `llama`,
+//!   `smollm3`, `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`; the windowed layers'

@@ -1,6 +1,6 @@
 //! Qwen3.5 as llama.cpp's converter writes it (`general.architecture` `qwen35`, `Qwen3_5TextModel` in its
-//! `conversion/qwen.py`), put back as transformers' `qwen3_5_text` holds it; and its mixture of experts
-//! (`qwen35moe`, `Qwen3_5MoeTextModel`), as `qwen3_5_moe_text` holds it, whose keys are `qwen35moe.*`.
+//! `conversion/qwen.py`), put back as transformers' `qwen3_5_text` holds it; and its mixture of
+//! experts (`qwen35moe`, `Qwen3_5MoeTextModel`) as `qwen3_5_moe_text` holds it, under `qwen35moe.*`.
 //!
 //! The linear-attention sizes are `qwen35.ssm.*`: `conv_kernel` (`linear_conv_kernel_dim`), `state_size`
 //! (`linear_key_head_dim`), `group_count` (`linear_num_key_heads`), `time_step_rank`
@@ -27,15 +27,15 @@
 //! queries and gate as `q_proj` does.
 //!
 //! The mixture is on every layer: `expert_count` experts of `expert_feed_forward_length`, the
-//! `expert_used_count` best per token, weighted by the router's softmax renormalised over them (llama.cpp's
-//! graph always renormalises, as `Qwen3_5MoeTopKRouter` does), and a shared expert of
+//! `expert_used_count` best per token, weighted by the router's softmax renormalised over them
+//! (llama.cpp's graph always renormalises, as `Qwen3_5MoeTopKRouter` does), and a shared expert of
 //! `expert_shared_feed_forward_length` scaled by the sigmoid of its gate. Its tensors are Qwen3-MoE's
-//! (`ffn_gate_inp` the router, `ffn_{gate,up,down}_exps` the experts stacked in expert order, or gate and
-//! up fused by `--fuse-gate-up-exps` into `ffn_gate_up_exps`) and the shared expert's, renamed only:
-//! `ffn_{gate,up,down}_shexp` (`shared_expert.*_proj`) and `ffn_gate_inp_shexp` (`shared_expert_gate`,
-//! its one row). A file whose keys route otherwise (`expert_weights_norm` false, a scale other than 1, a
-//! gating function other than the softmax, more than one shared expert) is refused by key: neither
-//! transformers nor llama.cpp's graph computes that model.
+//! (`ffn_gate_inp` the router, `ffn_{gate,up,down}_exps` the experts stacked in expert order, or gate
+//! and up fused by `--fuse-gate-up-exps` into `ffn_gate_up_exps`) and the shared expert's, renamed
+//! only: `ffn_{gate,up,down}_shexp` (`shared_expert.*_proj`) and `ffn_gate_inp_shexp`
+//! (`shared_expert_gate`, its one row). A file whose keys route otherwise (`expert_weights_norm` false,
+//! a scale other than 1, a gating function other than the softmax, more than one shared expert) is
+//! refused by key: neither transformers nor llama.cpp's graph computes that model.
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::Tensor;

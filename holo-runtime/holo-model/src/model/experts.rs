@@ -38,8 +38,9 @@ pub struct Mixture {
     pub(crate) layer: usize,
     /// LoRA on the expert stacks ([`Model::with_lora`]'s `parameters`), in [`ExpertStack::ALL`]'s order.
     pub adapters: Vec<ExpertLora>,
-    /// Qwen3.5's shared expert.
-    pub shared: Option<SharedExpert>,
+    /// Qwen3.5's shared expert (boxed: the other families' mixtures, and every dense layer's
+    /// [`FeedForward`], do without it).
+    pub shared: Option<Box<SharedExpert>>,
 }
 
 /// Qwen3.5's shared expert ([`crate::config::Experts::shared`]): an MLP every token goes through
@@ -195,7 +196,7 @@ impl Mixture {
         };
         let shared = sizes
             .shared
-            .map(|inner| SharedExpert::load(&vb, config, inner))
+            .map(|inner| SharedExpert::load(&vb, config, inner).map(Box::new))
             .transpose()?;
         Ok(Mixture {
             router,

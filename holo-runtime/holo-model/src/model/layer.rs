@@ -162,7 +162,7 @@ impl FeedForward {
                 for (e, expert) in experts.iter_mut().enumerate() {
                     named.extend(mlp_named(expert, &format!("experts.{e}.")));
                 }
-                if let Some(SharedExpert { mlp, gate }) = shared {
+                if let Some(SharedExpert { mlp, gate }) = shared.as_deref_mut() {
                     named.extend(mlp_named(mlp, "shared_expert."));
                     named.push(("shared_expert_gate".to_string(), gate));
                 }
