@@ -17,11 +17,11 @@ pub fn close(what: &str, ours: f64, theirs: f64, tolerance: f64, floor: f64) {
 /// of the norm, at least of `norm_floor`), its sum, its first entries and the entries at the fixture's
 /// seeded random positions over the whole tensor (`sample`; each entry to 1e-5 of the norm).
 pub fn gradient_matches(what: &str, param: &str, grad: &[f32], expected: &Value, norm_floor: f64) {
-    gradient_within(what, param, grad, expected, norm_floor, 1e-5);
+    gradient_matches_within(what, param, grad, expected, norm_floor, 1e-5);
 }
 
-/// [`gradient_matches`] with `tolerance` in place of 1e-5.
-pub fn gradient_within(
+/// [`gradient_matches`] with `tolerance` in place of its 1e-5.
+pub fn gradient_matches_within(
     what: &str,
     param: &str,
     grad: &[f32],
