@@ -569,7 +569,9 @@ fn gradients_match_transformers() {
                 let theirs = weights
                     .get(param.as_str())
                     .unwrap_or_else(|| panic!("{what}: transformers has no weight {param}"));
-                common::parity::gradient_matches_within(&what, param, grad, theirs, 1e-6, tolerance);
+                common::parity::gradient_matches_within(
+                    &what, param, grad, theirs, 1e-6, tolerance,
+                );
             }
         }
     }
