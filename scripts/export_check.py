@@ -47,17 +47,20 @@ EXIT_MISSING_PACKAGES = 3
 SAMPLE_TEXT = "What is 3+4? <answer>7</answer>"
 
 
-def float64_qwen3_5():
-    """transformers' Qwen3.5 modelling module with every float32 cast made float64: it computes Gated
-    DeltaNet's delta rule and decays in float32 whatever the model's dtype (`.float()`,
-    `.to(torch.float32)`), which differs from the float64 result by 1e-5 to 1e-3 on these tiny models.
+def float64_qwen3_5(family: str = "qwen3_5"):
+    """transformers' Qwen3.5 modelling module (`family` `qwen3_5`, or `qwen3_5_moe` for the mixture) with
+    every float32 cast made float64: it computes Gated DeltaNet's delta rule and decays in float32 whatever
+    the model's dtype (`.float()`, `.to(torch.float32)`), which differs from the float64 result by 1e-5 to
+    1e-3 on these tiny models; the mixture's router takes its softmax in `torch.float`, made float64 too.
     (Holo's float64 forward equals this one to 1e-13 on the linear-attention layers.)"""
+    import importlib
     import types
 
-    import transformers.models.qwen3_5.modeling_qwen3_5 as original
+    original = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
     with open(original.__file__) as file:
-        source = file.read().replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+        source = (file.read().replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+                  .replace("dtype=torch.float,", "dtype=torch.float64,"))
     module = types.ModuleType(original.__name__)
     # Under the original's name: transformers resolves the classes' annotations through it.
     module.__dict__.update({"__package__": original.__package__, "__file__": original.__file__})
@@ -89,10 +92,12 @@ def load_causal_lm(path: str):
 
     # float64, so that the reference's own rounding does not count.
     loader, config = AutoModelForCausalLM, AutoConfig.from_pretrained(path)
-    if config.model_type == "qwen3_5_text":
-        loader = float64_qwen3_5().Qwen3_5ForCausalLM
+    if config.model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+        module = float64_qwen3_5(config.model_type.removesuffix("_text"))
+        loader = getattr(module, config.architectures[0])
     # A mixture's experts by the plain loop: the grouped products take no float64.
-    experts = {"experts_implementation": "eager"} if config.model_type in ("qwen3_moe", "gpt_oss") else {}
+    mixtures = ("qwen3_moe", "gpt_oss", "qwen3_5_moe_text")
+    experts = {"experts_implementation": "eager"} if config.model_type in mixtures else {}
     model, info = loader.from_pretrained(
         path,
         config=config,

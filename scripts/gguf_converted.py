@@ -37,11 +37,14 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
 
     <family>.gguf        `--outtype f32`: qwen2, llama (Llama 3's rope scaling as the `rope_freqs` tensor),
                          qwen3, qwen3_moe, gemma3, olmo2, olmo3, phi3, smollm3, mistral, gpt_oss (its experts
-                         stay MXFP4) and qwen3_5 (`--no-mtp`: the fixture has no multi-token-prediction
-                         layers); gpt_oss's logits are `gguf/gpt_oss.json`'s, of the same folder;
+                         stay MXFP4), qwen3_5 and qwen3_5_moe (`--no-mtp`: the fixtures have no
+                         multi-token-prediction layers); gpt_oss's logits are `gguf/gpt_oss.json`'s, of the
+                         same folder;
     qwen2-qkv.gguf, llama-qkv-q8_0.gguf, qwen3_5-qkv.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one
                          `attn_qkv` (Qwen3.5's full-attention layer's: its linear layers' `attn_qkv` is
                          their own `in_proj_qkv` either way);
+    qwen3_5_moe-fused.gguf  with `--fuse-qkv --fuse-gate-up-exps` (FUSED): the full-attention layer's q, k and
+                         v in one `attn_qkv`, each layer's experts' gate and up in one `ffn_gate_up_exps`;
     <family>-q8_0.gguf   `--outtype q8_0` for QUANTIZED: the converter's own Q8_0 (llama.cpp's reference
                          quantizer in gguf-py: the 2-D weights in blocks of 32 with an f16 scale, norms and
                          other 1-D tensors f32). The converter writes no k-quant: its `--outtype` is f32, f16,
@@ -49,7 +52,7 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
     converter.json       llama-cpp-python's version, llama.cpp's commit, gguf-py's version, the Python packages,
                          and per file its folder, outtype, the converter's arguments and the file's sha256;
     expected.json        per file, transformers' logits (f32, eager attention) of SEQUENCES at the positions
-                         listed (Qwen3.5's in float64, `"dtype": "float64"`, from transformers' module with its
+                         listed (Qwen3.5's and its mixture's in float64, `"dtype": "float64"`, from transformers' module with its
                          float32 casts in Gated DeltaNet made float64: its float32 delta rule drifts 1e-4 from
                          the float64 result over the 80-token sequence): of the folder for f32 files, and for q8_0 files of the same model with every
                          weight replaced by the file's own weights dequantized (gguf-py's `dequantize`, the
@@ -94,12 +97,13 @@ FAMILIES = {
     "smollm3": "gguf/smollm3",
     "mistral": "mistral",
     "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
     # Its logits are `gguf/gpt_oss.json`'s, of the same folder.
     "gpt_oss": "gpt_oss_folder",
 }
 # The converter's own arguments beyond `--outtype` and `--outfile`, by family: the fixture has no
 # multi-token-prediction layers, which the converter otherwise expects of Qwen3.5.
-ARGUMENTS = {"qwen3_5": ["--no-mtp"]}
+ARGUMENTS = {"qwen3_5": ["--no-mtp"], "qwen3_5_moe": ["--no-mtp"]}
 # The families the converter refuses, and why (recorded in converter.json): their hand-written files stay.
 REFUSED = {
     "ministral": "`MinistralForCausalLM` is not a registered architecture (only `Ministral3ForCausalLM`): "
@@ -116,6 +120,10 @@ QUANTIZED = ["phi3", "llama", "qwen3"]
 # Llama's permuted q / k rows in Q8_0 blocks, and Qwen3.5's gated queries (each head's queries and gate)
 # beside the linear-attention layers' own `attn_qkv`.
 FUSED_QKV = {"qwen2": "f32", "llama": "q8_0", "qwen3_5": "f32"}
+# Files with both of the converter's fusions (`--fuse-qkv --fuse-gate-up-exps`): Qwen3.5's mixture, its
+# full-attention layer's gated q, k and v in one `attn_qkv` and every layer's expert stacks of gate and up in
+# one `ffn_gate_up_exps`.
+FUSED = {"qwen3_5_moe": "f32"}
 # Families whose logits are not recorded here: gpt_oss (its logits and greedy tokens are gguf/gpt_oss.json's,
 # of the same temporary folder).
 NO_LOGITS = {"gpt_oss"}
@@ -380,16 +388,19 @@ def expected(gguf, files: dict) -> dict:
     out = {"versions": versions(), "files": {}}
     for name, (folder, outtype) in files.items():
         config = json.loads((folder / "config.json").read_text())
-        # Qwen3.5 in float64: transformers computes Gated DeltaNet in float32 whatever the model's dtype,
-        # which drifts 1e-4 from the float64 result over SEQUENCES' 80 tokens; `float64_qwen3_5` makes its
-        # casts float64, as `model_fixtures.py`'s `exact` logits do.
-        exact = config["model_type"] == "qwen3_5_text"
+        # Qwen3.5 (dense or the mixture) in float64: transformers computes Gated DeltaNet in float32
+        # whatever the model's dtype, which drifts 1e-4 from the float64 result over SEQUENCES' 80 tokens;
+        # `float64_qwen3_5` makes its casts float64, as `model_fixtures.py`'s `exact` logits do.
+        exact = config["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text")
         if exact:
             from export_check import float64_qwen3_5
 
-            model = float64_qwen3_5().Qwen3_5ForCausalLM.from_pretrained(
+            module = float64_qwen3_5(config["model_type"].removesuffix("_text"))
+            # The mixture's experts by transformers' loop: its grouped products take no float64.
+            experts = {"experts_implementation": "eager"} if "num_experts" in config else {}
+            model = getattr(module, config["architectures"][0]).from_pretrained(
                 folder, config=AutoConfig.from_pretrained(folder), dtype=torch.float64,
-                attn_implementation="eager").eval()
+                attn_implementation="eager", **experts).eval()
         else:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                          attn_implementation="eager").eval()
@@ -450,6 +461,9 @@ def main() -> None:
                 outtype = FUSED_QKV[family]
                 suffix = "" if outtype == "f32" else f"-{outtype}"
                 runs.append((f"{family}-qkv{suffix}.gguf", outtype, ["--fuse-qkv", *arguments]))
+            if family in FUSED:
+                runs.append((f"{family}-fused.gguf", FUSED[family],
+                             ["--fuse-qkv", "--fuse-gate-up-exps", *arguments]))
             for name, outtype, extra in runs:
                 arguments = run_converter(vendored, site, folder, OUT / name, outtype, extra)
                 arguments[arguments.index("--outfile") + 1] = name

@@ -35,6 +35,10 @@ pub enum Arch {
     /// softmax attention on the fourth.
     #[serde(rename = "qwen3_5_text")]
     Qwen3_5,
+    /// Qwen3.5's mixture-of-experts text model: Qwen3.5's layers, each with a routed mixture of SwiGLU
+    /// experts and a gated shared expert in place of the MLP ([`Experts::shared`]).
+    #[serde(rename = "qwen3_5_moe_text")]
+    Qwen3_5Moe,
     /// Qwen3's mixture-of-experts model: Qwen3's attention, a routed mixture of SwiGLU experts in
     /// place of the MLP ([`ModelConfig::experts`]).
     #[serde(rename = "qwen3_moe")]
@@ -59,6 +63,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3_text",
             Arch::Phi3 => "phi3",
             Arch::Qwen3_5 => "qwen3_5_text",
+            Arch::Qwen3_5Moe => "qwen3_5_moe_text",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::GptOss => "gpt_oss",
         }
@@ -77,9 +82,17 @@ impl Arch {
             Arch::Gemma3 => "Gemma3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Qwen3_5 => "Qwen3_5ForCausalLM",
+            Arch::Qwen3_5Moe => "Qwen3_5MoeForCausalLM",
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::GptOss => "GptOssForCausalLM",
         }
+    }
+}
+
+impl Arch {
+    /// Qwen3.5's hybrid of Gated DeltaNet and gated attention, dense or with experts.
+    pub fn is_qwen3_5(self) -> bool {
+        matches!(self, Arch::Qwen3_5 | Arch::Qwen3_5Moe)
     }
 }
 
@@ -204,7 +217,7 @@ impl Variant {
                 fused_projections: true,
                 ..Variant::default()
             },
-            Arch::Qwen3_5 => Variant {
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => Variant {
                 qk_norm: QkNorm::Head,
                 norm_offset: true,
                 attention_gate: true,
@@ -318,6 +331,10 @@ pub struct Experts {
     pub softmax_over_chosen: bool,
     /// gpt-oss's experts: biases, gate and up interleaved in one product, the clamped SwiGLU.
     pub clamped: Option<ClampedSwiGlu>,
+    /// Qwen3.5's shared expert, by its inner size (`shared_expert_intermediate_size`): a SwiGLU MLP
+    /// every token goes through beside its chosen experts, its output scaled by the sigmoid of a gate of
+    /// its own (`shared_expert_gate`, one logit per token) and added to theirs.
+    pub shared: Option<usize>,
 }
 
 /// gpt-oss's expert activation: `gate` clamped above at `limit`, `up` to `[-limit, limit]`, then
@@ -405,6 +422,7 @@ impl ModelConfig {
             "gemma3_text" => Arch::Gemma3,
             "phi3" => Arch::Phi3,
             "qwen3_5_text" => Arch::Qwen3_5,
+            "qwen3_5_moe_text" => Arch::Qwen3_5Moe,
             "qwen3_moe" => Arch::Qwen3Moe,
             "gpt_oss" => Arch::GptOss,
             _ => {
@@ -457,7 +475,7 @@ impl ModelConfig {
             Some(head_dim) => head_dim,
             // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
-            None if matches!(arch, Arch::Gemma3 | Arch::Qwen3_5) => 256,
+            None if arch == Arch::Gemma3 || arch.is_qwen3_5() => 256,
             None if arch == Arch::GptOss => 64,
             None => {
                 if hidden_size % num_attention_heads != 0 {
@@ -489,8 +507,8 @@ impl ModelConfig {
             },
             local_rope,
             rotary_dim: match rotary_dim(json, head_dim)? {
-                // `Qwen3_5TextConfig` defaults `partial_rotary_factor` to 0.25.
-                None if arch == Arch::Qwen3_5 && !states_rotary_factor(json) => Some(head_dim / 4),
+                // `Qwen3_5TextConfig` (and the mixture's) default `partial_rotary_factor` to 0.25.
+                None if arch.is_qwen3_5() && !states_rotary_factor(json) => Some(head_dim / 4),
                 rotated => rotated,
             },
             ..family
@@ -525,7 +543,8 @@ impl ModelConfig {
             | Arch::Olmo2
             | Arch::Olmo3
             | Arch::Gemma3
-            | Arch::Qwen3_5 => {
+            | Arch::Qwen3_5
+            | Arch::Qwen3_5Moe => {
                 let bias = keys.flag("attention_bias", false)?;
                 (bias, bias)
             }
@@ -551,7 +570,11 @@ impl ModelConfig {
             arch,
             vocab_size: keys.usize("vocab_size")?,
             hidden_size,
-            intermediate_size: keys.usize("intermediate_size")?,
+            intermediate_size: match arch {
+                // `Qwen3_5MoeTextConfig` has no dense MLP, and no key for one: every layer has experts.
+                Arch::Qwen3_5Moe => 0,
+                _ => keys.usize("intermediate_size")?,
+            },
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
@@ -623,11 +646,11 @@ impl ModelConfig {
             object.remove("hidden_act");
             object.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
         }
-        if matches!(self.arch, Arch::Qwen3_5 | Arch::GptOss) {
+        if self.arch.is_qwen3_5() || self.arch == Arch::GptOss {
             // transformers 5's `rope_parameters`, which carries the rotated fraction (and stands for
             // gpt-oss's default YaRN, which a missing one would bring back).
             let mut rope = rope_json(&(self.rope_theta, self.rope_scaling.clone()));
-            if self.arch == Arch::Qwen3_5 {
+            if self.arch.is_qwen3_5() {
                 let rotated = self.variant.rotary_dim.unwrap_or(self.head_dim);
                 rope["partial_rotary_factor"] = (rotated as f64 / self.head_dim as f64).into();
             }
@@ -771,7 +794,7 @@ impl ModelConfig {
                     );
                 }
             }
-            Arch::Qwen3_5 => {
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
                 let layer_types: Vec<&str> = self
                     .layers
@@ -791,6 +814,22 @@ impl ModelConfig {
                         ("linear_conv_kernel_dim", linear.conv_kernel),
                     ] {
                         object.insert(key.into(), value.into());
+                    }
+                }
+                if let Some(experts) = self.experts {
+                    object.remove("intermediate_size");
+                    for (key, value) in [
+                        ("num_experts", Value::from(experts.count)),
+                        ("num_experts_per_tok", experts.per_token.into()),
+                        ("moe_intermediate_size", experts.intermediate_size.into()),
+                        (
+                            "shared_expert_intermediate_size",
+                            experts.shared.unwrap_or(0).into(),
+                        ),
+                        ("router_aux_loss_coef", experts.aux_loss_coef.into()),
+                        ("output_router_logits", experts.aux_loss.into()),
+                    ] {
+                        object.insert(key.into(), value);
                     }
                 }
             }
@@ -820,6 +859,7 @@ fn text_tower(json: &Value) -> Option<Value> {
     let text_type = match model_type {
         "gemma3" => "gemma3_text",
         "qwen3_5" => "qwen3_5_text",
+        "qwen3_5_moe" => "qwen3_5_moe_text",
         _ => return None,
     };
     let mut text = json.get("text_config")?.as_object()?.clone();
@@ -850,7 +890,9 @@ pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), q
      (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
      and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B), phi3 \
      (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini), qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
-     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints), qwen3_moe \
+     the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints), qwen3_5_moe_text \
+     (Qwen3_5MoeForCausalLM: Qwen3.5's mixtures of experts, 35B-A3B, 122B-A10B, 397B-A17B; the text \
+     tower of qwen3_5_moe Qwen3_5MoeForConditionalGeneration checkpoints), qwen3_moe \
      (Qwen3MoeForCausalLM: Qwen3's mixtures of experts, 30B-A3B, 235B-A22B) and gpt_oss \
      (GptOssForCausalLM: gpt-oss-20b, gpt-oss-120b, bf16 or MXFP4 experts)";
 
@@ -984,9 +1026,9 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
     };
 
     // Qwen3.5 names its layers linear or full; the others full or sliding.
-    let second_kind = match arch {
-        Arch::Qwen3_5 => "linear_attention",
-        _ => "sliding_attention",
+    let second_kind = match arch.is_qwen3_5() {
+        true => "linear_attention",
+        false => "sliding_attention",
     };
     let second: Vec<bool> = match per_layer("layer_types")? {
         Some(types) => types
@@ -1002,7 +1044,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             })
             .collect::<Result<_, _>>()?,
         None => match arch {
-            Arch::Qwen3_5 => {
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => {
                 let interval = integer("full_attention_interval", 4)?.max(1);
                 (0..count)
                     .map(|layer| (layer + 1) % interval != 0)
@@ -1027,10 +1069,10 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
     // Where the family's attention reads the window (transformers' modelling code).
     let window = match arch {
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe if !flag("use_sliding_window")? => None,
-        Arch::Llama | Arch::Olmo2 | Arch::Qwen3_5 => None,
+        Arch::Llama | Arch::Olmo2 | Arch::Qwen3_5 | Arch::Qwen3_5Moe => None,
         _ => window,
     };
-    let linear = arch == Arch::Qwen3_5;
+    let linear = arch.is_qwen3_5();
     let experts = expert_layers(arch, &keys, count)?;
     Ok(second
         .into_iter()
@@ -1052,9 +1094,14 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
 /// Which layers have a mixture of experts, as `Qwen3MoeDecoderLayer` decides: every
 /// `decoder_sparse_step`-th layer that `mlp_only_layers` does not name, when there are experts.
 fn expert_layers(arch: Arch, keys: &Keys, count: usize) -> Result<Vec<bool>, ConfigError> {
-    if arch == Arch::GptOss {
+    // gpt-oss's and Qwen3.5's mixtures are on every layer.
+    if matches!(arch, Arch::GptOss | Arch::Qwen3_5Moe) {
         if expert_count(arch, keys)? == 0 {
-            return Err(ConfigError("`num_local_experts` must be at least 1".into()));
+            let key = match arch {
+                Arch::GptOss => "num_local_experts",
+                _ => "num_experts",
+            };
+            return Err(ConfigError(format!("`{key}` must be at least 1")));
         }
         return Ok(vec![true; count]);
     }
@@ -1092,10 +1139,11 @@ fn expert_layers(arch: Arch, keys: &Keys, count: usize) -> Result<Vec<bool>, Con
 }
 
 /// `num_experts`, or `num_local_experts` as transformers 5 writes it (when neither is given, 0, or
-/// gpt-oss's 128).
+/// gpt-oss's 128, or Qwen3.5's 256).
 fn expert_count(arch: Arch, keys: &Keys) -> Result<usize, ConfigError> {
     let default = match arch {
         Arch::GptOss => 128,
+        Arch::Qwen3_5Moe => 256,
         _ => 0,
     };
     match keys.optional_usize("num_experts")? {
@@ -1105,35 +1153,38 @@ fn expert_count(arch: Arch, keys: &Keys) -> Result<usize, ConfigError> {
 }
 
 /// The mixture's sizes and routing, with `Qwen3MoeConfig`'s defaults (`GptOssConfig`'s for gpt-oss,
-/// whose experts are `intermediate_size` wide).
+/// whose experts are `intermediate_size` wide; `Qwen3_5MoeTextConfig`'s for Qwen3.5, whose router
+/// always renormalises the chosen experts' weights and which has a shared expert).
 fn experts(arch: Arch, keys: &Keys) -> Result<Experts, ConfigError> {
     let count = expert_count(arch, keys)?;
     if arch == Arch::GptOss {
         return oss_experts(keys, count);
     }
+    let qwen3_5 = arch == Arch::Qwen3_5Moe;
     let per_token = keys.optional_usize("num_experts_per_tok")?.unwrap_or(8);
     if per_token == 0 || per_token > count {
         return Err(ConfigError(format!(
             "`num_experts_per_tok` ({per_token}) must be between 1 and the number of experts ({count})"
         )));
     }
-    let intermediate_size = match keys.optional_usize("moe_intermediate_size")?.unwrap_or(768) {
-        0 => {
-            return Err(ConfigError(
-                "`moe_intermediate_size` must be at least 1".into(),
-            ))
-        }
-        size => size,
+    let size = |key: &str, default: usize| match keys.optional_usize(key)?.unwrap_or(default) {
+        0 => Err(ConfigError(format!("`{key}` must be at least 1"))),
+        size => Ok(size),
     };
     Ok(Experts {
         count,
         per_token,
-        intermediate_size,
-        normalize: keys.flag("norm_topk_prob", false)?,
+        intermediate_size: size("moe_intermediate_size", if qwen3_5 { 512 } else { 768 })?,
+        // `Qwen3_5MoeTopKRouter` renormalises whatever the config says; it has no `norm_topk_prob`.
+        normalize: qwen3_5 || keys.flag("norm_topk_prob", false)?,
         aux_loss_coef: keys.optional_f64("router_aux_loss_coef")?.unwrap_or(0.001),
         aux_loss: keys.flag("output_router_logits", false)?,
         softmax_over_chosen: false,
         clamped: None,
+        shared: match qwen3_5 {
+            true => Some(size("shared_expert_intermediate_size", 512)?),
+            false => None,
+        },
     })
 }
 
@@ -1171,6 +1222,7 @@ fn oss_experts(keys: &Keys, count: usize) -> Result<Experts, ConfigError> {
             alpha: positive("swiglu_alpha", 1.702)?,
             limit: positive("swiglu_limit", 7.0)?,
         }),
+        shared: None,
     })
 }
 

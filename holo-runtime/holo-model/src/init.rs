@@ -33,6 +33,7 @@
 //! | tiny   | phi3        | 64     | 128          | 2      | 4 / 2 × 16 (8 rotated)      | no   | 1e4    |
 //! | tiny   | qwen3_5_text | 64    | 128          | 2      | 4 / 2 × 32 (8 rotated)      | yes  | 1e7    |
 //! | tiny   | qwen3_moe   | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 32            | no   | 1e6    |
+//! | tiny   | qwen3_5_moe_text | 64 | 4 experts × 32, 2 per token, shared 32 | 2 | 4 / 2 × 32 (8 rotated) | no | 1e7 |
 //! | tiny   | gpt_oss     | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 16            | no   | 1.5e5, YaRN ×32 |
 //!
 //! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
@@ -43,6 +44,8 @@
 //! ids, ours 512, so the embedding and the LM head are far smaller than the real models'; the decoder
 //! layers, which dominate the cost per token, are the same. `qwen3_moe`'s `small` is two of
 //! Qwen3-30B-A3B's 48 layers (128 experts of 768, 8 per token): the real model does not fit;
+//! `qwen3_5_moe_text`'s `small` is four of Qwen3.5-35B-A3B's 40 (three linear, one full; 256 experts of
+//! 512, 8 per token, a shared expert of 512), its tiny model a linear layer then a full one;
 //! `gpt_oss`'s `small` is two of gpt-oss-20b's 24 (a windowed layer of 128 positions and a full one,
 //! 32 experts of 2880, 4 per token), its tiny model windows every other layer at 8 positions; both
 //! have attention biases, sinks and gpt-oss's YaRN. Norms start as the identity (ones, or zeros for
@@ -124,7 +127,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 13] = [
+pub const ARCHS: [Arch; 14] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -136,6 +139,7 @@ pub const ARCHS: [Arch; 13] = [
     Arch::Gemma3,
     Arch::Phi3,
     Arch::Qwen3_5,
+    Arch::Qwen3_5Moe,
     Arch::Qwen3Moe,
     Arch::GptOss,
 ];
@@ -328,6 +332,12 @@ pub fn preset_config(
             (Arch::Qwen3_5, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e7, 1e-6, true),
             // Qwen3.5-0.8B's published decoder: 24 layers of width 1024, 8 heads over 2 of 256.
             (Arch::Qwen3_5, Preset::Small) => (1024, 3584, 24, 8, 2, 256, 262144, 1e7, 1e-6, true),
+            // Every layer's feed-forward is a mixture: there is no dense intermediate size.
+            (Arch::Qwen3_5Moe, Preset::Tiny) => (64, 0, 2, 4, 2, 32, 2048, 1e7, 1e-6, false),
+            // Four of Qwen3.5-35B-A3B's 40 decoder layers (three linear, one full): 2048 wide, 16 heads
+            // over 2 of 256, 256 experts of 512 with 8 per token and a shared expert of 512 (3.2 B
+            // parameters, 13 GB in f32). Each layer computes per token what the real model's do.
+            (Arch::Qwen3_5Moe, Preset::Small) => (2048, 0, 4, 16, 2, 256, 262144, 1e7, 1e-6, false),
             (Arch::Qwen3Moe, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, false),
             // Two of Qwen3-30B-A3B's 48 decoder layers: 2048 wide, 32 heads over 4 of 128, 128 experts
             // of 768 with 8 per token (1.2 B parameters, 4.8 GB in f32; the real model's 48 would be
@@ -365,8 +375,8 @@ pub fn preset_config(
                 window: windowed.then_some(window),
                 rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
                 // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
-                linear: arch == Arch::Qwen3_5 && (layer + 1) % if tiny { 2 } else { 4 } != 0,
-                experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss),
+                linear: arch.is_qwen3_5() && (layer + 1) % if tiny { 2 } else { 4 } != 0,
+                experts: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3_5Moe | Arch::GptOss),
             }
         })
         .collect();
@@ -376,7 +386,7 @@ pub fn preset_config(
         rotary_dim: match arch {
             Arch::Phi3 if tiny => Some(head_dim / 2),
             Arch::Phi3 => Some(head_dim * 3 / 4),
-            Arch::Qwen3_5 => Some(head_dim / 4),
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => Some(head_dim / 4),
             _ => None,
         },
         ..Variant::of(arch)
@@ -405,14 +415,16 @@ pub fn preset_config(
         layers: layer_specs,
         // Qwen3-MoE: `tiny` four experts of 32, two per token, renormalised; `small` two of Qwen3-30B-A3B's
         // layers, 128 experts of 768, eight per token. gpt-oss: `tiny` four experts, two per token;
-        // `small` gpt-oss-20b's 32, four per token, with its clamped SwiGLU.
-        experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss).then(|| {
+        // `small` gpt-oss-20b's 32, four per token, with its clamped SwiGLU. Qwen3.5's mixture: `tiny`
+        // four experts of 32, two per token, and a shared expert of 32; `small` Qwen3.5-35B-A3B's.
+        experts: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3_5Moe | Arch::GptOss).then(|| {
             let gpt_oss = arch == Arch::GptOss;
-            let (count, per_token, intermediate_size) = match (gpt_oss, tiny) {
-                (false, true) => (4, 2, 32),
-                (false, false) => (128, 8, 768),
-                (true, true) => (4, 2, intermediate),
-                (true, false) => (32, 4, intermediate),
+            let (count, per_token, intermediate_size) = match (arch, tiny) {
+                (Arch::Qwen3_5Moe, false) => (256, 8, 512),
+                (Arch::GptOss, true) => (4, 2, intermediate),
+                (Arch::GptOss, false) => (32, 4, intermediate),
+                (_, true) => (4, 2, 32),
+                (_, false) => (128, 8, 768),
             };
             Experts {
                 count,
@@ -426,17 +438,26 @@ pub fn preset_config(
                     alpha: 1.702,
                     limit: 7.0,
                 }),
+                shared: (arch == Arch::Qwen3_5Moe).then_some(intermediate_size),
             }
         }),
-        linear_attention: (arch == Arch::Qwen3_5).then_some(match tiny {
-            true => LinearAttention {
+        linear_attention: arch.is_qwen3_5().then_some(match (arch, tiny) {
+            (_, true) => LinearAttention {
                 key_heads: 2,
                 value_heads: 4,
                 key_head_dim: 16,
                 value_head_dim: 16,
                 conv_kernel: 4,
             },
-            false => LinearAttention {
+            // Qwen3.5-35B-A3B's: two value heads per key head.
+            (Arch::Qwen3_5Moe, false) => LinearAttention {
+                key_heads: 16,
+                value_heads: 32,
+                key_head_dim: 128,
+                value_head_dim: 128,
+                conv_kernel: 4,
+            },
+            (_, false) => LinearAttention {
                 key_heads: 16,
                 value_heads: 16,
                 key_head_dim: 128,
@@ -554,6 +575,12 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
                 linear(&format!("mlp.experts.{e}.gate_proj"), inner, hidden, false);
                 linear(&format!("mlp.experts.{e}.up_proj"), inner, hidden, false);
                 linear(&format!("mlp.experts.{e}.down_proj"), hidden, inner, false);
+            }
+            if let Some(inner) = experts.shared {
+                linear("mlp.shared_expert.gate_proj", inner, hidden, false);
+                linear("mlp.shared_expert.up_proj", inner, hidden, false);
+                linear("mlp.shared_expert.down_proj", hidden, inner, false);
+                linear("mlp.shared_expert_gate", 1, hidden, false);
             }
         } else if config.variant.fused_projections {
             linear(

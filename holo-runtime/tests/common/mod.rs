@@ -17,7 +17,7 @@ use std::process::Command;
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
-pub const MODEL_FAMILIES: [&str; 13] = [
+pub const MODEL_FAMILIES: [&str; 14] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -29,6 +29,7 @@ pub const MODEL_FAMILIES: [&str; 13] = [
     "gemma3",
     "phi3",
     "qwen3_5",
+    "qwen3_5_moe",
     "qwen3_moe",
     "gpt_oss",
 ];

@@ -3,8 +3,9 @@
 //! loads to its folder's config, gives transformers' logits, and its tokenizer and chat template give
 //! the folder tokenizer's ids. The q8_0 files are checked against transformers run on the file's own
 //! weights dequantized, so they too must match to float rounding; `-qkv` files have q, k and v fused
-//! into one `attn_qkv` (the converter's `--fuse-qkv`); Qwen3.5's file in float64 against transformers
-//! in float64.
+//! into one `attn_qkv` (the converter's `--fuse-qkv`); Qwen3.5's files (dense and the mixture) in
+//! float64 against transformers in float64; `qwen3_5_moe-fused.gguf` has both of the converter's fusions
+//! (`--fuse-qkv --fuse-gate-up-exps`).
 //!
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_converted.py
 //!     cargo test -p holo-runtime --test model gguf_converted
@@ -142,6 +143,7 @@ fn converted_ggufs_are_their_folders_models_with_transformers_logits() {
         "smollm3",
         "mistral",
         "qwen3_5",
+        "qwen3_5_moe",
     ];
     for family in families {
         assert!(files.contains_key(&format!("{family}.gguf")), "{family}");
@@ -262,6 +264,13 @@ fn converted_q8_0_ggufs_sample_from_their_blocks_near_their_dequantized_logits()
     }
 }
 
+/// The fixture folder `family`.
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(family)
+}
+
 /// Qwen3.5 (`qwen35`) holds the folder's weights once the converter's transformations are undone:
 /// the value heads of linear attention put back in transformers' grouped order from llama.cpp's tiled
 /// one (in `in_proj_qkv`'s value rows, `in_proj_z`, `in_proj_b`, `in_proj_a`, `dt_bias`, `A_log`, the
@@ -269,19 +278,29 @@ fn converted_q8_0_ggufs_sample_from_their_blocks_near_their_dequantized_logits()
 /// so a missed or wrong move is a difference), the convolution's squeezed kernel reshaped, exactly;
 /// `A_log` from `ssm_a = -exp(A_log)` and the norms stored as `1 + w` (all but linear attention's own
 /// `norm`) to f32 rounding; in `qwen3_5-qkv.gguf` the full attention's fused `attn_qkv` split with the
-/// gated queries twice the heads' width.
+/// gated queries twice the heads' width. Its mixture (`qwen35moe`) likewise, and its router, every
+/// expert (from the stacks, in expert order; in `qwen3_5_moe-fused.gguf` from `ffn_gate_up_exps`, gate
+/// rows then up rows), the shared expert and the shared expert's gate exactly.
 #[test]
 fn converted_qwen3_5_ggufs_hold_the_folders_weights() {
-    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3_5");
-    let folder = load_model(&folder, DType::F32, &Device::Cpu).unwrap();
-    let theirs: HashMap<String, Tensor> = folder.named_weights().into_iter().collect();
-    for file in ["qwen3_5.gguf", "qwen3_5-qkv.gguf"] {
-        let model = load_model(&converted(file), DType::F32, &Device::Cpu).unwrap();
-        assert!(model.has_linear_attention());
-        let ours = model.named_weights();
-        assert_eq!(ours.len(), theirs.len(), "{file}");
-        for (name, ours) in ours {
-            assert_weight_is_the_folders(file, &name, &ours, &theirs[&name]);
+    let conversions = [
+        ("qwen3_5", ["qwen3_5.gguf", "qwen3_5-qkv.gguf"]),
+        (
+            "qwen3_5_moe",
+            ["qwen3_5_moe.gguf", "qwen3_5_moe-fused.gguf"],
+        ),
+    ];
+    for (family, files) in conversions {
+        let folder = load_model(&fixture(family), DType::F32, &Device::Cpu).unwrap();
+        let theirs: HashMap<String, Tensor> = folder.named_weights().into_iter().collect();
+        for file in files {
+            let model = load_model(&converted(file), DType::F32, &Device::Cpu).unwrap();
+            assert!(model.has_linear_attention());
+            let ours = model.named_weights();
+            assert_eq!(ours.len(), theirs.len(), "{file}");
+            for (name, ours) in ours {
+                assert_weight_is_the_folders(file, &name, &ours, &theirs[&name]);
+            }
         }
     }
 }
@@ -308,26 +327,34 @@ fn assert_weight_is_the_folders(file: &str, name: &str, ours: &Tensor, theirs: &
     assert!(difference <= bound, "{file} {name}: max |Δ| {difference}");
 }
 
-/// The sampler loads Qwen3.5's file as `--model file.gguf` does, and greedy decoding (the linear
-/// layers' states and the attention layer's keys carried from step to step) gives the 12 tokens
-/// transformers generates from the folder for each of its fixture's prompts (`qwen3_5/expected.json`,
-/// whose smallest top-1 margin, 0.009, is far above the file's logit differences).
+/// The sampler loads Qwen3.5's files as `--model file.gguf` does, and greedy decoding (the linear
+/// layers' states and the attention layer's keys carried from step to step, the mixture's experts chosen
+/// at each) gives the 12 tokens transformers generates from the folder for each of its fixture's prompts
+/// (`qwen3_5/expected.json`, whose smallest top-1 margin, 0.009, is far above the file's logit
+/// differences; `qwen3_5_moe/expected.json`, with its routing margin).
 #[test]
-fn a_converted_qwen3_5_gguf_samples_the_folders_greedy_tokens() {
-    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3_5");
-    let text = std::fs::read_to_string(folder.join("expected.json")).unwrap();
-    let expected: Value = serde_json::from_str(&text).unwrap();
-    let model = LocalModel::load(converted("qwen3_5.gguf"), LocalOptions::default()).unwrap();
-    let prompts = expected["prompts"].as_array().unwrap();
-    let requests: Vec<Request> = prompts
-        .iter()
-        .map(|prompt| greedy_request(ids(&prompt["ids"]), 12))
-        .collect();
-    let completions = model.sample_blocking(&requests);
-    assert_eq!(completions.len(), prompts.len());
-    for (prompt, completion) in prompts.iter().zip(completions) {
-        let tokens = completion.unwrap().tokens;
-        assert_eq!(tokens, ids(&prompt["greedy"]), "{}", prompt["name"]);
+fn converted_qwen3_5_ggufs_sample_the_folders_greedy_tokens() {
+    for family in ["qwen3_5", "qwen3_5_moe"] {
+        let text = std::fs::read_to_string(fixture(family).join("expected.json")).unwrap();
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        let file = converted(&format!("{family}.gguf"));
+        let model = LocalModel::load(file, LocalOptions::default()).unwrap();
+        let prompts = expected["prompts"].as_array().unwrap();
+        let requests: Vec<Request> = prompts
+            .iter()
+            .map(|prompt| greedy_request(ids(&prompt["ids"]), 12))
+            .collect();
+        let completions = model.sample_blocking(&requests);
+        assert_eq!(completions.len(), prompts.len());
+        for (prompt, completion) in prompts.iter().zip(completions) {
+            let tokens = completion.unwrap().tokens;
+            assert_eq!(
+                tokens,
+                ids(&prompt["greedy"]),
+                "{family} {}",
+                prompt["name"]
+            );
+        }
     }
 }
 
@@ -391,34 +418,50 @@ fn rewrite(source: &Path, out: &Path, rewrite: Rewrite) {
 /// of 4 columns stays f32) sampled from its blocks (`--quantized`): the full attention's gated
 /// `q_proj` (queries and gates, twice the heads' width), k, v and o and every MLP stay in blocks; linear
 /// attention's projections are dequantized, their value heads' rows moved back; the logits stay near
-/// the dequantized model's, within the bound of the converter's own Q8_0 files (above).
+/// the dequantized model's, within the bound of the converter's own Q8_0 files (above). The mixture's
+/// likewise with its shared experts' gate and up projections in blocks in place of the MLPs; its
+/// routers, the shared experts' gates (one row), their down projections (48 inputs, no whole blocks of
+/// 32: f32 in the rewrite, as the converter keeps such matrices) and the experts (the stacks stay f32 in
+/// the rewrite) are dense; its logits move by 5.7% of the largest (0.74 of 12.9; no token's experts
+/// change), held within 6%.
 #[test]
-fn a_q8_0_qwen3_5_gguf_samples_from_its_blocks_outside_linear_attention() {
+fn q8_0_qwen3_5_ggufs_sample_from_their_blocks_outside_linear_attention() {
     let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5-q8_0");
-    let file = scratch.join("qwen3_5-q8_0.gguf");
-    let q8_0 = Rewrite {
-        q8_0: true,
-        ..Rewrite::default()
-    };
-    rewrite(&converted("qwen3_5.gguf"), &file, q8_0);
-    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
-    let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
-    let mut blocks = 0;
-    for layer in &kept.layers {
-        for (name, linear) in Model::linears(layer) {
-            let kept = matches!(linear.weight, Weight::Quantized(_));
-            assert_eq!(kept, !name.starts_with("linear_attn."), "{name}");
-            blocks += usize::from(kept);
+    for family in ["qwen3_5", "qwen3_5_moe"] {
+        let file = scratch.join(format!("{family}-q8_0.gguf"));
+        let q8_0 = Rewrite {
+            q8_0: true,
+            ..Rewrite::default()
+        };
+        rewrite(&converted(&format!("{family}.gguf")), &file, q8_0);
+        let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+        let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+        let mut blocks = 0;
+        for layer in &kept.layers {
+            for (name, linear) in Model::linears(layer) {
+                let kept = matches!(linear.weight, Weight::Quantized(_));
+                let dense = name.starts_with("linear_attn.")
+                    || name.starts_with("mlp.experts.")
+                    || name == "mlp.gate"
+                    || name == "mlp.shared_expert_gate"
+                    || name == "mlp.shared_expert.down_proj";
+                assert_eq!(kept, !dense, "{family} {name}");
+                blocks += usize::from(kept);
+            }
         }
+        // Three MLPs (or shared experts' gate and up) and one attention's four projections.
+        let per_layer = if family == "qwen3_5" { 3 } else { 2 };
+        assert_eq!(blocks, 3 * per_layer + 4, "{family}");
+        let (difference, largest) = blocks_against_dequantized(&dense, &kept);
+        let bound = if family == "qwen3_5" { 0.05 } else { 0.06 };
+        eprintln!(
+            "{family} q8_0: blocks against dequantized, max |Δlogit| {difference} of {largest}"
+        );
+        assert!(
+            difference > 0.0 && difference <= bound * largest,
+            "{family}: max |Δlogit| {difference} of {largest}"
+        );
     }
-    // Three MLPs and one attention's four projections.
-    assert_eq!(blocks, 3 * 3 + 4);
-    let (difference, largest) = blocks_against_dequantized(&dense, &kept);
-    eprintln!("qwen3_5 q8_0: blocks against dequantized, max |Δlogit| {difference} of {largest}");
-    assert!(
-        difference > 0.0 && difference <= 0.05 * largest,
-        "max |Δlogit| {difference} of {largest}"
-    );
 }
 
 /// A `qwen35` file without a size of its linear attention, or with no block left to the model once its
@@ -440,6 +483,42 @@ fn qwen3_5_ggufs_missing_a_size_or_with_only_prediction_layers_are_refused_by_ke
             ..Rewrite::default()
         };
         rewrite(&converted("qwen3_5.gguf"), &file, edit);
+        let Err(error) = load_model(&file, DType::F32, &Device::Cpu) else {
+            panic!("{key}: the file loaded");
+        };
+        let error = error.to_string();
+        assert!(error.contains(key), "{error}");
+    }
+}
+
+/// A `qwen35moe` file without its shared expert's size, or whose keys route otherwise than Qwen3.5's
+/// router (the chosen experts' weights not renormalised, scaled, or by a sigmoid in place of the
+/// softmax), is refused naming the key: neither transformers nor llama.cpp's graph computes that model.
+#[test]
+fn qwen3_5_moe_ggufs_missing_a_size_or_routing_otherwise_are_refused_by_key() {
+    let scratch = crate::common::tempdir::Dir::new("gguf-qwen3_5_moe-keys");
+    let file = scratch.join("qwen3_5_moe.gguf");
+    let edits = [
+        ("qwen35moe.expert_shared_feed_forward_length", None),
+        (
+            "qwen35moe.expert_weights_norm",
+            Some(gguf_file::Value::Bool(false)),
+        ),
+        (
+            "qwen35moe.expert_weights_scale",
+            Some(gguf_file::Value::F32(2.5)),
+        ),
+        (
+            "qwen35moe.expert_gating_func",
+            Some(gguf_file::Value::U32(2)),
+        ),
+    ];
+    for (key, value) in edits {
+        let edit = Rewrite {
+            metadata: vec![(key, value)],
+            ..Rewrite::default()
+        };
+        rewrite(&converted("qwen3_5_moe.gguf"), &file, edit);
         let Err(error) = load_model(&file, DType::F32, &Device::Cpu) else {
             panic!("{key}: the file loaded");
         };

@@ -24,10 +24,11 @@ use rand_chacha::ChaCha8Rng;
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
 /// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads,
-/// Qwen3.5's linear attention, Qwen3-MoE's experts (on the second layer; a dense MLP on the first),
+/// Qwen3.5's linear attention, its mixture's experts and shared expert (on both layers), Qwen3-MoE's
+/// experts (on the second layer; a dense MLP on the first),
 /// gpt-oss's sinks, biases, YaRN, window on the first layer and clamped experts with biases on both
 /// (the clamp at 2, which some of these activations reach).
-const ARCHS: [Arch; 13] = holo_runtime::local::init::ARCHS;
+const ARCHS: [Arch; 14] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -40,7 +41,7 @@ fn config(arch: Arch) -> ModelConfig {
         num_key_value_heads: 2,
         head_dim: match arch {
             Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => 6,
-            Arch::Qwen3_5 => 8,
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => 8,
             _ => 4,
         },
         max_position_embeddings: 256,
@@ -68,7 +69,7 @@ fn config(arch: Arch) -> ModelConfig {
         o_bias: arch == Arch::GptOss,
         mlp_bias: false,
         variant: Variant {
-            rotary_dim: matches!(arch, Arch::Phi3 | Arch::Qwen3_5).then_some(2),
+            rotary_dim: (arch == Arch::Phi3 || arch.is_qwen3_5()).then_some(2),
             ..Variant::of(arch)
         },
         layers: (0..2)
@@ -81,29 +82,33 @@ fn config(arch: Arch) -> ModelConfig {
                     _ => None,
                 },
                 rope: arch != Arch::SmolLm3 || layer == 0,
-                linear: arch == Arch::Qwen3_5 && layer == 0,
-                experts: (arch == Arch::Qwen3Moe && layer == 1) || arch == Arch::GptOss,
+                linear: arch.is_qwen3_5() && layer == 0,
+                experts: (arch == Arch::Qwen3Moe && layer == 1)
+                    || matches!(arch, Arch::GptOss | Arch::Qwen3_5Moe),
             })
             .collect(),
-        linear_attention: (arch == Arch::Qwen3_5).then_some(LinearAttention {
+        linear_attention: arch.is_qwen3_5().then_some(LinearAttention {
             key_heads: 2,
             value_heads: 4,
             key_head_dim: 4,
             value_head_dim: 3,
             conv_kernel: 4,
         }),
-        experts: matches!(arch, Arch::Qwen3Moe | Arch::GptOss).then(|| Experts {
-            count: 5,
-            per_token: 2,
-            intermediate_size: 7,
-            normalize: false,
-            aux_loss_coef: 0.001,
-            aux_loss: false,
-            softmax_over_chosen: arch == Arch::GptOss,
-            clamped: (arch == Arch::GptOss).then_some(ClampedSwiGlu {
-                alpha: 1.702,
-                limit: 2.0,
-            }),
+        experts: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3_5Moe | Arch::GptOss).then(|| {
+            Experts {
+                count: 5,
+                per_token: 2,
+                intermediate_size: 7,
+                normalize: arch == Arch::Qwen3_5Moe,
+                aux_loss_coef: 0.001,
+                aux_loss: false,
+                softmax_over_chosen: arch == Arch::GptOss,
+                clamped: (arch == Arch::GptOss).then_some(ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: 2.0,
+                }),
+                shared: (arch == Arch::Qwen3_5Moe).then_some(5),
+            }
         }),
         bos_token_id: Some(1),
         eos_token_ids: vec![2],

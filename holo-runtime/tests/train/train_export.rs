@@ -259,7 +259,8 @@ fn check_merged_weights(
         let short = module.rsplit('.').next().unwrap_or(module);
         !module.contains(".mlp.experts.") && holo_runtime::local::model::targets(&targets, short)
     };
-    // In order of first appearance, layer by layer (Qwen3.5's first layer has no attention projections).
+    // In order of first appearance, layer by layer (Qwen3.5's first layer has no attention projections;
+    // its mixture's `down_proj` is its shared expert's).
     let mut modules: Vec<&str> = Vec::new();
     for i in 0..layers {
         for layer in [
@@ -267,6 +268,7 @@ fn check_merged_weights(
             "self_attn.qkv_proj",
             "self_attn.v_proj",
             "mlp.down_proj",
+            "mlp.shared_expert.down_proj",
         ] {
             let short = layer.rsplit('.').next().unwrap();
             if base.contains_key(&format!("model.layers.{i}.{layer}.weight"))

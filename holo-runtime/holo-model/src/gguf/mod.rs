@@ -1,8 +1,8 @@
 //! GGUF files (llama.cpp's format) as models: a `.gguf` path loads wherever a model folder does.
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
-//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `llama`, `smollm3`,
-//!   `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
+//! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `qwen35moe`, `llama`,
+//!   `smollm3`, `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`; the windowed layers'
@@ -41,7 +41,8 @@
 //!   bounds are rounded as transformers' `truncate` default says, except gpt-oss's, whose checkpoints say
 //!   `truncate: false` (llama.cpp always rounds: its gpt-oss logits differ from transformers' there);
 //!   Qwen3.5's linear attention as `qwen35.rs` reads it (its sizes from `qwen35.ssm.*`, and the
-//!   converter's transformations of its tensors undone);
+//!   converter's transformations of its tensors undone), and its mixture (`qwen35moe`) as Qwen3-MoE's
+//!   plus a shared expert (`qwen35.rs`);
 //! - the weights, under llama.cpp's names (`token_embd`, `blk.N.attn_q`, …), in any tensor type candle
 //!   reads (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K … Q6_K) and MXFP4 (ggml type 39, what
 //!   gpt-oss files keep their experts in), read by a header reader of this crate ([`header`]) because
@@ -122,8 +123,8 @@ pub enum Blocks {
 }
 
 /// llama.cpp's names of the layers' projections, whose quantized blocks [`Blocks::Keep`] keeps (Phi-3's
-/// `attn_qkv` and `ffn_up` hold its fused projections).
-const PROJECTIONS: [&str; 8] = [
+/// `attn_qkv` and `ffn_up` hold its fused projections; Qwen3.5's shared expert is `ffn_*_shexp`).
+const PROJECTIONS: [&str; 11] = [
     "attn_qkv",
     "attn_q",
     "attn_k",
@@ -132,11 +133,14 @@ const PROJECTIONS: [&str; 8] = [
     "ffn_gate",
     "ffn_up",
     "ffn_down",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
 ];
 
 /// The `general.architecture` values this runtime implements.
-const ARCHITECTURES: &str =
-    "qwen2, qwen3, qwen3moe, qwen35, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3, phi3, gpt-oss";
+const ARCHITECTURES: &str = "qwen2, qwen3, qwen3moe, qwen35, qwen35moe, llama, smollm3, olmo2 \
+     (OLMo 2 and 3), gemma3, phi3, gpt-oss";
 
 /// llama.cpp's gpt-oss graph clamps the experts' SwiGLU with these (`swiglu_oai` in `build_moe_ffn`),
 /// constants of its code rather than keys of the file; they are also `GptOssConfig`'s defaults.
@@ -291,6 +295,7 @@ impl Gguf {
             "qwen3" => Ok((Arch::Qwen3, name)),
             "qwen3moe" => Ok((Arch::Qwen3Moe, name)),
             "qwen35" => Ok((Arch::Qwen3_5, name)),
+            "qwen35moe" => Ok((Arch::Qwen3_5Moe, name)),
             // llama.cpp writes Mistral as Llama, and its converter writes no window for it: a file
             // that has one (the key every other architecture's window goes under) is Mistral's, or,
             // with a flag per layer, Ministral's.
@@ -374,7 +379,7 @@ impl Gguf {
             Some(rotary) if rotary as usize == head_dim => None,
             // Phi-3 (Phi-4-mini) and Qwen3.5 rotate the first part of each head.
             Some(rotary)
-                if matches!(arch, Arch::Phi3 | Arch::Qwen3_5)
+                if (arch == Arch::Phi3 || arch.is_qwen3_5())
                     && rotary > 0
                     && rotary % 2 == 0
                     && (rotary as usize) < head_dim =>
@@ -384,7 +389,8 @@ impl Gguf {
             Some(rotary) => {
                 return Err(self.config_error(format!(
                     "`{}` is {rotary}, but the heads have {head_dim} dimensions: partial rotary \
-                     embeddings are supported for phi3 and qwen35 only (an even part of the head)",
+                     embeddings are supported for phi3, qwen35 and qwen35moe only (an even part of \
+                     the head)",
                     key("rope.dimension_count")
                 )))
             }
@@ -442,7 +448,7 @@ impl Gguf {
             )));
         };
         let linear = match arch {
-            Arch::Qwen3_5 => self.recurrent_layers(name, blocks, block_count)?,
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => self.recurrent_layers(name, blocks, block_count)?,
             _ => vec![false; block_count],
         };
         // Attention's biases, on its first layer (Qwen3.5's first is linear attention, whose
@@ -460,7 +466,7 @@ impl Gguf {
             ),
             Arch::Qwen3 => (qkv_bias, false, false),
             // `attention_bias`, on every projection of attention; the MLP has none.
-            Arch::Qwen3_5 => (qkv_bias, attention_bias("attn_output"), false),
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => (qkv_bias, attention_bias("attn_output"), false),
             _ => (
                 qkv_bias,
                 self.has_tensor("blk.0.attn_output.bias"),
@@ -479,7 +485,11 @@ impl Gguf {
             arch,
             vocab_size,
             hidden_size,
-            intermediate_size: self.required_usize(&key("feed_forward_length"))?,
+            intermediate_size: match arch {
+                // Every layer's feed-forward is a mixture: the converter writes no dense length.
+                Arch::Qwen3_5Moe => 0,
+                _ => self.required_usize(&key("feed_forward_length"))?,
+            },
             num_hidden_layers: block_count,
             num_attention_heads,
             num_key_value_heads,
@@ -511,7 +521,7 @@ impl Gguf {
                 .map(|(layer, &linear)| LayerSpec { linear, ..layer })
                 .collect(),
             linear_attention: match arch {
-                Arch::Qwen3_5 => Some(self.linear_attention(name)?),
+                Arch::Qwen3_5 | Arch::Qwen3_5Moe => Some(self.linear_attention(name)?),
                 _ => None,
             },
             experts: match arch {
@@ -524,6 +534,7 @@ impl Gguf {
                     aux_loss: false,
                     softmax_over_chosen: false,
                     clamped: None,
+                    shared: None,
                 }),
                 // `GptOssTopKRouter`: the softmax of the chosen experts' logits, which llama.cpp's
                 // graph computes too (`SOFTMAX_WEIGHT`).
@@ -536,7 +547,9 @@ impl Gguf {
                     aux_loss: false,
                     softmax_over_chosen: true,
                     clamped: Some(OAI_SWIGLU),
+                    shared: None,
                 }),
+                Arch::Qwen3_5Moe => Some(self.shared_experts(name)?),
                 _ => None,
             },
             bos_token_id: self.token_id("bos_token_id")?,
@@ -595,7 +608,7 @@ impl Gguf {
             .map(|(layer, windowed)| LayerSpec {
                 window: window.filter(|_| windowed),
                 rope: arch != Arch::SmolLm3 || (layer + 1) % SMOLLM3_NO_ROPE_STEP != 0,
-                experts: arch == Arch::GptOss,
+                experts: matches!(arch, Arch::GptOss | Arch::Qwen3_5Moe),
                 ..LayerSpec::FULL
             })
             .collect())
@@ -796,6 +809,11 @@ impl Gguf {
             // A mixture's router (its experts are [`expert_tensor`]'s).
             "ffn_gate_inp" if arch == Arch::GptOss => "mlp.router",
             "ffn_gate_inp" => "mlp.gate",
+            // Qwen3.5's shared expert and its gate.
+            "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+            "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+            "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+            "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
             // gpt-oss's sinks, a parameter of attention without a `.weight` of its own.
             "attn_sinks" if kind == "weight" => {
                 return Some(format!("model.layers.{layer}.self_attn.sinks"))

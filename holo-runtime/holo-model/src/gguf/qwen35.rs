@@ -1,5 +1,6 @@
 //! Qwen3.5 as llama.cpp's converter writes it (`general.architecture` `qwen35`, `Qwen3_5TextModel` in its
-//! `conversion/qwen.py`), put back as transformers' `qwen3_5_text` holds it.
+//! `conversion/qwen.py`), put back as transformers' `qwen3_5_text` holds it; and its mixture of
+//! experts (`qwen35moe`, `Qwen3_5MoeTextModel`) as `qwen3_5_moe_text` holds it, under `qwen35moe.*`.
 //!
 //! The linear-attention sizes are `qwen35.ssm.*`: `conv_kernel` (`linear_conv_kernel_dim`), `state_size`
 //! (`linear_key_head_dim`), `group_count` (`linear_num_key_heads`), `time_step_rank`
@@ -24,15 +25,104 @@
 //! The other norms are stored as `1 + w`, as Gemma's are ([`crate::config::Variant::norm_offset`]), all
 //! but `ssm_norm`, which transformers applies as it is; the gated attention's `attn_q` holds each head's
 //! queries and gate as `q_proj` does.
+//!
+//! The mixture is on every layer: `expert_count` experts of `expert_feed_forward_length`, the
+//! `expert_used_count` best per token, weighted by the router's softmax renormalised over them
+//! (llama.cpp's graph always renormalises, as `Qwen3_5MoeTopKRouter` does), and a shared expert of
+//! `expert_shared_feed_forward_length` scaled by the sigmoid of its gate. Its tensors are Qwen3-MoE's
+//! (`ffn_gate_inp` the router, `ffn_{gate,up,down}_exps` the experts stacked in expert order, or gate
+//! and up fused by `--fuse-gate-up-exps` into `ffn_gate_up_exps`) and the shared expert's, renamed
+//! only: `ffn_{gate,up,down}_shexp` (`shared_expert.*_proj`) and `ffn_gate_inp_shexp`
+//! (`shared_expert_gate`, its one row). A file whose keys route otherwise (`expert_weights_norm` false,
+//! a scale other than 1, a gating function other than the softmax, more than one shared expert) is
+//! refused by key: neither transformers nor llama.cpp's graph computes that model.
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::Tensor;
 
 use super::Gguf;
-use crate::config::{LinearAttention, ModelConfig};
+use crate::config::{Experts, LinearAttention, ModelConfig};
 use crate::error::LoadError;
 
+/// llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX`, the value of `expert_gating_func` for a router
+/// whose weights are the softmax of its logits.
+const GATING_SOFTMAX: u64 = 1;
+
 impl Gguf {
+    /// The mixture of a `qwen35moe` file (see the module's documentation), from `<name>.expert_*`.
+    pub(super) fn shared_experts(&self, name: &str) -> Result<Experts, LoadError> {
+        let key = |suffix: &str| format!("{name}.{suffix}");
+        let size = |suffix: &str| -> Result<usize, LoadError> {
+            match self.required_usize(&key(suffix))? {
+                0 => {
+                    Err(self.config_error(format!("metadata `{}` must be at least 1", key(suffix))))
+                }
+                size => Ok(size),
+            }
+        };
+        let count = size("expert_count")?;
+        let per_token = size("expert_used_count")?;
+        if per_token > count {
+            return Err(self.config_error(format!(
+                "`{}` ({per_token}) is more than `{}` ({count})",
+                key("expert_used_count"),
+                key("expert_count")
+            )));
+        }
+        let refused = |suffix: &str, found: String, why: &str| {
+            self.config_error(format!(
+                "metadata `{}` is {found}: {why}, as transformers' `qwen3_5_moe` and llama.cpp's \
+                 graph compute it",
+                key(suffix)
+            ))
+        };
+        if self.bool_key(&key("expert_weights_norm"))? == Some(false) {
+            return Err(refused(
+                "expert_weights_norm",
+                "false".into(),
+                "Qwen3.5's router renormalises the chosen experts' weights",
+            ));
+        }
+        if let Some(scale) = self.f64_key(&key("expert_weights_scale"))? {
+            if scale != 0.0 && scale != 1.0 {
+                return Err(refused(
+                    "expert_weights_scale",
+                    scale.to_string(),
+                    "Qwen3.5's experts' weights are not scaled",
+                ));
+            }
+        }
+        if let Some(gating) = self.u64_key(&key("expert_gating_func"))? {
+            if gating != GATING_SOFTMAX {
+                return Err(refused(
+                    "expert_gating_func",
+                    gating.to_string(),
+                    "Qwen3.5's router weighs its experts by the softmax (1)",
+                ));
+            }
+        }
+        if let Some(shared) = self.u64_key(&key("expert_shared_count"))? {
+            if shared != 1 {
+                return Err(refused(
+                    "expert_shared_count",
+                    shared.to_string(),
+                    "Qwen3.5 has one shared expert",
+                ));
+            }
+        }
+        Ok(Experts {
+            count,
+            per_token,
+            intermediate_size: size("expert_feed_forward_length")?,
+            normalize: true,
+            aux_loss_coef: 0.001,
+            aux_loss: false,
+            softmax_over_chosen: false,
+            clamped: None,
+            shared: Some(size("expert_shared_feed_forward_length")?),
+        })
+    }
+
     /// The linear-attention sizes from `<name>.ssm.*`.
     pub(super) fn linear_attention(&self, name: &str) -> Result<LinearAttention, LoadError> {
         let size = |suffix: &str| -> Result<usize, LoadError> {

@@ -2,7 +2,9 @@
 //! every expert for each token, the `per_token` best run on it, and the layer's output is their SwiGLU
 //! outputs weighted by the router's softmax at them (renormalised over the chosen ones where the config
 //! says so), as `Qwen3MoeSparseMoeBlock` computes it; or, for gpt-oss, by the softmax of the chosen
-//! experts' logits (`GptOssTopKRouter`), the experts' clamped SwiGLU with biases.
+//! experts' logits (`GptOssTopKRouter`), the experts' clamped SwiGLU with biases. Qwen3.5's mixture
+//! (`Qwen3_5MoeSparseMoeBlock`) routes as Qwen3-MoE's, renormalised, and adds a shared expert every
+//! token goes through, scaled by the sigmoid of its own gate ([`SharedExpert`]).
 //!
 //! The experts run grouped: each expert's tokens are gathered into one matrix product, never a dense
 //! loop of every expert over every token. The choice itself is made on the host (a top-k of each
@@ -36,6 +38,34 @@ pub struct Mixture {
     pub(crate) layer: usize,
     /// LoRA on the expert stacks ([`Model::with_lora`]'s `parameters`), in [`ExpertStack::ALL`]'s order.
     pub adapters: Vec<ExpertLora>,
+    /// Qwen3.5's shared expert (boxed: the other families' mixtures, and every dense layer's
+    /// [`FeedForward`], do without it).
+    pub shared: Option<Box<SharedExpert>>,
+}
+
+/// Qwen3.5's shared expert ([`crate::config::Experts::shared`]): an MLP every token goes through
+/// (`mlp.shared_expert`), its output multiplied by `σ(gate · x)` (`mlp.shared_expert_gate`, `[1, hidden]`)
+/// and added to the routed experts'.
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub mlp: Mlp,
+    pub gate: Linear,
+}
+
+impl SharedExpert {
+    /// The shared expert of `inner` (`shared_expert_intermediate_size`) under the mixture's `vb`.
+    fn load(vb: &VarBuilder, config: &ModelConfig, inner: usize) -> Result<Self> {
+        Ok(SharedExpert {
+            mlp: Mlp::load(vb.pp("shared_expert"), config, inner)?,
+            gate: Linear::load(vb.pp("shared_expert_gate"), config.hidden_size, 1, false)?,
+        })
+    }
+
+    /// Its gated output for `xs` `[tokens, hidden]`.
+    fn forward(&self, xs: &Tensor, ops: Ops) -> Result<Tensor> {
+        let gate = super::delta::sigmoid(&self.gate.forward(xs, ops)?)?;
+        self.mlp.forward(xs, ops)?.broadcast_mul(&gate)
+    }
 }
 
 /// A stack of the experts' matrices that LoRA can target by its parameter name in transformers 5's
@@ -132,6 +162,7 @@ impl Mixture {
                 softmax_over_chosen: sizes.softmax_over_chosen,
                 layer,
                 adapters: Vec::new(),
+                shared: None,
             });
         }
         let router = Linear::load(vb.pp("gate"), hidden, sizes.count, false)?;
@@ -163,6 +194,10 @@ impl Mixture {
                 .map(|e| Mlp::load(experts.pp(e.to_string()), config, inner))
                 .collect::<Result<Vec<_>>>()?
         };
+        let shared = sizes
+            .shared
+            .map(|inner| SharedExpert::load(&vb, config, inner).map(Box::new))
+            .transpose()?;
         Ok(Mixture {
             router,
             experts,
@@ -171,6 +206,7 @@ impl Mixture {
             softmax_over_chosen: sizes.softmax_over_chosen,
             layer,
             adapters: Vec::new(),
+            shared,
         })
     }
 
@@ -269,6 +305,10 @@ impl Mixture {
         let summed = flat
             .zeros_like()?
             .index_add(&rows, &Tensor::cat(&outputs, 0)?, 0)?;
+        let summed = match &self.shared {
+            Some(shared) => (summed + shared.forward(&flat, ops)?)?,
+            None => summed,
+        };
         summed.reshape(xs.shape())
     }
 

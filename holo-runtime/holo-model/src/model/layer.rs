@@ -106,7 +106,8 @@ impl FeedForward {
     }
 
     /// The projections under their names in the layer's `mlp` (`gate_proj`, …; `gate` and
-    /// `experts.{e}.gate_proj`, … for a mixture).
+    /// `experts.{e}.gate_proj`, … for a mixture, then Qwen3.5's `shared_expert.gate_proj`, … and
+    /// `shared_expert_gate`).
     pub(crate) fn named(&self) -> Vec<(String, &Linear)> {
         fn mlp_named<'a>(mlp: &'a Mlp, prefix: &str) -> Vec<(String, &'a Linear)> {
             let mut named: Vec<(String, &Linear)> = mlp
@@ -124,6 +125,10 @@ impl FeedForward {
                 let mut named = vec![(mixture.router_name().to_string(), &mixture.router)];
                 for (e, expert) in mixture.experts.iter().enumerate() {
                     named.extend(mlp_named(expert, &format!("experts.{e}.")));
+                }
+                if let Some(shared) = &mixture.shared {
+                    named.extend(mlp_named(&shared.mlp, "shared_expert."));
+                    named.push(("shared_expert_gate".to_string(), &shared.gate));
                 }
                 named
             }
@@ -147,9 +152,19 @@ impl FeedForward {
             FeedForward::Dense(mlp) => mlp_named(mlp, ""),
             FeedForward::Experts(mixture) => {
                 let router = mixture.router_name().to_string();
-                let mut named = vec![(router, &mut mixture.router)];
-                for (e, expert) in mixture.experts.iter_mut().enumerate() {
+                let Mixture {
+                    router: router_linear,
+                    experts,
+                    shared,
+                    ..
+                } = mixture;
+                let mut named = vec![(router, router_linear)];
+                for (e, expert) in experts.iter_mut().enumerate() {
                     named.extend(mlp_named(expert, &format!("experts.{e}.")));
+                }
+                if let Some(SharedExpert { mlp, gate }) = shared.as_deref_mut() {
+                    named.extend(mlp_named(mlp, "shared_expert."));
+                    named.push(("shared_expert_gate".to_string(), gate));
                 }
                 named
             }

@@ -43,7 +43,9 @@ pub use attention::Attention;
 pub use cache::{starts, trim_block, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
-pub use experts::{checkpoint_tensors, held_tensors, ExpertLora, ExpertStack, Mixture};
+pub use experts::{
+    checkpoint_tensors, held_tensors, ExpertLora, ExpertStack, Mixture, SharedExpert,
+};
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;

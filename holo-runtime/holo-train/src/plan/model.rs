@@ -304,6 +304,7 @@ mod tests {
             aux_loss: false,
             softmax_over_chosen: false,
             clamped: None,
+            shared: None,
         };
         config.experts = Some(experts);
         let dense = config.layers[0];
