@@ -114,6 +114,14 @@ GRAD_PARAMS = {
         L0 + "mlp.experts.gate_up_proj",
         L0 + "mlp.experts.gate_up_proj_bias",
     ],
+    # Qwen3.5's layers with a mixture on each: the router, the experts' stacks, the shared expert and its gate.
+    "qwen3_5_moe": [
+        L0 + "mlp.gate.weight",
+        L0 + "mlp.experts.gate_up_proj",
+        L0 + "mlp.shared_expert.down_proj.weight",
+        L0 + "mlp.shared_expert_gate.weight",
+        L1 + "self_attn.q_proj.weight",
+    ],
     # Layer 0 is a gated-delta-net (linear attention) layer, layer 1 full attention with an output gate.
     "qwen3_5": [
         L0 + "linear_attn.A_log",

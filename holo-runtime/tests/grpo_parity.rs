@@ -533,12 +533,13 @@ fn family_step_matches_trl(case: &Value) {
         .cloned()
         .collect();
     let coefficient = case["router_aux_loss_coef"].as_f64().unwrap();
-    // Qwen3.5's float32 Gated DeltaNet: transformers' chunked delta rule drifts from its own float64
+    // Qwen3.5's float32 Gated DeltaNet (its mixture's too: one of its entropies is 1.3e-5 from ours):
+    // transformers' chunked delta rule drifts from its own float64
     // result by up to 1e-4 in logits (local_parity.rs,
     // `qwen3_5_in_float64_matches_transformers_in_float64`, where the forwards agree in float64);
     // here its log-probabilities differ from ours by up to 5.7e-5 and its entropies by 2.3e-5,
     // where the other families' stay within 1.3e-5 and 8e-6.
-    let noise = if folder.ends_with("qwen3_5") {
+    let noise = if folder.ends_with("qwen3_5") || folder.ends_with("qwen3_5_moe") {
         10.0
     } else {
         1.0
