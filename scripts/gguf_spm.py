@@ -25,8 +25,12 @@ model llama.cpp reads, `AS_READ`), and for TEXTS and CHATS the ids of
             BOS decoded),
   gguf      transformers' own tokenizer of the file (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`,
             gguf-py of the same llama.cpp on the path), the same way,
+  prefixed  (not Gemma) transformers' tokenizer of the file as it builds Phi-3 files, a `▁` prefixed to each
+            stretch of text between added tokens, as llama.cpp does (transformers' Llama class does not),
   spm       sentencepiece itself (`encode`, BOS first), for the texts without control or user-defined
-            pieces: the tokenizer llama.cpp's `llm_tokenizer_spm` reimplements.
+            pieces: the tokenizer llama.cpp's `llm_tokenizer_spm` reimplements;
+and under `vocabularies`, for llama.cpp's own Llama 2 and Phi-3 vocabularies (copied with its tokenizer test's
+texts and ids into `converted/vocab/`), transformers' ids of those texts, as it builds the file and prefixed.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gguf_converted import (  # noqa: E402
     llama_cpp, logits_of, run_converter, sha256)
 
 MODELS = OUT / "spm"
+VOCABULARIES = OUT / "vocab"
 VOCAB = 512
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{%- for message in messages %}"
@@ -179,6 +184,41 @@ def ids_of(tokenizer) -> dict:
     return {"texts": texts, "decoded": decoded, "chats": chats}
 
 
+def prefixed(path: Path):
+    """transformers' tokenizer of the file at `path` as it builds Phi-3 files (`phi3_tokenizer`: a `▁`
+    prepended to each stretch of text between added tokens, then every space `▁`), whatever its
+    architecture: llama.cpp's spacing, where transformers' Llama class (`Metaspace`) differs."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        add_gguf_special_tokens, get_gguf_tokenizer, phi3_tokenizer)
+
+    _, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+    tokenizer = add_gguf_special_tokens(phi3_tokenizer(tokenizer_dict), tokenizer_dict)
+    tokenizer.chat_template = tokenizer_config.get("chat_template")
+    tokenizer.add_bos_token = tokenizer_config["add_bos_token"]
+    return tokenizer
+
+
+def vocabularies(vendored: Path) -> dict:
+    """llama.cpp's own sentencepiece vocabularies (`models/ggml-vocab-{llama-spm,phi-3}.gguf`: Llama 2's
+    and Phi-3's, vocabulary only) with the texts of its tokenizer test and the ids that test holds
+    llama.cpp to (`.inp`, `.out`; `tests/test-tokenizer-0.cpp`, no BOS, special tokens as text), copied
+    into VOCABULARIES; transformers' ids of the same texts from the file, as it builds it and prefixed."""
+    from transformers import AutoTokenizer
+
+    VOCABULARIES.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in ["ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"]:
+        for suffix in ["", ".inp", ".out"]:
+            shutil.copy(vendored / "models" / (name + suffix), VOCABULARIES / (name + suffix))
+        texts = (VOCABULARIES / f"{name}.inp").read_text().split("\n__ggml_vocab_test__\n")
+        gguf = AutoTokenizer.from_pretrained(VOCABULARIES, gguf_file=name)
+        out[name] = {"sha256": sha256(VOCABULARIES / name),
+                     "gguf": [gguf.encode(text, add_special_tokens=False) for text in texts],
+                     "prefixed": [prefixed(VOCABULARIES / name).encode(text, add_special_tokens=False)
+                                  for text in texts]}
+    return out
+
+
 def spm_ids(model: Path) -> list:
     """sentencepiece's ids of the TEXTS that hold no control or user-defined piece (None for the others,
     which sentencepiece reads as text or as pieces inside the text, where llama.cpp and transformers split
@@ -231,8 +271,10 @@ def main() -> None:
                 "logits": logits_of(name, network),
                 "folder": ids_of(AutoTokenizer.from_pretrained(made)),
                 "gguf": ids_of(AutoTokenizer.from_pretrained(OUT, gguf_file=name)),
+                **({} if family == "gemma3" else {"prefixed": ids_of(prefixed(OUT / name))}),
                 "spm": spm_ids(model),
             }
+    recorded["vocabularies"] = vocabularies(vendored)
     with open(OUT / "spm.json", "w") as f:
         json.dump(recorded, f, separators=(",", ":"))
         f.write("\n")

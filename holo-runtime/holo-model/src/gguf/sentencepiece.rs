@@ -2,8 +2,8 @@
 //! Gemma, Llama 2, Mistral 7B v0.1 and Phi-3 file: tokens, scores and token types, the 256 `<0xXX>`
 //! byte pieces, and no merges. transformers' GGUF loader (`gguf_tokenizer_mapping.py`) recovers the
 //! merges from the vocabulary (`generate_merges`: every split of a piece into two pieces, best piece
-//! first) and builds each family's tokenizer class around them; this is the same, so that the file
-//! tokenizes as transformers' `AutoTokenizer.from_pretrained(dir, gguf_file=…)` does. Its BPE merges
+//! first) and builds each family's tokenizer class around them; this is the same, spaces prefixed as
+//! llama.cpp prefixes them (where transformers' Llama class does not, [`Spacing`]). Its BPE merges
 //! the adjacent pair whose piece ranks best, as llama.cpp's `llm_tokenizer_spm` merges the pair whose
 //! piece has the highest score, and falls back to byte pieces as it does.
 
@@ -15,30 +15,32 @@ use serde_json::{json, Value};
 use super::Gguf;
 use crate::error::LoadError;
 
-/// How a family's text becomes `▁`-spelled pieces and back, as transformers' class for it does.
+/// How a family's text becomes `▁`-spelled pieces and back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Spacing {
     /// Gemma (`GemmaTokenizer`): every space is `▁`, nothing is prefixed (llama.cpp's converter writes
     /// `add_space_prefix` false for every Gemma), and merges rank by position, not score.
     Gemma,
-    /// Phi-3 (Phi-3's own `tokenizer.json`): `▁` before each stretch of text between added tokens (when
-    /// `prefix`) and every space `▁`, so `"  hi"` is `▁▁▁hi`, as llama.cpp's tokenizer prefixes a space.
-    Phi3 { prefix: bool },
-    /// The others (`LlamaTokenizer`): `Metaspace`, `▁` before the text when `prefix` unless it starts
-    /// with a space already.
-    Metaspace { prefix: bool },
+    /// The others (Llama 2, Mistral, Phi-3): every space is `▁`, and, when `prefix`, one `▁` before
+    /// each stretch of text between added tokens, so `" hi"` is `▁▁hi`: llama.cpp's
+    /// `llm_tokenizer_spm` session (`add_space_prefix`, a space before the text and after each special
+    /// token), sentencepiece's dummy prefix, and Llama 2's and Phi-3's own `tokenizer.json`
+    /// (`Prepend` then `Replace`). transformers builds Phi-3 files so, but Llama files with
+    /// `Metaspace`, which prefixes nothing to a text that starts with a space nor after a special
+    /// token: there it departs from llama.cpp's ids (15 of the 47 texts of llama.cpp's own test of
+    /// Llama 2's vocabulary, all starting with a space).
+    Prefixed { prefix: bool },
 }
 
 impl Spacing {
-    /// The spacing transformers gives `architecture`'s files. transformers prefixes a space whatever
-    /// `tokenizer.ggml.add_space_prefix` says; a file saying `false` gets none here, as llama.cpp
-    /// reads it.
+    /// The spacing of `architecture`'s files: a space prefixed unless `tokenizer.ggml.add_space_prefix`
+    /// is false (llama.cpp's default for a sentencepiece vocabulary is true).
     pub(super) fn of(architecture: &str, add_space_prefix: Option<bool>) -> Self {
-        let prefix = add_space_prefix.unwrap_or(true);
         match architecture {
             "gemma" | "gemma2" | "gemma3" => Spacing::Gemma,
-            "phi3" => Spacing::Phi3 { prefix },
-            _ => Spacing::Metaspace { prefix },
+            _ => Spacing::Prefixed {
+                prefix: add_space_prefix.unwrap_or(true),
+            },
         }
     }
 
@@ -75,7 +77,7 @@ impl Spacing {
                     json!({"type": "Sequence", "decoders": decoders}),
                 )
             }
-            Spacing::Phi3 { prefix } => {
+            Spacing::Prefixed { prefix } => {
                 let mut normalizers = vec![replace];
                 if prefix {
                     normalizers.insert(0, json!({"type": "Prepend", "prepend": "\u{2581}"}));
@@ -87,24 +89,11 @@ impl Spacing {
                     json!({"type": "Sequence", "decoders": decoders}),
                 )
             }
-            Spacing::Metaspace { prefix } => {
-                let scheme = if prefix { "first" } else { "never" };
-                if prefix {
-                    decoders.push(strip);
-                }
-                let metaspace = json!({"type": "Metaspace", "replacement": "\u{2581}",
-                                       "prepend_scheme": scheme, "split": false});
-                (
-                    Value::Null,
-                    metaspace,
-                    json!({"type": "Sequence", "decoders": decoders}),
-                )
-            }
         }
     }
 
-    /// The BPE model's unknown token: `GemmaTokenizer` names `<unk>`, `LlamaTokenizer` none (every byte
-    /// has its piece).
+    /// The BPE model's unknown token: transformers' `GemmaTokenizer` names `<unk>`, its `LlamaTokenizer`
+    /// none (every byte has its piece).
     pub(super) fn unknown(self) -> Option<&'static str> {
         match self {
             Spacing::Gemma => Some("<unk>"),
@@ -217,7 +206,7 @@ mod tests {
         assert_eq!(Spacing::Gemma.spelling("\n\n"), "\n\n");
         assert_eq!(Spacing::Gemma.spelling("a b"), "a b");
         let llama = Spacing::of("llama", None);
-        assert_eq!(llama, Spacing::Metaspace { prefix: true });
+        assert_eq!(llama, Spacing::Prefixed { prefix: true });
         assert_eq!(llama.spelling("  "), "  ");
     }
 }

@@ -47,7 +47,8 @@ fn bytes_to_unicode() -> [char; 256] {
 }
 
 impl Gguf {
-    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file.
+    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file (a sentencepiece
+    /// vocabulary's spaces prefixed as llama.cpp prefixes them, `sentencepiece.rs`).
     pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
         let fail = |message: String| {
             LoadError::Folder(FolderError::Tokenizer {
