@@ -3,7 +3,7 @@
 Phi-3 file (`tokenizer.ggml.model = "llama"`: tokens, scores, token types, the 256 `<0xXX>` byte pieces, no
 merges), and what transformers makes of them, for `holo-runtime/tests/model/gguf_spm.rs`.
 
-    ~/.cache/holo-peers/venv/bin/python scripts/gguf_spm.py [--train]
+    ~/.cache/holo-peers/venv/bin/python scripts/gguf_spm.py [--train] [--llama-cpp]
 
 Per family (FAMILIES: gemma3, llama, phi3) a SentencePiece BPE model is trained with `sentencepiece` on
 `model_fixtures.py`'s synthetic corpus and a few accented lines, with the options real vocabularies have
@@ -29,6 +29,11 @@ model llama.cpp reads, `AS_READ`), and for TEXTS and CHATS the ids of
             stretch of text between added tokens, as llama.cpp does (transformers' Llama class does not),
   spm       sentencepiece itself (`encode`, BOS first), for the texts without control or user-defined
             pieces: the tokenizer llama.cpp's `llm_tokenizer_spm` reimplements;
+  llama_cpp (with `--llama-cpp`) llama.cpp's own ids of the texts (BOS, special tokens parsed) and of the
+            chats, and its logits of SEQUENCES: llama-cpp-python's C library of the same sdist, built for the
+            CPU into the converter's folder (`CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --no-deps --target
+            ~/.cache/holo-peers/llama-cpp-python-0.3.36-site ~/.cache/holo-peers/llama-cpp-python-0.3.36`, and
+            `diskcache` there too, which its Python module imports);
 and under `vocabularies`, for llama.cpp's own Llama 2 and Phi-3 vocabularies (copied with its tokenizer test's
 texts and ids into `converted/vocab/`), transformers' ids of those texts, as it builds the file and prefixed.
 """
@@ -67,6 +72,8 @@ PHI3_TEMPLATE = (
     "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
 )
+# Phi-3's added tokens; llama.cpp refuses a Phi-3 vocabulary without `<|endoftext|>` (`unordered_map::at`).
+PHI3_ADDED = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 # Per family: the sentencepiece trainer's special pieces, the transformers class, the chat template.
 FAMILIES = {
     "gemma3": {
@@ -88,10 +95,10 @@ FAMILIES = {
     "phi3": {
         "trainer": dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1, unk_piece="<unk>", bos_piece="<s>",
                         eos_piece="</s>", add_dummy_prefix=True,
-                        user_defined_symbols=["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]),
+                        user_defined_symbols=PHI3_ADDED),
         "class": "LlamaTokenizer",
         "special": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                    "extra_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]},
+                    "extra_special_tokens": PHI3_ADDED},
         "template": PHI3_TEMPLATE,
     },
 }
@@ -219,6 +226,32 @@ def vocabularies(vendored: Path) -> dict:
     return out
 
 
+def llama_cpp_ids(path: Path, rendered: list[str]) -> dict:
+    """llama.cpp's own ids (llama-cpp-python's C library of the same sdist, `Llama(vocab_only=True)`):
+    of TEXTS with BOS and special tokens parsed, and of the chats `rendered` by the template, without
+    BOS."""
+    from llama_cpp import Llama
+
+    vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    return {"texts": [vocab.tokenize(text.encode(), add_bos=True, special=True) for text in TEXTS],
+            "chats": [vocab.tokenize(text.encode(), add_bos=False, special=True) for text in rendered]}
+
+
+def llama_cpp_logits(path: Path) -> list:
+    """llama.cpp's logits (`logits_all`) of SEQUENCES at their positions, on the CPU."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    model = Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=2, verbose=False)
+    out = []
+    for ids, positions in SEQUENCES:
+        model.reset()
+        model.eval(ids)
+        out.append({"ids": ids, "positions": positions,
+                    "logits": [np.asarray(model.scores[p], dtype=np.float32).tolist() for p in positions]})
+    return out
+
+
 def spm_ids(model: Path) -> list:
     """sentencepiece's ids of the TEXTS that hold no control or user-defined piece (None for the others,
     which sentencepiece reads as text or as pieces inside the text, where llama.cpp and transformers split
@@ -265,15 +298,21 @@ def main() -> None:
             reference = as_read(family, made, Path(scratch))
             network = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32,
                                                            attn_implementation="eager").eval()
+            gguf_tokenizer = AutoTokenizer.from_pretrained(OUT, gguf_file=name)
             recorded["files"][name] = {
                 "arguments": arguments, "sha256": sha256(OUT / name), "tokenizer_model": f"spm/{family}.model",
                 "config": json.loads((reference / "config.json").read_text()),
                 "logits": logits_of(name, network),
                 "folder": ids_of(AutoTokenizer.from_pretrained(made)),
-                "gguf": ids_of(AutoTokenizer.from_pretrained(OUT, gguf_file=name)),
+                "gguf": ids_of(gguf_tokenizer),
                 **({} if family == "gemma3" else {"prefixed": ids_of(prefixed(OUT / name))}),
                 "spm": spm_ids(model),
             }
+            if "--llama-cpp" in sys.argv:
+                rendered = [gguf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                            for chat in CHATS]
+                recorded["files"][name]["llama_cpp"] = {**llama_cpp_ids(OUT / name, rendered),
+                                                        "logits": llama_cpp_logits(OUT / name)}
     recorded["vocabularies"] = vocabularies(vendored)
     with open(OUT / "spm.json", "w") as f:
         json.dump(recorded, f, separators=(",", ":"))

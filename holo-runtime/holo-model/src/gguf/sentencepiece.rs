@@ -131,6 +131,18 @@ impl Gguf {
     }
 }
 
+/// Which added tokens swallow the whitespace after them, as llama.cpp marks them `RSTRIP` in a model
+/// whose `general.name` says Phi-3 (`phi-3` or `phi3`, in any case): every one but `<unk>`, `<s>` and
+/// `<|endoftext|>`, as Phi-3's own `tokenizer.json` has them (`"rstrip": true`); none in any other
+/// file. transformers' GGUF loading strips nothing.
+pub(super) fn phi3_rstrip(name: Option<&str>) -> fn(&str) -> bool {
+    let name = name.unwrap_or_default().to_lowercase();
+    match name.contains("phi-3") || name.contains("phi3") {
+        true => |token| !matches!(token, "<unk>" | "<s>" | "<|endoftext|>"),
+        false => |_| false,
+    }
+}
+
 /// transformers' `generate_merges`: each piece's splits into two pieces of the vocabulary (ordered by
 /// the halves' ids), all of them ordered best first by the piece's `priority`, then longer left half,
 /// then longer right half, ties kept in vocabulary order. `vocab` is the vocabulary as spelled, one
@@ -198,13 +210,17 @@ mod tests {
     }
 
     /// Gemma's pieces of spaces, stored with real spaces, are spelled with `▁` as its tokenizer looks
-    /// them up; other families keep them, and other pieces stay as they are.
+    /// them up; other families keep them, and other pieces stay as they are. A file named Phi-3 strips
+    /// the whitespace after its added tokens but `<s>`, `<unk>` and `<|endoftext|>`; others none.
     #[test]
-    fn gemma_respells_its_pieces_of_spaces() {
+    fn gemma_respells_its_pieces_of_spaces_and_phi3_strips_after_its_added_tokens() {
         assert_eq!(Spacing::Gemma.spelling("  "), "\u{2581}\u{2581}");
         assert_eq!(Spacing::Gemma.spelling(" \n"), "\u{2581}\u{2581}");
         assert_eq!(Spacing::Gemma.spelling("\n\n"), "\n\n");
         assert_eq!(Spacing::Gemma.spelling("a b"), "a b");
+        let phi3 = phi3_rstrip(Some("Phi3"));
+        assert!(phi3("<|end|>") && phi3("</s>") && !phi3("<s>") && !phi3("<|endoftext|>"));
+        assert!(!phi3_rstrip(Some("Llama 2"))("<|end|>") && !phi3_rstrip(None)("</s>"));
         let llama = Spacing::of("llama", None);
         assert_eq!(llama, Spacing::Prefixed { prefix: true });
         assert_eq!(llama.spelling("  "), "  ");

@@ -135,9 +135,13 @@ impl Gguf {
             vocab.insert(token.to_string(), id.into());
         }
         let mut added = Vec::new();
+        let rstrip = match spacing {
+            Some(_) => sentencepiece::phi3_rstrip(self.str_key("general.name")?),
+            None => |_: &str| false,
+        };
         let added_token = |id: usize, token: &str, special: bool| {
             json!({"id": id, "content": token, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": special})
+                   "rstrip": rstrip(token), "normalized": false, "special": special})
         };
         for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
             // 3: CONTROL; a byte-level vocabulary spells every real token in its alphabet, so a
