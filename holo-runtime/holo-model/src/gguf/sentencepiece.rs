@@ -19,7 +19,9 @@ use crate::error::LoadError;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Spacing {
     /// Gemma (`GemmaTokenizer`): every space is `▁`, nothing is prefixed (llama.cpp's converter writes
-    /// `add_space_prefix` false for every Gemma), and merges rank by position, not score.
+    /// `add_space_prefix` false for every Gemma), and merges rank by position, not score, as
+    /// transformers ranks them (llama.cpp ranks by score: the two agree where the scores follow the
+    /// positions, as a sentencepiece BPE model's do; Gemma 4's vocabulary has every score -1000).
     Gemma,
     /// The others (Llama 2, Mistral, Phi-3): every space is `▁`, and, when `prefix`, one `▁` before
     /// each stretch of text between added tokens, so `" hi"` is `▁▁hi`: llama.cpp's
