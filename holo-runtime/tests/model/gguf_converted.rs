@@ -43,7 +43,7 @@ fn expected() -> Value {
 
 /// The largest |Δlogit| between `model`'s logits and the recorded ones, at the positions recorded; an
 /// f64 model's in f64.
-fn difference_to_transformers(model: &Model, recorded: &Value) -> f64 {
+pub(crate) fn difference_to_transformers(model: &Model, recorded: &Value) -> f64 {
     let mut largest = 0f64;
     for sequence in recorded.as_array().unwrap() {
         let sequence_ids = ids(&sequence["ids"]);
@@ -70,7 +70,7 @@ fn difference_to_transformers(model: &Model, recorded: &Value) -> f64 {
 /// The folder's config as this runtime reads `config.json`, with what a GGUF file holds differently:
 /// the epsilon in f32, LongRoPE's attention factor in f32, and Llama 3's rope scaling as the factor per
 /// frequency that the converter computes from it (`rope_freqs`, read as LongRoPE's factors).
-fn folder_config(recorded: &Value, ours: &ModelConfig) -> ModelConfig {
+pub(crate) fn folder_config(recorded: &Value, ours: &ModelConfig) -> ModelConfig {
     let mut theirs = ModelConfig::from_json(recorded).unwrap();
     theirs.rms_norm_eps = theirs.rms_norm_eps as f32 as f64;
     match (&mut theirs.rope_scaling, &ours.rope_scaling) {
@@ -362,14 +362,14 @@ fn converted_qwen3_5_ggufs_sample_the_folders_greedy_tokens() {
 /// rows are whole blocks of 32 (the converter's `--outtype q8_0` keeps the others in higher precision
 /// too), tensors added.
 #[derive(Default)]
-struct Rewrite<'a> {
-    metadata: Vec<(&'a str, Option<gguf_file::Value>)>,
-    q8_0: bool,
-    added: Vec<(String, QTensor)>,
+pub(crate) struct Rewrite<'a> {
+    pub(crate) metadata: Vec<(&'a str, Option<gguf_file::Value>)>,
+    pub(crate) q8_0: bool,
+    pub(crate) added: Vec<(String, QTensor)>,
 }
 
 /// `source` written again into `out` as `rewrite` says.
-fn rewrite(source: &Path, out: &Path, rewrite: Rewrite) {
+pub(crate) fn rewrite(source: &Path, out: &Path, rewrite: Rewrite) {
     let mut reader = std::fs::File::open(source).unwrap();
     let content = gguf_file::Content::read(&mut reader).unwrap();
     let edited = |name: &str| rewrite.metadata.iter().any(|(key, _)| *key == name);

@@ -63,7 +63,9 @@
 //!   (q's heads, then k's, then v's), weights, biases and blocks alike (`rows.rs`);
 //! - the tokenizer (`tokenizer.ggml.*`), rebuilt as transformers' `convert_gguf_tokenizer` does:
 //!   byte-level BPE for `gpt2` vocabularies (SmolLM2, Qwen2, Llama 3) with the split regex that
-//!   `tokenizer.ggml.pre` names, sentencepiece-style BPE with byte fallback for `llama` ones; control
+//!   `tokenizer.ggml.pre` names, sentencepiece BPE with byte fallback for `llama` ones (Gemma, Llama 2,
+//!   Phi-3: merges recovered from the pieces' scores, spaces prefixed as llama.cpp does,
+//!   `sentencepiece.rs`); control
 //!   tokens become special added tokens, user-defined ones plain added tokens; BOS / EOS are added when
 //!   `tokenizer.ggml.add_bos_token` / `add_eos_token` say so (BOS by default for `llama` vocabularies);
 //! - the chat template (`tokenizer.chat_template`, ChatML when absent) with `bos_token`, `eos_token`,
@@ -98,6 +100,7 @@ use rows::{
 pub mod header;
 mod qwen35;
 mod rows;
+mod sentencepiece;
 mod tokenizer;
 
 /// Whether `path` names a GGUF file: it ends in `.gguf` and is not a folder.

@@ -1,10 +1,13 @@
-//! A GGUF file's tokenizer and chat template, as transformers builds them from its metadata.
+//! A GGUF file's tokenizer and chat template, as transformers builds them from its metadata (a
+//! sentencepiece vocabulary's merges and spacing in `sentencepiece.rs`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
+use super::sentencepiece::{self, Spacing};
 use super::Gguf;
 use crate::error::LoadError;
 use holo_core::chat::folder::FolderError;
@@ -44,7 +47,8 @@ fn bytes_to_unicode() -> [char; 256] {
 }
 
 impl Gguf {
-    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file.
+    /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file (a sentencepiece
+    /// vocabulary's spaces prefixed as llama.cpp prefixes them, `sentencepiece.rs`).
     pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
         let fail = |message: String| {
             LoadError::Folder(FolderError::Tokenizer {
@@ -68,42 +72,76 @@ impl Gguf {
         let tokens = self
             .strings("tokenizer.ggml.tokens")?
             .ok_or_else(|| fail("missing metadata `tokenizer.ggml.tokens`".into()))?;
-        let merges = self.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
-            fail(
-                "missing metadata `tokenizer.ggml.merges` (deriving merges from token scores is not \
-                 supported)"
-                    .into(),
-            )
-        })?;
-        let merges: Vec<(&str, &str)> = merges
-            .iter()
-            .map(|merge| {
-                merge
-                    .split_once(' ')
-                    .ok_or_else(|| fail(format!("merge {merge:?} is not two tokens")))
-            })
-            .collect::<Result<_, _>>()?;
         let token_types = self.token_types()?;
+        if !token_types.is_empty() && token_types.len() != tokens.len() {
+            return Err(fail(format!(
+                "`tokenizer.ggml.token_type` has {} types for the {} tokens of \
+                 `tokenizer.ggml.tokens`",
+                token_types.len(),
+                tokens.len()
+            )));
+        }
+        let spacing = match byte_level {
+            true => None,
+            false => Some(Spacing::of(
+                self.str_key("general.architecture")?.unwrap_or_default(),
+                self.bool_key("tokenizer.ggml.add_space_prefix")?,
+            )),
+        };
 
         let spelling = bytes_to_unicode();
         let alphabet: std::collections::HashSet<char> = spelling.iter().copied().collect();
         let in_alphabet = |token: &str| token.chars().all(|c| alphabet.contains(&c));
+        let spelled: Vec<Cow<str>> = tokens
+            .iter()
+            .map(|token| match spacing {
+                None if !in_alphabet(token) => Cow::Owned(
+                    token
+                        .bytes()
+                        .map(|byte| spelling[byte as usize])
+                        .collect::<String>(),
+                ),
+                None => Cow::Borrowed(*token),
+                Some(spacing) => spacing.spelling(token),
+            })
+            .collect();
+        let merges: Vec<(String, String)> = match self.strings("tokenizer.ggml.merges")? {
+            Some(merges) => merges
+                .iter()
+                .map(|merge| {
+                    merge
+                        .split_once(' ')
+                        .map(|(left, right)| (left.to_string(), right.to_string()))
+                        .ok_or_else(|| fail(format!("merge {merge:?} is not two tokens")))
+                })
+                .collect::<Result<_, _>>()?,
+            None if byte_level => {
+                return Err(fail("missing metadata `tokenizer.ggml.merges`".into()));
+            }
+            // Gemma's scores do not follow its merge order, its pieces' positions do (transformers'
+            // `gemma_tokenizer`); the other families' scores do. A file without its scores is
+            // refused either way: llama.cpp would merge by scores of 0, leftmost first.
+            None => {
+                let scores = self.scores(tokens.len())?;
+                let priority = match spacing {
+                    Some(Spacing::Gemma) => (0..tokens.len()).map(|id| -(id as f64)).collect(),
+                    _ => scores,
+                };
+                sentencepiece::merges(&spelled, &priority)
+            }
+        };
         let mut vocab = serde_json::Map::new();
-        for (id, token) in tokens.iter().enumerate() {
-            let key = if byte_level && !in_alphabet(token) {
-                token
-                    .bytes()
-                    .map(|byte| spelling[byte as usize])
-                    .collect::<String>()
-            } else {
-                token.to_string()
-            };
-            vocab.insert(key, id.into());
+        for (id, token) in spelled.iter().enumerate() {
+            vocab.insert(token.to_string(), id.into());
         }
         let mut added = Vec::new();
+        let rstrip = match spacing {
+            Some(_) => sentencepiece::phi3_rstrip(self.str_key("general.name")?),
+            None => |_: &str| false,
+        };
         let added_token = |id: usize, token: &str, special: bool| {
             json!({"id": id, "content": token, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": special})
+                   "rstrip": rstrip(token), "normalized": false, "special": special})
         };
         for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
             // 3: CONTROL; a byte-level vocabulary spells every real token in its alphabet, so a
@@ -151,46 +189,43 @@ impl Gguf {
         };
         let post_processor = template_processing(bos.as_ref(), eos.as_ref());
 
-        let (pre_tokenizer, decoder, model) = if byte_level {
-            let pre = self.str_key("tokenizer.ggml.pre")?.unwrap_or("default");
-            let pre_tokenizer = match split_regex(pre) {
-                Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-                    {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
-                     "invert": false},
-                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
-                     "use_regex": false},
-                ]}),
-                None => json!({"type": "ByteLevel", "add_prefix_space": false,
-                               "trim_offsets": true, "use_regex": true}),
-            };
-            let decoder = json!({"type": "ByteLevel", "add_prefix_space": true,
-                                 "trim_offsets": true, "use_regex": true});
-            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
-                               "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                               "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                               "vocab": vocab, "merges": merges});
-            (pre_tokenizer, decoder, model)
-        } else {
-            let pre_tokenizer = json!({"type": "Metaspace", "replacement": "\u{2581}",
-                                       "prepend_scheme": "first", "split": false});
-            let decoder = json!({"type": "Sequence", "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-            ]});
-            let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
-                               "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                               "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                               "vocab": vocab, "merges": merges});
-            (pre_tokenizer, decoder, model)
+        let (normalizer, pre_tokenizer, decoder, model) = match spacing {
+            None => {
+                let pre = self.str_key("tokenizer.ggml.pre")?.unwrap_or("default");
+                let pre_tokenizer = match split_regex(pre) {
+                    Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+                        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
+                         "invert": false},
+                        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                         "use_regex": false},
+                    ]}),
+                    None => json!({"type": "ByteLevel", "add_prefix_space": false,
+                                   "trim_offsets": true, "use_regex": true}),
+                };
+                let decoder = json!({"type": "ByteLevel", "add_prefix_space": true,
+                                     "trim_offsets": true, "use_regex": true});
+                let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+                                   "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                                   "fuse_unk": false, "byte_fallback": false,
+                                   "ignore_merges": false, "vocab": vocab, "merges": merges});
+                (Value::Null, pre_tokenizer, decoder, model)
+            }
+            Some(spacing) => {
+                let (normalizer, pre_tokenizer, decoder) = spacing.parts();
+                let model = json!({"type": "BPE", "dropout": null,
+                                   "unk_token": spacing.unknown(),
+                                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                                   "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                                   "vocab": vocab, "merges": merges});
+                (normalizer, pre_tokenizer, decoder, model)
+            }
         };
         let json = json!({
             "version": "1.0",
             "truncation": null,
             "padding": null,
             "added_tokens": added,
-            "normalizer": null,
+            "normalizer": normalizer,
             "pre_tokenizer": pre_tokenizer,
             "post_processor": post_processor,
             "decoder": decoder,
