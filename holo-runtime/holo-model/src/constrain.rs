@@ -104,9 +104,7 @@ impl Grammars {
             end_of_turn: self.shared.end_of_turn.clone(),
         })
     }
-}
 
-impl Grammars {
     /// Compiles every sampler constraint of `holoware` against the vocabulary, before any rollout: one
     /// llguidance refuses (a Lark grammar's mistake, a schema feature it lacks) is an error that names
     /// its tag's `file.hol:line:col`, where holoc's checks could not see it.
@@ -117,16 +115,14 @@ impl Grammars {
         for (location, constraint) in holoware.constraints() {
             if let Err(error) = self.compile(&constraint) {
                 return Err(format!(
-                    "{location}: the sampler's {} does not compile: {error}",
+                    "{location}: the sampler's constraint, {}, does not compile: {error}",
                     constraint.kind()
                 ));
             }
         }
         Ok(())
     }
-}
 
-impl Grammars {
     /// [`Grammars::check`] for the schemas that data rows give a holoware's samplers
     /// (`json_schema=name`, [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)),
     /// each distinct one compiled once, before any rollout: one that is no schema, or that llguidance
@@ -147,7 +143,7 @@ impl Grammars {
                 }
                 if let Err(error) = self.compile(&constraint) {
                     return Err(format!(
-                        "data row {}: {location}: the sampler's {} does not compile: {error}",
+                        "data row {}: {location}: the sampler's constraint, {}, does not compile: {error}",
                         index + 1,
                         constraint.kind()
                     ));
@@ -626,7 +622,7 @@ mod tests {
             .unwrap_err();
         assert!(
             error.starts_with(
-                "data row 2: schema.hol:3:1: the sampler's a Lark grammar does not compile"
+                "data row 2: schema.hol:3:1: the sampler's constraint, a Lark grammar, does not compile"
             ),
             "{error}"
         );
