@@ -73,6 +73,11 @@ fn expected(file: &str, tokens: usize) -> Expected {
         // sequence that fits in it. Measured 0.31 (9 tokens) and 0.10 (5 tokens); the 80-token
         // sequence agrees.
         "phi3-spm.gguf" if tokens <= 64 => Expected::Apart(0.2, 0.4),
+        // Qwen3.5 with its value heads as wide as its key heads, as llama.cpp runs it: this runtime's
+        // f32 Gated DeltaNet is 2.3e-4 from llama.cpp's on the 9-token sequence (1.8e-5 on the others),
+        // where llama.cpp's f32 is 3.3e-5 from transformers' float64 forward and this runtime's float64
+        // 1.3e-5 (`gguf_converted`): the rounding is this runtime's f32 delta rule.
+        "qwen3_5_equal.gguf" | "qwen3_5_moe_equal.gguf" => Expected::Within(5e-4),
         _ => Expected::Within(ROUNDING),
     }
 }
@@ -91,8 +96,8 @@ const REFUSED: [(&str, &str); 6] = [
     ),
     // llama.cpp takes linear attention's value heads to be as wide as its key heads (`ssm.state_size`,
     // 16 here; the fixture's value heads are 8 wide), so it expects a wider `attn_qkv`; released
-    // Qwen3.5 checkpoints have both 128 wide. The files are checked against transformers instead
-    // (`gguf_converted`).
+    // Qwen3.5 checkpoints have both 128 wide, as `qwen3_5_equal.gguf` and `qwen3_5_moe_equal.gguf`
+    // (compared) have both 8.
     ("qwen3_5.gguf", "'blk.0.attn_qkv.weight' has wrong shape"),
     (
         "qwen3_5-qkv.gguf",
