@@ -74,9 +74,9 @@ fn expected(file: &str, tokens: usize) -> Expected {
         // sequence agrees.
         "phi3-spm.gguf" if tokens <= 64 => Expected::Apart(0.2, 0.4),
         // Qwen3.5 with its value heads as wide as its key heads, as llama.cpp runs it: this runtime's
-        // f32 Gated DeltaNet is 2.3e-4 from llama.cpp's on the 9-token sequence (1.8e-5 on the others),
+        // f32 forward is 2.3e-4 from llama.cpp's on the 9-token sequence (1.8e-5 on the others),
         // where llama.cpp's f32 is 3.3e-5 from transformers' float64 forward and this runtime's float64
-        // 1.3e-5 (`gguf_converted`): the rounding is this runtime's f32 delta rule.
+        // 1.3e-5 (`gguf_converted`): the rounding is this runtime's f32 (not located further).
         "qwen3_5_equal.gguf" | "qwen3_5_moe_equal.gguf" => Expected::Within(5e-4),
         _ => Expected::Within(ROUNDING),
     }
