@@ -40,6 +40,9 @@ Into `holo-runtime/tests/fixtures/models/gguf/converted/`:
                          stay MXFP4), qwen3_5 and qwen3_5_moe (`--no-mtp`: the fixtures have no
                          multi-token-prediction layers); gpt_oss's logits are `gguf/gpt_oss.json`'s, of the
                          same folder;
+    qwen3_5_equal.gguf, qwen3_5_moe_equal.gguf  `--outtype f32` of Qwen3.5's fixtures with linear
+                         attention's key heads narrowed to its value heads' width (`equal_heads`), which
+                         llama.cpp requires (it refuses the fixtures themselves), for `gguf_llama_cpp.py`;
     qwen2-qkv.gguf, llama-qkv-q8_0.gguf, qwen3_5-qkv.gguf  with `--fuse-qkv` (FUSED_QKV): q, k and v in one
                          `attn_qkv` (Qwen3.5's full-attention layer's: its linear layers' `attn_qkv` is
                          their own `in_proj_qkv` either way);
@@ -98,12 +101,15 @@ FAMILIES = {
     "mistral": "mistral",
     "qwen3_5": "qwen3_5",
     "qwen3_5_moe": "qwen3_5_moe",
+    # Qwen3.5 as llama.cpp can run it (`gguf_llama_cpp.py`): its value heads as wide as its key heads.
+    "qwen3_5_equal": "qwen3_5_equal_heads",
+    "qwen3_5_moe_equal": "qwen3_5_moe_equal_heads",
     # Its logits are `gguf/gpt_oss.json`'s, of the same folder.
     "gpt_oss": "gpt_oss_folder",
 }
 # The converter's own arguments beyond `--outtype` and `--outfile`, by family: the fixture has no
 # multi-token-prediction layers, which the converter otherwise expects of Qwen3.5.
-ARGUMENTS = {"qwen3_5": ["--no-mtp"], "qwen3_5_moe": ["--no-mtp"]}
+ARGUMENTS = {family: ["--no-mtp"] for family in ["qwen3_5", "qwen3_5_moe", "qwen3_5_equal", "qwen3_5_moe_equal"]}
 # The families the converter refuses, and why (recorded in converter.json): their hand-written files stay.
 REFUSED = {
     "ministral": "`MinistralForCausalLM` is not a registered architecture (only `Ministral3ForCausalLM`): "
@@ -211,6 +217,40 @@ def gpt_oss_folder(scratch: Path) -> Path:
     folder = scratch / "gpt_oss"
     folder.mkdir()
     return make(folder)
+
+
+def equal_heads(fixture: str, scratch: Path) -> Path:
+    """`fixture/` (Qwen3.5's, dense or the mixture) with linear attention's key heads narrowed to its value
+    heads' width (the first `linear_value_head_dim` of each key head's query and key rows, in `in_proj_qkv`
+    and the convolution): llama.cpp takes both widths from `ssm.state_size` and refuses the fixture, whose key
+    heads are twice as wide; released Qwen3.5 checkpoints have both 128 wide."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = scratch / f"{fixture}_equal"
+    shutil.copytree(FIXTURES / fixture, folder)
+    config = json.loads((folder / "config.json").read_text())
+    heads, width = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    narrow = config["linear_value_head_dim"]
+    # The rows kept of `in_proj_qkv` and the convolution: q's and k's heads narrowed, v whole.
+    keys = heads * width
+    kept = [start + head * width + i for start in (0, keys) for head in range(heads) for i in range(narrow)]
+    kept += list(range(2 * keys, 2 * keys + config["linear_num_value_heads"] * narrow))
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name in tensors:
+        if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")):
+            tensors[name] = tensors[name][kept]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config["linear_key_head_dim"] = narrow
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def qwen3_5_equal_heads(scratch: Path) -> Path:
+    return equal_heads("qwen3_5", scratch)
+
+
+def qwen3_5_moe_equal_heads(scratch: Path) -> Path:
+    return equal_heads("qwen3_5_moe", scratch)
 
 
 # ---- the models llama.cpp reads from the files, where the converter drops a key ---------------------------

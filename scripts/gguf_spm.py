@@ -30,7 +30,7 @@ model llama.cpp reads, `AS_READ`), and for TEXTS and CHATS the ids of
   spm       sentencepiece itself (`encode`, BOS first), for the texts without control or user-defined
             pieces: the tokenizer llama.cpp's `llm_tokenizer_spm` reimplements;
   llama_cpp (with `--llama-cpp`) llama.cpp's own ids of the texts (BOS, special tokens parsed) and of the
-            chats, and its logits of SEQUENCES: llama-cpp-python's C library of the same sdist, built for the
+            chats, and its logits of SEQUENCES (`gguf_llama_cpp.py`'s, keys and values cached in f32): llama-cpp-python's C library of the same sdist, built for the
             CPU into the converter's folder (`CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --no-deps --target
             ~/.cache/holo-peers/llama-cpp-python-0.3.36-site ~/.cache/holo-peers/llama-cpp-python-0.3.36`, and
             `diskcache` there too, which its Python module imports);
@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_converted import (  # noqa: E402
     FIXTURES, LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON, OUT, SEQUENCES, as_read, gguf_module, gguf_py_version,
     llama_cpp, logits_of, run_converter, sha256)
+from gguf_llama_cpp import llama_cpp_logits  # noqa: E402
 
 MODELS = OUT / "spm"
 VOCABULARIES = OUT / "vocab"
@@ -235,21 +236,6 @@ def llama_cpp_ids(path: Path, rendered: list[str]) -> dict:
     vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
     return {"texts": [vocab.tokenize(text.encode(), add_bos=True, special=True) for text in TEXTS],
             "chats": [vocab.tokenize(text.encode(), add_bos=False, special=True) for text in rendered]}
-
-
-def llama_cpp_logits(path: Path) -> list:
-    """llama.cpp's logits (`logits_all`) of SEQUENCES at their positions, on the CPU."""
-    import numpy as np
-    from llama_cpp import Llama
-
-    model = Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=2, verbose=False)
-    out = []
-    for ids, positions in SEQUENCES:
-        model.reset()
-        model.eval(ids)
-        out.append({"ids": ids, "positions": positions,
-                    "logits": [np.asarray(model.scores[p], dtype=np.float32).tolist() for p in positions]})
-    return out
 
 
 def spm_ids(model: Path) -> list:

@@ -15,6 +15,8 @@ mod gguf_families;
 #[cfg(feature = "local")]
 mod gguf_gpt_oss;
 #[cfg(feature = "local")]
+mod gguf_llama_cpp;
+#[cfg(feature = "local")]
 mod gguf_spm;
 #[cfg(feature = "local")]
 mod init_model;
