@@ -14,6 +14,7 @@ mod balance;
 mod constrained;
 #[cfg(feature = "local")]
 mod curriculum;
+#[cfg(feature = "local")]
 mod dispatch;
 #[cfg(feature = "local")]
 mod erl;
