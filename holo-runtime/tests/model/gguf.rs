@@ -32,13 +32,13 @@ use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value as Json;
 
-fn fixture(name: &str) -> PathBuf {
+pub(super) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
         .join(name)
 }
 
-fn scratch(name: &str) -> crate::common::tempdir::Dir {
+pub(super) fn scratch(name: &str) -> crate::common::tempdir::Dir {
     crate::common::tempdir::Dir::new(&format!("gguf-{name}"))
 }
 
@@ -254,7 +254,7 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
 }
 
 /// The fixture folder `dir` as a GGUF file: norms in F32, matrices in `matrices`.
-fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
+pub(super) fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
     let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let tensors =
         candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();

@@ -804,6 +804,15 @@ impl Model {
         })
     }
 
+    /// Whether some projection is a GGUF file's quantized blocks, which sampling multiplies as ggml does
+    /// (each row of activations rounded to 8 bits per block) and training by their exact values.
+    pub fn holds_blocks(&self) -> bool {
+        self.layers
+            .iter()
+            .flat_map(Self::linears)
+            .any(|(_, linear)| matches!(linear.weight, Weight::Quantized(_)))
+    }
+
     /// The bytes of weights one decoding step reads, but for norms, biases and a mixture's experts: the
     /// layers' projections and the output head (its blocks when kept).
     pub fn decoding_bytes(&self) -> usize {
