@@ -19,7 +19,9 @@ use super::gguf::{fixture, scratch, write_gguf};
 
 /// Two sequences of the fixture's vocabulary, the second right-padded.
 fn batch() -> (Tensor, Tensor) {
-    let ids: Vec<u32> = vec![509, 100, 200, 300, 7, 8, 9, 10, 509, 42, 17, 3, 250, 61, 0, 0];
+    let ids: Vec<u32> = vec![
+        509, 100, 200, 300, 7, 8, 9, 10, 509, 42, 17, 3, 250, 61, 0, 0,
+    ];
     let mask: Vec<u8> = vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0];
     (
         Tensor::from_vec(ids, (2, 8), &Device::Cpu).unwrap(),
@@ -103,9 +105,16 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
 
         let (dense, dense_vars) = dense.with_lora(&lora).unwrap();
         let (kept, kept_vars) = kept.with_lora(&lora).unwrap();
-        assert_eq!(kept_vars.len(), 2 * 7 * 2, "every projection of both layers");
+        assert_eq!(
+            kept_vars.len(),
+            2 * 7 * 2,
+            "every projection of both layers"
+        );
         let down = &kept.layers[0].mlp.dense().unwrap().down_proj;
-        assert!(matches!(down.weight, Weight::Quantized(_)), "the base stays in its blocks");
+        assert!(
+            matches!(down.weight, Weight::Quantized(_)),
+            "the base stays in its blocks"
+        );
         move_b(&dense_vars);
         move_b(&kept_vars);
         let (dense_logprobs, dense_recomputed, dense_autograd) = gradients(&dense, &dense_vars);
@@ -126,10 +135,15 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
                 assert!(scale > 0.0, "{name} has a gradient");
                 let relative = max_difference(got, expected) / scale;
                 worst = worst.max(relative);
-                assert!(relative <= 1e-4, "{dtype:?} {name} ({path}): {relative:e} of {scale:e}");
+                assert!(
+                    relative <= 1e-4,
+                    "{dtype:?} {name} ({path}): {relative:e} of {scale:e}"
+                );
             }
         }
-        eprintln!("{dtype:?}: adapter gradients, worst max |Δ| {worst:e} of the gradient's largest");
+        eprintln!(
+            "{dtype:?}: adapter gradients, worst max |Δ| {worst:e} of the gradient's largest"
+        );
 
         // The sampler multiplies the blocks as ggml does; its log-probabilities are the trainer's to the
         // rounding of the activations.
@@ -140,7 +154,10 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
             .unwrap();
         let rounding = max_difference(&sampled, &kept_logprobs);
         eprintln!("{dtype:?}: sampler against trainer, max |Δ log p| {rounding:e}");
-        assert!(rounding > 0.0 && rounding < 0.05 * max_abs(&kept_logprobs), "{rounding}");
+        assert!(
+            rounding > 0.0 && rounding < 0.05 * max_abs(&kept_logprobs),
+            "{rounding}"
+        );
     }
 }
 
@@ -215,7 +232,10 @@ fn grpo_trains_lora_over_a_quantized_base() {
     match trainer(policy, grpo(false), &out) {
         Err(error) => {
             let message = error.to_string();
-            assert!(message.contains("full fine-tuning") && message.contains("use_peft"), "{message}")
+            assert!(
+                message.contains("full fine-tuning") && message.contains("use_peft"),
+                "{message}"
+            )
         }
         Ok(_) => panic!("full fine-tuning over quantized blocks was accepted"),
     }

@@ -39,16 +39,24 @@ impl CustomOp1 for Blocks {
         let out = self.0.shape().dims2()?.0;
         let ys = match xs.dtype() {
             DType::F32 => {
-                let x = Tensor::from_slice(contiguous::<f32>(xs, layout, "blocks")?, (rows, inputs), &Device::Cpu)?;
+                let x = Tensor::from_slice(
+                    contiguous::<f32>(xs, layout, "blocks")?,
+                    (rows, inputs),
+                    &Device::Cpu,
+                )?;
                 CpuStorage::F32(product(&x, &self.0)?.flatten_all()?.to_vec1()?)
             }
             DType::F64 => {
-                let x = Tensor::from_slice(contiguous::<f64>(xs, layout, "blocks")?, (rows, inputs), &Device::Cpu)?;
+                let x = Tensor::from_slice(
+                    contiguous::<f64>(xs, layout, "blocks")?,
+                    (rows, inputs),
+                    &Device::Cpu,
+                )?;
                 CpuStorage::F64(product(&x, &self.0)?.flatten_all()?.to_vec1()?)
             }
-            other => candle_core::bail!(
-                "quantized blocks train in f32 or f64 arithmetic, not {other:?}"
-            ),
+            other => {
+                candle_core::bail!("quantized blocks train in f32 or f64 arithmetic, not {other:?}")
+            }
         };
         Ok((ys, Shape::from((rows, out))))
     }
@@ -95,20 +103,46 @@ mod tests {
             let upstream = sines((rows, out), 0.23, DType::F32);
             let got = matmul(x.as_tensor(), &blocks).unwrap();
             let expected = x.as_tensor().matmul(&dense.t().unwrap()).unwrap();
-            let scale = max_abs(&x.as_tensor().abs().unwrap().matmul(&dense.abs().unwrap().t().unwrap()).unwrap());
+            let scale = max_abs(
+                &x.as_tensor()
+                    .abs()
+                    .unwrap()
+                    .matmul(&dense.abs().unwrap().t().unwrap())
+                    .unwrap(),
+            );
             let limit = scale * inputs as f64 * f64::from(f32::EPSILON) / 2.0;
             let difference = max_difference(&got, &expected);
-            assert!(difference <= limit, "{dtype:?} forward: {difference} > {limit}");
+            assert!(
+                difference <= limit,
+                "{dtype:?} forward: {difference} > {limit}"
+            );
             let grad_of = |ys: &Tensor| {
-                let grads = (ys * &upstream).unwrap().sum_all().unwrap().backward().unwrap();
+                let grads = (ys * &upstream)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
                 grads.get(x.as_tensor()).unwrap().clone()
             };
             let (got, expected) = (grad_of(&got), grad_of(&expected));
-            let scale = max_abs(&upstream.abs().unwrap().matmul(&dense.abs().unwrap()).unwrap());
+            let scale = max_abs(
+                &upstream
+                    .abs()
+                    .unwrap()
+                    .matmul(&dense.abs().unwrap())
+                    .unwrap(),
+            );
             let limit = scale * out as f64 * f64::from(f32::EPSILON) / 2.0;
             let difference = max_difference(&got, &expected);
-            assert!(max_abs(&expected) > 100.0 * limit, "{dtype:?}: a gradient to compare");
-            assert!(difference <= limit, "{dtype:?} backward: {difference} > {limit}");
+            assert!(
+                max_abs(&expected) > 100.0 * limit,
+                "{dtype:?}: a gradient to compare"
+            );
+            assert!(
+                difference <= limit,
+                "{dtype:?} backward: {difference} > {limit}"
+            );
         }
     }
 }

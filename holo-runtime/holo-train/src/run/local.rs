@@ -55,9 +55,8 @@ impl Policy {
                 dir.display()
             )));
         }
-        let model = holo_model::gguf::load_quantized(dir, DType::F32, device).map_err(|error| {
-            TrainError::Input(format!("--model `{}`: {error}", dir.display()))
-        })?;
+        let model = holo_model::gguf::load_quantized(dir, DType::F32, device)
+            .map_err(|error| TrainError::Input(format!("--model `{}`: {error}", dir.display())))?;
         Policy::with_model(dir, model)
     }
 
