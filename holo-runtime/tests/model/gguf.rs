@@ -580,9 +580,10 @@ fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
 /// CPU): every projection holds exactly the blocks whose dequantization the dequantized model holds (the
 /// Llama fixture's permuted q / k rows put back in order as whole rows of blocks), and the logits
 /// (through the head's blocks too) are that model's up to the rounding of the activations to 8 bits per
-/// block. The embeddings and norms are dequantized. Such a model samples and refuses to train; the
-/// trainer's policy and the sampler without `--quantized` load it dense. Q5_1, whose products candle
-/// computes in plain loops, is dequantized even when blocks are asked for.
+/// block. The embeddings and norms are dequantized. Such a model samples and refuses full fine-tuning
+/// (LoRA trains over it, `qlora.rs`); the trainer's policy and the sampler without `--quantized` load
+/// it dense. Q5_1, whose products candle computes in plain loops, is dequantized even when blocks are
+/// asked for.
 #[test]
 fn quantized_ggufs_sample_from_their_blocks() {
     for (name, dtype) in [

@@ -1,6 +1,6 @@
 //! LoRA over a frozen base kept as a GGUF file's quantized blocks (QLoRA): the Qwen2 fixture written in
-//! Q8_0 and Q4_0, loaded with its projections in their blocks, trains the same adapters as the same
-//! file dequantized, its sampler samples from the blocks, and full fine-tuning is refused.
+//! Q8_0 and Q4_0, and llama.cpp's own Q8_0 files of Llama, Qwen3 and Phi-3, loaded with their
+//! projections in their blocks, train the same adapters as the same files dequantized, its sampler samples from the blocks, and full fine-tuning is refused.
 
 use std::sync::Arc;
 
@@ -91,10 +91,21 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
         dropout: 0.0,
         ..LoraConfig::default()
     };
+    let dir = scratch("qlora-parity");
+    let mut files = Vec::new();
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
-        let dir = scratch(&format!("qlora-{dtype:?}"));
-        let file = dir.join("qwen2.gguf");
+        let file = dir.join(format!("qwen2-{dtype:?}.gguf"));
         write_gguf(&fixture("qwen2"), dtype, &file);
+        files.push((format!("qwen2 {dtype:?}"), file));
+    }
+    // llama.cpp's converter's own Q8_0 files (Phi-3's fused qkv and gate/up among them).
+    for name in ["llama-q8_0", "qwen3-q8_0", "phi3-q8_0"] {
+        files.push((
+            name.to_string(),
+            fixture(&format!("gguf/converted/{name}.gguf")),
+        ));
+    }
+    for (dtype, file) in files {
         let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
         let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
 
@@ -106,10 +117,18 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
 
         let (dense, dense_vars) = dense.with_lora(&lora).unwrap();
         let (kept, kept_vars) = kept.with_lora(&lora).unwrap();
+        let adapted: Vec<&String> = kept_vars.iter().map(|(name, _)| name).collect();
+        let expected: Vec<&String> = dense_vars.iter().map(|(name, _)| name).collect();
+        assert_eq!(adapted, expected, "{dtype}");
+        let projections: usize = kept
+            .layers
+            .iter()
+            .map(|layer| Model::linears(layer).len())
+            .sum();
         assert_eq!(
             kept_vars.len(),
-            2 * 7 * 2,
-            "every projection of both layers"
+            2 * projections,
+            "{dtype}: every projection adapted"
         );
         let down = &kept.layers[0].mlp.dense().unwrap().down_proj;
         assert!(
@@ -123,8 +142,8 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
 
         let difference = max_difference(&kept_logprobs, &dense_logprobs);
         let limit = 1e-4 * max_abs(&dense_logprobs);
-        eprintln!("{dtype:?}: log-probabilities max |Δ| {difference:e} (limit {limit:e})");
-        assert!(difference <= limit, "{dtype:?}: {difference} > {limit}");
+        eprintln!("{dtype}: log-probabilities max |Δ| {difference:e} (limit {limit:e})");
+        assert!(difference <= limit, "{dtype}: {difference} > {limit}");
         let mut worst = 0.0f64;
         let paths = [
             ("recomputed", &kept_recomputed, &dense_recomputed),
@@ -138,13 +157,11 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
                 worst = worst.max(relative);
                 assert!(
                     relative <= 1e-4,
-                    "{dtype:?} {name} ({path}): {relative:e} of {scale:e}"
+                    "{dtype} {name} ({path}): {relative:e} of {scale:e}"
                 );
             }
         }
-        eprintln!(
-            "{dtype:?}: adapter gradients, worst max |Δ| {worst:e} of the gradient's largest"
-        );
+        eprintln!("{dtype}: adapter gradients, worst max |Δ| {worst:e} of the gradient's largest");
 
         // The sampler multiplies the blocks as ggml does; its log-probabilities are the trainer's to the
         // rounding of the activations.
@@ -154,7 +171,7 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
             .token_logprobs(&ids, &mask, Ops::Fast)
             .unwrap();
         let rounding = max_difference(&sampled, &kept_logprobs);
-        eprintln!("{dtype:?}: sampler against trainer, max |Δ log p| {rounding:e}");
+        eprintln!("{dtype}: sampler against trainer, max |Δ log p| {rounding:e}");
         assert!(
             rounding > 0.0 && rounding < 0.05 * max_abs(&kept_logprobs),
             "{rounding}"
@@ -339,4 +356,22 @@ fn holo_train_quantized_trains_lora_and_refuses_full_fine_tuning() {
     assert!(dir
         .join("exported/adapter/adapter_model.safetensors")
         .exists());
+}
+
+/// A gpt-oss file's experts kept as MXFP4 blocks have no backward: LoRA over them is refused, naming the
+/// flag to leave out.
+#[test]
+fn lora_over_mxfp4_experts_is_refused() {
+    let file = fixture("gguf/converted/gpt_oss.gguf");
+    let packed = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    let lora = LoraConfig {
+        targets: Targets::names(&["q_proj"]),
+        dropout: 0.0,
+        ..LoraConfig::default()
+    };
+    let refusal = packed.with_lora(&lora).unwrap_err().to_string();
+    assert!(
+        refusal.contains("MXFP4") && refusal.contains("--quantized"),
+        "{refusal}"
+    );
 }
