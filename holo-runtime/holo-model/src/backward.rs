@@ -19,14 +19,14 @@ use candle_core::{DType, Tensor, D};
 use super::config::{Activation, QkNorm};
 use super::model::{
     apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Mixer, Model, Ops, Result,
-    RmsNorm, Split,
+    RmsNorm, Split, Weight,
 };
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
 
 impl DecoderLayer {
-    /// Whether [`DecoderLayer::backward`] applies: ungated softmax attention, f32 or f64 weights and
-    /// adapters. Half-precision layers (bf16 training on CUDA) keep candle's autograd, which follows the
+    /// Whether [`DecoderLayer::backward`] applies: ungated softmax attention, f32 or f64 weights (or
+    /// quantized blocks, expanded to them) and adapters. Half-precision layers (bf16 training on CUDA) keep candle's autograd, which follows the
     /// forward's casts, as do linear-attention layers (whose delta rule has its own backward, see
     /// `kernels/delta.rs`), Qwen3.5's gated attention and mixtures of experts.
     pub(super) fn has_backward(&self) -> bool {
@@ -39,7 +39,11 @@ impl DecoderLayer {
             && matches!(dtype, DType::F32 | DType::F64)
             && Model::linears(self)
                 .iter()
-                .all(|(_, linear)| linear.weight.dense().is_ok_and(|w| w.dtype() == dtype))
+                .all(|(_, linear)| match &linear.weight {
+                    Weight::Dense(weight) => weight.dtype() == dtype,
+                    Weight::Quantized(_) => true,
+                    Weight::Mxfp4(_) => false,
+                })
     }
 
     /// The gradient at this layer's input `xs` `[B, T, hidden]` for `upstream`, the gradient at its
@@ -368,8 +372,11 @@ fn linear_backward(
     dy: &Tensor,
     grads: &mut GradStore,
 ) -> Result<Tensor> {
-    let dx = multiply(dy, linear.weight.dense()?)?;
-    accumulate(grads, trained.weight.dense()?, || multiply(&dy.t()?, xs))?;
+    // Quantized blocks (QLoRA's frozen base) are expanded for this product only, and get no gradient.
+    let dx = multiply(dy, &linear.weight.expanded(dy.dtype())?)?;
+    if let Weight::Dense(weight) = &trained.weight {
+        accumulate(grads, weight, || multiply(&dy.t()?, xs))?;
+    }
     if let Some(bias) = &trained.bias {
         accumulate(grads, bias, || row_sum(dy, None))?;
     }

@@ -32,13 +32,13 @@ use holo_runtime::train::Policy;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value as Json;
 
-fn fixture(name: &str) -> PathBuf {
+pub(super) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
         .join(name)
 }
 
-fn scratch(name: &str) -> crate::common::tempdir::Dir {
+pub(super) fn scratch(name: &str) -> crate::common::tempdir::Dir {
     crate::common::tempdir::Dir::new(&format!("gguf-{name}"))
 }
 
@@ -254,7 +254,7 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
 }
 
 /// The fixture folder `dir` as a GGUF file: norms in F32, matrices in `matrices`.
-fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
+pub(super) fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
     let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let tensors =
         candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
@@ -580,9 +580,10 @@ fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
 /// CPU): every projection holds exactly the blocks whose dequantization the dequantized model holds (the
 /// Llama fixture's permuted q / k rows put back in order as whole rows of blocks), and the logits
 /// (through the head's blocks too) are that model's up to the rounding of the activations to 8 bits per
-/// block. The embeddings and norms are dequantized. Such a model samples and refuses to train; the
-/// trainer's policy and the sampler without `--quantized` load it dense. Q5_1, whose products candle
-/// computes in plain loops, is dequantized even when blocks are asked for.
+/// block. The embeddings and norms are dequantized. Such a model samples and refuses full fine-tuning
+/// (LoRA trains over it, `qlora.rs`); the trainer's policy and the sampler without `--quantized` load
+/// it dense. Q5_1, whose products candle computes in plain loops, is dequantized even when blocks are
+/// asked for.
 #[test]
 fn quantized_ggufs_sample_from_their_blocks() {
     for (name, dtype) in [

@@ -25,6 +25,8 @@ mod local_model;
 #[cfg(feature = "local")]
 mod longrope;
 #[cfg(feature = "local")]
+mod qlora;
+#[cfg(feature = "local")]
 mod real_checkpoint;
 #[cfg(feature = "local")]
 mod routing;

@@ -2,10 +2,12 @@
 //! runs: what they share (`kernel`: the operations' types, reading storages, splitting work over
 //! threads), the fused output head (`head`), rotary embeddings (`rope`) and softmax (`softmax`) with
 //! their backward, matrix products (`matrix`, `product`) and decoding's few-rows products
-//! (`skinny`), products with MXFP4 blocks as a GGUF file keeps experts (`mxfp4`), and batch-invariant
+//! (`skinny`), the differentiable product with a frozen matrix in a GGUF file's quantized blocks
+//! (`blocks`, QLoRA's base), products with MXFP4 blocks as a GGUF file keeps experts (`mxfp4`), and batch-invariant
 //! attention (`invariant`). Nothing here knows the decoder: the
 //! model calls them, never the other way.
 
+pub(crate) mod blocks;
 pub(crate) mod delta;
 pub mod head;
 pub(crate) mod invariant;

@@ -26,7 +26,9 @@ pub enum Weight {
     /// A GGUF file's blocks (Q8_0, Q4_0, Q4_K, Q6_K, …) as the file holds them, on the CPU. ggml's
     /// kernels (candle's port) multiply them: each row of activations is quantized to 8 bits per block
     /// and the weights are dequantized in registers, so a decoding step reads the blocks' bytes (Q8_0:
-    /// 1.06 bytes a weight, Q4_K: 0.56) instead of f32's 4. Sampling only: no backward, no training.
+    /// 1.06 bytes a weight, Q4_K: 0.56) instead of f32's 4. Frozen: differentiable passes expand the
+    /// blocks for each product (`kernels::blocks`), so LoRA trains over them (QLoRA); they get no
+    /// gradient, so full fine-tuning refuses them.
     Quantized(Arc<QTensor>),
     /// A GGUF file's MXFP4 blocks (gpt-oss's experts), multiplied as they are by
     /// [`Mxfp4Matrix`](crate::Mxfp4Matrix): exact values, 0.53 bytes a weight.
@@ -44,19 +46,28 @@ impl Weight {
         }
     }
 
-    /// The dense tensor; an error for quantized blocks, which only sample.
+    /// The dense tensor; an error for quantized blocks, which neither train nor export.
     pub fn dense(&self) -> Result<&Tensor> {
         match self {
             Weight::Dense(tensor) => Ok(tensor),
             Weight::Quantized(blocks) => candle_core::bail!(
-                "a {:?} projection kept as the GGUF file's blocks only samples; load the file \
-                 dequantized (without `--quantized`) to train or export it",
+                "a {:?} projection kept as the GGUF file's blocks is frozen (LoRA trains over it); \
+                 load the file dequantized (without `--quantized`) to train or export it",
                 blocks.dtype()
             ),
             Weight::Mxfp4(_) => candle_core::bail!(
                 "an MXFP4 matrix kept as the GGUF file's blocks only samples; load the file \
                  dequantized (without `--quantized`) to train or export it"
             ),
+        }
+    }
+
+    /// The matrix as a tensor: the dense one, or the blocks expanded to `dtype` for one product (the
+    /// backward's `∂y · W`).
+    pub(crate) fn expanded(&self, dtype: DType) -> Result<Tensor> {
+        match self {
+            Weight::Quantized(blocks) => crate::kernels::blocks::expand(blocks, dtype),
+            _ => self.dense().cloned(),
         }
     }
 
@@ -213,7 +224,11 @@ impl Linear {
         let rows: usize = leading.iter().product();
         let flat = xs.reshape((rows, in_dim[0]))?;
         let ys = match &self.weight {
-            // The blocks have no backward: a model holding them refuses to train (`sampling_only`).
+            // Training's passes multiply the blocks' exact values, with a backward to the input;
+            // sampling multiplies them as ggml does.
+            Weight::Quantized(blocks) if ops == Ops::Differentiable => {
+                crate::kernels::blocks::matmul(&flat, blocks)?
+            }
             Weight::Quantized(blocks) => flat.contiguous()?.apply_op1_no_bwd(blocks.as_ref())?,
             Weight::Mxfp4(matrix) => matrix.matmul(&flat)?,
             Weight::Dense(weight) => match dispatch::product(ops, &Operands::of(&flat, weight)) {

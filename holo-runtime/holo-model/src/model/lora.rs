@@ -107,8 +107,12 @@ impl Model {
         }
         self.check_targets(config)?;
         let parameters = self.target_parameters(config)?;
-        self.sampling_only()?;
+        self.sampling_only(false)?;
         let mut model = self.detached();
+        // A GGUF file's head blocks serve sampling only; the trained model's logits, sampled or not,
+        // come from the dense head (the tied embeddings, or `lm_head`) its adapter adapts, so that the
+        // sampler and the trainer score tokens alike.
+        model.quantized_head = None;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed);
         let (dtype, device) = (dispatch::adapter_dtype(self.dtype()), self.device().clone());
         // PEFT's `nn.Linear(in, rows)` for A: Kaiming-uniform, bound 1/sqrt(in).
@@ -138,7 +142,9 @@ impl Model {
                     true => size(&format!("{key}.weight"))?,
                     false => size(&key)?,
                 };
-                let (out_dim, in_dim) = linear.weight.dense()?.dims2()?;
+                let &[out_dim, in_dim] = linear.weight.dims() else {
+                    candle_core::bail!("{key} is not a matrix");
+                };
                 let a = draw(rank, in_dim)?;
                 let b = Var::zeros((out_dim, rank), dtype, &device)?;
                 let prefix = format!("base_model.model.{key}");
@@ -163,7 +169,9 @@ impl Model {
             let Some(expert) = mixture.experts.first() else {
                 continue;
             };
-            let (hidden, inner) = expert.down_proj.weight.dense()?.dims2()?;
+            let &[hidden, inner] = expert.down_proj.weight.dims() else {
+                candle_core::bail!("layer {i}'s experts are not matrices");
+            };
             let stacks: Vec<ExpertStack> = ExpertStack::ALL
                 .into_iter()
                 .filter(|stack| parameters.contains(&Parameter::Stack(*stack)))

@@ -147,17 +147,28 @@ impl Model {
         self.norm.weight.dtype()
     }
 
-    /// bf16 matrices with f32 arithmetic, or a GGUF file's quantized blocks: sampling precisions, with
-    /// no backward through the matrix products.
-    fn sampling_only(&self) -> Result<()> {
-        let quantized = self
+    /// Refuses what only samples: bf16 matrices with f32 arithmetic, and MXFP4 blocks (whose products
+    /// have no backward); with `frozen_blocks`, a GGUF file's quantized blocks too (full fine-tuning
+    /// needs every weight's gradient, which blocks have not). LoRA trains over the blocks (QLoRA).
+    fn sampling_only(&self, frozen_blocks: bool) -> Result<()> {
+        let refused = self
             .layers
             .iter()
             .flat_map(Self::linears)
             .map(|(_, linear)| linear)
             .chain(&self.quantized_head)
-            .find_map(|linear| linear.weight.dense().err());
-        if let Some(error) = quantized {
+            .find_map(|linear| match &linear.weight {
+                Weight::Quantized(blocks) if frozen_blocks => Some(candle_core::Error::Msg(format!(
+                    "full fine-tuning needs a gradient for every weight, and the {:?} projections \
+                     kept as the GGUF file's blocks (`--quantized`) are frozen: train LoRA adapters \
+                     over them (`use_peft = true`), or load the file dequantized (without \
+                     `--quantized`)",
+                    blocks.dtype()
+                ))),
+                Weight::Mxfp4(_) => linear.weight.dense().err(),
+                _ => None,
+            });
+        if let Some(error) = refused {
             return Err(error);
         }
         if self.embed_tokens.dtype() != self.dtype() {
@@ -410,7 +421,7 @@ impl Model {
 
     /// A copy whose weights are [`Var`]s (returned with their names, tied weights once), for training.
     pub fn trainable(&self) -> Result<(Model, Vec<(String, Var)>)> {
-        self.sampling_only()?;
+        self.sampling_only(true)?;
         let mut vars = Vec::new();
         let model = self.map_weights(|name, tensor| {
             let var = Var::from_tensor(tensor)?;
@@ -791,6 +802,15 @@ impl Model {
             balance: layout.balance.clone(),
             ..frame
         })
+    }
+
+    /// Whether some projection is a GGUF file's quantized blocks, which sampling multiplies as ggml does
+    /// (each row of activations rounded to 8 bits per block) and training by their exact values.
+    pub fn holds_blocks(&self) -> bool {
+        self.layers
+            .iter()
+            .flat_map(Self::linears)
+            .any(|(_, linear)| matches!(linear.weight, Weight::Quantized(_)))
     }
 
     /// The bytes of weights one decoding step reads, but for norms, biases and a mixture's experts: the

@@ -41,6 +41,30 @@ impl Policy {
             TrainError::Input(format!("--model `{}`: {error}", dir.display()))
         };
         let model = model_files::load_model(dir, dtype, device).map_err(fail)?;
+        Policy::with_model(dir, model)
+    }
+
+    /// Loads the GGUF file `dir` in f32 on the CPU with its layers' projections kept as the file's
+    /// quantized blocks ([`holo_model::gguf::Blocks::Keep`]): a frozen base that LoRA trains over
+    /// (QLoRA; full fine-tuning refuses it) and that the in-process sampler samples from as `--quantized`
+    /// sampling does.
+    pub fn load_quantized(dir: &Path, device: &Device) -> Result<Self, TrainError> {
+        if !holo_model::gguf::is_gguf(dir) {
+            return Err(TrainError::Input(format!(
+                "--quantized keeps a GGUF file's blocks, and `{}` is not a `.gguf` file",
+                dir.display()
+            )));
+        }
+        let model = holo_model::gguf::load_quantized(dir, DType::F32, device)
+            .map_err(|error| TrainError::Input(format!("--model `{}`: {error}", dir.display())))?;
+        Policy::with_model(dir, model)
+    }
+
+    /// The policy of `model`, loaded from `dir`, with `dir`'s tokenizer and chat template.
+    fn with_model(dir: &Path, model: Model) -> Result<Self, TrainError> {
+        let fail = |error: model_files::LoadError| {
+            TrainError::Input(format!("--model `{}`: {error}", dir.display()))
+        };
         let tokenizer = model_files::load_tokenizer(dir).map_err(fail)?;
         let template = model_files::load_template(dir).map_err(fail)?;
         let end_of_turn = model_files::end_of_turn_ids(dir, &model.config, &tokenizer, &template)

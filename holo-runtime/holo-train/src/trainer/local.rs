@@ -149,9 +149,13 @@ impl Local {
     }
 
     /// Whether the weights that sampled may differ from those that train (another process's, or a
-    /// snapshot drawing ahead).
+    /// snapshot drawing ahead), or their products do: over a quantized base (QLoRA) the sampler
+    /// multiplies the blocks as ggml does, rounding each row of activations to 8 bits per block, while
+    /// training multiplies their exact values.
     fn sampler_differs(&self, config: &GrpoConfig) -> bool {
-        self.samples_elsewhere() || config.max_off_policy_steps > 0
+        self.samples_elsewhere()
+            || config.max_off_policy_steps > 0
+            || self.trained.model.holds_blocks()
     }
 
     /// Pushes the trained weights to the rollout servers, if any (see [`crate::sync`]), into the

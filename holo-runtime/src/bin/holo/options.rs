@@ -115,14 +115,28 @@ pub fn build<C: TrainingConfig>(
 }
 
 /// The model folder `model` loaded for training on `device` (`--device`) in `dtype` (`--dtype`, or the
-/// device's training precision): `holo train`'s and `holo sft`'s policy, or the message for a bad one.
+/// device's training precision), or with `quantized` (`--quantized`) a GGUF file's projections kept
+/// in its blocks, in f32 on the CPU: `holo train`'s and `holo sft`'s policy, or the message for a bad
+/// one.
 #[cfg(feature = "local")]
 pub fn training_policy(
     model: &std::path::Path,
     device: &str,
     dtype: Option<&str>,
+    quantized: bool,
 ) -> Result<holo_runtime::train::Policy, String> {
+    use holo_runtime::train::Policy;
     let device = holo_runtime::local::parse_device(device)?;
+    if quantized {
+        if !device.is_cpu() || dtype.is_some_and(|dtype| dtype != "f32") {
+            return Err(
+                "--quantized: the blocks are multiplied on the CPU in f32 arithmetic; leave --device \
+                 and --dtype out"
+                    .to_string(),
+            );
+        }
+        return Policy::load_quantized(model, &device).map_err(|error| error.to_string());
+    }
     let dtype = holo_runtime::local::parse_training_dtype(dtype, &device)?;
-    holo_runtime::train::Policy::load_as(model, &device, dtype).map_err(|error| error.to_string())
+    Policy::load_as(model, &device, dtype).map_err(|error| error.to_string())
 }

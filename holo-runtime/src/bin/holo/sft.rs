@@ -56,10 +56,11 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(planned) => planned,
         Err(message) => return usage(message),
     };
-    let policy = match options::training_policy(&args.model, &args.device, args.dtype.as_deref()) {
-        Ok(policy) => policy,
-        Err(message) => return usage(message),
-    };
+    let policy =
+        match options::training_policy(&args.model, &args.device, args.dtype.as_deref(), false) {
+            Ok(policy) => policy,
+            Err(message) => return usage(message),
+        };
     let dataset = match (Tokenizing {
         tokenizer: &policy.tokenizer,
         template: &policy.template,

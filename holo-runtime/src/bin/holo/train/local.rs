@@ -67,7 +67,12 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         Ok(planned) => planned,
         Err(message) => return usage(message),
     };
-    let policy = match options::training_policy(&args.model, args.device(), args.dtype.as_deref()) {
+    let policy = match options::training_policy(
+        &args.model,
+        args.device(),
+        args.dtype.as_deref(),
+        args.quantized,
+    ) {
         Ok(policy) => policy,
         Err(message) => return usage(message),
     };

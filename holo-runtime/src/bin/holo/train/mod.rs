@@ -28,7 +28,8 @@ pub struct TrainArgs {
     pub file: Option<PathBuf>,
     /// The model to train: a Hugging Face folder of a family README's "Local models" lists
     /// (config.json, safetensors, tokenizer.json and a chat template), or a `.gguf` file of qwen2,
-    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (dequantized to f32).
+    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (dequantized to f32, or
+    /// with --quantized its projections kept in their blocks under LoRA).
     /// With --backend tinker: the base model's name on the service.
     #[arg(long)]
     pub model: PathBuf,
@@ -80,6 +81,13 @@ pub struct TrainArgs {
     /// adapters stay f32). Default: f32 on the CPU, bf16 on CUDA (docs/cuda.md, "Precision").
     #[arg(long)]
     pub dtype: Option<String>,
+    /// With a `.gguf` --model: keep its layers' quantized projections (Q4_0, Q8_0, Q2_K–Q6_K) in the
+    /// file's blocks, frozen, and train LoRA adapters over them (QLoRA; `use_peft = true`, full
+    /// fine-tuning is refused): the base takes the blocks' bytes instead of f32's 4 a weight, each
+    /// product expanding one projection's blocks for the moment it runs. The rollouts sample from the
+    /// same blocks. On the CPU, in f32.
+    #[arg(long)]
+    pub quantized: bool,
     /// Run model-written code (CodeExecutor) without a sandbox where this machine cannot sandbox it
     /// (not Linux, user namespaces disabled). Without it such a run is refused before it starts.
     /// Unsandboxed code can read, change and delete what this user can, the run included.

@@ -18,6 +18,9 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
     if args.device.is_some() {
         return usage("--device: with --backend tinker the service chooses its devices");
     }
+    if args.quantized {
+        return usage("--quantized: with --backend tinker the service holds the base model");
+    }
     if args.dtype.is_some() {
         return usage("--dtype: with --backend tinker the service trains in its own precision");
     }

@@ -1,0 +1,377 @@
+//! LoRA over a frozen base kept as a GGUF file's quantized blocks (QLoRA): the Qwen2 fixture written in
+//! Q8_0 and Q4_0, and llama.cpp's own Q8_0 files of Llama, Qwen3 and Phi-3, loaded with their
+//! projections in their blocks, train the same adapters as the same files dequantized, its sampler samples from the blocks, and full fine-tuning is refused.
+
+use std::sync::Arc;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor, Var};
+use holo_runtime::holotypes;
+use holo_runtime::interpreter::{Holoware, Row};
+use holo_runtime::local::files::load_model;
+use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::model::{LoraConfig, Model, Ops, Targets, Weight};
+use holo_runtime::local::testing::{max_abs, max_difference};
+use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer, TrainingArguments};
+use holo_runtime::{Resources, Rollout};
+
+use super::gguf::{fixture, scratch, write_gguf};
+
+/// Two sequences of the fixture's vocabulary, the second right-padded.
+fn batch() -> (Tensor, Tensor) {
+    let ids: Vec<u32> = vec![
+        509, 100, 200, 300, 7, 8, 9, 10, 509, 42, 17, 3, 250, 61, 0, 0,
+    ];
+    let mask: Vec<u8> = vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0];
+    (
+        Tensor::from_vec(ids, (2, 8), &Device::Cpu).unwrap(),
+        Tensor::from_vec(mask, (2, 8), &Device::Cpu).unwrap(),
+    )
+}
+
+/// The same `B` for every adapter of both models (PEFT starts `B` at zero, which gives `A` no gradient).
+fn move_b(vars: &[(String, Var)]) {
+    for (i, (name, var)) in vars.iter().enumerate() {
+        if name.contains("lora_B") {
+            let shape = var.as_tensor().shape().clone();
+            let values = Tensor::arange(0f32, shape.elem_count() as f32, &Device::Cpu)
+                .unwrap()
+                .affine(0.37, i as f64)
+                .unwrap()
+                .sin()
+                .unwrap()
+                .affine(0.05, 0.0)
+                .unwrap()
+                .reshape(shape)
+                .unwrap();
+            var.set(&values).unwrap();
+        }
+    }
+}
+
+/// The gradient of `Σ log p` for every adapter, through `backward_recomputed` (each layer's
+/// written-out backward, `∂x = ∂y · W` with `W` expanded from its blocks) and through autograd (the
+/// blocks' own backward, `kernels/blocks.rs`).
+fn gradients(model: &Model, vars: &[(String, Var)]) -> (Tensor, Vec<Tensor>, Vec<Tensor>) {
+    let (ids, mask) = batch();
+    let logprobs = model
+        .token_logprobs(&ids, &mask, Ops::Differentiable)
+        .unwrap();
+    let autograd = logprobs.sum_all().unwrap().backward().unwrap();
+    let (_, recomputed) = model
+        .backward_recomputed(&ids, &mask, |logprobs| logprobs.sum_all())
+        .unwrap();
+    let of = |grads: &candle_core::backprop::GradStore| -> Vec<Tensor> {
+        vars.iter()
+            .map(|(name, var)| match grads.get(var.as_tensor()) {
+                Some(grad) => grad.clone(),
+                None => panic!("no gradient for {name}"),
+            })
+            .collect()
+    };
+    (logprobs, of(&recomputed), of(&autograd))
+}
+
+/// LoRA over the blocks is LoRA over the same file dequantized: the base's values are identical (each
+/// product expands the blocks to the dequantized model's very numbers), so the log-probabilities and
+/// every adapter's gradient differ only by the order of the f32 sums. A sum of n terms moves by at most
+/// about n · 2⁻²⁴ of the sum of their magnitudes; the products here have 64–128 terms and the pass
+/// chains a dozen of them, so differences of 1e-5 relative are the scale of rounding, and 1e-4 (of the
+/// largest log-probability's or gradient's magnitude) is the limit, which a wrong base value (Q8_0
+/// moves the weights by 3% of their scale) misses by orders of magnitude. Measured: identical (the
+/// expanded matrix goes through the same product kernel as the dequantized one at these shapes). The sampler's products round
+/// the activations (8 bits per block): its log-probabilities are near but not equal.
+#[test]
+fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: Targets::names(&["all-linear"]),
+        seed: 3,
+        dropout: 0.0,
+        ..LoraConfig::default()
+    };
+    let dir = scratch("qlora-parity");
+    let mut files = Vec::new();
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+        let file = dir.join(format!("qwen2-{dtype:?}.gguf"));
+        write_gguf(&fixture("qwen2"), dtype, &file);
+        files.push((format!("qwen2 {dtype:?}"), file));
+    }
+    // llama.cpp's converter's own Q8_0 files (Phi-3's fused qkv and gate/up among them).
+    for name in ["llama-q8_0", "qwen3-q8_0", "phi3-q8_0"] {
+        files.push((
+            name.to_string(),
+            fixture(&format!("gguf/converted/{name}.gguf")),
+        ));
+    }
+    for (dtype, file) in files {
+        let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
+        let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+
+        let refusal = kept.trainable().unwrap_err().to_string();
+        assert!(
+            refusal.contains("full fine-tuning") && refusal.contains("use_peft"),
+            "{refusal}"
+        );
+
+        let (dense, dense_vars) = dense.with_lora(&lora).unwrap();
+        let (kept, kept_vars) = kept.with_lora(&lora).unwrap();
+        let adapted: Vec<&String> = kept_vars.iter().map(|(name, _)| name).collect();
+        let expected: Vec<&String> = dense_vars.iter().map(|(name, _)| name).collect();
+        assert_eq!(adapted, expected, "{dtype}");
+        let projections: usize = kept
+            .layers
+            .iter()
+            .map(|layer| Model::linears(layer).len())
+            .sum();
+        assert_eq!(
+            kept_vars.len(),
+            2 * projections,
+            "{dtype}: every projection adapted"
+        );
+        let down = &kept.layers[0].mlp.dense().unwrap().down_proj;
+        assert!(
+            matches!(down.weight, Weight::Quantized(_)),
+            "the base stays in its blocks"
+        );
+        move_b(&dense_vars);
+        move_b(&kept_vars);
+        let (dense_logprobs, dense_recomputed, dense_autograd) = gradients(&dense, &dense_vars);
+        let (kept_logprobs, kept_recomputed, kept_autograd) = gradients(&kept, &kept_vars);
+
+        let difference = max_difference(&kept_logprobs, &dense_logprobs);
+        let limit = 1e-4 * max_abs(&dense_logprobs);
+        eprintln!("{dtype}: log-probabilities max |Δ| {difference:e} (limit {limit:e})");
+        assert!(difference <= limit, "{dtype}: {difference} > {limit}");
+        let mut worst = 0.0f64;
+        let paths = [
+            ("recomputed", &kept_recomputed, &dense_recomputed),
+            ("autograd", &kept_autograd, &dense_autograd),
+        ];
+        for (path, kept_grads, dense_grads) in paths {
+            for (((name, _), got), expected) in dense_vars.iter().zip(kept_grads).zip(dense_grads) {
+                let scale = max_abs(expected);
+                assert!(scale > 0.0, "{name} has a gradient");
+                let relative = max_difference(got, expected) / scale;
+                worst = worst.max(relative);
+                assert!(
+                    relative <= 1e-4,
+                    "{dtype} {name} ({path}): {relative:e} of {scale:e}"
+                );
+            }
+        }
+        eprintln!("{dtype}: adapter gradients, worst max |Δ| {worst:e} of the gradient's largest");
+
+        // The sampler multiplies the blocks as ggml does; its log-probabilities are the trainer's to the
+        // rounding of the activations.
+        let (ids, mask) = batch();
+        let sampled = kept
+            .detached()
+            .token_logprobs(&ids, &mask, Ops::Fast)
+            .unwrap();
+        let rounding = max_difference(&sampled, &kept_logprobs);
+        eprintln!("{dtype}: sampler against trainer, max |Δ log p| {rounding:e}");
+        assert!(
+            rounding > 0.0 && rounding < 0.05 * max_abs(&kept_logprobs),
+            "{rounding}"
+        );
+    }
+}
+
+fn train_rows() -> Vec<(usize, Row)> {
+    let path = fixture("../train/rows.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, line)| (i, serde_json::from_str(line).unwrap()))
+        .collect()
+}
+
+fn trainer(
+    policy: Policy,
+    config: GrpoConfig,
+    out: &std::path::Path,
+) -> Result<Trainer<impl holo_runtime::loom::RolloutSource>, TrainError> {
+    let holoware = Arc::new(
+        Holoware::open(
+            &fixture("../train/short.hol"),
+            Arc::new(holotypes::registry()),
+        )
+        .unwrap(),
+    );
+    let resources = Resources::default();
+    let source = move |row: &Row| -> Result<Box<dyn Rollout + Send>, String> {
+        let rollout = holoware
+            .start_with(row, &resources)
+            .map_err(|error| error.to_string())?;
+        Ok(Box::new(rollout))
+    };
+    let options = RunOptions {
+        out: out.to_path_buf(),
+        resume: false,
+        progress: false,
+    };
+    Trainer::new(source, policy, config, options)
+}
+
+fn grpo(use_peft: bool) -> GrpoConfig {
+    GrpoConfig {
+        training: TrainingArguments {
+            max_steps: 2,
+            per_device_train_batch_size: 8,
+            learning_rate: 1e-3,
+            use_peft,
+            lora_r: 4,
+            lora_alpha: 8.0,
+            lora_target_modules: Some(Targets::names(&["all-linear"])),
+            ..GrpoConfig::default().training
+        },
+        num_generations: 4,
+        max_completion_length: 8,
+        ..GrpoConfig::default()
+    }
+}
+
+/// Two GRPO steps of LoRA over the Q8_0 blocks, the rollouts sampled in process from the same blocks:
+/// on-policy, the importance ratios between the sampler's log-probabilities (activations rounded to 8
+/// bits per block) and the trainer's (the blocks' exact values) are 1 to that rounding, which TRL's
+/// importance-sampling correction then corrects for as for vLLM's. Full fine-tuning of the same policy
+/// is refused before any step.
+#[test]
+fn grpo_trains_lora_over_a_quantized_base() {
+    let dir = scratch("qlora-grpo");
+    let file = dir.join("qwen2.gguf");
+    write_gguf(&fixture("qwen2"), GgmlDType::Q8_0, &file);
+
+    let out = dir.join("full");
+    let policy = Policy::load_quantized(&file, &Device::Cpu).unwrap();
+    match trainer(policy, grpo(false), &out) {
+        Err(error) => {
+            let message = error.to_string();
+            assert!(
+                message.contains("full fine-tuning") && message.contains("use_peft"),
+                "{message}"
+            )
+        }
+        Ok(_) => panic!("full fine-tuning over quantized blocks was accepted"),
+    }
+
+    let out = dir.join("lora");
+    let policy = Policy::load_quantized(&file, &Device::Cpu).unwrap();
+    let summary = trainer(policy, grpo(true), &out)
+        .unwrap()
+        .train(&train_rows(), &[])
+        .unwrap();
+    assert_eq!(summary.steps, 2);
+    let metrics = &summary.last;
+    let (min, max) = (
+        metrics["sampling/importance_sampling_ratio/min"],
+        metrics["sampling/importance_sampling_ratio/max"],
+    );
+    let mean = metrics["sampling/importance_sampling_ratio/mean"];
+    let difference = metrics["sampling/sampling_logp_difference/mean"];
+    let largest = metrics["sampling/sampling_logp_difference/max"];
+    eprintln!(
+        "QLoRA GRPO: ratios in [{min}, {max}], mean {mean}; |Δ log p| mean {difference}, max {largest}"
+    );
+    // Measured: mean 1.044 in [0.85, 1.25], |Δ log p| 0.038 on average and 0.12 at most, the
+    // activations' rounding on this random fixture (whose sampler moved log-probabilities by up to 0.088
+    // above); a sampler on other weights (the dequantized base without the adapters, say) moves them by
+    // the adapters' own effect and a trainer without the blocks' backward gets no step at all.
+    assert!((mean - 1.0).abs() < 0.1, "mean ratio {mean}");
+    assert!(min > 0.7 && max < 1.4, "ratios in [{min}, {max}]");
+    assert!(difference > 0.0 && difference < 0.1, "{difference}");
+    assert!(metrics["loss"].is_finite());
+}
+
+/// `holo train --quantized`: two LoRA steps over the Q8_0 file's blocks and the adapter exported as
+/// for any LoRA run; full fine-tuning (no `--use-peft`) and a folder are refused, naming what to change.
+#[test]
+fn holo_train_quantized_trains_lora_and_refuses_full_fine_tuning() {
+    let dir = scratch("qlora-cli");
+    let file = dir.join("qwen2.gguf");
+    write_gguf(&fixture("qwen2"), GgmlDType::Q8_0, &file);
+    let run = |out: &str, extra: &[&str]| {
+        let out = dir.join(out).display().to_string();
+        let mut args = vec![
+            "train",
+            "holo-runtime/tests/fixtures/train/short.hol",
+            "--data",
+            "holo-runtime/tests/fixtures/train/rows.jsonl",
+            "--quantized",
+            "--max-steps",
+            "2",
+            "--per-device-train-batch-size",
+            "8",
+            "--num-generations",
+            "4",
+            "--max-completion-length",
+            "8",
+            "--out",
+        ];
+        args.push(&out);
+        args.extend_from_slice(extra);
+        let output = crate::common::holo_command(&args)
+            .output()
+            .expect("holo runs");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+            out,
+        )
+    };
+    let model = file.display().to_string();
+
+    let (status, stderr, _) = run("full", &["--model", &model]);
+    assert!(!status.success(), "full fine-tuning over blocks ran");
+    assert!(
+        stderr.contains("use_peft") && stderr.contains("--quantized"),
+        "{stderr}"
+    );
+
+    let folder = fixture("qwen2").display().to_string();
+    let (status, stderr, _) = run("folder", &["--model", &folder, "--use-peft"]);
+    assert!(!status.success(), "a folder's --quantized ran");
+    assert!(stderr.contains("not a `.gguf` file"), "{stderr}");
+
+    let (status, stderr, out) = run("lora", &["--model", &model, "--use-peft"]);
+    assert!(status.success(), "{stderr}");
+    let metrics = std::fs::read_to_string(format!("{out}/metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    assert!(
+        metrics.contains("sampling/importance_sampling_ratio/mean"),
+        "{metrics}"
+    );
+    let exported = dir.join("exported").display().to_string();
+    let output = crate::common::holo_command(&["export", &out, "--out", &exported])
+        .output()
+        .expect("holo runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(dir
+        .join("exported/adapter/adapter_model.safetensors")
+        .exists());
+}
+
+/// A gpt-oss file's experts kept as MXFP4 blocks have no backward: LoRA over them is refused, naming the
+/// flag to leave out.
+#[test]
+fn lora_over_mxfp4_experts_is_refused() {
+    let file = fixture("gguf/converted/gpt_oss.gguf");
+    let packed = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
+    let lora = LoraConfig {
+        targets: Targets::names(&["q_proj"]),
+        dropout: 0.0,
+        ..LoraConfig::default()
+    };
+    let refusal = packed.with_lora(&lora).unwrap_err().to_string();
+    assert!(
+        refusal.contains("MXFP4") && refusal.contains("--quantized"),
+        "{refusal}"
+    );
+}
