@@ -128,11 +128,11 @@ impl Grammars {
 
 impl Grammars {
     /// [`Grammars::check`] for the constraints that data rows give a holoware's samplers (a
-    /// `json_schema=name` whose variable is an input,
+    /// `json_schema=name`, `regex=name` or `grammar=name` whose variable is an input,
     /// [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)), before any
-    /// rollout, each distinct one compiled once. Every row that gives one the sampler cannot use (no
-    /// schema, or one llguidance refuses) is named, by the label it comes with, and the tag's
-    /// `file.hol:line:col`: the messages, in the rows' order.
+    /// rollout, each distinct one compiled once. Every row that gives one the sampler cannot use (a
+    /// value that is no schema, regex or grammar, or one llguidance refuses) is named, by the label it
+    /// comes with, and the tag's `file.hol:line:col`: the messages, in the rows' order.
     pub fn check_rows<'r, L: fmt::Display>(
         &self,
         holoware: &holo_core::interpreter::Holoware,
@@ -667,6 +667,26 @@ mod tests {
             ),
             "{}",
             errors[1]
+        );
+
+        // A row's grammar (`grammar=rules`) is compiled as its schema is.
+        let source = b"<|o_o|>\nAnswer.\n<|@_@:answer grammar=rules|>\n";
+        let registry = std::sync::Arc::new(holo_core::holotypes::registry());
+        let holoware = Holoware::load("rules.hol", source, registry).unwrap();
+        let rows: Vec<Row> = ["start: /[0-9]+/", "start: undefined_rule"]
+            .map(|rules| serde_json::from_value(json!({ "rules": rules })).unwrap())
+            .to_vec();
+        let errors = model
+            .grammars()
+            .check_rows(&holoware, rows.iter().enumerate())
+            .unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .starts_with("1: rules.hol:3:1: the sampler's a Lark grammar does not compile")
+                && errors[0].contains("undefined_rule"),
+            "{}",
+            errors[0]
         );
     }
 

@@ -1,7 +1,8 @@
 //! Constrained decoding in rollouts, trained under the masked distribution: every reply of a random
-//! model held to a JSON schema, a regex or a choice validates; the trainer's log-probabilities of those
-//! tokens are the sampler's (importance ratios of 1, `sampling/mismatch_kl` of 0), which they are not
-//! when the masks are left out of training. The same holds for native tool calls held to their format over
+//! model held to a JSON schema, a regex, a choice or a grammar, written in the tag or read from a
+//! variable, validates; the trainer's log-probabilities of those tokens are the sampler's (importance
+//! ratios of 1, `sampling/mismatch_kl` of 0), which they are not when the masks are left out of
+//! training. The same holds for native tool calls held to their format over
 //! several turns (`train/tool_calls.hol`).
 
 use std::collections::BTreeMap;
@@ -290,6 +291,87 @@ fn each_row_holds_its_replies_to_its_own_schema() {
         error,
         "schema.hol:4:1: `schema`, the sampler's json_schema, is not a JSON schema: a schema is a JSON \
          object or a boolean"
+    );
+}
+
+/// Samplers whose regular expression is each row's `pattern` column (`regex=pattern`) and whose grammar
+/// is the text an earlier sampler chose (`grammar=rules`), each inside a fence.
+const ROW_REGEX: &str = r#"<|+++|>
+<|o_o|>
+Answer.
+<|@_@:code <>code regex=pattern|>
+<|@_@:rules choice='start: "yes" | "no"' choice='start: /[0-9]{2}/'|>
+<|@_@:sentence <>sentence grammar=rules|>
+"#;
+
+#[test]
+fn regexes_and_grammars_from_variables_hold_their_replies() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware = Arc::new(Holoware::load("regex.hol", ROW_REGEX.as_bytes(), registry).unwrap());
+    let row = |pattern: &str| {
+        serde_json::from_value::<Row>(serde_json::json!({ "pattern": pattern })).unwrap()
+    };
+    let rows = [(0, row("[a-c]{2}")), (1, row("(yes|no)"))];
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources: Resources::default(),
+    };
+    for (_, row) in &rows {
+        source.check(row).unwrap();
+    }
+    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 8);
+    let mut chosen = std::collections::BTreeSet::new();
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let [code, rules, sentence] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let code = code.strip_suffix("</code>").unwrap();
+        match record.row_index {
+            0 => assert!(
+                code.len() == 2 && code.bytes().all(|b| (b'a'..=b'c').contains(&b)),
+                "{code:?}"
+            ),
+            _ => assert!(code == "yes" || code == "no", "{code:?}"),
+        }
+        let sentence = sentence.strip_suffix("</sentence>").unwrap();
+        if rules.contains("yes") {
+            assert!(sentence == "yes" || sentence == "no", "{sentence:?}");
+        } else {
+            assert_eq!(rules, "start: /[0-9]{2}/");
+            assert!(
+                sentence.len() == 2 && sentence.bytes().all(|b| b.is_ascii_digit()),
+                "{sentence:?}"
+            );
+        }
+        chosen.insert(rules.clone());
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        let kinds: Vec<&str> = tokens
+            .constraints
+            .iter()
+            .map(|run| run.constraint.kind())
+            .collect();
+        assert_eq!(kinds, ["a Lark grammar", "a choice", "a Lark grammar"]);
+    }
+    // Sampled, not forced: both grammars were chosen.
+    assert_eq!(chosen.len(), 2, "{chosen:?}");
+    // On policy, the trainer scores the tokens under the masks of the constraints the variables gave.
+    let (ratios, kl) = ratios(&model, &records, true);
+    assert!(
+        ratios.iter().all(|ratio| (ratio - 1.0).abs() < 1e-4),
+        "{ratios:?}"
+    );
+    assert!(kl < 1e-8, "{kl}");
+    // A row whose column is no regular expression is refused before any rollout of it, naming the tag.
+    let error = source.check(&row("(")).unwrap_err();
+    assert!(
+        error.starts_with(
+            "regex.hol:4:1: `pattern`, the sampler's regex, is not a regular expression: "
+        ),
+        "{error}"
     );
 }
 
