@@ -274,16 +274,16 @@ impl Constraint {
     pub fn fenced(&self, fence: &str) -> Constraint {
         let literal = |text: &str| serde_json::Value::from(text).to_string();
         let close = literal(&format!("</{fence}>"));
-        let terminal = |inner: String| format!("start: FENCED\nFENCED: {inner} {close}\n");
+        let terminal = |inner: String| format!("{FENCED_TERMINAL}{inner} {close}\n");
         Constraint::Grammar(match self {
             Constraint::JsonObject => {
                 let schema = json_layout(serde_json::json!({"type": "object"}));
-                format!("start: %json {schema} {close}\n")
+                format!("{FENCED_JSON}{schema} {close}\n")
             }
             Constraint::JsonSchema(text) => match serde_json::from_str(text) {
-                Ok(schema) => format!("start: %json {} {close}\n", json_layout(schema)),
+                Ok(schema) => format!("{FENCED_JSON}{} {close}\n", json_layout(schema)),
                 // Checked to parse before it gets here; llguidance says what is wrong otherwise.
-                Err(_) => format!("start: %json {text} {close}\n"),
+                Err(_) => format!("{FENCED_JSON}{text} {close}\n"),
             },
             Constraint::Regex(regex) => terminal(format!("/{}/", lark_regex(regex))),
             Constraint::Choice(choices) => {
@@ -291,9 +291,31 @@ impl Constraint {
                 terminal(format!("({})", choices.join(" | ")))
             }
             // The newline before `}` ends a comment on the grammar's last line.
-            Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
+            Constraint::Grammar(grammar) => format!("{FENCED_LARK}{grammar}\n}} {close}\n"),
         })
     }
+}
+
+/// How each of [`Constraint::fenced`]'s three forms of grammar begins: JSON, a terminal (a regex or a
+/// choice), a nested Lark grammar.
+const FENCED_JSON: &str = "start: %json ";
+const FENCED_TERMINAL: &str = "start: FENCED\nFENCED: ";
+const FENCED_LARK: &str = "start: %lark {\n";
+
+/// Whether `grammar` is one that [`Constraint::fenced`] wrote for a fence whose closing tag is `close`
+/// (`</answer>`): a constraint on the text inside the fence, then the tag, so that every sentence of
+/// it ends with the tag. A server that checks stop strings on the text whatever the grammar (vLLM)
+/// needs no stop string to end such a reply: its structured output ends the sequence where the
+/// grammar is complete.
+pub fn is_fenced(grammar: &str, close: &str) -> bool {
+    let literal = serde_json::Value::from(close).to_string();
+    grammar
+        .strip_suffix(&format!(" {literal}\n"))
+        .is_some_and(|head| {
+            head.starts_with(FENCED_JSON)
+                || head.starts_with(FENCED_TERMINAL)
+                || (head.starts_with(FENCED_LARK) && head.ends_with("\n}"))
+        })
 }
 
 /// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
@@ -480,5 +502,34 @@ impl fmt::Display for ArgValue {
             ArgValue::Float(float) => write!(f, "{float:?}"),
             ArgValue::Str(text) => write!(f, "{text:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every form a fence wraps is recognized with its own closing tag, and nothing else is.
+    #[test]
+    fn fenced_grammars_are_recognized_by_their_closing_tag() {
+        let constraints = [
+            Constraint::JsonObject,
+            Constraint::JsonSchema(r#"{"enum": ["</answer>"]}"#.into()),
+            Constraint::Regex("[0-9]+".into()),
+            Constraint::Choice(vec!["a | b".into(), "c".into()]),
+            Constraint::Grammar("start: X\nX: /[a-z]+/ # a comment".into()),
+        ];
+        for constraint in &constraints {
+            let Constraint::Grammar(grammar) = constraint.fenced("answer") else {
+                unreachable!("a fence makes a grammar")
+            };
+            assert!(is_fenced(&grammar, "</answer>"), "{grammar}");
+            assert!(!is_fenced(&grammar, "</other>"), "{grammar}");
+        }
+        // A grammar written in a tag that ends with the tag is not one a fence wrote.
+        assert!(!is_fenced(
+            "start: \"a\" | \"b\" \"</answer>\"\n",
+            "</answer>"
+        ));
     }
 }
