@@ -318,6 +318,106 @@ fn schemas_from_variables_reach_the_sample_requests() {
     }
 }
 
+/// A sampler's `regex=name` and `grammar=name` read their text from the variable when they run, alike in
+/// the compiled machine and the interpreter: a row's column, then an earlier reply inside a fence, then
+/// the column inside a fence. Each lowers exactly as the same text written in the tag does (fenced: the
+/// closing tag one terminal with the regex, the grammar nested whole); a text that is none ends the
+/// rollout with an error at the tag.
+#[test]
+fn regexes_and_grammars_from_variables_reach_the_sample_requests() {
+    use holo_runtime::{Constraint, RolloutError};
+
+    mod compiled {
+        holo_macros::include_holoware!(
+            ok_constraint_variable,
+            "../holoc/tests/inputs/ok/constraint_variable.hol",
+            holotypes = crate
+        );
+    }
+
+    const RULES: &str = r#"start: "yes" | "no""#;
+    type Requests = (Vec<Option<Constraint>>, Result<(), RolloutError>);
+    fn requests(rollout: &mut dyn Rollout, rules: &str) -> Requests {
+        let mut transcript = Transcript::default();
+        let mut sampler = Scripted::new(["42", rules, "yes</sentence>", "7</code>"]);
+        let mut constraints = Vec::new();
+        loop {
+            match rollout.step(&mut transcript) {
+                Ok(Step::Sample(request)) => {
+                    constraints.push(request.constraint.clone());
+                    let completion = sampler.complete(&request).expect("enough replies");
+                    rollout.resume(completion, &mut transcript).expect("resume");
+                }
+                Ok(Step::Done) => return (constraints, Ok(())),
+                Err(error) => return (constraints, Err(error)),
+            }
+        }
+    }
+    let both = |pattern: &str, rules: &str| -> (Requests, Requests) {
+        let row = serde_json::json!({ "pattern": pattern });
+        let input = serde_json::from_value(row.clone()).unwrap();
+        let mut machine = compiled::ok_constraint_variable::Machine::new(input).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../holoc/tests/inputs/ok/constraint_variable.hol");
+        let holoware = Arc::new(Holoware::open(&path, Arc::new(registry())).unwrap());
+        let row = row.as_object().unwrap().clone();
+        let interpreted = requests(&mut holoware.start(&row).unwrap(), rules);
+        (requests(&mut machine, rules), interpreted)
+    };
+
+    // The same samplers with the same texts written in their tags.
+    let written = format!(
+        "<|o_o|>\n<|@_@:digits regex=\"[0-9]+\"|>\n<|@_@:sentence <>sentence grammar='{RULES}'|>\n\
+         <|@_@:code <>code regex=\"[0-9]+\"|>\n"
+    );
+    let written = Holoware::load("written.hol", written.as_bytes(), Arc::new(registry())).unwrap();
+    let written: Vec<Option<Constraint>> = written
+        .constraints()
+        .into_iter()
+        .map(|(_, constraint)| Some(constraint))
+        .collect();
+    let (compiled, interpreted) = both("[0-9]+", RULES);
+    assert_eq!(compiled.0, interpreted.0);
+    assert!(compiled.1.is_ok() && interpreted.1.is_ok());
+    let [digits, rules, sentence, code] = compiled.0.as_slice() else {
+        panic!("{:?}", compiled.0)
+    };
+    assert_eq!(rules, &None);
+    assert_eq!([digits, sentence, code].map(Clone::clone).to_vec(), written);
+    assert_eq!(digits, &Some(Constraint::Regex("[0-9]+".into())));
+    let Some(Constraint::Lark(grammar)) = sentence else {
+        panic!("{sentence:?}")
+    };
+    assert!(
+        grammar.contains(&format!("%lark {{\n{RULES}\n}}")),
+        "{grammar}"
+    );
+
+    // A row's text that is no regular expression, a reply that is no grammar.
+    for ((pattern, rules), at, error) in [
+        (
+            ("(", RULES),
+            "3:1",
+            "`pattern`, the sampler's regex, is not a regular expression: ",
+        ),
+        (
+            ("[0-9]+", " "),
+            "7:1",
+            "`rules`, the sampler's grammar, is not a Lark grammar: the text is empty",
+        ),
+    ] {
+        let (compiled, interpreted) = both(pattern, rules);
+        assert_eq!(compiled.0, interpreted.0);
+        for outcome in [compiled.1, interpreted.1] {
+            let message = outcome.unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("constraint_variable.hol:{at}: {error}")),
+                "{message}"
+            );
+        }
+    }
+}
+
 /// A row with none of `<|question|prompt|>` is rejected before the rollout starts, by both.
 #[test]
 fn row_without_any_alternative_is_rejected_up_front() {

@@ -17,7 +17,8 @@ use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
 use crate::ir::{
-    ArgValue, Constraint, HolotypeInstance, OpKind, Program, Role, Source, TemplateValue,
+    ArgValue, Constraint, ConstraintArgument, HolotypeInstance, OpKind, Program, Role, Source,
+    TemplateValue,
 };
 use crate::span;
 
@@ -655,19 +656,31 @@ impl Generator<'_> {
                 let temperature = optional(sample.temperature.map(|value| quote!(#value)));
                 let top_p = optional(sample.top_p.map(|value| quote!(#value)));
                 let top_k = optional(sample.top_k.map(|value| quote!(#value)));
-                let constraint = match &sample.schema_variable {
-                    // The schema is the variable's value now: read, checked and fenced at each request.
-                    Some(variable) => quote! {
-                        ::core::option::Option::Some({
-                            let view = View { input: &self.input, vars: &self.vars };
-                            ::holo_runtime::__private::schema_of(
-                                ::holo_runtime::Variables::get(&view, #variable),
-                                #variable,
-                                #fence,
-                                #location,
-                            )?
-                        })
-                    },
+                let constraint = match &sample.constraint_variable {
+                    // The text is the variable's value now: read, checked and fenced at each request.
+                    Some(variable) => {
+                        let argument = format_ident!(
+                            "{}",
+                            match variable.argument {
+                                ConstraintArgument::JsonSchema => "JsonSchema",
+                                ConstraintArgument::Regex => "Regex",
+                                ConstraintArgument::Grammar => "Grammar",
+                            }
+                        );
+                        let name = &variable.name;
+                        quote! {
+                            ::core::option::Option::Some({
+                                let view = View { input: &self.input, vars: &self.vars };
+                                ::holo_runtime::__private::constraint_of(
+                                    ::holo_runtime::__private::ConstraintArgument::#argument,
+                                    #name,
+                                    ::holo_runtime::Variables::get(&view, #name),
+                                    #fence,
+                                    #location,
+                                )?
+                            })
+                        }
+                    }
                     None => optional(sample.constraint.as_ref().map(constraint)),
                 };
                 let open = sample.fence.as_ref().map(|fence| {

@@ -170,7 +170,8 @@ codes! {
     InvalidSamplerArgument = "H0015", Error, "invalid value for a sampler argument",
         "max_tokens is an integer >= 1, temperature a number >= 0, top_p a number in (0, 1], top_k an \
          integer >= 0 (0 disables it), stop a string; json_schema a quoted JSON schema (an object or a \
-         boolean) or the name of the variable that holds one, regex a regular expression that parses.";
+         boolean), regex a quoted regular expression that parses, grammar a quoted Lark grammar, each \
+         of the three or the name of the variable that holds it.";
     PositionalSamplerArgument = "H0016", Error, "positional argument on a sampler",
         "Sampler arguments are written `key=value`; a bare word is not an argument. A fence is written \
          `<>name`.";
@@ -193,7 +194,9 @@ codes! {
         "A variable bound by a sampler (`<|@_@:name|>`) can only be used after that sampler has run, in \
          execution order. A body may run zero times, so a variable bound only inside a body is not bound \
          after it; and on the first pass through a body, variables bound later in the body are not bound \
-         yet. Use an alternative with a default, `<|name|\"\"|>`, where absence is expected.";
+         yet. Use an alternative with a default, `<|name|\"\"|>`, where absence is expected. A sampler's \
+         `json_schema=name`, `regex=name` or `grammar=name` is a use too, and has no default: the \
+         sampler that binds `name` runs before it.";
     MisplacedFence = "H0022", Error, "fence on a holotype",
         "A fence `<>name` belongs to a sampler (`<|@_@ <>name|>`); holotypes take no fence. (On a variable, \
          a context marker or a closing tag, any argument is H0018.)";

@@ -170,11 +170,76 @@ pub struct Sample {
     /// `regex`, `choice` or `grammar` argument.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<Constraint>,
-    /// `json_schema=name`: the variable whose value, when the sampler runs, is the JSON schema the text
-    /// must be valid under (a data row's column, or an earlier sampler's text). The runtime checks it and
-    /// lowers it as the checker lowers a written `json_schema` ([`Constraint::of_schema`]).
+    /// `json_schema=name`, `regex=name` or `grammar=name`: the variable whose value, when the sampler
+    /// runs, is the schema, regular expression or grammar the text is held to (a data row's column, or
+    /// an earlier sampler's text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema_variable: Option<String>,
+    pub constraint_variable: Option<ConstraintVariable>,
+}
+
+/// A sampler constraint whose text a variable holds: `regex=pattern` reads the regular expression from
+/// `pattern` when the sampler runs. The runtime checks the value and lowers it as the checker lowers the
+/// same text written in the tag ([`ConstraintArgument::constraint`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConstraintVariable {
+    pub argument: ConstraintArgument,
+    /// The variable's name.
+    pub name: String,
+}
+
+/// The sampler arguments whose text a variable can give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstraintArgument {
+    JsonSchema,
+    Regex,
+    Grammar,
+}
+
+impl ConstraintArgument {
+    /// The argument as written in a tag.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConstraintArgument::JsonSchema => "json_schema",
+            ConstraintArgument::Regex => "regex",
+            ConstraintArgument::Grammar => "grammar",
+        }
+    }
+
+    /// What its text is, for messages.
+    pub fn what(self) -> &'static str {
+        match self {
+            ConstraintArgument::JsonSchema => "a JSON schema",
+            ConstraintArgument::Regex => "a regular expression",
+            ConstraintArgument::Grammar => "a Lark grammar",
+        }
+    }
+
+    /// The constraint of this argument given `text`, in `fence` (followed by its closing tag) when the
+    /// sampler has one, exactly as for the same text written in the tag; or why `text` is not what the
+    /// argument takes, by the checks the checker makes of written text ([`schema_problem`],
+    /// [`regex_problem`], a grammar not empty). What only a sampler can refuse (a schema's external
+    /// `$ref`, a grammar's undefined rule) it refuses when it compiles the constraint.
+    pub fn constraint(self, text: &str, fence: Option<&str>) -> Result<Constraint, String> {
+        let constraint = match self {
+            ConstraintArgument::JsonSchema => match schema_problem(text) {
+                None => Constraint::JsonSchema(text.to_string()),
+                Some(problem) => return Err(problem),
+            },
+            ConstraintArgument::Regex => match regex_problem(text) {
+                None => Constraint::Regex(text.to_string()),
+                Some(problem) => return Err(problem),
+            },
+            ConstraintArgument::Grammar if text.trim().is_empty() => {
+                return Err("the text is empty".into())
+            }
+            ConstraintArgument::Grammar => Constraint::Grammar(text.to_string()),
+        };
+        Ok(match fence {
+            Some(fence) => constraint.fenced(fence),
+            None => constraint,
+        })
+    }
 }
 
 /// A sampler's constraint as written; the runtime turns it into its `Constraint` and the sampler
@@ -209,16 +274,16 @@ impl Constraint {
     pub fn fenced(&self, fence: &str) -> Constraint {
         let literal = |text: &str| serde_json::Value::from(text).to_string();
         let close = literal(&format!("</{fence}>"));
-        let terminal = |inner: String| format!("start: FENCED\nFENCED: {inner} {close}\n");
+        let terminal = |inner: String| format!("{FENCED_TERMINAL}{inner} {close}\n");
         Constraint::Grammar(match self {
             Constraint::JsonObject => {
                 let schema = json_layout(serde_json::json!({"type": "object"}));
-                format!("start: %json {schema} {close}\n")
+                format!("{FENCED_JSON}{schema} {close}\n")
             }
             Constraint::JsonSchema(text) => match serde_json::from_str(text) {
-                Ok(schema) => format!("start: %json {} {close}\n", json_layout(schema)),
+                Ok(schema) => format!("{FENCED_JSON}{} {close}\n", json_layout(schema)),
                 // Checked to parse before it gets here; llguidance says what is wrong otherwise.
-                Err(_) => format!("start: %json {text} {close}\n"),
+                Err(_) => format!("{FENCED_JSON}{text} {close}\n"),
             },
             Constraint::Regex(regex) => terminal(format!("/{}/", lark_regex(regex))),
             Constraint::Choice(choices) => {
@@ -226,23 +291,31 @@ impl Constraint {
                 terminal(format!("({})", choices.join(" | ")))
             }
             // The newline before `}` ends a comment on the grammar's last line.
-            Constraint::Grammar(grammar) => format!("start: %lark {{\n{grammar}\n}} {close}\n"),
+            Constraint::Grammar(grammar) => format!("{FENCED_LARK}{grammar}\n}} {close}\n"),
         })
     }
+}
 
-    /// The constraint of a `json_schema=name` sampler once `name` holds `schema`: JSON valid under it,
-    /// in a fence followed by the closing tag, as for a schema written in the tag; or why `schema` is
-    /// not a JSON schema ([`schema_problem`]).
-    pub fn of_schema(schema: &str, fence: Option<&str>) -> Result<Constraint, String> {
-        if let Some(problem) = schema_problem(schema) {
-            return Err(problem);
-        }
-        let constraint = Constraint::JsonSchema(schema.to_string());
-        Ok(match fence {
-            Some(fence) => constraint.fenced(fence),
-            None => constraint,
+/// How each of [`Constraint::fenced`]'s three forms of grammar begins: JSON, a terminal (a regex or a
+/// choice), a nested Lark grammar.
+const FENCED_JSON: &str = "start: %json ";
+const FENCED_TERMINAL: &str = "start: FENCED\nFENCED: ";
+const FENCED_LARK: &str = "start: %lark {\n";
+
+/// Whether `grammar` is one that [`Constraint::fenced`] wrote for a fence whose closing tag is `close`
+/// (`</answer>`): a constraint on the text inside the fence, then the tag, so that every sentence of
+/// it ends with the tag. A server that checks stop strings on the text whatever the grammar (vLLM)
+/// needs no stop string to end such a reply: its structured output ends the sequence where the
+/// grammar is complete.
+pub fn is_fenced(grammar: &str, close: &str) -> bool {
+    let literal = serde_json::Value::from(close).to_string();
+    grammar
+        .strip_suffix(&format!(" {literal}\n"))
+        .is_some_and(|head| {
+            head.starts_with(FENCED_JSON)
+                || head.starts_with(FENCED_TERMINAL)
+                || (head.starts_with(FENCED_LARK) && head.ends_with("\n}"))
         })
-    }
 }
 
 /// Why `text` is not a JSON schema, if it is not: JSON that parses, and an object or a boolean (JSON
@@ -254,6 +327,15 @@ pub fn schema_problem(text: &str) -> Option<String> {
         Ok(_) => Some("a schema is a JSON object or a boolean".into()),
         Err(error) => Some(format!("not JSON: {error}")),
     }
+}
+
+/// Why `text` is not a regular expression, if it is not: regex-syntax, whose syntax llguidance reads,
+/// refuses to parse it.
+pub fn regex_problem(text: &str) -> Option<String> {
+    regex_syntax::Parser::new()
+        .parse(text)
+        .err()
+        .map(|error| error.to_string())
 }
 
 /// `schema` with Python's `json.dumps` layout (`", "` between items, `": "` after keys, no other
@@ -405,8 +487,8 @@ impl fmt::Display for SampleArgs<'_> {
             }
             Some(Constraint::Grammar(grammar)) => write!(f, " grammar={grammar:?}")?,
         }
-        if let Some(variable) = &sample.schema_variable {
-            write!(f, " json_schema={variable}")?;
+        if let Some(variable) = &sample.constraint_variable {
+            write!(f, " {}={}", variable.argument.name(), variable.name)?;
         }
         Ok(())
     }
@@ -420,5 +502,34 @@ impl fmt::Display for ArgValue {
             ArgValue::Float(float) => write!(f, "{float:?}"),
             ArgValue::Str(text) => write!(f, "{text:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every form a fence wraps is recognized with its own closing tag, and nothing else is.
+    #[test]
+    fn fenced_grammars_are_recognized_by_their_closing_tag() {
+        let constraints = [
+            Constraint::JsonObject,
+            Constraint::JsonSchema(r#"{"enum": ["</answer>"]}"#.into()),
+            Constraint::Regex("[0-9]+".into()),
+            Constraint::Choice(vec!["a | b".into(), "c".into()]),
+            Constraint::Grammar("start: X\nX: /[a-z]+/ # a comment".into()),
+        ];
+        for constraint in &constraints {
+            let Constraint::Grammar(grammar) = constraint.fenced("answer") else {
+                unreachable!("a fence makes a grammar")
+            };
+            assert!(is_fenced(&grammar, "</answer>"), "{grammar}");
+            assert!(!is_fenced(&grammar, "</other>"), "{grammar}");
+        }
+        // A grammar written in a tag that ends with the tag is not one a fence wrote.
+        assert!(!is_fenced(
+            "start: \"a\" | \"b\" \"</answer>\"\n",
+            "</answer>"
+        ));
     }
 }

@@ -11,8 +11,9 @@ use crate::ast::{self, Alternative, Arg, Body, Document, Head, Node, Role, Tag, 
 use crate::builtins::{self, Problem, BUILTINS};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::ir::{
-    schema_problem, ArgValue, Binding, Constraint, HolotypeArg, HolotypeInstance, Input, Op,
-    OpKind, Program, Sample, Source, TemplateArgument, TemplateValue,
+    regex_problem, schema_problem, ArgValue, Binding, Constraint, ConstraintArgument,
+    ConstraintVariable, HolotypeArg, HolotypeInstance, Input, Op, OpKind, Program, Sample, Source,
+    TemplateArgument, TemplateValue,
 };
 use crate::scan::{CrateScan, Resolution};
 use crate::span::{Span, Spanned};
@@ -734,11 +735,8 @@ impl Lowering<'_> {
                             .with_help("single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'"),
                     ),
                 },
-                // A bare name: the schema is the variable's value when the sampler runs.
-                Value::Word(name) => {
-                    if self.variable(name, value.span, Use::Schema) {
-                        sample.schema_variable = Some(name.clone());
-                    }
+                Value::Word(variable) => {
+                    self.constraint_variable(sample, ConstraintArgument::JsonSchema, variable, value.span)
                 }
                 Value::Number(_) => self.error(invalid("a quoted JSON schema or a variable").with_help(
                     "single quotes keep JSON's double quotes: json_schema='{\"type\": \"object\"}'; a bare name reads a variable: json_schema=schema",
@@ -756,17 +754,20 @@ impl Lowering<'_> {
                 _ => self.error(invalid("a quoted path").with_help(SCHEMA_FILE_HELP)),
             },
             "regex" => match &value.node {
-                Value::Str(text) => match regex_syntax::Parser::new().parse(text) {
-                    Ok(_) => sample.constraint = Some(Constraint::Regex(text.clone())),
-                    Err(error) => self.error(
+                Value::Str(text) => match regex_problem(text) {
+                    None => sample.constraint = Some(Constraint::Regex(text.clone())),
+                    Some(problem) => self.error(
                         invalid("a regular expression")
-                            .with_note(error.to_string())
+                            .with_note(problem)
                             .with_help("the whole sampled text must match it: regex=\"(yes|no)\""),
                     ),
                 },
-                _ => self.error(
-                    invalid("a quoted regular expression")
-                        .with_help("the whole sampled text must match it: regex=\"(yes|no)\""),
+                Value::Word(variable) => {
+                    self.constraint_variable(sample, ConstraintArgument::Regex, variable, value.span)
+                }
+                Value::Number(_) => self.error(
+                    invalid("a quoted regular expression or a variable")
+                        .with_help("the whole sampled text must match it: regex=\"(yes|no)\"; a bare name reads a variable: regex=pattern"),
                 ),
             },
             "choice" => match &value.node {
@@ -785,11 +786,31 @@ impl Lowering<'_> {
                 Value::Str(text) if !text.trim().is_empty() => {
                     sample.constraint = Some(Constraint::Grammar(text.clone()))
                 }
-                _ => self.error(invalid("a quoted Lark grammar").with_help(
-                    "a grammar with a `start` rule: grammar=\"start: /[0-9]+/\"",
+                Value::Word(variable) => {
+                    self.constraint_variable(sample, ConstraintArgument::Grammar, variable, value.span)
+                }
+                _ => self.error(invalid("a quoted Lark grammar or a variable").with_help(
+                    "a grammar with a `start` rule: grammar=\"start: /[0-9]+/\"; a bare name reads a variable: grammar=rules",
                 )),
             },
             _ => unreachable!("only known sampler arguments reach here"),
+        }
+    }
+
+    /// `argument=variable`: the constraint's text is the variable's value when the sampler runs, a use
+    /// of the variable like any other (an input, or bound by an earlier sampler), without a default.
+    fn constraint_variable(
+        &mut self,
+        sample: &mut Sample,
+        argument: ConstraintArgument,
+        variable: &str,
+        span: Span,
+    ) {
+        if self.variable(variable, span, Use::Constraint(argument)) {
+            sample.constraint_variable = Some(ConstraintVariable {
+                argument,
+                name: variable.to_string(),
+            });
         }
     }
 
@@ -1263,8 +1284,9 @@ impl Lowering<'_> {
                     format!("move the use after the sampler, or give a default: `<|{name}|\"\"|>`")
                 }
                 Use::Alternative => format!("move the sampler that binds `{name}` before this use"),
-                Use::Schema => format!(
-                    "move the sampler that binds `{name}` before this one, whose schema it holds"
+                Use::Constraint(argument) => format!(
+                    "move the sampler that binds `{name}` before this one, whose {} it holds",
+                    argument.name()
                 ),
             };
             self.error(diagnostic.with_help(help));
@@ -1273,13 +1295,13 @@ impl Lowering<'_> {
     }
 }
 
-/// How a variable is used: alone in an insert, as one of its alternatives, or as a sampler's schema
-/// (`json_schema=name`), which has no default.
+/// How a variable is used: alone in an insert, as one of its alternatives, or as the text of a sampler's
+/// constraint (`json_schema=name`, `regex=name`, `grammar=name`), which has no default.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Use {
     Sole,
     Alternative,
-    Schema,
+    Constraint(ConstraintArgument),
 }
 
 fn arg_value(value: &Value) -> ArgValue {

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use holoc::ir::ConstraintArgument;
 use serde::{Deserialize, Serialize};
 
 /// A language the completion must belong to. The local model masks, at every step, the tokens that
@@ -39,21 +40,28 @@ impl Constraint {
         }
     }
 
-    /// The constraint of a sampler tag's `json_schema=name` ([`holoc::ir::Sample::schema_variable`])
-    /// whose variable holds `value` (`None`: no value), inside `fence` when the tag has one: JSON valid
-    /// under the schema, lowered as holoc lowers a schema written in the tag; or why it cannot be.
+    /// The constraint of a sampler tag's `json_schema=name`, `regex=name` or `grammar=name`
+    /// ([`holoc::ir::Sample::constraint_variable`]) whose variable holds `value` (`None`: no value),
+    /// inside `fence` when the tag has one, lowered as holoc lowers the same text written in the tag; or
+    /// why it cannot be, naming the variable.
     pub fn of_variable(
+        argument: ConstraintArgument,
         variable: &str,
         value: Option<&str>,
         fence: Option<&str>,
     ) -> Result<Constraint, String> {
+        let name = argument.name();
         let value = value.ok_or_else(|| {
-            format!("`{variable}`, the sampler's json_schema, has no value: the data row lacks it")
+            format!("`{variable}`, the sampler's {name}, has no value: the data row lacks it")
         })?;
-        holoc::ir::Constraint::of_schema(value, fence)
+        argument
+            .constraint(value, fence)
             .map(|written| Constraint::from(&written))
             .map_err(|problem| {
-                format!("`{variable}`, the sampler's json_schema, is not a JSON schema: {problem}")
+                format!(
+                    "`{variable}`, the sampler's {name}, is not {}: {problem}",
+                    argument.what()
+                )
             })
     }
 }

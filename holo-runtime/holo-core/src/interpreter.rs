@@ -525,26 +525,31 @@ impl Holoware {
         Ok(())
     }
 
-    /// The constraints that `row` gives the samplers that read their schema from an input
-    /// (`json_schema=name`), with their tags' `file.hol:line:col`: what a row's rollouts will sample
-    /// under, checked before any of them. An error says which tag's variable holds no JSON schema. (A
-    /// variable a sampler binds is read when the sampler runs.)
+    /// The constraints that `row` gives the samplers that read their schema, regular expression or
+    /// grammar from an input (`json_schema=name`, `regex=name`, `grammar=name`), with their tags'
+    /// `file.hol:line:col`: what a row's rollouts will sample under, checked before any of them. An
+    /// error says which tag's variable holds none. (A variable a sampler binds is read when the sampler
+    /// runs.)
     pub fn row_constraints(&self, row: &Row) -> Result<Vec<(&'static str, Constraint)>, String> {
         let mut constraints = Vec::new();
         for (op, &location) in self.program.ops.iter().zip(&self.locations) {
             let OpKind::Sample(sample) = &op.kind else {
                 continue;
             };
-            let Some(variable) = &sample.schema_variable else {
+            let Some(variable) = &sample.constraint_variable else {
                 continue;
             };
-            if self.binding_names.contains(variable) {
+            if self.binding_names.contains(&variable.name) {
                 continue;
             }
-            let value = row.get(variable).and_then(column_text);
-            let constraint =
-                Constraint::of_variable(variable, value.as_deref(), sample.fence.as_deref())
-                    .map_err(|error| format!("{location}: {error}"))?;
+            let value = row.get(&variable.name).and_then(column_text);
+            let constraint = Constraint::of_variable(
+                variable.argument,
+                &variable.name,
+                value.as_deref(),
+                sample.fence.as_deref(),
+            )
+            .map_err(|error| format!("{location}: {error}"))?;
             constraints.push((location, constraint));
         }
         Ok(constraints)
@@ -761,10 +766,15 @@ impl Rollout for Interpreter {
                         .collect();
                     let (binding, fence) = holoware.samples[self.pc];
                     let location = holoware.locations[self.pc];
-                    let constraint = match &sample.schema_variable {
+                    let constraint = match &sample.constraint_variable {
                         Some(variable) => Some(
-                            Constraint::of_variable(variable, self.variables.get(variable), fence)
-                                .map_err(|error| RolloutError::Schema { location, error })?,
+                            Constraint::of_variable(
+                                variable.argument,
+                                &variable.name,
+                                self.variables.get(&variable.name),
+                                fence,
+                            )
+                            .map_err(|error| RolloutError::Constraint { location, error })?,
                         ),
                         None => sample.constraint.as_ref().map(Constraint::from),
                     };

@@ -68,14 +68,18 @@ pub mod __private {
         crate::Constraint::from(&holoc::ir::Constraint::JsonSchema(text.to_string()))
     }
 
-    /// A sampler tag's `json_schema=name`, with the variable's value when the sampler runs.
-    pub fn schema_of(
-        value: Option<&str>,
+    pub use holoc::ir::ConstraintArgument;
+
+    /// A sampler tag's `json_schema=name`, `regex=name` or `grammar=name`, with the variable's value
+    /// when the sampler runs.
+    pub fn constraint_of(
+        argument: ConstraintArgument,
         variable: &str,
+        value: Option<&str>,
         fence: Option<&str>,
         location: &'static str,
     ) -> Result<crate::Constraint, crate::RolloutError> {
-        crate::Constraint::of_variable(variable, value, fence)
-            .map_err(|error| crate::RolloutError::Schema { location, error })
+        crate::Constraint::of_variable(argument, variable, value, fence)
+            .map_err(|error| crate::RolloutError::Constraint { location, error })
     }
 }

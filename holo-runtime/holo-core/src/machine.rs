@@ -251,8 +251,9 @@ pub enum RolloutError {
         location: &'static str,
         error: String,
     },
-    /// A sampler's `json_schema=name` found no JSON schema in its variable.
-    Schema {
+    /// A sampler's `json_schema=name`, `regex=name` or `grammar=name` found no schema, regular
+    /// expression or grammar in its variable.
+    Constraint {
         location: &'static str,
         error: String,
     },
@@ -271,7 +272,7 @@ impl fmt::Display for RolloutError {
                 alternatives.join("|")
             ),
             RolloutError::Protocol(message) => write!(f, "machine protocol: {message}"),
-            RolloutError::Schema { location, error } => write!(f, "{location}: {error}"),
+            RolloutError::Constraint { location, error } => write!(f, "{location}: {error}"),
             RolloutError::Template { location, error } => {
                 write!(
                     f,

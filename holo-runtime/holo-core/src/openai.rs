@@ -39,7 +39,7 @@
 //!
 //! Every request has `"model"`, `"n": 1` and `"stream": false`. [`SampleParams`] maps one to one:
 //! `max_tokens`, `temperature`, `top_p`, `top_k` (a vLLM/SGLang/llama.cpp extension), `stop` (omitted when
-//! empty) and `seed`; a `None` field is left out so the server's default applies. A
+//! empty; a fence's closing tag held back, below) and `seed`; a `None` field is left out so the server's default applies. A
 //! [`Constraint`] goes as OpenAI's `response_format` (JSON) or vLLM's `guided_regex`,
 //! `guided_choice`, `guided_grammar`; a server that has none of them refuses. `logit_bias` goes as
 //! OpenAI's; `min_tokens`, `stop_token_ids` and `ignore_eos` (vLLM's) only when set;
@@ -84,7 +84,17 @@
 //! matched nor keeps it: the model stopped on one of the requested stops *or* at its end of sequence, and
 //! the text cannot tell which. The empty stop string says "a stop, unknown which" without inventing text
 //! (an empty string trivially ends `text`, so the [`Finish::Stop`] contract holds). Token ids and
-//! logprobs are never adjusted: vLLM reports every sampled token, including those of the stop string.
+//! logprobs are not adjusted: vLLM reports every sampled token, including those of the stop string.
+//!
+//! A fence's closing tag is not sent when the request's constraint is the fence's grammar (holoc's
+//! `fenced`, which ends every sentence with the tag): vLLM checks stop strings on the text whatever the
+//! grammar, so `</answer>` sent as one would cut a JSON string that holds it, while its structured output
+//! (llguidance's `fill_next_token_bitmask` gives only the end of sequence once the matcher has stopped)
+//! ends the reply where the grammar is complete, as the local model does. A reply that then ends with the
+//! tag, unless another stop string ended it, is read as [`Finish::Stop`] of the tag, and the end-of-sequence
+//! token the server lists after it (vLLM and `holo serve` keep it in the ids) is dropped with its logprob,
+//! so that the completion is the local model's: the text through the tag. A regex or grammar that can go
+//! on after the tag (`regex='.*'`) may run past its first `</answer>` there, where the local model stops.
 //!
 //! # Errors, retries and timeouts
 //!
@@ -564,8 +574,14 @@ impl Inner {
         if let Some(top_k) = params.top_k {
             body.insert("top_k".into(), json!(top_k));
         }
-        if !params.stop.is_empty() {
-            body.insert("stop".into(), json!(params.stop));
+        let held_back = held_back_stop(params);
+        let stop: Vec<&String> = params
+            .stop
+            .iter()
+            .filter(|stop| Some(stop.as_str()) != held_back)
+            .collect();
+        if !stop.is_empty() {
+            body.insert("stop".into(), json!(stop));
         }
         if let Some(seed) = params.seed {
             body.insert("seed".into(), json!(seed));
@@ -597,6 +613,22 @@ impl Inner {
         }
         (url, Value::Object(body))
     }
+}
+
+/// The stop string that a request does not send: its fence's closing tag, when its constraint is the
+/// fence's grammar, which ends every sentence with the tag ([`holoc::ir::is_fenced`]). vLLM checks stop
+/// strings on the text whatever the grammar, so the tag sent as one would cut a JSON string that holds
+/// it; unsent, the grammar decides where the reply ends, as it does on the local model: vLLM's
+/// structured output allows only the end of sequence once the grammar is complete.
+fn held_back_stop(params: &SampleParams) -> Option<&str> {
+    let Some(Constraint::Lark(grammar)) = &params.constraint else {
+        return None;
+    };
+    params
+        .stop
+        .iter()
+        .map(String::as_str)
+        .find(|stop| holoc::ir::is_fenced(grammar, stop))
 }
 
 /// A constraint as the request field that asks an OpenAI-compatible server for it: OpenAI's
@@ -757,7 +789,7 @@ fn parse_answer(
         Some(Value::Null) | None => return Err(malformed("the choice has no `finish_reason`")),
         Some(_) => return Err(malformed("`finish_reason` is not a string")),
     };
-    let (tokens, logprobs) = parse_logprobs(choice, chat).map_err(Parsed::Malformed)?;
+    let (mut tokens, mut logprobs) = parse_logprobs(choice, chat).map_err(Parsed::Malformed)?;
     let matched = choice
         .get("stop_reason")
         .or_else(|| choice.get("matched_stop"));
@@ -789,6 +821,19 @@ fn parse_answer(
             },
         },
         _ => Finish::EndOfTurn,
+    };
+    // A fenced reply whose closing tag was not sent as a stop string ended at the tag, where its grammar
+    // was complete: the tag is its stop, as on the local model. The end of sequence that the grammar
+    // then forced (the last token the server lists when it did not stop at a string) is no part of it.
+    let finish = match held_back_stop(params) {
+        Some(close) if text.ends_with(close) && !matches!(matched, Some(Value::String(_))) => {
+            if reason != "length" {
+                tokens.pop();
+                logprobs.pop();
+            }
+            Finish::Stop(close.to_string())
+        }
+        _ => finish,
     };
     Ok(Completion {
         text,

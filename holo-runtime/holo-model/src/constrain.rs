@@ -123,35 +123,51 @@ impl Grammars {
         Ok(())
     }
 
-    /// [`Grammars::check`] for the schemas that data rows give a holoware's samplers
-    /// (`json_schema=name`, [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)),
-    /// each distinct one compiled once, before any rollout: one that is no schema, or that llguidance
-    /// refuses, is an error naming the row (counted from 1) and the tag's `file.hol:line:col`.
-    pub fn check_rows<'r>(
+    /// [`Grammars::check`] for the constraints that data rows give a holoware's samplers (a
+    /// `json_schema=name`, `regex=name` or `grammar=name` whose variable is an input,
+    /// [`Holoware::row_constraints`](holo_core::interpreter::Holoware::row_constraints)), before any
+    /// rollout, each distinct one compiled once. Every row that gives one the sampler cannot use (a
+    /// value that is no schema, regex or grammar, or one llguidance refuses) is named, by the label it
+    /// comes with, and the tag's `file.hol:line:col`: the messages, in the rows' order.
+    pub fn check_rows<'r, L: fmt::Display>(
         &self,
         holoware: &holo_core::interpreter::Holoware,
-        rows: impl IntoIterator<Item = &'r holo_core::interpreter::Row>,
-    ) -> std::result::Result<(), String> {
-        let mut compiled: Vec<Constraint> = Vec::new();
-        for (index, row) in rows.into_iter().enumerate() {
-            let row_constraints = holoware
-                .row_constraints(row)
-                .map_err(|error| format!("data row {}: {error}", index + 1))?;
-            for (location, constraint) in row_constraints {
-                if compiled.contains(&constraint) {
+        rows: impl IntoIterator<Item = (L, &'r holo_core::interpreter::Row)>,
+    ) -> std::result::Result<(), Vec<String>> {
+        // Each distinct constraint with why it does not compile, if it does not: a refused schema that
+        // many rows share is compiled once too.
+        let mut compiled: Vec<(Constraint, Option<String>)> = Vec::new();
+        let mut refused = Vec::new();
+        for (label, row) in rows {
+            let row_constraints = match holoware.row_constraints(row) {
+                Ok(row_constraints) => row_constraints,
+                Err(error) => {
+                    refused.push(format!("{label}: {error}"));
                     continue;
                 }
-                if let Err(error) = self.compile(&constraint) {
-                    return Err(format!(
-                        "data row {}: {location}: the sampler's constraint, {}, does not compile: {error}",
-                        index + 1,
+            };
+            for (location, constraint) in row_constraints {
+                let known = compiled.iter().position(|(known, _)| *known == constraint);
+                let index = known.unwrap_or_else(|| {
+                    let why = self.compile(&constraint).err();
+                    compiled.push((constraint, why));
+                    compiled.len() - 1
+                });
+                let (constraint, why) = &compiled[index];
+                if let Some(why) = why {
+                    refused.push(format!(
+                        "{label}: {location}: the sampler's constraint, {}, does not compile: {why}",
                         constraint.kind()
                     ));
+                    break;
                 }
-                compiled.push(constraint);
             }
         }
-        Ok(())
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(refused)
+        }
     }
 }
 
@@ -599,7 +615,8 @@ mod tests {
         );
     }
 
-    /// Schemas from data rows compile before any rollout: one llguidance refuses names its row and tag.
+    /// Schemas from data rows compile before any rollout: each row that gives one llguidance refuses,
+    /// or no schema, is named with its tag.
     #[test]
     fn schemas_from_rows_compile_before_any_rollout() {
         use holo_core::interpreter::{Holoware, Row};
@@ -614,27 +631,58 @@ mod tests {
             row(json!({"type": "integer"})),
             row(json!({"enum": ["a", "b"]})),
         ];
-        model.grammars().check_rows(&holoware, &good).unwrap();
+        let labelled = |rows: &[&Row]| -> Vec<(String, Row)> {
+            rows.iter()
+                .enumerate()
+                .map(|(index, row)| (format!("rows.jsonl:{}", index + 1), (*row).clone()))
+                .collect()
+        };
+        let check = |rows: &[&Row]| {
+            let rows = labelled(rows);
+            model
+                .grammars()
+                .check_rows(&holoware, rows.iter().map(|(label, row)| (label, row)))
+        };
+        check(&[&good[0], &good[1]]).unwrap();
         let refused = row(json!({"$ref": "https://example.com/schema.json"}));
-        let error = model
-            .grammars()
-            .check_rows(&holoware, [&good[0], &refused])
-            .unwrap_err();
+        let not_schema = row(json!("[1]"));
+        let errors = check(&[&good[0], &refused, &not_schema, &refused]).unwrap_err();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        // The refused schema is named at each row that gives it.
+        for (error, line) in [(&errors[0], 2), (&errors[2], 4)] {
+            assert!(
+                error.starts_with(&format!(
+                    "rows.jsonl:{line}: schema.hol:3:1: the sampler's constraint, a Lark grammar, does not compile"
+                )),
+                "{error}"
+            );
+        }
         assert!(
-            error.starts_with(
-                "data row 2: schema.hol:3:1: the sampler's constraint, a Lark grammar, does not compile"
+            errors[1].starts_with(
+                "rows.jsonl:3: schema.hol:3:1: `schema`, the sampler's json_schema, is not"
             ),
-            "{error}"
+            "{}",
+            errors[1]
         );
-        let error = model
+
+        // A row's grammar (`grammar=rules`) is compiled as its schema is.
+        let source = b"<|o_o|>\nAnswer.\n<|@_@:answer grammar=rules|>\n";
+        let registry = std::sync::Arc::new(holo_core::holotypes::registry());
+        let holoware = Holoware::load("rules.hol", source, registry).unwrap();
+        let rows: Vec<Row> = ["start: /[0-9]+/", "start: undefined_rule"]
+            .map(|rules| serde_json::from_value(json!({ "rules": rules })).unwrap())
+            .to_vec();
+        let errors = model
             .grammars()
-            .check_rows(&holoware, [&row(json!("[1]"))])
+            .check_rows(&holoware, rows.iter().enumerate())
             .unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(
-            error.starts_with(
-                "data row 1: schema.hol:3:1: `schema`, the sampler's json_schema, is not"
-            ),
-            "{error}"
+            errors[0].starts_with(
+                "1: rules.hol:3:1: the sampler's constraint, a Lark grammar, does not compile"
+            ) && errors[0].contains("undefined_rule"),
+            "{}",
+            errors[0]
         );
     }
 

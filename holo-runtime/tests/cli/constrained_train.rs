@@ -1,9 +1,12 @@
 //! `holo train` on a holoware whose samplers are held to a JSON schema, a regex, a choice and a regex
 //! in a fence (`tests/fixtures/train/constrained.hol`), with the random Qwen2 fixture: every reply of every
 //! rollout validates, each record names the constrained runs the trainer replayed, and the steps train.
-//! A constraint the model cannot compile stops `holo train`, `holo eval` and `holo dry` before any
-//! rollout. A schema read from a file (`json_schema_file`) holds `holo eval`'s replies. A run resumed from
-//! a checkpoint trains its constrained tokens on policy, with ratios of 1.
+//! A constraint the model cannot compile, written in the holoware or given by a data row, stops `holo
+//! train`, `holo eval`, `holo dry` (and, given by a row, `holo compare`) before any rollout. A schema
+//! read from a file (`json_schema_file`) holds `holo eval`'s replies. A run resumed from a checkpoint
+//! trains its constrained tokens on policy, with ratios of 1.
+
+use std::path::Path;
 
 use crate::common::{fixture, holo_output, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
@@ -239,6 +242,65 @@ fn eval_and_dry_refuse_a_grammar_the_model_cannot_compile_before_any_rollout() {
         assert!(output.stdout.is_empty(), "{}", args[0]);
     }
     assert!(!out.exists());
+}
+
+/// A schema a data row gives that llguidance refuses stops `holo eval`, `holo dry` and `holo compare`
+/// with the local model before any rollout, as it stops `holo train`: the row is named by its file and
+/// line, with the tag; the row whose schema compiles is not.
+#[test]
+fn eval_dry_and_compare_refuse_a_row_schema_the_model_cannot_compile_before_any_rollout() {
+    let run = crate::common::tempdir::Dir::new("constrained-row-schema-eval");
+    let holoware = run.path().join("schema.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
+    )
+    .unwrap();
+    let data = run.path().join("rows.jsonl");
+    std::fs::write(
+        &data,
+        concat!(
+            r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
+            "\n\n",
+            r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let (holoware, data) = (holoware.to_str().unwrap(), data.to_str().unwrap());
+    let model = fixture("models/qwen2");
+    let (rollouts, compared) = (
+        run.path().join("rollouts.jsonl"),
+        run.path().join("compare"),
+    );
+    let (rollouts, compared) = (rollouts.to_str().unwrap(), compared.to_str().unwrap());
+    let local = ["--sampler", "local", "--model", &model, "--data", data];
+    let eval = [&["eval", holoware][..], &local, &["--out", rollouts]].concat();
+    let dry = [&["dry", holoware][..], &local].concat();
+    let compare = [
+        "compare", holoware, &model, &model, "--data", data, "--out", compared,
+    ];
+    for args in [eval, dry, compare.to_vec()] {
+        let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        let output = holo_output(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{}: {stderr}", args[0]);
+        // The refused row is the file's third line; the first is not named.
+        assert!(
+            stderr.contains(&format!("{data}:3: {holoware}:3:1: the sampler's"))
+                && stderr.contains("does not compile"),
+            "{}: {stderr}",
+            args[0]
+        );
+        assert!(
+            !stderr.contains(&format!("{data}:1:")),
+            "{}: {stderr}",
+            args[0]
+        );
+        assert!(output.stdout.is_empty(), "{}", args[0]);
+    }
+    assert!(!Path::new(rollouts).exists());
+    assert!(!Path::new(compared).join("a.jsonl").exists());
 }
 
 /// `json_schema_file` (`tests/fixtures/train/schema_file.hol`, its schema in `schemas/trip.json` beside

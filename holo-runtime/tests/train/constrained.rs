@@ -1,7 +1,8 @@
 //! Constrained decoding in rollouts, trained under the masked distribution: every reply of a random
-//! model held to a JSON schema, a regex or a choice validates; the trainer's log-probabilities of those
-//! tokens are the sampler's (importance ratios of 1, `sampling/mismatch_kl` of 0), which they are not
-//! when the masks are left out of training. The same holds for native tool calls held to their format over
+//! model held to a JSON schema, a regex, a choice or a grammar, written in the tag or read from a
+//! variable, validates; the trainer's log-probabilities of those tokens are the sampler's (importance
+//! ratios of 1, `sampling/mismatch_kl` of 0), which they are not when the masks are left out of
+//! training. The same holds for native tool calls held to their format over
 //! several turns (`train/tool_calls.hol`).
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use holo_runtime::train::{
     batch, importance_sampling, replay, score, GrpoConfig, Policy, RunOptions, Trainer,
     TrainingArguments,
 };
-use holo_runtime::{Constraint, Resources, Rollout};
+use holo_runtime::{Constraint, Resources, Rollout, Sampler};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -61,6 +62,17 @@ fn loom_rollouts(
     resources: Resources,
     rows: &[(usize, Row)],
 ) -> Vec<RolloutRecord> {
+    loom_rollouts_on(model, model, holoware, resources, rows)
+}
+
+/// [`loom_rollouts`] drawn by `sampler`, recorded with `model`'s tokenizer and chat template.
+fn loom_rollouts_on(
+    model: &LocalModel,
+    sampler: &dyn Sampler,
+    holoware: Arc<Holoware>,
+    resources: Resources,
+    rows: &[(usize, Row)],
+) -> Vec<RolloutRecord> {
     let holophore = Holophore::new(
         Arc::new(model.tokenizer().clone()),
         Arc::new(model.template().clone()),
@@ -81,7 +93,7 @@ fn loom_rollouts(
         .enable_all()
         .build()
         .unwrap()
-        .block_on(loom.run(rows, model, &mut records))
+        .block_on(loom.run(rows, sampler, &mut records))
         .unwrap();
     records
 }
@@ -236,6 +248,72 @@ fn fenced_grammars_decide_where_their_fence_ends() {
     assert!(kl < 1e-8, "{kl}");
 }
 
+/// `FENCED`'s samplers with room for their replies (`holo serve`'s default `max_tokens` for completions
+/// is OpenAI's 16).
+const SERVED_FENCED: &str = r#"<|+++|>
+<|o_o|>
+A pair, then a note.
+<|@_@:pair <>pair max_tokens=32 grammar="start: KEY \"=\" VALUE\nKEY: /[a-z]/\nVALUE: /[0-9]{1,2}/"|>
+<|@_@:note <>note max_tokens=48 json_schema='{"type": "object", "properties": {"tag": {"enum": ["</note>"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["tag", "n"], "additionalProperties": false}'|>
+"#;
+
+/// `SERVED_FENCED` sampled by `holo serve` through the `openai` sampler, which does not send a fence's
+/// closing tag as a stop string when the grammar is the fence's (a server that checks stop strings on
+/// the text, as vLLM does, would cut the JSON string `"</note>"` there): each reply ends at its tag,
+/// where the grammar ends it, without the end of sequence the server's grammar forced after the tag,
+/// so the records are the local model's and the trainer scores them under their masks with ratios of 1.
+#[cfg(feature = "cli")]
+#[test]
+fn a_served_fenced_reply_ends_where_its_grammar_ends_it() {
+    use holo_runtime::{OpenAi, OpenAiConfig};
+
+    let served = crate::common::served::Served::start(
+        std::process::Command::new(env!("CARGO_BIN_EXE_holo"))
+            .args(["serve", model_dir().to_str().unwrap(), "--port", "0"])
+            .args(["--served-model-name", "qwen2", "--no-access-log"]),
+    );
+    let sampler = OpenAi::new(OpenAiConfig {
+        proxy_from_env: false,
+        max_retries: 0,
+        api_key_env: "HOLO_CONSTRAINED_TEST_NO_SUCH_VAR".into(),
+        ..OpenAiConfig::new(served.base.clone(), "qwen2")
+    })
+    .unwrap();
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware =
+        Arc::new(Holoware::load("fenced.hol", SERVED_FENCED.as_bytes(), registry).unwrap());
+    let rows = [(0, serde_json::from_str::<Row>("{}").unwrap())];
+    let records = loom_rollouts_on(&model, &sampler, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 4);
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let note = replies[1]
+            .strip_suffix("</note>")
+            .unwrap_or_else(|| panic!("{replies:?}"));
+        let json: serde_json::Value = serde_json::from_str(note).unwrap();
+        assert_eq!(json["tag"], "</note>", "{note}");
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        // Each run is its reply through the closing tag, and nothing after it.
+        let runs: Vec<String> = tokens
+            .constraints
+            .iter()
+            .map(|run| {
+                let sampled = &tokens.ids[run.start..run.start + run.len];
+                model.tokenizer().decode(sampled, false).unwrap()
+            })
+            .collect();
+        assert_eq!(runs, replies, "{runs:?}");
+    }
+    let (ratios, kl) = ratios(&model, &records, true);
+    assert!(
+        ratios.iter().all(|ratio| (ratio - 1.0).abs() < 1e-4),
+        "{ratios:?}"
+    );
+    assert!(kl < 1e-8, "{kl}");
+}
+
 /// A sampler whose schema is each row's `schema` column (`json_schema=schema`), inside a fence.
 const ROW_SCHEMA: &str = "<|+++|>\n<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_schema=schema|>\n";
 
@@ -290,6 +368,87 @@ fn each_row_holds_its_replies_to_its_own_schema() {
         error,
         "schema.hol:4:1: `schema`, the sampler's json_schema, is not a JSON schema: a schema is a JSON \
          object or a boolean"
+    );
+}
+
+/// Samplers whose regular expression is each row's `pattern` column (`regex=pattern`) and whose grammar
+/// is the text an earlier sampler chose (`grammar=rules`), each inside a fence.
+const ROW_REGEX: &str = r#"<|+++|>
+<|o_o|>
+Answer.
+<|@_@:code <>code regex=pattern|>
+<|@_@:rules choice='start: "yes" | "no"' choice='start: /[0-9]{2}/'|>
+<|@_@:sentence <>sentence grammar=rules|>
+"#;
+
+#[test]
+fn regexes_and_grammars_from_variables_hold_their_replies() {
+    let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
+    let registry = Arc::new(holotypes::registry());
+    let holoware = Arc::new(Holoware::load("regex.hol", ROW_REGEX.as_bytes(), registry).unwrap());
+    let row = |pattern: &str| {
+        serde_json::from_value::<Row>(serde_json::json!({ "pattern": pattern })).unwrap()
+    };
+    let rows = [(0, row("[a-c]{2}")), (1, row("(yes|no)"))];
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources: Resources::default(),
+    };
+    for (_, row) in &rows {
+        source.check(row).unwrap();
+    }
+    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    assert_eq!(records.len(), 8);
+    let mut chosen = std::collections::BTreeSet::new();
+    for record in &records {
+        assert!(record.error.is_none(), "{:?}", record.error);
+        let replies = replies(record);
+        let [code, rules, sentence] = replies.as_slice() else {
+            panic!("{replies:?}")
+        };
+        let code = code.strip_suffix("</code>").unwrap();
+        match record.row_index {
+            0 => assert!(
+                code.len() == 2 && code.bytes().all(|b| (b'a'..=b'c').contains(&b)),
+                "{code:?}"
+            ),
+            _ => assert!(code == "yes" || code == "no", "{code:?}"),
+        }
+        let sentence = sentence.strip_suffix("</sentence>").unwrap();
+        if rules.contains("yes") {
+            assert!(sentence == "yes" || sentence == "no", "{sentence:?}");
+        } else {
+            assert_eq!(rules, "start: /[0-9]{2}/");
+            assert!(
+                sentence.len() == 2 && sentence.bytes().all(|b| b.is_ascii_digit()),
+                "{sentence:?}"
+            );
+        }
+        chosen.insert(rules.clone());
+        let tokens = record.contexts[0].tokens.as_ref().unwrap();
+        let kinds: Vec<&str> = tokens
+            .constraints
+            .iter()
+            .map(|run| run.constraint.kind())
+            .collect();
+        assert_eq!(kinds, ["a Lark grammar", "a choice", "a Lark grammar"]);
+    }
+    // Sampled, not forced: both grammars were chosen.
+    assert_eq!(chosen.len(), 2, "{chosen:?}");
+    // On policy, the trainer scores the tokens under the masks of the constraints the variables gave.
+    let (ratios, kl) = ratios(&model, &records, true);
+    assert!(
+        ratios.iter().all(|ratio| (ratio - 1.0).abs() < 1e-4),
+        "{ratios:?}"
+    );
+    assert!(kl < 1e-8, "{kl}");
+    // A row whose column is no regular expression is refused before any rollout of it, naming the tag.
+    let error = source.check(&row("(")).unwrap_err();
+    assert!(
+        error.starts_with(
+            "regex.hol:4:1: `pattern`, the sampler's regex, is not a regular expression: "
+        ),
+        "{error}"
     );
 }
 

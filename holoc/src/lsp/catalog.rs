@@ -104,7 +104,7 @@ pub(crate) const SAMPLER_DOCS: [(&str, &str); 11] = [
     ),
     (
         "regex",
-        "the regular expression matches the whole sampled text: `regex=\"(yes|no)\"`",
+        "the regular expression matches the whole sampled text: `regex=\"(yes|no)\"`; a bare name reads the regular expression from that variable when the sampler runs: `regex=pattern`",
     ),
     (
         "choice",
@@ -112,7 +112,7 @@ pub(crate) const SAMPLER_DOCS: [(&str, &str); 11] = [
     ),
     (
         "grammar",
-        "the sampled text is a sentence of this Lark grammar (llguidance's): `grammar=\"start: /[0-9]+/\"`",
+        "the sampled text is a sentence of this Lark grammar (llguidance's): `grammar=\"start: /[0-9]+/\"`; a bare name reads the grammar from that variable when the sampler runs: `grammar=rules`",
     ),
 ];
 

@@ -620,6 +620,66 @@ async fn a_text_ending_in_the_stop_string_is_not_doubled() {
     assert_eq!(completion.finish, Finish::Stop("4".into()));
 }
 
+/// A fenced constraint's closing tag is not sent as a stop string (vLLM would cut the JSON string that
+/// holds it): the reply the grammar ended, with the end of sequence vLLM lists after the tag, is read as
+/// stopped at the tag, without that token. A grammar that is not a fence's keeps its stop strings.
+#[tokio::test]
+async fn a_fenced_constraint_ends_at_its_closing_tag_without_the_stop_string() {
+    const REPLY: &str = r#"{"tag": "</answer>"}</answer>"#;
+    let server = Server::start(|_, _| {
+        let mut ids: Vec<u32> = REPLY.chars().map(|c| c as u32).collect();
+        ids.push(EOS);
+        let choice = json!({
+            "index": 0,
+            "text": REPLY,
+            "logprobs": {
+                "tokens": ids.iter().map(|id| format!("token_id:{id}")).collect::<Vec<_>>(),
+                "token_logprobs": (0..ids.len()).map(logprob).collect::<Vec<_>>(),
+            },
+            "finish_reason": "stop",
+            "stop_reason": null,
+        });
+        Reply::Json(200, json!({ "choices": [choice] }))
+    })
+    .await;
+    let sampler = OpenAi::new(config(&server)).unwrap();
+    let schema = holoc::ir::Constraint::JsonSchema(r#"{"type": "object"}"#.into());
+    let fenced = |constraint: holoc::ir::Constraint| {
+        let mut request = text("Q");
+        request.params.stop = vec!["</answer>".into(), "\n\n".into()];
+        request.params.constraint = Some(holo_core::Constraint::from(&constraint));
+        request
+    };
+    let completion = one(&sampler, fenced(schema.fenced("answer")))
+        .await
+        .unwrap();
+    assert_eq!(server.seen()[0].body["stop"], json!(["\n\n"]));
+    let (tokens, logprobs) = expected(REPLY, false);
+    assert_eq!(
+        (completion.text.as_str(), &completion.finish),
+        (REPLY, &Finish::Stop("</answer>".into()))
+    );
+    assert_eq!((completion.tokens, completion.logprobs), (tokens, logprobs));
+
+    // The same grammar with another fence's tag, and a grammar of the tag's own: sent as they are.
+    for constraint in [
+        schema.fenced("other"),
+        holoc::ir::Constraint::Grammar(r#"start: "x" "</answer>""#.into()),
+    ] {
+        let completion = one(&sampler, fenced(constraint)).await.unwrap();
+        assert_eq!(completion.finish, Finish::EndOfTurn);
+        assert_eq!(completion.tokens.last(), Some(&EOS));
+    }
+    let sent: Vec<Value> = server.seen()[1..]
+        .iter()
+        .map(|seen| seen.body["stop"].clone())
+        .collect();
+    assert_eq!(
+        sent,
+        [json!(["</answer>", "\n\n"]), json!(["</answer>", "\n\n"])]
+    );
+}
+
 #[tokio::test]
 async fn stop_token_id_and_unknown_finish_reasons_end_the_turn() {
     let server = Server::start(|seen, _| {

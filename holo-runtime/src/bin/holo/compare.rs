@@ -104,9 +104,14 @@ pub fn run(args: CompareArgs) -> ExitCode {
     if let Err(error) = std::fs::create_dir_all(&args.out) {
         return usage(format!("cannot create `{}`: {error}", args.out.display()));
     }
+    let data = args.data.display();
+    let labelled: Vec<(String, &Row)> = rows
+        .iter()
+        .map(|(index, row)| (format!("{data}:{}", lines[*index]), row))
+        .collect();
     let mut policies = Vec::with_capacity(2);
     for (label, model) in [("a", &args.a), ("b", &args.b)] {
-        match policy(label, model, &args, &holoware) {
+        match policy(label, model, &args, &holoware, &labelled) {
             Ok(policy) => policies.push(policy),
             Err(code) => return code,
         }
@@ -144,7 +149,6 @@ pub fn run(args: CompareArgs) -> ExitCode {
             Err(error) => return cannot_write(error),
         };
         let label = policy.label.to_uppercase();
-        let data = args.data.display();
         for failure in &summary.row_failures {
             let line = lines[failure.row_index];
             eprintln!("error: policy {label}: {data}:{line}: {}", failure.message);
@@ -282,6 +286,7 @@ fn policy(
     model: &str,
     args: &CompareArgs,
     holoware: &Holoware,
+    rows: &[(String, &Row)],
 ) -> Result<Policy, ExitCode> {
     let mut dir = model.to_string();
     let mut name = model.to_string();
@@ -349,7 +354,7 @@ fn policy(
     };
     let holophore = sampler_args.holophore()?;
     let sampler = sampler_args
-        .sampler(args.concurrency as usize, holoware)?
+        .sampler(args.concurrency as usize, holoware, rows)?
         .expect("the local sampler");
     Ok(Policy {
         label,

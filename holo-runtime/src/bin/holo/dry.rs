@@ -1,13 +1,13 @@
 //! `holo dry`: rollouts with scripted replies (or a model), each transcript printed.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use holo_runtime::holophore::{render_contexts, Holophore, TokenView};
 use holo_runtime::holotypes::CodeSandbox;
-use holo_runtime::interpreter::{read_rows, Holoware, Row};
+use holo_runtime::interpreter::{read_rows, Holoware, NumberedRow, Row};
 use holo_runtime::loom::{Loom, LoomConfig, RolloutRecord};
 use holo_runtime::{
     Completion, Recorder, Resources, Rollout, RolloutError, Sampler, Scripted, Step, Transcript,
@@ -43,7 +43,22 @@ pub fn run(args: DryArgs) -> ExitCode {
         Ok(holoware) => holoware,
         Err(exit) => return exit,
     };
-    let sampler = match sampler_args.sampler(128, &holoware) {
+    let rows = match data.as_deref() {
+        Some(path) => match read_rows(path) {
+            Ok(rows) => rows,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => vec![(1, Ok(placeholder_row(&holoware)))],
+    };
+    let data_name = data.as_deref().map_or_else(
+        || "placeholder".to_string(),
+        |path| path.display().to_string(),
+    );
+    let startable = crate::startable(&data_name, &rows, &holoware);
+    let sampler = match sampler_args.sampler(128, &holoware, &startable) {
         Ok(sampler) => sampler,
         Err(code) => return code,
     };
@@ -62,7 +77,8 @@ pub fn run(args: DryArgs) -> ExitCode {
     };
     dry(
         &holoware,
-        data.as_deref(),
+        &data_name,
+        rows,
         rollouts,
         &sampler_args.replies,
         sampler.as_deref(),
@@ -76,7 +92,8 @@ pub fn run(args: DryArgs) -> ExitCode {
 #[allow(clippy::too_many_arguments)]
 fn dry(
     holoware: &Arc<Holoware>,
-    data: Option<&Path>,
+    data_name: &str,
+    rows: Vec<NumberedRow>,
     rollouts: usize,
     replies: &[String],
     sampler: Option<&dyn Sampler>,
@@ -84,20 +101,6 @@ fn dry(
     color: bool,
     code: CodeSandbox,
 ) -> ExitCode {
-    let rows = match data {
-        Some(path) => match read_rows(path) {
-            Ok(rows) => rows,
-            Err(message) => {
-                eprintln!("error: {message}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        },
-        None => vec![(1, Ok(placeholder_row(holoware)))],
-    };
-    let data_name = data.map_or_else(
-        || "placeholder".to_string(),
-        |path| path.display().to_string(),
-    );
     let mut resources = crate::resources();
     if let Err(code) = crate::prepare_rollouts(holoware, &mut resources, code) {
         return code;
@@ -169,7 +172,7 @@ fn dry(
             sampler,
             holophore,
             color,
-            &data_name,
+            data_name,
             &mut stdout,
         ) {
             Ok(failed) => failures += failed,

@@ -76,14 +76,29 @@ pub fn run(args: EvalArgs) -> ExitCode {
         Ok(holoware) => holoware,
         Err(exit) => return exit,
     };
-    let sampler: Box<dyn Sampler> = match sampler_args.sampler(concurrency as usize, &holoware) {
-        Ok(Some(sampler)) => sampler,
-        Ok(None) if sampler_args.replies.is_empty() => {
-            Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
+    let mut datasets_rows = Vec::with_capacity(data.len());
+    for path in &data {
+        match read_rows(path) {
+            Ok(rows) => datasets_rows.push((path.display().to_string(), rows)),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(EXIT_USAGE);
+            }
         }
-        Ok(None) => Box::new(scripted(Scripted::new(sampler_args.replies))),
-        Err(code) => return code,
-    };
+    }
+    let startable: Vec<_> = datasets_rows
+        .iter()
+        .flat_map(|(name, rows)| crate::startable(name, rows, &holoware))
+        .collect();
+    let sampler: Box<dyn Sampler> =
+        match sampler_args.sampler(concurrency as usize, &holoware, &startable) {
+            Ok(Some(sampler)) => sampler,
+            Ok(None) if sampler_args.replies.is_empty() => {
+                Box::new(scripted(Scripted::new(["<answer>42</answer>"])))
+            }
+            Ok(None) => Box::new(scripted(Scripted::new(sampler_args.replies))),
+            Err(code) => return code,
+        };
     let config = LoomConfig {
         rollouts_per_row: rollouts as usize,
         seed,
@@ -94,7 +109,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
     };
     eval(
         holoware,
-        &data,
+        datasets_rows,
         &*sampler,
         holophore.as_ref(),
         config,
@@ -108,7 +123,7 @@ pub fn run(args: EvalArgs) -> ExitCode {
 #[allow(clippy::too_many_arguments)]
 fn eval(
     holoware: Arc<Holoware>,
-    datasets: &[PathBuf],
+    datasets_rows: Vec<(String, Vec<NumberedRow>)>,
     sampler: &dyn Sampler,
     holophore: Option<&Holophore>,
     config: LoomConfig,
@@ -116,16 +131,6 @@ fn eval(
     resume: bool,
     code: CodeSandbox,
 ) -> ExitCode {
-    let mut datasets_rows = Vec::with_capacity(datasets.len());
-    for path in datasets {
-        match read_rows(path) {
-            Ok(rows) => datasets_rows.push((path.display().to_string(), rows)),
-            Err(message) => {
-                eprintln!("error: {message}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        }
-    }
     let previous = if resume && out.exists() {
         match previous_records(out, &datasets_rows) {
             Ok(previous) => previous,

@@ -41,7 +41,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use holo_runtime::holophore::Holophore;
 use holo_runtime::holotypes;
-use holo_runtime::interpreter::Holoware;
+use holo_runtime::interpreter::{Holoware, NumberedRow, Row};
 use holo_runtime::{OpenAi, OpenAiConfig, Sampler};
 
 #[derive(Parser)]
@@ -305,14 +305,17 @@ impl SamplerArgs {
 
     /// The model's sampler (`openai` with at most `concurrency` requests in flight, or `local` with at
     /// most `concurrency` sequences decoding together), or `None` for the scripted replies. A local
-    /// model compiles every constraint of `holoware` first, as `holo train` does, so that one it refuses
-    /// stops the command before any rollout, naming its tag's `file.hol:line:col`, instead of failing
-    /// each rollout that reaches it (a server compiles them itself; scripted replies are not held to them).
+    /// model compiles every constraint of `holoware` first, and those that `rows` give it (a
+    /// `json_schema=name` of an input), as `holo train` does, so that one it refuses stops the command
+    /// before any rollout, naming the row by its label and the tag's `file.hol:line:col`, instead of
+    /// failing each rollout that reaches it (a server compiles them itself; scripted replies are not
+    /// held to them).
     #[cfg_attr(not(feature = "local"), allow(unused_variables))]
     fn sampler(
         &self,
         concurrency: usize,
         holoware: &Holoware,
+        rows: &[(String, &Row)],
     ) -> Result<Option<Box<dyn Sampler>>, ExitCode> {
         if self.sampler != SamplerKind::Scripted && !self.replies.is_empty() {
             eprintln!("error: --reply is for the scripted sampler");
@@ -365,6 +368,16 @@ impl SamplerArgs {
                     eprintln!("error: {error}");
                     ExitCode::from(EXIT_USAGE)
                 })?;
+                let labelled = rows.iter().map(|(label, row)| (label, *row));
+                model
+                    .grammars()
+                    .check_rows(holoware, labelled)
+                    .map_err(|errors| {
+                        for error in errors {
+                            eprintln!("error: {error}");
+                        }
+                        ExitCode::from(EXIT_USAGE)
+                    })?;
                 Ok(Some(Box::new(model)))
             }
             #[cfg(not(feature = "local"))]
@@ -519,6 +532,23 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
             eprintln!("error: cannot start the async runtime: {error}");
             ExitCode::from(EXIT_USAGE)
         })
+}
+
+/// The rows of `data` that `holoware` can start on (they parse and give its inputs), each labelled
+/// `data:line`, as the commands name rows: those whose constraints a local model compiles before any
+/// rollout ([`SamplerArgs::sampler`]). The others are the commands' own errors.
+fn startable<'r>(
+    data: &str,
+    rows: &'r [NumberedRow],
+    holoware: &Holoware,
+) -> Vec<(String, &'r Row)> {
+    rows.iter()
+        .filter_map(|(line, row)| {
+            let row = row.as_ref().ok()?;
+            holoware.check_row(row).ok()?;
+            Some((format!("{data}:{line}"), row))
+        })
+        .collect()
 }
 
 /// Reads and checks a `.hol` file: an unreadable file is a usage error (2), diagnostics a failure (1).

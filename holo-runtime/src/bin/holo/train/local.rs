@@ -85,10 +85,13 @@ pub fn run(args: TrainArgs, config: GrpoConfig) -> ExitCode {
         if let Err(error) = grammars.check(holoware) {
             return usage(error);
         }
-        // The schemas the rows give (`json_schema=name`), before any rollout too.
+        // The constraints the rows give (`json_schema=name`), before any rollout too.
         for (option, rows) in [("--data", &rows), ("--eval-data", &eval_rows)] {
-            if let Err(error) = grammars.check_rows(holoware, rows.iter().map(|(_, row)| row)) {
-                return usage(format!("{option}: {error}"));
+            let labelled = rows
+                .iter()
+                .map(|(index, row)| (format!("{option}: data row {}", index + 1), row));
+            if let Err(errors) = grammars.check_rows(holoware, labelled) {
+                return usage(errors.join("\nerror: "));
             }
         }
     }
