@@ -304,18 +304,36 @@ pub fn activations(inputs: &Inputs) -> u64 {
     (values + 4 * tokens * w.hidden) * inputs.dtype_bytes
 }
 
-/// Under recomputation, the one layer recomputed at a time in the backward (the largest), its values
-/// and their gradients: alive after the head's backward is done, so the plan counts it in a phase of its
-/// own ("backward") beside the activations, not beside the head.
+/// The one layer whose backward runs at a time, beside the activations: alive after the head's backward
+/// is done, so the plan counts it in a phase of its own ("backward"), not beside the head. A layer with a
+/// backward written out (`backward.rs`: f32 or f64, softmax attention without a gate or sinks, a dense
+/// MLP) recomputed from its input holds its values and their gradients (2 × its values); one through
+/// candle's autograd (Gated DeltaNet, Qwen3.5's gated attention, mixtures, half precision) holds its
+/// values and their gradients as autograd makes them, each a tensor of zeros the gradient is added into
+/// (3 × its values, measured 3.4 on the tiny Qwen3.5). Without recomputation every layer's backward is
+/// autograd's over the kept graph, whose values the activations count: its gradients (2 × the largest
+/// layer's values).
 pub fn layer(inputs: &Inputs) -> u64 {
-    if !inputs.recompute {
-        return 0;
+    let largest = |values: &dyn Fn(LayerSpec) -> u64| {
+        layer_specs(inputs).map(values).max().unwrap_or(0) * inputs.dtype_bytes
+    };
+    match inputs.recompute {
+        true => largest(&|spec| {
+            let copies = if written_backward(inputs, spec) { 2 } else { 3 };
+            copies * layer_values(inputs, spec)
+        }),
+        false => largest(&|spec| 2 * layer_values(inputs, spec)),
     }
-    let largest = layer_specs(inputs)
-        .map(|spec| layer_values(inputs, spec))
-        .max()
-        .unwrap_or(0);
-    2 * largest * inputs.dtype_bytes
+}
+
+/// Whether a layer of kind `spec` has its backward written out (`DecoderLayer::has_backward`).
+fn written_backward(inputs: &Inputs, spec: LayerSpec) -> bool {
+    let c = &inputs.sizes.config;
+    inputs.dtype_bytes >= 4
+        && !spec.linear
+        && !(spec.experts && c.experts.is_some())
+        && !c.variant.attention_gate
+        && !c.variant.attention_sinks
 }
 
 /// The trained tokens of one micro-batch.
@@ -486,7 +504,8 @@ mod tests {
         // per layer 4 × 4 heads × 2 rows × 16² pairs.
         let values = 32 * 1_824 + 4 * 4 * 2 * 256;
         assert_eq!(activations(&run), (2 * values + 4 * 32 * 64) * 4);
-        assert_eq!(layer(&run), 0);
+        // Autograd's backward over the kept graph: one layer's gradients at a time.
+        assert_eq!(layer(&run), 2 * values * 4);
         // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
         // gradient built (2) and the tied head's summed into it.
         assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
@@ -645,10 +664,13 @@ mod tests {
             activations(&run),
             (32 * linear_token + 32 * attention_token + pairs + 4 * 32 * 64) * 4
         );
-        run.recompute = true;
         let largest = (32 * linear_token).max(32 * attention_token + pairs);
         assert_eq!(largest, 32 * attention_token + pairs);
         assert_eq!(layer(&run), 2 * largest * 4);
+        // Recomputed, both layers' backward is autograd's: the values and their gradients, each
+        // gradient beside the zeros it is added into.
+        run.recompute = true;
+        assert_eq!(layer(&run), 3 * largest * 4);
         // 8 sequences: the attention layer's keys and values over 32 columns, the linear layer's
         // states (128 channels × 3 inputs, 4 heads × 16 × 16).
         assert_eq!(cache(&run), 8 * (32 * 2 * 64 * 4 + (128 * 3 + 4 * 256) * 4));
