@@ -105,12 +105,57 @@ impl Sizes {
     /// loader will refuse.
     pub fn adapters(&self, lora: &LoraConfig) -> u64 {
         let c = &self.config;
-        let hidden = c.hidden_size as u64;
         let head = self
             .head_rank(lora)
-            .map_or(0, |rank| rank * (hidden + c.vocab_size as u64));
-        // `all-linear` is the short names of every layer's projections, as the loader's
-        // `projection_names` lists them (a linear-attention layer's, a shared expert's among them).
+            .map_or(0, |rank| rank * (c.hidden_size + c.vocab_size) as u64);
+        let Some(resolved) = self.resolved(lora) else {
+            return 0;
+        };
+        let rank = |key: &str| {
+            resolved
+                .size_at(key)
+                .map_or(resolved.rank, |(rank, _)| rank) as u64
+        };
+        let mut elements = 0;
+        for (i, adapted) in self.adapted(lora).into_iter().enumerate() {
+            elements += adapted
+                .iter()
+                .map(|(inputs, outputs, rank)| rank * (inputs + outputs))
+                .sum::<u64>();
+            if is_mixture(c, i) {
+                elements += self.expert_adapters(&resolved, i, &rank);
+            }
+        }
+        elements + head
+    }
+
+    /// Each layer's projections that `lora` adapts as modules, as `(inputs, outputs, rank)`, after
+    /// PEFT's resolution; none for a configuration the loader will refuse.
+    pub fn adapted(&self, lora: &LoraConfig) -> Vec<Vec<(u64, u64, u64)>> {
+        let c = &self.config;
+        let Some(lora) = self.resolved(lora) else {
+            return vec![Vec::new(); c.num_hidden_layers];
+        };
+        let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
+        (0..c.num_hidden_layers)
+            .map(|i| {
+                projections(c, i)
+                    .into_iter()
+                    .filter_map(|(name, inputs, outputs)| {
+                        let key = format!("model.layers.{i}.{name}");
+                        targets(&lora.targets, &key).then(|| (inputs, outputs, rank(&key)))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `lora` as PEFT resolves it on this model (`Model::resolved_lora`): `all-linear` as the short
+    /// names of every layer's projections, as the loader's `projection_names` lists them (a
+    /// linear-attention layer's, a shared expert's among them), and a fused mixture's module names as
+    /// target parameters; `None` where the loader refuses it.
+    fn resolved(&self, lora: &LoraConfig) -> Option<LoraConfig> {
+        let c = &self.config;
         let mut names: Vec<String> = Vec::new();
         for i in 0..c.num_hidden_layers {
             for (name, _, _) in projections(c, i) {
@@ -121,26 +166,9 @@ impl Sizes {
             }
         }
         let (modules, parameters) = self.peft_names();
-        let Ok(lora) = lora
-            .named(c.arch, &modules, &parameters)
+        lora.named(c.arch, &modules, &parameters)
             .resolved(c.arch, &names)
-        else {
-            return 0;
-        };
-        let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
-        let mut elements = 0;
-        for i in 0..c.num_hidden_layers {
-            for (name, inputs, outputs) in projections(c, i) {
-                let key = format!("model.layers.{i}.{name}");
-                if targets(&lora.targets, &key) {
-                    elements += rank(&key) * (inputs + outputs);
-                }
-            }
-            if is_mixture(c, i) {
-                elements += self.expert_adapters(&lora, i, &rank);
-            }
-        }
-        elements + head
+            .ok()
     }
 
     /// PEFT's names of what LoRA can adapt, as the loader's `Model::peft_names` lists them: the modules

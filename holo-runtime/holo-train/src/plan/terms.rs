@@ -177,6 +177,28 @@ fn token_values(inputs: &Inputs, spec: LayerSpec) -> u64 {
     around + mixer_values(inputs, spec) + feed_forward_values(inputs, spec)
 }
 
+/// Each layer's kind and what its LoRA adapters add to a token's values (`Linear::forward_parts`): per
+/// adapted projection, `x Aᵀ` (its rank), the product with `Bᵀ`, its scaling and the sum with the
+/// base's output (3 × its outputs). The experts' adapters are not counted.
+fn layers(inputs: &Inputs) -> Vec<(LayerSpec, u64)> {
+    let adapted = match &inputs.lora {
+        Some(lora) => inputs.sizes.adapted(lora),
+        None => Vec::new(),
+    };
+    layer_specs(inputs)
+        .enumerate()
+        .map(|(i, spec)| {
+            let adapter = adapted.get(i).map_or(0, |projections| {
+                projections
+                    .iter()
+                    .map(|(_, outputs, rank)| 3 * outputs + rank)
+                    .sum()
+            });
+            (spec, adapter)
+        })
+        .collect()
+}
+
 /// The weights, in the training type.
 pub fn weights(inputs: &Inputs) -> u64 {
     inputs.sizes.parameters * inputs.dtype_bytes
@@ -274,16 +296,17 @@ fn rows(inputs: &Inputs) -> (u64, u64) {
     )
 }
 
-/// The graph of one decoder layer of kind `spec` for one micro-batch, in values: [`token_values`] per
-/// token and, for softmax attention, [`GRAPH_PAIR_VALUES`] per (query, key) pair and head.
-fn layer_values(inputs: &Inputs, spec: LayerSpec) -> u64 {
+/// The graph of one decoder layer of kind `spec` for one micro-batch, in values: [`token_values`] and
+/// its `adapter`'s per token and, for softmax attention, [`GRAPH_PAIR_VALUES`] per (query, key) pair
+/// and head.
+fn layer_values(inputs: &Inputs, (spec, adapter): (LayerSpec, u64)) -> u64 {
     let w = widths(inputs);
     let (count, width) = rows(inputs);
     let pairs = match linear(inputs, spec) {
         Some(_) => 0,
         None => GRAPH_PAIR_VALUES * w.heads * count * width * width,
     };
-    count * width * token_values(inputs, spec) + pairs
+    count * width * (token_values(inputs, spec) + adapter) + pairs
 }
 
 /// The activations one micro-batch keeps through its backward, in the weights' type: with the graph
@@ -297,8 +320,9 @@ pub fn activations(inputs: &Inputs) -> u64 {
     let values = if inputs.recompute {
         tokens * w.layers * w.hidden
     } else {
-        layer_specs(inputs)
-            .map(|spec| layer_values(inputs, spec))
+        layers(inputs)
+            .into_iter()
+            .map(|layer| layer_values(inputs, layer))
             .sum()
     };
     (values + 4 * tokens * w.hidden) * inputs.dtype_bytes
@@ -314,15 +338,19 @@ pub fn activations(inputs: &Inputs) -> u64 {
 /// autograd's over the kept graph, whose values the activations count: its gradients (2 × the largest
 /// layer's values).
 pub fn layer(inputs: &Inputs) -> u64 {
-    let largest = |values: &dyn Fn(LayerSpec) -> u64| {
-        layer_specs(inputs).map(values).max().unwrap_or(0) * inputs.dtype_bytes
+    let largest = |values: &dyn Fn((LayerSpec, u64)) -> u64| {
+        layers(inputs).into_iter().map(values).max().unwrap_or(0) * inputs.dtype_bytes
     };
     match inputs.recompute {
-        true => largest(&|spec| {
-            let copies = if written_backward(inputs, spec) { 2 } else { 3 };
-            copies * layer_values(inputs, spec)
+        true => largest(&|layer| {
+            let copies = if written_backward(inputs, layer.0) {
+                2
+            } else {
+                3
+            };
+            copies * layer_values(inputs, layer)
         }),
-        false => largest(&|spec| 2 * layer_values(inputs, spec)),
+        false => largest(&|layer| 2 * layer_values(inputs, layer)),
     }
 }
 
@@ -671,6 +699,20 @@ mod tests {
         // gradient beside the zeros it is added into.
         run.recompute = true;
         assert_eq!(layer(&run), 3 * largest * 4);
+        // LoRA of rank 4 on `in_proj_z` (64 outputs) and `q_proj` (256: queries and gate): per token
+        // and adapted projection `x Aᵀ`, its product with `Bᵀ`, scaled, added (3 × outputs + rank).
+        run.recompute = false;
+        let full = activations(&run);
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: holo_model::model::Targets::names(&["in_proj_z", "q_proj"]),
+            ..Default::default()
+        });
+        assert_eq!(
+            activations(&run) - full,
+            32 * ((3 * 64 + 4) + (3 * 256 + 4)) * 4
+        );
+        run.lora = None;
         // 8 sequences: the attention layer's keys and values over 32 columns, the linear layer's
         // states (128 channels × 3 inputs, 4 heads × 16 × 16).
         assert_eq!(cache(&run), 8 * (32 * 2 * 64 * 4 + (128 * 3 + 4 * 256) * 4));
