@@ -27,7 +27,7 @@ pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
 /// `down_proj` and the residual (2): 18 × hidden; the keys' and values' projections and biases, the
 /// rotated keys: 5 × kv width; `gate_proj`, `up_proj`, the SiLU and the gated product: 4 ×
 /// intermediate. Of the 18, [`ATTENTION_VALUES`]' 8 are the attention's; the other 10 every layer keeps
-/// whatever mixes its tokens. [`mixer_values`] and [`feed_forward_values`] add what the other layer
+/// whatever mixes its tokens. `mixer_values` and `feed_forward_values` add what the other layer
 /// kinds keep.
 pub const GRAPH_VALUES: (u64, u64, u64) = (18, 5, 4);
 
@@ -357,9 +357,10 @@ pub fn layer(inputs: &Inputs) -> u64 {
 /// Whether a layer of kind `spec` has its backward written out (`DecoderLayer::has_backward`).
 fn written_backward(inputs: &Inputs, spec: LayerSpec) -> bool {
     let c = &inputs.sizes.config;
+    let mixture = spec.experts && c.experts.is_some();
     inputs.dtype_bytes >= 4
         && !spec.linear
-        && !(spec.experts && c.experts.is_some())
+        && !mixture
         && !c.variant.attention_gate
         && !c.variant.attention_sinks
 }
