@@ -92,6 +92,7 @@ GRID = [
 
 BIG = [("0.5B 152k B16 C128", "qwen2-0.5b-152k", 16, 8, 128, []),
        ("qwen3.5 small B4 C32 LoRA", "qwen3_5-small", 4, 4, 32, QWEN3_5_LORA),
+       ("qwen3.5 small B4 C32 LoRA graph", "qwen3_5-small", 4, 4, 32, QWEN3_5_LORA + KEEP_GRAPH),
        ("qwen3.5 small B4 C32", "qwen3_5-small", 4, 4, 32, [])]
 
 
