@@ -5,9 +5,10 @@ predicted peak (RUN/memory_plan.json, written before the weights are loaded) bes
 
 Usage: benches/memory_plan.py [--holo PATH] [--work DIR] [--only NAME,...] [--big]
 
-- models: random folders from `holo init-model` (qwen2 and qwen3 `tiny`, llama `small`: SmolLM2-135M's
-  decoder), at the offline tokenizer's 512 ids or padded to a real vocabulary (`--vocab`); `--big` adds
-  Qwen2.5-0.5B's shapes with its 151,936-token vocabulary (494M parameters, several minutes a run);
+- models: random folders from `holo init-model` (qwen2, qwen3, qwen3_5_text and qwen3_5_moe_text `tiny`,
+  llama `small`: SmolLM2-135M's decoder), at the offline tokenizer's 512 ids or padded to a real vocabulary (`--vocab`); `--big` adds
+  Qwen2.5-0.5B's shapes with its 151,936-token vocabulary (494M parameters, several minutes a run) and
+  Qwen3.5-0.8B's decoder (`qwen3_5_text` `small`, 24 layers of 1,024, 512 ids);
 - runs: `benches/arith.hol` on arithmetic rows, 2 optimizer steps (the second holds AdamW's state through
   generation and training, the steady state the plan predicts), no checkpoint, f32 on the CPU (bf16
   training is CUDA's), full fine-tuning or LoRA, micro-batches of 4 to 16 completions of 32 to 128
@@ -39,6 +40,9 @@ MODELS = {
     "llama-135m": ("llama", "small", None),
     "llama-135m-49k": ("llama", "small", 49152),
     "qwen2-0.5b-152k": ("qwen2", "small", 151936),
+    "qwen3_5-tiny": ("qwen3_5_text", "tiny", None),
+    "qwen3_5_moe-tiny": ("qwen3_5_moe_text", "tiny", None),
+    "qwen3_5-small": ("qwen3_5_text", "small", None),
 }
 
 LORA = ["--use-peft", "--lora-r", "16"]
@@ -46,6 +50,9 @@ ALL_LINEAR = ["--use-peft", "--lora-r", "8", "--lora-target-modules",
               '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]']
 HEAD_LORA = LORA + ["--lora-target-modules", '["q_proj","v_proj","lm_head"]']
 KEEP_GRAPH = ["--gradient-checkpointing", "false"]
+# Qwen3.5: every projection of both layer kinds (Gated DeltaNet's and attention's), the dense MLP's or the
+# shared expert's and its gate.
+QWEN3_5_LORA = ["--use-peft", "--lora-r", "16", "--lora-target-modules", "all-linear"]
 
 # (name, model, per-device batch, num_generations, max_completion_length, extra flags)
 GRID = [
@@ -73,9 +80,20 @@ GRID = [
     ("135m 49k B8 C128 LoRA head", "llama-135m-49k", 8, 8, 128, HEAD_LORA),
     ("135m 49k B8 C128 graph", "llama-135m-49k", 8, 8, 128, KEEP_GRAPH),
     ("135m 49k B16 C128", "llama-135m-49k", 16, 8, 128, []),
+    ("qwen3.5 tiny B8 C128", "qwen3_5-tiny", 8, 8, 128, []),
+    ("qwen3.5 tiny B8 C128 graph", "qwen3_5-tiny", 8, 8, 128, KEEP_GRAPH),
+    ("qwen3.5 tiny B8 C128 LoRA", "qwen3_5-tiny", 8, 8, 128, QWEN3_5_LORA),
+    ("qwen3.5 tiny B8 C128 LoRA graph", "qwen3_5-tiny", 8, 8, 128, QWEN3_5_LORA + KEEP_GRAPH),
+    ("qwen3.5 moe tiny B8 C128", "qwen3_5_moe-tiny", 8, 8, 128, []),
+    ("qwen3.5 moe tiny B8 C128 graph", "qwen3_5_moe-tiny", 8, 8, 128, KEEP_GRAPH),
+    ("qwen3.5 moe tiny B8 C128 LoRA", "qwen3_5_moe-tiny", 8, 8, 128, QWEN3_5_LORA),
+    ("qwen3.5 moe tiny B8 C128 LoRA graph", "qwen3_5_moe-tiny", 8, 8, 128, QWEN3_5_LORA + KEEP_GRAPH),
 ]
 
-BIG = [("0.5B 152k B16 C128", "qwen2-0.5b-152k", 16, 8, 128, [])]
+BIG = [("0.5B 152k B16 C128", "qwen2-0.5b-152k", 16, 8, 128, []),
+       ("qwen3.5 small B4 C32 LoRA", "qwen3_5-small", 4, 4, 32, QWEN3_5_LORA),
+       ("qwen3.5 small B4 C32 LoRA graph", "qwen3_5-small", 4, 4, 32, QWEN3_5_LORA + KEEP_GRAPH),
+       ("qwen3.5 small B4 C32", "qwen3_5-small", 4, 4, 32, [])]
 
 
 def model_folder(holo, work, name):

@@ -172,7 +172,7 @@ mod tests {
             run.micro_batch = micro_batch;
             Plan::of(&run).peak()
         };
-        assert_eq!(peak(8).0, "training");
+        assert_eq!(peak(8).0, "backward");
         // Room for 6 sequences, not 7.
         let available = peak(6).1;
         assert!(peak(7).1 > available);
@@ -190,7 +190,7 @@ mod tests {
             )),
             "{message}"
         );
-        assert!(message.contains("(training: activations"), "{message}");
+        assert!(message.contains("(backward: activations"), "{message}");
         assert_eq!(check(&run, peak(8).1), Ok(()));
     }
 

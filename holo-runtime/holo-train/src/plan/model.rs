@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use holo_model::config::ModelConfig;
+use holo_model::config::{ModelConfig, NormPlacement, QkNorm};
 use holo_model::model::{targets, ExpertStack, LoraConfig};
 
 /// The output head's module name, as LoRA's targets name it.
@@ -51,32 +51,34 @@ impl Sizes {
         })
     }
 
-    /// The sizes a dense decoder of `config`'s shapes has (no per-tensor list): embeddings, each
-    /// layer's projections (an expert's MLP per expert) and norms, the final norm, and the head
-    /// unless tied.
+    /// The sizes a decoder of `config`'s shapes has (no per-tensor list), as `init-model` writes it:
+    /// embeddings, each layer's token mixer (attention, or Gated DeltaNet's projections, convolution,
+    /// decay parameters and norm), its feed-forward (the MLP, or the router, every expert's MLP and a
+    /// shared expert with its gate) and norms, the final norm, and the head unless tied.
     pub fn of_config(config: ModelConfig) -> Sizes {
         let c = &config;
         let (hidden, vocab) = (c.hidden_size as u64, c.vocab_size as u64);
-        let queries = (c.num_attention_heads * c.head_dim) as u64;
-        let keys = (c.num_key_value_heads * c.head_dim) as u64;
-        let biases =
-            if c.qkv_bias { queries + 2 * keys } else { 0 } + if c.o_bias { hidden } else { 0 };
-        let attention = hidden * (queries + 2 * keys) + queries * hidden + biases;
-        let mlp = match &c.experts {
-            Some(experts) => {
-                experts.count as u64 * 3 * hidden * experts.intermediate_size as u64
-                    + experts.count as u64 * hidden
-            }
-            None => 3 * hidden * c.intermediate_size as u64,
-        };
-        let layer = attention + mlp + 2 * hidden;
+        let layers: u64 = (0..c.num_hidden_layers)
+            .map(|i| {
+                let projections: u64 = projections(c, i)
+                    .iter()
+                    .map(|(_, inputs, outputs)| inputs * outputs)
+                    .sum();
+                // Gemma 3's sandwich has four norms a layer, the others two.
+                let norms = match c.variant.norms {
+                    NormPlacement::Sandwich => 4,
+                    NormPlacement::Pre | NormPlacement::Post => 2,
+                };
+                projections + extras(c, i) + experts_weights(c, i) + norms * hidden
+            })
+            .sum();
         let head = if c.tie_word_embeddings {
             0
         } else {
             vocab * hidden
         };
         Sizes {
-            parameters: vocab * hidden + c.num_hidden_layers as u64 * layer + hidden + head,
+            parameters: vocab * hidden + layers + hidden + head,
             config,
             tensors: Vec::new(),
         }
@@ -103,82 +105,84 @@ impl Sizes {
     /// loader will refuse.
     pub fn adapters(&self, lora: &LoraConfig) -> u64 {
         let c = &self.config;
-        let hidden = c.hidden_size as u64;
         let head = self
             .head_rank(lora)
-            .map_or(0, |rank| rank * (hidden + c.vocab_size as u64));
-        let queries = (c.num_attention_heads * c.head_dim) as u64;
-        let keys = (c.num_key_value_heads * c.head_dim) as u64;
-        let inner = c.intermediate_size as u64;
-        // (module name in the layer, inputs, outputs) of one layer's projections, as the loader names
-        // them; the MLP's only on a layer without experts (a mixture's are target parameters).
-        let projections = |experts: bool| -> Vec<(&'static str, u64, u64)> {
-            let mut projections = match c.variant.fused_projections {
-                true => vec![
-                    ("self_attn.qkv_proj", hidden, queries + 2 * keys),
-                    ("self_attn.o_proj", queries, hidden),
-                    ("mlp.gate_up_proj", hidden, 2 * inner),
-                ],
-                false => vec![
-                    ("self_attn.q_proj", hidden, queries),
-                    ("self_attn.k_proj", hidden, keys),
-                    ("self_attn.v_proj", hidden, keys),
-                    ("self_attn.o_proj", queries, hidden),
-                    ("mlp.gate_proj", hidden, inner),
-                    ("mlp.up_proj", hidden, inner),
-                ],
-            };
-            projections.push(("mlp.down_proj", inner, hidden));
-            projections.retain(|(name, _, _)| !experts || !name.starts_with("mlp."));
-            projections
-        };
-        let names: Vec<String> = projections(false)
-            .iter()
-            .map(|(name, _, _)| name.rsplit('.').next().unwrap_or(name).to_string())
-            .collect();
-        let (modules, parameters) = self.peft_names(&projections);
-        let Ok(lora) = lora
-            .named(c.arch, &modules, &parameters)
-            .resolved(c.arch, &names)
-        else {
+            .map_or(0, |rank| rank * (c.hidden_size + c.vocab_size) as u64);
+        let Some(resolved) = self.resolved(lora) else {
             return 0;
         };
-        let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
+        let rank = |key: &str| {
+            resolved
+                .size_at(key)
+                .map_or(resolved.rank, |(rank, _)| rank) as u64
+        };
         let mut elements = 0;
-        for i in 0..c.num_hidden_layers {
-            let experts = c.layers.get(i).is_some_and(|layer| layer.experts);
-            for (name, inputs, outputs) in projections(experts) {
-                let key = format!("model.layers.{i}.{name}");
-                if targets(&lora.targets, &key) {
-                    elements += rank(&key) * (inputs + outputs);
-                }
-            }
-            if experts {
-                elements += self.expert_adapters(&lora, i, &rank);
+        for (i, adapted) in self.adapted(lora).into_iter().enumerate() {
+            elements += adapted
+                .iter()
+                .map(|(inputs, outputs, rank)| rank * (inputs + outputs))
+                .sum::<u64>();
+            if is_mixture(c, i) {
+                elements += self.expert_adapters(&resolved, i, &rank);
             }
         }
         elements + head
     }
 
-    /// PEFT's names of what LoRA can adapt, as the loader's `Model::peft_names` lists them: the modules
-    /// (each layer's `projections`, a mixture layer's router, the output head) and the parameters (a
-    /// mixture layer's expert stacks and router weight), which a regular expression is matched against.
-    fn peft_names(
-        &self,
-        projections: &dyn Fn(bool) -> Vec<(&'static str, u64, u64)>,
-    ) -> (Vec<String>, Vec<String>) {
+    /// Each layer's projections that `lora` adapts as modules, as `(inputs, outputs, rank)`, after
+    /// PEFT's resolution; none for a configuration the loader will refuse.
+    pub fn adapted(&self, lora: &LoraConfig) -> Vec<Vec<(u64, u64, u64)>> {
         let c = &self.config;
-        let router = match c.experts {
-            Some(experts) if experts.clamped.is_some() => "router",
-            _ => "gate",
+        let Some(lora) = self.resolved(lora) else {
+            return vec![Vec::new(); c.num_hidden_layers];
         };
+        let rank = |key: &str| lora.size_at(key).map_or(lora.rank, |(rank, _)| rank) as u64;
+        (0..c.num_hidden_layers)
+            .map(|i| {
+                projections(c, i)
+                    .into_iter()
+                    .filter_map(|(name, inputs, outputs)| {
+                        let key = format!("model.layers.{i}.{name}");
+                        targets(&lora.targets, &key).then(|| (inputs, outputs, rank(&key)))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `lora` as PEFT resolves it on this model (`Model::resolved_lora`): `all-linear` as the short
+    /// names of every layer's projections, as the loader's `projection_names` lists them (a
+    /// linear-attention layer's, a shared expert's among them), and a fused mixture's module names as
+    /// target parameters; `None` where the loader refuses it.
+    fn resolved(&self, lora: &LoraConfig) -> Option<LoraConfig> {
+        let c = &self.config;
+        let mut names: Vec<String> = Vec::new();
+        for i in 0..c.num_hidden_layers {
+            for (name, _, _) in projections(c, i) {
+                let short = name.rsplit('.').next().unwrap_or(name).to_string();
+                if !names.contains(&short) {
+                    names.push(short);
+                }
+            }
+        }
+        let (modules, parameters) = self.peft_names();
+        lora.named(c.arch, &modules, &parameters)
+            .resolved(c.arch, &names)
+            .ok()
+    }
+
+    /// PEFT's names of what LoRA can adapt, as the loader's `Model::peft_names` lists them: the modules
+    /// (each layer's [`projections`], a mixture layer's router, the output head) and the parameters (a
+    /// mixture layer's expert stacks and router weight), which a regular expression is matched against.
+    fn peft_names(&self) -> (Vec<String>, Vec<String>) {
+        let c = &self.config;
+        let router = router_name(c);
         let (mut modules, mut parameters) = (Vec::new(), Vec::new());
         for i in 0..c.num_hidden_layers {
-            let experts = c.layers.get(i).is_some_and(|layer| layer.experts);
-            for (name, _, _) in projections(experts) {
+            for (name, _, _) in projections(c, i) {
                 modules.push(format!("model.layers.{i}.{name}"));
             }
-            if experts {
+            if is_mixture(c, i) {
                 modules.push(format!("model.layers.{i}.mlp.{router}"));
                 for stack in ExpertStack::ALL {
                     parameters.push(format!("model.layers.{i}.mlp.experts.{}", stack.name()));
@@ -210,11 +214,7 @@ impl Sizes {
         };
         let (hidden, inner) = (c.hidden_size as u64, experts.intermediate_size as u64);
         let count = experts.count as u64;
-        let router = if experts.clamped.is_some() {
-            "router"
-        } else {
-            "gate"
-        };
+        let router = router_name(c);
         let mut stacks: Vec<ExpertStack> = Vec::new();
         let mut elements = 0;
         for target in &lora.parameters {
@@ -239,6 +239,143 @@ impl Sizes {
         }
         elements
     }
+}
+
+/// Whether layer `i` of `c` routes its tokens to experts.
+fn is_mixture(c: &ModelConfig, i: usize) -> bool {
+    c.experts.is_some() && c.layers.get(i).is_some_and(|layer| layer.experts)
+}
+
+/// A mixture's router's module name: gpt-oss's `router`, the others' `gate`.
+fn router_name(c: &ModelConfig) -> &'static str {
+    match c.experts {
+        Some(experts) if experts.clamped.is_some() => "router",
+        _ => "gate",
+    }
+}
+
+/// `(module name in the layer, inputs, outputs)` of layer `i`'s projections that LoRA adapts as
+/// modules, as the loader names them (`Model::linears`, less a mixture's router and experts, which are
+/// target parameters): softmax attention's (a gated query projection twice as wide, Qwen3.5's) or
+/// Gated DeltaNet's (`linear_attn.in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, `out_proj`),
+/// then a dense layer's MLP, or a mixture's shared expert and its gate (`mlp.shared_expert.gate_proj`,
+/// …, `mlp.shared_expert_gate`).
+fn projections(c: &ModelConfig, i: usize) -> Vec<(&'static str, u64, u64)> {
+    let hidden = c.hidden_size as u64;
+    let queries = (c.num_attention_heads * c.head_dim) as u64;
+    let keys = (c.num_key_value_heads * c.head_dim) as u64;
+    let linear = c
+        .linear_attention
+        .filter(|_| c.layers.get(i).is_some_and(|layer| layer.linear));
+    let fused = c.variant.fused_projections;
+    let mut projections = match linear {
+        Some(linear) => {
+            let values = (linear.value_heads * linear.value_head_dim) as u64;
+            let heads = linear.value_heads as u64;
+            vec![
+                ("linear_attn.in_proj_qkv", hidden, linear.conv_dim() as u64),
+                ("linear_attn.in_proj_z", hidden, values),
+                ("linear_attn.in_proj_b", hidden, heads),
+                ("linear_attn.in_proj_a", hidden, heads),
+                ("linear_attn.out_proj", values, hidden),
+            ]
+        }
+        None => {
+            // Qwen3.5's query projection carries each head's output gate beside its query.
+            let projected = if c.variant.attention_gate {
+                2 * queries
+            } else {
+                queries
+            };
+            let mut attention = match fused {
+                true => vec![("self_attn.qkv_proj", hidden, projected + 2 * keys)],
+                false => vec![
+                    ("self_attn.q_proj", hidden, projected),
+                    ("self_attn.k_proj", hidden, keys),
+                    ("self_attn.v_proj", hidden, keys),
+                ],
+            };
+            attention.push(("self_attn.o_proj", queries, hidden));
+            attention
+        }
+    };
+    match c.experts.filter(|_| is_mixture(c, i)) {
+        Some(experts) => {
+            if let Some(shared) = experts.shared {
+                let shared = shared as u64;
+                projections.extend([
+                    ("mlp.shared_expert.gate_proj", hidden, shared),
+                    ("mlp.shared_expert.up_proj", hidden, shared),
+                    ("mlp.shared_expert.down_proj", shared, hidden),
+                    ("mlp.shared_expert_gate", hidden, 1),
+                ]);
+            }
+        }
+        None => {
+            let inner = c.intermediate_size as u64;
+            match fused {
+                true => projections.push(("mlp.gate_up_proj", hidden, 2 * inner)),
+                false => projections.extend([
+                    ("mlp.gate_proj", hidden, inner),
+                    ("mlp.up_proj", hidden, inner),
+                ]),
+            }
+            projections.push(("mlp.down_proj", inner, hidden));
+        }
+    }
+    projections
+}
+
+/// Layer `i`'s weights besides its [`projections`]' matrices, its experts and its layer norms: a dense
+/// MLP's biases; attention's biases, q/k norms and sinks, or Gated DeltaNet's convolution
+/// `[channels, 1, kernel]`, `dt_bias` and `A_log` (one per value head) and its norm over a value head.
+fn extras(c: &ModelConfig, i: usize) -> u64 {
+    let mlp = match c.mlp_bias && !is_mixture(c, i) {
+        true => (2 * c.intermediate_size + c.hidden_size) as u64,
+        false => 0,
+    };
+    let linear = c
+        .linear_attention
+        .filter(|_| c.layers.get(i).is_some_and(|layer| layer.linear));
+    if let Some(linear) = linear {
+        return mlp
+            + (linear.conv_dim() * linear.conv_kernel
+                + 2 * linear.value_heads
+                + linear.value_head_dim) as u64;
+    }
+    let queries = (c.num_attention_heads * c.head_dim) as u64;
+    let keys = (c.num_key_value_heads * c.head_dim) as u64;
+    let biases = if c.qkv_bias { queries + 2 * keys } else { 0 }
+        + if c.o_bias { c.hidden_size as u64 } else { 0 };
+    let norms = match c.variant.qk_norm {
+        QkNorm::None => 0,
+        QkNorm::Head => 2 * c.head_dim as u64,
+        QkNorm::Projection => queries + keys,
+    };
+    let sinks = if c.variant.attention_sinks {
+        c.num_attention_heads as u64
+    } else {
+        0
+    };
+    mlp + biases + norms + sinks
+}
+
+/// Mixture layer `i`'s router and experts (each expert's gate, up and down projections; gpt-oss's with
+/// their biases and the router's); 0 on a dense layer, whose MLP is among its [`projections`].
+fn experts_weights(c: &ModelConfig, i: usize) -> u64 {
+    let Some(experts) = c.experts.filter(|_| is_mixture(c, i)) else {
+        return 0;
+    };
+    let (hidden, inner, count) = (
+        c.hidden_size as u64,
+        experts.intermediate_size as u64,
+        experts.count as u64,
+    );
+    let biases = match experts.clamped {
+        Some(_) => count * (2 * inner + hidden) + count,
+        None => 0,
+    };
+    count * 3 * hidden * inner + count * hidden + biases
 }
 
 /// The safetensors files of a model folder, in name order.
@@ -375,6 +512,83 @@ mod tests {
             let (_, vars) = model.with_lora(&lora).unwrap();
             let held: usize = vars.iter().map(|(_, var)| var.elem_count()).sum();
             assert_eq!(sizes.adapters(&lora), held as u64, "{:?}", lora.targets);
+        }
+    }
+
+    /// Without safetensors headers, the sizes from the shapes are what `init-model` writes, weight for
+    /// weight, for every family at both presets: Gated DeltaNet's layers, gated queries, q/k norms,
+    /// shared experts, gpt-oss's biases and sinks, Gemma 3's four norms a layer.
+    #[test]
+    fn the_sizes_of_a_config_are_what_init_model_writes() {
+        use holo_model::init::{parameter_specs, preset_config, Preset, ARCHS};
+        for arch in ARCHS {
+            for preset in [Preset::Tiny, Preset::Small] {
+                let config = preset_config(arch, preset, 512, 1, 2);
+                let written: usize = parameter_specs(&config)
+                    .iter()
+                    .map(|spec| spec.numel())
+                    .sum();
+                let planned = Sizes::of_config(config).parameters;
+                assert_eq!(planned, written as u64, "{arch} {preset:?}");
+            }
+        }
+    }
+
+    /// Qwen3.5's adapters, dense and mixture, are the loader's element for element: on linear-attention
+    /// layers (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, `out_proj`) and on the gated
+    /// attention's twice-wide `q_proj`, on the dense MLP or the shared expert and its gate, on the
+    /// expert stacks and the router as target parameters, by names, `all-linear`, regular expressions
+    /// and rank patterns.
+    #[test]
+    fn qwen3_5_adapters_are_the_loaders() {
+        use holo_model::init::{preset_config, Preset};
+        let lora = |targets: Targets| LoraConfig {
+            rank: 4,
+            targets,
+            ..LoraConfig::default()
+        };
+        for arch in [Arch::Qwen3_5, Arch::Qwen3_5Moe] {
+            let config = preset_config(arch, Preset::Tiny, 96, 1, 2);
+            let sizes = Sizes::of_config(config);
+            let model = holo_model::testing::random_model(&sizes.config, candle_core::DType::F32);
+            let mut runs = vec![
+                lora(Targets::names(&["q_proj", "v_proj"])),
+                lora(Targets::names(&["in_proj_qkv", "out_proj", "o_proj"])),
+                lora(Targets::names(&["all-linear"])),
+                lora(Targets::names(&["gate_proj", "up_proj", "down_proj"])),
+                lora(Targets::names(&["in_proj_z", "q_proj", "lm_head"])),
+                lora(Targets::Regex(r".*\.linear_attn\.in_proj_[ab]".into())),
+                LoraConfig {
+                    rank_pattern: [("layers.1.self_attn.q_proj".to_string(), 6)]
+                        .into_iter()
+                        .collect(),
+                    ..lora(Targets::names(&["all-linear"]))
+                },
+            ];
+            if arch == Arch::Qwen3_5Moe {
+                runs.push(lora(Targets::names(&["shared_expert_gate", "q_proj"])));
+                runs.push(LoraConfig {
+                    parameters: vec![
+                        "mlp.experts.gate_up_proj".into(),
+                        "mlp.experts.down_proj".into(),
+                        "mlp.gate.weight".into(),
+                    ],
+                    ..lora(Targets::names(&["all-linear"]))
+                });
+                runs.push(lora(Targets::Regex(r".*\.shared_expert\..*".into())));
+            }
+            for run in runs {
+                let (_, vars) = model.with_lora(&run).unwrap();
+                let held: usize = vars.iter().map(|(_, var)| var.elem_count()).sum();
+                assert!(held > 0, "{arch} {:?}", run.targets);
+                assert_eq!(
+                    sizes.adapters(&run),
+                    held as u64,
+                    "{arch} {:?} {:?}",
+                    run.targets,
+                    run.parameters
+                );
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 //! are read off the passes as written (see each function); [`RUNTIME`] and [`GRAPH_VALUES`]'s
 //! coefficients were then checked against measured peaks (`benches/memory_plan.py`).
 
+use holo_model::config::{LayerSpec, LinearAttention, QkNorm};
+
 use super::Inputs;
 
 /// What `holo` holds besides the model: the binary, the Tokio and candle thread pools and their stacks,
@@ -15,16 +17,24 @@ pub const RUNTIME: u64 = 72 << 20;
 /// 28 MiB file: 50 MiB resident, 102 MiB at the peak of parsing).
 pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
 
-/// The values one token keeps per decoder layer while autograd holds the training pass's graph, per
-/// `hidden`, per key/value width and per `intermediate` element, counted from the differentiable forward
-/// (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the attention's softmax are single
-/// operations on the CPU, `kernels/rope.rs` and `kernels/softmax.rs`): the input, the RMSNorm's square,
-/// normalised and scaled tensors (3), the query projection and its bias (2), the rotated queries (1), the
-/// keys and values repeated to every head (2), the attention's output, its transpose and `o_proj` (3), the
-/// residual (1), the second norm (3), `down_proj` and the residual (2): 18 × hidden; the keys' and values'
-/// projections and biases, the rotated keys: 5 × kv width; `gate_proj`, `up_proj`, the SiLU and the gated
-/// product: 4 × intermediate.
+/// The values one token keeps per decoder layer while autograd holds the training pass's graph, counted
+/// from the differentiable forward (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the
+/// attention's softmax are single operations on the CPU, `kernels/rope.rs` and `kernels/softmax.rs`),
+/// per `hidden`, per key/value width and per `intermediate` element, for a layer of softmax attention
+/// and a dense MLP: the input, the RMSNorm's square, normalised and scaled tensors (3), the query
+/// projection and its bias (2), the rotated queries (1), the keys and values repeated to every head
+/// (2), the attention's output, its transpose and `o_proj` (3), the residual (1), the second norm (3),
+/// `down_proj` and the residual (2): 18 × hidden; the keys' and values' projections and biases, the
+/// rotated keys: 5 × kv width; `gate_proj`, `up_proj`, the SiLU and the gated product: 4 ×
+/// intermediate. Of the 18, [`ATTENTION_VALUES`]' 8 are the attention's; the other 10 every layer keeps
+/// whatever mixes its tokens. `mixer_values` and `feed_forward_values` add what the other layer
+/// kinds keep.
 pub const GRAPH_VALUES: (u64, u64, u64) = (18, 5, 4);
+
+/// The values per `hidden` and per key/value width of [`GRAPH_VALUES`] that softmax attention keeps:
+/// the query projection and bias, the rotated queries, the repeated keys and values, the output, its
+/// transpose and `o_proj` (8); the keys' and values' projections, biases and rotated keys (5).
+pub const ATTENTION_VALUES: (u64, u64) = (8, 5);
 
 /// The values of one (query, key) pair of one head kept by the graph: the scores, scaled, masked, and
 /// the softmax's result.
@@ -33,7 +43,10 @@ pub const GRAPH_PAIR_VALUES: u64 = 4;
 /// The sizes every term is computed from.
 struct Widths {
     hidden: u64,
+    /// Keys' (and values') width of a softmax-attention layer.
     kv: u64,
+    /// The widest feed-forward a token goes through: the dense MLP's, or its chosen experts' and the
+    /// shared expert's.
     inner: u64,
     heads: u64,
     layers: u64,
@@ -42,18 +55,148 @@ struct Widths {
 
 fn widths(inputs: &Inputs) -> Widths {
     let c = &inputs.sizes.config;
+    let mixture = c.experts.map_or(0, |experts| {
+        (experts.per_token * experts.intermediate_size + experts.shared.unwrap_or(0)) as u64
+    });
     Widths {
         hidden: c.hidden_size as u64,
         kv: (c.num_key_value_heads * c.head_dim) as u64,
-        // A mixture's token goes through its chosen experts' MLPs.
-        inner: match &c.experts {
-            Some(experts) => (experts.per_token * experts.intermediate_size) as u64,
-            None => c.intermediate_size as u64,
-        },
+        inner: layer_specs(inputs)
+            .map(|spec| match spec.experts && c.experts.is_some() {
+                true => mixture,
+                false => c.intermediate_size as u64,
+            })
+            .max()
+            .unwrap_or(0),
         heads: c.num_attention_heads as u64,
         layers: c.num_hidden_layers as u64,
         vocab: c.vocab_size as u64,
     }
+}
+
+/// Each layer's kind, in layer order.
+fn layer_specs(inputs: &Inputs) -> impl Iterator<Item = LayerSpec> + '_ {
+    let c = &inputs.sizes.config;
+    (0..c.num_hidden_layers).map(|i| c.layers.get(i).copied().unwrap_or(LayerSpec::FULL))
+}
+
+/// The linear-attention sizes of a layer of kind `spec`, when it is Gated DeltaNet.
+fn linear(inputs: &Inputs, spec: LayerSpec) -> Option<LinearAttention> {
+    inputs.sizes.config.linear_attention.filter(|_| spec.linear)
+}
+
+/// What one token's token mixer keeps in a layer's graph, in values.
+///
+/// Softmax attention: [`ATTENTION_VALUES`], and where the family has them, its q/k norms over each head
+/// (square, normalised, scaled: 3 × the queries' and keys' widths), a partial rotation (the rotated
+/// part's copy and rotation, and the concatenation: 1 + 2 × the rotated fraction of each), and Qwen3.5's
+/// output gate (the query projection's second half, the queries and the gate copied out, the gate's
+/// sigmoid of 4 operations and the gated product: 8 × the queries' width).
+///
+/// Gated DeltaNet (`model/delta.rs`, training's path from a zero state): the projections (channels,
+/// the gate `z`, the strengths and decays), the padding mask's products, the convolution's input with
+/// its `kernel - 1` zero columns, its `kernel` products, `kernel - 1` sums and SiLU (`3 + 2 × kernel`
+/// per channel); the queries and keys copied out, L2-normalised (square, quotient) and the queries
+/// scaled (7 per key width), repeated to the value heads and laid out per series and concatenated for
+/// the rule (2 to 6 per repeated width), the values copied and laid out; the rule's output, its copy,
+/// the gate's SiLU, the norm (3) and the gated product (10 per value width in all); the strengths'
+/// sigmoid and the decays' softplus and scale (22 per value head); and `out_proj` (1 × hidden). The
+/// rule itself keeps nothing per token beyond its inputs and output: holo runs it recurrently, not in
+/// chunks, and its backward recomputes the states from one kept every 64 tokens (`kernels/delta.rs`),
+/// a transient of the layer's backward.
+fn mixer_values(inputs: &Inputs, spec: LayerSpec) -> u64 {
+    let c = &inputs.sizes.config;
+    let hidden = c.hidden_size as u64;
+    if let Some(linear) = linear(inputs, spec) {
+        let channels = linear.conv_dim() as u64;
+        let keys = (linear.key_heads * linear.key_head_dim) as u64;
+        let heads = linear.value_heads as u64;
+        let repeated = heads * linear.key_head_dim as u64;
+        let values = heads * linear.value_head_dim as u64;
+        let repeats = if linear.value_heads > linear.key_heads {
+            2
+        } else {
+            0
+        };
+        return channels * (3 + 2 * linear.conv_kernel as u64)
+            + 7 * keys
+            + (4 + repeats) * repeated
+            + 10 * values
+            + 22 * heads
+            + hidden;
+    }
+    let (per_hidden, per_kv) = ATTENTION_VALUES;
+    let queries = (c.num_attention_heads * c.head_dim) as u64;
+    let kv = (c.num_key_value_heads * c.head_dim) as u64;
+    let norms = match c.variant.qk_norm {
+        QkNorm::None => 0,
+        QkNorm::Head | QkNorm::Projection => 3 * (queries + kv),
+    };
+    let partial = match c.variant.rotary_dim {
+        Some(rotated) if rotated < c.head_dim => {
+            (queries + kv) * (c.head_dim + 2 * rotated) as u64 / c.head_dim as u64
+        }
+        _ => 0,
+    };
+    let gate = if c.variant.attention_gate {
+        8 * queries
+    } else {
+        0
+    };
+    per_hidden * hidden + per_kv * kv + norms + partial + gate
+}
+
+/// What one token's feed-forward keeps in a layer's graph beyond the 10 × hidden every layer keeps, in
+/// values: a dense MLP's 4 per intermediate element; a mixture's the same over its chosen experts' widths,
+/// the router's logits and softmax (2 per expert), and per chosen expert the token's row gathered, the
+/// expert's output, weighted and concatenated for the sum (4 × hidden), the sum's zeros and result
+/// (2 × hidden); and a shared expert's MLP (4 per its width, its output) with its gate's logit, sigmoid
+/// (5) and gated product and the sum with the experts' (3 × hidden in all).
+fn feed_forward_values(inputs: &Inputs, spec: LayerSpec) -> u64 {
+    let c = &inputs.sizes.config;
+    let hidden = c.hidden_size as u64;
+    let per_inner = GRAPH_VALUES.2;
+    let Some(experts) = c.experts.filter(|_| spec.experts) else {
+        return per_inner * c.intermediate_size as u64;
+    };
+    let chosen = experts.per_token as u64;
+    let routed = per_inner * chosen * experts.intermediate_size as u64
+        + 2 * experts.count as u64
+        + (4 * chosen + 2) * hidden;
+    let shared = experts
+        .shared
+        .map_or(0, |inner| per_inner * inner as u64 + 3 * hidden + 5);
+    routed + shared
+}
+
+/// The values one token keeps in the graph of a layer of kind `spec`: the 10 × hidden of
+/// [`GRAPH_VALUES`] every layer keeps, its token mixer's and its feed-forward's.
+fn token_values(inputs: &Inputs, spec: LayerSpec) -> u64 {
+    let (per_hidden, _, _) = GRAPH_VALUES;
+    let around = (per_hidden - ATTENTION_VALUES.0) * inputs.sizes.config.hidden_size as u64;
+    around + mixer_values(inputs, spec) + feed_forward_values(inputs, spec)
+}
+
+/// Each layer's kind and what its LoRA adapters add to a token's values (`Linear::forward_parts`): per
+/// adapted projection, `x Aᵀ` (its rank), the product with `Bᵀ`, its scaling and the sum with the
+/// base's output (3 × its outputs). The experts' adapters are not counted.
+fn layers(inputs: &Inputs) -> Vec<(LayerSpec, u64)> {
+    let adapted = match &inputs.lora {
+        Some(lora) => inputs.sizes.adapted(lora),
+        None => Vec::new(),
+    };
+    layer_specs(inputs)
+        .enumerate()
+        .map(|(i, spec)| {
+            let adapter = adapted.get(i).map_or(0, |projections| {
+                projections
+                    .iter()
+                    .map(|(_, outputs, rank)| 3 * outputs + rank)
+                    .sum()
+            });
+            (spec, adapter)
+        })
+        .collect()
 }
 
 /// The weights, in the training type.
@@ -153,14 +296,17 @@ fn rows(inputs: &Inputs) -> (u64, u64) {
     )
 }
 
-/// One decoder layer's graph for one micro-batch: [`GRAPH_VALUES`] per token and [`GRAPH_PAIR_VALUES`]
-/// per (query, key) pair and head, as values.
-fn layer_values(inputs: &Inputs) -> u64 {
+/// The graph of one decoder layer of kind `spec` for one micro-batch, in values: [`token_values`] and
+/// its `adapter`'s per token and, for softmax attention, [`GRAPH_PAIR_VALUES`] per (query, key) pair
+/// and head.
+fn layer_values(inputs: &Inputs, (spec, adapter): (LayerSpec, u64)) -> u64 {
     let w = widths(inputs);
     let (count, width) = rows(inputs);
-    let (per_hidden, per_kv, per_inner) = GRAPH_VALUES;
-    let per_token = per_hidden * w.hidden + per_kv * w.kv + per_inner * w.inner;
-    count * width * per_token + GRAPH_PAIR_VALUES * w.heads * count * width * width
+    let pairs = match linear(inputs, spec) {
+        Some(_) => 0,
+        None => GRAPH_PAIR_VALUES * w.heads * count * width * width,
+    };
+    count * width * (token_values(inputs, spec) + adapter) + pairs
 }
 
 /// The activations one micro-batch keeps through its backward, in the weights' type: with the graph
@@ -174,20 +320,49 @@ pub fn activations(inputs: &Inputs) -> u64 {
     let values = if inputs.recompute {
         tokens * w.layers * w.hidden
     } else {
-        w.layers * layer_values(inputs)
+        layers(inputs)
+            .into_iter()
+            .map(|layer| layer_values(inputs, layer))
+            .sum()
     };
     (values + 4 * tokens * w.hidden) * inputs.dtype_bytes
 }
 
-/// Under recomputation, the one layer recomputed at a time in the backward, its values and their
-/// gradients: alive after the head's backward is done, so the plan counts it in a phase of its own
-/// ("backward") beside the activations, not beside the head.
+/// The one layer whose backward runs at a time, beside the activations: alive after the head's backward
+/// is done, so the plan counts it in a phase of its own ("backward"), not beside the head. A layer with a
+/// backward written out (`backward.rs`: f32 or f64, softmax attention without a gate or sinks, a dense
+/// MLP) recomputed from its input holds its values and their gradients (2 × its values); one through
+/// candle's autograd (Gated DeltaNet, Qwen3.5's gated attention, mixtures, half precision) holds its
+/// values and their gradients as autograd makes them, each a tensor of zeros the gradient is added into
+/// (3 × its values, measured 3.4 on the tiny Qwen3.5). Without recomputation every layer's backward is
+/// autograd's over the kept graph, whose values the activations count: its gradients (2 × the largest
+/// layer's values).
 pub fn layer(inputs: &Inputs) -> u64 {
-    if inputs.recompute {
-        2 * layer_values(inputs) * inputs.dtype_bytes
-    } else {
-        0
+    let largest = |values: &dyn Fn((LayerSpec, u64)) -> u64| {
+        layers(inputs).into_iter().map(values).max().unwrap_or(0) * inputs.dtype_bytes
+    };
+    match inputs.recompute {
+        true => largest(&|layer| {
+            let copies = if written_backward(inputs, layer.0) {
+                2
+            } else {
+                3
+            };
+            copies * layer_values(inputs, layer)
+        }),
+        false => largest(&|layer| 2 * layer_values(inputs, layer)),
     }
+}
+
+/// Whether a layer of kind `spec` has its backward written out (`DecoderLayer::has_backward`).
+fn written_backward(inputs: &Inputs, spec: LayerSpec) -> bool {
+    let c = &inputs.sizes.config;
+    let mixture = spec.experts && c.experts.is_some();
+    inputs.dtype_bytes >= 4
+        && !spec.linear
+        && !mixture
+        && !c.variant.attention_gate
+        && !c.variant.attention_sinks
 }
 
 /// The trained tokens of one micro-batch.
@@ -281,13 +456,26 @@ pub fn head(inputs: &Inputs) -> u64 {
 }
 
 /// The sampler's keys and values for the whole generation batch at full length: per token, a key and a
-/// value of every layer's key/value heads in the weights' type, with the eighth more (and 16 columns)
-/// each sequence's cache keeps for the steps to come (`model/cache.rs`).
+/// value of every softmax-attention layer's key/value heads in the weights' type, with the eighth more
+/// (and 16 columns) each sequence's cache keeps for the steps to come (`model/cache.rs`); and per
+/// sequence, each Gated DeltaNet layer's states, whatever the length: the convolution's last
+/// `kernel - 1` inputs and the rule's `key_dim × value_dim` per value head, in f32 over a half-precision
+/// model (`delta::state_dtype`).
 pub fn cache(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let length = (inputs.prompt_tokens + inputs.completion_tokens) as u64;
     let columns = (length + length / 8).next_multiple_of(16);
-    inputs.generation_batch as u64 * columns * 2 * w.layers * w.kv * inputs.dtype_bytes
+    let per_sequence: u64 = layer_specs(inputs)
+        .map(|spec| match linear(inputs, spec) {
+            Some(linear) => {
+                let states = linear.conv_dim() * (linear.conv_kernel - 1)
+                    + linear.value_heads * linear.key_head_dim * linear.value_head_dim;
+                states as u64 * inputs.dtype_bytes.max(4)
+            }
+            None => columns * 2 * w.kv * inputs.dtype_bytes,
+        })
+        .sum();
+    inputs.generation_batch as u64 * per_sequence
 }
 
 /// What a decoding step and a prefill chunk hold beside the cache: the batch's logits in f32 with the
@@ -323,6 +511,7 @@ pub fn scoring(inputs: &Inputs) -> u64 {
 mod tests {
     use super::*;
     use crate::plan::tests::inputs;
+    use crate::plan::Sizes;
     use holo_model::model::Targets;
 
     /// The tiny Qwen2 shapes (`testing::config`-like: hidden 64, intermediate 128, 2 layers, 4 heads, 2
@@ -344,7 +533,8 @@ mod tests {
         // per layer 4 × 4 heads × 2 rows × 16² pairs.
         let values = 32 * 1_824 + 4 * 4 * 2 * 256;
         assert_eq!(activations(&run), (2 * values + 4 * 32 * 64) * 4);
-        assert_eq!(layer(&run), 0);
+        // Autograd's backward over the kept graph: one layer's gradients at a time.
+        assert_eq!(layer(&run), 2 * values * 4);
         // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
         // gradient built (2) and the tied head's summed into it.
         assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
@@ -476,5 +666,75 @@ mod tests {
         let mut run = inputs();
         run.head_budget = 1_000;
         assert_eq!(head(&run), 1_000 * 4 + 4 * 512 * 64 * 4);
+    }
+
+    /// Qwen3.5's tiny shapes (hidden 64, 2 layers: Gated DeltaNet then gated attention, 4 heads and 2
+    /// key/value heads of 32 rotated over 8, q/k norms; linear attention of 2 key heads and 4 value
+    /// heads of 16, kernel 4), counted by hand from the layers' code; then its mixture's (4 experts of
+    /// 32, 2 per token, a shared expert of 32).
+    #[test]
+    fn qwen3_5_layers_are_counted_by_kind() {
+        use holo_model::config::Arch;
+        use holo_model::init::{preset_config, Preset};
+        let mut run = inputs();
+        run.sizes = Sizes::of_config(preset_config(Arch::Qwen3_5, Preset::Tiny, 512, 1, 2));
+        // Linear attention: 128 channels × (3 + 2 × 4), 7 × 32 key width, 6 × 64 repeated, 10 × 64
+        // values, 22 × 4 value heads, out_proj 64; around it 10 × 64, the MLP 4 × 128.
+        let linear = 128 * 11 + 7 * 32 + 6 * 64 + 10 * 64 + 22 * 4 + 64;
+        assert_eq!(linear, 2_808);
+        let linear_token = 10 * 64 + linear + 4 * 128;
+        // Gated attention: 8 × 64 + 5 × 64, the norms 3 × (128 + 64), the quarter rotated
+        // (128 + 64) × 48 / 32, the gate 8 × 128.
+        let attention = 8 * 64 + 5 * 64 + 3 * 192 + 192 * 48 / 32 + 8 * 128;
+        let attention_token = 10 * 64 + attention + 4 * 128;
+        // 2 rows of 16 tokens; softmax attention's 4 heads × 2 rows × 16² pairs, 4 values each.
+        let pairs = 4 * 4 * 2 * 256;
+        assert_eq!(
+            activations(&run),
+            (32 * linear_token + 32 * attention_token + pairs + 4 * 32 * 64) * 4
+        );
+        let largest = (32 * linear_token).max(32 * attention_token + pairs);
+        assert_eq!(largest, 32 * attention_token + pairs);
+        assert_eq!(layer(&run), 2 * largest * 4);
+        // Recomputed, both layers' backward is autograd's: the values and their gradients, each
+        // gradient beside the zeros it is added into.
+        run.recompute = true;
+        assert_eq!(layer(&run), 3 * largest * 4);
+        // LoRA of rank 4 on `in_proj_z` (64 outputs) and `q_proj` (256: queries and gate): per token
+        // and adapted projection `x Aᵀ`, its product with `Bᵀ`, scaled, added (3 × outputs + rank).
+        run.recompute = false;
+        let full = activations(&run);
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: holo_model::model::Targets::names(&["in_proj_z", "q_proj"]),
+            ..Default::default()
+        });
+        assert_eq!(
+            activations(&run) - full,
+            32 * ((3 * 64 + 4) + (3 * 256 + 4)) * 4
+        );
+        run.lora = None;
+        // 8 sequences: the attention layer's keys and values over 32 columns, the linear layer's
+        // states (128 channels × 3 inputs, 4 heads × 16 × 16).
+        assert_eq!(cache(&run), 8 * (32 * 2 * 64 * 4 + (128 * 3 + 4 * 256) * 4));
+
+        // The mixture: the chosen experts' 4 × 2 × 32, the router's 2 × 4, (4 × 2 + 2) × 64 for
+        // gathering, weighting and summing, the shared expert's 4 × 32 and 3 × 64 + 5.
+        let mut run = inputs();
+        run.sizes = Sizes::of_config(preset_config(Arch::Qwen3_5Moe, Preset::Tiny, 512, 1, 2));
+        let mixture = 4 * 2 * 32 + 2 * 4 + 10 * 64 + 4 * 32 + 3 * 64 + 5;
+        assert_eq!(
+            activations(&run),
+            (32 * (10 * 64 + linear + mixture)
+                + 32 * (10 * 64 + attention + mixture)
+                + pairs
+                + 4 * 32 * 64)
+                * 4
+        );
+        // The prefill's layer in sampling goes through 2 experts of 32 and the shared expert of 32.
+        assert_eq!(
+            sampling(&run),
+            3 * 8 * 512 * 4 + 80 * (4 * 64 + 3 * (2 * 32 + 32)) * 4
+        );
     }
 }
