@@ -423,12 +423,14 @@ impl TrainingArguments {
         #[cfg(feature = "local")]
         if let Some(Targets::Names(targets)) = &self.lora_target_modules {
             let fused = holo_model::model::FUSED_PROJECTIONS.map(|(name, _)| name);
-            // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE; `lm_head` is the
-            // output head (never in all-linear, as PEFT's).
+            // A mixture's router (`gate`) is PEFT's target parameter on Qwen3-MoE; Qwen3.5's shared
+            // expert has a gate of its own; `lm_head` is the output head (never in all-linear, as
+            // PEFT's).
             let projections: Vec<&str> = holo_model::model::PROJECTIONS
                 .into_iter()
                 .chain(fused)
-                .chain(["gate", "lm_head"])
+                .chain(holo_model::model::LINEAR_ATTENTION_PROJECTIONS)
+                .chain(["gate", "shared_expert_gate", "lm_head"])
                 .collect();
             if targets.is_empty() {
                 return Err(error("lora_target_modules", "names no projection"));
@@ -683,6 +685,31 @@ mod tests {
             "--lr-scheduler-type: `lr_scheduler_type`: \"cubic\" is not one of them; allowed values: linear, cosine, constant, constant_with_warmup"
         );
     }
+    /// Qwen3.5's linear-attention projections and its shared expert's gate are targets by name, as
+    /// the loader adapts them; a name no family has is refused.
+    #[test]
+    #[cfg(feature = "local")]
+    fn qwen3_5_s_projections_are_targets_by_name() {
+        let targets = |names: &str| {
+            ConfigBuilder::<GrpoConfig>::default()
+                .set("--use-peft", "true")
+                .set("--lora-target-modules", names)
+                .build()
+        };
+        for names in [
+            r#"["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]"#,
+            r#"["linear_attn.in_proj_qkv", "q_proj"]"#,
+            r#"["shared_expert_gate", "mlp.shared_expert.down_proj"]"#,
+        ] {
+            targets(names).unwrap_or_else(|error| panic!("{names}: {error}"));
+        }
+        let error = targets(r#"["in_proj_x"]"#).unwrap_err();
+        assert!(
+            error.message.contains("\"in_proj_x\" is not a projection"),
+            "{error}"
+        );
+    }
+
     #[test]
     #[cfg(feature = "local")]
     fn rank_and_alpha_patterns_are_read_as_peft_s_and_checked() {

@@ -159,6 +159,17 @@ pub const PROJECTIONS: [&str; 7] = [
 ];
 
 /// The fused projections (Phi-3's), which LoRA can target by their own names or by their parts'.
+/// Qwen3.5's linear-attention (Gated DeltaNet) projections, as its layers name them beside
+/// `self_attn`'s: queries, keys and values together, the output gate, the write strength, the decay,
+/// and the output.
+pub const LINEAR_ATTENTION_PROJECTIONS: [&str; 5] = [
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
+    "out_proj",
+];
+
 pub const FUSED_PROJECTIONS: [(&str, &[&str]); 2] = [
     ("qkv_proj", &["q_proj", "k_proj", "v_proj"]),
     ("gate_up_proj", &["gate_proj", "up_proj"]),

@@ -49,7 +49,10 @@ pub use experts::{
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
 pub(crate) use linear::AdapterParts;
-pub use linear::{targets, Dropout, Linear, Lora, Split, Weight, FUSED_PROJECTIONS, PROJECTIONS};
+pub use linear::{
+    targets, Dropout, Linear, Lora, Split, Weight, FUSED_PROJECTIONS, LINEAR_ATTENTION_PROJECTIONS,
+    PROJECTIONS,
+};
 pub use norm::RmsNorm;
 pub use output::{HEAD_ADAPTER, LOGITS_BUDGET};
 pub(crate) use rotary::apply_rope;
