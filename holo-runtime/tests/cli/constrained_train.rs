@@ -8,18 +8,15 @@
 
 use std::path::Path;
 
-use crate::common::{fixture, holo_output, run_metrics, tiny_train};
+use crate::common::{fixture, holo_output, holo_succeeds, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
 
-#[test]
-fn a_constrained_holoware_trains() {
-    let run = crate::common::tempdir::Dir::new("constrained-train");
-    let out = run.path().join("run");
-    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
+/// `holo train` on `train/constrained.hol` into `out` with the budget its tests share (4 completions
+/// of up to 48 tokens a row, one batch of 8 a step), then `extra`.
+fn constrained_train(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", out);
     args.extend(
         [
-            "--max-steps",
-            "2",
             "--num-generations",
             "4",
             "--per-device-train-batch-size",
@@ -27,14 +24,19 @@ fn a_constrained_holoware_trains() {
             "--max-completion-length",
             "48",
         ]
+        .into_iter()
+        .chain(extra.iter().copied())
         .map(String::from),
     );
-    let output = holo_output(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    args
+}
+
+#[test]
+fn a_constrained_holoware_trains() {
+    let run = crate::common::tempdir::Dir::new("constrained-train");
+    let out = run.path().join("run");
+    let args = constrained_train(&out, &["--max-steps", "2"]);
+    holo_succeeds(&args);
     let metrics = run_metrics(&out);
     assert_eq!(metrics.len(), 2);
     assert!(metrics
@@ -83,41 +85,24 @@ fn a_constrained_holoware_trains() {
 fn a_resumed_constrained_run_trains_on_policy_with_ratios_of_one() {
     let run = crate::common::tempdir::Dir::new("constrained-resume");
     let out = run.path().join("run");
-    let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
-    args.extend(
-        [
+    let mut args = constrained_train(
+        &out,
+        &[
             "--max-steps",
             "2",
             "--save-steps",
             "1",
-            "--num-generations",
-            "4",
-            "--per-device-train-batch-size",
-            "8",
-            "--max-completion-length",
-            "48",
             "--max-off-policy-steps",
             "1",
             "--learning-rate",
             "0",
-        ]
-        .map(String::from),
+        ],
     );
-    let output = holo_output(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    holo_succeeds(&args);
     let whole = run_metrics(&out);
     std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
     args.push("--resume".into());
-    let output = holo_output(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    holo_succeeds(&args);
     let resumed = run_metrics(&out);
     assert_eq!(resumed.len(), 2);
     let step = &resumed[1];
@@ -324,12 +309,7 @@ fn replies_validate_against_a_schema_read_from_a_file() {
         out.to_str().unwrap(),
     ]
     .map(String::from);
-    let output = holo_output(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    holo_succeeds(&args);
     let records: Vec<RolloutRecord> = std::fs::read_to_string(&out)
         .unwrap()
         .lines()

@@ -117,6 +117,18 @@ pub fn holo_output(args: &[String]) -> std::process::Output {
     holo_command(&args).output().unwrap()
 }
 
+/// [`holo_output`] of a command that must succeed: its stderr is the failure's message otherwise.
+pub fn holo_succeeds(args: &[String]) -> std::process::Output {
+    let output = holo_output(args);
+    assert!(
+        output.status.success(),
+        "holo {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// `holo train HOLOWARE --model <the committed tiny Qwen2> --data DATA --out OUT`, the fixtures named
 /// `relative` to `tests/fixtures`: how every end-to-end training command of the tests starts; the
 /// caller adds its budget and options.

@@ -28,7 +28,8 @@ use holo_runtime::sampler::Request;
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value;
 
-fn converted(name: &str) -> PathBuf {
+/// The file `name` of `tests/fixtures/models/gguf/converted/`, llama.cpp's converter's output.
+pub(crate) fn converted(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models/gguf/converted")
         .join(name)

@@ -8,21 +8,15 @@
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_llama_cpp.py
 //!     cargo test -p holo-runtime --test model gguf_llama_cpp
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::gguf_converted::{difference_to_transformers, rewrite, Rewrite};
+use crate::gguf_converted::{converted, difference_to_transformers, rewrite, Rewrite};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 use holo_runtime::local::files::load_model;
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::Model;
 use serde_json::Value;
-
-fn converted(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models/gguf/converted")
-        .join(name)
-}
 
 fn read(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(converted(name)).unwrap()).unwrap()

@@ -12,10 +12,10 @@
 //!     ~/.cache/holo-peers/venv/bin/python scripts/gguf_spm.py --llama-cpp
 //!     cargo test -p holo-runtime --test model gguf_spm
 
-use std::path::{Path, PathBuf};
-
 use crate::common::json::ids;
-use crate::gguf_converted::{difference_to_transformers, folder_config, rewrite, Rewrite};
+use crate::gguf_converted::{
+    converted, difference_to_transformers, folder_config, rewrite, Rewrite,
+};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 use holo_runtime::chat::RenderOptions;
@@ -23,12 +23,6 @@ use holo_runtime::local::files::{load_model, load_template, load_tokenizer};
 use holo_runtime::local::{LocalModel, LocalOptions, ModelConfig};
 use holo_runtime::{ChatMessage, Role};
 use serde_json::Value;
-
-fn converted(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models/gguf/converted")
-        .join(name)
-}
 
 /// `converted/spm.json`: the texts and chats, and per file transformers' logits and the ids of the
 /// folder's tokenizer, of transformers' tokenizer of the file and of sentencepiece.

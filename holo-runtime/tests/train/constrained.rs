@@ -65,6 +65,26 @@ fn loom_rollouts(
     loom_rollouts_on(model, model, holoware, resources, rows)
 }
 
+/// [`loom_rollouts`] of `rows`, each row checked first as a run checks it before its rollouts
+/// ([`Interpreted::check`]); the source is returned for more checks.
+fn checked_rollouts(
+    model: &LocalModel,
+    holoware: Arc<Holoware>,
+    rows: &[(usize, Row)],
+) -> (Interpreted, Vec<RolloutRecord>) {
+    let source = Interpreted {
+        holoware: Arc::clone(&holoware),
+        resources: Resources::default(),
+    };
+    for (_, row) in rows {
+        source.check(row).unwrap();
+    }
+    (
+        source,
+        loom_rollouts(model, holoware, Resources::default(), rows),
+    )
+}
+
 /// [`loom_rollouts`] drawn by `sampler`, recorded with `model`'s tokenizer and chat template.
 fn loom_rollouts_on(
     model: &LocalModel,
@@ -337,14 +357,7 @@ fn each_row_holds_its_replies_to_its_own_schema() {
             row(serde_json::json!({"$ref": "https://example.com/schema.json"})),
         ),
     ];
-    let source = Interpreted {
-        holoware: Arc::clone(&holoware),
-        resources: Resources::default(),
-    };
-    for (_, row) in &rows {
-        source.check(row).unwrap();
-    }
-    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    let (source, records) = checked_rollouts(&model, holoware, &rows);
     assert_eq!(records.len(), 12);
     for record in &records {
         if record.row_index == 2 {
@@ -390,14 +403,7 @@ fn regexes_and_grammars_from_variables_hold_their_replies() {
         serde_json::from_value::<Row>(serde_json::json!({ "pattern": pattern })).unwrap()
     };
     let rows = [(0, row("[a-c]{2}")), (1, row("(yes|no)"))];
-    let source = Interpreted {
-        holoware: Arc::clone(&holoware),
-        resources: Resources::default(),
-    };
-    for (_, row) in &rows {
-        source.check(row).unwrap();
-    }
-    let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
+    let (source, records) = checked_rollouts(&model, holoware, &rows);
     assert_eq!(records.len(), 8);
     let mut chosen = std::collections::BTreeSet::new();
     for record in &records {
