@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{holo_command, tiny_train};
+use crate::common::{fixture, holo_command, tiny_train};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("holo-memory-plan-{name}-{}", std::process::id()));
@@ -15,7 +15,13 @@ fn scratch(name: &str) -> PathBuf {
 
 /// `holo train` on the committed tiny Qwen2 for one step with micro-batches of `batch` completions.
 fn train(out: &Path, batch: usize, extra: &[&str]) -> std::process::Output {
+    train_model("models/qwen2", out, batch, extra)
+}
+
+/// [`train`] on the committed `model` (relative to `tests/fixtures`).
+fn train_model(model: &str, out: &Path, batch: usize, extra: &[&str]) -> std::process::Output {
     let mut args = tiny_train("train/short.hol", "train/rows.jsonl", out);
+    args[3] = fixture(model);
     let batch = batch.to_string();
     args.extend(
         [
@@ -109,5 +115,55 @@ fn an_unknown_memory_check_is_refused_with_the_values() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("memory_check"), "{stderr}");
     assert!(stderr.contains("refuse, warn, off"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A GGUF file (llama.cpp's converter's, of the tiny Qwen2 folder) is planned from its header as its
+/// folder is from `config.json` and the safetensors headers: the same inputs and every term the same
+/// but the tokenizer's, which is estimated from the file's vocabulary (within a third of the folder's
+/// `tokenizer.json`).
+#[test]
+fn a_gguf_file_is_planned_as_its_folder() {
+    let dir = scratch("gguf");
+    let plans: Vec<serde_json::Value> = ["models/qwen2", "models/gguf/converted/qwen2.gguf"]
+        .into_iter()
+        .enumerate()
+        .map(|(index, model)| {
+            let out = dir.join(format!("run-{index}"));
+            let output = train_model(model, &out, 2, &["--memory-limit", "100"]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{stderr}");
+            assert!(!stderr.contains("no memory plan"), "{stderr}");
+            let text = std::fs::read_to_string(out.join("memory_plan.json")).unwrap();
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    let (folder, gguf) = (&plans[0], &plans[1]);
+    assert_eq!(folder["inputs"], gguf["inputs"]);
+    let terms = |plan: &serde_json::Value| -> Vec<(String, u64)> {
+        plan["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|term| {
+                let name = term["name"].as_str().unwrap().to_string();
+                (name, term["bytes"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let (folder, gguf) = (terms(folder), terms(gguf));
+    assert_eq!(folder.len(), gguf.len());
+    for ((name, folder), (other, gguf)) in folder.iter().zip(&gguf) {
+        assert_eq!(name, other);
+        if name == "tokenizer" {
+            let ratio = *gguf as f64 / *folder as f64;
+            assert!(
+                (0.67..1.5).contains(&ratio),
+                "tokenizer: {gguf} against {folder}"
+            );
+        } else {
+            assert_eq!(folder, gguf, "{name}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -335,6 +335,15 @@ impl Gguf {
             .map(|id| id as u32))
     }
 
+    /// Each tensor's name and element count, as the header describes them (the data is not read).
+    pub fn tensor_elements(&self) -> Vec<(String, u64)> {
+        self.header
+            .tensors
+            .values()
+            .map(|info| (info.name.clone(), info.shape.elem_count() as u64))
+            .collect()
+    }
+
     /// The model config the metadata describes.
     pub fn config(&self) -> Result<ModelConfig, LoadError> {
         let (arch, name) = self.arch()?;

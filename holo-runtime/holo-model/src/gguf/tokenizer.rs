@@ -49,6 +49,23 @@ fn bytes_to_unicode() -> [char; 256] {
 impl Gguf {
     /// The tokenizer of `tokenizer.ggml.*`, as transformers builds it from a GGUF file (a sentencepiece
     /// vocabulary's spaces prefixed as llama.cpp prefixes them, `sentencepiece.rs`).
+    /// About the bytes of the `tokenizer.json` that [`Gguf::tokenizer`] builds from the file, read
+    /// from the metadata without building it (a memory plan's tokenizer term): each token and merge
+    /// as the JSON spells it, quoted with its id or pair; a vocabulary without merges gets about one
+    /// recovered merge per piece.
+    pub fn tokenizer_json_bytes(&self) -> Result<u64, LoadError> {
+        let tokens = self.strings("tokenizer.ggml.tokens")?.unwrap_or_default();
+        let spelled = |texts: &[&str], overhead: u64| -> u64 {
+            texts.iter().map(|text| text.len() as u64 + overhead).sum()
+        };
+        // `"token": 12345,` and `["left", "right"],` in pretty-printed JSON.
+        let merges = match self.strings("tokenizer.ggml.merges")? {
+            Some(merges) => spelled(&merges, 16),
+            None => spelled(&tokens, 16),
+        };
+        Ok(spelled(&tokens, 20) + merges)
+    }
+
     pub fn tokenizer(&self) -> Result<Tokenizer, LoadError> {
         let fail = |message: String| {
             LoadError::Folder(FolderError::Tokenizer {

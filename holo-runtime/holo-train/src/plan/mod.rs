@@ -487,8 +487,9 @@ impl Planned {
 /// available under `check`. A run that fits (or runs anyway) gets the plan to write into its folder
 /// when it opens it; one refused gets the message, and its plan is written to `out` at once, for the
 /// figures behind the refusal, unless `out` holds another run that this one (not `resume`) would not
-/// start over (that run keeps its plan). A model given as one file (GGUF) has no `config.json` to plan
-/// from: the plan is skipped with a note.
+/// start over (that run keeps its plan). A GGUF file is planned from its header (the config its loader
+/// reads, its tensors' counts, its vocabulary); another single file has no `config.json` to plan from:
+/// the plan is skipped with a note.
 pub fn before_loading(
     model: &Path,
     check: MemoryCheck,
@@ -499,14 +500,14 @@ pub fn before_loading(
     if check == MemoryCheck::Off {
         return Ok(None);
     }
-    if !model.is_dir() {
+    if !model.is_dir() && !holo_model::gguf::is_gguf(model) {
         eprintln!(
-            "note: no memory plan for a model file without config.json (`memory_check` skipped)"
+            "note: no memory plan for a model file that is neither a folder nor GGUF \
+             (`memory_check` skipped)"
         );
         return Ok(None);
     }
-    let sizes = Sizes::read(model)?;
-    let tokenizer_bytes = std::fs::metadata(model.join("tokenizer.json")).map_or(0, |m| m.len());
+    let (sizes, tokenizer_bytes) = Sizes::read(model)?;
     let inputs = inputs(sizes, tokenizer_bytes);
     let plan = Plan::of(&inputs);
     let available = limit::available(limit_gib);

@@ -1,12 +1,14 @@
 //! The sizes a memory plan needs of a model, read before its weights: the shapes from `config.json`
 //! ([`ModelConfig`]) and the parameter counts from the safetensors files' headers (the exact count of
 //! any family the loader reads, experts and fused projections included), or from the shapes for a
-//! folder whose weights are elsewhere (a GGUF file).
+//! folder whose weights are elsewhere; of a GGUF file, the config its loader reads and the counts of
+//! its header's tensors.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use holo_model::config::{ModelConfig, NormPlacement, QkNorm};
+use holo_model::gguf::Gguf;
 use holo_model::model::{targets, ExpertStack, LoraConfig};
 
 /// The output head's module name, as LoRA's targets name it.
@@ -23,14 +25,29 @@ pub struct Sizes {
 }
 
 impl Sizes {
-    /// The sizes of the model folder or GGUF file `path`, reading `config.json` and the safetensors
-    /// headers only.
-    pub fn read(path: &Path) -> Result<Sizes, String> {
+    /// The sizes of the model folder or GGUF file `path` and the bytes of its tokenizer's JSON (a
+    /// folder's `tokenizer.json`; of a GGUF file, what its loader builds, [`Gguf::tokenizer_json_bytes`]),
+    /// reading `config.json` and the safetensors headers, or the GGUF header, only.
+    pub fn read(path: &Path) -> Result<(Sizes, u64), String> {
         let fail = |error: String| format!("--model `{}`: {error}", path.display());
+        if holo_model::gguf::is_gguf(path) {
+            let gguf = Gguf::open(path).map_err(|error| fail(error.to_string()))?;
+            let config = gguf.config().map_err(|error| fail(error.to_string()))?;
+            let tokenizer = gguf
+                .tokenizer_json_bytes()
+                .map_err(|error| fail(error.to_string()))?;
+            let tensors = gguf.tensor_elements();
+            let sizes = Sizes {
+                parameters: tensors.iter().map(|(_, count)| count).sum(),
+                config,
+                tensors,
+            };
+            return Ok((sizes, tokenizer));
+        }
         if path.is_file() {
             return Err(fail(
-                "a memory plan reads a model folder's config.json; set `memory_check = \"off\"` \
-                 to train from a single file"
+                "a memory plan reads a model folder's config.json or a GGUF file; set \
+                 `memory_check = \"off\"` to train from another single file"
                     .into(),
             ));
         }
@@ -40,7 +57,7 @@ impl Sizes {
         for file in safetensors_files(path).map_err(fail)? {
             tensors.extend(header_sizes(&file).map_err(fail)?);
         }
-        Ok(if tensors.is_empty() {
+        let sizes = if tensors.is_empty() {
             Sizes::of_config(config)
         } else {
             Sizes {
@@ -48,7 +65,9 @@ impl Sizes {
                 config,
                 tensors,
             }
-        })
+        };
+        let tokenizer = std::fs::metadata(path.join("tokenizer.json")).map_or(0, |m| m.len());
+        Ok((sizes, tokenizer))
     }
 
     /// The sizes a decoder of `config`'s shapes has (no per-tensor list), as `init-model` writes it:

@@ -179,6 +179,15 @@ fn plan_memory(
         );
         return Ok(None);
     }
+    if args.quantized {
+        // The plan counts every weight at the training type's size; blocks weigh a quarter of that
+        // or less, so it would refuse runs that fit.
+        eprintln!(
+            "note: the memory plan does not count a base kept in its blocks (--quantized): \
+             `memory_check` skipped"
+        );
+        return Ok(None);
+    }
     let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
     plan::before_loading(
         &args.model,
