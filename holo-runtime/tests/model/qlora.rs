@@ -375,3 +375,40 @@ fn lora_over_mxfp4_experts_is_refused() {
         "{refusal}"
     );
 }
+
+/// `holo sft --quantized --use-peft` fine-tunes LoRA adapters over a GGUF file's Q8_0 blocks, and the
+/// loss goes down; without `--use-peft` it is refused as `holo train`'s is.
+#[test]
+fn holo_sft_quantized_trains_lora_over_the_blocks() {
+    let dir = scratch("qlora-sft");
+    let file = dir.join("qwen2.gguf");
+    write_gguf(&fixture("qwen2"), GgmlDType::Q8_0, &file);
+    let data = crate::common::fixtures().join("sft/train.jsonl");
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = crate::common::sft_args(&data, &dir.join(out), extra);
+        args[3] = file.display().to_string();
+        args.push("--quantized".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::common::holo_command(&args)
+            .output()
+            .expect("holo runs")
+    };
+    let full = run("full", &[]);
+    assert!(!full.status.success(), "full fine-tuning over blocks ran");
+    let stderr = String::from_utf8_lossy(&full.stderr);
+    assert!(
+        stderr.contains("use_peft") && stderr.contains("--quantized"),
+        "{stderr}"
+    );
+    let lora = run("lora", &["--use-peft"]);
+    let stderr = String::from_utf8_lossy(&lora.stderr);
+    assert!(lora.status.success(), "{stderr}");
+    assert!(stderr.contains("memory_check` skipped"), "{stderr}");
+    let metrics = crate::common::run_metrics(&dir.join("lora"));
+    let loss = |step: &serde_json::Value| step["loss"].as_f64().unwrap();
+    assert_eq!(metrics.len(), 6, "3 epochs of 2 steps");
+    assert!(
+        loss(&metrics[5]) < loss(&metrics[0]),
+        "the loss goes down: {metrics:?}"
+    );
+}

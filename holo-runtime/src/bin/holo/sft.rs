@@ -20,7 +20,8 @@ pub struct SftArgs {
     pub file: PathBuf,
     /// The model to train: a Hugging Face folder of a family README's "Local models" lists
     /// (config.json, safetensors, tokenizer.json and a chat template), or a `.gguf` file of qwen2,
-    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (dequantized to f32).
+    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (dequantized to f32, or
+    /// with --quantized its projections kept in their blocks under LoRA).
     #[arg(long)]
     pub model: PathBuf,
     /// The run folder: metrics.jsonl, TensorBoard events, checkpoints, plots.
@@ -40,6 +41,11 @@ pub struct SftArgs {
     /// adapters stay f32). Default: f32 on the CPU, bf16 on CUDA (docs/cuda.md, "Precision").
     #[arg(long)]
     pub dtype: Option<String>,
+    /// With a `.gguf` --model: keep its layers' quantized projections (Q4_0, Q8_0, Q2_K–Q6_K) in the
+    /// file's blocks, frozen, and train LoRA adapters over them (QLoRA; `use_peft = true`, full
+    /// fine-tuning is refused), as `holo train --quantized` does. On the CPU, in f32.
+    #[arg(long)]
+    pub quantized: bool,
 }
 
 /// The help text after `holo sft`'s arguments: every option with its default.
@@ -56,11 +62,15 @@ pub fn run(args: SftArgs, options: Options) -> ExitCode {
         Ok(planned) => planned,
         Err(message) => return usage(message),
     };
-    let policy =
-        match options::training_policy(&args.model, &args.device, args.dtype.as_deref(), false) {
-            Ok(policy) => policy,
-            Err(message) => return usage(message),
-        };
+    let policy = match options::training_policy(
+        &args.model,
+        &args.device,
+        args.dtype.as_deref(),
+        args.quantized,
+    ) {
+        Ok(policy) => policy,
+        Err(message) => return usage(message),
+    };
     let dataset = match (Tokenizing {
         tokenizer: &policy.tokenizer,
         template: &policy.template,
@@ -151,6 +161,9 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planne
             "note: the memory plan counts host memory; on {} it is not checked",
             args.device
         );
+        return Ok(None);
+    }
+    if options::plan_skipped_for_blocks(args.quantized) {
         return Ok(None);
     }
     let examples = plan::example_tokens(&args.file)

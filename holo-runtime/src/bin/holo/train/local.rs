@@ -179,13 +179,7 @@ fn plan_memory(
         );
         return Ok(None);
     }
-    if args.quantized {
-        // The plan counts every weight at the training type's size; blocks weigh a quarter of that
-        // or less, so it would refuse runs that fit.
-        eprintln!(
-            "note: the memory plan does not count a base kept in its blocks (--quantized): \
-             `memory_check` skipped"
-        );
+    if options::plan_skipped_for_blocks(args.quantized) {
         return Ok(None);
     }
     let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
