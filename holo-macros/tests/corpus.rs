@@ -10,7 +10,8 @@ use std::sync::Arc;
 use holo_runtime::interpreter::{Holoware, Registry, Row};
 
 use holo_runtime::{
-    Args, Cx, Enter, Holotype, HolotypeError, Machine, Rollout, Scripted, Step, Transcript,
+    Args, Constraint, Cx, Enter, Holotype, HolotypeError, Machine, Rollout, RolloutError, Scripted,
+    Step, Transcript,
 };
 
 macro_rules! stand_in_holotypes {
@@ -192,8 +193,6 @@ holowares! {
 /// interpreter, as the runtime's `Constraint`.
 #[test]
 fn constraints_reach_the_sample_requests() {
-    use holo_runtime::Constraint;
-
     fn constraints(rollout: &mut dyn Rollout) -> Vec<Option<Constraint>> {
         let mut transcript = Transcript::default();
         let mut sampler = Scripted::new((1..=20).map(|i| format!("reply {i}")));
@@ -244,10 +243,29 @@ fn constraints_reach_the_sample_requests() {
 /// A sampler's `json_schema=name` reads its schema from the variable when it runs, alike in the compiled
 /// machine and the interpreter: a row's column, then an earlier reply inside a fence; a reply that is no
 /// schema ends the rollout with an error at the tag. (Not in the list above, whose rows are no schemas.)
+/// The constraint of each sample request a rollout makes, answered by `replies` in turn, and how the
+/// rollout ended.
+type Requests = (Vec<Option<Constraint>>, Result<(), RolloutError>);
+
+fn constraint_requests(rollout: &mut dyn Rollout, replies: &[&str]) -> Requests {
+    let mut transcript = Transcript::default();
+    let mut sampler = Scripted::new(replies.iter().copied());
+    let mut constraints = Vec::new();
+    loop {
+        match rollout.step(&mut transcript) {
+            Ok(Step::Sample(request)) => {
+                constraints.push(request.constraint.clone());
+                let completion = sampler.complete(&request).expect("enough replies");
+                rollout.resume(completion, &mut transcript).expect("resume");
+            }
+            Ok(Step::Done) => return (constraints, Ok(())),
+            Err(error) => return (constraints, Err(error)),
+        }
+    }
+}
+
 #[test]
 fn schemas_from_variables_reach_the_sample_requests() {
-    use holo_runtime::{Constraint, RolloutError};
-
     mod compiled {
         holo_macros::include_holoware!(
             ok_schema_variable,
@@ -256,24 +274,8 @@ fn schemas_from_variables_reach_the_sample_requests() {
         );
     }
 
-    fn requests(
-        rollout: &mut dyn Rollout,
-        own: &str,
-    ) -> (Vec<Option<Constraint>>, Result<(), RolloutError>) {
-        let mut transcript = Transcript::default();
-        let mut sampler = Scripted::new(["42", own, "\"x\"</again>"]);
-        let mut constraints = Vec::new();
-        loop {
-            match rollout.step(&mut transcript) {
-                Ok(Step::Sample(request)) => {
-                    constraints.push(request.constraint.clone());
-                    let completion = sampler.complete(&request).expect("enough replies");
-                    rollout.resume(completion, &mut transcript).expect("resume");
-                }
-                Ok(Step::Done) => return (constraints, Ok(())),
-                Err(error) => return (constraints, Err(error)),
-            }
-        }
+    fn requests(rollout: &mut dyn Rollout, own: &str) -> Requests {
+        constraint_requests(rollout, &["42", own, "\"x\"</again>"])
     }
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../holoc/tests/inputs/ok/schema_variable.hol");
@@ -325,8 +327,6 @@ fn schemas_from_variables_reach_the_sample_requests() {
 /// rollout with an error at the tag.
 #[test]
 fn regexes_and_grammars_from_variables_reach_the_sample_requests() {
-    use holo_runtime::{Constraint, RolloutError};
-
     mod compiled {
         holo_macros::include_holoware!(
             ok_constraint_variable,
@@ -336,22 +336,8 @@ fn regexes_and_grammars_from_variables_reach_the_sample_requests() {
     }
 
     const RULES: &str = r#"start: "yes" | "no""#;
-    type Requests = (Vec<Option<Constraint>>, Result<(), RolloutError>);
     fn requests(rollout: &mut dyn Rollout, rules: &str) -> Requests {
-        let mut transcript = Transcript::default();
-        let mut sampler = Scripted::new(["42", rules, "yes</sentence>", "7</code>"]);
-        let mut constraints = Vec::new();
-        loop {
-            match rollout.step(&mut transcript) {
-                Ok(Step::Sample(request)) => {
-                    constraints.push(request.constraint.clone());
-                    let completion = sampler.complete(&request).expect("enough replies");
-                    rollout.resume(completion, &mut transcript).expect("resume");
-                }
-                Ok(Step::Done) => return (constraints, Ok(())),
-                Err(error) => return (constraints, Err(error)),
-            }
-        }
+        constraint_requests(rollout, &["42", rules, "yes</sentence>", "7</code>"])
     }
     let both = |pattern: &str, rules: &str| -> (Requests, Requests) {
         let row = serde_json::json!({ "pattern": pattern });

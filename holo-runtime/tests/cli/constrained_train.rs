@@ -6,10 +6,40 @@
 //! read from a file (`json_schema_file`) holds `holo eval`'s replies. A run resumed from a checkpoint
 //! trains its constrained tokens on policy, with ratios of 1.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::{fixture, holo_output, holo_succeeds, run_metrics, tiny_train};
 use holo_runtime::loom::RolloutRecord;
+
+/// `dir/bad.hol`: a sampler whose grammar llguidance refuses (an undefined rule), which holoc's checks
+/// cannot see.
+fn refused_grammar(dir: &Path) -> PathBuf {
+    let holoware = dir.join("bad.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
+    )
+    .unwrap();
+    holoware
+}
+
+/// `dir/schema.hol`, whose sampler's schema is each row's `schema` column, and `dir/rows.jsonl`: a row
+/// whose schema compiles, `between`, then one whose schema llguidance refuses (a remote `$ref`).
+fn row_schemas(dir: &Path, between: &str) -> (PathBuf, PathBuf) {
+    let holoware = dir.join("schema.hol");
+    std::fs::write(
+        &holoware,
+        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
+    )
+    .unwrap();
+    let data = dir.join("rows.jsonl");
+    let rows = [
+        r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
+        r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
+    ];
+    std::fs::write(&data, format!("{}{between}{}\n", rows[0], rows[1])).unwrap();
+    (holoware, data)
+}
 
 /// `holo train` on `train/constrained.hol` into `out` with the budget its tests share (4 completions
 /// of up to 48 tokens a row, one batch of 8 a step), then `extra`.
@@ -131,12 +161,7 @@ fn a_resumed_constrained_run_trains_on_policy_with_ratios_of_one() {
 #[test]
 fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
     let run = crate::common::tempdir::Dir::new("constrained-refused");
-    let holoware = run.path().join("bad.hol");
-    std::fs::write(
-        &holoware,
-        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
-    )
-    .unwrap();
+    let holoware = refused_grammar(run.path());
     let out = run.path().join("run");
     let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
     args[1] = holoware.to_str().unwrap().into();
@@ -156,23 +181,7 @@ fn a_grammar_the_sampler_refuses_stops_the_run_before_any_rollout() {
 #[test]
 fn a_row_schema_the_sampler_refuses_stops_the_run_before_any_rollout() {
     let run = crate::common::tempdir::Dir::new("constrained-row-schema");
-    let holoware = run.path().join("schema.hol");
-    std::fs::write(
-        &holoware,
-        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
-    )
-    .unwrap();
-    let data = run.path().join("rows.jsonl");
-    std::fs::write(
-        &data,
-        concat!(
-            r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
-            "\n",
-            r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
-            "\n",
-        ),
-    )
-    .unwrap();
+    let (holoware, data) = row_schemas(run.path(), "\n");
     let out = run.path().join("run");
     let mut args = tiny_train("train/constrained.hol", "train/rows.jsonl", &out);
     args[1] = holoware.to_str().unwrap().into();
@@ -193,12 +202,7 @@ fn a_row_schema_the_sampler_refuses_stops_the_run_before_any_rollout() {
 #[test]
 fn eval_and_dry_refuse_a_grammar_the_model_cannot_compile_before_any_rollout() {
     let run = crate::common::tempdir::Dir::new("constrained-refused-eval");
-    let holoware = run.path().join("bad.hol");
-    std::fs::write(
-        &holoware,
-        "<|o_o|>\n<|question|>\n<|@_@:answer grammar=\"start: undefined_rule\"|>\n",
-    )
-    .unwrap();
+    let holoware = refused_grammar(run.path());
     let out = run.path().join("rollouts.jsonl");
     let local = [
         "--sampler".to_string(),
@@ -235,23 +239,7 @@ fn eval_and_dry_refuse_a_grammar_the_model_cannot_compile_before_any_rollout() {
 #[test]
 fn eval_dry_and_compare_refuse_a_row_schema_the_model_cannot_compile_before_any_rollout() {
     let run = crate::common::tempdir::Dir::new("constrained-row-schema-eval");
-    let holoware = run.path().join("schema.hol");
-    std::fs::write(
-        &holoware,
-        "<|o_o|>\n<|question|>\n<|@_@:answer json_schema=schema|>\n",
-    )
-    .unwrap();
-    let data = run.path().join("rows.jsonl");
-    std::fs::write(
-        &data,
-        concat!(
-            r#"{"question": "1+1?", "schema": {"type": "integer"}}"#,
-            "\n\n",
-            r#"{"question": "2+2?", "schema": {"$ref": "https://example.com/schema.json"}}"#,
-            "\n",
-        ),
-    )
-    .unwrap();
+    let (holoware, data) = row_schemas(run.path(), "\n\n");
     let (holoware, data) = (holoware.to_str().unwrap(), data.to_str().unwrap());
     let model = fixture("models/qwen2");
     let (rollouts, compared) = (

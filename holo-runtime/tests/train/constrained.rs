@@ -40,6 +40,12 @@ fn holoware() -> Arc<Holoware> {
     )
 }
 
+/// The holoware `source`, as if read from the file `name`.
+fn written(name: &str, source: &str) -> Arc<Holoware> {
+    let registry = Arc::new(holotypes::registry());
+    Arc::new(Holoware::load(name, source.as_bytes(), registry).unwrap())
+}
+
 fn rows() -> Vec<(usize, Row)> {
     std::fs::read_to_string(fixtures().join("train/rows.jsonl"))
         .unwrap()
@@ -223,8 +229,7 @@ A pair, then a note.
 #[test]
 fn fenced_grammars_decide_where_their_fence_ends() {
     let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
-    let registry = Arc::new(holotypes::registry());
-    let holoware = Arc::new(Holoware::load("fenced.hol", FENCED.as_bytes(), registry).unwrap());
+    let holoware = written("fenced.hol", FENCED);
     let rows = [(0, serde_json::from_str::<Row>("{}").unwrap())];
     let records = loom_rollouts(&model, holoware, Resources::default(), &rows);
     assert_eq!(records.len(), 4);
@@ -300,9 +305,7 @@ fn a_served_fenced_reply_ends_where_its_grammar_ends_it() {
     })
     .unwrap();
     let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
-    let registry = Arc::new(holotypes::registry());
-    let holoware =
-        Arc::new(Holoware::load("fenced.hol", SERVED_FENCED.as_bytes(), registry).unwrap());
+    let holoware = written("fenced.hol", SERVED_FENCED);
     let rows = [(0, serde_json::from_str::<Row>("{}").unwrap())];
     let records = loom_rollouts_on(&model, &sampler, holoware, Resources::default(), &rows);
     assert_eq!(records.len(), 4);
@@ -340,8 +343,7 @@ const ROW_SCHEMA: &str = "<|+++|>\n<|o_o|>\nAnswer.\n<|@_@:answer <>answer json_
 #[test]
 fn each_row_holds_its_replies_to_its_own_schema() {
     let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
-    let registry = Arc::new(holotypes::registry());
-    let holoware = Arc::new(Holoware::load("schema.hol", ROW_SCHEMA.as_bytes(), registry).unwrap());
+    let holoware = written("schema.hol", ROW_SCHEMA);
     let row = |schema: serde_json::Value| {
         serde_json::from_value::<Row>(serde_json::json!({"schema": schema})).unwrap()
     };
@@ -397,8 +399,7 @@ Answer.
 #[test]
 fn regexes_and_grammars_from_variables_hold_their_replies() {
     let model = LocalModel::load(model_dir(), LocalOptions::default()).unwrap();
-    let registry = Arc::new(holotypes::registry());
-    let holoware = Arc::new(Holoware::load("regex.hol", ROW_REGEX.as_bytes(), registry).unwrap());
+    let holoware = written("regex.hol", ROW_REGEX);
     let row = |pattern: &str| {
         serde_json::from_value::<Row>(serde_json::json!({ "pattern": pattern })).unwrap()
     };
