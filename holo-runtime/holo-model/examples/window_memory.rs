@@ -78,6 +78,7 @@ fn run(
         seed: 0,
         force: true,
         vocab: None,
+        layers: None,
     };
     init_model(&dir, &options).map_err(|error| error.to_string())?;
     let device = candle_core::Device::Cpu;

@@ -49,7 +49,8 @@
 //! `gpt_oss`'s `small` is two of gpt-oss-20b's 24 (a windowed layer of 128 positions and a full one,
 //! 32 experts of 2880, 4 per token), its tiny model windows every other layer at 8 positions; both
 //! have attention biases, sinks and gpt-oss's YaRN. Norms start as the identity (ones, or zeros for
-//! Gemma's `1 + w`).
+//! Gemma's `1 + w`). `--layers N` ([`InitOptions::layers`]) writes N decoder layers in the preset's
+//! pattern instead of its count ([`with_layers`]).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -171,6 +172,10 @@ pub struct InitOptions {
     /// with added tokens `<|extra_N|>` up to it (the embeddings and output head grow to match), so a
     /// benchmark meets a real family's output-head and log-softmax costs (Qwen: 151,936).
     pub vocab: Option<usize>,
+    /// The decoder layers' count instead of the preset's (at least 1), in the preset's pattern: a few
+    /// of a large model's layers at its real width, for benchmarks on a machine the whole model does
+    /// not fit.
+    pub layers: Option<usize>,
 }
 
 /// Why no model folder was written.
@@ -279,6 +284,50 @@ impl ParamSpec {
     }
 }
 
+/// Layer `layer`'s attention window, RoPE, linear attention and experts in `preset`: what sets the
+/// families' layers apart, at sizes the tiny models' tests reach: windows of 8 positions on every
+/// other layer (the real checkpoints' patterns otherwise), RoPE left out of SmolLM3's every other
+/// layer (its checkpoints: every fourth).
+fn layer_spec(arch: Arch, preset: Preset, layer: usize) -> LayerSpec {
+    let tiny = preset == Preset::Tiny;
+    let window = match arch {
+        _ if tiny => 8,
+        Arch::Olmo3 => 4096,
+        Arch::Gemma3 => 512,
+        Arch::GptOss => 128,
+        _ => 32768,
+    };
+    // Whether `layer` is the last of each group of `tiny` (tiny models) or `small` layers.
+    let last_of = |tiny_group: usize, group: usize| {
+        (layer + 1).is_multiple_of(if tiny { tiny_group } else { group })
+    };
+    let windowed = match arch {
+        Arch::Mistral => tiny,
+        Arch::Ministral | Arch::GptOss => layer.is_multiple_of(2),
+        Arch::Olmo3 => !last_of(2, 4),
+        Arch::Gemma3 => !last_of(2, 6),
+        _ => false,
+    };
+    LayerSpec {
+        window: windowed.then_some(window),
+        rope: arch != Arch::SmolLm3 || !last_of(2, 4),
+        // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
+        linear: arch.is_qwen3_5() && !last_of(2, 4),
+        experts: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3_5Moe | Arch::GptOss),
+    }
+}
+
+/// `config` (a `preset` one) with `layers` decoder layers instead of its own count, in the preset's
+/// pattern (windows, RoPE-free and linear-attention layers), so a benchmark can run a few of a large
+/// model's layers at its real width.
+pub fn with_layers(mut config: ModelConfig, preset: Preset, layers: usize) -> ModelConfig {
+    config.num_hidden_layers = layers;
+    config.layers = (0..layers)
+        .map(|layer| layer_spec(config.arch, preset, layer))
+        .collect();
+    config
+}
+
 /// The configuration of a preset. `bos`/`eos` are token ids of the tokenizer.
 pub fn preset_config(
     arch: Arch,
@@ -350,35 +399,9 @@ pub fn preset_config(
             // embeddings; the real model's 24 would be 21 B).
             (Arch::GptOss, Preset::Small) => (2880, 2880, 2, 64, 8, 64, 131072, 1.5e5, 1e-5, false),
         };
-    // What sets the families' layers apart, at sizes the tiny models' tests reach: windows of 8
-    // positions on every other layer (the real checkpoints' patterns otherwise), RoPE left out of
-    // SmolLM3's every other layer (its checkpoints: every fourth).
     let tiny = preset == Preset::Tiny;
-    let window = match arch {
-        _ if tiny => 8,
-        Arch::Olmo3 => 4096,
-        Arch::Gemma3 => 512,
-        Arch::GptOss => 128,
-        _ => 32768,
-    };
     let layer_specs = (0..layers)
-        .map(|layer| {
-            let windowed = match arch {
-                Arch::Mistral => tiny,
-                Arch::Ministral => layer % 2 == 0,
-                Arch::Olmo3 => (layer + 1) % if tiny { 2 } else { 4 } != 0,
-                Arch::Gemma3 => (layer + 1) % if tiny { 2 } else { 6 } != 0,
-                Arch::GptOss => layer % 2 == 0,
-                _ => false,
-            };
-            LayerSpec {
-                window: windowed.then_some(window),
-                rope: arch != Arch::SmolLm3 || (layer + 1) % if tiny { 2 } else { 4 } != 0,
-                // Qwen3.5's linear attention on three layers of four (the tiny model: every other).
-                linear: arch.is_qwen3_5() && (layer + 1) % if tiny { 2 } else { 4 } != 0,
-                experts: matches!(arch, Arch::Qwen3Moe | Arch::Qwen3_5Moe | Arch::GptOss),
-            }
-        })
+        .map(|layer| layer_spec(arch, preset, layer))
         .collect();
     let variant = Variant {
         query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
@@ -667,6 +690,11 @@ pub fn parameter_specs(config: &ModelConfig) -> Vec<ParamSpec> {
 
 /// Writes a random-initialised model folder into `dir` (created if needed).
 pub fn init_model(dir: &Path, options: &InitOptions) -> Result<InitSummary, InitError> {
+    if options.layers == Some(0) {
+        return Err(InitError::Usage(
+            "--layers 0: a model needs at least one decoder layer".into(),
+        ));
+    }
     prepare_dir(dir, options.force)?;
 
     let mut tokenizer = build_tokenizer()?;
@@ -680,7 +708,10 @@ pub fn init_model(dir: &Path, options: &InitOptions) -> Result<InitSummary, Init
     };
     let (endoftext, im_end) = (id("<|endoftext|>")?, id("<|im_end|>")?);
     let vocab_size = tokenizer.get_vocab_size(true);
-    let config = preset_config(options.arch, options.preset, vocab_size, endoftext, im_end);
+    let mut config = preset_config(options.arch, options.preset, vocab_size, endoftext, im_end);
+    if let Some(layers) = options.layers {
+        config = with_layers(config, options.preset, layers);
+    }
 
     let tokenizer_json = tokenizer
         .to_string(true)

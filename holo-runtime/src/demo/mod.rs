@@ -275,6 +275,7 @@ pub fn run(options: &DemoOptions, say: &mut dyn FnMut(String)) -> Result<Report,
             seed: options.seed,
             force: false,
             vocab: None,
+            layers: None,
         },
     )
     .map_err(|error| failed(error.to_string()))?;

@@ -348,6 +348,62 @@ fn bad_arguments_are_usage_errors() {
     assert!(!dir.exists());
 }
 
+/// `--layers N` writes N decoder layers in the preset's pattern: Gemma 3's windowed and global
+/// layers, SmolLM3's layers without RoPE and Qwen3.5's linear-attention layers continue past the
+/// preset's two, the checkpoint holds exactly the N layers' weights, and 0 is a usage error.
+#[test]
+fn layers_sets_the_decoder_count_in_the_preset_pattern() {
+    for (arch, layers) in [
+        ("gemma3_text", 5),
+        ("smollm3", 3),
+        ("qwen3_5_text", 4),
+        ("qwen2", 1),
+    ] {
+        let dir = scratch(&format!("layers-{arch}"));
+        init(arch, &dir, &["--layers", &layers.to_string()]);
+        let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        assert_eq!(config.num_hidden_layers, layers, "{arch}");
+        assert_eq!(config.layers.len(), layers, "{arch}");
+        for (layer, spec) in config.layers.iter().enumerate() {
+            // The tiny preset's patterns, from the first layer on: every other layer windowed
+            // (Gemma 3), with RoPE (SmolLM3: the others go without), linear attention (Qwen3.5).
+            match arch {
+                "gemma3_text" => assert_eq!(spec.window.is_some(), layer % 2 == 0, "{layer}"),
+                "smollm3" => assert_eq!(spec.rope, layer % 2 == 0, "{layer}"),
+                "qwen3_5_text" => assert_eq!(spec.linear, layer % 2 == 0, "{layer}"),
+                _ => assert!(spec.window.is_none() && spec.rope && !spec.linear),
+            }
+        }
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let names: Vec<String> = safetensors::SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let last = format!("model.layers.{}.", layers - 1);
+        let past = format!("model.layers.{layers}.");
+        assert!(
+            names.iter().any(|name| name.starts_with(&last)),
+            "{arch}: {names:?}"
+        );
+        assert!(
+            !names.iter().any(|name| name.starts_with(&past)),
+            "{arch}: {names:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let dir = scratch("layers-zero");
+    let output = holo(&["init-model", "--layers", "0", dir.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("--layers 0"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!dir.exists());
+}
+
 /// Loads a folder with transformers and reports what it found, as JSON.
 const TRANSFORMERS_CHECK: &str = r#"
 import json, sys

@@ -25,6 +25,11 @@ pub struct InitModelArgs {
     /// 128256; SmolLM2: 49152; Gemma 3: 262144).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// The decoder layers' count instead of the preset's, in its pattern (windows, layers without
+    /// RoPE, linear attention): e.g. `--preset small --layers 2` for two of Mistral-7B's layers at
+    /// their real width, on a machine the whole model does not fit.
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Write into a folder that is not empty, replacing the model files in it.
     #[arg(long)]
     pub force: bool,
@@ -38,6 +43,7 @@ pub fn run(args: InitModelArgs) -> ExitCode {
         preset,
         seed,
         vocab,
+        layers,
         force,
         out_dir,
     } = args;
@@ -47,6 +53,7 @@ pub fn run(args: InitModelArgs) -> ExitCode {
         seed,
         force,
         vocab,
+        layers,
     };
     match init::init_model(&out_dir, &options) {
         Ok(summary) => {
