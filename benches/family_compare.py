@@ -5,7 +5,8 @@
         [--families qwen2,qwen3,llama,gemma3_text,olmo2] [--batches 1,32] [--dtypes f32,bf16] \
         [--prompt-len 16] [--new 32] [--repeats 1] [--threads 2] \
         [--grpo-families qwen3,gemma3_text] [--grpo-steps 2] [--grpo-batch 8] [--grpo-generations 4] \
-        [--grpo-completion 32] [--work-dir /tmp/holo-family-bench] [--keep] [--json FILE]
+        [--grpo-completion 32] [--layers mistral=2,olmo3=2] [--work-dir /tmp/holo-family-bench] [--keep] \
+        [--json FILE]
 
 The measurements that issue 36 asks for, one family after another:
 
@@ -42,7 +43,10 @@ Families (`--families`; the default is the ones whose real size fits a 2-core, 2
     mistral (Mistral-7B, 32,768), ministral (Ministral-8B, 131,072), olmo3 (Olmo-3-7B,
     100,278), phi3 (Phi-4-mini, 200,064; 3.8 B parameters with its tied embedding).
 
-The 7-8B ones need ~30 GiB in f32, Phi-4-mini 15 GiB, and are refused unless `--allow-big` is given.
+The 7-8B ones need ~30 GiB in f32, Phi-4-mini 15 GiB, and are refused unless `--allow-big` is given, or
+`--layers FAMILY=N` (`holo init-model --layers N`) keeps N of their decoder layers, at the real width and in
+the real pattern of windows and RoPE-free layers: each layer then costs per token what the real model's do,
+while the embedding and head weigh more in the whole than in the real model (as for the mixtures above).
 
 Disk: each model folder is kept until its family is done (gemma3 3.7 GiB, olmo2 5.6 GiB in f32), and
 `holo train` always ends with a checkpoint of the weights and AdamW's moments (about 12 GB at 1 B
@@ -183,13 +187,20 @@ def widen_vocabulary(folder, vocab, seed=0):
     return config
 
 
-def build_model(holo, arch, work):
+def shapes(arch, layers):
+    """What a row's model is: the real model whose shapes it has, and how many of its layers when not all."""
+    real = FAMILIES[arch][0]
+    return f"{layers.get(arch)} of {real}'s layers" if arch in layers else real
+
+
+def build_model(holo, arch, work, layers):
     real, vocab, _ = FAMILIES[arch]
-    folder = os.path.join(work, f"{arch}-{real}-v{vocab}")
+    kept = [] if arch not in layers else ["--layers", str(layers[arch])]
+    folder = os.path.join(work, f"{arch}-{real}-v{vocab}" + (f"-l{layers[arch]}" if kept else ""))
     marker = os.path.join(folder, ".widened")
     if not os.path.exists(marker):
-        subprocess.run([holo, "init-model", "--arch", arch, "--preset", "small", "--force", folder], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([holo, "init-model", "--arch", arch, "--preset", "small", *kept, "--force", folder],
+                       check=True, stdout=subprocess.DEVNULL)
         widen_vocabulary(folder, vocab)
         open(marker, "w").close()
     with open(os.path.join(folder, "config.json")) as f:
@@ -266,6 +277,8 @@ def main():
     parser.add_argument("--idle-wait", type=float, default=0, help="grpo_compare.py's --idle-wait")
     parser.add_argument("--allow-big", action="store_true",
                         help="also the 7-8B families (about 30 GiB in f32) and Phi-4-mini (15 GiB)")
+    parser.add_argument("--layers", default="",
+                        help="FAMILY=N,...: N of the family's decoder layers (holo init-model --layers), not all")
     parser.add_argument("--work-dir", default="/tmp/holo-family-bench")
     parser.add_argument("--keep", action="store_true", help="keep the model folders")
     parser.add_argument("--json", help="also write every figure here")
@@ -273,11 +286,18 @@ def main():
     parser.add_argument("--sample-bench-bin")
     args = parser.parse_args()
     families = [f for f in args.families.split(",") if f]
+    layers = {}
+    for item in filter(None, args.layers.split(",")):
+        arch, _, count = item.partition("=")
+        if arch not in FAMILIES or not count.isdigit() or int(count) < 1:
+            parser.error(f"--layers: expected FAMILY=N with a known family and N >= 1, got {item!r}")
+        layers[arch] = int(count)
     for arch in families:
         if arch not in FAMILIES:
             parser.error(f"unknown family {arch!r}; known: {', '.join(FAMILIES)}")
-        if not FAMILIES[arch][2] and not args.allow_big:
-            parser.error(f"{arch} ({FAMILIES[arch][0]}) is too big for a CPU run; pass --allow-big")
+        if not FAMILIES[arch][2] and not args.allow_big and arch not in layers:
+            parser.error(f"{arch} ({FAMILIES[arch][0]}) is too big for a CPU run; pass --allow-big, or "
+                         f"--layers {arch}=2 for two of its layers")
     grpo_families = [f for f in args.grpo_families.split(",") if f]
     batches = [int(b) for b in args.batches.split(",") if b]
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -287,9 +307,9 @@ def main():
     started = time.time()
     try:
         for arch in families + [f for f in grpo_families if f not in families]:
-            real, vocab, _ = FAMILIES[arch]
+            real = shapes(arch, layers)
             start = time.time()
-            folder, config, size = build_model(holo, arch, args.work_dir)
+            folder, config, size = build_model(holo, arch, args.work_dir, layers)
             print(f"{arch} ({real} shapes: hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, "
                   f"vocab {config['vocab_size']:,}, {size / 2**30:.2f} GiB f32), built in {time.time() - start:.0f} s",
                   flush=True)
@@ -314,7 +334,7 @@ def main():
           "| peak RSS transformers / holo (MiB) |")
     print("|---|---|---|---|---|---|---|---|")
     for row in sampling:
-        real, vocab, _ = FAMILIES[row["arch"]]
+        real, vocab = shapes(row["arch"], layers), FAMILIES[row["arch"]][1]
         if "failed" in row:
             print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | failed | | | |")
             continue
@@ -329,7 +349,7 @@ def main():
         print("| family (shapes) | TRL s/step | holo s/step | speedup | peak RSS TRL / holo (MiB) |")
         print("|---|---|---|---|---|")
         for row in training:
-            real = FAMILIES[row["arch"]][0]
+            real = shapes(row["arch"], layers)
             if "failed" in row:
                 print(f"| {row['arch']} ({real}) | failed | | | |")
                 continue
