@@ -26,7 +26,9 @@ The measurements that issue 36 asks for, one family after another:
   on the same seeded random prompt ids of `--prompt-len` tokens (a side that runs past `--side-timeout`
   is reported as failed and the script goes on). Each side does an untimed warm-up
   (transformers: a 4-token generate; holo: a full run) and reports the median of `--repeats` timed runs
-  in new tokens per second (batch × new / seconds), and its peak RSS (GNU time).
+  in new tokens per second (batch × new / seconds), the same per CPU second of the process (Python's
+  `process_time`, holo's `CLOCK_PROCESS_CPUTIME_ID`: with one thread a side, what the run cost, where wall time
+  also counts the waits for cores other work holds), and its peak RSS (GNU time).
 - GRPO (b): `benches/grpo_compare.py --model NAME=FOLDER` (TRL's `GRPOTrainer` then `holo train`, same
   folder, data, seed and settings; see its docstring) for each `--grpo-families`, `--grpo-steps` steps
   of `--grpo-batch` completions (`--grpo-generations` per prompt) of `--grpo-completion` tokens, f32,
@@ -109,19 +111,21 @@ PYTHON_SIDE = textwrap.dedent(
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=generator)
     attention = torch.ones_like(ids)
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, use_cache=True)
-    times = []
+    times, cpu_times = [], []
     with torch.inference_mode():
         set_seed(seed)
         model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=4, min_new_tokens=4, **kw)
         for r in range(repeats):
             set_seed(seed + r + 1)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=new, min_new_tokens=new,
                                  **kw)
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu)
             assert out.shape[1] - prompt_len == new
     median = statistics.median(times)
     print(json.dumps({"times_s": times, "median_s": median, "new_tokens_per_s": batch * new / median,
+                      "cpu_times_s": cpu_times, "new_tokens_per_cpu_s": batch * new / statistics.median(cpu_times),
                       "load_s": load_s}))
     """
 )
@@ -223,12 +227,15 @@ def sample_pair(arch, folder, bench, dtype, batch, args):
          "--seed", str(args.seed), "--dtype", dtype], env)
     ours = json.loads(out.strip().splitlines()[-1])
     ratio = ours["new_tokens_per_s"] / theirs["new_tokens_per_s"]
+    cpu_ratio = ours["new_tokens_per_cpu_s"] / theirs["new_tokens_per_cpu_s"]
     row = {"arch": arch, "dtype": dtype, "batch": batch,
            "transformers": dict(theirs, peak_rss_mib=t_rss, wall_s=t_wall, other_load_cores=t_other),
-           "holo": dict(ours, peak_rss_mib=h_rss, wall_s=h_wall, other_load_cores=h_other), "ratio": ratio}
+           "holo": dict(ours, peak_rss_mib=h_rss, wall_s=h_wall, other_load_cores=h_other), "ratio": ratio,
+           "cpu_ratio": cpu_ratio}
     print(f"  {dtype} B={batch}: transformers {theirs['new_tokens_per_s']:8.1f} tok/s ({t_rss:,.0f} MiB, other load "
           f"{t_other:.2f}), holo {ours['new_tokens_per_s']:8.1f} tok/s ({h_rss:,.0f} MiB, other load {h_other:.2f}): "
-          f"{ratio:.2f}x", flush=True)
+          f"{ratio:.2f}x; per CPU second {theirs['new_tokens_per_cpu_s']:.1f} / {ours['new_tokens_per_cpu_s']:.1f}: "
+          f"{cpu_ratio:.2f}x", flush=True)
     return row
 
 
@@ -331,16 +338,18 @@ def main():
     print(f"\n(total {time.time() - started:.0f} s; {args.prompt_len}-token prompts, {args.new} new tokens per row, "
           f"temperature 1, median of {args.repeats} after a warm-up, {args.threads} threads)\n")
     print("| family (shapes) | vocab | dtype | B | transformers tok/s | holo tok/s | holo / transformers "
+          "| tokens per CPU s, transformers / holo | holo / transformers per CPU s "
           "| peak RSS transformers / holo (MiB) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in sampling:
         real, vocab = shapes(row["arch"], layers), FAMILIES[row["arch"]][1]
         if "failed" in row:
-            print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | failed | | | |")
+            print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | failed | | | | | |")
             continue
         t, h = row["transformers"], row["holo"]
         print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | {t['new_tokens_per_s']:,.1f} "
-              f"| {h['new_tokens_per_s']:,.1f} | {row['ratio']:.2f}× | {t['peak_rss_mib']:,.0f} / "
+              f"| {h['new_tokens_per_s']:,.1f} | {row['ratio']:.2f}× | {t['new_tokens_per_cpu_s']:,.1f} / "
+              f"{h['new_tokens_per_cpu_s']:,.1f} | {row['cpu_ratio']:.2f}× | {t['peak_rss_mib']:,.0f} / "
               f"{h['peak_rss_mib']:,.0f} |")
     if training:
         print(f"\nGRPO: {args.grpo_batch} completions ({args.grpo_batch // args.grpo_generations} prompts × "
