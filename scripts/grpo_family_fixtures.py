@@ -247,7 +247,7 @@ def main() -> None:
         for record in records:
             print(f"{record['name']:28s} loss {[m['loss'] for m in record['micro_batches']]}")
     versions = {"python": platform.python_version()}
-    versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl")})
+    versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl", "peft")})
     write({"versions": versions, "cases": records}, out=OUT)
     print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size} bytes, {len(records)} cases)")
 
