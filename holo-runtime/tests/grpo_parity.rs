@@ -503,15 +503,27 @@ fn every_family_s_grpo_step_matches_trl() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/families.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let cases = fixture["cases"].as_array().unwrap();
-    let covered: Vec<&str> = cases
-        .iter()
-        .map(|c| c["model"].as_str().unwrap().rsplit('/').next().unwrap())
-        .collect();
+    // The families with a step training every weight, and those with one training PEFT's all-linear
+    // adapters.
+    let covered = |trains: &dyn Fn(&Value) -> bool| -> Vec<&str> {
+        cases
+            .iter()
+            .filter(|c| trains(c))
+            .map(|c| c["model"].as_str().unwrap().rsplit('/').next().unwrap())
+            .collect()
+    };
+    let full = covered(&|c| c["adapter"].is_null());
+    let all_linear = covered(&|c| c["lora_targets"]["target_modules"] == "all-linear");
     for family in common::MODEL_FAMILIES {
-        // Qwen2's steps are `cases.json`'s, every option included.
+        // Qwen2's full fine-tuning steps are `cases.json`'s, every option included.
         assert!(
-            family == "qwen2" || covered.contains(&family),
+            family == "qwen2" || full.contains(&family),
             "families.json has no {family}: run scripts/grpo_family_fixtures.py"
+        );
+        assert!(
+            all_linear.contains(&family),
+            "families.json has no all-linear LoRA step on {family}: run \
+             scripts/lora_family_fixtures.py, then scripts/grpo_family_fixtures.py"
         );
     }
     let mut failed = Vec::new();
