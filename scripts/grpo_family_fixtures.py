@@ -26,7 +26,7 @@ LoRA: the cases in LORA train PEFT's adapters with the base frozen: every family
 (`NAME/lora_all_linear/`, committed by `scripts/lora_family_fixtures.py`; Qwen3-MoE's `moe_lora_all_linear/`, by
 `scripts/moe_lora_fixtures.py`), and `q_proj` with both expert stacks as `target_parameters` on Qwen3-MoE
 (`qwen3_moe/moe_lora/`, by `moe_lora_fixtures.py`) and Qwen3.5-MoE (`qwen3_5_moe/moe_lora/`, by
-`lora_family_fixtures.py`), every A and B nonzero. The model TRL gets is `PeftModel.from_pretrained(base, folder,
+`lora_family_fixtures.py`, its router's weight too), every A and B nonzero. The model TRL gets is `PeftModel.from_pretrained(base, folder,
 is_trainable=True)`, and its gradients are recorded under the names PEFT saves the adapters by
 (`get_peft_model_state_dict`'s: the adapter name `.default` left out), which are ours; each case also records the
 targets its adapter was made with (`lora_targets`), which the Rust test resolves by its own rules.
@@ -106,14 +106,15 @@ LORA = [
             PEFT + L0 + "mlp.experts.base_layer" + LORA_B,
         ],
     ),
-    # Qwen3.5-MoE's expert stacks as target parameters (and q_proj, on its full-attention layer 1).
+    # Qwen3.5-MoE's expert stacks and router as target parameters (and q_proj, on its full-attention layer 1).
     (
         "qwen3_5_moe_lora",
         "qwen3_5_moe",
         "moe_lora",
-        {"target_modules": ["q_proj"], "target_parameters": EXPERT_STACKS},
+        {"target_modules": ["q_proj"], "target_parameters": EXPERT_STACKS + ["mlp.gate.weight"]},
         [
             PEFT + L1 + "self_attn.q_proj" + LORA_B,
+            PEFT + L0 + "mlp.gate" + LORA_A,
             PEFT + L0 + "mlp.experts" + LORA_A,
             PEFT + L0 + "mlp.experts.base_layer" + LORA_B,
         ],

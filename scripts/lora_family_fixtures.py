@@ -14,7 +14,8 @@ It writes, under `holo-runtime/tests/fixtures/models/`:
   into target parameters, which 0.21 does for Qwen3-MoE alone). Qwen3-MoE's all-linear adapter is
   `qwen3_moe/moe_lora_all_linear/`, made by `scripts/moe_lora_fixtures.py`.
 - `qwen3_5_moe/moe_lora/`: `q_proj` and, as `target_parameters`, both expert stacks (what
-  `qwen3_moe/moe_lora/` adapts on Qwen3-MoE).
+  `qwen3_moe/moe_lora/` adapts on Qwen3-MoE) and the router's weight (which Qwen3-MoE's all-linear adapter
+  adapts there; Qwen3.5-MoE's all-linear leaves it out).
 
 Rank 2, alpha 3 and no dropout (as `moe_lora_fixtures.py`), every A and B set to deterministic nonzero values
 (PEFT's zero B would leave the forward unadapted and B's gradient the only one); float32 (the parity step's
@@ -63,6 +64,7 @@ ALL_LINEAR = [
 ]
 ALL_LINEAR_FOLDER = "lora_all_linear"
 EXPERT_STACKS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+ROUTER = "mlp.gate.weight"
 
 
 def write_adapter(family: str, folder: str, **targets) -> None:
@@ -90,7 +92,9 @@ def write_adapter(family: str, folder: str, **targets) -> None:
 def main() -> None:
     for family in ALL_LINEAR:
         write_adapter(family, ALL_LINEAR_FOLDER, target_modules="all-linear")
-    write_adapter("qwen3_5_moe", "moe_lora", target_modules=["q_proj"], target_parameters=EXPERT_STACKS)
+    write_adapter(
+        "qwen3_5_moe", "moe_lora", target_modules=["q_proj"], target_parameters=EXPERT_STACKS + [ROUTER]
+    )
 
 
 if __name__ == "__main__":

@@ -497,7 +497,7 @@ fn as_transformers_trains(
 /// experts, sinks, linear attention) entry by entry. The LoRA cases train PEFT's adapters over the
 /// frozen base: every family's `target_modules="all-linear"` (its resolution by our rules must wrap
 /// what PEFT's did), and `q_proj` with both expert stacks as target parameters on Qwen3-MoE and
-/// Qwen3.5-MoE. Every case runs; the failures are reported together.
+/// Qwen3.5-MoE (with its router too). Every case runs; the failures are reported together.
 #[test]
 fn every_family_s_grpo_step_matches_trl() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpo/families.json");
