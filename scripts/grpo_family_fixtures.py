@@ -22,11 +22,14 @@ crosses the fixtures' 4-token sliding windows. TRL enables the mixture-of-expert
 itself (their configs have `output_router_logits`; `router_aux_loss_coef` 0.001), added to each micro-batch's
 loss divided by the accumulation steps, and logs it as `aux_loss`.
 
-LoRA: one more case, `qwen3_moe_lora`, trains PEFT's adapters of `qwen3_moe/moe_lora/` (committed by
-`scripts/moe_lora_fixtures.py`: rank 2 on `q_proj` and, as `target_parameters`, on both expert stacks, every A
-and B nonzero) with the base frozen: the model TRL gets is `PeftModel.from_pretrained(base, folder,
+LoRA: the cases in LORA train PEFT's adapters with the base frozen: every family's `target_modules="all-linear"`
+(`NAME/lora_all_linear/`, committed by `scripts/lora_family_fixtures.py`; Qwen3-MoE's `moe_lora_all_linear/`, by
+`scripts/moe_lora_fixtures.py`), and `q_proj` with both expert stacks as `target_parameters` on Qwen3-MoE
+(`qwen3_moe/moe_lora/`, by `moe_lora_fixtures.py`) and Qwen3.5-MoE (`qwen3_5_moe/moe_lora/`, by
+`lora_family_fixtures.py`, its router's weight too), every A and B nonzero. The model TRL gets is `PeftModel.from_pretrained(base, folder,
 is_trainable=True)`, and its gradients are recorded under the names PEFT saves the adapters by
-(`get_peft_model_state_dict`'s: the adapter name `.default` left out), which are ours.
+(`get_peft_model_state_dict`'s: the adapter name `.default` left out), which are ours; each case also records the
+targets its adapter was made with (`lora_targets`), which the Rust test resolves by its own rules.
 
 Gradients: for every trained parameter its shape, L2 norm, sum and sum of absolute values; for the few parameters named
 in GRAD_PARAMS (what is particular to the family) also the first entries and the seeded sample of
@@ -63,18 +66,69 @@ CONFIG = dict(
 L0, L1 = "model.layers.0.", "model.layers.1."
 EMBED = "model.embed_tokens.weight"
 
-# PEFT's adapters trained in a case of their own: (case name, family, adapter folder in the family's folder,
-# parameters recorded entry by entry, under PEFT's saved names).
-LORA = (
-    "qwen3_moe_lora",
-    "qwen3_moe",
-    "moe_lora",
-    [
-        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
-        "base_model.model.model.layers.0.mlp.experts.lora_A.weight",
-        "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight",
+# PEFT's adapters trained in cases of their own: (case name, family, adapter folder in the family's folder,
+# the LoraConfig targets it was made with, parameters recorded entry by entry under PEFT's saved names).
+PEFT = "base_model.model."
+LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
+EXPERT_STACKS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+# The all-linear adapters (scripts/lora_family_fixtures.py; Qwen3-MoE's, scripts/moe_lora_fixtures.py's, also
+# adapts the router and both expert stacks, as PEFT converts them): an attention projection's B and an MLP
+# projection's A, and what is particular to the family.
+ALL_LINEAR_DETAIL = {
+    family: [PEFT + L0 + "self_attn.q_proj" + LORA_B, PEFT + L0 + "mlp.down_proj" + LORA_A]
+    for family in ("qwen2", "llama", "mistral", "ministral", "qwen3", "gemma3", "smollm3", "olmo2", "olmo3")
+}
+ALL_LINEAR_DETAIL |= {
+    "phi3": [PEFT + L0 + "self_attn.qkv_proj" + LORA_B, PEFT + L0 + "mlp.gate_up_proj" + LORA_A],
+    "gpt_oss": [PEFT + L0 + "self_attn.q_proj" + LORA_B, PEFT + L0 + "self_attn.o_proj" + LORA_A],
+    "qwen3_moe": [
+        PEFT + L0 + "mlp.gate" + LORA_B,
+        PEFT + L0 + "mlp.experts.base_layer" + LORA_B,
+        PEFT + L0 + "self_attn.k_proj" + LORA_A,
     ],
-)
+    # Layer 0 is linear attention, layer 1 full attention.
+    "qwen3_5": [PEFT + L0 + "linear_attn.in_proj_qkv" + LORA_A, PEFT + L1 + "self_attn.q_proj" + LORA_B],
+    "qwen3_5_moe": [
+        PEFT + L0 + "linear_attn.in_proj_qkv" + LORA_A,
+        PEFT + L0 + "mlp.shared_expert_gate" + LORA_B,
+        PEFT + L1 + "self_attn.q_proj" + LORA_B,
+    ],
+}
+LORA = [
+    (
+        "qwen3_moe_lora",
+        "qwen3_moe",
+        "moe_lora",
+        {"target_modules": ["q_proj"], "target_parameters": EXPERT_STACKS},
+        [
+            PEFT + L0 + "self_attn.q_proj" + LORA_B,
+            PEFT + L0 + "mlp.experts" + LORA_A,
+            PEFT + L0 + "mlp.experts.base_layer" + LORA_B,
+        ],
+    ),
+    # Qwen3.5-MoE's expert stacks and router as target parameters (and q_proj, on its full-attention layer 1).
+    (
+        "qwen3_5_moe_lora",
+        "qwen3_5_moe",
+        "moe_lora",
+        {"target_modules": ["q_proj"], "target_parameters": EXPERT_STACKS + ["mlp.gate.weight"]},
+        [
+            PEFT + L1 + "self_attn.q_proj" + LORA_B,
+            PEFT + L0 + "mlp.gate" + LORA_A,
+            PEFT + L0 + "mlp.experts" + LORA_A,
+            PEFT + L0 + "mlp.experts.base_layer" + LORA_B,
+        ],
+    ),
+] + [
+    (
+        f"{family}_lora_all_linear",
+        family,
+        "moe_lora_all_linear" if family == "qwen3_moe" else "lora_all_linear",
+        {"target_modules": "all-linear"},
+        detail,
+    )
+    for family, detail in ALL_LINEAR_DETAIL.items()
+]
 
 # Per family (a folder under MODELS): the parameters whose gradients are recorded entry by entry.
 GRAD_PARAMS = {
@@ -138,9 +192,16 @@ def saved_name(name: str) -> str:
     return name.replace(".default.", ".")
 
 
-def run_family(name: str, family: str, output_dir: str, grad_params: list[str], adapter: str | None = None) -> dict:
-    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given;
-    `grad_params` (saved names) recorded entry by entry."""
+def run_family(
+    name: str,
+    family: str,
+    output_dir: str,
+    grad_params: list[str],
+    adapter: str | None = None,
+    lora_targets: dict | None = None,
+) -> dict:
+    """The case `name` on the fixture `family`, training PEFT's `adapter` folder beside it when given (made with
+    the LoraConfig targets `lora_targets`); `grad_params` (saved names) recorded entry by entry."""
     case = Case(name, CONFIG)
     warnings = WarningLog()
     TRL_LOGGER.addHandler(warnings)
@@ -170,6 +231,7 @@ def run_family(name: str, family: str, output_dir: str, grad_params: list[str], 
     return {
         "model": str((MODELS / family).relative_to(ROOT)),
         "adapter": adapter,
+        "lora_targets": lora_targets,
         # What TRL adds the load-balancing loss with (before dividing by the accumulation steps); 0 without one.
         "router_aux_loss_coef": trainer.router_aux_loss_coef if trainer.aux_loss_enabled else 0.0,
         **record,
@@ -181,12 +243,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         for family, grad_params in GRAD_PARAMS.items():
             records.append(run_family(family, family, output_dir, grad_params))
-        name, family, adapter, grad_params = LORA
-        records.append(run_family(name, family, output_dir, grad_params, adapter=adapter))
+        for name, family, adapter, lora_targets, grad_params in LORA:
+            records.append(run_family(name, family, output_dir, grad_params, adapter, lora_targets))
         for record in records:
-            print(f"{record['name']:16s} loss {[m['loss'] for m in record['micro_batches']]}")
+            print(f"{record['name']:28s} loss {[m['loss'] for m in record['micro_batches']]}")
     versions = {"python": platform.python_version()}
-    versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl")})
+    versions.update({pkg: md.version(pkg) for pkg in ("torch", "transformers", "trl", "peft")})
     write({"versions": versions, "cases": records}, out=OUT)
     print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size} bytes, {len(records)} cases)")
 
