@@ -401,8 +401,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
 model = sys.argv[2]
-bias = {sys.argv[3]: 6}
-messages = [{"role": "user", "content": "Answer in JSON."}]
+bias = {sys.argv[3]: 12}
 
 class Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -411,6 +410,7 @@ class Answer(BaseModel):
 
 out = {"parsed": [], "streamed": []}
 for seed in range(3):
+    messages = [{"role": "user", "content": f"Answer {seed} in JSON."}]
     reply = client.chat.completions.parse(
         model=model, messages=messages, response_format=Answer, temperature=1.0, seed=seed,
         max_tokens=200, logit_bias=bias,
@@ -441,8 +441,9 @@ print(json.dumps(out))
 /// With harmony's reading, a structured reply's grammar holds its `final` message, after any
 /// `analysis` messages, as vLLM starts it once `<|channel|>final<|message|>` is written: the random
 /// tiny Qwen3, its tokenizer given harmony's markers as tokens of their own (and a bias towards
-/// `<|end|>`, since random weights never end a message), writes analysis messages freely, then a final
-/// message of JSON that validates. Whole, streamed (the same seeds, the same replies) and through the
+/// `<|end|>`, since random weights never end a message; a prompt per seed, since from one prompt they
+/// choose the same channel), writes analysis messages freely, then a final message of JSON that
+/// validates. Whole, streamed (the same seeds, the same replies) and through the
 /// official `openai` client (whose `parse` validates with pydantic), the answer reads as that
 /// analysis (`reasoning`) and that JSON (`content`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,11 +463,11 @@ async fn a_structured_reply_is_held_in_its_final_message() {
         "additionalProperties": false,
     });
     let mut reasoned = 0;
-    for seed in 0..6 {
+    for seed in 0..12 {
         let body = json!({
-            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "messages": [{"role": "user", "content": format!("Answer {seed} in JSON.")}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
-            "logit_bias": {&end: 6},
+            "logit_bias": {&end: 12},
             "seed": seed,
             "temperature": 1.0,
             "max_tokens": 200,
@@ -498,9 +499,10 @@ async fn a_structured_reply_is_held_in_its_final_message() {
             assert!(!delta.contains("<|"), "a marker in {delta}");
         }
     }
+    // Replies of both shapes: some with analysis messages, some answering at once.
     assert!(
-        reasoned >= 2,
-        "only {reasoned} of 6 replies wrote an analysis before answering"
+        (2..12).contains(&reasoned),
+        "{reasoned} of 12 replies wrote an analysis before answering"
     );
 
     let Some(out) = run_python(&["openai", "pydantic"], FINAL, &base, &[&end]).await else {
