@@ -378,7 +378,10 @@ mod tests {
         ))
         .unwrap();
         let markers = MARKERS.map(|marker| tokenizers::AddedToken::from(marker, true));
-        tokenizer.add_special_tokens(markers);
+        assert_eq!(
+            tokenizer.add_special_tokens(markers).unwrap(),
+            MARKERS.len()
+        );
         let size = tokenizer.get_vocab_size(true);
         let ends = ["<|return|>", "<|call|>"].map(|end| tokenizer.token_to_id(end).unwrap());
         let grammars = holo_model::Grammars::new(tokenizer.clone(), size, ends.to_vec());
