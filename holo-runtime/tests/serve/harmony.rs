@@ -358,6 +358,21 @@ async fn forced_calls_are_written_in_harmony_s_format() {
     }
 }
 
+/// The id of `<|end|>` in [`start_gpt_oss_qwen3`]'s tokenizer.
+const END: u32 = 501;
+
+/// The random tiny Qwen3 served with `--reasoning-parser openai_gptoss`, its tokenizer given
+/// harmony's markers as tokens of their own (ids 500 to 506, [`MARKERS`]' order).
+async fn start_gpt_oss_qwen3() -> (ServerHandle, String, crate::common::tempdir::Dir) {
+    let markers: Vec<(u32, &str)> = (500..).zip(MARKERS).collect();
+    assert_eq!(markers[1], (END, "<|end|>"));
+    start_qwen3_with(
+        |dir| respell(dir, &markers),
+        |served| served.reasoning_parser = Some(ReasoningParser::GptOss),
+    )
+    .await
+}
+
 /// A streamed chat's choices, chunk by chunk.
 async fn streamed_choices(client: &Client, mut body: Value) -> Vec<Value> {
     body["stream"] = json!(true);
@@ -448,13 +463,8 @@ print(json.dumps(out))
 /// analysis (`reasoning`) and that JSON (`content`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_structured_reply_is_held_in_its_final_message() {
-    let markers: Vec<(u32, &str)> = (500..).zip(MARKERS).collect();
-    let end = markers[1].0.to_string();
-    let (server, base, _dir) = start_qwen3_with(
-        |dir| respell(dir, &markers),
-        |served| served.reasoning_parser = Some(ReasoningParser::GptOss),
-    )
-    .await;
+    let (server, base, _dir) = start_gpt_oss_qwen3().await;
+    let end = END.to_string();
     let client = Client::new(&server);
     let schema = json!({
         "type": "object",
@@ -521,4 +531,69 @@ async fn a_structured_reply_is_held_in_its_final_message() {
         let reasoning = parsed["reasoning"].as_str().unwrap_or("");
         assert_eq!(streamed["reasoning"], reasoning, "{out:#}");
     }
+}
+
+/// With harmony's reading a `guided_choice` is held in the final message too; a client's Lark grammar,
+/// which cannot be nested in another, holds the whole reply from its first token, so the reply is all
+/// content (no harmony message); and a tokenizer without harmony's markers cannot hold a final
+/// message, which the request is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_nest_and_client_grammars_hold_the_whole_reply() {
+    let (server, _base, _dir) = start_gpt_oss_qwen3().await;
+    let client = Client::new(&server);
+    let choices = ["red", "green apple"];
+    for seed in 0..3 {
+        let body = json!({
+            // The prompts and seeds after which the test above answers (random weights may write
+            // empty analysis messages to any length).
+            "messages": [{"role": "user", "content": format!("Answer {seed} in JSON.")}],
+            "guided_choice": choices,
+            "logit_bias": {END.to_string(): 12},
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 200,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{answer:#}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer:#}");
+        let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(choices.contains(&content), "{answer:#}");
+
+        let body = json!({
+            "messages": [{"role": "user", "content": format!("Count {seed}.")}],
+            "guided_grammar": "start: \"ok(\" NUMBER \")\"\nNUMBER: /[0-9]{1,3}/\n",
+            "seed": seed,
+            "max_tokens": 20,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{answer:#}");
+        let message = &answer["choices"][0]["message"];
+        let content = message["content"].as_str().unwrap();
+        let number = content
+            .strip_prefix("ok(")
+            .and_then(|rest| rest.strip_suffix(')'));
+        assert!(
+            number.is_some_and(|number| number.parse::<u32>().is_ok()),
+            "{answer:#}"
+        );
+        assert_eq!(message["reasoning"], Value::Null, "{answer:#}");
+    }
+
+    let server = serve_replier(
+        tokenizer(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let body = json!({
+        "messages": [{"role": "user", "content": "REPLY:{}"}],
+        "response_format": {"type": "json_object"},
+    });
+    let (status, answer) = Client::new(&server)
+        .post("/v1/chat/completions", body)
+        .await;
+    assert_eq!(status, 400, "{answer:#}");
+    assert_eq!(answer["error"]["param"], "response_format", "{answer:#}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no `<|start|>` token"), "{answer:#}");
 }
