@@ -343,8 +343,10 @@
 //! ([`holo_core::tools::harmony::after_analysis`]), so the analysis is the reasoning and the content
 //! is the constrained text alone. Where vLLM leaves the model free before that header, preambles and
 //! calls are not allowed there (they would be content or calls, not the answer), so every constrained
-//! reply is a harmony message that openai-harmony's parser reads. The same holds with only
-//! `--tool-call-parser openai`, less the reasoning. A client's Lark grammar (`guided_grammar`, which
+//! reply is a harmony message that openai-harmony's parser reads; only `max_tokens` bounds how many
+//! analysis messages come first, as in vLLM. The same holds with only `--tool-call-parser openai`,
+//! less the reasoning (vLLM, without a reasoning parser, holds the reply from its first token, which
+//! then is no harmony message). A client's Lark grammar (`guided_grammar`, which
 //! cannot be nested in another) holds the reply from its first token, so it is all content; a forced
 //! call's grammar writes the call's harmony message. A sampler that reports no tokens leaves its text
 //! as the content.
