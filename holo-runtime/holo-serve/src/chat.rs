@@ -37,14 +37,30 @@ pub(super) async fn chat(
         }
         common.tool_format = request.format;
     }
-    // A constrained reply (a forced tool call, structured output with harmony's reading or a Lark
-    // grammar of the client's) is held to its language from its first token, so it has no reasoning
-    // to split out; a forced harmony call is a harmony message, read by its channels. Other structured
-    // output starts after the reasoning (as vLLM starts it), when the model thinks.
+    // A forced tool call and a Lark grammar of the client's hold the reply from its first token: a
+    // forced call's grammar writes the whole reply (a harmony call is a harmony message, read by its
+    // channels; other formats have no reasoning to split out), and a client's grammar cannot be nested
+    // in another. Other structured output starts after the reasoning, as vLLM starts it: with harmony's
+    // reading in the `final` message, after any `analysis` messages; with `</think>` after it, when
+    // the model thinks.
     let gpt_oss = state.reasoning_parser == Some(ReasoningParser::GptOss);
     if gpt_oss || state.tool_format == Some(ToolFormat::Harmony) {
-        if common.params.constraint.is_none() || common.constraint_key == Some("tool_choice") {
-            common.harmony = Some(Harmony { reasoning: gpt_oss });
+        let harmony = Some(Harmony { reasoning: gpt_oss });
+        match (&common.params.constraint, common.constraint_key) {
+            (None, _) | (Some(_), Some("tool_choice")) => common.harmony = harmony,
+            (Some(constraint), key) => {
+                let token_id = |marker: &str| state.tokenizer.token_to_id(marker);
+                if let Some(after) = structured::after_analysis(constraint, token_id) {
+                    let after = after.map_err(|error| {
+                        ApiError::invalid(
+                            key.unwrap_or("response_format"),
+                            format!("cannot hold the reply's final message: {error}"),
+                        )
+                    })?;
+                    common.params.constraint = Some(after);
+                    common.harmony = harmony;
+                }
+            }
         }
     } else if let Some(reading) = state
         .reasoning_parser

@@ -335,9 +335,21 @@
 //! reasoning and content (where vLLM's deltas leave out the newline between two messages); tool calls
 //! follow the content whole, as with the other formats, where vLLM streams their arguments as they come.
 //! With stop strings, which cut the text and not the channels, a choice sends nothing before it
-//! ends. Structured output other than a forced call holds the reply from its first token, so it is all
-//! content (vLLM starts it after the analysis). A sampler that reports no tokens leaves its text as the
-//! content.
+//! ends. Structured output (`response_format`, `guided_json`, `guided_regex`, `guided_choice`,
+//! `structured_outputs`) holds the reply's `final` message, as vLLM starts its grammar once
+//! `<|channel|>final<|message|>` is written: the reply is any number of `analysis` messages
+//! (`<|channel|>analysis<|message|>…<|end|><|start|>assistant`, their text free but for `<|`), then
+//! `<|channel|>final<|message|>`, a sentence of the constraint and `<|return|>`
+//! ([`holo_core::tools::harmony::after_analysis`]), so the analysis is the reasoning and the content
+//! is the constrained text alone. Where vLLM leaves the model free before that header, preambles and
+//! calls are not allowed there (they would be content or calls, not the answer), so every constrained
+//! reply is a harmony message that openai-harmony's parser reads; only `max_tokens` bounds how many
+//! analysis messages come first, as in vLLM. The same holds with only `--tool-call-parser openai`,
+//! less the reasoning (vLLM, without a reasoning parser, holds the reply from its first token, which
+//! then is no harmony message). A client's Lark grammar (`guided_grammar`, which
+//! cannot be nested in another) holds the reply from its first token, so it is all content; a forced
+//! call's grammar writes the call's harmony message. A sampler that reports no tokens leaves its text
+//! as the content.
 //!
 //! With a reasoning parser, `usage.completion_tokens_details.reasoning_tokens` counts the reasoning's
 //! tokens as vLLM counts them, summed over the choices: with `qwen3` and `deepseek_r1` the tokens that

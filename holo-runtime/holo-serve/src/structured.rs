@@ -45,7 +45,33 @@ pub(super) fn constraint(fields: &Fields) -> Result<Option<(&'static str, Constr
 /// sentence of `constraint`. `None` for a Lark grammar of the client's, which cannot be nested in
 /// another.
 pub(super) fn after_reasoning(constraint: &Constraint, end: &str) -> Option<Constraint> {
-    let body = match constraint {
+    let body = lark_body(constraint)?;
+    let end = Value::String(end.to_string());
+    Some(Constraint::Lark(format!(
+        "start: reasoning body | reasoning SPACE body\n\
+         reasoning[suffix={end}]: /(?s:.*)/\n\
+         SPACE: /[ \\t\\r\\n]{{1,4}}/\n\
+         body: {body}\n"
+    )))
+}
+
+/// `constraint` held to a gpt-oss reply's `final` message, after any `analysis` messages, as vLLM
+/// starts a structured reply's grammar once `<|channel|>final<|message|>` is written (see
+/// [`harmony::after_analysis`](holo_core::tools::harmony::after_analysis)); `token_id` finds
+/// harmony's markers. `None` for a Lark grammar of the client's, which cannot be nested in another;
+/// an error when the tokenizer lacks a marker.
+pub(super) fn after_analysis(
+    constraint: &Constraint,
+    token_id: impl Fn(&str) -> Option<u32>,
+) -> Option<Result<Constraint, String>> {
+    let body = lark_body(constraint)?;
+    Some(holo_core::tools::harmony::after_analysis(&body, token_id).map(Constraint::Lark))
+}
+
+/// `constraint` as a Lark expression to nest in a grammar; `None` for a Lark grammar, which is a
+/// whole grammar of its own.
+fn lark_body(constraint: &Constraint) -> Option<String> {
+    Some(match constraint {
         Constraint::JsonObject => format!("%json {}", json_layout(json!({"type": "object"}))),
         Constraint::JsonSchema(schema) => format!("%json {}", json_layout(schema.clone())),
         Constraint::Regex(regex) => format!("/{}/", slashes_escaped(regex)),
@@ -55,14 +81,7 @@ pub(super) fn after_reasoning(constraint: &Constraint, end: &str) -> Option<Cons
             .collect::<Vec<_>>()
             .join(" | "),
         Constraint::Lark(_) => return None,
-    };
-    let end = Value::String(end.to_string());
-    Some(Constraint::Lark(format!(
-        "start: reasoning body | reasoning SPACE body\n\
-         reasoning[suffix={end}]: /(?s:.*)/\n\
-         SPACE: /[ \\t\\r\\n]{{1,4}}/\n\
-         body: {body}\n"
-    )))
+    })
 }
 
 /// A regular expression as a Lark `/…/` literal's body: its unescaped slashes escaped.
@@ -337,5 +356,128 @@ mod tests {
             after_reasoning(&Constraint::Lark("start: \"x\"".into()), "</think>"),
             None
         );
+    }
+
+    /// Harmony's markers, special tokens of gpt-oss's tokenizer.
+    const MARKERS: [&str; 7] = [
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|constrain|>",
+        "<|return|>",
+        "<|call|>",
+    ];
+
+    /// The random gpt-oss fixture's tokenizer with harmony's markers as special tokens, and its
+    /// grammars ended as gpt-oss's generation config ends a turn (`<|return|>`, `<|call|>`).
+    fn harmony_grammars() -> (Tokenizer, holo_model::Grammars) {
+        let mut tokenizer = Tokenizer::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/gpt_oss/tokenizer.json"
+        ))
+        .unwrap();
+        let markers = MARKERS.map(|marker| tokenizers::AddedToken::from(marker, true));
+        assert_eq!(
+            tokenizer.add_special_tokens(markers).unwrap(),
+            MARKERS.len()
+        );
+        let size = tokenizer.get_vocab_size(true);
+        let ends = ["<|return|>", "<|call|>"].map(|end| tokenizer.token_to_id(end).unwrap());
+        let grammars = holo_model::Grammars::new(tokenizer.clone(), size, ends.to_vec());
+        (tokenizer, grammars)
+    }
+
+    /// A structured reply with harmony's reading is any number of `analysis` messages, then a `final`
+    /// message that is a sentence of the constraint, ended by `<|return|>`: llguidance's matcher over
+    /// the gpt-oss fixture's tokens lets every token of such a reply through, and refuses a final
+    /// message that breaks the schema, a message on another channel, text outside the messages, and a
+    /// final message ended otherwise. What it lets through reads as the analysis and the JSON.
+    #[test]
+    fn harmony_replies_are_held_in_their_final_message() {
+        let (tokenizer, grammars) = harmony_grammars();
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": false,
+        });
+        let token_id = |marker: &str| tokenizer.token_to_id(marker);
+        let constraint = after_analysis(&Constraint::JsonSchema(schema), token_id)
+            .unwrap()
+            .unwrap();
+        let grammar = grammars.compile(&constraint).unwrap();
+        let holds = |reply: &str| {
+            let ids = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+            grammar.replay(&ids).is_ok()
+        };
+        let answer = r#"{"city": "Paris", "days": 3}"#;
+        let analysis =
+            "<|channel|>analysis<|message|>Paris, 3 days <maybe> < 4.<|end|><|start|>assistant";
+        let last = format!("<|channel|>final<|message|>{answer}<|return|>");
+        let thought = "Paris, 3 days <maybe> < 4.";
+        for (reply, reasoning) in [
+            (format!("{analysis}{last}"), Some(thought.to_string())),
+            (last.clone(), None),
+            (
+                format!("{analysis}{analysis}{last}"),
+                Some(format!("{thought}\n{thought}")),
+            ),
+            (
+                format!("<|channel|>analysis<|message|><|end|><|start|>assistant{last}"),
+                None,
+            ),
+        ] {
+            assert!(holds(&reply), "{reply}");
+            let read = Harmony { reasoning: true }.parts(&reply, false);
+            assert_eq!(read, (reasoning, Some(answer.to_string())), "{reply}");
+        }
+        for refused in [
+            // The schema's: a city it does not list, too many days, a key it does not know.
+            r#"{"city": "Rome", "days": 3}"#,
+            r#"{"city": "Paris", "days": 9}"#,
+            r#"{"city": "Paris", "days": 3, "x": 1}"#,
+        ] {
+            let reply = format!("{analysis}<|channel|>final<|message|>{refused}<|return|>");
+            assert!(!holds(&reply), "{reply}");
+        }
+        for outside in [
+            format!("Sure. {last}"),
+            format!("<|channel|>commentary<|message|>Hi.<|end|><|start|>assistant{last}"),
+            format!("<|channel|>final <|constrain|>json<|message|>{answer}<|return|>"),
+            format!("<|channel|>final<|message|>{answer}<|end|>"),
+            format!("<|channel|>final<|message|>{answer}<|call|>"),
+            format!("<|channel|>analysis<|message|>a <|channel|> b<|end|><|start|>assistant{last}"),
+            format!("<|channel|>analysis<|message|>a<|end|>{last}"),
+        ] {
+            assert!(!holds(&outside), "{outside}");
+        }
+    }
+
+    /// Every constraint but a client's Lark grammar nests in a harmony reply's final message in a
+    /// grammar llguidance compiles; a tokenizer without harmony's markers cannot hold one.
+    #[test]
+    fn constraints_nest_in_the_final_message() {
+        let (tokenizer, grammars) = harmony_grammars();
+        let token_id = |marker: &str| tokenizer.token_to_id(marker);
+        for constraint in [
+            Constraint::JsonObject,
+            Constraint::Regex(r"(yes|no)/[0-9]+".into()),
+            Constraint::Choice(vec!["red".into(), "a \"blue\" one".into()]),
+        ] {
+            let nested = after_analysis(&constraint, token_id).unwrap().unwrap();
+            if let Err(error) = grammars.compile(&nested) {
+                panic!("{constraint:?}: {error}\n{nested:?}");
+            }
+        }
+        let lark = Constraint::Lark("start: \"x\"".into());
+        assert!(after_analysis(&lark, token_id).is_none());
+        let error = after_analysis(&Constraint::JsonObject, |_| None)
+            .unwrap()
+            .unwrap_err();
+        assert!(error.contains("<|start|>"), "{error}");
     }
 }

@@ -357,3 +357,243 @@ async fn forced_calls_are_written_in_harmony_s_format() {
         }
     }
 }
+
+/// The id of `<|end|>` in [`start_gpt_oss_qwen3`]'s tokenizer.
+const END: u32 = 501;
+
+/// The random tiny Qwen3 served with `--reasoning-parser openai_gptoss`, its tokenizer given
+/// harmony's markers as tokens of their own (ids 500 to 506, [`MARKERS`]' order).
+async fn start_gpt_oss_qwen3() -> (ServerHandle, String, crate::common::tempdir::Dir) {
+    let markers: Vec<(u32, &str)> = (500..).zip(MARKERS).collect();
+    assert_eq!(markers[1], (END, "<|end|>"));
+    start_qwen3_with(
+        |dir| respell(dir, &markers),
+        |served| served.reasoning_parser = Some(ReasoningParser::GptOss),
+    )
+    .await
+}
+
+/// A streamed chat's choices, chunk by chunk.
+async fn streamed_choices(client: &Client, mut body: Value) -> Vec<Value> {
+    body["stream"] = json!(true);
+    let (status, text) = {
+        let response = client
+            .http
+            .post(format!("{}/v1/chat/completions", client.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.text().await.unwrap())
+    };
+    assert_eq!(status, 200, "{text}");
+    sse_payloads(&text)
+        .into_iter()
+        .flat_map(|chunk| chunk["choices"].as_array().unwrap().clone())
+        .collect()
+}
+
+/// The reply's JSON, checked against the schema of the structured tests below: `ok` a boolean and `n`
+/// an integer from 0 to 9, nothing else.
+fn validated(content: &str) -> Value {
+    let value: Value =
+        serde_json::from_str(content).unwrap_or_else(|error| panic!("{error}: {content:?}"));
+    let object = value.as_object().unwrap();
+    assert!(object["ok"].is_boolean(), "{content}");
+    assert!(
+        (0..=9).contains(&object["n"].as_i64().unwrap()),
+        "{content}"
+    );
+    assert_eq!(object.len(), 2, "{content}");
+    value
+}
+
+const FINAL: &str = r#"
+import json, sys
+from openai import OpenAI
+from pydantic import BaseModel, ConfigDict, Field
+
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+model = sys.argv[2]
+bias = {sys.argv[3]: 12}
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    n: int = Field(ge=0, le=9)
+
+out = {"parsed": [], "streamed": []}
+for seed in range(3):
+    messages = [{"role": "user", "content": f"Answer {seed} in JSON."}]
+    reply = client.chat.completions.parse(
+        model=model, messages=messages, response_format=Answer, temperature=1.0, seed=seed,
+        max_tokens=200, logit_bias=bias,
+    )
+    message = reply.choices[0].message
+    out["parsed"].append({
+        "content": message.content,
+        "parsed": message.parsed.model_dump(),
+        "reasoning": getattr(message, "reasoning", None),
+        "finish_reason": reply.choices[0].finish_reason,
+    })
+    stream = client.chat.completions.create(
+        model=model, messages=messages, temperature=1.0, seed=seed, max_tokens=200,
+        logit_bias=bias, stream=True,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": Answer.model_json_schema(), "strict": True}},
+    )
+    content, reasoning = "", ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            reasoning += getattr(choice.delta, "reasoning", None) or ""
+    Answer.model_validate_json(content)
+    out["streamed"].append({"content": content, "reasoning": reasoning})
+print(json.dumps(out))
+"#;
+
+/// With harmony's reading, a structured reply's grammar holds its `final` message, after any
+/// `analysis` messages, as vLLM starts it once `<|channel|>final<|message|>` is written: the random
+/// tiny Qwen3, its tokenizer given harmony's markers as tokens of their own (and a bias towards
+/// `<|end|>`, since random weights never end a message; a prompt per seed, since from one prompt they
+/// choose the same channel), writes analysis messages freely, then a final message of JSON that
+/// validates. Whole, streamed (the same seeds, the same replies) and through the
+/// official `openai` client (whose `parse` validates with pydantic), the answer reads as that
+/// analysis (`reasoning`) and that JSON (`content`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_reply_is_held_in_its_final_message() {
+    let (server, base, _dir) = start_gpt_oss_qwen3().await;
+    let end = END.to_string();
+    let client = Client::new(&server);
+    let schema = json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["ok", "n"],
+        "additionalProperties": false,
+    });
+    let mut reasoned = 0;
+    for seed in 0..12 {
+        let body = json!({
+            "messages": [{"role": "user", "content": format!("Answer {seed} in JSON.")}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+            "logit_bias": {&end: 12},
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 200,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body.clone()).await;
+        assert_eq!(status, 200, "{answer:#}");
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop", "{answer:#}");
+        let message = &choice["message"];
+        let content = message["content"].as_str().expect("a content");
+        validated(content);
+        let reasoning = message["reasoning"].as_str();
+        if let Some(reasoning) = reasoning {
+            assert!(!reasoning.contains("<|"), "{answer:#}");
+            let counted = &answer["usage"]["completion_tokens_details"]["reasoning_tokens"];
+            assert!(counted.as_u64().unwrap() > 0, "{answer:#}");
+            reasoned += 1;
+        }
+
+        let chunks = streamed_choices(&client, body).await;
+        assert_eq!(
+            joined(&chunks),
+            (reasoning.map(str::to_string), Some(content.to_string())),
+            "{chunks:#?}"
+        );
+        assert_eq!(chunks.last().unwrap()["finish_reason"], "stop");
+        for chunk in &chunks {
+            let delta = chunk["delta"].to_string();
+            assert!(!delta.contains("<|"), "a marker in {delta}");
+        }
+    }
+    // Replies of both shapes: some with analysis messages, some answering at once.
+    assert!(
+        (2..12).contains(&reasoned),
+        "{reasoned} of 12 replies wrote an analysis before answering"
+    );
+
+    let Some(out) = run_python(&["openai", "pydantic"], FINAL, &base, &[&end]).await else {
+        return;
+    };
+    for (parsed, streamed) in out["parsed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(out["streamed"].as_array().unwrap())
+    {
+        assert_eq!(parsed["finish_reason"], "stop", "{out:#}");
+        let content = parsed["content"].as_str().unwrap();
+        assert_eq!(validated(content), parsed["parsed"], "{out:#}");
+        assert_eq!(streamed["content"], content, "{out:#}");
+        let reasoning = parsed["reasoning"].as_str().unwrap_or("");
+        assert_eq!(streamed["reasoning"], reasoning, "{out:#}");
+    }
+}
+
+/// With harmony's reading a `guided_choice` is held in the final message too; a client's Lark grammar,
+/// which cannot be nested in another, holds the whole reply from its first token, so the reply is all
+/// content (no harmony message); and a tokenizer without harmony's markers cannot hold a final
+/// message, which the request is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_nest_and_client_grammars_hold_the_whole_reply() {
+    let (server, _base, _dir) = start_gpt_oss_qwen3().await;
+    let client = Client::new(&server);
+    let choices = ["red", "green apple"];
+    for seed in 0..3 {
+        let body = json!({
+            // The prompts and seeds after which the test above answers (random weights may write
+            // empty analysis messages to any length).
+            "messages": [{"role": "user", "content": format!("Answer {seed} in JSON.")}],
+            "guided_choice": choices,
+            "logit_bias": {END.to_string(): 12},
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 200,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{answer:#}");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer:#}");
+        let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(choices.contains(&content), "{answer:#}");
+
+        let body = json!({
+            "messages": [{"role": "user", "content": format!("Count {seed}.")}],
+            "guided_grammar": "start: \"ok(\" NUMBER \")\"\nNUMBER: /[0-9]{1,3}/\n",
+            "seed": seed,
+            "max_tokens": 20,
+        });
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{answer:#}");
+        let message = &answer["choices"][0]["message"];
+        let content = message["content"].as_str().unwrap();
+        let number = content
+            .strip_prefix("ok(")
+            .and_then(|rest| rest.strip_suffix(')'));
+        assert!(
+            number.is_some_and(|number| number.parse::<u32>().is_ok()),
+            "{answer:#}"
+        );
+        assert_eq!(message["reasoning"], Value::Null, "{answer:#}");
+    }
+
+    let server = serve_replier(
+        tokenizer(),
+        Some(ReasoningParser::GptOss),
+        ToolFormat::Harmony,
+    )
+    .await;
+    let body = json!({
+        "messages": [{"role": "user", "content": "REPLY:{}"}],
+        "response_format": {"type": "json_object"},
+    });
+    let (status, answer) = Client::new(&server)
+        .post("/v1/chat/completions", body)
+        .await;
+    assert_eq!(status, 400, "{answer:#}");
+    assert_eq!(answer["error"]["param"], "response_format", "{answer:#}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no `<|start|>` token"), "{answer:#}");
+}

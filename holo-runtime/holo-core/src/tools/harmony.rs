@@ -23,8 +23,10 @@ pub(super) const CHANNEL: &str = "<|channel|>";
 pub(super) const MESSAGE: &str = "<|message|>";
 pub(super) const CONSTRAIN: &str = "<|constrain|>";
 pub(super) const CALL: &str = "<|call|>";
+const END: &str = "<|end|>";
+const RETURN: &str = "<|return|>";
 /// The markers that end a message's content (harmony's stop tokens).
-const ENDS: [&str; 3] = ["<|end|>", "<|return|>", CALL];
+const ENDS: [&str; 3] = [END, RETURN, CALL];
 /// What recipients that are functions start with.
 pub(super) const FUNCTIONS: &str = "functions.";
 
@@ -292,6 +294,45 @@ pub(super) fn grammar(
         })
         .collect();
     Ok(format!("start: {}\n", alternatives.join("\n     | ")))
+}
+
+/// A Lark grammar whose sentences are a reply whose `final` message is a sentence of `body` (a Lark
+/// expression), as vLLM holds a gpt-oss reply to a structured output once `<|channel|>final<|message|>`
+/// is written: any number of `analysis` messages as gpt-oss writes them
+/// (`<|channel|>analysis<|message|>…<|end|><|start|>assistant`), then
+/// `<|channel|>final<|message|>`, a sentence of `body`, and `<|return|>`. `token_id` finds the
+/// markers' ids.
+///
+/// Where vLLM leaves the model free before the `final` header, this grammar admits `analysis`
+/// messages only, so that every reply is one openai-harmony's parser reads and its content is the
+/// body alone: a preamble (`commentary` to no one) would be content too, and a call no answer. The
+/// final message ends with `<|return|>`, the marker that ends an answer (after `<|end|>` the model
+/// could write on; `<|call|>` ends a call). The analysis' text never holds `<|`, so that a tokenizer
+/// that spells the markers with ordinary tokens cannot write one inside it (harmony's reading, of the
+/// text, would end the message there).
+pub fn after_analysis(
+    body: &str,
+    token_id: impl Fn(&str) -> Option<u32>,
+) -> Result<String, String> {
+    let marker = |marker: &str| {
+        token_id(marker)
+            .map(|id| format!("<[{id}]>"))
+            .ok_or_else(|| format!("the tokenizer has no `{marker}` token for harmony's channels"))
+    };
+    let (start, channel, message, end, ret) = (
+        marker(START)?,
+        marker(CHANNEL)?,
+        marker(MESSAGE)?,
+        marker(END)?,
+        marker(RETURN)?,
+    );
+    Ok(format!(
+        "start: analysis* final\n\
+         analysis: {channel} \"analysis\" {message} TEXT? {end} {start} \"assistant\"\n\
+         TEXT: /(?s:[^<]|<+[^<|])+/\n\
+         final: {channel} \"final\" {message} body {ret}\n\
+         body: {body}\n"
+    ))
 }
 
 /// Where the content of the last message of `reply` may still grow into a marker: the length of its
