@@ -15,8 +15,8 @@ use holo_runtime::local::files::load_model;
 use holo_runtime::local::gguf::load_quantized;
 use holo_runtime::local::init::{parameter_specs, Init};
 use holo_runtime::local::model::{LoraConfig, Model, Ops, Targets, Weight};
-use holo_runtime::local::ModelConfig;
 use holo_runtime::local::testing::{max_abs, max_difference};
+use holo_runtime::local::ModelConfig;
 use holo_runtime::train::{GrpoConfig, Policy, RunOptions, TrainError, Trainer, TrainingArguments};
 use holo_runtime::{Resources, Rollout};
 
@@ -117,15 +117,20 @@ fn lora_over_k_quant_blocks_is_lora_over_the_dequantized_base() {
     let exact = f32_model
         .token_logprobs(&ids, &mask, Ops::Differentiable)
         .unwrap();
-    let files: [(&str, &dyn Fn(&str) -> GgmlDType); 4] = [
-        ("Q4_K", &|_| GgmlDType::Q4K),
-        ("Q5_K", &|_| GgmlDType::Q5K),
-        ("Q6_K", &|_| GgmlDType::Q6K),
-        ("Q4_K_M", &q4_k_m),
-    ];
-    for (name, types) in files {
+    let mut files = Vec::new();
+    for (name, dtype) in [
+        ("Q4_K", GgmlDType::Q4K),
+        ("Q5_K", GgmlDType::Q5K),
+        ("Q6_K", GgmlDType::Q6K),
+    ] {
         let file = dir.join(format!("{name}.gguf"));
-        write_gguf_mixed(&folder, types, &file);
+        write_gguf(&folder, dtype, &file);
+        files.push((name, file));
+    }
+    let file = dir.join("Q4_K_M.gguf");
+    write_gguf_mixed(&folder, &q4_k_m, &file);
+    files.push(("Q4_K_M", file));
+    for (name, file) in files {
         let dequantized = load_model(&file, DType::F32, &Device::Cpu).unwrap();
         let logprobs = dequantized
             .token_logprobs(&ids, &mask, Ops::Differentiable)
@@ -506,10 +511,9 @@ fn holo_train_quantized_trains_lora_over_k_quant_blocks() {
         stderr.contains("memory plan (peak resident memory, by term):"),
         "{stderr}"
     );
-    let plan: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("run/memory_plan.json")).unwrap(),
-    )
-    .unwrap();
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run/memory_plan.json")).unwrap())
+            .unwrap();
     assert_eq!(plan["inputs"]["quantized"], true, "{plan}");
     let metrics = crate::common::run_metrics(&dir.join("run"));
     assert_eq!(metrics.len(), 2, "{metrics:?}");
@@ -536,7 +540,10 @@ fn holo_train_quantized_trains_lora_over_k_quant_blocks() {
         .filter(|(name, b)| name.contains("lora_B") && max_abs(b) > 0.0)
         .map(|(name, _)| name)
         .collect();
-    let trained = adapter.keys().filter(|name| name.contains("lora_B")).count();
+    let trained = adapter
+        .keys()
+        .filter(|name| name.contains("lora_B"))
+        .count();
     assert_eq!(moved.len(), trained, "{moved:?}");
     assert_eq!(trained, 2 * 7, "every projection of both layers");
 }

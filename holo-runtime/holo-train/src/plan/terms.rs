@@ -681,10 +681,11 @@ mod tests {
         );
     }
 
-    /// `--quantized` over the tiny Qwen2's Q8_0 file: the projections (2 layers × (64 × 64 × 2 + 64 × 32 × 2
-    /// + 3 × 64 × 128) = 73,728 weights) at Q8_0's 34 bytes per 32 instead of f32's 4 a weight, the tied
-    /// embeddings' blocks (512 × 64) beside their f32, and one MLP matrix (64 × 128) expanded to f32 in
-    /// the passes; the same file loaded dequantized plans every weight in f32 and expands nothing.
+    /// `--quantized` over the tiny Qwen2's Q8_0 file: the projections (2 layers of q and o 64 × 64, k and
+    /// v 32 × 64, gate, up and down 64 × 128: 73,728 weights) at Q8_0's 34 bytes per 32 instead of
+    /// f32's 4 a weight, the tied embeddings' blocks (512 × 64) beside their f32, and one MLP matrix
+    /// (64 × 128) expanded to f32 in the passes; the same file loaded dequantized plans every weight in
+    /// f32 and expands nothing.
     #[test]
     fn a_quantized_base_weighs_its_blocks() {
         let mut run = inputs();
@@ -705,10 +706,7 @@ mod tests {
         assert_eq!(expansion(&run), 0);
         let dense = crate::plan::Plan::of(&run);
         run.quantized = true;
-        assert_eq!(
-            weights(&run),
-            (107_072 - 73_728) * 4 + 78_336 + 34_816
-        );
+        assert_eq!(weights(&run), (107_072 - 73_728) * 4 + 78_336 + 34_816);
         assert_eq!(expansion(&run), 64 * 128 * 4);
         let plan = crate::plan::Plan::of(&run);
         for ((phase, held, bytes), (_, _, dense)) in plan.phases().into_iter().zip(dense.phases()) {
