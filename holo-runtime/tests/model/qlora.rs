@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use holo_runtime::holotypes;
 use holo_runtime::interpreter::{Holoware, Row};
 use holo_runtime::local::files::load_model;
-use holo_runtime::local::gguf::load_quantized;
+use holo_runtime::local::gguf::{load_quantized, Gguf};
 use holo_runtime::local::init::{parameter_specs, Init};
 use holo_runtime::local::model::{LoraConfig, Model, Ops, Targets, Weight};
 use holo_runtime::local::testing::{max_abs, max_difference};
@@ -149,6 +149,45 @@ fn lora_over_k_quant_blocks_is_lora_over_the_dequantized_base() {
             }
         }
         assert_lora_over_blocks_is_lora_over_dense(name, &file);
+    }
+}
+
+/// What the memory plan reads off a GGUF header as kept in blocks (`Gguf::kept_blocks`) is what
+/// `load_quantized` keeps: the projections' elements and bytes in blocks (a fused `attn_qkv` split by rows
+/// or kept whole as Phi-3's, a Qwen3 file whose converter left some matrices unquantized, the k-quant
+/// mixture), the head's blocks (the decoding bytes' share that is not the projections'; none where the
+/// loader holds the head dense only), and at least the largest projection it expands.
+#[test]
+fn the_plan_reads_the_blocks_the_loader_keeps() {
+    let dir = scratch("qlora-kept");
+    let mixture = dir.join("q4_k_m.gguf");
+    write_gguf_mixed(&k_quant_folder(&dir.join("model")), &q4_k_m, &mixture);
+    let converted = ["llama-q8_0", "llama-qkv-q8_0", "phi3-q8_0", "qwen3-q8_0"]
+        .map(|name| fixture(&format!("gguf/converted/{name}.gguf")));
+    for file in converted.iter().chain([&mixture]) {
+        let kept = Gguf::open(file).unwrap().kept_blocks().unwrap();
+        let model = load_quantized(file, DType::F32, &Device::Cpu).unwrap();
+        let (mut elements, mut bytes, mut largest, mut every) = (0, 0, 0, 0);
+        for layer in &model.layers {
+            for (_, linear) in Model::linears(layer) {
+                every += linear.weight.bytes();
+                if let Weight::Quantized(blocks) = &linear.weight {
+                    elements += blocks.shape().elem_count();
+                    bytes += blocks.storage_size_in_bytes();
+                    largest = largest.max(blocks.shape().elem_count());
+                }
+            }
+        }
+        let name = file.display();
+        assert!(elements > 0, "{name}");
+        assert_eq!(kept.projections, elements as u64, "{name}");
+        assert_eq!(kept.projection_bytes, bytes as u64, "{name}");
+        assert!(kept.largest >= largest as u64, "{name}");
+        let config = &model.config;
+        let dense_head = config.vocab_size * config.hidden_size * 4;
+        let head = model.decoding_bytes() - every;
+        let expected = if head == dense_head { 0 } else { head };
+        assert_eq!(kept.head_bytes, expected as u64, "{name}");
     }
 }
 
