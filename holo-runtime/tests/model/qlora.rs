@@ -108,6 +108,8 @@ fn lora_over_quantized_blocks_is_lora_over_the_dequantized_base() {
 /// [`lora_over_quantized_blocks_is_lora_over_the_dequantized_base`] (the sums here have 256–512
 /// terms, still far below 1e-4's reach). That tolerance sees a wrong base: each file's dequantized
 /// log-probabilities stand further from the f32 model's (the quantization's own error) than it allows.
+/// Measured: identical, log-probabilities and gradients; the quantization moves log-probabilities by
+/// 0.06 (Q6_K) to 0.27 (Q4_K), 80 to 340 times the tolerance; the sampler's, by 0.015–0.031.
 #[test]
 fn lora_over_k_quant_blocks_is_lora_over_the_dequantized_base() {
     let dir = scratch("qlora-k-quants");
