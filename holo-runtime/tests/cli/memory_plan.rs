@@ -167,3 +167,98 @@ fn a_gguf_file_is_planned_as_its_folder() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `holo train --quantized --use-peft` is planned at its blocks' bytes: over llama.cpp's converter's Q8_0
+/// file of the tiny Llama, its weights are the same file's dequantized plan less the projections' f32
+/// (every `blk.N` matrix the loader keeps) plus their blocks' bytes and the untied head's blocks beside
+/// its dense tensor, read off the file's header here with candle's reader; one projection's expansion
+/// (the MLP's 128 × 64, in f32) joins the passes; every other term is the dequantized run's. Between the
+/// two peaks, the run in blocks fits and trains and the dequantized one is refused before loading.
+#[test]
+fn a_quantized_run_is_planned_at_its_blocks_bytes() {
+    use candle_core::quantized::gguf_file;
+    let model = "models/gguf/converted/llama-q8_0.gguf";
+    let dir = scratch("quantized");
+    let plan = |out: &Path, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["--use-peft"];
+        args.extend_from_slice(extra);
+        let output = train_model(model, out, 2, &args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("memory plan (peak resident memory, by term):"),
+            "{stderr}"
+        );
+        serde_json::from_str(&std::fs::read_to_string(out.join("memory_plan.json")).unwrap())
+            .unwrap()
+    };
+    let term = |plan: &serde_json::Value, name: &str| -> u64 {
+        plan["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|term| term["name"] == name)
+            .map(|term| term["bytes"].as_u64().unwrap())
+            .unwrap()
+    };
+    let dense = plan(&dir.join("dense"), &["--memory-limit", "100"]);
+    let blocks = plan(
+        &dir.join("blocks"),
+        &["--memory-limit", "100", "--quantized"],
+    );
+    assert_eq!(blocks["inputs"]["quantized"], true);
+    assert_eq!(dense["inputs"]["quantized"], false);
+
+    let mut file = std::fs::File::open(fixture(model)).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let (mut elements, mut bytes, mut head, mut largest) = (0u64, 0u64, 0u64, 0u64);
+    for (name, info) in &content.tensor_infos {
+        let count = info.shape.elem_count() as u64;
+        let stored =
+            count / info.ggml_dtype.block_size() as u64 * info.ggml_dtype.type_size() as u64;
+        if name.starts_with("blk.") && info.shape.rank() == 2 {
+            (elements, bytes, largest) = (elements + count, bytes + stored, largest.max(count));
+        } else if name == "output.weight" {
+            head = stored;
+        }
+    }
+    assert_eq!((largest, head), (128 * 64, 512 * 64 / 32 * 34));
+    assert_eq!(
+        term(&blocks, "weights"),
+        term(&dense, "weights") - 4 * elements + bytes + head
+    );
+    assert_eq!(term(&blocks, "expansion"), 4 * largest);
+    assert_eq!(term(&dense, "expansion"), 0);
+    for name in dense["terms"].as_array().unwrap().iter() {
+        let name = name["name"].as_str().unwrap();
+        if !["weights", "expansion"].contains(&name) {
+            assert_eq!(term(&blocks, name), term(&dense, name), "{name}");
+        }
+    }
+
+    let (low, high) = (
+        blocks["peak"]["bytes"].as_u64().unwrap(),
+        dense["peak"]["bytes"].as_u64().unwrap(),
+    );
+    assert!(low < high, "{low} against {high}");
+    let limit = format!("{}", (low + high) as f64 / 2.0 / (1u64 << 30) as f64);
+    let fits = dir.join("fits");
+    let output = train_model(
+        model,
+        &fits,
+        2,
+        &["--use-peft", "--quantized", "--memory-limit", &limit],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(fits.join("metrics.jsonl").exists());
+    let output = train_model(
+        model,
+        &dir.join("refused"),
+        2,
+        &["--use-peft", "--memory-limit", &limit],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("error: memory plan:"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -255,6 +255,12 @@ fn metadata(dir: &Path, config: &ModelConfig) -> Metadata {
 
 /// The fixture folder `dir` as a GGUF file: norms in F32, matrices in `matrices`.
 pub(super) fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
+    write_gguf_mixed(dir, &|_| matrices, out)
+}
+
+/// [`write_gguf`] with each matrix in the type `matrices` gives its llama.cpp name (`blk.0.ffn_down.weight`,
+/// `token_embd.weight`, …), as llama.cpp's mixtures (`Q4_K_M`: some tensors in Q6_K) store them.
+pub(super) fn write_gguf_mixed(dir: &Path, matrices: &dyn Fn(&str) -> GgmlDType, out: &Path) {
     let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let tensors =
         candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
@@ -287,10 +293,9 @@ pub(super) fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
         experts.sort_by_key(|(expert, _)| *expert);
         let experts: Vec<Tensor> = experts.into_iter().map(|(_, tensor)| tensor).collect();
         let tensor = Tensor::stack(&experts, 0).unwrap();
-        quantized.push((
-            format!("blk.{layer}.{kind}.weight"),
-            QTensor::quantize(&tensor, matrices).unwrap(),
-        ));
+        let name = format!("blk.{layer}.{kind}.weight");
+        let dtype = matrices(&name);
+        quantized.push((name, QTensor::quantize(&tensor, dtype).unwrap()));
     }
     for name in names
         .into_iter()
@@ -308,15 +313,13 @@ pub(super) fn write_gguf(dir: &Path, matrices: GgmlDType, out: &Path) {
             // llama.cpp's converter stores Gemma's norms as `1 + w`.
             tensor = tensor.affine(1.0, 1.0).unwrap();
         }
+        let name = gguf_name(config.arch, name);
         let dtype = if tensor.rank() == 2 {
-            matrices
+            matrices(&name)
         } else {
             GgmlDType::F32
         };
-        quantized.push((
-            gguf_name(config.arch, name),
-            QTensor::quantize(&tensor, dtype).unwrap(),
-        ));
+        quantized.push((name, QTensor::quantize(&tensor, dtype).unwrap()));
     }
     write_file(&metadata(dir, &config), &quantized, out);
 }

@@ -284,6 +284,13 @@ impl TensorInfo {
         ))
     }
 
+    /// The bytes the tensor's blocks take in the file (and in memory, kept as they are), when its type
+    /// is one read here.
+    pub fn stored_bytes(&self) -> Option<u64> {
+        let (values, bytes) = self.kind.block()?;
+        Some((self.shape.elem_count() / values * bytes) as u64)
+    }
+
     /// The bytes of `count` values starting `start` values into the tensor (both whole blocks).
     fn bytes<R: Read + Seek>(
         &self,

@@ -344,6 +344,35 @@ impl Gguf {
             .collect()
     }
 
+    /// What a model loaded with [`Blocks::Keep`] holds as the file's blocks, read off the header as
+    /// [`Gguf::model`] decides it (the data is not read).
+    pub fn kept_blocks(&self) -> Result<KeptBlocks, LoadError> {
+        let config = self.config()?;
+        let mut kept = KeptBlocks::default();
+        for (name, info) in &self.header.tensors {
+            let bytes = info.stored_bytes().unwrap_or(0);
+            let elements = info.shape.elem_count() as u64;
+            if layer_of(name).is_some_and(|layer| layer >= config.num_hidden_layers) {
+                continue;
+            }
+            let projection = match expert_tensor(name) {
+                Some(_) => info.kind == TensorType::Mxfp4,
+                None => qwen35::linear_tensor(&config, name).is_none() && keeps(name, info),
+            };
+            if projection {
+                kept.projections += elements;
+                kept.projection_bytes += bytes;
+                // MXFP4 experts have no backward: only the blocks LoRA trains over are expanded.
+                if info.kind != TensorType::Mxfp4 {
+                    kept.largest = kept.largest.max(elements);
+                }
+            } else if name == head_name(&config) && keeps_type(info) {
+                kept.head_bytes = bytes;
+            }
+        }
+        Ok(kept)
+    }
+
     /// The model config the metadata describes.
     pub fn config(&self) -> Result<ModelConfig, LoadError> {
         let (arch, name) = self.arch()?;
@@ -859,10 +888,7 @@ impl Gguf {
             tensors: HashMap::new(),
             kept: HashMap::new(),
         };
-        let head_name = match config.tie_word_embeddings {
-            true => "token_embd.weight",
-            false => "output.weight",
-        };
+        let head_name = head_name(&config);
         let mut head_blocks = None;
         for name in names {
             if (name.starts_with("rope_factors_") && config.arch == Arch::Phi3)
@@ -1014,6 +1040,31 @@ impl Gguf {
             )));
         }
         Ok(model)
+    }
+}
+
+/// What a model loaded with [`Blocks::Keep`] holds as a GGUF file's blocks ([`Gguf::kept_blocks`]),
+/// for a memory plan: the projections held as blocks instead of dense tensors, and the output head's
+/// blocks held beside its dense tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeptBlocks {
+    /// Elements of the projections kept as blocks (a fused `attn_qkv` split by rows counts whole).
+    pub projections: u64,
+    /// Their blocks' bytes.
+    pub projection_bytes: u64,
+    /// The largest projection LoRA trains over, in elements: what a training pass expands to f32 for
+    /// one product at a time (`kernels/blocks.rs`).
+    pub largest: u64,
+    /// The output head's (or the tied embeddings') blocks, kept for the sampler's logits beside the
+    /// dense tensor the embeddings and the training head use; 0 when not kept.
+    pub head_bytes: u64,
+}
+
+/// The tensor the output head multiplies by: the embeddings when tied.
+fn head_name(config: &ModelConfig) -> &'static str {
+    match config.tie_word_embeddings {
+        true => "token_embd.weight",
+        false => "output.weight",
     }
 }
 

@@ -72,6 +72,9 @@ pub struct Inputs {
     pub ahead: u64,
     /// Bytes of the model folder's `tokenizer.json`.
     pub tokenizer_bytes: u64,
+    /// The base loaded with its projections kept as a GGUF file's blocks (`--quantized`): they weigh
+    /// their blocks' bytes ([`Sizes::blocks`]), and a training pass expands one at a time.
+    pub quantized: bool,
 }
 
 impl Inputs {
@@ -110,6 +113,7 @@ impl Inputs {
             head_budget: LOGITS_BUDGET,
             ahead: config.max_off_policy_steps,
             tokenizer_bytes,
+            quantized: false,
         }
     }
 
@@ -143,6 +147,7 @@ impl Inputs {
             head_budget: LOGITS_BUDGET,
             ahead: 0,
             tokenizer_bytes,
+            quantized: false,
         }
     }
 }
@@ -181,7 +186,7 @@ pub fn example_tokens(path: &Path) -> std::io::Result<(usize, usize)> {
 type TermOf = (&'static str, fn(&Inputs) -> u64, &'static str);
 
 /// The terms of a plan, in the order the table shows them.
-const TERMS: [TermOf; 18] = [
+const TERMS: [TermOf; 19] = [
     (
         "runtime",
         |_| terms::RUNTIME,
@@ -247,6 +252,11 @@ const TERMS: [TermOf; 18] = [
         "the head beside its adapter's columns, [W, B]",
     ),
     ("layer", terms::layer, "one recomputed layer's backward"),
+    (
+        "expansion",
+        terms::expansion,
+        "a projection's blocks expanded for one product",
+    ),
     ("update", terms::update, "an optimizer step's temporaries"),
     ("kv cache", terms::cache, "the sampler's keys and values"),
     (
@@ -302,6 +312,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "critic",
             "optimizer",
             "scoring",
+            "expansion",
             "snapshots",
             "drawing",
         ],
@@ -319,6 +330,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "activations",
             "head",
             "head adapter",
+            "expansion",
             "snapshots",
             "drawing",
         ],
@@ -336,6 +348,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "activations",
             "layer",
             "head adapter",
+            "expansion",
             "snapshots",
             "drawing",
         ],
@@ -444,6 +457,7 @@ impl Plan {
                 "gradient_checkpointing": inputs.recompute,
                 "reference": inputs.reference,
                 "head_budget": inputs.head_budget,
+                "quantized": inputs.quantized,
             },
             "terms": self.terms.iter().map(|(name, bytes, what)| {
                 json!({"name": name, "bytes": bytes, "what": what})
@@ -578,6 +592,7 @@ pub(crate) mod tests {
             head_budget: LOGITS_BUDGET,
             ahead: 0,
             tokenizer_bytes: 0,
+            quantized: false,
         }
     }
 

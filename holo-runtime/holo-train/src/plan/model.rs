@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use holo_model::config::{ModelConfig, NormPlacement, QkNorm};
-use holo_model::gguf::Gguf;
+use holo_model::gguf::{Gguf, KeptBlocks};
 use holo_model::model::{targets, ExpertStack, LoraConfig};
 
 /// The output head's module name, as LoRA's targets name it.
@@ -22,12 +22,15 @@ pub struct Sizes {
     pub parameters: u64,
     /// Each weight's name and element count (empty when read from the shapes alone).
     pub tensors: Vec<(String, u64)>,
+    /// Of a GGUF file, what `--quantized` keeps as the file's blocks; `None` for a folder.
+    pub blocks: Option<KeptBlocks>,
 }
 
 impl Sizes {
     /// The sizes of the model folder or GGUF file `path` and the bytes of its tokenizer's JSON (a
     /// folder's `tokenizer.json`; of a GGUF file, what its loader builds, [`Gguf::tokenizer_json_bytes`]),
-    /// reading `config.json` and the safetensors headers, or the GGUF header, only.
+    /// reading `config.json` and the safetensors headers, or the GGUF header, only (of a GGUF file,
+    /// what `--quantized` keeps as its blocks too, [`Gguf::kept_blocks`]).
     pub fn read(path: &Path) -> Result<(Sizes, u64), String> {
         let fail = |error: String| format!("--model `{}`: {error}", path.display());
         if holo_model::gguf::is_gguf(path) {
@@ -37,10 +40,14 @@ impl Sizes {
                 .tokenizer_json_bytes()
                 .map_err(|error| fail(error.to_string()))?;
             let tensors = gguf.tensor_elements();
+            let blocks = gguf
+                .kept_blocks()
+                .map_err(|error| fail(error.to_string()))?;
             let sizes = Sizes {
                 parameters: tensors.iter().map(|(_, count)| count).sum(),
                 config,
                 tensors,
+                blocks: Some(blocks),
             };
             return Ok((sizes, tokenizer));
         }
@@ -64,6 +71,7 @@ impl Sizes {
                 parameters: tensors.iter().map(|(_, count)| count).sum(),
                 config,
                 tensors,
+                blocks: None,
             }
         };
         let tokenizer = std::fs::metadata(path.join("tokenizer.json")).map_or(0, |m| m.len());
@@ -100,6 +108,7 @@ impl Sizes {
             parameters: vocab * hidden + layers + hidden + head,
             config,
             tensors: Vec::new(),
+            blocks: None,
         }
     }
 

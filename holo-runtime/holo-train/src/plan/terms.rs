@@ -199,9 +199,31 @@ fn layers(inputs: &Inputs) -> Vec<(LayerSpec, u64)> {
         .collect()
 }
 
-/// The weights, in the training type.
+/// The weights, in the training type; under `--quantized`, the projections kept as the file's blocks
+/// at their blocks' bytes instead, and the output head's blocks beside its dense tensor (the sampler's
+/// logits read them), the rest dequantized to the training type.
 pub fn weights(inputs: &Inputs) -> u64 {
-    inputs.sizes.parameters * inputs.dtype_bytes
+    match blocks(inputs) {
+        Some(kept) => {
+            (inputs.sizes.parameters - kept.projections) * inputs.dtype_bytes
+                + kept.projection_bytes
+                + kept.head_bytes
+        }
+        None => inputs.sizes.parameters * inputs.dtype_bytes,
+    }
+}
+
+/// What a `--quantized` run keeps as the GGUF file's blocks; `None` for any other run.
+fn blocks(inputs: &Inputs) -> Option<holo_model::gguf::KeptBlocks> {
+    inputs.sizes.blocks.filter(|_| inputs.quantized)
+}
+
+/// Under `--quantized`, the largest projection's blocks expanded to f32 (`kernels/blocks.rs`): each
+/// product of a training or scoring pass, forward (`x · Wᵀ`) and backward (`∂y · W`, the written-out
+/// backward's and autograd's alike), expands its matrix and drops it after that product, so one
+/// expansion is alive at a time, beside whatever that phase holds.
+pub fn expansion(inputs: &Inputs) -> u64 {
+    blocks(inputs).map_or(0, |kept| kept.largest * 4)
 }
 
 /// The frozen reference of a run with `beta` > 0: the base weights kept beside the trained copy
@@ -657,6 +679,46 @@ mod tests {
             (head_adapter(&run), head(&run) - 4 * 12 * 512 * 4),
             (0, 2 * 12 * 512 * 2)
         );
+    }
+
+    /// `--quantized` over the tiny Qwen2's Q8_0 file: the projections (2 layers of q and o 64 × 64, k and
+    /// v 32 × 64, gate, up and down 64 × 128: 73,728 weights) at Q8_0's 34 bytes per 32 instead of
+    /// f32's 4 a weight, the tied embeddings' blocks (512 × 64) beside their f32, and one MLP matrix
+    /// (64 × 128) expanded to f32 in the passes; the same file loaded dequantized plans every weight in
+    /// f32 and expands nothing.
+    #[test]
+    fn a_quantized_base_weighs_its_blocks() {
+        let mut run = inputs();
+        run.lora = Some(holo_model::model::LoraConfig {
+            rank: 4,
+            targets: Targets::names(&["all-linear"]),
+            ..Default::default()
+        });
+        let projections = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128);
+        assert_eq!(projections, 73_728);
+        run.sizes.blocks = Some(holo_model::gguf::KeptBlocks {
+            projections,
+            projection_bytes: projections / 32 * 34,
+            largest: 64 * 128,
+            head_bytes: 512 * 64 / 32 * 34,
+        });
+        assert_eq!(weights(&run), 107_072 * 4);
+        assert_eq!(expansion(&run), 0);
+        let dense = crate::plan::Plan::of(&run);
+        run.quantized = true;
+        assert_eq!(weights(&run), (107_072 - 73_728) * 4 + 78_336 + 34_816);
+        assert_eq!(expansion(&run), 64 * 128 * 4);
+        let plan = crate::plan::Plan::of(&run);
+        for ((phase, held, bytes), (_, _, dense)) in plan.phases().into_iter().zip(dense.phases()) {
+            let expands = ["scoring", "training", "backward"].contains(&phase);
+            assert_eq!(held.contains(&"expansion"), expands, "{phase}");
+            let expansion = if expands { 64 * 128 * 4 } else { 0 };
+            assert_eq!(
+                bytes + 73_728 * 4,
+                dense + 78_336 + 34_816 + expansion,
+                "{phase}"
+            );
+        }
     }
 
     /// Beyond the head's budget only a block of logits is held (its gradient written over it), and a

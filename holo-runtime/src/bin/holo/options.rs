@@ -114,20 +114,6 @@ pub fn build<C: TrainingConfig>(
     builder.build()
 }
 
-/// Whether a `--quantized` run goes without its memory plan, saying so: the plan counts every weight
-/// at the training type's size, and blocks weigh a quarter of that or less, so it would refuse runs
-/// that fit.
-#[cfg(feature = "local")]
-pub fn plan_skipped_for_blocks(quantized: bool) -> bool {
-    if quantized {
-        eprintln!(
-            "note: the memory plan does not count a base kept in its blocks (--quantized): \
-             `memory_check` skipped"
-        );
-    }
-    quantized
-}
-
 /// The model folder `model` loaded for training on `device` (`--device`) in `dtype` (`--dtype`, or the
 /// device's training precision), or with `quantized` (`--quantized`) a GGUF file's projections kept
 /// in its blocks, in f32 on the CPU: `holo train`'s and `holo sft`'s policy, or the message for a bad

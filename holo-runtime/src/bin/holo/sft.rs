@@ -163,9 +163,6 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planne
         );
         return Ok(None);
     }
-    if options::plan_skipped_for_blocks(args.quantized) {
-        return Ok(None);
-    }
     let examples = plan::example_tokens(&args.file)
         .map_err(|error| format!("cannot read `{}`: {error}", args.file.display()))?;
     plan::before_loading(
@@ -173,7 +170,10 @@ fn plan_memory(args: &SftArgs, config: &SftConfig) -> Result<Option<plan::Planne
         training.memory_check,
         training.memory_limit,
         (&args.out, args.resume),
-        |sizes, tokenizer_bytes| plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, examples),
+        |sizes, tokenizer_bytes| plan::Inputs {
+            quantized: args.quantized,
+            ..plan::Inputs::sft(sizes, config, dtype, tokenizer_bytes, examples)
+        },
     )
 }
 

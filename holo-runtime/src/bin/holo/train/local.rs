@@ -179,17 +179,15 @@ fn plan_memory(
         );
         return Ok(None);
     }
-    if options::plan_skipped_for_blocks(args.quantized) {
-        return Ok(None);
-    }
     let prompt_tokens = plan::prompt_tokens(rows.iter().map(|(_, row)| row));
     plan::before_loading(
         &args.model,
         training.memory_check,
         training.memory_limit,
         (&args.out, args.resume),
-        |sizes, tokenizer_bytes| {
-            plan::Inputs::grpo(sizes, config, dtype, prompt_tokens, tokenizer_bytes)
+        |sizes, tokenizer_bytes| plan::Inputs {
+            quantized: args.quantized,
+            ..plan::Inputs::grpo(sizes, config, dtype, prompt_tokens, tokenizer_bytes)
         },
     )
 }
