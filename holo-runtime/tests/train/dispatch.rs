@@ -194,7 +194,7 @@ async fn pool(capacity: usize) -> Pool {
 /// A pool whose slow server was sent one request and the fast one the next, one at a time: measured
 /// at their ticks per request (the fakes' answers carry no token ids, so a request counts one token).
 async fn measured(capacity: usize) -> Pool {
-    let pool = pool(capacity).await;
+    let mut pool = pool(capacity).await;
     pool.release.send(false).unwrap();
     // Neither measured: the first goes to the first server; the second, to the one not measured yet.
     sampled(
@@ -209,6 +209,8 @@ async fn measured(capacity: usize) -> Pool {
         "the fast server's first request",
     )
     .await;
+    arrival(&mut pool.at_slow, "the slow server's first request").await;
+    arrival(&mut pool.at_fast, "the fast server's first request").await;
     assert_eq!(pool.slow.answered.load(Ordering::SeqCst), 1);
     assert_eq!(pool.fast.answered.load(Ordering::SeqCst), 1);
     assert_measured(&pool, 0, SLOW_TICK);
