@@ -7,14 +7,19 @@
 //! length (rollouts of one generation spread 30× and more) and, on a server that batches, with the
 //! other requests it runs beside. So each answered request is charged its share of the server: the
 //! time it was outstanding there divided, moment by moment, by the requests outstanding there then
-//! (the virtual time of a processor-sharing queue, [`Load::shared`]), and that share is divided by the
-//! tokens it generated. For a server that decodes its batch one token per request per step, this is
-//! its step time per token of throughput, whatever the lengths and however many it was sent; for one
-//! that answers one request at a time it is its time per request's token. An exponentially weighted
-//! average of these ([`WEIGHT`]) is the server's estimate; a request sent to it is expected to be
-//! done after `(outstanding + 1) × estimate` (per token: the request's length, unknown beforehand, is
-//! the same wherever it goes). The raw duration would count a batching server's batch twice: once in
-//! each request's duration, again in the `outstanding + 1`.
+//! (the virtual time of a processor-sharing queue, [`Load::shared`]). For a server that decodes its
+//! batch one token per request per step, a request's share is its tokens times the step time per
+//! token of throughput, however many requests it ran beside; for one that answers one request at a
+//! time it is the request's own time. The raw duration would count a batching server's batch twice:
+//! once in each request's duration, again in the `outstanding + 1`.
+//!
+//! The estimate is time per token: exponentially weighted averages ([`WEIGHT`]) of the shares and of
+//! the tokens generated, one over the other, so that a long rollout weighs as its length and a short
+//! one does not read as slowness. Averaging each request's share per token instead counts a server's
+//! time per request (its prompt, the network, a proxy) over a short request's few tokens: a server
+//! slow per request then reads as fast on long rollouts and slow on short ones, by chance of which
+//! it was sent. A request sent to a server is expected to be done after `(outstanding + 1) ×
+//! estimate`, times the request's length, unknown beforehand and the same wherever it goes.
 //!
 //! Two parts of peak-EWMA are left out. A measurement above the estimate is not taken whole at once
 //! (the "peak"): a server falling behind already shows in its count outstanding, and the last
@@ -58,8 +63,16 @@ pub struct Load {
     shared: f64,
     /// When `outstanding` last changed (or the server was built).
     since: Instant,
-    /// Seconds of the server per token generated: none until a request was answered.
-    per_token: Option<f64>,
+    /// The answered requests' shares of the server in seconds and their tokens generated, both
+    /// averaged with [`WEIGHT`]: none until a request was answered.
+    answers: Option<Answers>,
+}
+
+/// The weighted averages of a server's answered requests.
+#[derive(Debug, Clone, Copy)]
+struct Answers {
+    seconds: f64,
+    tokens: f64,
 }
 
 /// A request sent to a server: what [`Load::answered`] charges it from.
@@ -74,7 +87,7 @@ impl Load {
             outstanding: 0,
             shared: 0.0,
             since: now,
-            per_token: None,
+            answers: None,
         }
     }
 
@@ -84,7 +97,7 @@ impl Load {
 
     /// Seconds of the server per token generated, as measured so far.
     pub fn per_token(&self) -> Option<f64> {
-        self.per_token
+        self.answers.map(|answers| answers.seconds / answers.tokens)
     }
 
     /// Brings `shared` up to `now`.
@@ -112,10 +125,14 @@ impl Load {
         self.advance(now);
         self.outstanding -= 1;
         if let Some(tokens) = tokens {
-            let measured = (self.shared - sent.shared) / tokens.max(1) as f64;
-            self.per_token = Some(match self.per_token {
-                Some(estimate) => estimate + WEIGHT * (measured - estimate),
-                None => measured,
+            let seconds = self.shared - sent.shared;
+            let tokens = tokens.max(1) as f64;
+            self.answers = Some(match self.answers {
+                Some(mean) => Answers {
+                    seconds: mean.seconds + WEIGHT * (seconds - mean.seconds),
+                    tokens: mean.tokens + WEIGHT * (tokens - mean.tokens),
+                },
+                None => Answers { seconds, tokens },
             });
         }
     }
@@ -123,7 +140,7 @@ impl Load {
     /// Forgets the estimate: the server left the pool, and may come back another (restarted,
     /// moved, under another load).
     pub fn forget(&mut self) {
-        self.per_token = None;
+        self.answers = None;
     }
 }
 
@@ -140,7 +157,7 @@ pub fn quickest(
 ) -> Option<usize> {
     let measured: Vec<f64> = candidates
         .clone()
-        .filter_map(|index| loads[index].per_token)
+        .filter_map(|index| loads[index].per_token())
         .collect();
     let mean = if measured.is_empty() {
         1.0
@@ -149,7 +166,7 @@ pub fn quickest(
     };
     let finish = |index: usize| {
         let load = &loads[index];
-        match load.per_token {
+        match load.per_token() {
             None if load.outstanding == 0 => 0.0,
             estimate => (load.outstanding + 1) as f64 * estimate.unwrap_or(mean),
         }
@@ -185,8 +202,8 @@ mod tests {
 
     #[test]
     fn a_request_is_charged_its_share_of_the_server_per_token() {
-        // The first request alone for 1 s, then beside a second for 1 s (half of it its own): 1.5 s.
-        // The second beside it for 1 s (0.5) and alone for 2 s: 2.5 s, over 5 tokens.
+        // The first request alone for 1 s, then beside a second for 1 s (half of it its own): 1.5 s,
+        // for 1 token. The second beside it for 1 s (0.5) and alone for 2 s: 2.5 s, for 5 tokens.
         let start = Instant::now();
         let mut load = Load::new(start);
         let first = load.send(start);
@@ -195,7 +212,9 @@ mod tests {
         assert_eq!(load.per_token(), Some(1.5));
         assert_eq!(load.outstanding(), 1);
         load.answered(second, at(start, 4.0), Some(5));
-        assert_eq!(load.per_token(), Some(1.5 + WEIGHT * (0.5 - 1.5)));
+        // Weighted 3 to 1 (WEIGHT): 1.75 s for 2 tokens. A mean of the shares per token would say
+        // 1.25: the long request's 0.5 s a token weighed as much as the short one's 1.5.
+        assert_eq!(load.per_token(), Some(1.75 / 2.0));
         assert_eq!(load.outstanding(), 0);
     }
 
