@@ -32,6 +32,7 @@
 //! then (vLLM may read an adapter again when it evicts it from its cache).
 
 mod pool;
+mod speed;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
@@ -45,6 +46,7 @@ use crate::error::TrainError;
 use holo_core::openai::{OpenAi, OpenAiConfig};
 use holo_model::{Model, Ops};
 pub use pool::{LeastOutstanding, Servers};
+pub use speed::Clock;
 
 /// Below this, a change of the trainer's probe log-probabilities may round away on a server: the
 /// no-op check applies only above it.
@@ -75,7 +77,8 @@ pub struct SyncOptions {
     pub probe: Option<Vec<u32>>,
     /// Rollout requests a server runs at once at most (default 64, `holo serve`'s `--max-num-seqs`;
     /// give a vLLM server's `--max-num-seqs`): the others wait at the trainer and go to the first
-    /// server done with one, so a faster server takes more of them ([`LeastOutstanding`]).
+    /// server done with one. Below it, each request goes to the server that would be done with it
+    /// first by its measured speed, so a faster server takes more of them ([`LeastOutstanding`]).
     pub concurrency: usize,
 }
 
@@ -249,8 +252,9 @@ impl WeightSync {
     }
 
     /// The sampler of the rollouts on the weights of the latest push (none before the first): the
-    /// servers, each request to the one with the fewest outstanding, each one dropped from the pool (for the sync too) when it no longer
-    /// answers.
+    /// servers, each request to the one that would be done with it first (its requests outstanding
+    /// weighed by its measured speed), each one dropped from the pool (for the sync too) when it no
+    /// longer answers.
     pub fn sampler(&self) -> Option<Arc<LeastOutstanding>> {
         self.current.clone()
     }

@@ -1,6 +1,6 @@
-//! Rollouts sampled on several OpenAI-compatible servers, each request sent to the server with the
-//! fewest requests outstanding once one has room for it, with the servers that die dropped and their
-//! requests sent to the others.
+//! Rollouts sampled on several OpenAI-compatible servers, each request sent to the server with room
+//! for it that would be done with it first by its measured speed ([`super::speed`]), with the servers
+//! that die dropped and their requests sent to the others.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::speed::{self, Clock, Load, Sent, SystemClock};
+
 use holo_core::machine::Completion;
 use holo_core::openai::OpenAi;
 use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
 
-/// The rollout servers, which of them are still in the pool and how many requests each has
-/// outstanding, shared by the samplers ([`LeastOutstanding`]) and the weight sync ([`super::WeightSync`]): a server either finds unreachable is
-/// dropped for both.
+/// The rollout servers, which of them are still in the pool, how many requests each has outstanding
+/// and how fast each answers them, shared by the samplers ([`LeastOutstanding`]) and the weight sync
+/// ([`super::WeightSync`]): a server either finds unreachable is dropped for both.
 pub struct Servers {
     urls: Vec<String>,
     alive: Vec<AtomicBool>,
@@ -23,8 +25,11 @@ pub struct Servers {
     /// (optimizer steps taken), so that `async/staleness` is exact on servers too.
     held: Vec<Mutex<Vec<Held>>>,
     /// Per server, the requests sent to it that have not come back, over every sampler (a push's
-    /// sampler and the one before it may both be sampling while a generation drawn ahead ends).
-    outstanding: Mutex<Vec<usize>>,
+    /// sampler and the one before it may both be sampling while a generation drawn ahead ends), and
+    /// the estimate of its speed from those that did.
+    loads: Mutex<Vec<Load>>,
+    /// Where the loads read the time.
+    clock: Arc<dyn Clock>,
     /// The requests a server runs at once at most: the others wait here, not in a server's queue,
     /// so that they go to whichever server is done with one first.
     capacity: usize,
@@ -43,16 +48,25 @@ struct Held {
 }
 
 impl Servers {
-    /// The servers at `urls`, each running at most `capacity` requests at once (at least 1).
+    /// The servers at `urls`, each running at most `capacity` requests at once (at least 1), timed by
+    /// the system's clock.
     pub fn new(urls: Vec<String>, capacity: usize) -> Self {
+        Self::with_clock(urls, capacity, Arc::new(SystemClock))
+    }
+
+    /// The servers at `urls`, each running at most `capacity` requests at once (at least 1), their
+    /// requests timed by `clock`.
+    pub fn with_clock(urls: Vec<String>, capacity: usize, clock: Arc<dyn Clock>) -> Self {
         let alive = urls.iter().map(|_| AtomicBool::new(true)).collect();
         let held = urls.iter().map(|_| Mutex::new(Vec::new())).collect();
-        let outstanding = Mutex::new(vec![0; urls.len()]);
+        let now = clock.now();
+        let loads = Mutex::new(urls.iter().map(|_| Load::new(now)).collect());
         Servers {
             urls,
             alive,
             held,
-            outstanding,
+            loads,
+            clock,
             capacity: capacity.max(1),
             changed: Notify::new(),
         }
@@ -60,7 +74,13 @@ impl Servers {
 
     /// The requests sent to server `index` that have not come back yet.
     pub fn outstanding(&self, index: usize) -> usize {
-        self.counts()[index]
+        self.loads()[index].outstanding()
+    }
+
+    /// Server `index`'s time per token generated, as measured on the requests it answered since it
+    /// (last) joined the pool; `None` before the first.
+    pub fn per_token(&self, index: usize) -> Option<Duration> {
+        self.loads()[index].per_token().map(Duration::from_secs_f64)
     }
 
     /// The requests a server runs at once at most.
@@ -68,17 +88,17 @@ impl Servers {
         self.capacity
     }
 
-    fn counts(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
-        self.outstanding
+    fn loads(&self) -> std::sync::MutexGuard<'_, Vec<Load>> {
+        self.loads
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Sends a request to one of `live`: the one with the fewest requests outstanding among those
-    /// with room for one more, of those tied the first from `turn` on; it counts as outstanding
-    /// there until the guard is dropped (its answer is back, or the call was given up). Waits while
-    /// every one is full; `None` when none of `live` is in the pool any more. The wait ends: a slot
-    /// frees when a request comes back, and every request has its deadline.
+    /// Sends a request to one of `live`: of those with room for one more, the one that would be done
+    /// with it first ([`speed::quickest`]), of those tied the first from `turn` on; it counts as
+    /// outstanding there until the guard is dropped (its answer is back, or the call was given up).
+    /// Waits while every one is full; `None` when none of `live` is in the pool any more. The wait
+    /// ends: a slot frees when a request comes back, and every request has its deadline.
     async fn send(self: &Arc<Self>, live: &[usize], turn: usize) -> Option<Outstanding> {
         loop {
             let changed = self.changed.notified();
@@ -94,16 +114,16 @@ impl Servers {
                 return None;
             }
             {
-                let mut counts = self.counts();
-                let roomiest = (0..live.len())
-                    .map(|k| live[(turn + k) % live.len()])
-                    .filter(|&index| counts[index] < self.capacity)
-                    .min_by_key(|&index| counts[index]);
-                if let Some(index) = roomiest {
-                    counts[index] += 1;
+                let mut loads = self.loads();
+                let in_turn = (0..live.len()).map(|k| live[(turn + k) % live.len()]);
+                if let Some(index) = speed::quickest(&loads, in_turn, self.capacity) {
+                    // Read under the lock, so that the loads see the times in order.
+                    let sent = loads[index].send(self.clock.now());
                     return Some(Outstanding {
                         servers: Arc::clone(self),
                         index,
+                        sent,
+                        tokens: None,
                     });
                 }
             }
@@ -197,9 +217,11 @@ impl Servers {
         answer.is_ok_and(|response| response.status().is_success())
     }
 
-    /// Drops server `index` from the pool, saying so on stderr (once) with `why`.
+    /// Drops server `index` from the pool, saying so on stderr (once) with `why`, and forgets how
+    /// fast it was: back in the pool, it is measured anew.
     pub fn drop_server(&self, index: usize, why: &str) {
         if self.alive[index].swap(false, Ordering::SeqCst) {
+            self.loads()[index].forget();
             self.changed.notify_waiters();
             eprintln!(
                 "warning: rollout server {} dropped from the pool ({} left): {why}",
@@ -214,29 +236,48 @@ impl Servers {
 struct Outstanding {
     servers: Arc<Servers>,
     index: usize,
+    sent: Sent,
+    /// The tokens its answer generated, once it is back with one.
+    tokens: Option<usize>,
+}
+
+impl Outstanding {
+    /// Back with `answer`: a completion measures the server's speed by its tokens (one without token
+    /// ids, from a server that answers text alone, by the request: [`Load::answered`] counts it one).
+    fn answered(mut self, answer: &[Result<Completion, SamplerError>]) {
+        if let Some(Ok(completion)) = answer.first() {
+            self.tokens = Some(completion.tokens.len());
+        }
+    }
 }
 
 impl Drop for Outstanding {
     fn drop(&mut self) {
-        self.servers.counts()[self.index] -= 1;
+        {
+            let mut loads = self.servers.loads();
+            // A late answer from a server dropped meanwhile measures a server that left the pool.
+            let tokens = self.tokens.filter(|_| self.servers.alive(self.index));
+            loads[self.index].answered(self.sent, self.servers.clock.now(), tokens);
+        }
         self.servers.changed.notify_waiters();
     }
 }
 
 /// A [`Sampler`] over several servers holding the same weights: each request goes to the server in
-/// the pool with the fewest requests outstanding (counted over every sampler of the pool), ties taken
-/// in turn, among those running fewer than [`Servers::capacity`]; when every server is full it waits
-/// here and goes to the first one done with a request. So a server that answers slowly is sent
-/// fewer, in proportion to its speed, instead of an equal share of the generation that it finishes
-/// last: requests wait at the trainer, where any server can take them, rather than in one server's
-/// queue. A request that a server fails as unavailable (after its
-/// own retries) while the server no longer answers `GET /health` within `health_timeout` drops the
-/// server from the pool and goes to another one, so no rollout is lost while a server is left; a
-/// request a healthy server fails keeps its error. A request keeps its seed wherever it goes, so
-/// which server samples it does not change what it samples beyond the last bits of a server's
-/// arithmetic. A completion's `weight_version` is translated from the server's numbering to the
-/// trainer's ([`Servers::step_of`]); a version no push made (weights the trainer did not push) is
-/// left out.
+/// the pool that would be done with it first, its requests outstanding (counted over every sampler of
+/// the pool) plus this one times its measured time per token ([`Servers::per_token`]), ties taken in turn,
+/// among those running fewer than [`Servers::capacity`]; a server not measured yet is tried first.
+/// So a server that answers slowly is sent fewer, in proportion to its speed, even while every server
+/// has room, instead of an equal share of the generation that it finishes last. When every server is
+/// full a request waits here and goes to the first one done with a request: requests wait at the
+/// trainer, where any server can take them, rather than in one server's queue. A request that a server
+/// fails as unavailable (after its own retries) while the server no longer answers `GET /health`
+/// within `health_timeout` drops the server from the pool and goes to another one, so no rollout is
+/// lost while a server is left; a request a healthy server fails keeps its error. A request keeps its
+/// seed wherever it goes, so which server samples it does not change what it samples beyond the last
+/// bits of a server's arithmetic. A completion's `weight_version` is translated from the server's
+/// numbering to the trainer's ([`Servers::step_of`]); a version no push made (weights the trainer did
+/// not push) is left out.
 pub struct LeastOutstanding {
     samplers: Vec<Arc<OpenAi>>,
     /// What each server's requests name as `model`.
@@ -247,7 +288,7 @@ pub struct LeastOutstanding {
     servers: Arc<Servers>,
     client: reqwest::Client,
     health_timeout: Duration,
-    /// Where the turn of the servers tied for fewest outstanding starts, moved on by every request.
+    /// Where the turn of the servers tied for first done starts, moved on by every request.
     next: AtomicUsize,
 }
 
@@ -316,7 +357,7 @@ impl Sampler for LeastOutstanding {
                     let request = batch[index].clone();
                     calls.spawn(async move {
                         let answer = sampler.sample(std::slice::from_ref(&request)).await;
-                        drop(sent);
+                        sent.answered(&answer);
                         (server, index, answer)
                     });
                 }

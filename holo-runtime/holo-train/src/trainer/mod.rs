@@ -102,12 +102,12 @@ impl<S: RolloutSource> Trainer<S, Local> {
         self
     }
 
-    /// Samples rollouts on the OpenAI-compatible servers of `options` (each request to the one with
-    /// the fewest outstanding, [`LeastOutstanding`]) while the weights train here, pushing them to
-    /// every server after each optimizer step and verifying the push with a probe ([`crate::sync`]: a
-    /// LoRA run's adapter by vLLM's `load_lora_adapter`, a full fine-tuning's weights by
-    /// `update_weights_from_disk`, both of which `holo serve` answers). The servers'
-    /// log-probabilities are corrected for as [`Trainer::with_sampler`]'s are. Pushed weights are
+    /// Samples rollouts on the OpenAI-compatible servers of `options` (each request to the one that
+    /// would be done with it first by its measured speed, [`LeastOutstanding`]) while the weights
+    /// train here, pushing them to every server after each optimizer step and verifying the push
+    /// with a probe ([`crate::sync`]: a LoRA run's adapter by vLLM's `load_lora_adapter`, a full
+    /// fine-tuning's weights by `update_weights_from_disk`, both of which `holo serve` answers). The
+    /// servers' log-probabilities are corrected for as [`Trainer::with_sampler`]'s are. Pushed weights are
     /// written under `RUN_DIR/sync/`, which the servers must be able to read.
     /// When the loop samples ahead of its steps (`max_off_policy_steps`), a LoRA adapter is loaded
     /// under a name of its own at each push ([`crate::sync::SyncOptions::versioned`]).

@@ -101,7 +101,8 @@ pub struct TrainArgs {
     /// Sample the rollouts on this OpenAI-compatible server (`holo serve`, vLLM) instead of in process,
     /// pushing the trained weights to it after every optimizer step and verifying them there with a
     /// probe (TRL's `vllm_mode = "server"` with `vllm_server_base_url`). Repeat it for several servers,
-    /// each request going to the one with the fewest outstanding. A LoRA run loads its adapter as
+    /// each request going to the one that would be done with it first by its requests outstanding and
+    /// measured speed. A LoRA run loads its adapter as
     /// `holo-policy`; a full fine-tuning replaces the served weights. The servers read the pushed weights from RUN_DIR/sync.
     #[arg(long = "vllm-server-base-url", value_name = "URL")]
     pub vllm_server_base_url: Vec<String>,
@@ -110,8 +111,9 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 240.0, value_parser = crate::positive_seconds)]
     pub vllm_server_timeout: f64,
     /// Rollout requests each server runs at once at most (`holo serve`'s `--max-num-seqs` by default;
-    /// give a vLLM server's). The others wait here and go to the first server done with one, so a
-    /// faster server takes more of them.
+    /// give a vLLM server's). The others wait here and go to the first server done with one. Below it,
+    /// each request goes to the server that would be done with it first, its requests outstanding
+    /// weighed by its measured time per token, so a faster server takes more of them.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub vllm_server_concurrency: u32,
     /// The largest difference allowed between a rollout server's log-probabilities of the sync probe and
