@@ -1,4 +1,4 @@
-//! The rollout servers' sampler ([`LeastOutstanding`]) against two fake OpenAI-compatible servers, one
+//! The rollout servers' sampler ([`QuickestServer`]) against two fake OpenAI-compatible servers, one
 //! slow (it holds its requests while told to, and is measured ten times slower), one fast: requests go
 //! to the server that would be done with them first, a server not measured yet first, and wait for
 //! room rather than queue on a full server, so a slow server does not hold up the rollouts a fast one
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use holo_runtime::train::sync::{Clock, LeastOutstanding, Servers};
+use holo_runtime::train::sync::{Clock, QuickestServer, Servers};
 use holo_runtime::{OpenAi, OpenAiConfig, Prompt, Request, SampleParams, Sampler};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -99,7 +99,7 @@ fn request() -> Request {
 }
 
 /// Samples `batch` within the deadline, every answer a completion.
-async fn sampled(sampler: &LeastOutstanding, batch: &[Request], what: &str) {
+async fn sampled(sampler: &QuickestServer, batch: &[Request], what: &str) {
     let answers = tokio::time::timeout(DEADLINE, sampler.sample(batch))
         .await
         .unwrap_or_else(|_| panic!("{what}: no answer within {DEADLINE:?}"));
@@ -115,7 +115,7 @@ struct Pool {
     slow: Fake,
     fast: Fake,
     servers: Arc<Servers>,
-    sampler: Arc<LeastOutstanding>,
+    sampler: Arc<QuickestServer>,
     release: watch::Sender<bool>,
     hold_fast: watch::Sender<bool>,
     at_slow: mpsc::UnboundedReceiver<()>,
@@ -171,7 +171,7 @@ async fn pool(capacity: usize) -> Pool {
         .iter()
         .map(|url| OpenAi::new(OpenAiConfig::new(url, "m")).unwrap())
         .collect();
-    let sampler = Arc::new(LeastOutstanding::new(
+    let sampler = Arc::new(QuickestServer::new(
         samplers,
         vec!["m".into(), "m".into()],
         None,
@@ -236,7 +236,7 @@ async fn arrival(at: &mut mpsc::UnboundedReceiver<()>, what: &str) {
 
 /// Samples a batch of `size` requests on a task of its own.
 fn spawn_batch(
-    sampler: &Arc<LeastOutstanding>,
+    sampler: &Arc<QuickestServer>,
     size: usize,
     what: &'static str,
 ) -> tokio::task::JoinHandle<()> {

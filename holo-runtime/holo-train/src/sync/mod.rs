@@ -17,7 +17,7 @@
 //! the server, the step and the cause, with the numbers. Every request has a deadline and says what it
 //! waited for; a connection refused, reset or cut short is retried until the deadline. A server still
 //! unreachable then is dropped from the pool ([`Servers`]: the sampler sends it nothing more) while
-//! another is left, and the run stops, naming it, when it was the last. The sampler ([`LeastOutstanding`])
+//! another is left, and the run stops, naming it, when it was the last. The sampler ([`QuickestServer`])
 //! drops a server the same way when it fails requests and no longer answers `GET /health`, and sends
 //! those requests to the others. At every push a dropped server that answers `GET /health` again is
 //! pushed to and verified like the others, and back in the pool if that succeeds.
@@ -45,7 +45,7 @@ use crate::checkpoint::{self, Weights};
 use crate::error::TrainError;
 use holo_core::openai::{OpenAi, OpenAiConfig};
 use holo_model::{Model, Ops};
-pub use pool::{LeastOutstanding, Servers};
+pub use pool::{QuickestServer, Servers};
 pub use speed::Clock;
 
 /// Below this, a change of the trainer's probe log-probabilities may round away on a server: the
@@ -78,7 +78,7 @@ pub struct SyncOptions {
     /// Rollout requests a server runs at once at most (default 64, `holo serve`'s `--max-num-seqs`;
     /// give a vLLM server's `--max-num-seqs`): the others wait at the trainer and go to the first
     /// server done with one. Below it, each request goes to the server that would be done with it
-    /// first by its measured speed, so a faster server takes more of them ([`LeastOutstanding`]).
+    /// first by its measured speed, so a faster server takes more of them ([`QuickestServer`]).
     pub concurrency: usize,
 }
 
@@ -153,7 +153,7 @@ struct Server {
 struct Published {
     name: String,
     /// Its sampler: the name is unloaded once every copy of it has been dropped.
-    sampler: Weak<LeastOutstanding>,
+    sampler: Weak<QuickestServer>,
     /// The servers it was loaded on.
     holders: Vec<usize>,
     /// The folder it was loaded from.
@@ -174,7 +174,7 @@ pub struct WeightSync {
     previous: Option<Vec<f32>>,
     pushes: u64,
     /// The sampler of the latest push's weights (none before the first push).
-    current: Option<Arc<LeastOutstanding>>,
+    current: Option<Arc<QuickestServer>>,
     /// The adapters loaded under names of their own and not yet unloaded, oldest first.
     published: Vec<Published>,
 }
@@ -255,7 +255,7 @@ impl WeightSync {
     /// servers, each request to the one that would be done with it first (its requests outstanding
     /// weighed by its measured speed), each one dropped from the pool (for the sync too) when it no
     /// longer answers.
-    pub fn sampler(&self) -> Option<Arc<LeastOutstanding>> {
+    pub fn sampler(&self) -> Option<Arc<QuickestServer>> {
         self.current.clone()
     }
 
@@ -265,7 +265,7 @@ impl WeightSync {
     fn least_outstanding(
         &self,
         holders: Option<Vec<usize>>,
-    ) -> Result<LeastOutstanding, TrainError> {
+    ) -> Result<QuickestServer, TrainError> {
         let several = self.servers.len() > 1;
         let samplers = self
             .servers
@@ -282,7 +282,7 @@ impl WeightSync {
                 .map_err(|error| TrainError::Input(format!("weight sync: {}: {error}", server.url)))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(LeastOutstanding::new(
+        Ok(QuickestServer::new(
             samplers,
             self.servers
                 .iter()

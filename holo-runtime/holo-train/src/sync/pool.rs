@@ -15,7 +15,7 @@ use holo_core::openai::OpenAi;
 use holo_core::sampler::{Request, SampleFuture, Sampler, SamplerError};
 
 /// The rollout servers, which of them are still in the pool, how many requests each has outstanding
-/// and how fast each answers them, shared by the samplers ([`LeastOutstanding`]) and the weight sync
+/// and how fast each answers them, shared by the samplers ([`QuickestServer`]) and the weight sync
 /// ([`super::WeightSync`]): a server either finds unreachable is dropped for both.
 pub struct Servers {
     urls: Vec<String>,
@@ -278,7 +278,7 @@ impl Drop for Outstanding {
 /// bits of a server's arithmetic. A completion's `weight_version` is translated from the server's
 /// numbering to the trainer's ([`Servers::step_of`]); a version no push made (weights the trainer did
 /// not push) is left out.
-pub struct LeastOutstanding {
+pub struct QuickestServer {
     samplers: Vec<Arc<OpenAi>>,
     /// What each server's requests name as `model`.
     models: Vec<String>,
@@ -292,7 +292,7 @@ pub struct LeastOutstanding {
     next: AtomicUsize,
 }
 
-impl LeastOutstanding {
+impl QuickestServer {
     /// One sampler per server of `servers`, in order, each naming its entry of `models`; only
     /// `holders` take requests, when given.
     pub fn new(
@@ -304,7 +304,7 @@ impl LeastOutstanding {
         health_timeout: Duration,
     ) -> Self {
         assert_eq!(samplers.len(), servers.urls.len(), "one sampler per server");
-        LeastOutstanding {
+        QuickestServer {
             samplers: samplers.into_iter().map(Arc::new).collect(),
             models,
             holders,
@@ -325,7 +325,7 @@ impl LeastOutstanding {
     }
 }
 
-impl Sampler for LeastOutstanding {
+impl Sampler for QuickestServer {
     fn sample<'a>(&'a self, batch: &'a [Request]) -> SampleFuture<'a> {
         Box::pin(async move {
             let mut results: Vec<Option<Result<Completion, SamplerError>>> =

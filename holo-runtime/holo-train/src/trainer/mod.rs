@@ -103,7 +103,7 @@ impl<S: RolloutSource> Trainer<S, Local> {
     }
 
     /// Samples rollouts on the OpenAI-compatible servers of `options` (each request to the one that
-    /// would be done with it first by its measured speed, [`LeastOutstanding`]) while the weights
+    /// would be done with it first by its measured speed, [`QuickestServer`]) while the weights
     /// train here, pushing them to every server after each optimizer step and verifying the push
     /// with a probe ([`crate::sync`]: a LoRA run's adapter by vLLM's `load_lora_adapter`, a full
     /// fine-tuning's weights by `update_weights_from_disk`, both of which `holo serve` answers). The
@@ -112,7 +112,7 @@ impl<S: RolloutSource> Trainer<S, Local> {
     /// When the loop samples ahead of its steps (`max_off_policy_steps`), a LoRA adapter is loaded
     /// under a name of its own at each push ([`crate::sync::SyncOptions::versioned`]).
     ///
-    /// [`LeastOutstanding`]: crate::sync::LeastOutstanding
+    /// [`QuickestServer`]: crate::sync::QuickestServer
     pub fn with_rollout_servers(mut self, mut options: crate::sync::SyncOptions) -> Self {
         options.versioned |= self.config.max_off_policy_steps > 0;
         self.backend.rollout = Some((options, self.run.path.join("sync")));
