@@ -237,7 +237,12 @@ fn read_values(
         DType::F16 => read::<half::f16>(reader, count),
         DType::F32 => read::<f32>(reader, count),
         DType::F64 => read::<f64>(reader, count),
-        other => candle_core::bail!("values of type {other:?} are not read"),
+        // Types without a Rust number type here (FP8): read as bytes and copied once, as candle does.
+        other => {
+            let mut bytes = vec![0u8; count * other.size_in_bytes()];
+            reader.read_exact(&mut bytes)?;
+            Tensor::from_raw_buffer(&bytes, other, &[count], &Device::Cpu)
+        }
     }
 }
 
