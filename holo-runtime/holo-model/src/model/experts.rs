@@ -493,9 +493,9 @@ const STACKS: [&str; 4] = [
 ];
 
 /// Whether the checkpoint's tensor `name` is one of gpt-oss's expert stacks, which a folder's loader
-/// reads one expert at a time as `{name}.{e}`: [`held_tensors`] then splits and drops one expert's parts
-/// after another, and loading holds one expert twice at most, not a layer's experts (three of
-/// gpt-oss-20b's GiB in f32).
+/// reads one expert at a time as `{name}.{e}` (and `crate::mxfp4` dequantizes so): [`held_tensors`]
+/// then splits and drops one expert's parts after another, and loading holds one expert twice at
+/// most, not a layer's experts (three of gpt-oss-20b's GiB in f32).
 pub fn read_by_expert(config: &ModelConfig, name: &str) -> bool {
     config.arch == Arch::GptOss
         && name
@@ -503,12 +503,10 @@ pub fn read_by_expert(config: &ModelConfig, name: &str) -> bool {
             .is_some_and(|(_, stack)| STACKS.contains(&stack))
 }
 
-/// A checkpoint's tensors with gpt-oss's expert stacks split into the per-expert tensors the model
-/// holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back). A stack comes
-/// whole (`{layer}.mlp.experts.gate_up_proj`: dequantized MXFP4 blocks, a trainer's update), split a
-/// layer at a time, or as the loader read it one expert at a time (`….gate_up_proj.{e}`,
-/// [`read_by_expert`]), each expert's parts dropped once split. Other families' tensors come back as
-/// they are.
+/// A checkpoint's tensors with gpt-oss's expert stacks, as the loader reads them one expert at a time
+/// (`{layer}.mlp.experts.gate_up_proj.{e}`, …, [`read_by_expert`]), split into the per-expert tensors
+/// the model holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back),
+/// each expert's parts dropped once split. Other families' tensors come back as they are.
 pub fn held_tensors(
     config: &ModelConfig,
     mut tensors: HashMap<String, Tensor>,
@@ -527,19 +525,19 @@ pub fn held_tensors(
         })
         .collect();
     for layer in layers {
-        let stack_name = |stack: &str| format!("{layer}.mlp.experts.{stack}");
-        let whole = STACKS.map(|stack| tensors.remove(&stack_name(stack)));
         for e in 0..sizes.count {
-            let mut part = |i: usize| -> Result<Tensor> {
-                if let Some(stack) = &whole[i] {
-                    return stack.get(e);
-                }
-                let name = format!("{}.{e}", stack_name(STACKS[i]));
+            let mut part = |stack: &str| -> Result<Tensor> {
+                let name = format!("{layer}.mlp.experts.{stack}.{e}");
                 tensors
                     .remove(&name)
                     .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))
             };
-            let parts = [part(0)?, part(1)?, part(2)?, part(3)?];
+            let parts = [
+                part(STACKS[0])?,
+                part(STACKS[1])?,
+                part(STACKS[2])?,
+                part(STACKS[3])?,
+            ];
             let names = [
                 "gate_proj.weight",
                 "gate_proj.bias",
