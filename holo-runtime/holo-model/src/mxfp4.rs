@@ -2,10 +2,10 @@
 //! byte biased by 127). Two layouts of the same numbers are read:
 //! - OpenAI's, as it ships gpt-oss's experts (`quantization_config.quant_method = "mxfp4"`):
 //!   `{name}_blocks` `[.., rows, G, 16]` bytes each holding two consecutive values (low nibble first),
-//!   and `{name}_scales` `[.., rows, G]`. Dequantized at load into `{name}`, value for value as
-//!   transformers' `convert_moe_packed_tensors` does (the products of a 4-bit value and a power of two
-//!   are exact), then transposed as it transposes them: `gate_up_proj` `[E, hidden, 2·inner]`,
-//!   `down_proj` `[E, inner, hidden]`.
+//!   and `{name}_scales` `[.., rows, G]`. Dequantized at load one expert at a time into `{name}.{e}`,
+//!   value for value as transformers' `convert_moe_packed_tensors` does (the products of a 4-bit value
+//!   and a power of two are exact), then transposed as it transposes them: `gate_up_proj[e]`
+//!   `[hidden, 2·inner]`, `down_proj[e]` `[inner, hidden]`.
 //! - ggml's (`block_mxfp4`, GGUF type 39), as llama.cpp's converter repacks OpenAI's: 17 bytes a block,
 //!   the scale byte first, then 16 bytes whose low nibbles are values 0–15 and high nibbles values
 //!   16–31 ([`dequantize_ggml`]). ggml multiplies its doubled codes `{0, 1, 2, 3, 4, 6, 8, 12, …}` by
@@ -46,8 +46,11 @@ pub fn dequantize_ggml(blocks: &[u8]) -> Vec<f32> {
     out
 }
 
-/// `tensors` with every `{name}_blocks` and `{name}_scales` pair replaced by `{name}` in `dtype`; a
-/// blocks tensor without its scales (or the reverse) is an error naming it.
+/// `tensors` with every `{name}_blocks` `[E, ..]` and `{name}_scales` pair replaced by one tensor per
+/// expert, `{name}.{e}` in `dtype`, as the loader reads gpt-oss's unquantized stacks
+/// (`crate::model::read_by_expert`): one expert's values are in f32 at a time, not a whole stack's
+/// twice over (its values and their transpose). A blocks tensor without its scales (or the reverse) is
+/// an error naming it.
 pub fn dequantize_all(
     mut tensors: HashMap<String, Tensor>,
     dtype: DType,
@@ -61,7 +64,11 @@ pub fn dequantize_all(
         let Some(scales) = tensors.remove(&format!("{name}_scales")) else {
             candle_core::bail!("MXFP4 tensor {name}_blocks has no {name}_scales");
         };
-        tensors.insert(name, dequantize(&blocks, &scales)?.to_dtype(dtype)?);
+        for e in 0..blocks.dim(0)? {
+            let expert = |tensor: &Tensor| tensor.narrow(0, e, 1);
+            let values = dequantize(&expert(&blocks)?, &expert(&scales)?)?;
+            tensors.insert(format!("{name}.{e}"), values.squeeze(0)?.to_dtype(dtype)?);
+        }
     }
     if let Some(scales) = tensors.keys().find(|name| name.ends_with("_scales")) {
         candle_core::bail!("MXFP4 tensor {scales} has no blocks beside it");

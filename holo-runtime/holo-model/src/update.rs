@@ -216,10 +216,13 @@ pub fn with_weights(base: &Model, path: &Path) -> Result<Model, String> {
     let device = base.device().clone();
     let dtype = base.embed_tokens.dtype();
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    // Read in the served model's type on its device, each tensor straight into its memory: beside the
+    // served model, the new one and a slice of a tensor (a mapping of the files, copied out of, held
+    // the new weights once more).
+    let by_expert = |name: &str| crate::model::read_by_expert(&base.config, name);
     for file in &files {
-        let read = candle_core::safetensors::load(file, &Device::Cpu)
+        crate::files::read_safetensors(file, dtype, &device, &by_expert, &mut tensors)
             .map_err(|error| format!("`{}`: {error}", file.display()))?;
-        tensors.extend(read);
     }
     let tensors = crate::mxfp4::dequantize_all(tensors, dtype)
         .and_then(|tensors| crate::model::held_tensors(&base.config, tensors))
@@ -274,11 +277,6 @@ pub fn with_weights(base: &Model, path: &Path) -> Result<Model, String> {
             "this model samples a GGUF file's quantized blocks; new weights need dense ones".into(),
         );
     }
-    let tensors = tensors
-        .into_iter()
-        .map(|(name, tensor)| Ok((name, tensor.to_dtype(dtype)?.to_device(&device)?)))
-        .collect::<candle_core::Result<HashMap<_, _>>>()
-        .map_err(|error| error.to_string())?;
     Model::load(
         VarBuilder::from_tensors(tensors, dtype, &device),
         &base.config,

@@ -434,7 +434,18 @@ fn interleaved(vb: VarBuilder, config: &ModelConfig, clamped: ClampedSwiGlu) -> 
             vb.get((count, inner, hidden), "down_proj")?,
             vb.get((count, hidden), "down_proj_bias")?,
         ];
-        return (0..count).map(|e| Ok(mlp(unstack(&stacks, e)?))).collect();
+        return (0..count)
+            .map(|e| {
+                let [gate_up, gate_up_bias, down, down_bias] = &stacks;
+                let parts = [
+                    gate_up.get(e)?,
+                    gate_up_bias.get(e)?,
+                    down.get(e)?,
+                    down_bias.get(e)?,
+                ];
+                Ok(mlp(unstack(&parts)?))
+            })
+            .collect();
     }
     (0..count)
         .map(|e| {
@@ -452,18 +463,15 @@ fn interleaved(vb: VarBuilder, config: &ModelConfig, clamped: ClampedSwiGlu) -> 
         .collect()
 }
 
-/// Expert `e` of transformers' stacks (`gate_up_proj` `[E, hidden, 2·inner]`, each expert's gate and up
-/// columns interleaved, gate first; `gate_up_proj_bias` `[E, 2·inner]`; `down_proj`
-/// `[E, inner, hidden]`; `down_proj_bias` `[E, hidden]`, all multiplied from the left) as contiguous
-/// `[out, in]` weights and their biases: gate, up, down. Each expert's product then reads only its own
-/// weights, and trains only its own.
-fn unstack(
-    [gate_up, gate_up_bias, down, down_bias]: &[Tensor; 4],
-    e: usize,
-) -> Result<[Tensor; 6]> {
-    let (hidden, columns) = gate_up.get(e)?.dims2()?;
-    let pairs = gate_up.get(e)?.reshape((hidden, columns / 2, 2))?;
-    let biases = gate_up_bias.get(e)?.reshape((columns / 2, 2))?;
+/// One expert's parts of transformers' stacks (`gate_up_proj[e]` `[hidden, 2·inner]`, its gate and up
+/// columns interleaved, gate first; `gate_up_proj_bias[e]` `[2·inner]`; `down_proj[e]` `[inner, hidden]`;
+/// `down_proj_bias[e]` `[hidden]`, all multiplied from the left) as contiguous `[out, in]` weights and
+/// their biases: gate, up, down. Each expert's product then reads only its own weights, and trains only
+/// its own.
+fn unstack([gate_up, gate_up_bias, down, down_bias]: &[Tensor; 4]) -> Result<[Tensor; 6]> {
+    let (hidden, columns) = gate_up.dims2()?;
+    let pairs = gate_up.reshape((hidden, columns / 2, 2))?;
+    let biases = gate_up_bias.reshape((columns / 2, 2))?;
     let weight = |which: usize| pairs.narrow(2, which, 1)?.squeeze(2)?.t()?.contiguous();
     let bias = |which: usize| biases.narrow(1, which, 1)?.squeeze(1)?.contiguous();
     Ok([
@@ -471,15 +479,34 @@ fn unstack(
         bias(0)?,
         weight(1)?,
         bias(1)?,
-        down.get(e)?.t()?.contiguous()?,
-        down_bias.get(e)?.contiguous()?,
+        down.t()?.contiguous()?,
+        down_bias.contiguous()?,
     ])
 }
 
-/// A checkpoint's tensors with gpt-oss's expert stacks split into the per-expert tensors the model
-/// holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back), a layer at a
-/// time, so that loading never holds a layer's experts twice over more than one layer. Other families'
-/// tensors come back as they are.
+/// transformers' stacks of a gpt-oss layer's experts, in [`unstack`]'s order.
+const STACKS: [&str; 4] = [
+    "gate_up_proj",
+    "gate_up_proj_bias",
+    "down_proj",
+    "down_proj_bias",
+];
+
+/// Whether the checkpoint's tensor `name` is one of gpt-oss's expert stacks, which a folder's loader
+/// reads one expert at a time as `{name}.{e}` (and `crate::mxfp4` dequantizes so): [`held_tensors`]
+/// then splits and drops one expert's parts after another, and loading holds one expert twice at
+/// most, not a layer's experts (three of gpt-oss-20b's GiB in f32).
+pub fn read_by_expert(config: &ModelConfig, name: &str) -> bool {
+    config.arch == Arch::GptOss
+        && name
+            .rsplit_once(".mlp.experts.")
+            .is_some_and(|(_, stack)| STACKS.contains(&stack))
+}
+
+/// A checkpoint's tensors with gpt-oss's expert stacks, as the loader reads them one expert at a time
+/// (`{layer}.mlp.experts.gate_up_proj.{e}`, …, [`read_by_expert`]), split into the per-expert tensors
+/// the model holds (`mlp.experts.{e}.gate_proj.weight`, …; [`checkpoint_tensors`] stacks them back),
+/// each expert's parts dropped once split. Other families' tensors come back as they are.
 pub fn held_tensors(
     config: &ModelConfig,
     mut tensors: HashMap<String, Tensor>,
@@ -487,26 +514,30 @@ pub fn held_tensors(
     if config.arch != Arch::GptOss {
         return Ok(tensors);
     }
-    let layers: Vec<String> = tensors
+    let Some(sizes) = config.experts else {
+        candle_core::bail!("gpt-oss experts without sizes");
+    };
+    let layers: std::collections::BTreeSet<String> = tensors
         .keys()
-        .filter_map(|name| name.strip_suffix(".mlp.experts.gate_up_proj"))
-        .map(str::to_string)
+        .filter_map(|name| {
+            let (layer, stack) = name.rsplit_once(".mlp.experts.")?;
+            (stack.split('.').next() == Some(STACKS[0])).then(|| layer.to_string())
+        })
         .collect();
     for layer in layers {
-        let mut take = |name: &str| -> Result<Tensor> {
-            let name = format!("{layer}.mlp.experts.{name}");
-            tensors
-                .remove(&name)
-                .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))
-        };
-        let stacks = [
-            take("gate_up_proj")?,
-            take("gate_up_proj_bias")?,
-            take("down_proj")?,
-            take("down_proj_bias")?,
-        ];
-        for e in 0..stacks[0].dim(0)? {
-            let parts = unstack(&stacks, e)?;
+        for e in 0..sizes.count {
+            let mut part = |stack: &str| -> Result<Tensor> {
+                let name = format!("{layer}.mlp.experts.{stack}.{e}");
+                tensors
+                    .remove(&name)
+                    .ok_or_else(|| candle_core::Error::Msg(format!("cannot find tensor {name}")))
+            };
+            let parts = [
+                part(STACKS[0])?,
+                part(STACKS[1])?,
+                part(STACKS[2])?,
+                part(STACKS[3])?,
+            ];
             let names = [
                 "gate_proj.weight",
                 "gate_proj.bias",
@@ -515,7 +546,7 @@ pub fn held_tensors(
                 "down_proj.weight",
                 "down_proj.bias",
             ];
-            for (name, tensor) in names.into_iter().zip(parts) {
+            for (name, tensor) in names.into_iter().zip(unstack(&parts)?) {
                 tensors.insert(format!("{layer}.mlp.experts.{e}.{name}"), tensor);
             }
         }

@@ -44,7 +44,8 @@ pub use cache::{starts, trim_block, KvCache, LayerCache, LayerSequence, Segment,
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
 pub use experts::{
-    checkpoint_tensors, held_tensors, ExpertLora, ExpertStack, Mixture, SharedExpert,
+    checkpoint_tensors, held_tensors, read_by_expert, ExpertLora, ExpertStack, Mixture,
+    SharedExpert,
 };
 use layer::norm;
 pub use layer::{DecoderLayer, FeedForward, Mixer, Mlp};
