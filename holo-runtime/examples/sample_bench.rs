@@ -71,7 +71,11 @@ fn main() -> ExitCode {
             "--filled" => filled_cache = true,
             "--steps" => {
                 let list = args.next().unwrap_or_default();
-                steps = match list.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>() {
+                steps = match list
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<Vec<usize>, _>>()
+                {
                     Ok(contexts) if !contexts.is_empty() => Some(contexts),
                     _ => {
                         eprintln!("error: --steps takes contexts such as 512,1024, not {list:?}");
@@ -253,7 +257,8 @@ fn filled(model: &Model, prompts: &[Vec<u32>], context: usize) -> candle_core::R
                 let (_, heads, _, head_dim) = keys.dims4()?;
                 let shape = (1, heads, context, head_dim);
                 *keys = Tensor::randn(0f32, 1.0, shape, keys.device())?.to_dtype(keys.dtype())?;
-                *values = Tensor::randn(0f32, 1.0, shape, values.device())?.to_dtype(values.dtype())?;
+                *values =
+                    Tensor::randn(0f32, 1.0, shape, values.device())?.to_dtype(values.dtype())?;
             }
         }
         rows.push(Some((context, layers)));
