@@ -89,8 +89,9 @@ PYTHON_SIDE = textwrap.dedent(
             decode = time.perf_counter() - start
             cached += 1 + new
             assert past.get_seq_length() == cached, (past.get_seq_length(), cached)
-            print(json.dumps({"context": context, "filled": bool(filled), "prefill_s": None if filled else prefill, "decode_s": decode,
-                              "per_token_ms": decode / new * 1e3, "decode_tokens_per_s": batch * new / decode,
+            print(json.dumps({"context": context, "filled": bool(filled), "prefill_s": None if filled else prefill,
+                              "decode_s": decode, "per_token_ms": decode / new * 1e3,
+                              "decode_tokens_per_s": batch * new / decode,
                               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
                   flush=True)
     """
