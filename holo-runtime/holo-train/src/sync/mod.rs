@@ -262,10 +262,7 @@ impl WeightSync {
     /// A sampler of the weights the latest push loaded, on `holders` (every server in the pool:
     /// `None`). With several servers each tries a failed request twice, not six times, before the
     /// pool asks whether the server is still there.
-    fn least_outstanding(
-        &self,
-        holders: Option<Vec<usize>>,
-    ) -> Result<QuickestServer, TrainError> {
+    fn least_outstanding(&self, holders: Option<Vec<usize>>) -> Result<QuickestServer, TrainError> {
         let several = self.servers.len() > 1;
         let samplers = self
             .servers
