@@ -240,6 +240,11 @@ impl Linear {
             Weight::Quantized(blocks) if ops == Ops::Differentiable => {
                 crate::kernels::blocks::matmul(&flat, blocks)?
             }
+            // Decoding's few rows of Q8_0 blocks: our kernel reuses each block across the rows;
+            // other types and prefill's many rows go through candle's.
+            Weight::Quantized(blocks) if crate::kernels::quant::suits(blocks, &flat) => {
+                crate::kernels::quant::matmul(&flat, blocks)?
+            }
             Weight::Quantized(blocks) => flat.contiguous()?.apply_op1_no_bwd(blocks.as_ref())?,
             Weight::Mxfp4(matrix) => matrix.matmul(&flat)?,
             Weight::Dense(weight) => match dispatch::product(ops, &Operands::of(&flat, weight)) {
