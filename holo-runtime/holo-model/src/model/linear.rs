@@ -240,8 +240,8 @@ impl Linear {
             Weight::Quantized(blocks) if ops == Ops::Differentiable => {
                 crate::kernels::blocks::matmul(&flat, blocks)?
             }
-            // Decoding's few rows of Q8_0 blocks: our kernel reuses each block across the rows;
-            // other types and prefill's many rows go through candle's.
+            // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks through our kernels, which reuse each block
+            // across the rows; the k-quants through candle's.
             Weight::Quantized(blocks) if crate::kernels::quant::suits(blocks, &flat) => {
                 crate::kernels::quant::matmul(&flat, blocks)?
             }
