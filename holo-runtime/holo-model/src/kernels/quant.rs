@@ -63,7 +63,9 @@ pub fn matmul(x: &Tensor, blocks: &QTensor) -> Result<Tensor> {
     let (n, w_k) = blocks.shape().dims2()?;
     let dtype = blocks.dtype();
     if k != w_k || !k.is_multiple_of(BLOCK) {
-        candle_core::bail!("block product: x is [{m}, {k}] but the weight is {dtype:?} [{n}, {w_k}]");
+        candle_core::bail!(
+            "block product: x is [{m}, {k}] but the weight is {dtype:?} [{n}, {w_k}]"
+        );
     }
     let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let data = blocks.data()?;
@@ -438,8 +440,8 @@ mod x86 {
         let spread = _mm256_shuffle_epi8(
             bits,
             _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-                3, 3, 3,
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
             ),
         );
         let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
@@ -545,7 +547,10 @@ mod x86 {
         let row_bytes = blocks * F::BYTES;
         let w_rows = w.as_ptr().add(column * row_bytes);
         let at = row * rows.stride;
-        let (x_values, x_scales) = (rows.values.as_ptr().add(at * BLOCK), rows.scales.as_ptr().add(at));
+        let (x_values, x_scales) = (
+            rows.values.as_ptr().add(at * BLOCK),
+            rows.scales.as_ptr().add(at),
+        );
         let (x_sums, x_starts) = (rows.sums.as_ptr().add(at), rows.starts.as_ptr().add(at * 8));
         // The scales of two blocks spread over the register's halves.
         let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -657,7 +662,10 @@ mod x86 {
         let row_bytes = blocks * F::BYTES;
         let w_rows = w.as_ptr().add(column * row_bytes);
         let at = row * rows.stride;
-        let (x_values, x_scales) = (rows.values.as_ptr().add(at * BLOCK), rows.scales.as_ptr().add(at));
+        let (x_values, x_scales) = (
+            rows.values.as_ptr().add(at * BLOCK),
+            rows.scales.as_ptr().add(at),
+        );
         let (x_sums, x_starts) = (rows.sums.as_ptr().add(at), rows.starts.as_ptr().add(at * 8));
         let ones = _mm256_set1_epi16(1);
         let mut sums = [[_mm256_setzero_ps(); C]; R];
