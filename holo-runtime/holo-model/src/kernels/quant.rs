@@ -487,6 +487,18 @@ mod x86 {
         }
     }
 
+    /// The f16s at `first + at` and `second + at` (0 without a second), widened into lanes 0 and 1.
+    ///
+    /// # Safety
+    /// The pointers point to whole blocks and the CPU has F16C.
+    #[inline(always)]
+    unsafe fn halves_at(first: *const u8, second: Option<*const u8>, at: usize) -> __m512 {
+        let bits =
+            |block: *const u8| i32::from(u16::from_le_bytes([*block.add(at), *block.add(at + 1)]));
+        let high = second.map_or(0, bits);
+        _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((high << 16) | bits(first))))
+    }
+
     /// The f16 at `block + at`, widened.
     #[inline(always)]
     unsafe fn half(block: *const u8, at: usize) -> f32 {
@@ -532,7 +544,7 @@ mod x86 {
     ///
     /// `vpdpbusd` multiplies unsigned bytes (the weights' codes) by signed ones (`x`'s values) and adds
     /// each lane's four products to its sum, which starts at the row's `-z · Σ q` (`Rows::starts`).
-    /// The minimums' products, one per block, are summed apart in scalars.
+    /// The minimums' products, one per block, go into the first lane of the block's half.
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni,f16c")]
     #[inline]
     unsafe fn tile_vnni<F: Codes, const R: usize, const C: usize>(
@@ -555,25 +567,21 @@ mod x86 {
         // The scales of two blocks spread over the register's halves.
         let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         let mut sums = [[_mm512_setzero_ps(); C]; R];
-        let mut mins = [[0f32; C]; R];
         let mut codes = [_mm512_setzero_si512(); C];
         let mut w_scales = [_mm512_setzero_ps(); C];
-        let mut w_mins = [[0f32; 2]; C];
+        let mut w_mins = [_mm512_setzero_ps(); C];
         let mut b = 0;
         while b < blocks {
             let pair = b + 1 < blocks;
             for j in 0..C {
                 let first = w_rows.add(j * row_bytes + b * F::BYTES);
                 let second = first.add(F::BYTES);
-                codes[j] = F::codes512(first, pair.then_some(second));
-                let bits = |block: *const u8, at: usize| {
-                    i32::from(u16::from_le_bytes([*block.add(at), *block.add(at + 1)]))
-                };
-                let high = if pair { bits(second, 0) } else { 0 };
-                let two = _mm_cvtph_ps(_mm_cvtsi32_si128((high << 16) | bits(first, 0)));
-                w_scales[j] = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two));
+                let second = pair.then_some(second);
+                codes[j] = F::codes512(first, second);
+                w_scales[j] = _mm512_permutexvar_ps(halves, halves_at(first, second, 0));
                 if let Some(min) = F::MIN {
-                    w_mins[j] = [half(first, min), if pair { half(second, min) } else { 0.0 }];
+                    w_mins[j] =
+                        _mm512_maskz_permutexvar_ps(0x0101, halves, halves_at(first, second, min));
                 }
             }
             for i in 0..R {
@@ -582,6 +590,12 @@ mod x86 {
                 let start = _mm512_loadu_si512(x_starts.add(at * 8).cast());
                 let two = _mm_castpd_ps(_mm_load_sd(x_scales.add(at).cast::<f64>()));
                 let x_scale = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two));
+                let x_sum = if F::MIN.is_some() {
+                    let two = _mm_castpd_ps(_mm_load_sd(x_sums.add(at).cast::<f64>()));
+                    _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(two))
+                } else {
+                    _mm512_setzero_ps()
+                };
                 for j in 0..C {
                     let dot = _mm512_dpbusd_epi32(start, codes[j], xs);
                     sums[i][j] = _mm512_fmadd_ps(
@@ -590,10 +604,7 @@ mod x86 {
                         sums[i][j],
                     );
                     if F::MIN.is_some() {
-                        mins[i][j] += w_mins[j][0] * *x_sums.add(at);
-                        if pair {
-                            mins[i][j] += w_mins[j][1] * *x_sums.add(at + 1);
-                        }
+                        sums[i][j] = _mm512_fmadd_ps(w_mins[j], x_sum, sums[i][j]);
                     }
                 }
             }
@@ -601,8 +612,7 @@ mod x86 {
         }
         for i in 0..R {
             for j in 0..C {
-                *out.0.add((row + i) * n + column + j) =
-                    _mm512_reduce_add_ps(sums[i][j]) + mins[i][j];
+                *out.0.add((row + i) * n + column + j) = _mm512_reduce_add_ps(sums[i][j]);
             }
         }
     }
