@@ -585,13 +585,13 @@ fn a_llama_gguf_has_its_q_and_k_rows_put_back_in_order() {
 /// (through the head's blocks too) are that model's up to the rounding of the activations to 8 bits per
 /// block. The embeddings and norms are dequantized. Such a model samples and refuses full fine-tuning
 /// (LoRA trains over it, `qlora.rs`); the trainer's policy and the sampler without `--quantized` load
-/// it dense. Q5_1, whose products candle computes in plain loops, is dequantized even when blocks are
-/// asked for.
+/// it dense.
 #[test]
 fn quantized_ggufs_sample_from_their_blocks() {
     for (name, dtype) in [
         ("qwen2", GgmlDType::Q8_0),
         ("qwen2", GgmlDType::Q4_0),
+        ("qwen2", GgmlDType::Q5_1),
         ("llama", GgmlDType::Q8_0),
         ("llama", GgmlDType::Q4_0),
     ] {
@@ -621,7 +621,7 @@ fn quantized_ggufs_sample_from_their_blocks() {
             .flatten()
             .fold(0.0f32, |max, x| max.max(x.abs()));
         eprintln!("{name} {dtype:?}: blocks against dequantized, max |Δlogit| {diff:e} (max |logit| {scale})");
-        // Measured: 2.1% (qwen2 Q8_0) to 2.8% (qwen2 Q4_0) of the largest logit; rounding the weights
+        // Measured: 1.9% (qwen2 Q5_1) to 2.8% (qwen2 Q4_0) of the largest logit; rounding the weights
         // through Q8_0 moved them 3.0%.
         assert!(
             diff > 0.0 && diff < 0.05 * scale,
@@ -651,13 +651,6 @@ fn quantized_ggufs_sample_from_their_blocks() {
         assert!(refusal.contains("--quantized"), "{refusal}");
         std::fs::remove_file(&file).unwrap();
     }
-    let scratch_dir = scratch("qwen2-q5_1");
-    let file = scratch_dir.join("qwen2.gguf");
-    write_gguf(&fixture("qwen2"), GgmlDType::Q5_1, &file);
-    let kept = load_quantized(&file, DType::F32, &Device::Cpu).unwrap();
-    let dense = load_model(&file, DType::F32, &Device::Cpu).unwrap();
-    assert_eq!(compare_models(&dense, &kept), 0.0, "Q5_1 is dequantized");
-    std::fs::remove_file(&file).unwrap();
 }
 
 #[test]
@@ -888,9 +881,9 @@ fn smollm2_gguf_matches_transformers() {
     assert!(worst <= SMOLLM_LOGIT_TOLERANCE, "max |Δlogit| {worst}");
 }
 
-/// SmolLM2's real file sampled from its blocks (the tied head's Q8_0; its Q4_1 projections, whose
-/// products candle computes in plain loops, are dequantized) against the same file dequantized: the
-/// greatest and mean logit differences at the reference prompts' positions, and the greedy tokens.
+/// SmolLM2's real file sampled from its blocks (its Q4_1 projections and the tied head's Q8_0) against
+/// the same file dequantized: the greatest and mean logit differences at the reference prompts'
+/// positions, and the greedy tokens.
 #[test]
 fn smollm2_blocks_against_dequantized() {
     let reference = smollm_reference();
@@ -934,9 +927,10 @@ fn smollm2_blocks_against_dequantized() {
         "SmolLM2 blocks against dequantized: max |Δlogit| {worst:e}, mean {mean:e}, argmax agrees at \
          {agreed} of {greedy_total} positions"
     );
-    // Measured: max 0.48, mean 0.045 on logits of magnitude 10–20, the argmax the same at 194 of 197
-    // positions.
-    assert!(worst < 1.0 && mean < 0.1, "max {worst}, mean {mean}");
+    // Measured: max 1.9, mean 0.20 on logits of magnitude 10–20, the argmax the same at 187 of 197
+    // positions (with only the head in blocks, the projections dequantized: max 0.48, mean 0.045, 194 of
+    // 197): every projection's activations are rounded to 8 bits per block, as llama.cpp rounds them.
+    assert!(worst < 3.0 && mean < 0.3, "max {worst}, mean {mean}");
     assert!(
         agreed * 10 >= greedy_total * 9,
         "{agreed} of {greedy_total}"

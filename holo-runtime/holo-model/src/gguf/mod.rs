@@ -52,7 +52,7 @@
 //!   layer's stack. [`Blocks`] says what becomes of
 //!   quantized ones: dequantized to f32 and then converted to the requested dtype (what training needs),
 //!   or, for the projections of the layers (attention's q, k, v and output, the MLP's gate, up and down)
-//!   in Q4_0, Q8_0 or a k-quant, kept as the file's blocks and multiplied as they are
+//!   in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a k-quant, kept as the file's blocks and multiplied as they are
 //!   ([`Weight::Quantized`]), which is what sampling on the CPU reads 4–7× fewer bytes with, and the
 //!   output head's (or the tied embeddings') blocks kept beside the dequantized tensor for the logits;
 //!   a mixture's experts in MXFP4 are kept as their blocks too ([`Weight::Mxfp4`]); the embeddings,
@@ -1181,16 +1181,18 @@ fn keeps(name: &str, info: &TensorInfo) -> bool {
     module.is_some_and(|module| PROJECTIONS.contains(&module)) && keeps_type(info)
 }
 
-/// Whether the tensor is a matrix of quantized blocks that candle multiplies with vector instructions:
-/// Q4_0, Q8_0 and the k-quants. Its Q4_1, Q5_0 and Q5_1 products are plain loops, slower than the
-/// dequantized f32 matrix (SmolLM2's Q4_1 file decoded 7.1 tokens/s from its blocks against 19.8
-/// dequantized, one thread, batch 1): those are dequantized.
+/// Whether the tensor is a matrix of quantized blocks multiplied with vector instructions: Q4_0, Q4_1,
+/// Q5_0, Q5_1 and Q8_0 by `kernels::quant` (for Q4_0 and Q8_0 at decoding's few rows; candle's plain
+/// loops for the others were slower than the dequantized f32 matrix), the k-quants by candle.
 fn keeps_type(info: &TensorInfo) -> bool {
     info.shape.rank() == 2
         && matches!(
             info.kind,
             TensorType::Candle(
                 GgmlDType::Q4_0
+                    | GgmlDType::Q4_1
+                    | GgmlDType::Q5_0
+                    | GgmlDType::Q5_1
                     | GgmlDType::Q8_0
                     | GgmlDType::Q2K
                     | GgmlDType::Q3K

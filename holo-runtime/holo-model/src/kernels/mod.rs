@@ -3,7 +3,8 @@
 //! threads), the fused output head (`head`), rotary embeddings (`rope`) and softmax (`softmax`) with
 //! their backward, matrix products (`matrix`, `product`) and decoding's few-rows products
 //! (`skinny`), the differentiable product with a frozen matrix in a GGUF file's quantized blocks
-//! (`blocks`, QLoRA's base), products with MXFP4 blocks as a GGUF file keeps experts (`mxfp4`), and batch-invariant
+//! (`blocks`, QLoRA's base), sampling's few-rows products with Q8_0 blocks (`quant`), products with MXFP4
+//! blocks as a GGUF file keeps experts (`mxfp4`), and batch-invariant
 //! attention (`invariant`). Nothing here knows the decoder: the
 //! model calls them, never the other way.
 
@@ -15,6 +16,7 @@ pub(crate) mod kernel;
 pub(crate) mod matrix;
 pub mod mxfp4;
 pub(crate) mod product;
+pub(crate) mod quant;
 pub(crate) mod rope;
 pub(crate) mod skinny;
 pub(crate) mod softmax;

@@ -240,6 +240,11 @@ impl Linear {
             Weight::Quantized(blocks) if ops == Ops::Differentiable => {
                 crate::kernels::blocks::matmul(&flat, blocks)?
             }
+            // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks through our kernels, which reuse each block
+            // across the rows; the k-quants through candle's.
+            Weight::Quantized(blocks) if crate::kernels::quant::suits(blocks, &flat) => {
+                crate::kernels::quant::matmul(&flat, blocks)?
+            }
             Weight::Quantized(blocks) => flat.contiguous()?.apply_op1_no_bwd(blocks.as_ref())?,
             Weight::Mxfp4(matrix) => matrix.matmul(&flat)?,
             Weight::Dense(weight) => match dispatch::product(ops, &Operands::of(&flat, weight)) {
