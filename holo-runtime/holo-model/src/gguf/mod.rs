@@ -1182,8 +1182,8 @@ fn keeps(name: &str, info: &TensorInfo) -> bool {
 }
 
 /// Whether the tensor is a matrix of quantized blocks multiplied with vector instructions: Q4_0, Q4_1,
-/// Q5_0, Q5_1 and Q8_0 by `kernels::quant` (for Q4_0 and Q8_0 at decoding's few rows; candle's plain
-/// loops for the others were slower than the dequantized f32 matrix), the k-quants by candle.
+/// Q5_0, Q5_1 and Q8_0 by `kernels::quant`, the k-quants by candle. Other types are dequantized at
+/// load.
 fn keeps_type(info: &TensorInfo) -> bool {
     info.shape.rank() == 2
         && matches!(
