@@ -76,6 +76,7 @@ fn loading_holds_each_tensor_once() {
             seed: 0,
             force: true,
             vocab: Some(vocab),
+            layers: None,
         },
     )
     .unwrap();
