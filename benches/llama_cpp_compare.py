@@ -197,8 +197,7 @@ def holo_greedy(holo: str, path: Path, prompts: list[str], new: int) -> list[str
         wait_ready(f"http://127.0.0.1:{port}/health", process)
         texts = []
         for prompt in prompts:
-            body = json.dumps({"model": name, "prompt": prompt, "max_tokens": new, "temperature": 0,
-                               "ignore_eos": True}).encode()
+            body = json.dumps({"model": name, "prompt": prompt, "max_tokens": new, "temperature": 0}).encode()
             request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=300) as response:
