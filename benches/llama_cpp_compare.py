@@ -237,11 +237,12 @@ def greedy_check(holo: str, path: Path, new: int) -> tuple[int, int]:
     return agreed, new * len(GREEDY_PROMPTS)
 
 
-def tensor_types(path: Path) -> dict[str, int]:
+def types_by_tensor(path: Path) -> dict[str, str]:
+    """Each tensor's GGML type, read by the vendored llama.cpp's `gguf-py`."""
     sys.path.insert(0, str(VENDORED / "gguf-py"))
     import gguf
 
-    return dict(collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors))
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
 
 
 def quantize_q4_k_m(source: Path, out: Path) -> None:
@@ -251,12 +252,8 @@ def quantize_q4_k_m(source: Path, out: Path) -> None:
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
     if status != 0:
         raise SystemExit(f"llama_model_quantize returned {status}")
-    sys.path.insert(0, str(VENDORED / "gguf-py"))
-    import gguf
-
-    by_name = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
     kinds = collections.defaultdict(collections.Counter)
-    for name, kind in by_name.items():
+    for name, kind in types_by_tensor(out).items():
         # blk.N.attn_q.weight -> attn_q.weight
         kinds[name.split(".", 2)[-1] if name.startswith("blk.") else name][kind] += 1
     for name, counts in sorted(kinds.items()):
@@ -284,7 +281,7 @@ def main() -> None:
         return
     rows = []
     for path in args.files:
-        print(f"{path.name}: {tensor_types(path)}", flush=True)
+        print(f"{path.name}: {dict(collections.Counter(types_by_tensor(path).values()))}", flush=True)
         if args.holo:
             agreed, total = greedy_check(args.holo, path, args.greedy)
             print(f"  greedy: {agreed} of {total} tokens agree", flush=True)
