@@ -342,7 +342,7 @@ mod x86 {
         columns: Range<usize>,
         out: Out,
     ) {
-        if m == 1 {
+        if m == 1 && k * std::mem::size_of::<W>() >= LONG_ROW {
             return row_avx512(x, w, k, columns, out);
         }
         let tiles = m / 4 + m % 4;
@@ -381,6 +381,12 @@ mod x86 {
     /// GB/s of weights with 2 KiB into L1, 14–15 with 1 or 3–4 KiB or with 8 weight rows a tile, 12–14 into L2
     /// only, against 12–13 with no prefetch or with the many-rows kernel's of the next group of rows.
     const ROW_AHEAD: usize = 2048;
+
+    /// The fewest bytes of a weight row for which one row of `x` goes through [`row_avx512`]. In shorter
+    /// rows a line [`ROW_AHEAD`] bytes ahead is mostly in the next weight row of the tile, already being
+    /// read: at SmolLM2-135M's head (576 inputs) one row read 11 GB/s of f32 weights that way, against
+    /// 14–19 with [`columns_avx512`]'s prefetch of the next group's rows.
+    const LONG_ROW: usize = 4 * ROW_AHEAD;
 
     /// One row of `x` against weight rows `columns`, 4 at a time, each weight row prefetched
     /// [`ROW_AHEAD`] bytes ahead of its loads. At one row nothing is reused: the kernel is a stream of
@@ -672,7 +678,7 @@ mod tests {
         for (m, n, k) in [
             (0, 5, 7),
             (1, 1, 1),
-            (1, 7, 1100),
+            (1, 7, 2100),
             (3, 5, 7),
             (4, 4, 16),
             (8, 130, 40),
@@ -738,10 +744,16 @@ mod tests {
 
     /// One row's outputs are the very sums the many-rows tiles compute for a row (the last of 5 goes
     /// through a tile of one row): only the prefetch differs. Weight rows not a multiple of the tiles,
-    /// `K` not a multiple of 16 and past the prefetch distance.
+    /// `K` not a multiple of 16 and weight rows long enough for the one-row kernel (f32; bf16 too at
+    /// `K` = 4100) or not (bf16 at `K` = 1200).
     #[test]
     fn one_row_sums_as_many_rows_do() {
-        let (m, n, k) = (5, 11, 1200);
+        for (m, n, k) in [(5, 11, 1200), (5, 6, 4100)] {
+            one_row_sums_as_many_rows_do_at(m, n, k);
+        }
+    }
+
+    fn one_row_sums_as_many_rows_do_at(m: usize, n: usize, k: usize) {
         let xs: Vec<f32> = (0..m * k)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
