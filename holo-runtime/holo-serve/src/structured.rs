@@ -358,17 +358,6 @@ mod tests {
         );
     }
 
-    /// Harmony's markers, special tokens of gpt-oss's tokenizer.
-    const MARKERS: [&str; 7] = [
-        "<|start|>",
-        "<|end|>",
-        "<|message|>",
-        "<|channel|>",
-        "<|constrain|>",
-        "<|return|>",
-        "<|call|>",
-    ];
-
     /// The random gpt-oss fixture's tokenizer with harmony's markers as special tokens, and its
     /// grammars ended as gpt-oss's generation config ends a turn (`<|return|>`, `<|call|>`).
     fn harmony_grammars() -> (Tokenizer, holo_model::Grammars) {
@@ -377,10 +366,11 @@ mod tests {
             "/../tests/fixtures/models/gpt_oss/tokenizer.json"
         ))
         .unwrap();
-        let markers = MARKERS.map(|marker| tokenizers::AddedToken::from(marker, true));
+        let markers = holo_core::tools::harmony::MARKERS
+            .map(|marker| tokenizers::AddedToken::from(marker, true));
         assert_eq!(
             tokenizer.add_special_tokens(markers).unwrap(),
-            MARKERS.len()
+            holo_core::tools::harmony::MARKERS.len()
         );
         let size = tokenizer.get_vocab_size(true);
         let ends = ["<|return|>", "<|call|>"].map(|end| tokenizer.token_to_id(end).unwrap());

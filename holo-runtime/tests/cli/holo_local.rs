@@ -432,8 +432,12 @@ fn serving_a_folder_without_a_chat_template_says_so() {
 
     let copy = scratch("no-template");
     std::fs::create_dir_all(&copy).unwrap();
+    // The model's files, not the adapter folders beside them (`lora_all_linear/`).
     for entry in std::fs::read_dir(repo().join(MODEL)).unwrap() {
         let path = entry.unwrap().path();
+        if path.is_dir() {
+            continue;
+        }
         std::fs::copy(
             &path,
             std::path::Path::new(&copy).join(path.file_name().unwrap()),

@@ -11,19 +11,9 @@ use super::reasoning::{joined, serve_replier};
 use super::structured::{respell, start_qwen3_with};
 use super::*;
 use holo_runtime::serve::ReasoningParser;
+use holo_runtime::tools::harmony::MARKERS;
 use holo_runtime::tools::ToolFormat;
 use tokenizers::AddedToken;
-
-/// Harmony's markers, special tokens of gpt-oss's tokenizer.
-const MARKERS: [&str; 7] = [
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|constrain|>",
-    "<|return|>",
-    "<|call|>",
-];
 
 /// The fixture's tokenizer with harmony's markers as special tokens.
 fn harmony_tokenizer() -> Tokenizer {

@@ -27,6 +27,8 @@ const END: &str = "<|end|>";
 const RETURN: &str = "<|return|>";
 /// The markers that end a message's content (harmony's stop tokens).
 const ENDS: [&str; 3] = [END, RETURN, CALL];
+/// Every marker of harmony's format: special tokens of gpt-oss's tokenizer.
+pub const MARKERS: [&str; 7] = [START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL];
 /// What recipients that are functions start with.
 pub(super) const FUNCTIONS: &str = "functions.";
 
