@@ -430,26 +430,13 @@ fn serving_a_folder_without_a_chat_template_says_so() {
     let with = serve_banner(MODEL);
     assert!(!with.contains(note), "{with}");
 
-    let copy = scratch("no-template");
-    std::fs::create_dir_all(&copy).unwrap();
-    // The model's files, not the adapter folders beside them (`lora_all_linear/`).
-    for entry in std::fs::read_dir(repo().join(MODEL)).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            continue;
-        }
-        std::fs::copy(
-            &path,
-            std::path::Path::new(&copy).join(path.file_name().unwrap()),
-        )
-        .unwrap();
-    }
-    let config_file = std::path::Path::new(&copy).join("tokenizer_config.json");
+    let copy = crate::common::tempdir::Dir::with_files_of("no-template", &repo().join(MODEL));
+    let config_file = copy.join("tokenizer_config.json");
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(&config_file).unwrap()).unwrap();
     config.as_object_mut().unwrap().remove("chat_template");
     std::fs::write(&config_file, config.to_string()).unwrap();
-    let without = serve_banner(&copy);
+    let without = serve_banner(copy.to_str().unwrap());
     assert!(
         without.contains(note) && without.contains("ChatML"),
         "{without}"

@@ -369,13 +369,7 @@ fn a_multi_turn_rollout_is_one_stream_of_trained_tokens() {
 fn a_value_model_folder_keeps_its_score_head() {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2");
     let base = load_model(&source, DType::F32, &Device::Cpu).expect("fixture model");
-    let folder = std::env::temp_dir().join(format!("holo-value-model-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&folder);
-    std::fs::create_dir_all(&folder).unwrap();
-    for entry in std::fs::read_dir(&source).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, folder.join(path.file_name().unwrap())).unwrap();
-    }
+    let folder = crate::common::tempdir::Dir::with_files_of("value-model", &source);
     let weights = folder.join("model.safetensors");
     let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).unwrap();
     let hidden = base.config.hidden_size;
@@ -388,7 +382,7 @@ fn a_value_model_folder_keeps_its_score_head() {
 
     let config = GrpoConfig {
         algorithm: Algorithm::Ppo,
-        value_model: Some(folder.display().to_string()),
+        value_model: Some(folder.path().display().to_string()),
         ..GrpoConfig::default()
     };
     let critic = holo_runtime::train::ppo::critic(&base, &config).unwrap();
@@ -438,5 +432,4 @@ fn a_value_model_folder_keeps_its_score_head() {
         error.contains("`value_model`") && error.contains("256"),
         "{error}"
     );
-    std::fs::remove_dir_all(folder).unwrap();
 }
