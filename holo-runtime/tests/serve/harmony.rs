@@ -205,15 +205,8 @@ async fn streamed_usage_counts_the_reasoning_tokens() {
         "stream_options": {"include_usage": true, "continuous_usage_stats": true},
         "messages": [{"role": "user", "content": format!("REPLY:{reply}")}],
     });
-    let response = client
-        .http
-        .post(format!("{}/v1/chat/completions", client.base))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let chunks = sse_payloads(&response.text().await.unwrap());
+    let (_, text) = client.post_text("/v1/chat/completions", body).await;
+    let chunks = sse_payloads(&text);
     let counts: Vec<u64> = chunks
         .iter()
         .map(|chunk| {
@@ -366,17 +359,7 @@ async fn start_gpt_oss_qwen3() -> (ServerHandle, String, crate::common::tempdir:
 /// A streamed chat's choices, chunk by chunk.
 async fn streamed_choices(client: &Client, mut body: Value) -> Vec<Value> {
     body["stream"] = json!(true);
-    let (status, text) = {
-        let response = client
-            .http
-            .post(format!("{}/v1/chat/completions", client.base))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        (response.status(), response.text().await.unwrap())
-    };
+    let (status, text) = client.post_text("/v1/chat/completions", body).await;
     assert_eq!(status, 200, "{text}");
     sse_payloads(&text)
         .into_iter()

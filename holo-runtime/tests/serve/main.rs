@@ -338,6 +338,19 @@ impl Client {
         )
         .await
     }
+
+    /// A JSON `body` posted to `path`: the status and the answer's text (a stream's events).
+    async fn post_text(&self, path: &str, body: Value) -> (u16, String) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
 }
 
 impl Fixture {
