@@ -259,7 +259,7 @@ async fn holo_serve_cli_serves_a_local_model() {
 
     // Streamed: the local model reports each token as it samples it, and the chunks join into the whole
     // answer to the same request.
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let requests = Client::at(base.clone());
     for (path, body) in [
         (
             "/v1/completions",
@@ -271,30 +271,12 @@ async fn holo_serve_cli_serves_a_local_model() {
                    "seed": 4, "logprobs": true, "top_logprobs": 3, "n": 2}),
         ),
     ] {
-        let url = format!("{base}{path}");
-        let whole: Value = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .map(|text| serde_json::from_str(&text).unwrap())
-            .unwrap();
+        let (status, whole) = requests.post(path, body.clone()).await;
+        assert_eq!(status, 200, "{whole:#}");
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
-        let text = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(streamed.to_string())
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let (status, text) = requests.post_text(path, streamed).await;
+        assert_eq!(status, 200, "{text}");
         let payloads = sse_payloads(&text);
         let chat = path.ends_with("chat/completions");
         for (index, choice) in whole["choices"].as_array().unwrap().iter().enumerate() {
@@ -358,17 +340,13 @@ async fn holo_serve_cli_serves_a_local_model() {
     }
 
     // One access-log line per request on stderr, with the answer's id and its usage.
-    let answer: Value = http
-        .post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(json!({"prompt": [1, 2, 3], "max_tokens": 5, "n": 2, "seed": 1}).to_string())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .map(|text| serde_json::from_str(&text).unwrap())
-        .unwrap();
+    let (status, answer) = requests
+        .post(
+            "/v1/completions",
+            json!({"prompt": [1, 2, 3], "max_tokens": 5, "n": 2, "seed": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer:#}");
     let id = answer["id"].as_str().unwrap();
     let line = served.line_with(&format!("id={id} "));
     let fields = access_fields(&line);
@@ -387,7 +365,8 @@ async fn holo_serve_cli_serves_a_local_model() {
     assert!(0.0 <= queue && queue <= total, "{line}");
 
     // /metrics: the local model's scheduler as well as the server's counters.
-    let page = http
+    let page = requests
+        .http
         .get(format!("{base}/metrics"))
         .send()
         .await

@@ -293,16 +293,9 @@ async fn streamed_echo_joins_to_the_answer_not_streamed() {
             let whole = client.complete(body.clone()).await;
             let mut streamed = body;
             streamed["stream"] = json!(true);
-            let response = client
-                .http
-                .post(format!("{}/v1/completions", client.base))
-                .header("content-type", "application/json")
-                .body(streamed.to_string())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status().as_u16(), 200);
-            let chunks = sse_payloads(&response.text().await.unwrap());
+            let (status, text) = client.post_text("/v1/completions", streamed).await;
+            assert_eq!(status, 200, "{text}");
+            let chunks = sse_payloads(&text);
             for (index, choice) in whole["choices"].as_array().unwrap().iter().enumerate() {
                 let joined = join_choice(&chunks, index, false);
                 assert_eq!(joined["text"], choice["text"], "{logprobs} {max_tokens}");

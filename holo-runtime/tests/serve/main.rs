@@ -321,8 +321,13 @@ struct Client {
 
 impl Client {
     fn new(server: &ServerHandle) -> Self {
+        Client::at(server.base_url())
+    }
+
+    /// A client of the server at `base` (a `holo serve` process's address).
+    fn at(base: String) -> Self {
         Client {
-            base: server.base_url(),
+            base,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
         }
     }

@@ -90,21 +90,8 @@ fn assert_prompt_logprobs(scored: &Value, prompt: &[u32], k: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_logprobs_are_the_model_s_with_true_ranks() {
     let server = start_qwen2().await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let post = |path: &'static str, body: Value| {
-        let http = http.clone();
-        let base = server.base_url();
-        async move {
-            send_json(
-                &http,
-                &base,
-                reqwest::Method::POST,
-                path,
-                Some(body.to_string()),
-            )
-            .await
-        }
-    };
+    let client = Client::new(&server);
+    let post = |path: &'static str, body: Value| client.post(path, body);
     let text = "The quick brown fox jumps over the lazy dog";
     let prompt: Vec<u32> = qwen2_tokenizer()
         .encode(text, true)
@@ -181,15 +168,9 @@ async fn prompt_logprobs_are_the_model_s_with_true_ranks() {
         body["prompt_logprobs"] = json!(0);
         body["stream"] = json!(true);
         body["max_tokens"] = json!(2);
-        let streamed = http
-            .post(format!("{}{path}", server.base_url()))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(streamed.status(), 200);
-        let chunks = sse_payloads(&streamed.text().await.unwrap());
+        let (status, text) = client.post_text(path, body).await;
+        assert_eq!(status, 200, "{text}");
+        let chunks = sse_payloads(&text);
         for chunk in &chunks {
             assert!(chunk.get("prompt_logprobs").is_none(), "{chunk}");
             for choice in chunk["choices"].as_array().unwrap() {

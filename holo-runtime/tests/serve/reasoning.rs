@@ -118,16 +118,8 @@ impl Client {
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
-        let response = self
-            .http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        let text = response.text().await.unwrap();
+        let (status, text) = self.post_text("/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{text}");
         sse_payloads(&text)
             .into_iter()
             .flat_map(|chunk| chunk["choices"].as_array().unwrap().clone())
@@ -422,7 +414,7 @@ async fn holo_serve_splits_a_random_qwen3_s_reasoning() {
             .args(["serve", dir.path().to_str().unwrap(), "--port", "0"])
             .args(["--served-model-name", MODEL, "--reasoning-parser", "qwen3"]),
     );
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = Client::at(served.base.clone());
     for (kwargs, thinking) in [
         (json!({}), true),
         (json!({"enable_thinking": false}), false),
@@ -432,14 +424,7 @@ async fn holo_serve_splits_a_random_qwen3_s_reasoning() {
             "max_tokens": 12, "temperature": 1.0, "seed": 3,
             "chat_template_kwargs": kwargs, "return_token_ids": true,
         });
-        let (status, answer) = send_json(
-            &http,
-            &served.base,
-            reqwest::Method::POST,
-            "/v1/chat/completions",
-            Some(body.to_string()),
-        )
-        .await;
+        let (status, answer) = client.post("/v1/chat/completions", body).await;
         assert_eq!(status, 200, "{answer:#}");
         let choice = &answer["choices"][0];
         let message = &choice["message"];
