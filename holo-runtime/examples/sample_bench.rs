@@ -303,7 +303,7 @@ fn timed_steps(
     // Columns cached, and prompt tokens taken so far (the steps' own tokens count as context too).
     let (mut cached, mut taken) = (0, 0);
     for &context in contexts {
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), process_cpu_seconds());
         let mut picked = prompts.iter().map(|prompt| prompt[0]).collect();
         if filled_cache {
             cache = filled(model, prompts, context)?;
@@ -323,7 +323,7 @@ fn timed_steps(
             picked = pass(model, &mut cache, ids, width, cached)?;
             (cached, taken) = (cached + width, taken + width);
         }
-        let prefill = start.elapsed().as_secs_f64();
+        let (prefill, prefill_cpu) = (start.elapsed().as_secs_f64(), process_cpu_seconds() - cpu);
         picked = pass(model, &mut cache, picked, 1, cached)?;
         cached += 1;
         let start = Instant::now();
@@ -340,6 +340,7 @@ fn timed_steps(
                 "filled": filled_cache,
                 "new_tokens": new,
                 "prefill_s": (!filled_cache).then_some(prefill),
+                "prefill_cpu_s": (!filled_cache).then_some(prefill_cpu),
                 "decode_s": decode,
                 "per_token_ms": decode / new as f64 * 1e3,
                 "decode_tokens_per_s": (batch * new) as f64 / decode,

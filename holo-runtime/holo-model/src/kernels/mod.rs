@@ -10,6 +10,7 @@
 
 pub(crate) mod blocks;
 pub(crate) mod delta;
+pub(crate) mod flash;
 pub mod head;
 pub(crate) mod invariant;
 pub(crate) mod kernel;
