@@ -20,8 +20,8 @@
 //! first context (timed: the prefill), then one untimed step (its token's columns may be the cache's
 //! first spare ones) and `--new` timed one-token steps, each with the output head and a greedy pick; the
 //! prompt then goes on to the next context, and so on: one sequence prefilled once, not once per context.
-//! `--prompt-len` and `--repeats` do not apply. Prints one JSON object per context, with the cache's bytes
-//! and the peak RSS so far. With `--filled`, each context's cache is filled instead of prefilled: standard
+//! `--prompt-len` and `--repeats` do not apply. Prints one JSON object per context, with the prefill's wall
+//! and CPU seconds, the cache's bytes and the peak RSS so far. With `--filled`, each context's cache is filled instead of prefilled: standard
 //! normal keys and values in the attention layers and, in the linear-attention layers, the states of
 //! each row's first prompt token (a step's cost does not depend on what the cache holds), so that a
 //! long context's step is measured without its prefill.

@@ -378,7 +378,7 @@ fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e_r = p * r * r + r + 1.0;
     // `shifted`'s bits are ROUND's plus n; n + 127 shifted into the exponent is 2ⁿ.
     let two_n = f32::from_bits(
