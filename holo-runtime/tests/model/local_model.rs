@@ -309,7 +309,7 @@ fn fast_and_differentiable_paths_agree() {
 #[test]
 fn a_long_prompt_gets_the_same_attention_in_blocks_whole_or_in_chunks() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let long: Vec<u32> = (0..300).map(|_| rng.gen_range(3..37)).collect();
+    let long: Vec<u32> = (0..300).map(|_| rng.random_range(3..37)).collect();
     let (input, mask) = ids(&[&long, &long[..250]]);
     let (first, rest) = (170, long.len() - 170);
     let logits_after =
