@@ -25,10 +25,11 @@ contexts whose prefill would take too long on a small machine (compare a few con
   holds the linear layers' states and continues them across chunks).
 - holo: `sample_bench --steps L,L,..` (the same through `Model::forward_hidden` and a `KvCache`).
 
-Prints per context: prefill seconds (from the previous context), decoding tokens/s and ms per step, the side's
-peak RSS so far (its process's high-water mark), holo's cache bytes, and holo / transformers in tokens/s; per
-side the whole run's peak RSS (GNU time), the load the rest of the machine put on the cores during it, and the
-load average before and after. The models are family_compare.py's: `holo init-model --arch ARCH --preset small`
+Prints per context: prefill wall and CPU seconds (from the previous context), decoding tokens/s and ms per step,
+the side's peak RSS so far (its process's high-water mark), holo's cache bytes, holo / transformers in tokens/s,
+and holo / transformers in prefill CPU seconds (above 1, holo's prefill cost more); per side the whole run's peak
+RSS (GNU time), the load the rest of the machine put on the cores during it, and the load average before and
+after. The models are family_compare.py's: `holo init-model --arch ARCH --preset small`
 widened to the real vocabulary (f32).
 """
 import argparse
@@ -66,7 +67,7 @@ PYTHON_SIDE = textwrap.dedent(
 
     with torch.inference_mode():
         for context in contexts:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             if filled:
                 # The first prompt token alone gives the linear layers' states; the attention layers get
                 # `context` columns of standard normal keys and values.
@@ -81,7 +82,7 @@ PYTHON_SIDE = textwrap.dedent(
                 width = min(chunk, context - cached)
                 picked = step(ids[:, taken:taken + width])
                 cached, taken = cached + width, taken + width
-            prefill = time.perf_counter() - start
+            prefill, prefill_cpu = time.perf_counter() - start, time.process_time() - cpu
             picked = step(picked)
             start = time.perf_counter()
             for _ in range(new):
@@ -90,6 +91,7 @@ PYTHON_SIDE = textwrap.dedent(
             cached += 1 + new
             assert past.get_seq_length() == cached, (past.get_seq_length(), cached)
             print(json.dumps({"context": context, "filled": bool(filled), "prefill_s": None if filled else prefill,
+                              "prefill_cpu_s": None if filled else prefill_cpu,
                               "decode_s": decode, "per_token_ms": decode / new * 1e3,
                               "decode_tokens_per_s": batch * new / decode,
                               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
@@ -131,6 +133,8 @@ def curve(arch, folder, bench, contexts, args):
             row[side] = figures or {"failed": sides[side].get("failed", "no figures")}
         if "failed" not in row["transformers"] and "failed" not in row["holo"]:
             row["ratio"] = row["holo"]["decode_tokens_per_s"] / row["transformers"]["decode_tokens_per_s"]
+            if row["holo"].get("prefill_cpu_s") and row["transformers"].get("prefill_cpu_s"):
+                row["prefill_cpu_ratio"] = row["holo"]["prefill_cpu_s"] / row["transformers"]["prefill_cpu_s"]
         print("  " + line(row), flush=True)
         rows.append(row)
     return rows, {side: {k: v for k, v in figures.items() if k != "by_context"} for side, figures in sides.items()}
@@ -145,11 +149,14 @@ def line(row):
             cells += ["failed", "", "", ""]
             continue
         prefill = "filled" if figures["prefill_s"] is None else f"{figures['prefill_s']:.1f}"
+        if figures.get("prefill_cpu_s") is not None:
+            prefill += f" ({figures['prefill_cpu_s']:.1f})"
         cells += [prefill, f"{figures['decode_tokens_per_s']:.2f}",
                   f"{figures['per_token_ms']:.0f}", f"{figures['peak_rss_mib']:,.0f}"]
     holo = row["holo"]
     cells.append(f"{holo['cache_bytes'] / 2**20:,.1f}" if "cache_bytes" in holo else "")
     cells.append(f"**{row['ratio']:.2f}×**" if "ratio" in row else "")
+    cells.append(f"{row['prefill_cpu_ratio']:.2f}×" if "prefill_cpu_ratio" in row else "")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -182,7 +189,7 @@ def main():
     rows, runs, started = [], {}, time.time()
     try:
         for arch in families:
-            folder, config, size = family_compare.build_model(holo, arch, args.work_dir)
+            folder, config, size = family_compare.build_model(holo, arch, args.work_dir, {})
             print(f"{arch} ({family_compare.FAMILIES[arch][0]} shapes: hidden {config['hidden_size']}, "
                   f"{config['num_hidden_layers']} layers, vocab {config['vocab_size']:,}, "
                   f"{size / 2**30:.2f} GiB f32)", flush=True)
@@ -195,9 +202,10 @@ def main():
             shutil.rmtree(args.work_dir, ignore_errors=True)
     print(f"\n(total {time.time() - started:.0f} s; B = {args.batch}, {args.new} timed greedy steps after one untimed "
           f"at each context, f32, {args.threads} thread(s) per side; peak RSS: the side's process so far)\n")
-    print("| family (shapes) | L | transformers prefill s | tok/s | ms/step | peak RSS MiB "
-          "| holo prefill s | tok/s | ms/step | peak RSS MiB | holo cache MiB | holo / transformers |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| family (shapes) | L | transformers prefill s (CPU s) | tok/s | ms/step | peak RSS MiB "
+          "| holo prefill s (CPU s) | tok/s | ms/step | peak RSS MiB | holo cache MiB | holo / transformers "
+          "| prefill CPU s holo / transformers |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(line(row))
     if args.json:

@@ -20,8 +20,8 @@
 //! first context (timed: the prefill), then one untimed step (its token's columns may be the cache's
 //! first spare ones) and `--new` timed one-token steps, each with the output head and a greedy pick; the
 //! prompt then goes on to the next context, and so on: one sequence prefilled once, not once per context.
-//! `--prompt-len` and `--repeats` do not apply. Prints one JSON object per context, with the cache's bytes
-//! and the peak RSS so far. With `--filled`, each context's cache is filled instead of prefilled: standard
+//! `--prompt-len` and `--repeats` do not apply. Prints one JSON object per context, with the prefill's wall
+//! and CPU seconds, the cache's bytes and the peak RSS so far. With `--filled`, each context's cache is filled instead of prefilled: standard
 //! normal keys and values in the attention layers and, in the linear-attention layers, the states of
 //! each row's first prompt token (a step's cost does not depend on what the cache holds), so that a
 //! long context's step is measured without its prefill.
@@ -303,7 +303,7 @@ fn timed_steps(
     // Columns cached, and prompt tokens taken so far (the steps' own tokens count as context too).
     let (mut cached, mut taken) = (0, 0);
     for &context in contexts {
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), process_cpu_seconds());
         let mut picked = prompts.iter().map(|prompt| prompt[0]).collect();
         if filled_cache {
             cache = filled(model, prompts, context)?;
@@ -323,7 +323,7 @@ fn timed_steps(
             picked = pass(model, &mut cache, ids, width, cached)?;
             (cached, taken) = (cached + width, taken + width);
         }
-        let prefill = start.elapsed().as_secs_f64();
+        let (prefill, prefill_cpu) = (start.elapsed().as_secs_f64(), process_cpu_seconds() - cpu);
         picked = pass(model, &mut cache, picked, 1, cached)?;
         cached += 1;
         let start = Instant::now();
@@ -340,6 +340,7 @@ fn timed_steps(
                 "filled": filled_cache,
                 "new_tokens": new,
                 "prefill_s": (!filled_cache).then_some(prefill),
+                "prefill_cpu_s": (!filled_cache).then_some(prefill_cpu),
                 "decode_s": decode,
                 "per_token_ms": decode / new as f64 * 1e3,
                 "decode_tokens_per_s": (batch * new) as f64 / decode,

@@ -302,6 +302,55 @@ fn fast_and_differentiable_paths_agree() {
     }
 }
 
+/// A prompt longer than the fast prefill's blocks of queries (32 positions) and tiles of keys (256):
+/// its log-probabilities through the fast forward are the differentiable forward's (which forms every
+/// score at once) beside a shorter right-padded row, and its last logits are the same prefilled whole
+/// or in two chunks through the cache, in every family (windows of 3 positions and sinks included).
+#[test]
+fn a_long_prompt_gets_the_same_attention_in_blocks_whole_or_in_chunks() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let long: Vec<u32> = (0..300).map(|_| rng.random_range(3..37)).collect();
+    let (input, mask) = ids(&[&long, &long[..250]]);
+    let (first, rest) = (170, long.len() - 170);
+    let logits_after =
+        |model: &Model, cache: Option<&mut KvCache>, tokens: &[u32], cached: usize| {
+            let input = Tensor::new(tokens, &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let positions: Vec<u32> = (cached as u32..(cached + tokens.len()) as u32).collect();
+            let positions = Tensor::new(positions, &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let mask = Tensor::ones((1, cached + tokens.len()), DType::U8, &Device::Cpu).unwrap();
+            let hidden = model
+                .forward_hidden(&input, &positions, &mask, cache, Ops::Fast)
+                .unwrap();
+            model
+                .logits(&hidden.narrow(1, tokens.len() - 1, 1).unwrap(), Ops::Fast)
+                .unwrap()
+        };
+    for arch in ARCHS {
+        let config = ModelConfig {
+            max_position_embeddings: 512,
+            ..config(arch)
+        };
+        let model = random_model_seeded(&config, 6, DType::F32);
+        let fast = model.token_logprobs(&input, &mask, Ops::Fast).unwrap();
+        let slow = model
+            .token_logprobs(&input, &mask, Ops::Differentiable)
+            .unwrap();
+        assert!(max_abs_diff(&fast, &slow) < 1e-4, "{arch}");
+
+        let whole = logits_after(&model, None, &long, 0);
+        let mut cache = KvCache::new(&model.config);
+        logits_after(&model, Some(&mut cache), &long[..first], 0);
+        let chunked = logits_after(&model, Some(&mut cache), &long[first..first + rest], first);
+        assert!(max_abs_diff(&whole, &chunked) < 1e-4, "{arch} in chunks");
+    }
+}
+
 #[test]
 fn the_kv_cache_and_left_padding_change_nothing() {
     for arch in ARCHS {

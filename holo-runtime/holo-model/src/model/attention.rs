@@ -213,6 +213,14 @@ impl Attention {
                 self.sinks.as_ref(),
             );
         }
+        // A prefill's queries in blocks against tiles of keys: neither its scores nor copies of keys per
+        // query head are held whole, and the keys its mask hides are not visited.
+        if ops == Ops::Fast
+            && q.dtype() == DType::F32
+            && crate::kernels::kernel::takes(&q, &[&k, &v, mask])
+        {
+            return crate::kernels::flash::attention(&q, &k, &v, mask, scale, self.sinks.as_ref());
+        }
         let keys = k.dim(2)?;
         // Query head h reads key head h / group: grouping the query heads of one key head along the
         // sequence axis makes one matrix product per key head, without copying keys.
