@@ -288,6 +288,8 @@ const PHASES: [(&str, &[&str]); 6] = [
         "loading",
         &["runtime", "tokenizer", "weights", "loading copy"],
     ),
+    // The last step's gradients live until the next training pass starts (holo-train's
+    // `trainer/local.rs`: the allocator keeps their memory for that pass's gradients).
     (
         "generation",
         &[
@@ -297,6 +299,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "reference",
             "critic",
             "optimizer",
+            "gradients",
             "kv cache",
             "sampling",
             "snapshots",
@@ -311,6 +314,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "reference",
             "critic",
             "optimizer",
+            "gradients",
             "scoring",
             "expansion",
             "snapshots",
