@@ -192,11 +192,7 @@ const TERMS: [TermOf; 19] = [
         |_| terms::RUNTIME,
         "the binary, thread pools, rows",
     ),
-    (
-        "tokenizer",
-        |inputs| inputs.tokenizer_bytes * terms::TOKENIZER_PER_FILE_BYTE,
-        "the tokenizer's tables",
-    ),
+    ("tokenizer", terms::tokenizer, "the tokenizer's tables"),
     ("weights", terms::weights, "the trained model's weights"),
     (
         "loading copy",

@@ -8,14 +8,23 @@ use super::Inputs;
 
 /// What `holo` holds besides the model: the binary, the Tokio and candle thread pools and their stacks,
 /// the holoware, the rows, the records and the plots at the end. Measured: a `tiny` model's whole run
-/// (0.1M parameters, 512 tokens) peaks at 77 MiB.
-pub const RUNTIME: u64 = 72 << 20;
+/// (0.1M parameters, 512 tokens) peaks at 73 MiB, 8 of them the model's terms (77 MiB when the
+/// allocator kept what the generation freed, `holo`'s `allocator.rs`).
+pub const RUNTIME: u64 = 65 << 20;
 
-/// Bytes the tokenizers hold per byte of `tokenizer.json`: the policy's and the Holophore's copy
-/// (`Local::new` clones it), each its vocabulary's maps, merges and the added tokens' trie, about
-/// 1.7 to 3 times the file (measured with the `tokenizers` package on `init-model --vocab 151936`'s
-/// 28 MiB file: 50 MiB resident, 102 MiB at the peak of parsing).
-pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
+/// What one parsed tokenizer holds per byte of `tokenizer.json`, as a fraction: its vocabulary's maps,
+/// merges and the added tokens' trie, measured with the `tokenizers` package on `init-model --vocab
+/// 151936`'s 28 MiB file (50 MiB resident once parsed; 102 MiB at the peak of parsing, while loading).
+pub const TOKENIZER_PER_FILE_BYTE: (u64, u64) = (9, 5);
+
+/// The tokenizers a run holds: a GRPO or PPO run three copies of the policy's, the Holophore's
+/// (`Local::new` clones it), the in-process sampler's and its grammars' (`LocalModel::new` clones it);
+/// an SFT run, which samples nothing, the policy's alone.
+pub fn tokenizer(inputs: &Inputs) -> u64 {
+    let copies = if inputs.generation_batch > 0 { 3 } else { 1 };
+    let (numerator, denominator) = TOKENIZER_PER_FILE_BYTE;
+    copies * inputs.tokenizer_bytes * numerator / denominator
+}
 
 /// The values one token keeps per decoder layer while autograd holds the training pass's graph, counted
 /// from the differentiable forward (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the
@@ -558,6 +567,12 @@ mod tests {
         assert_eq!(gradients(&run), parameters * 4);
         assert_eq!(optimizer(&run), parameters * 8);
         assert_eq!(update(&run), 0);
+        // A 1,000-byte tokenizer.json: three copies of 1.8 bytes a byte; one when nothing samples.
+        run.tokenizer_bytes = 1_000;
+        assert_eq!(tokenizer(&run), 5_400);
+        run.generation_batch = 0;
+        assert_eq!(tokenizer(&run), 1_800);
+        run.generation_batch = 8;
         // 2 rows of 10 + 6 tokens; per token and layer 18 × 64 + 5 × 32 + 4 × 128 = 1,824 values;
         // per layer 4 × 4 heads × 2 rows × 16² pairs.
         let values = 32 * 1_824 + 4 * 4 * 2 * 256;
