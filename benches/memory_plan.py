@@ -3,7 +3,7 @@
 predicted peak (RUN/memory_plan.json, written before the weights are loaded) beside its peak RSS
 (`/usr/bin/time -v`'s maximum resident set size), and the error.
 
-Usage: benches/memory_plan.py [--holo PATH] [--work DIR] [--only NAME,...] [--big]
+Usage: benches/memory_plan.py [--holo PATH] [--work DIR] [--only NAME,...] [--held-out] [--big]
 
 - models: random folders from `holo init-model` (qwen2, qwen3, qwen3_5_text and qwen3_5_moe_text `tiny`,
   llama `small`: SmolLM2-135M's decoder), at the offline tokenizer's 512 ids or padded to a real vocabulary (`--vocab`); `--big` adds
@@ -14,6 +14,8 @@ Usage: benches/memory_plan.py [--holo PATH] [--work DIR] [--only NAME,...] [--bi
   training is CUDA's), full fine-tuning or LoRA, micro-batches of 4 to 16 completions of 32 to 128
   tokens, recomputation on and off, a reference model (`--beta`), gradient accumulation, LoRA on the output
   head (`lm_head`);
+- `--held-out` adds three runs outside that grid, which the terms were not adjusted to: SmolLM2-135M's
+  decoder at 32,000 tokens, micro-batches of 12 and 16, completions of 96 tokens;
 - the plan counts every completion at `max_completion_length`; a random model sometimes ends a completion
   early, so the table shows the mean length sampled.
 
@@ -39,6 +41,7 @@ MODELS = {
     "qwen3-tiny-32k": ("qwen3", "tiny", 32000),
     "llama-135m": ("llama", "small", None),
     "llama-135m-49k": ("llama", "small", 49152),
+    "llama-135m-32k": ("llama", "small", 32000),
     "qwen2-0.5b-152k": ("qwen2", "small", 151936),
     "qwen3_5-tiny": ("qwen3_5_text", "tiny", None),
     "qwen3_5_moe-tiny": ("qwen3_5_moe_text", "tiny", None),
@@ -88,6 +91,14 @@ GRID = [
     ("qwen3.5 moe tiny B8 C128 graph", "qwen3_5_moe-tiny", 8, 8, 128, KEEP_GRAPH),
     ("qwen3.5 moe tiny B8 C128 LoRA", "qwen3_5_moe-tiny", 8, 8, 128, QWEN3_5_LORA),
     ("qwen3.5 moe tiny B8 C128 LoRA graph", "qwen3_5_moe-tiny", 8, 8, 128, QWEN3_5_LORA + KEEP_GRAPH),
+]
+
+# Runs outside the grid the plan was checked on (another vocabulary, micro-batch and length): the
+# terms were not adjusted to them (`--held-out` adds them).
+HELD_OUT = [
+    ("135m 32k B8 C96 LoRA", "llama-135m-32k", 8, 8, 96, LORA),
+    ("135m 32k B12 C96", "llama-135m-32k", 12, 12, 96, []),
+    ("qwen3 tiny 32k B16 C96 LoRA head", "qwen3-tiny-32k", 16, 8, 96, HEAD_LORA),
 ]
 
 BIG = [("0.5B 152k B16 C128", "qwen2-0.5b-152k", 16, 8, 128, []),
@@ -159,13 +170,14 @@ def main():
     parser.add_argument("--work", default="/tmp/holo-memory-plan")
     parser.add_argument("--only", help="comma-separated row names")
     parser.add_argument("--big", action="store_true", help="also Qwen2.5-0.5B's shapes at its real vocabulary")
+    parser.add_argument("--held-out", action="store_true", help="also the runs outside the grid")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--reuse", help="take the measured peaks of the rows of this --json file, and only plan")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     rows = os.path.join(args.work, "rows.jsonl")
     write_rows(rows)
-    grid = GRID + (BIG if args.big else [])
+    grid = GRID + (HELD_OUT if args.held_out else []) + (BIG if args.big else [])
     if args.only:
         wanted = set(args.only.split(","))
         grid = [row for row in grid if row[0] in wanted]

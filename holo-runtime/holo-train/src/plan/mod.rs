@@ -192,11 +192,7 @@ const TERMS: [TermOf; 19] = [
         |_| terms::RUNTIME,
         "the binary, thread pools, rows",
     ),
-    (
-        "tokenizer",
-        |inputs| inputs.tokenizer_bytes * terms::TOKENIZER_PER_FILE_BYTE,
-        "the tokenizer's tables",
-    ),
+    ("tokenizer", terms::tokenizer, "the tokenizer's tables"),
     ("weights", terms::weights, "the trained model's weights"),
     (
         "loading copy",
@@ -288,6 +284,8 @@ const PHASES: [(&str, &[&str]); 6] = [
         "loading",
         &["runtime", "tokenizer", "weights", "loading copy"],
     ),
+    // The last step's gradients live until the next training pass starts (holo-train's
+    // `trainer/local.rs`: the allocator keeps their memory for that pass's gradients).
     (
         "generation",
         &[
@@ -297,6 +295,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "reference",
             "critic",
             "optimizer",
+            "gradients",
             "kv cache",
             "sampling",
             "snapshots",
@@ -311,6 +310,7 @@ const PHASES: [(&str, &[&str]); 6] = [
             "reference",
             "critic",
             "optimizer",
+            "gradients",
             "scoring",
             "expansion",
             "snapshots",

@@ -8,14 +8,23 @@ use super::Inputs;
 
 /// What `holo` holds besides the model: the binary, the Tokio and candle thread pools and their stacks,
 /// the holoware, the rows, the records and the plots at the end. Measured: a `tiny` model's whole run
-/// (0.1M parameters, 512 tokens) peaks at 77 MiB.
-pub const RUNTIME: u64 = 72 << 20;
+/// (0.1M parameters, 512 tokens) peaks at 73 MiB, 8 of them the model's terms (77 MiB when the
+/// allocator kept what the generation freed, `holo`'s `allocator.rs`).
+pub const RUNTIME: u64 = 65 << 20;
 
-/// Bytes the tokenizers hold per byte of `tokenizer.json`: the policy's and the Holophore's copy
-/// (`Local::new` clones it), each its vocabulary's maps, merges and the added tokens' trie, about
-/// 1.7 to 3 times the file (measured with the `tokenizers` package on `init-model --vocab 151936`'s
-/// 28 MiB file: 50 MiB resident, 102 MiB at the peak of parsing).
-pub const TOKENIZER_PER_FILE_BYTE: u64 = 6;
+/// What one parsed tokenizer holds per byte of `tokenizer.json`, as a fraction: its vocabulary's maps,
+/// merges and the added tokens' trie, measured with the `tokenizers` package on `init-model --vocab
+/// 151936`'s 28 MiB file (50 MiB resident once parsed; 102 MiB at the peak of parsing, while loading).
+pub const TOKENIZER_PER_FILE_BYTE: (u64, u64) = (9, 5);
+
+/// The tokenizers a run holds: a GRPO or PPO run three copies of the policy's, the Holophore's
+/// (`Local::new` clones it), the in-process sampler's and its grammars' (`LocalModel::new` clones it);
+/// an SFT run, which samples nothing, the policy's alone.
+pub fn tokenizer(inputs: &Inputs) -> u64 {
+    let copies = if inputs.generation_batch > 0 { 3 } else { 1 };
+    let (numerator, denominator) = TOKENIZER_PER_FILE_BYTE;
+    copies * inputs.tokenizer_bytes * numerator / denominator
+}
 
 /// The values one token keeps per decoder layer while autograd holds the training pass's graph, counted
 /// from the differentiable forward (`DecoderLayer::forward` with `Ops::Differentiable`; RoPE and the
@@ -433,13 +442,23 @@ pub fn head_adapter(inputs: &Inputs) -> u64 {
 /// whole logits in f32 held by the graph, and in the backward the logits' gradient as candle's autograd
 /// adds it into its store (zeros, the gradient, their sum: three more `[N, vocab]` tensors), and the
 /// product's half-precision logits and gradient for a narrower model; beyond the budget, the custom
-/// operation's block of logits at a time, its gradient written over it (`logits_gradient`, in place),
-/// and (when the head is trained) the head's gradient in blocks, concatenated once. With every weight trained, the embeddings' gradient is built
-/// as autograd builds it (zeros, then the looked-up rows added into them: two embedding-sized tensors
-/// beside the gradient the step keeps), and a tied head's gradient is summed with it: one more. A head
-/// adapter's concatenated head ([`head_adapter`]) has its gradient twice at once, after the logits'
-/// (in blocks beside their concatenation, or whole the product's beside autograd's sum of it; then that
-/// sum beside the gradient autograd's concatenation hands back to the frozen head, `W`'s columns).
+/// operation's block of logits at a time, its gradient written over it (`logits_gradient`, in place).
+///
+/// With every weight trained, the head's weight gradient `[vocab, hidden]` is at most three at once, the
+/// one the step keeps (the [`gradients`] term) and two more: the product's gradient (whole, or the
+/// blocks concatenated once) beside autograd's zeros and their sum, which its store keeps
+/// (`GradStore::or_insert`, then `add`). Whole, that comes after the logits' own gradient is summed
+/// (the logits, the gradient's copy, autograd's zeros and sum: four `[N, vocab]` at once), when the
+/// logits and that sum are left; in blocks, the blocks of the head's gradient grow beside a block of
+/// logits and are freed when the operation returns. The embeddings' gradient, later
+/// (`backward_recomputed_with_head` ends with the lookup), is autograd's zeros with the looked-up rows
+/// added and, for a tied head, those rows beside the head's gradient and their sum: again at most two
+/// beyond the one kept, with the head's tensors gone.
+///
+/// A head adapter's concatenated head ([`head_adapter`]) has its gradient twice at once, after the
+/// logits' (in blocks beside their concatenation, or whole the product's beside autograd's sum of it;
+/// then that sum beside the gradient autograd's concatenation hands back to the frozen head, `W`'s
+/// columns).
 pub fn head(inputs: &Inputs) -> u64 {
     let w = widths(inputs);
     let logits = trained_tokens(inputs) * w.vocab;
@@ -463,18 +482,15 @@ pub fn head(inputs: &Inputs) -> u64 {
         (_, true) => (copies * held * 4).max(2 * held * 4 + 2 * adapted),
         (_, false) => (copies * held * 4 + adapted).max(2 * adapted),
     };
-    let mut bytes = logits_and_adapter + narrow;
-    if inputs.lora.is_none() {
-        let head_gradient = w.vocab * w.hidden * inputs.dtype_bytes;
-        bytes += 2 * head_gradient;
-        if logits > held {
-            bytes += head_gradient;
-        }
-        if inputs.sizes.config.tie_word_embeddings {
-            bytes += head_gradient;
-        }
+    if inputs.lora.is_some() {
+        return logits_and_adapter + narrow;
     }
-    bytes
+    let gradient = w.vocab * w.hidden * inputs.dtype_bytes;
+    let logits_and_gradient = match whole {
+        true => (copies * held * 4).max(2 * held * 4 + 2 * gradient),
+        false => (held * 4 + gradient).max(2 * gradient),
+    };
+    logits_and_gradient + narrow
 }
 
 /// The sampler's keys and values for the whole generation batch at full length: per token, a key and a
@@ -551,15 +567,22 @@ mod tests {
         assert_eq!(gradients(&run), parameters * 4);
         assert_eq!(optimizer(&run), parameters * 8);
         assert_eq!(update(&run), 0);
+        // A 1,000-byte tokenizer.json: three copies of 1.8 bytes a byte; one when nothing samples.
+        run.tokenizer_bytes = 1_000;
+        assert_eq!(tokenizer(&run), 5_400);
+        run.generation_batch = 0;
+        assert_eq!(tokenizer(&run), 1_800);
+        run.generation_batch = 8;
         // 2 rows of 10 + 6 tokens; per token and layer 18 × 64 + 5 × 32 + 4 × 128 = 1,824 values;
         // per layer 4 × 4 heads × 2 rows × 16² pairs.
         let values = 32 * 1_824 + 4 * 4 * 2 * 256;
         assert_eq!(activations(&run), (2 * values + 4 * 32 * 64) * 4);
         // Autograd's backward over the kept graph: one layer's gradients at a time.
         assert_eq!(layer(&run), 2 * values * 4);
-        // 2 × 6 trained tokens × 512 logits, their gradient as autograd adds it (3); the embeddings'
-        // gradient built (2) and the tied head's summed into it.
-        assert_eq!(head(&run), 4 * 12 * 512 * 4 + 3 * 512 * 64 * 4);
+        // 2 × 6 trained tokens × 512 logits and their gradient as autograd adds it (4 of 24 KiB), or
+        // after that the logits and the sum (2) beside the tied head's gradient twice more than the
+        // one kept (the product's, autograd's zeros; 128 KiB each): the latter here.
+        assert_eq!(head(&run), 2 * 12 * 512 * 4 + 2 * 512 * 64 * 4);
         // 8 sequences × 32 columns (16 + 2, rounded up to 16) × key and value × 2 layers × 32.
         assert_eq!(cache(&run), 8 * 32 * 2 * 2 * 32 * 4);
         assert_eq!(
@@ -613,7 +636,7 @@ mod tests {
         assert_eq!(update(&run), 7 * 32_768 * 4);
         assert_eq!(
             head(&run),
-            4 * 12 * 512 * 4 + 2 * 12 * 512 * 2 + 3 * 512 * 64 * 2
+            2 * 12 * 512 * 4 + 2 * 512 * 64 * 2 + 2 * 12 * 512 * 2
         );
     }
 
@@ -721,13 +744,18 @@ mod tests {
         }
     }
 
-    /// Beyond the head's budget only a block of logits is held (its gradient written over it), and a
-    /// trained head's gradient is concatenated from its blocks once.
+    /// Beyond the head's budget only a block of logits is held (its gradient written over it), beside
+    /// the blocks of a trained head's gradient; then their concatenation beside autograd's zeros and
+    /// sum: twice the head's gradient beside the one kept, the larger for blocks of 1,000 logits, not
+    /// for blocks of 100,000.
     #[test]
     fn the_head_holds_its_budget_beyond_it() {
         let mut run = inputs();
         run.head_budget = 1_000;
-        assert_eq!(head(&run), 1_000 * 4 + 4 * 512 * 64 * 4);
+        assert_eq!(head(&run), 2 * 512 * 64 * 4);
+        run.head_budget = 100_000;
+        run.micro_batch = 200;
+        assert_eq!(head(&run), 100_000 * 4 + 512 * 64 * 4);
     }
 
     /// Qwen3.5's tiny shapes (hidden 64, 2 layers: Gated DeltaNet then gated attention, 4 heads and 2
