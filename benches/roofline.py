@@ -2,24 +2,27 @@
 """The issue's two rates as ratios of this machine's measured peaks (issue 39).
 
     ~/.cache/holo-peers/venv/bin/python benches/roofline.py [--holo-bin BIN] [--peaks-bin BIN]
-        [--sample-bin BIN] [--work-dir DIR] [--only peaks|train|sample] [--json FILE]
+        [--sample-bin BIN] [--work-dir DIR] [--only peaks|train|sample] [--vocab 512|151936|both]
+        [--train-threads 1|2] [--steps 2] [--repeats 5] [--new 64] [--peaks-json FILE] [--json FILE]
 
 - The peaks: `holo-model`'s `machine_peaks` example (the f32 FMA peak and the read bandwidth from memory on
   one core and two, each the best of several runs by wall and by thread CPU time; decoding's product on
   weights larger than the caches at 1 and 2 threads), numpy's `sum` and torch's `mv` over the same sizes.
-- Training: `holo train` as `benches/grpo_compare.py` runs it (2 threads or `--train-threads 1`, recomputation on, `--save-strategy
-  no`), 2 GRPO steps of 2 prompts x 8 completions of 128 tokens, on `holo init-model --arch qwen2 --preset
-  small` (Qwen2.5-0.5B's decoder) with its 512-token vocabulary and with the real 151,936. The rate is
-  6 * parameters * trained tokens over the step's forward and backward (`time/backward` in metrics.jsonl,
-  the faster step), against the two-core FMA peak; 8 * P * T (recomputation's second forward) and the
-  head's share beside it.
+- Training: `holo train` as `benches/grpo_compare.py` runs it (recomputation on, `--save-strategy no`),
+  `--steps` GRPO steps of 2 prompts x 8 completions of up to 128 tokens, on `holo init-model --arch qwen2
+  --preset small` (Qwen2.5-0.5B's decoder) with its 512-token vocabulary and with the real 151,936
+  (`--vocab`; the real one waits, at most 20 minutes, for 12 GiB of available memory). The rate is
+  6 * parameters * trained tokens over each step's forward and backward (`time/backward` in metrics.jsonl,
+  and the process's CPU seconds over that span), against the FMA peak of as many cores as threads
+  (`--train-threads`, 2 by default); 8 * P * T (recomputation's second forward) and the head's share
+  beside it.
 - Sampling: `sample_bench` (f32) at B = 1 and 8 on SmolLM2-135M's and Qwen3-0.6B's shapes at their real
   vocabularies (`holo init-model --arch llama|qwen3 --preset small --vocab ...`): the bytes of weights one
   decoding step reads (every projection and the head, once) times decoding steps per second (the prefill
   taken out), at one thread against one core's read bandwidth and at two against two cores'.
 
 The binaries default to the dev profile's in CARGO_TARGET_DIR (holo-model and holo-train are built at
-opt-level 3 there, the project's dependencies too); the script builds them if they are missing.
+opt-level 3 there, the dependencies too), built by `cargo build` unless given.
 """
 import argparse
 import json
@@ -70,7 +73,7 @@ def best(section, threads, clock):
 def peaks(args):
     bin_ = binary("peaks", args.peaks_bin)
     print(f"peaks: load average {load_average()}", flush=True)
-    full = run_json([bin_, "--repeats", str(args.repeats)], 2)
+    full = run_json([bin_, "--repeats", str(args.repeats), "--gb", str(args.gb)], 2)
     one = run_json([bin_, "--repeats", str(args.repeats), "--only", "products"], 1)
     import numpy as np
     import torch
@@ -85,11 +88,12 @@ def peaks(args):
             cpu = max(cpu, nbytes / max(cpu_clock() - cpu_started, 1e-9) / 1e9)
         return {"per_wall_s": wall, "per_cpu_s": cpu}
 
-    values = np.ones(int(1.5e9 / 4), dtype=np.float32)
+    values = np.ones(int(args.gb * 1e9 / 4), dtype=np.float32)
     # numpy's sum runs on the calling thread.
     numpy_rates = timed(values.sum, values.nbytes, time.thread_time)
     del values
-    weight = torch.randn(3 * QWEN25_VOCAB, 896)
+    # As many rows of Qwen2.5's hidden size as `--gb` holds, as the head's product reads them.
+    weight = torch.randn(int(args.gb * 1e9 / 4 / 896), 896)
     x = torch.randn(896)
     torch_rates = {}
     for threads in (1, 2):
@@ -187,12 +191,12 @@ def watched(command, env, metrics):
                 lines = sum(1 for line in f if line.strip())
             logged += [time.monotonic()] * (lines - len(logged))
         time.sleep(0.05)
+    if process.returncode:
+        sys.exit(f"{' '.join(command)} failed ({process.returncode})")
     with open(metrics) as f:
         lines = sum(1 for line in f if line.strip())
     # A line written in the last 50 ms before the exit.
     logged += [time.monotonic()] * (lines - len(logged))
-    if process.returncode:
-        sys.exit(f"{' '.join(command)} failed ({process.returncode})")
     return clock, logged
 
 
@@ -325,6 +329,7 @@ def main():
     parser.add_argument("--only", choices=["peaks", "train", "sample"])
     parser.add_argument("--peaks-json", help="the peaks of an earlier --json instead of measuring them again")
     parser.add_argument("--vocab", choices=["512", "151936", "both"], default="both", help="training's vocabularies")
+    parser.add_argument("--gb", type=float, default=1.5, help="the read peaks' buffer, GB")
     parser.add_argument("--steps", type=int, default=2, help="GRPO steps per training run")
     parser.add_argument("--train-threads", type=int, choices=[1, 2], default=2,
                         help="training's threads (1: against one core's peak, where no thread waits on another)")
