@@ -19,7 +19,8 @@
 //!   accumulators, and the 8-accumulator one with a software prefetch of each line 1, 4 or 16 KiB ahead
 //!   (into L1, or non-temporal).
 //! - Products: three f32 weights `[151,936, 896]` (Qwen2.5's output head, 545 MB each) in turn, 1 and 8
-//!   rows, on candle's pool (`RAYON_NUM_THREADS`, which `--only products` runs alone).
+//!   rows, on candle's pool (`RAYON_NUM_THREADS`, which `--only products` runs alone): GB per wall
+//!   second and per CPU second of the whole process, the pool's threads together.
 
 use std::process::ExitCode;
 use std::sync::Barrier;
