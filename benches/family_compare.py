@@ -378,8 +378,8 @@ def main():
                 print(f"| {row['arch']} ({real}) | failed | | | | | | | | |")
                 continue
             trained = f"LoRA r {row['lora_r']}, all linear" if row["lora_r"] else "every weight"
-            print(f"| {row['arch']} ({real}) | {trained} | {row['trl_s_per_step']:.2f} | {row['holo_s_per_step']:.2f} | "
-                  f"{row['speedup']:.2f}× | {row['trl_cpu_s_per_step']:.2f} / {row['holo_cpu_s_per_step']:.2f} | "
+            print(f"| {row['arch']} ({real}) | {trained} | {row['trl_s_per_step']:.2f} | "
+                  f"{row['holo_s_per_step']:.2f} | {row['speedup']:.2f}× | {row['trl_cpu_s_per_step']:.2f} / {row['holo_cpu_s_per_step']:.2f} | "
                   f"{row['cpu_speedup']:.2f}× | {row['trl_peak_rss_mib']:,.0f} / {row['holo_peak_rss_mib']:,.0f} | "
                   f"{row['other_load'][0]:.2f} / {row['other_load'][1]:.2f} | {row['load_average'][0]:.1f} |")
     if args.json:
