@@ -5,8 +5,8 @@
         [--families qwen2,qwen3,llama,gemma3_text,olmo2] [--batches 1,32] [--dtypes f32,bf16] \
         [--prompt-len 16] [--new 32] [--repeats 1] [--threads 2] \
         [--grpo-families qwen3,gemma3_text] [--grpo-steps 2] [--grpo-batch 8] [--grpo-generations 4] \
-        [--grpo-completion 32] [--layers mistral=2,olmo3=2] [--work-dir /tmp/holo-family-bench] [--keep] \
-        [--json FILE]
+        [--grpo-completion 32] [--grpo-lora olmo3,phi3 [--lora-r 16]] [--layers mistral=2,olmo3=2] \
+        [--work-dir /tmp/holo-family-bench] [--keep] [--json FILE]
 
 The measurements that issue 36 asks for, one family after another:
 
@@ -32,7 +32,11 @@ The measurements that issue 36 asks for, one family after another:
 - GRPO (b): `benches/grpo_compare.py --model NAME=FOLDER` (TRL's `GRPOTrainer` then `holo train`, same
   folder, data, seed and settings; see its docstring) for each `--grpo-families`, `--grpo-steps` steps
   of `--grpo-batch` completions (`--grpo-generations` per prompt) of `--grpo-completion` tokens, f32,
-  gradient checkpointing on both; the step time is the median of the steps after the first.
+  gradient checkpointing on both; the step time is the median of the steps after the first, in seconds and in
+  CPU seconds of each side's process. Families in `--grpo-lora` train LoRA adapters of rank `--lora-r` on
+  every linear projection (grpo_compare.py's `--lora-r`, PEFT on TRL's side) instead of every weight: for
+  the models whose f32 weights, gradients and AdamW moments (16 bytes a parameter) would not fit.
+- Each row also records the machine's load average when it ended (`os.getloadavg`).
 
 Families (`--families`; the default is the ones whose real size fits a 2-core, 24 GiB CPU box in minutes):
 
@@ -231,11 +235,11 @@ def sample_pair(arch, folder, bench, dtype, batch, args):
     row = {"arch": arch, "dtype": dtype, "batch": batch,
            "transformers": dict(theirs, peak_rss_mib=t_rss, wall_s=t_wall, other_load_cores=t_other),
            "holo": dict(ours, peak_rss_mib=h_rss, wall_s=h_wall, other_load_cores=h_other), "ratio": ratio,
-           "cpu_ratio": cpu_ratio}
+           "cpu_ratio": cpu_ratio, "load_average": os.getloadavg()}
     print(f"  {dtype} B={batch}: transformers {theirs['new_tokens_per_s']:8.1f} tok/s ({t_rss:,.0f} MiB, other load "
           f"{t_other:.2f}), holo {ours['new_tokens_per_s']:8.1f} tok/s ({h_rss:,.0f} MiB, other load {h_other:.2f}): "
           f"{ratio:.2f}x; per CPU second {theirs['new_tokens_per_cpu_s']:.1f} / {ours['new_tokens_per_cpu_s']:.1f}: "
-          f"{cpu_ratio:.2f}x", flush=True)
+          f"{cpu_ratio:.2f}x; load average {row['load_average'][0]:.1f}", flush=True)
     return row
 
 
@@ -247,6 +251,8 @@ def grpo(arch, folder, holo, args, work):
                "--num-generations-05b", str(args.grpo_generations), "--learning-rate-05b", "1e-5",
                "--max-completion-length", str(args.grpo_completion), "--threads", str(args.threads),
                "--idle-wait", str(args.idle_wait), "--attempts", "1", "--work-dir", work, "--json", out_json]
+    if arch in args.grpo_lora.split(","):
+        command += ["--lora-r", str(args.lora_r)]
     print("  " + " ".join(command[1:]), flush=True)
     completed = subprocess.run(command, cwd=ROOT)
     if completed.returncode != 0:
@@ -254,12 +260,17 @@ def grpo(arch, folder, holo, args, work):
         return {"arch": arch, "failed": completed.returncode}
     with open(out_json) as f:
         (result,) = json.load(f)["results"]
-    return {"arch": arch, "trl_s_per_step": result["trl"]["median_step_s"],
+    return {"arch": arch, "lora_r": args.lora_r if arch in args.grpo_lora.split(",") else None,
+            "trl_s_per_step": result["trl"]["median_step_s"],
             "holo_s_per_step": result["holo"]["median_step_s"], "speedup": result["speedup"],
+            "trl_cpu_s_per_step": result["trl"]["median_step_cpu_s"],
+            "holo_cpu_s_per_step": result["holo"]["median_step_cpu_s"], "cpu_speedup": result["cpu_speedup"],
+            "load_average": os.getloadavg(),
             "trl_peak_rss_mib": result["trl"]["peak_rss_mib"], "holo_peak_rss_mib": result["holo"]["peak_rss_mib"],
             "trl_generation_s": result["trl"]["generation_s"],
             "other_load": [result["trl"]["other_load_cores"], result["holo"]["other_load_cores"]],
-            "step_times": {side: result["runs"][0][side]["step_time"] for side in ("trl", "holo")}}
+            "step_times": {side: result["runs"][0][side]["step_time"] for side in ("trl", "holo")},
+            "step_cpu_times": {side: result["runs"][0][side]["step_cpu_time"] for side in ("trl", "holo")}}
 
 
 def main():
@@ -281,6 +292,9 @@ def main():
     parser.add_argument("--grpo-batch", type=int, default=8)
     parser.add_argument("--grpo-generations", type=int, default=4)
     parser.add_argument("--grpo-completion", type=int, default=32)
+    parser.add_argument("--grpo-lora", default="",
+                        help="families (among --grpo-families) that train LoRA adapters instead of every weight")
+    parser.add_argument("--lora-r", type=int, default=16, help="the adapters' rank, with --grpo-lora")
     parser.add_argument("--idle-wait", type=float, default=0, help="grpo_compare.py's --idle-wait")
     parser.add_argument("--allow-big", action="store_true",
                         help="also the 7-8B families (about 30 GiB in f32) and Phi-4-mini (15 GiB)")
@@ -339,31 +353,35 @@ def main():
           f"temperature 1, median of {args.repeats} after a warm-up, {args.threads} threads)\n")
     print("| family (shapes) | vocab | dtype | B | transformers tok/s | holo tok/s | holo / transformers "
           "| tokens per CPU s, transformers / holo | holo / transformers per CPU s "
-          "| peak RSS transformers / holo (MiB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| peak RSS transformers / holo (MiB) | load average |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in sampling:
         real, vocab = shapes(row["arch"], layers), FAMILIES[row["arch"]][1]
         if "failed" in row:
-            print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | failed | | | | | |")
+            print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | failed | | | | | | |")
             continue
         t, h = row["transformers"], row["holo"]
         print(f"| {row['arch']} ({real}) | {vocab:,} | {row['dtype']} | {row['batch']} | {t['new_tokens_per_s']:,.1f} "
               f"| {h['new_tokens_per_s']:,.1f} | {row['ratio']:.2f}× | {t['new_tokens_per_cpu_s']:,.1f} / "
               f"{h['new_tokens_per_cpu_s']:,.1f} | {row['cpu_ratio']:.2f}× | {t['peak_rss_mib']:,.0f} / "
-              f"{h['peak_rss_mib']:,.0f} |")
+              f"{h['peak_rss_mib']:,.0f} | {row['load_average'][0]:.1f} |")
     if training:
         print(f"\nGRPO: {args.grpo_batch} completions ({args.grpo_batch // args.grpo_generations} prompts × "
               f"{args.grpo_generations}) of {args.grpo_completion} tokens, f32, gradient checkpointing, "
               f"{args.grpo_steps} steps (median after the first)\n")
-        print("| family (shapes) | TRL s/step | holo s/step | speedup | peak RSS TRL / holo (MiB) |")
-        print("|---|---|---|---|---|")
+        print("| family (shapes) | trained | TRL s/step | holo s/step | speedup | CPU s/step TRL / holo "
+              "| speedup per CPU s | peak RSS TRL / holo (MiB) | other load TRL / holo (cores) | load average |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for row in training:
             real = shapes(row["arch"], layers)
             if "failed" in row:
-                print(f"| {row['arch']} ({real}) | failed | | | |")
+                print(f"| {row['arch']} ({real}) | failed | | | | | | | | |")
                 continue
-            print(f"| {row['arch']} ({real}) | {row['trl_s_per_step']:.2f} | {row['holo_s_per_step']:.2f} | "
-                  f"{row['speedup']:.1f}× | {row['trl_peak_rss_mib']:,.0f} / {row['holo_peak_rss_mib']:,.0f} |")
+            trained = f"LoRA r {row['lora_r']}, all linear" if row["lora_r"] else "every weight"
+            print(f"| {row['arch']} ({real}) | {trained} | {row['trl_s_per_step']:.2f} | "
+                  f"{row['holo_s_per_step']:.2f} | {row['speedup']:.2f}× | {row['trl_cpu_s_per_step']:.2f} / {row['holo_cpu_s_per_step']:.2f} | "
+                  f"{row['cpu_speedup']:.2f}× | {row['trl_peak_rss_mib']:,.0f} / {row['holo_peak_rss_mib']:,.0f} | "
+                  f"{row['other_load'][0]:.2f} / {row['other_load'][1]:.2f} | {row['load_average'][0]:.1f} |")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": vars(args), "sampling": sampling, "grpo": training}, out, indent=2)

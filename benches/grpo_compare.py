@@ -5,7 +5,8 @@
         [--seeds 0,1,2] [--steps 30] [--batch 32] [--num-generations 8] [--learning-rate 3e-3]
         [--seeds-05b 0,1,2] [--steps-05b 3] [--batch-05b 4] [--num-generations-05b 4]
         [--learning-rate-05b 1e-5] [--max-completion-length 16] [--beta 0.0] [--loss-type dapo]
-        [--temperature 1.0] [--gradient-checkpointing true] [--threads 2] [--device cpu|cuda] [--json FILE]
+        [--temperature 1.0] [--gradient-checkpointing true] [--lora-r 16 [--lora-target-modules all-linear]]
+        [--threads 2] [--device cpu|cuda] [--json FILE]
 
 Both sides train the same model folder on the same data with the same GRPO settings, one process each,
 one after the other (TRL first, then holo, for every seed):
@@ -29,12 +30,16 @@ one after the other (TRL first, then holo, for every seed):
   decay to 0, no warm-up, on both), `beta`, `loss_type`, `temperature` (top_p 1, top_k 0),
   `gradient_checkpointing`, `seed`; AdamW, gradient clipping at 1, `scale_rewards=group`, epsilon 0.2 are
   both sides' defaults. TRL: `use_cpu=True`, `bf16=False`, f32 weights, `torch.set_num_threads(--threads)`,
-  no vLLM; holo: `RAYON_NUM_THREADS=--threads`.
+  no vLLM; holo: `RAYON_NUM_THREADS=--threads`. `--lora-r R` trains LoRA adapters instead of every weight:
+  PEFT's `LoraConfig(r=R, lora_alpha=2R, lora_dropout=0.05, target_modules=--lora-target-modules)` on
+  TRL's side, `--use-peft` with the same figures on holo's.
 
 Measured per run: seconds per optimizer step (TRL: a callback's `on_step_begin` → `on_step_end`; holo:
 `step_time` of RUN/metrics.jsonl; both cover generation, scoring, forward, backward and the AdamW update,
-and exclude logging and checkpoints), of which the median over the steps after the first is reported; the
-process's peak RSS (GNU time's maximum resident set size, model loading and imports included); the mean
+and exclude logging and checkpoints), of which the median over the steps after the first is reported, and
+the CPU seconds of the same steps (all threads of the process: TRL's `process_time` in the same callback,
+holo's from /proc while its metrics.jsonl grows, see `StepCpu`), the figure to compare on a loaded machine;
+the process's peak RSS (GNU time's maximum resident set size, model loading and imports included); the mean
 reward of the last `--reward-window` steps (5, or all of the steps when fewer) and of step 1. TRL's
 generation phase (`_generate_and_score_completions`) is timed as well, to split its step. The figures are
 medians over seeds (times) and means over seeds (rewards) for each model.
@@ -74,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import gpu
@@ -171,13 +177,14 @@ TRL_SIDE = REWARDS + textwrap.dedent(
 
     class StepTimer(TrainerCallback):
         def __init__(self):
-            self.start, self.times = None, []
+            self.start, self.times, self.cpu_start, self.cpu_times = None, [], None, []
 
         def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             self.times.append(time.perf_counter() - self.start)
+            self.cpu_times.append(time.process_time() - self.cpu_start)
 
 
     with open(config["data"]) as f:
@@ -193,6 +200,11 @@ TRL_SIDE = REWARDS + textwrap.dedent(
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": row["question"]}], "expected": row["expected"]} for row in rows])
     model = AutoModelForCausalLM.from_pretrained(config["model"], dtype=torch.bfloat16 if on_gpu else torch.float32)
+    peft_config = None
+    if config["lora"]:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(task_type="CAUSAL_LM", **config["lora"])
     args = GRPOConfig(
         output_dir=config["out"], max_steps=config["steps"], per_device_train_batch_size=config["batch"],
         gradient_accumulation_steps=1, num_generations=config["num_generations"],
@@ -205,7 +217,8 @@ TRL_SIDE = REWARDS + textwrap.dedent(
     )
     timer = StepTimer()
     trainer = GRPOTrainer(model=model, reward_funcs=[exact_answer, length_penalty], args=args,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
+                          peft_config=peft_config)
     generation_times = []
     generate = trainer._generate_and_score_completions
 
@@ -222,6 +235,7 @@ TRL_SIDE = REWARDS + textwrap.dedent(
     logs = [h for h in trainer.state.log_history if "reward" in h]
     print(json.dumps({
         "step_time": timer.times,
+        "step_cpu_time": timer.cpu_times,
         "generation_time": generation_times,
         "reward": [h["reward"] for h in logs],
         "exact_answer": [h.get("rewards/exact_answer/mean") for h in logs],
@@ -262,29 +276,93 @@ def wait_idle(limit_s, threshold=0.1):
 
 def run_measured(command, env, device="cpu"):
     """Runs a command; returns (stdout, peak RSS in MiB, wall seconds, other load in cores, peak GPU memory in
-    MiB or None).
+    MiB or None): run_timed's figures as a tuple."""
+    figures = run_timed(command, env, device)
+    return figures["stdout"], figures["rss_mib"], figures["wall_s"], figures["other_cores"], figures["gpu_mib"]
+
+
+def run_timed(command, env, device="cpu", steps=None):
+    """Runs a command; returns its stdout, peak RSS (MiB), wall and CPU seconds (user + system, all threads),
+    other load (cores), peak GPU memory (MiB or None) and, given `steps` (a StepCpu), the CPU seconds of each
+    of its steps.
 
     Peak RSS and times are GNU time's, measured around the child: `wait4`'s ru_maxrss would fold in this
     script's own high-water mark. The other load is the CPU time that the rest of the machine used during
     the run (all CPU time from /proc/stat less the child's user and system time) per second of wall time:
-    above 0 the run shared its cores. On a GPU, also the rise of its used memory (benches/gpu.py).
+    above 0 the run shared its cores; on a loaded machine the CPU seconds are the figures to compare. On a
+    GPU, also the rise of its used memory (benches/gpu.py).
     """
     gpu_peak = gpu.PeakMemory() if device == "cuda" else contextlib.nullcontext()
     with tempfile.NamedTemporaryFile(mode="r") as peak:
         before = busy_seconds()
         with gpu_peak:
-            completed = subprocess.run(
-                [GNU_TIME, "-f", "%M %e %U %S", "-o", peak.name, *command], capture_output=True, env=env
-            )
+            child = subprocess.Popen([GNU_TIME, "-f", "%M %e %U %S", "-o", peak.name, *command],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            with steps.watching(child.pid) if steps else contextlib.nullcontext():
+                stdout, stderr = child.communicate()
         busy = busy_seconds() - before
-        if completed.returncode != 0:
-            sys.exit(f"{' '.join(command)} failed ({completed.returncode}):\n"
-                     f"{completed.stderr.decode(errors='replace')[-4000:]}")
+        if child.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed ({child.returncode}):\n"
+                     f"{stderr.decode(errors='replace')[-4000:]}")
         rss_kib, wall, user, system = peak.read().split()[-4:]
-        wall = float(wall)
-        other = max(0.0, busy - float(user) - float(system)) / max(wall, 1e-3)
-        gpu_mib = gpu_peak.mib if device == "cuda" else None
-        return completed.stdout.decode(), int(rss_kib) / 1024, wall, other, gpu_mib
+        wall, cpu = float(wall), float(user) + float(system)
+        return {"stdout": stdout.decode(), "rss_mib": int(rss_kib) / 1024, "wall_s": wall, "cpu_s": cpu,
+                "other_cores": max(0.0, busy - cpu) / max(wall, 1e-3),
+                "gpu_mib": gpu_peak.mib if device == "cuda" else None,
+                "step_cpu_s": steps.per_step() if steps else None}
+
+
+class StepCpu:
+    """The CPU seconds of each of `holo train`'s steps, which it does not log: a thread polls the process's
+    CPU time (/proc/PID/stat, all its threads) and RUN/metrics.jsonl, which gets one line at the end of each
+    step; a step's CPU time is the process's between the line that ends it and the one before (the first
+    step's from the process's start: loading included). It includes the writing of the step's metrics and
+    rollouts, which TRL's figure (the process's CPU time from `on_step_begin` to `on_step_end`) does not; the
+    poll period (0.1 s) bounds the error of each boundary."""
+
+    PERIOD_S = 0.1
+
+    def __init__(self, metrics_path):
+        self.metrics_path = metrics_path
+        self.marks = []  # the process's CPU seconds when metrics.jsonl reached 1, 2, ... lines
+
+    @contextlib.contextmanager
+    def watching(self, time_pid):
+        done = threading.Event()
+        thread = threading.Thread(target=self._poll, args=(time_pid, done), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def _poll(self, time_pid, done):
+        pid, cpu = None, 0.0
+        finished = False
+        while not finished:  # one last pass once the process is done: its last step's line
+            finished = done.wait(self.PERIOD_S)
+            if pid is None:  # the command GNU time started
+                try:
+                    with open(f"/proc/{time_pid}/task/{time_pid}/children") as children:
+                        pid = int(children.read().split()[0])
+                except (OSError, IndexError, ValueError):
+                    continue
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass  # exited: its last reading stands
+            try:
+                with open(self.metrics_path) as metrics:
+                    lines = sum(1 for line in metrics if line.strip())
+            except OSError:
+                lines = 0
+            self.marks.extend([cpu] * (lines - len(self.marks)))
+
+    def per_step(self):
+        return [b - a for a, b in zip([0.0] + self.marks, self.marks)]
 
 
 def build_rust(device):
@@ -340,24 +418,33 @@ def check_holo_run(run, prompt_ids):
     return checked
 
 
-def measured(label, command, env, args, before=None):
+def measured(label, command, env, args, before=None, steps=None):
     """Runs one side on a quiet machine: waits for idle (`--idle-wait`), runs, and runs again (at most
     `--attempts` times in all) while the rest of the machine used more than `--max-other-load` cores
-    meanwhile. Returns run_measured's figures of the last attempt and the attempts made."""
+    meanwhile. Returns run_timed's figures of the last attempt and the attempts made."""
     for attempt in range(1, args.attempts + 1):
         if args.idle_wait > 0 and not wait_idle(args.idle_wait):
             print(f"    ({label}: the machine did not go idle within {args.idle_wait} s; measuring anyway)",
                   flush=True)
         if before:
             before()
-        out, rss, wall, other, gpu_mib = run_measured(command, env, args.device)
+        figures = run_timed(command, env, args.device, steps() if steps else None)
+        other = figures["other_cores"]
         if other <= args.max_other_load or attempt == args.attempts:
             if other > args.max_other_load:
                 print(f"    ({label}: other processes used {other:.2f} cores; kept after {attempt} attempts)",
                       flush=True)
-            return out, rss, wall, other, attempt, gpu_mib
+            return figures, attempt
         print(f"    ({label}: other processes used {other:.2f} cores during the run; measuring again)",
               flush=True)
+
+
+def lora_settings(args):
+    """PEFT's LoraConfig arguments for `--lora-r` (None: full fine-tuning); holo gets the same."""
+    if not args.lora_r:
+        return None
+    return {"r": args.lora_r, "lora_alpha": 2 * args.lora_r, "lora_dropout": 0.05,
+            "target_modules": args.lora_target_modules}
 
 
 def train_pair(name, folder, holo, rows, seed, settings, args, work):
@@ -370,13 +457,13 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
                   num_generations=settings["num_generations"], max_completion_length=args.max_completion_length,
                   learning_rate=settings["learning_rate"], beta=args.beta, loss_type=args.loss_type,
                   temperature=args.temperature, gradient_checkpointing=args.gradient_checkpointing,
-                  threads=args.threads, device=args.device)
-    out, trl_rss, trl_wall, trl_other, trl_attempts, trl_gpu = measured(
-        "TRL", [sys.executable, "-c", TRL_SIDE, json.dumps(config)], env, args)
-    trl = json.loads(out.strip().splitlines()[-1])
-    print(f"  seed {seed}: TRL steps {', '.join(f'{t:.3f}' for t in trl['step_time'])} s, "
-          f"rewards {', '.join(f'{r:+.3f}' for r in trl['reward'])}, {trl_rss:.0f} MiB"
-          + (f", peak GPU {trl_gpu:.0f} MiB" if args.device == "cuda" else ""), flush=True)
+                  threads=args.threads, device=args.device, lora=lora_settings(args))
+    trl_figures, trl_attempts = measured("TRL", [sys.executable, "-c", TRL_SIDE, json.dumps(config)], env, args)
+    trl = json.loads(trl_figures["stdout"].strip().splitlines()[-1])
+    print(f"  seed {seed}: TRL steps {', '.join(f'{t:.3f}' for t in trl['step_time'])} s "
+          f"({', '.join(f'{t:.3f}' for t in trl['step_cpu_time'])} CPU s), "
+          f"rewards {', '.join(f'{r:+.3f}' for r in trl['reward'])}, {trl_figures['rss_mib']:.0f} MiB"
+          + (f", peak GPU {trl_figures['gpu_mib']:.0f} MiB" if args.device == "cuda" else ""), flush=True)
 
     run = os.path.join(work, f"holo-{name}-{seed}")
     command = [holo, "train", HOL, "--model", folder, "--data", rows, "--out", run, "--max-steps", str(steps),
@@ -390,12 +477,18 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
                # checkpoint (weights and AdamW's moments, 6 GB) filled a shared disk.
                "--save-strategy", "no",
                "--device", "cuda:0" if args.device == "cuda" else "cpu"]
-    _, holo_rss, holo_wall, holo_other, holo_attempts, holo_gpu = measured(
-        "holo", command, env, args, before=lambda: shutil.rmtree(run, ignore_errors=True))
+    if args.lora_r:
+        lora = lora_settings(args)
+        command += ["--use-peft", "--lora-r", str(lora["r"]), "--lora-alpha", repr(float(lora["lora_alpha"])),
+                    "--lora-dropout", repr(lora["lora_dropout"]), "--lora-target-modules", lora["target_modules"]]
+    holo_figures, holo_attempts = measured(
+        "holo", command, env, args, before=lambda: shutil.rmtree(run, ignore_errors=True),
+        steps=lambda: StepCpu(os.path.join(run, "metrics.jsonl")))
     with open(os.path.join(run, "metrics.jsonl")) as lines:
         metrics = [json.loads(line) for line in lines if line.strip()]
     checked = check_holo_run(run, trl["prompt_ids"])
-    ours = {"step_time": [m["step_time"] for m in metrics], "reward": [m["reward"] for m in metrics],
+    ours = {"step_time": [m["step_time"] for m in metrics], "step_cpu_time": holo_figures["step_cpu_s"],
+            "reward": [m["reward"] for m in metrics],
             "exact_answer": [m.get("rewards/exact_answer/mean") for m in metrics],
             "length_penalty": [m.get("rewards/length_penalty/mean") for m in metrics],
             "mean_length": [m.get("completions/mean_length") for m in metrics]}
@@ -404,25 +497,28 @@ def train_pair(name, folder, holo, rows, seed, settings, args, work):
         sys.exit(f"expected {steps} steps, TRL logged {len(trl['step_time'])}, holo {len(ours['step_time'])}")
     window = min(args.reward_window, steps)
 
-    def summary(side, rss, wall, other, attempts, gpu_mib):
+    def summary(side, figures, attempts):
         later = side["step_time"][1:] or side["step_time"]
-        return dict(side, median_step_s=statistics.median(later), peak_rss_mib=rss, peak_gpu_mib=gpu_mib, wall_s=wall,
-                    other_load_cores=other, attempts=attempts,
-                    last_reward=statistics.fmean(side["reward"][-window:]), first_reward=side["reward"][0])
+        later_cpu = side["step_cpu_time"][1:] or side["step_cpu_time"]
+        return dict(side, median_step_s=statistics.median(later), median_step_cpu_s=statistics.median(later_cpu),
+                    peak_rss_mib=figures["rss_mib"], peak_gpu_mib=figures["gpu_mib"], wall_s=figures["wall_s"],
+                    cpu_s=figures["cpu_s"], other_load_cores=figures["other_cores"], attempts=attempts,
+                    load_average=os.getloadavg(), last_reward=statistics.fmean(side["reward"][-window:]),
+                    first_reward=side["reward"][0])
 
-    result = {"seed": seed, "trl": summary(trl, trl_rss, trl_wall, trl_other, trl_attempts, trl_gpu),
-              "holo": summary(ours, holo_rss, holo_wall, holo_other, holo_attempts, holo_gpu),
-              "rollouts_checked": checked}
+    result = {"seed": seed, "trl": summary(trl, trl_figures, trl_attempts),
+              "holo": summary(ours, holo_figures, holo_attempts), "rollouts_checked": checked}
     t, h = result["trl"], result["holo"]
     generation = statistics.median(t["generation_time"][1:] or t["generation_time"])
-    print(f"  seed {seed}: TRL {t['median_step_s']:.3f} s/step (generation {generation:.3f}), "
-          f"{t['peak_rss_mib']:.0f} MiB, reward {t['first_reward']:+.3f} -> {t['last_reward']:+.3f}, "
-          f"other load {trl_other:.2f}; holo {h['median_step_s']:.3f} s/step, {h['peak_rss_mib']:.0f} MiB, "
-          f"reward {h['first_reward']:+.3f} -> {h['last_reward']:+.3f}, other load {holo_other:.2f} "
-          f"({checked} rollouts checked)", flush=True)
+    print(f"  seed {seed}: TRL {t['median_step_s']:.3f} s/step, {t['median_step_cpu_s']:.3f} CPU s/step "
+          f"(generation {generation:.3f} s), {t['peak_rss_mib']:.0f} MiB, reward {t['first_reward']:+.3f} -> "
+          f"{t['last_reward']:+.3f}, other load {t['other_load_cores']:.2f}; holo {h['median_step_s']:.3f} s/step, "
+          f"{h['median_step_cpu_s']:.3f} CPU s/step, {h['peak_rss_mib']:.0f} MiB, reward {h['first_reward']:+.3f} "
+          f"-> {h['last_reward']:+.3f}, other load {h['other_load_cores']:.2f} ({checked} rollouts checked)",
+          flush=True)
     if args.device == "cuda":
-        print(f"    peak GPU memory: TRL {trl_gpu:.0f} MiB (torch allocated {trl['max_memory_allocated_mib']:.0f}), "
-              f"holo {holo_gpu:.0f} MiB", flush=True)
+        print(f"    peak GPU memory: TRL {t['peak_gpu_mib']:.0f} MiB (torch allocated "
+              f"{trl['max_memory_allocated_mib']:.0f}), holo {h['peak_gpu_mib']:.0f} MiB", flush=True)
     return result
 
 
@@ -445,6 +541,7 @@ def compare(name, folder, holo, settings, args, work):
     for side in ("trl", "holo"):
         row[side] = {
             "median_step_s": over_seeds(side, "median_step_s", statistics.median),
+            "median_step_cpu_s": over_seeds(side, "median_step_cpu_s", statistics.median),
             "peak_rss_mib": over_seeds(side, "peak_rss_mib", max),
             "peak_gpu_mib": over_seeds(side, "peak_gpu_mib", max) if args.device == "cuda" else None,
             "last_reward": over_seeds(side, "last_reward", statistics.fmean),
@@ -455,6 +552,7 @@ def compare(name, folder, holo, settings, args, work):
     row["trl"]["generation_s"] = statistics.median(
         statistics.median(run["trl"]["generation_time"][1:] or run["trl"]["generation_time"]) for run in runs)
     row["speedup"] = row["trl"]["median_step_s"] / row["holo"]["median_step_s"]
+    row["cpu_speedup"] = row["trl"]["median_step_cpu_s"] / row["holo"]["median_step_cpu_s"]
     row["rss_ratio"] = row["holo"]["peak_rss_mib"] / row["trl"]["peak_rss_mib"]
     return row
 
@@ -480,6 +578,10 @@ def main():
     parser.add_argument("--loss-type", default="dapo")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--gradient-checkpointing", default="true", choices=["true", "false"])
+    parser.add_argument("--lora-r", type=int, default=0,
+                        help="train LoRA adapters of this rank (alpha twice it, dropout 0.05) on both sides, "
+                             "PEFT's on TRL's, instead of every weight (0, the default)")
+    parser.add_argument("--lora-target-modules", default="all-linear", help="the adapted projections, with --lora-r")
     parser.add_argument("--reward-window", type=int, default=5, help="reward: mean of this many last steps")
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--data-seed", type=int, default=0, help="seeds the arithmetic rows")
@@ -524,18 +626,24 @@ def main():
             results.append(compare(name, folder, holo, settings, args, os.path.join(work, f"model{index}")))
 
     print()
-    print("| model | steps × seeds | TRL s/step | holo s/step | speedup | peak RSS TRL / holo (MiB) | RSS ratio "
-          "| reward step 1 TRL / holo | reward last steps TRL / holo | other load TRL / holo |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | steps × seeds | TRL s/step | holo s/step | speedup | CPU s/step TRL / holo | speedup per CPU s "
+          "| peak RSS TRL / holo (MiB) | RSS ratio | reward step 1 TRL / holo | reward last steps TRL / holo "
+          "| other load TRL / holo |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results:
         t, h = row["trl"], row["holo"]
         print(f"| {row['model']} | {row['steps']} × {len(row['seeds'])} | {t['median_step_s']:.3f} | "
-              f"{h['median_step_s']:.3f} | {row['speedup']:.1f}× | {t['peak_rss_mib']:,.0f} / {h['peak_rss_mib']:,.0f} | "
+              f"{h['median_step_s']:.3f} | {row['speedup']:.1f}× | {t['median_step_cpu_s']:.2f} / "
+              f"{h['median_step_cpu_s']:.2f} | {row['cpu_speedup']:.2f}× | "
+              f"{t['peak_rss_mib']:,.0f} / {h['peak_rss_mib']:,.0f} | "
               f"{row['rss_ratio']:.2f} | {t['first_reward']:+.3f} / {h['first_reward']:+.3f} | "
               f"{t['last_reward']:+.3f} / {h['last_reward']:+.3f} (last {row['reward_window']}) | "
               f"{t['other_load_cores']:.2f} / {h['other_load_cores']:.2f} |")
     summary = {row["model"]: {"trl_s_per_step": row["trl"]["median_step_s"],
                               "holo_s_per_step": row["holo"]["median_step_s"], "speedup": row["speedup"],
+                              "trl_cpu_s_per_step": row["trl"]["median_step_cpu_s"],
+                              "holo_cpu_s_per_step": row["holo"]["median_step_cpu_s"],
+                              "cpu_speedup": row["cpu_speedup"],
                               "trl_peak_rss_mib": row["trl"]["peak_rss_mib"],
                               "holo_peak_rss_mib": row["holo"]["peak_rss_mib"], "rss_ratio": row["rss_ratio"],
                               "trl_peak_gpu_mib": row["trl"]["peak_gpu_mib"],
