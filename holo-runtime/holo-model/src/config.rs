@@ -188,6 +188,12 @@ pub struct Variant {
     /// A learned logit per head (`self_attn.sinks`) joins each row of scores in the softmax, and its
     /// weight is dropped after: attention may give part of its mass to nothing (gpt-oss).
     pub attention_sinks: bool,
+    /// Attention scores soft-capped to `c · tanh(s / c)` after their scaling, before the mask and the
+    /// softmax (`attn_logit_softcapping`: Gemma 2, and Gemma 3 where the config sets it).
+    pub attention_softcap: Option<f64>,
+    /// The output logits soft-capped to `c · tanh(z / c)` (`final_logit_softcapping`), before
+    /// sampling's temperature and the training head's log-softmax.
+    pub final_softcap: Option<f64>,
 }
 
 impl Variant {
@@ -248,6 +254,8 @@ impl Default for Variant {
             rotary_dim: None,
             attention_gate: false,
             attention_sinks: false,
+            attention_softcap: None,
+            final_softcap: None,
         }
     }
 }
@@ -511,16 +519,16 @@ impl ModelConfig {
                 None if arch.is_qwen3_5() && !states_rotary_factor(json) => Some(head_dim / 4),
                 rotated => rotated,
             },
+            attention_softcap: softcap(
+                arch,
+                json,
+                "attn_logit_softcapping",
+                family.attention_softcap,
+            )?,
+            final_softcap: softcap(arch, json, "final_logit_softcapping", family.final_softcap)?,
             ..family
         };
         if arch == Arch::Gemma3 {
-            for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
-                if let Some(value) = json.get(key).filter(|value| !value.is_null()) {
-                    return Err(ConfigError(format!(
-                        "`{key}` ({value}) is not supported: Gemma 3 checkpoints set it to null"
-                    )));
-                }
-            }
             if keys.flag("use_bidirectional_attention", false)? {
                 return Err(ConfigError(
                     "`use_bidirectional_attention: true` (an embedding model) is not supported"
@@ -772,8 +780,15 @@ impl ModelConfig {
                         false => Value::from(scalar),
                     };
                     object.insert("query_pre_attn_scalar".into(), scalar);
-                    object.insert("attn_logit_softcapping".into(), Value::Null);
-                    object.insert("final_logit_softcapping".into(), Value::Null);
+                    let cap = |cap: Option<f64>| cap.map_or(Value::Null, Value::from);
+                    object.insert(
+                        "attn_logit_softcapping".into(),
+                        cap(self.variant.attention_softcap),
+                    );
+                    object.insert(
+                        "final_logit_softcapping".into(),
+                        cap(self.variant.final_softcap),
+                    );
                 }
             }
             Arch::Phi3 => {
@@ -960,6 +975,29 @@ impl Keys<'_> {
                 ConfigError(format!("`{key}` must be true or false, found {value}"))
             }),
         }
+    }
+}
+
+/// A soft-cap of the config: a positive number, `null` for none, or absent for the family's `default`.
+/// Only Gemma's config classes have the keys; the other families ignore them, as transformers does.
+fn softcap(
+    arch: Arch,
+    json: &Value,
+    key: &str,
+    default: Option<f64>,
+) -> Result<Option<f64>, ConfigError> {
+    if arch != Arch::Gemma3 {
+        return Ok(default);
+    }
+    match json.get(key) {
+        None => Ok(default),
+        Some(Value::Null) => Ok(None),
+        Some(value) => match value.as_f64() {
+            Some(cap) if cap > 0.0 && cap.is_finite() => Ok(Some(cap)),
+            _ => Err(ConfigError(format!(
+                "`{key}` must be a positive number or null, found {value}"
+            ))),
+        },
     }
 }
 
