@@ -7,7 +7,7 @@ converted by the converter itself in `scripts/gguf_converted.py` (`gguf/converte
 SmolLM3 files this script used to write were tensor for tensor and key for key the converter's (but for
 `general.*` and the BOS id), and are gone.
 
-    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py [mistral ministral smollm3 gpt_oss]
+    ~/.cache/holo-peers/venv/bin/python scripts/gguf_families.py [mistral ministral smollm3 gpt_oss gemma2]
 
 Written with the `gguf` package (in the peers' venv, `pip install gguf` otherwise) into
 `holo-runtime/tests/fixtures/models/gguf/`:
@@ -20,6 +20,14 @@ Written with the `gguf` package (in the peers' venv, `pip install gguf` otherwis
                    (`add_sliding_window`), where this loader looks for a Mistral window;
     ministral.gguf as mistral.gguf, with `layer_types` as `llama.attention.sliding_window_pattern`, one flag
                    per layer (`add_sliding_window_pattern`, as OLMo 3's);
+    gemma2.gguf    `gemma2` as `Gemma2Model` writes it (llama.cpp's converter reads Gemma 2's vocabulary only from
+                   sentencepiece's `tokenizer.model`, which the fixture's byte-level BPE has not, so it refuses
+                   the folder): its keys (`attention.key_length` / `value_length`,
+                   `attn_logit_softcapping`, `final_logit_softcapping`, `attention.sliding_window`), the norms
+                   stored as `1 + w`, no `output.weight` (tied), q / k rows unpermuted; the tokenizer as the
+                   other files'. llama.cpp windows every other layer from the first (`set_swa_pattern(2)`) and
+                   scales queries by 1/√head_dim, as the fixture's `layer_types` and `query_pre_attn_scalar`
+                   say;
     smollm3/       not a file but the folder `gguf_converted.py` converts: llama.cpp writes no key for the
                    layers without RoPE (neither does gguf-py 0.19 have one): its graph leaves RoPE out of
                    every fourth layer (`n_no_rope_layer_step = 4`), transformers' default
@@ -236,6 +244,31 @@ def smollm3() -> Path:
     for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
         shutil.copy(fixture / name, folder / name)
     return folder
+
+
+def gemma2() -> dict:
+    """gemma2.gguf, from the `gemma2/` fixture (see the module's documentation)."""
+    folder = FIXTURES / "gemma2"
+    config = json.loads((folder / "config.json").read_text())
+    head_dim = config["head_dim"]
+
+    def extra(writer: gguf.GGUFWriter) -> None:
+        # `Gemma2Model.set_gguf_parameters`' keys beyond `add_common`'s (which writes the key and value
+        # lengths of heads wider than hidden / heads, as the fixture's are).
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+        writer.add_sliding_window(config["sliding_window"])
+
+    def transform(hf_name: str, tensor: np.ndarray) -> np.ndarray:
+        # `Gemma2Model.modify_tensors`: llama.cpp's norms multiply by the weight itself.
+        return tensor + 1 if hf_name.endswith("norm.weight") else tensor
+
+    layers = config["num_hidden_layers"]
+    if config["layer_types"] != ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(layers)]:
+        sys.exit(f"gemma2: layer_types {config['layer_types']} are not llama.cpp's every other layer")
+    if config["query_pre_attn_scalar"] != head_dim:
+        sys.exit(f"gemma2: query_pre_attn_scalar {config['query_pre_attn_scalar']} is not llama.cpp's head_dim")
+    return {write("gemma2", gguf.MODEL_ARCH.GEMMA2, folder, config, extra, transform): folder}
 
 
 @torch.no_grad()
@@ -483,6 +516,7 @@ def main() -> None:
         "ministral": lambda: {mistral("ministral"): FIXTURES / "ministral"},
         "smollm3": lambda: {smollm3(): None},
         "gpt_oss": lambda: {made: None for made in gpt_oss()},
+        "gemma2": gemma2,
     }
     unknown = [name for name in only if name not in makers]
     if unknown:

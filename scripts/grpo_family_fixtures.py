@@ -76,7 +76,10 @@ EXPERT_STACKS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 # projection's A, and what is particular to the family.
 ALL_LINEAR_DETAIL = {
     family: [PEFT + L0 + "self_attn.q_proj" + LORA_B, PEFT + L0 + "mlp.down_proj" + LORA_A]
-    for family in ("qwen2", "llama", "mistral", "ministral", "qwen3", "gemma3", "smollm3", "olmo2", "olmo3")
+    for family in (
+        "qwen2", "llama", "mistral", "ministral", "qwen3", "gemma2", "gemma3", "gemma3_softcap", "smollm3", "olmo2",
+        "olmo3",
+    )
 }
 ALL_LINEAR_DETAIL |= {
     "phi3": [PEFT + L0 + "self_attn.qkv_proj" + LORA_B, PEFT + L0 + "mlp.gate_up_proj" + LORA_A],
@@ -144,6 +147,16 @@ GRAD_PARAMS = {
         L0 + "self_attn.q_proj.weight",
         L1 + "self_attn.k_norm.weight",
     ],
+    # Gemma 3's layers without q/k norms, with both soft-caps (attention 3, logits 6): the gradients pass through
+    # tanh's derivative at the scores and at the logits.
+    "gemma2": [
+        EMBED,
+        L0 + "self_attn.q_proj.weight",
+        L0 + "self_attn.k_proj.weight",
+        L1 + "post_attention_layernorm.weight",
+    ],
+    # gemma3's model with a soft-cap on the logits (6; its attention cap, 2, transformers' Gemma 3 does not apply).
+    "gemma3_softcap": [EMBED, L0 + "self_attn.q_proj.weight", L1 + "self_attn.k_norm.weight"],
     # no_rope_layers [1, 0]: layer 1 has no rotary embedding.
     "smollm3": [EMBED, L0 + "self_attn.q_proj.weight", L1 + "self_attn.q_proj.weight"],
     # Norms after attention and MLP (none before), q/k norms over all heads.

@@ -22,6 +22,13 @@ f32, transformers' own file layout) under `holo-runtime/tests/fixtures/models/`:
 - `gemma3/`: Gemma3ForCausalLM (`gemma3_text`), four `(1 + w)` norms per layer, GeGLU (`gelu_pytorch_tanh`),
   embeddings scaled by √hidden, 32-wide heads, `query_pre_attn_scalar` 24, a windowed first layer with RoPE base
   1e4, a full second layer with base 1e6 and linear scaling (factor 2), tied embeddings;
+- `gemma2/`: Gemma2ForCausalLM, gemma3's layers without q/k norms, one RoPE (base 1e4), `query_pre_attn_scalar`
+  the head size (32, as gemma-2-2b's), a windowed first layer,
+  `attn_logit_softcapping` 3 and `final_logit_softcapping` 6 (Gemma 2's are 50 and 30; these bend the scores);
+- `gemma3_softcap/`: gemma3's model with `final_logit_softcapping` 6 (Gemma 2's is 30), small enough that
+  `c · tanh(x / c)` is far from the identity on these logits (a cap of 3 left every seed a greedy near-tie), and
+  `attn_logit_softcapping` 2, which transformers' Gemma 3 keeps in its config but never applies (its attention
+  passes no `softcap`): the fixture holds a runtime to both;
 - `phi3/`: Phi3ForCausalLM, fused `qkv_proj` and `gate_up_proj`, `partial_rotary_factor` 0.5, LongRoPE with
   `original_max_position_embeddings` 64 (short factors; attention factor √(1 + ln 8 / ln 64)), untied;
 - `llama/`: LlamaForCausalLM, the same sizes as qwen2, untied embeddings, attention_bias false, rope_theta 5e5 with
@@ -136,6 +143,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Olmo2Config,
@@ -386,6 +395,37 @@ def gemma3_model() -> torch.nn.Module:
     return Gemma3ForCausalLM(config)
 
 
+def gemma2_model() -> torch.nn.Module:
+    # Gemma 3's decoder without q/k norms and with one RoPE: four offset norms, GeGLU, scaled embeddings,
+    # `query_pre_attn_scalar` the head size (as gemma-2-2b's and 9b's, and as llama.cpp reads every Gemma 2
+    # file; gemma3's fixture has a scale of its own), a windowed first layer, and both soft-caps, small
+    # (attention 3, logits 6) for the reason gemma3_softcap's are.
+    config = Gemma2Config(
+        **COMMON,
+        pad_token_id=509,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=6.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+    return Gemma2ForCausalLM(config)
+
+
+def gemma3_softcap_model() -> torch.nn.Module:
+    # gemma3's model with both soft-caps set: the final one small enough (6) that tanh bends most logits, so
+    # that a path that drops it misses the fixture by far more than rounding; the attention one (2), which
+    # transformers' Gemma 3 does not apply, so that a path that applies it misses too.
+    model = gemma3_model()
+    model.config.attn_logit_softcapping = 2.0
+    model.config.final_logit_softcapping = 6.0
+    return Gemma3ForCausalLM(model.config)
+
+
 def phi3_model() -> torch.nn.Module:
     # Fused qkv_proj and gate_up_proj, half of each head rotated, LongRoPE (short factors: every
     # sequence here is shorter than original_max_position_embeddings; the attention factor from the
@@ -506,7 +546,9 @@ MODELS = {
     "smollm3": smollm3_model,
     "olmo2": olmo2_model,
     "olmo3": olmo3_model,
+    "gemma2": gemma2_model,
     "gemma3": gemma3_model,
+    "gemma3_softcap": gemma3_softcap_model,
     "phi3": phi3_model,
     "qwen3_5": qwen3_5_model,
     "qwen3_5_moe": qwen3_5_moe_model,

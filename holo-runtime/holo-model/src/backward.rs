@@ -18,8 +18,8 @@ use candle_core::{DType, Tensor, D};
 
 use super::config::{Activation, QkNorm};
 use super::model::{
-    apply_rope, softmax, AdapterParts, DecoderLayer, Frame, Linear, Mixer, Model, Ops, Result,
-    RmsNorm, Split, Weight,
+    apply_rope, softcap, softmax, AdapterParts, DecoderLayer, Frame, Linear, Mixer, Model, Ops,
+    Result, RmsNorm, Split, Weight,
 };
 use crate::kernels::kernel::Real;
 use crate::kernels::matrix::multiply;
@@ -110,7 +110,14 @@ impl DecoderLayer {
             .contiguous()?
             .reshape((batch, kv_heads, group * len, head_dim))?;
         let scale = attention.scale;
-        let scores = (q.matmul(&k.t()?)? * scale)?
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let capped = attention
+            .softcap
+            .map(|cap| softcap(&scores, cap))
+            .transpose()?;
+        let scores = capped
+            .as_ref()
+            .unwrap_or(&scores)
             .reshape((batch, heads, len, len))?
             .broadcast_add(frame.mask(self.spec, 0)?)?;
         let weights = softmax(&scores, ops)?.reshape((batch, kv_heads, group * len, len))?;
@@ -179,7 +186,7 @@ impl DecoderLayer {
             grads,
         )? + upstream)?;
 
-        // Attention: residual = xs + norm(o_proj(softmax(q kᵀ · scale + mask) v)).
+        // Attention: residual = xs + norm(o_proj(softmax(cap(q kᵀ · scale) + mask) v)).
         let d_projected = norm_backward_or(
             trained_norms.attention_output.zip(norms.attention_output),
             attention_output_parts,
@@ -205,6 +212,14 @@ impl DecoderLayer {
                 .sum_keepdim(D::Minus1)?
                 .broadcast_as(d_weights.shape())?)?
             * &weights)?;
+        // Through the soft-cap: d/ds c · tanh(s / c) = 1 − tanh²(s / c) = 1 − (capped / c)².
+        let d_scores = match (attention.softcap, &capped) {
+            (Some(cap), Some(capped)) => {
+                let slope = (capped / cap)?.sqr()?.affine(-1.0, 1.0)?;
+                (d_scores * slope)?
+            }
+            _ => d_scores,
+        };
         let d_scores = (d_scores * scale)?;
         let d_q = rope_backward(
             d_scores
@@ -512,7 +527,14 @@ mod tests {
         let mask =
             Tensor::from_vec(vec![1u8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0], (2, 6), &device).unwrap();
         for (dtype, tolerance) in [(DType::F64, 1e-10), (DType::F32, 1e-4)] {
-            for arch in [
+            // Gemma 3 twice: as its checkpoints are, and with a soft-cap on the attention scores small
+            // enough that tanh bends them all.
+            let capped = {
+                let mut capped = config(Arch::Gemma3);
+                capped.variant.attention_softcap = Some(0.5);
+                capped
+            };
+            for config in [
                 Arch::Qwen2,
                 Arch::Qwen3,
                 Arch::Llama,
@@ -521,8 +543,16 @@ mod tests {
                 Arch::Olmo2,
                 Arch::Gemma3,
                 Arch::Phi3,
-            ] {
-                let base = random_model(&config(arch), dtype);
+            ]
+            .map(config)
+            .into_iter()
+            .chain([capped.clone()])
+            {
+                let arch = match config.variant.attention_softcap {
+                    Some(_) => format!("{} (attention soft-cap)", config.arch),
+                    None => config.arch.to_string(),
+                };
+                let base = random_model(&config, dtype);
                 let lora = LoraConfig {
                     targets: Targets::names(&PROJECTIONS),
                     dropout: 0.3,

@@ -28,6 +28,8 @@ pub enum Arch {
     SmolLm3,
     Olmo2,
     Olmo3,
+    /// Gemma 2: Gemma 3's decoder without q/k norms, one RoPE for all layers, and both soft-caps.
+    Gemma2,
     #[serde(rename = "gemma3_text")]
     Gemma3,
     Phi3,
@@ -60,6 +62,7 @@ impl Arch {
             Arch::SmolLm3 => "smollm3",
             Arch::Olmo2 => "olmo2",
             Arch::Olmo3 => "olmo3",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
             Arch::Phi3 => "phi3",
             Arch::Qwen3_5 => "qwen3_5_text",
@@ -79,6 +82,7 @@ impl Arch {
             Arch::SmolLm3 => "SmolLM3ForCausalLM",
             Arch::Olmo2 => "Olmo2ForCausalLM",
             Arch::Olmo3 => "Olmo3ForCausalLM",
+            Arch::Gemma2 => "Gemma2ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Qwen3_5 => "Qwen3_5ForCausalLM",
@@ -93,6 +97,12 @@ impl Arch {
     /// Qwen3.5's hybrid of Gated DeltaNet and gated attention, dense or with experts.
     pub fn is_qwen3_5(self) -> bool {
         matches!(self, Arch::Qwen3_5 | Arch::Qwen3_5Moe)
+    }
+
+    /// Gemma 2 and 3: `(1 + w)` norms around attention and the MLP, GeGLU, scaled embeddings, a query
+    /// scale of their own, and the soft-cap keys in their configs.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 }
 
@@ -188,6 +198,14 @@ pub struct Variant {
     /// A learned logit per head (`self_attn.sinks`) joins each row of scores in the softmax, and its
     /// weight is dropped after: attention may give part of its mass to nothing (gpt-oss).
     pub attention_sinks: bool,
+    /// Attention scores soft-capped to `c · tanh(s / c)` after their scaling, before the mask and the
+    /// softmax (`attn_logit_softcapping`: Gemma 2; transformers' Gemma 3 reads the key but applies no
+    /// cap, and neither does this runtime).
+    pub attention_softcap: Option<f64>,
+    /// The output logits soft-capped to `c · tanh(z / c)` (`final_logit_softcapping`: Gemma 2, and
+    /// Gemma 3 where the config sets it), before sampling's temperature and the training head's
+    /// log-softmax.
+    pub final_softcap: Option<f64>,
 }
 
 impl Variant {
@@ -211,6 +229,16 @@ impl Variant {
                 scale_embeddings: true,
                 query_pre_attn_scalar: Some(256.0),
                 local_rope: Some((10_000.0, RopeScaling::None)),
+                ..Variant::default()
+            },
+            Arch::Gemma2 => Variant {
+                norms: NormPlacement::Sandwich,
+                norm_offset: true,
+                activation: Activation::GeluTanh,
+                scale_embeddings: true,
+                query_pre_attn_scalar: Some(256.0),
+                attention_softcap: Some(50.0),
+                final_softcap: Some(30.0),
                 ..Variant::default()
             },
             Arch::Phi3 => Variant {
@@ -248,6 +276,8 @@ impl Default for Variant {
             rotary_dim: None,
             attention_gate: false,
             attention_sinks: false,
+            attention_softcap: None,
+            final_softcap: None,
         }
     }
 }
@@ -419,6 +449,7 @@ impl ModelConfig {
             "smollm3" => Arch::SmolLm3,
             "olmo2" => Arch::Olmo2,
             "olmo3" => Arch::Olmo3,
+            "gemma2" => Arch::Gemma2,
             "gemma3_text" => Arch::Gemma3,
             "phi3" => Arch::Phi3,
             "qwen3_5_text" => Arch::Qwen3_5,
@@ -440,7 +471,7 @@ impl ModelConfig {
 
         // Gemma names it `hidden_activation` (and defaults it), the others `hidden_act`.
         let (activation_key, default_activation) = match arch {
-            Arch::Gemma3 => ("hidden_activation", "gelu_pytorch_tanh"),
+            Arch::Gemma2 | Arch::Gemma3 => ("hidden_activation", "gelu_pytorch_tanh"),
             _ => ("hidden_act", "silu"),
         };
         let activation = match json.get(activation_key).and_then(Value::as_str) {
@@ -475,7 +506,7 @@ impl ModelConfig {
             Some(head_dim) => head_dim,
             // transformers' `Qwen3Config` and `Gemma3TextConfig` default it rather than derive it.
             None if arch == Arch::Qwen3 => 128,
-            None if arch == Arch::Gemma3 || arch.is_qwen3_5() => 256,
+            None if arch.is_gemma() || arch.is_qwen3_5() => 256,
             None if arch == Arch::GptOss => 64,
             None => {
                 if hidden_size % num_attention_heads != 0 {
@@ -511,16 +542,20 @@ impl ModelConfig {
                 None if arch.is_qwen3_5() && !states_rotary_factor(json) => Some(head_dim / 4),
                 rotated => rotated,
             },
+            // transformers' Gemma 3 keeps `attn_logit_softcapping` in its config but never passes it
+            // to attention (its q/k norms took the cap's place): a Gemma 3 config that sets it computes
+            // what one without does, here as there.
+            attention_softcap: match arch {
+                Arch::Gemma2 => softcap(json, "attn_logit_softcapping", family.attention_softcap)?,
+                _ => family.attention_softcap,
+            },
+            final_softcap: match arch.is_gemma() {
+                true => softcap(json, "final_logit_softcapping", family.final_softcap)?,
+                false => family.final_softcap,
+            },
             ..family
         };
-        if arch == Arch::Gemma3 {
-            for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
-                if let Some(value) = json.get(key).filter(|value| !value.is_null()) {
-                    return Err(ConfigError(format!(
-                        "`{key}` ({value}) is not supported: Gemma 3 checkpoints set it to null"
-                    )));
-                }
-            }
+        if arch.is_gemma() {
             if keys.flag("use_bidirectional_attention", false)? {
                 return Err(ConfigError(
                     "`use_bidirectional_attention: true` (an embedding model) is not supported"
@@ -542,6 +577,7 @@ impl ModelConfig {
             | Arch::SmolLm3
             | Arch::Olmo2
             | Arch::Olmo3
+            | Arch::Gemma2
             | Arch::Gemma3
             | Arch::Qwen3_5
             | Arch::Qwen3_5Moe => {
@@ -590,7 +626,10 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: keys.flag(
                 "tie_word_embeddings",
-                matches!(arch, Arch::Qwen2 | Arch::SmolLm3 | Arch::Gemma3),
+                matches!(
+                    arch,
+                    Arch::Qwen2 | Arch::SmolLm3 | Arch::Gemma2 | Arch::Gemma3
+                ),
             )?,
             qkv_bias,
             o_bias,
@@ -642,7 +681,7 @@ impl ModelConfig {
             },
         });
         let object = json.as_object_mut().expect("an object");
-        if self.arch == Arch::Gemma3 {
+        if self.arch.is_gemma() {
             object.remove("hidden_act");
             object.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
         }
@@ -759,7 +798,7 @@ impl ModelConfig {
                 object.insert("sliding_window".into(), window.into());
                 object.insert("layer_types".into(), layer_types.into());
             }
-            Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => {
+            Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 => {
                 object.insert("attention_bias".into(), self.qkv_bias.into());
                 if self.arch != Arch::Olmo2 {
                     object.insert("sliding_window".into(), window.into());
@@ -772,8 +811,15 @@ impl ModelConfig {
                         false => Value::from(scalar),
                     };
                     object.insert("query_pre_attn_scalar".into(), scalar);
-                    object.insert("attn_logit_softcapping".into(), Value::Null);
-                    object.insert("final_logit_softcapping".into(), Value::Null);
+                    let cap = |cap: Option<f64>| cap.map_or(Value::Null, Value::from);
+                    object.insert(
+                        "attn_logit_softcapping".into(),
+                        cap(self.variant.attention_softcap),
+                    );
+                    object.insert(
+                        "final_logit_softcapping".into(),
+                        cap(self.variant.final_softcap),
+                    );
                 }
             }
             Arch::Phi3 => {
@@ -887,7 +933,8 @@ pub fn is_text_tower(json: &Value) -> bool {
 pub const SUPPORTED: &str = "qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5, SmolLM), qwen3 \
      (Qwen3ForCausalLM: Qwen3 dense), llama (LlamaForCausalLM: Llama 2/3, SmolLM2), mistral \
      (MistralForCausalLM), ministral (MinistralForCausalLM), smollm3 (SmolLM3ForCausalLM), olmo2 \
-     (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM) and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
+     (Olmo2ForCausalLM), olmo3 (Olmo3ForCausalLM), gemma2 (Gemma2ForCausalLM: Gemma 2 2B, 9B, 27B) \
+     and gemma3_text (Gemma3ForCausalLM: Gemma 3 270M \
      and 1B; the text tower of gemma3 Gemma3ForConditionalGeneration checkpoints, 4B to 27B), phi3 \
      (Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini), qwen3_5_text (Qwen3_5ForCausalLM: Qwen3.5 dense; \
      the text tower of qwen3_5 Qwen3_5ForConditionalGeneration checkpoints), qwen3_5_moe_text \
@@ -963,6 +1010,21 @@ impl Keys<'_> {
     }
 }
 
+/// A soft-cap of the config: a positive number, `null` for none, or absent for the family's `default`.
+/// Only Gemma's config classes have the keys; the other families ignore them, as transformers does.
+fn softcap(json: &Value, key: &str, default: Option<f64>) -> Result<Option<f64>, ConfigError> {
+    match json.get(key) {
+        None => Ok(default),
+        Some(Value::Null) => Ok(None),
+        Some(value) => match value.as_f64() {
+            Some(cap) if cap > 0.0 && cap.is_finite() => Ok(Some(cap)),
+            _ => Err(ConfigError(format!(
+                "`{key}` must be a positive number or null, found {value}"
+            ))),
+        },
+    }
+}
+
 /// Each layer's window and RoPE, from `layer_types`, `sliding_window` and the family's own keys
 /// (`use_sliding_window` and `max_window_layers` for Qwen, `no_rope_layers` for SmolLM3), with the
 /// defaults transformers' config classes derive when a key is absent.
@@ -977,6 +1039,7 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             | Arch::Mistral
             | Arch::Ministral
             | Arch::Olmo3
+            | Arch::Gemma2
             | Arch::Gemma3 => Some(4096),
             Arch::GptOss => Some(128),
             _ => None,
@@ -1059,6 +1122,8 @@ fn layer_specs(arch: Arch, json: &Value, count: usize) -> Result<Vec<LayerSpec>,
             Arch::Olmo3 => (0..count).map(|layer| (layer + 1) % 4 != 0).collect(),
             // Sliding, full, sliding, … (`GptOssConfig.__post_init__`).
             Arch::GptOss => (0..count).map(|layer| layer % 2 == 0).collect(),
+            // Sliding, full, sliding, … (`Gemma2Config.__post_init__`).
+            Arch::Gemma2 => (0..count).map(|layer| layer % 2 == 0).collect(),
             Arch::Gemma3 => {
                 let pattern = integer("sliding_window_pattern", 6)?.max(1);
                 (0..count).map(|layer| (layer + 1) % pattern != 0).collect()

@@ -29,6 +29,7 @@
 //! | tiny   | mistral, ministral | 64 | 128       | 2      | 4 / 2 × 16                  | no   | 1e6    |
 //! | tiny   | smollm3     | 64     | 128          | 2      | 4 / 2 × 16                  | yes  | 5e6    |
 //! | tiny   | olmo2, olmo3 | 64    | 128          | 2      | 4 / 2 × 16                  | no   | 5e5    |
+//! | tiny   | gemma2      | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e4    |
 //! | tiny   | gemma3_text | 64     | 128          | 2      | 4 / 2 × 32                  | yes  | 1e6    |
 //! | tiny   | phi3        | 64     | 128          | 2      | 4 / 2 × 16 (8 rotated)      | no   | 1e4    |
 //! | tiny   | qwen3_5_text | 64    | 128          | 2      | 4 / 2 × 32 (8 rotated)      | yes  | 1e7    |
@@ -37,9 +38,10 @@
 //! | tiny   | gpt_oss     | 64     | 4 experts × 32, 2 per token | 2 | 4 / 2 × 16            | no   | 1.5e5, YaRN ×32 |
 //!
 //! The tiny models carry what sets their family apart at sizes tests reach: windows of 8 positions on
-//! every layer (mistral) or every other one (ministral, olmo3, gemma3_text), RoPE left out of smollm3's
-//! second layer. `small` has the decoder shapes of Qwen2.5-0.5B, Qwen3-0.6B, SmolLM2-135M, Mistral-7B,
-//! Ministral-8B, SmolLM3-3B, OLMo-2-1B, Olmo-3-7B, gemma-3-1b, Phi-4-mini and Qwen3.5-0.8B
+//! every layer (mistral) or every other one (ministral, olmo3, gemma2, gemma3_text), RoPE left out of
+//! smollm3's second layer; gemma2 has Gemma 2's soft-caps (attention 50, logits 30). `small` has the
+//! decoder shapes of Qwen2.5-0.5B, Qwen3-0.6B, SmolLM2-135M, Mistral-7B, Ministral-8B, SmolLM3-3B,
+//! OLMo-2-1B, Olmo-3-7B, gemma-2-2b, gemma-3-1b, Phi-4-mini and Qwen3.5-0.8B
 //! (`preset_config`), with their windows and RoPE layouts, except the vocabulary: theirs are 32k–262k
 //! ids, ours 512, so the embedding and the LM head are far smaller than the real models'; the decoder
 //! layers, which dominate the cost per token, are the same. `qwen3_moe`'s `small` is two of
@@ -128,7 +130,7 @@ impl fmt::Display for Preset {
 }
 
 /// The families `holo init-model` writes, by `model_type`.
-pub const ARCHS: [Arch; 14] = [
+pub const ARCHS: [Arch; 15] = [
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Llama,
@@ -137,6 +139,7 @@ pub const ARCHS: [Arch; 14] = [
     Arch::SmolLm3,
     Arch::Olmo2,
     Arch::Olmo3,
+    Arch::Gemma2,
     Arch::Gemma3,
     Arch::Phi3,
     Arch::Qwen3_5,
@@ -292,7 +295,7 @@ fn layer_spec(arch: Arch, preset: Preset, layer: usize) -> LayerSpec {
     let tiny = preset == Preset::Tiny;
     let window = match arch {
         _ if tiny => 8,
-        Arch::Olmo3 => 4096,
+        Arch::Olmo3 | Arch::Gemma2 => 4096,
         Arch::Gemma3 => 512,
         Arch::GptOss => 128,
         _ => 32768,
@@ -303,7 +306,7 @@ fn layer_spec(arch: Arch, preset: Preset, layer: usize) -> LayerSpec {
     };
     let windowed = match arch {
         Arch::Mistral => tiny,
-        Arch::Ministral | Arch::GptOss => layer.is_multiple_of(2),
+        Arch::Ministral | Arch::Gemma2 | Arch::GptOss => layer.is_multiple_of(2),
         Arch::Olmo3 => !last_of(2, 4),
         Arch::Gemma3 => !last_of(2, 6),
         _ => false,
@@ -369,6 +372,9 @@ pub fn preset_config(
             }
             // Heads wider than hidden / heads, as Gemma 3's are (256 over 1152).
             (Arch::Gemma3, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e6, 1e-6, true),
+            (Arch::Gemma2, Preset::Tiny) => (64, 128, 2, 4, 2, 32, 2048, 1e4, 1e-6, true),
+            // gemma-2-2b: 256-wide heads over 2304, 8 over 4.
+            (Arch::Gemma2, Preset::Small) => (2304, 9216, 26, 8, 4, 256, 8192, 1e4, 1e-6, true),
             // OLMo-2-0425-1B.
             (Arch::Olmo2, Preset::Small) => (2048, 8192, 16, 16, 16, 128, 4096, 5e5, 1e-6, false),
             // Olmo-3-7B.
@@ -404,7 +410,7 @@ pub fn preset_config(
         .map(|layer| layer_spec(arch, preset, layer))
         .collect();
     let variant = Variant {
-        query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+        query_pre_attn_scalar: arch.is_gemma().then_some(head_dim as f64),
         // Phi-4-mini rotates three quarters of each head, the tiny model half; Qwen3.5 a quarter.
         rotary_dim: match arch {
             Arch::Phi3 if tiny => Some(head_dim / 2),

@@ -100,7 +100,7 @@ pub fn config(arch: Arch) -> ModelConfig {
         layers: vec![LayerSpec {
             window: matches!(
                 arch,
-                Arch::Mistral | Arch::Ministral | Arch::Olmo3 | Arch::Gemma3
+                Arch::Mistral | Arch::Ministral | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3
             )
             .then_some(3),
             rope: arch != Arch::SmolLm3,

@@ -17,7 +17,7 @@ use std::process::Command;
 
 /// The model parity fixtures (`tests/fixtures/models/NAME`, from `scripts/model_fixtures.py`), one per
 /// family the local runtime implements.
-pub const MODEL_FAMILIES: [&str; 14] = [
+pub const MODEL_FAMILIES: [&str; 16] = [
     "qwen2",
     "llama",
     "qwen3",
@@ -26,7 +26,9 @@ pub const MODEL_FAMILIES: [&str; 14] = [
     "smollm3",
     "olmo2",
     "olmo3",
+    "gemma2",
     "gemma3",
+    "gemma3_softcap",
     "phi3",
     "qwen3_5",
     "qwen3_5_moe",

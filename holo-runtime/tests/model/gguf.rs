@@ -78,7 +78,7 @@ fn gguf_name(arch: Arch, name: &str) -> String {
     let (module, kind) = rest.rsplit_once('.').unwrap();
     // Where a family normalises attention's output, llama.cpp calls that norm `post_attention_norm`
     // and keeps `ffn_norm` for the MLP's input (gguf-py's tensor_mapping.py).
-    let post_norms = matches!(arch, Arch::Gemma3 | Arch::Olmo2);
+    let post_norms = matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2);
     let module = match module {
         "input_layernorm" => "attn_norm",
         "post_attention_layernorm" if post_norms => "post_attention_norm",

@@ -1,7 +1,9 @@
 //! GGUF files that llama.cpp's converter cannot write but its reader can, written with llama.cpp's
 //! tensor names and keys by gguf-py's writer (`scripts/gguf_families.py`): Mistral and Ministral with
 //! their windows (the converter writes Mistral as a Llama without a window, and refuses
-//! `MinistralForCausalLM`), each loaded to its folder's config and to transformers' logits; and edits
+//! `MinistralForCausalLM`), and Gemma 2 with its soft-caps (the converter reads Gemma 2's vocabulary
+//! from sentencepiece's file only, which the fixture has not), each loaded to its folder's config and
+//! to transformers' logits; and edits
 //! of the converter's own files (`gguf/converted/`, `scripts/gguf_converted.py`): a key taken out, the
 //! matrices quantized.
 //!
@@ -53,7 +55,11 @@ fn difference_to_transformers(model: &Model, expected: &Value, file: &str) -> f3
 }
 
 /// Each file and the folder it was written from.
-const FILES: [(&str, &str); 2] = [("mistral.gguf", "mistral"), ("ministral.gguf", "ministral")];
+const FILES: [(&str, &str); 3] = [
+    ("mistral.gguf", "mistral"),
+    ("ministral.gguf", "ministral"),
+    ("gemma2.gguf", "gemma2"),
+];
 
 #[test]
 fn gguf_files_are_their_folders_models_with_transformers_logits() {
@@ -73,6 +79,8 @@ fn gguf_files_are_their_folders_models_with_transformers_logits() {
             ours.layers, theirs.layers,
             "{file}: windows and RoPE per layer"
         );
+        // Gemma 2's soft-caps among them, from `gemma2.attn_logit_softcapping` and
+        // `gemma2.final_logit_softcapping`.
         assert_eq!(ours.variant, theirs.variant, "{file}");
         assert_eq!(ours.rope_scaling, theirs.rope_scaling, "{file}");
         // Past the windows (4 positions).
@@ -84,7 +92,7 @@ fn gguf_files_are_their_folders_models_with_transformers_logits() {
         // What sets each apart came through the file's keys.
         let windows: Vec<Option<usize>> = ours.layers.iter().map(|l| l.window).collect();
         match folder {
-            "ministral" => assert_eq!(windows, [Some(4), None], "{file}"),
+            "ministral" | "gemma2" => assert_eq!(windows, [Some(4), None], "{file}"),
             _ => assert_eq!(windows, [Some(4), Some(4)], "{file}"),
         }
         // `holo export` writes the file's config as the family's `config.json`: the same layers again.

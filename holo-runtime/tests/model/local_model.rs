@@ -23,12 +23,13 @@ use rand_chacha::ChaCha8Rng;
 /// than hidden / heads, Llama 3's rope scaling and untied head, Mistral's window (3 positions, shorter
 /// than the tests' rows) on every layer and Ministral's on one of two, SmolLM3's layer without RoPE,
 /// OLMo 2's norms after attention and the MLP, OLMo 3's window, Gemma 3's offset norms, GeGLU, query
-/// scale and windowed layer with its own RoPE, Phi-3's fused projections and half-rotated heads,
+/// scale and windowed layer with its own RoPE, Gemma 2's soft-caps (attention 1, logits 2: small
+/// enough to bend these scores and logits) and windowed layer, Phi-3's fused projections and half-rotated heads,
 /// Qwen3.5's linear attention, its mixture's experts and shared expert (on both layers), Qwen3-MoE's
 /// experts (on the second layer; a dense MLP on the first),
 /// gpt-oss's sinks, biases, YaRN, window on the first layer and clamped experts with biases on both
 /// (the clamp at 2, which some of these activations reach).
-const ARCHS: [Arch; 14] = holo_runtime::local::init::ARCHS;
+const ARCHS: [Arch; 15] = holo_runtime::local::init::ARCHS;
 
 fn config(arch: Arch) -> ModelConfig {
     ModelConfig {
@@ -40,7 +41,7 @@ fn config(arch: Arch) -> ModelConfig {
         num_attention_heads: 4,
         num_key_value_heads: 2,
         head_dim: match arch {
-            Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe => 6,
+            Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => 6,
             Arch::Qwen3_5 | Arch::Qwen3_5Moe => 8,
             _ => 4,
         },
@@ -70,13 +71,17 @@ fn config(arch: Arch) -> ModelConfig {
         mlp_bias: false,
         variant: Variant {
             rotary_dim: (arch == Arch::Phi3 || arch.is_qwen3_5()).then_some(2),
+            attention_softcap: (arch == Arch::Gemma2).then_some(1.0),
+            final_softcap: (arch == Arch::Gemma2).then_some(2.0),
             ..Variant::of(arch)
         },
         layers: (0..2)
             .map(|layer| LayerSpec {
                 window: match arch {
                     Arch::Mistral => Some(3),
-                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma3 | Arch::GptOss if layer == 0 => {
+                    Arch::Ministral | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss
+                        if layer == 0 =>
+                    {
                         Some(3)
                     }
                     _ => None,

@@ -2,14 +2,16 @@
 //!
 //! One file holds everything a model folder holds, as metadata and tensors:
 //! - the config: `general.architecture` (`qwen2`, `qwen3`, `qwen3moe`, `qwen35`, `qwen35moe`, `llama`,
-//!   `smollm3`, `olmo2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
+//!   `smollm3`, `olmo2`, `gemma2`, `gemma3`, `phi3` or `gpt-oss`) and the `<arch>.*` keys (`embedding_length`,
 //!   `block_count`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`,
 //!   `context_length`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`); the vocabulary size is the
 //!   embedding's, and the embeddings are tied when there is no `output.weight`; the windowed layers'
 //!   RoPE base from `rope.freq_base_swa` when given. Per family, what llama.cpp's converter writes:
 //!   Gemma 3's windows come
 //!   from `gemma3.attention.sliding_window` over llama.cpp's fixed pattern (each sixth layer global), and
-//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; OLMo 3 is written as `olmo2`
+//!   its norms, which llama.cpp stores as `1 + w`, are taken back to `w`; Gemma 2's likewise, its windows
+//!   on every other layer from the first (llama.cpp's `set_swa_pattern(2)`) and its soft-caps from
+//!   `gemma2.attn_logit_softcapping` and `gemma2.final_logit_softcapping`; OLMo 3 is written as `olmo2`
 //!   with `attention.sliding_window` and one `attention.sliding_window_pattern` flag per layer (an OLMo 2
 //!   file has no window); Mistral is written as `llama`, and llama.cpp's converter writes no window
 //!   for it (its Llama graph attends fully): a `llama` file without `llama.attention.sliding_window`
@@ -143,7 +145,7 @@ const PROJECTIONS: [&str; 11] = [
 
 /// The `general.architecture` values this runtime implements.
 const ARCHITECTURES: &str = "qwen2, qwen3, qwen3moe, qwen35, qwen35moe, llama, smollm3, olmo2 \
-     (OLMo 2 and 3), gemma3, phi3, gpt-oss";
+     (OLMo 2 and 3), gemma2, gemma3, phi3, gpt-oss";
 
 /// llama.cpp's gpt-oss graph clamps the experts' SwiGLU with these (`swiglu_oai` in `build_moe_ffn`),
 /// constants of its code rather than keys of the file; they are also `GptOssConfig`'s defaults.
@@ -315,6 +317,7 @@ impl Gguf {
                 Ok((Arch::Olmo3, name))
             }
             "olmo2" => Ok((Arch::Olmo2, name)),
+            "gemma2" => Ok((Arch::Gemma2, name)),
             "gemma3" => Ok((Arch::Gemma3, name)),
             "phi3" => Ok((Arch::Phi3, name)),
             "gpt-oss" => Ok((Arch::GptOss, name)),
@@ -547,7 +550,10 @@ impl Gguf {
             mlp_bias,
             variant: Variant {
                 // llama.cpp scales Gemma 3's queries by 1/√head_dim (all but the 27B model).
-                query_pre_attn_scalar: (arch == Arch::Gemma3).then_some(head_dim as f64),
+                query_pre_attn_scalar: arch.is_gemma().then_some(head_dim as f64),
+                // llama.cpp's converter writes Gemma 2's caps; a file without them has none.
+                attention_softcap: self.f64_key(&key("attn_logit_softcapping"))?,
+                final_softcap: self.f64_key(&key("final_logit_softcapping"))?,
                 local_rope: match self.f64_key(&key("rope.freq_base_swa"))? {
                     Some(base) => Some((base, RopeScaling::None)),
                     None => Variant::of(arch).local_rope,
@@ -624,10 +630,12 @@ impl Gguf {
         let key = format!("{name}.attention.sliding_window");
         let window = self.u64_key(&key)?.map(|window| window as usize);
         let windowed: Vec<bool> = match arch {
-            Arch::Gemma3 | Arch::Olmo3 | Arch::GptOss if window.is_none() => {
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo3 | Arch::GptOss if window.is_none() => {
                 return Err(self.config_error(format!("missing metadata `{key}`")))
             }
             Arch::Gemma3 => (0..count).map(|layer| (layer + 1) % 6 != 0).collect(),
+            // llama.cpp's `set_swa_pattern(2)`: windowed, full, windowed, … as `Gemma2Config` has it.
+            Arch::Gemma2 => (0..count).map(|layer| layer % 2 == 0).collect(),
             Arch::Olmo3 | Arch::Ministral => self.window_pattern(name, count)?,
             // Mistral's `sliding_window` windows every layer.
             Arch::Mistral => vec![true; count],
@@ -830,7 +838,7 @@ impl Gguf {
             "attn_norm" => "input_layernorm",
             // Gemma's `ffn_norm` is before the MLP as Llama's is, but Gemma also normalises attention's
             // output (`post_attention_norm`).
-            "ffn_norm" if arch == Arch::Gemma3 => "pre_feedforward_layernorm",
+            "ffn_norm" if arch.is_gemma() => "pre_feedforward_layernorm",
             "ffn_norm" => "post_attention_layernorm",
             "post_attention_norm" => "post_attention_layernorm",
             "post_ffw_norm" => "post_feedforward_layernorm",

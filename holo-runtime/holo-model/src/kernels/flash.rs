@@ -22,14 +22,15 @@ const KEYS: usize = 256;
 
 /// Softmax attention of `q` `[B, H, T, D]` over `k` and `v` `[B, KV, S, D]` (query head `h` reads key
 /// head `h / (H / KV)`) under the additive `mask` `[B, 1, T, S]` (−∞ hides a key), with scores scaled by
-/// `scale`: `[B, T, H · D]`. With `sinks` `[H]`, head `h`'s sink joins each of its rows in the softmax
+/// `scale` and, with a `cap`, soft-capped to `cap · tanh(score / cap)` before the mask (Gemma 2):
+/// `[B, T, H · D]`. With `sinks` `[H]`, head `h`'s sink joins each of its rows in the softmax
 /// and takes its share of the weight to nothing (gpt-oss). A query whose keys are all hidden gets zeros.
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Tensor,
-    scale: f64,
+    (scale, cap): (f64, Option<f64>),
     sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (batch, heads, len, dim) = q.dims4()?;
@@ -77,6 +78,7 @@ pub(crate) fn attention(
         mask: &values(&mask_guard)?[mask_layout.start_offset()..],
         sinks: sinks.as_deref(),
         scale: scale as f32,
+        cap: cap.map(|cap| cap as f32),
         shape: Shape {
             heads,
             group,
@@ -161,6 +163,7 @@ struct Inputs<'a> {
     mask: &'a [f32],
     sinks: Option<&'a [f32]>,
     scale: f32,
+    cap: Option<f32>,
     shape: Shape,
 }
 
@@ -244,7 +247,7 @@ impl Inputs<'_> {
             }
             for (row, scores) in scores.chunks_mut(width).enumerate() {
                 let bias = &mask_row(row % count)[tile..][..width];
-                let tile_max = form_scores(scores, bias, self.scale);
+                let tile_max = form_scores(scores, bias, self.scale, self.cap);
                 let max = maxima[row].max(tile_max);
                 if max == f32::NEG_INFINITY {
                     // Every key so far hidden: nothing to weigh yet.
@@ -297,13 +300,24 @@ impl Inputs<'_> {
     }
 }
 
-/// One row's scores of a tile, formed in place from its products `q · k`: scaled, then the additive
-/// mask's `bias`. Every score attention weighs is formed here. Returns the row's maximum.
-fn form_scores(scores: &mut [f32], bias: &[f32], scale: f32) -> f32 {
+/// One row's scores of a tile, formed in place from its products `q · k`: scaled, soft-capped where the
+/// family caps them, then the additive mask's `bias`. Every score attention weighs is formed here.
+/// Returns the row's maximum.
+fn form_scores(scores: &mut [f32], bias: &[f32], scale: f32, cap: Option<f32>) -> f32 {
     let mut max = f32::NEG_INFINITY;
-    for (score, &bias) in scores.iter_mut().zip(bias) {
-        *score = *score * scale + bias;
-        max = max.max(*score);
+    match cap {
+        None => {
+            for (score, &bias) in scores.iter_mut().zip(bias) {
+                *score = *score * scale + bias;
+                max = max.max(*score);
+            }
+        }
+        Some(cap) => {
+            for (score, &bias) in scores.iter_mut().zip(bias) {
+                *score = cap * (*score * scale / cap).tanh() + bias;
+                max = max.max(*score);
+            }
+        }
     }
     max
 }
@@ -433,7 +447,7 @@ mod tests {
     /// tile (both ragged), 4 query heads over 2 key heads of 20 (vector lanes and a tail), keys and
     /// values views of a cache with spare columns, row 1 left-padded; causal, or within a window of
     /// 40 positions (whole tiles skipped). Against the batch-invariant kernel, which visits each
-    /// query's keys one at a time, with and without sinks.
+    /// query's keys one at a time, with and without sinks, with and without a soft-cap.
     #[test]
     fn equals_attention_one_key_at_a_time() {
         let (batch, heads, kv_heads, dim) = (2, 4, 2, 20);
@@ -450,10 +464,17 @@ mod tests {
         for hidden in [&causal as &dyn Fn(usize, usize, usize) -> bool, &windowed] {
             let mask = mask(batch, len, keys, hidden);
             for sinks in [None, Some(&sinks)] {
-                let ours = attention(&q, &k, &v, &mask, 0.3, sinks).unwrap();
-                let theirs =
-                    crate::kernels::invariant::attention(&q, &k, &v, &mask, 0.3, sinks).unwrap();
-                assert!(max_difference(&ours, &theirs) < 1e-5, "sinks {sinks:?}");
+                // A cap small enough that tanh bends every score.
+                for cap in [None, Some(0.5)] {
+                    let ours = attention(&q, &k, &v, &mask, (0.3, cap), sinks).unwrap();
+                    let theirs =
+                        crate::kernels::invariant::attention(&q, &k, &v, &mask, (0.3, cap), sinks)
+                            .unwrap();
+                    assert!(
+                        max_difference(&ours, &theirs) < 1e-5,
+                        "sinks {sinks:?}, cap {cap:?}"
+                    );
+                }
             }
         }
     }
@@ -465,7 +486,7 @@ mod tests {
         let q = sines((1, heads, len, dim), 0.37, DType::F32);
         let k = sines((1, heads, keys, dim), 0.11, DType::F32);
         let mask = mask(1, len, keys, |_, t, s| t == 0 || s > t);
-        let out = attention(&q, &k, &k, &mask, 0.5, None).unwrap();
+        let out = attention(&q, &k, &k, &mask, (0.5, None), None).unwrap();
         let values = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(values[..heads * dim].iter().all(|&x| x == 0.0));
         assert!(values[heads * dim..]

@@ -15,14 +15,14 @@ use super::kernel::Result;
 
 /// Softmax attention of `q` `[B, H, T, D]` over `k` and `v` `[B, KV, S, D]` (query head `h` reads key
 /// head `h / (H / KV)`) under the additive `mask` `[B, 1, T, S]` (−∞ hides a key), with scores scaled by
-/// `scale`: `[B, T, H · D]`. CPU, f32. With `sinks` `[H]`, head `h`'s sink joins each of its rows in
+/// `scale` and, with a `cap`, soft-capped to `cap · tanh(score / cap)` before the mask: `[B, T, H · D]`. CPU, f32. With `sinks` `[H]`, head `h`'s sink joins each of its rows in
 /// the softmax and takes its share of the weight to nothing (gpt-oss).
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Tensor,
-    scale: f64,
+    (scale, cap): (f64, Option<f64>),
     sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (batch, heads, len, dim) = q.dims4()?;
@@ -69,6 +69,7 @@ pub(crate) fn attention(
         layout.start_offset() + b * stride[0] + h * stride[1] + s * stride[2]
     };
     let scale = scale as f32;
+    let cap = cap.map(|cap| cap as f32);
 
     // Output `[B, T, H, D]`, one query's `D` values per chunk.
     let mut out = vec![0f32; batch * len * heads * dim];
@@ -84,7 +85,12 @@ pub(crate) fn attention(
                 continue;
             }
             let key = &k_values[at(k_layout, b, kv_head, s)..][..dim];
-            let score = dot(query, key) * scale + bias;
+            let score = dot(query, key) * scale;
+            let score = match cap {
+                Some(cap) => cap * (score / cap).tanh(),
+                None => score,
+            };
+            let score = score + bias;
             max = max.max(score);
             scores.push((s, score));
         }
@@ -144,9 +150,15 @@ mod tests {
     use super::attention;
     use crate::testing::{max_difference, sines};
 
-    /// The reference: softmax(q kᵀ · scale + mask) v with candle's operations, grouped query heads
+    /// The reference: softmax(cap(q kᵀ · scale) + mask) v with candle's operations, grouped query heads
     /// repeated.
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Tensor {
+    fn reference(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Tensor,
+        (scale, cap): (f64, Option<f64>),
+    ) -> Tensor {
         let (batch, heads, len, dim) = q.dims4().unwrap();
         let group = heads / k.dim(1).unwrap();
         let repeat = |t: &Tensor| {
@@ -158,10 +170,12 @@ mod tests {
                 .reshape((b, kv * group, s, d))
                 .unwrap()
         };
-        let scores = (q.matmul(&repeat(k).t().unwrap()).unwrap() * scale)
-            .unwrap()
-            .broadcast_add(mask)
-            .unwrap();
+        let scores = (q.matmul(&repeat(k).t().unwrap()).unwrap() * scale).unwrap();
+        let scores = match cap {
+            Some(cap) => ((scores / cap).unwrap().tanh().unwrap() * cap).unwrap(),
+            None => scores,
+        };
+        let scores = scores.broadcast_add(mask).unwrap();
         let weights = candle_nn::ops::softmax_last_dim(&scores).unwrap();
         weights
             .matmul(&repeat(v).contiguous().unwrap())
@@ -203,9 +217,18 @@ mod tests {
         let mask = mask(batch, len, keys, |b, t, s| {
             (b == 1 && s < 2) || s > keys - len + t
         });
-        let ours = attention(&q, &k, &v, &mask, 0.3, None).unwrap();
-        let theirs = reference(&q, &k, &v, &mask, 0.3);
-        assert!(max_difference(&ours, &theirs) < 1e-5);
+        // Without a soft-cap, and with one small enough that tanh bends every score.
+        for cap in [None, Some(0.5)] {
+            let ours = attention(&q, &k, &v, &mask, (0.3, cap), None).unwrap();
+            let theirs = reference(&q, &k, &v, &mask, (0.3, cap));
+            assert!(max_difference(&ours, &theirs) < 1e-5, "{cap:?}");
+        }
+        let capped = attention(&q, &k, &v, &mask, (0.3, Some(0.5)), None).unwrap();
+        let uncapped = reference(&q, &k, &v, &mask, (0.3, None));
+        assert!(
+            max_difference(&capped, &uncapped) > 1e-2,
+            "the cap changes the output"
+        );
     }
 
     /// With a sink per head, a key of score `sink` and value zero joins each row: the reference over keys
@@ -223,7 +246,7 @@ mod tests {
             &k,
             &v,
             &mask(batch, len, keys, hidden),
-            0.3,
+            (0.3, None),
             Some(&sinks),
         )
         .unwrap();
@@ -258,7 +281,7 @@ mod tests {
                     &kv(&k_sunk),
                     &kv(&v_sunk),
                     &mask,
-                    0.3,
+                    (0.3, None),
                 )
             })
             .collect();
@@ -267,7 +290,15 @@ mod tests {
             .reshape((batch, len, heads * dim))
             .unwrap();
         assert!(max_difference(&ours, &theirs) < 1e-5);
-        let without = attention(&q, &k, &v, &mask(batch, len, keys, hidden), 0.3, None).unwrap();
+        let without = attention(
+            &q,
+            &k,
+            &v,
+            &mask(batch, len, keys, hidden),
+            (0.3, None),
+            None,
+        )
+        .unwrap();
         assert!(
             max_difference(&ours, &without) > 1e-2,
             "the sinks changed nothing"
@@ -282,7 +313,15 @@ mod tests {
         let q = sines((1, heads, 1, dim), 0.29, DType::F32);
         let k = sines((1, kv_heads, own, dim), 0.17, DType::F32);
         let v = sines((1, kv_heads, own, dim), 0.41, DType::F32);
-        let alone = attention(&q, &k, &v, &mask(1, 1, own, |_, _, _| false), 0.25, None).unwrap();
+        let alone = attention(
+            &q,
+            &k,
+            &v,
+            &mask(1, 1, own, |_, _, _| false),
+            (0.25, None),
+            None,
+        )
+        .unwrap();
 
         // In a batch of 3 with 9 key columns: row 1 is ours, padded by 3 columns on the left and 1 on
         // the right, inside buffers of 12 columns.
@@ -309,14 +348,22 @@ mod tests {
         let batch_mask = mask(batch, 1, columns, |b, _, s| {
             b == 1 && !(3..3 + own).contains(&s)
         });
-        let batched = attention(&q_batch, &k_batch, &v_batch, &batch_mask, 0.25, None).unwrap();
+        let batched = attention(
+            &q_batch,
+            &k_batch,
+            &v_batch,
+            &batch_mask,
+            (0.25, None),
+            None,
+        )
+        .unwrap();
         let ours = batched.narrow(0, 1, 1).unwrap();
         assert_eq!(
             ours.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             alone.flatten_all().unwrap().to_vec1::<f32>().unwrap()
         );
         // The batched reference (padded products) is close but need not be identical.
-        let reference = reference(&q_batch, &k_batch, &v_batch, &batch_mask, 0.25);
+        let reference = reference(&q_batch, &k_batch, &v_batch, &batch_mask, (0.25, None));
         assert!(max_difference(&batched, &reference) < 1e-5);
     }
 
@@ -324,7 +371,7 @@ mod tests {
     fn refuses_other_types() {
         let q = Tensor::zeros((1, 1, 1, 4), DType::F64, &Device::Cpu).unwrap();
         let mask = Tensor::zeros((1, 1, 1, 1), DType::F64, &Device::Cpu).unwrap();
-        let error = attention(&q, &q, &q, &mask, 1.0, None).unwrap_err();
+        let error = attention(&q, &q, &q, &mask, (1.0, None), None).unwrap_err();
         assert!(error.to_string().contains("CPU in f32"), "{error}");
     }
 }

@@ -22,6 +22,13 @@ pub(crate) fn softmax(xs: &Tensor, ops: Ops) -> Result<Tensor> {
     weights.to_dtype(dtype)
 }
 
+/// `cap · tanh(xs / cap)`: Gemma's soft-cap of attention scores and output logits, which bounds them to
+/// `(-cap, cap)` and leaves small ones nearly as they are. Differentiable (candle's `tanh` has a
+/// backward); the written-out backward multiplies by its derivative `1 − (capped / cap)²`.
+pub(crate) fn softcap(xs: &Tensor, cap: f64) -> Result<Tensor> {
+    (xs / cap)?.tanh()? * cap
+}
+
 #[derive(Debug, Clone)]
 pub struct Attention {
     /// The query, key and value projections (`q_proj`, `k_proj`, `v_proj`, or Phi-3's `qkv_proj`).
@@ -34,6 +41,8 @@ pub struct Attention {
     pub(crate) qk_norm: QkNorm,
     /// What the scores `q · k` are multiplied by: `1/√head_dim`, or Gemma's `1/√query_pre_attn_scalar`.
     pub(crate) scale: f64,
+    /// The soft-cap of the scaled scores, before the mask ([`crate::config::Variant::attention_softcap`]).
+    pub(crate) softcap: Option<f64>,
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -85,6 +94,7 @@ impl Attention {
                     .query_pre_attn_scalar
                     .unwrap_or(head_dim as f64)
                     .sqrt(),
+            softcap: config.variant.attention_softcap,
             heads,
             kv_heads,
             head_dim,
@@ -209,7 +219,7 @@ impl Attention {
                 &k,
                 &v,
                 mask,
-                scale,
+                (scale, self.softcap),
                 self.sinks.as_ref(),
             );
         }
@@ -219,7 +229,14 @@ impl Attention {
             && q.dtype() == DType::F32
             && crate::kernels::kernel::takes(&q, &[&k, &v, mask])
         {
-            return crate::kernels::flash::attention(&q, &k, &v, mask, scale, self.sinks.as_ref());
+            return crate::kernels::flash::attention(
+                &q,
+                &k,
+                &v,
+                mask,
+                (scale, self.softcap),
+                self.sinks.as_ref(),
+            );
         }
         let keys = k.dim(2)?;
         // Query head h reads key head h / group: grouping the query heads of one key head along the
@@ -228,7 +245,12 @@ impl Attention {
         let q = q
             .contiguous()?
             .reshape((batch, self.kv_heads, group * len, self.head_dim))?;
-        let scores = (q.matmul(&k.t()?)? * scale)?
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match self.softcap {
+            Some(cap) => softcap(&scores, cap)?,
+            None => scores,
+        };
+        let scores = scores
             .reshape((batch, self.heads, len, keys))?
             .broadcast_add(mask)?;
         let weights = match &self.sinks {

@@ -38,8 +38,8 @@ pub use crate::kernels::kernel::{Ops, Result};
 
 pub use crate::peft::{LoraConfig, Pattern, Targets, ALL_LINEAR};
 pub use crate::routing::{Routes, Routing, RoutingDrift, UNROUTED};
-pub(crate) use attention::softmax;
 pub use attention::Attention;
+pub(crate) use attention::{softcap, softmax};
 pub use cache::{starts, trim_block, KvCache, LayerCache, LayerSequence, Segment, SequenceCache};
 pub(crate) use delta::state_dtype;
 pub use delta::GatedDeltaNet;
@@ -837,11 +837,16 @@ impl Model {
     }
 
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`, in f32 or f64 (differentiable with
-    /// [`Ops::Differentiable`]).
+    /// [`Ops::Differentiable`]), soft-capped where the family caps them
+    /// ([`crate::config::Variant::final_softcap`]): what sampling draws from and scoring reads.
     pub fn logits(&self, hidden: &Tensor, ops: Ops) -> Result<Tensor> {
-        match &self.quantized_head {
-            Some(blocks) => output::widened(blocks.forward(hidden, ops)?),
-            None => output::project_adapted(hidden, self.head_weight(), &self.head_lora, ops),
+        let logits = match &self.quantized_head {
+            Some(blocks) => output::widened(blocks.forward(hidden, ops)?)?,
+            None => output::project_adapted(hidden, self.head_weight(), &self.head_lora, ops)?,
+        };
+        match self.config.variant.final_softcap {
+            Some(cap) => softcap(&logits, cap),
+            None => Ok(logits),
         }
     }
 

@@ -21,7 +21,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, InplaceOp1, Layout, Shape, Tensor};
 
-use super::{Linear, Lora, Model, Ops, Result};
+use super::{softcap, Linear, Lora, Model, Ops, Result};
 use crate::kernels::head::{logits_gradient, target_scores};
 use crate::kernels::kernel::contiguous;
 use crate::kernels::matrix::multiply;
@@ -64,7 +64,7 @@ impl Model {
             &hidden,
             &weight,
             (targets, allowed),
-            temperature,
+            (temperature, self.config.variant.final_softcap),
             self.head_budget,
         )
     }
@@ -135,6 +135,16 @@ pub(crate) fn project_adapted(
     widened(head.forward(hidden, ops)?)
 }
 
+/// [`project`] soft-capped when the family caps its logits
+/// ([`crate::config::Variant::final_softcap`]).
+fn capped_projection(hidden: &Tensor, weight: &Tensor, cap: Option<f64>) -> Result<Tensor> {
+    let logits = project(hidden, weight, Ops::Differentiable)?;
+    match cap {
+        Some(cap) => softcap(&logits, cap),
+        None => Ok(logits),
+    }
+}
+
 /// Half-precision logits in f32; f32 and f64 ones as they are.
 pub(crate) fn widened(logits: Tensor) -> Result<Tensor> {
     match logits.dtype() {
@@ -143,12 +153,13 @@ pub(crate) fn widened(logits: Tensor) -> Result<Tensor> {
     }
 }
 
-/// [`Model::constrained_head_scores`] holding at most about `budget` elements of logits at once.
+/// [`Model::constrained_head_scores`] holding at most about `budget` elements of logits at once, the
+/// logits soft-capped by `cap` (before the temperature divides them) when it is `Some`.
 pub(crate) fn scores_within(
     hidden: &Tensor,
     weight: &Tensor,
     (targets, allowed): (&Tensor, &[Option<Allowed>]),
-    temperature: f64,
+    (temperature, cap): (f64, Option<f64>),
     budget: usize,
 ) -> Result<Tensor> {
     let (rows, vocab) = (hidden.dim(0)?, weight.dim(0)?);
@@ -160,7 +171,7 @@ pub(crate) fn scores_within(
         false => &[],
     };
     if rows.saturating_mul(vocab) <= budget || !hidden.device().is_cpu() {
-        let logits = project(hidden, weight, Ops::Differentiable)?;
+        let logits = capped_projection(hidden, weight, cap)?;
         return target_scores(&masked(logits, 0, allowed)?, targets, temperature);
     }
     let targets = targets.to_dtype(DType::U32)?;
@@ -169,11 +180,7 @@ pub(crate) fn scores_within(
     let mut scores = Vec::with_capacity(rows.div_ceil(block));
     for start in (0..rows).step_by(block) {
         let len = block.min(rows - start);
-        let logits = project(
-            &hidden_values.narrow(0, start, len)?,
-            &weight_values,
-            Ops::Differentiable,
-        )?;
+        let logits = capped_projection(&hidden_values.narrow(0, start, len)?, &weight_values, cap)?;
         let rows_allowed = allowed.get(start..start + len).unwrap_or(&[]);
         scores.push(target_scores(
             &masked(logits, 0, rows_allowed)?,
@@ -192,6 +199,7 @@ pub(crate) fn scores_within(
             targets: targets.to_vec1()?,
             allowed: allowed.to_vec(),
             temperature,
+            cap,
             budget,
         },
     )
@@ -266,6 +274,9 @@ struct ChunkedHead {
     /// Each row's mask, or none when no row has one.
     allowed: Vec<Option<Allowed>>,
     temperature: f64,
+    /// The logits' soft-cap, whose derivative `1 − (capped / cap)²` each block's gradient is
+    /// multiplied by.
+    cap: Option<f64>,
     budget: usize,
 }
 
@@ -310,18 +321,24 @@ impl CustomOp3 for ChunkedHead {
         for first in (0..vocab).step_by(columns) {
             let width = columns.min(vocab - first);
             let block = weight.narrow(0, first, width)?;
+            let logits = capped_projection(&hidden, &block, self.cap)?;
+            // Before the mask, which may write into the logits in place.
+            let slope = match self.cap {
+                Some(cap) => Some((&logits / cap)?.sqr()?.affine(-1.0, 1.0)?),
+                None => None,
+            };
             let grad_logits = logits_gradient(
-                masked(
-                    project(&hidden, &block, Ops::Differentiable)?,
-                    first,
-                    &self.allowed,
-                )?,
+                masked(logits, first, &self.allowed)?,
                 first,
                 &self.targets,
                 &scores,
                 &grad_scores,
                 self.temperature,
             )?;
+            let grad_logits = match slope {
+                Some(slope) => (grad_logits * slope)?,
+                None => grad_logits,
+            };
             // The products run in the weight's type, as the whole head's backward runs them.
             let grad_logits = grad_logits.to_dtype(block.dtype())?;
             let share = multiply(&grad_logits, &block.contiguous()?)?.to_dtype(scores.dtype())?;
@@ -375,13 +392,14 @@ mod tests {
 
     /// Scores and both gradients in blocks (rows in the forward, columns in the backward, with uneven
     /// last blocks) equal those of the whole logits, in f64 and f32, the head trained or frozen, at two
-    /// temperatures.
+    /// temperatures, with and without a soft-cap of the logits.
     #[test]
     fn blocks_give_the_whole_heads_scores_and_gradients() {
         let (rows, hidden_size, vocab) = (23, 16, 101);
         for dtype in [DType::F64, DType::F32] {
             let tolerance = if dtype == DType::F64 { 1e-12 } else { 2e-5 };
-            for temperature in [1.0, 0.7] {
+            for (temperature, cap) in [(1.0, None), (0.7, None), (1.0, Some(2.0)), (0.7, Some(2.0))]
+            {
                 for trained in [true, false] {
                     let hidden =
                         Var::from_tensor(&sines((rows, hidden_size), 0.37, dtype)).unwrap();
@@ -397,7 +415,7 @@ mod tests {
                         hidden.as_tensor(),
                         &weight_tensor,
                         (&targets, &[]),
-                        temperature,
+                        (temperature, cap),
                         usize::MAX,
                     )
                     .unwrap();
@@ -406,7 +424,7 @@ mod tests {
                         hidden.as_tensor(),
                         &weight_tensor,
                         (&targets, &[]),
-                        temperature,
+                        (temperature, cap),
                         7 * vocab + 3,
                     )
                     .unwrap();
@@ -422,7 +440,7 @@ mod tests {
                     );
                     assert!(
                         max_difference(&a, &b) <= tolerance,
-                        "{dtype:?} t={temperature} hidden: {}",
+                        "{dtype:?} t={temperature} cap {cap:?} hidden: {}",
                         max_difference(&a, &b)
                     );
                     match (grad(&whole_grads, &weight), grad(&blocked_grads, &weight)) {
@@ -430,7 +448,7 @@ mod tests {
                             assert!(trained);
                             assert!(
                                 max_difference(&a, &b) <= tolerance,
-                                "{dtype:?} t={temperature} weight: {}",
+                                "{dtype:?} t={temperature} cap {cap:?} weight: {}",
                                 max_difference(&a, &b)
                             );
                         }
@@ -455,7 +473,7 @@ mod tests {
                 hidden.as_tensor(),
                 weight.as_tensor(),
                 (&targets, &[]),
-                1.0,
+                (1.0, None),
                 budget,
             )
             .unwrap()
@@ -483,9 +501,9 @@ mod tests {
     }
 
     /// The masked head against a reference that scores each row over its allowed tokens alone (the
-    /// head's rows picked out, a log-softmax over them, in f64 through candle's ops): scores and both
-    /// gradients agree to 1e-6 whole and in blocks, at two temperatures; a token no row allows gets no
-    /// gradient in the head's weight; unmasked rows score as the plain head scores them.
+    /// head's rows picked out, soft-capped or not, a log-softmax over them, in f64 through candle's ops):
+    /// scores and both gradients agree to 1e-6 whole and in blocks, at two temperatures; a token no row
+    /// allows gets no gradient in the head's weight; unmasked rows score as the plain head scores them.
     #[test]
     fn masked_rows_score_and_train_over_their_allowed_tokens_only() {
         let (rows, hidden_size, vocab) = (11, 8, 41);
@@ -503,7 +521,7 @@ mod tests {
                 })
             })
             .collect();
-        for temperature in [1.0, 0.6] {
+        for (temperature, cap) in [(1.0, None), (0.6, None), (0.6, Some(0.5))] {
             let hidden = Var::from_tensor(&sines((rows, hidden_size), 0.37, DType::F64)).unwrap();
             let weight = Var::from_tensor(&sines((vocab, hidden_size), 0.11, DType::F64)).unwrap();
             // The reference: row by row, the allowed rows of the head, a log-softmax over them.
@@ -522,9 +540,12 @@ mod tests {
                     .narrow(0, row, 1)
                     .unwrap()
                     .matmul(&weight.index_select(&ids, 0).unwrap().t().unwrap())
-                    .unwrap()
-                    .affine(1.0 / temperature, 0.0)
                     .unwrap();
+                let logits = match cap {
+                    Some(cap) => ((logits / cap).unwrap().tanh().unwrap() * cap).unwrap(),
+                    None => logits,
+                };
+                let logits = logits.affine(1.0 / temperature, 0.0).unwrap();
                 let logprobs =
                     candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1).unwrap();
                 let entropy = (logprobs.exp().unwrap() * &logprobs)
@@ -545,14 +566,14 @@ mod tests {
                     hidden.as_tensor(),
                     weight.as_tensor(),
                     (&targets_of, &allowed),
-                    temperature,
+                    (temperature, cap),
                     budget,
                 )
                 .unwrap();
                 let two = scores.narrow(1, 0, 2).unwrap();
                 assert!(
                     max_difference(&two, &reference) <= 1e-6,
-                    "budget {budget} t={temperature}: {two} vs {reference}"
+                    "budget {budget} t={temperature} cap {cap:?}: {two} vs {reference}"
                 );
                 let grads = (&two * &weights)
                     .unwrap()
@@ -567,7 +588,7 @@ mod tests {
                     );
                     assert!(
                         max_difference(a, b) <= 1e-6,
-                        "budget {budget} t={temperature}: {}",
+                        "budget {budget} t={temperature} cap {cap:?}: {}",
                         max_difference(a, b)
                     );
                 }
@@ -576,7 +597,7 @@ mod tests {
                     hidden.as_tensor(),
                     weight.as_tensor(),
                     (&targets_of, &[]),
-                    temperature,
+                    (temperature, cap),
                     budget,
                 )
                 .unwrap();

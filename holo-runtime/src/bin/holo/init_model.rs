@@ -9,8 +9,8 @@ use holo_runtime::local::init;
 #[derive(clap::Args)]
 pub struct InitModelArgs {
     /// The family, by its `model_type`: qwen2, qwen3, llama, mistral, ministral, smollm3, olmo2,
-    /// olmo3, gemma3_text, phi3, qwen3_5_text, qwen3_5_moe_text, qwen3_moe or gpt_oss (what sets each
-    /// apart: README, "Local models").
+    /// olmo3, gemma2, gemma3_text, phi3, qwen3_5_text, qwen3_5_moe_text, qwen3_moe or gpt_oss (what
+    /// sets each apart: README, "Local models").
     #[arg(long, default_value = "qwen2", value_parser = holo_runtime::local::init::parse_arch)]
     pub arch: holo_runtime::local::Arch,
     /// tiny (tests) or small (the decoder shapes of the family's small model, e.g. Qwen3-0.6B or

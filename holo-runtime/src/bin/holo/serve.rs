@@ -69,7 +69,7 @@ impl ConnectionArgs {
 pub struct ServeArgs {
     /// A Hugging Face model folder: config.json, model.safetensors (or shards), tokenizer.json,
     /// tokenizer_config.json (chat template), generation_config.json; or a `.gguf` file of qwen2,
-    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (tokenizer and chat
+    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma2, gemma3 or phi3 (tokenizer and chat
     /// template from its metadata).
     pub model_dir: PathBuf,
     #[arg(long, default_value = "127.0.0.1")]

@@ -20,7 +20,7 @@ pub struct SftArgs {
     pub file: PathBuf,
     /// The model to train: a Hugging Face folder of a family README's "Local models" lists
     /// (config.json, safetensors, tokenizer.json and a chat template), or a `.gguf` file of qwen2,
-    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma3 or phi3 (dequantized to f32, or
+    /// qwen3, qwen3moe, llama, smollm3, olmo2 (OLMo 2 and 3), gemma2, gemma3 or phi3 (dequantized to f32, or
     /// with --quantized its projections kept in their blocks under LoRA).
     #[arg(long)]
     pub model: PathBuf,
