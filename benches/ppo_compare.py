@@ -123,9 +123,10 @@ def run_pair(holo, rows, seed, args, work):
                   num_ppo_epochs=args.num_ppo_epochs, response_length=args.response_length,
                   temperature=args.temperature, kl_coef=args.kl_coef, learning_rate=args.learning_rate,
                   gradient_checkpointing=args.gradient_checkpointing, threads=args.threads)
-    out, trl_rss, _, trl_other, _ = shared.measured(
+    trl_figures, _ = shared.measured(
         "TRL", [sys.executable, "-c", TRL_SIDE, json.dumps(config)], trl_env, args)
-    trl = json.loads(out.strip().splitlines()[-1])
+    trl_rss, trl_other = trl_figures["rss_mib"], trl_figures["other_cores"]
+    trl = json.loads(trl_figures["stdout"].strip().splitlines()[-1])
     if trl["trl"] != TRL_VERSION:
         sys.exit(f"the TRL side imported TRL {trl['trl']}, not {TRL_VERSION}")
 
@@ -140,8 +141,9 @@ def run_pair(holo, rows, seed, args, work):
                "--learning-rate", repr(args.learning_rate), "--lr-scheduler-type", "linear",
                "--gradient-checkpointing", str(args.gradient_checkpointing).lower(), "--seed", str(seed),
                "--save-steps", str(args.steps + 1)]
-    _, holo_rss, _, holo_other, _ = shared.measured(
+    holo_figures, _ = shared.measured(
         "holo", command, env, args, before=lambda: shutil.rmtree(run, ignore_errors=True))
+    holo_rss, holo_other = holo_figures["rss_mib"], holo_figures["other_cores"]
     with open(os.path.join(run, "metrics.jsonl")) as lines:
         holo_times = [json.loads(line)["step_time"] for line in lines if line.strip()]
     if len(trl["step_time"]) != args.steps or len(holo_times) != args.steps:
@@ -180,6 +182,8 @@ def main():
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--work-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "holo-ppo-compare"))
     parser.add_argument("--json")
+    # grpo_compare.py's measuring reads the device from the arguments; PPO is compared on the CPU only.
+    parser.set_defaults(device="cpu")
     args = parser.parse_args()
     if not os.path.isdir(TINY):
         sys.exit(f"{TINY} is missing: run bash ../shared/peers/setup.sh")
