@@ -182,13 +182,14 @@ def main():
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--work-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "holo-ppo-compare"))
     parser.add_argument("--json")
+    parser.add_argument("--holo-bin", help="a holo binary built beforehand (no cargo build)")
     # grpo_compare.py's measuring reads the device from the arguments; PPO is compared on the CPU only.
     parser.set_defaults(device="cpu")
     args = parser.parse_args()
     if not os.path.isdir(TINY):
         sys.exit(f"{TINY} is missing: run bash ../shared/peers/setup.sh")
     os.makedirs(args.work_dir, exist_ok=True)
-    holo = shared.build_rust()
+    holo = args.holo_bin or shared.build_rust(args.device)
     rows = os.path.join(args.work_dir, "rows.jsonl")
     shared.write_rows(rows, args.n_prompts, args.data_seed)
     seeds = [int(s) for s in args.seeds.split(",")]
