@@ -452,6 +452,11 @@ mod x86 {
         d
     }
 
+    // The blocks' codes (and the AVX2 kernel's rows) are loaded with `lddqu`, the same unaligned load
+    // as `_mm_loadu_si128` / `_mm256_loadu_si256` on these CPUs; those are written in the standard
+    // library as a copy that a build with debug assertions (the dev profile's, which builds holo-model
+    // at opt-level 3 with them) checks for overlap at every call, in the innermost loop.
+
     /// A block type's codes as vectors.
     pub(super) trait Codes: Format {
         /// The 32 codes of the block at `block`, in the weights' order.
@@ -478,7 +483,7 @@ mod x86 {
     /// The 16 bytes at `bytes` split into their nibbles: weights 0–15 low, 16–31 high.
     #[inline(always)]
     unsafe fn nibbles256(bytes: *const u8) -> __m256i {
-        let packed = _mm_loadu_si128(bytes.cast());
+        let packed = _mm_lddqu_si128(bytes.cast());
         let low = _mm_set1_epi8(0x0F);
         _mm256_set_m128i(
             _mm_and_si128(_mm_srli_epi16::<4>(packed), low),
@@ -513,7 +518,7 @@ mod x86 {
         #[inline(always)]
         unsafe fn codes256(block: *const u8) -> __m256i {
             _mm256_xor_si256(
-                _mm256_loadu_si256(block.add(2).cast()),
+                _mm256_lddqu_si256(block.add(2).cast()),
                 _mm256_set1_epi8(-128),
             )
         }
@@ -783,7 +788,7 @@ mod x86 {
             }
             for i in 0..R {
                 let at = i * rows.stride + b;
-                let xs = _mm256_loadu_si256(x_values.add(at * BLOCK).cast());
+                let xs = _mm256_lddqu_si256(x_values.add(at * BLOCK).cast());
                 let x_scale = *x_scales.add(at);
                 for j in 0..C {
                     let dot = if signed {
@@ -791,7 +796,7 @@ mod x86 {
                             _mm256_maddubs_epi16(magnitudes[j], _mm256_sign_epi8(xs, codes[j]));
                         _mm256_madd_epi16(pairs, ones)
                     } else {
-                        let start = _mm256_loadu_si256(x_starts.add(at * 8).cast());
+                        let start = _mm256_lddqu_si256(x_starts.add(at * 8).cast());
                         let pairs = _mm256_maddubs_epi16(codes[j], xs);
                         _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), start)
                     };
