@@ -555,13 +555,10 @@ impl ModelConfig {
             },
             ..family
         };
-        if arch.is_gemma() {
-            if keys.flag("use_bidirectional_attention", false)? {
-                return Err(ConfigError(
-                    "`use_bidirectional_attention: true` (an embedding model) is not supported"
-                        .into(),
-                ));
-            }
+        if arch.is_gemma() && keys.flag("use_bidirectional_attention", false)? {
+            return Err(ConfigError(
+                "`use_bidirectional_attention: true` (an embedding model) is not supported".into(),
+            ));
         }
 
         let eos_token_ids = eos_token_ids(json).map_err(ConfigError)?;
