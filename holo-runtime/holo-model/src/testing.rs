@@ -54,6 +54,27 @@ pub(crate) fn weighted_sum_gradients(
 
 /// A CPU tensor of `shape` in `dtype` holding `sin(i · scale)` at flat index `i`: signed values of every
 /// magnitude up to 1, which the tests tell apart by their scale.
+/// Additive attention mask `[B, 1, T, S]` hiding, in row `b`, the keys `hidden(b, t, s)` says.
+#[cfg(test)]
+pub(crate) fn mask(
+    batch: usize,
+    len: usize,
+    keys: usize,
+    hidden: impl Fn(usize, usize, usize) -> bool,
+) -> Tensor {
+    let values: Vec<f32> = (0..batch * len * keys)
+        .map(|i| {
+            let (b, t, s) = (i / (len * keys), (i / keys) % len, i % keys);
+            if hidden(b, t, s) {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_vec(values, (batch, 1, len, keys), &Device::Cpu).unwrap()
+}
+
 #[cfg(test)]
 pub(crate) fn sines(shape: impl Into<candle_core::Shape>, scale: f64, dtype: DType) -> Tensor {
     let shape = shape.into();

@@ -10,9 +10,9 @@
 //! rows leave open, a tile at a time: the products through gemm, the exponentials in vector lanes, and
 //! per row a running maximum and sum that rescale what the earlier tiles added.
 
-use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
+use candle_core::{Layout, Tensor};
 
-use super::kernel::{for_each_chunk, Result};
+use super::kernel::{f32_values, for_each_chunk, AttentionOperands, Result};
 
 /// Query positions per block. A key head's `G` query heads make `G · QUERIES` rows of each product.
 const QUERIES: usize = 32;
@@ -33,50 +33,20 @@ pub(crate) fn attention(
     (scale, cap): (f64, Option<f64>),
     sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let (batch, heads, len, dim) = q.dims4()?;
-    let (_, kv_heads, keys, _) = k.dims4()?;
-    if [q, k, v, mask]
-        .iter()
-        .any(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
-    {
-        candle_core::bail!("blocked attention runs on the CPU in f32");
-    }
-    if v.dims4()? != (batch, kv_heads, keys, dim)
-        || mask.dims4()? != (batch, 1, len, keys)
-        || heads % kv_heads != 0
-    {
-        candle_core::bail!(
-            "blocked attention: q {:?}, k {:?}, v {:?}, mask {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims(),
-            mask.dims()
-        );
-    }
+    let operands = AttentionOperands::new("blocked", q, k, v, mask, sinks)?;
+    let (batch, heads, kv_heads, len, keys, dim) = operands.shape;
     let group = heads / kv_heads;
-    let sinks = match sinks {
-        Some(sinks) => Some(sinks.to_dtype(DType::F32)?.to_vec1::<f32>()?),
-        None => None,
-    };
-    let (q, mask) = (q.contiguous()?, mask.contiguous()?);
-    let rows_of = |t: &Tensor| -> Result<Tensor> {
-        // Rows of `D` values must be contiguous; the cache's views are, with their own strides above.
-        match t.stride()[3] {
-            1 => Ok(t.clone()),
-            _ => t.contiguous(),
-        }
-    };
-    let (k, v) = (rows_of(k)?, rows_of(v)?);
+    let (q, k, v, mask) = (&operands.q, &operands.k, &operands.v, &operands.mask);
     let (q_guard, q_layout) = q.storage_and_layout();
     let (k_guard, k_layout) = k.storage_and_layout();
     let (v_guard, v_layout) = v.storage_and_layout();
     let (mask_guard, mask_layout) = mask.storage_and_layout();
     let inputs = Inputs {
-        q: &values(&q_guard)?[q_layout.start_offset()..],
-        k: Rows::of(values(&k_guard)?, k_layout),
-        v: Rows::of(values(&v_guard)?, v_layout),
-        mask: &values(&mask_guard)?[mask_layout.start_offset()..],
-        sinks: sinks.as_deref(),
+        q: &f32_values(&q_guard)?[q_layout.start_offset()..],
+        k: Rows::of(f32_values(&k_guard)?, k_layout),
+        v: Rows::of(f32_values(&v_guard)?, v_layout),
+        mask: &f32_values(&mask_guard)?[mask_layout.start_offset()..],
+        sinks: operands.sinks.as_deref(),
         scale: scale as f32,
         cap: cap.map(|cap| cap as f32),
         shape: Shape {
@@ -409,39 +379,12 @@ fn exp(x: f32) -> f32 {
     }
 }
 
-fn values(storage: &Storage) -> Result<&[f32]> {
-    match storage {
-        Storage::Cpu(CpuStorage::F32(values)) => Ok(values.as_slice()),
-        _ => candle_core::bail!("blocked attention runs on the CPU in f32"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::{attention, exp, exp_shifted, KEYS, QUERIES};
-    use crate::testing::{max_difference, sines};
-
-    /// Additive mask `[B, 1, T, S]` hiding, in row `b`, the keys `hidden(b, t, s)` says.
-    fn mask(
-        batch: usize,
-        len: usize,
-        keys: usize,
-        hidden: impl Fn(usize, usize, usize) -> bool,
-    ) -> Tensor {
-        let values: Vec<f32> = (0..batch * len * keys)
-            .map(|i| {
-                let (b, t, s) = (i / (len * keys), (i / keys) % len, i % keys);
-                if hidden(b, t, s) {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Tensor::from_vec(values, (batch, 1, len, keys), &Device::Cpu).unwrap()
-    }
+    use crate::testing::{mask, max_difference, sines};
 
     /// A prefill chunk as the cache hands it over: more positions than a block and more keys than a
     /// tile (both ragged), 4 query heads over 2 key heads of 20 (vector lanes and a tail), keys and

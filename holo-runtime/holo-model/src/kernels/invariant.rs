@@ -8,10 +8,9 @@
 //! their maximum, the exponentials summed in key order, and the values weighted in key order. Padding,
 //! the other sequences of the batch and how a prompt is split into prefill chunks then change nothing.
 
-use candle_core::{CpuStorage, DType, Storage, Tensor};
+use candle_core::Tensor;
 
-use super::kernel::for_each_chunk;
-use super::kernel::Result;
+use super::kernel::{f32_values, for_each_chunk, AttentionOperands, Result};
 
 /// Softmax attention of `q` `[B, H, T, D]` over `k` and `v` `[B, KV, S, D]` (query head `h` reads key
 /// head `h / (H / KV)`) under the additive `mask` `[B, 1, T, S]` (−∞ hides a key), with scores scaled by
@@ -25,44 +24,18 @@ pub(crate) fn attention(
     (scale, cap): (f64, Option<f64>),
     sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let (batch, heads, len, dim) = q.dims4()?;
-    let (_, kv_heads, keys, _) = k.dims4()?;
-    if [q, k, v, mask]
-        .iter()
-        .any(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
-    {
-        candle_core::bail!("batch-invariant attention runs on the CPU in f32");
-    }
-    if v.dims4()? != (batch, kv_heads, keys, dim) || mask.dims4()? != (batch, 1, len, keys) {
-        candle_core::bail!(
-            "batch-invariant attention: q {:?}, k {:?}, v {:?}, mask {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims(),
-            mask.dims()
-        );
-    }
+    let operands = AttentionOperands::new("batch-invariant", q, k, v, mask, sinks)?;
+    let (batch, heads, kv_heads, len, keys, dim) = operands.shape;
     let group = heads / kv_heads;
-    let sinks = match sinks {
-        Some(sinks) => Some(sinks.to_dtype(DType::F32)?.to_vec1::<f32>()?),
-        None => None,
-    };
-    let (q, mask) = (q.contiguous()?, mask.contiguous()?);
-    let rows_of = |t: &Tensor| -> Result<Tensor> {
-        // Rows of `D` values must be contiguous; the cache's views are, with their own strides above.
-        match t.stride()[3] {
-            1 => Ok(t.clone()),
-            _ => t.contiguous(),
-        }
-    };
-    let (k, v) = (rows_of(k)?, rows_of(v)?);
+    let sinks = operands.sinks.as_deref();
+    let (q, k, v, mask) = (&operands.q, &operands.k, &operands.v, &operands.mask);
     let (q_guard, q_layout) = q.storage_and_layout();
     let (k_guard, k_layout) = k.storage_and_layout();
     let (v_guard, v_layout) = v.storage_and_layout();
     let (mask_guard, mask_layout) = mask.storage_and_layout();
-    let q_values = &values(&q_guard)?[q_layout.start_offset()..];
-    let mask_values = &values(&mask_guard)?[mask_layout.start_offset()..];
-    let (k_values, v_values) = (values(&k_guard)?, values(&v_guard)?);
+    let q_values = &f32_values(&q_guard)?[q_layout.start_offset()..];
+    let mask_values = &f32_values(&mask_guard)?[mask_layout.start_offset()..];
+    let (k_values, v_values) = (f32_values(&k_guard)?, f32_values(&v_guard)?);
     // The offset of key (or value) `s` of key head `h` of row `b`.
     let at = |layout: &candle_core::Layout, b: usize, h: usize, s: usize| {
         let stride = layout.stride();
@@ -117,13 +90,6 @@ pub(crate) fn attention(
     Tensor::from_vec(out, (batch, len, heads * dim), q.device())
 }
 
-fn values(storage: &Storage) -> Result<&[f32]> {
-    match storage {
-        Storage::Cpu(CpuStorage::F32(values)) => Ok(values.as_slice()),
-        _ => candle_core::bail!("batch-invariant attention runs on the CPU in f32"),
-    }
-}
-
 /// `Σ a · b` in 8 lanes, the lanes summed pairwise, then the tail: an order that depends only on the
 /// length.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -148,7 +114,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::attention;
-    use crate::testing::{max_difference, sines};
+    use crate::testing::{mask, max_difference, sines};
 
     /// The reference: softmax(cap(q kᵀ · scale) + mask) v with candle's operations, grouped query heads
     /// repeated.
@@ -184,26 +150,6 @@ mod tests {
             .unwrap()
             .reshape((batch, len, heads * dim))
             .unwrap()
-    }
-
-    /// Additive mask `[B, 1, T, S]` hiding, in row `b`, the keys `hidden(b, t, s)` says.
-    fn mask(
-        batch: usize,
-        len: usize,
-        keys: usize,
-        hidden: impl Fn(usize, usize, usize) -> bool,
-    ) -> Tensor {
-        let values: Vec<f32> = (0..batch * len * keys)
-            .map(|i| {
-                let (b, t, s) = (i / (len * keys), (i / keys) % len, i % keys);
-                if hidden(b, t, s) {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Tensor::from_vec(values, (batch, 1, len, keys), &Device::Cpu).unwrap()
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What our fused CPU kernels (`head`, `rope`, `softmax`, the layer backward's row sums) share: which
 //! tensors they take ([`takes`]), the arithmetic of both precisions ([`Real`]), reading a contiguous
-//! storage ([`contiguous`]), and splitting work across threads ([`for_each_chunk`]).
+//! storage ([`contiguous`]), splitting work across threads ([`for_each_chunk`]), and the attention
+//! kernels' (`invariant`, `flash`) checked operands ([`AttentionOperands`]).
 //!
 //! Threads: candle runs element-wise operations of 64K elements or more on its barrier pool, whose
 //! workers spin for a while after each operation before they sleep. A kernel of ours that used rayon
@@ -8,7 +9,7 @@
 //! small model's training step slower than running the kernel on one thread. So our kernels use
 //! candle's pool, at candle's threshold, as our matrix products do (`matrix`).
 
-use candle_core::{CpuStorage, DType, DeviceLocation, Layout, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, DeviceLocation, Layout, Storage, Tensor, WithDType};
 
 pub type Result<T> = candle_core::Result<T>;
 
@@ -176,6 +177,79 @@ pub(crate) fn for_each_chunk_pair<T: Send>(
         };
         work(index, a_chunk, b_chunk);
     });
+}
+
+/// Attention's operands as the CPU attention kernels (`invariant`, `flash`) read them: checked to be
+/// f32 on the CPU with matching shapes, queries and mask contiguous, keys and values with contiguous
+/// rows of `D` (a cache's views keep their own strides above that), sinks as values.
+pub(crate) struct AttentionOperands {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub mask: Tensor,
+    pub sinks: Option<Vec<f32>>,
+    /// `(B, H, KV, T, S, D)`: batch, query heads, key heads, queries, keys, head size.
+    pub shape: (usize, usize, usize, usize, usize, usize),
+}
+
+impl AttentionOperands {
+    /// `q` `[B, H, T, D]`, `k` and `v` `[B, KV, S, D]`, `mask` `[B, 1, T, S]`, `sinks` `[H]`; `kernel`
+    /// names the caller in errors.
+    pub(crate) fn new(
+        kernel: &str,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Tensor,
+        sinks: Option<&Tensor>,
+    ) -> Result<Self> {
+        let (batch, heads, len, dim) = q.dims4()?;
+        let (_, kv_heads, keys, _) = k.dims4()?;
+        if [q, k, v, mask]
+            .iter()
+            .any(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
+        {
+            candle_core::bail!("{kernel} attention runs on the CPU in f32");
+        }
+        if v.dims4()? != (batch, kv_heads, keys, dim)
+            || mask.dims4()? != (batch, 1, len, keys)
+            || heads % kv_heads != 0
+        {
+            candle_core::bail!(
+                "{kernel} attention: q {:?}, k {:?}, v {:?}, mask {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims(),
+                mask.dims()
+            );
+        }
+        let sinks = match sinks {
+            Some(sinks) => Some(sinks.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        };
+        let rows_of = |t: &Tensor| -> Result<Tensor> {
+            match t.stride()[3] {
+                1 => Ok(t.clone()),
+                _ => t.contiguous(),
+            }
+        };
+        Ok(AttentionOperands {
+            q: q.contiguous()?,
+            k: rows_of(k)?,
+            v: rows_of(v)?,
+            mask: mask.contiguous()?,
+            sinks,
+            shape: (batch, heads, kv_heads, len, keys, dim),
+        })
+    }
+}
+
+/// The f32 values of a CPU storage ([`AttentionOperands`] checked the type).
+pub(crate) fn f32_values(storage: &Storage) -> Result<&[f32]> {
+    match storage {
+        Storage::Cpu(CpuStorage::F32(values)) => Ok(values.as_slice()),
+        _ => candle_core::bail!("expected f32 values on the CPU"),
+    }
 }
 
 #[cfg(test)]
